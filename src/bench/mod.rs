@@ -1,0 +1,1 @@
+//! bench module (being built).

@@ -1,0 +1,30 @@
+//! The interface between the scheduler/server and a compute backend (CPU reference or CUDA).
+
+use super::config::ModelConfig;
+
+/// A sequence slot in a backend's KV cache.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SeqId(pub u32);
+
+/// One sequence's share of a batched forward step: tokens appended after what the
+/// sequence already holds (a whole prompt for prefill, one token for decode).
+#[derive(Debug, Clone, Copy)]
+pub struct SeqStep<'a> {
+    pub seq: SeqId,
+    pub tokens: &'a [u32],
+}
+
+/// A compute backend. It owns the weights and the KV cache of every live sequence.
+pub trait ModelBackend: Send {
+    /// The model's shape.
+    fn config(&self) -> &ModelConfig;
+    /// Human name of the backend for logs and `/v1/models` (e.g. `cpu`, `cuda:0 (H100)`).
+    fn name(&self) -> String;
+    /// Reserve a KV slot able to hold `max_tokens` positions; `None` when the KV budget is full.
+    fn alloc_seq(&mut self, max_tokens: usize) -> Option<SeqId>;
+    /// Release a slot and its KV memory.
+    fn free_seq(&mut self, seq: SeqId);
+    /// Run one step for every sequence in `batch` and return, per sequence in the same
+    /// order, the logits (length `vocab_size`) after its last new token.
+    fn forward(&mut self, batch: &[SeqStep<'_>]) -> anyhow::Result<Vec<Vec<f32>>>;
+}

@@ -1,0 +1,4 @@
+//! The bundled gpt-oss inference engine.
+
+pub mod backend;
+pub mod config;

@@ -1,0 +1,1 @@
+//! flags module (being built).

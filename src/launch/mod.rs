@@ -1,0 +1,3 @@
+//! Launching targets: the Docker vLLM container, the bundled engine, or an attached URL.
+
+pub mod spec;

@@ -1,0 +1,98 @@
+//! `LaunchSpec`: everything needed to start a target, as plain data.
+//!
+//! The flags module renders a `FlagSet` into a `LaunchSpec`; the launchers consume it.
+//! Keeping this a plain serde type lets the run record store exactly what ran.
+
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// What kind of target a launch starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TargetKind {
+    /// A vLLM container started through the Docker Engine API.
+    Docker,
+    /// The bundled engine (`mxtune serve …`) as a child process.
+    Engine,
+    /// An endpoint that is already running; mxtune only attaches.
+    Attach,
+}
+
+/// A rendered launch: argv + env + (for Docker) the container settings,
+/// plus the log checks that decide whether each flag really took effect.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct LaunchSpec {
+    /// Program and arguments, never a shell string (e.g. `["vllm", "serve", "openai/gpt-oss-120b", …]`
+    /// or `["mxtune", "serve", "--synthetic", "tiny", …]`).
+    pub argv: Vec<String>,
+    /// Environment variables set for the target (ordered for stable output).
+    pub env: BTreeMap<String, String>,
+    /// Docker-only settings; `None` for the engine and attach targets.
+    pub container: Option<ContainerSpec>,
+    /// Host and port the target's OpenAI API listens on.
+    pub host: String,
+    pub port: u16,
+    /// Model name the server should list in `/v1/models`.
+    pub served_model_name: String,
+    /// Kernel-path checks evaluated against the target's logs once it is ready.
+    pub checks: Vec<PathCheck>,
+    /// Warnings produced while rendering (e.g. a planned-only flag the image may ignore).
+    pub warnings: Vec<String>,
+}
+
+/// Container settings for the Docker target.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ContainerSpec {
+    pub image: String,
+    /// Container name; mxtune picks one when empty.
+    pub name: Option<String>,
+    /// `host` (as the operators run it) or `bridge` with the port bound to 127.0.0.1.
+    pub network: NetworkMode,
+    /// `ipc: host`.
+    pub ipc_host: bool,
+    /// `/dev/shm` size in bytes, when not using the host IPC namespace.
+    pub shm_size: Option<u64>,
+    /// Ulimits: name → (soft, hard); -1 means unlimited.
+    pub ulimits: BTreeMap<String, (i64, i64)>,
+    /// Host devices passed through, e.g. `/dev/infiniband`.
+    pub devices: Vec<String>,
+    /// Added capabilities, e.g. `IPC_LOCK`.
+    pub cap_add: Vec<String>,
+    /// Request every GPU, the way `--gpus all` does.
+    pub gpus_all: bool,
+    /// Bind mounts.
+    pub mounts: Vec<Mount>,
+    /// Files written into the container before it starts (path → contents).
+    pub files: BTreeMap<String, String>,
+    /// Labels; mxtune adds `mxtune.run_id`, `mxtune.preset`, `mxtune.version`.
+    pub labels: BTreeMap<String, String>,
+}
+
+/// Docker network mode.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum NetworkMode {
+    Host,
+    #[default]
+    Bridge,
+}
+
+/// A bind mount from the host into the container.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Mount {
+    pub host: String,
+    pub container: String,
+    pub read_only: bool,
+}
+
+/// One flag value's evidence rule: log patterns (regexes) that must / must not appear
+/// once the target is up.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PathCheck {
+    /// The axis name, e.g. `moe_backend`.
+    pub flag: String,
+    /// The chosen value, e.g. `marlin`.
+    pub value: String,
+    pub must_see: Vec<String>,
+    pub must_not_see: Vec<String>,
+}

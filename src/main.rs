@@ -1,0 +1,31 @@
+//! The `mxtune` command line: parses arguments and hands off to the library. No logic here.
+
+use clap::{Parser, Subcommand};
+
+/// Tune gpt-oss inference: flags, launch, live monitor, benchmarks, run records.
+#[derive(Parser, Debug)]
+#[command(name = "mxtune", version, about, long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {}
+
+fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    let result: anyhow::Result<std::process::ExitCode> = match cli.command {
+        None => {
+            eprintln!("mxtune: the interactive panel is not built yet; see `mxtune --help`");
+            Ok(std::process::ExitCode::from(2))
+        }
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("mxtune: error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
