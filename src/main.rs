@@ -11,7 +11,10 @@ struct Cli {
 }
 
 #[derive(Subcommand, Debug)]
-enum Command {}
+enum Command {
+    /// Run configurations: list, show (as docker run / vllm / env / engine), diff, check.
+    Presets(mxtune::flags::cli::PresetsArgs),
+}
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
@@ -20,6 +23,7 @@ fn main() -> std::process::ExitCode {
             eprintln!("mxtune: the interactive panel is not built yet; see `mxtune --help`");
             Ok(std::process::ExitCode::from(2))
         }
+        Some(Command::Presets(args)) => mxtune::flags::cli::run(args),
     };
     match result {
         Ok(code) => code,

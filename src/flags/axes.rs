@@ -68,6 +68,8 @@ pub enum EngineReport {
 pub trait AxisValue: Copy + Eq + std::fmt::Debug + 'static {
     /// Key in the preset's section, e.g. `moe_backend`.
     const KEY: &'static str;
+    /// `section.key` in the preset, e.g. `axes.moe_backend`.
+    const PATH: &'static str;
     /// One-line doc of the axis.
     const DOC: &'static str;
     /// Key of the engine's `kernel-path` line, when the engine reports this axis.
@@ -102,7 +104,7 @@ pub trait AxisValue: Copy + Eq + std::fmt::Debug + 'static {
 macro_rules! axis_enum {
     (
         $(#[$meta:meta])*
-        $name:ident, key = $key:literal, doc = $doc:literal, engine_key = $ekey:expr,
+        $name:ident, section = $section:literal, key = $key:literal, doc = $doc:literal, engine_key = $ekey:expr,
         cpu = $cpu:literal, default = $default:ident,
         { $( $var:ident = $s:literal : $vdoc:literal ),+ $(,)? }
     ) => {
@@ -120,6 +122,7 @@ macro_rules! axis_enum {
 
         impl AxisValue for $name {
             const KEY: &'static str = $key;
+            const PATH: &'static str = concat!($section, ".", $key);
             const DOC: &'static str = $doc;
             const ENGINE_KEY: Option<&'static str> = $ekey;
             const CPU_APPLIES: bool = $cpu;
@@ -192,7 +195,7 @@ use VllmEffect::{Arg, Env, File, Flag, SpecConfig};
 
 axis_enum! {
     /// MoE backend / kernel.
-    MoeBackend, key = "moe_backend",
+    MoeBackend, section = "axes", key = "moe_backend",
     doc = "MoE GEMM backend: which kernel runs the experts",
     engine_key = Some("moe_kernel"), cpu = false, default = Auto,
     {
@@ -202,7 +205,7 @@ axis_enum! {
         Triton = "triton": "Triton MoE kernels",
         Trtllm = "trtllm": "FlashInfer TRT-LLM MoE, BF16 activations (SM100 only)",
         TrtllmMxfp8 = "trtllm-mxfp8": "FlashInfer TRT-LLM MoE, MXFP8 activations (SM100 only)",
-        Gemv = "gemv": "engine: one GEMV per active expert (decode-friendly)",
+        Gemv = "gemv": "one GEMV per active expert (engine; vLLM only via the legacy DP4A selector)",
         Grouped = "grouped": "engine: grouped GEMM over all active experts (tiled)",
     }
 }
@@ -257,10 +260,11 @@ impl MoeBackend {
                 ev(&[r"(?i)trtllm|trt-llm", r"(?i)mxfp8"], NOT_MARLIN),
                 Exactly("trtllm-mxfp8"),
             ),
+            // VLLM_MXFP4_BACKEND has no GEMV value; only the legacy selector named it.
             MoeBackend::Gemv => row(
-                None,
+                Some(&[Env(&names::VLLM_MXFP4_MOE_KERNEL, "gemv")]),
                 Some(&[EngineArg("--moe-kernel", "gemv")]),
-                NO_EVIDENCE,
+                ev(&[r"(?i)gemv"], &[]),
                 Exactly("gemv"),
             ),
             MoeBackend::Grouped => row(
@@ -275,7 +279,7 @@ impl MoeBackend {
 
 axis_enum! {
     /// Activation format fed to the MoE.
-    Activation, key = "activation",
+    Activation, section = "axes", key = "activation",
     doc = "activation format fed to the MoE GEMM",
     engine_key = Some("activation"), cpu = false, default = Auto,
     {
@@ -324,7 +328,7 @@ pub const TILE_FILE: &str = "/tmp/flashinfer_moe_tile";
 
 axis_enum! {
     /// MoE GEMM tile shape.
-    Tile, key = "tile",
+    Tile, section = "axes", key = "tile",
     doc = "MoE GEMM tile (vLLM: CUTLASS only; engine: grouped only)",
     engine_key = Some("tile"), cpu = false, default = Auto,
     {
@@ -367,7 +371,7 @@ impl Tile {
 
 axis_enum! {
     /// Which layers hold MXFP4 weights.
-    Mxfp4Layers, key = "mxfp4_layers",
+    Mxfp4Layers, section = "axes", key = "mxfp4_layers",
     doc = "layers stored as MXFP4 (others stay BF16)",
     engine_key = Some("mxfp4_layers"), cpu = false, default = Moe,
     {
@@ -405,7 +409,7 @@ impl Mxfp4Layers {
 
 axis_enum! {
     /// Attention backend.
-    AttentionBackend, key = "attention_backend",
+    AttentionBackend, section = "axes", key = "attention_backend",
     doc = "vLLM attention backend (the engine has its own kernels)",
     engine_key = None, cpu = true, default = Auto,
     {
@@ -455,7 +459,7 @@ impl AttentionBackend {
 
 axis_enum! {
     /// Attention sinks.
-    Sinks, key = "sinks",
+    Sinks, section = "axes", key = "sinks",
     doc = "attention sinks (gpt-oss needs them for coherent output)",
     engine_key = Some("sinks"), cpu = true, default = Auto,
     {
@@ -487,7 +491,7 @@ impl Sinks {
 
 axis_enum! {
     /// KV cache element type.
-    KvCacheDtype, key = "kv_cache_dtype",
+    KvCacheDtype, section = "axes", key = "kv_cache_dtype",
     doc = "KV cache element type",
     engine_key = Some("kv_dtype"), cpu = false, default = Auto,
     {
@@ -527,7 +531,7 @@ pub const EAGLE3_THROUGHPUT: &str = "nvidia/gpt-oss-120b-Eagle3-throughput";
 
 axis_enum! {
     /// Speculative decoding.
-    Speculative, key = "speculative",
+    Speculative, section = "axes", key = "speculative",
     doc = "speculative decoding method (vLLM `--speculative-config`; engine: not yet)",
     engine_key = None, cpu = true, default = Off,
     {
@@ -625,7 +629,7 @@ impl Speculative {
 
 axis_enum! {
     /// CUDA graphs.
-    CudaGraphs, key = "cuda_graphs",
+    CudaGraphs, section = "axes", key = "cuda_graphs",
     doc = "CUDA graph capture for decode",
     engine_key = Some("cuda_graphs"), cpu = false, default = On,
     {
@@ -656,7 +660,7 @@ impl CudaGraphs {
 
 axis_enum! {
     /// Where the bundled engine runs.
-    Device, key = "device",
+    Device, section = "engine", key = "device",
     doc = "engine device (the engine reports it as `kernel-path backend=`)",
     engine_key = Some("backend"), cpu = true, default = Auto,
     {
@@ -696,6 +700,8 @@ impl Device {
 pub struct AxisInfo {
     /// Key in the preset.
     pub key: &'static str,
+    /// `section.key` in the preset.
+    pub path: &'static str,
     /// One-line doc.
     pub doc: &'static str,
     /// Default value name.
@@ -712,6 +718,7 @@ pub struct AxisInfo {
 pub fn axis_info<A: AxisValue + Default>() -> AxisInfo {
     AxisInfo {
         key: A::KEY,
+        path: A::PATH,
         doc: A::DOC,
         default: A::default().as_str(),
         engine_key: A::ENGINE_KEY,

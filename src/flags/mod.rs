@@ -6,9 +6,13 @@
 //! conflicts before launch.
 
 pub mod axes;
+pub mod cli;
+pub mod docs;
 pub mod model;
 pub mod names;
+pub mod preset;
 pub mod render;
+pub mod rules;
 
 pub use axes::{
     Activation, AttentionBackend, AxisValue, CudaGraphs, Device, KvCacheDtype, MoeBackend,
@@ -16,3 +20,6 @@ pub use axes::{
 };
 pub use model::{Axes, Container, EngineSettings, FlagSet, Serving, VllmFlavor};
 pub use render::{RenderContext, docker_run_argv, render, render_with};
+
+#[cfg(test)]
+mod tests;

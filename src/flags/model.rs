@@ -152,11 +152,10 @@ impl Default for Serving {
 }
 
 /// Which vLLM the image carries; decides whether fork-only names get a warning.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum VllmFlavor {
     /// The operators' tuning fork (knows the fork names).
-    #[default]
     Fork,
     /// Upstream vLLM (ignores fork env vars, rejects fork CLI flags).
     Upstream,
@@ -206,7 +205,7 @@ impl Default for Container {
     fn default() -> Self {
         Container {
             image: "vllm/vllm-openai:latest".into(),
-            vllm: VllmFlavor::Fork,
+            vllm: VllmFlavor::Upstream,
             name: None,
             network: NetworkMode::Host,
             ipc_host: true,

@@ -90,7 +90,7 @@ pub const MXFP4_BACKEND_CLI: VllmName = cli(
 pub const VLLM_MXFP4_MOE_KERNEL: VllmName = env(
     "VLLM_MXFP4_MOE_KERNEL",
     ForkDeprecated,
-    "legacy selector (marlin, gemm, gemv, triton) used in the seeds' runs; not rendered",
+    "legacy selector (marlin, gemm, gemv, triton); rendered only for moe_backend = gemv, which VLLM_MXFP4_BACKEND lacks",
 );
 /// Fork: which layers are stored as MXFP4.
 pub const MXFP4_LAYERS: VllmName = cli(

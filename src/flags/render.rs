@@ -28,6 +28,8 @@ impl RenderContext {
 pub struct AxisChoice {
     /// Axis key, e.g. `moe_backend`.
     pub key: &'static str,
+    /// `section.key`, e.g. `axes.moe_backend`.
+    pub path: &'static str,
     /// Chosen value name.
     pub value: &'static str,
     /// The value's table row.
@@ -45,6 +47,7 @@ pub struct AxisChoice {
 fn choice<A: AxisValue>(v: A) -> AxisChoice {
     AxisChoice {
         key: A::KEY,
+        path: A::PATH,
         value: v.as_str(),
         spec: v.spec(),
         engine_key: A::ENGINE_KEY,
@@ -88,7 +91,7 @@ pub fn render(fs: &FlagSet, target: TargetKind) -> Result<LaunchSpec> {
 pub fn render_with(fs: &FlagSet, target: TargetKind, ctx: &RenderContext) -> Result<LaunchSpec> {
     match target {
         TargetKind::Docker => render_vllm(fs, ctx),
-        TargetKind::Engine => render_engine(fs),
+        TargetKind::Engine => render_engine(fs, ctx),
         TargetKind::Attach => Ok(LaunchSpec {
             host: client_host(fs.serving.host.as_deref().unwrap_or("127.0.0.1")),
             port: fs.serving.port,
@@ -115,8 +118,8 @@ fn client_host(bind: &str) -> String {
 
 fn not_on_target(c: &AxisChoice, target: &str, valid: &[&str]) -> anyhow::Error {
     anyhow!(
-        "axes.{} = \"{}\" has no {target} rendering; valid on {target}: {}",
-        c.key,
+        "{} = \"{}\" has no {target} rendering; valid on {target}: {}",
+        c.path,
         c.value,
         valid.join(", ")
     )
@@ -466,7 +469,7 @@ pub fn parse_size(s: &str) -> Result<u64> {
         .ok_or_else(|| anyhow!("container.shm_size = \"{s}\" is too large"))
 }
 
-fn render_engine(fs: &FlagSet) -> Result<LaunchSpec> {
+fn render_engine(fs: &FlagSet, ctx: &RenderContext) -> Result<LaunchSpec> {
     let s = &fs.serving;
     let e = &fs.engine;
     let mut argv: Vec<String> = vec!["mxtune".into(), "serve".into()];
@@ -483,7 +486,12 @@ fn render_engine(fs: &FlagSet) -> Result<LaunchSpec> {
         if e.model.trim().is_empty() {
             bail!("engine.model is empty; use synthetic:NAME or a checkpoint directory");
         }
-        argv.extend(["--model".into(), e.model.clone()]);
+        let dir = if e.model.starts_with('~') {
+            host_path(&e.model, "engine.model", ctx)?
+        } else {
+            e.model.clone()
+        };
+        argv.extend(["--model".into(), dir]);
         std::path::Path::new(&e.model)
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
