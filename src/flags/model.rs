@@ -474,3 +474,47 @@ pub const SETTINGS: &[Setting] = &[
     S_ASYNC,
     S_ENGINE_MODEL,
 ];
+
+impl FlagSet {
+    /// The value name of axis `key` (`moe_backend`, …, or `device`), for generic editors.
+    pub fn axis_value(&self, key: &str) -> Option<&'static str> {
+        use super::axes::AxisValue;
+        let a = &self.axes;
+        Some(match key {
+            MoeBackend::KEY => a.moe_backend.as_str(),
+            Activation::KEY => a.activation.as_str(),
+            Tile::KEY => a.tile.as_str(),
+            Mxfp4Layers::KEY => a.mxfp4_layers.as_str(),
+            AttentionBackend::KEY => a.attention_backend.as_str(),
+            Sinks::KEY => a.sinks.as_str(),
+            KvCacheDtype::KEY => a.kv_cache_dtype.as_str(),
+            Speculative::KEY => a.speculative.as_str(),
+            CudaGraphs::KEY => a.cuda_graphs.as_str(),
+            Device::KEY => self.engine.device.as_str(),
+            _ => return None,
+        })
+    }
+
+    /// Sets axis `key` to the value named `value`; the error names the valid keys or values.
+    pub fn set_axis(&mut self, key: &str, value: &str) -> Result<(), String> {
+        use super::axes::AxisValue;
+        let a = &mut self.axes;
+        match key {
+            MoeBackend::KEY => a.moe_backend = MoeBackend::parse(value)?,
+            Activation::KEY => a.activation = Activation::parse(value)?,
+            Tile::KEY => a.tile = Tile::parse(value)?,
+            Mxfp4Layers::KEY => a.mxfp4_layers = Mxfp4Layers::parse(value)?,
+            AttentionBackend::KEY => a.attention_backend = AttentionBackend::parse(value)?,
+            Sinks::KEY => a.sinks = Sinks::parse(value)?,
+            KvCacheDtype::KEY => a.kv_cache_dtype = KvCacheDtype::parse(value)?,
+            Speculative::KEY => a.speculative = Speculative::parse(value)?,
+            CudaGraphs::KEY => a.cuda_graphs = CudaGraphs::parse(value)?,
+            Device::KEY => self.engine.device = Device::parse(value)?,
+            _ => {
+                let keys: Vec<&str> = super::axes::all_axes().iter().map(|a| a.key).collect();
+                return Err(format!("no axis `{key}`; axes: {}", keys.join(", ")));
+            }
+        }
+        Ok(())
+    }
+}

@@ -905,3 +905,20 @@ fn flags_docs_match_the_tables() {
         path.display()
     );
 }
+
+#[test]
+fn every_axis_is_settable_by_name() {
+    let mut fs = FlagSet::default();
+    for a in all_axes() {
+        for (value, _, _) in &a.values {
+            fs.set_axis(a.key, value).unwrap();
+            assert_eq!(fs.axis_value(a.key), Some(*value), "{}", a.key);
+        }
+    }
+    assert_eq!(fs.engine.device, Device::Cuda);
+    let err = fs.set_axis("moe_kernel", "gemv").unwrap_err();
+    assert!(err.contains("moe_backend"), "{err}");
+    let err = fs.set_axis("tile", "32x32").unwrap_err();
+    assert!(err.contains("64x128"), "{err}");
+    assert_eq!(fs.axis_value("nope"), None);
+}
