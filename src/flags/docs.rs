@@ -78,20 +78,17 @@ pub fn markdown() -> String {
     let _ = writeln!(w, "{}", INTRO.trim());
     let _ = writeln!(w, "\n## The axes (`[axes]`, engine `device`)\n");
     for a in all_axes() {
+        let engine = match a.engine_key {
+            Some(k) if a.cpu_applies => {
+                format!("Engine `kernel-path` key: `{k}` (CPU backend too).")
+            }
+            Some(k) => format!("Engine `kernel-path` key: `{k}` (CPU backend reports `n/a`)."),
+            None => "The engine reports no `kernel-path` line for it.".into(),
+        };
         let _ = writeln!(
             w,
-            "### `{}` — {}\n\nDefault `{}`. Engine `kernel-path` key: {}. CPU backend: {}.\n",
-            a.path,
-            a.doc,
-            a.default,
-            a.engine_key
-                .map(|k| format!("`{k}`"))
-                .unwrap_or_else(|| "none".into()),
-            if a.cpu_applies {
-                "has this path"
-            } else {
-                "reports `n/a`"
-            }
+            "### `{}` — {}\n\nDefault `{}`. {engine}\n",
+            a.path, a.doc, a.default
         );
         let _ = writeln!(
             w,
@@ -135,9 +132,10 @@ pub fn markdown() -> String {
             s.vllm
                 .map(|n| format!("`{}` ({})", n.name, n.provenance.as_str()))
                 .unwrap_or_else(|| "—".into()),
-            s.engine
+            esc(&s
+                .engine
                 .map(|e| format!("`{e}`"))
-                .unwrap_or_else(|| "n/a".into()),
+                .unwrap_or_else(|| "n/a".into())),
         );
     }
     for (k, doc) in CONTAINER_SETTINGS {
@@ -248,7 +246,8 @@ CPU lacks must report `n/a`, and with `device = "auto"` either the value or `n/a
   `extends = "NAME"` merges key by key: the child's keys replace the parent's, tables merge.
 * Loading is strict: an unknown key, a wrong value, an `extends` cycle or a missing parent is an
   error naming the file, the line and the valid choices. `mxtune presets check [FILE…]` prints
-  `file:line: message` and exits non-zero on any error.
+  `file:line: message` and exits non-zero on any error; a rule tied to a GPU architecture counts
+  as an error only when `--arch` (e.g. `sm121`) says it applies, else it prints as *may apply*.
 * Saving (`PresetStore::save`) writes only what differs from the parent when it extends one, never
   replaces an existing file unless asked to, and re-reads the file to prove it round-trips.
 * `engine-cpu-tiny` is the default preset on a fresh machine: it needs no GPU and no Docker.
