@@ -7,7 +7,7 @@ use super::axes::{
     Activation, AttentionBackend, CudaGraphs, Device, KvCacheDtype, MoeBackend, Mxfp4Layers, Sinks,
     Speculative, Tile,
 };
-use super::model::FlagSet;
+use super::model::{FlagSet, VllmFlavor};
 use super::render::choices;
 use crate::launch::spec::{NetworkMode, TargetKind};
 use serde::Serialize;
@@ -355,6 +355,47 @@ pub const RULES: &[Rule] = &[
         keys: &["container.rdma", "container.network"],
         reason: "two-Spark RDMA runs with network_mode host; in a bridge network the peers cannot reach each other",
         when: |fs| fs.container.rdma && fs.container.network == NetworkMode::Bridge,
+    },
+    Rule {
+        id: "flashinfer-sm12x-needs-fork",
+        severity: Severity::Warning,
+        targets: DOCKER,
+        arch: ArchCond::Sm12x,
+        keys: &[
+            "container.vllm",
+            "axes.attention_backend",
+            "axes.moe_backend",
+        ],
+        reason: "upstream FlashInfer has no SM12x JIT targets for these kernels (\"No supported CUDA architectures found for major versions [10]\"); FLASHINFER attention and the CUTLASS MoE need the fork's FlashInfer",
+        when: |fs| {
+            fs.container.vllm == VllmFlavor::Upstream
+                && (effective_attention(fs).as_deref() == Some("FLASHINFER")
+                    || fs.axes.moe_backend == MoeBackend::Cutlass)
+        },
+    },
+    Rule {
+        id: "cold-jit-cache",
+        severity: Severity::Warning,
+        targets: DOCKER,
+        arch: ArchCond::Any,
+        keys: &["container.jit_cache", "axes.moe_backend"],
+        reason: "no persistent JIT cache: FlashInfer compiles the CUTLASS MoE kernels on every start (3-5 minutes); set container.jit_cache",
+        when: |fs| {
+            fs.container.jit_cache.is_none()
+                && matches!(
+                    fs.axes.moe_backend,
+                    MoeBackend::Cutlass | MoeBackend::TrtllmMxfp8
+                )
+        },
+    },
+    Rule {
+        id: "mounted-sources-need-install",
+        severity: Severity::Warning,
+        targets: DOCKER,
+        arch: ArchCond::Any,
+        keys: &["container.vllm_src", "container.flashinfer_src"],
+        reason: "mounted source trees shadow the image's packages via PYTHONPATH; a fresh container lacks their compiled extensions until they are installed from the mounts (pip install -e)",
+        when: |fs| fs.container.vllm_src.is_some() || fs.container.flashinfer_src.is_some(),
     },
     Rule {
         id: "cpu-has-no-cuda-paths",

@@ -797,6 +797,30 @@ fn every_rule_fires_only_when_it_should() {
             None,
         ),
         (
+            "flashinfer-sm12x-needs-fork",
+            with(|f| f.axes.moe_backend = MoeBackend::Cutlass),
+            Docker,
+            Some("sm121"),
+            Some("sm100"),
+        ),
+        (
+            "cold-jit-cache",
+            with(|f| {
+                f.axes.moe_backend = MoeBackend::Cutlass;
+                f.container.jit_cache = None;
+            }),
+            Docker,
+            None,
+            None,
+        ),
+        (
+            "mounted-sources-need-install",
+            with(|f| f.container.flashinfer_src = Some("/src/flashinfer".into())),
+            Docker,
+            None,
+            None,
+        ),
+        (
             "cpu-has-no-cuda-paths",
             with(|f| f.engine.device = Device::Cpu),
             Engine,
