@@ -822,7 +822,10 @@ fn every_rule_fires_only_when_it_should() {
         ),
         (
             "cpu-has-no-cuda-paths",
-            with(|f| f.engine.device = Device::Cpu),
+            with(|f| {
+                f.engine.device = Device::Cpu;
+                f.axes.moe_backend = MoeBackend::Grouped;
+            }),
             Engine,
             None,
             None,
