@@ -233,3 +233,27 @@ fn docs_subcommand_prints_the_committed_page() {
             .unwrap();
     assert_eq!(stdout(&o), committed);
 }
+
+#[test]
+fn show_as_json_is_the_rendered_launch_spec() {
+    let o = mxtune(
+        &["show", "engine-cpu-tiny", "--as", "json"],
+        &repo_presets(),
+    );
+    assert!(o.status.success());
+    let spec: mxtune::launch::spec::LaunchSpec = serde_json::from_slice(&o.stdout).unwrap();
+    let store = PresetStore::new(vec![repo_presets()]);
+    let p = store.load("engine-cpu-tiny").unwrap();
+    let ctx = RenderContext {
+        home: Some(HOME.into()),
+    };
+    assert_eq!(
+        spec,
+        render_with(&p.flags, TargetKind::Engine, &ctx).unwrap()
+    );
+    assert!(
+        spec.checks
+            .iter()
+            .any(|c| c.must_see == ["^kernel-path backend=cpu(?:\\s|$)"])
+    );
+}

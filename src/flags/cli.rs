@@ -67,6 +67,8 @@ pub enum ShowAs {
     Engine,
     /// The resolved flag set as TOML.
     Toml,
+    /// The rendered `LaunchSpec` for the preset's target as JSON (argv, env, container, checks).
+    Json,
 }
 
 /// Runs `mxtune presets …`.
@@ -183,6 +185,10 @@ fn show(
             println!("{}", quote(&spec.argv));
         }
         Some(ShowAs::Toml) => print!("{}", toml::to_string(&p.flags)?),
+        Some(ShowAs::Json) => {
+            let spec = render_for(&p, p.flags.target)?;
+            println!("{}", serde_json::to_string_pretty(&spec)?);
+        }
         None => {
             println!("preset:      {} ({})", p.name, p.path.display());
             println!("description: {}", p.description);

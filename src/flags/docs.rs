@@ -208,7 +208,8 @@ A run configuration is a `FlagSet`: orthogonal axes (`[axes]`), serving limits (
 container settings (`[container]`, vLLM target) and engine settings (`[engine]`, bundled
 engine). A preset (`presets/NAME.toml`) holds some of these keys; the rest come from the
 preset it `extends`, and in the end from the defaults below. `mxtune presets show NAME --as
-docker-run|vllm|env|engine|toml` prints exactly what would run.
+docker-run|vllm|env|engine|toml|json` prints exactly what would run (`json`: the whole
+`LaunchSpec`, kernel-path checks included).
 
 Provenance of a vLLM name: `upstream` (upstream vLLM / FlashInfer), `fork` (only the operators'
 tuning fork), `fork-deprecated` (fork, mapped onto a newer name), `planned` (never built: the image
