@@ -11,7 +11,10 @@ struct Cli {
 }
 
 #[derive(Subcommand, Debug)]
-enum Command {}
+enum Command {
+    /// Run records: list, show, compare (`runs/*.json`).
+    Runs(mxtune::record::cli::RunsArgs),
+}
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
@@ -20,6 +23,7 @@ fn main() -> std::process::ExitCode {
             eprintln!("mxtune: the interactive panel is not built yet; see `mxtune --help`");
             Ok(std::process::ExitCode::from(2))
         }
+        Some(Command::Runs(args)) => mxtune::record::cli::run(args),
     };
     match result {
         Ok(code) => code,
