@@ -695,3 +695,88 @@ fn cli_runs_compare_text_and_markdown() {
     let out = mxtune(&["runs", "compare", "01KEHS"], Some(dir.path()));
     assert!(!out.status.success(), "one run is not a comparison");
 }
+
+/// Child mode of `kill_9_during_updates_leaves_a_readable_record`: update a record
+/// forever, as a benchmark adding points would, until killed.
+fn writer_until_killed(dir: &Path) -> ! {
+    let store = RunStore::new(dir);
+    let mut run = store
+        .create(mxtune::record::begin(
+            TargetKind::Engine,
+            Some("crash".into()),
+            &[],
+        ))
+        .unwrap();
+    for i in 0u32.. {
+        run.update(|r| {
+            r.results.push(PointResult {
+                point: WorkloadPoint {
+                    pp: i,
+                    tg: 32,
+                    depth: 0,
+                    concurrency: 1,
+                },
+                tg_tps: Stats::from_samples(&[f64::from(i), f64::from(i) + 0.5]),
+                requests: i,
+                ..PointResult::default()
+            })
+        })
+        .unwrap();
+    }
+    unreachable!("the parent kills this process")
+}
+
+#[test]
+fn kill_9_during_updates_leaves_a_readable_record() {
+    if let Some(dir) = std::env::var_os("MXTUNE_TEST_CRASH_WRITER_DIR") {
+        writer_until_killed(Path::new(&dir));
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "kill_9_during_updates_leaves_a_readable_record",
+            "--exact",
+            "--test-threads=1",
+        ])
+        .env("MXTUNE_TEST_CRASH_WRITER_DIR", dir.path())
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let store = RunStore::new(dir.path());
+    // Wait (bounded, so a broken writer fails the test instead of hanging it) until the
+    // writer has rewritten the record many times, then kill it mid-stream.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    loop {
+        let scan = store.scan().unwrap();
+        if scan
+            .runs
+            .first()
+            .is_some_and(|r| r.record.results.len() >= 50)
+        {
+            break;
+        }
+        assert!(child.try_wait().unwrap().is_none(), "writer exited early");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "writer made no progress"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    child.kill().unwrap(); // SIGKILL
+    child.wait().unwrap();
+
+    let scan = store.scan().unwrap();
+    assert!(scan.bad.is_empty(), "{:?}", scan.bad);
+    assert_eq!(scan.runs.len(), 1);
+    let r = &scan.runs[0].record;
+    assert_eq!(r.identity.status, RunStatus::Running, "nobody finished it");
+    assert_eq!(mxtune::record::cli::status_text(r), "running (writer gone)");
+    assert!(r.results.len() >= 50);
+    for (i, p) in r.results.iter().enumerate() {
+        assert_eq!(p.point.pp as usize, i, "points are complete and in order");
+    }
+    assert!(
+        scan.leftover_temps.len() <= 1,
+        "at most the one interrupted write"
+    );
+}

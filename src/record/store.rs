@@ -329,7 +329,14 @@ impl Staged {
         let result = if replace {
             fs::rename(&self.temp, &self.dest)
         } else {
-            fs::hard_link(&self.temp, &self.dest).and_then(|()| fs::remove_file(&self.temp))
+            match fs::hard_link(&self.temp, &self.dest) {
+                Ok(()) => fs::remove_file(&self.temp),
+                Err(e) if e.kind() == ErrorKind::AlreadyExists => Err(e),
+                // Filesystems without hard links (FAT, some network mounts): check, then
+                // rename. Run ids are unique, so the window only matters for a copied file.
+                Err(_) if self.dest.exists() => Err(ErrorKind::AlreadyExists.into()),
+                Err(_) => fs::rename(&self.temp, &self.dest),
+            }
         };
         if let Err(e) = result {
             let _ = fs::remove_file(&self.temp);
