@@ -375,9 +375,11 @@ fn secrets_are_redacted_in_env_argv_and_flags() {
             ("AWS_SECRET_ACCESS_KEY".into(), "aws-env".into()),
             ("DB_PASSWORD".into(), "pw-env".into()),
             ("VLLM_MXFP4_BACKEND".into(), "CUTLASS".into()),
+            ("HTTPS_PROXY".into(), "http://op:proxy-pw@proxy:3128".into()),
         ]),
         ..LaunchSpec::default()
     });
+    rec.target.url = Some("https://bench:url-pw@gpu-box:8000/v1".into());
     let h = store.create(rec).unwrap();
     let raw = std::fs::read_to_string(h.path()).unwrap();
     for secret in [
@@ -391,6 +393,8 @@ fn secrets_are_redacted_in_env_argv_and_flags() {
         "sk-env",
         "aws-env",
         "pw-env",
+        "proxy-pw",
+        "url-pw",
     ] {
         assert!(!raw.contains(secret), "{secret} leaked into {raw}");
     }
@@ -418,6 +422,11 @@ fn secrets_are_redacted_in_env_argv_and_flags() {
     assert_eq!(l.env["AWS_SECRET_ACCESS_KEY"], "<redacted>");
     assert_eq!(l.env["DB_PASSWORD"], "<redacted>");
     assert_eq!(l.env["VLLM_MXFP4_BACKEND"], "CUTLASS");
+    assert_eq!(l.env["HTTPS_PROXY"], "http://op:<redacted>@proxy:3128");
+    assert_eq!(
+        back.target.url.as_deref(),
+        Some("https://bench:<redacted>@gpu-box:8000/v1")
+    );
     assert_eq!(back.target.flags["api_key"], "<redacted>");
     assert_eq!(back.target.flags["hfToken"], "<redacted>");
     assert_eq!(back.target.flags["serving"]["max_num_batched_tokens"], 8192);
@@ -501,6 +510,8 @@ fn messy_runs_dir() -> tempfile::TempDir {
     );
     write(d, "notes.txt", b"not a record, not a .json file");
     write(d, ".20260109T162501Z-x.json.123.0.tmp", b"{\"half\": ");
+    write(d, "launched-engines.json", b"{\"engines\": []}");
+    write(d, ".launched-engines.json.77.tmp", b"{");
     dir
 }
 

@@ -112,11 +112,15 @@ impl RunStore {
                 .with_context(|| format!("cannot list runs directory {}", self.dir.display()))?;
             let path = entry.path();
             let name = entry.file_name().to_string_lossy().into_owned();
-            if name.starts_with('.') && name.ends_with(TEMP_SUFFIX) {
+            if is_our_temp(&name) {
                 scan.leftover_temps.push(path);
                 continue;
             }
-            if name.starts_with('.') || !name.ends_with(".json") || !path.is_file() {
+            if name.starts_with('.')
+                || !name.ends_with(".json")
+                || NOT_RECORDS.contains(&name.as_str())
+                || !path.is_file()
+            {
                 continue;
             }
             match load_file(&path) {
@@ -261,6 +265,9 @@ fn sanitize(record: &mut RunRecord) {
         redact::redact_launch(spec);
     }
     redact::redact_json(&mut record.target.flags);
+    if let Some(url) = record.target.url.as_mut() {
+        *url = redact::redact_url(url);
+    }
 }
 
 fn encode(record: &RunRecord) -> Result<Vec<u8>> {
@@ -275,6 +282,27 @@ fn encode(record: &RunRecord) -> Result<Vec<u8>> {
 }
 
 const TEMP_SUFFIX: &str = ".tmp";
+
+/// JSON files other modules keep in the runs directory that are not run records
+/// (`launch`'s table of engine processes it started).
+pub const NOT_RECORDS: &[&str] = &["launched-engines.json"];
+
+/// Is this one of our temp files, `.<record>.json.<pid>.<n>.tmp`? Other writers' temp
+/// files in the directory are not ours to report.
+fn is_our_temp(name: &str) -> bool {
+    let Some(stem) = name
+        .strip_prefix('.')
+        .and_then(|n| n.strip_suffix(TEMP_SUFFIX))
+    else {
+        return false;
+    };
+    let mut parts = stem.rsplitn(3, '.');
+    let numeric =
+        |p: Option<&str>| p.is_some_and(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()));
+    numeric(parts.next())
+        && numeric(parts.next())
+        && parts.next().is_some_and(|r| r.ends_with(".json"))
+}
 
 /// A fully written and fsynced temp file beside its destination, not yet visible under
 /// the final name. Dropping it without `commit` leaves the temp file behind — exactly what
