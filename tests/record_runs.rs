@@ -668,6 +668,13 @@ fn cli_runs_show_accepts_prefix_and_short_id() {
     let by_short = mxtune(&["runs", "show", "2YQCVT"], Some(dir.path()));
     assert_eq!(text(&by_short.stdout), s);
 
+    // --json prints the migrated record: the v0 draft comes out in the current shape.
+    let out = mxtune(&["runs", "show", "--json", "01KCXF"], Some(dir.path()));
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let shown: RunRecord = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(shown, load_file(&fixture("v0-draft.json")).unwrap());
+    assert_eq!(shown.schema_version, SCHEMA_VERSION);
+
     let out = mxtune(&["runs", "show", "01KE"], Some(dir.path()));
     assert!(!out.status.success());
     assert!(
