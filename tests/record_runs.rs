@@ -29,11 +29,11 @@ fn text(b: &[u8]) -> String {
 }
 
 /// A record with every section filled, as the other modules will fill them.
-fn full_record() -> RunRecord {
+fn full_record(source_repo: &Path) -> RunRecord {
     let mut r = mxtune::record::begin(
         TargetKind::Docker,
         Some("cutlass all-mxfp4".into()),
-        &[("mxtune".into(), PathBuf::from(env!("CARGO_MANIFEST_DIR")))],
+        &[("vllm".into(), source_repo.to_path_buf())],
     );
     r.identity.note = Some("64x128 tiles".into());
     r.identity.tags = vec!["tiles".into(), "decode".into()];
@@ -246,7 +246,8 @@ fn full_record() -> RunRecord {
 fn full_record_round_trips_through_the_store() {
     let dir = tempfile::tempdir().unwrap();
     let store = RunStore::new(dir.path().join("runs"));
-    let rec = full_record();
+    let (checkout, repo_sha) = source_checkout();
+    let rec = full_record(checkout.path());
     assert_eq!(
         rec.resources.as_ref().unwrap().series.len(),
         SERIES_MAX_POINTS
@@ -278,13 +279,36 @@ fn full_record_round_trips_through_the_store() {
     assert_eq!(Latency::from_requests(&p.requests_raw), p.latency);
     let host = &back.environment.host;
     assert!(host.hostname.is_some() && host.kernel.is_some() && host.ram_total_bytes.is_some());
-    assert_eq!(
-        back.environment.source_repos[0]
-            .sha
-            .as_ref()
-            .map(String::len),
-        Some(40)
-    );
+    let src = &back.environment.source_repos[0];
+    assert_eq!(src.name, "vllm");
+    assert_eq!(src.sha.as_deref(), Some(repo_sha.as_str()));
+    assert_eq!(src.branch.as_deref(), Some("mxfp4-wip"));
+    assert_eq!(src.dirty, Some(true));
+    assert_eq!(src.error, None);
+}
+
+fn git(dir: &Path, args: &[&str]) -> String {
+    let out = Command::new("git")
+        .arg("-C")
+        .arg(dir)
+        .args(["-c", "user.name=t", "-c", "user.email=t@example.invalid"])
+        .args(args)
+        .output()
+        .expect("git is installed");
+    assert!(out.status.success(), "git {args:?}: {}", text(&out.stderr));
+    text(&out.stdout).trim().to_string()
+}
+
+/// A source checkout on branch `mxfp4-wip` with one commit and an uncommitted change.
+fn source_checkout() -> (tempfile::TempDir, String) {
+    let dir = tempfile::tempdir().unwrap();
+    git(dir.path(), &["init", "-q", "-b", "mxfp4-wip"]);
+    std::fs::write(dir.path().join("setup.py"), "v1").unwrap();
+    git(dir.path(), &["add", "setup.py"]);
+    git(dir.path(), &["commit", "-q", "-m", "one"]);
+    std::fs::write(dir.path().join("setup.py"), "v2").unwrap();
+    let sha = git(dir.path(), &["rev-parse", "HEAD"]);
+    (dir, sha)
 }
 
 #[test]
