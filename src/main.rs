@@ -14,6 +14,8 @@ struct Cli {
 enum Command {
     /// Run configurations: list, show (as docker run / vllm / env / engine), diff, check.
     Presets(mxtune::flags::cli::PresetsArgs),
+    /// Run records: list, show, compare (`runs/*.json`).
+    Runs(mxtune::record::cli::RunsArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -24,6 +26,7 @@ fn main() -> std::process::ExitCode {
             Ok(std::process::ExitCode::from(2))
         }
         Some(Command::Presets(args)) => mxtune::flags::cli::run(args),
+        Some(Command::Runs(args)) => mxtune::record::cli::run(args),
     };
     match result {
         Ok(code) => code,
