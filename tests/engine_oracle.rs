@@ -289,3 +289,174 @@ fn kv_budget_and_bad_steps_are_errors_not_panics() {
         "freed sequence"
     );
 }
+
+// ---- loader error paths: broken copies of a fixture in a temp dir ----
+
+type RawTensors = std::collections::BTreeMap<String, (Dtype, Vec<usize>, Vec<u8>)>;
+
+/// Copy fixture `model` into a temp dir, letting `edit` change the tensors of `file`.
+fn broken_copy(model: &str, file: &str, edit: impl FnOnce(&mut RawTensors)) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    for entry in std::fs::read_dir(fixtures().join(model)).unwrap() {
+        let p = entry.unwrap().path();
+        std::fs::copy(&p, dir.path().join(p.file_name().unwrap())).unwrap();
+    }
+    let path = dir.path().join(file);
+    let bytes = std::fs::read(&path).unwrap();
+    let mut raw: RawTensors = SafeTensors::deserialize(&bytes)
+        .unwrap()
+        .tensors()
+        .into_iter()
+        .map(|(n, t)| (n, (t.dtype(), t.shape().to_vec(), t.data().to_vec())))
+        .collect();
+    edit(&mut raw);
+    let views: Vec<(String, safetensors::tensor::TensorView<'_>)> = raw
+        .iter()
+        .map(|(n, (d, s, b))| {
+            (
+                n.clone(),
+                safetensors::tensor::TensorView::new(*d, s.clone(), b).unwrap(),
+            )
+        })
+        .collect();
+    std::fs::write(&path, safetensors::tensor::serialize(views, None).unwrap()).unwrap();
+    dir
+}
+
+fn load_err(dir: &Path) -> String {
+    match loader::load(dir) {
+        Ok(_) => panic!("{} loaded although it is broken", dir.display()),
+        Err(e) => format!("{e:#}"),
+    }
+}
+
+#[test]
+fn unchanged_copy_loads_and_maps_tensors() {
+    let dir = broken_copy("tiny-b", "model.safetensors", |_| {});
+    let w = loader::load(dir.path()).unwrap();
+    assert_eq!(w.layers.len(), 5);
+    assert!(w.lm_head.is_mapped() && w.layers[4].down.blocks.is_mapped());
+    assert_eq!(w.layers[0].gate_up.rows, 2 * w.config.intermediate_size);
+}
+
+#[test]
+fn missing_tensor_is_named() {
+    let name = "model.layers.3.mlp.router.bias";
+    let dir = broken_copy("tiny-b", "model.safetensors", |t| {
+        t.remove(name).unwrap();
+    });
+    let e = load_err(dir.path());
+    assert!(e.contains(name) && e.contains("missing"), "{e}");
+}
+
+#[test]
+fn wrong_shape_names_file_and_tensor() {
+    let name = "model.layers.1.self_attn.k_proj.weight";
+    let dir = broken_copy("tiny-b", "model.safetensors", |t| {
+        t.get_mut(name).unwrap().1.reverse();
+    });
+    let e = load_err(dir.path());
+    assert!(
+        e.contains(name) && e.contains("model.safetensors") && e.contains("shape"),
+        "{e}"
+    );
+}
+
+#[test]
+fn wrong_dtype_is_named() {
+    let name = "model.layers.0.mlp.experts.down_proj_scales";
+    let dir = broken_copy("tiny-b", "model.safetensors", |t| {
+        t.get_mut(name).unwrap().0 = Dtype::I8;
+    });
+    let e = load_err(dir.path());
+    assert!(e.contains(name) && e.contains("dtype"), "{e}");
+}
+
+#[test]
+fn truncated_file_is_named() {
+    let dir = broken_copy("tiny-a", "model-00002-of-00002.safetensors", |_| {});
+    let path = dir.path().join("model-00002-of-00002.safetensors");
+    let len = std::fs::metadata(&path).unwrap().len();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .unwrap()
+        .set_len(len - 1000)
+        .unwrap();
+    let e = load_err(dir.path());
+    assert!(
+        e.contains("model-00002-of-00002.safetensors") && e.contains("truncated"),
+        "{e}"
+    );
+}
+
+#[test]
+fn missing_shard_is_named() {
+    let dir = broken_copy("tiny-a", "model-00001-of-00002.safetensors", |_| {});
+    std::fs::remove_file(dir.path().join("model-00002-of-00002.safetensors")).unwrap();
+    let e = load_err(dir.path());
+    assert!(
+        e.contains("model-00002-of-00002.safetensors") && e.contains("does not exist"),
+        "{e}"
+    );
+}
+
+#[test]
+fn non_gpt_oss_configs_are_refused() {
+    type Edit = fn(&mut serde_json::Value);
+    let edits: [(&str, Edit); 3] = [
+        ("gpt_oss", |c| c["model_type"] = "llama".into()),
+        ("mxfp4", |c| {
+            c.as_object_mut().unwrap().remove("quantization_config");
+        }),
+        ("num_key_value_heads", |c| {
+            c["num_key_value_heads"] = 4.into()
+        }),
+    ];
+    for (needle, edit) in edits {
+        let dir = broken_copy("tiny-b", "model.safetensors", |_| {});
+        let path = dir.path().join("config.json");
+        let mut c: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+        edit(&mut c);
+        std::fs::write(&path, c.to_string()).unwrap();
+        let e = load_err(dir.path());
+        assert!(
+            e.contains("config.json") && e.contains(needle),
+            "{needle}: {e}"
+        );
+    }
+}
+
+#[test]
+fn synthetic_tiny_runs_and_is_deterministic() {
+    use mxtune::engine::synthetic;
+    let run = |seed| {
+        let mut be = CpuBackend::new(synthetic::build("tiny", seed).unwrap(), 64);
+        assert_eq!(be.weights().source, "synthetic:tiny");
+        let seq = be.alloc_seq(8).unwrap();
+        let a = be
+            .forward(&[SeqStep {
+                seq,
+                tokens: &[200_006, 17_360, 200_008],
+            }])
+            .unwrap()
+            .remove(0);
+        let b = be
+            .forward(&[SeqStep {
+                seq,
+                tokens: &[12_366],
+            }])
+            .unwrap()
+            .remove(0);
+        assert_eq!(a.len(), 201_088);
+        assert!(a.iter().chain(&b).all(|v| v.is_finite()));
+        (a, b)
+    };
+    let (a0, b0) = run(0);
+    let (a1, _) = run(0);
+    let (a2, _) = run(1);
+    assert_eq!(a0, a1);
+    assert_ne!(a0, a2);
+    assert_ne!(a0, b0);
+}

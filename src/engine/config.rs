@@ -85,8 +85,8 @@ impl ModelConfig {
             .and_then(Value::as_str);
         if quant != Some("mxfp4") {
             bail!(
-                "quantization_config.quant_method is {quant:?}; only MXFP4 expert checkpoints \
-                 (the official release layout) are supported"
+                "quantization_config.quant_method is {quant:?}, expected \"mxfp4\": only \
+                 checkpoints with MXFP4 experts (the official release layout) are supported"
             );
         }
         let usize_key = |k: &str| -> Result<usize> {
@@ -220,7 +220,10 @@ impl ModelConfig {
                 self.num_hidden_layers
             );
         }
-        if !self.num_attention_heads.is_multiple_of(self.num_key_value_heads) {
+        if !self
+            .num_attention_heads
+            .is_multiple_of(self.num_key_value_heads)
+        {
             bail!(
                 "num_attention_heads {} is not a multiple of num_key_value_heads {}",
                 self.num_attention_heads,
@@ -259,5 +262,84 @@ impl ModelConfig {
     /// Width of the concatenated key (or value) heads.
     pub fn kv_dim(&self) -> usize {
         self.num_key_value_heads * self.head_dim
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    /// The gpt-oss-20b release config.json (transformers 4.x style keys).
+    fn release_20b() -> Value {
+        let layer_types: Vec<&str> = (0..24)
+            .map(|i| {
+                if i % 2 == 0 {
+                    "sliding_attention"
+                } else {
+                    "full_attention"
+                }
+            })
+            .collect();
+        json!({
+            "architectures": ["GptOssForCausalLM"], "attention_bias": true, "eos_token_id": 200002,
+            "experts_per_token": 4, "head_dim": 64, "hidden_act": "silu", "hidden_size": 2880,
+            "initial_context_length": 4096, "intermediate_size": 2880, "layer_types": layer_types,
+            "max_position_embeddings": 131072, "model_type": "gpt_oss", "num_attention_heads": 64,
+            "num_experts_per_tok": 4, "num_hidden_layers": 24, "num_key_value_heads": 8,
+            "num_local_experts": 32, "pad_token_id": 199999,
+            "quantization_config": {"quant_method": "mxfp4", "modules_to_not_convert":
+                ["model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]},
+            "rms_norm_eps": 1e-05,
+            "rope_scaling": {"beta_fast": 32.0, "beta_slow": 1.0, "factor": 32.0,
+                "original_max_position_embeddings": 4096, "rope_type": "yarn", "truncate": false},
+            "rope_theta": 150000, "sliding_window": 128, "swiglu_limit": 7.0,
+            "tie_word_embeddings": false, "vocab_size": 201088
+        })
+    }
+
+    #[test]
+    fn release_config_parses_to_the_20b_shape() {
+        let c = ModelConfig::from_hf_value(&release_20b()).unwrap();
+        assert_eq!(c, crate::engine::synthetic::config("gpt-oss-20b").unwrap());
+        assert_eq!((c.q_dim(), c.kv_dim()), (4096, 512));
+    }
+
+    #[test]
+    fn transformers_5_rope_parameters_and_missing_layer_types() {
+        let mut v = release_20b();
+        let o = v.as_object_mut().unwrap();
+        let mut rope = o.remove("rope_scaling").unwrap();
+        rope["rope_theta"] = o.remove("rope_theta").unwrap();
+        o.insert("rope_parameters".into(), rope);
+        o.remove("layer_types");
+        o.remove("swiglu_limit");
+        let c = ModelConfig::from_hf_value(&v).unwrap();
+        assert_eq!(c.rope_theta, 150000.0);
+        assert_eq!(c.rope_scaling_factor, 32.0);
+        assert_eq!(c.swiglu_limit, 7.0);
+        assert!(c.layer_is_sliding[0] && !c.layer_is_sliding[1] && c.layer_is_sliding[22]);
+    }
+
+    #[test]
+    fn inconsistent_configs_are_errors() {
+        let cases: [(&str, Value); 4] = [
+            ("layer_types", json!(["sliding_attention"])),
+            ("hidden_size", json!(2881)),
+            ("num_experts_per_tok", json!(64)),
+            ("model_type", json!("mixtral")),
+        ];
+        for (key, val) in cases {
+            let mut v = release_20b();
+            v[key] = val;
+            let e = ModelConfig::from_hf_value(&v).unwrap_err();
+            assert!(
+                format!("{e:#}").contains(key) || key == "model_type",
+                "{key}: {e:#}"
+            );
+        }
+        let mut v = release_20b();
+        v["rope_scaling"]["truncate"] = json!(true);
+        assert!(ModelConfig::from_hf_value(&v).is_err());
     }
 }

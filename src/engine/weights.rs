@@ -460,3 +460,45 @@ pub fn expected_tensors(c: &ModelConfig) -> Vec<TensorSpec> {
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn misaligned_bf16_views_are_copied_aligned_ones_mapped() {
+        let mut f = tempfile::tempfile().unwrap();
+        let bytes: Vec<u8> = (0u8..16).collect();
+        std::io::Write::write_all(&mut f, &bytes).unwrap();
+        // SAFETY: a private temp file nobody else writes.
+        let map = Arc::new(unsafe { Mmap::map(&f) }.unwrap());
+        let odd = Tensor::<bf16>::from_mapped(&map, &map[1..5], vec![2]);
+        let even = Tensor::<bf16>::from_mapped(&map, &map[2..6], vec![2]);
+        assert!(!odd.is_mapped() && even.is_mapped());
+        assert_eq!(odd.data()[0].to_bits(), u16::from_le_bytes([1, 2]));
+        assert_eq!(odd.data()[1].to_bits(), u16::from_le_bytes([3, 4]));
+        assert_eq!(even.data()[1].to_bits(), u16::from_le_bytes([4, 5]));
+    }
+
+    #[test]
+    fn expected_tensors_follow_the_release_table() {
+        let c = crate::engine::synthetic::config("gpt-oss-120b").unwrap();
+        let t = expected_tensors(&c);
+        assert_eq!(t.len(), 3 + 36 * LAYER_TENSORS.len());
+        let find = |n: &str| t.iter().find(|s| s.name == n).unwrap().shape.clone();
+        assert_eq!(
+            find("model.layers.35.mlp.experts.gate_up_proj_blocks"),
+            vec![128, 5760, 90, 16]
+        );
+        assert_eq!(
+            find("model.layers.0.mlp.experts.down_proj_scales"),
+            vec![128, 2880, 90]
+        );
+        assert_eq!(
+            find("model.layers.7.self_attn.o_proj.weight"),
+            vec![2880, 4096]
+        );
+        assert_eq!(find("lm_head.weight"), vec![201088, 2880]);
+        assert!(spec_for(&c, "model.layers.36.self_attn.sinks").is_err());
+    }
+}
