@@ -216,9 +216,12 @@ def build(name, s, out_dir):
     # Optional: transformers itself loads the saved MXFP4 checkpoint (dequantizing on CPU).
     try:
         from transformers import Mxfp4Config
-        m2 = GptOssForCausalLM.from_pretrained(
-            mdir, quantization_config=Mxfp4Config(dequantize=True), torch_dtype=torch.float32,
-            attn_implementation="eager").eval()
+        kw = dict(quantization_config=Mxfp4Config(dequantize=True), attn_implementation="eager")
+        try:  # transformers 5 names it `dtype`, 4.x `torch_dtype`
+            m2 = GptOssForCausalLM.from_pretrained(mdir, dtype=torch.float32, **kw)
+        except TypeError:
+            m2 = GptOssForCausalLM.from_pretrained(mdir, torch_dtype=torch.float32, **kw)
+        m2 = m2.float().eval()
         toks = ref[f"prompt{len(PROMPT_LENS) - 1}.tokens"].unsqueeze(0)
         with torch.no_grad():
             lg2 = m2(input_ids=toks, use_cache=False).logits[0].float()
