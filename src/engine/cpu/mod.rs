@@ -141,30 +141,23 @@ impl CpuBackend {
                     return;
                 };
                 let start = ops::window_start(row.pos, sliding, c.sliding_window);
+                let n_keys = row.pos + 1 - start;
                 for (hq, (o, qh)) in out
                     .chunks_exact_mut(hd)
                     .zip(qr.chunks_exact(hd))
                     .enumerate()
                 {
-                    let kvh = hq / group;
-                    let gather = |buf: &[f32]| -> Vec<f32> {
-                        (start..=row.pos)
-                            .flat_map(|p| {
-                                buf[p * kvd + kvh * hd..p * kvd + (kvh + 1) * hd]
-                                    .iter()
-                                    .copied()
-                            })
-                            .collect()
-                    };
-                    let (keys, values) = (gather(&cache.k[l]), gather(&cache.v[l]));
-                    ops::attention_with_sinks(qh, &keys, &values, sinks[hq], o);
+                    let first = start * kvd + (hq / group) * hd;
+                    let (keys, values) = (&cache.k[l][first..], &cache.v[l][first..]);
+                    ops::attention_with_sinks(qh, keys, values, kvd, n_keys, sinks[hq], o);
                 }
             });
         ops::linear(&attn, w.o_proj.data(), Some(w.o_bias.data()), c.hidden_size)
     }
 
     /// MoE block of layer `l` for every row: router, top-k, experts, weighted sum
-    /// (each expert's down bias inside its weighted term).
+    /// (each expert's down bias inside its weighted term). Rows are grouped by expert so
+    /// each expert's weights are decoded once per step.
     fn moe(&self, l: usize, x: &[f32]) -> Vec<f32> {
         let c = &self.weights.config;
         let w = &self.weights.layers[l];
@@ -176,19 +169,25 @@ impl CpuBackend {
             Some(w.router_bias.data()),
             c.num_local_experts,
         );
-        let limit = c.swiglu_limit as f32;
+        let mut routed: Vec<Vec<(usize, f32)>> = vec![Vec::new(); c.num_local_experts];
+        for (row, lg) in logits.chunks_exact(c.num_local_experts).enumerate() {
+            for (e, weight) in ops::route_top_k(lg, c.num_experts_per_tok) {
+                routed[e].push((row, weight));
+            }
+        }
         let mut out = vec![0.0f32; x.len()];
-        out.par_chunks_mut(d)
-            .zip(h.par_chunks(d))
-            .zip(logits.par_chunks(c.num_local_experts))
-            .for_each(|((o, hr), lg)| {
-                for (e, weight) in ops::route_top_k(lg, c.num_experts_per_tok) {
-                    let y = ops::expert_ffn(&w.gate_up, &w.down, e, hr, limit);
-                    for (oi, yi) in o.iter_mut().zip(&y) {
-                        *oi += weight * yi;
-                    }
+        for (e, rows) in routed.iter().enumerate().filter(|(_, r)| !r.is_empty()) {
+            let hs: Vec<f32> = rows
+                .iter()
+                .flat_map(|&(row, _)| h[row * d..(row + 1) * d].iter().copied())
+                .collect();
+            let y = ops::expert_ffn(&w.gate_up, &w.down, e, &hs, c.swiglu_limit as f32);
+            for (&(row, weight), yr) in rows.iter().zip(y.chunks_exact(d)) {
+                for (o, yi) in out[row * d..(row + 1) * d].iter_mut().zip(yr) {
+                    *o += weight * yi;
                 }
-            });
+            }
+        }
         out
     }
 }

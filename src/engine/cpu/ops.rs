@@ -114,20 +114,30 @@ impl Rope {
     }
 }
 
-/// One query head attending over `keys`/`values` (rows of `head_dim`, the visible window
-/// only) with a learned sink: the sink logit joins the softmax denominator once and has
-/// no value.
-pub fn attention_with_sinks(q: &[f32], keys: &[f32], values: &[f32], sink: f32, out: &mut [f32]) {
+/// One query head attending over `n_keys` keys and values (the visible window only) with a
+/// learned sink: the sink logit joins the softmax denominator once and has no value.
+/// Key `j` is `keys[j·stride ..][..head_dim]`, value `j` likewise, so the cache is read in place.
+pub fn attention_with_sinks(
+    q: &[f32],
+    keys: &[f32],
+    values: &[f32],
+    stride: usize,
+    n_keys: usize,
+    sink: f32,
+    out: &mut [f32],
+) {
     let d = q.len();
     let scale = 1.0 / (d as f32).sqrt();
-    let scores: Vec<f32> = keys.chunks_exact(d).map(|k| dot(q, k) * scale).collect();
+    let scores: Vec<f32> = (0..n_keys)
+        .map(|j| dot(q, &keys[j * stride..j * stride + d]) * scale)
+        .collect();
     let m = scores.iter().copied().fold(sink, f32::max);
     let mut denom = (sink - m).exp();
     out.fill(0.0);
-    for (s, v) in scores.iter().zip(values.chunks_exact(d)) {
+    for (j, s) in scores.iter().enumerate() {
         let p = (s - m).exp();
         denom += p;
-        for (o, vi) in out.iter_mut().zip(v) {
+        for (o, vi) in out.iter_mut().zip(&values[j * stride..j * stride + d]) {
             *o += p * vi;
         }
     }
@@ -180,20 +190,37 @@ pub fn swiglu(gate_up: &[f32], limit: f32) -> Vec<f32> {
         .collect()
 }
 
-/// `W_e x + b_e` for packed expert `e`, decoding MXFP4 inside the dot products.
-pub fn mxfp4_matvec(p: &Mxfp4Experts, e: usize, x: &[f32]) -> Vec<f32> {
+/// `W_e x + b_e` for every row of `x` with packed expert `e`. Each weight row is decoded
+/// once into a scratch row and used for all rows of `x` (no dequantized copy of the model).
+pub fn mxfp4_linear(p: &Mxfp4Experts, e: usize, x: &[f32]) -> Vec<f32> {
+    let n = x.len() / p.cols;
     let bias = p.bias(e);
-    (0..p.rows)
-        .into_par_iter()
+    // Computed as [rows, n] so each task owns one weight row, then transposed to [n, rows].
+    let mut by_row = vec![0.0f32; p.rows * n];
+    by_row
+        .par_chunks_mut(n)
+        .enumerate()
         .with_min_len(ROWS_PER_TASK)
-        .map(|r| {
-            let (blocks, scales) = p.row(e, r);
-            mxfp4::dot_row(blocks, scales, x) + bias[r].to_f32()
-        })
-        .collect()
+        .for_each_init(
+            || vec![0.0f32; p.cols],
+            |w, (r, o)| {
+                let (blocks, scales) = p.row(e, r);
+                mxfp4::decode_row(blocks, scales, w);
+                for (oi, xr) in o.iter_mut().zip(x.chunks_exact(p.cols)) {
+                    *oi = dot(w, xr) + bias[r].to_f32();
+                }
+            },
+        );
+    let mut out = vec![0.0f32; n * p.rows];
+    for (r, col) in by_row.chunks_exact(n).enumerate() {
+        for (t, v) in col.iter().enumerate() {
+            out[t * p.rows + r] = *v;
+        }
+    }
+    out
 }
 
-/// One expert's FFN: gate_up, clamped SwiGLU, down (its bias included).
+/// One expert's FFN for every row of `h`: gate_up, clamped SwiGLU, down (its bias included).
 pub fn expert_ffn(
     gate_up: &Mxfp4Experts,
     down: &Mxfp4Experts,
@@ -201,9 +228,9 @@ pub fn expert_ffn(
     h: &[f32],
     limit: f32,
 ) -> Vec<f32> {
-    let u = mxfp4_matvec(gate_up, e, h);
+    let u = mxfp4_linear(gate_up, e, h);
     let a = swiglu(&u, limit);
-    mxfp4_matvec(down, e, &a)
+    mxfp4_linear(down, e, &a)
 }
 
 #[cfg(test)]
@@ -217,14 +244,14 @@ mod tests {
         let k = [2.0, 0.0, 0.0, 0.0]; // score 2 / sqrt(4) = 1
         let v = [1.0, 2.0, 3.0, 4.0];
         let mut out = [0.0; 4];
-        attention_with_sinks(&q, &k, &v, 1.0, &mut out);
+        attention_with_sinks(&q, &k, &v, 4, 1, 1.0, &mut out);
         for (o, vi) in out.iter().zip(v) {
             assert!((o - vi * 0.5).abs() < 1e-6, "{out:?}");
         }
         // A very negative sink leaves plain softmax; a huge one drives the output to 0.
-        attention_with_sinks(&q, &k, &v, -1e4, &mut out);
+        attention_with_sinks(&q, &k, &v, 4, 1, -1e4, &mut out);
         assert!((out[3] - 4.0).abs() < 1e-6);
-        attention_with_sinks(&q, &k, &v, 1e4, &mut out);
+        attention_with_sinks(&q, &k, &v, 4, 1, 1e4, &mut out);
         assert!(out.iter().all(|o| o.abs() < 1e-6));
     }
 
