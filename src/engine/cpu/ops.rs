@@ -15,11 +15,6 @@ pub const SWIGLU_ALPHA: f32 = 1.702;
 /// Output rows handed to one rayon task in matrix-vector products.
 const ROWS_PER_TASK: usize = 64;
 
-/// `Σ w·x` over a bf16 weight row.
-pub fn dot_bf16(w: &[bf16], x: &[f32]) -> f32 {
-    w.iter().zip(x).map(|(a, b)| a.to_f32() * b).sum()
-}
-
 /// RMSNorm of every row of `x` (width `w.len()`): `x · rsqrt(mean(x²) + ε) · w`.
 pub fn rms_norm(x: &[f32], w: &[bf16], eps: f32) -> Vec<f32> {
     let d = w.len();
@@ -36,21 +31,48 @@ pub fn rms_norm(x: &[f32], w: &[bf16], eps: f32) -> Vec<f32> {
     out
 }
 
-/// `y = W x + b` for every row of `x`; `w` is [out, in] row-major bf16.
+/// `y = W x + b` for every row of `x`; `w` is [out, in] row-major bf16. Each weight row is
+/// widened to fp32 once and used for every row of `x`.
 pub fn linear(x: &[f32], w: &[bf16], bias: Option<&[bf16]>, n_out: usize) -> Vec<f32> {
     let n_in = w.len() / n_out;
-    let mut out = vec![0.0; x.len() / n_in * n_out];
-    out.par_chunks_mut(n_out)
-        .zip(x.par_chunks(n_in))
-        .for_each(|(o, xr)| {
-            o.par_iter_mut()
-                .enumerate()
-                .with_min_len(ROWS_PER_TASK)
-                .for_each(|(j, oj)| {
-                    let b = bias.map_or(0.0, |b| b[j].to_f32());
-                    *oj = dot_bf16(&w[j * n_in..(j + 1) * n_in], xr) + b;
-                });
-        });
+    by_weight_row(x, n_in, n_out, |j, scratch| {
+        for (s, v) in scratch.iter_mut().zip(&w[j * n_in..(j + 1) * n_in]) {
+            *s = v.to_f32();
+        }
+        bias.map_or(0.0, |b| b[j].to_f32())
+    })
+}
+
+/// `[rows(x), n_out]` where output `j` of row `t` is `dot(row_j, x_t) + bias_j`, and
+/// `load(j, scratch)` writes weight row `j` (length `n_in`) into `scratch` and returns `bias_j`.
+/// Parallel over weight rows; computed as `[n_out, rows]` and transposed.
+fn by_weight_row(
+    x: &[f32],
+    n_in: usize,
+    n_out: usize,
+    load: impl Fn(usize, &mut [f32]) -> f32 + Sync,
+) -> Vec<f32> {
+    let n = x.len() / n_in;
+    let mut by_row = vec![0.0f32; n_out * n];
+    by_row
+        .par_chunks_mut(n)
+        .enumerate()
+        .with_min_len(ROWS_PER_TASK)
+        .for_each_init(
+            || vec![0.0f32; n_in],
+            |scratch, (j, o)| {
+                let b = load(j, scratch);
+                for (oi, xr) in o.iter_mut().zip(x.chunks_exact(n_in)) {
+                    *oi = dot(scratch, xr) + b;
+                }
+            },
+        );
+    let mut out = vec![0.0f32; n * n_out];
+    for (j, col) in by_row.chunks_exact(n).enumerate() {
+        for (t, v) in col.iter().enumerate() {
+            out[t * n_out + j] = *v;
+        }
+    }
     out
 }
 
@@ -155,8 +177,22 @@ pub fn window_start(pos: usize, sliding: bool, window: usize) -> usize {
     }
 }
 
+/// fp32 dot product with 8 independent partial sums (lets the compiler use SIMD).
 fn dot(a: &[f32], b: &[f32]) -> f32 {
-    a.iter().zip(b).map(|(x, y)| x * y).sum()
+    let mut acc = [0.0f32; 8];
+    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
+    let tail: f32 = ca
+        .remainder()
+        .iter()
+        .zip(cb.remainder())
+        .map(|(x, y)| x * y)
+        .sum();
+    for (xa, xb) in ca.zip(cb) {
+        for k in 0..8 {
+            acc[k] += xa[k] * xb[k];
+        }
+    }
+    acc.iter().sum::<f32>() + tail
 }
 
 /// Top-k experts by router logit (ties: lower index first) with weights from a softmax
@@ -193,31 +229,12 @@ pub fn swiglu(gate_up: &[f32], limit: f32) -> Vec<f32> {
 /// `W_e x + b_e` for every row of `x` with packed expert `e`. Each weight row is decoded
 /// once into a scratch row and used for all rows of `x` (no dequantized copy of the model).
 pub fn mxfp4_linear(p: &Mxfp4Experts, e: usize, x: &[f32]) -> Vec<f32> {
-    let n = x.len() / p.cols;
     let bias = p.bias(e);
-    // Computed as [rows, n] so each task owns one weight row, then transposed to [n, rows].
-    let mut by_row = vec![0.0f32; p.rows * n];
-    by_row
-        .par_chunks_mut(n)
-        .enumerate()
-        .with_min_len(ROWS_PER_TASK)
-        .for_each_init(
-            || vec![0.0f32; p.cols],
-            |w, (r, o)| {
-                let (blocks, scales) = p.row(e, r);
-                mxfp4::decode_row(blocks, scales, w);
-                for (oi, xr) in o.iter_mut().zip(x.chunks_exact(p.cols)) {
-                    *oi = dot(w, xr) + bias[r].to_f32();
-                }
-            },
-        );
-    let mut out = vec![0.0f32; n * p.rows];
-    for (r, col) in by_row.chunks_exact(n).enumerate() {
-        for (t, v) in col.iter().enumerate() {
-            out[t * p.rows + r] = *v;
-        }
-    }
-    out
+    by_weight_row(x, p.cols, p.rows, |r, scratch| {
+        let (blocks, scales) = p.row(e, r);
+        mxfp4::decode_row(blocks, scales, scratch);
+        bias[r].to_f32()
+    })
 }
 
 /// One expert's FFN for every row of `h`: gate_up, clamped SwiGLU, down (its bias included).
