@@ -170,6 +170,28 @@ fn decode_logits_match_at_every_position() {
 }
 
 #[test]
+fn hidden_states_match_at_every_layer() {
+    for model in MODELS {
+        let r = Reference::load(model);
+        let mut be = backend(model);
+        let p = r.prompts() - 1;
+        let tokens = r.ids(&format!("prompt{p}.tokens"));
+        let trace = be.trace_prompt(&tokens).unwrap();
+        assert_eq!(trace.len(), be.config().num_hidden_layers + 1);
+        for (i, got) in trace.iter().enumerate() {
+            let (_, want) = r.f32s(&format!("prompt{p}.hidden{i}"));
+            let e = rel_err(got, &want);
+            assert!(e <= 1e-4, "{model} hidden state {i}: {e}");
+        }
+        assert_eq!(
+            be.seq_len(mxtune::engine::backend::SeqId(0)),
+            None,
+            "trace frees its slot"
+        );
+    }
+}
+
+#[test]
 fn greedy_continuations_match_token_for_token() {
     for model in MODELS {
         let r = Reference::load(model);

@@ -68,6 +68,78 @@ impl CpuBackend {
         2 * c.num_hidden_layers * c.kv_dim() * std::mem::size_of::<f32>()
     }
 
+    /// The residual stream of a fresh prompt at every layer boundary: `[layers + 1]` entries
+    /// of `[tokens × hidden]`, the embeddings first and the final RMSNorm's output last —
+    /// what transformers returns as `hidden_states`. For locating where another backend
+    /// departs from this one.
+    pub fn trace_prompt(&mut self, tokens: &[u32]) -> Result<Vec<Vec<f32>>> {
+        let Some(seq) = self.alloc_seq(tokens.len()) else {
+            bail!("KV budget too small to trace {} tokens", tokens.len());
+        };
+        let batch = [SeqStep { seq, tokens }];
+        let result = self.check_batch(&batch).map(|()| {
+            let mut trace = Vec::new();
+            let x = self.run_layers(&batch, Some(&mut trace));
+            let c = &self.weights.config;
+            trace.pop();
+            trace.push(ops::rms_norm(
+                &x,
+                self.weights.norm.data(),
+                c.rms_norm_eps as f32,
+            ));
+            trace
+        });
+        self.free_seq(seq);
+        result
+    }
+
+    /// Embed every new token, run all layers (appending to the KV caches) and return the
+    /// final residual rows; with `trace`, also record the residual before each layer and
+    /// after the last.
+    fn run_layers(
+        &mut self,
+        batch: &[SeqStep<'_>],
+        mut trace: Option<&mut Vec<Vec<f32>>>,
+    ) -> Vec<f32> {
+        let c = self.weights.config.clone();
+        let d = c.hidden_size;
+        let mut rows = Vec::new();
+        let mut x = Vec::new();
+        let embed = self.weights.embed_tokens.data();
+        for (b, step) in batch.iter().enumerate() {
+            let start = self.seqs.get(&step.seq).map_or(0, |s| s.len);
+            for (i, &t) in step.tokens.iter().enumerate() {
+                rows.push(Row {
+                    batch: b,
+                    pos: start + i,
+                });
+                x.extend(
+                    embed[t as usize * d..(t as usize + 1) * d]
+                        .iter()
+                        .map(|v| v.to_f32()),
+                );
+            }
+        }
+        for l in 0..c.num_hidden_layers {
+            if let Some(t) = trace.as_deref_mut() {
+                t.push(x.clone());
+            }
+            let a = self.attention(l, &x, &rows, batch);
+            x.iter_mut().zip(&a).for_each(|(xi, ai)| *xi += ai);
+            let m = self.moe(l, &x);
+            x.iter_mut().zip(&m).for_each(|(xi, mi)| *xi += mi);
+        }
+        if let Some(t) = trace {
+            t.push(x.clone());
+        }
+        for step in batch {
+            if let Some(cache) = self.seqs.get_mut(&step.seq) {
+                cache.len += step.tokens.len();
+            }
+        }
+        x
+    }
+
     fn check_batch(&self, batch: &[SeqStep<'_>]) -> Result<()> {
         let vocab = self.weights.config.vocab_size;
         for (i, step) in batch.iter().enumerate() {
@@ -90,6 +162,13 @@ impl CpuBackend {
                     cache.len,
                     step.tokens.len(),
                     cache.capacity
+                );
+            }
+            let max_pos = self.weights.config.max_position_embeddings;
+            if cache.len + step.tokens.len() > max_pos {
+                bail!(
+                    "sequence {:?}: would pass the model's {max_pos} positions",
+                    step.seq
                 );
             }
             if let Some(t) = step.tokens.iter().find(|&&t| t as usize >= vocab) {
@@ -231,34 +310,7 @@ impl ModelBackend for CpuBackend {
         self.check_batch(batch)?;
         let c = self.weights.config.clone();
         let d = c.hidden_size;
-        let mut rows = Vec::new();
-        let mut x = Vec::new();
-        let embed = self.weights.embed_tokens.data();
-        for (b, step) in batch.iter().enumerate() {
-            let start = self.seqs.get(&step.seq).map_or(0, |s| s.len);
-            for (i, &t) in step.tokens.iter().enumerate() {
-                rows.push(Row {
-                    batch: b,
-                    pos: start + i,
-                });
-                x.extend(
-                    embed[t as usize * d..(t as usize + 1) * d]
-                        .iter()
-                        .map(|v| v.to_f32()),
-                );
-            }
-        }
-        for l in 0..c.num_hidden_layers {
-            let a = self.attention(l, &x, &rows, batch);
-            x.iter_mut().zip(&a).for_each(|(xi, ai)| *xi += ai);
-            let m = self.moe(l, &x);
-            x.iter_mut().zip(&m).for_each(|(xi, mi)| *xi += mi);
-        }
-        for step in batch {
-            if let Some(cache) = self.seqs.get_mut(&step.seq) {
-                cache.len += step.tokens.len();
-            }
-        }
+        let x = self.run_layers(batch, None);
         // Unembed only each sequence's last new row.
         let mut last = Vec::with_capacity(batch.len() * d);
         let mut end = 0;
