@@ -116,7 +116,7 @@ pub fn stream_seed(seed: u64, layer: u64, kind: u64) -> u64 {
 /// the nearest power of two and its neighbours.
 pub fn scale_range(fan_in: usize) -> (u8, u8) {
     let centre = 127.0 + (1.0 / (2.6 * (fan_in as f64).sqrt())).log2().round();
-    let c = centre.clamp(2.0, 253.0) as u8;
+    let c = centre.clamp(2.0, 250.0) as u8;
     (c - 1, c + 1)
 }
 

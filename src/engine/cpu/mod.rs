@@ -284,6 +284,10 @@ impl ModelBackend for CpuBackend {
         if max_tokens == 0 || self.reserved_tokens + max_tokens > self.kv_budget_tokens {
             return None;
         }
+        // Ids wrap after 2^32 allocations; skip any still live.
+        while self.seqs.contains_key(&SeqId(self.next_id)) {
+            self.next_id = self.next_id.wrapping_add(1);
+        }
         let id = SeqId(self.next_id);
         self.next_id = self.next_id.wrapping_add(1);
         let layers = self.weights.config.num_hidden_layers;
