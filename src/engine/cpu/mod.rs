@@ -199,14 +199,11 @@ impl CpuBackend {
         });
         // Append this layer's keys and values; rows of one sequence are consecutive.
         for ((kr, vr), row) in k.chunks_exact(kvd).zip(v.chunks_exact(kvd)).zip(rows) {
-            let cache = self.seqs.get_mut(&batch[row.batch].seq);
-            if let Some(cache) = cache {
+            if let Some(cache) = self.seqs.get_mut(&batch[row.batch].seq) {
                 cache.k[l].extend_from_slice(kr);
                 cache.v[l].extend_from_slice(vr);
             }
         }
-        let c = &self.weights.config;
-        let w = &self.weights.layers[l];
         let sinks: Vec<f32> = w.sinks.data().iter().map(|s| s.to_f32()).collect();
         let group = c.num_attention_heads / c.num_key_value_heads;
         let sliding = c.layer_is_sliding[l];
