@@ -11,7 +11,13 @@ struct Cli {
 }
 
 #[derive(Subcommand, Debug)]
-enum Command {}
+enum Command {
+    /// Launch a target (Docker container, bundled engine, or attach to a URL), wait until it
+    /// is ready, print phases and the kernel-path verdict, and leave it running.
+    Launch(mxtune::launch::cli::LaunchArgs),
+    /// Stop containers and engine processes mxtune started.
+    Stop(mxtune::launch::cli::StopArgs),
+}
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
@@ -20,6 +26,8 @@ fn main() -> std::process::ExitCode {
             eprintln!("mxtune: the interactive panel is not built yet; see `mxtune --help`");
             Ok(std::process::ExitCode::from(2))
         }
+        Some(Command::Launch(args)) => mxtune::launch::cli::launch(args),
+        Some(Command::Stop(args)) => mxtune::launch::cli::stop(args),
     };
     match result {
         Ok(code) => code,
