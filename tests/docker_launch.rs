@@ -331,3 +331,85 @@ async fn docker_reattach_after_restart_and_label_filter() {
     assert!(gone(&d2, &ours.id).await);
     d2.remove_container(&foreign.id, None).await.unwrap();
 }
+
+#[tokio::test]
+async fn docker_cli_launch_leaves_it_running_then_stop_removes_it() {
+    let Some(d) = docker_or_skip("docker_cli_launch_leaves_it_running_then_stop_removes_it").await
+    else {
+        return;
+    };
+    let image = test_image(&d).await;
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let mut spec = docker_spec(&image, port, "cli");
+    let name = format!("mxtune-cli-test-{}", ulid::Ulid::generate()).to_lowercase();
+    spec.container.as_mut().unwrap().name = Some(name.clone());
+    let spec_path = dir.path().join("docker-spec.toml");
+    std::fs::write(&spec_path, toml::to_string(&spec).unwrap()).unwrap();
+    let run = |args: Vec<std::ffi::OsString>| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_mxtune"))
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let out = tokio::task::spawn_blocking({
+        let (spec_path, runs) = (spec_path.clone(), dir.path().join("runs"));
+        move || {
+            run(vec![
+                "launch".into(),
+                "--target".into(),
+                "docker".into(),
+                "--spec".into(),
+                spec_path.into(),
+                "--runs-dir".into(),
+                runs.into(),
+            ])
+        }
+    })
+    .await
+    .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    let found = docker::find_mxtune_containers(&d).await.unwrap();
+    let ours = found.iter().find(|f| f.name == name).cloned();
+    let _cleanup = Cleanup(ours.as_ref().map(|f| f.run_id.clone()).unwrap_or_default());
+    assert!(out.status.success(), "stdout:\n{stdout}\nstderr:\n{stderr}");
+    assert!(
+        stdout.contains("kernel-path verdict: Valid")
+            && stdout.contains(&format!("mxtune stop {name}")),
+        "{stdout}"
+    );
+    let ours = ours.expect("the container is still there after mxtune exited");
+    assert_eq!(ours.state, "running");
+    // The run's log file sits in the runs dir.
+    let log = dir
+        .path()
+        .join("runs")
+        .join(format!("{}.target.log", ours.run_id));
+    assert!(
+        std::fs::read_to_string(&log)
+            .unwrap()
+            .contains("Uvicorn running on")
+    );
+
+    let out = tokio::task::spawn_blocking({
+        let name = name.clone();
+        move || {
+            run(vec![
+                "stop".into(),
+                name.into(),
+                "--grace-s".into(),
+                "5".into(),
+            ])
+        }
+    })
+    .await
+    .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("stopped and removed"));
+    assert!(gone(&d, &ours.id).await);
+}
