@@ -206,10 +206,12 @@ impl Launch {
     /// Stops the target (SIGTERM, grace, kill, remove unless `keep`) and ends following.
     pub async fn stop(mut self, grace: Duration, keep: bool) -> Result<String> {
         let outcome = self.target.stop(grace, keep).await;
-        // Let the follower record the exit, but never hang on it.
-        if tokio::time::timeout(Duration::from_secs(5), &mut self.task)
-            .await
-            .is_err()
+        // Let the follower record the exit, but never hang on it; an attached endpoint
+        // does not exit at all.
+        if matches!(self.target, Target::Attach(_))
+            || tokio::time::timeout(Duration::from_secs(5), &mut self.task)
+                .await
+                .is_err()
         {
             self.task.abort();
         }
