@@ -17,6 +17,8 @@ enum Command {
     Launch(mxtune::launch::cli::LaunchArgs),
     /// Stop containers and engine processes mxtune started.
     Stop(mxtune::launch::cli::StopArgs),
+    /// Run configurations: list, show (as docker run / vllm / env / engine), diff, check.
+    Presets(mxtune::flags::cli::PresetsArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -28,6 +30,7 @@ fn main() -> std::process::ExitCode {
         }
         Some(Command::Launch(args)) => mxtune::launch::cli::launch(args),
         Some(Command::Stop(args)) => mxtune::launch::cli::stop(args),
+        Some(Command::Presets(args)) => mxtune::flags::cli::run(args),
     };
     match result {
         Ok(code) => code,

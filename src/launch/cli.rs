@@ -7,7 +7,11 @@ use super::follow::{Launch, LaunchOptions, Status};
 use super::preflight::{self, Severity};
 use super::spec::LaunchSpec;
 use super::{LaunchEvent, LogRules, state};
-use anyhow::{Context, Result, bail};
+use crate::flags::preset::PresetStore;
+use crate::flags::render::render;
+use crate::flags::rules::{GpuArch, evaluate};
+use crate::launch::spec::TargetKind;
+use anyhow::{Context, Result, anyhow, bail};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
@@ -27,12 +31,21 @@ pub enum TargetArg {
 /// Arguments of `mxtune launch`.
 #[derive(Debug, clap::Args)]
 pub struct LaunchArgs {
-    /// Launch spec file (TOML, or JSON by extension): argv, env, container, port, checks.
-    #[arg(long, required_unless_present_any = ["url", "reattach"])]
+    /// Preset name (or a path to a preset .toml): rendered for the target by the flags module.
+    #[arg(long, conflicts_with = "spec", required_unless_present_any = ["spec", "url", "reattach"])]
+    pub preset: Option<String>,
+    /// Project presets directory (searched before ~/.config/mxtune/presets).
+    #[arg(long, env = "MXTUNE_PRESETS_DIR")]
+    pub presets_dir: Option<PathBuf>,
+    /// GPU architecture for the preset's conflict rules (e.g. sm121); unknown when omitted.
+    #[arg(long)]
+    pub arch: Option<GpuArch>,
+    /// An already rendered launch spec (TOML, or JSON by extension) instead of a preset.
+    #[arg(long)]
     pub spec: Option<PathBuf>,
-    /// Target kind.
-    #[arg(long, value_enum, default_value = "docker")]
-    pub target: TargetArg,
+    /// Target kind (default: the preset's target; docker for a spec).
+    #[arg(long, value_enum)]
+    pub target: Option<TargetArg>,
     /// Base URL for `--target attach`.
     #[arg(long)]
     pub url: Option<String>,
@@ -115,6 +128,59 @@ pub fn load_spec(path: &Path) -> Result<LaunchSpec> {
     }
 }
 
+/// The spec to launch, the preset name, the target, and the preset's rule findings.
+fn resolve(args: &LaunchArgs) -> Result<(LaunchSpec, String, TargetArg, Vec<preflight::Finding>)> {
+    if let Some(name) = &args.preset {
+        let store = PresetStore::standard(args.presets_dir.clone());
+        let loaded = if name.ends_with(".toml") || name.contains('/') {
+            store.load_file(Path::new(name))
+        } else {
+            store.load(name)
+        };
+        let p = loaded.map_err(|e| anyhow!("{e}"))?;
+        let target = args.target.unwrap_or(match p.flags.target {
+            TargetKind::Engine => TargetArg::Engine,
+            TargetKind::Attach => TargetArg::Attach,
+            TargetKind::Docker => TargetArg::Docker,
+        });
+        let kind = match target {
+            TargetArg::Docker => TargetKind::Docker,
+            TargetArg::Engine => TargetKind::Engine,
+            TargetArg::Attach => TargetKind::Attach,
+        };
+        let spec = render(&p.flags, kind).with_context(|| {
+            format!(
+                "rendering preset {} ({}) for the {kind:?} target",
+                p.name,
+                p.path.display()
+            )
+        })?;
+        let findings = evaluate(&p.flags, kind, args.arch)
+            .into_iter()
+            .map(|f| preflight::Finding {
+                severity: if f.blocks() {
+                    Severity::Error
+                } else {
+                    Severity::Warning
+                },
+                message: f.to_string(),
+            })
+            .collect();
+        return Ok((spec, p.name, target, findings));
+    }
+    let target = args.target.unwrap_or(TargetArg::Docker);
+    match &args.spec {
+        Some(path) => {
+            let preset = path
+                .file_stem()
+                .map(|s| s.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            Ok((load_spec(path)?, preset, target, Vec::new()))
+        }
+        None => Ok((LaunchSpec::default(), String::new(), target, Vec::new())),
+    }
+}
+
 fn print_event(e: &LaunchEvent, logs: bool) {
     match e {
         LaunchEvent::Log { line, .. } if logs => eprintln!("  | {line}"),
@@ -170,16 +236,7 @@ pub fn stop(args: StopArgs) -> Result<ExitCode> {
 
 async fn launch_async(args: LaunchArgs) -> Result<ExitCode> {
     let run_id = ulid::Ulid::generate().to_string();
-    let spec = match &args.spec {
-        Some(p) => load_spec(p)?,
-        None => LaunchSpec::default(),
-    };
-    let preset = args
-        .spec
-        .as_ref()
-        .and_then(|p| p.file_stem())
-        .map(|s| s.to_string_lossy().into_owned())
-        .unwrap_or_default();
+    let (spec, preset, target, rule_findings) = resolve(&args)?;
     let mut opts = LaunchOptions::new(&run_id, &preset)?;
     opts.log_path = Some(args.runs_dir.join(format!("{run_id}.target.log")));
     opts.allow_pull = args.pull;
@@ -195,7 +252,7 @@ async fn launch_async(args: LaunchArgs) -> Result<ExitCode> {
     }
     let (tx, mut rx) = mpsc::unbounded_channel();
 
-    let mut launch = match (args.target, &args.reattach) {
+    let mut launch = match (target, &args.reattach) {
         (TargetArg::Attach, _) => {
             let url = args.url.as_deref().context("--target attach needs --url")?;
             AttachTarget::attach(url, &args.model, &opts, tx)?
@@ -227,6 +284,7 @@ async fn launch_async(args: LaunchArgs) -> Result<ExitCode> {
                 eprintln!("dropped the page cache");
             }
             let mut findings = preflight::host_checks(&spec, true);
+            findings.extend(rule_findings);
             let docker = if kind == TargetArg::Docker {
                 let d = docker::connect().await?;
                 let earlier = docker::find_mxtune_containers(&d).await?;

@@ -29,6 +29,10 @@ pub const LABEL_RUN_ID: &str = "mxtune.run_id";
 pub const LABEL_PRESET: &str = "mxtune.preset";
 /// Label holding the mxtune version that created the container.
 pub const LABEL_VERSION: &str = "mxtune.version";
+/// Label holding the API port, so a re-attach needs no spec.
+pub const LABEL_PORT: &str = "mxtune.port";
+/// Label holding the served model name, so a re-attach needs no spec.
+pub const LABEL_MODEL: &str = "mxtune.served_model";
 
 /// Where the Docker engine is, for messages.
 pub fn docker_host() -> String {
@@ -100,6 +104,8 @@ pub fn container_body(
     labels.insert(LABEL_RUN_ID.into(), opts.run_id.clone());
     labels.insert(LABEL_PRESET.into(), opts.preset.clone());
     labels.insert(LABEL_VERSION.into(), env!("CARGO_PKG_VERSION").into());
+    labels.insert(LABEL_PORT.into(), spec.port.to_string());
+    labels.insert(LABEL_MODEL.into(), spec.served_model_name.clone());
     let port_key = format!("{}/tcp", spec.port);
     let (network_mode, exposed_ports, port_bindings) = match c.network {
         NetworkMode::Host => ("host".to_string(), None, None),
@@ -281,6 +287,10 @@ pub struct Found {
     pub run_id: String,
     /// Preset label.
     pub preset: String,
+    /// API port label.
+    pub port: Option<u16>,
+    /// Served model label.
+    pub model: String,
 }
 
 /// Every container carrying mxtune's run-id label, running or not. Containers without the
@@ -313,6 +323,8 @@ pub async fn find_mxtune_containers(docker: &Docker) -> Result<Vec<Found>> {
                 state: c.state.map(|s| s.to_string()).unwrap_or_default(),
                 run_id,
                 preset: labels.get(LABEL_PRESET).cloned().unwrap_or_default(),
+                port: labels.get(LABEL_PORT).and_then(|p| p.parse().ok()),
+                model: labels.get(LABEL_MODEL).cloned().unwrap_or_default(),
             })
         })
         .collect())
@@ -349,6 +361,9 @@ impl DockerTarget {
         let body = container_body(spec, c, opts)?;
         let (tx, rx) = mpsc::channel(1024);
         ensure_image(&docker, &c.image, opts.allow_pull, &events).await?;
+        if docker_host().starts_with("unix://") {
+            super::preflight::create_writable_mounts(&c.mounts)?;
+        }
         let name = c.name.clone().unwrap_or_else(|| default_name(&opts.run_id));
         let create = CreateContainerOptions {
             name: Some(name.clone()),
@@ -401,7 +416,8 @@ impl DockerTarget {
         target.follow(tx, rx, spec, opts, events)
     }
 
-    /// Re-attaches to a container mxtune started earlier (after mxtune restarted).
+    /// Re-attaches to a container mxtune started earlier (after mxtune restarted). A spec
+    /// without a port (none given) takes port and model from the container's labels.
     pub async fn reattach(
         docker: Docker,
         found: &Found,
@@ -430,6 +446,14 @@ impl DockerTarget {
             .into_iter()
             .filter_map(|m| m.destination)
             .collect();
+        let mut spec = spec.clone();
+        if spec.port == 0 {
+            spec.port = found.port.with_context(|| {
+                format!("container {} has no {LABEL_PORT} label: give the preset or spec it was launched with", found.name)
+            })?;
+            spec.served_model_name = found.model.clone();
+        }
+        let spec = &spec;
         let target = DockerTarget {
             docker,
             id: found.id.clone(),

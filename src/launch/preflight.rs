@@ -84,18 +84,40 @@ pub fn check_port(host: &str, port: u16) -> Option<Finding> {
     }
 }
 
-/// Errors for bind-mount sources missing on this machine.
+/// Missing bind-mount sources: an error for a read-only mount (a source tree or model the
+/// container needs), a warning for a writable one (a cache: mxtune creates it at launch, owned
+/// by the operator rather than by the Docker daemon's root).
 pub fn check_mounts(mounts: &[Mount]) -> Vec<Finding> {
     mounts
         .iter()
         .filter(|m| !Path::new(&m.host).exists())
         .map(|m| {
-            Finding::error(format!(
-                "mount source {} (for {} in the container) does not exist: create it or fix the preset",
-                m.host, m.container
-            ))
+            if m.read_only {
+                Finding::error(format!(
+                    "mount source {} (read-only at {} in the container) does not exist: create it or fix the preset",
+                    m.host, m.container
+                ))
+            } else {
+                Finding::warning(format!(
+                    "mount source {} (for {} in the container) does not exist: mxtune creates it empty",
+                    m.host, m.container
+                ))
+            }
         })
         .collect()
+}
+
+/// Creates missing writable mount sources (caches), as [`check_mounts`] announced.
+pub fn create_writable_mounts(mounts: &[Mount]) -> Result<()> {
+    for m in mounts
+        .iter()
+        .filter(|m| !m.read_only && !Path::new(&m.host).exists())
+    {
+        std::fs::create_dir_all(&m.host).with_context(|| {
+            format!("cannot create mount source {} for {}", m.host, m.container)
+        })?;
+    }
+    Ok(())
 }
 
 /// Warning listing processes that already hold the GPU.
@@ -330,11 +352,21 @@ mod tests {
         let bad = Mount {
             host: "/nonexistent/mxtune/x".into(),
             container: "/b".into(),
+            read_only: true,
+        };
+        let cache = Mount {
+            host: dir.path().join("jit/torch").display().to_string(),
+            container: "/c".into(),
             read_only: false,
         };
-        let f = check_mounts(&[ok, bad]);
-        assert_eq!(f.len(), 1);
+        let f = check_mounts(&[ok, bad, cache.clone()]);
+        assert_eq!(f.len(), 2);
+        assert_eq!(f[0].severity, Severity::Error);
         assert!(f[0].message.contains("/nonexistent/mxtune/x") && f[0].message.contains("/b"));
+        assert_eq!(f[1].severity, Severity::Warning);
+        create_writable_mounts(std::slice::from_ref(&cache)).unwrap();
+        assert!(Path::new(&cache.host).is_dir());
+        assert!(check_mounts(&[cache]).is_empty());
         assert_eq!(check_gpu_processes(&[]), None);
         let w = check_gpu_processes(&[GpuProcess {
             pid: 7,

@@ -9,6 +9,10 @@ use std::sync::OnceLock;
 
 const SERVER_SOURCE: &str = include_str!("../docker/test_server.rs");
 
+/// The test image: the server as its entrypoint, and as `vllm` on the default PATH so a
+/// rendered `vllm serve …` argv runs it too.
+const DOCKERFILE: &str = "FROM scratch\nCOPY test-server /test-server\nCOPY test-server /usr/local/bin/vllm\nENTRYPOINT [\"/test-server\"]\n";
+
 fn source_hash() -> String {
     let rustc = std::env::var("RUSTC").unwrap_or_else(|_| "rustc".into());
     let version = std::process::Command::new(&rustc)
@@ -19,6 +23,7 @@ fn source_hash() -> String {
     let mut h = Sha256::new();
     h.update(SERVER_SOURCE.as_bytes());
     h.update(version.as_bytes());
+    h.update(DOCKERFILE.as_bytes());
     hex::encode(h.finalize())[..12].to_string()
 }
 
@@ -99,7 +104,7 @@ pub async fn test_image(docker: &bollard::Docker) -> String {
     }
     let bin = tokio::task::spawn_blocking(server_binary).await.unwrap();
     let mut tar = tar::Builder::new(Vec::new());
-    let dockerfile = "FROM scratch\nCOPY test-server /test-server\nENTRYPOINT [\"/test-server\"]\n";
+    let dockerfile = DOCKERFILE;
     let mut h = tar::Header::new_gnu();
     h.set_size(dockerfile.len() as u64);
     h.set_mode(0o644);
