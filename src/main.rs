@@ -14,7 +14,7 @@ struct Cli {
 enum Command {
     /// Launch a target (Docker container, bundled engine, or attach to a URL), wait until it
     /// is ready, print phases and the kernel-path verdict, and leave it running.
-    Launch(mxtune::launch::cli::LaunchArgs),
+    Launch(Box<mxtune::launch::cli::LaunchArgs>),
     /// Stop containers and engine processes mxtune started.
     Stop(mxtune::launch::cli::StopArgs),
     /// Run configurations: list, show (as docker run / vllm / env / engine), diff, check.
@@ -28,7 +28,7 @@ fn main() -> std::process::ExitCode {
             eprintln!("mxtune: the interactive panel is not built yet; see `mxtune --help`");
             Ok(std::process::ExitCode::from(2))
         }
-        Some(Command::Launch(args)) => mxtune::launch::cli::launch(args),
+        Some(Command::Launch(args)) => mxtune::launch::cli::launch(*args),
         Some(Command::Stop(args)) => mxtune::launch::cli::stop(args),
         Some(Command::Presets(args)) => mxtune::flags::cli::run(args),
     };
