@@ -2,3 +2,6 @@
 
 pub mod backend;
 pub mod config;
+pub mod harmony;
+pub mod sampling;
+pub mod tokenizer;
