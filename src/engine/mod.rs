@@ -4,4 +4,6 @@ pub mod backend;
 pub mod config;
 pub mod harmony;
 pub mod sampling;
+pub mod scheduler;
+pub mod server;
 pub mod tokenizer;
