@@ -11,7 +11,10 @@ struct Cli {
 }
 
 #[derive(Subcommand, Debug)]
-enum Command {}
+enum Command {
+    /// Serve gpt-oss with the bundled engine over an OpenAI-compatible HTTP API.
+    Serve(mxtune::engine::serve::ServeArgs),
+}
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
@@ -20,6 +23,7 @@ fn main() -> std::process::ExitCode {
             eprintln!("mxtune: the interactive panel is not built yet; see `mxtune --help`");
             Ok(std::process::ExitCode::from(2))
         }
+        Some(Command::Serve(args)) => mxtune::engine::serve::run(args),
     };
     match result {
         Ok(code) => code,

@@ -8,6 +8,7 @@ pub mod loader;
 pub mod mxfp4;
 pub mod sampling;
 pub mod scheduler;
+pub mod serve;
 pub mod server;
 pub mod synthetic;
 pub mod tokenizer;
