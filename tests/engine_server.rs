@@ -731,3 +731,259 @@ print(repr(reasoning)); print(repr(content)); print(usage)
     assert_eq!(lines[1], py_repr(&c));
     assert_eq!(lines[2], script_len().to_string());
 }
+
+/// The reference file of an oracle fixture (made by tools/make_oracle.py with transformers).
+fn oracle_reference(
+    model: &str,
+) -> std::collections::HashMap<String, (Vec<u8>, safetensors::Dtype)> {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(format!(
+        "tests/fixtures/oracle/{model}.reference.safetensors"
+    ));
+    let bytes = std::fs::read(&path).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    st.tensors()
+        .into_iter()
+        .map(|(n, t)| (n, (t.data().to_vec(), t.dtype())))
+        .collect()
+}
+
+fn ref_ids(
+    r: &std::collections::HashMap<String, (Vec<u8>, safetensors::Dtype)>,
+    name: &str,
+) -> Vec<u32> {
+    let (data, dtype) = &r[name];
+    assert_eq!(*dtype, safetensors::Dtype::I64);
+    data.chunks_exact(8)
+        .map(|c| i64::from_le_bytes(c.try_into().unwrap()) as u32)
+        .collect()
+}
+
+fn ref_f32(
+    r: &std::collections::HashMap<String, (Vec<u8>, safetensors::Dtype)>,
+    name: &str,
+) -> Vec<f32> {
+    let (data, dtype) = &r[name];
+    assert_eq!(*dtype, safetensors::Dtype::F32);
+    data.chunks_exact(4)
+        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+        .collect()
+}
+
+/// Token-id prompts with `temperature: 0` and logprobs reproduce transformers' greedy
+/// continuation through HTTP, all prompts of a model in flight at once (so the CPU backend
+/// runs them batched, prefills mixed with decodes).
+#[tokio::test(flavor = "multi_thread")]
+async fn oracle_greedy_continuations_through_http() {
+    for model in ["tiny-a", "tiny-b"] {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join(format!("tests/fixtures/oracle/{model}"));
+        let weights = mxtune::engine::loader::load(&dir).unwrap();
+        let vocab = weights.config.vocab_size;
+        let backend = mxtune::engine::cpu::CpuBackend::new(weights, 4 * 128);
+        let opts = ServerOptions {
+            served_model_name: model.into(),
+            max_model_len: 128,
+            max_num_seqs: 4,
+            max_num_batched_tokens: 16,
+            api_key: None,
+        };
+        let server = mxtune::engine::server::Server::new(Box::new(backend), opts).unwrap();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(server.serve(listener, std::future::pending()));
+        let r = oracle_reference(model);
+        let prompts = (0..)
+            .take_while(|i| r.contains_key(&format!("prompt{i}.tokens")))
+            .count();
+        assert!(prompts >= 2);
+        let mut handles = Vec::new();
+        for p in 0..prompts {
+            let tokens = ref_ids(&r, &format!("prompt{p}.tokens"));
+            let want = ref_ids(&r, &format!("prompt{p}.greedy"));
+            let base = base.clone();
+            handles.push(tokio::spawn(async move {
+                let v: Value = reqwest::Client::new()
+                    .post(format!("{base}/v1/completions"))
+                    .json(&json!({"model": model, "prompt": tokens, "temperature": 0,
+                                  "max_tokens": want.len(), "ignore_eos": true, "logprobs": 1,
+                                  "return_tokens_as_token_ids": true}))
+                    .send()
+                    .await
+                    .unwrap()
+                    .json()
+                    .await
+                    .unwrap();
+                (p, tokens, want, v)
+            }));
+        }
+        for h in handles {
+            let (p, tokens, want, v) = h.await.unwrap();
+            let lp = &v["choices"][0]["logprobs"];
+            let got: Vec<String> = lp["tokens"]
+                .as_array()
+                .unwrap_or_else(|| panic!("{v}"))
+                .iter()
+                .map(|t| t.as_str().unwrap().to_string())
+                .collect();
+            let want_names: Vec<String> = want.iter().map(|t| format!("token_id:{t}")).collect();
+            assert_eq!(got, want_names, "{model} prompt {p}");
+            // The first token's logprob is log-softmax of transformers' last prompt logits.
+            let logits = ref_f32(&r, &format!("prompt{p}.logits"));
+            let last = &logits[(tokens.len() - 1) * vocab..tokens.len() * vocab];
+            let m = last.iter().copied().fold(f32::MIN, f32::max);
+            let lo = last.iter().copied().fold(f32::MAX, f32::min);
+            let lse = m + last
+                .iter()
+                .map(|x| f64::from(x - m).exp())
+                .sum::<f64>()
+                .ln() as f32;
+            let want_lp = last[want[0] as usize] - lse;
+            let got_lp = lp["token_logprobs"][0].as_f64().unwrap() as f32;
+            assert!(
+                (got_lp - want_lp).abs() <= 1e-3 * (m - lo),
+                "{model} prompt {p}: logprob {got_lp} vs {want_lp}"
+            );
+        }
+    }
+}
+
+/// Start the real `mxtune serve` binary; returns the child and its stdout lines up to ready.
+fn spawn_serve(args: &[&str]) -> (std::process::Child, Vec<String>) {
+    use std::io::BufRead;
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_mxtune"))
+        .arg("serve")
+        .args(args)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let mut lines = Vec::new();
+    for line in std::io::BufReader::new(stdout).lines() {
+        let line = line.unwrap();
+        let ready = line.starts_with("mxtune serve: ready on ");
+        lines.push(line);
+        if ready {
+            break;
+        }
+    }
+    (child, lines)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn serve_binary_reports_kernel_paths_and_serves_synthetic_tiny() {
+    let (mut child, lines) = tokio::task::spawn_blocking(|| {
+        spawn_serve(&[
+            "--synthetic",
+            "tiny",
+            "--port",
+            "0",
+            "--max-model-len",
+            "256",
+            "--sinks",
+            "off",
+            "--moe-kernel",
+            "gemv",
+        ])
+    })
+    .await
+    .unwrap();
+    let ready = lines.last().expect("no output").clone();
+    assert!(
+        ready.starts_with("mxtune serve: ready on http://127.0.0.1:"),
+        "{lines:?}"
+    );
+    let kp: Vec<&str> = lines
+        .iter()
+        .map(String::as_str)
+        .filter(|l| l.starts_with("kernel-path "))
+        .collect();
+    assert_eq!(
+        kp,
+        [
+            "kernel-path backend=cpu",
+            "kernel-path moe_kernel=n/a",
+            "kernel-path activation=n/a",
+            "kernel-path tile=n/a",
+            "kernel-path mxfp4_layers=n/a",
+            "kernel-path kv_dtype=n/a",
+            "kernel-path sinks=off",
+            "kernel-path cuda_graphs=n/a",
+        ]
+    );
+    assert!(
+        lines.iter().any(|l| l.contains("synthetic model tiny")),
+        "{lines:?}"
+    );
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains("--moe-kernel gemv has no effect")),
+        "{lines:?}"
+    );
+    let base = ready
+        .trim_start_matches("mxtune serve: ready on ")
+        .to_string();
+    let v: Value = client()
+        .get(format!("{base}/v1/models"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(v["data"][0]["id"], "synthetic-tiny");
+    let r = client()
+        .post(format!("{base}/v1/chat/completions"))
+        .json(
+            &json!({"model": "synthetic-tiny", "messages": [{"role": "user", "content": "Hi"}],
+                      "max_tokens": 2, "stream": true, "stream_options": {"include_usage": true}}),
+        )
+        .send()
+        .await
+        .unwrap();
+    let data = sse_data(&r.text().await.unwrap());
+    assert_eq!(data.last().unwrap(), "[DONE]");
+    let usage: Value = serde_json::from_str(&data[data.len() - 2]).unwrap();
+    assert_eq!(usage["usage"]["completion_tokens"], 2);
+    // SIGTERM stops it cleanly.
+    let pid = child.id() as i32;
+    // SAFETY: plain kill(2) on the child this test started.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
+    let status = tokio::task::spawn_blocking(move || child.wait().unwrap())
+        .await
+        .unwrap();
+    assert!(status.success(), "{status:?}");
+}
+
+#[test]
+fn serve_binary_refuses_cuda_and_impossible_flags() {
+    let run = |args: &[&str]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_mxtune"))
+            .arg("serve")
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let o = run(&["--synthetic", "tiny", "--device", "cuda", "--port", "0"]);
+    assert!(!o.status.success());
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("CUDA backend not available in this build")
+    );
+    let o = run(&[
+        "--synthetic",
+        "tiny",
+        "--tile",
+        "64x128",
+        "--moe-kernel",
+        "gemv",
+    ]);
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("--moe-kernel grouped"));
+    let o = run(&["--synthetic", "huge"]);
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("unknown synthetic model"));
+    let o = run(&["--model", "/nonexistent/ckpt"]);
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("/nonexistent/ckpt"));
+}

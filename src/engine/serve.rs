@@ -389,7 +389,8 @@ pub fn run(args: ServeArgs) -> Result<ExitCode> {
         out.flush()?;
         drop(out);
         server.serve(listener, shutdown_signal()).await?;
-        println!("mxtune serve: stopped");
+        // stdout may be closed by now (the reader went away); that is no reason to fail.
+        let _ = writeln!(std::io::stdout(), "mxtune serve: stopped");
         Ok(ExitCode::SUCCESS)
     })
 }
