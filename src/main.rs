@@ -19,6 +19,8 @@ enum Command {
     Stop(mxtune::launch::cli::StopArgs),
     /// Run configurations: list, show (as docker run / vllm / env / engine), diff, check.
     Presets(mxtune::flags::cli::PresetsArgs),
+    /// Serve gpt-oss with the bundled engine over an OpenAI-compatible HTTP API.
+    Serve(mxtune::engine::serve::ServeArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -31,6 +33,7 @@ fn main() -> std::process::ExitCode {
         Some(Command::Launch(args)) => mxtune::launch::cli::launch(*args),
         Some(Command::Stop(args)) => mxtune::launch::cli::stop(args),
         Some(Command::Presets(args)) => mxtune::flags::cli::run(args),
+        Some(Command::Serve(args)) => mxtune::engine::serve::run(args),
     };
     match result {
         Ok(code) => code,

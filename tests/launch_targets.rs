@@ -259,3 +259,62 @@ fn launch_cli_failed_start_exits_nonzero() {
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert!(stderr.contains("exit code 5"), "{stderr}");
 }
+
+#[test]
+fn launch_cli_real_mxtune_serve_from_engine_preset() {
+    // The bundled engine itself: `mxtune launch` renders the engine-cpu-tiny preset, starts
+    // `mxtune serve` (this very binary) and checks its kernel-path report.
+    let dir = tempfile::tempdir().unwrap();
+    let presets = dir.path().join("presets");
+    std::fs::create_dir(&presets).unwrap();
+    let port = free_port();
+    let base = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/presets/engine-cpu-tiny.toml"
+    ))
+    .unwrap();
+    assert!(
+        base.contains("port = 8000"),
+        "preset layout changed: {base}"
+    );
+    std::fs::write(
+        presets.join("tiny-test.toml"),
+        base.replace("port = 8000", &format!("port = {port}")),
+    )
+    .unwrap();
+    let runs = dir.path().join("runs");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_mxtune"))
+        .args(["launch", "--preset", "tiny-test", "--presets-dir"])
+        .arg(&presets)
+        .arg("--runs-dir")
+        .arg(&runs)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    // Stop it whatever happened above.
+    let stop = std::process::Command::new(env!("CARGO_BIN_EXE_mxtune"))
+        .args(["stop", "--all", "--grace-s", "10", "--runs-dir"])
+        .arg(&runs)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "stdout:\n{stdout}\nstderr:\n{stderr}");
+    assert!(
+        stdout.contains("kernel-path verdict: Valid"),
+        "stdout:\n{stdout}\nstderr:\n{stderr}"
+    );
+    let log = std::fs::read_dir(&runs)
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .find(|e| e.file_name().to_string_lossy().ends_with(".target.log"))
+        .map(|e| std::fs::read_to_string(e.path()).unwrap())
+        .unwrap();
+    assert!(log.contains("kernel-path backend=cpu"), "{log}");
+    assert!(
+        stop.status.success(),
+        "{}",
+        String::from_utf8_lossy(&stop.stderr)
+    );
+    assert!(String::from_utf8_lossy(&stop.stdout).contains("stopped (SIGTERM)"));
+    assert!(state::load(&runs).unwrap().is_empty());
+}
