@@ -12,10 +12,17 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
+    /// Launch a target (Docker container, bundled engine, or attach to a URL), wait until it
+    /// is ready, print phases and the kernel-path verdict, and leave it running.
+    Launch(Box<mxtune::launch::cli::LaunchArgs>),
+    /// Stop containers and engine processes mxtune started.
+    Stop(mxtune::launch::cli::StopArgs),
     /// Run configurations: list, show (as docker run / vllm / env / engine), diff, check.
     Presets(mxtune::flags::cli::PresetsArgs),
     /// Run records: list, show, compare (`runs/*.json`).
     Runs(mxtune::record::cli::RunsArgs),
+    /// Serve gpt-oss with the bundled engine over an OpenAI-compatible HTTP API.
+    Serve(mxtune::engine::serve::ServeArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -25,8 +32,11 @@ fn main() -> std::process::ExitCode {
             eprintln!("mxtune: the interactive panel is not built yet; see `mxtune --help`");
             Ok(std::process::ExitCode::from(2))
         }
+        Some(Command::Launch(args)) => mxtune::launch::cli::launch(*args),
+        Some(Command::Stop(args)) => mxtune::launch::cli::stop(args),
         Some(Command::Presets(args)) => mxtune::flags::cli::run(args),
         Some(Command::Runs(args)) => mxtune::record::cli::run(args),
+        Some(Command::Serve(args)) => mxtune::engine::serve::run(args),
     };
     match result {
         Ok(code) => code,
