@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 use super::client::{Endpoint, PromptBody, RequestSpec};
 use super::prompt::{Exact, Prompt};
 use super::trace::RequestTrace;
-use super::workload::{BenchEvent, Runner, WorkloadResult};
+use super::workload::{BenchEvent, Runner, WorkloadResult, pp_label, tg_label};
 
 /// Which level.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize, Deserialize)]
@@ -362,18 +362,18 @@ pub fn performance_report(result: &WorkloadResult) -> LevelReport {
         ),
     ));
     for p in &result.points {
-        let s = &p.stats;
+        let s = &p.stats.record;
         let mut why = Vec::new();
-        if s.failed > 0 {
-            why.push(format!("{} failed requests", s.failed));
+        if s.errors > 0 {
+            why.push(format!("{} failed requests", s.errors));
         }
-        if s.ended_early > 0 {
-            why.push(format!("{} responses ended early", s.ended_early));
+        if s.early_ended > 0 {
+            why.push(format!("{} responses ended early", s.early_ended));
         }
-        if s.pp_tps.n == 0 {
+        if s.pp_tps.is_none() {
             why.push("no pp figure".to_owned());
         }
-        if s.tg_tps.n == 0 {
+        if s.tg_tps.is_none() {
             why.push("no tg figure".to_owned());
         }
         for (message, n) in p.errors.iter().take(3) {
@@ -382,13 +382,13 @@ pub fn performance_report(result: &WorkloadResult) -> LevelReport {
         checks.push(check(
             &format!(
                 "{} / {} c{}",
-                p.point.pp_label(),
-                p.point.tg_label(),
+                pp_label(&p.point),
+                tg_label(&p.point),
                 p.point.concurrency
             ),
             why.is_empty(),
             if why.is_empty() {
-                format!("{} requests ok", s.completed)
+                format!("{} requests ok", s.requests)
             } else {
                 why.join("; ")
             },

@@ -1,104 +1,16 @@
 //! Metrics from request traces: llama-benchy's pp/tg/ttfr/est_ppt/e2e_ttft and vllm bench
-//! serve's TTFT/TPOT/ITL/E2EL and throughputs. Exact definitions: docs/benchmarking.md.
+//! serve's TTFT/TPOT/ITL/E2EL and throughputs, filled into the run-record types. Mean, std and
+//! percentiles come from `record::stats` (one place for them). Definitions:
+//! docs/benchmarking.md.
 
+use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
 use super::trace::RequestTrace;
-
-/// Mean, standard deviation and count of a sample.
-#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
-pub struct Summary {
-    /// Arithmetic mean (0 when empty).
-    pub mean: f64,
-    /// Population standard deviation, as llama-benchy (numpy `std`) reports it.
-    pub std: f64,
-    /// Number of values.
-    pub n: usize,
-}
-
-impl Summary {
-    /// Summarise `values`.
-    pub fn of(values: &[f64]) -> Self {
-        let n = values.len();
-        if n == 0 {
-            return Self::default();
-        }
-        let mean = values.iter().sum::<f64>() / n as f64;
-        let var = values.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / n as f64;
-        Self {
-            mean,
-            std: var.sqrt(),
-            n,
-        }
-    }
-
-    /// Scale mean and std (seconds → milliseconds).
-    pub fn scaled(self, k: f64) -> Self {
-        Self {
-            mean: self.mean * k,
-            std: self.std * k,
-            n: self.n,
-        }
-    }
-}
-
-/// Mean and the percentiles vllm bench serve prints.
-#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
-pub struct Percentiles {
-    /// Mean.
-    pub mean: f64,
-    /// Median.
-    pub p50: f64,
-    /// 90th percentile.
-    pub p90: f64,
-    /// 99th percentile.
-    pub p99: f64,
-    /// Number of values.
-    pub n: usize,
-}
-
-impl Percentiles {
-    /// Percentiles of `values` (linear interpolation between ranks, as numpy does).
-    pub fn of(values: &[f64]) -> Self {
-        if values.is_empty() {
-            return Self::default();
-        }
-        let mut sorted = values.to_vec();
-        sorted.sort_by(f64::total_cmp);
-        Self {
-            mean: sorted.iter().sum::<f64>() / sorted.len() as f64,
-            p50: percentile(&sorted, 50.0),
-            p90: percentile(&sorted, 90.0),
-            p99: percentile(&sorted, 99.0),
-            n: sorted.len(),
-        }
-    }
-
-    /// Scale every figure (seconds → milliseconds).
-    pub fn scaled(self, k: f64) -> Self {
-        Self {
-            mean: self.mean * k,
-            p50: self.p50 * k,
-            p90: self.p90 * k,
-            p99: self.p99 * k,
-            n: self.n,
-        }
-    }
-}
-
-/// `p`-th percentile of sorted values, linear interpolation between closest ranks.
-pub fn percentile(sorted: &[f64], p: f64) -> f64 {
-    match sorted.len() {
-        0 => 0.0,
-        1 => sorted[0],
-        n => {
-            let rank = p / 100.0 * (n - 1) as f64;
-            let lo = rank.floor() as usize;
-            let hi = rank.ceil() as usize;
-            sorted[lo] + (sorted[hi] - sorted[lo]) * (rank - lo as f64)
-        }
-    }
-}
+use crate::record::schema::{
+    Arrival as RecordArrival, Latency, PointResult as RecordPoint, RequestTiming, Stats,
+    WorkloadPoint,
+};
 
 /// Prompt tokens to credit a request with: the server's count when it is within 20 % of what
 /// was sent (it includes the chat template), else the count sent (llama-benchy's rule).
@@ -109,25 +21,19 @@ pub fn credited_prompt_tokens(trace: &RequestTrace, expected: u64) -> u64 {
     }
 }
 
-/// Figures of one request.
-#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+/// llama-benchy figures of one request, seconds and tokens/s.
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
 pub struct RequestMetrics {
     /// Start → first chunk with `choices`.
     pub ttfr_s: Option<f64>,
     /// max(0, ttfr − latency).
     pub est_ppt_s: Option<f64>,
-    /// Start → first token-carrying chunk (also vllm's TTFT here).
+    /// Start → first token-carrying chunk.
     pub e2e_ttft_s: Option<f64>,
     /// Credited prompt tokens / est_ppt.
     pub pp_tps: Option<f64>,
     /// Tokens after the first token chunk / (last token arrival − first token arrival).
     pub tg_tps: Option<f64>,
-    /// (E2EL − TTFT) / (completion tokens − 1).
-    pub tpot_s: Option<f64>,
-    /// Start → end of stream.
-    pub e2el_s: f64,
-    /// Gaps between consecutive token-carrying chunks.
-    pub itl_s: Vec<f64>,
 }
 
 impl RequestMetrics {
@@ -146,27 +52,12 @@ impl RequestMetrics {
             }
             _ => None,
         };
-        let e2el = trace.end_s - trace.start_s;
-        let tpot = match e2e_ttft {
-            Some(ttft) if trace.completion_tokens > 1 => {
-                Some((e2el - ttft) / (trace.completion_tokens - 1) as f64)
-            }
-            _ => None,
-        };
-        let itl = trace
-            .arrivals
-            .windows(2)
-            .map(|w| w[1].t_s - w[0].t_s)
-            .collect();
         Self {
             ttfr_s: ttfr,
             est_ppt_s: est_ppt,
             e2e_ttft_s: e2e_ttft,
             pp_tps,
             tg_tps,
-            tpot_s: tpot,
-            e2el_s: e2el,
-            itl_s: itl,
         }
     }
 }
@@ -230,50 +121,62 @@ fn fold(values: impl Iterator<Item = f64>, f: fn(f64, f64) -> f64) -> f64 {
     it.fold(first, f)
 }
 
+/// A trace as the run record stores it: offsets in ms after the request's own start.
+/// A short response (too few tokens) keeps its timings and is counted in `early_ended`;
+/// only fatal errors set `error`, which removes the request from the latency statistics.
+pub fn to_timing(
+    trace: &RequestTrace,
+    epoch_wall: DateTime<Utc>,
+    run: u32,
+    warmup: bool,
+    latency_s: f64,
+) -> RequestTiming {
+    let ms = |t: f64| (t - trace.start_s) * 1e3;
+    let start = epoch_wall + chrono::Duration::microseconds((trace.start_s * 1e6).round() as i64);
+    RequestTiming {
+        run,
+        warmup,
+        start,
+        first_chunk_ms: trace.first_chunk_s.map(ms),
+        first_token_ms: trace.first_token_s.map(ms),
+        arrivals: trace
+            .arrivals
+            .iter()
+            .map(|a| RecordArrival(ms(a.t_s), a.tokens))
+            .collect(),
+        end_ms: Some(ms(trace.end_s)),
+        latency_ms: Some(latency_s * 1e3),
+        prompt_tokens: trace.prompt_tokens.map(|p| p as u32),
+        completion_tokens: Some(trace.completion_tokens as u32),
+        error: trace
+            .error
+            .as_ref()
+            .filter(|e| e.is_fatal())
+            .map(|e| e.message.clone()),
+    }
+}
+
 /// All figures of one grid point over its measured runs.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 pub struct PointStats {
-    /// Per-request prompt processing speed, t/s.
-    pub pp_tps: Summary,
-    /// Per-request generation speed, t/s.
-    pub tg_tps: Summary,
-    /// Per-batch total prompt throughput, t/s (equals `pp_tps` at concurrency 1).
-    pub pp_total_tps: Summary,
-    /// Per-batch total generation throughput, t/s.
-    pub tg_total_tps: Summary,
-    /// Time to first response chunk, ms.
-    pub ttfr_ms: Summary,
-    /// Estimated prompt processing time, ms.
-    pub est_ppt_ms: Summary,
-    /// Time to first token, ms.
-    pub e2e_ttft_ms: Summary,
-    /// TTFT (first token), ms.
-    pub ttft_ms: Percentiles,
-    /// Time per output token, ms.
-    pub tpot_ms: Percentiles,
-    /// Inter-token (inter-chunk) latency, ms.
-    pub itl_ms: Percentiles,
-    /// End-to-end request latency, ms.
-    pub e2el_ms: Percentiles,
-    /// Completed requests / summed batch spans, req/s.
-    pub request_throughput: f64,
-    /// Output tokens / summed batch spans, t/s.
-    pub output_throughput: f64,
-    /// (Credited prompt + output tokens) / summed batch spans, t/s.
-    pub total_token_throughput: f64,
-    /// Requests with usable timings.
-    pub completed: usize,
-    /// Requests that failed (no usable timings).
-    pub failed: usize,
-    /// Requests that returned fewer tokens than asked.
-    pub ended_early: usize,
+    /// The run-record entry: llama-benchy figures, vllm latencies, throughputs, raw timings.
+    pub record: RecordPoint,
+    /// Per-batch total prompt throughput, t/s (the record schema has no field for it yet).
+    pub pp_total_tps: Option<Stats>,
     /// How completion tokens were counted (one label per method seen).
     pub count_methods: Vec<String>,
 }
 
 impl PointStats {
-    /// Compute from the batches (one per measured run) of a point.
-    pub fn of(batches: &[Vec<RequestTrace>], latency_s: f64, expected_prompt: u64) -> Self {
+    /// Compute from the batches (one per measured run) of a point. `epoch_wall` is the
+    /// wall-clock time of the run epoch the traces' offsets count from.
+    pub fn of(
+        point: WorkloadPoint,
+        batches: &[Vec<RequestTrace>],
+        latency_s: f64,
+        epoch_wall: DateTime<Utc>,
+    ) -> Self {
+        let expected_prompt = u64::from(point.pp) + u64::from(point.depth);
         let mut pp = Vec::new();
         let mut tg = Vec::new();
         let mut pp_total = Vec::new();
@@ -281,34 +184,41 @@ impl PointStats {
         let mut ttfr = Vec::new();
         let mut est = Vec::new();
         let mut ttft = Vec::new();
-        let mut tpot = Vec::new();
-        let mut itl = Vec::new();
-        let mut e2el = Vec::new();
         let mut span = 0.0;
         let mut out_tokens = 0u64;
         let mut in_tokens = 0u64;
-        let mut stats = PointStats::default();
-        for batch in batches {
+        let mut count_methods: Vec<String> = Vec::new();
+        let mut rec = RecordPoint {
+            point,
+            ..RecordPoint::default()
+        };
+        for (run, batch) in batches.iter().enumerate() {
             let usable: Vec<&RequestTrace> = batch.iter().filter(|t| t.usable()).collect();
-            stats.failed += batch.len() - usable.len();
-            stats.completed += usable.len();
+            rec.requests += batch.len() as u32;
+            rec.errors += (batch.len() - usable.len()) as u32;
+            for t in batch {
+                rec.requests_raw
+                    .push(to_timing(t, epoch_wall, run as u32, false, latency_s));
+            }
             for t in &usable {
                 if t.error.is_some() {
-                    stats.ended_early += 1;
+                    rec.early_ended += 1;
                 }
                 let label = t.count_method.label().to_owned();
-                if !stats.count_methods.contains(&label) {
-                    stats.count_methods.push(label);
+                if !count_methods.contains(&label) {
+                    count_methods.push(label);
                 }
                 let m = RequestMetrics::of(t, latency_s, expected_prompt);
                 pp.extend(m.pp_tps);
                 tg.extend(m.tg_tps);
-                ttfr.extend(m.ttfr_s);
-                est.extend(m.est_ppt_s.filter(|_| m.e2e_ttft_s.is_some()));
-                ttft.extend(m.e2e_ttft_s);
-                tpot.extend(m.tpot_s);
-                itl.extend(m.itl_s);
-                e2el.push(m.e2el_s);
+                ttfr.extend(m.ttfr_s.map(|s| s * 1e3));
+                // est_ppt only where a token arrived, as llama-benchy does.
+                est.extend(
+                    m.est_ppt_s
+                        .filter(|_| m.e2e_ttft_s.is_some())
+                        .map(|s| s * 1e3),
+                );
+                ttft.extend(m.e2e_ttft_s.map(|s| s * 1e3));
                 out_tokens += t.completion_tokens;
                 in_tokens += credited_prompt_tokens(t, expected_prompt);
             }
@@ -317,23 +227,24 @@ impl PointStats {
             pp_total.extend(b.pp_total_tps);
             tg_total.extend(b.tg_total_tps);
         }
-        stats.pp_tps = Summary::of(&pp);
-        stats.tg_tps = Summary::of(&tg);
-        stats.pp_total_tps = Summary::of(&pp_total);
-        stats.tg_total_tps = Summary::of(&tg_total);
-        stats.ttfr_ms = Summary::of(&ttfr).scaled(1e3);
-        stats.est_ppt_ms = Summary::of(&est).scaled(1e3);
-        stats.e2e_ttft_ms = Summary::of(&ttft).scaled(1e3);
-        stats.ttft_ms = Percentiles::of(&ttft).scaled(1e3);
-        stats.tpot_ms = Percentiles::of(&tpot).scaled(1e3);
-        stats.itl_ms = Percentiles::of(&itl).scaled(1e3);
-        stats.e2el_ms = Percentiles::of(&e2el).scaled(1e3);
+        rec.pp_tps = Stats::from_samples(&pp);
+        rec.tg_tps = Stats::from_samples(&tg);
+        rec.total_tg_tps = Stats::from_samples(&tg_total);
+        rec.ttfr_ms = Stats::from_samples(&ttfr);
+        rec.est_ppt_ms = Stats::from_samples(&est);
+        rec.e2e_ttft_ms = Stats::from_samples(&ttft);
+        rec.latency = Latency::from_requests(&rec.requests_raw);
         if span > 0.0 {
-            stats.request_throughput = stats.completed as f64 / span;
-            stats.output_throughput = out_tokens as f64 / span;
-            stats.total_token_throughput = (in_tokens + out_tokens) as f64 / span;
+            let completed = rec.requests - rec.errors;
+            rec.request_throughput = Some(f64::from(completed) / span);
+            rec.output_throughput = Some(out_tokens as f64 / span);
+            rec.total_token_throughput = Some((in_tokens + out_tokens) as f64 / span);
         }
-        stats
+        Self {
+            record: rec,
+            pp_total_tps: Stats::from_samples(&pp_total),
+            count_methods,
+        }
     }
 }
 
@@ -395,14 +306,6 @@ mod tests {
         close(m.pp_tps.unwrap(), 110.0 / 0.15);
         // 5 tokens after the first chunk over 0.5 s.
         close(m.tg_tps.unwrap(), 10.0);
-        // (1.1 − 0.5) / 5
-        close(m.tpot_s.unwrap(), 0.12);
-        close(m.e2el_s, 1.1);
-        let expect = [0.1, 0.2, 0.2];
-        assert_eq!(m.itl_s.len(), 3);
-        for (a, b) in m.itl_s.iter().zip(expect) {
-            close(*a, b);
-        }
     }
 
     #[test]
@@ -447,17 +350,19 @@ mod tests {
     }
 
     #[test]
-    fn summary_and_percentiles() {
-        let s = Summary::of(&[2.0, 4.0, 4.0, 4.0, 5.0, 5.0, 7.0, 9.0]);
-        close(s.mean, 5.0);
-        close(s.std, 2.0);
-        assert_eq!(s.n, 8);
-        let p = Percentiles::of(&[4.0, 1.0, 3.0, 2.0, 5.0]);
-        close(p.p50, 3.0);
-        close(p.p90, 4.6);
-        close(p.p99, 4.96);
-        close(p.mean, 3.0);
-        assert_eq!(Percentiles::of(&[]), Percentiles::default());
+    fn timings_are_ms_after_the_request_start() {
+        let epoch = DateTime::parse_from_rfc3339("2026-01-01T00:00:00Z")
+            .unwrap()
+            .with_timezone(&Utc);
+        let r = to_timing(&trace(), epoch, 2, false, 0.05);
+        assert_eq!(r.start.to_rfc3339(), "2026-01-01T00:00:01+00:00");
+        close(r.first_chunk_ms.unwrap(), 200.0);
+        close(r.first_token_ms.unwrap(), 500.0);
+        close(r.arrivals[3].0, 1000.0);
+        assert_eq!(r.arrivals[1].1, 2);
+        close(r.end_ms.unwrap(), 1100.0);
+        close(r.latency_ms.unwrap(), 50.0);
+        assert_eq!((r.run, r.completion_tokens, r.error), (2, Some(6), None));
     }
 
     #[test]
@@ -482,22 +387,44 @@ mod tests {
             kind: ErrorKind::TooFewTokens,
             message: "ended early".into(),
         });
-        let s = PointStats::of(&[vec![trace(), failed], vec![later, short]], 0.05, 100);
-        assert_eq!(s.completed, 3);
-        assert_eq!(s.failed, 1);
-        assert_eq!(s.ended_early, 1);
-        close(s.tg_tps.mean, 10.0);
-        close(s.tg_tps.std, 0.0);
-        assert_eq!(s.tg_tps.n, 3);
-        close(s.ttfr_ms.mean, 200.0);
-        close(s.e2e_ttft_ms.mean, 500.0);
-        close(s.est_ppt_ms.mean, 150.0);
-        close(s.tpot_ms.p50, 120.0);
-        assert_eq!(s.itl_ms.n, 9);
+        let point = WorkloadPoint {
+            pp: 60,
+            tg: 6,
+            depth: 40,
+            concurrency: 2,
+        };
+        let s = PointStats::of(
+            point,
+            &[vec![trace(), failed], vec![later, short]],
+            0.05,
+            Utc::now(),
+        );
+        let r = &s.record;
+        assert_eq!((r.requests, r.errors, r.early_ended), (4, 1, 1));
+        assert_eq!(r.requests_raw.len(), 4);
+        let tg = r.tg_tps.unwrap();
+        close(tg.mean, 10.0);
+        close(tg.std, 0.0);
+        assert_eq!(tg.n, 3);
+        close(r.ttfr_ms.unwrap().mean, 200.0);
+        close(r.e2e_ttft_ms.unwrap().mean, 500.0);
+        close(r.est_ppt_ms.unwrap().mean, 150.0);
+        // vllm TPOT = (1100 − 500) / 5 ms for each of the 3 usable requests.
+        let tpot = r.latency.tpot_ms.unwrap();
+        assert_eq!(tpot.n, 3);
+        close(tpot.p50, 120.0);
+        assert_eq!(r.latency.itl_ms.unwrap().n, 9);
+        close(r.latency.e2el_ms.unwrap().p99, 1100.0);
         // Spans: run 1 = 1.1 s, run 2 = 1.1 s (two identical overlapping requests).
-        close(s.request_throughput, 3.0 / 2.2);
-        close(s.output_throughput, 18.0 / 2.2);
-        close(s.total_token_throughput, (18.0 + 330.0) / 2.2);
+        close(r.request_throughput.unwrap(), 3.0 / 2.2);
+        close(r.output_throughput.unwrap(), 18.0 / 2.2);
+        close(r.total_token_throughput.unwrap(), (18.0 + 330.0) / 2.2);
+        // Run 1 batch: one usable request → 110 / 0.5; run 2: two → 220 / 0.5.
+        let ppt = s.pp_total_tps.unwrap();
+        close(ppt.mean, (220.0 + 440.0) / 2.0);
+        let tgt = r.total_tg_tps.unwrap();
+        // Run 1: 5 / 0.5 = 10; run 2: 10 / 0.5 = 20.
+        close(tgt.mean, 15.0);
         assert_eq!(s.count_methods, vec!["token_ids".to_string()]);
     }
 }

@@ -2,6 +2,8 @@
 
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
+use chrono::{DateTime, Utc};
+
 use anyhow::Result;
 use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, watch};
@@ -10,6 +12,7 @@ use super::client::{BenchClient, Endpoint, PromptBody, RequestSpec};
 use super::prompt::Prompt;
 use super::stats::PointStats;
 use super::trace::{RequestError, RequestTrace};
+use crate::record::schema::WorkloadPoint as Point;
 
 /// How the network/API latency subtracted from ttfr is measured (llama-benchy's modes).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize, Deserialize)]
@@ -112,41 +115,21 @@ impl Workload {
     }
 }
 
-/// One grid point.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Point {
-    /// Prompt tokens.
-    pub pp: u32,
-    /// Generated tokens.
-    pub tg: u32,
-    /// Context tokens before the prompt.
-    pub depth: u32,
-    /// Concurrent requests.
-    pub concurrency: u32,
+/// llama-bench style name of the prompt test, e.g. `pp2048 @ d4096`.
+pub fn pp_label(p: &Point) -> String {
+    format!("pp{}{}", p.pp, at(p))
 }
 
-impl Point {
-    fn at(&self) -> String {
-        if self.depth > 0 {
-            format!(" @ d{}", self.depth)
-        } else {
-            String::new()
-        }
-    }
+/// llama-bench style name of the generation test, e.g. `tg128 @ d4096`.
+pub fn tg_label(p: &Point) -> String {
+    format!("tg{}{}", p.tg, at(p))
+}
 
-    /// llama-bench style name of the prompt test, e.g. `pp2048 @ d4096`.
-    pub fn pp_label(&self) -> String {
-        format!("pp{}{}", self.pp, self.at())
-    }
-
-    /// llama-bench style name of the generation test, e.g. `tg128 @ d4096`.
-    pub fn tg_label(&self) -> String {
-        format!("tg{}{}", self.tg, self.at())
-    }
-
-    /// Tokens each request sends (depth + pp; the chat template adds a few on the server).
-    pub fn expected_prompt_tokens(&self) -> u64 {
-        u64::from(self.pp) + u64::from(self.depth)
+fn at(p: &Point) -> String {
+    if p.depth > 0 {
+        format!(" @ d{}", p.depth)
+    } else {
+        String::new()
     }
 }
 
@@ -446,6 +429,7 @@ impl Runner {
             .map(|d| d.as_nanos() % 1_000_000_007)
             .unwrap_or(0);
         let epoch = Instant::now();
+        let epoch_wall = Utc::now();
         'grid: for (index, point) in points.iter().enumerate() {
             self.emit(BenchEvent::PointStarted {
                 index,
@@ -472,7 +456,7 @@ impl Runner {
                 }
             }
             if !runs.is_empty() || !partial {
-                let done = finish_point(*point, runs, latency_s, partial);
+                let done = finish_point(*point, runs, latency_s, epoch_wall, partial);
                 on_point(&done);
                 self.emit(BenchEvent::PointDone {
                     index,
@@ -496,9 +480,10 @@ pub fn finish_point(
     point: Point,
     runs: Vec<Vec<RequestTrace>>,
     latency_s: f64,
+    epoch_wall: DateTime<Utc>,
     partial: bool,
 ) -> PointResult {
-    let stats = PointStats::of(&runs, latency_s, point.expected_prompt_tokens());
+    let stats = PointStats::of(point, &runs, latency_s, epoch_wall);
     let mut errors: Vec<(String, usize)> = Vec::new();
     for e in runs.iter().flatten().filter_map(|t| t.error.as_ref()) {
         match errors.iter_mut().find(|(m, _)| *m == e.message) {
