@@ -9,7 +9,7 @@ use anyhow::{Context, Result};
 use serde_json::{Value, json};
 
 use super::prompt::Prompt;
-use super::trace::{ErrorKind, RequestTrace, consume_sse, since};
+use super::trace::{ErrorKind, RequestTrace, consume_sse, error_chain, since};
 
 /// Which OpenAI endpoint to stream from.
 #[derive(
@@ -96,6 +96,9 @@ impl RequestSpec {
             "max_tokens": self.max_tokens,
             "stream": true,
             "stream_options": {"include_usage": true},
+            // vLLM extension (llama-benchy sends it too): per-chunk token ids give exact
+            // per-chunk counts; servers that do not know it ignore it.
+            "return_token_ids": true,
         });
         match (&self.prompt, self.endpoint) {
             (PromptBody::Text(p), Endpoint::Chat) | (PromptBody::TokenIds(p), Endpoint::Chat) => {
@@ -260,16 +263,4 @@ impl BenchClient {
         .await;
         trace
     }
-}
-
-/// reqwest hides the cause (refused, timed out) in the source chain.
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut out = e.to_string();
-    let mut cur = e.source();
-    while let Some(s) = cur {
-        out.push_str(": ");
-        out.push_str(&s.to_string());
-        cur = s.source();
-    }
-    out
 }

@@ -183,7 +183,7 @@ pub async fn consume_sse<S, B, E>(
 ) where
     S: Stream<Item = Result<B, E>> + Unpin,
     B: AsRef<[u8]>,
-    E: std::fmt::Display,
+    E: std::error::Error,
 {
     let mut events = stream.eventsource();
     let mut done = false;
@@ -295,6 +295,18 @@ pub async fn consume_sse<S, B, E>(
             ),
         });
     }
+}
+
+/// An error with its causes (reqwest keeps the real one — refused, timed out — in the chain).
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut cur = e.source();
+    while let Some(s) = cur {
+        out.push_str(": ");
+        out.push_str(&s.to_string());
+        cur = s.source();
+    }
+    out
 }
 
 fn finish_counts(
