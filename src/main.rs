@@ -11,7 +11,10 @@ struct Cli {
 }
 
 #[derive(Subcommand, Debug)]
-enum Command {}
+enum Command {
+    /// Benchmark an OpenAI-compatible server: pp/tg grid, correctness and stress levels.
+    Bench(mxtune::bench::cli::BenchArgs),
+}
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
@@ -20,6 +23,7 @@ fn main() -> std::process::ExitCode {
             eprintln!("mxtune: the interactive panel is not built yet; see `mxtune --help`");
             Ok(std::process::ExitCode::from(2))
         }
+        Some(Command::Bench(args)) => mxtune::bench::cli::run(args),
     };
     match result {
         Ok(code) => code,

@@ -643,3 +643,23 @@ async fn stress_level_runs_the_plan_and_checks_memory() {
     let report = runner(&broken.url).stress(&small, None).await;
     assert_eq!(report.reasons().len(), 3, "{:?}", report.reasons());
 }
+
+#[tokio::test]
+async fn latency_modes_probe_the_server() {
+    let d = double::spawn(Script::default()).await;
+    let r = runner(&d.url);
+    let none = r.latency(LatencyMode::None, Endpoint::Chat).await.unwrap();
+    assert_eq!(none, 0.0);
+    assert_eq!(d.posts(), 0);
+    let api = r.latency(LatencyMode::Api, Endpoint::Chat).await.unwrap();
+    assert!(api > 0.0);
+    assert_eq!(d.posts(), 0, "api mode only GETs /v1/models");
+    // Generation mode: one warm-up + three timed 1-token requests, each held back by the
+    // double's scripted 20 ms prefill before its first chunk.
+    let generation = r
+        .latency(LatencyMode::Generation, Endpoint::Chat)
+        .await
+        .unwrap();
+    assert!(generation >= 0.020, "{generation}");
+    assert_eq!(d.posts(), 4);
+}

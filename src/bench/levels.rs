@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 use super::client::{Endpoint, PromptBody, RequestSpec};
 use super::prompt::{Exact, Prompt};
 use super::trace::RequestTrace;
-use super::workload::{BenchEvent, Runner, WorkloadResult, pp_label, tg_label};
+use super::workload::{BenchEvent, Runner, WorkloadResult, point_label};
 
 /// Which level.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize, Deserialize)]
@@ -380,12 +380,7 @@ pub fn performance_report(result: &WorkloadResult) -> LevelReport {
             why.push(format!("{n}× {message}"));
         }
         checks.push(check(
-            &format!(
-                "{} / {} c{}",
-                pp_label(&p.point),
-                tg_label(&p.point),
-                p.point.concurrency
-            ),
+            &format!("{} c{}", point_label(&p.point), p.point.concurrency),
             why.is_empty(),
             if why.is_empty() {
                 format!("{} requests ok", s.requests)

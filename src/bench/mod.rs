@@ -3,6 +3,7 @@
 //! llama-benchy and vllm-bench-serve statistics, the correctness / stress / performance
 //! levels, and the headless `mxtune bench` command. Definitions: docs/benchmarking.md.
 
+pub mod cli;
 pub mod client;
 pub mod levels;
 pub mod prompt;

@@ -125,6 +125,11 @@ pub fn tg_label(p: &Point) -> String {
     format!("tg{}{}", p.tg, at(p))
 }
 
+/// Both tests of a point in one name, e.g. `pp2048 tg32 @ d4096`.
+pub fn point_label(p: &Point) -> String {
+    format!("pp{} tg{}{}", p.pp, p.tg, at(p))
+}
+
 fn at(p: &Point) -> String {
     if p.depth > 0 {
         format!(" @ d{}", p.depth)
