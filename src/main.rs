@@ -14,6 +14,8 @@ struct Cli {
 enum Command {
     /// Benchmark an OpenAI-compatible server: pp/tg grid, correctness and stress levels.
     Bench(mxtune::bench::cli::BenchArgs),
+    /// Run records: list, show, compare (`runs/*.json`).
+    Runs(mxtune::record::cli::RunsArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -24,6 +26,7 @@ fn main() -> std::process::ExitCode {
             Ok(std::process::ExitCode::from(2))
         }
         Some(Command::Bench(args)) => mxtune::bench::cli::run(args),
+        Some(Command::Runs(args)) => mxtune::record::cli::run(args),
     };
     match result {
         Ok(code) => code,
