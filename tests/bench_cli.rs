@@ -162,3 +162,121 @@ async fn bad_arguments_and_unreachable_servers_are_errors_not_panics() {
     assert_eq!(out.status.code(), Some(1));
     assert!(stderr.contains("--concurrency"), "{stderr}");
 }
+
+fn records(dir: &std::path::Path) -> Vec<serde_json::Value> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(|e| e.ok())
+        .filter(|e| e.path().extension().is_some_and(|x| x == "json"))
+        .filter_map(|e| serde_json::from_slice(&std::fs::read(e.path()).ok()?).ok())
+        .collect()
+}
+
+#[tokio::test]
+async fn record_is_saved_with_raw_timings_via_env_runs_dir() {
+    let d = double::spawn(Script::default()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let runs = dir.path().join("runs");
+    let a = args(&[
+        "bench", "--url", &d.url, "--pp", "16", "--tg", "4", "--depth", "0", "8", "--runs", "2",
+        "--warmup", "0", "--record",
+    ]);
+    let out = mxtune(
+        a,
+        vec![("MXTUNE_RUNS_DIR".into(), runs.display().to_string())],
+    )
+    .await;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("run record: "), "{stderr}");
+    let recs = records(&runs);
+    assert_eq!(recs.len(), 1);
+    let r = &recs[0];
+    assert_eq!(r["identity"]["status"], "completed");
+    assert_eq!(r["target"]["kind"], "attach");
+    assert_eq!(r["target"]["model"], "double-model");
+    assert_eq!(r["workload"]["depth"], serde_json::json!([0, 8]));
+    assert_eq!(r["workload"]["tokenizer"], "o200k_base");
+    assert_eq!(r["workload"]["token_count_method"], "token_ids");
+    let results = r["results"].as_array().unwrap();
+    assert_eq!(results.len(), 2);
+    assert_eq!(results[1]["point"]["depth"], 8);
+    assert_eq!(results[1]["requests_raw"].as_array().unwrap().len(), 2);
+    assert_eq!(
+        results[1]["requests_raw"][0]["arrivals"]
+            .as_array()
+            .unwrap()
+            .len(),
+        4
+    );
+    assert_eq!(results[1]["requests_raw"][0]["prompt_tokens"], 24);
+}
+
+#[tokio::test]
+async fn ctrl_c_leaves_an_aborted_record_with_the_points_so_far() {
+    let d = double::spawn(Script {
+        chunk_gap: std::time::Duration::from_millis(40),
+        ..Script::default()
+    })
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let runs = dir.path().join("runs");
+    let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_mxtune"))
+        .args(args(&[
+            "bench",
+            "--url",
+            &d.url,
+            "--pp",
+            "16",
+            "--tg",
+            "8",
+            "--depth",
+            "0",
+            "8",
+            "16",
+            "24",
+            "32",
+            "40",
+            "--runs",
+            "1",
+            "--warmup",
+            "0",
+            "--record",
+            "--runs-dir",
+        ]))
+        .arg(&runs)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id().unwrap() as i32;
+    // Wait until the first point is in the record, then interrupt.
+    for attempt in 0.. {
+        assert!(
+            attempt < 3000,
+            "no point reached the record in {}",
+            runs.display()
+        );
+        let recs = records(&runs);
+        if recs
+            .first()
+            .is_some_and(|r| !r["results"].as_array().unwrap().is_empty())
+        {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    // SAFETY: plain kill(2) on the child this test spawned.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGINT) }, 0);
+    let out = child.wait_with_output().await.unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(130), "{stdout}");
+    assert!(stdout.contains("interrupted"), "{stdout}");
+    let r = &records(&runs)[0];
+    assert_eq!(r["identity"]["status"], "aborted");
+    assert_eq!(r["identity"]["reason"], "interrupted (Ctrl-C)");
+    let n = r["results"].as_array().unwrap().len();
+    assert!((1..6).contains(&n), "{n} points recorded");
+}

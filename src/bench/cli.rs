@@ -16,7 +16,9 @@ use super::workload::{
     BenchEvent, Cancel, LatencyMode, PointResult, Runner, Workload, WorkloadResult, point_label,
     pp_label, tg_label,
 };
-use crate::record::schema::{LatencyStats, Stats};
+use crate::launch::spec::TargetKind;
+use crate::record::schema::{LatencyStats, Stats, WorkloadParams};
+use crate::record::{RunHandle, RunStatus, RunStore};
 
 /// Arguments of `mxtune bench`.
 #[derive(Debug, Clone, clap::Args)]
@@ -79,6 +81,12 @@ pub struct BenchArgs {
     /// Print machine-readable JSON instead of tables.
     #[arg(long)]
     pub json: bool,
+    /// Save a run record (status kept current as points finish; `aborted` on Ctrl-C).
+    #[arg(long)]
+    pub record: bool,
+    /// Runs directory for --record.
+    #[arg(long, value_name = "DIR", env = "MXTUNE_RUNS_DIR", default_value = crate::record::store::DEFAULT_RUNS_DIR)]
+    pub runs_dir: std::path::PathBuf,
 }
 
 impl BenchArgs {
@@ -134,6 +142,12 @@ async fn run_async(args: BenchArgs) -> Result<ExitCode> {
             .next()
             .with_context(|| format!("{} lists no models; pass --model", client.base_url()))?,
     };
+    let mut record = if args.record {
+        Some(start_record(&args, &client, &model)?)
+    } else {
+        None
+    };
+    let mut record_errors: Vec<String> = Vec::new();
     let (cancel, watch) = Cancel::new();
     let (tx, rx) = mpsc::unbounded_channel();
     let runner = Runner {
@@ -173,7 +187,22 @@ async fn run_async(args: BenchArgs) -> Result<ExitCode> {
                 levels.push(runner.stress(&plan, None).await);
             }
             Level::Performance => {
-                let result = runner.run(&workload, |_| {}).await?;
+                let result = runner
+                    .run(&workload, |point| {
+                        if let Some(handle) = record.as_mut() {
+                            let entry = point.stats.record.clone();
+                            let methods = point.stats.count_methods.join(",");
+                            if let Err(e) = handle.update(|r| {
+                                r.results.push(entry);
+                                if let Some(w) = r.workload.as_mut() {
+                                    w.token_count_method = Some(methods);
+                                }
+                            }) {
+                                record_errors.push(format!("{e:#}"));
+                            }
+                        }
+                    })
+                    .await?;
                 levels.push(performance_report(&result));
                 grid = Some(result);
             }
@@ -181,6 +210,31 @@ async fn run_async(args: BenchArgs) -> Result<ExitCode> {
     }
     let aborted = runner.cancel.is_cancelled();
     drop(runner);
+    if let Some(handle) = record.as_mut() {
+        let failed: Vec<String> = levels
+            .iter()
+            .filter(|l| !l.passed)
+            .flat_map(|l| {
+                l.reasons()
+                    .into_iter()
+                    .map(move |r| format!("{:?}: {r}", l.level).to_lowercase())
+            })
+            .collect();
+        let (status, reason) = if aborted {
+            (RunStatus::Aborted, Some("interrupted (Ctrl-C)".to_owned()))
+        } else if !failed.is_empty() {
+            (RunStatus::Failed, Some(failed.join("; ")))
+        } else {
+            (RunStatus::Completed, None)
+        };
+        if let Err(e) = handle.finish(status, reason) {
+            record_errors.push(format!("{e:#}"));
+        }
+        eprintln!("run record: {}", handle.path().display());
+    }
+    for e in &record_errors {
+        eprintln!("mxtune: warning: run record not updated: {e}");
+    }
     // The progress task ends when every sender is gone; wait so the bar is cleared first.
     let _ = progress.await;
     drop(cancel);
@@ -209,6 +263,33 @@ async fn run_async(args: BenchArgs) -> Result<ExitCode> {
     } else {
         ExitCode::FAILURE
     })
+}
+
+/// A `running` record for an attached server, written before the first request.
+fn start_record(args: &BenchArgs, client: &BenchClient, model: &str) -> Result<RunHandle> {
+    let mut r = crate::record::begin(TargetKind::Attach, None, &[]);
+    r.target.url = Some(client.base_url().to_owned());
+    r.target.model = Some(model.to_owned());
+    let levels: Vec<String> = args
+        .level
+        .iter()
+        .map(|l| format!("{l:?}").to_lowercase())
+        .collect();
+    r.workload = Some(WorkloadParams {
+        endpoint: Some(format!("{:?}", args.endpoint).to_lowercase()),
+        pp: args.pp.clone(),
+        tg: args.tg.clone(),
+        depth: args.depth.clone(),
+        concurrency: args.concurrency.clone(),
+        runs: args.runs,
+        warmup: args.warmup,
+        tokenizer: Some("o200k_base".to_owned()),
+        no_cache: args.no_cache,
+        latency_mode: Some(format!("{:?}", args.latency_mode).to_lowercase()),
+        level: Some(levels.join(",")),
+        ..WorkloadParams::default()
+    });
+    RunStore::new(&args.runs_dir).create(r)
 }
 
 async fn show_progress(mut rx: mpsc::UnboundedReceiver<BenchEvent>) {
