@@ -535,7 +535,14 @@ async fn sustains_256_concurrent_streams_with_correct_counts() {
         cancel: watch,
     };
     let specs = (0..n).map(|_| spec(Endpoint::Chat, 32, 0, 32)).collect();
+    let wall = Instant::now();
     let traces = r.batch(specs, Instant::now(), 0, false).await.unwrap();
+    // Reported for docs/perf.md (`--nocapture`), never asserted.
+    println!(
+        "256 streams x 32 chunks: {:.3} s wall for {} chunks",
+        wall.elapsed().as_secs_f64(),
+        n * 32
+    );
     drop(cancel);
     assert_eq!(traces.len(), n);
     for t in &traces {
