@@ -11,7 +11,10 @@ struct Cli {
 }
 
 #[derive(Subcommand, Debug)]
-enum Command {}
+enum Command {
+    /// Live GPU, host and server metrics: a line per second, or one sample with --once --json.
+    Monitor(mxtune::monitor::cli::MonitorArgs),
+}
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
@@ -20,6 +23,7 @@ fn main() -> std::process::ExitCode {
             eprintln!("mxtune: the interactive panel is not built yet; see `mxtune --help`");
             Ok(std::process::ExitCode::from(2))
         }
+        Some(Command::Monitor(args)) => mxtune::monitor::cli::run(args),
     };
     match result {
         Ok(code) => code,
