@@ -12,12 +12,14 @@ use mxtune::monitor::prom::{
     CounterRate, ServerReader, Tracker, counter_delta, metrics_url, parse_metrics,
 };
 use mxtune::monitor::reading::Reading;
+use mxtune::monitor::record::{fill_environment, resources};
 use mxtune::monitor::ring::{ChartPoint, Ring, history_for};
 use mxtune::monitor::sample::{
     Clocks, GpuMemory, GpuProcess, GpuSample, GpuStatus, HostSample, MemorySource, Sample,
     ServerKind, ServerStatus,
 };
-use mxtune::monitor::summary::Summary;
+use mxtune::monitor::summary::{SERIES_CAPACITY, Summary};
+use mxtune::record::schema::Environment;
 use std::process::Command;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -333,6 +335,9 @@ fn gpu(sm: u32, power: f64, temp: u32, used: u64, throttle: &[&str]) -> GpuSampl
         index: 0,
         name: Reading::Value("NVIDIA GB10".into()),
         uuid: Reading::Value("GPU-1".into()),
+        compute_capability: Reading::Value("12.1".into()),
+        persistence_mode: Reading::NotSupported,
+        compute_mode: Reading::Value("Default".into()),
         memory: GpuMemory {
             source: MemorySource::Unified,
             used_bytes: Reading::Value(used),
@@ -433,6 +438,88 @@ fn summary_ignores_not_available_readings_instead_of_counting_zero() {
     assert_eq!(g.power_w.count, 1);
     assert_eq!(g.power_w.mean, Some(50.0));
     assert_eq!(g.sm_clock_mhz.min, Some(2000.0));
+}
+
+#[test]
+fn summary_series_stays_bounded_and_even_over_a_day_at_4_hz() {
+    let mut s = Summary::new(Some(4.0));
+    let base = sample(0, gpu(2000, 50.0, 40, 1, &[]));
+    for i in 0..(24 * 3600 * 4) {
+        let mut x = base.clone();
+        x.elapsed_s = f64::from(i) / 4.0;
+        s.add(&x);
+        assert!(s.series.len() < SERIES_CAPACITY);
+    }
+    assert!(s.series.len() >= SERIES_CAPACITY / 2, "{}", s.series.len());
+    assert_eq!(s.series[0].elapsed_s, 0.0);
+    let step = s.series[1].elapsed_s - s.series[0].elapsed_s;
+    assert!(
+        s.series
+            .windows(2)
+            .all(|w| w[1].elapsed_s - w[0].elapsed_s == step)
+    );
+}
+
+#[test]
+fn summary_becomes_the_record_resources_section() {
+    let mut s = Summary::new(Some(4.0));
+    s.add(&sample(0, gpu(2400, 50.0, 40, 10 << 30, &[])));
+    s.add(&sample(
+        1,
+        gpu(1800, 100.0, 70, 30 << 30, &["sw_power_cap"]),
+    ));
+    s.add(&sample(2, gpu(2100, 90.0, 65, 20 << 30, &["sw_power_cap"])));
+    let r = resources(&s);
+    assert_eq!(r.samples, 3);
+    assert_eq!(r.rate_hz, Some(4.0));
+    assert_eq!(r.gpu_memory_peak_bytes, Some(30 << 30));
+    assert_eq!(r.gpu_memory_source.as_deref(), Some("unified"));
+    assert_eq!(r.sm_clock_min_mhz, Some(1800.0));
+    assert_eq!(r.sm_clock_mean_mhz, Some(2100.0));
+    assert_eq!(r.power_mean_w, Some(80.0));
+    assert_eq!(r.temp_max_c, Some(70.0));
+    assert_eq!(r.throttle.len(), 1);
+    assert_eq!(r.throttle[0].reason, "sw_power_cap");
+    assert_eq!(r.throttle[0].samples, 2);
+    assert_eq!(
+        r.throttle[0].first_seen,
+        Utc.timestamp_opt(1_700_000_001, 0).unwrap()
+    );
+    assert_eq!(
+        r.throttle[0].last_seen,
+        Utc.timestamp_opt(1_700_000_002, 0).unwrap()
+    );
+    assert_eq!(r.host_cpu_mean_pct, Some(10.0));
+    assert_eq!(r.series.len(), 3);
+    assert_eq!(r.series[1].gpu_mem_bytes, Some(30 << 30));
+    assert_eq!(r.series[1].sm_clock_mhz, Some(1800.0));
+}
+
+#[test]
+fn gpu_facts_fill_the_record_environment() {
+    let mut env = Environment::default();
+    fill_environment(&mut env, &sample(0, gpu(2000, 50.0, 40, 1, &[])));
+    assert_eq!(env.gpu_error, None);
+    let g = &env.gpus[0];
+    assert_eq!(g.name.as_deref(), Some("NVIDIA GB10"));
+    assert_eq!(g.driver_version.as_deref(), Some("580"));
+    assert_eq!(g.cuda_version.as_deref(), Some("13.0"));
+    assert_eq!(g.compute_capability.as_deref(), Some("12.1"));
+    // Unified memory: no dedicated capacity to report.
+    assert_eq!(g.memory_total_bytes, None);
+    assert_eq!(g.sm_clock_max_mhz, Some(3000));
+    assert_eq!(g.persistence_mode, None);
+
+    let mut none = sample(0, gpu(2000, 50.0, 40, 1, &[]));
+    none.gpu = GpuStatus::Unavailable {
+        reason: "NVML not available: libnvidia-ml.so.1 not found".into(),
+    };
+    fill_environment(&mut env, &none);
+    assert!(env.gpus.is_empty());
+    assert_eq!(
+        env.gpu_error.as_deref(),
+        Some("NVML not available: libnvidia-ml.so.1 not found")
+    );
 }
 
 #[test]

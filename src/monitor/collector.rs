@@ -186,7 +186,7 @@ fn run(
     stop: std_mpsc::Receiver<()>,
     ready: std_mpsc::Sender<Result<()>>,
 ) -> Summary {
-    let mut summary = Summary::default();
+    let mut summary = Summary::new(Some(clamp_rate(config.rate_hz)));
     let mut collector = match Collector::new(&config) {
         Ok(c) => c,
         Err(e) => {

@@ -3,7 +3,8 @@
 //!
 //! One collector thread (`collector`) owns the readers — `nvml` (GPU), `host` (sysinfo) and
 //! `prom` (Prometheus scrape) — samples at 1–20 Hz and sends each sample on a channel.
-//! `ring` keeps bounded chart history; `summary` folds samples into the run-record summary.
+//! `ring` keeps bounded chart history; `summary` folds samples into the run summary, and
+//! `record` turns that (and a sample's GPU facts) into the run record's sections.
 
 pub mod cli;
 pub mod collector;
@@ -12,6 +13,7 @@ pub mod memory;
 pub mod nvml;
 pub mod prom;
 pub mod reading;
+pub mod record;
 pub mod ring;
 pub mod sample;
 pub mod summary;

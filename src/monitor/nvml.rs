@@ -117,6 +117,10 @@ fn read_device(index: u32, d: &Device<'_>) -> GpuSample {
         index,
         name: reading(d.name()),
         uuid: reading(d.uuid()),
+        compute_capability: reading(d.cuda_compute_capability())
+            .map(|c| format!("{}.{}", c.major, c.minor)),
+        persistence_mode: reading(d.is_in_persistent_mode()),
+        compute_mode: reading(d.compute_mode()).map(|m| format!("{m:?}")),
         memory,
         clocks: Clocks {
             sm_mhz: reading(d.clock_info(Clock::SM)),
@@ -160,6 +164,9 @@ fn failed_device(index: u32, e: &NvmlError) -> GpuSample {
         index,
         name: err(&msg),
         uuid: err(&msg),
+        compute_capability: err(&msg),
+        persistence_mode: err(&msg),
+        compute_mode: err(&msg),
         memory: choose_memory(err(&msg), read_meminfo, &err(&msg)),
         clocks: clocks(),
         max_clocks: clocks(),

@@ -1,6 +1,7 @@
 //! Fixed-capacity history for charts: memory stays flat however long a run lasts.
 
 use super::sample::{GpuStatus, Sample, ServerStatus};
+use serde::Serialize;
 use std::collections::VecDeque;
 
 /// A ring buffer: pushing beyond capacity drops the oldest entry.
@@ -60,14 +61,14 @@ impl<T> Ring<T> {
 }
 
 /// The charted figures of one sample (first GPU; a GB10 has one), compact on purpose.
-#[derive(Debug, Clone, Copy, PartialEq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize)]
 pub struct ChartPoint {
     /// Seconds since the monitor started.
     pub elapsed_s: f64,
     /// GPU utilisation, percent.
     pub gpu_util_pct: Option<f64>,
     /// GPU (or unified) memory in use, bytes.
-    pub gpu_mem_used_bytes: Option<f64>,
+    pub gpu_mem_used_bytes: Option<u64>,
     /// SM clock, MHz.
     pub sm_mhz: Option<f64>,
     /// Power draw, watts.
@@ -76,6 +77,8 @@ pub struct ChartPoint {
     pub temperature_c: Option<f64>,
     /// Host CPU, percent.
     pub cpu_pct: Option<f64>,
+    /// Watched process RSS, bytes.
+    pub process_rss_bytes: Option<u64>,
     /// Server-side generation tok/s.
     pub generation_tok_s: Option<f64>,
     /// Server-side prompt tok/s.
@@ -88,13 +91,14 @@ impl ChartPoint {
         let mut p = ChartPoint {
             elapsed_s: s.elapsed_s,
             cpu_pct: s.host.cpu_pct.get().map(f64::from),
+            process_rss_bytes: s.host.process.as_ref().and_then(|p| p.rss_bytes.get()),
             ..ChartPoint::default()
         };
         if let GpuStatus::Available { gpus, .. } = &s.gpu
             && let Some(g) = gpus.first()
         {
             p.gpu_util_pct = g.utilization_gpu_pct.get().map(f64::from);
-            p.gpu_mem_used_bytes = g.memory.used_bytes.get().map(|b| b as f64);
+            p.gpu_mem_used_bytes = g.memory.used_bytes.get();
             p.sm_mhz = g.clocks.sm_mhz.get().map(f64::from);
             p.power_w = g.power_w.get();
             p.temperature_c = g.temperature_c.get().map(f64::from);

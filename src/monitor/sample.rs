@@ -48,6 +48,12 @@ pub struct GpuSample {
     pub name: Reading<String>,
     /// Stable GPU UUID.
     pub uuid: Reading<String>,
+    /// CUDA compute capability, e.g. `9.0` (H100) or `12.1` (GB10).
+    pub compute_capability: Reading<String>,
+    /// Whether the driver stays loaded with no client (persistence mode).
+    pub persistence_mode: Reading<bool>,
+    /// NVML compute mode: `Default`, `ExclusiveProcess` or `Prohibited`.
+    pub compute_mode: Reading<String>,
     /// Memory in use, from the device or (GB10) from the unified system memory.
     pub memory: GpuMemory,
     /// Current clocks in MHz.

@@ -3,6 +3,7 @@
 //! A benchmark taken while the GPU throttled is not comparable, so the summary keeps every
 //! clock-event reason seen, with when it was first and last seen.
 
+use super::ring::ChartPoint;
 use super::sample::{GpuStatus, MemorySource, Sample, ServerStatus};
 use chrono::{DateTime, Utc};
 use serde::Serialize;
@@ -79,11 +80,17 @@ pub struct GpuSummary {
     pub throttle_reasons: BTreeMap<String, ReasonSeen>,
 }
 
+/// Most points the run series keeps; halved (every other point dropped) when reached, so
+/// a 24-hour run costs the same memory as a 6-minute one.
+pub const SERIES_CAPACITY: usize = 1440;
+
 /// The whole run, as the run record stores it.
 #[derive(Debug, Clone, PartialEq, Default, Serialize)]
 pub struct Summary {
     /// Samples folded in.
     pub samples: u64,
+    /// Sample rate the collector ran at, Hz.
+    pub rate_hz: Option<f64>,
     /// First sample's time.
     pub started_at: Option<DateTime<Utc>>,
     /// Last sample's time.
@@ -104,6 +111,11 @@ pub struct Summary {
     pub prompt_tok_s: Stat,
     /// Samples the consumer did not take in time (dropped from the channel, not from here).
     pub dropped_samples: u64,
+    /// The run's chart points, evenly thinned to at most `SERIES_CAPACITY`.
+    pub series: Vec<ChartPoint>,
+    /// One series point is kept every `series_stride` samples.
+    #[serde(skip)]
+    series_stride: u64,
 }
 
 fn max_opt(a: Option<u64>, b: Option<u64>) -> Option<u64> {
@@ -114,8 +126,29 @@ fn max_opt(a: Option<u64>, b: Option<u64>) -> Option<u64> {
 }
 
 impl Summary {
+    /// An empty summary for a collector sampling at `rate_hz`.
+    pub fn new(rate_hz: Option<f64>) -> Self {
+        Summary {
+            rate_hz,
+            series_stride: 1,
+            ..Summary::default()
+        }
+    }
+
     /// Folds in one sample.
     pub fn add(&mut self, s: &Sample) {
+        self.series_stride = self.series_stride.max(1);
+        if self.samples.is_multiple_of(self.series_stride) {
+            self.series.push(ChartPoint::from_sample(s));
+            if self.series.len() >= SERIES_CAPACITY {
+                let mut i = 0;
+                self.series.retain(|_| {
+                    i += 1;
+                    i % 2 == 1
+                });
+                self.series_stride *= 2;
+            }
+        }
         self.samples += 1;
         self.started_at.get_or_insert(s.at);
         self.ended_at = Some(s.at);
