@@ -6,6 +6,7 @@ pub mod bench;
 pub mod engine;
 pub mod flags;
 pub mod launch;
+pub mod matrix;
 pub mod monitor;
 pub mod record;
 pub mod tui;

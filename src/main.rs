@@ -23,6 +23,12 @@ enum Command {
     Bench(mxtune::bench::cli::BenchArgs),
     /// Run records: list, show, compare (`runs/*.json`).
     Runs(mxtune::record::cli::RunsArgs),
+    /// Run presets through the test levels unattended (resumable), with a report and charts.
+    Matrix(Box<mxtune::matrix::cli::MatrixArgs>),
+    /// Alternate two presets A B A B … and report the B/A ratio per metric.
+    Ab(Box<mxtune::matrix::cli::AbArgs>),
+    /// Import a sparkrun / Spark Arena recipe as a preset, or export a preset as a recipe.
+    Recipe(mxtune::matrix::recipe::RecipeArgs),
     /// Serve gpt-oss with the bundled engine over an OpenAI-compatible HTTP API.
     Serve(mxtune::engine::serve::ServeArgs),
     /// Live GPU, host and server metrics: a line per second, or one sample with --once --json.
@@ -41,6 +47,9 @@ fn main() -> std::process::ExitCode {
         Some(Command::Presets(args)) => mxtune::flags::cli::run(args),
         Some(Command::Bench(args)) => mxtune::bench::cli::run(args),
         Some(Command::Runs(args)) => mxtune::record::cli::run(args),
+        Some(Command::Matrix(args)) => mxtune::matrix::cli::matrix(*args),
+        Some(Command::Ab(args)) => mxtune::matrix::cli::ab(*args),
+        Some(Command::Recipe(args)) => mxtune::matrix::recipe::run(args),
         Some(Command::Serve(args)) => mxtune::engine::serve::run(args),
         Some(Command::Monitor(args)) => mxtune::monitor::cli::run(args),
     };

@@ -1,0 +1,323 @@
+//! Quick A/B: two configurations alternate A B A B … on one workload; the answer is the
+//! ratio B/A per metric with its spread over rounds, which drift and heat cannot fake the
+//! way a before/after comparison across sessions can.
+
+use anyhow::{Context, Result, bail};
+use serde::{Deserialize, Serialize};
+use std::fmt::Write as _;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use super::cli::{AbArgs, install_signals, plan_of};
+use super::plan::TestLevel;
+use super::run::{StartError, Started, measure, prepare, start};
+use super::state::MatrixPlan;
+use crate::bench::workload::{Cancel, CancelWatch, PointResult};
+use crate::launch::Verdict;
+use crate::record::RunStatus;
+use crate::record::schema::WorkloadPoint;
+
+/// One metric's B/A ratio at one point.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Ratio {
+    /// Grid point.
+    pub point: WorkloadPoint,
+    /// `pp t/s`, `tg t/s` or `TTFT p50 ms`.
+    pub metric: String,
+    /// B/A of each valid round.
+    pub rounds: Vec<f64>,
+    /// Mean ratio.
+    pub mean: f64,
+    /// Standard deviation of the ratios (0 with one round).
+    pub std: f64,
+}
+
+/// The A/B result file (`ab.json`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AbResult {
+    /// Preset A.
+    pub a: String,
+    /// Preset B.
+    pub b: String,
+    /// Rounds asked for.
+    pub rounds: u32,
+    /// Targets were kept running across rounds.
+    pub reused: bool,
+    /// Run ids of A's and B's records.
+    pub records: Vec<(String, String)>,
+    /// Rounds left out, and why (a launch failed or a verdict was invalid).
+    pub excluded: Vec<String>,
+    /// The ratios.
+    pub ratios: Vec<Ratio>,
+}
+
+fn metrics(p: &PointResult) -> Vec<(&'static str, Option<f64>)> {
+    let r = &p.stats.record;
+    vec![
+        ("pp t/s", r.pp_tps.map(|s| s.mean)),
+        ("tg t/s", r.tg_tps.map(|s| s.mean)),
+        ("TTFT p50 ms", r.latency.ttft_ms.map(|l| l.p50)),
+    ]
+}
+
+/// Mean and sample standard deviation.
+pub fn mean_std(v: &[f64]) -> (f64, f64) {
+    let n = v.len() as f64;
+    if v.is_empty() {
+        return (f64::NAN, f64::NAN);
+    }
+    let m = v.iter().sum::<f64>() / n;
+    let s = if v.len() > 1 {
+        (v.iter().map(|x| (x - m).powi(2)).sum::<f64>() / (n - 1.0)).sqrt()
+    } else {
+        0.0
+    };
+    (m, s)
+}
+
+/// Ratios B/A per point and metric from rounds of (A points, B points).
+pub fn ratios(rounds: &[(Vec<PointResult>, Vec<PointResult>)]) -> Vec<Ratio> {
+    let mut out: Vec<Ratio> = Vec::new();
+    for (a, b) in rounds {
+        for pa in a {
+            let Some(pb) = b.iter().find(|p| p.point == pa.point) else {
+                continue;
+            };
+            for ((metric, va), (_, vb)) in metrics(pa).into_iter().zip(metrics(pb)) {
+                let (Some(va), Some(vb)) = (va, vb) else {
+                    continue;
+                };
+                if va <= 0.0 {
+                    continue;
+                }
+                match out
+                    .iter_mut()
+                    .find(|r| r.point == pa.point && r.metric == metric)
+                {
+                    Some(r) => r.rounds.push(vb / va),
+                    None => out.push(Ratio {
+                        point: pa.point,
+                        metric: metric.to_owned(),
+                        rounds: vec![vb / va],
+                        mean: 0.0,
+                        std: 0.0,
+                    }),
+                }
+            }
+        }
+    }
+    for r in &mut out {
+        (r.mean, r.std) = mean_std(&r.rounds);
+    }
+    out
+}
+
+async fn launch_one(
+    plan: &MatrixPlan,
+    name: &str,
+    tags: &[String],
+    cancel: &CancelWatch,
+) -> Result<Option<Started>, String> {
+    let prepared = prepare(plan, name).map_err(|e| format!("{name}: {e:#}"))?;
+    match start(plan, &prepared, tags, cancel).await {
+        Ok(s) => {
+            if s.report.overall() == Verdict::Invalid {
+                let mut s = s;
+                let _ = s.launch.stop(Duration::from_secs(30), false).await;
+                let _ = s
+                    .record
+                    .finish(RunStatus::Failed, Some("kernel path invalid".into()));
+                return Err(format!(
+                    "{name}: kernel-path verdict invalid: the flags did not take effect"
+                ));
+            }
+            Ok(Some(s))
+        }
+        Err(StartError::Interrupted(_)) => Ok(None),
+        Err(StartError::Failed(m, _)) => Err(format!("{name}: {m}")),
+    }
+}
+
+async fn finish(s: Started, interrupted: bool) {
+    let mut s = s;
+    let _ = s.launch.stop(Duration::from_secs(30), false).await;
+    let status = if interrupted {
+        RunStatus::Aborted
+    } else {
+        RunStatus::Completed
+    };
+    let _ = s.record.finish(status, None);
+}
+
+/// Runs the A/B and writes ab.md and ab.json into `--out`.
+pub async fn run(args: AbArgs) -> Result<ExitCode> {
+    if args.rounds == 0 {
+        bail!("--rounds must be at least 1");
+    }
+    let plan = plan_of(
+        &args.common,
+        vec![args.preset_a.clone(), args.preset_b.clone()],
+        vec![
+            TestLevel::Smoke,
+            TestLevel::KernelPath,
+            TestLevel::Performance,
+        ],
+    )?;
+    let (pa, pb) = (
+        prepare(&plan, &args.preset_a)?,
+        prepare(&plan, &args.preset_b)?,
+    );
+    if args.reuse {
+        if pa.spec.port == pb.spec.port {
+            bail!(
+                "--reuse keeps A and B running together, but both listen on port {}: give one preset another serving.port",
+                pa.spec.port
+            );
+        }
+        let names = (
+            pa.spec.container.as_ref().and_then(|c| c.name.clone()),
+            pb.spec.container.as_ref().and_then(|c| c.name.clone()),
+        );
+        if let (Some(x), Some(y)) = &names
+            && x == y
+        {
+            bail!("--reuse keeps A and B running together, but both name their container {x}");
+        }
+    }
+    let ab_id = ulid::Ulid::generate().to_string();
+    let mut tags = vec![format!("ab:{ab_id}")];
+    if args.reuse {
+        tags.push("ab-reused-targets".into());
+    }
+    let (cancel, watch) = Cancel::new();
+    install_signals(cancel.clone());
+    let mut rounds = Vec::new();
+    let mut excluded = Vec::new();
+    let mut records = Vec::new();
+    let mut interrupted = false;
+    let names = [args.preset_a.clone(), args.preset_b.clone()];
+    let mut kept: Vec<Started> = Vec::new();
+    if args.reuse {
+        for name in &names {
+            match launch_one(&plan, name, &tags, &watch).await {
+                Ok(Some(s)) => {
+                    records.push((name.clone(), s.record.record().identity.run_id.to_string()));
+                    kept.push(s);
+                }
+                Ok(None) => interrupted = true,
+                Err(m) => excluded.push(format!("every round: {m}")),
+            }
+        }
+    }
+    let launched_ok = !args.reuse || kept.len() == 2;
+    for round in 1..=args.rounds {
+        if interrupted || watch.is_cancelled() || !launched_ok {
+            interrupted |= watch.is_cancelled();
+            break;
+        }
+        eprintln!("round {round} of {}", args.rounds);
+        let mut pair: Vec<Vec<PointResult>> = Vec::new();
+        for (i, name) in names.iter().enumerate() {
+            let points = if args.reuse {
+                measure(&plan, &mut kept[i], &plan.levels, &watch).await?
+            } else {
+                match launch_one(&plan, name, &tags, &watch).await {
+                    Ok(Some(mut s)) => {
+                        records.push((name.clone(), s.record.record().identity.run_id.to_string()));
+                        let m = measure(&plan, &mut s, &plan.levels, &watch).await;
+                        finish(s, watch.is_cancelled()).await;
+                        m?
+                    }
+                    Ok(None) => {
+                        interrupted = true;
+                        break;
+                    }
+                    Err(m) => {
+                        excluded.push(format!("round {round}: {m}"));
+                        break;
+                    }
+                }
+            };
+            if points.interrupted {
+                interrupted = true;
+                break;
+            }
+            pair.push(points.points);
+        }
+        if !interrupted && pair.len() == 2 {
+            let b = pair.pop().unwrap_or_default();
+            let a = pair.pop().unwrap_or_default();
+            rounds.push((a, b));
+        }
+    }
+    for s in kept {
+        finish(s, interrupted).await;
+    }
+    drop(cancel);
+    let result = AbResult {
+        a: args.preset_a.clone(),
+        b: args.preset_b.clone(),
+        rounds: args.rounds,
+        reused: args.reuse,
+        records,
+        excluded,
+        ratios: ratios(&rounds),
+    };
+    std::fs::create_dir_all(&args.out)
+        .with_context(|| format!("cannot create {}", args.out.display()))?;
+    let json = args.out.join("ab.json");
+    std::fs::write(
+        &json,
+        serde_json::to_string_pretty(&result).context("serializing the A/B result")?,
+    )
+    .with_context(|| format!("cannot write {}", json.display()))?;
+    let md = render(&result, rounds.len());
+    let mdp = args.out.join("ab.md");
+    std::fs::write(&mdp, &md).with_context(|| format!("cannot write {}", mdp.display()))?;
+    print!("{md}");
+    Ok(if interrupted {
+        ExitCode::from(130)
+    } else if rounds.is_empty() {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    })
+}
+
+/// The A/B result as markdown.
+pub fn render(r: &AbResult, valid_rounds: usize) -> String {
+    let mut md = String::new();
+    let _ = writeln!(md, "# A/B: {} (A) vs {} (B)\n", r.a, r.b);
+    let _ = writeln!(
+        md,
+        "{valid_rounds} valid of {} rounds, A B alternating; targets {}.\n",
+        r.rounds,
+        if r.reused {
+            "kept running across rounds (--reuse)"
+        } else {
+            "relaunched every round"
+        }
+    );
+    let _ = writeln!(md, "| Test | Metric | B/A | ± std | rounds |");
+    let _ = writeln!(md, "|---|---|---:|---:|---|");
+    for x in &r.ratios {
+        let _ = writeln!(
+            md,
+            "| {} c{} | {} | {:.3} | {:.3} | {} |",
+            x.point.label(),
+            x.point.concurrency,
+            x.metric,
+            x.mean,
+            x.std,
+            x.rounds
+                .iter()
+                .map(|v| format!("{v:.3}"))
+                .collect::<Vec<_>>()
+                .join(" ")
+        );
+    }
+    for e in &r.excluded {
+        let _ = writeln!(md, "- excluded {e}");
+    }
+    md
+}

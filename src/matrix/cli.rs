@@ -1,0 +1,337 @@
+//! Headless `mxtune matrix` and `mxtune ab`.
+
+use anyhow::{Context, Result, bail};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use super::ab;
+use super::plan::{Grid, Profile, TestLevel, parse_levels, shuffled};
+use super::state::{MatrixPlan, MatrixState, PresetStatus};
+use crate::bench::client::Endpoint;
+use crate::bench::workload::{Cancel, CancelWatch};
+use crate::launch::cli::TargetArg;
+use crate::launch::spec::TargetKind;
+
+/// Options shared by `matrix` and `ab`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct CommonArgs {
+    /// Target to launch each preset on.
+    #[arg(long, value_enum, default_value = "docker")]
+    pub target: TargetArg,
+    /// Grid items over the default (pp=2048 tg=32,128 depth=0 c=1 runs=3 warmup=1),
+    /// e.g. `--grid pp=16 tg=4 runs=1`.
+    #[arg(long, num_args = 1..)]
+    pub grid: Vec<String>,
+    /// Start from a built-in grid profile (items of --grid still apply on top).
+    #[arg(long, value_enum)]
+    pub profile: Option<Profile>,
+    /// Endpoint the benchmarks stream from.
+    #[arg(long, value_enum, default_value = "chat")]
+    pub endpoint: Endpoint,
+    /// Project presets directory (searched before ~/.config/mxtune/presets).
+    #[arg(long, env = "MXTUNE_PRESETS_DIR")]
+    pub presets_dir: Option<PathBuf>,
+    /// Runs directory for the run records and target logs.
+    #[arg(long, env = "MXTUNE_RUNS_DIR", default_value = crate::record::store::DEFAULT_RUNS_DIR)]
+    pub runs_dir: PathBuf,
+    /// Engine binary for `--target engine` (default: this mxtune).
+    #[arg(long)]
+    pub engine_bin: Option<PathBuf>,
+    /// Engine device for every preset (`cpu`, `cuda`, `auto`), overriding the presets.
+    #[arg(long)]
+    pub device: Option<String>,
+    /// L1 watchdog: a target not ready after this many seconds fails L1.
+    #[arg(long, default_value_t = 2700)]
+    pub startup_limit_s: u64,
+    /// Before each measured point wait until the GPU is below this temperature, °C.
+    #[arg(long)]
+    pub cooldown_c: Option<f64>,
+    /// Longest cool-down wait, seconds.
+    #[arg(long, default_value_t = 900)]
+    pub cooldown_limit_s: u64,
+}
+
+/// Arguments of `mxtune matrix`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct MatrixArgs {
+    /// Presets (names or .toml paths); the first is the baseline of the report's deltas.
+    #[arg(required_unless_present = "resume")]
+    pub presets: Vec<String>,
+    /// Test levels to run: 1 smoke, 1.5 kernel path, 2 correctness, 3 stress, 4 grid,
+    /// 5 regression.
+    #[arg(long, default_value = "1,1.5,2,4,5")]
+    pub levels: String,
+    /// Output directory: state file, report, charts, summary.
+    #[arg(long, default_value = "matrix")]
+    pub out: PathBuf,
+    /// Resume the matrix in --out from its first unfinished preset (plan taken from there).
+    #[arg(long)]
+    pub resume: bool,
+    /// Shuffle seed (default: random, recorded in the state and the report).
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Keep the given order instead of shuffling.
+    #[arg(long, conflicts_with = "seed")]
+    pub no_shuffle: bool,
+    /// L5 tolerance in percent.
+    #[arg(long, default_value_t = 5.0)]
+    pub tolerance_pct: f64,
+    /// Shared options.
+    #[command(flatten)]
+    pub common: CommonArgs,
+}
+
+/// Arguments of `mxtune ab`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct AbArgs {
+    /// Configuration A (the reference).
+    pub preset_a: String,
+    /// Configuration B (the change).
+    pub preset_b: String,
+    /// A B rounds.
+    #[arg(long, default_value_t = 3)]
+    pub rounds: u32,
+    /// Keep both targets running across rounds instead of relaunching each round; only
+    /// when the two presets listen on different ports (and, for Docker, use different
+    /// container names). The record says so.
+    #[arg(long)]
+    pub reuse: bool,
+    /// Output directory for ab.md and ab.json.
+    #[arg(long, default_value = "ab")]
+    pub out: PathBuf,
+    /// Shared options.
+    #[command(flatten)]
+    pub common: CommonArgs,
+}
+
+pub(crate) fn target_kind(t: TargetArg) -> Result<TargetKind> {
+    Ok(match t {
+        TargetArg::Docker => TargetKind::Docker,
+        TargetArg::Engine => TargetKind::Engine,
+        TargetArg::Attach => {
+            bail!("--target attach: a matrix launches and stops its targets; use docker or engine")
+        }
+    })
+}
+
+/// The plan of the shared options.
+pub(crate) fn plan_of(
+    c: &CommonArgs,
+    presets: Vec<String>,
+    levels: Vec<TestLevel>,
+) -> Result<MatrixPlan> {
+    let base = c.profile.map(Profile::grid).unwrap_or_default();
+    let grid: Grid = base.apply(&c.grid)?;
+    grid.workload(c.endpoint).validate()?;
+    let engine_bin = match &c.engine_bin {
+        Some(p) => Some(p.clone()),
+        None => Some(std::env::current_exe().context("cannot find the running mxtune binary")?),
+    };
+    Ok(MatrixPlan {
+        target: target_kind(c.target)?,
+        presets,
+        levels,
+        grid,
+        endpoint: c.endpoint,
+        seed: None,
+        cooldown_c: c.cooldown_c,
+        cooldown_limit_s: c.cooldown_limit_s,
+        startup_limit_s: c.startup_limit_s,
+        tolerance: 0.05,
+        presets_dir: c.presets_dir.clone(),
+        runs_dir: c.runs_dir.clone(),
+        engine_bin,
+        device: c.device.clone(),
+    })
+}
+
+/// Ctrl-C, SIGTERM and SIGHUP (a dropped SSH session) all cancel the same way.
+pub(crate) fn install_signals(cancel: Cancel) {
+    tokio::spawn(async move {
+        use tokio::signal::unix::{SignalKind, signal};
+        let mut term = signal(SignalKind::terminate()).ok();
+        let mut hup = signal(SignalKind::hangup()).ok();
+        let term_f = async {
+            match term.as_mut() {
+                Some(s) => {
+                    s.recv().await;
+                }
+                None => std::future::pending::<()>().await,
+            }
+        };
+        let hup_f = async {
+            match hup.as_mut() {
+                Some(s) => {
+                    s.recv().await;
+                }
+                None => std::future::pending::<()>().await,
+            }
+        };
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term_f => {}
+            _ = hup_f => {}
+        }
+        eprintln!("mxtune: interrupted: stopping the current target; resume with --resume");
+        cancel.cancel();
+    });
+}
+
+/// `mxtune matrix`. Exit: 0 every level of every preset passed, 1 something failed,
+/// 130 interrupted (resume with `--resume`).
+pub fn matrix(args: MatrixArgs) -> Result<ExitCode> {
+    tokio::runtime::Runtime::new()
+        .context("cannot start the async runtime")?
+        .block_on(matrix_async(args))
+}
+
+fn new_state(args: &MatrixArgs) -> Result<MatrixState> {
+    if MatrixState::path(&args.out).exists() {
+        bail!(
+            "{} already holds a matrix: resume it with --resume, or pick another --out",
+            args.out.display()
+        );
+    }
+    if !(args.tolerance_pct.is_finite() && args.tolerance_pct > 0.0) {
+        bail!(
+            "--tolerance-pct must be a positive number, got {}",
+            args.tolerance_pct
+        );
+    }
+    let mut plan = plan_of(
+        &args.common,
+        args.presets.clone(),
+        parse_levels(&args.levels)?,
+    )?;
+    plan.tolerance = args.tolerance_pct / 100.0;
+    let mut seen = std::collections::BTreeSet::new();
+    for p in &plan.presets {
+        if !seen.insert(p) {
+            bail!("preset {p} is listed twice; a matrix runs each preset once");
+        }
+    }
+    plan.seed = if args.no_shuffle {
+        None
+    } else {
+        Some(args.seed.unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos() as u64)
+                .unwrap_or(0)
+        }))
+    };
+    let order = match plan.seed {
+        Some(s) => shuffled(&plan.presets, s),
+        None => plan.presets.clone(),
+    };
+    Ok(MatrixState::new(plan, order))
+}
+
+async fn matrix_async(args: MatrixArgs) -> Result<ExitCode> {
+    let mut state = if args.resume {
+        let mut s = MatrixState::load(&args.out)?;
+        s.resumes += 1;
+        for p in s
+            .order
+            .iter_mut()
+            .filter(|p| p.status == PresetStatus::Running)
+        {
+            // The process that ran it died without saying so.
+            p.status = PresetStatus::Interrupted;
+        }
+        s
+    } else {
+        new_state(&args)?
+    };
+    state.save(&args.out)?;
+    let out = args.out.clone();
+    eprintln!(
+        "matrix {}: {} ({}); state {}",
+        state.matrix_id,
+        state
+            .order
+            .iter()
+            .map(|p| p.name.as_str())
+            .collect::<Vec<_>>()
+            .join(" → "),
+        match state.plan.seed {
+            Some(s) => format!("shuffled with seed {s}"),
+            None => "given order".into(),
+        },
+        MatrixState::path(&out).display()
+    );
+    let (cancel, watch) = Cancel::new();
+    install_signals(cancel.clone());
+    let interrupted = run_all(&mut state, &out, &watch).await?;
+    let report = super::report::write(&state, &out)?;
+    println!("report: {}", report.display());
+    drop(cancel);
+    if interrupted {
+        println!(
+            "interrupted: resume with `mxtune matrix --resume --out {}`",
+            out.display()
+        );
+        return Ok(ExitCode::from(130));
+    }
+    let all_pass = state.order.iter().all(|p| {
+        p.status == PresetStatus::Done
+            && p.levels
+                .iter()
+                .all(|l| !matches!(l.verdict.as_str(), "fail" | "invalid"))
+    });
+    Ok(if all_pass {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
+
+/// Runs presets from the first unfinished one; true when interrupted.
+async fn run_all(
+    state: &mut MatrixState,
+    out: &std::path::Path,
+    watch: &CancelWatch,
+) -> Result<bool> {
+    let tags = vec![format!("matrix:{}", state.matrix_id)];
+    while let Some(i) = state.next_unfinished() {
+        if watch.is_cancelled() {
+            return Ok(true);
+        }
+        let name = state.order[i].name.clone();
+        state.order[i].status = PresetStatus::Running;
+        state.order[i].attempts += 1;
+        state.save(out)?;
+        eprintln!("preset {name} ({} of {})", i + 1, state.order.len());
+        let o = super::run::run_preset(&state.plan, &name, &tags, watch).await;
+        let p = &mut state.order[i];
+        p.status = o.status;
+        p.run_id = o.run_id;
+        p.record = o.record;
+        p.levels = o.levels;
+        p.point_temps_c = o.temps;
+        p.invalid = o.invalid;
+        for l in &p.levels {
+            eprintln!(
+                "  {}: {} — {}",
+                l.level.title(),
+                l.verdict,
+                l.detail.lines().next().unwrap_or("")
+            );
+        }
+        state.save(out)?;
+        if o.status == PresetStatus::Interrupted {
+            return Ok(true);
+        }
+        // Let the port and memory of the stopped target free up before the next launch.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    Ok(watch.is_cancelled() && !state.complete())
+}
+
+/// `mxtune ab`. Exit: 0 done, 1 a launch failed, 130 interrupted.
+pub fn ab(args: AbArgs) -> Result<ExitCode> {
+    tokio::runtime::Runtime::new()
+        .context("cannot start the async runtime")?
+        .block_on(ab::run(args))
+}

@@ -1,0 +1,781 @@
+//! Running one preset through the levels: launch → L1 smoke → L1.5 kernel path → L2
+//! correctness → L3 stress → L4 grid (cool-down before each point, monitor alongside) →
+//! L5 regression → stop, with a run record kept current all the way.
+
+use anyhow::{Context, Result, anyhow, bail};
+use chrono::Utc;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio::sync::mpsc;
+
+use super::plan::{Grid, TestLevel};
+use super::state::{LevelOutcome, MatrixPlan, PresetStatus};
+use crate::bench::client::{BenchClient, ClientConfig, Endpoint};
+use crate::bench::levels::{CorrectnessPlan, LevelReport, StressPlan};
+use crate::bench::workload::{CancelWatch, PointResult, Runner};
+use crate::flags::preset::{Preset, PresetStore};
+use crate::flags::render::render;
+use crate::flags::rules::evaluate;
+use crate::launch::docker::{self, DockerTarget};
+use crate::launch::engine::EngineTarget;
+use crate::launch::follow::ReadyInfo;
+use crate::launch::spec::{LaunchSpec, TargetKind};
+use crate::launch::{Launch, LaunchEvent, LaunchOptions, ValidationReport, Verdict};
+use crate::monitor::collector::{Monitor, MonitorConfig, sample_once};
+use crate::monitor::sample::GpuStatus;
+use crate::record::schema::{
+    DockerFacts, EngineFacts, KernelPathCheck, Phase as RecordPhase, RunRecord,
+    Verdict as RecordVerdict, WorkloadParams,
+};
+use crate::record::{RunHandle, RunStatus, RunStore};
+
+/// A launch event and when it arrived.
+type Seen = (chrono::DateTime<Utc>, LaunchEvent);
+
+/// A preset rendered for its target, ready to launch.
+#[derive(Debug, Clone)]
+pub struct Prepared {
+    /// The loaded preset.
+    pub preset: Preset,
+    /// Its launch spec.
+    pub spec: LaunchSpec,
+}
+
+/// Loads and renders `name` for the plan's target; conflict rules that block refuse it.
+pub fn prepare(plan: &MatrixPlan, name: &str) -> Result<Prepared> {
+    let store = PresetStore::standard(plan.presets_dir.clone());
+    let loaded = if name.ends_with(".toml") || name.contains('/') {
+        store.load_file(Path::new(name))
+    } else {
+        store.load(name)
+    };
+    let mut preset = loaded.map_err(|e| anyhow!("{e}"))?;
+    if let Some(d) = &plan.device {
+        preset.flags.engine.device = d.parse().map_err(|e| anyhow!("--device {d}: {e}"))?;
+    }
+    let blocking: Vec<String> = evaluate(&preset.flags, plan.target, None)
+        .into_iter()
+        .filter(|f| f.blocks())
+        .map(|f| f.to_string())
+        .collect();
+    if !blocking.is_empty() {
+        bail!(
+            "preset {} is blocked by the conflict rules: {}",
+            preset.name,
+            blocking.join("; ")
+        );
+    }
+    let spec = render(&preset.flags, plan.target).with_context(|| {
+        format!(
+            "rendering preset {} ({}) for the {:?} target",
+            preset.name,
+            preset.path.display(),
+            plan.target
+        )
+    })?;
+    Ok(Prepared { preset, spec })
+}
+
+/// A ready target with its record.
+pub struct Started {
+    /// The followed launch.
+    pub launch: Launch,
+    /// What readiness reported.
+    pub ready: ReadyInfo,
+    /// The kernel-path report.
+    pub report: ValidationReport,
+    /// The run record, `running`.
+    pub record: RunHandle,
+    /// Engine pid (for the monitor's RSS/CPU).
+    pub pid: Option<u32>,
+}
+
+/// Why a start did not give a ready target.
+#[derive(Debug)]
+pub enum StartError {
+    /// The operator interrupted; the record says `aborted`.
+    Interrupted(Option<RunHandle>),
+    /// L1 failed (launch error, crash, watchdog); the record says `failed`.
+    Failed(String, Option<RunHandle>),
+}
+
+fn record_verdict(v: Verdict) -> RecordVerdict {
+    match v {
+        Verdict::Valid => RecordVerdict::Valid,
+        Verdict::Invalid => RecordVerdict::Invalid,
+        Verdict::Unknown => RecordVerdict::Unknown,
+    }
+}
+
+/// The GPU's hottest die temperature now, or `None` without NVML.
+pub fn gpu_temperature() -> Option<f64> {
+    let s = sample_once(&MonitorConfig::default()).ok()?;
+    match s.gpu {
+        GpuStatus::Available { gpus, .. } => gpus
+            .iter()
+            .filter_map(|g| g.temperature_c.get())
+            .max()
+            .map(f64::from),
+        GpuStatus::Unavailable { .. } => None,
+    }
+}
+
+/// Waits until the GPU is below `threshold` °C (or `limit` passes, or a cancel); returns the
+/// temperature the point starts at.
+pub async fn cool_down(
+    threshold: Option<f64>,
+    limit: Duration,
+    cancel: &CancelWatch,
+) -> Option<f64> {
+    let start = Instant::now();
+    loop {
+        let t = tokio::task::spawn_blocking(gpu_temperature)
+            .await
+            .ok()
+            .flatten();
+        let Some(threshold) = threshold else {
+            return t;
+        };
+        match t {
+            Some(c) if c >= threshold && start.elapsed() < limit && !cancel.is_cancelled() => {
+                eprintln!("  cool-down: GPU at {c:.0} °C, waiting for < {threshold:.0} °C");
+                tokio::select! {
+                    _ = tokio::time::sleep(Duration::from_secs(5)) => {}
+                    _ = cancel.cancelled() => return Some(c),
+                }
+            }
+            other => return other,
+        }
+    }
+}
+
+fn base_url(url: &str) -> String {
+    url.trim_end_matches('/')
+        .trim_end_matches("/v1")
+        .trim_end_matches('/')
+        .to_owned()
+}
+
+/// Creates the record, launches the target and waits for it (L1), then takes the
+/// kernel-path report (L1.5). `tags` go on the record (e.g. `matrix:<id>`).
+pub async fn start(
+    plan: &MatrixPlan,
+    prepared: &Prepared,
+    tags: &[String],
+    cancel: &CancelWatch,
+) -> std::result::Result<Started, StartError> {
+    let fail = |m: String| StartError::Failed(m, None);
+    let mut r: RunRecord =
+        crate::record::begin(plan.target, Some(prepared.preset.name.clone()), &[]);
+    r.identity.tags = tags.to_vec();
+    r.target.flags = serde_json::to_value(&prepared.preset.flags).unwrap_or_default();
+    r.target.launch = Some(prepared.spec.clone());
+    r.target.model = Some(prepared.spec.served_model_name.clone());
+    if let Ok(s) = tokio::task::spawn_blocking(|| sample_once(&MonitorConfig::default()))
+        .await
+        .map_err(|e| anyhow!("{e}"))
+        .and_then(|r| r)
+    {
+        crate::monitor::record::fill_environment(&mut r.environment, &s);
+    }
+    let run_id = r.identity.run_id.to_string();
+    let mut record = RunStore::new(&plan.runs_dir)
+        .create(r)
+        .map_err(|e| fail(format!("{e:#}")))?;
+
+    let mut opts = match LaunchOptions::new(&run_id, &prepared.preset.name) {
+        Ok(o) => o,
+        Err(e) => return Err(StartError::Failed(format!("{e:#}"), Some(record))),
+    };
+    let log_path = plan.runs_dir.join(format!("{run_id}.target.log"));
+    opts.log_path = Some(log_path.clone());
+    opts.startup_limit = Duration::from_secs(plan.startup_limit_s);
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let events: Arc<Mutex<Vec<Seen>>> = Arc::default();
+    let sink = events.clone();
+    let who = prepared.preset.name.clone();
+    tokio::spawn(async move {
+        while let Some(e) = rx.recv().await {
+            match &e {
+                LaunchEvent::Phase { phase } => eprintln!("  [{who}] phase: {phase}"),
+                LaunchEvent::Warning { message } => eprintln!("  [{who}] warning: {message}"),
+                LaunchEvent::Failed { message } => eprintln!("  [{who}] failed: {message}"),
+                _ => {}
+            }
+            if !matches!(
+                e,
+                LaunchEvent::Log { .. } | LaunchEvent::PullProgress { .. }
+            ) && let Ok(mut v) = sink.lock()
+            {
+                v.push((Utc::now(), e));
+            }
+        }
+    });
+
+    let launched = match plan.target {
+        TargetKind::Docker => match docker::connect().await {
+            Ok(d) => DockerTarget::launch(d, &prepared.spec, &opts, tx).await,
+            Err(e) => Err(e),
+        },
+        TargetKind::Engine => {
+            EngineTarget::launch(
+                plan.engine_bin.as_deref(),
+                &prepared.spec,
+                &opts,
+                Some(&plan.runs_dir),
+                tx,
+            )
+            .await
+        }
+        TargetKind::Attach => Err(anyhow!(
+            "a matrix launches its targets; the attach target is not one it can start or stop"
+        )),
+    };
+    let mut launch = match launched {
+        Ok(l) => l,
+        Err(e) => {
+            let msg = format!("launch failed: {e:#}");
+            let _ = record.finish(RunStatus::Failed, Some(msg.clone()));
+            return Err(StartError::Failed(msg, Some(record)));
+        }
+    };
+    let pid = match &launch.target {
+        crate::launch::Target::Engine(t) => Some(t.pid),
+        _ => None,
+    };
+    let ready = tokio::select! {
+        r = launch.wait_ready() => Some(r),
+        _ = cancel.cancelled() => None,
+    };
+    let ready = match ready {
+        Some(Ok(info)) => info,
+        Some(Err(e)) => {
+            let tail = launch.tail(10).join("\n");
+            let msg = format!("not ready: {e:#}");
+            let _ = launch.stop(Duration::from_secs(10), false).await;
+            let _ = record.finish(RunStatus::Failed, Some(msg.clone()));
+            return Err(StartError::Failed(
+                format!("{msg}\nlast log lines:\n{tail}"),
+                Some(record),
+            ));
+        }
+        None => {
+            let _ = launch.stop(Duration::from_secs(10), false).await;
+            let _ = record.finish(
+                RunStatus::Aborted,
+                Some("interrupted while starting".into()),
+            );
+            return Err(StartError::Interrupted(Some(record)));
+        }
+    };
+    // Give the follower a moment to deliver the ready/verdict events.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let report = launch.report();
+    let facts = launch.target.facts().await;
+    let seen = events.lock().map(|v| v.clone()).unwrap_or_default();
+    let update = record.update(|r| {
+        r.target.url = Some(ready.url.clone());
+        r.target.model = Some(ready.model.clone());
+        match plan.target {
+            TargetKind::Docker => {
+                r.target.docker = Some(DockerFacts {
+                    image: facts.image.clone().unwrap_or_default(),
+                    image_id: facts.image_id.clone(),
+                    digest: facts.image_digests.first().cloned(),
+                    container_id: facts.container_id.clone(),
+                    container_name: Some(facts.name.clone()),
+                    ..DockerFacts::default()
+                })
+            }
+            _ => {
+                r.target.engine = Some(EngineFacts {
+                    path: facts.program.clone().unwrap_or_default(),
+                    ..EngineFacts::default()
+                })
+            }
+        }
+        r.environment.pip_freeze = facts
+            .pip_freeze
+            .as_ref()
+            .map(|p| p.lines().map(str::to_owned).collect());
+        r.environment.container_nvidia_smi = facts.nvidia_smi.clone();
+        r.observed.startup_s = Some(ready.startup_s);
+        r.observed.log_file = Some(log_path.display().to_string());
+        r.observed.kernel_path = report
+            .checks
+            .iter()
+            .map(|c| KernelPathCheck {
+                flag: c.flag.clone(),
+                value: c.value.clone(),
+                verdict: record_verdict(c.verdict),
+                lines: c.seen.iter().chain(&c.forbidden_seen).cloned().collect(),
+                reason: c.note.clone().or_else(|| {
+                    (!c.missing.is_empty()).then(|| format!("never saw {}", c.missing.join(", ")))
+                }),
+            })
+            .collect();
+        for (at, e) in &seen {
+            match e {
+                LaunchEvent::Phase { phase } => r.observed.phases.push(RecordPhase {
+                    name: phase.to_string(),
+                    at: *at,
+                }),
+                LaunchEvent::Warning { message } => r.observed.warnings.push(message.clone()),
+                _ => {}
+            }
+        }
+        r.observed.warnings.extend(report.warnings());
+    });
+    if let Err(e) = update {
+        eprintln!("mxtune: warning: run record not updated: {e:#}");
+    }
+    Ok(Started {
+        launch,
+        ready,
+        report,
+        record,
+        pid,
+    })
+}
+
+/// What the measuring levels produced.
+#[derive(Debug, Default)]
+pub struct Measured {
+    /// L2 and L3 reports, as run.
+    pub levels: Vec<LevelReport>,
+    /// L4 points.
+    pub points: Vec<PointResult>,
+    /// GPU temperature at each point's start.
+    pub temps: Vec<Option<f64>>,
+    /// An interrupt cut the measurement short.
+    pub interrupted: bool,
+    /// Problems that did not stop the run.
+    pub warnings: Vec<String>,
+}
+
+fn workload_params(grid: &Grid, endpoint: Endpoint, levels: &[TestLevel]) -> WorkloadParams {
+    let w = grid.workload(endpoint);
+    WorkloadParams {
+        endpoint: Some(format!("{endpoint:?}").to_lowercase()),
+        pp: w.pp,
+        tg: w.tg,
+        depth: w.depth,
+        concurrency: w.concurrency,
+        runs: w.runs,
+        warmup: w.warmup,
+        tokenizer: Some("o200k_base".to_owned()),
+        no_cache: w.no_cache,
+        latency_mode: Some(format!("{:?}", w.latency_mode).to_lowercase()),
+        level: Some(
+            levels
+                .iter()
+                .map(|l| l.number())
+                .collect::<Vec<_>>()
+                .join(","),
+        ),
+        ..WorkloadParams::default()
+    }
+}
+
+/// Runs L2, L3 and L4 (those in `levels`) against a ready target, point by point so the
+/// cool-down can run before each measured point; the monitor runs alongside L4.
+pub async fn measure(
+    plan: &MatrixPlan,
+    started: &mut Started,
+    levels: &[TestLevel],
+    cancel: &CancelWatch,
+) -> Result<Measured> {
+    let mut out = Measured::default();
+    let client = BenchClient::new(&ClientConfig::new(&started.ready.url))?;
+    let runner = Runner {
+        client,
+        model: started.ready.model.clone(),
+        events: None,
+        cancel: cancel.clone(),
+    };
+    if levels.contains(&TestLevel::Correctness) && !cancel.is_cancelled() {
+        let plan_c = CorrectnessPlan {
+            endpoint: plan.endpoint,
+            ..CorrectnessPlan::default()
+        };
+        out.levels.push(runner.correctness(&plan_c).await);
+    }
+    if levels.contains(&TestLevel::Stress) && !cancel.is_cancelled() {
+        let plan_s = StressPlan {
+            endpoint: plan.endpoint,
+            ..StressPlan::default()
+        };
+        out.levels.push(runner.stress(&plan_s, None).await);
+    }
+    if levels.contains(&TestLevel::Performance) && !cancel.is_cancelled() {
+        let params = workload_params(&plan.grid, plan.endpoint, levels);
+        if let Err(e) = started.record.update(|r| r.workload = Some(params)) {
+            out.warnings.push(format!("run record not updated: {e:#}"));
+        }
+        let monitor = Monitor::start(MonitorConfig {
+            metrics_url: Some(format!("{}/metrics", base_url(&started.ready.url))),
+            pid: started.pid,
+            ..MonitorConfig::default()
+        });
+        let monitor = match monitor {
+            Ok(m) => Some(m),
+            Err(e) => {
+                out.warnings.push(format!("monitor not started: {e:#}"));
+                None
+            }
+        };
+        let whole = plan.grid.workload(plan.endpoint);
+        whole.validate()?;
+        for point in whole.points() {
+            if cancel.is_cancelled() {
+                break;
+            }
+            let temp = cool_down(
+                plan.cooldown_c,
+                Duration::from_secs(plan.cooldown_limit_s),
+                cancel,
+            )
+            .await;
+            out.temps.push(temp);
+            let mut one = whole.clone();
+            one.pp = vec![point.pp];
+            one.tg = vec![point.tg];
+            one.depth = vec![point.depth];
+            one.concurrency = vec![point.concurrency];
+            let mut errors = Vec::new();
+            let record = &mut started.record;
+            let result = runner
+                .run(&one, |p| {
+                    let entry = p.stats.record.clone();
+                    let methods = p.stats.count_methods.join(",");
+                    if let Err(e) = record.update(|r| {
+                        r.results.push(entry);
+                        if let Some(w) = r.workload.as_mut() {
+                            w.token_count_method = Some(methods);
+                        }
+                    }) {
+                        errors.push(format!("run record not updated: {e:#}"));
+                    }
+                })
+                .await?;
+            out.warnings.extend(errors);
+            out.warnings.extend(result.warnings);
+            out.points.extend(result.points);
+            if result.aborted {
+                break;
+            }
+        }
+        if let Some(m) = monitor {
+            match tokio::task::spawn_blocking(move || m.stop()).await {
+                Ok(Ok(summary)) => {
+                    let res = crate::monitor::record::resources(&summary);
+                    if let Err(e) = started.record.update(|r| r.resources = Some(res)) {
+                        out.warnings.push(format!("run record not updated: {e:#}"));
+                    }
+                }
+                Ok(Err(e)) => out.warnings.push(format!("monitor: {e:#}")),
+                Err(e) => out.warnings.push(format!("monitor thread: {e}")),
+            }
+        }
+    }
+    out.interrupted = cancel.is_cancelled();
+    Ok(out)
+}
+
+/// The newest earlier completed record of `preset` on this host, other than `run_id`.
+pub fn previous_record(runs_dir: &Path, preset: &str, current: &RunRecord) -> Option<RunRecord> {
+    let scan = RunStore::new(runs_dir).scan().ok()?;
+    scan.runs
+        .into_iter()
+        .map(|s| s.record)
+        .filter(|r| {
+            r.target.preset.as_deref() == Some(preset)
+                && r.identity.run_id != current.identity.run_id
+                && r.identity.status == RunStatus::Completed
+                && r.identity.started_at < current.identity.started_at
+                && r.environment.host.hostname == current.environment.host.hostname
+                && !r.results.is_empty()
+        })
+        .max_by_key(|r| r.identity.started_at)
+}
+
+/// L5: each point's pp and tg t/s against `previous`; slower by more than `tolerance`
+/// fails. The noise hint is twice the runs' combined relative standard deviation.
+pub fn regression(current: &RunRecord, previous: &RunRecord, tolerance: f64) -> LevelOutcome {
+    let mut worse = Vec::new();
+    let mut notes = Vec::new();
+    for p in &current.results {
+        let Some(old) = previous.results.iter().find(|o| o.point == p.point) else {
+            continue;
+        };
+        for (metric, new, base) in [
+            ("pp t/s", p.pp_tps, old.pp_tps),
+            ("tg t/s", p.tg_tps, old.tg_tps),
+        ] {
+            let (Some(n), Some(b)) = (new, base) else {
+                continue;
+            };
+            if b.mean <= 0.0 || n.mean <= 0.0 {
+                continue;
+            }
+            let delta = n.mean / b.mean - 1.0;
+            let noise = 2.0 * ((n.std / n.mean).powi(2) + (b.std / b.mean).powi(2)).sqrt();
+            let label = format!("{} {metric} {:+.1} %", p.point.label(), delta * 100.0);
+            let hint = if delta.abs() <= noise {
+                format!(" (within noise ± {:.1} %)", noise * 100.0)
+            } else {
+                String::new()
+            };
+            if delta < -tolerance {
+                worse.push(format!("{label}{hint}"));
+            } else if delta.abs() > tolerance {
+                notes.push(format!("{label}{hint}"));
+            }
+        }
+    }
+    let against = format!(
+        "against run {} ({})",
+        previous.identity.run_id.short(),
+        previous.identity.started_at.format("%Y-%m-%d %H:%M")
+    );
+    if worse.is_empty() {
+        LevelOutcome {
+            level: TestLevel::Regression,
+            verdict: "pass".into(),
+            detail: if notes.is_empty() {
+                format!("within ± {:.0} % {against}", tolerance * 100.0)
+            } else {
+                format!("{against}; faster: {}", notes.join(", "))
+            },
+        }
+    } else {
+        LevelOutcome {
+            level: TestLevel::Regression,
+            verdict: "fail".into(),
+            detail: format!(
+                "slower than ± {:.0} % {against}: {}",
+                tolerance * 100.0,
+                worse.join(", ")
+            ),
+        }
+    }
+}
+
+/// The whole outcome of one preset.
+#[derive(Debug)]
+pub struct PresetOutcome {
+    /// Done, failed or interrupted.
+    pub status: PresetStatus,
+    /// The record's run id.
+    pub run_id: Option<String>,
+    /// The record's path.
+    pub record: Option<std::path::PathBuf>,
+    /// Level verdicts.
+    pub levels: Vec<LevelOutcome>,
+    /// GPU temperature at each measured point.
+    pub temps: Vec<Option<f64>>,
+    /// Performance INVALID.
+    pub invalid: bool,
+}
+
+fn outcome(level: TestLevel, verdict: &str, detail: impl Into<String>) -> LevelOutcome {
+    LevelOutcome {
+        level,
+        verdict: verdict.into(),
+        detail: detail.into(),
+    }
+}
+
+fn level_of(r: &LevelReport) -> TestLevel {
+    use crate::bench::levels::Level;
+    match r.level {
+        Level::Correctness => TestLevel::Correctness,
+        Level::Stress => TestLevel::Stress,
+        Level::Performance => TestLevel::Performance,
+    }
+}
+
+/// Runs one preset through `plan.levels`; never returns an error for a target that fails —
+/// that is a verdict — only for the matrix's own I/O.
+pub async fn run_preset(
+    plan: &MatrixPlan,
+    name: &str,
+    tags: &[String],
+    cancel: &CancelWatch,
+) -> PresetOutcome {
+    let mut levels = Vec::new();
+    let failed = |levels: Vec<LevelOutcome>, record: Option<&RunHandle>| PresetOutcome {
+        status: PresetStatus::Failed,
+        run_id: record.map(|r| r.record().identity.run_id.to_string()),
+        record: record.map(|r| r.path().to_path_buf()),
+        levels,
+        temps: Vec::new(),
+        invalid: false,
+    };
+    let prepared = match prepare(plan, name) {
+        Ok(p) => p,
+        Err(e) => {
+            levels.push(outcome(TestLevel::Smoke, "fail", format!("{e:#}")));
+            return failed(levels, None);
+        }
+    };
+    let mut started = match start(plan, &prepared, tags, cancel).await {
+        Ok(s) => s,
+        Err(StartError::Failed(msg, record)) => {
+            levels.push(outcome(TestLevel::Smoke, "fail", msg));
+            return failed(levels, record.as_ref());
+        }
+        Err(StartError::Interrupted(record)) => {
+            return PresetOutcome {
+                status: PresetStatus::Interrupted,
+                run_id: record
+                    .as_ref()
+                    .map(|r| r.record().identity.run_id.to_string()),
+                record: record.as_ref().map(|r| r.path().to_path_buf()),
+                levels,
+                temps: Vec::new(),
+                invalid: false,
+            };
+        }
+    };
+    levels.push(outcome(
+        TestLevel::Smoke,
+        "pass",
+        format!(
+            "ready after {:.1} s (watchdog {} s)",
+            started.ready.startup_s, plan.startup_limit_s
+        ),
+    ));
+    let overall = started.report.overall();
+    let invalid = plan.levels.contains(&TestLevel::KernelPath) && overall == Verdict::Invalid;
+    if plan.levels.contains(&TestLevel::KernelPath) {
+        let detail = started
+            .report
+            .checks
+            .iter()
+            .map(|c| format!("{}={}: {:?}", c.flag, c.value, c.verdict).to_lowercase())
+            .collect::<Vec<_>>()
+            .join(", ");
+        let verdict = match overall {
+            Verdict::Valid => "pass",
+            Verdict::Invalid => "invalid",
+            Verdict::Unknown => "unknown",
+        };
+        levels.push(outcome(
+            TestLevel::KernelPath,
+            verdict,
+            if detail.is_empty() {
+                "no kernel-path checks for this preset".into()
+            } else {
+                detail
+            },
+        ));
+    }
+    let measured = measure(plan, &mut started, &plan.levels, cancel).await;
+    let measured = match measured {
+        Ok(m) => m,
+        Err(e) => Measured {
+            warnings: vec![format!("measuring failed: {e:#}")],
+            ..Measured::default()
+        },
+    };
+    for l in &measured.levels {
+        levels.push(outcome(
+            level_of(l),
+            if l.passed { "pass" } else { "fail" },
+            if l.passed {
+                format!("{} checks passed", l.checks.len())
+            } else {
+                l.reasons().join("; ")
+            },
+        ));
+    }
+    if plan.levels.contains(&TestLevel::Performance) {
+        let errors: u32 = measured.points.iter().map(|p| p.stats.record.errors).sum();
+        let perf =
+            crate::bench::levels::performance_report(&crate::bench::workload::WorkloadResult {
+                model: started.ready.model.clone(),
+                url: started.ready.url.clone(),
+                workload: plan.grid.workload(plan.endpoint),
+                latency_s: 0.0,
+                points: measured.points.clone(),
+                aborted: measured.interrupted,
+                warnings: Vec::new(),
+            });
+        let verdict = if invalid {
+            "invalid"
+        } else if perf.passed && !measured.points.is_empty() {
+            "pass"
+        } else {
+            "fail"
+        };
+        let detail = if invalid {
+            "INVALID: the kernel-path verdict says the flags did not take effect".to_owned()
+        } else if perf.passed {
+            format!("{} points, {errors} failed requests", measured.points.len())
+        } else {
+            let mut r = perf.reasons();
+            r.extend(measured.warnings.iter().cloned());
+            r.join("; ")
+        };
+        levels.push(outcome(TestLevel::Performance, verdict, detail));
+    }
+    if plan.levels.contains(&TestLevel::Regression) && !measured.interrupted {
+        let current = started.record.record().clone();
+        let l5 = match previous_record(&plan.runs_dir, &prepared.preset.name, &current) {
+            Some(prev) => regression(&current, &prev, plan.tolerance),
+            None => outcome(
+                TestLevel::Regression,
+                "no baseline",
+                "no earlier completed record of this preset on this host",
+            ),
+        };
+        levels.push(l5);
+    }
+    let stop = started.launch.stop(Duration::from_secs(30), false).await;
+    let mut warnings = measured.warnings.clone();
+    if let Err(e) = &stop {
+        warnings.push(format!("stopping the target: {e:#}"));
+    }
+    let failures: Vec<String> = levels
+        .iter()
+        .filter(|l| matches!(l.verdict.as_str(), "fail" | "invalid"))
+        .map(|l| format!("{}: {}", l.level.title(), l.verdict))
+        .collect();
+    let note = levels
+        .iter()
+        .map(|l| format!("{} {}", l.level.title(), l.verdict))
+        .collect::<Vec<_>>()
+        .join("; ");
+    let (status, reason, state) = if measured.interrupted {
+        (
+            RunStatus::Aborted,
+            Some("interrupted (matrix)".to_owned()),
+            PresetStatus::Interrupted,
+        )
+    } else if failures.is_empty() {
+        (RunStatus::Completed, None, PresetStatus::Done)
+    } else {
+        (
+            RunStatus::Failed,
+            Some(failures.join("; ")),
+            PresetStatus::Done,
+        )
+    };
+    let _ = started.record.update(|r| {
+        r.identity.note = Some(note);
+        r.observed.warnings.extend(warnings);
+    });
+    if let Err(e) = started.record.finish(status, reason) {
+        eprintln!("mxtune: warning: run record not finished: {e:#}");
+    }
+    PresetOutcome {
+        status: state,
+        run_id: Some(started.record.record().identity.run_id.to_string()),
+        record: Some(started.record.path().to_path_buf()),
+        levels,
+        temps: measured.temps,
+        invalid,
+    }
+}

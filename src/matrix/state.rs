@@ -1,0 +1,250 @@
+//! The matrix state file (`matrix-state.json` in the output directory): the plan, the
+//! shuffled order and its seed, and each preset's progress. Written atomically after every
+//! change, so an interrupted matrix (Ctrl-C, SSH drop, crash) resumes where it stopped.
+
+use anyhow::{Context, Result, bail};
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+
+use super::plan::{Grid, TestLevel};
+use crate::bench::client::Endpoint;
+use crate::launch::spec::TargetKind;
+
+/// File name of the state inside the output directory.
+pub const STATE_FILE: &str = "matrix-state.json";
+/// Format tag of the state file.
+pub const STATE_FORMAT: &str = "mxtune.matrix-state";
+
+/// Everything needed to run (or resume) a matrix.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MatrixPlan {
+    /// Docker or the bundled engine.
+    pub target: TargetKind,
+    /// Presets as given, in the operator's order (the first is the baseline of deltas).
+    pub presets: Vec<String>,
+    /// Levels to run.
+    pub levels: Vec<TestLevel>,
+    /// The performance grid.
+    pub grid: Grid,
+    /// Endpoint benchmarks use.
+    pub endpoint: Endpoint,
+    /// Shuffle seed; `None` keeps the given order.
+    pub seed: Option<u64>,
+    /// Wait until the GPU is below this temperature before each measured point, °C.
+    pub cooldown_c: Option<f64>,
+    /// Give up waiting for the cool-down after this many seconds.
+    pub cooldown_limit_s: u64,
+    /// Start-up watchdog of L1, seconds.
+    pub startup_limit_s: u64,
+    /// Regression tolerance of L5 (0.05 = ± 5 %).
+    pub tolerance: f64,
+    /// Presets directory searched first.
+    pub presets_dir: Option<PathBuf>,
+    /// Runs directory for the per-preset records.
+    pub runs_dir: PathBuf,
+    /// Engine binary (default: this mxtune).
+    pub engine_bin: Option<PathBuf>,
+    /// Engine device override (`--device`).
+    pub device: Option<String>,
+}
+
+/// Where one preset stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PresetStatus {
+    /// Not started.
+    Pending,
+    /// Started; a state left like this means the matrix process died.
+    Running,
+    /// Stopped by an interrupt; rerun on resume.
+    Interrupted,
+    /// All levels ran (some may have failed).
+    Done,
+    /// Could not launch or crashed; not rerun on resume.
+    Failed,
+}
+
+impl PresetStatus {
+    /// Finished presets are not rerun on resume.
+    pub fn finished(self) -> bool {
+        matches!(self, PresetStatus::Done | PresetStatus::Failed)
+    }
+}
+
+/// One level's outcome for a preset.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LevelOutcome {
+    /// The level.
+    pub level: TestLevel,
+    /// `pass`, `fail`, `invalid`, `unknown`, `skipped`, `no baseline`.
+    pub verdict: String,
+    /// Why, in one line.
+    pub detail: String,
+}
+
+/// Progress of one preset.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PresetProgress {
+    /// Preset name.
+    pub name: String,
+    /// Status.
+    pub status: PresetStatus,
+    /// Attempts so far (resume after an interrupt adds one).
+    pub attempts: u32,
+    /// Run id of the finished attempt's record.
+    pub run_id: Option<String>,
+    /// Path of that record.
+    pub record: Option<PathBuf>,
+    /// Level verdicts of the finished attempt.
+    pub levels: Vec<LevelOutcome>,
+    /// GPU temperature before each measured point, °C (absent without a GPU).
+    pub point_temps_c: Vec<Option<f64>>,
+    /// Performance results are INVALID (L1.5 said the flags did not take effect).
+    pub invalid: bool,
+}
+
+/// The state file.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MatrixState {
+    /// Always [`STATE_FORMAT`].
+    pub format: String,
+    /// Matrix id (ULID), also a tag on every record (`matrix:<id>`).
+    pub matrix_id: String,
+    /// When the matrix was first started.
+    pub started_at: DateTime<Utc>,
+    /// Updated on every write.
+    pub updated_at: DateTime<Utc>,
+    /// The plan.
+    pub plan: MatrixPlan,
+    /// Presets in run order (shuffled when a seed is set).
+    pub order: Vec<PresetProgress>,
+    /// How many times the matrix was resumed.
+    pub resumes: u32,
+}
+
+impl MatrixState {
+    /// A fresh state: presets in `order`, all pending.
+    pub fn new(plan: MatrixPlan, order: Vec<String>) -> Self {
+        let now = Utc::now();
+        MatrixState {
+            format: STATE_FORMAT.to_owned(),
+            matrix_id: ulid::Ulid::generate().to_string(),
+            started_at: now,
+            updated_at: now,
+            plan,
+            order: order
+                .into_iter()
+                .map(|name| PresetProgress {
+                    name,
+                    status: PresetStatus::Pending,
+                    attempts: 0,
+                    run_id: None,
+                    record: None,
+                    levels: Vec::new(),
+                    point_temps_c: Vec::new(),
+                    invalid: false,
+                })
+                .collect(),
+            resumes: 0,
+        }
+    }
+
+    /// Index of the first preset that still has to run.
+    pub fn next_unfinished(&self) -> Option<usize> {
+        self.order.iter().position(|p| !p.status.finished())
+    }
+
+    /// Every preset finished.
+    pub fn complete(&self) -> bool {
+        self.next_unfinished().is_none()
+    }
+
+    /// Path of the state file in `out`.
+    pub fn path(out: &Path) -> PathBuf {
+        out.join(STATE_FILE)
+    }
+
+    /// Reads the state of an earlier matrix from `out`.
+    pub fn load(out: &Path) -> Result<Self> {
+        let path = Self::path(out);
+        let text = std::fs::read_to_string(&path).with_context(|| {
+            format!(
+                "cannot read {} to resume: was a matrix started with --out {}?",
+                path.display(),
+                out.display()
+            )
+        })?;
+        let s: MatrixState = serde_json::from_str(&text)
+            .with_context(|| format!("{} is not a matrix state file", path.display()))?;
+        if s.format != STATE_FORMAT {
+            bail!(
+                "{} has format `{}`, expected `{STATE_FORMAT}`",
+                path.display(),
+                s.format
+            );
+        }
+        Ok(s)
+    }
+
+    /// Writes the state atomically (temp file + rename), so a crash never leaves half a file.
+    pub fn save(&mut self, out: &Path) -> Result<()> {
+        self.updated_at = Utc::now();
+        std::fs::create_dir_all(out).with_context(|| {
+            format!(
+                "cannot create the matrix output directory {}",
+                out.display()
+            )
+        })?;
+        let path = Self::path(out);
+        let tmp = out.join(format!(".{STATE_FILE}.{}.tmp", std::process::id()));
+        let text = serde_json::to_string_pretty(self).context("serializing the matrix state")?;
+        std::fs::write(&tmp, text).with_context(|| format!("cannot write {}", tmp.display()))?;
+        std::fs::rename(&tmp, &path)
+            .with_context(|| format!("cannot move {} to {}", tmp.display(), path.display()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn plan() -> MatrixPlan {
+        MatrixPlan {
+            target: TargetKind::Engine,
+            presets: vec!["a".into(), "b".into()],
+            levels: vec![TestLevel::Smoke],
+            grid: Grid::default(),
+            endpoint: Endpoint::Chat,
+            seed: Some(1),
+            cooldown_c: None,
+            cooldown_limit_s: 600,
+            startup_limit_s: 300,
+            tolerance: 0.05,
+            presets_dir: None,
+            runs_dir: PathBuf::from("runs"),
+            engine_bin: None,
+            device: None,
+        }
+    }
+
+    #[test]
+    fn state_round_trips_and_finds_the_first_unfinished_preset() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = MatrixState::new(plan(), vec!["b".into(), "a".into()]);
+        s.order[0].status = PresetStatus::Done;
+        s.order[1].status = PresetStatus::Interrupted;
+        s.save(dir.path()).unwrap();
+        let back = MatrixState::load(dir.path()).unwrap();
+        assert_eq!(back.order, s.order);
+        assert_eq!(back.next_unfinished(), Some(1));
+        assert!(!back.complete());
+    }
+
+    #[test]
+    fn missing_state_names_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let e = MatrixState::load(dir.path()).unwrap_err().to_string();
+        assert!(e.contains(STATE_FILE), "{e}");
+    }
+}
