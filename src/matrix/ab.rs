@@ -321,3 +321,66 @@ pub fn render(r: &AbResult, valid_rounds: usize) -> String {
     }
     md
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bench::stats::PointStats;
+    use crate::record::schema::{PointResult as RecordPoint, Stats};
+
+    fn point(tg: f64) -> PointResult {
+        let p = WorkloadPoint {
+            pp: 16,
+            tg: 4,
+            depth: 0,
+            concurrency: 1,
+        };
+        PointResult {
+            point: p,
+            stats: PointStats {
+                record: RecordPoint {
+                    point: p,
+                    tg_tps: Some(Stats {
+                        n: 1,
+                        mean: tg,
+                        std: 0.0,
+                        min: tg,
+                        max: tg,
+                    }),
+                    ..RecordPoint::default()
+                },
+                ..PointStats::default()
+            },
+            runs: Vec::new(),
+            errors: Vec::new(),
+            partial: false,
+        }
+    }
+
+    #[test]
+    fn ratio_is_b_over_a_per_round_with_spread() {
+        let rounds = vec![
+            (vec![point(10.0)], vec![point(11.0)]),
+            (vec![point(10.0)], vec![point(13.0)]),
+        ];
+        let r = ratios(&rounds);
+        assert_eq!(r.len(), 1);
+        assert_eq!(r[0].metric, "tg t/s");
+        assert_eq!(r[0].rounds.len(), 2);
+        assert!((r[0].mean - 1.2).abs() < 1e-9);
+        assert!((r[0].std - 0.141_421_356).abs() < 1e-6);
+        let md = render(
+            &AbResult {
+                a: "x".into(),
+                b: "y".into(),
+                rounds: 2,
+                reused: true,
+                records: vec![],
+                excluded: vec![],
+                ratios: r,
+            },
+            2,
+        );
+        assert!(md.contains("| 1.200 |"), "{md}");
+    }
+}

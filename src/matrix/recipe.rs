@@ -365,3 +365,98 @@ pub fn run(args: RecipeArgs) -> Result<std::process::ExitCode> {
     }
     Ok(std::process::ExitCode::SUCCESS)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const RECIPE: &str = r#"
+recipe_version: "2"
+name: gpt-oss-120b-cutlass
+model: openai/gpt-oss-120b
+runtime: vllm
+container: vllm-node-mxfp4
+metadata:
+  description: CUTLASS MoE, all layers MXFP4
+env:
+  VLLM_MXFP4_ACTIVATION: mxfp8
+  OMP_NUM_THREADS: 4
+defaults:
+  port: 8000
+  host: 0.0.0.0
+  served_model_name: gpt-oss
+  max_model_len: 131072
+command: |
+  vllm serve openai/gpt-oss-120b \
+    --host {host} --port {port} \
+    --served-model-name {served_model_name} \
+    --mxfp4-backend CUTLASS --mxfp4-layers moe,qkv,o,lm_head \
+    --kv-cache-dtype fp8 --max-model-len {max_model_len} \
+    --enable-prefix-caching --enforce-eager \
+    --speculative-config '{"method":"eagle3","num_speculative_tokens":3}' --trust-remote-code
+"#;
+
+    #[test]
+    fn import_maps_command_flags_defaults_and_env() {
+        let r: Recipe = serde_saphyr::from_str(RECIPE).unwrap();
+        let (fs, unmapped) = to_flags(&r).unwrap();
+        assert_eq!(fs.container.image, "vllm-node-mxfp4");
+        assert_eq!(fs.serving.port, 8000);
+        assert_eq!(fs.serving.max_model_len, Some(131072));
+        assert_eq!(fs.serving.served_model_name.as_deref(), Some("gpt-oss"));
+        assert_eq!(fs.serving.prefix_caching, Some(true));
+        assert_eq!(fs.axis_value("moe_backend"), Some("cutlass"));
+        assert_eq!(fs.axis_value("kv_cache_dtype"), Some("fp8"));
+        assert_eq!(fs.axis_value("cuda_graphs"), Some("off"));
+        assert_eq!(fs.container.env["OMP_NUM_THREADS"], "4");
+        assert!(
+            unmapped
+                .iter()
+                .any(|u| u.starts_with("--speculative-config {")),
+            "{unmapped:?}"
+        );
+        assert!(
+            unmapped.contains(&"--trust-remote-code".to_owned()),
+            "{unmapped:?}"
+        );
+    }
+
+    #[test]
+    fn unknown_placeholder_and_missing_serve_are_named() {
+        let e = expand("--port {nope}", &BTreeMap::new())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("{nope}"), "{e}");
+        let r = Recipe {
+            model: "m".into(),
+            command: Some("python app.py".into()),
+            ..Recipe::default()
+        };
+        assert!(to_flags(&r).unwrap_err().to_string().contains("vllm serve"));
+    }
+
+    #[test]
+    fn export_then_import_keeps_the_serving_command() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = PresetStore::new(vec![Path::new(env!("CARGO_MANIFEST_DIR")).join("presets")]);
+        let recipe = export(&store, "baseline").unwrap();
+        let yaml = to_yaml(&recipe).unwrap();
+        let path = dir.path().join("r.yaml");
+        std::fs::write(&path, &yaml).unwrap();
+        let back = load(&path).unwrap();
+        assert_eq!(back, recipe);
+        assert!(
+            back.command.as_deref().unwrap().contains("{port}"),
+            "{yaml}"
+        );
+        let (fs, _) = to_flags(&back).unwrap();
+        let original = store.load("baseline").unwrap().flags;
+        assert_eq!(fs.serving.port, original.serving.port);
+        assert_eq!(fs.serving.max_model_len, original.serving.max_model_len);
+        assert_eq!(fs.container.image, original.container.image);
+        assert!(export(&store, "engine-cpu-tiny").is_err());
+        let (file, _) = import(&path, "roundtrip", dir.path(), false).unwrap();
+        assert!(file.exists());
+        assert!(import(&path, "roundtrip", dir.path(), false).is_err());
+    }
+}

@@ -779,3 +779,47 @@ pub async fn run_preset(
         invalid,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::record::schema::{PointResult as RecordPoint, Stats, WorkloadPoint};
+
+    fn rec(tg: f64, std: f64) -> RunRecord {
+        let mut r = RunRecord::new(TargetKind::Engine, Some("p".into()));
+        let s = Stats {
+            n: 3,
+            mean: tg,
+            std,
+            min: tg,
+            max: tg,
+        };
+        r.results.push(RecordPoint {
+            point: WorkloadPoint {
+                pp: 16,
+                tg: 4,
+                depth: 0,
+                concurrency: 1,
+            },
+            tg_tps: Some(s),
+            ..RecordPoint::default()
+        });
+        r
+    }
+
+    #[test]
+    fn regression_fails_only_beyond_the_tolerance_and_hints_at_noise() {
+        let prev = rec(100.0, 0.5);
+        assert_eq!(regression(&rec(97.0, 0.5), &prev, 0.05).verdict, "pass");
+        let slow = regression(&rec(90.0, 0.5), &prev, 0.05);
+        assert_eq!(slow.verdict, "fail");
+        assert!(slow.detail.contains("-10.0 %"), "{}", slow.detail);
+        assert!(!slow.detail.contains("noise"), "{}", slow.detail);
+        let noisy = regression(&rec(90.0, 20.0), &prev, 0.05);
+        assert_eq!(noisy.verdict, "fail");
+        assert!(noisy.detail.contains("within noise"), "{}", noisy.detail);
+        let fast = regression(&rec(120.0, 0.5), &prev, 0.05);
+        assert_eq!(fast.verdict, "pass");
+        assert!(fast.detail.contains("faster"), "{}", fast.detail);
+    }
+}

@@ -1,0 +1,419 @@
+//! `mxtune matrix` and `mxtune ab` end to end: the real binary launching the bundled engine
+//! (CPU, tiny synthetic model) and the real Docker engine with the local test image.
+
+mod support;
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use support::*;
+
+fn mxtune() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_mxtune"))
+}
+
+/// Engine presets derived from the bundled engine-cpu-tiny preset, each on its own port.
+fn tiny_presets(dir: &Path, names: &[&str]) {
+    let base = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/presets/engine-cpu-tiny.toml"
+    ))
+    .unwrap();
+    assert!(
+        base.contains("port = 8000"),
+        "preset layout changed: {base}"
+    );
+    std::fs::create_dir_all(dir).unwrap();
+    for (i, n) in names.iter().enumerate() {
+        let text = base
+            .replace("port = 8000", &format!("port = {}", free_port()))
+            .replace("max_num_seqs = 4", &format!("max_num_seqs = {}", i + 1));
+        std::fs::write(dir.join(format!("{n}.toml")), text).unwrap();
+    }
+}
+
+fn state(out: &Path) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(out.join("matrix-state.json")).unwrap()).unwrap()
+}
+
+fn statuses(out: &Path) -> Vec<(String, String)> {
+    state(out)["order"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| {
+            (
+                p["name"].as_str().unwrap().to_owned(),
+                p["status"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect()
+}
+
+fn svg_ok(path: &Path) {
+    let s = std::fs::read_to_string(path).unwrap();
+    assert!(
+        s.trim_start().starts_with("<svg") && s.trim_end().ends_with("</svg>"),
+        "{}",
+        path.display()
+    );
+    assert_eq!(s.matches("<svg").count(), s.matches("</svg>").count());
+}
+
+#[test]
+fn matrix_engine_three_presets_interrupt_resume_report() {
+    let dir = tempfile::tempdir().unwrap();
+    let presets = dir.path().join("presets");
+    tiny_presets(&presets, &["tiny-a", "tiny-b", "tiny-c"]);
+    let out = dir.path().join("out");
+    let runs = dir.path().join("runs");
+    let args = |cmd: &mut Command| {
+        cmd.arg("--presets-dir")
+            .arg(&presets)
+            .arg("--runs-dir")
+            .arg(&runs)
+            .arg("--out")
+            .arg(&out);
+    };
+    let mut first = mxtune();
+    first.args([
+        "matrix", "--target", "engine", "tiny-a", "tiny-b", "tiny-c", "--device", "cpu",
+    ]);
+    first.args([
+        "--grid",
+        "pp=16",
+        "tg=4",
+        "runs=1",
+        "warmup=0",
+        "--levels",
+        "1,1.5,4,5",
+        "--seed",
+        "42",
+    ]);
+    args(&mut first);
+    let mut child = first
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Interrupt as soon as the first preset has finished: the operator's Ctrl-C.
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            panic!("matrix ended before it was interrupted: {status}");
+        }
+        if out.join("matrix-state.json").exists()
+            && statuses(&out)
+                .iter()
+                .any(|(_, s)| s == "done" || s == "failed")
+        {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let first_out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&first_out.stderr);
+    assert_eq!(first_out.status.code(), Some(130), "{stderr}");
+    let after_stop = statuses(&out);
+    let done_first: Vec<String> = after_stop
+        .iter()
+        .filter(|(_, s)| s == "done")
+        .map(|(n, _)| n.clone())
+        .collect();
+    assert!(
+        !done_first.is_empty() && done_first.len() < 3,
+        "{after_stop:?}"
+    );
+    let s1 = state(&out);
+    let order: Vec<String> = after_stop.iter().map(|(n, _)| n.clone()).collect();
+    assert_eq!(s1["plan"]["seed"], 42);
+    // The report exists already for the partial matrix.
+    assert!(
+        std::fs::read_to_string(out.join("report.md"))
+            .unwrap()
+            .contains("INCOMPLETE")
+    );
+    // No engine survived the interrupt.
+    let engines = std::fs::read_to_string(runs.join("launched-engines.json")).unwrap_or_default();
+    for pid in serde_json::from_str::<serde_json::Value>(&engines)
+        .ok()
+        .and_then(|v| v.as_array().cloned())
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|e| e["pid"].as_u64())
+    {
+        assert!(
+            unsafe { libc::kill(pid as i32, 0) } != 0,
+            "engine {pid} still running"
+        );
+    }
+
+    let mut resume = mxtune();
+    resume.args(["matrix", "--resume"]);
+    args(&mut resume);
+    let r = resume.output().unwrap();
+    let rs = String::from_utf8_lossy(&r.stderr);
+    assert_eq!(
+        r.status.code(),
+        Some(0),
+        "{rs}\n{}",
+        String::from_utf8_lossy(&r.stdout)
+    );
+    let s2 = state(&out);
+    assert_eq!(s2["resumes"], 1);
+    for p in s2["order"].as_array().unwrap() {
+        assert_eq!(p["status"], "done", "{p}");
+        let name = p["name"].as_str().unwrap().to_owned();
+        // Finished presets were not rerun: same run id, one attempt.
+        if done_first.contains(&name) {
+            let before = s1["order"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|q| q["name"] == name.as_str())
+                .unwrap();
+            assert_eq!(p["run_id"], before["run_id"]);
+            assert_eq!(p["attempts"], 1);
+        }
+        let levels: Vec<(String, String)> = p["levels"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|l| {
+                (
+                    l["level"].as_str().unwrap().into(),
+                    l["verdict"].as_str().unwrap().into(),
+                )
+            })
+            .collect();
+        assert!(
+            levels.contains(&("smoke".into(), "pass".into())),
+            "{levels:?}"
+        );
+        assert!(
+            levels.contains(&("kernel_path".into(), "pass".into())),
+            "{levels:?}"
+        );
+        assert!(
+            levels.contains(&("performance".into(), "pass".into())),
+            "{levels:?}"
+        );
+        assert!(levels.iter().any(|(l, _)| l == "regression"), "{levels:?}");
+        // Each preset has a completed record with its grid point.
+        let rec: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(p["record"].as_str().unwrap()).unwrap())
+                .unwrap();
+        assert_eq!(rec["identity"]["status"], "completed", "{rec}");
+        assert_eq!(rec["results"].as_array().unwrap().len(), 1);
+    }
+    // The order survived the resume.
+    let order2: Vec<String> = statuses(&out).into_iter().map(|(n, _)| n).collect();
+    assert_eq!(order, order2);
+
+    let report = std::fs::read_to_string(out.join("report.md")).unwrap();
+    for n in [
+        "tiny-a",
+        "tiny-b",
+        "tiny-c",
+        "## Verdicts",
+        "## Results",
+        "seed 42",
+        "resumed 1 time",
+    ] {
+        assert!(report.contains(n), "report lacks {n}:\n{report}");
+    }
+    assert!(
+        report.contains("(+") || report.contains("(-"),
+        "no deltas against the baseline:\n{report}"
+    );
+    let summary: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("matrix-summary.json")).unwrap())
+            .unwrap();
+    assert_eq!(summary["complete"], true);
+    assert_eq!(summary["baseline"], "tiny-a");
+    let charts = summary["charts"].as_array().unwrap();
+    assert!(
+        charts.iter().any(|c| c == "charts/decode-tps.svg"),
+        "{charts:?}"
+    );
+    for c in charts {
+        svg_ok(&out.join(c.as_str().unwrap()));
+    }
+}
+
+#[test]
+fn matrix_refuses_an_existing_out_and_resume_without_state() {
+    let dir = tempfile::tempdir().unwrap();
+    let r = mxtune()
+        .args(["matrix", "--resume", "--out"])
+        .arg(dir.path().join("none"))
+        .output()
+        .unwrap();
+    assert!(!r.status.success());
+    assert!(String::from_utf8_lossy(&r.stderr).contains("matrix-state.json"));
+    let r = mxtune()
+        .args(["matrix", "--target", "engine", "x", "--grid", "pp=0"])
+        .arg("--out")
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert!(!r.status.success());
+    assert!(
+        String::from_utf8_lossy(&r.stderr).contains("--pp"),
+        "{}",
+        String::from_utf8_lossy(&r.stderr)
+    );
+}
+
+#[test]
+fn ab_engine_reuse_reports_ratios() {
+    let dir = tempfile::tempdir().unwrap();
+    let presets = dir.path().join("presets");
+    tiny_presets(&presets, &["ab-a", "ab-b"]);
+    let out = dir.path().join("ab");
+    let r = mxtune()
+        .args([
+            "ab", "ab-a", "ab-b", "--rounds", "2", "--reuse", "--target", "engine",
+        ])
+        .args(["--grid", "pp=16", "tg=4", "runs=1", "warmup=0"])
+        .arg("--presets-dir")
+        .arg(&presets)
+        .arg("--runs-dir")
+        .arg(dir.path().join("runs"))
+        .arg("--out")
+        .arg(&out)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&r.stdout);
+    assert!(
+        r.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&r.stderr)
+    );
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("ab.json")).unwrap()).unwrap();
+    assert_eq!(v["reused"], true);
+    assert_eq!(
+        v["records"].as_array().unwrap().len(),
+        2,
+        "one launch each with --reuse"
+    );
+    let tg = v["ratios"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|x| x["metric"] == "tg t/s")
+        .expect("tg ratio");
+    assert_eq!(tg["rounds"].as_array().unwrap().len(), 2);
+    assert!(tg["mean"].as_f64().unwrap() > 0.0);
+    assert!(stdout.contains("B/A"), "{stdout}");
+}
+
+#[tokio::test]
+async fn matrix_docker_two_presets_marks_the_invalid_one() {
+    let Some(d) = docker_or_skip("matrix_docker_two_presets_marks_the_invalid_one").await else {
+        return;
+    };
+    let image = test_image(&d).await;
+    let dir = tempfile::tempdir().unwrap();
+    let presets = dir.path().join("presets");
+    std::fs::create_dir(&presets).unwrap();
+    let hf = dir.path().join("hf");
+    std::fs::create_dir(&hf).unwrap();
+    // The test server logs "Using Marlin backend": marlin is valid, cutlass is INVALID.
+    for (name, backend) in [("dock-marlin", "marlin"), ("dock-cutlass", "cutlass")] {
+        let container = format!("mxtune-matrix-test-{}", ulid::Ulid::generate()).to_lowercase();
+        std::fs::write(
+            presets.join(format!("{name}.toml")),
+            format!(
+                "description = \"matrix docker test\"\ntarget = \"docker\"\n[axes]\nmoe_backend = \"{backend}\"\ncuda_graphs = \"on\"\n\
+                 [serving]\nmodel = \"openai/gpt-oss-120b\"\nserved_model_name = \"m\"\nhost = \"0.0.0.0\"\nport = {}\n\
+                 [container]\nimage = \"{image}\"\nname = \"{container}\"\nnetwork = \"bridge\"\ngpus_all = false\nulimits = {{}}\nvllm = \"fork\"\nhf_cache = \"{}\"\njit_cache = \"{}\"\n",
+                free_port(),
+                hf.display(),
+                dir.path().join("jit").display()
+            ),
+        )
+        .unwrap();
+    }
+    let out = dir.path().join("out");
+    let r = tokio::task::spawn_blocking({
+        let (presets, out, runs) = (presets.clone(), out.clone(), dir.path().join("runs"));
+        move || {
+            mxtune()
+                .args([
+                    "matrix",
+                    "--target",
+                    "docker",
+                    "dock-marlin",
+                    "dock-cutlass",
+                    "--endpoint",
+                    "completions",
+                ])
+                .args([
+                    "--grid",
+                    "pp=16",
+                    "tg=4",
+                    "runs=1",
+                    "warmup=0",
+                    "--levels",
+                    "1,1.5,4",
+                    "--no-shuffle",
+                ])
+                .arg("--presets-dir")
+                .arg(presets)
+                .arg("--runs-dir")
+                .arg(runs)
+                .arg("--out")
+                .arg(out)
+                .output()
+                .unwrap()
+        }
+    })
+    .await
+    .unwrap();
+    let stderr = String::from_utf8_lossy(&r.stderr);
+    // The invalid preset makes the matrix fail.
+    assert_eq!(r.status.code(), Some(1), "{stderr}");
+    let s = state(&out);
+    let order = s["order"].as_array().unwrap();
+    let verdict = |p: &serde_json::Value, level: &str| {
+        p["levels"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|l| l["level"] == level)
+            .map(|l| l["verdict"].as_str().unwrap().to_owned())
+    };
+    assert_eq!(order[0]["name"], "dock-marlin");
+    assert_eq!(
+        verdict(&order[0], "kernel_path").as_deref(),
+        Some("pass"),
+        "{stderr}"
+    );
+    assert_eq!(
+        verdict(&order[0], "performance").as_deref(),
+        Some("pass"),
+        "{stderr}"
+    );
+    assert_eq!(
+        verdict(&order[1], "kernel_path").as_deref(),
+        Some("invalid"),
+        "{stderr}"
+    );
+    assert_eq!(
+        verdict(&order[1], "performance").as_deref(),
+        Some("invalid"),
+        "{stderr}"
+    );
+    assert_eq!(order[1]["invalid"], true);
+    let report = std::fs::read_to_string(out.join("report.md")).unwrap();
+    assert!(report.contains("INVALID"), "{report}");
+    // Both containers are gone.
+    let left = mxtune::launch::docker::find_mxtune_containers(&d)
+        .await
+        .unwrap();
+    assert!(
+        !left.iter().any(|f| f.preset.starts_with("dock-")),
+        "{left:?}"
+    );
+}
