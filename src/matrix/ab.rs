@@ -218,15 +218,15 @@ pub async fn run(args: AbArgs) -> Result<ExitCode> {
         eprintln!("round {round} of {}", args.rounds);
         let mut pair: Vec<Vec<PointResult>> = Vec::new();
         for (i, name) in names.iter().enumerate() {
-            let points = if args.reuse {
-                measure(&plan, &mut kept[i], &plan.levels, &watch).await?
+            let measured = if args.reuse {
+                measure(&plan, &mut kept[i], &plan.levels, &watch).await
             } else {
                 match launch_one(&plan, name, &tags, &watch).await {
                     Ok(Some(mut s)) => {
                         records.push((name.clone(), s.record.record().identity.run_id.to_string()));
                         let m = measure(&plan, &mut s, &plan.levels, &watch).await;
                         finish(s, watch.is_cancelled()).await;
-                        m?
+                        m
                     }
                     Ok(None) => {
                         interrupted = true;
@@ -236,6 +236,14 @@ pub async fn run(args: AbArgs) -> Result<ExitCode> {
                         excluded.push(format!("round {round}: {m}"));
                         break;
                     }
+                }
+            };
+            // A measuring error excludes the round; the targets still get stopped below.
+            let points = match measured {
+                Ok(p) => p,
+                Err(e) => {
+                    excluded.push(format!("round {round}: {name}: {e:#}"));
+                    break;
                 }
             };
             if points.interrupted {
