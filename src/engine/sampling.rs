@@ -170,10 +170,13 @@ fn argmax(logits: &[f32], allowed: impl Fn(usize) -> bool) -> usize {
 
 /// Indices of the `n` largest logits, best first.
 fn top_n(logits: &[f32], n: usize) -> Vec<usize> {
+    if n == 0 {
+        return Vec::new();
+    }
     let mut idx: Vec<usize> = (0..logits.len()).collect();
     let cmp = |a: &usize, b: &usize| logits[*b].total_cmp(&logits[*a]).then_with(|| a.cmp(b));
     let n = n.min(idx.len());
-    if n < idx.len() && n > 0 {
+    if n < idx.len() {
         idx.select_nth_unstable_by(n - 1, cmp);
         idx.truncate(n);
     }
