@@ -42,24 +42,6 @@ pub fn decode_row(blocks: &[u8], scales: &[u8], out: &mut [f32]) {
     }
 }
 
-/// Dot product of a packed MXFP4 row with `x`, decoding on the fly in fp32.
-pub fn dot_row(blocks: &[u8], scales: &[u8], x: &[f32]) -> f32 {
-    let mut total = 0.0f32;
-    for ((blk, &s), xs) in blocks
-        .chunks_exact(BLOCK_BYTES)
-        .zip(scales)
-        .zip(x.chunks_exact(MXFP4_GROUP))
-    {
-        let mut acc = 0.0f32;
-        for (j, &b) in blk.iter().enumerate() {
-            acc +=
-                E2M1[usize::from(b & 0x0F)] * xs[2 * j] + E2M1[usize::from(b >> 4)] * xs[2 * j + 1];
-        }
-        total += acc * e8m0_scale(s);
-    }
-    total
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -93,17 +75,5 @@ mod tests {
         decode_block(&block, 125, &mut out);
         assert_eq!(out[0], -1.5);
         assert_eq!(out[1], 0.25);
-    }
-
-    #[test]
-    fn dot_row_matches_decoded_dot() {
-        let blocks: Vec<u8> = (0..64u32).map(|i| (i * 37 + 11) as u8).collect();
-        let scales = [121u8, 126];
-        let x: Vec<f32> = (0..64).map(|i| (i as f32 * 0.37).sin()).collect();
-        let mut w = vec![0.0; 64];
-        decode_row(&blocks, &scales, &mut w);
-        let want: f32 = w.iter().zip(&x).map(|(a, b)| a * b).sum();
-        let got = dot_row(&blocks, &scales, &x);
-        assert!((want - got).abs() < 1e-5, "{want} vs {got}");
     }
 }

@@ -68,6 +68,78 @@ impl CpuBackend {
         2 * c.num_hidden_layers * c.kv_dim() * std::mem::size_of::<f32>()
     }
 
+    /// The residual stream of a fresh prompt at every layer boundary: `[layers + 1]` entries
+    /// of `[tokens × hidden]`, the embeddings first and the final RMSNorm's output last —
+    /// what transformers returns as `hidden_states`. For locating where another backend
+    /// departs from this one.
+    pub fn trace_prompt(&mut self, tokens: &[u32]) -> Result<Vec<Vec<f32>>> {
+        let Some(seq) = self.alloc_seq(tokens.len()) else {
+            bail!("KV budget too small to trace {} tokens", tokens.len());
+        };
+        let batch = [SeqStep { seq, tokens }];
+        let result = self.check_batch(&batch).map(|()| {
+            let mut trace = Vec::new();
+            let x = self.run_layers(&batch, Some(&mut trace));
+            let c = &self.weights.config;
+            trace.pop();
+            trace.push(ops::rms_norm(
+                &x,
+                self.weights.norm.data(),
+                c.rms_norm_eps as f32,
+            ));
+            trace
+        });
+        self.free_seq(seq);
+        result
+    }
+
+    /// Embed every new token, run all layers (appending to the KV caches) and return the
+    /// final residual rows; with `trace`, also record the residual before each layer and
+    /// after the last.
+    fn run_layers(
+        &mut self,
+        batch: &[SeqStep<'_>],
+        mut trace: Option<&mut Vec<Vec<f32>>>,
+    ) -> Vec<f32> {
+        let c = self.weights.config.clone();
+        let d = c.hidden_size;
+        let mut rows = Vec::new();
+        let mut x = Vec::new();
+        let embed = self.weights.embed_tokens.data();
+        for (b, step) in batch.iter().enumerate() {
+            let start = self.seqs.get(&step.seq).map_or(0, |s| s.len);
+            for (i, &t) in step.tokens.iter().enumerate() {
+                rows.push(Row {
+                    batch: b,
+                    pos: start + i,
+                });
+                x.extend(
+                    embed[t as usize * d..(t as usize + 1) * d]
+                        .iter()
+                        .map(|v| v.to_f32()),
+                );
+            }
+        }
+        for l in 0..c.num_hidden_layers {
+            if let Some(t) = trace.as_deref_mut() {
+                t.push(x.clone());
+            }
+            let a = self.attention(l, &x, &rows, batch);
+            x.iter_mut().zip(&a).for_each(|(xi, ai)| *xi += ai);
+            let m = self.moe(l, &x);
+            x.iter_mut().zip(&m).for_each(|(xi, mi)| *xi += mi);
+        }
+        if let Some(t) = trace {
+            t.push(x.clone());
+        }
+        for step in batch {
+            if let Some(cache) = self.seqs.get_mut(&step.seq) {
+                cache.len += step.tokens.len();
+            }
+        }
+        x
+    }
+
     fn check_batch(&self, batch: &[SeqStep<'_>]) -> Result<()> {
         let vocab = self.weights.config.vocab_size;
         for (i, step) in batch.iter().enumerate() {
@@ -90,6 +162,13 @@ impl CpuBackend {
                     cache.len,
                     step.tokens.len(),
                     cache.capacity
+                );
+            }
+            let max_pos = self.weights.config.max_position_embeddings;
+            if cache.len + step.tokens.len() > max_pos {
+                bail!(
+                    "sequence {:?}: would pass the model's {max_pos} positions",
+                    step.seq
                 );
             }
             if let Some(t) = step.tokens.iter().find(|&&t| t as usize >= vocab) {
@@ -120,14 +199,11 @@ impl CpuBackend {
         });
         // Append this layer's keys and values; rows of one sequence are consecutive.
         for ((kr, vr), row) in k.chunks_exact(kvd).zip(v.chunks_exact(kvd)).zip(rows) {
-            let cache = self.seqs.get_mut(&batch[row.batch].seq);
-            if let Some(cache) = cache {
+            if let Some(cache) = self.seqs.get_mut(&batch[row.batch].seq) {
                 cache.k[l].extend_from_slice(kr);
                 cache.v[l].extend_from_slice(vr);
             }
         }
-        let c = &self.weights.config;
-        let w = &self.weights.layers[l];
         let sinks: Vec<f32> = w.sinks.data().iter().map(|s| s.to_f32()).collect();
         let group = c.num_attention_heads / c.num_key_value_heads;
         let sliding = c.layer_is_sliding[l];
@@ -141,30 +217,23 @@ impl CpuBackend {
                     return;
                 };
                 let start = ops::window_start(row.pos, sliding, c.sliding_window);
+                let n_keys = row.pos + 1 - start;
                 for (hq, (o, qh)) in out
                     .chunks_exact_mut(hd)
                     .zip(qr.chunks_exact(hd))
                     .enumerate()
                 {
-                    let kvh = hq / group;
-                    let gather = |buf: &[f32]| -> Vec<f32> {
-                        (start..=row.pos)
-                            .flat_map(|p| {
-                                buf[p * kvd + kvh * hd..p * kvd + (kvh + 1) * hd]
-                                    .iter()
-                                    .copied()
-                            })
-                            .collect()
-                    };
-                    let (keys, values) = (gather(&cache.k[l]), gather(&cache.v[l]));
-                    ops::attention_with_sinks(qh, &keys, &values, sinks[hq], o);
+                    let first = start * kvd + (hq / group) * hd;
+                    let (keys, values) = (&cache.k[l][first..], &cache.v[l][first..]);
+                    ops::attention_with_sinks(qh, keys, values, kvd, n_keys, sinks[hq], o);
                 }
             });
         ops::linear(&attn, w.o_proj.data(), Some(w.o_bias.data()), c.hidden_size)
     }
 
     /// MoE block of layer `l` for every row: router, top-k, experts, weighted sum
-    /// (each expert's down bias inside its weighted term).
+    /// (each expert's down bias inside its weighted term). Rows are grouped by expert so
+    /// each expert's weights are decoded once per step.
     fn moe(&self, l: usize, x: &[f32]) -> Vec<f32> {
         let c = &self.weights.config;
         let w = &self.weights.layers[l];
@@ -176,19 +245,25 @@ impl CpuBackend {
             Some(w.router_bias.data()),
             c.num_local_experts,
         );
-        let limit = c.swiglu_limit as f32;
+        let mut routed: Vec<Vec<(usize, f32)>> = vec![Vec::new(); c.num_local_experts];
+        for (row, lg) in logits.chunks_exact(c.num_local_experts).enumerate() {
+            for (e, weight) in ops::route_top_k(lg, c.num_experts_per_tok) {
+                routed[e].push((row, weight));
+            }
+        }
         let mut out = vec![0.0f32; x.len()];
-        out.par_chunks_mut(d)
-            .zip(h.par_chunks(d))
-            .zip(logits.par_chunks(c.num_local_experts))
-            .for_each(|((o, hr), lg)| {
-                for (e, weight) in ops::route_top_k(lg, c.num_experts_per_tok) {
-                    let y = ops::expert_ffn(&w.gate_up, &w.down, e, hr, limit);
-                    for (oi, yi) in o.iter_mut().zip(&y) {
-                        *oi += weight * yi;
-                    }
+        for (e, rows) in routed.iter().enumerate().filter(|(_, r)| !r.is_empty()) {
+            let hs: Vec<f32> = rows
+                .iter()
+                .flat_map(|&(row, _)| h[row * d..(row + 1) * d].iter().copied())
+                .collect();
+            let y = ops::expert_ffn(&w.gate_up, &w.down, e, &hs, c.swiglu_limit as f32);
+            for (&(row, weight), yr) in rows.iter().zip(y.chunks_exact(d)) {
+                for (o, yi) in out[row * d..(row + 1) * d].iter_mut().zip(yr) {
+                    *o += weight * yi;
                 }
-            });
+            }
+        }
         out
     }
 }
@@ -205,6 +280,10 @@ impl ModelBackend for CpuBackend {
     fn alloc_seq(&mut self, max_tokens: usize) -> Option<SeqId> {
         if max_tokens == 0 || self.reserved_tokens + max_tokens > self.kv_budget_tokens {
             return None;
+        }
+        // Ids wrap after 2^32 allocations; skip any still live.
+        while self.seqs.contains_key(&SeqId(self.next_id)) {
+            self.next_id = self.next_id.wrapping_add(1);
         }
         let id = SeqId(self.next_id);
         self.next_id = self.next_id.wrapping_add(1);
@@ -232,34 +311,7 @@ impl ModelBackend for CpuBackend {
         self.check_batch(batch)?;
         let c = self.weights.config.clone();
         let d = c.hidden_size;
-        let mut rows = Vec::new();
-        let mut x = Vec::new();
-        let embed = self.weights.embed_tokens.data();
-        for (b, step) in batch.iter().enumerate() {
-            let start = self.seqs.get(&step.seq).map_or(0, |s| s.len);
-            for (i, &t) in step.tokens.iter().enumerate() {
-                rows.push(Row {
-                    batch: b,
-                    pos: start + i,
-                });
-                x.extend(
-                    embed[t as usize * d..(t as usize + 1) * d]
-                        .iter()
-                        .map(|v| v.to_f32()),
-                );
-            }
-        }
-        for l in 0..c.num_hidden_layers {
-            let a = self.attention(l, &x, &rows, batch);
-            x.iter_mut().zip(&a).for_each(|(xi, ai)| *xi += ai);
-            let m = self.moe(l, &x);
-            x.iter_mut().zip(&m).for_each(|(xi, mi)| *xi += mi);
-        }
-        for step in batch {
-            if let Some(cache) = self.seqs.get_mut(&step.seq) {
-                cache.len += step.tokens.len();
-            }
-        }
+        let x = self.run_layers(batch, None);
         // Unembed only each sequence's last new row.
         let mut last = Vec::with_capacity(batch.len() * d);
         let mut end = 0;

@@ -15,11 +15,6 @@ pub const SWIGLU_ALPHA: f32 = 1.702;
 /// Output rows handed to one rayon task in matrix-vector products.
 const ROWS_PER_TASK: usize = 64;
 
-/// `Σ w·x` over a bf16 weight row.
-pub fn dot_bf16(w: &[bf16], x: &[f32]) -> f32 {
-    w.iter().zip(x).map(|(a, b)| a.to_f32() * b).sum()
-}
-
 /// RMSNorm of every row of `x` (width `w.len()`): `x · rsqrt(mean(x²) + ε) · w`.
 pub fn rms_norm(x: &[f32], w: &[bf16], eps: f32) -> Vec<f32> {
     let d = w.len();
@@ -36,21 +31,48 @@ pub fn rms_norm(x: &[f32], w: &[bf16], eps: f32) -> Vec<f32> {
     out
 }
 
-/// `y = W x + b` for every row of `x`; `w` is [out, in] row-major bf16.
+/// `y = W x + b` for every row of `x`; `w` is [out, in] row-major bf16. Each weight row is
+/// widened to fp32 once and used for every row of `x`.
 pub fn linear(x: &[f32], w: &[bf16], bias: Option<&[bf16]>, n_out: usize) -> Vec<f32> {
     let n_in = w.len() / n_out;
-    let mut out = vec![0.0; x.len() / n_in * n_out];
-    out.par_chunks_mut(n_out)
-        .zip(x.par_chunks(n_in))
-        .for_each(|(o, xr)| {
-            o.par_iter_mut()
-                .enumerate()
-                .with_min_len(ROWS_PER_TASK)
-                .for_each(|(j, oj)| {
-                    let b = bias.map_or(0.0, |b| b[j].to_f32());
-                    *oj = dot_bf16(&w[j * n_in..(j + 1) * n_in], xr) + b;
-                });
-        });
+    by_weight_row(x, n_in, n_out, |j, scratch| {
+        for (s, v) in scratch.iter_mut().zip(&w[j * n_in..(j + 1) * n_in]) {
+            *s = v.to_f32();
+        }
+        bias.map_or(0.0, |b| b[j].to_f32())
+    })
+}
+
+/// `[rows(x), n_out]` where output `j` of row `t` is `dot(row_j, x_t) + bias_j`, and
+/// `load(j, scratch)` writes weight row `j` (length `n_in`) into `scratch` and returns `bias_j`.
+/// Parallel over weight rows; computed as `[n_out, rows]` and transposed.
+fn by_weight_row(
+    x: &[f32],
+    n_in: usize,
+    n_out: usize,
+    load: impl Fn(usize, &mut [f32]) -> f32 + Sync,
+) -> Vec<f32> {
+    let n = x.len() / n_in;
+    let mut by_row = vec![0.0f32; n_out * n];
+    by_row
+        .par_chunks_mut(n)
+        .enumerate()
+        .with_min_len(ROWS_PER_TASK)
+        .for_each_init(
+            || vec![0.0f32; n_in],
+            |scratch, (j, o)| {
+                let b = load(j, scratch);
+                for (oi, xr) in o.iter_mut().zip(x.chunks_exact(n_in)) {
+                    *oi = dot(scratch, xr) + b;
+                }
+            },
+        );
+    let mut out = vec![0.0f32; n * n_out];
+    for (j, col) in by_row.chunks_exact(n).enumerate() {
+        for (t, v) in col.iter().enumerate() {
+            out[t * n_out + j] = *v;
+        }
+    }
     out
 }
 
@@ -114,20 +136,30 @@ impl Rope {
     }
 }
 
-/// One query head attending over `keys`/`values` (rows of `head_dim`, the visible window
-/// only) with a learned sink: the sink logit joins the softmax denominator once and has
-/// no value.
-pub fn attention_with_sinks(q: &[f32], keys: &[f32], values: &[f32], sink: f32, out: &mut [f32]) {
+/// One query head attending over `n_keys` keys and values (the visible window only) with a
+/// learned sink: the sink logit joins the softmax denominator once and has no value.
+/// Key `j` is `keys[j·stride ..][..head_dim]`, value `j` likewise, so the cache is read in place.
+pub fn attention_with_sinks(
+    q: &[f32],
+    keys: &[f32],
+    values: &[f32],
+    stride: usize,
+    n_keys: usize,
+    sink: f32,
+    out: &mut [f32],
+) {
     let d = q.len();
     let scale = 1.0 / (d as f32).sqrt();
-    let scores: Vec<f32> = keys.chunks_exact(d).map(|k| dot(q, k) * scale).collect();
+    let scores: Vec<f32> = (0..n_keys)
+        .map(|j| dot(q, &keys[j * stride..j * stride + d]) * scale)
+        .collect();
     let m = scores.iter().copied().fold(sink, f32::max);
     let mut denom = (sink - m).exp();
     out.fill(0.0);
-    for (s, v) in scores.iter().zip(values.chunks_exact(d)) {
+    for (j, s) in scores.iter().enumerate() {
         let p = (s - m).exp();
         denom += p;
-        for (o, vi) in out.iter_mut().zip(v) {
+        for (o, vi) in out.iter_mut().zip(&values[j * stride..j * stride + d]) {
             *o += p * vi;
         }
     }
@@ -145,8 +177,22 @@ pub fn window_start(pos: usize, sliding: bool, window: usize) -> usize {
     }
 }
 
+/// fp32 dot product with 8 independent partial sums (lets the compiler use SIMD).
 fn dot(a: &[f32], b: &[f32]) -> f32 {
-    a.iter().zip(b).map(|(x, y)| x * y).sum()
+    let mut acc = [0.0f32; 8];
+    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
+    let tail: f32 = ca
+        .remainder()
+        .iter()
+        .zip(cb.remainder())
+        .map(|(x, y)| x * y)
+        .sum();
+    for (xa, xb) in ca.zip(cb) {
+        for k in 0..8 {
+            acc[k] += xa[k] * xb[k];
+        }
+    }
+    acc.iter().sum::<f32>() + tail
 }
 
 /// Top-k experts by router logit (ties: lower index first) with weights from a softmax
@@ -180,20 +226,18 @@ pub fn swiglu(gate_up: &[f32], limit: f32) -> Vec<f32> {
         .collect()
 }
 
-/// `W_e x + b_e` for packed expert `e`, decoding MXFP4 inside the dot products.
-pub fn mxfp4_matvec(p: &Mxfp4Experts, e: usize, x: &[f32]) -> Vec<f32> {
+/// `W_e x + b_e` for every row of `x` with packed expert `e`. Each weight row is decoded
+/// once into a scratch row and used for all rows of `x` (no dequantized copy of the model).
+pub fn mxfp4_linear(p: &Mxfp4Experts, e: usize, x: &[f32]) -> Vec<f32> {
     let bias = p.bias(e);
-    (0..p.rows)
-        .into_par_iter()
-        .with_min_len(ROWS_PER_TASK)
-        .map(|r| {
-            let (blocks, scales) = p.row(e, r);
-            mxfp4::dot_row(blocks, scales, x) + bias[r].to_f32()
-        })
-        .collect()
+    by_weight_row(x, p.cols, p.rows, |r, scratch| {
+        let (blocks, scales) = p.row(e, r);
+        mxfp4::decode_row(blocks, scales, scratch);
+        bias[r].to_f32()
+    })
 }
 
-/// One expert's FFN: gate_up, clamped SwiGLU, down (its bias included).
+/// One expert's FFN for every row of `h`: gate_up, clamped SwiGLU, down (its bias included).
 pub fn expert_ffn(
     gate_up: &Mxfp4Experts,
     down: &Mxfp4Experts,
@@ -201,9 +245,9 @@ pub fn expert_ffn(
     h: &[f32],
     limit: f32,
 ) -> Vec<f32> {
-    let u = mxfp4_matvec(gate_up, e, h);
+    let u = mxfp4_linear(gate_up, e, h);
     let a = swiglu(&u, limit);
-    mxfp4_matvec(down, e, &a)
+    mxfp4_linear(down, e, &a)
 }
 
 #[cfg(test)]
@@ -217,14 +261,14 @@ mod tests {
         let k = [2.0, 0.0, 0.0, 0.0]; // score 2 / sqrt(4) = 1
         let v = [1.0, 2.0, 3.0, 4.0];
         let mut out = [0.0; 4];
-        attention_with_sinks(&q, &k, &v, 1.0, &mut out);
+        attention_with_sinks(&q, &k, &v, 4, 1, 1.0, &mut out);
         for (o, vi) in out.iter().zip(v) {
             assert!((o - vi * 0.5).abs() < 1e-6, "{out:?}");
         }
         // A very negative sink leaves plain softmax; a huge one drives the output to 0.
-        attention_with_sinks(&q, &k, &v, -1e4, &mut out);
+        attention_with_sinks(&q, &k, &v, 4, 1, -1e4, &mut out);
         assert!((out[3] - 4.0).abs() < 1e-6);
-        attention_with_sinks(&q, &k, &v, 1e4, &mut out);
+        attention_with_sinks(&q, &k, &v, 4, 1, 1e4, &mut out);
         assert!(out.iter().all(|o| o.abs() < 1e-6));
     }
 
