@@ -16,6 +16,8 @@ enum Command {
     Presets(mxtune::flags::cli::PresetsArgs),
     /// Run records: list, show, compare (`runs/*.json`).
     Runs(mxtune::record::cli::RunsArgs),
+    /// Serve gpt-oss with the bundled engine over an OpenAI-compatible HTTP API.
+    Serve(mxtune::engine::serve::ServeArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -27,6 +29,7 @@ fn main() -> std::process::ExitCode {
         }
         Some(Command::Presets(args)) => mxtune::flags::cli::run(args),
         Some(Command::Runs(args)) => mxtune::record::cli::run(args),
+        Some(Command::Serve(args)) => mxtune::engine::serve::run(args),
     };
     match result {
         Ok(code) => code,
