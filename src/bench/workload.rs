@@ -568,7 +568,8 @@ mod tests {
     #[test]
     fn validation_names_the_option_at_fault() {
         assert!(grid().validate().is_ok());
-        let cases: [(fn(&mut Workload), &str); 6] = [
+        type Change = fn(&mut Workload);
+        let cases: [(Change, &str); 6] = [
             (|w| w.pp = vec![8], "--no-cache"),
             (|w| w.depth = vec![16], "--no-cache"),
             (|w| w.concurrency = vec![0], "--concurrency"),
