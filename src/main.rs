@@ -14,6 +14,8 @@ struct Cli {
 enum Command {
     /// Run configurations: list, show (as docker run / vllm / env / engine), diff, check.
     Presets(mxtune::flags::cli::PresetsArgs),
+    /// Benchmark an OpenAI-compatible server: pp/tg grid, correctness and stress levels.
+    Bench(mxtune::bench::cli::BenchArgs),
     /// Run records: list, show, compare (`runs/*.json`).
     Runs(mxtune::record::cli::RunsArgs),
     /// Serve gpt-oss with the bundled engine over an OpenAI-compatible HTTP API.
@@ -28,6 +30,7 @@ fn main() -> std::process::ExitCode {
             Ok(std::process::ExitCode::from(2))
         }
         Some(Command::Presets(args)) => mxtune::flags::cli::run(args),
+        Some(Command::Bench(args)) => mxtune::bench::cli::run(args),
         Some(Command::Runs(args)) => mxtune::record::cli::run(args),
         Some(Command::Serve(args)) => mxtune::engine::serve::run(args),
     };
