@@ -523,6 +523,26 @@ fn gpu_facts_fill_the_record_environment() {
 }
 
 #[test]
+fn the_compact_line_labels_unified_memory_throttling_and_na() {
+    let mut x = sample(0, gpu(1800, 95.5, 71, 30 << 30, &["sw_power_cap"]));
+    if let GpuStatus::Available { gpus, .. } = &mut x.gpu {
+        gpus[0].clocks.mem_mhz = Reading::NotSupported;
+    }
+    let line = mxtune::monitor::cli::line(&x);
+    for part in [
+        "gpu0 90%",
+        "mem unified 30.0/128.0 GiB",
+        "sm 1800/3000 MHz",
+        "mem n/a MHz",
+        "96/n/a W",
+        "71°C P0 thr sw_power_cap",
+        "cpu 10% ram 1.0/8.0 GiB load n/a",
+    ] {
+        assert!(line.contains(part), "{part:?} missing from {line:?}");
+    }
+}
+
+#[test]
 fn readings_serialize_as_value_na_or_error() {
     let v: Vec<Reading<u32>> = vec![
         Reading::Value(3),
