@@ -20,6 +20,8 @@ enum Command {
     Runs(mxtune::record::cli::RunsArgs),
     /// Serve gpt-oss with the bundled engine over an OpenAI-compatible HTTP API.
     Serve(mxtune::engine::serve::ServeArgs),
+    /// Live GPU, host and server metrics: a line per second, or one sample with --once --json.
+    Monitor(mxtune::monitor::cli::MonitorArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -33,6 +35,7 @@ fn main() -> std::process::ExitCode {
         Some(Command::Bench(args)) => mxtune::bench::cli::run(args),
         Some(Command::Runs(args)) => mxtune::record::cli::run(args),
         Some(Command::Serve(args)) => mxtune::engine::serve::run(args),
+        Some(Command::Monitor(args)) => mxtune::monitor::cli::run(args),
     };
     match result {
         Ok(code) => code,
