@@ -309,7 +309,9 @@ pub fn host_checks(spec: &LaunchSpec, check_gpu: bool) -> Vec<Finding> {
     if check_gpu {
         match nvml_compute_processes() {
             Ok(procs) => out.extend(check_gpu_processes(&procs)),
-            Err(e) => out.push(Finding::warning(format!("cannot check GPU processes: {e:#}"))),
+            Err(e) => out.push(Finding::warning(format!(
+                "cannot check GPU processes: {e:#}"
+            ))),
         }
     }
     out.extend(check_compilers(&scan_compilers(Path::new("/proc"))));
