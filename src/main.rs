@@ -21,6 +21,8 @@ enum Command {
     Presets(mxtune::flags::cli::PresetsArgs),
     /// Serve gpt-oss with the bundled engine over an OpenAI-compatible HTTP API.
     Serve(mxtune::engine::serve::ServeArgs),
+    /// Run records: list, show, compare (`runs/*.json`).
+    Runs(mxtune::record::cli::RunsArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -34,6 +36,7 @@ fn main() -> std::process::ExitCode {
         Some(Command::Stop(args)) => mxtune::launch::cli::stop(args),
         Some(Command::Presets(args)) => mxtune::flags::cli::run(args),
         Some(Command::Serve(args)) => mxtune::engine::serve::run(args),
+        Some(Command::Runs(args)) => mxtune::record::cli::run(args),
     };
     match result {
         Ok(code) => code,
