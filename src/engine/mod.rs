@@ -2,3 +2,4 @@
 
 pub mod backend;
 pub mod config;
+pub mod cuda;

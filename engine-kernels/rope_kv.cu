@@ -1,0 +1,34 @@
+// RoPE (rotate-half over the whole head, YaRN frequencies precomputed on the host) applied to
+// q and k after the projection bias, with k and v written into the bf16 KV cache.
+// qkv: [T, (Hq + 2 Hkv) * D] fp32 as produced by one fused projection (q | k | v).
+// Cache of a sequence-layer: [max_positions, Hkv, D], starting at element kv_off[t].
+// grid = (Hq + 2 Hkv, T), block = D / 2 threads: thread i rotates the pair (i, i + D/2).
+extern "C" __global__ void rope_kv_write(const float* __restrict__ qkv, float* __restrict__ q_out,
+                                         bf16_t* __restrict__ k_cache, bf16_t* __restrict__ v_cache,
+                                         const float* __restrict__ inv_freq,
+                                         const unsigned* __restrict__ pos,
+                                         const unsigned long long* __restrict__ kv_off,
+                                         int hq, int hkv, int d, float mscale) {
+    const int h = blockIdx.x, t = blockIdx.y, i = threadIdx.x, half = d >> 1;
+    const size_t width = (size_t)(hq + 2 * hkv) * d;
+    const float* src = qkv + (size_t)t * width + (size_t)h * d;
+    const float a = src[i], b = src[i + half];
+    if (h >= hq + hkv) {
+        const size_t o = kv_off[t] + ((size_t)pos[t] * hkv + (h - hq - hkv)) * d;
+        v_cache[o + i] = f2bf(a);
+        v_cache[o + i + half] = f2bf(b);
+        return;
+    }
+    const float theta = (float)pos[t] * inv_freq[i];
+    const float c = cosf(theta) * mscale, s = sinf(theta) * mscale;
+    const float o1 = a * c - b * s, o2 = b * c + a * s;
+    if (h < hq) {
+        float* dst = q_out + ((size_t)t * hq + h) * d;
+        dst[i] = o1;
+        dst[i + half] = o2;
+    } else {
+        const size_t o = kv_off[t] + ((size_t)pos[t] * hkv + (h - hq)) * d;
+        k_cache[o + i] = f2bf(o1);
+        k_cache[o + i + half] = f2bf(o2);
+    }
+}
