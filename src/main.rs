@@ -11,7 +11,19 @@ struct Cli {
 }
 
 #[derive(Subcommand, Debug)]
-enum Command {}
+enum Command {
+    /// The bundled inference engine.
+    Engine {
+        #[command(subcommand)]
+        command: EngineCommand,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum EngineCommand {
+    /// Check every CUDA kernel against the CPU reference on random inputs.
+    Selftest(mxtune::engine::cuda::cli::SelftestArgs),
+}
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
@@ -20,6 +32,9 @@ fn main() -> std::process::ExitCode {
             eprintln!("mxtune: the interactive panel is not built yet; see `mxtune --help`");
             Ok(std::process::ExitCode::from(2))
         }
+        Some(Command::Engine {
+            command: EngineCommand::Selftest(args),
+        }) => mxtune::engine::cuda::cli::selftest(&args),
     };
     match result {
         Ok(code) => code,

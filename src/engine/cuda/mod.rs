@@ -2,5 +2,12 @@
 //! from `engine-kernels/` compiled by NVRTC for the device's own architecture, and the
 //! per-kernel CPU references the self-test compares against.
 
+pub mod cli;
 pub mod compile;
+pub mod device;
 pub mod libs;
+pub mod ops;
+pub mod reference;
+pub mod rope;
+pub mod selftest;
+pub mod synthetic;

@@ -1,0 +1,63 @@
+//! Command-line faces of the CUDA backend (`mxtune engine selftest`).
+
+use std::process::ExitCode;
+
+use anyhow::{Result, bail};
+
+use super::device::Gpu;
+use super::selftest;
+
+/// Arguments of `mxtune engine selftest`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct SelftestArgs {
+    /// Device whose kernels are checked against the CPU reference (only `cuda` has kernels).
+    #[arg(long, default_value = "cuda")]
+    pub device: String,
+    /// CUDA device ordinal.
+    #[arg(long, default_value_t = 0)]
+    pub gpu: usize,
+    /// Seed of the random inputs (default: drawn from the clock and printed).
+    #[arg(long)]
+    pub seed: Option<u64>,
+}
+
+/// Run the self-test; exit code 0 only when every check passed.
+pub fn selftest(args: &SelftestArgs) -> Result<ExitCode> {
+    if args.device != "cuda" {
+        bail!(
+            "engine selftest checks GPU kernels against the CPU reference; use --device cuda \
+             (got {:?})",
+            args.device
+        );
+    }
+    let seed = args.seed.unwrap_or_else(|| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(1)
+    });
+    let g = Gpu::open(args.gpu)?;
+    let lr = &g.load_report;
+    println!(
+        "device: cuda:{} {} ({}); kernels: {} compiled, {} cached in {:.2} s ({})",
+        args.gpu,
+        g.name(),
+        g.arch(),
+        lr.compiled,
+        lr.cached,
+        lr.seconds,
+        lr.cache_dir
+    );
+    println!("seed: {seed}");
+    let checks = selftest::run_kernel_checks(&g, seed)?;
+    for c in &checks {
+        println!("{c}");
+    }
+    let failed = checks.iter().filter(|c| !c.pass).count();
+    println!("{} checks, {} failed", checks.len(), failed);
+    Ok(if failed == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
