@@ -23,6 +23,8 @@ enum Command {
 enum EngineCommand {
     /// Check every CUDA kernel against the CPU reference on random inputs.
     Selftest(mxtune::engine::cuda::cli::SelftestArgs),
+    /// Time one decode step of a synthetic model on the GPU, kernel by kernel.
+    Profile(mxtune::engine::cuda::profile::ProfileArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -35,6 +37,9 @@ fn main() -> std::process::ExitCode {
         Some(Command::Engine {
             command: EngineCommand::Selftest(args),
         }) => mxtune::engine::cuda::cli::selftest(&args),
+        Some(Command::Engine {
+            command: EngineCommand::Profile(args),
+        }) => mxtune::engine::cuda::profile::run(&args).map(|()| std::process::ExitCode::SUCCESS),
     };
     match result {
         Ok(code) => code,

@@ -36,7 +36,7 @@ pub fn selftest(args: &SelftestArgs) -> Result<ExitCode> {
             .map(|d| d.as_nanos() as u64)
             .unwrap_or(1)
     });
-    let g = Gpu::open(args.gpu)?;
+    let g = std::sync::Arc::new(Gpu::open(args.gpu)?);
     let lr = &g.load_report;
     println!(
         "device: cuda:{} {} ({}); kernels: {} compiled, {} cached in {:.2} s ({})",
@@ -49,7 +49,8 @@ pub fn selftest(args: &SelftestArgs) -> Result<ExitCode> {
         lr.cache_dir
     );
     println!("seed: {seed}");
-    let checks = selftest::run_kernel_checks(&g, seed)?;
+    let mut checks = selftest::run_kernel_checks(&g, seed)?;
+    checks.extend(selftest::run_model_checks(&g, seed)?);
     for c in &checks {
         println!("{c}");
     }

@@ -48,6 +48,7 @@ pub const KERNEL_FILES: &[KernelFile] = &[
     kernel_file!("moe_gemv.cu", ["moe_gate_up_swiglu", "moe_down"]),
     kernel_file!("argmax.cu", ["argmax_partial", "argmax_final"]),
     kernel_file!("synthetic.cu", ["fill_bf16", "fill_u8"]),
+    kernel_file!("bandwidth.cu", ["read_probe"]),
 ];
 
 /// NVRTC options besides the architecture; part of the cache key.

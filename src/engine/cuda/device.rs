@@ -80,7 +80,8 @@ impl Gpu {
             .drv(|| "reading the device's compute capability".into())?;
         let arch = format!("sm_{major}{minor}");
         let name = ctx.name().unwrap_or_else(|_| "unknown GPU".into());
-        let stream = ctx.default_stream();
+        // A created stream, not the legacy default one, which cannot be captured into a graph.
+        let stream = ctx.new_stream().drv(|| "creating a CUDA stream".into())?;
         let cache = KernelCache::from_env()?;
         let t0 = Instant::now();
         let (mut compiled, mut cached) = (0, 0);

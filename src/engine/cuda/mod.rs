@@ -2,12 +2,18 @@
 //! from `engine-kernels/` compiled by NVRTC for the device's own architecture, and the
 //! per-kernel CPU references the self-test compares against.
 
+pub mod backend;
 pub mod cli;
 pub mod compile;
 pub mod device;
 pub mod libs;
+pub mod model;
 pub mod ops;
+pub mod profile;
 pub mod reference;
+pub mod reference_model;
 pub mod rope;
 pub mod selftest;
+pub mod shapes;
 pub mod synthetic;
+pub mod weights;

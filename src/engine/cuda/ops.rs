@@ -438,3 +438,21 @@ pub fn fill_u8(g: &Gpu, out: u64, n: usize, seed: u64, lo: u8, hi: u8) -> Result
         ],
     )
 }
+
+/// Blocks × threads of the read probe (a fixed, chip-filling grid).
+pub const PROBE_THREADS: usize = 1024 * 1024;
+
+/// Read `bytes` (a multiple of 16) from `src` once; `sink` holds PROBE_THREADS u32.
+pub fn read_probe(g: &Gpu, src: u64, bytes: usize, sink: u64) -> Result<()> {
+    ensure!(
+        bytes.is_multiple_of(16),
+        "probe size {bytes} not a multiple of 16"
+    );
+    g.launch(
+        "read_probe",
+        (u(PROBE_THREADS / 256)?, 1, 1),
+        (256, 1, 1),
+        0,
+        &[Arg::Ptr(src), Arg::U64((bytes / 16) as u64), Arg::Ptr(sink)],
+    )
+}

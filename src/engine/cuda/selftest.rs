@@ -189,32 +189,11 @@ fn check_gemv(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
     Ok(res)
 }
 
-/// gpt-oss attention geometry and YaRN, the shapes every attention check uses.
-fn gpt_oss_rope() -> (Vec<f32>, f32) {
-    let cfg = crate::engine::config::ModelConfig {
-        num_hidden_layers: 1,
-        hidden_size: 2880,
-        head_dim: 64,
-        num_attention_heads: 64,
-        num_key_value_heads: 8,
-        num_local_experts: 128,
-        num_experts_per_tok: 4,
-        intermediate_size: 2880,
-        vocab_size: 201_088,
-        sliding_window: 128,
-        layer_is_sliding: vec![true],
-        rope_theta: 150_000.0,
-        rope_scaling_factor: 32.0,
-        rope_original_max_position: 4096,
-        rope_beta_fast: 32.0,
-        rope_beta_slow: 1.0,
-        max_position_embeddings: 131_072,
-        rms_norm_eps: 1e-5,
-        swiglu_limit: 7.0,
-        eos_token_id: 200_002,
-        pad_token_id: 199_999,
-    };
-    super::rope::yarn_inv_freq(&cfg)
+/// gpt-oss YaRN, the frequencies every RoPE check uses.
+fn gpt_oss_rope() -> Result<(Vec<f32>, f32)> {
+    Ok(super::rope::yarn_inv_freq(
+        &super::shapes::synthetic_config("gpt-oss-120b")?,
+    ))
 }
 
 fn check_rope_kv(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
@@ -223,7 +202,7 @@ fn check_rope_kv(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
         hkv: 8,
         d: 64,
     };
-    let (inv, mscale) = gpt_oss_rope();
+    let (inv, mscale) = gpt_oss_rope()?;
     let pos: Vec<u32> = vec![0, 127, 4000];
     let t = pos.len();
     let max_pos = 4096;
@@ -549,4 +528,75 @@ fn check_synthetic(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
         check("fill_bf16 bit-exact vs host", mb as f64, 0.0),
         check("fill_u8 bit-exact vs host", mu as f64, 0.0),
     ])
+}
+
+/// End to end on the tiny synthetic model: weights generated on the device (and the same
+/// seed on the host), three sequences through `CudaBackend` (prompts longer than the window,
+/// batches split across steps), greedy continuation compared with the CPU reference model.
+pub fn run_model_checks(g: &std::sync::Arc<Gpu>, seed: u64) -> Result<Vec<Check>> {
+    use super::backend::CudaBackend;
+    use super::model::DecodeOptions;
+    use super::reference_model::ReferenceModel;
+    use crate::engine::backend::{ModelBackend, SeqStep};
+
+    let cfg = super::shapes::synthetic_config("tiny")?;
+    let host = super::weights::synthetic_host(&cfg, seed)?;
+    let mut res = Vec::new();
+    for (sinks, graphs) in [(true, false), (true, true), (false, false), (false, true)] {
+        let dw = super::weights::synthetic_device(g, &cfg, seed)?;
+        let opts = DecodeOptions { sinks };
+        let mut be = CudaBackend::new(g.clone(), &cfg, dw, opts, 3, 64, 2, graphs)?;
+        let mut refs: Vec<ReferenceModel<'_>> = (0..3)
+            .map(|_| ReferenceModel::new(&cfg, &host, sinks))
+            .collect();
+        let seqs: Vec<_> = (0..3)
+            .map(|_| {
+                be.alloc_seq(64)
+                    .ok_or_else(|| anyhow::anyhow!("no KV slot for the tiny model"))
+            })
+            .collect::<Result<_>>()?;
+        let mut s = Seeds(seed ^ 0x5eed);
+        let prompts: Vec<Vec<u32>> = [12usize, 5, 9]
+            .iter()
+            .map(|&n| {
+                (0..n)
+                    .map(|_| (s.next() % cfg.vocab_size as u64) as u32)
+                    .collect()
+            })
+            .collect();
+        let (mut worst, mut mismatched, mut steps) = (0.0f64, 0usize, 0usize);
+        let mut feed = prompts.clone();
+        for _ in 0..10 {
+            let batch: Vec<SeqStep<'_>> = seqs
+                .iter()
+                .zip(&feed)
+                .map(|(&seq, t)| SeqStep { seq, tokens: t })
+                .collect();
+            let got = be.forward(&batch)?;
+            let mut next = Vec::new();
+            for (b, toks) in feed.iter().enumerate() {
+                let mut want = Vec::new();
+                for &t in toks {
+                    want = refs[b].step(t);
+                }
+                worst = worst.max(rel_err(&got[b], &want));
+                let gpu_tok = r::argmax(&got[b]);
+                let want32: Vec<f32> = want.iter().map(|&v| v as f32).collect();
+                if gpu_tok != r::argmax(&want32) {
+                    mismatched += 1;
+                }
+                steps += 1;
+                next.push(vec![gpu_tok as u32]);
+            }
+            feed = next;
+        }
+        let label = format!("tiny model e2e sinks={sinks} graphs={graphs}");
+        res.push(check(format!("{label}: logits"), worst, 1e-3));
+        res.push(check(
+            format!("{label}: greedy tokens differing of {steps}"),
+            mismatched as f64,
+            0.0,
+        ));
+    }
+    Ok(res)
 }
