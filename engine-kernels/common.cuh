@@ -51,11 +51,13 @@ __device__ __forceinline__ void bf16x8_to_f32(uint4 w, float* o) {
     o[6] = __uint_as_float(w.w << 16); o[7] = __uint_as_float(w.w & 0xffff0000u);
 }
 
-// E2M1 code points (MXFP4 elements) for nibbles 0..15.
-__device__ __forceinline__ float fp4_value(unsigned nib) {
-    const float lut[16] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f,
-                           -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
-    return lut[nib & 15u];
+// E2M1 (MXFP4 element) value of the low nibble of `n`: 0, 0.5, 1, 1.5, 2, 3, 4, 6 and their
+// negatives. Computed from the bits (exponent e = m >> 1, mantissa m & 1) rather than looked
+// up, because a per-thread table indexed at run time lands in local memory.
+__device__ __forceinline__ float fp4_value(unsigned n) {
+    const unsigned m = n & 7u;
+    const float mag = m < 2u ? 0.5f * (float)m : __uint_as_float((((m >> 1) + 126u) << 23) | ((m & 1u) << 22));
+    return (n & 8u) ? -mag : mag;
 }
 
 // UE8M0 scale byte s -> 2^(s-127); s = 0 is the subnormal 2^-127, s = 255 is NaN.

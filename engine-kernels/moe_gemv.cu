@@ -3,22 +3,27 @@
 // element 2j in the low nibble and 2j+1 in the high nibble; scales [E, rows, cols/32] UE8M0.
 // gate_up rows interleave gate (even) and linear (odd) units; bias bf16 [E, rows].
 
-// Dot product of one 32-element MXFP4 block with 32 fp32 activations (scale applied by caller).
-__device__ __forceinline__ float fp4_block_dot(uint4 q, const float* __restrict__ x) {
+// Dot product of one 32-element MXFP4 block with 32 fp32 activations held in registers
+// (scale applied by the caller).
+__device__ __forceinline__ float fp4_block_dot(uint4 q, const float (&x)[32]) {
     const unsigned wq[4] = {q.x, q.y, q.z, q.w};
-    const float4* x4 = reinterpret_cast<const float4*>(x);
     float s = 0.0f;
 #pragma unroll
     for (int wi = 0; wi < 4; ++wi) {
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            const float4 a = x4[wi * 2 + h];
-            const unsigned bits = wq[wi] >> (16 * h);
-            s += fp4_value(bits) * a.x + fp4_value(bits >> 4) * a.y +
-                 fp4_value(bits >> 8) * a.z + fp4_value(bits >> 12) * a.w;
-        }
+        for (int j = 0; j < 8; ++j) s += fp4_value(wq[wi] >> (4 * j)) * x[wi * 8 + j];
     }
     return s;
+}
+
+// Load 32 consecutive fp32 activations (16-byte aligned) into registers.
+__device__ __forceinline__ void load_x32(const float* __restrict__ p, float (&x)[32]) {
+    const float4* p4 = reinterpret_cast<const float4*>(p);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        const float4 v = p4[i];
+        x[4 * i] = v.x; x[4 * i + 1] = v.y; x[4 * i + 2] = v.z; x[4 * i + 3] = v.w;
+    }
 }
 
 // act[t, s, j] = swiglu(gate_j, lin_j) for expert idx[t, s]; grid = (ceil(I / 8), k, T),
@@ -44,9 +49,10 @@ moe_gate_up_swiglu(const u8* __restrict__ blocks, const u8* __restrict__ scales,
     float g = 0.0f, l = 0.0f;
     for (int b = lane; b < nb; b += 32) {
         const uint4 qg = __ldg(bg + b), ql = __ldg(bl + b);
-        const float* xb = xt + 32 * b;
-        g += fp4_block_dot(qg, xb) * e8m0_value(sg[b]);
-        l += fp4_block_dot(ql, xb) * e8m0_value(sl[b]);
+        float xr[32];
+        load_x32(xt + 32 * b, xr);
+        g += fp4_block_dot(qg, xr) * e8m0_value(sg[b]);
+        l += fp4_block_dot(ql, xr) * e8m0_value(sl[b]);
     }
     g = warp_sum(g);
     l = warp_sum(l);
@@ -80,7 +86,11 @@ moe_down(const u8* __restrict__ blocks, const u8* __restrict__ scales,
         const u8* sc = scales + row * nb;
         const float* a = act + ((size_t)t * k + s) * inter;
         float d = 0.0f;
-        for (int b = lane; b < nb; b += 32) d += fp4_block_dot(__ldg(bq + b), a + 32 * b) * e8m0_value(sc[b]);
+        for (int b = lane; b < nb; b += 32) {
+            float xr[32];
+            load_x32(a + 32 * b, xr);
+            d += fp4_block_dot(__ldg(bq + b), xr) * e8m0_value(sc[b]);
+        }
         d = warp_sum(d);
         total += wts[t * k + s] * (d + bf2f(bias[row]));
     }

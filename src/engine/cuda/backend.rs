@@ -44,6 +44,27 @@ impl CudaBackend {
         })
     }
 
+    /// The one-line kernel-path report printed at start-up: every gated path and its choice,
+    /// so log scanning can verify what is in effect.
+    pub fn kernel_path_report(&self) -> String {
+        let lr = &self.gpu.load_report;
+        format!(
+            "kernel-path: device=cuda:{} arch={} moe-kernel=gemv activation=fp32 weights=bf16 \
+             experts=mxfp4 kv-dtype=bf16 sinks={} cuda-graphs={} prefill=decode-loop \
+             kernels-compiled={} kernels-cached={}",
+            self.gpu.name(),
+            self.gpu.arch(),
+            if self.dec.options().sinks {
+                "on"
+            } else {
+                "off"
+            },
+            if self.graphs { "on" } else { "off" },
+            lr.compiled,
+            lr.cached
+        )
+    }
+
     /// The device.
     pub fn gpu(&self) -> &Gpu {
         &self.gpu

@@ -48,6 +48,11 @@ pub fn selftest(args: &SelftestArgs) -> Result<ExitCode> {
         lr.seconds,
         lr.cache_dir
     );
+    for (name, regs, local, shared) in g.resources() {
+        println!(
+            "kernel {name:<20} registers {regs:>3}  local bytes {local:>4}  shared bytes {shared:>5}"
+        );
+    }
     println!("seed: {seed}");
     let mut checks = selftest::run_kernel_checks(&g, seed)?;
     checks.extend(selftest::run_model_checks(&g, seed)?);

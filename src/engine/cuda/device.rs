@@ -172,6 +172,25 @@ impl Gpu {
         p
     }
 
+    /// Per kernel: registers per thread, local (spill/stack) bytes and static shared bytes,
+    /// sorted by name — the compiler's resource report, read back from the loaded modules.
+    pub fn resources(&self) -> Vec<(&'static str, i32, i32, i32)> {
+        let mut v: Vec<_> = self
+            .funcs
+            .iter()
+            .map(|(n, f)| {
+                (
+                    *n,
+                    f.num_regs().unwrap_or(-1),
+                    f.local_size_bytes().unwrap_or(-1),
+                    f.shared_size_bytes().unwrap_or(-1),
+                )
+            })
+            .collect();
+        v.sort();
+        v
+    }
+
     /// Wait until all queued work is done, surfacing any asynchronous kernel error.
     pub fn sync(&self) -> Result<()> {
         self.stream

@@ -166,6 +166,11 @@ impl Decoder {
         &self.cfg
     }
 
+    /// The decode options in effect.
+    pub fn options(&self) -> DecodeOptions {
+        self.opts
+    }
+
     /// Sequences the KV cache holds.
     pub fn slots(&self) -> usize {
         self.slots

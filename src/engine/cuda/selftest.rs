@@ -546,6 +546,7 @@ pub fn run_model_checks(g: &std::sync::Arc<Gpu>, seed: u64) -> Result<Vec<Check>
         let dw = super::weights::synthetic_device(g, &cfg, seed)?;
         let opts = DecodeOptions { sinks };
         let mut be = CudaBackend::new(g.clone(), &cfg, dw, opts, 3, 64, 2, graphs)?;
+        println!("{}", be.kernel_path_report());
         let mut refs: Vec<ReferenceModel<'_>> = (0..3)
             .map(|_| ReferenceModel::new(&cfg, &host, sinks))
             .collect();
