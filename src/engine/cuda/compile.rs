@@ -41,7 +41,7 @@ macro_rules! kernel_file {
 pub const KERNEL_FILES: &[KernelFile] = &[
     kernel_file!("embedding.cu", ["embed_gather"]),
     kernel_file!("rmsnorm.cu", ["rmsnorm_residual"]),
-    kernel_file!("gemv_bf16.cu", ["gemv_bf16"]),
+    kernel_file!("gemv_bf16.cu", ["gemv_bf16", "gemv_bf16_wide"]),
     kernel_file!("rope_kv.cu", ["rope_kv_write"]),
     kernel_file!("attention_decode.cu", ["attn_split", "attn_combine"]),
     kernel_file!("router_topk.cu", ["router_topk"]),

@@ -7,7 +7,7 @@ use anyhow::{Result, ensure};
 use cudarc::driver::{CudaEvent, CudaGraph, CudaSlice};
 
 use super::device::Gpu;
-use super::ops::{self, AttnScratch, AttnShape, MoeShape, MoeWeights};
+use super::ops::{self, AttnScratch, AttnShape, MoeShape, MoeWeights, Norm};
 use super::weights::DeviceWeights;
 use crate::engine::config::ModelConfig;
 
@@ -304,29 +304,24 @@ impl Decoder {
         for (li, lw) in self.w.layers.iter().enumerate() {
             let kc = g.ptr(&self.k_cache) + li as u64 * layer_stride;
             let vc = g.ptr(&self.v_cache) + li as u64 * layer_stride;
-            ops::rmsnorm(
-                g,
-                p(&self.x),
-                None,
-                g.ptr(&lw.attn_norm),
-                p(&self.h),
-                hid,
-                n,
+            let attn_norm = Norm {
+                w: g.ptr(&lw.attn_norm),
                 eps,
-            )?;
-            mark("rmsnorm")?;
+                out: p(&self.h),
+            };
             ops::gemv(
                 g,
                 g.ptr(&lw.qkv_w),
                 Some(g.ptr(&lw.qkv_b)),
-                p(&self.h),
+                p(&self.x),
                 p(&self.qkv),
                 qkv_rows,
                 hid,
                 n,
                 false,
+                Some(attn_norm),
             )?;
-            mark("gemv qkv")?;
+            mark("rmsnorm+gemv qkv")?;
             ops::rope_kv(
                 g,
                 sh,
@@ -378,31 +373,27 @@ impl Decoder {
                 hq * d,
                 n,
                 true,
+                None,
             )?;
             mark("gemv o (+residual)")?;
-            ops::rmsnorm(
-                g,
-                p(&self.x),
-                None,
-                g.ptr(&lw.mlp_norm),
-                p(&self.h),
-                hid,
-                n,
+            let mlp_norm = Norm {
+                w: g.ptr(&lw.mlp_norm),
                 eps,
-            )?;
-            mark("rmsnorm")?;
+                out: p(&self.h),
+            };
             ops::gemv(
                 g,
                 g.ptr(&lw.router_w),
                 Some(g.ptr(&lw.router_b)),
-                p(&self.h),
+                p(&self.x),
                 p(&self.r_logits),
                 c.num_local_experts,
                 hid,
                 n,
                 false,
+                Some(mlp_norm),
             )?;
-            mark("gemv router")?;
+            mark("rmsnorm+gemv router")?;
             ops::router_topk(
                 g,
                 p(&self.r_logits),
@@ -435,29 +426,24 @@ impl Decoder {
             )?;
             mark("moe (+residual)")?;
         }
-        ops::rmsnorm(
-            g,
-            p(&self.x),
-            None,
-            g.ptr(&self.w.final_norm),
-            p(&self.h),
-            hid,
-            n,
+        let final_norm = Norm {
+            w: g.ptr(&self.w.final_norm),
             eps,
-        )?;
-        mark("rmsnorm")?;
+            out: p(&self.h),
+        };
         ops::gemv(
             g,
             g.ptr(&self.w.lm_head),
             None,
-            p(&self.h),
+            p(&self.x),
             p(&self.logits),
             c.vocab_size,
             hid,
             n,
             false,
+            Some(final_norm),
         )?;
-        mark("gemv lm_head")?;
+        mark("rmsnorm+gemv lm_head")?;
         ops::argmax(
             g,
             p(&self.logits),

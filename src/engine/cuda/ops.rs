@@ -68,7 +68,26 @@ pub fn rmsnorm(
     )
 }
 
-/// y[t] (+)= W x[t] + b, W bf16 [rows, cols].
+/// Below this many rows a GEMV gives each row a whole block (`gemv_bf16_wide`), so that
+/// small projections (the router) still occupy every multiprocessor.
+pub const GEMV_WIDE_ROWS: usize = 2048;
+
+/// RMSNorm applied to a GEMV's input on the fly: `out = rmsnorm(x) · w` is also written.
+#[derive(Debug, Clone, Copy)]
+pub struct Norm {
+    /// Norm weight (bf16, `cols`).
+    pub w: u64,
+    /// ε.
+    pub eps: f32,
+    /// Where the normalised input is written ([t, cols] fp32).
+    pub out: u64,
+}
+
+/// Shared memory the fused norm may stage per block (the default static limit).
+const NORM_SMEM_LIMIT: usize = 48 * 1024;
+
+/// y[t] (+)= W x[t] + b, W bf16 [rows, cols]; with `norm` the input is rmsnorm(x) (fused into
+/// the GEMV when the staged input fits in shared memory, else a separate rmsnorm launch).
 pub fn gemv(
     g: &Gpu,
     w: u64,
@@ -79,12 +98,27 @@ pub fn gemv(
     cols: usize,
     t: usize,
     accumulate: bool,
+    norm: Option<Norm>,
 ) -> Result<()> {
+    let stage = t.min(GEMV_TOKENS) * cols * 4;
+    let (x, norm) = match norm {
+        Some(n) if stage > NORM_SMEM_LIMIT => {
+            rmsnorm(g, x, None, n.w, n.out, cols, t, n.eps)?;
+            (n.out, None)
+        }
+        other => (x, other),
+    };
+    let (kernel, blocks) = if rows < GEMV_WIDE_ROWS {
+        ("gemv_bf16_wide", rows)
+    } else {
+        ("gemv_bf16", rows.div_ceil(GEMV_ROWS))
+    };
+    let smem = if norm.is_some() { u(stage)? } else { 0 };
     g.launch(
-        "gemv_bf16",
-        (u(rows.div_ceil(GEMV_ROWS))?, u(t.div_ceil(GEMV_TOKENS))?, 1),
+        kernel,
+        (u(blocks)?, u(t.div_ceil(GEMV_TOKENS))?, 1),
         (256, 1, 1),
-        0,
+        smem,
         &[
             Arg::Ptr(w),
             opt(bias),
@@ -94,6 +128,9 @@ pub fn gemv(
             i(cols)?,
             i(t)?,
             Arg::I32(accumulate as i32),
+            opt(norm.map(|n| n.w)),
+            Arg::F32(norm.map_or(0.0, |n| n.eps)),
+            opt(norm.map(|n| n.out)),
         ],
     )
 }

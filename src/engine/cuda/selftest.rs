@@ -149,6 +149,9 @@ fn check_gemv(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
         (1001, 2880, 1, true, false),
         (517, 4096, 5, true, true),
         (37, 100, 3, false, false),
+        (2051, 2880, 6, true, true),
+        (2049, 100, 1, false, false),
+        (128, 2880, 1, true, false),
     ] {
         let w = bf16_vec(s.next(), rows * cols, 0.05, 0.0);
         let b = bf16_vec(s.next(), rows, 1.0, 0.0);
@@ -171,6 +174,7 @@ fn check_gemv(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
             cols,
             t,
             acc,
+            None,
         )?;
         let want = r::gemv(
             &w,
@@ -183,6 +187,53 @@ fn check_gemv(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
         res.push(check(
             format!("gemv_bf16 {rows}x{cols} t={t} bias={bias} acc={acc}"),
             rel_err(&got, &want),
+            1e-5,
+        ));
+    }
+    // RMSNorm fused into the GEMV (staged in shared memory) and, when the staged input would
+    // not fit, the separate-norm fallback; both wide and narrow kernels.
+    for (rows, cols, t) in [
+        (3000, 2880, 3),
+        (200, 2880, 1),
+        (2100, 4096, 4),
+        (100, 4096, 5),
+    ] {
+        let w = bf16_vec(s.next(), rows * cols, 0.05, 0.0);
+        let b = bf16_vec(s.next(), rows, 1.0, 0.0);
+        let nw = bf16_vec(s.next(), cols, 0.2, 1.0);
+        let x = f32_vec(s.next(), cols * t, 20.0, 1.0);
+        let (dw, db, dnw, dx) = (g.upload(&w)?, g.upload(&b)?, g.upload(&nw)?, g.upload(&x)?);
+        let dy = nan_f32(g, rows * t)?;
+        let dh = nan_f32(g, cols * t)?;
+        let norm = ops::Norm {
+            w: g.ptr(&dnw),
+            eps: 1e-5,
+            out: g.ptr(&dh),
+        };
+        ops::gemv(
+            g,
+            g.ptr(&dw),
+            Some(g.ptr(&db)),
+            g.ptr(&dx),
+            g.ptr(&dy),
+            rows,
+            cols,
+            t,
+            false,
+            Some(norm),
+        )?;
+        let (_, want_h) = r::rmsnorm(&x, None, &nw, 1e-5);
+        let h32: Vec<f32> = want_h.iter().map(|&v| v as f32).collect();
+        let want = r::gemv(&w, Some(&b), &h32, None, cols);
+        let (got, got_h) = (g.download(&dy)?, g.download(&dh)?);
+        res.push(check(
+            format!("rmsnorm+gemv {rows}x{cols} t={t}"),
+            rel_err(&got, &want),
+            1e-5,
+        ));
+        res.push(check(
+            format!("rmsnorm+gemv {rows}x{cols} t={t} normed input"),
+            rel_err(&got_h, &want_h),
             1e-5,
         ));
     }
