@@ -2,11 +2,22 @@
 // MXFP4 layout (checkpoint order): blocks [E, rows, cols/32, 16] u8, byte j of a block holds
 // element 2j in the low nibble and 2j+1 in the high nibble; scales [E, rows, cols/32] UE8M0.
 // gate_up rows interleave gate (even) and linear (odd) units; bias bf16 [E, rows].
+//
+// Each lane multiplies whole 32-element blocks, so it needs 32 consecutive activations; read
+// from global memory, a warp's 32 lanes would touch 32 different cache lines per load. The
+// activations are therefore staged once per thread block in shared memory, each group of 32
+// padded to 36 floats so the lanes' 16-byte reads fall in distinct banks.
+#define MOE_PAD 36
 
-// Dot product of one 32-element MXFP4 block with 32 fp32 activations (scale applied by the
-// caller). Activations come straight from global memory (L1-resident: one token's vector).
-__device__ __forceinline__ float fp4_block_dot(uint4 q, const float* __restrict__ x) {
-    const float4* x4 = reinterpret_cast<const float4*>(x);
+// Copy n fp32 (n a multiple of 32) into padded shared memory. Whole block must call it.
+__device__ __forceinline__ void stage_padded(const float* __restrict__ src, float* dst, int n) {
+    for (int i = threadIdx.x; i < n; i += blockDim.x) dst[(i >> 5) * MOE_PAD + (i & 31)] = src[i];
+}
+
+// Dot product of one 32-element MXFP4 block with 32 staged activations (scale applied by the
+// caller).
+__device__ __forceinline__ float fp4_block_dot(uint4 q, const float* xs) {
+    const float4* x4 = reinterpret_cast<const float4*>(xs);
     const unsigned wq[4] = {q.x, q.y, q.z, q.w};
     float s = 0.0f;
 #pragma unroll
@@ -21,16 +32,19 @@ __device__ __forceinline__ float fp4_block_dot(uint4 q, const float* __restrict_
 }
 
 // act[t, s, j] = swiglu(gate_j, lin_j) for expert idx[t, s]; grid = (ceil(I / 8), k, T),
-// block = 256 (one warp per unit j, reading rows 2j and 2j + 1; two blocks per lane per
-// iteration so four 16-byte loads are in flight).
+// block = 256 (one warp per unit j, reading rows 2j and 2j + 1 against one staged x).
+// Dynamic shared memory: hidden / 32 * MOE_PAD floats.
 extern "C" __global__ void __launch_bounds__(256)
 moe_gate_up_swiglu(const u8* __restrict__ blocks, const u8* __restrict__ scales,
                    const bf16_t* __restrict__ bias, const float* __restrict__ x,
                    const int* __restrict__ idx, float* __restrict__ act, int inter, int hidden,
                    int k, float limit, float alpha) {
+    extern __shared__ float xs[];
     const int lane = threadIdx.x & 31;
     const int j = blockIdx.x * 8 + (threadIdx.x >> 5);
     const int s = blockIdx.y, t = blockIdx.z;
+    stage_padded(x + (size_t)t * hidden, xs, hidden);
+    __syncthreads();
     if (j >= inter) return;
     const int e = idx[t * k + s];
     const int nb = hidden >> 5;
@@ -40,7 +54,6 @@ moe_gate_up_swiglu(const u8* __restrict__ blocks, const u8* __restrict__ scales,
     const uint4* bl = reinterpret_cast<const uint4*>(blocks) + rl * nb;
     const u8* sg = scales + rg * nb;
     const u8* sl = scales + rl * nb;
-    const float* xt = x + (size_t)t * hidden;
     float g = 0.0f, l = 0.0f;
     int b = lane;
     for (; b + 32 < nb; b += 64) {
@@ -48,12 +61,14 @@ moe_gate_up_swiglu(const u8* __restrict__ blocks, const u8* __restrict__ scales,
         const uint4 qg1 = __ldg(bg + b + 32), ql1 = __ldg(bl + b + 32);
         const float sg0 = e8m0_value(sg[b]), sl0 = e8m0_value(sl[b]);
         const float sg1 = e8m0_value(sg[b + 32]), sl1 = e8m0_value(sl[b + 32]);
-        g += fp4_block_dot(qg0, xt + 32 * b) * sg0 + fp4_block_dot(qg1, xt + 32 * (b + 32)) * sg1;
-        l += fp4_block_dot(ql0, xt + 32 * b) * sl0 + fp4_block_dot(ql1, xt + 32 * (b + 32)) * sl1;
+        const float* x0 = xs + b * MOE_PAD;
+        const float* x1 = xs + (b + 32) * MOE_PAD;
+        g += fp4_block_dot(qg0, x0) * sg0 + fp4_block_dot(qg1, x1) * sg1;
+        l += fp4_block_dot(ql0, x0) * sl0 + fp4_block_dot(ql1, x1) * sl1;
     }
     if (b < nb) {
-        g += fp4_block_dot(__ldg(bg + b), xt + 32 * b) * e8m0_value(sg[b]);
-        l += fp4_block_dot(__ldg(bl + b), xt + 32 * b) * e8m0_value(sl[b]);
+        g += fp4_block_dot(__ldg(bg + b), xs + b * MOE_PAD) * e8m0_value(sg[b]);
+        l += fp4_block_dot(__ldg(bl + b), xs + b * MOE_PAD) * e8m0_value(sl[b]);
     }
     g = warp_sum(g);
     l = warp_sum(l);
@@ -67,46 +82,66 @@ moe_gate_up_swiglu(const u8* __restrict__ blocks, const u8* __restrict__ scales,
 }
 
 // y[t, r] (+)= sum_s w[t, s] * (W2_e[r, :] . act[t, s, :] + b2_e[r]); the down bias sits inside
-// the weighted sum. grid = (ceil(H / 8), T), block = 256: one warp per output row; the warp's
-// lanes stride over all (expert, block) pairs of the row, four loads in flight, so every
-// expert is summed in registers (no atomics, deterministic).
+// the weighted sum. grid = (ceil(H / 16), T), block = 256: each warp owns two adjacent output
+// rows (one staged activation read serves both); its lanes stride over all (expert, block)
+// pairs, so every expert is summed in registers (no atomics, deterministic).
+// Dynamic shared memory: k * inter / 32 * MOE_PAD floats.
 extern "C" __global__ void __launch_bounds__(256)
 moe_down(const u8* __restrict__ blocks, const u8* __restrict__ scales,
          const bf16_t* __restrict__ bias, const float* __restrict__ act,
          const int* __restrict__ idx, const float* __restrict__ wts, float* __restrict__ y,
          int hidden, int inter, int k, int accumulate) {
+    extern __shared__ float as[];
     const int lane = threadIdx.x & 31;
-    const int r = blockIdx.x * 8 + (threadIdx.x >> 5);
+    const int r0 = (blockIdx.x * 8 + (threadIdx.x >> 5)) * 2;
     const int t = blockIdx.y;
-    if (r >= hidden) return;
+    stage_padded(act + (size_t)t * k * inter, as, k * inter);
+    __syncthreads();
+    if (r0 >= hidden) return;
+    const bool two = r0 + 1 < hidden;
     const int nb = inter >> 5;
     const int items = k * nb;
     const uint4* b4 = reinterpret_cast<const uint4*>(blocks);
-    const float* at = act + (size_t)t * k * inter;
-    float total = 0.0f;
-    for (int it0 = lane; it0 < items; it0 += 128) {
-        uint4 q[4];
-        float sc[4];
-        int off[4];
+    float t0 = 0.0f, t1 = 0.0f;
+    for (int it0 = lane; it0 < items; it0 += 64) {
+        uint4 q0[2], q1[2];
+        float s0[2], s1[2];
+        int off[2];
 #pragma unroll
-        for (int u = 0; u < 4; ++u) {
+        for (int u = 0; u < 2; ++u) {
             const int it = it0 + 32 * u;
             if (it < items) {
                 const int s = it / nb, b = it - s * nb;
-                const size_t row = (size_t)idx[t * k + s] * hidden + r;
-                q[u] = __ldg(b4 + row * nb + b);
-                sc[u] = e8m0_value(scales[row * nb + b]) * wts[t * k + s];
-                off[u] = s * inter + 32 * b;
+                const size_t row = (size_t)idx[t * k + s] * hidden + r0;
+                const float w = wts[t * k + s];
+                q0[u] = __ldg(b4 + row * nb + b);
+                s0[u] = e8m0_value(scales[row * nb + b]) * w;
+                if (two) {
+                    q1[u] = __ldg(b4 + (row + 1) * nb + b);
+                    s1[u] = e8m0_value(scales[(row + 1) * nb + b]) * w;
+                }
+                off[u] = it * MOE_PAD;
             }
         }
 #pragma unroll
-        for (int u = 0; u < 4; ++u)
-            if (it0 + 32 * u < items) total += fp4_block_dot(q[u], at + off[u]) * sc[u];
+        for (int u = 0; u < 2; ++u) {
+            if (it0 + 32 * u < items) {
+                const float* a = as + off[u];
+                t0 += fp4_block_dot(q0[u], a) * s0[u];
+                if (two) t1 += fp4_block_dot(q1[u], a) * s1[u];
+            }
+        }
     }
-    total = warp_sum(total);
+    t0 = warp_sum(t0);
+    t1 = warp_sum(t1);
     if (lane == 0) {
-        for (int s = 0; s < k; ++s) total += wts[t * k + s] * bf2f(bias[(size_t)idx[t * k + s] * hidden + r]);
-        float* yp = y + (size_t)t * hidden + r;
-        *yp = accumulate ? *yp + total : total;
+        for (int s = 0; s < k; ++s) {
+            const size_t row = (size_t)idx[t * k + s] * hidden + r0;
+            t0 += wts[t * k + s] * bf2f(bias[row]);
+            if (two) t1 += wts[t * k + s] * bf2f(bias[row + 1]);
+        }
+        float* yp = y + (size_t)t * hidden + r0;
+        yp[0] = accumulate ? yp[0] + t0 : t0;
+        if (two) yp[1] = accumulate ? yp[1] + t1 : t1;
     }
 }

@@ -59,6 +59,7 @@ pub struct Gpu {
     arch: String,
     name: String,
     funcs: HashMap<&'static str, CudaFunction>,
+    max_shared: usize,
     /// Cold/warm start report of the kernel load.
     pub load_report: LoadReport,
 }
@@ -82,6 +83,11 @@ impl Gpu {
         let name = ctx.name().unwrap_or_else(|_| "unknown GPU".into());
         // A created stream, not the legacy default one, which cannot be captured into a graph.
         let stream = ctx.new_stream().drv(|| "creating a CUDA stream".into())?;
+        let max_shared = ctx
+            .attribute(
+                cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
+            )
+            .drv(|| "reading the shared-memory limit".into())? as usize;
         let cache = KernelCache::from_env()?;
         let t0 = Instant::now();
         let (mut compiled, mut cached) = (0, 0);
@@ -99,6 +105,13 @@ impl Gpu {
                 let f = module
                     .load_function(entry)
                     .drv(|| format!("kernel {entry} in {}", file.name))?;
+                // Allow every kernel the device's opt-in dynamic shared memory; each launch
+                // still asks only for what it needs.
+                f.set_attribute(
+                    cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    max_shared as i32,
+                )
+                .drv(|| format!("raising the shared-memory limit of {entry}"))?;
                 funcs.insert(*entry, f);
             }
         }
@@ -114,6 +127,7 @@ impl Gpu {
             arch,
             name,
             funcs,
+            max_shared,
             load_report,
         })
     }
@@ -126,6 +140,11 @@ impl Gpu {
     /// The device's marketing name.
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// Largest dynamic shared memory one block may ask for (bytes).
+    pub fn max_shared(&self) -> usize {
+        self.max_shared
     }
 
     /// The stream every launch goes to.

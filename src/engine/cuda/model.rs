@@ -412,19 +412,21 @@ impl Decoder {
                 dn_scales: g.ptr(&lw.dn_scales),
                 dn_bias: g.ptr(&lw.dn_bias),
             };
-            ops::moe(
+            let (idx, act) = (g.ptr(&self.r_idx), p(&self.act));
+            ops::moe_gate_up(g, &mw, moe_shape, p(&self.h), idx, act, n)?;
+            mark("moe gate_up+swiglu")?;
+            ops::moe_down(
                 g,
                 &mw,
                 moe_shape,
-                p(&self.h),
-                g.ptr(&self.r_idx),
+                idx,
                 p(&self.r_w),
-                p(&self.act),
+                act,
                 p(&self.x),
                 n,
                 true,
             )?;
-            mark("moe (+residual)")?;
+            mark("moe down (+residual)")?;
         }
         let final_norm = Norm {
             w: g.ptr(&self.w.final_norm),

@@ -339,6 +339,21 @@ pub struct MoeShape {
     pub alpha: f32,
 }
 
+/// Floats per staged group of 32 activations (kernel constant `MOE_PAD`).
+const MOE_PAD: usize = 36;
+
+impl MoeShape {
+    fn check(&self) -> Result<()> {
+        ensure!(
+            self.hidden.is_multiple_of(32) && self.inter.is_multiple_of(32),
+            "MXFP4 needs hidden {} and intermediate {} to be multiples of 32",
+            self.hidden,
+            self.inter
+        );
+        Ok(())
+    }
+}
+
 /// y[t] (+)= Σ_s w[t,s] · expert_{idx[t,s]}(x[t]); `act` is scratch [t, k, I] fp32.
 pub fn moe(
     g: &Gpu,
@@ -352,17 +367,32 @@ pub fn moe(
     t: usize,
     accumulate: bool,
 ) -> Result<()> {
+    moe_gate_up(g, w, s, x, idx, act, t)?;
+    moe_down(g, w, s, idx, wts, act, y, t, accumulate)
+}
+
+/// act[t, s] = swiglu(W1_e x[t] + b1_e) for the routed experts e = idx[t, s].
+pub fn moe_gate_up(
+    g: &Gpu,
+    w: &MoeWeights,
+    s: MoeShape,
+    x: u64,
+    idx: u64,
+    act: u64,
+    t: usize,
+) -> Result<()> {
+    s.check()?;
+    let smem = s.hidden / 32 * MOE_PAD * 4;
     ensure!(
-        s.hidden.is_multiple_of(32) && s.inter.is_multiple_of(32),
-        "MXFP4 needs hidden {} and intermediate {} to be multiples of 32",
-        s.hidden,
-        s.inter
+        smem <= g.max_shared(),
+        "hidden {} too large for the staged MoE input",
+        s.hidden
     );
     g.launch(
         "moe_gate_up_swiglu",
         (u(s.inter.div_ceil(8))?, u(s.k)?, u(t)?),
         (256, 1, 1),
-        0,
+        u(smem)?,
         &[
             Arg::Ptr(w.gu_blocks),
             Arg::Ptr(w.gu_scales),
@@ -376,12 +406,36 @@ pub fn moe(
             Arg::F32(s.limit),
             Arg::F32(s.alpha),
         ],
-    )?;
+    )
+}
+
+/// y[t] (+)= Σ_s w[t,s] (W2_e act[t, s] + b2_e).
+pub fn moe_down(
+    g: &Gpu,
+    w: &MoeWeights,
+    s: MoeShape,
+    idx: u64,
+    wts: u64,
+    act: u64,
+    y: u64,
+    t: usize,
+    accumulate: bool,
+) -> Result<()> {
+    s.check()?;
+    let smem = s.k * s.inter / 32 * MOE_PAD * 4;
+    ensure!(
+        smem <= g.max_shared(),
+        "{} experts × intermediate {} too large for the staged MoE activations ({} bytes, device allows {})",
+        s.k,
+        s.inter,
+        smem,
+        g.max_shared()
+    );
     g.launch(
         "moe_down",
-        (u(s.hidden.div_ceil(8))?, u(t)?, 1),
+        (u(s.hidden.div_ceil(16))?, u(t)?, 1),
         (256, 1, 1),
-        0,
+        u(smem)?,
         &[
             Arg::Ptr(w.dn_blocks),
             Arg::Ptr(w.dn_scales),
