@@ -105,11 +105,14 @@ impl Gpu {
                 let f = module
                     .load_function(entry)
                     .drv(|| format!("kernel {entry} in {}", file.name))?;
-                // Allow every kernel the device's opt-in dynamic shared memory; each launch
-                // still asks only for what it needs.
+                // Allow every kernel the device's opt-in shared memory (less its static
+                // share); each launch still asks only for what it needs.
+                let fixed = f
+                    .shared_size_bytes()
+                    .drv(|| format!("shared size of {entry}"))?;
                 f.set_attribute(
                     cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                    max_shared as i32,
+                    max_shared as i32 - fixed,
                 )
                 .drv(|| format!("raising the shared-memory limit of {entry}"))?;
                 funcs.insert(*entry, f);
@@ -142,7 +145,8 @@ impl Gpu {
         &self.name
     }
 
-    /// Largest dynamic shared memory one block may ask for (bytes).
+    /// Largest dynamic shared memory one block may ask for (bytes; kernels with static shared
+    /// memory get that much less).
     pub fn max_shared(&self) -> usize {
         self.max_shared
     }
