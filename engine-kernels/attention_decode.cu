@@ -3,10 +3,26 @@
 // l and the unnormalised output of its key range; attn_combine merges the splits and adds
 // the sink logit exactly once in the denominator.
 // Keys seen by a query at position p: [lo, p] with lo = max(0, p + 1 - window) when window > 0.
-// Head dims up to 128 in multiples of 32: lane holds dims lane + 32 * j.
+// Head dims up to 128 in multiples of 32: lane holds the dpl = d / 32 consecutive dims lane * dpl...
 #define ATTN_WARPS 4
 #define ATTN_MAX_DPL 4
 
+// Load the dpl consecutive head dims lane * dpl.. of one cached row (bf16) as fp32.
+__device__ __forceinline__ void load_row(const bf16_t* __restrict__ p, int dpl, float (&o)[ATTN_MAX_DPL]) {
+    if (dpl == 2) {
+        const unsigned w = *reinterpret_cast<const unsigned*>(p);
+        o[0] = __uint_as_float(w << 16);
+        o[1] = __uint_as_float(w & 0xffff0000u);
+    } else {
+#pragma unroll
+        for (int j = 0; j < ATTN_MAX_DPL; ++j) o[j] = j < dpl ? bf2f(p[j]) : 0.0f;
+    }
+}
+
+// grid = (Hq, nsplit, T), block = ATTN_WARPS warps. Each warp takes ATTN_KEYS keys at a time
+// (their K and V rows loaded together, their dot products reduced side by side), so a warp
+// has 2 * ATTN_KEYS row loads in flight instead of one.
+#define ATTN_KEYS 4
 extern "C" __global__ void __launch_bounds__(ATTN_WARPS * 32)
 attn_split(const float* __restrict__ q, const bf16_t* __restrict__ k_cache,
            const bf16_t* __restrict__ v_cache, const unsigned* __restrict__ pos,
@@ -21,36 +37,54 @@ attn_split(const float* __restrict__ q, const bf16_t* __restrict__ k_cache,
     const int lo_all = window > 0 ? max(0, p + 1 - window) : 0;
     const int lo = lo_all + split * split_len;
     const int hi = min(p + 1, lo + split_len);
-    const float* qh = q + ((size_t)t * hq + h) * d;
+    const float* qh = q + ((size_t)t * hq + h) * d + lane * dpl;
     float qv[ATTN_MAX_DPL], acc[ATTN_MAX_DPL];
 #pragma unroll
     for (int j = 0; j < ATTN_MAX_DPL; ++j) {
-        qv[j] = j < dpl ? qh[lane + 32 * j] * scale : 0.0f;
+        qv[j] = j < dpl ? qh[j] * scale : 0.0f;
         acc[j] = 0.0f;
     }
     float m = -INFINITY, l = 0.0f;
-    const bf16_t* kb = k_cache + kv_off[t];
-    const bf16_t* vb = v_cache + kv_off[t];
-    for (int key = lo + warp; key < hi; key += ATTN_WARPS) {
-        const size_t row = ((size_t)key * hkv + kvh) * d;
-        float s = 0.0f;
+    const bf16_t* kb = k_cache + kv_off[t] + (size_t)kvh * d + lane * dpl;
+    const bf16_t* vb = v_cache + kv_off[t] + (size_t)kvh * d + lane * dpl;
+    const size_t stride = (size_t)hkv * d;
+    for (int base = lo + warp * ATTN_KEYS; base < hi; base += ATTN_WARPS * ATTN_KEYS) {
+        float kr[ATTN_KEYS][ATTN_MAX_DPL], vr[ATTN_KEYS][ATTN_MAX_DPL], sc[ATTN_KEYS];
 #pragma unroll
-        for (int j = 0; j < ATTN_MAX_DPL; ++j)
-            if (j < dpl) s += qv[j] * bf2f(kb[row + lane + 32 * j]);
-        s = warp_sum(s);
-        const float mn = fmaxf(m, s);
-        const float corr = expf(m - mn), pr = expf(s - mn);
-        l = l * corr + pr;
+        for (int g = 0; g < ATTN_KEYS; ++g) {
+            const int key = min(base + g, hi - 1);
+            load_row(kb + (size_t)key * stride, dpl, kr[g]);
+            load_row(vb + (size_t)key * stride, dpl, vr[g]);
+        }
 #pragma unroll
-        for (int j = 0; j < ATTN_MAX_DPL; ++j)
-            if (j < dpl) acc[j] = acc[j] * corr + pr * bf2f(vb[row + lane + 32 * j]);
-        m = mn;
+        for (int g = 0; g < ATTN_KEYS; ++g) {
+            float s = 0.0f;
+#pragma unroll
+            for (int j = 0; j < ATTN_MAX_DPL; ++j) s += qv[j] * kr[g][j];
+            sc[g] = s;
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+#pragma unroll
+            for (int g = 0; g < ATTN_KEYS; ++g) sc[g] += __shfl_xor_sync(0xffffffffu, sc[g], o);
+        }
+#pragma unroll
+        for (int g = 0; g < ATTN_KEYS; ++g) {
+            if (base + g < hi) {
+                const float mn = fmaxf(m, sc[g]);
+                const float corr = expf(m - mn), pr = expf(sc[g] - mn);
+                l = l * corr + pr;
+#pragma unroll
+                for (int j = 0; j < ATTN_MAX_DPL; ++j) acc[j] = acc[j] * corr + pr * vr[g][j];
+                m = mn;
+            }
+        }
     }
     __shared__ float sm_m[ATTN_WARPS], sm_l[ATTN_WARPS], sm_acc[ATTN_WARPS][32 * ATTN_MAX_DPL];
     if (lane == 0) { sm_m[warp] = m; sm_l[warp] = l; }
 #pragma unroll
     for (int j = 0; j < ATTN_MAX_DPL; ++j)
-        if (j < dpl) sm_acc[warp][lane + 32 * j] = acc[j];
+        if (j < dpl) sm_acc[warp][lane * dpl + j] = acc[j];
     __syncthreads();
     if (warp != 0) return;
     float mm = -INFINITY;
@@ -65,13 +99,13 @@ attn_split(const float* __restrict__ q, const bf16_t* __restrict__ k_cache,
             ll += sm_l[w] * f;
 #pragma unroll
             for (int j = 0; j < ATTN_MAX_DPL; ++j)
-                if (j < dpl) out[j] += sm_acc[w][lane + 32 * j] * f;
+                if (j < dpl) out[j] += sm_acc[w][lane * dpl + j] * f;
         }
     }
     if (lane == 0) { part_m[pi] = mm; part_l[pi] = ll; }
 #pragma unroll
     for (int j = 0; j < ATTN_MAX_DPL; ++j)
-        if (j < dpl) part_acc[pi * d + lane + 32 * j] = out[j];
+        if (j < dpl) part_acc[pi * d + lane * dpl + j] = out[j];
 }
 
 // grid = (Hq, T), block = d threads. sinks == nullptr turns the sink off (diagnostic only).

@@ -32,7 +32,8 @@ __device__ __forceinline__ float fp4_block_dot(uint4 q, const float* xs) {
 }
 
 // act[t, s, j] = swiglu(gate_j, lin_j) for expert idx[t, s]; grid = (ceil(I / 8), k, T),
-// block = 256 (one warp per unit j, reading rows 2j and 2j + 1 against one staged x).
+// block = 256 (one warp per unit j, reading rows 2j and 2j + 1 against one staged x). The
+// first weight loads are issued before the staging, and each iteration prefetches the next.
 // Dynamic shared memory: hidden / 32 * MOE_PAD floats.
 extern "C" __global__ void __launch_bounds__(256)
 moe_gate_up_swiglu(const u8* __restrict__ blocks, const u8* __restrict__ scales,
@@ -43,32 +44,35 @@ moe_gate_up_swiglu(const u8* __restrict__ blocks, const u8* __restrict__ scales,
     const int lane = threadIdx.x & 31;
     const int j = blockIdx.x * 8 + (threadIdx.x >> 5);
     const int s = blockIdx.y, t = blockIdx.z;
-    stage_padded(x + (size_t)t * hidden, xs, hidden);
-    __syncthreads();
-    if (j >= inter) return;
+    const bool live = j < inter;
     const int e = idx[t * k + s];
     const int nb = hidden >> 5;
     const size_t rows = 2 * (size_t)inter;
-    const size_t rg = (size_t)e * rows + 2 * j, rl = rg + 1;
+    const size_t rg = (size_t)e * rows + 2 * (size_t)(live ? j : 0), rl = rg + 1;
     const uint4* bg = reinterpret_cast<const uint4*>(blocks) + rg * nb;
     const uint4* bl = reinterpret_cast<const uint4*>(blocks) + rl * nb;
     const u8* sg = scales + rg * nb;
     const u8* sl = scales + rl * nb;
-    float g = 0.0f, l = 0.0f;
-    int b = lane;
-    for (; b + 32 < nb; b += 64) {
-        const uint4 qg0 = __ldg(bg + b), ql0 = __ldg(bl + b);
-        const uint4 qg1 = __ldg(bg + b + 32), ql1 = __ldg(bl + b + 32);
-        const float sg0 = e8m0_value(sg[b]), sl0 = e8m0_value(sl[b]);
-        const float sg1 = e8m0_value(sg[b + 32]), sl1 = e8m0_value(sl[b + 32]);
-        const float* x0 = xs + b * MOE_PAD;
-        const float* x1 = xs + (b + 32) * MOE_PAD;
-        g += fp4_block_dot(qg0, x0) * sg0 + fp4_block_dot(qg1, x1) * sg1;
-        l += fp4_block_dot(ql0, x0) * sl0 + fp4_block_dot(ql1, x1) * sl1;
+    uint4 ng = make_uint4(0, 0, 0, 0), nl = ng;
+    unsigned nsg = 0, nsl = 0;
+    if (live && lane < nb) {
+        ng = __ldg(bg + lane); nl = __ldg(bl + lane);
+        nsg = sg[lane]; nsl = sl[lane];
     }
-    if (b < nb) {
-        g += fp4_block_dot(__ldg(bg + b), xs + b * MOE_PAD) * e8m0_value(sg[b]);
-        l += fp4_block_dot(__ldg(bl + b), xs + b * MOE_PAD) * e8m0_value(sl[b]);
+    stage_padded(x + (size_t)t * hidden, xs, hidden);
+    __syncthreads();
+    if (!live) return;
+    float g = 0.0f, l = 0.0f;
+    for (int b = lane; b < nb; b += 32) {
+        const uint4 cg = ng, cl = nl;
+        const unsigned csg = nsg, csl = nsl;
+        if (b + 32 < nb) {
+            ng = __ldg(bg + b + 32); nl = __ldg(bl + b + 32);
+            nsg = sg[b + 32]; nsl = sl[b + 32];
+        }
+        const float* xb = xs + b * MOE_PAD;
+        g += fp4_block_dot(cg, xb) * e8m0_value(csg);
+        l += fp4_block_dot(cl, xb) * e8m0_value(csl);
     }
     g = warp_sum(g);
     l = warp_sum(l);
@@ -84,7 +88,8 @@ moe_gate_up_swiglu(const u8* __restrict__ blocks, const u8* __restrict__ scales,
 // y[t, r] (+)= sum_s w[t, s] * (W2_e[r, :] . act[t, s, :] + b2_e[r]); the down bias sits inside
 // the weighted sum. grid = (ceil(H / 16), T), block = 256: each warp owns two adjacent output
 // rows (one staged activation read serves both); its lanes stride over all (expert, block)
-// pairs, so every expert is summed in registers (no atomics, deterministic).
+// pairs, so every expert is summed in registers (no atomics, deterministic). The first
+// weights are loaded before the staging, and each iteration prefetches the next.
 // Dynamic shared memory: k * inter / 32 * MOE_PAD floats.
 extern "C" __global__ void __launch_bounds__(256)
 moe_down(const u8* __restrict__ blocks, const u8* __restrict__ scales,
@@ -95,42 +100,38 @@ moe_down(const u8* __restrict__ blocks, const u8* __restrict__ scales,
     const int lane = threadIdx.x & 31;
     const int r0 = (blockIdx.x * 8 + (threadIdx.x >> 5)) * 2;
     const int t = blockIdx.y;
-    stage_padded(act + (size_t)t * k * inter, as, k * inter);
-    __syncthreads();
-    if (r0 >= hidden) return;
+    const bool live = r0 < hidden;
     const bool two = r0 + 1 < hidden;
     const int nb = inter >> 5;
     const int items = k * nb;
     const uint4* b4 = reinterpret_cast<const uint4*>(blocks);
+    // Item it = (expert slot s, block b): its two rows' weights, scales (times the routing
+    // weight) and offset into the staged activations. Loaded one item ahead.
+    uint4 n0 = make_uint4(0, 0, 0, 0), n1 = n0;
+    float ns0 = 0.0f, ns1 = 0.0f;
+    auto fetch = [&](int it) {
+        const int s = it / nb, b = it - s * nb;
+        const size_t row = (size_t)idx[t * k + s] * hidden + r0;
+        const float w = wts[t * k + s];
+        n0 = __ldg(b4 + row * nb + b);
+        ns0 = e8m0_value(scales[row * nb + b]) * w;
+        if (two) {
+            n1 = __ldg(b4 + (row + 1) * nb + b);
+            ns1 = e8m0_value(scales[(row + 1) * nb + b]) * w;
+        }
+    };
+    if (live && lane < items) fetch(lane);
+    stage_padded(act + (size_t)t * k * inter, as, k * inter);
+    __syncthreads();
+    if (!live) return;
     float t0 = 0.0f, t1 = 0.0f;
-    for (int it0 = lane; it0 < items; it0 += 64) {
-        uint4 q0[2], q1[2];
-        float s0[2], s1[2];
-        int off[2];
-#pragma unroll
-        for (int u = 0; u < 2; ++u) {
-            const int it = it0 + 32 * u;
-            if (it < items) {
-                const int s = it / nb, b = it - s * nb;
-                const size_t row = (size_t)idx[t * k + s] * hidden + r0;
-                const float w = wts[t * k + s];
-                q0[u] = __ldg(b4 + row * nb + b);
-                s0[u] = e8m0_value(scales[row * nb + b]) * w;
-                if (two) {
-                    q1[u] = __ldg(b4 + (row + 1) * nb + b);
-                    s1[u] = e8m0_value(scales[(row + 1) * nb + b]) * w;
-                }
-                off[u] = it * MOE_PAD;
-            }
-        }
-#pragma unroll
-        for (int u = 0; u < 2; ++u) {
-            if (it0 + 32 * u < items) {
-                const float* a = as + off[u];
-                t0 += fp4_block_dot(q0[u], a) * s0[u];
-                if (two) t1 += fp4_block_dot(q1[u], a) * s1[u];
-            }
-        }
+    for (int it = lane; it < items; it += 32) {
+        const uint4 c0 = n0, c1 = n1;
+        const float cs0 = ns0, cs1 = ns1;
+        if (it + 32 < items) fetch(it + 32);
+        const float* a = as + it * MOE_PAD;
+        t0 += fp4_block_dot(c0, a) * cs0;
+        if (two) t1 += fp4_block_dot(c1, a) * cs1;
     }
     t0 = warp_sum(t0);
     t1 = warp_sum(t1);
