@@ -13,6 +13,8 @@ __device__ __forceinline__ void load_row(const bf16_t* __restrict__ p, int dpl, 
         const unsigned w = *reinterpret_cast<const unsigned*>(p);
         o[0] = __uint_as_float(w << 16);
         o[1] = __uint_as_float(w & 0xffff0000u);
+#pragma unroll
+        for (int j = 2; j < ATTN_MAX_DPL; ++j) o[j] = 0.0f;
     } else {
 #pragma unroll
         for (int j = 0; j < ATTN_MAX_DPL; ++j) o[j] = j < dpl ? bf2f(p[j]) : 0.0f;

@@ -53,26 +53,34 @@ moe_gate_up_swiglu(const u8* __restrict__ blocks, const u8* __restrict__ scales,
     const uint4* bl = reinterpret_cast<const uint4*>(blocks) + rl * nb;
     const u8* sg = scales + rg * nb;
     const u8* sl = scales + rl * nb;
-    uint4 ng = make_uint4(0, 0, 0, 0), nl = ng;
-    unsigned nsg = 0, nsl = 0;
-    if (live && lane < nb) {
-        ng = __ldg(bg + lane); nl = __ldg(bl + lane);
-        nsg = sg[lane]; nsl = sl[lane];
-    }
+    // Two blocks (b and b + 32) in flight per row and lane, refilled one iteration ahead.
+    uint4 ng[2], nl[2];
+    unsigned nsg[2], nsl[2];
+    auto fetch = [&](int slot, int b) {
+        if (live && b < nb) {
+            ng[slot] = __ldg(bg + b); nl[slot] = __ldg(bl + b);
+            nsg[slot] = sg[b]; nsl[slot] = sl[b];
+        }
+    };
+    fetch(0, lane);
+    fetch(1, lane + 32);
     stage_padded(x + (size_t)t * hidden, xs, hidden);
     __syncthreads();
     if (!live) return;
     float g = 0.0f, l = 0.0f;
-    for (int b = lane; b < nb; b += 32) {
-        const uint4 cg = ng, cl = nl;
-        const unsigned csg = nsg, csl = nsl;
-        if (b + 32 < nb) {
-            ng = __ldg(bg + b + 32); nl = __ldg(bl + b + 32);
-            nsg = sg[b + 32]; nsl = sl[b + 32];
+    for (int b0 = lane; b0 < nb; b0 += 64) {
+#pragma unroll
+        for (int slot = 0; slot < 2; ++slot) {
+            const int b = b0 + 32 * slot;
+            if (b < nb) {
+                const uint4 cg = ng[slot], cl = nl[slot];
+                const unsigned csg = nsg[slot], csl = nsl[slot];
+                fetch(slot, b + 64);
+                const float* xb = xs + b * MOE_PAD;
+                g += fp4_block_dot(cg, xb) * e8m0_value(csg);
+                l += fp4_block_dot(cl, xb) * e8m0_value(csl);
+            }
         }
-        const float* xb = xs + b * MOE_PAD;
-        g += fp4_block_dot(cg, xb) * e8m0_value(csg);
-        l += fp4_block_dot(cl, xb) * e8m0_value(csl);
     }
     g = warp_sum(g);
     l = warp_sum(l);
@@ -105,33 +113,42 @@ moe_down(const u8* __restrict__ blocks, const u8* __restrict__ scales,
     const int nb = inter >> 5;
     const int items = k * nb;
     const uint4* b4 = reinterpret_cast<const uint4*>(blocks);
-    // Item it = (expert slot s, block b): its two rows' weights, scales (times the routing
-    // weight) and offset into the staged activations. Loaded one item ahead.
-    uint4 n0 = make_uint4(0, 0, 0, 0), n1 = n0;
-    float ns0 = 0.0f, ns1 = 0.0f;
-    auto fetch = [&](int it) {
+    // Item it = (expert slot s, block b): its two rows' weights and scales (times the
+    // routing weight).
+    uint4 n0[2], n1[2];
+    float ns0[2], ns1[2];
+    auto fetch = [&](int slot, int it) {
+        if (!live || it >= items) return;
         const int s = it / nb, b = it - s * nb;
         const size_t row = (size_t)idx[t * k + s] * hidden + r0;
         const float w = wts[t * k + s];
-        n0 = __ldg(b4 + row * nb + b);
-        ns0 = e8m0_value(scales[row * nb + b]) * w;
+        n0[slot] = __ldg(b4 + row * nb + b);
+        ns0[slot] = e8m0_value(scales[row * nb + b]) * w;
         if (two) {
-            n1 = __ldg(b4 + (row + 1) * nb + b);
-            ns1 = e8m0_value(scales[(row + 1) * nb + b]) * w;
+            n1[slot] = __ldg(b4 + (row + 1) * nb + b);
+            ns1[slot] = e8m0_value(scales[(row + 1) * nb + b]) * w;
         }
     };
-    if (live && lane < items) fetch(lane);
+    // Two items (it and it + 32) in flight per lane, refilled one iteration ahead.
+    fetch(0, lane);
+    fetch(1, lane + 32);
     stage_padded(act + (size_t)t * k * inter, as, k * inter);
     __syncthreads();
     if (!live) return;
     float t0 = 0.0f, t1 = 0.0f;
-    for (int it = lane; it < items; it += 32) {
-        const uint4 c0 = n0, c1 = n1;
-        const float cs0 = ns0, cs1 = ns1;
-        if (it + 32 < items) fetch(it + 32);
-        const float* a = as + it * MOE_PAD;
-        t0 += fp4_block_dot(c0, a) * cs0;
-        if (two) t1 += fp4_block_dot(c1, a) * cs1;
+    for (int it0 = lane; it0 < items; it0 += 64) {
+#pragma unroll
+        for (int slot = 0; slot < 2; ++slot) {
+            const int it = it0 + 32 * slot;
+            if (it < items) {
+                const uint4 c0 = n0[slot], c1 = n1[slot];
+                const float cs0 = ns0[slot], cs1 = ns1[slot];
+                fetch(slot, it + 64);
+                const float* a = as + it * MOE_PAD;
+                t0 += fp4_block_dot(c0, a) * cs0;
+                if (two) t1 += fp4_block_dot(c1, a) * cs1;
+            }
+        }
     }
     t0 = warp_sum(t0);
     t1 = warp_sum(t1);
