@@ -2,4 +2,9 @@
 
 pub mod backend;
 pub mod config;
+pub mod cpu;
 pub mod cuda;
+pub mod loader;
+pub mod mxfp4;
+pub mod synthetic;
+pub mod weights;
