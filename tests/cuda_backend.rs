@@ -1,9 +1,9 @@
 //! CUDA backend pieces that need no GPU: the no-driver path (an error, never a panic), the
-//! CPU references against the gpt-oss facts, the synthetic generator, and the byte count of
-//! the decode roofline.
+//! per-kernel CPU references against the gpt-oss facts, the test-input streams, and the byte
+//! count of the decode roofline.
 
 use mxtune::engine::cuda::reference as r;
-use mxtune::engine::cuda::{libs, profile, rope, shapes, synthetic, weights};
+use mxtune::engine::cuda::{libs, profile, synthetic};
 
 #[test]
 fn cuda_open_without_a_driver_is_an_error_not_a_panic() {
@@ -45,24 +45,6 @@ fn cuda_selftest_rejects_other_devices() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(err.contains("--device cuda"), "{err}");
-}
-
-#[test]
-fn cuda_yarn_table_matches_gpt_oss_constants() {
-    let cfg = shapes::synthetic_config("gpt-oss-120b").unwrap();
-    let (inv, mscale) = rope::yarn_inv_freq(&cfg);
-    assert_eq!(inv.len(), 32);
-    assert!((mscale - 1.346_573_6).abs() < 1e-6, "{mscale}");
-    let (low, high) = (8.092_779f64, 17.398_025f64);
-    for (i, &got) in inv.iter().enumerate() {
-        let f = 150_000f64.powf(-2.0 * i as f64 / 64.0);
-        let rr = ((i as f64 - low) / (high - low)).clamp(0.0, 1.0);
-        let want = f * (1.0 - rr) + f / 32.0 * rr;
-        assert!(
-            (f64::from(got) / want - 1.0).abs() < 1e-5,
-            "i={i}: {got} vs {want}"
-        );
-    }
 }
 
 #[test]
@@ -129,25 +111,10 @@ fn cuda_synthetic_streams_are_deterministic_and_in_range() {
 }
 
 #[test]
-fn cuda_reference_model_runs_the_tiny_model_deterministically() {
-    let cfg = shapes::synthetic_config("tiny").unwrap();
-    let w = weights::synthetic_host(&cfg, 5).unwrap();
-    let run = |sinks: bool| {
-        let mut m = mxtune::engine::cuda::reference_model::ReferenceModel::new(&cfg, &w, sinks);
-        (0..12u32).map(|t| m.step(t * 37 % 512)).last().unwrap()
-    };
-    let a = run(true);
-    assert_eq!(a.len(), cfg.vocab_size);
-    assert!(a.iter().all(|v| v.is_finite()));
-    assert_eq!(a, run(true));
-    assert_ne!(a, run(false), "sinks must change the output");
-}
-
-#[test]
 fn cuda_bytes_per_token_matches_the_roofline_table() {
     // docs BENCHMARKING "The physical limit": 5.003 GB (120b) and 3.708 GB (20b) as released.
     for (name, want) in [("gpt-oss-120b", 5.003e9), ("gpt-oss-20b", 3.708e9)] {
-        let cfg = shapes::synthetic_config(name).unwrap();
+        let cfg = mxtune::engine::synthetic::config(name).unwrap();
         let got = profile::bytes_per_token(&cfg, 0) as f64;
         assert!((got / want - 1.0).abs() < 0.005, "{name}: {got} vs {want}");
     }

@@ -19,6 +19,10 @@ pub struct SelftestArgs {
     /// Seed of the random inputs (default: drawn from the clock and printed).
     #[arg(long)]
     pub seed: Option<u64>,
+    /// Directory of oracle fixture checkpoints (one per subdirectory with a config.json) to
+    /// run end to end against the CPU backend; `tests/fixtures/oracle` when it exists.
+    #[arg(long)]
+    pub fixtures: Option<std::path::PathBuf>,
 }
 
 /// Run the self-test; exit code 0 only when every check passed.
@@ -55,7 +59,15 @@ pub fn selftest(args: &SelftestArgs) -> Result<ExitCode> {
     }
     println!("seed: {seed}");
     let mut checks = selftest::run_kernel_checks(&g, seed)?;
-    checks.extend(selftest::run_model_checks(&g, seed)?);
+    let fixtures = args.fixtures.clone().or_else(|| {
+        let d = std::path::PathBuf::from("tests/fixtures/oracle");
+        d.is_dir().then_some(d)
+    });
+    match &fixtures {
+        Some(d) => println!("fixtures: {}", d.display()),
+        None => println!("fixtures: none (pass --fixtures DIR to run the oracle models)"),
+    }
+    checks.extend(selftest::run_model_checks(&g, seed, fixtures.as_deref())?);
     for c in &checks {
         println!("{c}");
     }

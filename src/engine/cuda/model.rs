@@ -121,7 +121,8 @@ impl Decoder {
             cfg.intermediate_size,
             cfg.vocab_size,
         );
-        let (inv, mscale) = super::rope::yarn_inv_freq(cfg);
+        let rope = crate::engine::cpu::ops::Rope::new(cfg);
+        let (inv, mscale) = (rope.inv_freq, rope.attention_scaling);
         let cache = cfg.num_hidden_layers * slots * max_pos * hkv * d;
         let b = max_batch;
         let max_splits = max_pos.div_ceil(SPLIT_LEN);

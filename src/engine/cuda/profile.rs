@@ -9,8 +9,9 @@ use anyhow::{Context, Result, ensure};
 
 use super::device::Gpu;
 use super::model::{DecodeOptions, Decoder, Profile, SPLIT_LEN};
-use super::{ops, shapes, weights};
+use super::{ops, weights};
 use crate::engine::config::ModelConfig;
+use crate::engine::synthetic;
 
 /// Arguments of `mxtune engine profile`.
 #[derive(Debug, Clone, clap::Args)]
@@ -111,7 +112,7 @@ fn read_bandwidth(g: &Gpu) -> Result<f64> {
 
 /// Run the profile and print its report.
 pub fn run(args: &ProfileArgs) -> Result<()> {
-    let cfg = shapes::synthetic_config(&args.synthetic)?;
+    let cfg = synthetic::config(&args.synthetic)?;
     ensure!(
         args.batch > 0 && args.steps > 0,
         "--batch and --steps must be positive"
