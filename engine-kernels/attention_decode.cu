@@ -1,4 +1,4 @@
-// Decode attention (one query token per row t) over the bf16 KV cache, split-K
+// Decode attention (one query token per row t) over the KV cache (bf16 or fp32), split-K
 // (flash-decoding): attn_split computes, for each (head, split), the running max m, the sum
 // l and the unnormalised output of its key range; attn_combine merges the splits and adds
 // the sink logit exactly once in the denominator.
@@ -7,8 +7,17 @@
 #define ATTN_WARPS 4
 #define ATTN_MAX_DPL 4
 
-// Load the dpl consecutive head dims lane * dpl.. of one cached row (bf16) as fp32.
-__device__ __forceinline__ void load_row(const bf16_t* __restrict__ p, int dpl, float (&o)[ATTN_MAX_DPL]) {
+// Load the dpl consecutive head dims of one cached row, element offset i, as fp32; the
+// cache holds bf16, or fp32 when kv_f32 != 0.
+__device__ __forceinline__ void load_row(const void* __restrict__ cache, int kv_f32, size_t i, int dpl,
+                                         float (&o)[ATTN_MAX_DPL]) {
+    if (kv_f32) {
+        const float* p = static_cast<const float*>(cache) + i;
+#pragma unroll
+        for (int j = 0; j < ATTN_MAX_DPL; ++j) o[j] = j < dpl ? p[j] : 0.0f;
+        return;
+    }
+    const bf16_t* p = static_cast<const bf16_t*>(cache) + i;
     if (dpl == 2) {
         const unsigned w = *reinterpret_cast<const unsigned*>(p);
         o[0] = __uint_as_float(w << 16);
@@ -26,8 +35,8 @@ __device__ __forceinline__ void load_row(const bf16_t* __restrict__ p, int dpl, 
 // has 2 * ATTN_KEYS row loads in flight instead of one.
 #define ATTN_KEYS 4
 extern "C" __global__ void __launch_bounds__(ATTN_WARPS * 32)
-attn_split(const float* __restrict__ q, const bf16_t* __restrict__ k_cache,
-           const bf16_t* __restrict__ v_cache, const unsigned* __restrict__ pos,
+attn_split(const float* __restrict__ q, const void* __restrict__ k_cache,
+           const void* __restrict__ v_cache, int kv_f32, const unsigned* __restrict__ pos,
            const unsigned long long* __restrict__ kv_off, float* __restrict__ part_m,
            float* __restrict__ part_l, float* __restrict__ part_acc, int hq, int hkv, int d,
            int window, int split_len, float scale) {
@@ -47,16 +56,15 @@ attn_split(const float* __restrict__ q, const bf16_t* __restrict__ k_cache,
         acc[j] = 0.0f;
     }
     float m = -INFINITY, l = 0.0f;
-    const bf16_t* kb = k_cache + kv_off[t] + (size_t)kvh * d + lane * dpl;
-    const bf16_t* vb = v_cache + kv_off[t] + (size_t)kvh * d + lane * dpl;
+    const size_t row0 = kv_off[t] + (size_t)kvh * d + lane * dpl;
     const size_t stride = (size_t)hkv * d;
     for (int base = lo + warp * ATTN_KEYS; base < hi; base += ATTN_WARPS * ATTN_KEYS) {
         float kr[ATTN_KEYS][ATTN_MAX_DPL], vr[ATTN_KEYS][ATTN_MAX_DPL], sc[ATTN_KEYS];
 #pragma unroll
         for (int g = 0; g < ATTN_KEYS; ++g) {
             const int key = min(base + g, hi - 1);
-            load_row(kb + (size_t)key * stride, dpl, kr[g]);
-            load_row(vb + (size_t)key * stride, dpl, vr[g]);
+            load_row(k_cache, kv_f32, row0 + (size_t)key * stride, dpl, kr[g]);
+            load_row(v_cache, kv_f32, row0 + (size_t)key * stride, dpl, vr[g]);
         }
 #pragma unroll
         for (int g = 0; g < ATTN_KEYS; ++g) {

@@ -1,10 +1,17 @@
 // RoPE (rotate-half over the whole head, YaRN frequencies precomputed on the host) applied to
-// q and k after the projection bias, with k and v written into the bf16 KV cache.
+// q and k after the projection bias, with k and v written into the KV cache: bf16, or fp32
+// when kv_f32 != 0 (exact comparison with an fp32 reference).
 // qkv: [T, (Hq + 2 Hkv) * D] fp32 as produced by one fused projection (q | k | v).
 // Cache of a sequence-layer: [max_positions, Hkv, D], starting at element kv_off[t].
 // grid = (Hq + 2 Hkv, T), block = D / 2 threads: thread i rotates the pair (i, i + D/2).
+__device__ __forceinline__ void store_kv(void* cache, int kv_f32, size_t i, float v) {
+    if (kv_f32) static_cast<float*>(cache)[i] = v;
+    else static_cast<bf16_t*>(cache)[i] = f2bf(v);
+}
+
 extern "C" __global__ void rope_kv_write(const float* __restrict__ qkv, float* __restrict__ q_out,
-                                         bf16_t* __restrict__ k_cache, bf16_t* __restrict__ v_cache,
+                                         void* __restrict__ k_cache, void* __restrict__ v_cache,
+                                         int kv_f32,
                                          const float* __restrict__ inv_freq,
                                          const unsigned* __restrict__ pos,
                                          const unsigned long long* __restrict__ kv_off,
@@ -15,8 +22,8 @@ extern "C" __global__ void rope_kv_write(const float* __restrict__ qkv, float* _
     const float a = src[i], b = src[i + half];
     if (h >= hq + hkv) {
         const size_t o = kv_off[t] + ((size_t)pos[t] * hkv + (h - hq - hkv)) * d;
-        v_cache[o + i] = f2bf(a);
-        v_cache[o + i + half] = f2bf(b);
+        store_kv(v_cache, kv_f32, o + i, a);
+        store_kv(v_cache, kv_f32, o + i + half, b);
         return;
     }
     const float theta = (float)pos[t] * inv_freq[i];
@@ -28,7 +35,7 @@ extern "C" __global__ void rope_kv_write(const float* __restrict__ qkv, float* _
         dst[i + half] = o2;
     } else {
         const size_t o = kv_off[t] + ((size_t)pos[t] * hkv + (h - hq)) * d;
-        k_cache[o + i] = f2bf(o1);
-        k_cache[o + i + half] = f2bf(o2);
+        store_kv(k_cache, kv_f32, o + i, o1);
+        store_kv(k_cache, kv_f32, o + i + half, o2);
     }
 }

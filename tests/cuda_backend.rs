@@ -115,7 +115,7 @@ fn cuda_bytes_per_token_matches_the_roofline_table() {
     // docs BENCHMARKING "The physical limit": 5.003 GB (120b) and 3.708 GB (20b) as released.
     for (name, want) in [("gpt-oss-120b", 5.003e9), ("gpt-oss-20b", 3.708e9)] {
         let cfg = mxtune::engine::synthetic::config(name).unwrap();
-        let got = profile::bytes_per_token(&cfg, 0) as f64;
+        let got = profile::bytes_per_token(&cfg, 0, 2) as f64;
         assert!((got / want - 1.0).abs() < 0.005, "{name}: {got} vs {want}");
     }
 }

@@ -50,10 +50,11 @@ impl CudaBackend {
         let lr = &self.gpu.load_report;
         format!(
             "kernel-path: device=cuda:{} arch={} moe-kernel=gemv activation=fp32 weights=bf16 \
-             experts=mxfp4 kv-dtype=bf16 sinks={} cuda-graphs={} prefill=decode-loop \
+             experts=mxfp4 kv-dtype={} sinks={} cuda-graphs={} prefill=decode-loop \
              kernels-compiled={} kernels-cached={}",
             self.gpu.name(),
             self.gpu.arch(),
+            self.dec.options().kv_dtype.name(),
             if self.dec.options().sinks {
                 "on"
             } else {

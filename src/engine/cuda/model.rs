@@ -14,16 +14,48 @@ use crate::engine::config::ModelConfig;
 /// Keys per attention split (flash-decoding chunk).
 pub const SPLIT_LEN: usize = 256;
 
+/// Element type of the KV cache.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KvDtype {
+    /// bf16 (the default: half the bytes).
+    Bf16,
+    /// fp32: the precision of the CPU reference, for exact end-to-end comparisons.
+    F32,
+}
+
+impl KvDtype {
+    /// Bytes per element.
+    pub fn size(self) -> usize {
+        match self {
+            KvDtype::Bf16 => 2,
+            KvDtype::F32 => 4,
+        }
+    }
+
+    /// Name in the kernel-path report.
+    pub fn name(self) -> &'static str {
+        match self {
+            KvDtype::Bf16 => "bf16",
+            KvDtype::F32 => "f32",
+        }
+    }
+}
+
 /// Options of the decode path that the panel can toggle.
 #[derive(Debug, Clone, Copy)]
 pub struct DecodeOptions {
     /// Attention sinks in the softmax (off is a diagnostic: gpt-oss needs them).
     pub sinks: bool,
+    /// KV cache element type.
+    pub kv_dtype: KvDtype,
 }
 
 impl Default for DecodeOptions {
     fn default() -> Self {
-        Self { sinks: true }
+        Self {
+            sinks: true,
+            kv_dtype: KvDtype::Bf16,
+        }
     }
 }
 
@@ -64,8 +96,9 @@ pub struct Decoder {
     opts: DecodeOptions,
     inv_freq: CudaSlice<f32>,
     mscale: f32,
-    k_cache: CudaSlice<u16>,
-    v_cache: CudaSlice<u16>,
+    /// K and V caches as raw bytes ([layers][slots][max_pos][Hkv][D] of `opts.kv_dtype`).
+    k_cache: CudaSlice<u8>,
+    v_cache: CudaSlice<u8>,
     slots: usize,
     max_pos: usize,
     max_batch: usize,
@@ -133,8 +166,8 @@ impl Decoder {
             opts,
             inv_freq: g.upload(&inv)?,
             mscale,
-            k_cache: g.alloc(cache)?,
-            v_cache: g.alloc(cache)?,
+            k_cache: g.alloc(cache * opts.kv_dtype.size())?,
+            v_cache: g.alloc(cache * opts.kv_dtype.size())?,
             slots,
             max_pos,
             max_batch,
@@ -189,7 +222,8 @@ impl Decoder {
 
     /// Fill the whole KV cache with random bf16 (profiling at depth without a prefill).
     pub fn fill_kv(&mut self, g: &Gpu, seed: u64) -> Result<()> {
-        let n = self.k_cache.len();
+        // As bf16 halves: an fp32 cache then holds values near the same bf16 numbers.
+        let n = self.k_cache.len() / 2;
         ops::fill_bf16(g, g.ptr(&self.k_cache), n, seed, 1.0, 0.0)?;
         ops::fill_bf16(g, g.ptr(&self.v_cache), n, seed ^ 1, 1.0, 0.0)?;
         g.sync()
@@ -293,7 +327,8 @@ impl Decoder {
             acc: p(&self.sc_acc),
             entries: self.max_batch * hq * self.max_splits,
         };
-        let layer_stride = (self.slots * self.max_pos * hkv * d * 2) as u64;
+        let kv_f32 = self.opts.kv_dtype == KvDtype::F32;
+        let layer_stride = (self.slots * self.max_pos * hkv * d * self.opts.kv_dtype.size()) as u64;
         let moe_shape = MoeShape {
             hidden: hid,
             inter: c.intermediate_size,
@@ -330,6 +365,7 @@ impl Decoder {
                 p(&self.q),
                 kc,
                 vc,
+                kv_f32,
                 p(&self.inv_freq),
                 g.ptr(&self.pos),
                 g.ptr(&self.kv_off),
@@ -352,6 +388,7 @@ impl Decoder {
                 p(&self.q),
                 kc,
                 vc,
+                kv_f32,
                 g.ptr(&self.pos),
                 g.ptr(&self.kv_off),
                 sinks,

@@ -163,8 +163,8 @@ impl AttnShape {
     }
 }
 
-/// Rotate q/k of `t` tokens (positions `pos`, cache offsets `kv_off`, device arrays) and
-/// write k/v into the bf16 cache.
+/// Rotate q/k of `t` tokens (positions `pos`, cache offsets `kv_off` in elements, device
+/// arrays) and write k/v into the cache (bf16, or fp32 with `kv_f32`).
 pub fn rope_kv(
     g: &Gpu,
     s: AttnShape,
@@ -172,6 +172,7 @@ pub fn rope_kv(
     q_out: u64,
     k_cache: u64,
     v_cache: u64,
+    kv_f32: bool,
     inv_freq: u64,
     pos: u64,
     kv_off: u64,
@@ -189,6 +190,7 @@ pub fn rope_kv(
             Arg::Ptr(q_out),
             Arg::Ptr(k_cache),
             Arg::Ptr(v_cache),
+            Arg::I32(kv_f32 as i32),
             Arg::Ptr(inv_freq),
             Arg::Ptr(pos),
             Arg::Ptr(kv_off),
@@ -220,6 +222,7 @@ pub fn attention(
     q: u64,
     k_cache: u64,
     v_cache: u64,
+    kv_f32: bool,
     pos: u64,
     kv_off: u64,
     sinks: Option<u64>,
@@ -247,6 +250,7 @@ pub fn attention(
             Arg::Ptr(q),
             Arg::Ptr(k_cache),
             Arg::Ptr(v_cache),
+            Arg::I32(kv_f32 as i32),
             Arg::Ptr(pos),
             Arg::Ptr(kv_off),
             Arg::Ptr(scratch.m),

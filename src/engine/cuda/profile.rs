@@ -8,7 +8,7 @@ use std::time::Instant;
 use anyhow::{Context, Result, ensure};
 
 use super::device::Gpu;
-use super::model::{DecodeOptions, Decoder, Profile, SPLIT_LEN};
+use super::model::{DecodeOptions, Decoder, KvDtype, Profile, SPLIT_LEN};
 use super::{ops, weights};
 use crate::engine::config::ModelConfig;
 use crate::engine::synthetic;
@@ -31,13 +31,17 @@ pub struct ProfileArgs {
     /// Attention sinks on|off.
     #[arg(long, default_value = "on", value_parser = ["on", "off"])]
     pub sinks: String,
+    /// KV cache element type: bf16 or f32.
+    #[arg(long, default_value = "bf16", value_parser = ["bf16", "f32"])]
+    pub kv_dtype: String,
     /// CUDA device ordinal.
     #[arg(long, default_value_t = 0)]
     pub gpu: usize,
 }
 
-/// Bytes one decode token must read at batch 1 (each weight it touches once, its KV once).
-pub fn bytes_per_token(c: &ModelConfig, depth: usize) -> u64 {
+/// Bytes one decode token must read at batch 1 (each weight it touches once, its KV once,
+/// `kv_bytes` per cached element).
+pub fn bytes_per_token(c: &ModelConfig, depth: usize, kv_bytes: usize) -> u64 {
     let (h, hq, hkv, d) = (
         c.hidden_size,
         c.num_attention_heads,
@@ -62,7 +66,7 @@ pub fn bytes_per_token(c: &ModelConfig, depth: usize) -> u64 {
         } else {
             depth + 1
         };
-        total += (attn + router + k * expert + keys * hkv * d * 2 * 2) as u64;
+        total += (attn + router + k * expert + keys * hkv * d * 2 * kv_bytes) as u64;
     }
     total
 }
@@ -144,7 +148,14 @@ pub fn run(args: &ProfileArgs) -> Result<()> {
         &g,
         &cfg,
         w,
-        DecodeOptions { sinks },
+        DecodeOptions {
+            sinks,
+            kv_dtype: if args.kv_dtype == "f32" {
+                KvDtype::F32
+            } else {
+                KvDtype::Bf16
+            },
+        },
         args.batch,
         max_pos,
         args.batch,
@@ -153,7 +164,7 @@ pub fn run(args: &ProfileArgs) -> Result<()> {
     let b = args.batch;
     let slots: Vec<u32> = (0..b as u32).collect();
     let toks: Vec<u32> = (0..b as u32).map(|i| 1000 + i).collect();
-    let per_tok = bytes_per_token(&cfg, args.depth);
+    let per_tok = bytes_per_token(&cfg, args.depth, dec.options().kv_dtype.size());
     println!(
         "model {}: {} layers, {} experts; batch {b}, depth {}; bytes/token (batch 1, counted): {:.3} GB",
         args.synthetic,

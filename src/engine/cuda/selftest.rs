@@ -258,69 +258,86 @@ fn check_rope_kv(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
     let t = pos.len();
     let max_pos = 4096;
     let width = (sh.hq + 2 * sh.hkv) * sh.d;
-    let qkv = f32_vec(s.next(), t * width, 3.0, 0.0);
     let region = max_pos * sh.hkv * sh.d;
     // Token 1 writes into a second sequence's region.
     let kv_off: Vec<u64> = vec![0, region as u64, 0];
-    let dqkv = g.upload(&qkv)?;
-    let dq = nan_f32(g, t * sh.hq * sh.d)?;
-    let dk = g.upload(&vec![0xffffu16; 2 * region])?;
-    let dv = g.upload(&vec![0xffffu16; 2 * region])?;
     let (dinv, dpos, doff) = (g.upload(&inv)?, g.upload(&pos)?, g.upload(&kv_off)?);
-    ops::rope_kv(
-        g,
-        sh,
-        g.ptr(&dqkv),
-        g.ptr(&dq),
-        g.ptr(&dk),
-        g.ptr(&dv),
-        g.ptr(&dinv),
-        g.ptr(&dpos),
-        g.ptr(&doff),
-        t,
-        mscale,
-    )?;
-    let (gq, gk, gv) = (g.download(&dq)?, g.download(&dk)?, g.download(&dv)?);
-    let (mut wq, mut wk, mut wv) = (Vec::new(), Vec::new(), Vec::new());
-    let (mut ck, mut cv) = (Vec::new(), Vec::new());
-    for ti in 0..t {
-        let row = &qkv[ti * width..][..width];
-        for h in 0..sh.hq {
-            wq.extend(r::rope_head(
-                &row[h * sh.d..][..sh.d],
-                pos[ti],
-                &inv,
-                mscale,
-            ));
+    let mut res = Vec::new();
+    for kv_f32 in [false, true] {
+        let qkv = f32_vec(s.next(), t * width, 3.0, 0.0);
+        let dqkv = g.upload(&qkv)?;
+        let dq = nan_f32(g, t * sh.hq * sh.d)?;
+        // Poisoned caches (all-ones bytes are NaN in bf16 and in fp32).
+        let bytes = 2 * region * if kv_f32 { 4 } else { 2 };
+        let dk = g.upload(&vec![0xffu8; bytes])?;
+        let dv = g.upload(&vec![0xffu8; bytes])?;
+        ops::rope_kv(
+            g,
+            sh,
+            g.ptr(&dqkv),
+            g.ptr(&dq),
+            g.ptr(&dk),
+            g.ptr(&dv),
+            kv_f32,
+            g.ptr(&dinv),
+            g.ptr(&dpos),
+            g.ptr(&doff),
+            t,
+            mscale,
+        )?;
+        let (gq, gk, gv) = (g.download(&dq)?, g.download(&dk)?, g.download(&dv)?);
+        let elem = |c: &[u8], i: usize| -> f32 {
+            if kv_f32 {
+                f32::from_le_bytes([c[4 * i], c[4 * i + 1], c[4 * i + 2], c[4 * i + 3]])
+            } else {
+                half::bf16::from_bits(u16::from_le_bytes([c[2 * i], c[2 * i + 1]])).to_f32()
+            }
+        };
+        let (mut wq, mut wk, mut wv) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut ck, mut cv) = (Vec::new(), Vec::new());
+        for ti in 0..t {
+            let row = &qkv[ti * width..][..width];
+            for h in 0..sh.hq {
+                wq.extend(r::rope_head(
+                    &row[h * sh.d..][..sh.d],
+                    pos[ti],
+                    &inv,
+                    mscale,
+                ));
+            }
+            for h in 0..sh.hkv {
+                let kh = &row[(sh.hq + h) * sh.d..][..sh.d];
+                wk.extend(r::rope_head(kh, pos[ti], &inv, mscale));
+                let vh = &row[(sh.hq + sh.hkv + h) * sh.d..][..sh.d];
+                wv.extend(vh.iter().map(|&v| f64::from(v)));
+                let o = kv_off[ti] as usize + (pos[ti] as usize * sh.hkv + h) * sh.d;
+                ck.extend((o..o + sh.d).map(|i| elem(&gk, i)));
+                cv.extend((o..o + sh.d).map(|i| elem(&gv, i)));
+            }
         }
-        for h in 0..sh.hkv {
-            let kh = &row[(sh.hq + h) * sh.d..][..sh.d];
-            wk.extend(r::rope_head(kh, pos[ti], &inv, mscale));
-            let vh = &row[(sh.hq + sh.hkv + h) * sh.d..][..sh.d];
-            wv.extend(vh.iter().map(|&v| f64::from(v)));
-            let o = kv_off[ti] as usize + (pos[ti] as usize * sh.hkv + h) * sh.d;
-            ck.extend(
-                gk[o..o + sh.d]
-                    .iter()
-                    .map(|&b| half::bf16::from_bits(b).to_f32()),
-            );
-            cv.extend(
-                gv[o..o + sh.d]
-                    .iter()
-                    .map(|&b| half::bf16::from_bits(b).to_f32()),
-            );
-        }
-    }
-    // Cache entries are bf16: half an ulp of relative error per element at most.
-    Ok(vec![
-        check(
-            "rope_kv_write q (YaRN, 3 positions)",
+        // bf16 entries: half an ulp (2^-9) of relative error per element at most.
+        let (dt, bound) = if kv_f32 {
+            ("f32", 1e-5)
+        } else {
+            ("bf16", 4e-3)
+        };
+        res.push(check(
+            format!("rope_kv_write q (YaRN, 3 positions) kv={dt}"),
             rel_err(&gq, &wq),
             1e-5,
-        ),
-        check("rope_kv_write k -> bf16 cache", rel_err(&ck, &wk), 4e-3),
-        check("rope_kv_write v -> bf16 cache", rel_err(&cv, &wv), 4e-3),
-    ])
+        ));
+        res.push(check(
+            format!("rope_kv_write k -> {dt} cache"),
+            rel_err(&ck, &wk),
+            bound,
+        ));
+        res.push(check(
+            format!("rope_kv_write v -> {dt} cache"),
+            rel_err(&cv, &wv),
+            bound,
+        ));
+    }
+    Ok(res)
 }
 
 fn check_attention(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
@@ -339,6 +356,13 @@ fn check_attention(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
     let t = pos.len();
     let q = f32_vec(s.next(), t * sh.hq * sh.d, 2.0, 0.0);
     let (dk, dv, ds) = (g.upload(&k)?, g.upload(&v)?, g.upload(&sinks)?);
+    // The same K/V widened to fp32 (exact), for the fp32-cache variant.
+    let widen = |x: &[u16]| -> Vec<f32> {
+        x.iter()
+            .map(|&b| half::bf16::from_bits(b).to_f32())
+            .collect()
+    };
+    let (dk32, dv32) = (g.upload(&widen(&k))?, g.upload(&widen(&v))?);
     let (dq, dpos, doff) = (g.upload(&q)?, g.upload(&pos)?, g.upload(&kv_off)?);
     let max_splits = 64;
     let entries = t * sh.hq * max_splits;
@@ -355,12 +379,19 @@ fn check_attention(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
     };
     let scale = 1.0 / (sh.d as f64).sqrt();
     let mut res = Vec::new();
-    for (window, sink_on, split_len) in [
-        (0, true, 64),
-        (128, true, 64),
-        (0, false, 256),
-        (128, true, 4096),
+    for (window, sink_on, split_len, kv_f32) in [
+        (0, true, 64, false),
+        (128, true, 64, false),
+        (0, false, 256, false),
+        (128, true, 4096, false),
+        (0, true, 64, true),
+        (128, false, 64, true),
     ] {
+        let (kc, vc) = if kv_f32 {
+            (g.ptr(&dk32), g.ptr(&dv32))
+        } else {
+            (g.ptr(&dk), g.ptr(&dv))
+        };
         let keys = if window > 0 { window } else { max_pos };
         let nsplit = keys.div_ceil(split_len);
         let dout = nan_f32(g, t * sh.hq * sh.d)?;
@@ -368,8 +399,9 @@ fn check_attention(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
             g,
             sh,
             g.ptr(&dq),
-            g.ptr(&dk),
-            g.ptr(&dv),
+            kc,
+            vc,
+            kv_f32,
             g.ptr(&dpos),
             g.ptr(&doff),
             sink_on.then(|| g.ptr(&ds)),
@@ -399,7 +431,7 @@ fn check_attention(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
             ));
         }
         res.push(check(
-            format!("attention window={window} sinks={sink_on} splits={nsplit}"),
+            format!("attention window={window} sinks={sink_on} splits={nsplit} kv_f32={kv_f32}"),
             rel_err(&got, &want),
             1e-5,
         ));
@@ -647,35 +679,54 @@ fn compare_backends(
     Ok((worst, mismatched, steps))
 }
 
-/// Logit bound of the end-to-end checks: the GPU keeps K/V in bf16, the CPU reference in
-/// fp32, so logits differ by bf16 rounding (about 2^-9 relative per cached element).
-pub const E2E_LOGIT_BOUND: f64 = 1e-2;
+/// Logit bound of the end-to-end checks with an fp32 KV cache: the GPU then differs from
+/// the fp32 CPU reference only in summation order.
+pub const E2E_LOGIT_BOUND: f64 = 1e-4;
+
+/// With a bf16 KV cache the logits drift by bf16 rounding, and a router near-tie can then
+/// pick another expert, which moves the logits far: there the check is that greedy choices
+/// agree on at least this share of the steps.
+pub const E2E_BF16_GREEDY_AGREEMENT: f64 = 0.9;
 
 /// End to end through `CudaBackend` against engine-core's `CpuBackend`: the tiny synthetic
 /// model (weights generated on the device vs built on the host from the same seed) for sinks
-/// on/off × CUDA graphs on/off, then every oracle fixture model under `fixtures`.
+/// on/off × CUDA graphs on/off with an fp32 KV cache (strict), then with the bf16 cache; then
+/// every oracle fixture model under `fixtures` (checkpoint upload), both cache types.
 pub fn run_model_checks(
     g: &std::sync::Arc<Gpu>,
     seed: u64,
     fixtures: Option<&std::path::Path>,
 ) -> Result<Vec<Check>> {
     use super::backend::CudaBackend;
-    use super::model::DecodeOptions;
+    use super::model::{DecodeOptions, KvDtype};
     use crate::engine::cpu::CpuBackend;
     use crate::engine::weights::Tensor;
 
     let mut res = Vec::new();
-    let push = |res: &mut Vec<Check>, label: &str, (worst, mism, steps): (f64, usize, usize)| {
-        res.push(check(
-            format!("{label}: logits vs cpu"),
-            worst,
-            E2E_LOGIT_BOUND,
-        ));
-        res.push(check(
-            format!("{label}: greedy mismatches of {steps}"),
-            mism as f64,
-            0.0,
-        ));
+    let push = |res: &mut Vec<Check>,
+                label: &str,
+                kv: KvDtype,
+                (worst, mism, steps): (f64, usize, usize)| {
+        if kv == KvDtype::F32 {
+            res.push(check(
+                format!("{label}: logits vs cpu"),
+                worst,
+                E2E_LOGIT_BOUND,
+            ));
+            res.push(check(
+                format!("{label}: greedy mismatches of {steps}"),
+                mism as f64,
+                0.0,
+            ));
+        } else {
+            println!("info {label}: worst logits error vs cpu {worst:.3e}");
+            let bound = ((1.0 - E2E_BF16_GREEDY_AGREEMENT) * steps as f64).floor();
+            res.push(check(
+                format!("{label}: greedy mismatches of {steps}"),
+                mism as f64,
+                bound,
+            ));
+        }
     };
     let cfg = crate::engine::synthetic::config("tiny")?;
     for sinks in [true, false] {
@@ -688,25 +739,24 @@ pub fn run_model_checks(
             }
         }
         let mut cpu = CpuBackend::new(host, 4 * 64);
-        for graphs in [false, true] {
+        for (graphs, kv) in [
+            (false, KvDtype::F32),
+            (true, KvDtype::F32),
+            (true, KvDtype::Bf16),
+        ] {
             let dw = super::weights::synthetic_device(g, &cfg, seed)?;
-            let mut be = CudaBackend::new(
-                g.clone(),
-                &cfg,
-                dw,
-                DecodeOptions { sinks },
-                3,
-                64,
-                2,
-                graphs,
-            )?;
+            let opts = DecodeOptions {
+                sinks,
+                kv_dtype: kv,
+            };
+            let mut be = CudaBackend::new(g.clone(), &cfg, dw, opts, 3, 64, 2, graphs)?;
             println!("{}", be.kernel_path_report());
             let r = compare_backends(&mut be, &mut cpu, seed)?;
-            push(
-                &mut res,
-                &format!("tiny synthetic sinks={sinks} graphs={graphs}"),
-                r,
+            let label = format!(
+                "tiny synthetic sinks={sinks} graphs={graphs} kv={}",
+                kv.name()
             );
+            push(&mut res, &label, kv, r);
         }
     }
     if let Some(dir) = fixtures {
@@ -722,22 +772,31 @@ pub fn run_model_checks(
             dir.display()
         );
         for m in models {
-            let w = crate::engine::loader::load(&m)?;
-            let c = w.config.clone();
-            let dw = super::weights::upload(g, &w)?;
-            let mut cpu = CpuBackend::new(w, 4 * 64);
-            let mut be =
-                CudaBackend::new(g.clone(), &c, dw, DecodeOptions::default(), 3, 64, 2, true)?;
-            let r = compare_backends(&mut be, &mut cpu, seed)?;
             let name = m
                 .file_name()
                 .map(|n| n.to_string_lossy().into_owned())
                 .unwrap_or_default();
-            push(
-                &mut res,
-                &format!("fixture {name} (checkpoint upload, graphs)"),
-                r,
-            );
+            for kv in [KvDtype::F32, KvDtype::Bf16] {
+                let w = crate::engine::loader::load(&m)?;
+                let c = w.config.clone();
+                let dw = super::weights::upload(g, &w)?;
+                let mut cpu = CpuBackend::new(w, 4 * 64);
+                let opts = DecodeOptions {
+                    sinks: true,
+                    kv_dtype: kv,
+                };
+                let mut be = CudaBackend::new(g.clone(), &c, dw, opts, 3, 64, 2, true)?;
+                let r = compare_backends(&mut be, &mut cpu, seed)?;
+                push(
+                    &mut res,
+                    &format!(
+                        "fixture {name} (checkpoint upload, graphs, kv={})",
+                        kv.name()
+                    ),
+                    kv,
+                    r,
+                );
+            }
         }
     }
     Ok(res)
