@@ -33,6 +33,19 @@ enum Command {
     Serve(mxtune::engine::serve::ServeArgs),
     /// Run records: list, show, compare (`runs/*.json`).
     Runs(mxtune::record::cli::RunsArgs),
+    /// The bundled inference engine.
+    Engine {
+        #[command(subcommand)]
+        command: EngineCommand,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum EngineCommand {
+    /// Check every CUDA kernel against the CPU reference on random inputs.
+    Selftest(mxtune::engine::cuda::cli::SelftestArgs),
+    /// Time one decode step of a synthetic model on the GPU, kernel by kernel.
+    Profile(mxtune::engine::cuda::profile::ProfileArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -52,6 +65,12 @@ fn main() -> std::process::ExitCode {
         Some(Command::Presets(args)) => mxtune::flags::cli::run(args),
         Some(Command::Serve(args)) => mxtune::engine::serve::run(args),
         Some(Command::Runs(args)) => mxtune::record::cli::run(args),
+        Some(Command::Engine {
+            command: EngineCommand::Selftest(args),
+        }) => mxtune::engine::cuda::cli::selftest(&args),
+        Some(Command::Engine {
+            command: EngineCommand::Profile(args),
+        }) => mxtune::engine::cuda::profile::run(&args).map(|()| std::process::ExitCode::SUCCESS),
     };
     match result {
         Ok(code) => code,

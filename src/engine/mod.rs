@@ -4,6 +4,7 @@ pub mod backend;
 pub mod config;
 pub mod cpu;
 pub mod harmony;
+pub mod cuda;
 pub mod loader;
 pub mod mxfp4;
 pub mod sampling;
