@@ -27,12 +27,6 @@ enum Command {
     Launch(Box<mxtune::launch::cli::LaunchArgs>),
     /// Stop containers and engine processes mxtune started.
     Stop(mxtune::launch::cli::StopArgs),
-    /// Run configurations: list, show (as docker run / vllm / env / engine), diff, check.
-    Presets(mxtune::flags::cli::PresetsArgs),
-    /// Serve gpt-oss with the bundled engine over an OpenAI-compatible HTTP API.
-    Serve(mxtune::engine::serve::ServeArgs),
-    /// Run records: list, show, compare (`runs/*.json`).
-    Runs(mxtune::record::cli::RunsArgs),
     /// The bundled inference engine.
     Engine {
         #[command(subcommand)]
@@ -62,9 +56,6 @@ fn main() -> std::process::ExitCode {
         Some(Command::Monitor(args)) => mxtune::monitor::cli::run(args),
         Some(Command::Launch(args)) => mxtune::launch::cli::launch(*args),
         Some(Command::Stop(args)) => mxtune::launch::cli::stop(args),
-        Some(Command::Presets(args)) => mxtune::flags::cli::run(args),
-        Some(Command::Serve(args)) => mxtune::engine::serve::run(args),
-        Some(Command::Runs(args)) => mxtune::record::cli::run(args),
         Some(Command::Engine {
             command: EngineCommand::Selftest(args),
         }) => mxtune::engine::cuda::cli::selftest(&args),
