@@ -3,8 +3,8 @@
 pub mod backend;
 pub mod config;
 pub mod cpu;
-pub mod harmony;
 pub mod cuda;
+pub mod harmony;
 pub mod loader;
 pub mod mxfp4;
 pub mod sampling;
