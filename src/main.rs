@@ -14,6 +14,8 @@ struct Cli {
 enum Command {
     /// Live GPU, host and server metrics: a line per second, or one sample with --once --json.
     Monitor(mxtune::monitor::cli::MonitorArgs),
+    /// Run records: list, show, compare (`runs/*.json`).
+    Runs(mxtune::record::cli::RunsArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -24,6 +26,7 @@ fn main() -> std::process::ExitCode {
             Ok(std::process::ExitCode::from(2))
         }
         Some(Command::Monitor(args)) => mxtune::monitor::cli::run(args),
+        Some(Command::Runs(args)) => mxtune::record::cli::run(args),
     };
     match result {
         Ok(code) => code,

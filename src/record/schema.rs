@@ -559,6 +559,20 @@ fn one() -> u32 {
     1
 }
 
+impl WorkloadPoint {
+    /// llama-bench style name: `pp2048 tg32`, plus ` @ d4096` and ` c4` when not 0 / 1.
+    pub fn label(&self) -> String {
+        let mut s = format!("pp{} tg{}", self.pp, self.tg);
+        if self.depth > 0 {
+            s.push_str(&format!(" @ d{}", self.depth));
+        }
+        if self.concurrency > 1 {
+            s.push_str(&format!(" c{}", self.concurrency));
+        }
+        s
+    }
+}
+
 /// Summary of repeated measurements: mean ± sample std over n.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct Stats {
