@@ -29,11 +29,11 @@ fn text(b: &[u8]) -> String {
 }
 
 /// A record with every section filled, as the other modules will fill them.
-fn full_record() -> RunRecord {
+fn full_record(source_repo: &Path) -> RunRecord {
     let mut r = mxtune::record::begin(
         TargetKind::Docker,
         Some("cutlass all-mxfp4".into()),
-        &[("mxtune".into(), PathBuf::from(env!("CARGO_MANIFEST_DIR")))],
+        &[("vllm".into(), source_repo.to_path_buf())],
     );
     r.identity.note = Some("64x128 tiles".into());
     r.identity.tags = vec!["tiles".into(), "decode".into()];
@@ -246,7 +246,8 @@ fn full_record() -> RunRecord {
 fn full_record_round_trips_through_the_store() {
     let dir = tempfile::tempdir().unwrap();
     let store = RunStore::new(dir.path().join("runs"));
-    let rec = full_record();
+    let (checkout, repo_sha) = source_checkout();
+    let rec = full_record(checkout.path());
     assert_eq!(
         rec.resources.as_ref().unwrap().series.len(),
         SERIES_MAX_POINTS
@@ -278,13 +279,36 @@ fn full_record_round_trips_through_the_store() {
     assert_eq!(Latency::from_requests(&p.requests_raw), p.latency);
     let host = &back.environment.host;
     assert!(host.hostname.is_some() && host.kernel.is_some() && host.ram_total_bytes.is_some());
-    assert_eq!(
-        back.environment.source_repos[0]
-            .sha
-            .as_ref()
-            .map(String::len),
-        Some(40)
-    );
+    let src = &back.environment.source_repos[0];
+    assert_eq!(src.name, "vllm");
+    assert_eq!(src.sha.as_deref(), Some(repo_sha.as_str()));
+    assert_eq!(src.branch.as_deref(), Some("mxfp4-wip"));
+    assert_eq!(src.dirty, Some(true));
+    assert_eq!(src.error, None);
+}
+
+fn git(dir: &Path, args: &[&str]) -> String {
+    let out = Command::new("git")
+        .arg("-C")
+        .arg(dir)
+        .args(["-c", "user.name=t", "-c", "user.email=t@example.invalid"])
+        .args(args)
+        .output()
+        .expect("git is installed");
+    assert!(out.status.success(), "git {args:?}: {}", text(&out.stderr));
+    text(&out.stdout).trim().to_string()
+}
+
+/// A source checkout on branch `mxfp4-wip` with one commit and an uncommitted change.
+fn source_checkout() -> (tempfile::TempDir, String) {
+    let dir = tempfile::tempdir().unwrap();
+    git(dir.path(), &["init", "-q", "-b", "mxfp4-wip"]);
+    std::fs::write(dir.path().join("setup.py"), "v1").unwrap();
+    git(dir.path(), &["add", "setup.py"]);
+    git(dir.path(), &["commit", "-q", "-m", "one"]);
+    std::fs::write(dir.path().join("setup.py"), "v2").unwrap();
+    let sha = git(dir.path(), &["rev-parse", "HEAD"]);
+    (dir, sha)
 }
 
 #[test]
@@ -375,9 +399,11 @@ fn secrets_are_redacted_in_env_argv_and_flags() {
             ("AWS_SECRET_ACCESS_KEY".into(), "aws-env".into()),
             ("DB_PASSWORD".into(), "pw-env".into()),
             ("VLLM_MXFP4_BACKEND".into(), "CUTLASS".into()),
+            ("HTTPS_PROXY".into(), "http://op:proxy-pw@proxy:3128".into()),
         ]),
         ..LaunchSpec::default()
     });
+    rec.target.url = Some("https://bench:url-pw@gpu-box:8000/v1".into());
     let h = store.create(rec).unwrap();
     let raw = std::fs::read_to_string(h.path()).unwrap();
     for secret in [
@@ -391,6 +417,8 @@ fn secrets_are_redacted_in_env_argv_and_flags() {
         "sk-env",
         "aws-env",
         "pw-env",
+        "proxy-pw",
+        "url-pw",
     ] {
         assert!(!raw.contains(secret), "{secret} leaked into {raw}");
     }
@@ -418,6 +446,11 @@ fn secrets_are_redacted_in_env_argv_and_flags() {
     assert_eq!(l.env["AWS_SECRET_ACCESS_KEY"], "<redacted>");
     assert_eq!(l.env["DB_PASSWORD"], "<redacted>");
     assert_eq!(l.env["VLLM_MXFP4_BACKEND"], "CUTLASS");
+    assert_eq!(l.env["HTTPS_PROXY"], "http://op:<redacted>@proxy:3128");
+    assert_eq!(
+        back.target.url.as_deref(),
+        Some("https://bench:<redacted>@gpu-box:8000/v1")
+    );
     assert_eq!(back.target.flags["api_key"], "<redacted>");
     assert_eq!(back.target.flags["hfToken"], "<redacted>");
     assert_eq!(back.target.flags["serving"]["max_num_batched_tokens"], 8192);
@@ -501,6 +534,8 @@ fn messy_runs_dir() -> tempfile::TempDir {
     );
     write(d, "notes.txt", b"not a record, not a .json file");
     write(d, ".20260109T162501Z-x.json.123.0.tmp", b"{\"half\": ");
+    write(d, "launched-engines.json", b"{\"engines\": []}");
+    write(d, ".launched-engines.json.77.tmp", b"{");
     dir
 }
 
@@ -656,6 +691,13 @@ fn cli_runs_show_accepts_prefix_and_short_id() {
     }
     let by_short = mxtune(&["runs", "show", "2YQCVT"], Some(dir.path()));
     assert_eq!(text(&by_short.stdout), s);
+
+    // --json prints the migrated record: the v0 draft comes out in the current shape.
+    let out = mxtune(&["runs", "show", "--json", "01KCXF"], Some(dir.path()));
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let shown: RunRecord = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(shown, load_file(&fixture("v0-draft.json")).unwrap());
+    assert_eq!(shown.schema_version, SCHEMA_VERSION);
 
     let out = mxtune(&["runs", "show", "01KE"], Some(dir.path()));
     assert!(!out.status.success());

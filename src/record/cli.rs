@@ -50,6 +50,9 @@ enum RunsCommand {
     Show {
         /// Run id (prefix), short id or file name.
         id: String,
+        /// Print the whole record as JSON (migrated to the current schema, secrets redacted).
+        #[arg(long)]
+        json: bool,
     },
     /// Compare runs against the first: a delta table per metric with a noise hint.
     Compare {
@@ -76,9 +79,15 @@ pub fn run(args: RunsArgs) -> Result<ExitCode> {
             report_bad(&scan);
             Ok(ExitCode::SUCCESS)
         }
-        RunsCommand::Show { id } => {
+        RunsCommand::Show { id, json } => {
             let run = store.find(&id)?;
-            print!("{}", render_show(&run));
+            if json {
+                let text = serde_json::to_string_pretty(&run.record)
+                    .with_context(|| format!("cannot serialize {}", run.path.display()))?;
+                println!("{text}");
+            } else {
+                print!("{}", render_show(&run));
+            }
             Ok(ExitCode::SUCCESS)
         }
         RunsCommand::Compare { ids, format } => {
@@ -536,4 +545,32 @@ pub fn render_show(run: &StoredRun) -> String {
         }
     }
     o
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use chrono::TimeZone;
+
+    #[test]
+    fn since_accepts_dates_times_and_durations() {
+        let now = Utc.with_ymd_and_hms(2026, 1, 17, 12, 0, 0).unwrap();
+        let at = |s: &str| parse_since(s, now).unwrap();
+        assert_eq!(
+            at("2026-01-10"),
+            Utc.with_ymd_and_hms(2026, 1, 10, 0, 0, 0).unwrap()
+        );
+        assert_eq!(
+            at("2026-01-16T08:30:00+02:00"),
+            Utc.with_ymd_and_hms(2026, 1, 16, 6, 30, 0).unwrap()
+        );
+        assert_eq!(at("90s"), now - chrono::TimeDelta::seconds(90));
+        assert_eq!(at("30m"), now - chrono::TimeDelta::minutes(30));
+        assert_eq!(at("24h"), now - chrono::TimeDelta::hours(24));
+        assert_eq!(at("7d"), now - chrono::TimeDelta::days(7));
+        assert_eq!(at("2w"), now - chrono::TimeDelta::days(14));
+        for bad in ["", "h", "5y", "yesterday", "99999999999999999999d"] {
+            assert!(parse_since(bad, now).is_err(), "{bad:?} should be rejected");
+        }
+    }
 }

@@ -663,3 +663,33 @@ fn render_md(runs: &[RunRecord]) -> String {
     );
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn v(mean: f64, std: Option<f64>) -> Value {
+        Value { mean, std }
+    }
+
+    #[test]
+    fn delta_percent_and_noise_hint() {
+        let d = delta(v(100.0, Some(1.0)), v(101.5, Some(0.5)));
+        assert!((d.pct.unwrap() - 1.5).abs() < 1e-12);
+        assert!(d.within_noise, "1.5 < 2 * max(1.0, 0.5)");
+        let d = delta(v(100.0, Some(1.0)), v(97.0, Some(0.5)));
+        assert!(!d.within_noise);
+        assert!((d.pct.unwrap() + 3.0).abs() < 1e-12);
+        assert!(
+            !delta(v(10.0, None), v(10.1, None)).within_noise,
+            "no std, no hint"
+        );
+        assert_eq!(delta(v(0.0, None), v(1.0, None)).pct, None);
+    }
+
+    #[test]
+    fn column_letters() {
+        let l: Vec<String> = [0, 1, 25, 26, 27].into_iter().map(column_letter).collect();
+        assert_eq!(l, ["A", "B", "Z", "AA", "AB"]);
+    }
+}

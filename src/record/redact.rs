@@ -21,11 +21,14 @@ pub fn is_secret_name(name: &str) -> bool {
         .any(|w| SECRET_ENDINGS.iter().any(|e| w.ends_with(e)))
 }
 
-/// Replace the values of secret-named variables.
+/// Replace the values of secret-named variables and passwords inside URL values.
 pub fn redact_env(env: &mut BTreeMap<String, String>) {
     for (k, v) in env.iter_mut() {
         if is_secret_name(k) {
             *v = REDACTED.to_string();
+        } else if v.contains("://") {
+            // e.g. HTTP_PROXY=http://user:pw@proxy
+            *v = redact_url(v);
         }
     }
 }
@@ -57,6 +60,25 @@ pub fn redact_argv(argv: &mut [String]) {
         {
             *arg = format!("{name}={REDACTED}");
         }
+        if arg.contains("://") {
+            *arg = redact_url(arg);
+        }
+    }
+}
+
+/// Hide the password of a URL's user info: `https://user:pw@host/…` → `https://user:<redacted>@host/…`.
+pub fn redact_url(s: &str) -> String {
+    let Some(scheme_end) = s.find("://") else {
+        return s.to_string();
+    };
+    let rest = &s[scheme_end + 3..];
+    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let Some(at) = rest[..authority_end].rfind('@') else {
+        return s.to_string();
+    };
+    match rest[..at].split_once(':') {
+        Some((user, _)) => format!("{}{user}:{REDACTED}{}", &s[..scheme_end + 3], &rest[at..]),
+        None => s.to_string(),
     }
 }
 
@@ -108,6 +130,22 @@ pub fn redact_launch(spec: &mut LaunchSpec) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn url_passwords() {
+        assert_eq!(
+            redact_url("https://op:hunter2@proxy:3128/path?q=a@b"),
+            "https://op:<redacted>@proxy:3128/path?q=a@b"
+        );
+        assert_eq!(
+            redact_url("http://127.0.0.1:8000/v1"),
+            "http://127.0.0.1:8000/v1"
+        );
+        assert_eq!(redact_url("http://user@host/"), "http://user@host/");
+        let mut argv = vec!["--url".to_string(), "http://a:b@h".to_string()];
+        redact_argv(&mut argv);
+        assert_eq!(argv[1], "http://a:<redacted>@h");
+    }
 
     #[test]
     fn names() {

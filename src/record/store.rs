@@ -3,9 +3,10 @@
 
 use super::migrate;
 use super::redact;
-use super::schema::{RunRecord, RunStatus};
+use super::schema::{FORMAT_MARKER, RunRecord, RunStatus, SCHEMA_VERSION};
 use anyhow::{Context, Result, bail};
 use chrono::Utc;
+use rayon::prelude::*;
 use std::fs::{self, File, OpenOptions};
 use std::io::{ErrorKind, Write};
 use std::path::{Path, PathBuf};
@@ -107,19 +108,35 @@ impl RunStore {
                     .with_context(|| format!("cannot read runs directory {}", self.dir.display()));
             }
         };
+        let mut candidates = Vec::new();
         for entry in entries {
             let entry = entry
                 .with_context(|| format!("cannot list runs directory {}", self.dir.display()))?;
             let path = entry.path();
             let name = entry.file_name().to_string_lossy().into_owned();
-            if name.starts_with('.') && name.ends_with(TEMP_SUFFIX) {
+            if is_our_temp(&name) {
                 scan.leftover_temps.push(path);
                 continue;
             }
-            if name.starts_with('.') || !name.ends_with(".json") || !path.is_file() {
+            if name.starts_with('.')
+                || !name.ends_with(".json")
+                || NOT_RECORDS.contains(&name.as_str())
+                || !path.is_file()
+            {
                 continue;
             }
-            match load_file(&path) {
+            candidates.push(path);
+        }
+        // Records with raw timings are large; parse them on all cores.
+        let loaded: Vec<(PathBuf, std::result::Result<RunRecord, String>)> = candidates
+            .into_par_iter()
+            .map(|path| {
+                let r = load_file(&path);
+                (path, r)
+            })
+            .collect();
+        for (path, r) in loaded {
+            match r {
                 Ok(record) => scan.runs.push(StoredRun { path, record }),
                 Err(reason) => scan.bad.push(BadFile { path, reason }),
             }
@@ -195,6 +212,15 @@ pub fn load_file(path: &Path) -> std::result::Result<RunRecord, String> {
     if bytes.iter().all(u8::is_ascii_whitespace) {
         return Err("empty file (the writer stopped before its first write completed)".into());
     }
+    // Fast path: a current-version record parses straight into the types, without the
+    // intermediate JSON tree (records with raw timings run to hundreds of KB).
+    if let Ok(mut record) = serde_json::from_slice::<RunRecord>(&bytes)
+        && record.format == FORMAT_MARKER
+        && record.schema_version == SCHEMA_VERSION
+    {
+        sanitize(&mut record);
+        return Ok(record);
+    }
     let doc: serde_json::Value =
         serde_json::from_slice(&bytes).map_err(|e| match e.classify() {
             serde_json::error::Category::Eof => {
@@ -261,6 +287,9 @@ fn sanitize(record: &mut RunRecord) {
         redact::redact_launch(spec);
     }
     redact::redact_json(&mut record.target.flags);
+    if let Some(url) = record.target.url.as_mut() {
+        *url = redact::redact_url(url);
+    }
 }
 
 fn encode(record: &RunRecord) -> Result<Vec<u8>> {
@@ -275,6 +304,27 @@ fn encode(record: &RunRecord) -> Result<Vec<u8>> {
 }
 
 const TEMP_SUFFIX: &str = ".tmp";
+
+/// JSON files other modules keep in the runs directory that are not run records
+/// (`launch`'s table of engine processes it started).
+pub const NOT_RECORDS: &[&str] = &["launched-engines.json"];
+
+/// Is this one of our temp files, `.<record>.json.<pid>.<n>.tmp`? Other writers' temp
+/// files in the directory are not ours to report.
+fn is_our_temp(name: &str) -> bool {
+    let Some(stem) = name
+        .strip_prefix('.')
+        .and_then(|n| n.strip_suffix(TEMP_SUFFIX))
+    else {
+        return false;
+    };
+    let mut parts = stem.rsplitn(3, '.');
+    let numeric =
+        |p: Option<&str>| p.is_some_and(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()));
+    numeric(parts.next())
+        && numeric(parts.next())
+        && parts.next().is_some_and(|r| r.ends_with(".json"))
+}
 
 /// A fully written and fsynced temp file beside its destination, not yet visible under
 /// the final name. Dropping it without `commit` leaves the temp file behind — exactly what
