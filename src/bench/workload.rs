@@ -486,6 +486,9 @@ impl Runner {
             }
             if !runs.is_empty() || !partial {
                 let done = finish_point(*point, runs, latency_s, epoch_wall, partial);
+                if let Some(w) = early_first_chunk(&done) {
+                    result.warnings.push(w);
+                }
                 on_point(&done);
                 self.emit(BenchEvent::PointDone {
                     index,
@@ -502,6 +505,21 @@ impl Runner {
         });
         Ok(result)
     }
+}
+
+/// A server that sends its role-only chunk before prefill (the bundled engine did) makes
+/// ttfr, est_ppt and pp t/s meaningless; say so instead of printing absurd pp figures.
+pub fn early_first_chunk(p: &PointResult) -> Option<String> {
+    let r = &p.stats.record;
+    let (ttfr, ttft) = (r.ttfr_ms?.mean, r.e2e_ttft_ms?.mean);
+    (ttft > 20.0 && ttfr < 0.2 * ttft).then(|| {
+        format!(
+            "{}: the first chunk arrives {ttfr:.1} ms after the request but the first token \
+             {ttft:.1} ms: the server sends its role chunk before prefill, so ttfr, est_ppt and \
+             pp t/s do not measure prefill; read e2e_ttft",
+            point_label(&p.point)
+        )
+    })
 }
 
 /// Statistics and the error summary of a point's runs.
