@@ -12,11 +12,6 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
-    /// Launch a target (Docker container, bundled engine, or attach to a URL), wait until it
-    /// is ready, print phases and the kernel-path verdict, and leave it running.
-    Launch(Box<mxtune::launch::cli::LaunchArgs>),
-    /// Stop containers and engine processes mxtune started.
-    Stop(mxtune::launch::cli::StopArgs),
     /// Run configurations: list, show (as docker run / vllm / env / engine), diff, check.
     Presets(mxtune::flags::cli::PresetsArgs),
     /// Benchmark an OpenAI-compatible server: pp/tg grid, correctness and stress levels.
@@ -33,6 +28,24 @@ enum Command {
     Serve(mxtune::engine::serve::ServeArgs),
     /// Live GPU, host and server metrics: a line per second, or one sample with --once --json.
     Monitor(mxtune::monitor::cli::MonitorArgs),
+    /// Launch a target (Docker container, bundled engine, or attach to a URL), wait until it
+    /// is ready, print phases and the kernel-path verdict, and leave it running.
+    Launch(Box<mxtune::launch::cli::LaunchArgs>),
+    /// Stop containers and engine processes mxtune started.
+    Stop(mxtune::launch::cli::StopArgs),
+    /// The bundled inference engine.
+    Engine {
+        #[command(subcommand)]
+        command: EngineCommand,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum EngineCommand {
+    /// Check every CUDA kernel against the CPU reference on random inputs.
+    Selftest(mxtune::engine::cuda::cli::SelftestArgs),
+    /// Time one decode step of a synthetic model on the GPU, kernel by kernel.
+    Profile(mxtune::engine::cuda::profile::ProfileArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -42,8 +55,6 @@ fn main() -> std::process::ExitCode {
             eprintln!("mxtune: the interactive panel is not built yet; see `mxtune --help`");
             Ok(std::process::ExitCode::from(2))
         }
-        Some(Command::Launch(args)) => mxtune::launch::cli::launch(*args),
-        Some(Command::Stop(args)) => mxtune::launch::cli::stop(args),
         Some(Command::Presets(args)) => mxtune::flags::cli::run(args),
         Some(Command::Bench(args)) => mxtune::bench::cli::run(args),
         Some(Command::Runs(args)) => mxtune::record::cli::run(args),
@@ -52,6 +63,14 @@ fn main() -> std::process::ExitCode {
         Some(Command::Recipe(args)) => mxtune::matrix::recipe::run(args),
         Some(Command::Serve(args)) => mxtune::engine::serve::run(args),
         Some(Command::Monitor(args)) => mxtune::monitor::cli::run(args),
+        Some(Command::Launch(args)) => mxtune::launch::cli::launch(*args),
+        Some(Command::Stop(args)) => mxtune::launch::cli::stop(args),
+        Some(Command::Engine {
+            command: EngineCommand::Selftest(args),
+        }) => mxtune::engine::cuda::cli::selftest(&args),
+        Some(Command::Engine {
+            command: EngineCommand::Profile(args),
+        }) => mxtune::engine::cuda::profile::run(&args).map(|()| std::process::ExitCode::SUCCESS),
     };
     match result {
         Ok(code) => code,

@@ -336,6 +336,8 @@ async fn grid_statistics_equal_hand_computation_from_recorded_timestamps() {
         }
     }
     assert_eq!((started, done_requests, finished), (4, 24, true));
+    // The double sends its role chunk after the scripted prefill, as vLLM does.
+    assert!(res.warnings.is_empty(), "{:?}", res.warnings);
     assert!(performance_report(&res).passed);
 }
 
@@ -669,4 +671,40 @@ async fn latency_modes_probe_the_server() {
         .unwrap();
     assert!(generation >= 0.020, "{generation}");
     assert_eq!(d.posts(), 4);
+}
+
+#[tokio::test]
+async fn role_chunk_before_prefill_is_flagged() {
+    // Role chunk at once, first token 500 ms later: ttfr says nothing about prefill.
+    let d = double::spawn(Script {
+        prefill: Duration::ZERO,
+        first_token: Duration::from_millis(500),
+        ..Script::default()
+    })
+    .await;
+    let w = Workload {
+        pp: vec![32],
+        tg: vec![4],
+        depth: vec![0],
+        concurrency: vec![1],
+        runs: 2,
+        warmup: 0,
+        no_cache: false,
+        latency_mode: LatencyMode::None,
+        endpoint: Endpoint::Chat,
+        token_ids: false,
+        exact_output: true,
+        logprobs: false,
+    };
+    let res = runner(&d.url).run(&w, |_| {}).await.unwrap();
+    let r = &res.points[0].stats.record;
+    assert_eq!(
+        res.warnings.len(),
+        1,
+        "{:?} {:?} {:?}",
+        res.warnings,
+        r.ttfr_ms,
+        r.e2e_ttft_ms
+    );
+    assert!(res.warnings[0].contains("role chunk before prefill"));
 }

@@ -151,6 +151,33 @@ async fn docker_launch_ready_stream_verdict_stop() {
             .any(|n| n.contains("pip freeze unavailable"))
     );
 
+    // What goes into the run record.
+    let observed = mxtune::launch::record::observed(&launch, Some("run.log".into()));
+    let names: Vec<&str> = observed.phases.iter().map(|p| p.name.as_str()).collect();
+    assert_eq!(
+        names,
+        vec![
+            "starting",
+            "loading weights",
+            "capturing CUDA graphs",
+            "starting server",
+            "ready"
+        ]
+    );
+    assert!(observed.startup_s.is_some());
+    assert!(
+        observed
+            .kernel_path
+            .iter()
+            .all(|c| c.verdict == mxtune::record::schema::Verdict::Valid)
+    );
+    assert!(
+        observed
+            .warnings
+            .iter()
+            .any(|w| w.contains("VLLM_BOGUS_FLAG"))
+    );
+
     let msg = launch.stop(o.stop_grace, false).await.unwrap();
     assert!(msg.contains("removed"), "{msg}");
     assert!(gone(&d, &id).await);

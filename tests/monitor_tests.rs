@@ -9,7 +9,7 @@ use chrono::{TimeZone, Utc};
 use mxtune::monitor::collector::{Monitor, MonitorConfig, clamp_rate};
 use mxtune::monitor::memory::{DeviceMemory, MemInfo, choose_memory, parse_meminfo};
 use mxtune::monitor::prom::{
-    CounterRate, ServerReader, Tracker, counter_delta, metrics_url, parse_metrics,
+    CounterRate, ServerReader, Tracker, counter_delta, metrics_url, parse_metrics, tracked,
 };
 use mxtune::monitor::reading::Reading;
 use mxtune::monitor::record::{fill_environment, resources};
@@ -139,13 +139,25 @@ process_cpu_seconds_total 12.5
 
 #[test]
 fn vllm_names_with_colons_parse_and_sum_over_engines() {
-    let s = parse_metrics(VLLM_TEXT).unwrap();
+    let s = parse_metrics(VLLM_TEXT, |_| true).unwrap();
     assert_eq!(s.sum("vllm:num_requests_running"), Some(3.0));
     assert_eq!(s.sum("vllm:generation_tokens_total"), Some(1500.0));
     let kv = s.mean("vllm:kv_cache_usage_perc").unwrap();
     assert!((kv - 0.3).abs() < 1e-12);
     assert_eq!(s.sum("process_cpu_seconds_total"), Some(12.5));
     assert_eq!(s.sum("vllm:prompt_tokens_total"), None);
+}
+
+#[test]
+fn only_tracked_metrics_are_parsed_when_asked() {
+    let s = parse_metrics(VLLM_TEXT, tracked).unwrap();
+    assert_eq!(s.sum("vllm:generation_tokens_total"), Some(1500.0));
+    assert_eq!(s.sum("vllm:num_requests_waiting"), Some(4.0));
+    assert_eq!(s.sum("process_cpu_seconds_total"), None);
+    assert!(tracked("llamacpp:requests_deferred"));
+    assert!(tracked("vllm:gpu_cache_usage_perc"));
+    assert!(!tracked("vllm:time_to_first_token_seconds_bucket"));
+    assert!(!tracked(""));
 }
 
 #[test]
@@ -201,7 +213,7 @@ fn tracker_derives_tok_s_and_spec_decode_acceptance() {
     let first = t.update(
         "u",
         0.0,
-        &parse_metrics(&vllm_scrape(0.0, 0.0, 100.0, 300.0, 100.0)).unwrap(),
+        &parse_metrics(&vllm_scrape(0.0, 0.0, 100.0, 300.0, 100.0), tracked).unwrap(),
     );
     assert_eq!(first.kind, ServerKind::Vllm);
     assert_eq!(first.generation_tok_s, Reading::NotSupported);
@@ -211,7 +223,7 @@ fn tracker_derives_tok_s_and_spec_decode_acceptance() {
     let m = t.update(
         "u",
         2.0,
-        &parse_metrics(&vllm_scrape(120.0, 4000.0, 160.0, 390.0, 130.0)).unwrap(),
+        &parse_metrics(&vllm_scrape(120.0, 4000.0, 160.0, 390.0, 130.0), tracked).unwrap(),
     );
     assert_eq!(m.generation_tok_s, Reading::Value(60.0));
     assert_eq!(m.prompt_tok_s, Reading::Value(2000.0));
@@ -224,7 +236,7 @@ fn tracker_derives_tok_s_and_spec_decode_acceptance() {
     let r = t.update(
         "u",
         3.0,
-        &parse_metrics(&vllm_scrape(30.0, 0.0, 30.0, 30.0, 10.0)).unwrap(),
+        &parse_metrics(&vllm_scrape(30.0, 0.0, 30.0, 30.0, 10.0), tracked).unwrap(),
     );
     assert_eq!(r.generation_tok_s, Reading::Value(30.0));
     assert_eq!(r.spec_acceptance_rate.get(), Some(90.0 / 120.0));
@@ -247,8 +259,8 @@ fn tracker_reads_llama_cpp_names() {
         )
     };
     let mut t = Tracker::new(1.0);
-    t.update("u", 0.0, &parse_metrics(&text(100)).unwrap());
-    let m = t.update("u", 1.0, &parse_metrics(&text(158)).unwrap());
+    t.update("u", 0.0, &parse_metrics(&text(100), tracked).unwrap());
+    let m = t.update("u", 1.0, &parse_metrics(&text(158), tracked).unwrap());
     assert_eq!(m.kind, ServerKind::LlamaCpp);
     assert_eq!(m.generation_tok_s, Reading::Value(58.0));
     assert_eq!(m.prompt_tok_s, Reading::Value(0.0));
@@ -261,7 +273,11 @@ fn tracker_reads_llama_cpp_names() {
 #[test]
 fn a_server_with_other_metrics_only_reads_not_available() {
     let mut t = Tracker::new(1.0);
-    let m = t.update("u", 0.0, &parse_metrics("http_requests_total 4\n").unwrap());
+    let m = t.update(
+        "u",
+        0.0,
+        &parse_metrics("http_requests_total 4\n", |_| true).unwrap(),
+    );
     assert_eq!(m.kind, ServerKind::Unknown);
     assert_eq!(m.generation_tok_s, Reading::NotSupported);
     assert_eq!(m.running, Reading::NotSupported);
@@ -520,6 +536,26 @@ fn gpu_facts_fill_the_record_environment() {
         env.gpu_error.as_deref(),
         Some("NVML not available: libnvidia-ml.so.1 not found")
     );
+}
+
+#[test]
+fn the_compact_line_labels_unified_memory_throttling_and_na() {
+    let mut x = sample(0, gpu(1800, 95.5, 71, 30 << 30, &["sw_power_cap"]));
+    if let GpuStatus::Available { gpus, .. } = &mut x.gpu {
+        gpus[0].clocks.mem_mhz = Reading::NotSupported;
+    }
+    let line = mxtune::monitor::cli::line(&x);
+    for part in [
+        "gpu0 90%",
+        "mem unified 30.0/128.0 GiB",
+        "sm 1800/3000 MHz",
+        "mem n/a MHz",
+        "96/n/a W",
+        "71°C P0 thr sw_power_cap",
+        "cpu 10% ram 1.0/8.0 GiB load n/a",
+    ] {
+        assert!(line.contains(part), "{part:?} missing from {line:?}");
+    }
 }
 
 #[test]

@@ -26,6 +26,9 @@ pub enum LatencyMode {
     None,
 }
 
+/// Smallest context (or prompt, at depth 0) that holds a `--no-cache` tag with room to spare.
+pub const MIN_UNIQUE: u32 = 32;
+
 /// The grid and how to run it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Workload {
@@ -107,6 +110,27 @@ impl Workload {
         }
         if self.runs == 0 {
             anyhow::bail!("--runs must be at least 1");
+        }
+        // The uniqueness tag ("[nonce point.run.slot] ") takes up to ~20 tokens of the budget.
+        if self.no_cache {
+            let room = |d: u32| {
+                if d > 0 {
+                    d
+                } else {
+                    self.pp.iter().copied().min().unwrap_or(0)
+                }
+            };
+            if let Some(small) = self
+                .depth
+                .iter()
+                .map(|&d| room(d))
+                .find(|&n| n < MIN_UNIQUE)
+            {
+                anyhow::bail!(
+                    "--no-cache needs at least {MIN_UNIQUE} tokens to hold its uniqueness tag \
+                     (the depth, or --pp at depth 0); got {small}"
+                );
+            }
         }
         if self.token_ids && self.endpoint != Endpoint::Completions {
             anyhow::bail!("--token-ids needs --endpoint completions (chat takes messages)");
@@ -462,6 +486,9 @@ impl Runner {
             }
             if !runs.is_empty() || !partial {
                 let done = finish_point(*point, runs, latency_s, epoch_wall, partial);
+                if let Some(w) = early_first_chunk(&done) {
+                    result.warnings.push(w);
+                }
                 on_point(&done);
                 self.emit(BenchEvent::PointDone {
                     index,
@@ -478,6 +505,21 @@ impl Runner {
         });
         Ok(result)
     }
+}
+
+/// A server that sends its role-only chunk before prefill (the bundled engine did) makes
+/// ttfr, est_ppt and pp t/s meaningless; say so instead of printing absurd pp figures.
+pub fn early_first_chunk(p: &PointResult) -> Option<String> {
+    let r = &p.stats.record;
+    let (ttfr, ttft) = (r.ttfr_ms?.mean, r.e2e_ttft_ms?.mean);
+    (ttft > 20.0 && ttfr < 0.2 * ttft).then(|| {
+        format!(
+            "{}: the first chunk arrives {ttfr:.1} ms after the request but the first token \
+             {ttft:.1} ms: the server sends its role chunk before prefill, so ttfr, est_ppt and \
+             pp t/s do not measure prefill; read e2e_ttft",
+            point_label(&p.point)
+        )
+    })
 }
 
 /// Statistics and the error summary of a point's runs.
@@ -502,5 +544,66 @@ pub fn finish_point(
         runs,
         errors,
         partial,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn grid() -> Workload {
+        Workload {
+            pp: vec![64, 128],
+            tg: vec![8],
+            depth: vec![0, 256],
+            concurrency: vec![1, 4],
+            runs: 3,
+            warmup: 1,
+            no_cache: true,
+            latency_mode: LatencyMode::None,
+            endpoint: Endpoint::Chat,
+            token_ids: false,
+            exact_output: true,
+            logprobs: false,
+        }
+    }
+
+    #[test]
+    fn points_are_depth_major_and_requests_count_warmup() {
+        let w = grid();
+        let p = w.points();
+        assert_eq!(p.len(), 8);
+        assert_eq!((p[0].depth, p[0].pp, p[0].concurrency), (0, 64, 1));
+        assert_eq!((p[1].depth, p[1].pp, p[1].concurrency), (0, 64, 4));
+        assert_eq!((p[4].depth, p[4].pp), (256, 64));
+        // Each depth: (1 + 4) × 2 pp values × (1 warm-up + 3 runs).
+        assert_eq!(w.total_requests(), 2 * 5 * 2 * 4);
+        assert_eq!(point_label(&p[5]), "pp64 tg8 @ d256");
+        assert_eq!(pp_label(&p[0]), "pp64");
+        assert_eq!(tg_label(&p[5]), "tg8 @ d256");
+    }
+
+    #[test]
+    fn validation_names_the_option_at_fault() {
+        assert!(grid().validate().is_ok());
+        type Change = fn(&mut Workload);
+        let cases: [(Change, &str); 6] = [
+            (|w| w.pp = vec![8], "--no-cache"),
+            (|w| w.depth = vec![16], "--no-cache"),
+            (|w| w.concurrency = vec![0], "--concurrency"),
+            (|w| w.tg = vec![], "--tg"),
+            (|w| w.runs = 0, "--runs"),
+            (|w| w.token_ids = true, "--token-ids"),
+        ];
+        for (change, option) in cases {
+            let mut w = grid();
+            change(&mut w);
+            let e = w.validate().unwrap_err().to_string();
+            assert!(e.contains(option), "{e}");
+        }
+        let mut w = grid();
+        w.no_cache = false;
+        w.pp = vec![1];
+        assert!(w.validate().is_ok());
     }
 }

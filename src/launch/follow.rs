@@ -108,6 +108,18 @@ pub struct ReadyInfo {
 struct Shared {
     logs: Mutex<LogBuffer>,
     scanner: Mutex<PathScanner>,
+    history: Mutex<History>,
+}
+
+/// Phases with the time each began, and warnings, for the run record.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct History {
+    /// Phases in the order they began.
+    pub phases: Vec<(Phase, chrono::DateTime<chrono::Utc>)>,
+    /// Every warning event.
+    pub warnings: Vec<String>,
+    /// Seconds from start to ready.
+    pub startup_s: Option<f64>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -138,6 +150,10 @@ impl Launch {
         let shared = Arc::new(Shared {
             logs: Mutex::new(LogBuffer::new(opts.log_capacity, opts.log_path.as_deref())?),
             scanner: Mutex::new(PathScanner::new(checks)),
+            history: Mutex::new(History {
+                phases: vec![(Phase::Starting, chrono::Utc::now())],
+                ..History::default()
+            }),
         });
         let (status_tx, status) = watch::channel(Status::Starting(Phase::Starting));
         let follower = Follower {
@@ -203,6 +219,11 @@ impl Launch {
         lock(&self.shared.scanner).report()
     }
 
+    /// Phases, warnings and start-up time so far.
+    pub fn history(&self) -> History {
+        lock(&self.shared.history).clone()
+    }
+
     /// Stops the target (SIGTERM, grace, kill, remove unless `keep`) and ends following.
     pub async fn stop(mut self, grace: Duration, keep: bool) -> Result<String> {
         let outcome = self.target.stop(grace, keep).await;
@@ -238,6 +259,18 @@ struct Follower {
 
 impl Follower {
     fn emit(&self, e: LaunchEvent) {
+        match &e {
+            LaunchEvent::Phase { phase } => lock(&self.shared.history)
+                .phases
+                .push((*phase, chrono::Utc::now())),
+            LaunchEvent::Warning { message } => {
+                lock(&self.shared.history).warnings.push(message.clone())
+            }
+            LaunchEvent::Ready { startup_s, .. } => {
+                lock(&self.shared.history).startup_s = Some(*startup_s)
+            }
+            _ => {}
+        }
         // Nobody listening is fine: the headless CLI may only watch the status.
         let _ = self.events.send(e);
     }

@@ -13,6 +13,7 @@ pub mod follow;
 pub mod logbuf;
 pub mod preflight;
 pub mod ready;
+pub mod record;
 pub mod rules;
 pub mod spec;
 pub mod state;

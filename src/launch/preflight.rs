@@ -287,9 +287,16 @@ pub fn drop_page_cache() -> Result<()> {
         .context("cannot write /proc/sys/vm/drop_caches (needs root): run `sync; echo 1 | sudo tee /proc/sys/vm/drop_caches`")
 }
 
-/// The host-side checks for a spec (port, mounts for a local daemon, GPU processes,
-/// compilers, unified memory). The image check needs Docker and lives in the CLI flow.
+/// The host-side checks for a spec (port, mounts, GPU processes, compilers, unified
+/// memory). They describe this machine, so a Docker target on a remote daemon skips them
+/// with a warning. The image check needs Docker and lives in the CLI flow.
 pub fn host_checks(spec: &LaunchSpec, check_gpu: bool) -> Vec<Finding> {
+    if spec.container.is_some() && !docker_host().starts_with("unix://") {
+        return vec![Finding::warning(format!(
+            "DOCKER_HOST={} is another machine: port, mounts, GPU processes, compilers and memory are not checked from here",
+            docker_host()
+        ))];
+    }
     let mut out = Vec::new();
     let bind = match spec.container.as_ref().map(|c| c.network) {
         Some(super::spec::NetworkMode::Bridge) => "127.0.0.1",
@@ -297,14 +304,7 @@ pub fn host_checks(spec: &LaunchSpec, check_gpu: bool) -> Vec<Finding> {
     };
     out.extend(check_port(bind, spec.port));
     if let Some(c) = &spec.container {
-        if docker_host().starts_with("unix://") {
-            out.extend(check_mounts(&c.mounts));
-        } else {
-            out.push(Finding::warning(format!(
-                "DOCKER_HOST={} is remote: mount sources are not checked here",
-                docker_host()
-            )));
-        }
+        out.extend(check_mounts(&c.mounts));
     }
     if check_gpu {
         match nvml_compute_processes() {
