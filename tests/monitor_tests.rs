@@ -772,3 +772,19 @@ fn mxtune_monitor_rejects_a_bad_url_with_its_name() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("localhost 8000"), "{err}");
 }
+
+#[test]
+fn gpu_memory_probe_reads_memory_or_says_why_not() {
+    use mxtune::bench::levels::MemoryProbe;
+    match mxtune::monitor::probe::GpuMemoryProbe::detect() {
+        Ok(probe) => {
+            let used = probe.used_bytes().expect("a detected GPU reads its memory");
+            assert!(used > 0, "{}: 0 bytes in use", probe.describe());
+            assert!(probe.describe().contains("GPU"));
+        }
+        Err(e) => {
+            let msg = format!("{e:#}");
+            assert!(msg.contains("NVML") || msg.contains("GPU"), "unhelpful reason: {msg}");
+        }
+    }
+}

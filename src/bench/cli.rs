@@ -11,7 +11,9 @@ use serde::Serialize;
 use tokio::sync::mpsc;
 
 use super::client::{BenchClient, ClientConfig, Endpoint};
-use super::levels::{CorrectnessPlan, Level, LevelReport, StressPlan, performance_report};
+use super::levels::{
+    CorrectnessPlan, Level, LevelReport, MemoryProbe, StressPlan, performance_report,
+};
 use super::workload::{
     BenchEvent, Cancel, LatencyMode, PointResult, Runner, Workload, WorkloadResult, point_label,
     pp_label, tg_label,
@@ -183,8 +185,18 @@ async fn run_async(args: BenchArgs) -> Result<ExitCode> {
                     endpoint: args.endpoint,
                     ..StressPlan::default()
                 };
-                // The memory check needs a monitor probe; headless bench has none yet.
-                levels.push(runner.stress(&plan, None).await);
+                // The memory check reads the GPU through the monitor; without one it is
+                // skipped and the level report says why.
+                let probe = crate::monitor::probe::GpuMemoryProbe::detect();
+                if let Err(e) = &probe {
+                    eprintln!("mxtune bench: stress memory check skipped: {e:#}");
+                }
+                let probe = probe.ok();
+                levels.push(
+                    runner
+                        .stress(&plan, probe.as_ref().map(|p| p as &dyn MemoryProbe))
+                        .await,
+                );
             }
             Level::Performance => {
                 let result = runner

@@ -12,7 +12,7 @@ use tokio::sync::mpsc;
 use super::plan::{Grid, TestLevel};
 use super::state::{LevelOutcome, MatrixPlan, PresetStatus};
 use crate::bench::client::{BenchClient, ClientConfig, Endpoint};
-use crate::bench::levels::{CorrectnessPlan, LevelReport, StressPlan};
+use crate::bench::levels::{CorrectnessPlan, LevelReport, MemoryProbe, StressPlan};
 use crate::bench::workload::{CancelWatch, PointResult, Runner};
 use crate::flags::preset::{Preset, PresetStore};
 use crate::flags::render::render;
@@ -406,7 +406,12 @@ pub async fn measure(
             endpoint: plan.endpoint,
             ..StressPlan::default()
         };
-        out.levels.push(runner.stress(&plan_s, None).await);
+        let probe = crate::monitor::probe::GpuMemoryProbe::detect().ok();
+        out.levels.push(
+            runner
+                .stress(&plan_s, probe.as_ref().map(|p| p as &dyn MemoryProbe))
+                .await,
+        );
     }
     if levels.contains(&TestLevel::Performance) && !cancel.is_cancelled() {
         let params = workload_params(&plan.grid, plan.endpoint, levels);

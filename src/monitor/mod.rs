@@ -11,6 +11,7 @@ pub mod collector;
 pub mod host;
 pub mod memory;
 pub mod nvml;
+pub mod probe;
 pub mod prom;
 pub mod reading;
 pub mod record;
