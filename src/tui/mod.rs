@@ -1,1 +1,190 @@
-//! tui module (being built).
+//! The interactive control panel (ratatui + crossterm). A thin face on the core modules:
+//! every action here is also available headless. The event loop is generic over the ratatui
+//! `Backend`, so screens are tested with `TestBackend`; background work (terminal input,
+//! signals, monitor samples, launch and bench progress) arrives as `Event`s on one channel,
+//! and the screen is redrawn only when something changed.
+
+pub mod app;
+pub mod keys;
+pub mod screens;
+pub mod theme;
+pub mod ui;
+
+use std::io::{self, Write};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
+
+use anyhow::Context;
+use crossterm::event::{DisableMouseCapture, EnableMouseCapture};
+use crossterm::execute;
+use crossterm::terminal::{
+    EnterAlternateScreen, LeaveAlternateScreen, disable_raw_mode, enable_raw_mode,
+};
+use ratatui::Terminal;
+use ratatui::backend::{Backend, CrosstermBackend};
+
+use app::{App, Effect};
+use theme::Theme;
+
+/// How the panel starts.
+#[derive(Debug, Clone, Default)]
+pub struct Options {
+    /// ASCII-only glyphs.
+    pub ascii: bool,
+    /// No colours (also when `NO_COLOR` is set).
+    pub no_color: bool,
+    /// Capture the mouse (off by default: it breaks copy/paste over SSH).
+    pub mouse: bool,
+}
+
+/// Everything that can wake the event loop.
+#[derive(Debug)]
+pub enum Event {
+    /// Terminal input: keys, resize, mouse.
+    Term(crossterm::event::Event),
+    /// A signal arrived (SIGTERM, SIGHUP, SIGINT).
+    Signal(i32),
+    /// Periodic redraw while something live is shown.
+    Tick,
+}
+
+/// Why the loop ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Exit {
+    /// The operator quit.
+    Quit,
+    /// A signal ended the panel (the terminal may be gone, e.g. SIGHUP from a dropped SSH session).
+    Signal(i32),
+}
+
+/// Restores the terminal when dropped, on every exit path that unwinds.
+struct TerminalGuard {
+    mouse: bool,
+}
+
+impl TerminalGuard {
+    fn enter(mouse: bool) -> anyhow::Result<Self> {
+        enable_raw_mode().context("cannot switch the terminal to raw mode (is stdin a terminal?)")?;
+        let guard = TerminalGuard { mouse };
+        execute!(io::stdout(), EnterAlternateScreen).context("cannot enter the alternate screen")?;
+        if mouse {
+            execute!(io::stdout(), EnableMouseCapture).context("cannot enable mouse capture")?;
+        }
+        Ok(guard)
+    }
+}
+
+/// Put the terminal back the way we found it. Errors are ignored: after SIGHUP there may be
+/// no terminal left to write to.
+fn restore_terminal(mouse: bool) {
+    if mouse {
+        let _ = execute!(io::stdout(), DisableMouseCapture);
+    }
+    let _ = execute!(io::stdout(), LeaveAlternateScreen, crossterm::cursor::Show);
+    let _ = disable_raw_mode();
+    let _ = io::stdout().flush();
+}
+
+impl Drop for TerminalGuard {
+    fn drop(&mut self) {
+        restore_terminal(self.mouse);
+    }
+}
+
+/// Open the panel in this terminal and run until the operator quits or a signal ends it.
+pub fn run(opts: Options) -> anyhow::Result<Exit> {
+    let (tx, rx) = mpsc::channel();
+    spawn_signal_thread(tx.clone())?;
+    let guard = TerminalGuard::enter(opts.mouse)?;
+    let mouse = opts.mouse;
+    let previous_hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        restore_terminal(mouse);
+        previous_hook(info);
+    }));
+    spawn_input_thread(tx.clone());
+
+    let mut terminal = Terminal::new(CrosstermBackend::new(io::stdout()))
+        .context("cannot set up the terminal")?;
+    let mut app = App::new(Theme::from_env(opts.ascii, opts.no_color));
+    let exit = event_loop(&mut terminal, &mut app, &rx);
+    drop(guard);
+    exit
+}
+
+fn spawn_input_thread(tx: Sender<Event>) {
+    std::thread::Builder::new()
+        .name("tui-input".into())
+        .spawn(move || {
+            // Blocks in read(); ends when the terminal goes away or the loop hangs up.
+            while let Ok(ev) = crossterm::event::read() {
+                if tx.send(Event::Term(ev)).is_err() {
+                    break;
+                }
+            }
+        })
+        .ok();
+}
+
+fn spawn_signal_thread(tx: Sender<Event>) -> anyhow::Result<()> {
+    use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
+    let mut signals = signal_hook::iterator::Signals::new([SIGTERM, SIGHUP, SIGINT])
+        .context("cannot install signal handlers")?;
+    std::thread::Builder::new()
+        .name("tui-signals".into())
+        .spawn(move || {
+            for sig in signals.forever() {
+                if tx.send(Event::Signal(sig)).is_err() {
+                    break;
+                }
+            }
+        })
+        .context("cannot start the signal thread")?;
+    Ok(())
+}
+
+/// The loop: wait for an event, update state, redraw if anything changed. While nothing is
+/// live it blocks without a timeout, so an idle panel uses no CPU.
+pub fn event_loop<B: Backend>(
+    terminal: &mut Terminal<B>,
+    app: &mut App,
+    rx: &Receiver<Event>,
+) -> anyhow::Result<Exit>
+where
+    B::Error: Send + Sync + 'static,
+{
+    terminal.draw(|f| ui::draw(f, app)).context("cannot draw the panel")?;
+    loop {
+        let event = match app.tick_interval() {
+            Some(every) => match rx.recv_timeout(every) {
+                Ok(ev) => ev,
+                Err(RecvTimeoutError::Timeout) => Event::Tick,
+                Err(RecvTimeoutError::Disconnected) => return Ok(Exit::Quit),
+            },
+            None => match rx.recv() {
+                Ok(ev) => ev,
+                Err(_) => return Ok(Exit::Quit),
+            },
+        };
+        let (effects, redraw) = match event {
+            Event::Term(crossterm::event::Event::Key(key)) => (app.on_key(key), true),
+            Event::Term(crossterm::event::Event::Resize(..)) => (Vec::new(), true),
+            Event::Term(_) => (Vec::new(), false),
+            Event::Signal(sig) => {
+                app.on_signal(sig);
+                return Ok(Exit::Signal(sig));
+            }
+            Event::Tick => (Vec::new(), true),
+        };
+        for effect in effects {
+            match effect {
+                Effect::Quit { stop_target } => {
+                    app.on_quit(stop_target);
+                    return Ok(Exit::Quit);
+                }
+            }
+        }
+        if redraw {
+            terminal.draw(|f| ui::draw(f, app)).context("cannot draw the panel")?;
+        }
+    }
+}
