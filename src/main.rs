@@ -27,7 +27,12 @@ struct TuiArgs {
 }
 
 #[derive(Subcommand, Debug)]
-enum Command {}
+enum Command {
+    /// Run configurations: list, show (as docker run / vllm / env / engine), diff, check.
+    Presets(mxtune::flags::cli::PresetsArgs),
+    /// Run records: list, show, compare (`runs/*.json`).
+    Runs(mxtune::record::cli::RunsArgs),
+}
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
@@ -41,6 +46,8 @@ fn main() -> std::process::ExitCode {
             mxtune::tui::Exit::Quit => std::process::ExitCode::SUCCESS,
             mxtune::tui::Exit::Signal(sig) => std::process::ExitCode::from(128 + sig as u8),
         }),
+        Some(Command::Presets(args)) => mxtune::flags::cli::run(args),
+        Some(Command::Runs(args)) => mxtune::record::cli::run(args),
     };
     match result {
         Ok(code) => code,

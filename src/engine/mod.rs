@@ -2,3 +2,8 @@
 
 pub mod backend;
 pub mod config;
+pub mod cpu;
+pub mod loader;
+pub mod mxfp4;
+pub mod synthetic;
+pub mod weights;

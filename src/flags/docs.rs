@@ -1,0 +1,255 @@
+//! `docs/flags.md`, generated from the tables so the page cannot drift from the code.
+
+use super::axes::{AxisInfo, EngineReport, VllmEffect, all_axes};
+use super::model::{CONTAINER_SETTINGS, FlagSet, SETTINGS};
+use super::names::{self, NameKind};
+use super::rules::{RULES, Severity};
+use std::fmt::Write as _;
+
+/// Repository path of the generated page.
+pub const DOCS_PATH: &str = "docs/flags.md";
+
+fn vllm_cell(v: Option<&[VllmEffect]>) -> String {
+    let Some(effects) = v else {
+        return "n/a".into();
+    };
+    if effects.is_empty() {
+        return "(nothing)".into();
+    }
+    effects
+        .iter()
+        .map(|e| match e {
+            VllmEffect::Env(n, v) => format!("`{}={v}` ({})", n.name, n.provenance.as_str()),
+            VllmEffect::Flag(n) => format!("`{}` ({})", n.name, n.provenance.as_str()),
+            VllmEffect::Arg(n, v) => format!("`{} {v}` ({})", n.name, n.provenance.as_str()),
+            VllmEffect::File(p, c) => format!("file `{p}` = `{c}`"),
+            VllmEffect::SpecConfig { method, drafter } => format!(
+                "`--speculative-config` method `{method}`{} (upstream)",
+                drafter
+                    .map(|d| format!(", model `{d}`"))
+                    .unwrap_or_default()
+            ),
+        })
+        .collect::<Vec<_>>()
+        .join(" + ")
+}
+
+fn engine_cell(a: &AxisInfo, e: Option<&[super::axes::EngineArg]>, report: EngineReport) -> String {
+    let Some(args) = e else { return "n/a".into() };
+    let mut s = if args.is_empty() {
+        "(nothing)".to_string()
+    } else {
+        args.iter()
+            .map(|a| format!("`{} {}`", a.0, a.1))
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    if let Some(k) = a.engine_key {
+        match report {
+            EngineReport::Exactly(v) => write!(s, "; reports `{k}={v}`").ok(),
+            EngineReport::Any => write!(s, "; reports `{k}=<any>`").ok(),
+        };
+    }
+    s
+}
+
+fn esc(s: &str) -> String {
+    s.replace('|', "\\|")
+}
+
+/// The whole page.
+pub fn markdown() -> String {
+    let mut o = String::new();
+    let w = &mut o;
+    let defaults = toml::Table::try_from(FlagSet::default()).unwrap_or_default();
+    let default_of = |section: &str, key: &str| -> String {
+        defaults
+            .get(section)
+            .and_then(|t| t.get(key))
+            .map(|v| v.to_string())
+            .unwrap_or_else(|| "unset".into())
+    };
+    let _ = writeln!(w, "# Flags, presets and the kernel-path contract\n");
+    let _ = writeln!(
+        w,
+        "<!-- Generated from src/flags (axes.rs, names.rs, model.rs, rules.rs) by `mxtune presets docs`. \
+         Do not edit: `MXTUNE_BLESS=1 cargo test flags_docs` rewrites it, and a test fails when it drifts. -->\n"
+    );
+    let _ = writeln!(w, "{}", INTRO.trim());
+    let _ = writeln!(w, "\n## The axes (`[axes]`, engine `device`)\n");
+    for a in all_axes() {
+        let engine = match a.engine_key {
+            Some(k) if a.cpu_applies => {
+                format!("Engine `kernel-path` key: `{k}` (CPU backend too).")
+            }
+            Some(k) => format!("Engine `kernel-path` key: `{k}` (CPU backend reports `n/a`)."),
+            None => "The engine reports no `kernel-path` line for it.".into(),
+        };
+        let _ = writeln!(
+            w,
+            "### `{}` — {}\n\nDefault `{}`. {engine}\n",
+            a.path, a.doc, a.default
+        );
+        let _ = writeln!(
+            w,
+            "| value | meaning | vLLM container | bundled engine | vLLM log evidence |"
+        );
+        let _ = writeln!(w, "|---|---|---|---|---|");
+        for (name, doc, spec) in &a.values {
+            let mut ev = Vec::new();
+            for r in spec.vllm_check.must_see {
+                ev.push(format!("see `{}`", esc(r)));
+            }
+            for r in spec.vllm_check.must_not_see {
+                ev.push(format!("not `{}`", esc(r)));
+            }
+            let _ = writeln!(
+                w,
+                "| `{name}` | {} | {} | {} | {} |",
+                esc(doc),
+                esc(&vllm_cell(spec.vllm)),
+                esc(&engine_cell(&a, spec.engine, spec.engine_report)),
+                if ev.is_empty() {
+                    "—".into()
+                } else {
+                    ev.join("; ")
+                }
+            );
+        }
+        let _ = writeln!(w);
+    }
+    let _ = writeln!(w, "## Other settings\n");
+    let _ = writeln!(w, "| key | default | meaning | vLLM | engine |");
+    let _ = writeln!(w, "|---|---|---|---|---|");
+    for s in SETTINGS {
+        let _ = writeln!(
+            w,
+            "| `{}.{}` | `{}` | {} | {} | {} |",
+            s.section,
+            s.key,
+            esc(&default_of(s.section, s.key)),
+            esc(s.doc),
+            s.vllm
+                .map(|n| format!("`{}` ({})", n.name, n.provenance.as_str()))
+                .unwrap_or_else(|| "—".into()),
+            esc(&s
+                .engine
+                .map(|e| format!("`{e}`"))
+                .unwrap_or_else(|| "n/a".into())),
+        );
+    }
+    for (k, doc) in CONTAINER_SETTINGS {
+        let _ = writeln!(
+            w,
+            "| `container.{k}` | `{}` | {} | Docker Engine API | n/a |",
+            esc(&default_of("container", k)),
+            esc(doc)
+        );
+    }
+    let _ = writeln!(w, "\n## Every vLLM-side name and where it comes from\n");
+    let _ = writeln!(w, "| name | kind | provenance | note |");
+    let _ = writeln!(w, "|---|---|---|---|");
+    for n in names::ALL {
+        let kind = match n.kind {
+            NameKind::Env => "env",
+            NameKind::Cli => "cli",
+        };
+        let _ = writeln!(
+            w,
+            "| `{}` | {kind} | {} | {} |",
+            n.name,
+            n.provenance.as_str(),
+            esc(n.note)
+        );
+    }
+    let _ = writeln!(w, "\n## Conflict rules\n");
+    let _ = writeln!(
+        w,
+        "Evaluated by `flags::rules::evaluate(flags, target, arch)`. An error blocks a launch, a warning asks \
+         for confirmation. With the GPU unknown, a rule tied to an architecture is reported as *may apply*.\n"
+    );
+    let _ = writeln!(w, "| rule | severity | targets | GPUs | keys | reason |");
+    let _ = writeln!(w, "|---|---|---|---|---|---|");
+    let _ = writeln!(
+        w,
+        "| `{}` | error | both | any GPU | the axis | a value with no rendering on the target (from the axis table) |",
+        super::rules::NOT_ON_TARGET
+    );
+    for r in RULES {
+        let targets: Vec<String> = r
+            .targets
+            .iter()
+            .map(|t| format!("{t:?}").to_ascii_lowercase())
+            .collect();
+        let _ = writeln!(
+            w,
+            "| `{}` | {} | {} | {} | {} | {} |",
+            r.id,
+            match r.severity {
+                Severity::Error => "error",
+                Severity::Warning => "warning",
+            },
+            targets.join(", "),
+            r.arch.describe(),
+            r.keys
+                .iter()
+                .map(|k| format!("`{k}`"))
+                .collect::<Vec<_>>()
+                .join(", "),
+            esc(r.reason)
+        );
+    }
+    let _ = writeln!(w, "\n{}", TAIL.trim());
+    o
+}
+
+const INTRO: &str = r#"
+A run configuration is a `FlagSet`: orthogonal axes (`[axes]`), serving limits (`[serving]`),
+container settings (`[container]`, vLLM target) and engine settings (`[engine]`, bundled
+engine). A preset (`presets/NAME.toml`) holds some of these keys; the rest come from the
+preset it `extends`, and in the end from the defaults below. `mxtune presets show NAME --as
+docker-run|vllm|env|engine|toml|json` prints exactly what would run (`json`: the whole
+`LaunchSpec`, kernel-path checks included).
+
+Provenance of a vLLM name: `upstream` (upstream vLLM / FlashInfer), `fork` (only the operators'
+tuning fork), `fork-deprecated` (fork, mapped onto a newer name), `planned` (never built: the image
+ignores it). Rendering warns for `planned` and `fork-deprecated` names, and for `fork` names when
+`container.vllm = "upstream"`.
+"#;
+
+const TAIL: &str = r#"
+## Kernel-path contract (is the flag really in effect?)
+
+Every rendered `LaunchSpec` carries `checks`: per axis value, regexes that must / must not match
+some line of the target's log once it is up. Each regex is matched against each log line on its
+own. The vLLM patterns come from the operators' validation table and logs; they are evidence,
+not proof, and a value with no known log line has no check (verdict `unknown`).
+
+The bundled engine prints, at start-up and before its readiness line, exactly one line per gated
+path on stdout:
+
+```
+kernel-path <key>=<value>
+```
+
+with keys `backend`, `moe_kernel`, `activation`, `tile`, `mxfp4_layers`, `kv_dtype`, `sinks`,
+`cuda_graphs`, and value `n/a` where the backend has no such path (the CPU backend has only
+`backend` and `sinks`). The check for an axis is `^kernel-path <key>=<value>(?:\s|$)`; when the
+chosen value is `auto` any resolved value is accepted (`\S+`); with `device = "cpu"` the keys the
+CPU lacks must report `n/a`, and with `device = "auto"` either the value or `n/a` is accepted.
+
+## Presets
+
+* `./presets` (override with `--presets-dir DIR` or `MXTUNE_PRESETS_DIR`) is searched first, then
+  the user's `$XDG_CONFIG_HOME/mxtune/presets` (default `~/.config/mxtune/presets`). The first
+  directory holding a name wins; `presets list` marks a shadowed file.
+* Keys: `description`, `extends`, `target` (`docker` | `engine`), and the sections above.
+  `extends = "NAME"` merges key by key: the child's keys replace the parent's, tables merge.
+* Loading is strict: an unknown key, a wrong value, an `extends` cycle or a missing parent is an
+  error naming the file, the line and the valid choices. `mxtune presets check [FILE…]` prints
+  `file:line: message` and exits non-zero on any error; a rule tied to a GPU architecture counts
+  as an error only when `--arch` (e.g. `sm121`) says it applies, else it prints as *may apply*.
+* Saving (`PresetStore::save`) writes only what differs from the parent when it extends one, never
+  replaces an existing file unless asked to, and re-reads the file to prove it round-trips.
+* `engine-cpu-tiny` is the default preset on a fresh machine: it needs no GPU and no Docker.
+"#;

@@ -1,0 +1,719 @@
+//! Rendering a `FlagSet` into a `LaunchSpec` for a target: a pure function of its inputs.
+
+use super::axes::{AxisValue, EngineArg, EngineReport, Evidence, ValueSpec, VllmEffect};
+use super::model::{self as m, FlagSet, Setting, VllmFlavor};
+use super::names::{NameKind, Provenance, VllmName};
+use crate::launch::spec::{ContainerSpec, LaunchSpec, Mount, NetworkMode, PathCheck, TargetKind};
+use anyhow::{Context, Result, anyhow, bail};
+use std::collections::BTreeMap;
+
+/// What rendering may read from the outside world, passed in so rendering stays pure.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RenderContext {
+    /// The operator's home directory, for `~` in host paths.
+    pub home: Option<String>,
+}
+
+impl RenderContext {
+    /// Reads `$HOME`.
+    pub fn from_env() -> Self {
+        RenderContext {
+            home: std::env::var("HOME").ok().filter(|h| !h.is_empty()),
+        }
+    }
+}
+
+/// One axis's chosen value with its table row, in a type-erased form.
+#[derive(Debug, Clone)]
+pub struct AxisChoice {
+    /// Axis key, e.g. `moe_backend`.
+    pub key: &'static str,
+    /// `section.key`, e.g. `axes.moe_backend`.
+    pub path: &'static str,
+    /// Chosen value name.
+    pub value: &'static str,
+    /// The value's table row.
+    pub spec: ValueSpec,
+    /// Engine `kernel-path` key.
+    pub engine_key: Option<&'static str>,
+    /// Whether the engine's CPU backend has this path.
+    pub cpu_applies: bool,
+    /// Values that render on vLLM.
+    pub vllm_values: Vec<&'static str>,
+    /// Values that render on the engine.
+    pub engine_values: Vec<&'static str>,
+}
+
+fn choice<A: AxisValue>(v: A) -> AxisChoice {
+    AxisChoice {
+        key: A::KEY,
+        path: A::PATH,
+        value: v.as_str(),
+        spec: v.spec(),
+        engine_key: A::ENGINE_KEY,
+        cpu_applies: A::CPU_APPLIES,
+        vllm_values: A::all()
+            .iter()
+            .filter(|x| x.spec().vllm.is_some())
+            .map(|x| x.as_str())
+            .collect(),
+        engine_values: A::all()
+            .iter()
+            .filter(|x| x.spec().engine.is_some())
+            .map(|x| x.as_str())
+            .collect(),
+    }
+}
+
+/// The axis values of a flag set, in table order (the engine `device` last).
+pub fn choices(fs: &FlagSet) -> Vec<AxisChoice> {
+    let a = &fs.axes;
+    vec![
+        choice(a.moe_backend),
+        choice(a.activation),
+        choice(a.tile),
+        choice(a.mxfp4_layers),
+        choice(a.attention_backend),
+        choice(a.sinks),
+        choice(a.kv_cache_dtype),
+        choice(a.speculative),
+        choice(a.cuda_graphs),
+    ]
+}
+
+/// Renders with the real `$HOME`. See [`render_with`].
+pub fn render(fs: &FlagSet, target: TargetKind) -> Result<LaunchSpec> {
+    render_with(fs, target, &RenderContext::from_env())
+}
+
+/// Renders `fs` for `target`: argv, env, container settings and kernel-path checks.
+/// Fails when a value has no rendering on that target or a setting is malformed.
+pub fn render_with(fs: &FlagSet, target: TargetKind, ctx: &RenderContext) -> Result<LaunchSpec> {
+    match target {
+        TargetKind::Docker => render_vllm(fs, ctx),
+        TargetKind::Engine => render_engine(fs, ctx),
+        TargetKind::Attach => Ok(LaunchSpec {
+            host: client_host(fs.serving.host.as_deref().unwrap_or("127.0.0.1")),
+            port: fs.serving.port,
+            served_model_name: vllm_served_name(fs),
+            ..LaunchSpec::default()
+        }),
+    }
+}
+
+fn vllm_served_name(fs: &FlagSet) -> String {
+    fs.serving
+        .served_model_name
+        .clone()
+        .unwrap_or_else(|| fs.serving.model.clone())
+}
+
+/// Where a client connects when the server binds `bind`.
+fn client_host(bind: &str) -> String {
+    match bind {
+        "0.0.0.0" | "::" | "" => "127.0.0.1".into(),
+        other => other.into(),
+    }
+}
+
+fn not_on_target(c: &AxisChoice, target: &str, valid: &[&str]) -> anyhow::Error {
+    anyhow!(
+        "{} = \"{}\" has no {target} rendering; valid on {target}: {}",
+        c.path,
+        c.value,
+        valid.join(", ")
+    )
+}
+
+fn vllm_arg(argv: &mut Vec<String>, s: &Setting, value: impl ToString) -> Result<()> {
+    let name = s
+        .vllm
+        .ok_or_else(|| anyhow!("setting {}.{} has no vLLM name", s.section, s.key))?;
+    argv.push(name.name.to_string());
+    argv.push(value.to_string());
+    Ok(())
+}
+
+struct VllmOut {
+    argv: Vec<String>,
+    env: BTreeMap<String, String>,
+    files: BTreeMap<String, String>,
+    used: Vec<&'static VllmName>,
+}
+
+fn render_vllm(fs: &FlagSet, ctx: &RenderContext) -> Result<LaunchSpec> {
+    let s = &fs.serving;
+    if s.model.trim().is_empty() {
+        bail!("serving.model is empty; set it to a Hugging Face id such as openai/gpt-oss-120b");
+    }
+    if s.port == 0 {
+        bail!("serving.port is 0; pick a port such as 8000");
+    }
+    let mut out = VllmOut {
+        argv: vec!["vllm".into(), "serve".into(), s.model.clone()],
+        env: BTreeMap::new(),
+        files: BTreeMap::new(),
+        used: Vec::new(),
+    };
+    if let Some(h) = &s.host {
+        vllm_arg(&mut out.argv, &m::S_HOST, h)?;
+    }
+    vllm_arg(&mut out.argv, &m::S_PORT, s.port)?;
+    if let Some(n) = &s.served_model_name {
+        vllm_arg(&mut out.argv, &m::S_SERVED_MODEL_NAME, n)?;
+    }
+    if let Some(q) = &s.quantization {
+        vllm_arg(&mut out.argv, &m::S_QUANTIZATION, q)?;
+    }
+    if let Some(tp) = s.tensor_parallel_size {
+        vllm_arg(&mut out.argv, &m::S_TP, tp)?;
+    }
+    if let Some(g) = s.gpu_memory_utilization {
+        if !(g > 0.0 && g <= 1.0) {
+            bail!("serving.gpu_memory_utilization = {g} is outside (0, 1]; use e.g. 0.70");
+        }
+        vllm_arg(&mut out.argv, &m::S_GPU_MEM, g)?;
+    }
+    if let Some(v) = s.max_model_len {
+        vllm_arg(&mut out.argv, &m::S_MAX_MODEL_LEN, v)?;
+    }
+    if let Some(v) = s.max_num_seqs {
+        vllm_arg(&mut out.argv, &m::S_MAX_NUM_SEQS, v)?;
+    }
+    if let Some(v) = s.max_num_batched_tokens {
+        vllm_arg(&mut out.argv, &m::S_MAX_BATCHED, v)?;
+    }
+    match s.prefix_caching {
+        Some(true) => out
+            .argv
+            .push(super::names::ENABLE_PREFIX_CACHING.name.into()),
+        Some(false) => out
+            .argv
+            .push(super::names::NO_ENABLE_PREFIX_CACHING.name.into()),
+        None => {}
+    }
+    if let Some(f) = &s.load_format {
+        vllm_arg(&mut out.argv, &m::S_LOAD_FORMAT, f)?;
+    }
+    if s.async_scheduling == Some(true) {
+        out.argv.push(super::names::ASYNC_SCHEDULING.name.into());
+    }
+
+    let mut checks = Vec::new();
+    for c in choices(fs) {
+        let effects = c
+            .spec
+            .vllm
+            .ok_or_else(|| not_on_target(&c, "vLLM", &c.vllm_values))?;
+        for e in effects {
+            apply_vllm_effect(fs, &c, e, &mut out)?;
+        }
+        push_check(&mut checks, &c, c.spec.vllm_check);
+    }
+    if let Some(cfg) = &fs.axes.attention_config {
+        let v: serde_json::Value = serde_json::from_str(cfg)
+            .with_context(|| format!("axes.attention_config is not valid JSON: {cfg}"))?;
+        if !v.is_object() {
+            bail!(
+                "axes.attention_config must be a JSON object such as {{\"backend\": \"TRITON_ATTN\"}}"
+            );
+        }
+        vllm_arg(&mut out.argv, &m::S_ATTENTION_CONFIG, v)?;
+    }
+
+    let mut warnings = Vec::new();
+    let c = &fs.container;
+    for (k, v) in &c.env {
+        if let Some(prev) = out.env.get(k)
+            && prev != v
+        {
+            warnings.push(format!(
+                "container.env sets {k}={v}, overriding {k}={prev} from the flag axes"
+            ));
+        }
+        out.env.insert(k.clone(), v.clone());
+        if let Some(n) = super::names::find(k) {
+            out.used.push(n);
+        }
+    }
+
+    let mut mounts = Vec::new();
+    if let Some(hf) = &c.hf_cache {
+        mounts.push(Mount {
+            host: host_path(hf, "container.hf_cache", ctx)?,
+            container: "/root/.cache/huggingface".into(),
+            read_only: false,
+        });
+    }
+    if let Some(jit) = &c.jit_cache {
+        let base = host_path(jit, "container.jit_cache", ctx)?;
+        for (sub, dest) in JIT_CACHES {
+            mounts.push(Mount {
+                host: format!("{}/{sub}", base.trim_end_matches('/')),
+                container: (*dest).into(),
+                read_only: false,
+            });
+        }
+    }
+    let mut pythonpath = Vec::new();
+    for (src, key, dest) in [
+        (
+            &c.flashinfer_src,
+            "container.flashinfer_src",
+            "/workspace/flashinfer",
+        ),
+        (&c.vllm_src, "container.vllm_src", "/workspace/vllm"),
+    ] {
+        if let Some(p) = src {
+            mounts.push(Mount {
+                host: host_path(p, key, ctx)?,
+                container: dest.into(),
+                read_only: false,
+            });
+            pythonpath.push(dest);
+        }
+    }
+    if !pythonpath.is_empty() {
+        let mut pp = pythonpath.join(":");
+        if let Some(extra) = out.env.get("PYTHONPATH") {
+            pp = format!("{pp}:{extra}");
+        }
+        out.env.insert("PYTHONPATH".into(), pp);
+    }
+
+    for n in dedup(&out.used) {
+        match (n.provenance, c.vllm) {
+            (Provenance::Planned, _) => warnings.push(format!(
+                "{} is planned only (never built): the image may ignore it",
+                n.name
+            )),
+            (Provenance::ForkDeprecated, _) => {
+                warnings.push(format!("{} is deprecated in the fork: {}", n.name, n.note))
+            }
+            (Provenance::Fork, VllmFlavor::Upstream) => warnings.push(match n.kind {
+                NameKind::Env => format!(
+                    "{} exists only in the tuning fork: this upstream image ignores it",
+                    n.name
+                ),
+                NameKind::Cli => format!(
+                    "{} exists only in the tuning fork: upstream vLLM will refuse to start with it",
+                    n.name
+                ),
+            }),
+            _ => {}
+        }
+    }
+
+    let shm_size = c.shm_size.as_deref().map(parse_size).transpose()?;
+    let container = ContainerSpec {
+        image: c.image.clone(),
+        name: c.name.clone(),
+        network: c.network,
+        ipc_host: c.ipc_host,
+        shm_size,
+        ulimits: c
+            .ulimits
+            .iter()
+            .map(|(k, v)| (k.clone(), (*v, *v)))
+            .collect(),
+        devices: if c.rdma {
+            vec!["/dev/infiniband".into()]
+        } else {
+            vec![]
+        },
+        cap_add: if c.rdma {
+            vec!["IPC_LOCK".into()]
+        } else {
+            vec![]
+        },
+        gpus_all: c.gpus_all,
+        mounts,
+        files: out.files,
+        labels: BTreeMap::new(),
+    };
+    if c.image.trim().is_empty() {
+        bail!("container.image is empty; name the vLLM image to run");
+    }
+    Ok(LaunchSpec {
+        argv: out.argv,
+        env: out.env,
+        container: Some(container),
+        host: "127.0.0.1".into(),
+        port: s.port,
+        served_model_name: vllm_served_name(fs),
+        checks,
+        warnings,
+    })
+}
+
+/// Host subdirectory of `container.jit_cache` → path in the container.
+pub const JIT_CACHES: &[(&str, &str)] = &[
+    ("flashinfer", "/root/.cache/flashinfer"),
+    ("vllm", "/root/.cache/vllm"),
+    ("torch", "/root/.cache/torch"),
+    ("triton", "/root/.triton"),
+];
+
+fn dedup(names: &[&'static VllmName]) -> Vec<&'static VllmName> {
+    let mut out: Vec<&'static VllmName> = Vec::new();
+    for n in names {
+        if !out.iter().any(|o| o.name == n.name) {
+            out.push(n);
+        }
+    }
+    out
+}
+
+fn apply_vllm_effect(
+    fs: &FlagSet,
+    c: &AxisChoice,
+    e: &VllmEffect,
+    out: &mut VllmOut,
+) -> Result<()> {
+    match e {
+        VllmEffect::Env(n, v) => {
+            out.env.insert(n.name.into(), (*v).into());
+            out.used.push(n);
+        }
+        VllmEffect::Flag(n) => {
+            out.argv.push(n.name.into());
+            out.used.push(n);
+        }
+        VllmEffect::Arg(n, v) => {
+            out.argv.push(n.name.into());
+            out.argv.push((*v).into());
+            out.used.push(n);
+        }
+        VllmEffect::File(path, contents) => {
+            out.files.insert((*path).into(), (*contents).into());
+        }
+        VllmEffect::SpecConfig { method, drafter } => {
+            let mut j = serde_json::Map::new();
+            j.insert("method".into(), (*method).into());
+            let model = fs.axes.spec_model.as_deref().or(*drafter);
+            match (model, *method) {
+                (Some(m), _) => {
+                    j.insert("model".into(), m.into());
+                }
+                (None, "eagle3") => bail!(
+                    "axes.{} = \"{}\" needs axes.spec_model (the drafter, e.g. {})",
+                    c.key,
+                    c.value,
+                    super::axes::EAGLE3_SHORT
+                ),
+                (None, _) => {}
+            }
+            if fs.axes.spec_tokens == 0 {
+                bail!("axes.spec_tokens is 0; speculation needs at least 1 token per step");
+            }
+            j.insert("num_speculative_tokens".into(), fs.axes.spec_tokens.into());
+            if *method == "ngram" {
+                j.insert("prompt_lookup_max".into(), 5.into());
+                j.insert("prompt_lookup_min".into(), 1.into());
+            }
+            vllm_arg(
+                &mut out.argv,
+                &m::S_SPEC_TOKENS,
+                serde_json::Value::Object(j),
+            )?;
+            out.used.push(&super::names::SPECULATIVE_CONFIG);
+        }
+    }
+    Ok(())
+}
+
+fn push_check(checks: &mut Vec<PathCheck>, c: &AxisChoice, ev: Evidence) {
+    if ev.must_see.is_empty() && ev.must_not_see.is_empty() {
+        return;
+    }
+    checks.push(PathCheck {
+        flag: c.key.into(),
+        value: c.value.into(),
+        must_see: ev.must_see.iter().map(|s| s.to_string()).collect(),
+        must_not_see: ev.must_not_see.iter().map(|s| s.to_string()).collect(),
+    });
+}
+
+/// Expands `~` and requires an absolute path (Docker bind mounts need one).
+fn host_path(p: &str, key: &str, ctx: &RenderContext) -> Result<String> {
+    let expanded = if p == "~" || p.starts_with("~/") {
+        let home = ctx.home.as_deref().ok_or_else(|| {
+            anyhow!("{key} = \"{p}\" uses ~ but HOME is not set; give an absolute path")
+        })?;
+        format!("{}{}", home.trim_end_matches('/'), &p[1..])
+    } else {
+        p.to_string()
+    };
+    if !expanded.starts_with('/') {
+        bail!(
+            "{key} = \"{p}\" is not an absolute path (Docker bind mounts need one); start it with / or ~/"
+        );
+    }
+    Ok(expanded)
+}
+
+/// Parses a Docker-style size (`16g`, `512m`, `1024`) into bytes.
+pub fn parse_size(s: &str) -> Result<u64> {
+    let t = s.trim().to_ascii_lowercase();
+    let t = t.strip_suffix('b').unwrap_or(&t);
+    let (num, mult) = match t.chars().last() {
+        Some('k') => (&t[..t.len() - 1], 1u64 << 10),
+        Some('m') => (&t[..t.len() - 1], 1 << 20),
+        Some('g') => (&t[..t.len() - 1], 1 << 30),
+        _ => (t, 1),
+    };
+    let n: u64 = num
+        .parse()
+        .map_err(|_| anyhow!("container.shm_size = \"{s}\" is not a size; use e.g. 16g, 512m"))?;
+    n.checked_mul(mult)
+        .ok_or_else(|| anyhow!("container.shm_size = \"{s}\" is too large"))
+}
+
+fn render_engine(fs: &FlagSet, ctx: &RenderContext) -> Result<LaunchSpec> {
+    let s = &fs.serving;
+    let e = &fs.engine;
+    let mut argv: Vec<String> = vec!["mxtune".into(), "serve".into()];
+    let served_default = if let Some(name) = e.model.strip_prefix(m::SYNTHETIC_PREFIX) {
+        if name.is_empty() {
+            bail!(
+                "engine.model = \"{}\" names no synthetic model; use e.g. synthetic:tiny",
+                e.model
+            );
+        }
+        argv.extend(["--synthetic".into(), name.to_string()]);
+        name.to_string()
+    } else {
+        if e.model.trim().is_empty() {
+            bail!("engine.model is empty; use synthetic:NAME or a checkpoint directory");
+        }
+        let dir = if e.model.starts_with('~') {
+            host_path(&e.model, "engine.model", ctx)?
+        } else {
+            e.model.clone()
+        };
+        argv.extend(["--model".into(), dir]);
+        std::path::Path::new(&e.model)
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_else(|| e.model.clone())
+    };
+    let mut engine_args: Vec<EngineArg> = Vec::new();
+    engine_args.extend(e.device.spec().engine.unwrap_or(&[]));
+    let host = s.host.clone().unwrap_or_else(|| "127.0.0.1".into());
+    let served = s.served_model_name.clone().unwrap_or(served_default);
+    let mut push = |flag: Option<&str>, v: String| {
+        if let Some(f) = flag {
+            argv.push(f.into());
+            argv.push(v);
+        }
+    };
+    for EngineArg(f, v) in &engine_args {
+        push(Some(f), (*v).into());
+    }
+    push(m::S_HOST.engine, host.clone());
+    push(m::S_PORT.engine, s.port.to_string());
+    push(m::S_SERVED_MODEL_NAME.engine, served.clone());
+    if let Some(v) = s.max_model_len {
+        push(m::S_MAX_MODEL_LEN.engine, v.to_string());
+    }
+    if let Some(v) = s.max_num_seqs {
+        push(m::S_MAX_NUM_SEQS.engine, v.to_string());
+    }
+    if s.port == 0 {
+        bail!("serving.port is 0; pick a port such as 8000");
+    }
+
+    let mut all = choices(fs);
+    all.push(choice(e.device));
+    let mut checks = Vec::new();
+    for c in &all {
+        let args = c
+            .spec
+            .engine
+            .ok_or_else(|| not_on_target(c, "the engine", &c.engine_values))?;
+        if c.key != super::axes::Device::KEY {
+            for EngineArg(f, v) in args {
+                argv.push((*f).into());
+                argv.push((*v).into());
+            }
+        }
+        if let Some(key) = c.engine_key {
+            checks.push(engine_check(c, key, e.device));
+        }
+    }
+    Ok(LaunchSpec {
+        argv,
+        env: BTreeMap::new(),
+        container: None,
+        host: client_host(&host),
+        port: s.port,
+        served_model_name: served,
+        checks,
+        warnings: Vec::new(),
+    })
+}
+
+/// The regex for the engine's `kernel-path <key>=<value>` start-up line.
+fn engine_check(c: &AxisChoice, key: &str, device: super::axes::Device) -> PathCheck {
+    use super::axes::Device;
+    let expected = match c.spec.engine_report {
+        EngineReport::Exactly(v) => regex::escape(v),
+        EngineReport::Any => r"\S+".to_string(),
+    };
+    let expected = match (c.cpu_applies, device) {
+        (true, _) | (false, Device::Cuda) => expected,
+        (false, Device::Cpu) => "n/a".to_string(),
+        (false, Device::Auto) => format!("(?:{expected}|n/a)"),
+    };
+    PathCheck {
+        flag: c.key.into(),
+        value: c.value.into(),
+        must_see: vec![format!(r"^kernel-path {key}={expected}(?:\s|$)")],
+        must_not_see: vec![],
+    }
+}
+
+/// The complete `docker run` argv equivalent to a rendered vLLM `LaunchSpec`.
+/// Files are written by a `sh -c` wrapper before `exec`ing the real argv.
+pub fn docker_run_argv(spec: &LaunchSpec) -> Result<Vec<String>> {
+    let c = spec.container.as_ref().ok_or_else(|| {
+        anyhow!("this launch has no container settings; render it for the docker target")
+    })?;
+    let (program, rest) = spec
+        .argv
+        .split_first()
+        .ok_or_else(|| anyhow!("the rendered argv is empty"))?;
+    let mut a: Vec<String> = vec!["docker".into(), "run".into(), "--rm".into()];
+    if let Some(n) = &c.name {
+        a.extend(["--name".into(), n.clone()]);
+    }
+    if c.gpus_all {
+        a.extend(["--gpus".into(), "all".into()]);
+    }
+    match c.network {
+        NetworkMode::Host => a.extend(["--network".into(), "host".into()]),
+        NetworkMode::Bridge => a.extend([
+            "--network".into(),
+            "bridge".into(),
+            "-p".into(),
+            format!("127.0.0.1:{}:{}", spec.port, spec.port),
+        ]),
+    }
+    if c.ipc_host {
+        a.extend(["--ipc".into(), "host".into()]);
+    }
+    if let Some(s) = c.shm_size {
+        a.extend(["--shm-size".into(), s.to_string()]);
+    }
+    for (k, (soft, hard)) in &c.ulimits {
+        a.extend(["--ulimit".into(), format!("{k}={soft}:{hard}")]);
+    }
+    for d in &c.devices {
+        a.extend(["--device".into(), d.clone()]);
+    }
+    for cap in &c.cap_add {
+        a.extend(["--cap-add".into(), cap.clone()]);
+    }
+    for mnt in &c.mounts {
+        let ro = if mnt.read_only { ":ro" } else { "" };
+        a.extend(["-v".into(), format!("{}:{}{ro}", mnt.host, mnt.container)]);
+    }
+    for (k, v) in &spec.env {
+        a.extend(["-e".into(), format!("{k}={v}")]);
+    }
+    for (k, v) in &c.labels {
+        a.extend(["--label".into(), format!("{k}={v}")]);
+    }
+    if c.files.is_empty() {
+        a.extend(["--entrypoint".into(), program.clone(), c.image.clone()]);
+        a.extend(rest.iter().cloned());
+    } else {
+        let mut script = String::new();
+        for (path, contents) in &c.files {
+            let dir = std::path::Path::new(path)
+                .parent()
+                .map(|p| p.to_string_lossy().into_owned())
+                .filter(|p| !p.is_empty())
+                .unwrap_or_else(|| "/".into());
+            script.push_str(&format!(
+                "mkdir -p {} && printf %s {} > {} && ",
+                shell_words::quote(&dir),
+                shell_words::quote(contents),
+                shell_words::quote(path)
+            ));
+        }
+        script.push_str("exec \"$@\"");
+        a.extend([
+            "--entrypoint".into(),
+            "sh".into(),
+            c.image.clone(),
+            "-c".into(),
+            script,
+        ]);
+        a.push("mxtune-files".into());
+        a.extend(spec.argv.iter().cloned());
+    }
+    Ok(a)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::flags::axes::{CudaGraphs, Device, MoeBackend, Tile};
+
+    fn ctx() -> RenderContext {
+        RenderContext {
+            home: Some("/home/op".into()),
+        }
+    }
+
+    #[test]
+    fn vllm_baseline_argv_env_and_container() {
+        let mut fs = FlagSet::default();
+        fs.axes.moe_backend = MoeBackend::Marlin;
+        fs.axes.cuda_graphs = CudaGraphs::Off;
+        fs.axes.tile = Tile::T64x128;
+        let spec = render_with(&fs, TargetKind::Docker, &ctx()).unwrap();
+        assert_eq!(&spec.argv[..3], ["vllm", "serve", "openai/gpt-oss-120b"]);
+        assert!(spec.argv.contains(&"--enforce-eager".to_string()));
+        assert_eq!(spec.env["VLLM_MXFP4_BACKEND"], "MARLIN");
+        assert_eq!(spec.env["FLASHINFER_DEBUG_TILE_OVERRIDE"], "1");
+        let c = spec.container.unwrap();
+        assert_eq!(c.files["/tmp/flashinfer_moe_tile"], "64x128");
+        assert_eq!(c.ulimits["memlock"], (-1, -1));
+        assert_eq!(c.ulimits["stack"], (67_108_864, 67_108_864));
+        assert!(
+            c.mounts
+                .iter()
+                .any(|m| m.host == "/home/op/.cache/huggingface"
+                    && m.container == "/root/.cache/huggingface")
+        );
+        assert!(
+            spec.checks
+                .iter()
+                .any(|k| k.flag == "moe_backend" && k.must_see == ["(?i)marlin"])
+        );
+    }
+
+    #[test]
+    fn engine_rejects_vllm_only_values_and_checks_kernel_path() {
+        let mut fs = FlagSet::default();
+        fs.axes.moe_backend = MoeBackend::Marlin;
+        let err = render_with(&fs, TargetKind::Engine, &ctx())
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("moe_backend") && err.contains("gemv"), "{err}");
+        fs.axes.moe_backend = MoeBackend::Gemv;
+        fs.engine.device = Device::Cuda;
+        let spec = render_with(&fs, TargetKind::Engine, &ctx()).unwrap();
+        assert_eq!(&spec.argv[..4], ["mxtune", "serve", "--synthetic", "tiny"]);
+        let k = spec
+            .checks
+            .iter()
+            .find(|k| k.flag == "moe_backend")
+            .unwrap();
+        let re = regex::Regex::new(&k.must_see[0]).unwrap();
+        assert!(re.is_match("kernel-path moe_kernel=gemv"));
+        assert!(!re.is_match("kernel-path moe_kernel=grouped"));
+    }
+}
