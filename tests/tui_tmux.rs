@@ -35,7 +35,15 @@ impl Session {
     fn new(tag: &str, width: u16, height: u16) -> Self {
         let name = format!("mxtune-test-{tag}-{}", std::process::id());
         let status = Command::new("tmux")
-            .args(["new-session", "-d", "-s", &name, "-x", &width.to_string(), "-y"])
+            .args([
+                "new-session",
+                "-d",
+                "-s",
+                &name,
+                "-x",
+                &width.to_string(),
+                "-y",
+            ])
             .arg(height.to_string())
             .args(["bash", "--norc", "--noprofile"])
             .env("PS1", "$ ")
@@ -83,10 +91,10 @@ impl Drop for Session {
 
 fn launch_cmd(dir: &std::path::Path) -> String {
     format!(
-        "cd {} && MXTUNE_RUNS_DIR={}/runs {}",
-        dir.display(),
-        dir.display(),
-        env!("CARGO_BIN_EXE_mxtune")
+        "cd {d} && MXTUNE_RUNS_DIR={d}/runs MXTUNE_PRESETS_DIR={p}/presets XDG_CONFIG_HOME={d}/config {bin}",
+        d = dir.display(),
+        p = env!("CARGO_MANIFEST_DIR"),
+        bin = env!("CARGO_BIN_EXE_mxtune")
     )
 }
 
@@ -98,8 +106,14 @@ fn tui_tmux_tabs_help_and_quit() {
     let dir = tempfile::tempdir().unwrap();
     let s = Session::new("tabs", 100, 30);
     s.send(&[&launch_cmd(dir.path()), "Enter"]);
-    s.wait_for("1 Flags");
-    assert!(s.alternate_on(), "the panel should use the alternate screen");
+    s.wait_for("preset engine-cpu-tiny");
+    assert!(
+        s.alternate_on(),
+        "the panel should use the alternate screen"
+    );
+    // Toggle the first axis (moe_backend): the unsaved-changes marker appears.
+    s.send(&["Enter"]);
+    s.wait_for("[+] unsaved");
     s.send(&["3"]);
     s.wait_for(" Live ");
     s.send(&["Tab"]);
@@ -129,10 +143,19 @@ fn tui_tmux_sighup_restores_terminal() {
         .output()
         .expect("pgrep");
     let child = String::from_utf8_lossy(&child.stdout).trim().to_string();
-    assert!(!child.is_empty(), "mxtune is not running under the pane's shell");
-    let status = Command::new("kill").args(["-HUP", &child]).status().expect("kill");
+    assert!(
+        !child.is_empty(),
+        "mxtune is not running under the pane's shell"
+    );
+    let status = Command::new("kill")
+        .args(["-HUP", &child])
+        .status()
+        .expect("kill");
     assert!(status.success());
-    s.send(&["stty -a | tr ' ' '\\n' | grep -E '^-?(icanon|echo)$' | tr '\\n' ' '; echo E\"\"ND", "Enter"]);
+    s.send(&[
+        "stty -a | tr ' ' '\\n' | grep -E '^-?(icanon|echo)$' | tr '\\n' ' '; echo E\"\"ND",
+        "Enter",
+    ]);
     let screen = s.wait_for("END");
     assert!(!s.alternate_on(), "SIGHUP must leave the alternate screen");
     assert!(

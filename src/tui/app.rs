@@ -1,18 +1,29 @@
 //! Panel state and key handling. Pure: no I/O happens here. Keys and background events go
-//! in, state changes and `Effect`s come out; the runtime (`tui::run`) performs the effects.
+//! in, state changes and `Effect`s come out; the runtime (`tui::perform`) performs the
+//! effects and feeds their results back through the `on_*` methods.
+
+use std::path::PathBuf;
 
 use crossterm::event::{KeyCode, KeyEvent, KeyEventKind, KeyModifiers};
 
 use super::keys::{self, Binding};
+use super::screens::flags::FlagsScreen;
+use super::screens::runs::RunsScreen;
 use super::theme::Theme;
+use crate::flags::preset::{PRESETS_DIR_ENV, PresetStore};
 
 /// The five screens, in tab order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Tab {
+    /// Flag axes and serving limits of the current configuration.
     Flags,
+    /// Start/stop a target and read its log.
     Launch,
+    /// Charts of monitor samples.
     Live,
+    /// Benchmark workloads against the current target.
     Bench,
+    /// Saved run records, compare two.
     Runs,
 }
 
@@ -58,7 +69,64 @@ pub enum QuitPrompt {
 #[derive(Debug, Clone, PartialEq)]
 pub enum Effect {
     /// Leave the panel; `stop_target` says whether to stop the running target first.
-    Quit { stop_target: bool },
+    Quit {
+        /// Stop the target launched from this panel before leaving.
+        stop_target: bool,
+    },
+    /// List the presets for the picker.
+    ListPresets,
+    /// Load the named preset into the Flags screen.
+    LoadPreset(String),
+    /// Save the current flags as a preset.
+    SavePreset {
+        /// File stem of the preset.
+        name: String,
+        /// Replace an existing preset of that name (the operator confirmed).
+        overwrite: bool,
+    },
+    /// Re-read the runs directory.
+    ReloadRuns,
+    /// Write the comparison of the marked runs as markdown to this file.
+    ExportComparison(PathBuf),
+}
+
+/// Where the panel reads and writes files.
+#[derive(Debug, Clone)]
+pub struct Paths {
+    /// Where presets are looked up.
+    pub presets: PresetStore,
+    /// Where `s` saves a preset.
+    pub save_dir: PathBuf,
+    /// The runs directory (records are read from here).
+    pub runs_dir: PathBuf,
+    /// Where exports (comparisons, logs) are written.
+    pub export_dir: PathBuf,
+}
+
+impl Paths {
+    /// The same places the headless commands use: `MXTUNE_PRESETS_DIR` (else `./presets`)
+    /// plus the user preset directory; `MXTUNE_RUNS_DIR` (else `./runs`); exports into `.`.
+    pub fn from_env() -> Self {
+        let project = std::env::var_os(PRESETS_DIR_ENV)
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from);
+        let presets = PresetStore::standard(project);
+        let save_dir = presets
+            .dirs
+            .first()
+            .cloned()
+            .unwrap_or_else(|| PathBuf::from("presets"));
+        let runs_dir = std::env::var_os("MXTUNE_RUNS_DIR")
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from(crate::record::store::DEFAULT_RUNS_DIR));
+        Paths {
+            presets,
+            save_dir,
+            runs_dir,
+            export_dir: PathBuf::from("."),
+        }
+    }
 }
 
 /// Everything the panel shows.
@@ -72,22 +140,49 @@ pub struct App {
     pub quit_prompt: Option<QuitPrompt>,
     /// Colours and glyphs.
     pub theme: Theme,
+    /// Where files are read and written.
+    pub paths: Paths,
     /// Whether a target launched from this panel is running (asked about on quit).
     pub target_running: bool,
     /// One-line message shown in the status line until the next key press.
     pub message: Option<String>,
+    /// The Flags screen.
+    pub flags: FlagsScreen,
+    /// The Runs screen.
+    pub runs: RunsScreen,
 }
 
 impl App {
-    /// A fresh panel on the Flags screen.
-    pub fn new(theme: Theme) -> Self {
+    /// A fresh panel on the Flags screen. Nothing is loaded yet: the runtime performs
+    /// [`App::startup_effects`] (load the default preset, scan the runs directory).
+    pub fn new(theme: Theme, paths: Paths) -> Self {
         App {
             tab: Tab::Flags,
             show_help: false,
             quit_prompt: None,
             theme,
+            paths,
             target_running: false,
             message: None,
+            flags: FlagsScreen::default(),
+            runs: RunsScreen::default(),
+        }
+    }
+
+    /// What to do once at start: load the default preset and read the runs directory.
+    pub fn startup_effects(&self) -> Vec<Effect> {
+        vec![
+            Effect::LoadPreset(crate::flags::preset::DEFAULT_PRESET.to_string()),
+            Effect::ReloadRuns,
+        ]
+    }
+
+    /// Whether the visible screen has a text field or dialog open that takes every key.
+    fn screen_captures_keys(&self) -> bool {
+        match self.tab {
+            Tab::Flags => self.flags.captures_keys(),
+            Tab::Runs => self.runs.captures_keys(),
+            _ => false,
         }
     }
 
@@ -108,24 +203,31 @@ impl App {
             self.show_help = false;
             return Vec::new();
         }
-        match key.code {
-            KeyCode::Char('?') => {
-                self.show_help = true;
-                Vec::new()
+        if !self.screen_captures_keys() {
+            match key.code {
+                KeyCode::Char('?') => {
+                    self.show_help = true;
+                    return Vec::new();
+                }
+                KeyCode::Char('q') => return self.request_quit(),
+                KeyCode::Tab => {
+                    self.tab = Tab::ALL[(self.tab.index() + 1) % Tab::ALL.len()];
+                    return Vec::new();
+                }
+                KeyCode::BackTab => {
+                    self.tab = Tab::ALL[(self.tab.index() + Tab::ALL.len() - 1) % Tab::ALL.len()];
+                    return Vec::new();
+                }
+                KeyCode::Char(c @ '1'..='5') => {
+                    self.tab = Tab::ALL[(c as usize) - ('1' as usize)];
+                    return Vec::new();
+                }
+                _ => {}
             }
-            KeyCode::Char('q') => self.request_quit(),
-            KeyCode::Tab => {
-                self.tab = Tab::ALL[(self.tab.index() + 1) % Tab::ALL.len()];
-                Vec::new()
-            }
-            KeyCode::BackTab => {
-                self.tab = Tab::ALL[(self.tab.index() + Tab::ALL.len() - 1) % Tab::ALL.len()];
-                Vec::new()
-            }
-            KeyCode::Char(c @ '1'..='5') => {
-                self.tab = Tab::ALL[(c as usize) - ('1' as usize)];
-                Vec::new()
-            }
+        }
+        match self.tab {
+            Tab::Flags => self.flags.on_key(key),
+            Tab::Runs => self.runs.on_key(key, &self.paths.export_dir),
             _ => Vec::new(),
         }
     }

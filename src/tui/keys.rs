@@ -24,16 +24,26 @@ pub const GLOBAL: &[Binding] = &[
 
 /// Flags screen.
 pub const FLAGS: &[Binding] = &[
-    b("Up/Down", "select axis"),
-    b("Enter/Space/Right", "next value"),
+    b("Enter/Right", "next value"),
     b("Left", "previous value"),
-    b("r", "reset axis to default"),
-    b("R", "reset all to the loaded preset"),
+    b("Up/Down", "select"),
+    b("r", "reset to default"),
     b("p", "load preset"),
-    b("s", "save as preset"),
-    b("d", "diff against loaded preset"),
-    b("c", "command that would run"),
-    b("t", "switch target (docker/engine)"),
+    b("s", "save preset"),
+    b("d", "diff"),
+    b("c", "command"),
+    b("t", "docker/engine target"),
+    b("R", "reset all to the loaded preset"),
+    b("Space", "next value"),
+];
+
+/// Flags screen while a dialog (picker, save, diff, command) is open.
+pub const FLAGS_DIALOG: &[Binding] = &[
+    b("Esc", "close"),
+    b("Enter", "confirm"),
+    b("Up/Down", "move / scroll"),
+    b("PgUp/PgDn", "page"),
+    b("y/n", "overwrite or not"),
 ];
 
 /// Launch screen.
@@ -66,11 +76,49 @@ pub const BENCH: &[Binding] = &[
 
 /// Runs screen.
 pub const RUNS: &[Binding] = &[
-    b("Up/Down", "select run"),
     b("Enter", "open"),
-    b("m", "mark for A/B (two)"),
-    b("C", "compare marked"),
-    b("e", "export comparison as markdown"),
+    b("m", "mark A/B"),
+    b("C", "compare"),
     b("/", "filter"),
+    b("e", "export markdown"),
+    b("Up/Down", "select run"),
     b("g", "reload"),
+    b("Esc", "clear filter"),
 ];
+
+/// Runs screen while a run or a comparison is open.
+pub const RUNS_VIEW: &[Binding] = &[
+    b("Esc", "back"),
+    b("Up/Down", "scroll"),
+    b("PgUp/PgDn", "page"),
+    b("e", "export comparison as markdown"),
+];
+
+/// Every table with its heading, in help order (the help overlay and docs/tui.md use this).
+pub const SECTIONS: &[(&str, &[Binding])] = &[
+    ("Everywhere", GLOBAL),
+    ("Flags", FLAGS),
+    ("Flags: picker, save, diff, command", FLAGS_DIALOG),
+    ("Launch", LAUNCH),
+    ("Live", LIVE),
+    ("Bench", BENCH),
+    ("Runs", RUNS),
+    ("Runs: run or comparison open", RUNS_VIEW),
+];
+
+/// The bindings as markdown tables, one per section: the generated part of `docs/tui.md`.
+pub fn markdown() -> String {
+    let mut out = String::new();
+    for (title, bindings) in SECTIONS {
+        out.push_str(&format!("### {title}\n\n| key | action |\n|---|---|\n"));
+        for b in *bindings {
+            out.push_str(&format!(
+                "| `{}` | {} |\n",
+                b.key.replace('|', "\\|"),
+                b.action
+            ));
+        }
+        out.push('\n');
+    }
+    out
+}

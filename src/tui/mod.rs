@@ -22,7 +22,7 @@ use crossterm::terminal::{
 use ratatui::Terminal;
 use ratatui::backend::{Backend, CrosstermBackend};
 
-use app::{App, Effect};
+use app::{App, Effect, Paths};
 use theme::Theme;
 
 /// How the panel starts.
@@ -63,9 +63,11 @@ struct TerminalGuard {
 
 impl TerminalGuard {
     fn enter(mouse: bool) -> anyhow::Result<Self> {
-        enable_raw_mode().context("cannot switch the terminal to raw mode (is stdin a terminal?)")?;
+        enable_raw_mode()
+            .context("cannot switch the terminal to raw mode (is stdin a terminal?)")?;
         let guard = TerminalGuard { mouse };
-        execute!(io::stdout(), EnterAlternateScreen).context("cannot enter the alternate screen")?;
+        execute!(io::stdout(), EnterAlternateScreen)
+            .context("cannot enter the alternate screen")?;
         if mouse {
             execute!(io::stdout(), EnableMouseCapture).context("cannot enable mouse capture")?;
         }
@@ -103,9 +105,15 @@ pub fn run(opts: Options) -> anyhow::Result<Exit> {
     }));
     spawn_input_thread(tx.clone());
 
-    let mut terminal = Terminal::new(CrosstermBackend::new(io::stdout()))
-        .context("cannot set up the terminal")?;
-    let mut app = App::new(Theme::from_env(opts.ascii, opts.no_color));
+    let mut terminal =
+        Terminal::new(CrosstermBackend::new(io::stdout())).context("cannot set up the terminal")?;
+    let mut app = App::new(
+        Theme::from_env(opts.ascii, opts.no_color),
+        Paths::from_env(),
+    );
+    for effect in app.startup_effects() {
+        perform(&mut app, effect);
+    }
     let exit = event_loop(&mut terminal, &mut app, &rx);
     drop(guard);
     exit
@@ -152,7 +160,9 @@ pub fn event_loop<B: Backend>(
 where
     B::Error: Send + Sync + 'static,
 {
-    terminal.draw(|f| ui::draw(f, app)).context("cannot draw the panel")?;
+    terminal
+        .draw(|f| ui::draw(f, app))
+        .context("cannot draw the panel")?;
     loop {
         let event = match app.tick_interval() {
             Some(every) => match rx.recv_timeout(every) {
@@ -165,26 +175,110 @@ where
                 Err(_) => return Ok(Exit::Quit),
             },
         };
-        let (effects, redraw) = match event {
-            Event::Term(crossterm::event::Event::Key(key)) => (app.on_key(key), true),
-            Event::Term(crossterm::event::Event::Resize(..)) => (Vec::new(), true),
-            Event::Term(_) => (Vec::new(), false),
-            Event::Signal(sig) => {
-                app.on_signal(sig);
-                return Ok(Exit::Signal(sig));
-            }
-            Event::Tick => (Vec::new(), true),
-        };
-        for effect in effects {
-            match effect {
-                Effect::Quit { stop_target } => {
-                    app.on_quit(stop_target);
-                    return Ok(Exit::Quit);
-                }
-            }
+        let (exit, redraw) = step(app, event);
+        if let Some(exit) = exit {
+            return Ok(exit);
         }
         if redraw {
-            terminal.draw(|f| ui::draw(f, app)).context("cannot draw the panel")?;
+            terminal
+                .draw(|f| ui::draw(f, app))
+                .context("cannot draw the panel")?;
         }
     }
+}
+
+/// Apply one event to the panel and perform the effects it asks for. Returns whether the
+/// panel ends, and whether the screen needs a redraw.
+pub fn step(app: &mut App, event: Event) -> (Option<Exit>, bool) {
+    let (effects, redraw) = match event {
+        Event::Term(crossterm::event::Event::Key(key)) => (app.on_key(key), true),
+        Event::Term(crossterm::event::Event::Resize(..)) => (Vec::new(), true),
+        Event::Term(_) => (Vec::new(), false),
+        Event::Signal(sig) => {
+            app.on_signal(sig);
+            return (Some(Exit::Signal(sig)), false);
+        }
+        Event::Tick => (Vec::new(), true),
+    };
+    for effect in effects {
+        if let Some(exit) = perform(app, effect) {
+            return (Some(exit), false);
+        }
+    }
+    (None, redraw)
+}
+
+/// Perform one effect: the only place the panel touches files. Results go back into the
+/// app's state; errors become a status-line message naming the file.
+pub fn perform(app: &mut App, effect: Effect) -> Option<Exit> {
+    match effect {
+        Effect::Quit { stop_target } => {
+            app.on_quit(stop_target);
+            return Some(Exit::Quit);
+        }
+        Effect::ListPresets => match app.paths.presets.list() {
+            Ok(list) => app
+                .flags
+                .on_preset_list(list.into_iter().map(|e| e.name).collect()),
+            Err(e) => app.message = Some(format!("cannot list presets: {e}")),
+        },
+        Effect::LoadPreset(name) => match app.paths.presets.load(&name) {
+            Ok(p) => app.flags.on_preset_loaded(p),
+            Err(e) => {
+                app.message = Some(format!("cannot load preset {name}"));
+                app.flags.on_preset_error(e.to_string());
+            }
+        },
+        Effect::SavePreset { name, overwrite } => {
+            let dir = app.paths.save_dir.clone();
+            let path = dir.join(format!("{name}.toml"));
+            let exists = path.exists();
+            if exists && !overwrite {
+                app.flags
+                    .on_saved(Err(format!("{} exists", path.display())), true);
+                return None;
+            }
+            let extends = app.flags.loaded.as_ref().map(|p| p.name.clone());
+            // A preset extending itself would be a loop: store it whole instead.
+            let extends = extends.filter(|e| *e != name);
+            let description = match &extends {
+                Some(p) => format!("saved from the panel, based on {p}"),
+                None => "saved from the panel".to_string(),
+            };
+            let req = crate::flags::preset::SaveRequest {
+                name: &name,
+                description: &description,
+                extends: extends.as_deref(),
+                flags: &app.flags.flags,
+                overwrite,
+            };
+            let saved = app
+                .paths
+                .presets
+                .save(&dir, &req)
+                .and_then(|p| app.paths.presets.load_file(&p).map_err(anyhow::Error::new));
+            match saved {
+                Ok(p) => {
+                    app.message = Some(format!("saved {}", p.path.display()));
+                    app.flags.on_saved(Ok(p), exists);
+                }
+                Err(e) => app.flags.on_saved(Err(format!("{e:#}")), false),
+            }
+        }
+        Effect::ReloadRuns => {
+            let store = crate::record::RunStore::new(&app.paths.runs_dir);
+            app.runs.on_scan(store.scan().map_err(|e| format!("{e:#}")));
+        }
+        Effect::ExportComparison(path) => {
+            let Some(md) = app.runs.comparison(crate::record::compare::Format::Md) else {
+                app.message = Some("mark two runs (m) to export a comparison".into());
+                return None;
+            };
+            app.message = Some(match std::fs::write(&path, md) {
+                Ok(()) => format!("wrote {}", path.display()),
+                Err(e) => format!("cannot write {}: {e}", path.display()),
+            });
+        }
+    }
+    None
 }

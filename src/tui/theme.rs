@@ -28,18 +28,28 @@ impl Theme {
     /// The theme for this process: colour unless `NO_COLOR` is set (any value, per no-color.org).
     pub fn from_env(ascii: bool, no_color_flag: bool) -> Self {
         let no_color = no_color_flag || std::env::var_os("NO_COLOR").is_some_and(|v| !v.is_empty());
-        Theme { color: !no_color, ascii }
+        Theme {
+            color: !no_color,
+            ascii,
+        }
     }
 
     /// A style with foreground `c`, or plain when colours are off.
     pub fn fg(&self, c: Color) -> Style {
-        if self.color { Style::default().fg(c) } else { Style::default() }
+        if self.color {
+            Style::default().fg(c)
+        } else {
+            Style::default()
+        }
     }
 
     /// Emphasis that survives without colour (bold / reversed).
     pub fn selected(&self) -> Style {
         if self.color {
-            Style::default().bg(Color::Blue).fg(Color::White).add_modifier(Modifier::BOLD)
+            Style::default()
+                .bg(Color::Blue)
+                .fg(Color::White)
+                .add_modifier(Modifier::BOLD)
         } else {
             Style::default().add_modifier(Modifier::REVERSED)
         }
@@ -52,7 +62,11 @@ impl Theme {
 
     /// Secondary text (docs, defaults, hints).
     pub fn dim(&self) -> Style {
-        if self.color { Style::default().fg(Color::DarkGray) } else { Style::default() }
+        if self.color {
+            Style::default().fg(Color::DarkGray)
+        } else {
+            Style::default()
+        }
     }
 
     /// Something is wrong but not fatal.
@@ -70,9 +84,42 @@ impl Theme {
         self.fg(Color::Green)
     }
 
+    /// Text from the core (docs, rule messages, record summaries) as this terminal can show
+    /// it: unchanged with Unicode, with common symbols spelled out in ASCII mode.
+    pub fn text<'a>(&self, s: &'a str) -> std::borrow::Cow<'a, str> {
+        if !self.ascii || s.is_ascii() {
+            return std::borrow::Cow::Borrowed(s);
+        }
+        let mut out = String::with_capacity(s.len());
+        for c in s.chars() {
+            match c {
+                '→' => out.push_str("->"),
+                '←' => out.push_str("<-"),
+                '…' => out.push_str("..."),
+                '±' => out.push_str("+-"),
+                '×' => out.push('x'),
+                '≤' => out.push_str("<="),
+                '≥' => out.push_str(">="),
+                '≈' => out.push('~'),
+                '−' | '–' | '—' => out.push('-'),
+                '‘' | '’' => out.push('\''),
+                '“' | '”' => out.push('"'),
+                '·' | '•' => out.push('*'),
+                'µ' | 'μ' => out.push('u'),
+                c if c.is_ascii() => out.push(c),
+                _ => out.push('?'),
+            }
+        }
+        std::borrow::Cow::Owned(out)
+    }
+
     /// The border glyph set for blocks.
     pub fn border(&self) -> border::Set<'static> {
-        if self.ascii { ASCII_BORDER } else { border::ROUNDED }
+        if self.ascii {
+            ASCII_BORDER
+        } else {
+            border::ROUNDED
+        }
     }
 
     /// Marker for line charts.

@@ -58,7 +58,7 @@ fn draw_tabs(frame: &mut Frame, app: &App, area: Rect) {
         .highlight_style(app.theme.selected())
         .divider(if app.theme.ascii { "|" } else { "│" });
     let [left, right] =
-        Layout::horizontal([Constraint::Min(40), Constraint::Length(12)]).areas(area);
+        Layout::horizontal([Constraint::Min(40), Constraint::Length(14)]).areas(area);
     frame.render_widget(tabs, left);
     frame.render_widget(
         Paragraph::new(Span::styled("mxtune ? help", app.theme.dim())).right_aligned(),
@@ -85,9 +85,24 @@ fn hint_spans(app: &App, bindings: &[Binding]) -> Vec<Span<'static>> {
     spans
 }
 
+fn hint_width(b: &Binding) -> usize {
+    b.key.len() + b.action.len() + 3
+}
+
+/// The screen's bindings that fit, in table order, and always `? help` and `q quit`: a hint
+/// is dropped whole rather than cut mid-word.
 fn draw_hints(frame: &mut Frame, app: &App, area: Rect) {
-    let mut bindings: Vec<Binding> = app.tab.bindings().to_vec();
-    bindings.extend_from_slice(&[keys::GLOBAL[2], keys::GLOBAL[3]]);
+    let tail = [keys::GLOBAL[2], keys::GLOBAL[3]];
+    let mut room = (area.width as usize).saturating_sub(tail.iter().map(hint_width).sum());
+    let mut bindings: Vec<Binding> = Vec::new();
+    for b in super::screens::bindings(app) {
+        if hint_width(b) > room {
+            break;
+        }
+        room -= hint_width(b);
+        bindings.push(*b);
+    }
+    bindings.extend_from_slice(&tail);
     frame.render_widget(Paragraph::new(Line::from(hint_spans(app, &bindings))), area);
 }
 
@@ -95,23 +110,29 @@ fn draw_hints(frame: &mut Frame, app: &App, area: Rect) {
 pub fn centered(area: Rect, width: u16, height: u16) -> Rect {
     let w = width.min(area.width);
     let h = height.min(area.height);
-    Rect::new(area.x + (area.width - w) / 2, area.y + (area.height - h) / 2, w, h)
+    Rect::new(
+        area.x + (area.width - w) / 2,
+        area.y + (area.height - h) / 2,
+        w,
+        h,
+    )
 }
 
 fn draw_help(frame: &mut Frame, app: &App, area: Rect) {
     let theme = &app.theme;
-    let mut lines = vec![Line::styled("Everywhere", theme.accent())];
     let row = |b: &Binding| {
         Line::from(vec![
             Span::styled(format!("  {:<18}", b.key), theme.accent()),
             Span::raw(b.action),
         ])
     };
-    lines.extend(keys::GLOBAL.iter().map(row));
-    for tab in Tab::ALL {
-        lines.push(Line::raw(""));
-        lines.push(Line::styled(tab.title(), theme.accent()));
-        lines.extend(tab.bindings().iter().map(row));
+    let mut lines = Vec::new();
+    for (title, bindings) in keys::SECTIONS {
+        if !lines.is_empty() {
+            lines.push(Line::raw(""));
+        }
+        lines.push(Line::styled(*title, theme.accent()));
+        lines.extend(bindings.iter().map(row));
     }
     let popup = centered(area, 64, area.height.saturating_sub(2));
     frame.render_widget(Clear, popup);

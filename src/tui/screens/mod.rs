@@ -1,21 +1,69 @@
 //! One module per screen; this file dispatches drawing and builds the status line.
 
+pub mod flags;
+pub mod runs;
+
 use ratatui::Frame;
 use ratatui::layout::Rect;
 use ratatui::text::Span;
 use ratatui::widgets::{Block, Paragraph};
 
-use super::app::App;
+use super::app::{App, Tab};
 
 /// Draw the visible screen into `area`.
 pub fn draw(frame: &mut Frame, app: &App, area: Rect) {
-    let block = Block::bordered()
-        .border_set(app.theme.border())
-        .title(format!(" {} ", app.tab.title()));
-    frame.render_widget(Paragraph::new("").block(block), area);
+    match app.tab {
+        Tab::Flags => flags::draw(frame, app, area),
+        Tab::Runs => runs::draw(frame, app, area),
+        Tab::Launch | Tab::Live | Tab::Bench => {
+            let block = Block::bordered()
+                .border_set(app.theme.border())
+                .title(format!(" {} ", app.tab.title()));
+            frame.render_widget(Paragraph::new("").block(block), area);
+        }
+    }
+}
+
+/// The bindings that work in the screen's current state (for the hint bar).
+pub fn bindings(app: &App) -> &'static [super::keys::Binding] {
+    match app.tab {
+        Tab::Flags if app.flags.overlay.is_some() => super::keys::FLAGS_DIALOG,
+        Tab::Runs if app.runs.view != runs::RunsView::List => super::keys::RUNS_VIEW,
+        _ => app.tab.bindings(),
+    }
 }
 
 /// The status line: target, phase, preset, unsaved changes.
 pub fn status_spans(app: &App) -> Vec<Span<'static>> {
-    vec![Span::styled(" no target", app.theme.dim())]
+    let theme = &app.theme;
+    let f = &app.flags;
+    let target = match f.flags.target {
+        crate::launch::spec::TargetKind::Docker => "docker",
+        crate::launch::spec::TargetKind::Engine => "engine",
+        crate::launch::spec::TargetKind::Attach => "attach",
+    };
+    let mut spans = vec![
+        Span::styled(" target ", theme.dim()),
+        Span::styled(target.to_string(), theme.accent()),
+        Span::styled(
+            if app.target_running {
+                "  running"
+            } else {
+                "  stopped"
+            },
+            theme.dim(),
+        ),
+        Span::styled("  preset ", theme.dim()),
+        Span::styled(
+            f.loaded
+                .as_ref()
+                .map(|p| p.name.clone())
+                .unwrap_or_else(|| "(none)".into()),
+            theme.accent(),
+        ),
+    ];
+    if f.dirty() {
+        spans.push(Span::styled(" [+] unsaved", theme.warn()));
+    }
+    spans
 }
