@@ -28,8 +28,15 @@ struct TuiArgs {
 
 #[derive(Subcommand, Debug)]
 enum Command {
+    /// Launch a target (Docker container, bundled engine, or attach to a URL), wait until it
+    /// is ready, print phases and the kernel-path verdict, and leave it running.
+    Launch(Box<mxtune::launch::cli::LaunchArgs>),
+    /// Stop containers and engine processes mxtune started.
+    Stop(mxtune::launch::cli::StopArgs),
     /// Run configurations: list, show (as docker run / vllm / env / engine), diff, check.
     Presets(mxtune::flags::cli::PresetsArgs),
+    /// Serve gpt-oss with the bundled engine over an OpenAI-compatible HTTP API.
+    Serve(mxtune::engine::serve::ServeArgs),
     /// Run records: list, show, compare (`runs/*.json`).
     Runs(mxtune::record::cli::RunsArgs),
 }
@@ -47,6 +54,9 @@ fn main() -> std::process::ExitCode {
             mxtune::tui::Exit::Signal(sig) => std::process::ExitCode::from(128 + sig as u8),
         }),
         Some(Command::Presets(args)) => mxtune::flags::cli::run(args),
+        Some(Command::Launch(args)) => mxtune::launch::cli::launch(*args),
+        Some(Command::Stop(args)) => mxtune::launch::cli::stop(args),
+        Some(Command::Serve(args)) => mxtune::engine::serve::run(args),
         Some(Command::Runs(args)) => mxtune::record::cli::run(args),
     };
     match result {

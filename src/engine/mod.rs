@@ -3,7 +3,13 @@
 pub mod backend;
 pub mod config;
 pub mod cpu;
+pub mod harmony;
 pub mod loader;
 pub mod mxfp4;
+pub mod sampling;
+pub mod scheduler;
+pub mod serve;
+pub mod server;
 pub mod synthetic;
+pub mod tokenizer;
 pub mod weights;

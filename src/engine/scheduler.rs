@@ -1,0 +1,351 @@
+//! Continuous batching: one thread owns the backend and, every step, builds a batch of
+//! prefill chunks and decode tokens from all live requests. Requests arrive and results
+//! leave through channels, so the async server never blocks on the model.
+
+use super::backend::{ModelBackend, SeqId, SeqStep};
+use super::sampling::{Sampled, Sampler, SamplingParams};
+use super::server::metrics::{Finished, Metrics};
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::sync::mpsc;
+use std::time::Instant;
+use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
+
+/// Limits the scheduler enforces.
+#[derive(Debug, Clone)]
+pub struct SchedulerConfig {
+    /// Most sequences in one running batch (`--max-num-seqs`).
+    pub max_num_seqs: usize,
+    /// Most positions (prompt + generated) of one sequence (`--max-model-len`).
+    pub max_model_len: usize,
+    /// Most tokens fed to the backend in one step (prefill is chunked to fit).
+    pub max_num_batched_tokens: usize,
+    /// Token ids that end generation (config eos + harmony stop set).
+    pub stop_tokens: Vec<u32>,
+}
+
+/// Why generation ended, in OpenAI's `finish_reason` words.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FinishReason {
+    /// A stop token was generated.
+    Stop,
+    /// `max_tokens` or `max_model_len` was reached.
+    Length,
+}
+
+/// What a request hears from the scheduler, in order: tokens, then one `Done` or `Error`.
+#[derive(Debug, Clone, PartialEq)]
+pub enum GenEvent {
+    Token(Sampled),
+    Done(FinishReason),
+    Error(String),
+}
+
+/// A request for the scheduler.
+#[derive(Debug)]
+struct GenRequest {
+    prompt: Vec<u32>,
+    sampling: SamplingParams,
+    events: UnboundedSender<GenEvent>,
+    arrived: Instant,
+}
+
+/// The server's side of the scheduler: submit requests, read live metrics.
+#[derive(Debug, Clone)]
+pub struct SchedulerHandle {
+    tx: mpsc::Sender<GenRequest>,
+    metrics: Arc<Metrics>,
+}
+
+impl SchedulerHandle {
+    /// Queue a request. Dropping the returned receiver cancels it and frees its KV slot.
+    pub fn submit(
+        &self,
+        prompt: Vec<u32>,
+        sampling: SamplingParams,
+    ) -> anyhow::Result<UnboundedReceiver<GenEvent>> {
+        // A decode step feeds the last token, so there must be one to start from.
+        anyhow::ensure!(!prompt.is_empty(), "the prompt is empty");
+        let (events, rx) = unbounded_channel();
+        self.metrics.request_queued();
+        self.tx
+            .send(GenRequest {
+                prompt,
+                sampling,
+                events,
+                arrived: Instant::now(),
+            })
+            .map_err(|_| {
+                self.metrics.request_dequeued();
+                anyhow::anyhow!("the engine thread has stopped; restart the server")
+            })?;
+        Ok(rx)
+    }
+}
+
+/// A request that holds a KV slot.
+struct Running {
+    seq: SeqId,
+    req: GenRequest,
+    sampler: Sampler,
+    /// Reserved positions (for the KV usage gauge).
+    reserved: usize,
+    /// Prompt tokens already fed to the backend.
+    prefilled: usize,
+    generated: Vec<u32>,
+    last_token_at: Option<Instant>,
+}
+
+/// Start the engine thread that owns `backend`.
+pub fn spawn(
+    backend: Box<dyn ModelBackend>,
+    cfg: SchedulerConfig,
+    metrics: Arc<Metrics>,
+) -> anyhow::Result<SchedulerHandle> {
+    let (tx, rx) = mpsc::channel();
+    let engine_metrics = metrics.clone();
+    std::thread::Builder::new()
+        .name("mxtune-engine".into())
+        .spawn(move || Engine::new(backend, cfg, engine_metrics).run(rx))
+        .map_err(|e| anyhow::anyhow!("could not start the engine thread: {e}"))?;
+    Ok(SchedulerHandle { tx, metrics })
+}
+
+struct Engine {
+    backend: Box<dyn ModelBackend>,
+    cfg: SchedulerConfig,
+    metrics: Arc<Metrics>,
+    waiting: VecDeque<GenRequest>,
+    running: Vec<Running>,
+}
+
+impl Engine {
+    fn new(backend: Box<dyn ModelBackend>, cfg: SchedulerConfig, metrics: Arc<Metrics>) -> Self {
+        Engine {
+            backend,
+            cfg,
+            metrics,
+            waiting: VecDeque::new(),
+            running: Vec::new(),
+        }
+    }
+
+    fn run(mut self, rx: mpsc::Receiver<GenRequest>) {
+        loop {
+            if self.running.is_empty() && self.waiting.is_empty() {
+                self.publish_load();
+                match rx.recv() {
+                    Ok(r) => self.waiting.push_back(r),
+                    // Every handle is gone: the server has shut down.
+                    Err(_) => return,
+                }
+            }
+            while let Ok(r) = rx.try_recv() {
+                self.waiting.push_back(r);
+            }
+            self.drop_cancelled();
+            self.admit();
+            self.publish_load();
+            if !self.running.is_empty() {
+                self.step();
+            }
+        }
+    }
+
+    fn publish_load(&self) {
+        let reserved: usize = self.running.iter().map(|r| r.reserved).sum();
+        let capacity = (self.cfg.max_num_seqs * self.cfg.max_model_len).max(1);
+        self.metrics
+            .set_load(self.running.len(), reserved as f64 / capacity as f64);
+    }
+
+    /// Requests whose client went away: free their slots now, not at the next token.
+    fn drop_cancelled(&mut self) {
+        let backend = &mut self.backend;
+        let metrics = &self.metrics;
+        self.running.retain(|r| {
+            let gone = r.req.events.is_closed();
+            if gone {
+                backend.free_seq(r.seq);
+                metrics.observe_finished(Finished::Abort, r.req.arrived.elapsed().as_secs_f64());
+            }
+            !gone
+        });
+        self.waiting.retain(|r| {
+            let gone = r.events.is_closed();
+            if gone {
+                metrics.request_dequeued();
+            }
+            !gone
+        });
+    }
+
+    /// Move waiting requests into the batch while slots and KV memory allow; a request
+    /// that does not fit waits (FIFO) until a running one frees its memory.
+    fn admit(&mut self) {
+        while self.running.len() < self.cfg.max_num_seqs {
+            let Some(front) = self.waiting.front() else {
+                return;
+            };
+            let need = (front.prompt.len() + front.sampling.max_tokens).min(self.cfg.max_model_len);
+            match self.backend.alloc_seq(need) {
+                Some(seq) => {
+                    let Some(req) = self.waiting.pop_front() else {
+                        return;
+                    };
+                    self.metrics.request_dequeued();
+                    self.metrics
+                        .observe_queue(req.arrived.elapsed().as_secs_f64());
+                    self.running.push(Running {
+                        seq,
+                        sampler: Sampler::new(req.sampling.clone()),
+                        req,
+                        reserved: need,
+                        prefilled: 0,
+                        generated: Vec::new(),
+                        last_token_at: None,
+                    });
+                }
+                None if self.running.is_empty() => {
+                    // Nothing will ever free memory: waiting would hang forever.
+                    if let Some(req) = self.waiting.pop_front() {
+                        self.metrics.request_dequeued();
+                        let _ = req.events.send(GenEvent::Error(format!(
+                            "the KV cache cannot hold {need} positions even when empty; \
+                             lower max_tokens or the server's --max-model-len"
+                        )));
+                    }
+                }
+                None => return,
+            }
+        }
+    }
+
+    /// One batched forward step: every decoding sequence feeds its last token, prefilling
+    /// sequences feed the next prompt chunk within the step's token budget.
+    fn step(&mut self) {
+        let mut budget = self.cfg.max_num_batched_tokens.max(1);
+        // (index into running, range of prompt fed or None for a decode token)
+        let mut plan: Vec<(usize, Option<std::ops::Range<usize>>)> = Vec::new();
+        for (i, r) in self.running.iter().enumerate() {
+            if r.prefilled == r.req.prompt.len() && budget > 0 {
+                plan.push((i, None));
+                budget -= 1;
+            }
+        }
+        for (i, r) in self.running.iter().enumerate() {
+            let left = r.req.prompt.len() - r.prefilled;
+            if left > 0 && budget > 0 {
+                let n = left.min(budget);
+                plan.push((i, Some(r.prefilled..r.prefilled + n)));
+                budget -= n;
+            }
+        }
+        let batch: Vec<SeqStep<'_>> = plan
+            .iter()
+            .map(|(i, range)| {
+                let r = &self.running[*i];
+                let tokens = match range {
+                    Some(range) => &r.req.prompt[range.clone()],
+                    // Decoding starts only after prefill sampled a token, so `generated` is
+                    // non-empty here; fall back to the prompt's tail to stay panic-free.
+                    None => match r.generated.last() {
+                        Some(t) => std::slice::from_ref(t),
+                        None => &r.req.prompt[r.req.prompt.len() - 1..],
+                    },
+                };
+                SeqStep { seq: r.seq, tokens }
+            })
+            .collect();
+        let result = self.backend.forward(&batch);
+        drop(batch);
+        let logits = match result {
+            Ok(l) if l.len() == plan.len() => l,
+            Ok(l) => {
+                let msg = format!(
+                    "backend {} returned {} logit rows for a batch of {}",
+                    self.backend.name(),
+                    l.len(),
+                    plan.len()
+                );
+                self.fail_all(&msg);
+                return;
+            }
+            Err(e) => {
+                self.fail_all(&format!("backend {} failed: {e:#}", self.backend.name()));
+                return;
+            }
+        };
+        let mut finished: Vec<usize> = Vec::new();
+        for ((i, range), row) in plan.into_iter().zip(logits) {
+            let r = &mut self.running[i];
+            if let Some(range) = range {
+                r.prefilled = range.end;
+                self.metrics.add_prompt_tokens(range.len());
+                if r.prefilled < r.req.prompt.len() {
+                    continue;
+                }
+            }
+            if let Some(reason) = Self::emit_token(&self.cfg, &self.metrics, r, &row) {
+                let _ = r.req.events.send(GenEvent::Done(reason));
+                let why = match reason {
+                    FinishReason::Stop => Finished::Stop,
+                    FinishReason::Length => Finished::Length,
+                };
+                self.metrics
+                    .observe_finished(why, r.req.arrived.elapsed().as_secs_f64());
+                finished.push(i);
+            }
+        }
+        finished.sort_unstable();
+        for i in finished.into_iter().rev() {
+            let r = self.running.remove(i);
+            self.backend.free_seq(r.seq);
+        }
+    }
+
+    /// Sample and send one token; returns why the request ends, if it does.
+    fn emit_token(
+        cfg: &SchedulerConfig,
+        metrics: &Metrics,
+        r: &mut Running,
+        logits: &[f32],
+    ) -> Option<FinishReason> {
+        let p = r.sampler.params();
+        let banned: &[u32] = if r.generated.len() < p.min_tokens && !p.ignore_eos {
+            &cfg.stop_tokens
+        } else {
+            &[]
+        };
+        let ignore_eos = p.ignore_eos;
+        let max_tokens = p.max_tokens;
+        let s = r.sampler.sample(logits, banned);
+        let now = Instant::now();
+        if r.last_token_at.is_none() {
+            metrics.observe_ttft(now.duration_since(r.req.arrived).as_secs_f64());
+        }
+        metrics.add_generated_token(r.last_token_at.map(|t| now.duration_since(t).as_secs_f64()));
+        r.last_token_at = Some(now);
+        let token = s.token;
+        r.generated.push(token);
+        let _ = r.req.events.send(GenEvent::Token(s));
+        if !ignore_eos && cfg.stop_tokens.contains(&token) {
+            Some(FinishReason::Stop)
+        } else if r.generated.len() >= max_tokens
+            || r.req.prompt.len() + r.generated.len() >= cfg.max_model_len
+        {
+            Some(FinishReason::Length)
+        } else {
+            None
+        }
+    }
+
+    fn fail_all(&mut self, msg: &str) {
+        for r in self.running.drain(..) {
+            let _ = r.req.events.send(GenEvent::Error(msg.to_string()));
+            self.backend.free_seq(r.seq);
+            self.metrics
+                .observe_finished(Finished::Abort, r.req.arrived.elapsed().as_secs_f64());
+        }
+    }
+}

@@ -1,0 +1,425 @@
+//! Turning the scheduler's token events into OpenAI responses: text per channel, stop
+//! strings, logprobs, usage; as one JSON body or as an SSE stream.
+
+use super::api::Prepared;
+use super::error::ApiError;
+use crate::engine::harmony::{Channel, Delta, OutputParser};
+use crate::engine::sampling::{Sampled, StopStrings};
+use crate::engine::scheduler::{FinishReason, GenEvent};
+use crate::engine::tokenizer::{StreamDecoder, Tokenizer};
+use axum::response::sse::{Event, Sse};
+use axum::response::{IntoResponse, Response};
+use futures::Stream;
+use serde_json::{Value, json};
+use std::convert::Infallible;
+use tokio::sync::mpsc::UnboundedReceiver;
+
+/// Which endpoint a generation answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Endpoint {
+    Completions,
+    Chat,
+}
+
+/// Identity of one response, repeated in every chunk.
+#[derive(Debug, Clone)]
+pub struct ResponseMeta {
+    pub id: String,
+    pub created: u64,
+    pub model: String,
+}
+
+enum TextSource {
+    /// Raw text, control tokens left out (vLLM's `skip_special_tokens`).
+    Plain(StreamDecoder),
+    /// Harmony channels.
+    Harmony(Box<OutputParser>),
+}
+
+/// Per-request output state: detokenizer or harmony parser, one stop-string matcher per
+/// channel, and the counts for `usage`.
+struct Output {
+    tok: Tokenizer,
+    source: TextSource,
+    stops: [StopStrings; 2],
+    return_ids: bool,
+    prompt_tokens: usize,
+    completion_tokens: usize,
+}
+
+/// What one token produced.
+#[derive(Default)]
+struct TokenOut {
+    deltas: Vec<Delta>,
+    /// A stop string matched: nothing more is emitted.
+    stopped: bool,
+}
+
+impl Output {
+    fn new(tok: Tokenizer, endpoint: Endpoint, p: &Prepared) -> Result<Self, ApiError> {
+        let source = match endpoint {
+            Endpoint::Completions => TextSource::Plain(StreamDecoder::default()),
+            Endpoint::Chat => TextSource::Harmony(Box::new(
+                OutputParser::new(tok).map_err(|e| ApiError::internal(format!("{e:#}")))?,
+            )),
+        };
+        Ok(Output {
+            tok,
+            source,
+            stops: [
+                StopStrings::new(p.stop.clone()),
+                StopStrings::new(p.stop.clone()),
+            ],
+            return_ids: p.return_tokens_as_token_ids,
+            prompt_tokens: p.prompt.len(),
+            completion_tokens: 0,
+        })
+    }
+
+    fn stop_index(c: Channel) -> usize {
+        match c {
+            Channel::Reasoning => 0,
+            Channel::Content => 1,
+        }
+    }
+
+    fn apply_stops(&mut self, raw: Vec<Delta>) -> TokenOut {
+        let mut out = TokenOut::default();
+        for d in raw {
+            let (text, hit) = self.stops[Self::stop_index(d.channel)].push(&d.text);
+            if !text.is_empty() {
+                out.deltas.push(Delta {
+                    channel: d.channel,
+                    text,
+                });
+            }
+            if hit {
+                out.stopped = true;
+                break;
+            }
+        }
+        out
+    }
+
+    fn on_token(&mut self, id: u32) -> TokenOut {
+        self.completion_tokens += 1;
+        let raw = match &mut self.source {
+            TextSource::Plain(d) => {
+                if self.tok.is_special(id) {
+                    Vec::new()
+                } else {
+                    let text = d.push(&self.tok.token_bytes(id));
+                    vec![Delta {
+                        channel: Channel::Content,
+                        text,
+                    }]
+                }
+            }
+            TextSource::Harmony(p) => p.push(id),
+        };
+        self.apply_stops(raw)
+    }
+
+    /// End of generation: flush partial characters and held-back stop-string prefixes.
+    fn finish(&mut self) -> Vec<Delta> {
+        let raw = match &mut self.source {
+            TextSource::Plain(d) => vec![Delta {
+                channel: Channel::Content,
+                text: d.finish(),
+            }],
+            TextSource::Harmony(p) => p.finish(),
+        };
+        let mut out = self.apply_stops(raw).deltas;
+        for c in [Channel::Reasoning, Channel::Content] {
+            let text = self.stops[Self::stop_index(c)].finish();
+            if !text.is_empty() {
+                out.push(Delta { channel: c, text });
+            }
+        }
+        out
+    }
+
+    fn token_name(&self, id: u32) -> String {
+        if self.return_ids {
+            format!("token_id:{id}")
+        } else {
+            self.tok.token_text(id)
+        }
+    }
+
+    fn usage(&self) -> Value {
+        json!({
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "total_tokens": self.prompt_tokens + self.completion_tokens,
+        })
+    }
+
+    /// Chat-format logprob entry for one token.
+    fn chat_logprob(&self, s: &Sampled) -> Value {
+        let entry = |id: u32, lp: f32| json!({"token": self.token_name(id), "logprob": lp, "bytes": self.tok.token_bytes(id)});
+        let mut e = entry(s.token, s.logprob);
+        e["top_logprobs"] = s.top.iter().map(|&(id, lp)| entry(id, lp)).collect();
+        e
+    }
+}
+
+/// Completions-format logprobs accumulated over a run of tokens.
+#[derive(Default)]
+struct CompletionLogprobs {
+    tokens: Vec<String>,
+    token_logprobs: Vec<f32>,
+    top_logprobs: Vec<serde_json::Map<String, Value>>,
+    text_offset: Vec<usize>,
+}
+
+impl CompletionLogprobs {
+    fn push(&mut self, out: &Output, s: &Sampled, offset: usize) {
+        self.tokens.push(out.token_name(s.token));
+        self.token_logprobs.push(s.logprob);
+        self.top_logprobs.push(
+            s.top
+                .iter()
+                .map(|&(id, lp)| (out.token_name(id), json!(lp)))
+                .collect(),
+        );
+        self.text_offset.push(offset);
+    }
+
+    fn to_json(&self) -> Value {
+        json!({
+            "tokens": self.tokens,
+            "token_logprobs": self.token_logprobs,
+            "top_logprobs": self.top_logprobs,
+            "text_offset": self.text_offset,
+        })
+    }
+}
+
+fn finish_str(r: FinishReason) -> &'static str {
+    match r {
+        FinishReason::Stop => "stop",
+        FinishReason::Length => "length",
+    }
+}
+
+/// Collect the whole generation into one JSON response.
+pub async fn respond_full(
+    mut rx: UnboundedReceiver<GenEvent>,
+    tok: Tokenizer,
+    endpoint: Endpoint,
+    prepared: &Prepared,
+    meta: ResponseMeta,
+) -> Response {
+    let mut out = match Output::new(tok, endpoint, prepared) {
+        Ok(o) => o,
+        Err(e) => return e.into_response(),
+    };
+    let want_logprobs = prepared.sampling.logprobs.is_some();
+    let (mut reasoning, mut content) = (String::new(), String::new());
+    let mut cmpl_lp = CompletionLogprobs::default();
+    let mut chat_lp: Vec<Value> = Vec::new();
+    let mut finish = FinishReason::Length;
+    let push_deltas = |deltas: Vec<Delta>, reasoning: &mut String, content: &mut String| {
+        for d in deltas {
+            match d.channel {
+                Channel::Reasoning => reasoning.push_str(&d.text),
+                Channel::Content => content.push_str(&d.text),
+            }
+        }
+    };
+    while let Some(ev) = rx.recv().await {
+        match ev {
+            GenEvent::Token(s) => {
+                if want_logprobs {
+                    match endpoint {
+                        Endpoint::Completions => cmpl_lp.push(&out, &s, content.len()),
+                        Endpoint::Chat => chat_lp.push(out.chat_logprob(&s)),
+                    }
+                }
+                let t = out.on_token(s.token);
+                push_deltas(t.deltas, &mut reasoning, &mut content);
+                if t.stopped {
+                    finish = FinishReason::Stop;
+                    break;
+                }
+            }
+            GenEvent::Done(r) => {
+                finish = r;
+                push_deltas(out.finish(), &mut reasoning, &mut content);
+                break;
+            }
+            GenEvent::Error(m) => return ApiError::internal(m).into_response(),
+        }
+    }
+    // Dropping the receiver here also cancels a request cut short by a stop string.
+    drop(rx);
+    let body = match endpoint {
+        Endpoint::Completions => json!({
+            "id": meta.id,
+            "object": "text_completion",
+            "created": meta.created,
+            "model": meta.model,
+            "choices": [{
+                "index": 0,
+                "text": content,
+                "logprobs": if want_logprobs { cmpl_lp.to_json() } else { Value::Null },
+                "finish_reason": finish_str(finish),
+            }],
+            "usage": out.usage(),
+        }),
+        Endpoint::Chat => json!({
+            "id": meta.id,
+            "object": "chat.completion",
+            "created": meta.created,
+            "model": meta.model,
+            "choices": [{
+                "index": 0,
+                "message": {
+                    "role": "assistant",
+                    "content": content,
+                    "reasoning_content": if reasoning.is_empty() { Value::Null } else { json!(reasoning) },
+                },
+                "logprobs": if want_logprobs { json!({"content": chat_lp}) } else { Value::Null },
+                "finish_reason": finish_str(finish),
+            }],
+            "usage": out.usage(),
+        }),
+    };
+    axum::Json(body).into_response()
+}
+
+fn chunk(meta: &ResponseMeta, endpoint: Endpoint, choices: Value) -> Event {
+    let object = match endpoint {
+        Endpoint::Completions => "text_completion",
+        Endpoint::Chat => "chat.completion.chunk",
+    };
+    let v = json!({
+        "id": meta.id,
+        "object": object,
+        "created": meta.created,
+        "model": meta.model,
+        "choices": choices,
+    });
+    Event::default().data(v.to_string())
+}
+
+fn delta_choice(endpoint: Endpoint, d: Option<&Delta>, logprobs: Value) -> Value {
+    match endpoint {
+        Endpoint::Completions => json!([{
+            "index": 0,
+            "text": d.map_or("", |d| d.text.as_str()),
+            "logprobs": logprobs,
+            "finish_reason": null,
+        }]),
+        Endpoint::Chat => {
+            let delta = match d {
+                Some(Delta {
+                    channel: Channel::Reasoning,
+                    text,
+                }) => json!({"reasoning_content": text}),
+                Some(Delta {
+                    channel: Channel::Content,
+                    text,
+                }) => json!({"content": text}),
+                None => json!({}),
+            };
+            json!([{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": null}])
+        }
+    }
+}
+
+/// Stream the generation as server-sent events. When the client goes away the stream is
+/// dropped, which drops the receiver, which cancels the request in the scheduler.
+pub fn respond_stream(
+    mut rx: UnboundedReceiver<GenEvent>,
+    tok: Tokenizer,
+    endpoint: Endpoint,
+    prepared: &Prepared,
+    meta: ResponseMeta,
+) -> Response {
+    let mut out = match Output::new(tok, endpoint, prepared) {
+        Ok(o) => o,
+        Err(e) => return e.into_response(),
+    };
+    let want_logprobs = prepared.sampling.logprobs.is_some();
+    let include_usage = prepared.include_usage;
+    let stream = async_stream::stream! {
+        if endpoint == Endpoint::Chat {
+            let role = json!([{"index": 0, "delta": {"role": "assistant", "content": ""},
+                               "logprobs": null, "finish_reason": null}]);
+            yield chunk(&meta, endpoint, role);
+        }
+        let mut finish = None;
+        let mut text_len = 0usize;
+        while let Some(ev) = rx.recv().await {
+            match ev {
+                GenEvent::Token(s) => {
+                    let lp = if !want_logprobs {
+                        Value::Null
+                    } else if endpoint == Endpoint::Chat {
+                        json!({"content": [out.chat_logprob(&s)]})
+                    } else {
+                        let mut l = CompletionLogprobs::default();
+                        l.push(&out, &s, text_len);
+                        l.to_json()
+                    };
+                    let t = out.on_token(s.token);
+                    let mut lp = Some(lp);
+                    for d in &t.deltas {
+                        text_len += d.text.len();
+                        let l = lp.take().unwrap_or(Value::Null);
+                        yield chunk(&meta, endpoint, delta_choice(endpoint, Some(d), l));
+                    }
+                    // Every token gets a chunk when logprobs were asked for, text or not.
+                    if let Some(l) = lp.filter(|_| want_logprobs) {
+                        yield chunk(&meta, endpoint, delta_choice(endpoint, None, l));
+                    }
+                    if t.stopped {
+                        finish = Some(FinishReason::Stop);
+                        break;
+                    }
+                }
+                GenEvent::Done(r) => {
+                    for d in out.finish() {
+                        yield chunk(&meta, endpoint, delta_choice(endpoint, Some(&d), Value::Null));
+                    }
+                    finish = Some(r);
+                    break;
+                }
+                GenEvent::Error(m) => {
+                    yield Event::default().data(ApiError::internal(m).body().to_string());
+                    break;
+                }
+            }
+        }
+        drop(rx);
+        if let Some(r) = finish {
+            let last = match endpoint {
+                Endpoint::Completions => json!([{"index": 0, "text": "", "logprobs": null,
+                                                  "finish_reason": finish_str(r)}]),
+                Endpoint::Chat => json!([{"index": 0, "delta": {}, "logprobs": null,
+                                           "finish_reason": finish_str(r)}]),
+            };
+            yield chunk(&meta, endpoint, last);
+            if include_usage {
+                let v = json!({
+                    "id": meta.id,
+                    "object": match endpoint {
+                        Endpoint::Completions => "text_completion",
+                        Endpoint::Chat => "chat.completion.chunk",
+                    },
+                    "created": meta.created,
+                    "model": meta.model,
+                    "choices": [],
+                    "usage": out.usage(),
+                });
+                yield Event::default().data(v.to_string());
+            }
+        }
+        yield Event::default().data("[DONE]");
+    };
+    let stream: std::pin::Pin<Box<dyn Stream<Item = Result<Event, Infallible>> + Send>> =
+        Box::pin(futures::StreamExt::map(stream, Ok));
+    Sse::new(stream).into_response()
+}

@@ -1,0 +1,324 @@
+//! Live server metrics with vLLM's names, rendered as Prometheus text for `GET /metrics`,
+//! so one monitor reads both the vLLM container and the bundled engine.
+
+use std::fmt::Write as _;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// A Prometheus histogram with fixed upper bounds.
+#[derive(Debug)]
+struct Histogram {
+    bounds: &'static [f64],
+    counts: Vec<u64>,
+    sum: f64,
+    count: u64,
+}
+
+impl Histogram {
+    fn new(bounds: &'static [f64]) -> Self {
+        Histogram {
+            bounds,
+            counts: vec![0; bounds.len()],
+            sum: 0.0,
+            count: 0,
+        }
+    }
+
+    fn observe(&mut self, v: f64) {
+        for (b, c) in self.bounds.iter().zip(&mut self.counts) {
+            if v <= *b {
+                *c += 1;
+            }
+        }
+        self.sum += v;
+        self.count += 1;
+    }
+}
+
+// Bucket bounds as in vLLM v1, so dashboards built for vLLM read ours unchanged.
+const TTFT_BUCKETS: &[f64] = &[
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+    20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
+];
+const ITL_BUCKETS: &[f64] = &[
+    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
+    40.0, 80.0,
+];
+const REQUEST_BUCKETS: &[f64] = &[
+    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
+    480.0, 960.0, 1920.0, 7680.0,
+];
+
+#[derive(Debug)]
+struct Histograms {
+    ttft: Histogram,
+    itl: Histogram,
+    e2e: Histogram,
+    queue: Histogram,
+}
+
+/// Counters, gauges and histograms shared by the scheduler (writer) and `/metrics` (reader).
+#[derive(Debug)]
+pub struct Metrics {
+    model_name: String,
+    running: AtomicU64,
+    waiting: AtomicU64,
+    /// KV usage in millionths, to keep it atomic.
+    kv_usage_ppm: AtomicU64,
+    prompt_tokens: AtomicU64,
+    generation_tokens: AtomicU64,
+    success_stop: AtomicU64,
+    success_length: AtomicU64,
+    success_abort: AtomicU64,
+    hist: Mutex<Histograms>,
+}
+
+/// Why a request ended, as counted by `vllm:request_success_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Finished {
+    Stop,
+    Length,
+    Abort,
+}
+
+impl Metrics {
+    /// Empty metrics labelled with the served model name.
+    pub fn new(model_name: &str) -> Self {
+        Metrics {
+            model_name: model_name.to_string(),
+            running: AtomicU64::new(0),
+            waiting: AtomicU64::new(0),
+            kv_usage_ppm: AtomicU64::new(0),
+            prompt_tokens: AtomicU64::new(0),
+            generation_tokens: AtomicU64::new(0),
+            success_stop: AtomicU64::new(0),
+            success_length: AtomicU64::new(0),
+            success_abort: AtomicU64::new(0),
+            hist: Mutex::new(Histograms {
+                ttft: Histogram::new(TTFT_BUCKETS),
+                itl: Histogram::new(ITL_BUCKETS),
+                e2e: Histogram::new(REQUEST_BUCKETS),
+                queue: Histogram::new(REQUEST_BUCKETS),
+            }),
+        }
+    }
+
+    /// Set the running gauge and the KV usage fraction (0–1).
+    pub fn set_load(&self, running: usize, kv_usage: f64) {
+        self.running.store(running as u64, Ordering::Relaxed);
+        let ppm = (kv_usage.clamp(0.0, 1.0) * 1e6).round() as u64;
+        self.kv_usage_ppm.store(ppm, Ordering::Relaxed);
+    }
+
+    /// A request was submitted; it waits until admitted. Counted at submission so the
+    /// gauge is right even while the engine thread is inside a long forward step.
+    pub fn request_queued(&self) {
+        self.waiting.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A waiting request left the queue (admitted, cancelled or refused).
+    pub fn request_dequeued(&self) {
+        // Saturate rather than wrap if a caller ever dequeues twice.
+        let _ = self
+            .waiting
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |w| {
+                Some(w.saturating_sub(1))
+            });
+    }
+
+    /// Requests currently in the running batch.
+    pub fn running(&self) -> u64 {
+        self.running.load(Ordering::Relaxed)
+    }
+
+    /// Count prompt tokens that were prefilled.
+    pub fn add_prompt_tokens(&self, n: usize) {
+        self.prompt_tokens.fetch_add(n as u64, Ordering::Relaxed);
+    }
+
+    /// Count one generated token, with the gap since the previous one (none for the first).
+    pub fn add_generated_token(&self, gap_s: Option<f64>) {
+        self.generation_tokens.fetch_add(1, Ordering::Relaxed);
+        if let Some(g) = gap_s {
+            self.with_hist(|h| h.itl.observe(g));
+        }
+    }
+
+    /// Record the time from arrival to the first generated token.
+    pub fn observe_ttft(&self, s: f64) {
+        self.with_hist(|h| h.ttft.observe(s));
+    }
+
+    /// Record the time a request waited before it was admitted.
+    pub fn observe_queue(&self, s: f64) {
+        self.with_hist(|h| h.queue.observe(s));
+    }
+
+    /// Record a finished request with its end-to-end latency.
+    pub fn observe_finished(&self, why: Finished, e2e_s: f64) {
+        let c = match why {
+            Finished::Stop => &self.success_stop,
+            Finished::Length => &self.success_length,
+            Finished::Abort => &self.success_abort,
+        };
+        c.fetch_add(1, Ordering::Relaxed);
+        self.with_hist(|h| h.e2e.observe(e2e_s));
+    }
+
+    fn with_hist(&self, f: impl FnOnce(&mut Histograms)) {
+        // A poisoned lock only means a panic elsewhere mid-update; the counts stay usable.
+        let mut h = self.hist.lock().unwrap_or_else(|p| p.into_inner());
+        f(&mut h);
+    }
+
+    /// The metrics in Prometheus text exposition format.
+    pub fn render(&self) -> String {
+        let mut o = String::new();
+        let label = format!("model_name=\"{}\"", escape_label(&self.model_name));
+        let gauge = |o: &mut String, name: &str, help: &str, v: String| {
+            let _ = writeln!(
+                o,
+                "# HELP {name} {help}\n# TYPE {name} gauge\n{name}{{{label}}} {v}"
+            );
+        };
+        let counter = |o: &mut String, name: &str, help: &str, v: u64| {
+            let _ = writeln!(
+                o,
+                "# HELP {name} {help}\n# TYPE {name} counter\n{name}{{{label}}} {v}"
+            );
+        };
+        gauge(
+            &mut o,
+            "vllm:num_requests_running",
+            "Number of requests in the running batch.",
+            self.running().to_string(),
+        );
+        gauge(
+            &mut o,
+            "vllm:num_requests_waiting",
+            "Number of requests waiting for admission.",
+            self.waiting.load(Ordering::Relaxed).to_string(),
+        );
+        gauge(
+            &mut o,
+            "vllm:kv_cache_usage_perc",
+            "KV-cache usage as a fraction (1 = full).",
+            format!("{}", self.kv_usage_ppm.load(Ordering::Relaxed) as f64 / 1e6),
+        );
+        counter(
+            &mut o,
+            "vllm:prompt_tokens_total",
+            "Number of prefilled prompt tokens.",
+            self.prompt_tokens.load(Ordering::Relaxed),
+        );
+        counter(
+            &mut o,
+            "vllm:generation_tokens_total",
+            "Number of generated tokens.",
+            self.generation_tokens.load(Ordering::Relaxed),
+        );
+        counter(
+            &mut o,
+            "vllm:num_preemptions_total",
+            "Number of preemptions (this engine never preempts: admission waits instead).",
+            0,
+        );
+        let _ = writeln!(
+            o,
+            "# HELP vllm:request_success_total Finished requests by reason.\n\
+             # TYPE vllm:request_success_total counter"
+        );
+        for (reason, c) in [
+            ("stop", &self.success_stop),
+            ("length", &self.success_length),
+            ("abort", &self.success_abort),
+        ] {
+            let _ = writeln!(
+                o,
+                "vllm:request_success_total{{{label},finished_reason=\"{reason}\"}} {}",
+                c.load(Ordering::Relaxed)
+            );
+        }
+        let h = self.hist.lock().unwrap_or_else(|p| p.into_inner());
+        for (name, help, hist) in [
+            (
+                "vllm:time_to_first_token_seconds",
+                "Time from arrival to the first generated token.",
+                &h.ttft,
+            ),
+            (
+                "vllm:inter_token_latency_seconds",
+                "Time between consecutive generated tokens.",
+                &h.itl,
+            ),
+            (
+                "vllm:e2e_request_latency_seconds",
+                "Time from arrival to the end of the request.",
+                &h.e2e,
+            ),
+            (
+                "vllm:request_queue_time_seconds",
+                "Time a request waited before admission.",
+                &h.queue,
+            ),
+        ] {
+            let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} histogram");
+            for (b, c) in hist.bounds.iter().zip(&hist.counts) {
+                let _ = writeln!(o, "{name}_bucket{{{label},le=\"{b}\"}} {c}");
+            }
+            let _ = writeln!(o, "{name}_bucket{{{label},le=\"+Inf\"}} {}", hist.count);
+            let _ = writeln!(o, "{name}_sum{{{label}}} {}", hist.sum);
+            let _ = writeln!(o, "{name}_count{{{label}}} {}", hist.count);
+        }
+        o
+    }
+}
+
+fn escape_label(s: &str) -> String {
+    s.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_vllm_names_with_cumulative_buckets() {
+        let m = Metrics::new("syn\"tiny");
+        m.set_load(2, 0.25);
+        m.request_queued();
+        m.request_queued();
+        m.request_dequeued();
+        m.add_prompt_tokens(7);
+        m.add_generated_token(None);
+        m.add_generated_token(Some(0.02));
+        m.observe_ttft(0.03);
+        m.observe_finished(Finished::Length, 0.9);
+        let t = m.render();
+        assert!(t.contains("vllm:num_requests_running{model_name=\"syn\\\"tiny\"} 2\n"));
+        assert!(t.contains("vllm:num_requests_waiting{model_name=\"syn\\\"tiny\"} 1\n"));
+        assert!(t.contains("vllm:kv_cache_usage_perc{model_name=\"syn\\\"tiny\"} 0.25\n"));
+        assert!(t.contains("vllm:prompt_tokens_total{model_name=\"syn\\\"tiny\"} 7\n"));
+        assert!(t.contains("vllm:generation_tokens_total{model_name=\"syn\\\"tiny\"} 2\n"));
+        assert!(t.contains(
+            "vllm:time_to_first_token_seconds_bucket{model_name=\"syn\\\"tiny\",le=\"0.02\"} 0\n"
+        ));
+        assert!(t.contains(
+            "vllm:time_to_first_token_seconds_bucket{model_name=\"syn\\\"tiny\",le=\"0.04\"} 1\n"
+        ));
+        assert!(t.contains(
+            "vllm:time_to_first_token_seconds_bucket{model_name=\"syn\\\"tiny\",le=\"+Inf\"} 1\n"
+        ));
+        assert!(
+            t.contains("vllm:inter_token_latency_seconds_count{model_name=\"syn\\\"tiny\"} 1\n")
+        );
+        assert!(t.contains("finished_reason=\"length\"} 1\n"));
+        // Every sample line is `name{labels} value` with a numeric value.
+        for l in t.lines().filter(|l| !l.starts_with('#')) {
+            let (_, v) = l.rsplit_once(' ').unwrap();
+            assert!(v.parse::<f64>().is_ok(), "{l}");
+        }
+    }
+}

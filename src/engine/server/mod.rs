@@ -1,0 +1,239 @@
+//! The OpenAI-compatible HTTP server (axum): `/v1/models`, `/v1/completions`,
+//! `/v1/chat/completions` (streaming and not), `/health` and `/metrics`.
+
+pub mod api;
+pub mod error;
+pub mod generate;
+pub mod metrics;
+
+use crate::engine::backend::ModelBackend;
+use crate::engine::harmony::{HarmonyTokens, Renderer};
+use crate::engine::scheduler::{self, SchedulerConfig, SchedulerHandle};
+use crate::engine::tokenizer::Tokenizer;
+use api::{ChatRequest, CompletionRequest, Limits, parse_body};
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::{Request, State};
+use axum::http::{Method, Uri, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use error::ApiError;
+use generate::{Endpoint, ResponseMeta};
+use metrics::Metrics;
+use serde_json::json;
+use std::sync::Arc;
+
+/// How the server is set up.
+#[derive(Debug, Clone)]
+pub struct ServerOptions {
+    /// The name clients must use in `model` and that `/v1/models` lists.
+    pub served_model_name: String,
+    /// Most positions per sequence (prompt + generated).
+    pub max_model_len: usize,
+    /// Most sequences decoded together.
+    pub max_num_seqs: usize,
+    /// Most tokens fed to the backend per step (long prompts are prefilled in chunks).
+    pub max_num_batched_tokens: usize,
+    /// When set, `/v1/*` requires `Authorization: Bearer <key>`.
+    pub api_key: Option<String>,
+}
+
+/// Shared state of all handlers.
+#[derive(Debug)]
+struct AppState {
+    opts: ServerOptions,
+    backend_name: String,
+    vocab_size: usize,
+    scheduler: SchedulerHandle,
+    metrics: Arc<Metrics>,
+    tok: Tokenizer,
+    renderer: Renderer,
+    created: u64,
+}
+
+/// A server ready to be bound: the engine thread runs, the routes are built.
+#[derive(Debug, Clone)]
+pub struct Server {
+    state: Arc<AppState>,
+}
+
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+impl Server {
+    /// Start the engine thread over `backend`. Stop tokens come from the model config's
+    /// eos plus the harmony stop set.
+    pub fn new(backend: Box<dyn ModelBackend>, opts: ServerOptions) -> anyhow::Result<Self> {
+        anyhow::ensure!(
+            opts.max_model_len >= 2,
+            "--max-model-len must be at least 2"
+        );
+        anyhow::ensure!(opts.max_num_seqs >= 1, "--max-num-seqs must be at least 1");
+        let tok = Tokenizer::o200k_harmony();
+        let renderer = Renderer::new(tok)?;
+        let cfg = backend.config();
+        let stop_tokens = HarmonyTokens::new(&tok)?.stop_set(cfg.eos_token_id);
+        let vocab_size = cfg.vocab_size;
+        let backend_name = backend.name();
+        let metrics = Arc::new(Metrics::new(&opts.served_model_name));
+        let scheduler = scheduler::spawn(
+            backend,
+            SchedulerConfig {
+                max_num_seqs: opts.max_num_seqs,
+                max_model_len: opts.max_model_len,
+                max_num_batched_tokens: opts.max_num_batched_tokens,
+                stop_tokens,
+            },
+            metrics.clone(),
+        )?;
+        Ok(Server {
+            state: Arc::new(AppState {
+                opts,
+                backend_name,
+                vocab_size,
+                scheduler,
+                metrics,
+                tok,
+                renderer,
+                created: unix_now(),
+            }),
+        })
+    }
+
+    /// The axum routes.
+    pub fn router(&self) -> Router {
+        let v1 = Router::new()
+            .route("/v1/models", get(models))
+            .route("/v1/completions", post(completions))
+            .route("/v1/chat/completions", post(chat_completions))
+            .route_layer(middleware::from_fn_with_state(self.state.clone(), auth));
+        Router::new()
+            .route("/health", get(health))
+            .route("/metrics", get(metrics_text))
+            .merge(v1)
+            .fallback(no_route)
+            .with_state(self.state.clone())
+    }
+
+    /// Serve on `listener` until `shutdown` resolves.
+    pub async fn serve(
+        self,
+        listener: tokio::net::TcpListener,
+        shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+    ) -> anyhow::Result<()> {
+        let addr = listener.local_addr().ok();
+        axum::serve(listener, self.router())
+            .with_graceful_shutdown(shutdown)
+            .await
+            .map_err(|e| anyhow::anyhow!("HTTP server on {addr:?} failed: {e}"))
+    }
+}
+
+async fn auth(State(st): State<Arc<AppState>>, req: Request, next: Next) -> Response {
+    if let Some(key) = &st.opts.api_key {
+        let ok = req
+            .headers()
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .is_some_and(|given| given.trim() == key);
+        if !ok {
+            return ApiError::unauthorized().into_response();
+        }
+    }
+    next.run(req).await
+}
+
+async fn health() -> &'static str {
+    ""
+}
+
+async fn metrics_text(State(st): State<Arc<AppState>>) -> Response {
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        st.metrics.render(),
+    )
+        .into_response()
+}
+
+async fn no_route(method: Method, uri: Uri) -> ApiError {
+    ApiError::no_route(method.as_str(), uri.path())
+}
+
+async fn models(State(st): State<Arc<AppState>>) -> Response {
+    let name = &st.opts.served_model_name;
+    axum::Json(json!({
+        "object": "list",
+        "data": [{
+            "id": name,
+            "object": "model",
+            "created": st.created,
+            "owned_by": "mxtune",
+            "root": name,
+            "max_model_len": st.opts.max_model_len,
+            "backend": st.backend_name,
+        }],
+    }))
+    .into_response()
+}
+
+impl AppState {
+    fn limits(&self) -> Limits<'_> {
+        Limits {
+            served_model_name: &self.opts.served_model_name,
+            max_model_len: self.opts.max_model_len,
+            vocab_size: self.vocab_size,
+        }
+    }
+
+    fn meta(&self, prefix: &str) -> ResponseMeta {
+        ResponseMeta {
+            id: format!("{prefix}-{}", ulid::Ulid::generate()),
+            created: unix_now(),
+            model: self.opts.served_model_name.clone(),
+        }
+    }
+}
+
+async fn run(st: &AppState, prepared: api::Prepared, endpoint: Endpoint, prefix: &str) -> Response {
+    let rx = match st
+        .scheduler
+        .submit(prepared.prompt.clone(), prepared.sampling.clone())
+    {
+        Ok(rx) => rx,
+        Err(e) => return ApiError::internal(format!("{e:#}")).into_response(),
+    };
+    let meta = st.meta(prefix);
+    if prepared.stream {
+        generate::respond_stream(rx, st.tok, endpoint, &prepared, meta)
+    } else {
+        generate::respond_full(rx, st.tok, endpoint, &prepared, meta).await
+    }
+}
+
+async fn completions(State(st): State<Arc<AppState>>, body: Bytes) -> Response {
+    let prepared = match parse_body::<CompletionRequest>(&body)
+        .and_then(|r| r.prepare(&st.tok, &st.limits()))
+    {
+        Ok(p) => p,
+        Err(e) => return e.into_response(),
+    };
+    run(&st, prepared, Endpoint::Completions, "cmpl").await
+}
+
+async fn chat_completions(State(st): State<Arc<AppState>>, body: Bytes) -> Response {
+    let prepared = match parse_body::<ChatRequest>(&body)
+        .and_then(|r| r.prepare(&st.renderer, &st.limits()))
+    {
+        Ok(p) => p,
+        Err(e) => return e.into_response(),
+    };
+    run(&st, prepared, Endpoint::Chat, "chatcmpl").await
+}

@@ -1,0 +1,494 @@
+//! Headless `mxtune launch` and `mxtune stop`.
+
+use super::attach::AttachTarget;
+use super::docker::{self, DockerTarget};
+use super::engine::{EngineTarget, signal_group};
+use super::follow::{Launch, LaunchOptions, Status};
+use super::preflight::{self, Severity};
+use super::spec::LaunchSpec;
+use super::{LaunchEvent, LogRules, state};
+use crate::flags::preset::PresetStore;
+use crate::flags::render::render;
+use crate::flags::rules::{GpuArch, evaluate};
+use crate::launch::spec::TargetKind;
+use anyhow::{Context, Result, anyhow, bail};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Duration;
+use tokio::sync::mpsc;
+
+/// Which target to launch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum TargetArg {
+    /// A container through the Docker Engine API.
+    Docker,
+    /// The bundled engine (`mxtune serve …`) as a child process.
+    Engine,
+    /// An endpoint that already runs (`--url`).
+    Attach,
+}
+
+/// Arguments of `mxtune launch`.
+#[derive(Debug, clap::Args)]
+pub struct LaunchArgs {
+    /// Preset name (or a path to a preset .toml): rendered for the target by the flags module.
+    #[arg(long, conflicts_with = "spec", required_unless_present_any = ["spec", "url", "reattach"])]
+    pub preset: Option<String>,
+    /// Project presets directory (searched before ~/.config/mxtune/presets).
+    #[arg(long, env = "MXTUNE_PRESETS_DIR")]
+    pub presets_dir: Option<PathBuf>,
+    /// GPU architecture for the preset's conflict rules (e.g. sm121); unknown when omitted.
+    #[arg(long)]
+    pub arch: Option<GpuArch>,
+    /// An already rendered launch spec (TOML, or JSON by extension) instead of a preset.
+    #[arg(long)]
+    pub spec: Option<PathBuf>,
+    /// Target kind (default: the preset's target; docker for a spec).
+    #[arg(long, value_enum)]
+    pub target: Option<TargetArg>,
+    /// Base URL for `--target attach`.
+    #[arg(long)]
+    pub url: Option<String>,
+    /// Model expected in /v1/models for `--target attach` (default: whatever it lists).
+    #[arg(long, default_value = "")]
+    pub model: String,
+    /// Re-attach to a container mxtune started earlier (name or run id) instead of launching.
+    #[arg(long)]
+    pub reattach: Option<String>,
+    /// Directory for logs and the engine state file.
+    #[arg(long, default_value = "runs")]
+    pub runs_dir: PathBuf,
+    /// Engine binary for `--target engine` (default: this mxtune when argv[0] is `mxtune`).
+    #[arg(long)]
+    pub engine_bin: Option<PathBuf>,
+    /// Pull the image when it is missing.
+    #[arg(long)]
+    pub pull: bool,
+    /// Fail when not ready after this many seconds.
+    #[arg(long, default_value_t = 2700)]
+    pub startup_limit_s: u64,
+    /// Warn when no log line arrived for this many seconds.
+    #[arg(long, default_value_t = 300)]
+    pub quiet_warning_s: u64,
+    /// Log rules file (phases, fatal patterns) instead of the built-in table.
+    #[arg(long)]
+    pub rules: Option<PathBuf>,
+    /// Bearer token for the target's API.
+    #[arg(long, env = "MXTUNE_API_KEY", hide_env_values = true)]
+    pub api_key: Option<String>,
+    /// Print every log line, not only phases and warnings.
+    #[arg(long)]
+    pub logs: bool,
+    /// Drop the page cache before launching (needs root; never done without this flag).
+    #[arg(long)]
+    pub drop_page_cache: bool,
+    /// Keep a failed container for inspection instead of removing it.
+    #[arg(long)]
+    pub keep: bool,
+}
+
+/// Arguments of `mxtune stop`.
+#[derive(Debug, clap::Args)]
+pub struct StopArgs {
+    /// Container name or id, run id, or engine pid to stop.
+    #[arg(required_unless_present = "all", conflicts_with = "all")]
+    pub name: Option<String>,
+    /// Stop every container and engine mxtune started.
+    #[arg(long)]
+    pub all: bool,
+    /// Directory holding the engine state file.
+    #[arg(long, default_value = "runs")]
+    pub runs_dir: PathBuf,
+    /// Seconds between SIGTERM and kill.
+    #[arg(long, default_value_t = 30)]
+    pub grace_s: u64,
+    /// Keep stopped containers instead of removing them.
+    #[arg(long)]
+    pub keep: bool,
+}
+
+/// Reads a launch spec from TOML or (by `.json` extension) JSON.
+pub fn load_spec(path: &Path) -> Result<LaunchSpec> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("cannot read launch spec {}", path.display()))?;
+    if path.extension().is_some_and(|e| e == "json") {
+        serde_json::from_str(&text).with_context(|| {
+            format!(
+                "launch spec {} is not a valid JSON LaunchSpec",
+                path.display()
+            )
+        })
+    } else {
+        toml::from_str(&text).with_context(|| {
+            format!(
+                "launch spec {} is not a valid TOML LaunchSpec",
+                path.display()
+            )
+        })
+    }
+}
+
+/// The spec to launch, the preset name, the target, and the preset's rule findings.
+fn resolve(args: &LaunchArgs) -> Result<(LaunchSpec, String, TargetArg, Vec<preflight::Finding>)> {
+    if let Some(name) = &args.preset {
+        let store = PresetStore::standard(args.presets_dir.clone());
+        let loaded = if name.ends_with(".toml") || name.contains('/') {
+            store.load_file(Path::new(name))
+        } else {
+            store.load(name)
+        };
+        let p = loaded.map_err(|e| anyhow!("{e}"))?;
+        let target = args.target.unwrap_or(match p.flags.target {
+            TargetKind::Engine => TargetArg::Engine,
+            TargetKind::Attach => TargetArg::Attach,
+            TargetKind::Docker => TargetArg::Docker,
+        });
+        let kind = match target {
+            TargetArg::Docker => TargetKind::Docker,
+            TargetArg::Engine => TargetKind::Engine,
+            TargetArg::Attach => TargetKind::Attach,
+        };
+        let spec = render(&p.flags, kind).with_context(|| {
+            format!(
+                "rendering preset {} ({}) for the {kind:?} target",
+                p.name,
+                p.path.display()
+            )
+        })?;
+        let findings = evaluate(&p.flags, kind, args.arch)
+            .into_iter()
+            .map(|f| preflight::Finding {
+                severity: if f.blocks() {
+                    Severity::Error
+                } else {
+                    Severity::Warning
+                },
+                message: f.to_string(),
+            })
+            .collect();
+        return Ok((spec, p.name, target, findings));
+    }
+    let target = args.target.unwrap_or(TargetArg::Docker);
+    match &args.spec {
+        Some(path) => {
+            let preset = path
+                .file_stem()
+                .map(|s| s.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            Ok((load_spec(path)?, preset, target, Vec::new()))
+        }
+        None => Ok((LaunchSpec::default(), String::new(), target, Vec::new())),
+    }
+}
+
+fn print_event(e: &LaunchEvent, logs: bool) {
+    match e {
+        LaunchEvent::Log { line, .. } if logs => eprintln!("  | {line}"),
+        LaunchEvent::Log { .. } => {}
+        LaunchEvent::PullProgress { status } if logs => eprintln!("  pull: {status}"),
+        LaunchEvent::PullProgress { .. } => {}
+        LaunchEvent::Phase { phase } => eprintln!("phase: {phase}"),
+        LaunchEvent::Ready { url, startup_s } => eprintln!("ready: {url} after {startup_s:.1} s"),
+        LaunchEvent::Verdict { .. } => {}
+        LaunchEvent::Warning { message } => eprintln!("warning: {message}"),
+        LaunchEvent::Failed { message } => eprintln!("failed: {message}"),
+        LaunchEvent::Exited { exit } => eprintln!("exited: {exit}"),
+    }
+}
+
+fn print_verdict(launch: &Launch) {
+    let report = launch.report();
+    println!("kernel-path verdict: {:?}", report.overall());
+    for c in &report.checks {
+        println!("  {}={}: {:?}", c.flag, c.value, c.verdict);
+        for l in c.seen.iter().take(3) {
+            println!("      seen: {l}");
+        }
+        for l in &c.forbidden_seen {
+            println!("      must not see, but saw: {l}");
+        }
+        for p in &c.missing {
+            println!("      never saw: {p}");
+        }
+        if let Some(n) = &c.note {
+            println!("      note: {n}");
+        }
+    }
+    for w in report.warnings() {
+        println!("  warning: {w}");
+    }
+}
+
+fn runtime() -> Result<tokio::runtime::Runtime> {
+    tokio::runtime::Runtime::new().context("cannot start the async runtime")
+}
+
+/// `mxtune launch`: pre-flight, start, wait for ready, print phases and the verdict, leave
+/// the target running. Exit 0 when ready, 1 when it failed, 2 when pre-flight blocked.
+pub fn launch(args: LaunchArgs) -> Result<ExitCode> {
+    runtime()?.block_on(launch_async(args))
+}
+
+/// `mxtune stop`: stops containers (by mxtune label only) and engine children mxtune started.
+pub fn stop(args: StopArgs) -> Result<ExitCode> {
+    runtime()?.block_on(stop_async(args))
+}
+
+async fn launch_async(args: LaunchArgs) -> Result<ExitCode> {
+    let run_id = ulid::Ulid::generate().to_string();
+    let (spec, preset, target, rule_findings) = resolve(&args)?;
+    let mut opts = LaunchOptions::new(&run_id, &preset)?;
+    opts.log_path = Some(args.runs_dir.join(format!("{run_id}.target.log")));
+    opts.allow_pull = args.pull;
+    opts.startup_limit = Duration::from_secs(args.startup_limit_s);
+    opts.quiet_warning = Duration::from_secs(args.quiet_warning_s);
+    opts.api_key = args.api_key.clone();
+    opts.keep = args.keep;
+    if let Some(r) = &args.rules {
+        opts.rules = LogRules::load(r)?;
+    }
+    for w in &spec.warnings {
+        eprintln!("warning: {w}");
+    }
+    let (tx, mut rx) = mpsc::unbounded_channel();
+
+    let mut launch = match (target, &args.reattach) {
+        (TargetArg::Attach, _) => {
+            let url = args.url.as_deref().context("--target attach needs --url")?;
+            AttachTarget::attach(url, &args.model, &opts, tx)?
+        }
+        (TargetArg::Docker, Some(which)) => {
+            let d = docker::connect().await?;
+            let found = docker::find_mxtune_containers(&d).await?;
+            let Some(f) = found
+                .iter()
+                .find(|f| &f.name == which || &f.run_id == which)
+            else {
+                bail!(
+                    "no mxtune container named or with run id {which:?} (see `docker ps -a --filter label={}`)",
+                    docker::LABEL_RUN_ID
+                );
+            };
+            eprintln!(
+                "re-attaching to container {} (run {}, preset {})",
+                f.name, f.run_id, f.preset
+            );
+            DockerTarget::reattach(d, f, &spec, &opts, tx).await?
+        }
+        (_, Some(_)) => bail!(
+            "--reattach works for the Docker target only; an engine keeps running and is stopped with `mxtune stop`"
+        ),
+        (kind, None) => {
+            if args.drop_page_cache {
+                preflight::drop_page_cache()?;
+                eprintln!("dropped the page cache");
+            }
+            let mut findings = preflight::host_checks(&spec, true);
+            findings.extend(rule_findings);
+            let docker = if kind == TargetArg::Docker {
+                let d = docker::connect().await?;
+                let earlier = docker::find_mxtune_containers(&d).await?;
+                for f in earlier.iter().filter(|f| f.state == "running") {
+                    eprintln!(
+                        "note: mxtune container {} (run {}, preset {}) is running: re-attach with `mxtune launch --reattach {}` or stop it with `mxtune stop {}`",
+                        f.name, f.run_id, f.preset, f.name, f.name
+                    );
+                }
+                if let Some(c) = &spec.container
+                    && !args.pull
+                    && d.inspect_image(&c.image).await.is_err()
+                {
+                    findings.push(preflight::Finding {
+                        severity: Severity::Error,
+                        message: format!("image {} is not present on {}: pull it (`docker pull {}` or --pull) or build it there", c.image, docker::docker_host(), c.image),
+                    });
+                }
+                Some(d)
+            } else {
+                None
+            };
+            let mut blocked = false;
+            for f in &findings {
+                eprintln!("pre-flight {:?}: {}", f.severity, f.message);
+                blocked |= f.severity == Severity::Error;
+            }
+            if blocked {
+                eprintln!("pre-flight failed: nothing was started");
+                return Ok(ExitCode::from(2));
+            }
+            match docker {
+                Some(d) => DockerTarget::launch(d, &spec, &opts, tx).await?,
+                None => {
+                    if spec.container.is_some() {
+                        eprintln!(
+                            "note: the spec has container settings; the engine target ignores them"
+                        );
+                    }
+                    EngineTarget::launch(
+                        args.engine_bin.as_deref(),
+                        &spec,
+                        &opts,
+                        Some(&args.runs_dir),
+                        tx,
+                    )
+                    .await?
+                }
+            }
+        }
+    };
+    eprintln!(
+        "launched {} (run {run_id}); log: {}",
+        launch.target.describe(),
+        opts.log_path
+            .as_deref()
+            .map(|p| p.display().to_string())
+            .unwrap_or_default()
+    );
+
+    let logs = args.logs;
+    let printer = tokio::spawn(async move {
+        while let Some(e) = rx.recv().await {
+            print_event(&e, logs);
+        }
+    });
+    let result = launch.wait_ready().await;
+    // Let the printer show the ready/verdict events before the summary.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    printer.abort();
+    match result {
+        Ok(info) => {
+            println!(
+                "ready: {} serves {:?} after {:.1} s",
+                info.url, info.model, info.startup_s
+            );
+            print_verdict(&launch);
+            let target = launch.detach();
+            println!(
+                "left running: {} (stop with `mxtune stop {}`)",
+                target.describe(),
+                stop_name(&target, &run_id)
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+        Err(e) => {
+            eprintln!("mxtune: {e:#}");
+            if !matches!(launch.status(), Status::Exited(_)) || !args.keep {
+                let grace = Duration::from_secs(10);
+                match launch.stop(grace, args.keep).await {
+                    Ok(msg) => eprintln!("{msg}"),
+                    Err(e) => eprintln!("mxtune: cleaning up failed: {e:#}"),
+                }
+            }
+            Ok(ExitCode::from(1))
+        }
+    }
+}
+
+fn stop_name(target: &super::Target, run_id: &str) -> String {
+    match target {
+        super::Target::Docker(t) => t.name.clone(),
+        _ => run_id.to_string(),
+    }
+}
+
+async fn stop_async(args: StopArgs) -> Result<ExitCode> {
+    let grace = Duration::from_secs(args.grace_s);
+    let mut stopped = 0usize;
+    let mut failures = 0usize;
+    // Engines from the state file.
+    let engines = state::load(&args.runs_dir)?;
+    for rec in &engines {
+        let wanted = args.all
+            || args
+                .name
+                .as_deref()
+                .is_some_and(|n| n == rec.run_id || n == rec.pid.to_string());
+        if !wanted {
+            continue;
+        }
+        if !state::is_alive(rec) {
+            eprintln!(
+                "engine run {} (pid {}) is no longer running",
+                rec.run_id, rec.pid
+            );
+            state::remove(&args.runs_dir, &rec.run_id)?;
+            continue;
+        }
+        match stop_engine_pid(rec, grace).await {
+            Ok(msg) => {
+                println!("{msg}");
+                stopped += 1;
+                state::remove(&args.runs_dir, &rec.run_id)?;
+            }
+            Err(e) => {
+                eprintln!("mxtune: {e:#}");
+                failures += 1;
+            }
+        }
+    }
+    // Containers: only those with mxtune's label are ever listed.
+    let docker_matches_engine = !args.all && stopped > 0;
+    if !docker_matches_engine {
+        match docker::connect().await {
+            Ok(d) => {
+                for f in docker::find_mxtune_containers(&d).await? {
+                    let wanted = args.all
+                        || args.name.as_deref().is_some_and(|n| {
+                            n == f.name || n == f.run_id || (n.len() >= 12 && f.id.starts_with(n))
+                        });
+                    if !wanted {
+                        continue;
+                    }
+                    match docker::stop_container(&d, &f.id, &f.name, grace, args.keep).await {
+                        Ok(msg) => {
+                            println!("{msg}");
+                            stopped += 1;
+                        }
+                        Err(e) => {
+                            eprintln!("mxtune: {e:#}");
+                            failures += 1;
+                        }
+                    }
+                }
+            }
+            Err(e) if args.all => eprintln!("note: containers not checked: {e:#}"),
+            Err(e) if stopped == 0 => return Err(e),
+            Err(_) => {}
+        }
+    }
+    if failures > 0 {
+        return Ok(ExitCode::FAILURE);
+    }
+    if stopped == 0 {
+        match &args.name {
+            Some(n) => bail!(
+                "nothing mxtune started matches {n:?} (containers by label {}, engines in {})",
+                docker::LABEL_RUN_ID,
+                args.runs_dir.join(state::STATE_FILE).display()
+            ),
+            None => println!("nothing to stop"),
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn stop_engine_pid(rec: &state::EngineRecord, grace: Duration) -> Result<String> {
+    signal_group(rec.pid, libc::SIGTERM)?;
+    let deadline = tokio::time::Instant::now() + grace;
+    while tokio::time::Instant::now() < deadline {
+        if !state::is_alive(rec) {
+            return Ok(format!(
+                "engine run {} (pid {}) stopped (SIGTERM)",
+                rec.run_id, rec.pid
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    signal_group(rec.pid, libc::SIGKILL)?;
+    Ok(format!(
+        "engine run {} (pid {}) killed (SIGKILL after {} s)",
+        rec.run_id,
+        rec.pid,
+        grace.as_secs()
+    ))
+}

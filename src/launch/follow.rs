@@ -1,0 +1,417 @@
+//! The follower: one task per launched target that turns its log lines and exit into
+//! [`LaunchEvent`]s, phases, readiness, failures and the kernel-path verdict.
+
+use super::logbuf::LogBuffer;
+use super::ready::ReadyProbe;
+use super::rules::LogRules;
+use super::spec::PathCheck;
+use super::target::Target;
+use super::verdict::{PathScanner, ValidationReport};
+use super::{ExitInfo, LaunchEvent, LogStream, Phase};
+use anyhow::{Result, bail};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+use tokio::sync::{mpsc, watch};
+
+/// Log lines quoted in a failure message.
+pub const FAILURE_TAIL_LINES: usize = 50;
+
+/// How a launch is followed and stopped.
+#[derive(Debug, Clone)]
+pub struct LaunchOptions {
+    /// Run id (label `mxtune.run_id`, state file key).
+    pub run_id: String,
+    /// Preset name (label `mxtune.preset`).
+    pub preset: String,
+    /// Log file beside the run record; `None` keeps logs in memory only.
+    pub log_path: Option<PathBuf>,
+    /// Lines kept in memory.
+    pub log_capacity: usize,
+    /// Phase and fatal patterns.
+    pub rules: LogRules,
+    /// Not ready after this long = failed.
+    pub startup_limit: Duration,
+    /// Warn when no log line arrived for this long before ready.
+    pub quiet_warning: Duration,
+    /// Pause between readiness probes.
+    pub ready_poll: Duration,
+    /// Timeout of one probe request (the first completion can be slow).
+    pub probe_timeout: Duration,
+    /// Time between SIGTERM and kill on stop.
+    pub stop_grace: Duration,
+    /// Keep the stopped container instead of removing it.
+    pub keep: bool,
+    /// Pull a missing image.
+    pub allow_pull: bool,
+    /// Bearer token for the target's API.
+    pub api_key: Option<String>,
+}
+
+impl LaunchOptions {
+    /// Defaults sized for GB10: JIT takes 3–5 min, graph capture has hung for 40+ min.
+    pub fn new(run_id: &str, preset: &str) -> Result<Self> {
+        Ok(Self {
+            run_id: run_id.to_string(),
+            preset: preset.to_string(),
+            log_path: None,
+            log_capacity: 10_000,
+            rules: LogRules::builtin()?,
+            startup_limit: Duration::from_secs(45 * 60),
+            quiet_warning: Duration::from_secs(5 * 60),
+            ready_poll: Duration::from_secs(1),
+            probe_timeout: Duration::from_secs(120),
+            stop_grace: Duration::from_secs(30),
+            keep: false,
+            allow_pull: false,
+            api_key: None,
+        })
+    }
+}
+
+/// What a target's log pump sends to the follower.
+#[derive(Debug)]
+pub enum SourceMsg {
+    /// One log line.
+    Line(LogStream, String),
+    /// An event to pass through (e.g. a warning from the log pump).
+    Event(LaunchEvent),
+    /// The target is gone; sent after its last line.
+    Exited(ExitInfo),
+}
+
+/// Where a launch stands.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Status {
+    /// Not ready yet; the current phase.
+    Starting(Phase),
+    /// Readiness probes passed.
+    Ready(ReadyInfo),
+    /// Failed (fatal log line, start-up limit, exit before ready); the message has the last lines.
+    Failed(String),
+    /// Gone after having been ready (or stopped).
+    Exited(ExitInfo),
+}
+
+/// What readiness established.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ReadyInfo {
+    /// Base URL of the API.
+    pub url: String,
+    /// Model that answered.
+    pub model: String,
+    /// Seconds from start to ready.
+    pub startup_s: f64,
+}
+
+#[derive(Debug)]
+struct Shared {
+    logs: Mutex<LogBuffer>,
+    scanner: Mutex<PathScanner>,
+    history: Mutex<History>,
+}
+
+/// Phases with the time each began, and warnings, for the run record.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct History {
+    /// Phases in the order they began.
+    pub phases: Vec<(Phase, chrono::DateTime<chrono::Utc>)>,
+    /// Every warning event.
+    pub warnings: Vec<String>,
+    /// Seconds from start to ready.
+    pub startup_s: Option<f64>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A panic elsewhere while holding the lock leaves data that is still usable for logs.
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// A launched target being followed.
+#[derive(Debug)]
+pub struct Launch {
+    /// The target itself (stop, facts).
+    pub target: Target,
+    shared: Arc<Shared>,
+    status: watch::Receiver<Status>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Launch {
+    /// Starts following `target`: lines from `source`, readiness from `probe`.
+    pub fn follow(
+        target: Target,
+        source: mpsc::Receiver<SourceMsg>,
+        probe: ReadyProbe,
+        checks: &[PathCheck],
+        opts: &LaunchOptions,
+        events: mpsc::UnboundedSender<LaunchEvent>,
+    ) -> Result<Self> {
+        let shared = Arc::new(Shared {
+            logs: Mutex::new(LogBuffer::new(opts.log_capacity, opts.log_path.as_deref())?),
+            scanner: Mutex::new(PathScanner::new(checks)),
+            history: Mutex::new(History {
+                phases: vec![(Phase::Starting, chrono::Utc::now())],
+                ..History::default()
+            }),
+        });
+        let (status_tx, status) = watch::channel(Status::Starting(Phase::Starting));
+        let follower = Follower {
+            shared: shared.clone(),
+            rules: opts.rules.clone(),
+            events,
+            status: status_tx,
+            started: Instant::now(),
+            startup_limit: opts.startup_limit,
+            quiet_warning: opts.quiet_warning,
+            url: probe.base_url().to_string(),
+        };
+        let task = tokio::spawn(follower.run(source, probe, opts.ready_poll));
+        Ok(Self {
+            target,
+            shared,
+            status,
+            task,
+        })
+    }
+
+    /// The current status.
+    pub fn status(&self) -> Status {
+        self.status.borrow().clone()
+    }
+
+    /// Waits until the target is ready, or fails with the reason (exit code, fatal line,
+    /// start-up limit, with the last log lines).
+    pub async fn wait_ready(&mut self) -> Result<ReadyInfo> {
+        loop {
+            let now = self.status.borrow_and_update().clone();
+            match now {
+                Status::Ready(info) => return Ok(info),
+                Status::Failed(msg) => bail!("{} failed: {msg}", self.target.describe()),
+                Status::Exited(exit) => bail!(
+                    "{} exited ({exit}) before it was ready; last lines:\n{}",
+                    self.target.describe(),
+                    self.tail(FAILURE_TAIL_LINES).join("\n")
+                ),
+                Status::Starting(_) => {}
+            }
+            if self.status.changed().await.is_err() {
+                bail!(
+                    "{}: the follower stopped before the target was ready",
+                    self.target.describe()
+                );
+            }
+        }
+    }
+
+    /// The last `n` log lines.
+    pub fn tail(&self, n: usize) -> Vec<String> {
+        lock(&self.shared.logs).tail(n)
+    }
+
+    /// Log lines seen so far (including those no longer in memory).
+    pub fn lines_seen(&self) -> u64 {
+        lock(&self.shared.logs).total()
+    }
+
+    /// The kernel-path report over every line seen so far.
+    pub fn report(&self) -> ValidationReport {
+        lock(&self.shared.scanner).report()
+    }
+
+    /// Phases, warnings and start-up time so far.
+    pub fn history(&self) -> History {
+        lock(&self.shared.history).clone()
+    }
+
+    /// Stops the target (SIGTERM, grace, kill, remove unless `keep`) and ends following.
+    pub async fn stop(mut self, grace: Duration, keep: bool) -> Result<String> {
+        let outcome = self.target.stop(grace, keep).await;
+        // Let the follower record the exit, but never hang on it; an attached endpoint
+        // does not exit at all.
+        if matches!(self.target, Target::Attach(_))
+            || tokio::time::timeout(Duration::from_secs(5), &mut self.task)
+                .await
+                .is_err()
+        {
+            self.task.abort();
+        }
+        outcome
+    }
+
+    /// Stops following but leaves the target running (headless `launch` exits this way).
+    pub fn detach(self) -> Target {
+        self.task.abort();
+        self.target
+    }
+}
+
+struct Follower {
+    shared: Arc<Shared>,
+    rules: LogRules,
+    events: mpsc::UnboundedSender<LaunchEvent>,
+    status: watch::Sender<Status>,
+    started: Instant,
+    startup_limit: Duration,
+    quiet_warning: Duration,
+    url: String,
+}
+
+impl Follower {
+    fn emit(&self, e: LaunchEvent) {
+        match &e {
+            LaunchEvent::Phase { phase } => lock(&self.shared.history)
+                .phases
+                .push((*phase, chrono::Utc::now())),
+            LaunchEvent::Warning { message } => {
+                lock(&self.shared.history).warnings.push(message.clone())
+            }
+            LaunchEvent::Ready { startup_s, .. } => {
+                lock(&self.shared.history).startup_s = Some(*startup_s)
+            }
+            _ => {}
+        }
+        // Nobody listening is fine: the headless CLI may only watch the status.
+        let _ = self.events.send(e);
+    }
+
+    fn set(&self, s: Status) {
+        self.status.send_replace(s);
+    }
+
+    fn is_ready(&self) -> bool {
+        matches!(*self.status.borrow(), Status::Ready(_))
+    }
+
+    fn is_terminal(&self) -> bool {
+        matches!(*self.status.borrow(), Status::Failed(_) | Status::Exited(_))
+    }
+
+    fn fail(&self, message: String) {
+        let tail = lock(&self.shared.logs).tail(FAILURE_TAIL_LINES);
+        let full = if tail.is_empty() {
+            format!("{message} (no log lines)")
+        } else {
+            format!(
+                "{message}; last {} log lines:\n{}",
+                tail.len(),
+                tail.join("\n")
+            )
+        };
+        self.emit(LaunchEvent::Failed {
+            message: full.clone(),
+        });
+        self.set(Status::Failed(full));
+    }
+
+    fn on_line(&self, stream: LogStream, line: String, phase: &mut Phase) {
+        let file_error = {
+            let mut logs = lock(&self.shared.logs);
+            logs.push(stream, &line);
+            logs.take_file_error()
+        };
+        if let Some(e) = file_error {
+            self.emit(LaunchEvent::Warning { message: e });
+        }
+        let unknown = self.rules.unknown_env(&line);
+        lock(&self.shared.scanner).scan(&line, unknown);
+        let fatal = self.rules.fatal_match(&line).map(str::to_string);
+        let new_phase = self.rules.phase_of(&line);
+        self.emit(LaunchEvent::Log { stream, line });
+        if let Some(p) = new_phase
+            && p > *phase
+            && !self.is_ready()
+            && !self.is_terminal()
+        {
+            *phase = p;
+            self.set(Status::Starting(p));
+            self.emit(LaunchEvent::Phase { phase: p });
+        }
+        if let Some(pattern) = fatal
+            && !self.is_terminal()
+        {
+            self.fail(format!("fatal log line (pattern {pattern:?})"));
+        }
+    }
+
+    async fn run(self, mut source: mpsc::Receiver<SourceMsg>, probe: ReadyProbe, poll: Duration) {
+        let (ready_tx, mut ready_rx) = mpsc::channel::<String>(1);
+        let last_probe_error = Arc::new(Mutex::new(String::from("no probe finished yet")));
+        let probe_error = last_probe_error.clone();
+        let probe_task = tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(poll).await;
+                match probe.check().await {
+                    Ok(model) => {
+                        let _ = ready_tx.send(model).await;
+                        return;
+                    }
+                    Err(e) => *lock(&probe_error) = format!("{e:#}"),
+                }
+            }
+        });
+        let mut phase = Phase::Starting;
+        let mut last_line = Instant::now();
+        let mut quiet_warned = false;
+        let mut source_open = true;
+        let mut tick = tokio::time::interval(Duration::from_millis(500));
+        loop {
+            tokio::select! {
+                msg = source.recv(), if source_open => match msg {
+                    Some(SourceMsg::Line(stream, line)) => {
+                        last_line = Instant::now();
+                        quiet_warned = false;
+                        self.on_line(stream, line, &mut phase);
+                    }
+                    Some(SourceMsg::Event(e)) => self.emit(e),
+                    Some(SourceMsg::Exited(exit)) => {
+                        if !self.is_ready() && !self.is_terminal() {
+                            self.fail(format!("exited before it was ready ({exit})"));
+                        }
+                        self.emit(LaunchEvent::Phase { phase: Phase::Exited });
+                        self.emit(LaunchEvent::Exited { exit: exit.clone() });
+                        if !matches!(*self.status.borrow(), Status::Failed(_)) {
+                            self.set(Status::Exited(exit));
+                        }
+                        break;
+                    }
+                    None => source_open = false,
+                },
+                model = ready_rx.recv(), if !self.is_ready() && !self.is_terminal() => {
+                    let Some(model) = model else { continue };
+                    let startup_s = self.started.elapsed().as_secs_f64();
+                    let url = self.url.clone();
+                    self.set(Status::Ready(ReadyInfo { url: url.clone(), model, startup_s }));
+                    self.emit(LaunchEvent::Phase { phase: Phase::Ready });
+                    self.emit(LaunchEvent::Ready { url, startup_s });
+                    let report = lock(&self.shared.scanner).report();
+                    for w in report.warnings() {
+                        self.emit(LaunchEvent::Warning { message: w });
+                    }
+                    self.emit(LaunchEvent::Verdict { report });
+                }
+                _ = tick.tick() => {
+                    if self.is_ready() || self.is_terminal() {
+                        continue;
+                    }
+                    if self.started.elapsed() > self.startup_limit {
+                        let why = lock(&last_probe_error).clone();
+                        self.fail(format!(
+                            "not ready after {} s (start-up limit; phase: {phase}; last probe: {why})",
+                            self.startup_limit.as_secs()
+                        ));
+                    } else if !quiet_warned && last_line.elapsed() > self.quiet_warning {
+                        quiet_warned = true;
+                        self.emit(LaunchEvent::Warning {
+                            message: format!(
+                                "no log line for {} s (phase: {phase}); JIT and graph capture can be slow, but graph capture has hung before",
+                                last_line.elapsed().as_secs()
+                            ),
+                        });
+                    }
+                }
+            }
+        }
+        probe_task.abort();
+    }
+}

@@ -1,0 +1,989 @@
+//! The OpenAI-compatible server over real HTTP on 127.0.0.1, with a scripted backend
+//! standing in for the model (the model is tested by the engine-core tests).
+
+mod engine_server_support;
+
+use engine_server_support::{
+    Probe, SCRIPT, ServerOptions, TestServer, candidates, logits_after, metric, options, sse_data,
+    start, start_with_probe,
+};
+use serde_json::{Value, json};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+fn client() -> reqwest::Client {
+    reqwest::Client::new()
+}
+
+async fn post(s: &TestServer, path: &str, body: Value) -> (u16, Value) {
+    let r = client()
+        .post(format!("{}{path}", s.base))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    let status = r.status().as_u16();
+    (status, r.json().await.unwrap())
+}
+
+async fn post_stream(s: &TestServer, path: &str, body: Value) -> Vec<String> {
+    let r = client()
+        .post(format!("{}{path}", s.base))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    assert!(
+        r.headers()["content-type"]
+            .to_str()
+            .unwrap()
+            .starts_with("text/event-stream")
+    );
+    sse_data(&r.text().await.unwrap())
+}
+
+async fn metrics(s: &TestServer) -> String {
+    client()
+        .get(format!("{}/metrics", s.base))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap()
+}
+
+/// Poll /metrics until `cond` holds (bounded, so a bug fails instead of hanging).
+async fn wait_metrics(s: &TestServer, what: &str, cond: impl Fn(&str) -> bool) -> String {
+    for _ in 0..2000 {
+        let m = metrics(s).await;
+        if cond(&m) {
+            return m;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    panic!("metrics never showed {what}:\n{}", metrics(s).await);
+}
+
+fn running(m: &str) -> f64 {
+    metric(m, "vllm:num_requests_running{").unwrap()
+}
+
+fn waiting(m: &str) -> f64 {
+    metric(m, "vllm:num_requests_waiting{").unwrap()
+}
+
+/// The double's greedy continuation of `prompt` (what the server must reproduce).
+fn greedy(prompt: &[u32], n: usize) -> Vec<u32> {
+    let mut h = prompt.to_vec();
+    let mut out = Vec::new();
+    for _ in 0..n {
+        let t = candidates(&h)[0].0;
+        h.push(t);
+        out.push(t);
+    }
+    out
+}
+
+fn script_parts() -> (String, String) {
+    let a = SCRIPT.split("<|message|>").nth(1).unwrap();
+    let reasoning = a.split("<|end|>").next().unwrap().to_string();
+    let b = SCRIPT.split("<|message|>").nth(2).unwrap();
+    let content = b.split("<|return|>").next().unwrap().to_string();
+    (reasoning, content)
+}
+
+fn script_len() -> usize {
+    mxtune::engine::tokenizer::Tokenizer::o200k_harmony()
+        .encode_with_specials(SCRIPT)
+        .unwrap()
+        .len()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn models_health_and_metrics_names() {
+    let s = start(options(), 8, 0).await;
+    let r = client()
+        .get(format!("{}/health", s.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    let v: Value = client()
+        .get(format!("{}/v1/models", s.base))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(v["object"], "list");
+    assert_eq!(v["data"][0]["id"], "double");
+    assert_eq!(v["data"][0]["max_model_len"], 2048);
+    let m = metrics(&s).await;
+    for name in [
+        "vllm:num_requests_running{model_name=\"double\"} 0",
+        "vllm:num_requests_waiting{model_name=\"double\"} 0",
+        "vllm:kv_cache_usage_perc{model_name=\"double\"} 0",
+        "vllm:prompt_tokens_total{model_name=\"double\"} 0",
+        "vllm:generation_tokens_total{model_name=\"double\"} 0",
+        "# TYPE vllm:time_to_first_token_seconds histogram",
+        "# TYPE vllm:inter_token_latency_seconds histogram",
+        "# TYPE vllm:e2e_request_latency_seconds histogram",
+        "# TYPE vllm:request_queue_time_seconds histogram",
+    ] {
+        assert!(m.contains(name), "missing {name} in\n{m}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn completion_token_ids_greedy_with_logprobs() {
+    let s = start(options(), 8, 0).await;
+    let prompt: Vec<u32> = (0..100).map(|i| 500 + i * 3).collect();
+    let (st, v) = post(
+        &s,
+        "/v1/completions",
+        json!({"model": "double", "prompt": prompt, "max_tokens": 12, "temperature": 0,
+               "logprobs": 3, "return_tokens_as_token_ids": true}),
+    )
+    .await;
+    assert_eq!(st, 200, "{v}");
+    let want = greedy(&prompt, 12);
+    let lp = &v["choices"][0]["logprobs"];
+    let got: Vec<String> = lp["tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.as_str().unwrap().to_string())
+        .collect();
+    let want_names: Vec<String> = want.iter().map(|t| format!("token_id:{t}")).collect();
+    assert_eq!(got, want_names);
+    // The logprob equals log-softmax of the double's logits.
+    let l = logits_after(&prompt, &[], 201_088);
+    let lse = {
+        let m = l.iter().copied().fold(f32::MIN, f32::max);
+        m + l.iter().map(|x| f64::from(x - m).exp()).sum::<f64>().ln() as f32
+    };
+    let lp0 = lp["token_logprobs"][0].as_f64().unwrap() as f32;
+    assert!((lp0 - (l[want[0] as usize] - lse)).abs() < 1e-4);
+    let top0 = lp["top_logprobs"][0].as_object().unwrap();
+    assert_eq!(top0.len(), 3);
+    assert!(top0.contains_key(&format!("token_id:{}", want[0])));
+    let text = mxtune::engine::tokenizer::Tokenizer::o200k_harmony().decode(&want, true);
+    assert_eq!(v["choices"][0]["text"], text);
+    assert_eq!(v["choices"][0]["finish_reason"], "length");
+    assert_eq!(v["usage"]["prompt_tokens"], 100);
+    assert_eq!(v["usage"]["completion_tokens"], 12);
+    assert_eq!(v["usage"]["total_tokens"], 112);
+    // Prefill was chunked (64 tokens per step) and still counted once.
+    let m = metrics(&s).await;
+    assert_eq!(metric(&m, "vllm:prompt_tokens_total{"), Some(100.0), "{m}");
+    assert_eq!(metric(&m, "vllm:generation_tokens_total{"), Some(12.0));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn completion_text_prompt_stream_and_usage() {
+    let s = start(options(), 8, 0).await;
+    let tok = mxtune::engine::tokenizer::Tokenizer::o200k_harmony();
+    let ids = tok.encode_text("Once upon a time");
+    let data = post_stream(
+        &s,
+        "/v1/completions",
+        json!({"prompt": "Once upon a time", "max_tokens": 6, "temperature": 0, "stream": true,
+               "stream_options": {"include_usage": true}}),
+    )
+    .await;
+    assert_eq!(data.last().unwrap(), "[DONE]");
+    let chunks: Vec<Value> = data[..data.len() - 1]
+        .iter()
+        .map(|d| serde_json::from_str(d).unwrap())
+        .collect();
+    let usage = chunks.last().unwrap();
+    assert_eq!(usage["choices"], json!([]));
+    assert_eq!(usage["usage"]["completion_tokens"], 6);
+    assert_eq!(usage["usage"]["prompt_tokens"], ids.len());
+    let fin = &chunks[chunks.len() - 2];
+    assert_eq!(fin["choices"][0]["finish_reason"], "length");
+    let text: String = chunks
+        .iter()
+        .filter_map(|c| c["choices"][0]["text"].as_str())
+        .collect();
+    assert_eq!(text, tok.decode(&greedy(&ids, 6), true));
+    assert!(chunks.iter().all(|c| c["object"] == "text_completion"));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn chat_non_stream_splits_reasoning_and_content() {
+    let s = start(options(), 8, 0).await;
+    let (st, v) = post(
+        &s,
+        "/v1/chat/completions",
+        json!({"model": "double", "messages": [{"role": "user", "content": "Hi"}],
+               "temperature": 0, "reasoning_effort": "low"}),
+    )
+    .await;
+    assert_eq!(st, 200, "{v}");
+    let (reasoning, content) = script_parts();
+    let msg = &v["choices"][0]["message"];
+    assert_eq!(msg["role"], "assistant");
+    assert_eq!(msg["reasoning_content"], reasoning);
+    assert_eq!(msg["content"], content);
+    assert_eq!(v["choices"][0]["finish_reason"], "stop");
+    assert_eq!(v["object"], "chat.completion");
+    assert_eq!(v["usage"]["completion_tokens"], script_len());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn chat_stream_role_deltas_usage_done() {
+    let s = start(options(), 8, 0).await;
+    let data = post_stream(
+        &s,
+        "/v1/chat/completions",
+        json!({"messages": [{"role": "system", "content": "Be nice."},
+                            {"role": "user", "content": [{"type": "text", "text": "Hi"}]}],
+               "temperature": 0, "stream": true, "stream_options": {"include_usage": true},
+               "logprobs": true, "top_logprobs": 2}),
+    )
+    .await;
+    assert_eq!(data.last().unwrap(), "[DONE]");
+    let chunks: Vec<Value> = data[..data.len() - 1]
+        .iter()
+        .map(|d| serde_json::from_str(d).unwrap())
+        .collect();
+    assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
+    assert!(
+        chunks
+            .iter()
+            .all(|c| c["object"] == "chat.completion.chunk")
+    );
+    let (mut reasoning, mut content) = (String::new(), String::new());
+    let mut lp_tokens = 0;
+    for c in &chunks[1..] {
+        if let Some(ch) = c["choices"].get(0) {
+            reasoning.push_str(ch["delta"]["reasoning_content"].as_str().unwrap_or(""));
+            content.push_str(ch["delta"]["content"].as_str().unwrap_or(""));
+            if let Some(l) = ch["logprobs"]["content"].as_array() {
+                lp_tokens += l.len();
+                assert_eq!(l[0]["top_logprobs"].as_array().unwrap().len(), 2);
+            }
+        }
+    }
+    let (want_r, want_c) = script_parts();
+    assert_eq!((reasoning, content), (want_r, want_c));
+    assert_eq!(
+        lp_tokens,
+        script_len(),
+        "one logprob entry per generated token"
+    );
+    let usage = chunks.last().unwrap();
+    assert_eq!(usage["choices"], json!([]));
+    assert_eq!(usage["usage"]["completion_tokens"], script_len());
+    assert_eq!(
+        chunks[chunks.len() - 2]["choices"][0]["finish_reason"],
+        "stop"
+    );
+    // Without include_usage there is no usage chunk.
+    let data = post_stream(
+        &s,
+        "/v1/chat/completions",
+        json!({"messages": [{"role": "user", "content": "Hi"}], "temperature": 0, "stream": true}),
+    )
+    .await;
+    assert!(data.iter().all(|d| !d.contains("\"usage\"")));
+    assert_eq!(data.last().unwrap(), "[DONE]");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn stop_strings_min_tokens_and_ignore_eos() {
+    let s = start(options(), 8, 0).await;
+    let chat = |extra: Value| {
+        let mut b = json!({"messages": [{"role": "user", "content": "Hi"}], "temperature": 0});
+        for (k, v) in extra.as_object().unwrap() {
+            b[k] = v.clone();
+        }
+        b
+    };
+    let (_, v) = post(&s, "/v1/chat/completions", chat(json!({"stop": ["there"]}))).await;
+    assert_eq!(v["choices"][0]["message"]["content"], "Hello ");
+    assert_eq!(v["choices"][0]["finish_reason"], "stop");
+    let (_, v) = post(
+        &s,
+        "/v1/chat/completions",
+        chat(json!({"ignore_eos": true, "max_tokens": 60})),
+    )
+    .await;
+    assert_eq!(v["usage"]["completion_tokens"], 60);
+    assert_eq!(v["choices"][0]["finish_reason"], "length");
+    let min = script_len() + 5;
+    let (_, v) = post(
+        &s,
+        "/v1/chat/completions",
+        chat(json!({"min_tokens": min, "max_tokens": min + 40})),
+    )
+    .await;
+    assert!(
+        v["usage"]["completion_tokens"].as_u64().unwrap() >= min as u64,
+        "{v}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn seed_makes_sampling_reproducible() {
+    let s = start(options(), 8, 0).await;
+    let req = |seed: u64| {
+        json!({"prompt": [1, 2, 3], "max_tokens": 24, "temperature": 1.5, "seed": seed,
+               "logprobs": 0, "return_tokens_as_token_ids": true})
+    };
+    let tokens = |v: &Value| v["choices"][0]["logprobs"]["tokens"].clone();
+    let (_, a) = post(&s, "/v1/completions", req(42)).await;
+    let (_, b) = post(&s, "/v1/completions", req(42)).await;
+    let (_, c) = post(&s, "/v1/completions", req(43)).await;
+    assert_eq!(tokens(&a), tokens(&b));
+    assert_ne!(tokens(&a), tokens(&c));
+    assert_ne!(
+        tokens(&a),
+        json!(
+            greedy(&[1, 2, 3], 24)
+                .iter()
+                .map(|t| format!("token_id:{t}"))
+                .collect::<Vec<_>>()
+        ),
+        "temperature 1.5 should not follow the greedy chain"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn concurrent_requests_are_batched() {
+    let probe = Arc::new(Probe::default());
+    *probe.gate_closed.lock().unwrap() = true;
+    let s = start_with_probe(options(), 8, 0, probe.clone()).await;
+    let mut handles = Vec::new();
+    for i in 0..4u32 {
+        let base = s.base.clone();
+        handles.push(tokio::spawn(async move {
+            let v: Value = reqwest::Client::new()
+                .post(format!("{base}/v1/completions"))
+                .json(&json!({"prompt": [10 + i, 20, 30], "max_tokens": 8, "temperature": 0}))
+                .send()
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap();
+            (i, v)
+        }));
+    }
+    // The first request(s) are inside the blocked forward; the rest must queue.
+    wait_metrics(&s, "4 requests running or waiting", |m| {
+        probe.started.load(Ordering::SeqCst) && running(m) >= 1.0 && running(m) + waiting(m) == 4.0
+    })
+    .await;
+    probe.open_gate();
+    for h in handles {
+        let (i, v) = h.await.unwrap();
+        assert_eq!(v["usage"]["completion_tokens"], 8, "{v}");
+        let want = mxtune::engine::tokenizer::Tokenizer::o200k_harmony()
+            .decode(&greedy(&[10 + i, 20, 30], 8), true);
+        assert_eq!(
+            v["choices"][0]["text"], want,
+            "batching must not mix sequences"
+        );
+    }
+    assert!(probe.max_batch.load(Ordering::SeqCst) >= 3);
+    let m = wait_metrics(&s, "idle", |m| running(m) == 0.0).await;
+    assert_eq!(probe.live.load(Ordering::SeqCst), 0);
+    assert_eq!(metric(&m, "vllm:generation_tokens_total{"), Some(32.0));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn full_kv_makes_admission_wait() {
+    // The backend holds one sequence only; the second request must wait, then succeed.
+    let probe = Arc::new(Probe::default());
+    *probe.gate_closed.lock().unwrap() = true;
+    let s = start_with_probe(options(), 1, 0, probe.clone()).await;
+    let mut handles = Vec::new();
+    for _ in 0..2 {
+        let base = s.base.clone();
+        handles.push(tokio::spawn(async move {
+            reqwest::Client::new()
+                .post(format!("{base}/v1/completions"))
+                .json(&json!({"prompt": [5, 6], "max_tokens": 4, "temperature": 0}))
+                .send()
+                .await
+                .unwrap()
+                .json::<Value>()
+                .await
+                .unwrap()
+        }));
+    }
+    wait_metrics(&s, "1 running, 1 waiting", |m| {
+        running(m) == 1.0 && waiting(m) == 1.0
+    })
+    .await;
+    probe.open_gate();
+    for h in handles {
+        let v = h.await.unwrap();
+        assert_eq!(v["usage"]["completion_tokens"], 4, "{v}");
+    }
+    assert_eq!(probe.max_batch.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn client_disconnect_frees_the_slot() {
+    let s = start(options(), 8, 2).await;
+    let mut r = client()
+        .post(format!("{}/v1/completions", s.base))
+        .json(
+            &json!({"prompt": [7, 8, 9], "max_tokens": 2000, "ignore_eos": true,
+                      "stream": true}),
+        )
+        .send()
+        .await
+        .unwrap();
+    // Read until some tokens arrived, then hang up.
+    let mut got = 0;
+    while got < 3 {
+        let c = r.chunk().await.unwrap().unwrap();
+        got += String::from_utf8_lossy(&c).matches("data:").count();
+    }
+    assert_eq!(running(&metrics(&s).await), 1.0);
+    drop(r);
+    let m = wait_metrics(&s, "running back to 0", |m| running(m) == 0.0).await;
+    assert_eq!(s.probe.live.load(Ordering::SeqCst), 0, "KV slot freed");
+    assert_eq!(
+        metric(
+            &m,
+            "vllm:request_success_total{model_name=\"double\",finished_reason=\"abort\"}"
+        ),
+        Some(1.0)
+    );
+    assert!(metric(&m, "vllm:generation_tokens_total{").unwrap() < 2000.0);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn bad_requests_get_openai_errors_and_server_keeps_serving() {
+    let opts = ServerOptions {
+        max_model_len: 64,
+        ..options()
+    };
+    let s = start(opts, 8, 0).await;
+    let long: Vec<u32> = (0..64).collect();
+    let cases: Vec<(&str, Value, u16, Option<&str>)> = vec![
+        (
+            "/v1/completions",
+            json!({"prompt": [1], "model": "nope"}),
+            404,
+            Some("model"),
+        ),
+        (
+            "/v1/completions",
+            json!({"prompt": long}),
+            400,
+            Some("prompt"),
+        ),
+        (
+            "/v1/completions",
+            json!({"prompt": [1, 2], "max_tokens": 63}),
+            400,
+            Some("max_tokens"),
+        ),
+        (
+            "/v1/completions",
+            json!({"prompt": [1], "max_tokens": 0}),
+            400,
+            Some("max_tokens"),
+        ),
+        (
+            "/v1/completions",
+            json!({"prompt": [1], "top_p": 1.5}),
+            400,
+            Some("top_p"),
+        ),
+        (
+            "/v1/completions",
+            json!({"prompt": [1], "temperature": -1}),
+            400,
+            Some("temperature"),
+        ),
+        (
+            "/v1/completions",
+            json!({"prompt": [1], "top_k": -3}),
+            400,
+            Some("top_k"),
+        ),
+        (
+            "/v1/completions",
+            json!({"prompt": [1], "n": 2}),
+            400,
+            Some("n"),
+        ),
+        (
+            "/v1/completions",
+            json!({"prompt": [1], "logprobs": 21}),
+            400,
+            Some("logprobs"),
+        ),
+        (
+            "/v1/completions",
+            json!({"prompt": [1], "echo": true}),
+            400,
+            Some("echo"),
+        ),
+        (
+            "/v1/completions",
+            json!({"prompt": [1], "min_tokens": 99, "max_tokens": 5}),
+            400,
+            Some("min_tokens"),
+        ),
+        (
+            "/v1/completions",
+            json!({"prompt": [999999]}),
+            400,
+            Some("prompt"),
+        ),
+        (
+            "/v1/completions",
+            json!({"prompt": ""}),
+            400,
+            Some("prompt"),
+        ),
+        (
+            "/v1/completions",
+            json!({"prompt": ["a", "b"]}),
+            400,
+            Some("prompt"),
+        ),
+        ("/v1/completions", json!({"max_tokens": 3}), 400, None),
+        (
+            "/v1/completions",
+            json!({"prompt": [1], "max_tokens": "many"}),
+            400,
+            None,
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"messages": []}),
+            400,
+            Some("messages"),
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"messages": [{"role": "tool", "content": "x"}]}),
+            400,
+            Some("messages[0].role"),
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}),
+            400,
+            Some("tools"),
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"messages": [{"role": "user", "content": "x"}], "reasoning_effort": "extreme"}),
+            400,
+            None,
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"messages": [{"role": "user", "content": "x"}], "top_logprobs": 3}),
+            400,
+            Some("top_logprobs"),
+        ),
+    ];
+    for (path, body, status, param) in cases {
+        let (st, v) = post(&s, path, body.clone()).await;
+        assert_eq!(st, status, "{path} {body} → {v}");
+        let e = &v["error"];
+        assert!(e["message"].as_str().is_some_and(|m| !m.is_empty()), "{v}");
+        assert!(e["type"].is_string(), "{v}");
+        assert!(e.get("code").is_some() && e.get("param").is_some(), "{v}");
+        if let Some(p) = param {
+            assert_eq!(e["param"], p, "{body} → {v}");
+        }
+    }
+    // Not JSON at all.
+    let r = client()
+        .post(format!("{}/v1/chat/completions", s.base))
+        .body("{not json")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 400);
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["error"]["type"], "invalid_request_error");
+    // Unknown route.
+    let r = client()
+        .get(format!("{}/v1/engines", s.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 404);
+    assert!(r.json::<Value>().await.unwrap()["error"]["message"].is_string());
+    // Still serving.
+    let (st, v) = post(
+        &s,
+        "/v1/completions",
+        json!({"prompt": [1, 2], "max_tokens": 2}),
+    )
+    .await;
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["usage"]["completion_tokens"], 2);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn api_key_guards_v1_only() {
+    let opts = ServerOptions {
+        api_key: Some("sekrit".into()),
+        ..options()
+    };
+    let s = start(opts, 8, 0).await;
+    let get = |auth: Option<&'static str>| {
+        let mut r = client().get(format!("{}/v1/models", s.base));
+        if let Some(a) = auth {
+            r = r.header("Authorization", a);
+        }
+        r.send()
+    };
+    let r = get(None).await.unwrap();
+    assert_eq!(r.status().as_u16(), 401);
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["error"]["code"], "invalid_api_key");
+    assert_eq!(
+        get(Some("Bearer wrong")).await.unwrap().status().as_u16(),
+        401
+    );
+    assert_eq!(get(Some("sekrit")).await.unwrap().status().as_u16(), 401);
+    assert_eq!(
+        get(Some("Bearer sekrit")).await.unwrap().status().as_u16(),
+        200
+    );
+    let r = client()
+        .post(format!("{}/v1/completions", s.base))
+        .json(&json!({"prompt": [1], "max_tokens": 1}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 401);
+    let h = client()
+        .get(format!("{}/health", s.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(h.status().as_u16(), 200);
+    let m = client()
+        .get(format!("{}/metrics", s.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(m.status().as_u16(), 200);
+}
+
+/// The official `openai` Python client streams a chat completion from the server. Skipped
+/// (with a message) when python3 or the `openai` package is missing.
+#[tokio::test(flavor = "multi_thread")]
+async fn openai_python_client_streams_chat() {
+    let has_openai = std::process::Command::new("python3")
+        .args(["-c", "import openai"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !has_openai {
+        eprintln!(
+            "SKIPPED openai_python_client_streams_chat: python3 with `openai` not found (pip install openai)"
+        );
+        return;
+    }
+    let s = start(options(), 8, 0).await;
+    let script = r#"
+import sys, openai
+c = openai.OpenAI(base_url=sys.argv[1] + "/v1", api_key="unused")
+reasoning, content, usage = "", "", None
+stream = c.chat.completions.create(model="double", messages=[{"role": "user", "content": "Hi"}],
+    stream=True, temperature=0, stream_options={"include_usage": True})
+for chunk in stream:
+    if chunk.usage is not None:
+        usage = chunk.usage.completion_tokens
+    for ch in chunk.choices:
+        content += ch.delta.content or ""
+        reasoning += getattr(ch.delta, "reasoning_content", None) or ""
+print(repr(reasoning)); print(repr(content)); print(usage)
+"#;
+    let base = s.base.clone();
+    let out = tokio::task::spawn_blocking(move || {
+        std::process::Command::new("python3")
+            .args(["-c", script, &base])
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "python failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let (r, c) = script_parts();
+    let py_repr = |s: &str| format!("'{s}'");
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(lines[0], py_repr(&r));
+    assert_eq!(lines[1], py_repr(&c));
+    assert_eq!(lines[2], script_len().to_string());
+}
+
+/// The reference file of an oracle fixture (made by tools/make_oracle.py with transformers).
+fn oracle_reference(
+    model: &str,
+) -> std::collections::HashMap<String, (Vec<u8>, safetensors::Dtype)> {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(format!(
+        "tests/fixtures/oracle/{model}.reference.safetensors"
+    ));
+    let bytes = std::fs::read(&path).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    st.tensors()
+        .into_iter()
+        .map(|(n, t)| (n, (t.data().to_vec(), t.dtype())))
+        .collect()
+}
+
+fn ref_ids(
+    r: &std::collections::HashMap<String, (Vec<u8>, safetensors::Dtype)>,
+    name: &str,
+) -> Vec<u32> {
+    let (data, dtype) = &r[name];
+    assert_eq!(*dtype, safetensors::Dtype::I64);
+    data.chunks_exact(8)
+        .map(|c| i64::from_le_bytes(c.try_into().unwrap()) as u32)
+        .collect()
+}
+
+fn ref_f32(
+    r: &std::collections::HashMap<String, (Vec<u8>, safetensors::Dtype)>,
+    name: &str,
+) -> Vec<f32> {
+    let (data, dtype) = &r[name];
+    assert_eq!(*dtype, safetensors::Dtype::F32);
+    data.chunks_exact(4)
+        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+        .collect()
+}
+
+/// Token-id prompts with `temperature: 0` and logprobs reproduce transformers' greedy
+/// continuation through HTTP, all prompts of a model in flight at once (so the CPU backend
+/// runs them batched, prefills mixed with decodes).
+#[tokio::test(flavor = "multi_thread")]
+async fn oracle_greedy_continuations_through_http() {
+    for model in ["tiny-a", "tiny-b"] {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join(format!("tests/fixtures/oracle/{model}"));
+        let weights = mxtune::engine::loader::load(&dir).unwrap();
+        let vocab = weights.config.vocab_size;
+        let backend = mxtune::engine::cpu::CpuBackend::new(weights, 4 * 128);
+        let opts = ServerOptions {
+            served_model_name: model.into(),
+            max_model_len: 128,
+            max_num_seqs: 4,
+            max_num_batched_tokens: 16,
+            api_key: None,
+        };
+        let server = mxtune::engine::server::Server::new(Box::new(backend), opts).unwrap();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(server.serve(listener, std::future::pending()));
+        let r = oracle_reference(model);
+        let prompts = (0..)
+            .take_while(|i| r.contains_key(&format!("prompt{i}.tokens")))
+            .count();
+        assert!(prompts >= 2);
+        let mut handles = Vec::new();
+        for p in 0..prompts {
+            let tokens = ref_ids(&r, &format!("prompt{p}.tokens"));
+            let want = ref_ids(&r, &format!("prompt{p}.greedy"));
+            let base = base.clone();
+            handles.push(tokio::spawn(async move {
+                let v: Value = reqwest::Client::new()
+                    .post(format!("{base}/v1/completions"))
+                    .json(&json!({"model": model, "prompt": tokens, "temperature": 0,
+                                  "max_tokens": want.len(), "ignore_eos": true, "logprobs": 1,
+                                  "return_tokens_as_token_ids": true}))
+                    .send()
+                    .await
+                    .unwrap()
+                    .json()
+                    .await
+                    .unwrap();
+                (p, tokens, want, v)
+            }));
+        }
+        for h in handles {
+            let (p, tokens, want, v) = h.await.unwrap();
+            let lp = &v["choices"][0]["logprobs"];
+            let got: Vec<String> = lp["tokens"]
+                .as_array()
+                .unwrap_or_else(|| panic!("{v}"))
+                .iter()
+                .map(|t| t.as_str().unwrap().to_string())
+                .collect();
+            let want_names: Vec<String> = want.iter().map(|t| format!("token_id:{t}")).collect();
+            assert_eq!(got, want_names, "{model} prompt {p}");
+            // The first token's logprob is log-softmax of transformers' last prompt logits.
+            let logits = ref_f32(&r, &format!("prompt{p}.logits"));
+            let last = &logits[(tokens.len() - 1) * vocab..tokens.len() * vocab];
+            let m = last.iter().copied().fold(f32::MIN, f32::max);
+            let lo = last.iter().copied().fold(f32::MAX, f32::min);
+            let lse = m + last
+                .iter()
+                .map(|x| f64::from(x - m).exp())
+                .sum::<f64>()
+                .ln() as f32;
+            let want_lp = last[want[0] as usize] - lse;
+            let got_lp = lp["token_logprobs"][0].as_f64().unwrap() as f32;
+            assert!(
+                (got_lp - want_lp).abs() <= 1e-3 * (m - lo),
+                "{model} prompt {p}: logprob {got_lp} vs {want_lp}"
+            );
+        }
+    }
+}
+
+/// Start the real `mxtune serve` binary; returns the child and its stdout lines up to ready.
+fn spawn_serve(args: &[&str]) -> (std::process::Child, Vec<String>) {
+    use std::io::BufRead;
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_mxtune"))
+        .arg("serve")
+        .args(args)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let mut lines = Vec::new();
+    for line in std::io::BufReader::new(stdout).lines() {
+        let line = line.unwrap();
+        let ready = line.starts_with("mxtune serve: ready on ");
+        lines.push(line);
+        if ready {
+            break;
+        }
+    }
+    (child, lines)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn serve_binary_reports_kernel_paths_and_serves_synthetic_tiny() {
+    let (mut child, lines) = tokio::task::spawn_blocking(|| {
+        spawn_serve(&[
+            "--synthetic",
+            "tiny",
+            "--port",
+            "0",
+            "--max-model-len",
+            "256",
+            "--sinks",
+            "off",
+            "--moe-kernel",
+            "gemv",
+        ])
+    })
+    .await
+    .unwrap();
+    let ready = lines.last().expect("no output").clone();
+    assert!(
+        ready.starts_with("mxtune serve: ready on http://127.0.0.1:"),
+        "{lines:?}"
+    );
+    let kp: Vec<&str> = lines
+        .iter()
+        .map(String::as_str)
+        .filter(|l| l.starts_with("kernel-path "))
+        .collect();
+    assert_eq!(
+        kp,
+        [
+            "kernel-path backend=cpu",
+            "kernel-path moe_kernel=n/a",
+            "kernel-path activation=n/a",
+            "kernel-path tile=n/a",
+            "kernel-path mxfp4_layers=n/a",
+            "kernel-path kv_dtype=n/a",
+            "kernel-path sinks=off",
+            "kernel-path cuda_graphs=n/a",
+        ]
+    );
+    assert!(
+        lines.iter().any(|l| l.contains("synthetic model tiny")),
+        "{lines:?}"
+    );
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains("--moe-kernel gemv has no effect")),
+        "{lines:?}"
+    );
+    let base = ready
+        .trim_start_matches("mxtune serve: ready on ")
+        .to_string();
+    let v: Value = client()
+        .get(format!("{base}/v1/models"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(v["data"][0]["id"], "synthetic-tiny");
+    let r = client()
+        .post(format!("{base}/v1/chat/completions"))
+        .json(
+            &json!({"model": "synthetic-tiny", "messages": [{"role": "user", "content": "Hi"}],
+                      "max_tokens": 2, "stream": true, "stream_options": {"include_usage": true}}),
+        )
+        .send()
+        .await
+        .unwrap();
+    let data = sse_data(&r.text().await.unwrap());
+    assert_eq!(data.last().unwrap(), "[DONE]");
+    let usage: Value = serde_json::from_str(&data[data.len() - 2]).unwrap();
+    assert_eq!(usage["usage"]["completion_tokens"], 2);
+    // SIGTERM stops it cleanly.
+    let pid = child.id() as i32;
+    // SAFETY: plain kill(2) on the child this test started.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
+    let status = tokio::task::spawn_blocking(move || child.wait().unwrap())
+        .await
+        .unwrap();
+    assert!(status.success(), "{status:?}");
+}
+
+#[test]
+fn serve_binary_refuses_cuda_and_impossible_flags() {
+    let run = |args: &[&str]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_mxtune"))
+            .arg("serve")
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let o = run(&["--synthetic", "tiny", "--device", "cuda", "--port", "0"]);
+    assert!(!o.status.success());
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("CUDA backend not available in this build")
+    );
+    let o = run(&[
+        "--synthetic",
+        "tiny",
+        "--tile",
+        "64x128",
+        "--moe-kernel",
+        "gemv",
+    ]);
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("--moe-kernel grouped"));
+    let o = run(&["--synthetic", "huge"]);
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("unknown synthetic model"));
+    let o = run(&["--model", "/nonexistent/ckpt"]);
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("/nonexistent/ckpt"));
+}
