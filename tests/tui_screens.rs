@@ -8,12 +8,16 @@ use mxtune::record::schema::{PointResult, RunId, Stats, WorkloadPoint};
 use mxtune::record::store::{Scan, StoredRun};
 use mxtune::record::{RunRecord, RunStatus, RunStore};
 use mxtune::tui::app::{App, Effect, Paths, QuitPrompt, Tab};
+use mxtune::tui::background::{Background, LaunchMsg};
 use mxtune::tui::screens::flags::Overlay;
+use mxtune::tui::screens::launch::TargetState;
 use mxtune::tui::screens::runs::RunsView;
 use mxtune::tui::theme::Theme;
 use mxtune::tui::{Event, Exit, perform, step, ui};
 use ratatui::Terminal;
 use ratatui::backend::TestBackend;
+use std::cell::RefCell;
+use std::sync::mpsc::Receiver;
 
 fn theme() -> Theme {
     Theme {
@@ -36,11 +40,47 @@ fn paths(scratch: &Path) -> Paths {
     }
 }
 
+thread_local! {
+    /// Each test (thread) gets its own background runtime and event channel.
+    static BG: RefCell<Option<(Background, Receiver<Event>)>> = const { RefCell::new(None) };
+}
+
+fn with_bg<T>(f: impl FnOnce(&mut Background, &Receiver<Event>) -> T) -> T {
+    BG.with(|cell| {
+        let mut cell = cell.borrow_mut();
+        let (bg, rx) = cell.get_or_insert_with(|| {
+            let (tx, rx) = std::sync::mpsc::channel();
+            (Background::new(tx).unwrap(), rx)
+        });
+        f(bg, rx)
+    })
+}
+
+fn run_effect(app: &mut App, e: Effect) -> Option<Exit> {
+    with_bg(|bg, _| perform(app, bg, e))
+}
+
+/// Feed background events into the panel until `done` holds (a behavioural wait).
+fn pump_until(app: &mut App, what: &str, done: impl Fn(&App) -> bool) {
+    let start = std::time::Instant::now();
+    while !done(app) {
+        let ev = with_bg(|_, rx| rx.recv_timeout(std::time::Duration::from_millis(200)));
+        if let Ok(ev) = ev {
+            with_bg(|bg, _| step(app, bg, ev));
+        }
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(120),
+            "never reached: {what}; state {:?}",
+            app.launch.state
+        );
+    }
+}
+
 /// A panel started the way `tui::run` starts it, on fixed paths.
 fn started(scratch: &Path, theme: Theme) -> App {
     let mut app = App::new(theme, paths(scratch));
     for e in app.startup_effects() {
-        perform(&mut app, e);
+        run_effect(&mut app, e);
     }
     app
 }
@@ -56,7 +96,7 @@ fn snapshot_app(theme: Theme) -> App {
             export_dir: PathBuf::from("."),
         },
     );
-    perform(&mut app, Effect::LoadPreset("engine-cpu-tiny".into()));
+    run_effect(&mut app, Effect::LoadPreset("engine-cpu-tiny".into()));
     app
 }
 
@@ -67,14 +107,11 @@ fn render(app: &App, w: u16, h: u16) -> String {
 }
 
 fn key(app: &mut App, code: KeyCode) -> Option<Exit> {
-    step(
-        app,
-        Event::Term(crossterm::event::Event::Key(KeyEvent::new(
-            code,
-            KeyModifiers::NONE,
-        ))),
-    )
-    .0
+    let ev = Event::Term(crossterm::event::Event::Key(KeyEvent::new(
+        code,
+        KeyModifiers::NONE,
+    )));
+    with_bg(|bg, _| step(app, bg, ev)).0
 }
 
 fn type_str(app: &mut App, s: &str) {
@@ -183,7 +220,7 @@ fn quit_asks_when_a_target_runs() {
     assert_eq!(key(&mut app, KeyCode::Char('q')), Some(Exit::Quit));
 
     let mut app = started(dir.path(), theme());
-    app.target_running = true;
+    app.launch.state = TargetState::Starting(mxtune::launch::Phase::LoadingWeights);
     assert_eq!(key(&mut app, KeyCode::Char('q')), None);
     assert_eq!(app.quit_prompt, Some(QuitPrompt::TargetRunning));
     assert!(render(&app, 80, 24).contains("still running"));
@@ -473,6 +510,227 @@ fn runs_list_filter_open_compare_and_export() {
     let md = std::fs::read_to_string(&exported).unwrap();
     assert!(md.contains("| ") && md.contains("engine-q8"), "{md}");
     assert!(app.message.as_deref().unwrap_or("").contains("wrote"));
+}
+
+// ---- Launch ----
+
+/// A stand-in for an OpenAI server (the attach target's other end): health, models, and a
+/// 1-token completion, on an ephemeral port. Runs until the test process ends.
+fn target_double() -> String {
+    use axum::routing::{get, post};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    listener.set_nonblocking(true).unwrap();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async move {
+            let app = axum::Router::new()
+                .route("/health", get(|| async { "ok" }))
+                .route(
+                    "/v1/models",
+                    get(|| async { axum::Json(serde_json::json!({"data": [{"id": "double"}]})) }),
+                )
+                .route(
+                    "/v1/completions",
+                    post(|| async {
+                        axum::Json(serde_json::json!({"choices": [{"text": "x", "index": 0}]}))
+                    }),
+                );
+            let l = tokio::net::TcpListener::from_std(listener).unwrap();
+            axum::serve(l, app).await.unwrap();
+        });
+    });
+    format!("http://{addr}")
+}
+
+fn log_line(app: &mut App, line: &str) {
+    app.launch
+        .on_msg(LaunchMsg::Event(mxtune::launch::LaunchEvent::Log {
+            stream: mxtune::launch::LogStream::Stdout,
+            line: line.into(),
+        }));
+}
+
+#[test]
+fn launch_attach_start_and_stop_with_confirmation() {
+    let url = target_double();
+    let dir = tempfile::tempdir().unwrap();
+    let mut app = started(dir.path(), theme());
+    key(&mut app, KeyCode::Char('2'));
+    key(&mut app, KeyCode::Char('u'));
+    assert_eq!(app.launch.choice, mxtune::launch::spec::TargetKind::Attach);
+    for _ in 0..app.launch.url.len() {
+        key(&mut app, KeyCode::Backspace);
+    }
+    type_str(&mut app, &url);
+    key(&mut app, KeyCode::Enter);
+    key(&mut app, KeyCode::Char('l'));
+    assert_eq!(app.launch.state, TargetState::Launching);
+    pump_until(&mut app, "ready", |a| {
+        matches!(a.launch.state, TargetState::Ready { .. })
+    });
+    let screen = render(&app, 100, 30);
+    assert!(
+        screen.contains("ready") && screen.contains(&url),
+        "{screen}"
+    );
+    assert!(app.target_running());
+
+    // Quitting now asks; Esc stays.
+    assert_eq!(key(&mut app, KeyCode::Char('q')), None);
+    assert_eq!(app.quit_prompt, Some(QuitPrompt::TargetRunning));
+    key(&mut app, KeyCode::Esc);
+
+    // Stop asks first; anything but y keeps it.
+    key(&mut app, KeyCode::Char('x'));
+    assert!(render(&app, 80, 24).contains("Stop target?"));
+    key(&mut app, KeyCode::Char('n'));
+    assert!(matches!(app.launch.state, TargetState::Ready { .. }));
+    key(&mut app, KeyCode::Char('x'));
+    key(&mut app, KeyCode::Char('y'));
+    assert_eq!(app.launch.state, TargetState::Stopping);
+    pump_until(&mut app, "stopped", |a| {
+        matches!(a.launch.state, TargetState::Exited(_))
+    });
+    assert!(!app.target_running());
+    assert_eq!(
+        key(&mut app, KeyCode::Char('q')),
+        Some(Exit::Quit),
+        "nothing left to ask about"
+    );
+}
+
+#[test]
+fn launch_failure_is_shown() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut app = started(dir.path(), theme());
+    key(&mut app, KeyCode::Char('2'));
+    key(&mut app, KeyCode::Char('u'));
+    for _ in 0..app.launch.url.len() {
+        key(&mut app, KeyCode::Backspace);
+    }
+    type_str(&mut app, "ftp://nowhere");
+    key(&mut app, KeyCode::Enter);
+    key(&mut app, KeyCode::Char('l'));
+    pump_until(&mut app, "failed", |a| {
+        matches!(a.launch.state, TargetState::Failed(_))
+    });
+    assert!(render(&app, 160, 48).contains("must start with http://"));
+}
+
+#[test]
+fn log_pane_follows_scrolls_searches_wraps_and_saves() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut app = started(dir.path(), theme());
+    key(&mut app, KeyCode::Char('2'));
+    for i in 0..100 {
+        log_line(&mut app, &format!("line {i}"));
+    }
+    log_line(&mut app, "WARNING something odd");
+    log_line(&mut app, "last line");
+    assert!(app.launch.log.following());
+    assert!(render(&app, 80, 24).contains("last line"));
+    key(&mut app, KeyCode::PageUp);
+    assert!(!app.launch.log.following());
+    let screen = render(&app, 80, 24);
+    assert!(
+        !screen.contains("last line") && screen.contains("paused"),
+        "{screen}"
+    );
+    log_line(&mut app, "newer line");
+    assert!(
+        !render(&app, 80, 24).contains("newer line"),
+        "a paused view stays put"
+    );
+    key(&mut app, KeyCode::End);
+    assert!(render(&app, 80, 24).contains("newer line"));
+
+    key(&mut app, KeyCode::Char('/'));
+    type_str(&mut app, "line 42");
+    key(&mut app, KeyCode::Enter);
+    assert_eq!(app.launch.log.search.as_deref(), Some("line 42"));
+    assert!(render(&app, 80, 24).contains("line 42"));
+    assert!(
+        !render(&app, 80, 24).contains("newer line"),
+        "jumped back to the match"
+    );
+    key(&mut app, KeyCode::Char('N'));
+    key(&mut app, KeyCode::End);
+
+    log_line(&mut app, &"x".repeat(200));
+    key(&mut app, KeyCode::Char('w'));
+    assert!(app.launch.log.wrap);
+    let wrapped = render(&app, 80, 24);
+    assert!(wrapped.matches("xxxxxxxxxx").count() >= 3, "{wrapped}");
+
+    key(&mut app, KeyCode::Char('S'));
+    let saved = std::fs::read_to_string(dir.path().join("launch-no-run.log")).unwrap();
+    assert!(saved.starts_with("line 0\n") && saved.contains("WARNING something odd"));
+}
+
+fn fixed_launch(app: &mut App) {
+    use mxtune::launch::verdict::PathVerdict;
+    use mxtune::launch::{LaunchEvent, ValidationReport, Verdict};
+    app.launch.state = TargetState::Ready {
+        url: "http://127.0.0.1:8000".into(),
+        startup_s: 2.5,
+    };
+    app.launch.describe = Some("engine process 4242 (/usr/bin/mxtune)".into());
+    app.launch.log_path = Some(PathBuf::from("runs/01JD0000000000000000000003.target.log"));
+    for l in [
+        "mxtune serve: synthetic model tiny on cpu",
+        "kernel-path moe_kernel=gemv",
+        "kernel-path activation=bf16",
+        "WARN slow start",
+        "error: nothing really",
+        "listening on 127.0.0.1:8000",
+    ] {
+        log_line(app, l);
+    }
+    let v = |flag: &str, value: &str, verdict, seen: &[&str], missing: &[&str]| PathVerdict {
+        flag: flag.into(),
+        value: value.into(),
+        verdict,
+        seen: seen.iter().map(|s| s.to_string()).collect(),
+        forbidden_seen: vec![],
+        missing: missing.iter().map(|s| s.to_string()).collect(),
+        note: None,
+    };
+    app.launch.on_msg(LaunchMsg::Event(LaunchEvent::Verdict {
+        report: ValidationReport {
+            checks: vec![
+                v(
+                    "moe_backend",
+                    "auto",
+                    Verdict::Valid,
+                    &["kernel-path moe_kernel=gemv"],
+                    &[],
+                ),
+                v(
+                    "sinks",
+                    "on",
+                    Verdict::Unknown,
+                    &[],
+                    &["^kernel-path sinks=on"],
+                ),
+            ],
+            unknown_env: vec![],
+            lines_scanned: 6,
+        },
+    }));
+}
+
+#[test]
+fn snapshots_launch() {
+    let mut app = snapshot_app(theme());
+    key(&mut app, KeyCode::Char('2'));
+    insta::assert_snapshot!("launch_idle_80x24", render(&app, 80, 24));
+    fixed_launch(&mut app);
+    insta::assert_snapshot!("launch_ready_80x24", render(&app, 80, 24));
+    insta::assert_snapshot!("launch_ready_160x48", render(&app, 160, 48));
 }
 
 // ---- Docs ----

@@ -8,9 +8,11 @@ use crossterm::event::{KeyCode, KeyEvent, KeyEventKind, KeyModifiers};
 
 use super::keys::{self, Binding};
 use super::screens::flags::FlagsScreen;
+use super::screens::launch::LaunchScreen;
 use super::screens::runs::RunsScreen;
 use super::theme::Theme;
 use crate::flags::preset::{PRESETS_DIR_ENV, PresetStore};
+use crate::launch::spec::TargetKind;
 
 /// The five screens, in tab order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -86,6 +88,12 @@ pub enum Effect {
     },
     /// Re-read the runs directory.
     ReloadRuns,
+    /// Start the target chosen on the Launch screen with the current flags.
+    StartTarget,
+    /// Stop the target started from this panel (the operator confirmed).
+    StopTarget,
+    /// Write the Launch screen's log pane to this file.
+    SaveLog(PathBuf),
     /// Write the comparison of the marked runs as markdown to this file.
     ExportComparison(PathBuf),
 }
@@ -142,12 +150,12 @@ pub struct App {
     pub theme: Theme,
     /// Where files are read and written.
     pub paths: Paths,
-    /// Whether a target launched from this panel is running (asked about on quit).
-    pub target_running: bool,
     /// One-line message shown in the status line until the next key press.
     pub message: Option<String>,
     /// The Flags screen.
     pub flags: FlagsScreen,
+    /// The Launch screen.
+    pub launch: LaunchScreen,
     /// The Runs screen.
     pub runs: RunsScreen,
 }
@@ -162,9 +170,9 @@ impl App {
             quit_prompt: None,
             theme,
             paths,
-            target_running: false,
             message: None,
             flags: FlagsScreen::default(),
+            launch: LaunchScreen::default(),
             runs: RunsScreen::default(),
         }
     }
@@ -182,6 +190,7 @@ impl App {
         match self.tab {
             Tab::Flags => self.flags.captures_keys(),
             Tab::Runs => self.runs.captures_keys(),
+            Tab::Launch => self.launch.captures_keys(),
             _ => false,
         }
     }
@@ -225,16 +234,39 @@ impl App {
                 _ => {}
             }
         }
-        match self.tab {
+        let effects = match self.tab {
             Tab::Flags => self.flags.on_key(key),
             Tab::Runs => self.runs.on_key(key, &self.paths.export_dir),
+            Tab::Launch => self.launch.on_key(key, &self.paths.export_dir),
             _ => Vec::new(),
+        };
+        // One target choice: the flags render for the kind the Launch screen starts.
+        if !self.launch.state.is_live() {
+            match self.tab {
+                Tab::Flags => self.launch.choice = self.flags.flags.target,
+                Tab::Launch if self.launch.choice != TargetKind::Attach => {
+                    self.flags.flags.target = self.launch.choice
+                }
+                _ => {}
+            }
         }
+        effects
     }
 
     /// How often to redraw without input: only while a live view is on screen.
     pub fn tick_interval(&self) -> Option<std::time::Duration> {
-        None
+        (self.tab == Tab::Launch && self.launch.wants_tick())
+            .then_some(std::time::Duration::from_secs(1))
+    }
+
+    /// The clock ticked while something live is shown.
+    pub fn on_tick(&mut self) {
+        self.launch.on_tick();
+    }
+
+    /// Whether a target started from this panel may still be running.
+    pub fn target_running(&self) -> bool {
+        self.launch.state.is_live()
     }
 
     /// A signal is ending the panel: save what must not be lost.
@@ -244,7 +276,7 @@ impl App {
     pub fn on_quit(&mut self, _stop_target: bool) {}
 
     fn request_quit(&mut self) -> Vec<Effect> {
-        if self.target_running {
+        if self.target_running() {
             self.quit_prompt = Some(QuitPrompt::TargetRunning);
             Vec::new()
         } else {

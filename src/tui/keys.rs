@@ -48,16 +48,24 @@ pub const FLAGS_DIALOG: &[Binding] = &[
 
 /// Launch screen.
 pub const LAUNCH: &[Binding] = &[
-    b("t", "choose target"),
     b("l", "launch"),
     b("x", "stop (asks)"),
+    b("t", "target engine/docker/attach"),
+    b("u", "attach URL"),
+    b("/", "search log"),
+    b("n/N", "older/newer match"),
+    b("w", "wrap"),
+    b("S", "save log"),
     b("Up/Down", "scroll log"),
     b("PgUp/PgDn", "page log"),
     b("Home/End", "top / follow"),
-    b("/", "search log"),
-    b("n/N", "next/prev match"),
-    b("w", "wrap lines"),
-    b("S", "save log to file"),
+];
+
+/// Launch screen while typing a URL or a search, or answering the stop question.
+pub const LAUNCH_INPUT: &[Binding] = &[
+    b("Enter", "done / yes"),
+    b("Esc", "cancel"),
+    b("y", "yes, stop it"),
 ];
 
 /// Live screen.
@@ -100,6 +108,7 @@ pub const SECTIONS: &[(&str, &[Binding])] = &[
     ("Flags", FLAGS),
     ("Flags: picker, save, diff, command", FLAGS_DIALOG),
     ("Launch", LAUNCH),
+    ("Launch: URL, search or stop question", LAUNCH_INPUT),
     ("Live", LIVE),
     ("Bench", BENCH),
     ("Runs", RUNS),

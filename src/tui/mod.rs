@@ -5,6 +5,7 @@
 //! and the screen is redrawn only when something changed.
 
 pub mod app;
+pub mod background;
 pub mod keys;
 pub mod screens;
 pub mod theme;
@@ -23,6 +24,7 @@ use ratatui::Terminal;
 use ratatui::backend::{Backend, CrosstermBackend};
 
 use app::{App, Effect, Paths};
+use background::Background;
 use theme::Theme;
 
 /// How the panel starts.
@@ -45,6 +47,8 @@ pub enum Event {
     Signal(i32),
     /// Periodic redraw while something live is shown.
     Tick,
+    /// Progress of the target launched from the Launch screen.
+    Launch(background::LaunchMsg),
 }
 
 /// Why the loop ended.
@@ -104,6 +108,7 @@ pub fn run(opts: Options) -> anyhow::Result<Exit> {
         previous_hook(info);
     }));
     spawn_input_thread(tx.clone());
+    let mut bg = Background::new(tx.clone())?;
 
     let mut terminal =
         Terminal::new(CrosstermBackend::new(io::stdout())).context("cannot set up the terminal")?;
@@ -112,9 +117,9 @@ pub fn run(opts: Options) -> anyhow::Result<Exit> {
         Paths::from_env(),
     );
     for effect in app.startup_effects() {
-        perform(&mut app, effect);
+        perform(&mut app, &mut bg, effect);
     }
-    let exit = event_loop(&mut terminal, &mut app, &rx);
+    let exit = event_loop(&mut terminal, &mut app, &mut bg, &rx);
     drop(guard);
     exit
 }
@@ -155,6 +160,7 @@ fn spawn_signal_thread(tx: Sender<Event>) -> anyhow::Result<()> {
 pub fn event_loop<B: Backend>(
     terminal: &mut Terminal<B>,
     app: &mut App,
+    bg: &mut Background,
     rx: &Receiver<Event>,
 ) -> anyhow::Result<Exit>
 where
@@ -175,7 +181,7 @@ where
                 Err(_) => return Ok(Exit::Quit),
             },
         };
-        let (exit, redraw) = step(app, event);
+        let (exit, redraw) = step(app, bg, event);
         if let Some(exit) = exit {
             return Ok(exit);
         }
@@ -189,19 +195,28 @@ where
 
 /// Apply one event to the panel and perform the effects it asks for. Returns whether the
 /// panel ends, and whether the screen needs a redraw.
-pub fn step(app: &mut App, event: Event) -> (Option<Exit>, bool) {
+pub fn step(app: &mut App, bg: &mut Background, event: Event) -> (Option<Exit>, bool) {
     let (effects, redraw) = match event {
         Event::Term(crossterm::event::Event::Key(key)) => (app.on_key(key), true),
         Event::Term(crossterm::event::Event::Resize(..)) => (Vec::new(), true),
         Event::Term(_) => (Vec::new(), false),
         Event::Signal(sig) => {
             app.on_signal(sig);
+            // The target keeps running: a dropped SSH session is no reason to stop a server.
+            bg.detach();
             return (Some(Exit::Signal(sig)), false);
         }
-        Event::Tick => (Vec::new(), true),
+        Event::Tick => {
+            app.on_tick();
+            (Vec::new(), true)
+        }
+        Event::Launch(msg) => {
+            app.launch.on_msg(msg);
+            (Vec::new(), true)
+        }
     };
     for effect in effects {
-        if let Some(exit) = perform(app, effect) {
+        if let Some(exit) = perform(app, bg, effect) {
             return (Some(exit), false);
         }
     }
@@ -210,11 +225,40 @@ pub fn step(app: &mut App, event: Event) -> (Option<Exit>, bool) {
 
 /// Perform one effect: the only place the panel touches files. Results go back into the
 /// app's state; errors become a status-line message naming the file.
-pub fn perform(app: &mut App, effect: Effect) -> Option<Exit> {
+pub fn perform(app: &mut App, bg: &mut Background, effect: Effect) -> Option<Exit> {
     match effect {
         Effect::Quit { stop_target } => {
             app.on_quit(stop_target);
+            if stop_target {
+                bg.stop_and_wait();
+            } else {
+                bg.detach();
+            }
             return Some(Exit::Quit);
+        }
+        Effect::StartTarget => bg.start(background::StartRequest {
+            kind: app.launch.choice,
+            url: app.launch.url.clone(),
+            flags: app.flags.flags.clone(),
+            preset: app
+                .flags
+                .loaded
+                .as_ref()
+                .map(|p| p.name.clone())
+                .unwrap_or_default(),
+            runs_dir: app.paths.runs_dir.clone(),
+        }),
+        Effect::StopTarget => bg.stop(),
+        Effect::SaveLog(path) => {
+            let text = app.launch.log.lines.iter().fold(String::new(), |mut s, l| {
+                s.push_str(l);
+                s.push('\n');
+                s
+            });
+            app.message = Some(match std::fs::write(&path, text) {
+                Ok(()) => format!("wrote {}", path.display()),
+                Err(e) => format!("cannot write {}: {e}", path.display()),
+            });
         }
         Effect::ListPresets => match app.paths.presets.list() {
             Ok(list) => app
@@ -223,7 +267,12 @@ pub fn perform(app: &mut App, effect: Effect) -> Option<Exit> {
             Err(e) => app.message = Some(format!("cannot list presets: {e}")),
         },
         Effect::LoadPreset(name) => match app.paths.presets.load(&name) {
-            Ok(p) => app.flags.on_preset_loaded(p),
+            Ok(p) => {
+                app.flags.on_preset_loaded(p);
+                if !app.launch.state.is_live() {
+                    app.launch.choice = app.flags.flags.target;
+                }
+            }
             Err(e) => {
                 app.message = Some(format!("cannot load preset {name}"));
                 app.flags.on_preset_error(e.to_string());

@@ -1,6 +1,7 @@
 //! One module per screen; this file dispatches drawing and builds the status line.
 
 pub mod flags;
+pub mod launch;
 pub mod runs;
 
 use ratatui::Frame;
@@ -15,7 +16,8 @@ pub fn draw(frame: &mut Frame, app: &App, area: Rect) {
     match app.tab {
         Tab::Flags => flags::draw(frame, app, area),
         Tab::Runs => runs::draw(frame, app, area),
-        Tab::Launch | Tab::Live | Tab::Bench => {
+        Tab::Launch => launch::draw(frame, app, area),
+        Tab::Live | Tab::Bench => {
             let block = Block::bordered()
                 .border_set(app.theme.border())
                 .title(format!(" {} ", app.tab.title()));
@@ -29,6 +31,7 @@ pub fn bindings(app: &App) -> &'static [super::keys::Binding] {
     match app.tab {
         Tab::Flags if app.flags.overlay.is_some() => super::keys::FLAGS_DIALOG,
         Tab::Runs if app.runs.view != runs::RunsView::List => super::keys::RUNS_VIEW,
+        Tab::Launch if app.launch.captures_keys() => super::keys::LAUNCH_INPUT,
         _ => app.tab.bindings(),
     }
 }
@@ -37,7 +40,7 @@ pub fn bindings(app: &App) -> &'static [super::keys::Binding] {
 pub fn status_spans(app: &App) -> Vec<Span<'static>> {
     let theme = &app.theme;
     let f = &app.flags;
-    let target = match f.flags.target {
+    let target = match app.launch.choice {
         crate::launch::spec::TargetKind::Docker => "docker",
         crate::launch::spec::TargetKind::Engine => "engine",
         crate::launch::spec::TargetKind::Attach => "attach",
@@ -45,14 +48,8 @@ pub fn status_spans(app: &App) -> Vec<Span<'static>> {
     let mut spans = vec![
         Span::styled(" target ", theme.dim()),
         Span::styled(target.to_string(), theme.accent()),
-        Span::styled(
-            if app.target_running {
-                "  running"
-            } else {
-                "  stopped"
-            },
-            theme.dim(),
-        ),
+        Span::styled("  ", theme.dim()),
+        Span::styled(app.launch.state.phase_text(), theme.dim()),
         Span::styled("  preset ", theme.dim()),
         Span::styled(
             f.loaded
