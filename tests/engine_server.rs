@@ -732,6 +732,62 @@ print(repr(reasoning)); print(repr(content)); print(usage)
     assert_eq!(lines[2], script_len().to_string());
 }
 
+#[tokio::test(flavor = "multi_thread")]
+async fn backend_errors_and_engine_death_are_reported() {
+    let s = start(options(), 8, 0).await;
+    s.probe.fail_next.store(true, Ordering::SeqCst);
+    let (st, v) = post(
+        &s,
+        "/v1/completions",
+        json!({"prompt": [1, 2], "max_tokens": 3}),
+    )
+    .await;
+    assert_eq!(st, 500, "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("injected failure"),
+        "{v}"
+    );
+    assert_eq!(
+        s.probe.live.load(Ordering::SeqCst),
+        0,
+        "failed request freed its slot"
+    );
+    // A backend error does not stop the engine.
+    let (st, _) = post(
+        &s,
+        "/v1/completions",
+        json!({"prompt": [1, 2], "max_tokens": 3}),
+    )
+    .await;
+    assert_eq!(st, 200);
+    // A panic does: the stream ends with an error event, /health turns 503.
+    s.probe.panic_next.store(true, Ordering::SeqCst);
+    let data = post_stream(
+        &s,
+        "/v1/completions",
+        json!({"prompt": [1, 2], "max_tokens": 3, "stream": true}),
+    )
+    .await;
+    assert!(data.iter().any(|d| d.contains("\"error\"")), "{data:?}");
+    assert_eq!(data.last().unwrap(), "[DONE]");
+    let h = client()
+        .get(format!("{}/health", s.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(h.status().as_u16(), 503);
+    let (st, _) = post(
+        &s,
+        "/v1/completions",
+        json!({"prompt": [1], "max_tokens": 1}),
+    )
+    .await;
+    assert_eq!(st, 500);
+}
+
 /// The reference file of an oracle fixture (made by tools/make_oracle.py with transformers).
 fn oracle_reference(
     model: &str,
@@ -785,6 +841,7 @@ async fn oracle_greedy_continuations_through_http() {
             max_model_len: 128,
             max_num_seqs: 4,
             max_num_batched_tokens: 16,
+            kv_cache_tokens: 4 * 128,
             api_key: None,
         };
         let server = mxtune::engine::server::Server::new(Box::new(backend), opts).unwrap();

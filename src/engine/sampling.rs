@@ -44,7 +44,9 @@ impl Default for SamplingParams {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Sampled {
     pub token: u32,
-    pub logprob: f32,
+    /// Its logprob; `None` unless logprobs were requested (the normalisation over the whole
+    /// vocabulary is skipped otherwise, as it costs host time on every token).
+    pub logprob: Option<f32>,
     /// The most likely tokens with their logprobs, best first (empty unless requested).
     pub top: Vec<(u32, f32)>,
 }
@@ -74,7 +76,6 @@ impl Sampler {
     /// Choose the next token. `banned` tokens are never chosen (stop tokens before
     /// `min_tokens`); logprobs are reported from the unmodified logits, as vLLM does.
     pub fn sample(&mut self, logits: &[f32], banned: &[u32]) -> Sampled {
-        let lse = log_sum_exp(logits);
         let allowed = |i: usize| !banned.contains(&(i as u32)) && !logits[i].is_nan();
         let greedy = self.params.temperature <= 1e-5 || self.params.top_k == 1;
         let token = if greedy {
@@ -82,16 +83,21 @@ impl Sampler {
         } else {
             self.draw(logits, allowed)
         };
-        let top = match self.params.logprobs {
-            Some(n) if n > 0 => top_n(logits, n)
-                .into_iter()
-                .map(|i| (i as u32, logits[i] - lse))
-                .collect(),
-            _ => Vec::new(),
+        let Some(n) = self.params.logprobs else {
+            return Sampled {
+                token: token as u32,
+                logprob: None,
+                top: Vec::new(),
+            };
         };
+        let lse = log_sum_exp(logits);
+        let top = top_n(logits, n)
+            .into_iter()
+            .map(|i| (i as u32, logits[i] - lse))
+            .collect();
         Sampled {
             token: token as u32,
-            logprob: logits[token] - lse,
+            logprob: Some(logits[token] - lse),
             top,
         }
     }
@@ -164,10 +170,13 @@ fn argmax(logits: &[f32], allowed: impl Fn(usize) -> bool) -> usize {
 
 /// Indices of the `n` largest logits, best first.
 fn top_n(logits: &[f32], n: usize) -> Vec<usize> {
+    if n == 0 {
+        return Vec::new();
+    }
     let mut idx: Vec<usize> = (0..logits.len()).collect();
     let cmp = |a: &usize, b: &usize| logits[*b].total_cmp(&logits[*a]).then_with(|| a.cmp(b));
     let n = n.min(idx.len());
-    if n < idx.len() && n > 0 {
+    if n < idx.len() {
         idx.select_nth_unstable_by(n - 1, cmp);
         idx.truncate(n);
     }
@@ -249,7 +258,7 @@ mod tests {
         let out = s.sample(&l, &[]);
         assert_eq!(out.token, 1, "ties go to the lower index");
         let lse = (1.0f32 + 2.0f32.exp() * 2.0 + 1.0f32.exp()).ln();
-        assert!((out.logprob - (2.0 - lse)).abs() < 1e-6);
+        assert!((out.logprob.unwrap() - (2.0 - lse)).abs() < 1e-6);
         assert_eq!(
             out.top.iter().map(|t| t.0).collect::<Vec<_>>(),
             vec![1, 3, 2]
@@ -307,7 +316,9 @@ mod tests {
         });
         let l = vec![5.0, 0.0, 0.0];
         for _ in 0..50 {
-            assert_ne!(s.sample(&l, &[0]).token, 0);
+            let out = s.sample(&l, &[0]);
+            assert_ne!(out.token, 0);
+            assert_eq!(out.logprob, None, "no logprobs unless requested");
         }
     }
 

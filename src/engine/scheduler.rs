@@ -7,6 +7,7 @@ use super::sampling::{Sampled, Sampler, SamplingParams};
 use super::server::metrics::{Finished, Metrics};
 use std::collections::VecDeque;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::time::Instant;
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
@@ -20,6 +21,8 @@ pub struct SchedulerConfig {
     pub max_model_len: usize,
     /// Most tokens fed to the backend in one step (prefill is chunked to fit).
     pub max_num_batched_tokens: usize,
+    /// KV positions the backend holds in all, for the usage gauge.
+    pub kv_cache_tokens: usize,
     /// Token ids that end generation (config eos + harmony stop set).
     pub stop_tokens: Vec<u32>,
 }
@@ -55,9 +58,24 @@ struct GenRequest {
 pub struct SchedulerHandle {
     tx: mpsc::Sender<GenRequest>,
     metrics: Arc<Metrics>,
+    alive: Arc<AtomicBool>,
+}
+
+/// Clears the liveness flag when the engine thread ends, also when it unwinds from a panic.
+struct AliveGuard(Arc<AtomicBool>);
+
+impl Drop for AliveGuard {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::SeqCst);
+    }
 }
 
 impl SchedulerHandle {
+    /// Whether the engine thread is still running.
+    pub fn is_alive(&self) -> bool {
+        self.alive.load(Ordering::SeqCst)
+    }
+
     /// Queue a request. Dropping the returned receiver cancels it and frees its KV slot.
     pub fn submit(
         &self,
@@ -104,14 +122,19 @@ pub fn spawn(
 ) -> anyhow::Result<SchedulerHandle> {
     let (tx, rx) = mpsc::channel();
     let engine_metrics = metrics.clone();
+    let alive = Arc::new(AtomicBool::new(true));
+    let guard = AliveGuard(alive.clone());
     std::thread::Builder::new()
         .name("mxtune-engine".into())
-        .spawn(move || Engine::new(backend, cfg, engine_metrics).run(rx))
+        .spawn(move || Engine::new(guard, backend, cfg, engine_metrics).run(rx))
         .map_err(|e| anyhow::anyhow!("could not start the engine thread: {e}"))?;
-    Ok(SchedulerHandle { tx, metrics })
+    Ok(SchedulerHandle { tx, metrics, alive })
 }
 
 struct Engine {
+    // First field, so it drops first: when the thread dies, /health turns 503 before any
+    // waiting client learns (from its closed channel) that its request failed.
+    _alive: AliveGuard,
     backend: Box<dyn ModelBackend>,
     cfg: SchedulerConfig,
     metrics: Arc<Metrics>,
@@ -120,8 +143,14 @@ struct Engine {
 }
 
 impl Engine {
-    fn new(backend: Box<dyn ModelBackend>, cfg: SchedulerConfig, metrics: Arc<Metrics>) -> Self {
+    fn new(
+        alive: AliveGuard,
+        backend: Box<dyn ModelBackend>,
+        cfg: SchedulerConfig,
+        metrics: Arc<Metrics>,
+    ) -> Self {
         Engine {
+            _alive: alive,
             backend,
             cfg,
             metrics,
@@ -154,7 +183,7 @@ impl Engine {
 
     fn publish_load(&self) {
         let reserved: usize = self.running.iter().map(|r| r.reserved).sum();
-        let capacity = (self.cfg.max_num_seqs * self.cfg.max_model_len).max(1);
+        let capacity = self.cfg.kv_cache_tokens.max(1);
         self.metrics
             .set_load(self.running.len(), reserved as f64 / capacity as f64);
     }

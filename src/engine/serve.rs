@@ -336,6 +336,7 @@ pub fn prepare(args: &ServeArgs) -> Result<Prepared> {
             max_model_len,
             max_num_seqs: args.max_num_seqs,
             max_num_batched_tokens: args.max_num_batched_tokens,
+            kv_cache_tokens: kv_tokens,
             api_key: args.api_key.clone(),
         },
         report,

@@ -52,6 +52,10 @@ pub struct Probe {
     pub gate: Condvar,
     /// Set once any forward has started.
     pub started: AtomicBool,
+    /// The next forward returns an error.
+    pub fail_next: AtomicBool,
+    /// The next forward panics (kills the engine thread).
+    pub panic_next: AtomicBool,
 }
 
 impl Probe {
@@ -150,6 +154,13 @@ impl ModelBackend for ScriptBackend {
                 closed = self.probe.gate.wait(closed).unwrap();
             }
         }
+        if self.probe.fail_next.swap(false, Ordering::SeqCst) {
+            anyhow::bail!("injected failure");
+        }
+        assert!(
+            !self.probe.panic_next.swap(false, Ordering::SeqCst),
+            "injected panic"
+        );
         self.probe
             .max_batch
             .fetch_max(batch.len(), Ordering::SeqCst);
@@ -190,6 +201,7 @@ pub fn options() -> ServerOptions {
         max_model_len: 2048,
         max_num_seqs: 4,
         max_num_batched_tokens: 64,
+        kv_cache_tokens: 4 * 2048,
         api_key: None,
     }
 }

@@ -158,7 +158,7 @@ impl Output {
     /// Chat-format logprob entry for one token.
     fn chat_logprob(&self, s: &Sampled) -> Value {
         let entry = |id: u32, lp: f32| json!({"token": self.token_name(id), "logprob": lp, "bytes": self.tok.token_bytes(id)});
-        let mut e = entry(s.token, s.logprob);
+        let mut e = entry(s.token, s.logprob.unwrap_or(f32::NAN));
         e["top_logprobs"] = s.top.iter().map(|&(id, lp)| entry(id, lp)).collect();
         e
     }
@@ -176,7 +176,7 @@ struct CompletionLogprobs {
 impl CompletionLogprobs {
     fn push(&mut self, out: &Output, s: &Sampled, offset: usize) {
         self.tokens.push(out.token_name(s.token));
-        self.token_logprobs.push(s.logprob);
+        self.token_logprobs.push(s.logprob.unwrap_or(f32::NAN));
         self.top_logprobs.push(
             s.top
                 .iter()
@@ -195,6 +195,9 @@ impl CompletionLogprobs {
         })
     }
 }
+
+const ENGINE_GONE: &str =
+    "the engine stopped before the request finished (see the server log); restart the server";
 
 fn finish_str(r: FinishReason) -> &'static str {
     match r {
@@ -219,7 +222,7 @@ pub async fn respond_full(
     let (mut reasoning, mut content) = (String::new(), String::new());
     let mut cmpl_lp = CompletionLogprobs::default();
     let mut chat_lp: Vec<Value> = Vec::new();
-    let mut finish = FinishReason::Length;
+    let mut finish = None;
     let push_deltas = |deltas: Vec<Delta>, reasoning: &mut String, content: &mut String| {
         for d in deltas {
             match d.channel {
@@ -240,12 +243,12 @@ pub async fn respond_full(
                 let t = out.on_token(s.token);
                 push_deltas(t.deltas, &mut reasoning, &mut content);
                 if t.stopped {
-                    finish = FinishReason::Stop;
+                    finish = Some(FinishReason::Stop);
                     break;
                 }
             }
             GenEvent::Done(r) => {
-                finish = r;
+                finish = Some(r);
                 push_deltas(out.finish(), &mut reasoning, &mut content);
                 break;
             }
@@ -254,6 +257,10 @@ pub async fn respond_full(
     }
     // Dropping the receiver here also cancels a request cut short by a stop string.
     drop(rx);
+    // The channel closed without an end: the engine thread died mid-request.
+    let Some(finish) = finish else {
+        return ApiError::internal(ENGINE_GONE).into_response();
+    };
     let body = match endpoint {
         Endpoint::Completions => json!({
             "id": meta.id,
@@ -351,6 +358,7 @@ pub fn respond_stream(
             yield chunk(&meta, endpoint, role);
         }
         let mut finish = None;
+        let mut failed = false;
         let mut text_len = 0usize;
         while let Some(ev) = rx.recv().await {
             match ev {
@@ -389,11 +397,15 @@ pub fn respond_stream(
                 }
                 GenEvent::Error(m) => {
                     yield Event::default().data(ApiError::internal(m).body().to_string());
+                    failed = true;
                     break;
                 }
             }
         }
         drop(rx);
+        if finish.is_none() && !failed {
+            yield Event::default().data(ApiError::internal(ENGINE_GONE).body().to_string());
+        }
         if let Some(r) = finish {
             let last = match endpoint {
                 Endpoint::Completions => json!([{"index": 0, "text": "", "logprobs": null,

@@ -35,6 +35,8 @@ pub struct ServerOptions {
     pub max_num_seqs: usize,
     /// Most tokens fed to the backend per step (long prompts are prefilled in chunks).
     pub max_num_batched_tokens: usize,
+    /// KV-cache positions the backend holds in all (denominator of `kv_cache_usage_perc`).
+    pub kv_cache_tokens: usize,
     /// When set, `/v1/*` requires `Authorization: Bearer <key>`.
     pub api_key: Option<String>,
 }
@@ -86,6 +88,7 @@ impl Server {
                 max_num_seqs: opts.max_num_seqs,
                 max_model_len: opts.max_model_len,
                 max_num_batched_tokens: opts.max_num_batched_tokens,
+                kv_cache_tokens: opts.kv_cache_tokens,
                 stop_tokens,
             },
             metrics.clone(),
@@ -148,8 +151,16 @@ async fn auth(State(st): State<Arc<AppState>>, req: Request, next: Next) -> Resp
     next.run(req).await
 }
 
-async fn health() -> &'static str {
-    ""
+/// 200 while the engine thread runs; 503 once it has died (a backend panic), so the
+/// launcher's readiness probe and a supervisor see it.
+async fn health(State(st): State<Arc<AppState>>) -> Response {
+    if st.scheduler.is_alive() {
+        "".into_response()
+    } else {
+        let mut e = ApiError::internal("the engine thread has stopped; restart the server");
+        e.status = axum::http::StatusCode::SERVICE_UNAVAILABLE;
+        e.into_response()
+    }
 }
 
 async fn metrics_text(State(st): State<Arc<AppState>>) -> Response {
