@@ -39,6 +39,8 @@ enum Command {
     Serve(mxtune::engine::serve::ServeArgs),
     /// Run records: list, show, compare (`runs/*.json`).
     Runs(mxtune::record::cli::RunsArgs),
+    /// Live GPU, host and server metrics: a line per second, or one sample with --once --json.
+    Monitor(mxtune::monitor::cli::MonitorArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -58,6 +60,7 @@ fn main() -> std::process::ExitCode {
         Some(Command::Stop(args)) => mxtune::launch::cli::stop(args),
         Some(Command::Serve(args)) => mxtune::engine::serve::run(args),
         Some(Command::Runs(args)) => mxtune::record::cli::run(args),
+        Some(Command::Monitor(args)) => mxtune::monitor::cli::run(args),
     };
     match result {
         Ok(code) => code,

@@ -1,0 +1,212 @@
+//! The one `Sample` type every consumer sees: GPU, host and server readings taken together.
+
+use super::reading::Reading;
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+
+/// Everything the monitor measured at one instant.
+#[derive(Debug, Clone, Serialize)]
+pub struct Sample {
+    /// Wall-clock time of the sample.
+    pub at: DateTime<Utc>,
+    /// Seconds since the monitor started (monotonic clock).
+    pub elapsed_s: f64,
+    /// NVML readings, or why there are none.
+    pub gpu: GpuStatus,
+    /// Host CPU, memory, load and the watched process.
+    pub host: HostSample,
+    /// The target's own `/metrics`, when a URL was given.
+    pub server: ServerStatus,
+}
+
+/// The GPU side: either NVML answered, or the reason it could not be used.
+#[derive(Debug, Clone, Serialize)]
+#[serde(tag = "status", rename_all = "snake_case")]
+pub enum GpuStatus {
+    /// NVML initialised; per-GPU readings follow.
+    Available {
+        /// Driver version string, e.g. `580.95.05`.
+        driver_version: Reading<String>,
+        /// CUDA version the driver supports, e.g. `13.0`.
+        cuda_driver_version: Reading<String>,
+        /// One entry per GPU, in NVML index order.
+        gpus: Vec<GpuSample>,
+    },
+    /// NVML could not be initialised (no driver, no library, no permission).
+    Unavailable {
+        /// The real reason, e.g. `NVML not available: libnvidia-ml.so.1 not found`.
+        reason: String,
+    },
+}
+
+/// One GPU's readings.
+#[derive(Debug, Clone, Serialize)]
+pub struct GpuSample {
+    /// NVML device index.
+    pub index: u32,
+    /// Product name.
+    pub name: Reading<String>,
+    /// Stable GPU UUID.
+    pub uuid: Reading<String>,
+    /// CUDA compute capability, e.g. `9.0` (H100) or `12.1` (GB10).
+    pub compute_capability: Reading<String>,
+    /// Whether the driver stays loaded with no client (persistence mode).
+    pub persistence_mode: Reading<bool>,
+    /// NVML compute mode: `Default`, `ExclusiveProcess` or `Prohibited`.
+    pub compute_mode: Reading<String>,
+    /// Memory in use, from the device or (GB10) from the unified system memory.
+    pub memory: GpuMemory,
+    /// Current clocks in MHz.
+    pub clocks: Clocks,
+    /// Maximum clocks in MHz.
+    pub max_clocks: Clocks,
+    /// Power draw in watts.
+    pub power_w: Reading<f64>,
+    /// Enforced power limit in watts.
+    pub power_limit_w: Reading<f64>,
+    /// Energy consumed since the driver loaded, in joules.
+    pub energy_j: Reading<f64>,
+    /// GPU die temperature in °C.
+    pub temperature_c: Reading<u32>,
+    /// Percent of time a kernel was running.
+    pub utilization_gpu_pct: Reading<u32>,
+    /// Percent of time device memory was read or written.
+    pub utilization_mem_pct: Reading<u32>,
+    /// Performance state, `P0` (fastest) … `P15`.
+    pub pstate: Reading<String>,
+    /// Active clock-event (throttle) reasons, NVML names in snake case; empty means none.
+    pub throttle_reasons: Reading<Vec<String>>,
+    /// Processes using this GPU.
+    pub processes: Reading<Vec<GpuProcess>>,
+}
+
+/// SM, graphics and memory clocks in MHz.
+#[derive(Debug, Clone, Serialize)]
+pub struct Clocks {
+    /// Streaming-multiprocessor clock.
+    pub sm_mhz: Reading<u32>,
+    /// Graphics clock.
+    pub graphics_mhz: Reading<u32>,
+    /// Memory clock.
+    pub mem_mhz: Reading<u32>,
+}
+
+/// A process holding a GPU context.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct GpuProcess {
+    /// Process id (in the host's pid namespace).
+    pub pid: u32,
+    /// GPU memory the process uses, in bytes; `n/a` where the driver does not say.
+    pub used_bytes: Reading<u64>,
+}
+
+/// Where a GPU's memory figures come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MemorySource {
+    /// The GPU's own memory, as NVML reports it.
+    Device,
+    /// System memory shared with the CPU (GB10): NVML has no device-memory figure, so
+    /// used/total come from /proc/meminfo and the per-process figures from NVML.
+    Unified,
+}
+
+/// A GPU's memory figures and where they come from.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct GpuMemory {
+    /// Device memory or unified system memory.
+    pub source: MemorySource,
+    /// Bytes in use (device: allocated; unified: MemTotal − MemAvailable).
+    pub used_bytes: Reading<u64>,
+    /// Bytes in total (device: installed; unified: MemTotal).
+    pub total_bytes: Reading<u64>,
+    /// Sum of per-process GPU memory from NVML's process list.
+    pub process_bytes: Reading<u64>,
+}
+
+/// Host readings from sysinfo.
+#[derive(Debug, Clone, Serialize)]
+pub struct HostSample {
+    /// All CPUs together, percent.
+    pub cpu_pct: Reading<f32>,
+    /// Each logical CPU, percent.
+    pub cpu_per_core_pct: Vec<f32>,
+    /// RAM in use (total − available), bytes.
+    pub ram_used_bytes: u64,
+    /// RAM installed, bytes.
+    pub ram_total_bytes: u64,
+    /// Swap in use, bytes.
+    pub swap_used_bytes: u64,
+    /// Swap configured, bytes.
+    pub swap_total_bytes: u64,
+    /// Load average over 1, 5 and 15 minutes.
+    pub load: Reading<[f64; 3]>,
+    /// The watched process (target or container main process), when a pid was given.
+    pub process: Option<ProcessSample>,
+}
+
+/// RSS and CPU of one watched process.
+#[derive(Debug, Clone, Serialize)]
+pub struct ProcessSample {
+    /// Process id.
+    pub pid: u32,
+    /// Resident set size, bytes.
+    pub rss_bytes: Reading<u64>,
+    /// CPU use in percent of one core (can exceed 100 for a multi-threaded process).
+    pub cpu_pct: Reading<f32>,
+}
+
+/// The target server's `/metrics`, if a URL was given.
+#[derive(Debug, Clone, Serialize)]
+#[serde(tag = "status", rename_all = "snake_case")]
+pub enum ServerStatus {
+    /// No URL was given: nothing to scrape.
+    NotConfigured,
+    /// The scrape answered (fields the server does not export read `n/a`).
+    Scraped(ServerMetrics),
+    /// The server has no `/metrics` (HTTP 404): every figure is `n/a`.
+    NoMetrics {
+        /// The URL that answered 404.
+        url: String,
+    },
+    /// The scrape failed; the message names the URL.
+    Failed {
+        /// What went wrong.
+        error: String,
+    },
+}
+
+/// Which server dialect the metric names came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ServerKind {
+    /// `vllm:*` names (vLLM, and the bundled engine which exports the same names).
+    Vllm,
+    /// `llamacpp:*` names (llama.cpp server).
+    LlamaCpp,
+    /// Neither family was found in the scrape.
+    Unknown,
+}
+
+/// Server-side figures derived from one scrape and the ones before it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ServerMetrics {
+    /// The scraped URL.
+    pub url: String,
+    /// Which metric names the server uses.
+    pub kind: ServerKind,
+    /// Generated tokens per second over the last rate window.
+    pub generation_tok_s: Reading<f64>,
+    /// Prompt tokens per second over the last rate window.
+    pub prompt_tok_s: Reading<f64>,
+    /// Requests being processed.
+    pub running: Reading<f64>,
+    /// Requests queued.
+    pub waiting: Reading<f64>,
+    /// KV-cache usage, 0–1.
+    pub kv_cache_usage: Reading<f64>,
+    /// Accepted / proposed draft tokens since the monitor started.
+    pub spec_acceptance_rate: Reading<f64>,
+    /// 1 + accepted tokens / drafts since the monitor started.
+    pub spec_mean_acceptance_length: Reading<f64>,
+}
