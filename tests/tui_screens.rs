@@ -247,6 +247,10 @@ fn ascii_mode_draws_only_ascii() {
         ascii: true,
     });
     app.runs.on_scan(Ok(fixed_runs()));
+    fixed_launch(&mut app);
+    for t in 0..100 {
+        app.live.push(sample(t, t == 99));
+    }
     for tab in ['1', '2', '3', '4', '5'] {
         key(&mut app, KeyCode::Char(tab));
         for (w, h) in [(80, 24), (160, 48)] {
@@ -731,6 +735,137 @@ fn snapshots_launch() {
     fixed_launch(&mut app);
     insta::assert_snapshot!("launch_ready_80x24", render(&app, 80, 24));
     insta::assert_snapshot!("launch_ready_160x48", render(&app, 160, 48));
+}
+
+// ---- Live ----
+
+/// A GB10-like sample at second `t`: unified memory, clocks ramping, server busy;
+/// `throttle` adds a power-cap reason.
+fn sample(t: i64, throttle: bool) -> mxtune::monitor::Sample {
+    use chrono::TimeZone;
+    use mxtune::monitor::Reading::Value;
+    use mxtune::monitor::sample::*;
+    let f = t as f64;
+    let clocks = |sm: u32| Clocks {
+        sm_mhz: Value(sm),
+        graphics_mhz: Value(sm),
+        mem_mhz: Value(4266),
+    };
+    let gpu = GpuSample {
+        index: 0,
+        name: Value("NVIDIA GB10".into()),
+        uuid: Value("GPU-0".into()),
+        compute_capability: Value("12.1".into()),
+        persistence_mode: Value(true),
+        compute_mode: Value("default".into()),
+        memory: GpuMemory {
+            source: MemorySource::Unified,
+            used_bytes: Value((60.0 + f / 10.0) as u64 * (1 << 30)),
+            total_bytes: Value(119 * (1 << 30)),
+            process_bytes: Value(58 * (1 << 30)),
+        },
+        clocks: clocks(1500 + (t % 10) as u32 * 30),
+        max_clocks: clocks(3003),
+        power_w: Value(40.0 + f % 20.0),
+        power_limit_w: Value(100.0),
+        energy_j: Value(f * 50.0),
+        temperature_c: Value(55 + (t % 7) as u32),
+        utilization_gpu_pct: Value(((t * 7) % 100) as u32),
+        utilization_mem_pct: Value(40),
+        pstate: Value("P0".into()),
+        throttle_reasons: Value(if throttle {
+            vec!["sw_power_cap".into()]
+        } else {
+            vec!["gpu_idle".into()]
+        }),
+        processes: Value(vec![]),
+    };
+    mxtune::monitor::Sample {
+        at: chrono::Utc
+            .with_ymd_and_hms(2026, 11, 20, 10, 0, 0)
+            .unwrap()
+            + chrono::Duration::seconds(t),
+        elapsed_s: f,
+        gpu: GpuStatus::Available {
+            driver_version: Value("580.95.05".into()),
+            cuda_driver_version: Value("13.0".into()),
+            gpus: vec![gpu],
+        },
+        host: HostSample {
+            cpu_pct: Value(20.0 + (t % 30) as f32),
+            cpu_per_core_pct: vec![],
+            ram_used_bytes: 60 << 30,
+            ram_total_bytes: 119 << 30,
+            swap_used_bytes: 0,
+            swap_total_bytes: 0,
+            load: Value([1.0, 1.0, 1.0]),
+            process: None,
+        },
+        server: ServerStatus::Scraped(ServerMetrics {
+            url: "http://127.0.0.1:8000/metrics".into(),
+            kind: ServerKind::Vllm,
+            generation_tok_s: Value(50.0 + f % 25.0),
+            prompt_tok_s: Value(0.0),
+            running: Value((t % 4) as f64),
+            waiting: Value(0.0),
+            kv_cache_usage: Value(0.3),
+            spec_acceptance_rate: mxtune::monitor::Reading::NotSupported,
+            spec_mean_acceptance_length: mxtune::monitor::Reading::NotSupported,
+        }),
+    }
+}
+
+#[test]
+fn snapshots_live() {
+    let mut app = snapshot_app(theme());
+    key(&mut app, KeyCode::Char('3'));
+    insta::assert_snapshot!("live_empty_80x24", render(&app, 80, 24));
+    for t in 0..400 {
+        app.live.push(sample(t, false));
+    }
+    insta::assert_snapshot!("live_80x24", render(&app, 80, 24));
+    app.live.push(sample(400, true));
+    insta::assert_snapshot!("live_throttled_160x48", render(&app, 160, 48));
+}
+
+#[test]
+fn live_window_and_freeze() {
+    let mut app = snapshot_app(theme());
+    key(&mut app, KeyCode::Char('3'));
+    for t in 0..100 {
+        app.live.push(sample(t, false));
+    }
+    assert_eq!(app.live.window_s(), 300);
+    key(&mut app, KeyCode::Char('-'));
+    key(&mut app, KeyCode::Char('-'));
+    key(&mut app, KeyCode::Char('-'));
+    assert_eq!(app.live.window_s(), 30);
+    key(&mut app, KeyCode::Char('-'));
+    assert_eq!(app.live.window_s(), 30, "30 s is the shortest");
+    for _ in 0..9 {
+        key(&mut app, KeyCode::Char('+'));
+    }
+    assert_eq!(app.live.window_s(), 1800, "30 min is the longest");
+
+    key(&mut app, KeyCode::Char('f'));
+    let frozen = render(&app, 120, 40);
+    assert!(frozen.contains("FROZEN"), "{frozen}");
+    // Samples keep arriving while frozen, but the picture does not move.
+    let (_, redraw) =
+        with_bg(|bg, _| step(&mut app, bg, Event::Sample(Box::new(sample(100, true)))));
+    assert!(!redraw, "a frozen view is not redrawn for new samples");
+    assert_eq!(app.live.points.len(), 101, "collection continues");
+    assert!(!render(&app, 120, 40).contains("THROTTLING") || app.live.frozen_at.is_some());
+    key(&mut app, KeyCode::Char('f'));
+    let (_, redraw) =
+        with_bg(|bg, _| step(&mut app, bg, Event::Sample(Box::new(sample(101, true)))));
+    assert!(redraw);
+    assert!(render(&app, 120, 40).contains("THROTTLING: sw_power_cap"));
+    // Elsewhere, samples do not cause redraws either.
+    key(&mut app, KeyCode::Char('1'));
+    let (_, redraw) =
+        with_bg(|bg, _| step(&mut app, bg, Event::Sample(Box::new(sample(102, false)))));
+    assert!(!redraw);
 }
 
 // ---- Docs ----

@@ -9,6 +9,7 @@ use crossterm::event::{KeyCode, KeyEvent, KeyEventKind, KeyModifiers};
 use super::keys::{self, Binding};
 use super::screens::flags::FlagsScreen;
 use super::screens::launch::LaunchScreen;
+use super::screens::live::LiveScreen;
 use super::screens::runs::RunsScreen;
 use super::theme::Theme;
 use crate::flags::preset::{PRESETS_DIR_ENV, PresetStore};
@@ -156,6 +157,8 @@ pub struct App {
     pub flags: FlagsScreen,
     /// The Launch screen.
     pub launch: LaunchScreen,
+    /// The Live screen.
+    pub live: LiveScreen,
     /// The Runs screen.
     pub runs: RunsScreen,
 }
@@ -173,6 +176,7 @@ impl App {
             message: None,
             flags: FlagsScreen::default(),
             launch: LaunchScreen::default(),
+            live: LiveScreen::default(),
             runs: RunsScreen::default(),
         }
     }
@@ -238,7 +242,11 @@ impl App {
             Tab::Flags => self.flags.on_key(key),
             Tab::Runs => self.runs.on_key(key, &self.paths.export_dir),
             Tab::Launch => self.launch.on_key(key, &self.paths.export_dir),
-            _ => Vec::new(),
+            Tab::Live => {
+                self.live.on_key(key);
+                Vec::new()
+            }
+            Tab::Bench => Vec::new(),
         };
         // One target choice: the flags render for the kind the Launch screen starts.
         if !self.launch.state.is_live() {

@@ -61,6 +61,7 @@ pub struct Background {
     rt: tokio::runtime::Runtime,
     tx: Sender<Event>,
     launch: Option<mpsc::UnboundedSender<Cmd>>,
+    monitor: Option<crate::monitor::Monitor>,
 }
 
 impl std::fmt::Debug for Background {
@@ -87,7 +88,49 @@ impl Background {
             rt,
             tx,
             launch: None,
+            monitor: None,
         })
+    }
+
+    /// (Re)start the monitor, watching `metrics_url` when given; samples arrive as
+    /// [`Event::Sample`]. One sample a second: enough for charts of 30 s to 30 min, and
+    /// cheap enough for an idle panel.
+    pub fn watch(&mut self, metrics_url: Option<String>) {
+        // Dropping the old collector ends its thread and, with it, its forwarder.
+        self.monitor = None;
+        let config = crate::monitor::MonitorConfig {
+            rate_hz: 1.0,
+            metrics_url,
+            pid: None,
+        };
+        match crate::monitor::Monitor::start(config) {
+            Ok(mut m) => {
+                let (fwd_tx, mut fwd_rx) = mpsc::channel(1);
+                std::mem::swap(&mut m.samples, &mut fwd_rx);
+                let tx = self.tx.clone();
+                let spawned = std::thread::Builder::new()
+                    .name("tui-samples".into())
+                    .spawn(move || {
+                        while let Some(s) = fwd_rx.blocking_recv() {
+                            if tx.send(Event::Sample(Box::new(s))).is_err() {
+                                break;
+                            }
+                        }
+                    });
+                drop(fwd_tx);
+                match spawned {
+                    Ok(_) => self.monitor = Some(m),
+                    Err(e) => {
+                        let _ = self.tx.send(Event::MonitorError(format!(
+                            "cannot start the sample thread: {e}"
+                        )));
+                    }
+                }
+            }
+            Err(e) => {
+                let _ = self.tx.send(Event::MonitorError(format!("{e:#}")));
+            }
+        }
     }
 
     /// Start a target; progress arrives as `LaunchMsg`s.

@@ -25,6 +25,7 @@ use ratatui::backend::{Backend, CrosstermBackend};
 
 use app::{App, Effect, Paths};
 use background::Background;
+use screens::launch::TargetState;
 use theme::Theme;
 
 /// How the panel starts.
@@ -49,6 +50,10 @@ pub enum Event {
     Tick,
     /// Progress of the target launched from the Launch screen.
     Launch(background::LaunchMsg),
+    /// A monitor sample (GPU, host, server metrics).
+    Sample(Box<crate::monitor::Sample>),
+    /// The monitor could not start.
+    MonitorError(String),
 }
 
 /// Why the loop ended.
@@ -109,6 +114,7 @@ pub fn run(opts: Options) -> anyhow::Result<Exit> {
     }));
     spawn_input_thread(tx.clone());
     let mut bg = Background::new(tx.clone())?;
+    bg.watch(None);
 
     let mut terminal =
         Terminal::new(CrosstermBackend::new(io::stdout())).context("cannot set up the terminal")?;
@@ -211,8 +217,27 @@ pub fn step(app: &mut App, bg: &mut Background, event: Event) -> (Option<Exit>, 
             (Vec::new(), true)
         }
         Event::Launch(msg) => {
+            let was_ready = matches!(app.launch.state, TargetState::Ready { .. });
             app.launch.on_msg(msg);
+            // Watch the server's /metrics while it is up.
+            match (&app.launch.state, was_ready) {
+                (TargetState::Ready { url, .. }, false) => bg.watch(Some(url.clone())),
+                (TargetState::Ready { .. }, true) => {}
+                (_, true) => bg.watch(None),
+                _ => {}
+            }
             (Vec::new(), true)
+        }
+        Event::Sample(s) => {
+            app.live.push(*s);
+            (
+                Vec::new(),
+                app.tab == app::Tab::Live && app.live.is_moving(),
+            )
+        }
+        Event::MonitorError(e) => {
+            app.live.error = Some(e);
+            (Vec::new(), app.tab == app::Tab::Live)
         }
     };
     for effect in effects {

@@ -2,6 +2,7 @@
 
 pub mod flags;
 pub mod launch;
+pub mod live;
 pub mod runs;
 
 use ratatui::Frame;
@@ -17,7 +18,8 @@ pub fn draw(frame: &mut Frame, app: &App, area: Rect) {
         Tab::Flags => flags::draw(frame, app, area),
         Tab::Runs => runs::draw(frame, app, area),
         Tab::Launch => launch::draw(frame, app, area),
-        Tab::Live | Tab::Bench => {
+        Tab::Live => live::draw(frame, app, area),
+        Tab::Bench => {
             let block = Block::bordered()
                 .border_set(app.theme.border())
                 .title(format!(" {} ", app.tab.title()));
