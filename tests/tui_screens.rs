@@ -868,6 +868,13 @@ fn live_window_and_freeze() {
     assert!(!redraw);
 }
 
+#[test]
+fn snapshot_bench_says_it_is_missing() {
+    let mut app = snapshot_app(theme());
+    key(&mut app, KeyCode::Char('4'));
+    insta::assert_snapshot!("bench_80x24", render(&app, 80, 24));
+}
+
 // ---- Docs ----
 
 #[test]

@@ -67,6 +67,17 @@ impl Session {
         tmux(&["display-message", "-p", "-t", &self.name, "#{alternate_on}"]).trim() == "1"
     }
 
+    /// Wait until the screen no longer contains `needle`.
+    fn wait_gone(&self, needle: &str) {
+        let start = Instant::now();
+        while self.screen().contains(needle) {
+            if start.elapsed() > Duration::from_secs(60) {
+                panic!("screen kept showing {needle:?}:\n{}", self.screen());
+            }
+            sleep(Duration::from_millis(100));
+        }
+    }
+
     /// Wait until the screen contains `needle` (a behavioural wait, not a timing assert).
     fn wait_for(&self, needle: &str) -> String {
         let start = Instant::now();
@@ -115,12 +126,13 @@ fn tui_tmux_tabs_help_and_quit() {
     s.send(&["Enter"]);
     s.wait_for("[+] unsaved");
     s.send(&["3"]);
-    s.wait_for(" Live ");
+    s.wait_for("window 5 min");
     s.send(&["Tab"]);
-    s.wait_for(" Bench ");
+    s.wait_for("Bench screen is not in the panel yet");
     s.send(&["?"]);
     s.wait_for("Keys (any key closes)");
     s.send(&["Escape"]);
+    s.wait_gone("Keys (any key closes)");
     s.send(&["q"]);
     s.send(&["echo done-$((40+2))", "Enter"]);
     s.wait_for("done-42");
@@ -162,4 +174,59 @@ fn tui_tmux_sighup_restores_terminal() {
         screen.contains("icanon echo") && !screen.contains("-icanon"),
         "terminal left in raw mode:\n{screen}"
     );
+}
+
+#[test]
+fn tui_tmux_launch_engine_then_stop() {
+    if !have_tmux() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    // The default preset, on a free port, so parallel tests and servers do not collide.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let presets = dir.path().join("presets");
+    std::fs::create_dir_all(&presets).unwrap();
+    let tiny = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("presets/engine-cpu-tiny.toml"),
+    )
+    .unwrap();
+    let tiny = tiny.replace("port = 8000", &format!("port = {port}"));
+    assert!(
+        tiny.contains(&format!("port = {port}")),
+        "the preset sets its port"
+    );
+    std::fs::write(presets.join("engine-cpu-tiny.toml"), tiny).unwrap();
+    let s = Session::new("launch", 120, 40);
+    s.send(&[
+        &format!(
+            "cd {d} && MXTUNE_RUNS_DIR={d}/runs MXTUNE_PRESETS_DIR={d}/presets XDG_CONFIG_HOME={d}/config {bin}",
+            d = dir.path().display(),
+            bin = env!("CARGO_BIN_EXE_mxtune")
+        ),
+        "Enter",
+    ]);
+    s.wait_for("preset engine-cpu-tiny");
+    s.send(&["2"]);
+    s.wait_for("[engine]");
+    s.send(&["l"]);
+    let screen = s.wait_for("phase ready");
+    assert!(screen.contains(&format!("127.0.0.1:{port}")), "{screen}");
+    let screen = s.wait_for("sinks=on");
+    assert!(
+        screen
+            .lines()
+            .any(|l| l.contains("sinks=on") && l.contains("valid")),
+        "kernel-path verdict for sinks:\n{screen}"
+    );
+    s.send(&["x"]);
+    s.wait_for("Stop target?");
+    s.send(&["y"]);
+    s.wait_for("phase exited");
+    s.send(&["q"]);
+    s.send(&["echo done-$((40+2))", "Enter"]);
+    s.wait_for("done-42");
 }

@@ -74,13 +74,8 @@ pub const LIVE: &[Binding] = &[
     b("f", "freeze (collection continues)"),
 ];
 
-/// Bench screen.
-pub const BENCH: &[Binding] = &[
-    b("Up/Down", "select field"),
-    b("Left/Right", "change value"),
-    b("Enter", "run against the current target"),
-    b("Esc", "cancel (partial record kept)"),
-];
+/// Bench screen (not built yet: nothing beyond the global keys works there).
+pub const BENCH: &[Binding] = &[];
 
 /// Runs screen.
 pub const RUNS: &[Binding] = &[
@@ -110,7 +105,6 @@ pub const SECTIONS: &[(&str, &[Binding])] = &[
     ("Launch", LAUNCH),
     ("Launch: URL, search or stop question", LAUNCH_INPUT),
     ("Live", LIVE),
-    ("Bench", BENCH),
     ("Runs", RUNS),
     ("Runs: run or comparison open", RUNS_VIEW),
 ];

@@ -478,7 +478,8 @@ pub fn draw(frame: &mut Frame, app: &App, area: Rect) {
         Span::styled(" phase ", theme.dim()),
         Span::styled(s.state.phase_text(), phase_style),
     ];
-    if s.started_at.is_some() {
+    // Elapsed ticks while starting; once ready the start-up time says it all.
+    if s.started_at.is_some() && !matches!(s.state, TargetState::Ready { .. }) {
         phase.push(Span::styled("  elapsed ", theme.dim()));
         phase.push(Span::raw(clock(s.elapsed_s)));
     }

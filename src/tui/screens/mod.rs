@@ -20,10 +20,20 @@ pub fn draw(frame: &mut Frame, app: &App, area: Rect) {
         Tab::Launch => launch::draw(frame, app, area),
         Tab::Live => live::draw(frame, app, area),
         Tab::Bench => {
+            // Honest about what is missing rather than a form that does nothing.
             let block = Block::bordered()
                 .border_set(app.theme.border())
-                .title(format!(" {} ", app.tab.title()));
-            frame.render_widget(Paragraph::new("").block(block), area);
+                .title(" Bench ");
+            frame.render_widget(
+                Paragraph::new(
+                    " The Bench screen is not in the panel yet: run benchmarks with the headless \
+                     `mxtune bench --url <target URL>`, then compare them on the Runs screen.",
+                )
+                .wrap(ratatui::widgets::Wrap { trim: true })
+                .style(app.theme.dim())
+                .block(block),
+                area,
+            );
         }
     }
 }
