@@ -305,6 +305,7 @@ fn draw_chart(frame: &mut Frame, theme: &Theme, s: &LiveScreen, spec: &ChartSpec
                 .filter_map(|p| pick(p).map(|v| (p.t - end, v)))
                 .collect()
         })
+        .map(|d| decimate(d, f64::from(s.window_s()), area.width.saturating_sub(7)))
         .collect();
     let mut title = vec![Span::styled(
         format!(" {} ", theme.text(&spec.title)),
@@ -362,6 +363,38 @@ fn draw_chart(frame: &mut Frame, theme: &Theme, s: &LiveScreen, spec: &ChartSpec
                 .labels([Span::raw("0"), Span::raw(fmt_num(top))])
         });
     frame.render_widget(chart, area);
+}
+
+/// At most a minimum and a maximum per braille column (two per cell): a 30-minute window
+/// has far more samples than a chart has columns, and drawing them all is wasted time.
+/// Keeping both extremes keeps spikes visible.
+fn decimate(d: Vec<(f64, f64)>, window_s: f64, cells: u16) -> Vec<(f64, f64)> {
+    let buckets = usize::from(cells.max(1)) * 2;
+    if d.len() <= buckets * 2 {
+        return d;
+    }
+    let mut out = Vec::with_capacity(buckets * 2);
+    let mut i = 0;
+    for b in 0..buckets {
+        let edge = -window_s + window_s * (b + 1) as f64 / buckets as f64;
+        let (mut lo, mut hi): (Option<(f64, f64)>, Option<(f64, f64)>) = (None, None);
+        while i < d.len() && (d[i].0 <= edge || b == buckets - 1) {
+            let p = d[i];
+            if lo.is_none_or(|l| p.1 < l.1) {
+                lo = Some(p);
+            }
+            if hi.is_none_or(|h| p.1 > h.1) {
+                hi = Some(p);
+            }
+            i += 1;
+        }
+        match (lo, hi) {
+            (Some(l), Some(h)) if l.0 <= h.0 => out.extend([l, h]),
+            (Some(l), Some(h)) => out.extend([h, l]),
+            _ => {}
+        }
+    }
+    out
 }
 
 fn window_label(s: u32) -> String {
