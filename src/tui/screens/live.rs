@@ -377,7 +377,8 @@ fn decimate(d: Vec<(f64, f64)>, window_s: f64, cells: u16) -> Vec<(f64, f64)> {
     let mut i = 0;
     for b in 0..buckets {
         let edge = -window_s + window_s * (b + 1) as f64 / buckets as f64;
-        let (mut lo, mut hi): (Option<(f64, f64)>, Option<(f64, f64)>) = (None, None);
+        let mut lo: Option<(f64, f64)> = None;
+        let mut hi: Option<(f64, f64)> = None;
         while i < d.len() && (d[i].0 <= edge || b == buckets - 1) {
             let p = d[i];
             if lo.is_none_or(|l| p.1 < l.1) {
