@@ -28,19 +28,34 @@ struct TuiArgs {
 
 #[derive(Subcommand, Debug)]
 enum Command {
+    /// Run configurations: list, show (as docker run / vllm / env / engine), diff, check.
+    Presets(mxtune::flags::cli::PresetsArgs),
+    /// Benchmark an OpenAI-compatible server: pp/tg grid, correctness and stress levels.
+    Bench(mxtune::bench::cli::BenchArgs),
+    /// Run records: list, show, compare (`runs/*.json`).
+    Runs(mxtune::record::cli::RunsArgs),
+    /// Serve gpt-oss with the bundled engine over an OpenAI-compatible HTTP API.
+    Serve(mxtune::engine::serve::ServeArgs),
+    /// Live GPU, host and server metrics: a line per second, or one sample with --once --json.
+    Monitor(mxtune::monitor::cli::MonitorArgs),
     /// Launch a target (Docker container, bundled engine, or attach to a URL), wait until it
     /// is ready, print phases and the kernel-path verdict, and leave it running.
     Launch(Box<mxtune::launch::cli::LaunchArgs>),
     /// Stop containers and engine processes mxtune started.
     Stop(mxtune::launch::cli::StopArgs),
-    /// Run configurations: list, show (as docker run / vllm / env / engine), diff, check.
-    Presets(mxtune::flags::cli::PresetsArgs),
-    /// Serve gpt-oss with the bundled engine over an OpenAI-compatible HTTP API.
-    Serve(mxtune::engine::serve::ServeArgs),
-    /// Run records: list, show, compare (`runs/*.json`).
-    Runs(mxtune::record::cli::RunsArgs),
-    /// Live GPU, host and server metrics: a line per second, or one sample with --once --json.
-    Monitor(mxtune::monitor::cli::MonitorArgs),
+    /// The bundled inference engine.
+    Engine {
+        #[command(subcommand)]
+        command: EngineCommand,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum EngineCommand {
+    /// Check every CUDA kernel against the CPU reference on random inputs.
+    Selftest(mxtune::engine::cuda::cli::SelftestArgs),
+    /// Time one decode step of a synthetic model on the GPU, kernel by kernel.
+    Profile(mxtune::engine::cuda::profile::ProfileArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -56,11 +71,18 @@ fn main() -> std::process::ExitCode {
             mxtune::tui::Exit::Signal(sig) => std::process::ExitCode::from(128 + sig as u8),
         }),
         Some(Command::Presets(args)) => mxtune::flags::cli::run(args),
+        Some(Command::Bench(args)) => mxtune::bench::cli::run(args),
+        Some(Command::Runs(args)) => mxtune::record::cli::run(args),
+        Some(Command::Serve(args)) => mxtune::engine::serve::run(args),
+        Some(Command::Monitor(args)) => mxtune::monitor::cli::run(args),
         Some(Command::Launch(args)) => mxtune::launch::cli::launch(*args),
         Some(Command::Stop(args)) => mxtune::launch::cli::stop(args),
-        Some(Command::Serve(args)) => mxtune::engine::serve::run(args),
-        Some(Command::Runs(args)) => mxtune::record::cli::run(args),
-        Some(Command::Monitor(args)) => mxtune::monitor::cli::run(args),
+        Some(Command::Engine {
+            command: EngineCommand::Selftest(args),
+        }) => mxtune::engine::cuda::cli::selftest(&args),
+        Some(Command::Engine {
+            command: EngineCommand::Profile(args),
+        }) => mxtune::engine::cuda::profile::run(&args).map(|()| std::process::ExitCode::SUCCESS),
     };
     match result {
         Ok(code) => code,

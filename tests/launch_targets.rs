@@ -303,6 +303,11 @@ fn launch_cli_real_mxtune_serve_from_engine_preset() {
         stdout.contains("kernel-path verdict: Valid"),
         "stdout:\n{stdout}\nstderr:\n{stderr}"
     );
+    // The engine's own start-up lines drive the phases.
+    assert!(
+        stderr.contains("phase: loading weights") && stderr.contains("phase: starting server"),
+        "{stderr}"
+    );
     let log = std::fs::read_dir(&runs)
         .unwrap()
         .filter_map(|e| e.ok())

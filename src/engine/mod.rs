@@ -3,6 +3,7 @@
 pub mod backend;
 pub mod config;
 pub mod cpu;
+pub mod cuda;
 pub mod harmony;
 pub mod loader;
 pub mod mxfp4;

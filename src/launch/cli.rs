@@ -283,7 +283,12 @@ async fn launch_async(args: LaunchArgs) -> Result<ExitCode> {
                 preflight::drop_page_cache()?;
                 eprintln!("dropped the page cache");
             }
-            let mut findings = preflight::host_checks(&spec, true);
+            // A CPU engine needs no GPU, so nobody else on it matters.
+            let on_cpu = spec
+                .argv
+                .windows(2)
+                .any(|w| w[0] == "--device" && w[1] == "cpu");
+            let mut findings = preflight::host_checks(&spec, !on_cpu);
             findings.extend(rule_findings);
             let docker = if kind == TargetArg::Docker {
                 let d = docker::connect().await?;

@@ -141,6 +141,15 @@ mod tests {
             Some(Phase::StartingServer)
         );
         assert_eq!(r.phase_of("hello"), None);
+        // The bundled engine's own start-up lines.
+        assert_eq!(
+            r.phase_of("mxtune serve: model synthetic:tiny (4 layers, hidden 64)"),
+            Some(Phase::LoadingWeights)
+        );
+        assert_eq!(
+            r.phase_of("mxtune serve: ready on http://127.0.0.1:8000"),
+            Some(Phase::StartingServer)
+        );
         assert!(
             r.fatal_match("RuntimeError: Engine core proc EngineCore_DP0 died unexpectedly")
                 .is_some()

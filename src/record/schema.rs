@@ -453,9 +453,10 @@ pub struct Observed {
 pub enum Verdict {
     /// Every must-see pattern matched and no must-not-see pattern did.
     Valid,
-    /// A must-not-see pattern matched, or a must-see pattern is absent.
+    /// A must-not-see pattern matched: another path ran.
     Invalid,
-    /// Not enough evidence in the log either way.
+    /// Not enough evidence either way (e.g. a must-see pattern never appeared: the target may
+    /// simply not log that path).
     Unknown,
 }
 

@@ -1,0 +1,11 @@
+// Embedding gather: out[t, :] = table[tokens[t], :] as fp32. Token ids are read on the device
+// so the same launch can sit inside a captured graph.
+extern "C" __global__ void embed_gather(const bf16_t* __restrict__ table,
+                                        const unsigned* __restrict__ tokens,
+                                        float* __restrict__ out, int hidden) {
+    const int t = blockIdx.y;
+    const bf16_t* row = table + (size_t)tokens[t] * hidden;
+    float* o = out + (size_t)t * hidden;
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < hidden; i += gridDim.x * blockDim.x)
+        o[i] = bf2f(row[i]);
+}

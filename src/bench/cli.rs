@@ -1,0 +1,631 @@
+//! `mxtune bench`: run levels against a server headless, print a llama-bench-like table or
+//! JSON, show a progress bar on stderr (hidden when stderr is not a terminal).
+
+use std::io::IsTerminal;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use serde::Serialize;
+use tokio::sync::mpsc;
+
+use super::client::{BenchClient, ClientConfig, Endpoint};
+use super::levels::{CorrectnessPlan, Level, LevelReport, StressPlan, performance_report};
+use super::workload::{
+    BenchEvent, Cancel, LatencyMode, PointResult, Runner, Workload, WorkloadResult, point_label,
+    pp_label, tg_label,
+};
+use crate::launch::spec::TargetKind;
+use crate::record::schema::{LatencyStats, Stats, WorkloadParams};
+use crate::record::{RunHandle, RunStatus, RunStore};
+
+/// Arguments of `mxtune bench`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct BenchArgs {
+    /// Server base URL, e.g. http://127.0.0.1:8000 (`/v1` is added when missing).
+    #[arg(long)]
+    pub url: String,
+    /// Model name to send; default: the first id of GET /v1/models.
+    #[arg(long)]
+    pub model: Option<String>,
+    /// Bearer token for servers that want one.
+    #[arg(long, env = "MXTUNE_API_KEY", hide_env_values = true)]
+    pub api_key: Option<String>,
+    /// Endpoint to stream from.
+    #[arg(long, value_enum, default_value = "chat")]
+    pub endpoint: Endpoint,
+    /// Prompt lengths, tokens.
+    #[arg(long, num_args = 1.., default_values_t = [2048])]
+    pub pp: Vec<u32>,
+    /// Generation lengths, tokens.
+    #[arg(long, num_args = 1.., default_values_t = [32])]
+    pub tg: Vec<u32>,
+    /// Context depths filled before the prompt, tokens.
+    #[arg(long, num_args = 1.., default_values_t = [0])]
+    pub depth: Vec<u32>,
+    /// Concurrent requests per batch.
+    #[arg(long, num_args = 1.., default_values_t = [1])]
+    pub concurrency: Vec<u32>,
+    /// Measured runs per point.
+    #[arg(long, default_value_t = 5)]
+    pub runs: u32,
+    /// Unmeasured warm-up runs per point.
+    #[arg(long, default_value_t = 1)]
+    pub warmup: u32,
+    /// Make every prompt unique so prefix caching cannot help.
+    #[arg(long)]
+    pub no_cache: bool,
+    /// How the latency subtracted from ttfr is measured.
+    #[arg(long, value_enum, default_value = "api")]
+    pub latency_mode: LatencyMode,
+    /// Levels to run, in order.
+    #[arg(long, value_enum, num_args = 1.., default_values_t = [Level::Performance])]
+    pub level: Vec<Level>,
+    /// Send prompts as token ids (completions endpoint only).
+    #[arg(long)]
+    pub token_ids: bool,
+    /// Do not send min_tokens/ignore_eos (for servers that reject them); early ends are then
+    /// not flagged.
+    #[arg(long)]
+    pub no_exact: bool,
+    /// Ask for logprobs in the performance grid (exact per-chunk counts; slower servers).
+    #[arg(long)]
+    pub logprobs: bool,
+    /// TCP connect timeout, seconds.
+    #[arg(long, default_value_t = 10.0)]
+    pub connect_timeout: f64,
+    /// Longest silence allowed while reading a response, seconds (no total deadline).
+    #[arg(long, default_value_t = 120.0)]
+    pub read_timeout: f64,
+    /// Print machine-readable JSON instead of tables.
+    #[arg(long)]
+    pub json: bool,
+    /// Save a run record (status kept current as points finish; `aborted` on Ctrl-C).
+    #[arg(long)]
+    pub record: bool,
+    /// Runs directory for --record.
+    #[arg(long, value_name = "DIR", env = "MXTUNE_RUNS_DIR", default_value = crate::record::store::DEFAULT_RUNS_DIR)]
+    pub runs_dir: std::path::PathBuf,
+}
+
+impl BenchArgs {
+    fn workload(&self) -> Workload {
+        Workload {
+            pp: self.pp.clone(),
+            tg: self.tg.clone(),
+            depth: self.depth.clone(),
+            concurrency: self.concurrency.clone(),
+            runs: self.runs,
+            warmup: self.warmup,
+            no_cache: self.no_cache,
+            latency_mode: self.latency_mode,
+            endpoint: self.endpoint,
+            token_ids: self.token_ids,
+            exact_output: !self.no_exact,
+            logprobs: self.logprobs,
+        }
+    }
+}
+
+/// Run `mxtune bench`. Exit code: 0 all levels passed, 1 a level failed, 130 interrupted.
+pub fn run(args: BenchArgs) -> Result<ExitCode> {
+    let rt = tokio::runtime::Runtime::new().context("starting the async runtime")?;
+    rt.block_on(run_async(args))
+}
+
+async fn run_async(args: BenchArgs) -> Result<ExitCode> {
+    let workload = args.workload();
+    if args.level.contains(&Level::Performance) {
+        workload.validate()?;
+    }
+    for (name, secs) in [
+        ("--connect-timeout", args.connect_timeout),
+        ("--read-timeout", args.read_timeout),
+    ] {
+        if !(secs.is_finite() && secs > 0.0) {
+            anyhow::bail!("{name} must be a positive number of seconds, got {secs}");
+        }
+    }
+    let mut config = ClientConfig::new(&args.url);
+    config.api_key = args.api_key.clone();
+    config.connect_timeout = Duration::from_secs_f64(args.connect_timeout);
+    config.read_timeout = Duration::from_secs_f64(args.read_timeout);
+    let client = BenchClient::new(&config)?;
+    let model = match &args.model {
+        Some(m) => m.clone(),
+        None => client
+            .models()
+            .await
+            .with_context(|| format!("finding the model at {} (or pass --model)", args.url))?
+            .into_iter()
+            .next()
+            .with_context(|| format!("{} lists no models; pass --model", client.base_url()))?,
+    };
+    let mut record = if args.record {
+        Some(start_record(&args, &client, &model)?)
+    } else {
+        None
+    };
+    let mut record_errors: Vec<String> = Vec::new();
+    let (cancel, watch) = Cancel::new();
+    let (tx, rx) = mpsc::unbounded_channel();
+    let runner = Runner {
+        client,
+        model: model.clone(),
+        events: Some(tx),
+        cancel: watch,
+    };
+    let progress = tokio::spawn(show_progress(rx));
+    let signal_cancel = cancel.clone();
+    tokio::spawn(async move {
+        if tokio::signal::ctrl_c().await.is_ok() {
+            signal_cancel.cancel();
+        }
+    });
+
+    let mut levels = Vec::new();
+    let mut grid = None;
+    for level in &args.level {
+        if runner.cancel.is_cancelled() {
+            break;
+        }
+        match level {
+            Level::Correctness => {
+                let plan = CorrectnessPlan {
+                    endpoint: args.endpoint,
+                    ..CorrectnessPlan::default()
+                };
+                levels.push(runner.correctness(&plan).await);
+            }
+            Level::Stress => {
+                let plan = StressPlan {
+                    endpoint: args.endpoint,
+                    ..StressPlan::default()
+                };
+                // The memory check needs a monitor probe; headless bench has none yet.
+                levels.push(runner.stress(&plan, None).await);
+            }
+            Level::Performance => {
+                let result = runner
+                    .run(&workload, |point| {
+                        if let Some(handle) = record.as_mut() {
+                            let entry = point.stats.record.clone();
+                            let methods = point.stats.count_methods.join(",");
+                            if let Err(e) = handle.update(|r| {
+                                r.results.push(entry);
+                                if let Some(w) = r.workload.as_mut() {
+                                    w.token_count_method = Some(methods);
+                                }
+                            }) {
+                                record_errors.push(format!("{e:#}"));
+                            }
+                        }
+                    })
+                    .await?;
+                levels.push(performance_report(&result));
+                grid = Some(result);
+            }
+        }
+    }
+    let aborted = runner.cancel.is_cancelled();
+    drop(runner);
+    if let Some(handle) = record.as_mut() {
+        let failed: Vec<String> = levels
+            .iter()
+            .filter(|l| !l.passed)
+            .flat_map(|l| {
+                l.reasons()
+                    .into_iter()
+                    .map(move |r| format!("{:?}: {r}", l.level).to_lowercase())
+            })
+            .collect();
+        let (status, reason) = if aborted {
+            (RunStatus::Aborted, Some("interrupted (Ctrl-C)".to_owned()))
+        } else if !failed.is_empty() {
+            (RunStatus::Failed, Some(failed.join("; ")))
+        } else {
+            (RunStatus::Completed, None)
+        };
+        if let Err(e) = handle.finish(status, reason) {
+            record_errors.push(format!("{e:#}"));
+        }
+        eprintln!("run record: {}", handle.path().display());
+    }
+    for e in &record_errors {
+        eprintln!("mxtune: warning: run record not updated: {e}");
+    }
+    // The progress task ends when every sender is gone; wait so the bar is cleared first.
+    let _ = progress.await;
+    drop(cancel);
+
+    if args.json {
+        let report = JsonReport::new(&model, &args.url, grid.as_ref(), &levels, aborted);
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&report).context("serializing the JSON report")?
+        );
+    } else {
+        if let Some(g) = &grid {
+            print!("{}", render_tables(g));
+        }
+        for l in &levels {
+            print!("{}", render_level(l));
+        }
+        if aborted {
+            println!("interrupted: results above are partial");
+        }
+    }
+    Ok(if aborted {
+        ExitCode::from(130)
+    } else if levels.iter().all(|l| l.passed) {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
+
+/// A `running` record for an attached server, written before the first request.
+fn start_record(args: &BenchArgs, client: &BenchClient, model: &str) -> Result<RunHandle> {
+    let mut r = crate::record::begin(TargetKind::Attach, None, &[]);
+    r.target.url = Some(client.base_url().to_owned());
+    r.target.model = Some(model.to_owned());
+    let levels: Vec<String> = args
+        .level
+        .iter()
+        .map(|l| format!("{l:?}").to_lowercase())
+        .collect();
+    r.workload = Some(WorkloadParams {
+        endpoint: Some(format!("{:?}", args.endpoint).to_lowercase()),
+        pp: args.pp.clone(),
+        tg: args.tg.clone(),
+        depth: args.depth.clone(),
+        concurrency: args.concurrency.clone(),
+        runs: args.runs,
+        warmup: args.warmup,
+        tokenizer: Some("o200k_base".to_owned()),
+        no_cache: args.no_cache,
+        latency_mode: Some(format!("{:?}", args.latency_mode).to_lowercase()),
+        level: Some(levels.join(",")),
+        ..WorkloadParams::default()
+    });
+    RunStore::new(&args.runs_dir).create(r)
+}
+
+async fn show_progress(mut rx: mpsc::UnboundedReceiver<BenchEvent>) {
+    let target = if std::io::stderr().is_terminal() {
+        ProgressDrawTarget::stderr()
+    } else {
+        ProgressDrawTarget::hidden()
+    };
+    let bar = ProgressBar::with_draw_target(None, target);
+    if let Ok(style) =
+        ProgressStyle::with_template("{spinner} [{elapsed_precise}] {wide_bar} {pos}/{len} {msg}")
+    {
+        bar.set_style(style);
+    }
+    let mut failed = 0u64;
+    while let Some(event) = rx.recv().await {
+        match event {
+            BenchEvent::Started { requests, .. } => bar.set_length(requests),
+            BenchEvent::Latency { seconds, .. } => {
+                bar.set_message(format!("latency {:.1} ms", seconds * 1e3))
+            }
+            BenchEvent::PointStarted { point, .. } => bar.set_message(format!(
+                "{} c{}{}",
+                point_label(&point),
+                point.concurrency,
+                if failed > 0 {
+                    format!(" ({failed} failed)")
+                } else {
+                    String::new()
+                }
+            )),
+            BenchEvent::RequestDone { error, .. } => {
+                if error.as_ref().is_some_and(|e| e.is_fatal()) {
+                    failed += 1;
+                }
+                bar.inc(1);
+            }
+            BenchEvent::LevelDone(report) => bar.println(format!(
+                "{:?} level: {}",
+                report.level,
+                if report.passed { "pass" } else { "FAIL" }
+            )),
+            BenchEvent::PointDone { .. } | BenchEvent::Finished { .. } => {}
+        }
+    }
+    bar.finish_and_clear();
+}
+
+fn pm(s: Option<Stats>, k: f64) -> String {
+    match s {
+        Some(s) => format!("{:.2} ± {:.2}", s.mean * k, s.std * k),
+        None => "-".to_owned(),
+    }
+}
+
+fn pct(s: Option<LatencyStats>) -> String {
+    match s {
+        Some(s) => format!("{:.1} / {:.1} / {:.1}", s.p50, s.p90, s.p99),
+        None => "-".to_owned(),
+    }
+}
+
+fn opt(v: Option<f64>) -> String {
+    v.map_or_else(|| "-".to_owned(), |v| format!("{v:.2}"))
+}
+
+fn table(header: &[&str], rows: &[Vec<String>]) -> String {
+    let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
+    for r in rows {
+        for (w, c) in widths.iter_mut().zip(r) {
+            *w = (*w).max(c.chars().count());
+        }
+    }
+    let line = |cells: Vec<String>| {
+        let mut s = String::from("|");
+        for (i, (c, w)) in cells.iter().zip(&widths).enumerate() {
+            let pad = w - c.chars().count();
+            // First two columns (names) left-aligned, figures right-aligned, as llama-bench.
+            if i < 2 {
+                s.push_str(&format!(" {c}{} |", " ".repeat(pad)));
+            } else {
+                s.push_str(&format!(" {}{c} |", " ".repeat(pad)));
+            }
+        }
+        s.push('\n');
+        s
+    };
+    let mut out = line(header.iter().map(|h| h.to_string()).collect());
+    let mut sep = String::from("|");
+    for (i, w) in widths.iter().enumerate() {
+        sep.push_str(if i < 2 { " :" } else { " " });
+        sep.push_str(&"-".repeat(w.saturating_sub(1)));
+        sep.push_str(if i < 2 { " |" } else { ": |" });
+    }
+    out.push_str(&sep);
+    out.push('\n');
+    for r in rows {
+        out.push_str(&line(r.clone()));
+    }
+    out
+}
+
+/// The llama-bench-like table (pp and tg rows with ttfr / est_ppt / e2e_ttft) and the
+/// serving table (vllm bench serve figures) of a grid.
+pub fn render_tables(g: &WorkloadResult) -> String {
+    let mut rows = Vec::new();
+    let mut serving = Vec::new();
+    let mut methods: Vec<String> = Vec::new();
+    for p in &g.points {
+        let r = &p.stats.record;
+        let c = p.point.concurrency;
+        // At concurrency > 1 the batch totals are what llama-benchy prints.
+        let (pp, tg) = if c > 1 {
+            (p.stats.pp_total_tps, r.total_tg_tps)
+        } else {
+            (r.pp_tps, r.tg_tps)
+        };
+        rows.push(vec![
+            g.model.clone(),
+            pp_label(&p.point),
+            c.to_string(),
+            pm(pp, 1.0),
+            pm(r.ttfr_ms, 1.0),
+            pm(r.est_ppt_ms, 1.0),
+            pm(r.e2e_ttft_ms, 1.0),
+        ]);
+        rows.push(vec![
+            g.model.clone(),
+            tg_label(&p.point),
+            c.to_string(),
+            pm(tg, 1.0),
+            String::new(),
+            String::new(),
+            String::new(),
+        ]);
+        serving.push(vec![
+            point_label(&p.point),
+            c.to_string(),
+            pct(r.latency.ttft_ms),
+            pct(r.latency.tpot_ms),
+            pct(r.latency.itl_ms),
+            pct(r.latency.e2el_ms),
+            opt(r.request_throughput),
+            opt(r.output_throughput),
+            opt(r.total_token_throughput),
+            format!("{}/{}/{}", r.requests - r.errors, r.errors, r.early_ended),
+        ]);
+        for m in &p.stats.count_methods {
+            if !methods.contains(m) {
+                methods.push(m.clone());
+            }
+        }
+    }
+    let mut out = table(
+        &[
+            "model",
+            "test",
+            "c",
+            "t/s",
+            "ttfr (ms)",
+            "est_ppt (ms)",
+            "e2e_ttft (ms)",
+        ],
+        &rows,
+    );
+    out.push('\n');
+    out.push_str(&table(
+        &[
+            "point",
+            "c",
+            "TTFT ms p50/p90/p99",
+            "TPOT ms p50/p90/p99",
+            "ITL ms p50/p90/p99",
+            "E2EL ms p50/p90/p99",
+            "req/s",
+            "out t/s",
+            "total t/s",
+            "ok/err/early",
+        ],
+        &serving,
+    ));
+    out.push_str(&format!(
+        "\nlatency ({}): {:.2} ms; tokens counted by: {}; t/s at c>1 is the batch total\n",
+        format!("{:?}", g.workload.latency_mode).to_lowercase(),
+        g.latency_s * 1e3,
+        if methods.is_empty() {
+            "-".to_owned()
+        } else {
+            methods.join(", ")
+        }
+    ));
+    for p in &g.points {
+        for (message, n) in &p.errors {
+            out.push_str(&format!(
+                "{} c{}: {n}× {message}\n",
+                pp_label(&p.point),
+                p.point.concurrency
+            ));
+        }
+    }
+    for w in &g.warnings {
+        out.push_str(&format!("warning: {w}\n"));
+    }
+    out
+}
+
+/// A level's verdict and its checks, one per line.
+pub fn render_level(l: &LevelReport) -> String {
+    let mut out = format!(
+        "\n{:?} level: {}\n",
+        l.level,
+        if l.passed { "PASS" } else { "FAIL" }
+    );
+    for c in &l.checks {
+        out.push_str(&format!(
+            "  [{}] {}: {}\n",
+            if c.passed { "ok" } else { "FAIL" },
+            c.name,
+            c.detail
+        ));
+    }
+    out
+}
+
+/// Machine output of `mxtune bench --json`.
+#[derive(Debug, Serialize)]
+pub struct JsonReport<'a> {
+    /// Model name sent.
+    pub model: &'a str,
+    /// Server URL given.
+    pub url: &'a str,
+    /// Latency subtracted from ttfr, ms (performance level only).
+    pub latency_ms: Option<f64>,
+    /// One entry per measured point.
+    pub points: Vec<JsonPoint<'a>>,
+    /// Level verdicts.
+    pub levels: &'a [LevelReport],
+    /// Interrupted before the end.
+    pub aborted: bool,
+    /// Problems that did not stop the run.
+    pub warnings: &'a [String],
+}
+
+/// One point of the JSON output.
+#[derive(Debug, Serialize)]
+pub struct JsonPoint<'a> {
+    /// pp, tg, depth, concurrency.
+    pub point: crate::record::schema::WorkloadPoint,
+    /// The record's figures (mean/std/n of pp and tg t/s, latencies, throughputs, counts).
+    #[serde(flatten)]
+    pub figures: JsonFigures<'a>,
+    /// Per-batch total prompt throughput.
+    pub pp_total_tps: Option<Stats>,
+    /// How tokens were counted.
+    pub count_methods: &'a [String],
+    /// Distinct error messages with counts.
+    pub error_reasons: &'a [(String, usize)],
+}
+
+/// The record point's figures without the raw timings (those go into the run record).
+#[derive(Debug, Serialize)]
+pub struct JsonFigures<'a> {
+    /// Per-request pp t/s.
+    pub pp_tps: Option<Stats>,
+    /// Per-request tg t/s.
+    pub tg_tps: Option<Stats>,
+    /// Per-batch total tg t/s.
+    pub total_tg_tps: Option<Stats>,
+    /// ttfr, ms.
+    pub ttfr_ms: Option<Stats>,
+    /// est_ppt, ms.
+    pub est_ppt_ms: Option<Stats>,
+    /// e2e_ttft, ms.
+    pub e2e_ttft_ms: Option<Stats>,
+    /// TTFT/TPOT/ITL/E2EL distributions, ms.
+    pub latency: &'a crate::record::schema::Latency,
+    /// Requests per second.
+    pub request_throughput: Option<f64>,
+    /// Output tokens per second.
+    pub output_throughput: Option<f64>,
+    /// Input + output tokens per second.
+    pub total_token_throughput: Option<f64>,
+    /// Measured requests.
+    pub requests: u32,
+    /// Failed requests.
+    pub errors: u32,
+    /// Responses shorter than asked.
+    pub early_ended: u32,
+    /// The point was cut short by an interrupt.
+    pub partial: bool,
+}
+
+impl<'a> JsonReport<'a> {
+    fn new(
+        model: &'a str,
+        url: &'a str,
+        grid: Option<&'a WorkloadResult>,
+        levels: &'a [LevelReport],
+        aborted: bool,
+    ) -> Self {
+        Self {
+            model,
+            url,
+            latency_ms: grid.map(|g| g.latency_s * 1e3),
+            points: grid
+                .map(|g| g.points.iter().map(json_point).collect())
+                .unwrap_or_default(),
+            levels,
+            aborted,
+            warnings: grid.map_or(&[], |g| g.warnings.as_slice()),
+        }
+    }
+}
+
+fn json_point(p: &PointResult) -> JsonPoint<'_> {
+    let r = &p.stats.record;
+    JsonPoint {
+        point: p.point,
+        figures: JsonFigures {
+            pp_tps: r.pp_tps,
+            tg_tps: r.tg_tps,
+            total_tg_tps: r.total_tg_tps,
+            ttfr_ms: r.ttfr_ms,
+            est_ppt_ms: r.est_ppt_ms,
+            e2e_ttft_ms: r.e2e_ttft_ms,
+            latency: &r.latency,
+            request_throughput: r.request_throughput,
+            output_throughput: r.output_throughput,
+            total_token_throughput: r.total_token_throughput,
+            requests: r.requests,
+            errors: r.errors,
+            early_ended: r.early_ended,
+            partial: p.partial,
+        },
+        pp_total_tps: p.stats.pp_total_tps,
+        count_methods: &p.stats.count_methods,
+        error_reasons: &p.errors,
+    }
+}

@@ -1,0 +1,151 @@
+//! `CudaBackend`: the [`ModelBackend`] on one GPU. Prompts run token by token through the
+//! decode step (the batched prefill kernels are not built yet), all sequences of a batch
+//! advancing together one position per step.
+
+use std::sync::Arc;
+
+use anyhow::{Result, ensure};
+
+use super::device::Gpu;
+use super::model::{DecodeOptions, Decoder};
+use super::weights::DeviceWeights;
+use crate::engine::backend::{ModelBackend, SeqId, SeqStep};
+use crate::engine::config::ModelConfig;
+
+/// The CUDA backend.
+pub struct CudaBackend {
+    gpu: Arc<Gpu>,
+    dec: Decoder,
+    /// Tokens held by each KV slot; `None` when the slot is free.
+    lens: Vec<Option<usize>>,
+    graphs: bool,
+}
+
+impl CudaBackend {
+    /// A backend over weights already on `gpu`, with `slots` sequences of up to `max_pos`
+    /// positions and steps of up to `max_batch` sequences; `graphs` replays captured steps.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        gpu: Arc<Gpu>,
+        cfg: &ModelConfig,
+        w: DeviceWeights,
+        opts: DecodeOptions,
+        slots: usize,
+        max_pos: usize,
+        max_batch: usize,
+        graphs: bool,
+    ) -> Result<Self> {
+        let dec = Decoder::new(&gpu, cfg, w, opts, slots, max_pos, max_batch)?;
+        Ok(Self {
+            gpu,
+            dec,
+            lens: vec![None; slots],
+            graphs,
+        })
+    }
+
+    /// The one-line kernel-path report printed at start-up: every gated path and its choice,
+    /// so log scanning can verify what is in effect.
+    pub fn kernel_path_report(&self) -> String {
+        let lr = &self.gpu.load_report;
+        format!(
+            "kernel-path: device=cuda:{} arch={} moe-kernel=gemv activation=fp32 weights=bf16 \
+             experts=mxfp4 kv-dtype={} sinks={} cuda-graphs={} prefill=decode-loop \
+             kernels-compiled={} kernels-cached={}",
+            self.gpu.name(),
+            self.gpu.arch(),
+            self.dec.options().kv_dtype.name(),
+            if self.dec.options().sinks {
+                "on"
+            } else {
+                "off"
+            },
+            if self.graphs { "on" } else { "off" },
+            lr.compiled,
+            lr.cached
+        )
+    }
+
+    /// The device.
+    pub fn gpu(&self) -> &Gpu {
+        &self.gpu
+    }
+
+    fn slot(&self, seq: SeqId) -> Result<(usize, usize)> {
+        let s = seq.0 as usize;
+        match self.lens.get(s) {
+            Some(Some(len)) => Ok((s, *len)),
+            _ => anyhow::bail!("sequence {} is not allocated on {}", seq.0, self.name()),
+        }
+    }
+}
+
+impl ModelBackend for CudaBackend {
+    fn config(&self) -> &ModelConfig {
+        self.dec.config()
+    }
+
+    fn name(&self) -> String {
+        format!("cuda ({}, {})", self.gpu.name(), self.gpu.arch())
+    }
+
+    fn alloc_seq(&mut self, max_tokens: usize) -> Option<SeqId> {
+        if max_tokens > self.dec.max_positions() {
+            return None;
+        }
+        let s = self.lens.iter().position(Option::is_none)?;
+        self.lens[s] = Some(0);
+        Some(SeqId(s as u32))
+    }
+
+    fn free_seq(&mut self, seq: SeqId) {
+        if let Some(l) = self.lens.get_mut(seq.0 as usize) {
+            *l = None;
+        }
+    }
+
+    fn forward(&mut self, batch: &[SeqStep<'_>]) -> Result<Vec<Vec<f32>>> {
+        let mut rows = Vec::with_capacity(batch.len());
+        for st in batch {
+            let (slot, len) = self.slot(st.seq)?;
+            ensure!(
+                !st.tokens.is_empty(),
+                "sequence {} has no new tokens",
+                st.seq.0
+            );
+            ensure!(
+                len + st.tokens.len() <= self.dec.max_positions(),
+                "sequence {} would hold {} tokens, the KV slot holds {}",
+                st.seq.0,
+                len + st.tokens.len(),
+                self.dec.max_positions()
+            );
+            rows.push((slot, len));
+        }
+        let mut out = vec![Vec::new(); batch.len()];
+        let longest = batch.iter().map(|s| s.tokens.len()).max().unwrap_or(0);
+        for r in 0..longest {
+            let live: Vec<usize> = (0..batch.len())
+                .filter(|&b| batch[b].tokens.len() > r)
+                .collect();
+            for chunk in live.chunks(self.dec.max_batch()) {
+                let toks: Vec<u32> = chunk.iter().map(|&b| batch[b].tokens[r]).collect();
+                let pos: Vec<u32> = chunk.iter().map(|&b| (rows[b].1 + r) as u32).collect();
+                let slots: Vec<u32> = chunk.iter().map(|&b| rows[b].0 as u32).collect();
+                let keys = pos.iter().max().map_or(1, |&p| p as usize + 1);
+                self.dec.set_inputs(&self.gpu, &toks, &pos, &slots)?;
+                self.dec.run(&self.gpu, chunk.len(), keys, self.graphs)?;
+                for (row, &b) in chunk.iter().enumerate() {
+                    if r + 1 == batch[b].tokens.len() {
+                        out[b] = self.dec.logits(&self.gpu, row)?;
+                    }
+                }
+            }
+        }
+        self.gpu.sync()?;
+        for (st, (slot, len)) in batch.iter().zip(rows) {
+            self.lens[slot] = Some(len + st.tokens.len());
+        }
+        Ok(out)
+    }
+}

@@ -1,0 +1,226 @@
+//! Kernel compilation: NVRTC turns each `engine-kernels/*.cu` file into a cubin for one GPU
+//! architecture; cubins are cached on disk keyed by the source, architecture, options and
+//! NVRTC version, so a warm start compiles nothing.
+
+use std::ffi::{CStr, CString, c_char};
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result, bail};
+use sha2::{Digest, Sha256};
+
+use super::libs;
+
+/// Environment variable overriding the cubin cache directory.
+pub const CACHE_ENV: &str = "MXTUNE_KERNEL_CACHE";
+
+/// Text prepended to every kernel file (bf16 helpers, reductions, MXFP4 decoding).
+const COMMON: &str = include_str!("../../../engine-kernels/common.cuh");
+
+/// One kernel source file and the entry points it defines.
+#[derive(Debug, Clone, Copy)]
+pub struct KernelFile {
+    /// File name under `engine-kernels/`.
+    pub name: &'static str,
+    /// The file's text (embedded in the binary so it runs from anywhere).
+    pub source: &'static str,
+    /// `extern "C"` kernels the file defines.
+    pub entries: &'static [&'static str],
+}
+
+macro_rules! kernel_file {
+    ($name:literal, [$($entry:literal),+ $(,)?]) => {
+        KernelFile {
+            name: $name,
+            source: include_str!(concat!("../../../engine-kernels/", $name)),
+            entries: &[$($entry),+],
+        }
+    };
+}
+
+/// Every kernel file of the engine: the dispatch table the host loads from.
+pub const KERNEL_FILES: &[KernelFile] = &[
+    kernel_file!("embedding.cu", ["embed_gather"]),
+    kernel_file!("rmsnorm.cu", ["rmsnorm_residual"]),
+    kernel_file!("gemv_bf16.cu", ["gemv_bf16", "gemv_bf16_wide"]),
+    kernel_file!("rope_kv.cu", ["rope_kv_write"]),
+    kernel_file!("attention_decode.cu", ["attn_split", "attn_combine"]),
+    kernel_file!("router_topk.cu", ["router_topk"]),
+    kernel_file!("moe_gemv.cu", ["moe_gate_up_swiglu", "moe_down"]),
+    kernel_file!("argmax.cu", ["argmax_partial", "argmax_final"]),
+    kernel_file!("synthetic.cu", ["fill_bf16", "fill_u8"]),
+    kernel_file!("bandwidth.cu", ["read_probe"]),
+];
+
+/// NVRTC options besides the architecture; part of the cache key.
+const OPTIONS: &[&str] = &["-std=c++17", "--fmad=true"];
+
+impl KernelFile {
+    /// The text NVRTC compiles: the common header, then the file (line numbers kept).
+    pub fn full_source(&self) -> String {
+        format!("{COMMON}\n#line 1 \"{}\"\n{}", self.name, self.source)
+    }
+}
+
+/// Where a cubin came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CubinOrigin {
+    /// NVRTC compiled it now (and it was written to the cache).
+    Compiled,
+    /// Read from the disk cache; nothing compiled.
+    Cached,
+}
+
+/// The on-disk cubin cache.
+#[derive(Debug, Clone)]
+pub struct KernelCache {
+    dir: PathBuf,
+}
+
+impl KernelCache {
+    /// `$MXTUNE_KERNEL_CACHE`, else `~/.cache/mxtune/kernels`.
+    pub fn from_env() -> Result<Self> {
+        if let Some(d) = std::env::var_os(CACHE_ENV) {
+            return Ok(Self::at(PathBuf::from(d)));
+        }
+        let home = std::env::var_os("HOME").with_context(|| {
+            format!("HOME is not set; set {CACHE_ENV} to a directory for compiled kernels")
+        })?;
+        Ok(Self::at(PathBuf::from(home).join(".cache/mxtune/kernels")))
+    }
+
+    /// A cache in `dir` (created on first write).
+    pub fn at(dir: PathBuf) -> Self {
+        Self { dir }
+    }
+
+    /// The cache directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The cubin of `file` for `arch` (e.g. `sm_90`), from the cache or compiled now.
+    pub fn cubin(&self, file: &KernelFile, arch: &str) -> Result<(Vec<u8>, CubinOrigin)> {
+        let source = file.full_source();
+        let (major, minor) = nvrtc_version()?;
+        let mut h = Sha256::new();
+        for part in [
+            source.as_str(),
+            arch,
+            &OPTIONS.join(" "),
+            &format!("nvrtc {major}.{minor}"),
+        ] {
+            h.update(part.as_bytes());
+            h.update([0u8]);
+        }
+        let key = hex::encode(&h.finalize()[..12]);
+        let stem = file.name.trim_end_matches(".cu");
+        let path = self.dir.join(format!("{stem}-{arch}-{key}.cubin"));
+        if let Ok(bytes) = std::fs::read(&path)
+            && !bytes.is_empty()
+        {
+            return Ok((bytes, CubinOrigin::Cached));
+        }
+        let cubin = compile_cubin(file.name, &source, arch)?;
+        std::fs::create_dir_all(&self.dir)
+            .with_context(|| format!("creating kernel cache {}", self.dir.display()))?;
+        let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+        std::fs::write(&tmp, &cubin).with_context(|| format!("writing {}", tmp.display()))?;
+        std::fs::rename(&tmp, &path)
+            .with_context(|| format!("renaming into {}", path.display()))?;
+        Ok((cubin, CubinOrigin::Compiled))
+    }
+}
+
+/// NVRTC's version (major, minor).
+pub fn nvrtc_version() -> Result<(i32, i32)> {
+    libs::ensure_nvrtc()?;
+    let (mut major, mut minor) = (0, 0);
+    // SAFETY: NVRTC is loaded (checked above); out-pointers are valid.
+    let r = unsafe { cudarc::nvrtc::sys::nvrtcVersion(&mut major, &mut minor) };
+    check(r, "nvrtcVersion")?;
+    Ok((major, minor))
+}
+
+fn check(r: cudarc::nvrtc::sys::nvrtcResult, what: &str) -> Result<()> {
+    if r == cudarc::nvrtc::sys::nvrtcResult::NVRTC_SUCCESS {
+        Ok(())
+    } else {
+        bail!("{what} failed: {r:?}")
+    }
+}
+
+/// Compile one source to a cubin for `arch` (`sm_90`, `sm_90a`, `sm_121`, …) with NVRTC.
+/// Needs no GPU. The error carries NVRTC's log.
+pub fn compile_cubin(name: &str, source: &str, arch: &str) -> Result<Vec<u8>> {
+    use cudarc::nvrtc::sys;
+    libs::ensure_nvrtc()?;
+    let src = CString::new(source).with_context(|| format!("{name} contains a NUL byte"))?;
+    let cname = CString::new(name).with_context(|| format!("kernel name {name:?}"))?;
+    let mut opts: Vec<CString> = vec![
+        CString::new(format!("--gpu-architecture={arch}"))
+            .with_context(|| format!("architecture {arch:?}"))?,
+    ];
+    for o in OPTIONS {
+        opts.push(CString::new(*o).context("NVRTC option")?);
+    }
+    let opt_ptrs: Vec<*const c_char> = opts.iter().map(|o| o.as_ptr()).collect();
+    let mut prog: sys::nvrtcProgram = std::ptr::null_mut();
+    // SAFETY: valid C strings that outlive the program; no headers passed.
+    let r = unsafe {
+        sys::nvrtcCreateProgram(
+            &mut prog,
+            src.as_ptr(),
+            cname.as_ptr(),
+            0,
+            std::ptr::null(),
+            std::ptr::null(),
+        )
+    };
+    check(r, "nvrtcCreateProgram")?;
+    let result = (|| {
+        // SAFETY: prog is a live program; the option array outlives the call.
+        let r = unsafe { sys::nvrtcCompileProgram(prog, opt_ptrs.len() as i32, opt_ptrs.as_ptr()) };
+        if r != sys::nvrtcResult::NVRTC_SUCCESS {
+            bail!(
+                "NVRTC could not compile engine-kernels/{name} for {arch} ({r:?}):\n{}",
+                program_log(prog)
+            );
+        }
+        let mut size = 0usize;
+        // SAFETY: prog compiled; out-pointer valid.
+        check(
+            unsafe { sys::nvrtcGetCUBINSize(prog, &mut size) },
+            "nvrtcGetCUBINSize",
+        )?;
+        if size == 0 {
+            bail!("NVRTC produced no cubin for {name} ({arch}); is `{arch}` a real architecture?");
+        }
+        let mut buf = vec![0u8; size];
+        // SAFETY: buf holds exactly `size` bytes as NVRTC asked.
+        check(
+            unsafe { sys::nvrtcGetCUBIN(prog, buf.as_mut_ptr() as *mut c_char) },
+            "nvrtcGetCUBIN",
+        )?;
+        Ok(buf)
+    })();
+    // SAFETY: prog was created above and is destroyed exactly once.
+    unsafe { sys::nvrtcDestroyProgram(&mut prog) };
+    result
+}
+
+fn program_log(prog: cudarc::nvrtc::sys::nvrtcProgram) -> String {
+    use cudarc::nvrtc::sys;
+    let mut size = 0usize;
+    // SAFETY: live program, valid out-pointer.
+    if unsafe { sys::nvrtcGetProgramLogSize(prog, &mut size) } != sys::nvrtcResult::NVRTC_SUCCESS
+        || size == 0
+    {
+        return String::from("(no log)");
+    }
+    let mut buf = vec![0u8; size];
+    // SAFETY: buffer of the size NVRTC reported.
+    unsafe { sys::nvrtcGetProgramLog(prog, buf.as_mut_ptr() as *mut c_char) };
+    CStr::from_bytes_until_nul(&buf)
+        .map(|c| c.to_string_lossy().into_owned())
+        .unwrap_or_default()
+}

@@ -1,0 +1,257 @@
+//! One CUDA device: context, stream, and every engine kernel loaded from cubins compiled for
+//! the device's own architecture (NVRTC, disk-cached).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::{Result, bail};
+use cudarc::driver::{
+    CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DeviceRepr, LaunchConfig,
+    PushKernelArg, ValidAsZeroBits,
+};
+
+use super::compile::{CubinOrigin, KERNEL_FILES, KernelCache};
+
+/// cudarc is built without `std`, so its `DriverError` is no `std::error::Error`; this adds
+/// anyhow-style context to its results.
+trait DriverContext<T> {
+    fn drv(self, what: impl FnOnce() -> String) -> Result<T>;
+}
+
+impl<T> DriverContext<T> for std::result::Result<T, cudarc::driver::DriverError> {
+    fn drv(self, what: impl FnOnce() -> String) -> Result<T> {
+        self.map_err(|e| anyhow::anyhow!("{}: CUDA driver error {:?}", what(), e.0))
+    }
+}
+use super::libs;
+
+/// A kernel argument: device pointers travel as raw addresses so optional inputs can be null.
+#[derive(Debug, Clone, Copy)]
+pub enum Arg {
+    /// Device pointer (0 = null).
+    Ptr(u64),
+    /// `int`.
+    I32(i32),
+    /// `unsigned long long`.
+    U64(u64),
+    /// `float`.
+    F32(f32),
+}
+
+/// How the kernels were obtained at start-up (the cold/warm start figure).
+#[derive(Debug, Clone)]
+pub struct LoadReport {
+    /// Kernel files compiled by NVRTC now.
+    pub compiled: usize,
+    /// Kernel files read from the cubin cache.
+    pub cached: usize,
+    /// Wall time to obtain and load every module.
+    pub seconds: f64,
+    /// The cache directory.
+    pub cache_dir: String,
+}
+
+/// An opened GPU with the engine's kernels loaded.
+pub struct Gpu {
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    arch: String,
+    name: String,
+    funcs: HashMap<&'static str, CudaFunction>,
+    max_shared: usize,
+    /// Cold/warm start report of the kernel load.
+    pub load_report: LoadReport,
+}
+
+impl Gpu {
+    /// Open device `ordinal`, compile (or read cached) kernels for its architecture and load
+    /// them. Fails with a clear error, never a panic, when the driver, NVRTC or a GPU is missing.
+    pub fn open(ordinal: usize) -> Result<Self> {
+        libs::ensure_driver()?;
+        libs::ensure_nvrtc()?;
+        let ctx = CudaContext::new(ordinal)
+            .drv(|| format!("opening CUDA device {ordinal} (is a GPU present?)"))?;
+        // One stream, ordered by construction: cudarc's per-buffer event tracking would only
+        // add host work to every launch.
+        // SAFETY: no other stream ever touches this context's buffers.
+        unsafe { ctx.disable_event_tracking() };
+        let (major, minor) = ctx
+            .compute_capability()
+            .drv(|| "reading the device's compute capability".into())?;
+        let arch = format!("sm_{major}{minor}");
+        let name = ctx.name().unwrap_or_else(|_| "unknown GPU".into());
+        // A created stream, not the legacy default one, which cannot be captured into a graph.
+        let stream = ctx.new_stream().drv(|| "creating a CUDA stream".into())?;
+        let max_shared = ctx
+            .attribute(
+                cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
+            )
+            .drv(|| "reading the shared-memory limit".into())? as usize;
+        let cache = KernelCache::from_env()?;
+        let t0 = Instant::now();
+        let (mut compiled, mut cached) = (0, 0);
+        let mut funcs = HashMap::new();
+        for file in KERNEL_FILES {
+            let (cubin, origin) = cache.cubin(file, &arch)?;
+            match origin {
+                CubinOrigin::Compiled => compiled += 1,
+                CubinOrigin::Cached => cached += 1,
+            }
+            let module = ctx
+                .load_module(cudarc::nvrtc::Ptx::from_binary(cubin))
+                .drv(|| format!("loading the {arch} cubin of {}", file.name))?;
+            for entry in file.entries {
+                let f = module
+                    .load_function(entry)
+                    .drv(|| format!("kernel {entry} in {}", file.name))?;
+                // Allow every kernel the device's opt-in shared memory (less its static
+                // share); each launch still asks only for what it needs.
+                let fixed = f
+                    .shared_size_bytes()
+                    .drv(|| format!("shared size of {entry}"))?;
+                f.set_attribute(
+                    cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    max_shared as i32 - fixed,
+                )
+                .drv(|| format!("raising the shared-memory limit of {entry}"))?;
+                funcs.insert(*entry, f);
+            }
+        }
+        let load_report = LoadReport {
+            compiled,
+            cached,
+            seconds: t0.elapsed().as_secs_f64(),
+            cache_dir: cache.dir().display().to_string(),
+        };
+        Ok(Self {
+            ctx,
+            stream,
+            arch,
+            name,
+            funcs,
+            max_shared,
+            load_report,
+        })
+    }
+
+    /// Architecture the kernels were built for (`sm_90`, `sm_121`, …).
+    pub fn arch(&self) -> &str {
+        &self.arch
+    }
+
+    /// The device's marketing name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Largest dynamic shared memory one block may ask for (bytes; kernels with static shared
+    /// memory get that much less).
+    pub fn max_shared(&self) -> usize {
+        self.max_shared
+    }
+
+    /// The stream every launch goes to.
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+
+    /// The context.
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+
+    /// Zeroed device buffer of `n` elements (plain device memory, never managed).
+    pub fn alloc<T: DeviceRepr + ValidAsZeroBits>(&self, n: usize) -> Result<CudaSlice<T>> {
+        self.stream
+            .alloc_zeros::<T>(n.max(1))
+            .drv(|| format!("allocating {n} elements on {}", self.name))
+    }
+
+    /// Copy a host slice to a new device buffer.
+    pub fn upload<T: DeviceRepr>(&self, host: &[T]) -> Result<CudaSlice<T>> {
+        self.stream
+            .clone_htod(host)
+            .drv(|| format!("uploading {} elements", host.len()))
+    }
+
+    /// Overwrite a device buffer from the host.
+    pub fn write<T: DeviceRepr>(&self, host: &[T], dst: &mut CudaSlice<T>) -> Result<()> {
+        self.stream
+            .memcpy_htod(host, dst)
+            .drv(|| format!("copying {} elements to the device", host.len()))
+    }
+
+    /// Copy a device buffer back (waits for the stream).
+    pub fn download<T: DeviceRepr>(&self, src: &CudaSlice<T>) -> Result<Vec<T>> {
+        self.stream
+            .clone_dtoh(src)
+            .drv(|| "copying a device buffer to the host".into())
+    }
+
+    /// Raw device address of a buffer, for [`Arg::Ptr`].
+    pub fn ptr<T>(&self, s: &CudaSlice<T>) -> u64 {
+        let (p, _guard) = s.device_ptr(&self.stream);
+        p
+    }
+
+    /// Per kernel: registers per thread, local (spill/stack) bytes and static shared bytes,
+    /// sorted by name — the compiler's resource report, read back from the loaded modules.
+    pub fn resources(&self) -> Vec<(&'static str, i32, i32, i32)> {
+        let mut v: Vec<_> = self
+            .funcs
+            .iter()
+            .map(|(n, f)| {
+                (
+                    *n,
+                    f.num_regs().unwrap_or(-1),
+                    f.local_size_bytes().unwrap_or(-1),
+                    f.shared_size_bytes().unwrap_or(-1),
+                )
+            })
+            .collect();
+        v.sort();
+        v
+    }
+
+    /// Wait until all queued work is done, surfacing any asynchronous kernel error.
+    pub fn sync(&self) -> Result<()> {
+        self.stream
+            .synchronize()
+            .drv(|| "waiting for the GPU".into())
+    }
+
+    /// Launch `kernel` on the stream.
+    pub fn launch(
+        &self,
+        kernel: &str,
+        grid: (u32, u32, u32),
+        block: (u32, u32, u32),
+        shared_mem_bytes: u32,
+        args: &[Arg],
+    ) -> Result<()> {
+        let Some(f) = self.funcs.get(kernel) else {
+            bail!("kernel {kernel} is not in the dispatch table");
+        };
+        if grid.0 == 0 || grid.1 == 0 || grid.2 == 0 {
+            return Ok(());
+        }
+        let mut b = self.stream.launch_builder(f);
+        for a in args {
+            match a {
+                Arg::Ptr(p) | Arg::U64(p) => b.arg(p),
+                Arg::I32(v) => b.arg(v),
+                Arg::F32(v) => b.arg(v),
+            };
+        }
+        let cfg = LaunchConfig {
+            grid_dim: grid,
+            block_dim: block,
+            shared_mem_bytes,
+        };
+        // SAFETY: argument lists match the kernels' signatures (one wrapper per kernel in
+        // ops.rs); buffers outlive the launch because callers hold them until a sync.
+        unsafe { b.launch(cfg) }.drv(|| format!("launching {kernel}"))?;
+        Ok(())
+    }
+}

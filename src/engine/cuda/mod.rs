@@ -1,0 +1,16 @@
+//! The CUDA backend: cudarc (dynamic loading, so nothing here needs a GPU to build), kernels
+//! from `engine-kernels/` compiled by NVRTC for the device's own architecture, and the
+//! per-kernel CPU references the self-test compares against.
+
+pub mod backend;
+pub mod cli;
+pub mod compile;
+pub mod device;
+pub mod libs;
+pub mod model;
+pub mod ops;
+pub mod profile;
+pub mod reference;
+pub mod selftest;
+pub mod synthetic;
+pub mod weights;

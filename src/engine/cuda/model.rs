@@ -1,0 +1,575 @@
+//! The decode step on the GPU: every layer of gpt-oss for a batch of single tokens (each from
+//! its own sequence at its own position), ending in logits and an on-device argmax.
+//! Token ids, positions and cache offsets live in device buffers, so a whole step can be
+//! captured once into a CUDA graph and replayed.
+
+use anyhow::{Result, ensure};
+use cudarc::driver::{CudaEvent, CudaGraph, CudaSlice};
+
+use super::device::Gpu;
+use super::ops::{self, AttnScratch, AttnShape, MoeShape, MoeWeights, Norm};
+use super::weights::DeviceWeights;
+use crate::engine::config::ModelConfig;
+
+/// Keys per attention split (flash-decoding chunk).
+pub const SPLIT_LEN: usize = 256;
+
+/// Element type of the KV cache.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KvDtype {
+    /// bf16 (the default: half the bytes).
+    Bf16,
+    /// fp32: the precision of the CPU reference, for exact end-to-end comparisons.
+    F32,
+}
+
+impl KvDtype {
+    /// Bytes per element.
+    pub fn size(self) -> usize {
+        match self {
+            KvDtype::Bf16 => 2,
+            KvDtype::F32 => 4,
+        }
+    }
+
+    /// Name in the kernel-path report.
+    pub fn name(self) -> &'static str {
+        match self {
+            KvDtype::Bf16 => "bf16",
+            KvDtype::F32 => "f32",
+        }
+    }
+}
+
+/// Options of the decode path that the panel can toggle.
+#[derive(Debug, Clone, Copy)]
+pub struct DecodeOptions {
+    /// Attention sinks in the softmax (off is a diagnostic: gpt-oss needs them).
+    pub sinks: bool,
+    /// KV cache element type.
+    pub kv_dtype: KvDtype,
+}
+
+impl Default for DecodeOptions {
+    fn default() -> Self {
+        Self {
+            sinks: true,
+            kv_dtype: KvDtype::Bf16,
+        }
+    }
+}
+
+/// Per-kernel GPU time of profiled steps.
+#[derive(Debug, Default, Clone)]
+pub struct Profile {
+    /// (kernel group, total milliseconds, launches) in first-seen order.
+    pub rows: Vec<(&'static str, f64, usize)>,
+}
+
+impl Profile {
+    fn add(&mut self, label: &'static str, ms: f64) {
+        if let Some(r) = self.rows.iter_mut().find(|r| r.0 == label) {
+            r.1 += ms;
+            r.2 += 1;
+        } else {
+            self.rows.push((label, ms, 1));
+        }
+    }
+}
+
+/// A captured decode step. CUDA graph handles may move between threads as long as no two
+/// threads use one at once; the owning `Decoder` is only ever used through `&mut`/one thread.
+struct StepGraph(CudaGraph);
+
+// SAFETY: see above — exclusive ownership, no concurrent use of the graph handles.
+unsafe impl Send for StepGraph {}
+
+/// Events recorded between kernel groups while profiling.
+struct Marks {
+    events: Vec<(&'static str, CudaEvent)>,
+}
+
+/// Device buffers and weights of the decode step.
+pub struct Decoder {
+    cfg: ModelConfig,
+    w: DeviceWeights,
+    opts: DecodeOptions,
+    inv_freq: CudaSlice<f32>,
+    mscale: f32,
+    /// K and V caches as raw bytes ([layers][slots][max_pos][Hkv][D] of `opts.kv_dtype`).
+    k_cache: CudaSlice<u8>,
+    v_cache: CudaSlice<u8>,
+    slots: usize,
+    max_pos: usize,
+    max_batch: usize,
+    tokens: CudaSlice<u32>,
+    pos: CudaSlice<u32>,
+    kv_off: CudaSlice<u64>,
+    x: CudaSlice<f32>,
+    h: CudaSlice<f32>,
+    qkv: CudaSlice<f32>,
+    q: CudaSlice<f32>,
+    attn: CudaSlice<f32>,
+    r_logits: CudaSlice<f32>,
+    r_idx: CudaSlice<i32>,
+    r_w: CudaSlice<f32>,
+    act: CudaSlice<f32>,
+    logits: CudaSlice<f32>,
+    am_v: CudaSlice<f32>,
+    am_i: CudaSlice<i32>,
+    next: CudaSlice<u32>,
+    sc_m: CudaSlice<f32>,
+    sc_l: CudaSlice<f32>,
+    sc_acc: CudaSlice<f32>,
+    max_splits: usize,
+    graphs: Vec<Option<StepGraph>>,
+}
+
+impl Decoder {
+    /// Allocate the KV cache (`slots` sequences of `max_pos` positions) and activations for
+    /// batches up to `max_batch`.
+    pub fn new(
+        g: &Gpu,
+        cfg: &ModelConfig,
+        w: DeviceWeights,
+        opts: DecodeOptions,
+        slots: usize,
+        max_pos: usize,
+        max_batch: usize,
+    ) -> Result<Self> {
+        super::weights::check_config(cfg)?;
+        ensure!(
+            slots > 0 && max_pos > 0 && max_batch > 0,
+            "empty KV cache or batch"
+        );
+        let (hq, hkv, d) = (
+            cfg.num_attention_heads,
+            cfg.num_key_value_heads,
+            cfg.head_dim,
+        );
+        let (h, e, k, i, v) = (
+            cfg.hidden_size,
+            cfg.num_local_experts,
+            cfg.num_experts_per_tok,
+            cfg.intermediate_size,
+            cfg.vocab_size,
+        );
+        let rope = crate::engine::cpu::ops::Rope::new(cfg);
+        let (inv, mscale) = (rope.inv_freq, rope.attention_scaling);
+        let cache = cfg.num_hidden_layers * slots * max_pos * hkv * d;
+        let b = max_batch;
+        let max_splits = max_pos.div_ceil(SPLIT_LEN);
+        let chunks = v.div_ceil(ops::ARGMAX_CHUNK);
+        Ok(Self {
+            cfg: cfg.clone(),
+            w,
+            opts,
+            inv_freq: g.upload(&inv)?,
+            mscale,
+            k_cache: g.alloc(cache * opts.kv_dtype.size())?,
+            v_cache: g.alloc(cache * opts.kv_dtype.size())?,
+            slots,
+            max_pos,
+            max_batch,
+            tokens: g.alloc(b)?,
+            pos: g.alloc(b)?,
+            kv_off: g.alloc(b)?,
+            x: g.alloc(b * h)?,
+            h: g.alloc(b * h)?,
+            qkv: g.alloc(b * (hq + 2 * hkv) * d)?,
+            q: g.alloc(b * hq * d)?,
+            attn: g.alloc(b * hq * d)?,
+            r_logits: g.alloc(b * e)?,
+            r_idx: g.alloc(b * k)?,
+            r_w: g.alloc(b * k)?,
+            act: g.alloc(b * k * i)?,
+            logits: g.alloc(b * v)?,
+            am_v: g.alloc(b * chunks)?,
+            am_i: g.alloc(b * chunks)?,
+            next: g.alloc(b)?,
+            sc_m: g.alloc(b * hq * max_splits)?,
+            sc_l: g.alloc(b * hq * max_splits)?,
+            sc_acc: g.alloc(b * hq * max_splits * d)?,
+            max_splits,
+            graphs: (0..=max_batch).map(|_| None).collect(),
+        })
+    }
+
+    /// The model shape.
+    pub fn config(&self) -> &ModelConfig {
+        &self.cfg
+    }
+
+    /// The decode options in effect.
+    pub fn options(&self) -> DecodeOptions {
+        self.opts
+    }
+
+    /// Sequences the KV cache holds.
+    pub fn slots(&self) -> usize {
+        self.slots
+    }
+
+    /// Positions per sequence.
+    pub fn max_positions(&self) -> usize {
+        self.max_pos
+    }
+
+    /// Largest batch of one step.
+    pub fn max_batch(&self) -> usize {
+        self.max_batch
+    }
+
+    /// Fill the whole KV cache with random bf16 (profiling at depth without a prefill).
+    pub fn fill_kv(&mut self, g: &Gpu, seed: u64) -> Result<()> {
+        // As bf16 halves: an fp32 cache then holds values near the same bf16 numbers.
+        let n = self.k_cache.len() / 2;
+        ops::fill_bf16(g, g.ptr(&self.k_cache), n, seed, 1.0, 0.0)?;
+        ops::fill_bf16(g, g.ptr(&self.v_cache), n, seed ^ 1, 1.0, 0.0)?;
+        g.sync()
+    }
+
+    /// Copy the step's inputs (token, position, KV slot per row) to the device.
+    pub fn set_inputs(
+        &mut self,
+        g: &Gpu,
+        tokens: &[u32],
+        pos: &[u32],
+        slots: &[u32],
+    ) -> Result<()> {
+        let n = tokens.len();
+        ensure!(
+            n > 0 && n <= self.max_batch && pos.len() == n && slots.len() == n,
+            "decode batch of {n} rows (max {})",
+            self.max_batch
+        );
+        for (&p, &s) in pos.iter().zip(slots) {
+            ensure!(
+                (p as usize) < self.max_pos,
+                "position {p} beyond the KV cache ({})",
+                self.max_pos
+            );
+            ensure!(
+                (s as usize) < self.slots,
+                "KV slot {s} out of range ({})",
+                self.slots
+            );
+        }
+        for &t in tokens {
+            ensure!(
+                (t as usize) < self.cfg.vocab_size,
+                "token id {t} ≥ vocab {}",
+                self.cfg.vocab_size
+            );
+        }
+        let stride = (self.max_pos * self.cfg.num_key_value_heads * self.cfg.head_dim) as u64;
+        let offs: Vec<u64> = slots.iter().map(|&s| u64::from(s) * stride).collect();
+        let mut tk = self.tokens.slice_mut(0..n);
+        g.stream()
+            .memcpy_htod(tokens, &mut tk)
+            .map_err(|e| anyhow::anyhow!("copying token ids: {:?}", e.0))?;
+        let mut pp = self.pos.slice_mut(0..n);
+        g.stream()
+            .memcpy_htod(pos, &mut pp)
+            .map_err(|e| anyhow::anyhow!("copying positions: {:?}", e.0))?;
+        let mut oo = self.kv_off.slice_mut(0..n);
+        g.stream()
+            .memcpy_htod(&offs, &mut oo)
+            .map_err(|e| anyhow::anyhow!("copying KV offsets: {:?}", e.0))?;
+        Ok(())
+    }
+
+    /// Queue one step for the first `n` rows. `full_keys` bounds the key count of full
+    /// attention layers (the split count); `marks` records profiling events.
+    fn enqueue(
+        &self,
+        g: &Gpu,
+        n: usize,
+        full_keys: usize,
+        mut marks: Option<&mut Marks>,
+    ) -> Result<()> {
+        let c = &self.cfg;
+        let (hq, hkv, d, hid) = (
+            c.num_attention_heads,
+            c.num_key_value_heads,
+            c.head_dim,
+            c.hidden_size,
+        );
+        let qkv_rows = (hq + 2 * hkv) * d;
+        let p = |s: &CudaSlice<f32>| g.ptr(s);
+        let mut mark = |label: &'static str| -> Result<()> {
+            if let Some(m) = marks.as_deref_mut() {
+                let ev = g
+                    .context()
+                    .new_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT))
+                    .map_err(|e| anyhow::anyhow!("creating a CUDA event: {:?}", e.0))?;
+                ev.record(g.stream())
+                    .map_err(|e| anyhow::anyhow!("recording a CUDA event: {:?}", e.0))?;
+                m.events.push((label, ev));
+            }
+            Ok(())
+        };
+        mark("start")?;
+        ops::embed(
+            g,
+            g.ptr(&self.w.embed),
+            g.ptr(&self.tokens),
+            p(&self.x),
+            hid,
+            n,
+        )?;
+        mark("embed_gather")?;
+        let eps = c.rms_norm_eps as f32;
+        let sh = AttnShape { hq, hkv, d };
+        let scratch = AttnScratch {
+            m: p(&self.sc_m),
+            l: p(&self.sc_l),
+            acc: p(&self.sc_acc),
+            entries: self.max_batch * hq * self.max_splits,
+        };
+        let kv_f32 = self.opts.kv_dtype == KvDtype::F32;
+        let layer_stride = (self.slots * self.max_pos * hkv * d * self.opts.kv_dtype.size()) as u64;
+        let moe_shape = MoeShape {
+            hidden: hid,
+            inter: c.intermediate_size,
+            k: c.num_experts_per_tok,
+            limit: c.swiglu_limit as f32,
+            alpha: 1.702,
+        };
+        let scale = 1.0 / (d as f32).sqrt();
+        for (li, lw) in self.w.layers.iter().enumerate() {
+            let kc = g.ptr(&self.k_cache) + li as u64 * layer_stride;
+            let vc = g.ptr(&self.v_cache) + li as u64 * layer_stride;
+            let attn_norm = Norm {
+                w: g.ptr(&lw.attn_norm),
+                eps,
+                out: p(&self.h),
+            };
+            ops::gemv(
+                g,
+                g.ptr(&lw.qkv_w),
+                Some(g.ptr(&lw.qkv_b)),
+                p(&self.x),
+                p(&self.qkv),
+                qkv_rows,
+                hid,
+                n,
+                false,
+                Some(attn_norm),
+            )?;
+            mark("rmsnorm+gemv qkv")?;
+            ops::rope_kv(
+                g,
+                sh,
+                p(&self.qkv),
+                p(&self.q),
+                kc,
+                vc,
+                kv_f32,
+                p(&self.inv_freq),
+                g.ptr(&self.pos),
+                g.ptr(&self.kv_off),
+                n,
+                self.mscale,
+            )?;
+            mark("rope_kv_write")?;
+            let sliding = c.layer_is_sliding[li];
+            let window = if sliding { c.sliding_window } else { 0 };
+            let keys = if sliding {
+                c.sliding_window.min(full_keys)
+            } else {
+                full_keys
+            };
+            let nsplit = keys.div_ceil(SPLIT_LEN).clamp(1, self.max_splits);
+            let sinks = self.opts.sinks.then(|| g.ptr(&lw.sinks));
+            ops::attention(
+                g,
+                sh,
+                p(&self.q),
+                kc,
+                vc,
+                kv_f32,
+                g.ptr(&self.pos),
+                g.ptr(&self.kv_off),
+                sinks,
+                p(&self.attn),
+                &scratch,
+                n,
+                window,
+                nsplit,
+                SPLIT_LEN,
+                scale,
+            )?;
+            mark("attention")?;
+            ops::gemv(
+                g,
+                g.ptr(&lw.o_w),
+                Some(g.ptr(&lw.o_b)),
+                p(&self.attn),
+                p(&self.x),
+                hid,
+                hq * d,
+                n,
+                true,
+                None,
+            )?;
+            mark("gemv o (+residual)")?;
+            let mlp_norm = Norm {
+                w: g.ptr(&lw.mlp_norm),
+                eps,
+                out: p(&self.h),
+            };
+            ops::gemv(
+                g,
+                g.ptr(&lw.router_w),
+                Some(g.ptr(&lw.router_b)),
+                p(&self.x),
+                p(&self.r_logits),
+                c.num_local_experts,
+                hid,
+                n,
+                false,
+                Some(mlp_norm),
+            )?;
+            mark("rmsnorm+gemv router")?;
+            ops::router_topk(
+                g,
+                p(&self.r_logits),
+                g.ptr(&self.r_idx),
+                p(&self.r_w),
+                c.num_local_experts,
+                c.num_experts_per_tok,
+                n,
+            )?;
+            mark("router_topk")?;
+            let mw = MoeWeights {
+                gu_blocks: g.ptr(&lw.gu_blocks),
+                gu_scales: g.ptr(&lw.gu_scales),
+                gu_bias: g.ptr(&lw.gu_bias),
+                dn_blocks: g.ptr(&lw.dn_blocks),
+                dn_scales: g.ptr(&lw.dn_scales),
+                dn_bias: g.ptr(&lw.dn_bias),
+            };
+            let (idx, act) = (g.ptr(&self.r_idx), p(&self.act));
+            ops::moe_gate_up(g, &mw, moe_shape, p(&self.h), idx, act, n)?;
+            mark("moe gate_up+swiglu")?;
+            ops::moe_down(
+                g,
+                &mw,
+                moe_shape,
+                idx,
+                p(&self.r_w),
+                act,
+                p(&self.x),
+                n,
+                true,
+            )?;
+            mark("moe down (+residual)")?;
+        }
+        let final_norm = Norm {
+            w: g.ptr(&self.w.final_norm),
+            eps,
+            out: p(&self.h),
+        };
+        ops::gemv(
+            g,
+            g.ptr(&self.w.lm_head),
+            None,
+            p(&self.x),
+            p(&self.logits),
+            c.vocab_size,
+            hid,
+            n,
+            false,
+            Some(final_norm),
+        )?;
+        mark("rmsnorm+gemv lm_head")?;
+        ops::argmax(
+            g,
+            p(&self.logits),
+            p(&self.am_v),
+            g.ptr(&self.am_i),
+            g.ptr(&self.next),
+            c.vocab_size,
+            n,
+        )?;
+        mark("argmax")?;
+        Ok(())
+    }
+
+    /// Run one step for the `n` rows set by [`Decoder::set_inputs`], attention sized for keys
+    /// up to `full_keys`. With `graph` the step is captured once per batch size (sized for the
+    /// whole cache) and replayed.
+    pub fn run(&mut self, g: &Gpu, n: usize, full_keys: usize, graph: bool) -> Result<()> {
+        if !graph {
+            return self.enqueue(g, n, full_keys, None);
+        }
+        if self.graphs[n].is_none() {
+            use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+            g.stream()
+                .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+                .map_err(|e| anyhow::anyhow!("starting graph capture: {:?}", e.0))?;
+            let queued = self.enqueue(g, n, self.max_pos, None);
+            let captured = g
+                .stream()
+                .end_capture(CUgraphInstantiate_flags(0))
+                .map_err(|e| anyhow::anyhow!("ending graph capture: {:?}", e.0));
+            queued?;
+            self.graphs[n] = captured?.map(StepGraph);
+        }
+        match &self.graphs[n] {
+            Some(graph) => graph
+                .0
+                .launch()
+                .map_err(|e| anyhow::anyhow!("replaying the decode graph: {:?}", e.0)),
+            None => anyhow::bail!("graph capture of the decode step produced no graph"),
+        }
+    }
+
+    /// Run one step recording per-kernel-group GPU time into `prof`.
+    pub fn run_profiled(
+        &self,
+        g: &Gpu,
+        n: usize,
+        full_keys: usize,
+        prof: &mut Profile,
+    ) -> Result<()> {
+        let mut marks = Marks { events: Vec::new() };
+        self.enqueue(g, n, full_keys, Some(&mut marks))?;
+        g.sync()?;
+        for w in marks.events.windows(2) {
+            let ms = w[0]
+                .1
+                .elapsed_ms(&w[1].1)
+                .map_err(|e| anyhow::anyhow!("reading CUDA event time: {:?}", e.0))?;
+            prof.add(w[1].0, f64::from(ms));
+        }
+        Ok(())
+    }
+
+    /// Feed the step's sampled ids back as the next step's input (autoregressive decode
+    /// without a host round trip).
+    pub fn feed_back(&mut self, g: &Gpu, n: usize) -> Result<()> {
+        let src = self.next.slice(0..n);
+        let mut dst = self.tokens.slice_mut(0..n);
+        g.stream()
+            .memcpy_dtod(&src, &mut dst)
+            .map_err(|e| anyhow::anyhow!("copying sampled ids: {:?}", e.0))
+    }
+
+    /// Logits of row `row` of the last step.
+    pub fn logits(&self, g: &Gpu, row: usize) -> Result<Vec<f32>> {
+        let v = self.cfg.vocab_size;
+        ensure!(row < self.max_batch, "row {row} beyond the batch");
+        g.stream()
+            .clone_dtoh(&self.logits.slice(row * v..(row + 1) * v))
+            .map_err(|e| anyhow::anyhow!("copying logits: {:?}", e.0))
+    }
+
+    /// Greedy token ids of the first `n` rows of the last step.
+    pub fn sampled(&self, g: &Gpu, n: usize) -> Result<Vec<u32>> {
+        g.stream()
+            .clone_dtoh(&self.next.slice(0..n))
+            .map_err(|e| anyhow::anyhow!("copying sampled ids: {:?}", e.0))
+    }
+}

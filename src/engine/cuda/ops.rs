@@ -1,0 +1,553 @@
+//! Typed launch wrappers, one per kernel: they check the shape rules each kernel relies on
+//! and compute its grid, so the forward pass never builds an argument list by hand.
+// The wrappers mirror the kernels' parameter lists one to one.
+#![allow(clippy::too_many_arguments)]
+
+use anyhow::{Result, ensure};
+
+use super::device::{Arg, Gpu};
+
+/// Optional device pointer → kernel argument (null when absent).
+fn opt(p: Option<u64>) -> Arg {
+    Arg::Ptr(p.unwrap_or(0))
+}
+
+fn i(v: usize) -> Result<Arg> {
+    Ok(Arg::I32(i32::try_from(v).map_err(|_| {
+        anyhow::anyhow!("dimension {v} does not fit the kernels' 32-bit sizes")
+    })?))
+}
+
+fn u(v: usize) -> Result<u32> {
+    u32::try_from(v).map_err(|_| anyhow::anyhow!("grid size {v} too large"))
+}
+
+/// Rows of a GEMV handled by one block (kernel constant `GEMV_ROWS_PER_BLOCK`).
+const GEMV_ROWS: usize = 8;
+/// Tokens sharing one weight pass (kernel constant `GEMV_MAX_TOKENS`).
+const GEMV_TOKENS: usize = 4;
+/// Warps per attention split block (kernel constant `ATTN_WARPS`).
+const ATTN_WARPS: u32 = 4;
+
+/// out[t] = table[tokens[t]] (fp32), `tokens` device `u32`.
+pub fn embed(g: &Gpu, table: u64, tokens: u64, out: u64, hidden: usize, t: usize) -> Result<()> {
+    let blocks = u(hidden.div_ceil(256))?;
+    g.launch(
+        "embed_gather",
+        (blocks, u(t)?, 1),
+        (256, 1, 1),
+        0,
+        &[Arg::Ptr(table), Arg::Ptr(tokens), Arg::Ptr(out), i(hidden)?],
+    )
+}
+
+/// y = rmsnorm(x (+= delta)) * w over `t` rows of `n`.
+pub fn rmsnorm(
+    g: &Gpu,
+    x: u64,
+    delta: Option<u64>,
+    w: u64,
+    y: u64,
+    n: usize,
+    t: usize,
+    eps: f32,
+) -> Result<()> {
+    g.launch(
+        "rmsnorm_residual",
+        (u(t)?, 1, 1),
+        (256, 1, 1),
+        0,
+        &[
+            Arg::Ptr(x),
+            opt(delta),
+            Arg::Ptr(w),
+            Arg::Ptr(y),
+            i(n)?,
+            Arg::F32(eps),
+        ],
+    )
+}
+
+/// Below this many rows a GEMV gives each row a whole block (`gemv_bf16_wide`), so that
+/// small projections (the router) still occupy every multiprocessor.
+pub const GEMV_WIDE_ROWS: usize = 2048;
+
+/// RMSNorm applied to a GEMV's input on the fly: `out = rmsnorm(x) · w` is also written.
+#[derive(Debug, Clone, Copy)]
+pub struct Norm {
+    /// Norm weight (bf16, `cols`).
+    pub w: u64,
+    /// ε.
+    pub eps: f32,
+    /// Where the normalised input is written ([t, cols] fp32).
+    pub out: u64,
+}
+
+/// Shared memory the fused norm may stage per block (the default static limit).
+const NORM_SMEM_LIMIT: usize = 48 * 1024;
+
+/// y[t] (+)= W x[t] + b, W bf16 [rows, cols]; with `norm` the input is rmsnorm(x) (fused into
+/// the GEMV when the staged input fits in shared memory, else a separate rmsnorm launch).
+pub fn gemv(
+    g: &Gpu,
+    w: u64,
+    bias: Option<u64>,
+    x: u64,
+    y: u64,
+    rows: usize,
+    cols: usize,
+    t: usize,
+    accumulate: bool,
+    norm: Option<Norm>,
+) -> Result<()> {
+    let stage = t.min(GEMV_TOKENS) * cols * 4;
+    let (x, norm) = match norm {
+        Some(n) if stage > NORM_SMEM_LIMIT => {
+            rmsnorm(g, x, None, n.w, n.out, cols, t, n.eps)?;
+            (n.out, None)
+        }
+        other => (x, other),
+    };
+    let (kernel, blocks) = if rows < GEMV_WIDE_ROWS {
+        ("gemv_bf16_wide", rows)
+    } else {
+        ("gemv_bf16", rows.div_ceil(GEMV_ROWS))
+    };
+    let smem = if norm.is_some() { u(stage)? } else { 0 };
+    g.launch(
+        kernel,
+        (u(blocks)?, u(t.div_ceil(GEMV_TOKENS))?, 1),
+        (256, 1, 1),
+        smem,
+        &[
+            Arg::Ptr(w),
+            opt(bias),
+            Arg::Ptr(x),
+            Arg::Ptr(y),
+            i(rows)?,
+            i(cols)?,
+            i(t)?,
+            Arg::I32(accumulate as i32),
+            opt(norm.map(|n| n.w)),
+            Arg::F32(norm.map_or(0.0, |n| n.eps)),
+            opt(norm.map(|n| n.out)),
+        ],
+    )
+}
+
+/// Attention geometry shared by the RoPE/KV-write and attention kernels.
+#[derive(Debug, Clone, Copy)]
+pub struct AttnShape {
+    /// Query heads.
+    pub hq: usize,
+    /// KV heads.
+    pub hkv: usize,
+    /// Head dimension.
+    pub d: usize,
+}
+
+impl AttnShape {
+    fn check(&self) -> Result<()> {
+        ensure!(
+            self.d.is_multiple_of(32) && self.d <= 128 && self.d >= 32,
+            "head_dim {} unsupported by the CUDA kernels (a multiple of 32 up to 128)",
+            self.d
+        );
+        ensure!(
+            self.hkv > 0 && self.hq.is_multiple_of(self.hkv),
+            "query heads {} not a multiple of KV heads {}",
+            self.hq,
+            self.hkv
+        );
+        Ok(())
+    }
+}
+
+/// Rotate q/k of `t` tokens (positions `pos`, cache offsets `kv_off` in elements, device
+/// arrays) and write k/v into the cache (bf16, or fp32 with `kv_f32`).
+pub fn rope_kv(
+    g: &Gpu,
+    s: AttnShape,
+    qkv: u64,
+    q_out: u64,
+    k_cache: u64,
+    v_cache: u64,
+    kv_f32: bool,
+    inv_freq: u64,
+    pos: u64,
+    kv_off: u64,
+    t: usize,
+    mscale: f32,
+) -> Result<()> {
+    s.check()?;
+    g.launch(
+        "rope_kv_write",
+        (u(s.hq + 2 * s.hkv)?, u(t)?, 1),
+        (u(s.d / 2)?, 1, 1),
+        0,
+        &[
+            Arg::Ptr(qkv),
+            Arg::Ptr(q_out),
+            Arg::Ptr(k_cache),
+            Arg::Ptr(v_cache),
+            Arg::I32(kv_f32 as i32),
+            Arg::Ptr(inv_freq),
+            Arg::Ptr(pos),
+            Arg::Ptr(kv_off),
+            i(s.hq)?,
+            i(s.hkv)?,
+            i(s.d)?,
+            Arg::F32(mscale),
+        ],
+    )
+}
+
+/// Scratch of split-K attention: per (token, head, split) max, sum and partial output.
+pub struct AttnScratch {
+    /// Running maxima.
+    pub m: u64,
+    /// Running sums.
+    pub l: u64,
+    /// Unnormalised outputs (`d` per entry).
+    pub acc: u64,
+    /// Capacity in (token, head, split) entries.
+    pub entries: usize,
+}
+
+/// Decode attention for `t` query tokens; `nsplit` splits of `split_len` keys each must cover
+/// the longest key range in the batch. `sinks = None` turns the sink off.
+pub fn attention(
+    g: &Gpu,
+    s: AttnShape,
+    q: u64,
+    k_cache: u64,
+    v_cache: u64,
+    kv_f32: bool,
+    pos: u64,
+    kv_off: u64,
+    sinks: Option<u64>,
+    out: u64,
+    scratch: &AttnScratch,
+    t: usize,
+    window: usize,
+    nsplit: usize,
+    split_len: usize,
+    scale: f32,
+) -> Result<()> {
+    s.check()?;
+    ensure!(
+        t * s.hq * nsplit <= scratch.entries,
+        "attention scratch holds {} entries, {} needed",
+        scratch.entries,
+        t * s.hq * nsplit
+    );
+    g.launch(
+        "attn_split",
+        (u(s.hq)?, u(nsplit)?, u(t)?),
+        (ATTN_WARPS * 32, 1, 1),
+        0,
+        &[
+            Arg::Ptr(q),
+            Arg::Ptr(k_cache),
+            Arg::Ptr(v_cache),
+            Arg::I32(kv_f32 as i32),
+            Arg::Ptr(pos),
+            Arg::Ptr(kv_off),
+            Arg::Ptr(scratch.m),
+            Arg::Ptr(scratch.l),
+            Arg::Ptr(scratch.acc),
+            i(s.hq)?,
+            i(s.hkv)?,
+            i(s.d)?,
+            i(window)?,
+            i(split_len)?,
+            Arg::F32(scale),
+        ],
+    )?;
+    g.launch(
+        "attn_combine",
+        (u(s.hq)?, u(t)?, 1),
+        (u(s.d)?, 1, 1),
+        0,
+        &[
+            Arg::Ptr(scratch.m),
+            Arg::Ptr(scratch.l),
+            Arg::Ptr(scratch.acc),
+            opt(sinks),
+            Arg::Ptr(out),
+            i(s.hq)?,
+            i(s.d)?,
+            i(nsplit)?,
+        ],
+    )
+}
+
+/// Top-k experts and their softmax weights from router logits [t, experts].
+pub fn router_topk(
+    g: &Gpu,
+    logits: u64,
+    idx: u64,
+    wts: u64,
+    experts: usize,
+    k: usize,
+    t: usize,
+) -> Result<()> {
+    ensure!(
+        (1..=32).contains(&k) && k <= experts,
+        "top-k {k} of {experts} experts unsupported (1 ≤ k ≤ 32)"
+    );
+    g.launch(
+        "router_topk",
+        (u(t)?, 1, 1),
+        (32, 1, 1),
+        u(experts * 4)?,
+        &[
+            Arg::Ptr(logits),
+            Arg::Ptr(idx),
+            Arg::Ptr(wts),
+            i(experts)?,
+            i(k)?,
+        ],
+    )
+}
+
+/// MXFP4 expert weights of one layer, on the device in checkpoint layout.
+#[derive(Debug, Clone, Copy)]
+pub struct MoeWeights {
+    /// gate_up blocks [E, 2I, H/32, 16].
+    pub gu_blocks: u64,
+    /// gate_up scales [E, 2I, H/32].
+    pub gu_scales: u64,
+    /// gate_up bias bf16 [E, 2I].
+    pub gu_bias: u64,
+    /// down blocks [E, H, I/32, 16].
+    pub dn_blocks: u64,
+    /// down scales [E, H, I/32].
+    pub dn_scales: u64,
+    /// down bias bf16 [E, H].
+    pub dn_bias: u64,
+}
+
+/// Sizes and SwiGLU constants of the MoE.
+#[derive(Debug, Clone, Copy)]
+pub struct MoeShape {
+    /// Hidden size H.
+    pub hidden: usize,
+    /// Expert intermediate size I.
+    pub inter: usize,
+    /// Experts per token.
+    pub k: usize,
+    /// SwiGLU clamp limit.
+    pub limit: f32,
+    /// SwiGLU sigmoid α.
+    pub alpha: f32,
+}
+
+/// Floats per staged group of 32 activations (kernel constant `MOE_PAD`).
+const MOE_PAD: usize = 36;
+
+impl MoeShape {
+    fn check(&self) -> Result<()> {
+        ensure!(
+            self.hidden.is_multiple_of(32) && self.inter.is_multiple_of(32),
+            "MXFP4 needs hidden {} and intermediate {} to be multiples of 32",
+            self.hidden,
+            self.inter
+        );
+        Ok(())
+    }
+}
+
+/// y[t] (+)= Σ_s w[t,s] · expert_{idx[t,s]}(x[t]); `act` is scratch [t, k, I] fp32.
+pub fn moe(
+    g: &Gpu,
+    w: &MoeWeights,
+    s: MoeShape,
+    x: u64,
+    idx: u64,
+    wts: u64,
+    act: u64,
+    y: u64,
+    t: usize,
+    accumulate: bool,
+) -> Result<()> {
+    moe_gate_up(g, w, s, x, idx, act, t)?;
+    moe_down(g, w, s, idx, wts, act, y, t, accumulate)
+}
+
+/// act[t, s] = swiglu(W1_e x[t] + b1_e) for the routed experts e = idx[t, s].
+pub fn moe_gate_up(
+    g: &Gpu,
+    w: &MoeWeights,
+    s: MoeShape,
+    x: u64,
+    idx: u64,
+    act: u64,
+    t: usize,
+) -> Result<()> {
+    s.check()?;
+    let smem = s.hidden / 32 * MOE_PAD * 4;
+    ensure!(
+        smem <= g.max_shared(),
+        "hidden {} too large for the staged MoE input",
+        s.hidden
+    );
+    g.launch(
+        "moe_gate_up_swiglu",
+        (u(s.inter.div_ceil(8))?, u(s.k)?, u(t)?),
+        (256, 1, 1),
+        u(smem)?,
+        &[
+            Arg::Ptr(w.gu_blocks),
+            Arg::Ptr(w.gu_scales),
+            Arg::Ptr(w.gu_bias),
+            Arg::Ptr(x),
+            Arg::Ptr(idx),
+            Arg::Ptr(act),
+            i(s.inter)?,
+            i(s.hidden)?,
+            i(s.k)?,
+            Arg::F32(s.limit),
+            Arg::F32(s.alpha),
+        ],
+    )
+}
+
+/// y[t] (+)= Σ_s w[t,s] (W2_e act[t, s] + b2_e).
+pub fn moe_down(
+    g: &Gpu,
+    w: &MoeWeights,
+    s: MoeShape,
+    idx: u64,
+    wts: u64,
+    act: u64,
+    y: u64,
+    t: usize,
+    accumulate: bool,
+) -> Result<()> {
+    s.check()?;
+    let smem = s.k * s.inter / 32 * MOE_PAD * 4;
+    ensure!(
+        smem <= g.max_shared(),
+        "{} experts × intermediate {} too large for the staged MoE activations ({} bytes, device allows {})",
+        s.k,
+        s.inter,
+        smem,
+        g.max_shared()
+    );
+    g.launch(
+        "moe_down",
+        (u(s.hidden.div_ceil(16))?, u(t)?, 1),
+        (256, 1, 1),
+        u(smem)?,
+        &[
+            Arg::Ptr(w.dn_blocks),
+            Arg::Ptr(w.dn_scales),
+            Arg::Ptr(w.dn_bias),
+            Arg::Ptr(act),
+            Arg::Ptr(idx),
+            Arg::Ptr(wts),
+            Arg::Ptr(y),
+            i(s.hidden)?,
+            i(s.inter)?,
+            i(s.k)?,
+            Arg::I32(accumulate as i32),
+        ],
+    )
+}
+
+/// Vocabulary entries per argmax partial block.
+pub const ARGMAX_CHUNK: usize = 4096;
+
+/// Token id of the largest logit of each of `t` rows into `out` (device u32 [t]);
+/// `part_v`/`part_i` hold t · ceil(vocab / ARGMAX_CHUNK) entries.
+pub fn argmax(
+    g: &Gpu,
+    logits: u64,
+    part_v: u64,
+    part_i: u64,
+    out: u64,
+    vocab: usize,
+    t: usize,
+) -> Result<()> {
+    let chunks = vocab.div_ceil(ARGMAX_CHUNK);
+    g.launch(
+        "argmax_partial",
+        (u(chunks)?, u(t)?, 1),
+        (256, 1, 1),
+        0,
+        &[
+            Arg::Ptr(logits),
+            i(vocab)?,
+            i(ARGMAX_CHUNK)?,
+            Arg::Ptr(part_v),
+            Arg::Ptr(part_i),
+        ],
+    )?;
+    g.launch(
+        "argmax_final",
+        (u(t)?, 1, 1),
+        (256, 1, 1),
+        0,
+        &[
+            Arg::Ptr(part_v),
+            Arg::Ptr(part_i),
+            i(chunks)?,
+            Arg::Ptr(out),
+        ],
+    )
+}
+
+/// Fill `n` bf16 with `offset + scale · U(-1, 1)` from the counter hash of `seed`.
+pub fn fill_bf16(g: &Gpu, out: u64, n: usize, seed: u64, scale: f32, offset: f32) -> Result<()> {
+    let blocks = u(n.div_ceil(256).clamp(1, 65536))?;
+    g.launch(
+        "fill_bf16",
+        (blocks, 1, 1),
+        (256, 1, 1),
+        0,
+        &[
+            Arg::Ptr(out),
+            Arg::U64(n as u64),
+            Arg::U64(seed),
+            Arg::F32(scale),
+            Arg::F32(offset),
+        ],
+    )
+}
+
+/// Fill `n` bytes uniformly in `lo..=hi` from the counter hash of `seed`.
+pub fn fill_u8(g: &Gpu, out: u64, n: usize, seed: u64, lo: u8, hi: u8) -> Result<()> {
+    let blocks = u(n.div_ceil(256).clamp(1, 65536))?;
+    g.launch(
+        "fill_u8",
+        (blocks, 1, 1),
+        (256, 1, 1),
+        0,
+        &[
+            Arg::Ptr(out),
+            Arg::U64(n as u64),
+            Arg::U64(seed),
+            Arg::I32(lo as i32),
+            Arg::I32(hi as i32),
+        ],
+    )
+}
+
+/// Blocks × threads of the read probe (a fixed, chip-filling grid).
+pub const PROBE_THREADS: usize = 1024 * 1024;
+
+/// Read `bytes` (a multiple of 16) from `src` once; `sink` holds PROBE_THREADS u32.
+pub fn read_probe(g: &Gpu, src: u64, bytes: usize, sink: u64) -> Result<()> {
+    ensure!(
+        bytes.is_multiple_of(16),
+        "probe size {bytes} not a multiple of 16"
+    );
+    g.launch(
+        "read_probe",
+        (u(PROBE_THREADS / 256)?, 1, 1),
+        (256, 1, 1),
+        0,
+        &[Arg::Ptr(src), Arg::U64((bytes / 16) as u64), Arg::Ptr(sink)],
+    )
+}

@@ -1,0 +1,238 @@
+//! `mxtune engine profile`: one decode step of a synthetic model on the GPU, measured as
+//! METHOD.md asks — bytes counted first, GPU time from events, the read-bandwidth roofline
+//! measured in the same run.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::{Context, Result, ensure};
+
+use super::device::Gpu;
+use super::model::{DecodeOptions, Decoder, KvDtype, Profile, SPLIT_LEN};
+use super::{ops, weights};
+use crate::engine::config::ModelConfig;
+use crate::engine::synthetic;
+
+/// Arguments of `mxtune engine profile`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ProfileArgs {
+    /// Synthetic model shape: gpt-oss-120b, gpt-oss-20b or tiny.
+    #[arg(long, default_value = "gpt-oss-120b")]
+    pub synthetic: String,
+    /// Context tokens already in the KV cache before the measured steps.
+    #[arg(long, default_value_t = 0)]
+    pub depth: usize,
+    /// Sequences decoded together.
+    #[arg(long, default_value_t = 1)]
+    pub batch: usize,
+    /// Decode steps timed (after 3 warm-up steps).
+    #[arg(long, default_value_t = 64)]
+    pub steps: usize,
+    /// Attention sinks on|off.
+    #[arg(long, default_value = "on", value_parser = ["on", "off"])]
+    pub sinks: String,
+    /// KV cache element type: bf16 or f32.
+    #[arg(long, default_value = "bf16", value_parser = ["bf16", "f32"])]
+    pub kv_dtype: String,
+    /// CUDA device ordinal.
+    #[arg(long, default_value_t = 0)]
+    pub gpu: usize,
+}
+
+/// Bytes one decode token must read at batch 1 (each weight it touches once, its KV once,
+/// `kv_bytes` per cached element).
+pub fn bytes_per_token(c: &ModelConfig, depth: usize, kv_bytes: usize) -> u64 {
+    let (h, hq, hkv, d) = (
+        c.hidden_size,
+        c.num_attention_heads,
+        c.num_key_value_heads,
+        c.head_dim,
+    );
+    let (e, k, i, v) = (
+        c.num_local_experts,
+        c.num_experts_per_tok,
+        c.intermediate_size,
+        c.vocab_size,
+    );
+    let qkv = (hq + 2 * hkv) * d;
+    let attn = 2 * (qkv * h + qkv + h * hq * d + h + hq + 2 * h);
+    let router = 2 * (e * h + e);
+    // MXFP4: 16 bytes of nibbles + 1 scale byte per 32 weights, bf16 biases.
+    let expert = 2 * i * h / 32 * 17 + h * i / 32 * 17 + 2 * (2 * i + h);
+    let mut total = (2 * h + 2 * h + 2 * v * h) as u64; // embedding row, final norm, lm_head
+    for &sliding in &c.layer_is_sliding {
+        let keys = if sliding {
+            (depth + 1).min(c.sliding_window)
+        } else {
+            depth + 1
+        };
+        total += (attn + router + k * expert + keys * hkv * d * 2 * kv_bytes) as u64;
+    }
+    total
+}
+
+fn ev(g: &Gpu) -> Result<cudarc::driver::CudaEvent> {
+    g.context()
+        .new_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT))
+        .map_err(|e| anyhow::anyhow!("creating a CUDA event: {:?}", e.0))
+}
+
+fn elapsed(a: &cudarc::driver::CudaEvent, b: &cudarc::driver::CudaEvent) -> Result<f64> {
+    a.elapsed_ms(b)
+        .map(f64::from)
+        .map_err(|e| anyhow::anyhow!("reading CUDA event time: {:?}", e.0))
+}
+
+fn record(g: &Gpu, e: &cudarc::driver::CudaEvent) -> Result<()> {
+    e.record(g.stream())
+        .map_err(|e| anyhow::anyhow!("recording a CUDA event: {:?}", e.0))
+}
+
+/// Median of a non-empty list.
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// Measured read bandwidth in GB/s: median of 10 reads of a 4 GiB buffer.
+fn read_bandwidth(g: &Gpu) -> Result<f64> {
+    let bytes = 4usize << 30;
+    let buf = g.alloc::<u8>(bytes)?;
+    ops::fill_u8(g, g.ptr(&buf), bytes, 7, 0, 255)?;
+    let sink = g.alloc::<u32>(ops::PROBE_THREADS)?;
+    let mut times = Vec::new();
+    for rep in 0..12 {
+        let (a, b) = (ev(g)?, ev(g)?);
+        record(g, &a)?;
+        ops::read_probe(g, g.ptr(&buf), bytes, g.ptr(&sink))?;
+        record(g, &b)?;
+        g.sync()?;
+        if rep >= 2 {
+            times.push(elapsed(&a, &b)?);
+        }
+    }
+    Ok(bytes as f64 / (median(times) * 1e-3) / 1e9)
+}
+
+/// Run the profile and print its report.
+pub fn run(args: &ProfileArgs) -> Result<()> {
+    let cfg = synthetic::config(&args.synthetic)?;
+    ensure!(
+        args.batch > 0 && args.steps > 0,
+        "--batch and --steps must be positive"
+    );
+    let sinks = args.sinks == "on";
+    let t_open = Instant::now();
+    let g = Arc::new(Gpu::open(args.gpu)?);
+    let lr = &g.load_report;
+    println!(
+        "device: {} ({}); kernels {} compiled, {} cached, {:.2} s to load; open {:.2} s",
+        g.name(),
+        g.arch(),
+        lr.compiled,
+        lr.cached,
+        lr.seconds,
+        t_open.elapsed().as_secs_f64()
+    );
+    let bw = read_bandwidth(&g).context("measuring read bandwidth")?;
+    println!("read bandwidth (4 GiB streamed read, median of 10): {bw:.0} GB/s");
+    let t_w = Instant::now();
+    let w = weights::synthetic_device(&g, &cfg, 0x6770_7400)?;
+    println!(
+        "synthetic {} weights generated on the device in {:.2} s",
+        args.synthetic,
+        t_w.elapsed().as_secs_f64()
+    );
+    let max_pos = (args.depth + args.steps + 8).div_ceil(SPLIT_LEN) * SPLIT_LEN;
+    let mut dec = Decoder::new(
+        &g,
+        &cfg,
+        w,
+        DecodeOptions {
+            sinks,
+            kv_dtype: if args.kv_dtype == "f32" {
+                KvDtype::F32
+            } else {
+                KvDtype::Bf16
+            },
+        },
+        args.batch,
+        max_pos,
+        args.batch,
+    )?;
+    dec.fill_kv(&g, 0x4b56)?;
+    let b = args.batch;
+    let slots: Vec<u32> = (0..b as u32).collect();
+    let toks: Vec<u32> = (0..b as u32).map(|i| 1000 + i).collect();
+    let per_tok = bytes_per_token(&cfg, args.depth, dec.options().kv_dtype.size());
+    println!(
+        "model {}: {} layers, {} experts; batch {b}, depth {}; bytes/token (batch 1, counted): {:.3} GB",
+        args.synthetic,
+        cfg.num_hidden_layers,
+        cfg.num_local_experts,
+        args.depth,
+        per_tok as f64 / 1e9
+    );
+    // Per-kernel GPU time (events between kernel groups; the events add small gaps).
+    let mut prof = Profile::default();
+    let pos: Vec<u32> = vec![args.depth as u32; b];
+    dec.set_inputs(&g, &toks, &pos, &slots)?;
+    dec.run_profiled(&g, b, args.depth + 1, &mut Profile::default())?;
+    for _ in 0..5 {
+        dec.run_profiled(&g, b, args.depth + 1, &mut prof)?;
+    }
+    let reps = 5.0;
+    let total: f64 = prof.rows.iter().map(|r| r.1).sum::<f64>() / reps;
+    println!("per-kernel GPU time of one decode step (mean of 5 profiled steps):");
+    println!(
+        "  {:<22} {:>10} {:>9} {:>7}",
+        "kernel", "ms/step", "launches", "share"
+    );
+    for (l, ms, n) in &prof.rows {
+        println!(
+            "  {:<22} {:>10.4} {:>9} {:>6.1}%",
+            l,
+            ms / reps,
+            *n as f64 / reps,
+            100.0 * ms / reps / total
+        );
+    }
+    println!("  {:<22} {:>10.4}", "sum", total);
+    for graphs in [false, true] {
+        let mut times = Vec::new();
+        for rep in 0..3 + args.steps {
+            let p: Vec<u32> = vec![(args.depth + rep) as u32; b];
+            dec.set_inputs(&g, &toks, &p, &slots)?;
+            let (a, e) = (ev(&g)?, ev(&g)?);
+            record(&g, &a)?;
+            dec.run(&g, b, args.depth + rep + 1, graphs)?;
+            record(&g, &e)?;
+            g.sync()?;
+            if rep >= 3 {
+                times.push(elapsed(&a, &e)?);
+            }
+        }
+        let mean = times.iter().sum::<f64>() / times.len() as f64;
+        let sd =
+            (times.iter().map(|t| (t - mean).powi(2)).sum::<f64>() / times.len() as f64).sqrt();
+        let med = median(times.clone());
+        let tps = b as f64 / (med * 1e-3);
+        let achieved = per_tok as f64 / (med * 1e-3) / 1e9;
+        println!(
+            "decode step, graphs {}: median {:.3} ms (mean {:.3} ± {:.3}, n={}) -> {:.1} tok/s; \
+             batch-1 bytes at {:.0} GB/s = {:.1}% of the measured read roofline ({:.1} tok/s)",
+            if graphs { "on " } else { "off" },
+            med,
+            mean,
+            sd,
+            args.steps,
+            tps,
+            achieved,
+            100.0 * achieved / bw,
+            bw * 1e9 / per_tok as f64
+        );
+    }
+    let sampled = dec.sampled(&g, b)?;
+    println!("last sampled ids: {sampled:?}");
+    Ok(())
+}

@@ -1,0 +1,257 @@
+//! Per-kernel CPU references in f64 (inputs as the GPU sees them: bf16 bits, fp32, MXFP4
+//! bytes). The self-test compares every kernel with these on fresh random inputs.
+
+/// bf16 bits → f64.
+pub fn bf(v: u16) -> f64 {
+    f64::from(half::bf16::from_bits(v).to_f32())
+}
+
+/// f32 → bf16 bits (round to nearest even), as the kernels store K/V.
+pub fn to_bf(v: f32) -> u16 {
+    half::bf16::from_f32(v).to_bits()
+}
+
+/// E2M1 values of the 16 nibbles.
+pub const FP4: [f64; 16] = [
+    0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0,
+];
+
+/// Dequantise one MXFP4 row of `cols` elements (blocks of 16 bytes + one scale byte each).
+pub fn mxfp4_row(blocks: &[u8], scales: &[u8], cols: usize) -> Vec<f64> {
+    let mut out = Vec::with_capacity(cols);
+    for b in 0..cols / 32 {
+        let s = (f64::from(scales[b]) - 127.0).exp2();
+        for j in 0..16 {
+            let byte = blocks[b * 16 + j];
+            out.push(FP4[(byte & 15) as usize] * s);
+            out.push(FP4[(byte >> 4) as usize] * s);
+        }
+    }
+    out
+}
+
+/// Embedding rows of `tokens`.
+pub fn embed(table: &[u16], tokens: &[u32], hidden: usize) -> Vec<f64> {
+    tokens
+        .iter()
+        .flat_map(|&t| {
+            table[t as usize * hidden..][..hidden]
+                .iter()
+                .map(|&v| bf(v))
+        })
+        .collect()
+}
+
+/// RMSNorm of each row of `x` (+ `delta` first); returns (new x, y).
+pub fn rmsnorm(x: &[f32], delta: Option<&[f32]>, w: &[u16], eps: f64) -> (Vec<f64>, Vec<f64>) {
+    let n = w.len();
+    let mut xs: Vec<f64> = x.iter().map(|&v| f64::from(v)).collect();
+    if let Some(d) = delta {
+        for (a, b) in xs.iter_mut().zip(d) {
+            *a += f64::from(*b);
+        }
+    }
+    let mut y = vec![0.0; xs.len()];
+    for (row, yr) in xs.chunks(n).zip(y.chunks_mut(n)) {
+        let ms = row.iter().map(|v| v * v).sum::<f64>() / n as f64;
+        let r = 1.0 / (ms + eps).sqrt();
+        for ((o, v), wv) in yr.iter_mut().zip(row).zip(w) {
+            *o = v * r * bf(*wv);
+        }
+    }
+    (xs, y)
+}
+
+/// y[t, r] = y0 + W[r] · x[t] + b[r] for `t = x.len() / cols` tokens.
+pub fn gemv(
+    w: &[u16],
+    bias: Option<&[u16]>,
+    x: &[f32],
+    y0: Option<&[f32]>,
+    cols: usize,
+) -> Vec<f64> {
+    let rows = w.len() / cols;
+    let t = x.len() / cols;
+    let mut y = vec![0.0; rows * t];
+    for ti in 0..t {
+        let xt = &x[ti * cols..][..cols];
+        for r in 0..rows {
+            let wr = &w[r * cols..][..cols];
+            let mut s: f64 = wr.iter().zip(xt).map(|(a, b)| bf(*a) * f64::from(*b)).sum();
+            if let Some(b) = bias {
+                s += bf(b[r]);
+            }
+            if let Some(y0) = y0 {
+                s += f64::from(y0[ti * rows + r]);
+            }
+            y[ti * rows + r] = s;
+        }
+    }
+    y
+}
+
+/// Rotate one head (rotate-half) at `pos`: θ in fp32 as the model defines it.
+pub fn rope_head(x: &[f32], pos: u32, inv_freq: &[f32], mscale: f32) -> Vec<f64> {
+    let half = x.len() / 2;
+    let mut o = vec![0.0; x.len()];
+    for i in 0..half {
+        let theta = f64::from(pos as f32 * inv_freq[i]);
+        let (c, s) = (
+            theta.cos() * f64::from(mscale),
+            theta.sin() * f64::from(mscale),
+        );
+        let (a, b) = (f64::from(x[i]), f64::from(x[i + half]));
+        o[i] = a * c - b * s;
+        o[i + half] = b * c + a * s;
+    }
+    o
+}
+
+/// One decode query against a KV cache region: keys [lo, pos], sinks in the denominator once.
+#[allow(clippy::too_many_arguments)]
+pub fn attention(
+    q: &[f32],
+    k_cache: &[u16],
+    v_cache: &[u16],
+    pos: usize,
+    hq: usize,
+    hkv: usize,
+    d: usize,
+    window: usize,
+    sinks: Option<&[u16]>,
+    scale: f64,
+) -> Vec<f64> {
+    let lo = if window > 0 {
+        (pos + 1).saturating_sub(window)
+    } else {
+        0
+    };
+    let mut out = vec![0.0; hq * d];
+    for h in 0..hq {
+        let kvh = h / (hq / hkv);
+        let qh = &q[h * d..][..d];
+        let scores: Vec<f64> = (lo..=pos)
+            .map(|j| {
+                let kr = &k_cache[(j * hkv + kvh) * d..][..d];
+                qh.iter()
+                    .zip(kr)
+                    .map(|(a, b)| f64::from(*a) * bf(*b))
+                    .sum::<f64>()
+                    * scale
+            })
+            .collect();
+        let sink = sinks.map(|s| bf(s[h]));
+        let m = scores
+            .iter()
+            .copied()
+            .chain(sink)
+            .fold(f64::NEG_INFINITY, f64::max);
+        let mut den = sink.map(|s| (s - m).exp()).unwrap_or(0.0);
+        let o = &mut out[h * d..][..d];
+        for (j, s) in (lo..=pos).zip(&scores) {
+            let p = (s - m).exp();
+            den += p;
+            let vr = &v_cache[(j * hkv + kvh) * d..][..d];
+            for (oi, v) in o.iter_mut().zip(vr) {
+                *oi += p * bf(*v);
+            }
+        }
+        for oi in o.iter_mut() {
+            *oi /= den;
+        }
+    }
+    out
+}
+
+/// Top-k (ties: lower index) and softmax over those k.
+pub fn router_topk(logits: &[f32], k: usize) -> (Vec<usize>, Vec<f64>) {
+    let mut order: Vec<usize> = (0..logits.len()).collect();
+    order.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]).then(a.cmp(&b)));
+    let top: Vec<usize> = order[..k].to_vec();
+    let m = f64::from(logits[top[0]]);
+    let e: Vec<f64> = top
+        .iter()
+        .map(|&i| (f64::from(logits[i]) - m).exp())
+        .collect();
+    let s: f64 = e.iter().sum();
+    (top, e.iter().map(|v| v / s).collect())
+}
+
+/// The clamped SwiGLU of gpt-oss.
+pub fn swiglu(gate: f64, lin: f64, limit: f64, alpha: f64) -> f64 {
+    let g = gate.min(limit);
+    let l = lin.clamp(-limit, limit);
+    g / (1.0 + (-alpha * g).exp()) * (l + 1.0)
+}
+
+/// One layer's MXFP4 experts in checkpoint layout, host side.
+pub struct MoeHost<'a> {
+    /// gate_up blocks [E, 2I, H/32, 16].
+    pub gu_blocks: &'a [u8],
+    /// gate_up scales [E, 2I, H/32].
+    pub gu_scales: &'a [u8],
+    /// gate_up bias [E, 2I].
+    pub gu_bias: &'a [u16],
+    /// down blocks [E, H, I/32, 16].
+    pub dn_blocks: &'a [u8],
+    /// down scales [E, H, I/32].
+    pub dn_scales: &'a [u8],
+    /// down bias [E, H].
+    pub dn_bias: &'a [u16],
+}
+
+/// Σ_s w_s (W2_e swiglu(W1_e x + b1_e) + b2_e) for one token.
+pub fn moe(
+    w: &MoeHost<'_>,
+    x: &[f32],
+    experts: &[usize],
+    weights: &[f64],
+    inter: usize,
+    limit: f64,
+    alpha: f64,
+) -> Vec<f64> {
+    let h = x.len();
+    let (nbh, nbi) = (h / 32, inter / 32);
+    let mut y = vec![0.0; h];
+    for (&e, &we) in experts.iter().zip(weights) {
+        let mut act = vec![0.0; inter];
+        for (j, a) in act.iter_mut().enumerate() {
+            let mut u = [0.0; 2];
+            for (half, uv) in u.iter_mut().enumerate() {
+                let r = e * 2 * inter + 2 * j + half;
+                let row = mxfp4_row(&w.gu_blocks[r * nbh * 16..], &w.gu_scales[r * nbh..], h);
+                *uv = row
+                    .iter()
+                    .zip(x)
+                    .map(|(a, b)| a * f64::from(*b))
+                    .sum::<f64>()
+                    + bf(w.gu_bias[r]);
+            }
+            *a = swiglu(u[0], u[1], limit, alpha);
+        }
+        for (r, yr) in y.iter_mut().enumerate() {
+            let row_i = e * h + r;
+            let row = mxfp4_row(
+                &w.dn_blocks[row_i * nbi * 16..],
+                &w.dn_scales[row_i * nbi..],
+                inter,
+            );
+            let dot: f64 = row.iter().zip(&act).map(|(a, b)| a * b).sum();
+            *yr += we * (dot + bf(w.dn_bias[row_i]));
+        }
+    }
+    y
+}
+
+/// Index of the largest value (ties: lower index; NaN never wins).
+pub fn argmax(row: &[f32]) -> usize {
+    let mut best = 0;
+    let mut bv = f32::NEG_INFINITY;
+    for (i, &v) in row.iter().enumerate() {
+        if v > bv {
+            bv = v;
+            best = i;
+        }
+    }
+    best
+}
