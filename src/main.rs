@@ -1,6 +1,6 @@
 //! The `mxtune` command line: parses arguments and hands off to the library. No logic here.
 
-use clap::{Parser, Subcommand};
+use clap::{Args, Parser, Subcommand};
 
 /// Tune gpt-oss inference: flags, launch, live monitor, benchmarks, run records.
 #[derive(Parser, Debug)]
@@ -8,6 +8,22 @@ use clap::{Parser, Subcommand};
 struct Cli {
     #[command(subcommand)]
     command: Option<Command>,
+    #[command(flatten)]
+    tui: TuiArgs,
+}
+
+/// Options of the interactive panel (no subcommand).
+#[derive(Args, Debug)]
+struct TuiArgs {
+    /// ASCII-only glyphs for terminals without Unicode.
+    #[arg(long, env = "MXTUNE_ASCII")]
+    ascii: bool,
+    /// No colours (the NO_COLOR environment variable works too).
+    #[arg(long)]
+    no_color: bool,
+    /// Capture the mouse (breaks copy/paste over SSH, hence off by default).
+    #[arg(long)]
+    mouse: bool,
 }
 
 #[derive(Subcommand, Debug)]
@@ -51,10 +67,15 @@ enum EngineCommand {
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     let result: anyhow::Result<std::process::ExitCode> = match cli.command {
-        None => {
-            eprintln!("mxtune: the interactive panel is not built yet; see `mxtune --help`");
-            Ok(std::process::ExitCode::from(2))
-        }
+        None => mxtune::tui::run(mxtune::tui::Options {
+            ascii: cli.tui.ascii,
+            no_color: cli.tui.no_color,
+            mouse: cli.tui.mouse,
+        })
+        .map(|exit| match exit {
+            mxtune::tui::Exit::Quit => std::process::ExitCode::SUCCESS,
+            mxtune::tui::Exit::Signal(sig) => std::process::ExitCode::from(128 + sig as u8),
+        }),
         Some(Command::Presets(args)) => mxtune::flags::cli::run(args),
         Some(Command::Bench(args)) => mxtune::bench::cli::run(args),
         Some(Command::Runs(args)) => mxtune::record::cli::run(args),

@@ -1,1 +1,358 @@
-//! tui module (being built).
+//! The interactive control panel (ratatui + crossterm). A thin face on the core modules:
+//! every action here is also available headless. The event loop is generic over the ratatui
+//! `Backend`, so screens are tested with `TestBackend`; background work (terminal input,
+//! signals, monitor samples, launch and bench progress) arrives as `Event`s on one channel,
+//! and the screen is redrawn only when something changed.
+
+pub mod app;
+pub mod background;
+pub mod keys;
+pub mod screens;
+pub mod theme;
+pub mod ui;
+
+use std::io::{self, Write};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
+
+use anyhow::Context;
+use crossterm::event::{DisableMouseCapture, EnableMouseCapture};
+use crossterm::execute;
+use crossterm::terminal::{
+    EnterAlternateScreen, LeaveAlternateScreen, disable_raw_mode, enable_raw_mode,
+};
+use ratatui::Terminal;
+use ratatui::backend::{Backend, CrosstermBackend};
+
+use app::{App, Effect, Paths};
+use background::Background;
+use screens::launch::TargetState;
+use theme::Theme;
+
+/// How the panel starts.
+#[derive(Debug, Clone, Default)]
+pub struct Options {
+    /// ASCII-only glyphs.
+    pub ascii: bool,
+    /// No colours (also when `NO_COLOR` is set).
+    pub no_color: bool,
+    /// Capture the mouse (off by default: it breaks copy/paste over SSH).
+    pub mouse: bool,
+}
+
+/// Everything that can wake the event loop.
+#[derive(Debug)]
+pub enum Event {
+    /// Terminal input: keys, resize, mouse.
+    Term(crossterm::event::Event),
+    /// A signal arrived (SIGTERM, SIGHUP, SIGINT).
+    Signal(i32),
+    /// Periodic redraw while something live is shown.
+    Tick,
+    /// Progress of the target launched from the Launch screen.
+    Launch(background::LaunchMsg),
+    /// A monitor sample (GPU, host, server metrics).
+    Sample(Box<crate::monitor::Sample>),
+    /// The monitor could not start.
+    MonitorError(String),
+}
+
+/// Why the loop ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Exit {
+    /// The operator quit.
+    Quit,
+    /// A signal ended the panel (the terminal may be gone, e.g. SIGHUP from a dropped SSH session).
+    Signal(i32),
+}
+
+/// Restores the terminal when dropped, on every exit path that unwinds.
+struct TerminalGuard {
+    mouse: bool,
+}
+
+impl TerminalGuard {
+    fn enter(mouse: bool) -> anyhow::Result<Self> {
+        enable_raw_mode()
+            .context("cannot switch the terminal to raw mode (is stdin a terminal?)")?;
+        let guard = TerminalGuard { mouse };
+        execute!(io::stdout(), EnterAlternateScreen)
+            .context("cannot enter the alternate screen")?;
+        if mouse {
+            execute!(io::stdout(), EnableMouseCapture).context("cannot enable mouse capture")?;
+        }
+        Ok(guard)
+    }
+}
+
+/// Put the terminal back the way we found it. Errors are ignored: after SIGHUP there may be
+/// no terminal left to write to.
+fn restore_terminal(mouse: bool) {
+    if mouse {
+        let _ = execute!(io::stdout(), DisableMouseCapture);
+    }
+    let _ = execute!(io::stdout(), LeaveAlternateScreen, crossterm::cursor::Show);
+    let _ = disable_raw_mode();
+    let _ = io::stdout().flush();
+}
+
+impl Drop for TerminalGuard {
+    fn drop(&mut self) {
+        restore_terminal(self.mouse);
+    }
+}
+
+/// Open the panel in this terminal and run until the operator quits or a signal ends it.
+pub fn run(opts: Options) -> anyhow::Result<Exit> {
+    let (tx, rx) = mpsc::channel();
+    spawn_signal_thread(tx.clone())?;
+    let guard = TerminalGuard::enter(opts.mouse)?;
+    let mouse = opts.mouse;
+    let previous_hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        restore_terminal(mouse);
+        previous_hook(info);
+    }));
+    spawn_input_thread(tx.clone());
+    let mut bg = Background::new(tx.clone())?;
+    bg.watch(None);
+
+    let mut terminal =
+        Terminal::new(CrosstermBackend::new(io::stdout())).context("cannot set up the terminal")?;
+    let mut app = App::new(
+        Theme::from_env(opts.ascii, opts.no_color),
+        Paths::from_env(),
+    );
+    for effect in app.startup_effects() {
+        perform(&mut app, &mut bg, effect);
+    }
+    let exit = event_loop(&mut terminal, &mut app, &mut bg, &rx);
+    drop(guard);
+    exit
+}
+
+fn spawn_input_thread(tx: Sender<Event>) {
+    std::thread::Builder::new()
+        .name("tui-input".into())
+        .spawn(move || {
+            // Blocks in read(); ends when the terminal goes away or the loop hangs up.
+            while let Ok(ev) = crossterm::event::read() {
+                if tx.send(Event::Term(ev)).is_err() {
+                    break;
+                }
+            }
+        })
+        .ok();
+}
+
+fn spawn_signal_thread(tx: Sender<Event>) -> anyhow::Result<()> {
+    use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
+    let mut signals = signal_hook::iterator::Signals::new([SIGTERM, SIGHUP, SIGINT])
+        .context("cannot install signal handlers")?;
+    std::thread::Builder::new()
+        .name("tui-signals".into())
+        .spawn(move || {
+            for sig in signals.forever() {
+                if tx.send(Event::Signal(sig)).is_err() {
+                    break;
+                }
+            }
+        })
+        .context("cannot start the signal thread")?;
+    Ok(())
+}
+
+/// The loop: wait for an event, update state, redraw if anything changed. While nothing is
+/// live it blocks without a timeout, so an idle panel uses no CPU.
+pub fn event_loop<B: Backend>(
+    terminal: &mut Terminal<B>,
+    app: &mut App,
+    bg: &mut Background,
+    rx: &Receiver<Event>,
+) -> anyhow::Result<Exit>
+where
+    B::Error: Send + Sync + 'static,
+{
+    terminal
+        .draw(|f| ui::draw(f, app))
+        .context("cannot draw the panel")?;
+    loop {
+        let event = match app.tick_interval() {
+            Some(every) => match rx.recv_timeout(every) {
+                Ok(ev) => ev,
+                Err(RecvTimeoutError::Timeout) => Event::Tick,
+                Err(RecvTimeoutError::Disconnected) => return Ok(Exit::Quit),
+            },
+            None => match rx.recv() {
+                Ok(ev) => ev,
+                Err(_) => return Ok(Exit::Quit),
+            },
+        };
+        let (exit, redraw) = step(app, bg, event);
+        if let Some(exit) = exit {
+            return Ok(exit);
+        }
+        if redraw {
+            terminal
+                .draw(|f| ui::draw(f, app))
+                .context("cannot draw the panel")?;
+        }
+    }
+}
+
+/// Apply one event to the panel and perform the effects it asks for. Returns whether the
+/// panel ends, and whether the screen needs a redraw.
+pub fn step(app: &mut App, bg: &mut Background, event: Event) -> (Option<Exit>, bool) {
+    let (effects, redraw) = match event {
+        Event::Term(crossterm::event::Event::Key(key)) => (app.on_key(key), true),
+        Event::Term(crossterm::event::Event::Resize(..)) => (Vec::new(), true),
+        Event::Term(_) => (Vec::new(), false),
+        Event::Signal(sig) => {
+            app.on_signal(sig);
+            // The target keeps running: a dropped SSH session is no reason to stop a server.
+            bg.detach();
+            return (Some(Exit::Signal(sig)), false);
+        }
+        Event::Tick => {
+            app.on_tick();
+            (Vec::new(), true)
+        }
+        Event::Launch(msg) => {
+            let was_ready = matches!(app.launch.state, TargetState::Ready { .. });
+            app.launch.on_msg(msg);
+            // Watch the server's /metrics while it is up.
+            match (&app.launch.state, was_ready) {
+                (TargetState::Ready { url, .. }, false) => bg.watch(Some(url.clone())),
+                (TargetState::Ready { .. }, true) => {}
+                (_, true) => bg.watch(None),
+                _ => {}
+            }
+            (Vec::new(), true)
+        }
+        Event::Sample(s) => {
+            app.live.push(*s);
+            (
+                Vec::new(),
+                app.tab == app::Tab::Live && app.live.is_moving(),
+            )
+        }
+        Event::MonitorError(e) => {
+            app.live.error = Some(e);
+            (Vec::new(), app.tab == app::Tab::Live)
+        }
+    };
+    for effect in effects {
+        if let Some(exit) = perform(app, bg, effect) {
+            return (Some(exit), false);
+        }
+    }
+    (None, redraw)
+}
+
+/// Perform one effect: the only place the panel touches files. Results go back into the
+/// app's state; errors become a status-line message naming the file.
+pub fn perform(app: &mut App, bg: &mut Background, effect: Effect) -> Option<Exit> {
+    match effect {
+        Effect::Quit { stop_target } => {
+            app.on_quit(stop_target);
+            if stop_target {
+                bg.stop_and_wait();
+            } else {
+                bg.detach();
+            }
+            return Some(Exit::Quit);
+        }
+        Effect::StartTarget => bg.start(background::StartRequest {
+            kind: app.launch.choice,
+            url: app.launch.url.clone(),
+            flags: app.flags.flags.clone(),
+            preset: app
+                .flags
+                .loaded
+                .as_ref()
+                .map(|p| p.name.clone())
+                .unwrap_or_default(),
+            runs_dir: app.paths.runs_dir.clone(),
+        }),
+        Effect::StopTarget => bg.stop(),
+        Effect::SaveLog(path) => {
+            let text = app.launch.log.lines.iter().fold(String::new(), |mut s, l| {
+                s.push_str(l);
+                s.push('\n');
+                s
+            });
+            app.message = Some(match std::fs::write(&path, text) {
+                Ok(()) => format!("wrote {}", path.display()),
+                Err(e) => format!("cannot write {}: {e}", path.display()),
+            });
+        }
+        Effect::ListPresets => match app.paths.presets.list() {
+            Ok(list) => app
+                .flags
+                .on_preset_list(list.into_iter().map(|e| e.name).collect()),
+            Err(e) => app.message = Some(format!("cannot list presets: {e}")),
+        },
+        Effect::LoadPreset(name) => match app.paths.presets.load(&name) {
+            Ok(p) => {
+                app.flags.on_preset_loaded(p);
+                if !app.launch.state.is_live() {
+                    app.launch.choice = app.flags.flags.target;
+                }
+            }
+            Err(e) => {
+                app.message = Some(format!("cannot load preset {name}"));
+                app.flags.on_preset_error(e.to_string());
+            }
+        },
+        Effect::SavePreset { name, overwrite } => {
+            let dir = app.paths.save_dir.clone();
+            let path = dir.join(format!("{name}.toml"));
+            let exists = path.exists();
+            if exists && !overwrite {
+                app.flags
+                    .on_saved(Err(format!("{} exists", path.display())), true);
+                return None;
+            }
+            let extends = app.flags.loaded.as_ref().map(|p| p.name.clone());
+            // A preset extending itself would be a loop: store it whole instead.
+            let extends = extends.filter(|e| *e != name);
+            let description = match &extends {
+                Some(p) => format!("saved from the panel, based on {p}"),
+                None => "saved from the panel".to_string(),
+            };
+            let req = crate::flags::preset::SaveRequest {
+                name: &name,
+                description: &description,
+                extends: extends.as_deref(),
+                flags: &app.flags.flags,
+                overwrite,
+            };
+            let saved = app
+                .paths
+                .presets
+                .save(&dir, &req)
+                .and_then(|p| app.paths.presets.load_file(&p).map_err(anyhow::Error::new));
+            match saved {
+                Ok(p) => {
+                    app.message = Some(format!("saved {}", p.path.display()));
+                    app.flags.on_saved(Ok(p), exists);
+                }
+                Err(e) => app.flags.on_saved(Err(format!("{e:#}")), false),
+            }
+        }
+        Effect::ReloadRuns => {
+            let store = crate::record::RunStore::new(&app.paths.runs_dir);
+            app.runs.on_scan(store.scan().map_err(|e| format!("{e:#}")));
+        }
+        Effect::ExportComparison(path) => {
+            let Some(md) = app.runs.comparison(crate::record::compare::Format::Md) else {
+                app.message = Some("mark two runs (m) to export a comparison".into());
+                return None;
+            };
+            app.message = Some(match std::fs::write(&path, md) {
+                Ok(()) => format!("wrote {}", path.display()),
+                Err(e) => format!("cannot write {}: {e}", path.display()),
+            });
+        }
+    }
+    None
+}

@@ -1,0 +1,310 @@
+//! Panel state and key handling. Pure: no I/O happens here. Keys and background events go
+//! in, state changes and `Effect`s come out; the runtime (`tui::perform`) performs the
+//! effects and feeds their results back through the `on_*` methods.
+
+use std::path::PathBuf;
+
+use crossterm::event::{KeyCode, KeyEvent, KeyEventKind, KeyModifiers};
+
+use super::keys::{self, Binding};
+use super::screens::flags::FlagsScreen;
+use super::screens::launch::LaunchScreen;
+use super::screens::live::LiveScreen;
+use super::screens::runs::RunsScreen;
+use super::theme::Theme;
+use crate::flags::preset::{PRESETS_DIR_ENV, PresetStore};
+use crate::launch::spec::TargetKind;
+
+/// The five screens, in tab order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Tab {
+    /// Flag axes and serving limits of the current configuration.
+    Flags,
+    /// Start/stop a target and read its log.
+    Launch,
+    /// Charts of monitor samples.
+    Live,
+    /// Benchmark workloads against the current target.
+    Bench,
+    /// Saved run records, compare two.
+    Runs,
+}
+
+impl Tab {
+    /// All tabs in order; number keys 1–5 pick from this list.
+    pub const ALL: [Tab; 5] = [Tab::Flags, Tab::Launch, Tab::Live, Tab::Bench, Tab::Runs];
+
+    /// The tab's title.
+    pub fn title(self) -> &'static str {
+        match self {
+            Tab::Flags => "Flags",
+            Tab::Launch => "Launch",
+            Tab::Live => "Live",
+            Tab::Bench => "Bench",
+            Tab::Runs => "Runs",
+        }
+    }
+
+    fn index(self) -> usize {
+        Tab::ALL.iter().position(|t| *t == self).unwrap_or(0)
+    }
+
+    /// The key bindings specific to this screen.
+    pub fn bindings(self) -> &'static [Binding] {
+        match self {
+            Tab::Flags => keys::FLAGS,
+            Tab::Launch => keys::LAUNCH,
+            Tab::Live => keys::LIVE,
+            Tab::Bench => keys::BENCH,
+            Tab::Runs => keys::RUNS,
+        }
+    }
+}
+
+/// What the operator is being asked before quitting.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QuitPrompt {
+    /// A target is running: stop it, leave it running, or cancel.
+    TargetRunning,
+}
+
+/// Side effects the runtime performs on the App's behalf.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Effect {
+    /// Leave the panel; `stop_target` says whether to stop the running target first.
+    Quit {
+        /// Stop the target launched from this panel before leaving.
+        stop_target: bool,
+    },
+    /// List the presets for the picker.
+    ListPresets,
+    /// Load the named preset into the Flags screen.
+    LoadPreset(String),
+    /// Save the current flags as a preset.
+    SavePreset {
+        /// File stem of the preset.
+        name: String,
+        /// Replace an existing preset of that name (the operator confirmed).
+        overwrite: bool,
+    },
+    /// Re-read the runs directory.
+    ReloadRuns,
+    /// Start the target chosen on the Launch screen with the current flags.
+    StartTarget,
+    /// Stop the target started from this panel (the operator confirmed).
+    StopTarget,
+    /// Write the Launch screen's log pane to this file.
+    SaveLog(PathBuf),
+    /// Write the comparison of the marked runs as markdown to this file.
+    ExportComparison(PathBuf),
+}
+
+/// Where the panel reads and writes files.
+#[derive(Debug, Clone)]
+pub struct Paths {
+    /// Where presets are looked up.
+    pub presets: PresetStore,
+    /// Where `s` saves a preset.
+    pub save_dir: PathBuf,
+    /// The runs directory (records are read from here).
+    pub runs_dir: PathBuf,
+    /// Where exports (comparisons, logs) are written.
+    pub export_dir: PathBuf,
+}
+
+impl Paths {
+    /// The same places the headless commands use: `MXTUNE_PRESETS_DIR` (else `./presets`)
+    /// plus the user preset directory; `MXTUNE_RUNS_DIR` (else `./runs`); exports into `.`.
+    pub fn from_env() -> Self {
+        let project = std::env::var_os(PRESETS_DIR_ENV)
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from);
+        let presets = PresetStore::standard(project);
+        let save_dir = presets
+            .dirs
+            .first()
+            .cloned()
+            .unwrap_or_else(|| PathBuf::from("presets"));
+        let runs_dir = std::env::var_os("MXTUNE_RUNS_DIR")
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from(crate::record::store::DEFAULT_RUNS_DIR));
+        Paths {
+            presets,
+            save_dir,
+            runs_dir,
+            export_dir: PathBuf::from("."),
+        }
+    }
+}
+
+/// Everything the panel shows.
+#[derive(Debug)]
+pub struct App {
+    /// The visible screen.
+    pub tab: Tab,
+    /// The `?` overlay is open.
+    pub show_help: bool,
+    /// A question is open before quitting.
+    pub quit_prompt: Option<QuitPrompt>,
+    /// Colours and glyphs.
+    pub theme: Theme,
+    /// Where files are read and written.
+    pub paths: Paths,
+    /// One-line message shown in the status line until the next key press.
+    pub message: Option<String>,
+    /// The Flags screen.
+    pub flags: FlagsScreen,
+    /// The Launch screen.
+    pub launch: LaunchScreen,
+    /// The Live screen.
+    pub live: LiveScreen,
+    /// The Runs screen.
+    pub runs: RunsScreen,
+}
+
+impl App {
+    /// A fresh panel on the Flags screen. Nothing is loaded yet: the runtime performs
+    /// [`App::startup_effects`] (load the default preset, scan the runs directory).
+    pub fn new(theme: Theme, paths: Paths) -> Self {
+        App {
+            tab: Tab::Flags,
+            show_help: false,
+            quit_prompt: None,
+            theme,
+            paths,
+            message: None,
+            flags: FlagsScreen::default(),
+            launch: LaunchScreen::default(),
+            live: LiveScreen::default(),
+            runs: RunsScreen::default(),
+        }
+    }
+
+    /// What to do once at start: load the default preset and read the runs directory.
+    pub fn startup_effects(&self) -> Vec<Effect> {
+        vec![
+            Effect::LoadPreset(crate::flags::preset::DEFAULT_PRESET.to_string()),
+            Effect::ReloadRuns,
+        ]
+    }
+
+    /// Whether the visible screen has a text field or dialog open that takes every key.
+    fn screen_captures_keys(&self) -> bool {
+        match self.tab {
+            Tab::Flags => self.flags.captures_keys(),
+            Tab::Runs => self.runs.captures_keys(),
+            Tab::Launch => self.launch.captures_keys(),
+            _ => false,
+        }
+    }
+
+    /// Handle one key press; returns the effects to perform.
+    pub fn on_key(&mut self, key: KeyEvent) -> Vec<Effect> {
+        if key.kind == KeyEventKind::Release {
+            return Vec::new();
+        }
+        self.message = None;
+        if key.modifiers.contains(KeyModifiers::CONTROL) && key.code == KeyCode::Char('c') {
+            return self.request_quit();
+        }
+        if let Some(prompt) = self.quit_prompt {
+            return self.on_quit_prompt(prompt, key);
+        }
+        if self.show_help {
+            // Any key closes help; it never acts on the screen below.
+            self.show_help = false;
+            return Vec::new();
+        }
+        if !self.screen_captures_keys() {
+            match key.code {
+                KeyCode::Char('?') => {
+                    self.show_help = true;
+                    return Vec::new();
+                }
+                KeyCode::Char('q') => return self.request_quit(),
+                KeyCode::Tab => {
+                    self.tab = Tab::ALL[(self.tab.index() + 1) % Tab::ALL.len()];
+                    return Vec::new();
+                }
+                KeyCode::BackTab => {
+                    self.tab = Tab::ALL[(self.tab.index() + Tab::ALL.len() - 1) % Tab::ALL.len()];
+                    return Vec::new();
+                }
+                KeyCode::Char(c @ '1'..='5') => {
+                    self.tab = Tab::ALL[(c as usize) - ('1' as usize)];
+                    return Vec::new();
+                }
+                _ => {}
+            }
+        }
+        let effects = match self.tab {
+            Tab::Flags => self.flags.on_key(key),
+            Tab::Runs => self.runs.on_key(key, &self.paths.export_dir),
+            Tab::Launch => self.launch.on_key(key, &self.paths.export_dir),
+            Tab::Live => {
+                self.live.on_key(key);
+                Vec::new()
+            }
+            Tab::Bench => Vec::new(),
+        };
+        // One target choice: the flags render for the kind the Launch screen starts.
+        if !self.launch.state.is_live() {
+            match self.tab {
+                Tab::Flags => self.launch.choice = self.flags.flags.target,
+                Tab::Launch if self.launch.choice != TargetKind::Attach => {
+                    self.flags.flags.target = self.launch.choice
+                }
+                _ => {}
+            }
+        }
+        effects
+    }
+
+    /// How often to redraw without input: only while a live view is on screen.
+    pub fn tick_interval(&self) -> Option<std::time::Duration> {
+        (self.tab == Tab::Launch && self.launch.wants_tick())
+            .then_some(std::time::Duration::from_secs(1))
+    }
+
+    /// The clock ticked while something live is shown.
+    pub fn on_tick(&mut self) {
+        self.launch.on_tick();
+    }
+
+    /// Whether a target started from this panel may still be running.
+    pub fn target_running(&self) -> bool {
+        self.launch.state.is_live()
+    }
+
+    /// A signal is ending the panel: save what must not be lost.
+    pub fn on_signal(&mut self, _sig: i32) {}
+
+    /// The operator quit; stop the target first when asked.
+    pub fn on_quit(&mut self, _stop_target: bool) {}
+
+    fn request_quit(&mut self) -> Vec<Effect> {
+        if self.target_running() {
+            self.quit_prompt = Some(QuitPrompt::TargetRunning);
+            Vec::new()
+        } else {
+            vec![Effect::Quit { stop_target: false }]
+        }
+    }
+
+    fn on_quit_prompt(&mut self, prompt: QuitPrompt, key: KeyEvent) -> Vec<Effect> {
+        match (prompt, key.code) {
+            (QuitPrompt::TargetRunning, KeyCode::Char('s')) => {
+                vec![Effect::Quit { stop_target: true }]
+            }
+            (QuitPrompt::TargetRunning, KeyCode::Char('l')) => {
+                vec![Effect::Quit { stop_target: false }]
+            }
+            (_, KeyCode::Esc | KeyCode::Char('c') | KeyCode::Char('n')) => {
+                self.quit_prompt = None;
+                Vec::new()
+            }
+            _ => Vec::new(),
+        }
+    }
+}

@@ -1,0 +1,266 @@
+//! Background work of the panel: a tokio runtime owned by `tui::run` on which launches run.
+//! Nothing here blocks the UI: every result comes back as an [`Event`] on the loop's channel.
+
+use std::path::PathBuf;
+use std::sync::mpsc::Sender;
+use std::time::Duration;
+
+use anyhow::Context;
+use tokio::sync::{mpsc, oneshot};
+
+use super::Event;
+use crate::flags::FlagSet;
+use crate::launch::attach::AttachTarget;
+use crate::launch::docker::{self, DockerTarget};
+use crate::launch::engine::EngineTarget;
+use crate::launch::spec::TargetKind;
+use crate::launch::{Launch, LaunchEvent, LaunchOptions};
+
+/// What the Launch screen asks to start.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StartRequest {
+    /// Docker, engine, or attach.
+    pub kind: TargetKind,
+    /// The URL to attach to (attach only).
+    pub url: String,
+    /// The flags to render (docker and engine).
+    pub flags: FlagSet,
+    /// Preset name, for labels and the log file.
+    pub preset: String,
+    /// Where the target's log file goes.
+    pub runs_dir: PathBuf,
+}
+
+/// News about the launch, delivered as [`Event::Launch`].
+#[derive(Debug)]
+pub enum LaunchMsg {
+    /// The target was started and is being followed.
+    Started {
+        /// `Target::describe`.
+        describe: String,
+        /// Run id of this launch.
+        run_id: String,
+        /// The target's log file, when it has one.
+        log_path: Option<PathBuf>,
+    },
+    /// Nothing was started; why.
+    StartFailed(String),
+    /// Something happened to the target.
+    Event(LaunchEvent),
+    /// The target was stopped on request; the outcome.
+    Stopped(Result<String, String>),
+}
+
+enum Cmd {
+    Stop(Option<oneshot::Sender<()>>),
+    Detach,
+}
+
+/// The runtime and the handle of the launch in progress.
+pub struct Background {
+    rt: tokio::runtime::Runtime,
+    tx: Sender<Event>,
+    launch: Option<mpsc::UnboundedSender<Cmd>>,
+    monitor: Option<crate::monitor::Monitor>,
+}
+
+impl std::fmt::Debug for Background {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Background")
+            .field("launch", &self.launch.is_some())
+            .finish()
+    }
+}
+
+/// How long a stop waits between SIGTERM and kill.
+const STOP_GRACE: Duration = Duration::from_secs(30);
+
+impl Background {
+    /// A runtime whose results go to `tx`.
+    pub fn new(tx: Sender<Event>) -> anyhow::Result<Self> {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("tui-bg")
+            .enable_all()
+            .build()
+            .context("cannot start the background runtime")?;
+        Ok(Background {
+            rt,
+            tx,
+            launch: None,
+            monitor: None,
+        })
+    }
+
+    /// (Re)start the monitor, watching `metrics_url` when given; samples arrive as
+    /// [`Event::Sample`]. One sample a second: enough for charts of 30 s to 30 min, and
+    /// cheap enough for an idle panel.
+    pub fn watch(&mut self, metrics_url: Option<String>) {
+        // Dropping the old collector ends its thread and, with it, its forwarder.
+        self.monitor = None;
+        let config = crate::monitor::MonitorConfig {
+            rate_hz: 1.0,
+            metrics_url,
+            pid: None,
+        };
+        match crate::monitor::Monitor::start(config) {
+            Ok(mut m) => {
+                let (fwd_tx, mut fwd_rx) = mpsc::channel(1);
+                std::mem::swap(&mut m.samples, &mut fwd_rx);
+                let tx = self.tx.clone();
+                let spawned = std::thread::Builder::new()
+                    .name("tui-samples".into())
+                    .spawn(move || {
+                        while let Some(s) = fwd_rx.blocking_recv() {
+                            if tx.send(Event::Sample(Box::new(s))).is_err() {
+                                break;
+                            }
+                        }
+                    });
+                drop(fwd_tx);
+                match spawned {
+                    Ok(_) => self.monitor = Some(m),
+                    Err(e) => {
+                        let _ = self.tx.send(Event::MonitorError(format!(
+                            "cannot start the sample thread: {e}"
+                        )));
+                    }
+                }
+            }
+            Err(e) => {
+                let _ = self.tx.send(Event::MonitorError(format!("{e:#}")));
+            }
+        }
+    }
+
+    /// Start a target; progress arrives as `LaunchMsg`s.
+    pub fn start(&mut self, req: StartRequest) {
+        let (cmd_tx, cmd_rx) = mpsc::unbounded_channel();
+        self.launch = Some(cmd_tx);
+        let tx = self.tx.clone();
+        self.rt.spawn(async move {
+            let run_id = ulid::Ulid::generate().to_string();
+            let (ev_tx, ev_rx) = mpsc::unbounded_channel();
+            match start(&req, &run_id, ev_tx).await {
+                Ok((launch, log_path)) => {
+                    let _ = tx.send(Event::Launch(LaunchMsg::Started {
+                        describe: launch.target.describe(),
+                        run_id,
+                        log_path,
+                    }));
+                    follow(launch, ev_rx, cmd_rx, tx).await;
+                }
+                Err(e) => {
+                    let _ = tx.send(Event::Launch(LaunchMsg::StartFailed(format!("{e:#}"))));
+                }
+            }
+        });
+    }
+
+    /// Ask the running target to stop; `Stopped` arrives when it has.
+    pub fn stop(&mut self) {
+        if let Some(cmd) = self.launch.take() {
+            let _ = cmd.send(Cmd::Stop(None));
+        }
+    }
+
+    /// Stop the running target and wait for it (at most the grace time plus a little):
+    /// used when the operator quits and chose to stop it.
+    pub fn stop_and_wait(&mut self) {
+        if let Some(cmd) = self.launch.take() {
+            let (done_tx, done_rx) = oneshot::channel();
+            if cmd.send(Cmd::Stop(Some(done_tx))).is_ok() {
+                let _ = self.rt.block_on(async {
+                    tokio::time::timeout(STOP_GRACE + Duration::from_secs(10), done_rx).await
+                });
+            }
+        }
+    }
+
+    /// Stop following but leave the target running (quit with "leave it running").
+    pub fn detach(&mut self) {
+        if let Some(cmd) = self.launch.take() {
+            let _ = cmd.send(Cmd::Detach);
+        }
+    }
+}
+
+async fn start(
+    req: &StartRequest,
+    run_id: &str,
+    events: mpsc::UnboundedSender<LaunchEvent>,
+) -> anyhow::Result<(Launch, Option<PathBuf>)> {
+    let mut opts = LaunchOptions::new(run_id, &req.preset)?;
+    let log_path = req.runs_dir.join(format!("{run_id}.target.log"));
+    if req.kind == TargetKind::Attach {
+        return Ok((AttachTarget::attach(&req.url, "", &opts, events)?, None));
+    }
+    let spec = crate::flags::render(&req.flags, req.kind)?;
+    let blocking: Vec<String> = crate::flags::rules::evaluate(&req.flags, req.kind, None)
+        .into_iter()
+        .filter(|f| f.blocks())
+        .map(|f| f.to_string())
+        .collect();
+    if !blocking.is_empty() {
+        anyhow::bail!(
+            "the rules block this launch (fix on the Flags screen): {}",
+            blocking.join("; ")
+        );
+    }
+    opts.log_path = Some(log_path.clone());
+    let launch = match req.kind {
+        TargetKind::Docker => {
+            let d = docker::connect().await?;
+            DockerTarget::launch(d, &spec, &opts, events).await?
+        }
+        _ => EngineTarget::launch(None, &spec, &opts, Some(&req.runs_dir), events).await?,
+    };
+    Ok((launch, Some(log_path)))
+}
+
+async fn follow(
+    launch: Launch,
+    mut events: mpsc::UnboundedReceiver<LaunchEvent>,
+    mut cmds: mpsc::UnboundedReceiver<Cmd>,
+    tx: Sender<Event>,
+) {
+    loop {
+        tokio::select! {
+            ev = events.recv() => match ev {
+                Some(ev) => {
+                    if tx.send(Event::Launch(LaunchMsg::Event(ev))).is_err() {
+                        return;
+                    }
+                }
+                // The follower ended (target gone); keep the handle for a later stop.
+                None => {
+                    let cmd = cmds.recv().await;
+                    finish(launch, cmd, &tx).await;
+                    return;
+                }
+            },
+            cmd = cmds.recv() => {
+                finish(launch, cmd, &tx).await;
+                return;
+            }
+        }
+    }
+}
+
+async fn finish(launch: Launch, cmd: Option<Cmd>, tx: &Sender<Event>) {
+    match cmd {
+        Some(Cmd::Stop(done)) => {
+            let out = launch.stop(STOP_GRACE, false).await;
+            let _ = tx.send(Event::Launch(LaunchMsg::Stopped(
+                out.map_err(|e| format!("{e:#}")),
+            )));
+            if let Some(done) = done {
+                let _ = done.send(());
+            }
+        }
+        // Detach, or the panel went away: the target keeps running (`mxtune stop` finds it).
+        Some(Cmd::Detach) | None => {
+            launch.detach();
+        }
+    }
+}

@@ -1,0 +1,127 @@
+//! Key bindings as data: the help overlay and the hint bar are generated from these tables,
+//! so what the panel says and what it does cannot drift apart.
+
+/// One binding: the key as shown to the operator and what it does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Binding {
+    /// The key as printed, e.g. `Enter`, `p`, `PgUp`.
+    pub key: &'static str,
+    /// What it does, a few words.
+    pub action: &'static str,
+}
+
+const fn b(key: &'static str, action: &'static str) -> Binding {
+    Binding { key, action }
+}
+
+/// Bindings that work on every screen.
+pub const GLOBAL: &[Binding] = &[
+    b("1-5", "switch screen"),
+    b("Tab/S-Tab", "next/prev screen"),
+    b("?", "help"),
+    b("q", "quit"),
+];
+
+/// Flags screen.
+pub const FLAGS: &[Binding] = &[
+    b("Enter/Right", "next value"),
+    b("Left", "previous value"),
+    b("Up/Down", "select"),
+    b("r", "reset to default"),
+    b("p", "load preset"),
+    b("s", "save preset"),
+    b("d", "diff"),
+    b("c", "command"),
+    b("t", "docker/engine target"),
+    b("R", "reset all to the loaded preset"),
+    b("Space", "next value"),
+];
+
+/// Flags screen while a dialog (picker, save, diff, command) is open.
+pub const FLAGS_DIALOG: &[Binding] = &[
+    b("Esc", "close"),
+    b("Enter", "confirm"),
+    b("Up/Down", "move / scroll"),
+    b("PgUp/PgDn", "page"),
+    b("y/n", "overwrite or not"),
+];
+
+/// Launch screen.
+pub const LAUNCH: &[Binding] = &[
+    b("l", "launch"),
+    b("x", "stop (asks)"),
+    b("t", "target engine/docker/attach"),
+    b("u", "attach URL"),
+    b("/", "search log"),
+    b("n/N", "older/newer match"),
+    b("w", "wrap"),
+    b("S", "save log"),
+    b("Up/Down", "scroll log"),
+    b("PgUp/PgDn", "page log"),
+    b("Home/End", "top / follow"),
+];
+
+/// Launch screen while typing a URL or a search, or answering the stop question.
+pub const LAUNCH_INPUT: &[Binding] = &[
+    b("Enter", "done / yes"),
+    b("Esc", "cancel"),
+    b("y", "yes, stop it"),
+];
+
+/// Live screen.
+pub const LIVE: &[Binding] = &[
+    b("+/-", "longer/shorter window"),
+    b("f", "freeze (collection continues)"),
+];
+
+/// Bench screen (not built yet: nothing beyond the global keys works there).
+pub const BENCH: &[Binding] = &[];
+
+/// Runs screen.
+pub const RUNS: &[Binding] = &[
+    b("Enter", "open"),
+    b("m", "mark A/B"),
+    b("C", "compare"),
+    b("/", "filter"),
+    b("e", "export markdown"),
+    b("Up/Down", "select run"),
+    b("g", "reload"),
+    b("Esc", "clear filter"),
+];
+
+/// Runs screen while a run or a comparison is open.
+pub const RUNS_VIEW: &[Binding] = &[
+    b("Esc", "back"),
+    b("Up/Down", "scroll"),
+    b("PgUp/PgDn", "page"),
+    b("e", "export comparison as markdown"),
+];
+
+/// Every table with its heading, in help order (the help overlay and docs/tui.md use this).
+pub const SECTIONS: &[(&str, &[Binding])] = &[
+    ("Everywhere", GLOBAL),
+    ("Flags", FLAGS),
+    ("Flags: picker, save, diff, command", FLAGS_DIALOG),
+    ("Launch", LAUNCH),
+    ("Launch: URL, search or stop question", LAUNCH_INPUT),
+    ("Live", LIVE),
+    ("Runs", RUNS),
+    ("Runs: run or comparison open", RUNS_VIEW),
+];
+
+/// The bindings as markdown tables, one per section: the generated part of `docs/tui.md`.
+pub fn markdown() -> String {
+    let mut out = String::new();
+    for (title, bindings) in SECTIONS {
+        out.push_str(&format!("### {title}\n\n| key | action |\n|---|---|\n"));
+        for b in *bindings {
+            out.push_str(&format!(
+                "| `{}` | {} |\n",
+                b.key.replace('|', "\\|"),
+                b.action
+            ));
+        }
+        out.push('\n');
+    }
+    out
+}

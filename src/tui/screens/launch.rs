@@ -1,0 +1,647 @@
+//! Launch screen: choose the target (Docker vLLM, bundled engine, attach to a URL), start and
+//! stop it, phase, elapsed time and watchdog, the kernel-path verdict per flag, and the log
+//! pane (follow, scroll, search, wrap, save).
+
+use std::collections::VecDeque;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use crossterm::event::{KeyCode, KeyEvent};
+use ratatui::Frame;
+use ratatui::layout::{Constraint, Layout, Rect};
+use ratatui::style::Style;
+use ratatui::text::{Line, Span};
+use ratatui::widgets::{Block, Clear, Paragraph, Wrap};
+
+use crate::launch::spec::TargetKind;
+use crate::launch::{LaunchEvent, Phase, ValidationReport, Verdict};
+
+use super::super::app::{App, Effect};
+use super::super::background::LaunchMsg;
+use super::super::theme::Theme;
+use super::super::ui::centered;
+
+/// Log lines kept in the pane (older ones stay in the target's log file).
+pub const LOG_CAPACITY: usize = 10_000;
+
+/// Where the target stands, as the panel knows it.
+#[derive(Debug, Clone, PartialEq)]
+pub enum TargetState {
+    /// Nothing started from this panel.
+    Idle,
+    /// Start requested, not yet running.
+    Launching,
+    /// Running, not ready yet.
+    Starting(Phase),
+    /// Ready to serve.
+    Ready {
+        /// Base URL of the API.
+        url: String,
+        /// Seconds from start to ready.
+        startup_s: f64,
+    },
+    /// Stop requested.
+    Stopping,
+    /// Failed to start or died; why.
+    Failed(String),
+    /// Gone; how it ended.
+    Exited(String),
+}
+
+impl TargetState {
+    /// Whether a target started from this panel may still be running.
+    pub fn is_live(&self) -> bool {
+        matches!(
+            self,
+            TargetState::Launching
+                | TargetState::Starting(_)
+                | TargetState::Ready { .. }
+                | TargetState::Stopping
+        )
+    }
+
+    /// A short word for the status line.
+    pub fn phase_text(&self) -> String {
+        match self {
+            TargetState::Idle => "stopped".into(),
+            TargetState::Launching => "launching".into(),
+            TargetState::Starting(p) => p.to_string(),
+            TargetState::Ready { .. } => "ready".into(),
+            TargetState::Stopping => "stopping".into(),
+            TargetState::Failed(_) => "failed".into(),
+            TargetState::Exited(_) => "exited".into(),
+        }
+    }
+}
+
+/// The log pane: a bounded buffer and how it is being looked at.
+#[derive(Debug, Clone, Default)]
+pub struct LogView {
+    /// Lines, oldest first.
+    pub lines: VecDeque<String>,
+    /// Lines dropped from the front because of the capacity.
+    pub dropped: u64,
+    /// Lines scrolled back from the end; 0 = following new lines.
+    pub back: usize,
+    /// Wrap long lines.
+    pub wrap: bool,
+    /// The active search.
+    pub search: Option<String>,
+    /// Search text being typed (after `/`).
+    pub typing: Option<String>,
+}
+
+impl LogView {
+    /// Append a line; a view scrolled back stays on the lines it shows.
+    pub fn push(&mut self, line: String) {
+        if self.lines.len() == LOG_CAPACITY {
+            self.lines.pop_front();
+            self.dropped += 1;
+        } else if self.back > 0 {
+            self.back += 1;
+        }
+        self.lines.push_back(line);
+    }
+
+    /// Whether new lines scroll into view.
+    pub fn following(&self) -> bool {
+        self.back == 0
+    }
+
+    fn scroll_up(&mut self, n: usize) {
+        self.back = (self.back + n).min(self.lines.len().saturating_sub(1));
+    }
+
+    fn scroll_down(&mut self, n: usize) {
+        self.back = self.back.saturating_sub(n);
+    }
+
+    fn matches(&self, i: usize) -> bool {
+        self.search
+            .as_ref()
+            .is_some_and(|s| self.lines[i].to_lowercase().contains(&s.to_lowercase()))
+    }
+
+    /// Jump to the next match above (`older`) or below the bottom line of the view.
+    pub fn jump(&mut self, older: bool) -> bool {
+        let n = self.lines.len();
+        if n == 0 || self.search.is_none() {
+            return false;
+        }
+        let bottom = n - 1 - self.back.min(n - 1);
+        let found = if older {
+            (0..bottom).rev().find(|i| self.matches(*i))
+        } else {
+            (bottom + 1..n).find(|i| self.matches(*i))
+        };
+        match found {
+            Some(i) => {
+                self.back = n - 1 - i;
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+/// State of the Launch screen.
+#[derive(Debug, Clone)]
+pub struct LaunchScreen {
+    /// Which kind of target `l` starts.
+    pub choice: TargetKind,
+    /// URL for the attach target.
+    pub url: String,
+    /// The URL field is being edited.
+    pub editing_url: bool,
+    /// `x` asked: stop the target? (y/n)
+    pub confirm_stop: bool,
+    /// Where the target stands.
+    pub state: TargetState,
+    /// `Target::describe` of the running target.
+    pub describe: Option<String>,
+    /// The target's log file.
+    pub log_path: Option<PathBuf>,
+    /// Run id of the launch.
+    pub run_id: Option<String>,
+    /// When the start was requested (for elapsed time).
+    pub started_at: Option<Instant>,
+    /// When the last log line arrived (watchdog).
+    pub last_line_at: Option<Instant>,
+    /// Whole seconds since start, updated by ticks.
+    pub elapsed_s: u64,
+    /// Whole seconds since the last log line, updated by ticks.
+    pub quiet_s: u64,
+    /// Warnings from the follower (quiet log, unknown env vars, …).
+    pub warnings: Vec<String>,
+    /// The kernel-path verdict, once ready.
+    pub report: Option<ValidationReport>,
+    /// The log pane.
+    pub log: LogView,
+}
+
+impl Default for LaunchScreen {
+    fn default() -> Self {
+        LaunchScreen {
+            choice: TargetKind::Engine,
+            url: "http://127.0.0.1:8000".into(),
+            editing_url: false,
+            confirm_stop: false,
+            state: TargetState::Idle,
+            describe: None,
+            log_path: None,
+            run_id: None,
+            started_at: None,
+            last_line_at: None,
+            elapsed_s: 0,
+            quiet_s: 0,
+            warnings: Vec::new(),
+            report: None,
+            log: LogView::default(),
+        }
+    }
+}
+
+fn kind_name(k: TargetKind) -> &'static str {
+    match k {
+        TargetKind::Docker => "docker",
+        TargetKind::Engine => "engine",
+        TargetKind::Attach => "attach",
+    }
+}
+
+/// `h:mm:ss` or `m:ss`.
+pub fn clock(s: u64) -> String {
+    if s >= 3600 {
+        format!("{}:{:02}:{:02}", s / 3600, s / 60 % 60, s % 60)
+    } else {
+        format!("{}:{:02}", s / 60, s % 60)
+    }
+}
+
+/// Style of a log line: errors and warnings stand out.
+pub fn line_style(theme: &Theme, line: &str) -> Style {
+    let l = line.to_ascii_lowercase();
+    if l.contains("error") || l.contains("traceback") || l.contains("fatal") || l.contains("panic")
+    {
+        theme.error()
+    } else if l.contains("warn") {
+        theme.warn()
+    } else {
+        Style::default()
+    }
+}
+
+impl LaunchScreen {
+    /// Whether a text field or question takes every key.
+    pub fn captures_keys(&self) -> bool {
+        self.editing_url || self.confirm_stop || self.log.typing.is_some()
+    }
+
+    /// The file `S` writes the log pane to.
+    pub fn log_export_path(&self, dir: &Path) -> PathBuf {
+        dir.join(format!(
+            "launch-{}.log",
+            self.run_id.as_deref().unwrap_or("no-run")
+        ))
+    }
+
+    /// A second passed: refresh elapsed time and the watchdog.
+    pub fn on_tick(&mut self) {
+        if let Some(t) = self.started_at {
+            self.elapsed_s = t.elapsed().as_secs();
+        }
+        if let Some(t) = self.last_line_at {
+            self.quiet_s = t.elapsed().as_secs();
+        }
+    }
+
+    /// Whether elapsed time and watchdog need a ticking clock.
+    pub fn wants_tick(&self) -> bool {
+        matches!(
+            self.state,
+            TargetState::Launching | TargetState::Starting(_) | TargetState::Stopping
+        )
+    }
+
+    /// News from the background launch.
+    pub fn on_msg(&mut self, msg: LaunchMsg) {
+        match msg {
+            LaunchMsg::Started {
+                describe,
+                run_id,
+                log_path,
+            } => {
+                self.describe = Some(describe);
+                self.run_id = Some(run_id);
+                self.log_path = log_path;
+                if self.state == TargetState::Launching {
+                    self.state = TargetState::Starting(Phase::Starting);
+                }
+            }
+            LaunchMsg::StartFailed(e) => self.state = TargetState::Failed(e),
+            LaunchMsg::Stopped(r) => {
+                self.state = TargetState::Exited(match r {
+                    Ok(m) => m,
+                    Err(e) => format!("stop failed: {e}"),
+                })
+            }
+            LaunchMsg::Event(ev) => self.on_event(ev),
+        }
+    }
+
+    fn on_event(&mut self, ev: LaunchEvent) {
+        match ev {
+            LaunchEvent::Log { line, .. } => {
+                self.last_line_at = Some(Instant::now());
+                self.quiet_s = 0;
+                self.log.push(line);
+            }
+            LaunchEvent::PullProgress { status } => self.log.push(format!("[pull] {status}")),
+            LaunchEvent::Phase { phase } => {
+                if !matches!(
+                    self.state,
+                    TargetState::Ready { .. } | TargetState::Stopping
+                ) {
+                    self.state = TargetState::Starting(phase);
+                }
+            }
+            LaunchEvent::Ready { url, startup_s } => {
+                self.state = TargetState::Ready { url, startup_s }
+            }
+            LaunchEvent::Verdict { report } => self.report = Some(report),
+            LaunchEvent::Warning { message } => self.warnings.push(message),
+            LaunchEvent::Failed { message } => {
+                self.state = TargetState::Failed(message.lines().next().unwrap_or("").to_string())
+            }
+            LaunchEvent::Exited { exit } => {
+                if !matches!(self.state, TargetState::Failed(_)) {
+                    self.state = TargetState::Exited(exit.to_string());
+                }
+            }
+        }
+    }
+
+    /// Handle a key on this screen.
+    pub fn on_key(&mut self, key: KeyEvent, export_dir: &Path) -> Vec<Effect> {
+        if self.confirm_stop {
+            self.confirm_stop = false;
+            if matches!(key.code, KeyCode::Char('y') | KeyCode::Enter) && self.state.is_live() {
+                self.state = TargetState::Stopping;
+                return vec![Effect::StopTarget];
+            }
+            return Vec::new();
+        }
+        if self.editing_url {
+            match key.code {
+                KeyCode::Enter | KeyCode::Esc => self.editing_url = false,
+                KeyCode::Backspace => {
+                    self.url.pop();
+                }
+                KeyCode::Char(c) => self.url.push(c),
+                _ => {}
+            }
+            return Vec::new();
+        }
+        if let Some(t) = &mut self.log.typing {
+            match key.code {
+                KeyCode::Esc => self.log.typing = None,
+                KeyCode::Enter => {
+                    let s = std::mem::take(t);
+                    self.log.typing = None;
+                    self.log.search = (!s.is_empty()).then_some(s);
+                    self.log.jump(true);
+                }
+                KeyCode::Backspace => {
+                    t.pop();
+                }
+                KeyCode::Char(c) => t.push(c),
+                _ => {}
+            }
+            return Vec::new();
+        }
+        match key.code {
+            KeyCode::Char('t') if !self.state.is_live() => {
+                self.choice = match self.choice {
+                    TargetKind::Engine => TargetKind::Docker,
+                    TargetKind::Docker => TargetKind::Attach,
+                    TargetKind::Attach => TargetKind::Engine,
+                }
+            }
+            KeyCode::Char('u') if !self.state.is_live() => {
+                self.choice = TargetKind::Attach;
+                self.editing_url = true;
+            }
+            KeyCode::Char('l') if !self.state.is_live() => {
+                self.state = TargetState::Launching;
+                self.started_at = Some(Instant::now());
+                self.last_line_at = None;
+                self.elapsed_s = 0;
+                self.quiet_s = 0;
+                self.report = None;
+                self.warnings.clear();
+                self.describe = None;
+                self.log = LogView {
+                    wrap: self.log.wrap,
+                    ..LogView::default()
+                };
+                return vec![Effect::StartTarget];
+            }
+            KeyCode::Char('x') if self.state.is_live() => self.confirm_stop = true,
+            KeyCode::Up | KeyCode::Char('k') => self.log.scroll_up(1),
+            KeyCode::Down | KeyCode::Char('j') => self.log.scroll_down(1),
+            KeyCode::PageUp => self.log.scroll_up(20),
+            KeyCode::PageDown => self.log.scroll_down(20),
+            KeyCode::Home => self.log.back = self.log.lines.len().saturating_sub(1),
+            KeyCode::End => self.log.back = 0,
+            KeyCode::Char('/') => self.log.typing = Some(String::new()),
+            KeyCode::Char('n') => {
+                self.log.jump(true);
+            }
+            KeyCode::Char('N') => {
+                self.log.jump(false);
+            }
+            KeyCode::Char('w') => self.log.wrap = !self.log.wrap,
+            KeyCode::Char('S') => return vec![Effect::SaveLog(self.log_export_path(export_dir))],
+            _ => {}
+        }
+        Vec::new()
+    }
+}
+
+/// Draw the Launch screen.
+pub fn draw(frame: &mut Frame, app: &App, area: Rect) {
+    let s = &app.launch;
+    let theme = &app.theme;
+    let checks = s.report.as_ref().map(|r| r.checks.len()).unwrap_or(0);
+    let verdict_h = if s.report.is_some() {
+        (checks as u16 + 2).clamp(3, 8)
+    } else {
+        0
+    };
+    let [head, verdict_area, log_area] = Layout::vertical([
+        Constraint::Length(4),
+        Constraint::Length(verdict_h),
+        Constraint::Min(3),
+    ])
+    .areas(area);
+
+    // Target choice, phase, elapsed, watchdog.
+    let mut choice = vec![Span::styled(" target ", theme.dim())];
+    for k in [TargetKind::Engine, TargetKind::Docker, TargetKind::Attach] {
+        let label = if k == s.choice {
+            format!("[{}]", kind_name(k))
+        } else {
+            format!(" {} ", kind_name(k))
+        };
+        choice.push(if k == s.choice {
+            Span::styled(label, theme.selected())
+        } else {
+            Span::raw(label)
+        });
+    }
+    match s.choice {
+        TargetKind::Attach => {
+            choice.push(Span::styled("  url ", theme.dim()));
+            choice.push(Span::raw(format!(
+                "{}{}",
+                s.url,
+                if s.editing_url { "_" } else { "" }
+            )));
+        }
+        k => {
+            choice.push(Span::styled("  preset ", theme.dim()));
+            choice.push(Span::raw(
+                app.flags
+                    .loaded
+                    .as_ref()
+                    .map(|p| p.name.clone())
+                    .unwrap_or_else(|| "(none)".into()),
+            ));
+            if app.flags.dirty() {
+                choice.push(Span::styled(" [+]", theme.warn()));
+            }
+            if k != app.flags.flags.target {
+                choice.push(Span::styled(
+                    format!("  (flags are for {})", kind_name(app.flags.flags.target)),
+                    theme.warn(),
+                ));
+            }
+        }
+    }
+    let phase_style = match &s.state {
+        TargetState::Ready { .. } => theme.good(),
+        TargetState::Failed(_) => theme.error(),
+        TargetState::Idle | TargetState::Exited(_) => theme.dim(),
+        _ => theme.accent(),
+    };
+    let mut phase = vec![
+        Span::styled(" phase ", theme.dim()),
+        Span::styled(s.state.phase_text(), phase_style),
+    ];
+    // Elapsed ticks while starting; once ready the start-up time says it all.
+    if s.started_at.is_some() && !matches!(s.state, TargetState::Ready { .. }) {
+        phase.push(Span::styled("  elapsed ", theme.dim()));
+        phase.push(Span::raw(clock(s.elapsed_s)));
+    }
+    match &s.state {
+        TargetState::Ready { url, startup_s } => {
+            phase.push(Span::raw(format!("  {url}  ready after {startup_s:.1} s")));
+        }
+        TargetState::Failed(m) | TargetState::Exited(m) => {
+            phase.push(Span::raw(format!("  {}", theme.text(m))));
+        }
+        TargetState::Launching | TargetState::Starting(_) => {
+            phase.push(Span::styled("  watchdog ", theme.dim()));
+            let quiet = if s.last_line_at.is_some() {
+                format!("last log line {} ago", clock(s.quiet_s))
+            } else {
+                "no log line yet".into()
+            };
+            phase.push(Span::raw(format!("start-up limit 45:00, {quiet}")));
+        }
+        _ => {}
+    }
+    let mut third = vec![Span::styled(" ", theme.dim())];
+    if s.state == TargetState::Idle {
+        third.push(Span::styled(
+            match s.choice {
+                TargetKind::Attach => "l attaches to the URL (u edits it); t picks the target",
+                _ => "l starts it with the current flags; t picks the target",
+            },
+            theme.dim(),
+        ));
+    }
+    if let Some(d) = &s.describe {
+        third.push(Span::raw(d.clone()));
+    }
+    if let Some(p) = &s.log_path {
+        third.push(Span::styled(format!("  log {}", p.display()), theme.dim()));
+    }
+    let warn_line = s
+        .warnings
+        .last()
+        .map(|w| Line::styled(format!(" warning: {}", theme.text(w)), theme.warn()))
+        .unwrap_or_else(|| Line::raw(""));
+    frame.render_widget(
+        Paragraph::new(vec![
+            Line::from(choice),
+            Line::from(phase),
+            Line::from(third),
+            warn_line,
+        ]),
+        head,
+    );
+
+    if let Some(r) = &s.report {
+        let mut lines = Vec::new();
+        for c in &r.checks {
+            let (word, style) = match c.verdict {
+                Verdict::Valid => ("valid", theme.good()),
+                Verdict::Invalid => ("INVALID", theme.error()),
+                Verdict::Unknown => ("unknown", theme.warn()),
+            };
+            let evidence = c
+                .forbidden_seen
+                .first()
+                .or(c.seen.first())
+                .map(|l| format!("saw: {l}"))
+                .or_else(|| c.missing.first().map(|m| format!("never saw: {m}")))
+                .or_else(|| c.note.clone())
+                .unwrap_or_default();
+            lines.push(Line::from(vec![
+                Span::raw(format!(" {:<28}", format!("{}={}", c.flag, c.value))),
+                Span::styled(format!("{word:<8}"), style),
+                Span::styled(theme.text(&evidence).into_owned(), theme.dim()),
+            ]));
+        }
+        for e in &r.unknown_env {
+            lines.push(Line::styled(
+                format!(" unknown env var (ignored by the target): {e}"),
+                theme.warn(),
+            ));
+        }
+        frame.render_widget(
+            Paragraph::new(lines).block(
+                Block::bordered()
+                    .border_set(theme.border())
+                    .title(" Kernel path: is each flag in effect? "),
+            ),
+            verdict_area,
+        );
+    }
+    draw_log(frame, app, log_area);
+
+    if s.confirm_stop {
+        let popup = centered(area, 56, 5);
+        frame.render_widget(Clear, popup);
+        frame.render_widget(
+            Paragraph::new(format!(
+                "Stop {}?\n\ny  stop it    any other key  keep it",
+                s.describe.as_deref().unwrap_or("the target")
+            ))
+            .wrap(Wrap { trim: true })
+            .block(
+                Block::bordered()
+                    .border_set(theme.border())
+                    .border_style(theme.warn())
+                    .title(" Stop target? "),
+            ),
+            popup,
+        );
+    }
+}
+
+fn draw_log(frame: &mut Frame, app: &App, area: Rect) {
+    let s = &app.launch;
+    let theme = &app.theme;
+    let log = &s.log;
+    let inner_h = area.height.saturating_sub(2) as usize;
+    let inner_w = area.width.saturating_sub(2).max(1) as usize;
+    let n = log.lines.len();
+    let end = n - log.back.min(n);
+    // Walk back from the bottom line until the pane is full (wrapped lines take more rows).
+    let mut rows = 0;
+    let mut start = end;
+    while start > 0 {
+        let len = log.lines[start - 1].chars().count().max(1);
+        let h = if log.wrap { len.div_ceil(inner_w) } else { 1 };
+        if rows + h > inner_h {
+            break;
+        }
+        rows += h;
+        start -= 1;
+    }
+    let lines: Vec<Line> = (start..end)
+        .map(|i| {
+            let text = theme.text(&log.lines[i]).into_owned();
+            let mut style = line_style(theme, &text);
+            if log.matches(i) {
+                style = style.add_modifier(ratatui::style::Modifier::REVERSED);
+            }
+            Line::styled(text, style)
+        })
+        .collect();
+    let mut title = format!(
+        " Log {} lines{} ",
+        n as u64 + log.dropped,
+        if log.following() {
+            ", following"
+        } else {
+            ", paused (End follows)"
+        }
+    );
+    if log.wrap {
+        title.push_str("[wrap] ");
+    }
+    if let Some(t) = &log.typing {
+        title.push_str(&format!("search: {t}_ "));
+    } else if let Some(q) = &log.search {
+        title.push_str(&format!("/{q} (n/N) "));
+    }
+    let mut p =
+        Paragraph::new(lines).block(Block::bordered().border_set(theme.border()).title(title));
+    if log.wrap {
+        p = p.wrap(Wrap { trim: false });
+    }
+    frame.render_widget(p, area);
+}

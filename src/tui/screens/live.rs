@@ -1,0 +1,492 @@
+//! Live screen: charts of the monitor's samples over a selectable window (30 s … 30 min):
+//! server tok/s, GPU memory (unified memory labelled as such), clocks, power, temperature,
+//! utilisation, host CPU/RAM, running/waiting requests, KV-cache use and spec-decode
+//! acceptance; throttle reasons shown prominently. `f` freezes the view while collection
+//! continues.
+
+use std::collections::VecDeque;
+
+use crossterm::event::{KeyCode, KeyEvent};
+use ratatui::Frame;
+use ratatui::layout::{Constraint, Layout, Rect};
+use ratatui::style::{Color, Style};
+use ratatui::text::{Line, Span};
+use ratatui::widgets::{Axis, Block, Chart, Dataset, GraphType, Paragraph};
+
+use crate::monitor::Sample;
+use crate::monitor::sample::{GpuStatus, MemorySource, ServerStatus};
+
+use super::super::app::App;
+use super::super::theme::Theme;
+
+/// The windows `+`/`-` step through, in seconds.
+pub const WINDOWS: [u32; 6] = [30, 60, 120, 300, 600, 1800];
+
+/// Points kept: 30 minutes at the panel's sampling rate of 1 Hz, plus slack.
+pub const HISTORY_POINTS: usize = 1900;
+
+/// Throttle reasons that are not a problem (an idle GPU clocks down on purpose).
+const BENIGN_THROTTLE: &[&str] = &["gpu_idle", "applications_clocks_setting"];
+
+/// The charted figures of one sample.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct LivePoint {
+    /// Seconds since the panel started (from the sample's wall time, so a restarted
+    /// collector continues the same axis).
+    pub t: f64,
+    /// Server-side generation tokens/s.
+    pub gen_tok_s: Option<f64>,
+    /// Server-side prompt tokens/s.
+    pub prompt_tok_s: Option<f64>,
+    /// GPU (or unified) memory in use, GiB.
+    pub gpu_mem_gib: Option<f64>,
+    /// SM clock, MHz.
+    pub sm_mhz: Option<f64>,
+    /// Memory clock, MHz.
+    pub mem_mhz: Option<f64>,
+    /// Power, W.
+    pub power_w: Option<f64>,
+    /// Temperature, °C.
+    pub temp_c: Option<f64>,
+    /// GPU utilisation, %.
+    pub util_pct: Option<f64>,
+    /// Host CPU, %.
+    pub cpu_pct: Option<f64>,
+    /// Host RAM in use, %.
+    pub ram_pct: Option<f64>,
+    /// Requests running.
+    pub running: Option<f64>,
+    /// Requests waiting.
+    pub waiting: Option<f64>,
+    /// KV-cache use, %.
+    pub kv_pct: Option<f64>,
+    /// Spec-decode acceptance, %.
+    pub spec_accept_pct: Option<f64>,
+}
+
+const GIB: f64 = (1u64 << 30) as f64;
+
+impl LivePoint {
+    /// The charted figures of `s`, timed against `origin`.
+    pub fn from_sample(s: &Sample, origin: chrono::DateTime<chrono::Utc>) -> Self {
+        let mut p = LivePoint {
+            t: (s.at - origin).num_milliseconds() as f64 / 1000.0,
+            cpu_pct: s.host.cpu_pct.get().map(f64::from),
+            ram_pct: (s.host.ram_total_bytes > 0)
+                .then(|| s.host.ram_used_bytes as f64 / s.host.ram_total_bytes as f64 * 100.0),
+            ..LivePoint::default()
+        };
+        if let GpuStatus::Available { gpus, .. } = &s.gpu
+            && let Some(g) = gpus.first()
+        {
+            p.gpu_mem_gib = g.memory.used_bytes.get().map(|b| b as f64 / GIB);
+            p.sm_mhz = g.clocks.sm_mhz.get().map(f64::from);
+            p.mem_mhz = g.clocks.mem_mhz.get().map(f64::from);
+            p.power_w = g.power_w.get();
+            p.temp_c = g.temperature_c.get().map(f64::from);
+            p.util_pct = g.utilization_gpu_pct.get().map(f64::from);
+        }
+        if let ServerStatus::Scraped(m) = &s.server {
+            p.gen_tok_s = m.generation_tok_s.get();
+            p.prompt_tok_s = m.prompt_tok_s.get();
+            p.running = m.running.get();
+            p.waiting = m.waiting.get();
+            p.kv_pct = m.kv_cache_usage.get().map(|v| v * 100.0);
+            p.spec_accept_pct = m.spec_acceptance_rate.get().map(|v| v * 100.0);
+        }
+        p
+    }
+}
+
+/// State of the Live screen.
+#[derive(Debug, Clone)]
+pub struct LiveScreen {
+    /// When the first sample was taken (the time axis starts here).
+    pub origin: Option<chrono::DateTime<chrono::Utc>>,
+    /// Charted history, oldest first.
+    pub points: VecDeque<LivePoint>,
+    /// The latest sample, for labels and text (GPU name, memory source, throttling).
+    pub latest: Option<Sample>,
+    /// Index into `WINDOWS`.
+    pub window: usize,
+    /// Frozen at this time: the view stops there while samples keep arriving.
+    pub frozen_at: Option<f64>,
+    /// Why the collector could not start, if it could not.
+    pub error: Option<String>,
+}
+
+impl Default for LiveScreen {
+    fn default() -> Self {
+        LiveScreen {
+            origin: None,
+            points: VecDeque::new(),
+            latest: None,
+            window: 3,
+            frozen_at: None,
+            error: None,
+        }
+    }
+}
+
+impl LiveScreen {
+    /// A sample arrived.
+    pub fn push(&mut self, s: Sample) {
+        let origin = *self.origin.get_or_insert(s.at);
+        if self.points.len() == HISTORY_POINTS {
+            self.points.pop_front();
+        }
+        self.points.push_back(LivePoint::from_sample(&s, origin));
+        self.latest = Some(s);
+    }
+
+    /// Whether a new sample changes what the screen shows.
+    pub fn is_moving(&self) -> bool {
+        self.frozen_at.is_none()
+    }
+
+    /// Seconds of history shown.
+    pub fn window_s(&self) -> u32 {
+        WINDOWS[self.window]
+    }
+
+    /// Handle a key on this screen.
+    pub fn on_key(&mut self, key: KeyEvent) {
+        match key.code {
+            KeyCode::Char('+') | KeyCode::Char('=') | KeyCode::Right => {
+                self.window = (self.window + 1).min(WINDOWS.len() - 1)
+            }
+            KeyCode::Char('-') | KeyCode::Left => self.window = self.window.saturating_sub(1),
+            KeyCode::Char('f') | KeyCode::Char(' ') => {
+                self.frozen_at = match self.frozen_at {
+                    Some(_) => None,
+                    None => Some(self.points.back().map(|p| p.t).unwrap_or(0.0)),
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// Throttle reasons of the latest sample that deserve attention.
+    pub fn throttling(&self) -> Vec<String> {
+        match self.latest.as_ref().map(|s| &s.gpu) {
+            Some(GpuStatus::Available { gpus, .. }) => gpus
+                .first()
+                .and_then(|g| g.throttle_reasons.value().cloned())
+                .unwrap_or_default()
+                .into_iter()
+                .filter(|r| !BENIGN_THROTTLE.contains(&r.as_str()))
+                .collect(),
+            _ => Vec::new(),
+        }
+    }
+
+    fn unified(&self) -> bool {
+        matches!(
+            self.latest.as_ref().map(|s| &s.gpu),
+            Some(GpuStatus::Available { gpus, .. })
+                if gpus.first().is_some_and(|g| g.memory.source == MemorySource::Unified)
+        )
+    }
+}
+
+type Pick = fn(&LivePoint) -> Option<f64>;
+
+/// One chart: title, unit, and its series (label, colour, field).
+struct ChartSpec {
+    title: String,
+    unit: &'static str,
+    series: Vec<(&'static str, Color, Pick)>,
+    /// Fixed upper bound (percentages), else from the data.
+    max: Option<f64>,
+}
+
+fn specs(s: &LiveScreen) -> Vec<ChartSpec> {
+    let mem = if s.unified() {
+        "GPU memory (unified, shared with CPU)"
+    } else {
+        "GPU memory"
+    };
+    vec![
+        ChartSpec {
+            title: "tok/s (server)".into(),
+            unit: "tok/s",
+            series: vec![
+                ("gen", Color::Green, |p| p.gen_tok_s),
+                ("prompt", Color::Cyan, |p| p.prompt_tok_s),
+            ],
+            max: None,
+        },
+        ChartSpec {
+            title: mem.into(),
+            unit: "GiB",
+            series: vec![("used", Color::Magenta, |p| p.gpu_mem_gib)],
+            max: None,
+        },
+        ChartSpec {
+            title: "clocks".into(),
+            unit: "MHz",
+            series: vec![
+                ("sm", Color::Yellow, |p| p.sm_mhz),
+                ("mem", Color::Blue, |p| p.mem_mhz),
+            ],
+            max: None,
+        },
+        ChartSpec {
+            title: "GPU utilisation".into(),
+            unit: "%",
+            series: vec![("util", Color::Green, |p| p.util_pct)],
+            max: Some(100.0),
+        },
+        ChartSpec {
+            title: "power".into(),
+            unit: "W",
+            series: vec![("power", Color::Red, |p| p.power_w)],
+            max: None,
+        },
+        ChartSpec {
+            title: "temperature".into(),
+            unit: "C",
+            series: vec![("temp", Color::Red, |p| p.temp_c)],
+            max: None,
+        },
+        ChartSpec {
+            title: "host".into(),
+            unit: "%",
+            series: vec![
+                ("cpu", Color::Cyan, |p| p.cpu_pct),
+                ("ram", Color::Magenta, |p| p.ram_pct),
+            ],
+            max: Some(100.0),
+        },
+        ChartSpec {
+            title: "requests".into(),
+            unit: "",
+            series: vec![
+                ("running", Color::Green, |p| p.running),
+                ("waiting", Color::Yellow, |p| p.waiting),
+            ],
+            max: None,
+        },
+        ChartSpec {
+            title: "KV cache / spec acceptance".into(),
+            unit: "%",
+            series: vec![
+                ("kv", Color::Blue, |p| p.kv_pct),
+                ("accept", Color::Green, |p| p.spec_accept_pct),
+            ],
+            max: Some(100.0),
+        },
+    ]
+}
+
+fn fmt_num(v: f64) -> String {
+    if v.abs() >= 100.0 {
+        format!("{v:.0}")
+    } else if v.abs() >= 10.0 {
+        format!("{v:.1}")
+    } else {
+        format!("{v:.2}")
+    }
+}
+
+fn draw_chart(frame: &mut Frame, theme: &Theme, s: &LiveScreen, spec: &ChartSpec, area: Rect) {
+    let end = s
+        .frozen_at
+        .or_else(|| s.points.back().map(|p| p.t))
+        .unwrap_or(0.0);
+    let start = end - f64::from(s.window_s());
+    let data: Vec<Vec<(f64, f64)>> = spec
+        .series
+        .iter()
+        .map(|(_, _, pick)| {
+            s.points
+                .iter()
+                .filter(|p| p.t >= start && p.t <= end)
+                .filter_map(|p| pick(p).map(|v| (p.t - end, v)))
+                .collect()
+        })
+        .map(|d| decimate(d, f64::from(s.window_s()), area.width.saturating_sub(7)))
+        .collect();
+    let mut title = vec![Span::styled(
+        format!(" {} ", theme.text(&spec.title)),
+        theme.accent(),
+    )];
+    let mut any = false;
+    for ((label, _, _), d) in spec.series.iter().zip(&data) {
+        if let Some((_, v)) = d.last() {
+            any = true;
+            title.push(Span::raw(format!("{label} {} {} ", fmt_num(*v), spec.unit)));
+        }
+    }
+    if !any {
+        title.push(Span::styled("n/a ", theme.dim()));
+    }
+    let top = spec.max.unwrap_or_else(|| {
+        let m = data
+            .iter()
+            .flatten()
+            .map(|(_, v)| *v)
+            .fold(0.0_f64, f64::max);
+        if m <= 0.0 { 1.0 } else { m * 1.1 }
+    });
+    let marker = theme.marker();
+    let datasets: Vec<Dataset> = spec
+        .series
+        .iter()
+        .zip(&data)
+        .map(|((_, color, _), d)| {
+            Dataset::default()
+                .marker(marker)
+                .graph_type(GraphType::Line)
+                .style(if theme.color {
+                    Style::default().fg(*color)
+                } else {
+                    Style::default()
+                })
+                .data(d)
+        })
+        .collect();
+    let w = f64::from(s.window_s());
+    let chart = Chart::new(datasets)
+        .block(
+            Block::bordered()
+                .border_set(theme.border())
+                .title(Line::from(title)),
+        )
+        .x_axis(Axis::default().bounds([-w, 0.0]))
+        .y_axis(if theme.ascii {
+            // Axis labels come with a box-drawing axis line; the title carries the values.
+            Axis::default().bounds([0.0, top])
+        } else {
+            Axis::default()
+                .bounds([0.0, top])
+                .labels([Span::raw("0"), Span::raw(fmt_num(top))])
+        });
+    frame.render_widget(chart, area);
+}
+
+/// At most a minimum and a maximum per braille column (two per cell): a 30-minute window
+/// has far more samples than a chart has columns, and drawing them all is wasted time.
+/// Keeping both extremes keeps spikes visible.
+fn decimate(d: Vec<(f64, f64)>, window_s: f64, cells: u16) -> Vec<(f64, f64)> {
+    let buckets = usize::from(cells.max(1)) * 2;
+    if d.len() <= buckets * 2 {
+        return d;
+    }
+    let mut out = Vec::with_capacity(buckets * 2);
+    let mut i = 0;
+    for b in 0..buckets {
+        let edge = -window_s + window_s * (b + 1) as f64 / buckets as f64;
+        let mut lo: Option<(f64, f64)> = None;
+        let mut hi: Option<(f64, f64)> = None;
+        while i < d.len() && (d[i].0 <= edge || b == buckets - 1) {
+            let p = d[i];
+            if lo.is_none_or(|l| p.1 < l.1) {
+                lo = Some(p);
+            }
+            if hi.is_none_or(|h| p.1 > h.1) {
+                hi = Some(p);
+            }
+            i += 1;
+        }
+        match (lo, hi) {
+            (Some(l), Some(h)) if l.0 <= h.0 => out.extend([l, h]),
+            (Some(l), Some(h)) => out.extend([h, l]),
+            _ => {}
+        }
+    }
+    out
+}
+
+fn window_label(s: u32) -> String {
+    if s < 60 {
+        format!("{s} s")
+    } else {
+        format!("{} min", s / 60)
+    }
+}
+
+/// Draw the Live screen.
+pub fn draw(frame: &mut Frame, app: &App, area: Rect) {
+    let s = &app.live;
+    let theme = &app.theme;
+    let throttling = s.throttling();
+    let [head, grid] = Layout::vertical([Constraint::Length(2), Constraint::Min(4)]).areas(area);
+
+    let mut l1 = vec![
+        Span::styled(" window ", theme.dim()),
+        Span::styled(window_label(s.window_s()), theme.accent()),
+    ];
+    if s.frozen_at.is_some() {
+        l1.push(Span::styled(
+            "  FROZEN (f resumes; collection continues)",
+            theme.warn(),
+        ));
+    }
+    match s.latest.as_ref().map(|x| &x.gpu) {
+        Some(GpuStatus::Available { gpus, .. }) => {
+            if let Some(g) = gpus.first() {
+                l1.push(Span::raw(format!("  {}", g.name.show(|n| n.clone()))));
+                let used = g
+                    .memory
+                    .used_bytes
+                    .show(|b| format!("{:.1}", *b as f64 / GIB));
+                let total = g
+                    .memory
+                    .total_bytes
+                    .show(|b| format!("{:.1}", *b as f64 / GIB));
+                let src = if g.memory.source == MemorySource::Unified {
+                    " unified"
+                } else {
+                    ""
+                };
+                l1.push(Span::raw(format!("  mem {used}/{total} GiB{src}")));
+                l1.push(Span::raw(format!("  {}", g.pstate.show(|p| p.clone()))));
+            }
+        }
+        Some(GpuStatus::Unavailable { reason }) => {
+            l1.push(Span::styled(
+                format!("  GPU: {}", theme.text(reason)),
+                theme.dim(),
+            ));
+        }
+        None => l1.push(Span::styled("  waiting for the first sample", theme.dim())),
+    }
+    let l2 = if let Some(e) = &s.error {
+        Line::styled(format!(" monitor: {}", theme.text(e)), theme.error())
+    } else if !throttling.is_empty() {
+        Line::styled(
+            format!(" THROTTLING: {}", throttling.join(", ")),
+            theme.error(),
+        )
+    } else {
+        let server = match s.latest.as_ref().map(|x| &x.server) {
+            Some(ServerStatus::Scraped(m)) => format!("server {}", m.url),
+            Some(ServerStatus::NoMetrics { url }) => format!("server {url}: no /metrics"),
+            Some(ServerStatus::Failed { error }) => format!("server: {error}"),
+            _ => "no server watched (launch a target)".into(),
+        };
+        Line::styled(
+            format!(" no throttling   {}", theme.text(&server)),
+            theme.dim(),
+        )
+    };
+    frame.render_widget(Paragraph::new(vec![Line::from(l1), l2]), head);
+
+    let cols: u16 = if grid.width >= 150 { 3 } else { 2 };
+    let rows: u16 = (grid.height / 7).clamp(1, 3);
+    let specs = specs(s);
+    let row_areas =
+        Layout::vertical(vec![Constraint::Ratio(1, u32::from(rows)); rows as usize]).split(grid);
+    let mut i = 0;
+    for r in row_areas.iter() {
+        let cells = Layout::horizontal(vec![Constraint::Ratio(1, u32::from(cols)); cols as usize])
+            .split(*r);
+        for c in cells.iter() {
+            if let Some(spec) = specs.get(i) {
+                draw_chart(frame, theme, s, spec, *c);
+            }
+            i += 1;
+        }
+    }
+}

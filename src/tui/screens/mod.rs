@@ -1,0 +1,78 @@
+//! One module per screen; this file dispatches drawing and builds the status line.
+
+pub mod flags;
+pub mod launch;
+pub mod live;
+pub mod runs;
+
+use ratatui::Frame;
+use ratatui::layout::Rect;
+use ratatui::text::Span;
+use ratatui::widgets::{Block, Paragraph};
+
+use super::app::{App, Tab};
+
+/// Draw the visible screen into `area`.
+pub fn draw(frame: &mut Frame, app: &App, area: Rect) {
+    match app.tab {
+        Tab::Flags => flags::draw(frame, app, area),
+        Tab::Runs => runs::draw(frame, app, area),
+        Tab::Launch => launch::draw(frame, app, area),
+        Tab::Live => live::draw(frame, app, area),
+        Tab::Bench => {
+            // Honest about what is missing rather than a form that does nothing.
+            let block = Block::bordered()
+                .border_set(app.theme.border())
+                .title(" Bench ");
+            frame.render_widget(
+                Paragraph::new(
+                    " The Bench screen is not in the panel yet: run benchmarks with the headless \
+                     `mxtune bench --url <target URL>`, then compare them on the Runs screen.",
+                )
+                .wrap(ratatui::widgets::Wrap { trim: true })
+                .style(app.theme.dim())
+                .block(block),
+                area,
+            );
+        }
+    }
+}
+
+/// The bindings that work in the screen's current state (for the hint bar).
+pub fn bindings(app: &App) -> &'static [super::keys::Binding] {
+    match app.tab {
+        Tab::Flags if app.flags.overlay.is_some() => super::keys::FLAGS_DIALOG,
+        Tab::Runs if app.runs.view != runs::RunsView::List => super::keys::RUNS_VIEW,
+        Tab::Launch if app.launch.captures_keys() => super::keys::LAUNCH_INPUT,
+        _ => app.tab.bindings(),
+    }
+}
+
+/// The status line: target, phase, preset, unsaved changes.
+pub fn status_spans(app: &App) -> Vec<Span<'static>> {
+    let theme = &app.theme;
+    let f = &app.flags;
+    let target = match app.launch.choice {
+        crate::launch::spec::TargetKind::Docker => "docker",
+        crate::launch::spec::TargetKind::Engine => "engine",
+        crate::launch::spec::TargetKind::Attach => "attach",
+    };
+    let mut spans = vec![
+        Span::styled(" target ", theme.dim()),
+        Span::styled(target.to_string(), theme.accent()),
+        Span::styled("  ", theme.dim()),
+        Span::styled(app.launch.state.phase_text(), theme.dim()),
+        Span::styled("  preset ", theme.dim()),
+        Span::styled(
+            f.loaded
+                .as_ref()
+                .map(|p| p.name.clone())
+                .unwrap_or_else(|| "(none)".into()),
+            theme.accent(),
+        ),
+    ];
+    if f.dirty() {
+        spans.push(Span::styled(" [+] unsaved", theme.warn()));
+    }
+    spans
+}

@@ -1,0 +1,889 @@
+//! Snapshot and state tests of the panel, drawn into ratatui's `TestBackend`.
+
+use std::path::{Path, PathBuf};
+
+use crossterm::event::{KeyCode, KeyEvent, KeyModifiers};
+use mxtune::flags::preset::PresetStore;
+use mxtune::record::schema::{PointResult, RunId, Stats, WorkloadPoint};
+use mxtune::record::store::{Scan, StoredRun};
+use mxtune::record::{RunRecord, RunStatus, RunStore};
+use mxtune::tui::app::{App, Effect, Paths, QuitPrompt, Tab};
+use mxtune::tui::background::{Background, LaunchMsg};
+use mxtune::tui::screens::flags::Overlay;
+use mxtune::tui::screens::launch::TargetState;
+use mxtune::tui::screens::runs::RunsView;
+use mxtune::tui::theme::Theme;
+use mxtune::tui::{Event, Exit, perform, step, ui};
+use ratatui::Terminal;
+use ratatui::backend::TestBackend;
+use std::cell::RefCell;
+use std::sync::mpsc::Receiver;
+
+fn theme() -> Theme {
+    Theme {
+        color: false,
+        ascii: false,
+    }
+}
+
+fn repo_presets() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("presets")
+}
+
+/// Paths with saves going to `scratch` (searched first) and the project presets behind it.
+fn paths(scratch: &Path) -> Paths {
+    Paths {
+        presets: PresetStore::new(vec![scratch.join("presets"), repo_presets()]),
+        save_dir: scratch.join("presets"),
+        runs_dir: scratch.join("runs"),
+        export_dir: scratch.to_path_buf(),
+    }
+}
+
+thread_local! {
+    /// Each test (thread) gets its own background runtime and event channel.
+    static BG: RefCell<Option<(Background, Receiver<Event>)>> = const { RefCell::new(None) };
+}
+
+fn with_bg<T>(f: impl FnOnce(&mut Background, &Receiver<Event>) -> T) -> T {
+    BG.with(|cell| {
+        let mut cell = cell.borrow_mut();
+        let (bg, rx) = cell.get_or_insert_with(|| {
+            let (tx, rx) = std::sync::mpsc::channel();
+            (Background::new(tx).unwrap(), rx)
+        });
+        f(bg, rx)
+    })
+}
+
+fn run_effect(app: &mut App, e: Effect) -> Option<Exit> {
+    with_bg(|bg, _| perform(app, bg, e))
+}
+
+/// Feed background events into the panel until `done` holds (a behavioural wait).
+fn pump_until(app: &mut App, what: &str, done: impl Fn(&App) -> bool) {
+    let start = std::time::Instant::now();
+    while !done(app) {
+        let ev = with_bg(|_, rx| rx.recv_timeout(std::time::Duration::from_millis(200)));
+        if let Ok(ev) = ev {
+            with_bg(|bg, _| step(app, bg, ev));
+        }
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(120),
+            "never reached: {what}; state {:?}",
+            app.launch.state
+        );
+    }
+}
+
+/// A panel started the way `tui::run` starts it, on fixed paths.
+fn started(scratch: &Path, theme: Theme) -> App {
+    let mut app = App::new(theme, paths(scratch));
+    for e in app.startup_effects() {
+        run_effect(&mut app, e);
+    }
+    app
+}
+
+/// A panel whose paths print the same in every snapshot.
+fn snapshot_app(theme: Theme) -> App {
+    let mut app = App::new(
+        theme,
+        Paths {
+            presets: PresetStore::new(vec![repo_presets()]),
+            save_dir: PathBuf::from("presets"),
+            runs_dir: PathBuf::from("runs"),
+            export_dir: PathBuf::from("."),
+        },
+    );
+    run_effect(&mut app, Effect::LoadPreset("engine-cpu-tiny".into()));
+    app
+}
+
+fn render(app: &App, w: u16, h: u16) -> String {
+    let mut terminal = Terminal::new(TestBackend::new(w, h)).unwrap();
+    terminal.draw(|f| ui::draw(f, app)).unwrap();
+    terminal.backend().to_string()
+}
+
+fn key(app: &mut App, code: KeyCode) -> Option<Exit> {
+    let ev = Event::Term(crossterm::event::Event::Key(KeyEvent::new(
+        code,
+        KeyModifiers::NONE,
+    )));
+    with_bg(|bg, _| step(app, bg, ev)).0
+}
+
+fn type_str(app: &mut App, s: &str) {
+    for c in s.chars() {
+        key(app, KeyCode::Char(c));
+    }
+}
+
+/// A finished record with one point at `tps` ± `std` tok/s, started at a fixed time.
+fn record(ulid: &str, preset: &str, minute: u32, tps: f64, std: f64) -> RunRecord {
+    use chrono::TimeZone;
+    let mut r = RunRecord::new(
+        mxtune::launch::spec::TargetKind::Engine,
+        Some(preset.into()),
+    );
+    r.identity.run_id = RunId(ulid.parse().unwrap());
+    let at = chrono::Utc
+        .with_ymd_and_hms(2026, 11, 20, 10, minute, 0)
+        .unwrap();
+    r.identity.started_at = at;
+    r.identity.updated_at = at;
+    r.identity.ended_at = Some(at);
+    r.identity.status = RunStatus::Completed;
+    r.identity.mxtune_git_sha = None;
+    r.identity.pid = None;
+    r.identity.mxtune_version = "0.1.0".into();
+    r.environment = Default::default();
+    r.results = vec![PointResult {
+        point: WorkloadPoint {
+            pp: 512,
+            tg: 128,
+            depth: 0,
+            concurrency: 1,
+        },
+        tg_tps: Some(Stats {
+            n: 5,
+            mean: tps,
+            std,
+            min: tps - std,
+            max: tps + std,
+        }),
+        requests: 5,
+        ..PointResult::default()
+    }];
+    r
+}
+
+fn fixed_runs() -> Scan {
+    let runs = vec![
+        record("01JD0000000000000000000002", "engine-q8", 30, 131.0, 1.5),
+        record(
+            "01JD0000000000000000000001",
+            "engine-cpu-tiny",
+            10,
+            120.0,
+            1.0,
+        ),
+    ];
+    Scan {
+        runs: runs
+            .into_iter()
+            .map(|record| StoredRun {
+                path: PathBuf::from(format!("runs/{}.json", record.identity.run_id.short())),
+                record,
+            })
+            .collect(),
+        ..Scan::default()
+    }
+}
+
+#[test]
+fn tabs_switch_by_number_and_tab_keys() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut app = started(dir.path(), theme());
+    assert_eq!(app.tab, Tab::Flags);
+    key(&mut app, KeyCode::Char('4'));
+    assert_eq!(app.tab, Tab::Bench);
+    key(&mut app, KeyCode::Tab);
+    assert_eq!(app.tab, Tab::Runs);
+    key(&mut app, KeyCode::Tab);
+    assert_eq!(app.tab, Tab::Flags, "Tab wraps around");
+    key(&mut app, KeyCode::BackTab);
+    assert_eq!(app.tab, Tab::Runs);
+}
+
+#[test]
+fn help_overlay_opens_and_any_key_closes_without_acting() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut app = started(dir.path(), theme());
+    key(&mut app, KeyCode::Char('?'));
+    assert!(app.show_help);
+    let screen = render(&app, 80, 24);
+    assert!(screen.contains("Keys (any key closes)"), "{screen}");
+    assert_eq!(
+        key(&mut app, KeyCode::Char('q')),
+        None,
+        "q while help is open only closes help"
+    );
+    assert!(!app.show_help);
+}
+
+#[test]
+fn quit_asks_when_a_target_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut app = started(dir.path(), theme());
+    assert_eq!(key(&mut app, KeyCode::Char('q')), Some(Exit::Quit));
+
+    let mut app = started(dir.path(), theme());
+    app.launch.state = TargetState::Starting(mxtune::launch::Phase::LoadingWeights);
+    assert_eq!(key(&mut app, KeyCode::Char('q')), None);
+    assert_eq!(app.quit_prompt, Some(QuitPrompt::TargetRunning));
+    assert!(render(&app, 80, 24).contains("still running"));
+    assert_eq!(key(&mut app, KeyCode::Esc), None);
+    assert_eq!(app.quit_prompt, None);
+    key(&mut app, KeyCode::Char('q'));
+    assert_eq!(
+        app.on_key(KeyEvent::new(KeyCode::Char('s'), KeyModifiers::NONE)),
+        vec![Effect::Quit { stop_target: true }]
+    );
+}
+
+#[test]
+fn too_small_terminal_says_so() {
+    let app = snapshot_app(theme());
+    let screen = render(&app, 60, 20);
+    assert!(screen.contains("terminal too small: 60x20"), "{screen}");
+}
+
+#[test]
+fn ascii_mode_draws_only_ascii() {
+    let mut app = snapshot_app(Theme {
+        color: false,
+        ascii: true,
+    });
+    app.runs.on_scan(Ok(fixed_runs()));
+    fixed_launch(&mut app);
+    for t in 0..100 {
+        app.live.push(sample(t, t == 99));
+    }
+    for tab in ['1', '2', '3', '4', '5'] {
+        key(&mut app, KeyCode::Char(tab));
+        for (w, h) in [(80, 24), (160, 48)] {
+            let screen = render(&app, w, h);
+            assert!(
+                screen.is_ascii(),
+                "non-ASCII glyph in ASCII mode:\n{screen}"
+            );
+        }
+    }
+    key(&mut app, KeyCode::Char('1'));
+    insta::assert_snapshot!("flags_ascii_80x24", render(&app, 80, 24));
+}
+
+// ---- Flags ----
+
+#[test]
+fn fresh_panel_loads_the_cpu_engine_preset() {
+    let dir = tempfile::tempdir().unwrap();
+    let app = started(dir.path(), theme());
+    let loaded = app.flags.loaded.as_ref().expect("default preset loaded");
+    assert_eq!(loaded.name, "engine-cpu-tiny");
+    assert_eq!(app.flags.flags.axis_value("device"), Some("cpu"));
+    assert!(!app.flags.dirty());
+    let screen = render(&app, 80, 24);
+    assert!(screen.contains("preset engine-cpu-tiny"), "{screen}");
+    assert!(!screen.contains("unsaved"), "{screen}");
+}
+
+#[test]
+fn toggling_a_flag_marks_unsaved_and_reset_restores() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut app = started(dir.path(), theme());
+    let before = app.flags.flags.axes.moe_backend;
+    key(&mut app, KeyCode::Enter); // row 0: moe_backend
+    assert_ne!(
+        app.flags.flags.axes.moe_backend, before,
+        "Enter cycles the value"
+    );
+    assert!(app.flags.dirty());
+    assert!(render(&app, 80, 24).contains("[+] unsaved"));
+    key(&mut app, KeyCode::Left);
+    assert_eq!(app.flags.flags.axes.moe_backend, before, "Left steps back");
+    key(&mut app, KeyCode::Right);
+    key(&mut app, KeyCode::Char('r'));
+    assert_eq!(
+        app.flags.flags.axis_value("moe_backend"),
+        Some("auto"),
+        "r resets to the default"
+    );
+
+    // Serving limits: down past the axes to max_num_seqs, cycle, reset to the target default.
+    let axes = mxtune::flags::axes::all_axes().len();
+    for _ in 0..axes + 1 {
+        key(&mut app, KeyCode::Down);
+    }
+    let seqs = app.flags.flags.serving.max_num_seqs;
+    key(&mut app, KeyCode::Enter);
+    assert_ne!(app.flags.flags.serving.max_num_seqs, seqs);
+    key(&mut app, KeyCode::Char('r'));
+    assert_eq!(app.flags.flags.serving.max_num_seqs, None);
+    key(&mut app, KeyCode::Char('R'));
+    assert!(!app.flags.dirty(), "R restores the loaded preset");
+}
+
+#[test]
+fn rule_findings_show_inline() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut app = started(dir.path(), theme());
+    app.flags.flags.set_axis("sinks", "off").unwrap();
+    let findings = app.flags.findings();
+    assert!(!findings.is_empty(), "sinks off is a known problem");
+    let screen = render(&app, 160, 48);
+    assert!(screen.contains(&findings[0].rule.to_string()), "{screen}");
+}
+
+#[test]
+fn preset_picker_filters_and_loads() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut app = started(dir.path(), theme());
+    key(&mut app, KeyCode::Char('p'));
+    type_str(&mut app, "engine-q8");
+    match &app.flags.overlay {
+        Some(Overlay::Picker { filter, names, .. }) => {
+            assert_eq!(filter, "engine-q8");
+            assert!(names.iter().any(|n| n == "engine-q8"), "{names:?}");
+        }
+        other => panic!("picker not open: {other:?}"),
+    }
+    assert_eq!(
+        app.tab,
+        Tab::Flags,
+        "typed digits filter, they do not switch tabs"
+    );
+    assert!(render(&app, 80, 24).contains("engine-q8"));
+    key(&mut app, KeyCode::Enter);
+    assert_eq!(app.flags.overlay, None);
+    assert_eq!(app.flags.loaded.as_ref().unwrap().name, "engine-q8");
+    assert_eq!(app.flags.flags.axis_value("activation"), Some("q8"));
+}
+
+#[test]
+fn save_validates_the_name_and_asks_before_overwriting() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut app = started(dir.path(), theme());
+    key(&mut app, KeyCode::Enter); // change something
+    let changed = app.flags.flags.clone();
+
+    key(&mut app, KeyCode::Char('s'));
+    type_str(&mut app, "bad name");
+    key(&mut app, KeyCode::Enter);
+    assert!(matches!(
+        &app.flags.overlay,
+        Some(Overlay::Save { error: Some(_), .. })
+    ));
+    assert!(!dir.path().join("presets/bad name.toml").exists());
+    for _ in 0.."bad name".len() {
+        key(&mut app, KeyCode::Backspace);
+    }
+    type_str(&mut app, "my-try");
+    key(&mut app, KeyCode::Enter);
+    let file = dir.path().join("presets/my-try.toml");
+    assert!(file.is_file(), "saved into the save dir");
+    assert_eq!(app.flags.overlay, None);
+    assert_eq!(app.flags.loaded.as_ref().unwrap().name, "my-try");
+    assert!(!app.flags.dirty(), "the saved preset is the new baseline");
+    let back = PresetStore::new(vec![dir.path().join("presets"), repo_presets()])
+        .load("my-try")
+        .unwrap();
+    assert_eq!(back.flags, changed, "loads back to the same flags");
+
+    // Same name again: asks; `n` keeps the file, `y` replaces it.
+    key(&mut app, KeyCode::Enter);
+    let text_before = std::fs::read_to_string(&file).unwrap();
+    key(&mut app, KeyCode::Char('s'));
+    type_str(&mut app, "my-try");
+    key(&mut app, KeyCode::Enter);
+    assert!(matches!(
+        &app.flags.overlay,
+        Some(Overlay::Save {
+            confirm_overwrite: true,
+            ..
+        })
+    ));
+    assert!(render(&app, 80, 24).contains("Overwrite it? y/n"));
+    key(&mut app, KeyCode::Char('n'));
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), text_before);
+    key(&mut app, KeyCode::Enter);
+    key(&mut app, KeyCode::Char('y'));
+    assert_eq!(app.flags.overlay, None);
+    let back = PresetStore::new(vec![dir.path().join("presets"), repo_presets()])
+        .load("my-try")
+        .unwrap();
+    assert_eq!(back.flags, app.flags.flags);
+    assert_ne!(back.flags, changed, "overwritten with the newer flags");
+}
+
+#[test]
+fn diff_and_command_views() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut app = started(dir.path(), theme());
+    key(&mut app, KeyCode::Char('d'));
+    assert!(render(&app, 80, 24).contains("same flags as preset engine-cpu-tiny"));
+    key(&mut app, KeyCode::Esc);
+    key(&mut app, KeyCode::Enter);
+    key(&mut app, KeyCode::Char('d'));
+    let screen = render(&app, 80, 24);
+    assert!(screen.contains("axes.moe_backend: \"auto\" ->"), "{screen}");
+    key(&mut app, KeyCode::Esc);
+    key(&mut app, KeyCode::Char('c'));
+    let lines = mxtune::tui::screens::flags::command_lines(&app.flags.flags);
+    assert!(lines.iter().any(|l| l.contains("serve")), "{lines:?}");
+    let screen = render(&app, 160, 48);
+    assert!(
+        screen.contains(lines[0].trim_end_matches(" \\")),
+        "{screen}"
+    );
+    key(&mut app, KeyCode::Char('t'));
+    assert_eq!(
+        app.flags.flags.target,
+        mxtune::launch::spec::TargetKind::Engine,
+        "t is ignored while a view is open"
+    );
+    key(&mut app, KeyCode::Esc);
+    key(&mut app, KeyCode::Char('t'));
+    assert_eq!(
+        app.flags.flags.target,
+        mxtune::launch::spec::TargetKind::Docker
+    );
+    let docker = mxtune::tui::screens::flags::command_lines(&app.flags.flags);
+    assert!(docker[0].starts_with("docker run"), "{docker:?}");
+}
+
+#[test]
+fn snapshots_flags() {
+    let mut app = snapshot_app(theme());
+    insta::assert_snapshot!("flags_80x24", render(&app, 80, 24));
+    insta::assert_snapshot!("flags_160x48", render(&app, 160, 48));
+    key(&mut app, KeyCode::Char('c'));
+    insta::assert_snapshot!("flags_command_80x24", render(&app, 80, 24));
+}
+
+// ---- Runs ----
+
+#[test]
+fn snapshots_runs() {
+    let mut app = snapshot_app(theme());
+    app.runs.on_scan(Ok(fixed_runs()));
+    key(&mut app, KeyCode::Char('5'));
+    insta::assert_snapshot!("runs_80x24", render(&app, 80, 24));
+    insta::assert_snapshot!("runs_160x48", render(&app, 160, 48));
+    key(&mut app, KeyCode::Char('m'));
+    key(&mut app, KeyCode::Down);
+    key(&mut app, KeyCode::Char('m'));
+    key(&mut app, KeyCode::Char('C'));
+    insta::assert_snapshot!("runs_compare_160x48", render(&app, 160, 48));
+}
+
+#[test]
+fn runs_list_filter_open_compare_and_export() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = RunStore::new(dir.path().join("runs"));
+    let older = record(
+        "01JD0000000000000000000001",
+        "engine-cpu-tiny",
+        10,
+        120.0,
+        1.0,
+    );
+    let newer = record("01JD0000000000000000000002", "engine-q8", 30, 131.0, 1.5);
+    store.create(older).unwrap();
+    store.create(newer).unwrap();
+    let mut app = started(dir.path(), theme());
+    key(&mut app, KeyCode::Char('5'));
+    assert_eq!(app.runs.runs.len(), 2);
+    assert_eq!(app.runs.runs[0].record.label(), "engine-q8", "newest first");
+
+    key(&mut app, KeyCode::Char('/'));
+    type_str(&mut app, "tiny");
+    key(&mut app, KeyCode::Enter);
+    assert_eq!(app.runs.visible(), vec![1]);
+    key(&mut app, KeyCode::Enter);
+    assert!(matches!(app.runs.view, RunsView::Show { .. }));
+    assert!(render(&app, 160, 48).contains("preset engine-cpu-tiny"));
+    key(&mut app, KeyCode::Esc);
+    key(&mut app, KeyCode::Char('m')); // A = the tiny run (baseline)
+    key(&mut app, KeyCode::Char('/'));
+    key(&mut app, KeyCode::Esc); // clears the filter
+    assert_eq!(app.runs.visible().len(), 2);
+    key(&mut app, KeyCode::Char('m')); // B = the q8 run (row 0)
+    key(&mut app, KeyCode::Char('C'));
+    assert!(matches!(app.runs.view, RunsView::Compare { .. }));
+    let screen = render(&app, 160, 48);
+    assert!(
+        screen.contains("+9.2%"),
+        "delta against the baseline:\n{screen}"
+    );
+
+    key(&mut app, KeyCode::Char('e'));
+    let exported = dir.path().join("compare-00000001-00000002.md");
+    let md = std::fs::read_to_string(&exported).unwrap();
+    assert!(md.contains("| ") && md.contains("engine-q8"), "{md}");
+    assert!(app.message.as_deref().unwrap_or("").contains("wrote"));
+}
+
+// ---- Launch ----
+
+/// A stand-in for an OpenAI server (the attach target's other end): health, models, and a
+/// 1-token completion, on an ephemeral port. Runs until the test process ends.
+fn target_double() -> String {
+    use axum::routing::{get, post};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    listener.set_nonblocking(true).unwrap();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async move {
+            let app = axum::Router::new()
+                .route("/health", get(|| async { "ok" }))
+                .route(
+                    "/v1/models",
+                    get(|| async { axum::Json(serde_json::json!({"data": [{"id": "double"}]})) }),
+                )
+                .route(
+                    "/v1/completions",
+                    post(|| async {
+                        axum::Json(serde_json::json!({"choices": [{"text": "x", "index": 0}]}))
+                    }),
+                );
+            let l = tokio::net::TcpListener::from_std(listener).unwrap();
+            axum::serve(l, app).await.unwrap();
+        });
+    });
+    format!("http://{addr}")
+}
+
+fn log_line(app: &mut App, line: &str) {
+    app.launch
+        .on_msg(LaunchMsg::Event(mxtune::launch::LaunchEvent::Log {
+            stream: mxtune::launch::LogStream::Stdout,
+            line: line.into(),
+        }));
+}
+
+#[test]
+fn launch_attach_start_and_stop_with_confirmation() {
+    let url = target_double();
+    let dir = tempfile::tempdir().unwrap();
+    let mut app = started(dir.path(), theme());
+    key(&mut app, KeyCode::Char('2'));
+    key(&mut app, KeyCode::Char('u'));
+    assert_eq!(app.launch.choice, mxtune::launch::spec::TargetKind::Attach);
+    for _ in 0..app.launch.url.len() {
+        key(&mut app, KeyCode::Backspace);
+    }
+    type_str(&mut app, &url);
+    key(&mut app, KeyCode::Enter);
+    key(&mut app, KeyCode::Char('l'));
+    assert_eq!(app.launch.state, TargetState::Launching);
+    pump_until(&mut app, "ready", |a| {
+        matches!(a.launch.state, TargetState::Ready { .. })
+    });
+    let screen = render(&app, 100, 30);
+    assert!(
+        screen.contains("ready") && screen.contains(&url),
+        "{screen}"
+    );
+    assert!(app.target_running());
+
+    // Quitting now asks; Esc stays.
+    assert_eq!(key(&mut app, KeyCode::Char('q')), None);
+    assert_eq!(app.quit_prompt, Some(QuitPrompt::TargetRunning));
+    key(&mut app, KeyCode::Esc);
+
+    // Stop asks first; anything but y keeps it.
+    key(&mut app, KeyCode::Char('x'));
+    assert!(render(&app, 80, 24).contains("Stop target?"));
+    key(&mut app, KeyCode::Char('n'));
+    assert!(matches!(app.launch.state, TargetState::Ready { .. }));
+    key(&mut app, KeyCode::Char('x'));
+    key(&mut app, KeyCode::Char('y'));
+    assert_eq!(app.launch.state, TargetState::Stopping);
+    pump_until(&mut app, "stopped", |a| {
+        matches!(a.launch.state, TargetState::Exited(_))
+    });
+    assert!(!app.target_running());
+    assert_eq!(
+        key(&mut app, KeyCode::Char('q')),
+        Some(Exit::Quit),
+        "nothing left to ask about"
+    );
+}
+
+#[test]
+fn launch_failure_is_shown() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut app = started(dir.path(), theme());
+    key(&mut app, KeyCode::Char('2'));
+    key(&mut app, KeyCode::Char('u'));
+    for _ in 0..app.launch.url.len() {
+        key(&mut app, KeyCode::Backspace);
+    }
+    type_str(&mut app, "ftp://nowhere");
+    key(&mut app, KeyCode::Enter);
+    key(&mut app, KeyCode::Char('l'));
+    pump_until(&mut app, "failed", |a| {
+        matches!(a.launch.state, TargetState::Failed(_))
+    });
+    assert!(render(&app, 160, 48).contains("must start with http://"));
+}
+
+#[test]
+fn log_pane_follows_scrolls_searches_wraps_and_saves() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut app = started(dir.path(), theme());
+    key(&mut app, KeyCode::Char('2'));
+    for i in 0..100 {
+        log_line(&mut app, &format!("line {i}"));
+    }
+    log_line(&mut app, "WARNING something odd");
+    log_line(&mut app, "last line");
+    assert!(app.launch.log.following());
+    assert!(render(&app, 80, 24).contains("last line"));
+    key(&mut app, KeyCode::PageUp);
+    assert!(!app.launch.log.following());
+    let screen = render(&app, 80, 24);
+    assert!(
+        !screen.contains("last line") && screen.contains("paused"),
+        "{screen}"
+    );
+    log_line(&mut app, "newer line");
+    assert!(
+        !render(&app, 80, 24).contains("newer line"),
+        "a paused view stays put"
+    );
+    key(&mut app, KeyCode::End);
+    assert!(render(&app, 80, 24).contains("newer line"));
+
+    key(&mut app, KeyCode::Char('/'));
+    type_str(&mut app, "line 42");
+    key(&mut app, KeyCode::Enter);
+    assert_eq!(app.launch.log.search.as_deref(), Some("line 42"));
+    assert!(render(&app, 80, 24).contains("line 42"));
+    assert!(
+        !render(&app, 80, 24).contains("newer line"),
+        "jumped back to the match"
+    );
+    key(&mut app, KeyCode::Char('N'));
+    key(&mut app, KeyCode::End);
+
+    log_line(&mut app, &"x".repeat(200));
+    key(&mut app, KeyCode::Char('w'));
+    assert!(app.launch.log.wrap);
+    let wrapped = render(&app, 80, 24);
+    assert!(wrapped.matches("xxxxxxxxxx").count() >= 3, "{wrapped}");
+
+    key(&mut app, KeyCode::Char('S'));
+    let saved = std::fs::read_to_string(dir.path().join("launch-no-run.log")).unwrap();
+    assert!(saved.starts_with("line 0\n") && saved.contains("WARNING something odd"));
+}
+
+fn fixed_launch(app: &mut App) {
+    use mxtune::launch::verdict::PathVerdict;
+    use mxtune::launch::{LaunchEvent, ValidationReport, Verdict};
+    app.launch.state = TargetState::Ready {
+        url: "http://127.0.0.1:8000".into(),
+        startup_s: 2.5,
+    };
+    app.launch.describe = Some("engine process 4242 (/usr/bin/mxtune)".into());
+    app.launch.log_path = Some(PathBuf::from("runs/01JD0000000000000000000003.target.log"));
+    for l in [
+        "mxtune serve: synthetic model tiny on cpu",
+        "kernel-path moe_kernel=gemv",
+        "kernel-path activation=bf16",
+        "WARN slow start",
+        "error: nothing really",
+        "listening on 127.0.0.1:8000",
+    ] {
+        log_line(app, l);
+    }
+    let v = |flag: &str, value: &str, verdict, seen: &[&str], missing: &[&str]| PathVerdict {
+        flag: flag.into(),
+        value: value.into(),
+        verdict,
+        seen: seen.iter().map(|s| s.to_string()).collect(),
+        forbidden_seen: vec![],
+        missing: missing.iter().map(|s| s.to_string()).collect(),
+        note: None,
+    };
+    app.launch.on_msg(LaunchMsg::Event(LaunchEvent::Verdict {
+        report: ValidationReport {
+            checks: vec![
+                v(
+                    "moe_backend",
+                    "auto",
+                    Verdict::Valid,
+                    &["kernel-path moe_kernel=gemv"],
+                    &[],
+                ),
+                v(
+                    "sinks",
+                    "on",
+                    Verdict::Unknown,
+                    &[],
+                    &["^kernel-path sinks=on"],
+                ),
+            ],
+            unknown_env: vec![],
+            lines_scanned: 6,
+        },
+    }));
+}
+
+#[test]
+fn snapshots_launch() {
+    let mut app = snapshot_app(theme());
+    key(&mut app, KeyCode::Char('2'));
+    insta::assert_snapshot!("launch_idle_80x24", render(&app, 80, 24));
+    fixed_launch(&mut app);
+    insta::assert_snapshot!("launch_ready_80x24", render(&app, 80, 24));
+    insta::assert_snapshot!("launch_ready_160x48", render(&app, 160, 48));
+}
+
+// ---- Live ----
+
+/// A GB10-like sample at second `t`: unified memory, clocks ramping, server busy;
+/// `throttle` adds a power-cap reason.
+fn sample(t: i64, throttle: bool) -> mxtune::monitor::Sample {
+    use chrono::TimeZone;
+    use mxtune::monitor::Reading::Value;
+    use mxtune::monitor::sample::*;
+    let f = t as f64;
+    let clocks = |sm: u32| Clocks {
+        sm_mhz: Value(sm),
+        graphics_mhz: Value(sm),
+        mem_mhz: Value(4266),
+    };
+    let gpu = GpuSample {
+        index: 0,
+        name: Value("NVIDIA GB10".into()),
+        uuid: Value("GPU-0".into()),
+        compute_capability: Value("12.1".into()),
+        persistence_mode: Value(true),
+        compute_mode: Value("default".into()),
+        memory: GpuMemory {
+            source: MemorySource::Unified,
+            used_bytes: Value((60.0 + f / 10.0) as u64 * (1 << 30)),
+            total_bytes: Value(119 * (1 << 30)),
+            process_bytes: Value(58 * (1 << 30)),
+        },
+        clocks: clocks(1500 + (t % 10) as u32 * 30),
+        max_clocks: clocks(3003),
+        power_w: Value(40.0 + f % 20.0),
+        power_limit_w: Value(100.0),
+        energy_j: Value(f * 50.0),
+        temperature_c: Value(55 + (t % 7) as u32),
+        utilization_gpu_pct: Value(((t * 7) % 100) as u32),
+        utilization_mem_pct: Value(40),
+        pstate: Value("P0".into()),
+        throttle_reasons: Value(if throttle {
+            vec!["sw_power_cap".into()]
+        } else {
+            vec!["gpu_idle".into()]
+        }),
+        processes: Value(vec![]),
+    };
+    mxtune::monitor::Sample {
+        at: chrono::Utc
+            .with_ymd_and_hms(2026, 11, 20, 10, 0, 0)
+            .unwrap()
+            + chrono::Duration::seconds(t),
+        elapsed_s: f,
+        gpu: GpuStatus::Available {
+            driver_version: Value("580.95.05".into()),
+            cuda_driver_version: Value("13.0".into()),
+            gpus: vec![gpu],
+        },
+        host: HostSample {
+            cpu_pct: Value(20.0 + (t % 30) as f32),
+            cpu_per_core_pct: vec![],
+            ram_used_bytes: 60 << 30,
+            ram_total_bytes: 119 << 30,
+            swap_used_bytes: 0,
+            swap_total_bytes: 0,
+            load: Value([1.0, 1.0, 1.0]),
+            process: None,
+        },
+        server: ServerStatus::Scraped(ServerMetrics {
+            url: "http://127.0.0.1:8000/metrics".into(),
+            kind: ServerKind::Vllm,
+            generation_tok_s: Value(50.0 + f % 25.0),
+            prompt_tok_s: Value(0.0),
+            running: Value((t % 4) as f64),
+            waiting: Value(0.0),
+            kv_cache_usage: Value(0.3),
+            spec_acceptance_rate: mxtune::monitor::Reading::NotSupported,
+            spec_mean_acceptance_length: mxtune::monitor::Reading::NotSupported,
+        }),
+    }
+}
+
+#[test]
+fn snapshots_live() {
+    let mut app = snapshot_app(theme());
+    key(&mut app, KeyCode::Char('3'));
+    insta::assert_snapshot!("live_empty_80x24", render(&app, 80, 24));
+    for t in 0..400 {
+        app.live.push(sample(t, false));
+    }
+    insta::assert_snapshot!("live_80x24", render(&app, 80, 24));
+    app.live.push(sample(400, true));
+    insta::assert_snapshot!("live_throttled_160x48", render(&app, 160, 48));
+}
+
+#[test]
+fn live_window_and_freeze() {
+    let mut app = snapshot_app(theme());
+    key(&mut app, KeyCode::Char('3'));
+    for t in 0..100 {
+        app.live.push(sample(t, false));
+    }
+    assert_eq!(app.live.window_s(), 300);
+    key(&mut app, KeyCode::Char('-'));
+    key(&mut app, KeyCode::Char('-'));
+    key(&mut app, KeyCode::Char('-'));
+    assert_eq!(app.live.window_s(), 30);
+    key(&mut app, KeyCode::Char('-'));
+    assert_eq!(app.live.window_s(), 30, "30 s is the shortest");
+    for _ in 0..9 {
+        key(&mut app, KeyCode::Char('+'));
+    }
+    assert_eq!(app.live.window_s(), 1800, "30 min is the longest");
+
+    key(&mut app, KeyCode::Char('f'));
+    let frozen = render(&app, 120, 40);
+    assert!(frozen.contains("FROZEN"), "{frozen}");
+    // Samples keep arriving while frozen, but the picture does not move.
+    let (_, redraw) =
+        with_bg(|bg, _| step(&mut app, bg, Event::Sample(Box::new(sample(100, true)))));
+    assert!(!redraw, "a frozen view is not redrawn for new samples");
+    assert_eq!(app.live.points.len(), 101, "collection continues");
+    assert!(!render(&app, 120, 40).contains("THROTTLING") || app.live.frozen_at.is_some());
+    key(&mut app, KeyCode::Char('f'));
+    let (_, redraw) =
+        with_bg(|bg, _| step(&mut app, bg, Event::Sample(Box::new(sample(101, true)))));
+    assert!(redraw);
+    assert!(render(&app, 120, 40).contains("THROTTLING: sw_power_cap"));
+    // Elsewhere, samples do not cause redraws either.
+    key(&mut app, KeyCode::Char('1'));
+    let (_, redraw) =
+        with_bg(|bg, _| step(&mut app, bg, Event::Sample(Box::new(sample(102, false)))));
+    assert!(!redraw);
+}
+
+#[test]
+fn snapshot_bench_says_it_is_missing() {
+    let mut app = snapshot_app(theme());
+    key(&mut app, KeyCode::Char('4'));
+    insta::assert_snapshot!("bench_80x24", render(&app, 80, 24));
+}
+
+// ---- Docs ----
+
+#[test]
+fn docs_list_every_binding() {
+    let doc = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/tui.md"))
+        .expect("docs/tui.md");
+    let generated = mxtune::tui::keys::markdown();
+    assert!(
+        doc.contains(generated.trim_end()),
+        "docs/tui.md is out of date with src/tui/keys.rs; replace its bindings section with:\n\n{generated}"
+    );
+}

@@ -1,0 +1,232 @@
+//! End-to-end: the real `mxtune` binary in a real terminal (tmux), driven with send-keys and
+//! read back with capture-pane.
+
+use std::process::Command;
+use std::thread::sleep;
+use std::time::{Duration, Instant};
+
+fn tmux(args: &[&str]) -> String {
+    let out = Command::new("tmux")
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run tmux {args:?}: {e}"));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn have_tmux() -> bool {
+    match Command::new("tmux").arg("-V").output() {
+        Ok(o) if o.status.success() => true,
+        _ => {
+            if std::env::var("CI").is_ok() {
+                panic!("tmux is required in CI (.ci/run installs it)");
+            }
+            eprintln!("SKIPPED: tmux not installed (apt-get install tmux)");
+            false
+        }
+    }
+}
+
+/// A tmux session running a shell, killed when dropped.
+struct Session {
+    name: String,
+}
+
+impl Session {
+    fn new(tag: &str, width: u16, height: u16) -> Self {
+        let name = format!("mxtune-test-{tag}-{}", std::process::id());
+        let status = Command::new("tmux")
+            .args([
+                "new-session",
+                "-d",
+                "-s",
+                &name,
+                "-x",
+                &width.to_string(),
+                "-y",
+            ])
+            .arg(height.to_string())
+            .args(["bash", "--norc", "--noprofile"])
+            .env("PS1", "$ ")
+            .status()
+            .expect("tmux new-session");
+        assert!(status.success(), "tmux new-session failed");
+        Session { name }
+    }
+
+    fn send(&self, keys: &[&str]) {
+        let mut args = vec!["send-keys", "-t", &self.name];
+        args.extend_from_slice(keys);
+        tmux(&args);
+    }
+
+    fn screen(&self) -> String {
+        tmux(&["capture-pane", "-p", "-t", &self.name])
+    }
+
+    fn alternate_on(&self) -> bool {
+        tmux(&["display-message", "-p", "-t", &self.name, "#{alternate_on}"]).trim() == "1"
+    }
+
+    /// Wait until the screen no longer contains `needle`.
+    fn wait_gone(&self, needle: &str) {
+        let start = Instant::now();
+        while self.screen().contains(needle) {
+            if start.elapsed() > Duration::from_secs(60) {
+                panic!("screen kept showing {needle:?}:\n{}", self.screen());
+            }
+            sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// Wait until the screen contains `needle` (a behavioural wait, not a timing assert).
+    fn wait_for(&self, needle: &str) -> String {
+        let start = Instant::now();
+        loop {
+            let s = self.screen();
+            if s.contains(needle) {
+                return s;
+            }
+            if start.elapsed() > Duration::from_secs(60) {
+                panic!("screen never showed {needle:?}; last screen:\n{s}");
+            }
+            sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        tmux(&["kill-session", "-t", &self.name]);
+    }
+}
+
+fn launch_cmd(dir: &std::path::Path) -> String {
+    format!(
+        "cd {d} && MXTUNE_RUNS_DIR={d}/runs MXTUNE_PRESETS_DIR={p}/presets XDG_CONFIG_HOME={d}/config {bin}",
+        d = dir.display(),
+        p = env!("CARGO_MANIFEST_DIR"),
+        bin = env!("CARGO_BIN_EXE_mxtune")
+    )
+}
+
+#[test]
+fn tui_tmux_tabs_help_and_quit() {
+    if !have_tmux() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let s = Session::new("tabs", 100, 30);
+    s.send(&[&launch_cmd(dir.path()), "Enter"]);
+    s.wait_for("preset engine-cpu-tiny");
+    assert!(
+        s.alternate_on(),
+        "the panel should use the alternate screen"
+    );
+    // Toggle the first axis (moe_backend): the unsaved-changes marker appears.
+    s.send(&["Enter"]);
+    s.wait_for("[+] unsaved");
+    s.send(&["3"]);
+    s.wait_for("window 5 min");
+    s.send(&["Tab"]);
+    s.wait_for("Bench screen is not in the panel yet");
+    s.send(&["?"]);
+    s.wait_for("Keys (any key closes)");
+    s.send(&["Escape"]);
+    s.wait_gone("Keys (any key closes)");
+    s.send(&["q"]);
+    s.send(&["echo done-$((40+2))", "Enter"]);
+    s.wait_for("done-42");
+    assert!(!s.alternate_on(), "quit must leave the alternate screen");
+}
+
+#[test]
+fn tui_tmux_sighup_restores_terminal() {
+    if !have_tmux() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let s = Session::new("hup", 100, 30);
+    s.send(&[&launch_cmd(dir.path()), "Enter"]);
+    s.wait_for("1 Flags");
+    // The hang-up a dropped SSH session delivers, sent to the panel (the shell's child).
+    let shell = tmux(&["display-message", "-p", "-t", &s.name, "#{pane_pid}"]);
+    let child = Command::new("pgrep")
+        .args(["-P", shell.trim()])
+        .output()
+        .expect("pgrep");
+    let child = String::from_utf8_lossy(&child.stdout).trim().to_string();
+    assert!(
+        !child.is_empty(),
+        "mxtune is not running under the pane's shell"
+    );
+    let status = Command::new("kill")
+        .args(["-HUP", &child])
+        .status()
+        .expect("kill");
+    assert!(status.success());
+    s.send(&[
+        "stty -a | tr ' ' '\\n' | grep -E '^-?(icanon|echo)$' | tr '\\n' ' '; echo E\"\"ND",
+        "Enter",
+    ]);
+    let screen = s.wait_for("END");
+    assert!(!s.alternate_on(), "SIGHUP must leave the alternate screen");
+    assert!(
+        screen.contains("icanon echo") && !screen.contains("-icanon"),
+        "terminal left in raw mode:\n{screen}"
+    );
+}
+
+#[test]
+fn tui_tmux_launch_engine_then_stop() {
+    if !have_tmux() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    // The default preset, on a free port, so parallel tests and servers do not collide.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let presets = dir.path().join("presets");
+    std::fs::create_dir_all(&presets).unwrap();
+    let tiny = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("presets/engine-cpu-tiny.toml"),
+    )
+    .unwrap();
+    let tiny = tiny.replace("port = 8000", &format!("port = {port}"));
+    assert!(
+        tiny.contains(&format!("port = {port}")),
+        "the preset sets its port"
+    );
+    std::fs::write(presets.join("engine-cpu-tiny.toml"), tiny).unwrap();
+    let s = Session::new("launch", 120, 40);
+    s.send(&[
+        &format!(
+            "cd {d} && MXTUNE_RUNS_DIR={d}/runs MXTUNE_PRESETS_DIR={d}/presets XDG_CONFIG_HOME={d}/config {bin}",
+            d = dir.path().display(),
+            bin = env!("CARGO_BIN_EXE_mxtune")
+        ),
+        "Enter",
+    ]);
+    s.wait_for("preset engine-cpu-tiny");
+    s.send(&["2"]);
+    s.wait_for("[engine]");
+    s.send(&["l"]);
+    let screen = s.wait_for("phase ready");
+    assert!(screen.contains(&format!("127.0.0.1:{port}")), "{screen}");
+    let screen = s.wait_for("sinks=on");
+    assert!(
+        screen
+            .lines()
+            .any(|l| l.contains("sinks=on") && l.contains("valid")),
+        "kernel-path verdict for sinks:\n{screen}"
+    );
+    s.send(&["x"]);
+    s.wait_for("Stop target?");
+    s.send(&["y"]);
+    s.wait_for("phase exited");
+    s.send(&["q"]);
+    s.send(&["echo done-$((40+2))", "Enter"]);
+    s.wait_for("done-42");
+}
