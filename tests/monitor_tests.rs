@@ -784,7 +784,10 @@ fn gpu_memory_probe_reads_memory_or_says_why_not() {
         }
         Err(e) => {
             let msg = format!("{e:#}");
-            assert!(msg.contains("NVML") || msg.contains("GPU"), "unhelpful reason: {msg}");
+            assert!(
+                msg.contains("NVML") || msg.contains("GPU"),
+                "unhelpful reason: {msg}"
+            );
         }
     }
 }
