@@ -295,6 +295,57 @@ async fn chat_stream_role_deltas_usage_done() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn chat_stream_role_chunk_waits_for_the_first_token() {
+    let probe = Arc::new(engine_server_support::Probe::default());
+    *probe.gate_closed.lock().unwrap() = true;
+    let s = start_with_probe(options(), 8, 0, probe.clone()).await;
+    let url = format!("{}/v1/chat/completions", s.base);
+    let p = probe.clone();
+    // The reader notes whether the engine was still held (no token computed) when the
+    // first body bytes arrived.
+    let reader = tokio::spawn(async move {
+        let mut r = client()
+            .post(url)
+            .json(&json!({"messages": [{"role": "user", "content": "Hi"}],
+                          "max_tokens": 3, "stream": true}))
+            .send()
+            .await
+            .unwrap();
+        let first = r.chunk().await.unwrap().unwrap();
+        let held = *p.gate_closed.lock().unwrap();
+        let mut body = String::from_utf8_lossy(&first).into_owned();
+        while let Some(c) = r.chunk().await.unwrap() {
+            body.push_str(&String::from_utf8_lossy(&c));
+        }
+        (held, body)
+    });
+    for _ in 0..2000 {
+        if probe.started.load(Ordering::SeqCst) {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    assert!(probe.started.load(Ordering::SeqCst), "the engine never ran");
+    // Give a premature role chunk time to reach the client before the engine may proceed.
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    probe.open_gate();
+    let (held, body) = reader.await.unwrap();
+    assert!(
+        !held,
+        "a chunk was sent before the first token existed:\n{body}"
+    );
+    let data = sse_data(&body);
+    let first: Value = serde_json::from_str(&data[0]).unwrap();
+    assert_eq!(first["choices"][0]["delta"]["role"], "assistant");
+    let second: Value = serde_json::from_str(&data[1]).unwrap();
+    assert!(
+        second["choices"][0]["delta"].get("role").is_none(),
+        "{body}"
+    );
+    assert_eq!(data.last().unwrap(), "[DONE]");
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn stop_strings_min_tokens_and_ignore_eos() {
     let s = start(options(), 8, 0).await;
     let chat = |extra: Value| {
@@ -1013,8 +1064,61 @@ async fn serve_binary_reports_kernel_paths_and_serves_synthetic_tiny() {
     assert!(status.success(), "{status:?}");
 }
 
+/// Whether this machine can open a GPU (then the no-GPU expectations below do not apply).
+fn has_cuda_driver() -> bool {
+    ["/dev/nvidiactl", "/proc/driver/nvidia/version"]
+        .iter()
+        .any(|p| std::path::Path::new(p).exists())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn serve_binary_auto_without_gpu_falls_back_to_cpu_and_says_why() {
+    if has_cuda_driver() {
+        eprintln!("skipped: this machine has an NVIDIA driver, so auto picks the GPU");
+        return;
+    }
+    let (mut child, lines) = tokio::task::spawn_blocking(|| {
+        spawn_serve(&[
+            "--synthetic",
+            "tiny",
+            "--device",
+            "auto",
+            "--port",
+            "0",
+            "--max-model-len",
+            "128",
+        ])
+    })
+    .await
+    .unwrap();
+    let falls: Vec<&String> = lines
+        .iter()
+        .filter(|l| l.contains("falling back to the cpu backend"))
+        .collect();
+    assert_eq!(falls.len(), 1, "{lines:?}");
+    assert!(falls[0].contains("--device auto"), "{lines:?}");
+    assert!(falls[0].contains("CUDA driver library"), "{lines:?}");
+    assert!(
+        lines.iter().any(|l| l == "kernel-path backend=cpu"),
+        "{lines:?}"
+    );
+    assert!(
+        lines
+            .last()
+            .is_some_and(|l| l.starts_with("mxtune serve: ready on http://127.0.0.1:")),
+        "{lines:?}"
+    );
+    let pid = child.id() as i32;
+    // SAFETY: plain kill(2) on the child this test started.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
+    let status = tokio::task::spawn_blocking(move || child.wait().unwrap())
+        .await
+        .unwrap();
+    assert!(status.success(), "{status:?}");
+}
+
 #[test]
-fn serve_binary_refuses_cuda_and_impossible_flags() {
+fn serve_binary_refuses_cuda_without_gpu_and_impossible_flags() {
     let run = |args: &[&str]| {
         std::process::Command::new(env!("CARGO_BIN_EXE_mxtune"))
             .arg("serve")
@@ -1022,10 +1126,27 @@ fn serve_binary_refuses_cuda_and_impossible_flags() {
             .output()
             .unwrap()
     };
-    let o = run(&["--synthetic", "tiny", "--device", "cuda", "--port", "0"]);
+    if !has_cuda_driver() {
+        let o = run(&["--synthetic", "tiny", "--device", "cuda", "--port", "0"]);
+        assert!(!o.status.success());
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(err.contains("--device cuda"), "{err}");
+        assert!(err.contains("CUDA driver library was not found"), "{err}");
+    }
+    // Unbuilt CUDA paths are refused by name before any GPU is opened.
+    let o = run(&[
+        "--synthetic",
+        "tiny",
+        "--device",
+        "cuda",
+        "--activation",
+        "q8",
+    ]);
     assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
     assert!(
-        String::from_utf8_lossy(&o.stderr).contains("CUDA backend not available in this build")
+        err.contains("--activation q8") && err.contains("not built yet"),
+        "{err}"
     );
     let o = run(&[
         "--synthetic",

@@ -3,6 +3,9 @@
 
 use super::backend::ModelBackend;
 use super::cpu::CpuBackend;
+use super::cuda::backend::CudaBackend;
+use super::cuda::device::Gpu;
+use super::cuda::model::{self as cuda_model, DecodeOptions};
 use super::server::{Server, ServerOptions};
 use super::weights::Weights;
 use super::{loader, synthetic};
@@ -12,11 +15,12 @@ use half::bf16;
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
 
 /// Where the model runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Device {
-    /// The best backend this build has (CPU until the CUDA backend is wired in).
+    /// The GPU when one can be opened, else the CPU (with one log line saying why).
     Auto,
     /// The CPU reference backend.
     Cpu,
@@ -162,15 +166,95 @@ const CONFLICTS: &[Conflict] = &[(
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BackendKind {
     Cpu,
+    Cuda,
 }
 
-fn resolve_device(d: Device) -> Result<BackendKind> {
+/// The backend chosen for a `--device`: the opened GPU for CUDA, and for `auto` without a
+/// usable GPU the reason it fell back to the CPU.
+struct Resolved {
+    kind: BackendKind,
+    gpu: Option<Arc<Gpu>>,
+    fallback: Option<String>,
+}
+
+/// Open the GPU for `cuda` (an error names what is missing) or try it for `auto`.
+fn resolve_device(d: Device, open: impl FnOnce() -> Result<Gpu>) -> Result<Resolved> {
+    let cpu = |fallback| Resolved {
+        kind: BackendKind::Cpu,
+        gpu: None,
+        fallback,
+    };
     match d {
-        Device::Auto | Device::Cpu => Ok(BackendKind::Cpu),
+        Device::Cpu => Ok(cpu(None)),
         Device::Cuda => {
-            bail!("CUDA backend not available in this build; use --device cpu (or auto)")
+            let g = open().context(
+                "--device cuda: the CUDA backend cannot start (use --device cpu, or auto to \
+                 fall back to the CPU)",
+            )?;
+            Ok(Resolved {
+                kind: BackendKind::Cuda,
+                gpu: Some(Arc::new(g)),
+                fallback: None,
+            })
         }
+        Device::Auto => match open() {
+            Ok(g) => Ok(Resolved {
+                kind: BackendKind::Cuda,
+                gpu: Some(Arc::new(g)),
+                fallback: None,
+            }),
+            Err(e) => Ok(cpu(Some(format!(
+                "mxtune serve: --device auto: no usable GPU ({e:#}); falling back to the cpu backend"
+            )))),
+        },
     }
+}
+
+/// Gates the CUDA backend has no kernels for yet: each is refused at start-up by name rather
+/// than silently served by another path.
+fn unbuilt_cuda_gates(g: &Gates) -> Vec<String> {
+    let mut v = Vec::new();
+    if g.moe_kernel == MoeKernel::Grouped {
+        v.push("--moe-kernel grouped (built: auto, gemv)".to_string());
+    }
+    if g.activation != Activation::Bf16 {
+        v.push(format!(
+            "--activation {} (built: bf16)",
+            value_name(g.activation)
+        ));
+    }
+    if g.tile != Tile::Auto {
+        v.push(format!(
+            "--tile {} (the grouped MoE kernel it tiles is not built)",
+            value_name(g.tile)
+        ));
+    }
+    if g.mxfp4_layers != Mxfp4Layers::Moe {
+        v.push(format!(
+            "--mxfp4-layers {} (built: moe)",
+            value_name(g.mxfp4_layers)
+        ));
+    }
+    if g.kv_dtype != KvDtype::Bf16 {
+        v.push(format!(
+            "--kv-dtype {} (built: bf16)",
+            value_name(g.kv_dtype)
+        ));
+    }
+    v
+}
+
+/// Refuse gates the CUDA backend cannot run yet.
+fn check_cuda_gates(g: &Gates) -> Result<()> {
+    let missing = unbuilt_cuda_gates(g);
+    if !missing.is_empty() {
+        bail!(
+            "the cuda backend has no kernel path for {}: not built yet; drop the flag (or use \
+             --device cpu, which ignores it)",
+            missing.join(", ")
+        );
+    }
+    Ok(())
 }
 
 /// Refuse gate combinations that cannot run anywhere.
@@ -207,6 +291,18 @@ pub fn kernel_path_lines(kind: BackendKind, g: &Gates) -> Vec<String> {
             ("sinks", value_name(g.sinks)),
             ("cuda_graphs", na()),
         ],
+        // Only built paths get here (`check_cuda_gates`): `auto` resolves to the GEMV MoE,
+        // which has no tile.
+        BackendKind::Cuda => [
+            ("backend", "cuda".into()),
+            ("moe_kernel", "gemv".into()),
+            ("activation", value_name(g.activation)),
+            ("tile", na()),
+            ("mxfp4_layers", value_name(g.mxfp4_layers)),
+            ("kv_dtype", value_name(g.kv_dtype)),
+            ("sinks", value_name(g.sinks)),
+            ("cuda_graphs", value_name(g.cuda_graphs)),
+        ],
     };
     pairs
         .into_iter()
@@ -217,6 +313,8 @@ pub fn kernel_path_lines(kind: BackendKind, g: &Gates) -> Vec<String> {
 /// Gates the backend ignores although the operator set them away from the default.
 fn ignored_gates(kind: BackendKind, g: &Gates) -> Vec<String> {
     match kind {
+        // Every gate either applies or was refused by `check_cuda_gates`.
+        BackendKind::Cuda => Vec::new(),
         BackendKind::Cpu => {
             let mut v = Vec::new();
             if g.moe_kernel != MoeKernel::Auto {
@@ -264,19 +362,39 @@ pub struct Prepared {
 
 /// Load or build the model and resolve every setting; prints nothing.
 pub fn prepare(args: &ServeArgs) -> Result<Prepared> {
+    prepare_with(args, || Gpu::open(0))
+}
+
+/// [`prepare`] with the GPU opened by `open`, so the device choice can be tested anywhere.
+fn prepare_with(args: &ServeArgs, open: impl FnOnce() -> Result<Gpu>) -> Result<Prepared> {
     check_gates(&args.gates)?;
-    let kind = resolve_device(args.device)?;
-    let mut weights = match (&args.model, &args.synthetic) {
-        (Some(dir), None) => loader::load(dir)
-            .with_context(|| format!("loading the checkpoint in {}", dir.display()))?,
-        (None, Some(name)) => synthetic::build(name, args.synthetic_seed)
-            .with_context(|| format!("building synthetic model {name}"))?,
+    // Refuse an unbuilt path before spending seconds on the GPU.
+    if args.device == Device::Cuda {
+        check_cuda_gates(&args.gates)?;
+    }
+    let resolved = resolve_device(args.device, open)?;
+    if resolved.kind == BackendKind::Cuda {
+        check_cuda_gates(&args.gates)?;
+    }
+    // The GPU generates synthetic weights itself; everything else starts on the host.
+    let (cfg, source, host) = match (&args.model, &args.synthetic) {
+        (Some(dir), None) => {
+            let w = loader::load(dir)
+                .with_context(|| format!("loading the checkpoint in {}", dir.display()))?;
+            (w.config.clone(), w.source.clone(), Some(w))
+        }
+        (None, Some(name)) if resolved.gpu.is_some() => (
+            synthetic::config(name).with_context(|| format!("synthetic model {name}"))?,
+            format!("synthetic:{name}"),
+            None,
+        ),
+        (None, Some(name)) => {
+            let w = synthetic::build(name, args.synthetic_seed)
+                .with_context(|| format!("building synthetic model {name}"))?;
+            (w.config.clone(), w.source.clone(), Some(w))
+        }
         _ => bail!("give exactly one of --model DIR or --synthetic NAME"),
     };
-    if args.gates.sinks == OnOff::Off {
-        disable_sinks(&mut weights);
-    }
-    let cfg = weights.config.clone();
     let max_model_len = args.max_model_len.unwrap_or(cfg.max_position_embeddings);
     if max_model_len > cfg.max_position_embeddings {
         bail!(
@@ -287,26 +405,39 @@ pub fn prepare(args: &ServeArgs) -> Result<Prepared> {
     if args.max_num_seqs == 0 || args.max_num_batched_tokens == 0 {
         bail!("--max-num-seqs and --max-num-batched-tokens must be at least 1");
     }
-    let kv_tokens = args
+    let mut kv_tokens = args
         .kv_cache_tokens
         .unwrap_or(args.max_num_seqs.saturating_mul(max_model_len));
+    let mut max_num_seqs = args.max_num_seqs;
+    if resolved.kind == BackendKind::Cuda {
+        // The CUDA cache holds whole max-model-len slots, one per concurrent sequence.
+        let slots = (kv_tokens / max_model_len.max(1)).min(args.max_num_seqs);
+        if slots == 0 {
+            bail!(
+                "--kv-cache-tokens {kv_tokens} holds no sequence of --max-model-len \
+                 {max_model_len} on the cuda backend; raise it or lower --max-model-len"
+            );
+        }
+        max_num_seqs = slots;
+        kv_tokens = slots * max_model_len;
+    }
     let served_model_name = match (&args.served_model_name, &args.synthetic, &args.model) {
         (Some(n), _, _) => n.clone(),
         (None, Some(s), _) => format!("synthetic-{s}"),
         (None, None, Some(dir)) => dir.display().to_string(),
         (None, None, None) => bail!("give --model DIR or --synthetic NAME"),
     };
-    let mut report = vec![format!(
-        "mxtune serve: model {} ({} layers, hidden {}, {} experts top-{}, vocab {}); \
-         max-model-len {max_model_len}, max-num-seqs {}, kv-cache {kv_tokens} positions",
-        weights.source,
+    let mut report = Vec::new();
+    report.extend(resolved.fallback.clone());
+    report.push(format!(
+        "mxtune serve: model {source} ({} layers, hidden {}, {} experts top-{}, vocab {}); \
+         max-model-len {max_model_len}, max-num-seqs {max_num_seqs}, kv-cache {kv_tokens} positions",
         cfg.num_hidden_layers,
         cfg.hidden_size,
         cfg.num_local_experts,
         cfg.num_experts_per_tok,
         cfg.vocab_size,
-        args.max_num_seqs,
-    )];
+    ));
     if let Some(name) = &args.synthetic {
         report.push(format!(
             "mxtune serve: synthetic model {name} (deterministic pseudo-random weights, seed {}): \
@@ -314,7 +445,7 @@ pub fn prepare(args: &ServeArgs) -> Result<Prepared> {
             args.synthetic_seed
         ));
     }
-    for g in ignored_gates(kind, &args.gates) {
+    for g in ignored_gates(resolved.kind, &args.gates) {
         report.push(format!(
             "mxtune serve: warning: {g} has no effect on the cpu backend (reported n/a)"
         ));
@@ -325,16 +456,53 @@ pub fn prepare(args: &ServeArgs) -> Result<Prepared> {
                 .into(),
         );
     }
-    report.extend(kernel_path_lines(kind, &args.gates));
-    let backend: Box<dyn ModelBackend> = match kind {
-        BackendKind::Cpu => Box::new(CpuBackend::new(weights, kv_tokens)),
+    let backend: Box<dyn ModelBackend> = match (resolved.gpu, host) {
+        (Some(gpu), host) => {
+            let dw = match &host {
+                Some(w) => super::cuda::weights::upload(&gpu, w)
+                    .with_context(|| format!("uploading {source} to the GPU"))?,
+                None => super::cuda::weights::synthetic_device(&gpu, &cfg, args.synthetic_seed)
+                    .with_context(|| format!("generating {source} on the GPU"))?,
+            };
+            drop(host);
+            let opts = DecodeOptions {
+                sinks: args.gates.sinks == OnOff::On,
+                kv_dtype: cuda_model::KvDtype::Bf16,
+            };
+            let be = CudaBackend::new(
+                gpu,
+                &cfg,
+                dw,
+                opts,
+                max_num_seqs,
+                max_model_len,
+                max_num_seqs,
+                args.gates.cuda_graphs == OnOff::On,
+            )
+            .with_context(|| {
+                format!(
+                    "allocating the KV cache and buffers ({max_num_seqs} slots × \
+                     {max_model_len} positions); lower --max-model-len or --max-num-seqs"
+                )
+            })?;
+            report.push(format!("mxtune serve: {}", be.describe()));
+            Box::new(be)
+        }
+        (None, Some(mut w)) => {
+            if args.gates.sinks == OnOff::Off {
+                disable_sinks(&mut w);
+            }
+            Box::new(CpuBackend::new(w, kv_tokens))
+        }
+        (None, None) => bail!("no weights for the cpu backend (a synthetic model was not built)"),
     };
+    report.extend(kernel_path_lines(resolved.kind, &args.gates));
     Ok(Prepared {
         backend,
         options: ServerOptions {
             served_model_name,
             max_model_len,
-            max_num_seqs: args.max_num_seqs,
+            max_num_seqs,
             max_num_batched_tokens: args.max_num_batched_tokens,
             kv_cache_tokens: kv_tokens,
             api_key: args.api_key.clone(),
@@ -459,8 +627,12 @@ mod tests {
         assert!(parse(&["--synthetic", "tiny", "--tile", "32x32"]).is_err());
     }
 
+    fn no_gpu() -> Result<Gpu> {
+        bail!("the CUDA driver library was not found (tried [\"libcuda.so\"])")
+    }
+
     #[test]
-    fn impossible_combinations_and_cuda_are_refused() {
+    fn impossible_combinations_are_refused() {
         let a = parse(&[
             "--synthetic",
             "tiny",
@@ -472,11 +644,94 @@ mod tests {
         .unwrap();
         let e = check_gates(&a.gates).unwrap_err().to_string();
         assert!(e.contains("--moe-kernel grouped"), "{e}");
-        let e = resolve_device(Device::Cuda).unwrap_err().to_string();
-        assert!(
-            e.contains("CUDA backend not available in this build"),
-            "{e}"
+    }
+
+    #[test]
+    fn cuda_report_has_every_key_once_in_order() {
+        let a = parse(&["--synthetic", "tiny", "--cuda-graphs", "off"]).unwrap();
+        assert!(check_cuda_gates(&a.gates).is_ok());
+        assert_eq!(
+            kernel_path_lines(BackendKind::Cuda, &a.gates),
+            vec![
+                "kernel-path backend=cuda",
+                "kernel-path moe_kernel=gemv",
+                "kernel-path activation=bf16",
+                "kernel-path tile=n/a",
+                "kernel-path mxfp4_layers=moe",
+                "kernel-path kv_dtype=bf16",
+                "kernel-path sinks=on",
+                "kernel-path cuda_graphs=off",
+            ]
         );
-        assert_eq!(resolve_device(Device::Auto).unwrap(), BackendKind::Cpu);
+        assert!(ignored_gates(BackendKind::Cuda, &a.gates).is_empty());
+    }
+
+    #[test]
+    fn unbuilt_cuda_gates_are_refused_by_name() {
+        for (flag, value) in [
+            ("--moe-kernel", "grouped"),
+            ("--activation", "q8"),
+            ("--activation", "fp8"),
+            ("--mxfp4-layers", "moe,qkv,o"),
+            ("--mxfp4-layers", "moe,qkv,o,lm_head"),
+            ("--kv-dtype", "fp8"),
+        ] {
+            let a = parse(&["--synthetic", "tiny", flag, value]).unwrap();
+            let e = check_cuda_gates(&a.gates).unwrap_err().to_string();
+            assert!(e.contains(&format!("{flag} {value}")), "{e}");
+            assert!(e.contains("not built yet"), "{e}");
+        }
+        let a = parse(&[
+            "--synthetic",
+            "tiny",
+            "--moe-kernel",
+            "grouped",
+            "--tile",
+            "64x128",
+        ])
+        .unwrap();
+        let e = check_cuda_gates(&a.gates).unwrap_err().to_string();
+        assert!(e.contains("--tile 64x128"), "{e}");
+        // Device cuda refuses before trying to open the GPU.
+        let a = parse(&[
+            "--synthetic",
+            "tiny",
+            "--device",
+            "cuda",
+            "--kv-dtype",
+            "fp8",
+        ])
+        .unwrap();
+        let e = format!(
+            "{:#}",
+            prepare_with(&a, || panic!("opened the GPU")).err().unwrap()
+        );
+        assert!(e.contains("--kv-dtype fp8"), "{e}");
+    }
+
+    #[test]
+    fn auto_falls_back_to_cpu_and_cuda_fails_with_the_reason() {
+        let r = resolve_device(Device::Auto, no_gpu).unwrap();
+        assert_eq!(r.kind, BackendKind::Cpu);
+        let why = r.fallback.unwrap();
+        assert!(why.contains("CUDA driver library was not found"), "{why}");
+        assert!(why.contains("falling back to the cpu backend"), "{why}");
+        let r = resolve_device(Device::Cpu, || panic!("opened the GPU")).unwrap();
+        assert!(r.fallback.is_none() && r.gpu.is_none());
+        let e = format!("{:#}", resolve_device(Device::Cuda, no_gpu).err().unwrap());
+        assert!(e.contains("--device cuda"), "{e}");
+        assert!(e.contains("CUDA driver library was not found"), "{e}");
+        // The whole start-up: one fallback line first, then the cpu report.
+        let a = parse(&["--synthetic", "tiny", "--max-model-len", "64"]).unwrap();
+        let p = prepare_with(&a, no_gpu).unwrap();
+        let falls: Vec<_> = p
+            .report
+            .iter()
+            .filter(|l| l.contains("falling back"))
+            .collect();
+        assert_eq!(falls.len(), 1, "{:?}", p.report);
+        assert!(p.report[0].contains("falling back"), "{:?}", p.report);
+        assert!(p.report.contains(&"kernel-path backend=cpu".to_string()));
+        assert!(p.backend.name().starts_with("cpu"), "{}", p.backend.name());
     }
 }

@@ -44,25 +44,25 @@ impl CudaBackend {
         })
     }
 
-    /// The one-line kernel-path report printed at start-up: every gated path and its choice,
-    /// so log scanning can verify what is in effect.
-    pub fn kernel_path_report(&self) -> String {
+    /// One line of detail beside the `kernel-path` report (which `engine::serve` builds for
+    /// every backend): device, architecture, kernel cache, and the fixed parts of the path.
+    pub fn describe(&self) -> String {
         let lr = &self.gpu.load_report;
+        let o = self.dec.options();
         format!(
-            "kernel-path: device=cuda:{} arch={} moe-kernel=gemv activation=fp32 weights=bf16 \
-             experts=mxfp4 kv-dtype={} sinks={} cuda-graphs={} prefill=decode-loop \
-             kernels-compiled={} kernels-cached={}",
+            "cuda backend: device {} ({}); kernels {} compiled, {} cached in {:.2} s ({}); \
+             moe gemv with fp32 activations, bf16 dense weights, mxfp4 experts; kv {}, \
+             sinks {}, cuda graphs {}; prompts run token by token through the decode step \
+             (no prefill kernels yet)",
             self.gpu.name(),
             self.gpu.arch(),
-            self.dec.options().kv_dtype.name(),
-            if self.dec.options().sinks {
-                "on"
-            } else {
-                "off"
-            },
-            if self.graphs { "on" } else { "off" },
             lr.compiled,
-            lr.cached
+            lr.cached,
+            lr.seconds,
+            lr.cache_dir,
+            o.kv_dtype.name(),
+            if o.sinks { "on" } else { "off" },
+            if self.graphs { "on" } else { "off" },
         )
     }
 

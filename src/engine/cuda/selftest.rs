@@ -750,7 +750,7 @@ pub fn run_model_checks(
                 kv_dtype: kv,
             };
             let mut be = CudaBackend::new(g.clone(), &cfg, dw, opts, 3, 64, 2, graphs)?;
-            println!("{}", be.kernel_path_report());
+            println!("{}", be.describe());
             let r = compare_backends(&mut be, &mut cpu, seed)?;
             let label = format!(
                 "tiny synthetic sinks={sinks} graphs={graphs} kv={}",

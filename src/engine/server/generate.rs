@@ -352,15 +352,19 @@ pub fn respond_stream(
     let want_logprobs = prepared.sampling.logprobs.is_some();
     let include_usage = prepared.include_usage;
     let stream = async_stream::stream! {
-        if endpoint == Endpoint::Chat {
-            let role = json!([{"index": 0, "delta": {"role": "assistant", "content": ""},
-                               "logprobs": null, "finish_reason": null}]);
-            yield chunk(&meta, endpoint, role);
-        }
+        // The role chunk waits for the engine's first output (after prefill), as in vLLM:
+        // clients time the first chunk as time-to-first-response.
+        let mut role_pending = endpoint == Endpoint::Chat;
         let mut finish = None;
         let mut failed = false;
         let mut text_len = 0usize;
         while let Some(ev) = rx.recv().await {
+            if role_pending && !matches!(ev, GenEvent::Error(_)) {
+                role_pending = false;
+                let role = json!([{"index": 0, "delta": {"role": "assistant", "content": ""},
+                                   "logprobs": null, "finish_reason": null}]);
+                yield chunk(&meta, endpoint, role);
+            }
             match ev {
                 GenEvent::Token(s) => {
                     let lp = if !want_logprobs {
