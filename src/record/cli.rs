@@ -227,36 +227,7 @@ pub fn render_list(scan: &Scan, preset: Option<&str>, since: Option<DateTime<Utc
             rec.identity.note.clone().unwrap_or_default(),
         ]);
     }
-    align(&rows)
-}
-
-fn align(rows: &[Vec<String>]) -> String {
-    let cols = rows.iter().map(Vec::len).max().unwrap_or(0);
-    let widths: Vec<usize> = (0..cols)
-        .map(|c| {
-            rows.iter()
-                .filter_map(|r| r.get(c))
-                .map(|s| s.chars().count())
-                .max()
-                .unwrap_or(0)
-        })
-        .collect();
-    let mut out = String::new();
-    for r in rows {
-        let mut line = String::new();
-        for (c, cell) in r.iter().enumerate() {
-            line.push_str(cell);
-            if c + 1 < r.len() {
-                line.extend(std::iter::repeat_n(
-                    ' ',
-                    widths[c] - cell.chars().count() + 2,
-                ));
-            }
-        }
-        out.push_str(line.trim_end());
-        out.push('\n');
-    }
-    out
+    super::compare::align(&rows)
 }
 
 fn opt<T: ToString>(v: &Option<T>) -> String {
@@ -496,7 +467,7 @@ pub fn render_show(run: &StoredRun) -> String {
             ]);
         }
         o.push('\n');
-        o.push_str(&align(&rows));
+        o.push_str(&super::compare::align(&rows));
     }
     if let Some(res) = &r.resources {
         let _ = writeln!(

@@ -428,7 +428,7 @@ fn column_letter(i: usize) -> String {
 }
 
 /// Left-align columns with two spaces between them.
-fn align(rows: &[Vec<String>]) -> String {
+pub(crate) fn align(rows: &[Vec<String>]) -> String {
     let cols = rows.iter().map(Vec::len).max().unwrap_or(0);
     let widths: Vec<usize> = (0..cols)
         .map(|c| {
