@@ -80,14 +80,38 @@ impl Session {
 
     /// Wait until the screen contains `needle` (a behavioural wait, not a timing assert).
     fn wait_for(&self, needle: &str) -> String {
+        self.wait_until(needle, |s| s.contains(needle))
+    }
+
+    /// Wait until the pane's shell has no child process left (the panel has exited).
+    fn wait_for_panel_exit(&self) {
+        let shell = tmux(&["display-message", "-p", "-t", &self.name, "#{pane_pid}"]);
+        let start = Instant::now();
+        loop {
+            let out = Command::new("pgrep")
+                .args(["-P", shell.trim()])
+                .output()
+                .expect("pgrep");
+            if out.stdout.is_empty() {
+                return;
+            }
+            if start.elapsed() > Duration::from_secs(60) {
+                panic!("the panel did not exit; screen:\n{}", self.screen());
+            }
+            sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// Wait until `ready(screen)` holds; `what` names the condition in the failure message.
+    fn wait_until(&self, what: &str, ready: impl Fn(&str) -> bool) -> String {
         let start = Instant::now();
         loop {
             let s = self.screen();
-            if s.contains(needle) {
+            if ready(&s) {
                 return s;
             }
             if start.elapsed() > Duration::from_secs(60) {
-                panic!("screen never showed {needle:?}; last screen:\n{s}");
+                panic!("screen never showed {what:?}; last screen:\n{s}");
             }
             sleep(Duration::from_millis(100));
         }
@@ -134,6 +158,8 @@ fn tui_tmux_tabs_help_and_quit() {
     s.send(&["Escape"]);
     s.wait_gone("Keys (any key closes)");
     s.send(&["q"]);
+    // Keys typed before the panel has exited would go to the panel, not the shell.
+    s.wait_for_panel_exit();
     s.send(&["echo done-$((40+2))", "Enter"]);
     s.wait_for("done-42");
     assert!(!s.alternate_on(), "quit must leave the alternate screen");
@@ -215,18 +241,19 @@ fn tui_tmux_launch_engine_then_stop() {
     s.send(&["l"]);
     let screen = s.wait_for("phase ready");
     assert!(screen.contains(&format!("127.0.0.1:{port}")), "{screen}");
-    let screen = s.wait_for("sinks=on");
-    assert!(
+    // The verdict follows readiness; wait for the verdict row itself, not the log line.
+    s.wait_until("kernel-path verdict for sinks: valid", |screen| {
         screen
             .lines()
-            .any(|l| l.contains("sinks=on") && l.contains("valid")),
-        "kernel-path verdict for sinks:\n{screen}"
-    );
+            .any(|l| l.contains("sinks=on") && l.contains("valid"))
+    });
     s.send(&["x"]);
     s.wait_for("Stop target?");
     s.send(&["y"]);
     s.wait_for("phase exited");
     s.send(&["q"]);
+    // Keys typed before the panel has exited would go to the panel, not the shell.
+    s.wait_for_panel_exit();
     s.send(&["echo done-$((40+2))", "Enter"]);
     s.wait_for("done-42");
 }

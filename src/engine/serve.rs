@@ -511,25 +511,18 @@ fn prepare_with(args: &ServeArgs, open: impl FnOnce() -> Result<Gpu>) -> Result<
     })
 }
 
-async fn shutdown_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
-    #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
+/// Listen for SIGINT and SIGTERM now, before "ready" is printed, so a signal sent right after
+/// readiness stops the server gracefully instead of killing it with the default action.
+fn shutdown_signal() -> Result<impl std::future::Future<Output = ()> + Send + 'static> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
+    let mut int = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
+    Ok(async move {
+        tokio::select! {
+            _ = term.recv() => {},
+            _ = int.recv() => {},
         }
-    };
-    #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! {
-        () = ctrl_c => {},
-        () = term => {},
-    }
+    })
 }
 
 /// Run `mxtune serve` until SIGINT or SIGTERM.
@@ -550,6 +543,7 @@ pub fn run(args: ServeArgs) -> Result<ExitCode> {
                 )
             })?;
         let addr = listener.local_addr().context("reading the bound address")?;
+        let shutdown = shutdown_signal()?;
         let mut out = std::io::stdout().lock();
         for line in &prepared.report {
             writeln!(out, "{line}")?;
@@ -557,7 +551,7 @@ pub fn run(args: ServeArgs) -> Result<ExitCode> {
         writeln!(out, "mxtune serve: ready on http://{addr}")?;
         out.flush()?;
         drop(out);
-        server.serve(listener, shutdown_signal()).await?;
+        server.serve(listener, shutdown).await?;
         // stdout may be closed by now (the reader went away); that is no reason to fail.
         let _ = writeln!(std::io::stdout(), "mxtune serve: stopped");
         Ok(ExitCode::SUCCESS)
