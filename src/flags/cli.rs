@@ -226,45 +226,13 @@ fn print_warnings(spec: &LaunchSpec) {
     }
 }
 
-/// `section.key = value` lines of a flag set, sorted.
-fn flatten(prefix: &str, t: &toml::Table, out: &mut Vec<(String, String)>) {
-    for (k, v) in t {
-        let key = if prefix.is_empty() {
-            k.clone()
-        } else {
-            format!("{prefix}.{k}")
-        };
-        match v {
-            toml::Value::Table(inner) => flatten(&key, inner, out),
-            other => out.push((key, other.to_string())),
-        }
-    }
-}
-
 fn diff(store: &PresetStore, a: &str, b: &str) -> Result<ExitCode> {
     let (pa, pb) = (load(store, a)?, load(store, b)?);
-    let mut fa = Vec::new();
-    let mut fb = Vec::new();
-    flatten("", &toml::Table::try_from(&pa.flags)?, &mut fa);
-    flatten("", &toml::Table::try_from(&pb.flags)?, &mut fb);
-    let mut keys: Vec<&String> = fa.iter().chain(fb.iter()).map(|(k, _)| k).collect();
-    keys.sort();
-    keys.dedup();
-    let get = |f: &[(String, String)], k: &str| {
-        f.iter()
-            .find(|(x, _)| x == k)
-            .map(|(_, v)| v.clone())
-            .unwrap_or_else(|| "(unset)".into())
-    };
-    let mut n = 0;
-    for k in keys {
-        let (va, vb) = (get(&fa, k), get(&fb, k));
-        if va != vb {
-            n += 1;
-            println!("{k}: {va} → {vb}");
-        }
+    let changes = pa.flags.diff(&pb.flags)?;
+    for (k, va, vb) in &changes {
+        println!("{k}: {va} → {vb}");
     }
-    if n == 0 {
+    if changes.is_empty() {
         println!("{a} and {b} resolve to the same flags");
     }
     Ok(ExitCode::SUCCESS)

@@ -476,6 +476,48 @@ pub const SETTINGS: &[Setting] = &[
 ];
 
 impl FlagSet {
+    /// `section.key = value` pairs of this flag set, as its TOML form spells them.
+    pub fn flatten(&self) -> anyhow::Result<Vec<(String, String)>> {
+        fn walk(prefix: &str, t: &toml::Table, out: &mut Vec<(String, String)>) {
+            for (k, v) in t {
+                let key = if prefix.is_empty() {
+                    k.clone()
+                } else {
+                    format!("{prefix}.{k}")
+                };
+                match v {
+                    toml::Value::Table(sub) => walk(&key, sub, out),
+                    other => out.push((key, other.to_string())),
+                }
+            }
+        }
+        let mut out = Vec::new();
+        walk("", &toml::Table::try_from(self)?, &mut out);
+        Ok(out)
+    }
+
+    /// Keys whose values differ from `other`, sorted: (key, this value, other's value), with
+    /// `(unset)` where one side has no such key.
+    pub fn diff(&self, other: &FlagSet) -> anyhow::Result<Vec<(String, String, String)>> {
+        let (a, b) = (self.flatten()?, other.flatten()?);
+        let mut keys: Vec<&String> = a.iter().chain(b.iter()).map(|(k, _)| k).collect();
+        keys.sort();
+        keys.dedup();
+        let get = |f: &[(String, String)], k: &str| {
+            f.iter()
+                .find(|(x, _)| x == k)
+                .map(|(_, v)| v.clone())
+                .unwrap_or_else(|| "(unset)".into())
+        };
+        Ok(keys
+            .into_iter()
+            .filter_map(|k| {
+                let (va, vb) = (get(&a, k), get(&b, k));
+                (va != vb).then(|| (k.clone(), va, vb))
+            })
+            .collect())
+    }
+
     /// The value name of axis `key` (`moe_backend`, …, or `device`), for generic editors.
     pub fn axis_value(&self, key: &str) -> Option<&'static str> {
         use super::axes::AxisValue;

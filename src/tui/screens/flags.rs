@@ -241,46 +241,10 @@ fn values_for(info: &AxisInfo, target: TargetKind) -> Vec<&'static str> {
     }
 }
 
-/// `section.key = value` lines of a flag set, for the diff view.
-fn flatten(fs: &FlagSet) -> Vec<(String, String)> {
-    fn walk(prefix: &str, t: &toml::Table, out: &mut Vec<(String, String)>) {
-        for (k, v) in t {
-            let key = if prefix.is_empty() {
-                k.clone()
-            } else {
-                format!("{prefix}.{k}")
-            };
-            match v {
-                toml::Value::Table(sub) => walk(&key, sub, out),
-                other => out.push((key, other.to_string())),
-            }
-        }
-    }
-    let mut out = Vec::new();
-    if let Ok(t) = toml::Table::try_from(fs) {
-        walk("", &t, &mut out);
-    }
-    out
-}
-
-/// Keys whose values differ between `base` and `now`: (key, before, after).
+/// Keys whose values differ between `base` and `now`: (key, before, after). A flag set that
+/// cannot be written as TOML shows no differences rather than stopping the panel.
 pub fn diff(base: &FlagSet, now: &FlagSet) -> Vec<(String, String, String)> {
-    let (a, b) = (flatten(base), flatten(now));
-    let mut keys: Vec<&String> = a.iter().chain(b.iter()).map(|(k, _)| k).collect();
-    keys.sort();
-    keys.dedup();
-    let get = |f: &[(String, String)], k: &str| {
-        f.iter()
-            .find(|(x, _)| x == k)
-            .map(|(_, v)| v.clone())
-            .unwrap_or_else(|| "(unset)".into())
-    };
-    keys.into_iter()
-        .filter_map(|k| {
-            let (va, vb) = (get(&a, k), get(&b, k));
-            (va != vb).then(|| (k.clone(), va, vb))
-        })
-        .collect()
+    base.diff(now).unwrap_or_default()
 }
 
 /// The command that would run for the flag set's target, one argument per line, or why not.
