@@ -75,7 +75,7 @@ __device__ __forceinline__ const float* gemv_input(const float* __restrict__ x,
     return xs;
 }
 
-extern "C" __global__ void __launch_bounds__(256)
+extern "C" __global__ void __launch_bounds__(256, GEMV_MINB)
 gemv_bf16(const bf16_t* __restrict__ w, const bf16_t* __restrict__ bias,
           const float* __restrict__ x, float* __restrict__ y,
           int rows, int cols, int tokens, int accumulate,
@@ -103,7 +103,7 @@ gemv_bf16(const bf16_t* __restrict__ w, const bf16_t* __restrict__ bias,
 }
 
 // grid = (rows, ceil(tokens / GEMV_MAX_TOKENS)), block = 256.
-extern "C" __global__ void __launch_bounds__(256)
+extern "C" __global__ void __launch_bounds__(256, GEMV_MINB)
 gemv_bf16_wide(const bf16_t* __restrict__ w, const bf16_t* __restrict__ bias,
                const float* __restrict__ x, float* __restrict__ y,
                int rows, int cols, int tokens, int accumulate,

@@ -35,7 +35,7 @@ __device__ __forceinline__ float fp4_block_dot(uint4 q, const float* xs) {
 // block = 256 (one warp per unit j, reading rows 2j and 2j + 1 against one staged x). The
 // first weight loads are issued before the staging, and each iteration prefetches the next.
 // Dynamic shared memory: hidden / 32 * MOE_PAD floats.
-extern "C" __global__ void __launch_bounds__(256)
+extern "C" __global__ void __launch_bounds__(256, MOE_DECODE_MINB)
 moe_gate_up_swiglu(const u8* __restrict__ blocks, const u8* __restrict__ scales,
                    const bf16_t* __restrict__ bias, const float* __restrict__ x,
                    const int* __restrict__ idx, float* __restrict__ act, int inter, int hidden,
@@ -99,7 +99,7 @@ moe_gate_up_swiglu(const u8* __restrict__ blocks, const u8* __restrict__ scales,
 // pairs, so every expert is summed in registers (no atomics, deterministic). The first
 // weights are loaded before the staging, and each iteration prefetches the next.
 // Dynamic shared memory: k * inter / 32 * MOE_PAD floats.
-extern "C" __global__ void __launch_bounds__(256)
+extern "C" __global__ void __launch_bounds__(256, MOE_DECODE_MINB)
 moe_down(const u8* __restrict__ blocks, const u8* __restrict__ scales,
          const bf16_t* __restrict__ bias, const float* __restrict__ act,
          const int* __restrict__ idx, const float* __restrict__ wts, float* __restrict__ y,

@@ -214,18 +214,15 @@ fn resolve_device(d: Device, open: impl FnOnce() -> Result<Gpu>) -> Result<Resol
 /// than silently served by another path.
 fn unbuilt_cuda_gates(g: &Gates) -> Vec<String> {
     let mut v = Vec::new();
-    if g.moe_kernel == MoeKernel::Grouped {
-        v.push("--moe-kernel grouped (built: auto, gemv)".to_string());
-    }
     if g.activation != Activation::Bf16 {
         v.push(format!(
             "--activation {} (built: bf16)",
             value_name(g.activation)
         ));
     }
-    if g.tile != Tile::Auto {
+    if g.tile == Tile::T128x128 {
         v.push(format!(
-            "--tile {} (the grouped MoE kernel it tiles is not built)",
+            "--tile {} (built: auto and 64x128, the grouped MoE's tile)",
             value_name(g.tile)
         ));
     }
@@ -270,6 +267,15 @@ pub fn check_gates(g: &Gates) -> Result<()> {
     Ok(())
 }
 
+/// The CUDA backend's path for the `--moe-kernel` gate.
+fn moe_path(k: MoeKernel) -> cuda_model::MoePath {
+    match k {
+        MoeKernel::Auto => cuda_model::MoePath::Auto,
+        MoeKernel::Gemv => cuda_model::MoePath::Gemv,
+        MoeKernel::Grouped => cuda_model::MoePath::Grouped,
+    }
+}
+
 fn value_name<T: ValueEnum>(v: T) -> String {
     v.to_possible_value()
         .map_or_else(|| "?".into(), |p| p.get_name().to_string())
@@ -291,13 +297,20 @@ pub fn kernel_path_lines(kind: BackendKind, g: &Gates) -> Vec<String> {
             ("sinks", value_name(g.sinks)),
             ("cuda_graphs", na()),
         ],
-        // Only built paths get here (`check_cuda_gates`): `auto` resolves to the GEMV MoE,
-        // which has no tile.
+        // Only built paths get here (`check_cuda_gates`). `auto` runs decode steps on the
+        // GEMV MoE and prompts on the grouped one; the tile is the grouped kernel's.
         BackendKind::Cuda => [
             ("backend", "cuda".into()),
-            ("moe_kernel", "gemv".into()),
+            ("moe_kernel", moe_path(g.moe_kernel).report().into()),
             ("activation", value_name(g.activation)),
-            ("tile", na()),
+            (
+                "tile",
+                if g.moe_kernel == MoeKernel::Gemv {
+                    na()
+                } else {
+                    "64x128".into()
+                },
+            ),
             ("mxfp4_layers", value_name(g.mxfp4_layers)),
             ("kv_dtype", value_name(g.kv_dtype)),
             ("sinks", value_name(g.sinks)),
@@ -468,6 +481,7 @@ fn prepare_with(args: &ServeArgs, open: impl FnOnce() -> Result<Gpu>) -> Result<
             let opts = DecodeOptions {
                 sinks: args.gates.sinks == OnOff::On,
                 kv_dtype: cuda_model::KvDtype::Bf16,
+                moe: moe_path(args.gates.moe_kernel),
             };
             let be = CudaBackend::new(
                 gpu,
@@ -648,9 +662,9 @@ mod tests {
             kernel_path_lines(BackendKind::Cuda, &a.gates),
             vec![
                 "kernel-path backend=cuda",
-                "kernel-path moe_kernel=gemv",
+                "kernel-path moe_kernel=gemv+grouped",
                 "kernel-path activation=bf16",
-                "kernel-path tile=n/a",
+                "kernel-path tile=64x128",
                 "kernel-path mxfp4_layers=moe",
                 "kernel-path kv_dtype=bf16",
                 "kernel-path sinks=on",
@@ -658,12 +672,15 @@ mod tests {
             ]
         );
         assert!(ignored_gates(BackendKind::Cuda, &a.gates).is_empty());
+        let a = parse(&["--synthetic", "tiny", "--moe-kernel", "gemv"]).unwrap();
+        let lines = kernel_path_lines(BackendKind::Cuda, &a.gates);
+        assert!(lines.contains(&"kernel-path moe_kernel=gemv".to_string()));
+        assert!(lines.contains(&"kernel-path tile=n/a".to_string()));
     }
 
     #[test]
     fn unbuilt_cuda_gates_are_refused_by_name() {
         for (flag, value) in [
-            ("--moe-kernel", "grouped"),
             ("--activation", "q8"),
             ("--activation", "fp8"),
             ("--mxfp4-layers", "moe,qkv,o"),
@@ -681,11 +698,12 @@ mod tests {
             "--moe-kernel",
             "grouped",
             "--tile",
-            "64x128",
+            "128x128",
         ])
         .unwrap();
         let e = check_cuda_gates(&a.gates).unwrap_err().to_string();
-        assert!(e.contains("--tile 64x128"), "{e}");
+        assert!(e.contains("--tile 128x128"), "{e}");
+        assert!(!e.contains("--moe-kernel"), "{e}");
         // Device cuda refuses before trying to open the GPU.
         let a = parse(&[
             "--synthetic",

@@ -39,13 +39,23 @@ macro_rules! kernel_file {
 
 /// Every kernel file of the engine: the dispatch table the host loads from.
 pub const KERNEL_FILES: &[KernelFile] = &[
-    kernel_file!("embedding.cu", ["embed_gather"]),
+    kernel_file!("embedding.cu", ["embed_gather", "rows_gather"]),
     kernel_file!("rmsnorm.cu", ["rmsnorm_residual"]),
     kernel_file!("gemv_bf16.cu", ["gemv_bf16", "gemv_bf16_wide"]),
     kernel_file!("rope_kv.cu", ["rope_kv_write"]),
     kernel_file!("attention_decode.cu", ["attn_split", "attn_combine"]),
     kernel_file!("router_topk.cu", ["router_topk"]),
     kernel_file!("moe_gemv.cu", ["moe_gate_up_swiglu", "moe_down"]),
+    kernel_file!("gemm_bf16.cu", ["gemm_bf16_tc"]),
+    kernel_file!(
+        "moe_grouped.cu",
+        [
+            "moe_group",
+            "moe_gate_up_grouped",
+            "moe_down_grouped",
+            "moe_combine"
+        ]
+    ),
     kernel_file!("argmax.cu", ["argmax_partial", "argmax_final"]),
     kernel_file!("synthetic.cu", ["fill_bf16", "fill_u8"]),
     kernel_file!("bandwidth.cu", ["read_probe"]),
@@ -53,6 +63,39 @@ pub const KERNEL_FILES: &[KernelFile] = &[
 
 /// NVRTC options besides the architecture; part of the cache key.
 const OPTIONS: &[&str] = &["-std=c++17", "--fmad=true"];
+
+/// Extra `NAME=VALUE` macro definitions for every kernel file, separated by spaces: tuning
+/// knobs the kernels expose (e.g. `MOE_DECODE_MINB=3`, the blocks per SM the decode MoE is
+/// compiled for). Part of the cache key.
+pub const DEFINES_ENV: &str = "MXTUNE_KERNEL_DEFINES";
+
+/// The NVRTC options of this process: [`OPTIONS`] plus `-D` for each entry of
+/// `$MXTUNE_KERNEL_DEFINES`.
+pub fn options() -> Result<Vec<String>> {
+    let mut v: Vec<String> = OPTIONS.iter().map(|o| o.to_string()).collect();
+    if let Ok(defs) = std::env::var(DEFINES_ENV) {
+        v.extend(parse_defines(&defs)?);
+    }
+    Ok(v)
+}
+
+fn parse_defines(defs: &str) -> Result<Vec<String>> {
+    let word = |s: &str| {
+        !s.is_empty()
+            && s.chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '.')
+    };
+    defs.split_whitespace()
+        .map(|d| {
+            let (name, value) = d.split_once('=').unwrap_or((d, "1"));
+            anyhow::ensure!(
+                word(name) && word(value) && !name.starts_with(|c: char| c.is_ascii_digit()),
+                "{DEFINES_ENV}: `{d}` is not NAME=VALUE (letters, digits, `_`, `.`)"
+            );
+            Ok(format!("-D{name}={value}"))
+        })
+        .collect()
+}
 
 impl KernelFile {
     /// The text NVRTC compiles: the common header, then the file (line numbers kept).
@@ -106,7 +149,7 @@ impl KernelCache {
         for part in [
             source.as_str(),
             arch,
-            &OPTIONS.join(" "),
+            &options()?.join(" "),
             &format!("nvrtc {major}.{minor}"),
         ] {
             h.update(part.as_bytes());
@@ -160,8 +203,8 @@ pub fn compile_cubin(name: &str, source: &str, arch: &str) -> Result<Vec<u8>> {
         CString::new(format!("--gpu-architecture={arch}"))
             .with_context(|| format!("architecture {arch:?}"))?,
     ];
-    for o in OPTIONS {
-        opts.push(CString::new(*o).context("NVRTC option")?);
+    for o in options()? {
+        opts.push(CString::new(o).context("NVRTC option")?);
     }
     let opt_ptrs: Vec<*const c_char> = opts.iter().map(|o| o.as_ptr()).collect();
     let mut prog: sys::nvrtcProgram = std::ptr::null_mut();
@@ -223,4 +266,23 @@ fn program_log(prog: cudarc::nvrtc::sys::nvrtcProgram) -> String {
     CStr::from_bytes_until_nul(&buf)
         .map(|c| c.to_string_lossy().into_owned())
         .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_defines;
+
+    #[test]
+    fn defines_parse_and_bad_ones_are_named() {
+        assert_eq!(
+            parse_defines(" MOE_DECODE_MINB=3  X ").unwrap(),
+            ["-DMOE_DECODE_MINB=3", "-DX=1"]
+        );
+        let e = parse_defines("A=1 B=$(rm)").unwrap_err().to_string();
+        assert!(
+            e.contains("`B=$(rm)`") && e.contains("MXTUNE_KERNEL_DEFINES"),
+            "{e}"
+        );
+        assert!(parse_defines("1A=2").is_err());
+    }
 }

@@ -48,6 +48,31 @@ pub struct DecodeOptions {
     pub sinks: bool,
     /// KV cache element type.
     pub kv_dtype: KvDtype,
+    /// Which path runs which step (`--moe-kernel`).
+    pub moe: MoePath,
+}
+
+/// `--moe-kernel`: which MoE (and with it which forward path) runs which step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MoePath {
+    /// Decode steps on the GEMV path (CUDA graphs), prompt chunks on the batched path with
+    /// the grouped tensor-core MoE.
+    Auto,
+    /// Everything on the GEMV path: prompts advance token by token through the decode step.
+    Gemv,
+    /// Everything on the batched path, decode steps included (no graphs).
+    Grouped,
+}
+
+impl MoePath {
+    /// Value of the `kernel-path moe_kernel=` line.
+    pub fn report(self) -> &'static str {
+        match self {
+            MoePath::Auto => "gemv+grouped",
+            MoePath::Gemv => "gemv",
+            MoePath::Grouped => "grouped",
+        }
+    }
 }
 
 impl Default for DecodeOptions {
@@ -55,7 +80,80 @@ impl Default for DecodeOptions {
         Self {
             sinks: true,
             kv_dtype: KvDtype::Bf16,
+            moe: MoePath::Auto,
         }
+    }
+}
+
+/// Most prompt rows one prefill pass holds; longer batches run in chunks of this many.
+pub const PREFILL_MAX_ROWS: usize = 2048;
+
+/// Most attention splits per (row, head) in a prefill pass (the split length grows with the
+/// key count instead), which bounds the scratch.
+const PREFILL_SPLITS: usize = 8;
+
+/// Buffers of the prefill pass, sized for `cap` rows (allocated at the first prompt).
+struct PrefillBufs {
+    cap: usize,
+    tokens: CudaSlice<u32>,
+    pos: CudaSlice<u32>,
+    kv_off: CudaSlice<u64>,
+    x: CudaSlice<f32>,
+    h: CudaSlice<f32>,
+    qkv: CudaSlice<f32>,
+    q: CudaSlice<f32>,
+    attn: CudaSlice<f32>,
+    r_logits: CudaSlice<f32>,
+    r_idx: CudaSlice<i32>,
+    r_w: CudaSlice<f32>,
+    act: CudaSlice<f32>,
+    part: CudaSlice<f32>,
+    perm: CudaSlice<i32>,
+    tiles: CudaSlice<i32>,
+    ntiles: CudaSlice<i32>,
+    sc_m: CudaSlice<f32>,
+    sc_l: CudaSlice<f32>,
+    sc_acc: CudaSlice<f32>,
+    out_rows: CudaSlice<u32>,
+}
+
+impl PrefillBufs {
+    fn new(g: &Gpu, c: &ModelConfig, cap: usize, max_batch: usize) -> Result<Self> {
+        let (hq, hkv, d, hid) = (
+            c.num_attention_heads,
+            c.num_key_value_heads,
+            c.head_dim,
+            c.hidden_size,
+        );
+        let (e, k, i) = (
+            c.num_local_experts,
+            c.num_experts_per_tok,
+            c.intermediate_size,
+        );
+        let entries = cap * hq * PREFILL_SPLITS;
+        Ok(Self {
+            cap,
+            tokens: g.alloc(cap)?,
+            pos: g.alloc(cap)?,
+            kv_off: g.alloc(cap)?,
+            x: g.alloc(cap * hid)?,
+            h: g.alloc(cap * hid)?,
+            qkv: g.alloc(cap * (hq + 2 * hkv) * d)?,
+            q: g.alloc(cap * hq * d)?,
+            attn: g.alloc(cap * hq * d)?,
+            r_logits: g.alloc(cap * e)?,
+            r_idx: g.alloc(cap * k)?,
+            r_w: g.alloc(cap * k)?,
+            act: g.alloc(cap * k * i)?,
+            part: g.alloc(cap * k * hid)?,
+            perm: g.alloc(cap * k)?,
+            tiles: g.alloc(3 * ops::moe_max_tiles(cap * k, e))?,
+            ntiles: g.alloc(1)?,
+            sc_m: g.alloc(entries)?,
+            sc_l: g.alloc(entries)?,
+            sc_acc: g.alloc(entries * d)?,
+            out_rows: g.alloc(max_batch)?,
+        })
     }
 }
 
@@ -67,6 +165,18 @@ pub struct Profile {
 }
 
 impl Profile {
+    /// Add the time between consecutive events, each to the label of its later event.
+    fn add_marks(&mut self, marks: &Marks) -> Result<()> {
+        for w in marks.events.windows(2) {
+            let ms = w[0]
+                .1
+                .elapsed_ms(&w[1].1)
+                .map_err(|e| anyhow::anyhow!("reading CUDA event time: {:?}", e.0))?;
+            self.add(w[1].0, f64::from(ms));
+        }
+        Ok(())
+    }
+
     fn add(&mut self, label: &'static str, ms: f64) {
         if let Some(r) = self.rows.iter_mut().find(|r| r.0 == label) {
             r.1 += ms;
@@ -123,6 +233,7 @@ pub struct Decoder {
     sc_acc: CudaSlice<f32>,
     max_splits: usize,
     graphs: Vec<Option<StepGraph>>,
+    pre: Option<PrefillBufs>,
 }
 
 impl Decoder {
@@ -192,6 +303,7 @@ impl Decoder {
             sc_acc: g.alloc(b * hq * max_splits * d)?,
             max_splits,
             graphs: (0..=max_batch).map(|_| None).collect(),
+            pre: None,
         })
     }
 
@@ -243,6 +355,20 @@ impl Decoder {
             "decode batch of {n} rows (max {})",
             self.max_batch
         );
+        let offs = self.check_rows(tokens, pos, slots)?;
+        upload_rows(
+            g,
+            tokens,
+            pos,
+            &offs,
+            &mut self.tokens,
+            &mut self.pos,
+            &mut self.kv_off,
+        )
+    }
+
+    /// Check rows' positions, slots and token ids; their KV offsets in elements.
+    fn check_rows(&self, tokens: &[u32], pos: &[u32], slots: &[u32]) -> Result<Vec<u64>> {
         for (&p, &s) in pos.iter().zip(slots) {
             ensure!(
                 (p as usize) < self.max_pos,
@@ -263,20 +389,7 @@ impl Decoder {
             );
         }
         let stride = (self.max_pos * self.cfg.num_key_value_heads * self.cfg.head_dim) as u64;
-        let offs: Vec<u64> = slots.iter().map(|&s| u64::from(s) * stride).collect();
-        let mut tk = self.tokens.slice_mut(0..n);
-        g.stream()
-            .memcpy_htod(tokens, &mut tk)
-            .map_err(|e| anyhow::anyhow!("copying token ids: {:?}", e.0))?;
-        let mut pp = self.pos.slice_mut(0..n);
-        g.stream()
-            .memcpy_htod(pos, &mut pp)
-            .map_err(|e| anyhow::anyhow!("copying positions: {:?}", e.0))?;
-        let mut oo = self.kv_off.slice_mut(0..n);
-        g.stream()
-            .memcpy_htod(&offs, &mut oo)
-            .map_err(|e| anyhow::anyhow!("copying KV offsets: {:?}", e.0))?;
-        Ok(())
+        Ok(slots.iter().map(|&s| u64::from(s) * stride).collect())
     }
 
     /// Queue one step for the first `n` rows. `full_keys` bounds the key count of full
@@ -297,18 +410,7 @@ impl Decoder {
         );
         let qkv_rows = (hq + 2 * hkv) * d;
         let p = |s: &CudaSlice<f32>| g.ptr(s);
-        let mut mark = |label: &'static str| -> Result<()> {
-            if let Some(m) = marks.as_deref_mut() {
-                let ev = g
-                    .context()
-                    .new_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT))
-                    .map_err(|e| anyhow::anyhow!("creating a CUDA event: {:?}", e.0))?;
-                ev.record(g.stream())
-                    .map_err(|e| anyhow::anyhow!("recording a CUDA event: {:?}", e.0))?;
-                m.events.push((label, ev));
-            }
-            Ok(())
-        };
+        let mut mark = |label: &'static str| mark_event(g, marks.as_deref_mut(), label);
         mark("start")?;
         ops::embed(
             g,
@@ -466,9 +568,18 @@ impl Decoder {
             )?;
             mark("moe down (+residual)")?;
         }
+        self.head(g, n)?;
+        mark("rmsnorm+gemv lm_head, argmax")?;
+        Ok(())
+    }
+
+    /// Final norm, lm_head and argmax over the first `n` rows of `x` into `logits`/`next`.
+    fn head(&self, g: &Gpu, n: usize) -> Result<()> {
+        let c = &self.cfg;
+        let p = |s: &CudaSlice<f32>| g.ptr(s);
         let final_norm = Norm {
             w: g.ptr(&self.w.final_norm),
-            eps,
+            eps: c.rms_norm_eps as f32,
             out: p(&self.h),
         };
         ops::gemv(
@@ -478,12 +589,11 @@ impl Decoder {
             p(&self.x),
             p(&self.logits),
             c.vocab_size,
-            hid,
+            c.hidden_size,
             n,
             false,
             Some(final_norm),
         )?;
-        mark("rmsnorm+gemv lm_head")?;
         ops::argmax(
             g,
             p(&self.logits),
@@ -492,8 +602,292 @@ impl Decoder {
             g.ptr(&self.next),
             c.vocab_size,
             n,
-        )?;
-        mark("argmax")?;
+        )
+    }
+
+    /// Prefill: run `tokens` (row i at position `pos[i]` of KV slot `slots[i]`; a sequence's
+    /// rows in position order) through every layer with the batched kernels, writing their
+    /// K/V into the cache; then the head for the rows listed in `outputs` (ascending row
+    /// indices, at most `max_batch`), whose logits and greedy ids land in rows
+    /// 0..outputs.len() as after a decode step. Batches above [`PREFILL_MAX_ROWS`] run in
+    /// chunks, in order, so later rows see the K/V of earlier ones.
+    pub fn prefill(
+        &mut self,
+        g: &Gpu,
+        tokens: &[u32],
+        pos: &[u32],
+        slots: &[u32],
+        outputs: &[u32],
+    ) -> Result<()> {
+        self.prefill_inner(g, tokens, pos, slots, outputs, None)
+    }
+
+    /// [`Decoder::prefill`] recording per-kernel-group GPU time into `prof` (synchronises).
+    pub fn prefill_profiled(
+        &mut self,
+        g: &Gpu,
+        tokens: &[u32],
+        pos: &[u32],
+        slots: &[u32],
+        outputs: &[u32],
+        prof: &mut Profile,
+    ) -> Result<()> {
+        self.prefill_inner(g, tokens, pos, slots, outputs, Some(prof))
+    }
+
+    fn prefill_inner(
+        &mut self,
+        g: &Gpu,
+        tokens: &[u32],
+        pos: &[u32],
+        slots: &[u32],
+        outputs: &[u32],
+        mut prof: Option<&mut Profile>,
+    ) -> Result<()> {
+        let n = tokens.len();
+        ensure!(
+            n > 0 && pos.len() == n && slots.len() == n,
+            "prefill of {n} rows with {} positions and {} slots",
+            pos.len(),
+            slots.len()
+        );
+        ensure!(
+            !outputs.is_empty()
+                && outputs.len() <= self.max_batch
+                && outputs.windows(2).all(|w| w[0] < w[1])
+                && outputs.iter().all(|&o| (o as usize) < n),
+            "prefill outputs {outputs:?}: need 1..={} ascending rows below {n}",
+            self.max_batch
+        );
+        let offs = self.check_rows(tokens, pos, slots)?;
+        let cap = n.min(PREFILL_MAX_ROWS);
+        if self.pre.as_ref().is_none_or(|b| b.cap < cap) {
+            self.pre = None;
+            self.pre = Some(PrefillBufs::new(g, &self.cfg, cap, self.max_batch)?);
+        }
+        let hid = self.cfg.hidden_size;
+        let mut done = 0usize;
+        let mut start = 0usize;
+        while start < n {
+            let end = (start + cap).min(n);
+            let rows = end - start;
+            let keys = pos[start..end].iter().max().map_or(1, |&p| p as usize + 1);
+            {
+                let b = self.pre.as_mut().expect("allocated above");
+                upload_rows(
+                    g,
+                    &tokens[start..end],
+                    &pos[start..end],
+                    &offs[start..end],
+                    &mut b.tokens,
+                    &mut b.pos,
+                    &mut b.kv_off,
+                )?;
+            }
+            let mut marks = Marks { events: Vec::new() };
+            let profiling = prof.is_some();
+            self.enqueue_prefill(g, rows, keys, profiling.then_some(&mut marks))?;
+            if let Some(p) = prof.as_deref_mut() {
+                g.sync()?;
+                p.add_marks(&marks)?;
+            }
+            let outs: Vec<u32> = outputs
+                .iter()
+                .filter(|&&o| (start..end).contains(&(o as usize)))
+                .map(|&o| o - start as u32)
+                .collect();
+            if !outs.is_empty() {
+                let b = self.pre.as_mut().expect("allocated above");
+                let mut dst = b.out_rows.slice_mut(0..outs.len());
+                g.stream()
+                    .memcpy_htod(&outs, &mut dst)
+                    .map_err(|e| anyhow::anyhow!("copying output rows: {:?}", e.0))?;
+                ops::rows_gather(
+                    g,
+                    g.ptr(&b.x),
+                    g.ptr(&b.out_rows),
+                    g.ptr(&self.x) + (done * hid * 4) as u64,
+                    hid,
+                    outs.len(),
+                )?;
+                done += outs.len();
+            }
+            start = end;
+        }
+        self.head(g, outputs.len())
+    }
+
+    /// Queue the layers of one prefill chunk of `n` rows (inputs already in the prefill
+    /// buffers) whose attention reaches at most `keys` keys.
+    fn enqueue_prefill(
+        &self,
+        g: &Gpu,
+        n: usize,
+        keys: usize,
+        mut marks: Option<&mut Marks>,
+    ) -> Result<()> {
+        let mut mark = |label: &'static str| mark_event(g, marks.as_deref_mut(), label);
+        let c = &self.cfg;
+        let b = self.pre.as_ref().expect("prefill buffers allocated");
+        let (hq, hkv, d, hid) = (
+            c.num_attention_heads,
+            c.num_key_value_heads,
+            c.head_dim,
+            c.hidden_size,
+        );
+        let p = |s: &CudaSlice<f32>| g.ptr(s);
+        let eps = c.rms_norm_eps as f32;
+        let sh = AttnShape { hq, hkv, d };
+        let scratch = AttnScratch {
+            m: p(&b.sc_m),
+            l: p(&b.sc_l),
+            acc: p(&b.sc_acc),
+            entries: b.cap * hq * PREFILL_SPLITS,
+        };
+        let kv_f32 = self.opts.kv_dtype == KvDtype::F32;
+        let layer_stride = (self.slots * self.max_pos * hkv * d * self.opts.kv_dtype.size()) as u64;
+        let moe_shape = MoeShape {
+            hidden: hid,
+            inter: c.intermediate_size,
+            k: c.num_experts_per_tok,
+            limit: c.swiglu_limit as f32,
+            alpha: 1.702,
+        };
+        let groups = ops::MoeGroups {
+            perm: g.ptr(&b.perm),
+            tiles: g.ptr(&b.tiles),
+            ntiles: g.ptr(&b.ntiles),
+        };
+        let scale = 1.0 / (d as f32).sqrt();
+        mark("start")?;
+        ops::embed(g, g.ptr(&self.w.embed), g.ptr(&b.tokens), p(&b.x), hid, n)?;
+        mark("embed_gather")?;
+        for (li, lw) in self.w.layers.iter().enumerate() {
+            let kc = g.ptr(&self.k_cache) + li as u64 * layer_stride;
+            let vc = g.ptr(&self.v_cache) + li as u64 * layer_stride;
+            ops::rmsnorm(g, p(&b.x), None, g.ptr(&lw.attn_norm), p(&b.h), hid, n, eps)?;
+            mark("rmsnorm")?;
+            ops::gemm(
+                g,
+                g.ptr(&lw.qkv_w),
+                Some(g.ptr(&lw.qkv_b)),
+                p(&b.h),
+                p(&b.qkv),
+                n,
+                (hq + 2 * hkv) * d,
+                hid,
+                false,
+            )?;
+            mark("gemm qkv")?;
+            ops::rope_kv(
+                g,
+                sh,
+                p(&b.qkv),
+                p(&b.q),
+                kc,
+                vc,
+                kv_f32,
+                p(&self.inv_freq),
+                g.ptr(&b.pos),
+                g.ptr(&b.kv_off),
+                n,
+                self.mscale,
+            )?;
+            mark("rope_kv_write")?;
+            let sliding = c.layer_is_sliding[li];
+            let window = if sliding { c.sliding_window } else { 0 };
+            let lkeys = if sliding {
+                c.sliding_window.min(keys)
+            } else {
+                keys
+            }
+            .max(1);
+            let split_len = SPLIT_LEN.max(lkeys.div_ceil(PREFILL_SPLITS));
+            let nsplit = lkeys.div_ceil(split_len);
+            let sinks = self.opts.sinks.then(|| g.ptr(&lw.sinks));
+            ops::attention(
+                g,
+                sh,
+                p(&b.q),
+                kc,
+                vc,
+                kv_f32,
+                g.ptr(&b.pos),
+                g.ptr(&b.kv_off),
+                sinks,
+                p(&b.attn),
+                &scratch,
+                n,
+                window,
+                nsplit,
+                split_len,
+                scale,
+            )?;
+            mark("attention (split-K)")?;
+            ops::gemm(
+                g,
+                g.ptr(&lw.o_w),
+                Some(g.ptr(&lw.o_b)),
+                p(&b.attn),
+                p(&b.x),
+                n,
+                hid,
+                hq * d,
+                true,
+            )?;
+            mark("gemm o (+residual)")?;
+            ops::rmsnorm(g, p(&b.x), None, g.ptr(&lw.mlp_norm), p(&b.h), hid, n, eps)?;
+            mark("rmsnorm")?;
+            // The router stays on the fp32 GEMV: bf16 activations could flip near-tied
+            // expert choices against the reference.
+            ops::gemv(
+                g,
+                g.ptr(&lw.router_w),
+                Some(g.ptr(&lw.router_b)),
+                p(&b.h),
+                p(&b.r_logits),
+                c.num_local_experts,
+                hid,
+                n,
+                false,
+                None,
+            )?;
+            mark("gemv router (fp32)")?;
+            ops::router_topk(
+                g,
+                p(&b.r_logits),
+                g.ptr(&b.r_idx),
+                p(&b.r_w),
+                c.num_local_experts,
+                c.num_experts_per_tok,
+                n,
+            )?;
+            mark("router_topk")?;
+            let mw = MoeWeights {
+                gu_blocks: g.ptr(&lw.gu_blocks),
+                gu_scales: g.ptr(&lw.gu_scales),
+                gu_bias: g.ptr(&lw.gu_bias),
+                dn_blocks: g.ptr(&lw.dn_blocks),
+                dn_scales: g.ptr(&lw.dn_scales),
+                dn_bias: g.ptr(&lw.dn_bias),
+            };
+            ops::moe_grouped(
+                g,
+                &mw,
+                moe_shape,
+                c.num_local_experts,
+                p(&b.h),
+                g.ptr(&b.r_idx),
+                p(&b.r_w),
+                &groups,
+                p(&b.act),
+                p(&b.part),
+                p(&b.x),
+                n,
+                true,
+            )?;
+            mark("moe grouped (+residual)")?;
+        }
         Ok(())
     }
 
@@ -537,14 +931,7 @@ impl Decoder {
         let mut marks = Marks { events: Vec::new() };
         self.enqueue(g, n, full_keys, Some(&mut marks))?;
         g.sync()?;
-        for w in marks.events.windows(2) {
-            let ms = w[0]
-                .1
-                .elapsed_ms(&w[1].1)
-                .map_err(|e| anyhow::anyhow!("reading CUDA event time: {:?}", e.0))?;
-            prof.add(w[1].0, f64::from(ms));
-        }
-        Ok(())
+        prof.add_marks(&marks)
     }
 
     /// Feed the step's sampled ids back as the next step's input (autoregressive decode
@@ -572,4 +959,44 @@ impl Decoder {
             .clone_dtoh(&self.next.slice(0..n))
             .map_err(|e| anyhow::anyhow!("copying sampled ids: {:?}", e.0))
     }
+}
+
+/// Record a profiling event labelled with the kernel group that just ended.
+fn mark_event(g: &Gpu, marks: Option<&mut Marks>, label: &'static str) -> Result<()> {
+    if let Some(m) = marks {
+        let ev = g
+            .context()
+            .new_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT))
+            .map_err(|e| anyhow::anyhow!("creating a CUDA event: {:?}", e.0))?;
+        ev.record(g.stream())
+            .map_err(|e| anyhow::anyhow!("recording a CUDA event: {:?}", e.0))?;
+        m.events.push((label, ev));
+    }
+    Ok(())
+}
+
+/// Copy rows' token ids, positions and KV offsets into device buffers (at least as long).
+fn upload_rows(
+    g: &Gpu,
+    tokens: &[u32],
+    pos: &[u32],
+    offs: &[u64],
+    d_tokens: &mut CudaSlice<u32>,
+    d_pos: &mut CudaSlice<u32>,
+    d_offs: &mut CudaSlice<u64>,
+) -> Result<()> {
+    let n = tokens.len();
+    let mut tk = d_tokens.slice_mut(0..n);
+    g.stream()
+        .memcpy_htod(tokens, &mut tk)
+        .map_err(|e| anyhow::anyhow!("copying token ids: {:?}", e.0))?;
+    let mut pp = d_pos.slice_mut(0..n);
+    g.stream()
+        .memcpy_htod(pos, &mut pp)
+        .map_err(|e| anyhow::anyhow!("copying positions: {:?}", e.0))?;
+    let mut oo = d_offs.slice_mut(0..n);
+    g.stream()
+        .memcpy_htod(offs, &mut oo)
+        .map_err(|e| anyhow::anyhow!("copying KV offsets: {:?}", e.0))?;
+    Ok(())
 }

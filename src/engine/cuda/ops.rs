@@ -551,3 +551,163 @@ pub fn read_probe(g: &Gpu, src: u64, bytes: usize, sink: u64) -> Result<()> {
         &[Arg::Ptr(src), Arg::U64((bytes / 16) as u64), Arg::Ptr(sink)],
     )
 }
+
+/// Token rows per tensor-core tile (kernel constant `TC_BM`).
+pub const TC_BM: usize = 64;
+/// Output columns per tensor-core tile (kernel constant `TC_BN`).
+const TC_BN: usize = 128;
+/// K per tensor-core stage (kernel constant `TC_BK`).
+const TC_BK: usize = 32;
+
+/// Prefill GEMM on tensor cores: y[m] (+)= W x[m] + b for `m` rows, W bf16 [n, k], x fp32
+/// [m, k] (rounded to bf16 for the MMA), fp32 out [m, n]. `k` must be a multiple of 32.
+pub fn gemm(
+    g: &Gpu,
+    w: u64,
+    bias: Option<u64>,
+    x: u64,
+    y: u64,
+    m: usize,
+    n: usize,
+    k: usize,
+    accumulate: bool,
+) -> Result<()> {
+    ensure!(
+        k.is_multiple_of(TC_BK),
+        "GEMM inner size {k} is not a multiple of {TC_BK} (the tensor-core stage)"
+    );
+    g.launch(
+        "gemm_bf16_tc",
+        (u(n.div_ceil(TC_BN))?, u(m.div_ceil(TC_BM))?, 1),
+        (256, 1, 1),
+        0,
+        &[
+            Arg::Ptr(x),
+            Arg::Ptr(w),
+            opt(bias),
+            Arg::Ptr(y),
+            i(m)?,
+            i(n)?,
+            i(k)?,
+            Arg::I32(accumulate as i32),
+        ],
+    )
+}
+
+/// dst[i] = src[rows[i]] for `n` rows of `cols` fp32; `rows` device u32.
+pub fn rows_gather(g: &Gpu, src: u64, rows: u64, dst: u64, cols: usize, n: usize) -> Result<()> {
+    g.launch(
+        "rows_gather",
+        (u(cols.div_ceil(256))?, u(n)?, 1),
+        (256, 1, 1),
+        0,
+        &[Arg::Ptr(src), Arg::Ptr(rows), Arg::Ptr(dst), i(cols)?],
+    )
+}
+
+/// Device scratch of the grouped MoE: the entry permutation and the tile list.
+#[derive(Debug, Clone, Copy)]
+pub struct MoeGroups {
+    /// Segment position → entry (`t · k + s`), `total` ints.
+    pub perm: u64,
+    /// (expert, first, end) per tile, 3 ints each, `max_tiles` of them.
+    pub tiles: u64,
+    /// Number of tiles written (one int).
+    pub ntiles: u64,
+}
+
+/// Upper bound of grouped-MoE tiles for `total` entries over `experts` experts.
+pub fn moe_max_tiles(total: usize, experts: usize) -> usize {
+    total.div_ceil(TC_BM) + experts
+}
+
+/// Prefill MoE grouped by expert for `t` tokens: x is the normalised input [t, H], `act`
+/// scratch [t·k, I], `part` scratch [t·k, H]; the weighted expert outputs are added into y
+/// (or written with `accumulate` false).
+pub fn moe_grouped(
+    g: &Gpu,
+    w: &MoeWeights,
+    s: MoeShape,
+    experts: usize,
+    x: u64,
+    idx: u64,
+    wts: u64,
+    groups: &MoeGroups,
+    act: u64,
+    part: u64,
+    y: u64,
+    t: usize,
+    accumulate: bool,
+) -> Result<()> {
+    s.check()?;
+    let total = t * s.k;
+    let tiles = moe_max_tiles(total, experts);
+    g.launch(
+        "moe_group",
+        (1, 1, 1),
+        (1024, 1, 1),
+        u(2 * experts * 4)?,
+        &[
+            Arg::Ptr(idx),
+            i(total)?,
+            i(experts)?,
+            i(TC_BM)?,
+            Arg::Ptr(groups.perm),
+            Arg::Ptr(groups.tiles),
+            Arg::Ptr(groups.ntiles),
+        ],
+    )?;
+    g.launch(
+        "moe_gate_up_grouped",
+        (u((2 * s.inter).div_ceil(TC_BN))?, u(tiles)?, 1),
+        (256, 1, 1),
+        0,
+        &[
+            Arg::Ptr(w.gu_blocks),
+            Arg::Ptr(w.gu_scales),
+            Arg::Ptr(w.gu_bias),
+            Arg::Ptr(x),
+            Arg::Ptr(groups.perm),
+            Arg::Ptr(groups.tiles),
+            Arg::Ptr(groups.ntiles),
+            Arg::Ptr(act),
+            i(s.inter)?,
+            i(s.hidden)?,
+            i(s.k)?,
+            Arg::F32(s.limit),
+            Arg::F32(s.alpha),
+        ],
+    )?;
+    g.launch(
+        "moe_down_grouped",
+        (u(s.hidden.div_ceil(TC_BN))?, u(tiles)?, 1),
+        (256, 1, 1),
+        0,
+        &[
+            Arg::Ptr(w.dn_blocks),
+            Arg::Ptr(w.dn_scales),
+            Arg::Ptr(w.dn_bias),
+            Arg::Ptr(act),
+            Arg::Ptr(wts),
+            Arg::Ptr(groups.perm),
+            Arg::Ptr(groups.tiles),
+            Arg::Ptr(groups.ntiles),
+            Arg::Ptr(part),
+            i(s.hidden)?,
+            i(s.inter)?,
+        ],
+    )?;
+    g.launch(
+        "moe_combine",
+        (u(s.hidden.div_ceil(256))?, u(t)?, 1),
+        (256, 1, 1),
+        0,
+        &[
+            Arg::Ptr(part),
+            Arg::Ptr(y),
+            i(s.hidden)?,
+            i(s.k)?,
+            Arg::I32(accumulate as i32),
+        ],
+    )
+}

@@ -34,9 +34,41 @@ pub struct ProfileArgs {
     /// KV cache element type: bf16 or f32.
     #[arg(long, default_value = "bf16", value_parser = ["bf16", "f32"])]
     pub kv_dtype: String,
+    /// Also time a prefill of this many prompt tokens (one sequence, after `--depth`
+    /// cached positions) through the batched path; 0 skips it.
+    #[arg(long, default_value_t = 0)]
+    pub prefill: usize,
     /// CUDA device ordinal.
     #[arg(long, default_value_t = 0)]
     pub gpu: usize,
+}
+
+/// Multiply-adds ×2 of one prompt token at position `pos` (dense projections, router, the k
+/// routed experts, attention over its keys); the lm_head is left out (prefill runs it for
+/// the last row only).
+pub fn flops_per_prompt_token(c: &ModelConfig, pos: usize) -> f64 {
+    let (h, hq, hkv, d) = (
+        c.hidden_size,
+        c.num_attention_heads,
+        c.num_key_value_heads,
+        c.head_dim,
+    );
+    let (e, k, i) = (
+        c.num_local_experts,
+        c.num_experts_per_tok,
+        c.intermediate_size,
+    );
+    let mut total = 0.0;
+    for &sliding in &c.layer_is_sliding {
+        let keys = if sliding {
+            (pos + 1).min(c.sliding_window)
+        } else {
+            pos + 1
+        };
+        let macs = (hq + 2 * hkv) * d * h + h * hq * d + e * h + k * 3 * i * h + 2 * keys * hq * d;
+        total += 2.0 * macs as f64;
+    }
+    total
 }
 
 /// Bytes one decode token must read at batch 1 (each weight it touches once, its KV once,
@@ -143,7 +175,7 @@ pub fn run(args: &ProfileArgs) -> Result<()> {
         args.synthetic,
         t_w.elapsed().as_secs_f64()
     );
-    let max_pos = (args.depth + args.steps + 8).div_ceil(SPLIT_LEN) * SPLIT_LEN;
+    let max_pos = (args.depth + (args.steps + 8).max(args.prefill)).div_ceil(SPLIT_LEN) * SPLIT_LEN;
     let mut dec = Decoder::new(
         &g,
         &cfg,
@@ -155,6 +187,7 @@ pub fn run(args: &ProfileArgs) -> Result<()> {
             } else {
                 KvDtype::Bf16
             },
+            ..DecodeOptions::default()
         },
         args.batch,
         max_pos,
@@ -181,23 +214,11 @@ pub fn run(args: &ProfileArgs) -> Result<()> {
     for _ in 0..5 {
         dec.run_profiled(&g, b, args.depth + 1, &mut prof)?;
     }
-    let reps = 5.0;
-    let total: f64 = prof.rows.iter().map(|r| r.1).sum::<f64>() / reps;
-    println!("per-kernel GPU time of one decode step (mean of 5 profiled steps):");
-    println!(
-        "  {:<22} {:>10} {:>9} {:>7}",
-        "kernel", "ms/step", "launches", "share"
+    print_profile(
+        &prof,
+        5.0,
+        "per-kernel GPU time of one decode step (mean of 5 profiled steps)",
     );
-    for (l, ms, n) in &prof.rows {
-        println!(
-            "  {:<22} {:>10.4} {:>9} {:>6.1}%",
-            l,
-            ms / reps,
-            *n as f64 / reps,
-            100.0 * ms / reps / total
-        );
-    }
-    println!("  {:<22} {:>10.4}", "sum", total);
     for graphs in [false, true] {
         let mut times = Vec::new();
         for rep in 0..3 + args.steps {
@@ -234,5 +255,80 @@ pub fn run(args: &ProfileArgs) -> Result<()> {
     }
     let sampled = dec.sampled(&g, b)?;
     println!("last sampled ids: {sampled:?}");
+    if args.prefill > 0 {
+        profile_prefill(&g, &mut dec, &cfg, args.depth, args.prefill)?;
+    }
     Ok(())
+}
+
+/// Print per-kernel-group times (summed over `reps` profiled runs) as a table.
+fn print_profile(prof: &Profile, reps: f64, title: &str) {
+    let total: f64 = prof.rows.iter().map(|r| r.1).sum::<f64>() / reps;
+    println!("{title}:");
+    println!(
+        "  {:<30} {:>10} {:>9} {:>7}",
+        "kernel", "ms", "launches", "share"
+    );
+    for (l, ms, n) in &prof.rows {
+        println!(
+            "  {:<30} {:>10.4} {:>9} {:>6.1}%",
+            l,
+            ms / reps,
+            *n as f64 / reps,
+            100.0 * ms / reps / total
+        );
+    }
+    println!("  {:<30} {:>10.4}", "sum", total);
+}
+
+/// Time a prefill of `n` prompt tokens in KV slot 0 after `depth` cached positions.
+fn profile_prefill(
+    g: &Gpu,
+    dec: &mut Decoder,
+    cfg: &ModelConfig,
+    depth: usize,
+    n: usize,
+) -> Result<()> {
+    let toks: Vec<u32> = (0..n)
+        .map(|i| (synthetic_token(i) % cfg.vocab_size as u64) as u32)
+        .collect();
+    let pos: Vec<u32> = (0..n).map(|i| (depth + i) as u32).collect();
+    let slots = vec![0u32; n];
+    let outs = [n as u32 - 1];
+    let flops: f64 = (0..n).map(|i| flops_per_prompt_token(cfg, depth + i)).sum();
+    let mut times = Vec::new();
+    for rep in 0..4 {
+        let (a, e) = (ev(g)?, ev(g)?);
+        record(g, &a)?;
+        dec.prefill(g, &toks, &pos, &slots, &outs)?;
+        record(g, &e)?;
+        g.sync()?;
+        if rep >= 1 {
+            times.push(elapsed(&a, &e)?);
+        }
+    }
+    let mut prof = Profile::default();
+    dec.prefill_profiled(g, &toks, &pos, &slots, &outs, &mut prof)?;
+    print_profile(
+        &prof,
+        1.0,
+        &format!("per-kernel GPU time of one {n}-token prefill"),
+    );
+    let med = median(times.clone());
+    println!(
+        "prefill of {n} tokens at depth {depth} (batched path, {} chunk(s)): median {:.2} ms \
+         (runs {:?}) -> {:.0} tok/s, {:.1} TFLOP/s (counted {:.2} TFLOP)",
+        n.div_ceil(super::model::PREFILL_MAX_ROWS),
+        med,
+        times.iter().map(|t| format!("{t:.2}")).collect::<Vec<_>>(),
+        n as f64 / (med * 1e-3),
+        flops / (med * 1e-3) / 1e12,
+        flops / 1e12
+    );
+    Ok(())
+}
+
+/// A spread of token ids for the profiled prompt.
+fn synthetic_token(i: usize) -> u64 {
+    super::synthetic::splitmix64(i as u64 ^ 0x7072_6566)
 }

@@ -200,7 +200,10 @@ pub struct MoeHost<'a> {
     pub dn_bias: &'a [u16],
 }
 
-/// Σ_s w_s (W2_e swiglu(W1_e x + b1_e) + b2_e) for one token.
+/// Σ_s w_s (W2_e swiglu(W1_e x + b1_e) + b2_e) for one token. With `act_bf16` the SwiGLU
+/// output is rounded to bf16 before the down projection, as the tensor-core prefill path
+/// feeds it to its MMA.
+#[allow(clippy::too_many_arguments)]
 pub fn moe(
     w: &MoeHost<'_>,
     x: &[f32],
@@ -209,6 +212,7 @@ pub fn moe(
     inter: usize,
     limit: f64,
     alpha: f64,
+    act_bf16: bool,
 ) -> Vec<f64> {
     let h = x.len();
     let (nbh, nbi) = (h / 32, inter / 32);
@@ -228,6 +232,9 @@ pub fn moe(
                     + bf(w.gu_bias[r]);
             }
             *a = swiglu(u[0], u[1], limit, alpha);
+            if act_bf16 {
+                *a = bf(to_bf(*a as f32));
+            }
         }
         for (r, yr) in y.iter_mut().enumerate() {
             let row_i = e * h + r;
@@ -241,6 +248,13 @@ pub fn moe(
         }
     }
     y
+}
+
+/// `x` rounded to bf16 and back, as the tensor-core GEMMs read their fp32 activations.
+pub fn round_bf16(x: &[f32]) -> Vec<f32> {
+    x.iter()
+        .map(|&v| half::bf16::from_f32(v).to_f32())
+        .collect()
 }
 
 /// Index of the largest value (ties: lower index; NaN never wins).

@@ -83,6 +83,8 @@ pub fn run_kernel_checks(g: &Gpu, seed: u64) -> Result<Vec<Check>> {
     out.extend(check_attention(g, &mut s)?);
     out.extend(check_router(g, &mut s)?);
     out.extend(check_moe(g, &mut s)?);
+    out.extend(check_gemm(g, &mut s)?);
+    out.extend(check_moe_grouped(g, &mut s)?);
     out.extend(check_argmax(g, &mut s)?);
     out.extend(check_synthetic(g, &mut s)?);
     Ok(out)
@@ -543,6 +545,7 @@ fn check_moe(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
             inter,
             7.0,
             1.702,
+            false,
         );
         want.extend(
             y.iter()
@@ -555,6 +558,174 @@ fn check_moe(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
         rel_err(&got, &want),
         1e-5,
     )])
+}
+
+/// Tensor-core GEMM against the f64 reference on bf16-rounded activations (what the MMA
+/// multiplies), so only the fp32 accumulation order differs.
+fn check_gemm(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
+    let mut res = Vec::new();
+    // (m, n, k, bias, accumulate): partial row and column tiles, one stage, many stages.
+    for (m, n, k, bias, acc) in [
+        (1, 5120, 2880, true, false),
+        (70, 300, 32, true, true),
+        (129, 2880, 4096, true, true),
+        (64, 128, 2880, false, false),
+        (200, 1000, 96, false, true),
+    ] {
+        let w = bf16_vec(s.next(), n * k, 0.05, 0.0);
+        let b = bf16_vec(s.next(), n, 1.0, 0.0);
+        let x = f32_vec(s.next(), m * k, 2.0, 0.0);
+        let y0 = f32_vec(s.next(), m * n, 3.0, 0.0);
+        let (dw, db, dx) = (g.upload(&w)?, g.upload(&b)?, g.upload(&x)?);
+        let dy = if acc {
+            g.upload(&y0)?
+        } else {
+            nan_f32(g, m * n)?
+        };
+        ops::gemm(
+            g,
+            g.ptr(&dw),
+            bias.then(|| g.ptr(&db)),
+            g.ptr(&dx),
+            g.ptr(&dy),
+            m,
+            n,
+            k,
+            acc,
+        )?;
+        let want = r::gemv(
+            &w,
+            bias.then_some(b.as_slice()),
+            &r::round_bf16(&x),
+            acc.then_some(y0.as_slice()),
+            k,
+        );
+        res.push(check(
+            format!("gemm_bf16_tc {m}x{n}x{k} bias={bias} acc={acc}"),
+            rel_err(&g.download(&dy)?, &want),
+            1e-5,
+        ));
+    }
+    Ok(res)
+}
+
+/// Grouped MoE (expert grouping, tensor-core gate_up + SwiGLU, down, slot combine) against
+/// the f64 reference with the activations the MMAs see rounded to bf16, for token counts that
+/// leave experts empty, fill several tiles of one expert, and end mid-tile.
+fn check_moe_grouped(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
+    let mut res = Vec::new();
+    for (e, hidden, inter, k, t) in [
+        (8usize, 256usize, 192usize, 4usize, 3usize),
+        (6, 2880, 2880, 4, 37),
+        (4, 320, 160, 2, 150),
+    ] {
+        let sh = MoeShape {
+            hidden,
+            inter,
+            k,
+            limit: 7.0,
+            alpha: 1.702,
+        };
+        let gu_rows = e * 2 * inter;
+        let dn_rows = e * hidden;
+        let gu_blocks = u8_vec(s.next(), gu_rows * hidden / 2, 0, 255);
+        let gu_scales = u8_vec(s.next(), gu_rows * hidden / 32, 119, 126);
+        let gu_bias = bf16_vec(s.next(), gu_rows, 1.0, 0.0);
+        let dn_blocks = u8_vec(s.next(), dn_rows * inter / 2, 0, 255);
+        let dn_scales = u8_vec(s.next(), dn_rows * inter / 32, 119, 126);
+        let dn_bias = bf16_vec(s.next(), dn_rows, 1.0, 0.0);
+        let x = f32_vec(s.next(), hidden * t, 1.0, 0.0);
+        // k distinct experts per token, skewed so one expert takes most tokens.
+        let mut idx = Vec::with_capacity(t * k);
+        for _ in 0..t {
+            let first = if s.next().is_multiple_of(4) {
+                s.next() as usize % e
+            } else {
+                1 % e
+            };
+            for j in 0..k {
+                idx.push(((first + j) % e) as i32);
+            }
+        }
+        let wts: Vec<f32> = (0..t * k).map(|i| 0.1 + (i % 5) as f32 * 0.07).collect();
+        let y0 = f32_vec(s.next(), hidden * t, 10.0, 0.0);
+        let up = |v: &[u8]| g.upload(v);
+        let (a, b, c) = (up(&gu_blocks)?, up(&gu_scales)?, g.upload(&gu_bias)?);
+        let (d, e2, f) = (up(&dn_blocks)?, up(&dn_scales)?, g.upload(&dn_bias)?);
+        let w = MoeWeights {
+            gu_blocks: g.ptr(&a),
+            gu_scales: g.ptr(&b),
+            gu_bias: g.ptr(&c),
+            dn_blocks: g.ptr(&d),
+            dn_scales: g.ptr(&e2),
+            dn_bias: g.ptr(&f),
+        };
+        let (dx, di, dw) = (g.upload(&x)?, g.upload(&idx)?, g.upload(&wts)?);
+        let perm = g.alloc::<i32>(t * k)?;
+        let tiles = g.alloc::<i32>(3 * ops::moe_max_tiles(t * k, e))?;
+        let ntiles = g.alloc::<i32>(1)?;
+        let groups = ops::MoeGroups {
+            perm: g.ptr(&perm),
+            tiles: g.ptr(&tiles),
+            ntiles: g.ptr(&ntiles),
+        };
+        let dact = nan_f32(g, t * k * inter)?;
+        let dpart = nan_f32(g, t * k * hidden)?;
+        let dy = g.upload(&y0)?;
+        ops::moe_grouped(
+            g,
+            &w,
+            sh,
+            e,
+            g.ptr(&dx),
+            g.ptr(&di),
+            g.ptr(&dw),
+            &groups,
+            g.ptr(&dact),
+            g.ptr(&dpart),
+            g.ptr(&dy),
+            t,
+            true,
+        )?;
+        let got = g.download(&dy)?;
+        let host = r::MoeHost {
+            gu_blocks: &gu_blocks,
+            gu_scales: &gu_scales,
+            gu_bias: &gu_bias,
+            dn_blocks: &dn_blocks,
+            dn_scales: &dn_scales,
+            dn_bias: &dn_bias,
+        };
+        let xr = r::round_bf16(&x);
+        let mut want = Vec::new();
+        for ti in 0..t {
+            let ex: Vec<usize> = idx[ti * k..][..k].iter().map(|&i| i as usize).collect();
+            let ww: Vec<f64> = wts[ti * k..][..k].iter().map(|&v| f64::from(v)).collect();
+            let y = r::moe(
+                &host,
+                &xr[ti * hidden..][..hidden],
+                &ex,
+                &ww,
+                inter,
+                7.0,
+                1.702,
+                true,
+            );
+            want.extend(
+                y.iter()
+                    .zip(&y0[ti * hidden..][..hidden])
+                    .map(|(a, b)| a + f64::from(*b)),
+            );
+        }
+        // The SwiGLU output is rounded to bf16 on both sides, but from fp32 (GPU) vs f64
+        // (reference) sums: a value near a rounding boundary may land one bf16 ulp apart.
+        res.push(check(
+            format!("moe grouped mxfp4 mma E={e} H={hidden} I={inter} k={k} t={t}"),
+            rel_err(&got, &want),
+            1e-3,
+        ));
+    }
+    Ok(res)
 }
 
 fn check_argmax(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
@@ -683,6 +854,11 @@ fn compare_backends(
 /// the fp32 CPU reference only in summation order.
 pub const E2E_LOGIT_BOUND: f64 = 1e-4;
 
+/// Logit bound of the end-to-end checks on the batched path with an fp32 cache: its
+/// tensor-core GEMMs round activations to bf16 (8 significant bits), as HF transformers
+/// does in bf16, so the logits move by about that much relative to the fp32 reference.
+pub const E2E_BATCHED_LOGIT_BOUND: f64 = 3e-2;
+
 /// With a bf16 KV cache the logits drift by bf16 rounding, and a router near-tie can then
 /// pick another expert, which moves the logits far: there the check is that greedy choices
 /// agree on at least this share of the steps.
@@ -698,16 +874,23 @@ pub fn run_model_checks(
     fixtures: Option<&std::path::Path>,
 ) -> Result<Vec<Check>> {
     use super::backend::CudaBackend;
-    use super::model::{DecodeOptions, KvDtype};
+    use super::model::{DecodeOptions, KvDtype, MoePath};
     use crate::engine::cpu::CpuBackend;
     use crate::engine::weights::Tensor;
 
     let mut res = Vec::new();
+    // `logits_checked`: whether the batched path's logits bound applies (the synthetic model;
+    // the trained-like fixtures sit near router ties, where bf16 activations flip an expert
+    // now and then and move the logits by more than rounding: there the greedy agreement is
+    // the check).
     let push = |res: &mut Vec<Check>,
                 label: &str,
                 kv: KvDtype,
+                moe: MoePath,
+                logits_checked: bool,
                 (worst, mism, steps): (f64, usize, usize)| {
-        if kv == KvDtype::F32 {
+        // The GEMV path with an fp32 cache differs from the reference in summation order only.
+        if kv == KvDtype::F32 && moe == MoePath::Gemv {
             res.push(check(
                 format!("{label}: logits vs cpu"),
                 worst,
@@ -719,7 +902,16 @@ pub fn run_model_checks(
                 0.0,
             ));
         } else {
-            println!("info {label}: worst logits error vs cpu {worst:.3e}");
+            if kv == KvDtype::F32 && logits_checked {
+                // bf16 activations in the tensor-core GEMMs, fp32 everywhere else.
+                res.push(check(
+                    format!("{label}: logits vs cpu"),
+                    worst,
+                    E2E_BATCHED_LOGIT_BOUND,
+                ));
+            } else {
+                println!("info {label}: worst logits error vs cpu {worst:.3e}");
+            }
             let bound = ((1.0 - E2E_BF16_GREEDY_AGREEMENT) * steps as f64).floor();
             res.push(check(
                 format!("{label}: greedy mismatches of {steps}"),
@@ -739,24 +931,29 @@ pub fn run_model_checks(
             }
         }
         let mut cpu = CpuBackend::new(host, 4 * 64);
-        for (graphs, kv) in [
-            (false, KvDtype::F32),
-            (true, KvDtype::F32),
-            (true, KvDtype::Bf16),
+        for (moe, graphs, kv) in [
+            (MoePath::Gemv, false, KvDtype::F32),
+            (MoePath::Gemv, true, KvDtype::F32),
+            (MoePath::Gemv, true, KvDtype::Bf16),
+            (MoePath::Auto, true, KvDtype::F32),
+            (MoePath::Auto, true, KvDtype::Bf16),
+            (MoePath::Grouped, false, KvDtype::F32),
         ] {
             let dw = super::weights::synthetic_device(g, &cfg, seed)?;
             let opts = DecodeOptions {
                 sinks,
                 kv_dtype: kv,
+                moe,
             };
             let mut be = CudaBackend::new(g.clone(), &cfg, dw, opts, 3, 64, 2, graphs)?;
             println!("{}", be.describe());
             let r = compare_backends(&mut be, &mut cpu, seed)?;
             let label = format!(
-                "tiny synthetic sinks={sinks} graphs={graphs} kv={}",
+                "tiny synthetic sinks={sinks} moe={} graphs={graphs} kv={}",
+                moe.report(),
                 kv.name()
             );
-            push(&mut res, &label, kv, r);
+            push(&mut res, &label, kv, moe, true, r);
         }
     }
     if let Some(dir) = fixtures {
@@ -776,7 +973,12 @@ pub fn run_model_checks(
                 .file_name()
                 .map(|n| n.to_string_lossy().into_owned())
                 .unwrap_or_default();
-            for kv in [KvDtype::F32, KvDtype::Bf16] {
+            for (moe, kv) in [
+                (MoePath::Gemv, KvDtype::F32),
+                (MoePath::Gemv, KvDtype::Bf16),
+                (MoePath::Auto, KvDtype::F32),
+                (MoePath::Auto, KvDtype::Bf16),
+            ] {
                 let w = crate::engine::loader::load(&m)?;
                 let c = w.config.clone();
                 let dw = super::weights::upload(g, &w)?;
@@ -784,16 +986,20 @@ pub fn run_model_checks(
                 let opts = DecodeOptions {
                     sinks: true,
                     kv_dtype: kv,
+                    moe,
                 };
                 let mut be = CudaBackend::new(g.clone(), &c, dw, opts, 3, 64, 2, true)?;
                 let r = compare_backends(&mut be, &mut cpu, seed)?;
                 push(
                     &mut res,
                     &format!(
-                        "fixture {name} (checkpoint upload, graphs, kv={})",
+                        "fixture {name} (checkpoint upload, graphs, moe={}, kv={})",
+                        moe.report(),
                         kv.name()
                     ),
                     kv,
+                    moe,
+                    false,
                     r,
                 );
             }

@@ -1,0 +1,196 @@
+// MoE for prefill, grouped by expert on tensor cores. The (token, slot) entries routed to each
+// expert are gathered into contiguous segments (moe_group), each segment is cut into tiles of
+// TC_BM entries, and every tile multiplies its entries' activations with its expert's MXFP4
+// weights, dequantized to bf16 in shared memory one TC_BK stage at a time (no bf16 copy of
+// the experts ever exists). Entry i = t * k + s is token t's s-th routed expert idx[i].
+//
+// moe_group: one block. Counts entries per expert, lays the segments out in expert order,
+// writes perm (segment position -> entry), and the tile list (expert, first, end) with its
+// length in *ntiles. The order inside a segment depends on atomics, but every entry's result is
+// computed by the same arithmetic wherever it lands, so the output does not depend on it.
+// Dynamic shared memory: 2 * experts ints.
+extern "C" __global__ void moe_group(const int* __restrict__ idx, int total, int experts, int tile,
+                                     int* __restrict__ perm, int* __restrict__ tiles,
+                                     int* __restrict__ ntiles) {
+    extern __shared__ int sh[];
+    int* cnt = sh;
+    int* cur = sh + experts;
+    for (int e = threadIdx.x; e < experts; e += blockDim.x) cnt[e] = 0;
+    __syncthreads();
+    for (int i = threadIdx.x; i < total; i += blockDim.x) atomicAdd(&cnt[idx[i]], 1);
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int off = 0, nt = 0;
+        for (int e = 0; e < experts; ++e) {
+            cur[e] = off;
+            for (int r = 0; r < cnt[e]; r += tile) {
+                tiles[3 * nt] = e;
+                tiles[3 * nt + 1] = off + r;
+                tiles[3 * nt + 2] = off + cnt[e];
+                ++nt;
+            }
+            off += cnt[e];
+        }
+        *ntiles = nt;
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < total; i += blockDim.x) perm[atomicAdd(&cur[idx[i]], 1)] = i;
+}
+
+// One TC_BK stage of MXFP4 weight rows into shared bf16: thread part `half` (0/1) of row
+// `row` converts 16 elements (8 bytes of the block) times the block's scale, as bf16 pairs
+// throughout. Exact: every MXFP4 value times a power of two is a bf16 number (outside the
+// extreme exponents).
+__device__ __forceinline__ void fp4_stage_store(bf16_t* Bs, int row, int half, uint2 q, unsigned sc) {
+    const unsigned s2 = e8m0_bf16x2(sc);
+    unsigned o[8], p[4];
+    fp4x8_to_bf16x2(q.x, p);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) o[j] = bf16x2_mul(p[j], s2);
+    fp4x8_to_bf16x2(q.y, p);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) o[4 + j] = bf16x2_mul(p[j], s2);
+    uint4* d = reinterpret_cast<uint4*>(Bs + row * TC_LD + 16 * half);
+    d[0] = make_uint4(o[0], o[1], o[2], o[3]);
+    d[1] = make_uint4(o[4], o[5], o[6], o[7]);
+}
+
+// The shared main loop of both grouped GEMMs: acc = A_tile · W_e[n0 .. n0 + TC_BN)^T where
+// A rows are `arows[r]` (null past the tile's end), W_e rows hold `K / 32` MXFP4 blocks.
+__device__ __forceinline__ void moe_tile_mma(const float* arow_src, const uint2* __restrict__ wq,
+                                             const u8* __restrict__ wsc, int K,
+                                             float (&acc)[2][4][4], bf16_t (*As)[TC_BM * TC_LD],
+                                             bf16_t (*Bs)[TC_BN * TC_LD]) {
+    const int tid = threadIdx.x, warp = tid >> 5;
+    const int wm = (warp >> 2) * 32, wn = (warp & 3) * 32;
+    const int arow = tid >> 2, aq = tid & 3;
+    const int brow = tid >> 1, bh = tid & 1;
+    const int nb = K >> 5;
+    float4 ar[2];
+    uint2 bq;
+    unsigned bs;
+    auto load = [&](int ks) {
+        tc_load_act(arow_src ? arow_src + ks * TC_BK : nullptr, aq, ar);
+        if (wq) {
+            bq = __ldg(wq + (size_t)ks * 2 + bh);
+            bs = wsc[ks];
+        } else {
+            bq = make_uint2(0u, 0u);
+            bs = 127u;
+        }
+    };
+    auto store = [&](int s) {
+        tc_store_act(As[s], arow, aq, ar);
+        fp4_stage_store(Bs[s], brow, bh, bq, bs);
+    };
+    load(0);
+    store(0);
+    __syncthreads();
+    for (int ks = 0; ks < nb; ++ks) {
+        const int s = ks & 1;
+        if (ks + 1 < nb) load(ks + 1);
+        tc_stage(As[s], Bs[s], wm, wn, acc);
+        if (ks + 1 < nb) store(s ^ 1);
+        __syncthreads();
+    }
+}
+
+// act[i, j] = swiglu(gate_j, lin_j) of entry i's expert over x[token(i)], for the units j of
+// this block's TC_BN / 2 column pairs (gate_up rows interleave gate 2j and linear 2j + 1, so a
+// thread's accumulator pair (2t, 2t + 1) is one unit). grid = (ceil(2I / TC_BN), max tiles).
+extern "C" __global__ void __launch_bounds__(256, TC_MINB)
+moe_gate_up_grouped(const u8* __restrict__ blocks, const u8* __restrict__ scales,
+                    const bf16_t* __restrict__ bias, const float* __restrict__ x,
+                    const int* __restrict__ perm, const int* __restrict__ tiles,
+                    const int* __restrict__ ntiles, float* __restrict__ act, int inter,
+                    int hidden, int k, float limit, float alpha) {
+    __shared__ __align__(16) bf16_t As[2][TC_BM * TC_LD];
+    __shared__ __align__(16) bf16_t Bs[2][TC_BN * TC_LD];
+    if ((int)blockIdx.y >= *ntiles) return;
+    const int e = tiles[3 * blockIdx.y], first = tiles[3 * blockIdx.y + 1];
+    const int end = tiles[3 * blockIdx.y + 2];
+    const int rows = 2 * inter, n0 = blockIdx.x * TC_BN, nb = hidden >> 5;
+    const int tid = threadIdx.x;
+    const int ai = first + (tid >> 2);
+    const float* asrc = ai < end ? x + (size_t)(perm[ai] / k) * hidden : nullptr;
+    const int n = n0 + (tid >> 1);
+    const size_t wrow = (size_t)e * rows + n;
+    const uint2* wq = n < rows ? reinterpret_cast<const uint2*>(blocks) + wrow * nb * 2 : nullptr;
+    const u8* wsc = scales + wrow * nb;
+    float acc[2][4][4] = {};
+    moe_tile_mma(asrc, wq, wsc, hidden, acc, As, Bs);
+    const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+    const int wm = (warp >> 2) * 32, wn = (warp & 3) * 32;
+#pragma unroll
+    for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+        for (int ni = 0; ni < 4; ++ni)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int r = first + wm + mi * 16 + g + 8 * h;
+                const int c = n0 + wn + ni * 8 + 2 * t;
+                if (r >= end || c >= rows) continue;
+                const size_t bi = (size_t)e * rows + c;
+                float gv = acc[mi][ni][2 * h] + bf2f(bias[bi]);
+                float lv = acc[mi][ni][2 * h + 1] + bf2f(bias[bi + 1]);
+                gv = fminf(gv, limit);
+                lv = fminf(fmaxf(lv, -limit), limit);
+                act[(size_t)perm[r] * inter + (c >> 1)] = gv / (1.0f + expf(-alpha * gv)) * (lv + 1.0f);
+            }
+}
+
+// part[i, n] = wts[i] * (W2_e[n, :] . act[i, :] + b2_e[n]) for the entries i of a tile.
+// grid = (ceil(H / TC_BN), max tiles).
+extern "C" __global__ void __launch_bounds__(256, TC_MINB)
+moe_down_grouped(const u8* __restrict__ blocks, const u8* __restrict__ scales,
+                 const bf16_t* __restrict__ bias, const float* __restrict__ act,
+                 const float* __restrict__ wts, const int* __restrict__ perm,
+                 const int* __restrict__ tiles, const int* __restrict__ ntiles,
+                 float* __restrict__ part, int hidden, int inter) {
+    __shared__ __align__(16) bf16_t As[2][TC_BM * TC_LD];
+    __shared__ __align__(16) bf16_t Bs[2][TC_BN * TC_LD];
+    if ((int)blockIdx.y >= *ntiles) return;
+    const int e = tiles[3 * blockIdx.y], first = tiles[3 * blockIdx.y + 1];
+    const int end = tiles[3 * blockIdx.y + 2];
+    const int n0 = blockIdx.x * TC_BN, nb = inter >> 5;
+    const int tid = threadIdx.x;
+    const int ai = first + (tid >> 2);
+    const float* asrc = ai < end ? act + (size_t)perm[ai] * inter : nullptr;
+    const int n = n0 + (tid >> 1);
+    const size_t wrow = (size_t)e * hidden + n;
+    const uint2* wq = n < hidden ? reinterpret_cast<const uint2*>(blocks) + wrow * nb * 2 : nullptr;
+    const u8* wsc = scales + wrow * nb;
+    float acc[2][4][4] = {};
+    moe_tile_mma(asrc, wq, wsc, inter, acc, As, Bs);
+    const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+    const int wm = (warp >> 2) * 32, wn = (warp & 3) * 32;
+#pragma unroll
+    for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+        for (int ni = 0; ni < 4; ++ni)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int r = first + wm + mi * 16 + g + 8 * h;
+                if (r >= end) continue;
+                const int i = perm[r];
+                const float wv = wts[i];
+#pragma unroll
+                for (int cc = 0; cc < 2; ++cc) {
+                    const int c = n0 + wn + ni * 8 + 2 * t + cc;
+                    if (c >= hidden) continue;
+                    const float v = acc[mi][ni][2 * h + cc] + bf2f(bias[(size_t)e * hidden + c]);
+                    part[(size_t)i * hidden + c] = wv * v;
+                }
+            }
+}
+
+// y[t, c] (+)= sum_s part[t * k + s, c], slots summed in order. grid = (ceil(H / 256), T).
+extern "C" __global__ void moe_combine(const float* __restrict__ part, float* __restrict__ y,
+                                       int hidden, int k, int accumulate) {
+    const int c = blockIdx.x * blockDim.x + threadIdx.x, t = blockIdx.y;
+    if (c >= hidden) return;
+    float s = 0.0f;
+    for (int j = 0; j < k; ++j) s += part[((size_t)t * k + j) * hidden + c];
+    float* o = y + (size_t)t * hidden + c;
+    *o = accumulate ? *o + s : s;
+}
