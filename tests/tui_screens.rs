@@ -308,12 +308,132 @@ fn toggling_a_flag_marks_unsaved_and_reset_restores() {
         key(&mut app, KeyCode::Down);
     }
     let seqs = app.flags.flags.serving.max_num_seqs;
-    key(&mut app, KeyCode::Enter);
+    key(&mut app, KeyCode::Right);
     assert_ne!(app.flags.flags.serving.max_num_seqs, seqs);
     key(&mut app, KeyCode::Char('r'));
     assert_eq!(app.flags.flags.serving.max_num_seqs, None);
     key(&mut app, KeyCode::Char('R'));
     assert!(!app.flags.dirty(), "R restores the loaded preset");
+}
+
+/// Selects the serving-limit row `key` on the Flags screen.
+fn select_limit(app: &mut App, key_name: &str) {
+    key(app, KeyCode::Home);
+    let rows = mxtune::tui::screens::flags::rows();
+    let at = rows
+        .iter()
+        .position(|r| match r {
+            mxtune::tui::screens::flags::RowKind::Limit(l) => l.setting().key == key_name,
+            _ => false,
+        })
+        .unwrap_or_else(|| panic!("no row {key_name}"));
+    for _ in 0..at {
+        key(app, KeyCode::Down);
+    }
+}
+
+#[test]
+fn serving_limits_take_typed_values_checked_against_their_range() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut app = started(dir.path(), theme());
+    select_limit(&mut app, "max_model_len");
+    let before = app.flags.flags.serving.max_model_len;
+    key(&mut app, KeyCode::Enter);
+    assert!(app.flags.editing.is_some(), "Enter opens the editor");
+    assert!(app.flags.captures_keys());
+    // The field starts with the current value; replace it with a value no candidate has.
+    for _ in 0..12 {
+        key(&mut app, KeyCode::Backspace);
+    }
+    type_str(&mut app, "12345");
+    assert_eq!(app.tab, Tab::Flags, "digits are typed, not tab switches");
+    let screen = render(&app, 80, 24);
+    assert!(screen.contains("[12345_]"), "{screen}");
+    assert!(screen.contains("Enter sets, Esc cancels"), "{screen}");
+    key(&mut app, KeyCode::Enter);
+    assert_eq!(app.flags.editing, None);
+    assert_eq!(app.flags.flags.serving.max_model_len, Some(12345));
+    assert!(app.flags.dirty());
+    let cmd = mxtune::tui::screens::flags::command_lines(&app.flags.flags).join("\n");
+    assert!(cmd.contains("--max-model-len 12345"), "{cmd}");
+
+    // 0 is outside the range: an inline error naming it, the old value stays.
+    key(&mut app, KeyCode::Enter);
+    for _ in 0..5 {
+        key(&mut app, KeyCode::Backspace);
+    }
+    type_str(&mut app, "0");
+    key(&mut app, KeyCode::Enter);
+    let err = app.flags.editing.as_ref().and_then(|e| e.error.clone());
+    assert!(
+        err.as_deref()
+            .is_some_and(|e| e.contains("max_model_len") && e.contains("from 1 to 4294967295")),
+        "{err:?}"
+    );
+    assert!(render(&app, 80, 24).contains("from 1 to 4294967295"));
+    assert_eq!(app.flags.flags.serving.max_model_len, Some(12345));
+    // Too large for the flag set's type: refused the same way.
+    type_str(&mut app, "99999999999");
+    key(&mut app, KeyCode::Enter);
+    assert!(app.flags.editing.as_ref().unwrap().error.is_some());
+    // Esc cancels and keeps the old value.
+    key(&mut app, KeyCode::Esc);
+    assert_eq!(app.flags.editing, None);
+    assert_eq!(app.flags.flags.serving.max_model_len, Some(12345));
+    // An empty field means the target's own default.
+    key(&mut app, KeyCode::Enter);
+    for _ in 0..5 {
+        key(&mut app, KeyCode::Backspace);
+    }
+    key(&mut app, KeyCode::Enter);
+    assert_eq!(app.flags.flags.serving.max_model_len, None);
+    // Left/Right still step through the candidates.
+    key(&mut app, KeyCode::Right);
+    assert_eq!(app.flags.flags.serving.max_model_len, Some(1024));
+    app.flags.flags.serving.max_model_len = before;
+
+    // The memory fraction: (0, 1], the range flags::render enforces.
+    select_limit(&mut app, "gpu_memory_utilization");
+    key(&mut app, KeyCode::Enter);
+    for _ in 0..8 {
+        key(&mut app, KeyCode::Backspace);
+    }
+    type_str(&mut app, "1.5");
+    key(&mut app, KeyCode::Enter);
+    let err = app.flags.editing.as_ref().and_then(|e| e.error.clone());
+    assert!(
+        err.as_deref().is_some_and(|e| e.contains("(0, 1]")),
+        "{err:?}"
+    );
+    let mut rejected = app.flags.flags.clone();
+    rejected.serving.gpu_memory_utilization = Some(1.5);
+    assert!(
+        mxtune::flags::render(&rejected, mxtune::launch::spec::TargetKind::Docker).is_err(),
+        "the flags module refuses what the editor refuses"
+    );
+    type_str(&mut app, "x");
+    assert!(
+        app.flags.editing.as_ref().unwrap().error.is_some(),
+        "letters are refused"
+    );
+    for _ in 0..3 {
+        key(&mut app, KeyCode::Backspace);
+    }
+    type_str(&mut app, "0.77");
+    key(&mut app, KeyCode::Enter);
+    assert_eq!(app.flags.editing, None);
+    assert_eq!(app.flags.flags.serving.gpu_memory_utilization, Some(0.77));
+    assert!(
+        mxtune::flags::render(&app.flags.flags, mxtune::launch::spec::TargetKind::Docker).is_ok(),
+        "what the editor accepts renders"
+    );
+
+    // Rows that are not numbers keep cycling on Enter.
+    select_limit(&mut app, "prefix_caching");
+    let pc = app.flags.flags.serving.prefix_caching;
+    key(&mut app, KeyCode::Enter);
+    assert_eq!(app.flags.editing, None);
+    assert_ne!(app.flags.flags.serving.prefix_caching, pc);
 }
 
 #[test]
@@ -451,6 +571,16 @@ fn snapshots_flags() {
     insta::assert_snapshot!("flags_160x48", render(&app, 160, 48));
     key(&mut app, KeyCode::Char('c'));
     insta::assert_snapshot!("flags_command_80x24", render(&app, 80, 24));
+    key(&mut app, KeyCode::Esc);
+    select_limit(&mut app, "max_model_len");
+    key(&mut app, KeyCode::Enter);
+    for _ in 0..4 {
+        key(&mut app, KeyCode::Backspace);
+    }
+    type_str(&mut app, "0");
+    key(&mut app, KeyCode::Enter);
+    assert!(app.flags.editing.is_some(), "0 is refused");
+    insta::assert_snapshot!("flags_limit_refused_80x24", render(&app, 80, 24));
 }
 
 // ---- Runs ----
@@ -550,6 +680,79 @@ fn target_double() -> String {
     format!("http://{addr}")
 }
 
+/// A server that is up but never healthy (`/health` answers 503): a target stuck starting.
+fn never_ready_double() -> String {
+    use axum::routing::get;
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    listener.set_nonblocking(true).unwrap();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async move {
+            let app = axum::Router::new().route(
+                "/health",
+                get(|| async { (axum::http::StatusCode::SERVICE_UNAVAILABLE, "loading") }),
+            );
+            let l = tokio::net::TcpListener::from_std(listener).unwrap();
+            axum::serve(l, app).await.unwrap();
+        });
+    });
+    format!("http://{addr}")
+}
+
+fn attach_to(app: &mut App, url: &str) {
+    key(app, KeyCode::Char('2'));
+    key(app, KeyCode::Char('u'));
+    for _ in 0..app.launch.url.len() {
+        key(app, KeyCode::Backspace);
+    }
+    type_str(app, url);
+    key(app, KeyCode::Enter);
+}
+
+#[test]
+fn launch_watchdog_shows_the_limit_in_effect_and_fires() {
+    use mxtune::tui::screens::launch::{Watchdog, clock};
+    let dir = tempfile::tempdir().unwrap();
+    let mut app = started(dir.path(), theme());
+    key(&mut app, KeyCode::Char('2'));
+    // Before any launch: the launch module's default limit, waiting.
+    let default_s = mxtune::launch::DEFAULT_STARTUP_LIMIT.as_secs();
+    assert_eq!(
+        app.launch.watchdog(),
+        Watchdog::Waiting { limit_s: default_s }
+    );
+    let screen = render(&app, 80, 24);
+    assert!(
+        screen.contains(&format!("limit {} from the next launch", clock(default_s))),
+        "{screen}"
+    );
+
+    // A target that never gets healthy, with a 1 s limit: the follower's limit is the one
+    // shown, it runs, then fires and fails the launch.
+    let url = never_ready_double();
+    app.launch.startup_limit = std::time::Duration::from_secs(1);
+    attach_to(&mut app, &url);
+    key(&mut app, KeyCode::Char('l'));
+    pump_until(&mut app, "followed", |a| a.launch.describe.is_some());
+    assert!(
+        matches!(app.launch.watchdog(), Watchdog::Running { limit_s: 1, .. }),
+        "{:?}",
+        app.launch.watchdog()
+    );
+    assert!(render(&app, 80, 24).contains("/0:01"));
+    pump_until(&mut app, "failed", |a| {
+        matches!(a.launch.state, TargetState::Failed(_))
+    });
+    assert_eq!(app.launch.watchdog(), Watchdog::Fired { limit_s: 1 });
+    let screen = render(&app, 160, 48);
+    assert!(screen.contains("FIRED: not ready within 0:01"), "{screen}");
+    assert!(screen.contains("start-up limit"), "{screen}");
+}
+
 fn log_line(app: &mut App, line: &str) {
     app.launch
         .on_msg(LaunchMsg::Event(mxtune::launch::LaunchEvent::Log {
@@ -582,6 +785,12 @@ fn launch_attach_start_and_stop_with_confirmation() {
         "{screen}"
     );
     assert!(app.target_running());
+    assert_eq!(
+        app.launch.watchdog(),
+        mxtune::tui::screens::launch::Watchdog::Passed {
+            limit_s: mxtune::launch::DEFAULT_STARTUP_LIMIT.as_secs()
+        }
+    );
 
     // Quitting now asks; Esc stays.
     assert_eq!(key(&mut app, KeyCode::Char('q')), None);
@@ -623,6 +832,13 @@ fn launch_failure_is_shown() {
         matches!(a.launch.state, TargetState::Failed(_))
     });
     assert!(render(&app, 160, 48).contains("must start with http://"));
+    assert!(
+        matches!(
+            app.launch.watchdog(),
+            mxtune::tui::screens::launch::Watchdog::Waiting { .. }
+        ),
+        "a failure that is not the start-up limit does not fire the watchdog"
+    );
 }
 
 #[test]
@@ -732,6 +948,18 @@ fn snapshots_launch() {
     let mut app = snapshot_app(theme());
     key(&mut app, KeyCode::Char('2'));
     insta::assert_snapshot!("launch_idle_80x24", render(&app, 80, 24));
+    // Starting: elapsed and the watchdog's clock against the limit (fixed, no ticks).
+    let now = std::time::Instant::now();
+    app.launch.state = TargetState::Starting(mxtune::launch::Phase::CapturingGraphs);
+    app.launch.started_at = Some(now);
+    app.launch.elapsed_s = 754;
+    app.launch.watch_since = Some(now);
+    app.launch.watch_s = 750;
+    app.launch.last_line_at = Some(now);
+    app.launch.quiet_s = 5;
+    insta::assert_snapshot!("launch_starting_80x24", render(&app, 80, 24));
+    app.launch.started_at = None;
+    app.launch.watch_since = None;
     fixed_launch(&mut app);
     insta::assert_snapshot!("launch_ready_80x24", render(&app, 80, 24));
     insta::assert_snapshot!("launch_ready_160x48", render(&app, 160, 48));

@@ -24,8 +24,8 @@ pub const GLOBAL: &[Binding] = &[
 
 /// Flags screen.
 pub const FLAGS: &[Binding] = &[
-    b("Enter/Right", "next value"),
-    b("Left", "previous value"),
+    b("Enter", "next/type number"),
+    b("Left/Right", "prev/next"),
     b("Up/Down", "select"),
     b("r", "reset to default"),
     b("p", "load preset"),
@@ -35,6 +35,14 @@ pub const FLAGS: &[Binding] = &[
     b("t", "docker/engine target"),
     b("R", "reset all to the loaded preset"),
     b("Space", "next value"),
+];
+
+/// Flags screen while a serving limit is typed in (Enter on a numeric limit).
+pub const FLAGS_EDIT: &[Binding] = &[
+    b("Enter", "set (empty: target default)"),
+    b("Esc", "cancel"),
+    b("0-9 .", "type"),
+    b("Backspace", "delete"),
 ];
 
 /// Flags screen while a dialog (picker, save, diff, command) is open.
@@ -101,6 +109,7 @@ pub const RUNS_VIEW: &[Binding] = &[
 pub const SECTIONS: &[(&str, &[Binding])] = &[
     ("Everywhere", GLOBAL),
     ("Flags", FLAGS),
+    ("Flags: typing a serving limit", FLAGS_EDIT),
     ("Flags: picker, save, diff, command", FLAGS_DIALOG),
     ("Launch", LAUNCH),
     ("Launch: URL, search or stop question", LAUNCH_INPUT),

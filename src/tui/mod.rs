@@ -272,6 +272,7 @@ pub fn perform(app: &mut App, bg: &mut Background, effect: Effect) -> Option<Exi
                 .map(|p| p.name.clone())
                 .unwrap_or_default(),
             runs_dir: app.paths.runs_dir.clone(),
+            startup_limit: app.launch.startup_limit,
         }),
         Effect::StopTarget => bg.stop(),
         Effect::SaveLog(path) => {
