@@ -204,13 +204,111 @@ fn help_overlay_opens_and_any_key_closes_without_acting() {
     key(&mut app, KeyCode::Char('?'));
     assert!(app.show_help);
     let screen = render(&app, 80, 24);
-    assert!(screen.contains("Keys (any key closes)"), "{screen}");
+    assert!(screen.contains("any other key closes"), "{screen}");
     assert_eq!(
         key(&mut app, KeyCode::Char('q')),
         None,
         "q while help is open only closes help"
     );
     assert!(!app.show_help);
+}
+
+#[test]
+fn help_puts_this_screen_first_and_scrolls_to_every_binding() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut app = started(dir.path(), theme());
+    key(&mut app, KeyCode::Char('5'));
+    key(&mut app, KeyCode::Char('?'));
+    let first = render(&app, 80, 24);
+    // On Runs, the Runs sections come right after the global keys.
+    assert!(
+        first.contains("Runs: run or comparison open") && first.contains("more below"),
+        "{first}"
+    );
+    // The help is longer than 24 rows: scrolling reaches its last binding, and scroll keys
+    // do not close it.
+    let live = mxtune::tui::keys::LIVE.last().unwrap().action;
+    assert!(!first.contains(live), "{first}");
+    for _ in 0..10 {
+        key(&mut app, KeyCode::PageDown);
+    }
+    assert!(app.show_help, "PgDn scrolls, it does not close");
+    let end = render(&app, 80, 24);
+    assert!(end.contains(live), "{end}");
+    assert!(!end.contains("more below"), "{end}");
+    key(&mut app, KeyCode::Up);
+    assert!(
+        render(&app, 80, 24).contains("more below"),
+        "one Up from the end scrolls back at once"
+    );
+    key(&mut app, KeyCode::Home);
+    assert!(render(&app, 80, 24).contains("Runs: run or comparison open"));
+    key(&mut app, KeyCode::Esc);
+    assert!(!app.show_help);
+}
+
+#[test]
+fn without_colour_nothing_is_coloured() {
+    // What NO_COLOR (or --no-color) selects: no cell anywhere gets a colour, on any screen.
+    let mut app = snapshot_app(theme());
+    app.runs.on_scan(Ok(fixed_runs()));
+    fixed_launch(&mut app);
+    for t in 0..100 {
+        app.live.push(sample(t, t == 99));
+    }
+    app.flags.flags.set_axis("sinks", "off").unwrap();
+    for tab in ['1', '2', '3', '4', '5'] {
+        key(&mut app, KeyCode::Char(tab));
+        let mut terminal = Terminal::new(TestBackend::new(160, 48)).unwrap();
+        terminal.draw(|f| ui::draw(f, &app)).unwrap();
+        for cell in terminal.backend().buffer().content() {
+            assert!(
+                cell.fg == ratatui::style::Color::Reset && cell.bg == ratatui::style::Color::Reset,
+                "coloured cell {cell:?} on tab {tab}"
+            );
+        }
+    }
+    assert!(
+        !Theme::from_env(false, true).color,
+        "--no-color turns colour off"
+    );
+}
+
+#[test]
+fn mouse_wheel_scrolls_and_a_click_on_a_tab_switches() {
+    use crossterm::event::{MouseButton, MouseEvent, MouseEventKind};
+    let dir = tempfile::tempdir().unwrap();
+    let mut app = started(dir.path(), theme());
+    let mouse = |kind, column, row| {
+        Event::Term(crossterm::event::Event::Mouse(MouseEvent {
+            kind,
+            column,
+            row,
+            modifiers: KeyModifiers::NONE,
+        }))
+    };
+    assert_eq!(app.flags.selected, 0);
+    with_bg(|bg, _| step(&mut app, bg, mouse(MouseEventKind::ScrollDown, 10, 10)));
+    with_bg(|bg, _| step(&mut app, bg, mouse(MouseEventKind::ScrollDown, 10, 10)));
+    with_bg(|bg, _| step(&mut app, bg, mouse(MouseEventKind::ScrollUp, 10, 10)));
+    assert_eq!(app.flags.selected, 1, "the wheel moves like Down/Up");
+    // Click where the screen shows each tab's title.
+    let top = render(&app, 80, 24).lines().next().unwrap().to_string();
+    for (i, tab) in Tab::ALL.iter().enumerate() {
+        let label = format!("{} {}", i + 1, tab.title());
+        let col = top
+            .find(&label)
+            .unwrap_or_else(|| panic!("{label} in {top}"));
+        let col = top[..col].chars().count() as u16 - 1; // counted from the opening quote
+        with_bg(|bg, _| {
+            step(
+                &mut app,
+                bg,
+                mouse(MouseEventKind::Down(MouseButton::Left), col + 2, 0),
+            )
+        });
+        assert_eq!(app.tab, *tab, "click on {label}");
+    }
 }
 
 #[test]
@@ -565,6 +663,44 @@ fn diff_and_command_views() {
 }
 
 #[test]
+fn command_view_scrolls_within_the_command_and_saves_it_to_a_new_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut app = started(dir.path(), theme());
+    key(&mut app, KeyCode::Char('c'));
+    let lines = mxtune::tui::screens::flags::command_lines(&app.flags.flags);
+    for _ in 0..20 {
+        key(&mut app, KeyCode::PageDown);
+    }
+    assert_eq!(
+        app.flags.overlay,
+        Some(Overlay::Command {
+            scroll: (lines.len() - 1) as u16
+        }),
+        "scrolling stops at the last line"
+    );
+    assert!(render(&app, 80, 24).contains(lines.last().unwrap().trim()));
+    key(&mut app, KeyCode::Char('S'));
+    let file = dir.path().join("command-engine-cpu-tiny.sh");
+    let text = std::fs::read_to_string(&file).unwrap();
+    assert_eq!(
+        text,
+        lines.join("\n") + "\n",
+        "the whole command, however wide"
+    );
+    assert!(app.message.as_deref().unwrap_or("").contains("wrote"));
+    assert!(app.flags.overlay.is_some(), "the view stays open");
+    // Saving again never replaces the earlier file.
+    std::fs::write(&file, "# edited by hand\n").unwrap();
+    key(&mut app, KeyCode::Char('S'));
+    assert_eq!(
+        std::fs::read_to_string(&file).unwrap(),
+        "# edited by hand\n"
+    );
+    let second = dir.path().join("command-engine-cpu-tiny-2.sh");
+    assert_eq!(std::fs::read_to_string(second).unwrap(), text);
+}
+
+#[test]
 fn snapshots_flags() {
     let mut app = snapshot_app(theme());
     insta::assert_snapshot!("flags_80x24", render(&app, 80, 24));
@@ -617,6 +753,19 @@ fn runs_list_filter_open_compare_and_export() {
     key(&mut app, KeyCode::Char('5'));
     assert_eq!(app.runs.runs.len(), 2);
     assert_eq!(app.runs.runs[0].record.label(), "engine-q8", "newest first");
+
+    // Compare and export need two marked runs; without them the status line says so.
+    key(&mut app, KeyCode::Char('e'));
+    assert!(
+        app.message
+            .as_deref()
+            .is_some_and(|m| m.contains("0 of 2 runs marked")),
+        "{:?}",
+        app.message
+    );
+    key(&mut app, KeyCode::Char('C'));
+    assert_eq!(app.runs.view, RunsView::List);
+    assert!(render(&app, 80, 24).contains("mark two with m"));
 
     key(&mut app, KeyCode::Char('/'));
     type_str(&mut app, "tiny");
@@ -879,6 +1028,16 @@ fn log_pane_follows_scrolls_searches_wraps_and_saves() {
     );
     key(&mut app, KeyCode::Char('N'));
     key(&mut app, KeyCode::End);
+    // A search without a match says so instead of doing nothing.
+    key(&mut app, KeyCode::Char('/'));
+    type_str(&mut app, "no such text");
+    key(&mut app, KeyCode::Enter);
+    assert!(app.launch.log.following(), "the view did not move");
+    assert!(
+        render(&app, 80, 24).contains("no older line matches"),
+        "{:?}",
+        app.message
+    );
 
     log_line(&mut app, &"x".repeat(200));
     key(&mut app, KeyCode::Char('w'));
@@ -1054,6 +1213,53 @@ fn snapshots_live() {
     insta::assert_snapshot!("live_80x24", render(&app, 80, 24));
     app.live.push(sample(400, true));
     insta::assert_snapshot!("live_throttled_160x48", render(&app, 160, 48));
+}
+
+#[test]
+fn live_pages_through_every_chart_on_a_small_terminal() {
+    let mut app = snapshot_app(theme());
+    key(&mut app, KeyCode::Char('3'));
+    for t in 0..100 {
+        app.live.push(sample(t, false));
+    }
+    let titles = [
+        "tok/s (server)",
+        "GPU memory",
+        "clocks",
+        "GPU utilisation",
+        "power",
+        "temperature",
+        "host",
+        "requests",
+        "KV cache / spec acceptance",
+    ];
+    let mut seen = std::collections::BTreeSet::new();
+    let first = render(&app, 80, 24);
+    assert!(first.contains("charts 1/3"), "{first}");
+    for page in 0..3 {
+        let screen = render(&app, 80, 24);
+        assert!(
+            screen.contains(&format!("charts {}/3", page + 1)),
+            "{screen}"
+        );
+        for t in titles {
+            if screen.contains(&format!("╭ {t}")) {
+                seen.insert(t);
+            }
+        }
+        key(&mut app, KeyCode::PageDown);
+    }
+    assert_eq!(seen.len(), titles.len(), "every chart reachable: {seen:?}");
+    assert_eq!(app.live.page, 2, "PgDn stops at the last page");
+    insta::assert_snapshot!("live_page3_80x24", render(&app, 80, 24));
+    key(&mut app, KeyCode::PageUp);
+    assert!(render(&app, 80, 24).contains("charts 2/3"));
+    // A large terminal shows all nine at once and needs no pages.
+    let big = render(&app, 160, 48);
+    assert!(!big.contains("charts 1/"), "{big}");
+    for t in titles {
+        assert!(big.contains(&format!("╭ {t}")), "{t} missing:\n{big}");
+    }
 }
 
 #[test]

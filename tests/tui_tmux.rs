@@ -154,9 +154,9 @@ fn tui_tmux_tabs_help_and_quit() {
     s.send(&["Tab"]);
     s.wait_for("Bench screen is not in the panel yet");
     s.send(&["?"]);
-    s.wait_for("Keys (any key closes)");
+    s.wait_for("any other key closes)");
     s.send(&["Escape"]);
-    s.wait_gone("Keys (any key closes)");
+    s.wait_gone("any other key closes)");
     s.send(&["q"]);
     // Keys typed before the panel has exited would go to the panel, not the shell.
     s.wait_for_panel_exit();

@@ -52,6 +52,7 @@ pub const FLAGS_DIALOG: &[Binding] = &[
     b("Up/Down", "move / scroll"),
     b("PgUp/PgDn", "page"),
     b("y/n", "overwrite or not"),
+    b("S", "save the command to a file"),
 ];
 
 /// Launch screen.
@@ -78,8 +79,9 @@ pub const LAUNCH_INPUT: &[Binding] = &[
 
 /// Live screen.
 pub const LIVE: &[Binding] = &[
-    b("+/-", "longer/shorter window"),
-    b("f", "freeze (collection continues)"),
+    b("+/-", "window"),
+    b("PgUp/PgDn", "more charts"),
+    b("f", "freeze, keep collecting"),
 ];
 
 /// Bench screen (not built yet: nothing beyond the global keys works there).

@@ -724,11 +724,32 @@ impl FlagsScreen {
                 scroll_key(key, scroll).map(|s| Overlay::Diff { scroll: s })
             }
             Overlay::Command { scroll } => {
-                scroll_key(key, scroll).map(|s| Overlay::Command { scroll: s })
+                if key.code == KeyCode::Char('S') {
+                    effects.push(Effect::SaveCommand);
+                }
+                let last = command_lines(&self.flags).len().saturating_sub(1);
+                scroll_key(key, scroll).map(|s| Overlay::Command {
+                    scroll: s.min(u16::try_from(last).unwrap_or(u16::MAX)),
+                })
             }
         };
         effects
     }
+}
+
+/// A file for the command that replaces nothing: `command-<preset>.sh`, else with `-2`, `-3`…
+pub fn command_file(dir: &std::path::Path, preset: &str) -> std::path::PathBuf {
+    let stem = if preset.is_empty() { "flags" } else { preset };
+    (1..)
+        .map(|n| {
+            dir.join(if n == 1 {
+                format!("command-{stem}.sh")
+            } else {
+                format!("command-{stem}-{n}.sh")
+            })
+        })
+        .find(|p| !p.exists())
+        .unwrap_or_else(|| dir.join(format!("command-{stem}.sh")))
 }
 
 /// Scrolling in a read-only view; `None` closes it.
@@ -1085,7 +1106,7 @@ fn draw_overlay(frame: &mut Frame, app: &App, ov: &Overlay, area: Rect) {
                         .borders(Borders::TOP | Borders::BOTTOM)
                         .border_set(theme.border())
                         .title(format!(
-                            " Command ({} target; Up/Down/PgUp/PgDn scroll, Esc closes) ",
+                            " Command for {}: Up/Down/PgUp/PgDn scroll, S saves to a file, Esc closes ",
                             target_name(s.flags.target)
                         )),
                 ),

@@ -214,6 +214,8 @@ pub struct LaunchScreen {
     pub report: Option<ValidationReport>,
     /// The log pane.
     pub log: LogView,
+    /// Why the last key did nothing (for the status line).
+    pub notice: Option<String>,
 }
 
 impl Default for LaunchScreen {
@@ -238,6 +240,7 @@ impl Default for LaunchScreen {
             warnings: Vec::new(),
             report: None,
             log: LogView::default(),
+            notice: None,
         }
     }
 }
@@ -384,6 +387,18 @@ impl LaunchScreen {
         }
     }
 
+    /// Jump to the next match, or say why the view did not move.
+    fn search_jump(&mut self, older: bool) {
+        if self.log.jump(older) {
+            return;
+        }
+        self.notice = Some(match &self.log.search {
+            None => "no search: / starts one".to_string(),
+            Some(q) if older => format!("no older line matches {q:?} (N goes newer)"),
+            Some(q) => format!("no newer line matches {q:?} (n goes older)"),
+        });
+    }
+
     /// Handle a key on this screen.
     pub fn on_key(&mut self, key: KeyEvent, export_dir: &Path) -> Vec<Effect> {
         if self.confirm_stop {
@@ -412,7 +427,7 @@ impl LaunchScreen {
                     let s = std::mem::take(t);
                     self.log.typing = None;
                     self.log.search = (!s.is_empty()).then_some(s);
-                    self.log.jump(true);
+                    self.search_jump(true);
                 }
                 KeyCode::Backspace => {
                     t.pop();
@@ -460,12 +475,8 @@ impl LaunchScreen {
             KeyCode::Home => self.log.back = self.log.lines.len().saturating_sub(1),
             KeyCode::End => self.log.back = 0,
             KeyCode::Char('/') => self.log.typing = Some(String::new()),
-            KeyCode::Char('n') => {
-                self.log.jump(true);
-            }
-            KeyCode::Char('N') => {
-                self.log.jump(false);
-            }
+            KeyCode::Char('n') => self.search_jump(true),
+            KeyCode::Char('N') => self.search_jump(false),
             KeyCode::Char('w') => self.log.wrap = !self.log.wrap,
             KeyCode::Char('S') => return vec![Effect::SaveLog(self.log_export_path(export_dir))],
             _ => {}
