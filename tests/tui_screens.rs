@@ -204,13 +204,111 @@ fn help_overlay_opens_and_any_key_closes_without_acting() {
     key(&mut app, KeyCode::Char('?'));
     assert!(app.show_help);
     let screen = render(&app, 80, 24);
-    assert!(screen.contains("Keys (any key closes)"), "{screen}");
+    assert!(screen.contains("any other key closes"), "{screen}");
     assert_eq!(
         key(&mut app, KeyCode::Char('q')),
         None,
         "q while help is open only closes help"
     );
     assert!(!app.show_help);
+}
+
+#[test]
+fn help_puts_this_screen_first_and_scrolls_to_every_binding() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut app = started(dir.path(), theme());
+    key(&mut app, KeyCode::Char('5'));
+    key(&mut app, KeyCode::Char('?'));
+    let first = render(&app, 80, 24);
+    // On Runs, the Runs sections come right after the global keys.
+    assert!(
+        first.contains("Runs: run or comparison open") && first.contains("more below"),
+        "{first}"
+    );
+    // The help is longer than 24 rows: scrolling reaches its last binding, and scroll keys
+    // do not close it.
+    let live = mxtune::tui::keys::LIVE.last().unwrap().action;
+    assert!(!first.contains(live), "{first}");
+    for _ in 0..10 {
+        key(&mut app, KeyCode::PageDown);
+    }
+    assert!(app.show_help, "PgDn scrolls, it does not close");
+    let end = render(&app, 80, 24);
+    assert!(end.contains(live), "{end}");
+    assert!(!end.contains("more below"), "{end}");
+    key(&mut app, KeyCode::Up);
+    assert!(
+        render(&app, 80, 24).contains("more below"),
+        "one Up from the end scrolls back at once"
+    );
+    key(&mut app, KeyCode::Home);
+    assert!(render(&app, 80, 24).contains("Runs: run or comparison open"));
+    key(&mut app, KeyCode::Esc);
+    assert!(!app.show_help);
+}
+
+#[test]
+fn without_colour_nothing_is_coloured() {
+    // What NO_COLOR (or --no-color) selects: no cell anywhere gets a colour, on any screen.
+    let mut app = snapshot_app(theme());
+    app.runs.on_scan(Ok(fixed_runs()));
+    fixed_launch(&mut app);
+    for t in 0..100 {
+        app.live.push(sample(t, t == 99));
+    }
+    app.flags.flags.set_axis("sinks", "off").unwrap();
+    for tab in ['1', '2', '3', '4', '5'] {
+        key(&mut app, KeyCode::Char(tab));
+        let mut terminal = Terminal::new(TestBackend::new(160, 48)).unwrap();
+        terminal.draw(|f| ui::draw(f, &app)).unwrap();
+        for cell in terminal.backend().buffer().content() {
+            assert!(
+                cell.fg == ratatui::style::Color::Reset && cell.bg == ratatui::style::Color::Reset,
+                "coloured cell {cell:?} on tab {tab}"
+            );
+        }
+    }
+    assert!(
+        !Theme::from_env(false, true).color,
+        "--no-color turns colour off"
+    );
+}
+
+#[test]
+fn mouse_wheel_scrolls_and_a_click_on_a_tab_switches() {
+    use crossterm::event::{MouseButton, MouseEvent, MouseEventKind};
+    let dir = tempfile::tempdir().unwrap();
+    let mut app = started(dir.path(), theme());
+    let mouse = |kind, column, row| {
+        Event::Term(crossterm::event::Event::Mouse(MouseEvent {
+            kind,
+            column,
+            row,
+            modifiers: KeyModifiers::NONE,
+        }))
+    };
+    assert_eq!(app.flags.selected, 0);
+    with_bg(|bg, _| step(&mut app, bg, mouse(MouseEventKind::ScrollDown, 10, 10)));
+    with_bg(|bg, _| step(&mut app, bg, mouse(MouseEventKind::ScrollDown, 10, 10)));
+    with_bg(|bg, _| step(&mut app, bg, mouse(MouseEventKind::ScrollUp, 10, 10)));
+    assert_eq!(app.flags.selected, 1, "the wheel moves like Down/Up");
+    // Click where the screen shows each tab's title.
+    let top = render(&app, 80, 24).lines().next().unwrap().to_string();
+    for (i, tab) in Tab::ALL.iter().enumerate() {
+        let label = format!("{} {}", i + 1, tab.title());
+        let col = top
+            .find(&label)
+            .unwrap_or_else(|| panic!("{label} in {top}"));
+        let col = top[..col].chars().count() as u16 - 1; // counted from the opening quote
+        with_bg(|bg, _| {
+            step(
+                &mut app,
+                bg,
+                mouse(MouseEventKind::Down(MouseButton::Left), col + 2, 0),
+            )
+        });
+        assert_eq!(app.tab, *tab, "click on {label}");
+    }
 }
 
 #[test]
@@ -308,12 +406,132 @@ fn toggling_a_flag_marks_unsaved_and_reset_restores() {
         key(&mut app, KeyCode::Down);
     }
     let seqs = app.flags.flags.serving.max_num_seqs;
-    key(&mut app, KeyCode::Enter);
+    key(&mut app, KeyCode::Right);
     assert_ne!(app.flags.flags.serving.max_num_seqs, seqs);
     key(&mut app, KeyCode::Char('r'));
     assert_eq!(app.flags.flags.serving.max_num_seqs, None);
     key(&mut app, KeyCode::Char('R'));
     assert!(!app.flags.dirty(), "R restores the loaded preset");
+}
+
+/// Selects the serving-limit row `key` on the Flags screen.
+fn select_limit(app: &mut App, key_name: &str) {
+    key(app, KeyCode::Home);
+    let rows = mxtune::tui::screens::flags::rows();
+    let at = rows
+        .iter()
+        .position(|r| match r {
+            mxtune::tui::screens::flags::RowKind::Limit(l) => l.setting().key == key_name,
+            _ => false,
+        })
+        .unwrap_or_else(|| panic!("no row {key_name}"));
+    for _ in 0..at {
+        key(app, KeyCode::Down);
+    }
+}
+
+#[test]
+fn serving_limits_take_typed_values_checked_against_their_range() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut app = started(dir.path(), theme());
+    select_limit(&mut app, "max_model_len");
+    let before = app.flags.flags.serving.max_model_len;
+    key(&mut app, KeyCode::Enter);
+    assert!(app.flags.editing.is_some(), "Enter opens the editor");
+    assert!(app.flags.captures_keys());
+    // The field starts with the current value; replace it with a value no candidate has.
+    for _ in 0..12 {
+        key(&mut app, KeyCode::Backspace);
+    }
+    type_str(&mut app, "12345");
+    assert_eq!(app.tab, Tab::Flags, "digits are typed, not tab switches");
+    let screen = render(&app, 80, 24);
+    assert!(screen.contains("[12345_]"), "{screen}");
+    assert!(screen.contains("Enter sets, Esc cancels"), "{screen}");
+    key(&mut app, KeyCode::Enter);
+    assert_eq!(app.flags.editing, None);
+    assert_eq!(app.flags.flags.serving.max_model_len, Some(12345));
+    assert!(app.flags.dirty());
+    let cmd = mxtune::tui::screens::flags::command_lines(&app.flags.flags).join("\n");
+    assert!(cmd.contains("--max-model-len 12345"), "{cmd}");
+
+    // 0 is outside the range: an inline error naming it, the old value stays.
+    key(&mut app, KeyCode::Enter);
+    for _ in 0..5 {
+        key(&mut app, KeyCode::Backspace);
+    }
+    type_str(&mut app, "0");
+    key(&mut app, KeyCode::Enter);
+    let err = app.flags.editing.as_ref().and_then(|e| e.error.clone());
+    assert!(
+        err.as_deref()
+            .is_some_and(|e| e.contains("max_model_len") && e.contains("from 1 to 4294967295")),
+        "{err:?}"
+    );
+    assert!(render(&app, 80, 24).contains("from 1 to 4294967295"));
+    assert_eq!(app.flags.flags.serving.max_model_len, Some(12345));
+    // Too large for the flag set's type: refused the same way.
+    type_str(&mut app, "99999999999");
+    key(&mut app, KeyCode::Enter);
+    assert!(app.flags.editing.as_ref().unwrap().error.is_some());
+    // Esc cancels and keeps the old value.
+    key(&mut app, KeyCode::Esc);
+    assert_eq!(app.flags.editing, None);
+    assert_eq!(app.flags.flags.serving.max_model_len, Some(12345));
+    // An empty field means the target's own default.
+    key(&mut app, KeyCode::Enter);
+    for _ in 0..5 {
+        key(&mut app, KeyCode::Backspace);
+    }
+    key(&mut app, KeyCode::Enter);
+    assert_eq!(app.flags.flags.serving.max_model_len, None);
+    // Left/Right still step through the candidates.
+    key(&mut app, KeyCode::Right);
+    assert_eq!(app.flags.flags.serving.max_model_len, Some(1024));
+    app.flags.flags.serving.max_model_len = before;
+
+    // The memory fraction: (0, 1], the range flags::render enforces.
+    select_limit(&mut app, "gpu_memory_utilization");
+    key(&mut app, KeyCode::Enter);
+    for _ in 0..8 {
+        key(&mut app, KeyCode::Backspace);
+    }
+    type_str(&mut app, "1.5");
+    key(&mut app, KeyCode::Enter);
+    let err = app.flags.editing.as_ref().and_then(|e| e.error.clone());
+    assert!(
+        err.as_deref().is_some_and(|e| e.contains("(0, 1]")),
+        "{err:?}"
+    );
+    let mut rejected = app.flags.flags.clone();
+    rejected.serving.gpu_memory_utilization = Some(1.5);
+    assert!(
+        mxtune::flags::render(&rejected, mxtune::launch::spec::TargetKind::Docker).is_err(),
+        "the flags module refuses what the editor refuses"
+    );
+    type_str(&mut app, "x");
+    assert!(
+        app.flags.editing.as_ref().unwrap().error.is_some(),
+        "letters are refused"
+    );
+    for _ in 0..3 {
+        key(&mut app, KeyCode::Backspace);
+    }
+    type_str(&mut app, "0.77");
+    key(&mut app, KeyCode::Enter);
+    assert_eq!(app.flags.editing, None);
+    assert_eq!(app.flags.flags.serving.gpu_memory_utilization, Some(0.77));
+    assert!(
+        mxtune::flags::render(&app.flags.flags, mxtune::launch::spec::TargetKind::Docker).is_ok(),
+        "what the editor accepts renders"
+    );
+
+    // Rows that are not numbers keep cycling on Enter.
+    select_limit(&mut app, "prefix_caching");
+    let pc = app.flags.flags.serving.prefix_caching;
+    key(&mut app, KeyCode::Enter);
+    assert_eq!(app.flags.editing, None);
+    assert_ne!(app.flags.flags.serving.prefix_caching, pc);
 }
 
 #[test]
@@ -445,12 +663,60 @@ fn diff_and_command_views() {
 }
 
 #[test]
+fn command_view_scrolls_within_the_command_and_saves_it_to_a_new_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut app = started(dir.path(), theme());
+    key(&mut app, KeyCode::Char('c'));
+    let lines = mxtune::tui::screens::flags::command_lines(&app.flags.flags);
+    for _ in 0..20 {
+        key(&mut app, KeyCode::PageDown);
+    }
+    assert_eq!(
+        app.flags.overlay,
+        Some(Overlay::Command {
+            scroll: (lines.len() - 1) as u16
+        }),
+        "scrolling stops at the last line"
+    );
+    assert!(render(&app, 80, 24).contains(lines.last().unwrap().trim()));
+    key(&mut app, KeyCode::Char('S'));
+    let file = dir.path().join("command-engine-cpu-tiny.sh");
+    let text = std::fs::read_to_string(&file).unwrap();
+    assert_eq!(
+        text,
+        lines.join("\n") + "\n",
+        "the whole command, however wide"
+    );
+    assert!(app.message.as_deref().unwrap_or("").contains("wrote"));
+    assert!(app.flags.overlay.is_some(), "the view stays open");
+    // Saving again never replaces the earlier file.
+    std::fs::write(&file, "# edited by hand\n").unwrap();
+    key(&mut app, KeyCode::Char('S'));
+    assert_eq!(
+        std::fs::read_to_string(&file).unwrap(),
+        "# edited by hand\n"
+    );
+    let second = dir.path().join("command-engine-cpu-tiny-2.sh");
+    assert_eq!(std::fs::read_to_string(second).unwrap(), text);
+}
+
+#[test]
 fn snapshots_flags() {
     let mut app = snapshot_app(theme());
     insta::assert_snapshot!("flags_80x24", render(&app, 80, 24));
     insta::assert_snapshot!("flags_160x48", render(&app, 160, 48));
     key(&mut app, KeyCode::Char('c'));
     insta::assert_snapshot!("flags_command_80x24", render(&app, 80, 24));
+    key(&mut app, KeyCode::Esc);
+    select_limit(&mut app, "max_model_len");
+    key(&mut app, KeyCode::Enter);
+    for _ in 0..4 {
+        key(&mut app, KeyCode::Backspace);
+    }
+    type_str(&mut app, "0");
+    key(&mut app, KeyCode::Enter);
+    assert!(app.flags.editing.is_some(), "0 is refused");
+    insta::assert_snapshot!("flags_limit_refused_80x24", render(&app, 80, 24));
 }
 
 // ---- Runs ----
@@ -487,6 +753,19 @@ fn runs_list_filter_open_compare_and_export() {
     key(&mut app, KeyCode::Char('5'));
     assert_eq!(app.runs.runs.len(), 2);
     assert_eq!(app.runs.runs[0].record.label(), "engine-q8", "newest first");
+
+    // Compare and export need two marked runs; without them the status line says so.
+    key(&mut app, KeyCode::Char('e'));
+    assert!(
+        app.message
+            .as_deref()
+            .is_some_and(|m| m.contains("0 of 2 runs marked")),
+        "{:?}",
+        app.message
+    );
+    key(&mut app, KeyCode::Char('C'));
+    assert_eq!(app.runs.view, RunsView::List);
+    assert!(render(&app, 80, 24).contains("mark two with m"));
 
     key(&mut app, KeyCode::Char('/'));
     type_str(&mut app, "tiny");
@@ -550,6 +829,79 @@ fn target_double() -> String {
     format!("http://{addr}")
 }
 
+/// A server that is up but never healthy (`/health` answers 503): a target stuck starting.
+fn never_ready_double() -> String {
+    use axum::routing::get;
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    listener.set_nonblocking(true).unwrap();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async move {
+            let app = axum::Router::new().route(
+                "/health",
+                get(|| async { (axum::http::StatusCode::SERVICE_UNAVAILABLE, "loading") }),
+            );
+            let l = tokio::net::TcpListener::from_std(listener).unwrap();
+            axum::serve(l, app).await.unwrap();
+        });
+    });
+    format!("http://{addr}")
+}
+
+fn attach_to(app: &mut App, url: &str) {
+    key(app, KeyCode::Char('2'));
+    key(app, KeyCode::Char('u'));
+    for _ in 0..app.launch.url.len() {
+        key(app, KeyCode::Backspace);
+    }
+    type_str(app, url);
+    key(app, KeyCode::Enter);
+}
+
+#[test]
+fn launch_watchdog_shows_the_limit_in_effect_and_fires() {
+    use mxtune::tui::screens::launch::{Watchdog, clock};
+    let dir = tempfile::tempdir().unwrap();
+    let mut app = started(dir.path(), theme());
+    key(&mut app, KeyCode::Char('2'));
+    // Before any launch: the launch module's default limit, waiting.
+    let default_s = mxtune::launch::DEFAULT_STARTUP_LIMIT.as_secs();
+    assert_eq!(
+        app.launch.watchdog(),
+        Watchdog::Waiting { limit_s: default_s }
+    );
+    let screen = render(&app, 80, 24);
+    assert!(
+        screen.contains(&format!("limit {} from the next launch", clock(default_s))),
+        "{screen}"
+    );
+
+    // A target that never gets healthy, with a 1 s limit: the follower's limit is the one
+    // shown, it runs, then fires and fails the launch.
+    let url = never_ready_double();
+    app.launch.startup_limit = std::time::Duration::from_secs(1);
+    attach_to(&mut app, &url);
+    key(&mut app, KeyCode::Char('l'));
+    pump_until(&mut app, "followed", |a| a.launch.describe.is_some());
+    assert!(
+        matches!(app.launch.watchdog(), Watchdog::Running { limit_s: 1, .. }),
+        "{:?}",
+        app.launch.watchdog()
+    );
+    assert!(render(&app, 80, 24).contains("/0:01"));
+    pump_until(&mut app, "failed", |a| {
+        matches!(a.launch.state, TargetState::Failed(_))
+    });
+    assert_eq!(app.launch.watchdog(), Watchdog::Fired { limit_s: 1 });
+    let screen = render(&app, 160, 48);
+    assert!(screen.contains("FIRED: not ready within 0:01"), "{screen}");
+    assert!(screen.contains("start-up limit"), "{screen}");
+}
+
 fn log_line(app: &mut App, line: &str) {
     app.launch
         .on_msg(LaunchMsg::Event(mxtune::launch::LaunchEvent::Log {
@@ -582,6 +934,12 @@ fn launch_attach_start_and_stop_with_confirmation() {
         "{screen}"
     );
     assert!(app.target_running());
+    assert_eq!(
+        app.launch.watchdog(),
+        mxtune::tui::screens::launch::Watchdog::Passed {
+            limit_s: mxtune::launch::DEFAULT_STARTUP_LIMIT.as_secs()
+        }
+    );
 
     // Quitting now asks; Esc stays.
     assert_eq!(key(&mut app, KeyCode::Char('q')), None);
@@ -623,6 +981,13 @@ fn launch_failure_is_shown() {
         matches!(a.launch.state, TargetState::Failed(_))
     });
     assert!(render(&app, 160, 48).contains("must start with http://"));
+    assert!(
+        matches!(
+            app.launch.watchdog(),
+            mxtune::tui::screens::launch::Watchdog::Waiting { .. }
+        ),
+        "a failure that is not the start-up limit does not fire the watchdog"
+    );
 }
 
 #[test]
@@ -663,6 +1028,16 @@ fn log_pane_follows_scrolls_searches_wraps_and_saves() {
     );
     key(&mut app, KeyCode::Char('N'));
     key(&mut app, KeyCode::End);
+    // A search without a match says so instead of doing nothing.
+    key(&mut app, KeyCode::Char('/'));
+    type_str(&mut app, "no such text");
+    key(&mut app, KeyCode::Enter);
+    assert!(app.launch.log.following(), "the view did not move");
+    assert!(
+        render(&app, 80, 24).contains("no older line matches"),
+        "{:?}",
+        app.message
+    );
 
     log_line(&mut app, &"x".repeat(200));
     key(&mut app, KeyCode::Char('w'));
@@ -732,6 +1107,18 @@ fn snapshots_launch() {
     let mut app = snapshot_app(theme());
     key(&mut app, KeyCode::Char('2'));
     insta::assert_snapshot!("launch_idle_80x24", render(&app, 80, 24));
+    // Starting: elapsed and the watchdog's clock against the limit (fixed, no ticks).
+    let now = std::time::Instant::now();
+    app.launch.state = TargetState::Starting(mxtune::launch::Phase::CapturingGraphs);
+    app.launch.started_at = Some(now);
+    app.launch.elapsed_s = 754;
+    app.launch.watch_since = Some(now);
+    app.launch.watch_s = 750;
+    app.launch.last_line_at = Some(now);
+    app.launch.quiet_s = 5;
+    insta::assert_snapshot!("launch_starting_80x24", render(&app, 80, 24));
+    app.launch.started_at = None;
+    app.launch.watch_since = None;
     fixed_launch(&mut app);
     insta::assert_snapshot!("launch_ready_80x24", render(&app, 80, 24));
     insta::assert_snapshot!("launch_ready_160x48", render(&app, 160, 48));
@@ -826,6 +1213,53 @@ fn snapshots_live() {
     insta::assert_snapshot!("live_80x24", render(&app, 80, 24));
     app.live.push(sample(400, true));
     insta::assert_snapshot!("live_throttled_160x48", render(&app, 160, 48));
+}
+
+#[test]
+fn live_pages_through_every_chart_on_a_small_terminal() {
+    let mut app = snapshot_app(theme());
+    key(&mut app, KeyCode::Char('3'));
+    for t in 0..100 {
+        app.live.push(sample(t, false));
+    }
+    let titles = [
+        "tok/s (server)",
+        "GPU memory",
+        "clocks",
+        "GPU utilisation",
+        "power",
+        "temperature",
+        "host",
+        "requests",
+        "KV cache / spec acceptance",
+    ];
+    let mut seen = std::collections::BTreeSet::new();
+    let first = render(&app, 80, 24);
+    assert!(first.contains("charts 1/3"), "{first}");
+    for page in 0..3 {
+        let screen = render(&app, 80, 24);
+        assert!(
+            screen.contains(&format!("charts {}/3", page + 1)),
+            "{screen}"
+        );
+        for t in titles {
+            if screen.contains(&format!("╭ {t}")) {
+                seen.insert(t);
+            }
+        }
+        key(&mut app, KeyCode::PageDown);
+    }
+    assert_eq!(seen.len(), titles.len(), "every chart reachable: {seen:?}");
+    assert_eq!(app.live.page, 2, "PgDn stops at the last page");
+    insta::assert_snapshot!("live_page3_80x24", render(&app, 80, 24));
+    key(&mut app, KeyCode::PageUp);
+    assert!(render(&app, 80, 24).contains("charts 2/3"));
+    // A large terminal shows all nine at once and needs no pages.
+    let big = render(&app, 160, 48);
+    assert!(!big.contains("charts 1/"), "{big}");
+    for t in titles {
+        assert!(big.contains(&format!("╭ {t}")), "{t} missing:\n{big}");
+    }
 }
 
 #[test]

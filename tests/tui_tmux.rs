@@ -154,15 +154,69 @@ fn tui_tmux_tabs_help_and_quit() {
     s.send(&["Tab"]);
     s.wait_for("Bench screen is not in the panel yet");
     s.send(&["?"]);
-    s.wait_for("Keys (any key closes)");
+    s.wait_for("any other key closes)");
     s.send(&["Escape"]);
-    s.wait_gone("Keys (any key closes)");
+    s.wait_gone("any other key closes)");
     s.send(&["q"]);
     // Keys typed before the panel has exited would go to the panel, not the shell.
     s.wait_for_panel_exit();
     s.send(&["echo done-$((40+2))", "Enter"]);
     s.wait_for("done-42");
     assert!(!s.alternate_on(), "quit must leave the alternate screen");
+}
+
+/// Whether the escape sequences of a `capture-pane -e` dump set any colour (SGR 30–38,
+/// 40–48, 90–97, 100–107; 39/49 only reset to the default).
+fn sets_colour(dump: &str) -> bool {
+    dump.split("\x1b[").skip(1).any(|seq| {
+        let Some(end) = seq.find(|c: char| !(c.is_ascii_digit() || c == ';')) else {
+            return false;
+        };
+        seq[end..].starts_with('m')
+            && seq[..end].split(';').any(|p| {
+                matches!(
+                    p.parse::<u32>(),
+                    Ok(30..=38 | 40..=48 | 90..=97 | 100..=107)
+                )
+            })
+    })
+}
+
+#[test]
+fn tui_tmux_no_color_env_draws_without_colour() {
+    if !have_tmux() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let s = Session::new("nocolor", 100, 30);
+    s.send(&[&launch_cmd(dir.path()), "Enter"]);
+    s.wait_for("preset engine-cpu-tiny");
+    let coloured = tmux(&["capture-pane", "-e", "-p", "-t", &s.name]);
+    assert!(
+        sets_colour(&coloured),
+        "the panel draws in colour by default"
+    );
+    s.send(&["q"]);
+    s.wait_for_panel_exit();
+
+    s.send(&[
+        &format!("export NO_COLOR=1; {}", launch_cmd(dir.path())),
+        "Enter",
+    ]);
+    s.wait_for("preset engine-cpu-tiny");
+    for (tab, shows) in [
+        ("2", "watchdog"),
+        ("3", "window 5 min"),
+        ("5", "filter:"),
+        ("1", "max_model_len"),
+    ] {
+        s.send(&[tab]);
+        s.wait_for(shows);
+        let plain = tmux(&["capture-pane", "-e", "-p", "-t", &s.name]);
+        assert!(!sets_colour(&plain), "colour with NO_COLOR set:\n{plain:?}");
+    }
+    s.send(&["q"]);
+    s.wait_for_panel_exit();
 }
 
 #[test]

@@ -65,10 +65,10 @@ pub struct LaunchArgs {
     #[arg(long)]
     pub pull: bool,
     /// Fail when not ready after this many seconds.
-    #[arg(long, default_value_t = 2700)]
+    #[arg(long, default_value_t = super::DEFAULT_STARTUP_LIMIT.as_secs())]
     pub startup_limit_s: u64,
     /// Warn when no log line arrived for this many seconds.
-    #[arg(long, default_value_t = 300)]
+    #[arg(long, default_value_t = super::DEFAULT_QUIET_WARNING.as_secs())]
     pub quiet_warning_s: u64,
     /// Log rules file (phases, fatal patterns) instead of the built-in table.
     #[arg(long)]

@@ -17,6 +17,30 @@ use tokio::sync::{mpsc, watch};
 /// Log lines quoted in a failure message.
 pub const FAILURE_TAIL_LINES: usize = 50;
 
+/// Start-up limit (the watchdog) unless told otherwise: sized for GB10, where JIT takes
+/// 3–5 min and graph capture has hung for 40+ min.
+pub const DEFAULT_STARTUP_LIMIT: Duration = Duration::from_secs(45 * 60);
+
+/// How long the log may be quiet before ready until a warning, unless told otherwise.
+pub const DEFAULT_QUIET_WARNING: Duration = Duration::from_secs(5 * 60);
+
+/// How a failure message caused by the start-up limit begins; see [`fired_by_startup_limit`].
+const STARTUP_LIMIT_FAILURE: &str = "not ready within the start-up limit of";
+
+/// The failure message when the start-up limit fires.
+fn startup_limit_failure(limit: Duration, phase: Phase, last_probe: &str) -> String {
+    format!(
+        "{STARTUP_LIMIT_FAILURE} {} s (phase: {phase}; last probe: {last_probe})",
+        limit.as_secs()
+    )
+}
+
+/// Whether a [`LaunchEvent::Failed`] message says the start-up watchdog fired (rather than
+/// a fatal log line or an early exit).
+pub fn fired_by_startup_limit(message: &str) -> bool {
+    message.starts_with(STARTUP_LIMIT_FAILURE)
+}
+
 /// How a launch is followed and stopped.
 #[derive(Debug, Clone)]
 pub struct LaunchOptions {
@@ -49,7 +73,7 @@ pub struct LaunchOptions {
 }
 
 impl LaunchOptions {
-    /// Defaults sized for GB10: JIT takes 3–5 min, graph capture has hung for 40+ min.
+    /// Defaults sized for GB10 ([`DEFAULT_STARTUP_LIMIT`], [`DEFAULT_QUIET_WARNING`]).
     pub fn new(run_id: &str, preset: &str) -> Result<Self> {
         Ok(Self {
             run_id: run_id.to_string(),
@@ -57,8 +81,8 @@ impl LaunchOptions {
             log_path: None,
             log_capacity: 10_000,
             rules: LogRules::builtin()?,
-            startup_limit: Duration::from_secs(45 * 60),
-            quiet_warning: Duration::from_secs(5 * 60),
+            startup_limit: DEFAULT_STARTUP_LIMIT,
+            quiet_warning: DEFAULT_QUIET_WARNING,
             ready_poll: Duration::from_secs(1),
             probe_timeout: Duration::from_secs(120),
             stop_grace: Duration::from_secs(30),
@@ -396,10 +420,7 @@ impl Follower {
                     }
                     if self.started.elapsed() > self.startup_limit {
                         let why = lock(&last_probe_error).clone();
-                        self.fail(format!(
-                            "not ready after {} s (start-up limit; phase: {phase}; last probe: {why})",
-                            self.startup_limit.as_secs()
-                        ));
+                        self.fail(startup_limit_failure(self.startup_limit, phase, &why));
                     } else if !quiet_warned && last_line.elapsed() > self.quiet_warning {
                         quiet_warned = true;
                         self.emit(LaunchEvent::Warning {

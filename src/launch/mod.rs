@@ -20,7 +20,10 @@ pub mod state;
 pub mod target;
 pub mod verdict;
 
-pub use follow::{Launch, LaunchOptions, Status};
+pub use follow::{
+    DEFAULT_QUIET_WARNING, DEFAULT_STARTUP_LIMIT, Launch, LaunchOptions, Status,
+    fired_by_startup_limit,
+};
 pub use rules::LogRules;
 pub use target::Target;
 pub use verdict::{ValidationReport, Verdict};

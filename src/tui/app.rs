@@ -97,6 +97,8 @@ pub enum Effect {
     SaveLog(PathBuf),
     /// Write the comparison of the marked runs as markdown to this file.
     ExportComparison(PathBuf),
+    /// Write the Flags screen's command (as `c` shows it) to a new file in the export dir.
+    SaveCommand,
 }
 
 /// Where the panel reads and writes files.
@@ -145,6 +147,10 @@ pub struct App {
     pub tab: Tab,
     /// The `?` overlay is open.
     pub show_help: bool,
+    /// First line of the help overlay shown (it is longer than a small terminal).
+    pub help_scroll: u16,
+    /// The largest useful `help_scroll` at the last draw (the terminal size decides it).
+    pub help_max: std::cell::Cell<u16>,
     /// A question is open before quitting.
     pub quit_prompt: Option<QuitPrompt>,
     /// Colours and glyphs.
@@ -170,6 +176,8 @@ impl App {
         App {
             tab: Tab::Flags,
             show_help: false,
+            help_scroll: 0,
+            help_max: std::cell::Cell::new(u16::MAX),
             quit_prompt: None,
             theme,
             paths,
@@ -212,14 +220,24 @@ impl App {
             return self.on_quit_prompt(prompt, key);
         }
         if self.show_help {
-            // Any key closes help; it never acts on the screen below.
-            self.show_help = false;
+            // Scroll keys move the list; any other key closes it. It never acts below.
+            let s = self.help_scroll;
+            match key.code {
+                KeyCode::Up | KeyCode::Char('k') => self.help_scroll = s.saturating_sub(1),
+                KeyCode::Down | KeyCode::Char('j') => self.help_scroll = s.saturating_add(1),
+                KeyCode::PageUp => self.help_scroll = s.saturating_sub(10),
+                KeyCode::PageDown => self.help_scroll = s.saturating_add(10),
+                KeyCode::Home => self.help_scroll = 0,
+                _ => self.show_help = false,
+            }
+            self.help_scroll = self.help_scroll.min(self.help_max.get());
             return Vec::new();
         }
         if !self.screen_captures_keys() {
             match key.code {
                 KeyCode::Char('?') => {
                     self.show_help = true;
+                    self.help_scroll = 0;
                     return Vec::new();
                 }
                 KeyCode::Char('q') => return self.request_quit(),
@@ -248,6 +266,16 @@ impl App {
             }
             Tab::Bench => Vec::new(),
         };
+        // A screen's one-line answer to a key that could not act (nothing to export, no
+        // match) goes to the status line.
+        if let Some(m) = self
+            .runs
+            .notice
+            .take()
+            .or_else(|| self.launch.notice.take())
+        {
+            self.message = Some(m);
+        }
         // One target choice: the flags render for the kind the Launch screen starts.
         if !self.launch.state.is_live() {
             match self.tab {

@@ -29,6 +29,8 @@ pub struct StartRequest {
     pub preset: String,
     /// Where the target's log file goes.
     pub runs_dir: PathBuf,
+    /// Not ready after this long = failed (the start-up watchdog).
+    pub startup_limit: Duration,
 }
 
 /// News about the launch, delivered as [`Event::Launch`].
@@ -42,6 +44,8 @@ pub enum LaunchMsg {
         run_id: String,
         /// The target's log file, when it has one.
         log_path: Option<PathBuf>,
+        /// The start-up limit the follower applies from now on.
+        startup_limit: Duration,
     },
     /// Nothing was started; why.
     StartFailed(String),
@@ -142,11 +146,12 @@ impl Background {
             let run_id = ulid::Ulid::generate().to_string();
             let (ev_tx, ev_rx) = mpsc::unbounded_channel();
             match start(&req, &run_id, ev_tx).await {
-                Ok((launch, log_path)) => {
+                Ok((launch, log_path, startup_limit)) => {
                     let _ = tx.send(Event::Launch(LaunchMsg::Started {
                         describe: launch.target.describe(),
                         run_id,
                         log_path,
+                        startup_limit,
                     }));
                     follow(launch, ev_rx, cmd_rx, tx).await;
                 }
@@ -189,11 +194,17 @@ async fn start(
     req: &StartRequest,
     run_id: &str,
     events: mpsc::UnboundedSender<LaunchEvent>,
-) -> anyhow::Result<(Launch, Option<PathBuf>)> {
+) -> anyhow::Result<(Launch, Option<PathBuf>, Duration)> {
     let mut opts = LaunchOptions::new(run_id, &req.preset)?;
+    opts.startup_limit = req.startup_limit;
+    let limit = opts.startup_limit;
     let log_path = req.runs_dir.join(format!("{run_id}.target.log"));
     if req.kind == TargetKind::Attach {
-        return Ok((AttachTarget::attach(&req.url, "", &opts, events)?, None));
+        return Ok((
+            AttachTarget::attach(&req.url, "", &opts, events)?,
+            None,
+            limit,
+        ));
     }
     let spec = crate::flags::render(&req.flags, req.kind)?;
     let blocking: Vec<String> = crate::flags::rules::evaluate(&req.flags, req.kind, None)
@@ -215,7 +226,7 @@ async fn start(
         }
         _ => EngineTarget::launch(None, &spec, &opts, Some(&req.runs_dir), events).await?,
     };
-    Ok((launch, Some(log_path)))
+    Ok((launch, Some(log_path), limit))
 }
 
 async fn follow(

@@ -24,8 +24,8 @@ pub const GLOBAL: &[Binding] = &[
 
 /// Flags screen.
 pub const FLAGS: &[Binding] = &[
-    b("Enter/Right", "next value"),
-    b("Left", "previous value"),
+    b("Enter", "next/type number"),
+    b("Left/Right", "prev/next"),
     b("Up/Down", "select"),
     b("r", "reset to default"),
     b("p", "load preset"),
@@ -37,6 +37,14 @@ pub const FLAGS: &[Binding] = &[
     b("Space", "next value"),
 ];
 
+/// Flags screen while a serving limit is typed in (Enter on a numeric limit).
+pub const FLAGS_EDIT: &[Binding] = &[
+    b("Enter", "set (empty: target default)"),
+    b("Esc", "cancel"),
+    b("0-9 .", "type"),
+    b("Backspace", "delete"),
+];
+
 /// Flags screen while a dialog (picker, save, diff, command) is open.
 pub const FLAGS_DIALOG: &[Binding] = &[
     b("Esc", "close"),
@@ -44,6 +52,7 @@ pub const FLAGS_DIALOG: &[Binding] = &[
     b("Up/Down", "move / scroll"),
     b("PgUp/PgDn", "page"),
     b("y/n", "overwrite or not"),
+    b("S", "save the command to a file"),
 ];
 
 /// Launch screen.
@@ -70,8 +79,9 @@ pub const LAUNCH_INPUT: &[Binding] = &[
 
 /// Live screen.
 pub const LIVE: &[Binding] = &[
-    b("+/-", "longer/shorter window"),
-    b("f", "freeze (collection continues)"),
+    b("+/-", "window"),
+    b("PgUp/PgDn", "more charts"),
+    b("f", "freeze, keep collecting"),
 ];
 
 /// Bench screen (not built yet: nothing beyond the global keys works there).
@@ -101,6 +111,7 @@ pub const RUNS_VIEW: &[Binding] = &[
 pub const SECTIONS: &[(&str, &[Binding])] = &[
     ("Everywhere", GLOBAL),
     ("Flags", FLAGS),
+    ("Flags: typing a serving limit", FLAGS_EDIT),
     ("Flags: picker, save, diff, command", FLAGS_DIALOG),
     ("Launch", LAUNCH),
     ("Launch: URL, search or stop question", LAUNCH_INPUT),

@@ -205,6 +205,30 @@ pub fn step(app: &mut App, bg: &mut Background, event: Event) -> (Option<Exit>, 
     let (effects, redraw) = match event {
         Event::Term(crossterm::event::Event::Key(key)) => (app.on_key(key), true),
         Event::Term(crossterm::event::Event::Resize(..)) => (Vec::new(), true),
+        // Mouse events only arrive with `--mouse`: the wheel scrolls like Up/Down, a click
+        // on a tab title switches to it.
+        Event::Term(crossterm::event::Event::Mouse(m)) => {
+            use crossterm::event::{KeyEvent, KeyModifiers, MouseButton, MouseEventKind};
+            let wheel = |code| KeyEvent::new(code, KeyModifiers::NONE);
+            match m.kind {
+                MouseEventKind::ScrollUp => {
+                    (app.on_key(wheel(crossterm::event::KeyCode::Up)), true)
+                }
+                MouseEventKind::ScrollDown => {
+                    (app.on_key(wheel(crossterm::event::KeyCode::Down)), true)
+                }
+                MouseEventKind::Down(MouseButton::Left) if m.row == 0 => {
+                    match ui::tab_at(m.column) {
+                        Some(t) if !app.show_help && app.quit_prompt.is_none() => {
+                            app.tab = t;
+                            (Vec::new(), true)
+                        }
+                        _ => (Vec::new(), false),
+                    }
+                }
+                _ => (Vec::new(), false),
+            }
+        }
         Event::Term(_) => (Vec::new(), false),
         Event::Signal(sig) => {
             app.on_signal(sig);
@@ -272,6 +296,7 @@ pub fn perform(app: &mut App, bg: &mut Background, effect: Effect) -> Option<Exi
                 .map(|p| p.name.clone())
                 .unwrap_or_default(),
             runs_dir: app.paths.runs_dir.clone(),
+            startup_limit: app.launch.startup_limit,
         }),
         Effect::StopTarget => bg.stop(),
         Effect::SaveLog(path) => {
@@ -280,6 +305,21 @@ pub fn perform(app: &mut App, bg: &mut Background, effect: Effect) -> Option<Exi
                 s.push('\n');
                 s
             });
+            app.message = Some(match std::fs::write(&path, text) {
+                Ok(()) => format!("wrote {}", path.display()),
+                Err(e) => format!("cannot write {}: {e}", path.display()),
+            });
+        }
+        Effect::SaveCommand => {
+            let preset = app
+                .flags
+                .loaded
+                .as_ref()
+                .map(|p| p.name.clone())
+                .unwrap_or_default();
+            let path = screens::flags::command_file(&app.paths.export_dir, &preset);
+            let mut text = screens::flags::command_lines(&app.flags.flags).join("\n");
+            text.push('\n');
             app.message = Some(match std::fs::write(&path, text) {
                 Ok(()) => format!("wrote {}", path.display()),
                 Err(e) => format!("cannot write {}: {e}", path.display()),

@@ -46,11 +46,29 @@ pub fn draw(frame: &mut Frame, app: &App) {
     }
 }
 
+fn tab_label(i: usize, t: Tab) -> String {
+    format!("{} {}", i + 1, t.title())
+}
+
+/// The tab whose title is drawn at column `x` of the top row (for mouse clicks): each title
+/// has one column of padding either side and a one-column divider after it.
+pub fn tab_at(x: u16) -> Option<Tab> {
+    let mut left = 0usize;
+    for (i, t) in Tab::ALL.iter().enumerate() {
+        let right = left + tab_label(i, *t).chars().count() + 2;
+        if usize::from(x) >= left && usize::from(x) < right {
+            return Some(*t);
+        }
+        left = right + 1;
+    }
+    None
+}
+
 fn draw_tabs(frame: &mut Frame, app: &App, area: Rect) {
     let titles: Vec<Line> = Tab::ALL
         .iter()
         .enumerate()
-        .map(|(i, t)| Line::from(format!("{} {}", i + 1, t.title())))
+        .map(|(i, t)| Line::from(tab_label(i, *t)))
         .collect();
     let selected = Tab::ALL.iter().position(|t| *t == app.tab).unwrap_or(0);
     let tabs = Tabs::new(titles)
@@ -68,11 +86,12 @@ fn draw_tabs(frame: &mut Frame, app: &App, area: Rect) {
 
 fn draw_status(frame: &mut Frame, app: &App, area: Rect) {
     let theme = &app.theme;
-    let mut spans = super::screens::status_spans(app);
+    // A message (the answer to the last key) comes first so a narrow terminal still shows it.
+    let mut spans = Vec::new();
     if let Some(msg) = &app.message {
-        spans.push(Span::raw("  "));
-        spans.push(Span::styled(msg.clone(), theme.warn()));
+        spans.push(Span::styled(format!(" {msg} "), theme.warn()));
     }
+    spans.extend(super::screens::status_spans(app));
     frame.render_widget(Paragraph::new(Line::from(spans)).style(theme.dim()), area);
 }
 
@@ -118,29 +137,48 @@ pub fn centered(area: Rect, width: u16, height: u16) -> Rect {
     )
 }
 
-fn draw_help(frame: &mut Frame, app: &App, area: Rect) {
+/// The help overlay's lines: the global keys, then the visible screen's sections, then the
+/// rest, so what applies here is on the first page of a small terminal.
+pub fn help_lines(app: &App) -> Vec<Line<'static>> {
     let theme = &app.theme;
-    let row = |b: &Binding| {
-        Line::from(vec![
-            Span::styled(format!("  {:<18}", b.key), theme.accent()),
-            Span::raw(b.action),
-        ])
-    };
+    let here = |title: &str| title.starts_with(app.tab.title());
+    let order = keys::SECTIONS
+        .iter()
+        .filter(|(t, _)| *t == keys::SECTIONS[0].0)
+        .chain(keys::SECTIONS.iter().skip(1).filter(|(t, _)| here(t)))
+        .chain(keys::SECTIONS.iter().skip(1).filter(|(t, _)| !here(t)));
     let mut lines = Vec::new();
-    for (title, bindings) in keys::SECTIONS {
+    for (title, bindings) in order {
         if !lines.is_empty() {
             lines.push(Line::raw(""));
         }
         lines.push(Line::styled(*title, theme.accent()));
-        lines.extend(bindings.iter().map(row));
+        lines.extend(bindings.iter().map(|b| {
+            Line::from(vec![
+                Span::styled(format!("  {:<18}", b.key), theme.accent()),
+                Span::raw(b.action),
+            ])
+        }));
     }
+    lines
+}
+
+fn draw_help(frame: &mut Frame, app: &App, area: Rect) {
+    let theme = &app.theme;
+    let lines = help_lines(app);
     let popup = centered(area, 64, area.height.saturating_sub(2));
+    let visible = popup.height.saturating_sub(2) as usize;
+    let max = lines.len().saturating_sub(visible);
+    app.help_max.set(u16::try_from(max).unwrap_or(u16::MAX));
+    let top = usize::from(app.help_scroll).min(max);
+    let more = lines.len() > top + visible;
     frame.render_widget(Clear, popup);
     frame.render_widget(
-        Paragraph::new(lines).block(
+        Paragraph::new(lines).scroll((top as u16, 0)).block(
             Block::bordered()
                 .border_set(theme.border())
-                .title(" Keys (any key closes) "),
+                .title(" Keys (Up/Down/PgUp/PgDn scroll; any other key closes) ")
+                .title_bottom(if more { " more below " } else { "" }),
         ),
         popup,
     );

@@ -50,7 +50,8 @@ impl Limit {
         Limit::LoadFormat,
     ];
 
-    fn setting(self) -> &'static Setting {
+    /// The setting this row edits (key, doc, section).
+    pub fn setting(self) -> &'static Setting {
         match self {
             Limit::MaxModelLen => &model::S_MAX_MODEL_LEN,
             Limit::MaxNumSeqs => &model::S_MAX_NUM_SEQS,
@@ -74,6 +75,47 @@ impl Limit {
             Limit::GpuMemory => &["0.5", "0.6", "0.7", "0.8", "0.85", "0.9", "0.95"],
             Limit::PrefixCaching | Limit::AsyncScheduling => &["true", "false"],
             Limit::LoadFormat => &["auto", "safetensors", "fastsafetensors"],
+        }
+    }
+
+    /// The range a typed value must fall in, for the limits that take a number (the others
+    /// are cycled only). Whole numbers are stored as `u32` in the flag set; the GPU memory
+    /// fraction must lie in (0, 1], the same check `flags::render` makes.
+    pub fn numeric(self) -> Option<NumberRule> {
+        match self {
+            Limit::MaxModelLen | Limit::MaxNumSeqs | Limit::MaxBatchedTokens => {
+                Some(NumberRule::Count)
+            }
+            Limit::GpuMemory => Some(NumberRule::Fraction),
+            Limit::PrefixCaching | Limit::AsyncScheduling | Limit::LoadFormat => None,
+        }
+    }
+
+    /// Checks a typed value: `Ok(None)` for an empty field (the target's own default),
+    /// `Ok(Some(v))` for a value in range, else why not, naming the allowed range.
+    pub fn parse(self, text: &str) -> Result<Option<String>, String> {
+        let text = text.trim();
+        if text.is_empty() {
+            return Ok(None);
+        }
+        let key = self.setting().key;
+        match self.numeric() {
+            None => Err(format!(
+                "{key} is not a number; cycle it with Enter/Left/Right"
+            )),
+            Some(NumberRule::Count) => match text.parse::<u32>() {
+                Ok(v) if v >= 1 => Ok(Some(v.to_string())),
+                _ => Err(format!(
+                    "{key} = {text} is not allowed: a whole number from 1 to {}",
+                    u32::MAX
+                )),
+            },
+            Some(NumberRule::Fraction) => match text.parse::<f64>() {
+                Ok(v) if v > 0.0 && v <= 1.0 => Ok(Some(v.to_string())),
+                _ => Err(format!(
+                    "{key} = {text} is not allowed: a fraction in (0, 1], e.g. 0.85"
+                )),
+            },
         }
     }
 
@@ -139,6 +181,40 @@ impl Limit {
     }
 }
 
+/// What a typed serving limit must be.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NumberRule {
+    /// A whole number from 1 to `u32::MAX`.
+    Count,
+    /// A fraction in (0, 1].
+    Fraction,
+}
+
+impl NumberRule {
+    /// The allowed range, as the editor shows it.
+    pub fn describe(self) -> String {
+        match self {
+            NumberRule::Count => format!("whole number 1..{}", u32::MAX),
+            NumberRule::Fraction => "fraction in (0, 1]".to_string(),
+        }
+    }
+
+    fn accepts(self, c: char) -> bool {
+        c.is_ascii_digit() || (self == NumberRule::Fraction && c == '.')
+    }
+}
+
+/// The inline editor of a numeric serving limit (Enter on its row).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LimitEdit {
+    /// The limit being edited.
+    pub limit: Limit,
+    /// What has been typed (starts as the current value).
+    pub text: String,
+    /// Why the last Enter was refused; the old value stays.
+    pub error: Option<String>,
+}
+
 /// One row of the flags table.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RowKind {
@@ -194,6 +270,8 @@ pub struct FlagsScreen {
     pub overlay: Option<Overlay>,
     /// Why the last preset load failed.
     pub load_error: Option<String>,
+    /// A serving limit being typed in.
+    pub editing: Option<LimitEdit>,
 }
 
 /// Every row in display order.
@@ -318,7 +396,7 @@ impl FlagsScreen {
 
     /// Whether a dialog is open that takes every key (typing, confirming).
     pub fn captures_keys(&self) -> bool {
-        self.overlay.is_some()
+        self.overlay.is_some() || self.editing.is_some()
     }
 
     /// A preset was loaded: it becomes the baseline and the flags being edited.
@@ -327,6 +405,7 @@ impl FlagsScreen {
         self.loaded = Some(preset);
         self.load_error = None;
         self.overlay = None;
+        self.editing = None;
     }
 
     /// Loading a preset failed.
@@ -411,10 +490,58 @@ impl FlagsScreen {
         }
     }
 
+    /// Enter on a row: numeric serving limits open the editor, everything else cycles.
+    fn enter(&mut self) {
+        match rows().get(self.selected).copied() {
+            Some(RowKind::Limit(l)) if l.numeric().is_some() => {
+                self.editing = Some(LimitEdit {
+                    limit: l,
+                    text: l.get(&self.flags).unwrap_or_default(),
+                    error: None,
+                });
+            }
+            _ => self.cycle(true),
+        }
+    }
+
+    fn on_edit_key(&mut self, mut ed: LimitEdit, key: KeyEvent) {
+        let rule = ed.limit.numeric().unwrap_or(NumberRule::Count);
+        match key.code {
+            KeyCode::Esc => return,
+            KeyCode::Enter => match ed.limit.parse(&ed.text) {
+                Ok(v) => {
+                    ed.limit.set(&mut self.flags, v.as_deref());
+                    return;
+                }
+                Err(e) => ed.error = Some(e),
+            },
+            KeyCode::Backspace => {
+                ed.text.pop();
+                ed.error = None;
+            }
+            KeyCode::Char(c) if rule.accepts(c) => {
+                ed.text.push(c);
+                ed.error = None;
+            }
+            KeyCode::Char(c) => {
+                ed.error = Some(format!(
+                    "`{c}` cannot be typed here: {} (Esc cancels)",
+                    rule.describe()
+                ))
+            }
+            _ => {}
+        }
+        self.editing = Some(ed);
+    }
+
     /// Handle a key on this screen.
     pub fn on_key(&mut self, key: KeyEvent) -> Vec<Effect> {
         if let Some(ov) = self.overlay.take() {
             return self.on_overlay_key(ov, key);
+        }
+        if let Some(ed) = self.editing.take() {
+            self.on_edit_key(ed, key);
+            return Vec::new();
         }
         let n = rows().len();
         match key.code {
@@ -422,7 +549,8 @@ impl FlagsScreen {
             KeyCode::Down | KeyCode::Char('j') => self.selected = (self.selected + 1).min(n - 1),
             KeyCode::Home => self.selected = 0,
             KeyCode::End => self.selected = n - 1,
-            KeyCode::Enter | KeyCode::Char(' ') | KeyCode::Right => self.cycle(true),
+            KeyCode::Enter => self.enter(),
+            KeyCode::Char(' ') | KeyCode::Right => self.cycle(true),
             KeyCode::Left => self.cycle(false),
             KeyCode::Char('r') => self.reset(),
             KeyCode::Char('R') => {
@@ -596,11 +724,32 @@ impl FlagsScreen {
                 scroll_key(key, scroll).map(|s| Overlay::Diff { scroll: s })
             }
             Overlay::Command { scroll } => {
-                scroll_key(key, scroll).map(|s| Overlay::Command { scroll: s })
+                if key.code == KeyCode::Char('S') {
+                    effects.push(Effect::SaveCommand);
+                }
+                let last = command_lines(&self.flags).len().saturating_sub(1);
+                scroll_key(key, scroll).map(|s| Overlay::Command {
+                    scroll: s.min(u16::try_from(last).unwrap_or(u16::MAX)),
+                })
             }
         };
         effects
     }
+}
+
+/// A file for the command that replaces nothing: `command-<preset>.sh`, else with `-2`, `-3`…
+pub fn command_file(dir: &std::path::Path, preset: &str) -> std::path::PathBuf {
+    let stem = if preset.is_empty() { "flags" } else { preset };
+    (1..)
+        .map(|n| {
+            dir.join(if n == 1 {
+                format!("command-{stem}.sh")
+            } else {
+                format!("command-{stem}-{n}.sh")
+            })
+        })
+        .find(|p| !p.exists())
+        .unwrap_or_else(|| dir.join(format!("command-{stem}.sh")))
 }
 
 /// Scrolling in a read-only view; `None` closes it.
@@ -654,7 +803,10 @@ pub fn draw(frame: &mut Frame, app: &App, area: Rect) {
             }
             RowKind::Limit(l) => {
                 let st = l.setting();
-                let v = l.get(&s.flags).unwrap_or_else(|| "default".into());
+                let v = match &s.editing {
+                    Some(ed) if ed.limit == l => format!("[{}_]", ed.text),
+                    _ => l.get(&s.flags).unwrap_or_else(|| "default".into()),
+                };
                 (
                     st.key,
                     v,
@@ -728,41 +880,71 @@ pub fn draw(frame: &mut Frame, app: &App, area: Rect) {
     let mut state = TableState::default().with_selected(Some(s.selected));
     frame.render_stateful_widget(table, table_area, &mut state);
 
-    // The selected row's docs: its own line, and the selected value's line for axes.
-    let doc_lines = match rows().get(s.selected) {
-        Some(RowKind::Axis(i)) => {
-            let info = &axes[*i];
-            let v = s.flags.axis_value(info.key).unwrap_or(info.default);
-            let vdoc = info
-                .values
-                .iter()
-                .find(|(n, _, _)| *n == v)
-                .map(|(_, d, _)| *d)
-                .unwrap_or("");
-            let values = values_for(info, s.flags.target).join(" ");
+    // The selected row's docs: its own line, and the selected value's line for axes; while
+    // a limit is typed in, what it accepts and why the last value was refused.
+    let doc_lines = match (&s.editing, rows().get(s.selected)) {
+        (Some(ed), _) => {
+            let rule = ed.limit.numeric().unwrap_or(NumberRule::Count);
             vec![
                 Line::from(vec![
-                    Span::styled(format!(" {}: ", info.key), theme.accent()),
-                    Span::raw(theme.text(info.doc).into_owned()),
+                    Span::styled(format!(" {}: ", ed.limit.setting().key), theme.accent()),
+                    Span::raw(format!("{}; Enter sets, Esc cancels", rule.describe())),
                 ]),
-                Line::from(vec![
-                    Span::styled(format!(" {v}: "), theme.accent()),
-                    Span::raw(theme.text(vdoc).into_owned()),
-                    Span::styled(format!("  [{values}]"), theme.dim()),
-                ]),
+                match &ed.error {
+                    Some(e) => Line::styled(format!(" {}", theme.text(e)), theme.error()),
+                    None => Line::styled(
+                        format!(
+                            " empty = the target's default; now {}",
+                            ed.limit.get(&s.flags).unwrap_or_else(|| "default".into())
+                        ),
+                        theme.dim(),
+                    ),
+                },
             ]
         }
-        Some(RowKind::Limit(l)) => {
-            let st = l.setting();
-            vec![
-                Line::from(vec![
-                    Span::styled(format!(" {}: ", st.key), theme.accent()),
-                    Span::raw(theme.text(st.doc).into_owned()),
-                ]),
-                Line::styled(format!(" [default {}]", l.choices().join(" ")), theme.dim()),
-            ]
-        }
-        None => Vec::new(),
+        (None, row) => match row {
+            Some(RowKind::Axis(i)) => {
+                let info = &axes[*i];
+                let v = s.flags.axis_value(info.key).unwrap_or(info.default);
+                let vdoc = info
+                    .values
+                    .iter()
+                    .find(|(n, _, _)| *n == v)
+                    .map(|(_, d, _)| *d)
+                    .unwrap_or("");
+                let values = values_for(info, s.flags.target).join(" ");
+                vec![
+                    Line::from(vec![
+                        Span::styled(format!(" {}: ", info.key), theme.accent()),
+                        Span::raw(theme.text(info.doc).into_owned()),
+                    ]),
+                    Line::from(vec![
+                        Span::styled(format!(" {v}: "), theme.accent()),
+                        Span::raw(theme.text(vdoc).into_owned()),
+                        Span::styled(format!("  [{values}]"), theme.dim()),
+                    ]),
+                ]
+            }
+            Some(RowKind::Limit(l)) => {
+                let st = l.setting();
+                vec![
+                    Line::from(vec![
+                        Span::styled(format!(" {}: ", st.key), theme.accent()),
+                        Span::raw(theme.text(st.doc).into_owned()),
+                    ]),
+                    Line::styled(
+                        match l.numeric() {
+                            Some(_) => {
+                                format!(" [default {}]  Enter: type a value", l.choices().join(" "))
+                            }
+                            None => format!(" [default {}]", l.choices().join(" ")),
+                        },
+                        theme.dim(),
+                    ),
+                ]
+            }
+            None => Vec::new(),
+        },
     };
     frame.render_widget(Paragraph::new(doc_lines), doc_area);
 
@@ -924,7 +1106,7 @@ fn draw_overlay(frame: &mut Frame, app: &App, ov: &Overlay, area: Rect) {
                         .borders(Borders::TOP | Borders::BOTTOM)
                         .border_set(theme.border())
                         .title(format!(
-                            " Command ({} target; Up/Down/PgUp/PgDn scroll, Esc closes) ",
+                            " Command for {}: Up/Down/PgUp/PgDn scroll, S saves to a file, Esc closes ",
                             target_name(s.flags.target)
                         )),
                 ),

@@ -4,7 +4,7 @@
 
 use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use crossterm::event::{KeyCode, KeyEvent};
 use ratatui::Frame;
@@ -14,7 +14,9 @@ use ratatui::text::{Line, Span};
 use ratatui::widgets::{Block, Clear, Paragraph, Wrap};
 
 use crate::launch::spec::TargetKind;
-use crate::launch::{LaunchEvent, Phase, ValidationReport, Verdict};
+use crate::launch::{
+    DEFAULT_STARTUP_LIMIT, LaunchEvent, Phase, ValidationReport, Verdict, fired_by_startup_limit,
+};
 
 use super::super::app::{App, Effect};
 use super::super::background::LaunchMsg;
@@ -72,6 +74,33 @@ impl TargetState {
             TargetState::Exited(_) => "exited".into(),
         }
     }
+}
+
+/// The start-up watchdog as the panel shows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Watchdog {
+    /// No launch being followed: the limit applies from the next one.
+    Waiting {
+        /// The limit, whole seconds.
+        limit_s: u64,
+    },
+    /// Following a start: time on the watchdog's clock against the limit.
+    Running {
+        /// Seconds since the target started being followed.
+        elapsed_s: u64,
+        /// The limit, whole seconds.
+        limit_s: u64,
+    },
+    /// The target became ready in time.
+    Passed {
+        /// The limit, whole seconds.
+        limit_s: u64,
+    },
+    /// The target was not ready within the limit and the launch failed.
+    Fired {
+        /// The limit, whole seconds.
+        limit_s: u64,
+    },
 }
 
 /// The log pane: a bounded buffer and how it is being looked at.
@@ -171,12 +200,22 @@ pub struct LaunchScreen {
     pub elapsed_s: u64,
     /// Whole seconds since the last log line, updated by ticks.
     pub quiet_s: u64,
+    /// The start-up limit a launch from here gets (and, once started, the one in effect).
+    pub startup_limit: Duration,
+    /// When the follower took over (the watchdog's clock starts there).
+    pub watch_since: Option<Instant>,
+    /// Whole seconds on the watchdog's clock, updated by ticks.
+    pub watch_s: u64,
+    /// The last launch failed because the start-up limit passed.
+    pub watchdog_fired: bool,
     /// Warnings from the follower (quiet log, unknown env vars, …).
     pub warnings: Vec<String>,
     /// The kernel-path verdict, once ready.
     pub report: Option<ValidationReport>,
     /// The log pane.
     pub log: LogView,
+    /// Why the last key did nothing (for the status line).
+    pub notice: Option<String>,
 }
 
 impl Default for LaunchScreen {
@@ -194,9 +233,14 @@ impl Default for LaunchScreen {
             last_line_at: None,
             elapsed_s: 0,
             quiet_s: 0,
+            startup_limit: DEFAULT_STARTUP_LIMIT,
+            watch_since: None,
+            watch_s: 0,
+            watchdog_fired: false,
             warnings: Vec::new(),
             report: None,
             log: LogView::default(),
+            notice: None,
         }
     }
 }
@@ -253,6 +297,23 @@ impl LaunchScreen {
         if let Some(t) = self.last_line_at {
             self.quiet_s = t.elapsed().as_secs();
         }
+        if let Some(t) = self.watch_since {
+            self.watch_s = t.elapsed().as_secs();
+        }
+    }
+
+    /// Where the start-up watchdog stands.
+    pub fn watchdog(&self) -> Watchdog {
+        let limit_s = self.startup_limit.as_secs();
+        match &self.state {
+            TargetState::Failed(_) if self.watchdog_fired => Watchdog::Fired { limit_s },
+            TargetState::Starting(_) if self.watch_since.is_some() => Watchdog::Running {
+                elapsed_s: self.watch_s,
+                limit_s,
+            },
+            TargetState::Ready { .. } => Watchdog::Passed { limit_s },
+            _ => Watchdog::Waiting { limit_s },
+        }
     }
 
     /// Whether elapsed time and watchdog need a ticking clock.
@@ -270,7 +331,11 @@ impl LaunchScreen {
                 describe,
                 run_id,
                 log_path,
+                startup_limit,
             } => {
+                self.startup_limit = startup_limit;
+                self.watch_since = Some(Instant::now());
+                self.watch_s = 0;
                 self.describe = Some(describe);
                 self.run_id = Some(run_id);
                 self.log_path = log_path;
@@ -311,6 +376,7 @@ impl LaunchScreen {
             LaunchEvent::Verdict { report } => self.report = Some(report),
             LaunchEvent::Warning { message } => self.warnings.push(message),
             LaunchEvent::Failed { message } => {
+                self.watchdog_fired = fired_by_startup_limit(&message);
                 self.state = TargetState::Failed(message.lines().next().unwrap_or("").to_string())
             }
             LaunchEvent::Exited { exit } => {
@@ -319,6 +385,18 @@ impl LaunchScreen {
                 }
             }
         }
+    }
+
+    /// Jump to the next match, or say why the view did not move.
+    fn search_jump(&mut self, older: bool) {
+        if self.log.jump(older) {
+            return;
+        }
+        self.notice = Some(match &self.log.search {
+            None => "no search: / starts one".to_string(),
+            Some(q) if older => format!("no older line matches {q:?} (N goes newer)"),
+            Some(q) => format!("no newer line matches {q:?} (n goes older)"),
+        });
     }
 
     /// Handle a key on this screen.
@@ -349,7 +427,7 @@ impl LaunchScreen {
                     let s = std::mem::take(t);
                     self.log.typing = None;
                     self.log.search = (!s.is_empty()).then_some(s);
-                    self.log.jump(true);
+                    self.search_jump(true);
                 }
                 KeyCode::Backspace => {
                     t.pop();
@@ -377,6 +455,9 @@ impl LaunchScreen {
                 self.last_line_at = None;
                 self.elapsed_s = 0;
                 self.quiet_s = 0;
+                self.watch_since = None;
+                self.watch_s = 0;
+                self.watchdog_fired = false;
                 self.report = None;
                 self.warnings.clear();
                 self.describe = None;
@@ -394,12 +475,8 @@ impl LaunchScreen {
             KeyCode::Home => self.log.back = self.log.lines.len().saturating_sub(1),
             KeyCode::End => self.log.back = 0,
             KeyCode::Char('/') => self.log.typing = Some(String::new()),
-            KeyCode::Char('n') => {
-                self.log.jump(true);
-            }
-            KeyCode::Char('N') => {
-                self.log.jump(false);
-            }
+            KeyCode::Char('n') => self.search_jump(true),
+            KeyCode::Char('N') => self.search_jump(false),
             KeyCode::Char('w') => self.log.wrap = !self.log.wrap,
             KeyCode::Char('S') => return vec![Effect::SaveLog(self.log_export_path(export_dir))],
             _ => {}
@@ -419,7 +496,7 @@ pub fn draw(frame: &mut Frame, app: &App, area: Rect) {
         0
     };
     let [head, verdict_area, log_area] = Layout::vertical([
-        Constraint::Length(4),
+        Constraint::Length(5),
         Constraint::Length(verdict_h),
         Constraint::Min(3),
     ])
@@ -490,16 +567,40 @@ pub fn draw(frame: &mut Frame, app: &App, area: Rect) {
         TargetState::Failed(m) | TargetState::Exited(m) => {
             phase.push(Span::raw(format!("  {}", theme.text(m))));
         }
-        TargetState::Launching | TargetState::Starting(_) => {
-            phase.push(Span::styled("  watchdog ", theme.dim()));
-            let quiet = if s.last_line_at.is_some() {
-                format!("last log line {} ago", clock(s.quiet_s))
-            } else {
-                "no log line yet".into()
-            };
-            phase.push(Span::raw(format!("start-up limit 45:00, {quiet}")));
-        }
         _ => {}
+    }
+    let mut watch = vec![Span::styled(" watchdog ", theme.dim())];
+    match s.watchdog() {
+        Watchdog::Waiting { limit_s } => watch.push(Span::styled(
+            if s.state == TargetState::Launching {
+                format!("waiting for the target to start (limit {})", clock(limit_s))
+            } else {
+                format!("waiting: limit {} from the next launch", clock(limit_s))
+            },
+            theme.dim(),
+        )),
+        Watchdog::Running { elapsed_s, limit_s } => {
+            watch.push(Span::styled(
+                format!("{}/{}", clock(elapsed_s), clock(limit_s)),
+                theme.accent(),
+            ));
+            watch.push(Span::raw(if s.last_line_at.is_some() {
+                format!("  last log line {} ago", clock(s.quiet_s))
+            } else {
+                "  no log line yet".into()
+            }));
+        }
+        Watchdog::Passed { limit_s } => watch.push(Span::styled(
+            format!("passed: ready within the limit of {}", clock(limit_s)),
+            theme.dim(),
+        )),
+        Watchdog::Fired { limit_s } => watch.push(Span::styled(
+            format!(
+                "FIRED: not ready within {}; the launch failed",
+                clock(limit_s)
+            ),
+            theme.error(),
+        )),
     }
     let mut third = vec![Span::styled(" ", theme.dim())];
     if s.state == TargetState::Idle {
@@ -526,6 +627,7 @@ pub fn draw(frame: &mut Frame, app: &App, area: Rect) {
         Paragraph::new(vec![
             Line::from(choice),
             Line::from(phase),
+            Line::from(watch),
             Line::from(third),
             warn_line,
         ]),

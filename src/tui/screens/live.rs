@@ -113,6 +113,10 @@ pub struct LiveScreen {
     pub frozen_at: Option<f64>,
     /// Why the collector could not start, if it could not.
     pub error: Option<String>,
+    /// The page of charts shown when the terminal has room for fewer than all of them.
+    pub page: usize,
+    /// Pages at the last draw (the terminal size decides it).
+    pub pages: std::cell::Cell<usize>,
 }
 
 impl Default for LiveScreen {
@@ -124,6 +128,8 @@ impl Default for LiveScreen {
             window: 3,
             frozen_at: None,
             error: None,
+            page: 0,
+            pages: std::cell::Cell::new(1),
         }
     }
 }
@@ -156,6 +162,12 @@ impl LiveScreen {
                 self.window = (self.window + 1).min(WINDOWS.len() - 1)
             }
             KeyCode::Char('-') | KeyCode::Left => self.window = self.window.saturating_sub(1),
+            KeyCode::PageDown | KeyCode::Down | KeyCode::Char('j') => {
+                self.page = (self.page + 1).min(self.pages.get().saturating_sub(1))
+            }
+            KeyCode::PageUp | KeyCode::Up | KeyCode::Char('k') => {
+                self.page = self.page.saturating_sub(1)
+            }
             KeyCode::Char('f') | KeyCode::Char(' ') => {
                 self.frozen_at = match self.frozen_at {
                     Some(_) => None,
@@ -413,10 +425,23 @@ pub fn draw(frame: &mut Frame, app: &App, area: Rect) {
     let throttling = s.throttling();
     let [head, grid] = Layout::vertical([Constraint::Length(2), Constraint::Min(4)]).areas(area);
 
+    let cols: u16 = if grid.width >= 150 { 3 } else { 2 };
+    let rows: u16 = (grid.height / 7).clamp(1, 3);
+    let specs = specs(s);
+    let per_page = usize::from(cols * rows);
+    let pages = specs.len().div_ceil(per_page);
+    s.pages.set(pages);
+    let page = s.page.min(pages - 1);
     let mut l1 = vec![
         Span::styled(" window ", theme.dim()),
         Span::styled(window_label(s.window_s()), theme.accent()),
     ];
+    if pages > 1 {
+        l1.push(Span::styled(
+            format!("  charts {}/{}", page + 1, pages),
+            theme.accent(),
+        ));
+    }
     if s.frozen_at.is_some() {
         l1.push(Span::styled(
             "  FROZEN (f resumes; collection continues)",
@@ -473,12 +498,9 @@ pub fn draw(frame: &mut Frame, app: &App, area: Rect) {
     };
     frame.render_widget(Paragraph::new(vec![Line::from(l1), l2]), head);
 
-    let cols: u16 = if grid.width >= 150 { 3 } else { 2 };
-    let rows: u16 = (grid.height / 7).clamp(1, 3);
-    let specs = specs(s);
     let row_areas =
         Layout::vertical(vec![Constraint::Ratio(1, u32::from(rows)); rows as usize]).split(grid);
-    let mut i = 0;
+    let mut i = page * per_page;
     for r in row_areas.iter() {
         let cells = Layout::horizontal(vec![Constraint::Ratio(1, u32::from(cols)); cols as usize])
             .split(*r);

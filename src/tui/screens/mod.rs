@@ -42,6 +42,7 @@ pub fn draw(frame: &mut Frame, app: &App, area: Rect) {
 pub fn bindings(app: &App) -> &'static [super::keys::Binding] {
     match app.tab {
         Tab::Flags if app.flags.overlay.is_some() => super::keys::FLAGS_DIALOG,
+        Tab::Flags if app.flags.editing.is_some() => super::keys::FLAGS_EDIT,
         Tab::Runs if app.runs.view != runs::RunsView::List => super::keys::RUNS_VIEW,
         Tab::Launch if app.launch.captures_keys() => super::keys::LAUNCH_INPUT,
         _ => app.tab.bindings(),

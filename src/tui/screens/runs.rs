@@ -53,6 +53,8 @@ pub struct RunsScreen {
     pub marked: Vec<RunId>,
     /// The current view.
     pub view: RunsView,
+    /// Why the last key did nothing (for the status line).
+    pub notice: Option<String>,
 }
 
 /// The headline number of a record: best mean generation throughput over its points.
@@ -148,6 +150,23 @@ impl RunsScreen {
         )))
     }
 
+    fn need_two(&self) -> String {
+        format!(
+            "{} of 2 runs marked: mark two with m (the first is the baseline A)",
+            self.marked.len()
+        )
+    }
+
+    fn export(&mut self, export_dir: &Path) -> Vec<Effect> {
+        match self.export_path(export_dir) {
+            Some(p) => vec![Effect::ExportComparison(p)],
+            None => {
+                self.notice = Some(self.need_two());
+                Vec::new()
+            }
+        }
+    }
+
     /// Handle a key on this screen.
     pub fn on_key(&mut self, key: KeyEvent, export_dir: &Path) -> Vec<Effect> {
         if self.filtering {
@@ -176,11 +195,7 @@ impl RunsScreen {
                     KeyCode::PageDown => Some(scroll.saturating_add(10)),
                     KeyCode::Home => Some(0),
                     KeyCode::Char('e') if matches!(self.view, RunsView::Compare { .. }) => {
-                        return self
-                            .export_path(export_dir)
-                            .map(Effect::ExportComparison)
-                            .into_iter()
-                            .collect();
+                        return self.export(export_dir);
                     }
                     _ => Some(scroll),
                 };
@@ -219,13 +234,8 @@ impl RunsScreen {
             KeyCode::Char('C') if self.marked_pair().is_some() => {
                 self.view = RunsView::Compare { scroll: 0 };
             }
-            KeyCode::Char('e') => {
-                return self
-                    .export_path(export_dir)
-                    .map(Effect::ExportComparison)
-                    .into_iter()
-                    .collect();
-            }
+            KeyCode::Char('C') => self.notice = Some(self.need_two()),
+            KeyCode::Char('e') => return self.export(export_dir),
             KeyCode::Char('/') => {
                 self.filtering = true;
             }
