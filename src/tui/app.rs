@@ -257,8 +257,7 @@ impl App {
             }
             Tab::Bench => {
                 let url = self.target_url();
-                self.bench
-                    .on_key(key, url.as_deref(), &self.paths.runs_dir)
+                self.bench.on_key(key, url.as_deref(), &self.paths.runs_dir)
             }
         };
         // One target choice: the flags render for the kind the Launch screen starts.

@@ -200,9 +200,9 @@ impl Background {
         if let Some(mut b) = self.bench.take() {
             b.cancel.cancel_because(reason);
             if let Some(done) = b.done.take() {
-                let _ = self.rt.block_on(async {
-                    tokio::time::timeout(BENCH_SAVE_LIMIT, done).await
-                });
+                let _ = self
+                    .rt
+                    .block_on(async { tokio::time::timeout(BENCH_SAVE_LIMIT, done).await });
             }
         }
     }

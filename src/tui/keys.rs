@@ -79,7 +79,6 @@ pub const BENCH: &[Binding] = &[
     b("r", "run against the target"),
     b("Up/Down", "select field"),
     b("Enter", "edit field / next level"),
-    b("0-9", "type a new value"),
     b("Left/Right", "previous/next level"),
 ];
 

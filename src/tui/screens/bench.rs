@@ -17,6 +17,7 @@ use crate::bench::workload::{BenchEvent, PointResult, point_label};
 use crate::record::schema::{Stats, WorkloadPoint};
 
 use super::super::app::{App, Effect};
+use super::super::theme::Theme;
 
 /// The form's rows, in order: the level, then the numeric fields.
 pub const FIELDS: [&str; 6] = ["level", "pp", "tg", "depth", "concurrency", "runs"];
@@ -55,7 +56,11 @@ impl ResultRow {
         let batch = p.point.concurrency > 1;
         ResultRow {
             point: p.point,
-            pp_tps: if batch { p.stats.pp_total_tps } else { r.pp_tps },
+            pp_tps: if batch {
+                p.stats.pp_total_tps
+            } else {
+                r.pp_tps
+            },
             tg_tps: if batch { r.total_tg_tps } else { r.tg_tps },
             ttfr_ms: r.ttfr_ms,
             e2e_ttft_ms: r.e2e_ttft_ms,
@@ -190,7 +195,10 @@ impl BenchRun {
             BenchEvent::Finished { .. } => {}
         }
         if let Some((warm_batch, warmup)) = self.batch()
-            && matches!(ev, BenchEvent::PointStarted { .. } | BenchEvent::RequestDone { .. })
+            && matches!(
+                ev,
+                BenchEvent::PointStarted { .. } | BenchEvent::RequestDone { .. }
+            )
         {
             self.phase = if warmup {
                 format!("warm-up {warm_batch}/{}", self.warmup)
@@ -399,11 +407,6 @@ impl BenchScreen {
                 self.editing = Some(self.values[self.selected - 1].clone());
                 self.error = None;
             }
-            KeyCode::Char(c @ '0'..='9') if self.selected > 0 => {
-                // Typing a number starts a fresh entry.
-                self.editing = Some(c.to_string());
-                self.error = None;
-            }
             KeyCode::Char('r') => {
                 let Some(url) = target else {
                     self.error = Some(
@@ -441,20 +444,20 @@ fn level_name(l: Level) -> &'static str {
     }
 }
 
-fn pm(s: Option<Stats>) -> String {
-    match s {
+fn pm(theme: &Theme, s: Option<Stats>) -> String {
+    let text = match s {
         Some(s) if s.mean >= 1000.0 => format!("{:.0} ±{:.0}", s.mean, s.std),
         Some(s) => format!("{:.1} ±{:.1}", s.mean, s.std),
         None => "-".into(),
-    }
+    };
+    theme.text(&text).into_owned()
 }
 
 /// Draw the Bench screen.
 pub fn draw(frame: &mut Frame, app: &App, area: Rect) {
     let s = &app.bench;
     let theme = &app.theme;
-    let [top, bottom] =
-        Layout::vertical([Constraint::Length(8), Constraint::Min(3)]).areas(area);
+    let [top, bottom] = Layout::vertical([Constraint::Length(8), Constraint::Min(3)]).areas(area);
     let [form_area, state_area] =
         Layout::horizontal([Constraint::Length(34), Constraint::Min(20)]).areas(top);
 
@@ -463,7 +466,7 @@ pub fn draw(frame: &mut Frame, app: &App, area: Rect) {
     let mut lines = Vec::new();
     for (i, name) in FIELDS.iter().enumerate() {
         let value = if i == 0 {
-            format!("{} (Enter cycles)", level_name(s.level))
+            level_name(s.level).to_string()
         } else if let (Some(buf), true) = (&s.editing, s.selected == i) {
             format!("{buf}_")
         } else {
@@ -514,8 +517,12 @@ pub fn draw(frame: &mut Frame, app: &App, area: Rect) {
             RunState::Finished { .. } => Span::styled("finished: a level FAILED", theme.error()),
             RunState::Failed(_) => Span::styled("could not run", theme.error()),
         };
-        info.push(Line::from(vec![Span::styled(" bench  ", theme.dim()), state]));
+        info.push(Line::from(vec![
+            Span::styled(" bench  ", theme.dim()),
+            state,
+        ]));
         let mut progress = String::from(" ");
+        let mut what = None;
         if let Some((i, p)) = r.current {
             progress.push_str(&format!("point {}/{}", i + 1, r.points));
             if let Some((b, warmup)) = r.batch() {
@@ -525,14 +532,17 @@ pub fn draw(frame: &mut Frame, app: &App, area: Rect) {
                     progress.push_str(&format!("  run {b}/{}", r.runs));
                 }
             }
-            progress.push_str(&format!("  {} c{}", point_label(&p), p.concurrency));
+            what = Some(format!(" {} c{}", point_label(&p), p.concurrency));
         } else if r.points > 0 {
             progress.push_str(&format!("{}/{} points", r.rows.len(), r.points));
         }
-        if progress.trim().is_empty() || r.is_active() {
+        if r.is_active() || r.current.is_none() {
             progress.push_str(&format!("  {}", r.phase));
         }
-        info.push(Line::raw(progress));
+        info.push(Line::raw(format!(" {}", progress.trim())));
+        if let Some(w) = what {
+            info.push(Line::styled(w, theme.dim()));
+        }
         if let Some(p) = &r.record {
             info.push(Line::from(vec![
                 Span::styled(" record ", theme.dim()),
@@ -561,7 +571,8 @@ fn draw_results(frame: &mut Frame, app: &App, area: Rect) {
     let wide = area.width >= 120;
     let block = Block::bordered()
         .border_set(theme.border())
-        .title(" Results (mean ± std) ");
+        .title(theme.text(" Results (mean ± std) ").into_owned())
+        .padding(ratatui::widgets::Padding::horizontal(1));
     let Some(r) = &app.bench.run else {
         frame.render_widget(
             Paragraph::new(
@@ -591,13 +602,13 @@ fn draw_results(frame: &mut Frame, app: &App, area: Rect) {
                     if row.partial { " (partial)" } else { "" }
                 )),
                 Cell::from(row.point.concurrency.to_string()),
-                Cell::from(pm(row.pp_tps)),
-                Cell::from(pm(row.tg_tps)),
-                Cell::from(pm(row.ttfr_ms)),
-                Cell::from(pm(row.tpot_ms)),
+                Cell::from(pm(theme, row.pp_tps)),
+                Cell::from(pm(theme, row.tg_tps)),
+                Cell::from(pm(theme, row.ttfr_ms)),
+                Cell::from(pm(theme, row.tpot_ms)),
             ];
             if wide {
-                cells.push(Cell::from(pm(row.e2e_ttft_ms)));
+                cells.push(Cell::from(pm(theme, row.e2e_ttft_ms)));
             }
             cells.push(Cell::from(format!(
                 "{}/{}",
@@ -623,18 +634,24 @@ fn draw_results(frame: &mut Frame, app: &App, area: Rect) {
     for w in &r.warnings {
         notes.push(Line::styled(format!(" ! {}", theme.text(w)), theme.warn()));
     }
+    // Wide terminals get roomier columns and the e2e_ttft column.
+    let (num, short) = if wide { (14, 12) } else { (11, 9) };
     let mut widths = vec![
-        Constraint::Min(14),
+        if wide {
+            Constraint::Length(28)
+        } else {
+            Constraint::Min(14)
+        },
         Constraint::Length(3),
-        Constraint::Length(12),
-        Constraint::Length(12),
-        Constraint::Length(12),
-        Constraint::Length(10),
+        Constraint::Length(num),
+        Constraint::Length(num),
+        Constraint::Length(num - 1),
+        Constraint::Length(short),
     ];
     if wide {
-        widths.push(Constraint::Length(12));
+        widths.push(Constraint::Length(num));
     }
-    widths.push(Constraint::Length(7));
+    widths.push(Constraint::Length(6));
     let inner = block.inner(area);
     frame.render_widget(block, area);
     let table_h = (rows.len() as u16 + 1).min(inner.height);
@@ -644,8 +661,5 @@ fn draw_results(frame: &mut Frame, app: &App, area: Rect) {
         Table::new(rows, widths).header(Row::new(header).style(theme.accent())),
         table_area,
     );
-    frame.render_widget(
-        Paragraph::new(notes).wrap(Wrap { trim: false }),
-        notes_area,
-    );
+    frame.render_widget(Paragraph::new(notes).wrap(Wrap { trim: false }), notes_area);
 }

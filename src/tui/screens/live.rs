@@ -238,7 +238,7 @@ fn specs(s: &LiveScreen) -> Vec<ChartSpec> {
     };
     vec![
         ChartSpec {
-            title: "tok/s (server; bench = client)".into(),
+            title: "tok/s".into(),
             unit: "tok/s",
             series: vec![
                 ("gen", Color::Green, |p| p.gen_tok_s),
