@@ -1055,6 +1055,40 @@ fn bench_form_validates_and_starts_and_cancels() {
     assert_eq!(app.bench.run.as_ref().unwrap().state, RunState::Cancelling);
 }
 
+#[test]
+fn bench_tokens_feed_the_live_tok_s_chart() {
+    use mxtune::bench::workload::BenchEvent;
+    use mxtune::tui::background::BenchMsg;
+    let mut app = snapshot_app(theme());
+    fixed_bench_running(&mut app);
+    let done = |tokens| {
+        Event::Bench(BenchMsg::Progress(BenchEvent::RequestDone {
+            index: 2,
+            warmup: false,
+            tokens,
+            error: None,
+        }))
+    };
+    with_bg(|bg, _| step(&mut app, bg, Event::Sample(Box::new(sample(100, false)))));
+    assert_eq!(app.live.points.back().unwrap().bench_tok_s, None);
+    for _ in 0..3 {
+        with_bg(|bg, _| step(&mut app, bg, done(32)));
+    }
+    // Requests finished in the point move the run counter too.
+    assert_eq!(app.bench.run.as_ref().unwrap().done_in_point, 6);
+    with_bg(|bg, _| step(&mut app, bg, Event::Sample(Box::new(sample(102, false)))));
+    // 96 tokens over the 2 s between samples.
+    assert_eq!(app.live.points.back().unwrap().bench_tok_s, Some(48.0));
+    key(&mut app, KeyCode::Char('3'));
+    assert!(render(&app, 120, 40).contains("bench 48.0 tok/s"));
+    // While the bench runs, a quiet interval charts zero; after it ends, nothing.
+    with_bg(|bg, _| step(&mut app, bg, Event::Sample(Box::new(sample(103, false)))));
+    assert_eq!(app.live.points.back().unwrap().bench_tok_s, Some(0.0));
+    app.live.bench_ended();
+    with_bg(|bg, _| step(&mut app, bg, Event::Sample(Box::new(sample(104, false)))));
+    assert_eq!(app.live.points.back().unwrap().bench_tok_s, None);
+}
+
 fn press(code: KeyCode) -> KeyEvent {
     KeyEvent::new(code, KeyModifiers::NONE)
 }
