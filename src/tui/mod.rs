@@ -244,7 +244,9 @@ pub fn step(app: &mut App, bg: &mut Background, event: Event) -> (Option<Exit>, 
             (Vec::new(), app.tab == app::Tab::Live)
         }
         Event::Bench(msg) => {
-            let visible = matches!(app.tab, app::Tab::Bench);
+            // The end shows in the status line (record saved) on every screen.
+            let visible =
+                matches!(app.tab, app::Tab::Bench) || matches!(msg, background::BenchMsg::Done(_));
             (app.on_bench(msg), visible)
         }
     };
