@@ -9,6 +9,7 @@ use mxtune::record::store::{Scan, StoredRun};
 use mxtune::record::{RunRecord, RunStatus, RunStore};
 use mxtune::tui::app::{App, Effect, Paths, QuitPrompt, Tab};
 use mxtune::tui::background::{Background, LaunchMsg};
+use mxtune::tui::screens::bench::{BenchRun, ResultRow, RunState};
 use mxtune::tui::screens::flags::Overlay;
 use mxtune::tui::screens::launch::TargetState;
 use mxtune::tui::screens::runs::RunsView;
@@ -18,6 +19,9 @@ use ratatui::Terminal;
 use ratatui::backend::TestBackend;
 use std::cell::RefCell;
 use std::sync::mpsc::Receiver;
+
+#[path = "support/vllm_double.rs"]
+mod vllm_double;
 
 fn theme() -> Theme {
     Theme {
@@ -1302,11 +1306,343 @@ fn live_window_and_freeze() {
     assert!(!redraw);
 }
 
+// ---- Bench ----
+
+fn stats(mean: f64, std: f64) -> Option<Stats> {
+    Some(Stats {
+        n: 5,
+        mean,
+        std,
+        min: mean - std,
+        max: mean + std,
+    })
+}
+
+fn fixed_row(pp: u32, depth: u32, c: u32, tg_tps: f64) -> ResultRow {
+    ResultRow {
+        point: WorkloadPoint {
+            pp,
+            tg: 32,
+            depth,
+            concurrency: c,
+        },
+        pp_tps: stats(1843.2, 12.5),
+        tg_tps: stats(tg_tps, 0.42),
+        ttfr_ms: stats(1111.4, 8.1),
+        e2e_ttft_ms: stats(1120.9, 8.3),
+        tpot_ms: stats(21.7, 0.3),
+        requests: 5 * c,
+        errors: 0,
+        partial: false,
+    }
+}
+
+/// A target that is ready, and a grid of four points with two finished.
+fn fixed_bench_running(app: &mut App) {
+    app.launch.state = TargetState::Ready {
+        url: "http://127.0.0.1:8000".into(),
+        startup_s: 2.5,
+    };
+    app.tab = Tab::Bench;
+    app.bench.values[0] = "512,2048".into();
+    app.bench.values[2] = "0,4096".into();
+    let mut run = BenchRun::new("http://127.0.0.1:8000", 5, 1);
+    run.points = 4;
+    run.rows = vec![fixed_row(512, 0, 1, 46.1), fixed_row(2048, 0, 1, 45.3)];
+    run.current = Some((
+        2,
+        WorkloadPoint {
+            pp: 512,
+            tg: 32,
+            depth: 4096,
+            concurrency: 1,
+        },
+    ));
+    run.done_in_point = 3;
+    run.phase = "measuring".into();
+    app.bench.run = Some(run);
+}
+
 #[test]
-fn snapshot_bench_says_it_is_missing() {
+fn snapshots_bench() {
+    // Idle, no target: the screen and the hint bar say so.
     let mut app = snapshot_app(theme());
     key(&mut app, KeyCode::Char('4'));
-    insta::assert_snapshot!("bench_80x24", render(&app, 80, 24));
+    let idle = render(&app, 80, 24);
+    assert!(idle.contains("no target running"), "{idle}");
+    insta::assert_snapshot!("bench_idle_80x24", idle);
+    insta::assert_snapshot!("bench_idle_160x48", render(&app, 160, 48));
+
+    // Running, two of four points finished.
+    fixed_bench_running(&mut app);
+    let running = render(&app, 80, 24);
+    assert!(running.contains("point 3/4  run 3/5"), "{running}");
+    insta::assert_snapshot!("bench_running_80x24", running);
+    insta::assert_snapshot!("bench_running_160x48", render(&app, 160, 48));
+
+    // Finished and saved.
+    let run = app.bench.run.as_mut().unwrap();
+    run.rows.push(fixed_row(512, 4096, 1, 41.0));
+    run.rows.push(fixed_row(2048, 4096, 4, 150.2));
+    run.current = None;
+    run.state = RunState::Finished {
+        aborted: false,
+        passed: true,
+    };
+    run.phase = "done".into();
+    run.record = Some(PathBuf::from("runs/01JD0000000000000000000009.json"));
+    insta::assert_snapshot!("bench_finished_80x24", render(&app, 80, 24));
+    insta::assert_snapshot!("bench_finished_160x48", render(&app, 160, 48));
+}
+
+#[test]
+fn bench_form_validates_and_starts_and_cancels() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut app = started(dir.path(), theme());
+    key(&mut app, KeyCode::Char('4'));
+    // No target: r explains what to do instead of starting anything.
+    assert!(
+        app.bench
+            .on_key(press(KeyCode::Char('r')), None, dir.path())
+            .is_empty()
+    );
+    assert!(
+        app.bench
+            .error
+            .as_deref()
+            .unwrap()
+            .contains("Launch screen")
+    );
+
+    // Level cycles on the first row.
+    key(&mut app, KeyCode::Enter);
+    assert_eq!(app.bench.level, mxtune::bench::levels::Level::Correctness);
+    key(&mut app, KeyCode::Left);
+    assert_eq!(app.bench.level, mxtune::bench::levels::Level::Performance);
+
+    // pp: type a list; a bad number is refused inline and the field stays open.
+    key(&mut app, KeyCode::Down);
+    key(&mut app, KeyCode::Enter);
+    assert!(app.bench.captures_keys());
+    for _ in 0..10 {
+        key(&mut app, KeyCode::Backspace);
+    }
+    type_str(&mut app, "128,x9");
+    key(&mut app, KeyCode::Enter);
+    let err = app.bench.error.clone().unwrap();
+    assert!(err.contains("pp") && err.contains("'x9'"), "{err}");
+    assert!(
+        app.bench.captures_keys(),
+        "a bad value keeps the field open"
+    );
+    assert!(render(&app, 80, 24).contains("'x9' is not a whole number"));
+    // q while typing is text, not quit.
+    assert_eq!(key(&mut app, KeyCode::Char('q')), None);
+    key(&mut app, KeyCode::Backspace);
+    key(&mut app, KeyCode::Backspace);
+    key(&mut app, KeyCode::Backspace);
+    key(&mut app, KeyCode::Enter);
+    assert_eq!(app.bench.values[0], "128");
+    assert!(app.bench.error.is_none());
+
+    // runs: zero runs are accepted as a number but refused when starting.
+    for _ in 0..4 {
+        key(&mut app, KeyCode::Down);
+    }
+    key(&mut app, KeyCode::Enter);
+    key(&mut app, KeyCode::Backspace);
+    type_str(&mut app, "0");
+    key(&mut app, KeyCode::Enter);
+    assert_eq!(app.bench.values[4], "0");
+    app.launch.state = TargetState::Ready {
+        url: "http://127.0.0.1:9".into(),
+        startup_s: 1.0,
+    };
+    let effects = app.on_key(press(KeyCode::Char('r')));
+    assert!(effects.is_empty());
+    assert!(app.bench.error.as_deref().unwrap().contains("--runs"));
+    key(&mut app, KeyCode::Enter);
+    key(&mut app, KeyCode::Backspace);
+    type_str(&mut app, "3");
+    key(&mut app, KeyCode::Enter);
+
+    // r starts: the effect carries `mxtune bench --record` options from the form.
+    let effects = app.on_key(press(KeyCode::Char('r')));
+    let [Effect::StartBench(args)] = effects.as_slice() else {
+        panic!(
+            "expected StartBench, got {effects:?}; error {:?}",
+            app.bench.error
+        );
+    };
+    assert_eq!(args.url, "http://127.0.0.1:9");
+    assert_eq!((args.pp.clone(), args.runs), (vec![128], 3));
+    assert!(args.record);
+    assert_eq!(args.runs_dir, dir.path().join("runs"));
+    assert!(app.bench.is_running());
+    assert_eq!(
+        mxtune::tui::screens::bindings(&app),
+        mxtune::tui::keys::BENCH_RUNNING
+    );
+    // r again does not start a second one; Esc cancels at once, asking nothing.
+    assert!(app.on_key(press(KeyCode::Char('r'))).is_empty());
+    assert_eq!(app.on_key(press(KeyCode::Esc)), vec![Effect::CancelBench]);
+    assert_eq!(app.bench.run.as_ref().unwrap().state, RunState::Cancelling);
+}
+
+#[test]
+fn bench_tokens_feed_the_live_tok_s_chart() {
+    use mxtune::bench::workload::BenchEvent;
+    use mxtune::tui::background::BenchMsg;
+    let mut app = snapshot_app(theme());
+    fixed_bench_running(&mut app);
+    let done = |tokens| {
+        Event::Bench(BenchMsg::Progress(BenchEvent::RequestDone {
+            index: 2,
+            warmup: false,
+            tokens,
+            error: None,
+        }))
+    };
+    with_bg(|bg, _| step(&mut app, bg, Event::Sample(Box::new(sample(100, false)))));
+    assert_eq!(app.live.points.back().unwrap().bench_tok_s, None);
+    for _ in 0..3 {
+        with_bg(|bg, _| step(&mut app, bg, done(32)));
+    }
+    // Requests finished in the point move the run counter too.
+    assert_eq!(app.bench.run.as_ref().unwrap().done_in_point, 6);
+    with_bg(|bg, _| step(&mut app, bg, Event::Sample(Box::new(sample(102, false)))));
+    // 96 tokens over the 2 s between samples.
+    assert_eq!(app.live.points.back().unwrap().bench_tok_s, Some(48.0));
+    key(&mut app, KeyCode::Char('3'));
+    assert!(render(&app, 120, 40).contains("bench 48.0 tok/s"));
+    // While the bench runs, a quiet interval charts zero; after it ends, nothing.
+    with_bg(|bg, _| step(&mut app, bg, Event::Sample(Box::new(sample(103, false)))));
+    assert_eq!(app.live.points.back().unwrap().bench_tok_s, Some(0.0));
+    app.live.bench_ended();
+    with_bg(|bg, _| step(&mut app, bg, Event::Sample(Box::new(sample(104, false)))));
+    assert_eq!(app.live.points.back().unwrap().bench_tok_s, None);
+}
+
+fn press(code: KeyCode) -> KeyEvent {
+    KeyEvent::new(code, KeyModifiers::NONE)
+}
+
+/// The vLLM-like streaming double, on its own runtime thread; runs until the process ends.
+fn streaming_double() -> String {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        rt.block_on(async move {
+            let d = vllm_double::spawn(vllm_double::Script::default()).await;
+            tx.send(d.url.clone()).unwrap();
+            std::future::pending::<()>().await;
+        });
+    });
+    rx.recv().unwrap()
+}
+
+/// Attach the panel to `url` the way an operator does on the Launch screen.
+fn attach(app: &mut App, url: &str) {
+    key(app, KeyCode::Char('2'));
+    key(app, KeyCode::Char('u'));
+    for _ in 0..app.launch.url.len() {
+        key(app, KeyCode::Backspace);
+    }
+    type_str(app, url);
+    key(app, KeyCode::Enter);
+    key(app, KeyCode::Char('l'));
+    pump_until(app, "ready", |a| {
+        matches!(a.launch.state, TargetState::Ready { .. })
+    });
+}
+
+fn set_field(app: &mut App, row: usize, value: &str) {
+    app.bench.selected = row;
+    key(app, KeyCode::Enter);
+    for _ in 0..20 {
+        key(app, KeyCode::Backspace);
+    }
+    type_str(app, value);
+    key(app, KeyCode::Enter);
+    assert!(app.bench.error.is_none(), "{:?}", app.bench.error);
+}
+
+#[test]
+fn bench_runs_against_a_server_and_saves_the_record() {
+    let url = streaming_double();
+    let dir = tempfile::tempdir().unwrap();
+    let mut app = started(dir.path(), theme());
+    attach(&mut app, &url);
+    key(&mut app, KeyCode::Char('4'));
+    set_field(&mut app, 1, "64,128");
+    set_field(&mut app, 2, "4");
+    set_field(&mut app, 5, "2");
+    key(&mut app, KeyCode::Char('r'));
+    pump_until(&mut app, "bench finished", |a| {
+        matches!(
+            a.bench.run.as_ref().map(|r| &r.state),
+            Some(RunState::Finished { .. }) | Some(RunState::Failed(_))
+        )
+    });
+    let run = app.bench.run.clone().unwrap();
+    assert_eq!(
+        run.state,
+        RunState::Finished {
+            aborted: false,
+            passed: true
+        },
+        "{run:?}"
+    );
+    assert_eq!(run.rows.len(), 2);
+    assert!(run.rows.iter().all(|r| r.tg_tps.is_some()));
+    // The record is the one `mxtune bench --record` writes, complete, with both points.
+    let path = run.record.clone().expect("record path");
+    assert!(path.starts_with(dir.path().join("runs")), "{path:?}");
+    let rec = RunStore::new(dir.path().join("runs"));
+    let scan = rec.scan().unwrap();
+    let saved = scan
+        .runs
+        .iter()
+        .find(|r| r.path == path)
+        .expect("the record is in the runs dir");
+    assert_eq!(saved.record.identity.status, RunStatus::Completed);
+    assert_eq!(saved.record.results.len(), 2);
+    assert!(render(&app, 80, 24).contains(&run.record.unwrap().display().to_string()[..20]));
+    // The Live screen got client-side tokens while it ran.
+    assert!(!app.live.bench_running);
+}
+
+#[test]
+fn bench_cancel_keeps_an_aborted_record() {
+    let url = streaming_double();
+    let dir = tempfile::tempdir().unwrap();
+    let mut app = started(dir.path(), theme());
+    attach(&mut app, &url);
+    key(&mut app, KeyCode::Char('4'));
+    set_field(&mut app, 1, "64");
+    set_field(&mut app, 2, "512");
+    set_field(&mut app, 5, "1000");
+    key(&mut app, KeyCode::Char('r'));
+    pump_until(&mut app, "requests flowing", |a| {
+        a.bench.run.as_ref().is_some_and(|r| r.done_in_point > 0)
+    });
+    key(&mut app, KeyCode::Esc);
+    pump_until(&mut app, "bench ended", |a| {
+        matches!(
+            a.bench.run.as_ref().map(|r| &r.state),
+            Some(RunState::Finished { .. })
+        )
+    });
+    let run = app.bench.run.clone().unwrap();
+    assert!(matches!(
+        run.state,
+        RunState::Finished { aborted: true, .. }
+    ));
+    let path = run.record.expect("record path");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let rec: RunRecord = serde_json::from_str(&text).unwrap();
+    assert_eq!(rec.identity.status, RunStatus::Aborted);
+    assert!(text.contains("cancelled from the panel"), "{text}");
 }
 
 // ---- Docs ----

@@ -152,7 +152,7 @@ fn tui_tmux_tabs_help_and_quit() {
     s.send(&["3"]);
     s.wait_for("window 5 min");
     s.send(&["Tab"]);
-    s.wait_for("Bench screen is not in the panel yet");
+    s.wait_for("no target running");
     s.send(&["?"]);
     s.wait_for("any other key closes)");
     s.send(&["Escape"]);
@@ -310,4 +310,135 @@ fn tui_tmux_launch_engine_then_stop() {
     s.wait_for_panel_exit();
     s.send(&["echo done-$((40+2))", "Enter"]);
     s.wait_for("done-42");
+}
+
+/// The children of `pid` (pgrep -P).
+fn children(pid: &str) -> Vec<String> {
+    let out = Command::new("pgrep")
+        .args(["-P", pid.trim()])
+        .output()
+        .expect("pgrep");
+    String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .map(str::to_string)
+        .collect()
+}
+
+/// A copy of the default preset on a free port, in `dir/presets`.
+fn tiny_preset_on_free_port(dir: &std::path::Path) -> u16 {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let presets = dir.join("presets");
+    std::fs::create_dir_all(&presets).unwrap();
+    let tiny = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("presets/engine-cpu-tiny.toml"),
+    )
+    .unwrap();
+    let tiny = tiny.replace("port = 8000", &format!("port = {port}"));
+    assert!(tiny.contains(&format!("port = {port}")));
+    std::fs::write(presets.join("engine-cpu-tiny.toml"), tiny).unwrap();
+    port
+}
+
+/// Stops the engine the panel left running (a hang-up leaves targets up on purpose).
+struct KillOnDrop(Vec<String>);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        for pid in &self.0 {
+            let _ = Command::new("kill").args(["-TERM", pid]).status();
+        }
+    }
+}
+
+#[test]
+fn tui_tmux_sighup_during_bench_saves_an_aborted_record() {
+    if !have_tmux() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    tiny_preset_on_free_port(dir.path());
+    let s = Session::new("benchhup", 120, 40);
+    s.send(&[
+        &format!(
+            "cd {d} && MXTUNE_RUNS_DIR={d}/runs MXTUNE_PRESETS_DIR={d}/presets XDG_CONFIG_HOME={d}/config {bin}",
+            d = dir.path().display(),
+            bin = env!("CARGO_BIN_EXE_mxtune")
+        ),
+        "Enter",
+    ]);
+    s.wait_for("preset engine-cpu-tiny");
+    s.send(&["2"]);
+    s.wait_for("[engine]");
+    s.send(&["l"]);
+    s.wait_for("phase ready");
+    let shell = tmux(&["display-message", "-p", "-t", &s.name, "#{pane_pid}"]);
+    let panel = children(&shell);
+    assert_eq!(
+        panel.len(),
+        1,
+        "one mxtune under the pane's shell: {panel:?}"
+    );
+    let _engine = KillOnDrop(children(&panel[0]));
+
+    // A long bench: small points, many runs.
+    s.send(&["4"]);
+    s.wait_for("Workload");
+    for (row, value) in [(1, "64"), (2, "8"), (5, "100000")] {
+        s.send(&["Up"; 6]);
+        for _ in 0..row {
+            s.send(&["Down"]);
+        }
+        s.send(&["Enter"]);
+        s.send(&["BSpace"; 8]);
+        s.send(&[value]);
+        s.send(&["Enter"]);
+    }
+    s.wait_for("100000");
+    s.send(&["r"]);
+    s.wait_until("measured runs going", |screen| {
+        screen.contains("point 1/1  run ") && !screen.contains("run 1/100000")
+    });
+
+    // The hang-up a dropped SSH session delivers.
+    let status = Command::new("kill")
+        .args(["-HUP", &panel[0]])
+        .status()
+        .expect("kill");
+    assert!(status.success());
+    s.wait_for_panel_exit();
+    s.send(&[
+        "stty -a | tr ' ' '\\n' | grep -E '^-?(icanon|echo)$' | tr '\\n' ' '; echo E\"\"ND",
+        "Enter",
+    ]);
+    let screen = s.wait_for("END");
+    assert!(!s.alternate_on(), "SIGHUP must leave the alternate screen");
+    assert!(
+        screen.contains("icanon echo") && !screen.contains("-icanon"),
+        "terminal left in raw mode:\n{screen}"
+    );
+    // The bench's record was saved as aborted before the panel exited.
+    let scan = mxtune::record::RunStore::new(dir.path().join("runs"))
+        .scan()
+        .unwrap();
+    let benches: Vec<_> = scan
+        .runs
+        .iter()
+        .filter(|r| r.record.workload.is_some())
+        .collect();
+    assert_eq!(benches.len(), 1, "one bench record: {:?}", scan.runs);
+    let rec = &benches[0].record;
+    assert_eq!(
+        rec.identity.status,
+        mxtune::record::RunStatus::Aborted,
+        "{rec:?}"
+    );
+    let text = std::fs::read_to_string(&benches[0].path).unwrap();
+    assert!(
+        text.contains("SIGHUP"),
+        "the reason names the signal: {text}"
+    );
 }

@@ -23,7 +23,7 @@ use crate::record::schema::{LatencyStats, Stats, WorkloadParams};
 use crate::record::{RunHandle, RunStatus, RunStore};
 
 /// Arguments of `mxtune bench`.
-#[derive(Debug, Clone, clap::Args)]
+#[derive(Debug, Clone, PartialEq, clap::Args)]
 pub struct BenchArgs {
     /// Server base URL, e.g. http://127.0.0.1:8000 (`/v1` is added when missing).
     #[arg(long)]
@@ -92,7 +92,8 @@ pub struct BenchArgs {
 }
 
 impl BenchArgs {
-    fn workload(&self) -> Workload {
+    /// The grid these options describe.
+    pub fn workload(&self) -> Workload {
         Workload {
             pp: self.pp.clone(),
             tg: self.tg.clone(),
@@ -116,19 +117,132 @@ pub fn run(args: BenchArgs) -> Result<ExitCode> {
     rt.block_on(run_async(args))
 }
 
-async fn run_async(args: BenchArgs) -> Result<ExitCode> {
-    let workload = args.workload();
-    if args.level.contains(&Level::Performance) {
-        workload.validate()?;
+/// What [`execute`] produced: the grid, the level verdicts, and the record it kept.
+#[derive(Debug, Clone)]
+pub struct BenchOutcome {
+    /// Model name sent.
+    pub model: String,
+    /// The performance grid, when that level ran.
+    pub grid: Option<WorkloadResult>,
+    /// Level verdicts, in the order run.
+    pub levels: Vec<LevelReport>,
+    /// Cancelled before the end.
+    pub aborted: bool,
+    /// The run record's file (with `--record`).
+    pub record: Option<std::path::PathBuf>,
+    /// The run record could not be updated; why (the run itself went on).
+    pub record_errors: Vec<String>,
+    /// Things skipped on the way (e.g. the stress memory check without a GPU).
+    pub notes: Vec<String>,
+}
+
+impl BenchOutcome {
+    /// Whether every level passed.
+    pub fn passed(&self) -> bool {
+        self.levels.iter().all(|l| l.passed)
     }
-    for (name, secs) in [
-        ("--connect-timeout", args.connect_timeout),
-        ("--read-timeout", args.read_timeout),
-    ] {
-        if !(secs.is_finite() && secs > 0.0) {
-            anyhow::bail!("{name} must be a positive number of seconds, got {secs}");
+}
+
+impl BenchArgs {
+    /// `mxtune bench --url URL` with every other option at its command-line default (the
+    /// panel starts from these, so both run the same workload unless told otherwise).
+    pub fn defaults(url: &str) -> Result<Self> {
+        #[derive(clap::Parser)]
+        struct Cmd {
+            #[command(flatten)]
+            args: BenchArgs,
+        }
+        let cmd = <Cmd as clap::Parser>::try_parse_from(["bench", "--url", url])
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
+        Ok(cmd.args)
+    }
+
+    /// Check the options before anything is sent: the grid (when the performance level
+    /// runs) and the timeouts. Errors name the option at fault.
+    pub fn validate(&self) -> Result<()> {
+        if self.level.contains(&Level::Performance) {
+            self.workload().validate()?;
+        }
+        for (name, secs) in [
+            ("--connect-timeout", self.connect_timeout),
+            ("--read-timeout", self.read_timeout),
+        ] {
+            if !(secs.is_finite() && secs > 0.0) {
+                anyhow::bail!("{name} must be a positive number of seconds, got {secs}");
+            }
+        }
+        Ok(())
+    }
+}
+
+async fn run_async(args: BenchArgs) -> Result<ExitCode> {
+    let (cancel, watch) = Cancel::new();
+    let (tx, rx) = mpsc::unbounded_channel();
+    let progress = tokio::spawn(show_progress(rx));
+    let signal_cancel = cancel.clone();
+    tokio::spawn(async move {
+        if tokio::signal::ctrl_c().await.is_ok() {
+            signal_cancel.cancel_because("interrupted (Ctrl-C)");
+        }
+    });
+    let outcome = execute(&args, Some(tx), watch).await;
+    // The progress task ends when every sender is gone; wait so the bar is cleared first.
+    let _ = progress.await;
+    drop(cancel);
+    let out = outcome?;
+    for n in &out.notes {
+        eprintln!("mxtune bench: {n}");
+    }
+    if let Some(path) = &out.record {
+        eprintln!("run record: {}", path.display());
+    }
+    for e in &out.record_errors {
+        eprintln!("mxtune: warning: run record not updated: {e}");
+    }
+
+    if args.json {
+        let report = JsonReport::new(
+            &out.model,
+            &args.url,
+            out.grid.as_ref(),
+            &out.levels,
+            out.aborted,
+        );
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&report).context("serializing the JSON report")?
+        );
+    } else {
+        if let Some(g) = &out.grid {
+            print!("{}", render_tables(g));
+        }
+        for l in &out.levels {
+            print!("{}", render_level(l));
+        }
+        if out.aborted {
+            println!("interrupted: results above are partial");
         }
     }
+    Ok(if out.aborted {
+        ExitCode::from(130)
+    } else if out.passed() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
+
+/// Run the levels of `args` against its server: the one code path of `mxtune bench` and
+/// the panel's Bench screen. Progress goes to `events`; a cancel through `cancel` stops at
+/// once, keeps the finished points, and (with `--record`) finishes the run record as
+/// `aborted` with the cancel's reason before this returns.
+pub async fn execute(
+    args: &BenchArgs,
+    events: Option<super::workload::Events>,
+    cancel: super::workload::CancelWatch,
+) -> Result<BenchOutcome> {
+    args.validate()?;
+    let workload = args.workload();
     let mut config = ClientConfig::new(&args.url);
     config.api_key = args.api_key.clone();
     config.connect_timeout = Duration::from_secs_f64(args.connect_timeout);
@@ -145,26 +259,18 @@ async fn run_async(args: BenchArgs) -> Result<ExitCode> {
             .with_context(|| format!("{} lists no models; pass --model", client.base_url()))?,
     };
     let mut record = if args.record {
-        Some(start_record(&args, &client, &model)?)
+        Some(start_record(args, &client, &model)?)
     } else {
         None
     };
     let mut record_errors: Vec<String> = Vec::new();
-    let (cancel, watch) = Cancel::new();
-    let (tx, rx) = mpsc::unbounded_channel();
+    let mut notes = Vec::new();
     let runner = Runner {
         client,
         model: model.clone(),
-        events: Some(tx),
-        cancel: watch,
+        events,
+        cancel,
     };
-    let progress = tokio::spawn(show_progress(rx));
-    let signal_cancel = cancel.clone();
-    tokio::spawn(async move {
-        if tokio::signal::ctrl_c().await.is_ok() {
-            signal_cancel.cancel();
-        }
-    });
 
     let mut levels = Vec::new();
     let mut grid = None;
@@ -189,7 +295,7 @@ async fn run_async(args: BenchArgs) -> Result<ExitCode> {
                 // skipped and the level report says why.
                 let probe = crate::monitor::probe::GpuMemoryProbe::detect();
                 if let Err(e) = &probe {
-                    eprintln!("mxtune bench: stress memory check skipped: {e:#}");
+                    notes.push(format!("stress memory check skipped: {e:#}"));
                 }
                 let probe = probe.ok();
                 levels.push(
@@ -221,6 +327,7 @@ async fn run_async(args: BenchArgs) -> Result<ExitCode> {
         }
     }
     let aborted = runner.cancel.is_cancelled();
+    let abort_reason = runner.cancel.reason();
     drop(runner);
     if let Some(handle) = record.as_mut() {
         let failed: Vec<String> = levels
@@ -233,7 +340,10 @@ async fn run_async(args: BenchArgs) -> Result<ExitCode> {
             })
             .collect();
         let (status, reason) = if aborted {
-            (RunStatus::Aborted, Some("interrupted (Ctrl-C)".to_owned()))
+            (
+                RunStatus::Aborted,
+                Some(abort_reason.unwrap_or_else(|| "interrupted".to_owned())),
+            )
         } else if !failed.is_empty() {
             (RunStatus::Failed, Some(failed.join("; ")))
         } else {
@@ -242,38 +352,15 @@ async fn run_async(args: BenchArgs) -> Result<ExitCode> {
         if let Err(e) = handle.finish(status, reason) {
             record_errors.push(format!("{e:#}"));
         }
-        eprintln!("run record: {}", handle.path().display());
     }
-    for e in &record_errors {
-        eprintln!("mxtune: warning: run record not updated: {e}");
-    }
-    // The progress task ends when every sender is gone; wait so the bar is cleared first.
-    let _ = progress.await;
-    drop(cancel);
-
-    if args.json {
-        let report = JsonReport::new(&model, &args.url, grid.as_ref(), &levels, aborted);
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&report).context("serializing the JSON report")?
-        );
-    } else {
-        if let Some(g) = &grid {
-            print!("{}", render_tables(g));
-        }
-        for l in &levels {
-            print!("{}", render_level(l));
-        }
-        if aborted {
-            println!("interrupted: results above are partial");
-        }
-    }
-    Ok(if aborted {
-        ExitCode::from(130)
-    } else if levels.iter().all(|l| l.passed) {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::FAILURE
+    Ok(BenchOutcome {
+        model,
+        grid,
+        levels,
+        aborted,
+        record: record.as_ref().map(|h| h.path().to_path_buf()),
+        record_errors,
+        notes,
     })
 }
 

@@ -250,24 +250,36 @@ pub enum BenchEvent {
 /// Sender half of the progress channel; unbounded so a slow UI never slows a measurement.
 pub type Events = mpsc::UnboundedSender<BenchEvent>;
 
+/// Why a run was cancelled, shared by a `Cancel` and its watches.
+type Reason = std::sync::Arc<std::sync::Mutex<Option<String>>>;
+
 /// Cancels a running benchmark (Ctrl-C, TUI abort key).
 #[derive(Debug, Clone)]
-pub struct Cancel(watch::Sender<bool>);
+pub struct Cancel(watch::Sender<bool>, Reason);
 
 /// Watches for a cancel.
 #[derive(Debug, Clone)]
-pub struct CancelWatch(watch::Receiver<bool>);
+pub struct CancelWatch(watch::Receiver<bool>, Reason);
 
 impl Cancel {
     /// A new, not yet cancelled, pair.
     pub fn new() -> (Self, CancelWatch) {
         let (tx, rx) = watch::channel(false);
-        (Self(tx), CancelWatch(rx))
+        let reason = Reason::default();
+        (Self(tx, reason.clone()), CancelWatch(rx, reason))
     }
 
     /// Cancel everything watching this.
     pub fn cancel(&self) {
         self.0.send_replace(true);
+    }
+
+    /// Cancel, saying why (the run record's status reason); the first reason given wins.
+    pub fn cancel_because(&self, reason: impl Into<String>) {
+        if let Ok(mut r) = self.1.lock() {
+            r.get_or_insert_with(|| reason.into());
+        }
+        self.cancel();
     }
 }
 
@@ -275,6 +287,11 @@ impl CancelWatch {
     /// Whether a cancel was requested.
     pub fn is_cancelled(&self) -> bool {
         *self.0.borrow()
+    }
+
+    /// The reason given with [`Cancel::cancel_because`], if any.
+    pub fn reason(&self) -> Option<String> {
+        self.1.lock().ok().and_then(|r| r.clone())
     }
 
     /// Resolves when cancelled; never, if the `Cancel` was dropped without cancelling.

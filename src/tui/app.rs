@@ -7,6 +7,7 @@ use std::path::PathBuf;
 use crossterm::event::{KeyCode, KeyEvent, KeyEventKind, KeyModifiers};
 
 use super::keys::{self, Binding};
+use super::screens::bench::BenchScreen;
 use super::screens::flags::FlagsScreen;
 use super::screens::launch::LaunchScreen;
 use super::screens::live::LiveScreen;
@@ -99,6 +100,10 @@ pub enum Effect {
     ExportComparison(PathBuf),
     /// Write the Flags screen's command (as `c` shows it) to a new file in the export dir.
     SaveCommand,
+    /// Run this benchmark (the options of `mxtune bench --record`) against the target.
+    StartBench(Box<crate::bench::cli::BenchArgs>),
+    /// Cancel the running benchmark; its partial record is saved as `aborted`.
+    CancelBench,
 }
 
 /// Where the panel reads and writes files.
@@ -167,6 +172,8 @@ pub struct App {
     pub live: LiveScreen,
     /// The Runs screen.
     pub runs: RunsScreen,
+    /// The Bench screen.
+    pub bench: BenchScreen,
 }
 
 impl App {
@@ -186,6 +193,7 @@ impl App {
             launch: LaunchScreen::default(),
             live: LiveScreen::default(),
             runs: RunsScreen::default(),
+            bench: BenchScreen::default(),
         }
     }
 
@@ -203,6 +211,7 @@ impl App {
             Tab::Flags => self.flags.captures_keys(),
             Tab::Runs => self.runs.captures_keys(),
             Tab::Launch => self.launch.captures_keys(),
+            Tab::Bench => self.bench.captures_keys(),
             _ => false,
         }
     }
@@ -264,7 +273,10 @@ impl App {
                 self.live.on_key(key);
                 Vec::new()
             }
-            Tab::Bench => Vec::new(),
+            Tab::Bench => {
+                let url = self.target_url();
+                self.bench.on_key(key, url.as_deref(), &self.paths.runs_dir)
+            }
         };
         // A screen's one-line answer to a key that could not act (nothing to export, no
         // match) goes to the status line.
@@ -303,6 +315,43 @@ impl App {
     /// Whether a target started from this panel may still be running.
     pub fn target_running(&self) -> bool {
         self.launch.state.is_live()
+    }
+
+    /// The base URL of the running (or attached) target, once it is ready.
+    pub fn target_url(&self) -> Option<String> {
+        match &self.launch.state {
+            super::screens::launch::TargetState::Ready { url, .. } => Some(url.clone()),
+            _ => None,
+        }
+    }
+
+    /// Progress or the end of the benchmark: update the Bench screen, and count its
+    /// generated tokens for the Live screen's client-side tok/s.
+    pub fn on_bench(&mut self, msg: super::background::BenchMsg) -> Vec<Effect> {
+        use super::background::BenchMsg;
+        let Some(run) = self.bench.run.as_mut() else {
+            return Vec::new();
+        };
+        match msg {
+            BenchMsg::Progress(ev) => {
+                if let crate::bench::workload::BenchEvent::RequestDone { tokens, .. } = &ev {
+                    self.live.bench_tokens(*tokens);
+                }
+                run.on_event(&ev);
+                Vec::new()
+            }
+            BenchMsg::Done(out) => {
+                self.live.bench_ended();
+                run.on_done(out.as_deref().map_err(String::as_str));
+                match &run.record {
+                    Some(p) => {
+                        self.message = Some(format!("saved run record {}", p.display()));
+                        vec![Effect::ReloadRuns]
+                    }
+                    None => Vec::new(),
+                }
+            }
+        }
     }
 
     /// A signal is ending the panel: save what must not be lost.

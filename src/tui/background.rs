@@ -60,21 +60,41 @@ enum Cmd {
     Detach,
 }
 
+/// News about the benchmark started from the Bench screen, delivered as [`Event::Bench`].
+#[derive(Debug)]
+pub enum BenchMsg {
+    /// Progress, as `mxtune bench` sees it.
+    Progress(crate::bench::workload::BenchEvent),
+    /// The benchmark ended (finished, cancelled, or could not run); the record is final.
+    Done(Result<Box<crate::bench::cli::BenchOutcome>, String>),
+}
+
+/// The benchmark in progress: its cancel and a signal that its record is final.
+struct BenchHandle {
+    cancel: crate::bench::workload::Cancel,
+    done: Option<oneshot::Receiver<()>>,
+}
+
 /// The runtime and the handle of the launch in progress.
 pub struct Background {
     rt: tokio::runtime::Runtime,
     tx: Sender<Event>,
     launch: Option<mpsc::UnboundedSender<Cmd>>,
     monitor: Option<crate::monitor::Monitor>,
+    bench: Option<BenchHandle>,
 }
 
 impl std::fmt::Debug for Background {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Background")
             .field("launch", &self.launch.is_some())
+            .field("bench", &self.bench.is_some())
             .finish()
     }
 }
+
+/// How long an exit waits for a cancelled benchmark to save its record.
+const BENCH_SAVE_LIMIT: Duration = Duration::from_secs(10);
 
 /// How long a stop waits between SIGTERM and kill.
 const STOP_GRACE: Duration = Duration::from_secs(30);
@@ -93,6 +113,7 @@ impl Background {
             tx,
             launch: None,
             monitor: None,
+            bench: None,
         })
     }
 
@@ -133,6 +154,59 @@ impl Background {
             }
             Err(e) => {
                 let _ = self.tx.send(Event::MonitorError(format!("{e:#}")));
+            }
+        }
+    }
+
+    /// Run a benchmark through the same code as `mxtune bench` ([`crate::bench::cli::execute`]);
+    /// progress and the outcome arrive as [`BenchMsg`]s. One at a time: a running one is
+    /// cancelled first.
+    pub fn bench(&mut self, args: crate::bench::cli::BenchArgs) {
+        self.cancel_bench("replaced by a new benchmark");
+        let (cancel, watch) = crate::bench::workload::Cancel::new();
+        let (done_tx, done_rx) = oneshot::channel();
+        self.bench = Some(BenchHandle {
+            cancel,
+            done: Some(done_rx),
+        });
+        let tx = self.tx.clone();
+        self.rt.spawn(async move {
+            let (ev_tx, mut ev_rx) = mpsc::unbounded_channel();
+            let fwd_tx = tx.clone();
+            let forward = tokio::spawn(async move {
+                while let Some(ev) = ev_rx.recv().await {
+                    if fwd_tx.send(Event::Bench(BenchMsg::Progress(ev))).is_err() {
+                        break;
+                    }
+                }
+            });
+            let out = crate::bench::cli::execute(&args, Some(ev_tx), watch).await;
+            // Every progress event goes out before the outcome.
+            let _ = forward.await;
+            let _ = done_tx.send(());
+            let _ = tx.send(Event::Bench(BenchMsg::Done(
+                out.map(Box::new).map_err(|e| format!("{e:#}")),
+            )));
+        });
+    }
+
+    /// Cancel the running benchmark (at once: the batch in flight is dropped); `Done`
+    /// arrives when its record is final.
+    pub fn cancel_bench(&mut self, reason: &str) {
+        if let Some(b) = &self.bench {
+            b.cancel.cancel_because(reason);
+        }
+    }
+
+    /// Cancel the running benchmark and wait until its record is saved (as `aborted`):
+    /// used before the panel exits, so nothing is lost on quit, SIGTERM or SIGHUP.
+    pub fn abort_bench_and_wait(&mut self, reason: &str) {
+        if let Some(mut b) = self.bench.take() {
+            b.cancel.cancel_because(reason);
+            if let Some(done) = b.done.take() {
+                let _ = self
+                    .rt
+                    .block_on(async { tokio::time::timeout(BENCH_SAVE_LIMIT, done).await });
             }
         }
     }

@@ -84,8 +84,31 @@ pub const LIVE: &[Binding] = &[
     b("f", "freeze, keep collecting"),
 ];
 
-/// Bench screen (not built yet: nothing beyond the global keys works there).
-pub const BENCH: &[Binding] = &[];
+/// Bench screen.
+pub const BENCH: &[Binding] = &[
+    b("r", "run against the target"),
+    b("Up/Down", "select field"),
+    b("Enter", "edit field / next level"),
+    b("Left/Right", "previous/next level"),
+];
+
+/// Bench screen with no target ready: `r` has nothing to run against.
+pub const BENCH_NO_TARGET: &[Binding] = &[
+    b("2", "no target: launch one first"),
+    b("Up/Down", "select field"),
+    b("Enter", "edit field / next level"),
+];
+
+/// Bench screen while a benchmark runs.
+pub const BENCH_RUNNING: &[Binding] = &[b("Esc", "cancel (partial record kept)")];
+
+/// Bench screen while typing a value.
+pub const BENCH_INPUT: &[Binding] = &[
+    b("Enter", "accept"),
+    b("Esc", "discard"),
+    b("Backspace", "delete"),
+    b(",", "separate several values"),
+];
 
 /// Runs screen.
 pub const RUNS: &[Binding] = &[
@@ -116,6 +139,10 @@ pub const SECTIONS: &[(&str, &[Binding])] = &[
     ("Launch", LAUNCH),
     ("Launch: URL, search or stop question", LAUNCH_INPUT),
     ("Live", LIVE),
+    ("Bench", BENCH),
+    ("Bench: no target ready", BENCH_NO_TARGET),
+    ("Bench: running", BENCH_RUNNING),
+    ("Bench: typing a value", BENCH_INPUT),
     ("Runs", RUNS),
     ("Runs: run or comparison open", RUNS_VIEW),
 ];

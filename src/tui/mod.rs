@@ -54,6 +54,8 @@ pub enum Event {
     Sample(Box<crate::monitor::Sample>),
     /// The monitor could not start.
     MonitorError(String),
+    /// Progress or the end of the benchmark started from the Bench screen.
+    Bench(background::BenchMsg),
 }
 
 /// Why the loop ended.
@@ -232,6 +234,8 @@ pub fn step(app: &mut App, bg: &mut Background, event: Event) -> (Option<Exit>, 
         Event::Term(_) => (Vec::new(), false),
         Event::Signal(sig) => {
             app.on_signal(sig);
+            // A running bench's record is saved as `aborted` before the terminal goes back.
+            bg.abort_bench_and_wait(&format!("the panel got {}", signal_name(sig)));
             // The target keeps running: a dropped SSH session is no reason to stop a server.
             bg.detach();
             return (Some(Exit::Signal(sig)), false);
@@ -263,6 +267,12 @@ pub fn step(app: &mut App, bg: &mut Background, event: Event) -> (Option<Exit>, 
             app.live.error = Some(e);
             (Vec::new(), app.tab == app::Tab::Live)
         }
+        Event::Bench(msg) => {
+            // The end shows in the status line (record saved) on every screen.
+            let visible =
+                matches!(app.tab, app::Tab::Bench) || matches!(msg, background::BenchMsg::Done(_));
+            (app.on_bench(msg), visible)
+        }
     };
     for effect in effects {
         if let Some(exit) = perform(app, bg, effect) {
@@ -272,12 +282,23 @@ pub fn step(app: &mut App, bg: &mut Background, event: Event) -> (Option<Exit>, 
     (None, redraw)
 }
 
+fn signal_name(sig: i32) -> String {
+    use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
+    match sig {
+        SIGHUP => "SIGHUP".into(),
+        SIGTERM => "SIGTERM".into(),
+        SIGINT => "SIGINT".into(),
+        n => format!("signal {n}"),
+    }
+}
+
 /// Perform one effect: the only place the panel touches files. Results go back into the
 /// app's state; errors become a status-line message naming the file.
 pub fn perform(app: &mut App, bg: &mut Background, effect: Effect) -> Option<Exit> {
     match effect {
         Effect::Quit { stop_target } => {
             app.on_quit(stop_target);
+            bg.abort_bench_and_wait("the panel was closed");
             if stop_target {
                 bg.stop_and_wait();
             } else {
@@ -299,6 +320,8 @@ pub fn perform(app: &mut App, bg: &mut Background, effect: Effect) -> Option<Exi
             startup_limit: app.launch.startup_limit,
         }),
         Effect::StopTarget => bg.stop(),
+        Effect::StartBench(args) => bg.bench(*args),
+        Effect::CancelBench => bg.cancel_bench("cancelled from the panel (Esc)"),
         Effect::SaveLog(path) => {
             let text = app.launch.log.lines.iter().fold(String::new(), |mut s, l| {
                 s.push_str(l);

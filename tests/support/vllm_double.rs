@@ -116,6 +116,7 @@ pub async fn spawn(script: Script) -> Double {
         requests: AtomicUsize::new(0),
     });
     let app = Router::new()
+        .route("/health", get(|| async { "ok" }))
         .route("/v1/models", get(models))
         .route("/v1/chat/completions", post(chat))
         .route("/v1/completions", post(completions))
@@ -186,6 +187,12 @@ async fn respond(s: Arc<Shared>, body: Value, prompt_tokens: usize, chat: bool) 
             axum::Json(json!({"error": {"message": "scripted failure", "code": code}})),
         )
             .into_response();
+    }
+    // Readiness probes (a 1-token completion without `stream`) get a plain JSON answer.
+    if body["stream"].as_bool() != Some(true) {
+        return axum::Json(json!({"id": "x", "choices": [
+            {"index": 0, "text": WORDS[0], "finish_reason": "length"}]}))
+        .into_response();
     }
     let max_tokens = body["max_tokens"].as_u64().unwrap_or(16) as usize;
     let n = match script.fault {

@@ -62,6 +62,9 @@ pub struct LivePoint {
     pub kv_pct: Option<f64>,
     /// Spec-decode acceptance, %.
     pub spec_accept_pct: Option<f64>,
+    /// Client-side generation tokens/s of the Bench screen's running benchmark (tokens of
+    /// the requests that finished since the previous sample).
+    pub bench_tok_s: Option<f64>,
 }
 
 const GIB: f64 = (1u64 << 30) as f64;
@@ -117,6 +120,10 @@ pub struct LiveScreen {
     pub page: usize,
     /// Pages at the last draw (the terminal size decides it).
     pub pages: std::cell::Cell<usize>,
+    /// Tokens the running benchmark received since the last sample.
+    pub bench_pending: u64,
+    /// A benchmark is running (its tok/s is charted, zero included).
+    pub bench_running: bool,
 }
 
 impl Default for LiveScreen {
@@ -130,6 +137,8 @@ impl Default for LiveScreen {
             error: None,
             page: 0,
             pages: std::cell::Cell::new(1),
+            bench_pending: 0,
+            bench_running: false,
         }
     }
 }
@@ -141,8 +150,29 @@ impl LiveScreen {
         if self.points.len() == HISTORY_POINTS {
             self.points.pop_front();
         }
-        self.points.push_back(LivePoint::from_sample(&s, origin));
+        let mut p = LivePoint::from_sample(&s, origin);
+        if self.bench_running || self.bench_pending > 0 {
+            let dt = self
+                .latest
+                .as_ref()
+                .map(|l| (s.at - l.at).num_milliseconds() as f64 / 1000.0)
+                .filter(|dt| *dt > 0.0);
+            p.bench_tok_s = dt.map(|dt| self.bench_pending as f64 / dt);
+            self.bench_pending = 0;
+        }
+        self.points.push_back(p);
         self.latest = Some(s);
+    }
+
+    /// The running benchmark received `tokens` more completion tokens.
+    pub fn bench_tokens(&mut self, tokens: u64) {
+        self.bench_running = true;
+        self.bench_pending += tokens;
+    }
+
+    /// The benchmark ended: its series stops after the next sample.
+    pub fn bench_ended(&mut self) {
+        self.bench_running = false;
     }
 
     /// Whether a new sample changes what the screen shows.
@@ -220,11 +250,12 @@ fn specs(s: &LiveScreen) -> Vec<ChartSpec> {
     };
     vec![
         ChartSpec {
-            title: "tok/s (server)".into(),
+            title: "tok/s".into(),
             unit: "tok/s",
             series: vec![
                 ("gen", Color::Green, |p| p.gen_tok_s),
                 ("prompt", Color::Cyan, |p| p.prompt_tok_s),
+                ("bench", Color::Yellow, |p| p.bench_tok_s),
             ],
             max: None,
         },

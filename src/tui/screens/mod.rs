@@ -1,5 +1,6 @@
 //! One module per screen; this file dispatches drawing and builds the status line.
 
+pub mod bench;
 pub mod flags;
 pub mod launch;
 pub mod live;
@@ -8,7 +9,6 @@ pub mod runs;
 use ratatui::Frame;
 use ratatui::layout::Rect;
 use ratatui::text::Span;
-use ratatui::widgets::{Block, Paragraph};
 
 use super::app::{App, Tab};
 
@@ -19,22 +19,7 @@ pub fn draw(frame: &mut Frame, app: &App, area: Rect) {
         Tab::Runs => runs::draw(frame, app, area),
         Tab::Launch => launch::draw(frame, app, area),
         Tab::Live => live::draw(frame, app, area),
-        Tab::Bench => {
-            // Honest about what is missing rather than a form that does nothing.
-            let block = Block::bordered()
-                .border_set(app.theme.border())
-                .title(" Bench ");
-            frame.render_widget(
-                Paragraph::new(
-                    " The Bench screen is not in the panel yet: run benchmarks with the headless \
-                     `mxtune bench --url <target URL>`, then compare them on the Runs screen.",
-                )
-                .wrap(ratatui::widgets::Wrap { trim: true })
-                .style(app.theme.dim())
-                .block(block),
-                area,
-            );
-        }
+        Tab::Bench => bench::draw(frame, app, area),
     }
 }
 
@@ -45,6 +30,9 @@ pub fn bindings(app: &App) -> &'static [super::keys::Binding] {
         Tab::Flags if app.flags.editing.is_some() => super::keys::FLAGS_EDIT,
         Tab::Runs if app.runs.view != runs::RunsView::List => super::keys::RUNS_VIEW,
         Tab::Launch if app.launch.captures_keys() => super::keys::LAUNCH_INPUT,
+        Tab::Bench if app.bench.captures_keys() => super::keys::BENCH_INPUT,
+        Tab::Bench if app.bench.is_running() => super::keys::BENCH_RUNNING,
+        Tab::Bench if app.target_url().is_none() => super::keys::BENCH_NO_TARGET,
         _ => app.tab.bindings(),
     }
 }
