@@ -44,6 +44,7 @@ pub const KERNEL_FILES: &[KernelFile] = &[
     kernel_file!("gemv_bf16.cu", ["gemv_bf16", "gemv_bf16_wide"]),
     kernel_file!("rope_kv.cu", ["rope_kv_write"]),
     kernel_file!("attention_decode.cu", ["attn_split", "attn_combine"]),
+    kernel_file!("attention_prefill.cu", ["attn_prefill"]),
     kernel_file!("router_topk.cu", ["router_topk"]),
     kernel_file!("moe_gemv.cu", ["moe_gate_up_swiglu", "moe_down"]),
     kernel_file!("gemm_bf16.cu", ["gemm_bf16_tc"]),

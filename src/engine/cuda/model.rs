@@ -88,10 +88,6 @@ impl Default for DecodeOptions {
 /// Most prompt rows one prefill pass holds; longer batches run in chunks of this many.
 pub const PREFILL_MAX_ROWS: usize = 2048;
 
-/// Most attention splits per (row, head) in a prefill pass (the split length grows with the
-/// key count instead), which bounds the scratch.
-const PREFILL_SPLITS: usize = 8;
-
 /// Buffers of the prefill pass, sized for `cap` rows (allocated at the first prompt).
 struct PrefillBufs {
     cap: usize,
@@ -111,9 +107,6 @@ struct PrefillBufs {
     perm: CudaSlice<i32>,
     tiles: CudaSlice<i32>,
     ntiles: CudaSlice<i32>,
-    sc_m: CudaSlice<f32>,
-    sc_l: CudaSlice<f32>,
-    sc_acc: CudaSlice<f32>,
     out_rows: CudaSlice<u32>,
 }
 
@@ -130,7 +123,6 @@ impl PrefillBufs {
             c.num_experts_per_tok,
             c.intermediate_size,
         );
-        let entries = cap * hq * PREFILL_SPLITS;
         Ok(Self {
             cap,
             tokens: g.alloc(cap)?,
@@ -149,9 +141,6 @@ impl PrefillBufs {
             perm: g.alloc(cap * k)?,
             tiles: g.alloc(3 * ops::moe_max_tiles(cap * k, e))?,
             ntiles: g.alloc(1)?,
-            sc_m: g.alloc(entries)?,
-            sc_l: g.alloc(entries)?,
-            sc_acc: g.alloc(entries * d)?,
             out_rows: g.alloc(max_batch)?,
         })
     }
@@ -671,7 +660,6 @@ impl Decoder {
         while start < n {
             let end = (start + cap).min(n);
             let rows = end - start;
-            let keys = pos[start..end].iter().max().map_or(1, |&p| p as usize + 1);
             {
                 let b = self.pre.as_mut().expect("allocated above");
                 upload_rows(
@@ -686,7 +674,7 @@ impl Decoder {
             }
             let mut marks = Marks { events: Vec::new() };
             let profiling = prof.is_some();
-            self.enqueue_prefill(g, rows, keys, profiling.then_some(&mut marks))?;
+            self.enqueue_prefill(g, rows, profiling.then_some(&mut marks))?;
             if let Some(p) = prof.as_deref_mut() {
                 g.sync()?;
                 p.add_marks(&marks)?;
@@ -718,14 +706,8 @@ impl Decoder {
     }
 
     /// Queue the layers of one prefill chunk of `n` rows (inputs already in the prefill
-    /// buffers) whose attention reaches at most `keys` keys.
-    fn enqueue_prefill(
-        &self,
-        g: &Gpu,
-        n: usize,
-        keys: usize,
-        mut marks: Option<&mut Marks>,
-    ) -> Result<()> {
+    /// buffers).
+    fn enqueue_prefill(&self, g: &Gpu, n: usize, mut marks: Option<&mut Marks>) -> Result<()> {
         let mut mark = |label: &'static str| mark_event(g, marks.as_deref_mut(), label);
         let c = &self.cfg;
         let b = self.pre.as_ref().expect("prefill buffers allocated");
@@ -738,12 +720,6 @@ impl Decoder {
         let p = |s: &CudaSlice<f32>| g.ptr(s);
         let eps = c.rms_norm_eps as f32;
         let sh = AttnShape { hq, hkv, d };
-        let scratch = AttnScratch {
-            m: p(&b.sc_m),
-            l: p(&b.sc_l),
-            acc: p(&b.sc_acc),
-            entries: b.cap * hq * PREFILL_SPLITS,
-        };
         let kv_f32 = self.opts.kv_dtype == KvDtype::F32;
         let layer_stride = (self.slots * self.max_pos * hkv * d * self.opts.kv_dtype.size()) as u64;
         let moe_shape = MoeShape {
@@ -796,16 +772,8 @@ impl Decoder {
             mark("rope_kv_write")?;
             let sliding = c.layer_is_sliding[li];
             let window = if sliding { c.sliding_window } else { 0 };
-            let lkeys = if sliding {
-                c.sliding_window.min(keys)
-            } else {
-                keys
-            }
-            .max(1);
-            let split_len = SPLIT_LEN.max(lkeys.div_ceil(PREFILL_SPLITS));
-            let nsplit = lkeys.div_ceil(split_len);
             let sinks = self.opts.sinks.then(|| g.ptr(&lw.sinks));
-            ops::attention(
+            ops::attention_rows(
                 g,
                 sh,
                 p(&b.q),
@@ -816,14 +784,11 @@ impl Decoder {
                 g.ptr(&b.kv_off),
                 sinks,
                 p(&b.attn),
-                &scratch,
                 n,
                 window,
-                nsplit,
-                split_len,
                 scale,
             )?;
-            mark("attention (split-K)")?;
+            mark("attention (prefill rows)")?;
             ops::gemm(
                 g,
                 g.ptr(&lw.o_w),

@@ -282,6 +282,58 @@ pub fn attention(
     )
 }
 
+/// Attention for `t` prefill rows (one query token each, its own position and KV slot): one
+/// block per (KV head, row) with a warp per query head of the group, keys staged in shared
+/// memory once for the whole group. `sinks = None` turns the sink off.
+pub fn attention_rows(
+    g: &Gpu,
+    s: AttnShape,
+    q: u64,
+    k_cache: u64,
+    v_cache: u64,
+    kv_f32: bool,
+    pos: u64,
+    kv_off: u64,
+    sinks: Option<u64>,
+    out: u64,
+    t: usize,
+    window: usize,
+    scale: f32,
+) -> Result<()> {
+    s.check()?;
+    let group = s.hq / s.hkv;
+    ensure!(
+        group <= 32,
+        "{} query heads per KV head: the prefill attention takes at most 32",
+        group
+    );
+    let smem = (PF_KEYS * (s.d + 1) + PF_KEYS * s.d + group * s.d) * 4;
+    g.launch(
+        "attn_prefill",
+        (u(s.hkv)?, u(t)?, 1),
+        (u(group * 32)?, 1, 1),
+        u(smem)?,
+        &[
+            Arg::Ptr(q),
+            Arg::Ptr(k_cache),
+            Arg::Ptr(v_cache),
+            Arg::I32(kv_f32 as i32),
+            Arg::Ptr(pos),
+            Arg::Ptr(kv_off),
+            opt(sinks),
+            Arg::Ptr(out),
+            i(s.hq)?,
+            i(s.hkv)?,
+            i(s.d)?,
+            i(window)?,
+            Arg::F32(scale),
+        ],
+    )
+}
+
+/// Keys per shared-memory tile of the prefill attention (kernel constant `PF_KEYS`).
+const PF_KEYS: usize = 32;
+
 /// Top-k experts and their softmax weights from router logits [t, experts].
 pub fn router_topk(
     g: &Gpu,

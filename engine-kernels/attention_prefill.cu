@@ -1,0 +1,87 @@
+// Attention for prefill rows: one query row per token (its own position and KV slot, so a row
+// sees exactly its causal / sliding-window range), all G = Hq / Hkv query heads of one KV
+// head in one block — one warp per query head — so each key and value row is read from the
+// cache once per (row, KV head) instead of once per query head. Keys are taken PF_KEYS at a
+// time into shared memory (fp32, K rows padded by one float so lane j reading key j hits its
+// own bank); lane j scores key j, the warp keeps a running max / sum (online softmax) and each
+// lane accumulates its d / 32 output dims. The sink enters as a key of value zero: the running
+// max starts at the sink logit and the sum at 1 (sinks off: -inf and 0).
+// grid = (Hkv, T), block = G * 32 threads (G <= 32). Dynamic shared memory:
+// (PF_KEYS * (d + 1) + PF_KEYS * d + G * d) floats. d a multiple of 32, at most 128.
+#define PF_KEYS 32
+#define PF_MAX_DPL 4
+
+extern "C" __global__ void attn_prefill(const float* __restrict__ q, const void* __restrict__ k_cache,
+                                        const void* __restrict__ v_cache, int kv_f32,
+                                        const unsigned* __restrict__ pos,
+                                        const unsigned long long* __restrict__ kv_off,
+                                        const bf16_t* __restrict__ sinks, float* __restrict__ out,
+                                        int hq, int hkv, int d, int window, float scale) {
+    extern __shared__ float sm[];
+    const int kvh = blockIdx.x, t = blockIdx.y;
+    const int group = hq / hkv;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int h = kvh * group + warp;
+    const int dpl = d >> 5;
+    float* ks = sm;                         // [PF_KEYS][d + 1]
+    float* vs = ks + PF_KEYS * (d + 1);     // [PF_KEYS][d]
+    float* qs = vs + PF_KEYS * d;           // [group][d]
+    const int p = (int)pos[t];
+    const int lo = window > 0 ? max(0, p + 1 - window) : 0;
+    for (int i = threadIdx.x; i < group * d; i += blockDim.x)
+        qs[i] = q[((size_t)t * hq + kvh * group) * d + i] * scale;
+    float m = sinks ? bf2f(sinks[h]) : -INFINITY;
+    float l = sinks ? 1.0f : 0.0f;
+    float acc[PF_MAX_DPL];
+#pragma unroll
+    for (int j = 0; j < PF_MAX_DPL; ++j) acc[j] = 0.0f;
+    const size_t base = kv_off[t] + (size_t)kvh * d;
+    const size_t stride = (size_t)hkv * d;
+    const float* qh = qs + warp * d;
+    for (int k0 = lo; k0 <= p; k0 += PF_KEYS) {
+        const int nk = min(PF_KEYS, p + 1 - k0);
+        __syncthreads();
+        for (int i = threadIdx.x; i < nk * d; i += blockDim.x) {
+            const int kj = i / d, c = i - kj * d;
+            const size_t at = base + (size_t)(k0 + kj) * stride + c;
+            float kv, vv;
+            if (kv_f32) {
+                kv = static_cast<const float*>(k_cache)[at];
+                vv = static_cast<const float*>(v_cache)[at];
+            } else {
+                kv = bf2f(static_cast<const bf16_t*>(k_cache)[at]);
+                vv = bf2f(static_cast<const bf16_t*>(v_cache)[at]);
+            }
+            ks[kj * (d + 1) + c] = kv;
+            vs[kj * d + c] = vv;
+        }
+        __syncthreads();
+        float s = -INFINITY;
+        if (lane < nk) {
+            const float* kr = ks + lane * (d + 1);
+            float dot = 0.0f;
+            for (int c = 0; c < d; ++c) dot += qh[c] * kr[c];
+            s = dot;
+        }
+        const float mt = warp_max(s);
+        const float mn = fmaxf(m, mt);
+        // mn is finite once any key is seen (every row sees at least its own key).
+        const float corr = m == -INFINITY ? 0.0f : expf(m - mn);
+        const float pj = lane < nk ? expf(s - mn) : 0.0f;
+        l = l * corr + warp_sum(pj);
+#pragma unroll
+        for (int j = 0; j < PF_MAX_DPL; ++j) acc[j] *= corr;
+        for (int kj = 0; kj < nk; ++kj) {
+            const float pk = __shfl_sync(0xffffffffu, pj, kj);
+            const float* vr = vs + kj * d + lane * dpl;
+#pragma unroll
+            for (int j = 0; j < PF_MAX_DPL; ++j)
+                if (j < dpl) acc[j] += pk * vr[j];
+        }
+        m = mn;
+    }
+    float* o = out + ((size_t)t * hq + h) * d + lane * dpl;
+#pragma unroll
+    for (int j = 0; j < PF_MAX_DPL; ++j)
+        if (j < dpl) o[j] = acc[j] / l;
+}
