@@ -47,6 +47,7 @@ pub const KERNEL_FILES: &[KernelFile] = &[
     kernel_file!("router_topk.cu", ["router_topk"]),
     kernel_file!("moe_gemv.cu", ["moe_gate_up_swiglu", "moe_down"]),
     kernel_file!("argmax.cu", ["argmax_partial", "argmax_final"]),
+    kernel_file!("sampling.cu", ["sample_rows"]),
     kernel_file!("synthetic.cu", ["fill_bf16", "fill_u8"]),
     kernel_file!("bandwidth.cu", ["read_probe"]),
 ];
