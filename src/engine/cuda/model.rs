@@ -573,3 +573,11 @@ impl Decoder {
             .map_err(|e| anyhow::anyhow!("copying sampled ids: {:?}", e.0))
     }
 }
+
+impl Decoder {
+    /// Device address of the logits ([max_batch, vocab] fp32, rows of the last step), for
+    /// kernels that read them in place (on-device sampling).
+    pub fn logits_ptr(&self, g: &Gpu) -> u64 {
+        g.ptr(&self.logits)
+    }
+}
