@@ -646,10 +646,10 @@ pub fn sampling_cases(seed: u64, vocab: usize, rows: usize) -> (Vec<f32>, Vec<Sa
             temperature: temps[pick(s.next(), temps.len())],
             top_k: top_ks[pick(s.next(), top_ks.len())],
             top_p: top_ps[pick(s.next(), top_ps.len())],
-            logprobs: (s.next() % 2 == 0).then_some(0),
+            logprobs: s.next().is_multiple_of(2).then_some(0),
             ..Default::default()
         };
-        let banned = if s.next() % 3 == 0 {
+        let banned = if s.next().is_multiple_of(3) {
             let mut b = vec![r::argmax(&row) as u32];
             b.extend((0..pick(s.next(), 4)).map(|_| pick(s.next(), vocab) as u32));
             b
@@ -843,9 +843,9 @@ fn compare_backends(
 
 /// `CudaBackend::forward_sampled` against `forward` + the host's `sampling::choose` on the
 /// tiny synthetic model: two copies of three sequences (prompts of 5, 3 and 1 tokens, batches
-/// of 2 so steps split) fed the same tokens, one copy through each path, same seeds. Rows: top-k
-/// + top-p with the logprob, greedy with the host's argmax banned, top-p with 2 top logprobs
-/// (the host fallback).
+/// of 2 so steps split) fed the same tokens, one copy through each path, same seeds. Rows:
+/// top-k and top-p with the logprob, greedy with the host's argmax banned, top-p with 2 top
+/// logprobs (the host fallback).
 fn check_forward_sampled(g: &std::sync::Arc<Gpu>, seed: u64) -> Result<Vec<Check>> {
     use super::backend::CudaBackend;
     use super::model::DecodeOptions;
