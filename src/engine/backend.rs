@@ -1,6 +1,7 @@
 //! The interface between the scheduler/server and a compute backend (CPU reference or CUDA).
 
 use super::config::ModelConfig;
+use super::sampling::{Sampled, Sampler};
 
 /// A sequence slot in a backend's KV cache.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -12,6 +13,14 @@ pub struct SeqId(pub u32);
 pub struct SeqStep<'a> {
     pub seq: SeqId,
     pub tokens: &'a [u32],
+}
+
+/// What one row of a sampled step wants: the request's sampler (`None` for a prefill chunk that
+/// does not end its prompt: no token, no logits) and the token ids it must not choose.
+#[derive(Debug)]
+pub struct RowSample<'a> {
+    pub sampler: Option<&'a mut Sampler>,
+    pub banned: &'a [u32],
 }
 
 /// A compute backend. It owns the weights and the KV cache of every live sequence.
@@ -27,4 +36,35 @@ pub trait ModelBackend: Send {
     /// Run one step for every sequence in `batch` and return, per sequence in the same
     /// order, the logits (length `vocab_size`) after its last new token.
     fn forward(&mut self, batch: &[SeqStep<'_>]) -> anyhow::Result<Vec<Vec<f32>>>;
+
+    /// Run one step like [`ModelBackend::forward`] and choose each row's next token with its
+    /// sampler (`rows` in batch order). The default samples on the host from `forward`'s
+    /// logits; a backend may sample where the logits are and return only the tokens, as long
+    /// as it follows `sampling::choose` and takes one `Sampler::next_uniform` per non-greedy
+    /// token.
+    fn forward_sampled(
+        &mut self,
+        batch: &[SeqStep<'_>],
+        rows: &mut [RowSample<'_>],
+    ) -> anyhow::Result<Vec<Option<Sampled>>> {
+        anyhow::ensure!(
+            rows.len() == batch.len(),
+            "{} sampling rows for a batch of {}",
+            rows.len(),
+            batch.len()
+        );
+        let logits = self.forward(batch)?;
+        anyhow::ensure!(
+            logits.len() == batch.len(),
+            "backend {} returned {} logit rows for a batch of {}",
+            self.name(),
+            logits.len(),
+            batch.len()
+        );
+        Ok(logits
+            .iter()
+            .zip(rows.iter_mut())
+            .map(|(l, r)| r.sampler.as_deref_mut().map(|s| s.sample(l, r.banned)))
+            .collect())
+    }
 }

@@ -52,6 +52,11 @@ pub struct Sampled {
 }
 
 /// A per-request sampler; its random stream depends only on the request's seed.
+///
+/// The draw (see [`choose`]) is defined so that a backend can compute it without sorting the
+/// vocabulary: every step that is not greedy takes exactly one uniform number from the
+/// request's stream ([`Sampler::next_uniform`]), on the host, so a seed gives the same tokens
+/// whether the host or the device turns that number into a token.
 #[derive(Debug)]
 pub struct Sampler {
     params: SamplingParams,
@@ -73,16 +78,26 @@ impl Sampler {
         &self.params
     }
 
+    /// Whether every token is the argmax (no random number is drawn then).
+    pub fn is_greedy(&self) -> bool {
+        self.params.is_greedy()
+    }
+
+    /// The next number of the request's stream, uniform in [0, 1). Call it once per sampled
+    /// token, and only when the sampler is not greedy, as [`Sampler::sample`] does.
+    pub fn next_uniform(&mut self) -> f64 {
+        self.rng.random::<f64>()
+    }
+
     /// Choose the next token. `banned` tokens are never chosen (stop tokens before
     /// `min_tokens`); logprobs are reported from the unmodified logits, as vLLM does.
     pub fn sample(&mut self, logits: &[f32], banned: &[u32]) -> Sampled {
-        let allowed = |i: usize| !banned.contains(&(i as u32)) && !logits[i].is_nan();
-        let greedy = self.params.temperature <= 1e-5 || self.params.top_k == 1;
-        let token = if greedy {
-            argmax(logits, allowed)
+        let u = if self.is_greedy() {
+            0.0
         } else {
-            self.draw(logits, allowed)
+            self.next_uniform()
         };
+        let token = choose(logits, banned, &self.params, u);
         let Some(n) = self.params.logprobs else {
             return Sampled {
                 token: token as u32,
@@ -101,71 +116,198 @@ impl Sampler {
             top,
         }
     }
+}
 
-    fn draw(&mut self, logits: &[f32], allowed: impl Fn(usize) -> bool) -> usize {
-        let p = &self.params;
-        let inv_t = 1.0 / p.temperature;
-        let mut cand: Vec<(usize, f32)> = (0..logits.len())
-            .filter(|&i| allowed(i))
-            .map(|i| (i, logits[i] * inv_t))
-            .collect();
-        if cand.is_empty() {
-            return argmax(logits, |_| true);
-        }
-        let by_logit_desc =
-            |a: &(usize, f32), b: &(usize, f32)| b.1.total_cmp(&a.1).then_with(|| a.0.cmp(&b.0));
-        if p.top_k > 0 && p.top_k < cand.len() {
-            cand.select_nth_unstable_by(p.top_k - 1, by_logit_desc);
-            cand.truncate(p.top_k);
-        }
-        if p.top_p < 1.0 || p.top_k > 0 {
-            // A fixed order makes the draw depend only on the seed.
-            cand.sort_unstable_by(by_logit_desc);
-        }
-        let m = cand.iter().map(|c| c.1).fold(f32::NEG_INFINITY, f32::max);
-        let mut w: Vec<f64> = cand.iter().map(|c| f64::from(c.1 - m).exp()).collect();
-        let total: f64 = w.iter().sum();
-        if p.top_p < 1.0 {
-            let mut acc = 0.0;
-            let keep = w
-                .iter()
-                .position(|x| {
-                    acc += x / total;
-                    acc >= f64::from(p.top_p)
-                })
-                .map_or(w.len(), |i| i + 1);
-            w.truncate(keep);
-        }
-        let total: f64 = w.iter().sum();
-        let mut u = self.rng.random::<f64>() * total;
-        for (c, x) in cand.iter().zip(&w) {
-            if u < *x {
-                return c.0;
-            }
-            u -= x;
-        }
-        cand[w.len() - 1].0
+impl SamplingParams {
+    /// Greedy: temperature at most 1e-5, or `top_k == 1`.
+    pub fn is_greedy(&self) -> bool {
+        self.temperature <= 1e-5 || self.top_k == 1
     }
 }
 
-fn log_sum_exp(logits: &[f32]) -> f32 {
-    let m = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+/// Weight of a scaled logit `z` relative to the largest one, `exp(z - zmax)`. When `zmax` is
+/// infinite the tokens at `zmax` share all the weight (equally) and the rest get none.
+pub fn weight(z: f32, zmax: f32) -> f64 {
+    if zmax.is_infinite() {
+        if z == zmax { 1.0 } else { 0.0 }
+    } else {
+        (f64::from(z) - f64::from(zmax)).exp()
+    }
+}
+
+/// The kept set of a non-greedy draw, as the host computes it: tokens `i` that are allowed
+/// (not banned, not NaN) with `z_i = logit_i / T >= threshold`.
+struct KeptSet {
+    /// Scaled logits of allowed tokens (`None` for banned or NaN ones).
+    z: Vec<Option<f32>>,
+    zmax: f32,
+    threshold: f32,
+    /// Nucleus decision margin: the smallest |mass above a value − top_p · mass| over the
+    /// distinct kept values, relative to the mass (infinite without top-p).
+    top_p_margin: f64,
+}
+
+fn kept_set(logits: &[f32], banned: &[u32], p: &SamplingParams) -> Option<KeptSet> {
+    let t = p.temperature;
+    let z: Vec<Option<f32>> = logits
+        .iter()
+        .enumerate()
+        .map(|(i, &l)| (!l.is_nan() && !banned.contains(&(i as u32))).then(|| l / t))
+        .collect();
+    let mut vals: Vec<f32> = z.iter().flatten().copied().collect();
+    if vals.is_empty() {
+        return None;
+    }
+    let zmax = vals.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    // top-k: keep z >= the k-th largest (ties at the boundary all stay).
+    let mut threshold = f32::NEG_INFINITY;
+    if p.top_k > 0 && p.top_k < vals.len() {
+        let (_, kth, _) = vals.select_nth_unstable_by(p.top_k - 1, |a, b| b.total_cmp(a));
+        threshold = *kth;
+        vals.retain(|&v| v >= threshold);
+    }
+    // top-p: keep the values whose strictly-larger kept mass is below top_p of the kept mass.
+    let mut top_p_margin = f64::INFINITY;
+    if p.top_p < 1.0 {
+        vals.sort_unstable_by(|a, b| b.total_cmp(a));
+        let total: f64 = vals.iter().map(|&v| weight(v, zmax)).sum();
+        let limit = f64::from(p.top_p) * total;
+        let mut above = 0.0f64;
+        let mut i = 0;
+        let mut decided = false;
+        while i < vals.len() {
+            let v = vals[i];
+            let mut group = 0.0;
+            while i < vals.len() && vals[i] == v {
+                group += weight(v, zmax);
+                i += 1;
+            }
+            top_p_margin = top_p_margin.min((above - limit).abs() / total);
+            if !decided {
+                if above < limit || above == 0.0 {
+                    // Values fall, and every one here already passed top-k.
+                    threshold = v;
+                } else {
+                    decided = true;
+                }
+            }
+            above += group;
+        }
+    }
+    Some(KeptSet {
+        z,
+        zmax,
+        threshold,
+        top_p_margin,
+    })
+}
+
+/// The token a request chooses from `logits`, given its uniform number `u` in [0, 1) (ignored
+/// when greedy). The definition every backend implements:
+///
+/// * allowed tokens are those not in `banned` whose logit is not NaN; with none allowed, the
+///   largest non-NaN logit wins (token 0 when every logit is NaN);
+/// * greedy ([`SamplingParams::is_greedy`]): the largest allowed logit, ties to the lower id;
+/// * else `z_i = logit_i / T` (f32 division); top-k keeps `z_i >=` the k-th largest `z`
+///   (ties at the boundary all kept); top-p keeps tokens whose mass of strictly larger kept
+///   `z` is below `top_p` × the kept mass (so the crossing token and its ties stay), with
+///   weights `exp(z_i - zmax)` ([`weight`]);
+/// * the draw walks the kept tokens in id order and takes the first whose running mass
+///   exceeds `u` × the kept mass.
+pub fn choose(logits: &[f32], banned: &[u32], p: &SamplingParams, u: f64) -> usize {
+    let allowed = |i: usize| !logits[i].is_nan() && !banned.contains(&(i as u32));
+    if p.is_greedy() {
+        return argmax(logits, allowed).unwrap_or_else(|| fallback(logits));
+    }
+    let Some(k) = kept_set(logits, banned, p) else {
+        return fallback(logits);
+    };
+    let w = |z: f32| weight(z, k.zmax);
+    let kept = || {
+        k.z.iter()
+            .enumerate()
+            .filter_map(|(i, z)| z.filter(|&z| z >= k.threshold).map(|z| (i, w(z))))
+    };
+    let total: f64 = kept().map(|(_, x)| x).sum();
+    if total <= 0.0 {
+        return argmax(logits, allowed).unwrap_or_else(|| fallback(logits));
+    }
+    let target = u * total;
+    let mut acc = 0.0;
+    let mut last = 0;
+    for (i, x) in kept() {
+        acc += x;
+        last = i;
+        if acc > target {
+            return i;
+        }
+    }
+    last
+}
+
+/// How close a draw is to changing its answer under rounding: the distance of `u` × kept mass
+/// from the nearer end of the chosen token's interval, and of each top-p decision from its
+/// limit, relative to the mass. Backends that sum in another order may pick another token only
+/// when this is tiny (a device check skips such cases). Infinite for greedy rows.
+pub fn draw_margin(logits: &[f32], banned: &[u32], p: &SamplingParams, u: f64) -> f64 {
+    if p.is_greedy() {
+        return f64::INFINITY;
+    }
+    let Some(k) = kept_set(logits, banned, p) else {
+        return f64::INFINITY;
+    };
+    let kept: Vec<f64> =
+        k.z.iter()
+            .filter_map(|z| z.filter(|&z| z >= k.threshold).map(|z| weight(z, k.zmax)))
+            .collect();
+    let total: f64 = kept.iter().sum();
+    if total <= 0.0 {
+        return k.top_p_margin;
+    }
+    let target = u * total;
+    let mut acc = 0.0;
+    for x in kept {
+        if acc + x > target {
+            let inside = (target - acc).min(acc + x - target) / total;
+            return inside.min(k.top_p_margin);
+        }
+        acc += x;
+    }
+    0.0
+}
+
+/// log Σ exp(logit) over every non-NaN logit (the logprob normaliser).
+pub fn log_sum_exp(logits: &[f32]) -> f32 {
+    let m = logits
+        .iter()
+        .copied()
+        .filter(|l| !l.is_nan())
+        .fold(f32::NEG_INFINITY, f32::max);
     if !m.is_finite() {
         return m;
     }
-    let s: f64 = logits.iter().map(|&l| f64::from(l - m).exp()).sum();
+    let s: f64 = logits
+        .iter()
+        .filter(|l| !l.is_nan())
+        .map(|&l| f64::from(l - m).exp())
+        .sum();
     m + s.ln() as f32
 }
 
 /// The index of the largest allowed logit; ties go to the lower index.
-fn argmax(logits: &[f32], allowed: impl Fn(usize) -> bool) -> usize {
+fn argmax(logits: &[f32], allowed: impl Fn(usize) -> bool) -> Option<usize> {
     let mut best: Option<usize> = None;
     for i in (0..logits.len()).filter(|&i| allowed(i)) {
         if best.is_none_or(|b| logits[i] > logits[b]) {
             best = Some(i);
         }
     }
-    best.unwrap_or(0)
+    best
+}
+
+/// With nothing allowed: the largest non-NaN logit, else token 0.
+fn fallback(logits: &[f32]) -> usize {
+    argmax(logits, |i| !logits[i].is_nan()).unwrap_or(0)
 }
 
 /// Indices of the `n` largest logits, best first.
@@ -285,7 +427,12 @@ mod tests {
     #[test]
     fn top_k_and_top_p_restrict_choices() {
         let l = logits();
-        let best: Vec<u32> = top_n(&l, 2).into_iter().map(|i| i as u32).collect();
+        // The logits repeat: every token tied with the 2nd largest value stays.
+        let second = l[top_n(&l, 2)[1]];
+        let best: Vec<u32> = (0..l.len() as u32)
+            .filter(|&i| l[i as usize] >= second)
+            .collect();
+        assert!(best.len() > 2);
         let mut s = Sampler::new(SamplingParams {
             temperature: 5.0,
             top_k: 2,
@@ -320,6 +467,124 @@ mod tests {
             assert_ne!(out.token, 0);
             assert_eq!(out.logprob, None, "no logprobs unless requested");
         }
+    }
+
+    /// The tokens a draw can reach over a fine grid of uniform numbers.
+    fn reachable(l: &[f32], banned: &[u32], p: &SamplingParams) -> Vec<usize> {
+        let mut out: Vec<usize> = (0..1000)
+            .map(|i| choose(l, banned, p, (f64::from(i) + 0.5) / 1000.0))
+            .collect();
+        out.sort_unstable();
+        out.dedup();
+        out
+    }
+
+    fn params(temperature: f32, top_k: usize, top_p: f32) -> SamplingParams {
+        SamplingParams {
+            temperature,
+            top_k,
+            top_p,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn top_k_keeps_every_tie_at_the_boundary() {
+        let l = vec![1.0, 3.0, 2.0, 3.0, 2.0, 0.0];
+        assert_eq!(reachable(&l, &[], &params(1.0, 2, 1.0)), vec![1, 3]);
+        // The 3rd largest is 2.0, held by two tokens: both stay.
+        assert_eq!(reachable(&l, &[], &params(1.0, 3, 1.0)), vec![1, 2, 3, 4]);
+        // k beyond the allowed count keeps everything allowed.
+        assert_eq!(
+            reachable(&l, &[0], &params(1.0, 9, 1.0)),
+            vec![1, 2, 3, 4, 5]
+        );
+        // A banned token does not count towards k.
+        assert_eq!(reachable(&l, &[1], &params(1.0, 2, 1.0)), vec![2, 3, 4]);
+    }
+
+    #[test]
+    fn top_p_keeps_the_crossing_token_and_its_ties() {
+        // Masses 4, 3, 2, 1 (of 10).
+        let l: Vec<f32> = [4.0f32, 3.0, 2.0, 1.0].iter().map(|m| m.ln()).collect();
+        assert_eq!(reachable(&l, &[], &params(1.0, 0, 0.39)), vec![0]);
+        assert_eq!(reachable(&l, &[], &params(1.0, 0, 0.45)), vec![0, 1]);
+        assert_eq!(reachable(&l, &[], &params(1.0, 0, 0.71)), vec![0, 1, 2]);
+        // Masses 4, 3, 3, 1: the two 3s are tied, so both stay once the first does.
+        let l: Vec<f32> = [4.0f32, 3.0, 3.0, 1.0].iter().map(|m| m.ln()).collect();
+        assert_eq!(reachable(&l, &[], &params(1.0, 0, 0.5)), vec![0, 1, 2]);
+        // top-p applies to what top-k kept: of masses 4 and 3, 0.6 of 7 needs both.
+        assert_eq!(reachable(&l, &[], &params(1.0, 2, 0.6)), vec![0, 1, 2]);
+        // Banned tokens carry no mass: without token 0, 0.5 of 7 crosses at the 3s.
+        assert_eq!(reachable(&l, &[0], &params(1.0, 0, 0.5)), vec![1, 2]);
+    }
+
+    #[test]
+    fn the_draw_walks_kept_tokens_in_id_order() {
+        let flat = vec![0.0f32; 4];
+        let p = params(1.0, 0, 1.0);
+        for (u, want) in [(0.1, 0), (0.3, 1), (0.6, 2), (0.99, 3)] {
+            assert_eq!(choose(&flat, &[], &p, u), want, "u = {u}");
+        }
+        let two = vec![0.0, 5.0, 0.0, 5.0];
+        let p = params(0.7, 2, 1.0);
+        assert_eq!(choose(&two, &[], &p, 0.4), 1);
+        assert_eq!(choose(&two, &[], &p, 0.6), 3);
+        // The margin: distance to the nearer end of the chosen interval.
+        let p = params(1.0, 0, 1.0);
+        assert!((draw_margin(&flat, &[], &p, 0.125) - 0.125).abs() < 1e-12);
+        assert!(draw_margin(&flat, &[], &p, 0.5) < 1e-12);
+        assert_eq!(
+            draw_margin(&flat, &[], &params(0.0, 0, 1.0), 0.5),
+            f64::INFINITY
+        );
+    }
+
+    #[test]
+    fn nan_and_banned_tokens_are_never_chosen() {
+        let l = vec![f32::NAN, 1.0, f32::NAN, 0.5, 3.0];
+        for p in [
+            params(0.0, 0, 1.0),
+            params(2.0, 0, 1.0),
+            params(1.0, 2, 0.9),
+        ] {
+            let got = reachable(&l, &[4], &p);
+            assert!(got.iter().all(|t| [1, 3].contains(t)), "{p:?}: {got:?}");
+        }
+        // Nothing allowed: the largest non-NaN logit, even if banned; all NaN: token 0.
+        assert_eq!(choose(&l, &[1, 3, 4], &params(1.0, 0, 1.0), 0.5), 4);
+        assert_eq!(choose(&l, &[1, 3, 4], &params(0.0, 0, 1.0), 0.5), 4);
+        assert_eq!(choose(&[f32::NAN; 3], &[], &params(1.0, 0, 1.0), 0.5), 0);
+        // Infinite logits: the +inf tokens share the draw.
+        let inf = vec![0.0, f32::INFINITY, 1.0, f32::INFINITY];
+        assert_eq!(reachable(&inf, &[], &params(1.0, 0, 1.0)), vec![1, 3]);
+        assert!((log_sum_exp(&[0.0, f32::NAN, 0.0]) - 2.0f32.ln()).abs() < 1e-6);
+    }
+
+    #[test]
+    fn sample_takes_one_uniform_per_token_from_the_seeded_stream() {
+        let p = SamplingParams {
+            temperature: 0.8,
+            top_k: 20,
+            top_p: 0.9,
+            seed: Some(11),
+            ..Default::default()
+        };
+        let l = logits();
+        let mut a = Sampler::new(p.clone());
+        let mut b = Sampler::new(p.clone());
+        for _ in 0..30 {
+            let u = b.next_uniform();
+            assert_eq!(a.sample(&l, &[]).token as usize, choose(&l, &[], &p, u));
+        }
+        // Greedy rows draw nothing: a greedy sampler's stream stays where it started.
+        let mut g = Sampler::new(SamplingParams {
+            top_k: 1,
+            seed: Some(11),
+            ..Default::default()
+        });
+        g.sample(&l, &[]);
+        assert_eq!(g.next_uniform(), Sampler::new(p).next_uniform());
     }
 
     #[test]

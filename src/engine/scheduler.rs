@@ -2,7 +2,7 @@
 //! prefill chunks and decode tokens from all live requests. Requests arrive and results
 //! leave through channels, so the async server never blocks on the model.
 
-use super::backend::{ModelBackend, SeqId, SeqStep};
+use super::backend::{ModelBackend, RowSample, SeqId, SeqStep};
 use super::sampling::{Sampled, Sampler, SamplingParams};
 use super::server::metrics::{Finished, Metrics};
 use std::collections::VecDeque;
@@ -270,29 +270,55 @@ impl Engine {
                 budget -= n;
             }
         }
-        let batch: Vec<SeqStep<'_>> = plan
-            .iter()
-            .map(|(i, range)| {
-                let r = &self.running[*i];
-                let tokens = match range {
-                    Some(range) => &r.req.prompt[range.clone()],
-                    // Decoding starts only after prefill sampled a token, so `generated` is
-                    // non-empty here; fall back to the prompt's tail to stay panic-free.
-                    None => match r.generated.last() {
-                        Some(t) => std::slice::from_ref(t),
-                        None => &r.req.prompt[r.req.prompt.len() - 1..],
-                    },
-                };
-                SeqStep { seq: r.seq, tokens }
+        let stops = &self.cfg.stop_tokens;
+        // Split each running request into what the step reads and its sampler, which the
+        // backend advances; a row samples only when its prompt is complete after this step.
+        let mut parts: Vec<_> = self
+            .running
+            .iter_mut()
+            .map(|r| {
+                (
+                    r.seq,
+                    r.req.prompt.as_slice(),
+                    r.generated.as_slice(),
+                    Some(&mut r.sampler),
+                )
             })
             .collect();
-        let result = self.backend.forward(&batch);
-        drop(batch);
-        let logits = match result {
+        let mut batch: Vec<SeqStep<'_>> = Vec::with_capacity(plan.len());
+        let mut rows: Vec<RowSample<'_>> = Vec::with_capacity(plan.len());
+        for (i, range) in &plan {
+            let (seq, prompt, generated, sampler) = &mut parts[*i];
+            let tokens = match range {
+                Some(range) => &prompt[range.clone()],
+                // Decoding starts only after prefill sampled a token, so `generated` is
+                // non-empty here; fall back to the prompt's tail to stay panic-free.
+                None => match generated.last() {
+                    Some(t) => std::slice::from_ref(t),
+                    None => &prompt[prompt.len() - 1..],
+                },
+            };
+            let ends_prompt = range.as_ref().is_none_or(|r| r.end == prompt.len());
+            let (sampler, banned) = match sampler.take() {
+                Some(sm) if ends_prompt => {
+                    let banned = banned_tokens(stops, sm.params(), generated.len());
+                    (Some(sm), banned)
+                }
+                other => {
+                    *sampler = other;
+                    (None, &[][..])
+                }
+            };
+            batch.push(SeqStep { seq: *seq, tokens });
+            rows.push(RowSample { sampler, banned });
+        }
+        let result = self.backend.forward_sampled(&batch, &mut rows);
+        drop((batch, rows, parts));
+        let sampled = match result {
             Ok(l) if l.len() == plan.len() => l,
             Ok(l) => {
                 let msg = format!(
-                    "backend {} returned {} logit rows for a batch of {}",
+                    "backend {} returned {} sampled rows for a batch of {}",
                     self.backend.name(),
                     l.len(),
                     plan.len()
@@ -306,7 +332,7 @@ impl Engine {
             }
         };
         let mut finished: Vec<usize> = Vec::new();
-        for ((i, range), row) in plan.into_iter().zip(logits) {
+        for ((i, range), row) in plan.into_iter().zip(sampled) {
             let r = &mut self.running[i];
             if let Some(range) = range {
                 r.prefilled = range.end;
@@ -315,7 +341,15 @@ impl Engine {
                     continue;
                 }
             }
-            if let Some(reason) = Self::emit_token(&self.cfg, &self.metrics, r, &row) {
+            let Some(token) = row else {
+                let msg = format!(
+                    "backend {} sampled no token for a sequence whose prompt is complete",
+                    self.backend.name()
+                );
+                self.fail_all(&msg);
+                return;
+            };
+            if let Some(reason) = Self::emit_token(&self.cfg, &self.metrics, r, token) {
                 let _ = r.req.events.send(GenEvent::Done(reason));
                 let why = match reason {
                     FinishReason::Stop => Finished::Stop,
@@ -333,22 +367,16 @@ impl Engine {
         }
     }
 
-    /// Sample and send one token; returns why the request ends, if it does.
+    /// Send one sampled token; returns why the request ends, if it does.
     fn emit_token(
         cfg: &SchedulerConfig,
         metrics: &Metrics,
         r: &mut Running,
-        logits: &[f32],
+        s: Sampled,
     ) -> Option<FinishReason> {
         let p = r.sampler.params();
-        let banned: &[u32] = if r.generated.len() < p.min_tokens && !p.ignore_eos {
-            &cfg.stop_tokens
-        } else {
-            &[]
-        };
         let ignore_eos = p.ignore_eos;
         let max_tokens = p.max_tokens;
-        let s = r.sampler.sample(logits, banned);
         let now = Instant::now();
         if r.last_token_at.is_none() {
             metrics.observe_ttft(now.duration_since(r.req.arrived).as_secs_f64());
@@ -376,5 +404,14 @@ impl Engine {
             self.metrics
                 .observe_finished(Finished::Abort, r.req.arrived.elapsed().as_secs_f64());
         }
+    }
+}
+
+/// Stop tokens are banned until `min_tokens` tokens exist (unless `ignore_eos`).
+fn banned_tokens<'a>(stops: &'a [u32], p: &SamplingParams, generated: usize) -> &'a [u32] {
+    if generated < p.min_tokens && !p.ignore_eos {
+        stops
+    } else {
+        &[]
     }
 }

@@ -1,17 +1,20 @@
 //! `CudaBackend`: the [`ModelBackend`] on one GPU. A step whose sequences each add one token
 //! runs the decode step (CUDA graphs); a step with prompt chunks runs every row through the
-//! batched prefill kernels (tensor-core GEMMs, grouped MoE) at once, unless prefill is off,
-//! when prompts advance token by token through the decode step.
+//! batched prefill kernels (tensor-core GEMMs, grouped MoE) at once — per `--moe-kernel`.
+//! `forward_sampled` samples on the device so only token ids come back.
 
 use std::sync::Arc;
 
 use anyhow::{Result, ensure};
+use cudarc::driver::CudaSlice;
 
 use super::device::Gpu;
 use super::model::{DecodeOptions, Decoder, MoePath};
+use super::ops::{self, SampleRow};
 use super::weights::DeviceWeights;
-use crate::engine::backend::{ModelBackend, SeqId, SeqStep};
+use crate::engine::backend::{ModelBackend, RowSample, SeqId, SeqStep};
 use crate::engine::config::ModelConfig;
+use crate::engine::sampling::Sampled;
 
 /// The CUDA backend.
 pub struct CudaBackend {
@@ -20,6 +23,28 @@ pub struct CudaBackend {
     /// Tokens held by each KV slot; `None` when the slot is free.
     lens: Vec<Option<usize>>,
     graphs: bool,
+    sampling: SampleBufs,
+}
+
+/// Device buffers of on-device sampling (row requests, banned ids, results), grown on demand.
+#[derive(Default)]
+struct SampleBufs {
+    rows: Option<CudaSlice<u8>>,
+    banned: Option<CudaSlice<u32>>,
+    out: Option<CudaSlice<u32>>,
+}
+
+/// `slot` holding at least `n` elements (reallocated, contents dropped, when smaller).
+fn at_least<'a, T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits>(
+    g: &Gpu,
+    slot: &'a mut Option<CudaSlice<T>>,
+    n: usize,
+) -> Result<&'a mut CudaSlice<T>> {
+    if slot.as_ref().is_none_or(|s| s.len() < n) {
+        *slot = Some(g.alloc(n)?);
+    }
+    slot.as_mut()
+        .ok_or_else(|| anyhow::anyhow!("sampling buffer missing after allocation"))
 }
 
 impl CudaBackend {
@@ -42,6 +67,7 @@ impl CudaBackend {
             dec,
             lens: vec![None; slots],
             graphs,
+            sampling: SampleBufs::default(),
         })
     }
 
@@ -53,7 +79,8 @@ impl CudaBackend {
         format!(
             "cuda backend: device {} ({}); kernels {} compiled, {} cached in {:.2} s ({}); \
              decode: moe gemv with fp32 activations, bf16 dense weights, mxfp4 experts; kv {}, \
-             sinks {}, cuda graphs {}; {}",
+             sinks {}, cuda graphs {}; {}; sampling on device (rows asking for top logprobs \
+             sample on the host)",
             self.gpu.name(),
             self.gpu.arch(),
             lr.compiled,
@@ -66,7 +93,8 @@ impl CudaBackend {
             match o.moe {
                 MoePath::Auto =>
                     "prompts: batched path (tensor-core mma.sync bf16 GEMMs, moe grouped by \
-                     expert with mxfp4 dequantized in shared memory, split-K attention)",
+                     expert with mxfp4 dequantized in shared memory, attention with the GQA \
+                     group's keys shared in shared memory)",
                 MoePath::Gemv => "prompts: token by token through the decode step",
                 MoePath::Grouped => "every step on the batched path (grouped moe), no graphs",
             },
@@ -84,68 +112,6 @@ impl CudaBackend {
             Some(Some(len)) => Ok((s, *len)),
             _ => anyhow::bail!("sequence {} is not allocated on {}", seq.0, self.name()),
         }
-    }
-}
-
-impl CudaBackend {
-    /// Every row of `batch` through the decode step, one position per step (decode batches,
-    /// and prompts when the prefill kernels are off).
-    fn token_by_token(
-        &mut self,
-        batch: &[SeqStep<'_>],
-        rows: &[(usize, usize)],
-        out: &mut [Vec<f32>],
-    ) -> Result<()> {
-        let longest = batch.iter().map(|s| s.tokens.len()).max().unwrap_or(0);
-        for r in 0..longest {
-            let live: Vec<usize> = (0..batch.len())
-                .filter(|&b| batch[b].tokens.len() > r)
-                .collect();
-            for chunk in live.chunks(self.dec.max_batch()) {
-                let toks: Vec<u32> = chunk.iter().map(|&b| batch[b].tokens[r]).collect();
-                let pos: Vec<u32> = chunk.iter().map(|&b| (rows[b].1 + r) as u32).collect();
-                let slots: Vec<u32> = chunk.iter().map(|&b| rows[b].0 as u32).collect();
-                let keys = pos.iter().max().map_or(1, |&p| p as usize + 1);
-                self.dec.set_inputs(&self.gpu, &toks, &pos, &slots)?;
-                self.dec.run(&self.gpu, chunk.len(), keys, self.graphs)?;
-                for (row, &b) in chunk.iter().enumerate() {
-                    if r + 1 == batch[b].tokens.len() {
-                        out[b] = self.dec.logits(&self.gpu, row)?;
-                    }
-                }
-            }
-        }
-        Ok(())
-    }
-
-    /// All rows of `batch` through the batched prefill kernels (decode rows ride along as
-    /// one-row sequences), in groups of at most `max_batch` sequences (the head's rows).
-    fn prefill(
-        &mut self,
-        batch: &[SeqStep<'_>],
-        rows: &[(usize, usize)],
-        out: &mut [Vec<f32>],
-    ) -> Result<()> {
-        let group = self.dec.max_batch();
-        for first in (0..batch.len()).step_by(group) {
-            let seqs = first..(first + group).min(batch.len());
-            let (mut toks, mut pos, mut slots, mut outs) =
-                (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-            for b in seqs.clone() {
-                let (slot, len) = rows[b];
-                for (r, &t) in batch[b].tokens.iter().enumerate() {
-                    toks.push(t);
-                    pos.push((len + r) as u32);
-                    slots.push(slot as u32);
-                }
-                outs.push(toks.len() as u32 - 1);
-            }
-            self.dec.prefill(&self.gpu, &toks, &pos, &slots, &outs)?;
-            for (row, b) in seqs.enumerate() {
-                out[b] = self.dec.logits(&self.gpu, row)?;
-            }
-        }
-        Ok(())
     }
 }
 
@@ -192,21 +158,238 @@ impl ModelBackend for CudaBackend {
             rows.push((slot, len));
         }
         let mut out = vec![Vec::new(); batch.len()];
+        self.run_steps(batch, &rows, |me, ready| {
+            for &(row, b) in ready {
+                out[b] = me.dec.logits(&me.gpu, row)?;
+            }
+            Ok(())
+        })?;
+        self.gpu.sync()?;
+        for (st, (slot, len)) in batch.iter().zip(rows) {
+            self.lens[slot] = Some(len + st.tokens.len());
+        }
+        Ok(out)
+    }
+
+    fn forward_sampled(
+        &mut self,
+        batch: &[SeqStep<'_>],
+        rows: &mut [RowSample<'_>],
+    ) -> Result<Vec<Option<Sampled>>> {
+        ensure!(
+            rows.len() == batch.len(),
+            "{} sampling rows for a batch of {}",
+            rows.len(),
+            batch.len()
+        );
+        let mut at = Vec::with_capacity(batch.len());
+        for st in batch {
+            let (slot, len) = self.slot(st.seq)?;
+            ensure!(
+                !st.tokens.is_empty() && len + st.tokens.len() <= self.dec.max_positions(),
+                "sequence {} feeds {} tokens after {len}; the KV slot holds {}",
+                st.seq.0,
+                st.tokens.len(),
+                self.dec.max_positions()
+            );
+            at.push((slot, len));
+        }
+        // Per row: the kernel's request, or None where the host samples (top logprobs wanted,
+        // or more banned ids than the kernel takes) or nothing is sampled. The uniform number
+        // is drawn now, one per non-greedy token, as `Sampler::sample` does on the host.
+        let mut dev: Vec<Option<SampleRow>> = Vec::with_capacity(rows.len());
+        for r in rows.iter_mut() {
+            let req = match r.sampler.as_deref_mut() {
+                Some(s)
+                    if s.params().logprobs.is_none_or(|n| n == 0)
+                        && r.banned.len() <= ops::SAMPLE_MAX_BANNED =>
+                {
+                    let greedy = s.is_greedy();
+                    let p = s.params().clone();
+                    Some(SampleRow {
+                        u: if greedy { 0.0 } else { s.next_uniform() },
+                        temperature: p.temperature,
+                        top_p: p.top_p,
+                        top_k: p.top_k,
+                        greedy,
+                        logprob: p.logprobs.is_some(),
+                        ban_n: r.banned.len(),
+                        ..Default::default()
+                    })
+                }
+                _ => None,
+            };
+            dev.push(req);
+        }
+        let g = self.gpu.clone();
+        let n_dev = dev.iter().flatten().count();
+        let bans: usize = dev.iter().flatten().map(|r| r.ban_n).sum();
+        if n_dev > 0 {
+            at_least(&g, &mut self.sampling.out, 2 * batch.len())?;
+            at_least(
+                &g,
+                &mut self.sampling.rows,
+                n_dev.min(self.dec.max_batch()) * ops::SAMPLE_ROW_BYTES,
+            )?;
+            at_least(&g, &mut self.sampling.banned, bans)?;
+        }
+        let mut host_logits: Vec<Option<Vec<f32>>> = vec![None; batch.len()];
+        let vocab = self.dec.config().vocab_size;
+        self.run_steps(batch, &at, |me, ready| {
+            let (mut reqs, mut banned) = (Vec::new(), Vec::new());
+            for &(row, b) in ready {
+                if rows[b].sampler.is_none() {
+                    continue;
+                }
+                match dev[b] {
+                    Some(req) => {
+                        reqs.push(SampleRow {
+                            logit_row: row,
+                            out_row: b,
+                            ban_off: banned.len(),
+                            ..req
+                        });
+                        banned.extend_from_slice(rows[b].banned);
+                    }
+                    None => host_logits[b] = Some(me.dec.logits(&me.gpu, row)?),
+                }
+            }
+            if !reqs.is_empty() {
+                me.launch_sampling(&reqs, &banned, vocab)?;
+            }
+            Ok(())
+        })?;
+        let out = match &self.sampling.out {
+            Some(o) if n_dev > 0 => g
+                .stream()
+                .clone_dtoh(&o.slice(0..2 * batch.len()))
+                .map_err(|e| anyhow::anyhow!("copying sampled tokens: {:?}", e.0))?,
+            _ => Vec::new(),
+        };
+        g.sync()?;
+        for (st, (slot, len)) in batch.iter().zip(at) {
+            self.lens[slot] = Some(len + st.tokens.len());
+        }
+        let mut res = Vec::with_capacity(batch.len());
+        for (b, r) in rows.iter_mut().enumerate() {
+            let Some(s) = r.sampler.as_deref_mut() else {
+                res.push(None);
+                continue;
+            };
+            if let Some(l) = &host_logits[b] {
+                res.push(Some(s.sample(l, r.banned)));
+                continue;
+            }
+            let (token, lp) = match out.get(2 * b..2 * b + 2) {
+                Some(&[t, lp]) if dev[b].is_some() => (t, f32::from_bits(lp)),
+                _ => anyhow::bail!("no sampled token came back for row {b}"),
+            };
+            ensure!(
+                (token as usize) < vocab,
+                "the sampling kernel returned token {token} ≥ vocab {vocab}"
+            );
+            res.push(Some(Sampled {
+                token,
+                logprob: s.params().logprobs.map(|_| lp),
+                top: Vec::new(),
+            }));
+        }
+        Ok(res)
+    }
+}
+
+impl CudaBackend {
+    /// Run the step(s) of `batch` (`at`: each sequence's KV slot and current length); after
+    /// each step `ready` gets (logits row, batch index) of the sequences whose last new token
+    /// it ran. A step whose sequences each add one token runs the decode step (graphs); one
+    /// with prompt chunks runs every row through the batched prefill path (per `--moe-kernel`).
+    fn run_steps(
+        &mut self,
+        batch: &[SeqStep<'_>],
+        at: &[(usize, usize)],
+        mut ready: impl FnMut(&mut Self, &[(usize, usize)]) -> Result<()>,
+    ) -> Result<()> {
         let single = batch.iter().all(|s| s.tokens.len() == 1);
         let batched = match self.dec.options().moe {
             MoePath::Auto => !single,
             MoePath::Gemv => false,
             MoePath::Grouped => true,
         };
+        let group = self.dec.max_batch();
         if batched {
-            self.prefill(batch, &rows, &mut out)?;
-        } else {
-            self.token_by_token(batch, &rows, &mut out)?;
+            // Decode rows ride along as one-row sequences; at most `max_batch` sequences per
+            // pass (the head's rows).
+            for first in (0..batch.len()).step_by(group) {
+                let seqs = first..(first + group).min(batch.len());
+                let (mut toks, mut pos, mut slots, mut outs) =
+                    (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+                for b in seqs.clone() {
+                    let (slot, len) = at[b];
+                    for (r, &t) in batch[b].tokens.iter().enumerate() {
+                        toks.push(t);
+                        pos.push((len + r) as u32);
+                        slots.push(slot as u32);
+                    }
+                    outs.push(toks.len() as u32 - 1);
+                }
+                self.dec.prefill(&self.gpu, &toks, &pos, &slots, &outs)?;
+                let done: Vec<(usize, usize)> = seqs.enumerate().collect();
+                ready(self, &done)?;
+            }
+            return Ok(());
         }
-        self.gpu.sync()?;
-        for (st, (slot, len)) in batch.iter().zip(rows) {
-            self.lens[slot] = Some(len + st.tokens.len());
+        let longest = batch.iter().map(|s| s.tokens.len()).max().unwrap_or(0);
+        for r in 0..longest {
+            let live: Vec<usize> = (0..batch.len())
+                .filter(|&b| batch[b].tokens.len() > r)
+                .collect();
+            for chunk in live.chunks(group) {
+                let toks: Vec<u32> = chunk.iter().map(|&b| batch[b].tokens[r]).collect();
+                let pos: Vec<u32> = chunk.iter().map(|&b| (at[b].1 + r) as u32).collect();
+                let slots: Vec<u32> = chunk.iter().map(|&b| at[b].0 as u32).collect();
+                let keys = pos.iter().max().map_or(1, |&p| p as usize + 1);
+                self.dec.set_inputs(&self.gpu, &toks, &pos, &slots)?;
+                self.dec.run(&self.gpu, chunk.len(), keys, self.graphs)?;
+                let done: Vec<(usize, usize)> = chunk
+                    .iter()
+                    .enumerate()
+                    .filter(|&(_, &b)| r + 1 == batch[b].tokens.len())
+                    .map(|(row, &b)| (row, b))
+                    .collect();
+                if !done.is_empty() {
+                    ready(self, &done)?;
+                }
+            }
         }
-        Ok(out)
+        Ok(())
+    }
+
+    /// Queue the sampling kernel for `reqs` (rows of the step just run) on the stream.
+    fn launch_sampling(&mut self, reqs: &[SampleRow], banned: &[u32], vocab: usize) -> Result<()> {
+        let g = &self.gpu;
+        let bytes = SampleRow::encode(reqs)?;
+        let buf = at_least(g, &mut self.sampling.rows, bytes.len())?;
+        g.stream()
+            .memcpy_htod(&bytes, &mut buf.slice_mut(0..bytes.len()))
+            .map_err(|e| anyhow::anyhow!("copying sampling rows: {:?}", e.0))?;
+        let rows_ptr = g.ptr(buf);
+        let ban = at_least(g, &mut self.sampling.banned, banned.len())?;
+        if !banned.is_empty() {
+            g.stream()
+                .memcpy_htod(banned, &mut ban.slice_mut(0..banned.len()))
+                .map_err(|e| anyhow::anyhow!("copying banned ids: {:?}", e.0))?;
+        }
+        let ban_ptr = g.ptr(ban);
+        let out = at_least(g, &mut self.sampling.out, 2)?;
+        let out_ptr = g.ptr(out);
+        ops::sample(
+            g,
+            self.dec.logits_ptr(g),
+            vocab,
+            rows_ptr,
+            reqs.len(),
+            ban_ptr,
+            out_ptr,
+        )
     }
 }

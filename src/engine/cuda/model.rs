@@ -965,3 +965,11 @@ fn upload_rows(
         .map_err(|e| anyhow::anyhow!("copying KV offsets: {:?}", e.0))?;
     Ok(())
 }
+
+impl Decoder {
+    /// Device address of the logits ([max_batch, vocab] fp32, rows of the last step), for
+    /// kernels that read them in place (on-device sampling).
+    pub fn logits_ptr(&self, g: &Gpu) -> u64 {
+        g.ptr(&self.logits)
+    }
+}

@@ -550,6 +550,106 @@ pub fn argmax(
     )
 }
 
+/// Threads per row of the sampling kernel (kernel constant `SAMPLE_THREADS`).
+const SAMPLE_THREADS: u32 = 512;
+
+/// Most banned ids one row of the sampling kernel takes (kernel constant `SAMPLE_MAX_BANNED`).
+pub const SAMPLE_MAX_BANNED: usize = 256;
+
+/// Largest vocabulary the sampling kernel's fixed-point masses hold without overflow.
+pub const SAMPLE_MAX_VOCAB: usize = 1 << 26;
+
+/// One row's request to the sampling kernel (`SampleRow` in sampling.cu).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct SampleRow {
+    /// Uniform number in [0, 1) from the request's stream (ignored when greedy).
+    pub u: f64,
+    /// Temperature (> 0 unless greedy).
+    pub temperature: f32,
+    /// Nucleus mass in (0, 1]; 1 disables.
+    pub top_p: f32,
+    /// 0 disables.
+    pub top_k: usize,
+    /// Take the largest allowed logit.
+    pub greedy: bool,
+    /// Return the chosen token's logprob.
+    pub logprob: bool,
+    /// Banned ids: `banned[ban_off .. ban_off + ban_n]`.
+    pub ban_off: usize,
+    /// At most [`SAMPLE_MAX_BANNED`].
+    pub ban_n: usize,
+    /// Row of the logits to read.
+    pub logit_row: usize,
+    /// Where the result goes: `out[2 · out_row]` token, `out[2 · out_row + 1]` logprob bits.
+    pub out_row: usize,
+}
+
+/// Bytes of one [`SampleRow`] on the device.
+pub const SAMPLE_ROW_BYTES: usize = 40;
+
+impl SampleRow {
+    /// The device layout (little endian, 40 bytes per row).
+    pub fn encode(rows: &[SampleRow]) -> Result<Vec<u8>> {
+        let mut out = Vec::with_capacity(rows.len() * SAMPLE_ROW_BYTES);
+        let int = |v: usize| -> Result<[u8; 4]> {
+            Ok(i32::try_from(v)
+                .map_err(|_| anyhow::anyhow!("sampling row field {v} does not fit 32 bits"))?
+                .to_le_bytes())
+        };
+        for r in rows {
+            ensure!(
+                r.ban_n <= SAMPLE_MAX_BANNED,
+                "{} banned ids in one row; the sampling kernel takes at most {SAMPLE_MAX_BANNED}",
+                r.ban_n
+            );
+            out.extend(r.u.to_le_bytes());
+            out.extend(r.temperature.to_le_bytes());
+            out.extend(r.top_p.to_le_bytes());
+            out.extend(int(r.top_k.min(i32::MAX as usize))?);
+            out.extend((r.greedy as i32 | (r.logprob as i32) << 1).to_le_bytes());
+            out.extend(int(r.ban_off)?);
+            out.extend(int(r.ban_n)?);
+            out.extend(int(r.logit_row)?);
+            out.extend(int(r.out_row)?);
+        }
+        Ok(out)
+    }
+}
+
+/// Sample `nrows` rows described by `rows` (device [`SampleRow`] array, see
+/// [`SampleRow::encode`]) from `logits` ([*, vocab] fp32); `banned` is the device u32 array
+/// the rows index; `out` receives (token, logprob bits) pairs at each row's `out_row`.
+pub fn sample(
+    g: &Gpu,
+    logits: u64,
+    vocab: usize,
+    rows: u64,
+    nrows: usize,
+    banned: u64,
+    out: u64,
+) -> Result<()> {
+    ensure!(
+        vocab > 0 && vocab < SAMPLE_MAX_VOCAB,
+        "vocabulary of {vocab} outside the sampling kernel's range (1 to {SAMPLE_MAX_VOCAB})"
+    );
+    if nrows == 0 {
+        return Ok(());
+    }
+    g.launch(
+        "sample_rows",
+        (u(nrows)?, 1, 1),
+        (SAMPLE_THREADS, 1, 1),
+        0,
+        &[
+            Arg::Ptr(logits),
+            i(vocab)?,
+            Arg::Ptr(rows),
+            Arg::Ptr(banned),
+            Arg::Ptr(out),
+        ],
+    )
+}
+
 /// Fill `n` bf16 with `offset + scale · U(-1, 1)` from the counter hash of `seed`.
 pub fn fill_bf16(g: &Gpu, out: u64, n: usize, seed: u64, scale: f32, offset: f32) -> Result<()> {
     let blocks = u(n.div_ceil(256).clamp(1, 65536))?;

@@ -8,6 +8,7 @@ use super::device::Gpu;
 use super::ops::{self, AttnScratch, AttnShape, MoeShape, MoeWeights};
 use super::reference as r;
 use super::synthetic::{bf16_vec, f32_vec, u8_vec};
+use crate::engine::sampling::{self, SamplingParams};
 
 /// One kernel check.
 #[derive(Debug, Clone)]
@@ -86,6 +87,7 @@ pub fn run_kernel_checks(g: &Gpu, seed: u64) -> Result<Vec<Check>> {
     out.extend(check_gemm(g, &mut s)?);
     out.extend(check_moe_grouped(g, &mut s)?);
     out.extend(check_argmax(g, &mut s)?);
+    out.extend(check_sampling(g, &mut s)?);
     out.extend(check_synthetic(g, &mut s)?);
     Ok(out)
 }
@@ -782,6 +784,166 @@ fn check_argmax(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
     )])
 }
 
+/// One row of the sampling check: parameters, banned ids and the uniform number.
+#[derive(Debug, Clone)]
+pub struct SampleCase {
+    pub params: SamplingParams,
+    pub banned: Vec<u32>,
+    pub u: f64,
+}
+
+/// Host and device sum masses in different orders, so they may pick different tokens when
+/// the draw lies this close (relative to the kept mass) to a boundary; such cases are skipped.
+pub const SAMPLE_MARGIN: f64 = 1e-5;
+
+/// Uniform number in [0, 1) from 53 bits of a seed stream.
+fn unit_f64(x: u64) -> f64 {
+    (x >> 11) as f64 / (1u64 << 53) as f64
+}
+
+/// `rows` rows of `vocab` logits shaped like a language model's (noise plus a few dominant
+/// tokens), with ties (quantised rows, a tie at the top), NaN (also at the top) and -inf
+/// entries, and one parameter combination per row (greedy, temperature, top-k, top-p,
+/// banned ids incl. the top token, logprob).
+pub fn sampling_cases(seed: u64, vocab: usize, rows: usize) -> (Vec<f32>, Vec<SampleCase>) {
+    let mut s = Seeds(seed);
+    let pick = |x: u64, n: usize| (x % n as u64) as usize;
+    let mut logits = Vec::with_capacity(vocab * rows);
+    let mut cases = Vec::with_capacity(rows);
+    for r in 0..rows {
+        let mut row = f32_vec(s.next(), vocab, 4.0, 0.0);
+        for _ in 0..1 + pick(s.next(), 24) {
+            let i = pick(s.next(), vocab);
+            row[i] = 12.0 + pick(s.next(), 1000) as f32 / 100.0;
+        }
+        let top = r::argmax(&row);
+        match r % 4 {
+            1 => row.iter_mut().for_each(|v| *v = (*v * 2.0).round() / 2.0),
+            2 => {
+                row[top] = f32::NAN;
+                for _ in 0..3 {
+                    row[pick(s.next(), vocab)] = f32::NAN;
+                    row[pick(s.next(), vocab)] = f32::NEG_INFINITY;
+                }
+            }
+            3 => {
+                let other = pick(s.next(), vocab);
+                row[other] = row[top];
+            }
+            _ => {}
+        }
+        let temps = [0.0, 0.3, 0.7, 1.0, 1.5];
+        let top_ks = [0, 0, 1, 2, 7, 50, vocab + 3];
+        let top_ps = [1.0, 1.0, 0.95, 0.6, 0.2];
+        let params = SamplingParams {
+            temperature: temps[pick(s.next(), temps.len())],
+            top_k: top_ks[pick(s.next(), top_ks.len())],
+            top_p: top_ps[pick(s.next(), top_ps.len())],
+            logprobs: s.next().is_multiple_of(2).then_some(0),
+            ..Default::default()
+        };
+        let banned = if s.next().is_multiple_of(3) {
+            let mut b = vec![r::argmax(&row) as u32];
+            b.extend((0..pick(s.next(), 4)).map(|_| pick(s.next(), vocab) as u32));
+            b
+        } else {
+            Vec::new()
+        };
+        logits.extend(row);
+        cases.push(SampleCase {
+            params,
+            banned,
+            u: unit_f64(s.next()),
+        });
+    }
+    (logits, cases)
+}
+
+fn check_sampling(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
+    let mut res = Vec::new();
+    for vocab in [1000usize, 4097, 50_001, 201_088] {
+        let rows = 48;
+        let (logits, cases) = sampling_cases(s.next(), vocab, rows);
+        // Requests in reverse, so a block's index is neither its logit row nor its out row.
+        let (mut reqs, mut banned) = (Vec::new(), Vec::new());
+        for (i, c) in cases.iter().enumerate().rev() {
+            reqs.push(ops::SampleRow {
+                u: c.u,
+                temperature: c.params.temperature,
+                top_p: c.params.top_p,
+                top_k: c.params.top_k,
+                greedy: c.params.is_greedy(),
+                logprob: c.params.logprobs.is_some(),
+                ban_off: banned.len(),
+                ban_n: c.banned.len(),
+                logit_row: i,
+                out_row: i,
+            });
+            banned.extend_from_slice(&c.banned);
+        }
+        banned.push(u32::MAX);
+        let dl = g.upload(&logits)?;
+        let dr = g.upload(&ops::SampleRow::encode(&reqs)?)?;
+        let db = g.upload(&banned)?;
+        let dout = g.upload(&vec![u32::MAX; 2 * rows])?;
+        ops::sample(
+            g,
+            g.ptr(&dl),
+            vocab,
+            g.ptr(&dr),
+            rows,
+            g.ptr(&db),
+            g.ptr(&dout),
+        )?;
+        let out = g.download(&dout)?;
+        let (mut compared, mut skipped, mut mism, mut bad) = (0usize, 0usize, 0usize, 0usize);
+        let mut lp_err = 0.0f64;
+        for (i, c) in cases.iter().enumerate() {
+            let row = &logits[i * vocab..][..vocab];
+            let tok = out[2 * i] as usize;
+            if tok >= vocab || row[tok].is_nan() || c.banned.contains(&(tok as u32)) {
+                bad += 1;
+                continue;
+            }
+            if sampling::draw_margin(row, &c.banned, &c.params, c.u) < SAMPLE_MARGIN {
+                skipped += 1;
+            } else {
+                compared += 1;
+                if sampling::choose(row, &c.banned, &c.params, c.u) != tok {
+                    mism += 1;
+                }
+            }
+            if c.params.logprobs.is_some() {
+                let want = row[tok] - sampling::log_sum_exp(row);
+                let got = f32::from_bits(out[2 * i + 1]);
+                let e = f64::from((got - want).abs());
+                lp_err = lp_err.max(if e.is_nan() { f64::INFINITY } else { e });
+            }
+        }
+        res.push(check(
+            format!("sample_rows V={vocab}: tokens vs host ({compared} of {rows} compared)"),
+            mism as f64,
+            0.0,
+        ));
+        res.push(check(
+            format!("sample_rows V={vocab}: NaN, banned or out-of-range picks"),
+            bad as f64,
+            0.0,
+        ));
+        res.push(check(
+            format!("sample_rows V={vocab}: chosen logprob abs error"),
+            lp_err,
+            1e-4,
+        ));
+        res.push(check(
+            format!("sample_rows V={vocab}: share skipped within {SAMPLE_MARGIN:e} of a boundary"),
+            skipped as f64 / rows as f64,
+            0.5,
+        ));
+    }
+    Ok(res)
+}
+
 fn check_synthetic(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
     let n = 1_000_003;
     let (sb, su) = (s.next(), s.next());
@@ -892,6 +1054,156 @@ struct E2e {
     mismatched: usize,
     /// Steps compared (rows × rounds).
     steps: usize,
+}
+
+/// `CudaBackend::forward_sampled` against `forward` + the host's `sampling::choose` on the
+/// tiny synthetic model: two copies of three sequences (prompts of 5, 3 and 1 tokens, batches
+/// of 2 so steps split) fed the same tokens, one copy through each path, same seeds. Rows:
+/// top-k and top-p with the logprob, greedy with the host's argmax banned, top-p with 2 top
+/// logprobs (the host fallback).
+fn check_forward_sampled(g: &std::sync::Arc<Gpu>, seed: u64) -> Result<Vec<Check>> {
+    use super::backend::CudaBackend;
+    use super::model::DecodeOptions;
+    use crate::engine::backend::{ModelBackend, RowSample, SeqStep};
+    use crate::engine::sampling::Sampler;
+
+    let cfg = crate::engine::synthetic::config("tiny")?;
+    let dw = super::weights::synthetic_device(g, &cfg, seed)?;
+    let mut be = CudaBackend::new(
+        g.clone(),
+        &cfg,
+        dw,
+        DecodeOptions::default(),
+        6,
+        64,
+        2,
+        true,
+    )?;
+    let mut s = Seeds(seed ^ 0x5a3b);
+    let vocab = cfg.vocab_size as u64;
+    let params = [
+        SamplingParams {
+            temperature: 0.8,
+            top_k: 40,
+            top_p: 0.9,
+            seed: Some(s.next()),
+            logprobs: Some(0),
+            ..Default::default()
+        },
+        SamplingParams {
+            temperature: 0.0,
+            seed: Some(s.next()),
+            ..Default::default()
+        },
+        SamplingParams {
+            temperature: 1.2,
+            top_p: 0.7,
+            seed: Some(s.next()),
+            logprobs: Some(2),
+            ..Default::default()
+        },
+    ];
+    let mut feed: Vec<Vec<u32>> = [5usize, 3, 1]
+        .iter()
+        .map(|&n| (0..n).map(|_| (s.next() % vocab) as u32).collect())
+        .collect();
+    let mut host: Vec<Sampler> = params.iter().cloned().map(Sampler::new).collect();
+    let mut dev: Vec<Sampler> = params.iter().cloned().map(Sampler::new).collect();
+    let alloc = |be: &mut CudaBackend| {
+        be.alloc_seq(64)
+            .ok_or_else(|| anyhow::anyhow!("no KV slot on {}", be.name()))
+    };
+    let (mut a, mut b) = (Vec::new(), Vec::new());
+    for _ in &params {
+        a.push(alloc(&mut be)?);
+        b.push(alloc(&mut be)?);
+    }
+    let (mut compared, mut skipped, mut mism, mut shape) = (0usize, 0usize, 0usize, 0usize);
+    let mut lp_err = 0.0f64;
+    for _ in 0..8 {
+        let steps = |seqs: &[crate::engine::backend::SeqId]| -> Vec<SeqStep<'_>> {
+            seqs.iter()
+                .zip(&feed)
+                .map(|(&seq, t)| SeqStep { seq, tokens: t })
+                .collect()
+        };
+        let logits = be.forward(&steps(&a))?;
+        let banned: Vec<Vec<u32>> = (0..params.len())
+            .map(|i| {
+                if i == 1 {
+                    vec![r::argmax(&logits[i]) as u32]
+                } else {
+                    Vec::new()
+                }
+            })
+            .collect();
+        let mut rows: Vec<RowSample<'_>> = dev
+            .iter_mut()
+            .zip(&banned)
+            .map(|(d, ban)| RowSample {
+                sampler: Some(d),
+                banned: ban,
+            })
+            .collect();
+        let got = be.forward_sampled(&steps(&b), &mut rows)?;
+        drop(rows);
+        let mut next = Vec::new();
+        for (i, got) in got.into_iter().enumerate() {
+            let Some(got) = got else {
+                shape += 1;
+                continue;
+            };
+            let p = &params[i];
+            let u = if p.is_greedy() {
+                0.0
+            } else {
+                host[i].next_uniform()
+            };
+            let row = &logits[i];
+            if sampling::draw_margin(row, &banned[i], p, u) < SAMPLE_MARGIN {
+                skipped += 1;
+            } else {
+                compared += 1;
+                if sampling::choose(row, &banned[i], p, u) != got.token as usize {
+                    mism += 1;
+                }
+            }
+            if got.logprob.is_some() != p.logprobs.is_some()
+                || got.top.len() != p.logprobs.unwrap_or(0)
+            {
+                shape += 1;
+            }
+            if let Some(lp) = got.logprob {
+                let want = row[got.token as usize] - sampling::log_sum_exp(row);
+                let e = f64::from((lp - want).abs());
+                lp_err = lp_err.max(if e.is_nan() { f64::INFINITY } else { e });
+            }
+            next.push(vec![got.token]);
+        }
+        if next.len() != params.len() {
+            break;
+        }
+        feed = next;
+    }
+    for q in a.into_iter().chain(b) {
+        be.free_seq(q);
+    }
+    Ok(vec![
+        check(
+            format!(
+                "forward_sampled tiny: tokens vs forward + host ({compared} compared, \
+                 {skipped} skipped)"
+            ),
+            mism as f64,
+            0.0,
+        ),
+        check(
+            "forward_sampled tiny: missing rows, logprob/top shape",
+            shape as f64,
+            0.0,
+        ),
+        check("forward_sampled tiny: logprob abs error", lp_err, 1e-4),
+    ])
 }
 
 /// Logit bound of the end-to-end checks with an fp32 KV cache: the GPU then differs from
@@ -1005,6 +1317,7 @@ pub fn run_model_checks(
             push(&mut res, &label, kv, moe, true, r);
         }
     }
+    res.extend(check_forward_sampled(g, seed)?);
     if let Some(dir) = fixtures {
         let mut models: Vec<_> = std::fs::read_dir(dir)
             .with_context(|| format!("reading fixture directory {}", dir.display()))?
@@ -1055,4 +1368,38 @@ pub fn run_model_checks(
         }
     }
     Ok(res)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The device check compares tokens only away from boundaries; its cases must leave most
+    /// rows comparable, or the check would pass without testing anything.
+    #[test]
+    fn sampling_cases_are_mostly_away_from_boundaries() {
+        for (vocab, rows) in [(1000, 48), (4097, 48), (201_088, 12)] {
+            let (logits, cases) = sampling_cases(vocab as u64, vocab, rows);
+            assert_eq!(logits.len(), vocab * rows);
+            let skipped = cases
+                .iter()
+                .enumerate()
+                .filter(|(i, c)| {
+                    let row = &logits[i * vocab..][..vocab];
+                    sampling::draw_margin(row, &c.banned, &c.params, c.u) < SAMPLE_MARGIN
+                })
+                .count();
+            assert!(
+                skipped * 4 <= rows,
+                "V={vocab}: {skipped} of {rows} cases within the margin"
+            );
+            let greedy = cases.iter().filter(|c| c.params.is_greedy()).count();
+            let nucleus = cases.iter().filter(|c| c.params.top_p < 1.0).count();
+            let banned = cases.iter().filter(|c| !c.banned.is_empty()).count();
+            assert!(
+                greedy > 0 && nucleus > 0 && banned > 0,
+                "V={vocab}: {cases:?}"
+            );
+        }
+    }
 }

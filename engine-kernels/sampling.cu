@@ -1,0 +1,324 @@
+// Sampling on the device, so only a token id (and its logprob) goes back to the host. One
+// block per row implements the host's `sampling::choose`: allowed tokens are those not banned
+// and not NaN; greedy rows take the largest allowed logit (ties: lower id); other rows scale
+// z = logit / T, keep z >= the k-th largest (top-k, ties kept), keep values whose mass of
+// strictly larger kept z is below top_p of the kept mass (top-p), and walk the kept tokens in
+// id order until the running mass passes u × kept mass (u drawn on the host from the request's
+// seeded stream). No sort: each threshold comes from three radix passes (11, 11, 10 bits) over
+// an order-preserving 32-bit key of z. Masses are exp(z - zmax) in 2^-38 fixed point, summed
+// as 64-bit integers: every sum is exact, so the result does not depend on thread order.
+
+#define SAMPLE_THREADS 512
+#define SAMPLE_BINS 2048
+#define SAMPLE_MAX_BANNED 256
+#define SAMPLE_FIX 274877906944.0  // 2^38: vocab < 2^26 keeps every sum below 2^64
+#define SAMPLE_NONE 0x7fffffff
+
+typedef unsigned long long u64;
+
+// One row's request; the host writes an array of these (40 bytes each, little endian).
+struct SampleRow {
+    double u;           // uniform in [0, 1), ignored by greedy rows
+    float temperature;  // > 0 unless greedy
+    float top_p;        // (0, 1]; 1 disables
+    int top_k;          // 0 disables
+    int flags;          // bit 0: greedy, bit 1: logprob wanted
+    int ban_off;        // banned ids: banned[ban_off .. ban_off + ban_n)
+    int ban_n;          // at most SAMPLE_MAX_BANNED
+    int logit_row;      // row of `logits` to read
+    int out_row;        // out[2 * out_row] = token, out[2 * out_row + 1] = logprob bits
+};
+
+// -0 and +0 get one key; otherwise key order is float order (NaN never reaches here).
+__device__ __forceinline__ unsigned zkey(float z) {
+    unsigned b = __float_as_uint(z);
+    if (b == 0x80000000u) b = 0u;
+    return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+}
+
+// exp(z - zmax) in fixed point; with zmax infinite the tokens at zmax share the weight.
+__device__ __forceinline__ u64 wfix(float z, float zmax) {
+    float w;
+    if (isinf(zmax)) w = (z == zmax) ? 1.0f : 0.0f;
+    else w = expf(z - zmax);
+    return (u64)((double)w * SAMPLE_FIX);
+}
+
+__device__ __forceinline__ void take_better(float& bv, int& bi, float v, int i) {
+    if (v > bv || (v == bv && i < bi)) { bv = v; bi = i; }
+}
+
+__device__ __forceinline__ u64 warp_sum_u64(u64 v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+__device__ __forceinline__ double warp_sum_f64(double v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+// Block sums; every thread gets the result. `sh` holds >= 32 entries.
+__device__ u64 block_sum_u64(u64 v, u64* sh) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    v = warp_sum_u64(v);
+    __syncthreads();
+    if (lane == 0) sh[warp] = v;
+    __syncthreads();
+    return warp_sum_u64(lane < nw ? sh[lane] : 0ull);
+}
+
+__device__ double block_sum_f64(double v, double* sh) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    v = warp_sum_f64(v);
+    __syncthreads();
+    if (lane == 0) sh[warp] = v;
+    __syncthreads();
+    return warp_sum_f64(lane < nw ? sh[lane] : 0.0);
+}
+
+// Exclusive prefix sum in thread order; `total` gets the block's sum.
+__device__ u64 block_excl_scan(u64 v, u64* sh, u64& total) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    u64 x = v;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const u64 y = __shfl_up_sync(0xffffffffu, x, o);
+        if (lane >= o) x += y;
+    }
+    __syncthreads();
+    if (lane == 31) sh[warp] = x;
+    __syncthreads();
+    if (warp == 0) {
+        u64 s = lane < nw ? sh[lane] : 0ull;
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            const u64 y = __shfl_up_sync(0xffffffffu, s, o);
+            if (lane >= o) s += y;
+        }
+        if (lane < nw) sh[lane] = s;
+    }
+    __syncthreads();
+    total = sh[nw - 1];
+    return (warp > 0 ? sh[warp - 1] : 0ull) + x - v;
+}
+
+// (value, index) argmax over the block, ties to the lower index; thread 0's result counts.
+__device__ void block_argmax_pair(float& bv, int& bi, float* sv, int* si) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+        take_better(bv, bi, __shfl_xor_sync(0xffffffffu, bv, o),
+                    __shfl_xor_sync(0xffffffffu, bi, o));
+    __syncthreads();
+    if (lane == 0) { sv[warp] = bv; si[warp] = bi; }
+    __syncthreads();
+    bv = lane < nw ? sv[lane] : -INFINITY;
+    bi = lane < nw ? si[lane] : SAMPLE_NONE;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+        take_better(bv, bi, __shfl_xor_sync(0xffffffffu, bv, o),
+                    __shfl_xor_sync(0xffffffffu, bi, o));
+}
+
+__device__ __forceinline__ bool is_banned(int i, const unsigned* ban, int n) {
+    for (int j = 0; j < n; ++j)
+        if (ban[j] == (unsigned)i) return true;
+    return false;
+}
+
+// Pick a bin of `hist` (nb bins) walking from the highest down. Top-k (`by_count`): the bin
+// holding the `need`-th largest key. Top-p: the lowest non-empty bin whose mass above
+// (`base` + higher bins) is below `limit`, or zero. Sets `*sel` and `*sel_above` (the mass or
+// count in higher bins, `base` included).
+__device__ void select_bin(const u64* hist, int nb, bool by_count, u64 need, u64 base,
+                           double limit, int* sel, u64* sel_above, u64* scan_sh) {
+    const int per = nb / (int)blockDim.x;
+    const int hi = nb - (int)threadIdx.x * per, lo = hi - per;
+    u64 local = 0;
+    for (int b = lo; b < hi; ++b) local += hist[b];
+    if (threadIdx.x == 0) *sel = SAMPLE_NONE;
+    u64 total;
+    u64 cum = base + block_excl_scan(local, scan_sh, total);
+    int mine = SAMPLE_NONE;
+    u64 mine_above = 0;
+    for (int b = hi - 1; b >= lo; --b) {
+        const u64 h = hist[b];
+        bool ok;
+        if (by_count) ok = cum < need && cum + h >= need;
+        else ok = h > 0 && ((double)cum < limit || cum == 0ull);
+        if (ok) { mine = b; mine_above = cum; }
+        cum += h;
+    }
+    __syncthreads();
+    if (mine != SAMPLE_NONE) atomicMin(sel, mine);
+    __syncthreads();
+    if (mine != SAMPLE_NONE && mine == *sel) *sel_above = mine_above;
+    __syncthreads();
+}
+
+// grid = rows, block = SAMPLE_THREADS.
+extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
+sample_rows(const float* __restrict__ logits, int vocab, const SampleRow* __restrict__ rows,
+            const unsigned* __restrict__ banned, unsigned* __restrict__ out) {
+    __shared__ u64 hist[SAMPLE_BINS];
+    __shared__ unsigned sban[SAMPLE_MAX_BANNED];
+    __shared__ u64 sh64[32];
+    __shared__ double shf[32];
+    __shared__ float sv[32];
+    __shared__ int si[32];
+    __shared__ int sel;
+    __shared__ u64 sel_above;
+    __shared__ int chosen;
+
+    const SampleRow r = rows[blockIdx.x];
+    const float* row = logits + (size_t)r.logit_row * vocab;
+    const int nban = min(r.ban_n, SAMPLE_MAX_BANNED);
+    for (int j = threadIdx.x; j < nban; j += blockDim.x) sban[j] = banned[r.ban_off + j];
+    __syncthreads();
+    const bool greedy = (r.flags & 1) != 0, want_lp = (r.flags & 2) != 0;
+
+    // Pass 1: largest allowed logit, largest non-NaN logit, allowed count.
+    float av = -INFINITY, rv = -INFINITY;
+    int ai = SAMPLE_NONE, ri = SAMPLE_NONE;
+    unsigned count = 0;
+    for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
+        const float l = row[i];
+        if (isnan(l)) continue;
+        take_better(rv, ri, l, i);
+        if (!is_banned(i, sban, nban)) { take_better(av, ai, l, i); ++count; }
+    }
+    block_argmax_pair(av, ai, sv, si);
+    block_argmax_pair(rv, ri, sv, si);
+    const u64 allowed = block_sum_u64(count, sh64);
+    const int fallback = ri == SAMPLE_NONE ? 0 : ri;
+    const int best = ai == SAMPLE_NONE ? fallback : ai;
+
+    int token = best;
+    double lse_sum = 0.0;
+    const bool lse_finite = want_lp && isfinite(rv);
+    if (!greedy && allowed > 0) {
+        const float t = r.temperature;
+        const float zmax = av / t;
+        // Top-k threshold key (0 keeps every allowed token).
+        unsigned kk = 0u;
+        if (r.top_k > 0 && (u64)r.top_k < allowed) {
+            unsigned prefix = 0u, mask = 0u;
+            u64 need = (u64)r.top_k;
+            for (int level = 0; level < 3; ++level) {
+                const int shift = level == 0 ? 21 : (level == 1 ? 10 : 0);
+                const int nb = level == 2 ? 1024 : 2048;
+                for (int b = threadIdx.x; b < nb; b += blockDim.x) hist[b] = 0ull;
+                __syncthreads();
+                for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
+                    const float l = row[i];
+                    if (isnan(l) || is_banned(i, sban, nban)) continue;
+                    const unsigned key = zkey(l / t);
+                    if ((key & mask) == prefix)
+                        atomicAdd(&hist[(key >> shift) & (unsigned)(nb - 1)], 1ull);
+                }
+                __syncthreads();
+                select_bin(hist, nb, true, need, 0ull, 0.0, &sel, &sel_above, sh64);
+                need -= sel_above;
+                prefix |= (unsigned)sel << shift;
+                mask |= (unsigned)(nb - 1) << shift;
+            }
+            kk = prefix;
+        }
+        // Kept mass after top-k (for top-p) and the logprob normaliser, in one pass.
+        unsigned kp = kk;
+        const bool nucleus = r.top_p < 1.0f;
+        if (nucleus || lse_finite) {
+            u64 m = 0ull;
+            double s = 0.0;
+            for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
+                const float l = row[i];
+                if (isnan(l)) continue;
+                if (lse_finite) s += (double)expf(l - rv);
+                if (!nucleus || is_banned(i, sban, nban)) continue;
+                const float z = l / t;
+                if (zkey(z) >= kk) m += wfix(z, zmax);
+            }
+            if (lse_finite) lse_sum = block_sum_f64(s, shf);
+            if (nucleus) {
+                const u64 mass = block_sum_u64(m, sh64);
+                const double limit = (double)r.top_p * (double)mass;
+                unsigned prefix = 0u, mask = 0u;
+                u64 above = 0ull;
+                for (int level = 0; level < 3; ++level) {
+                    const int shift = level == 0 ? 21 : (level == 1 ? 10 : 0);
+                    const int nb = level == 2 ? 1024 : 2048;
+                    for (int b = threadIdx.x; b < nb; b += blockDim.x) hist[b] = 0ull;
+                    __syncthreads();
+                    for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
+                        const float l = row[i];
+                        if (isnan(l) || is_banned(i, sban, nban)) continue;
+                        const float z = l / t;
+                        const unsigned key = zkey(z);
+                        if (key >= kk && (key & mask) == prefix)
+                            atomicAdd(&hist[(key >> shift) & (unsigned)(nb - 1)], wfix(z, zmax));
+                    }
+                    __syncthreads();
+                    select_bin(hist, nb, false, 0ull, above, limit, &sel, &sel_above, sh64);
+                    above = sel_above;
+                    prefix |= (unsigned)sel << shift;
+                    mask |= (unsigned)(nb - 1) << shift;
+                }
+                kp = prefix;
+            }
+        }
+        // The draw: contiguous id ranges per thread, an exact prefix sum, one thread walks.
+        const int chunk = (vocab + (int)blockDim.x - 1) / (int)blockDim.x;
+        const int lo = min(vocab, (int)threadIdx.x * chunk), hi = min(vocab, lo + chunk);
+        u64 local = 0ull;
+        for (int i = lo; i < hi; ++i) {
+            const float l = row[i];
+            if (isnan(l) || is_banned(i, sban, nban)) continue;
+            const float z = l / t;
+            if (zkey(z) >= kp) local += wfix(z, zmax);
+        }
+        u64 total;
+        const u64 before = block_excl_scan(local, sh64, total);
+        if (threadIdx.x == 0) chosen = best;
+        __syncthreads();
+        if (total > 0ull) {
+            u64 target = (u64)(r.u * (double)total);
+            if (target >= total) target = total - 1ull;
+            if (target >= before && target < before + local) {
+                u64 acc = before;
+                for (int i = lo; i < hi; ++i) {
+                    const float l = row[i];
+                    if (isnan(l) || is_banned(i, sban, nban)) continue;
+                    const float z = l / t;
+                    if (zkey(z) < kp) continue;
+                    acc += wfix(z, zmax);
+                    if (acc > target) { chosen = i; break; }
+                }
+            }
+        }
+        __syncthreads();
+        token = chosen;
+    } else if (!greedy) {
+        token = fallback;
+    }
+    if (want_lp && lse_finite && lse_sum == 0.0) {
+        // Greedy rows (or rows with nothing allowed) still need the normaliser.
+        double s = 0.0;
+        for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
+            const float l = row[i];
+            if (!isnan(l)) s += (double)expf(l - rv);
+        }
+        lse_sum = block_sum_f64(s, shf);
+    }
+    if (threadIdx.x == 0) {
+        float lp = __int_as_float(0x7fc00000);
+        if (want_lp) {
+            const float lse = lse_finite ? rv + (float)log(lse_sum) : rv;
+            lp = row[token] - lse;
+        }
+        out[2 * r.out_row] = (unsigned)token;
+        out[2 * r.out_row + 1] = __float_as_uint(lp);
+    }
+}
