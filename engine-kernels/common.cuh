@@ -9,7 +9,7 @@ typedef unsigned char u8;
 // (the second __launch_bounds__ argument, which caps registers). Defaults as measured best;
 // tuning runs override them with MXTUNE_KERNEL_DEFINES (e.g. "MOE_DECODE_MINB=3").
 #ifndef MOE_DECODE_MINB
-#define MOE_DECODE_MINB 1
+#define MOE_DECODE_MINB 3
 #endif
 #ifndef GEMV_MINB
 #define GEMV_MINB 1
