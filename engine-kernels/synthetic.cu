@@ -13,12 +13,14 @@ __device__ __forceinline__ float unit_uniform(unsigned long long seed, unsigned 
     return (float)(splitmix64(seed ^ (i * 0xd1342543de82ef95ull)) >> 40) * (1.0f / 16777216.0f);
 }
 
-// out[i] = bf16(offset + scale * (2u - 1)).
+// out[i] = bf16(offset + scale * (2u - 1)), rounded after the product and after the sum as the
+// host does: with --fmad=true NVRTC would otherwise fuse them into one FMA (one rounding),
+// which differs from the host in about one element in a million.
 extern "C" __global__ void fill_bf16(bf16_t* __restrict__ out, unsigned long long n,
                                      unsigned long long seed, float scale, float offset) {
     for (unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x; i < n;
          i += (unsigned long long)gridDim.x * blockDim.x)
-        out[i] = f2bf(offset + scale * (2.0f * unit_uniform(seed, i) - 1.0f));
+        out[i] = f2bf(__fadd_rn(offset, __fmul_rn(scale, 2.0f * unit_uniform(seed, i) - 1.0f)));
 }
 
 // out[i] = lo + (hash mod (hi - lo + 1)); for MXFP4 nibble pairs (0..255) and scale bytes.

@@ -399,8 +399,10 @@ impl Engine {
 
     fn fail_all(&mut self, msg: &str) {
         for r in self.running.drain(..) {
-            let _ = r.req.events.send(GenEvent::Error(msg.to_string()));
+            // Free the slot before the client hears of the failure, so a client that
+            // retries at once finds the room (and a test checking the slot does not race).
             self.backend.free_seq(r.seq);
+            let _ = r.req.events.send(GenEvent::Error(msg.to_string()));
             self.metrics
                 .observe_finished(Finished::Abort, r.req.arrived.elapsed().as_secs_f64());
         }
