@@ -32,7 +32,9 @@ __device__ __forceinline__ bf16_t f2bf(float f) {
     return (bf16_t)(u >> 16);
 }
 
-__device__ __forceinline__ float warp_sum(float v) {
+// Sum over the warp (float, double or 64-bit integer); every lane gets the result.
+template <class T>
+__device__ __forceinline__ T warp_sum(T v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;
@@ -44,16 +46,39 @@ __device__ __forceinline__ float warp_max(float v) {
     return v;
 }
 
-// Sum over the whole block; every thread gets the result. `scratch` holds >= 32 floats.
-__device__ __forceinline__ float block_sum(float v, float* scratch) {
+// Sum over the whole block; every thread gets the result. `scratch` holds >= 32 entries.
+template <class T>
+__device__ __forceinline__ T block_sum(T v, T* scratch) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int nwarps = (blockDim.x + 31) >> 5;
     v = warp_sum(v);
     __syncthreads();
     if (lane == 0) scratch[warp] = v;
     __syncthreads();
-    float t = lane < nwarps ? scratch[lane] : 0.0f;
-    return warp_sum(t);
+    return warp_sum(lane < nwarps ? scratch[lane] : T(0));
+}
+
+// (value, index) argmax: keep the larger value, ties to the lower index; NaN never wins.
+__device__ __forceinline__ void take_better(float& bv, int& bi, float v, int i) {
+    if (v > bv || (v == bv && i < bi)) { bv = v; bi = i; }
+}
+
+// Argmax over the block, ties to the lower index; every thread gets the result. `sv`/`si`
+// hold >= 32 entries; `none` is the index of an empty result.
+__device__ __forceinline__ void block_argmax(float& bv, int& bi, float* sv, int* si, int none) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int nw = (blockDim.x + 31) >> 5;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+        take_better(bv, bi, __shfl_xor_sync(0xffffffffu, bv, o), __shfl_xor_sync(0xffffffffu, bi, o));
+    __syncthreads();
+    if (lane == 0) { sv[warp] = bv; si[warp] = bi; }
+    __syncthreads();
+    bv = lane < nw ? sv[lane] : -INFINITY;
+    bi = lane < nw ? si[lane] : none;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+        take_better(bv, bi, __shfl_xor_sync(0xffffffffu, bv, o), __shfl_xor_sync(0xffffffffu, bi, o));
 }
 
 // Unpack 8 bf16 held in a 16-byte word.
@@ -199,4 +224,43 @@ __device__ __forceinline__ void tc_store_act(bf16_t* As, int row, int q, const f
     v.z = pack_bf16x2(r[1].x, r[1].y);
     v.w = pack_bf16x2(r[1].z, r[1].w);
     *reinterpret_cast<uint4*>(As + row * TC_LD + 8 * q) = v;
+}
+
+// The double-buffered main loop of every tensor-core tile: `load(ks)` fetches stage ks's global
+// data into the caller's registers, `store(buf)` writes them to shared buffer buf (0/1); the
+// next stage's loads are in flight while the current stage's MMAs run. acc is this warp's
+// 32 x 32 share of the block tile.
+template <class Load, class Store>
+__device__ __forceinline__ void tc_mainloop(int stages, Load load, Store store,
+                                            const bf16_t (*As)[TC_BM * TC_LD],
+                                            const bf16_t (*Bs)[TC_BN * TC_LD],
+                                            float (&acc)[2][4][4]) {
+    const int warp = threadIdx.x >> 5;
+    const int wm = (warp >> 2) * 32, wn = (warp & 3) * 32;
+    load(0);
+    store(0);
+    __syncthreads();
+    for (int ks = 0; ks < stages; ++ks) {
+        const int s = ks & 1;
+        if (ks + 1 < stages) load(ks + 1);
+        tc_stage(As[s], Bs[s], wm, wn, acc);
+        if (ks + 1 < stages) store(s ^ 1);
+        __syncthreads();
+    }
+}
+
+// Visit this thread's accumulators: f(row, col, v0, v1) with the tile-local row and the even
+// tile-local column col of the pair (v0 at col, v1 at col + 1).
+template <class F>
+__device__ __forceinline__ void tc_epilogue(const float (&acc)[2][4][4], F f) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int wm = (warp >> 2) * 32, wn = (warp & 3) * 32;
+#pragma unroll
+    for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+        for (int ni = 0; ni < 4; ++ni)
+#pragma unroll
+            for (int h = 0; h < 2; ++h)
+                f(wm + mi * 16 + g + 8 * h, wn + ni * 8 + 2 * t, acc[mi][ni][2 * h],
+                  acc[mi][ni][2 * h + 1]);
 }

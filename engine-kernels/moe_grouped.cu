@@ -55,22 +55,36 @@ __device__ __forceinline__ void fp4_stage_store(bf16_t* Bs, int row, int half, u
     d[1] = make_uint4(o[4], o[5], o[6], o[7]);
 }
 
-// The shared main loop of both grouped GEMMs: acc = A_tile · W_e[n0 .. n0 + TC_BN)^T where
-// A rows are `arows[r]` (null past the tile's end), W_e rows hold `K / 32` MXFP4 blocks.
-__device__ __forceinline__ void moe_tile_mma(const float* arow_src, const uint2* __restrict__ wq,
-                                             const u8* __restrict__ wsc, int K,
+// The part both grouped GEMMs share: this block's tile (expert e, segment rows first..end)
+// times W_e's output rows n0 .. n0 + TC_BN (of `wrows`, each of K / 32 MXFP4 blocks) into acc.
+// A row r of the tile is `a + (perm[r] / a_div) * K`. False when the block has no tile.
+__device__ __forceinline__ bool moe_tile_mma(const u8* __restrict__ blocks,
+                                             const u8* __restrict__ scales,
+                                             const float* __restrict__ a, int a_div,
+                                             const int* __restrict__ perm,
+                                             const int* __restrict__ tiles,
+                                             const int* __restrict__ ntiles, int wrows, int K,
+                                             int& e, int& first, int& end,
                                              float (&acc)[2][4][4], bf16_t (*As)[TC_BM * TC_LD],
                                              bf16_t (*Bs)[TC_BN * TC_LD]) {
-    const int tid = threadIdx.x, warp = tid >> 5;
-    const int wm = (warp >> 2) * 32, wn = (warp & 3) * 32;
+    if ((int)blockIdx.y >= *ntiles) return false;
+    e = tiles[3 * blockIdx.y];
+    first = tiles[3 * blockIdx.y + 1];
+    end = tiles[3 * blockIdx.y + 2];
+    const int tid = threadIdx.x, nb = K >> 5;
     const int arow = tid >> 2, aq = tid & 3;
     const int brow = tid >> 1, bh = tid & 1;
-    const int nb = K >> 5;
+    const int ai = first + arow;
+    const float* asrc = ai < end ? a + (size_t)(perm[ai] / a_div) * K : nullptr;
+    const int n = blockIdx.x * TC_BN + brow;
+    const size_t wrow = (size_t)e * wrows + n;
+    const uint2* wq = n < wrows ? reinterpret_cast<const uint2*>(blocks) + wrow * nb * 2 : nullptr;
+    const u8* wsc = scales + wrow * nb;
     float4 ar[2];
     uint2 bq;
     unsigned bs;
     auto load = [&](int ks) {
-        tc_load_act(arow_src ? arow_src + ks * TC_BK : nullptr, aq, ar);
+        tc_load_act(asrc ? asrc + ks * TC_BK : nullptr, aq, ar);
         if (wq) {
             bq = __ldg(wq + (size_t)ks * 2 + bh);
             bs = wsc[ks];
@@ -83,21 +97,13 @@ __device__ __forceinline__ void moe_tile_mma(const float* arow_src, const uint2*
         tc_store_act(As[s], arow, aq, ar);
         fp4_stage_store(Bs[s], brow, bh, bq, bs);
     };
-    load(0);
-    store(0);
-    __syncthreads();
-    for (int ks = 0; ks < nb; ++ks) {
-        const int s = ks & 1;
-        if (ks + 1 < nb) load(ks + 1);
-        tc_stage(As[s], Bs[s], wm, wn, acc);
-        if (ks + 1 < nb) store(s ^ 1);
-        __syncthreads();
-    }
+    tc_mainloop(nb, load, store, As, Bs, acc);
+    return true;
 }
 
 // act[i, j] = swiglu(gate_j, lin_j) of entry i's expert over x[token(i)], for the units j of
 // this block's TC_BN / 2 column pairs (gate_up rows interleave gate 2j and linear 2j + 1, so a
-// thread's accumulator pair (2t, 2t + 1) is one unit). grid = (ceil(2I / TC_BN), max tiles).
+// thread's accumulator pair is one unit). grid = (ceil(2I / TC_BN), max tiles).
 extern "C" __global__ void __launch_bounds__(256, TC_MINB)
 moe_gate_up_grouped(const u8* __restrict__ blocks, const u8* __restrict__ scales,
                     const bf16_t* __restrict__ bias, const float* __restrict__ x,
@@ -106,37 +112,21 @@ moe_gate_up_grouped(const u8* __restrict__ blocks, const u8* __restrict__ scales
                     int hidden, int k, float limit, float alpha) {
     __shared__ __align__(16) bf16_t As[2][TC_BM * TC_LD];
     __shared__ __align__(16) bf16_t Bs[2][TC_BN * TC_LD];
-    if ((int)blockIdx.y >= *ntiles) return;
-    const int e = tiles[3 * blockIdx.y], first = tiles[3 * blockIdx.y + 1];
-    const int end = tiles[3 * blockIdx.y + 2];
-    const int rows = 2 * inter, n0 = blockIdx.x * TC_BN, nb = hidden >> 5;
-    const int tid = threadIdx.x;
-    const int ai = first + (tid >> 2);
-    const float* asrc = ai < end ? x + (size_t)(perm[ai] / k) * hidden : nullptr;
-    const int n = n0 + (tid >> 1);
-    const size_t wrow = (size_t)e * rows + n;
-    const uint2* wq = n < rows ? reinterpret_cast<const uint2*>(blocks) + wrow * nb * 2 : nullptr;
-    const u8* wsc = scales + wrow * nb;
+    const int rows = 2 * inter;
+    int e, first, end;
     float acc[2][4][4] = {};
-    moe_tile_mma(asrc, wq, wsc, hidden, acc, As, Bs);
-    const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
-    const int wm = (warp >> 2) * 32, wn = (warp & 3) * 32;
-#pragma unroll
-    for (int mi = 0; mi < 2; ++mi)
-#pragma unroll
-        for (int ni = 0; ni < 4; ++ni)
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                const int r = first + wm + mi * 16 + g + 8 * h;
-                const int c = n0 + wn + ni * 8 + 2 * t;
-                if (r >= end || c >= rows) continue;
-                const size_t bi = (size_t)e * rows + c;
-                float gv = acc[mi][ni][2 * h] + bf2f(bias[bi]);
-                float lv = acc[mi][ni][2 * h + 1] + bf2f(bias[bi + 1]);
-                gv = fminf(gv, limit);
-                lv = fminf(fmaxf(lv, -limit), limit);
-                act[(size_t)perm[r] * inter + (c >> 1)] = gv / (1.0f + expf(-alpha * gv)) * (lv + 1.0f);
-            }
+    if (!moe_tile_mma(blocks, scales, x, k, perm, tiles, ntiles, rows, hidden, e, first, end,
+                      acc, As, Bs))
+        return;
+    const int n0 = blockIdx.x * TC_BN;
+    tc_epilogue(acc, [&](int lr, int lc, float gv, float lv) {
+        const int r = first + lr, c = n0 + lc;
+        if (r >= end || c >= rows) return;
+        const size_t bi = (size_t)e * rows + c;
+        gv = fminf(gv + bf2f(bias[bi]), limit);
+        lv = fminf(fmaxf(lv + bf2f(bias[bi + 1]), -limit), limit);
+        act[(size_t)perm[r] * inter + (c >> 1)] = gv / (1.0f + expf(-alpha * gv)) * (lv + 1.0f);
+    });
 }
 
 // part[i, n] = wts[i] * (W2_e[n, :] . act[i, :] + b2_e[n]) for the entries i of a tile.
@@ -149,41 +139,24 @@ moe_down_grouped(const u8* __restrict__ blocks, const u8* __restrict__ scales,
                  float* __restrict__ part, int hidden, int inter) {
     __shared__ __align__(16) bf16_t As[2][TC_BM * TC_LD];
     __shared__ __align__(16) bf16_t Bs[2][TC_BN * TC_LD];
-    if ((int)blockIdx.y >= *ntiles) return;
-    const int e = tiles[3 * blockIdx.y], first = tiles[3 * blockIdx.y + 1];
-    const int end = tiles[3 * blockIdx.y + 2];
-    const int n0 = blockIdx.x * TC_BN, nb = inter >> 5;
-    const int tid = threadIdx.x;
-    const int ai = first + (tid >> 2);
-    const float* asrc = ai < end ? act + (size_t)perm[ai] * inter : nullptr;
-    const int n = n0 + (tid >> 1);
-    const size_t wrow = (size_t)e * hidden + n;
-    const uint2* wq = n < hidden ? reinterpret_cast<const uint2*>(blocks) + wrow * nb * 2 : nullptr;
-    const u8* wsc = scales + wrow * nb;
+    int e, first, end;
     float acc[2][4][4] = {};
-    moe_tile_mma(asrc, wq, wsc, inter, acc, As, Bs);
-    const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
-    const int wm = (warp >> 2) * 32, wn = (warp & 3) * 32;
+    if (!moe_tile_mma(blocks, scales, act, 1, perm, tiles, ntiles, hidden, inter, e, first, end,
+                      acc, As, Bs))
+        return;
+    const int n0 = blockIdx.x * TC_BN;
+    tc_epilogue(acc, [&](int lr, int lc, float v0, float v1) {
+        const int r = first + lr;
+        if (r >= end) return;
+        const int i = perm[r];
+        const float v[2] = {v0, v1};
 #pragma unroll
-    for (int mi = 0; mi < 2; ++mi)
-#pragma unroll
-        for (int ni = 0; ni < 4; ++ni)
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                const int r = first + wm + mi * 16 + g + 8 * h;
-                if (r >= end) continue;
-                const int i = perm[r];
-                const float wv = wts[i];
-#pragma unroll
-                for (int cc = 0; cc < 2; ++cc) {
-                    const int c = n0 + wn + ni * 8 + 2 * t + cc;
-                    if (c >= hidden) continue;
-                    const float v = acc[mi][ni][2 * h + cc] + bf2f(bias[(size_t)e * hidden + c]);
-                    part[(size_t)i * hidden + c] = wv * v;
-                }
-            }
+        for (int j = 0; j < 2; ++j) {
+            const int c = n0 + lc + j;
+            if (c < hidden) part[(size_t)i * hidden + c] = wts[i] * (v[j] + bf2f(bias[(size_t)e * hidden + c]));
+        }
+    });
 }
-
 // y[t, c] (+)= sum_s part[t * k + s, c], slots summed in order. grid = (ceil(H / 256), T).
 extern "C" __global__ void moe_combine(const float* __restrict__ part, float* __restrict__ y,
                                        int hidden, int k, int accumulate) {
