@@ -1,28 +1,6 @@
 // Greedy sampling on the device: the index of the largest logit of each row (ties: lower
 // index; NaN never wins), so only the token id goes back to the host. Two stages: per-chunk
 // partials, then one block per row.
-__device__ __forceinline__ void better(float& bv, int& bi, float v, int i) {
-    if (v > bv || (v == bv && i < bi)) { bv = v; bi = i; }
-}
-
-__device__ __forceinline__ void block_argmax(float& bv, int& bi) {
-    __shared__ float sv[32];
-    __shared__ int si[32];
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1)
-        better(bv, bi, __shfl_xor_sync(0xffffffffu, bv, o), __shfl_xor_sync(0xffffffffu, bi, o));
-    if (lane == 0) { sv[warp] = bv; si[warp] = bi; }
-    __syncthreads();
-    if (warp == 0) {
-        bv = lane < nw ? sv[lane] : -INFINITY;
-        bi = lane < nw ? si[lane] : 0x7fffffff;
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1)
-            better(bv, bi, __shfl_xor_sync(0xffffffffu, bv, o), __shfl_xor_sync(0xffffffffu, bi, o));
-    }
-}
-
 // grid = (nchunks, T), block = 256 (a multiple of 32).
 extern "C" __global__ void argmax_partial(const float* __restrict__ logits, int vocab, int chunk,
                                           float* __restrict__ part_v, int* __restrict__ part_i) {
@@ -31,8 +9,10 @@ extern "C" __global__ void argmax_partial(const float* __restrict__ logits, int 
     const float* row = logits + (size_t)t * vocab;
     float bv = -INFINITY;
     int bi = 0x7fffffff;
-    for (int i = lo + threadIdx.x; i < hi; i += blockDim.x) better(bv, bi, row[i], i);
-    block_argmax(bv, bi);
+    for (int i = lo + threadIdx.x; i < hi; i += blockDim.x) take_better(bv, bi, row[i], i);
+    __shared__ float sv[32];
+    __shared__ int si[32];
+    block_argmax(bv, bi, sv, si, 0x7fffffff);
     if (threadIdx.x == 0) {
         part_v[(size_t)t * gridDim.x + c] = bv;
         part_i[(size_t)t * gridDim.x + c] = bi;
@@ -47,7 +27,9 @@ extern "C" __global__ void argmax_final(const float* __restrict__ part_v,
     float bv = -INFINITY;
     int bi = 0x7fffffff;
     for (int c = threadIdx.x; c < nchunks; c += blockDim.x)
-        better(bv, bi, part_v[(size_t)t * nchunks + c], part_i[(size_t)t * nchunks + c]);
-    block_argmax(bv, bi);
+        take_better(bv, bi, part_v[(size_t)t * nchunks + c], part_i[(size_t)t * nchunks + c]);
+    __shared__ float sv[32];
+    __shared__ int si[32];
+    block_argmax(bv, bi, sv, si, 0x7fffffff);
     if (threadIdx.x == 0) out[t] = bi == 0x7fffffff ? 0u : (unsigned)bi;
 }

@@ -44,41 +44,6 @@ __device__ __forceinline__ u64 wfix(float z, float zmax) {
     return (u64)((double)w * SAMPLE_FIX);
 }
 
-__device__ __forceinline__ void take_better(float& bv, int& bi, float v, int i) {
-    if (v > bv || (v == bv && i < bi)) { bv = v; bi = i; }
-}
-
-__device__ __forceinline__ u64 warp_sum_u64(u64 v) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
-
-__device__ __forceinline__ double warp_sum_f64(double v) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
-
-// Block sums; every thread gets the result. `sh` holds >= 32 entries.
-__device__ u64 block_sum_u64(u64 v, u64* sh) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    v = warp_sum_u64(v);
-    __syncthreads();
-    if (lane == 0) sh[warp] = v;
-    __syncthreads();
-    return warp_sum_u64(lane < nw ? sh[lane] : 0ull);
-}
-
-__device__ double block_sum_f64(double v, double* sh) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    v = warp_sum_f64(v);
-    __syncthreads();
-    if (lane == 0) sh[warp] = v;
-    __syncthreads();
-    return warp_sum_f64(lane < nw ? sh[lane] : 0.0);
-}
-
 // Exclusive prefix sum in thread order; `total` gets the block's sum.
 __device__ u64 block_excl_scan(u64 v, u64* sh, u64& total) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
@@ -103,24 +68,6 @@ __device__ u64 block_excl_scan(u64 v, u64* sh, u64& total) {
     __syncthreads();
     total = sh[nw - 1];
     return (warp > 0 ? sh[warp - 1] : 0ull) + x - v;
-}
-
-// (value, index) argmax over the block, ties to the lower index; thread 0's result counts.
-__device__ void block_argmax_pair(float& bv, int& bi, float* sv, int* si) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1)
-        take_better(bv, bi, __shfl_xor_sync(0xffffffffu, bv, o),
-                    __shfl_xor_sync(0xffffffffu, bi, o));
-    __syncthreads();
-    if (lane == 0) { sv[warp] = bv; si[warp] = bi; }
-    __syncthreads();
-    bv = lane < nw ? sv[lane] : -INFINITY;
-    bi = lane < nw ? si[lane] : SAMPLE_NONE;
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1)
-        take_better(bv, bi, __shfl_xor_sync(0xffffffffu, bv, o),
-                    __shfl_xor_sync(0xffffffffu, bi, o));
 }
 
 __device__ __forceinline__ bool is_banned(int i, const unsigned* ban, int n) {
@@ -159,6 +106,40 @@ __device__ void select_bin(const u64* hist, int nb, bool by_count, u64 need, u64
     __syncthreads();
 }
 
+// The threshold key of a radix select over the allowed tokens whose key is >= `floor_key`,
+// in three passes (11, 11, 10 bits): each pass histograms `weight(z)` of the keys matching the
+// prefix so far, and `select_bin` picks the bin — by count (top-k: the `need`-th largest) or
+// by mass (top-p: mass above below `limit`).
+template <class Weight>
+__device__ unsigned radix_threshold(const float* __restrict__ row, int vocab, float t,
+                                    const unsigned* sban, int nban, unsigned floor_key,
+                                    bool by_count, u64 need, double limit, Weight weight,
+                                    u64* hist, int* sel, u64* sel_above, u64* scan_sh) {
+    unsigned prefix = 0u, mask = 0u;
+    u64 above = 0ull;
+    for (int level = 0; level < 3; ++level) {
+        const int shift = level == 0 ? 21 : (level == 1 ? 10 : 0);
+        const int nb = level == 2 ? 1024 : 2048;
+        for (int b = threadIdx.x; b < nb; b += blockDim.x) hist[b] = 0ull;
+        __syncthreads();
+        for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
+            const float l = row[i];
+            if (isnan(l) || is_banned(i, sban, nban)) continue;
+            const float z = l / t;
+            const unsigned key = zkey(z);
+            if (key >= floor_key && (key & mask) == prefix)
+                atomicAdd(&hist[(key >> shift) & (unsigned)(nb - 1)], weight(z));
+        }
+        __syncthreads();
+        select_bin(hist, nb, by_count, need, above, limit, sel, sel_above, scan_sh);
+        if (by_count) need -= *sel_above;
+        else above = *sel_above;
+        prefix |= (unsigned)*sel << shift;
+        mask |= (unsigned)(nb - 1) << shift;
+    }
+    return prefix;
+}
+
 // grid = rows, block = SAMPLE_THREADS.
 extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
 sample_rows(const float* __restrict__ logits, int vocab, const SampleRow* __restrict__ rows,
@@ -190,9 +171,9 @@ sample_rows(const float* __restrict__ logits, int vocab, const SampleRow* __rest
         take_better(rv, ri, l, i);
         if (!is_banned(i, sban, nban)) { take_better(av, ai, l, i); ++count; }
     }
-    block_argmax_pair(av, ai, sv, si);
-    block_argmax_pair(rv, ri, sv, si);
-    const u64 allowed = block_sum_u64(count, sh64);
+    block_argmax(av, ai, sv, si, SAMPLE_NONE);
+    block_argmax(rv, ri, sv, si, SAMPLE_NONE);
+    const u64 allowed = block_sum((u64)count, sh64);
     const int fallback = ri == SAMPLE_NONE ? 0 : ri;
     const int best = ai == SAMPLE_NONE ? fallback : ai;
 
@@ -204,29 +185,9 @@ sample_rows(const float* __restrict__ logits, int vocab, const SampleRow* __rest
         const float zmax = av / t;
         // Top-k threshold key (0 keeps every allowed token).
         unsigned kk = 0u;
-        if (r.top_k > 0 && (u64)r.top_k < allowed) {
-            unsigned prefix = 0u, mask = 0u;
-            u64 need = (u64)r.top_k;
-            for (int level = 0; level < 3; ++level) {
-                const int shift = level == 0 ? 21 : (level == 1 ? 10 : 0);
-                const int nb = level == 2 ? 1024 : 2048;
-                for (int b = threadIdx.x; b < nb; b += blockDim.x) hist[b] = 0ull;
-                __syncthreads();
-                for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
-                    const float l = row[i];
-                    if (isnan(l) || is_banned(i, sban, nban)) continue;
-                    const unsigned key = zkey(l / t);
-                    if ((key & mask) == prefix)
-                        atomicAdd(&hist[(key >> shift) & (unsigned)(nb - 1)], 1ull);
-                }
-                __syncthreads();
-                select_bin(hist, nb, true, need, 0ull, 0.0, &sel, &sel_above, sh64);
-                need -= sel_above;
-                prefix |= (unsigned)sel << shift;
-                mask |= (unsigned)(nb - 1) << shift;
-            }
-            kk = prefix;
-        }
+        if (r.top_k > 0 && (u64)r.top_k < allowed)
+            kk = radix_threshold(row, vocab, t, sban, nban, 0u, true, (u64)r.top_k, 0.0,
+                                 [](float) { return 1ull; }, hist, &sel, &sel_above, sh64);
         // Kept mass after top-k (for top-p) and the logprob normaliser, in one pass.
         unsigned kp = kk;
         const bool nucleus = r.top_p < 1.0f;
@@ -241,32 +202,13 @@ sample_rows(const float* __restrict__ logits, int vocab, const SampleRow* __rest
                 const float z = l / t;
                 if (zkey(z) >= kk) m += wfix(z, zmax);
             }
-            if (lse_finite) lse_sum = block_sum_f64(s, shf);
+            if (lse_finite) lse_sum = block_sum(s, shf);
             if (nucleus) {
-                const u64 mass = block_sum_u64(m, sh64);
+                const u64 mass = block_sum(m, sh64);
                 const double limit = (double)r.top_p * (double)mass;
-                unsigned prefix = 0u, mask = 0u;
-                u64 above = 0ull;
-                for (int level = 0; level < 3; ++level) {
-                    const int shift = level == 0 ? 21 : (level == 1 ? 10 : 0);
-                    const int nb = level == 2 ? 1024 : 2048;
-                    for (int b = threadIdx.x; b < nb; b += blockDim.x) hist[b] = 0ull;
-                    __syncthreads();
-                    for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
-                        const float l = row[i];
-                        if (isnan(l) || is_banned(i, sban, nban)) continue;
-                        const float z = l / t;
-                        const unsigned key = zkey(z);
-                        if (key >= kk && (key & mask) == prefix)
-                            atomicAdd(&hist[(key >> shift) & (unsigned)(nb - 1)], wfix(z, zmax));
-                    }
-                    __syncthreads();
-                    select_bin(hist, nb, false, 0ull, above, limit, &sel, &sel_above, sh64);
-                    above = sel_above;
-                    prefix |= (unsigned)sel << shift;
-                    mask |= (unsigned)(nb - 1) << shift;
-                }
-                kp = prefix;
+                kp = radix_threshold(row, vocab, t, sban, nban, kk, false, 0ull, limit,
+                                     [&](float z) { return wfix(z, zmax); }, hist, &sel,
+                                     &sel_above, sh64);
             }
         }
         // The draw: contiguous id ranges per thread, an exact prefix sum, one thread walks.
@@ -310,7 +252,7 @@ sample_rows(const float* __restrict__ logits, int vocab, const SampleRow* __rest
             const float l = row[i];
             if (!isnan(l)) s += (double)expf(l - rv);
         }
-        lse_sum = block_sum_f64(s, shf);
+        lse_sum = block_sum(s, shf);
     }
     if (threadIdx.x == 0) {
         float lp = __int_as_float(0x7fc00000);
