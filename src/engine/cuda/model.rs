@@ -8,7 +8,7 @@ use cudarc::driver::{CudaEvent, CudaGraph, CudaSlice};
 
 use super::device::Gpu;
 use super::ops::{self, AttnScratch, AttnShape, MoeShape, MoeWeights, Norm};
-use super::weights::DeviceWeights;
+use super::weights::{DeviceWeights, Layer};
 use crate::engine::config::ModelConfig;
 
 /// Keys per attention split (flash-decoding chunk).
@@ -88,9 +88,9 @@ impl Default for DecodeOptions {
 /// Most prompt rows one prefill pass holds; longer batches run in chunks of this many.
 pub const PREFILL_MAX_ROWS: usize = 2048;
 
-/// Buffers of the prefill pass, sized for `cap` rows (allocated at the first prompt).
-struct PrefillBufs {
-    cap: usize,
+/// Per-row inputs and activations of one pass (a decode step or a prefill chunk), for up to
+/// `rows` rows.
+struct RowBufs {
     tokens: CudaSlice<u32>,
     pos: CudaSlice<u32>,
     kv_off: CudaSlice<u64>,
@@ -103,6 +103,57 @@ struct PrefillBufs {
     r_idx: CudaSlice<i32>,
     r_w: CudaSlice<f32>,
     act: CudaSlice<f32>,
+}
+
+impl RowBufs {
+    fn new(g: &Gpu, c: &ModelConfig, rows: usize) -> Result<Self> {
+        let (hq, hkv, d, hid) = (
+            c.num_attention_heads,
+            c.num_key_value_heads,
+            c.head_dim,
+            c.hidden_size,
+        );
+        let (e, k) = (c.num_local_experts, c.num_experts_per_tok);
+        Ok(Self {
+            tokens: g.alloc(rows)?,
+            pos: g.alloc(rows)?,
+            kv_off: g.alloc(rows)?,
+            x: g.alloc(rows * hid)?,
+            h: g.alloc(rows * hid)?,
+            qkv: g.alloc(rows * (hq + 2 * hkv) * d)?,
+            q: g.alloc(rows * hq * d)?,
+            attn: g.alloc(rows * hq * d)?,
+            r_logits: g.alloc(rows * e)?,
+            r_idx: g.alloc(rows * k)?,
+            r_w: g.alloc(rows * k)?,
+            act: g.alloc(rows * k * c.intermediate_size)?,
+        })
+    }
+
+    /// Copy the first rows' token ids, positions and KV offsets to the device.
+    fn upload(&mut self, g: &Gpu, tokens: &[u32], pos: &[u32], offs: &[u64]) -> Result<()> {
+        let n = tokens.len();
+        let mut tk = self.tokens.slice_mut(0..n);
+        g.stream()
+            .memcpy_htod(tokens, &mut tk)
+            .map_err(|e| anyhow::anyhow!("copying token ids: {:?}", e.0))?;
+        let mut pp = self.pos.slice_mut(0..n);
+        g.stream()
+            .memcpy_htod(pos, &mut pp)
+            .map_err(|e| anyhow::anyhow!("copying positions: {:?}", e.0))?;
+        let mut oo = self.kv_off.slice_mut(0..n);
+        g.stream()
+            .memcpy_htod(offs, &mut oo)
+            .map_err(|e| anyhow::anyhow!("copying KV offsets: {:?}", e.0))?;
+        Ok(())
+    }
+}
+
+/// Buffers of the prefill pass, sized for `cap` rows (allocated at the first prompt): the
+/// row buffers plus the grouped MoE's scratch and the rows gathered for the head.
+struct PrefillBufs {
+    cap: usize,
+    rows: RowBufs,
     part: CudaSlice<f32>,
     perm: CudaSlice<i32>,
     tiles: CudaSlice<i32>,
@@ -112,38 +163,36 @@ struct PrefillBufs {
 
 impl PrefillBufs {
     fn new(g: &Gpu, c: &ModelConfig, cap: usize, max_batch: usize) -> Result<Self> {
-        let (hq, hkv, d, hid) = (
-            c.num_attention_heads,
-            c.num_key_value_heads,
-            c.head_dim,
-            c.hidden_size,
-        );
-        let (e, k, i) = (
-            c.num_local_experts,
-            c.num_experts_per_tok,
-            c.intermediate_size,
-        );
+        let (e, k) = (c.num_local_experts, c.num_experts_per_tok);
         Ok(Self {
             cap,
-            tokens: g.alloc(cap)?,
-            pos: g.alloc(cap)?,
-            kv_off: g.alloc(cap)?,
-            x: g.alloc(cap * hid)?,
-            h: g.alloc(cap * hid)?,
-            qkv: g.alloc(cap * (hq + 2 * hkv) * d)?,
-            q: g.alloc(cap * hq * d)?,
-            attn: g.alloc(cap * hq * d)?,
-            r_logits: g.alloc(cap * e)?,
-            r_idx: g.alloc(cap * k)?,
-            r_w: g.alloc(cap * k)?,
-            act: g.alloc(cap * k * i)?,
-            part: g.alloc(cap * k * hid)?,
+            rows: RowBufs::new(g, c, cap)?,
+            part: g.alloc(cap * k * c.hidden_size)?,
             perm: g.alloc(cap * k)?,
             tiles: g.alloc(3 * ops::moe_max_tiles(cap * k, e))?,
             ntiles: g.alloc(1)?,
             out_rows: g.alloc(max_batch)?,
         })
     }
+}
+
+/// What every layer's kernels take besides the row buffers: shapes and constants.
+struct PassShape {
+    attn: AttnShape,
+    moe: MoeShape,
+    kv_f32: bool,
+    eps: f32,
+    scale: f32,
+}
+
+/// One layer's cache pointers, attention window and sink, and expert weights.
+struct LayerPtrs {
+    k_cache: u64,
+    v_cache: u64,
+    /// 0 for full attention.
+    window: usize,
+    sinks: Option<u64>,
+    moe: MoeWeights,
 }
 
 /// Per-kernel GPU time of profiled steps.
@@ -201,18 +250,8 @@ pub struct Decoder {
     slots: usize,
     max_pos: usize,
     max_batch: usize,
-    tokens: CudaSlice<u32>,
-    pos: CudaSlice<u32>,
-    kv_off: CudaSlice<u64>,
-    x: CudaSlice<f32>,
-    h: CudaSlice<f32>,
-    qkv: CudaSlice<f32>,
-    q: CudaSlice<f32>,
-    attn: CudaSlice<f32>,
-    r_logits: CudaSlice<f32>,
-    r_idx: CudaSlice<i32>,
-    r_w: CudaSlice<f32>,
-    act: CudaSlice<f32>,
+    /// Row buffers of the decode step (`max_batch` rows).
+    rows: RowBufs,
     logits: CudaSlice<f32>,
     am_v: CudaSlice<f32>,
     am_i: CudaSlice<i32>,
@@ -242,16 +281,10 @@ impl Decoder {
             slots > 0 && max_pos > 0 && max_batch > 0,
             "empty KV cache or batch"
         );
-        let (hq, hkv, d) = (
+        let (hq, hkv, d, v) = (
             cfg.num_attention_heads,
             cfg.num_key_value_heads,
             cfg.head_dim,
-        );
-        let (h, e, k, i, v) = (
-            cfg.hidden_size,
-            cfg.num_local_experts,
-            cfg.num_experts_per_tok,
-            cfg.intermediate_size,
             cfg.vocab_size,
         );
         let rope = crate::engine::cpu::ops::Rope::new(cfg);
@@ -271,18 +304,7 @@ impl Decoder {
             slots,
             max_pos,
             max_batch,
-            tokens: g.alloc(b)?,
-            pos: g.alloc(b)?,
-            kv_off: g.alloc(b)?,
-            x: g.alloc(b * h)?,
-            h: g.alloc(b * h)?,
-            qkv: g.alloc(b * (hq + 2 * hkv) * d)?,
-            q: g.alloc(b * hq * d)?,
-            attn: g.alloc(b * hq * d)?,
-            r_logits: g.alloc(b * e)?,
-            r_idx: g.alloc(b * k)?,
-            r_w: g.alloc(b * k)?,
-            act: g.alloc(b * k * i)?,
+            rows: RowBufs::new(g, cfg, b)?,
             logits: g.alloc(b * v)?,
             am_v: g.alloc(b * chunks)?,
             am_i: g.alloc(b * chunks)?,
@@ -345,15 +367,7 @@ impl Decoder {
             self.max_batch
         );
         let offs = self.check_rows(tokens, pos, slots)?;
-        upload_rows(
-            g,
-            tokens,
-            pos,
-            &offs,
-            &mut self.tokens,
-            &mut self.pos,
-            &mut self.kv_off,
-        )
+        self.rows.upload(g, tokens, pos, &offs)
     }
 
     /// Check rows' positions, slots and token ids; their KV offsets in elements.
@@ -381,6 +395,87 @@ impl Decoder {
         Ok(slots.iter().map(|&s| u64::from(s) * stride).collect())
     }
 
+    /// Shapes and constants every layer's kernels take.
+    fn pass_shape(&self) -> PassShape {
+        let c = &self.cfg;
+        PassShape {
+            attn: AttnShape {
+                hq: c.num_attention_heads,
+                hkv: c.num_key_value_heads,
+                d: c.head_dim,
+            },
+            moe: MoeShape {
+                hidden: c.hidden_size,
+                inter: c.intermediate_size,
+                k: c.num_experts_per_tok,
+                limit: c.swiglu_limit as f32,
+                alpha: 1.702,
+            },
+            kv_f32: self.opts.kv_dtype == KvDtype::F32,
+            eps: c.rms_norm_eps as f32,
+            scale: 1.0 / (c.head_dim as f32).sqrt(),
+        }
+    }
+
+    /// Layer `li`'s cache pointers, window, sink and expert weights.
+    fn layer_ptrs(&self, g: &Gpu, li: usize, lw: &Layer) -> LayerPtrs {
+        let c = &self.cfg;
+        let stride = (self.slots
+            * self.max_pos
+            * c.num_key_value_heads
+            * c.head_dim
+            * self.opts.kv_dtype.size()) as u64;
+        LayerPtrs {
+            k_cache: g.ptr(&self.k_cache) + li as u64 * stride,
+            v_cache: g.ptr(&self.v_cache) + li as u64 * stride,
+            window: if c.layer_is_sliding[li] {
+                c.sliding_window
+            } else {
+                0
+            },
+            sinks: self.opts.sinks.then(|| g.ptr(&lw.sinks)),
+            moe: MoeWeights {
+                gu_blocks: g.ptr(&lw.gu_blocks),
+                gu_scales: g.ptr(&lw.gu_scales),
+                gu_bias: g.ptr(&lw.gu_bias),
+                dn_blocks: g.ptr(&lw.dn_blocks),
+                dn_scales: g.ptr(&lw.dn_scales),
+                dn_bias: g.ptr(&lw.dn_bias),
+            },
+        }
+    }
+
+    /// RoPE on q and k of `n` rows of `r.qkv`, K/V into the cache (the same on both paths).
+    fn rope_kv(&self, g: &Gpu, sh: &PassShape, l: &LayerPtrs, r: &RowBufs, n: usize) -> Result<()> {
+        ops::rope_kv(
+            g,
+            sh.attn,
+            g.ptr(&r.qkv),
+            g.ptr(&r.q),
+            l.k_cache,
+            l.v_cache,
+            sh.kv_f32,
+            g.ptr(&self.inv_freq),
+            g.ptr(&r.pos),
+            g.ptr(&r.kv_off),
+            n,
+            self.mscale,
+        )
+    }
+
+    /// Top-k experts of `n` rows from `r.r_logits` (the same on both paths).
+    fn route(&self, g: &Gpu, r: &RowBufs, n: usize) -> Result<()> {
+        ops::router_topk(
+            g,
+            g.ptr(&r.r_logits),
+            g.ptr(&r.r_idx),
+            g.ptr(&r.r_w),
+            self.cfg.num_local_experts,
+            self.cfg.num_experts_per_tok,
+            n,
+        )
+    }
+
     /// Queue one step for the first `n` rows. `full_keys` bounds the key count of full
     /// attention layers (the split count); `marks` records profiling events.
     fn enqueue(
@@ -391,113 +486,74 @@ impl Decoder {
         mut marks: Option<&mut Marks>,
     ) -> Result<()> {
         let c = &self.cfg;
-        let (hq, hkv, d, hid) = (
-            c.num_attention_heads,
-            c.num_key_value_heads,
-            c.head_dim,
-            c.hidden_size,
-        );
-        let qkv_rows = (hq + 2 * hkv) * d;
+        let r = &self.rows;
+        let sh = self.pass_shape();
+        let AttnShape { hq, hkv, d } = sh.attn;
+        let hid = c.hidden_size;
         let p = |s: &CudaSlice<f32>| g.ptr(s);
         let mut mark = |label: &'static str| mark_event(g, marks.as_deref_mut(), label);
         mark("start")?;
-        ops::embed(
-            g,
-            g.ptr(&self.w.embed),
-            g.ptr(&self.tokens),
-            p(&self.x),
-            hid,
-            n,
-        )?;
+        ops::embed(g, g.ptr(&self.w.embed), g.ptr(&r.tokens), p(&r.x), hid, n)?;
         mark("embed_gather")?;
-        let eps = c.rms_norm_eps as f32;
-        let sh = AttnShape { hq, hkv, d };
         let scratch = AttnScratch {
             m: p(&self.sc_m),
             l: p(&self.sc_l),
             acc: p(&self.sc_acc),
             entries: self.max_batch * hq * self.max_splits,
         };
-        let kv_f32 = self.opts.kv_dtype == KvDtype::F32;
-        let layer_stride = (self.slots * self.max_pos * hkv * d * self.opts.kv_dtype.size()) as u64;
-        let moe_shape = MoeShape {
-            hidden: hid,
-            inter: c.intermediate_size,
-            k: c.num_experts_per_tok,
-            limit: c.swiglu_limit as f32,
-            alpha: 1.702,
-        };
-        let scale = 1.0 / (d as f32).sqrt();
         for (li, lw) in self.w.layers.iter().enumerate() {
-            let kc = g.ptr(&self.k_cache) + li as u64 * layer_stride;
-            let vc = g.ptr(&self.v_cache) + li as u64 * layer_stride;
+            let l = self.layer_ptrs(g, li, lw);
             let attn_norm = Norm {
                 w: g.ptr(&lw.attn_norm),
-                eps,
-                out: p(&self.h),
+                eps: sh.eps,
+                out: p(&r.h),
             };
             ops::gemv(
                 g,
                 g.ptr(&lw.qkv_w),
                 Some(g.ptr(&lw.qkv_b)),
-                p(&self.x),
-                p(&self.qkv),
-                qkv_rows,
+                p(&r.x),
+                p(&r.qkv),
+                (hq + 2 * hkv) * d,
                 hid,
                 n,
                 false,
                 Some(attn_norm),
             )?;
             mark("rmsnorm+gemv qkv")?;
-            ops::rope_kv(
-                g,
-                sh,
-                p(&self.qkv),
-                p(&self.q),
-                kc,
-                vc,
-                kv_f32,
-                p(&self.inv_freq),
-                g.ptr(&self.pos),
-                g.ptr(&self.kv_off),
-                n,
-                self.mscale,
-            )?;
+            self.rope_kv(g, &sh, &l, r, n)?;
             mark("rope_kv_write")?;
-            let sliding = c.layer_is_sliding[li];
-            let window = if sliding { c.sliding_window } else { 0 };
-            let keys = if sliding {
-                c.sliding_window.min(full_keys)
+            let keys = if l.window > 0 {
+                l.window.min(full_keys)
             } else {
                 full_keys
             };
             let nsplit = keys.div_ceil(SPLIT_LEN).clamp(1, self.max_splits);
-            let sinks = self.opts.sinks.then(|| g.ptr(&lw.sinks));
             ops::attention(
                 g,
-                sh,
-                p(&self.q),
-                kc,
-                vc,
-                kv_f32,
-                g.ptr(&self.pos),
-                g.ptr(&self.kv_off),
-                sinks,
-                p(&self.attn),
+                sh.attn,
+                p(&r.q),
+                l.k_cache,
+                l.v_cache,
+                sh.kv_f32,
+                g.ptr(&r.pos),
+                g.ptr(&r.kv_off),
+                l.sinks,
+                p(&r.attn),
                 &scratch,
                 n,
-                window,
+                l.window,
                 nsplit,
                 SPLIT_LEN,
-                scale,
+                sh.scale,
             )?;
             mark("attention")?;
             ops::gemv(
                 g,
                 g.ptr(&lw.o_w),
                 Some(g.ptr(&lw.o_b)),
-                p(&self.attn),
-                p(&self.x),
+                p(&r.attn),
+                p(&r.x),
                 hid,
                 hq * d,
                 n,
@@ -507,15 +563,15 @@ impl Decoder {
             mark("gemv o (+residual)")?;
             let mlp_norm = Norm {
                 w: g.ptr(&lw.mlp_norm),
-                eps,
-                out: p(&self.h),
+                eps: sh.eps,
+                out: p(&r.h),
             };
             ops::gemv(
                 g,
                 g.ptr(&lw.router_w),
                 Some(g.ptr(&lw.router_b)),
-                p(&self.x),
-                p(&self.r_logits),
+                p(&r.x),
+                p(&r.r_logits),
                 c.num_local_experts,
                 hid,
                 n,
@@ -523,38 +579,12 @@ impl Decoder {
                 Some(mlp_norm),
             )?;
             mark("rmsnorm+gemv router")?;
-            ops::router_topk(
-                g,
-                p(&self.r_logits),
-                g.ptr(&self.r_idx),
-                p(&self.r_w),
-                c.num_local_experts,
-                c.num_experts_per_tok,
-                n,
-            )?;
+            self.route(g, r, n)?;
             mark("router_topk")?;
-            let mw = MoeWeights {
-                gu_blocks: g.ptr(&lw.gu_blocks),
-                gu_scales: g.ptr(&lw.gu_scales),
-                gu_bias: g.ptr(&lw.gu_bias),
-                dn_blocks: g.ptr(&lw.dn_blocks),
-                dn_scales: g.ptr(&lw.dn_scales),
-                dn_bias: g.ptr(&lw.dn_bias),
-            };
-            let (idx, act) = (g.ptr(&self.r_idx), p(&self.act));
-            ops::moe_gate_up(g, &mw, moe_shape, p(&self.h), idx, act, n)?;
+            let (idx, act) = (g.ptr(&r.r_idx), p(&r.act));
+            ops::moe_gate_up(g, &l.moe, sh.moe, p(&r.h), idx, act, n)?;
             mark("moe gate_up+swiglu")?;
-            ops::moe_down(
-                g,
-                &mw,
-                moe_shape,
-                idx,
-                p(&self.r_w),
-                act,
-                p(&self.x),
-                n,
-                true,
-            )?;
+            ops::moe_down(g, &l.moe, sh.moe, idx, p(&r.r_w), act, p(&r.x), n, true)?;
             mark("moe down (+residual)")?;
         }
         self.head(g, n)?;
@@ -569,13 +599,13 @@ impl Decoder {
         let final_norm = Norm {
             w: g.ptr(&self.w.final_norm),
             eps: c.rms_norm_eps as f32,
-            out: p(&self.h),
+            out: p(&self.rows.h),
         };
         ops::gemv(
             g,
             g.ptr(&self.w.lm_head),
             None,
-            p(&self.x),
+            p(&self.rows.x),
             p(&self.logits),
             c.vocab_size,
             c.hidden_size,
@@ -650,31 +680,21 @@ impl Decoder {
         );
         let offs = self.check_rows(tokens, pos, slots)?;
         let cap = n.min(PREFILL_MAX_ROWS);
-        if self.pre.as_ref().is_none_or(|b| b.cap < cap) {
-            self.pre = None;
-            self.pre = Some(PrefillBufs::new(g, &self.cfg, cap, self.max_batch)?);
-        }
+        // Taken out while the chunks run (the layers read `self` beside it); an error drops
+        // the buffers, and the next prompt allocates them again.
+        let mut b = match self.pre.take() {
+            Some(b) if b.cap >= cap => b,
+            _ => PrefillBufs::new(g, &self.cfg, cap, self.max_batch)?,
+        };
         let hid = self.cfg.hidden_size;
         let mut done = 0usize;
-        let mut start = 0usize;
-        while start < n {
+        for start in (0..n).step_by(cap) {
             let end = (start + cap).min(n);
-            let rows = end - start;
-            {
-                let b = self.pre.as_mut().expect("allocated above");
-                upload_rows(
-                    g,
-                    &tokens[start..end],
-                    &pos[start..end],
-                    &offs[start..end],
-                    &mut b.tokens,
-                    &mut b.pos,
-                    &mut b.kv_off,
-                )?;
-            }
+            b.rows
+                .upload(g, &tokens[start..end], &pos[start..end], &offs[start..end])?;
             let mut marks = Marks { events: Vec::new() };
             let profiling = prof.is_some();
-            self.enqueue_prefill(g, rows, profiling.then_some(&mut marks))?;
+            self.enqueue_prefill(g, &b, end - start, profiling.then_some(&mut marks))?;
             if let Some(p) = prof.as_deref_mut() {
                 g.sync()?;
                 p.add_marks(&marks)?;
@@ -685,123 +705,113 @@ impl Decoder {
                 .map(|&o| o - start as u32)
                 .collect();
             if !outs.is_empty() {
-                let b = self.pre.as_mut().expect("allocated above");
                 let mut dst = b.out_rows.slice_mut(0..outs.len());
                 g.stream()
                     .memcpy_htod(&outs, &mut dst)
                     .map_err(|e| anyhow::anyhow!("copying output rows: {:?}", e.0))?;
                 ops::rows_gather(
                     g,
-                    g.ptr(&b.x),
+                    g.ptr(&b.rows.x),
                     g.ptr(&b.out_rows),
-                    g.ptr(&self.x) + (done * hid * 4) as u64,
+                    g.ptr(&self.rows.x) + (done * hid * 4) as u64,
                     hid,
                     outs.len(),
                 )?;
                 done += outs.len();
             }
-            start = end;
         }
+        self.pre = Some(b);
         self.head(g, outputs.len())
     }
 
-    /// Queue the layers of one prefill chunk of `n` rows (inputs already in the prefill
-    /// buffers).
-    fn enqueue_prefill(&self, g: &Gpu, n: usize, mut marks: Option<&mut Marks>) -> Result<()> {
+    /// Queue the layers of one prefill chunk of `n` rows (inputs already in `b`).
+    fn enqueue_prefill(
+        &self,
+        g: &Gpu,
+        b: &PrefillBufs,
+        n: usize,
+        mut marks: Option<&mut Marks>,
+    ) -> Result<()> {
         let mut mark = |label: &'static str| mark_event(g, marks.as_deref_mut(), label);
         let c = &self.cfg;
-        let b = self.pre.as_ref().expect("prefill buffers allocated");
-        let (hq, hkv, d, hid) = (
-            c.num_attention_heads,
-            c.num_key_value_heads,
-            c.head_dim,
-            c.hidden_size,
-        );
+        let r = &b.rows;
+        let sh = self.pass_shape();
+        let AttnShape { hq, hkv, d } = sh.attn;
+        let hid = c.hidden_size;
         let p = |s: &CudaSlice<f32>| g.ptr(s);
-        let eps = c.rms_norm_eps as f32;
-        let sh = AttnShape { hq, hkv, d };
-        let kv_f32 = self.opts.kv_dtype == KvDtype::F32;
-        let layer_stride = (self.slots * self.max_pos * hkv * d * self.opts.kv_dtype.size()) as u64;
-        let moe_shape = MoeShape {
-            hidden: hid,
-            inter: c.intermediate_size,
-            k: c.num_experts_per_tok,
-            limit: c.swiglu_limit as f32,
-            alpha: 1.702,
-        };
         let groups = ops::MoeGroups {
             perm: g.ptr(&b.perm),
             tiles: g.ptr(&b.tiles),
             ntiles: g.ptr(&b.ntiles),
         };
-        let scale = 1.0 / (d as f32).sqrt();
         mark("start")?;
-        ops::embed(g, g.ptr(&self.w.embed), g.ptr(&b.tokens), p(&b.x), hid, n)?;
+        ops::embed(g, g.ptr(&self.w.embed), g.ptr(&r.tokens), p(&r.x), hid, n)?;
         mark("embed_gather")?;
         for (li, lw) in self.w.layers.iter().enumerate() {
-            let kc = g.ptr(&self.k_cache) + li as u64 * layer_stride;
-            let vc = g.ptr(&self.v_cache) + li as u64 * layer_stride;
-            ops::rmsnorm(g, p(&b.x), None, g.ptr(&lw.attn_norm), p(&b.h), hid, n, eps)?;
+            let l = self.layer_ptrs(g, li, lw);
+            ops::rmsnorm(
+                g,
+                p(&r.x),
+                None,
+                g.ptr(&lw.attn_norm),
+                p(&r.h),
+                hid,
+                n,
+                sh.eps,
+            )?;
             mark("rmsnorm")?;
             ops::gemm(
                 g,
                 g.ptr(&lw.qkv_w),
                 Some(g.ptr(&lw.qkv_b)),
-                p(&b.h),
-                p(&b.qkv),
+                p(&r.h),
+                p(&r.qkv),
                 n,
                 (hq + 2 * hkv) * d,
                 hid,
                 false,
             )?;
             mark("gemm qkv")?;
-            ops::rope_kv(
-                g,
-                sh,
-                p(&b.qkv),
-                p(&b.q),
-                kc,
-                vc,
-                kv_f32,
-                p(&self.inv_freq),
-                g.ptr(&b.pos),
-                g.ptr(&b.kv_off),
-                n,
-                self.mscale,
-            )?;
+            self.rope_kv(g, &sh, &l, r, n)?;
             mark("rope_kv_write")?;
-            let sliding = c.layer_is_sliding[li];
-            let window = if sliding { c.sliding_window } else { 0 };
-            let sinks = self.opts.sinks.then(|| g.ptr(&lw.sinks));
             ops::attention_rows(
                 g,
-                sh,
-                p(&b.q),
-                kc,
-                vc,
-                kv_f32,
-                g.ptr(&b.pos),
-                g.ptr(&b.kv_off),
-                sinks,
-                p(&b.attn),
+                sh.attn,
+                p(&r.q),
+                l.k_cache,
+                l.v_cache,
+                sh.kv_f32,
+                g.ptr(&r.pos),
+                g.ptr(&r.kv_off),
+                l.sinks,
+                p(&r.attn),
                 n,
-                window,
-                scale,
+                l.window,
+                sh.scale,
             )?;
             mark("attention (prefill rows)")?;
             ops::gemm(
                 g,
                 g.ptr(&lw.o_w),
                 Some(g.ptr(&lw.o_b)),
-                p(&b.attn),
-                p(&b.x),
+                p(&r.attn),
+                p(&r.x),
                 n,
                 hid,
                 hq * d,
                 true,
             )?;
             mark("gemm o (+residual)")?;
-            ops::rmsnorm(g, p(&b.x), None, g.ptr(&lw.mlp_norm), p(&b.h), hid, n, eps)?;
+            ops::rmsnorm(
+                g,
+                p(&r.x),
+                None,
+                g.ptr(&lw.mlp_norm),
+                p(&r.h),
+                hid,
+                n,
+                sh.eps,
+            )?;
             mark("rmsnorm")?;
             // The router stays on the fp32 GEMV: bf16 activations could flip near-tied
             // expert choices against the reference.
@@ -809,8 +819,8 @@ impl Decoder {
                 g,
                 g.ptr(&lw.router_w),
                 Some(g.ptr(&lw.router_b)),
-                p(&b.h),
-                p(&b.r_logits),
+                p(&r.h),
+                p(&r.r_logits),
                 c.num_local_experts,
                 hid,
                 n,
@@ -818,36 +828,20 @@ impl Decoder {
                 None,
             )?;
             mark("gemv router (fp32)")?;
-            ops::router_topk(
-                g,
-                p(&b.r_logits),
-                g.ptr(&b.r_idx),
-                p(&b.r_w),
-                c.num_local_experts,
-                c.num_experts_per_tok,
-                n,
-            )?;
+            self.route(g, r, n)?;
             mark("router_topk")?;
-            let mw = MoeWeights {
-                gu_blocks: g.ptr(&lw.gu_blocks),
-                gu_scales: g.ptr(&lw.gu_scales),
-                gu_bias: g.ptr(&lw.gu_bias),
-                dn_blocks: g.ptr(&lw.dn_blocks),
-                dn_scales: g.ptr(&lw.dn_scales),
-                dn_bias: g.ptr(&lw.dn_bias),
-            };
             ops::moe_grouped(
                 g,
-                &mw,
-                moe_shape,
+                &l.moe,
+                sh.moe,
                 c.num_local_experts,
-                p(&b.h),
-                g.ptr(&b.r_idx),
-                p(&b.r_w),
+                p(&r.h),
+                g.ptr(&r.r_idx),
+                p(&r.r_w),
                 &groups,
-                p(&b.act),
+                p(&r.act),
                 p(&b.part),
-                p(&b.x),
+                p(&r.x),
                 n,
                 true,
             )?;
@@ -903,7 +897,7 @@ impl Decoder {
     /// without a host round trip).
     pub fn feed_back(&mut self, g: &Gpu, n: usize) -> Result<()> {
         let src = self.next.slice(0..n);
-        let mut dst = self.tokens.slice_mut(0..n);
+        let mut dst = self.rows.tokens.slice_mut(0..n);
         g.stream()
             .memcpy_dtod(&src, &mut dst)
             .map_err(|e| anyhow::anyhow!("copying sampled ids: {:?}", e.0))
@@ -937,32 +931,6 @@ fn mark_event(g: &Gpu, marks: Option<&mut Marks>, label: &'static str) -> Result
             .map_err(|e| anyhow::anyhow!("recording a CUDA event: {:?}", e.0))?;
         m.events.push((label, ev));
     }
-    Ok(())
-}
-
-/// Copy rows' token ids, positions and KV offsets into device buffers (at least as long).
-fn upload_rows(
-    g: &Gpu,
-    tokens: &[u32],
-    pos: &[u32],
-    offs: &[u64],
-    d_tokens: &mut CudaSlice<u32>,
-    d_pos: &mut CudaSlice<u32>,
-    d_offs: &mut CudaSlice<u64>,
-) -> Result<()> {
-    let n = tokens.len();
-    let mut tk = d_tokens.slice_mut(0..n);
-    g.stream()
-        .memcpy_htod(tokens, &mut tk)
-        .map_err(|e| anyhow::anyhow!("copying token ids: {:?}", e.0))?;
-    let mut pp = d_pos.slice_mut(0..n);
-    g.stream()
-        .memcpy_htod(pos, &mut pp)
-        .map_err(|e| anyhow::anyhow!("copying positions: {:?}", e.0))?;
-    let mut oo = d_offs.slice_mut(0..n);
-    g.stream()
-        .memcpy_htod(offs, &mut oo)
-        .map_err(|e| anyhow::anyhow!("copying KV offsets: {:?}", e.0))?;
     Ok(())
 }
 
