@@ -106,6 +106,35 @@ impl CudaBackend {
         &self.gpu
     }
 
+    /// Each sequence's KV slot and current length, checking that its new tokens fit.
+    fn place(&self, batch: &[SeqStep<'_>]) -> Result<Vec<(usize, usize)>> {
+        let mut at = Vec::with_capacity(batch.len());
+        for st in batch {
+            let (slot, len) = self.slot(st.seq)?;
+            ensure!(
+                !st.tokens.is_empty(),
+                "sequence {} has no new tokens",
+                st.seq.0
+            );
+            ensure!(
+                len + st.tokens.len() <= self.dec.max_positions(),
+                "sequence {} would hold {} tokens, the KV slot holds {}",
+                st.seq.0,
+                len + st.tokens.len(),
+                self.dec.max_positions()
+            );
+            at.push((slot, len));
+        }
+        Ok(at)
+    }
+
+    /// Record that the step appended each sequence's new tokens (after it ran).
+    fn advance(&mut self, batch: &[SeqStep<'_>], at: &[(usize, usize)]) {
+        for (st, &(slot, len)) in batch.iter().zip(at) {
+            self.lens[slot] = Some(len + st.tokens.len());
+        }
+    }
+
     fn slot(&self, seq: SeqId) -> Result<(usize, usize)> {
         let s = seq.0 as usize;
         match self.lens.get(s) {
@@ -140,23 +169,7 @@ impl ModelBackend for CudaBackend {
     }
 
     fn forward(&mut self, batch: &[SeqStep<'_>]) -> Result<Vec<Vec<f32>>> {
-        let mut rows = Vec::with_capacity(batch.len());
-        for st in batch {
-            let (slot, len) = self.slot(st.seq)?;
-            ensure!(
-                !st.tokens.is_empty(),
-                "sequence {} has no new tokens",
-                st.seq.0
-            );
-            ensure!(
-                len + st.tokens.len() <= self.dec.max_positions(),
-                "sequence {} would hold {} tokens, the KV slot holds {}",
-                st.seq.0,
-                len + st.tokens.len(),
-                self.dec.max_positions()
-            );
-            rows.push((slot, len));
-        }
+        let rows = self.place(batch)?;
         let mut out = vec![Vec::new(); batch.len()];
         self.run_steps(batch, &rows, |me, ready| {
             for &(row, b) in ready {
@@ -165,9 +178,7 @@ impl ModelBackend for CudaBackend {
             Ok(())
         })?;
         self.gpu.sync()?;
-        for (st, (slot, len)) in batch.iter().zip(rows) {
-            self.lens[slot] = Some(len + st.tokens.len());
-        }
+        self.advance(batch, &rows);
         Ok(out)
     }
 
@@ -182,18 +193,7 @@ impl ModelBackend for CudaBackend {
             rows.len(),
             batch.len()
         );
-        let mut at = Vec::with_capacity(batch.len());
-        for st in batch {
-            let (slot, len) = self.slot(st.seq)?;
-            ensure!(
-                !st.tokens.is_empty() && len + st.tokens.len() <= self.dec.max_positions(),
-                "sequence {} feeds {} tokens after {len}; the KV slot holds {}",
-                st.seq.0,
-                st.tokens.len(),
-                self.dec.max_positions()
-            );
-            at.push((slot, len));
-        }
+        let at = self.place(batch)?;
         // Per row: the kernel's request, or None where the host samples (top logprobs wanted,
         // or more banned ids than the kernel takes) or nothing is sampled. The uniform number
         // is drawn now, one per non-greedy token, as `Sampler::sample` does on the host.
@@ -267,9 +267,7 @@ impl ModelBackend for CudaBackend {
             _ => Vec::new(),
         };
         g.sync()?;
-        for (st, (slot, len)) in batch.iter().zip(at) {
-            self.lens[slot] = Some(len + st.tokens.len());
-        }
+        self.advance(batch, &at);
         let mut res = Vec::with_capacity(batch.len());
         for (b, r) in rows.iter_mut().enumerate() {
             let Some(s) = r.sampler.as_deref_mut() else {
