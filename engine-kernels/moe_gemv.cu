@@ -93,73 +93,69 @@ moe_gate_up_swiglu(const u8* __restrict__ blocks, const u8* __restrict__ scales,
     act[((size_t)t * k + s) * inter + j] = a;
 }
 
-// y[t, r] (+)= sum_s w[t, s] * (W2_e[r, :] . act[t, s, :] + b2_e[r]); the down bias sits inside
-// the weighted sum. grid = (ceil(H / 16), T), block = 256: each warp owns two adjacent output
-// rows (one staged activation read serves both); its lanes stride over all (expert, block)
-// pairs, so every expert is summed in registers (no atomics, deterministic). The first
-// weights are loaded before the staging, and each iteration prefetches the next.
-// Dynamic shared memory: k * inter / 32 * MOE_PAD floats.
+// part[t, s, r] = w[t, s] * (W2_e[r, :] . act[t, s, :] + b2_e[r]) for e = idx[t, s] (the down
+// bias inside the weighted sum); moe_combine then adds the k slots into the residual, in slot
+// order (deterministic). grid = (ceil(H / 16), k, T), block = 256: each warp owns two adjacent
+// output rows (one staged activation read serves both), its lanes stride over the expert's
+// blocks. One block per (rows, slot) keeps the staged activations small (I floats) and the
+// grid wide enough to fill the chip at batch 1. The first weights are loaded before the
+// staging, and each iteration prefetches the next. Dynamic shared memory: inter / 32 *
+// MOE_PAD floats.
 extern "C" __global__ void __launch_bounds__(256, MOE_DECODE_MINB)
 moe_down(const u8* __restrict__ blocks, const u8* __restrict__ scales,
          const bf16_t* __restrict__ bias, const float* __restrict__ act,
-         const int* __restrict__ idx, const float* __restrict__ wts, float* __restrict__ y,
-         int hidden, int inter, int k, int accumulate) {
+         const int* __restrict__ idx, const float* __restrict__ wts, float* __restrict__ part,
+         int hidden, int inter, int k) {
     extern __shared__ float as[];
     const int lane = threadIdx.x & 31;
     const int r0 = (blockIdx.x * 8 + (threadIdx.x >> 5)) * 2;
-    const int t = blockIdx.y;
+    const int s = blockIdx.y, t = blockIdx.z;
     const bool live = r0 < hidden;
     const bool two = r0 + 1 < hidden;
     const int nb = inter >> 5;
-    const int items = k * nb;
-    const uint4* b4 = reinterpret_cast<const uint4*>(blocks);
-    // Item it = (expert slot s, block b): its two rows' weights and scales (times the
-    // routing weight).
+    const size_t row = (size_t)idx[t * k + s] * hidden + (live ? r0 : 0);
+    const uint4* b0 = reinterpret_cast<const uint4*>(blocks) + row * nb;
+    const uint4* b1 = b0 + nb;
+    const u8* s0 = scales + row * nb;
+    const u8* s1 = s0 + nb;
+    // Two blocks (b and b + 32) in flight per row and lane, refilled one iteration ahead.
     uint4 n0[2], n1[2];
-    float ns0[2], ns1[2];
-    auto fetch = [&](int slot, int it) {
-        if (!live || it >= items) return;
-        const int s = it / nb, b = it - s * nb;
-        const size_t row = (size_t)idx[t * k + s] * hidden + r0;
-        const float w = wts[t * k + s];
-        n0[slot] = __ldg(b4 + row * nb + b);
-        ns0[slot] = e8m0_value(scales[row * nb + b]) * w;
+    unsigned ns0[2], ns1[2];
+    auto fetch = [&](int slot, int b) {
+        if (!live || b >= nb) return;
+        n0[slot] = __ldg(b0 + b);
+        ns0[slot] = s0[b];
         if (two) {
-            n1[slot] = __ldg(b4 + (row + 1) * nb + b);
-            ns1[slot] = e8m0_value(scales[(row + 1) * nb + b]) * w;
+            n1[slot] = __ldg(b1 + b);
+            ns1[slot] = s1[b];
         }
     };
-    // Two items (it and it + 32) in flight per lane, refilled one iteration ahead.
     fetch(0, lane);
     fetch(1, lane + 32);
-    stage_padded(act + (size_t)t * k * inter, as, k * inter);
+    stage_padded(act + ((size_t)t * k + s) * inter, as, inter);
     __syncthreads();
     if (!live) return;
     float t0 = 0.0f, t1 = 0.0f;
-    for (int it0 = lane; it0 < items; it0 += 64) {
+    for (int bb = lane; bb < nb; bb += 64) {
 #pragma unroll
         for (int slot = 0; slot < 2; ++slot) {
-            const int it = it0 + 32 * slot;
-            if (it < items) {
+            const int b = bb + 32 * slot;
+            if (b < nb) {
                 const uint4 c0 = n0[slot], c1 = n1[slot];
-                const float cs0 = ns0[slot], cs1 = ns1[slot];
-                fetch(slot, it + 64);
-                const float* a = as + it * MOE_PAD;
-                t0 += fp4_block_dot(c0, a) * cs0;
-                if (two) t1 += fp4_block_dot(c1, a) * cs1;
+                const unsigned cs0 = ns0[slot], cs1 = ns1[slot];
+                fetch(slot, b + 64);
+                const float* a = as + b * MOE_PAD;
+                t0 += fp4_block_dot(c0, a) * e8m0_value(cs0);
+                if (two) t1 += fp4_block_dot(c1, a) * e8m0_value(cs1);
             }
         }
     }
     t0 = warp_sum(t0);
     t1 = warp_sum(t1);
     if (lane == 0) {
-        for (int s = 0; s < k; ++s) {
-            const size_t row = (size_t)idx[t * k + s] * hidden + r0;
-            t0 += wts[t * k + s] * bf2f(bias[row]);
-            if (two) t1 += wts[t * k + s] * bf2f(bias[row + 1]);
-        }
-        float* yp = y + (size_t)t * hidden + r0;
-        yp[0] = accumulate ? yp[0] + t0 : t0;
-        if (two) yp[1] = accumulate ? yp[1] + t1 : t1;
+        const float w = wts[t * k + s];
+        float* pp = part + ((size_t)t * k + s) * hidden + r0;
+        pp[0] = w * (t0 + bf2f(bias[row]));
+        if (two) pp[1] = w * (t1 + bf2f(bias[row + 1]));
     }
 }

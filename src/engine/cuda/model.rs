@@ -103,6 +103,8 @@ struct RowBufs {
     r_idx: CudaSlice<i32>,
     r_w: CudaSlice<f32>,
     act: CudaSlice<f32>,
+    /// Each routed expert's weighted output [rows, k, H] before the slots are summed.
+    part: CudaSlice<f32>,
 }
 
 impl RowBufs {
@@ -127,6 +129,7 @@ impl RowBufs {
             r_idx: g.alloc(rows * k)?,
             r_w: g.alloc(rows * k)?,
             act: g.alloc(rows * k * c.intermediate_size)?,
+            part: g.alloc(rows * k * hid)?,
         })
     }
 
@@ -154,7 +157,6 @@ impl RowBufs {
 struct PrefillBufs {
     cap: usize,
     rows: RowBufs,
-    part: CudaSlice<f32>,
     perm: CudaSlice<i32>,
     tiles: CudaSlice<i32>,
     ntiles: CudaSlice<i32>,
@@ -167,7 +169,6 @@ impl PrefillBufs {
         Ok(Self {
             cap,
             rows: RowBufs::new(g, c, cap)?,
-            part: g.alloc(cap * k * c.hidden_size)?,
             perm: g.alloc(cap * k)?,
             tiles: g.alloc(3 * ops::moe_max_tiles(cap * k, e))?,
             ntiles: g.alloc(1)?,
@@ -584,7 +585,18 @@ impl Decoder {
             let (idx, act) = (g.ptr(&r.r_idx), p(&r.act));
             ops::moe_gate_up(g, &l.moe, sh.moe, p(&r.h), idx, act, n)?;
             mark("moe gate_up+swiglu")?;
-            ops::moe_down(g, &l.moe, sh.moe, idx, p(&r.r_w), act, p(&r.x), n, true)?;
+            ops::moe_down(
+                g,
+                &l.moe,
+                sh.moe,
+                idx,
+                p(&r.r_w),
+                act,
+                p(&r.part),
+                p(&r.x),
+                n,
+                true,
+            )?;
             mark("moe down (+residual)")?;
         }
         self.head(g, n)?;
@@ -840,7 +852,7 @@ impl Decoder {
                 p(&r.r_w),
                 &groups,
                 p(&r.act),
-                p(&b.part),
+                p(&r.part),
                 p(&r.x),
                 n,
                 true,

@@ -410,7 +410,8 @@ impl MoeShape {
     }
 }
 
-/// y[t] (+)= Σ_s w[t,s] · expert_{idx[t,s]}(x[t]); `act` is scratch [t, k, I] fp32.
+/// y[t] (+)= Σ_s w[t,s] · expert_{idx[t,s]}(x[t]); `act` is scratch [t, k, I] fp32, `part`
+/// scratch [t, k, H] fp32.
 pub fn moe(
     g: &Gpu,
     w: &MoeWeights,
@@ -419,12 +420,13 @@ pub fn moe(
     idx: u64,
     wts: u64,
     act: u64,
+    part: u64,
     y: u64,
     t: usize,
     accumulate: bool,
 ) -> Result<()> {
     moe_gate_up(g, w, s, x, idx, act, t)?;
-    moe_down(g, w, s, idx, wts, act, y, t, accumulate)
+    moe_down(g, w, s, idx, wts, act, part, y, t, accumulate)
 }
 
 /// act[t, s] = swiglu(W1_e x[t] + b1_e) for the routed experts e = idx[t, s].
@@ -465,7 +467,8 @@ pub fn moe_gate_up(
     )
 }
 
-/// y[t] (+)= Σ_s w[t,s] (W2_e act[t, s] + b2_e).
+/// y[t] (+)= Σ_s w[t,s] (W2_e act[t, s] + b2_e): one block per (16 rows, slot) writes the
+/// slot's weighted rows to `part` [t, k, H], then the slots are summed into y in order.
 pub fn moe_down(
     g: &Gpu,
     w: &MoeWeights,
@@ -473,23 +476,23 @@ pub fn moe_down(
     idx: u64,
     wts: u64,
     act: u64,
+    part: u64,
     y: u64,
     t: usize,
     accumulate: bool,
 ) -> Result<()> {
     s.check()?;
-    let smem = s.k * s.inter / 32 * MOE_PAD * 4;
+    let smem = s.inter / 32 * MOE_PAD * 4;
     ensure!(
         smem <= g.max_shared(),
-        "{} experts × intermediate {} too large for the staged MoE activations ({} bytes, device allows {})",
-        s.k,
+        "intermediate {} too large for the staged MoE activations ({} bytes, device allows {})",
         s.inter,
         smem,
         g.max_shared()
     );
     g.launch(
         "moe_down",
-        (u(s.hidden.div_ceil(16))?, u(t)?, 1),
+        (u(s.hidden.div_ceil(16))?, u(s.k)?, u(t)?),
         (256, 1, 1),
         u(smem)?,
         &[
@@ -499,10 +502,35 @@ pub fn moe_down(
             Arg::Ptr(act),
             Arg::Ptr(idx),
             Arg::Ptr(wts),
-            Arg::Ptr(y),
+            Arg::Ptr(part),
             i(s.hidden)?,
             i(s.inter)?,
             i(s.k)?,
+        ],
+    )?;
+    moe_combine(g, part, y, s.hidden, s.k, t, accumulate)
+}
+
+/// y[t] (+)= Σ_s part[t, s] over the k slots in order ([t, k, H] fp32).
+pub fn moe_combine(
+    g: &Gpu,
+    part: u64,
+    y: u64,
+    hidden: usize,
+    k: usize,
+    t: usize,
+    accumulate: bool,
+) -> Result<()> {
+    g.launch(
+        "moe_combine",
+        (u(hidden.div_ceil(256))?, u(t)?, 1),
+        (256, 1, 1),
+        0,
+        &[
+            Arg::Ptr(part),
+            Arg::Ptr(y),
+            i(hidden)?,
+            i(k)?,
             Arg::I32(accumulate as i32),
         ],
     )
@@ -849,17 +877,5 @@ pub fn moe_grouped(
             i(s.inter)?,
         ],
     )?;
-    g.launch(
-        "moe_combine",
-        (u(s.hidden.div_ceil(256))?, u(t)?, 1),
-        (256, 1, 1),
-        0,
-        &[
-            Arg::Ptr(part),
-            Arg::Ptr(y),
-            i(s.hidden)?,
-            i(s.k)?,
-            Arg::I32(accumulate as i32),
-        ],
-    )
+    moe_combine(g, part, y, s.hidden, s.k, t, accumulate)
 }

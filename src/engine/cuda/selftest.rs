@@ -500,6 +500,7 @@ fn check_moe(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
         )
     })?;
     let dact = nan_f32(g, t * k * inter)?;
+    let dpart = nan_f32(g, t * k * hidden)?;
     let dy = g.upload(&c.y0)?;
     ops::moe(
         g,
@@ -509,6 +510,7 @@ fn check_moe(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
         g.ptr(&c.di),
         g.ptr(&c.dw),
         g.ptr(&dact),
+        g.ptr(&dpart),
         g.ptr(&dy),
         t,
         true,
