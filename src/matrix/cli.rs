@@ -53,6 +53,9 @@ pub struct CommonArgs {
     pub cooldown_limit_s: u64,
 }
 
+/// The levels a matrix runs unless told otherwise (`--levels`).
+pub const DEFAULT_LEVELS: &str = "1,1.5,2,4,5";
+
 /// Arguments of `mxtune matrix`.
 #[derive(Debug, Clone, PartialEq, clap::Args)]
 pub struct MatrixArgs {
@@ -61,7 +64,7 @@ pub struct MatrixArgs {
     pub presets: Vec<String>,
     /// Test levels to run: 1 smoke, 1.5 kernel path, 2 correctness, 3 stress, 4 grid,
     /// 5 regression.
-    #[arg(long, default_value = "1,1.5,2,4,5")]
+    #[arg(long, default_value = DEFAULT_LEVELS)]
     pub levels: String,
     /// Output directory: state file, report, charts, summary.
     #[arg(long, default_value = "matrix")]

@@ -35,6 +35,7 @@ pub const FLAGS: &[Binding] = &[
     b("t", "docker/engine target"),
     b("R", "reset all to the loaded preset"),
     b("Space", "next value"),
+    b("a", "mark these flags as A (quick A/B)"),
 ];
 
 /// Flags screen while a serving limit is typed in (Enter on a numeric limit).
@@ -90,6 +91,9 @@ pub const BENCH: &[Binding] = &[
     b("Up/Down", "select field"),
     b("Enter", "edit field / next level"),
     b("Left/Right", "previous/next level"),
+    b("m", "matrix view"),
+    b("a", "mark the flags as A"),
+    b("A", "A/B: marked A vs current flags"),
 ];
 
 /// Bench screen with no target ready: `r` has nothing to run against.
@@ -98,6 +102,24 @@ pub const BENCH_NO_TARGET: &[Binding] = &[
     b("Up/Down", "select field"),
     b("Enter", "edit field / next level"),
 ];
+
+/// Bench screen, matrix view.
+pub const MATRIX: &[Binding] = &[
+    b("Space/Enter", "choose preset"),
+    b("Up/Down", "select preset"),
+    b("l", "edit levels"),
+    b("r", "run the matrix"),
+    b("Esc", "back to the form"),
+];
+
+/// Bench screen, matrix view while the matrix runs.
+pub const MATRIX_RUNNING: &[Binding] = &[b("Esc", "cancel (stays resumable)")];
+
+/// Bench screen, quick A/B result.
+pub const AB: &[Binding] = &[b("A", "run the A/B again"), b("Esc", "back to the form")];
+
+/// Bench screen while the quick A/B runs.
+pub const AB_RUNNING: &[Binding] = &[b("Esc", "cancel (records kept)")];
 
 /// Bench screen while a benchmark runs.
 pub const BENCH_RUNNING: &[Binding] = &[b("Esc", "cancel (partial record kept)")];
@@ -143,6 +165,10 @@ pub const SECTIONS: &[(&str, &[Binding])] = &[
     ("Bench: no target ready", BENCH_NO_TARGET),
     ("Bench: running", BENCH_RUNNING),
     ("Bench: typing a value", BENCH_INPUT),
+    ("Bench: matrix view", MATRIX),
+    ("Bench: matrix running", MATRIX_RUNNING),
+    ("Bench: quick A/B result", AB),
+    ("Bench: quick A/B running", AB_RUNNING),
     ("Runs", RUNS),
     ("Runs: run or comparison open", RUNS_VIEW),
 ];
