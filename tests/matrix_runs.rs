@@ -430,3 +430,136 @@ async fn matrix_docker_two_presets_marks_the_invalid_one() {
         "{left:?}"
     );
 }
+
+/// The panel's matrix view: keys choose two presets, the levels and the grid; the effect is
+/// performed by the panel's runtime (`tui::perform`), the matrix runs on its background
+/// runtime, and its events are fed through `tui::step` until the view says it finished.
+#[test]
+fn tui_matrix_view_runs_engine_presets_through_the_background() {
+    use crossterm::event::{KeyCode, KeyEvent, KeyModifiers};
+    use mxtune::matrix::state::PresetStatus;
+    use mxtune::tui::app::{App, Effect, Paths};
+    use mxtune::tui::background::Background;
+    use mxtune::tui::screens::matrix::{BenchView, JobState};
+    use mxtune::tui::{perform, step};
+
+    let dir = tempfile::tempdir().unwrap();
+    let presets = dir.path().join("presets");
+    tiny_presets(&presets, &["tui-a", "tui-b"]);
+    let runs = dir.path().join("runs");
+    let (tx, rx) = std::sync::mpsc::channel();
+    let mut bg = Background::new(tx).unwrap();
+    let mut app = App::new(
+        mxtune::tui::theme::Theme {
+            color: false,
+            ascii: false,
+        },
+        Paths {
+            presets: mxtune::flags::preset::PresetStore::new(vec![presets.clone()]),
+            save_dir: presets.clone(),
+            runs_dir: runs.clone(),
+            export_dir: dir.path().to_path_buf(),
+        },
+    );
+    app.launch.choice = mxtune::launch::spec::TargetKind::Engine;
+    let press = |app: &mut App, code: KeyCode| app.on_key(KeyEvent::new(code, KeyModifiers::NONE));
+    press(&mut app, KeyCode::Char('4'));
+    // The Bench form's grid is the matrix's grid.
+    app.bench.values = ["64".into(), "4".into(), "0".into(), "1".into(), "1".into()];
+    for e in press(&mut app, KeyCode::Char('m')) {
+        perform(&mut app, &mut bg, e);
+    }
+    assert_eq!(app.bench.view, BenchView::Matrix);
+    assert_eq!(app.bench.matrix.presets, ["tui-a", "tui-b"]);
+    press(&mut app, KeyCode::Char(' '));
+    press(&mut app, KeyCode::Down);
+    press(&mut app, KeyCode::Char(' '));
+    press(&mut app, KeyCode::Char('l'));
+    for _ in 0..20 {
+        press(&mut app, KeyCode::Backspace);
+    }
+    for c in "1,1.5,4".chars() {
+        press(&mut app, KeyCode::Char(c));
+    }
+    press(&mut app, KeyCode::Enter);
+    let effects = press(&mut app, KeyCode::Char('r'));
+    let [Effect::StartMatrix(args)] = effects.as_slice() else {
+        panic!("{effects:?} {:?}", app.bench.matrix.error);
+    };
+    let mut args = args.clone();
+    // The panel's engine is the running mxtune; under test that is the test binary.
+    args.common.engine_bin = Some(env!("CARGO_BIN_EXE_mxtune").into());
+    perform(&mut app, &mut bg, Effect::StartMatrix(args));
+
+    let start = std::time::Instant::now();
+    let mut saw_running = false;
+    while app
+        .bench
+        .matrix
+        .run
+        .as_ref()
+        .is_some_and(|r| r.state.is_active())
+    {
+        if let Ok(ev) = rx.recv_timeout(std::time::Duration::from_millis(200)) {
+            step(&mut app, &mut bg, ev);
+        }
+        let run = app.bench.matrix.run.as_ref().unwrap();
+        saw_running |= run.rows.iter().any(|r| r.status == PresetStatus::Running);
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(300),
+            "the matrix never finished: {run:?}"
+        );
+    }
+    assert!(saw_running, "no preset was ever shown running");
+    let run = app.bench.matrix.run.clone().unwrap();
+    assert_eq!(
+        run.state,
+        JobState::Finished {
+            interrupted: false,
+            passed: true
+        },
+        "{run:?}"
+    );
+    assert!(
+        run.out.starts_with(runs.join("matrix")),
+        "{}",
+        run.out.display()
+    );
+    let report = run.report.clone().expect("report path");
+    let text = std::fs::read_to_string(&report).unwrap();
+    assert!(text.contains("tui-a") && text.contains("tui-b"), "{text}");
+    assert!(run.out.join("matrix-state.json").exists());
+    let mut names: Vec<String> = statuses(&run.out)
+        .into_iter()
+        .map(|(n, s)| {
+            assert_eq!(s, "done", "{n}");
+            n
+        })
+        .collect();
+    names.sort();
+    assert_eq!(names, ["tui-a", "tui-b"]);
+    for row in &run.rows {
+        assert_eq!(row.status, PresetStatus::Done, "{row:?}");
+        let verdicts: Vec<(&str, &str)> = row
+            .levels
+            .iter()
+            .map(|l| (l.level.number(), l.verdict.as_str()))
+            .collect();
+        assert_eq!(
+            verdicts,
+            [("1", "pass"), ("1.5", "pass"), ("4", "pass")],
+            "{row:?}"
+        );
+        let rec: serde_json::Value = serde_json::from_str(
+            &std::fs::read_to_string(row.record.as_ref().expect("record")).unwrap(),
+        )
+        .unwrap();
+        assert_eq!(rec["identity"]["status"], "completed", "{rec}");
+        assert_eq!(rec["results"].as_array().unwrap().len(), 1);
+    }
+    assert!(
+        app.message.as_deref().unwrap_or("").contains("report.md"),
+        "{:?}",
+        app.message
+    );
+}

@@ -105,11 +105,11 @@ pub const BENCH_NO_TARGET: &[Binding] = &[
 
 /// Bench screen, matrix view.
 pub const MATRIX: &[Binding] = &[
+    b("r", "run"),
     b("Space/Enter", "choose preset"),
+    b("l", "levels"),
+    b("Esc", "back"),
     b("Up/Down", "select preset"),
-    b("l", "edit levels"),
-    b("r", "run the matrix"),
-    b("Esc", "back to the form"),
 ];
 
 /// Bench screen, matrix view while the matrix runs.

@@ -146,7 +146,14 @@ impl MatrixRun {
             }
             MatrixEvent::Ready { preset, startup_s } => {
                 if let Some(i) = row(&mut self.rows, preset) {
-                    self.rows[i].phase = format!("ready after {startup_s:.1} s");
+                    let r = &mut self.rows[i];
+                    r.phase = format!("ready after {startup_s:.1} s");
+                    // L1 passed as it happens; the full verdicts replace this at the end.
+                    r.levels = vec![LevelOutcome {
+                        level: TestLevel::Smoke,
+                        verdict: "pass".into(),
+                        detail: r.phase.clone(),
+                    }];
                 }
             }
             MatrixEvent::CoolDown { celsius, threshold } => {
@@ -731,7 +738,13 @@ fn verdict_span(theme: &Theme, verdict: &str) -> Span<'static> {
         "fail" | "invalid" => theme.error(),
         _ => theme.warn(),
     };
-    Span::styled(verdict.to_string(), style)
+    // "no baseline" (L5 with no earlier record) would not fit a narrow column.
+    let text = if verdict == "no baseline" {
+        "no ref"
+    } else {
+        verdict
+    };
+    Span::styled(text.to_string(), style)
 }
 
 fn status_text(s: PresetStatus) -> &'static str {
@@ -861,7 +874,7 @@ pub fn draw_matrix(frame: &mut Frame, app: &App, area: Rect) {
         }
     } else {
         info.push(Line::styled(
-            " choose presets, then r runs them through the levels (as mxtune matrix)",
+            " choose presets; r runs them (as mxtune matrix)",
             theme.dim(),
         ));
     }
@@ -931,7 +944,7 @@ pub fn draw_matrix(frame: &mut Frame, app: &App, area: Rect) {
         })
         .collect();
     let mut widths = vec![
-        Constraint::Length(if wide { 24 } else { 14 }),
+        Constraint::Length(if wide { 24 } else { 16 }),
         Constraint::Length(11),
     ];
     widths.extend(
