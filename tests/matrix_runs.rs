@@ -563,3 +563,104 @@ fn tui_matrix_view_runs_engine_presets_through_the_background() {
         app.message
     );
 }
+
+/// The panel's quick A/B: mark the loaded preset's flags as A, change one, `A` on the Bench
+/// screen; the runtime writes both as presets and runs `mxtune ab`'s code on the background
+/// runtime; the view shows the ratios and the files exist.
+#[test]
+fn tui_quick_ab_runs_marked_a_against_current_flags() {
+    use crossterm::event::{KeyCode, KeyEvent, KeyModifiers};
+    use mxtune::tui::app::{App, Effect, Paths};
+    use mxtune::tui::background::Background;
+    use mxtune::tui::screens::matrix::{BenchView, JobState};
+    use mxtune::tui::{perform, step};
+
+    let dir = tempfile::tempdir().unwrap();
+    let presets = dir.path().join("presets");
+    tiny_presets(&presets, &["tui-ab"]);
+    let runs = dir.path().join("runs");
+    let (tx, rx) = std::sync::mpsc::channel();
+    let mut bg = Background::new(tx).unwrap();
+    let mut app = App::new(
+        mxtune::tui::theme::Theme {
+            color: false,
+            ascii: false,
+        },
+        Paths {
+            presets: mxtune::flags::preset::PresetStore::new(vec![presets.clone()]),
+            save_dir: presets.clone(),
+            runs_dir: runs.clone(),
+            export_dir: dir.path().to_path_buf(),
+        },
+    );
+    perform(&mut app, &mut bg, Effect::LoadPreset("tui-ab".into()));
+    assert_eq!(app.launch.choice, mxtune::launch::spec::TargetKind::Engine);
+    let press = |app: &mut App, code: KeyCode| app.on_key(KeyEvent::new(code, KeyModifiers::NONE));
+    press(&mut app, KeyCode::Char('4'));
+    app.bench.values = ["64".into(), "4".into(), "0".into(), "1".into(), "1".into()];
+    press(&mut app, KeyCode::Char('a'));
+    assert!(app.ab_mark.is_some());
+    app.flags.flags.serving.max_num_seqs = Some(2);
+    let effects = press(&mut app, KeyCode::Char('A'));
+    let [Effect::StartAb(req)] = effects.as_slice() else {
+        panic!("{effects:?} {:?}", app.message);
+    };
+    assert_eq!(app.bench.view, BenchView::Ab);
+    let mut req = req.clone();
+    // The panel's engine is the running mxtune; under test that is the test binary.
+    req.engine_bin = Some(env!("CARGO_BIN_EXE_mxtune").into());
+    // Two rounds instead of the panel's three keep the test short (four launches).
+    assert_eq!(req.rounds, 3);
+    req.rounds = 2;
+    perform(&mut app, &mut bg, Effect::StartAb(req));
+    let start = std::time::Instant::now();
+    let mut rounds_seen = Vec::new();
+    while app
+        .bench
+        .ab
+        .run
+        .as_ref()
+        .is_some_and(|r| r.state.is_active())
+    {
+        if let Ok(ev) = rx.recv_timeout(std::time::Duration::from_millis(200)) {
+            step(&mut app, &mut bg, ev);
+        }
+        let run = app.bench.ab.run.as_ref().unwrap();
+        if rounds_seen.last() != Some(&run.round) {
+            rounds_seen.push(run.round);
+        }
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(400),
+            "the A/B never finished: {run:?}"
+        );
+    }
+    let run = app.bench.ab.run.clone().unwrap();
+    assert_eq!(
+        run.state,
+        JobState::Finished {
+            interrupted: false,
+            passed: true
+        },
+        "{run:?}"
+    );
+    assert_eq!(rounds_seen.last(), Some(&2), "{rounds_seen:?}");
+    assert_eq!(run.valid_rounds, 2, "{run:?}");
+    let tg = run
+        .ratios
+        .iter()
+        .find(|r| r.metric == "tg t/s")
+        .expect("tg ratio");
+    assert_eq!(tg.rounds.len(), 2);
+    assert!(tg.mean > 0.0);
+    let out = run.out.clone().expect("out dir");
+    assert!(out.starts_with(runs.join("ab")), "{}", out.display());
+    assert!(run.md.as_ref().unwrap().exists());
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("ab.json")).unwrap()).unwrap();
+    assert_eq!(v["records"].as_array().unwrap().len(), 4, "{v}");
+    // The two presets: A as marked, B with the change.
+    let b = std::fs::read_to_string(out.join("presets/quick-ab-b.toml")).unwrap();
+    assert!(b.contains("max_num_seqs = 2"), "{b}");
+    let a = std::fs::read_to_string(out.join("presets/quick-ab-a.toml")).unwrap();
+    assert!(a.contains("max_num_seqs = 1"), "{a}");
+}

@@ -495,6 +495,7 @@ fn ab_args(
     }
     let mut common = screens::matrix::common_args(app, req.kind)?;
     common.grid = req.grid.clone();
+    common.engine_bin = req.engine_bin.clone();
     Ok(crate::matrix::cli::AbArgs {
         preset_a: paths[0].display().to_string(),
         preset_b: paths[1].display().to_string(),

@@ -316,6 +316,8 @@ pub struct AbRequest {
     pub grid: Vec<String>,
     /// A B rounds.
     pub rounds: u32,
+    /// Engine binary (`None`: this mxtune, as the Launch screen uses).
+    pub engine_bin: Option<PathBuf>,
 }
 
 /// The flag set marked as A.
@@ -611,6 +613,7 @@ fn start_ab(app: &mut App) -> Vec<Effect> {
         kind,
         grid,
         rounds: AB_ROUNDS,
+        engine_bin: None,
     }))]
 }
 
