@@ -664,3 +664,151 @@ fn tui_quick_ab_runs_marked_a_against_current_flags() {
     let a = std::fs::read_to_string(out.join("presets/quick-ab-a.toml")).unwrap();
     assert!(a.contains("max_num_seqs = 1"), "{a}");
 }
+
+/// Esc in the panel's matrix view cancels the way Ctrl-C does on the command line: the
+/// target is stopped, the state is left resumable, and `mxtune matrix --resume` finishes it.
+#[test]
+fn tui_matrix_view_esc_leaves_a_resumable_matrix() {
+    use crossterm::event::{KeyCode, KeyEvent, KeyModifiers};
+    use mxtune::matrix::state::PresetStatus;
+    use mxtune::tui::app::{App, Effect, Paths};
+    use mxtune::tui::background::Background;
+    use mxtune::tui::screens::matrix::JobState;
+    use mxtune::tui::{Event, perform, step};
+
+    let dir = tempfile::tempdir().unwrap();
+    let presets = dir.path().join("presets");
+    tiny_presets(&presets, &["esc-a", "esc-b"]);
+    let runs = dir.path().join("runs");
+    let (tx, rx) = std::sync::mpsc::channel();
+    let mut bg = Background::new(tx).unwrap();
+    let mut app = App::new(
+        mxtune::tui::theme::Theme {
+            color: false,
+            ascii: false,
+        },
+        Paths {
+            presets: mxtune::flags::preset::PresetStore::new(vec![presets.clone()]),
+            save_dir: presets.clone(),
+            runs_dir: runs.clone(),
+            export_dir: dir.path().to_path_buf(),
+        },
+    );
+    app.launch.choice = mxtune::launch::spec::TargetKind::Engine;
+    let press = |app: &mut App, code: KeyCode| app.on_key(KeyEvent::new(code, KeyModifiers::NONE));
+    press(&mut app, KeyCode::Char('4'));
+    app.bench.values = ["64".into(), "4".into(), "0".into(), "1".into(), "1".into()];
+    for e in press(&mut app, KeyCode::Char('m')) {
+        perform(&mut app, &mut bg, e);
+    }
+    press(&mut app, KeyCode::Char(' '));
+    press(&mut app, KeyCode::Down);
+    press(&mut app, KeyCode::Char(' '));
+    press(&mut app, KeyCode::Char('l'));
+    for _ in 0..20 {
+        press(&mut app, KeyCode::Backspace);
+    }
+    for c in "1,4".chars() {
+        press(&mut app, KeyCode::Char(c));
+    }
+    press(&mut app, KeyCode::Enter);
+    let effects = press(&mut app, KeyCode::Char('r'));
+    let [Effect::StartMatrix(args)] = effects.as_slice() else {
+        panic!("{effects:?} {:?}", app.bench.matrix.error);
+    };
+    let mut args = args.clone();
+    args.common.engine_bin = Some(env!("CARGO_BIN_EXE_mxtune").into());
+    perform(&mut app, &mut bg, Effect::StartMatrix(args));
+
+    let start = std::time::Instant::now();
+    let mut pressed = false;
+    while app
+        .bench
+        .matrix
+        .run
+        .as_ref()
+        .is_some_and(|r| r.state.is_active())
+    {
+        if let Ok(ev) = rx.recv_timeout(std::time::Duration::from_millis(200)) {
+            step(&mut app, &mut bg, ev);
+        }
+        let running = app
+            .bench
+            .matrix
+            .run
+            .as_ref()
+            .unwrap()
+            .rows
+            .iter()
+            .any(|r| r.status == PresetStatus::Running);
+        if running && !pressed {
+            // Esc goes through the same path as a key from the terminal.
+            let esc = Event::Term(crossterm::event::Event::Key(KeyEvent::new(
+                KeyCode::Esc,
+                KeyModifiers::NONE,
+            )));
+            step(&mut app, &mut bg, esc);
+            pressed = true;
+        }
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(300),
+            "the matrix never ended"
+        );
+    }
+    assert!(pressed, "no preset was ever shown running");
+    let run = app.bench.matrix.run.clone().unwrap();
+    assert_eq!(
+        run.state,
+        JobState::Finished {
+            interrupted: true,
+            passed: false
+        },
+        "{run:?}"
+    );
+    let after = statuses(&run.out);
+    assert!(after.iter().any(|(_, s)| s == "interrupted"), "{after:?}");
+    assert!(
+        std::fs::read_to_string(run.out.join("report.md"))
+            .unwrap()
+            .contains("INCOMPLETE")
+    );
+    assert!(
+        app.message
+            .as_deref()
+            .unwrap()
+            .contains("mxtune matrix --resume --out"),
+        "{:?}",
+        app.message
+    );
+    // No engine survived the cancel.
+    let engines = std::fs::read_to_string(runs.join("launched-engines.json")).unwrap_or_default();
+    for pid in serde_json::from_str::<serde_json::Value>(&engines)
+        .ok()
+        .and_then(|v| v.as_array().cloned())
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|e| e["pid"].as_u64())
+    {
+        assert!(
+            unsafe { libc::kill(pid as i32, 0) } != 0,
+            "engine {pid} still running"
+        );
+    }
+    // The headless command resumes it to the end.
+    let r = mxtune()
+        .args(["matrix", "--resume", "--out"])
+        .arg(&run.out)
+        .output()
+        .unwrap();
+    assert_eq!(
+        r.status.code(),
+        Some(0),
+        "{}\n{}",
+        String::from_utf8_lossy(&r.stderr),
+        String::from_utf8_lossy(&r.stdout)
+    );
+    for (n, s) in statuses(&run.out) {
+        assert_eq!(s, "done", "{n}");
+    }
+    assert_eq!(state(&run.out)["resumes"], 1);
+}
