@@ -1906,6 +1906,19 @@ fn matrix_events_update_the_view_and_esc_cancels_resumably() {
         mxtune::tui::screens::bindings(&app),
         mxtune::tui::keys::MATRIX_RUNNING
     );
+    // The Launch screen will not start a target beside the matrix's own.
+    key(&mut app, KeyCode::Char('2'));
+    assert!(hit(&mut app, KeyCode::Char('l')).is_empty());
+    assert!(
+        app.message
+            .as_deref()
+            .unwrap()
+            .contains("matrix or A/B is running"),
+        "{:?}",
+        app.message
+    );
+    key(&mut app, KeyCode::Char('4'));
+    assert_eq!(app.bench.view, BenchView::Matrix);
     // Keys other than Esc do nothing while it runs; Esc cancels.
     assert!(hit(&mut app, KeyCode::Char('r')).is_empty());
     assert_eq!(hit(&mut app, KeyCode::Esc), vec![Effect::CancelMatrix]);

@@ -293,6 +293,17 @@ impl App {
             }
             Tab::Flags => self.flags.on_key(key),
             Tab::Runs => self.runs.on_key(key, &self.paths.export_dir),
+            Tab::Launch
+                if key.code == KeyCode::Char('l')
+                    && !self.launch.captures_keys()
+                    && (self.bench.matrix.is_running() || self.bench.ab.is_running()) =>
+            {
+                self.message = Some(
+                    "a matrix or A/B is running its own targets: wait for it, or cancel it on                      the Bench screen (4, then Esc)"
+                        .into(),
+                );
+                Vec::new()
+            }
             Tab::Launch => self.launch.on_key(key, &self.paths.export_dir),
             Tab::Live => {
                 self.live.on_key(key);

@@ -88,17 +88,20 @@ pub const LIVE: &[Binding] = &[
 /// Bench screen.
 pub const BENCH: &[Binding] = &[
     b("r", "run against the target"),
+    b("m", "matrix"),
+    b("a", "mark flags as A"),
+    b("A", "A/B vs A"),
     b("Up/Down", "select field"),
     b("Enter", "edit field / next level"),
     b("Left/Right", "previous/next level"),
-    b("m", "matrix view"),
-    b("a", "mark the flags as A"),
-    b("A", "A/B: marked A vs current flags"),
 ];
 
 /// Bench screen with no target ready: `r` has nothing to run against.
 pub const BENCH_NO_TARGET: &[Binding] = &[
     b("2", "no target: launch one first"),
+    b("m", "matrix"),
+    b("a", "mark flags as A"),
+    b("A", "A/B vs A"),
     b("Up/Down", "select field"),
     b("Enter", "edit field / next level"),
 ];
