@@ -430,3 +430,385 @@ async fn matrix_docker_two_presets_marks_the_invalid_one() {
         "{left:?}"
     );
 }
+
+/// The panel's matrix view: keys choose two presets, the levels and the grid; the effect is
+/// performed by the panel's runtime (`tui::perform`), the matrix runs on its background
+/// runtime, and its events are fed through `tui::step` until the view says it finished.
+#[test]
+fn tui_matrix_view_runs_engine_presets_through_the_background() {
+    use crossterm::event::{KeyCode, KeyEvent, KeyModifiers};
+    use mxtune::matrix::state::PresetStatus;
+    use mxtune::tui::app::{App, Effect, Paths};
+    use mxtune::tui::background::Background;
+    use mxtune::tui::screens::matrix::{BenchView, JobState};
+    use mxtune::tui::{perform, step};
+
+    let dir = tempfile::tempdir().unwrap();
+    let presets = dir.path().join("presets");
+    tiny_presets(&presets, &["tui-a", "tui-b"]);
+    let runs = dir.path().join("runs");
+    let (tx, rx) = std::sync::mpsc::channel();
+    let mut bg = Background::new(tx).unwrap();
+    let mut app = App::new(
+        mxtune::tui::theme::Theme {
+            color: false,
+            ascii: false,
+        },
+        Paths {
+            presets: mxtune::flags::preset::PresetStore::new(vec![presets.clone()]),
+            save_dir: presets.clone(),
+            runs_dir: runs.clone(),
+            export_dir: dir.path().to_path_buf(),
+        },
+    );
+    app.launch.choice = mxtune::launch::spec::TargetKind::Engine;
+    let press = |app: &mut App, code: KeyCode| app.on_key(KeyEvent::new(code, KeyModifiers::NONE));
+    press(&mut app, KeyCode::Char('4'));
+    // The Bench form's grid is the matrix's grid.
+    app.bench.values = ["64".into(), "4".into(), "0".into(), "1".into(), "1".into()];
+    for e in press(&mut app, KeyCode::Char('m')) {
+        perform(&mut app, &mut bg, e);
+    }
+    assert_eq!(app.bench.view, BenchView::Matrix);
+    assert_eq!(app.bench.matrix.presets, ["tui-a", "tui-b"]);
+    press(&mut app, KeyCode::Char(' '));
+    press(&mut app, KeyCode::Down);
+    press(&mut app, KeyCode::Char(' '));
+    press(&mut app, KeyCode::Char('l'));
+    for _ in 0..20 {
+        press(&mut app, KeyCode::Backspace);
+    }
+    for c in "1,1.5,4".chars() {
+        press(&mut app, KeyCode::Char(c));
+    }
+    press(&mut app, KeyCode::Enter);
+    let effects = press(&mut app, KeyCode::Char('r'));
+    let [Effect::StartMatrix(args)] = effects.as_slice() else {
+        panic!("{effects:?} {:?}", app.bench.matrix.error);
+    };
+    let mut args = args.clone();
+    // The panel's engine is the running mxtune; under test that is the test binary.
+    args.common.engine_bin = Some(env!("CARGO_BIN_EXE_mxtune").into());
+    perform(&mut app, &mut bg, Effect::StartMatrix(args));
+
+    let start = std::time::Instant::now();
+    let mut saw_running = false;
+    while app
+        .bench
+        .matrix
+        .run
+        .as_ref()
+        .is_some_and(|r| r.state.is_active())
+    {
+        if let Ok(ev) = rx.recv_timeout(std::time::Duration::from_millis(200)) {
+            step(&mut app, &mut bg, ev);
+        }
+        let run = app.bench.matrix.run.as_ref().unwrap();
+        saw_running |= run.rows.iter().any(|r| r.status == PresetStatus::Running);
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(300),
+            "the matrix never finished: {run:?}"
+        );
+    }
+    assert!(saw_running, "no preset was ever shown running");
+    let run = app.bench.matrix.run.clone().unwrap();
+    assert_eq!(
+        run.state,
+        JobState::Finished {
+            interrupted: false,
+            passed: true
+        },
+        "{run:?}"
+    );
+    assert!(
+        run.out.starts_with(runs.join("matrix")),
+        "{}",
+        run.out.display()
+    );
+    let report = run.report.clone().expect("report path");
+    let text = std::fs::read_to_string(&report).unwrap();
+    assert!(text.contains("tui-a") && text.contains("tui-b"), "{text}");
+    assert!(run.out.join("matrix-state.json").exists());
+    let mut names: Vec<String> = statuses(&run.out)
+        .into_iter()
+        .map(|(n, s)| {
+            assert_eq!(s, "done", "{n}");
+            n
+        })
+        .collect();
+    names.sort();
+    assert_eq!(names, ["tui-a", "tui-b"]);
+    for row in &run.rows {
+        assert_eq!(row.status, PresetStatus::Done, "{row:?}");
+        let verdicts: Vec<(&str, &str)> = row
+            .levels
+            .iter()
+            .map(|l| (l.level.number(), l.verdict.as_str()))
+            .collect();
+        assert_eq!(
+            verdicts,
+            [("1", "pass"), ("1.5", "pass"), ("4", "pass")],
+            "{row:?}"
+        );
+        let rec: serde_json::Value = serde_json::from_str(
+            &std::fs::read_to_string(row.record.as_ref().expect("record")).unwrap(),
+        )
+        .unwrap();
+        assert_eq!(rec["identity"]["status"], "completed", "{rec}");
+        assert_eq!(rec["results"].as_array().unwrap().len(), 1);
+    }
+    assert!(
+        app.message.as_deref().unwrap_or("").contains("report.md"),
+        "{:?}",
+        app.message
+    );
+}
+
+/// The panel's quick A/B: mark the loaded preset's flags as A, change one, `A` on the Bench
+/// screen; the runtime writes both as presets and runs `mxtune ab`'s code on the background
+/// runtime; the view shows the ratios and the files exist.
+#[test]
+fn tui_quick_ab_runs_marked_a_against_current_flags() {
+    use crossterm::event::{KeyCode, KeyEvent, KeyModifiers};
+    use mxtune::tui::app::{App, Effect, Paths};
+    use mxtune::tui::background::Background;
+    use mxtune::tui::screens::matrix::{BenchView, JobState};
+    use mxtune::tui::{perform, step};
+
+    let dir = tempfile::tempdir().unwrap();
+    let presets = dir.path().join("presets");
+    tiny_presets(&presets, &["tui-ab"]);
+    let runs = dir.path().join("runs");
+    let (tx, rx) = std::sync::mpsc::channel();
+    let mut bg = Background::new(tx).unwrap();
+    let mut app = App::new(
+        mxtune::tui::theme::Theme {
+            color: false,
+            ascii: false,
+        },
+        Paths {
+            presets: mxtune::flags::preset::PresetStore::new(vec![presets.clone()]),
+            save_dir: presets.clone(),
+            runs_dir: runs.clone(),
+            export_dir: dir.path().to_path_buf(),
+        },
+    );
+    perform(&mut app, &mut bg, Effect::LoadPreset("tui-ab".into()));
+    assert_eq!(app.launch.choice, mxtune::launch::spec::TargetKind::Engine);
+    let press = |app: &mut App, code: KeyCode| app.on_key(KeyEvent::new(code, KeyModifiers::NONE));
+    press(&mut app, KeyCode::Char('4'));
+    app.bench.values = ["64".into(), "4".into(), "0".into(), "1".into(), "1".into()];
+    press(&mut app, KeyCode::Char('a'));
+    assert!(app.ab_mark.is_some());
+    app.flags.flags.serving.max_num_seqs = Some(2);
+    let effects = press(&mut app, KeyCode::Char('A'));
+    let [Effect::StartAb(req)] = effects.as_slice() else {
+        panic!("{effects:?} {:?}", app.message);
+    };
+    assert_eq!(app.bench.view, BenchView::Ab);
+    let mut req = req.clone();
+    // The panel's engine is the running mxtune; under test that is the test binary.
+    req.engine_bin = Some(env!("CARGO_BIN_EXE_mxtune").into());
+    // Two rounds instead of the panel's three keep the test short (four launches).
+    assert_eq!(req.rounds, 3);
+    req.rounds = 2;
+    perform(&mut app, &mut bg, Effect::StartAb(req));
+    let start = std::time::Instant::now();
+    let mut rounds_seen = Vec::new();
+    while app
+        .bench
+        .ab
+        .run
+        .as_ref()
+        .is_some_and(|r| r.state.is_active())
+    {
+        if let Ok(ev) = rx.recv_timeout(std::time::Duration::from_millis(200)) {
+            step(&mut app, &mut bg, ev);
+        }
+        let run = app.bench.ab.run.as_ref().unwrap();
+        if rounds_seen.last() != Some(&run.round) {
+            rounds_seen.push(run.round);
+        }
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(400),
+            "the A/B never finished: {run:?}"
+        );
+    }
+    let run = app.bench.ab.run.clone().unwrap();
+    assert_eq!(
+        run.state,
+        JobState::Finished {
+            interrupted: false,
+            passed: true
+        },
+        "{run:?}"
+    );
+    assert_eq!(rounds_seen.last(), Some(&2), "{rounds_seen:?}");
+    assert_eq!(run.valid_rounds, 2, "{run:?}");
+    let tg = run
+        .ratios
+        .iter()
+        .find(|r| r.metric == "tg t/s")
+        .expect("tg ratio");
+    assert_eq!(tg.rounds.len(), 2);
+    assert!(tg.mean > 0.0);
+    let out = run.out.clone().expect("out dir");
+    assert!(out.starts_with(runs.join("ab")), "{}", out.display());
+    assert!(run.md.as_ref().unwrap().exists());
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("ab.json")).unwrap()).unwrap();
+    assert_eq!(v["records"].as_array().unwrap().len(), 4, "{v}");
+    // The two presets: A as marked, B with the change.
+    let b = std::fs::read_to_string(out.join("presets/quick-ab-b.toml")).unwrap();
+    assert!(b.contains("max_num_seqs = 2"), "{b}");
+    let a = std::fs::read_to_string(out.join("presets/quick-ab-a.toml")).unwrap();
+    assert!(a.contains("max_num_seqs = 1"), "{a}");
+}
+
+/// Esc in the panel's matrix view cancels the way Ctrl-C does on the command line: the
+/// target is stopped, the state is left resumable, and `mxtune matrix --resume` finishes it.
+#[test]
+fn tui_matrix_view_esc_leaves_a_resumable_matrix() {
+    use crossterm::event::{KeyCode, KeyEvent, KeyModifiers};
+    use mxtune::matrix::state::PresetStatus;
+    use mxtune::tui::app::{App, Effect, Paths};
+    use mxtune::tui::background::Background;
+    use mxtune::tui::screens::matrix::JobState;
+    use mxtune::tui::{Event, perform, step};
+
+    let dir = tempfile::tempdir().unwrap();
+    let presets = dir.path().join("presets");
+    tiny_presets(&presets, &["esc-a", "esc-b"]);
+    let runs = dir.path().join("runs");
+    let (tx, rx) = std::sync::mpsc::channel();
+    let mut bg = Background::new(tx).unwrap();
+    let mut app = App::new(
+        mxtune::tui::theme::Theme {
+            color: false,
+            ascii: false,
+        },
+        Paths {
+            presets: mxtune::flags::preset::PresetStore::new(vec![presets.clone()]),
+            save_dir: presets.clone(),
+            runs_dir: runs.clone(),
+            export_dir: dir.path().to_path_buf(),
+        },
+    );
+    app.launch.choice = mxtune::launch::spec::TargetKind::Engine;
+    let press = |app: &mut App, code: KeyCode| app.on_key(KeyEvent::new(code, KeyModifiers::NONE));
+    press(&mut app, KeyCode::Char('4'));
+    app.bench.values = ["64".into(), "4".into(), "0".into(), "1".into(), "1".into()];
+    for e in press(&mut app, KeyCode::Char('m')) {
+        perform(&mut app, &mut bg, e);
+    }
+    press(&mut app, KeyCode::Char(' '));
+    press(&mut app, KeyCode::Down);
+    press(&mut app, KeyCode::Char(' '));
+    press(&mut app, KeyCode::Char('l'));
+    for _ in 0..20 {
+        press(&mut app, KeyCode::Backspace);
+    }
+    for c in "1,4".chars() {
+        press(&mut app, KeyCode::Char(c));
+    }
+    press(&mut app, KeyCode::Enter);
+    let effects = press(&mut app, KeyCode::Char('r'));
+    let [Effect::StartMatrix(args)] = effects.as_slice() else {
+        panic!("{effects:?} {:?}", app.bench.matrix.error);
+    };
+    let mut args = args.clone();
+    args.common.engine_bin = Some(env!("CARGO_BIN_EXE_mxtune").into());
+    perform(&mut app, &mut bg, Effect::StartMatrix(args));
+
+    let start = std::time::Instant::now();
+    let mut pressed = false;
+    while app
+        .bench
+        .matrix
+        .run
+        .as_ref()
+        .is_some_and(|r| r.state.is_active())
+    {
+        if let Ok(ev) = rx.recv_timeout(std::time::Duration::from_millis(200)) {
+            step(&mut app, &mut bg, ev);
+        }
+        let running = app
+            .bench
+            .matrix
+            .run
+            .as_ref()
+            .unwrap()
+            .rows
+            .iter()
+            .any(|r| r.status == PresetStatus::Running);
+        if running && !pressed {
+            // Esc goes through the same path as a key from the terminal.
+            let esc = Event::Term(crossterm::event::Event::Key(KeyEvent::new(
+                KeyCode::Esc,
+                KeyModifiers::NONE,
+            )));
+            step(&mut app, &mut bg, esc);
+            pressed = true;
+        }
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(300),
+            "the matrix never ended"
+        );
+    }
+    assert!(pressed, "no preset was ever shown running");
+    let run = app.bench.matrix.run.clone().unwrap();
+    assert_eq!(
+        run.state,
+        JobState::Finished {
+            interrupted: true,
+            passed: false
+        },
+        "{run:?}"
+    );
+    let after = statuses(&run.out);
+    assert!(after.iter().any(|(_, s)| s == "interrupted"), "{after:?}");
+    assert!(
+        std::fs::read_to_string(run.out.join("report.md"))
+            .unwrap()
+            .contains("INCOMPLETE")
+    );
+    assert!(
+        app.message
+            .as_deref()
+            .unwrap()
+            .contains("mxtune matrix --resume --out"),
+        "{:?}",
+        app.message
+    );
+    // No engine survived the cancel.
+    let engines = std::fs::read_to_string(runs.join("launched-engines.json")).unwrap_or_default();
+    for pid in serde_json::from_str::<serde_json::Value>(&engines)
+        .ok()
+        .and_then(|v| v.as_array().cloned())
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|e| e["pid"].as_u64())
+    {
+        assert!(
+            unsafe { libc::kill(pid as i32, 0) } != 0,
+            "engine {pid} still running"
+        );
+    }
+    // The headless command resumes it to the end.
+    let r = mxtune()
+        .args(["matrix", "--resume", "--out"])
+        .arg(&run.out)
+        .output()
+        .unwrap();
+    assert_eq!(
+        r.status.code(),
+        Some(0),
+        "{}\n{}",
+        String::from_utf8_lossy(&r.stderr),
+        String::from_utf8_lossy(&r.stdout)
+    );
+    for (n, s) in statuses(&run.out) {
+        assert_eq!(s, "done", "{n}");
+    }
+    assert_eq!(state(&run.out)["resumes"], 1);
+}

@@ -1664,3 +1664,485 @@ fn docs_list_every_binding() {
         "docs/tui.md is out of date with src/tui/keys.rs; replace its bindings section with:\n\n{generated}"
     );
 }
+
+// ---- Matrix view and quick A/B ----
+
+use mxtune::matrix::ab::{AbOutcome, AbResult, Ratio};
+use mxtune::matrix::cli::MatrixOutcome;
+use mxtune::matrix::plan::TestLevel;
+use mxtune::matrix::progress::MatrixEvent;
+use mxtune::matrix::state::{LevelOutcome, PresetStatus};
+use mxtune::tui::background::MatrixMsg;
+use mxtune::tui::screens::matrix::{BenchView, JobState};
+
+/// Keys straight into the App, returning the effects instead of performing them.
+fn hit(app: &mut App, code: KeyCode) -> Vec<Effect> {
+    app.on_key(KeyEvent::new(code, KeyModifiers::NONE))
+}
+
+fn tiny_point(pp: u32, tg: u32) -> WorkloadPoint {
+    WorkloadPoint {
+        pp,
+        tg,
+        depth: 0,
+        concurrency: 1,
+    }
+}
+
+fn lvl(level: TestLevel, verdict: &str, detail: &str) -> LevelOutcome {
+    LevelOutcome {
+        level,
+        verdict: verdict.into(),
+        detail: detail.into(),
+    }
+}
+
+#[test]
+fn matrix_view_keys_choose_presets_levels_target_and_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut app = started(dir.path(), theme());
+    key(&mut app, KeyCode::Char('4'));
+    // m opens the view and lists the store's presets (performed through the runtime).
+    key(&mut app, KeyCode::Char('m'));
+    assert_eq!(app.bench.view, BenchView::Matrix);
+    let presets = app.bench.matrix.presets.clone();
+    assert!(presets.len() >= 2, "{presets:?}");
+    assert_eq!(
+        mxtune::tui::screens::bindings(&app),
+        mxtune::tui::keys::MATRIX
+    );
+    // r with nothing chosen says what to do.
+    assert!(hit(&mut app, KeyCode::Char('r')).is_empty());
+    assert!(
+        app.bench
+            .matrix
+            .error
+            .as_deref()
+            .unwrap()
+            .contains("choose presets"),
+        "{:?}",
+        app.bench.matrix.error
+    );
+    // Choose the second, then the first: the order chosen is kept (first = baseline).
+    hit(&mut app, KeyCode::Down);
+    hit(&mut app, KeyCode::Char(' '));
+    hit(&mut app, KeyCode::Up);
+    hit(&mut app, KeyCode::Enter);
+    assert_eq!(
+        app.bench.matrix.chosen,
+        vec![presets[1].clone(), presets[0].clone()]
+    );
+    // Enter again unchooses; Space chooses again (now last).
+    hit(&mut app, KeyCode::Enter);
+    hit(&mut app, KeyCode::Char(' '));
+    assert_eq!(
+        app.bench.matrix.chosen,
+        vec![presets[1].clone(), presets[0].clone()]
+    );
+    // Levels: a bad list is refused inline and the field stays open; a good one is taken.
+    assert_eq!(app.bench.matrix.levels, "1,1.5,2,4,5");
+    hit(&mut app, KeyCode::Char('l'));
+    assert_eq!(
+        mxtune::tui::screens::bindings(&app),
+        mxtune::tui::keys::BENCH_INPUT
+    );
+    for _ in 0..20 {
+        hit(&mut app, KeyCode::Backspace);
+    }
+    for c in "1,7".chars() {
+        // q and digits go to the field, not to quit or tab switching.
+        hit(&mut app, KeyCode::Char(c));
+    }
+    hit(&mut app, KeyCode::Enter);
+    assert!(app.bench.matrix.editing.is_some());
+    assert!(app.bench.matrix.error.is_some());
+    hit(&mut app, KeyCode::Backspace);
+    for c in "1.5,4".chars() {
+        hit(&mut app, KeyCode::Char(c));
+    }
+    hit(&mut app, KeyCode::Enter);
+    assert_eq!(app.bench.matrix.editing, None);
+    assert_eq!(app.bench.matrix.levels, "1,1.5,4");
+    assert_eq!(app.tab, Tab::Bench);
+    // The attach target cannot run a matrix: r says to choose engine or docker.
+    app.launch.choice = mxtune::launch::spec::TargetKind::Attach;
+    assert!(hit(&mut app, KeyCode::Char('r')).is_empty());
+    assert!(
+        app.bench
+            .matrix
+            .error
+            .as_deref()
+            .unwrap()
+            .contains("engine or docker"),
+        "{:?}",
+        app.bench.matrix.error
+    );
+    // Engine: r asks for the matrix of the chosen presets, levels, form grid and target.
+    app.launch.choice = mxtune::launch::spec::TargetKind::Engine;
+    app.bench.values[0] = "64".into();
+    app.bench.values[1] = "4,8".into();
+    let effects = hit(&mut app, KeyCode::Char('r'));
+    let [Effect::StartMatrix(args)] = effects.as_slice() else {
+        panic!("{effects:?}");
+    };
+    assert_eq!(args.presets, vec![presets[1].clone(), presets[0].clone()]);
+    assert_eq!(args.levels, "1,1.5,4");
+    assert!(!args.resume);
+    assert_eq!(args.common.target, mxtune::launch::cli::TargetArg::Engine);
+    assert_eq!(args.common.runs_dir, dir.path().join("runs"));
+    assert_eq!(args.common.presets_dir, Some(dir.path().join("presets")));
+    assert!(args.common.grid.contains(&"pp=64".to_string()));
+    assert!(args.common.grid.contains(&"tg=4,8".to_string()));
+    // Esc leaves the view when nothing runs.
+    hit(&mut app, KeyCode::Esc);
+    assert_eq!(app.bench.view, BenchView::Form);
+}
+
+/// A matrix run in progress: one preset done, one running at its second L4 point.
+fn fixed_matrix_running(app: &mut App) {
+    app.tab = Tab::Bench;
+    app.bench.view = BenchView::Matrix;
+    app.bench.matrix.on_preset_list(vec![
+        "engine-cpu-tiny".into(),
+        "tiny-fp8".into(),
+        "tiny-graphs".into(),
+    ]);
+    app.bench.matrix.chosen = vec!["engine-cpu-tiny".into(), "tiny-graphs".into()];
+    app.bench.matrix.levels = "1,1.5,4,5".into();
+    let args = mxtune::matrix::cli::MatrixArgs {
+        presets: app.bench.matrix.chosen.clone(),
+        levels: "1,1.5,4,5".into(),
+        out: PathBuf::from("runs/matrix/20260101-000000"),
+        resume: false,
+        seed: None,
+        no_shuffle: false,
+        tolerance_pct: 5.0,
+        common: mxtune::tui::screens::matrix::common_args(
+            app,
+            mxtune::launch::spec::TargetKind::Engine,
+        )
+        .unwrap(),
+    };
+    app.bench.matrix.on_started(&args);
+    let events = vec![
+        MatrixEvent::Planned {
+            matrix_id: "01JD0000000000000000000000".into(),
+            order: vec!["tiny-graphs".into(), "engine-cpu-tiny".into()],
+            seed: Some(7),
+            state: PathBuf::from("runs/matrix/20260101-000000/matrix-state.json"),
+        },
+        MatrixEvent::PresetStarted {
+            name: "tiny-graphs".into(),
+            index: 0,
+            total: 2,
+        },
+        MatrixEvent::Ready {
+            preset: "tiny-graphs".into(),
+            startup_s: 1.2,
+        },
+        MatrixEvent::PresetFinished {
+            name: "tiny-graphs".into(),
+            status: PresetStatus::Done,
+            record: Some(PathBuf::from("runs/01JD0000000000000000000001.json")),
+            levels: vec![
+                lvl(TestLevel::Smoke, "pass", "ready after 1.2 s"),
+                lvl(TestLevel::KernelPath, "pass", "graphs=on: valid"),
+                lvl(
+                    TestLevel::Performance,
+                    "fail",
+                    "pp64 tg4: 2 of 2 requests failed",
+                ),
+                lvl(TestLevel::Regression, "no baseline", "no earlier record"),
+            ],
+        },
+        MatrixEvent::PresetStarted {
+            name: "engine-cpu-tiny".into(),
+            index: 1,
+            total: 2,
+        },
+        MatrixEvent::TargetPhase {
+            preset: "engine-cpu-tiny".into(),
+            phase: "loading".into(),
+        },
+        MatrixEvent::Ready {
+            preset: "engine-cpu-tiny".into(),
+            startup_s: 0.8,
+        },
+        MatrixEvent::PointStarted {
+            preset: "engine-cpu-tiny".into(),
+            index: 1,
+            total: 2,
+            point: tiny_point(64, 8),
+        },
+    ];
+    for e in events {
+        app.on_matrix(MatrixMsg::Progress(e));
+    }
+}
+
+#[test]
+fn matrix_events_update_the_view_and_esc_cancels_resumably() {
+    let mut app = snapshot_app(theme());
+    fixed_matrix_running(&mut app);
+    let run = app.bench.matrix.run.clone().unwrap();
+    assert_eq!(run.matrix_id, "01JD0000000000000000000000");
+    // Rows follow the run order of the plan, not the order chosen.
+    let names: Vec<&str> = run.rows.iter().map(|r| r.name.as_str()).collect();
+    assert_eq!(names, ["tiny-graphs", "engine-cpu-tiny"]);
+    assert_eq!(run.rows[0].status, PresetStatus::Done);
+    assert_eq!(run.rows[0].levels.len(), 4);
+    assert_eq!(run.rows[1].status, PresetStatus::Running);
+    assert_eq!(run.rows[1].phase, "L4 point 2/2 pp64 tg8 c1");
+    assert_eq!(
+        run.levels,
+        [
+            TestLevel::Smoke,
+            TestLevel::KernelPath,
+            TestLevel::Performance,
+            TestLevel::Regression
+        ]
+    );
+    assert_eq!(
+        mxtune::tui::screens::bindings(&app),
+        mxtune::tui::keys::MATRIX_RUNNING
+    );
+    // The Launch screen will not start a target beside the matrix's own.
+    key(&mut app, KeyCode::Char('2'));
+    assert!(hit(&mut app, KeyCode::Char('l')).is_empty());
+    assert!(
+        app.message
+            .as_deref()
+            .unwrap()
+            .contains("matrix or A/B is running"),
+        "{:?}",
+        app.message
+    );
+    key(&mut app, KeyCode::Char('4'));
+    assert_eq!(app.bench.view, BenchView::Matrix);
+    // Keys other than Esc do nothing while it runs; Esc cancels.
+    assert!(hit(&mut app, KeyCode::Char('r')).is_empty());
+    assert_eq!(hit(&mut app, KeyCode::Esc), vec![Effect::CancelMatrix]);
+    assert_eq!(
+        app.bench.matrix.run.as_ref().unwrap().state,
+        JobState::Cancelling
+    );
+    // The runner stops the target and reports the preset interrupted, then the outcome.
+    app.on_matrix(MatrixMsg::Progress(MatrixEvent::PresetFinished {
+        name: "engine-cpu-tiny".into(),
+        status: PresetStatus::Interrupted,
+        record: Some(PathBuf::from("runs/01JD0000000000000000000002.json")),
+        levels: vec![lvl(TestLevel::Smoke, "pass", "ready")],
+    }));
+    let effects = app.on_matrix(MatrixMsg::MatrixDone(Ok(MatrixOutcome {
+        matrix_id: "01JD0000000000000000000000".into(),
+        out: PathBuf::from("runs/matrix/20260101-000000"),
+        report: PathBuf::from("runs/matrix/20260101-000000/report.md"),
+        interrupted: true,
+        all_pass: false,
+    })));
+    assert_eq!(effects, vec![Effect::ReloadRuns]);
+    let run = app.bench.matrix.run.clone().unwrap();
+    assert_eq!(
+        run.state,
+        JobState::Finished {
+            interrupted: true,
+            passed: false
+        }
+    );
+    assert_eq!(run.rows[1].status, PresetStatus::Interrupted);
+    assert!(
+        app.message
+            .as_deref()
+            .unwrap()
+            .contains("mxtune matrix --resume --out runs/matrix/20260101-000000"),
+        "{:?}",
+        app.message
+    );
+    let screen = render(&app, 80, 24);
+    assert!(
+        screen.contains("resume: mxtune matrix --resume"),
+        "{screen}"
+    );
+    // Esc now leaves the view.
+    hit(&mut app, KeyCode::Esc);
+    assert_eq!(app.bench.view, BenchView::Form);
+}
+
+#[test]
+fn snapshots_matrix_view() {
+    let mut app = snapshot_app(theme());
+    key(&mut app, KeyCode::Char('4'));
+    app.bench.view = BenchView::Matrix;
+    app.bench.matrix.on_preset_list(vec![
+        "engine-cpu-tiny".into(),
+        "tiny-fp8".into(),
+        "tiny-graphs".into(),
+    ]);
+    insta::assert_snapshot!("matrix_idle_80x24", render(&app, 80, 24));
+    fixed_matrix_running(&mut app);
+    let running = render(&app, 80, 24);
+    assert!(running.contains("L4 point 2/2"), "{running}");
+    insta::assert_snapshot!("matrix_running_80x24", running);
+    insta::assert_snapshot!("matrix_running_160x48", render(&app, 160, 48));
+}
+
+fn ratio(metric: &str, rounds: &[f64]) -> Ratio {
+    let (mean, std) = mxtune::matrix::ab::mean_std(rounds);
+    Ratio {
+        point: tiny_point(64, 4),
+        metric: metric.into(),
+        rounds: rounds.to_vec(),
+        mean,
+        std,
+    }
+}
+
+#[test]
+fn quick_ab_marks_a_and_runs_against_the_current_flags() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut app = started(dir.path(), theme());
+    app.launch.choice = mxtune::launch::spec::TargetKind::Engine;
+    app.flags.flags.target = mxtune::launch::spec::TargetKind::Engine;
+    key(&mut app, KeyCode::Char('4'));
+    // Nothing marked: A says how to mark.
+    assert!(hit(&mut app, KeyCode::Char('A')).is_empty());
+    assert!(app.message.as_deref().unwrap().contains("press a"));
+    // Mark on the Flags screen: the status line shows A.
+    key(&mut app, KeyCode::Char('1'));
+    hit(&mut app, KeyCode::Char('a'));
+    let marked = app.ab_mark.clone().expect("marked");
+    assert_eq!(*marked.flags, app.flags.flags);
+    assert!(app.message.as_deref().unwrap().contains("as A"));
+    app.message = None;
+    let status = render(&app, 160, 48);
+    assert!(status.contains("A engine-cpu-tiny (= now)"), "{status}");
+    // Unchanged flags: A refuses.
+    key(&mut app, KeyCode::Char('4'));
+    assert!(hit(&mut app, KeyCode::Char('A')).is_empty());
+    assert!(app.message.as_deref().unwrap().contains("change a flag"));
+    // Change a flag, then A asks for the A/B of the marked flags against the current ones.
+    key(&mut app, KeyCode::Char('1'));
+    let before = app.flags.flags.clone();
+    let mut tries = 0;
+    while app.flags.flags == before && tries < 40 {
+        hit(&mut app, KeyCode::Right);
+        if app.flags.flags == before {
+            hit(&mut app, KeyCode::Down);
+        }
+        tries += 1;
+    }
+    assert_ne!(app.flags.flags, before, "no flag could be changed");
+    app.message = None;
+    let status = render(&app, 160, 48);
+    assert!(status.contains("A engine-cpu-tiny"), "{status}");
+    assert!(!status.contains("(= now)"), "{status}");
+    key(&mut app, KeyCode::Char('4'));
+    let effects = hit(&mut app, KeyCode::Char('A'));
+    let [Effect::StartAb(req)] = effects.as_slice() else {
+        panic!("{effects:?} {:?}", app.message);
+    };
+    assert_eq!(*req.a, before);
+    assert_eq!(*req.b, app.flags.flags);
+    assert_eq!(req.kind, mxtune::launch::spec::TargetKind::Engine);
+    assert_eq!(req.a_label, "engine-cpu-tiny");
+    assert_eq!(req.b_label, "engine-cpu-tiny*");
+    assert_eq!(app.bench.view, BenchView::Ab);
+    assert_eq!(
+        mxtune::tui::screens::bindings(&app),
+        mxtune::tui::keys::AB_RUNNING
+    );
+    // Progress: rounds and the ratios so far.
+    app.on_matrix(MatrixMsg::Progress(MatrixEvent::AbRound {
+        round: 2,
+        rounds: 3,
+    }));
+    app.on_matrix(MatrixMsg::Progress(MatrixEvent::AbRatios {
+        valid_rounds: 1,
+        ratios: vec![ratio("tg t/s", &[1.1])],
+    }));
+    let r = app.bench.ab.run.clone().unwrap();
+    assert_eq!((r.round, r.rounds, r.valid_rounds), (2, 3, 1));
+    assert_eq!(r.ratios.len(), 1);
+    // Esc cancels.
+    assert_eq!(hit(&mut app, KeyCode::Esc), vec![Effect::CancelMatrix]);
+    assert_eq!(
+        app.bench.ab.run.as_ref().unwrap().state,
+        JobState::Cancelling
+    );
+}
+
+#[test]
+fn quick_ab_effect_writes_both_presets_and_refuses_attach() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut app = started(dir.path(), theme());
+    // Attach cannot run an A/B.
+    app.launch.choice = mxtune::launch::spec::TargetKind::Attach;
+    key(&mut app, KeyCode::Char('4'));
+    hit(&mut app, KeyCode::Char('a'));
+    app.flags.flags.serving.max_num_seqs = Some(3);
+    assert!(hit(&mut app, KeyCode::Char('A')).is_empty());
+    assert!(
+        app.message.as_deref().unwrap().contains("engine or docker"),
+        "{:?}",
+        app.message
+    );
+    assert_eq!(app.bench.view, BenchView::Form);
+}
+
+fn fixed_ab_finished(app: &mut App) {
+    app.tab = Tab::Bench;
+    app.bench.view = BenchView::Ab;
+    app.bench.ab.run = Some(mxtune::tui::screens::matrix::AbRun {
+        a: "engine-cpu-tiny".into(),
+        b: "engine-cpu-tiny*".into(),
+        rounds: 3,
+        round: 3,
+        phase: String::new(),
+        valid_rounds: 0,
+        ratios: Vec::new(),
+        state: JobState::Running,
+        out: Some(PathBuf::from("runs/ab/20260101-000000")),
+        md: None,
+        excluded: Vec::new(),
+    });
+    let result = AbResult {
+        a: "a".into(),
+        b: "b".into(),
+        rounds: 3,
+        reused: false,
+        records: Vec::new(),
+        excluded: vec!["round 2: quick-ab-b: not ready: watchdog".into()],
+        ratios: vec![
+            ratio("pp t/s", &[1.02, 0.98]),
+            ratio("tg t/s", &[1.21, 1.19]),
+            ratio("TTFT p50 ms", &[0.90, 0.88]),
+        ],
+    };
+    app.on_matrix(MatrixMsg::AbDone(Ok(Box::new(AbOutcome {
+        result,
+        valid_rounds: 2,
+        interrupted: false,
+        markdown: String::new(),
+        md: PathBuf::from("runs/ab/20260101-000000/ab.md"),
+        json: PathBuf::from("runs/ab/20260101-000000/ab.json"),
+    }))));
+}
+
+#[test]
+fn snapshots_quick_ab_result() {
+    let mut app = snapshot_app(theme());
+    fixed_ab_finished(&mut app);
+    let r = app.bench.ab.run.clone().unwrap();
+    assert_eq!(
+        r.state,
+        JobState::Finished {
+            interrupted: false,
+            passed: true
+        }
+    );
+    assert_eq!(mxtune::tui::screens::bindings(&app), mxtune::tui::keys::AB);
+    let small = render(&app, 80, 24);
+    assert!(small.contains("1.200"), "{small}");
+    insta::assert_snapshot!("ab_result_80x24", small);
+    insta::assert_snapshot!("ab_result_160x48", render(&app, 160, 48));
+}

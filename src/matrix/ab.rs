@@ -5,14 +5,15 @@
 use anyhow::{Context, Result, bail};
 use serde::{Deserialize, Serialize};
 use std::fmt::Write as _;
-use std::process::ExitCode;
+use std::path::PathBuf;
 use std::time::Duration;
 
-use super::cli::{AbArgs, install_signals, plan_of};
+use super::cli::{AbArgs, plan_of};
 use super::plan::TestLevel;
+use super::progress::{MatrixEvent, Progress};
 use super::run::{StartError, Started, measure, prepare, start};
 use super::state::MatrixPlan;
-use crate::bench::workload::{Cancel, CancelWatch, PointResult};
+use crate::bench::workload::{CancelWatch, PointResult};
 use crate::launch::Verdict;
 use crate::record::RunStatus;
 use crate::record::schema::WorkloadPoint;
@@ -117,9 +118,10 @@ async fn launch_one(
     name: &str,
     tags: &[String],
     cancel: &CancelWatch,
+    progress: &Progress,
 ) -> Result<Option<Started>, String> {
     let prepared = prepare(plan, name).map_err(|e| format!("{name}: {e:#}"))?;
-    match start(plan, &prepared, tags, cancel).await {
+    match start(plan, &prepared, tags, cancel, progress).await {
         Ok(s) => {
             if s.report.overall() == Verdict::Invalid {
                 let mut s = s;
@@ -149,8 +151,27 @@ async fn finish(s: Started, interrupted: bool) {
     let _ = s.record.finish(status, None);
 }
 
-/// Runs the A/B and writes ab.md and ab.json into `--out`.
-pub async fn run(args: AbArgs) -> Result<ExitCode> {
+/// How an A/B ended.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AbOutcome {
+    /// The result, as written to ab.json.
+    pub result: AbResult,
+    /// Rounds with both A and B measured.
+    pub valid_rounds: usize,
+    /// Cancelled before the last round.
+    pub interrupted: bool,
+    /// ab.md's text.
+    pub markdown: String,
+    /// ab.md.
+    pub md: PathBuf,
+    /// ab.json.
+    pub json: PathBuf,
+}
+
+/// Runs the A/B and writes ab.md and ab.json into `--out`. Rounds and the ratios so far go
+/// to `progress`; nothing is printed and no signal handler is installed (the caller owns
+/// those); `watch` cancels.
+pub async fn execute(args: &AbArgs, progress: &Progress, watch: &CancelWatch) -> Result<AbOutcome> {
     if args.rounds == 0 {
         bail!("--rounds must be at least 1");
     }
@@ -189,8 +210,7 @@ pub async fn run(args: AbArgs) -> Result<ExitCode> {
     if args.reuse {
         tags.push("ab-reused-targets".into());
     }
-    let (cancel, watch) = Cancel::new();
-    install_signals(cancel.clone());
+    let watch = watch.clone();
     let mut rounds = Vec::new();
     let mut excluded = Vec::new();
     let mut records = Vec::new();
@@ -199,7 +219,7 @@ pub async fn run(args: AbArgs) -> Result<ExitCode> {
     let mut kept: Vec<Started> = Vec::new();
     if args.reuse {
         for name in &names {
-            match launch_one(&plan, name, &tags, &watch).await {
+            match launch_one(&plan, name, &tags, &watch, progress).await {
                 Ok(Some(s)) => {
                     records.push((name.clone(), s.record.record().identity.run_id.to_string()));
                     kept.push(s);
@@ -215,16 +235,19 @@ pub async fn run(args: AbArgs) -> Result<ExitCode> {
             interrupted |= watch.is_cancelled();
             break;
         }
-        eprintln!("round {round} of {}", args.rounds);
+        progress.emit(MatrixEvent::AbRound {
+            round,
+            rounds: args.rounds,
+        });
         let mut pair: Vec<Vec<PointResult>> = Vec::new();
         for (i, name) in names.iter().enumerate() {
             let measured = if args.reuse {
-                measure(&plan, &mut kept[i], &plan.levels, &watch).await
+                measure(&plan, &mut kept[i], &plan.levels, &watch, progress).await
             } else {
-                match launch_one(&plan, name, &tags, &watch).await {
+                match launch_one(&plan, name, &tags, &watch, progress).await {
                     Ok(Some(mut s)) => {
                         records.push((name.clone(), s.record.record().identity.run_id.to_string()));
-                        let m = measure(&plan, &mut s, &plan.levels, &watch).await;
+                        let m = measure(&plan, &mut s, &plan.levels, &watch, progress).await;
                         finish(s, watch.is_cancelled()).await;
                         m
                     }
@@ -256,12 +279,15 @@ pub async fn run(args: AbArgs) -> Result<ExitCode> {
             let b = pair.pop().unwrap_or_default();
             let a = pair.pop().unwrap_or_default();
             rounds.push((a, b));
+            progress.emit(MatrixEvent::AbRatios {
+                valid_rounds: rounds.len(),
+                ratios: ratios(&rounds),
+            });
         }
     }
     for s in kept {
         finish(s, interrupted).await;
     }
-    drop(cancel);
     let result = AbResult {
         a: args.preset_a.clone(),
         b: args.preset_b.clone(),
@@ -282,13 +308,13 @@ pub async fn run(args: AbArgs) -> Result<ExitCode> {
     let md = render(&result, rounds.len());
     let mdp = args.out.join("ab.md");
     std::fs::write(&mdp, &md).with_context(|| format!("cannot write {}", mdp.display()))?;
-    print!("{md}");
-    Ok(if interrupted {
-        ExitCode::from(130)
-    } else if rounds.is_empty() {
-        ExitCode::FAILURE
-    } else {
-        ExitCode::SUCCESS
+    Ok(AbOutcome {
+        result,
+        valid_rounds: rounds.len(),
+        interrupted,
+        markdown: md,
+        md: mdp,
+        json,
     })
 }
 

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use super::ab;
 use super::plan::{Grid, Profile, TestLevel, parse_levels, shuffled};
+use super::progress::{MatrixEvent, Progress};
 use super::state::{MatrixPlan, MatrixState, PresetStatus};
 use crate::bench::client::Endpoint;
 use crate::bench::workload::{Cancel, CancelWatch};
@@ -14,7 +15,7 @@ use crate::launch::cli::TargetArg;
 use crate::launch::spec::TargetKind;
 
 /// Options shared by `matrix` and `ab`.
-#[derive(Debug, Clone, clap::Args)]
+#[derive(Debug, Clone, PartialEq, clap::Args)]
 pub struct CommonArgs {
     /// Target to launch each preset on.
     #[arg(long, value_enum, default_value = "docker")]
@@ -52,15 +53,18 @@ pub struct CommonArgs {
     pub cooldown_limit_s: u64,
 }
 
+/// The levels a matrix runs unless told otherwise (`--levels`).
+pub const DEFAULT_LEVELS: &str = "1,1.5,2,4,5";
+
 /// Arguments of `mxtune matrix`.
-#[derive(Debug, Clone, clap::Args)]
+#[derive(Debug, Clone, PartialEq, clap::Args)]
 pub struct MatrixArgs {
     /// Presets (names or .toml paths); the first is the baseline of the report's deltas.
     #[arg(required_unless_present = "resume")]
     pub presets: Vec<String>,
     /// Test levels to run: 1 smoke, 1.5 kernel path, 2 correctness, 3 stress, 4 grid,
     /// 5 regression.
-    #[arg(long, default_value = "1,1.5,2,4,5")]
+    #[arg(long, default_value = DEFAULT_LEVELS)]
     pub levels: String,
     /// Output directory: state file, report, charts, summary.
     #[arg(long, default_value = "matrix")]
@@ -83,7 +87,7 @@ pub struct MatrixArgs {
 }
 
 /// Arguments of `mxtune ab`.
-#[derive(Debug, Clone, clap::Args)]
+#[derive(Debug, Clone, PartialEq, clap::Args)]
 pub struct AbArgs {
     /// Configuration A (the reference).
     pub preset_a: String,
@@ -228,7 +232,30 @@ fn new_state(args: &MatrixArgs) -> Result<MatrixState> {
     Ok(MatrixState::new(plan, order))
 }
 
-async fn matrix_async(args: MatrixArgs) -> Result<ExitCode> {
+/// How a matrix run ended.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MatrixOutcome {
+    /// Matrix id.
+    pub matrix_id: String,
+    /// The output directory (state, report, charts).
+    pub out: PathBuf,
+    /// The markdown report.
+    pub report: PathBuf,
+    /// Cancelled before every preset finished: resume with `--resume --out`.
+    pub interrupted: bool,
+    /// Every level of every preset passed.
+    pub all_pass: bool,
+}
+
+/// Runs (or, with `args.resume`, resumes) the matrix of `args` until it is done or `watch`
+/// is cancelled, writing the state after every change and the report at the end. Progress
+/// goes to `progress`; nothing is printed and no signal handler is installed (the caller
+/// owns those: the CLI's Ctrl-C, the panel's Esc).
+pub async fn execute(
+    args: &MatrixArgs,
+    progress: &Progress,
+    watch: &CancelWatch,
+) -> Result<MatrixOutcome> {
     let mut state = if args.resume {
         let mut s = MatrixState::load(&args.out)?;
         s.resumes += 1;
@@ -242,45 +269,47 @@ async fn matrix_async(args: MatrixArgs) -> Result<ExitCode> {
         }
         s
     } else {
-        new_state(&args)?
+        new_state(args)?
     };
     state.save(&args.out)?;
     let out = args.out.clone();
-    eprintln!(
-        "matrix {}: {} ({}); state {}",
-        state.matrix_id,
-        state
-            .order
-            .iter()
-            .map(|p| p.name.as_str())
-            .collect::<Vec<_>>()
-            .join(" → "),
-        match state.plan.seed {
-            Some(s) => format!("shuffled with seed {s}"),
-            None => "given order".into(),
-        },
-        MatrixState::path(&out).display()
-    );
-    let (cancel, watch) = Cancel::new();
-    install_signals(cancel.clone());
-    let interrupted = run_all(&mut state, &out, &watch).await?;
+    progress.emit(MatrixEvent::Planned {
+        matrix_id: state.matrix_id.clone(),
+        order: state.order.iter().map(|p| p.name.clone()).collect(),
+        seed: state.plan.seed,
+        state: MatrixState::path(&out),
+    });
+    let interrupted = run_all(&mut state, &out, watch, progress).await?;
     let report = super::report::write(&state, &out)?;
-    println!("report: {}", report.display());
-    drop(cancel);
-    if interrupted {
-        println!(
-            "interrupted: resume with `mxtune matrix --resume --out {}`",
-            out.display()
-        );
-        return Ok(ExitCode::from(130));
-    }
+    progress.emit(MatrixEvent::ReportWritten(report.clone()));
     let all_pass = state.order.iter().all(|p| {
         p.status == PresetStatus::Done
             && p.levels
                 .iter()
                 .all(|l| !matches!(l.verdict.as_str(), "fail" | "invalid"))
     });
-    Ok(if all_pass {
+    Ok(MatrixOutcome {
+        matrix_id: state.matrix_id.clone(),
+        out,
+        report,
+        interrupted,
+        all_pass,
+    })
+}
+
+async fn matrix_async(args: MatrixArgs) -> Result<ExitCode> {
+    let (cancel, watch) = Cancel::new();
+    install_signals(cancel.clone());
+    let outcome = execute(&args, &Progress::cli(), &watch).await?;
+    drop(cancel);
+    if outcome.interrupted {
+        println!(
+            "interrupted: resume with `mxtune matrix --resume --out {}`",
+            outcome.out.display()
+        );
+        return Ok(ExitCode::from(130));
+    }
+    Ok(if outcome.all_pass {
         ExitCode::SUCCESS
     } else {
         ExitCode::FAILURE
@@ -292,6 +321,7 @@ async fn run_all(
     state: &mut MatrixState,
     out: &std::path::Path,
     watch: &CancelWatch,
+    progress: &Progress,
 ) -> Result<bool> {
     let tags = vec![format!("matrix:{}", state.matrix_id)];
     while let Some(i) = state.next_unfinished() {
@@ -302,8 +332,12 @@ async fn run_all(
         state.order[i].status = PresetStatus::Running;
         state.order[i].attempts += 1;
         state.save(out)?;
-        eprintln!("preset {name} ({} of {})", i + 1, state.order.len());
-        let o = super::run::run_preset(&state.plan, &name, &tags, watch).await;
+        progress.emit(MatrixEvent::PresetStarted {
+            name: name.clone(),
+            index: i,
+            total: state.order.len(),
+        });
+        let o = super::run::run_preset(&state.plan, &name, &tags, watch, progress).await;
         let p = &mut state.order[i];
         p.status = o.status;
         p.run_id = o.run_id;
@@ -311,15 +345,14 @@ async fn run_all(
         p.levels = o.levels;
         p.point_temps_c = o.temps;
         p.invalid = o.invalid;
-        for l in &p.levels {
-            eprintln!(
-                "  {}: {} — {}",
-                l.level.title(),
-                l.verdict,
-                l.detail.lines().next().unwrap_or("")
-            );
-        }
         state.save(out)?;
+        let p = &state.order[i];
+        progress.emit(MatrixEvent::PresetFinished {
+            name: name.clone(),
+            status: p.status,
+            record: p.record.clone(),
+            levels: p.levels.clone(),
+        });
         if o.status == PresetStatus::Interrupted {
             return Ok(true);
         }
@@ -333,5 +366,18 @@ async fn run_all(
 pub fn ab(args: AbArgs) -> Result<ExitCode> {
     tokio::runtime::Runtime::new()
         .context("cannot start the async runtime")?
-        .block_on(ab::run(args))
+        .block_on(async {
+            let (cancel, watch) = Cancel::new();
+            install_signals(cancel.clone());
+            let outcome = ab::execute(&args, &Progress::cli(), &watch).await?;
+            drop(cancel);
+            print!("{}", outcome.markdown);
+            Ok(if outcome.interrupted {
+                ExitCode::from(130)
+            } else if outcome.valid_rounds == 0 {
+                ExitCode::FAILURE
+            } else {
+                ExitCode::SUCCESS
+            })
+        })
 }

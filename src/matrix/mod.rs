@@ -7,6 +7,7 @@
 pub mod ab;
 pub mod cli;
 pub mod plan;
+pub mod progress;
 pub mod recipe;
 pub mod report;
 pub mod run;

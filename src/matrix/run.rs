@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 
 use super::plan::{Grid, TestLevel};
+use super::progress::{MatrixEvent, Progress};
 use super::state::{LevelOutcome, MatrixPlan, PresetStatus};
 use crate::bench::client::{BenchClient, ClientConfig, Endpoint};
 use crate::bench::levels::{CorrectnessPlan, LevelReport, MemoryProbe, StressPlan};
@@ -127,6 +128,7 @@ pub async fn cool_down(
     threshold: Option<f64>,
     limit: Duration,
     cancel: &CancelWatch,
+    progress: &Progress,
 ) -> Option<f64> {
     let start = Instant::now();
     loop {
@@ -139,7 +141,10 @@ pub async fn cool_down(
         };
         match t {
             Some(c) if c >= threshold && start.elapsed() < limit && !cancel.is_cancelled() => {
-                eprintln!("  cool-down: GPU at {c:.0} °C, waiting for < {threshold:.0} °C");
+                progress.emit(MatrixEvent::CoolDown {
+                    celsius: c,
+                    threshold,
+                });
                 tokio::select! {
                     _ = tokio::time::sleep(Duration::from_secs(5)) => {}
                     _ = cancel.cancelled() => return Some(c),
@@ -158,12 +163,14 @@ fn base_url(url: &str) -> String {
 }
 
 /// Creates the record, launches the target and waits for it (L1), then takes the
-/// kernel-path report (L1.5). `tags` go on the record (e.g. `matrix:<id>`).
+/// kernel-path report (L1.5). `tags` go on the record (e.g. `matrix:<id>`); the target's
+/// phases, warnings and failure go to `progress`.
 pub async fn start(
     plan: &MatrixPlan,
     prepared: &Prepared,
     tags: &[String],
     cancel: &CancelWatch,
+    progress: &Progress,
 ) -> std::result::Result<Started, StartError> {
     let fail = |m: String| StartError::Failed(m, None);
     let mut r: RunRecord =
@@ -195,12 +202,23 @@ pub async fn start(
     let events: Arc<Mutex<Vec<Seen>>> = Arc::default();
     let sink = events.clone();
     let who = prepared.preset.name.clone();
+    let news = progress.clone();
     tokio::spawn(async move {
         while let Some(e) = rx.recv().await {
+            let preset = who.clone();
             match &e {
-                LaunchEvent::Phase { phase } => eprintln!("  [{who}] phase: {phase}"),
-                LaunchEvent::Warning { message } => eprintln!("  [{who}] warning: {message}"),
-                LaunchEvent::Failed { message } => eprintln!("  [{who}] failed: {message}"),
+                LaunchEvent::Phase { phase } => news.emit(MatrixEvent::TargetPhase {
+                    preset,
+                    phase: phase.to_string(),
+                }),
+                LaunchEvent::Warning { message } => news.emit(MatrixEvent::TargetWarning {
+                    preset,
+                    message: message.clone(),
+                }),
+                LaunchEvent::Failed { message } => news.emit(MatrixEvent::TargetFailed {
+                    preset,
+                    message: message.clone(),
+                }),
                 _ => {}
             }
             if !matches!(
@@ -328,8 +346,14 @@ pub async fn start(
         r.observed.warnings.extend(report.warnings());
     });
     if let Err(e) = update {
-        eprintln!("mxtune: warning: run record not updated: {e:#}");
+        progress.emit(MatrixEvent::Warning(format!(
+            "run record not updated: {e:#}"
+        )));
     }
+    progress.emit(MatrixEvent::Ready {
+        preset: prepared.preset.name.clone(),
+        startup_s: ready.startup_s,
+    });
     Ok(Started {
         launch,
         ready,
@@ -379,14 +403,23 @@ fn workload_params(grid: &Grid, endpoint: Endpoint, levels: &[TestLevel]) -> Wor
 }
 
 /// Runs L2, L3 and L4 (those in `levels`) against a ready target, point by point so the
-/// cool-down can run before each measured point; the monitor runs alongside L4.
+/// cool-down can run before each measured point; the monitor runs alongside L4. Each point's
+/// start and result go to `progress`.
 pub async fn measure(
     plan: &MatrixPlan,
     started: &mut Started,
     levels: &[TestLevel],
     cancel: &CancelWatch,
+    progress: &Progress,
 ) -> Result<Measured> {
     let mut out = Measured::default();
+    let preset = started
+        .record
+        .record()
+        .target
+        .preset
+        .clone()
+        .unwrap_or_default();
     let client = BenchClient::new(&ClientConfig::new(&started.ready.url))?;
     let runner = Runner {
         client,
@@ -432,7 +465,9 @@ pub async fn measure(
         };
         let whole = plan.grid.workload(plan.endpoint);
         whole.validate()?;
-        for point in whole.points() {
+        let points = whole.points();
+        let total = points.len();
+        for (index, point) in points.into_iter().enumerate() {
             if cancel.is_cancelled() {
                 break;
             }
@@ -440,8 +475,15 @@ pub async fn measure(
                 plan.cooldown_c,
                 Duration::from_secs(plan.cooldown_limit_s),
                 cancel,
+                progress,
             )
             .await;
+            progress.emit(MatrixEvent::PointStarted {
+                preset: preset.clone(),
+                index,
+                total,
+                point,
+            });
             out.temps.push(temp);
             let mut one = whole.clone();
             one.pp = vec![point.pp];
@@ -466,6 +508,13 @@ pub async fn measure(
                 .await?;
             out.warnings.extend(errors);
             out.warnings.extend(result.warnings);
+            for p in &result.points {
+                progress.emit(MatrixEvent::PointDone {
+                    preset: preset.clone(),
+                    point: p.point,
+                    tg_tps: p.stats.record.tg_tps.map(|s| s.mean),
+                });
+            }
             out.points.extend(result.points);
             if result.aborted {
                 break;
@@ -608,6 +657,7 @@ pub async fn run_preset(
     name: &str,
     tags: &[String],
     cancel: &CancelWatch,
+    progress: &Progress,
 ) -> PresetOutcome {
     let mut levels = Vec::new();
     let failed = |levels: Vec<LevelOutcome>, record: Option<&RunHandle>| PresetOutcome {
@@ -625,7 +675,7 @@ pub async fn run_preset(
             return failed(levels, None);
         }
     };
-    let mut started = match start(plan, &prepared, tags, cancel).await {
+    let mut started = match start(plan, &prepared, tags, cancel, progress).await {
         Ok(s) => s,
         Err(StartError::Failed(msg, record)) => {
             levels.push(outcome(TestLevel::Smoke, "fail", msg));
@@ -677,7 +727,7 @@ pub async fn run_preset(
             },
         ));
     }
-    let measured = measure(plan, &mut started, &plan.levels, cancel).await;
+    let measured = measure(plan, &mut started, &plan.levels, cancel, progress).await;
     let measured = match measured {
         Ok(m) => m,
         Err(e) => Measured {
@@ -773,7 +823,9 @@ pub async fn run_preset(
         r.observed.warnings.extend(warnings);
     });
     if let Err(e) = started.record.finish(status, reason) {
-        eprintln!("mxtune: warning: run record not finished: {e:#}");
+        progress.emit(MatrixEvent::Warning(format!(
+            "run record not finished: {e:#}"
+        )));
     }
     PresetOutcome {
         status: state,

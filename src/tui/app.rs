@@ -104,6 +104,16 @@ pub enum Effect {
     StartBench(Box<crate::bench::cli::BenchArgs>),
     /// Cancel the running benchmark; its partial record is saved as `aborted`.
     CancelBench,
+    /// List the presets for the matrix view.
+    ListMatrixPresets,
+    /// Run this matrix (the options of `mxtune matrix`; the runtime picks `out`, a new
+    /// directory under the runs dir's `matrix/`).
+    StartMatrix(Box<crate::matrix::cli::MatrixArgs>),
+    /// Write A and B as presets in a new directory under the runs dir's `ab/` and run
+    /// `mxtune ab` on them.
+    StartAb(Box<super::screens::matrix::AbRequest>),
+    /// Cancel the running matrix or A/B (the matrix stays resumable).
+    CancelMatrix,
 }
 
 /// Where the panel reads and writes files.
@@ -174,6 +184,8 @@ pub struct App {
     pub runs: RunsScreen,
     /// The Bench screen.
     pub bench: BenchScreen,
+    /// The flag set marked as A for the quick A/B (`a` on the Flags or Bench screen).
+    pub ab_mark: Option<super::screens::matrix::AbMark>,
 }
 
 impl App {
@@ -194,6 +206,7 @@ impl App {
             live: LiveScreen::default(),
             runs: RunsScreen::default(),
             bench: BenchScreen::default(),
+            ab_mark: None,
         }
     }
 
@@ -211,7 +224,11 @@ impl App {
             Tab::Flags => self.flags.captures_keys(),
             Tab::Runs => self.runs.captures_keys(),
             Tab::Launch => self.launch.captures_keys(),
-            Tab::Bench => self.bench.captures_keys(),
+            Tab::Bench => match self.bench.view {
+                super::screens::matrix::BenchView::Form => self.bench.captures_keys(),
+                super::screens::matrix::BenchView::Matrix => self.bench.matrix.editing.is_some(),
+                super::screens::matrix::BenchView::Ab => false,
+            },
             _ => false,
         }
     }
@@ -266,17 +283,39 @@ impl App {
             }
         }
         let effects = match self.tab {
+            Tab::Flags
+                if key.code == KeyCode::Char('a')
+                    && !self.flags.captures_keys()
+                    && self.flags.overlay.is_none() =>
+            {
+                super::screens::matrix::mark_a(self);
+                Vec::new()
+            }
             Tab::Flags => self.flags.on_key(key),
             Tab::Runs => self.runs.on_key(key, &self.paths.export_dir),
+            Tab::Launch
+                if key.code == KeyCode::Char('l')
+                    && !self.launch.captures_keys()
+                    && (self.bench.matrix.is_running() || self.bench.ab.is_running()) =>
+            {
+                self.message = Some(
+                    "a matrix or A/B is running its own targets: wait for it, or cancel it on                      the Bench screen (4, then Esc)"
+                        .into(),
+                );
+                Vec::new()
+            }
             Tab::Launch => self.launch.on_key(key, &self.paths.export_dir),
             Tab::Live => {
                 self.live.on_key(key);
                 Vec::new()
             }
-            Tab::Bench => {
-                let url = self.target_url();
-                self.bench.on_key(key, url.as_deref(), &self.paths.runs_dir)
-            }
+            Tab::Bench => match super::screens::matrix::on_bench_key(self, key) {
+                Some(effects) => effects,
+                None => {
+                    let url = self.target_url();
+                    self.bench.on_key(key, url.as_deref(), &self.paths.runs_dir)
+                }
+            },
         };
         // A screen's one-line answer to a key that could not act (nothing to export, no
         // match) goes to the status line.
@@ -350,6 +389,52 @@ impl App {
                     }
                     None => Vec::new(),
                 }
+            }
+        }
+    }
+
+    /// Progress or the end of the matrix or A/B: update the Bench screen's views.
+    pub fn on_matrix(&mut self, msg: super::background::MatrixMsg) -> Vec<Effect> {
+        use super::background::MatrixMsg;
+        match msg {
+            MatrixMsg::Progress(ev) => {
+                if let Some(r) = self.bench.matrix.run.as_mut()
+                    && r.state.is_active()
+                {
+                    r.on_event(&ev);
+                }
+                if let Some(r) = self.bench.ab.run.as_mut()
+                    && r.state.is_active()
+                {
+                    r.on_event(&ev);
+                }
+                Vec::new()
+            }
+            MatrixMsg::MatrixDone(out) => {
+                let Some(r) = self.bench.matrix.run.as_mut() else {
+                    return Vec::new();
+                };
+                r.on_done(out.as_ref().map_err(String::as_str));
+                self.message = Some(match &out {
+                    Ok(o) if o.interrupted => format!(
+                        "matrix cancelled: resume with mxtune matrix --resume --out {}",
+                        o.out.display()
+                    ),
+                    Ok(o) => format!("matrix report {}", o.report.display()),
+                    Err(e) => format!("matrix could not run: {e}"),
+                });
+                vec![Effect::ReloadRuns]
+            }
+            MatrixMsg::AbDone(out) => {
+                let Some(r) = self.bench.ab.run.as_mut() else {
+                    return Vec::new();
+                };
+                r.on_done(out.as_deref().map_err(String::as_str));
+                self.message = Some(match &out {
+                    Ok(o) => format!("A/B result {}", o.md.display()),
+                    Err(e) => format!("A/B could not run: {e}"),
+                });
+                vec![Effect::ReloadRuns]
             }
         }
     }

@@ -69,6 +69,18 @@ pub enum BenchMsg {
     Done(Result<Box<crate::bench::cli::BenchOutcome>, String>),
 }
 
+/// News about the matrix or quick A/B started from the Bench screen, delivered as
+/// [`Event::Matrix`].
+#[derive(Debug)]
+pub enum MatrixMsg {
+    /// Progress, as `mxtune matrix` / `mxtune ab` print it.
+    Progress(crate::matrix::progress::MatrixEvent),
+    /// The matrix ended (done, cancelled: resumable, or could not run).
+    MatrixDone(Result<crate::matrix::cli::MatrixOutcome, String>),
+    /// The A/B ended (done, cancelled, or could not run).
+    AbDone(Result<Box<crate::matrix::ab::AbOutcome>, String>),
+}
+
 /// The benchmark in progress: its cancel and a signal that its record is final.
 struct BenchHandle {
     cancel: crate::bench::workload::Cancel,
@@ -82,6 +94,7 @@ pub struct Background {
     launch: Option<mpsc::UnboundedSender<Cmd>>,
     monitor: Option<crate::monitor::Monitor>,
     bench: Option<BenchHandle>,
+    matrix: Option<BenchHandle>,
 }
 
 impl std::fmt::Debug for Background {
@@ -89,12 +102,17 @@ impl std::fmt::Debug for Background {
         f.debug_struct("Background")
             .field("launch", &self.launch.is_some())
             .field("bench", &self.bench.is_some())
+            .field("matrix", &self.matrix.is_some())
             .finish()
     }
 }
 
 /// How long an exit waits for a cancelled benchmark to save its record.
 const BENCH_SAVE_LIMIT: Duration = Duration::from_secs(10);
+
+/// How long an exit waits for a cancelled matrix or A/B to stop its target and save its
+/// records and state (the stop's grace time plus a little).
+const MATRIX_SAVE_LIMIT: Duration = Duration::from_secs(45);
 
 /// How long a stop waits between SIGTERM and kill.
 const STOP_GRACE: Duration = Duration::from_secs(30);
@@ -114,6 +132,7 @@ impl Background {
             launch: None,
             monitor: None,
             bench: None,
+            matrix: None,
         })
     }
 
@@ -207,6 +226,76 @@ impl Background {
                 let _ = self
                     .rt
                     .block_on(async { tokio::time::timeout(BENCH_SAVE_LIMIT, done).await });
+            }
+        }
+    }
+
+    fn matrix_progress(&self) -> crate::matrix::progress::Progress {
+        let tx = self.tx.clone();
+        crate::matrix::progress::Progress::new(move |e| {
+            let _ = tx.send(Event::Matrix(MatrixMsg::Progress(e)));
+        })
+    }
+
+    /// Run (or resume) a matrix through the same code as `mxtune matrix`
+    /// ([`crate::matrix::cli::execute`]); progress and the outcome arrive as [`MatrixMsg`]s.
+    /// One matrix or A/B at a time: a running one is cancelled first.
+    pub fn matrix(&mut self, args: crate::matrix::cli::MatrixArgs) {
+        self.cancel_matrix("replaced by a new matrix");
+        let (cancel, watch) = crate::bench::workload::Cancel::new();
+        let (done_tx, done_rx) = oneshot::channel();
+        self.matrix = Some(BenchHandle {
+            cancel,
+            done: Some(done_rx),
+        });
+        let tx = self.tx.clone();
+        let progress = self.matrix_progress();
+        self.rt.spawn(async move {
+            let out = crate::matrix::cli::execute(&args, &progress, &watch).await;
+            let _ = done_tx.send(());
+            let _ = tx.send(Event::Matrix(MatrixMsg::MatrixDone(
+                out.map_err(|e| format!("{e:#}")),
+            )));
+        });
+    }
+
+    /// Run an A/B through the same code as `mxtune ab` ([`crate::matrix::ab::execute`]).
+    pub fn ab(&mut self, args: crate::matrix::cli::AbArgs) {
+        self.cancel_matrix("replaced by a new A/B");
+        let (cancel, watch) = crate::bench::workload::Cancel::new();
+        let (done_tx, done_rx) = oneshot::channel();
+        self.matrix = Some(BenchHandle {
+            cancel,
+            done: Some(done_rx),
+        });
+        let tx = self.tx.clone();
+        let progress = self.matrix_progress();
+        self.rt.spawn(async move {
+            let out = crate::matrix::ab::execute(&args, &progress, &watch).await;
+            let _ = done_tx.send(());
+            let _ = tx.send(Event::Matrix(MatrixMsg::AbDone(
+                out.map(Box::new).map_err(|e| format!("{e:#}")),
+            )));
+        });
+    }
+
+    /// Cancel the running matrix or A/B: its target is stopped, its records saved as
+    /// `aborted` and (a matrix) its state left resumable; `*Done` arrives when that is over.
+    pub fn cancel_matrix(&mut self, reason: &str) {
+        if let Some(m) = &self.matrix {
+            m.cancel.cancel_because(reason);
+        }
+    }
+
+    /// Cancel the running matrix or A/B and wait until it has stopped its target and saved
+    /// its records: used before the panel exits.
+    pub fn abort_matrix_and_wait(&mut self, reason: &str) {
+        if let Some(mut m) = self.matrix.take() {
+            m.cancel.cancel_because(reason);
+            if let Some(done) = m.done.take() {
+                let _ = self
+                    .rt
+                    .block_on(async { tokio::time::timeout(MATRIX_SAVE_LIMIT, done).await });
             }
         }
     }

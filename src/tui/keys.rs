@@ -35,6 +35,7 @@ pub const FLAGS: &[Binding] = &[
     b("t", "docker/engine target"),
     b("R", "reset all to the loaded preset"),
     b("Space", "next value"),
+    b("a", "mark these flags as A (quick A/B)"),
 ];
 
 /// Flags screen while a serving limit is typed in (Enter on a numeric limit).
@@ -87,6 +88,9 @@ pub const LIVE: &[Binding] = &[
 /// Bench screen.
 pub const BENCH: &[Binding] = &[
     b("r", "run against the target"),
+    b("m", "matrix"),
+    b("a", "mark flags as A"),
+    b("A", "A/B vs A"),
     b("Up/Down", "select field"),
     b("Enter", "edit field / next level"),
     b("Left/Right", "previous/next level"),
@@ -95,9 +99,30 @@ pub const BENCH: &[Binding] = &[
 /// Bench screen with no target ready: `r` has nothing to run against.
 pub const BENCH_NO_TARGET: &[Binding] = &[
     b("2", "no target: launch one first"),
+    b("m", "matrix"),
+    b("a", "mark flags as A"),
+    b("A", "A/B vs A"),
     b("Up/Down", "select field"),
     b("Enter", "edit field / next level"),
 ];
+
+/// Bench screen, matrix view.
+pub const MATRIX: &[Binding] = &[
+    b("r", "run"),
+    b("Space/Enter", "choose preset"),
+    b("l", "levels"),
+    b("Esc", "back"),
+    b("Up/Down", "select preset"),
+];
+
+/// Bench screen, matrix view while the matrix runs.
+pub const MATRIX_RUNNING: &[Binding] = &[b("Esc", "cancel (stays resumable)")];
+
+/// Bench screen, quick A/B result.
+pub const AB: &[Binding] = &[b("A", "run the A/B again"), b("Esc", "back to the form")];
+
+/// Bench screen while the quick A/B runs.
+pub const AB_RUNNING: &[Binding] = &[b("Esc", "cancel (records kept)")];
 
 /// Bench screen while a benchmark runs.
 pub const BENCH_RUNNING: &[Binding] = &[b("Esc", "cancel (partial record kept)")];
@@ -143,6 +168,10 @@ pub const SECTIONS: &[(&str, &[Binding])] = &[
     ("Bench: no target ready", BENCH_NO_TARGET),
     ("Bench: running", BENCH_RUNNING),
     ("Bench: typing a value", BENCH_INPUT),
+    ("Bench: matrix view", MATRIX),
+    ("Bench: matrix running", MATRIX_RUNNING),
+    ("Bench: quick A/B result", AB),
+    ("Bench: quick A/B running", AB_RUNNING),
     ("Runs", RUNS),
     ("Runs: run or comparison open", RUNS_VIEW),
 ];

@@ -56,6 +56,8 @@ pub enum Event {
     MonitorError(String),
     /// Progress or the end of the benchmark started from the Bench screen.
     Bench(background::BenchMsg),
+    /// Progress or the end of the matrix or A/B started from the Bench screen.
+    Matrix(background::MatrixMsg),
 }
 
 /// Why the loop ended.
@@ -236,6 +238,8 @@ pub fn step(app: &mut App, bg: &mut Background, event: Event) -> (Option<Exit>, 
             app.on_signal(sig);
             // A running bench's record is saved as `aborted` before the terminal goes back.
             bg.abort_bench_and_wait(&format!("the panel got {}", signal_name(sig)));
+            // A matrix stops its target and stays resumable; an A/B saves its records.
+            bg.abort_matrix_and_wait(&format!("the panel got {}", signal_name(sig)));
             // The target keeps running: a dropped SSH session is no reason to stop a server.
             bg.detach();
             return (Some(Exit::Signal(sig)), false);
@@ -273,6 +277,11 @@ pub fn step(app: &mut App, bg: &mut Background, event: Event) -> (Option<Exit>, 
                 matches!(app.tab, app::Tab::Bench) || matches!(msg, background::BenchMsg::Done(_));
             (app.on_bench(msg), visible)
         }
+        Event::Matrix(msg) => {
+            let visible = matches!(app.tab, app::Tab::Bench)
+                || !matches!(msg, background::MatrixMsg::Progress(_));
+            (app.on_matrix(msg), visible)
+        }
     };
     for effect in effects {
         if let Some(exit) = perform(app, bg, effect) {
@@ -299,6 +308,7 @@ pub fn perform(app: &mut App, bg: &mut Background, effect: Effect) -> Option<Exi
         Effect::Quit { stop_target } => {
             app.on_quit(stop_target);
             bg.abort_bench_and_wait("the panel was closed");
+            bg.abort_matrix_and_wait("the panel was closed");
             if stop_target {
                 bg.stop_and_wait();
             } else {
@@ -322,6 +332,27 @@ pub fn perform(app: &mut App, bg: &mut Background, effect: Effect) -> Option<Exi
         Effect::StopTarget => bg.stop(),
         Effect::StartBench(args) => bg.bench(*args),
         Effect::CancelBench => bg.cancel_bench("cancelled from the panel (Esc)"),
+        Effect::ListMatrixPresets => match app.paths.presets.list() {
+            Ok(list) => app
+                .bench
+                .matrix
+                .on_preset_list(list.into_iter().map(|e| e.name).collect()),
+            Err(e) => app.bench.matrix.error = Some(format!("cannot list presets: {e}")),
+        },
+        Effect::StartMatrix(args) => {
+            let mut args = *args;
+            args.out = fresh_dir(&app.paths.runs_dir.join("matrix"));
+            app.bench.matrix.on_started(&args);
+            bg.matrix(args);
+        }
+        Effect::StartAb(req) => match ab_args(app, &req) {
+            Ok(args) => {
+                app.bench.ab.on_started(&args);
+                bg.ab(args);
+            }
+            Err(e) => app.bench.ab.on_could_not_start(e),
+        },
+        Effect::CancelMatrix => bg.cancel_matrix("cancelled from the panel (Esc)"),
         Effect::SaveLog(path) => {
             let text = app.launch.log.lines.iter().fold(String::new(), |mut s, l| {
                 s.push_str(l);
@@ -418,4 +449,59 @@ pub fn perform(app: &mut App, bg: &mut Background, effect: Effect) -> Option<Exi
         }
     }
     None
+}
+
+/// A new directory name under `parent` (not created): the UTC time, made unique.
+fn fresh_dir(parent: &std::path::Path) -> std::path::PathBuf {
+    let stamp = chrono::Utc::now().format("%Y%m%d-%H%M%S").to_string();
+    let mut path = parent.join(&stamp);
+    let mut n = 1;
+    while path.exists() {
+        n += 1;
+        path = parent.join(format!("{stamp}-{n}"));
+    }
+    path
+}
+
+/// Writes A's and B's flags as presets in a new directory under the runs dir's `ab/` and
+/// returns the `mxtune ab` options that compare them; the results go to the same directory.
+fn ab_args(
+    app: &App,
+    req: &screens::matrix::AbRequest,
+) -> Result<crate::matrix::cli::AbArgs, String> {
+    let dir = fresh_dir(&app.paths.runs_dir.join("ab"));
+    let presets = dir.join("presets");
+    std::fs::create_dir_all(&presets)
+        .map_err(|e| format!("cannot create {}: {e}", presets.display()))?;
+    let store = crate::flags::preset::PresetStore::new(vec![presets.clone()]);
+    let mut paths = Vec::new();
+    for (name, flags, label) in [
+        ("quick-ab-a", &req.a, &req.a_label),
+        ("quick-ab-b", &req.b, &req.b_label),
+    ] {
+        let description = format!("quick A/B from the panel: {label}");
+        let save = crate::flags::preset::SaveRequest {
+            name,
+            description: &description,
+            extends: None,
+            flags,
+            overwrite: false,
+        };
+        paths.push(
+            store
+                .save(&presets, &save)
+                .map_err(|e| format!("cannot write preset {name}: {e:#}"))?,
+        );
+    }
+    let mut common = screens::matrix::common_args(app, req.kind)?;
+    common.grid = req.grid.clone();
+    common.engine_bin = req.engine_bin.clone();
+    Ok(crate::matrix::cli::AbArgs {
+        preset_a: paths[0].display().to_string(),
+        preset_b: paths[1].display().to_string(),
+        rounds: req.rounds,
+        reuse: false,
+        out: dir,
+        common,
+    })
 }

@@ -262,6 +262,12 @@ pub struct BenchScreen {
     pub error: Option<String>,
     /// The benchmark started last.
     pub run: Option<BenchRun>,
+    /// Which view is shown: the form, the matrix, or the quick A/B.
+    pub view: super::matrix::BenchView,
+    /// The matrix view.
+    pub matrix: super::matrix::MatrixView,
+    /// The quick A/B.
+    pub ab: super::matrix::AbView,
 }
 
 impl Default for BenchScreen {
@@ -286,6 +292,9 @@ impl Default for BenchScreen {
             editing: None,
             error: None,
             run: None,
+            view: super::matrix::BenchView::Form,
+            matrix: super::matrix::MatrixView::default(),
+            ab: super::matrix::AbView::default(),
         }
     }
 }
@@ -455,6 +464,11 @@ fn pm(theme: &Theme, s: Option<Stats>) -> String {
 
 /// Draw the Bench screen.
 pub fn draw(frame: &mut Frame, app: &App, area: Rect) {
+    match app.bench.view {
+        super::matrix::BenchView::Matrix => return super::matrix::draw_matrix(frame, app, area),
+        super::matrix::BenchView::Ab => return super::matrix::draw_ab(frame, app, area),
+        super::matrix::BenchView::Form => {}
+    }
     let s = &app.bench;
     let theme = &app.theme;
     let [top, bottom] = Layout::vertical([Constraint::Length(8), Constraint::Min(3)]).areas(area);

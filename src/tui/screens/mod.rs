@@ -4,6 +4,7 @@ pub mod bench;
 pub mod flags;
 pub mod launch;
 pub mod live;
+pub mod matrix;
 pub mod runs;
 
 use ratatui::Frame;
@@ -30,6 +31,22 @@ pub fn bindings(app: &App) -> &'static [super::keys::Binding] {
         Tab::Flags if app.flags.editing.is_some() => super::keys::FLAGS_EDIT,
         Tab::Runs if app.runs.view != runs::RunsView::List => super::keys::RUNS_VIEW,
         Tab::Launch if app.launch.captures_keys() => super::keys::LAUNCH_INPUT,
+        Tab::Bench if app.bench.view == matrix::BenchView::Matrix => {
+            if app.bench.matrix.editing.is_some() {
+                super::keys::BENCH_INPUT
+            } else if app.bench.matrix.is_running() {
+                super::keys::MATRIX_RUNNING
+            } else {
+                super::keys::MATRIX
+            }
+        }
+        Tab::Bench if app.bench.view == matrix::BenchView::Ab => {
+            if app.bench.ab.is_running() {
+                super::keys::AB_RUNNING
+            } else {
+                super::keys::AB
+            }
+        }
         Tab::Bench if app.bench.captures_keys() => super::keys::BENCH_INPUT,
         Tab::Bench if app.bench.is_running() => super::keys::BENCH_RUNNING,
         Tab::Bench if app.target_url().is_none() => super::keys::BENCH_NO_TARGET,
@@ -62,6 +79,16 @@ pub fn status_spans(app: &App) -> Vec<Span<'static>> {
     ];
     if f.dirty() {
         spans.push(Span::styled(" [+] unsaved", theme.warn()));
+    }
+    if let Some(m) = &app.ab_mark {
+        spans.push(Span::styled("  A ", theme.dim()));
+        spans.push(Span::styled(
+            theme.text(&m.label).into_owned(),
+            theme.accent(),
+        ));
+        if *m.flags == f.flags {
+            spans.push(Span::styled(" (= now)", theme.dim()));
+        }
     }
     spans
 }
