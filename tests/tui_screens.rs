@@ -2072,7 +2072,7 @@ fn quick_ab_marks_a_and_runs_against_the_current_flags() {
 }
 
 #[test]
-fn quick_ab_effect_writes_both_presets_and_refuses_attach() {
+fn quick_ab_refuses_an_attach_target() {
     let dir = tempfile::tempdir().unwrap();
     let mut app = started(dir.path(), theme());
     // Attach cannot run an A/B.
