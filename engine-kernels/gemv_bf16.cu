@@ -75,6 +75,40 @@ __device__ __forceinline__ const float* gemv_input(const float* __restrict__ x,
     return xs;
 }
 
+// Router top-k: the k largest logits of a token (ties: lower expert index first) and the
+// softmax over those k only, by one warp; `vals` is shared scratch of n_experts floats. The
+// router GEMV (gemv_bf16_wide) runs this in its last block to finish, so routing costs no
+// launch of its own. Logits are read past L1 (other blocks wrote them).
+__device__ void topk_softmax_warp(const float* logits, int n_experts, int k, int* __restrict__ idx,
+                                  float* __restrict__ weights, float* vals) {
+    const int lane = threadIdx.x & 31;
+    for (int e = lane; e < n_experts; e += 32) vals[e] = __ldcg(logits + e);
+    __syncwarp();
+    float top_v[32];
+    int top_i[32];
+    for (int s = 0; s < k; ++s) {
+        float bv = -INFINITY;
+        int bi = 0x7fffffff;
+        for (int e = lane; e < n_experts; e += 32) take_better(bv, bi, vals[e], e);
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1)
+            take_better(bv, bi, __shfl_xor_sync(0xffffffffu, bv, o), __shfl_xor_sync(0xffffffffu, bi, o));
+        if (bi >= n_experts) bi = 0;  // only NaN/-inf left: stay in bounds, NaN shows downstream
+        top_v[s] = bv;
+        top_i[s] = bi;
+        __syncwarp();
+        if (lane == 0) vals[bi] = -INFINITY;
+        __syncwarp();
+    }
+    if (lane != 0) return;
+    float sum = 0.0f;
+    for (int s = 0; s < k; ++s) sum += expf(top_v[s] - top_v[0]);
+    for (int s = 0; s < k; ++s) {
+        idx[s] = top_i[s];
+        weights[s] = expf(top_v[s] - top_v[0]) / sum;
+    }
+}
+
 extern "C" __global__ void __launch_bounds__(256, GEMV_MINB)
 gemv_bf16(const bf16_t* __restrict__ w, const bf16_t* __restrict__ bias,
           const float* __restrict__ x, float* __restrict__ y,
@@ -102,12 +136,18 @@ gemv_bf16(const bf16_t* __restrict__ w, const bf16_t* __restrict__ bias,
     }
 }
 
-// grid = (rows, ceil(tokens / GEMV_MAX_TOKENS)), block = 256.
+// grid = (rows, ceil(tokens / GEMV_MAX_TOKENS)), block = 256. With topk_idx non-null (the
+// router) the last block to finish a token group — counted in counter[blockIdx.y], which it
+// resets to 0 for the next launch or graph replay — picks each token's top-k experts of the
+// finished logits: topk_idx/topk_w [tokens, k]. Dynamic shared memory: the staged input (with
+// norm_w) and at least rows floats (with top-k).
 extern "C" __global__ void __launch_bounds__(256, GEMV_MINB)
 gemv_bf16_wide(const bf16_t* __restrict__ w, const bf16_t* __restrict__ bias,
                const float* __restrict__ x, float* __restrict__ y,
                int rows, int cols, int tokens, int accumulate,
-               const bf16_t* __restrict__ norm_w, float eps, float* __restrict__ x_out) {
+               const bf16_t* __restrict__ norm_w, float eps, float* __restrict__ x_out,
+               int* __restrict__ topk_idx, float* __restrict__ topk_w, int k,
+               unsigned* __restrict__ counter) {
     extern __shared__ float xs[];
     __shared__ float part[GEMV_MAX_TOKENS][8];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -135,4 +175,17 @@ gemv_bf16_wide(const bf16_t* __restrict__ w, const bf16_t* __restrict__ bias,
             *yp = accumulate ? *yp + s + b : s + b;
         }
     }
+    if (!topk_idx) return;
+    // Publish this block's logits, then count it; the last block of the group routes.
+    unsigned last = 0;
+    if (lane == 0) {
+        __threadfence();
+        last = atomicAdd(&counter[blockIdx.y], 1u) == gridDim.x - 1;
+        if (last) counter[blockIdx.y] = 0u;
+    }
+    if (!__shfl_sync(0xffffffffu, last, 0)) return;
+    __threadfence();
+    for (int t = 0; t < nt; ++t)
+        topk_softmax_warp(y + (size_t)(t0 + t) * rows, rows, k, topk_idx + (size_t)(t0 + t) * k,
+                          topk_w + (size_t)(t0 + t) * k, xs);
 }

@@ -45,7 +45,6 @@ pub const KERNEL_FILES: &[KernelFile] = &[
     kernel_file!("rope_kv.cu", ["rope_kv_write"]),
     kernel_file!("attention_decode.cu", ["attn_split", "attn_combine"]),
     kernel_file!("attention_prefill.cu", ["attn_prefill"]),
-    kernel_file!("router_topk.cu", ["router_topk"]),
     kernel_file!("moe_gemv.cu", ["moe_gate_up_swiglu", "moe_down"]),
     kernel_file!("gemm_bf16.cu", ["gemm_bf16_tc"]),
     kernel_file!(

@@ -105,6 +105,8 @@ struct RowBufs {
     act: CudaSlice<f32>,
     /// Each routed expert's weighted output [rows, k, H] before the slots are summed.
     part: CudaSlice<f32>,
+    /// The fused router's per-token-group completion counters (kept zeroed by the kernel).
+    topk_ctr: CudaSlice<u32>,
 }
 
 impl RowBufs {
@@ -130,6 +132,7 @@ impl RowBufs {
             r_w: g.alloc(rows * k)?,
             act: g.alloc(rows * k * c.intermediate_size)?,
             part: g.alloc(rows * k * hid)?,
+            topk_ctr: g.alloc(ops::topk_counters(rows))?,
         })
     }
 
@@ -464,17 +467,14 @@ impl Decoder {
         )
     }
 
-    /// Top-k experts of `n` rows from `r.r_logits` (the same on both paths).
-    fn route(&self, g: &Gpu, r: &RowBufs, n: usize) -> Result<()> {
-        ops::router_topk(
-            g,
-            g.ptr(&r.r_logits),
-            g.ptr(&r.r_idx),
-            g.ptr(&r.r_w),
-            self.cfg.num_local_experts,
-            self.cfg.num_experts_per_tok,
-            n,
-        )
+    /// Where the fused router writes each row's experts and weights.
+    fn topk(&self, g: &Gpu, r: &RowBufs) -> ops::TopK {
+        ops::TopK {
+            idx: g.ptr(&r.r_idx),
+            w: g.ptr(&r.r_w),
+            k: self.cfg.num_experts_per_tok,
+            counter: g.ptr(&r.topk_ctr),
+        }
     }
 
     /// Queue one step for the first `n` rows. `full_keys` bounds the key count of full
@@ -567,7 +567,7 @@ impl Decoder {
                 eps: sh.eps,
                 out: p(&r.h),
             };
-            ops::gemv(
+            ops::router(
                 g,
                 g.ptr(&lw.router_w),
                 Some(g.ptr(&lw.router_b)),
@@ -576,12 +576,10 @@ impl Decoder {
                 c.num_local_experts,
                 hid,
                 n,
-                false,
                 Some(mlp_norm),
+                self.topk(g, r),
             )?;
-            mark("rmsnorm+gemv router")?;
-            self.route(g, r, n)?;
-            mark("router_topk")?;
+            mark("rmsnorm+gemv router+topk")?;
             let (idx, act) = (g.ptr(&r.r_idx), p(&r.act));
             ops::moe_gate_up(g, &l.moe, sh.moe, p(&r.h), idx, act, n)?;
             mark("moe gate_up+swiglu")?;
@@ -827,7 +825,7 @@ impl Decoder {
             mark("rmsnorm")?;
             // The router stays on the fp32 GEMV: bf16 activations could flip near-tied
             // expert choices against the reference.
-            ops::gemv(
+            ops::router(
                 g,
                 g.ptr(&lw.router_w),
                 Some(g.ptr(&lw.router_b)),
@@ -836,12 +834,10 @@ impl Decoder {
                 c.num_local_experts,
                 hid,
                 n,
-                false,
                 None,
+                self.topk(g, r),
             )?;
-            mark("gemv router (fp32)")?;
-            self.route(g, r, n)?;
-            mark("router_topk")?;
+            mark("gemv router+topk (fp32)")?;
             ops::moe_grouped(
                 g,
                 &l.moe,

@@ -100,6 +100,79 @@ pub fn gemv(
     accumulate: bool,
     norm: Option<Norm>,
 ) -> Result<()> {
+    gemv_launch(g, w, bias, x, y, rows, cols, t, accumulate, norm, None)
+}
+
+/// Routing fused into the router GEMV: the top-k experts of each token and their softmax
+/// weights, picked by the last block to finish the token's logits.
+#[derive(Debug, Clone, Copy)]
+pub struct TopK {
+    /// Expert indices [t, k] (i32).
+    pub idx: u64,
+    /// Their softmax weights [t, k] (fp32).
+    pub w: u64,
+    /// Experts per token.
+    pub k: usize,
+    /// Zeroed u32 counters, one per group of 4 tokens (`topk_counters(t)`); left zeroed.
+    pub counter: u64,
+}
+
+/// Counters a [`TopK`] needs for `t` tokens.
+pub fn topk_counters(t: usize) -> usize {
+    t.div_ceil(GEMV_TOKENS)
+}
+
+/// The router: logits[t] = W x[t] + b (optionally over rmsnorm(x)) and, in the same launch,
+/// each token's top-k experts (ties: lower index) with the softmax over those k.
+pub fn router(
+    g: &Gpu,
+    w: u64,
+    bias: Option<u64>,
+    x: u64,
+    logits: u64,
+    experts: usize,
+    cols: usize,
+    t: usize,
+    norm: Option<Norm>,
+    topk: TopK,
+) -> Result<()> {
+    ensure!(
+        experts < GEMV_WIDE_ROWS,
+        "{experts} experts: the fused router takes fewer than {GEMV_WIDE_ROWS}"
+    );
+    ensure!(
+        (1..=32).contains(&topk.k) && topk.k <= experts,
+        "top-k {} of {experts} experts unsupported (1 ≤ k ≤ 32)",
+        topk.k
+    );
+    gemv_launch(
+        g,
+        w,
+        bias,
+        x,
+        logits,
+        experts,
+        cols,
+        t,
+        false,
+        norm,
+        Some(topk),
+    )
+}
+
+fn gemv_launch(
+    g: &Gpu,
+    w: u64,
+    bias: Option<u64>,
+    x: u64,
+    y: u64,
+    rows: usize,
+    cols: usize,
+    t: usize,
+    accumulate: bool,
+    norm: Option<Norm>,
+    topk: Option<TopK>,
+) -> Result<()> {
     let stage = t.min(GEMV_TOKENS) * cols * 4;
     let (x, norm) = match norm {
         Some(n) if stage > NORM_SMEM_LIMIT => {
@@ -108,30 +181,44 @@ pub fn gemv(
         }
         other => (x, other),
     };
-    let (kernel, blocks) = if rows < GEMV_WIDE_ROWS {
+    let wide = rows < GEMV_WIDE_ROWS;
+    let (kernel, blocks) = if wide {
         ("gemv_bf16_wide", rows)
     } else {
         ("gemv_bf16", rows.div_ceil(GEMV_ROWS))
     };
-    let smem = if norm.is_some() { u(stage)? } else { 0 };
+    let mut smem = if norm.is_some() { stage } else { 0 };
+    if topk.is_some() {
+        // The routing block reuses the staged input's space for the logits.
+        smem = smem.max(rows * 4);
+    }
+    let mut args = vec![
+        Arg::Ptr(w),
+        opt(bias),
+        Arg::Ptr(x),
+        Arg::Ptr(y),
+        i(rows)?,
+        i(cols)?,
+        i(t)?,
+        Arg::I32(accumulate as i32),
+        opt(norm.map(|n| n.w)),
+        Arg::F32(norm.map_or(0.0, |n| n.eps)),
+        opt(norm.map(|n| n.out)),
+    ];
+    if wide {
+        args.extend([
+            opt(topk.map(|k| k.idx)),
+            opt(topk.map(|k| k.w)),
+            i(topk.map_or(0, |k| k.k))?,
+            opt(topk.map(|k| k.counter)),
+        ]);
+    }
     g.launch(
         kernel,
         (u(blocks)?, u(t.div_ceil(GEMV_TOKENS))?, 1),
         (256, 1, 1),
-        smem,
-        &[
-            Arg::Ptr(w),
-            opt(bias),
-            Arg::Ptr(x),
-            Arg::Ptr(y),
-            i(rows)?,
-            i(cols)?,
-            i(t)?,
-            Arg::I32(accumulate as i32),
-            opt(norm.map(|n| n.w)),
-            Arg::F32(norm.map_or(0.0, |n| n.eps)),
-            opt(norm.map(|n| n.out)),
-        ],
+        u(smem)?,
+        &args,
     )
 }
 
@@ -333,35 +420,6 @@ pub fn attention_rows(
 
 /// Keys per shared-memory tile of the prefill attention (kernel constant `PF_KEYS`).
 const PF_KEYS: usize = 32;
-
-/// Top-k experts and their softmax weights from router logits [t, experts].
-pub fn router_topk(
-    g: &Gpu,
-    logits: u64,
-    idx: u64,
-    wts: u64,
-    experts: usize,
-    k: usize,
-    t: usize,
-) -> Result<()> {
-    ensure!(
-        (1..=32).contains(&k) && k <= experts,
-        "top-k {k} of {experts} experts unsupported (1 ≤ k ≤ 32)"
-    );
-    g.launch(
-        "router_topk",
-        (u(t)?, 1, 1),
-        (32, 1, 1),
-        u(experts * 4)?,
-        &[
-            Arg::Ptr(logits),
-            Arg::Ptr(idx),
-            Arg::Ptr(wts),
-            i(experts)?,
-            i(k)?,
-        ],
-    )
-}
 
 /// MXFP4 expert weights of one layer, on the device in checkpoint layout.
 #[derive(Debug, Clone, Copy)]

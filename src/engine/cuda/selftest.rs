@@ -448,38 +448,62 @@ fn check_attention(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
     Ok(res)
 }
 
+/// The router GEMV with routing fused: identity weights make the logits exactly the given
+/// values (ties included), so the top-k is checked on known logits; token counts above one
+/// group of 4 exercise the per-group counters, and a second launch checks they were reset.
 fn check_router(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
     let mut res = Vec::new();
-    for (experts, k, t) in [(128, 4, 3), (32, 4, 2), (8, 4, 1)] {
+    for (experts, k, t) in [(128, 4, 3), (32, 4, 6), (8, 4, 1)] {
         let mut logits = f32_vec(s.next(), experts * t, 4.0, 0.0);
         // A tie on the largest logit: the lower index must come first.
         logits[experts - 1] = 10.0;
         logits[1] = 10.0;
-        let dl = g.upload(&logits)?;
-        let di = g.upload(&vec![-1i32; k * t])?;
-        let dw = nan_f32(g, k * t)?;
-        ops::router_topk(g, g.ptr(&dl), g.ptr(&di), g.ptr(&dw), experts, k, t)?;
-        let (gi, gw) = (g.download(&di)?, g.download(&dw)?);
-        let (mut want_w, mut mism) = (Vec::new(), 0usize);
-        for ti in 0..t {
-            let (idx, w) = r::router_topk(&logits[ti * experts..][..experts], k);
-            mism += idx
-                .iter()
-                .zip(&gi[ti * k..][..k])
-                .filter(|(a, b)| **a as i32 != **b)
-                .count();
-            want_w.extend(w);
+        let one = r::to_bf(1.0);
+        let eye: Vec<u16> = (0..experts * experts)
+            .map(|i| if i / experts == i % experts { one } else { 0 })
+            .collect();
+        let (dw_eye, dx) = (g.upload(&eye)?, g.upload(&logits)?);
+        let dl = nan_f32(g, experts * t)?;
+        let counters = g.alloc::<u32>(ops::topk_counters(t))?;
+        for launch in 0..2 {
+            let di = g.upload(&vec![-1i32; k * t])?;
+            let dw = nan_f32(g, k * t)?;
+            ops::router(
+                g,
+                g.ptr(&dw_eye),
+                None,
+                g.ptr(&dx),
+                g.ptr(&dl),
+                experts,
+                experts,
+                t,
+                None,
+                ops::TopK {
+                    idx: g.ptr(&di),
+                    w: g.ptr(&dw),
+                    k,
+                    counter: g.ptr(&counters),
+                },
+            )?;
+            let (gi, gw) = (g.download(&di)?, g.download(&dw)?);
+            let (mut want_w, mut mism) = (Vec::new(), 0usize);
+            for ti in 0..t {
+                let (idx, w) = r::router_topk(&logits[ti * experts..][..experts], k);
+                mism += idx
+                    .iter()
+                    .zip(&gi[ti * k..][..k])
+                    .filter(|(a, b)| **a as i32 != **b)
+                    .count();
+                want_w.extend(w);
+            }
+            let label = format!("router+topk {k} of {experts}, t={t}, launch {launch}");
+            res.push(check(format!("{label} indices"), mism as f64, 0.0));
+            res.push(check(
+                format!("{label} weights"),
+                rel_err(&gw, &want_w),
+                1e-6,
+            ));
         }
-        res.push(check(
-            format!("router_topk {k} of {experts} indices"),
-            mism as f64,
-            0.0,
-        ));
-        res.push(check(
-            format!("router_topk {k} of {experts} weights"),
-            rel_err(&gw, &want_w),
-            1e-6,
-        ));
     }
     Ok(res)
 }
