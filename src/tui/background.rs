@@ -81,10 +81,30 @@ pub enum MatrixMsg {
     AbDone(Result<Box<crate::matrix::ab::AbOutcome>, String>),
 }
 
-/// The benchmark in progress: its cancel and a signal that its record is final.
-struct BenchHandle {
+/// A benchmark, matrix or A/B in progress: its cancel and a signal that its records are final.
+struct Job {
     cancel: crate::bench::workload::Cancel,
-    done: Option<oneshot::Receiver<()>>,
+    done: oneshot::Receiver<()>,
+}
+
+impl Job {
+    /// A new job, the watch its task checks, and the sender it fires when its records are
+    /// final.
+    fn start() -> (
+        Self,
+        crate::bench::workload::CancelWatch,
+        oneshot::Sender<()>,
+    ) {
+        let (cancel, watch) = crate::bench::workload::Cancel::new();
+        let (done_tx, done) = oneshot::channel();
+        (Self { cancel, done }, watch, done_tx)
+    }
+
+    /// Cancel it and wait (at most `limit`) until its records are saved.
+    fn abort_and_wait(self, rt: &tokio::runtime::Runtime, limit: Duration, reason: &str) {
+        self.cancel.cancel_because(reason);
+        let _ = rt.block_on(async { tokio::time::timeout(limit, self.done).await });
+    }
 }
 
 /// The runtime and the handle of the launch in progress.
@@ -93,8 +113,8 @@ pub struct Background {
     tx: Sender<Event>,
     launch: Option<mpsc::UnboundedSender<Cmd>>,
     monitor: Option<crate::monitor::Monitor>,
-    bench: Option<BenchHandle>,
-    matrix: Option<BenchHandle>,
+    bench: Option<Job>,
+    matrix: Option<Job>,
 }
 
 impl std::fmt::Debug for Background {
@@ -182,12 +202,8 @@ impl Background {
     /// cancelled first.
     pub fn bench(&mut self, args: crate::bench::cli::BenchArgs) {
         self.cancel_bench("replaced by a new benchmark");
-        let (cancel, watch) = crate::bench::workload::Cancel::new();
-        let (done_tx, done_rx) = oneshot::channel();
-        self.bench = Some(BenchHandle {
-            cancel,
-            done: Some(done_rx),
-        });
+        let (job, watch, done_tx) = Job::start();
+        self.bench = Some(job);
         let tx = self.tx.clone();
         self.rt.spawn(async move {
             let (ev_tx, mut ev_rx) = mpsc::unbounded_channel();
@@ -220,13 +236,8 @@ impl Background {
     /// Cancel the running benchmark and wait until its record is saved (as `aborted`):
     /// used before the panel exits, so nothing is lost on quit, SIGTERM or SIGHUP.
     pub fn abort_bench_and_wait(&mut self, reason: &str) {
-        if let Some(mut b) = self.bench.take() {
-            b.cancel.cancel_because(reason);
-            if let Some(done) = b.done.take() {
-                let _ = self
-                    .rt
-                    .block_on(async { tokio::time::timeout(BENCH_SAVE_LIMIT, done).await });
-            }
+        if let Some(job) = self.bench.take() {
+            job.abort_and_wait(&self.rt, BENCH_SAVE_LIMIT, reason);
         }
     }
 
@@ -242,12 +253,8 @@ impl Background {
     /// One matrix or A/B at a time: a running one is cancelled first.
     pub fn matrix(&mut self, args: crate::matrix::cli::MatrixArgs) {
         self.cancel_matrix("replaced by a new matrix");
-        let (cancel, watch) = crate::bench::workload::Cancel::new();
-        let (done_tx, done_rx) = oneshot::channel();
-        self.matrix = Some(BenchHandle {
-            cancel,
-            done: Some(done_rx),
-        });
+        let (job, watch, done_tx) = Job::start();
+        self.matrix = Some(job);
         let tx = self.tx.clone();
         let progress = self.matrix_progress();
         self.rt.spawn(async move {
@@ -262,12 +269,8 @@ impl Background {
     /// Run an A/B through the same code as `mxtune ab` ([`crate::matrix::ab::execute`]).
     pub fn ab(&mut self, args: crate::matrix::cli::AbArgs) {
         self.cancel_matrix("replaced by a new A/B");
-        let (cancel, watch) = crate::bench::workload::Cancel::new();
-        let (done_tx, done_rx) = oneshot::channel();
-        self.matrix = Some(BenchHandle {
-            cancel,
-            done: Some(done_rx),
-        });
+        let (job, watch, done_tx) = Job::start();
+        self.matrix = Some(job);
         let tx = self.tx.clone();
         let progress = self.matrix_progress();
         self.rt.spawn(async move {
@@ -290,13 +293,8 @@ impl Background {
     /// Cancel the running matrix or A/B and wait until it has stopped its target and saved
     /// its records: used before the panel exits.
     pub fn abort_matrix_and_wait(&mut self, reason: &str) {
-        if let Some(mut m) = self.matrix.take() {
-            m.cancel.cancel_because(reason);
-            if let Some(done) = m.done.take() {
-                let _ = self
-                    .rt
-                    .block_on(async { tokio::time::timeout(MATRIX_SAVE_LIMIT, done).await });
-            }
+        if let Some(job) = self.matrix.take() {
+            job.abort_and_wait(&self.rt, MATRIX_SAVE_LIMIT, reason);
         }
     }
 
