@@ -366,12 +366,12 @@ impl BenchScreen {
         runs_dir: &std::path::Path,
     ) -> Vec<Effect> {
         if let Some(buf) = self.editing.as_mut() {
-            match key.code {
-                KeyCode::Esc => {
+            match super::text_key(buf, key, 64) {
+                super::TextKey::Cancel => {
                     self.editing = None;
                     self.error = None;
                 }
-                KeyCode::Enter => {
+                super::TextKey::Submit => {
                     let i = self.selected - 1;
                     match parse_field(FIELDS[self.selected], buf) {
                         Ok(v) => {
@@ -382,11 +382,7 @@ impl BenchScreen {
                         Err(e) => self.error = Some(e),
                     }
                 }
-                KeyCode::Backspace => {
-                    buf.pop();
-                }
-                KeyCode::Char(c) if !c.is_control() && buf.len() < 64 => buf.push(c),
-                _ => {}
+                super::TextKey::Edited | super::TextKey::Other => {}
             }
             return Vec::new();
         }

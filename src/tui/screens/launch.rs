@@ -410,30 +410,24 @@ impl LaunchScreen {
             return Vec::new();
         }
         if self.editing_url {
-            match key.code {
-                KeyCode::Enter | KeyCode::Esc => self.editing_url = false,
-                KeyCode::Backspace => {
-                    self.url.pop();
-                }
-                KeyCode::Char(c) => self.url.push(c),
-                _ => {}
+            if matches!(
+                super::text_key(&mut self.url, key, usize::MAX),
+                super::TextKey::Submit | super::TextKey::Cancel
+            ) {
+                self.editing_url = false;
             }
             return Vec::new();
         }
         if let Some(t) = &mut self.log.typing {
-            match key.code {
-                KeyCode::Esc => self.log.typing = None,
-                KeyCode::Enter => {
+            match super::text_key(t, key, usize::MAX) {
+                super::TextKey::Cancel => self.log.typing = None,
+                super::TextKey::Submit => {
                     let s = std::mem::take(t);
                     self.log.typing = None;
                     self.log.search = (!s.is_empty()).then_some(s);
                     self.search_jump(true);
                 }
-                KeyCode::Backspace => {
-                    t.pop();
-                }
-                KeyCode::Char(c) => t.push(c),
-                _ => {}
+                super::TextKey::Edited | super::TextKey::Other => {}
             }
             return Vec::new();
         }

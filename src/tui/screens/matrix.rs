@@ -644,12 +644,12 @@ fn on_matrix_key(app: &mut App, key: KeyEvent) -> Vec<Effect> {
     let grid = grid_items(app);
     let v = &mut app.bench.matrix;
     if let Some(buf) = v.editing.as_mut() {
-        match key.code {
-            KeyCode::Esc => {
+        match super::text_key(buf, key, 32) {
+            super::TextKey::Cancel => {
                 v.editing = None;
                 v.error = None;
             }
-            KeyCode::Enter => match parse_levels(buf) {
+            super::TextKey::Submit => match parse_levels(buf) {
                 Ok(_) => {
                     v.levels = buf.trim().to_string();
                     v.editing = None;
@@ -657,11 +657,7 @@ fn on_matrix_key(app: &mut App, key: KeyEvent) -> Vec<Effect> {
                 }
                 Err(e) => v.error = Some(format!("{e:#}")),
             },
-            KeyCode::Backspace => {
-                buf.pop();
-            }
-            KeyCode::Char(c) if !c.is_control() && buf.len() < 32 => buf.push(c),
-            _ => {}
+            super::TextKey::Edited | super::TextKey::Other => {}
         }
         return Vec::new();
     }

@@ -13,6 +13,38 @@ use ratatui::text::Span;
 
 use super::app::{App, Tab};
 
+/// What a key did in a one-line text field.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TextKey {
+    /// Enter: use the text.
+    Submit,
+    /// Esc: drop the edit.
+    Cancel,
+    /// The text changed (Backspace, or a character typed).
+    Edited,
+    /// Anything else (left to the caller, usually ignored).
+    Other,
+}
+
+/// The editing every one-line field shares: Backspace deletes, a printable character is typed
+/// while the text is shorter than `max` characters; Enter and Esc are reported.
+pub fn text_key(buf: &mut String, key: crossterm::event::KeyEvent, max: usize) -> TextKey {
+    use crossterm::event::KeyCode;
+    match key.code {
+        KeyCode::Enter => TextKey::Submit,
+        KeyCode::Esc => TextKey::Cancel,
+        KeyCode::Backspace => {
+            buf.pop();
+            TextKey::Edited
+        }
+        KeyCode::Char(c) if !c.is_control() && buf.chars().count() < max => {
+            buf.push(c);
+            TextKey::Edited
+        }
+        _ => TextKey::Other,
+    }
+}
+
 /// Draw the visible screen into `area`.
 pub fn draw(frame: &mut Frame, app: &App, area: Rect) {
     match app.tab {

@@ -170,17 +170,13 @@ impl RunsScreen {
     /// Handle a key on this screen.
     pub fn on_key(&mut self, key: KeyEvent, export_dir: &Path) -> Vec<Effect> {
         if self.filtering {
-            match key.code {
-                KeyCode::Esc => {
+            match super::text_key(&mut self.filter, key, usize::MAX) {
+                super::TextKey::Cancel => {
                     self.filter.clear();
                     self.filtering = false;
                 }
-                KeyCode::Enter => self.filtering = false,
-                KeyCode::Backspace => {
-                    self.filter.pop();
-                }
-                KeyCode::Char(c) => self.filter.push(c),
-                _ => {}
+                super::TextKey::Submit => self.filtering = false,
+                super::TextKey::Edited | super::TextKey::Other => {}
             }
             self.selected = 0;
             return Vec::new();
