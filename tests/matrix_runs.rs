@@ -3,7 +3,7 @@
 
 mod support;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use support::*;
 
@@ -431,6 +431,38 @@ async fn matrix_docker_two_presets_marks_the_invalid_one() {
     );
 }
 
+/// The panel (state, its background runtime and event channel) over tiny engine presets
+/// `names` in `dir/presets`, recording into `dir/runs` (returned).
+fn panel(
+    dir: &Path,
+    names: &[&str],
+) -> (
+    mxtune::tui::app::App,
+    mxtune::tui::background::Background,
+    std::sync::mpsc::Receiver<mxtune::tui::Event>,
+    PathBuf,
+) {
+    use mxtune::tui::app::{App, Paths};
+    let presets = dir.join("presets");
+    tiny_presets(&presets, names);
+    let runs = dir.join("runs");
+    let (tx, rx) = std::sync::mpsc::channel();
+    let bg = mxtune::tui::background::Background::new(tx).unwrap();
+    let app = App::new(
+        mxtune::tui::theme::Theme {
+            color: false,
+            ascii: false,
+        },
+        Paths {
+            presets: mxtune::flags::preset::PresetStore::new(vec![presets.clone()]),
+            save_dir: presets,
+            runs_dir: runs.clone(),
+            export_dir: dir.to_path_buf(),
+        },
+    );
+    (app, bg, rx, runs)
+}
+
 /// The panel's matrix view: keys choose two presets, the levels and the grid; the effect is
 /// performed by the panel's runtime (`tui::perform`), the matrix runs on its background
 /// runtime, and its events are fed through `tui::step` until the view says it finished.
@@ -438,29 +470,12 @@ async fn matrix_docker_two_presets_marks_the_invalid_one() {
 fn tui_matrix_view_runs_engine_presets_through_the_background() {
     use crossterm::event::{KeyCode, KeyEvent, KeyModifiers};
     use mxtune::matrix::state::PresetStatus;
-    use mxtune::tui::app::{App, Effect, Paths};
-    use mxtune::tui::background::Background;
+    use mxtune::tui::app::{App, Effect};
     use mxtune::tui::screens::matrix::{BenchView, JobState};
     use mxtune::tui::{perform, step};
 
     let dir = tempfile::tempdir().unwrap();
-    let presets = dir.path().join("presets");
-    tiny_presets(&presets, &["tui-a", "tui-b"]);
-    let runs = dir.path().join("runs");
-    let (tx, rx) = std::sync::mpsc::channel();
-    let mut bg = Background::new(tx).unwrap();
-    let mut app = App::new(
-        mxtune::tui::theme::Theme {
-            color: false,
-            ascii: false,
-        },
-        Paths {
-            presets: mxtune::flags::preset::PresetStore::new(vec![presets.clone()]),
-            save_dir: presets.clone(),
-            runs_dir: runs.clone(),
-            export_dir: dir.path().to_path_buf(),
-        },
-    );
+    let (mut app, mut bg, rx, runs) = panel(dir.path(), &["tui-a", "tui-b"]);
     app.launch.choice = mxtune::launch::spec::TargetKind::Engine;
     let press = |app: &mut App, code: KeyCode| app.on_key(KeyEvent::new(code, KeyModifiers::NONE));
     press(&mut app, KeyCode::Char('4'));
@@ -570,29 +585,12 @@ fn tui_matrix_view_runs_engine_presets_through_the_background() {
 #[test]
 fn tui_quick_ab_runs_marked_a_against_current_flags() {
     use crossterm::event::{KeyCode, KeyEvent, KeyModifiers};
-    use mxtune::tui::app::{App, Effect, Paths};
-    use mxtune::tui::background::Background;
+    use mxtune::tui::app::{App, Effect};
     use mxtune::tui::screens::matrix::{BenchView, JobState};
     use mxtune::tui::{perform, step};
 
     let dir = tempfile::tempdir().unwrap();
-    let presets = dir.path().join("presets");
-    tiny_presets(&presets, &["tui-ab"]);
-    let runs = dir.path().join("runs");
-    let (tx, rx) = std::sync::mpsc::channel();
-    let mut bg = Background::new(tx).unwrap();
-    let mut app = App::new(
-        mxtune::tui::theme::Theme {
-            color: false,
-            ascii: false,
-        },
-        Paths {
-            presets: mxtune::flags::preset::PresetStore::new(vec![presets.clone()]),
-            save_dir: presets.clone(),
-            runs_dir: runs.clone(),
-            export_dir: dir.path().to_path_buf(),
-        },
-    );
+    let (mut app, mut bg, rx, runs) = panel(dir.path(), &["tui-ab"]);
     perform(&mut app, &mut bg, Effect::LoadPreset("tui-ab".into()));
     assert_eq!(app.launch.choice, mxtune::launch::spec::TargetKind::Engine);
     let press = |app: &mut App, code: KeyCode| app.on_key(KeyEvent::new(code, KeyModifiers::NONE));
@@ -671,29 +669,12 @@ fn tui_quick_ab_runs_marked_a_against_current_flags() {
 fn tui_matrix_view_esc_leaves_a_resumable_matrix() {
     use crossterm::event::{KeyCode, KeyEvent, KeyModifiers};
     use mxtune::matrix::state::PresetStatus;
-    use mxtune::tui::app::{App, Effect, Paths};
-    use mxtune::tui::background::Background;
+    use mxtune::tui::app::{App, Effect};
     use mxtune::tui::screens::matrix::JobState;
     use mxtune::tui::{Event, perform, step};
 
     let dir = tempfile::tempdir().unwrap();
-    let presets = dir.path().join("presets");
-    tiny_presets(&presets, &["esc-a", "esc-b"]);
-    let runs = dir.path().join("runs");
-    let (tx, rx) = std::sync::mpsc::channel();
-    let mut bg = Background::new(tx).unwrap();
-    let mut app = App::new(
-        mxtune::tui::theme::Theme {
-            color: false,
-            ascii: false,
-        },
-        Paths {
-            presets: mxtune::flags::preset::PresetStore::new(vec![presets.clone()]),
-            save_dir: presets.clone(),
-            runs_dir: runs.clone(),
-            export_dir: dir.path().to_path_buf(),
-        },
-    );
+    let (mut app, mut bg, rx, runs) = panel(dir.path(), &["esc-a", "esc-b"]);
     app.launch.choice = mxtune::launch::spec::TargetKind::Engine;
     let press = |app: &mut App, code: KeyCode| app.on_key(KeyEvent::new(code, KeyModifiers::NONE));
     press(&mut app, KeyCode::Char('4'));
