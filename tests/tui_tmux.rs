@@ -244,6 +244,9 @@ fn tui_tmux_sighup_restores_terminal() {
         .status()
         .expect("kill");
     assert!(status.success());
+    // Type only once the panel is gone: keys sent while it is still exiting would be read by
+    // its input thread instead of the shell.
+    s.wait_for_panel_exit();
     s.send(&[
         "stty -a | tr ' ' '\\n' | grep -E '^-?(icanon|echo)$' | tr '\\n' ' '; echo E\"\"ND",
         "Enter",
