@@ -4,6 +4,7 @@
 // grid = (nchunks, T), block = 256 (a multiple of 32).
 extern "C" __global__ void argmax_partial(const float* __restrict__ logits, int vocab, int chunk,
                                           float* __restrict__ part_v, int* __restrict__ part_i) {
+    pdl_enter();
     const int c = blockIdx.x, t = blockIdx.y;
     const int lo = c * chunk, hi = min(vocab, lo + chunk);
     const float* row = logits + (size_t)t * vocab;
@@ -23,6 +24,7 @@ extern "C" __global__ void argmax_partial(const float* __restrict__ logits, int 
 extern "C" __global__ void argmax_final(const float* __restrict__ part_v,
                                         const int* __restrict__ part_i, int nchunks,
                                         unsigned* __restrict__ out) {
+    pdl_enter();
     const int t = blockIdx.x;
     float bv = -INFINITY;
     int bi = 0x7fffffff;

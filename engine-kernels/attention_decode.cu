@@ -1,4 +1,4 @@
-// Decode attention (one query token per row t) over the KV cache (bf16 or fp32), split-K
+// Decode attention (one query token per row t) over the KV cache (bf16, fp32 or fp8), split-K
 // (flash-decoding): attn_split computes, for each (head, split), the running max m, the sum
 // l and the unnormalised output of its key range; attn_combine merges the splits and adds
 // the sink logit exactly once in the denominator.
@@ -7,11 +7,31 @@
 #define ATTN_WARPS 4
 #define ATTN_MAX_DPL 4
 
-// Load the dpl consecutive head dims of one cached row, element offset i, as fp32; the
-// cache holds bf16, or fp32 when kv_f32 != 0.
-__device__ __forceinline__ void load_row(const void* __restrict__ cache, int kv_f32, size_t i, int dpl,
+// Load the dpl consecutive head dims of one cached row, element offset i, as fp32. FP8: an
+// E4M3 cache; otherwise bf16, or fp32 when kv == KV_F32. i is a multiple of dpl (rows start at
+// multiples of d), so the paired loads are aligned.
+template <bool FP8>
+__device__ __forceinline__ void load_row(const void* __restrict__ cache, int kv, size_t i, int dpl,
                                          float (&o)[ATTN_MAX_DPL]) {
-    if (kv_f32) {
+    if (FP8) {
+        // The dpl bytes as one word (zero bytes beyond dpl: exact zeros), converted pairwise.
+        const u8* p = static_cast<const u8*>(cache) + i;
+        unsigned w;
+        if (dpl == 2) {
+            w = *reinterpret_cast<const unsigned short*>(p);
+        } else if (dpl == 4) {
+            w = *reinterpret_cast<const unsigned*>(p);
+        } else {
+            w = 0u;
+#pragma unroll
+            for (int j = 0; j < ATTN_MAX_DPL; ++j)
+                if (j < dpl) w |= (unsigned)p[j] << (8 * j);
+        }
+        e4m3x2_to_f32((unsigned short)(w & 0xffffu), o[0], o[1]);
+        e4m3x2_to_f32((unsigned short)(w >> 16), o[2], o[3]);
+        return;
+    }
+    if (kv == KV_F32) {
         const float* p = static_cast<const float*>(cache) + i;
 #pragma unroll
         for (int j = 0; j < ATTN_MAX_DPL; ++j) o[j] = j < dpl ? p[j] : 0.0f;
@@ -34,37 +54,25 @@ __device__ __forceinline__ void load_row(const void* __restrict__ cache, int kv_
 // (their K and V rows loaded together, their dot products reduced side by side), so a warp
 // has 2 * ATTN_KEYS row loads in flight instead of one.
 #define ATTN_KEYS 4
-extern "C" __global__ void __launch_bounds__(ATTN_WARPS * 32)
-attn_split(const float* __restrict__ q, const void* __restrict__ k_cache,
-           const void* __restrict__ v_cache, int kv_f32, const unsigned* __restrict__ pos,
-           const unsigned long long* __restrict__ kv_off, float* __restrict__ part_m,
-           float* __restrict__ part_l, float* __restrict__ part_acc, int hq, int hkv, int d,
-           int window, int split_len, float scale) {
-    const int h = blockIdx.x, split = blockIdx.y, nsplit = gridDim.y, t = blockIdx.z;
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int dpl = d >> 5;
-    const int kvh = h / (hq / hkv);
-    const int p = (int)pos[t];
-    const int lo_all = window > 0 ? max(0, p + 1 - window) : 0;
-    const int lo = lo_all + split * split_len;
-    const int hi = min(p + 1, lo + split_len);
-    const float* qh = q + ((size_t)t * hq + h) * d + lane * dpl;
-    float qv[ATTN_MAX_DPL], acc[ATTN_MAX_DPL];
-#pragma unroll
-    for (int j = 0; j < ATTN_MAX_DPL; ++j) {
-        qv[j] = j < dpl ? qh[j] * scale : 0.0f;
-        acc[j] = 0.0f;
-    }
-    float m = -INFINITY, l = 0.0f;
-    const size_t row0 = kv_off[t] + (size_t)kvh * d + lane * dpl;
-    const size_t stride = (size_t)hkv * d;
+
+// One warp's keys of the split [lo, hi): running max m, sum l and the unnormalised output acc
+// of this lane's dpl dims. Compiled twice: for an fp8 cache, and for bf16/fp32 (switched on kv
+// at run time inside, as before fp8 existed: one loop for all three kinds needs ~96 registers
+// on sm_90 instead of 64).
+template <bool FP8>
+__device__ __forceinline__ void split_keys(const void* __restrict__ k_cache,
+                                           const void* __restrict__ v_cache, int kv, size_t row0,
+                                           size_t stride, int lo, int hi, int dpl,
+                                           const float (&qv)[ATTN_MAX_DPL],
+                                           float (&acc)[ATTN_MAX_DPL], float& m, float& l) {
+    const int warp = threadIdx.x >> 5;
     for (int base = lo + warp * ATTN_KEYS; base < hi; base += ATTN_WARPS * ATTN_KEYS) {
         float kr[ATTN_KEYS][ATTN_MAX_DPL], vr[ATTN_KEYS][ATTN_MAX_DPL], sc[ATTN_KEYS];
 #pragma unroll
         for (int g = 0; g < ATTN_KEYS; ++g) {
             const int key = min(base + g, hi - 1);
-            load_row(k_cache, kv_f32, row0 + (size_t)key * stride, dpl, kr[g]);
-            load_row(v_cache, kv_f32, row0 + (size_t)key * stride, dpl, vr[g]);
+            load_row<FP8>(k_cache, kv, row0 + (size_t)key * stride, dpl, kr[g]);
+            load_row<FP8>(v_cache, kv, row0 + (size_t)key * stride, dpl, vr[g]);
         }
 #pragma unroll
         for (int g = 0; g < ATTN_KEYS; ++g) {
@@ -90,6 +98,38 @@ attn_split(const float* __restrict__ q, const void* __restrict__ k_cache,
             }
         }
     }
+}
+
+// kv: the cache's element kind (KV_BF16, KV_F32 or KV_FP8), uniform per launch.
+extern "C" __global__ void __launch_bounds__(ATTN_WARPS * 32)
+attn_split(const float* __restrict__ q, const void* __restrict__ k_cache,
+           const void* __restrict__ v_cache, int kv, const unsigned* __restrict__ pos,
+           const unsigned long long* __restrict__ kv_off, float* __restrict__ part_m,
+           float* __restrict__ part_l, float* __restrict__ part_acc, int hq, int hkv, int d,
+           int window, int split_len, float scale) {
+    pdl_enter();
+    const int h = blockIdx.x, split = blockIdx.y, nsplit = gridDim.y, t = blockIdx.z;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int dpl = d >> 5;
+    const int kvh = h / (hq / hkv);
+    const int p = (int)pos[t];
+    const int lo_all = window > 0 ? max(0, p + 1 - window) : 0;
+    const int lo = lo_all + split * split_len;
+    const int hi = min(p + 1, lo + split_len);
+    const float* qh = q + ((size_t)t * hq + h) * d + lane * dpl;
+    float qv[ATTN_MAX_DPL], acc[ATTN_MAX_DPL];
+#pragma unroll
+    for (int j = 0; j < ATTN_MAX_DPL; ++j) {
+        qv[j] = j < dpl ? qh[j] * scale : 0.0f;
+        acc[j] = 0.0f;
+    }
+    float m = -INFINITY, l = 0.0f;
+    const size_t row0 = kv_off[t] + (size_t)kvh * d + lane * dpl;
+    const size_t stride = (size_t)hkv * d;
+    if (kv == KV_FP8)
+        split_keys<true>(k_cache, v_cache, kv, row0, stride, lo, hi, dpl, qv, acc, m, l);
+    else
+        split_keys<false>(k_cache, v_cache, kv, row0, stride, lo, hi, dpl, qv, acc, m, l);
     __shared__ float sm_m[ATTN_WARPS], sm_l[ATTN_WARPS], sm_acc[ATTN_WARPS][32 * ATTN_MAX_DPL];
     if (lane == 0) { sm_m[warp] = m; sm_l[warp] = l; }
 #pragma unroll
@@ -124,6 +164,7 @@ extern "C" __global__ void attn_combine(const float* __restrict__ part_m,
                                         const float* __restrict__ part_acc,
                                         const bf16_t* __restrict__ sinks, float* __restrict__ out,
                                         int hq, int d, int nsplit) {
+    pdl_enter();
     const int h = blockIdx.x, t = blockIdx.y, i = threadIdx.x;
     const size_t base = ((size_t)t * hq + h) * nsplit;
     float mm = sinks ? bf2f(sinks[h]) : -INFINITY;

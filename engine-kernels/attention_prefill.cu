@@ -7,16 +7,18 @@
 // lane accumulates its d / 32 output dims. The sink enters as a key of value zero: the running
 // max starts at the sink logit and the sum at 1 (sinks off: -inf and 0).
 // grid = (Hkv, T), block = G * 32 threads (G <= 32). Dynamic shared memory:
-// (PF_KEYS * (d + 1) + PF_KEYS * d + G * d) floats. d a multiple of 32, at most 128.
+// (PF_KEYS * (d + 1) + PF_KEYS * d + G * d) floats. d a multiple of 32, at most 128. The cache's
+// element kind is kv (KV_BF16, KV_F32 or KV_FP8), widened to fp32 on its way into shared memory.
 #define PF_KEYS 32
 #define PF_MAX_DPL 4
 
 extern "C" __global__ void attn_prefill(const float* __restrict__ q, const void* __restrict__ k_cache,
-                                        const void* __restrict__ v_cache, int kv_f32,
+                                        const void* __restrict__ v_cache, int kv,
                                         const unsigned* __restrict__ pos,
                                         const unsigned long long* __restrict__ kv_off,
                                         const bf16_t* __restrict__ sinks, float* __restrict__ out,
                                         int hq, int hkv, int d, int window, float scale) {
+    pdl_enter();
     extern __shared__ float sm[];
     const int kvh = blockIdx.x, t = blockIdx.y;
     const int group = hq / hkv;
@@ -44,16 +46,8 @@ extern "C" __global__ void attn_prefill(const float* __restrict__ q, const void*
         for (int i = threadIdx.x; i < nk * d; i += blockDim.x) {
             const int kj = i / d, c = i - kj * d;
             const size_t at = base + (size_t)(k0 + kj) * stride + c;
-            float kv, vv;
-            if (kv_f32) {
-                kv = static_cast<const float*>(k_cache)[at];
-                vv = static_cast<const float*>(v_cache)[at];
-            } else {
-                kv = bf2f(static_cast<const bf16_t*>(k_cache)[at]);
-                vv = bf2f(static_cast<const bf16_t*>(v_cache)[at]);
-            }
-            ks[kj * (d + 1) + c] = kv;
-            vs[kj * d + c] = vv;
+            ks[kj * (d + 1) + c] = kv_load(k_cache, kv, at);
+            vs[kj * d + c] = kv_load(v_cache, kv, at);
         }
         __syncthreads();
         float s = -INFINITY;

@@ -2,6 +2,7 @@
 // (grid-stride) and folds them so the loads cannot be elided; one word per thread is written.
 extern "C" __global__ void read_probe(const uint4* __restrict__ src, unsigned long long n16,
                                       unsigned* __restrict__ sink) {
+    pdl_enter();
     unsigned acc = 0;
     const unsigned long long stride = (unsigned long long)gridDim.x * blockDim.x;
     unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x;

@@ -14,13 +14,57 @@ typedef unsigned char u8;
 #ifndef GEMV_MINB
 #define GEMV_MINB 1
 #endif
+#ifndef GEMV_NORM_MINB
+#define GEMV_NORM_MINB 3
+#endif
+// 1: the decode GEMVs prefetch their weight rows into L2 before waiting on the previous
+// kernel (see prefetch_l2); 0 turns it off for A/B timing.
+#ifndef GEMV_PREFETCH
+#define GEMV_PREFETCH 1
+#endif
 #ifndef TC_MINB
 #define TC_MINB 1
+#endif
+// The grouped MoE's 128-row tile (--tile 128x128): 2 blocks per SM fit its registers (~126
+// per thread on sm_90, no spills) and shared memory (40 KiB); at 1 it takes ~161 and one block.
+#ifndef TC128_MINB
+#define TC128_MINB 2
 #endif
 
 #ifndef INFINITY
 #define INFINITY __int_as_float(0x7f800000)
 #endif
+
+// Programmatic dependent launch (sm_90 and later). The host may launch a kernel while the
+// previous one on the stream is still finishing (device.rs `launch_pdl`), so every kernel
+// starts with pdl_enter(): griddepcontrol.wait blocks until the previous grid has completed
+// and its writes are visible — nothing an earlier kernel writes or reads may be touched
+// before it (only immutable weights) — then launch_dependents lets the next kernel's blocks
+// be scheduled into the slots this grid frees. Both are no-ops for a normal launch.
+__device__ __forceinline__ void pdl_wait() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_trigger() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" :::);
+#endif
+}
+__device__ __forceinline__ void pdl_enter() {
+    pdl_wait();
+    pdl_trigger();
+}
+
+// Ask L2 for the 128-byte lines covering [p, p + bytes), lines lane, lane + nlanes, …
+// Fire-and-forget: a kernel issues it for its weights before pdl_enter(), so the weight
+// reads start while the previous kernel finishes and the loads after the wait hit L2.
+__device__ __forceinline__ void prefetch_l2(const void* p, size_t bytes, int lane, int nlanes) {
+    const size_t a0 = reinterpret_cast<size_t>(p) & ~(size_t)127;
+    const size_t a1 = reinterpret_cast<size_t>(p) + bytes;
+    for (size_t a = a0 + (size_t)lane * 128; a < a1; a += (size_t)nlanes * 128)
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(a));
+}
 
 __device__ __forceinline__ float bf2f(bf16_t v) { return __uint_as_float(((unsigned)v) << 16); }
 
@@ -30,6 +74,61 @@ __device__ __forceinline__ bf16_t f2bf(float f) {
     if ((u & 0x7fffffffu) > 0x7f800000u) return (bf16_t)((u >> 16) | 0x40u);
     u += 0x7fffu + ((u >> 16) & 1u);
     return (bf16_t)(u >> 16);
+}
+
+// ---- KV cache elements. The element kind is an argument of every kernel that reads or writes
+// the cache, uniform per launch: KV_BF16, KV_F32 (exact comparisons with the fp32 reference)
+// or KV_FP8 (E4M3, one byte, no scale).
+#define KV_BF16 0
+#define KV_F32 1
+#define KV_FP8 2
+
+// fp32 -> FP8 E4M3 by inline PTX (sm_89 and later): round to nearest even, finite overflow and
+// +-inf saturate to +-448, NaN stays NaN. (Input a of the cvt lands in the upper byte, b in
+// the lower one.) Below sm_89 it yields NaN; the host refuses an fp8 cache there.
+__device__ __forceinline__ u8 f2e4m3(float f) {
+#if __CUDA_ARCH__ >= 890
+    unsigned short r;
+    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(0.0f), "f"(f));
+    return (u8)(r & 0xffu);
+#else
+    return (u8)0x7fu;
+#endif
+}
+
+// Two E4M3 (lo in bits 0-7, hi in bits 8-15) -> fp32, exact: through f16, which holds every
+// E4M3 value (NaN stays NaN).
+__device__ __forceinline__ void e4m3x2_to_f32(unsigned short v, float& lo, float& hi) {
+#if __CUDA_ARCH__ >= 890
+    unsigned h2;
+    asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h2) : "h"(v));
+    asm("{\n\t.reg .b16 l, h;\n\tmov.b32 {l, h}, %2;\n\tcvt.f32.f16 %0, l;\n\t"
+        "cvt.f32.f16 %1, h;\n\t}"
+        : "=f"(lo), "=f"(hi)
+        : "r"(h2));
+#else
+    lo = hi = __int_as_float(0x7fc00000);
+#endif
+}
+
+__device__ __forceinline__ float e4m32f(u8 v) {
+    float lo, hi;
+    e4m3x2_to_f32((unsigned short)v, lo, hi);
+    return lo;
+}
+
+// Element i of a KV cache of kind kv, as fp32.
+__device__ __forceinline__ float kv_load(const void* __restrict__ cache, int kv, size_t i) {
+    if (kv == KV_F32) return static_cast<const float*>(cache)[i];
+    if (kv == KV_FP8) return e4m32f(static_cast<const u8*>(cache)[i]);
+    return bf2f(static_cast<const bf16_t*>(cache)[i]);
+}
+
+// Store v as element i of a KV cache of kind kv (bf16 and fp8 round to nearest even).
+__device__ __forceinline__ void kv_store(void* __restrict__ cache, int kv, size_t i, float v) {
+    if (kv == KV_F32) static_cast<float*>(cache)[i] = v;
+    else if (kv == KV_FP8) static_cast<u8*>(cache)[i] = f2e4m3(v);
+    else static_cast<bf16_t*>(cache)[i] = f2bf(v);
 }
 
 // Sum over the warp (float, double or 64-bit integer); every lane gets the result.
@@ -141,10 +240,11 @@ __device__ __forceinline__ unsigned bf16x2_mul(unsigned a, unsigned b) {
 }
 
 // ---- Tensor-core tiles for the prefill GEMMs (mma.sync m16n8k16, bf16 in, fp32 accumulate;
-// sm_80 and later, so both sm_90 and sm_121). Tiles: TC_BM token rows × TC_BN output columns
-// per block, TC_BK along K per stage; 8 warps as 2 (rows) × 4 (columns), 32 × 32 per warp.
-// Shared rows are padded to TC_LD bf16 (20 words) so the fragment loads of a warp hit 32
-// distinct banks.
+// sm_80 and later, so both sm_90 and sm_121). Tiles: BM token rows × TC_BN output columns per
+// block, TC_BK along K per stage; 8 warps as 2 (rows) × 4 (columns), (BM / 2) × 32 per warp,
+// i.e. MI = BM / 32 m16 fragments per warp. The dense GEMM uses BM = TC_BM; the grouped MoE
+// has a TC_BM and a 128-row variant. Shared rows are padded to TC_LD bf16 (20 words) so the
+// fragment loads of a warp hit 32 distinct banks.
 #define TC_BM 64
 #define TC_BN 128
 #define TC_BK 32
@@ -164,9 +264,6 @@ __device__ __forceinline__ unsigned pack_bf16x2(float lo, float hi) {
     return (unsigned)f2bf(lo) | ((unsigned)f2bf(hi) << 16);
 }
 
-// One TC_BK stage of a warp's 32 × 32 tile: As holds [TC_BM][TC_LD] activations (row-major
-// by token), Bs holds [TC_BN][TC_LD] weights (row-major by output column), wm/wn the warp's
-// offsets inside the block tile.
 // Four 8x8 bf16 matrices from shared memory; lane i gives the address of row i % 8 of
 // matrix i / 8 and receives its fragment of each in r[0..3].
 __device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], const bf16_t* p) {
@@ -176,15 +273,19 @@ __device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], const bf16_t* p) {
                  : "r"(a));
 }
 
+// One TC_BK stage of a warp's (16 MI) × 32 tile: As holds [32 MI][TC_LD] activations
+// (row-major by token), Bs holds [TC_BN][TC_LD] weights (row-major by output column), wm/wn
+// the warp's offsets inside the block tile.
+template <int MI>
 __device__ __forceinline__ void tc_stage(const bf16_t* As, const bf16_t* Bs, int wm, int wn,
-                                         float (&acc)[2][4][4]) {
+                                         float (&acc)[MI][4][4]) {
     const int lane = threadIdx.x & 31;
 #pragma unroll
     for (int kk = 0; kk < TC_BK; kk += 16) {
-        unsigned a[2][4], b[4][2];
+        unsigned a[MI][4], b[4][2];
         // A 16x16 per mi: matrices (rows 0-7 | 8-15) x (k 0-7 | 8-15) = a0..a3.
 #pragma unroll
-        for (int mi = 0; mi < 2; ++mi)
+        for (int mi = 0; mi < MI; ++mi)
             ldmatrix_x4(a[mi], As + (wm + mi * 16 + (lane & 15)) * TC_LD + kk + (lane >> 4) * 8);
         // B for two n8 tiles per load: (tile 2np | 2np+1) x (k 0-7 | 8-15).
 #pragma unroll
@@ -198,7 +299,7 @@ __device__ __forceinline__ void tc_stage(const bf16_t* As, const bf16_t* Bs, int
             b[2 * np + 1][1] = r[3];
         }
 #pragma unroll
-        for (int mi = 0; mi < 2; ++mi)
+        for (int mi = 0; mi < MI; ++mi)
 #pragma unroll
             for (int ni = 0; ni < 4; ++ni) mma_bf16_16816(acc[mi][ni], a[mi], b[ni][0], b[ni][1]);
     }
@@ -229,14 +330,14 @@ __device__ __forceinline__ void tc_store_act(bf16_t* As, int row, int q, const f
 // The double-buffered main loop of every tensor-core tile: `load(ks)` fetches stage ks's global
 // data into the caller's registers, `store(buf)` writes them to shared buffer buf (0/1); the
 // next stage's loads are in flight while the current stage's MMAs run. acc is this warp's
-// 32 x 32 share of the block tile.
-template <class Load, class Store>
+// (16 MI) x 32 share of the block tile of 32 MI rows.
+template <int MI, class Load, class Store>
 __device__ __forceinline__ void tc_mainloop(int stages, Load load, Store store,
-                                            const bf16_t (*As)[TC_BM * TC_LD],
+                                            const bf16_t (*As)[MI * 32 * TC_LD],
                                             const bf16_t (*Bs)[TC_BN * TC_LD],
-                                            float (&acc)[2][4][4]) {
+                                            float (&acc)[MI][4][4]) {
     const int warp = threadIdx.x >> 5;
-    const int wm = (warp >> 2) * 32, wn = (warp & 3) * 32;
+    const int wm = (warp >> 2) * 16 * MI, wn = (warp & 3) * 32;
     load(0);
     store(0);
     __syncthreads();
@@ -251,16 +352,61 @@ __device__ __forceinline__ void tc_mainloop(int stages, Load load, Store store,
 
 // Visit this thread's accumulators: f(row, col, v0, v1) with the tile-local row and the even
 // tile-local column col of the pair (v0 at col, v1 at col + 1).
-template <class F>
-__device__ __forceinline__ void tc_epilogue(const float (&acc)[2][4][4], F f) {
+template <int MI, class F>
+__device__ __forceinline__ void tc_epilogue(const float (&acc)[MI][4][4], F f) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    const int wm = (warp >> 2) * 32, wn = (warp & 3) * 32;
+    const int wm = (warp >> 2) * 16 * MI, wn = (warp & 3) * 32;
 #pragma unroll
-    for (int mi = 0; mi < 2; ++mi)
+    for (int mi = 0; mi < MI; ++mi)
 #pragma unroll
         for (int ni = 0; ni < 4; ++ni)
 #pragma unroll
             for (int h = 0; h < 2; ++h)
                 f(wm + mi * 16 + g + 8 * h, wn + ni * 8 + 2 * t, acc[mi][ni][2 * h],
                   acc[mi][ni][2 * h + 1]);
+}
+
+// One TC_BK stage of MXFP4 weight rows into shared bf16, the B tile of every MXFP4 tensor-core
+// GEMM (grouped MoE, dense prefill projections): thread part `half` (0/1) of row `row`
+// converts 16 elements (8 bytes of the block) times the block's scale, as bf16 pairs
+// throughout. Exact: every MXFP4 value times a power of two is a bf16 number (outside the
+// extreme exponents).
+__device__ __forceinline__ void fp4_stage_store(bf16_t* Bs, int row, int half, uint2 q, unsigned sc) {
+    const unsigned s2 = e8m0_bf16x2(sc);
+    unsigned o[8], p[4];
+    fp4x8_to_bf16x2(q.x, p);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) o[j] = bf16x2_mul(p[j], s2);
+    fp4x8_to_bf16x2(q.y, p);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) o[4 + j] = bf16x2_mul(p[j], s2);
+    uint4* d = reinterpret_cast<uint4*>(Bs + row * TC_LD + 16 * half);
+    d[0] = make_uint4(o[0], o[1], o[2], o[3]);
+    d[1] = make_uint4(o[4], o[5], o[6], o[7]);
+}
+
+// Activations a warp multiplies block by block (each lane a whole 32-element MXFP4 block) are
+// staged in shared memory, each group of 32 padded to STAGE_PAD floats so the 16-byte reads of
+// 8 consecutive lanes (one per lane's block) fall in distinct banks. Used by the decode MoE
+// (moe_gemv.cu) and the MXFP4 dense GEMV (mxfp4_dense.cu).
+#define STAGE_PAD 36
+
+
+// Copy n fp32 (n a multiple of 32, src 16-byte aligned) into padded shared memory. Whole
+// block must call it. 16-byte loads, four issued before the first store, so the copy costs
+// about one L2 round trip rather than one per element a thread moves.
+__device__ __forceinline__ void stage_padded(const float* __restrict__ src, float* dst, int n) {
+    const float4* s4 = reinterpret_cast<const float4*>(src);
+    const int n4 = n >> 2;
+    for (int i0 = threadIdx.x; i0 < n4; i0 += 4 * blockDim.x) {
+        float4 v[4];
+#pragma unroll
+        for (int u = 0; u < 4; ++u)
+            if (i0 + u * (int)blockDim.x < n4) v[u] = s4[i0 + u * blockDim.x];
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+            const int e = 4 * (i0 + u * (int)blockDim.x);
+            if (e < n) *reinterpret_cast<float4*>(dst + (e >> 5) * STAGE_PAD + (e & 31)) = v[u];
+        }
+    }
 }

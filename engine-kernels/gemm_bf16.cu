@@ -8,6 +8,7 @@ extern "C" __global__ void __launch_bounds__(256, TC_MINB)
 gemm_bf16_tc(const float* __restrict__ x, const bf16_t* __restrict__ w,
              const bf16_t* __restrict__ bias, float* __restrict__ y, int M, int N, int K,
              int accumulate) {
+    pdl_enter();
     __shared__ __align__(16) bf16_t As[2][TC_BM * TC_LD];
     __shared__ __align__(16) bf16_t Bs[2][TC_BN * TC_LD];
     const int tid = threadIdx.x;

@@ -1,22 +1,30 @@
 // Dense matrix-vector products for decode: y[t, r] (+)= W[r, :] . x[t, :] + b[r], bf16
 // weights, fp32 activations and accumulation, one weight pass for up to GEMV_MAX_TOKENS tokens.
 // With accumulate != 0 the result is added to y (the residual add of o_proj fused in).
-// With norm_w non-null the input is RMSNorm(x) · norm_w, computed by every block into shared
-// memory (dynamic, tokens × cols floats) and also written to x_out by block 0, so the norm
-// costs no launch of its own.
-// gemv_bf16: one warp per row, for many rows (qkv, o, lm_head).
+// With norm_w non-null the input is RMSNorm(x) · norm_w, folded into the dot products (see
+// gemv_partial), and the normalised input is also written to x_out (each block a slice), so
+// the norm costs no launch and no pass of its own.
+// The weight rows are prefetched into L2 before the wait on the previous kernel (PDL).
+// gemv_bf16 / gemv_bf16_norm: one warp per row, for many rows (o; qkv and lm_head with the
+// norm).
 // gemv_bf16_wide: one block of 8 warps per row, for few rows (the router), so the few rows
 // still spread over the whole chip.
 #define GEMV_MAX_TOKENS 4
 #define GEMV_ROWS_PER_BLOCK 8
 
-// Partial dot products of row `wr` with tokens t0.. over 8-element chunks start, start+stride…
-// (16-byte loads, four in flight per thread).
+// Partial dot products of row `wr` with tokens 0..nt-1 of x (token t at x + t * cols) over
+// 8-element chunks start, start+stride… (16-byte loads, four in flight per thread).
+// NORM: the input is RMSNorm(x) · nw, folded into the dot product: each weight is scaled by
+// nw and the squares of x are summed in ss, so the caller finishes with
+// acc · rsqrt(ss / cols + eps) — no normalised copy of x and no block-wide pass first.
+template <bool NORM>
 __device__ __forceinline__ void gemv_partial(const bf16_t* __restrict__ wr, const float* __restrict__ x,
-                                             int cols, int t0, int nt, int start, int stride,
-                                             float (&acc)[GEMV_MAX_TOKENS]) {
+                                             const bf16_t* __restrict__ nw, int cols, int nt,
+                                             int start, int stride, float (&acc)[GEMV_MAX_TOKENS],
+                                             float (&ss)[GEMV_MAX_TOKENS]) {
     if ((cols & 7) == 0) {
         const uint4* w4 = reinterpret_cast<const uint4*>(wr);
+        const uint4* n4 = reinterpret_cast<const uint4*>(nw);
         const int n8 = cols >> 3;
         for (int c0 = start; c0 < n8; c0 += 4 * stride) {
             uint4 wv[4];
@@ -29,13 +37,22 @@ __device__ __forceinline__ void gemv_partial(const bf16_t* __restrict__ wr, cons
                 if (c < n8) {
                     float wf[8];
                     bf16x8_to_f32(wv[u], wf);
+                    if (NORM) {
+                        float nf[8];
+                        bf16x8_to_f32(__ldg(n4 + c), nf);
+#pragma unroll
+                        for (int e = 0; e < 8; ++e) wf[e] *= nf[e];
+                    }
 #pragma unroll
                     for (int t = 0; t < GEMV_MAX_TOKENS; ++t) {
                         if (t < nt) {
-                            const float4* xp = reinterpret_cast<const float4*>(x + (size_t)(t0 + t) * cols) + 2 * c;
+                            const float4* xp = reinterpret_cast<const float4*>(x + (size_t)t * cols) + 2 * c;
                             const float4 a = xp[0], b = xp[1];
                             acc[t] += wf[0] * a.x + wf[1] * a.y + wf[2] * a.z + wf[3] * a.w +
                                       wf[4] * b.x + wf[5] * b.y + wf[6] * b.z + wf[7] * b.w;
+                            if (NORM)
+                                ss[t] += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w +
+                                         b.x * b.x + b.y * b.y + b.z * b.z + b.w * b.w;
                         }
                     }
                 }
@@ -43,36 +60,30 @@ __device__ __forceinline__ void gemv_partial(const bf16_t* __restrict__ wr, cons
         }
     } else {
         for (int c = start; c < cols; c += stride) {
-            const float wf = bf2f(wr[c]);
+            const float wf = bf2f(wr[c]) * (NORM ? bf2f(nw[c]) : 1.0f);
 #pragma unroll
             for (int t = 0; t < GEMV_MAX_TOKENS; ++t)
-                if (t < nt) acc[t] += wf * x[(size_t)(t0 + t) * cols + c];
+                if (t < nt) {
+                    const float v = x[(size_t)t * cols + c];
+                    acc[t] += wf * v;
+                    if (NORM) ss[t] += v * v;
+                }
         }
     }
 }
 
-// The activations the block multiplies with: x itself, or its RMSNorm staged in shared memory.
-// Token t of the result is at the returned pointer + t * cols. Whole block must call it.
-__device__ __forceinline__ const float* gemv_input(const float* __restrict__ x,
-                                                   const bf16_t* __restrict__ norm_w, float eps,
-                                                   float* __restrict__ x_out, int cols, int t0,
-                                                   int nt, float* xs) {
-    if (!norm_w) return x + (size_t)t0 * cols;
-    __shared__ float scratch[32];
-    for (int t = 0; t < nt; ++t) {
-        const float* xr = x + (size_t)(t0 + t) * cols;
-        float ss = 0.0f;
-        for (int c = threadIdx.x; c < cols; c += blockDim.x) ss += xr[c] * xr[c];
-        ss = block_sum(ss, scratch);
-        const float r = rsqrtf(ss / (float)cols + eps);
-        for (int c = threadIdx.x; c < cols; c += blockDim.x) {
-            const float v = xr[c] * r * bf2f(norm_w[c]);
-            xs[t * cols + c] = v;
-            if (blockIdx.x == 0 && x_out) x_out[(size_t)(t0 + t) * cols + c] = v;
-        }
-    }
-    __syncthreads();
-    return xs;
+// Block `blockIdx.x` of `gridDim.x` writes its share of the normalised input
+// x_out = x · rs[t] · nw (the next kernels' input), so no single block serialises it.
+__device__ __forceinline__ void write_normed_slice(const float* __restrict__ x, const bf16_t* __restrict__ nw,
+                                                   float* __restrict__ x_out, int cols, int nt,
+                                                   const float (&rs)[GEMV_MAX_TOKENS], int lane, int nlanes) {
+    const int per = (cols + gridDim.x - 1) / gridDim.x;
+    const int c0 = blockIdx.x * per, c1 = min(cols, c0 + per);
+#pragma unroll
+    for (int t = 0; t < GEMV_MAX_TOKENS; ++t)
+        if (t < nt)
+            for (int c = c0 + lane; c < c1; c += nlanes)
+                x_out[(size_t)t * cols + c] = x[(size_t)t * cols + c] * rs[t] * bf2f(nw[c]);
 }
 
 // Router top-k: the k largest logits of a token (ties: lower expert index first) and the
@@ -109,31 +120,65 @@ __device__ void topk_softmax_warp(const float* logits, int n_experts, int k, int
     }
 }
 
-extern "C" __global__ void __launch_bounds__(256, GEMV_MINB)
-gemv_bf16(const bf16_t* __restrict__ w, const bf16_t* __restrict__ bias,
-          const float* __restrict__ x, float* __restrict__ y,
-          int rows, int cols, int tokens, int accumulate,
-          const bf16_t* __restrict__ norm_w, float eps, float* __restrict__ x_out) {
-    extern __shared__ float xs[];
-    const int lane = threadIdx.x & 31;
-    const int row = blockIdx.x * GEMV_ROWS_PER_BLOCK + (threadIdx.x >> 5);
+// One warp per row. NORM is a template parameter so each entry point is compiled for its own
+// path: the folded norm costs registers the plain GEMV (o_proj) should not pay.
+template <bool NORM>
+__device__ __forceinline__ void gemv_rows(const bf16_t* __restrict__ w, const bf16_t* __restrict__ bias,
+                                          const float* __restrict__ x, float* __restrict__ y,
+                                          int rows, int cols, int tokens, int accumulate,
+                                          const bf16_t* __restrict__ norm_w, float eps,
+                                          float* __restrict__ x_out, int row, int lane) {
     const int t0 = blockIdx.y * GEMV_MAX_TOKENS;
     const int nt = min(GEMV_MAX_TOKENS, tokens - t0);
-    const float* xin = gemv_input(x, norm_w, eps, x_out, cols, t0, nt, xs);
     if (row >= rows) return;
-    float acc[GEMV_MAX_TOKENS];
+    const float* xt = x + (size_t)t0 * cols;
+    float acc[GEMV_MAX_TOKENS], ss[GEMV_MAX_TOKENS], rs[GEMV_MAX_TOKENS];
 #pragma unroll
-    for (int t = 0; t < GEMV_MAX_TOKENS; ++t) acc[t] = 0.0f;
-    gemv_partial(w + (size_t)row * cols, xin, cols, 0, nt, lane, 32, acc);
+    for (int t = 0; t < GEMV_MAX_TOKENS; ++t) acc[t] = ss[t] = 0.0f;
+    // Each warp covers the whole row, so its own squares give the norm: no block sync.
+    gemv_partial<NORM>(w + (size_t)row * cols, xt, norm_w, cols, nt, lane, 32, acc, ss);
     const float b = bias ? bf2f(bias[row]) : 0.0f;
 #pragma unroll
     for (int t = 0; t < GEMV_MAX_TOKENS; ++t) {
-        const float s = warp_sum(acc[t]);
+        float s = warp_sum(acc[t]);
+        rs[t] = NORM ? rsqrtf(warp_sum(ss[t]) / (float)cols + eps) : 1.0f;
+        s *= rs[t];
         if (lane == 0 && t < nt) {
             float* yp = y + (size_t)(t0 + t) * rows + row;
             *yp = accumulate ? *yp + s + b : s + b;
         }
     }
+    if (NORM && x_out && threadIdx.x < 32)
+        write_normed_slice(xt, norm_w, x_out + (size_t)t0 * cols, cols, nt, rs, lane, 32);
+}
+
+// grid = (ceil(rows / 8), ceil(tokens / GEMV_MAX_TOKENS)), block = 256: the plain GEMV.
+extern "C" __global__ void __launch_bounds__(256, GEMV_MINB)
+gemv_bf16(const bf16_t* __restrict__ w, const bf16_t* __restrict__ bias,
+          const float* __restrict__ x, float* __restrict__ y,
+          int rows, int cols, int tokens, int accumulate) {
+    const int lane = threadIdx.x & 31;
+    const int row = blockIdx.x * GEMV_ROWS_PER_BLOCK + (threadIdx.x >> 5);
+#if GEMV_PREFETCH
+    if (row < rows && blockIdx.y == 0) prefetch_l2(w + (size_t)row * cols, (size_t)cols * 2, lane, 32);
+#endif
+    pdl_enter();
+    gemv_rows<false>(w, bias, x, y, rows, cols, tokens, accumulate, nullptr, 0.0f, nullptr, row, lane);
+}
+
+// The same with RMSNorm(x) · norm_w as the input (qkv, lm_head); x_out may be null.
+extern "C" __global__ void __launch_bounds__(256, GEMV_NORM_MINB)
+gemv_bf16_norm(const bf16_t* __restrict__ w, const bf16_t* __restrict__ bias,
+               const float* __restrict__ x, float* __restrict__ y,
+               int rows, int cols, int tokens, int accumulate,
+               const bf16_t* __restrict__ norm_w, float eps, float* __restrict__ x_out) {
+    const int lane = threadIdx.x & 31;
+    const int row = blockIdx.x * GEMV_ROWS_PER_BLOCK + (threadIdx.x >> 5);
+#if GEMV_PREFETCH
+    if (row < rows && blockIdx.y == 0) prefetch_l2(w + (size_t)row * cols, (size_t)cols * 2, lane, 32);
+#endif
+    pdl_enter();
+    gemv_rows<true>(w, bias, x, y, rows, cols, tokens, accumulate, norm_w, eps, x_out, row, lane);
 }
 
 // grid = (rows, ceil(tokens / GEMV_MAX_TOKENS)), block = 256. With topk_idx non-null (the
@@ -148,34 +193,55 @@ gemv_bf16_wide(const bf16_t* __restrict__ w, const bf16_t* __restrict__ bias,
                const bf16_t* __restrict__ norm_w, float eps, float* __restrict__ x_out,
                int* __restrict__ topk_idx, float* __restrict__ topk_w, int k,
                unsigned* __restrict__ counter) {
-    extern __shared__ float xs[];
-    __shared__ float part[GEMV_MAX_TOKENS][8];
+    extern __shared__ float vals[];
+    __shared__ float part[2][GEMV_MAX_TOKENS][8];
+    __shared__ float rs_s[GEMV_MAX_TOKENS];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int row = blockIdx.x;
+#if GEMV_PREFETCH
+    if (blockIdx.y == 0) prefetch_l2(w + (size_t)row * cols, (size_t)cols * 2, threadIdx.x, blockDim.x);
+#endif
+    pdl_enter();
     const int t0 = blockIdx.y * GEMV_MAX_TOKENS;
     const int nt = min(GEMV_MAX_TOKENS, tokens - t0);
-    float acc[GEMV_MAX_TOKENS];
+    const float* xt = x + (size_t)t0 * cols;
+    float acc[GEMV_MAX_TOKENS], ss[GEMV_MAX_TOKENS], rs[GEMV_MAX_TOKENS];
 #pragma unroll
-    for (int t = 0; t < GEMV_MAX_TOKENS; ++t) acc[t] = 0.0f;
-    const float* xin = gemv_input(x, norm_w, eps, x_out, cols, t0, nt, xs);
-    gemv_partial(w + (size_t)row * cols, xin, cols, 0, nt, threadIdx.x, blockDim.x, acc);
+    for (int t = 0; t < GEMV_MAX_TOKENS; ++t) acc[t] = ss[t] = 0.0f;
+    if (norm_w)
+        gemv_partial<true>(w + (size_t)row * cols, xt, norm_w, cols, nt, threadIdx.x, blockDim.x, acc, ss);
+    else
+        gemv_partial<false>(w + (size_t)row * cols, xt, norm_w, cols, nt, threadIdx.x, blockDim.x, acc, ss);
+    // One block reduction carries both the dot products and the squares.
 #pragma unroll
     for (int t = 0; t < GEMV_MAX_TOKENS; ++t) {
         const float s = warp_sum(acc[t]);
-        if (lane == 0) part[t][warp] = s;
-    }
-    __syncthreads();
-    if (warp != 0) return;
-    const float b = bias ? bf2f(bias[row]) : 0.0f;
-#pragma unroll
-    for (int t = 0; t < GEMV_MAX_TOKENS; ++t) {
-        const float s = warp_sum(lane < 8 ? part[t][lane] : 0.0f);
-        if (lane == 0 && t < nt) {
-            float* yp = y + (size_t)(t0 + t) * rows + row;
-            *yp = accumulate ? *yp + s + b : s + b;
+        const float q = warp_sum(ss[t]);
+        if (lane == 0) {
+            part[0][t][warp] = s;
+            part[1][t][warp] = q;
         }
     }
-    if (!topk_idx) return;
+    __syncthreads();
+    if (warp == 0) {
+        const float b = bias ? bf2f(bias[row]) : 0.0f;
+#pragma unroll
+        for (int t = 0; t < GEMV_MAX_TOKENS; ++t) {
+            const float s = warp_sum(lane < 8 ? part[0][t][lane] : 0.0f);
+            const float q = warp_sum(lane < 8 ? part[1][t][lane] : 0.0f);
+            const float r = norm_w ? rsqrtf(q / (float)cols + eps) : 1.0f;
+            if (lane == 0) rs_s[t] = r;
+            if (lane == 0 && t < nt) {
+                float* yp = y + (size_t)(t0 + t) * rows + row;
+                *yp = accumulate ? *yp + s * r + b : s * r + b;
+            }
+        }
+    }
+    __syncthreads();
+#pragma unroll
+    for (int t = 0; t < GEMV_MAX_TOKENS; ++t) rs[t] = rs_s[t];
+    if (norm_w && x_out) write_normed_slice(xt, norm_w, x_out + (size_t)t0 * cols, cols, nt, rs, threadIdx.x, blockDim.x);
+    if (!topk_idx || warp != 0) return;
     // Publish this block's logits, then count it; the last block of the group routes.
     unsigned last = 0;
     if (lane == 0) {
@@ -187,5 +253,5 @@ gemv_bf16_wide(const bf16_t* __restrict__ w, const bf16_t* __restrict__ bias,
     __threadfence();
     for (int t = 0; t < nt; ++t)
         topk_softmax_warp(y + (size_t)(t0 + t) * rows, rows, k, topk_idx + (size_t)(t0 + t) * k,
-                          topk_w + (size_t)(t0 + t) * k, xs);
+                          topk_w + (size_t)(t0 + t) * k, vals);
 }

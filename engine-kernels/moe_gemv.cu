@@ -5,15 +5,8 @@
 //
 // Each lane multiplies whole 32-element blocks, so it needs 32 consecutive activations; read
 // from global memory, a warp's 32 lanes would touch 32 different cache lines per load. The
-// activations are therefore staged once per thread block in shared memory, each group of 32
-// padded to 36 floats so the lanes' 16-byte reads fall in distinct banks.
-#define MOE_PAD 36
-
-// Copy n fp32 (n a multiple of 32) into padded shared memory. Whole block must call it.
-__device__ __forceinline__ void stage_padded(const float* __restrict__ src, float* dst, int n) {
-    for (int i = threadIdx.x; i < n; i += blockDim.x) dst[(i >> 5) * MOE_PAD + (i & 31)] = src[i];
-}
-
+// activations are therefore staged once per thread block in shared memory (stage_padded in
+// common.cuh), each group of 32 padded to STAGE_PAD floats.
 // Dot product of one 32-element MXFP4 block with 32 staged activations (scale applied by the
 // caller).
 __device__ __forceinline__ float fp4_block_dot(uint4 q, const float* xs) {
@@ -31,16 +24,202 @@ __device__ __forceinline__ float fp4_block_dot(uint4 q, const float* xs) {
     return s;
 }
 
+// ---- Activation formats (`--activation`). Each kernel body below is a template over a policy
+// that stages a block's activations in shared memory (`stage`) and dots one MXFP4 block with
+// one staged group of 32 (`dot`, returning the sum scaled by the activation's scale; the
+// weight's scale is the caller's):
+// * ActF32 (`bf16`, the reference path): fp32 copies padded to STAGE_PAD floats per group.
+// * ActQ8 (llama.cpp style): int8 codes q = rint(x / d), d = amax / 127 per group, dotted by
+//   __dp4a with the weights decoded to int8 as twice their E2M1 value; the int32 sum is scaled
+//   by d / 2 (stored halved).
+// * ActFp8: FP8 E4M3 codes of x / d, d = amax / 448 per group (round to nearest even,
+//   saturating), multiplied by the fp32-decoded weights in fp32.
+// The 8-bit groups take ACT8_PAD bytes (32 codes + 16 padding: a lane's two 16-byte reads of
+// group b, at 48 b, fall in distinct banks for the 8 lanes of a phase), followed by one fp32
+// scale per group. A lane then reads 36 bytes of shared memory per group instead of 128.
+//
+// Where the quantization happens: each block quantizes its own staged copy. The staging reads
+// the fp32 row once per block anyway, and the per-group amax is a 3-step shuffle over the 8
+// lanes holding a group, so quantizing there adds a few instructions per staged element; a
+// separate quantize kernel would add two launches (graph nodes) per layer and a global round
+// trip of the codes, and would need a second buffer. The blocks all compute bit-identical
+// codes from the same fp32 inputs with the same IEEE operations (division, reciprocal,
+// round-to-nearest-even), which the host mirrors exactly (src/engine/cuda/quant.rs).
+#define ACT8_PAD 48
+
+// Largest code magnitude of each 8-bit format, and the smallest scale d quantized normally:
+// below it (amax < QMAX * 2^-126, or amax = 0) 1/d would overflow, and the group's codes are 0.
+#define Q8_MAX 127.0f
+#define FP8_MAX 448.0f
+#define ACT8_MIN_SCALE 0x1p-126f
+
+// max that returns NaN if either input is NaN (sm_80+), so a NaN activation poisons its
+// group's scale (and the output) instead of vanishing.
+__device__ __forceinline__ float fmax_nan(float a, float b) {
+    float r;
+    asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+    return r;
+}
+
+// Four values (already divided by d) to int8 codes, round to nearest even (a NaN gives 0).
+__device__ __forceinline__ unsigned q8_pack4(float a, float b, float c, float e) {
+    auto q = [](float v) {
+        const int r = __float2int_rn(v);
+        return (unsigned)min(max(r, -127), 127) & 0xffu;
+    };
+    return q(a) | (q(b) << 8) | (q(c) << 16) | (q(e) << 24);
+}
+
+// Four values (already divided by d) to E4M3 codes, round to nearest even, saturating to
+// ±448 (sm_89+); the value given as the instruction's second operand lands in the low byte.
+__device__ __forceinline__ unsigned e4m3_pack4(float a, float b, float c, float e) {
+    unsigned short lo, hi;
+    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(lo) : "f"(b), "f"(a));
+    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(hi) : "f"(e), "f"(c));
+    return (unsigned)lo | ((unsigned)hi << 16);
+}
+
+// Quantize n fp32 (n a multiple of 32) into 8-bit groups: codes at g * ACT8_PAD, the fp32
+// scales after the ng = n / 32 groups (d / 2 for q8, d for fp8). Whole block must call it;
+// each warp takes 4 groups per step, 8 lanes per group, 4 consecutive values per lane, and
+// issues the loads of up to ACT8_STEPS steps before quantizing any (gpt-oss: 3 steps).
+#define ACT8_STEPS 4
+template <bool FP8>
+__device__ __forceinline__ void stage_act8(const float* __restrict__ src, u8* sm, int n) {
+    const int lane = threadIdx.x & 31, sub = lane & 7;
+    const int stride = (blockDim.x >> 5) * 4;  // groups per step of the whole block
+    const int ng = n >> 5;
+    float* scale = reinterpret_cast<float*>(sm + ng * ACT8_PAD);
+    for (int g0 = (threadIdx.x >> 5) * 4; g0 < ng; g0 += stride * ACT8_STEPS) {
+        float4 v[ACT8_STEPS];
+#pragma unroll
+        for (int u = 0; u < ACT8_STEPS; ++u) {
+            const int gi = g0 + u * stride + (lane >> 3);
+            v[u] = gi < ng ? reinterpret_cast<const float4*>(src)[gi * 8 + sub]
+                           : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        }
+#pragma unroll
+        for (int u = 0; u < ACT8_STEPS; ++u) {
+            if (g0 + u * stride >= ng) break;  // warp-uniform
+            const int gi = g0 + u * stride + (lane >> 3);
+            const float4 x = v[u];
+            float m = fmax_nan(fmax_nan(fabsf(x.x), fabsf(x.y)), fmax_nan(fabsf(x.z), fabsf(x.w)));
+            m = fmax_nan(m, __shfl_xor_sync(0xffffffffu, m, 1));
+            m = fmax_nan(m, __shfl_xor_sync(0xffffffffu, m, 2));
+            m = fmax_nan(m, __shfl_xor_sync(0xffffffffu, m, 4));
+            const float d = m / (FP8 ? FP8_MAX : Q8_MAX);
+            const float id = d >= ACT8_MIN_SCALE ? 1.0f / d : 0.0f;
+            const unsigned word = FP8 ? e4m3_pack4(x.x * id, x.y * id, x.z * id, x.w * id)
+                                      : q8_pack4(x.x * id, x.y * id, x.z * id, x.w * id);
+            if (gi < ng) {
+                *reinterpret_cast<unsigned*>(sm + gi * ACT8_PAD + 4 * sub) = word;
+                if (sub == 0) scale[gi] = FP8 ? d : 0.5f * d;
+            }
+        }
+    }
+}
+
+// Eight MXFP4 elements (one 32-bit word, element i in bits 4i..4i+3) as int8 twice their E2M1
+// value (0, ±1, ±2, ±3, ±4, ±6, ±8, ±12): elements 0-3 in lo, 4-7 in hi, element order kept.
+// The magnitudes are looked up in a positive and a negative table by PRMT, and a third PRMT
+// per word picks each byte from one of them by its sign bit.
+__device__ __forceinline__ void fp4x8_to_i8x8(unsigned w, int& lo, int& hi) {
+    const unsigned p0 = 0x03020100u, p1 = 0x0C080604u;  // 0 1 2 3 | 4 6 8 12
+    const unsigned n0 = 0xFDFEFF00u, n1 = 0xF4F8FAFCu;  // 0 -1 -2 -3 | -4 -6 -8 -12
+    const unsigned m = w & 0x77777777u, mh = m >> 16;
+    // Selector nibble j = j + 4 · sign_j (bit 3 of the element's nibble moved to bit 2).
+    const unsigned s = (w >> 1) & 0x44444444u;
+    const unsigned pl = __byte_perm(p0, p1, m), nl = __byte_perm(n0, n1, m);
+    const unsigned ph = __byte_perm(p0, p1, mh), nh = __byte_perm(n0, n1, mh);
+    lo = (int)__byte_perm(pl, nl, 0x3210u | (s & 0xffffu));
+    hi = (int)__byte_perm(ph, nh, 0x3210u | (s >> 16));
+}
+
+// Four E4M3 codes (byte j = element j) as fp32 times 2^-120, exactly: the code's exponent and
+// mantissa bits placed under the fp32 exponent field (bias 127 instead of 7), subnormal codes
+// becoming fp32 subnormals. Integer operations only (no conversion unit); callers multiply
+// the sum by 2^120. NaN codes do not occur (satfinite; a NaN input makes the scale NaN).
+__device__ __forceinline__ void e4m3x4_to_f32_2m120(unsigned w, float (&f)[4]) {
+    f[0] = __uint_as_float((unsigned)((int)(w << 24) >> 4) & 0x87f00000u);
+    f[1] = __uint_as_float((unsigned)((int)(w << 16) >> 4) & 0x87f00000u);
+    f[2] = __uint_as_float((unsigned)((int)(w << 8) >> 4) & 0x87f00000u);
+    f[3] = __uint_as_float((unsigned)((int)w >> 4) & 0x87f00000u);
+}
+
+// fp32 activations, as staged since the first MoE kernels.
+struct ActF32 {
+    static __device__ __forceinline__ void stage(const float* __restrict__ src, u8* sm, int n) {
+        stage_padded(src, reinterpret_cast<float*>(sm), n);
+    }
+    static __device__ __forceinline__ float dot(uint4 q, const u8* sm, int b, int) {
+        return fp4_block_dot(q, reinterpret_cast<const float*>(sm) + b * STAGE_PAD);
+    }
+};
+
+struct ActQ8 {
+    static __device__ __forceinline__ void stage(const float* __restrict__ src, u8* sm, int n) {
+        stage_act8<false>(src, sm, n);
+    }
+    // nb: groups staged (where the scales start).
+    static __device__ __forceinline__ float dot(uint4 q, const u8* sm, int b, int nb) {
+        const uint4* a = reinterpret_cast<const uint4*>(sm + b * ACT8_PAD);
+        const uint4 a0 = a[0], a1 = a[1];
+        const unsigned aw[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
+        const unsigned wq[4] = {q.x, q.y, q.z, q.w};
+        int s = 0;
+#pragma unroll
+        for (int wi = 0; wi < 4; ++wi) {
+            int lo, hi;
+            fp4x8_to_i8x8(wq[wi], lo, hi);
+            s = __dp4a(lo, (int)aw[2 * wi], s);
+            s = __dp4a(hi, (int)aw[2 * wi + 1], s);
+        }
+        // |s| <= 32 * 12 * 127 < 2^24: exact in fp32.
+        return (float)s * reinterpret_cast<const float*>(sm + nb * ACT8_PAD)[b];
+    }
+};
+
+struct ActFp8 {
+    static __device__ __forceinline__ void stage(const float* __restrict__ src, u8* sm, int n) {
+        stage_act8<true>(src, sm, n);
+    }
+    static __device__ __forceinline__ float dot(uint4 q, const u8* sm, int b, int nb) {
+        const uint4* a = reinterpret_cast<const uint4*>(sm + b * ACT8_PAD);
+        const uint4 a0 = a[0], a1 = a[1];
+        const unsigned aw[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
+        const unsigned wq[4] = {q.x, q.y, q.z, q.w};
+        float s = 0.0f;
+#pragma unroll
+        for (int wi = 0; wi < 4; ++wi) {
+            float f[8], x0[4], x1[4];
+            fp4x8_to_f32(wq[wi], f);
+            e4m3x4_to_f32_2m120(aw[2 * wi], x0);
+            e4m3x4_to_f32_2m120(aw[2 * wi + 1], x1);
+            s += f[0] * x0[0] + f[1] * x0[1] + f[2] * x0[2] + f[3] * x0[3] +
+                 f[4] * x1[0] + f[5] * x1[1] + f[6] * x1[2] + f[7] * x1[3];
+        }
+        // Every product is exact (4 × 2 significant bits); 2^120 undoes the decode's offset.
+        return s * 0x1p120f * reinterpret_cast<const float*>(sm + nb * ACT8_PAD)[b];
+    }
+};
+
+// The dynamic shared memory of the decode MoE kernels (the policy's staged activations).
+extern __shared__ float moe_smem[];
+
 // act[t, s, j] = swiglu(gate_j, lin_j) for expert idx[t, s]; grid = (ceil(I / 8), k, T),
 // block = 256 (one warp per unit j, reading rows 2j and 2j + 1 against one staged x). The
 // first weight loads are issued before the staging, and each iteration prefetches the next.
-// Dynamic shared memory: hidden / 32 * MOE_PAD floats.
-extern "C" __global__ void __launch_bounds__(256, MOE_DECODE_MINB)
-moe_gate_up_swiglu(const u8* __restrict__ blocks, const u8* __restrict__ scales,
-                   const bf16_t* __restrict__ bias, const float* __restrict__ x,
-                   const int* __restrict__ idx, float* __restrict__ act, int inter, int hidden,
-                   int k, float limit, float alpha) {
-    extern __shared__ float xs[];
+// Dynamic shared memory: the policy's staged x (ActF32: hidden / 32 * STAGE_PAD floats; 8-bit:
+// hidden / 32 * (ACT8_PAD + 4) bytes).
+template <class A>
+__device__ __forceinline__ void moe_gate_up_body(const u8* __restrict__ blocks,
+                                                 const u8* __restrict__ scales,
+                                                 const bf16_t* __restrict__ bias,
+                                                 const float* __restrict__ x,
+                                                 const int* __restrict__ idx,
+                                                 float* __restrict__ act, int inter, int hidden,
+                                                 int k, float limit, float alpha) {
+    u8* xs = reinterpret_cast<u8*>(moe_smem);
     const int lane = threadIdx.x & 31;
     const int j = blockIdx.x * 8 + (threadIdx.x >> 5);
     const int s = blockIdx.y, t = blockIdx.z;
@@ -64,7 +243,7 @@ moe_gate_up_swiglu(const u8* __restrict__ blocks, const u8* __restrict__ scales,
     };
     fetch(0, lane);
     fetch(1, lane + 32);
-    stage_padded(x + (size_t)t * hidden, xs, hidden);
+    A::stage(x + (size_t)t * hidden, xs, hidden);
     __syncthreads();
     if (!live) return;
     float g = 0.0f, l = 0.0f;
@@ -76,9 +255,8 @@ moe_gate_up_swiglu(const u8* __restrict__ blocks, const u8* __restrict__ scales,
                 const uint4 cg = ng[slot], cl = nl[slot];
                 const unsigned csg = nsg[slot], csl = nsl[slot];
                 fetch(slot, b + 64);
-                const float* xb = xs + b * MOE_PAD;
-                g += fp4_block_dot(cg, xb) * e8m0_value(csg);
-                l += fp4_block_dot(cl, xb) * e8m0_value(csl);
+                g += A::dot(cg, xs, b, nb) * e8m0_value(csg);
+                l += A::dot(cl, xs, b, nb) * e8m0_value(csl);
             }
         }
     }
@@ -93,20 +271,39 @@ moe_gate_up_swiglu(const u8* __restrict__ blocks, const u8* __restrict__ scales,
     act[((size_t)t * k + s) * inter + j] = a;
 }
 
+#define MOE_GATE_UP_KERNEL(name, policy)                                                        \
+    extern "C" __global__ void __launch_bounds__(256, MOE_DECODE_MINB)                          \
+    name(const u8* __restrict__ blocks, const u8* __restrict__ scales,                          \
+         const bf16_t* __restrict__ bias, const float* __restrict__ x,                          \
+         const int* __restrict__ idx, float* __restrict__ act, int inter, int hidden, int k,    \
+         float limit, float alpha) {                                                            \
+        pdl_enter();                                                                            \
+        moe_gate_up_body<policy>(blocks, scales, bias, x, idx, act, inter, hidden, k, limit,    \
+                                 alpha);                                                        \
+    }
+MOE_GATE_UP_KERNEL(moe_gate_up_swiglu, ActF32)
+MOE_GATE_UP_KERNEL(moe_gate_up_swiglu_q8, ActQ8)
+MOE_GATE_UP_KERNEL(moe_gate_up_swiglu_fp8, ActFp8)
+
 // part[t, s, r] = w[t, s] * (W2_e[r, :] . act[t, s, :] + b2_e[r]) for e = idx[t, s] (the down
 // bias inside the weighted sum); moe_combine then adds the k slots into the residual, in slot
 // order (deterministic). grid = (ceil(H / 16), k, T), block = 256: each warp owns two adjacent
 // output rows (one staged activation read serves both), its lanes stride over the expert's
 // blocks. One block per (rows, slot) keeps the staged activations small (I floats) and the
 // grid wide enough to fill the chip at batch 1. The first weights are loaded before the
-// staging, and each iteration prefetches the next. Dynamic shared memory: inter / 32 *
-// MOE_PAD floats.
-extern "C" __global__ void __launch_bounds__(256, MOE_DECODE_MINB)
-moe_down(const u8* __restrict__ blocks, const u8* __restrict__ scales,
-         const bf16_t* __restrict__ bias, const float* __restrict__ act,
-         const int* __restrict__ idx, const float* __restrict__ wts, float* __restrict__ part,
-         int hidden, int inter, int k) {
-    extern __shared__ float as[];
+// staging, and each iteration prefetches the next. Dynamic shared memory: the policy's staged
+// activations of one slot (ActF32: inter / 32 * STAGE_PAD floats; 8-bit: inter / 32 *
+// (ACT8_PAD + 4) bytes).
+template <class A>
+__device__ __forceinline__ void moe_down_body(const u8* __restrict__ blocks,
+                                              const u8* __restrict__ scales,
+                                              const bf16_t* __restrict__ bias,
+                                              const float* __restrict__ act,
+                                              const int* __restrict__ idx,
+                                              const float* __restrict__ wts,
+                                              float* __restrict__ part, int hidden, int inter,
+                                              int k) {
+    u8* as = reinterpret_cast<u8*>(moe_smem);
     const int lane = threadIdx.x & 31;
     const int r0 = (blockIdx.x * 8 + (threadIdx.x >> 5)) * 2;
     const int s = blockIdx.y, t = blockIdx.z;
@@ -132,7 +329,7 @@ moe_down(const u8* __restrict__ blocks, const u8* __restrict__ scales,
     };
     fetch(0, lane);
     fetch(1, lane + 32);
-    stage_padded(act + ((size_t)t * k + s) * inter, as, inter);
+    A::stage(act + ((size_t)t * k + s) * inter, as, inter);
     __syncthreads();
     if (!live) return;
     float t0 = 0.0f, t1 = 0.0f;
@@ -144,9 +341,8 @@ moe_down(const u8* __restrict__ blocks, const u8* __restrict__ scales,
                 const uint4 c0 = n0[slot], c1 = n1[slot];
                 const unsigned cs0 = ns0[slot], cs1 = ns1[slot];
                 fetch(slot, b + 64);
-                const float* a = as + b * MOE_PAD;
-                t0 += fp4_block_dot(c0, a) * e8m0_value(cs0);
-                if (two) t1 += fp4_block_dot(c1, a) * e8m0_value(cs1);
+                t0 += A::dot(c0, as, b, nb) * e8m0_value(cs0);
+                if (two) t1 += A::dot(c1, as, b, nb) * e8m0_value(cs1);
             }
         }
     }
@@ -159,3 +355,16 @@ moe_down(const u8* __restrict__ blocks, const u8* __restrict__ scales,
         if (two) pp[1] = w * (t1 + bf2f(bias[row + 1]));
     }
 }
+
+#define MOE_DOWN_KERNEL(name, policy)                                                           \
+    extern "C" __global__ void __launch_bounds__(256, MOE_DECODE_MINB)                          \
+    name(const u8* __restrict__ blocks, const u8* __restrict__ scales,                          \
+         const bf16_t* __restrict__ bias, const float* __restrict__ act,                        \
+         const int* __restrict__ idx, const float* __restrict__ wts, float* __restrict__ part,  \
+         int hidden, int inter, int k) {                                                        \
+        pdl_enter();                                                                            \
+        moe_down_body<policy>(blocks, scales, bias, act, idx, wts, part, hidden, inter, k);     \
+    }
+MOE_DOWN_KERNEL(moe_down, ActF32)
+MOE_DOWN_KERNEL(moe_down_q8, ActQ8)
+MOE_DOWN_KERNEL(moe_down_fp8, ActFp8)

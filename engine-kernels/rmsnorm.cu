@@ -4,6 +4,7 @@
 extern "C" __global__ void rmsnorm_residual(float* __restrict__ x, const float* __restrict__ delta,
                                             const bf16_t* __restrict__ w, float* __restrict__ y,
                                             int n, float eps) {
+    pdl_enter();
     __shared__ float scratch[32];
     float* xr = x + (size_t)blockIdx.x * n;
     float* yr = y + (size_t)blockIdx.x * n;

@@ -1,29 +1,25 @@
 // RoPE (rotate-half over the whole head, YaRN frequencies precomputed on the host) applied to
-// q and k after the projection bias, with k and v written into the KV cache: bf16, or fp32
-// when kv_f32 != 0 (exact comparison with an fp32 reference).
+// q and k after the projection bias, with k and v written into the KV cache of element kind
+// kv (KV_BF16, KV_F32 for exact comparison with an fp32 reference, or KV_FP8 E4M3).
 // qkv: [T, (Hq + 2 Hkv) * D] fp32 as produced by one fused projection (q | k | v).
 // Cache of a sequence-layer: [max_positions, Hkv, D], starting at element kv_off[t].
 // grid = (Hq + 2 Hkv, T), block = D / 2 threads: thread i rotates the pair (i, i + D/2).
-__device__ __forceinline__ void store_kv(void* cache, int kv_f32, size_t i, float v) {
-    if (kv_f32) static_cast<float*>(cache)[i] = v;
-    else static_cast<bf16_t*>(cache)[i] = f2bf(v);
-}
-
 extern "C" __global__ void rope_kv_write(const float* __restrict__ qkv, float* __restrict__ q_out,
                                          void* __restrict__ k_cache, void* __restrict__ v_cache,
-                                         int kv_f32,
+                                         int kv,
                                          const float* __restrict__ inv_freq,
                                          const unsigned* __restrict__ pos,
                                          const unsigned long long* __restrict__ kv_off,
                                          int hq, int hkv, int d, float mscale) {
+    pdl_enter();
     const int h = blockIdx.x, t = blockIdx.y, i = threadIdx.x, half = d >> 1;
     const size_t width = (size_t)(hq + 2 * hkv) * d;
     const float* src = qkv + (size_t)t * width + (size_t)h * d;
     const float a = src[i], b = src[i + half];
     if (h >= hq + hkv) {
         const size_t o = kv_off[t] + ((size_t)pos[t] * hkv + (h - hq - hkv)) * d;
-        store_kv(v_cache, kv_f32, o + i, a);
-        store_kv(v_cache, kv_f32, o + i + half, b);
+        kv_store(v_cache, kv, o + i, a);
+        kv_store(v_cache, kv, o + i + half, b);
         return;
     }
     const float theta = (float)pos[t] * inv_freq[i];
@@ -35,7 +31,7 @@ extern "C" __global__ void rope_kv_write(const float* __restrict__ qkv, float* _
         dst[i + half] = o2;
     } else {
         const size_t o = kv_off[t] + ((size_t)pos[t] * hkv + (h - hq)) * d;
-        store_kv(k_cache, kv_f32, o + i, o1);
-        store_kv(k_cache, kv_f32, o + i + half, o2);
+        kv_store(k_cache, kv, o + i, o1);
+        kv_store(k_cache, kv, o + i + half, o2);
     }
 }

@@ -144,6 +144,7 @@ __device__ unsigned radix_threshold(const float* __restrict__ row, int vocab, fl
 extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
 sample_rows(const float* __restrict__ logits, int vocab, const SampleRow* __restrict__ rows,
             const unsigned* __restrict__ banned, unsigned* __restrict__ out) {
+    pdl_enter();
     __shared__ u64 hist[SAMPLE_BINS];
     __shared__ unsigned sban[SAMPLE_MAX_BANNED];
     __shared__ u64 sh64[32];

@@ -18,6 +18,7 @@ __device__ __forceinline__ float unit_uniform(unsigned long long seed, unsigned 
 // which differs from the host in about one element in a million.
 extern "C" __global__ void fill_bf16(bf16_t* __restrict__ out, unsigned long long n,
                                      unsigned long long seed, float scale, float offset) {
+    pdl_enter();
     for (unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x; i < n;
          i += (unsigned long long)gridDim.x * blockDim.x)
         out[i] = f2bf(__fadd_rn(offset, __fmul_rn(scale, 2.0f * unit_uniform(seed, i) - 1.0f)));
@@ -26,6 +27,7 @@ extern "C" __global__ void fill_bf16(bf16_t* __restrict__ out, unsigned long lon
 // out[i] = lo + (hash mod (hi - lo + 1)); for MXFP4 nibble pairs (0..255) and scale bytes.
 extern "C" __global__ void fill_u8(u8* __restrict__ out, unsigned long long n,
                                    unsigned long long seed, int lo, int hi) {
+    pdl_enter();
     const unsigned long long span = (unsigned long long)(hi - lo + 1);
     for (unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x; i < n;
          i += (unsigned long long)gridDim.x * blockDim.x)

@@ -119,3 +119,27 @@ fn cuda_bytes_per_token_matches_the_roofline_table() {
         assert!((got / want - 1.0).abs() < 0.005, "{name}: {got} vs {want}");
     }
 }
+
+#[test]
+fn cuda_bytes_per_token_counts_mxfp4_layers_at_4_25_bits() {
+    use mxtune::engine::cuda::model::Fp4Layers;
+    for name in ["gpt-oss-120b", "gpt-oss-20b"] {
+        let c = mxtune::engine::synthetic::config(name).unwrap();
+        let at = |fp4| profile::bytes_per_token_fp4(&c, 1000, 2, fp4) as i64;
+        assert_eq!(
+            at(Fp4Layers::Moe),
+            profile::bytes_per_token(&c, 1000, 2) as i64
+        );
+        // bf16 (16 bits) → MXFP4 (4.25 bits): 15/32 bytes saved per weight.
+        let qkv_o = ((c.q_dim() + 2 * c.kv_dim()) * c.hidden_size + c.hidden_size * c.q_dim())
+            * c.num_hidden_layers;
+        let lm_head = c.vocab_size * c.hidden_size;
+        let saved = |w: usize| (2 * w - w / 32 * 17) as i64;
+        assert_eq!(at(Fp4Layers::Moe) - at(Fp4Layers::MoeQkvO), saved(qkv_o));
+        assert_eq!(at(Fp4Layers::MoeQkvO) - at(Fp4Layers::All), saved(lm_head));
+    }
+    // 120b: 5.003 GB as released; with qkv, o and the lm_head in MXFP4, 2.25 GB less.
+    let c = mxtune::engine::synthetic::config("gpt-oss-120b").unwrap();
+    let all = profile::bytes_per_token_fp4(&c, 0, 2, Fp4Layers::All) as f64;
+    assert!((all / 2.749e9 - 1.0).abs() < 0.005, "{all}");
+}

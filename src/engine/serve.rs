@@ -210,50 +210,6 @@ fn resolve_device(d: Device, open: impl FnOnce() -> Result<Gpu>) -> Result<Resol
     }
 }
 
-/// Gates the CUDA backend has no kernels for yet: each is refused at start-up by name rather
-/// than silently served by another path.
-fn unbuilt_cuda_gates(g: &Gates) -> Vec<String> {
-    let mut v = Vec::new();
-    if g.activation != Activation::Bf16 {
-        v.push(format!(
-            "--activation {} (built: bf16)",
-            value_name(g.activation)
-        ));
-    }
-    if g.tile == Tile::T128x128 {
-        v.push(format!(
-            "--tile {} (built: auto and 64x128, the grouped MoE's tile)",
-            value_name(g.tile)
-        ));
-    }
-    if g.mxfp4_layers != Mxfp4Layers::Moe {
-        v.push(format!(
-            "--mxfp4-layers {} (built: moe)",
-            value_name(g.mxfp4_layers)
-        ));
-    }
-    if g.kv_dtype != KvDtype::Bf16 {
-        v.push(format!(
-            "--kv-dtype {} (built: bf16)",
-            value_name(g.kv_dtype)
-        ));
-    }
-    v
-}
-
-/// Refuse gates the CUDA backend cannot run yet.
-fn check_cuda_gates(g: &Gates) -> Result<()> {
-    let missing = unbuilt_cuda_gates(g);
-    if !missing.is_empty() {
-        bail!(
-            "the cuda backend has no kernel path for {}: not built yet; drop the flag (or use \
-             --device cpu, which ignores it)",
-            missing.join(", ")
-        );
-    }
-    Ok(())
-}
-
 /// Refuse gate combinations that cannot run anywhere.
 pub fn check_gates(g: &Gates) -> Result<()> {
     let problems: Vec<&str> = CONFLICTS
@@ -267,12 +223,61 @@ pub fn check_gates(g: &Gates) -> Result<()> {
     Ok(())
 }
 
+/// The CUDA backend's layers in MXFP4 for the `--mxfp4-layers` gate.
+fn fp4_layers(m: Mxfp4Layers) -> cuda_model::Fp4Layers {
+    match m {
+        Mxfp4Layers::Moe => cuda_model::Fp4Layers::Moe,
+        Mxfp4Layers::MoeQkvO => cuda_model::Fp4Layers::MoeQkvO,
+        Mxfp4Layers::All => cuda_model::Fp4Layers::All,
+    }
+}
+
+/// The CUDA backend's KV cache element type for the `--kv-dtype` gate.
+fn kv_dtype(k: KvDtype) -> cuda_model::KvDtype {
+    match k {
+        KvDtype::Bf16 => cuda_model::KvDtype::Bf16,
+        KvDtype::Fp8 => cuda_model::KvDtype::Fp8,
+    }
+}
+
+/// The grouped MoE's tile for the `--tile` gate (`auto` is 64x128).
+fn moe_tile(t: Tile) -> cuda_model::MoeTile {
+    match t {
+        Tile::Auto | Tile::T64x128 => cuda_model::MoeTile::T64x128,
+        Tile::T128x128 => cuda_model::MoeTile::T128x128,
+    }
+}
+
 /// The CUDA backend's path for the `--moe-kernel` gate.
 fn moe_path(k: MoeKernel) -> cuda_model::MoePath {
     match k {
         MoeKernel::Auto => cuda_model::MoePath::Auto,
         MoeKernel::Gemv => cuda_model::MoePath::Gemv,
         MoeKernel::Grouped => cuda_model::MoePath::Grouped,
+    }
+}
+
+/// The CUDA backend's activation format for the `--activation` gate.
+fn act_format(a: Activation) -> cuda_model::ActFormat {
+    match a {
+        Activation::Bf16 => cuda_model::ActFormat::Bf16,
+        Activation::Q8 => cuda_model::ActFormat::Q8,
+        Activation::Fp8 => cuda_model::ActFormat::Fp8,
+    }
+}
+
+/// The `kernel-path activation=` value on CUDA: the format the GEMV MoE takes and that the
+/// grouped MoE stays bf16; with `--moe-kernel grouped` no GEMV MoE runs, so an 8-bit choice
+/// has no effect and the line says bf16.
+fn activation_report(g: &Gates) -> String {
+    let f = act_format(g.activation);
+    if g.moe_kernel == MoeKernel::Grouped && f != cuda_model::ActFormat::Bf16 {
+        format!(
+            "bf16 (grouped MoE; --activation {} reaches only the gemv MoE)",
+            f.name()
+        )
+    } else {
+        f.report().into()
     }
 }
 
@@ -297,22 +302,23 @@ pub fn kernel_path_lines(kind: BackendKind, g: &Gates) -> Vec<String> {
             ("sinks", value_name(g.sinks)),
             ("cuda_graphs", na()),
         ],
-        // Only built paths get here (`check_cuda_gates`). `auto` runs decode steps on the
-        // GEMV MoE and prompts on the grouped one; the tile is the grouped kernel's.
+        // Every gate has a CUDA path. `auto` runs decode steps on the
+        // GEMV MoE and prompts on the grouped one; the tile is the grouped kernel's (`auto`
+        // reports the tile it runs, 64x128).
         BackendKind::Cuda => [
             ("backend", "cuda".into()),
             ("moe_kernel", moe_path(g.moe_kernel).report().into()),
-            ("activation", value_name(g.activation)),
+            ("activation", activation_report(g)),
             (
                 "tile",
                 if g.moe_kernel == MoeKernel::Gemv {
                     na()
                 } else {
-                    "64x128".into()
+                    moe_tile(g.tile).name().into()
                 },
             ),
-            ("mxfp4_layers", value_name(g.mxfp4_layers)),
-            ("kv_dtype", value_name(g.kv_dtype)),
+            ("mxfp4_layers", fp4_layers(g.mxfp4_layers).report().into()),
+            ("kv_dtype", kv_dtype(g.kv_dtype).name().into()),
             ("sinks", value_name(g.sinks)),
             ("cuda_graphs", value_name(g.cuda_graphs)),
         ],
@@ -326,7 +332,8 @@ pub fn kernel_path_lines(kind: BackendKind, g: &Gates) -> Vec<String> {
 /// Gates the backend ignores although the operator set them away from the default.
 fn ignored_gates(kind: BackendKind, g: &Gates) -> Vec<String> {
     match kind {
-        // Every gate either applies or was refused by `check_cuda_gates`.
+        // Every gate applies (the 8-bit activations under `--moe-kernel grouped` are reported
+        // as bf16 with their own warning).
         BackendKind::Cuda => Vec::new(),
         BackendKind::Cpu => {
             let mut v = Vec::new();
@@ -381,14 +388,7 @@ pub fn prepare(args: &ServeArgs) -> Result<Prepared> {
 /// [`prepare`] with the GPU opened by `open`, so the device choice can be tested anywhere.
 fn prepare_with(args: &ServeArgs, open: impl FnOnce() -> Result<Gpu>) -> Result<Prepared> {
     check_gates(&args.gates)?;
-    // Refuse an unbuilt path before spending seconds on the GPU.
-    if args.device == Device::Cuda {
-        check_cuda_gates(&args.gates)?;
-    }
     let resolved = resolve_device(args.device, open)?;
-    if resolved.kind == BackendKind::Cuda {
-        check_cuda_gates(&args.gates)?;
-    }
     // The GPU generates synthetic weights itself; everything else starts on the host.
     let (cfg, source, host) = match (&args.model, &args.synthetic) {
         (Some(dir), None) => {
@@ -463,6 +463,16 @@ fn prepare_with(args: &ServeArgs, open: impl FnOnce() -> Result<Gpu>) -> Result<
             "mxtune serve: warning: {g} has no effect on the cpu backend (reported n/a)"
         ));
     }
+    if resolved.kind == BackendKind::Cuda
+        && args.gates.moe_kernel == MoeKernel::Grouped
+        && args.gates.activation != Activation::Bf16
+    {
+        report.push(format!(
+            "mxtune serve: warning: --activation {} has no effect with --moe-kernel grouped \
+             (the grouped MoE takes bf16; the 8-bit formats are the gemv MoE's)",
+            value_name(args.gates.activation)
+        ));
+    }
     if args.gates.sinks == OnOff::Off {
         report.push(
             "mxtune serve: warning: sinks off is diagnostic only; gpt-oss output is garbage without them"
@@ -471,7 +481,7 @@ fn prepare_with(args: &ServeArgs, open: impl FnOnce() -> Result<Gpu>) -> Result<
     }
     let backend: Box<dyn ModelBackend> = match (resolved.gpu, host) {
         (Some(gpu), host) => {
-            let dw = match &host {
+            let mut dw = match &host {
                 Some(w) => super::cuda::weights::upload(&gpu, w)
                     .with_context(|| format!("uploading {source} to the GPU"))?,
                 None => super::cuda::weights::synthetic_device(&gpu, &cfg, args.synthetic_seed)
@@ -480,9 +490,21 @@ fn prepare_with(args: &ServeArgs, open: impl FnOnce() -> Result<Gpu>) -> Result<
             drop(host);
             let opts = DecodeOptions {
                 sinks: args.gates.sinks == OnOff::On,
-                kv_dtype: cuda_model::KvDtype::Bf16,
+                kv_dtype: kv_dtype(args.gates.kv_dtype),
                 moe: moe_path(args.gates.moe_kernel),
+                fp4_layers: fp4_layers(args.gates.mxfp4_layers),
+                activation: act_format(args.gates.activation),
+                tile: moe_tile(args.gates.tile),
             };
+            // Here rather than inside the backend, so a refusal is not reported as a failed
+            // KV-cache allocation.
+            dw.quantize_dense(&gpu, &cfg, opts.fp4_layers)
+                .with_context(|| {
+                    format!(
+                        "quantizing {source} to MXFP4 on the GPU (--mxfp4-layers {})",
+                        opts.fp4_layers.report()
+                    )
+                })?;
             let be = CudaBackend::new(
                 gpu,
                 &cfg,
@@ -657,7 +679,6 @@ mod tests {
     #[test]
     fn cuda_report_has_every_key_once_in_order() {
         let a = parse(&["--synthetic", "tiny", "--cuda-graphs", "off"]).unwrap();
-        assert!(check_cuda_gates(&a.gates).is_ok());
         assert_eq!(
             kernel_path_lines(BackendKind::Cuda, &a.gates),
             vec![
@@ -679,19 +700,48 @@ mod tests {
     }
 
     #[test]
-    fn unbuilt_cuda_gates_are_refused_by_name() {
-        for (flag, value) in [
-            ("--activation", "q8"),
-            ("--activation", "fp8"),
-            ("--mxfp4-layers", "moe,qkv,o"),
-            ("--mxfp4-layers", "moe,qkv,o,lm_head"),
-            ("--kv-dtype", "fp8"),
+    fn mxfp4_layers_are_built_on_cuda_and_reported() {
+        for (value, layers) in [
+            ("moe", cuda_model::Fp4Layers::Moe),
+            ("moe,qkv,o", cuda_model::Fp4Layers::MoeQkvO),
+            ("moe,qkv,o,lm_head", cuda_model::Fp4Layers::All),
         ] {
-            let a = parse(&["--synthetic", "tiny", flag, value]).unwrap();
-            let e = check_cuda_gates(&a.gates).unwrap_err().to_string();
-            assert!(e.contains(&format!("{flag} {value}")), "{e}");
-            assert!(e.contains("not built yet"), "{e}");
+            // Alone and beside the other gates: the gates are independent.
+            for extra in [
+                &[][..],
+                &[
+                    "--moe-kernel",
+                    "grouped",
+                    "--cuda-graphs",
+                    "off",
+                    "--sinks",
+                    "off",
+                ][..],
+                &["--moe-kernel", "gemv"][..],
+            ] {
+                let mut argv = vec!["--synthetic", "tiny", "--mxfp4-layers", value];
+                argv.extend_from_slice(extra);
+                let a = parse(&argv).unwrap();
+                assert!(check_gates(&a.gates).is_ok());
+                assert_eq!(fp4_layers(a.gates.mxfp4_layers), layers);
+                let lines = kernel_path_lines(BackendKind::Cuda, &a.gates);
+                assert_eq!(lines[4], format!("kernel-path mxfp4_layers={value}"));
+                assert_eq!(layers.report(), value);
+                assert_eq!(lines.len(), 8);
+            }
+            // The CPU backend has no such path: n/a, with a warning when set.
+            let a = parse(&["--synthetic", "tiny", "--mxfp4-layers", value]).unwrap();
+            let cpu = kernel_path_lines(BackendKind::Cpu, &a.gates);
+            assert_eq!(cpu[4], "kernel-path mxfp4_layers=n/a");
+            assert_eq!(
+                ignored_gates(BackendKind::Cpu, &a.gates).len(),
+                usize::from(value != "moe")
+            );
         }
+    }
+
+    #[test]
+    fn fp8_kv_and_the_128_row_tile_are_built_and_reported() {
         let a = parse(&[
             "--synthetic",
             "tiny",
@@ -699,26 +749,135 @@ mod tests {
             "grouped",
             "--tile",
             "128x128",
-        ])
-        .unwrap();
-        let e = check_cuda_gates(&a.gates).unwrap_err().to_string();
-        assert!(e.contains("--tile 128x128"), "{e}");
-        assert!(!e.contains("--moe-kernel"), "{e}");
-        // Device cuda refuses before trying to open the GPU.
-        let a = parse(&[
-            "--synthetic",
-            "tiny",
-            "--device",
-            "cuda",
             "--kv-dtype",
             "fp8",
         ])
         .unwrap();
-        let e = format!(
-            "{:#}",
-            prepare_with(&a, || panic!("opened the GPU")).err().unwrap()
+        assert!(check_gates(&a.gates).is_ok());
+        let lines = kernel_path_lines(BackendKind::Cuda, &a.gates);
+        assert!(
+            lines.contains(&"kernel-path tile=128x128".to_string()),
+            "{lines:?}"
         );
-        assert!(e.contains("--kv-dtype fp8"), "{e}");
+        assert!(
+            lines.contains(&"kernel-path kv_dtype=fp8".to_string()),
+            "{lines:?}"
+        );
+        assert_eq!(kv_dtype(a.gates.kv_dtype), cuda_model::KvDtype::Fp8);
+        assert_eq!(moe_tile(a.gates.tile), cuda_model::MoeTile::T128x128);
+        // Each gate on its own; auto and 64x128 run (and report) the 64-row tile.
+        let a = parse(&["--synthetic", "tiny", "--kv-dtype", "fp8"]).unwrap();
+        let lines = kernel_path_lines(BackendKind::Cuda, &a.gates);
+        assert!(
+            lines.contains(&"kernel-path kv_dtype=fp8".to_string()),
+            "{lines:?}"
+        );
+        assert!(
+            lines.contains(&"kernel-path tile=64x128".to_string()),
+            "{lines:?}"
+        );
+        for tile in ["auto", "64x128"] {
+            let a = parse(&[
+                "--synthetic",
+                "tiny",
+                "--moe-kernel",
+                "grouped",
+                "--tile",
+                tile,
+            ])
+            .unwrap();
+            assert_eq!(moe_tile(a.gates.tile), cuda_model::MoeTile::T64x128);
+            let lines = kernel_path_lines(BackendKind::Cuda, &a.gates);
+            assert!(
+                lines.contains(&"kernel-path tile=64x128".to_string()),
+                "{lines:?}"
+            );
+            assert!(
+                lines.contains(&"kernel-path kv_dtype=bf16".to_string()),
+                "{lines:?}"
+            );
+        }
+        // The cpu backend still ignores both (reported n/a, with a warning each).
+        let a = parse(&[
+            "--synthetic",
+            "tiny",
+            "--moe-kernel",
+            "grouped",
+            "--tile",
+            "128x128",
+            "--kv-dtype",
+            "fp8",
+        ])
+        .unwrap();
+        let ignored = ignored_gates(BackendKind::Cpu, &a.gates);
+        assert!(
+            ignored.contains(&"--tile 128x128".to_string()),
+            "{ignored:?}"
+        );
+        assert!(
+            ignored.contains(&"--kv-dtype fp8".to_string()),
+            "{ignored:?}"
+        );
+    }
+
+    #[test]
+    fn activation_gate_reaches_the_gemv_moe() {
+        for (value, line) in [
+            ("bf16", "kernel-path activation=bf16"),
+            (
+                "q8",
+                "kernel-path activation=q8 (gemv MoE; grouped MoE bf16)",
+            ),
+            (
+                "fp8",
+                "kernel-path activation=fp8 (gemv MoE; grouped MoE bf16)",
+            ),
+        ] {
+            for moe in ["auto", "gemv"] {
+                let a = parse(&[
+                    "--synthetic",
+                    "tiny",
+                    "--activation",
+                    value,
+                    "--moe-kernel",
+                    moe,
+                ])
+                .unwrap();
+                assert!(check_gates(&a.gates).is_ok(), "{value} {moe}");
+                let lines = kernel_path_lines(BackendKind::Cuda, &a.gates);
+                assert!(lines.contains(&line.to_string()), "{lines:?}");
+                assert_eq!(act_format(a.gates.activation).name(), value);
+            }
+        }
+        // The grouped MoE takes bf16: with --moe-kernel grouped an 8-bit choice has no effect.
+        let a = parse(&[
+            "--synthetic",
+            "tiny",
+            "--activation",
+            "q8",
+            "--moe-kernel",
+            "grouped",
+        ])
+        .unwrap();
+        let lines = kernel_path_lines(BackendKind::Cuda, &a.gates);
+        assert!(
+            lines.contains(
+                &"kernel-path activation=bf16 (grouped MoE; --activation q8 reaches only the \
+                  gemv MoE)"
+                    .to_string()
+            ),
+            "{lines:?}"
+        );
+        // The CPU backend ignores it (reported n/a, with a warning).
+        let a = parse(&["--synthetic", "tiny", "--activation", "fp8"]).unwrap();
+        assert!(
+            kernel_path_lines(BackendKind::Cpu, &a.gates)
+                .contains(&"kernel-path activation=n/a".to_string())
+        );
+        assert_eq!(
+            ignored_gates(BackendKind::Cpu, &a.gates),
+            vec!["--activation fp8".to_string()]
+        );
     }
 
     #[test]

@@ -30,6 +30,8 @@ pub struct CpuBackend {
     next_id: u32,
     kv_budget_tokens: usize,
     reserved_tokens: usize,
+    /// Applied to the experts' inputs and SwiGLU outputs (None: the reference).
+    moe_act: Option<ops::ActTransform>,
 }
 
 /// Where one new token sits: its sequence (index into the batch) and absolute position.
@@ -50,7 +52,16 @@ impl CpuBackend {
             next_id: 0,
             kv_budget_tokens,
             reserved_tokens: 0,
+            moe_act: None,
         }
+    }
+
+    /// Transform the MoE experts' inputs and SwiGLU outputs with `f` before they are
+    /// multiplied (`None`, the default, leaves the reference untouched): the CUDA self-test
+    /// compares its 8-bit activation kernels (`--activation q8|fp8`) with a reference that
+    /// quantizes the same activations (`cuda::quant::dequantized`).
+    pub fn set_moe_activation(&mut self, f: Option<ops::ActTransform>) {
+        self.moe_act = f;
     }
 
     /// The weights this backend runs.
@@ -253,11 +264,21 @@ impl CpuBackend {
         }
         let mut out = vec![0.0f32; x.len()];
         for (e, rows) in routed.iter().enumerate().filter(|(_, r)| !r.is_empty()) {
-            let hs: Vec<f32> = rows
+            let mut hs: Vec<f32> = rows
                 .iter()
                 .flat_map(|&(row, _)| h[row * d..(row + 1) * d].iter().copied())
                 .collect();
-            let y = ops::expert_ffn(&w.gate_up, &w.down, e, &hs, c.swiglu_limit as f32);
+            if let Some(f) = self.moe_act {
+                hs = f(&hs);
+            }
+            let y = ops::expert_ffn(
+                &w.gate_up,
+                &w.down,
+                e,
+                &hs,
+                c.swiglu_limit as f32,
+                self.moe_act,
+            );
             for (&(row, weight), yr) in rows.iter().zip(y.chunks_exact(d)) {
                 for (o, yi) in out[row * d..(row + 1) * d].iter_mut().zip(yr) {
                     *o += weight * yi;

@@ -237,16 +237,25 @@ pub fn mxfp4_linear(p: &Mxfp4Experts, e: usize, x: &[f32]) -> Vec<f32> {
     })
 }
 
-/// One expert's FFN for every row of `h`: gate_up, clamped SwiGLU, down (its bias included).
+/// A transform of MoE activations (rows of whole groups of 32), applied where a backend
+/// under test quantizes them (see [`super::CpuBackend::set_moe_activation`]).
+pub type ActTransform = fn(&[f32]) -> Vec<f32>;
+
+/// One expert's FFN for every row of `h`: gate_up, clamped SwiGLU, down (its bias included);
+/// `act` transforms the SwiGLU outputs before the down projection.
 pub fn expert_ffn(
     gate_up: &Mxfp4Experts,
     down: &Mxfp4Experts,
     e: usize,
     h: &[f32],
     limit: f32,
+    act: Option<ActTransform>,
 ) -> Vec<f32> {
     let u = mxfp4_linear(gate_up, e, h);
-    let a = swiglu(&u, limit);
+    let mut a = swiglu(&u, limit);
+    if let Some(f) = act {
+        a = f(&a);
+    }
     mxfp4_linear(down, e, &a)
 }
 

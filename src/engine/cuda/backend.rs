@@ -9,7 +9,7 @@ use anyhow::{Result, ensure};
 use cudarc::driver::CudaSlice;
 
 use super::device::Gpu;
-use super::model::{DecodeOptions, Decoder, MoePath};
+use super::model::{ActFormat, DecodeOptions, Decoder, Fp4Layers, MoePath};
 use super::ops::{self, SampleRow};
 use super::weights::DeviceWeights;
 use crate::engine::backend::{ModelBackend, RowSample, SeqId, SeqStep};
@@ -78,8 +78,8 @@ impl CudaBackend {
         let o = self.dec.options();
         format!(
             "cuda backend: device {} ({}); kernels {} compiled, {} cached in {:.2} s ({}); \
-             decode: moe gemv with fp32 activations, bf16 dense weights, mxfp4 experts; kv {}, \
-             sinks {}, cuda graphs {}; {}; sampling on device (rows asking for top logprobs \
+             decode: moe gemv with {} activations, {}, mxfp4 experts; kv {}, \
+             sinks {}, cuda graphs {}; {}{}; sampling on device (rows asking for top logprobs \
              sample on the host)",
             self.gpu.name(),
             self.gpu.arch(),
@@ -87,6 +87,20 @@ impl CudaBackend {
             lr.cached,
             lr.seconds,
             lr.cache_dir,
+            match o.activation {
+                ActFormat::Bf16 => "fp32",
+                ActFormat::Q8 => "q8 (int8 per 32, dp4a)",
+                ActFormat::Fp8 => "fp8 (e4m3 per 32)",
+            },
+            match o.fp4_layers {
+                Fp4Layers::Moe => "bf16 dense weights",
+                Fp4Layers::MoeQkvO =>
+                    "mxfp4 attention qkv/o (quantized at load; prefill dequantizes them to bf16 \
+                     in shared memory), bf16 router and lm_head",
+                Fp4Layers::All =>
+                    "mxfp4 attention qkv/o and lm_head (quantized at load; prefill dequantizes \
+                     them to bf16 in shared memory), bf16 router and embedding",
+            },
             o.kv_dtype.name(),
             if o.sinks { "on" } else { "off" },
             if self.graphs { "on" } else { "off" },
@@ -97,6 +111,10 @@ impl CudaBackend {
                      group's keys shared in shared memory)",
                 MoePath::Gemv => "prompts: token by token through the decode step",
                 MoePath::Grouped => "every step on the batched path (grouped moe), no graphs",
+            },
+            match o.moe {
+                MoePath::Gemv => String::new(),
+                MoePath::Auto | MoePath::Grouped => format!("; grouped moe tile {}", o.tile.name()),
             },
         )
     }

@@ -23,6 +23,11 @@ pub struct SelftestArgs {
     /// run end to end against the CPU backend; `tests/fixtures/oracle` when it exists.
     #[arg(long)]
     pub fixtures: Option<std::path::PathBuf>,
+    /// Also run every combination of the CUDA gates (--moe-kernel, --activation,
+    /// --mxfp4-layers, --kv-dtype, --tile, --sinks, --cuda-graphs) end to end on the tiny
+    /// synthetic model: 432 combinations, a few minutes.
+    #[arg(long)]
+    pub all_gates: bool,
 }
 
 /// Run the self-test; exit code 0 only when every check passed.
@@ -68,6 +73,9 @@ pub fn selftest(args: &SelftestArgs) -> Result<ExitCode> {
         None => println!("fixtures: none (pass --fixtures DIR to run the oracle models)"),
     }
     checks.extend(selftest::run_model_checks(&g, seed, fixtures.as_deref())?);
+    if args.all_gates {
+        checks.extend(selftest::run_gate_matrix(&g, seed)?);
+    }
     for c in &checks {
         println!("{c}");
     }

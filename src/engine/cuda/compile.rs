@@ -41,18 +41,37 @@ macro_rules! kernel_file {
 pub const KERNEL_FILES: &[KernelFile] = &[
     kernel_file!("embedding.cu", ["embed_gather", "rows_gather"]),
     kernel_file!("rmsnorm.cu", ["rmsnorm_residual"]),
-    kernel_file!("gemv_bf16.cu", ["gemv_bf16", "gemv_bf16_wide"]),
+    kernel_file!(
+        "gemv_bf16.cu",
+        ["gemv_bf16", "gemv_bf16_norm", "gemv_bf16_wide"]
+    ),
     kernel_file!("rope_kv.cu", ["rope_kv_write"]),
     kernel_file!("attention_decode.cu", ["attn_split", "attn_combine"]),
     kernel_file!("attention_prefill.cu", ["attn_prefill"]),
-    kernel_file!("moe_gemv.cu", ["moe_gate_up_swiglu", "moe_down"]),
+    kernel_file!(
+        "moe_gemv.cu",
+        [
+            "moe_gate_up_swiglu",
+            "moe_gate_up_swiglu_q8",
+            "moe_gate_up_swiglu_fp8",
+            "moe_down",
+            "moe_down_q8",
+            "moe_down_fp8"
+        ]
+    ),
     kernel_file!("gemm_bf16.cu", ["gemm_bf16_tc"]),
+    kernel_file!(
+        "mxfp4_dense.cu",
+        ["mxfp4_quantize_bf16", "gemv_mxfp4", "gemm_mxfp4_tc"]
+    ),
     kernel_file!(
         "moe_grouped.cu",
         [
             "moe_group",
             "moe_gate_up_grouped",
+            "moe_gate_up_grouped_m128",
             "moe_down_grouped",
+            "moe_down_grouped_m128",
             "moe_combine"
         ]
     ),
@@ -271,7 +290,85 @@ fn program_log(prog: cudarc::nvrtc::sys::nvrtcProgram) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::parse_defines;
+    use super::{KERNEL_FILES, parse_defines};
+
+    /// The body of kernel `entry` in `src`: from its `extern "C"` line to the matching brace.
+    fn kernel_body<'a>(src: &'a str, entry: &str) -> Option<&'a str> {
+        let names = |head: &str| {
+            head.match_indices(&format!("{entry}(")).any(|(j, _)| {
+                !head[..j]
+                    .chars()
+                    .next_back()
+                    .is_some_and(|c| c.is_alphanumeric() || c == '_')
+            })
+        };
+        // A kernel stamped out by a macro (a line `NAME(entry, …)`): the macro's definition,
+        // whose kernel is called `name`.
+        let stamped = src.match_indices(&format!("({entry},")).find_map(|(j, _)| {
+            let line_start = src[..j].rfind('\n').map_or(0, |n| n + 1);
+            let macro_name = &src[line_start..j];
+            let ident = !macro_name.is_empty()
+                && macro_name.chars().all(|c| c.is_alphanumeric() || c == '_');
+            ident.then_some(macro_name)
+        });
+        if let Some(macro_name) = stamped {
+            let def = src.find(&format!("#define {macro_name}("))?;
+            let def_body = def + src[def..].find('\n')?;
+            return kernel_body(&src[def_body..], "name");
+        }
+        let open = src
+            .match_indices("extern \"C\"")
+            .map(|(i, _)| i + src[i..].find('{').unwrap_or(0))
+            .zip(src.match_indices("extern \"C\"").map(|(i, _)| i))
+            .find(|&(open, i)| open > i && names(&src[i..open]))?
+            .0;
+        let mut depth = 0usize;
+        for (i, c) in src[open..].char_indices() {
+            match c {
+                '{' => depth += 1,
+                '}' => {
+                    depth -= 1;
+                    if depth == 0 {
+                        return Some(&src[open..open + i]);
+                    }
+                }
+                _ => {}
+            }
+        }
+        None
+    }
+
+    /// Every launch may overlap the previous kernel (programmatic dependent launch), so a
+    /// kernel that does not wait first would read half-written activations: each entry point
+    /// must call `pdl_enter()` (or `pdl_wait()`), and nothing but weight prefetches may come
+    /// before it.
+    #[test]
+    fn every_kernel_waits_for_the_previous_grid() {
+        for file in KERNEL_FILES {
+            for entry in file.entries {
+                let body = kernel_body(file.source, entry)
+                    .unwrap_or_else(|| panic!("{entry} not found in {}", file.name));
+                let wait = body
+                    .find("pdl_enter();")
+                    .or_else(|| body.find("pdl_wait();"))
+                    .unwrap_or_else(|| panic!("{entry} ({}) never calls pdl_enter()", file.name));
+                for before in body[..wait].lines().skip(1) {
+                    let t = before.trim();
+                    assert!(
+                        t.is_empty()
+                            || t.starts_with("//")
+                            || t.starts_with('#')
+                            || t.starts_with("extern __shared__")
+                            || t.starts_with("__shared__")
+                            || t.starts_with("const int")
+                            || t.contains("prefetch_l2("),
+                        "{entry} ({}): `{t}` runs before pdl_enter()",
+                        file.name
+                    );
+                }
+            }
+        }
+    }
 
     #[test]
     fn defines_parse_and_bad_ones_are_named() {

@@ -7,8 +7,7 @@ use std::time::Instant;
 
 use anyhow::{Result, bail};
 use cudarc::driver::{
-    CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DeviceRepr, LaunchConfig,
-    PushKernelArg, ValidAsZeroBits,
+    CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DeviceRepr, ValidAsZeroBits,
 };
 
 use super::compile::{CubinOrigin, KERNEL_FILES, KernelCache};
@@ -39,6 +38,17 @@ pub enum Arg {
     F32(f32),
 }
 
+/// Environment switch for programmatic dependent launch (`0` turns it off, for A/B timing).
+pub const PDL_ENV: &str = "MXTUNE_PDL";
+
+fn pdl_enabled_by_env() -> Result<bool> {
+    match std::env::var(PDL_ENV).as_deref() {
+        Err(_) | Ok("1") | Ok("on") => Ok(true),
+        Ok("0") | Ok("off") => Ok(false),
+        Ok(v) => bail!("{PDL_ENV}={v}: expected 1/on or 0/off"),
+    }
+}
+
 /// How the kernels were obtained at start-up (the cold/warm start figure).
 #[derive(Debug, Clone)]
 pub struct LoadReport {
@@ -60,6 +70,8 @@ pub struct Gpu {
     name: String,
     funcs: HashMap<&'static str, CudaFunction>,
     max_shared: usize,
+    /// Programmatic dependent launch (sm_90 and later, unless `MXTUNE_PDL=0`).
+    pdl: bool,
     /// Cold/warm start report of the kernel load.
     pub load_report: LoadReport,
 }
@@ -124,10 +136,12 @@ impl Gpu {
             seconds: t0.elapsed().as_secs_f64(),
             cache_dir: cache.dir().display().to_string(),
         };
+        let pdl = major >= 9 && pdl_enabled_by_env()?;
         Ok(Self {
             ctx,
             stream,
             arch,
+            pdl,
             name,
             funcs,
             max_shared,
@@ -221,7 +235,11 @@ impl Gpu {
             .drv(|| "waiting for the GPU".into())
     }
 
-    /// Launch `kernel` on the stream.
+    /// Launch `kernel` on the stream (`cuLaunchKernelEx`), with programmatic stream
+    /// serialization allowed when [`Gpu::pdl`]: the kernel's blocks may then start while the
+    /// previous kernel on the stream is still finishing. Every engine kernel begins with
+    /// `pdl_enter()` (common.cuh) before it touches anything an earlier kernel wrote or reads,
+    /// so only weight prefetches overlap. Captured graphs keep the programmatic edges.
     pub fn launch(
         &self,
         kernel: &str,
@@ -236,22 +254,54 @@ impl Gpu {
         if grid.0 == 0 || grid.1 == 0 || grid.2 == 0 {
             return Ok(());
         }
-        let mut b = self.stream.launch_builder(f);
-        for a in args {
-            match a {
-                Arg::Ptr(p) | Arg::U64(p) => b.arg(p),
-                Arg::I32(v) => b.arg(v),
-                Arg::F32(v) => b.arg(v),
-            };
-        }
-        let cfg = LaunchConfig {
-            grid_dim: grid,
-            block_dim: block,
-            shared_mem_bytes,
+        // The driver reads each argument through a pointer to its value; the values live in
+        // `args`, which outlives the call.
+        let mut params: Vec<*mut std::ffi::c_void> = args
+            .iter()
+            .map(|a| match a {
+                Arg::Ptr(p) | Arg::U64(p) => p as *const u64 as *mut std::ffi::c_void,
+                Arg::I32(v) => v as *const i32 as *mut std::ffi::c_void,
+                Arg::F32(v) => v as *const f32 as *mut std::ffi::c_void,
+            })
+            .collect();
+        // SAFETY: a zeroed attribute is a valid C struct (id 0, value all zero bytes); the
+        // id and the union member set below are the ones the driver reads for it.
+        let mut attr: cudarc::driver::sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+        attr.id = cudarc::driver::sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+        attr.value.programmaticStreamSerializationAllowed = 1;
+        let cfg = cudarc::driver::sys::CUlaunchConfig {
+            gridDimX: grid.0,
+            gridDimY: grid.1,
+            gridDimZ: grid.2,
+            blockDimX: block.0,
+            blockDimY: block.1,
+            blockDimZ: block.2,
+            sharedMemBytes: shared_mem_bytes,
+            hStream: self.stream.cu_stream(),
+            attrs: &mut attr,
+            numAttrs: u32::from(self.pdl),
         };
+        self.ctx
+            .bind_to_thread()
+            .drv(|| "binding the CUDA context".into())?;
         // SAFETY: argument lists match the kernels' signatures (one wrapper per kernel in
-        // ops.rs); buffers outlive the launch because callers hold them until a sync.
-        unsafe { b.launch(cfg) }.drv(|| format!("launching {kernel}"))?;
-        Ok(())
+        // ops.rs); `params`, `attr` and `cfg` outlive the call, and buffers outlive the launch
+        // because callers hold them until a sync.
+        unsafe {
+            cudarc::driver::sys::cuLaunchKernelEx(
+                &cfg,
+                f.cu_function(),
+                params.as_mut_ptr(),
+                std::ptr::null_mut(),
+            )
+        }
+        .result()
+        .drv(|| format!("launching {kernel}"))
+    }
+
+    /// Whether launches may overlap the previous kernel's tail (programmatic dependent
+    /// launch).
+    pub fn pdl(&self) -> bool {
+        self.pdl
     }
 }

@@ -10,6 +10,7 @@ pub mod libs;
 pub mod model;
 pub mod ops;
 pub mod profile;
+pub mod quant;
 pub mod reference;
 pub mod selftest;
 pub mod synthetic;

@@ -21,6 +21,9 @@ pub enum KvDtype {
     Bf16,
     /// fp32: the precision of the CPU reference, for exact end-to-end comparisons.
     F32,
+    /// FP8 E4M3 without a scale (a quarter of the bytes): values cast with round to nearest
+    /// even, saturating at ±448 (`quant::e4m3_from_f32`). Needs sm_89 or later.
+    Fp8,
 }
 
 impl KvDtype {
@@ -29,6 +32,7 @@ impl KvDtype {
         match self {
             KvDtype::Bf16 => 2,
             KvDtype::F32 => 4,
+            KvDtype::Fp8 => 1,
         }
     }
 
@@ -37,6 +41,79 @@ impl KvDtype {
         match self {
             KvDtype::Bf16 => "bf16",
             KvDtype::F32 => "f32",
+            KvDtype::Fp8 => "fp8",
+        }
+    }
+
+    /// The kernels' element kind argument (`KV_BF16`, `KV_F32`, `KV_FP8` in common.cuh).
+    pub fn kernel_kind(self) -> i32 {
+        match self {
+            KvDtype::Bf16 => 0,
+            KvDtype::F32 => 1,
+            KvDtype::Fp8 => 2,
+        }
+    }
+}
+
+/// Tile of the grouped (prefill) MoE's tensor-core kernels: token rows × output columns per
+/// block (`--tile`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MoeTile {
+    /// 64 × 128 (the default, `--tile auto`).
+    T64x128,
+    /// 128 × 128: twice the rows per weight stage in shared memory.
+    T128x128,
+}
+
+impl MoeTile {
+    /// Token rows (entries) per tile: the segment cut of `moe_group`.
+    pub fn rows(self) -> usize {
+        match self {
+            MoeTile::T64x128 => 64,
+            MoeTile::T128x128 => 128,
+        }
+    }
+
+    /// Name in the kernel-path report.
+    pub fn name(self) -> &'static str {
+        match self {
+            MoeTile::T64x128 => "64x128",
+            MoeTile::T128x128 => "128x128",
+        }
+    }
+}
+
+/// `--activation`: the format of the activations the decode (GEMV) MoE kernels multiply with
+/// the MXFP4 expert weights, quantized per block of 32 while each kernel block stages them
+/// (`engine-kernels/moe_gemv.cu`; host mirror in [`super::quant`]). The grouped tensor-core
+/// MoE (prompts, `--moe-kernel grouped`) always rounds its activations to bf16.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ActFormat {
+    /// The reference path: the GEMV MoE multiplies fp32 activations (the grouped MoE bf16).
+    Bf16,
+    /// int8 per block of 32 with an fp32 scale amax / 127, dotted by dp4a with the weights
+    /// as int8 (llama.cpp's q8_1 × MXFP4 scheme).
+    Q8,
+    /// FP8 E4M3 per block of 32 with an fp32 scale amax / 448, multiplied in fp32.
+    Fp8,
+}
+
+impl ActFormat {
+    /// The gate's value name.
+    pub fn name(self) -> &'static str {
+        match self {
+            ActFormat::Bf16 => "bf16",
+            ActFormat::Q8 => "q8",
+            ActFormat::Fp8 => "fp8",
+        }
+    }
+
+    /// Value of the `kernel-path activation=` line: which MoE kernels the format reaches.
+    pub fn report(self) -> &'static str {
+        match self {
+            ActFormat::Bf16 => "bf16",
+            ActFormat::Q8 => "q8 (gemv MoE; grouped MoE bf16)",
+            ActFormat::Fp8 => "fp8 (gemv MoE; grouped MoE bf16)",
         }
     }
 }
@@ -50,6 +127,49 @@ pub struct DecodeOptions {
     pub kv_dtype: KvDtype,
     /// Which path runs which step (`--moe-kernel`).
     pub moe: MoePath,
+    /// Tile of the grouped MoE (`--tile`).
+    pub tile: MoeTile,
+    /// Activation format of the GEMV MoE (`--activation`).
+    pub activation: ActFormat,
+    /// Which layers run in MXFP4 (`--mxfp4-layers`): the experts always; with more, the
+    /// attention projections (and the lm_head) are quantized on the device when the
+    /// [`Decoder`] is built.
+    pub fp4_layers: Fp4Layers,
+}
+
+/// `--mxfp4-layers`: the layers whose weights are MXFP4. The experts are MXFP4 in the
+/// checkpoint; the others are bf16 there and are quantized at load (`weights::DeviceWeights::
+/// quantize_dense`, the quantizer of `engine::mxfp4`), their bf16 copies freed. The embedding
+/// table always stays bf16.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fp4Layers {
+    /// The experts only (the checkpoint as released).
+    Moe,
+    /// The experts and the attention qkv and o projections.
+    MoeQkvO,
+    /// The experts, qkv, o and the lm_head (unembedding).
+    All,
+}
+
+impl Fp4Layers {
+    /// Value of the `kernel-path mxfp4_layers=` line (the `--mxfp4-layers` spelling).
+    pub fn report(self) -> &'static str {
+        match self {
+            Fp4Layers::Moe => "moe",
+            Fp4Layers::MoeQkvO => "moe,qkv,o",
+            Fp4Layers::All => "moe,qkv,o,lm_head",
+        }
+    }
+
+    /// Whether the attention qkv and o projections are MXFP4.
+    pub fn qkv_o(self) -> bool {
+        self != Fp4Layers::Moe
+    }
+
+    /// Whether the lm_head is MXFP4.
+    pub fn lm_head(self) -> bool {
+        self == Fp4Layers::All
+    }
 }
 
 /// `--moe-kernel`: which MoE (and with it which forward path) runs which step.
@@ -81,6 +201,9 @@ impl Default for DecodeOptions {
             sinks: true,
             kv_dtype: KvDtype::Bf16,
             moe: MoePath::Auto,
+            fp4_layers: Fp4Layers::Moe,
+            activation: ActFormat::Bf16,
+            tile: MoeTile::T64x128,
         }
     }
 }
@@ -167,13 +290,13 @@ struct PrefillBufs {
 }
 
 impl PrefillBufs {
-    fn new(g: &Gpu, c: &ModelConfig, cap: usize, max_batch: usize) -> Result<Self> {
+    fn new(g: &Gpu, c: &ModelConfig, cap: usize, max_batch: usize, tile: MoeTile) -> Result<Self> {
         let (e, k) = (c.num_local_experts, c.num_experts_per_tok);
         Ok(Self {
             cap,
             rows: RowBufs::new(g, c, cap)?,
             perm: g.alloc(cap * k)?,
-            tiles: g.alloc(3 * ops::moe_max_tiles(cap * k, e))?,
+            tiles: g.alloc(3 * ops::moe_max_tiles(cap * k, e, tile))?,
             ntiles: g.alloc(1)?,
             out_rows: g.alloc(max_batch)?,
         })
@@ -184,7 +307,7 @@ impl PrefillBufs {
 struct PassShape {
     attn: AttnShape,
     moe: MoeShape,
-    kv_f32: bool,
+    kv: KvDtype,
     eps: f32,
     scale: f32,
 }
@@ -270,20 +393,27 @@ pub struct Decoder {
 
 impl Decoder {
     /// Allocate the KV cache (`slots` sequences of `max_pos` positions) and activations for
-    /// batches up to `max_batch`.
+    /// batches up to `max_batch`. Dense layers that `opts.fp4_layers` puts in MXFP4 are
+    /// quantized on the device first (their bf16 copies freed before the cache is allocated).
     pub fn new(
         g: &Gpu,
         cfg: &ModelConfig,
-        w: DeviceWeights,
+        mut w: DeviceWeights,
         opts: DecodeOptions,
         slots: usize,
         max_pos: usize,
         max_batch: usize,
     ) -> Result<Self> {
         super::weights::check_config(cfg)?;
+        w.quantize_dense(g, cfg, opts.fp4_layers)?;
         ensure!(
             slots > 0 && max_pos > 0 && max_batch > 0,
             "empty KV cache or batch"
+        );
+        ensure!(
+            opts.kv_dtype != KvDtype::Fp8 || fp8_capable(g.arch()),
+            "an fp8 KV cache needs sm_89 or later (the E4M3 conversions); this GPU is {}",
+            g.arch()
         );
         let (hq, hkv, d, v) = (
             cfg.num_attention_heads,
@@ -342,13 +472,26 @@ impl Decoder {
         self.max_pos
     }
 
+    /// Bytes the dense projections and the lm_head occupy on the device (bf16 or MXFP4, as
+    /// `--mxfp4-layers` left them).
+    pub fn dense_bytes(&self) -> usize {
+        self.w.dense_bytes()
+    }
+
     /// Largest batch of one step.
     pub fn max_batch(&self) -> usize {
         self.max_batch
     }
 
-    /// Fill the whole KV cache with random bf16 (profiling at depth without a prefill).
+    /// Fill the whole KV cache with random values (profiling at depth without a prefill).
     pub fn fill_kv(&mut self, g: &Gpu, seed: u64) -> Result<()> {
+        if self.opts.kv_dtype == KvDtype::Fp8 {
+            // E4M3 bytes 0x00..=0x3f: 0 to 1.875, no NaN (0x7f/0xff).
+            let n = self.k_cache.len();
+            ops::fill_u8(g, g.ptr(&self.k_cache), n, seed, 0, 0x3f)?;
+            ops::fill_u8(g, g.ptr(&self.v_cache), n, seed ^ 1, 0, 0x3f)?;
+            return g.sync();
+        }
         // As bf16 halves: an fp32 cache then holds values near the same bf16 numbers.
         let n = self.k_cache.len() / 2;
         ops::fill_bf16(g, g.ptr(&self.k_cache), n, seed, 1.0, 0.0)?;
@@ -415,7 +558,7 @@ impl Decoder {
                 limit: c.swiglu_limit as f32,
                 alpha: 1.702,
             },
-            kv_f32: self.opts.kv_dtype == KvDtype::F32,
+            kv: self.opts.kv_dtype,
             eps: c.rms_norm_eps as f32,
             scale: 1.0 / (c.head_dim as f32).sqrt(),
         }
@@ -458,7 +601,7 @@ impl Decoder {
             g.ptr(&r.q),
             l.k_cache,
             l.v_cache,
-            sh.kv_f32,
+            sh.kv,
             g.ptr(&self.inv_freq),
             g.ptr(&r.pos),
             g.ptr(&r.kv_off),
@@ -509,9 +652,10 @@ impl Decoder {
                 eps: sh.eps,
                 out: p(&r.h),
             };
-            ops::gemv(
+            let qkv_w = lw.qkv_w.dev(g);
+            ops::dense_gemv(
                 g,
-                g.ptr(&lw.qkv_w),
+                qkv_w,
                 Some(g.ptr(&lw.qkv_b)),
                 p(&r.x),
                 p(&r.qkv),
@@ -521,7 +665,11 @@ impl Decoder {
                 false,
                 Some(attn_norm),
             )?;
-            mark("rmsnorm+gemv qkv")?;
+            mark(if qkv_w.is_mxfp4() {
+                "rmsnorm+gemv_mxfp4 qkv"
+            } else {
+                "rmsnorm+gemv qkv"
+            })?;
             self.rope_kv(g, &sh, &l, r, n)?;
             mark("rope_kv_write")?;
             let keys = if l.window > 0 {
@@ -536,7 +684,7 @@ impl Decoder {
                 p(&r.q),
                 l.k_cache,
                 l.v_cache,
-                sh.kv_f32,
+                sh.kv,
                 g.ptr(&r.pos),
                 g.ptr(&r.kv_off),
                 l.sinks,
@@ -549,9 +697,10 @@ impl Decoder {
                 sh.scale,
             )?;
             mark("attention")?;
-            ops::gemv(
+            let o_w = lw.o_w.dev(g);
+            ops::dense_gemv(
                 g,
-                g.ptr(&lw.o_w),
+                o_w,
                 Some(g.ptr(&lw.o_b)),
                 p(&r.attn),
                 p(&r.x),
@@ -561,7 +710,11 @@ impl Decoder {
                 true,
                 None,
             )?;
-            mark("gemv o (+residual)")?;
+            mark(if o_w.is_mxfp4() {
+                "gemv_mxfp4 o (+residual)"
+            } else {
+                "gemv o (+residual)"
+            })?;
             let mlp_norm = Norm {
                 w: g.ptr(&lw.mlp_norm),
                 eps: sh.eps,
@@ -581,12 +734,14 @@ impl Decoder {
             )?;
             mark("rmsnorm+gemv router+topk")?;
             let (idx, act) = (g.ptr(&r.r_idx), p(&r.act));
-            ops::moe_gate_up(g, &l.moe, sh.moe, p(&r.h), idx, act, n)?;
+            let fmt = self.opts.activation;
+            ops::moe_gate_up(g, &l.moe, sh.moe, fmt, p(&r.h), idx, act, n)?;
             mark("moe gate_up+swiglu")?;
             ops::moe_down(
                 g,
                 &l.moe,
                 sh.moe,
+                fmt,
                 idx,
                 p(&r.r_w),
                 act,
@@ -598,7 +753,11 @@ impl Decoder {
             mark("moe down (+residual)")?;
         }
         self.head(g, n)?;
-        mark("rmsnorm+gemv lm_head, argmax")?;
+        mark(if self.w.lm_head.dev(g).is_mxfp4() {
+            "rmsnorm+gemv_mxfp4 lm_head, argmax"
+        } else {
+            "rmsnorm+gemv lm_head, argmax"
+        })?;
         Ok(())
     }
 
@@ -611,9 +770,9 @@ impl Decoder {
             eps: c.rms_norm_eps as f32,
             out: p(&self.rows.h),
         };
-        ops::gemv(
+        ops::dense_gemv(
             g,
-            g.ptr(&self.w.lm_head),
+            self.w.lm_head.dev(g),
             None,
             p(&self.rows.x),
             p(&self.logits),
@@ -694,7 +853,7 @@ impl Decoder {
         // the buffers, and the next prompt allocates them again.
         let mut b = match self.pre.take() {
             Some(b) if b.cap >= cap => b,
-            _ => PrefillBufs::new(g, &self.cfg, cap, self.max_batch)?,
+            _ => PrefillBufs::new(g, &self.cfg, cap, self.max_batch, self.opts.tile)?,
         };
         let hid = self.cfg.hidden_size;
         let mut done = 0usize;
@@ -770,9 +929,10 @@ impl Decoder {
                 sh.eps,
             )?;
             mark("rmsnorm")?;
-            ops::gemm(
+            let qkv_w = lw.qkv_w.dev(g);
+            ops::dense_gemm(
                 g,
-                g.ptr(&lw.qkv_w),
+                qkv_w,
                 Some(g.ptr(&lw.qkv_b)),
                 p(&r.h),
                 p(&r.qkv),
@@ -781,7 +941,11 @@ impl Decoder {
                 hid,
                 false,
             )?;
-            mark("gemm qkv")?;
+            mark(if qkv_w.is_mxfp4() {
+                "gemm_mxfp4 qkv"
+            } else {
+                "gemm qkv"
+            })?;
             self.rope_kv(g, &sh, &l, r, n)?;
             mark("rope_kv_write")?;
             ops::attention_rows(
@@ -790,7 +954,7 @@ impl Decoder {
                 p(&r.q),
                 l.k_cache,
                 l.v_cache,
-                sh.kv_f32,
+                sh.kv,
                 g.ptr(&r.pos),
                 g.ptr(&r.kv_off),
                 l.sinks,
@@ -800,9 +964,10 @@ impl Decoder {
                 sh.scale,
             )?;
             mark("attention (prefill rows)")?;
-            ops::gemm(
+            let o_w = lw.o_w.dev(g);
+            ops::dense_gemm(
                 g,
-                g.ptr(&lw.o_w),
+                o_w,
                 Some(g.ptr(&lw.o_b)),
                 p(&r.attn),
                 p(&r.x),
@@ -811,7 +976,11 @@ impl Decoder {
                 hq * d,
                 true,
             )?;
-            mark("gemm o (+residual)")?;
+            mark(if o_w.is_mxfp4() {
+                "gemm_mxfp4 o (+residual)"
+            } else {
+                "gemm o (+residual)"
+            })?;
             ops::rmsnorm(
                 g,
                 p(&r.x),
@@ -842,6 +1011,7 @@ impl Decoder {
                 g,
                 &l.moe,
                 sh.moe,
+                self.opts.tile,
                 c.num_local_experts,
                 p(&r.h),
                 g.ptr(&r.r_idx),
@@ -928,6 +1098,15 @@ impl Decoder {
     }
 }
 
+/// Whether a GPU architecture (`sm_90`, `sm_121`, `sm_90a`, …) has the E4M3 conversions an fp8
+/// KV cache needs (sm_89 and later).
+pub fn fp8_capable(arch: &str) -> bool {
+    arch.strip_prefix("sm_")
+        .map(|v| v.trim_end_matches(|c: char| c.is_ascii_alphabetic()))
+        .and_then(|v| v.parse::<u32>().ok())
+        .is_some_and(|n| n >= 89)
+}
+
 /// Record a profiling event labelled with the kernel group that just ended.
 fn mark_event(g: &Gpu, marks: Option<&mut Marks>, label: &'static str) -> Result<()> {
     if let Some(m) = marks {
@@ -947,5 +1126,42 @@ impl Decoder {
     /// kernels that read them in place (on-device sampling).
     pub fn logits_ptr(&self, g: &Gpu) -> u64 {
         g.ptr(&self.logits)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kv_dtypes_have_sizes_names_and_kernel_kinds() {
+        let all = [KvDtype::Bf16, KvDtype::F32, KvDtype::Fp8];
+        let sizes: Vec<_> = all.iter().map(|k| k.size()).collect();
+        let names: Vec<_> = all.iter().map(|k| k.name()).collect();
+        let kinds: Vec<_> = all.iter().map(|k| k.kernel_kind()).collect();
+        assert_eq!(sizes, [2, 4, 1]);
+        assert_eq!(names, ["bf16", "f32", "fp8"]);
+        assert_eq!(kinds, [0, 1, 2]);
+    }
+
+    #[test]
+    fn moe_tiles_have_rows_and_names() {
+        assert_eq!(MoeTile::T64x128.rows(), 64);
+        assert_eq!(MoeTile::T128x128.rows(), 128);
+        assert_eq!(MoeTile::T128x128.name(), "128x128");
+        assert_eq!(DecodeOptions::default().tile, MoeTile::T64x128);
+        // The tile list bound shrinks with the taller tile but always covers one per expert.
+        assert_eq!(ops::moe_max_tiles(300, 4, MoeTile::T64x128), 5 + 4);
+        assert_eq!(ops::moe_max_tiles(300, 4, MoeTile::T128x128), 3 + 4);
+    }
+
+    #[test]
+    fn fp8_needs_sm89_or_later() {
+        for a in ["sm_89", "sm_90", "sm_90a", "sm_100a", "sm_121", "sm_121a"] {
+            assert!(fp8_capable(a), "{a}");
+        }
+        for a in ["sm_80", "sm_86", "sm_75", "gfx90a", "sm_", ""] {
+            assert!(!fp8_capable(a), "{a}");
+        }
     }
 }

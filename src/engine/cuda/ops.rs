@@ -6,6 +6,7 @@
 use anyhow::{Result, ensure};
 
 use super::device::{Arg, Gpu};
+use super::model::{ActFormat, KvDtype, MoeTile};
 
 /// Optional device pointer → kernel argument (null when absent).
 fn opt(p: Option<u64>) -> Arg {
@@ -83,11 +84,8 @@ pub struct Norm {
     pub out: u64,
 }
 
-/// Shared memory the fused norm may stage per block (the default static limit).
-const NORM_SMEM_LIMIT: usize = 48 * 1024;
-
-/// y[t] (+)= W x[t] + b, W bf16 [rows, cols]; with `norm` the input is rmsnorm(x) (fused into
-/// the GEMV when the staged input fits in shared memory, else a separate rmsnorm launch).
+/// y[t] (+)= W x[t] + b, W bf16 [rows, cols]; with `norm` the input is rmsnorm(x), folded into
+/// the GEMV (and written to `norm.out`).
 pub fn gemv(
     g: &Gpu,
     w: u64,
@@ -173,25 +171,14 @@ fn gemv_launch(
     norm: Option<Norm>,
     topk: Option<TopK>,
 ) -> Result<()> {
-    let stage = t.min(GEMV_TOKENS) * cols * 4;
-    let (x, norm) = match norm {
-        Some(n) if stage > NORM_SMEM_LIMIT => {
-            rmsnorm(g, x, None, n.w, n.out, cols, t, n.eps)?;
-            (n.out, None)
-        }
-        other => (x, other),
-    };
     let wide = rows < GEMV_WIDE_ROWS;
-    let (kernel, blocks) = if wide {
-        ("gemv_bf16_wide", rows)
-    } else {
-        ("gemv_bf16", rows.div_ceil(GEMV_ROWS))
+    let (kernel, blocks) = match (wide, norm.is_some()) {
+        (true, _) => ("gemv_bf16_wide", rows),
+        (false, true) => ("gemv_bf16_norm", rows.div_ceil(GEMV_ROWS)),
+        (false, false) => ("gemv_bf16", rows.div_ceil(GEMV_ROWS)),
     };
-    let mut smem = if norm.is_some() { stage } else { 0 };
-    if topk.is_some() {
-        // The routing block reuses the staged input's space for the logits.
-        smem = smem.max(rows * 4);
-    }
+    // The routing block copies the logits into shared memory.
+    let smem = if topk.is_some() { rows * 4 } else { 0 };
     let mut args = vec![
         Arg::Ptr(w),
         opt(bias),
@@ -201,10 +188,14 @@ fn gemv_launch(
         i(cols)?,
         i(t)?,
         Arg::I32(accumulate as i32),
-        opt(norm.map(|n| n.w)),
-        Arg::F32(norm.map_or(0.0, |n| n.eps)),
-        opt(norm.map(|n| n.out)),
     ];
+    if wide || norm.is_some() {
+        args.extend([
+            opt(norm.map(|n| n.w)),
+            Arg::F32(norm.map_or(0.0, |n| n.eps)),
+            opt(norm.map(|n| n.out)),
+        ]);
+    }
     if wide {
         args.extend([
             opt(topk.map(|k| k.idx)),
@@ -251,7 +242,7 @@ impl AttnShape {
 }
 
 /// Rotate q/k of `t` tokens (positions `pos`, cache offsets `kv_off` in elements, device
-/// arrays) and write k/v into the cache (bf16, or fp32 with `kv_f32`).
+/// arrays) and write k/v into the cache of element type `kv` (bf16, fp32 or fp8 E4M3).
 pub fn rope_kv(
     g: &Gpu,
     s: AttnShape,
@@ -259,7 +250,7 @@ pub fn rope_kv(
     q_out: u64,
     k_cache: u64,
     v_cache: u64,
-    kv_f32: bool,
+    kv: KvDtype,
     inv_freq: u64,
     pos: u64,
     kv_off: u64,
@@ -277,7 +268,7 @@ pub fn rope_kv(
             Arg::Ptr(q_out),
             Arg::Ptr(k_cache),
             Arg::Ptr(v_cache),
-            Arg::I32(kv_f32 as i32),
+            Arg::I32(kv.kernel_kind()),
             Arg::Ptr(inv_freq),
             Arg::Ptr(pos),
             Arg::Ptr(kv_off),
@@ -301,15 +292,16 @@ pub struct AttnScratch {
     pub entries: usize,
 }
 
-/// Decode attention for `t` query tokens; `nsplit` splits of `split_len` keys each must cover
-/// the longest key range in the batch. `sinks = None` turns the sink off.
+/// Decode attention for `t` query tokens over a cache of element type `kv`; `nsplit` splits of
+/// `split_len` keys each must cover the longest key range in the batch. `sinks = None` turns
+/// the sink off.
 pub fn attention(
     g: &Gpu,
     s: AttnShape,
     q: u64,
     k_cache: u64,
     v_cache: u64,
-    kv_f32: bool,
+    kv: KvDtype,
     pos: u64,
     kv_off: u64,
     sinks: Option<u64>,
@@ -337,7 +329,7 @@ pub fn attention(
             Arg::Ptr(q),
             Arg::Ptr(k_cache),
             Arg::Ptr(v_cache),
-            Arg::I32(kv_f32 as i32),
+            Arg::I32(kv.kernel_kind()),
             Arg::Ptr(pos),
             Arg::Ptr(kv_off),
             Arg::Ptr(scratch.m),
@@ -371,14 +363,15 @@ pub fn attention(
 
 /// Attention for `t` prefill rows (one query token each, its own position and KV slot): one
 /// block per (KV head, row) with a warp per query head of the group, keys staged in shared
-/// memory once for the whole group. `sinks = None` turns the sink off.
+/// memory once for the whole group (widened to fp32 from the cache's element type `kv`).
+/// `sinks = None` turns the sink off.
 pub fn attention_rows(
     g: &Gpu,
     s: AttnShape,
     q: u64,
     k_cache: u64,
     v_cache: u64,
-    kv_f32: bool,
+    kv: KvDtype,
     pos: u64,
     kv_off: u64,
     sinks: Option<u64>,
@@ -404,7 +397,7 @@ pub fn attention_rows(
             Arg::Ptr(q),
             Arg::Ptr(k_cache),
             Arg::Ptr(v_cache),
-            Arg::I32(kv_f32 as i32),
+            Arg::I32(kv.kernel_kind()),
             Arg::Ptr(pos),
             Arg::Ptr(kv_off),
             opt(sinks),
@@ -453,8 +446,30 @@ pub struct MoeShape {
     pub alpha: f32,
 }
 
-/// Floats per staged group of 32 activations (kernel constant `MOE_PAD`).
-const MOE_PAD: usize = 36;
+/// Floats per staged group of 32 fp32 activations in the decode MoE and `gemv_mxfp4`
+/// (kernel constant `STAGE_PAD`).
+const STAGE_PAD: usize = 36;
+/// Bytes per staged group of 32 8-bit activations (kernel constant `ACT8_PAD`); each group
+/// also has a 4-byte scale.
+const ACT8_PAD: usize = 48;
+
+/// Which decode MoE kernel (gate_up + SwiGLU, or down) runs for activation format `fmt`, and
+/// its dynamic shared memory for `n` staged activations.
+fn moe_gemv_kernel(down: bool, fmt: ActFormat, n: usize) -> (&'static str, usize) {
+    let name = match (down, fmt) {
+        (false, ActFormat::Bf16) => "moe_gate_up_swiglu",
+        (false, ActFormat::Q8) => "moe_gate_up_swiglu_q8",
+        (false, ActFormat::Fp8) => "moe_gate_up_swiglu_fp8",
+        (true, ActFormat::Bf16) => "moe_down",
+        (true, ActFormat::Q8) => "moe_down_q8",
+        (true, ActFormat::Fp8) => "moe_down_fp8",
+    };
+    let smem = match fmt {
+        ActFormat::Bf16 => n / 32 * STAGE_PAD * 4,
+        ActFormat::Q8 | ActFormat::Fp8 => n / 32 * (ACT8_PAD + 4),
+    };
+    (name, smem)
+}
 
 impl MoeShape {
     fn check(&self) -> Result<()> {
@@ -469,11 +484,12 @@ impl MoeShape {
 }
 
 /// y[t] (+)= Σ_s w[t,s] · expert_{idx[t,s]}(x[t]); `act` is scratch [t, k, I] fp32, `part`
-/// scratch [t, k, H] fp32.
+/// scratch [t, k, H] fp32; `fmt` the format x and act are quantized to in the kernels.
 pub fn moe(
     g: &Gpu,
     w: &MoeWeights,
     s: MoeShape,
+    fmt: ActFormat,
     x: u64,
     idx: u64,
     wts: u64,
@@ -483,29 +499,31 @@ pub fn moe(
     t: usize,
     accumulate: bool,
 ) -> Result<()> {
-    moe_gate_up(g, w, s, x, idx, act, t)?;
-    moe_down(g, w, s, idx, wts, act, part, y, t, accumulate)
+    moe_gate_up(g, w, s, fmt, x, idx, act, t)?;
+    moe_down(g, w, s, fmt, idx, wts, act, part, y, t, accumulate)
 }
 
-/// act[t, s] = swiglu(W1_e x[t] + b1_e) for the routed experts e = idx[t, s].
+/// act[t, s] = swiglu(W1_e x[t] + b1_e) for the routed experts e = idx[t, s] (x quantized
+/// to `fmt` per block of 32 in the kernel).
 pub fn moe_gate_up(
     g: &Gpu,
     w: &MoeWeights,
     s: MoeShape,
+    fmt: ActFormat,
     x: u64,
     idx: u64,
     act: u64,
     t: usize,
 ) -> Result<()> {
     s.check()?;
-    let smem = s.hidden / 32 * MOE_PAD * 4;
+    let (kernel, smem) = moe_gemv_kernel(false, fmt, s.hidden);
     ensure!(
         smem <= g.max_shared(),
         "hidden {} too large for the staged MoE input",
         s.hidden
     );
     g.launch(
-        "moe_gate_up_swiglu",
+        kernel,
         (u(s.inter.div_ceil(8))?, u(s.k)?, u(t)?),
         (256, 1, 1),
         u(smem)?,
@@ -526,11 +544,13 @@ pub fn moe_gate_up(
 }
 
 /// y[t] (+)= Σ_s w[t,s] (W2_e act[t, s] + b2_e): one block per (16 rows, slot) writes the
-/// slot's weighted rows to `part` [t, k, H], then the slots are summed into y in order.
+/// slot's weighted rows to `part` [t, k, H], then the slots are summed into y in order (act
+/// quantized to `fmt` per block of 32 in the kernel).
 pub fn moe_down(
     g: &Gpu,
     w: &MoeWeights,
     s: MoeShape,
+    fmt: ActFormat,
     idx: u64,
     wts: u64,
     act: u64,
@@ -540,7 +560,7 @@ pub fn moe_down(
     accumulate: bool,
 ) -> Result<()> {
     s.check()?;
-    let smem = s.inter / 32 * MOE_PAD * 4;
+    let (kernel, smem) = moe_gemv_kernel(true, fmt, s.inter);
     ensure!(
         smem <= g.max_shared(),
         "intermediate {} too large for the staged MoE activations ({} bytes, device allows {})",
@@ -549,7 +569,7 @@ pub fn moe_down(
         g.max_shared()
     );
     g.launch(
-        "moe_down",
+        kernel,
         (u(s.hidden.div_ceil(16))?, u(s.k)?, u(t)?),
         (256, 1, 1),
         u(smem)?,
@@ -790,7 +810,8 @@ pub fn read_probe(g: &Gpu, src: u64, bytes: usize, sink: u64) -> Result<()> {
     )
 }
 
-/// Token rows per tensor-core tile (kernel constant `TC_BM`).
+/// Token rows per tensor-core tile of the dense GEMM (kernel constant `TC_BM`; the grouped MoE
+/// takes its rows from its [`MoeTile`]).
 pub const TC_BM: usize = 64;
 /// Output columns per tensor-core tile (kernel constant `TC_BN`).
 const TC_BN: usize = 128;
@@ -832,6 +853,193 @@ pub fn gemm(
     )
 }
 
+/// A dense projection's weights on the device: bf16 `[rows, cols]` as in the checkpoint, or
+/// MXFP4 quantized at load (blocks `[rows, cols/32, 16]`, scales `[rows, cols/32]`).
+#[derive(Debug, Clone, Copy)]
+pub enum DenseW {
+    /// bf16 weights.
+    Bf16(u64),
+    /// MXFP4 blocks and E8M0 scales.
+    Mxfp4 {
+        /// Packed E2M1 nibbles.
+        blocks: u64,
+        /// One scale byte per 32 weights.
+        scales: u64,
+    },
+}
+
+impl DenseW {
+    /// Whether the weights are MXFP4.
+    pub fn is_mxfp4(self) -> bool {
+        matches!(self, DenseW::Mxfp4 { .. })
+    }
+}
+
+/// Quantize `n` bf16 values (whole blocks of 32, `src` 16-byte aligned) to MXFP4 blocks
+/// (`n / 2` bytes) and scales (`n / 32` bytes) with the quantizer of `engine::mxfp4`
+/// (bit-identical); the number of non-finite inputs is added to the device u32 `nonfinite`.
+pub fn mxfp4_quantize(
+    g: &Gpu,
+    src: u64,
+    blocks: u64,
+    scales: u64,
+    n: usize,
+    nonfinite: u64,
+) -> Result<()> {
+    ensure!(
+        n.is_multiple_of(32),
+        "{n} values are not whole MXFP4 blocks of 32"
+    );
+    let nblocks = n / 32;
+    g.launch(
+        "mxfp4_quantize_bf16",
+        (u(nblocks.div_ceil(256).clamp(1, 65536))?, 1, 1),
+        (256, 1, 1),
+        0,
+        &[
+            Arg::Ptr(src),
+            Arg::Ptr(blocks),
+            Arg::Ptr(scales),
+            Arg::U64(nblocks as u64),
+            Arg::Ptr(nonfinite),
+        ],
+    )
+}
+
+/// Static shared memory of `gemv_mxfp4` (the norm's reduction scratch), left out of what its
+/// staged input may take.
+const FP4_GEMV_STATIC_SMEM: usize = 128;
+
+/// y[t] (+)= W x[t] + b with MXFP4 weights W [rows, cols] (`cols` a multiple of 32); with
+/// `norm` the input is rmsnorm(x) · w, fused (the staged input is always in shared memory).
+/// The decode GEMV of `--mxfp4-layers` (qkv, o with the residual add, lm_head).
+pub fn gemv_mxfp4(
+    g: &Gpu,
+    blocks: u64,
+    scales: u64,
+    bias: Option<u64>,
+    x: u64,
+    y: u64,
+    rows: usize,
+    cols: usize,
+    t: usize,
+    accumulate: bool,
+    norm: Option<Norm>,
+) -> Result<()> {
+    ensure!(
+        cols.is_multiple_of(32),
+        "MXFP4 GEMV input width {cols} is not a multiple of 32"
+    );
+    let smem = t.min(GEMV_TOKENS) * cols / 32 * STAGE_PAD * 4;
+    ensure!(
+        smem + FP4_GEMV_STATIC_SMEM <= g.max_shared(),
+        "MXFP4 GEMV input width {cols}: the staged input ({smem} bytes) exceeds the device's \
+         shared memory ({} bytes)",
+        g.max_shared()
+    );
+    g.launch(
+        "gemv_mxfp4",
+        (u(rows.div_ceil(GEMV_ROWS))?, u(t.div_ceil(GEMV_TOKENS))?, 1),
+        (256, 1, 1),
+        u(smem)?,
+        &[
+            Arg::Ptr(blocks),
+            Arg::Ptr(scales),
+            opt(bias),
+            Arg::Ptr(x),
+            Arg::Ptr(y),
+            i(rows)?,
+            i(cols)?,
+            i(t)?,
+            Arg::I32(accumulate as i32),
+            opt(norm.map(|n| n.w)),
+            Arg::F32(norm.map_or(0.0, |n| n.eps)),
+            opt(norm.map(|n| n.out)),
+        ],
+    )
+}
+
+/// Prefill GEMM on tensor cores with MXFP4 weights W [n, k] (dequantized to bf16 in shared
+/// memory one stage at a time): y[m] (+)= W x[m] + b, x fp32 [m, k] rounded to bf16 for the
+/// MMA, fp32 out [m, n]. `k` must be a multiple of 32.
+pub fn gemm_mxfp4(
+    g: &Gpu,
+    blocks: u64,
+    scales: u64,
+    bias: Option<u64>,
+    x: u64,
+    y: u64,
+    m: usize,
+    n: usize,
+    k: usize,
+    accumulate: bool,
+) -> Result<()> {
+    ensure!(
+        k.is_multiple_of(TC_BK),
+        "MXFP4 GEMM inner size {k} is not a multiple of {TC_BK} (one block per stage)"
+    );
+    g.launch(
+        "gemm_mxfp4_tc",
+        (u(n.div_ceil(TC_BN))?, u(m.div_ceil(TC_BM))?, 1),
+        (256, 1, 1),
+        0,
+        &[
+            Arg::Ptr(x),
+            Arg::Ptr(blocks),
+            Arg::Ptr(scales),
+            opt(bias),
+            Arg::Ptr(y),
+            i(m)?,
+            i(n)?,
+            i(k)?,
+            Arg::I32(accumulate as i32),
+        ],
+    )
+}
+
+/// The decode GEMV of a dense projection in whichever format its weights are ([`gemv`] or
+/// [`gemv_mxfp4`]).
+pub fn dense_gemv(
+    g: &Gpu,
+    w: DenseW,
+    bias: Option<u64>,
+    x: u64,
+    y: u64,
+    rows: usize,
+    cols: usize,
+    t: usize,
+    accumulate: bool,
+    norm: Option<Norm>,
+) -> Result<()> {
+    match w {
+        DenseW::Bf16(p) => gemv(g, p, bias, x, y, rows, cols, t, accumulate, norm),
+        DenseW::Mxfp4 { blocks, scales } => gemv_mxfp4(
+            g, blocks, scales, bias, x, y, rows, cols, t, accumulate, norm,
+        ),
+    }
+}
+
+/// The prefill GEMM of a dense projection in whichever format its weights are ([`gemm`] or
+/// [`gemm_mxfp4`]).
+pub fn dense_gemm(
+    g: &Gpu,
+    w: DenseW,
+    bias: Option<u64>,
+    x: u64,
+    y: u64,
+    m: usize,
+    n: usize,
+    k: usize,
+    accumulate: bool,
+) -> Result<()> {
+    match w {
+        DenseW::Bf16(p) => gemm(g, p, bias, x, y, m, n, k, accumulate),
+        DenseW::Mxfp4 { blocks, scales } => {
+            gemm_mxfp4(g, blocks, scales, bias, x, y, m, n, k, accumulate)
+        }
+    }
+}
+
 /// dst[i] = src[rows[i]] for `n` rows of `cols` fp32; `rows` device u32.
 pub fn rows_gather(g: &Gpu, src: u64, rows: u64, dst: u64, cols: usize, n: usize) -> Result<()> {
     g.launch(
@@ -854,18 +1062,28 @@ pub struct MoeGroups {
     pub ntiles: u64,
 }
 
-/// Upper bound of grouped-MoE tiles for `total` entries over `experts` experts.
-pub fn moe_max_tiles(total: usize, experts: usize) -> usize {
-    total.div_ceil(TC_BM) + experts
+/// Upper bound of grouped-MoE tiles of `tile` for `total` entries over `experts` experts.
+pub fn moe_max_tiles(total: usize, experts: usize, tile: MoeTile) -> usize {
+    total.div_ceil(tile.rows()) + experts
 }
 
-/// Prefill MoE grouped by expert for `t` tokens: x is the normalised input [t, H], `act`
-/// scratch [t·k, I], `part` scratch [t·k, H]; the weighted expert outputs are added into y
-/// (or written with `accumulate` false).
+/// The grouped MoE's (gate_up, down) kernels for a tile.
+fn moe_grouped_kernels(tile: MoeTile) -> (&'static str, &'static str) {
+    match tile {
+        MoeTile::T64x128 => ("moe_gate_up_grouped", "moe_down_grouped"),
+        MoeTile::T128x128 => ("moe_gate_up_grouped_m128", "moe_down_grouped_m128"),
+    }
+}
+
+/// Prefill MoE grouped by expert for `t` tokens on tiles of `tile`: x is the normalised input
+/// [t, H], `act` scratch [t·k, I], `part` scratch [t·k, H]; the weighted expert outputs are
+/// added into y (or written with `accumulate` false). `groups.tiles` must hold
+/// [`moe_max_tiles`]`(t·k, experts, tile)` entries.
 pub fn moe_grouped(
     g: &Gpu,
     w: &MoeWeights,
     s: MoeShape,
+    tile: MoeTile,
     experts: usize,
     x: u64,
     idx: u64,
@@ -879,7 +1097,8 @@ pub fn moe_grouped(
 ) -> Result<()> {
     s.check()?;
     let total = t * s.k;
-    let tiles = moe_max_tiles(total, experts);
+    let tiles = moe_max_tiles(total, experts, tile);
+    let (gate_up, down) = moe_grouped_kernels(tile);
     g.launch(
         "moe_group",
         (1, 1, 1),
@@ -889,14 +1108,14 @@ pub fn moe_grouped(
             Arg::Ptr(idx),
             i(total)?,
             i(experts)?,
-            i(TC_BM)?,
+            i(tile.rows())?,
             Arg::Ptr(groups.perm),
             Arg::Ptr(groups.tiles),
             Arg::Ptr(groups.ntiles),
         ],
     )?;
     g.launch(
-        "moe_gate_up_grouped",
+        gate_up,
         (u((2 * s.inter).div_ceil(TC_BN))?, u(tiles)?, 1),
         (256, 1, 1),
         0,
@@ -917,7 +1136,7 @@ pub fn moe_grouped(
         ],
     )?;
     g.launch(
-        "moe_down_grouped",
+        down,
         (u(s.hidden.div_ceil(TC_BN))?, u(tiles)?, 1),
         (256, 1, 1),
         0,
@@ -936,4 +1155,36 @@ pub fn moe_grouped(
         ],
     )?;
     moe_combine(g, part, y, s.hidden, s.k, t, accumulate)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every activation format's decode MoE kernels are in the dispatch table, and the 8-bit
+    /// staging takes 52 bytes per group of 32 (a quarter of the shared-memory reads of fp32).
+    #[test]
+    fn moe_gemv_kernels_per_activation_format() {
+        let entries: Vec<&str> = super::super::compile::KERNEL_FILES
+            .iter()
+            .flat_map(|f| f.entries.iter().copied())
+            .collect();
+        for fmt in [ActFormat::Bf16, ActFormat::Q8, ActFormat::Fp8] {
+            for down in [false, true] {
+                let (name, smem) = moe_gemv_kernel(down, fmt, 2880);
+                assert!(entries.contains(&name), "{name} not in KERNEL_FILES");
+                let want = if fmt == ActFormat::Bf16 {
+                    90 * 144
+                } else {
+                    90 * 52
+                };
+                assert_eq!(smem, want, "{name}");
+            }
+        }
+        assert_eq!(
+            moe_gemv_kernel(false, ActFormat::Bf16, 96).0,
+            "moe_gate_up_swiglu"
+        );
+        assert_eq!(moe_gemv_kernel(true, ActFormat::Q8, 96).0, "moe_down_q8");
+    }
 }

@@ -8,7 +8,9 @@ use std::time::Instant;
 use anyhow::{Context, Result, ensure};
 
 use super::device::Gpu;
-use super::model::{DecodeOptions, Decoder, KvDtype, Profile, SPLIT_LEN};
+use super::model::{
+    ActFormat, DecodeOptions, Decoder, Fp4Layers, KvDtype, MoeTile, Profile, SPLIT_LEN,
+};
 use super::{ops, weights};
 use crate::engine::config::ModelConfig;
 use crate::engine::synthetic;
@@ -31,9 +33,20 @@ pub struct ProfileArgs {
     /// Attention sinks on|off.
     #[arg(long, default_value = "on", value_parser = ["on", "off"])]
     pub sinks: String,
-    /// KV cache element type: bf16 or f32.
-    #[arg(long, default_value = "bf16", value_parser = ["bf16", "f32"])]
+    /// KV cache element type: bf16, f32 or fp8 (E4M3).
+    #[arg(long, default_value = "bf16", value_parser = ["bf16", "f32", "fp8"])]
     pub kv_dtype: String,
+    /// Layers in MXFP4 (as `serve --mxfp4-layers`): the experts only, or also the attention
+    /// qkv/o projections (and the lm_head), quantized on the device at load.
+    #[arg(long, default_value = "moe", value_parser = ["moe", "moe,qkv,o", "moe,qkv,o,lm_head"])]
+    pub mxfp4_layers: String,
+    /// Activation format of the decode (GEMV) MoE: bf16 (fp32 staged, the reference path),
+    /// q8 or fp8 (8-bit per block of 32); the prefill's grouped MoE stays bf16.
+    #[arg(long, default_value = "bf16", value_parser = ["bf16", "q8", "fp8"])]
+    pub activation: String,
+    /// Tile of the grouped (prefill) MoE: auto (64x128), 64x128 or 128x128.
+    #[arg(long, default_value = "auto", value_parser = ["auto", "64x128", "128x128"])]
+    pub tile: String,
     /// Also time a prefill of this many prompt tokens (one sequence, after `--depth`
     /// cached positions) through the batched path; 0 skips it.
     #[arg(long, default_value_t = 0)]
@@ -41,6 +54,23 @@ pub struct ProfileArgs {
     /// CUDA device ordinal.
     #[arg(long, default_value_t = 0)]
     pub gpu: usize,
+}
+
+/// The `--kv-dtype` value (checked by clap: bf16, f32 or fp8).
+fn kv_dtype(v: &str) -> KvDtype {
+    match v {
+        "f32" => KvDtype::F32,
+        "fp8" => KvDtype::Fp8,
+        _ => KvDtype::Bf16,
+    }
+}
+
+/// The `--tile` value (checked by clap: auto, 64x128 or 128x128); auto is 64x128.
+fn moe_tile(v: &str) -> MoeTile {
+    match v {
+        "128x128" => MoeTile::T128x128,
+        _ => MoeTile::T64x128,
+    }
 }
 
 /// Multiply-adds ×2 of one prompt token at position `pos` (dense projections, router, the k
@@ -72,8 +102,15 @@ pub fn flops_per_prompt_token(c: &ModelConfig, pos: usize) -> f64 {
 }
 
 /// Bytes one decode token must read at batch 1 (each weight it touches once, its KV once,
-/// `kv_bytes` per cached element).
+/// `kv_bytes` per cached element), with the released checkpoint's formats (MXFP4 experts,
+/// bf16 elsewhere).
 pub fn bytes_per_token(c: &ModelConfig, depth: usize, kv_bytes: usize) -> u64 {
+    bytes_per_token_fp4(c, depth, kv_bytes, Fp4Layers::Moe)
+}
+
+/// [`bytes_per_token`] with the layers `fp4` puts in MXFP4 counted at 4.25 bits per weight
+/// (17 bytes per 32: 16 of nibbles, 1 scale; biases stay bf16).
+pub fn bytes_per_token_fp4(c: &ModelConfig, depth: usize, kv_bytes: usize, fp4: Fp4Layers) -> u64 {
     let (h, hq, hkv, d) = (
         c.hidden_size,
         c.num_attention_heads,
@@ -87,11 +124,14 @@ pub fn bytes_per_token(c: &ModelConfig, depth: usize, kv_bytes: usize) -> u64 {
         c.vocab_size,
     );
     let qkv = (hq + 2 * hkv) * d;
-    let attn = 2 * (qkv * h + qkv + h * hq * d + h + hq + 2 * h);
+    // MXFP4: 16 bytes of nibbles + 1 scale byte per 32 weights (4.25 bits), bf16 biases.
+    let fp4_bytes = |weights: usize| weights / 32 * 17;
+    let dense = |weights: usize, fp4: bool| if fp4 { fp4_bytes(weights) } else { 2 * weights };
+    let attn = dense(qkv * h + h * hq * d, fp4.qkv_o()) + 2 * (qkv + h + hq + 2 * h);
     let router = 2 * (e * h + e);
-    // MXFP4: 16 bytes of nibbles + 1 scale byte per 32 weights, bf16 biases.
-    let expert = 2 * i * h / 32 * 17 + h * i / 32 * 17 + 2 * (2 * i + h);
-    let mut total = (2 * h + 2 * h + 2 * v * h) as u64; // embedding row, final norm, lm_head
+    let expert = fp4_bytes(2 * i * h) + fp4_bytes(h * i) + 2 * (2 * i + h);
+    // Embedding row, final norm, lm_head.
+    let mut total = (2 * h + 2 * h + dense(v * h, fp4.lm_head())) as u64;
     for &sliding in &c.layer_is_sliding {
         let keys = if sliding {
             (depth + 1).min(c.sliding_window)
@@ -170,6 +210,11 @@ pub fn run(args: &ProfileArgs) -> Result<()> {
     println!("read bandwidth (4 GiB streamed read, median of 10): {bw:.0} GB/s");
     let t_w = Instant::now();
     let w = weights::synthetic_device(&g, &cfg, 0x6770_7400)?;
+    let fp4_layers = match args.mxfp4_layers.as_str() {
+        "moe,qkv,o" => Fp4Layers::MoeQkvO,
+        "moe,qkv,o,lm_head" => Fp4Layers::All,
+        _ => Fp4Layers::Moe,
+    };
     println!(
         "synthetic {} weights generated on the device in {:.2} s",
         args.synthetic,
@@ -182,10 +227,13 @@ pub fn run(args: &ProfileArgs) -> Result<()> {
         w,
         DecodeOptions {
             sinks,
-            kv_dtype: if args.kv_dtype == "f32" {
-                KvDtype::F32
-            } else {
-                KvDtype::Bf16
+            kv_dtype: kv_dtype(&args.kv_dtype),
+            tile: moe_tile(&args.tile),
+            fp4_layers,
+            activation: match args.activation.as_str() {
+                "q8" => ActFormat::Q8,
+                "fp8" => ActFormat::Fp8,
+                _ => ActFormat::Bf16,
             },
             ..DecodeOptions::default()
         },
@@ -194,16 +242,27 @@ pub fn run(args: &ProfileArgs) -> Result<()> {
         args.batch,
     )?;
     dec.fill_kv(&g, 0x4b56)?;
+    let o = dec.options();
+    println!(
+        "kv cache {} ({} byte(s) per element), grouped moe tile {} (prefill)",
+        o.kv_dtype.name(),
+        o.kv_dtype.size(),
+        o.tile.name()
+    );
     let b = args.batch;
     let slots: Vec<u32> = (0..b as u32).collect();
     let toks: Vec<u32> = (0..b as u32).map(|i| 1000 + i).collect();
-    let per_tok = bytes_per_token(&cfg, args.depth, dec.options().kv_dtype.size());
+    let per_tok = bytes_per_token_fp4(&cfg, args.depth, dec.options().kv_dtype.size(), fp4_layers);
     println!(
-        "model {}: {} layers, {} experts; batch {b}, depth {}; bytes/token (batch 1, counted): {:.3} GB",
+        "model {}: {} layers, {} experts; mxfp4 layers {} (dense projections + lm_head held: \
+         {:.3} GB); batch {b}, depth {}; activation {}; bytes/token (batch 1, counted): {:.3} GB",
         args.synthetic,
         cfg.num_hidden_layers,
         cfg.num_local_experts,
+        fp4_layers.report(),
+        dec.dense_bytes() as f64 / 1e9,
         args.depth,
+        dec.options().activation.report(),
         per_tok as f64 / 1e9
     );
     // Per-kernel GPU time (events between kernel groups; the events add small gaps).
@@ -331,4 +390,55 @@ fn profile_prefill(
 /// A spread of token ids for the profiled prompt.
 fn synthetic_token(i: usize) -> u64 {
     super::synthetic::splitmix64(i as u64 ^ 0x7072_6566)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: ProfileArgs,
+    }
+
+    fn parse(argv: &[&str]) -> Result<ProfileArgs, clap::Error> {
+        Cli::try_parse_from(std::iter::once("profile").chain(argv.iter().copied())).map(|c| c.args)
+    }
+
+    #[test]
+    fn kv_dtype_and_tile_flags_map_to_decode_options() {
+        let a = parse(&["--kv-dtype", "fp8", "--tile", "128x128"]).unwrap();
+        assert_eq!(kv_dtype(&a.kv_dtype), KvDtype::Fp8);
+        assert_eq!(moe_tile(&a.tile), MoeTile::T128x128);
+        let a = parse(&[]).unwrap();
+        assert_eq!(kv_dtype(&a.kv_dtype), KvDtype::Bf16);
+        assert_eq!(moe_tile(&a.tile), MoeTile::T64x128);
+        assert_eq!(kv_dtype("f32"), KvDtype::F32);
+        assert_eq!(moe_tile("64x128"), MoeTile::T64x128);
+        assert!(parse(&["--kv-dtype", "fp16"]).is_err());
+        assert!(parse(&["--tile", "32x32"]).is_err());
+    }
+
+    #[test]
+    fn fp8_cache_counts_one_byte_per_element_in_the_roofline() {
+        let c = synthetic::config("gpt-oss-120b").unwrap();
+        let (depth, kv_elems_per_key) = (4096, 2 * c.num_key_value_heads * c.head_dim);
+        let keys: usize = c
+            .layer_is_sliding
+            .iter()
+            .map(|&s| if s { c.sliding_window } else { depth + 1 })
+            .sum();
+        let size = |kv: KvDtype| bytes_per_token(&c, depth, kv.size());
+        // bf16 → fp8 saves exactly one byte per cached element read; f32 costs two more.
+        assert_eq!(
+            size(KvDtype::Bf16) - size(KvDtype::Fp8),
+            (keys * kv_elems_per_key) as u64
+        );
+        assert_eq!(
+            size(KvDtype::F32) - size(KvDtype::Bf16),
+            (2 * keys * kv_elems_per_key) as u64
+        );
+    }
 }

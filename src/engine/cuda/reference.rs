@@ -1,6 +1,8 @@
 //! Per-kernel CPU references in f64 (inputs as the GPU sees them: bf16 bits, fp32, MXFP4
 //! bytes). The self-test compares every kernel with these on fresh random inputs.
 
+use super::quant::{e4m3_from_f32, e4m3_to_f32};
+
 /// bf16 bits → f64.
 pub fn bf(v: u16) -> f64 {
     f64::from(half::bf16::from_bits(v).to_f32())
@@ -9,6 +11,11 @@ pub fn bf(v: u16) -> f64 {
 /// f32 → bf16 bits (round to nearest even), as the kernels store K/V.
 pub fn to_bf(v: f32) -> u16 {
     half::bf16::from_f32(v).to_bits()
+}
+
+/// `x` rounded to FP8 E4M3 and back (what an fp8 KV cache holds).
+pub fn round_e4m3(x: &[f32]) -> Vec<f32> {
+    x.iter().map(|&v| e4m3_to_f32(e4m3_from_f32(v))).collect()
 }
 
 /// E2M1 values of the 16 nibbles.
@@ -200,6 +207,48 @@ pub struct MoeHost<'a> {
     pub dn_bias: &'a [u16],
 }
 
+/// The SwiGLU outputs swiglu(W1_e x + b1_e) of expert `e` for one token's input `x` (the
+/// values the kernel multiplies, hence f64: a dequantized 8-bit activation need not fit f32).
+pub fn expert_act(
+    w: &MoeHost<'_>,
+    x: &[f64],
+    e: usize,
+    inter: usize,
+    limit: f64,
+    alpha: f64,
+) -> Vec<f64> {
+    let h = x.len();
+    let nbh = h / 32;
+    (0..inter)
+        .map(|j| {
+            let mut u = [0.0; 2];
+            for (half, uv) in u.iter_mut().enumerate() {
+                let r = e * 2 * inter + 2 * j + half;
+                let row = mxfp4_row(&w.gu_blocks[r * nbh * 16..], &w.gu_scales[r * nbh..], h);
+                *uv = row.iter().zip(x).map(|(a, b)| a * b).sum::<f64>() + bf(w.gu_bias[r]);
+            }
+            swiglu(u[0], u[1], limit, alpha)
+        })
+        .collect()
+}
+
+/// W2_e act + b2_e of expert `e` (`h` output rows) for one token's SwiGLU outputs `act`.
+pub fn expert_down(w: &MoeHost<'_>, act: &[f64], e: usize, h: usize) -> Vec<f64> {
+    let inter = act.len();
+    let nbi = inter / 32;
+    (0..h)
+        .map(|r| {
+            let row_i = e * h + r;
+            let row = mxfp4_row(
+                &w.dn_blocks[row_i * nbi * 16..],
+                &w.dn_scales[row_i * nbi..],
+                inter,
+            );
+            row.iter().zip(act).map(|(a, b)| a * b).sum::<f64>() + bf(w.dn_bias[row_i])
+        })
+        .collect()
+}
+
 /// Σ_s w_s (W2_e swiglu(W1_e x + b1_e) + b2_e) for one token. With `act_bf16` the SwiGLU
 /// output is rounded to bf16 before the down projection, as the tensor-core prefill path
 /// feeds it to its MMA.
@@ -215,36 +264,17 @@ pub fn moe(
     act_bf16: bool,
 ) -> Vec<f64> {
     let h = x.len();
-    let (nbh, nbi) = (h / 32, inter / 32);
+    let x64: Vec<f64> = x.iter().map(|&v| f64::from(v)).collect();
     let mut y = vec![0.0; h];
     for (&e, &we) in experts.iter().zip(weights) {
-        let mut act = vec![0.0; inter];
-        for (j, a) in act.iter_mut().enumerate() {
-            let mut u = [0.0; 2];
-            for (half, uv) in u.iter_mut().enumerate() {
-                let r = e * 2 * inter + 2 * j + half;
-                let row = mxfp4_row(&w.gu_blocks[r * nbh * 16..], &w.gu_scales[r * nbh..], h);
-                *uv = row
-                    .iter()
-                    .zip(x)
-                    .map(|(a, b)| a * f64::from(*b))
-                    .sum::<f64>()
-                    + bf(w.gu_bias[r]);
-            }
-            *a = swiglu(u[0], u[1], limit, alpha);
-            if act_bf16 {
+        let mut act = expert_act(w, &x64, e, inter, limit, alpha);
+        if act_bf16 {
+            for a in &mut act {
                 *a = bf(to_bf(*a as f32));
             }
         }
-        for (r, yr) in y.iter_mut().enumerate() {
-            let row_i = e * h + r;
-            let row = mxfp4_row(
-                &w.dn_blocks[row_i * nbi * 16..],
-                &w.dn_scales[row_i * nbi..],
-                inter,
-            );
-            let dot: f64 = row.iter().zip(&act).map(|(a, b)| a * b).sum();
-            *yr += we * (dot + bf(w.dn_bias[row_i]));
+        for (yr, d) in y.iter_mut().zip(expert_down(w, &act, e, h)) {
+            *yr += we * d;
         }
     }
     y
@@ -268,4 +298,95 @@ pub fn argmax(row: &[f32]) -> usize {
         }
     }
     best
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn e4m3_known_values() {
+        let cases: &[(f32, u8)] = &[
+            (0.0, 0x00),
+            (-0.0, 0x80),
+            (1.0, 0x38),
+            (-2.0, 0xc0),
+            (448.0, 0x7e),
+            (-448.0, 0xfe),
+            // Saturation: beyond the largest finite value, and infinities.
+            (449.0, 0x7e),
+            (464.0, 0x7e),
+            (1e9, 0x7e),
+            (-500.0, 0xfe),
+            (f32::INFINITY, 0x7e),
+            (f32::NEG_INFINITY, 0xfe),
+            // Subnormals: 2^-9 = 0.001953125 is the smallest; 0.0019531 rounds to it.
+            (0.001953125, 0x01),
+            (0.0019531, 0x01),
+            (-0.0019531, 0x81),
+            (7.0 * 0.001953125, 0x07),
+            // Ties to even: half of 2^-9 → 0; 1.5 × 2^-9 → 2 × 2^-9; 7.5 × 2^-9 → 2^-6.
+            (0.0009765625, 0x00),
+            (1.5 * 0.001953125, 0x02),
+            (7.5 * 0.001953125, 0x08),
+            (0.0009766, 0x01),
+            // Ties in the normals: 1.0625 between 1 (even) and 1.125; 1.1875 between 1.125 and
+            // 1.25 (even); 15.5 between 15 and 16 (even, next binade); 464 would tie 448/480.
+            (1.0625, 0x38),
+            (1.1875, 0x3a),
+            (-1.0625, 0xb8),
+            (15.5, 0x58),
+            (1.0626, 0x39),
+            (0.015625, 0x08),
+            (240.0, 0x77),
+            (256.0, 0x78),
+        ];
+        for &(v, bits) in cases {
+            assert_eq!(e4m3_from_f32(v), bits, "{v}: got {:#04x}", e4m3_from_f32(v));
+        }
+        assert_eq!(e4m3_to_f32(0x7e), 448.0);
+        assert_eq!(e4m3_to_f32(0x01), 0.001953125);
+        assert_eq!(e4m3_to_f32(0x08), 0.015625);
+        assert_eq!(e4m3_to_f32(0x39), 1.125);
+        assert!(e4m3_to_f32(0x80).is_sign_negative() && e4m3_to_f32(0x80) == 0.0);
+        assert!(e4m3_to_f32(0x7f).is_nan() && e4m3_to_f32(0xff).is_nan());
+        assert!(e4m3_to_f32(e4m3_from_f32(f32::NAN)).is_nan());
+        assert!(e4m3_to_f32(e4m3_from_f32(-f32::NAN)).is_nan());
+    }
+
+    #[test]
+    fn e4m3_round_trips_and_rounds_to_the_nearest() {
+        let finite: Vec<u8> = (0..=255u8).filter(|b| b & 0x7f != 0x7f).collect();
+        for &b in &finite {
+            let v = e4m3_to_f32(b);
+            assert_eq!(e4m3_from_f32(v), b, "{b:#04x} = {v}");
+            // Every E4M3 number is a bf16 number (an fp8 cache's values pass through bf16
+            // references exactly).
+            assert_eq!(half::bf16::from_f32(v).to_f32(), v);
+        }
+        // Against a brute-force nearest (ties to the even code) on a sweep of inputs.
+        let mut x = 1e-4f32;
+        while x < 600.0 {
+            for v in [x, -x] {
+                let got = e4m3_to_f32(e4m3_from_f32(v));
+                let want = if v.abs() >= 448.0 {
+                    448f32.copysign(v)
+                } else {
+                    let mut best: Option<(f64, u8)> = None;
+                    for &b in finite
+                        .iter()
+                        .filter(|&&b| (b & 0x80 != 0) == v.is_sign_negative())
+                    {
+                        let d = (f64::from(e4m3_to_f32(b)) - f64::from(v)).abs();
+                        if best.is_none_or(|(bd, _)| d < bd || (d == bd && b & 1 == 0)) {
+                            best = Some((d, b));
+                        }
+                    }
+                    e4m3_to_f32(best.map_or(0, |(_, b)| b))
+                };
+                assert_eq!(got, want, "{v}");
+            }
+            x *= 1.013;
+        }
+    }
 }

@@ -2,27 +2,32 @@
 //! and v stacked into one projection, MXFP4 experts packed exactly as in the checkpoint.
 //! They come from host weights (a loaded checkpoint, uploaded once) or are generated on the
 //! device from the synthetic streams of `engine::synthetic`, bit-identical to the host build.
+//! With `--mxfp4-layers` beyond `moe` the attention projections (and the lm_head) are then
+//! quantized to MXFP4 on the device ([`DeviceWeights::quantize_dense`]) and their bf16
+//! copies freed; [`fake_quantize_host`] gives the CPU reference the same values.
 
 use anyhow::{Context, Result, ensure};
 use cudarc::driver::CudaSlice;
 use half::bf16;
 
 use super::device::Gpu;
+use super::model::Fp4Layers;
 use super::ops;
 use crate::engine::config::ModelConfig;
+use crate::engine::mxfp4;
 use crate::engine::synthetic::{self, Fill};
-use crate::engine::weights::{Bf16Tensor, Weights};
+use crate::engine::weights::{Bf16Tensor, Tensor, Weights};
 
 /// One layer on the device (bf16 tensors as raw `u16` bits).
 pub struct Layer {
     /// input_layernorm [H].
     pub attn_norm: CudaSlice<u16>,
     /// q | k | v projections stacked: [(Hq + 2 Hkv) · D, H].
-    pub qkv_w: CudaSlice<u16>,
+    pub qkv_w: DenseWeight,
     /// Their biases [(Hq + 2 Hkv) · D].
     pub qkv_b: CudaSlice<u16>,
     /// o_proj [H, Hq · D].
-    pub o_w: CudaSlice<u16>,
+    pub o_w: DenseWeight,
     /// o_proj bias [H].
     pub o_b: CudaSlice<u16>,
     /// Sink logits [Hq].
@@ -56,7 +61,145 @@ pub struct DeviceWeights {
     /// Final norm [H].
     pub final_norm: CudaSlice<u16>,
     /// Unembedding [V, H].
-    pub lm_head: CudaSlice<u16>,
+    pub lm_head: DenseWeight,
+}
+
+/// A dense projection on the device: bf16 as in the checkpoint, or MXFP4 quantized at load.
+pub enum DenseWeight {
+    /// bf16 bits, row-major [rows, cols].
+    Bf16(CudaSlice<u16>),
+    /// MXFP4: blocks [rows, cols/32, 16] and E8M0 scales [rows, cols/32].
+    Mxfp4 {
+        /// Packed E2M1 nibbles.
+        blocks: CudaSlice<u8>,
+        /// Scale bytes.
+        scales: CudaSlice<u8>,
+    },
+}
+
+impl DenseWeight {
+    /// The device addresses the kernels take.
+    pub fn dev(&self, g: &Gpu) -> ops::DenseW {
+        match self {
+            DenseWeight::Bf16(w) => ops::DenseW::Bf16(g.ptr(w)),
+            DenseWeight::Mxfp4 { blocks, scales } => ops::DenseW::Mxfp4 {
+                blocks: g.ptr(blocks),
+                scales: g.ptr(scales),
+            },
+        }
+    }
+
+    /// Whether the weights are MXFP4.
+    pub fn is_mxfp4(&self) -> bool {
+        matches!(self, DenseWeight::Mxfp4 { .. })
+    }
+
+    /// Replace bf16 weights of `cols` input columns by their MXFP4 quantization, computed on
+    /// the device (the bf16 buffer is freed); MXFP4 weights stay as they are. `what` names the
+    /// tensor in errors: `cols` not a multiple of 32, or non-finite values (counted by the
+    /// kernel; the tensor is then left in bf16).
+    pub fn quantize(&mut self, g: &Gpu, what: &str, cols: usize) -> Result<()> {
+        let DenseWeight::Bf16(w) = self else {
+            return Ok(());
+        };
+        mxfp4::check_quantizable(what, cols)?;
+        let n = w.len();
+        ensure!(
+            n.is_multiple_of(cols),
+            "{what}: {n} values are not whole rows of {cols}"
+        );
+        let blocks = g.alloc::<u8>(n / 2)?;
+        let scales = g.alloc::<u8>(n / 32)?;
+        let bad = g.alloc::<u32>(1)?;
+        ops::mxfp4_quantize(g, g.ptr(w), g.ptr(&blocks), g.ptr(&scales), n, g.ptr(&bad))?;
+        let bad = g.download(&bad)?[0];
+        ensure!(
+            bad == 0,
+            "{what}: {bad} non-finite values (NaN or inf) cannot be quantized to MXFP4; the \
+             checkpoint is broken, or keep the layer in bf16 (--mxfp4-layers moe)"
+        );
+        *self = DenseWeight::Mxfp4 { blocks, scales };
+        Ok(())
+    }
+}
+
+impl DeviceWeights {
+    /// Bring the dense layers to `fp4`: quantize (on the device) the attention qkv and o
+    /// projections for `MoeQkvO` and `All`, and the lm_head for `All`, freeing each bf16 copy
+    /// as soon as its MXFP4 one exists. Refuses weights already quantized further than `fp4`
+    /// asks (the decode options and the weights would disagree).
+    pub fn quantize_dense(&mut self, g: &Gpu, cfg: &ModelConfig, fp4: Fp4Layers) -> Result<()> {
+        let h = cfg.hidden_size;
+        for (l, layer) in self.layers.iter_mut().enumerate() {
+            for (w, name, cols) in [
+                (&mut layer.qkv_w, "q_proj|k_proj|v_proj (stacked)", h),
+                (&mut layer.o_w, "o_proj", cfg.q_dim()),
+            ] {
+                let what = format!("model.layers.{l}.self_attn.{name}.weight");
+                if fp4.qkv_o() {
+                    w.quantize(g, &what, cols)?;
+                } else {
+                    ensure!(
+                        !w.is_mxfp4(),
+                        "{what} is MXFP4 but --mxfp4-layers {} keeps it in bf16",
+                        fp4.report()
+                    );
+                }
+            }
+        }
+        if fp4.lm_head() {
+            self.lm_head.quantize(g, "lm_head.weight", h)?;
+        } else {
+            ensure!(
+                !self.lm_head.is_mxfp4(),
+                "lm_head.weight is MXFP4 but --mxfp4-layers {} keeps it in bf16",
+                fp4.report()
+            );
+        }
+        g.sync()
+    }
+
+    /// Bytes of the dense projections and lm_head as held now (bf16: 2 per weight; MXFP4:
+    /// 17 per 32), for reports.
+    pub fn dense_bytes(&self) -> usize {
+        let size = |w: &DenseWeight| match w {
+            DenseWeight::Bf16(b) => 2 * b.len(),
+            DenseWeight::Mxfp4 { blocks, scales } => blocks.len() + scales.len(),
+        };
+        self.layers
+            .iter()
+            .map(|l| size(&l.qkv_w) + size(&l.o_w))
+            .sum::<usize>()
+            + size(&self.lm_head)
+    }
+}
+
+/// The CPU reference's mirror of [`DeviceWeights::quantize_dense`]: replace the host
+/// weights' q, k, v and o projections (for `MoeQkvO` and `All`) and lm_head (for `All`) by
+/// dequant(quant(w)) — exactly the values the device's MXFP4 copies hold, in bf16 (exact).
+/// q, k and v are quantized one by one: each row's blocks are the same as in the stacked
+/// device matrix.
+pub fn fake_quantize_host(w: &mut Weights, fp4: Fp4Layers) -> Result<()> {
+    let (h, qd) = (w.config.hidden_size, w.config.q_dim());
+    let fq = |t: &Bf16Tensor, what: &str, cols: usize| -> Result<Bf16Tensor> {
+        Ok(Tensor::owned(
+            mxfp4::fake_quantize(what, t.data(), cols)?,
+            t.shape().to_vec(),
+        ))
+    };
+    if fp4.qkv_o() {
+        for (l, lw) in w.layers.iter_mut().enumerate() {
+            let n = |s: &str| format!("model.layers.{l}.self_attn.{s}.weight");
+            lw.q_proj = fq(&lw.q_proj, &n("q_proj"), h)?;
+            lw.k_proj = fq(&lw.k_proj, &n("k_proj"), h)?;
+            lw.v_proj = fq(&lw.v_proj, &n("v_proj"), h)?;
+            lw.o_proj = fq(&lw.o_proj, &n("o_proj"), qd)?;
+        }
+    }
+    if fp4.lm_head() {
+        w.lm_head = fq(&w.lm_head, "lm_head.weight", h)?;
+    }
+    Ok(())
 }
 
 /// Check the shape rules the kernels rely on.
@@ -114,9 +257,9 @@ pub fn synthetic_device(g: &Gpu, cfg: &ModelConfig, seed: u64) -> Result<DeviceW
         let n = |s: &str| format!("model.layers.{l}.{s}");
         layers.push(Layer {
             attn_norm: bf(&n("input_layernorm.weight"), h)?,
-            qkv_w: bf(&n("self_attn.q_proj.weight"), (qd + 2 * kvd) * h)?,
+            qkv_w: DenseWeight::Bf16(bf(&n("self_attn.q_proj.weight"), (qd + 2 * kvd) * h)?),
             qkv_b: bf(&n("self_attn.q_proj.bias"), qd + 2 * kvd)?,
-            o_w: bf(&n("self_attn.o_proj.weight"), h * qd)?,
+            o_w: DenseWeight::Bf16(bf(&n("self_attn.o_proj.weight"), h * qd)?),
             o_b: bf(&n("self_attn.o_proj.bias"), h)?,
             sinks: bf(&n("self_attn.sinks"), cfg.num_attention_heads)?,
             mlp_norm: bf(&n("post_attention_layernorm.weight"), h)?,
@@ -134,7 +277,7 @@ pub fn synthetic_device(g: &Gpu, cfg: &ModelConfig, seed: u64) -> Result<DeviceW
         embed: bf("model.embed_tokens.weight", v * h)?,
         layers,
         final_norm: bf("model.norm.weight", h)?,
-        lm_head: bf("lm_head.weight", v * h)?,
+        lm_head: DenseWeight::Bf16(bf("lm_head.weight", v * h)?),
     };
     g.sync()?;
     Ok(w)
@@ -167,9 +310,9 @@ pub fn upload(g: &Gpu, w: &Weights) -> Result<DeviceWeights> {
                 .collect();
             Ok::<_, anyhow::Error>(Layer {
                 attn_norm: up16(&lw.input_layernorm)?,
-                qkv_w: g.upload(&qkv_w)?,
+                qkv_w: DenseWeight::Bf16(g.upload(&qkv_w)?),
                 qkv_b: g.upload(&qkv_b)?,
-                o_w: up16(&lw.o_proj)?,
+                o_w: DenseWeight::Bf16(up16(&lw.o_proj)?),
                 o_b: up16(&lw.o_bias)?,
                 sinks: up16(&lw.sinks)?,
                 mlp_norm: up16(&lw.post_attention_layernorm)?,
@@ -189,6 +332,37 @@ pub fn upload(g: &Gpu, w: &Weights) -> Result<DeviceWeights> {
         embed: up16(&w.embed_tokens)?,
         layers,
         final_norm: up16(&w.norm)?,
-        lm_head: up16(&w.lm_head)?,
+        lm_head: DenseWeight::Bf16(up16(&w.lm_head)?),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fake_quantize_host_replaces_exactly_the_selected_layers() {
+        let mut w = synthetic::build("tiny", 3).unwrap();
+        let h = w.config.hidden_size;
+        let q0: Vec<bf16> = w.layers[1].q_proj.data().to_vec();
+        let o0: Vec<bf16> = w.layers[1].o_proj.data().to_vec();
+        let router0: Vec<bf16> = w.layers[1].router.data().to_vec();
+        let head0: Vec<bf16> = w.lm_head.data()[..4 * h].to_vec();
+        fake_quantize_host(&mut w, Fp4Layers::Moe).unwrap();
+        assert_eq!(w.layers[1].q_proj.data(), &q0[..]);
+        fake_quantize_host(&mut w, Fp4Layers::MoeQkvO).unwrap();
+        let q1 = w.layers[1].q_proj.data();
+        assert_eq!(q1, &mxfp4::fake_quantize("q", &q0, h).unwrap()[..]);
+        assert_ne!(q1, &q0[..]);
+        let qd = w.config.q_dim();
+        assert_eq!(
+            w.layers[1].o_proj.data(),
+            &mxfp4::fake_quantize("o", &o0, qd).unwrap()[..]
+        );
+        assert_eq!(w.layers[1].q_proj.shape(), &[qd, h]);
+        // Router and lm_head stay bf16; dequant(quant(w)) is a fixed point of the quantizer.
+        assert_eq!(w.layers[1].router.data(), &router0[..]);
+        assert_eq!(&w.lm_head.data()[..4 * h], &head0[..]);
+        assert_eq!(mxfp4::fake_quantize("q", q1, h).unwrap(), q1);
+    }
 }
