@@ -9,7 +9,7 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
 
 /// Limits the scheduler enforces.
@@ -169,6 +169,7 @@ impl Engine {
                     Err(_) => return,
                 }
             }
+            let t0 = Instant::now();
             while let Ok(r) = rx.try_recv() {
                 self.waiting.push_back(r);
             }
@@ -176,7 +177,8 @@ impl Engine {
             self.admit();
             self.publish_load();
             if !self.running.is_empty() {
-                self.step();
+                let forward = self.step();
+                self.metrics.observe_step(forward, t0.elapsed());
             }
         }
     }
@@ -251,8 +253,9 @@ impl Engine {
     }
 
     /// One batched forward step: every decoding sequence feeds its last token, prefilling
-    /// sequences feed the next prompt chunk within the step's token budget.
-    fn step(&mut self) {
+    /// sequences feed the next prompt chunk within the step's token budget. Returns the time
+    /// spent in the backend's forward.
+    fn step(&mut self) -> Duration {
         let mut budget = self.cfg.max_num_batched_tokens.max(1);
         // (index into running, range of prompt fed or None for a decode token)
         let mut plan: Vec<(usize, Option<std::ops::Range<usize>>)> = Vec::new();
@@ -312,7 +315,9 @@ impl Engine {
             batch.push(SeqStep { seq: *seq, tokens });
             rows.push(RowSample { sampler, banned });
         }
+        let t_forward = Instant::now();
         let result = self.backend.forward_sampled(&batch, &mut rows);
+        let forward = t_forward.elapsed();
         drop((batch, rows, parts));
         let sampled = match result {
             Ok(l) if l.len() == plan.len() => l,
@@ -324,11 +329,11 @@ impl Engine {
                     plan.len()
                 );
                 self.fail_all(&msg);
-                return;
+                return forward;
             }
             Err(e) => {
                 self.fail_all(&format!("backend {} failed: {e:#}", self.backend.name()));
-                return;
+                return forward;
             }
         };
         let mut finished: Vec<usize> = Vec::new();
@@ -347,7 +352,7 @@ impl Engine {
                     self.backend.name()
                 );
                 self.fail_all(&msg);
-                return;
+                return forward;
             };
             if let Some(reason) = Self::emit_token(&self.cfg, &self.metrics, r, token) {
                 let _ = r.req.events.send(GenEvent::Done(reason));
@@ -365,6 +370,7 @@ impl Engine {
             let r = self.running.remove(i);
             self.backend.free_seq(r.seq);
         }
+        forward
     }
 
     /// Send one sampled token; returns why the request ends, if it does.

@@ -70,6 +70,11 @@ pub struct Metrics {
     success_stop: AtomicU64,
     success_length: AtomicU64,
     success_abort: AtomicU64,
+    /// Engine steps run, and their time in nanoseconds: inside the backend's forward (the
+    /// GPU step with its sampling and token copy) and the whole scheduler iteration.
+    engine_steps: AtomicU64,
+    forward_ns: AtomicU64,
+    iteration_ns: AtomicU64,
     hist: Mutex<Histograms>,
 }
 
@@ -94,6 +99,9 @@ impl Metrics {
             success_stop: AtomicU64::new(0),
             success_length: AtomicU64::new(0),
             success_abort: AtomicU64::new(0),
+            engine_steps: AtomicU64::new(0),
+            forward_ns: AtomicU64::new(0),
+            iteration_ns: AtomicU64::new(0),
             hist: Mutex::new(Histograms {
                 ttft: Histogram::new(TTFT_BUCKETS),
                 itl: Histogram::new(ITL_BUCKETS),
@@ -165,6 +173,16 @@ impl Metrics {
         self.with_hist(|h| h.e2e.observe(e2e_s));
     }
 
+    /// Count one engine step: `forward` spent in the backend's forward, `iteration` in the
+    /// whole scheduler iteration around it (admission, batching, emitting tokens).
+    pub fn observe_step(&self, forward: std::time::Duration, iteration: std::time::Duration) {
+        self.engine_steps.fetch_add(1, Ordering::Relaxed);
+        let ns = |d: std::time::Duration| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+        self.forward_ns.fetch_add(ns(forward), Ordering::Relaxed);
+        self.iteration_ns
+            .fetch_add(ns(iteration), Ordering::Relaxed);
+    }
+
     fn with_hist(&self, f: impl FnOnce(&mut Histograms)) {
         // A poisoned lock only means a panic elsewhere mid-update; the counts stay usable.
         let mut h = self.hist.lock().unwrap_or_else(|p| p.into_inner());
@@ -223,6 +241,31 @@ impl Metrics {
             "Number of preemptions (this engine never preempts: admission waits instead).",
             0,
         );
+        counter(
+            &mut o,
+            "mxtune:engine_steps_total",
+            "Engine steps run (each a batched forward of every running request).",
+            self.engine_steps.load(Ordering::Relaxed),
+        );
+        for (name, help, ns) in [
+            (
+                "mxtune:engine_forward_seconds_total",
+                "Time in the backend's forward steps (GPU step, sampling, token copy).",
+                &self.forward_ns,
+            ),
+            (
+                "mxtune:engine_iteration_seconds_total",
+                "Time in whole scheduler iterations (the forward plus admission, batching and \
+                 token emission): the difference is the engine's host overhead.",
+                &self.iteration_ns,
+            ),
+        ] {
+            let _ = writeln!(
+                o,
+                "# HELP {name} {help}\n# TYPE {name} counter\n{name}{{{label}}} {}",
+                ns.load(Ordering::Relaxed) as f64 / 1e9
+            );
+        }
         let _ = writeln!(
             o,
             "# HELP vllm:request_success_total Finished requests by reason.\n\
@@ -296,7 +339,22 @@ mod tests {
         m.add_generated_token(Some(0.02));
         m.observe_ttft(0.03);
         m.observe_finished(Finished::Length, 0.9);
+        m.observe_step(
+            std::time::Duration::from_millis(3),
+            std::time::Duration::from_millis(4),
+        );
+        m.observe_step(
+            std::time::Duration::from_millis(1),
+            std::time::Duration::from_millis(1),
+        );
         let t = m.render();
+        assert!(t.contains("mxtune:engine_steps_total{model_name=\"syn\\\"tiny\"} 2\n"));
+        assert!(
+            t.contains("mxtune:engine_forward_seconds_total{model_name=\"syn\\\"tiny\"} 0.004\n")
+        );
+        assert!(
+            t.contains("mxtune:engine_iteration_seconds_total{model_name=\"syn\\\"tiny\"} 0.005\n")
+        );
         assert!(t.contains("vllm:num_requests_running{model_name=\"syn\\\"tiny\"} 2\n"));
         assert!(t.contains("vllm:num_requests_waiting{model_name=\"syn\\\"tiny\"} 1\n"));
         assert!(t.contains("vllm:kv_cache_usage_perc{model_name=\"syn\\\"tiny\"} 0.25\n"));
