@@ -50,7 +50,9 @@ __device__ __forceinline__ void load_row(const void* __restrict__ cache, int kv,
     }
 }
 
-// grid = (Hq, nsplit, T), block = ATTN_WARPS warps. Each warp takes ATTN_KEYS keys at a time
+// grid = (Hq, nsplit, T), block = ATTN_WARPS warps; split s of row t takes the s-th even share
+// of the row's keys (at least min_split keys; later splits may be empty and exit at once).
+// Each warp takes ATTN_KEYS keys at a time
 // (their K and V rows loaded together, their dot products reduced side by side), so a warp
 // has 2 * ATTN_KEYS row loads in flight instead of one.
 #define ATTN_KEYS 4
@@ -106,7 +108,7 @@ attn_split(const float* __restrict__ q, const void* __restrict__ k_cache,
            const void* __restrict__ v_cache, int kv, const unsigned* __restrict__ pos,
            const unsigned long long* __restrict__ kv_off, float* __restrict__ part_m,
            float* __restrict__ part_l, float* __restrict__ part_acc, int hq, int hkv, int d,
-           int window, int split_len, float scale) {
+           int window, int min_split, float scale) {
     pdl_enter();
     const int h = blockIdx.x, split = blockIdx.y, nsplit = gridDim.y, t = blockIdx.z;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -114,8 +116,12 @@ attn_split(const float* __restrict__ q, const void* __restrict__ k_cache,
     const int kvh = h / (hq / hkv);
     const int p = (int)pos[t];
     const int lo_all = window > 0 ? max(0, p + 1 - window) : 0;
-    const int lo = lo_all + split * split_len;
-    const int hi = min(p + 1, lo + split_len);
+    // The row's keys are spread evenly over the grid's splits, at least min_split each: a
+    // short context still occupies several blocks per head, and a graph captured for the
+    // longest context (nsplit fixed) covers any shorter one.
+    const int per = max(min_split, (p + 1 - lo_all + nsplit - 1) / nsplit);
+    const int lo = lo_all + split * per;
+    const int hi = min(p + 1, lo + per);
     const float* qh = q + ((size_t)t * hq + h) * d + lane * dpl;
     float qv[ATTN_MAX_DPL], acc[ATTN_MAX_DPL];
 #pragma unroll

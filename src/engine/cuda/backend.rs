@@ -71,6 +71,11 @@ impl CudaBackend {
         })
     }
 
+    /// The decoder, for `engine profile`, which times its kernels and steps directly.
+    pub fn decoder_mut(&mut self) -> &mut Decoder {
+        &mut self.dec
+    }
+
     /// One line of detail beside the `kernel-path` report (which `engine::serve` builds for
     /// every backend): device, architecture, kernel cache, and the fixed parts of the path.
     pub fn describe(&self) -> String {

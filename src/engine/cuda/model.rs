@@ -11,8 +11,18 @@ use super::ops::{self, AttnScratch, AttnShape, MoeShape, MoeWeights, Norm};
 use super::weights::{DeviceWeights, Layer};
 use crate::engine::config::ModelConfig;
 
-/// Keys per attention split (flash-decoding chunk).
-pub const SPLIT_LEN: usize = 256;
+/// Fewest keys a decode-attention split (one block per head) takes: a row's keys are shared
+/// evenly among the splits, so a short context uses few, a long one up to [`ATTN_MAX_SPLITS`].
+pub const ATTN_MIN_SPLIT: usize = 32;
+
+/// Most splits per (row, head): the scratch size, and the grid of a graph captured for a long
+/// cache (where each split then takes up to `max_positions / ATTN_MAX_SPLITS` keys).
+pub const ATTN_MAX_SPLITS: usize = 64;
+
+/// Decode-attention splits for rows of up to `keys` keys, given a scratch of `max_splits`.
+pub fn attn_splits(keys: usize, max_splits: usize) -> usize {
+    keys.div_ceil(ATTN_MIN_SPLIT).clamp(1, max_splits.max(1))
+}
 
 /// Element type of the KV cache.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -425,7 +435,7 @@ impl Decoder {
         let (inv, mscale) = (rope.inv_freq, rope.attention_scaling);
         let cache = cfg.num_hidden_layers * slots * max_pos * hkv * d;
         let b = max_batch;
-        let max_splits = max_pos.div_ceil(SPLIT_LEN);
+        let max_splits = attn_splits(max_pos, ATTN_MAX_SPLITS);
         let chunks = v.div_ceil(ops::ARGMAX_CHUNK);
         Ok(Self {
             cfg: cfg.clone(),
@@ -677,7 +687,7 @@ impl Decoder {
             } else {
                 full_keys
             };
-            let nsplit = keys.div_ceil(SPLIT_LEN).clamp(1, self.max_splits);
+            let nsplit = attn_splits(keys, self.max_splits);
             ops::attention(
                 g,
                 sh.attn,
@@ -693,7 +703,7 @@ impl Decoder {
                 n,
                 l.window,
                 nsplit,
-                SPLIT_LEN,
+                ATTN_MIN_SPLIT,
                 sh.scale,
             )?;
             mark("attention")?;
@@ -1132,6 +1142,20 @@ impl Decoder {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn attention_splits_follow_the_context_within_the_scratch() {
+        // One split for a short row, one per ATTN_MIN_SPLIT keys after that…
+        assert_eq!(attn_splits(1, ATTN_MAX_SPLITS), 1);
+        assert_eq!(attn_splits(32, ATTN_MAX_SPLITS), 1);
+        assert_eq!(attn_splits(33, ATTN_MAX_SPLITS), 2);
+        assert_eq!(attn_splits(201, ATTN_MAX_SPLITS), 7);
+        // …up to the scratch's capacity (a graph sized for the whole cache).
+        assert_eq!(attn_splits(8192, ATTN_MAX_SPLITS), ATTN_MAX_SPLITS);
+        assert_eq!(attn_splits(131072, ATTN_MAX_SPLITS), ATTN_MAX_SPLITS);
+        assert_eq!(attn_splits(8192, 3), 3);
+        assert_eq!(attn_splits(0, 0), 1);
+    }
 
     #[test]
     fn kv_dtypes_have_sizes_names_and_kernel_kinds() {

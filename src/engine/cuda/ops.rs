@@ -292,9 +292,10 @@ pub struct AttnScratch {
     pub entries: usize,
 }
 
-/// Decode attention for `t` query tokens over a cache of element type `kv`; `nsplit` splits of
-/// `split_len` keys each must cover the longest key range in the batch. `sinks = None` turns
-/// the sink off.
+/// Decode attention for `t` query tokens over a cache of element type `kv`: each row's keys
+/// are shared evenly among `nsplit` splits (blocks), at least `min_split` keys each, so any
+/// `nsplit ≥ 1` covers any context and a short one still spreads over several blocks.
+/// `sinks = None` turns the sink off.
 pub fn attention(
     g: &Gpu,
     s: AttnShape,
@@ -310,7 +311,7 @@ pub fn attention(
     t: usize,
     window: usize,
     nsplit: usize,
-    split_len: usize,
+    min_split: usize,
     scale: f32,
 ) -> Result<()> {
     s.check()?;
@@ -339,7 +340,7 @@ pub fn attention(
             i(s.hkv)?,
             i(s.d)?,
             i(window)?,
-            i(split_len)?,
+            i(min_split.max(1))?,
             Arg::F32(scale),
         ],
     )?;

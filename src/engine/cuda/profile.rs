@@ -5,14 +5,17 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use anyhow::{Context, Result, ensure};
+use anyhow::{Context, Result, bail, ensure};
 
+use super::backend::CudaBackend;
 use super::device::Gpu;
 use super::model::{
-    ActFormat, DecodeOptions, Decoder, Fp4Layers, KvDtype, MoeTile, Profile, SPLIT_LEN,
+    ATTN_MIN_SPLIT, ActFormat, DecodeOptions, Decoder, Fp4Layers, KvDtype, MoeTile, Profile,
 };
 use super::{ops, weights};
+use crate::engine::backend::{ModelBackend, RowSample, SeqId, SeqStep};
 use crate::engine::config::ModelConfig;
+use crate::engine::sampling::{Sampler, SamplingParams};
 use crate::engine::synthetic;
 
 /// Arguments of `mxtune engine profile`.
@@ -51,6 +54,11 @@ pub struct ProfileArgs {
     /// cached positions) through the batched path; 0 skips it.
     #[arg(long, default_value_t = 0)]
     pub prefill: usize,
+    /// KV positions per sequence, as `serve --max-model-len`: the captured decode graph is
+    /// sized for them (its attention grids cover every position), so this times the step a
+    /// server with that limit runs. Default: just what the measured steps need.
+    #[arg(long)]
+    pub max_model_len: Option<usize>,
     /// CUDA device ordinal.
     #[arg(long, default_value_t = 0)]
     pub gpu: usize,
@@ -220,9 +228,22 @@ pub fn run(args: &ProfileArgs) -> Result<()> {
         args.synthetic,
         t_w.elapsed().as_secs_f64()
     );
-    let max_pos = (args.depth + (args.steps + 8).max(args.prefill)).div_ceil(SPLIT_LEN) * SPLIT_LEN;
-    let mut dec = Decoder::new(
-        &g,
+    let needed = args.depth + (args.steps + 8).max(args.prefill);
+    let max_pos = match args.max_model_len {
+        Some(m) if m < needed => bail!(
+            "--max-model-len {m} is shorter than the {needed} positions --depth {} and --steps {} \
+             (or --prefill {}) need; raise it or lower those",
+            args.depth,
+            args.steps,
+            args.prefill
+        ),
+        Some(m) => m,
+        None => needed.div_ceil(ATTN_MIN_SPLIT) * ATTN_MIN_SPLIT,
+    };
+    // The server's backend, so the served step (sampling kernel, token copy) can be timed
+    // too; its decoder is timed directly for the kernel and graph figures.
+    let mut be = CudaBackend::new(
+        g.clone(),
         &cfg,
         w,
         DecodeOptions {
@@ -240,7 +261,9 @@ pub fn run(args: &ProfileArgs) -> Result<()> {
         args.batch,
         max_pos,
         args.batch,
+        true,
     )?;
+    let dec = be.decoder_mut();
     dec.fill_kv(&g, 0x4b56)?;
     let o = dec.options();
     println!(
@@ -279,9 +302,10 @@ pub fn run(args: &ProfileArgs) -> Result<()> {
         "per-kernel GPU time of one decode step (mean of 5 profiled steps)",
     );
     for graphs in [false, true] {
-        let mut times = Vec::new();
+        let (mut times, mut walls) = (Vec::new(), Vec::new());
         for rep in 0..3 + args.steps {
             let p: Vec<u32> = vec![(args.depth + rep) as u32; b];
+            let t0 = Instant::now();
             dec.set_inputs(&g, &toks, &p, &slots)?;
             let (a, e) = (ev(&g)?, ev(&g)?);
             record(&g, &a)?;
@@ -290,6 +314,7 @@ pub fn run(args: &ProfileArgs) -> Result<()> {
             g.sync()?;
             if rep >= 3 {
                 times.push(elapsed(&a, &e)?);
+                walls.push(t0.elapsed().as_secs_f64() * 1e3);
             }
         }
         let mean = times.iter().sum::<f64>() / times.len() as f64;
@@ -311,11 +336,78 @@ pub fn run(args: &ProfileArgs) -> Result<()> {
             100.0 * achieved / bw,
             bw * 1e9 / per_tok as f64
         );
+        println!(
+            "  host wall per step (inputs, launch, sync): median {:.3} ms",
+            median(walls)
+        );
     }
     let sampled = dec.sampled(&g, b)?;
     println!("last sampled ids: {sampled:?}");
     if args.prefill > 0 {
-        profile_prefill(&g, &mut dec, &cfg, args.depth, args.prefill)?;
+        profile_prefill(&g, dec, &cfg, args.depth, args.prefill)?;
+    }
+    profile_served(&mut be, args.steps, b)
+}
+
+/// Time the step the server runs per decoded token: `forward_sampled` (inputs, the graph,
+/// the sampling kernel, the token copy back), greedy and at temperature 1, for `batch` fresh
+/// sequences — the engine's share of the served time per token, without scheduler and HTTP.
+fn profile_served(be: &mut CudaBackend, steps: usize, batch: usize) -> Result<()> {
+    for (label, temperature) in [("greedy", 0.0f32), ("temperature 1.0", 1.0)] {
+        let seqs = (0..batch)
+            .map(|_| {
+                be.alloc_seq(steps + 8)
+                    .context("no free KV slot for the served-step timing")
+            })
+            .collect::<Result<Vec<SeqId>>>()?;
+        let mut samplers: Vec<Sampler> = (0..batch)
+            .map(|_| {
+                Sampler::new(SamplingParams {
+                    temperature,
+                    seed: Some(7),
+                    max_tokens: steps + 8,
+                    ignore_eos: true,
+                    ..SamplingParams::default()
+                })
+            })
+            .collect();
+        let mut last = vec![1000u32; batch];
+        let mut walls = Vec::new();
+        for rep in 0..3 + steps {
+            let toks = last.clone();
+            let t0 = Instant::now();
+            let step: Vec<SeqStep<'_>> = seqs
+                .iter()
+                .zip(&toks)
+                .map(|(&seq, t)| SeqStep {
+                    seq,
+                    tokens: std::slice::from_ref(t),
+                })
+                .collect();
+            let mut rows: Vec<RowSample<'_>> = samplers
+                .iter_mut()
+                .map(|s| RowSample {
+                    sampler: Some(s),
+                    banned: &[],
+                })
+                .collect();
+            let out = be.forward_sampled(&step, &mut rows)?;
+            if rep >= 3 {
+                walls.push(t0.elapsed().as_secs_f64() * 1e3);
+            }
+            for (b, o) in out.into_iter().enumerate() {
+                last[b] = o.context("the served step sampled no token")?.token;
+            }
+        }
+        for s in seqs {
+            be.free_seq(s);
+        }
+        let med = median(walls);
+        println!(
+            "served step ({label}; forward_sampled: inputs, graph, sampling kernel, token copy): \
+             median {med:.3} ms -> {:.1} tok/s",
+            batch as f64 / (med * 1e-3)
+        );
     }
     Ok(())
 }

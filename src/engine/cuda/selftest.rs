@@ -5,7 +5,7 @@
 use anyhow::{Context, Result};
 
 use super::device::Gpu;
-use super::model::{ActFormat, KvDtype, MoeTile};
+use super::model::{ATTN_MAX_SPLITS, ActFormat, KvDtype, MoeTile};
 use super::ops::{self, AttnScratch, AttnShape, MoeShape, MoeWeights};
 use super::quant;
 use super::reference as r;
@@ -444,7 +444,6 @@ impl KvCaches {
 /// Query rows of the attention checks and what they attend with, on the host and the device.
 struct AttnRows {
     sh: AttnShape,
-    max_pos: usize,
     q: Vec<f32>,
     pos: Vec<u32>,
     kv_off: Vec<u64>,
@@ -467,21 +466,22 @@ impl AttnRows {
         }
     }
 
-    /// Decode (split-K) and prefill attention over `c` for one (window, sinks, split) case,
-    /// both against the f64 reference on the values the cache holds (1e-5: summation order).
+    /// Decode (split-K) and prefill attention over `c` for one (window, sinks, splits) case:
+    /// `nsplit` blocks per head share each row's keys, at least `min_split` each. Both against
+    /// the f64 reference on the values the cache holds (1e-5: summation order).
+    #[allow(clippy::too_many_arguments)]
     fn check(
         &self,
         g: &Gpu,
         c: &KvCaches,
         window: usize,
         sink_on: bool,
-        split_len: usize,
+        nsplit: usize,
+        min_split: usize,
         label: &str,
     ) -> Result<[Check; 2]> {
         let (sh, t) = (self.sh, self.pos.len());
         let scale = 1.0 / (sh.d as f64).sqrt();
-        let keys = if window > 0 { window } else { self.max_pos };
-        let nsplit = keys.div_ceil(split_len);
         let sinks = sink_on.then(|| g.ptr(&self.ds));
         let dout = nan_f32(g, t * sh.hq * sh.d)?;
         ops::attention(
@@ -499,7 +499,7 @@ impl AttnRows {
             t,
             window,
             nsplit,
-            split_len,
+            min_split,
             scale as f32,
         )?;
         let got = g.download(&dout)?;
@@ -521,7 +521,10 @@ impl AttnRows {
         }
         let kv = c.kv.name();
         let decode = check(
-            format!("attention {label}window={window} sinks={sink_on} splits={nsplit} kv={kv}"),
+            format!(
+                "attention {label}window={window} sinks={sink_on} splits={nsplit} \
+                 min_split={min_split} kv={kv}"
+            ),
             rel_err(&got, &want),
             1e-5,
         );
@@ -569,11 +572,9 @@ fn attn_inputs(
         .collect();
     let t = pos.len();
     let q = f32_vec(s.next(), t * sh.hq * sh.d, 2.0, 0.0);
-    let max_splits = 64;
-    let entries = t * sh.hq * max_splits;
+    let entries = t * sh.hq * ATTN_MAX_SPLITS;
     let rows = AttnRows {
         sh,
-        max_pos,
         dq: g.upload(&q)?,
         dpos: g.upload(&pos)?,
         doff: g.upload(&kv_off)?,
@@ -607,18 +608,25 @@ fn check_attention(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
         KvCaches::new(g, KvDtype::Fp8, &k, &v)?,
     ];
     let mut res = Vec::new();
-    for (window, sink_on, split_len, c) in [
-        (0, true, 64, 0),
-        (128, true, 64, 0),
-        (0, false, 256, 0),
-        (128, true, 4096, 0),
-        (0, true, 64, 1),
-        (128, false, 64, 1),
-        (0, true, 64, 2),
-        (128, true, 64, 2),
-        (0, false, 256, 2),
+    // (window, sinks, splits, min keys per split, cache): rows at positions 0, 200 and 3000,
+    // so the splits range from one taking every key to most of 64 left empty; a graph
+    // captured for the whole cache runs the last kind.
+    for (window, sink_on, nsplit, min_split, c) in [
+        (0, true, 47, 64, 0),
+        (128, true, 2, 64, 0),
+        (0, false, 12, 256, 0),
+        (128, true, 1, 4096, 0),
+        (0, true, 1, 32, 0),
+        (0, true, 5, 32, 0),
+        (0, true, 64, 32, 0),
+        (128, true, 64, 32, 0),
+        (0, true, 47, 64, 1),
+        (128, false, 2, 64, 1),
+        (0, true, 47, 64, 2),
+        (128, true, 2, 64, 2),
+        (0, false, 64, 32, 2),
     ] {
-        res.extend(rows.check(g, &caches[c], window, sink_on, split_len, "")?);
+        res.extend(rows.check(g, &caches[c], window, sink_on, nsplit, min_split, "")?);
     }
     // d / 32 = 1, 3 and 4 dims per lane: the decode kernel's other load paths.
     for d in [32, 96, 128] {
@@ -626,7 +634,7 @@ fn check_attention(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
         let (rows, k, v) = attn_inputs(g, s, sh, 300, vec![0, 150, 299])?;
         for kv in [KvDtype::Bf16, KvDtype::Fp8] {
             let c = KvCaches::new(g, kv, &k, &v)?;
-            res.extend(rows.check(g, &c, 100, true, 64, &format!("d={d} "))?);
+            res.extend(rows.check(g, &c, 100, true, 2, 64, &format!("d={d} "))?);
         }
     }
     Ok(res)
