@@ -6,6 +6,9 @@
 // Head dims up to 128 in multiples of 32: lane holds the dpl = d / 32 consecutive dims lane * dpl...
 #define ATTN_WARPS 4
 #define ATTN_MAX_DPL 4
+// attn_split keeps scores in log2 units (q pre-scaled by log2 e) and hands back natural ones.
+#define ATTN_LOG2E 1.4426950408889634f
+#define ATTN_LN2 0.6931471805599453f
 
 // Load the dpl consecutive head dims of one cached row, element offset i, as fp32. FP8: an
 // E4M3 cache; otherwise bf16, or fp32 when kv == KV_F32. i is a multiple of dpl (rows start at
@@ -88,18 +91,39 @@ __device__ __forceinline__ void split_keys(const void* __restrict__ k_cache,
 #pragma unroll
             for (int g = 0; g < ATTN_KEYS; ++g) sc[g] += __shfl_xor_sync(0xffffffffu, sc[g], o);
         }
+        // One rescale per group of keys (scores in log2 units: exp2 is a few instructions,
+        // expf a few dozen, and every lane evaluates them).
+        float mn = m;
+#pragma unroll
+        for (int g = 0; g < ATTN_KEYS; ++g)
+            if (base + g < hi) mn = fmaxf(mn, sc[g]);
+        const float corr = exp2f(m - mn);
+        l *= corr;
+#pragma unroll
+        for (int j = 0; j < ATTN_MAX_DPL; ++j) acc[j] *= corr;
 #pragma unroll
         for (int g = 0; g < ATTN_KEYS; ++g) {
             if (base + g < hi) {
-                const float mn = fmaxf(m, sc[g]);
-                const float corr = expf(m - mn), pr = expf(sc[g] - mn);
-                l = l * corr + pr;
+                const float pr = exp2f(sc[g] - mn);
+                l += pr;
 #pragma unroll
-                for (int j = 0; j < ATTN_MAX_DPL; ++j) acc[j] = acc[j] * corr + pr * vr[g][j];
-                m = mn;
+                for (int j = 0; j < ATTN_MAX_DPL; ++j) acc[j] += pr * vr[g][j];
             }
         }
+        m = mn;
     }
+}
+
+// Keys [lo, hi) of split `split` of `nsplit` for a query at position p: the row's keys are
+// shared evenly among the grid's splits, at least min_split each, so a short context still
+// occupies several blocks and a graph captured for a longer context (nsplit fixed) covers any
+// shorter one; trailing splits may be empty.
+__device__ __forceinline__ void split_keys_range(int p, int window, int min_split, int split,
+                                                 int nsplit, int& lo, int& hi) {
+    const int lo_all = window > 0 ? max(0, p + 1 - window) : 0;
+    const int per = max(min_split, (p + 1 - lo_all + nsplit - 1) / nsplit);
+    lo = lo_all + split * per;
+    hi = min(p + 1, lo + per);
 }
 
 // kv: the cache's element kind (KV_BF16, KV_F32 or KV_FP8), uniform per launch.
@@ -114,19 +138,13 @@ attn_split(const float* __restrict__ q, const void* __restrict__ k_cache,
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int dpl = d >> 5;
     const int kvh = h / (hq / hkv);
-    const int p = (int)pos[t];
-    const int lo_all = window > 0 ? max(0, p + 1 - window) : 0;
-    // The row's keys are spread evenly over the grid's splits, at least min_split each: a
-    // short context still occupies several blocks per head, and a graph captured for the
-    // longest context (nsplit fixed) covers any shorter one.
-    const int per = max(min_split, (p + 1 - lo_all + nsplit - 1) / nsplit);
-    const int lo = lo_all + split * per;
-    const int hi = min(p + 1, lo + per);
+    int lo, hi;
+    split_keys_range((int)pos[t], window, min_split, split, nsplit, lo, hi);
     const float* qh = q + ((size_t)t * hq + h) * d + lane * dpl;
     float qv[ATTN_MAX_DPL], acc[ATTN_MAX_DPL];
 #pragma unroll
     for (int j = 0; j < ATTN_MAX_DPL; ++j) {
-        qv[j] = j < dpl ? qh[j] * scale : 0.0f;
+        qv[j] = j < dpl ? qh[j] * scale * ATTN_LOG2E : 0.0f;
         acc[j] = 0.0f;
     }
     float m = -INFINITY, l = 0.0f;
@@ -151,37 +169,241 @@ attn_split(const float* __restrict__ q, const void* __restrict__ k_cache,
     for (int j = 0; j < ATTN_MAX_DPL; ++j) out[j] = 0.0f;
     if (mm != -INFINITY) {
         for (int w = 0; w < ATTN_WARPS; ++w) {
-            const float f = sm_m[w] == -INFINITY ? 0.0f : expf(sm_m[w] - mm);
+            const float f = sm_m[w] == -INFINITY ? 0.0f : exp2f(sm_m[w] - mm);
             ll += sm_l[w] * f;
 #pragma unroll
             for (int j = 0; j < ATTN_MAX_DPL; ++j)
                 if (j < dpl) out[j] += sm_acc[w][lane * dpl + j] * f;
         }
     }
-    if (lane == 0) { part_m[pi] = mm; part_l[pi] = ll; }
+    // The partial max back in natural-log units for the combine (and its sink).
+    if (lane == 0) { part_m[pi] = mm * ATTN_LN2; part_l[pi] = ll; }
 #pragma unroll
     for (int j = 0; j < ATTN_MAX_DPL; ++j)
         if (j < dpl) part_acc[pi * d + lane * dpl + j] = out[j];
 }
 
-// grid = (Hq, T), block = d threads. sinks == nullptr turns the sink off (diagnostic only).
-extern "C" __global__ void attn_combine(const float* __restrict__ part_m,
-                                        const float* __restrict__ part_l,
-                                        const float* __restrict__ part_acc,
-                                        const bf16_t* __restrict__ sinks, float* __restrict__ out,
-                                        int hq, int d, int nsplit) {
-    pdl_enter();
-    const int h = blockIdx.x, t = blockIdx.y, i = threadIdx.x;
-    const size_t base = ((size_t)t * hq + h) * nsplit;
-    float mm = sinks ? bf2f(sinks[h]) : -INFINITY;
-    for (int s = 0; s < nsplit; ++s) mm = fmaxf(mm, part_m[base + s]);
-    float ll = sinks ? expf(bf2f(sinks[h]) - mm) : 0.0f, acc = 0.0f;
-    for (int s = 0; s < nsplit; ++s) {
-        const float ms = part_m[base + s];
-        if (ms == -INFINITY) continue;
-        const float f = expf(ms - mm);
-        ll += part_l[base + s] * f;
-        acc += part_acc[(base + s) * d + i] * f;
+// ---- attn_split_gqa: the same partials, one block per (KV head, split, row) for all G <=
+// ATTN_GQA_MAX query heads that share the KV head, so each key and value row is read once per
+// block instead of once per query head. Scores: lanes own keys (a lane dots its key's row with
+// the G queries staged in shared memory: no shuffle per key, one exp2 per key and head);
+// P·V: lanes own dims (the tile's probabilities go through shared memory). Each warp takes 32
+// keys at a time; the block's warps merge at the end.
+#define ATTN_GQA_MAX 8
+#define ATTN_GQA_WARPS 4
+#define ATTN_GQA_VROWS 8
+
+// Eight consecutive cache elements from element offset i (a multiple of 8) as fp32.
+template <int KIND>
+__device__ __forceinline__ void load8(const void* __restrict__ cache, size_t i, float (&o)[8]) {
+    if (KIND == KV_FP8) {
+        const uint2 w = *reinterpret_cast<const uint2*>(static_cast<const u8*>(cache) + i);
+        e4m3x2_to_f32((unsigned short)(w.x & 0xffffu), o[0], o[1]);
+        e4m3x2_to_f32((unsigned short)(w.x >> 16), o[2], o[3]);
+        e4m3x2_to_f32((unsigned short)(w.y & 0xffffu), o[4], o[5]);
+        e4m3x2_to_f32((unsigned short)(w.y >> 16), o[6], o[7]);
+    } else if (KIND == KV_F32) {
+        const float4* p = reinterpret_cast<const float4*>(static_cast<const float*>(cache) + i);
+        const float4 a = p[0], b = p[1];
+        o[0] = a.x; o[1] = a.y; o[2] = a.z; o[3] = a.w;
+        o[4] = b.x; o[5] = b.y; o[6] = b.z; o[7] = b.w;
+    } else {
+        bf16x8_to_f32(*reinterpret_cast<const uint4*>(static_cast<const bf16_t*>(cache) + i), o);
     }
-    out[((size_t)t * hq + h) * d + i] = acc / ll;
+}
+
+// Shared memory of one attn_split_gqa block.
+struct GqaSmem {
+    float q[ATTN_GQA_MAX * 32 * ATTN_MAX_DPL];                    // [G][d], log2-scaled
+    float p[ATTN_GQA_WARPS][ATTN_GQA_MAX][32];                    // a warp's tile probabilities
+    float m[ATTN_GQA_WARPS][ATTN_GQA_MAX], l[ATTN_GQA_WARPS][ATTN_GQA_MAX];
+    float acc[ATTN_GQA_WARPS][ATTN_GQA_MAX][32 * ATTN_MAX_DPL];
+};
+
+template <int KIND>
+__device__ __forceinline__ void gqa_split(const float* __restrict__ q, const void* __restrict__ k_cache,
+                                          const void* __restrict__ v_cache,
+                                          const unsigned* __restrict__ pos,
+                                          const unsigned long long* __restrict__ kv_off,
+                                          float* __restrict__ part_m, float* __restrict__ part_l,
+                                          float* __restrict__ part_acc, int hq, int hkv, int d,
+                                          int window, int min_split, float scale, GqaSmem& sm) {
+    const int kvh = blockIdx.x, split = blockIdx.y, nsplit = gridDim.y, t = blockIdx.z;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int G = hq / hkv, dpl = d >> 5;
+    int lo, hi;
+    split_keys_range((int)pos[t], window, min_split, split, nsplit, lo, hi);
+    const float* qt = q + ((size_t)t * hq + (size_t)kvh * G) * d;
+    for (int i = threadIdx.x; i < G * d; i += blockDim.x) sm.q[i] = qt[i] * scale * ATTN_LOG2E;
+    __syncthreads();
+    const size_t row0 = kv_off[t] + (size_t)kvh * d;
+    const size_t stride = (size_t)hkv * d;
+    float m[ATTN_GQA_MAX], l[ATTN_GQA_MAX], acc[ATTN_GQA_MAX][ATTN_MAX_DPL];
+#pragma unroll
+    for (int g = 0; g < ATTN_GQA_MAX; ++g) {
+        m[g] = -INFINITY;
+        l[g] = 0.0f;
+#pragma unroll
+        for (int j = 0; j < ATTN_MAX_DPL; ++j) acc[g][j] = 0.0f;
+    }
+    for (int base = lo + warp * 32; base < hi; base += ATTN_GQA_WARPS * 32) {
+        const int key = base + lane;
+        const bool live = key < hi;
+        float s[ATTN_GQA_MAX];
+#pragma unroll
+        for (int g = 0; g < ATTN_GQA_MAX; ++g) s[g] = 0.0f;
+        if (live) {
+            const size_t kr = row0 + (size_t)key * stride;
+#pragma unroll 4
+            for (int c = 0; c < d; c += 8) {
+                float kf[8];
+                load8<KIND>(k_cache, kr + c, kf);
+#pragma unroll
+                for (int g = 0; g < ATTN_GQA_MAX; ++g) {
+                    if (g < G) {
+                        const float4* qq = reinterpret_cast<const float4*>(sm.q + g * d + c);
+                        const float4 a = qq[0], b = qq[1];
+                        s[g] += a.x * kf[0] + a.y * kf[1] + a.z * kf[2] + a.w * kf[3] +
+                                b.x * kf[4] + b.y * kf[5] + b.z * kf[6] + b.w * kf[7];
+                    }
+                }
+            }
+        }
+#pragma unroll
+        for (int g = 0; g < ATTN_GQA_MAX; ++g) {
+            if (g < G) {
+                const float mn = fmaxf(m[g], warp_max(live ? s[g] : -INFINITY));
+                const float corr = exp2f(m[g] - mn);
+                const float pr = live ? exp2f(s[g] - mn) : 0.0f;
+                l[g] = l[g] * corr + pr;
+#pragma unroll
+                for (int j = 0; j < ATTN_MAX_DPL; ++j) acc[g][j] *= corr;
+                m[g] = mn;
+                sm.p[warp][g][lane] = pr;
+            }
+        }
+        __syncwarp();
+        // ATTN_GQA_VROWS value rows in flight at a time; rows past the tile's last key repeat
+        // it with probability 0.
+        const int nk = min(32, hi - base);
+        for (int k0 = 0; k0 < nk; k0 += ATTN_GQA_VROWS) {
+            float vr[ATTN_GQA_VROWS][ATTN_MAX_DPL];
+#pragma unroll
+            for (int r = 0; r < ATTN_GQA_VROWS; ++r) {
+                const int k = min(k0 + r, nk - 1);
+                load_row<KIND == KV_FP8>(v_cache, KIND, row0 + (size_t)(base + k) * stride + lane * dpl,
+                                         dpl, vr[r]);
+            }
+#pragma unroll
+            for (int r = 0; r < ATTN_GQA_VROWS; ++r) {
+                if (k0 + r < nk) {
+#pragma unroll
+                    for (int g = 0; g < ATTN_GQA_MAX; ++g) {
+                        if (g < G) {
+                            const float pr = sm.p[warp][g][k0 + r];
+#pragma unroll
+                            for (int j = 0; j < ATTN_MAX_DPL; ++j) acc[g][j] += pr * vr[r][j];
+                        }
+                    }
+                }
+            }
+        }
+        __syncwarp();
+    }
+#pragma unroll
+    for (int g = 0; g < ATTN_GQA_MAX; ++g) {
+        if (g < G) {
+            const float ls = warp_sum(l[g]);
+            if (lane == 0) { sm.m[warp][g] = m[g]; sm.l[warp][g] = ls; }
+#pragma unroll
+            for (int j = 0; j < ATTN_MAX_DPL; ++j)
+                if (j < dpl) sm.acc[warp][g][lane * dpl + j] = acc[g][j];
+        }
+    }
+    __syncthreads();
+    for (int g = warp; g < G; g += ATTN_GQA_WARPS) {
+        float mm = -INFINITY;
+        for (int w = 0; w < ATTN_GQA_WARPS; ++w) mm = fmaxf(mm, sm.m[w][g]);
+        float ll = 0.0f, out[ATTN_MAX_DPL];
+#pragma unroll
+        for (int j = 0; j < ATTN_MAX_DPL; ++j) out[j] = 0.0f;
+        if (mm != -INFINITY) {
+            for (int w = 0; w < ATTN_GQA_WARPS; ++w) {
+                const float f = sm.m[w][g] == -INFINITY ? 0.0f : exp2f(sm.m[w][g] - mm);
+                ll += sm.l[w][g] * f;
+#pragma unroll
+                for (int j = 0; j < ATTN_MAX_DPL; ++j)
+                    if (j < dpl) out[j] += sm.acc[w][g][lane * dpl + j] * f;
+            }
+        }
+        const size_t pi = ((size_t)t * hq + (size_t)kvh * G + g) * nsplit + split;
+        if (lane == 0) { part_m[pi] = mm * ATTN_LN2; part_l[pi] = ll; }
+#pragma unroll
+        for (int j = 0; j < ATTN_MAX_DPL; ++j)
+            if (j < dpl) part_acc[pi * d + lane * dpl + j] = out[j];
+    }
+}
+
+// grid = (Hkv, nsplit, T), block = ATTN_GQA_WARPS warps; hq / hkv <= ATTN_GQA_MAX. Same
+// arguments and partials as attn_split.
+extern "C" __global__ void __launch_bounds__(ATTN_GQA_WARPS * 32)
+attn_split_gqa(const float* __restrict__ q, const void* __restrict__ k_cache,
+               const void* __restrict__ v_cache, int kv, const unsigned* __restrict__ pos,
+               const unsigned long long* __restrict__ kv_off, float* __restrict__ part_m,
+               float* __restrict__ part_l, float* __restrict__ part_acc, int hq, int hkv, int d,
+               int window, int min_split, float scale) {
+    pdl_enter();
+    __shared__ GqaSmem sm;
+    if (kv == KV_FP8)
+        gqa_split<KV_FP8>(q, k_cache, v_cache, pos, kv_off, part_m, part_l, part_acc, hq, hkv, d,
+                          window, min_split, scale, sm);
+    else if (kv == KV_F32)
+        gqa_split<KV_F32>(q, k_cache, v_cache, pos, kv_off, part_m, part_l, part_acc, hq, hkv, d,
+                          window, min_split, scale, sm);
+    else
+        gqa_split<KV_BF16>(q, k_cache, v_cache, pos, kv_off, part_m, part_l, part_acc, hq, hkv, d,
+                           window, min_split, scale, sm);
+}
+
+// grid = (Hq, T), block = ATTN_COMBINE_THREADS; nsplit <= ATTN_MAX_SPLITS. Each split's
+// weight exp(m_s - max) is computed once, by one thread, into shared memory; then thread
+// (dim i, slice p) sums the outputs of splits p, p + slices, … with loads that do not wait on
+// each other, and the slices are added in a fixed order. sinks == nullptr turns the sink off
+// (diagnostic only).
+#define ATTN_COMBINE_THREADS 256
+#define ATTN_MAX_SPLITS 64
+extern "C" __global__ void __launch_bounds__(ATTN_COMBINE_THREADS)
+attn_combine(const float* __restrict__ part_m, const float* __restrict__ part_l,
+             const float* __restrict__ part_acc, const bf16_t* __restrict__ sinks,
+             float* __restrict__ out, int hq, int d, int nsplit) {
+    pdl_enter();
+    __shared__ float w[ATTN_MAX_SPLITS];
+    __shared__ float red[32];
+    __shared__ float slice[ATTN_COMBINE_THREADS];
+    const int h = blockIdx.x, t = blockIdx.y, tid = threadIdx.x;
+    const size_t base = ((size_t)t * hq + h) * nsplit;
+    const float sink = sinks ? bf2f(sinks[h]) : -INFINITY;
+    float mm = sink;
+    for (int s = tid; s < nsplit; s += blockDim.x) mm = fmaxf(mm, part_m[base + s]);
+    mm = block_max(mm, red);
+    float ll = 0.0f;
+    for (int s = tid; s < nsplit; s += blockDim.x) {
+        const float ms = part_m[base + s];
+        const float f = ms == -INFINITY ? 0.0f : expf(ms - mm);
+        w[s] = f;
+        ll += part_l[base + s] * f;
+    }
+    ll = block_sum(ll, red);  // its barriers also publish w
+    if (sinks) ll += expf(sink - mm);
+    const int slices = blockDim.x / d, i = tid % d, p = tid / d;
+    float acc = 0.0f;
+    if (p < slices)
+        for (int s = p; s < nsplit; s += slices) acc += part_acc[(base + s) * d + i] * w[s];
+    slice[tid] = acc;
+    __syncthreads();
+    if (tid < d) {
+        float a = 0.0f;
+        for (int q = 0; q < slices; ++q) a += slice[q * d + tid];
+        out[((size_t)t * hq + h) * d + tid] = a / ll;
+    }
 }

@@ -157,6 +157,17 @@ __device__ __forceinline__ T block_sum(T v, T* scratch) {
     return warp_sum(lane < nwarps ? scratch[lane] : T(0));
 }
 
+// Max over the whole block; every thread gets the result. `scratch` holds >= 32 entries.
+__device__ __forceinline__ float block_max(float v, float* scratch) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int nwarps = (blockDim.x + 31) >> 5;
+    v = warp_max(v);
+    __syncthreads();
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    return warp_max(lane < nwarps ? scratch[lane] : -INFINITY);
+}
+
 // (value, index) argmax: keep the larger value, ties to the lower index; NaN never wins.
 __device__ __forceinline__ void take_better(float& bv, int& bi, float v, int i) {
     if (v > bv || (v == bv && i < bi)) { bv = v; bi = i; }

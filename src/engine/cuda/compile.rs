@@ -46,7 +46,10 @@ pub const KERNEL_FILES: &[KernelFile] = &[
         ["gemv_bf16", "gemv_bf16_norm", "gemv_bf16_wide"]
     ),
     kernel_file!("rope_kv.cu", ["rope_kv_write"]),
-    kernel_file!("attention_decode.cu", ["attn_split", "attn_combine"]),
+    kernel_file!(
+        "attention_decode.cu",
+        ["attn_split", "attn_split_gqa", "attn_combine"]
+    ),
     kernel_file!("attention_prefill.cu", ["attn_prefill"]),
     kernel_file!(
         "moe_gemv.cu",

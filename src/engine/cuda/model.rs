@@ -11,17 +11,19 @@ use super::ops::{self, AttnScratch, AttnShape, MoeShape, MoeWeights, Norm};
 use super::weights::{DeviceWeights, Layer};
 use crate::engine::config::ModelConfig;
 
-/// Fewest keys a decode-attention split (one block per head) takes: a row's keys are shared
-/// evenly among the splits, so a short context uses few, a long one up to [`ATTN_MAX_SPLITS`].
-pub const ATTN_MIN_SPLIT: usize = 32;
+/// Fewest keys any decode-attention split takes (`ops::attn_min_split` per kernel; this bound
+/// sizes the scratch): a row's keys are shared evenly among the splits, so a short context
+/// uses few, a long one up to [`ATTN_MAX_SPLITS`].
+pub const ATTN_MIN_SPLIT: usize = 8;
 
 /// Most splits per (row, head): the scratch size, and the grid of a graph captured for a long
 /// cache (where each split then takes up to `max_positions / ATTN_MAX_SPLITS` keys).
-pub const ATTN_MAX_SPLITS: usize = 64;
+pub use super::ops::ATTN_MAX_SPLITS;
 
-/// Decode-attention splits for rows of up to `keys` keys, given a scratch of `max_splits`.
-pub fn attn_splits(keys: usize, max_splits: usize) -> usize {
-    keys.div_ceil(ATTN_MIN_SPLIT).clamp(1, max_splits.max(1))
+/// Decode-attention splits for rows of up to `keys` keys, at least `min_split` keys each,
+/// given a scratch of `max_splits`.
+pub fn attn_splits(keys: usize, min_split: usize, max_splits: usize) -> usize {
+    keys.div_ceil(min_split.max(1)).clamp(1, max_splits.max(1))
 }
 
 /// Element type of the KV cache.
@@ -397,6 +399,7 @@ pub struct Decoder {
     sc_l: CudaSlice<f32>,
     sc_acc: CudaSlice<f32>,
     max_splits: usize,
+    /// Captured steps, two per batch size n: `2n` short contexts, `2n + 1` long ones.
     graphs: Vec<Option<StepGraph>>,
     pre: Option<PrefillBufs>,
 }
@@ -435,7 +438,7 @@ impl Decoder {
         let (inv, mscale) = (rope.inv_freq, rope.attention_scaling);
         let cache = cfg.num_hidden_layers * slots * max_pos * hkv * d;
         let b = max_batch;
-        let max_splits = attn_splits(max_pos, ATTN_MAX_SPLITS);
+        let max_splits = attn_splits(max_pos, ATTN_MIN_SPLIT, ATTN_MAX_SPLITS);
         let chunks = v.div_ceil(ops::ARGMAX_CHUNK);
         Ok(Self {
             cfg: cfg.clone(),
@@ -457,7 +460,7 @@ impl Decoder {
             sc_l: g.alloc(b * hq * max_splits)?,
             sc_acc: g.alloc(b * hq * max_splits * d)?,
             max_splits,
-            graphs: (0..=max_batch).map(|_| None).collect(),
+            graphs: (0..2 * (max_batch + 1)).map(|_| None).collect(),
             pre: None,
         })
     }
@@ -687,7 +690,9 @@ impl Decoder {
             } else {
                 full_keys
             };
-            let nsplit = attn_splits(keys, self.max_splits);
+            let kernel = ops::AttnKernel::for_keys(sh.attn, keys);
+            let min_split = kernel.min_split();
+            let nsplit = attn_splits(keys, min_split, self.max_splits);
             ops::attention(
                 g,
                 sh.attn,
@@ -702,8 +707,9 @@ impl Decoder {
                 &scratch,
                 n,
                 l.window,
+                kernel,
                 nsplit,
-                ATTN_MIN_SPLIT,
+                min_split,
                 sh.scale,
             )?;
             mark("attention")?;
@@ -1039,26 +1045,33 @@ impl Decoder {
     }
 
     /// Run one step for the `n` rows set by [`Decoder::set_inputs`], attention sized for keys
-    /// up to `full_keys`. With `graph` the step is captured once per batch size (sized for the
-    /// whole cache) and replayed.
+    /// up to `full_keys`. With `graph` the step is captured once per batch size and context
+    /// class — up to `ops::ATTN_GQA_FROM_KEYS` keys (the per-head attention kernel), or up to
+    /// the whole cache (the GQA kernel on full layers) — and replayed.
     pub fn run(&mut self, g: &Gpu, n: usize, full_keys: usize, graph: bool) -> Result<()> {
         if !graph {
             return self.enqueue(g, n, full_keys, None);
         }
-        if self.graphs[n].is_none() {
+        let short = self.max_pos.min(ops::ATTN_GQA_FROM_KEYS);
+        let (slot, keys) = if full_keys > short {
+            (2 * n + 1, self.max_pos)
+        } else {
+            (2 * n, short)
+        };
+        if self.graphs[slot].is_none() {
             use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
             g.stream()
                 .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
                 .map_err(|e| anyhow::anyhow!("starting graph capture: {:?}", e.0))?;
-            let queued = self.enqueue(g, n, self.max_pos, None);
+            let queued = self.enqueue(g, n, keys, None);
             let captured = g
                 .stream()
                 .end_capture(CUgraphInstantiate_flags(0))
                 .map_err(|e| anyhow::anyhow!("ending graph capture: {:?}", e.0));
             queued?;
-            self.graphs[n] = captured?.map(StepGraph);
+            self.graphs[slot] = captured?.map(StepGraph);
         }
-        match &self.graphs[n] {
+        match &self.graphs[slot] {
             Some(graph) => graph
                 .0
                 .launch()
@@ -1145,16 +1158,17 @@ mod tests {
 
     #[test]
     fn attention_splits_follow_the_context_within_the_scratch() {
-        // One split for a short row, one per ATTN_MIN_SPLIT keys after that…
-        assert_eq!(attn_splits(1, ATTN_MAX_SPLITS), 1);
-        assert_eq!(attn_splits(32, ATTN_MAX_SPLITS), 1);
-        assert_eq!(attn_splits(33, ATTN_MAX_SPLITS), 2);
-        assert_eq!(attn_splits(201, ATTN_MAX_SPLITS), 7);
+        // One split for a short row, one per `min_split` keys after that…
+        assert_eq!(attn_splits(1, 32, ATTN_MAX_SPLITS), 1);
+        assert_eq!(attn_splits(32, 32, ATTN_MAX_SPLITS), 1);
+        assert_eq!(attn_splits(33, 32, ATTN_MAX_SPLITS), 2);
+        assert_eq!(attn_splits(201, 32, ATTN_MAX_SPLITS), 7);
+        assert_eq!(attn_splits(201, 8, ATTN_MAX_SPLITS), 26);
         // …up to the scratch's capacity (a graph sized for the whole cache).
-        assert_eq!(attn_splits(8192, ATTN_MAX_SPLITS), ATTN_MAX_SPLITS);
-        assert_eq!(attn_splits(131072, ATTN_MAX_SPLITS), ATTN_MAX_SPLITS);
-        assert_eq!(attn_splits(8192, 3), 3);
-        assert_eq!(attn_splits(0, 0), 1);
+        assert_eq!(attn_splits(8192, 32, ATTN_MAX_SPLITS), ATTN_MAX_SPLITS);
+        assert_eq!(attn_splits(131072, 8, ATTN_MAX_SPLITS), ATTN_MAX_SPLITS);
+        assert_eq!(attn_splits(8192, 32, 3), 3);
+        assert_eq!(attn_splits(0, 0, 0), 1);
     }
 
     #[test]

@@ -29,6 +29,16 @@ const GEMV_ROWS: usize = 8;
 const GEMV_TOKENS: usize = 4;
 /// Warps per attention split block (kernel constant `ATTN_WARPS`).
 const ATTN_WARPS: u32 = 4;
+/// Most query heads per KV head `attn_split_gqa` takes (kernel constant `ATTN_GQA_MAX`); more
+/// run `attn_split`, one block per query head.
+const ATTN_GQA_MAX: usize = 8;
+/// Warps per `attn_split_gqa` block (kernel constant `ATTN_GQA_WARPS`).
+const ATTN_GQA_WARPS: u32 = 4;
+/// Threads of `attn_combine` (kernel constant `ATTN_COMBINE_THREADS`).
+const ATTN_COMBINE_THREADS: u32 = 256;
+/// Most decode-attention splits per (row, head) the combine takes (kernel constant
+/// `ATTN_MAX_SPLITS`); also the split count of a graph captured for a long cache.
+pub const ATTN_MAX_SPLITS: usize = 64;
 
 /// out[t] = table[tokens[t]] (fp32), `tokens` device `u32`.
 pub fn embed(g: &Gpu, table: u64, tokens: u64, out: u64, hidden: usize, t: usize) -> Result<()> {
@@ -292,10 +302,45 @@ pub struct AttnScratch {
     pub entries: usize,
 }
 
+/// Contexts longer than this many keys run decode attention on `attn_split_gqa` (where the
+/// shape allows it); shorter ones on `attn_split`, which has G times more blocks and a shorter
+/// chain per key. Measured crossover on the H100 (docs/perf.md, runs 28–29): ~600 keys.
+pub const ATTN_GQA_FROM_KEYS: usize = 1024;
+
+/// The decode-attention kernel of a launch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AttnKernel {
+    /// `attn_split`: one block per (query head, split).
+    PerHead,
+    /// `attn_split_gqa`: one block per (KV head, split) for all the query heads sharing it.
+    Gqa,
+}
+
+impl AttnKernel {
+    /// The kernel for rows of up to `keys` keys of shape `s`.
+    pub fn for_keys(s: AttnShape, keys: usize) -> Self {
+        if keys > ATTN_GQA_FROM_KEYS && s.hq / s.hkv <= ATTN_GQA_MAX {
+            AttnKernel::Gqa
+        } else {
+            AttnKernel::PerHead
+        }
+    }
+
+    /// Fewest keys per split: the GQA kernel has G times fewer blocks per split, so it splits
+    /// finer.
+    pub fn min_split(self) -> usize {
+        match self {
+            AttnKernel::PerHead => 32,
+            AttnKernel::Gqa => 8,
+        }
+    }
+}
+
 /// Decode attention for `t` query tokens over a cache of element type `kv`: each row's keys
 /// are shared evenly among `nsplit` splits (blocks), at least `min_split` keys each, so any
-/// `nsplit ≥ 1` covers any context and a short one still spreads over several blocks.
-/// `sinks = None` turns the sink off.
+/// `nsplit ≥ 1` covers any context and a short one still spreads over several blocks; `kernel`
+/// picks the per-head or the GQA split kernel (same partials). `sinks = None` turns the sink
+/// off.
 pub fn attention(
     g: &Gpu,
     s: AttnShape,
@@ -310,21 +355,38 @@ pub fn attention(
     scratch: &AttnScratch,
     t: usize,
     window: usize,
+    kernel: AttnKernel,
     nsplit: usize,
     min_split: usize,
     scale: f32,
 ) -> Result<()> {
     s.check()?;
     ensure!(
+        (1..=ATTN_MAX_SPLITS).contains(&nsplit),
+        "{nsplit} attention splits: the combine takes 1 to {ATTN_MAX_SPLITS}"
+    );
+    ensure!(
         t * s.hq * nsplit <= scratch.entries,
         "attention scratch holds {} entries, {} needed",
         scratch.entries,
         t * s.hq * nsplit
     );
+    // The GQA kernel reads each key once for the query heads sharing it.
+    let (name, heads, warps) = match kernel {
+        AttnKernel::Gqa => {
+            ensure!(
+                s.hq / s.hkv <= ATTN_GQA_MAX,
+                "attn_split_gqa takes at most {ATTN_GQA_MAX} query heads per KV head, not {}",
+                s.hq / s.hkv
+            );
+            ("attn_split_gqa", s.hkv, ATTN_GQA_WARPS)
+        }
+        AttnKernel::PerHead => ("attn_split", s.hq, ATTN_WARPS),
+    };
     g.launch(
-        "attn_split",
-        (u(s.hq)?, u(nsplit)?, u(t)?),
-        (ATTN_WARPS * 32, 1, 1),
+        name,
+        (u(heads)?, u(nsplit)?, u(t)?),
+        (warps * 32, 1, 1),
         0,
         &[
             Arg::Ptr(q),
@@ -347,7 +409,7 @@ pub fn attention(
     g.launch(
         "attn_combine",
         (u(s.hq)?, u(t)?, 1),
-        (u(s.d)?, 1, 1),
+        (ATTN_COMBINE_THREADS, 1, 1),
         0,
         &[
             Arg::Ptr(scratch.m),

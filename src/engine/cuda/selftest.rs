@@ -476,6 +476,7 @@ impl AttnRows {
         c: &KvCaches,
         window: usize,
         sink_on: bool,
+        kernel: ops::AttnKernel,
         nsplit: usize,
         min_split: usize,
         label: &str,
@@ -498,6 +499,7 @@ impl AttnRows {
             &self.scratch(g),
             t,
             window,
+            kernel,
             nsplit,
             min_split,
             scale as f32,
@@ -522,7 +524,7 @@ impl AttnRows {
         let kv = c.kv.name();
         let decode = check(
             format!(
-                "attention {label}window={window} sinks={sink_on} splits={nsplit} \
+                "attention {label}{kernel:?} window={window} sinks={sink_on} splits={nsplit} \
                  min_split={min_split} kv={kv}"
             ),
             rel_err(&got, &want),
@@ -626,7 +628,15 @@ fn check_attention(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
         (128, true, 2, 64, 2),
         (0, false, 64, 32, 2),
     ] {
-        res.extend(rows.check(g, &caches[c], window, sink_on, nsplit, min_split, "")?);
+        for kernel in [ops::AttnKernel::PerHead, ops::AttnKernel::Gqa] {
+            res.extend(rows.check(
+                g, &caches[c], window, sink_on, kernel, nsplit, min_split, "",
+            )?);
+        }
+    }
+    // The GQA kernel's finest splits (8 keys).
+    for c in &caches {
+        res.extend(rows.check(g, c, 0, true, ops::AttnKernel::Gqa, 64, 8, "")?);
     }
     // d / 32 = 1, 3 and 4 dims per lane: the decode kernel's other load paths.
     for d in [32, 96, 128] {
@@ -634,8 +644,30 @@ fn check_attention(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
         let (rows, k, v) = attn_inputs(g, s, sh, 300, vec![0, 150, 299])?;
         for kv in [KvDtype::Bf16, KvDtype::Fp8] {
             let c = KvCaches::new(g, kv, &k, &v)?;
-            res.extend(rows.check(g, &c, 100, true, 2, 64, &format!("d={d} "))?);
+            for kernel in [ops::AttnKernel::PerHead, ops::AttnKernel::Gqa] {
+                res.extend(rows.check(g, &c, 100, true, kernel, 2, 64, &format!("d={d} "))?);
+            }
         }
+    }
+    // More query heads per KV head than attn_split_gqa takes: the one-block-per-head kernel.
+    let sh = AttnShape {
+        hq: 32,
+        hkv: 2,
+        d: 64,
+    };
+    let (rows, k, v) = attn_inputs(g, s, sh, 300, vec![0, 150, 299])?;
+    for kv in [KvDtype::Bf16, KvDtype::Fp8] {
+        let c = KvCaches::new(g, kv, &k, &v)?;
+        res.extend(rows.check(
+            g,
+            &c,
+            0,
+            true,
+            ops::AttnKernel::PerHead,
+            5,
+            32,
+            "hq/hkv=16 ",
+        )?);
     }
     Ok(res)
 }
