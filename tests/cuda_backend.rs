@@ -37,6 +37,32 @@ fn cuda_selftest_binary_fails_cleanly_without_a_gpu() {
 }
 
 #[test]
+fn cuda_profile_checks_max_model_len_before_opening_the_gpu() {
+    // Checked before the GPU is opened (and the 120b weights generated), so the message is
+    // the same with or without a GPU.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_mxtune"))
+        .args([
+            "engine",
+            "profile",
+            "--depth",
+            "100",
+            "--steps",
+            "48",
+            "--max-model-len",
+            "64",
+        ])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("--max-model-len 64 is shorter than the 156 positions"),
+        "{err}"
+    );
+    assert!(!err.contains("CUDA driver"), "{err}");
+}
+
+#[test]
 fn cuda_selftest_rejects_other_devices() {
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_mxtune"))
         .args(["engine", "selftest", "--device", "cpu"])

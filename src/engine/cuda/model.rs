@@ -11,8 +11,8 @@ use super::ops::{self, AttnScratch, AttnShape, MoeShape, MoeWeights, Norm};
 use super::weights::{DeviceWeights, Layer};
 use crate::engine::config::ModelConfig;
 
-/// Fewest keys any decode-attention split takes (`ops::attn_min_split` per kernel; this bound
-/// sizes the scratch): a row's keys are shared evenly among the splits, so a short context
+/// Fewest keys any decode-attention split takes (`ops::AttnKernel::min_split` per kernel; this
+/// bound sizes the scratch): a row's keys are shared evenly among the splits, so a short context
 /// uses few, a long one up to [`ATTN_MAX_SPLITS`].
 pub const ATTN_MIN_SPLIT: usize = 8;
 

@@ -194,6 +194,22 @@ fn read_bandwidth(g: &Gpu) -> Result<f64> {
     Ok(bytes as f64 / (median(times) * 1e-3) / 1e9)
 }
 
+/// KV positions per sequence: `--max-model-len`, or what the measured steps need rounded up.
+fn cache_positions(args: &ProfileArgs) -> Result<usize> {
+    let needed = args.depth + (args.steps + 8).max(args.prefill);
+    match args.max_model_len {
+        Some(m) if m < needed => bail!(
+            "--max-model-len {m} is shorter than the {needed} positions --depth {} and --steps {} \
+             (or --prefill {}) need; raise it or lower those",
+            args.depth,
+            args.steps,
+            args.prefill
+        ),
+        Some(m) => Ok(m),
+        None => Ok(needed.div_ceil(ATTN_MIN_SPLIT) * ATTN_MIN_SPLIT),
+    }
+}
+
 /// Run the profile and print its report.
 pub fn run(args: &ProfileArgs) -> Result<()> {
     let cfg = synthetic::config(&args.synthetic)?;
@@ -201,6 +217,8 @@ pub fn run(args: &ProfileArgs) -> Result<()> {
         args.batch > 0 && args.steps > 0,
         "--batch and --steps must be positive"
     );
+    // Checked before the GPU is opened and the weights generated.
+    let max_pos = cache_positions(args)?;
     let sinks = args.sinks == "on";
     let t_open = Instant::now();
     let g = Arc::new(Gpu::open(args.gpu)?);
@@ -228,18 +246,6 @@ pub fn run(args: &ProfileArgs) -> Result<()> {
         args.synthetic,
         t_w.elapsed().as_secs_f64()
     );
-    let needed = args.depth + (args.steps + 8).max(args.prefill);
-    let max_pos = match args.max_model_len {
-        Some(m) if m < needed => bail!(
-            "--max-model-len {m} is shorter than the {needed} positions --depth {} and --steps {} \
-             (or --prefill {}) need; raise it or lower those",
-            args.depth,
-            args.steps,
-            args.prefill
-        ),
-        Some(m) => m,
-        None => needed.div_ceil(ATTN_MIN_SPLIT) * ATTN_MIN_SPLIT,
-    };
     // The server's backend, so the served step (sampling kernel, token copy) can be timed
     // too; its decoder is timed directly for the kernel and graph figures.
     let mut be = CudaBackend::new(
