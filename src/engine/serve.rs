@@ -224,7 +224,7 @@ pub fn check_gates(g: &Gates) -> Result<()> {
 }
 
 /// The CUDA backend's layers in MXFP4 for the `--mxfp4-layers` gate.
-fn fp4_layers(m: Mxfp4Layers) -> cuda_model::Fp4Layers {
+pub(crate) fn fp4_layers(m: Mxfp4Layers) -> cuda_model::Fp4Layers {
     match m {
         Mxfp4Layers::Moe => cuda_model::Fp4Layers::Moe,
         Mxfp4Layers::MoeQkvO => cuda_model::Fp4Layers::MoeQkvO,
@@ -241,7 +241,7 @@ fn kv_dtype(k: KvDtype) -> cuda_model::KvDtype {
 }
 
 /// The grouped MoE's tile for the `--tile` gate (`auto` is 64x128).
-fn moe_tile(t: Tile) -> cuda_model::MoeTile {
+pub(crate) fn moe_tile(t: Tile) -> cuda_model::MoeTile {
     match t {
         Tile::Auto | Tile::T64x128 => cuda_model::MoeTile::T64x128,
         Tile::T128x128 => cuda_model::MoeTile::T128x128,
@@ -258,7 +258,7 @@ fn moe_path(k: MoeKernel) -> cuda_model::MoePath {
 }
 
 /// The CUDA backend's activation format for the `--activation` gate.
-fn act_format(a: Activation) -> cuda_model::ActFormat {
+pub(crate) fn act_format(a: Activation) -> cuda_model::ActFormat {
     match a {
         Activation::Bf16 => cuda_model::ActFormat::Bf16,
         Activation::Q8 => cuda_model::ActFormat::Q8,

@@ -9,13 +9,12 @@ use anyhow::{Context, Result, bail, ensure};
 
 use super::backend::CudaBackend;
 use super::device::Gpu;
-use super::model::{
-    ATTN_MIN_SPLIT, ActFormat, DecodeOptions, Decoder, Fp4Layers, KvDtype, MoeTile, Profile,
-};
+use super::model::{ATTN_MIN_SPLIT, DecodeOptions, Decoder, Fp4Layers, KvDtype, Profile};
 use super::{ops, weights};
 use crate::engine::backend::{ModelBackend, RowSample, SeqId, SeqStep};
 use crate::engine::config::ModelConfig;
 use crate::engine::sampling::{Sampler, SamplingParams};
+use crate::engine::serve::{self, Activation, Mxfp4Layers, OnOff, Tile};
 use crate::engine::synthetic;
 
 /// Arguments of `mxtune engine profile`.
@@ -34,22 +33,22 @@ pub struct ProfileArgs {
     #[arg(long, default_value_t = 64)]
     pub steps: usize,
     /// Attention sinks on|off.
-    #[arg(long, default_value = "on", value_parser = ["on", "off"])]
-    pub sinks: String,
+    #[arg(long, value_enum, default_value = "on")]
+    pub sinks: OnOff,
     /// KV cache element type: bf16, f32 or fp8 (E4M3).
     #[arg(long, default_value = "bf16", value_parser = ["bf16", "f32", "fp8"])]
     pub kv_dtype: String,
     /// Layers in MXFP4 (as `serve --mxfp4-layers`): the experts only, or also the attention
     /// qkv/o projections (and the lm_head), quantized on the device at load.
-    #[arg(long, default_value = "moe", value_parser = ["moe", "moe,qkv,o", "moe,qkv,o,lm_head"])]
-    pub mxfp4_layers: String,
+    #[arg(long, value_enum, default_value = "moe")]
+    pub mxfp4_layers: Mxfp4Layers,
     /// Activation format of the decode (GEMV) MoE: bf16 (fp32 staged, the reference path),
     /// q8 or fp8 (8-bit per block of 32); the prefill's grouped MoE stays bf16.
-    #[arg(long, default_value = "bf16", value_parser = ["bf16", "q8", "fp8"])]
-    pub activation: String,
+    #[arg(long, value_enum, default_value = "bf16")]
+    pub activation: Activation,
     /// Tile of the grouped (prefill) MoE: auto (64x128), 64x128 or 128x128.
-    #[arg(long, default_value = "auto", value_parser = ["auto", "64x128", "128x128"])]
-    pub tile: String,
+    #[arg(long, value_enum, default_value = "auto")]
+    pub tile: Tile,
     /// Also time a prefill of this many prompt tokens (one sequence, after `--depth`
     /// cached positions) through the batched path; 0 skips it.
     #[arg(long, default_value_t = 0)]
@@ -70,14 +69,6 @@ fn kv_dtype(v: &str) -> KvDtype {
         "f32" => KvDtype::F32,
         "fp8" => KvDtype::Fp8,
         _ => KvDtype::Bf16,
-    }
-}
-
-/// The `--tile` value (checked by clap: auto, 64x128 or 128x128); auto is 64x128.
-fn moe_tile(v: &str) -> MoeTile {
-    match v {
-        "128x128" => MoeTile::T128x128,
-        _ => MoeTile::T64x128,
     }
 }
 
@@ -219,7 +210,7 @@ pub fn run(args: &ProfileArgs) -> Result<()> {
     );
     // Checked before the GPU is opened and the weights generated.
     let max_pos = cache_positions(args)?;
-    let sinks = args.sinks == "on";
+    let sinks = args.sinks == OnOff::On;
     let t_open = Instant::now();
     let g = Arc::new(Gpu::open(args.gpu)?);
     let lr = &g.load_report;
@@ -236,11 +227,7 @@ pub fn run(args: &ProfileArgs) -> Result<()> {
     println!("read bandwidth (4 GiB streamed read, median of 10): {bw:.0} GB/s");
     let t_w = Instant::now();
     let w = weights::synthetic_device(&g, &cfg, 0x6770_7400)?;
-    let fp4_layers = match args.mxfp4_layers.as_str() {
-        "moe,qkv,o" => Fp4Layers::MoeQkvO,
-        "moe,qkv,o,lm_head" => Fp4Layers::All,
-        _ => Fp4Layers::Moe,
-    };
+    let fp4_layers = serve::fp4_layers(args.mxfp4_layers);
     println!(
         "synthetic {} weights generated on the device in {:.2} s",
         args.synthetic,
@@ -255,13 +242,9 @@ pub fn run(args: &ProfileArgs) -> Result<()> {
         DecodeOptions {
             sinks,
             kv_dtype: kv_dtype(&args.kv_dtype),
-            tile: moe_tile(&args.tile),
+            tile: serve::moe_tile(args.tile),
             fp4_layers,
-            activation: match args.activation.as_str() {
-                "q8" => ActFormat::Q8,
-                "fp8" => ActFormat::Fp8,
-                _ => ActFormat::Bf16,
-            },
+            activation: serve::act_format(args.activation),
             ..DecodeOptions::default()
         },
         args.batch,
@@ -492,6 +475,7 @@ fn synthetic_token(i: usize) -> u64 {
 
 #[cfg(test)]
 mod tests {
+    use super::super::model::MoeTile;
     use super::*;
     use clap::Parser;
 
@@ -509,12 +493,13 @@ mod tests {
     fn kv_dtype_and_tile_flags_map_to_decode_options() {
         let a = parse(&["--kv-dtype", "fp8", "--tile", "128x128"]).unwrap();
         assert_eq!(kv_dtype(&a.kv_dtype), KvDtype::Fp8);
-        assert_eq!(moe_tile(&a.tile), MoeTile::T128x128);
+        assert_eq!(serve::moe_tile(a.tile), MoeTile::T128x128);
         let a = parse(&[]).unwrap();
         assert_eq!(kv_dtype(&a.kv_dtype), KvDtype::Bf16);
-        assert_eq!(moe_tile(&a.tile), MoeTile::T64x128);
+        assert_eq!(serve::moe_tile(a.tile), MoeTile::T64x128);
         assert_eq!(kv_dtype("f32"), KvDtype::F32);
-        assert_eq!(moe_tile("64x128"), MoeTile::T64x128);
+        let a = parse(&["--tile", "64x128"]).unwrap();
+        assert_eq!(serve::moe_tile(a.tile), MoeTile::T64x128);
         assert!(parse(&["--kv-dtype", "fp16"]).is_err());
         assert!(parse(&["--tile", "32x32"]).is_err());
     }
