@@ -377,6 +377,37 @@ __device__ __forceinline__ void tc_epilogue(const float (&acc)[MI][4][4], F f) {
                   acc[mi][ni][2 * h + 1]);
 }
 
+// One output pair of a dense tensor-core GEMM's epilogue (tc_epilogue's v0, v1 at row m,
+// columns n and n + 1 of y [M, N]): plus the bias, stored or added (accumulate), columns past N
+// skipped. The caller skips rows past M.
+__device__ __forceinline__ void tc_store_pair(float* __restrict__ y, const bf16_t* __restrict__ bias,
+                                              int N, int m, int n, float v0, float v1,
+                                              int accumulate) {
+    const float v[2] = {v0, v1};
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+        if (n + j >= N) continue;
+        float o = v[j];
+        if (bias) o += bf2f(bias[n + j]);
+        float* dst = y + (size_t)m * N + n + j;
+        *dst = accumulate ? *dst + o : o;
+    }
+}
+
+// This thread's share of MXFP4 stage ks for the B tile: 8 bytes of the row's block (part
+// `half`) and its scale from row pointers wq (blocks as uint2 pairs) and wsc; a row past the
+// matrix (wq null) loads zeros with the neutral scale.
+__device__ __forceinline__ void fp4_stage_load(const uint2* __restrict__ wq, const u8* __restrict__ wsc,
+                                               int ks, int half, uint2& q, unsigned& sc) {
+    if (wq) {
+        q = __ldg(wq + (size_t)ks * 2 + half);
+        sc = wsc[ks];
+    } else {
+        q = make_uint2(0u, 0u);
+        sc = 127u;
+    }
+}
+
 // One TC_BK stage of MXFP4 weight rows into shared bf16, the B tile of every MXFP4 tensor-core
 // GEMM (grouped MoE, dense prefill projections): thread part `half` (0/1) of row `row`
 // converts 16 elements (8 bytes of the block) times the block's scale, as bf16 pairs

@@ -41,16 +41,6 @@ gemm_bf16_tc(const float* __restrict__ x, const bf16_t* __restrict__ w,
     };
     tc_mainloop(K / TC_BK, load, store, As, Bs, acc);
     tc_epilogue(acc, [&](int r, int c, float v0, float v1) {
-        const int m = m0 + r, n = n0 + c;
-        if (m >= M) return;
-        const float v[2] = {v0, v1};
-#pragma unroll
-        for (int j = 0; j < 2; ++j) {
-            if (n + j >= N) continue;
-            float o = v[j];
-            if (bias) o += bf2f(bias[n + j]);
-            float* dst = y + (size_t)m * N + n + j;
-            *dst = accumulate ? *dst + o : o;
-        }
+        if (m0 + r < M) tc_store_pair(y, bias, N, m0 + r, n0 + c, v0, v1, accumulate);
     });
 }

@@ -77,13 +77,7 @@ __device__ __forceinline__ bool moe_tile_mma(const u8* __restrict__ blocks,
     auto load = [&](int ks) {
 #pragma unroll
         for (int j = 0; j < RA; ++j) tc_load_act(asrc[j] ? asrc[j] + ks * TC_BK : nullptr, aq, ar[j]);
-        if (wq) {
-            bq = __ldg(wq + (size_t)ks * 2 + bh);
-            bs = wsc[ks];
-        } else {
-            bq = make_uint2(0u, 0u);
-            bs = 127u;
-        }
+        fp4_stage_load(wq, wsc, ks, bh, bq, bs);
     };
     auto store = [&](int s) {
 #pragma unroll

@@ -235,13 +235,7 @@ gemm_mxfp4_tc(const float* __restrict__ x, const u8* __restrict__ blocks,
     unsigned bs;
     auto load = [&](int ks) {
         tc_load_act(asrc ? asrc + ks * TC_BK : nullptr, aq, ar);
-        if (wq) {
-            bq = __ldg(wq + (size_t)ks * 2 + bh);
-            bs = wsc[ks];
-        } else {
-            bq = make_uint2(0u, 0u);
-            bs = 127u;
-        }
+        fp4_stage_load(wq, wsc, ks, bh, bq, bs);
     };
     auto store = [&](int s) {
         tc_store_act(As[s], arow, aq, ar);
@@ -249,16 +243,6 @@ gemm_mxfp4_tc(const float* __restrict__ x, const u8* __restrict__ blocks,
     };
     tc_mainloop(nb, load, store, As, Bs, acc);
     tc_epilogue(acc, [&](int r, int c, float v0, float v1) {
-        const int m = m0 + r, nn = n0 + c;
-        if (m >= M) return;
-        const float v[2] = {v0, v1};
-#pragma unroll
-        for (int j = 0; j < 2; ++j) {
-            if (nn + j >= N) continue;
-            float o = v[j];
-            if (bias) o += bf2f(bias[nn + j]);
-            float* dst = y + (size_t)m * N + nn + j;
-            *dst = accumulate ? *dst + o : o;
-        }
+        if (m0 + r < M) tc_store_pair(y, bias, N, m0 + r, n0 + c, v0, v1, accumulate);
     });
 }

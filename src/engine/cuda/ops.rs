@@ -898,21 +898,51 @@ pub fn gemm(
         k.is_multiple_of(TC_BK),
         "GEMM inner size {k} is not a multiple of {TC_BK} (the tensor-core stage)"
     );
-    g.launch(
+    tc_gemm_launch(
+        g,
         "gemm_bf16_tc",
+        &[Arg::Ptr(w)],
+        bias,
+        x,
+        y,
+        m,
+        n,
+        k,
+        accumulate,
+    )
+}
+
+/// Launch a tensor-core prefill GEMM (`gemm_bf16_tc`, `gemm_mxfp4_tc`): `weights` are the
+/// kernel's weight arguments, which come between x and the bias.
+#[allow(clippy::too_many_arguments)]
+fn tc_gemm_launch(
+    g: &Gpu,
+    kernel: &str,
+    weights: &[Arg],
+    bias: Option<u64>,
+    x: u64,
+    y: u64,
+    m: usize,
+    n: usize,
+    k: usize,
+    accumulate: bool,
+) -> Result<()> {
+    let mut args = vec![Arg::Ptr(x)];
+    args.extend_from_slice(weights);
+    args.extend([
+        opt(bias),
+        Arg::Ptr(y),
+        i(m)?,
+        i(n)?,
+        i(k)?,
+        Arg::I32(accumulate as i32),
+    ]);
+    g.launch(
+        kernel,
         (u(n.div_ceil(TC_BN))?, u(m.div_ceil(TC_BM))?, 1),
         (256, 1, 1),
         0,
-        &[
-            Arg::Ptr(x),
-            Arg::Ptr(w),
-            opt(bias),
-            Arg::Ptr(y),
-            i(m)?,
-            i(n)?,
-            i(k)?,
-            Arg::I32(accumulate as i32),
-        ],
+        &args,
     )
 }
 
@@ -1041,22 +1071,17 @@ pub fn gemm_mxfp4(
         k.is_multiple_of(TC_BK),
         "MXFP4 GEMM inner size {k} is not a multiple of {TC_BK} (one block per stage)"
     );
-    g.launch(
+    tc_gemm_launch(
+        g,
         "gemm_mxfp4_tc",
-        (u(n.div_ceil(TC_BN))?, u(m.div_ceil(TC_BM))?, 1),
-        (256, 1, 1),
-        0,
-        &[
-            Arg::Ptr(x),
-            Arg::Ptr(blocks),
-            Arg::Ptr(scales),
-            opt(bias),
-            Arg::Ptr(y),
-            i(m)?,
-            i(n)?,
-            i(k)?,
-            Arg::I32(accumulate as i32),
-        ],
+        &[Arg::Ptr(blocks), Arg::Ptr(scales)],
+        bias,
+        x,
+        y,
+        m,
+        n,
+        k,
+        accumulate,
     )
 }
 
