@@ -5,7 +5,7 @@ use super::backend::ModelBackend;
 use super::cpu::CpuBackend;
 use super::cuda::backend::CudaBackend;
 use super::cuda::device::Gpu;
-use super::cuda::model::{self as cuda_model, DecodeOptions};
+use super::cuda::model::{self as cuda_model, DecodeGemv, DecodeOptions};
 use super::server::{Server, ServerOptions};
 use super::weights::Weights;
 use super::{loader, synthetic};
@@ -495,6 +495,7 @@ fn prepare_with(args: &ServeArgs, open: impl FnOnce() -> Result<Gpu>) -> Result<
                 fp4_layers: fp4_layers(args.gates.mxfp4_layers),
                 activation: act_format(args.gates.activation),
                 tile: moe_tile(args.gates.tile),
+                gemv: DecodeGemv::from_env()?,
             };
             // Here rather than inside the backend, so a refusal is not reported as a failed
             // KV-cache allocation.

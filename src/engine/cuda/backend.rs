@@ -83,7 +83,7 @@ impl CudaBackend {
         let o = self.dec.options();
         format!(
             "cuda backend: device {} ({}); kernels {} compiled, {} cached in {:.2} s ({}); \
-             decode: moe gemv with {} activations, {}, mxfp4 experts; kv {}, \
+             decode: moe gemv on {} with {} activations, {}, {} dense gemv, mxfp4 experts; kv {}, \
              sinks {}, cuda graphs {}; {}{}; sampling on device (rows asking for top logprobs \
              sample on the host)",
             self.gpu.name(),
@@ -92,7 +92,13 @@ impl CudaBackend {
             lr.cached,
             lr.seconds,
             lr.cache_dir,
+            if self.dec.moe_on_tensor_cores() {
+                "tensor cores"
+            } else {
+                "cuda cores"
+            },
             match o.activation {
+                ActFormat::Bf16 if self.dec.moe_on_tensor_cores() => "bf16",
                 ActFormat::Bf16 => "fp32",
                 ActFormat::Q8 => "q8 (int8 per 32, dp4a)",
                 ActFormat::Fp8 => "fp8 (e4m3 per 32)",
@@ -106,6 +112,7 @@ impl CudaBackend {
                     "mxfp4 attention qkv/o and lm_head (quantized at load; prefill dequantizes \
                      them to bf16 in shared memory), bf16 router and embedding",
             },
+            o.gemv.name(),
             o.kv_dtype.name(),
             if o.sinks { "on" } else { "off" },
             if self.graphs { "on" } else { "off" },

@@ -45,6 +45,19 @@ pub const KERNEL_FILES: &[KernelFile] = &[
         "gemv_bf16.cu",
         ["gemv_bf16", "gemv_bf16_norm", "gemv_bf16_wide"]
     ),
+    kernel_file!(
+        "gemv_tc.cu",
+        [
+            "gemv_tc_bf16_t8",
+            "gemv_tc_bf16_t16",
+            "gemv_tc_fp4_t8",
+            "gemv_tc_fp4_t16",
+            "moe_gate_up_tc_t8",
+            "moe_gate_up_tc_t16",
+            "moe_down_tc_t8",
+            "moe_down_tc_t16"
+        ]
+    ),
     kernel_file!("rope_kv.cu", ["rope_kv_write"]),
     kernel_file!(
         "attention_decode.cu",

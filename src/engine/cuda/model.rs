@@ -147,6 +147,43 @@ pub struct DecodeOptions {
     /// attention projections (and the lm_head) are quantized on the device when the
     /// [`Decoder`] is built.
     pub fp4_layers: Fp4Layers,
+    /// Decode GEMVs of the dense projections (qkv, o, lm_head) and, with bf16 activations,
+    /// of the MoE.
+    pub gemv: DecodeGemv,
+}
+
+/// Environment variable choosing [`DecodeGemv`]: `tc` (the default) or `simt`, for A/B
+/// timing and as the fp32-activation reference path.
+pub const DENSE_GEMV_ENV: &str = "MXTUNE_GEMV";
+
+/// The decode GEMVs of the dense projections and the MoE.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DecodeGemv {
+    /// Tensor cores (`gemv_tc.cu`): bf16 activations, each weight (each distinct expert) read
+    /// once per step for up to 16 rows. The MoE stays on CUDA cores with `--activation q8|fp8`.
+    TensorCore,
+    /// CUDA cores (`gemv_bf16.cu`, `gemv_mxfp4`, `moe_gemv.cu`): fp32 activations, 4 rows per
+    /// dense weight pass, each (row, expert) pair reading its expert.
+    Simt,
+}
+
+impl DecodeGemv {
+    /// From `$MXTUNE_GEMV` (unset: tensor cores).
+    pub fn from_env() -> Result<Self> {
+        match std::env::var(DENSE_GEMV_ENV).as_deref() {
+            Err(_) | Ok("") | Ok("tc") => Ok(Self::TensorCore),
+            Ok("simt") => Ok(Self::Simt),
+            Ok(v) => anyhow::bail!("{DENSE_GEMV_ENV}={v}: expected tc or simt"),
+        }
+    }
+
+    /// Name in the kernel-path report.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::TensorCore => "tensor-core",
+            Self::Simt => "simt",
+        }
+    }
 }
 
 /// `--mxfp4-layers`: the layers whose weights are MXFP4. The experts are MXFP4 in the
@@ -216,6 +253,7 @@ impl Default for DecodeOptions {
             fp4_layers: Fp4Layers::Moe,
             activation: ActFormat::Bf16,
             tile: MoeTile::T64x128,
+            gemv: DecodeGemv::TensorCore,
         }
     }
 }
@@ -402,9 +440,28 @@ pub struct Decoder {
     /// Captured steps, two per batch size n: `2n` short contexts, `2n + 1` long ones.
     graphs: Vec<Option<StepGraph>>,
     pre: Option<PrefillBufs>,
+    /// The decode MoE runs on tensor cores (`opts.gemv`, bf16 activations, a shape the
+    /// kernels take).
+    moe_tc: bool,
+}
+
+/// The MoE's sizes and SwiGLU constants from the config.
+fn moe_shape(c: &ModelConfig) -> MoeShape {
+    MoeShape {
+        hidden: c.hidden_size,
+        inter: c.intermediate_size,
+        k: c.num_experts_per_tok,
+        limit: c.swiglu_limit as f32,
+        alpha: 1.702,
+    }
 }
 
 impl Decoder {
+    /// Whether the decode MoE runs on tensor cores.
+    pub fn moe_on_tensor_cores(&self) -> bool {
+        self.moe_tc
+    }
+
     /// Allocate the KV cache (`slots` sequences of `max_pos` positions) and activations for
     /// batches up to `max_batch`. Dense layers that `opts.fp4_layers` puts in MXFP4 are
     /// quantized on the device first (their bf16 copies freed before the cache is allocated).
@@ -440,6 +497,9 @@ impl Decoder {
         let b = max_batch;
         let max_splits = attn_splits(max_pos, ATTN_MIN_SPLIT, ATTN_MAX_SPLITS);
         let chunks = v.div_ceil(ops::ARGMAX_CHUNK);
+        let moe_tc = opts.gemv == DecodeGemv::TensorCore
+            && opts.activation == ActFormat::Bf16
+            && ops::moe_tc_fits(g, moe_shape(cfg));
         Ok(Self {
             cfg: cfg.clone(),
             w,
@@ -462,6 +522,7 @@ impl Decoder {
             max_splits,
             graphs: (0..2 * (max_batch + 1)).map(|_| None).collect(),
             pre: None,
+            moe_tc,
         })
     }
 
@@ -564,13 +625,7 @@ impl Decoder {
                 hkv: c.num_key_value_heads,
                 d: c.head_dim,
             },
-            moe: MoeShape {
-                hidden: c.hidden_size,
-                inter: c.intermediate_size,
-                k: c.num_experts_per_tok,
-                limit: c.swiglu_limit as f32,
-                alpha: 1.702,
-            },
+            moe: moe_shape(c),
             kv: self.opts.kv_dtype,
             eps: c.rms_norm_eps as f32,
             scale: 1.0 / (c.head_dim as f32).sqrt(),
@@ -668,6 +723,7 @@ impl Decoder {
             let qkv_w = lw.qkv_w.dev(g);
             ops::dense_gemv(
                 g,
+                self.opts.gemv,
                 qkv_w,
                 Some(g.ptr(&lw.qkv_b)),
                 p(&r.x),
@@ -716,6 +772,7 @@ impl Decoder {
             let o_w = lw.o_w.dev(g);
             ops::dense_gemv(
                 g,
+                self.opts.gemv,
                 o_w,
                 Some(g.ptr(&lw.o_b)),
                 p(&r.attn),
@@ -751,21 +808,19 @@ impl Decoder {
             mark("rmsnorm+gemv router+topk")?;
             let (idx, act) = (g.ptr(&r.r_idx), p(&r.act));
             let fmt = self.opts.activation;
-            ops::moe_gate_up(g, &l.moe, sh.moe, fmt, p(&r.h), idx, act, n)?;
+            let experts = c.num_local_experts;
+            if self.moe_tc {
+                ops::moe_gate_up_tc(g, &l.moe, sh.moe, experts, p(&r.h), idx, act, n)?;
+            } else {
+                ops::moe_gate_up(g, &l.moe, sh.moe, fmt, p(&r.h), idx, act, n)?;
+            }
             mark("moe gate_up+swiglu")?;
-            ops::moe_down(
-                g,
-                &l.moe,
-                sh.moe,
-                fmt,
-                idx,
-                p(&r.r_w),
-                act,
-                p(&r.part),
-                p(&r.x),
-                n,
-                true,
-            )?;
+            let (wts, part, x) = (p(&r.r_w), p(&r.part), p(&r.x));
+            if self.moe_tc {
+                ops::moe_down_tc(g, &l.moe, sh.moe, experts, idx, wts, act, part, x, n, true)?;
+            } else {
+                ops::moe_down(g, &l.moe, sh.moe, fmt, idx, wts, act, part, x, n, true)?;
+            }
             mark("moe down (+residual)")?;
         }
         self.head(g, n)?;
@@ -788,6 +843,7 @@ impl Decoder {
         };
         ops::dense_gemv(
             g,
+            self.opts.gemv,
             self.w.lm_head.dev(g),
             None,
             p(&self.rows.x),

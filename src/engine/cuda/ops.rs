@@ -6,7 +6,7 @@
 use anyhow::{Result, ensure};
 
 use super::device::{Arg, Gpu};
-use super::model::{ActFormat, KvDtype, MoeTile};
+use super::model::{ActFormat, DecodeGemv, KvDtype, MoeTile};
 
 /// Optional device pointer → kernel argument (null when absent).
 fn opt(p: Option<u64>) -> Arg {
@@ -27,6 +27,18 @@ fn u(v: usize) -> Result<u32> {
 const GEMV_ROWS: usize = 8;
 /// Tokens sharing one weight pass (kernel constant `GEMV_MAX_TOKENS`).
 const GEMV_TOKENS: usize = 4;
+/// Tokens one pass of the tensor-core decode GEMV takes (kernel constant `TCG_TOKENS`); its
+/// two entry points per weight format take up to 8 (one n8 tile) or up to 16.
+const TCG_TOKENS: usize = 16;
+/// Rows of a tensor-core GEMV block (one m16 tile).
+const TCG_ROWS: usize = 16;
+/// Threads of a tensor-core GEMV block (kernel constant `TCG_WARPS` × 32).
+const TCG_THREADS: u32 = 256;
+/// bf16 padding after each staged token row (kernel constant `TCG_XPAD`).
+const TCG_XPAD: usize = 8;
+/// Static shared memory of the tensor-core GEMV (the cross-warp sums and 1/rms per token).
+const TCG_STATIC_SMEM: usize = 8 * 16 * TCG_TOKENS * 4 + TCG_TOKENS * 4;
+
 /// Warps per attention split block (kernel constant `ATTN_WARPS`).
 const ATTN_WARPS: u32 = 4;
 /// Most query heads per KV head `attn_split_gqa` takes (kernel constant `ATTN_GQA_MAX`); more
@@ -109,6 +121,116 @@ pub fn gemv(
     norm: Option<Norm>,
 ) -> Result<()> {
     gemv_launch(g, w, bias, x, y, rows, cols, t, accumulate, norm, None)
+}
+
+/// Dynamic shared memory of one tensor-core GEMV block: its staged token rows (bf16, padded)
+/// and the staging's per-segment squares and per-token sums.
+pub fn tc_gemv_smem(cols: usize, t: usize) -> usize {
+    let nt = t.min(TCG_TOKENS);
+    let segs = cols.div_ceil(4).div_ceil(32);
+    nt * (cols + TCG_XPAD) * 2 + (nt * segs + nt) * 4
+}
+
+/// Whether the tensor-core GEMV takes this shape: each lane's span of `elems` columns (16
+/// bf16, 32 MXFP4) whole, and the staged tokens within the device's shared memory.
+fn tc_gemv_fits(g: &Gpu, cols: usize, elems: usize, t: usize) -> bool {
+    cols.is_multiple_of(elems)
+        && tc_gemv_smem(cols, t.min(TCG_TOKENS)) + TCG_STATIC_SMEM <= g.max_shared()
+}
+
+/// [`gemv`] on tensor cores (`gemv_tc.cu`): the activations (times the norm weight) rounded
+/// to bf16, each weight read once per 16 tokens. `cols` a multiple of 16.
+pub fn gemv_tc_bf16(
+    g: &Gpu,
+    w: u64,
+    bias: Option<u64>,
+    x: u64,
+    y: u64,
+    rows: usize,
+    cols: usize,
+    t: usize,
+    accumulate: bool,
+    norm: Option<Norm>,
+) -> Result<()> {
+    ensure!(
+        tc_gemv_fits(g, cols, 16, t),
+        "tensor-core GEMV input width {cols}: not a multiple of 16, or its staged tokens \
+         exceed the device's shared memory"
+    );
+    let weights = [Arg::Ptr(w)];
+    gemv_tc(
+        g, "bf16", &weights, bias, x, y, rows, cols, t, accumulate, norm,
+    )
+}
+
+/// [`gemv_mxfp4`] on tensor cores: MXFP4 blocks dequantized to bf16 in registers (exact),
+/// the activations rounded to bf16. `cols` a multiple of 32.
+pub fn gemv_tc_fp4(
+    g: &Gpu,
+    blocks: u64,
+    scales: u64,
+    bias: Option<u64>,
+    x: u64,
+    y: u64,
+    rows: usize,
+    cols: usize,
+    t: usize,
+    accumulate: bool,
+    norm: Option<Norm>,
+) -> Result<()> {
+    ensure!(
+        tc_gemv_fits(g, cols, 32, t),
+        "tensor-core MXFP4 GEMV input width {cols}: not a multiple of 32, or its staged tokens \
+         exceed the device's shared memory"
+    );
+    let weights = [Arg::Ptr(blocks), Arg::Ptr(scales)];
+    gemv_tc(
+        g, "fp4", &weights, bias, x, y, rows, cols, t, accumulate, norm,
+    )
+}
+
+/// The tensor-core decode GEMV (`gemv_tc.cu`): y[t] (+)= W x[t] + b for `t` tokens, up to 16
+/// per pass over W, bf16 activations; `format` "bf16" or "fp4" names the entry points and
+/// `weights` their weight arguments.
+fn gemv_tc(
+    g: &Gpu,
+    format: &str,
+    weights: &[Arg],
+    bias: Option<u64>,
+    x: u64,
+    y: u64,
+    rows: usize,
+    cols: usize,
+    t: usize,
+    accumulate: bool,
+    norm: Option<Norm>,
+) -> Result<()> {
+    let (kernel, per_pass) = match (format, t <= 8) {
+        ("bf16", true) => ("gemv_tc_bf16_t8", 8),
+        ("bf16", false) => ("gemv_tc_bf16_t16", TCG_TOKENS),
+        (_, true) => ("gemv_tc_fp4_t8", 8),
+        (_, false) => ("gemv_tc_fp4_t16", TCG_TOKENS),
+    };
+    let mut args = weights.to_vec();
+    args.extend([
+        opt(bias),
+        Arg::Ptr(x),
+        Arg::Ptr(y),
+        i(rows)?,
+        i(cols)?,
+        i(t)?,
+        Arg::I32(accumulate as i32),
+        opt(norm.map(|n| n.w)),
+        Arg::F32(norm.map_or(0.0, |n| n.eps)),
+        opt(norm.map(|n| n.out)),
+    ]);
+    g.launch(
+        kernel,
+        (u(rows.div_ceil(TCG_ROWS))?, u(t.div_ceil(per_pass))?, 1),
+        (TCG_THREADS, 1, 1),
+        u(tc_gemv_smem(cols, t.min(per_pass)))?,
+        &args,
+    )
 }
 
 /// Routing fused into the router GEMV: the top-k experts of each token and their softmax
@@ -606,6 +728,120 @@ pub fn moe_gate_up(
     )
 }
 
+/// Most experts per token the tensor-core MoE groups (kernel constant `TCG_MAX_K`).
+const TCG_MAX_K: usize = 32;
+
+/// Whether the tensor-core decode MoE ([`moe_gate_up_tc`], [`moe_down_tc`]) takes this shape:
+/// k within its grouping, and 16 staged rows of the wider input within shared memory.
+pub fn moe_tc_fits(g: &Gpu, s: MoeShape) -> bool {
+    let staged = TCG_TOKENS * (s.hidden.max(s.inter) + TCG_XPAD) * 2;
+    s.k <= TCG_MAX_K
+        && s.hidden.is_multiple_of(32)
+        && s.inter.is_multiple_of(32)
+        && staged + TCG_STATIC_SMEM + 2048 + 128 <= g.max_shared()
+}
+
+/// Grid and kernel of a tensor-core MoE launch over `t` tokens: groups of 16 tokens (z), up
+/// to one block row per distinct expert of a group (y), `tiles` of 16 weight rows (x).
+fn moe_tc_grid(s: MoeShape, experts: usize, t: usize, tiles: usize) -> Result<(u32, u32, u32)> {
+    let leaders = (t.min(TCG_TOKENS) * s.k).min(experts);
+    Ok((u(tiles)?, u(leaders)?, u(t.div_ceil(TCG_TOKENS))?))
+}
+
+/// The decode MoE's gate_up on tensor cores: act[t, s] = swiglu(W13_e h[t] + b13_e) for e =
+/// idx[t, s], each distinct expert of a group of 16 tokens read once, its routed rows as the
+/// MMA's n dimension (bf16 activations). `experts` bounds the distinct experts of a group.
+pub fn moe_gate_up_tc(
+    g: &Gpu,
+    w: &MoeWeights,
+    s: MoeShape,
+    experts: usize,
+    x: u64,
+    idx: u64,
+    act: u64,
+    t: usize,
+) -> Result<()> {
+    s.check()?;
+    ensure!(
+        moe_tc_fits(g, s),
+        "MoE shape {s:?} not taken by the tensor-core MoE"
+    );
+    let kernel = if t <= 8 {
+        "moe_gate_up_tc_t8"
+    } else {
+        "moe_gate_up_tc_t16"
+    };
+    let smem = t.min(TCG_TOKENS) * (s.hidden + TCG_XPAD) * 2;
+    g.launch(
+        kernel,
+        moe_tc_grid(s, experts, t, (2 * s.inter).div_ceil(TCG_ROWS))?,
+        (TCG_THREADS, 1, 1),
+        u(smem)?,
+        &[
+            Arg::Ptr(w.gu_blocks),
+            Arg::Ptr(w.gu_scales),
+            Arg::Ptr(w.gu_bias),
+            Arg::Ptr(x),
+            Arg::Ptr(idx),
+            Arg::Ptr(act),
+            i(s.inter)?,
+            i(s.hidden)?,
+            i(s.k)?,
+            i(t)?,
+            Arg::F32(s.limit),
+            Arg::F32(s.alpha),
+        ],
+    )
+}
+
+/// The decode MoE's down projection on tensor cores (each distinct expert read once per group
+/// of 16 tokens), then the slots summed into y in order as [`moe_down`] does.
+pub fn moe_down_tc(
+    g: &Gpu,
+    w: &MoeWeights,
+    s: MoeShape,
+    experts: usize,
+    idx: u64,
+    wts: u64,
+    act: u64,
+    part: u64,
+    y: u64,
+    t: usize,
+    accumulate: bool,
+) -> Result<()> {
+    s.check()?;
+    ensure!(
+        moe_tc_fits(g, s),
+        "MoE shape {s:?} not taken by the tensor-core MoE"
+    );
+    let kernel = if t <= 8 {
+        "moe_down_tc_t8"
+    } else {
+        "moe_down_tc_t16"
+    };
+    let smem = t.min(TCG_TOKENS) * (s.inter + TCG_XPAD) * 2;
+    g.launch(
+        kernel,
+        moe_tc_grid(s, experts, t, s.hidden.div_ceil(TCG_ROWS))?,
+        (TCG_THREADS, 1, 1),
+        u(smem)?,
+        &[
+            Arg::Ptr(w.dn_blocks),
+            Arg::Ptr(w.dn_scales),
+            Arg::Ptr(w.dn_bias),
+            Arg::Ptr(act),
+            Arg::Ptr(idx),
+            Arg::Ptr(wts),
+            Arg::Ptr(part),
+            i(s.hidden)?,
+            i(s.inter)?,
+            i(s.k)?,
+            i(t)?,
+        ],
+    )?;
+    moe_combine(g, part, y, s.hidden, s.k, t, accumulate)
+}
+
 /// y[t] (+)= Σ_s w[t,s] (W2_e act[t, s] + b2_e): one block per (16 rows, slot) writes the
 /// slot's weighted rows to `part` [t, k, H], then the slots are summed into y in order (act
 /// quantized to `fmt` per block of 32 in the kernel).
@@ -1085,10 +1321,12 @@ pub fn gemm_mxfp4(
     )
 }
 
-/// The decode GEMV of a dense projection in whichever format its weights are ([`gemv`] or
-/// [`gemv_mxfp4`]).
+/// The decode GEMV of a dense projection in whichever format its weights are, on the path
+/// `path` picks ([`gemv_tc_bf16`]/[`gemv_tc_fp4`], or [`gemv`]/[`gemv_mxfp4`]); a shape the
+/// tensor-core kernel does not take runs on the SIMT one.
 pub fn dense_gemv(
     g: &Gpu,
+    path: DecodeGemv,
     w: DenseW,
     bias: Option<u64>,
     x: u64,
@@ -1099,7 +1337,14 @@ pub fn dense_gemv(
     accumulate: bool,
     norm: Option<Norm>,
 ) -> Result<()> {
+    let tc = path == DecodeGemv::TensorCore;
     match w {
+        DenseW::Bf16(p) if tc && tc_gemv_fits(g, cols, 16, t) => {
+            gemv_tc_bf16(g, p, bias, x, y, rows, cols, t, accumulate, norm)
+        }
+        DenseW::Mxfp4 { blocks, scales } if tc && tc_gemv_fits(g, cols, 32, t) => gemv_tc_fp4(
+            g, blocks, scales, bias, x, y, rows, cols, t, accumulate, norm,
+        ),
         DenseW::Bf16(p) => gemv(g, p, bias, x, y, rows, cols, t, accumulate, norm),
         DenseW::Mxfp4 { blocks, scales } => gemv_mxfp4(
             g, blocks, scales, bias, x, y, rows, cols, t, accumulate, norm,

@@ -9,7 +9,9 @@ use anyhow::{Context, Result, bail, ensure};
 
 use super::backend::CudaBackend;
 use super::device::Gpu;
-use super::model::{ATTN_MIN_SPLIT, DecodeOptions, Decoder, Fp4Layers, KvDtype, Profile};
+use super::model::{
+    ATTN_MIN_SPLIT, DecodeGemv, DecodeOptions, Decoder, Fp4Layers, KvDtype, Profile,
+};
 use super::{ops, weights};
 use crate::engine::backend::{ModelBackend, RowSample, SeqId, SeqStep};
 use crate::engine::config::ModelConfig;
@@ -245,6 +247,7 @@ pub fn run(args: &ProfileArgs) -> Result<()> {
             tile: serve::moe_tile(args.tile),
             fp4_layers,
             activation: serve::act_format(args.activation),
+            gemv: DecodeGemv::from_env()?,
             ..DecodeOptions::default()
         },
         args.batch,

@@ -94,6 +94,8 @@ pub fn run_kernel_checks(g: &Gpu, seed: u64) -> Result<Vec<Check>> {
     out.extend(check_synthetic(g, &mut s)?);
     out.extend(check_mxfp4_quantize(g, &mut s)?);
     out.extend(check_gemv_mxfp4(g, &mut s)?);
+    out.extend(check_gemv_tc(g, &mut s)?);
+    out.extend(check_moe_tc(g, &mut s)?);
     out.extend(check_gemm_mxfp4(g, &mut s)?);
     Ok(out)
 }
@@ -1561,6 +1563,185 @@ fn check_gemv_mxfp4(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
     Ok(res)
 }
 
+/// The tensor-core decode GEMV (bf16 and MXFP4 weights) against the f64 reference on what
+/// its MMAs multiply: bf16(x · norm_w) (or bf16(x)) and the weights (MXFP4 dequantized,
+/// exact in bf16), the norm's 1/rms (from the fp32 x) applied to the sums. Only the fp32
+/// accumulation order differs. Shapes: one and two n8 token tiles, partial tiles of rows and
+/// tokens, two token passes (t > 16), a last chunk of columns only partly inside the row.
+fn check_gemv_tc(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
+    let mut res = Vec::new();
+    for (rows, cols, t, bias, acc, norm) in [
+        (5120, 2880, 1, true, false, true),
+        (2880, 4096, 1, true, true, false),
+        (1001, 2880, 5, true, false, false),
+        (37, 96, 3, false, false, true),
+        (3000, 2880, 16, true, false, true),
+        (517, 4096, 12, true, true, false),
+        (300, 2880, 20, true, true, true),
+        (2051, 2880, 9, false, true, true),
+    ] {
+        for fp4 in [false, true] {
+            let mut c = DenseCase::new(g, s, rows, cols, t, bias, acc)?;
+            let fp4_w = if fp4 {
+                Some(c.quantize_weights(g)?)
+            } else {
+                None
+            };
+            let dy = c.out(g)?;
+            let nw = bf16_vec(s.next(), cols, 0.2, 1.0);
+            let dnw = g.upload(&nw)?;
+            let dh = nan_f32(g, cols * t)?;
+            let nrm = norm.then(|| ops::Norm {
+                w: g.ptr(&dnw),
+                eps: 1e-5,
+                out: g.ptr(&dh),
+            });
+            match &fp4_w {
+                Some((db, ds)) => ops::gemv_tc_fp4(
+                    g,
+                    g.ptr(db),
+                    g.ptr(ds),
+                    c.bias_ptr(g),
+                    g.ptr(&c.dx),
+                    g.ptr(&dy),
+                    rows,
+                    cols,
+                    t,
+                    acc,
+                    nrm,
+                )?,
+                None => ops::gemv_tc_bf16(
+                    g,
+                    g.ptr(&c.dw),
+                    c.bias_ptr(g),
+                    g.ptr(&c.dx),
+                    g.ptr(&dy),
+                    rows,
+                    cols,
+                    t,
+                    acc,
+                    nrm,
+                )?,
+            }
+            let label = format!(
+                "gemv_tc_{} {rows}x{cols} t={t} bias={bias} acc={acc} norm={norm}",
+                if fp4 { "fp4" } else { "bf16" }
+            );
+            // What the MMAs multiply, and the per-token factor applied to the sums.
+            let (xb, scale): (Vec<f32>, Vec<f64>) = if norm {
+                let xb =
+                    c.x.chunks(cols)
+                        .flat_map(|row| row.iter().zip(&nw).map(|(&v, &n)| v * r::bf(n) as f32))
+                        .collect::<Vec<f32>>();
+                let rs =
+                    c.x.chunks(cols)
+                        .map(|row| {
+                            let ms = row.iter().map(|&v| f64::from(v).powi(2)).sum::<f64>();
+                            1.0 / (ms / cols as f64 + 1e-5).sqrt()
+                        })
+                        .collect();
+                (r::round_bf16(&xb), rs)
+            } else {
+                (r::round_bf16(&c.x), vec![1.0; t])
+            };
+            let sums = r::gemv(&c.w, None, &xb, None, cols);
+            let want: Vec<f64> = sums
+                .iter()
+                .enumerate()
+                .map(|(i, &v)| {
+                    let (ti, row) = (i / rows, i % rows);
+                    let mut o = v * scale[ti];
+                    if bias {
+                        o += r::bf(c.b[row]);
+                    }
+                    if acc {
+                        o += f64::from(c.y0[i]);
+                    }
+                    o
+                })
+                .collect();
+            res.push(check(
+                label.clone(),
+                rel_err(&g.download(&dy)?, &want),
+                1e-5,
+            ));
+            if norm {
+                let (_, want_h) = r::rmsnorm(&c.x, None, &nw, 1e-5);
+                res.push(check(
+                    format!("{label} normed input"),
+                    rel_err(&g.download(&dh)?, &want_h),
+                    1e-5,
+                ));
+            }
+        }
+    }
+    Ok(res)
+}
+
+/// The tensor-core decode MoE (in-kernel grouping by expert, gate_up + SwiGLU, down, slot
+/// combine) against the f64 reference on bf16-rounded inputs and SwiGLU outputs (what its
+/// MMAs multiply): one token, 8 and 16 tokens (one and two n8 tiles) with experts shared by
+/// many tokens, 20 and 37 tokens (token groups of 16, the last partial), and k = 2 and 4.
+fn check_moe_tc(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
+    let mut res = Vec::new();
+    for (e, hidden, inter, k, t) in [
+        (8usize, 256usize, 192usize, 4usize, 1usize),
+        (6, 2880, 2880, 4, 8),
+        (16, 2880, 2880, 4, 16),
+        (8, 256, 192, 4, 20),
+        (4, 320, 160, 2, 37),
+    ] {
+        let sh = MoeShape {
+            hidden,
+            inter,
+            k,
+            limit: 7.0,
+            alpha: 1.702,
+        };
+        // k distinct experts per token, skewed so one expert takes most tokens.
+        let c = MoeCase::new(g, s, e, sh, t, |s| {
+            let mut idx = Vec::with_capacity(t * k);
+            for _ in 0..t {
+                let first = if s.next().is_multiple_of(3) {
+                    s.next() as usize % e
+                } else {
+                    2 % e
+                };
+                idx.extend((0..k).map(|j| ((first + j) % e) as i32));
+            }
+            let wts = (0..t * k).map(|i| 0.1 + (i % 5) as f32 * 0.07).collect();
+            (idx, wts)
+        })?;
+        let want = c.want(&r::round_bf16(&c.x), true);
+        let dact = nan_f32(g, t * k * inter)?;
+        let dpart = nan_f32(g, t * k * hidden)?;
+        let dy = g.upload(&c.y0)?;
+        let w = c.weights(g);
+        ops::moe_gate_up_tc(g, &w, sh, e, g.ptr(&c.dx), g.ptr(&c.di), g.ptr(&dact), t)?;
+        ops::moe_down_tc(
+            g,
+            &w,
+            sh,
+            e,
+            g.ptr(&c.di),
+            g.ptr(&c.dw),
+            g.ptr(&dact),
+            g.ptr(&dpart),
+            g.ptr(&dy),
+            t,
+            true,
+        )?;
+        // As for the grouped MoE: the SwiGLU output is rounded to bf16 from fp32 (GPU) vs f64
+        // (reference) sums, so a value near a rounding boundary may land one bf16 ulp apart.
+        res.push(check(
+            format!("moe tensor-core gemv E={e} H={hidden} I={inter} k={k} t={t}"),
+            rel_err(&g.download(&dy)?, &want),
+            1e-3,
+        ));
+    }
+    Ok(res)
+}
+
 /// The MXFP4 tensor-core GEMM against the f64 reference on dequant(quant(w)) and bf16-rounded
 /// activations (what the MMA multiplies; the weights dequantize exactly to bf16), so only the
 /// fp32 accumulation order differs: the shapes of `check_gemm`.
@@ -1671,6 +1852,17 @@ fn compare_backends(
         mismatched,
         steps,
     })
+}
+
+/// The dense decode GEMV of an end-to-end configuration: the fp32-activation one where the
+/// configuration is checked as exact (GEMV MoE, fp32 cache), tensor cores everywhere else.
+fn exact_dense(kv: super::model::KvDtype, moe: super::model::MoePath) -> super::model::DecodeGemv {
+    use super::model::{DecodeGemv, KvDtype, MoePath};
+    if kv == KvDtype::F32 && moe == MoePath::Gemv {
+        DecodeGemv::Simt
+    } else {
+        DecodeGemv::TensorCore
+    }
 }
 
 /// The outcome of one end-to-end comparison.
@@ -1867,6 +2059,13 @@ pub const E2E_BATCHED_LOGIT_BOUND: f64 = 3e-2;
 /// agree on at least this share of the steps.
 pub const E2E_BF16_GREEDY_AGREEMENT: f64 = 0.9;
 
+/// The trained-like oracle fixtures on a path with bf16 activations in every projection
+/// (the tensor-core decode GEMVs and the batched prefill): they sit near router ties, and one
+/// flipped expert early in a sequence moves its later steps through the KV cache. Measured on
+/// the H100 (run 31): `tiny-b`, all layers MXFP4, 4 of 30 greedy choices differ (median
+/// logit error 3.5e-2); 0 or 1 of 30 on every other fixture configuration.
+pub const E2E_FIXTURE_GREEDY_AGREEMENT: f64 = 0.8;
+
 /// Most greedy mismatches of `steps` that still agree on [`E2E_BF16_GREEDY_AGREEMENT`] of
 /// them. Counted in whole steps: `(1 - 0.9) * 30` is 2.9999999999999996 in f64, and flooring
 /// it allowed only 2 of 30 (93 %) instead of the stated 90 %.
@@ -1962,7 +2161,7 @@ pub fn run_model_checks(
     fixtures: Option<&std::path::Path>,
 ) -> Result<Vec<Check>> {
     use super::backend::CudaBackend;
-    use super::model::{DecodeOptions, Fp4Layers, KvDtype, MoePath};
+    use super::model::{DecodeGemv, DecodeOptions, Fp4Layers, KvDtype, MoePath};
     use crate::engine::cpu::CpuBackend;
 
     let mut res = Vec::new();
@@ -1977,7 +2176,8 @@ pub fn run_model_checks(
                 logits_checked: bool,
                 r: E2e| {
         let (worst, mism, steps) = (r.worst, r.mismatched, r.steps);
-        // The GEMV path with an fp32 cache differs from the reference in summation order only.
+        // The GEMV path with an fp32 cache (and the fp32-activation dense GEMV, see
+        // `exact_dense`) differs from the reference in summation order only.
         if kv == KvDtype::F32 && moe == MoePath::Gemv {
             res.push(check(
                 format!("{label}: logits vs cpu"),
@@ -2012,6 +2212,8 @@ pub fn run_model_checks(
             }
             let agreement = if kv == KvDtype::Fp8 {
                 E2E_FP8_GREEDY_AGREEMENT
+            } else if !logits_checked {
+                E2E_FIXTURE_GREEDY_AGREEMENT
             } else {
                 E2E_BF16_GREEDY_AGREEMENT
             };
@@ -2046,6 +2248,7 @@ pub fn run_model_checks(
                 fp4_layers: Fp4Layers::Moe,
                 activation: ActFormat::Bf16,
                 tile,
+                gemv: exact_dense(kv, moe),
             };
             let mut be = CudaBackend::new(g.clone(), &cfg, dw, opts, 3, 64, 2, graphs)?;
             println!("{}", be.describe());
@@ -2063,6 +2266,35 @@ pub fn run_model_checks(
             );
             push(&mut res, &label, kv, moe, true, r);
         }
+        // The tensor-core dense GEMV on the otherwise exact path (GEMV MoE, fp32 cache): its
+        // activations are bf16, so it is held to the batched path's bounds.
+        {
+            let dw = super::weights::synthetic_device(g, &cfg, seed)?;
+            let opts = DecodeOptions {
+                sinks,
+                kv_dtype: KvDtype::F32,
+                moe: MoePath::Gemv,
+                gemv: DecodeGemv::TensorCore,
+                ..DecodeOptions::default()
+            };
+            let mut be = CudaBackend::new(g.clone(), &cfg, dw, opts, 3, 64, 2, true)?;
+            let r = compare_backends(&mut be, &mut cpu, seed)?;
+            let label = format!("tiny synthetic sinks={sinks} moe=gemv dense=tensor-core kv=f32");
+            println!(
+                "info {label}: logits error vs cpu worst {:.3e}, median {:.3e}",
+                r.worst, r.median
+            );
+            res.push(check(
+                format!("{label}: median logits error vs cpu"),
+                r.median,
+                E2E_BATCHED_LOGIT_BOUND,
+            ));
+            res.push(check(
+                format!("{label}: greedy mismatches of {}", r.steps),
+                r.mismatched as f64,
+                mismatch_bound(E2E_BF16_GREEDY_AGREEMENT, r.steps),
+            ));
+        }
         // The 8-bit activation MoE kernels (`--activation q8|fp8`), every step on them, fp32
         // cache: against the reference quantizing the experts' inputs and SwiGLU outputs the
         // same way, and against the plain reference.
@@ -2077,6 +2309,7 @@ pub fn run_model_checks(
                     activation: act,
                     fp4_layers: Fp4Layers::Moe,
                     tile: MoeTile::T64x128,
+                    gemv: DecodeGemv::Simt,
                 };
                 let mut be = CudaBackend::new(g.clone(), &cfg, dw, opts, 3, 64, 2, graphs)?;
                 println!("{}", be.describe());
@@ -2112,6 +2345,7 @@ pub fn run_model_checks(
                 fp4_layers: fp4,
                 activation: ActFormat::Bf16,
                 tile: MoeTile::T64x128,
+                gemv: exact_dense(kv, moe),
             };
             let mut be = CudaBackend::new(g.clone(), &cfg, dw, opts, 3, 64, 2, graphs)?;
             println!("{}", be.describe());
@@ -2168,6 +2402,7 @@ pub fn run_model_checks(
                     fp4_layers: fp4,
                     activation: ActFormat::Bf16,
                     tile: MoeTile::T64x128,
+                    gemv: exact_dense(kv, moe),
                 };
                 let mut be = CudaBackend::new(g.clone(), &c, dw, opts, 3, 64, 2, true)?;
                 let r = compare_backends(&mut be, &mut cpu, seed)?;
@@ -2231,7 +2466,7 @@ pub const GATE_MATRIX_GREEDY_AGREEMENT: f64 = 0.5;
 /// --all-gates`.
 pub fn run_gate_matrix(g: &std::sync::Arc<Gpu>, seed: u64) -> Result<Vec<Check>> {
     use super::backend::CudaBackend;
-    use super::model::{DecodeOptions, Fp4Layers, KvDtype, MoePath, MoeTile};
+    use super::model::{DecodeGemv, DecodeOptions, Fp4Layers, KvDtype, MoePath, MoeTile};
 
     let cfg = crate::engine::synthetic::config("tiny")?;
     let mut res = Vec::new();
@@ -2270,6 +2505,7 @@ pub fn run_gate_matrix(g: &std::sync::Arc<Gpu>, seed: u64) -> Result<Vec<Check>>
                 fp4_layers: fp4,
                 activation: act,
                 tile,
+                gemv: DecodeGemv::TensorCore,
             };
             let mut be = CudaBackend::new(g.clone(), &cfg, dw, opts, 3, 64, 2, graphs)?;
             let r = compare_backends(&mut be, &mut cpu, seed)?;

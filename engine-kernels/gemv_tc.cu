@@ -1,0 +1,465 @@
+// Decode GEMV on tensor cores: y[t, r] (+)= W[r, :] . x[t, :] + b[r] for up to TCG_TOKENS
+// tokens per pass over W, so a batch of decode rows reads each weight once per step (the SIMT
+// GEMV of gemv_bf16.cu takes 4 tokens per pass). bf16 weights (gemv_tc_bf16_*) or MXFP4
+// (gemv_tc_fp4_*, dequantized in registers, exact as bf16); fp32 out, fp32 accumulation.
+//
+// One block = TCG_WARPS warps = 16 weight rows (one m16 tile); the warps split K in chunks
+// (chunk c to warp c % TCG_WARPS) and their partial tiles are summed in shared memory. The
+// tokens are the mma's n dimension: n8 tiles, TN of them (1: up to 8 tokens, 2: up to 16).
+//
+// Operand order. A dot product does not care in which order it walks K, so each lane loads its
+// weights as whole 16-byte words and the activations are fed in the same permuted order: in
+// chunk c, lane (g = lane / 4, q = lane % 4) holds rows g and g + 8 of the tile at columns
+// c0 + q * E … c0 + q * E + E - 1 (c0 = 4 E c; E = 16 bf16 or one 32-element MXFP4 block),
+// and mma j takes elements 4j, 4j + 1 as its k-pair "lo" and 4j + 2, 4j + 3 as "hi". The B
+// fragment of token g is then x at the same columns: one 16-byte shared load per group of
+// 8 elements. No operand goes through shared memory but the (small) activations.
+//
+// Activations: the block stages its tokens once, as bf16 of x · norm_w (norm) or x, in shared
+// memory (rows padded by 16 bytes so the 8 tokens of a quarter-warp hit distinct banks); the
+// norm's 1 / rms is applied to the sums at the end, from the squares of the fp32 x summed
+// while staging (per warp and 32-float4 segment, then in a fixed order: deterministic). With
+// norm_w and x_out, every block also writes its slice of the normalised input.
+// The first chunks' weights are loaded before the wait on the previous kernel (PDL: weights
+// are immutable), so they stream in while it finishes and while the activations are staged.
+#define TCG_WARPS 8
+#define TCG_TOKENS 16
+// Bytes of padding after each staged token row.
+#define TCG_XPAD 8
+
+// bf16 weights: E = 16 elements per lane and row in a chunk (two 16-byte words).
+struct TcgBf16 {
+    static constexpr int E = 16;
+    struct Raw {
+        uint4 w[2][2];  // [row g, g + 8][word]
+    };
+    const bf16_t* __restrict__ w;
+    int cols;
+    __device__ __forceinline__ void load(Raw& f, int r0, int rows, int col) const {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int r = r0 + 8 * h;
+            if (r < rows && col < cols) {
+                const uint4* p = reinterpret_cast<const uint4*>(w + (size_t)r * cols + col);
+                f.w[h][0] = __ldg(p);
+                f.w[h][1] = __ldg(p + 1);
+            } else {
+                f.w[h][0] = f.w[h][1] = make_uint4(0u, 0u, 0u, 0u);
+            }
+        }
+    }
+    // The bf16 pairs of group v (elements 8v … 8v + 7) of row g (lo) and g + 8 (hi).
+    __device__ __forceinline__ void group(const Raw& f, int v, unsigned (&a)[4], unsigned (&b)[4]) const {
+        const uint4 x = f.w[0][v], y = f.w[1][v];
+        a[0] = x.x; a[1] = x.y; a[2] = x.z; a[3] = x.w;
+        b[0] = y.x; b[1] = y.y; b[2] = y.z; b[3] = y.w;
+    }
+};
+
+// MXFP4 weights (layout of mxfp4_dense.cu): E = 32, one block of 32 and its scale per row.
+struct TcgFp4 {
+    static constexpr int E = 32;
+    struct Raw {
+        uint4 q[2];
+        unsigned s[2];
+    };
+    const u8* __restrict__ blocks;
+    const u8* __restrict__ scales;
+    int cols;
+    __device__ __forceinline__ void load(Raw& f, int r0, int rows, int col) const {
+        const int nb = cols >> 5;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int r = r0 + 8 * h;
+            if (r < rows && col < cols) {
+                const size_t b = (size_t)r * nb + (col >> 5);
+                f.q[h] = __ldg(reinterpret_cast<const uint4*>(blocks) + b);
+                f.s[h] = scales[b];
+            } else {
+                f.q[h] = make_uint4(0u, 0u, 0u, 0u);
+                f.s[h] = 127u;
+            }
+        }
+    }
+    __device__ __forceinline__ void group(const Raw& f, int v, unsigned (&a)[4], unsigned (&b)[4]) const {
+        const unsigned wa[4] = {f.q[0].x, f.q[0].y, f.q[0].z, f.q[0].w};
+        const unsigned wb[4] = {f.q[1].x, f.q[1].y, f.q[1].z, f.q[1].w};
+        fp4x8_to_bf16x2(wa[v], a);
+        fp4x8_to_bf16x2(wb[v], b);
+        const unsigned sa = e8m0_bf16x2(f.s[0]), sb = e8m0_bf16x2(f.s[1]);
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            a[j] = bf16x2_mul(a[j], sa);
+            b[j] = bf16x2_mul(b[j], sb);
+        }
+    }
+};
+
+// Stage nt activation rows (row(n): fp32, cols) as bf16 rows of `stride` elements at xs,
+// times norm_w when given; with SS also each row's sum of squares of the fp32 values into ss
+// (nt entries, shared). Work unit = (row, segment of 32 float4); warps take units
+// round-robin, four in flight. sq: shared scratch of nt * ceil(cols / 128) floats (SS only).
+// Whole block must call it.
+template <bool SS, class RowOf>
+__device__ __forceinline__ void tcg_stage(RowOf row, const bf16_t* __restrict__ nw, int cols, int nt,
+                                          int stride, bf16_t* xs, float* sq, float* ss) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int c4 = cols >> 2, segs = (c4 + 31) >> 5, units = nt * segs;
+    for (int u0 = warp; u0 < units; u0 += 4 * TCG_WARPS) {
+        float4 v[4];
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            const int u = u0 + k * TCG_WARPS, t = u / segs, i = (u % segs) * 32 + lane;
+            v[k] = u < units && i < c4 ? reinterpret_cast<const float4*>(row(t))[i]
+                                       : make_float4(0.f, 0.f, 0.f, 0.f);
+        }
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            const int u = u0 + k * TCG_WARPS;
+            if (u >= units) break;  // warp-uniform
+            const int t = u / segs, i = (u % segs) * 32 + lane;
+            float4 a = v[k];
+            if (SS) {
+                const float s = warp_sum(a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w);
+                if (lane == 0) sq[u] = s;
+            }
+            if (i < c4) {
+                if (nw) {
+                    const uint2 n = __ldg(reinterpret_cast<const uint2*>(nw) + i);
+                    a.x *= __uint_as_float(n.x << 16);
+                    a.y *= __uint_as_float(n.x & 0xffff0000u);
+                    a.z *= __uint_as_float(n.y << 16);
+                    a.w *= __uint_as_float(n.y & 0xffff0000u);
+                }
+                *reinterpret_cast<uint2*>(xs + t * stride + 4 * i) =
+                    make_uint2(pack_bf16x2(a.x, a.y), pack_bf16x2(a.z, a.w));
+            }
+        }
+    }
+    __syncthreads();
+    if (SS && threadIdx.x < nt) {
+        float s = 0.0f;
+        for (int k = 0; k < segs; ++k) s += sq[threadIdx.x * segs + k];
+        ss[threadIdx.x] = s;
+    }
+    __syncthreads();
+}
+
+// Load this warp's first two chunks of the tile's rows (r0 = the tile's first row + g).
+template <class W>
+__device__ __forceinline__ void tcg_prefetch(const W& wp, int r0, int rows, int nchunks,
+                                             typename W::Raw (&cur)[2]) {
+    constexpr int CW = 4 * W::E;
+    const int warp = threadIdx.x >> 5, q = threadIdx.x & 3;
+#pragma unroll
+    for (int s = 0; s < 2; ++s) {
+        const int c = warp + s * TCG_WARPS;
+        if (c < nchunks) wp.load(cur[s], r0, rows, c * CW + q * W::E);
+    }
+}
+
+// This warp's share of the tile: chunks warp, warp + TCG_WARPS, … (the first two already in
+// cur), two per iteration with the next two loaded meanwhile, times the nt staged rows at xs.
+// Then the warp's partial sums go to red[warp][row][token] (shared).
+template <class W, int TN>
+__device__ __forceinline__ void tcg_tile(const W& wp, int r0, int rows, int cols, int nchunks,
+                                         typename W::Raw (&cur)[2], const bf16_t* xs, int stride,
+                                         int nt, float (*red)[16][8 * TN]) {
+    constexpr int E = W::E, CW = 4 * E;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, q = lane & 3;
+    typename W::Raw nxt[2];
+    float acc[TN][4];
+#pragma unroll
+    for (int n = 0; n < TN; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
+    for (int c = warp; c < nchunks; c += 2 * TCG_WARPS) {
+#pragma unroll
+        for (int s = 0; s < 2; ++s) {
+            const int cn = c + (2 + s) * TCG_WARPS;
+            if (cn < nchunks) wp.load(nxt[s], r0, rows, cn * CW + q * E);
+        }
+#pragma unroll
+        for (int s = 0; s < 2; ++s) {
+            const int cc = c + s * TCG_WARPS;
+            if (cc >= nchunks) break;  // warp-uniform
+            // A lane whose span is past the row (last chunk) loaded zero weights and feeds
+            // zeros: the mma is warp-wide, every lane takes part.
+            const int col = cc * CW + q * E;
+#pragma unroll
+            for (int v = 0; v < E / 8; ++v) {
+                unsigned a[4], b[4];
+                wp.group(cur[s], v, a, b);
+                const unsigned frag0[4] = {a[0], b[0], a[1], b[1]};
+                const unsigned frag1[4] = {a[2], b[2], a[3], b[3]};
+#pragma unroll
+                for (int n = 0; n < TN; ++n) {
+                    const int tok = n * 8 + g;
+                    uint4 xv = make_uint4(0u, 0u, 0u, 0u);
+                    if (tok < nt && col < cols)
+                        xv = *reinterpret_cast<const uint4*>(xs + tok * stride + col + 8 * v);
+                    mma_bf16_16816(acc[n], frag0, xv.x, xv.y);
+                    mma_bf16_16816(acc[n], frag1, xv.z, xv.w);
+                }
+            }
+        }
+#pragma unroll
+        for (int s = 0; s < 2; ++s) cur[s] = nxt[s];
+    }
+    // acc[n]: rows g (0, 1) and g + 8 (2, 3), tokens n * 8 + 2q (+1).
+#pragma unroll
+    for (int n = 0; n < TN; ++n) {
+        red[warp][g][n * 8 + 2 * q] = acc[n][0];
+        red[warp][g][n * 8 + 2 * q + 1] = acc[n][1];
+        red[warp][g + 8][n * 8 + 2 * q] = acc[n][2];
+        red[warp][g + 8][n * 8 + 2 * q + 1] = acc[n][3];
+    }
+}
+
+// Sum of the warps' partials of tile row `row`, token `tok`.
+template <int TN>
+__device__ __forceinline__ float tcg_sum(float (*red)[16][8 * TN], int row, int tok) {
+    float s = 0.0f;
+#pragma unroll
+    for (int w = 0; w < TCG_WARPS; ++w) s += red[w][row][tok];
+    return s;
+}
+
+// Dense projections. grid = (ceil(rows / 16), ceil(tokens / (8 TN))), block = 32 * TCG_WARPS;
+// dynamic shared memory = tc_gemv_smem (ops.rs): min(tokens, 8 TN) staged rows of (cols +
+// TCG_XPAD) bf16, then the staging's squares. cols a multiple of E (16 bf16, 32 MXFP4).
+template <class W, int TN>
+__device__ __forceinline__ void gemv_tc_body(const W wp, const bf16_t* __restrict__ bias,
+                                             const float* __restrict__ x, float* __restrict__ y,
+                                             int rows, int cols, int tokens, int accumulate,
+                                             const bf16_t* __restrict__ norm_w, float eps,
+                                             float* __restrict__ x_out) {
+    extern __shared__ __align__(16) unsigned char tcg_smem[];
+    __shared__ float red[TCG_WARPS][16][8 * TN];
+    __shared__ float rs_s[TCG_TOKENS];
+    const int r0 = blockIdx.x * 16 + ((threadIdx.x & 31) >> 2);
+    const int t0 = blockIdx.y * 8 * TN, nt = min(8 * TN, tokens - t0);
+    const int nchunks = (cols + 4 * W::E - 1) / (4 * W::E);
+    typename W::Raw cur[2];
+    tcg_prefetch(wp, r0, rows, nchunks, cur);
+    pdl_enter();
+
+    const int stride = cols + TCG_XPAD;
+    bf16_t* xs = reinterpret_cast<bf16_t*>(tcg_smem);
+    float* sq = reinterpret_cast<float*>(tcg_smem + (size_t)nt * stride * 2);
+    float* ss = sq + nt * (((cols >> 2) + 31) >> 5);
+    const float* xt = x + (size_t)t0 * cols;
+    tcg_stage<true>([&](int n) { return xt + (size_t)n * cols; }, norm_w, cols, nt, stride, xs, sq, ss);
+    tcg_tile<W, TN>(wp, r0, rows, cols, nchunks, cur, xs, stride, nt, red);
+    if (threadIdx.x < nt) rs_s[threadIdx.x] = norm_w ? rsqrtf(ss[threadIdx.x] / (float)cols + eps) : 1.0f;
+    __syncthreads();
+    for (int i = threadIdx.x; i < 16 * 8 * TN; i += blockDim.x) {
+        const int row = i / (8 * TN), tok = i % (8 * TN), r = blockIdx.x * 16 + row;
+        if (tok >= nt || r >= rows) continue;
+        const float s = tcg_sum<TN>(red, row, tok) * rs_s[tok] + (bias ? bf2f(bias[r]) : 0.0f);
+        float* yp = y + (size_t)(t0 + tok) * rows + r;
+        *yp = accumulate ? *yp + s : s;
+    }
+    if (norm_w && x_out) {
+        const int per = (cols + gridDim.x - 1) / gridDim.x;
+        const int a0 = blockIdx.x * per, a1 = min(cols, a0 + per);
+        for (int t = 0; t < nt; ++t)
+            for (int cidx = a0 + threadIdx.x; cidx < a1; cidx += blockDim.x)
+                x_out[(size_t)(t0 + t) * cols + cidx] = xt[(size_t)t * cols + cidx] * rs_s[t] * bf2f(norm_w[cidx]);
+    }
+}
+
+#define GEMV_TC_BF16(name, TN)                                                                 \
+    extern "C" __global__ void __launch_bounds__(32 * TCG_WARPS)                               \
+    name(const bf16_t* __restrict__ w, const bf16_t* __restrict__ bias,                        \
+         const float* __restrict__ x, float* __restrict__ y, int rows, int cols, int tokens,   \
+         int accumulate, const bf16_t* __restrict__ norm_w, float eps,                         \
+         float* __restrict__ x_out) {                                                          \
+        const TcgBf16 wp{w, cols};                                                             \
+        gemv_tc_body<TcgBf16, TN>(wp, bias, x, y, rows, cols, tokens, accumulate, norm_w, eps, \
+                                  x_out);                                                      \
+    }
+GEMV_TC_BF16(gemv_tc_bf16_t8, 1)
+GEMV_TC_BF16(gemv_tc_bf16_t16, 2)
+
+#define GEMV_TC_FP4(name, TN)                                                                  \
+    extern "C" __global__ void __launch_bounds__(32 * TCG_WARPS)                               \
+    name(const u8* __restrict__ blocks, const u8* __restrict__ scales,                         \
+         const bf16_t* __restrict__ bias, const float* __restrict__ x, float* __restrict__ y,  \
+         int rows, int cols, int tokens, int accumulate, const bf16_t* __restrict__ norm_w,    \
+         float eps, float* __restrict__ x_out) {                                               \
+        const TcgFp4 wp{blocks, scales, cols};                                                 \
+        gemv_tc_body<TcgFp4, TN>(wp, bias, x, y, rows, cols, tokens, accumulate, norm_w, eps,  \
+                                 x_out);                                                       \
+    }
+GEMV_TC_FP4(gemv_tc_fp4_t8, 1)
+GEMV_TC_FP4(gemv_tc_fp4_t16, 2)
+
+// ---- MoE decode on tensor cores: each distinct expert of a group of up to 16 tokens is read
+// once, its routed (token, slot) pairs as the n dimension.
+//
+// Grouping, in every block (the same result everywhere, no extra launch): the pairs p = t * k
+// + s of tokens t0 … t0 + nt - 1 (idx[p] their experts); a pair leads when no earlier pair of
+// the group has its expert; block y takes the y-th leader's expert e (blocks past the number
+// of distinct experts return) and its members, the pairs routed to e in pair order (a token
+// picks k distinct experts, so at most nt). grid = (row tiles, nt_max * k, ceil(T / 16)).
+struct TcgGroup {
+    int e;       // expert
+    int n;       // members
+    int p[TCG_TOKENS];  // their pair indices (global: t * k + s)
+};
+
+// Most experts per token the grouping takes (its shared copy of the routing).
+#define TCG_MAX_K 32
+
+// Warp 0 computes the block's group into grp (shared); false: no expert for this block.
+__device__ __forceinline__ bool tcg_group(const int* __restrict__ idx, int tokens, int k, TcgGroup& grp) {
+    __shared__ int live;
+    __shared__ int sidx[TCG_TOKENS * TCG_MAX_K];
+    if (threadIdx.x < 32) {
+        const int lane = threadIdx.x;
+        const int t0 = blockIdx.z * TCG_TOKENS, nt = min(TCG_TOKENS, tokens - t0);
+        const int np = nt * k, base = t0 * k;
+        for (int p = lane; p < np; p += 32) sidx[p] = __ldcg(idx + base + p);
+        __syncwarp();
+        int leaders_before = 0, e = -1;
+        for (int p0 = 0; p0 < np && e < 0; p0 += 32) {
+            const int p = p0 + lane;
+            const int ep = p < np ? sidx[p] : -1 - lane;  // past the end: unique, never leads
+            // A pair leads when it is the first of its expert in its 32 and no earlier 32 has it.
+            const unsigned same = __match_any_sync(0xffffffffu, ep);
+            bool lead = p < np && (__ffs(same) - 1) == lane;
+            for (int qq = 0; qq < p0 && lead; ++qq) lead = sidx[qq] != ep;
+            const unsigned m = __ballot_sync(0xffffffffu, lead);
+            const int want = (int)blockIdx.y - leaders_before;
+            if (want < __popc(m)) {
+                unsigned mm = m;  // its want-th set bit is the leader
+                for (int i = 0; i < want; ++i) mm &= mm - 1;
+                e = __shfl_sync(0xffffffffu, ep, __ffs(mm) - 1);
+            }
+            leaders_before += __popc(m);
+        }
+        int n = 0;
+        if (e >= 0) {
+            for (int p0 = 0; p0 < np; p0 += 32) {
+                const int p = p0 + lane;
+                const bool mine = p < np && sidx[p] == e;
+                const unsigned m = __ballot_sync(0xffffffffu, mine);
+                // At most nt members (top-k picks distinct experts); the bound only keeps a
+                // corrupt routing (NaN logits) inside the array.
+                const int slot = n + __popc(m & ((1u << lane) - 1u));
+                if (mine && slot < TCG_TOKENS) grp.p[slot] = base + p;
+                n = min(TCG_TOKENS, n + __popc(m));
+            }
+        }
+        if (lane == 0) {
+            live = e >= 0;
+            grp.e = e;
+            grp.n = n;
+        }
+    }
+    __syncthreads();
+    return live;
+}
+
+// act[p, j] = swiglu(gate_j, lin_j) for each pair p routed to the block's expert (rows 2j and
+// 2j + 1 of gate_up interleave gate and linear units). x: the normalised input [T, H].
+template <int TN>
+__device__ __forceinline__ void moe_gate_up_tc_body(const u8* __restrict__ blocks,
+                                                    const u8* __restrict__ scales,
+                                                    const bf16_t* __restrict__ bias,
+                                                    const float* __restrict__ x,
+                                                    const int* __restrict__ idx,
+                                                    float* __restrict__ act, int inter, int hidden,
+                                                    int k, int tokens, float limit, float alpha) {
+    extern __shared__ __align__(16) unsigned char tcg_smem[];
+    __shared__ float red[TCG_WARPS][16][8 * TN];
+    __shared__ TcgGroup grp;
+    pdl_enter();
+    if (!tcg_group(idx, tokens, k, grp)) return;
+    const int rows = 2 * inter, nb = hidden >> 5;
+    const TcgFp4 wp{blocks + (size_t)grp.e * rows * nb * 16, scales + (size_t)grp.e * rows * nb, hidden};
+    const int r0 = blockIdx.x * 16 + ((threadIdx.x & 31) >> 2);
+    const int nchunks = (hidden + 127) / 128;
+    typename TcgFp4::Raw cur[2];
+    tcg_prefetch(wp, r0, rows, nchunks, cur);
+    const int stride = hidden + TCG_XPAD, nt = grp.n;
+    bf16_t* xs = reinterpret_cast<bf16_t*>(tcg_smem);
+    tcg_stage<false>([&](int n) { return x + (size_t)(grp.p[n] / k) * hidden; }, nullptr, hidden, nt,
+                     stride, xs, nullptr, nullptr);
+    tcg_tile<TcgFp4, TN>(wp, r0, rows, hidden, nchunks, cur, xs, stride, nt, red);
+    __syncthreads();
+    const bf16_t* be = bias + (size_t)grp.e * rows;
+    for (int i = threadIdx.x; i < 8 * 8 * TN; i += blockDim.x) {
+        const int u = i / (8 * TN), tok = i % (8 * TN), j = blockIdx.x * 8 + u;
+        if (tok >= nt || j >= inter) continue;
+        float gt = tcg_sum<TN>(red, 2 * u, tok) + bf2f(be[2 * j]);
+        float li = tcg_sum<TN>(red, 2 * u + 1, tok) + bf2f(be[2 * j + 1]);
+        gt = fminf(gt, limit);
+        li = fminf(fmaxf(li, -limit), limit);
+        act[(size_t)grp.p[tok] * inter + j] = gt / (1.0f + expf(-alpha * gt)) * (li + 1.0f);
+    }
+}
+
+// part[p, r] = w[p] * (W2_e[r, :] . act[p, :] + b2_e[r]) for each pair p routed to the block's
+// expert; moe_combine then sums the k slots of each token in order.
+template <int TN>
+__device__ __forceinline__ void moe_down_tc_body(const u8* __restrict__ blocks,
+                                                 const u8* __restrict__ scales,
+                                                 const bf16_t* __restrict__ bias,
+                                                 const float* __restrict__ act,
+                                                 const int* __restrict__ idx,
+                                                 const float* __restrict__ wts,
+                                                 float* __restrict__ part, int hidden, int inter,
+                                                 int k, int tokens) {
+    extern __shared__ __align__(16) unsigned char tcg_smem[];
+    __shared__ float red[TCG_WARPS][16][8 * TN];
+    __shared__ TcgGroup grp;
+    pdl_enter();
+    if (!tcg_group(idx, tokens, k, grp)) return;
+    const int nb = inter >> 5;
+    const TcgFp4 wp{blocks + (size_t)grp.e * hidden * nb * 16, scales + (size_t)grp.e * hidden * nb, inter};
+    const int r0 = blockIdx.x * 16 + ((threadIdx.x & 31) >> 2);
+    const int nchunks = (inter + 127) / 128;
+    typename TcgFp4::Raw cur[2];
+    tcg_prefetch(wp, r0, hidden, nchunks, cur);
+    const int stride = inter + TCG_XPAD, nt = grp.n;
+    bf16_t* xs = reinterpret_cast<bf16_t*>(tcg_smem);
+    tcg_stage<false>([&](int n) { return act + (size_t)grp.p[n] * inter; }, nullptr, inter, nt,
+                     stride, xs, nullptr, nullptr);
+    tcg_tile<TcgFp4, TN>(wp, r0, hidden, inter, nchunks, cur, xs, stride, nt, red);
+    __syncthreads();
+    const bf16_t* be = bias + (size_t)grp.e * hidden;
+    for (int i = threadIdx.x; i < 16 * 8 * TN; i += blockDim.x) {
+        const int row = i / (8 * TN), tok = i % (8 * TN), r = blockIdx.x * 16 + row;
+        if (tok >= nt || r >= hidden) continue;
+        const int p = grp.p[tok];
+        part[(size_t)p * hidden + r] = wts[p] * (tcg_sum<TN>(red, row, tok) + bf2f(be[r]));
+    }
+}
+
+// grid = (ceil(2 I / 16), min(T, 16) * k, ceil(T / 16)); dynamic shared memory: 16 staged
+// rows of (H + TCG_XPAD) bf16 at most (ops.rs sizes it for min(T, 16)).
+#define MOE_GATE_UP_TC(name, TN)                                                               \
+    extern "C" __global__ void __launch_bounds__(32 * TCG_WARPS)                               \
+    name(const u8* __restrict__ blocks, const u8* __restrict__ scales,                         \
+         const bf16_t* __restrict__ bias, const float* __restrict__ x,                         \
+         const int* __restrict__ idx, float* __restrict__ act, int inter, int hidden, int k,   \
+         int tokens, float limit, float alpha) {                                               \
+        moe_gate_up_tc_body<TN>(blocks, scales, bias, x, idx, act, inter, hidden, k, tokens,   \
+                                limit, alpha);                                                 \
+    }
+MOE_GATE_UP_TC(moe_gate_up_tc_t8, 1)
+MOE_GATE_UP_TC(moe_gate_up_tc_t16, 2)
+
+// grid = (ceil(H / 16), min(T, 16) * k, ceil(T / 16)); dynamic shared memory: 16 staged rows
+// of (I + TCG_XPAD) bf16 at most.
+#define MOE_DOWN_TC(name, TN)                                                                  \
+    extern "C" __global__ void __launch_bounds__(32 * TCG_WARPS)                               \
+    name(const u8* __restrict__ blocks, const u8* __restrict__ scales,                         \
+         const bf16_t* __restrict__ bias, const float* __restrict__ act,                       \
+         const int* __restrict__ idx, const float* __restrict__ wts, float* __restrict__ part, \
+         int hidden, int inter, int k, int tokens) {                                           \
+        moe_down_tc_body<TN>(blocks, scales, bias, act, idx, wts, part, hidden, inter, k,      \
+                             tokens);                                                          \
+    }
+MOE_DOWN_TC(moe_down_tc_t8, 1)
+MOE_DOWN_TC(moe_down_tc_t16, 2)
