@@ -235,7 +235,11 @@ struct RowBufs {
     q: CudaSlice<f32>,
     attn: CudaSlice<f32>,
     r_logits: CudaSlice<f32>,
+    /// Routed expert indices, one [rows, k] slice per layer: each layer keeps its own, so a
+    /// step's routing can be read back after it (the profile counts the distinct experts).
     r_idx: CudaSlice<i32>,
+    /// Elements of one layer's slice of `r_idx` (rows · k).
+    idx_stride: usize,
     r_w: CudaSlice<f32>,
     act: CudaSlice<f32>,
     /// Each routed expert's weighted output [rows, k, H] before the slots are summed.
@@ -263,12 +267,18 @@ impl RowBufs {
             q: g.alloc(rows * hq * d)?,
             attn: g.alloc(rows * hq * d)?,
             r_logits: g.alloc(rows * e)?,
-            r_idx: g.alloc(rows * k)?,
+            r_idx: g.alloc(c.num_hidden_layers * rows * k)?,
+            idx_stride: rows * k,
             r_w: g.alloc(rows * k)?,
             act: g.alloc(rows * k * c.intermediate_size)?,
             part: g.alloc(rows * k * hid)?,
             topk_ctr: g.alloc(ops::topk_counters(rows))?,
         })
+    }
+
+    /// Device address of layer `li`'s routed expert indices.
+    fn idx_ptr(&self, g: &Gpu, li: usize) -> u64 {
+        g.ptr(&self.r_idx) + (li * self.idx_stride * std::mem::size_of::<i32>()) as u64
     }
 
     /// Copy the first rows' token ids, positions and KV offsets to the device.
@@ -623,10 +633,10 @@ impl Decoder {
         )
     }
 
-    /// Where the fused router writes each row's experts and weights.
-    fn topk(&self, g: &Gpu, r: &RowBufs) -> ops::TopK {
+    /// Where the fused router of layer `li` writes each row's experts and weights.
+    fn topk(&self, g: &Gpu, r: &RowBufs, li: usize) -> ops::TopK {
         ops::TopK {
-            idx: g.ptr(&r.r_idx),
+            idx: r.idx_ptr(g, li),
             w: g.ptr(&r.r_w),
             k: self.cfg.num_experts_per_tok,
             counter: g.ptr(&r.topk_ctr),
@@ -746,10 +756,10 @@ impl Decoder {
                 hid,
                 n,
                 Some(mlp_norm),
-                self.topk(g, r),
+                self.topk(g, r, li),
             )?;
             mark("rmsnorm+gemv router+topk")?;
-            let (idx, act) = (g.ptr(&r.r_idx), p(&r.act));
+            let (idx, act) = (r.idx_ptr(g, li), p(&r.act));
             let fmt = self.opts.activation;
             ops::moe_gate_up(g, &l.moe, sh.moe, fmt, p(&r.h), idx, act, n)?;
             mark("moe gate_up+swiglu")?;
@@ -1020,7 +1030,7 @@ impl Decoder {
                 hid,
                 n,
                 None,
-                self.topk(g, r),
+                self.topk(g, r, li),
             )?;
             mark("gemv router+topk (fp32)")?;
             ops::moe_grouped(
@@ -1030,7 +1040,7 @@ impl Decoder {
                 self.opts.tile,
                 c.num_local_experts,
                 p(&r.h),
-                g.ptr(&r.r_idx),
+                r.idx_ptr(g, li),
                 p(&r.r_w),
                 &groups,
                 p(&r.act),
@@ -1111,6 +1121,41 @@ impl Decoder {
         g.stream()
             .clone_dtoh(&self.logits.slice(row * v..(row + 1) * v))
             .map_err(|e| anyhow::anyhow!("copying logits: {:?}", e.0))
+    }
+
+    /// The experts the router picked for the first `n` rows of the last step run by
+    /// [`Decoder::run`] or [`Decoder::run_profiled`] (not a prefill, which routes in its own
+    /// buffers): per layer, the [n, k] indices row by row.
+    pub fn routed_experts(&self, g: &Gpu, n: usize) -> Result<Vec<Vec<u32>>> {
+        ensure!(
+            n <= self.max_batch,
+            "{n} rows beyond the batch ({})",
+            self.max_batch
+        );
+        let all = g
+            .stream()
+            .clone_dtoh(&self.rows.r_idx)
+            .map_err(|e| anyhow::anyhow!("copying routed expert indices: {:?}", e.0))?;
+        let (k, experts) = (self.cfg.num_experts_per_tok, self.cfg.num_local_experts);
+        all.chunks(self.rows.idx_stride)
+            .enumerate()
+            .map(|(li, layer)| {
+                layer[..n * k]
+                    .iter()
+                    .map(|&e| {
+                        u32::try_from(e)
+                            .ok()
+                            .filter(|&e| (e as usize) < experts)
+                            .ok_or_else(|| {
+                                anyhow::anyhow!(
+                                    "layer {li}: the router wrote expert index {e}, not one of \
+                                     the {experts} experts"
+                                )
+                            })
+                    })
+                    .collect()
+            })
+            .collect()
     }
 
     /// Greedy token ids of the first `n` rows of the last step.
