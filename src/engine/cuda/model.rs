@@ -8,6 +8,7 @@ use cudarc::driver::{CudaEvent, CudaGraph, CudaSlice};
 
 use super::device::Gpu;
 use super::ops::{self, AttnScratch, AttnShape, MoeShape, MoeWeights, Norm};
+use super::roofline::StepGroup;
 use super::weights::{DeviceWeights, Layer};
 use crate::engine::config::ModelConfig;
 
@@ -164,6 +165,16 @@ pub enum Fp4Layers {
 }
 
 impl Fp4Layers {
+    /// The layout's name in perf rows (`--json-out`): the checkpoint as `released`, or which
+    /// dense layers are MXFP4 beside the experts.
+    pub fn layout_name(self) -> &'static str {
+        match self {
+            Fp4Layers::Moe => "released",
+            Fp4Layers::MoeQkvO => "mxfp4-qkv-o",
+            Fp4Layers::All => "all-mxfp4",
+        }
+    }
+
     /// Value of the `kernel-path mxfp4_layers=` line (the `--mxfp4-layers` spelling).
     pub fn report(self) -> &'static str {
         match self {
@@ -661,7 +672,7 @@ impl Decoder {
         let mut mark = |label: &'static str| mark_event(g, marks.as_deref_mut(), label);
         mark("start")?;
         ops::embed(g, g.ptr(&self.w.embed), g.ptr(&r.tokens), p(&r.x), hid, n)?;
-        mark("embed_gather")?;
+        mark(StepGroup::Embed.label(false))?;
         let scratch = AttnScratch {
             m: p(&self.sc_m),
             l: p(&self.sc_l),
@@ -688,13 +699,9 @@ impl Decoder {
                 false,
                 Some(attn_norm),
             )?;
-            mark(if qkv_w.is_mxfp4() {
-                "rmsnorm+gemv_mxfp4 qkv"
-            } else {
-                "rmsnorm+gemv qkv"
-            })?;
+            mark(StepGroup::Qkv.label(qkv_w.is_mxfp4()))?;
             self.rope_kv(g, &sh, &l, r, n)?;
-            mark("rope_kv_write")?;
+            mark(StepGroup::RopeKv.label(false))?;
             let keys = if l.window > 0 {
                 l.window.min(full_keys)
             } else {
@@ -722,7 +729,7 @@ impl Decoder {
                 min_split,
                 sh.scale,
             )?;
-            mark("attention")?;
+            mark(StepGroup::Attention.label(false))?;
             let o_w = lw.o_w.dev(g);
             ops::dense_gemv(
                 g,
@@ -736,11 +743,7 @@ impl Decoder {
                 true,
                 None,
             )?;
-            mark(if o_w.is_mxfp4() {
-                "gemv_mxfp4 o (+residual)"
-            } else {
-                "gemv o (+residual)"
-            })?;
+            mark(StepGroup::O.label(o_w.is_mxfp4()))?;
             let mlp_norm = Norm {
                 w: g.ptr(&lw.mlp_norm),
                 eps: sh.eps,
@@ -758,11 +761,11 @@ impl Decoder {
                 Some(mlp_norm),
                 self.topk(g, r, li),
             )?;
-            mark("rmsnorm+gemv router+topk")?;
+            mark(StepGroup::Router.label(false))?;
             let (idx, act) = (r.idx_ptr(g, li), p(&r.act));
             let fmt = self.opts.activation;
             ops::moe_gate_up(g, &l.moe, sh.moe, fmt, p(&r.h), idx, act, n)?;
-            mark("moe gate_up+swiglu")?;
+            mark(StepGroup::MoeGateUp.label(false))?;
             ops::moe_down(
                 g,
                 &l.moe,
@@ -776,14 +779,10 @@ impl Decoder {
                 n,
                 true,
             )?;
-            mark("moe down (+residual)")?;
+            mark(StepGroup::MoeDown.label(false))?;
         }
         self.head(g, n)?;
-        mark(if self.w.lm_head.dev(g).is_mxfp4() {
-            "rmsnorm+gemv_mxfp4 lm_head, argmax"
-        } else {
-            "rmsnorm+gemv lm_head, argmax"
-        })?;
+        mark(StepGroup::Head.label(self.w.lm_head.is_mxfp4()))?;
         Ok(())
     }
 
@@ -1236,6 +1235,15 @@ mod tests {
         // The tile list bound shrinks with the taller tile but always covers one per expert.
         assert_eq!(ops::moe_max_tiles(300, 4, MoeTile::T64x128), 5 + 4);
         assert_eq!(ops::moe_max_tiles(300, 4, MoeTile::T128x128), 3 + 4);
+    }
+
+    #[test]
+    fn mxfp4_layer_sets_name_their_layouts() {
+        let names: Vec<_> = [Fp4Layers::Moe, Fp4Layers::MoeQkvO, Fp4Layers::All]
+            .iter()
+            .map(|f| f.layout_name())
+            .collect();
+        assert_eq!(names, ["released", "mxfp4-qkv-o", "all-mxfp4"]);
     }
 
     #[test]
