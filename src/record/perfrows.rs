@@ -109,9 +109,23 @@ fn read_rows_file(path: &Path) -> Result<Option<(String, usize)>> {
     }
 }
 
-/// Check before a long measurement that `path` can take rows: missing, or a JSON array.
+/// Check before a long measurement that `path` can take rows: a JSON array, or missing in
+/// a directory that exists.
 pub fn check_file(path: &Path) -> Result<()> {
-    read_rows_file(path).map(drop)
+    if read_rows_file(path)?.is_none() {
+        let dir = match path.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d,
+            _ => Path::new("."),
+        };
+        if !dir.is_dir() {
+            bail!(
+                "cannot create {}: directory {} does not exist",
+                path.display(),
+                dir.display()
+            );
+        }
+    }
+    Ok(())
 }
 
 /// Append `rows` to the JSON array in `path`, creating it as `[rows]` when missing. The
@@ -220,6 +234,9 @@ mod tests {
             assert!(check_file(&path).is_err());
             assert_eq!(std::fs::read(&path).unwrap(), bad.as_bytes());
         }
+        // A new file needs its directory.
+        assert!(check_file(&dir.path().join("new.json")).is_ok());
+        assert!(check_file(&dir.path().join("absent").join("new.json")).is_err());
         // No temp file left behind beside it.
         let names: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
         assert_eq!(names.len(), 1);
