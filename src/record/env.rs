@@ -139,6 +139,11 @@ fn git(dir: &Path, args: &[&str]) -> Result<String, String> {
     Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
 }
 
+/// The commit this binary was built from, embedded at compile time by `build.rs`:
+/// `MXTUNE_GIT_SHA` when set, else `git rev-parse HEAD` (`-dirty` when tracked files had
+/// changes), else `unknown` (built without git). Holds on a machine without git.
+pub const BUILD_COMMIT: &str = env!("MXTUNE_BUILD_COMMIT");
+
 /// The git commit mxtune was built from: `MXTUNE_GIT_SHA` at build time (CI sets it), else
 /// the commit of the checkout the running executable was built in (`target/…/mxtune`),
 /// marked `-dirty` when that tree has uncommitted changes. `None` for an installed binary.

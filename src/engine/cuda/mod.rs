@@ -12,6 +12,7 @@ pub mod ops;
 pub mod profile;
 pub mod quant;
 pub mod reference;
+pub mod roofline;
 pub mod selftest;
 pub mod synthetic;
 pub mod weights;

@@ -8,6 +8,7 @@ use cudarc::driver::{CudaEvent, CudaGraph, CudaSlice};
 
 use super::device::Gpu;
 use super::ops::{self, AttnScratch, AttnShape, MoeShape, MoeWeights, Norm};
+use super::roofline::StepGroup;
 use super::weights::{DeviceWeights, Layer};
 use crate::engine::config::ModelConfig;
 
@@ -201,6 +202,16 @@ pub enum Fp4Layers {
 }
 
 impl Fp4Layers {
+    /// The layout's name in perf rows (`--json-out`): the checkpoint as `released`, or which
+    /// dense layers are MXFP4 beside the experts.
+    pub fn layout_name(self) -> &'static str {
+        match self {
+            Fp4Layers::Moe => "released",
+            Fp4Layers::MoeQkvO => "mxfp4-qkv-o",
+            Fp4Layers::All => "all-mxfp4",
+        }
+    }
+
     /// Value of the `kernel-path mxfp4_layers=` line (the `--mxfp4-layers` spelling).
     pub fn report(self) -> &'static str {
         match self {
@@ -273,7 +284,11 @@ struct RowBufs {
     q: CudaSlice<f32>,
     attn: CudaSlice<f32>,
     r_logits: CudaSlice<f32>,
+    /// Routed expert indices, one [rows, k] slice per layer: each layer keeps its own, so a
+    /// step's routing can be read back after it (the profile counts the distinct experts).
     r_idx: CudaSlice<i32>,
+    /// Elements of one layer's slice of `r_idx` (rows · k).
+    idx_stride: usize,
     r_w: CudaSlice<f32>,
     act: CudaSlice<f32>,
     /// Each routed expert's weighted output [rows, k, H] before the slots are summed.
@@ -301,12 +316,18 @@ impl RowBufs {
             q: g.alloc(rows * hq * d)?,
             attn: g.alloc(rows * hq * d)?,
             r_logits: g.alloc(rows * e)?,
-            r_idx: g.alloc(rows * k)?,
+            r_idx: g.alloc(c.num_hidden_layers * rows * k)?,
+            idx_stride: rows * k,
             r_w: g.alloc(rows * k)?,
             act: g.alloc(rows * k * c.intermediate_size)?,
             part: g.alloc(rows * k * hid)?,
             topk_ctr: g.alloc(ops::topk_counters(rows))?,
         })
+    }
+
+    /// Device address of layer `li`'s routed expert indices.
+    fn idx_ptr(&self, g: &Gpu, li: usize) -> u64 {
+        g.ptr(&self.r_idx) + (li * self.idx_stride * std::mem::size_of::<i32>()) as u64
     }
 
     /// Copy the first rows' token ids, positions and KV offsets to the device.
@@ -678,10 +699,10 @@ impl Decoder {
         )
     }
 
-    /// Where the fused router writes each row's experts and weights.
-    fn topk(&self, g: &Gpu, r: &RowBufs) -> ops::TopK {
+    /// Where the fused router of layer `li` writes each row's experts and weights.
+    fn topk(&self, g: &Gpu, r: &RowBufs, li: usize) -> ops::TopK {
         ops::TopK {
-            idx: g.ptr(&r.r_idx),
+            idx: r.idx_ptr(g, li),
             w: g.ptr(&r.r_w),
             k: self.cfg.num_experts_per_tok,
             counter: g.ptr(&r.topk_ctr),
@@ -706,7 +727,7 @@ impl Decoder {
         let mut mark = |label: &'static str| mark_event(g, marks.as_deref_mut(), label);
         mark("start")?;
         ops::embed(g, g.ptr(&self.w.embed), g.ptr(&r.tokens), p(&r.x), hid, n)?;
-        mark("embed_gather")?;
+        mark(StepGroup::Embed.label(false))?;
         let scratch = AttnScratch {
             m: p(&self.sc_m),
             l: p(&self.sc_l),
@@ -734,13 +755,9 @@ impl Decoder {
                 false,
                 Some(attn_norm),
             )?;
-            mark(if qkv_w.is_mxfp4() {
-                "rmsnorm+gemv_mxfp4 qkv"
-            } else {
-                "rmsnorm+gemv qkv"
-            })?;
+            mark(StepGroup::Qkv.label(qkv_w.is_mxfp4()))?;
             self.rope_kv(g, &sh, &l, r, n)?;
-            mark("rope_kv_write")?;
+            mark(StepGroup::RopeKv.label(false))?;
             let keys = if l.window > 0 {
                 l.window.min(full_keys)
             } else {
@@ -768,7 +785,7 @@ impl Decoder {
                 min_split,
                 sh.scale,
             )?;
-            mark("attention")?;
+            mark(StepGroup::Attention.label(false))?;
             let o_w = lw.o_w.dev(g);
             ops::dense_gemv(
                 g,
@@ -783,11 +800,7 @@ impl Decoder {
                 true,
                 None,
             )?;
-            mark(if o_w.is_mxfp4() {
-                "gemv_mxfp4 o (+residual)"
-            } else {
-                "gemv o (+residual)"
-            })?;
+            mark(StepGroup::O.label(o_w.is_mxfp4()))?;
             let mlp_norm = Norm {
                 w: g.ptr(&lw.mlp_norm),
                 eps: sh.eps,
@@ -803,10 +816,10 @@ impl Decoder {
                 hid,
                 n,
                 Some(mlp_norm),
-                self.topk(g, r),
+                self.topk(g, r, li),
             )?;
-            mark("rmsnorm+gemv router+topk")?;
-            let (idx, act) = (g.ptr(&r.r_idx), p(&r.act));
+            mark(StepGroup::Router.label(false))?;
+            let (idx, act) = (r.idx_ptr(g, li), p(&r.act));
             let fmt = self.opts.activation;
             let experts = c.num_local_experts;
             if self.moe_tc {
@@ -814,21 +827,17 @@ impl Decoder {
             } else {
                 ops::moe_gate_up(g, &l.moe, sh.moe, fmt, p(&r.h), idx, act, n)?;
             }
-            mark("moe gate_up+swiglu")?;
+            mark(StepGroup::MoeGateUp.label(false))?;
             let (wts, part, x) = (p(&r.r_w), p(&r.part), p(&r.x));
             if self.moe_tc {
                 ops::moe_down_tc(g, &l.moe, sh.moe, experts, idx, wts, act, part, x, n, true)?;
             } else {
                 ops::moe_down(g, &l.moe, sh.moe, fmt, idx, wts, act, part, x, n, true)?;
             }
-            mark("moe down (+residual)")?;
+            mark(StepGroup::MoeDown.label(false))?;
         }
         self.head(g, n)?;
-        mark(if self.w.lm_head.dev(g).is_mxfp4() {
-            "rmsnorm+gemv_mxfp4 lm_head, argmax"
-        } else {
-            "rmsnorm+gemv lm_head, argmax"
-        })?;
+        mark(StepGroup::Head.label(self.w.lm_head.is_mxfp4()))?;
         Ok(())
     }
 
@@ -1076,7 +1085,7 @@ impl Decoder {
                 hid,
                 n,
                 None,
-                self.topk(g, r),
+                self.topk(g, r, li),
             )?;
             mark("gemv router+topk (fp32)")?;
             ops::moe_grouped(
@@ -1086,7 +1095,7 @@ impl Decoder {
                 self.opts.tile,
                 c.num_local_experts,
                 p(&r.h),
-                g.ptr(&r.r_idx),
+                r.idx_ptr(g, li),
                 p(&r.r_w),
                 &groups,
                 p(&r.act),
@@ -1169,6 +1178,41 @@ impl Decoder {
             .map_err(|e| anyhow::anyhow!("copying logits: {:?}", e.0))
     }
 
+    /// The experts the router picked for the first `n` rows of the last step run by
+    /// [`Decoder::run`] or [`Decoder::run_profiled`] (not a prefill, which routes in its own
+    /// buffers): per layer, the [n, k] indices row by row.
+    pub fn routed_experts(&self, g: &Gpu, n: usize) -> Result<Vec<Vec<u32>>> {
+        ensure!(
+            n <= self.max_batch,
+            "{n} rows beyond the batch ({})",
+            self.max_batch
+        );
+        let all = g
+            .stream()
+            .clone_dtoh(&self.rows.r_idx)
+            .map_err(|e| anyhow::anyhow!("copying routed expert indices: {:?}", e.0))?;
+        let (k, experts) = (self.cfg.num_experts_per_tok, self.cfg.num_local_experts);
+        all.chunks(self.rows.idx_stride)
+            .enumerate()
+            .map(|(li, layer)| {
+                layer[..n * k]
+                    .iter()
+                    .map(|&e| {
+                        u32::try_from(e)
+                            .ok()
+                            .filter(|&e| (e as usize) < experts)
+                            .ok_or_else(|| {
+                                anyhow::anyhow!(
+                                    "layer {li}: the router wrote expert index {e}, not one of \
+                                     the {experts} experts"
+                                )
+                            })
+                    })
+                    .collect()
+            })
+            .collect()
+    }
+
     /// Greedy token ids of the first `n` rows of the last step.
     pub fn sampled(&self, g: &Gpu, n: usize) -> Result<Vec<u32>> {
         g.stream()
@@ -1247,6 +1291,15 @@ mod tests {
         // The tile list bound shrinks with the taller tile but always covers one per expert.
         assert_eq!(ops::moe_max_tiles(300, 4, MoeTile::T64x128), 5 + 4);
         assert_eq!(ops::moe_max_tiles(300, 4, MoeTile::T128x128), 3 + 4);
+    }
+
+    #[test]
+    fn mxfp4_layer_sets_name_their_layouts() {
+        let names: Vec<_> = [Fp4Layers::Moe, Fp4Layers::MoeQkvO, Fp4Layers::All]
+            .iter()
+            .map(|f| f.layout_name())
+            .collect();
+        assert_eq!(names, ["released", "mxfp4-qkv-o", "all-mxfp4"]);
     }
 
     #[test]

@@ -1,7 +1,9 @@
 //! `mxtune engine profile`: one decode step of a synthetic model on the GPU, measured as
 //! METHOD.md asks — bytes counted first, GPU time from events, the read-bandwidth roofline
-//! measured in the same run.
+//! measured in the same run. The bytes are those of the step the batch really ran
+//! (`roofline::decode_step_bytes`: the experts its rows routed to, each row's K/V).
 
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -12,12 +14,14 @@ use super::device::Gpu;
 use super::model::{
     ATTN_MIN_SPLIT, DecodeGemv, DecodeOptions, Decoder, Fp4Layers, KvDtype, Profile,
 };
+use super::roofline::{self, StepBytes, StepGroup};
 use super::{ops, weights};
 use crate::engine::backend::{ModelBackend, RowSample, SeqId, SeqStep};
 use crate::engine::config::ModelConfig;
 use crate::engine::sampling::{Sampler, SamplingParams};
 use crate::engine::serve::{self, Activation, Mxfp4Layers, OnOff, Tile};
 use crate::engine::synthetic;
+use crate::record::perfrows::{self, PerfKind, PerfRow};
 
 /// Arguments of `mxtune engine profile`.
 #[derive(Debug, Clone, clap::Args)]
@@ -63,6 +67,11 @@ pub struct ProfileArgs {
     /// CUDA device ordinal.
     #[arg(long, default_value_t = 0)]
     pub gpu: usize,
+    /// Append this run's figures to a JSON array file (the schema of docs/perf/h100.json):
+    /// a decode row (graphs on), and a prefill row with `--prefill`. Created when missing;
+    /// a file that is not a JSON array is refused before the run, untouched.
+    #[arg(long, value_name = "FILE")]
+    pub json_out: Option<PathBuf>,
 }
 
 /// The `--kv-dtype` value (checked by clap: bf16, f32 or fp8).
@@ -212,6 +221,9 @@ pub fn run(args: &ProfileArgs) -> Result<()> {
     );
     // Checked before the GPU is opened and the weights generated.
     let max_pos = cache_positions(args)?;
+    if let Some(path) = &args.json_out {
+        perfrows::check_file(path)?;
+    }
     let sinks = args.sinks == OnOff::On;
     let t_open = Instant::now();
     let g = Arc::new(Gpu::open(args.gpu)?);
@@ -270,7 +282,8 @@ pub fn run(args: &ProfileArgs) -> Result<()> {
     let per_tok = bytes_per_token_fp4(&cfg, args.depth, dec.options().kv_dtype.size(), fp4_layers);
     println!(
         "model {}: {} layers, {} experts; mxfp4 layers {} (dense projections + lm_head held: \
-         {:.3} GB); batch {b}, depth {}; activation {}; bytes/token (batch 1, counted): {:.3} GB",
+         {:.3} GB); batch {b}, depth {}; activation {}; bytes/token at batch 1 (counted): \
+         {:.3} GB",
         args.synthetic,
         cfg.num_hidden_layers,
         cfg.num_local_experts,
@@ -288,11 +301,18 @@ pub fn run(args: &ProfileArgs) -> Result<()> {
     for _ in 0..5 {
         dec.run_profiled(&g, b, args.depth + 1, &mut prof)?;
     }
+    let prof_bytes = last_step_bytes(&g, dec, &vec![args.depth; b])?;
     print_profile(
         &prof,
         5.0,
-        "per-kernel GPU time of one decode step (mean of 5 profiled steps)",
+        &format!(
+            "per-kernel GPU time of one decode step (mean of 5 profiled steps), bytes counted \
+             for its batch of {b}"
+        ),
+        Some((&prof_bytes, bw)),
     );
+    // (graphs, median ms, mean ms, std ms, median host wall ms) of the timed steps.
+    let mut timed = Vec::new();
     for graphs in [false, true] {
         let (mut times, mut walls) = (Vec::new(), Vec::new());
         for rep in 0..3 + args.steps {
@@ -312,12 +332,32 @@ pub fn run(args: &ProfileArgs) -> Result<()> {
         let mean = times.iter().sum::<f64>() / times.len() as f64;
         let sd =
             (times.iter().map(|t| (t - mean).powi(2)).sum::<f64>() / times.len() as f64).sqrt();
-        let med = median(times.clone());
+        timed.push((graphs, median(times), mean, sd, median(walls)));
+    }
+    // The last timed step (graphs on) is the one counted: its rows' positions, its routing.
+    let last = args.depth + 2 + args.steps;
+    let step = last_step_bytes(&g, dec, &vec![last; b])?;
+    println!(
+        "counted bytes of the last timed step (batch {b}, each row at position {last}): {:.3} GB \
+         = dense weights {:.3} + experts {:.3} ({} distinct (layer, expert) pairs of {} routed; \
+         the model has {}) + KV {:.3}",
+        step.total() as f64 / 1e9,
+        (step.total() - step.experts() - step.kv()) as f64 / 1e9,
+        step.experts() as f64 / 1e9,
+        step.distinct_experts(),
+        cfg.num_hidden_layers * b * cfg.num_experts_per_tok,
+        cfg.num_hidden_layers * cfg.num_local_experts,
+        step.kv() as f64 / 1e9
+    );
+    let bytes = step.total() as f64;
+    let mut decode_row = None;
+    for &(graphs, med, mean, sd, wall) in &timed {
         let tps = b as f64 / (med * 1e-3);
-        let achieved = per_tok as f64 / (med * 1e-3) / 1e9;
+        let achieved = bytes / (med * 1e-3) / 1e9;
+        let pct = 100.0 * achieved / bw;
         println!(
             "decode step, graphs {}: median {:.3} ms (mean {:.3} ± {:.3}, n={}) -> {:.1} tok/s; \
-             batch-1 bytes at {:.0} GB/s = {:.1}% of the measured read roofline ({:.1} tok/s)",
+             counted bytes at {:.0} GB/s = {:.1}% of the measured read roofline ({:.1} tok/s)",
             if graphs { "on " } else { "off" },
             med,
             mean,
@@ -325,20 +365,60 @@ pub fn run(args: &ProfileArgs) -> Result<()> {
             args.steps,
             tps,
             achieved,
-            100.0 * achieved / bw,
-            bw * 1e9 / per_tok as f64
+            pct,
+            b as f64 * bw * 1e9 / bytes
         );
-        println!(
-            "  host wall per step (inputs, launch, sync): median {:.3} ms",
-            median(walls)
-        );
+        println!("  host wall per step (inputs, launch, sync): median {wall:.3} ms");
+        if graphs {
+            decode_row = Some(PerfRow::now(
+                &args.synthetic,
+                fp4_layers.layout_name(),
+                PerfKind::Decode,
+                b,
+                args.depth,
+                tps,
+                Some(pct),
+                bw,
+            ));
+        }
     }
     let sampled = dec.sampled(&g, b)?;
     println!("last sampled ids: {sampled:?}");
+    let mut rows: Vec<PerfRow> = decode_row.into_iter().collect();
     if args.prefill > 0 {
-        profile_prefill(&g, dec, &cfg, args.depth, args.prefill)?;
+        let med = profile_prefill(&g, dec, &cfg, args.depth, args.prefill)?;
+        // A prefill is compute-bound: no bandwidth roofline share.
+        rows.push(PerfRow::now(
+            &args.synthetic,
+            fp4_layers.layout_name(),
+            PerfKind::Prefill,
+            1,
+            args.depth,
+            args.prefill as f64 / (med * 1e-3),
+            None,
+            bw,
+        ));
     }
-    profile_served(&mut be, args.steps, b)
+    profile_served(&mut be, args.steps, b)?;
+    if let Some(path) = &args.json_out {
+        perfrows::append(path, &rows)?;
+        println!("appended {} row(s) to {}", rows.len(), path.display());
+    }
+    Ok(())
+}
+
+/// The bytes of the step `dec` ran last, its rows at `depths`: the experts it routed to,
+/// read back from the device and counted per layer.
+fn last_step_bytes(g: &Gpu, dec: &Decoder, depths: &[usize]) -> Result<StepBytes> {
+    let routed = dec.routed_experts(g, depths.len())?;
+    let o = dec.options();
+    roofline::decode_step_bytes(
+        dec.config(),
+        o.fp4_layers,
+        o.kv_dtype.size(),
+        depths,
+        &roofline::distinct_experts(&routed),
+    )
 }
 
 /// Time the step the server runs per decoded token: `forward_sampled` (inputs, the graph,
@@ -405,33 +485,89 @@ fn profile_served(be: &mut CudaBackend, steps: usize, batch: usize) -> Result<()
 }
 
 /// Print per-kernel-group times (summed over `reps` profiled runs) as a table.
-fn print_profile(prof: &Profile, reps: f64, title: &str) {
-    let total: f64 = prof.rows.iter().map(|r| r.1).sum::<f64>() / reps;
-    println!("{title}:");
-    println!(
-        "  {:<30} {:>10} {:>9} {:>7}",
-        "kernel", "ms", "launches", "share"
-    );
-    for (l, ms, n) in &prof.rows {
-        println!(
-            "  {:<30} {:>10.4} {:>9} {:>6.1}%",
-            l,
-            ms / reps,
-            *n as f64 / reps,
-            100.0 * ms / reps / total
-        );
-    }
-    println!("  {:<30} {:>10.4}", "sum", total);
+fn print_profile(prof: &Profile, reps: f64, title: &str, bytes: Option<(&StepBytes, f64)>) {
+    print!("{}", profile_table(prof, reps, title, bytes));
 }
 
-/// Time a prefill of `n` prompt tokens in KV slot 0 after `depth` cached positions.
+/// Groups reading less than this share of the step's counted bytes show no rate: their
+/// time is launch and latency, not bandwidth.
+const NEGLIGIBLE_SHARE: f64 = 1e-3;
+
+/// The per-kernel table: per group ms/step, launches and share of the time; with `bytes`
+/// (the step's counted bytes and the measured read bandwidth in GB/s) also the bytes the
+/// group must read, the rate that time gives them and its share of the bandwidth.
+fn profile_table(
+    prof: &Profile,
+    reps: f64,
+    title: &str,
+    bytes: Option<(&StepBytes, f64)>,
+) -> String {
+    use std::fmt::Write;
+    let total_ms: f64 = prof.rows.iter().map(|r| r.1).sum::<f64>() / reps;
+    let mut out = format!("{title}:\n");
+    // Formats the byte columns of `b` bytes read in `ms`; dashes where the rate means nothing.
+    let rate = |b: Option<u64>, ms: f64| -> String {
+        let Some((step, bw)) = bytes else {
+            return String::new();
+        };
+        let b = b.unwrap_or(0);
+        let mb = if b == 0 {
+            "-".to_string()
+        } else {
+            format!("{:.3}", b as f64 / 1e6)
+        };
+        if (b as f64) < NEGLIGIBLE_SHARE * step.total() as f64 || ms <= 0.0 {
+            return format!(" {mb:>11} {:>8} {:>8}", "-", "-");
+        }
+        let gbs = b as f64 / (ms * 1e-3) / 1e9;
+        format!(" {mb:>11} {gbs:>8.0} {:>7.1}%", 100.0 * gbs / bw)
+    };
+    let head = if bytes.is_some() {
+        format!(" {:>11} {:>8} {:>8}", "MB read", "GB/s", "% of BW")
+    } else {
+        String::new()
+    };
+    let _ = writeln!(
+        out,
+        "  {:<36} {:>9} {:>8} {:>7}{head}",
+        "kernel", "ms/step", "launches", "share"
+    );
+    for (l, ms, n) in &prof.rows {
+        let ms = ms / reps;
+        let group = StepGroup::from_label(l);
+        let b = bytes.and_then(|(s, _)| group.map(|g| s.group(g)));
+        let _ = writeln!(
+            out,
+            "  {:<36} {:>9.4} {:>8} {:>6.1}%{}",
+            l,
+            ms,
+            *n as f64 / reps,
+            100.0 * ms / total_ms,
+            rate(b, ms)
+        );
+    }
+    let all = bytes.map(|(s, _)| s.total());
+    let _ = writeln!(
+        out,
+        "  {:<36} {:>9.4} {:>8} {:>7}{}",
+        "sum",
+        total_ms,
+        "",
+        "",
+        rate(all, total_ms)
+    );
+    out
+}
+
+/// Time a prefill of `n` prompt tokens in KV slot 0 after `depth` cached positions; its
+/// median GPU time in ms.
 fn profile_prefill(
     g: &Gpu,
     dec: &mut Decoder,
     cfg: &ModelConfig,
     depth: usize,
     n: usize,
-) -> Result<()> {
+) -> Result<f64> {
     let toks: Vec<u32> = (0..n)
         .map(|i| (synthetic_token(i) % cfg.vocab_size as u64) as u32)
         .collect();
@@ -456,6 +592,7 @@ fn profile_prefill(
         &prof,
         1.0,
         &format!("per-kernel GPU time of one {n}-token prefill"),
+        None,
     );
     let med = median(times.clone());
     println!(
@@ -468,7 +605,7 @@ fn profile_prefill(
         flops / (med * 1e-3) / 1e12,
         flops / 1e12
     );
-    Ok(())
+    Ok(med)
 }
 
 /// A spread of token ids for the profiled prompt.
@@ -505,6 +642,71 @@ mod tests {
         assert_eq!(serve::moe_tile(a.tile), MoeTile::T64x128);
         assert!(parse(&["--kv-dtype", "fp16"]).is_err());
         assert!(parse(&["--tile", "32x32"]).is_err());
+    }
+
+    /// A profile of one 120b step with made-up times, one row per group.
+    fn fake_profile(fp4: bool) -> Profile {
+        let rows = StepGroup::ALL
+            .iter()
+            .enumerate()
+            .map(|(i, g)| (g.label(fp4), 0.1 * (i + 1) as f64, 36))
+            .collect();
+        Profile { rows }
+    }
+
+    #[test]
+    fn the_kernel_table_gives_each_group_its_bytes_and_rate() {
+        let c = synthetic::config("gpt-oss-120b").unwrap();
+        let step = roofline::decode_step_bytes(&c, Fp4Layers::Moe, 2, &[0; 4], &[10; 36]).unwrap();
+        let t = profile_table(&fake_profile(false), 1.0, "title", Some((&step, 3000.0)));
+        let lines: Vec<&str> = t.lines().collect();
+        assert_eq!(lines[0], "title:");
+        // Header, 9 groups, sum: every line as wide as the header.
+        assert_eq!(lines.len(), 12, "{t}");
+        let width = lines[1].chars().count();
+        assert!(lines[1..].iter().all(|l| l.chars().count() == width), "{t}");
+        let row = |label: &str| {
+            lines
+                .iter()
+                .find(|l| l.trim_start().starts_with(label))
+                .unwrap()
+                .split_whitespace()
+                .rev()
+                .take(3)
+                .collect::<Vec<_>>()
+        };
+        // qkv: 36 layers of bf16 weights in 0.2 ms.
+        let qkv = step.group(StepGroup::Qkv) as f64;
+        let gbs = qkv / 0.2e-3 / 1e9;
+        assert_eq!(
+            row("rmsnorm+gemv qkv"),
+            [
+                format!("{:.1}%", 100.0 * gbs / 3000.0),
+                format!("{gbs:.0}"),
+                format!("{:.3}", qkv / 1e6)
+            ]
+        );
+        // Nothing to read (rope) or next to nothing (the embedding rows, attention at depth
+        // 0): no rate.
+        assert_eq!(row("rope_kv_write"), ["-", "-", "-"]);
+        assert_eq!(row("embed_gather")[..2], ["-", "-"]);
+        assert_eq!(row("attention")[..2], ["-", "-"]);
+        let sum = row("sum");
+        assert_eq!(sum[2], format!("{:.3}", step.total() as f64 / 1e6));
+        // Without bytes (the prefill's table) only the times.
+        let t = profile_table(&fake_profile(true), 1.0, "prefill", None);
+        assert!(t.contains("rmsnorm+gemv_mxfp4 qkv"));
+        assert!(!t.contains("GB/s"));
+    }
+
+    #[test]
+    fn json_out_takes_a_file() {
+        let a = parse(&["--json-out", "docs/perf/h100.json"]).unwrap();
+        assert_eq!(
+            a.json_out.as_deref(),
+            Some(std::path::Path::new("docs/perf/h100.json"))
+        );
+        assert!(parse(&[]).unwrap().json_out.is_none());
     }
 
     #[test]

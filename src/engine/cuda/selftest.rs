@@ -2149,6 +2149,82 @@ pub const E2E_FP8_LOGIT_BOUND: f64 = 0.15;
 /// Share of greedy choices an fp8 KV cache must agree on (see [`E2E_FP8_LOGIT_BOUND`]).
 pub const E2E_FP8_GREEDY_AGREEMENT: f64 = 0.6;
 
+/// The decode step keeps each layer's routing in its own slice (`Decoder::routed_experts`,
+/// which `engine profile` counts distinct experts from): on the tiny synthetic model, two rows
+/// with the same token at position 0 route alike in every layer, each row's k experts are
+/// distinct (an unwritten slice would read back zeros), the layers do not all route alike (a
+/// shared slice would), and the captured graph routes as the plain step does.
+fn check_routed_experts(g: &std::sync::Arc<Gpu>, seed: u64) -> Result<Vec<Check>> {
+    use super::backend::CudaBackend;
+    use super::model::DecodeOptions;
+
+    let cfg = crate::engine::synthetic::config("tiny")?;
+    let dw = super::weights::synthetic_device(g, &cfg, seed)?;
+    let mut be = CudaBackend::new(
+        g.clone(),
+        &cfg,
+        dw,
+        DecodeOptions::default(),
+        4,
+        64,
+        4,
+        true,
+    )?;
+    let dec = be.decoder_mut();
+    let mut s = Seeds(seed ^ 0x726f_7574);
+    let vocab = cfg.vocab_size as u64;
+    let (a, b, c) = (s.next() % vocab, s.next() % vocab, s.next() % vocab);
+    let toks = [a as u32, a as u32, b as u32, c as u32];
+    let (n, k) = (toks.len(), cfg.num_experts_per_tok);
+    let mut routed = Vec::new();
+    for graph in [false, true] {
+        dec.set_inputs(g, &toks, &[0; 4], &[0, 1, 2, 3])?;
+        dec.run(g, n, 1, graph)?;
+        routed.push(dec.routed_experts(g, n)?);
+    }
+    let plain = &routed[0];
+    let row = |layer: &[u32], r: usize| layer[r * k..(r + 1) * k].to_vec();
+    let (mut repeats, mut twins_apart) = (0, 0);
+    for layer in plain {
+        for r in 0..n {
+            let mut e = row(layer, r);
+            e.sort_unstable();
+            e.dedup();
+            repeats += usize::from(e.len() != k);
+        }
+        twins_apart += usize::from(row(layer, 0) != row(layer, 1));
+    }
+    let layers_alike = plain.windows(2).all(|w| w[0] == w[1]);
+    let graph_apart = plain.iter().zip(&routed[1]).filter(|(p, q)| p != q).count();
+    Ok(vec![
+        check(
+            "routed experts: layers read back, missing",
+            cfg.num_hidden_layers.abs_diff(plain.len()) as f64,
+            0.0,
+        ),
+        check(
+            "routed experts: rows with a repeated expert",
+            repeats as f64,
+            0.0,
+        ),
+        check(
+            "routed experts: layers where equal rows differ",
+            twins_apart as f64,
+            0.0,
+        ),
+        check(
+            "routed experts: all layers alike (one shared slice)",
+            f64::from(u8::from(layers_alike)),
+            0.0,
+        ),
+        check(
+            "routed experts: layers where the graph differs",
+            graph_apart as f64,
+            0.0,
+        ),
+    ])
+}
+
 /// End to end through `CudaBackend` against engine-core's `CpuBackend`: the tiny synthetic
 /// model (weights generated on the device vs built on the host from the same seed) for sinks
 /// on/off × CUDA graphs on/off with an fp32 KV cache (strict), then with the bf16 and fp8
@@ -2361,6 +2437,7 @@ pub fn run_model_checks(
     }
     res.extend(check_forward_sampled(g, seed, Fp4Layers::Moe)?);
     res.extend(check_forward_sampled(g, seed, Fp4Layers::All)?);
+    res.extend(check_routed_experts(g, seed)?);
     if let Some(dir) = fixtures {
         let mut models: Vec<_> = std::fs::read_dir(dir)
             .with_context(|| format!("reading fixture directory {}", dir.display()))?
