@@ -226,8 +226,11 @@ __device__ __forceinline__ float tcg_sum(float (*red)[16][8 * TN], int row, int 
 // Dense projections. grid = (ceil(rows / 16), ceil(tokens / (8 TN))), block = 32 * TCG_WARPS;
 // dynamic shared memory = tc_gemv_smem (ops.rs): min(tokens, 8 TN) staged rows of (cols +
 // TCG_XPAD) bf16, then the staging's squares. cols a multiple of E (16 bf16, 32 MXFP4).
+// The entry points load the first chunks (tcg_prefetch: immutable weights only) before
+// pdl_enter(), then run the body.
 template <class W, int TN>
-__device__ __forceinline__ void gemv_tc_body(const W wp, const bf16_t* __restrict__ bias,
+__device__ __forceinline__ void gemv_tc_body(const W wp, typename W::Raw (&cur)[2],
+                                             const bf16_t* __restrict__ bias,
                                              const float* __restrict__ x, float* __restrict__ y,
                                              int rows, int cols, int tokens, int accumulate,
                                              const bf16_t* __restrict__ norm_w, float eps,
@@ -238,9 +241,6 @@ __device__ __forceinline__ void gemv_tc_body(const W wp, const bf16_t* __restric
     const int r0 = blockIdx.x * 16 + ((threadIdx.x & 31) >> 2);
     const int t0 = blockIdx.y * 8 * TN, nt = min(8 * TN, tokens - t0);
     const int nchunks = (cols + 4 * W::E - 1) / (4 * W::E);
-    typename W::Raw cur[2];
-    tcg_prefetch(wp, r0, rows, nchunks, cur);
-    pdl_enter();
 
     const int stride = cols + TCG_XPAD;
     bf16_t* xs = reinterpret_cast<bf16_t*>(tcg_smem);
@@ -274,8 +274,12 @@ __device__ __forceinline__ void gemv_tc_body(const W wp, const bf16_t* __restric
          int accumulate, const bf16_t* __restrict__ norm_w, float eps,                         \
          float* __restrict__ x_out) {                                                          \
         const TcgBf16 wp{w, cols};                                                             \
-        gemv_tc_body<TcgBf16, TN>(wp, bias, x, y, rows, cols, tokens, accumulate, norm_w, eps, \
-                                  x_out);                                                      \
+        TcgBf16::Raw cur[2];                                                                   \
+        tcg_prefetch(wp, blockIdx.x * 16 + ((threadIdx.x & 31) >> 2), rows, (cols + 63) / 64,  \
+                     cur);                                                                     \
+        pdl_enter();                                                                           \
+        gemv_tc_body<TcgBf16, TN>(wp, cur, bias, x, y, rows, cols, tokens, accumulate, norm_w, \
+                                  eps, x_out);                                                 \
     }
 GEMV_TC_BF16(gemv_tc_bf16_t8, 1)
 GEMV_TC_BF16(gemv_tc_bf16_t16, 2)
@@ -287,8 +291,12 @@ GEMV_TC_BF16(gemv_tc_bf16_t16, 2)
          int rows, int cols, int tokens, int accumulate, const bf16_t* __restrict__ norm_w,    \
          float eps, float* __restrict__ x_out) {                                               \
         const TcgFp4 wp{blocks, scales, cols};                                                 \
-        gemv_tc_body<TcgFp4, TN>(wp, bias, x, y, rows, cols, tokens, accumulate, norm_w, eps,  \
-                                 x_out);                                                       \
+        TcgFp4::Raw cur[2];                                                                    \
+        tcg_prefetch(wp, blockIdx.x * 16 + ((threadIdx.x & 31) >> 2), rows, (cols + 127) / 128, \
+                     cur);                                                                     \
+        pdl_enter();                                                                           \
+        gemv_tc_body<TcgFp4, TN>(wp, cur, bias, x, y, rows, cols, tokens, accumulate, norm_w,  \
+                                 eps, x_out);                                                  \
     }
 GEMV_TC_FP4(gemv_tc_fp4_t8, 1)
 GEMV_TC_FP4(gemv_tc_fp4_t16, 2)
@@ -373,7 +381,6 @@ __device__ __forceinline__ void moe_gate_up_tc_body(const u8* __restrict__ block
     extern __shared__ __align__(16) unsigned char tcg_smem[];
     __shared__ float red[TCG_WARPS][16][8 * TN];
     __shared__ TcgGroup grp;
-    pdl_enter();
     if (!tcg_group(idx, tokens, k, grp)) return;
     const int rows = 2 * inter, nb = hidden >> 5;
     const TcgFp4 wp{blocks + (size_t)grp.e * rows * nb * 16, scales + (size_t)grp.e * rows * nb, hidden};
@@ -413,7 +420,6 @@ __device__ __forceinline__ void moe_down_tc_body(const u8* __restrict__ blocks,
     extern __shared__ __align__(16) unsigned char tcg_smem[];
     __shared__ float red[TCG_WARPS][16][8 * TN];
     __shared__ TcgGroup grp;
-    pdl_enter();
     if (!tcg_group(idx, tokens, k, grp)) return;
     const int nb = inter >> 5;
     const TcgFp4 wp{blocks + (size_t)grp.e * hidden * nb * 16, scales + (size_t)grp.e * hidden * nb, inter};
@@ -444,6 +450,7 @@ __device__ __forceinline__ void moe_down_tc_body(const u8* __restrict__ blocks,
          const bf16_t* __restrict__ bias, const float* __restrict__ x,                         \
          const int* __restrict__ idx, float* __restrict__ act, int inter, int hidden, int k,   \
          int tokens, float limit, float alpha) {                                               \
+        pdl_enter();                                                                           \
         moe_gate_up_tc_body<TN>(blocks, scales, bias, x, idx, act, inter, hidden, k, tokens,   \
                                 limit, alpha);                                                 \
     }
@@ -458,6 +465,7 @@ MOE_GATE_UP_TC(moe_gate_up_tc_t16, 2)
          const bf16_t* __restrict__ bias, const float* __restrict__ act,                       \
          const int* __restrict__ idx, const float* __restrict__ wts, float* __restrict__ part, \
          int hidden, int inter, int k, int tokens) {                                           \
+        pdl_enter();                                                                           \
         moe_down_tc_body<TN>(blocks, scales, bias, act, idx, wts, part, hidden, inter, k,      \
                              tokens);                                                          \
     }

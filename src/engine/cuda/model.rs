@@ -148,33 +148,37 @@ pub struct DecodeOptions {
     /// attention projections (and the lm_head) are quantized on the device when the
     /// [`Decoder`] is built.
     pub fp4_layers: Fp4Layers,
-    /// Decode GEMVs of the dense projections (qkv, o, lm_head) and, with bf16 activations,
-    /// of the MoE.
+    /// Decode GEMVs of the dense projections (qkv, o, lm_head) and of the MoE.
     pub gemv: DecodeGemv,
 }
 
-/// Environment variable choosing [`DecodeGemv`]: `tc` (the default) or `simt`, for A/B
-/// timing and as the fp32-activation reference path.
-pub const DENSE_GEMV_ENV: &str = "MXTUNE_GEMV";
+/// Environment variable choosing [`DecodeGemv`]: `tc` (the default), `tc-moe` or `simt`, for
+/// A/B timing and as the fp32-activation reference path.
+pub const DECODE_GEMV_ENV: &str = "MXTUNE_GEMV";
 
 /// The decode GEMVs of the dense projections and the MoE.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DecodeGemv {
-    /// Tensor cores (`gemv_tc.cu`): bf16 activations, each weight (each distinct expert) read
-    /// once per step for up to 16 rows. The MoE stays on CUDA cores with `--activation q8|fp8`.
+    /// Dense projections on tensor cores (`gemv_tc.cu`: bf16 activations, each weight read
+    /// once per step for up to 16 rows); the MoE on CUDA cores (`moe_gemv.cu`).
     TensorCore,
-    /// CUDA cores (`gemv_bf16.cu`, `gemv_mxfp4`, `moe_gemv.cu`): fp32 activations, 4 rows per
-    /// dense weight pass, each (row, expert) pair reading its expert.
+    /// The MoE on tensor cores too (each distinct expert of up to 16 rows read once, bf16
+    /// activations; with `--activation q8|fp8` the MoE stays on CUDA cores). Measured slower
+    /// than [`DecodeGemv::TensorCore`] on the H100 (docs/perf.md, run 32), so not the default.
+    TensorCoreMoe,
+    /// Everything on CUDA cores (`gemv_bf16.cu`, `gemv_mxfp4`, `moe_gemv.cu`): fp32
+    /// activations, 4 rows per dense weight pass, each (row, expert) pair reading its expert.
     Simt,
 }
 
 impl DecodeGemv {
-    /// From `$MXTUNE_GEMV` (unset: tensor cores).
+    /// From `$MXTUNE_GEMV` (unset: [`DecodeGemv::TensorCore`]).
     pub fn from_env() -> Result<Self> {
-        match std::env::var(DENSE_GEMV_ENV).as_deref() {
+        match std::env::var(DECODE_GEMV_ENV).as_deref() {
             Err(_) | Ok("") | Ok("tc") => Ok(Self::TensorCore),
+            Ok("tc-moe") => Ok(Self::TensorCoreMoe),
             Ok("simt") => Ok(Self::Simt),
-            Ok(v) => anyhow::bail!("{DENSE_GEMV_ENV}={v}: expected tc or simt"),
+            Ok(v) => anyhow::bail!("{DECODE_GEMV_ENV}={v}: expected tc, tc-moe or simt"),
         }
     }
 
@@ -182,8 +186,14 @@ impl DecodeGemv {
     pub fn name(self) -> &'static str {
         match self {
             Self::TensorCore => "tensor-core",
+            Self::TensorCoreMoe => "tensor-core (moe too)",
             Self::Simt => "simt",
         }
+    }
+
+    /// Whether the dense projections run on tensor cores.
+    pub fn dense_on_tensor_cores(self) -> bool {
+        self != Self::Simt
     }
 }
 
@@ -518,7 +528,7 @@ impl Decoder {
         let b = max_batch;
         let max_splits = attn_splits(max_pos, ATTN_MIN_SPLIT, ATTN_MAX_SPLITS);
         let chunks = v.div_ceil(ops::ARGMAX_CHUNK);
-        let moe_tc = opts.gemv == DecodeGemv::TensorCore
+        let moe_tc = opts.gemv == DecodeGemv::TensorCoreMoe
             && opts.activation == ActFormat::Bf16
             && ops::moe_tc_fits(g, moe_shape(cfg));
         Ok(Self {

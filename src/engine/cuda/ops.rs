@@ -1337,7 +1337,7 @@ pub fn dense_gemv(
     accumulate: bool,
     norm: Option<Norm>,
 ) -> Result<()> {
-    let tc = path == DecodeGemv::TensorCore;
+    let tc = path.dense_on_tensor_cores();
     match w {
         DenseW::Bf16(p) if tc && tc_gemv_fits(g, cols, 16, t) => {
             gemv_tc_bf16(g, p, bias, x, y, rows, cols, t, accumulate, norm)

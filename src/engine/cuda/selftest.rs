@@ -2342,20 +2342,24 @@ pub fn run_model_checks(
             );
             push(&mut res, &label, kv, moe, true, r);
         }
-        // The tensor-core dense GEMV on the otherwise exact path (GEMV MoE, fp32 cache): its
-        // activations are bf16, so it is held to the batched path's bounds.
-        {
+        // The tensor-core decode GEMVs (dense only, and the MoE too) on the otherwise exact
+        // path (GEMV MoE, fp32 cache): their activations are bf16, so they are held to the
+        // batched path's bounds.
+        for gemv in [DecodeGemv::TensorCore, DecodeGemv::TensorCoreMoe] {
             let dw = super::weights::synthetic_device(g, &cfg, seed)?;
             let opts = DecodeOptions {
                 sinks,
                 kv_dtype: KvDtype::F32,
                 moe: MoePath::Gemv,
-                gemv: DecodeGemv::TensorCore,
+                gemv,
                 ..DecodeOptions::default()
             };
             let mut be = CudaBackend::new(g.clone(), &cfg, dw, opts, 3, 64, 2, true)?;
             let r = compare_backends(&mut be, &mut cpu, seed)?;
-            let label = format!("tiny synthetic sinks={sinks} moe=gemv dense=tensor-core kv=f32");
+            let label = format!(
+                "tiny synthetic sinks={sinks} moe=gemv gemv={} kv=f32",
+                gemv.name()
+            );
             println!(
                 "info {label}: logits error vs cpu worst {:.3e}, median {:.3e}",
                 r.worst, r.median
