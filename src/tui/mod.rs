@@ -328,6 +328,7 @@ pub fn perform(app: &mut App, bg: &mut Background, effect: Effect) -> Option<Exi
                 .unwrap_or_default(),
             runs_dir: app.paths.runs_dir.clone(),
             startup_limit: app.launch.startup_limit,
+            attach_limit: app.launch.attach_limit,
         }),
         Effect::StopTarget => bg.stop(),
         Effect::StartBench(args) => bg.bench(*args),
