@@ -971,6 +971,130 @@ fn launch_shows_each_probe_answer_under_the_phase_line() {
     );
 }
 
+/// A `TestBackend` that keeps the screen after every frame: lets a test watch what the real
+/// event loop draws over time.
+struct Recording {
+    screen: TestBackend,
+    frames: Vec<String>,
+}
+
+impl ratatui::backend::Backend for Recording {
+    type Error = <TestBackend as ratatui::backend::Backend>::Error;
+
+    fn draw<'a, I>(&mut self, content: I) -> Result<(), Self::Error>
+    where
+        I: Iterator<Item = (u16, u16, &'a ratatui::buffer::Cell)>,
+    {
+        self.screen.draw(content)
+    }
+    fn hide_cursor(&mut self) -> Result<(), Self::Error> {
+        self.screen.hide_cursor()
+    }
+    fn show_cursor(&mut self) -> Result<(), Self::Error> {
+        self.screen.show_cursor()
+    }
+    fn get_cursor_position(&mut self) -> Result<ratatui::layout::Position, Self::Error> {
+        self.screen.get_cursor_position()
+    }
+    fn set_cursor_position<P: Into<ratatui::layout::Position>>(
+        &mut self,
+        position: P,
+    ) -> Result<(), Self::Error> {
+        self.screen.set_cursor_position(position)
+    }
+    fn clear(&mut self) -> Result<(), Self::Error> {
+        self.screen.clear()
+    }
+    fn clear_region(&mut self, clear_type: ratatui::backend::ClearType) -> Result<(), Self::Error> {
+        self.screen.clear_region(clear_type)
+    }
+    fn size(&self) -> Result<ratatui::layout::Size, Self::Error> {
+        self.screen.size()
+    }
+    fn window_size(&mut self) -> Result<ratatui::backend::WindowSize, Self::Error> {
+        self.screen.window_size()
+    }
+    fn flush(&mut self) -> Result<(), Self::Error> {
+        self.screen.flush()?;
+        self.frames.push(self.screen.to_string());
+        Ok(())
+    }
+}
+
+/// The `elapsed m:ss` a Launch screen shows.
+fn elapsed_shown(screen: &str) -> Option<String> {
+    let rest = &screen[screen.find("elapsed ")? + "elapsed ".len()..];
+    rest.split_whitespace().next().map(str::to_string)
+}
+
+#[test]
+fn the_clock_ticks_once_a_second_while_other_events_keep_coming() {
+    use std::time::{Duration, Instant};
+    let dir = tempfile::tempdir().unwrap();
+    let mut app = App::new(theme(), paths(dir.path()));
+    app.tab = Tab::Launch;
+    let now = Instant::now();
+    app.launch.state = TargetState::Starting(mxtune::launch::Phase::LoadingWeights);
+    app.launch.started_at = Some(now);
+    app.launch.watch_since = Some(now);
+    let (tx, rx) = std::sync::mpsc::channel();
+    let mut bg = Background::new(std::sync::mpsc::channel().0).unwrap();
+    // Monitor samples (and a probe answer now and then) every 0.9 s for 10.8 s: each one
+    // would restart a wait for a quiet channel. Hanging up ends the loop.
+    let feeder = std::thread::spawn(move || {
+        for i in 0..12 {
+            std::thread::sleep(Duration::from_millis(900));
+            let ev = if i % 3 == 2 {
+                Event::Launch(LaunchMsg::Event(mxtune::launch::LaunchEvent::Probe {
+                    answer: mxtune::launch::ProbeAnswer {
+                        request: "POST /v1/completions".into(),
+                        status: Some(503),
+                        message: "model is still loading".into(),
+                        at: chrono::Utc::now(),
+                    },
+                }))
+            } else {
+                Event::Sample(Box::new(sample(i, false)))
+            };
+            tx.send(ev).unwrap();
+        }
+    });
+    let mut terminal = Terminal::new(Recording {
+        screen: TestBackend::new(80, 24),
+        frames: Vec::new(),
+    })
+    .unwrap();
+    let exit = mxtune::tui::event_loop(&mut terminal, &mut app, &mut bg, &rx).unwrap();
+    feeder.join().unwrap();
+    assert_eq!(exit, Exit::Quit);
+
+    // The clock on screen moved on about once a second, forwards only.
+    let frames = &terminal.backend().frames;
+    let mut shown: Vec<String> = frames.iter().filter_map(|f| elapsed_shown(f)).collect();
+    shown.dedup();
+    let ticks = shown.len() - 1;
+    assert!(
+        (9..=11).contains(&ticks),
+        "{ticks} clock steps in 10.8 s: {shown:?}"
+    );
+    let seconds = |c: &str| {
+        let (m, s) = c.split_once(':').unwrap();
+        m.parse::<u64>().unwrap() * 60 + s.parse::<u64>().unwrap()
+    };
+    assert!(
+        shown.windows(2).all(|w| seconds(&w[0]) < seconds(&w[1])),
+        "{shown:?}"
+    );
+    // The probe's age moves with the same clock between answers.
+    assert!(
+        frames
+            .iter()
+            .any(|f| f.contains("503 model is still loading, 2 s ago")),
+        "{}",
+        frames.last().unwrap()
+    );
+}
+
 fn log_line(app: &mut App, line: &str) {
     app.launch
         .on_msg(LaunchMsg::Event(mxtune::launch::LaunchEvent::Log {
