@@ -2,6 +2,8 @@
 //! with the static test server standing in for `mxtune serve` (the engine binary is
 //! outside the unit under test).
 
+#[path = "support/loading_double.rs"]
+mod loading_double;
 mod support;
 
 use mxtune::launch::attach::AttachTarget;
@@ -189,6 +191,108 @@ async fn launch_attach_target_is_probed_and_never_stopped() {
     assert!(AttachTarget::attach("ftp://x", "", &o, mpsc::unbounded_channel().0).is_err());
     server.kill().unwrap();
     server.wait().unwrap();
+}
+
+#[tokio::test]
+async fn launch_attach_publishes_each_probe_answer_and_its_limit_fails_with_the_last() {
+    use loading_double::{LOADING_MESSAGE, loading_double};
+    let url = loading_double();
+    let dir = tempfile::tempdir().unwrap();
+    let mut o = opts("stuck", dir.path());
+    o.attach_limit = Duration::from_secs(2);
+    // The attach limit applies to an attach, not the one for targets mxtune starts.
+    o.startup_limit = Duration::from_secs(3600);
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let mut launch = AttachTarget::attach(&url, "", &o, tx).unwrap();
+    assert_eq!(launch.startup_limit(), Duration::from_secs(2));
+    let err = format!("{:#}", launch.wait_ready().await.unwrap_err());
+    let reason = format!("POST /v1/completions → 503 {LOADING_MESSAGE}");
+    assert!(
+        err.contains("not ready within the attach limit of 2 s") && err.contains(&reason),
+        "{err}"
+    );
+    assert!(mxtune::launch::fired_by_startup_limit(
+        err.split_once("failed: ").map(|(_, m)| m).unwrap_or("")
+    ));
+
+    // Each probe's answer was published as it came, in the server's own words.
+    let events = drain(&mut rx);
+    let probes: Vec<_> = events
+        .iter()
+        .filter_map(|e| match e {
+            LaunchEvent::Probe { answer } => Some(answer),
+            _ => None,
+        })
+        .collect();
+    assert!(probes.len() >= 2, "{events:?}");
+    for p in &probes {
+        assert_eq!(
+            (p.request.as_str(), p.status, p.message.as_str()),
+            ("POST /v1/completions", Some(503), LOADING_MESSAGE)
+        );
+    }
+    let failed = events
+        .iter()
+        .position(|e| matches!(e, LaunchEvent::Failed { .. }))
+        .expect("a failure event");
+    let first_probe = events
+        .iter()
+        .position(|e| matches!(e, LaunchEvent::Probe { .. }))
+        .unwrap();
+    assert!(
+        first_probe < failed,
+        "probes are news before the limit fires"
+    );
+    assert!(
+        !events.iter().any(
+            |e| matches!(e, LaunchEvent::Warning { message } if message.contains("no log line"))
+        ),
+        "an attached endpoint has no log to be quiet"
+    );
+
+    // The record's phases keep the last answer.
+    let observed = mxtune::launch::record::observed(&launch, None);
+    let last = observed.phases.last().and_then(|p| p.last_probe.clone());
+    assert_eq!(last.map(|p| p.to_string()), Some(reason));
+    launch.stop(Duration::from_secs(1), false).await.unwrap();
+
+    // No server at all: the probe's answer is the connection error.
+    let nobody = format!("http://127.0.0.1:{}", free_port());
+    let probe = ReadyProbe::new(&nobody, "", None, Duration::from_secs(5)).unwrap();
+    let answer = probe.check().await.unwrap_err();
+    assert_eq!(
+        (answer.request.as_str(), answer.status),
+        ("GET /health", None)
+    );
+    assert!(
+        answer.message.to_lowercase().contains("connect"),
+        "{answer}"
+    );
+}
+
+#[test]
+fn launch_cli_attach_prints_the_probe_answer_when_it_changes_and_fails_at_its_limit() {
+    use loading_double::{LOADING_MESSAGE, loading_double};
+    let url = loading_double();
+    let dir = tempfile::tempdir().unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_mxtune"))
+        .args(["launch", "--target", "attach", "--url", &url])
+        .args(["--attach-limit-s", "3", "--runs-dir"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    let line = format!("probe: POST /v1/completions → 503 {LOADING_MESSAGE}");
+    // Several probes gave the same answer: one line.
+    assert_eq!(stderr.lines().filter(|l| *l == line).count(), 1, "{stderr}");
+    assert!(
+        stderr.contains("not ready within the attach limit of 3 s")
+            && stderr.contains(&format!(
+                "last probe: POST /v1/completions → 503 {LOADING_MESSAGE}"
+            )),
+        "{stderr}"
+    );
 }
 
 #[test]

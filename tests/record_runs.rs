@@ -130,6 +130,12 @@ fn full_record(source_repo: &Path) -> RunRecord {
         phases: vec![Phase {
             name: "loading weights".into(),
             at: t0,
+            last_probe: Some(mxtune::launch::ProbeAnswer {
+                request: "POST /v1/completions".into(),
+                status: Some(503),
+                message: "model is still loading".into(),
+                at: t0,
+            }),
         }],
         warnings: vec!["Unknown vLLM environment variable: FLASHINFER_MOE_TILE".into()],
         log_file: Some("20260117T100000Z-cutlass.log".into()),

@@ -23,6 +23,9 @@ use std::sync::mpsc::Receiver;
 #[path = "support/vllm_double.rs"]
 mod vllm_double;
 
+#[path = "support/loading_double.rs"]
+mod loading_double;
+
 fn theme() -> Theme {
     Theme {
         color: false,
@@ -891,26 +894,205 @@ fn launch_watchdog_shows_the_limit_in_effect_and_fires() {
         "{screen}"
     );
 
-    // A target that never gets healthy, with a 1 s limit: the follower's limit is the one
-    // shown, it runs, then fires and fails the launch.
+    // Choosing attach shows the attach limit: an endpoint that already runs gets a short one.
     let url = never_ready_double();
-    app.launch.startup_limit = std::time::Duration::from_secs(1);
     attach_to(&mut app, &url);
+    let attach_s = mxtune::launch::DEFAULT_ATTACH_LIMIT.as_secs();
+    assert_eq!(
+        app.launch.watchdog(),
+        Watchdog::Waiting { limit_s: attach_s }
+    );
+    let screen = render(&app, 80, 24);
+    assert!(
+        screen.contains(&format!("limit {} from the next launch", clock(attach_s))),
+        "{screen}"
+    );
+
+    // A target that never gets healthy, with a 2 s limit: the follower's limit is the one
+    // shown, it runs, then fires and fails the launch.
+    app.launch.attach_limit = std::time::Duration::from_secs(2);
     key(&mut app, KeyCode::Char('l'));
     pump_until(&mut app, "followed", |a| a.launch.describe.is_some());
     assert!(
-        matches!(app.launch.watchdog(), Watchdog::Running { limit_s: 1, .. }),
+        matches!(app.launch.watchdog(), Watchdog::Running { limit_s: 2, .. }),
         "{:?}",
         app.launch.watchdog()
     );
-    assert!(render(&app, 80, 24).contains("/0:01"));
+    assert!(render(&app, 80, 24).contains("/0:02"));
     pump_until(&mut app, "failed", |a| {
         matches!(a.launch.state, TargetState::Failed(_))
     });
-    assert_eq!(app.launch.watchdog(), Watchdog::Fired { limit_s: 1 });
+    assert_eq!(app.launch.watchdog(), Watchdog::Fired { limit_s: 2 });
     let screen = render(&app, 160, 48);
-    assert!(screen.contains("FIRED: not ready within 0:01"), "{screen}");
-    assert!(screen.contains("start-up limit"), "{screen}");
+    assert!(screen.contains("FIRED: not ready within 0:02"), "{screen}");
+    assert!(screen.contains("attach limit of 2 s"), "{screen}");
+    // The reason stays on screen: the last probe's answer.
+    assert!(
+        screen.contains("last probe: GET /health → 503 loading"),
+        "{screen}"
+    );
+}
+
+#[test]
+fn launch_shows_each_probe_answer_under_the_phase_line() {
+    use loading_double::{LOADING_MESSAGE, loading_double};
+    let url = loading_double();
+    let dir = tempfile::tempdir().unwrap();
+    let mut app = started(dir.path(), theme());
+    attach_to(&mut app, &url);
+    key(&mut app, KeyCode::Char('l'));
+    // Before any answer the line says so.
+    assert!(render(&app, 100, 30).contains("probe: no answer yet"));
+    pump_until(&mut app, "a probe answer", |a| a.launch.probe.is_some());
+    let probe = app.launch.probe.clone().unwrap();
+    assert_eq!(
+        (probe.answer.status, probe.answer.message.as_str()),
+        (Some(503), LOADING_MESSAGE)
+    );
+    let screen = render(&app, 100, 30);
+    let lines: Vec<&str> = screen.lines().collect();
+    let phase = lines.iter().position(|l| l.contains("phase ")).unwrap();
+    assert!(
+        lines[phase + 1].contains(&format!(
+            "probe: POST /v1/completions → 503 {LOADING_MESSAGE}, 0 s ago"
+        )),
+        "the answer shows under the phase line:\n{screen}"
+    );
+    // The attach limit applies, not the 45 minutes of a container.
+    assert!(screen.contains("/1:00"), "{screen}");
+    key(&mut app, KeyCode::Char('x'));
+    key(&mut app, KeyCode::Char('y'));
+    pump_until(&mut app, "stopped", |a| {
+        matches!(a.launch.state, TargetState::Exited(_))
+    });
+    assert!(
+        !render(&app, 100, 30).contains("probe:"),
+        "no probe line once the target is gone"
+    );
+}
+
+/// A `TestBackend` that keeps the screen after every frame: lets a test watch what the real
+/// event loop draws over time.
+struct Recording {
+    screen: TestBackend,
+    frames: Vec<String>,
+}
+
+impl ratatui::backend::Backend for Recording {
+    type Error = <TestBackend as ratatui::backend::Backend>::Error;
+
+    fn draw<'a, I>(&mut self, content: I) -> Result<(), Self::Error>
+    where
+        I: Iterator<Item = (u16, u16, &'a ratatui::buffer::Cell)>,
+    {
+        self.screen.draw(content)
+    }
+    fn hide_cursor(&mut self) -> Result<(), Self::Error> {
+        self.screen.hide_cursor()
+    }
+    fn show_cursor(&mut self) -> Result<(), Self::Error> {
+        self.screen.show_cursor()
+    }
+    fn get_cursor_position(&mut self) -> Result<ratatui::layout::Position, Self::Error> {
+        self.screen.get_cursor_position()
+    }
+    fn set_cursor_position<P: Into<ratatui::layout::Position>>(
+        &mut self,
+        position: P,
+    ) -> Result<(), Self::Error> {
+        self.screen.set_cursor_position(position)
+    }
+    fn clear(&mut self) -> Result<(), Self::Error> {
+        self.screen.clear()
+    }
+    fn clear_region(&mut self, clear_type: ratatui::backend::ClearType) -> Result<(), Self::Error> {
+        self.screen.clear_region(clear_type)
+    }
+    fn size(&self) -> Result<ratatui::layout::Size, Self::Error> {
+        self.screen.size()
+    }
+    fn window_size(&mut self) -> Result<ratatui::backend::WindowSize, Self::Error> {
+        self.screen.window_size()
+    }
+    fn flush(&mut self) -> Result<(), Self::Error> {
+        self.screen.flush()?;
+        self.frames.push(self.screen.to_string());
+        Ok(())
+    }
+}
+
+/// The `elapsed m:ss` a Launch screen shows.
+fn elapsed_shown(screen: &str) -> Option<String> {
+    let rest = &screen[screen.find("elapsed ")? + "elapsed ".len()..];
+    rest.split_whitespace().next().map(str::to_string)
+}
+
+#[test]
+fn the_clock_ticks_once_a_second_while_other_events_keep_coming() {
+    use std::time::{Duration, Instant};
+    let dir = tempfile::tempdir().unwrap();
+    let mut app = App::new(theme(), paths(dir.path()));
+    app.tab = Tab::Launch;
+    let now = Instant::now();
+    app.launch.state = TargetState::Starting(mxtune::launch::Phase::LoadingWeights);
+    app.launch.started_at = Some(now);
+    app.launch.watch_since = Some(now);
+    let (tx, rx) = std::sync::mpsc::channel();
+    let mut bg = Background::new(std::sync::mpsc::channel().0).unwrap();
+    // Monitor samples (and a probe answer now and then) every 0.9 s for 10.8 s: each one
+    // would restart a wait for a quiet channel. Hanging up ends the loop.
+    let feeder = std::thread::spawn(move || {
+        for i in 0..12 {
+            std::thread::sleep(Duration::from_millis(900));
+            let ev = if i % 3 == 2 {
+                Event::Launch(LaunchMsg::Event(mxtune::launch::LaunchEvent::Probe {
+                    answer: mxtune::launch::ProbeAnswer {
+                        request: "POST /v1/completions".into(),
+                        status: Some(503),
+                        message: "model is still loading".into(),
+                        at: chrono::Utc::now(),
+                    },
+                }))
+            } else {
+                Event::Sample(Box::new(sample(i, false)))
+            };
+            tx.send(ev).unwrap();
+        }
+    });
+    let mut terminal = Terminal::new(Recording {
+        screen: TestBackend::new(80, 24),
+        frames: Vec::new(),
+    })
+    .unwrap();
+    let exit = mxtune::tui::event_loop(&mut terminal, &mut app, &mut bg, &rx).unwrap();
+    feeder.join().unwrap();
+    assert_eq!(exit, Exit::Quit);
+
+    // The clock on screen moved on about once a second, forwards only.
+    let frames = &terminal.backend().frames;
+    let mut shown: Vec<String> = frames.iter().filter_map(|f| elapsed_shown(f)).collect();
+    shown.dedup();
+    let ticks = shown.len() - 1;
+    assert!(
+        (9..=11).contains(&ticks),
+        "{ticks} clock steps in 10.8 s: {shown:?}"
+    );
+    let seconds = |c: &str| {
+        let (m, s) = c.split_once(':').unwrap();
+        m.parse::<u64>().unwrap() * 60 + s.parse::<u64>().unwrap()
+    };
+    assert!(
+        shown.windows(2).all(|w| seconds(&w[0]) < seconds(&w[1])),
+        "{shown:?}"
+    );
+    // The probe's age moves with the same clock between answers.
+    assert!(
+        frames
+            .iter()
+            .any(|f| f.contains("503 model is still loading, 2 s ago")),
+        "{}",
+        frames.last().unwrap()
+    );
 }
 
 fn log_line(app: &mut App, line: &str) {
@@ -948,7 +1130,7 @@ fn launch_attach_start_and_stop_with_confirmation() {
     assert_eq!(
         app.launch.watchdog(),
         mxtune::tui::screens::launch::Watchdog::Passed {
-            limit_s: mxtune::launch::DEFAULT_STARTUP_LIMIT.as_secs()
+            limit_s: mxtune::launch::DEFAULT_ATTACH_LIMIT.as_secs()
         }
     );
 
@@ -1127,6 +1309,16 @@ fn snapshots_launch() {
     app.launch.watch_s = 750;
     app.launch.last_line_at = Some(now);
     app.launch.quiet_s = 5;
+    app.launch
+        .on_msg(LaunchMsg::Event(mxtune::launch::LaunchEvent::Probe {
+            answer: mxtune::launch::ProbeAnswer {
+                request: "POST /v1/completions".into(),
+                status: Some(503),
+                message: "model is still loading".into(),
+                at: chrono::Utc::now(),
+            },
+        }));
+    app.launch.probe.as_mut().unwrap().age_s = 3;
     insta::assert_snapshot!("launch_starting_80x24", render(&app, 80, 24));
     app.launch.started_at = None;
     app.launch.watch_since = None;

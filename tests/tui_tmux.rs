@@ -5,6 +5,9 @@ use std::process::Command;
 use std::thread::sleep;
 use std::time::{Duration, Instant};
 
+#[path = "support/loading_double.rs"]
+mod loading_double;
+
 fn tmux(args: &[&str]) -> String {
     let out = Command::new("tmux")
         .args(args)
@@ -313,6 +316,81 @@ fn tui_tmux_launch_engine_then_stop() {
     s.wait_for_panel_exit();
     s.send(&["echo done-$((40+2))", "Enter"]);
     s.wait_for("done-42");
+}
+
+/// The `elapsed m:ss` on the Launch screen, in seconds.
+fn elapsed_s(screen: &str) -> Option<u64> {
+    let rest = &screen[screen.find("elapsed ")? + "elapsed ".len()..];
+    let (m, s) = rest.split_whitespace().next()?.split_once(':')?;
+    Some(m.parse::<u64>().ok()? * 60 + s.parse::<u64>().ok()?)
+}
+
+#[test]
+fn tui_tmux_attach_to_a_loading_server_shows_a_running_clock_and_the_probe_answer() {
+    if !have_tmux() {
+        return;
+    }
+    use loading_double::{LOADING_MESSAGE, loading_double};
+    let url = loading_double();
+    let dir = tempfile::tempdir().unwrap();
+    let s = Session::new("probe", 120, 30);
+    s.send(&[&launch_cmd(dir.path()), "Enter"]);
+    s.wait_for("preset engine-cpu-tiny");
+    s.send(&["2"]);
+    s.wait_for("[engine]");
+    s.send(&["u"]);
+    s.wait_for("[attach]");
+    s.send(&["BSpace"; 40]);
+    s.send(&["-l", &url]);
+    s.send(&["Enter"]);
+    // Typed and done: the field no longer shows its cursor.
+    let done = format!("url {url}");
+    s.wait_until(&done, |screen| {
+        screen.lines().any(|l| l.trim_end().ends_with(&done))
+    });
+    s.send(&["l"]);
+    let pressed = Instant::now();
+
+    // The server's own words are on screen while the start is stuck, not after the limit.
+    let screen = s.wait_for("probe: POST /v1/completions");
+    let screen = if screen.contains(LOADING_MESSAGE) {
+        screen
+    } else {
+        s.wait_for(LOADING_MESSAGE)
+    };
+    assert!(
+        pressed.elapsed() < Duration::from_secs(8),
+        "the probe answer took {:?} to show:\n{screen}",
+        pressed.elapsed()
+    );
+    // The attach limit applies.
+    assert!(screen.contains("/1:00"), "{screen}");
+
+    // The clock runs while the monitor's samples and the probe answers keep arriving: every
+    // second shows, in order, with no stall.
+    let mut seen = Vec::new();
+    let start = Instant::now();
+    while seen.last().is_none_or(|&e| e < 6) {
+        if let Some(e) = elapsed_s(&s.screen())
+            && seen.last() != Some(&e)
+        {
+            seen.push(e);
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(15),
+            "the clock stalled: {seen:?}\n{}",
+            s.screen()
+        );
+        sleep(Duration::from_millis(100));
+    }
+    let from = seen[0];
+    assert_eq!(seen, (from..=6).collect::<Vec<_>>(), "one step a second");
+    s.send(&["x"]);
+    s.wait_for("Stop target?");
+    s.send(&["y"]);
+    s.wait_for("phase exited");
+    s.send(&["q"]);
+    s.wait_for_panel_exit();
 }
 
 /// The children of `pid` (pgrep -P).

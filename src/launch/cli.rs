@@ -64,9 +64,12 @@ pub struct LaunchArgs {
     /// Pull the image when it is missing.
     #[arg(long)]
     pub pull: bool,
-    /// Fail when not ready after this many seconds.
+    /// Fail when not ready after this many seconds (docker and engine targets).
     #[arg(long, default_value_t = super::DEFAULT_STARTUP_LIMIT.as_secs())]
     pub startup_limit_s: u64,
+    /// Fail an attached endpoint that is not ready after this many seconds.
+    #[arg(long, default_value_t = super::DEFAULT_ATTACH_LIMIT.as_secs())]
+    pub attach_limit_s: u64,
     /// Warn when no log line arrived for this many seconds.
     #[arg(long, default_value_t = super::DEFAULT_QUIET_WARNING.as_secs())]
     pub quiet_warning_s: u64,
@@ -181,18 +184,42 @@ fn resolve(args: &LaunchArgs) -> Result<(LaunchSpec, String, TargetArg, Vec<pref
     }
 }
 
-fn print_event(e: &LaunchEvent, logs: bool) {
-    match e {
-        LaunchEvent::Log { line, .. } if logs => eprintln!("  | {line}"),
-        LaunchEvent::Log { .. } => {}
-        LaunchEvent::PullProgress { status } if logs => eprintln!("  pull: {status}"),
-        LaunchEvent::PullProgress { .. } => {}
-        LaunchEvent::Phase { phase } => eprintln!("phase: {phase}"),
-        LaunchEvent::Ready { url, startup_s } => eprintln!("ready: {url} after {startup_s:.1} s"),
-        LaunchEvent::Verdict { .. } => {}
-        LaunchEvent::Warning { message } => eprintln!("warning: {message}"),
-        LaunchEvent::Failed { message } => eprintln!("failed: {message}"),
-        LaunchEvent::Exited { exit } => eprintln!("exited: {exit}"),
+/// Prints launch events on stderr as they arrive.
+struct EventPrinter {
+    /// Every log line too, not only phases and warnings.
+    logs: bool,
+    /// The probe answer printed last: a stuck start probes every second, and only a new
+    /// answer is news.
+    last_probe: Option<super::ProbeAnswer>,
+}
+
+impl EventPrinter {
+    fn print(&mut self, e: &LaunchEvent) {
+        let logs = self.logs;
+        match e {
+            LaunchEvent::Log { line, .. } if logs => eprintln!("  | {line}"),
+            LaunchEvent::Log { .. } => {}
+            LaunchEvent::PullProgress { status } if logs => eprintln!("  pull: {status}"),
+            LaunchEvent::PullProgress { .. } => {}
+            LaunchEvent::Phase { phase } => eprintln!("phase: {phase}"),
+            LaunchEvent::Ready { url, startup_s } => {
+                eprintln!("ready: {url} after {startup_s:.1} s")
+            }
+            LaunchEvent::Verdict { .. } => {}
+            LaunchEvent::Warning { message } => eprintln!("warning: {message}"),
+            LaunchEvent::Failed { message } => eprintln!("failed: {message}"),
+            LaunchEvent::Exited { exit } => eprintln!("exited: {exit}"),
+            LaunchEvent::Probe { answer } => {
+                if !self
+                    .last_probe
+                    .as_ref()
+                    .is_some_and(|l| l.same_answer(answer))
+                {
+                    eprintln!("probe: {answer}");
+                    self.last_probe = Some(answer.clone());
+                }
+            }
+        }
     }
 }
 
@@ -241,6 +268,7 @@ async fn launch_async(args: LaunchArgs) -> Result<ExitCode> {
     opts.log_path = Some(args.runs_dir.join(format!("{run_id}.target.log")));
     opts.allow_pull = args.pull;
     opts.startup_limit = Duration::from_secs(args.startup_limit_s);
+    opts.attach_limit = Duration::from_secs(args.attach_limit_s);
     opts.quiet_warning = Duration::from_secs(args.quiet_warning_s);
     opts.api_key = args.api_key.clone();
     opts.keep = args.keep;
@@ -350,10 +378,13 @@ async fn launch_async(args: LaunchArgs) -> Result<ExitCode> {
             .unwrap_or_default()
     );
 
-    let logs = args.logs;
+    let mut out = EventPrinter {
+        logs: args.logs,
+        last_probe: None,
+    };
     let printer = tokio::spawn(async move {
         while let Some(e) = rx.recv().await {
-            print_event(&e, logs);
+            out.print(&e);
         }
     });
     let result = launch.wait_ready().await;

@@ -2,7 +2,7 @@
 //! [`LaunchEvent`]s, phases, readiness, failures and the kernel-path verdict.
 
 use super::logbuf::LogBuffer;
-use super::ready::ReadyProbe;
+use super::ready::{ProbeAnswer, ReadyProbe};
 use super::rules::LogRules;
 use super::spec::PathCheck;
 use super::target::Target;
@@ -21,24 +21,52 @@ pub const FAILURE_TAIL_LINES: usize = 50;
 /// 3–5 min and graph capture has hung for 40+ min.
 pub const DEFAULT_STARTUP_LIMIT: Duration = Duration::from_secs(45 * 60);
 
+/// Limit for an attached endpoint unless told otherwise: it is already running, so a minute
+/// without a good answer means it is not serving, and waiting 45 minutes would hide that.
+pub const DEFAULT_ATTACH_LIMIT: Duration = Duration::from_secs(60);
+
 /// How long the log may be quiet before ready until a warning, unless told otherwise.
 pub const DEFAULT_QUIET_WARNING: Duration = Duration::from_secs(5 * 60);
 
-/// How a failure message caused by the start-up limit begins; see [`fired_by_startup_limit`].
-const STARTUP_LIMIT_FAILURE: &str = "not ready within the start-up limit of";
+/// How a failure message caused by the watchdog begins; see [`fired_by_startup_limit`].
+const LIMIT_FAILURE: &str = "not ready within the ";
 
-/// The failure message when the start-up limit fires.
-fn startup_limit_failure(limit: Duration, phase: Phase, last_probe: &str) -> String {
-    format!(
-        "{STARTUP_LIMIT_FAILURE} {} s (phase: {phase}; last probe: {last_probe})",
-        limit.as_secs()
-    )
+/// Which watchdog limit a launch runs under.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum LimitKind {
+    /// A target mxtune starts: sized for JIT and graph capture.
+    Startup,
+    /// An endpoint that already runs.
+    Attach,
 }
 
-/// Whether a [`LaunchEvent::Failed`] message says the start-up watchdog fired (rather than
-/// a fatal log line or an early exit).
+/// The failure message when the watchdog fires: the limit, where the start stood, and the
+/// last probe's answer, which is usually the reason.
+fn limit_failure(
+    kind: LimitKind,
+    limit: Duration,
+    phase: Phase,
+    last_probe: Option<&ProbeAnswer>,
+) -> String {
+    let probe = last_probe
+        .map(ToString::to_string)
+        .unwrap_or_else(|| "no probe finished yet".into());
+    match kind {
+        LimitKind::Startup => format!(
+            "{LIMIT_FAILURE}start-up limit of {} s (phase: {phase}; last probe: {probe})",
+            limit.as_secs()
+        ),
+        LimitKind::Attach => format!(
+            "{LIMIT_FAILURE}attach limit of {} s (last probe: {probe})",
+            limit.as_secs()
+        ),
+    }
+}
+
+/// Whether a [`LaunchEvent::Failed`] message says the watchdog (the start-up or attach
+/// limit) fired, rather than a fatal log line or an early exit.
 pub fn fired_by_startup_limit(message: &str) -> bool {
-    message.starts_with(STARTUP_LIMIT_FAILURE)
+    message.starts_with(LIMIT_FAILURE)
 }
 
 /// How a launch is followed and stopped.
@@ -54,8 +82,10 @@ pub struct LaunchOptions {
     pub log_capacity: usize,
     /// Phase and fatal patterns.
     pub rules: LogRules,
-    /// Not ready after this long = failed.
+    /// Not ready after this long = failed (Docker and engine targets).
     pub startup_limit: Duration,
+    /// Not ready after this long = failed, for an attached endpoint.
+    pub attach_limit: Duration,
     /// Warn when no log line arrived for this long before ready.
     pub quiet_warning: Duration,
     /// Pause between readiness probes.
@@ -73,7 +103,8 @@ pub struct LaunchOptions {
 }
 
 impl LaunchOptions {
-    /// Defaults sized for GB10 ([`DEFAULT_STARTUP_LIMIT`], [`DEFAULT_QUIET_WARNING`]).
+    /// Defaults sized for GB10 ([`DEFAULT_STARTUP_LIMIT`], [`DEFAULT_ATTACH_LIMIT`],
+    /// [`DEFAULT_QUIET_WARNING`]).
     pub fn new(run_id: &str, preset: &str) -> Result<Self> {
         Ok(Self {
             run_id: run_id.to_string(),
@@ -82,6 +113,7 @@ impl LaunchOptions {
             log_capacity: 10_000,
             rules: LogRules::builtin()?,
             startup_limit: DEFAULT_STARTUP_LIMIT,
+            attach_limit: DEFAULT_ATTACH_LIMIT,
             quiet_warning: DEFAULT_QUIET_WARNING,
             ready_poll: Duration::from_secs(1),
             probe_timeout: Duration::from_secs(120),
@@ -135,11 +167,22 @@ struct Shared {
     history: Mutex<History>,
 }
 
+/// A start-up phase as the follower saw it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PhaseSeen {
+    /// The phase.
+    pub phase: Phase,
+    /// When it began.
+    pub at: chrono::DateTime<chrono::Utc>,
+    /// The last readiness probe answer while it was the current phase.
+    pub last_probe: Option<ProbeAnswer>,
+}
+
 /// Phases with the time each began, and warnings, for the run record.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct History {
     /// Phases in the order they began.
-    pub phases: Vec<(Phase, chrono::DateTime<chrono::Utc>)>,
+    pub phases: Vec<PhaseSeen>,
     /// Every warning event.
     pub warnings: Vec<String>,
     /// Seconds from start to ready.
@@ -159,6 +202,7 @@ pub struct Launch {
     shared: Arc<Shared>,
     status: watch::Receiver<Status>,
     task: tokio::task::JoinHandle<()>,
+    limit: Duration,
 }
 
 impl Launch {
@@ -175,18 +219,27 @@ impl Launch {
             logs: Mutex::new(LogBuffer::new(opts.log_capacity, opts.log_path.as_deref())?),
             scanner: Mutex::new(PathScanner::new(checks)),
             history: Mutex::new(History {
-                phases: vec![(Phase::Starting, chrono::Utc::now())],
+                phases: vec![PhaseSeen {
+                    phase: Phase::Starting,
+                    at: chrono::Utc::now(),
+                    last_probe: None,
+                }],
                 ..History::default()
             }),
         });
         let (status_tx, status) = watch::channel(Status::Starting(Phase::Starting));
+        let (limit_kind, limit) = match &target {
+            Target::Attach(_) => (LimitKind::Attach, opts.attach_limit),
+            _ => (LimitKind::Startup, opts.startup_limit),
+        };
         let follower = Follower {
             shared: shared.clone(),
             rules: opts.rules.clone(),
             events,
             status: status_tx,
             started: Instant::now(),
-            startup_limit: opts.startup_limit,
+            limit_kind,
+            limit,
             quiet_warning: opts.quiet_warning,
             url: probe.base_url().to_string(),
         };
@@ -196,7 +249,14 @@ impl Launch {
             shared,
             status,
             task,
+            limit,
         })
+    }
+
+    /// The watchdog's limit for this launch: the attach limit for an attached endpoint,
+    /// else the start-up limit.
+    pub fn startup_limit(&self) -> Duration {
+        self.limit
     }
 
     /// The current status.
@@ -276,7 +336,8 @@ struct Follower {
     events: mpsc::UnboundedSender<LaunchEvent>,
     status: watch::Sender<Status>,
     started: Instant,
-    startup_limit: Duration,
+    limit_kind: LimitKind,
+    limit: Duration,
     quiet_warning: Duration,
     url: String,
 }
@@ -284,9 +345,16 @@ struct Follower {
 impl Follower {
     fn emit(&self, e: LaunchEvent) {
         match &e {
-            LaunchEvent::Phase { phase } => lock(&self.shared.history)
-                .phases
-                .push((*phase, chrono::Utc::now())),
+            LaunchEvent::Phase { phase } => lock(&self.shared.history).phases.push(PhaseSeen {
+                phase: *phase,
+                at: chrono::Utc::now(),
+                last_probe: None,
+            }),
+            LaunchEvent::Probe { answer } => {
+                if let Some(p) = lock(&self.shared.history).phases.last_mut() {
+                    p.last_probe = Some(answer.clone());
+                }
+            }
             LaunchEvent::Warning { message } => {
                 lock(&self.shared.history).warnings.push(message.clone())
             }
@@ -313,7 +381,10 @@ impl Follower {
 
     fn fail(&self, message: String) {
         let tail = lock(&self.shared.logs).tail(FAILURE_TAIL_LINES);
-        let full = if tail.is_empty() {
+        let full = if self.limit_kind == LimitKind::Attach {
+            // An attached endpoint has no log here; saying so on every failure is noise.
+            message
+        } else if tail.is_empty() {
             format!("{message} (no log lines)")
         } else {
             format!(
@@ -359,21 +430,23 @@ impl Follower {
     }
 
     async fn run(self, mut source: mpsc::Receiver<SourceMsg>, probe: ReadyProbe, poll: Duration) {
-        let (ready_tx, mut ready_rx) = mpsc::channel::<String>(1);
-        let last_probe_error = Arc::new(Mutex::new(String::from("no probe finished yet")));
-        let probe_error = last_probe_error.clone();
+        // Every probe's outcome comes back as it happens: the screen shows why a start is
+        // stuck while it is stuck, not only when the limit fires.
+        let (probe_tx, mut probes) = mpsc::channel::<Result<String, ProbeAnswer>>(4);
         let probe_task = tokio::spawn(async move {
+            // The first probe goes out at once: an attached endpoint may be up already, and
+            // an early "connection refused" tells the operator the probes are running.
             loop {
-                tokio::time::sleep(poll).await;
-                match probe.check().await {
-                    Ok(model) => {
-                        let _ = ready_tx.send(model).await;
-                        return;
-                    }
-                    Err(e) => *lock(&probe_error) = format!("{e:#}"),
+                let outcome = probe.check().await;
+                let ready = outcome.is_ok();
+                if probe_tx.send(outcome).await.is_err() || ready {
+                    return;
                 }
+                tokio::time::sleep(poll).await;
             }
         });
+        let mut last_probe: Option<ProbeAnswer> = None;
+        let mut probes_open = true;
         let mut phase = Phase::Starting;
         let mut last_line = Instant::now();
         let mut quiet_warned = false;
@@ -401,8 +474,19 @@ impl Follower {
                     }
                     None => source_open = false,
                 },
-                model = ready_rx.recv(), if !self.is_ready() && !self.is_terminal() => {
-                    let Some(model) = model else { continue };
+                outcome = probes.recv(), if probes_open && !self.is_ready() && !self.is_terminal() => {
+                    let model = match outcome {
+                        Some(Ok(model)) => model,
+                        Some(Err(answer)) => {
+                            last_probe = Some(answer.clone());
+                            self.emit(LaunchEvent::Probe { answer });
+                            continue;
+                        }
+                        None => {
+                            probes_open = false;
+                            continue;
+                        }
+                    };
                     let startup_s = self.started.elapsed().as_secs_f64();
                     let url = self.url.clone();
                     self.set(Status::Ready(ReadyInfo { url: url.clone(), model, startup_s }));
@@ -418,10 +502,13 @@ impl Follower {
                     if self.is_ready() || self.is_terminal() {
                         continue;
                     }
-                    if self.started.elapsed() > self.startup_limit {
-                        let why = lock(&last_probe_error).clone();
-                        self.fail(startup_limit_failure(self.startup_limit, phase, &why));
-                    } else if !quiet_warned && last_line.elapsed() > self.quiet_warning {
+                    if self.started.elapsed() > self.limit {
+                        self.fail(limit_failure(self.limit_kind, self.limit, phase, last_probe.as_ref()));
+                    // An attached endpoint has no log that could be quiet.
+                    } else if self.limit_kind != LimitKind::Attach
+                        && !quiet_warned
+                        && last_line.elapsed() > self.quiet_warning
+                    {
                         quiet_warned = true;
                         self.emit(LaunchEvent::Warning {
                             message: format!(

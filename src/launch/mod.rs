@@ -21,9 +21,10 @@ pub mod target;
 pub mod verdict;
 
 pub use follow::{
-    DEFAULT_QUIET_WARNING, DEFAULT_STARTUP_LIMIT, Launch, LaunchOptions, Status,
-    fired_by_startup_limit,
+    DEFAULT_ATTACH_LIMIT, DEFAULT_QUIET_WARNING, DEFAULT_STARTUP_LIMIT, Launch, LaunchOptions,
+    Status, fired_by_startup_limit,
 };
+pub use ready::ProbeAnswer;
 pub use rules::LogRules;
 pub use target::Target;
 pub use verdict::{ValidationReport, Verdict};
@@ -133,6 +134,12 @@ pub enum LaunchEvent {
     Phase {
         /// The new phase.
         phase: Phase,
+    },
+    /// A readiness probe did not prove readiness: the server's answer or why there was none.
+    /// Sent for every probe, so a start that is stuck shows why while it is stuck.
+    Probe {
+        /// What the probe got back.
+        answer: ProbeAnswer,
     },
     /// Readiness probes passed.
     Ready {

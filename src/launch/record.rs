@@ -58,9 +58,10 @@ pub fn observed(launch: &Launch, log_file: Option<String>) -> Observed {
         phases: history
             .phases
             .into_iter()
-            .map(|(p, at)| RecordPhase {
-                name: p.to_string(),
-                at,
+            .map(|p| RecordPhase {
+                name: p.phase.to_string(),
+                at: p.at,
+                last_probe: p.last_probe,
             })
             .collect(),
         warnings,

@@ -338,7 +338,13 @@ pub async fn start(
                 LaunchEvent::Phase { phase } => r.observed.phases.push(RecordPhase {
                     name: phase.to_string(),
                     at: *at,
+                    last_probe: None,
                 }),
+                LaunchEvent::Probe { answer } => {
+                    if let Some(p) = r.observed.phases.last_mut() {
+                        p.last_probe = Some(answer.clone());
+                    }
+                }
                 LaunchEvent::Warning { message } => r.observed.warnings.push(message.clone()),
                 _ => {}
             }

@@ -389,6 +389,13 @@ pub fn render_show(run: &StoredRun) -> String {
         );
         for p in &ob.phases {
             let _ = writeln!(o, "phase     {}  {}", p.at.format("%H:%M:%S%.3f"), p.name);
+            if let Some(probe) = &p.last_probe {
+                let _ = writeln!(
+                    o,
+                    "            last probe {}: {probe}",
+                    probe.at.format("%H:%M:%S")
+                );
+            }
         }
         for k in &ob.kernel_path {
             let v = match k.verdict {

@@ -484,6 +484,10 @@ pub struct Phase {
     pub name: String,
     /// When it began.
     pub at: DateTime<Utc>,
+    /// The last readiness probe answer while this was the current phase (none in records
+    /// written before mxtune kept it).
+    #[serde(default)]
+    pub last_probe: Option<crate::launch::ProbeAnswer>,
 }
 
 /// Benchmark parameters (the grid and the request settings).
@@ -837,6 +841,14 @@ pub fn downsample<T>(items: Vec<T>, max: usize) -> Vec<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_phase_written_before_last_probe_was_kept_still_reads() {
+        let p: Phase =
+            serde_json::from_str(r#"{"name": "loading weights", "at": "2026-01-17T10:00:00Z"}"#)
+                .unwrap();
+        assert_eq!((p.name.as_str(), p.last_probe), ("loading weights", None));
+    }
 
     #[test]
     fn downsample_bounds_and_keeps_ends() {

@@ -340,15 +340,23 @@ impl App {
         effects
     }
 
-    /// How often to redraw without input: only while a live view is on screen.
+    /// How often the clock ticks: once a second while any screen has a running time (today
+    /// the Launch screen's elapsed time, watchdog and probe age), whichever screen is
+    /// visible, so switching to it shows the time of now; never while idle.
     pub fn tick_interval(&self) -> Option<std::time::Duration> {
-        (self.tab == Tab::Launch && self.launch.wants_tick())
+        self.launch
+            .wants_tick()
             .then_some(std::time::Duration::from_secs(1))
     }
 
-    /// The clock ticked while something live is shown.
+    /// The clock ticked: every running time moves on.
     pub fn on_tick(&mut self) {
         self.launch.on_tick();
+    }
+
+    /// Whether the visible screen shows a running time, so a tick needs a redraw.
+    pub fn shows_clock(&self) -> bool {
+        self.tab == Tab::Launch && self.launch.wants_tick()
     }
 
     /// Whether a target started from this panel may still be running.

@@ -29,8 +29,10 @@ pub struct StartRequest {
     pub preset: String,
     /// Where the target's log file goes.
     pub runs_dir: PathBuf,
-    /// Not ready after this long = failed (the start-up watchdog).
+    /// Not ready after this long = failed (the start-up watchdog), docker and engine.
     pub startup_limit: Duration,
+    /// Not ready after this long = failed, for an attach.
+    pub attach_limit: Duration,
 }
 
 /// News about the launch, delivered as [`Event::Launch`].
@@ -44,7 +46,7 @@ pub enum LaunchMsg {
         run_id: String,
         /// The target's log file, when it has one.
         log_path: Option<PathBuf>,
-        /// The start-up limit the follower applies from now on.
+        /// The limit the follower applies from now on (the attach limit for an attach).
         startup_limit: Duration,
     },
     /// Nothing was started; why.
@@ -358,14 +360,12 @@ async fn start(
 ) -> anyhow::Result<(Launch, Option<PathBuf>, Duration)> {
     let mut opts = LaunchOptions::new(run_id, &req.preset)?;
     opts.startup_limit = req.startup_limit;
-    let limit = opts.startup_limit;
+    opts.attach_limit = req.attach_limit;
     let log_path = req.runs_dir.join(format!("{run_id}.target.log"));
     if req.kind == TargetKind::Attach {
-        return Ok((
-            AttachTarget::attach(&req.url, "", &opts, events)?,
-            None,
-            limit,
-        ));
+        let launch = AttachTarget::attach(&req.url, "", &opts, events)?;
+        let limit = launch.startup_limit();
+        return Ok((launch, None, limit));
     }
     let spec = crate::flags::render(&req.flags, req.kind)?;
     let blocking: Vec<String> = crate::flags::rules::evaluate(&req.flags, req.kind, None)
@@ -387,6 +387,7 @@ async fn start(
         }
         _ => EngineTarget::launch(None, &spec, &opts, Some(&req.runs_dir), events).await?,
     };
+    let limit = launch.startup_limit();
     Ok((launch, Some(log_path), limit))
 }
 

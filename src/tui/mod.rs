@@ -13,6 +13,7 @@ pub mod ui;
 
 use std::io::{self, Write};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
+use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use crossterm::event::{DisableMouseCapture, EnableMouseCapture};
@@ -46,7 +47,7 @@ pub enum Event {
     Term(crossterm::event::Event),
     /// A signal arrived (SIGTERM, SIGHUP, SIGINT).
     Signal(i32),
-    /// Periodic redraw while something live is shown.
+    /// The clock: once a second on a fixed schedule while a running time is shown.
     Tick,
     /// Progress of the target launched from the Launch screen.
     Launch(background::LaunchMsg),
@@ -165,8 +166,60 @@ fn spawn_signal_thread(tx: Sender<Event>) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The loop: wait for an event, update state, redraw if anything changed. While nothing is
-/// live it blocks without a timeout, so an idle panel uses no CPU.
+/// The panel's clock. Ticks fall on a fixed schedule from the moment a clock is wanted,
+/// whatever else arrives: waiting for a quiet channel instead would starve them, since the
+/// monitor alone sends a sample every second.
+#[derive(Debug, Default)]
+struct Ticker {
+    /// When the next tick is due; `None` while nothing wants one.
+    next: Option<Instant>,
+}
+
+impl Ticker {
+    /// When the next tick is due, ticking every `every` from now on if it was stopped.
+    fn due(&mut self, every: Duration, now: Instant) -> Instant {
+        *self.next.get_or_insert(now + every)
+    }
+
+    /// The tick due at `at` is being delivered: the next one is a period later. After a
+    /// stall of more than a period the missed ticks are dropped rather than delivered in a
+    /// burst (one tick brings every clock up to date).
+    fn ticked(&mut self, at: Instant, every: Duration, now: Instant) {
+        let next = at + every;
+        self.next = Some(if next > now { next } else { now + every });
+    }
+
+    /// Nothing wants a clock; the next start begins a new schedule.
+    fn stop(&mut self) {
+        self.next = None;
+    }
+}
+
+/// The next thing for the loop: the tick if it is due, else the next event, waiting at most
+/// until the tick is due. `None` when every sender is gone.
+fn next_event(rx: &Receiver<Event>, ticker: &mut Ticker, every: Option<Duration>) -> Option<Event> {
+    let Some(every) = every else {
+        ticker.stop();
+        return rx.recv().ok();
+    };
+    loop {
+        let now = Instant::now();
+        let at = ticker.due(every, now);
+        if at <= now {
+            ticker.ticked(at, every, now);
+            return Some(Event::Tick);
+        }
+        match rx.recv_timeout(at - now) {
+            Ok(ev) => return Some(ev),
+            // The tick is due now; the next round delivers it.
+            Err(RecvTimeoutError::Timeout) => {}
+            Err(RecvTimeoutError::Disconnected) => return None,
+        }
+    }
+}
+
+/// The loop: wait for an event, update state, redraw if anything changed. While no clock
+/// runs it blocks without a timeout, so an idle panel uses no CPU.
 pub fn event_loop<B: Backend>(
     terminal: &mut Terminal<B>,
     app: &mut App,
@@ -179,17 +232,10 @@ where
     terminal
         .draw(|f| ui::draw(f, app))
         .context("cannot draw the panel")?;
+    let mut ticker = Ticker::default();
     loop {
-        let event = match app.tick_interval() {
-            Some(every) => match rx.recv_timeout(every) {
-                Ok(ev) => ev,
-                Err(RecvTimeoutError::Timeout) => Event::Tick,
-                Err(RecvTimeoutError::Disconnected) => return Ok(Exit::Quit),
-            },
-            None => match rx.recv() {
-                Ok(ev) => ev,
-                Err(_) => return Ok(Exit::Quit),
-            },
+        let Some(event) = next_event(rx, &mut ticker, app.tick_interval()) else {
+            return Ok(Exit::Quit);
         };
         let (exit, redraw) = step(app, bg, event);
         if let Some(exit) = exit {
@@ -246,7 +292,7 @@ pub fn step(app: &mut App, bg: &mut Background, event: Event) -> (Option<Exit>, 
         }
         Event::Tick => {
             app.on_tick();
-            (Vec::new(), true)
+            (Vec::new(), app.shows_clock())
         }
         Event::Launch(msg) => {
             let was_ready = matches!(app.launch.state, TargetState::Ready { .. });
@@ -328,6 +374,7 @@ pub fn perform(app: &mut App, bg: &mut Background, effect: Effect) -> Option<Exi
                 .unwrap_or_default(),
             runs_dir: app.paths.runs_dir.clone(),
             startup_limit: app.launch.startup_limit,
+            attach_limit: app.launch.attach_limit,
         }),
         Effect::StopTarget => bg.stop(),
         Effect::StartBench(args) => bg.bench(*args),
@@ -504,4 +551,28 @@ fn ab_args(
         out: dir,
         common,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ticks_keep_their_schedule_and_drop_what_a_stall_missed() {
+        let every = Duration::from_secs(1);
+        let t0 = Instant::now();
+        let mut t = Ticker::default();
+        assert_eq!(t.due(every, t0), t0 + every);
+        // Delivered a little late: the next one stays on the schedule.
+        t.ticked(t0 + every, every, t0 + Duration::from_millis(1300));
+        assert_eq!(t.due(every, t0), t0 + 2 * every);
+        // After a stall of several periods: one tick now, the next a period later.
+        let late = t0 + Duration::from_millis(5500);
+        t.ticked(t0 + 2 * every, every, late);
+        assert_eq!(t.due(every, late), late + every);
+        // Stopped and started again: a new schedule from then.
+        t.stop();
+        let again = late + Duration::from_secs(30);
+        assert_eq!(t.due(every, again), again + every);
+    }
 }

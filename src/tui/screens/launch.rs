@@ -1,6 +1,6 @@
 //! Launch screen: choose the target (Docker vLLM, bundled engine, attach to a URL), start and
-//! stop it, phase, elapsed time and watchdog, the kernel-path verdict per flag, and the log
-//! pane (follow, scroll, search, wrap, save).
+//! stop it, phase, elapsed time, the last readiness probe's answer and the watchdog, the
+//! kernel-path verdict per flag, and the log pane (follow, scroll, search, wrap, save).
 
 use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
@@ -15,7 +15,8 @@ use ratatui::widgets::{Block, Clear, Paragraph, Wrap};
 
 use crate::launch::spec::TargetKind;
 use crate::launch::{
-    DEFAULT_STARTUP_LIMIT, LaunchEvent, Phase, ValidationReport, Verdict, fired_by_startup_limit,
+    DEFAULT_ATTACH_LIMIT, DEFAULT_STARTUP_LIMIT, LaunchEvent, Phase, ProbeAnswer, ValidationReport,
+    Verdict, fired_by_startup_limit,
 };
 
 use super::super::app::{App, Effect};
@@ -101,6 +102,17 @@ pub enum Watchdog {
         /// The limit, whole seconds.
         limit_s: u64,
     },
+}
+
+/// The last readiness probe answer, and how long ago it came.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LastProbe {
+    /// What the probe got back.
+    pub answer: ProbeAnswer,
+    /// When it reached the panel.
+    pub received: Instant,
+    /// Whole seconds since then, updated by ticks.
+    pub age_s: u64,
 }
 
 /// The log pane: a bounded buffer and how it is being looked at.
@@ -200,8 +212,14 @@ pub struct LaunchScreen {
     pub elapsed_s: u64,
     /// Whole seconds since the last log line, updated by ticks.
     pub quiet_s: u64,
-    /// The start-up limit a launch from here gets (and, once started, the one in effect).
+    /// The start-up limit a Docker or engine launch from here gets.
     pub startup_limit: Duration,
+    /// The limit an attach from here gets.
+    pub attach_limit: Duration,
+    /// The limit the follower of the current launch applies, as it echoed it back.
+    pub limit_in_effect: Option<Duration>,
+    /// The last readiness probe answer of the current launch.
+    pub probe: Option<LastProbe>,
     /// When the follower took over (the watchdog's clock starts there).
     pub watch_since: Option<Instant>,
     /// Whole seconds on the watchdog's clock, updated by ticks.
@@ -234,6 +252,9 @@ impl Default for LaunchScreen {
             elapsed_s: 0,
             quiet_s: 0,
             startup_limit: DEFAULT_STARTUP_LIMIT,
+            attach_limit: DEFAULT_ATTACH_LIMIT,
+            limit_in_effect: None,
+            probe: None,
             watch_since: None,
             watch_s: 0,
             watchdog_fired: false,
@@ -300,11 +321,24 @@ impl LaunchScreen {
         if let Some(t) = self.watch_since {
             self.watch_s = t.elapsed().as_secs();
         }
+        if let Some(p) = &mut self.probe {
+            p.age_s = p.received.elapsed().as_secs();
+        }
     }
 
-    /// Where the start-up watchdog stands.
+    /// The limit the next launch of the chosen kind gets: an attached endpoint is already
+    /// running and gets its own, short limit.
+    pub fn next_limit(&self) -> Duration {
+        match self.choice {
+            TargetKind::Attach => self.attach_limit,
+            _ => self.startup_limit,
+        }
+    }
+
+    /// Where the start-up watchdog stands, with the limit that applies: the one the current
+    /// launch's follower echoed back, else the next launch's.
     pub fn watchdog(&self) -> Watchdog {
-        let limit_s = self.startup_limit.as_secs();
+        let limit_s = self.limit_in_effect.unwrap_or(self.next_limit()).as_secs();
         match &self.state {
             TargetState::Failed(_) if self.watchdog_fired => Watchdog::Fired { limit_s },
             TargetState::Starting(_) if self.watch_since.is_some() => Watchdog::Running {
@@ -312,7 +346,9 @@ impl LaunchScreen {
                 limit_s,
             },
             TargetState::Ready { .. } => Watchdog::Passed { limit_s },
-            _ => Watchdog::Waiting { limit_s },
+            _ => Watchdog::Waiting {
+                limit_s: self.next_limit().as_secs(),
+            },
         }
     }
 
@@ -333,7 +369,7 @@ impl LaunchScreen {
                 log_path,
                 startup_limit,
             } => {
-                self.startup_limit = startup_limit;
+                self.limit_in_effect = Some(startup_limit);
                 self.watch_since = Some(Instant::now());
                 self.watch_s = 0;
                 self.describe = Some(describe);
@@ -374,6 +410,13 @@ impl LaunchScreen {
                 self.state = TargetState::Ready { url, startup_s }
             }
             LaunchEvent::Verdict { report } => self.report = Some(report),
+            LaunchEvent::Probe { answer } => {
+                self.probe = Some(LastProbe {
+                    answer,
+                    received: Instant::now(),
+                    age_s: 0,
+                })
+            }
             LaunchEvent::Warning { message } => self.warnings.push(message),
             LaunchEvent::Failed { message } => {
                 self.watchdog_fired = fired_by_startup_limit(&message);
@@ -452,6 +495,8 @@ impl LaunchScreen {
                 self.watch_since = None;
                 self.watch_s = 0;
                 self.watchdog_fired = false;
+                self.limit_in_effect = None;
+                self.probe = None;
                 self.report = None;
                 self.warnings.clear();
                 self.describe = None;
@@ -489,8 +534,9 @@ pub fn draw(frame: &mut Frame, app: &App, area: Rect) {
     } else {
         0
     };
+    let probe_line = probe_line(s, theme);
     let [head, verdict_area, log_area] = Layout::vertical([
-        Constraint::Length(5),
+        Constraint::Length(5 + u16::from(probe_line.is_some())),
         Constraint::Length(verdict_h),
         Constraint::Min(3),
     ])
@@ -578,11 +624,14 @@ pub fn draw(frame: &mut Frame, app: &App, area: Rect) {
                 format!("{}/{}", clock(elapsed_s), clock(limit_s)),
                 theme.accent(),
             ));
-            watch.push(Span::raw(if s.last_line_at.is_some() {
-                format!("  last log line {} ago", clock(s.quiet_s))
-            } else {
-                "  no log line yet".into()
-            }));
+            // An attached endpoint has no log to be quiet; the probe line says how it is.
+            if s.choice != TargetKind::Attach {
+                watch.push(Span::raw(if s.last_line_at.is_some() {
+                    format!("  last log line {} ago", clock(s.quiet_s))
+                } else {
+                    "  no log line yet".into()
+                }));
+            }
         }
         Watchdog::Passed { limit_s } => watch.push(Span::styled(
             format!("passed: ready within the limit of {}", clock(limit_s)),
@@ -617,16 +666,10 @@ pub fn draw(frame: &mut Frame, app: &App, area: Rect) {
         .last()
         .map(|w| Line::styled(format!(" warning: {}", theme.text(w)), theme.warn()))
         .unwrap_or_else(|| Line::raw(""));
-    frame.render_widget(
-        Paragraph::new(vec![
-            Line::from(choice),
-            Line::from(phase),
-            Line::from(watch),
-            Line::from(third),
-            warn_line,
-        ]),
-        head,
-    );
+    let mut head_lines = vec![Line::from(choice), Line::from(phase)];
+    head_lines.extend(probe_line);
+    head_lines.extend([Line::from(watch), Line::from(third), warn_line]);
+    frame.render_widget(Paragraph::new(head_lines), head);
 
     if let Some(r) = &s.report {
         let mut lines = Vec::new();
@@ -685,6 +728,32 @@ pub fn draw(frame: &mut Frame, app: &App, area: Rect) {
             popup,
         );
     }
+}
+
+/// The line under the phase: the last readiness probe's answer while a start is being
+/// followed (why it is not ready yet), and after a failure. `None` when there is nothing to say.
+fn probe_line(s: &LaunchScreen, theme: &Theme) -> Option<Line<'static>> {
+    let starting = matches!(s.state, TargetState::Launching | TargetState::Starting(_));
+    let failed = matches!(s.state, TargetState::Failed(_));
+    match &s.probe {
+        Some(p) if starting => Some(Line::from(vec![
+            Span::styled(" probe: ", theme.dim()),
+            Span::styled(theme.text(&p.answer.to_string()).into_owned(), theme.warn()),
+            Span::styled(format!(", {} ago", ago(p.age_s)), theme.dim()),
+        ])),
+        // The age would no longer tick: the last answer is the reason, not news.
+        Some(p) if failed => Some(Line::from(vec![
+            Span::styled(" last probe: ", theme.dim()),
+            Span::styled(theme.text(&p.answer.to_string()).into_owned(), theme.warn()),
+        ])),
+        None if starting => Some(Line::styled(" probe: no answer yet", theme.dim())),
+        _ => None,
+    }
+}
+
+/// `3 s`, `2:05`: how long ago, short.
+fn ago(s: u64) -> String {
+    if s < 60 { format!("{s} s") } else { clock(s) }
 }
 
 fn draw_log(frame: &mut Frame, app: &App, area: Rect) {
