@@ -30,6 +30,7 @@
 // bf16 weights: E = 16 elements per lane and row in a chunk (two 16-byte words).
 struct TcgBf16 {
     static constexpr int E = 16;
+    static constexpr int S = 2;  // chunks per step of the K loop (and loaded ahead)
     struct Raw {
         uint4 w[2][2];  // [row g, g + 8][word]
     };
@@ -59,6 +60,7 @@ struct TcgBf16 {
 // MXFP4 weights (layout of mxfp4_dense.cu): E = 32, one block of 32 and its scale per row.
 struct TcgFp4 {
     static constexpr int E = 32;
+    static constexpr int S = 4;  // half the bytes of a bf16 chunk: twice the chunks in flight
     struct Raw {
         uint4 q[2];
         unsigned s[2];
@@ -145,40 +147,40 @@ __device__ __forceinline__ void tcg_stage(RowOf row, const bf16_t* __restrict__ 
     __syncthreads();
 }
 
-// Load this warp's first two chunks of the tile's rows (r0 = the tile's first row + g).
+// Load this warp's first S chunks of the tile's rows (r0 = the tile's first row + g).
 template <class W>
 __device__ __forceinline__ void tcg_prefetch(const W& wp, int r0, int rows, int nchunks,
-                                             typename W::Raw (&cur)[2]) {
+                                             typename W::Raw (&cur)[W::S]) {
     constexpr int CW = 4 * W::E;
     const int warp = threadIdx.x >> 5, q = threadIdx.x & 3;
 #pragma unroll
-    for (int s = 0; s < 2; ++s) {
+    for (int s = 0; s < W::S; ++s) {
         const int c = warp + s * TCG_WARPS;
         if (c < nchunks) wp.load(cur[s], r0, rows, c * CW + q * W::E);
     }
 }
 
-// This warp's share of the tile: chunks warp, warp + TCG_WARPS, … (the first two already in
-// cur), two per iteration with the next two loaded meanwhile, times the nt staged rows at xs.
+// This warp's share of the tile: chunks warp, warp + TCG_WARPS, … (the first S already in
+// cur), S per iteration with the next S loaded meanwhile, times the nt staged rows at xs.
 // Then the warp's partial sums go to red[warp][row][token] (shared).
 template <class W, int TN>
 __device__ __forceinline__ void tcg_tile(const W& wp, int r0, int rows, int cols, int nchunks,
-                                         typename W::Raw (&cur)[2], const bf16_t* xs, int stride,
+                                         typename W::Raw (&cur)[W::S], const bf16_t* xs, int stride,
                                          int nt, float (*red)[16][8 * TN]) {
-    constexpr int E = W::E, CW = 4 * E;
+    constexpr int E = W::E, CW = 4 * E, S = W::S;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, q = lane & 3;
-    typename W::Raw nxt[2];
+    typename W::Raw nxt[S];
     float acc[TN][4];
 #pragma unroll
     for (int n = 0; n < TN; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
-    for (int c = warp; c < nchunks; c += 2 * TCG_WARPS) {
+    for (int c = warp; c < nchunks; c += S * TCG_WARPS) {
 #pragma unroll
-        for (int s = 0; s < 2; ++s) {
-            const int cn = c + (2 + s) * TCG_WARPS;
+        for (int s = 0; s < S; ++s) {
+            const int cn = c + (S + s) * TCG_WARPS;
             if (cn < nchunks) wp.load(nxt[s], r0, rows, cn * CW + q * E);
         }
 #pragma unroll
-        for (int s = 0; s < 2; ++s) {
+        for (int s = 0; s < S; ++s) {
             const int cc = c + s * TCG_WARPS;
             if (cc >= nchunks) break;  // warp-uniform
             // A lane whose span is past the row (last chunk) loaded zero weights and feeds
@@ -202,7 +204,7 @@ __device__ __forceinline__ void tcg_tile(const W& wp, int r0, int rows, int cols
             }
         }
 #pragma unroll
-        for (int s = 0; s < 2; ++s) cur[s] = nxt[s];
+        for (int s = 0; s < S; ++s) cur[s] = nxt[s];
     }
     // acc[n]: rows g (0, 1) and g + 8 (2, 3), tokens n * 8 + 2q (+1).
 #pragma unroll
@@ -229,7 +231,7 @@ __device__ __forceinline__ float tcg_sum(float (*red)[16][8 * TN], int row, int 
 // The entry points load the first chunks (tcg_prefetch: immutable weights only) before
 // pdl_enter(), then run the body.
 template <class W, int TN>
-__device__ __forceinline__ void gemv_tc_body(const W wp, typename W::Raw (&cur)[2],
+__device__ __forceinline__ void gemv_tc_body(const W wp, typename W::Raw (&cur)[W::S],
                                              const bf16_t* __restrict__ bias,
                                              const float* __restrict__ x, float* __restrict__ y,
                                              int rows, int cols, int tokens, int accumulate,
@@ -274,7 +276,7 @@ __device__ __forceinline__ void gemv_tc_body(const W wp, typename W::Raw (&cur)[
          int accumulate, const bf16_t* __restrict__ norm_w, float eps,                         \
          float* __restrict__ x_out) {                                                          \
         const TcgBf16 wp{w, cols};                                                             \
-        TcgBf16::Raw cur[2];                                                                   \
+        TcgBf16::Raw cur[TcgBf16::S];                                                          \
         tcg_prefetch(wp, blockIdx.x * 16 + ((threadIdx.x & 31) >> 2), rows, (cols + 63) / 64,  \
                      cur);                                                                     \
         pdl_enter();                                                                           \
@@ -291,7 +293,7 @@ GEMV_TC_BF16(gemv_tc_bf16_t16, 2)
          int rows, int cols, int tokens, int accumulate, const bf16_t* __restrict__ norm_w,    \
          float eps, float* __restrict__ x_out) {                                               \
         const TcgFp4 wp{blocks, scales, cols};                                                 \
-        TcgFp4::Raw cur[2];                                                                    \
+        TcgFp4::Raw cur[TcgFp4::S];                                                            \
         tcg_prefetch(wp, blockIdx.x * 16 + ((threadIdx.x & 31) >> 2), rows, (cols + 127) / 128, \
                      cur);                                                                     \
         pdl_enter();                                                                           \
@@ -386,7 +388,7 @@ __device__ __forceinline__ void moe_gate_up_tc_body(const u8* __restrict__ block
     const TcgFp4 wp{blocks + (size_t)grp.e * rows * nb * 16, scales + (size_t)grp.e * rows * nb, hidden};
     const int r0 = blockIdx.x * 16 + ((threadIdx.x & 31) >> 2);
     const int nchunks = (hidden + 127) / 128;
-    typename TcgFp4::Raw cur[2];
+    typename TcgFp4::Raw cur[TcgFp4::S];
     tcg_prefetch(wp, r0, rows, nchunks, cur);
     const int stride = hidden + TCG_XPAD, nt = grp.n;
     bf16_t* xs = reinterpret_cast<bf16_t*>(tcg_smem);
@@ -425,7 +427,7 @@ __device__ __forceinline__ void moe_down_tc_body(const u8* __restrict__ blocks,
     const TcgFp4 wp{blocks + (size_t)grp.e * hidden * nb * 16, scales + (size_t)grp.e * hidden * nb, inter};
     const int r0 = blockIdx.x * 16 + ((threadIdx.x & 31) >> 2);
     const int nchunks = (inter + 127) / 128;
-    typename TcgFp4::Raw cur[2];
+    typename TcgFp4::Raw cur[TcgFp4::S];
     tcg_prefetch(wp, r0, hidden, nchunks, cur);
     const int stride = inter + TCG_XPAD, nt = grp.n;
     bf16_t* xs = reinterpret_cast<bf16_t*>(tcg_smem);
