@@ -24,13 +24,29 @@
 // are immutable), so they stream in while it finishes and while the activations are staged.
 #define TCG_WARPS 8
 #define TCG_TOKENS 16
+// Tuning knobs (MXTUNE_KERNEL_DEFINES): activation loads in flight per warp while staging,
+// and weight chunks per K-loop step (and loaded ahead) for bf16 and MXFP4 weights.
+#ifndef TCG_STAGE_UNROLL
+#define TCG_STAGE_UNROLL 4
+#endif
+#ifndef TCG_BF16_STEP
+#define TCG_BF16_STEP 2
+#endif
+#ifndef TCG_FP4_STEP
+#define TCG_FP4_STEP 1
+#endif
+// Minimum resident blocks per SM the kernels are compiled for (caps their registers).
+// Defaults as measured best on the H100 (docs/perf.md, runs 34-35).
+#ifndef TCG_MINB
+#define TCG_MINB 2
+#endif
 // Bytes of padding after each staged token row.
 #define TCG_XPAD 8
 
 // bf16 weights: E = 16 elements per lane and row in a chunk (two 16-byte words).
 struct TcgBf16 {
     static constexpr int E = 16;
-    static constexpr int S = 2;  // chunks per step of the K loop (and loaded ahead)
+    static constexpr int S = TCG_BF16_STEP;  // chunks per step of the K loop (and loaded ahead)
     struct Raw {
         uint4 w[2][2];  // [row g, g + 8][word]
     };
@@ -60,7 +76,7 @@ struct TcgBf16 {
 // MXFP4 weights (layout of mxfp4_dense.cu): E = 32, one block of 32 and its scale per row.
 struct TcgFp4 {
     static constexpr int E = 32;
-    static constexpr int S = 4;  // half the bytes of a bf16 chunk: twice the chunks in flight
+    static constexpr int S = TCG_FP4_STEP;
     struct Raw {
         uint4 q[2];
         unsigned s[2];
@@ -100,23 +116,23 @@ struct TcgFp4 {
 // Stage nt activation rows (row(n): fp32, cols) as bf16 rows of `stride` elements at xs,
 // times norm_w when given; with SS also each row's sum of squares of the fp32 values into ss
 // (nt entries, shared). Work unit = (row, segment of 32 float4); warps take units
-// round-robin, four in flight. sq: shared scratch of nt * ceil(cols / 128) floats (SS only).
+// round-robin, TCG_STAGE_UNROLL in flight. sq: shared scratch of nt * ceil(cols / 128) floats (SS only).
 // Whole block must call it.
 template <bool SS, class RowOf>
 __device__ __forceinline__ void tcg_stage(RowOf row, const bf16_t* __restrict__ nw, int cols, int nt,
                                           int stride, bf16_t* xs, float* sq, float* ss) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int c4 = cols >> 2, segs = (c4 + 31) >> 5, units = nt * segs;
-    for (int u0 = warp; u0 < units; u0 += 4 * TCG_WARPS) {
-        float4 v[4];
+    for (int u0 = warp; u0 < units; u0 += TCG_STAGE_UNROLL * TCG_WARPS) {
+        float4 v[TCG_STAGE_UNROLL];
 #pragma unroll
-        for (int k = 0; k < 4; ++k) {
+        for (int k = 0; k < TCG_STAGE_UNROLL; ++k) {
             const int u = u0 + k * TCG_WARPS, t = u / segs, i = (u % segs) * 32 + lane;
             v[k] = u < units && i < c4 ? reinterpret_cast<const float4*>(row(t))[i]
                                        : make_float4(0.f, 0.f, 0.f, 0.f);
         }
 #pragma unroll
-        for (int k = 0; k < 4; ++k) {
+        for (int k = 0; k < TCG_STAGE_UNROLL; ++k) {
             const int u = u0 + k * TCG_WARPS;
             if (u >= units) break;  // warp-uniform
             const int t = u / segs, i = (u % segs) * 32 + lane;
@@ -270,7 +286,7 @@ __device__ __forceinline__ void gemv_tc_body(const W wp, typename W::Raw (&cur)[
 }
 
 #define GEMV_TC_BF16(name, TN)                                                                 \
-    extern "C" __global__ void __launch_bounds__(32 * TCG_WARPS)                               \
+    extern "C" __global__ void __launch_bounds__(32 * TCG_WARPS, TCG_MINB)                     \
     name(const bf16_t* __restrict__ w, const bf16_t* __restrict__ bias,                        \
          const float* __restrict__ x, float* __restrict__ y, int rows, int cols, int tokens,   \
          int accumulate, const bf16_t* __restrict__ norm_w, float eps,                         \
@@ -287,7 +303,7 @@ GEMV_TC_BF16(gemv_tc_bf16_t8, 1)
 GEMV_TC_BF16(gemv_tc_bf16_t16, 2)
 
 #define GEMV_TC_FP4(name, TN)                                                                  \
-    extern "C" __global__ void __launch_bounds__(32 * TCG_WARPS)                               \
+    extern "C" __global__ void __launch_bounds__(32 * TCG_WARPS, TCG_MINB)                     \
     name(const u8* __restrict__ blocks, const u8* __restrict__ scales,                         \
          const bf16_t* __restrict__ bias, const float* __restrict__ x, float* __restrict__ y,  \
          int rows, int cols, int tokens, int accumulate, const bf16_t* __restrict__ norm_w,    \
@@ -447,7 +463,7 @@ __device__ __forceinline__ void moe_down_tc_body(const u8* __restrict__ blocks,
 // grid = (ceil(2 I / 16), min(T, 16) * k, ceil(T / 16)); dynamic shared memory: 16 staged
 // rows of (H + TCG_XPAD) bf16 at most (ops.rs sizes it for min(T, 16)).
 #define MOE_GATE_UP_TC(name, TN)                                                               \
-    extern "C" __global__ void __launch_bounds__(32 * TCG_WARPS)                               \
+    extern "C" __global__ void __launch_bounds__(32 * TCG_WARPS, TCG_MINB)                     \
     name(const u8* __restrict__ blocks, const u8* __restrict__ scales,                         \
          const bf16_t* __restrict__ bias, const float* __restrict__ x,                         \
          const int* __restrict__ idx, float* __restrict__ act, int inter, int hidden, int k,   \
@@ -462,7 +478,7 @@ MOE_GATE_UP_TC(moe_gate_up_tc_t16, 2)
 // grid = (ceil(H / 16), min(T, 16) * k, ceil(T / 16)); dynamic shared memory: 16 staged rows
 // of (I + TCG_XPAD) bf16 at most.
 #define MOE_DOWN_TC(name, TN)                                                                  \
-    extern "C" __global__ void __launch_bounds__(32 * TCG_WARPS)                               \
+    extern "C" __global__ void __launch_bounds__(32 * TCG_WARPS, TCG_MINB)                     \
     name(const u8* __restrict__ blocks, const u8* __restrict__ scales,                         \
          const bf16_t* __restrict__ bias, const float* __restrict__ act,                       \
          const int* __restrict__ idx, const float* __restrict__ wts, float* __restrict__ part, \
