@@ -638,6 +638,44 @@ fn save_validates_the_name_and_asks_before_overwriting() {
 }
 
 #[test]
+fn saving_under_a_bundled_name_asks_first() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut paths = paths(dir.path());
+    paths.presets = PresetStore {
+        dirs: vec![dir.path().join("presets")],
+        bundled: true,
+    };
+    let mut app = App::new(theme(), paths);
+    for e in app.startup_effects() {
+        run_effect(&mut app, e);
+    }
+    assert_eq!(app.flags.loaded.as_ref().unwrap().name, "engine-cpu-tiny");
+    let file = dir.path().join("presets/baseline.toml");
+    key(&mut app, KeyCode::Char('s'));
+    type_str(&mut app, "baseline");
+    key(&mut app, KeyCode::Enter);
+    match &app.flags.overlay {
+        Some(Overlay::Save {
+            confirm_overwrite: true,
+            error: Some(q),
+            ..
+        }) => assert!(q.contains("bundled:presets/baseline.toml"), "{q}"),
+        other => panic!("{other:?}"),
+    }
+    assert!(render(&app, 80, 24).contains("bundled:presets/baseline.toml"));
+    key(&mut app, KeyCode::Char('n'));
+    assert!(!file.exists(), "n saves nothing");
+    key(&mut app, KeyCode::Enter);
+    key(&mut app, KeyCode::Char('y'));
+    assert_eq!(app.flags.overlay, None);
+    assert!(file.is_file());
+    assert_eq!(
+        app.paths.presets.find("baseline"),
+        Some(mxtune::flags::preset::PresetOrigin::File(file))
+    );
+}
+
+#[test]
 fn diff_and_command_views() {
     let dir = tempfile::tempdir().unwrap();
     let mut app = started(dir.path(), theme());

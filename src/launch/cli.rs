@@ -34,7 +34,7 @@ pub struct LaunchArgs {
     /// Preset name (or a path to a preset .toml): rendered for the target by the flags module.
     #[arg(long, conflicts_with = "spec", required_unless_present_any = ["spec", "url", "reattach"])]
     pub preset: Option<String>,
-    /// Project presets directory (searched before ~/.config/mxtune/presets).
+    /// Presets directory searched first, before ~/.config/mxtune/presets and the bundled presets.
     #[arg(long, env = "MXTUNE_PRESETS_DIR")]
     pub presets_dir: Option<PathBuf>,
     /// GPU architecture for the preset's conflict rules (e.g. sm121); unknown when omitted.
@@ -151,8 +151,7 @@ fn resolve(args: &LaunchArgs) -> Result<(LaunchSpec, String, TargetArg, Vec<pref
         let spec = render(&p.flags, kind).with_context(|| {
             format!(
                 "rendering preset {} ({}) for the {kind:?} target",
-                p.name,
-                p.path.display()
+                p.name, p.origin
             )
         })?;
         let findings = evaluate(&p.flags, kind, args.arch)

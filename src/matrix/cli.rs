@@ -30,7 +30,7 @@ pub struct CommonArgs {
     /// Endpoint the benchmarks stream from.
     #[arg(long, value_enum, default_value = "chat")]
     pub endpoint: Endpoint,
-    /// Project presets directory (searched before ~/.config/mxtune/presets).
+    /// Presets directory searched first, before ~/.config/mxtune/presets and the bundled presets.
     #[arg(long, env = "MXTUNE_PRESETS_DIR")]
     pub presets_dir: Option<PathBuf>,
     /// Runs directory for the run records and target logs.

@@ -401,10 +401,20 @@ pub fn perform(app: &mut App, bg: &mut Background, effect: Effect) -> Option<Exi
             let dir = app.paths.save_dir.clone();
             let path = dir.join(format!("{name}.toml"));
             let exists = path.exists();
-            if exists && !overwrite {
-                app.flags
-                    .on_saved(Err(format!("{} exists", path.display())), true);
-                return None;
+            if !overwrite {
+                // Replacing a file, or hiding a preset of the same name elsewhere (a bundled
+                // one, say), takes a `y` first.
+                let question = if exists {
+                    Some(format!("`{name}` exists. Overwrite it? y/n"))
+                } else {
+                    app.paths.presets.find(&name).map(|other| {
+                        format!("`{name}` is also {other}; the new one hides it. Save? y/n")
+                    })
+                };
+                if let Some(q) = question {
+                    app.flags.on_saved(Err(q), true);
+                    return None;
+                }
             }
             let extends = app.flags.loaded.as_ref().map(|p| p.name.clone());
             // A preset extending itself would be a loop: store it whole instead.
@@ -427,8 +437,8 @@ pub fn perform(app: &mut App, bg: &mut Background, effect: Effect) -> Option<Exi
                 .and_then(|p| app.paths.presets.load_file(&p).map_err(anyhow::Error::new));
             match saved {
                 Ok(p) => {
-                    app.message = Some(format!("saved {}", p.path.display()));
-                    app.flags.on_saved(Ok(p), exists);
+                    app.message = Some(format!("saved {}", p.origin));
+                    app.flags.on_saved(Ok(p), false);
                 }
                 Err(e) => app.flags.on_saved(Err(format!("{e:#}")), false),
             }

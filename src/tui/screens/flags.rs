@@ -424,8 +424,9 @@ impl FlagsScreen {
         }
     }
 
-    /// Saving finished: on success the saved preset becomes the baseline.
-    pub fn on_saved(&mut self, result: Result<Preset, String>, exists: bool) {
+    /// Saving finished: on success the saved preset becomes the baseline; with `ask` the
+    /// error is a question the Save dialog puts to the operator (y saves anyway).
+    pub fn on_saved(&mut self, result: Result<Preset, String>, ask: bool) {
         match result {
             Ok(p) => {
                 self.loaded = Some(p);
@@ -438,7 +439,7 @@ impl FlagsScreen {
                     ..
                 }) = &mut self.overlay
                 {
-                    *confirm_overwrite = exists;
+                    *confirm_overwrite = ask;
                     *error = Some(e);
                 }
             }
@@ -1038,10 +1039,10 @@ fn draw_overlay(frame: &mut Frame, app: &App, ov: &Overlay, area: Rect) {
                 ),
             ];
             if *confirm_overwrite {
-                lines.push(Line::styled(
-                    format!("`{name}` exists. Overwrite it? y/n"),
-                    theme.warn(),
-                ));
+                let question = error
+                    .clone()
+                    .unwrap_or_else(|| format!("`{name}` exists. Overwrite it? y/n"));
+                lines.push(Line::styled(question, theme.warn()));
             } else if let Some(e) = error {
                 lines.push(Line::styled(e.clone(), theme.error()));
             } else {
