@@ -374,3 +374,62 @@ fn user_and_dir_presets_replace_bundled_ones_by_name_and_say_so() {
         "{out}"
     );
 }
+
+#[test]
+fn recipe_import_saves_into_the_user_directory_and_export_never_replaces() {
+    let (cwd, home) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let out = cwd.path().join("baseline.yaml");
+    let export = |out: &Path| {
+        installed(
+            &[
+                "recipe",
+                "export",
+                "baseline",
+                "--out",
+                out.to_str().unwrap(),
+            ],
+            cwd.path(),
+            home.path(),
+        )
+    };
+    let o = export(&out);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let first = std::fs::read_to_string(&out).unwrap();
+    std::fs::write(&out, "# edited by hand\n").unwrap();
+    let o = export(&out);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && err.contains("exists"), "{err}");
+    assert_eq!(std::fs::read_to_string(&out).unwrap(), "# edited by hand\n");
+
+    let recipe = cwd.path().join("r.yaml");
+    std::fs::write(&recipe, first).unwrap();
+    let import = |name: &str| {
+        installed(
+            &["recipe", "import", recipe.to_str().unwrap(), "--name", name],
+            cwd.path(),
+            home.path(),
+        )
+    };
+    let o = import("from-recipe");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(
+        home.path()
+            .join(".config/mxtune/presets/from-recipe.toml")
+            .is_file()
+    );
+    let o = installed(&["presets", "list"], cwd.path(), home.path());
+    assert_eq!(list_row(&stdout(&o), "from-recipe")[2], "user");
+    // A bundled name is not hidden without --overwrite.
+    let o = import("baseline");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success() && err.contains("bundled:presets/baseline.toml"),
+        "{err}"
+    );
+    assert!(
+        !home
+            .path()
+            .join(".config/mxtune/presets/baseline.toml")
+            .exists()
+    );
+}

@@ -842,6 +842,17 @@ fn runs_list_filter_open_compare_and_export() {
     let md = std::fs::read_to_string(&exported).unwrap();
     assert!(md.contains("| ") && md.contains("engine-q8"), "{md}");
     assert!(app.message.as_deref().unwrap_or("").contains("wrote"));
+    // Exporting again keeps the first file and says where the new one went.
+    std::fs::write(&exported, "edited\n").unwrap();
+    key(&mut app, KeyCode::Char('e'));
+    assert_eq!(std::fs::read_to_string(&exported).unwrap(), "edited\n");
+    let second = dir.path().join("compare-00000001-00000002-2.md");
+    assert_eq!(std::fs::read_to_string(&second).unwrap(), md);
+    let msg = app.message.clone().unwrap_or_default();
+    assert!(
+        msg.contains("compare-00000001-00000002-2.md") && msg.contains("exists, kept"),
+        "{msg}"
+    );
 }
 
 // ---- Launch ----
@@ -1097,6 +1108,17 @@ fn log_pane_follows_scrolls_searches_wraps_and_saves() {
     key(&mut app, KeyCode::Char('S'));
     let saved = std::fs::read_to_string(dir.path().join("launch-no-run.log")).unwrap();
     assert!(saved.starts_with("line 0\n") && saved.contains("WARNING something odd"));
+    key(&mut app, KeyCode::Char('S'));
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("launch-no-run-2.log")).unwrap(),
+        saved,
+        "a second save goes to a new file"
+    );
+    assert!(
+        render(&app, 80, 24).contains("launch-no-run-2.log"),
+        "{:?}",
+        app.message
+    );
 }
 
 fn fixed_launch(app: &mut App) {

@@ -101,7 +101,7 @@ pub struct AbArgs {
     /// container names). The record says so.
     #[arg(long)]
     pub reuse: bool,
-    /// Output directory for ab.md and ab.json.
+    /// Output directory for ab.md and ab.json; one holding an earlier A/B is refused.
     #[arg(long, default_value = "ab")]
     pub out: PathBuf,
     /// Shared options.

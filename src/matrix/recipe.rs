@@ -323,10 +323,10 @@ pub enum RecipeAction {
     Export {
         /// Preset name.
         preset: String,
-        /// Project presets directory.
+        /// Presets directory searched first, before ~/.config/mxtune/presets and the bundled presets.
         #[arg(long, env = "MXTUNE_PRESETS_DIR")]
         presets_dir: Option<PathBuf>,
-        /// Write here instead of stdout.
+        /// Write here instead of stdout (a new file: an existing one is never replaced).
         #[arg(long)]
         out: Option<PathBuf>,
     },
@@ -363,8 +363,7 @@ pub fn run(args: RecipeArgs) -> Result<std::process::ExitCode> {
         } => {
             let yaml = to_yaml(&export(&PresetStore::standard(presets_dir), &preset)?)?;
             match out {
-                Some(p) => std::fs::write(&p, yaml)
-                    .with_context(|| format!("cannot write {}", p.display()))?,
+                Some(p) => crate::record::export::write_new(&p, yaml.as_bytes())?,
                 None => print!("{yaml}"),
             }
         }

@@ -1,9 +1,11 @@
 //! Run records: the versioned schema every module fills, environment capture, secret
-//! redaction, the atomic store under the runs directory, and list/show/compare.
+//! redaction, the atomic store under the runs directory, list/show/compare, and exports that
+//! never replace a file.
 
 pub mod cli;
 pub mod compare;
 pub mod env;
+pub mod export;
 pub mod migrate;
 pub mod redact;
 pub mod schema;

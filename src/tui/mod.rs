@@ -359,10 +359,7 @@ pub fn perform(app: &mut App, bg: &mut Background, effect: Effect) -> Option<Exi
                 s.push('\n');
                 s
             });
-            app.message = Some(match std::fs::write(&path, text) {
-                Ok(()) => format!("wrote {}", path.display()),
-                Err(e) => format!("cannot write {}: {e}", path.display()),
-            });
+            app.message = Some(export_message(&path, text.as_bytes()));
         }
         Effect::SaveCommand => {
             let preset = app
@@ -374,10 +371,7 @@ pub fn perform(app: &mut App, bg: &mut Background, effect: Effect) -> Option<Exi
             let path = screens::flags::command_file(&app.paths.export_dir, &preset);
             let mut text = screens::flags::command_lines(&app.flags.flags).join("\n");
             text.push('\n');
-            app.message = Some(match std::fs::write(&path, text) {
-                Ok(()) => format!("wrote {}", path.display()),
-                Err(e) => format!("cannot write {}: {e}", path.display()),
-            });
+            app.message = Some(export_message(&path, text.as_bytes()));
         }
         Effect::ListPresets => match app.paths.presets.list() {
             Ok(list) => app
@@ -452,13 +446,24 @@ pub fn perform(app: &mut App, bg: &mut Background, effect: Effect) -> Option<Exi
                 app.message = Some("mark two runs (m) to export a comparison".into());
                 return None;
             };
-            app.message = Some(match std::fs::write(&path, md) {
-                Ok(()) => format!("wrote {}", path.display()),
-                Err(e) => format!("cannot write {}: {e}", path.display()),
-            });
+            app.message = Some(export_message(&path, md.as_bytes()));
         }
     }
     None
+}
+
+/// Writes an export under `path`, or a new numbered name when that file exists (an earlier
+/// export, or one edited since), and says in the status line which file it was.
+fn export_message(path: &std::path::Path, bytes: &[u8]) -> String {
+    match crate::record::export::write_fresh(path, bytes) {
+        Ok(written) if written == path => format!("wrote {}", written.display()),
+        Ok(written) => format!(
+            "wrote {} ({} exists, kept)",
+            written.display(),
+            path.display()
+        ),
+        Err(e) => format!("{e:#}"),
+    }
 }
 
 /// A new directory name under `parent` (not created): the UTC time, made unique.

@@ -738,19 +738,11 @@ impl FlagsScreen {
     }
 }
 
-/// A file for the command that replaces nothing: `command-<preset>.sh`, else with `-2`, `-3`…
+/// The file `S` saves the command to: `command-<preset>.sh` (the export picks `-2`, `-3`…
+/// when that exists).
 pub fn command_file(dir: &std::path::Path, preset: &str) -> std::path::PathBuf {
     let stem = if preset.is_empty() { "flags" } else { preset };
-    (1..)
-        .map(|n| {
-            dir.join(if n == 1 {
-                format!("command-{stem}.sh")
-            } else {
-                format!("command-{stem}-{n}.sh")
-            })
-        })
-        .find(|p| !p.exists())
-        .unwrap_or_else(|| dir.join(format!("command-{stem}.sh")))
+    dir.join(format!("command-{stem}.sh"))
 }
 
 /// Scrolling in a read-only view; `None` closes it.
