@@ -8,5 +8,6 @@ pub mod flags;
 pub mod launch;
 pub mod matrix;
 pub mod monitor;
+pub mod output;
 pub mod record;
 pub mod tui;

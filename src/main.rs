@@ -64,8 +64,29 @@ enum EngineCommand {
     Profile(mxtune::engine::cuda::profile::ProfileArgs),
 }
 
+/// Whether the command only prints, and so should end quietly when its reader goes away
+/// (`mxtune presets list | head -1`). The others keep SIGPIPE ignored and print through
+/// `mxtune::outln!`: the panel and `serve` must outlive a dropped client socket, and launch,
+/// stop, bench, matrix and ab hold Docker's Unix socket (a write to a closed one raises
+/// SIGPIPE), targets and run records, which must be finished rather than abandoned.
+fn ends_with_its_reader(command: &Option<Command>) -> bool {
+    matches!(
+        command,
+        Some(
+            Command::Presets(_)
+                | Command::Runs(_)
+                | Command::Recipe(_)
+                | Command::Monitor(_)
+                | Command::Engine { .. }
+        )
+    )
+}
+
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
+    if ends_with_its_reader(&cli.command) {
+        mxtune::output::end_with_the_reader();
+    }
     let result: anyhow::Result<std::process::ExitCode> = match cli.command {
         None => mxtune::tui::run(mxtune::tui::Options {
             ascii: cli.tui.ascii,
@@ -96,7 +117,7 @@ fn main() -> std::process::ExitCode {
     match result {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("mxtune: error: {e:#}");
+            mxtune::errln!("mxtune: error: {e:#}");
             std::process::ExitCode::FAILURE
         }
     }

@@ -257,3 +257,179 @@ fn show_as_json_is_the_rendered_launch_spec() {
             .any(|c| c.must_see == ["^kernel-path backend=cpu(?:\\s|$)"])
     );
 }
+
+/// Runs the binary from `cwd` as an installed copy would be: HOME is `home`, nothing else
+/// names a presets directory.
+fn installed(args: &[&str], cwd: &Path, home: &Path) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_mxtune"))
+        .args(args)
+        .current_dir(cwd)
+        .env("HOME", home)
+        .env_remove("XDG_CONFIG_HOME")
+        .env_remove("MXTUNE_PRESETS_DIR")
+        .output()
+        .unwrap()
+}
+
+/// The `presets list` line of `name`, split on runs of spaces: name, target, source, description.
+fn list_row(out: &str, name: &str) -> Vec<String> {
+    let line = out
+        .lines()
+        .find(|l| l.split_whitespace().next() == Some(name))
+        .unwrap_or_else(|| panic!("{name} in\n{out}"));
+    line.split("  ")
+        .map(str::trim)
+        .filter(|w| !w.is_empty())
+        .map(str::to_string)
+        .collect()
+}
+
+#[test]
+fn outside_the_repository_the_bundled_presets_are_there() {
+    let (cwd, home) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let o = installed(&["presets", "list"], cwd.path(), home.path());
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let out = stdout(&o);
+    for name in ["baseline", "final", "engine-cpu-tiny"] {
+        assert_eq!(list_row(&out, name)[2], "bundled", "{out}");
+    }
+    assert_eq!(
+        out.lines().count(),
+        std::fs::read_dir(repo_presets()).unwrap().count(),
+        "every file of presets/, nothing hidden:\n{out}"
+    );
+    let o = installed(
+        &["presets", "show", "final", "--as", "docker-run"],
+        cwd.path(),
+        home.path(),
+    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let o = installed(&["presets", "check"], cwd.path(), home.path());
+    assert!(o.status.success(), "{}", stdout(&o));
+}
+
+#[test]
+fn user_and_dir_presets_replace_bundled_ones_by_name_and_say_so() {
+    let (cwd, home) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let user = home.path().join(".config/mxtune/presets");
+    std::fs::create_dir_all(&user).unwrap();
+    // Adjusts the bundled baseline (extends its own name), and so every bundled child of it.
+    std::fs::write(
+        user.join("baseline.toml"),
+        "description = \"my baseline\"\nextends = \"baseline\"\n[serving]\nmax_num_seqs = 1\n",
+    )
+    .unwrap();
+    std::fs::write(
+        user.join("mine.toml"),
+        "description = \"my own\"\nextends = \"final\"\n",
+    )
+    .unwrap();
+    let o = installed(&["presets", "list"], cwd.path(), home.path());
+    let out = stdout(&o);
+    assert!(o.status.success(), "{out}");
+    assert_eq!(
+        list_row(&out, "baseline")[2..],
+        ["user", "my baseline"],
+        "{out}"
+    );
+    assert_eq!(list_row(&out, "mine")[2], "user", "{out}");
+    assert!(
+        out.contains("(hides bundled:presets/baseline.toml)"),
+        "{out}"
+    );
+    let o = installed(&["presets", "show", "mine"], cwd.path(), home.path());
+    let out = stdout(&o);
+    assert!(
+        out.contains("mine (user) → final (bundled) → baseline (user) → baseline (bundled)"),
+        "{out}"
+    );
+    assert!(out.contains("max_num_seqs = 1"), "{out}");
+
+    // --presets-dir comes before the user directory; its label is the directory.
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("baseline.toml"),
+        "description = \"dir one\"\n",
+    )
+    .unwrap();
+    let o = installed(
+        &[
+            "presets",
+            "--presets-dir",
+            dir.path().to_str().unwrap(),
+            "list",
+        ],
+        cwd.path(),
+        home.path(),
+    );
+    let out = stdout(&o);
+    assert_eq!(
+        list_row(&out, "baseline")[2..],
+        [dir.path().display().to_string(), "dir one".to_string()],
+        "{out}"
+    );
+    assert!(
+        out.contains(&format!("(hides {})", user.join("baseline.toml").display()))
+            && out.contains("(hides bundled:presets/baseline.toml)"),
+        "{out}"
+    );
+}
+
+#[test]
+fn recipe_import_saves_into_the_user_directory_and_export_never_replaces() {
+    let (cwd, home) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let out = cwd.path().join("baseline.yaml");
+    let export = |out: &Path| {
+        installed(
+            &[
+                "recipe",
+                "export",
+                "baseline",
+                "--out",
+                out.to_str().unwrap(),
+            ],
+            cwd.path(),
+            home.path(),
+        )
+    };
+    let o = export(&out);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let first = std::fs::read_to_string(&out).unwrap();
+    std::fs::write(&out, "# edited by hand\n").unwrap();
+    let o = export(&out);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && err.contains("exists"), "{err}");
+    assert_eq!(std::fs::read_to_string(&out).unwrap(), "# edited by hand\n");
+
+    let recipe = cwd.path().join("r.yaml");
+    std::fs::write(&recipe, first).unwrap();
+    let import = |name: &str| {
+        installed(
+            &["recipe", "import", recipe.to_str().unwrap(), "--name", name],
+            cwd.path(),
+            home.path(),
+        )
+    };
+    let o = import("from-recipe");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(
+        home.path()
+            .join(".config/mxtune/presets/from-recipe.toml")
+            .is_file()
+    );
+    let o = installed(&["presets", "list"], cwd.path(), home.path());
+    assert_eq!(list_row(&stdout(&o), "from-recipe")[2], "user");
+    // A bundled name is not hidden without --overwrite.
+    let o = import("baseline");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success() && err.contains("bundled:presets/baseline.toml"),
+        "{err}"
+    );
+    assert!(
+        !home
+            .path()
+            .join(".config/mxtune/presets/baseline.toml")
+            .exists()
+    );
+}

@@ -265,6 +265,31 @@ fn matrix_refuses_an_existing_out_and_resume_without_state() {
 }
 
 #[test]
+fn ab_refuses_an_out_holding_an_earlier_result_before_launching() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("ab.md"), "earlier\n").unwrap();
+    let r = mxtune()
+        .args(["ab", "engine-cpu-tiny", "engine-q8", "--target", "engine"])
+        .arg("--runs-dir")
+        .arg(dir.path().join("runs"))
+        .arg("--out")
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&r.stderr);
+    assert!(!r.status.success(), "{err}");
+    assert!(
+        err.contains("already holds an A/B result") && err.contains("ab.md"),
+        "{err}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("ab.md")).unwrap(),
+        "earlier\n"
+    );
+    assert!(!dir.path().join("runs").exists(), "nothing ran");
+}
+
+#[test]
 fn ab_engine_reuse_reports_ratios() {
     let dir = tempfile::tempdir().unwrap();
     let presets = dir.path().join("presets");

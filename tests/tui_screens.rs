@@ -641,6 +641,44 @@ fn save_validates_the_name_and_asks_before_overwriting() {
 }
 
 #[test]
+fn saving_under_a_bundled_name_asks_first() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut paths = paths(dir.path());
+    paths.presets = PresetStore {
+        dirs: vec![dir.path().join("presets")],
+        bundled: true,
+    };
+    let mut app = App::new(theme(), paths);
+    for e in app.startup_effects() {
+        run_effect(&mut app, e);
+    }
+    assert_eq!(app.flags.loaded.as_ref().unwrap().name, "engine-cpu-tiny");
+    let file = dir.path().join("presets/baseline.toml");
+    key(&mut app, KeyCode::Char('s'));
+    type_str(&mut app, "baseline");
+    key(&mut app, KeyCode::Enter);
+    match &app.flags.overlay {
+        Some(Overlay::Save {
+            confirm_overwrite: true,
+            error: Some(q),
+            ..
+        }) => assert!(q.contains("bundled:presets/baseline.toml"), "{q}"),
+        other => panic!("{other:?}"),
+    }
+    assert!(render(&app, 80, 24).contains("bundled:presets/baseline.toml"));
+    key(&mut app, KeyCode::Char('n'));
+    assert!(!file.exists(), "n saves nothing");
+    key(&mut app, KeyCode::Enter);
+    key(&mut app, KeyCode::Char('y'));
+    assert_eq!(app.flags.overlay, None);
+    assert!(file.is_file());
+    assert_eq!(
+        app.paths.presets.find("baseline"),
+        Some(mxtune::flags::preset::PresetOrigin::File(file))
+    );
+}
+
+#[test]
 fn diff_and_command_views() {
     let dir = tempfile::tempdir().unwrap();
     let mut app = started(dir.path(), theme());
@@ -807,6 +845,17 @@ fn runs_list_filter_open_compare_and_export() {
     let md = std::fs::read_to_string(&exported).unwrap();
     assert!(md.contains("| ") && md.contains("engine-q8"), "{md}");
     assert!(app.message.as_deref().unwrap_or("").contains("wrote"));
+    // Exporting again keeps the first file and says where the new one went.
+    std::fs::write(&exported, "edited\n").unwrap();
+    key(&mut app, KeyCode::Char('e'));
+    assert_eq!(std::fs::read_to_string(&exported).unwrap(), "edited\n");
+    let second = dir.path().join("compare-00000001-00000002-2.md");
+    assert_eq!(std::fs::read_to_string(&second).unwrap(), md);
+    let msg = app.message.clone().unwrap_or_default();
+    assert!(
+        msg.contains("compare-00000001-00000002-2.md") && msg.contains("exists, kept"),
+        "{msg}"
+    );
 }
 
 // ---- Launch ----
@@ -1241,6 +1290,17 @@ fn log_pane_follows_scrolls_searches_wraps_and_saves() {
     key(&mut app, KeyCode::Char('S'));
     let saved = std::fs::read_to_string(dir.path().join("launch-no-run.log")).unwrap();
     assert!(saved.starts_with("line 0\n") && saved.contains("WARNING something odd"));
+    key(&mut app, KeyCode::Char('S'));
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("launch-no-run-2.log")).unwrap(),
+        saved,
+        "a second save goes to a new file"
+    );
+    assert!(
+        render(&app, 80, 24).contains("launch-no-run-2.log"),
+        "{:?}",
+        app.message
+    );
 }
 
 fn fixed_launch(app: &mut App) {

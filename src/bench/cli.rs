@@ -191,13 +191,13 @@ async fn run_async(args: BenchArgs) -> Result<ExitCode> {
     drop(cancel);
     let out = outcome?;
     for n in &out.notes {
-        eprintln!("mxtune bench: {n}");
+        crate::errln!("mxtune bench: {n}");
     }
     if let Some(path) = &out.record {
-        eprintln!("run record: {}", path.display());
+        crate::errln!("run record: {}", path.display());
     }
     for e in &out.record_errors {
-        eprintln!("mxtune: warning: run record not updated: {e}");
+        crate::errln!("mxtune: warning: run record not updated: {e}");
     }
 
     if args.json {
@@ -208,19 +208,19 @@ async fn run_async(args: BenchArgs) -> Result<ExitCode> {
             &out.levels,
             out.aborted,
         );
-        println!(
+        crate::outln!(
             "{}",
             serde_json::to_string_pretty(&report).context("serializing the JSON report")?
         );
     } else {
         if let Some(g) = &out.grid {
-            print!("{}", render_tables(g));
+            crate::out!("{}", render_tables(g));
         }
         for l in &out.levels {
-            print!("{}", render_level(l));
+            crate::out!("{}", render_level(l));
         }
         if out.aborted {
-            println!("interrupted: results above are partial");
+            crate::outln!("interrupted: results above are partial");
         }
     }
     Ok(if out.aborted {

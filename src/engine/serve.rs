@@ -12,7 +12,6 @@ use super::{loader, synthetic};
 use anyhow::{Context, Result, bail};
 use clap::{Args, ValueEnum};
 use half::bf16;
-use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -581,16 +580,14 @@ pub fn run(args: ServeArgs) -> Result<ExitCode> {
             })?;
         let addr = listener.local_addr().context("reading the bound address")?;
         let shutdown = shutdown_signal()?;
-        let mut out = std::io::stdout().lock();
+        // stdout may be closed (`mxtune serve | head -1`, or the reader went away later);
+        // the server's clients still matter, so that is no reason to stop.
         for line in &prepared.report {
-            writeln!(out, "{line}")?;
+            crate::outln!("{line}");
         }
-        writeln!(out, "mxtune serve: ready on http://{addr}")?;
-        out.flush()?;
-        drop(out);
+        crate::outln!("mxtune serve: ready on http://{addr}");
         server.serve(listener, shutdown).await?;
-        // stdout may be closed by now (the reader went away); that is no reason to fail.
-        let _ = writeln!(std::io::stdout(), "mxtune serve: stopped");
+        crate::outln!("mxtune serve: stopped");
         Ok(ExitCode::SUCCESS)
     })
 }

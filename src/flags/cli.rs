@@ -1,6 +1,6 @@
 //! `mxtune presets …`: list, show, diff, check, docs.
 
-use super::preset::{Preset, PresetError, PresetStore};
+use super::preset::{Preset, PresetError, PresetOrigin, PresetStore, user_presets_dir};
 use super::render::{RenderContext, docker_run_argv, render_with};
 use super::rules::{GpuArch, evaluate};
 use crate::launch::spec::{LaunchSpec, TargetKind};
@@ -11,7 +11,7 @@ use std::process::ExitCode;
 /// Arguments of `mxtune presets`.
 #[derive(clap::Args, Debug)]
 pub struct PresetsArgs {
-    /// Project presets directory (searched before ~/.config/mxtune/presets).
+    /// Presets directory searched first, before ~/.config/mxtune/presets and the bundled presets.
     #[arg(long, env = "MXTUNE_PRESETS_DIR", global = true)]
     pub presets_dir: Option<PathBuf>,
     /// What to do.
@@ -22,7 +22,7 @@ pub struct PresetsArgs {
 /// The `presets` subcommands.
 #[derive(clap::Subcommand, Debug)]
 pub enum PresetsCommand {
-    /// List presets: name, target, description.
+    /// List presets: name, target, source (bundled, user, or the directory), description.
     List,
     /// Show a resolved preset, or exactly what it would run.
     Show {
@@ -102,30 +102,51 @@ fn target_name(t: TargetKind) -> &'static str {
     }
 }
 
+/// Where a preset comes from, in a word where one is enough: `bundled`, `user` (the user
+/// directory), else the directory holding it.
+fn source_label(origin: &PresetOrigin) -> String {
+    match origin {
+        PresetOrigin::Bundled(_) => "bundled".into(),
+        PresetOrigin::File(p) => {
+            let dir = p.parent().unwrap_or(Path::new("."));
+            if user_presets_dir().is_some_and(|u| u == dir) {
+                "user".into()
+            } else {
+                dir.display().to_string()
+            }
+        }
+    }
+}
+
 fn list(store: &PresetStore) -> Result<ExitCode> {
     let entries = store.list()?;
     if entries.is_empty() {
-        let dirs: Vec<String> = store.dirs.iter().map(|d| d.display().to_string()).collect();
-        println!("no presets in {}", dirs.join(", "));
+        println!("no presets in {}", store.sources());
         return Ok(ExitCode::SUCCESS);
     }
     let width = entries.iter().map(|e| e.name.len()).max().unwrap_or(0);
+    let swidth = entries
+        .iter()
+        .map(|e| source_label(&e.origin).chars().count())
+        .max()
+        .unwrap_or(0);
     let mut failed = false;
     for e in entries {
-        match store.load_file(&e.path) {
+        let source = source_label(&e.origin);
+        match store.load_origin(&e.origin) {
             Ok(p) => println!(
-                "{:width$}  {:6}  {}",
+                "{:width$}  {:6}  {source:swidth$}  {}",
                 e.name,
                 target_name(p.flags.target),
                 p.description
             ),
             Err(err) => {
                 failed = true;
-                println!("{:width$}  BROKEN  {err}", e.name)
+                println!("{:width$}  BROKEN  {source:swidth$}  {err}", e.name)
             }
         }
-        if let Some(s) = e.shadows {
-            println!("{:width$}  (hides {})", "", s.display());
+        for s in e.shadows {
+            println!("{:width$}  (hides {s})", "");
         }
     }
     Ok(if failed {
@@ -190,13 +211,13 @@ fn show(
             println!("{}", serde_json::to_string_pretty(&spec)?);
         }
         None => {
-            println!("preset:      {} ({})", p.name, p.path.display());
+            println!("preset:      {} ({})", p.name, p.origin);
             println!("description: {}", p.description);
             if p.chain.len() > 1 {
                 let names: Vec<String> = p
                     .chain
                     .iter()
-                    .filter_map(|f| f.file_stem().map(|s| s.to_string_lossy().into_owned()))
+                    .map(|o| format!("{} ({})", o.name(), source_label(o)))
                     .collect();
                 println!("extends:     {}", names.join(" → "));
             }
@@ -239,14 +260,15 @@ fn diff(store: &PresetStore, a: &str, b: &str) -> Result<ExitCode> {
 }
 
 fn check(store: &PresetStore, files: &[PathBuf], arch: Option<GpuArch>) -> Result<ExitCode> {
-    let paths: Vec<PathBuf> = if files.is_empty() {
-        store.list()?.into_iter().map(|e| e.path).collect()
+    let origins: Vec<PresetOrigin> = if files.is_empty() {
+        store.list()?.into_iter().map(|e| e.origin).collect()
     } else {
-        files.to_vec()
+        files.iter().cloned().map(PresetOrigin::File).collect()
     };
     let (mut errors, mut warnings) = (0usize, 0usize);
-    for path in &paths {
-        let p = match store.load_file(path) {
+    for origin in &origins {
+        let path = origin.display_path();
+        let p = match store.load_origin(origin) {
             Ok(p) => p,
             Err(e) => {
                 errors += 1;
@@ -257,7 +279,7 @@ fn check(store: &PresetStore, files: &[PathBuf], arch: Option<GpuArch>) -> Resul
         let at = |keys: &[&str]| -> String {
             store
                 .locate(&p, keys)
-                .map(|(f, l)| format!("{}:{l}", f.display()))
+                .map(|(o, l)| format!("{o}:{l}"))
                 .unwrap_or_else(|| path.display().to_string())
         };
         let findings = evaluate(&p.flags, p.flags.target, arch);
@@ -287,7 +309,7 @@ fn check(store: &PresetStore, files: &[PathBuf], arch: Option<GpuArch>) -> Resul
     }
     eprintln!(
         "checked {} preset(s): {errors} error(s), {warnings} warning(s)",
-        paths.len()
+        origins.len()
     );
     Ok(if errors > 0 {
         ExitCode::FAILURE

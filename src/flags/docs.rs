@@ -240,11 +240,25 @@ CPU lacks must report `n/a`, and with `device = "auto"` either the value or `n/a
 
 ## Presets
 
-* `./presets` (override with `--presets-dir DIR` or `MXTUNE_PRESETS_DIR`) is searched first, then
-  the user's `$XDG_CONFIG_HOME/mxtune/presets` (default `~/.config/mxtune/presets`). The first
-  directory holding a name wins; `presets list` marks a shadowed file.
+* Where presets come from, searched in this order, the first source holding a name winning:
+  1. `--presets-dir DIR` or `MXTUNE_PRESETS_DIR`, when given;
+  2. the user's `$XDG_CONFIG_HOME/mxtune/presets` (default `~/.config/mxtune/presets`);
+  3. the presets bundled into the binary: the repository's `presets/*.toml` at build time, so an
+     installed `mxtune` has them in any directory.
+
+  A user or `--presets-dir` preset named like a bundled one replaces it everywhere the name is
+  used, also as the parent of bundled presets that extend it. `presets list` gives each
+  preset's source (`bundled`, `user`, or the directory) and a `(hides …)` line for each preset
+  of the same name it hides; `presets show` names the file, errors in a bundled preset name
+  `bundled:presets/NAME.toml`.
+* New presets (the panel's `s`, `recipe import`) are saved into `--presets-dir` /
+  `MXTUNE_PRESETS_DIR` when given, else into the user directory; the bundled presets are never
+  written. Saving under a name that exists, or that hides a preset elsewhere, needs a `y`
+  (panel) or `--overwrite` (`recipe import`).
 * Keys: `description`, `extends`, `target` (`docker` | `engine`), and the sections above.
   `extends = "NAME"` merges key by key: the child's keys replace the parent's, tables merge.
+  A preset extending its own name (`baseline.toml` with `extends = "baseline"`) extends the
+  preset of that name further down the sources: that is how to adjust a bundled preset.
 * Loading is strict: an unknown key, a wrong value, an `extends` cycle or a missing parent is an
   error naming the file, the line and the valid choices. `mxtune presets check [FILE…]` prints
   `file:line: message` and exits non-zero on any error; a rule tied to a GPU architecture counts

@@ -6,6 +6,7 @@
 //! conflicts before launch.
 
 pub mod axes;
+pub mod bundled;
 pub mod cli;
 pub mod docs;
 pub mod model;

@@ -7,6 +7,7 @@
 use super::model::{Axes, Container, EngineSettings, FlagSet, Serving};
 use crate::launch::spec::TargetKind;
 use serde::Deserialize;
+use std::borrow::Cow;
 use std::path::{Path, PathBuf};
 use toml::Spanned;
 
@@ -35,19 +36,86 @@ impl PresetError {
     }
 }
 
+/// Where one preset's text comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PresetOrigin {
+    /// Compiled into the binary from the repository's `presets/NAME.toml`.
+    Bundled(&'static str),
+    /// A file on disk.
+    File(PathBuf),
+}
+
+impl PresetOrigin {
+    /// The path messages name: the file, or `bundled:presets/NAME.toml` for a bundled preset
+    /// (the repository file it was built from).
+    pub fn display_path(&self) -> PathBuf {
+        match self {
+            PresetOrigin::Bundled(n) => PathBuf::from(format!("bundled:presets/{n}.toml")),
+            PresetOrigin::File(p) => p.clone(),
+        }
+    }
+
+    /// The preset's name: the file stem.
+    pub fn name(&self) -> String {
+        match self {
+            PresetOrigin::Bundled(n) => (*n).to_string(),
+            PresetOrigin::File(p) => p
+                .file_stem()
+                .map(|s| s.to_string_lossy().into_owned())
+                .unwrap_or_default(),
+        }
+    }
+
+    fn text(&self) -> Result<Cow<'static, str>, PresetError> {
+        match self {
+            PresetOrigin::Bundled(n) => super::bundled::text(n)
+                .map(|(_, t)| Cow::Borrowed(t))
+                .ok_or_else(|| {
+                    PresetError::new(&self.display_path(), None, "no such bundled preset")
+                }),
+            PresetOrigin::File(p) => std::fs::read_to_string(p)
+                .map(Cow::Owned)
+                .map_err(|e| PresetError::new(p, None, format!("cannot read preset: {e}"))),
+        }
+    }
+
+    /// Whether both name the same preset text; files are compared by their real path, so a
+    /// chain reached once as `presets/a.toml` and once as `./presets/a.toml` is still a cycle.
+    fn same(&self, other: &PresetOrigin) -> bool {
+        match (self, other) {
+            (PresetOrigin::File(a), PresetOrigin::File(b)) => same_path(a, b),
+            (a, b) => a == b,
+        }
+    }
+}
+
+impl std::fmt::Display for PresetOrigin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.display_path().display())
+    }
+}
+
+fn same_path(a: &Path, b: &Path) -> bool {
+    a == b
+        || matches!(
+            (std::fs::canonicalize(a), std::fs::canonicalize(b)),
+            (Ok(x), Ok(y)) if x == y
+        )
+}
+
 /// A loaded, resolved preset.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Preset {
     /// Name (the file stem).
     pub name: String,
-    /// The file it came from.
-    pub path: PathBuf,
+    /// Where its text came from.
+    pub origin: PresetOrigin,
     /// One-line description.
     pub description: String,
     /// The parent preset, if any.
     pub extends: Option<String>,
-    /// Files of the chain, this preset first, root last.
-    pub chain: Vec<PathBuf>,
+    /// Origins of the chain, this preset first, root last.
+    pub chain: Vec<PresetOrigin>,
     /// The resolved flag set.
     pub flags: FlagSet,
 }
@@ -82,7 +150,7 @@ struct PresetDoc {
 
 /// One parsed file: its raw table (minus the preset's own keys) and metadata.
 struct ParsedFile {
-    path: PathBuf,
+    origin: PresetOrigin,
     description: String,
     extends: Option<(String, Option<usize>)>,
     table: toml::Table,
@@ -96,16 +164,16 @@ fn line_of(text: &str, offset: usize) -> usize {
         + 1
 }
 
-/// Reads and checks one preset file on its own (no `extends` resolution).
-fn parse_file(path: &Path) -> Result<ParsedFile, PresetError> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| PresetError::new(path, None, format!("cannot read preset: {e}")))?;
+/// Reads and checks one preset on its own (no `extends` resolution).
+fn parse(origin: &PresetOrigin) -> Result<ParsedFile, PresetError> {
+    let text = origin.text()?;
+    let path = origin.display_path();
     let doc: PresetDoc = toml::from_str(&text).map_err(|e| {
         let line = e.span().map(|s| line_of(&text, s.start));
-        PresetError::new(path, line, e.message().trim().to_string())
+        PresetError::new(&path, line, e.message().trim().to_string())
     })?;
     let mut table: toml::Table = toml::from_str(&text)
-        .map_err(|e| PresetError::new(path, None, e.message().trim().to_string()))?;
+        .map_err(|e| PresetError::new(&path, None, e.message().trim().to_string()))?;
     let description = match table.remove("description") {
         Some(toml::Value::String(s)) => s,
         _ => String::new(),
@@ -116,7 +184,7 @@ fn parse_file(path: &Path) -> Result<ParsedFile, PresetError> {
         (s.into_inner(), Some(line))
     });
     Ok(ParsedFile {
-        path: path.to_path_buf(),
+        origin: origin.clone(),
         description,
         extends,
         table,
@@ -135,14 +203,21 @@ fn merge(base: &mut toml::Table, over: toml::Table) {
     }
 }
 
-/// Where presets live: searched in order; the first directory holding a name wins.
+/// Where presets come from, searched in order, the first source holding a name winning:
+/// the directories (highest priority first), then, in a standard store, the presets bundled
+/// into the binary. A name is looked up the same way wherever it appears, so a user preset
+/// named like a bundled one also replaces it as the parent of bundled presets that extend it.
+/// A preset that extends its own name (`baseline.toml` with `extends = "baseline"`) extends
+/// the preset of that name in the next sources down, which is how one adjusts a bundled preset.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PresetStore {
     /// Directories, highest priority first.
     pub dirs: Vec<PathBuf>,
+    /// Whether the bundled presets follow the directories.
+    pub bundled: bool,
 }
 
-/// Env var overriding the project presets directory.
+/// Env var naming an extra presets directory, searched first (same as `--presets-dir`).
 pub const PRESETS_DIR_ENV: &str = "MXTUNE_PRESETS_DIR";
 
 /// The user's presets directory: `$XDG_CONFIG_HOME/mxtune/presets` or `~/.config/mxtune/presets`.
@@ -155,33 +230,69 @@ pub fn user_presets_dir() -> Option<PathBuf> {
         .map(|h| PathBuf::from(h).join(".config/mxtune/presets"))
 }
 
-/// A preset name found in a directory.
+/// Where new presets go (the panel's `s`, `recipe import`): the `--presets-dir` /
+/// `MXTUNE_PRESETS_DIR` directory when given, because it is searched first and so what is
+/// saved is what loads; else the user directory. `None` without HOME or XDG_CONFIG_HOME.
+pub fn save_dir(explicit: Option<PathBuf>) -> Option<PathBuf> {
+    explicit.or_else(user_presets_dir)
+}
+
+/// A preset name and where it is found.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PresetEntry {
     /// Name (file stem).
     pub name: String,
-    /// Its file.
-    pub path: PathBuf,
-    /// A file of the same name in a later directory that this one hides.
-    pub shadows: Option<PathBuf>,
+    /// The source that wins.
+    pub origin: PresetOrigin,
+    /// Presets of the same name in later sources that this one hides, in search order.
+    pub shadows: Vec<PresetOrigin>,
 }
 
 impl PresetStore {
-    /// A store over these directories, highest priority first.
+    /// A store over these directories only, highest priority first (no bundled presets).
     pub fn new(dirs: Vec<PathBuf>) -> Self {
-        PresetStore { dirs }
+        PresetStore {
+            dirs,
+            bundled: false,
+        }
     }
 
-    /// The standard store: `project_dir` (default `./presets`), then the user directory.
-    pub fn standard(project_dir: Option<PathBuf>) -> Self {
-        let mut dirs = vec![project_dir.unwrap_or_else(|| PathBuf::from("presets"))];
-        dirs.extend(user_presets_dir());
-        PresetStore { dirs }
+    /// The standard store: `explicit` (`--presets-dir` / `MXTUNE_PRESETS_DIR`) when given,
+    /// then the user directory, then the bundled presets.
+    pub fn standard(explicit: Option<PathBuf>) -> Self {
+        let mut dirs: Vec<PathBuf> = explicit.into_iter().collect();
+        if let Some(user) = user_presets_dir()
+            && !dirs.iter().any(|d| same_path(d, &user))
+        {
+            dirs.push(user);
+        }
+        PresetStore {
+            dirs,
+            bundled: true,
+        }
     }
 
-    /// Every preset name, sorted, first directory winning.
+    /// The sources in search order, for messages.
+    pub fn sources(&self) -> String {
+        let mut s: Vec<String> = self.dirs.iter().map(|d| d.display().to_string()).collect();
+        if self.bundled {
+            s.push("the bundled presets".into());
+        }
+        s.join(", ")
+    }
+
+    /// Every preset name, sorted, the first source winning.
     pub fn list(&self) -> Result<Vec<PresetEntry>, PresetError> {
         let mut out: Vec<PresetEntry> = Vec::new();
+        let mut add =
+            |name: String, origin: PresetOrigin| match out.iter_mut().find(|e| e.name == name) {
+                Some(e) => e.shadows.push(origin),
+                None => out.push(PresetEntry {
+                    name,
+                    origin,
+                    shadows: Vec::new(),
+                }),
+            };
         for dir in &self.dirs {
             let rd = match std::fs::read_dir(dir) {
                 Ok(rd) => rd,
@@ -194,7 +305,6 @@ impl PresetStore {
                     ));
                 }
             };
-            let mut found = Vec::new();
             for ent in rd {
                 let ent = ent.map_err(|e| {
                     PresetError::new(dir, None, format!("cannot list presets: {e}"))
@@ -203,39 +313,66 @@ impl PresetStore {
                 if p.extension().is_some_and(|x| x == "toml")
                     && let Some(stem) = p.file_stem()
                 {
-                    found.push((stem.to_string_lossy().into_owned(), p));
+                    add(stem.to_string_lossy().into_owned(), PresetOrigin::File(p));
                 }
             }
-            for (name, path) in found {
-                match out.iter_mut().find(|e| e.name == name) {
-                    Some(e) => e.shadows = Some(path),
-                    None => out.push(PresetEntry {
-                        name,
-                        path,
-                        shadows: None,
-                    }),
-                }
+        }
+        if self.bundled {
+            for (name, _) in super::bundled::BUNDLED {
+                add((*name).to_string(), PresetOrigin::Bundled(name));
             }
         }
         out.sort_by(|a, b| a.name.cmp(&b.name));
         Ok(out)
     }
 
-    /// The file of preset `name`.
-    pub fn find(&self, name: &str) -> Option<PathBuf> {
-        self.dirs
-            .iter()
-            .map(|d| d.join(format!("{name}.toml")))
-            .find(|p| p.is_file())
+    /// The first source at or after `from` (0 = the first directory, `dirs.len()` = the
+    /// bundled presets) holding preset `name`, with its position.
+    fn lookup(&self, name: &str, from: usize) -> Option<(usize, PresetOrigin)> {
+        for (i, dir) in self.dirs.iter().enumerate().skip(from) {
+            let p = dir.join(format!("{name}.toml"));
+            if p.is_file() {
+                return Some((i, PresetOrigin::File(p)));
+            }
+        }
+        if self.bundled && from <= self.dirs.len() {
+            return super::bundled::text(name)
+                .map(|(n, _)| (self.dirs.len(), PresetOrigin::Bundled(n)));
+        }
+        None
+    }
+
+    /// Where preset `name` is found.
+    pub fn find(&self, name: &str) -> Option<PresetOrigin> {
+        self.lookup(name, 0).map(|(_, o)| o)
+    }
+
+    /// The position of `origin` among the sources, when it is one of them.
+    fn position(&self, origin: &PresetOrigin) -> Option<usize> {
+        match origin {
+            PresetOrigin::Bundled(_) => self.bundled.then_some(self.dirs.len()),
+            PresetOrigin::File(p) => {
+                let parent = p.parent()?;
+                self.dirs.iter().position(|d| same_path(d, parent))
+            }
+        }
+    }
+
+    fn known(&self) -> String {
+        let known: Vec<String> = self
+            .list()
+            .map(|l| l.into_iter().map(|e| e.name).collect())
+            .unwrap_or_default();
+        if known.is_empty() {
+            "(none)".into()
+        } else {
+            known.join(", ")
+        }
     }
 
     /// Loads preset `name`, resolving `extends`.
     pub fn load(&self, name: &str) -> Result<Preset, PresetError> {
-        let path = self.find(name).ok_or_else(|| {
-            let known: Vec<String> = self
-                .list()
-                .map(|l| l.into_iter().map(|e| e.name).collect())
-                .unwrap_or_default();
+        let origin = self.find(name).ok_or_else(|| {
             PresetError::new(
                 &self
                     .dirs
@@ -246,64 +383,62 @@ impl PresetStore {
                 None,
                 format!(
                     "no preset named `{name}` in {}; known: {}",
-                    self.dirs
-                        .iter()
-                        .map(|d| d.display().to_string())
-                        .collect::<Vec<_>>()
-                        .join(", "),
-                    if known.is_empty() {
-                        "(none)".into()
-                    } else {
-                        known.join(", ")
-                    }
+                    self.sources(),
+                    self.known()
                 ),
             )
         })?;
-        self.load_file(&path)
+        self.load_origin(&origin)
     }
 
     /// Loads a preset file (which may extend presets of this store).
     pub fn load_file(&self, path: &Path) -> Result<Preset, PresetError> {
-        let first = parse_file(path)?;
-        let name = path
-            .file_stem()
-            .map(|s| s.to_string_lossy().into_owned())
-            .unwrap_or_default();
-        let mut seen = vec![name.clone()];
-        let mut files = vec![first];
-        while let Some((parent, line)) = files.last().and_then(|f| f.extends.clone()) {
-            let child = files.last().map(|f| f.path.clone()).unwrap_or_default();
-            if seen.contains(&parent) {
-                seen.push(parent);
-                return Err(PresetError::new(
-                    &child,
-                    line,
-                    format!("`extends` cycle: {}", seen.join(" → ")),
-                ));
-            }
-            let ppath = self.find(&parent).ok_or_else(|| {
-                let known: Vec<String> = self
-                    .list()
-                    .map(|l| l.into_iter().map(|e| e.name).collect())
-                    .unwrap_or_default();
-                PresetError::new(
-                    &child,
-                    line,
+        self.load_origin(&PresetOrigin::File(path.to_path_buf()))
+    }
+
+    /// Loads the preset at `origin`, resolving `extends` through this store.
+    pub fn load_origin(&self, origin: &PresetOrigin) -> Result<Preset, PresetError> {
+        let name = origin.name();
+        let mut files = vec![(self.position(origin), parse(origin)?)];
+        while let Some((level, child)) = files.last() {
+            let Some((parent, line)) = child.extends.clone() else {
+                break;
+            };
+            let child_name = child.origin.name();
+            let child_path = child.origin.display_path();
+            // Extending one's own name means the preset of that name further down the sources;
+            // a file outside the store (a path argument) looks from the top.
+            let from = match level {
+                Some(l) if parent == child_name => l + 1,
+                _ => 0,
+            };
+            let (plevel, porigin) = self.lookup(&parent, from).ok_or_else(|| {
+                let message = if parent == child_name {
+                    format!(
+                        "extends = \"{parent}\" (its own name) needs a preset `{parent}` in a source after this one ({}); there is none",
+                        self.sources()
+                    )
+                } else {
                     format!(
                         "extends = \"{parent}\": no such preset; known: {}",
-                        if known.is_empty() {
-                            "(none)".into()
-                        } else {
-                            known.join(", ")
-                        }
-                    ),
-                )
+                        self.known()
+                    )
+                };
+                PresetError::new(&child_path, line, message)
             })?;
-            seen.push(parent);
-            files.push(parse_file(&ppath)?);
+            if files.iter().any(|(_, f)| f.origin.same(&porigin)) {
+                let mut names: Vec<String> = files.iter().map(|(_, f)| f.origin.name()).collect();
+                names.push(parent);
+                return Err(PresetError::new(
+                    &child_path,
+                    line,
+                    format!("`extends` cycle: {}", names.join(" → ")),
+                ));
+            }
+            files.push((Some(plevel), parse(&porigin)?));
         }
         let mut merged = toml::Table::new();
-        for f in files.iter().rev() {
+        for (_, f) in files.iter().rev() {
             merge(&mut merged, f.table.clone());
         }
         let flags: FlagSet =
@@ -311,25 +446,26 @@ impl PresetStore {
                 .try_into()
                 .map_err(|e: toml::de::Error| {
                     PresetError::new(
-                        path,
+                        &origin.display_path(),
                         None,
                         format!("after merging `extends`: {}", e.message().trim()),
                     )
                 })?;
+        let first = &files[0].1;
         Ok(Preset {
             name,
-            path: path.to_path_buf(),
-            description: files[0].description.clone(),
-            extends: files[0].extends.as_ref().map(|(p, _)| p.clone()),
-            chain: files.iter().map(|f| f.path.clone()).collect(),
+            origin: origin.clone(),
+            description: first.description.clone(),
+            extends: first.extends.as_ref().map(|(p, _)| p.clone()),
+            chain: files.iter().map(|(_, f)| f.origin.clone()).collect(),
             flags,
         })
     }
 
-    /// File and line where the nearest preset of the chain sets one of `keys` (`section.key`).
-    pub fn locate(&self, preset: &Preset, keys: &[&str]) -> Option<(PathBuf, usize)> {
-        for file in &preset.chain {
-            let Ok(text) = std::fs::read_to_string(file) else {
+    /// Where (preset and line) the nearest preset of the chain sets one of `keys` (`section.key`).
+    pub fn locate(&self, preset: &Preset, keys: &[&str]) -> Option<(PresetOrigin, usize)> {
+        for origin in &preset.chain {
+            let Ok(text) = origin.text() else {
                 continue;
             };
             let mut current = String::new();
@@ -347,7 +483,7 @@ impl PresetStore {
                     current == section && k.trim() == leaf
                 });
                 if hit {
-                    return Some((file.clone(), i + 1));
+                    return Some((origin.clone(), i + 1));
                 }
             }
         }
@@ -413,6 +549,20 @@ impl PresetStore {
         let path = dir.join(format!("{}.toml", req.name));
         if path.exists() && !req.overwrite {
             bail!("{} exists; pass overwrite to replace it", path.display());
+        }
+        // Two presets of one name hide each other wherever the name is used (a bundled
+        // `baseline` is also the parent of `final`), so that too takes an explicit yes.
+        if !req.overwrite
+            && let Some(other) = self.find(req.name)
+            && !other.same(&PresetOrigin::File(path.clone()))
+        {
+            bail!(
+                "a preset named `{}` already exists ({other}); saving {} would hide one of them \
+                 wherever `{}` is used: pick another name, or pass overwrite to save it anyway",
+                req.name,
+                path.display(),
+                req.name
+            );
         }
         let full = toml::Table::try_from(req.flags).context("serializing the flag set")?;
         let body = match req.extends {
@@ -537,8 +687,9 @@ mod tests {
             "{e}"
         );
         assert_eq!(e.line, Some(1));
+        // Its own name means the next source down, of which this store has none.
         let (_d, s) = store_with(&[("a", "extends = \"a\"\n")]);
-        assert!(s.load("a").unwrap_err().message.contains("cycle"));
+        assert!(s.load("a").unwrap_err().message.contains("its own name"));
         let e = s.load("missing").unwrap_err();
         assert!(e.message.contains("no preset named `missing`"), "{e}");
     }
@@ -570,7 +721,7 @@ mod tests {
         assert_eq!(a.sinks, Sinks::Auto, "unset keys take the defaults");
         assert_eq!(p.flags.container.env.len(), 2, "tables merge");
         let (file, line) = s.locate(&p, &["axes.tile"]).unwrap();
-        assert!(file.ends_with("mid.toml") && line == 3);
+        assert!(file.display_path().ends_with("mid.toml") && line == 3);
     }
 
     #[test]
@@ -629,16 +780,132 @@ mod tests {
         let l = s.list().unwrap();
         assert_eq!(l.len(), 2);
         assert!(
-            l[0].shadows
-                .as_ref()
-                .is_some_and(|p| p.starts_with(d2.path()))
+            matches!(&l[0].shadows[..], [PresetOrigin::File(p)] if p.starts_with(d2.path())),
+            "{l:?}"
+        );
+    }
+
+    fn standard_with(files: &[(&str, &str)]) -> (tempfile::TempDir, PresetStore) {
+        let (d, _) = store_with(files);
+        let s = PresetStore {
+            dirs: vec![d.path().to_path_buf()],
+            bundled: true,
+        };
+        (d, s)
+    }
+
+    #[test]
+    fn a_directory_adds_to_and_replaces_bundled_presets_by_name() {
+        let (d, s) = standard_with(&[
+            (
+                "baseline",
+                "description = \"mine\"\n[axes]\nmoe_backend = \"triton\"\n",
+            ),
+            (
+                "extra",
+                "extends = \"engine-cpu-tiny\"\n[serving]\nmax_num_seqs = 3\n",
+            ),
+        ]);
+        let l = s.list().unwrap();
+        let base = l.iter().find(|e| e.name == "baseline").unwrap();
+        assert_eq!(
+            base.origin,
+            PresetOrigin::File(d.path().join("baseline.toml"))
+        );
+        assert_eq!(base.shadows, vec![PresetOrigin::Bundled("baseline")]);
+        let tiny = l.iter().find(|e| e.name == DEFAULT_PRESET).unwrap();
+        assert_eq!(tiny.origin, PresetOrigin::Bundled(DEFAULT_PRESET));
+        assert_eq!(l.len(), super::super::bundled::BUNDLED.len() + 1);
+
+        // A directory preset extends a bundled one …
+        let extra = s.load("extra").unwrap();
+        assert_eq!(
+            extra.chain,
+            vec![
+                PresetOrigin::File(d.path().join("extra.toml")),
+                PresetOrigin::Bundled(DEFAULT_PRESET)
+            ]
+        );
+        assert_eq!(extra.flags.serving.max_num_seqs, Some(3));
+        assert_eq!(
+            extra.flags.serving.max_model_len,
+            Some(4096),
+            "from the bundled parent"
+        );
+        assert_eq!(extra.flags.target, TargetKind::Engine);
+        // … and a bundled preset's parent is looked up by name too, so the override counts.
+        let fin = s.load("final").unwrap();
+        assert_eq!(
+            fin.chain[1],
+            PresetOrigin::File(d.path().join("baseline.toml"))
+        );
+        assert_eq!(
+            fin.flags.axes.moe_backend,
+            MoeBackend::Cutlass,
+            "final's own key"
+        );
+        let (o, line) = s.locate(&fin, &["axes.moe_backend"]).unwrap();
+        assert_eq!((o, line > 0), (PresetOrigin::Bundled("final"), true));
+    }
+
+    #[test]
+    fn extending_its_own_name_reaches_the_next_source_down() {
+        let (d, s) = standard_with(&[(
+            "baseline",
+            "description = \"bundled baseline, less memory\"\nextends = \"baseline\"\n[serving]\ngpu_memory_utilization = 0.5\n",
+        )]);
+        let p = s.load("baseline").unwrap();
+        assert_eq!(p.chain[1], PresetOrigin::Bundled("baseline"));
+        assert_eq!(p.flags.serving.gpu_memory_utilization, Some(0.5));
+        assert_eq!(
+            p.flags.axes.moe_backend,
+            MoeBackend::Marlin,
+            "from the bundled one"
+        );
+        // With nothing further down it is an error, not a cycle.
+        let lone = PresetStore::new(vec![d.path().to_path_buf()]);
+        let e = lone.load("baseline").unwrap_err();
+        assert!(
+            e.message.contains("its own name") && e.line == Some(2),
+            "{e}"
         );
     }
 
     #[test]
-    fn repository_presets_all_load_and_render() {
-        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("presets");
-        let s = PresetStore::new(vec![dir]);
+    fn saving_a_bundled_name_needs_overwrite() {
+        let (d, s) = standard_with(&[]);
+        let flags = s.load("baseline").unwrap().flags;
+        let req = SaveRequest {
+            name: "baseline",
+            description: "mine",
+            extends: None,
+            flags: &flags,
+            overwrite: false,
+        };
+        let e = s.save(d.path(), &req).unwrap_err().to_string();
+        assert!(
+            e.contains("bundled:presets/baseline.toml") && e.contains("overwrite"),
+            "{e}"
+        );
+        assert!(!d.path().join("baseline.toml").exists());
+        let path = s
+            .save(
+                d.path(),
+                &SaveRequest {
+                    overwrite: true,
+                    ..req
+                },
+            )
+            .unwrap();
+        assert_eq!(s.find("baseline"), Some(PresetOrigin::File(path)));
+    }
+
+    #[test]
+    fn bundled_presets_all_load_and_render() {
+        let s = PresetStore {
+            dirs: Vec::new(),
+            bundled: true,
+        };
         let names: Vec<String> = s.list().unwrap().into_iter().map(|e| e.name).collect();
         for want in [
             "baseline",
@@ -663,6 +930,13 @@ mod tests {
         };
         for n in &names {
             let p = s.load(n).unwrap_or_else(|e| panic!("{e}"));
+            assert!(
+                p.chain
+                    .iter()
+                    .all(|o| matches!(o, PresetOrigin::Bundled(_))),
+                "{n}: {:?}",
+                p.chain
+            );
             crate::flags::render_with(&p.flags, p.flags.target, &ctx)
                 .unwrap_or_else(|e| panic!("{n}: {e:#}"));
             let blocking: Vec<_> = crate::flags::rules::evaluate(&p.flags, p.flags.target, None)

@@ -34,7 +34,7 @@ pub struct LaunchArgs {
     /// Preset name (or a path to a preset .toml): rendered for the target by the flags module.
     #[arg(long, conflicts_with = "spec", required_unless_present_any = ["spec", "url", "reattach"])]
     pub preset: Option<String>,
-    /// Project presets directory (searched before ~/.config/mxtune/presets).
+    /// Presets directory searched first, before ~/.config/mxtune/presets and the bundled presets.
     #[arg(long, env = "MXTUNE_PRESETS_DIR")]
     pub presets_dir: Option<PathBuf>,
     /// GPU architecture for the preset's conflict rules (e.g. sm121); unknown when omitted.
@@ -154,8 +154,7 @@ fn resolve(args: &LaunchArgs) -> Result<(LaunchSpec, String, TargetArg, Vec<pref
         let spec = render(&p.flags, kind).with_context(|| {
             format!(
                 "rendering preset {} ({}) for the {kind:?} target",
-                p.name,
-                p.path.display()
+                p.name, p.origin
             )
         })?;
         let findings = evaluate(&p.flags, kind, args.arch)
@@ -197,25 +196,25 @@ impl EventPrinter {
     fn print(&mut self, e: &LaunchEvent) {
         let logs = self.logs;
         match e {
-            LaunchEvent::Log { line, .. } if logs => eprintln!("  | {line}"),
+            LaunchEvent::Log { line, .. } if logs => crate::errln!("  | {line}"),
             LaunchEvent::Log { .. } => {}
-            LaunchEvent::PullProgress { status } if logs => eprintln!("  pull: {status}"),
+            LaunchEvent::PullProgress { status } if logs => crate::errln!("  pull: {status}"),
             LaunchEvent::PullProgress { .. } => {}
-            LaunchEvent::Phase { phase } => eprintln!("phase: {phase}"),
+            LaunchEvent::Phase { phase } => crate::errln!("phase: {phase}"),
             LaunchEvent::Ready { url, startup_s } => {
-                eprintln!("ready: {url} after {startup_s:.1} s")
+                crate::errln!("ready: {url} after {startup_s:.1} s")
             }
             LaunchEvent::Verdict { .. } => {}
-            LaunchEvent::Warning { message } => eprintln!("warning: {message}"),
-            LaunchEvent::Failed { message } => eprintln!("failed: {message}"),
-            LaunchEvent::Exited { exit } => eprintln!("exited: {exit}"),
+            LaunchEvent::Warning { message } => crate::errln!("warning: {message}"),
+            LaunchEvent::Failed { message } => crate::errln!("failed: {message}"),
+            LaunchEvent::Exited { exit } => crate::errln!("exited: {exit}"),
             LaunchEvent::Probe { answer } => {
                 if !self
                     .last_probe
                     .as_ref()
                     .is_some_and(|l| l.same_answer(answer))
                 {
-                    eprintln!("probe: {answer}");
+                    crate::errln!("probe: {answer}");
                     self.last_probe = Some(answer.clone());
                 }
             }
@@ -225,24 +224,24 @@ impl EventPrinter {
 
 fn print_verdict(launch: &Launch) {
     let report = launch.report();
-    println!("kernel-path verdict: {:?}", report.overall());
+    crate::outln!("kernel-path verdict: {:?}", report.overall());
     for c in &report.checks {
-        println!("  {}={}: {:?}", c.flag, c.value, c.verdict);
+        crate::outln!("  {}={}: {:?}", c.flag, c.value, c.verdict);
         for l in c.seen.iter().take(3) {
-            println!("      seen: {l}");
+            crate::outln!("      seen: {l}");
         }
         for l in &c.forbidden_seen {
-            println!("      must not see, but saw: {l}");
+            crate::outln!("      must not see, but saw: {l}");
         }
         for p in &c.missing {
-            println!("      never saw: {p}");
+            crate::outln!("      never saw: {p}");
         }
         if let Some(n) = &c.note {
-            println!("      note: {n}");
+            crate::outln!("      note: {n}");
         }
     }
     for w in report.warnings() {
-        println!("  warning: {w}");
+        crate::outln!("  warning: {w}");
     }
 }
 
@@ -276,7 +275,7 @@ async fn launch_async(args: LaunchArgs) -> Result<ExitCode> {
         opts.rules = LogRules::load(r)?;
     }
     for w in &spec.warnings {
-        eprintln!("warning: {w}");
+        crate::errln!("warning: {w}");
     }
     let (tx, mut rx) = mpsc::unbounded_channel();
 
@@ -297,9 +296,11 @@ async fn launch_async(args: LaunchArgs) -> Result<ExitCode> {
                     docker::LABEL_RUN_ID
                 );
             };
-            eprintln!(
+            crate::errln!(
                 "re-attaching to container {} (run {}, preset {})",
-                f.name, f.run_id, f.preset
+                f.name,
+                f.run_id,
+                f.preset
             );
             DockerTarget::reattach(d, f, &spec, &opts, tx).await?
         }
@@ -309,7 +310,7 @@ async fn launch_async(args: LaunchArgs) -> Result<ExitCode> {
         (kind, None) => {
             if args.drop_page_cache {
                 preflight::drop_page_cache()?;
-                eprintln!("dropped the page cache");
+                crate::errln!("dropped the page cache");
             }
             // A CPU engine needs no GPU, so nobody else on it matters.
             let on_cpu = spec
@@ -322,9 +323,13 @@ async fn launch_async(args: LaunchArgs) -> Result<ExitCode> {
                 let d = docker::connect().await?;
                 let earlier = docker::find_mxtune_containers(&d).await?;
                 for f in earlier.iter().filter(|f| f.state == "running") {
-                    eprintln!(
+                    crate::errln!(
                         "note: mxtune container {} (run {}, preset {}) is running: re-attach with `mxtune launch --reattach {}` or stop it with `mxtune stop {}`",
-                        f.name, f.run_id, f.preset, f.name, f.name
+                        f.name,
+                        f.run_id,
+                        f.preset,
+                        f.name,
+                        f.name
                     );
                 }
                 if let Some(c) = &spec.container
@@ -342,18 +347,18 @@ async fn launch_async(args: LaunchArgs) -> Result<ExitCode> {
             };
             let mut blocked = false;
             for f in &findings {
-                eprintln!("pre-flight {:?}: {}", f.severity, f.message);
+                crate::errln!("pre-flight {:?}: {}", f.severity, f.message);
                 blocked |= f.severity == Severity::Error;
             }
             if blocked {
-                eprintln!("pre-flight failed: nothing was started");
+                crate::errln!("pre-flight failed: nothing was started");
                 return Ok(ExitCode::from(2));
             }
             match docker {
                 Some(d) => DockerTarget::launch(d, &spec, &opts, tx).await?,
                 None => {
                     if spec.container.is_some() {
-                        eprintln!(
+                        crate::errln!(
                             "note: the spec has container settings; the engine target ignores them"
                         );
                     }
@@ -369,7 +374,7 @@ async fn launch_async(args: LaunchArgs) -> Result<ExitCode> {
             }
         }
     };
-    eprintln!(
+    crate::errln!(
         "launched {} (run {run_id}); log: {}",
         launch.target.describe(),
         opts.log_path
@@ -393,13 +398,15 @@ async fn launch_async(args: LaunchArgs) -> Result<ExitCode> {
     printer.abort();
     match result {
         Ok(info) => {
-            println!(
+            crate::outln!(
                 "ready: {} serves {:?} after {:.1} s",
-                info.url, info.model, info.startup_s
+                info.url,
+                info.model,
+                info.startup_s
             );
             print_verdict(&launch);
             let target = launch.detach();
-            println!(
+            crate::outln!(
                 "left running: {} (stop with `mxtune stop {}`)",
                 target.describe(),
                 stop_name(&target, &run_id)
@@ -407,12 +414,12 @@ async fn launch_async(args: LaunchArgs) -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Err(e) => {
-            eprintln!("mxtune: {e:#}");
+            crate::errln!("mxtune: {e:#}");
             if !matches!(launch.status(), Status::Exited(_)) || !args.keep {
                 let grace = Duration::from_secs(10);
                 match launch.stop(grace, args.keep).await {
-                    Ok(msg) => eprintln!("{msg}"),
-                    Err(e) => eprintln!("mxtune: cleaning up failed: {e:#}"),
+                    Ok(msg) => crate::errln!("{msg}"),
+                    Err(e) => crate::errln!("mxtune: cleaning up failed: {e:#}"),
                 }
             }
             Ok(ExitCode::from(1))
@@ -443,21 +450,22 @@ async fn stop_async(args: StopArgs) -> Result<ExitCode> {
             continue;
         }
         if !state::is_alive(rec) {
-            eprintln!(
+            crate::errln!(
                 "engine run {} (pid {}) is no longer running",
-                rec.run_id, rec.pid
+                rec.run_id,
+                rec.pid
             );
             state::remove(&args.runs_dir, &rec.run_id)?;
             continue;
         }
         match stop_engine_pid(rec, grace).await {
             Ok(msg) => {
-                println!("{msg}");
+                crate::outln!("{msg}");
                 stopped += 1;
                 state::remove(&args.runs_dir, &rec.run_id)?;
             }
             Err(e) => {
-                eprintln!("mxtune: {e:#}");
+                crate::errln!("mxtune: {e:#}");
                 failures += 1;
             }
         }
@@ -477,17 +485,17 @@ async fn stop_async(args: StopArgs) -> Result<ExitCode> {
                     }
                     match docker::stop_container(&d, &f.id, &f.name, grace, args.keep).await {
                         Ok(msg) => {
-                            println!("{msg}");
+                            crate::outln!("{msg}");
                             stopped += 1;
                         }
                         Err(e) => {
-                            eprintln!("mxtune: {e:#}");
+                            crate::errln!("mxtune: {e:#}");
                             failures += 1;
                         }
                     }
                 }
             }
-            Err(e) if args.all => eprintln!("note: containers not checked: {e:#}"),
+            Err(e) if args.all => crate::errln!("note: containers not checked: {e:#}"),
             Err(e) if stopped == 0 => return Err(e),
             Err(_) => {}
         }
@@ -502,7 +510,7 @@ async fn stop_async(args: StopArgs) -> Result<ExitCode> {
                 docker::LABEL_RUN_ID,
                 args.runs_dir.join(state::STATE_FILE).display()
             ),
-            None => println!("nothing to stop"),
+            None => crate::outln!("nothing to stop"),
         }
     }
     Ok(ExitCode::SUCCESS)

@@ -151,6 +151,11 @@ async fn finish(s: Started, interrupted: bool) {
     let _ = s.record.finish(status, None);
 }
 
+/// The A/B result file in `--out`.
+pub const JSON_FILE: &str = "ab.json";
+/// The A/B report in `--out`.
+pub const MD_FILE: &str = "ab.md";
+
 /// How an A/B ended.
 #[derive(Debug, Clone, PartialEq)]
 pub struct AbOutcome {
@@ -162,9 +167,9 @@ pub struct AbOutcome {
     pub interrupted: bool,
     /// ab.md's text.
     pub markdown: String,
-    /// ab.md.
+    /// The report written (ab.md, or a numbered name if one appeared during the run).
     pub md: PathBuf,
-    /// ab.json.
+    /// The result written (ab.json, likewise).
     pub json: PathBuf,
 }
 
@@ -174,6 +179,18 @@ pub struct AbOutcome {
 pub async fn execute(args: &AbArgs, progress: &Progress, watch: &CancelWatch) -> Result<AbOutcome> {
     if args.rounds == 0 {
         bail!("--rounds must be at least 1");
+    }
+    // Checked before anything runs: an A/B takes minutes, and its output must not replace
+    // an earlier result.
+    for file in [JSON_FILE, MD_FILE] {
+        let p = args.out.join(file);
+        if p.exists() {
+            bail!(
+                "{} already holds an A/B result ({}): pick another --out, or move it away",
+                args.out.display(),
+                p.display()
+            );
+        }
     }
     let plan = plan_of(
         &args.common,
@@ -299,15 +316,15 @@ pub async fn execute(args: &AbArgs, progress: &Progress, watch: &CancelWatch) ->
     };
     std::fs::create_dir_all(&args.out)
         .with_context(|| format!("cannot create {}", args.out.display()))?;
-    let json = args.out.join("ab.json");
-    std::fs::write(
-        &json,
-        serde_json::to_string_pretty(&result).context("serializing the A/B result")?,
-    )
-    .with_context(|| format!("cannot write {}", json.display()))?;
+    // Fresh names rather than an error if another A/B wrote here meanwhile: the rounds are done.
+    let json = crate::record::export::write_fresh(
+        &args.out.join(JSON_FILE),
+        serde_json::to_string_pretty(&result)
+            .context("serializing the A/B result")?
+            .as_bytes(),
+    )?;
     let md = render(&result, rounds.len());
-    let mdp = args.out.join("ab.md");
-    std::fs::write(&mdp, &md).with_context(|| format!("cannot write {}", mdp.display()))?;
+    let mdp = crate::record::export::write_fresh(&args.out.join(MD_FILE), md.as_bytes())?;
     Ok(AbOutcome {
         result,
         valid_rounds: rounds.len(),

@@ -30,7 +30,7 @@ pub struct CommonArgs {
     /// Endpoint the benchmarks stream from.
     #[arg(long, value_enum, default_value = "chat")]
     pub endpoint: Endpoint,
-    /// Project presets directory (searched before ~/.config/mxtune/presets).
+    /// Presets directory searched first, before ~/.config/mxtune/presets and the bundled presets.
     #[arg(long, env = "MXTUNE_PRESETS_DIR")]
     pub presets_dir: Option<PathBuf>,
     /// Runs directory for the run records and target logs.
@@ -101,7 +101,7 @@ pub struct AbArgs {
     /// container names). The record says so.
     #[arg(long)]
     pub reuse: bool,
-    /// Output directory for ab.md and ab.json.
+    /// Output directory for ab.md and ab.json; one holding an earlier A/B is refused.
     #[arg(long, default_value = "ab")]
     pub out: PathBuf,
     /// Shared options.
@@ -177,7 +177,7 @@ pub(crate) fn install_signals(cancel: Cancel) {
             _ = term_f => {}
             _ = hup_f => {}
         }
-        eprintln!("mxtune: interrupted: stopping the current target; resume with --resume");
+        crate::errln!("mxtune: interrupted: stopping the current target; resume with --resume");
         cancel.cancel();
     });
 }
@@ -303,7 +303,7 @@ async fn matrix_async(args: MatrixArgs) -> Result<ExitCode> {
     let outcome = execute(&args, &Progress::cli(), &watch).await?;
     drop(cancel);
     if outcome.interrupted {
-        println!(
+        crate::outln!(
             "interrupted: resume with `mxtune matrix --resume --out {}`",
             outcome.out.display()
         );
@@ -371,7 +371,7 @@ pub fn ab(args: AbArgs) -> Result<ExitCode> {
             install_signals(cancel.clone());
             let outcome = ab::execute(&args, &Progress::cli(), &watch).await?;
             drop(cancel);
-            print!("{}", outcome.markdown);
+            crate::out!("{}", outcome.markdown);
             Ok(if outcome.interrupted {
                 ExitCode::from(130)
             } else if outcome.valid_rounds == 0 {

@@ -161,7 +161,7 @@ pub fn print_cli(e: &MatrixEvent) {
             order,
             seed,
             state,
-        } => eprintln!(
+        } => crate::errln!(
             "matrix {matrix_id}: {} ({}); state {}",
             order.join(" → "),
             match seed {
@@ -171,21 +171,21 @@ pub fn print_cli(e: &MatrixEvent) {
             state.display()
         ),
         MatrixEvent::PresetStarted { name, index, total } => {
-            eprintln!("preset {name} ({} of {total})", index + 1)
+            crate::errln!("preset {name} ({} of {total})", index + 1)
         }
-        MatrixEvent::TargetPhase { preset, phase } => eprintln!("  [{preset}] phase: {phase}"),
+        MatrixEvent::TargetPhase { preset, phase } => crate::errln!("  [{preset}] phase: {phase}"),
         MatrixEvent::TargetWarning { preset, message } => {
-            eprintln!("  [{preset}] warning: {message}")
+            crate::errln!("  [{preset}] warning: {message}")
         }
         MatrixEvent::TargetFailed { preset, message } => {
-            eprintln!("  [{preset}] failed: {message}")
+            crate::errln!("  [{preset}] failed: {message}")
         }
         MatrixEvent::CoolDown { celsius, threshold } => {
-            eprintln!("  cool-down: GPU at {celsius:.0} °C, waiting for < {threshold:.0} °C")
+            crate::errln!("  cool-down: GPU at {celsius:.0} °C, waiting for < {threshold:.0} °C")
         }
         MatrixEvent::PresetFinished { levels, .. } => {
             for l in levels {
-                eprintln!(
+                crate::errln!(
                     "  {}: {} — {}",
                     l.level.title(),
                     l.verdict,
@@ -193,9 +193,9 @@ pub fn print_cli(e: &MatrixEvent) {
                 );
             }
         }
-        MatrixEvent::ReportWritten(p) => println!("report: {}", p.display()),
-        MatrixEvent::AbRound { round, rounds } => eprintln!("round {round} of {rounds}"),
-        MatrixEvent::Warning(m) => eprintln!("mxtune: warning: {m}"),
+        MatrixEvent::ReportWritten(p) => crate::outln!("report: {}", p.display()),
+        MatrixEvent::AbRound { round, rounds } => crate::errln!("round {round} of {rounds}"),
+        MatrixEvent::Warning(m) => crate::errln!("mxtune: warning: {m}"),
         MatrixEvent::Ready { .. }
         | MatrixEvent::PointStarted { .. }
         | MatrixEvent::PointDone { .. }

@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use crate::flags::model::FlagSet;
-use crate::flags::preset::{PresetStore, SaveRequest};
+use crate::flags::preset::{PresetStore, SaveRequest, save_dir};
 use crate::flags::render::render;
 use crate::launch::spec::TargetKind;
 
@@ -220,7 +220,9 @@ pub fn import(
         ));
     }
     std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
-    let store = PresetStore::new(vec![dir.to_path_buf()]);
+    // The standard store, so a name that would hide a bundled or user preset is refused
+    // without `overwrite`, as in the panel.
+    let store = PresetStore::standard(Some(dir.to_path_buf()));
     let file = store.save(
         dir,
         &SaveRequest {
@@ -309,9 +311,10 @@ pub enum RecipeAction {
         /// Preset name to save as (default: the recipe's name).
         #[arg(long)]
         name: Option<String>,
-        /// Directory to save the preset into.
-        #[arg(long, default_value = "presets")]
-        dir: PathBuf,
+        /// Directory to save the preset into [default: MXTUNE_PRESETS_DIR if set, else
+        /// ~/.config/mxtune/presets].
+        #[arg(long, env = "MXTUNE_PRESETS_DIR")]
+        dir: Option<PathBuf>,
         /// Replace an existing preset of that name.
         #[arg(long)]
         overwrite: bool,
@@ -320,10 +323,10 @@ pub enum RecipeAction {
     Export {
         /// Preset name.
         preset: String,
-        /// Project presets directory.
+        /// Presets directory searched first, before ~/.config/mxtune/presets and the bundled presets.
         #[arg(long, env = "MXTUNE_PRESETS_DIR")]
         presets_dir: Option<PathBuf>,
-        /// Write here instead of stdout.
+        /// Write here instead of stdout (a new file: an existing one is never replaced).
         #[arg(long)]
         out: Option<PathBuf>,
     },
@@ -344,6 +347,9 @@ pub fn run(args: RecipeArgs) -> Result<std::process::ExitCode> {
                     .name
                     .ok_or_else(|| anyhow!("recipe {} has no name: pass --name", file.display()))?,
             };
+            let dir = save_dir(dir).ok_or_else(|| {
+                anyhow!("neither HOME nor XDG_CONFIG_HOME is set, so there is no ~/.config/mxtune/presets: pass --dir DIR")
+            })?;
             let (path, unmapped) = import(&file, &name, &dir, overwrite)?;
             println!("preset {name}: {}", path.display());
             for u in unmapped {
@@ -357,8 +363,7 @@ pub fn run(args: RecipeArgs) -> Result<std::process::ExitCode> {
         } => {
             let yaml = to_yaml(&export(&PresetStore::standard(presets_dir), &preset)?)?;
             match out {
-                Some(p) => std::fs::write(&p, yaml)
-                    .with_context(|| format!("cannot write {}", p.display()))?,
+                Some(p) => crate::record::export::write_new(&p, yaml.as_bytes())?,
                 None => print!("{yaml}"),
             }
         }

@@ -70,9 +70,7 @@ pub fn prepare(plan: &MatrixPlan, name: &str) -> Result<Prepared> {
     let spec = render(&preset.flags, plan.target).with_context(|| {
         format!(
             "rendering preset {} ({}) for the {:?} target",
-            preset.name,
-            preset.path.display(),
-            plan.target
+            preset.name, preset.origin, plan.target
         )
     })?;
     Ok(Prepared { preset, spec })

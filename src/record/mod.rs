@@ -1,10 +1,11 @@
 //! Run records: the versioned schema every module fills, environment capture, secret
-//! redaction, the atomic store under the runs directory, and list/show/compare; and perf
-//! rows, the measured figures appended to `docs/perf/*.json`.
+//! redaction, the atomic store under the runs directory, list/show/compare, exports that
+//! never replace a file, and perf rows, the measured figures appended to `docs/perf/*.json`.
 
 pub mod cli;
 pub mod compare;
 pub mod env;
+pub mod export;
 pub mod migrate;
 pub mod perfrows;
 pub mod redact;

@@ -13,7 +13,7 @@ use super::screens::launch::LaunchScreen;
 use super::screens::live::LiveScreen;
 use super::screens::runs::RunsScreen;
 use super::theme::Theme;
-use crate::flags::preset::{PRESETS_DIR_ENV, PresetStore};
+use crate::flags::preset::{PRESETS_DIR_ENV, PresetStore, save_dir, user_presets_dir};
 use crate::launch::spec::TargetKind;
 
 /// The five screens, in tab order.
@@ -130,18 +130,18 @@ pub struct Paths {
 }
 
 impl Paths {
-    /// The same places the headless commands use: `MXTUNE_PRESETS_DIR` (else `./presets`)
-    /// plus the user preset directory; `MXTUNE_RUNS_DIR` (else `./runs`); exports into `.`.
+    /// The same places the headless commands use: `MXTUNE_PRESETS_DIR` if set, the user
+    /// preset directory, the bundled presets; saves into the first directory of these;
+    /// `MXTUNE_RUNS_DIR` (else `./runs`); exports into `.`.
     pub fn from_env() -> Self {
-        let project = std::env::var_os(PRESETS_DIR_ENV)
+        let explicit = std::env::var_os(PRESETS_DIR_ENV)
             .filter(|v| !v.is_empty())
             .map(PathBuf::from);
-        let presets = PresetStore::standard(project);
-        let save_dir = presets
-            .dirs
-            .first()
-            .cloned()
-            .unwrap_or_else(|| PathBuf::from("presets"));
+        // Without HOME there is no user directory: `./presets` stands in for it, so what `s`
+        // saves still loads by name.
+        let explicit = explicit.or_else(|| user_presets_dir().is_none().then(|| "presets".into()));
+        let presets = PresetStore::standard(explicit.clone());
+        let save_dir = save_dir(explicit).unwrap_or_else(|| PathBuf::from("presets"));
         let runs_dir = std::env::var_os("MXTUNE_RUNS_DIR")
             .filter(|v| !v.is_empty())
             .map(PathBuf::from)

@@ -406,10 +406,7 @@ pub fn perform(app: &mut App, bg: &mut Background, effect: Effect) -> Option<Exi
                 s.push('\n');
                 s
             });
-            app.message = Some(match std::fs::write(&path, text) {
-                Ok(()) => format!("wrote {}", path.display()),
-                Err(e) => format!("cannot write {}: {e}", path.display()),
-            });
+            app.message = Some(export_message(&path, text.as_bytes()));
         }
         Effect::SaveCommand => {
             let preset = app
@@ -421,10 +418,7 @@ pub fn perform(app: &mut App, bg: &mut Background, effect: Effect) -> Option<Exi
             let path = screens::flags::command_file(&app.paths.export_dir, &preset);
             let mut text = screens::flags::command_lines(&app.flags.flags).join("\n");
             text.push('\n');
-            app.message = Some(match std::fs::write(&path, text) {
-                Ok(()) => format!("wrote {}", path.display()),
-                Err(e) => format!("cannot write {}: {e}", path.display()),
-            });
+            app.message = Some(export_message(&path, text.as_bytes()));
         }
         Effect::ListPresets => match app.paths.presets.list() {
             Ok(list) => app
@@ -448,10 +442,20 @@ pub fn perform(app: &mut App, bg: &mut Background, effect: Effect) -> Option<Exi
             let dir = app.paths.save_dir.clone();
             let path = dir.join(format!("{name}.toml"));
             let exists = path.exists();
-            if exists && !overwrite {
-                app.flags
-                    .on_saved(Err(format!("{} exists", path.display())), true);
-                return None;
+            if !overwrite {
+                // Replacing a file, or hiding a preset of the same name elsewhere (a bundled
+                // one, say), takes a `y` first.
+                let question = if exists {
+                    Some(format!("`{name}` exists. Overwrite it? y/n"))
+                } else {
+                    app.paths.presets.find(&name).map(|other| {
+                        format!("`{name}` is also {other}; the new one hides it. Save? y/n")
+                    })
+                };
+                if let Some(q) = question {
+                    app.flags.on_saved(Err(q), true);
+                    return None;
+                }
             }
             let extends = app.flags.loaded.as_ref().map(|p| p.name.clone());
             // A preset extending itself would be a loop: store it whole instead.
@@ -474,8 +478,8 @@ pub fn perform(app: &mut App, bg: &mut Background, effect: Effect) -> Option<Exi
                 .and_then(|p| app.paths.presets.load_file(&p).map_err(anyhow::Error::new));
             match saved {
                 Ok(p) => {
-                    app.message = Some(format!("saved {}", p.path.display()));
-                    app.flags.on_saved(Ok(p), exists);
+                    app.message = Some(format!("saved {}", p.origin));
+                    app.flags.on_saved(Ok(p), false);
                 }
                 Err(e) => app.flags.on_saved(Err(format!("{e:#}")), false),
             }
@@ -489,13 +493,24 @@ pub fn perform(app: &mut App, bg: &mut Background, effect: Effect) -> Option<Exi
                 app.message = Some("mark two runs (m) to export a comparison".into());
                 return None;
             };
-            app.message = Some(match std::fs::write(&path, md) {
-                Ok(()) => format!("wrote {}", path.display()),
-                Err(e) => format!("cannot write {}: {e}", path.display()),
-            });
+            app.message = Some(export_message(&path, md.as_bytes()));
         }
     }
     None
+}
+
+/// Writes an export under `path`, or a new numbered name when that file exists (an earlier
+/// export, or one edited since), and says in the status line which file it was.
+fn export_message(path: &std::path::Path, bytes: &[u8]) -> String {
+    match crate::record::export::write_fresh(path, bytes) {
+        Ok(written) if written == path => format!("wrote {}", written.display()),
+        Ok(written) => format!(
+            "wrote {} ({} exists, kept)",
+            written.display(),
+            path.display()
+        ),
+        Err(e) => format!("{e:#}"),
+    }
 }
 
 /// A new directory name under `parent` (not created): the UTC time, made unique.

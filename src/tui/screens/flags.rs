@@ -424,8 +424,9 @@ impl FlagsScreen {
         }
     }
 
-    /// Saving finished: on success the saved preset becomes the baseline.
-    pub fn on_saved(&mut self, result: Result<Preset, String>, exists: bool) {
+    /// Saving finished: on success the saved preset becomes the baseline; with `ask` the
+    /// error is a question the Save dialog puts to the operator (y saves anyway).
+    pub fn on_saved(&mut self, result: Result<Preset, String>, ask: bool) {
         match result {
             Ok(p) => {
                 self.loaded = Some(p);
@@ -438,7 +439,7 @@ impl FlagsScreen {
                     ..
                 }) = &mut self.overlay
                 {
-                    *confirm_overwrite = exists;
+                    *confirm_overwrite = ask;
                     *error = Some(e);
                 }
             }
@@ -737,19 +738,11 @@ impl FlagsScreen {
     }
 }
 
-/// A file for the command that replaces nothing: `command-<preset>.sh`, else with `-2`, `-3`…
+/// The file `S` saves the command to: `command-<preset>.sh` (the export picks `-2`, `-3`…
+/// when that exists).
 pub fn command_file(dir: &std::path::Path, preset: &str) -> std::path::PathBuf {
     let stem = if preset.is_empty() { "flags" } else { preset };
-    (1..)
-        .map(|n| {
-            dir.join(if n == 1 {
-                format!("command-{stem}.sh")
-            } else {
-                format!("command-{stem}-{n}.sh")
-            })
-        })
-        .find(|p| !p.exists())
-        .unwrap_or_else(|| dir.join(format!("command-{stem}.sh")))
+    dir.join(format!("command-{stem}.sh"))
 }
 
 /// Scrolling in a read-only view; `None` closes it.
@@ -1038,10 +1031,10 @@ fn draw_overlay(frame: &mut Frame, app: &App, ov: &Overlay, area: Rect) {
                 ),
             ];
             if *confirm_overwrite {
-                lines.push(Line::styled(
-                    format!("`{name}` exists. Overwrite it? y/n"),
-                    theme.warn(),
-                ));
+                let question = error
+                    .clone()
+                    .unwrap_or_else(|| format!("`{name}` exists. Overwrite it? y/n"));
+                lines.push(Line::styled(question, theme.warn()));
             } else if let Some(e) = error {
                 lines.push(Line::styled(e.clone(), theme.error()));
             } else {
