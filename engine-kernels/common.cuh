@@ -230,6 +230,14 @@ __device__ __forceinline__ void fp4x8_to_f32(unsigned w, float (&f)[8]) {
     }
 }
 
+// gpt-oss's clamped SwiGLU of one unit: the gate and linear sums (bias included) clamped,
+// gate * sigmoid(alpha * gate) * (linear + 1). Every MoE kernel's epilogue.
+__device__ __forceinline__ float swiglu_clamped(float gate, float lin, float limit, float alpha) {
+    gate = fminf(gate, limit);
+    lin = fminf(fmaxf(lin, -limit), limit);
+    return gate / (1.0f + expf(-alpha * gate)) * (lin + 1.0f);
+}
+
 // UE8M0 scale byte s -> 2^(s-127); s = 0 is the subnormal 2^-127, s = 255 is NaN.
 __device__ __forceinline__ float e8m0_value(unsigned s) {
     if (s == 0u) return __uint_as_float(0x00400000u);

@@ -416,11 +416,9 @@ __device__ __forceinline__ void moe_gate_up_tc_body(const u8* __restrict__ block
     for (int i = threadIdx.x; i < 8 * 8 * TN; i += blockDim.x) {
         const int u = i / (8 * TN), tok = i % (8 * TN), j = blockIdx.x * 8 + u;
         if (tok >= nt || j >= inter) continue;
-        float gt = tcg_sum<TN>(red, 2 * u, tok) + bf2f(be[2 * j]);
-        float li = tcg_sum<TN>(red, 2 * u + 1, tok) + bf2f(be[2 * j + 1]);
-        gt = fminf(gt, limit);
-        li = fminf(fmaxf(li, -limit), limit);
-        act[(size_t)grp.p[tok] * inter + j] = gt / (1.0f + expf(-alpha * gt)) * (li + 1.0f);
+        const float gt = tcg_sum<TN>(red, 2 * u, tok) + bf2f(be[2 * j]);
+        const float li = tcg_sum<TN>(red, 2 * u + 1, tok) + bf2f(be[2 * j + 1]);
+        act[(size_t)grp.p[tok] * inter + j] = swiglu_clamped(gt, li, limit, alpha);
     }
 }
 

@@ -263,12 +263,8 @@ __device__ __forceinline__ void moe_gate_up_body(const u8* __restrict__ blocks,
     g = warp_sum(g);
     l = warp_sum(l);
     if (lane != 0) return;
-    g += bf2f(bias[rg]);
-    l += bf2f(bias[rl]);
-    g = fminf(g, limit);
-    l = fminf(fmaxf(l, -limit), limit);
-    const float a = g / (1.0f + expf(-alpha * g)) * (l + 1.0f);
-    act[((size_t)t * k + s) * inter + j] = a;
+    act[((size_t)t * k + s) * inter + j] =
+        swiglu_clamped(g + bf2f(bias[rg]), l + bf2f(bias[rl]), limit, alpha);
 }
 
 #define MOE_GATE_UP_KERNEL(name, policy)                                                        \

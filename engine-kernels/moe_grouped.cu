@@ -114,9 +114,8 @@ __device__ __forceinline__ void moe_gate_up_tile(MOE_GATE_UP_PARAMS) {
         const int r = first + lr, c = n0 + lc;
         if (r >= end || c >= rows) return;
         const size_t bi = (size_t)e * rows + c;
-        gv = fminf(gv + bf2f(bias[bi]), limit);
-        lv = fminf(fmaxf(lv + bf2f(bias[bi + 1]), -limit), limit);
-        act[(size_t)perm[r] * inter + (c >> 1)] = gv / (1.0f + expf(-alpha * gv)) * (lv + 1.0f);
+        act[(size_t)perm[r] * inter + (c >> 1)] =
+            swiglu_clamped(gv + bf2f(bias[bi]), lv + bf2f(bias[bi + 1]), limit, alpha);
     });
 }
 

@@ -741,11 +741,32 @@ pub fn moe_tc_fits(g: &Gpu, s: MoeShape) -> bool {
         && staged + TCG_STATIC_SMEM + 2048 + 128 <= g.max_shared()
 }
 
-/// Grid and kernel of a tensor-core MoE launch over `t` tokens: groups of 16 tokens (z), up
-/// to one block row per distinct expert of a group (y), `tiles` of 16 weight rows (x).
-fn moe_tc_grid(s: MoeShape, experts: usize, t: usize, tiles: usize) -> Result<(u32, u32, u32)> {
+/// Launch tensor-core MoE kernel `base` (`_t8` or `_t16` by `t`) over `t` tokens: groups of 16
+/// tokens (z), up to one block row per distinct expert of a group (y), `tiles` of 16 weight
+/// rows (x); `width` is the staged input's row length.
+fn moe_tc_launch(
+    g: &Gpu,
+    base: &str,
+    s: MoeShape,
+    experts: usize,
+    t: usize,
+    tiles: usize,
+    width: usize,
+    args: &[Arg],
+) -> Result<()> {
+    ensure!(
+        moe_tc_fits(g, s),
+        "MoE shape {s:?} not taken by the tensor-core MoE"
+    );
+    let kernel = format!("{base}_{}", if t <= 8 { "t8" } else { "t16" });
     let leaders = (t.min(TCG_TOKENS) * s.k).min(experts);
-    Ok((u(tiles)?, u(leaders)?, u(t.div_ceil(TCG_TOKENS))?))
+    g.launch(
+        &kernel,
+        (u(tiles)?, u(leaders)?, u(t.div_ceil(TCG_TOKENS))?),
+        (TCG_THREADS, 1, 1),
+        u(t.min(TCG_TOKENS) * (width + TCG_XPAD) * 2)?,
+        args,
+    )
 }
 
 /// The decode MoE's gate_up on tensor cores: act[t, s] = swiglu(W13_e h[t] + b13_e) for e =
@@ -762,21 +783,14 @@ pub fn moe_gate_up_tc(
     t: usize,
 ) -> Result<()> {
     s.check()?;
-    ensure!(
-        moe_tc_fits(g, s),
-        "MoE shape {s:?} not taken by the tensor-core MoE"
-    );
-    let kernel = if t <= 8 {
-        "moe_gate_up_tc_t8"
-    } else {
-        "moe_gate_up_tc_t16"
-    };
-    let smem = t.min(TCG_TOKENS) * (s.hidden + TCG_XPAD) * 2;
-    g.launch(
-        kernel,
-        moe_tc_grid(s, experts, t, (2 * s.inter).div_ceil(TCG_ROWS))?,
-        (TCG_THREADS, 1, 1),
-        u(smem)?,
+    moe_tc_launch(
+        g,
+        "moe_gate_up_tc",
+        s,
+        experts,
+        t,
+        (2 * s.inter).div_ceil(TCG_ROWS),
+        s.hidden,
         &[
             Arg::Ptr(w.gu_blocks),
             Arg::Ptr(w.gu_scales),
@@ -810,21 +824,14 @@ pub fn moe_down_tc(
     accumulate: bool,
 ) -> Result<()> {
     s.check()?;
-    ensure!(
-        moe_tc_fits(g, s),
-        "MoE shape {s:?} not taken by the tensor-core MoE"
-    );
-    let kernel = if t <= 8 {
-        "moe_down_tc_t8"
-    } else {
-        "moe_down_tc_t16"
-    };
-    let smem = t.min(TCG_TOKENS) * (s.inter + TCG_XPAD) * 2;
-    g.launch(
-        kernel,
-        moe_tc_grid(s, experts, t, s.hidden.div_ceil(TCG_ROWS))?,
-        (TCG_THREADS, 1, 1),
-        u(smem)?,
+    moe_tc_launch(
+        g,
+        "moe_down_tc",
+        s,
+        experts,
+        t,
+        s.hidden.div_ceil(TCG_ROWS),
+        s.inter,
         &[
             Arg::Ptr(w.dn_blocks),
             Arg::Ptr(w.dn_scales),

@@ -1002,6 +1002,30 @@ impl DenseCase {
 }
 
 /// One layer's random MXFP4 experts, routing and residual input, on the host and the device.
+/// A routing of `t` tokens to k consecutive (so distinct) experts of `e`, skewed so that one
+/// expert takes most tokens: a token starts at a random expert one time in `every`, else at
+/// expert `usual`; weights cycle through five values.
+fn skewed_routing(
+    s: &mut Seeds,
+    t: usize,
+    e: usize,
+    k: usize,
+    every: u64,
+    usual: usize,
+) -> (Vec<i32>, Vec<f32>) {
+    let mut idx = Vec::with_capacity(t * k);
+    for _ in 0..t {
+        let first = if s.next().is_multiple_of(every) {
+            s.next() as usize % e
+        } else {
+            usual % e
+        };
+        idx.extend((0..k).map(|j| ((first + j) % e) as i32));
+    }
+    let wts = (0..t * k).map(|i| 0.1 + (i % 5) as f32 * 0.07).collect();
+    (idx, wts)
+}
+
 struct MoeCase {
     sh: MoeShape,
     t: usize,
@@ -1145,20 +1169,7 @@ fn check_moe_grouped(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
             limit: 7.0,
             alpha: 1.702,
         };
-        // k distinct experts per token, skewed so one expert takes most tokens.
-        let c = MoeCase::new(g, s, e, sh, t, |s| {
-            let mut idx = Vec::with_capacity(t * k);
-            for _ in 0..t {
-                let first = if s.next().is_multiple_of(4) {
-                    s.next() as usize % e
-                } else {
-                    1 % e
-                };
-                idx.extend((0..k).map(|j| ((first + j) % e) as i32));
-            }
-            let wts = (0..t * k).map(|i| 0.1 + (i % 5) as f32 * 0.07).collect();
-            (idx, wts)
-        })?;
+        let c = MoeCase::new(g, s, e, sh, t, |s| skewed_routing(s, t, e, k, 4, 1))?;
         let want = c.want(&r::round_bf16(&c.x), true);
         // Both tiles on the same inputs; the 64-row tile's check keeps its name.
         for tile in [MoeTile::T64x128, MoeTile::T128x128] {
@@ -1698,20 +1709,7 @@ fn check_moe_tc(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
             limit: 7.0,
             alpha: 1.702,
         };
-        // k distinct experts per token, skewed so one expert takes most tokens.
-        let c = MoeCase::new(g, s, e, sh, t, |s| {
-            let mut idx = Vec::with_capacity(t * k);
-            for _ in 0..t {
-                let first = if s.next().is_multiple_of(3) {
-                    s.next() as usize % e
-                } else {
-                    2 % e
-                };
-                idx.extend((0..k).map(|j| ((first + j) % e) as i32));
-            }
-            let wts = (0..t * k).map(|i| 0.1 + (i % 5) as f32 * 0.07).collect();
-            (idx, wts)
-        })?;
+        let c = MoeCase::new(g, s, e, sh, t, |s| skewed_routing(s, t, e, k, 3, 2))?;
         let want = c.want(&r::round_bf16(&c.x), true);
         let dact = nan_f32(g, t * k * inter)?;
         let dpart = nan_f32(g, t * k * hidden)?;
