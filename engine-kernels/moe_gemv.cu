@@ -206,23 +206,7 @@ struct ActFp8 {
 // The dynamic shared memory of the decode MoE kernels (the policy's staged activations).
 extern __shared__ float moe_smem[];
 
-// Launch order of the decode MoE's blocks (1-D grid of tiles × (token, slot) pairs). Pair-major
-// (MOE_PAIR_MAJOR 1): consecutive blocks are the pairs of one row tile, so pairs routed to the
-// same expert read the same rows at about the same time and all but the first hit L2 — at a
-// batch, each distinct expert comes from DRAM about once. Tile-major (0): each pair's tiles in
-// a row, the order before.
-#ifndef MOE_PAIR_MAJOR
-#define MOE_PAIR_MAJOR 1
-#endif
-__device__ __forceinline__ void moe_block(int tiles, int k, int& tile, int& t, int& s) {
-    const int pairs = gridDim.x / tiles;
-    const int pair = MOE_PAIR_MAJOR ? blockIdx.x % pairs : blockIdx.x / tiles;
-    tile = MOE_PAIR_MAJOR ? blockIdx.x / pairs : blockIdx.x % tiles;
-    t = pair / k;
-    s = pair % k;
-}
-
-// act[t, s, j] = swiglu(gate_j, lin_j) for expert idx[t, s]; grid = ceil(I / 8) · k · T (moe_block),
+// act[t, s, j] = swiglu(gate_j, lin_j) for expert idx[t, s]; grid = (ceil(I / 8), k, T),
 // block = 256 (one warp per unit j, reading rows 2j and 2j + 1 against one staged x). The
 // first weight loads are issued before the staging, and each iteration prefetches the next.
 // Dynamic shared memory: the policy's staged x (ActF32: hidden / 32 * STAGE_PAD floats; 8-bit:
@@ -237,9 +221,8 @@ __device__ __forceinline__ void moe_gate_up_body(const u8* __restrict__ blocks,
                                                  int k, float limit, float alpha) {
     u8* xs = reinterpret_cast<u8*>(moe_smem);
     const int lane = threadIdx.x & 31;
-    int tile, t, s;
-    moe_block((inter + 7) / 8, k, tile, t, s);
-    const int j = tile * 8 + (threadIdx.x >> 5);
+    const int j = blockIdx.x * 8 + (threadIdx.x >> 5);
+    const int s = blockIdx.y, t = blockIdx.z;
     const bool live = j < inter;
     const int e = idx[t * k + s];
     const int nb = hidden >> 5;
@@ -300,7 +283,7 @@ MOE_GATE_UP_KERNEL(moe_gate_up_swiglu_fp8, ActFp8)
 
 // part[t, s, r] = w[t, s] * (W2_e[r, :] . act[t, s, :] + b2_e[r]) for e = idx[t, s] (the down
 // bias inside the weighted sum); moe_combine then adds the k slots into the residual, in slot
-// order (deterministic). grid = ceil(H / 16) · k · T (moe_block), block = 256: each warp owns two adjacent
+// order (deterministic). grid = (ceil(H / 16), k, T), block = 256: each warp owns two adjacent
 // output rows (one staged activation read serves both), its lanes stride over the expert's
 // blocks. One block per (rows, slot) keeps the staged activations small (I floats) and the
 // grid wide enough to fill the chip at batch 1. The first weights are loaded before the
@@ -318,9 +301,8 @@ __device__ __forceinline__ void moe_down_body(const u8* __restrict__ blocks,
                                               int k) {
     u8* as = reinterpret_cast<u8*>(moe_smem);
     const int lane = threadIdx.x & 31;
-    int tile, t, s;
-    moe_block((hidden + 15) / 16, k, tile, t, s);
-    const int r0 = (tile * 8 + (threadIdx.x >> 5)) * 2;
+    const int r0 = (blockIdx.x * 8 + (threadIdx.x >> 5)) * 2;
+    const int s = blockIdx.y, t = blockIdx.z;
     const bool live = r0 < hidden;
     const bool two = r0 + 1 < hidden;
     const int nb = inter >> 5;

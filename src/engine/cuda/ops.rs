@@ -709,7 +709,7 @@ pub fn moe_gate_up(
     );
     g.launch(
         kernel,
-        (u(s.inter.div_ceil(8) * s.k * t)?, 1, 1),
+        (u(s.inter.div_ceil(8))?, u(s.k)?, u(t)?),
         (256, 1, 1),
         u(smem)?,
         &[
@@ -876,7 +876,7 @@ pub fn moe_down(
     );
     g.launch(
         kernel,
-        (u(s.hidden.div_ceil(16) * s.k * t)?, 1, 1),
+        (u(s.hidden.div_ceil(16))?, u(s.k)?, u(t)?),
         (256, 1, 1),
         u(smem)?,
         &[
