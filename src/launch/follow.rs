@@ -433,9 +433,15 @@ impl Follower {
         // Every probe's outcome comes back as it happens: the screen shows why a start is
         // stuck while it is stuck, not only when the limit fires.
         let (probe_tx, mut probes) = mpsc::channel::<Result<String, ProbeAnswer>>(4);
+        // An attached endpoint is probed at once: it may be up already, and an early
+        // "connection refused" tells the operator the probes are running. A target mxtune
+        // started is first given one poll interval, so that the lines it logged on its way up
+        // are read before a ready answer computes the verdict from them.
+        let probe_at_once = self.limit_kind == LimitKind::Attach;
         let probe_task = tokio::spawn(async move {
-            // The first probe goes out at once: an attached endpoint may be up already, and
-            // an early "connection refused" tells the operator the probes are running.
+            if !probe_at_once {
+                tokio::time::sleep(poll).await;
+            }
             loop {
                 let outcome = probe.check().await;
                 let ready = outcome.is_ok();
@@ -487,6 +493,10 @@ impl Follower {
                             continue;
                         }
                     };
+                    // Lines already delivered count towards the verdict.
+                    while let Ok(SourceMsg::Line(stream, line)) = source.try_recv() {
+                        self.on_line(stream, line, &mut phase);
+                    }
                     let startup_s = self.started.elapsed().as_secs_f64();
                     let url = self.url.clone();
                     self.set(Status::Ready(ReadyInfo { url: url.clone(), model, startup_s }));
