@@ -610,6 +610,41 @@ async fn stream_options_return_token_ids_and_include_stop_str() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn over_large_body_is_an_openai_413_naming_the_limit() {
+    let opts = ServerOptions {
+        max_request_bytes: 1000,
+        ..options()
+    };
+    let s = start(opts, 8, 0).await;
+    let big = json!({"prompt": "x".repeat(2000), "max_tokens": 1});
+    for path in ["/v1/completions", "/v1/chat/completions"] {
+        let r = client()
+            .post(format!("{}{path}", s.base))
+            .json(&big)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status().as_u16(), 413, "{path}");
+        let v: Value = r.json().await.unwrap();
+        assert_eq!(v["error"]["type"], "invalid_request_error", "{v}");
+        assert_eq!(v["error"]["code"], "request_too_large", "{v}");
+        let m = v["error"]["message"].as_str().unwrap();
+        assert!(
+            m.contains("1000 bytes") && m.contains("--max-request-bytes"),
+            "{m}"
+        );
+    }
+    // Under the limit it serves.
+    let (st, v) = post(
+        &s,
+        "/v1/completions",
+        json!({"prompt": [1], "max_tokens": 1}),
+    )
+    .await;
+    assert_eq!(st, 200, "{v}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn seed_makes_sampling_reproducible() {
     let s = start(options(), 8, 0).await;
     let req = |seed: u64| {
@@ -1124,6 +1159,7 @@ async fn oracle_greedy_continuations_through_http() {
             max_num_batched_tokens: 16,
             kv_cache_tokens: 4 * 128,
             api_key: None,
+            max_request_bytes: mxtune::engine::server::DEFAULT_MAX_REQUEST_BYTES,
         };
         let server = mxtune::engine::server::Server::new(Box::new(backend), opts).unwrap();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -1222,6 +1258,8 @@ async fn serve_binary_reports_kernel_paths_and_serves_synthetic_tiny() {
             "off",
             "--moe-kernel",
             "gemv",
+            "--max-request-bytes",
+            "4096",
         ])
     })
     .await
@@ -1284,6 +1322,22 @@ async fn serve_binary_reports_kernel_paths_and_serves_synthetic_tiny() {
     assert_eq!(data.last().unwrap(), "[DONE]");
     let usage: Value = serde_json::from_str(&data[data.len() - 2]).unwrap();
     assert_eq!(usage["usage"]["completion_tokens"], 2);
+    // --max-request-bytes reaches the server.
+    let r = client()
+        .post(format!("{base}/v1/completions"))
+        .json(&json!({"prompt": "y".repeat(5000)}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 413);
+    let v: Value = r.json().await.unwrap();
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("4096 bytes"),
+        "{v}"
+    );
     // SIGTERM stops it cleanly.
     let pid = child.id() as i32;
     // SAFETY: plain kill(2) on the child this test started.
