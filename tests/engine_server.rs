@@ -1322,6 +1322,42 @@ async fn serve_binary_reports_kernel_paths_and_serves_synthetic_tiny() {
     assert_eq!(data.last().unwrap(), "[DONE]");
     let usage: Value = serde_json::from_str(&data[data.len() - 2]).unwrap();
     assert_eq!(usage["usage"]["completion_tokens"], 2);
+    // Penalties reach the real model: a negative frequency penalty rewards every repeat, so
+    // the tiny model's greedy output (no repeats in 40 tokens) collapses onto few tokens,
+    // while explicit defaults change nothing.
+    let ids = |extra: Value| {
+        let base = base.clone();
+        async move {
+            let mut body = json!({"prompt": [1, 2, 3], "max_tokens": 40, "temperature": 0,
+                                  "ignore_eos": true, "return_token_ids": true});
+            for (k, v) in extra.as_object().unwrap() {
+                body[k] = v.clone();
+            }
+            let v: Value = client()
+                .post(format!("{base}/v1/completions"))
+                .json(&body)
+                .send()
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap();
+            serde_json::from_value::<Vec<u32>>(v["choices"][0]["token_ids"].clone())
+                .unwrap_or_else(|e| panic!("{e}: {v}"))
+        }
+    };
+    let distinct = |t: &[u32]| t.iter().collect::<std::collections::HashSet<_>>().len();
+    let plain = ids(json!({})).await;
+    assert_eq!(
+        ids(json!({"frequency_penalty": 0, "presence_penalty": 0, "repetition_penalty": 1})).await,
+        plain
+    );
+    let repeating = ids(json!({"frequency_penalty": -2})).await;
+    assert_eq!(repeating.len(), 40);
+    assert!(
+        distinct(&repeating) < distinct(&plain),
+        "{plain:?} vs {repeating:?}"
+    );
     // --max-request-bytes reaches the server.
     let r = client()
         .post(format!("{base}/v1/completions"))
