@@ -379,6 +379,271 @@ async fn stop_strings_min_tokens_and_ignore_eos() {
     );
 }
 
+/// The double's greedy continuation of `prompt` under vLLM's repetition penalty `r`
+/// (every token of prompt or output: positive logits divided by `r`, negative multiplied).
+fn greedy_with_repetition_penalty(prompt: &[u32], n: usize, r: f32) -> Vec<u32> {
+    let mut h = prompt.to_vec();
+    let mut out = Vec::new();
+    for _ in 0..n {
+        let mut l = logits_after(&h, &[], 201_088);
+        let seen: std::collections::HashSet<u32> = h.iter().copied().collect();
+        for t in seen {
+            let x = &mut l[t as usize];
+            *x = if *x > 0.0 { *x / r } else { *x * r };
+        }
+        let best = (0..l.len()).fold(0, |b, i| if l[i] > l[b] { i } else { b }) as u32;
+        h.push(best);
+        out.push(best);
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sampling_penalties_are_validated_and_applied() {
+    let s = start(options(), 8, 0).await;
+    let bad: Vec<(Value, &str)> = vec![
+        (json!({"frequency_penalty": "banana"}), "frequency_penalty"),
+        (json!({"presence_penalty": [1]}), "presence_penalty"),
+        (json!({"repetition_penalty": true}), "repetition_penalty"),
+        (json!({"frequency_penalty": 2.5}), "frequency_penalty"),
+        (json!({"presence_penalty": -2.01}), "presence_penalty"),
+        (json!({"repetition_penalty": 0}), "repetition_penalty"),
+        (json!({"repetition_penalty": -1.5}), "repetition_penalty"),
+    ];
+    for (extra, param) in bad {
+        let mut body = json!({"prompt": [1, 2], "max_tokens": 2});
+        for (k, v) in extra.as_object().unwrap() {
+            body[k] = v.clone();
+        }
+        let (st, v) = post(&s, "/v1/completions", body.clone()).await;
+        assert_eq!(st, 400, "{body} → {v}");
+        assert_eq!(v["error"]["param"], param, "{v}");
+        assert_eq!(v["error"]["type"], "invalid_request_error", "{v}");
+        assert!(
+            v["error"]["message"].as_str().unwrap().contains(param),
+            "{v}"
+        );
+    }
+    // The chat endpoint validates the same fields.
+    let (st, v) = post(
+        &s,
+        "/v1/chat/completions",
+        json!({"messages": [{"role": "user", "content": "Hi"}], "presence_penalty": "x"}),
+    )
+    .await;
+    assert_eq!(
+        (st, &v["error"]["param"]),
+        (400, &json!("presence_penalty"))
+    );
+    // Half of the double's candidate range sits in the prompt, so a repetition penalty
+    // pushes those candidates below the others.
+    let prompt: Vec<u32> = (1000..1500).collect();
+    let ids = |v: &Value| -> Vec<u32> {
+        v["choices"][0]["token_ids"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t.as_u64().unwrap() as u32)
+            .collect()
+    };
+    let plain = greedy(&prompt, 8);
+    // Defaults, given explicitly or as null, leave greedy output unchanged.
+    for defaults in [
+        json!({"frequency_penalty": 0, "presence_penalty": 0.0, "repetition_penalty": 1}),
+        json!({"frequency_penalty": null, "presence_penalty": null, "repetition_penalty": null}),
+    ] {
+        let mut body = json!({"prompt": prompt, "max_tokens": 8, "temperature": 0,
+                              "return_token_ids": true});
+        for (k, v) in defaults.as_object().unwrap() {
+            body[k] = v.clone();
+        }
+        let (st, v) = post(&s, "/v1/completions", body).await;
+        assert_eq!(st, 200, "{v}");
+        assert_eq!(ids(&v), plain);
+    }
+    let (st, v) = post(
+        &s,
+        "/v1/completions",
+        json!({"prompt": prompt, "max_tokens": 8, "temperature": 0, "return_token_ids": true,
+               "repetition_penalty": 2.0}),
+    )
+    .await;
+    assert_eq!(st, 200, "{v}");
+    let want = greedy_with_repetition_penalty(&prompt, 8, 2.0);
+    assert_ne!(want, plain, "the prompt must make the penalty matter");
+    assert_eq!(ids(&v), want);
+    assert!(
+        want.iter().all(|t| !(1000..1500).contains(t)),
+        "penalised prompt tokens are not chosen: {want:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn stream_options_return_token_ids_and_include_stop_str() {
+    let s = start(options(), 8, 0).await;
+    let as_ids = |v: &Value| -> Vec<u32> {
+        v.as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t.as_u64().unwrap() as u32)
+            .collect()
+    };
+    // stream_options needs stream: true (an empty object is ignored, as in vLLM).
+    let (st, v) = post(
+        &s,
+        "/v1/completions",
+        json!({"prompt": [1], "max_tokens": 2, "stream_options": {"include_usage": true}}),
+    )
+    .await;
+    assert_eq!(
+        (st, &v["error"]["param"]),
+        (400, &json!("stream_options")),
+        "{v}"
+    );
+    let (st, v) = post(
+        &s,
+        "/v1/chat/completions",
+        json!({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2,
+               "stream": false, "stream_options": {"include_usage": false}}),
+    )
+    .await;
+    assert_eq!(
+        (st, &v["error"]["param"]),
+        (400, &json!("stream_options")),
+        "{v}"
+    );
+    let (st, v) = post(
+        &s,
+        "/v1/completions",
+        json!({"prompt": [1], "max_tokens": 2, "stream_options": {}}),
+    )
+    .await;
+    assert_eq!(st, 200, "{v}");
+    // return_token_ids, completions: prompt and output ids per choice.
+    let prompt: Vec<u32> = vec![7, 8, 9];
+    let want = greedy(&prompt, 5);
+    let (st, v) = post(
+        &s,
+        "/v1/completions",
+        json!({"prompt": prompt, "max_tokens": 5, "temperature": 0, "return_token_ids": true}),
+    )
+    .await;
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(as_ids(&v["choices"][0]["prompt_token_ids"]), prompt);
+    assert_eq!(as_ids(&v["choices"][0]["token_ids"]), want);
+    // Off by default: no new fields.
+    let (_, v) = post(
+        &s,
+        "/v1/completions",
+        json!({"prompt": prompt, "max_tokens": 2}),
+    )
+    .await;
+    assert!(v["choices"][0].get("token_ids").is_none(), "{v}");
+    // Streamed: the first chunk carries the prompt, the chunks' ids add up to the output.
+    let data = post_stream(
+        &s,
+        "/v1/completions",
+        json!({"prompt": prompt, "max_tokens": 5, "temperature": 0, "stream": true,
+               "return_token_ids": true}),
+    )
+    .await;
+    let chunks: Vec<Value> = data[..data.len() - 1]
+        .iter()
+        .map(|d| serde_json::from_str(d).unwrap())
+        .collect();
+    assert_eq!(as_ids(&chunks[0]["choices"][0]["prompt_token_ids"]), prompt);
+    assert!(
+        chunks[1..]
+            .iter()
+            .all(|c| c["choices"][0].get("prompt_token_ids").is_none())
+    );
+    let streamed: Vec<u32> = chunks
+        .iter()
+        .flat_map(|c| as_ids(&c["choices"][0]["token_ids"]))
+        .collect();
+    assert_eq!(streamed, want);
+    // Chat: prompt ids once per response, output ids per choice, stop tokens included.
+    let chat = json!({"messages": [{"role": "user", "content": "Hi"}], "temperature": 0,
+                      "return_token_ids": true});
+    let (st, v) = post(&s, "/v1/chat/completions", chat.clone()).await;
+    assert_eq!(st, 200, "{v}");
+    let script = mxtune::engine::tokenizer::Tokenizer::o200k_harmony()
+        .encode_with_specials(SCRIPT)
+        .unwrap();
+    assert_eq!(as_ids(&v["choices"][0]["token_ids"]), script);
+    let chat_prompt = as_ids(&v["prompt_token_ids"]);
+    assert_eq!(
+        chat_prompt.len() as u64,
+        v["usage"]["prompt_tokens"].as_u64().unwrap()
+    );
+    let mut body = chat.clone();
+    body["stream"] = json!(true);
+    let data = post_stream(&s, "/v1/chat/completions", body).await;
+    let chunks: Vec<Value> = data[..data.len() - 1]
+        .iter()
+        .map(|d| serde_json::from_str(d).unwrap())
+        .collect();
+    assert_eq!(as_ids(&chunks[0]["prompt_token_ids"]), chat_prompt);
+    let streamed: Vec<u32> = chunks
+        .iter()
+        .flat_map(|c| as_ids(&c["choices"][0]["token_ids"]))
+        .collect();
+    assert_eq!(streamed, script);
+    // include_stop_str_in_output keeps the stop string, in both modes.
+    let mut body = json!({"messages": [{"role": "user", "content": "Hi"}], "temperature": 0,
+                          "stop": ["there"], "include_stop_str_in_output": true});
+    let (_, v) = post(&s, "/v1/chat/completions", body.clone()).await;
+    assert_eq!(v["choices"][0]["message"]["content"], "Hello there");
+    assert_eq!(v["choices"][0]["finish_reason"], "stop");
+    body["stream"] = json!(true);
+    let data = post_stream(&s, "/v1/chat/completions", body).await;
+    let content: String = data[..data.len() - 1]
+        .iter()
+        .map(|d| serde_json::from_str::<Value>(d).unwrap())
+        .filter_map(|c| {
+            c["choices"][0]["delta"]["content"]
+                .as_str()
+                .map(String::from)
+        })
+        .collect();
+    assert_eq!(content, "Hello there");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn over_large_body_is_an_openai_413_naming_the_limit() {
+    let opts = ServerOptions {
+        max_request_bytes: 1000,
+        ..options()
+    };
+    let s = start(opts, 8, 0).await;
+    let big = json!({"prompt": "x".repeat(2000), "max_tokens": 1});
+    for path in ["/v1/completions", "/v1/chat/completions"] {
+        let r = client()
+            .post(format!("{}{path}", s.base))
+            .json(&big)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status().as_u16(), 413, "{path}");
+        let v: Value = r.json().await.unwrap();
+        assert_eq!(v["error"]["type"], "invalid_request_error", "{v}");
+        assert_eq!(v["error"]["code"], "request_too_large", "{v}");
+        let m = v["error"]["message"].as_str().unwrap();
+        assert!(
+            m.contains("1000 bytes") && m.contains("--max-request-bytes"),
+            "{m}"
+        );
+    }
+    // Under the limit it serves.
+    let (st, v) = post(
+        &s,
+        "/v1/completions",
+        json!({"prompt": [1], "max_tokens": 1}),
+    )
+    .await;
+    assert_eq!(st, 200, "{v}");
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn seed_makes_sampling_reproducible() {
     let s = start(options(), 8, 0).await;
@@ -894,6 +1159,7 @@ async fn oracle_greedy_continuations_through_http() {
             max_num_batched_tokens: 16,
             kv_cache_tokens: 4 * 128,
             api_key: None,
+            max_request_bytes: mxtune::engine::server::DEFAULT_MAX_REQUEST_BYTES,
         };
         let server = mxtune::engine::server::Server::new(Box::new(backend), opts).unwrap();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -992,6 +1258,8 @@ async fn serve_binary_reports_kernel_paths_and_serves_synthetic_tiny() {
             "off",
             "--moe-kernel",
             "gemv",
+            "--max-request-bytes",
+            "4096",
         ])
     })
     .await
@@ -1054,6 +1322,58 @@ async fn serve_binary_reports_kernel_paths_and_serves_synthetic_tiny() {
     assert_eq!(data.last().unwrap(), "[DONE]");
     let usage: Value = serde_json::from_str(&data[data.len() - 2]).unwrap();
     assert_eq!(usage["usage"]["completion_tokens"], 2);
+    // Penalties reach the real model: a negative frequency penalty rewards every repeat, so
+    // the tiny model's greedy output (no repeats in 40 tokens) collapses onto few tokens,
+    // while explicit defaults change nothing.
+    let ids = |extra: Value| {
+        let base = base.clone();
+        async move {
+            let mut body = json!({"prompt": [1, 2, 3], "max_tokens": 40, "temperature": 0,
+                                  "ignore_eos": true, "return_token_ids": true});
+            for (k, v) in extra.as_object().unwrap() {
+                body[k] = v.clone();
+            }
+            let v: Value = client()
+                .post(format!("{base}/v1/completions"))
+                .json(&body)
+                .send()
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap();
+            serde_json::from_value::<Vec<u32>>(v["choices"][0]["token_ids"].clone())
+                .unwrap_or_else(|e| panic!("{e}: {v}"))
+        }
+    };
+    let distinct = |t: &[u32]| t.iter().collect::<std::collections::HashSet<_>>().len();
+    let plain = ids(json!({})).await;
+    assert_eq!(
+        ids(json!({"frequency_penalty": 0, "presence_penalty": 0, "repetition_penalty": 1})).await,
+        plain
+    );
+    let repeating = ids(json!({"frequency_penalty": -2})).await;
+    assert_eq!(repeating.len(), 40);
+    assert!(
+        distinct(&repeating) < distinct(&plain),
+        "{plain:?} vs {repeating:?}"
+    );
+    // --max-request-bytes reaches the server.
+    let r = client()
+        .post(format!("{base}/v1/completions"))
+        .json(&json!({"prompt": "y".repeat(5000)}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 413);
+    let v: Value = r.json().await.unwrap();
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("4096 bytes"),
+        "{v}"
+    );
     // SIGTERM stops it cleanly.
     let pid = child.id() as i32;
     // SAFETY: plain kill(2) on the child this test started.

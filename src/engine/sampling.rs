@@ -1,8 +1,9 @@
-//! Choosing the next token from logits (greedy, temperature, top-k, top-p, seeded) with
-//! logprobs, and matching `stop` strings in streamed text.
+//! Choosing the next token from logits (penalties, greedy, temperature, top-k, top-p, seeded)
+//! with logprobs, and matching `stop` strings in streamed text.
 
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
+use std::collections::{HashMap, HashSet};
 
 /// Everything that decides how one request's tokens are chosen and when it ends.
 #[derive(Debug, Clone, PartialEq)]
@@ -23,6 +24,13 @@ pub struct SamplingParams {
     pub ignore_eos: bool,
     /// Number of top alternatives to report per token; `None` reports no logprobs.
     pub logprobs: Option<usize>,
+    /// Subtracted once from the logit of every token already generated (0 disables it).
+    pub presence_penalty: f32,
+    /// Subtracted from a token's logit once per time it was generated (0 disables it).
+    pub frequency_penalty: f32,
+    /// Divides positive and multiplies negative logits of tokens in prompt or output
+    /// (1 disables it).
+    pub repetition_penalty: f32,
 }
 
 impl Default for SamplingParams {
@@ -36,6 +44,9 @@ impl Default for SamplingParams {
             min_tokens: 0,
             ignore_eos: false,
             logprobs: None,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+            repetition_penalty: 1.0,
         }
     }
 }
@@ -61,15 +72,38 @@ pub struct Sampled {
 pub struct Sampler {
     params: SamplingParams,
     rng: StdRng,
+    /// The history the penalties read; `None` when every penalty is off, so plain requests
+    /// pay nothing for them.
+    history: Option<History>,
+}
+
+/// The tokens a request has seen, as the penalties need them.
+#[derive(Debug, Default)]
+struct History {
+    /// Token ids of the prompt (repetition penalty).
+    prompt: HashSet<u32>,
+    /// How often each token id was generated so far.
+    output: HashMap<u32, u32>,
 }
 
 impl Sampler {
-    /// A sampler for `params`.
+    /// A sampler for `params` with no prompt: the repetition penalty sees only the output.
     pub fn new(params: SamplingParams) -> Self {
+        Self::for_prompt(params, &[])
+    }
+
+    /// A sampler for `params` whose penalties also count `prompt` (as vLLM's repetition
+    /// penalty does).
+    pub fn for_prompt(params: SamplingParams, prompt: &[u32]) -> Self {
         let seed = params.seed.unwrap_or_else(rand::random);
+        let history = params.has_penalties().then(|| History {
+            prompt: prompt.iter().copied().collect(),
+            output: HashMap::new(),
+        });
         Sampler {
             params,
             rng: StdRng::seed_from_u64(seed),
+            history,
         }
     }
 
@@ -97,7 +131,16 @@ impl Sampler {
         } else {
             self.next_uniform()
         };
-        let token = choose(logits, banned, &self.params, u);
+        let token = match &mut self.history {
+            None => choose(logits, banned, &self.params, u),
+            Some(h) => {
+                let mut penalized = logits.to_vec();
+                apply_penalties(&mut penalized, &self.params, &h.prompt, &h.output);
+                let token = choose(&penalized, banned, &self.params, u);
+                *h.output.entry(token as u32).or_insert(0) += 1;
+                token
+            }
+        };
         let Some(n) = self.params.logprobs else {
             return Sampled {
                 token: token as u32,
@@ -122,6 +165,44 @@ impl SamplingParams {
     /// Greedy: temperature at most 1e-5, or `top_k == 1`.
     pub fn is_greedy(&self) -> bool {
         self.temperature <= 1e-5 || self.top_k == 1
+    }
+
+    /// Whether any of presence, frequency or repetition penalty is on. Such rows need the
+    /// request's token history, which only the host sampler keeps.
+    pub fn has_penalties(&self) -> bool {
+        self.presence_penalty != 0.0
+            || self.frequency_penalty != 0.0
+            || self.repetition_penalty != 1.0
+    }
+}
+
+/// Apply the penalties to `logits` in place, as vLLM defines them and in its order:
+/// repetition first (every token id of `prompt` or `output`: a positive logit is divided by
+/// `r`, a negative one multiplied by `r`), then frequency (`f` × the token's count in
+/// `output` subtracted), then presence (`p` subtracted once per token id in `output`).
+/// Penalties apply before temperature, top-k and top-p.
+pub fn apply_penalties(
+    logits: &mut [f32],
+    p: &SamplingParams,
+    prompt: &HashSet<u32>,
+    output: &HashMap<u32, u32>,
+) {
+    let r = p.repetition_penalty;
+    if r != 1.0 {
+        // A token in both prompt and output is penalised once, as vLLM's mask does.
+        let seen = prompt
+            .iter()
+            .chain(output.keys().filter(|t| !prompt.contains(t)));
+        for &t in seen {
+            if let Some(l) = logits.get_mut(t as usize) {
+                *l = if *l > 0.0 { *l / r } else { *l * r };
+            }
+        }
+    }
+    for (&t, &n) in output {
+        if let Some(l) = logits.get_mut(t as usize) {
+            *l -= p.frequency_penalty * n as f32 + p.presence_penalty;
+        }
     }
 }
 
@@ -332,31 +413,47 @@ fn top_n(logits: &[f32], n: usize) -> Vec<usize> {
 pub struct StopStrings {
     stops: Vec<String>,
     held: String,
+    /// Keep the matched stop string at the end of the text (vLLM's
+    /// `include_stop_str_in_output`).
+    include: bool,
 }
 
 impl StopStrings {
-    /// A matcher for `stops` (empty strings are ignored).
+    /// A matcher for `stops` (empty strings are ignored) that cuts the text before a match.
     pub fn new(stops: Vec<String>) -> Self {
         StopStrings {
             stops: stops.into_iter().filter(|s| !s.is_empty()).collect(),
             held: String::new(),
+            include: false,
+        }
+    }
+
+    /// Like [`StopStrings::new`], but the matched stop string stays in the text when
+    /// `include` is set (the text is cut right after it).
+    pub fn including(stops: Vec<String>, include: bool) -> Self {
+        StopStrings {
+            include,
+            ..Self::new(stops)
         }
     }
 
     /// Add text; returns the text safe to emit and whether a stop string was found (then
-    /// the text is cut before it and nothing more should be emitted).
+    /// the text is cut before it, or after it when it is included, and nothing more should
+    /// be emitted).
     pub fn push(&mut self, text: &str) -> (String, bool) {
         if self.stops.is_empty() {
             return (text.to_string(), false);
         }
         self.held.push_str(text);
+        // The earliest match wins; at equal positions the first stop string listed.
         let first = self
             .stops
             .iter()
-            .filter_map(|s| self.held.find(s.as_str()))
-            .min();
-        if let Some(at) = first {
-            let out = self.held[..at].to_string();
+            .filter_map(|s| self.held.find(s.as_str()).map(|at| (at, s.len())))
+            .min_by_key(|&(at, _)| at);
+        if let Some((at, len)) = first {
+            let end = if self.include { at + len } else { at };
+            let out = self.held[..end].to_string();
             self.held.clear();
             return (out, true);
         }
@@ -600,5 +697,99 @@ mod tests {
         assert_eq!(m.finish(), "E");
         let mut none = StopStrings::new(vec![]);
         assert_eq!(none.push("E"), ("E".to_string(), false));
+        // Included: the text ends with the stop string, whatever followed it is dropped.
+        let mut m = StopStrings::including(vec!["END".into()], true);
+        assert_eq!(m.push("ab E"), ("ab ".to_string(), false));
+        assert_eq!(m.push("ND tail"), ("END".to_string(), true));
+    }
+
+    fn history(prompt: &[u32], output: &[u32]) -> (HashSet<u32>, HashMap<u32, u32>) {
+        let mut counts = HashMap::new();
+        for &t in output {
+            *counts.entry(t).or_insert(0) += 1;
+        }
+        (prompt.iter().copied().collect(), counts)
+    }
+
+    #[test]
+    fn penalties_follow_vllm_definitions() {
+        let base = vec![2.0f32, -2.0, 1.0, 4.0, 0.5];
+        let (prompt, output) = history(&[0, 1], &[1, 3, 3, 3]);
+        // Repetition: prompt and output tokens; positive divided, negative multiplied, once
+        // even for token 1, which is in both.
+        let mut l = base.clone();
+        let p = SamplingParams {
+            repetition_penalty: 2.0,
+            ..Default::default()
+        };
+        apply_penalties(&mut l, &p, &prompt, &output);
+        assert_eq!(l, vec![1.0, -4.0, 1.0, 2.0, 0.5]);
+        // Frequency: f × count in the output only (prompt token 0 untouched).
+        let mut l = base.clone();
+        let p = SamplingParams {
+            frequency_penalty: 0.5,
+            ..Default::default()
+        };
+        apply_penalties(&mut l, &p, &prompt, &output);
+        assert_eq!(l, vec![2.0, -2.5, 1.0, 2.5, 0.5]);
+        // Presence: p once per token in the output.
+        let mut l = base.clone();
+        let p = SamplingParams {
+            presence_penalty: 1.5,
+            ..Default::default()
+        };
+        apply_penalties(&mut l, &p, &prompt, &output);
+        assert_eq!(l, vec![2.0, -3.5, 1.0, 2.5, 0.5]);
+        // Negative values reward repeats, as in vLLM.
+        let mut l = base.clone();
+        let p = SamplingParams {
+            presence_penalty: -1.0,
+            ..Default::default()
+        };
+        apply_penalties(&mut l, &p, &prompt, &output);
+        assert_eq!(l[3], 5.0);
+    }
+
+    #[test]
+    fn defaults_leave_greedy_unchanged_and_penalties_break_a_repeat() {
+        // The same logits every step: greedy repeats token 3 forever.
+        let l = vec![0.0f32, 1.0, 2.0, 3.0];
+        let run = |p: SamplingParams, prompt: &[u32]| {
+            let mut s = Sampler::for_prompt(p, prompt);
+            (0..4).map(|_| s.sample(&l, &[]).token).collect::<Vec<_>>()
+        };
+        let greedy = SamplingParams {
+            temperature: 0.0,
+            ..Default::default()
+        };
+        assert!(!greedy.has_penalties());
+        assert_eq!(run(greedy.clone(), &[3]), vec![3, 3, 3, 3]);
+        // Frequency 0.6 grows with the count: 3 → 2.4 (still first), 1.8 (2 wins), then
+        // 1.8 beats 2 − 0.6.
+        let freq = SamplingParams {
+            frequency_penalty: 0.6,
+            ..greedy.clone()
+        };
+        assert!(freq.has_penalties());
+        assert_eq!(run(freq, &[]), vec![3, 3, 2, 3]);
+        // Repetition reads the prompt and does not grow: 3 in the prompt gives 3 / 2 = 1.5,
+        // so 2 wins once, after which 2 / 2 = 1 < 1.5.
+        let rep = SamplingParams {
+            repetition_penalty: 2.0,
+            ..greedy.clone()
+        };
+        assert_eq!(run(rep.clone(), &[3]), vec![2, 3, 3, 3]);
+        // Logprobs stay those of the unmodified logits.
+        let mut s = Sampler::for_prompt(
+            SamplingParams {
+                logprobs: Some(1),
+                ..rep
+            },
+            &[3],
+        );
+        let out = s.sample(&l, &[]);
+        assert_eq!(out.token, 2);
+        assert!((out.logprob.unwrap() - (2.0 - log_sum_exp(&l))).abs() < 1e-6);
+        assert_eq!(out.top[0].0, 3);
     }
 }

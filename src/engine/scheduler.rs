@@ -229,7 +229,7 @@ impl Engine {
                         .observe_queue(req.arrived.elapsed().as_secs_f64());
                     self.running.push(Running {
                         seq,
-                        sampler: Sampler::new(req.sampling.clone()),
+                        sampler: Sampler::for_prompt(req.sampling.clone(), &req.prompt),
                         req,
                         reserved: need,
                         prefilled: 0,

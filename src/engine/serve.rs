@@ -149,6 +149,9 @@ pub struct ServeArgs {
     /// Require `Authorization: Bearer <KEY>` on /v1/*.
     #[arg(long)]
     pub api_key: Option<String>,
+    /// Largest request body in bytes; a larger one is refused with a 413 JSON error.
+    #[arg(long, default_value_t = super::server::DEFAULT_MAX_REQUEST_BYTES)]
+    pub max_request_bytes: usize,
     #[command(flatten)]
     pub gates: Gates,
 }
@@ -417,6 +420,12 @@ fn prepare_with(args: &ServeArgs, open: impl FnOnce() -> Result<Gpu>) -> Result<
     if args.max_num_seqs == 0 || args.max_num_batched_tokens == 0 {
         bail!("--max-num-seqs and --max-num-batched-tokens must be at least 1");
     }
+    if args.max_request_bytes == 0 {
+        bail!(
+            "--max-request-bytes must be at least 1 (the default is {})",
+            super::server::DEFAULT_MAX_REQUEST_BYTES
+        );
+    }
     let mut kv_tokens = args
         .kv_cache_tokens
         .unwrap_or(args.max_num_seqs.saturating_mul(max_model_len));
@@ -542,6 +551,7 @@ fn prepare_with(args: &ServeArgs, open: impl FnOnce() -> Result<Gpu>) -> Result<
             max_num_batched_tokens: args.max_num_batched_tokens,
             kv_cache_tokens: kv_tokens,
             api_key: args.api_key.clone(),
+            max_request_bytes: args.max_request_bytes,
         },
         report,
     })

@@ -203,6 +203,7 @@ pub fn options() -> ServerOptions {
         max_num_batched_tokens: 64,
         kv_cache_tokens: 4 * 2048,
         api_key: None,
+        max_request_bytes: mxtune::engine::server::DEFAULT_MAX_REQUEST_BYTES,
     }
 }
 

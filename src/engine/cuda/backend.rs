@@ -85,7 +85,7 @@ impl CudaBackend {
             "cuda backend: device {} ({}); kernels {} compiled, {} cached in {:.2} s ({}); \
              decode: moe gemv on {} with {} activations, {}, {} dense gemv, mxfp4 experts; kv {}, \
              sinks {}, cuda graphs {}; {}{}; sampling on device (rows asking for top logprobs \
-             sample on the host)",
+             or a sampling penalty sample on the host)",
             self.gpu.name(),
             self.gpu.arch(),
             lr.compiled,
@@ -225,13 +225,16 @@ impl ModelBackend for CudaBackend {
         );
         let at = self.place(batch)?;
         // Per row: the kernel's request, or None where the host samples (top logprobs wanted,
-        // or more banned ids than the kernel takes) or nothing is sampled. The uniform number
-        // is drawn now, one per non-greedy token, as `Sampler::sample` does on the host.
+        // a presence/frequency/repetition penalty, which needs the request's token history
+        // that only the host sampler keeps, or more banned ids than the kernel takes) or
+        // nothing is sampled. The uniform number is drawn now, one per non-greedy token, as
+        // `Sampler::sample` does on the host.
         let mut dev: Vec<Option<SampleRow>> = Vec::with_capacity(rows.len());
         for r in rows.iter_mut() {
             let req = match r.sampler.as_deref_mut() {
                 Some(s)
                     if s.params().logprobs.is_none_or(|n| n == 0)
+                        && !s.params().has_penalties()
                         && r.banned.len() <= ops::SAMPLE_MAX_BANNED =>
                 {
                     let greedy = s.is_greedy();

@@ -27,13 +27,6 @@ pub enum StopInput {
     Many(Vec<String>),
 }
 
-/// `stream_options`.
-#[derive(Debug, Default, Deserialize)]
-pub struct StreamOptions {
-    #[serde(default)]
-    pub include_usage: bool,
-}
-
 /// Fields shared by both endpoints.
 #[derive(Debug, Default, Deserialize)]
 pub struct Common {
@@ -45,8 +38,18 @@ pub struct Common {
     pub seed: Option<u64>,
     #[serde(default)]
     pub stream: bool,
-    pub stream_options: Option<StreamOptions>,
+    /// Kept as JSON: vLLM refuses a non-empty object without `stream: true`, which needs
+    /// the raw value, and unknown keys inside it stay accepted.
+    pub stream_options: Option<Value>,
     pub stop: Option<StopInput>,
+    #[serde(default)]
+    pub include_stop_str_in_output: bool,
+    #[serde(default)]
+    pub return_token_ids: bool,
+    /// The penalties are kept as JSON so a wrong type gets a 400 naming the field.
+    pub frequency_penalty: Option<Value>,
+    pub presence_penalty: Option<Value>,
+    pub repetition_penalty: Option<Value>,
     pub min_tokens: Option<i64>,
     #[serde(default)]
     pub ignore_eos: bool,
@@ -124,6 +127,89 @@ pub struct Prepared {
     pub stream: bool,
     pub include_usage: bool,
     pub return_tokens_as_token_ids: bool,
+    /// Keep a matched stop string at the end of the text (vLLM extension).
+    pub include_stop_str_in_output: bool,
+    /// Report prompt and generated token ids next to the text (vLLM extension).
+    pub return_token_ids: bool,
+}
+
+/// A number field of the body that may be absent or null; anything else is a 400 naming it.
+fn number(param: &str, v: Option<&Value>) -> Result<Option<f32>, ApiError> {
+    match v {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Number(n)) => match n.as_f64() {
+            Some(x) if (x as f32).is_finite() => Ok(Some(x as f32)),
+            _ => Err(ApiError::invalid(
+                param,
+                format!("{param} must be a finite number, got {n}"),
+            )),
+        },
+        Some(other) => Err(ApiError::invalid(
+            param,
+            format!("{param} must be a number, got {other}"),
+        )),
+    }
+}
+
+/// `presence_penalty` or `frequency_penalty`: a number in [-2, 2] (vLLM's range), 0 if unset.
+fn additive_penalty(param: &str, v: Option<&Value>) -> Result<f32, ApiError> {
+    match number(param, v)? {
+        None => Ok(0.0),
+        Some(x) if (-2.0..=2.0).contains(&x) => Ok(x),
+        Some(x) => Err(ApiError::invalid(
+            param,
+            format!("{param} must be in [-2, 2], got {x}"),
+        )),
+    }
+}
+
+/// `repetition_penalty`: a number greater than 0 (vLLM's rule), 1 (off) if unset.
+fn repetition_penalty(v: Option<&Value>) -> Result<f32, ApiError> {
+    let param = "repetition_penalty";
+    match number(param, v)? {
+        None => Ok(1.0),
+        Some(x) if x > 0.0 => Ok(x),
+        Some(x) => Err(ApiError::invalid(
+            param,
+            format!("{param} must be greater than 0 (1 turns it off), got {x}"),
+        )),
+    }
+}
+
+/// `stream_options` → whether usage is streamed. As in vLLM, a non-empty object needs
+/// `stream: true`; an empty object or null is ignored.
+fn stream_options(c: &Common) -> Result<bool, ApiError> {
+    let param = "stream_options";
+    let opts = match &c.stream_options {
+        None | Some(Value::Null) => return Ok(false),
+        Some(Value::Object(o)) => o,
+        Some(other) => {
+            return Err(ApiError::invalid(
+                param,
+                format!(
+                    "{param} must be an object such as {{\"include_usage\": true}}, got {other}"
+                ),
+            ));
+        }
+    };
+    if opts.is_empty() {
+        return Ok(false);
+    }
+    if !c.stream {
+        return Err(ApiError::invalid(
+            param,
+            "Stream options can only be defined when `stream=True`: drop stream_options or \
+             set `stream: true`",
+        ));
+    }
+    match opts.get("include_usage") {
+        None | Some(Value::Null) => Ok(false),
+        Some(Value::Bool(b)) => Ok(*b),
+        Some(other) => Err(ApiError::invalid(
+            "stream_options.include_usage",
+            format!("stream_options.include_usage must be true or false, got {other}"),
+        )),
+    }
 }
 
 fn check_model(c: &Common, lim: &Limits<'_>) -> Result<(), ApiError> {
@@ -232,6 +318,10 @@ fn prepare_common(
         }
         Some(m) => m as usize,
     };
+    let presence_penalty = additive_penalty("presence_penalty", c.presence_penalty.as_ref())?;
+    let frequency_penalty = additive_penalty("frequency_penalty", c.frequency_penalty.as_ref())?;
+    let repetition_penalty = repetition_penalty(c.repetition_penalty.as_ref())?;
+    let include_usage = stream_options(c)?;
     let stop = match &c.stop {
         None => Vec::new(),
         Some(StopInput::One(s)) => vec![s.clone()],
@@ -248,11 +338,16 @@ fn prepare_common(
             min_tokens,
             ignore_eos: c.ignore_eos,
             logprobs,
+            presence_penalty,
+            frequency_penalty,
+            repetition_penalty,
         },
         stop,
         stream: c.stream,
-        include_usage: c.stream && c.stream_options.as_ref().is_some_and(|o| o.include_usage),
+        include_usage,
         return_tokens_as_token_ids: c.return_tokens_as_token_ids,
+        include_stop_str_in_output: c.include_stop_str_in_output,
+        return_token_ids: c.return_token_ids,
     })
 }
 

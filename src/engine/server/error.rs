@@ -91,6 +91,20 @@ impl ApiError {
         }
     }
 
+    /// 413 for a body over the server's `--max-request-bytes`.
+    pub fn too_large(limit: usize) -> Self {
+        ApiError {
+            status: StatusCode::PAYLOAD_TOO_LARGE,
+            message: format!(
+                "The request body is larger than this server's limit of {limit} bytes; send a \
+                 smaller body or restart `mxtune serve` with a larger --max-request-bytes"
+            ),
+            kind: "invalid_request_error",
+            param: None,
+            code: Some("request_too_large"),
+        }
+    }
+
     /// 500 for a failure inside the engine.
     pub fn internal(message: impl Into<String>) -> Self {
         ApiError {

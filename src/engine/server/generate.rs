@@ -67,8 +67,8 @@ impl Output {
             tok,
             source,
             stops: [
-                StopStrings::new(p.stop.clone()),
-                StopStrings::new(p.stop.clone()),
+                StopStrings::including(p.stop.clone(), p.include_stop_str_in_output),
+                StopStrings::including(p.stop.clone(), p.include_stop_str_in_output),
             ],
             return_ids: p.return_tokens_as_token_ids,
             prompt_tokens: p.prompt.len(),
@@ -223,6 +223,8 @@ pub async fn respond_full(
     let mut cmpl_lp = CompletionLogprobs::default();
     let mut chat_lp: Vec<Value> = Vec::new();
     let mut finish = None;
+    // Every token the engine sent, as vLLM's `token_ids` (stop tokens included).
+    let mut token_ids: Vec<u32> = Vec::new();
     let push_deltas = |deltas: Vec<Delta>, reasoning: &mut String, content: &mut String| {
         for d in deltas {
             match d.channel {
@@ -234,6 +236,7 @@ pub async fn respond_full(
     while let Some(ev) = rx.recv().await {
         match ev {
             GenEvent::Token(s) => {
+                token_ids.push(s.token);
                 if want_logprobs {
                     match endpoint {
                         Endpoint::Completions => cmpl_lp.push(&out, &s, content.len()),
@@ -261,7 +264,7 @@ pub async fn respond_full(
     let Some(finish) = finish else {
         return ApiError::internal(ENGINE_GONE).into_response();
     };
-    let body = match endpoint {
+    let mut body = match endpoint {
         Endpoint::Completions => json!({
             "id": meta.id,
             "object": "text_completion",
@@ -293,22 +296,78 @@ pub async fn respond_full(
             "usage": out.usage(),
         }),
     };
+    if prepared.return_token_ids {
+        // vLLM's shape: completions carry the prompt per choice (a request may hold several
+        // prompts there), chat once per response.
+        let prompt_at = match endpoint {
+            Endpoint::Completions => &mut body["choices"][0],
+            Endpoint::Chat => &mut body,
+        };
+        prompt_at["prompt_token_ids"] = json!(prepared.prompt);
+        body["choices"][0]["token_ids"] = json!(token_ids);
+    }
     axum::Json(body).into_response()
 }
 
-fn chunk(meta: &ResponseMeta, endpoint: Endpoint, choices: Value) -> Event {
+fn chunk_value(meta: &ResponseMeta, endpoint: Endpoint, choices: Value) -> Value {
     let object = match endpoint {
         Endpoint::Completions => "text_completion",
         Endpoint::Chat => "chat.completion.chunk",
     };
-    let v = json!({
+    json!({
         "id": meta.id,
         "object": object,
         "created": meta.created,
         "model": meta.model,
         "choices": choices,
-    });
-    Event::default().data(v.to_string())
+    })
+}
+
+/// `return_token_ids` in a stream: the prompt's ids ride on the first chunk (per choice for
+/// completions, per response for chat, as vLLM does), and each chunk's choice carries the
+/// ids of the tokens received since the previous chunk. A token that adds no text (a
+/// control token, text held back for a stop string) waits for the next chunk, so the
+/// chunks' ids concatenate to every generated token.
+struct TokenIds {
+    on: bool,
+    prompt: Option<Vec<u32>>,
+    pending: Vec<u32>,
+}
+
+impl TokenIds {
+    fn new(p: &Prepared) -> Self {
+        TokenIds {
+            on: p.return_token_ids,
+            prompt: p.return_token_ids.then(|| p.prompt.clone()),
+            pending: Vec::new(),
+        }
+    }
+
+    fn push(&mut self, token: u32) {
+        if self.on {
+            self.pending.push(token);
+        }
+    }
+
+    /// One SSE chunk with `choices`, plus the ids it owes when they were asked for.
+    fn chunk(&mut self, meta: &ResponseMeta, endpoint: Endpoint, choices: Value) -> Event {
+        let mut v = chunk_value(meta, endpoint, choices);
+        if self.on {
+            if let Some(prompt) = self.prompt.take() {
+                let at = match endpoint {
+                    Endpoint::Completions => v["choices"].get_mut(0),
+                    Endpoint::Chat => Some(&mut v),
+                };
+                if let Some(at) = at {
+                    at["prompt_token_ids"] = json!(prompt);
+                }
+            }
+            if let Some(c) = v["choices"].get_mut(0) {
+                c["token_ids"] = json!(std::mem::take(&mut self.pending));
+            }
+        }
+        Event::default().data(v.to_string())
+    }
 }
 
 fn delta_choice(endpoint: Endpoint, d: Option<&Delta>, logprobs: Value) -> Value {
@@ -351,6 +410,7 @@ pub fn respond_stream(
     };
     let want_logprobs = prepared.sampling.logprobs.is_some();
     let include_usage = prepared.include_usage;
+    let mut ids = TokenIds::new(prepared);
     let stream = async_stream::stream! {
         // The role chunk waits for the engine's first output (after prefill), as in vLLM:
         // clients time the first chunk as time-to-first-response.
@@ -363,10 +423,11 @@ pub fn respond_stream(
                 role_pending = false;
                 let role = json!([{"index": 0, "delta": {"role": "assistant", "content": ""},
                                    "logprobs": null, "finish_reason": null}]);
-                yield chunk(&meta, endpoint, role);
+                yield ids.chunk(&meta, endpoint, role);
             }
             match ev {
                 GenEvent::Token(s) => {
+                    ids.push(s.token);
                     let lp = if !want_logprobs {
                         Value::Null
                     } else if endpoint == Endpoint::Chat {
@@ -381,11 +442,11 @@ pub fn respond_stream(
                     for d in &t.deltas {
                         text_len += d.text.len();
                         let l = lp.take().unwrap_or(Value::Null);
-                        yield chunk(&meta, endpoint, delta_choice(endpoint, Some(d), l));
+                        yield ids.chunk(&meta, endpoint, delta_choice(endpoint, Some(d), l));
                     }
                     // Every token gets a chunk when logprobs were asked for, text or not.
                     if let Some(l) = lp.filter(|_| want_logprobs) {
-                        yield chunk(&meta, endpoint, delta_choice(endpoint, None, l));
+                        yield ids.chunk(&meta, endpoint, delta_choice(endpoint, None, l));
                     }
                     if t.stopped {
                         finish = Some(FinishReason::Stop);
@@ -394,7 +455,7 @@ pub fn respond_stream(
                 }
                 GenEvent::Done(r) => {
                     for d in out.finish() {
-                        yield chunk(&meta, endpoint, delta_choice(endpoint, Some(&d), Value::Null));
+                        yield ids.chunk(&meta, endpoint, delta_choice(endpoint, Some(&d), Value::Null));
                     }
                     finish = Some(r);
                     break;
@@ -417,7 +478,7 @@ pub fn respond_stream(
                 Endpoint::Chat => json!([{"index": 0, "delta": {}, "logprobs": null,
                                            "finish_reason": finish_str(r)}]),
             };
-            yield chunk(&meta, endpoint, last);
+            yield ids.chunk(&meta, endpoint, last);
             if include_usage {
                 let v = json!({
                     "id": meta.id,

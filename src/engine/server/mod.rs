@@ -13,7 +13,8 @@ use crate::engine::tokenizer::Tokenizer;
 use api::{ChatRequest, CompletionRequest, Limits, parse_body};
 use axum::Router;
 use axum::body::Bytes;
-use axum::extract::{Request, State};
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::http::{Method, Uri, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
@@ -39,7 +40,13 @@ pub struct ServerOptions {
     pub kv_cache_tokens: usize,
     /// When set, `/v1/*` requires `Authorization: Bearer <key>`.
     pub api_key: Option<String>,
+    /// Largest request body accepted; a larger one gets a 413 JSON error.
+    pub max_request_bytes: usize,
 }
+
+/// Default `--max-request-bytes`: axum's own default body limit (2 MiB), which the server
+/// had before the limit could be set.
+pub const DEFAULT_MAX_REQUEST_BYTES: usize = 2 * 1024 * 1024;
 
 /// Shared state of all handlers.
 #[derive(Debug)]
@@ -113,7 +120,8 @@ impl Server {
             .route("/v1/models", get(models))
             .route("/v1/completions", post(completions))
             .route("/v1/chat/completions", post(chat_completions))
-            .route_layer(middleware::from_fn_with_state(self.state.clone(), auth));
+            .route_layer(middleware::from_fn_with_state(self.state.clone(), auth))
+            .layer(DefaultBodyLimit::max(self.state.opts.max_request_bytes));
         Router::new()
             .route("/health", get(health))
             .route("/metrics", get(metrics_text))
@@ -229,8 +237,27 @@ async fn run(st: &AppState, prepared: api::Prepared, endpoint: Endpoint, prefix:
     }
 }
 
-async fn completions(State(st): State<Arc<AppState>>, body: Bytes) -> Response {
-    let prepared = match parse_body::<CompletionRequest>(&body)
+/// The body, or the OpenAI-style error for one that could not be read: axum answers a body
+/// over the limit with plain text, which OpenAI clients cannot parse.
+fn read_body(st: &AppState, body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
+    body.map_err(|e| {
+        if e.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError::too_large(st.opts.max_request_bytes)
+        } else {
+            ApiError::bad_body(format!(
+                "could not read the request body: {}",
+                e.body_text()
+            ))
+        }
+    })
+}
+
+async fn completions(
+    State(st): State<Arc<AppState>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let prepared = match read_body(&st, body)
+        .and_then(|b| parse_body::<CompletionRequest>(&b))
         .and_then(|r| r.prepare(&st.tok, &st.limits()))
     {
         Ok(p) => p,
@@ -239,8 +266,12 @@ async fn completions(State(st): State<Arc<AppState>>, body: Bytes) -> Response {
     run(&st, prepared, Endpoint::Completions, "cmpl").await
 }
 
-async fn chat_completions(State(st): State<Arc<AppState>>, body: Bytes) -> Response {
-    let prepared = match parse_body::<ChatRequest>(&body)
+async fn chat_completions(
+    State(st): State<Arc<AppState>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let prepared = match read_body(&st, body)
+        .and_then(|b| parse_body::<ChatRequest>(&b))
         .and_then(|r| r.prepare(&st.renderer, &st.limits()))
     {
         Ok(p) => p,
