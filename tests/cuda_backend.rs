@@ -2,8 +2,9 @@
 //! per-kernel CPU references against the gpt-oss facts, the test-input streams, and the byte
 //! count of the decode roofline.
 
+use mxtune::engine::cuda::model::Fp4Layers;
 use mxtune::engine::cuda::reference as r;
-use mxtune::engine::cuda::{libs, profile, synthetic};
+use mxtune::engine::cuda::{libs, roofline, synthetic};
 
 #[test]
 fn cuda_open_without_a_driver_is_an_error_not_a_panic() {
@@ -141,21 +142,16 @@ fn cuda_bytes_per_token_matches_the_roofline_table() {
     // docs BENCHMARKING "The physical limit": 5.003 GB (120b) and 3.708 GB (20b) as released.
     for (name, want) in [("gpt-oss-120b", 5.003e9), ("gpt-oss-20b", 3.708e9)] {
         let cfg = mxtune::engine::synthetic::config(name).unwrap();
-        let got = profile::bytes_per_token(&cfg, 0, 2) as f64;
+        let got = roofline::batch_one_bytes(&cfg, Fp4Layers::Moe, 2, 0).unwrap() as f64;
         assert!((got / want - 1.0).abs() < 0.005, "{name}: {got} vs {want}");
     }
 }
 
 #[test]
 fn cuda_bytes_per_token_counts_mxfp4_layers_at_4_25_bits() {
-    use mxtune::engine::cuda::model::Fp4Layers;
     for name in ["gpt-oss-120b", "gpt-oss-20b"] {
         let c = mxtune::engine::synthetic::config(name).unwrap();
-        let at = |fp4| profile::bytes_per_token_fp4(&c, 1000, 2, fp4) as i64;
-        assert_eq!(
-            at(Fp4Layers::Moe),
-            profile::bytes_per_token(&c, 1000, 2) as i64
-        );
+        let at = |fp4| roofline::batch_one_bytes(&c, fp4, 2, 1000).unwrap() as i64;
         // bf16 (16 bits) → MXFP4 (4.25 bits): 15/32 bytes saved per weight.
         let qkv_o = ((c.q_dim() + 2 * c.kv_dim()) * c.hidden_size + c.hidden_size * c.q_dim())
             * c.num_hidden_layers;
@@ -166,6 +162,6 @@ fn cuda_bytes_per_token_counts_mxfp4_layers_at_4_25_bits() {
     }
     // 120b: 5.003 GB as released; with qkv, o and the lm_head in MXFP4, 2.25 GB less.
     let c = mxtune::engine::synthetic::config("gpt-oss-120b").unwrap();
-    let all = profile::bytes_per_token_fp4(&c, 0, 2, Fp4Layers::All) as f64;
+    let all = roofline::batch_one_bytes(&c, Fp4Layers::All, 2, 0).unwrap() as f64;
     assert!((all / 2.749e9 - 1.0).abs() < 0.005, "{all}");
 }

@@ -11,9 +11,7 @@ use anyhow::{Context, Result, bail, ensure};
 
 use super::backend::CudaBackend;
 use super::device::Gpu;
-use super::model::{
-    ATTN_MIN_SPLIT, DecodeGemv, DecodeOptions, Decoder, Fp4Layers, KvDtype, Profile,
-};
+use super::model::{ATTN_MIN_SPLIT, DecodeGemv, DecodeOptions, Decoder, KvDtype, Profile};
 use super::roofline::{self, StepBytes, StepGroup};
 use super::{ops, weights};
 use crate::engine::backend::{ModelBackend, RowSample, SeqId, SeqStep};
@@ -107,48 +105,6 @@ pub fn flops_per_prompt_token(c: &ModelConfig, pos: usize) -> f64 {
         };
         let macs = (hq + 2 * hkv) * d * h + h * hq * d + e * h + k * 3 * i * h + 2 * keys * hq * d;
         total += 2.0 * macs as f64;
-    }
-    total
-}
-
-/// Bytes one decode token must read at batch 1 (each weight it touches once, its KV once,
-/// `kv_bytes` per cached element), with the released checkpoint's formats (MXFP4 experts,
-/// bf16 elsewhere).
-pub fn bytes_per_token(c: &ModelConfig, depth: usize, kv_bytes: usize) -> u64 {
-    bytes_per_token_fp4(c, depth, kv_bytes, Fp4Layers::Moe)
-}
-
-/// [`bytes_per_token`] with the layers `fp4` puts in MXFP4 counted at 4.25 bits per weight
-/// (17 bytes per 32: 16 of nibbles, 1 scale; biases stay bf16).
-pub fn bytes_per_token_fp4(c: &ModelConfig, depth: usize, kv_bytes: usize, fp4: Fp4Layers) -> u64 {
-    let (h, hq, hkv, d) = (
-        c.hidden_size,
-        c.num_attention_heads,
-        c.num_key_value_heads,
-        c.head_dim,
-    );
-    let (e, k, i, v) = (
-        c.num_local_experts,
-        c.num_experts_per_tok,
-        c.intermediate_size,
-        c.vocab_size,
-    );
-    let qkv = (hq + 2 * hkv) * d;
-    // MXFP4: 16 bytes of nibbles + 1 scale byte per 32 weights (4.25 bits), bf16 biases.
-    let fp4_bytes = |weights: usize| weights / 32 * 17;
-    let dense = |weights: usize, fp4: bool| if fp4 { fp4_bytes(weights) } else { 2 * weights };
-    let attn = dense(qkv * h + h * hq * d, fp4.qkv_o()) + 2 * (qkv + h + hq + 2 * h);
-    let router = 2 * (e * h + e);
-    let expert = fp4_bytes(2 * i * h) + fp4_bytes(h * i) + 2 * (2 * i + h);
-    // Embedding row, final norm, lm_head.
-    let mut total = (2 * h + 2 * h + dense(v * h, fp4.lm_head())) as u64;
-    for &sliding in &c.layer_is_sliding {
-        let keys = if sliding {
-            (depth + 1).min(c.sliding_window)
-        } else {
-            depth + 1
-        };
-        total += (attn + router + k * expert + keys * hkv * d * 2 * kv_bytes) as u64;
     }
     total
 }
@@ -279,7 +235,8 @@ pub fn run(args: &ProfileArgs) -> Result<()> {
     let b = args.batch;
     let slots: Vec<u32> = (0..b as u32).collect();
     let toks: Vec<u32> = (0..b as u32).map(|i| 1000 + i).collect();
-    let per_tok = bytes_per_token_fp4(&cfg, args.depth, dec.options().kv_dtype.size(), fp4_layers);
+    let per_tok =
+        roofline::batch_one_bytes(&cfg, fp4_layers, dec.options().kv_dtype.size(), args.depth)?;
     println!(
         "model {}: {} layers, {} experts; mxfp4 layers {} (dense projections + lm_head held: \
          {:.3} GB); batch {b}, depth {}; activation {}; bytes/token at batch 1 (counted): \
@@ -615,7 +572,7 @@ fn synthetic_token(i: usize) -> u64 {
 
 #[cfg(test)]
 mod tests {
-    use super::super::model::MoeTile;
+    use super::super::model::{Fp4Layers, MoeTile};
     use super::*;
     use clap::Parser;
 
@@ -718,7 +675,8 @@ mod tests {
             .iter()
             .map(|&s| if s { c.sliding_window } else { depth + 1 })
             .sum();
-        let size = |kv: KvDtype| bytes_per_token(&c, depth, kv.size());
+        let size =
+            |kv: KvDtype| roofline::batch_one_bytes(&c, Fp4Layers::Moe, kv.size(), depth).unwrap();
         // bf16 → fp8 saves exactly one byte per cached element read; f32 costs two more.
         assert_eq!(
             size(KvDtype::Bf16) - size(KvDtype::Fp8),

@@ -214,6 +214,19 @@ pub fn decode_step_bytes(
     })
 }
 
+/// The bytes of one token decoded alone at `depth`: [`decode_step_bytes`] with k distinct
+/// experts in every layer (the batch-1 figure of BENCHMARKING.md).
+pub fn batch_one_bytes(
+    c: &ModelConfig,
+    fp4: Fp4Layers,
+    kv_bytes: usize,
+    depth: usize,
+) -> Result<u64> {
+    let k = c.num_experts_per_tok.min(c.num_local_experts);
+    let experts = vec![k; c.num_hidden_layers];
+    Ok(decode_step_bytes(c, fp4, kv_bytes, &[depth], &experts)?.total())
+}
+
 /// Distinct experts per layer among routed expert indices (per layer, any number of rows'
 /// indices, as `Decoder::routed_experts` returns them).
 pub fn distinct_experts(routed: &[Vec<u32>]) -> Vec<usize> {
@@ -230,9 +243,44 @@ pub fn distinct_experts(routed: &[Vec<u32>]) -> Vec<usize> {
 
 #[cfg(test)]
 mod tests {
-    use super::super::profile::bytes_per_token_fp4;
     use super::*;
     use crate::engine::synthetic;
+
+    /// An independent count of one token's bytes, weight by weight as BENCHMARKING.md lists
+    /// them (MXFP4 at 17 bytes per 32 weights, biases bf16): the oracle the per-group count
+    /// must agree with at batch 1.
+    fn bytes_per_token_fp4(c: &ModelConfig, depth: usize, kv_bytes: usize, fp4: Fp4Layers) -> u64 {
+        let (h, hq, hkv, d) = (
+            c.hidden_size,
+            c.num_attention_heads,
+            c.num_key_value_heads,
+            c.head_dim,
+        );
+        let (e, k, i, v) = (
+            c.num_local_experts,
+            c.num_experts_per_tok,
+            c.intermediate_size,
+            c.vocab_size,
+        );
+        let qkv = (hq + 2 * hkv) * d;
+        // MXFP4: 16 bytes of nibbles + 1 scale byte per 32 weights (4.25 bits), bf16 biases.
+        let fp4_bytes = |weights: usize| weights / 32 * 17;
+        let dense = |weights: usize, fp4: bool| if fp4 { fp4_bytes(weights) } else { 2 * weights };
+        let attn = dense(qkv * h + h * hq * d, fp4.qkv_o()) + 2 * (qkv + h + hq + 2 * h);
+        let router = 2 * (e * h + e);
+        let expert = fp4_bytes(2 * i * h) + fp4_bytes(h * i) + 2 * (2 * i + h);
+        // Embedding row, final norm, lm_head.
+        let mut total = (2 * h + 2 * h + dense(v * h, fp4.lm_head())) as u64;
+        for &sliding in &c.layer_is_sliding {
+            let keys = if sliding {
+                (depth + 1).min(c.sliding_window)
+            } else {
+                depth + 1
+            };
+            total += (attn + router + k * expert + keys * hkv * d * 2 * kv_bytes) as u64;
+        }
+        total
+    }
 
     const LAYOUTS: [Fp4Layers; 3] = [Fp4Layers::Moe, Fp4Layers::MoeQkvO, Fp4Layers::All];
 
@@ -257,6 +305,7 @@ mod tests {
                 for kv in [1, 2, 4] {
                     for depth in [0, 5, 127, 128, 4096] {
                         let b = decode_step_bytes(&c, fp4, kv, &[depth], &k).unwrap();
+                        assert_eq!(b.total(), batch_one_bytes(&c, fp4, kv, depth).unwrap());
                         assert_eq!(
                             b.total(),
                             bytes_per_token_fp4(&c, depth, kv, fp4),
