@@ -113,12 +113,13 @@ struct TcgFp4 {
     }
 };
 
-// Stage nt activation rows (row(n): fp32, cols) as bf16 rows of `stride` elements at xs,
-// times norm_w when given; with SS also each row's sum of squares of the fp32 values into ss
-// (nt entries, shared). Work unit = (row, segment of 32 float4); warps take units
-// round-robin, TCG_STAGE_UNROLL in flight. sq: shared scratch of nt * ceil(cols / 128) floats (SS only).
+// Stage nt activation rows (row(n): fp32, cols) as bf16 rows of `stride` elements at xs. With
+// a norm weight nw, the rows are multiplied by it and each row's sum of squares of the fp32
+// values goes to ss (nt entries, shared; sq: scratch of nt * ceil(cols / 128) floats); without
+// one, sq and ss are untouched. Work unit = (row, segment of 32 float4); warps take units
+// round-robin, TCG_STAGE_UNROLL in flight.
 // Whole block must call it.
-template <bool SS, class RowOf>
+template <class RowOf>
 __device__ __forceinline__ void tcg_stage(RowOf row, const bf16_t* __restrict__ nw, int cols, int nt,
                                           int stride, bf16_t* xs, float* sq, float* ss) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -137,7 +138,7 @@ __device__ __forceinline__ void tcg_stage(RowOf row, const bf16_t* __restrict__ 
             if (u >= units) break;  // warp-uniform
             const int t = u / segs, i = (u % segs) * 32 + lane;
             float4 a = v[k];
-            if (SS) {
+            if (nw) {
                 const float s = warp_sum(a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w);
                 if (lane == 0) sq[u] = s;
             }
@@ -155,7 +156,7 @@ __device__ __forceinline__ void tcg_stage(RowOf row, const bf16_t* __restrict__ 
         }
     }
     __syncthreads();
-    if (SS && threadIdx.x < nt) {
+    if (nw && threadIdx.x < nt) {
         float s = 0.0f;
         for (int k = 0; k < segs; ++k) s += sq[threadIdx.x * segs + k];
         ss[threadIdx.x] = s;
@@ -265,7 +266,7 @@ __device__ __forceinline__ void gemv_tc_body(const W wp, typename W::Raw (&cur)[
     float* sq = reinterpret_cast<float*>(tcg_smem + (size_t)nt * stride * 2);
     float* ss = sq + nt * (((cols >> 2) + 31) >> 5);
     const float* xt = x + (size_t)t0 * cols;
-    tcg_stage<true>([&](int n) { return xt + (size_t)n * cols; }, norm_w, cols, nt, stride, xs, sq, ss);
+    tcg_stage([&](int n) { return xt + (size_t)n * cols; }, norm_w, cols, nt, stride, xs, sq, ss);
     tcg_tile<W, TN>(wp, r0, rows, cols, nchunks, cur, xs, stride, nt, red);
     if (threadIdx.x < nt) rs_s[threadIdx.x] = norm_w ? rsqrtf(ss[threadIdx.x] / (float)cols + eps) : 1.0f;
     __syncthreads();
@@ -408,7 +409,7 @@ __device__ __forceinline__ void moe_gate_up_tc_body(const u8* __restrict__ block
     tcg_prefetch(wp, r0, rows, nchunks, cur);
     const int stride = hidden + TCG_XPAD, nt = grp.n;
     bf16_t* xs = reinterpret_cast<bf16_t*>(tcg_smem);
-    tcg_stage<false>([&](int n) { return x + (size_t)(grp.p[n] / k) * hidden; }, nullptr, hidden, nt,
+    tcg_stage([&](int n) { return x + (size_t)(grp.p[n] / k) * hidden; }, nullptr, hidden, nt,
                      stride, xs, nullptr, nullptr);
     tcg_tile<TcgFp4, TN>(wp, r0, rows, hidden, nchunks, cur, xs, stride, nt, red);
     __syncthreads();
@@ -445,7 +446,7 @@ __device__ __forceinline__ void moe_down_tc_body(const u8* __restrict__ blocks,
     tcg_prefetch(wp, r0, hidden, nchunks, cur);
     const int stride = inter + TCG_XPAD, nt = grp.n;
     bf16_t* xs = reinterpret_cast<bf16_t*>(tcg_smem);
-    tcg_stage<false>([&](int n) { return act + (size_t)grp.p[n] * inter; }, nullptr, inter, nt,
+    tcg_stage([&](int n) { return act + (size_t)grp.p[n] * inter; }, nullptr, inter, nt,
                      stride, xs, nullptr, nullptr);
     tcg_tile<TcgFp4, TN>(wp, r0, hidden, inter, nchunks, cur, xs, stride, nt, red);
     __syncthreads();
