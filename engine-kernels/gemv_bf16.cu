@@ -184,8 +184,8 @@ gemv_bf16_norm(const bf16_t* __restrict__ w, const bf16_t* __restrict__ bias,
 // grid = (rows, ceil(tokens / GEMV_MAX_TOKENS)), block = 256. With topk_idx non-null (the
 // router) the last block to finish a token group — counted in counter[blockIdx.y], which it
 // resets to 0 for the next launch or graph replay — picks each token's top-k experts of the
-// finished logits: topk_idx/topk_w [tokens, k]. Dynamic shared memory: the staged input (with
-// norm_w) and at least rows floats (with top-k).
+// finished logits: topk_idx/topk_w [tokens, k]. Dynamic shared memory (with top-k):
+// GEMV_MAX_TOKENS * rows floats, one copy of the logits per routing warp.
 extern "C" __global__ void __launch_bounds__(256, GEMV_MINB)
 gemv_bf16_wide(const bf16_t* __restrict__ w, const bf16_t* __restrict__ bias,
                const float* __restrict__ x, float* __restrict__ y,
@@ -241,17 +241,20 @@ gemv_bf16_wide(const bf16_t* __restrict__ w, const bf16_t* __restrict__ bias,
 #pragma unroll
     for (int t = 0; t < GEMV_MAX_TOKENS; ++t) rs[t] = rs_s[t];
     if (norm_w && x_out) write_normed_slice(xt, norm_w, x_out + (size_t)t0 * cols, cols, nt, rs, threadIdx.x, blockDim.x);
-    if (!topk_idx || warp != 0) return;
-    // Publish this block's logits, then count it; the last block of the group routes.
-    unsigned last = 0;
-    if (lane == 0) {
+    if (!topk_idx) return;
+    // Publish this block's logits, then count it; the last block of the group routes, one
+    // warp per token (in parallel: a token's top-k is a serial chain of warp reductions).
+    __shared__ unsigned last_s;
+    if (threadIdx.x == 0) {
         __threadfence();
-        last = atomicAdd(&counter[blockIdx.y], 1u) == gridDim.x - 1;
+        const unsigned last = atomicAdd(&counter[blockIdx.y], 1u) == gridDim.x - 1;
         if (last) counter[blockIdx.y] = 0u;
+        last_s = last;
     }
-    if (!__shfl_sync(0xffffffffu, last, 0)) return;
+    __syncthreads();
+    if (!last_s) return;
     __threadfence();
-    for (int t = 0; t < nt; ++t)
-        topk_softmax_warp(y + (size_t)(t0 + t) * rows, rows, k, topk_idx + (size_t)(t0 + t) * k,
-                          topk_w + (size_t)(t0 + t) * k, vals);
+    if (warp < nt)
+        topk_softmax_warp(y + (size_t)(t0 + warp) * rows, rows, k, topk_idx + (size_t)(t0 + warp) * k,
+                          topk_w + (size_t)(t0 + warp) * k, vals + warp * rows);
 }

@@ -73,13 +73,15 @@ struct TcgBf16 {
     }
 };
 
-// MXFP4 weights (layout of mxfp4_dense.cu): E = 32, one block of 32 and its scale per row.
-struct TcgFp4 {
-    static constexpr int E = 32;
+// MXFP4 weights (layout of mxfp4_dense.cu): E = 32 NB, NB consecutive blocks of 32 (and their
+// scales) per lane and row, so the 4 lanes of a row read 64 NB contiguous bytes per chunk.
+template <int NB>
+struct TcgFp4T {
+    static constexpr int E = 32 * NB;
     static constexpr int S = TCG_FP4_STEP;
     struct Raw {
-        uint4 q[2];
-        unsigned s[2];
+        uint4 q[2][NB];
+        unsigned s[2][NB];
     };
     const u8* __restrict__ blocks;
     const u8* __restrict__ scales;
@@ -89,22 +91,28 @@ struct TcgFp4 {
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             const int r = r0 + 8 * h;
-            if (r < rows && col < cols) {
-                const size_t b = (size_t)r * nb + (col >> 5);
-                f.q[h] = __ldg(reinterpret_cast<const uint4*>(blocks) + b);
-                f.s[h] = scales[b];
-            } else {
-                f.q[h] = make_uint4(0u, 0u, 0u, 0u);
-                f.s[h] = 127u;
+#pragma unroll
+            for (int i = 0; i < NB; ++i) {
+                const int c = col + 32 * i;
+                if (r < rows && c < cols) {
+                    const size_t b = (size_t)r * nb + (c >> 5);
+                    f.q[h][i] = __ldg(reinterpret_cast<const uint4*>(blocks) + b);
+                    f.s[h][i] = scales[b];
+                } else {
+                    f.q[h][i] = make_uint4(0u, 0u, 0u, 0u);
+                    f.s[h][i] = 127u;
+                }
             }
         }
     }
+    // Group v: elements 8v … 8v + 7 of the lane's span (word v % 4 of block v / 4).
     __device__ __forceinline__ void group(const Raw& f, int v, unsigned (&a)[4], unsigned (&b)[4]) const {
-        const unsigned wa[4] = {f.q[0].x, f.q[0].y, f.q[0].z, f.q[0].w};
-        const unsigned wb[4] = {f.q[1].x, f.q[1].y, f.q[1].z, f.q[1].w};
-        fp4x8_to_bf16x2(wa[v], a);
-        fp4x8_to_bf16x2(wb[v], b);
-        const unsigned sa = e8m0_bf16x2(f.s[0]), sb = e8m0_bf16x2(f.s[1]);
+        const int i = v >> 2, wi = v & 3;
+        const unsigned wa[4] = {f.q[0][i].x, f.q[0][i].y, f.q[0][i].z, f.q[0][i].w};
+        const unsigned wb[4] = {f.q[1][i].x, f.q[1][i].y, f.q[1][i].z, f.q[1][i].w};
+        fp4x8_to_bf16x2(wa[wi], a);
+        fp4x8_to_bf16x2(wb[wi], b);
+        const unsigned sa = e8m0_bf16x2(f.s[0][i]), sb = e8m0_bf16x2(f.s[1][i]);
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
             a[j] = bf16x2_mul(a[j], sa);
@@ -112,6 +120,18 @@ struct TcgFp4 {
         }
     }
 };
+
+// Blocks of 32 per lane and row: the dense GEMV's (TCG_FP4_NB) and the MoE's (TCM_NB), as
+// measured best on the H100 (docs/perf.md, run 44: 2 is slower for the dense GEMV at batch 1,
+// faster for the MoE at batch 8-16).
+#ifndef TCG_FP4_NB
+#define TCG_FP4_NB 1
+#endif
+#ifndef TCM_NB
+#define TCM_NB 2
+#endif
+using TcgFp4 = TcgFp4T<TCG_FP4_NB>;
+using TcmFp4 = TcgFp4T<TCM_NB>;
 
 // Stage nt activation rows (row(n): fp32, cols) as bf16 rows of `stride` elements at xs. With
 // a norm weight nw, the rows are multiplied by it and each row's sum of squares of the fp32
@@ -213,7 +233,7 @@ __device__ __forceinline__ void tcg_tile(const W& wp, int r0, int rows, int cols
                 for (int n = 0; n < TN; ++n) {
                     const int tok = n * 8 + g;
                     uint4 xv = make_uint4(0u, 0u, 0u, 0u);
-                    if (tok < nt && col < cols)
+                    if (tok < nt && col + 8 * v < cols)
                         xv = *reinterpret_cast<const uint4*>(xs + tok * stride + col + 8 * v);
                     mma_bf16_16816(acc[n], frag0, xv.x, xv.y);
                     mma_bf16_16816(acc[n], frag1, xv.z, xv.w);
@@ -311,7 +331,8 @@ GEMV_TC_BF16(gemv_tc_bf16_t16, 2)
          float eps, float* __restrict__ x_out) {                                               \
         const TcgFp4 wp{blocks, scales, cols};                                                 \
         TcgFp4::Raw cur[TcgFp4::S];                                                            \
-        tcg_prefetch(wp, blockIdx.x * 16 + ((threadIdx.x & 31) >> 2), rows, (cols + 127) / 128, \
+        tcg_prefetch(wp, blockIdx.x * 16 + ((threadIdx.x & 31) >> 2), rows,                      \
+                     (cols + 4 * TcgFp4::E - 1) / (4 * TcgFp4::E),                                  \
                      cur);                                                                     \
         pdl_enter();                                                                           \
         gemv_tc_body<TcgFp4, TN>(wp, cur, bias, x, y, rows, cols, tokens, accumulate, norm_w,  \
@@ -387,6 +408,63 @@ __device__ __forceinline__ bool tcg_group(const int* __restrict__ idx, int token
     return live;
 }
 
+// The MoE kernels give each warp a whole 16-row tile over all of K (a block = TCG_WARPS tiles,
+// TCM_ROWS rows), so a warp's partial sums need no reduction with the others, one staging of
+// the group's inputs serves TCM_ROWS rows, and each warp keeps TCM_DEPTH chunks of its rows in
+// flight (a ring refilled as it goes). Depth 2 measured best (run 43: 4 and 8 are slower).
+#define TCM_ROWS (16 * TCG_WARPS)
+#ifndef TCM_DEPTH
+#define TCM_DEPTH 2
+#endif
+
+// Issue the first TCM_DEPTH chunks of this warp's tile (r0: its row g).
+__device__ __forceinline__ void tcm_prefetch(const TcmFp4& wp, int r0, int rows, int nchunks,
+                                             TcmFp4::Raw (&ring)[TCM_DEPTH]) {
+    const int q = threadIdx.x & 3;
+#pragma unroll
+    for (int d = 0; d < TCM_DEPTH; ++d)
+        if (d < nchunks) wp.load(ring[d], r0, rows, d * 4 * TcmFp4::E + q * TcmFp4::E);
+}
+
+// This warp's tile times the nt staged rows at xs: acc[n] holds rows g (0, 1) and g + 8 (2, 3)
+// of the tile, tokens n * 8 + 2q (+1), as mma_bf16_16816 leaves them.
+template <int TN>
+__device__ __forceinline__ void tcm_tile(const TcmFp4& wp, int r0, int rows, int cols,
+                                         int nchunks, TcmFp4::Raw (&ring)[TCM_DEPTH],
+                                         const bf16_t* xs, int stride, int nt,
+                                         float (&acc)[TN][4]) {
+    constexpr int E = TcmFp4::E, CW = 4 * E;
+    const int lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
+#pragma unroll
+    for (int n = 0; n < TN; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
+    for (int c0 = 0; c0 < nchunks; c0 += TCM_DEPTH) {
+#pragma unroll
+        for (int d = 0; d < TCM_DEPTH; ++d) {
+            const int c = c0 + d;
+            if (c >= nchunks) break;  // warp-uniform
+            const TcmFp4::Raw cur = ring[d];
+            if (c + TCM_DEPTH < nchunks) wp.load(ring[d], r0, rows, (c + TCM_DEPTH) * CW + q * E);
+            const int col = c * CW + q * E;
+#pragma unroll
+            for (int v = 0; v < E / 8; ++v) {
+                unsigned a[4], b[4];
+                wp.group(cur, v, a, b);
+                const unsigned frag0[4] = {a[0], b[0], a[1], b[1]};
+                const unsigned frag1[4] = {a[2], b[2], a[3], b[3]};
+#pragma unroll
+                for (int n = 0; n < TN; ++n) {
+                    const int tok = n * 8 + g;
+                    uint4 xv = make_uint4(0u, 0u, 0u, 0u);
+                    if (tok < nt && col + 8 * v < cols)
+                        xv = *reinterpret_cast<const uint4*>(xs + tok * stride + col + 8 * v);
+                    mma_bf16_16816(acc[n], frag0, xv.x, xv.y);
+                    mma_bf16_16816(acc[n], frag1, xv.z, xv.w);
+                }
+            }
+        }
+    }
+}
+
 // act[p, j] = swiglu(gate_j, lin_j) for each pair p routed to the block's expert (rows 2j and
 // 2j + 1 of gate_up interleave gate and linear units). x: the normalised input [T, H].
 template <int TN>
@@ -398,28 +476,43 @@ __device__ __forceinline__ void moe_gate_up_tc_body(const u8* __restrict__ block
                                                     float* __restrict__ act, int inter, int hidden,
                                                     int k, int tokens, float limit, float alpha) {
     extern __shared__ __align__(16) unsigned char tcg_smem[];
-    __shared__ float red[TCG_WARPS][16][8 * TN];
     __shared__ TcgGroup grp;
     if (!tcg_group(idx, tokens, k, grp)) return;
     const int rows = 2 * inter, nb = hidden >> 5;
-    const TcgFp4 wp{blocks + (size_t)grp.e * rows * nb * 16, scales + (size_t)grp.e * rows * nb, hidden};
-    const int r0 = blockIdx.x * 16 + ((threadIdx.x & 31) >> 2);
-    const int nchunks = (hidden + 127) / 128;
-    typename TcgFp4::Raw cur[TcgFp4::S];
-    tcg_prefetch(wp, r0, rows, nchunks, cur);
+    const TcmFp4 wp{blocks + (size_t)grp.e * rows * nb * 16, scales + (size_t)grp.e * rows * nb, hidden};
+    const int lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
+    const int rt = blockIdx.x * TCM_ROWS + (threadIdx.x >> 5) * 16;  // the warp's tile
+    const int nchunks = (hidden + 4 * TcmFp4::E - 1) / (4 * TcmFp4::E);
+    TcmFp4::Raw ring[TCM_DEPTH];
+    tcm_prefetch(wp, rt + g, rows, nchunks, ring);
+    // Lanes of even g finish units (rt + g) / 2 and (rt + g + 8) / 2: their biases now.
+    const bf16_t* be = bias + (size_t)grp.e * rows;
+    const int ja = (rt + g) >> 1, jb = ja + 4;
+    const bool fin = (g & 1) == 0;
+    float bga = 0.f, bla = 0.f, bgb = 0.f, blb = 0.f;
+    if (fin && ja < inter) { bga = bf2f(be[2 * ja]); bla = bf2f(be[2 * ja + 1]); }
+    if (fin && jb < inter) { bgb = bf2f(be[2 * jb]); blb = bf2f(be[2 * jb + 1]); }
     const int stride = hidden + TCG_XPAD, nt = grp.n;
     bf16_t* xs = reinterpret_cast<bf16_t*>(tcg_smem);
     tcg_stage([&](int n) { return x + (size_t)(grp.p[n] / k) * hidden; }, nullptr, hidden, nt,
-                     stride, xs, nullptr, nullptr);
-    tcg_tile<TcgFp4, TN>(wp, r0, rows, hidden, nchunks, cur, xs, stride, nt, red);
-    __syncthreads();
-    const bf16_t* be = bias + (size_t)grp.e * rows;
-    for (int i = threadIdx.x; i < 8 * 8 * TN; i += blockDim.x) {
-        const int u = i / (8 * TN), tok = i % (8 * TN), j = blockIdx.x * 8 + u;
-        if (tok >= nt || j >= inter) continue;
-        const float gt = tcg_sum<TN>(red, 2 * u, tok) + bf2f(be[2 * j]);
-        const float li = tcg_sum<TN>(red, 2 * u + 1, tok) + bf2f(be[2 * j + 1]);
-        act[(size_t)grp.p[tok] * inter + j] = swiglu_clamped(gt, li, limit, alpha);
+              stride, xs, nullptr, nullptr);
+    float acc[TN][4];
+    tcm_tile<TN>(wp, rt + g, rows, hidden, nchunks, ring, xs, stride, nt, acc);
+#pragma unroll
+    for (int n = 0; n < TN; ++n) {
+        // The linear rows (odd g) are the next lane group's: 4 lanes on.
+        float lin[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) lin[i] = __shfl_down_sync(0xffffffffu, acc[n][i], 4);
+        if (!fin) continue;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const int tok = n * 8 + 2 * q + (i & 1), j = i < 2 ? ja : jb;
+            if (tok >= nt || j >= inter) continue;
+            const float gt = acc[n][i] + (i < 2 ? bga : bgb);
+            const float li = lin[i] + (i < 2 ? bla : blb);
+            act[(size_t)grp.p[tok] * inter + j] = swiglu_clamped(gt, li, limit, alpha);
+        }
     }
 }
 
@@ -435,31 +528,37 @@ __device__ __forceinline__ void moe_down_tc_body(const u8* __restrict__ blocks,
                                                  float* __restrict__ part, int hidden, int inter,
                                                  int k, int tokens) {
     extern __shared__ __align__(16) unsigned char tcg_smem[];
-    __shared__ float red[TCG_WARPS][16][8 * TN];
     __shared__ TcgGroup grp;
     if (!tcg_group(idx, tokens, k, grp)) return;
     const int nb = inter >> 5;
-    const TcgFp4 wp{blocks + (size_t)grp.e * hidden * nb * 16, scales + (size_t)grp.e * hidden * nb, inter};
-    const int r0 = blockIdx.x * 16 + ((threadIdx.x & 31) >> 2);
-    const int nchunks = (inter + 127) / 128;
-    typename TcgFp4::Raw cur[TcgFp4::S];
-    tcg_prefetch(wp, r0, hidden, nchunks, cur);
+    const TcmFp4 wp{blocks + (size_t)grp.e * hidden * nb * 16, scales + (size_t)grp.e * hidden * nb, inter};
+    const int lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
+    const int rt = blockIdx.x * TCM_ROWS + (threadIdx.x >> 5) * 16;
+    const int nchunks = (inter + 4 * TcmFp4::E - 1) / (4 * TcmFp4::E);
+    TcmFp4::Raw ring[TCM_DEPTH];
+    tcm_prefetch(wp, rt + g, hidden, nchunks, ring);
+    const bf16_t* be = bias + (size_t)grp.e * hidden;
+    const int ra = rt + g, rb = ra + 8;
+    const float ba = ra < hidden ? bf2f(be[ra]) : 0.f, bb = rb < hidden ? bf2f(be[rb]) : 0.f;
     const int stride = inter + TCG_XPAD, nt = grp.n;
     bf16_t* xs = reinterpret_cast<bf16_t*>(tcg_smem);
     tcg_stage([&](int n) { return act + (size_t)grp.p[n] * inter; }, nullptr, inter, nt,
-                     stride, xs, nullptr, nullptr);
-    tcg_tile<TcgFp4, TN>(wp, r0, hidden, inter, nchunks, cur, xs, stride, nt, red);
-    __syncthreads();
-    const bf16_t* be = bias + (size_t)grp.e * hidden;
-    for (int i = threadIdx.x; i < 16 * 8 * TN; i += blockDim.x) {
-        const int row = i / (8 * TN), tok = i % (8 * TN), r = blockIdx.x * 16 + row;
-        if (tok >= nt || r >= hidden) continue;
-        const int p = grp.p[tok];
-        part[(size_t)p * hidden + r] = wts[p] * (tcg_sum<TN>(red, row, tok) + bf2f(be[r]));
+              stride, xs, nullptr, nullptr);
+    float acc[TN][4];
+    tcm_tile<TN>(wp, rt + g, hidden, inter, nchunks, ring, xs, stride, nt, acc);
+#pragma unroll
+    for (int n = 0; n < TN; ++n) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const int tok = n * 8 + 2 * q + (i & 1), r = i < 2 ? ra : rb;
+            if (tok >= nt || r >= hidden) continue;
+            const int p = grp.p[tok];
+            part[(size_t)p * hidden + r] = wts[p] * (acc[n][i] + (i < 2 ? ba : bb));
+        }
     }
 }
 
-// grid = (ceil(2 I / 16), min(T, 16) * k, ceil(T / 16)); dynamic shared memory: 16 staged
+// grid = (ceil(2 I / TCM_ROWS), min(T, 16) * k, ceil(T / 16)); dynamic shared memory: 16 staged
 // rows of (H + TCG_XPAD) bf16 at most (ops.rs sizes it for min(T, 16)).
 #define MOE_GATE_UP_TC(name, TN)                                                               \
     extern "C" __global__ void __launch_bounds__(32 * TCG_WARPS, TCG_MINB)                     \
@@ -474,7 +573,7 @@ __device__ __forceinline__ void moe_down_tc_body(const u8* __restrict__ blocks,
 MOE_GATE_UP_TC(moe_gate_up_tc_t8, 1)
 MOE_GATE_UP_TC(moe_gate_up_tc_t16, 2)
 
-// grid = (ceil(H / 16), min(T, 16) * k, ceil(T / 16)); dynamic shared memory: 16 staged rows
+// grid = (ceil(H / TCM_ROWS), min(T, 16) * k, ceil(T / 16)); dynamic shared memory: 16 staged rows
 // of (I + TCG_XPAD) bf16 at most.
 #define MOE_DOWN_TC(name, TN)                                                                  \
     extern "C" __global__ void __launch_bounds__(32 * TCG_WARPS, TCG_MINB)                     \

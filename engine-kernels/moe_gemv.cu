@@ -206,11 +206,14 @@ struct ActFp8 {
 // The dynamic shared memory of the decode MoE kernels (the policy's staged activations).
 extern __shared__ float moe_smem[];
 
-// act[t, s, j] = swiglu(gate_j, lin_j) for expert idx[t, s]; grid = (ceil(I / 8), k, T),
-// block = 256 (one warp per unit j, reading rows 2j and 2j + 1 against one staged x). The
-// first weight loads are issued before the staging, and each iteration prefetches the next.
-// Dynamic shared memory: the policy's staged x (ActF32: hidden / 32 * STAGE_PAD floats; 8-bit:
-// hidden / 32 * (ACT8_PAD + 4) bytes).
+// act[t, s, j] = swiglu(gate_j, lin_j) for expert idx[t, s]; grid = (ceil(I / (8 U)), k, T),
+// block = 256, U = `units`: each warp owns U consecutive units j (rows 2j and 2j + 1, read
+// against one staged x), so one staging of x serves 16 U weight rows. The lanes stride over a
+// row's 32-element blocks (item i: block lane + 32 i); the warp walks its units' items in one
+// sequence with two items in flight, the next unit's first loads issued while the current one
+// finishes, so the pipeline does not drain between units. The first loads are issued before
+// the staging. Dynamic shared memory: the policy's staged x (ActF32: hidden / 32 * STAGE_PAD
+// floats; 8-bit: hidden / 32 * (ACT8_PAD + 4) bytes). units <= 32 (a lane holds one unit's bias).
 template <class A>
 __device__ __forceinline__ void moe_gate_up_body(const u8* __restrict__ blocks,
                                                  const u8* __restrict__ scales,
@@ -218,53 +221,70 @@ __device__ __forceinline__ void moe_gate_up_body(const u8* __restrict__ blocks,
                                                  const float* __restrict__ x,
                                                  const int* __restrict__ idx,
                                                  float* __restrict__ act, int inter, int hidden,
-                                                 int k, float limit, float alpha) {
+                                                 int k, float limit, float alpha, int units) {
     u8* xs = reinterpret_cast<u8*>(moe_smem);
     const int lane = threadIdx.x & 31;
-    const int j = blockIdx.x * 8 + (threadIdx.x >> 5);
+    const int j0 = (blockIdx.x * 8 + (threadIdx.x >> 5)) * units;
     const int s = blockIdx.y, t = blockIdx.z;
-    const bool live = j < inter;
     const int e = idx[t * k + s];
-    const int nb = hidden >> 5;
+    const int nb = hidden >> 5, ni = (nb + 31) >> 5;
     const size_t rows = 2 * (size_t)inter;
-    const size_t rg = (size_t)e * rows + 2 * (size_t)(live ? j : 0), rl = rg + 1;
-    const uint4* bg = reinterpret_cast<const uint4*>(blocks) + rg * nb;
-    const uint4* bl = reinterpret_cast<const uint4*>(blocks) + rl * nb;
-    const u8* sg = scales + rg * nb;
-    const u8* sl = scales + rl * nb;
-    // Two blocks (b and b + 32) in flight per row and lane, refilled one iteration ahead.
+    const uint4* be = reinterpret_cast<const uint4*>(blocks) + (size_t)e * rows * nb;
+    const u8* se = scales + (size_t)e * rows * nb;
+    // Lane u holds unit u's biases (read with the first weights, used at the unit's end).
+    const int jb = j0 + lane;
+    const bool bl = lane < units && jb < inter;
+    const float bgate = bl ? bf2f(bias[(size_t)e * rows + 2 * jb]) : 0.0f;
+    const float blin = bl ? bf2f(bias[(size_t)e * rows + 2 * jb + 1]) : 0.0f;
     uint4 ng[2], nl[2];
     unsigned nsg[2], nsl[2];
-    auto fetch = [&](int slot, int b) {
-        if (live && b < nb) {
-            ng[slot] = __ldg(bg + b); nl[slot] = __ldg(bl + b);
-            nsg[slot] = sg[b]; nsl[slot] = sl[b];
+    int fu = 0, fi = 0;  // the next item to load: unit fu, item fi
+    auto fetch = [&](int slot) {
+        const int j = j0 + fu, b = lane + 32 * fi;
+        if (fu < units && j < inter && b < nb) {
+            const size_t o = 2 * (size_t)j * nb + b;
+            ng[slot] = __ldg(be + o);
+            nl[slot] = __ldg(be + o + nb);
+            nsg[slot] = se[o];
+            nsl[slot] = se[o + nb];
+        }
+        if (++fi == ni) {
+            fi = 0;
+            ++fu;
         }
     };
-    fetch(0, lane);
-    fetch(1, lane + 32);
+    fetch(0);
+    fetch(1);
     A::stage(x + (size_t)t * hidden, xs, hidden);
     __syncthreads();
-    if (!live) return;
+    const int total = units * ni;
+    int cu = 0, ci = 0;  // the item consumed: unit cu, item ci
     float g = 0.0f, l = 0.0f;
-    for (int b0 = lane; b0 < nb; b0 += 64) {
+    for (int f = 0; f < total; f += 2) {
 #pragma unroll
         for (int slot = 0; slot < 2; ++slot) {
-            const int b = b0 + 32 * slot;
-            if (b < nb) {
-                const uint4 cg = ng[slot], cl = nl[slot];
-                const unsigned csg = nsg[slot], csl = nsl[slot];
-                fetch(slot, b + 64);
+            if (f + slot >= total) break;  // warp-uniform
+            const int j = j0 + cu, b = lane + 32 * ci;
+            const uint4 cg = ng[slot], cl = nl[slot];
+            const unsigned csg = nsg[slot], csl = nsl[slot];
+            fetch(slot);
+            if (j < inter && b < nb) {
                 g += A::dot(cg, xs, b, nb) * e8m0_value(csg);
                 l += A::dot(cl, xs, b, nb) * e8m0_value(csl);
             }
+            if (++ci == ni) {  // the unit's last item: finish it (warp-uniform)
+                g = warp_sum(g);
+                l = warp_sum(l);
+                const float bg = __shfl_sync(0xffffffffu, bgate, cu);
+                const float bli = __shfl_sync(0xffffffffu, blin, cu);
+                if (lane == 0 && j < inter)
+                    act[((size_t)t * k + s) * inter + j] = swiglu_clamped(g + bg, l + bli, limit, alpha);
+                g = l = 0.0f;
+                ci = 0;
+                ++cu;
+            }
         }
     }
-    g = warp_sum(g);
-    l = warp_sum(l);
-    if (lane != 0) return;
-    act[((size_t)t * k + s) * inter + j] =
-        swiglu_clamped(g + bf2f(bias[rg]), l + bf2f(bias[rl]), limit, alpha);
 }
 
 #define MOE_GATE_UP_KERNEL(name, policy)                                                        \
@@ -272,24 +292,25 @@ __device__ __forceinline__ void moe_gate_up_body(const u8* __restrict__ blocks,
     name(const u8* __restrict__ blocks, const u8* __restrict__ scales,                          \
          const bf16_t* __restrict__ bias, const float* __restrict__ x,                          \
          const int* __restrict__ idx, float* __restrict__ act, int inter, int hidden, int k,    \
-         float limit, float alpha) {                                                            \
+         float limit, float alpha, int units) {                                                 \
         pdl_enter();                                                                            \
         moe_gate_up_body<policy>(blocks, scales, bias, x, idx, act, inter, hidden, k, limit,    \
-                                 alpha);                                                        \
+                                 alpha, units);                                                 \
     }
 MOE_GATE_UP_KERNEL(moe_gate_up_swiglu, ActF32)
 MOE_GATE_UP_KERNEL(moe_gate_up_swiglu_q8, ActQ8)
 MOE_GATE_UP_KERNEL(moe_gate_up_swiglu_fp8, ActFp8)
 
 // part[t, s, r] = w[t, s] * (W2_e[r, :] . act[t, s, :] + b2_e[r]) for e = idx[t, s] (the down
-// bias inside the weighted sum); moe_combine then adds the k slots into the residual, in slot
-// order (deterministic). grid = (ceil(H / 16), k, T), block = 256: each warp owns two adjacent
-// output rows (one staged activation read serves both), its lanes stride over the expert's
-// blocks. One block per (rows, slot) keeps the staged activations small (I floats) and the
-// grid wide enough to fill the chip at batch 1. The first weights are loaded before the
-// staging, and each iteration prefetches the next. Dynamic shared memory: the policy's staged
-// activations of one slot (ActF32: inter / 32 * STAGE_PAD floats; 8-bit: inter / 32 *
-// (ACT8_PAD + 4) bytes).
+// bias inside the weighted sum), then y[t, r] (+)= the k slots' rows summed in slot order
+// (deterministic, as moe_combine): the last of the k slot blocks of a (row range, token) to
+// finish — counted in ctr[t * gridDim.x + blockIdx.x], which it resets to 0 for the next launch
+// or graph replay — adds them, so the combine costs no launch of its own. grid = (ceil(H / (16 U)), k, T), block = 256, U = `units`: each warp
+// owns U units of two adjacent output rows (one staged activation read serves both), walked
+// as one item sequence with two items in flight as in moe_gate_up_body. One block per (rows,
+// slot) keeps the staged activations small (I floats). The first weights are loaded before
+// the staging. Dynamic shared memory: the policy's staged activations of one slot (ActF32:
+// inter / 32 * STAGE_PAD floats; 8-bit: inter / 32 * (ACT8_PAD + 4) bytes). units <= 32.
 template <class A>
 __device__ __forceinline__ void moe_down_body(const u8* __restrict__ blocks,
                                               const u8* __restrict__ scales,
@@ -298,57 +319,95 @@ __device__ __forceinline__ void moe_down_body(const u8* __restrict__ blocks,
                                               const int* __restrict__ idx,
                                               const float* __restrict__ wts,
                                               float* __restrict__ part, int hidden, int inter,
-                                              int k) {
+                                              int k, int units, float* __restrict__ y,
+                                              int accumulate, unsigned* __restrict__ ctr) {
     u8* as = reinterpret_cast<u8*>(moe_smem);
     const int lane = threadIdx.x & 31;
-    const int r0 = (blockIdx.x * 8 + (threadIdx.x >> 5)) * 2;
+    const int rw = (blockIdx.x * 8 + (threadIdx.x >> 5)) * 2 * units;  // the warp's first row
     const int s = blockIdx.y, t = blockIdx.z;
-    const bool live = r0 < hidden;
-    const bool two = r0 + 1 < hidden;
-    const int nb = inter >> 5;
-    const size_t row = (size_t)idx[t * k + s] * hidden + (live ? r0 : 0);
-    const uint4* b0 = reinterpret_cast<const uint4*>(blocks) + row * nb;
-    const uint4* b1 = b0 + nb;
-    const u8* s0 = scales + row * nb;
-    const u8* s1 = s0 + nb;
-    // Two blocks (b and b + 32) in flight per row and lane, refilled one iteration ahead.
+    const int e = idx[t * k + s];
+    const int nb = inter >> 5, ni = (nb + 31) >> 5;
+    const uint4* be = reinterpret_cast<const uint4*>(blocks) + (size_t)e * hidden * nb;
+    const u8* se = scales + (size_t)e * hidden * nb;
+    // Lane u holds unit u's two biases.
+    const int rb = rw + 2 * lane;
+    const bool bl = lane < units;
+    const float b0v = bl && rb < hidden ? bf2f(bias[(size_t)e * hidden + rb]) : 0.0f;
+    const float b1v = bl && rb + 1 < hidden ? bf2f(bias[(size_t)e * hidden + rb + 1]) : 0.0f;
     uint4 n0[2], n1[2];
     unsigned ns0[2], ns1[2];
-    auto fetch = [&](int slot, int b) {
-        if (!live || b >= nb) return;
-        n0[slot] = __ldg(b0 + b);
-        ns0[slot] = s0[b];
-        if (two) {
-            n1[slot] = __ldg(b1 + b);
-            ns1[slot] = s1[b];
+    int fu = 0, fi = 0;  // the next item to load
+    auto fetch = [&](int slot) {
+        const int r = rw + 2 * fu, b = lane + 32 * fi;
+        if (fu < units && r < hidden && b < nb) {
+            const size_t o = (size_t)r * nb + b;
+            n0[slot] = __ldg(be + o);
+            ns0[slot] = se[o];
+            if (r + 1 < hidden) {
+                n1[slot] = __ldg(be + o + nb);
+                ns1[slot] = se[o + nb];
+            }
+        }
+        if (++fi == ni) {
+            fi = 0;
+            ++fu;
         }
     };
-    fetch(0, lane);
-    fetch(1, lane + 32);
+    fetch(0);
+    fetch(1);
     A::stage(act + ((size_t)t * k + s) * inter, as, inter);
     __syncthreads();
-    if (!live) return;
+    const int total = units * ni;
+    int cu = 0, ci = 0;  // the item consumed
     float t0 = 0.0f, t1 = 0.0f;
-    for (int bb = lane; bb < nb; bb += 64) {
+    for (int f = 0; f < total; f += 2) {
 #pragma unroll
         for (int slot = 0; slot < 2; ++slot) {
-            const int b = bb + 32 * slot;
-            if (b < nb) {
-                const uint4 c0 = n0[slot], c1 = n1[slot];
-                const unsigned cs0 = ns0[slot], cs1 = ns1[slot];
-                fetch(slot, b + 64);
+            if (f + slot >= total) break;  // warp-uniform
+            const int r = rw + 2 * cu, b = lane + 32 * ci;
+            const uint4 c0 = n0[slot], c1 = n1[slot];
+            const unsigned cs0 = ns0[slot], cs1 = ns1[slot];
+            fetch(slot);
+            if (r < hidden && b < nb) {
                 t0 += A::dot(c0, as, b, nb) * e8m0_value(cs0);
-                if (two) t1 += A::dot(c1, as, b, nb) * e8m0_value(cs1);
+                if (r + 1 < hidden) t1 += A::dot(c1, as, b, nb) * e8m0_value(cs1);
+            }
+            if (++ci == ni) {  // the unit's last item (warp-uniform)
+                t0 = warp_sum(t0);
+                t1 = warp_sum(t1);
+                const float bb0 = __shfl_sync(0xffffffffu, b0v, cu);
+                const float bb1 = __shfl_sync(0xffffffffu, b1v, cu);
+                if (lane == 0 && r < hidden) {
+                    const float w = wts[t * k + s];
+                    float* pp = part + ((size_t)t * k + s) * hidden + r;
+                    pp[0] = w * (t0 + bb0);
+                    if (r + 1 < hidden) pp[1] = w * (t1 + bb1);
+                }
+                t0 = t1 = 0.0f;
+                ci = 0;
+                ++cu;
             }
         }
     }
-    t0 = warp_sum(t0);
-    t1 = warp_sum(t1);
-    if (lane == 0) {
-        const float w = wts[t * k + s];
-        float* pp = part + ((size_t)t * k + s) * hidden + r0;
-        pp[0] = w * (t0 + bf2f(bias[row]));
-        if (two) pp[1] = w * (t1 + bf2f(bias[row + 1]));
+    // Publish this block's rows, then count it; the last slot block combines.
+    __shared__ unsigned last_s;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        unsigned* c = ctr + (size_t)t * gridDim.x + blockIdx.x;
+        const unsigned last = atomicAdd(c, 1u) == (unsigned)k - 1u;
+        if (last) *c = 0u;
+        last_s = last;
+    }
+    __syncthreads();
+    if (!last_s) return;
+    __threadfence();
+    const int r1 = min(hidden, (int)(blockIdx.x + 1) * 16 * units);
+    for (int r = blockIdx.x * 16 * units + threadIdx.x; r < r1; r += blockDim.x) {
+        float sum = 0.0f;
+        for (int j = 0; j < k; ++j) sum += __ldcg(part + ((size_t)t * k + j) * hidden + r);
+        float* o = y + (size_t)t * hidden + r;
+        *o = accumulate ? *o + sum : sum;
     }
 }
 
@@ -357,9 +416,11 @@ __device__ __forceinline__ void moe_down_body(const u8* __restrict__ blocks,
     name(const u8* __restrict__ blocks, const u8* __restrict__ scales,                          \
          const bf16_t* __restrict__ bias, const float* __restrict__ act,                        \
          const int* __restrict__ idx, const float* __restrict__ wts, float* __restrict__ part,  \
-         int hidden, int inter, int k) {                                                        \
+         int hidden, int inter, int k, int units, float* __restrict__ y, int accumulate,        \
+         unsigned* __restrict__ ctr) {                                                          \
         pdl_enter();                                                                            \
-        moe_down_body<policy>(blocks, scales, bias, act, idx, wts, part, hidden, inter, k);     \
+        moe_down_body<policy>(blocks, scales, bias, act, idx, wts, part, hidden, inter, k,      \
+                              units, y, accumulate, ctr);                                       \
     }
 MOE_DOWN_KERNEL(moe_down, ActF32)
 MOE_DOWN_KERNEL(moe_down_q8, ActQ8)

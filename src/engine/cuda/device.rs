@@ -70,6 +70,7 @@ pub struct Gpu {
     name: String,
     funcs: HashMap<&'static str, CudaFunction>,
     max_shared: usize,
+    sms: usize,
     /// Programmatic dependent launch (sm_90 and later, unless `MXTUNE_PDL=0`).
     pdl: bool,
     /// Cold/warm start report of the kernel load.
@@ -100,6 +101,11 @@ impl Gpu {
                 cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
             )
             .drv(|| "reading the shared-memory limit".into())? as usize;
+        let sms = ctx
+            .attribute(
+                cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+            )
+            .drv(|| "reading the multiprocessor count".into())? as usize;
         let cache = KernelCache::from_env()?;
         let t0 = Instant::now();
         let (mut compiled, mut cached) = (0, 0);
@@ -145,6 +151,7 @@ impl Gpu {
             name,
             funcs,
             max_shared,
+            sms,
             load_report,
         })
     }
@@ -163,6 +170,11 @@ impl Gpu {
     /// memory get that much less).
     pub fn max_shared(&self) -> usize {
         self.max_shared
+    }
+
+    /// Streaming multiprocessors of the device.
+    pub fn sms(&self) -> usize {
+        self.sms
     }
 
     /// The stream every launch goes to.

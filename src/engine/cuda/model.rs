@@ -163,8 +163,12 @@ pub enum DecodeGemv {
     /// once per step for up to 16 rows); the MoE on CUDA cores (`moe_gemv.cu`).
     TensorCore,
     /// The MoE on tensor cores too (each distinct expert of up to 16 rows read once, bf16
-    /// activations; with `--activation q8|fp8` the MoE stays on CUDA cores). Measured slower
-    /// than [`DecodeGemv::TensorCore`] on the H100 (docs/perf.md, run 32), so not the default.
+    /// activations; with `--activation q8|fp8` the MoE stays on CUDA cores). On the H100
+    /// (docs/perf.md, run 44) faster than [`DecodeGemv::TensorCore`] from batch 8 (+5 %; batch
+    /// 16 +8 %), slower at batch 1–4; not the default because its bf16 activations round
+    /// the MoE's input differently from the fp32 SIMT MoE, so the default path keeps one
+    /// arithmetic at every batch size (a sequence's greedy tokens do not depend on what it is
+    /// batched with).
     TensorCoreMoe,
     /// Everything on CUDA cores (`gemv_bf16.cu`, `gemv_mxfp4`, `moe_gemv.cu`): fp32
     /// activations, 4 rows per dense weight pass, each (row, expert) pair reading its expert.
@@ -305,6 +309,8 @@ struct RowBufs {
     part: CudaSlice<f32>,
     /// The fused router's per-token-group completion counters (kept zeroed by the kernel).
     topk_ctr: CudaSlice<u32>,
+    /// The decode MoE's per-(row range, token) slot counters (kept zeroed by the kernel).
+    moe_ctr: CudaSlice<u32>,
 }
 
 impl RowBufs {
@@ -332,6 +338,7 @@ impl RowBufs {
             act: g.alloc(rows * k * c.intermediate_size)?,
             part: g.alloc(rows * k * hid)?,
             topk_ctr: g.alloc(ops::topk_counters(rows))?,
+            moe_ctr: g.alloc(ops::moe_counters(hid, rows))?,
         })
     }
 
@@ -474,6 +481,9 @@ pub struct Decoder {
     /// The decode MoE runs on tensor cores (`opts.gemv`, bf16 activations, a shape the
     /// kernels take).
     moe_tc: bool,
+    /// Units per warp of the SIMT decode MoE fixed by `$MXTUNE_MOE_UNITS` (None: picked per
+    /// batch size, [`ops::MoeUnits::for_batch`]).
+    moe_units: Option<usize>,
 }
 
 /// The MoE's sizes and SwiGLU constants from the config.
@@ -531,6 +541,7 @@ impl Decoder {
         let moe_tc = opts.gemv == DecodeGemv::TensorCoreMoe
             && opts.activation == ActFormat::Bf16
             && ops::moe_tc_fits(g, moe_shape(cfg));
+        let moe_units = ops::MoeUnits::from_env()?;
         Ok(Self {
             cfg: cfg.clone(),
             w,
@@ -554,6 +565,7 @@ impl Decoder {
             graphs: (0..2 * (max_batch + 1)).map(|_| None).collect(),
             pre: None,
             moe_tc,
+            moe_units,
         })
     }
 
@@ -832,17 +844,32 @@ impl Decoder {
             let (idx, act) = (r.idx_ptr(g, li), p(&r.act));
             let fmt = self.opts.activation;
             let experts = c.num_local_experts;
+            let units = ops::MoeUnits::for_batch(g.sms(), sh.moe, n, self.moe_units);
             if self.moe_tc {
                 ops::moe_gate_up_tc(g, &l.moe, sh.moe, experts, p(&r.h), idx, act, n)?;
             } else {
-                ops::moe_gate_up(g, &l.moe, sh.moe, fmt, p(&r.h), idx, act, n)?;
+                ops::moe_gate_up(g, &l.moe, sh.moe, fmt, p(&r.h), idx, act, n, units.gate_up)?;
             }
             mark(StepGroup::MoeGateUp.label(false))?;
             let (wts, part, x) = (p(&r.r_w), p(&r.part), p(&r.x));
             if self.moe_tc {
                 ops::moe_down_tc(g, &l.moe, sh.moe, experts, idx, wts, act, part, x, n, true)?;
             } else {
-                ops::moe_down(g, &l.moe, sh.moe, fmt, idx, wts, act, part, x, n, true)?;
+                ops::moe_down(
+                    g,
+                    &l.moe,
+                    sh.moe,
+                    fmt,
+                    idx,
+                    wts,
+                    act,
+                    part,
+                    x,
+                    n,
+                    true,
+                    units.down,
+                    g.ptr(&r.moe_ctr),
+                )?;
             }
             mark(StepGroup::MoeDown.label(false))?;
         }

@@ -34,6 +34,8 @@ const TCG_TOKENS: usize = 16;
 const TCG_ROWS: usize = 16;
 /// Threads of a tensor-core GEMV block (kernel constant `TCG_WARPS` × 32).
 const TCG_THREADS: u32 = 256;
+/// Rows of a tensor-core decode MoE block (kernel constant `TCM_ROWS`: a 16-row tile per warp).
+const TCM_ROWS: usize = 128;
 /// bf16 padding after each staged token row (kernel constant `TCG_XPAD`).
 const TCG_XPAD: usize = 8;
 /// Static shared memory of the tensor-core GEMV (the cross-warp sums and 1/rms per token).
@@ -309,8 +311,12 @@ fn gemv_launch(
         (false, true) => ("gemv_bf16_norm", rows.div_ceil(GEMV_ROWS)),
         (false, false) => ("gemv_bf16", rows.div_ceil(GEMV_ROWS)),
     };
-    // The routing block copies the logits into shared memory.
-    let smem = if topk.is_some() { rows * 4 } else { 0 };
+    // The routing block copies each token's logits into shared memory (a warp per token).
+    let smem = if topk.is_some() {
+        GEMV_TOKENS * rows * 4
+    } else {
+        0
+    };
     let mut args = vec![
         Arg::Ptr(w),
         opt(bias),
@@ -669,7 +675,8 @@ impl MoeShape {
 }
 
 /// y[t] (+)= Σ_s w[t,s] · expert_{idx[t,s]}(x[t]); `act` is scratch [t, k, I] fp32, `part`
-/// scratch [t, k, H] fp32; `fmt` the format x and act are quantized to in the kernels.
+/// scratch [t, k, H] fp32; `fmt` the format x and act are quantized to in the kernels; `ctr`
+/// [`moe_counters`] zeroed u32s (left zeroed).
 pub fn moe(
     g: &Gpu,
     w: &MoeWeights,
@@ -683,9 +690,90 @@ pub fn moe(
     y: u64,
     t: usize,
     accumulate: bool,
+    units: MoeUnits,
+    ctr: u64,
 ) -> Result<()> {
-    moe_gate_up(g, w, s, fmt, x, idx, act, t)?;
-    moe_down(g, w, s, fmt, idx, wts, act, part, y, t, accumulate)
+    moe_gate_up(g, w, s, fmt, x, idx, act, t, units.gate_up)?;
+    moe_down(
+        g, w, s, fmt, idx, wts, act, part, y, t, accumulate, units.down, ctr,
+    )
+}
+
+/// Environment variable fixing the decode MoE's units per warp ([`MoeUnits`]) for tuning
+/// runs; unset, [`MoeUnits::for_batch`] picks them.
+pub const MOE_UNITS_ENV: &str = "MXTUNE_MOE_UNITS";
+
+/// Most units one warp of the decode MoE kernels takes (a lane holds one unit's bias).
+pub const MOE_MAX_UNITS: usize = 32;
+
+/// Fewest blocks per multiprocessor [`MoeUnits::for_batch`] leaves the decode MoE kernels.
+const MOE_MIN_BLOCKS_PER_SM: usize = 8;
+
+/// Largest units per warp [`MoeUnits::for_batch`] picks.
+const MOE_AUTO_MAX_UNITS: usize = 8;
+
+fn check_units(units: usize) -> Result<()> {
+    ensure!(
+        (1..=MOE_MAX_UNITS).contains(&units),
+        "MoE units per warp {units} outside 1..={MOE_MAX_UNITS}"
+    );
+    Ok(())
+}
+
+/// Units per warp of the decode MoE kernels (`moe_gemv.cu`): a unit is a gate/linear row pair
+/// of gate_up or two output rows of down, and one staging of a block's activations serves 8
+/// warps × units of them. More units amortize the staging and keep each warp's loads
+/// streaming; fewer give more blocks to spread over the chip.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MoeUnits {
+    pub gate_up: usize,
+    pub down: usize,
+}
+
+impl MoeUnits {
+    /// One unit per warp: the kernels' shape before units existed.
+    pub const ONE: Self = Self {
+        gate_up: 1,
+        down: 1,
+    };
+
+    /// `fixed` (from [`MOE_UNITS_ENV`]) for both kernels, or for each kernel the most units
+    /// (powers of two up to 8) that still give `t` rows at least 8 blocks per multiprocessor
+    /// (measured best on the H100 at batch 1, 4 and 16: docs/perf.md, run 42).
+    pub fn for_batch(sms: usize, s: MoeShape, t: usize, fixed: Option<usize>) -> Self {
+        if let Some(u) = fixed {
+            return Self {
+                gate_up: u,
+                down: u,
+            };
+        }
+        let pick = |units_total: usize| {
+            let mut u = 1;
+            while u < MOE_AUTO_MAX_UNITS
+                && units_total.div_ceil(8 * 2 * u) * s.k * t >= MOE_MIN_BLOCKS_PER_SM * sms
+            {
+                u *= 2;
+            }
+            u
+        };
+        Self {
+            gate_up: pick(s.inter),
+            down: pick(s.hidden.div_ceil(2)),
+        }
+    }
+
+    /// [`MOE_UNITS_ENV`] as a number in 1..=32, or None when unset.
+    pub fn from_env() -> Result<Option<usize>> {
+        match std::env::var(MOE_UNITS_ENV).as_deref() {
+            Err(_) | Ok("") => Ok(None),
+            Ok(v) => match v.parse::<usize>() {
+                Ok(n) if (1..=MOE_MAX_UNITS).contains(&n) => Ok(Some(n)),
+                _ => anyhow::bail!(
+                    "{MOE_UNITS_ENV}={v}: expected a whole number from 1 to {MOE_MAX_UNITS}"
+                ),
+            },
+        }
+    }
 }
 
 /// act[t, s] = swiglu(W1_e x[t] + b1_e) for the routed experts e = idx[t, s] (x quantized
@@ -699,8 +787,10 @@ pub fn moe_gate_up(
     idx: u64,
     act: u64,
     t: usize,
+    units: usize,
 ) -> Result<()> {
     s.check()?;
+    check_units(units)?;
     let (kernel, smem) = moe_gemv_kernel(false, fmt, s.hidden);
     ensure!(
         smem <= g.max_shared(),
@@ -709,7 +799,7 @@ pub fn moe_gate_up(
     );
     g.launch(
         kernel,
-        (u(s.inter.div_ceil(8))?, u(s.k)?, u(t)?),
+        (u(s.inter.div_ceil(8 * units))?, u(s.k)?, u(t)?),
         (256, 1, 1),
         u(smem)?,
         &[
@@ -724,6 +814,7 @@ pub fn moe_gate_up(
             i(s.k)?,
             Arg::F32(s.limit),
             Arg::F32(s.alpha),
+            i(units)?,
         ],
     )
 }
@@ -734,11 +825,13 @@ const TCG_MAX_K: usize = 32;
 /// Whether the tensor-core decode MoE ([`moe_gate_up_tc`], [`moe_down_tc`]) takes this shape:
 /// k within its grouping, and 16 staged rows of the wider input within shared memory.
 pub fn moe_tc_fits(g: &Gpu, s: MoeShape) -> bool {
+    // Static: the group (pair list) and the grouping's copy of the routing.
     let staged = TCG_TOKENS * (s.hidden.max(s.inter) + TCG_XPAD) * 2;
+    let group = (2 + TCG_TOKENS) * 4 + TCG_TOKENS * TCG_MAX_K * 4 + 16;
     s.k <= TCG_MAX_K
         && s.hidden.is_multiple_of(32)
         && s.inter.is_multiple_of(32)
-        && staged + TCG_STATIC_SMEM + 2048 + 128 <= g.max_shared()
+        && staged + group <= g.max_shared()
 }
 
 /// Launch tensor-core MoE kernel `base` (`_t8` or `_t16` by `t`) over `t` tokens: groups of 16
@@ -789,7 +882,7 @@ pub fn moe_gate_up_tc(
         s,
         experts,
         t,
-        (2 * s.inter).div_ceil(TCG_ROWS),
+        (2 * s.inter).div_ceil(TCM_ROWS),
         s.hidden,
         &[
             Arg::Ptr(w.gu_blocks),
@@ -830,7 +923,7 @@ pub fn moe_down_tc(
         s,
         experts,
         t,
-        s.hidden.div_ceil(TCG_ROWS),
+        s.hidden.div_ceil(TCM_ROWS),
         s.inter,
         &[
             Arg::Ptr(w.dn_blocks),
@@ -849,9 +942,10 @@ pub fn moe_down_tc(
     moe_combine(g, part, y, s.hidden, s.k, t, accumulate)
 }
 
-/// y[t] (+)= Σ_s w[t,s] (W2_e act[t, s] + b2_e): one block per (16 rows, slot) writes the
-/// slot's weighted rows to `part` [t, k, H], then the slots are summed into y in order (act
-/// quantized to `fmt` per block of 32 in the kernel).
+/// y[t] (+)= Σ_s w[t,s] (W2_e act[t, s] + b2_e): one block per (16 × units rows, slot) writes
+/// the slot's weighted rows to `part` [t, k, H]; the last slot block of each row range sums
+/// the slots into y in order (act quantized to `fmt` per block of 32 in the kernel). `ctr`:
+/// [`moe_counters`] zeroed u32s.
 pub fn moe_down(
     g: &Gpu,
     w: &MoeWeights,
@@ -864,8 +958,11 @@ pub fn moe_down(
     y: u64,
     t: usize,
     accumulate: bool,
+    units: usize,
+    ctr: u64,
 ) -> Result<()> {
     s.check()?;
+    check_units(units)?;
     let (kernel, smem) = moe_gemv_kernel(true, fmt, s.inter);
     ensure!(
         smem <= g.max_shared(),
@@ -876,7 +973,7 @@ pub fn moe_down(
     );
     g.launch(
         kernel,
-        (u(s.hidden.div_ceil(16))?, u(s.k)?, u(t)?),
+        (u(s.hidden.div_ceil(16 * units))?, u(s.k)?, u(t)?),
         (256, 1, 1),
         u(smem)?,
         &[
@@ -890,9 +987,17 @@ pub fn moe_down(
             i(s.hidden)?,
             i(s.inter)?,
             i(s.k)?,
+            i(units)?,
+            Arg::Ptr(y),
+            Arg::I32(accumulate as i32),
+            Arg::Ptr(ctr),
         ],
-    )?;
-    moe_combine(g, part, y, s.hidden, s.k, t, accumulate)
+    )
+}
+
+/// Counters [`moe_down`] needs for `t` rows (zeroed once; the kernel leaves them zero).
+pub fn moe_counters(hidden: usize, t: usize) -> usize {
+    hidden.div_ceil(16) * t
 }
 
 /// y[t] (+)= Σ_s part[t, s] over the k slots in order ([t, k, H] fp32).

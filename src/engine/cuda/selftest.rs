@@ -6,7 +6,7 @@ use anyhow::{Context, Result};
 
 use super::device::Gpu;
 use super::model::{ATTN_MAX_SPLITS, ActFormat, KvDtype, MoeTile};
-use super::ops::{self, AttnScratch, AttnShape, MoeShape, MoeWeights};
+use super::ops::{self, AttnScratch, AttnShape, MoeShape, MoeUnits, MoeWeights};
 use super::quant;
 use super::reference as r;
 use super::synthetic::{bf16_vec, f32_vec, u8_vec};
@@ -734,6 +734,19 @@ fn check_router(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
     Ok(res)
 }
 
+/// Units per warp the decode MoE checks run with (gate_up, down).
+const MOE_UNIT_CASES: [MoeUnits; 3] = [
+    MoeUnits::ONE,
+    MoeUnits {
+        gate_up: 3,
+        down: 5,
+    },
+    MoeUnits {
+        gate_up: 8,
+        down: 8,
+    },
+];
+
 fn check_moe(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
     let (e, hidden, inter, k, t) = (8usize, 2880usize, 2880usize, 4usize, 2usize);
     let sh = MoeShape {
@@ -749,35 +762,56 @@ fn check_moe(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
             vec![0.4, 0.3, 0.2, 0.1, 0.25, 0.25, 0.3, 0.2],
         )
     })?;
-    let dact = nan_f32(g, t * k * inter)?;
-    let dpart = nan_f32(g, t * k * hidden)?;
-    let dy = g.upload(&c.y0)?;
-    ops::moe(
-        g,
-        &c.weights(g),
-        sh,
-        ActFormat::Bf16,
-        g.ptr(&c.dx),
-        g.ptr(&c.di),
-        g.ptr(&c.dw),
-        g.ptr(&dact),
-        g.ptr(&dpart),
-        g.ptr(&dy),
-        t,
-        true,
-    )?;
-    let mut res = vec![check(
-        format!("moe mxfp4 gemv+swiglu E={e} H={hidden} I={inter} k={k} t={t}"),
-        rel_err(&g.download(&dy)?, &c.want(&c.x, false)),
-        1e-5,
-    )];
+    // Units per warp: one (the original shape), odd counts that leave the last block's
+    // warps partly past the rows, and the most the automatic choice takes.
+    let mut res = Vec::new();
+    for units in MOE_UNIT_CASES {
+        let dact = nan_f32(g, t * k * inter)?;
+        let dpart = nan_f32(g, t * k * hidden)?;
+        let dy = g.upload(&c.y0)?;
+        let dctr = g.alloc::<u32>(ops::moe_counters(hidden, t))?;
+        ops::moe(
+            g,
+            &c.weights(g),
+            sh,
+            ActFormat::Bf16,
+            g.ptr(&c.dx),
+            g.ptr(&c.di),
+            g.ptr(&c.dw),
+            g.ptr(&dact),
+            g.ptr(&dpart),
+            g.ptr(&dy),
+            t,
+            true,
+            units,
+            g.ptr(&dctr),
+        )?;
+        res.push(check(
+            format!(
+                "moe mxfp4 gemv+swiglu E={e} H={hidden} I={inter} k={k} t={t} units {}/{}",
+                units.gate_up, units.down
+            ),
+            rel_err(&g.download(&dy)?, &c.want(&c.x, false)),
+            1e-5,
+        ));
+        // The last slot block resets its counter: a graph replay starts from zero again.
+        let left = g.download(&dctr)?.iter().filter(|&&v| v != 0).count();
+        res.push(check(
+            format!(
+                "moe slot counters zero after the step, units {}",
+                units.down
+            ),
+            left as f64,
+            0.0,
+        ));
+    }
     // The 8-bit activation kernels on the same experts, with a zero group and a group with
     // one large outlier (its other values land on small codes, fp8 subnormals) in token 0.
     c.x[..32].fill(0.0);
     c.x[32 + 5] = 40.0;
     g.write(&c.x, &mut c.dx)?;
     for fmt in [ActFormat::Q8, ActFormat::Fp8] {
-        res.extend(check_moe_act8(g, &c, fmt)?);
+        res.extend(check_moe_act8(g, &c, fmt, MoeUnits::ONE)?);
     }
     // A small shape: 5 groups of x and 3 of act leave the staging's last 4-group step partly
     // empty; 3 tokens, 2 slots.
@@ -794,7 +828,9 @@ fn check_moe(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
         (vec![2, 0, 1, 3, 3, 2], vec![0.6, 0.4, 0.5, 0.5, 0.7, 0.3])
     })?;
     for fmt in [ActFormat::Q8, ActFormat::Fp8] {
-        res.extend(check_moe_act8(g, &c, fmt)?);
+        for units in MOE_UNIT_CASES {
+            res.extend(check_moe_act8(g, &c, fmt, units)?);
+        }
     }
     Ok(res)
 }
@@ -816,7 +852,7 @@ pub fn act8_moe_bound(fmt: ActFormat) -> f64 {
 /// combined output from the quantized SwiGLU outputs the GPU produced. Both differ from the
 /// reference by fp32 summation order only (1e-5, as the fp32 path). The error against the
 /// unquantized reference is checked against a loose bound (the quantization error).
-fn check_moe_act8(g: &Gpu, c: &MoeCase, fmt: ActFormat) -> Result<Vec<Check>> {
+fn check_moe_act8(g: &Gpu, c: &MoeCase, fmt: ActFormat, units: MoeUnits) -> Result<Vec<Check>> {
     let MoeShape {
         hidden, inter, k, ..
     } = c.sh;
@@ -825,6 +861,7 @@ fn check_moe_act8(g: &Gpu, c: &MoeCase, fmt: ActFormat) -> Result<Vec<Check>> {
     let dact = nan_f32(g, t * k * inter)?;
     let dpart = nan_f32(g, t * k * hidden)?;
     let dy = g.upload(&c.y0)?;
+    let dctr = g.alloc::<u32>(ops::moe_counters(hidden, t))?;
     ops::moe(
         g,
         &c.weights(g),
@@ -838,6 +875,8 @@ fn check_moe_act8(g: &Gpu, c: &MoeCase, fmt: ActFormat) -> Result<Vec<Check>> {
         g.ptr(&dy),
         t,
         true,
+        units,
+        g.ptr(&dctr),
     )?;
     let (got_act, got_y) = (g.download(&dact)?, g.download(&dy)?);
     let host = c.host();
@@ -861,8 +900,10 @@ fn check_moe_act8(g: &Gpu, c: &MoeCase, fmt: ActFormat) -> Result<Vec<Check>> {
         want_y.extend(y);
     }
     let label = format!(
-        "moe gemv act={} E={e} H={hidden} I={inter} k={k} t={t}",
-        fmt.name()
+        "moe gemv act={} E={e} H={hidden} I={inter} k={k} t={t} units {}/{}",
+        fmt.name(),
+        units.gate_up,
+        units.down
     );
     Ok(vec![
         check(
