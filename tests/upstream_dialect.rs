@@ -186,3 +186,43 @@ async fn stock_image_refusing_an_explicit_backend_fails_with_an_invalid_verdict(
     assert_eq!(report.overall(), Verdict::Invalid);
     launch.stop(o.stop_grace, false).await.unwrap();
 }
+
+#[test]
+fn upstream_presets_pick_each_backend_and_share_one_editable_image() {
+    use mxtune::flags::preset::PresetStore;
+    let dir = tempfile::tempdir().unwrap();
+    // The operator points every upstream-* preset at another image in one place.
+    std::fs::write(
+        dir.path().join("upstream-baseline.toml"),
+        "extends = \"upstream-baseline\"\n[container]\nimage = \"nvcr.io/nvidia/vllm:spark\"\n",
+    )
+    .unwrap();
+    let store = PresetStore::standard(Some(dir.path().to_path_buf()));
+    let ctx = RenderContext {
+        home: Some("/home/op".into()),
+    };
+    for (name, var, value) in [
+        ("upstream-marlin", "VLLM_MXFP4_USE_MARLIN", "1"),
+        (
+            "upstream-cutlass-mxfp8",
+            "VLLM_USE_FLASHINFER_MOE_MXFP4_MXFP8_CUTLASS",
+            "1",
+        ),
+        ("upstream-cutlass-bf16", "VLLM_USE_FLASHINFER_MOE_MXFP4_BF16", "1"),
+        ("upstream-trtllm", "VLLM_USE_FLASHINFER_MOE_MXFP4_BF16", "1"),
+        ("upstream-trtllm-mxfp8", "VLLM_USE_FLASHINFER_MOE_MXFP4_MXFP8", "1"),
+    ] {
+        let p = store.load(name).unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_eq!(p.flags.container.vllm, VllmFlavor::Upstream, "{name}");
+        let spec = render_with(&p.flags, TargetKind::Docker, &ctx).unwrap();
+        assert_eq!(spec.env.get(var).map(String::as_str), Some(value), "{name}: {:?}", spec.env);
+        assert!(spec.warnings.is_empty(), "{name}: {:?}", spec.warnings);
+        assert_eq!(
+            spec.container.unwrap().image,
+            "nvcr.io/nvidia/vllm:spark",
+            "{name}"
+        );
+        let moe = spec.checks.iter().find(|c| c.flag == "moe_backend").unwrap();
+        assert!(moe.must_see[0].contains("Mxfp4 MoE backend"), "{name}: {moe:?}");
+    }
+}

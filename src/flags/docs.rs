@@ -394,4 +394,10 @@ CPU lacks must report `n/a`, and with `device = "auto"` either the value or `n/a
 * Saving (`PresetStore::save`) writes only what differs from the parent when it extends one, never
   replaces an existing file unless asked to, and re-reads the file to prove it round-trips.
 * `engine-cpu-tiny` is the default preset on a fresh machine: it needs no GPU and no Docker.
+* Stock vLLM images: `upstream-baseline` (nothing forced) and one preset per MoE backend upstream
+  can select — `upstream-marlin`, `upstream-cutlass-mxfp8`, `upstream-cutlass-bf16` (SM90),
+  `upstream-trtllm` and `upstream-trtllm-mxfp8` (SM100). All take their image from
+  `upstream-baseline`: a user or `--presets-dir` file `upstream-baseline.toml` with
+  `extends = "upstream-baseline"` and `[container] image = "…"` (e.g. NVIDIA's vLLM container for
+  the Spark) moves every one of them to that image.
 "#;
