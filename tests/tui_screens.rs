@@ -2426,7 +2426,8 @@ fn upstream_preset_toggles_moe_backend_in_upstreams_own_names() {
     assert!(
         marlin
             .iter()
-            .any(|l| l.starts_with("# kernel-path moe_backend=marlin: see Using '?(BATCHED_)?MARLIN")),
+            .any(|l| l
+                .starts_with("# kernel-path moe_backend=marlin: see Using '?(BATCHED_)?MARLIN")),
         "{marlin:#?}"
     );
     // Row 0 is moe_backend: Enter walks every value a stock image can express, and only those.
@@ -2445,7 +2446,10 @@ fn upstream_preset_toggles_moe_backend_in_upstreams_own_names() {
             "{v}: {now:#?}"
         );
         assert!(
-            app.flags.findings().iter().all(|f| f.rule != "not-in-upstream-dialect"),
+            app.flags
+                .findings()
+                .iter()
+                .all(|f| f.rule != "not-in-upstream-dialect"),
             "{v}"
         );
         if v == "cutlass" {
@@ -2456,8 +2460,9 @@ fn upstream_preset_toggles_moe_backend_in_upstreams_own_names() {
             );
             assert!(!now.iter().any(|l| l.contains("VLLM_MXFP4_USE_MARLIN=1")));
             assert!(
-                now.iter().any(|l| l.starts_with("# kernel-path moe_backend=cutlass")
-                    && l.contains("FLASHINFER_CUTLASS_MXFP4_MXFP8")),
+                now.iter()
+                    .any(|l| l.starts_with("# kernel-path moe_backend=cutlass")
+                        && l.contains("FLASHINFER_CUTLASS_MXFP4_MXFP8")),
                 "{now:#?}"
             );
             key(&mut app, KeyCode::Char('c'));
@@ -2469,5 +2474,8 @@ fn upstream_preset_toggles_moe_backend_in_upstreams_own_names() {
             );
         }
     }
-    assert_eq!(seen, ["cutlass", "trtllm", "trtllm-mxfp8", "auto", "marlin"]);
+    assert_eq!(
+        seen,
+        ["cutlass", "trtllm", "trtllm-mxfp8", "auto", "marlin"]
+    );
 }

@@ -123,7 +123,12 @@ async fn stock_image_cutlass_mxfp8_chosen_is_valid() {
         spec.env
     );
     let checks = launch_ready(&d, &spec, "cutlass").await;
-    for flag in ["moe_backend", "activation", "attention_backend", "cuda_graphs"] {
+    for flag in [
+        "moe_backend",
+        "activation",
+        "attention_backend",
+        "cuda_graphs",
+    ] {
         assert_eq!(
             check(&checks, flag).verdict,
             Verdict::Valid,
@@ -141,10 +146,9 @@ async fn stock_image_cutlass_mxfp8_chosen_is_valid() {
 
 #[tokio::test]
 async fn stock_image_refusing_an_explicit_backend_fails_with_an_invalid_verdict() {
-    let Some(d) = docker_or_skip(
-        "stock_image_refusing_an_explicit_backend_fails_with_an_invalid_verdict",
-    )
-    .await
+    let Some(d) =
+        docker_or_skip("stock_image_refusing_an_explicit_backend_fails_with_an_invalid_verdict")
+            .await
     else {
         return;
     };
@@ -208,21 +212,41 @@ fn upstream_presets_pick_each_backend_and_share_one_editable_image() {
             "VLLM_USE_FLASHINFER_MOE_MXFP4_MXFP8_CUTLASS",
             "1",
         ),
-        ("upstream-cutlass-bf16", "VLLM_USE_FLASHINFER_MOE_MXFP4_BF16", "1"),
+        (
+            "upstream-cutlass-bf16",
+            "VLLM_USE_FLASHINFER_MOE_MXFP4_BF16",
+            "1",
+        ),
         ("upstream-trtllm", "VLLM_USE_FLASHINFER_MOE_MXFP4_BF16", "1"),
-        ("upstream-trtllm-mxfp8", "VLLM_USE_FLASHINFER_MOE_MXFP4_MXFP8", "1"),
+        (
+            "upstream-trtllm-mxfp8",
+            "VLLM_USE_FLASHINFER_MOE_MXFP4_MXFP8",
+            "1",
+        ),
     ] {
         let p = store.load(name).unwrap_or_else(|e| panic!("{name}: {e}"));
         assert_eq!(p.flags.container.vllm, VllmFlavor::Upstream, "{name}");
         let spec = render_with(&p.flags, TargetKind::Docker, &ctx).unwrap();
-        assert_eq!(spec.env.get(var).map(String::as_str), Some(value), "{name}: {:?}", spec.env);
+        assert_eq!(
+            spec.env.get(var).map(String::as_str),
+            Some(value),
+            "{name}: {:?}",
+            spec.env
+        );
         assert!(spec.warnings.is_empty(), "{name}: {:?}", spec.warnings);
         assert_eq!(
             spec.container.unwrap().image,
             "nvcr.io/nvidia/vllm:spark",
             "{name}"
         );
-        let moe = spec.checks.iter().find(|c| c.flag == "moe_backend").unwrap();
-        assert!(moe.must_see[0].contains("Mxfp4 MoE backend"), "{name}: {moe:?}");
+        let moe = spec
+            .checks
+            .iter()
+            .find(|c| c.flag == "moe_backend")
+            .unwrap();
+        assert!(
+            moe.must_see[0].contains("Mxfp4 MoE backend"),
+            "{name}: {moe:?}"
+        );
     }
 }

@@ -696,7 +696,10 @@ impl CudaGraphs {
         match self {
             CudaGraphs::On => Upstream::Same,
             CudaGraphs::Off => Upstream::Own(
-                &[Arg(&names::COMPILATION_CONFIG, r#"{"cudagraph_mode": "NONE"}"#)],
+                &[Arg(
+                    &names::COMPILATION_CONFIG,
+                    r#"{"cudagraph_mode": "NONE"}"#,
+                )],
                 ev(
                     &[r"'cudagraph_mode': <CUDAGraphMode\.NONE"],
                     &[r"(?i)capturing cuda graphs?|graph capturing finished"],

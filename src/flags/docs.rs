@@ -1,6 +1,8 @@
 //! `docs/flags.md`, generated from the tables so the page cannot drift from the code.
 
-use super::axes::{Activation, AxisInfo, AxisValue, EngineReport, MoeBackend, VllmEffect, all_axes};
+use super::axes::{
+    Activation, AxisInfo, AxisValue, EngineReport, MoeBackend, VllmEffect, all_axes,
+};
 use super::dialect::{Upstream, upstream_moe};
 use super::model::{CONTAINER_SETTINGS, FlagSet, SETTINGS};
 use super::names::{self, NameKind};
@@ -71,7 +73,10 @@ fn evidence_cell(ev: &super::axes::Evidence) -> String {
 
 /// The section on stock images: every value in both dialects, and the MoE pair table.
 fn flavours(w: &mut String) {
-    let _ = writeln!(w, "\n## Fork and stock images: each value in both dialects\n");
+    let _ = writeln!(
+        w,
+        "\n## Fork and stock images: each value in both dialects\n"
+    );
     let _ = writeln!(w, "{}\n", FLAVOURS.trim());
     let _ = writeln!(
         w,

@@ -3,11 +3,11 @@
 //! A rule whose truth depends on the GPU takes the architecture as input; with the
 //! architecture unknown it is reported as "may apply" rather than dropped or asserted.
 
+use super::axes::AxisValue;
 use super::axes::{
     Activation, AttentionBackend, CudaGraphs, Device, KvCacheDtype, MoeBackend, Mxfp4Layers, Sinks,
     Speculative, Tile,
 };
-use super::axes::AxisValue;
 use super::dialect::{Upstream, upstream_moe};
 use super::model::{FlagSet, VllmFlavor};
 use super::render::choices;

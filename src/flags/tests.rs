@@ -175,11 +175,7 @@ fn tile_renders_override_file_and_engine_flag() {
     }
     let d = docker(&with(|_| {}));
     assert!(d.container.unwrap().files.is_empty());
-    assert!(has_pair(
-        &engine(&with(|_| {})).argv,
-        "--tile",
-        "auto"
-    ));
+    assert!(has_pair(&engine(&with(|_| {})).argv, "--tile", "auto"));
 }
 
 #[test]
@@ -244,11 +240,7 @@ fn sinks_render() {
             .env
             .contains_key("VLLM_USE_ATTENTION_SINKS")
     );
-    assert!(
-        !engine(&with(|_| {}))
-            .argv
-            .contains(&"--sinks".to_string())
-    );
+    assert!(!engine(&with(|_| {})).argv.contains(&"--sinks".to_string()));
 }
 
 #[test]
@@ -327,11 +319,7 @@ fn cuda_graphs_render() {
             .argv
             .contains(&"--enforce-eager".to_string())
     );
-    assert!(has_pair(
-        &engine(&with(|_| {})).argv,
-        "--cuda-graphs",
-        "on"
-    ));
+    assert!(has_pair(&engine(&with(|_| {})).argv, "--cuda-graphs", "on"));
 }
 
 #[test]
