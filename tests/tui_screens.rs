@@ -535,8 +535,11 @@ fn serving_limits_take_typed_values_checked_against_their_range() {
     key(&mut app, KeyCode::Enter);
     assert_eq!(app.flags.editing, None);
     assert_eq!(app.flags.flags.serving.gpu_memory_utilization, Some(0.77));
+    // The engine preset's sinks = "on" is the fork's switch: render it for the fork's image.
+    let mut accepted = app.flags.flags.clone();
+    accepted.container.vllm = mxtune::flags::VllmFlavor::Fork;
     assert!(
-        mxtune::flags::render(&app.flags.flags, mxtune::launch::spec::TargetKind::Docker).is_ok(),
+        mxtune::flags::render(&accepted, mxtune::launch::spec::TargetKind::Docker).is_ok(),
         "what the editor accepts renders"
     );
 
@@ -710,6 +713,15 @@ fn diff_and_command_views() {
         app.flags.flags.target,
         mxtune::launch::spec::TargetKind::Docker
     );
+    // The engine preset carries the engine's values; on a stock vLLM image the view says
+    // which value it cannot express and what is nearest.
+    let refused = mxtune::tui::screens::flags::command_lines(&app.flags.flags);
+    assert!(
+        refused[0].starts_with("cannot render for docker")
+            && refused[0].contains("nearest upstream value"),
+        "{refused:?}"
+    );
+    app.flags.flags.container.vllm = mxtune::flags::VllmFlavor::Fork;
     let docker = mxtune::tui::screens::flags::command_lines(&app.flags.flags);
     assert!(docker[0].starts_with("docker run"), "{docker:?}");
 }
@@ -2397,4 +2409,73 @@ fn snapshots_quick_ab_result() {
     assert!(small.contains("1.200"), "{small}");
     insta::assert_snapshot!("ab_result_80x24", small);
     insta::assert_snapshot!("ab_result_160x48", render(&app, 160, 48));
+}
+
+#[test]
+fn upstream_preset_toggles_moe_backend_in_upstreams_own_names() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut app = started(dir.path(), theme());
+    run_effect(&mut app, Effect::LoadPreset("upstream-marlin".into()));
+    assert_eq!(app.flags.loaded.as_ref().unwrap().name, "upstream-marlin");
+    let lines = |app: &App| mxtune::tui::screens::flags::command_lines(&app.flags.flags);
+    let marlin = lines(&app);
+    assert!(
+        marlin.iter().any(|l| l.contains("VLLM_MXFP4_USE_MARLIN=1")),
+        "{marlin:#?}"
+    );
+    assert!(
+        marlin
+            .iter()
+            .any(|l| l
+                .starts_with("# kernel-path moe_backend=marlin: see Using '?(BATCHED_)?MARLIN")),
+        "{marlin:#?}"
+    );
+    // Row 0 is moe_backend: Enter walks every value a stock image can express, and only those.
+    let mut seen = Vec::new();
+    for _ in 0..5 {
+        key(&mut app, KeyCode::Enter);
+        let v = app.flags.flags.axis_value("moe_backend").unwrap();
+        seen.push(v);
+        let now = lines(&app);
+        assert!(
+            !now.iter().any(|l| l.starts_with("# warning")),
+            "{v}: {now:#?}"
+        );
+        assert!(
+            !now.iter().any(|l| l.contains("VLLM_MXFP4_BACKEND")),
+            "{v}: {now:#?}"
+        );
+        assert!(
+            app.flags
+                .findings()
+                .iter()
+                .all(|f| f.rule != "not-in-upstream-dialect"),
+            "{v}"
+        );
+        if v == "cutlass" {
+            assert!(
+                now.iter()
+                    .any(|l| l.contains("VLLM_USE_FLASHINFER_MOE_MXFP4_MXFP8_CUTLASS=1")),
+                "{now:#?}"
+            );
+            assert!(!now.iter().any(|l| l.contains("VLLM_MXFP4_USE_MARLIN=1")));
+            assert!(
+                now.iter()
+                    .any(|l| l.starts_with("# kernel-path moe_backend=cutlass")
+                        && l.contains("FLASHINFER_CUTLASS_MXFP4_MXFP8")),
+                "{now:#?}"
+            );
+            key(&mut app, KeyCode::Char('c'));
+            let screen = render(&app, 160, 48);
+            key(&mut app, KeyCode::Esc);
+            assert!(
+                screen.contains("MXFP4_MXFP8_CUTLASS=1"),
+                "the command view shows it: {screen}"
+            );
+        }
+    }
+    assert_eq!(
+        seen,
+        ["cutlass", "trtllm", "trtllm-mxfp8", "auto", "marlin"]
+    );
 }

@@ -1,6 +1,7 @@
 //! The flag axes: one enum per axis and, per value, the table of how it renders on each target
 //! and which log lines prove it took effect. This is the one place these facts live.
 
+use super::dialect::{self, Upstream, fork_only};
 use super::names::{self, VllmName};
 
 /// Per-value rendering and evidence, read by `render`, `rules` and the docs generator.
@@ -84,6 +85,9 @@ pub trait AxisValue: Copy + Eq + std::fmt::Debug + 'static {
     fn value_doc(self) -> &'static str;
     /// The value's row in the table.
     fn spec(self) -> ValueSpec;
+    /// How a stock (upstream) vLLM image says this value; for `moe_backend` and `activation`
+    /// with the other of the pair at `auto` (render takes them as a pair).
+    fn upstream(self) -> Upstream;
     /// Parses a name; the error lists the valid choices.
     fn parse(s: &str) -> Result<Self, String> {
         Self::all()
@@ -137,6 +141,9 @@ macro_rules! axis_enum {
             }
             fn spec(self) -> ValueSpec {
                 self.row()
+            }
+            fn upstream(self) -> Upstream {
+                self.upstream_row()
             }
         }
 
@@ -211,6 +218,10 @@ axis_enum! {
 }
 
 impl MoeBackend {
+    fn upstream_row(self) -> Upstream {
+        dialect::moe_alone(self)
+    }
+
     fn row(self) -> ValueSpec {
         const NOT_MARLIN_RE: &str = r"(?i)marlin_moe|moe.*\bmarlin\b|\bmarlin\b.*moe";
         const NOT_MARLIN: &[&str] = &[NOT_MARLIN_RE];
@@ -292,6 +303,10 @@ axis_enum! {
 }
 
 impl Activation {
+    fn upstream_row(self) -> Upstream {
+        dialect::activation_alone(self)
+    }
+
     fn row(self) -> ValueSpec {
         match self {
             Activation::Auto => row(Some(&[]), Some(&[]), NO_EVIDENCE, Any),
@@ -339,6 +354,14 @@ axis_enum! {
 }
 
 impl Tile {
+    fn upstream_row(self) -> Upstream {
+        const WHY: &str = "stock FlashInfer reads no tile override (FLASHINFER_DEBUG_TILE_OVERRIDE and its file are the fork's)";
+        match self {
+            Tile::Auto => Upstream::Same,
+            other => fork_only(Self::PATH, other.as_str(), "tile = \"auto\"", WHY),
+        }
+    }
+
     fn row(self) -> ValueSpec {
         match self {
             Tile::Auto => row(
@@ -382,6 +405,14 @@ axis_enum! {
 }
 
 impl Mxfp4Layers {
+    fn upstream_row(self) -> Upstream {
+        const WHY: &str = "--mxfp4-layers exists only in the tuning fork (upstream vLLM refuses to start with it)";
+        match self {
+            Mxfp4Layers::Moe => Upstream::Same,
+            other => fork_only(Self::PATH, other.as_str(), "mxfp4_layers = \"moe\"", WHY),
+        }
+    }
+
     fn row(self) -> ValueSpec {
         const LM_HEAD: &[&str] = &[r"(?i)\[MXFP4\] lm_head quantized"];
         match self {
@@ -421,6 +452,10 @@ axis_enum! {
 }
 
 impl AttentionBackend {
+    fn upstream_row(self) -> Upstream {
+        Upstream::Same
+    }
+
     fn row(self) -> ValueSpec {
         match self {
             AttentionBackend::Auto => row(Some(&[]), Some(&[]), NO_EVIDENCE, Any),
@@ -470,6 +505,14 @@ axis_enum! {
 }
 
 impl Sinks {
+    fn upstream_row(self) -> Upstream {
+        const WHY: &str = "stock vLLM has no sinks switch (VLLM_ATTENTION_SINKS is the fork's) and always applies gpt-oss's sinks";
+        match self {
+            Sinks::Auto => Upstream::Same,
+            other => fork_only(Self::PATH, other.as_str(), "sinks = \"auto\"", WHY),
+        }
+    }
+
     fn row(self) -> ValueSpec {
         match self {
             Sinks::Auto => row(Some(&[]), Some(&[]), NO_EVIDENCE, Any),
@@ -502,6 +545,10 @@ axis_enum! {
 }
 
 impl KvCacheDtype {
+    fn upstream_row(self) -> Upstream {
+        Upstream::Same
+    }
+
     fn row(self) -> ValueSpec {
         const FP8_KV: &[&str] = &[r"(?i)fp8 data type to store kv cache|kv_cache_dtype=fp8"];
         match self {
@@ -546,6 +593,10 @@ axis_enum! {
 }
 
 impl Speculative {
+    fn upstream_row(self) -> Upstream {
+        Upstream::Same
+    }
+
     fn row(self) -> ValueSpec {
         const EAGLE: Evidence = Evidence {
             must_see: &[r"(?i)eagle"],
@@ -639,6 +690,24 @@ axis_enum! {
 }
 
 impl CudaGraphs {
+    /// Upstream keeps torch.compile and drops only the graphs when told so through its
+    /// compilation options; the config dump in the start-up log shows the mode taken.
+    fn upstream_row(self) -> Upstream {
+        match self {
+            CudaGraphs::On => Upstream::Same,
+            CudaGraphs::Off => Upstream::Own(
+                &[Arg(
+                    &names::COMPILATION_CONFIG,
+                    r#"{"cudagraph_mode": "NONE"}"#,
+                )],
+                ev(
+                    &[r"'cudagraph_mode': <CUDAGraphMode\.NONE"],
+                    &[r"(?i)capturing cuda graphs?|graph capturing finished"],
+                ),
+            ),
+        }
+    }
+
     fn row(self) -> ValueSpec {
         const CAPTURE: &[&str] = &[r"(?i)capturing cuda graphs?|graph capturing finished"];
         match self {
@@ -671,6 +740,10 @@ axis_enum! {
 }
 
 impl Device {
+    fn upstream_row(self) -> Upstream {
+        Upstream::Same
+    }
+
     fn row(self) -> ValueSpec {
         match self {
             Device::Auto => row(
@@ -712,6 +785,8 @@ pub struct AxisInfo {
     pub cpu_applies: bool,
     /// Each value: name, doc, row.
     pub values: Vec<(&'static str, &'static str, ValueSpec)>,
+    /// Each value on a stock vLLM image, in the order of `values`.
+    pub upstream: Vec<Upstream>,
 }
 
 /// Builds the summary of axis `A`.
@@ -727,6 +802,7 @@ pub fn axis_info<A: AxisValue + Default>() -> AxisInfo {
             .iter()
             .map(|v| (v.as_str(), v.value_doc(), v.spec()))
             .collect(),
+        upstream: A::all().iter().map(|v| v.upstream()).collect(),
     }
 }
 

@@ -36,6 +36,11 @@ pub const BUNDLED: &[(&str, &str)] = bundled![
     "test-e",
     "test-f",
     "upstream-baseline",
+    "upstream-cutlass-bf16",
+    "upstream-cutlass-mxfp8",
+    "upstream-marlin",
+    "upstream-trtllm",
+    "upstream-trtllm-mxfp8",
 ];
 
 /// The text of the bundled preset `name`, if there is one.

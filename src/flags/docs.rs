@@ -1,6 +1,9 @@
 //! `docs/flags.md`, generated from the tables so the page cannot drift from the code.
 
-use super::axes::{AxisInfo, EngineReport, VllmEffect, all_axes};
+use super::axes::{
+    Activation, AxisInfo, AxisValue, EngineReport, MoeBackend, VllmEffect, all_axes,
+};
+use super::dialect::{Upstream, upstream_moe};
 use super::model::{CONTAINER_SETTINGS, FlagSet, SETTINGS};
 use super::names::{self, NameKind};
 use super::rules::{RULES, Severity};
@@ -51,6 +54,90 @@ fn engine_cell(a: &AxisInfo, e: Option<&[super::axes::EngineArg]>, report: Engin
         };
     }
     s
+}
+
+fn evidence_cell(ev: &super::axes::Evidence) -> String {
+    let mut out = Vec::new();
+    for r in ev.must_see {
+        out.push(format!("see `{}`", esc(r)));
+    }
+    for r in ev.must_not_see {
+        out.push(format!("not `{}`", esc(r)));
+    }
+    if out.is_empty() {
+        "—".into()
+    } else {
+        out.join("; ")
+    }
+}
+
+/// The section on stock images: every value in both dialects, and the MoE pair table.
+fn flavours(w: &mut String) {
+    let _ = writeln!(
+        w,
+        "\n## Fork and stock images: each value in both dialects\n"
+    );
+    let _ = writeln!(w, "{}\n", FLAVOURS.trim());
+    let _ = writeln!(
+        w,
+        "| key | value | fork image (`vllm = \"fork\"`) | stock image (`vllm = \"upstream\"`) |"
+    );
+    let _ = writeln!(w, "|---|---|---|---|");
+    for a in all_axes() {
+        if a.path == super::axes::Device::PATH {
+            continue;
+        }
+        for ((name, _, spec), up) in a.values.iter().zip(&a.upstream) {
+            let stock = match up {
+                Upstream::Same => match spec.vllm {
+                    Some(_) => "same".to_string(),
+                    None => "n/a".to_string(),
+                },
+                Upstream::Own(e, _) => vllm_cell(Some(e)),
+                Upstream::Not(n) => format!("no: {}; nearest {}", n.why, n.nearest),
+            };
+            let _ = writeln!(
+                w,
+                "| `{}` | `{name}` | {} | {} |",
+                a.path,
+                esc(&vllm_cell(spec.vllm)),
+                esc(&stock)
+            );
+        }
+    }
+    let _ = writeln!(
+        w,
+        "\nOn a stock image `moe_backend` and `activation` render as one pair:\n"
+    );
+    let _ = writeln!(
+        w,
+        "| moe_backend | activation | stock image | `moe_backend` evidence | `activation` evidence |"
+    );
+    let _ = writeln!(w, "|---|---|---|---|---|");
+    for b in MoeBackend::all() {
+        for a in Activation::all() {
+            match upstream_moe(*b, *a) {
+                Ok(p) => {
+                    let _ = writeln!(
+                        w,
+                        "| `{b}` | `{a}` | {} | {} | {} |",
+                        esc(&vllm_cell(Some(p.effects))),
+                        evidence_cell(&p.moe),
+                        evidence_cell(&p.activation)
+                    );
+                }
+                Err(n) => {
+                    let _ = writeln!(
+                        w,
+                        "| `{b}` | `{a}` | error: {}; nearest {} | — | — |",
+                        esc(n.why),
+                        esc(n.nearest)
+                    );
+                }
+            }
+        }
+    }
+    let _ = writeln!(w, "\n{}", FLAVOUR_SOURCES.trim());
 }
 
 fn esc(s: &str) -> String {
@@ -146,6 +233,7 @@ pub fn markdown() -> String {
             esc(doc)
         );
     }
+    flavours(w);
     let _ = writeln!(w, "\n## Every vLLM-side name and where it comes from\n");
     let _ = writeln!(w, "| name | kind | provenance | note |");
     let _ = writeln!(w, "|---|---|---|---|");
@@ -174,6 +262,11 @@ pub fn markdown() -> String {
         w,
         "| `{}` | error | both | any GPU | the axis | a value with no rendering on the target (from the axis table) |",
         super::rules::NOT_ON_TARGET
+    );
+    let _ = writeln!(
+        w,
+        "| `{}` | error | docker | any GPU | the axis, `container.vllm` | on a stock image (`vllm = \"upstream\"`): a value upstream cannot express, with the nearest one it can (from the dialect table above) |",
+        super::rules::NOT_UPSTREAM
     );
     for r in RULES {
         let targets: Vec<String> = r
@@ -213,8 +306,48 @@ docker-run|vllm|env|engine|toml|json` prints exactly what would run (`json`: the
 
 Provenance of a vLLM name: `upstream` (upstream vLLM / FlashInfer), `fork` (only the operators'
 tuning fork), `fork-deprecated` (fork, mapped onto a newer name), `planned` (never built: the image
-ignores it). Rendering warns for `planned` and `fork-deprecated` names, and for `fork` names when
-`container.vllm = "upstream"`.
+ignores it). Rendering warns for `planned` and `fork-deprecated` names. On a stock image
+(`container.vllm = "upstream"`) every value renders in upstream's own names or is refused before
+launch, naming the nearest value upstream can express (see "Fork and stock images" below).
+"#;
+
+const FLAVOURS: &str = r#"
+`container.vllm` says which vLLM the image carries. On `fork` (the operators' tuning fork) the
+axes render through the fork's names (the tables above). On `upstream` (a stock `vllm/vllm-openai`
+or NVIDIA vLLM image) each value renders in upstream vLLM's own names: `same` below means the
+fork's rendering already uses upstream names only. A value marked `no` is a rule error
+(`not-in-upstream-dialect`) before launch — `presets check`, the panel and `launch` all say why and
+which value is nearest — rather than a variable the image would silently ignore.
+"#;
+
+const FLAVOUR_SOURCES: &str = r#"
+What these rows rest on (upstream vLLM, read in `vllm/model_executor/layers/fused_moe/oracle/mxfp4.py`,
+`select_mxfp4_moe_backend`, and the log lines of upstream's own PRs and issues):
+
+* The environment is checked in this order, the first match deciding: `VLLM_USE_FLASHINFER_MOE_MXFP4_BF16`
+  (`=1`: FlashInfer CUTLASS MXFP4×BF16 on SM90, TRT-LLM MXFP4×BF16 on the SM100 family, a
+  `ValueError` "… is set but the current device capability is not supported" elsewhere; `=0`: both
+  dropped from the candidates), `VLLM_USE_FLASHINFER_MOE_MXFP4_MXFP8=1` (TRT-LLM MXFP4×MXFP8),
+  `VLLM_USE_FLASHINFER_MOE_MXFP4_MXFP8_CUTLASS=1` (CUTLASS MXFP4×MXFP8), `VLLM_MXFP4_USE_MARLIN=1`
+  (Marlin); otherwise the first supported of TRT-LLM BF16, CK, Triton (SM90 up to SM11x with
+  `triton_kernels`), CUTLASS BF16, Triton unfused, Marlin. Hence the competing variables checked
+  earlier are rendered `=0`, and `triton` cannot be forced.
+* The chosen backend is logged as `Using 'MARLIN' Mxfp4 MoE backend.` (enum values `MARLIN`,
+  `FLASHINFER_CUTLASS_MXFP4_MXFP8`, `FLASHINFER_CUTLASS_MXFP4_BF16`, `FLASHINFER_TRTLLM_MXFP4_BF16`,
+  `FLASHINFER_TRTLLM_MXFP4_MXFP8`, `TRITON`, …); builds that log `Using MARLIN Mxfp4 MoE backend out
+  of potential backends: [...]` match the same patterns. An explicit choice the device or build
+  cannot run raises `ValueError: Mxfp4 MoE backend '<X>' does not support the deployment
+  configuration[ since <reason>].` at start: a fatal log line (`src/launch/log-rules.toml`) and a
+  must-not-see pattern of every `moe_backend` check, so the launch fails with `moe_backend`
+  `invalid` and that line as evidence. Older releases (before the oracle: `Using FlashInfer MXFP4
+  MXFP8 CUTLASS backend for SM100`, `Using Marlin backend`) match none of these patterns: verdict
+  `unknown`, never a false `valid`.
+* Attention: `Using FLASHINFER attention backend out of potential backends: ['FLASHINFER',
+  'TRITON_ATTN']` when vLLM chooses, `Using AttentionBackendEnum.TRITON_ATTN backend.` when
+  `--attention-backend` names it; both match the attention patterns above.
+* CUDA graphs: `Capturing CUDA graphs (mixed prefill-decode, PIECEWISE): 100%` and `Graph capturing
+  finished in 8 secs, took 0.31 GiB`; `--compilation-config '{"cudagraph_mode": "NONE"}'` keeps
+  torch.compile and shows `'cudagraph_mode': <CUDAGraphMode.NONE: 0>` in the engine's config line.
 "#;
 
 const TAIL: &str = r#"
@@ -266,4 +399,10 @@ CPU lacks must report `n/a`, and with `device = "auto"` either the value or `n/a
 * Saving (`PresetStore::save`) writes only what differs from the parent when it extends one, never
   replaces an existing file unless asked to, and re-reads the file to prove it round-trips.
 * `engine-cpu-tiny` is the default preset on a fresh machine: it needs no GPU and no Docker.
+* Stock vLLM images: `upstream-baseline` (nothing forced) and one preset per MoE backend upstream
+  can select — `upstream-marlin`, `upstream-cutlass-mxfp8`, `upstream-cutlass-bf16` (SM90),
+  `upstream-trtllm` and `upstream-trtllm-mxfp8` (SM100). All take their image from
+  `upstream-baseline`: a user or `--presets-dir` file `upstream-baseline.toml` with
+  `extends = "upstream-baseline"` and `[container] image = "…"` (e.g. NVIDIA's vLLM container for
+  the Spark) moves every one of them to that image.
 "#;

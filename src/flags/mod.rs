@@ -8,6 +8,7 @@
 pub mod axes;
 pub mod bundled;
 pub mod cli;
+pub mod dialect;
 pub mod docs;
 pub mod model;
 pub mod names;

@@ -166,25 +166,31 @@ pub const ENFORCE_EAGER: VllmName = cli("--enforce-eager", Upstream, "run eagerl
 pub const VLLM_USE_FLASHINFER_MOE_MXFP4_BF16: VllmName = env(
     "VLLM_USE_FLASHINFER_MOE_MXFP4_BF16",
     Upstream,
-    "upstream FlashInfer MXFP4 MoE, BF16 activations (SM100); set via [container.env] if wanted",
+    "upstream: =1 selects FlashInfer MXFP4×BF16 (CUTLASS on SM90, TRT-LLM on SM100), =0 drops both; rendered for moe_backend on upstream images",
 );
 /// Upstream: FlashInfer MoE with MXFP8 activations (SM100 trtllm-gen).
 pub const VLLM_USE_FLASHINFER_MOE_MXFP4_MXFP8: VllmName = env(
     "VLLM_USE_FLASHINFER_MOE_MXFP4_MXFP8",
     Upstream,
-    "upstream FlashInfer MXFP4 MoE, MXFP8 activations (SM100); set via [container.env] if wanted",
+    "upstream: =1 selects FlashInfer TRT-LLM MXFP4×MXFP8; rendered for moe_backend on upstream images",
 );
 /// Upstream: FlashInfer CUTLASS MoE with MXFP8 activations.
 pub const VLLM_USE_FLASHINFER_MOE_MXFP4_MXFP8_CUTLASS: VllmName = env(
     "VLLM_USE_FLASHINFER_MOE_MXFP4_MXFP8_CUTLASS",
     Upstream,
-    "upstream FlashInfer CUTLASS MXFP4 MoE, MXFP8 activations; set via [container.env] if wanted",
+    "upstream: =1 selects FlashInfer CUTLASS MXFP4×MXFP8; rendered for moe_backend on upstream images",
 );
 /// Upstream: force Marlin for MXFP4.
 pub const VLLM_MXFP4_USE_MARLIN: VllmName = env(
     "VLLM_MXFP4_USE_MARLIN",
     Upstream,
-    "upstream switch forcing Marlin; set via [container.env] on upstream images",
+    "upstream: =1 selects Marlin; rendered for moe_backend on upstream images",
+);
+/// Upstream: compilation options as JSON (CUDA graph mode among them).
+pub const COMPILATION_CONFIG: VllmName = cli(
+    "--compilation-config",
+    Upstream,
+    "compilation options as JSON; upstream images get cuda_graphs = off as {\"cudagraph_mode\": \"NONE\"}",
 );
 /// Upstream: FlashInfer MoE tuning mode.
 pub const VLLM_FLASHINFER_MOE_BACKEND: VllmName = env(
@@ -285,6 +291,7 @@ pub const ALL: &[&VllmName] = &[
     &VLLM_USE_FLASHINFER_MOE_MXFP4_MXFP8,
     &VLLM_USE_FLASHINFER_MOE_MXFP4_MXFP8_CUTLASS,
     &VLLM_MXFP4_USE_MARLIN,
+    &COMPILATION_CONFIG,
     &VLLM_FLASHINFER_MOE_BACKEND,
     &FLASHINFER_LOGLEVEL,
     &FLASHINFER_JIT_VERBOSE,

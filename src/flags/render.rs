@@ -1,6 +1,9 @@
 //! Rendering a `FlagSet` into a `LaunchSpec` for a target: a pure function of its inputs.
 
-use super::axes::{AxisValue, EngineArg, EngineReport, Evidence, ValueSpec, VllmEffect};
+use super::axes::{
+    Activation, AxisValue, EngineArg, EngineReport, Evidence, MoeBackend, ValueSpec, VllmEffect,
+};
+use super::dialect::{self, Upstream};
 use super::model::{self as m, FlagSet, Setting, VllmFlavor};
 use super::names::{NameKind, Provenance, VllmName};
 use crate::launch::spec::{ContainerSpec, LaunchSpec, Mount, NetworkMode, PathCheck, TargetKind};
@@ -42,6 +45,8 @@ pub struct AxisChoice {
     pub vllm_values: Vec<&'static str>,
     /// Values that render on the engine.
     pub engine_values: Vec<&'static str>,
+    /// How a stock vLLM image says the value.
+    pub upstream: Upstream,
 }
 
 fn choice<A: AxisValue>(v: A) -> AxisChoice {
@@ -62,6 +67,7 @@ fn choice<A: AxisValue>(v: A) -> AxisChoice {
             .filter(|x| x.spec().engine.is_some())
             .map(|x| x.as_str())
             .collect(),
+        upstream: v.upstream(),
     }
 }
 
@@ -200,7 +206,12 @@ fn render_vllm(fs: &FlagSet, ctx: &RenderContext) -> Result<LaunchSpec> {
     }
 
     let mut checks = Vec::new();
+    let upstream = fs.container.vllm == VllmFlavor::Upstream;
     for c in choices(fs) {
+        if upstream {
+            render_upstream(fs, &c, &mut out, &mut checks)?;
+            continue;
+        }
         let effects = c
             .spec
             .vllm
@@ -417,6 +428,50 @@ fn apply_vllm_effect(
                 serde_json::Value::Object(j),
             )?;
             out.used.push(&super::names::SPECULATIVE_CONFIG);
+        }
+    }
+    Ok(())
+}
+
+/// One axis value in a stock image's own names (see `flags::dialect`).
+fn render_upstream(
+    fs: &FlagSet,
+    c: &AxisChoice,
+    out: &mut VllmOut,
+    checks: &mut Vec<PathCheck>,
+) -> Result<()> {
+    let pair = || {
+        dialect::upstream_moe(fs.axes.moe_backend, fs.axes.activation).map_err(|n| anyhow!("{n}"))
+    };
+    if c.key == MoeBackend::KEY {
+        let p = pair()?;
+        for e in p.effects {
+            apply_vllm_effect(fs, c, e, out)?;
+        }
+        push_check(checks, c, p.moe);
+        return Ok(());
+    }
+    if c.key == Activation::KEY {
+        push_check(checks, c, pair()?.activation);
+        return Ok(());
+    }
+    match c.upstream {
+        Upstream::Not(n) => bail!("{n}"),
+        Upstream::Own(effects, ev) => {
+            for e in effects {
+                apply_vllm_effect(fs, c, e, out)?;
+            }
+            push_check(checks, c, ev);
+        }
+        Upstream::Same => {
+            let effects = c
+                .spec
+                .vllm
+                .ok_or_else(|| not_on_target(c, "vLLM", &c.vllm_values))?;
+            for e in effects {
+                apply_vllm_effect(fs, c, e, out)?;
+            }
+            push_check(checks, c, c.spec.vllm_check);
         }
     }
     Ok(())
@@ -670,6 +725,7 @@ mod tests {
     #[test]
     fn vllm_baseline_argv_env_and_container() {
         let mut fs = FlagSet::default();
+        fs.container.vllm = VllmFlavor::Fork;
         fs.axes.moe_backend = MoeBackend::Marlin;
         fs.axes.cuda_graphs = CudaGraphs::Off;
         fs.axes.tile = Tile::T64x128;

@@ -3,10 +3,12 @@
 //! A rule whose truth depends on the GPU takes the architecture as input; with the
 //! architecture unknown it is reported as "may apply" rather than dropped or asserted.
 
+use super::axes::AxisValue;
 use super::axes::{
     Activation, AttentionBackend, CudaGraphs, Device, KvCacheDtype, MoeBackend, Mxfp4Layers, Sinks,
     Speculative, Tile,
 };
+use super::dialect::{Upstream, upstream_moe};
 use super::model::{FlagSet, VllmFlavor};
 use super::render::choices;
 use crate::launch::spec::{NetworkMode, TargetKind};
@@ -82,6 +84,8 @@ pub enum ArchCond {
     Sm12x,
     /// Every GPU except SM100/SM103 (datacenter Blackwell).
     NotSm10x,
+    /// Every GPU except SM90 (Hopper).
+    NotSm90,
 }
 
 impl ArchCond {
@@ -91,6 +95,7 @@ impl ArchCond {
             ArchCond::Sm121 => a.major == 12 && a.minor == 1,
             ArchCond::Sm12x => a.major == 12,
             ArchCond::NotSm10x => a.major != 10,
+            ArchCond::NotSm90 => !(a.major == 9 && a.minor == 0),
         }
     }
 
@@ -101,6 +106,7 @@ impl ArchCond {
             ArchCond::Sm121 => "SM121",
             ArchCond::Sm12x => "SM12x",
             ArchCond::NotSm10x => "not SM100/SM103",
+            ArchCond::NotSm90 => "not SM90",
         }
     }
 }
@@ -293,11 +299,25 @@ pub const RULES: &[Rule] = &[
         keys: &["axes.activation", "axes.moe_backend"],
         reason: "VLLM_MXFP4_ACTIVATION is planned only: in the fork MXFP8 activations come with moe_backend = \"trtllm-mxfp8\" (CUTLASS on SM12x quantizes to FP8 by itself); this activation may not take effect",
         when: |fs| {
-            fs.axes.activation == Activation::Mxfp8
+            fs.container.vllm == VllmFlavor::Fork
+                && fs.axes.activation == Activation::Mxfp8
                 && !matches!(
                     fs.axes.moe_backend,
                     MoeBackend::TrtllmMxfp8 | MoeBackend::Cutlass
                 )
+        },
+    },
+    Rule {
+        id: "upstream-bf16-cutlass-sm90-only",
+        severity: Severity::Error,
+        targets: DOCKER,
+        arch: ArchCond::NotSm90,
+        keys: &["axes.moe_backend", "axes.activation", "container.vllm"],
+        reason: "on a stock image cutlass with bf16 activations is VLLM_USE_FLASHINFER_MOE_MXFP4_BF16=1, which selects CUTLASS only on SM90 (TRT-LLM on SM100, a start-up error elsewhere); use activation = \"mxfp8\"",
+        when: |fs| {
+            fs.container.vllm == VllmFlavor::Upstream
+                && fs.axes.moe_backend == MoeBackend::Cutlass
+                && fs.axes.activation == Activation::Bf16
         },
     },
     Rule {
@@ -419,11 +439,43 @@ pub const RULES: &[Rule] = &[
 /// Id of the rule generated from the axis table: a value with no rendering on the target.
 pub const NOT_ON_TARGET: &str = "value-not-on-target";
 
+/// Id of the rule generated from the upstream dialect: a value a stock image cannot express.
+pub const NOT_UPSTREAM: &str = "not-in-upstream-dialect";
+
+/// One error per axis value a stock vLLM image cannot express, naming the nearest value.
+fn upstream_findings(fs: &FlagSet) -> Vec<Finding> {
+    let mut errors = Vec::new();
+    if let Err(n) = upstream_moe(fs.axes.moe_backend, fs.axes.activation) {
+        errors.push(n);
+    }
+    for c in choices(fs) {
+        if let Upstream::Not(n) = c.upstream
+            && c.key != MoeBackend::KEY
+            && c.key != Activation::KEY
+        {
+            errors.push(n);
+        }
+    }
+    errors
+        .into_iter()
+        .map(|n| Finding {
+            rule: NOT_UPSTREAM,
+            severity: Severity::Error,
+            applies: Applies::Yes,
+            keys: vec![n.path, "container.vllm"],
+            message: n.to_string(),
+        })
+        .collect()
+}
+
 /// Every rule that matches `fs` on `target`, errors first. `arch` = None reports
 /// architecture-dependent rules as [`Applies::MayApply`].
 pub fn evaluate(fs: &FlagSet, target: TargetKind, arch: Option<GpuArch>) -> Vec<Finding> {
     let mut out = Vec::new();
-    if target != TargetKind::Attach {
+    let upstream = fs.container.vllm == VllmFlavor::Upstream;
+    if target == TargetKind::Docker && upstream {
+        out.extend(upstream_findings(fs));
+    } else if target != TargetKind::Attach {
         for c in choices(fs) {
             let (ok, valid, name) = match target {
                 TargetKind::Engine => (

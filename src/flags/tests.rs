@@ -26,8 +26,10 @@ fn has_pair(argv: &[String], flag: &str, value: &str) -> bool {
     argv.windows(2).any(|w| w[0] == flag && w[1] == value)
 }
 
+/// A flag set on the fork's image (the dialect most tables here describe), changed by `f`.
 fn with(f: impl FnOnce(&mut FlagSet)) -> FlagSet {
     let mut fs = FlagSet::default();
+    fs.container.vllm = VllmFlavor::Fork;
     f(&mut fs);
     fs
 }
@@ -117,7 +119,7 @@ fn activation_renders_per_target_and_warns_planned() {
         "bf16"
     );
     assert!(
-        !docker(&FlagSet::default())
+        !docker(&with(|_| {}))
             .env
             .contains_key("VLLM_MXFP4_ACTIVATION")
     );
@@ -141,7 +143,7 @@ fn activation_renders_per_target_and_warns_planned() {
         ));
     }
     assert!(
-        !engine(&FlagSet::default())
+        !engine(&with(|_| {}))
             .argv
             .contains(&"--activation".to_string())
     );
@@ -171,19 +173,15 @@ fn tile_renders_override_file_and_engine_flag() {
         );
         assert!(has_pair(&engine(&fs).argv, "--tile", s));
     }
-    let d = docker(&FlagSet::default());
+    let d = docker(&with(|_| {}));
     assert!(d.container.unwrap().files.is_empty());
-    assert!(has_pair(
-        &engine(&FlagSet::default()).argv,
-        "--tile",
-        "auto"
-    ));
+    assert!(has_pair(&engine(&with(|_| {})).argv, "--tile", "auto"));
 }
 
 #[test]
 fn mxfp4_layers_render() {
     assert!(
-        !docker(&FlagSet::default())
+        !docker(&with(|_| {}))
             .argv
             .contains(&"--mxfp4-layers".to_string())
     );
@@ -196,7 +194,7 @@ fn mxfp4_layers_render() {
         assert!(has_pair(&engine(&fs).argv, "--mxfp4-layers", s));
     }
     assert!(has_pair(
-        &engine(&FlagSet::default()).argv,
+        &engine(&with(|_| {})).argv,
         "--mxfp4-layers",
         "moe"
     ));
@@ -238,15 +236,11 @@ fn sinks_render() {
     assert_eq!(docker(&on).env["VLLM_ATTENTION_SINKS"], "true");
     assert!(has_pair(&engine(&on).argv, "--sinks", "on"));
     assert!(
-        !docker(&FlagSet::default())
+        !docker(&with(|_| {}))
             .env
             .contains_key("VLLM_USE_ATTENTION_SINKS")
     );
-    assert!(
-        !engine(&FlagSet::default())
-            .argv
-            .contains(&"--sinks".to_string())
-    );
+    assert!(!engine(&with(|_| {})).argv.contains(&"--sinks".to_string()));
 }
 
 #[test]
@@ -308,7 +302,7 @@ fn speculative_renders_json() {
         "suffix"
     );
     assert!(
-        !docker(&FlagSet::default())
+        !docker(&with(|_| {}))
             .argv
             .contains(&"--speculative-config".to_string())
     );
@@ -321,15 +315,11 @@ fn cuda_graphs_render() {
     assert!(docker(&off).argv.contains(&"--enforce-eager".to_string()));
     assert!(has_pair(&engine(&off).argv, "--cuda-graphs", "off"));
     assert!(
-        !docker(&FlagSet::default())
+        !docker(&with(|_| {}))
             .argv
             .contains(&"--enforce-eager".to_string())
     );
-    assert!(has_pair(
-        &engine(&FlagSet::default()).argv,
-        "--cuda-graphs",
-        "on"
-    ));
+    assert!(has_pair(&engine(&with(|_| {})).argv, "--cuda-graphs", "on"));
 }
 
 #[test]
@@ -389,7 +379,7 @@ fn serving_limits_render_on_both_targets() {
 
 #[test]
 fn engine_model_and_device_render() {
-    let e = engine(&FlagSet::default());
+    let e = engine(&with(|_| {}));
     assert_eq!(&e.argv[..4], ["mxtune", "serve", "--synthetic", "tiny"]);
     assert!(has_pair(&e.argv, "--device", "auto"));
     assert_eq!(e.served_model_name, "tiny");
@@ -434,7 +424,7 @@ fn engine_checks_follow_the_kernel_path_contract() {
     assert!(re(&cpu, "device").is_match("kernel-path backend=cpu"));
     assert!(re(&cpu, "cuda_graphs").is_match("kernel-path cuda_graphs=n/a"));
     assert!(!re(&cpu, "cuda_graphs").is_match("kernel-path cuda_graphs=on"));
-    let auto = engine(&FlagSet::default());
+    let auto = engine(&with(|_| {}));
     assert!(re(&auto, "cuda_graphs").is_match("kernel-path cuda_graphs=n/a"));
     assert!(re(&auto, "cuda_graphs").is_match("kernel-path cuda_graphs=on"));
     assert!(!re(&auto, "cuda_graphs").is_match("kernel-path cuda_graphs=off"));
@@ -531,28 +521,28 @@ fn container_settings_render() {
 }
 
 #[test]
-fn fork_names_warn_on_upstream_images() {
-    let fs = with(|f| {
+fn fork_names_warn_only_where_they_are_not_the_images_own() {
+    // A fork name the fork image knows renders silently; on a stock image the same axis
+    // value is said in upstream's names (see `flags::dialect`), so nothing is ignored.
+    let fork = with(|f| f.axes.moe_backend = MoeBackend::Marlin);
+    assert!(docker(&fork).warnings.is_empty());
+    let stock = with(|f| {
         f.container.vllm = VllmFlavor::Upstream;
         f.axes.moe_backend = MoeBackend::Marlin;
-        f.axes.mxfp4_layers = Mxfp4Layers::All;
     });
-    let w = docker(&fs).warnings;
+    let d = docker(&stock);
+    assert!(d.warnings.is_empty(), "{:?}", d.warnings);
+    assert!(!d.env.contains_key("VLLM_MXFP4_BACKEND"), "{:?}", d.env);
+    // A fork-deprecated name still warns on the fork's own image.
+    let gemv = with(|f| f.axes.moe_backend = MoeBackend::Gemv);
     assert!(
-        w.iter()
-            .any(|w| w.contains("VLLM_MXFP4_BACKEND") && w.contains("ignores")),
-        "{w:?}"
+        docker(&gemv)
+            .warnings
+            .iter()
+            .any(|w| w.contains("VLLM_MXFP4_MOE_KERNEL")),
+        "{:?}",
+        docker(&gemv).warnings
     );
-    assert!(
-        w.iter()
-            .any(|w| w.contains("--mxfp4-layers") && w.contains("refuse")),
-        "{w:?}"
-    );
-    let fork = with(|f| {
-        f.container.vllm = VllmFlavor::Fork;
-        f.axes.moe_backend = MoeBackend::Marlin;
-    });
-    assert!(docker(&fork).warnings.is_empty());
 }
 
 #[test]
@@ -655,7 +645,7 @@ type RuleCase = (
 #[test]
 fn every_rule_fires_only_when_it_should() {
     use TargetKind::{Docker, Engine};
-    let base = FlagSet::default();
+    let base = with(|_| {});
     let cases: Vec<RuleCase> = vec![
         (
             "eagle3-cuda-graphs-sm121",
@@ -798,7 +788,10 @@ fn every_rule_fires_only_when_it_should() {
         ),
         (
             "flashinfer-sm12x-needs-fork",
-            with(|f| f.axes.moe_backend = MoeBackend::Cutlass),
+            with(|f| {
+                f.container.vllm = VllmFlavor::Upstream;
+                f.axes.moe_backend = MoeBackend::Cutlass;
+            }),
             Docker,
             Some("sm121"),
             Some("sm100"),
@@ -827,6 +820,27 @@ fn every_rule_fires_only_when_it_should() {
                 f.axes.moe_backend = MoeBackend::Grouped;
             }),
             Engine,
+            None,
+            None,
+        ),
+        (
+            "upstream-bf16-cutlass-sm90-only",
+            with(|f| {
+                f.container.vllm = VllmFlavor::Upstream;
+                f.axes.moe_backend = MoeBackend::Cutlass;
+                f.axes.activation = Activation::Bf16;
+            }),
+            Docker,
+            Some("sm121"),
+            Some("9.0"),
+        ),
+        (
+            "not-in-upstream-dialect",
+            with(|f| {
+                f.container.vllm = VllmFlavor::Upstream;
+                f.axes.tile = Tile::T64x128;
+            }),
+            Docker,
             None,
             None,
         ),

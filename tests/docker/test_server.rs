@@ -8,6 +8,11 @@
 //! MXTUNE_TEST_FATAL=1 logs an EngineCore failure but keeps serving (completions fail);
 //! MXTUNE_TEST_SILENT_MS=N sleeps N ms without a log line before serving;
 //! any VLLM_BOGUS_* variable is reported the way vLLM reports unknown variables.
+//! MXTUNE_TEST_SM=121 (a compute capability) makes it print upstream vLLM's own start-up lines
+//! instead: the MXFP4 MoE backend chosen from the VLLM_USE_FLASHINFER_MOE_MXFP4_* /
+//! VLLM_MXFP4_USE_MARLIN variables in upstream's order (or its refusal, then exit 1), the
+//! attention backend, the CUDA graph mode and capture. Which backend runs on which device is
+//! this double's own table (`runs_on`), not upstream's.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -38,6 +43,9 @@ fn main() {
     let mut port = "8000".to_string();
     let mut model = "test-model".to_string();
     let mut files = Vec::new();
+    let mut attention: Option<String> = None;
+    let mut compilation = String::new();
+    let mut eager = false;
     let mut i = 1;
     while i < args.len() {
         let val = args.get(i + 1).cloned().unwrap_or_default();
@@ -46,6 +54,13 @@ fn main() {
             "--port" => port = val,
             "--served-model-name" => model = val,
             "--print-file" => files.push(val),
+            "--attention-backend" => attention = Some(val),
+            "--compilation-config" => compilation = val,
+            "--enforce-eager" => {
+                eager = true;
+                i += 1;
+                continue;
+            }
             _ => {
                 i += 1;
                 continue;
@@ -65,9 +80,38 @@ fn main() {
             Err(e) => log(&format!("file {f}: missing ({e})")),
         }
     }
-    log("INFO [default_loader.py:262] Loading weights took 0.01 seconds");
-    log("INFO [mxfp4.py:100] Using Marlin backend for MXFP4 MoE");
-    log("INFO Capturing CUDA graphs (decode, FULL): 100%");
+    let upstream_sm: Option<u32> = std::env::var("MXTUNE_TEST_SM").ok().and_then(|v| v.parse().ok());
+    if let Some(sm) = upstream_sm {
+        let no_graphs = eager || compilation.replace(' ', "").contains("\"cudagraph_mode\":\"NONE\"");
+        let mode = if no_graphs { "<CUDAGraphMode.NONE: 0>" } else { "<CUDAGraphMode.FULL_AND_PIECEWISE: (2, 1)>" };
+        log(&format!(
+            "INFO 11-25 10:00:00 [core.py:93] Initializing a V1 LLM engine (v0.11.2) with config: model='openai/gpt-oss-120b', enforce_eager={}, compilation_config={{'level': 3, 'cudagraph_mode': {mode}, 'cudagraph_num_of_warmups': 1}}",
+            if eager { "True" } else { "False" }
+        ));
+        log("(EngineCore_DP0 pid=42) INFO 11-25 10:00:01 [gpu_model_runner.py:2602] Starting to load model openai/gpt-oss-120b...");
+        match &attention {
+            Some(b) => log(&format!("(EngineCore_DP0 pid=42) INFO 11-25 10:00:01 [cuda.py:366] Using AttentionBackendEnum.{b} backend.")),
+            None => log("(EngineCore_DP0 pid=42) INFO 11-25 10:00:01 [cuda.py:403] Using TRITON_ATTN attention backend out of potential backends: ['TRITON_ATTN']"),
+        }
+        match upstream_mxfp4_backend(sm) {
+            Ok(b) => log(&format!("(EngineCore_DP0 pid=42) INFO 11-25 10:00:01 [mxfp4.py:271] Using '{b}' Mxfp4 MoE backend.")),
+            Err(e) => {
+                log("(EngineCore_DP0 pid=42) ERROR 11-25 10:00:01 [core.py:708] EngineCore failed to start.");
+                log(&format!("(EngineCore_DP0 pid=42) ERROR 11-25 10:00:01 [core.py:708] ValueError: {e}"));
+                log("RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}");
+                std::process::exit(1);
+            }
+        }
+        log("(EngineCore_DP0 pid=42) INFO 11-25 10:00:02 [default_loader.py:267] Loading weights took 0.01 seconds");
+        if !no_graphs {
+            log("Capturing CUDA graphs (mixed prefill-decode, PIECEWISE): 100%|██████████| 11/11");
+            log("(EngineCore_DP0 pid=42) INFO 11-25 10:00:03 [gpu_model_runner.py:3480] Graph capturing finished in 1 secs, took 0.31 GiB");
+        }
+    } else {
+        log("INFO [default_loader.py:262] Loading weights took 0.01 seconds");
+        log("INFO [mxfp4.py:100] Using Marlin backend for MXFP4 MoE");
+        log("INFO Capturing CUDA graphs (decode, FULL): 100%");
+    }
     // Docker keeps stdout and stderr apart, so their relative order is not kept: phase
     // lines go to stdout, and this line proves stderr is followed too.
     eprintln!("WARNING stderr is followed");
@@ -98,6 +142,59 @@ fn main() {
             let _ = handle(conn, &model, fatal);
         });
     }
+}
+
+/// Whether this double lets `backend` run on compute capability `sm`.
+fn runs_on(backend: &str, sm: u32) -> bool {
+    match backend {
+        "MARLIN" => sm >= 75,
+        "FLASHINFER_TRTLLM_MXFP4_BF16" | "FLASHINFER_TRTLLM_MXFP4_MXFP8" => sm / 10 == 10,
+        "FLASHINFER_CUTLASS_MXFP4_BF16" => sm == 90,
+        "FLASHINFER_CUTLASS_MXFP4_MXFP8" => matches!(sm / 10, 10 | 12),
+        "TRITON" => (90..110).contains(&sm),
+        _ => false,
+    }
+}
+
+/// Upstream's order: the BF16 switch, the MXFP8 switch, the CUTLASS MXFP8 switch, the Marlin
+/// switch, then the first candidate the device runs. An explicit choice it cannot run is refused.
+fn upstream_mxfp4_backend(sm: u32) -> Result<&'static str, String> {
+    let flag = |k: &str| std::env::var(k).ok().map(|v| v == "1" || v.eq_ignore_ascii_case("true"));
+    let explicit = |b: &'static str| {
+        if runs_on(b, sm) {
+            Ok(b)
+        } else {
+            Err(format!("Mxfp4 MoE backend '{b}' does not support the deployment configuration."))
+        }
+    };
+    let mut candidates = vec![
+        "FLASHINFER_TRTLLM_MXFP4_BF16",
+        "TRITON",
+        "FLASHINFER_CUTLASS_MXFP4_BF16",
+        "MARLIN",
+    ];
+    match flag("VLLM_USE_FLASHINFER_MOE_MXFP4_BF16") {
+        Some(false) => candidates.retain(|b| !b.ends_with("_BF16")),
+        Some(true) if sm == 90 => return explicit("FLASHINFER_CUTLASS_MXFP4_BF16"),
+        Some(true) if sm / 10 == 10 => return explicit("FLASHINFER_TRTLLM_MXFP4_BF16"),
+        Some(true) => {
+            return Err("VLLM_USE_FLASHINFER_MOE_MXFP4_BF16=1 is set but the current device capability is not supported. Only SM90 (CUTLASS) and SM100+ (TRTLLM) are supported.".into());
+        }
+        None => {}
+    }
+    if flag("VLLM_USE_FLASHINFER_MOE_MXFP4_MXFP8") == Some(true) {
+        return explicit("FLASHINFER_TRTLLM_MXFP4_MXFP8");
+    }
+    if flag("VLLM_USE_FLASHINFER_MOE_MXFP4_MXFP8_CUTLASS") == Some(true) {
+        return explicit("FLASHINFER_CUTLASS_MXFP4_MXFP8");
+    }
+    if flag("VLLM_MXFP4_USE_MARLIN") == Some(true) {
+        return explicit("MARLIN");
+    }
+    candidates
+        .into_iter()
+        .find(|b| runs_on(b, sm))
+        .ok_or_else(|| "No MXFP4 MoE backend supports the deployment configuration.".to_string())
 }
 
 fn respond(s: &mut TcpStream, status: &str, body: &str) -> std::io::Result<()> {

@@ -8,11 +8,12 @@ use ratatui::layout::{Constraint, Layout, Rect};
 use ratatui::text::{Line, Span};
 use ratatui::widgets::{Block, Borders, Cell, Clear, Paragraph, Row, Table, TableState, Wrap};
 
-use crate::flags::axes::{AxisInfo, all_axes};
+use crate::flags::axes::{Activation, AxisInfo, AxisValue, MoeBackend, all_axes};
+use crate::flags::dialect::{Upstream, upstream_moe};
 use crate::flags::model::{self, Setting};
 use crate::flags::preset::Preset;
 use crate::flags::rules::{self, Finding, Severity};
-use crate::flags::{FlagSet, docker_run_argv, render};
+use crate::flags::{FlagSet, VllmFlavor, docker_run_argv, render};
 use crate::launch::spec::TargetKind;
 
 use super::super::app::{App, Effect};
@@ -300,17 +301,30 @@ fn target_name(t: TargetKind) -> &'static str {
     }
 }
 
-/// Axis values that render on `target` (all of them when none does, so the row still cycles).
-fn values_for(info: &AxisInfo, target: TargetKind) -> Vec<&'static str> {
+/// Axis values that render on the flag set's target — on a stock vLLM image only those
+/// upstream can express, `moe_backend` and `activation` as a pair with the other's current
+/// value — or all of them when none does, so the row still cycles.
+fn values_for(info: &AxisInfo, fs: &FlagSet) -> Vec<&'static str> {
+    let stock = fs.target == TargetKind::Docker && fs.container.vllm == VllmFlavor::Upstream;
     let fits: Vec<&'static str> = info
         .values
         .iter()
-        .filter(|(_, _, spec)| match target {
+        .zip(&info.upstream)
+        .filter(|((name, _, spec), upstream)| match fs.target {
+            TargetKind::Docker if stock => match info.key {
+                k if k == MoeBackend::KEY => name
+                    .parse::<MoeBackend>()
+                    .is_ok_and(|b| upstream_moe(b, fs.axes.activation).is_ok()),
+                k if k == Activation::KEY => name
+                    .parse::<Activation>()
+                    .is_ok_and(|a| upstream_moe(fs.axes.moe_backend, a).is_ok()),
+                _ => !matches!(upstream, Upstream::Not(_)),
+            },
             TargetKind::Docker => spec.vllm.is_some(),
             TargetKind::Engine => spec.engine.is_some(),
             TargetKind::Attach => true,
         })
-        .map(|(n, _, _)| *n)
+        .map(|((n, _, _), _)| *n)
         .collect();
     if fits.is_empty() {
         info.values.iter().map(|(n, _, _)| *n).collect()
@@ -379,6 +393,17 @@ pub fn command_lines(fs: &FlagSet) -> Vec<String> {
     }
     for w in &spec.warnings {
         lines.push(format!("# warning: {w}"));
+    }
+    // What the kernel-path verdict will look for once the target is up.
+    for c in &spec.checks {
+        let mut what: Vec<String> = c.must_see.iter().map(|p| format!("see {p}")).collect();
+        what.extend(c.must_not_see.iter().map(|p| format!("not {p}")));
+        lines.push(format!(
+            "# kernel-path {}={}: {}",
+            c.flag,
+            c.value,
+            what.join("; ")
+        ));
     }
     lines
 }
@@ -463,7 +488,7 @@ impl FlagsScreen {
             RowKind::Axis(i) => {
                 let axes = all_axes();
                 let info = &axes[i];
-                let values = values_for(info, self.flags.target);
+                let values = values_for(info, &self.flags);
                 let cur = self.flags.axis_value(info.key).unwrap_or(info.default);
                 let n = values.len();
                 let next = match values.iter().position(|v| *v == cur) {
@@ -905,7 +930,7 @@ pub fn draw(frame: &mut Frame, app: &App, area: Rect) {
                     .find(|(n, _, _)| *n == v)
                     .map(|(_, d, _)| *d)
                     .unwrap_or("");
-                let values = values_for(info, s.flags.target).join(" ");
+                let values = values_for(info, &s.flags).join(" ");
                 vec![
                     Line::from(vec![
                         Span::styled(format!(" {}: ", info.key), theme.accent()),
