@@ -209,6 +209,7 @@ impl AppState {
             served_model_name: &self.opts.served_model_name,
             max_model_len: self.opts.max_model_len,
             vocab_size: self.vocab_size,
+            today: chrono::Utc::now().date_naive(),
         }
     }
 
