@@ -123,15 +123,23 @@ async fn models_health_and_metrics_names() {
     assert_eq!(v["data"][0]["max_model_len"], 2048);
     let m = metrics(&s).await;
     for name in [
-        "vllm:num_requests_running{model_name=\"double\"} 0",
-        "vllm:num_requests_waiting{model_name=\"double\"} 0",
-        "vllm:kv_cache_usage_perc{model_name=\"double\"} 0",
-        "vllm:prompt_tokens_total{model_name=\"double\"} 0",
-        "vllm:generation_tokens_total{model_name=\"double\"} 0",
+        "vllm:num_requests_running{model_name=\"double\",engine=\"0\"} 0",
+        "vllm:num_requests_waiting{model_name=\"double\",engine=\"0\"} 0",
+        "vllm:kv_cache_usage_perc{model_name=\"double\",engine=\"0\"} 0",
+        "vllm:prompt_tokens_total{model_name=\"double\",engine=\"0\"} 0",
+        "vllm:generation_tokens_total{model_name=\"double\",engine=\"0\"} 0",
         "# TYPE vllm:time_to_first_token_seconds histogram",
         "# TYPE vllm:inter_token_latency_seconds histogram",
         "# TYPE vllm:e2e_request_latency_seconds histogram",
         "# TYPE vllm:request_queue_time_seconds histogram",
+        "# TYPE vllm:time_per_output_token_seconds histogram",
+        "# TYPE vllm:request_time_per_output_token_seconds histogram",
+        "# TYPE vllm:request_prefill_time_seconds histogram",
+        "# TYPE vllm:request_decode_time_seconds histogram",
+        "# TYPE vllm:request_prompt_tokens histogram",
+        "# TYPE vllm:request_generation_tokens histogram",
+        "# TYPE vllm:iteration_tokens_total histogram",
+        "vllm:cache_config_info{block_size=\"1\",enable_prefix_caching=\"False\",engine=\"0\",num_gpu_blocks=\"8192\"} 1.0",
     ] {
         assert!(m.contains(name), "missing {name} in\n{m}");
     }
@@ -770,7 +778,7 @@ async fn client_disconnect_frees_the_slot() {
     assert_eq!(
         metric(
             &m,
-            "vllm:request_success_total{model_name=\"double\",finished_reason=\"abort\"}"
+            "vllm:request_success_total{model_name=\"double\",engine=\"0\",finished_reason=\"abort\"}"
         ),
         Some(1.0)
     );
@@ -1842,4 +1850,62 @@ async fn logit_bias_forces_and_bans_tokens() {
         assert_eq!(st, 400, "{bad} -> {v}");
         assert_eq!(v["error"]["param"], "logit_bias", "{bad} -> {v}");
     }
+}
+
+/// The per-request histograms count a finished request: its prompt and generated tokens,
+/// one mean time per output token, and the engine steps' token counts.
+#[tokio::test(flavor = "multi_thread")]
+async fn per_request_metrics_count_a_finished_request() {
+    let s = start(options(), 8, 0).await;
+    let (st, v) = post(
+        &s,
+        "/v1/completions",
+        json!({"prompt": [1, 2, 3, 4, 5], "max_tokens": 4, "temperature": 0, "ignore_eos": true}),
+    )
+    .await;
+    assert_eq!(st, 200, "{v}");
+    let m = wait_metrics(&s, "a finished request", |m| {
+        metric(m, "vllm:request_generation_tokens_count{").is_some_and(|c| c >= 1.0)
+    })
+    .await;
+    let l = "{model_name=\"double\",engine=\"0\"}";
+    assert_eq!(
+        metric(&m, &format!("vllm:request_prompt_tokens_sum{l}")),
+        Some(5.0),
+        "{m}"
+    );
+    assert_eq!(
+        metric(&m, &format!("vllm:request_generation_tokens_sum{l}")),
+        Some(4.0),
+        "{m}"
+    );
+    assert_eq!(
+        metric(
+            &m,
+            &format!("vllm:request_time_per_output_token_seconds_count{l}")
+        ),
+        Some(1.0)
+    );
+    assert_eq!(
+        metric(&m, &format!("vllm:request_prefill_time_seconds_count{l}")),
+        Some(1.0)
+    );
+    // Prefill (5 tokens in one step) plus 3 decode steps of one token: 8 tokens in 4 steps.
+    assert_eq!(
+        metric(&m, &format!("vllm:iteration_tokens_total_sum{l}")),
+        Some(8.0),
+        "{m}"
+    );
+    assert_eq!(
+        metric(&m, &format!("vllm:iteration_tokens_total_count{l}")),
+        Some(4.0),
+        "{m}"
+    );
+    assert_eq!(
+        metric(
+            &m,
+            "vllm:request_prompt_tokens_bucket{model_name=\"double\",engine=\"0\",le=\"5\"}"
+        ),
+        Some(1.0)
+    );
 }
