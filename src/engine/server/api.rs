@@ -776,7 +776,8 @@ impl ChatRequest {
         };
         let max_tokens = self.max_completion_tokens.or(self.common.max_tokens);
         let mut p = prepare_common(&self.common, prompt, max_tokens, None, logprobs, lim)?;
-        p.tools = choice != ToolChoice::None;
+        // Calls are parsed only when functions were offered and not switched off.
+        p.tools = choice != ToolChoice::None && !functions.is_empty();
         p.prefill = renderer.prefill_tokens(prefill);
         Ok(p)
     }
