@@ -4,8 +4,8 @@
 mod engine_server_support;
 
 use engine_server_support::{
-    Probe, SCRIPT, ServerOptions, TestServer, candidates, logits_after, metric, options, sse_data,
-    start, start_with_probe,
+    Probe, SCRIPT, ServerOptions, TOOL_SCRIPT, TestServer, candidates, logits_after, metric,
+    options, sse_data, start, start_with_probe, start_with_script,
 };
 use serde_json::{Value, json};
 use std::sync::Arc;
@@ -123,15 +123,23 @@ async fn models_health_and_metrics_names() {
     assert_eq!(v["data"][0]["max_model_len"], 2048);
     let m = metrics(&s).await;
     for name in [
-        "vllm:num_requests_running{model_name=\"double\"} 0",
-        "vllm:num_requests_waiting{model_name=\"double\"} 0",
-        "vllm:kv_cache_usage_perc{model_name=\"double\"} 0",
-        "vllm:prompt_tokens_total{model_name=\"double\"} 0",
-        "vllm:generation_tokens_total{model_name=\"double\"} 0",
+        "vllm:num_requests_running{model_name=\"double\",engine=\"0\"} 0",
+        "vllm:num_requests_waiting{model_name=\"double\",engine=\"0\"} 0",
+        "vllm:kv_cache_usage_perc{model_name=\"double\",engine=\"0\"} 0",
+        "vllm:prompt_tokens_total{model_name=\"double\",engine=\"0\"} 0",
+        "vllm:generation_tokens_total{model_name=\"double\",engine=\"0\"} 0",
         "# TYPE vllm:time_to_first_token_seconds histogram",
         "# TYPE vllm:inter_token_latency_seconds histogram",
         "# TYPE vllm:e2e_request_latency_seconds histogram",
         "# TYPE vllm:request_queue_time_seconds histogram",
+        "# TYPE vllm:time_per_output_token_seconds histogram",
+        "# TYPE vllm:request_time_per_output_token_seconds histogram",
+        "# TYPE vllm:request_prefill_time_seconds histogram",
+        "# TYPE vllm:request_decode_time_seconds histogram",
+        "# TYPE vllm:request_prompt_tokens histogram",
+        "# TYPE vllm:request_generation_tokens histogram",
+        "# TYPE vllm:iteration_tokens_total histogram",
+        "vllm:cache_config_info{block_size=\"1\",enable_prefix_caching=\"False\",engine=\"0\",num_gpu_blocks=\"8192\"} 1.0",
     ] {
         assert!(m.contains(name), "missing {name} in\n{m}");
     }
@@ -770,7 +778,7 @@ async fn client_disconnect_frees_the_slot() {
     assert_eq!(
         metric(
             &m,
-            "vllm:request_success_total{model_name=\"double\",finished_reason=\"abort\"}"
+            "vllm:request_success_total{model_name=\"double\",engine=\"0\",finished_reason=\"abort\"}"
         ),
         Some(1.0)
     );
@@ -893,7 +901,7 @@ async fn bad_requests_get_openai_errors_and_server_keeps_serving() {
             "/v1/chat/completions",
             json!({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}),
             400,
-            Some("tools"),
+            Some("tools[0].function"),
         ),
         (
             "/v1/chat/completions",
@@ -1469,4 +1477,435 @@ fn serve_binary_refuses_cuda_without_gpu_and_impossible_flags() {
     let o = run(&["--model", "/nonexistent/ckpt"]);
     assert!(!o.status.success());
     assert!(String::from_utf8_lossy(&o.stderr).contains("/nonexistent/ckpt"));
+}
+
+fn weather_tool() -> Value {
+    json!({"type": "function", "function": {
+        "name": "get_weather", "description": "Weather of a city.",
+        "parameters": {"type": "object", "properties": {"location": {"type": "string"},
+                       "days": {"type": "integer"}}, "required": ["location"]}}})
+}
+
+const TOOL_ARGS: &str = r#"{"location": "Paris", "days": 2}"#;
+
+/// A model answer addressed to `functions.get_weather` becomes `message.tool_calls` with
+/// `finish_reason: "tool_calls"`; without tools the same answer is plain content.
+#[tokio::test(flavor = "multi_thread")]
+async fn tool_call_in_the_answer_becomes_tool_calls() {
+    let s = start_with_script(TOOL_SCRIPT).await;
+    let ask = json!({"messages": [{"role": "user", "content": "Weather in Paris?"}],
+                     "tools": [weather_tool()], "temperature": 0, "max_tokens": 64});
+    let (st, v) = post(&s, "/v1/chat/completions", ask.clone()).await;
+    assert_eq!(st, 200, "{v}");
+    let choice = &v["choices"][0];
+    assert_eq!(choice["finish_reason"], "tool_calls", "{v}");
+    assert_eq!(choice["message"]["content"], Value::Null, "{v}");
+    let calls = choice["message"]["tool_calls"].as_array().unwrap();
+    assert_eq!(calls.len(), 1);
+    assert_eq!(calls[0]["type"], "function");
+    assert_eq!(calls[0]["function"]["name"], "get_weather");
+    assert_eq!(calls[0]["function"]["arguments"], TOOL_ARGS);
+    assert!(calls[0]["id"].as_str().unwrap().starts_with("call_"), "{v}");
+
+    // Streaming: the first tool-call delta carries id, type and name; the arguments arrive
+    // in pieces that concatenate to the whole.
+    let mut stream_ask = ask.clone();
+    stream_ask["stream"] = json!(true);
+    let data = post_stream(&s, "/v1/chat/completions", stream_ask).await;
+    let chunks: Vec<Value> = data[..data.len() - 1]
+        .iter()
+        .map(|d| serde_json::from_str(d).unwrap())
+        .collect();
+    let deltas: Vec<&Value> = chunks
+        .iter()
+        .flat_map(|c| c["choices"][0]["delta"]["tool_calls"].as_array())
+        .flatten()
+        .collect();
+    assert!(deltas.len() >= 2, "{data:?}");
+    assert_eq!(deltas[0]["index"], 0);
+    assert_eq!(deltas[0]["function"]["name"], "get_weather");
+    assert_eq!(deltas[0]["type"], "function");
+    assert!(deltas[0]["id"].as_str().unwrap().starts_with("call_"));
+    let args: String = deltas
+        .iter()
+        .map(|d| d["function"]["arguments"].as_str().unwrap())
+        .collect();
+    assert_eq!(args, TOOL_ARGS);
+    assert!(
+        deltas[1..]
+            .iter()
+            .all(|d| d["index"] == 0 && d.get("id").is_none())
+    );
+    assert_eq!(
+        chunks.last().unwrap()["choices"][0]["finish_reason"],
+        "tool_calls"
+    );
+
+    // No tools (or tool_choice none): the same answer is content, the finish plain `stop`.
+    for extra in [
+        json!({}),
+        json!({"tools": [weather_tool()], "tool_choice": "none"}),
+    ] {
+        let mut plain = json!({"messages": [{"role": "user", "content": "Weather in Paris?"}],
+                               "temperature": 0, "max_tokens": 64});
+        for (k, v) in extra.as_object().unwrap() {
+            plain[k] = v.clone();
+        }
+        let (st, v) = post(&s, "/v1/chat/completions", plain).await;
+        assert_eq!(st, 200, "{v}");
+        assert_eq!(v["choices"][0]["finish_reason"], "stop", "{v}");
+        assert_eq!(v["choices"][0]["message"]["content"], TOOL_ARGS, "{v}");
+        assert!(
+            v["choices"][0]["message"].get("tool_calls").is_none(),
+            "{v}"
+        );
+    }
+}
+
+/// A named `tool_choice` pre-fills the call's header into the prompt: the prompt ends with it
+/// and the answer is that call's arguments.
+#[tokio::test(flavor = "multi_thread")]
+async fn named_tool_choice_prefills_the_call() {
+    let s = start_with_script(TOOL_SCRIPT).await;
+    let (st, v) = post(
+        &s,
+        "/v1/chat/completions",
+        json!({"messages": [{"role": "user", "content": "Weather?"}], "tools": [weather_tool()],
+               "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
+               "temperature": 0, "max_tokens": 64, "return_token_ids": true}),
+    )
+    .await;
+    assert_eq!(st, 200, "{v}");
+    let tok = mxtune::engine::tokenizer::Tokenizer::o200k_harmony();
+    let prompt: Vec<u32> = serde_json::from_value(v["prompt_token_ids"].clone()).unwrap();
+    let text = tok.decode(&prompt, false);
+    assert!(
+        text.ends_with("<|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>"),
+        "{text}"
+    );
+    let call = &v["choices"][0]["message"]["tool_calls"][0];
+    assert_eq!(call["function"]["name"], "get_weather", "{v}");
+    assert_eq!(call["function"]["arguments"], TOOL_ARGS, "{v}");
+    assert_eq!(v["choices"][0]["finish_reason"], "tool_calls");
+    // The generated ids are only the arguments and `<|call|>`: the header was prompt.
+    let out: Vec<u32> = serde_json::from_value(v["choices"][0]["token_ids"].clone()).unwrap();
+    assert_eq!(tok.decode(&out, false), format!("{TOOL_ARGS}<|call|>"));
+}
+
+/// Tool calls and results sent back render as harmony messages of the next turn.
+#[tokio::test(flavor = "multi_thread")]
+async fn tool_results_render_into_the_next_prompt() {
+    let s = start(options(), 8, 0).await;
+    let (st, v) = post(
+        &s,
+        "/v1/chat/completions",
+        json!({"tools": [weather_tool()], "max_tokens": 1, "return_token_ids": true,
+               "tool_choice": "auto",
+               "messages": [
+                   {"role": "user", "content": "Weather in Paris?"},
+                   {"role": "assistant", "content": null, "tool_calls": [{"id": "call_7", "type": "function",
+                       "function": {"name": "get_weather", "arguments": "{\"location\":\"Paris\"}"}}]},
+                   {"role": "tool", "tool_call_id": "call_7", "content": "sunny"}]}),
+    )
+    .await;
+    assert_eq!(st, 200, "{v}");
+    let tok = mxtune::engine::tokenizer::Tokenizer::o200k_harmony();
+    let prompt: Vec<u32> = serde_json::from_value(v["prompt_token_ids"].clone()).unwrap();
+    let text = tok.decode(&prompt, false);
+    assert!(
+        text.ends_with(
+            "<|start|>user<|message|>Weather in Paris?<|end|>\
+             <|start|>assistant to=functions.get_weather<|channel|>commentary json<|message|>{\"location\": \"Paris\"}<|call|>\
+             <|start|>functions.get_weather to=assistant<|channel|>commentary<|message|>\"sunny\"<|end|><|start|>assistant"
+        ),
+        "{text}"
+    );
+    // `json!` sorts keys, so the schema arrives with `days` first; the namespace keeps the
+    // order it arrived in (tests/harmony_template.rs covers the client's own order).
+    assert!(
+        text.contains("type get_weather = (_: {\ndays?: number,\nlocation: string,\n}) => any;"),
+        "{text}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn bad_tool_requests_get_400_naming_the_field() {
+    let s = start(options(), 8, 0).await;
+    let user = json!([{"role": "user", "content": "Hi"}]);
+    let cases = [
+        (
+            json!({"messages": user, "tools": [weather_tool()], "tool_choice": {"type": "function", "function": {"name": "nope"}}}),
+            "tool_choice",
+            "not in `tools`",
+        ),
+        (
+            json!({"messages": user, "tool_choice": "required"}),
+            "tool_choice",
+            "needs `tools`",
+        ),
+        (
+            json!({"messages": user, "tools": [weather_tool()], "tool_choice": "sometimes"}),
+            "tool_choice",
+            "\"required\"",
+        ),
+        (
+            json!({"messages": user, "tools": [{"type": "retrieval"}]}),
+            "tools[0].type",
+            "\"function\"",
+        ),
+        (
+            json!({"messages": user, "tools": [{"type": "function", "function": {"name": "has space"}}]}),
+            "tools[0].function.name",
+            "letters, digits",
+        ),
+        (
+            json!({"messages": user, "tools": [weather_tool(), weather_tool()]}),
+            "tools[1].function.name",
+            "twice",
+        ),
+        (
+            json!({"messages": user, "tools": [weather_tool()], "parallel_tool_calls": "yes"}),
+            "parallel_tool_calls",
+            "true or false",
+        ),
+        (
+            json!({"messages": [{"role": "tool", "content": "x"}]}),
+            "messages[0].role",
+            "must follow",
+        ),
+    ];
+    for (body, param, msg) in cases {
+        let (st, v) = post(&s, "/v1/chat/completions", body.clone()).await;
+        assert_eq!(st, 400, "{body} -> {v}");
+        assert_eq!(v["error"]["param"], param, "{body} -> {v}");
+        let m = v["error"]["message"].as_str().unwrap();
+        assert!(m.contains(msg), "{body} -> {m}");
+    }
+    // parallel_tool_calls as a boolean is accepted.
+    let (st, v) = post(
+        &s,
+        "/v1/chat/completions",
+        json!({"messages": user, "tools": [weather_tool()], "parallel_tool_calls": false, "max_tokens": 1}),
+    )
+    .await;
+    assert_eq!(st, 200, "{v}");
+}
+
+/// The official `openai` client parses tool calls, streamed and not. Skipped (with a
+/// message) when python3 or the `openai` package is missing.
+#[tokio::test(flavor = "multi_thread")]
+async fn openai_python_client_reads_tool_calls() {
+    if !has_python_openai("openai_python_client_reads_tool_calls") {
+        return;
+    }
+    let s = start_with_script(TOOL_SCRIPT).await;
+    let script = r#"
+import sys, json, openai
+c = openai.OpenAI(base_url=sys.argv[1] + "/v1", api_key="unused")
+tools = [json.loads(sys.argv[2])]
+msgs = [{"role": "user", "content": "Weather in Paris?"}]
+r = c.chat.completions.create(model="double", messages=msgs, tools=tools, temperature=0)
+call = r.choices[0].message.tool_calls[0]
+print(r.choices[0].finish_reason, call.function.name, call.function.arguments)
+name, args, finish = None, "", None
+for chunk in c.chat.completions.create(model="double", messages=msgs, tools=tools, stream=True):
+    for ch in chunk.choices:
+        for d in ch.delta.tool_calls or []:
+            name = name or d.function.name
+            args += d.function.arguments or ""
+        finish = ch.finish_reason or finish
+print(finish, name, args)
+msgs += [r.choices[0].message.model_dump(exclude_none=True),
+         {"role": "tool", "tool_call_id": call.id, "content": "sunny"}]
+r2 = c.chat.completions.create(model="double", messages=msgs, tools=tools, max_tokens=4)
+print(r2.choices[0].finish_reason is not None)
+"#;
+    let out = python(script, &[&s.base, &weather_tool().to_string()]).await;
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines[0], format!("tool_calls get_weather {TOOL_ARGS}"));
+    assert_eq!(lines[1], format!("tool_calls get_weather {TOOL_ARGS}"));
+    assert_eq!(lines[2], "True");
+}
+
+/// The `openai` client with `tools=` against the real binary and synthetic weights: whatever
+/// the random model writes, the responses parse.
+#[tokio::test(flavor = "multi_thread")]
+async fn openai_python_client_with_tools_against_synthetic_tiny() {
+    if !has_python_openai("openai_python_client_with_tools_against_synthetic_tiny") {
+        return;
+    }
+    let (mut child, lines) = tokio::task::spawn_blocking(|| {
+        spawn_serve(&[
+            "--synthetic",
+            "tiny",
+            "--port",
+            "0",
+            "--max-model-len",
+            "1024",
+        ])
+    })
+    .await
+    .unwrap();
+    let ready = lines.last().expect("no output").clone();
+    let base = ready
+        .trim_start_matches("mxtune serve: ready on ")
+        .to_string();
+    let script = r#"
+import sys, json, openai
+c = openai.OpenAI(base_url=sys.argv[1] + "/v1", api_key="unused")
+tools = [json.loads(sys.argv[2])]
+msgs = [{"role": "user", "content": "Weather in Paris?"}]
+for choice in ["auto", "required", {"type": "function", "function": {"name": "get_weather"}}]:
+    r = c.chat.completions.create(model="synthetic-tiny", messages=msgs, tools=tools,
+                                  tool_choice=choice, max_tokens=8, temperature=0)
+    m = r.choices[0].message
+    print(r.choices[0].finish_reason, len(m.tool_calls or []))
+    for chunk in c.chat.completions.create(model="synthetic-tiny", messages=msgs, tools=tools,
+                                           tool_choice=choice, max_tokens=8, stream=True):
+        pass
+print("ok")
+"#;
+    let out = python(script, &[&base, &weather_tool().to_string()]).await;
+    let _ = child.kill();
+    let _ = child.wait();
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines.len(), 4, "{out}");
+    assert_eq!(lines[3], "ok");
+    // A named choice always yields a call (its header is pre-filled); 8 random tokens do
+    // not close it, so it ends by length.
+    assert_eq!(lines[2], "length 1", "{out}");
+}
+
+fn has_python_openai(test: &str) -> bool {
+    let ok = std::process::Command::new("python3")
+        .args(["-c", "import openai"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !ok {
+        eprintln!("SKIPPED {test}: python3 with `openai` not found (pip install openai)");
+    }
+    ok
+}
+
+/// Run a python script with arguments; its stdout (the test fails when it fails).
+async fn python(script: &'static str, args: &[&str]) -> String {
+    let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+    let out = tokio::task::spawn_blocking(move || {
+        std::process::Command::new("python3")
+            .arg("-c")
+            .arg(script)
+            .args(&args)
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    assert!(
+        out.status.success(),
+        "python failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// `logit_bias` under greedy decoding: +100 forces a token the model ranks low, -100 bans
+/// the model's first choice; bad keys and values get a 400 naming `logit_bias`.
+#[tokio::test(flavor = "multi_thread")]
+async fn logit_bias_forces_and_bans_tokens() {
+    let s = start(options(), 8, 0).await;
+    let ids = |v: &Value| -> Vec<u32> {
+        serde_json::from_value(v["choices"][0]["token_ids"].clone()).unwrap()
+    };
+    let ask = |bias: Value| {
+        json!({"prompt": [1, 2], "max_tokens": 3, "temperature": 0, "return_token_ids": true,
+               "logit_bias": bias})
+    };
+    let plain = greedy(&[1, 2], 3);
+    assert!(!plain.contains(&5000));
+    let (st, v) = post(&s, "/v1/completions", ask(json!({"5000": 100}))).await;
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(ids(&v), vec![5000, 5000, 5000]);
+    let first = plain[0];
+    let runner_up = candidates(&[1, 2])
+        .into_iter()
+        .map(|(t, _)| t)
+        .find(|&t| t != first)
+        .unwrap();
+    let mut ban = serde_json::Map::new();
+    ban.insert(first.to_string(), json!(-100));
+    let (st, v) = post(&s, "/v1/completions", ask(Value::Object(ban))).await;
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(ids(&v)[0], runner_up);
+    // An empty map changes nothing.
+    let (_, v) = post(&s, "/v1/completions", ask(json!({}))).await;
+    assert_eq!(ids(&v), plain);
+    for bad in [
+        json!({"abc": 1}),
+        json!({"201088": 1}),
+        json!({"-1": 1}),
+        json!({"5": 101}),
+        json!({"5": "x"}),
+    ] {
+        let (st, v) = post(&s, "/v1/completions", ask(bad.clone())).await;
+        assert_eq!(st, 400, "{bad} -> {v}");
+        assert_eq!(v["error"]["param"], "logit_bias", "{bad} -> {v}");
+    }
+}
+
+/// The per-request histograms count a finished request: its prompt and generated tokens,
+/// one mean time per output token, and the engine steps' token counts.
+#[tokio::test(flavor = "multi_thread")]
+async fn per_request_metrics_count_a_finished_request() {
+    let s = start(options(), 8, 0).await;
+    let (st, v) = post(
+        &s,
+        "/v1/completions",
+        json!({"prompt": [1, 2, 3, 4, 5], "max_tokens": 4, "temperature": 0, "ignore_eos": true}),
+    )
+    .await;
+    assert_eq!(st, 200, "{v}");
+    let m = wait_metrics(&s, "a finished request", |m| {
+        metric(m, "vllm:request_generation_tokens_count{").is_some_and(|c| c >= 1.0)
+    })
+    .await;
+    let l = "{model_name=\"double\",engine=\"0\"}";
+    assert_eq!(
+        metric(&m, &format!("vllm:request_prompt_tokens_sum{l}")),
+        Some(5.0),
+        "{m}"
+    );
+    assert_eq!(
+        metric(&m, &format!("vllm:request_generation_tokens_sum{l}")),
+        Some(4.0),
+        "{m}"
+    );
+    assert_eq!(
+        metric(
+            &m,
+            &format!("vllm:request_time_per_output_token_seconds_count{l}")
+        ),
+        Some(1.0)
+    );
+    assert_eq!(
+        metric(&m, &format!("vllm:request_prefill_time_seconds_count{l}")),
+        Some(1.0)
+    );
+    // Prefill (5 tokens in one step) plus 3 decode steps of one token: 8 tokens in 4 steps.
+    assert_eq!(
+        metric(&m, &format!("vllm:iteration_tokens_total_sum{l}")),
+        Some(8.0),
+        "{m}"
+    );
+    assert_eq!(
+        metric(&m, &format!("vllm:iteration_tokens_total_count{l}")),
+        Some(4.0),
+        "{m}"
+    );
+    assert_eq!(
+        metric(
+            &m,
+            "vllm:request_prompt_tokens_bucket{model_name=\"double\",engine=\"0\",le=\"5\"}"
+        ),
+        Some(1.0)
+    );
 }

@@ -31,6 +31,9 @@ pub struct SamplingParams {
     /// Divides positive and multiplies negative logits of tokens in prompt or output
     /// (1 disables it).
     pub repetition_penalty: f32,
+    /// Added to the logits of these token ids before penalties and sampling (OpenAI's
+    /// `logit_bias`); empty disables it.
+    pub logit_bias: Vec<(u32, f32)>,
 }
 
 impl Default for SamplingParams {
@@ -47,6 +50,7 @@ impl Default for SamplingParams {
             presence_penalty: 0.0,
             frequency_penalty: 0.0,
             repetition_penalty: 1.0,
+            logit_bias: Vec::new(),
         }
     }
 }
@@ -131,16 +135,20 @@ impl Sampler {
         } else {
             self.next_uniform()
         };
-        let token = match &mut self.history {
-            None => choose(logits, banned, &self.params, u),
-            Some(h) => {
-                let mut penalized = logits.to_vec();
-                apply_penalties(&mut penalized, &self.params, &h.prompt, &h.output);
-                let token = choose(&penalized, banned, &self.params, u);
-                *h.output.entry(token as u32).or_insert(0) += 1;
-                token
+        let token = if self.history.is_none() && self.params.logit_bias.is_empty() {
+            choose(logits, banned, &self.params, u)
+        } else {
+            // vLLM's order: the bias, then the penalties.
+            let mut adjusted = logits.to_vec();
+            apply_logit_bias(&mut adjusted, &self.params.logit_bias);
+            if let Some(h) = &self.history {
+                apply_penalties(&mut adjusted, &self.params, &h.prompt, &h.output);
             }
+            choose(&adjusted, banned, &self.params, u)
         };
+        if let Some(h) = &mut self.history {
+            *h.output.entry(token as u32).or_insert(0) += 1;
+        }
         let Some(n) = self.params.logprobs else {
             return Sampled {
                 token: token as u32,
@@ -173,6 +181,23 @@ impl SamplingParams {
         self.presence_penalty != 0.0
             || self.frequency_penalty != 0.0
             || self.repetition_penalty != 1.0
+    }
+
+    /// Whether this row's logits must be adjusted on the host before sampling (a penalty,
+    /// which reads the token history only the host keeps, or a logit bias). The CUDA
+    /// backend downloads such rows and samples them with [`Sampler::sample`].
+    pub fn needs_host_logits(&self) -> bool {
+        self.has_penalties() || !self.logit_bias.is_empty()
+    }
+}
+
+/// Add each `(token, bias)` to its logit (ids outside the vocabulary are ignored; the server
+/// refuses them before they get here).
+pub fn apply_logit_bias(logits: &mut [f32], bias: &[(u32, f32)]) {
+    for &(t, b) in bias {
+        if let Some(l) = logits.get_mut(t as usize) {
+            *l += b;
+        }
     }
 }
 
@@ -791,5 +816,35 @@ mod tests {
         assert_eq!(out.token, 2);
         assert!((out.logprob.unwrap() - (2.0 - log_sum_exp(&l))).abs() < 1e-6);
         assert_eq!(out.top[0].0, 3);
+    }
+
+    #[test]
+    fn logit_bias_forces_and_bans_under_greedy() {
+        let logits = vec![0.0f32, 5.0, 1.0, -3.0];
+        let greedy = |bias: Vec<(u32, f32)>| {
+            let mut s = Sampler::new(SamplingParams {
+                temperature: 0.0,
+                logprobs: Some(1),
+                logit_bias: bias,
+                ..Default::default()
+            });
+            s.sample(&logits, &[])
+        };
+        assert_eq!(greedy(vec![]).token, 1);
+        // +100 forces the weakest token; -100 bans the best, the next best wins.
+        let forced = greedy(vec![(3, 100.0)]);
+        assert_eq!(forced.token, 3);
+        assert_eq!(greedy(vec![(1, -100.0)]).token, 2);
+        // Logprobs stay those of the raw logits.
+        let lse = log_sum_exp(&logits);
+        assert_eq!(forced.logprob, Some(-3.0 - lse));
+        assert!(
+            SamplingParams {
+                logit_bias: vec![(0, 1.0)],
+                ..Default::default()
+            }
+            .needs_host_logits()
+        );
+        assert!(!SamplingParams::default().needs_host_logits());
     }
 }

@@ -4,7 +4,7 @@
 
 use super::backend::{ModelBackend, RowSample, SeqId, SeqStep};
 use super::sampling::{Sampled, Sampler, SamplingParams};
-use super::server::metrics::{Finished, Metrics};
+use super::server::metrics::{Finished, Metrics, RequestStats};
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -111,6 +111,9 @@ struct Running {
     /// Prompt tokens already fed to the backend.
     prefilled: usize,
     generated: Vec<u32>,
+    /// When the request was admitted, and when its first token came (phase times).
+    admitted_at: Instant,
+    first_token_at: Option<Instant>,
     last_token_at: Option<Instant>,
 }
 
@@ -234,6 +237,8 @@ impl Engine {
                         reserved: need,
                         prefilled: 0,
                         generated: Vec::new(),
+                        admitted_at: Instant::now(),
+                        first_token_at: None,
                         last_token_at: None,
                     });
                 }
@@ -315,6 +320,8 @@ impl Engine {
             batch.push(SeqStep { seq: *seq, tokens });
             rows.push(RowSample { sampler, banned });
         }
+        self.metrics
+            .observe_iteration_tokens(batch.iter().map(|b| b.tokens.len()).sum());
         let t_forward = Instant::now();
         let result = self.backend.forward_sampled(&batch, &mut rows);
         let forward = t_forward.elapsed();
@@ -362,6 +369,14 @@ impl Engine {
                 };
                 self.metrics
                     .observe_finished(why, r.req.arrived.elapsed().as_secs_f64());
+                let first = r.first_token_at.unwrap_or(r.admitted_at);
+                let last = r.last_token_at.unwrap_or(first);
+                self.metrics.observe_request(RequestStats {
+                    prompt_tokens: r.req.prompt.len(),
+                    generation_tokens: r.generated.len(),
+                    prefill_s: first.duration_since(r.admitted_at).as_secs_f64(),
+                    decode_s: last.duration_since(first).as_secs_f64(),
+                });
                 finished.push(i);
             }
         }
@@ -386,6 +401,7 @@ impl Engine {
         let now = Instant::now();
         if r.last_token_at.is_none() {
             metrics.observe_ttft(now.duration_since(r.req.arrived).as_secs_f64());
+            r.first_token_at = Some(now);
         }
         metrics.add_generated_token(r.last_token_at.map(|t| now.duration_since(t).as_secs_f64()));
         r.last_token_at = Some(now);

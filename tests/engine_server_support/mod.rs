@@ -13,6 +13,9 @@ use std::sync::{Arc, Condvar, Mutex};
 /// The answer the scripted model gives to chat prompts (greedy).
 pub const SCRIPT: &str = "<|channel|>analysis<|message|>Let me think 🌍.<|end|><|start|>assistant<|channel|>final<|message|>Hello there, friend!<|return|>";
 
+/// An answer that calls a function, in the header form the model writes.
+pub const TOOL_SCRIPT: &str = "<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{\"location\": \"Paris\", \"days\": 2}<|call|>";
+
 /// A gpt-oss-shaped config with the real vocabulary (only sizes the server reads matter).
 pub fn config() -> ModelConfig {
     ModelConfig {
@@ -79,10 +82,15 @@ pub struct ScriptBackend {
 
 impl ScriptBackend {
     pub fn new(max_slots: usize, delay_ms: u64, probe: Arc<Probe>) -> Self {
+        Self::with_script(SCRIPT, max_slots, delay_ms, probe)
+    }
+
+    /// A double that answers chat prompts with `script` instead of `SCRIPT`.
+    pub fn with_script(script: &str, max_slots: usize, delay_ms: u64, probe: Arc<Probe>) -> Self {
         ScriptBackend {
             cfg: config(),
             script: Tokenizer::o200k_harmony()
-                .encode_with_specials(SCRIPT)
+                .encode_with_specials(script)
                 .unwrap(),
             seqs: HashMap::new(),
             next: 0,
@@ -217,7 +225,30 @@ pub async fn start_with_probe(
     delay_ms: u64,
     probe: Arc<Probe>,
 ) -> TestServer {
-    let backend = ScriptBackend::new(max_slots, delay_ms, probe.clone());
+    serve_backend(
+        ScriptBackend::new(max_slots, delay_ms, probe.clone()),
+        opts,
+        probe,
+    )
+    .await
+}
+
+/// A server whose double answers chat prompts with `script`.
+pub async fn start_with_script(script: &str) -> TestServer {
+    let probe = Arc::new(Probe::default());
+    serve_backend(
+        ScriptBackend::with_script(script, 8, 0, probe.clone()),
+        options(),
+        probe,
+    )
+    .await
+}
+
+async fn serve_backend(
+    backend: ScriptBackend,
+    opts: ServerOptions,
+    probe: Arc<Probe>,
+) -> TestServer {
     let server = Server::new(Box::new(backend), opts).unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());

@@ -226,15 +226,15 @@ impl ModelBackend for CudaBackend {
         let at = self.place(batch)?;
         // Per row: the kernel's request, or None where the host samples (top logprobs wanted,
         // a presence/frequency/repetition penalty, which needs the request's token history
-        // that only the host sampler keeps, or more banned ids than the kernel takes) or
-        // nothing is sampled. The uniform number is drawn now, one per non-greedy token, as
+        // that only the host sampler keeps, a logit bias, or more banned ids than the kernel
+        // takes) or nothing is sampled. The uniform number is drawn now, one per non-greedy token, as
         // `Sampler::sample` does on the host.
         let mut dev: Vec<Option<SampleRow>> = Vec::with_capacity(rows.len());
         for r in rows.iter_mut() {
             let req = match r.sampler.as_deref_mut() {
                 Some(s)
                     if s.params().logprobs.is_none_or(|n| n == 0)
-                        && !s.params().has_penalties()
+                        && !s.params().needs_host_logits()
                         && r.banned.len() <= ops::SAMPLE_MAX_BANNED =>
                 {
                     let greedy = s.is_greedy();

@@ -1,7 +1,10 @@
 //! OpenAI request bodies and their validation into one engine request.
 
 use super::error::ApiError;
-use crate::engine::harmony::{Message, ReasoningEffort, Renderer, Role};
+use crate::engine::harmony::json::Json;
+use crate::engine::harmony::{
+    Chat, Function, Message, Prefill, ReasoningEffort, Renderer, Role, ToolCall,
+};
 use crate::engine::sampling::SamplingParams;
 use crate::engine::tokenizer::Tokenizer;
 use serde::Deserialize;
@@ -93,6 +96,30 @@ pub struct ContentPart {
 pub struct ChatMessageIn {
     pub role: String,
     pub content: Option<ContentInput>,
+    /// An assistant's earlier calls.
+    pub tool_calls: Option<Vec<ToolCallIn>>,
+    /// A tool message: the call it answers.
+    pub tool_call_id: Option<String>,
+    /// A tool message: the function's name (used when `tool_call_id` matches no call).
+    pub name: Option<String>,
+    /// An assistant's reasoning, under the names vLLM and chat templates read.
+    pub reasoning_content: Option<String>,
+    pub reasoning: Option<String>,
+    pub thinking: Option<String>,
+}
+
+/// One tool call of an assistant message.
+#[derive(Debug, Deserialize)]
+pub struct ToolCallIn {
+    pub id: Option<String>,
+    pub function: FunctionCallIn,
+}
+
+/// The function part of a tool call; `arguments` is JSON text (OpenAI) or an object.
+#[derive(Debug, Deserialize)]
+pub struct FunctionCallIn {
+    pub name: String,
+    pub arguments: Option<Json>,
 }
 
 /// `POST /v1/chat/completions`.
@@ -106,7 +133,10 @@ pub struct ChatRequest {
     pub logprobs: bool,
     pub top_logprobs: Option<i64>,
     pub reasoning_effort: Option<ReasoningEffort>,
-    pub tools: Option<Vec<Value>>,
+    /// Kept in the client's key order: the tool namespace in the prompt follows it.
+    pub tools: Option<Vec<Json>>,
+    pub tool_choice: Option<Value>,
+    pub parallel_tool_calls: Option<Value>,
     pub response_format: Option<Value>,
 }
 
@@ -116,6 +146,8 @@ pub struct Limits<'a> {
     pub served_model_name: &'a str,
     pub max_model_len: usize,
     pub vocab_size: usize,
+    /// The `Current date:` written into harmony prompts.
+    pub today: chrono::NaiveDate,
 }
 
 /// A validated request, ready for the scheduler.
@@ -131,6 +163,10 @@ pub struct Prepared {
     pub include_stop_str_in_output: bool,
     /// Report prompt and generated token ids next to the text (vLLM extension).
     pub return_token_ids: bool,
+    /// Parse tool calls out of the answer (chat with tools, `tool_choice` not `none`).
+    pub tools: bool,
+    /// The start of the answer written into the prompt (its last tokens), parsed as output.
+    pub prefill: Vec<u32>,
 }
 
 /// A number field of the body that may be absent or null; anything else is a 400 naming it.
@@ -174,6 +210,40 @@ fn repetition_penalty(v: Option<&Value>) -> Result<f32, ApiError> {
             format!("{param} must be greater than 0 (1 turns it off), got {x}"),
         )),
     }
+}
+
+/// `logit_bias`: token id (a string key, as JSON objects have) → a number in [-100, 100].
+fn logit_bias(
+    m: Option<&serde_json::Map<String, Value>>,
+    vocab_size: usize,
+) -> Result<Vec<(u32, f32)>, ApiError> {
+    let param = "logit_bias";
+    let mut out = Vec::new();
+    for (k, v) in m.into_iter().flatten() {
+        let id = match k.trim().parse::<u32>() {
+            Ok(id) if (id as usize) < vocab_size => id,
+            _ => {
+                return Err(ApiError::invalid(
+                    param,
+                    format!(
+                        "logit_bias keys must be token ids from 0 to {}, got {k:?}",
+                        vocab_size.saturating_sub(1)
+                    ),
+                ));
+            }
+        };
+        let bias = match v.as_f64() {
+            Some(b) if (-100.0..=100.0).contains(&b) => b as f32,
+            _ => {
+                return Err(ApiError::invalid(
+                    param,
+                    format!("logit_bias[{k:?}] must be a number from -100 to 100, got {v}"),
+                ));
+            }
+        };
+        out.push((id, bias));
+    }
+    Ok(out)
 }
 
 /// `stream_options` → whether usage is streamed. As in vLLM, a non-empty object needs
@@ -258,9 +328,7 @@ fn prepare_common(
     {
         return Err(ApiError::unsupported("n", "n other than 1"));
     }
-    if c.logit_bias.as_ref().is_some_and(|m| !m.is_empty()) {
-        return Err(ApiError::unsupported("logit_bias", "logit_bias"));
-    }
+    let logit_bias = logit_bias(c.logit_bias.as_ref(), lim.vocab_size)?;
     let room = lim.max_model_len - prompt.len();
     let max_tokens = match max_tokens {
         Some(m) if m < 1 => {
@@ -341,6 +409,7 @@ fn prepare_common(
             presence_penalty,
             frequency_penalty,
             repetition_penalty,
+            logit_bias,
         },
         stop,
         stream: c.stream,
@@ -348,6 +417,8 @@ fn prepare_common(
         return_tokens_as_token_ids: c.return_tokens_as_token_ids,
         include_stop_str_in_output: c.include_stop_str_in_output,
         return_token_ids: c.return_token_ids,
+        tools: false,
+        prefill: Vec::new(),
     })
 }
 
@@ -401,13 +472,263 @@ impl CompletionRequest {
     }
 }
 
+/// What `tool_choice` asks for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum ToolChoice {
+    None,
+    Auto,
+    Required,
+    Named(String),
+}
+
+/// OpenAI's rule for function names, which also keeps the harmony header parseable.
+fn valid_function_name(name: &str) -> bool {
+    (1..=64).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+}
+
+fn name_rule(param: &str, name: &str) -> ApiError {
+    ApiError::invalid(
+        param,
+        format!(
+            "{param} must be 1 to 64 letters, digits, underscores or dashes, got {:?}",
+            name
+        ),
+    )
+}
+
+/// `tools` → the functions offered.
+fn functions(tools: &[Json]) -> Result<Vec<Function>, ApiError> {
+    let mut out: Vec<Function> = Vec::with_capacity(tools.len());
+    for (i, t) in tools.iter().enumerate() {
+        let at = format!("tools[{i}]");
+        if t.get("type").and_then(Json::as_str) != Some("function") {
+            return Err(ApiError::invalid(
+                &format!("{at}.type"),
+                format!("{at}.type must be \"function\" (the only tool type supported)"),
+            ));
+        }
+        let Some(f) = t.get("function").filter(|f| f.as_object().is_some()) else {
+            return Err(ApiError::invalid(
+                &format!("{at}.function"),
+                format!("{at}.function must be an object with name, description and parameters"),
+            ));
+        };
+        let name = f.get("name").and_then(Json::as_str).unwrap_or_default();
+        if !valid_function_name(name) {
+            return Err(name_rule(&format!("{at}.function.name"), name));
+        }
+        if out.iter().any(|o| o.name == name) {
+            return Err(ApiError::invalid(
+                &format!("{at}.function.name"),
+                format!("{at}.function.name `{name}` is listed twice; names must be unique"),
+            ));
+        }
+        let description = match f.get("description") {
+            None | Some(Json::Null) => None,
+            Some(Json::String(s)) => Some(s.clone()),
+            Some(_) => {
+                return Err(ApiError::invalid(
+                    &format!("{at}.function.description"),
+                    format!("{at}.function.description must be a string"),
+                ));
+            }
+        };
+        let parameters = match f.get("parameters") {
+            None | Some(Json::Null) => None,
+            Some(p @ Json::Object(_)) => Some(p.clone()),
+            Some(_) => {
+                return Err(ApiError::invalid(
+                    &format!("{at}.function.parameters"),
+                    format!("{at}.function.parameters must be a JSON schema object"),
+                ));
+            }
+        };
+        out.push(Function {
+            name: name.to_string(),
+            description,
+            parameters,
+        });
+    }
+    Ok(out)
+}
+
+/// `tool_choice` (default `auto` with tools, `none` without, as in OpenAI's API).
+fn tool_choice(v: Option<&Value>, functions: &[Function]) -> Result<ToolChoice, ApiError> {
+    let param = "tool_choice";
+    let choice = match v {
+        None | Some(Value::Null) if functions.is_empty() => ToolChoice::None,
+        None | Some(Value::Null) => ToolChoice::Auto,
+        Some(Value::String(s)) => match s.as_str() {
+            "none" => ToolChoice::None,
+            "auto" => ToolChoice::Auto,
+            "required" => ToolChoice::Required,
+            other => {
+                return Err(ApiError::invalid(
+                    param,
+                    format!(
+                        "tool_choice must be \"none\", \"auto\", \"required\" or \
+                         {{\"type\": \"function\", \"function\": {{\"name\": …}}}}, got {other:?}"
+                    ),
+                ));
+            }
+        },
+        Some(o @ Value::Object(_)) => {
+            let name = o
+                .get("function")
+                .and_then(|f| f.get("name"))
+                .and_then(Value::as_str);
+            match (o.get("type").and_then(Value::as_str), name) {
+                (Some("function"), Some(n)) => ToolChoice::Named(n.to_string()),
+                _ => {
+                    return Err(ApiError::invalid(
+                        param,
+                        "a named tool_choice must be {\"type\": \"function\", \"function\": {\"name\": \"NAME\"}}",
+                    ));
+                }
+            }
+        }
+        Some(other) => {
+            return Err(ApiError::invalid(
+                param,
+                format!("tool_choice must be a string or an object, got {other}"),
+            ));
+        }
+    };
+    match &choice {
+        ToolChoice::Required | ToolChoice::Named(_) if functions.is_empty() => {
+            Err(ApiError::invalid(
+                param,
+                "tool_choice `required` or a named function needs `tools`: send the functions the model may call",
+            ))
+        }
+        ToolChoice::Named(n) if !functions.iter().any(|f| &f.name == n) => Err(ApiError::invalid(
+            param,
+            format!(
+                "tool_choice names the function `{n}`, which is not in `tools` (offered: {})",
+                functions
+                    .iter()
+                    .map(|f| f.name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        )),
+        _ => Ok(choice),
+    }
+}
+
+fn content_text(i: usize, content: &Option<ContentInput>) -> Result<String, ApiError> {
+    Ok(match content {
+        None => String::new(),
+        Some(ContentInput::Text(s)) => s.clone(),
+        Some(ContentInput::Parts(parts)) => {
+            let mut s = String::new();
+            for p in parts {
+                match (p.kind.as_str(), &p.text) {
+                    ("text", Some(t)) => s.push_str(t),
+                    (kind, _) => {
+                        return Err(ApiError::unsupported(
+                            &format!("messages[{i}].content"),
+                            &format!("content part of type `{kind}`"),
+                        ));
+                    }
+                }
+            }
+            s
+        }
+    })
+}
+
+/// The client's messages as harmony messages: roles checked, tool results matched to the
+/// calls they answer.
+fn messages(input: &[ChatMessageIn]) -> Result<Vec<Message>, ApiError> {
+    let mut out: Vec<Message> = Vec::with_capacity(input.len());
+    // (id, name) of every tool call so far, and the name of the latest.
+    let mut calls: Vec<(Option<String>, String)> = Vec::new();
+    for (i, m) in input.iter().enumerate() {
+        let role = match m.role.as_str() {
+            "system" => Role::System,
+            "developer" => Role::Developer,
+            "user" => Role::User,
+            "assistant" => Role::Assistant,
+            "tool" => Role::Tool,
+            other => {
+                return Err(ApiError::invalid(
+                    &format!("messages[{i}].role"),
+                    format!(
+                        "role `{other}` is not supported (use system, developer, user, assistant or tool)"
+                    ),
+                ));
+            }
+        };
+        let mut msg = Message::text(role, content_text(i, &m.content)?);
+        if role == Role::Assistant {
+            msg.thinking = m
+                .reasoning_content
+                .clone()
+                .or_else(|| m.reasoning.clone())
+                .or_else(|| m.thinking.clone())
+                .unwrap_or_default();
+            for (j, c) in m.tool_calls.iter().flatten().enumerate() {
+                let at = format!("messages[{i}].tool_calls[{j}].function");
+                if !valid_function_name(&c.function.name) {
+                    return Err(name_rule(&format!("{at}.name"), &c.function.name));
+                }
+                let arguments = match &c.function.arguments {
+                    None | Some(Json::Null) => "{}".to_string(),
+                    Some(Json::String(s)) => s.clone(),
+                    Some(o @ Json::Object(_)) => o.to_python(),
+                    Some(_) => {
+                        return Err(ApiError::invalid(
+                            &format!("{at}.arguments"),
+                            format!("{at}.arguments must be a JSON string (or an object)"),
+                        ));
+                    }
+                };
+                calls.push((c.id.clone(), c.function.name.clone()));
+                msg.tool_calls.push(ToolCall {
+                    name: c.function.name.clone(),
+                    arguments,
+                });
+            }
+            if !msg.tool_calls.is_empty() && !msg.content.is_empty() && !msg.thinking.is_empty() {
+                return Err(ApiError::invalid(
+                    &format!("messages[{i}].content"),
+                    "an assistant message with tool_calls may carry its reasoning in content or \
+                     in reasoning_content, not both (the chat template refuses this too)",
+                ));
+            }
+        }
+        if role == Role::Tool {
+            let by_id = m.tool_call_id.as_ref().and_then(|id| {
+                calls
+                    .iter()
+                    .rev()
+                    .find(|(cid, _)| cid.as_ref() == Some(id))
+                    .map(|(_, n)| n.clone())
+            });
+            let Some(name) = by_id
+                .or_else(|| m.name.clone())
+                .or_else(|| calls.last().map(|(_, n)| n.clone()))
+            else {
+                return Err(ApiError::invalid(
+                    &format!("messages[{i}].role"),
+                    "a `tool` message must follow an assistant message with tool_calls",
+                ));
+            };
+            msg.tool_name = name;
+        }
+        out.push(msg);
+    }
+    Ok(out)
+}
+
 impl ChatRequest {
     /// Validate and render the conversation in harmony.
     pub fn prepare(&self, renderer: &Renderer, lim: &Limits<'_>) -> Result<Prepared, ApiError> {
         check_model(&self.common, lim)?;
-        if self.tools.as_ref().is_some_and(|t| !t.is_empty()) {
-            return Err(ApiError::unsupported("tools", "tool calling"));
-        }
         if let Some(f) = &self.response_format
             && f.get("type").and_then(Value::as_str) != Some("text")
         {
@@ -419,44 +740,30 @@ impl ChatRequest {
         if self.messages.is_empty() {
             return Err(ApiError::invalid("messages", "messages must not be empty"));
         }
-        let mut messages = Vec::with_capacity(self.messages.len());
-        for (i, m) in self.messages.iter().enumerate() {
-            let role = match m.role.as_str() {
-                "system" => Role::System,
-                "developer" => Role::Developer,
-                "user" => Role::User,
-                "assistant" => Role::Assistant,
-                other => {
-                    return Err(ApiError::invalid(
-                        &format!("messages[{i}].role"),
-                        format!(
-                            "role `{other}` is not supported (use system, developer, user or assistant)"
-                        ),
-                    ));
-                }
-            };
-            let content = match &m.content {
-                None => String::new(),
-                Some(ContentInput::Text(s)) => s.clone(),
-                Some(ContentInput::Parts(parts)) => {
-                    let mut s = String::new();
-                    for p in parts {
-                        match (p.kind.as_str(), &p.text) {
-                            ("text", Some(t)) => s.push_str(t),
-                            (kind, _) => {
-                                return Err(ApiError::unsupported(
-                                    &format!("messages[{i}].content"),
-                                    &format!("content part of type `{kind}`"),
-                                ));
-                            }
-                        }
-                    }
-                    s
-                }
-            };
-            messages.push(Message { role, content });
+        let functions = functions(self.tools.as_deref().unwrap_or_default())?;
+        let choice = tool_choice(self.tool_choice.as_ref(), &functions)?;
+        match &self.parallel_tool_calls {
+            None | Some(Value::Null) | Some(Value::Bool(_)) => {}
+            Some(other) => {
+                return Err(ApiError::invalid(
+                    "parallel_tool_calls",
+                    format!("parallel_tool_calls must be true or false, got {other}"),
+                ));
+            }
         }
-        let prompt = renderer.render_chat(&messages, self.reasoning_effort.unwrap_or_default());
+        let messages = messages(&self.messages)?;
+        let prefill = match &choice {
+            ToolChoice::Required => Prefill::AnyCall,
+            ToolChoice::Named(n) => Prefill::Call(n),
+            ToolChoice::None | ToolChoice::Auto => Prefill::None,
+        };
+        let prompt = renderer.render_chat(&Chat {
+            messages: &messages,
+            tools: &functions,
+            effort: self.reasoning_effort.unwrap_or_default(),
+            date: lim.today,
+            prefill,
+        });
         let logprobs = if self.logprobs {
             Some(logprob_count("top_logprobs", self.top_logprobs)?.unwrap_or(0))
         } else if self.top_logprobs.is_some_and(|n| n > 0) {
@@ -468,7 +775,11 @@ impl ChatRequest {
             None
         };
         let max_tokens = self.max_completion_tokens.or(self.common.max_tokens);
-        prepare_common(&self.common, prompt, max_tokens, None, logprobs, lim)
+        let mut p = prepare_common(&self.common, prompt, max_tokens, None, logprobs, lim)?;
+        // Calls are parsed only when functions were offered and not switched off.
+        p.tools = choice != ToolChoice::None && !functions.is_empty();
+        p.prefill = renderer.prefill_tokens(prefill);
+        Ok(p)
     }
 }
 

@@ -45,6 +45,8 @@ struct Output {
     return_ids: bool,
     prompt_tokens: usize,
     completion_tokens: usize,
+    /// The id of each tool call of the answer, by call number.
+    call_ids: Vec<String>,
 }
 
 /// What one token produced.
@@ -60,7 +62,8 @@ impl Output {
         let source = match endpoint {
             Endpoint::Completions => TextSource::Plain(StreamDecoder::default()),
             Endpoint::Chat => TextSource::Harmony(Box::new(
-                OutputParser::new(tok).map_err(|e| ApiError::internal(format!("{e:#}")))?,
+                OutputParser::with_prefill(tok, p.tools, &p.prefill)
+                    .map_err(|e| ApiError::internal(format!("{e:#}")))?,
             )),
         };
         Ok(Output {
@@ -73,20 +76,50 @@ impl Output {
             return_ids: p.return_tokens_as_token_ids,
             prompt_tokens: p.prompt.len(),
             completion_tokens: 0,
+            call_ids: Vec::new(),
         })
     }
 
-    fn stop_index(c: Channel) -> usize {
+    /// The stop-string matcher of a text channel; tool calls are not matched (their
+    /// arguments must stay whole JSON).
+    fn stop_index(c: Channel) -> Option<usize> {
         match c {
-            Channel::Reasoning => 0,
-            Channel::Content => 1,
+            Channel::Reasoning => Some(0),
+            Channel::Content => Some(1),
+            Channel::ToolName(_) | Channel::ToolArgs(_) => None,
+        }
+    }
+
+    /// The id of tool call `n` (made when its name arrives).
+    fn call_id(&mut self, n: usize) -> &str {
+        while self.call_ids.len() <= n {
+            self.call_ids.push(format!(
+                "call_{}",
+                ulid::Ulid::generate().to_string().to_lowercase()
+            ));
+        }
+        &self.call_ids[n]
+    }
+
+    /// `tool_calls` when the answer called a function and ended normally, as vLLM reports.
+    fn finish_str(&self, r: FinishReason) -> &'static str {
+        match r {
+            FinishReason::Stop if !self.call_ids.is_empty() => "tool_calls",
+            r => finish_str(r),
         }
     }
 
     fn apply_stops(&mut self, raw: Vec<Delta>) -> TokenOut {
         let mut out = TokenOut::default();
         for d in raw {
-            let (text, hit) = self.stops[Self::stop_index(d.channel)].push(&d.text);
+            let Some(at) = Self::stop_index(d.channel) else {
+                if let Channel::ToolName(n) = d.channel {
+                    self.call_id(n);
+                }
+                out.deltas.push(d);
+                continue;
+            };
+            let (text, hit) = self.stops[at].push(&d.text);
             if !text.is_empty() {
                 out.deltas.push(Delta {
                     channel: d.channel,
@@ -130,8 +163,11 @@ impl Output {
             TextSource::Harmony(p) => p.finish(),
         };
         let mut out = self.apply_stops(raw).deltas;
-        for c in [Channel::Reasoning, Channel::Content] {
-            let text = self.stops[Self::stop_index(c)].finish();
+        for (at, c) in [Channel::Reasoning, Channel::Content]
+            .into_iter()
+            .enumerate()
+        {
+            let text = self.stops[at].finish();
             if !text.is_empty() {
                 out.push(Delta { channel: c, text });
             }
@@ -225,11 +261,22 @@ pub async fn respond_full(
     let mut finish = None;
     // Every token the engine sent, as vLLM's `token_ids` (stop tokens included).
     let mut token_ids: Vec<u32> = Vec::new();
-    let push_deltas = |deltas: Vec<Delta>, reasoning: &mut String, content: &mut String| {
+    // (name, arguments) of each tool call.
+    let mut calls: Vec<(String, String)> = Vec::new();
+    let push_deltas = |deltas: Vec<Delta>,
+                       reasoning: &mut String,
+                       content: &mut String,
+                       calls: &mut Vec<(String, String)>| {
         for d in deltas {
             match d.channel {
                 Channel::Reasoning => reasoning.push_str(&d.text),
                 Channel::Content => content.push_str(&d.text),
+                Channel::ToolName(_) => calls.push((d.text, String::new())),
+                Channel::ToolArgs(_) => {
+                    if let Some(c) = calls.last_mut() {
+                        c.1.push_str(&d.text);
+                    }
+                }
             }
         }
     };
@@ -244,7 +291,7 @@ pub async fn respond_full(
                     }
                 }
                 let t = out.on_token(s.token);
-                push_deltas(t.deltas, &mut reasoning, &mut content);
+                push_deltas(t.deltas, &mut reasoning, &mut content, &mut calls);
                 if t.stopped {
                     finish = Some(FinishReason::Stop);
                     break;
@@ -252,7 +299,8 @@ pub async fn respond_full(
             }
             GenEvent::Done(r) => {
                 finish = Some(r);
-                push_deltas(out.finish(), &mut reasoning, &mut content);
+                let rest = out.finish();
+                push_deltas(rest, &mut reasoning, &mut content, &mut calls);
                 break;
             }
             GenEvent::Error(m) => return ApiError::internal(m).into_response(),
@@ -274,7 +322,7 @@ pub async fn respond_full(
                 "index": 0,
                 "text": content,
                 "logprobs": if want_logprobs { cmpl_lp.to_json() } else { Value::Null },
-                "finish_reason": finish_str(finish),
+                "finish_reason": out.finish_str(finish),
             }],
             "usage": out.usage(),
         }),
@@ -287,15 +335,25 @@ pub async fn respond_full(
                 "index": 0,
                 "message": {
                     "role": "assistant",
-                    "content": content,
+                    // OpenAI's shape: no content when the answer is only a tool call.
+                    "content": if content.is_empty() && !calls.is_empty() { Value::Null } else { json!(content) },
                     "reasoning_content": if reasoning.is_empty() { Value::Null } else { json!(reasoning) },
                 },
                 "logprobs": if want_logprobs { json!({"content": chat_lp}) } else { Value::Null },
-                "finish_reason": finish_str(finish),
+                "finish_reason": out.finish_str(finish),
             }],
             "usage": out.usage(),
         }),
     };
+    if !calls.is_empty() {
+        body["choices"][0]["message"]["tool_calls"] = calls
+            .iter()
+            .zip(&out.call_ids)
+            .map(|((name, args), id)| {
+                json!({"id": id, "type": "function", "function": {"name": name, "arguments": args}})
+            })
+            .collect();
+    }
     if prepared.return_token_ids {
         // vLLM's shape: completions carry the prompt per choice (a request may hold several
         // prompts there), chat once per response.
@@ -370,7 +428,7 @@ impl TokenIds {
     }
 }
 
-fn delta_choice(endpoint: Endpoint, d: Option<&Delta>, logprobs: Value) -> Value {
+fn delta_choice(out: &Output, endpoint: Endpoint, d: Option<&Delta>, logprobs: Value) -> Value {
     match endpoint {
         Endpoint::Completions => json!([{
             "index": 0,
@@ -388,6 +446,19 @@ fn delta_choice(endpoint: Endpoint, d: Option<&Delta>, logprobs: Value) -> Value
                     channel: Channel::Content,
                     text,
                 }) => json!({"content": text}),
+                Some(Delta {
+                    channel: Channel::ToolName(n),
+                    text,
+                }) => json!({"tool_calls": [{
+                    "index": n,
+                    "id": out.call_ids.get(*n),
+                    "type": "function",
+                    "function": {"name": text, "arguments": ""},
+                }]}),
+                Some(Delta {
+                    channel: Channel::ToolArgs(n),
+                    text,
+                }) => json!({"tool_calls": [{"index": n, "function": {"arguments": text}}]}),
                 None => json!({}),
             };
             json!([{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": null}])
@@ -442,11 +513,11 @@ pub fn respond_stream(
                     for d in &t.deltas {
                         text_len += d.text.len();
                         let l = lp.take().unwrap_or(Value::Null);
-                        yield ids.chunk(&meta, endpoint, delta_choice(endpoint, Some(d), l));
+                        yield ids.chunk(&meta, endpoint, delta_choice(&out, endpoint, Some(d), l));
                     }
                     // Every token gets a chunk when logprobs were asked for, text or not.
                     if let Some(l) = lp.filter(|_| want_logprobs) {
-                        yield ids.chunk(&meta, endpoint, delta_choice(endpoint, None, l));
+                        yield ids.chunk(&meta, endpoint, delta_choice(&out, endpoint, None, l));
                     }
                     if t.stopped {
                         finish = Some(FinishReason::Stop);
@@ -455,7 +526,7 @@ pub fn respond_stream(
                 }
                 GenEvent::Done(r) => {
                     for d in out.finish() {
-                        yield ids.chunk(&meta, endpoint, delta_choice(endpoint, Some(&d), Value::Null));
+                        yield ids.chunk(&meta, endpoint, delta_choice(&out, endpoint, Some(&d), Value::Null));
                     }
                     finish = Some(r);
                     break;
@@ -474,9 +545,9 @@ pub fn respond_stream(
         if let Some(r) = finish {
             let last = match endpoint {
                 Endpoint::Completions => json!([{"index": 0, "text": "", "logprobs": null,
-                                                  "finish_reason": finish_str(r)}]),
+                                                  "finish_reason": out.finish_str(r)}]),
                 Endpoint::Chat => json!([{"index": 0, "delta": {}, "logprobs": null,
-                                           "finish_reason": finish_str(r)}]),
+                                           "finish_reason": out.finish_str(r)}]),
             };
             yield ids.chunk(&meta, endpoint, last);
             if include_usage {

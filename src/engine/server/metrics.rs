@@ -8,16 +8,16 @@ use std::sync::atomic::{AtomicU64, Ordering};
 /// A Prometheus histogram with fixed upper bounds.
 #[derive(Debug)]
 struct Histogram {
-    bounds: &'static [f64],
+    bounds: Vec<f64>,
     counts: Vec<u64>,
     sum: f64,
     count: u64,
 }
 
 impl Histogram {
-    fn new(bounds: &'static [f64]) -> Self {
+    fn new(bounds: &[f64]) -> Self {
         Histogram {
-            bounds,
+            bounds: bounds.to_vec(),
             counts: vec![0; bounds.len()],
             sum: 0.0,
             count: 0,
@@ -49,18 +49,63 @@ const REQUEST_BUCKETS: &[f64] = &[
     480.0, 960.0, 1920.0, 7680.0,
 ];
 
+/// Tokens per engine step, as vLLM buckets `vllm:iteration_tokens_total`.
+const ITERATION_TOKEN_BUCKETS: &[f64] = &[
+    1.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0, 4096.0, 8192.0, 16384.0,
+];
+
+/// vLLM's 1-2-5 buckets for token counts: 1, 2, 5, 10, 20, 50, … up to `max`.
+fn buckets_1_2_5(max: usize) -> Vec<f64> {
+    let mut out = Vec::new();
+    let mut scale = 1usize;
+    loop {
+        for m in [1, 2, 5] {
+            let v = m * scale;
+            if v > max {
+                return out;
+            }
+            out.push(v as f64);
+        }
+        scale = match scale.checked_mul(10) {
+            Some(s) => s,
+            None => return out,
+        };
+    }
+}
+
 #[derive(Debug)]
 struct Histograms {
     ttft: Histogram,
     itl: Histogram,
+    /// vLLM's older name for the inter-token latency, kept for dashboards that read it.
+    tpot_per_token: Histogram,
+    request_tpot: Histogram,
     e2e: Histogram,
     queue: Histogram,
+    prefill: Histogram,
+    decode: Histogram,
+    prompt_tokens: Histogram,
+    generation_tokens: Histogram,
+    iteration_tokens: Histogram,
+}
+
+/// One finished request's sizes and phase times, for the per-request histograms.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RequestStats {
+    pub prompt_tokens: usize,
+    pub generation_tokens: usize,
+    /// From admission to the first generated token.
+    pub prefill_s: f64,
+    /// From the first generated token to the last.
+    pub decode_s: f64,
 }
 
 /// Counters, gauges and histograms shared by the scheduler (writer) and `/metrics` (reader).
 #[derive(Debug)]
 pub struct Metrics {
     model_name: String,
+    /// KV positions in all, for `vllm:cache_config_info`.
+    kv_cache_tokens: usize,
     running: AtomicU64,
     waiting: AtomicU64,
     /// KV usage in millionths, to keep it atomic.
@@ -87,10 +132,13 @@ pub enum Finished {
 }
 
 impl Metrics {
-    /// Empty metrics labelled with the served model name.
-    pub fn new(model_name: &str) -> Self {
+    /// Empty metrics labelled with the served model name; `max_model_len` bounds the token
+    /// histograms' buckets, `kv_cache_tokens` is reported in `vllm:cache_config_info`.
+    pub fn new(model_name: &str, max_model_len: usize, kv_cache_tokens: usize) -> Self {
+        let token_buckets = buckets_1_2_5(max_model_len);
         Metrics {
             model_name: model_name.to_string(),
+            kv_cache_tokens,
             running: AtomicU64::new(0),
             waiting: AtomicU64::new(0),
             kv_usage_ppm: AtomicU64::new(0),
@@ -105,8 +153,15 @@ impl Metrics {
             hist: Mutex::new(Histograms {
                 ttft: Histogram::new(TTFT_BUCKETS),
                 itl: Histogram::new(ITL_BUCKETS),
+                tpot_per_token: Histogram::new(ITL_BUCKETS),
+                request_tpot: Histogram::new(ITL_BUCKETS),
                 e2e: Histogram::new(REQUEST_BUCKETS),
                 queue: Histogram::new(REQUEST_BUCKETS),
+                prefill: Histogram::new(REQUEST_BUCKETS),
+                decode: Histogram::new(REQUEST_BUCKETS),
+                prompt_tokens: Histogram::new(&token_buckets),
+                generation_tokens: Histogram::new(&token_buckets),
+                iteration_tokens: Histogram::new(ITERATION_TOKEN_BUCKETS),
             }),
         }
     }
@@ -148,7 +203,10 @@ impl Metrics {
     pub fn add_generated_token(&self, gap_s: Option<f64>) {
         self.generation_tokens.fetch_add(1, Ordering::Relaxed);
         if let Some(g) = gap_s {
-            self.with_hist(|h| h.itl.observe(g));
+            self.with_hist(|h| {
+                h.itl.observe(g);
+                h.tpot_per_token.observe(g);
+            });
         }
     }
 
@@ -173,6 +231,27 @@ impl Metrics {
         self.with_hist(|h| h.e2e.observe(e2e_s));
     }
 
+    /// Record a request that finished normally (stop or length): its token counts, its
+    /// prefill and decode times, and its mean time per output token (as vLLM: decode time
+    /// over the tokens after the first; none for a one-token answer).
+    pub fn observe_request(&self, r: RequestStats) {
+        self.with_hist(|h| {
+            h.prompt_tokens.observe(r.prompt_tokens as f64);
+            h.generation_tokens.observe(r.generation_tokens as f64);
+            h.prefill.observe(r.prefill_s);
+            h.decode.observe(r.decode_s);
+            if r.generation_tokens > 1 {
+                h.request_tpot
+                    .observe(r.decode_s / (r.generation_tokens - 1) as f64);
+            }
+        });
+    }
+
+    /// Record the number of tokens one engine step fed to the backend.
+    pub fn observe_iteration_tokens(&self, n: usize) {
+        self.with_hist(|h| h.iteration_tokens.observe(n as f64));
+    }
+
     /// Count one engine step: `forward` spent in the backend's forward, `iteration` in the
     /// whole scheduler iteration around it (admission, batching, emitting tokens).
     pub fn observe_step(&self, forward: std::time::Duration, iteration: std::time::Duration) {
@@ -192,7 +271,11 @@ impl Metrics {
     /// The metrics in Prometheus text exposition format.
     pub fn render(&self) -> String {
         let mut o = String::new();
-        let label = format!("model_name=\"{}\"", escape_label(&self.model_name));
+        // vLLM's labels: the model and the engine index (one engine here, as vLLM's "0").
+        let label = format!(
+            "model_name=\"{}\",engine=\"0\"",
+            escape_label(&self.model_name)
+        );
         let gauge = |o: &mut String, name: &str, help: &str, v: String| {
             let _ = writeln!(
                 o,
@@ -282,6 +365,15 @@ impl Metrics {
                 c.load(Ordering::Relaxed)
             );
         }
+        let _ = writeln!(
+            o,
+            "# HELP vllm:cache_config_info Information of the KV cache (this engine reserves \
+             positions, so a block is one position; no prefix caching).\n\
+             # TYPE vllm:cache_config_info gauge\n\
+             vllm:cache_config_info{{block_size=\"1\",enable_prefix_caching=\"False\",engine=\"0\",\
+             num_gpu_blocks=\"{}\"}} 1.0",
+            self.kv_cache_tokens
+        );
         let h = self.hist.lock().unwrap_or_else(|p| p.into_inner());
         for (name, help, hist) in [
             (
@@ -303,6 +395,43 @@ impl Metrics {
                 "vllm:request_queue_time_seconds",
                 "Time a request waited before admission.",
                 &h.queue,
+            ),
+            (
+                "vllm:time_per_output_token_seconds",
+                "Time between consecutive generated tokens (vLLM's older name of \
+                 vllm:inter_token_latency_seconds).",
+                &h.tpot_per_token,
+            ),
+            (
+                "vllm:request_time_per_output_token_seconds",
+                "Mean time per output token of each finished request (decode time over the \
+                 tokens after the first).",
+                &h.request_tpot,
+            ),
+            (
+                "vllm:request_prefill_time_seconds",
+                "Time from admission to the first generated token.",
+                &h.prefill,
+            ),
+            (
+                "vllm:request_decode_time_seconds",
+                "Time from the first generated token to the last.",
+                &h.decode,
+            ),
+            (
+                "vllm:request_prompt_tokens",
+                "Prompt tokens of each finished request.",
+                &h.prompt_tokens,
+            ),
+            (
+                "vllm:request_generation_tokens",
+                "Generated tokens of each finished request.",
+                &h.generation_tokens,
+            ),
+            (
+                "vllm:iteration_tokens_total",
+                "Tokens fed to the backend per engine step.",
+                &h.iteration_tokens,
             ),
         ] {
             let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} histogram");
@@ -329,7 +458,7 @@ mod tests {
 
     #[test]
     fn renders_vllm_names_with_cumulative_buckets() {
-        let m = Metrics::new("syn\"tiny");
+        let m = Metrics::new("syn\"tiny", 1000, 4096);
         m.set_load(2, 0.25);
         m.request_queued();
         m.request_queued();
@@ -348,31 +477,73 @@ mod tests {
             std::time::Duration::from_millis(1),
         );
         let t = m.render();
-        assert!(t.contains("mxtune:engine_steps_total{model_name=\"syn\\\"tiny\"} 2\n"));
         assert!(
-            t.contains("mxtune:engine_forward_seconds_total{model_name=\"syn\\\"tiny\"} 0.004\n")
+            t.contains("mxtune:engine_steps_total{model_name=\"syn\\\"tiny\",engine=\"0\"} 2\n")
         );
-        assert!(
-            t.contains("mxtune:engine_iteration_seconds_total{model_name=\"syn\\\"tiny\"} 0.005\n")
-        );
-        assert!(t.contains("vllm:num_requests_running{model_name=\"syn\\\"tiny\"} 2\n"));
-        assert!(t.contains("vllm:num_requests_waiting{model_name=\"syn\\\"tiny\"} 1\n"));
-        assert!(t.contains("vllm:kv_cache_usage_perc{model_name=\"syn\\\"tiny\"} 0.25\n"));
-        assert!(t.contains("vllm:prompt_tokens_total{model_name=\"syn\\\"tiny\"} 7\n"));
-        assert!(t.contains("vllm:generation_tokens_total{model_name=\"syn\\\"tiny\"} 2\n"));
         assert!(t.contains(
-            "vllm:time_to_first_token_seconds_bucket{model_name=\"syn\\\"tiny\",le=\"0.02\"} 0\n"
+            "mxtune:engine_forward_seconds_total{model_name=\"syn\\\"tiny\",engine=\"0\"} 0.004\n"
         ));
         assert!(t.contains(
-            "vllm:time_to_first_token_seconds_bucket{model_name=\"syn\\\"tiny\",le=\"0.04\"} 1\n"
-        ));
-        assert!(t.contains(
-            "vllm:time_to_first_token_seconds_bucket{model_name=\"syn\\\"tiny\",le=\"+Inf\"} 1\n"
+            "mxtune:engine_iteration_seconds_total{model_name=\"syn\\\"tiny\",engine=\"0\"} 0.005\n"
         ));
         assert!(
-            t.contains("vllm:inter_token_latency_seconds_count{model_name=\"syn\\\"tiny\"} 1\n")
+            t.contains("vllm:num_requests_running{model_name=\"syn\\\"tiny\",engine=\"0\"} 2\n")
         );
+        assert!(
+            t.contains("vllm:num_requests_waiting{model_name=\"syn\\\"tiny\",engine=\"0\"} 1\n")
+        );
+        assert!(
+            t.contains("vllm:kv_cache_usage_perc{model_name=\"syn\\\"tiny\",engine=\"0\"} 0.25\n")
+        );
+        assert!(
+            t.contains("vllm:prompt_tokens_total{model_name=\"syn\\\"tiny\",engine=\"0\"} 7\n")
+        );
+        assert!(
+            t.contains("vllm:generation_tokens_total{model_name=\"syn\\\"tiny\",engine=\"0\"} 2\n")
+        );
+        assert!(t.contains(
+            "vllm:time_to_first_token_seconds_bucket{model_name=\"syn\\\"tiny\",engine=\"0\",le=\"0.02\"} 0\n"
+        ));
+        assert!(t.contains(
+            "vllm:time_to_first_token_seconds_bucket{model_name=\"syn\\\"tiny\",engine=\"0\",le=\"0.04\"} 1\n"
+        ));
+        assert!(t.contains(
+            "vllm:time_to_first_token_seconds_bucket{model_name=\"syn\\\"tiny\",engine=\"0\",le=\"+Inf\"} 1\n"
+        ));
+        assert!(t.contains(
+            "vllm:inter_token_latency_seconds_count{model_name=\"syn\\\"tiny\",engine=\"0\"} 1\n"
+        ));
         assert!(t.contains("finished_reason=\"length\"} 1\n"));
+        // The per-request histograms: 1-2-5 token buckets up to max_model_len, mean TPOT.
+        m.observe_request(RequestStats {
+            prompt_tokens: 7,
+            generation_tokens: 5,
+            prefill_s: 0.2,
+            decode_s: 0.4,
+        });
+        m.observe_iteration_tokens(9);
+        let t = m.render();
+        let l = "model_name=\"syn\\\"tiny\",engine=\"0\"";
+        for want in [
+            format!("vllm:request_prompt_tokens_bucket{{{l},le=\"5\"}} 0\n"),
+            format!("vllm:request_prompt_tokens_bucket{{{l},le=\"10\"}} 1\n"),
+            format!("vllm:request_prompt_tokens_bucket{{{l},le=\"1000\"}} 1\n"),
+            format!("vllm:request_generation_tokens_sum{{{l}}} 5\n"),
+            format!("vllm:request_time_per_output_token_seconds_sum{{{l}}} 0.1\n"),
+            format!("vllm:request_prefill_time_seconds_sum{{{l}}} 0.2\n"),
+            format!("vllm:request_decode_time_seconds_count{{{l}}} 1\n"),
+            format!("vllm:iteration_tokens_total_bucket{{{l},le=\"8\"}} 0\n"),
+            format!("vllm:iteration_tokens_total_bucket{{{l},le=\"16\"}} 1\n"),
+            format!("vllm:time_per_output_token_seconds_count{{{l}}} 1\n"),
+            "vllm:cache_config_info{block_size=\"1\",enable_prefix_caching=\"False\",engine=\"0\",num_gpu_blocks=\"4096\"} 1.0\n".to_string(),
+        ] {
+            assert!(t.contains(&want), "{want} missing in\n{t}");
+        }
+        assert!(
+            !t.contains("le=\"2000\""),
+            "token buckets stop at max_model_len"
+        );
+        assert_eq!(buckets_1_2_5(60), [1.0, 2.0, 5.0, 10.0, 20.0, 50.0]);
         // Every sample line is `name{labels} value` with a numeric value.
         for l in t.lines().filter(|l| !l.starts_with('#')) {
             let (_, v) = l.rsplit_once(' ').unwrap();

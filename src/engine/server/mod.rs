@@ -88,7 +88,11 @@ impl Server {
         let stop_tokens = HarmonyTokens::new(&tok)?.stop_set(cfg.eos_token_id);
         let vocab_size = cfg.vocab_size;
         let backend_name = backend.name();
-        let metrics = Arc::new(Metrics::new(&opts.served_model_name));
+        let metrics = Arc::new(Metrics::new(
+            &opts.served_model_name,
+            opts.max_model_len,
+            opts.kv_cache_tokens,
+        ));
         let scheduler = scheduler::spawn(
             backend,
             SchedulerConfig {
@@ -209,6 +213,7 @@ impl AppState {
             served_model_name: &self.opts.served_model_name,
             max_model_len: self.opts.max_model_len,
             vocab_size: self.vocab_size,
+            today: chrono::Utc::now().date_naive(),
         }
     }
 
