@@ -197,6 +197,34 @@ __device__ __forceinline__ void tcg_prefetch(const W& wp, int r0, int rows, int 
     }
 }
 
+// One chunk of a warp's tile times the nt staged rows: the lane's E weights of rows g and
+// g + 8 at columns col … col + E - 1 (loaded in f) against the same columns of tokens n * 8 + g,
+// accumulated into acc[n] (mma_bf16_16816's C layout). Staged columns past cols are fed as
+// zeros (their weights were loaded as zeros too).
+template <class W, int TN>
+__device__ __forceinline__ void tcg_mma_chunk(const W& wp, const typename W::Raw& f, int col,
+                                              int cols, const bf16_t* xs, int stride, int nt,
+                                              float (&acc)[TN][4]) {
+    constexpr int E = W::E;
+    const int g = (threadIdx.x & 31) >> 2;
+#pragma unroll
+    for (int v = 0; v < E / 8; ++v) {
+        unsigned a[4], b[4];
+        wp.group(f, v, a, b);
+        const unsigned frag0[4] = {a[0], b[0], a[1], b[1]};
+        const unsigned frag1[4] = {a[2], b[2], a[3], b[3]};
+#pragma unroll
+        for (int n = 0; n < TN; ++n) {
+            const int tok = n * 8 + g;
+            uint4 xv = make_uint4(0u, 0u, 0u, 0u);
+            if (tok < nt && col + 8 * v < cols)
+                xv = *reinterpret_cast<const uint4*>(xs + tok * stride + col + 8 * v);
+            mma_bf16_16816(acc[n], frag0, xv.x, xv.y);
+            mma_bf16_16816(acc[n], frag1, xv.z, xv.w);
+        }
+    }
+}
+
 // This warp's share of the tile: chunks warp, warp + TCG_WARPS, … (the first S already in
 // cur), S per iteration with the next S loaded meanwhile, times the nt staged rows at xs.
 // Then the warp's partial sums go to red[warp][row][token] (shared).
@@ -223,22 +251,7 @@ __device__ __forceinline__ void tcg_tile(const W& wp, int r0, int rows, int cols
             // A lane whose span is past the row (last chunk) loaded zero weights and feeds
             // zeros: the mma is warp-wide, every lane takes part.
             const int col = cc * CW + q * E;
-#pragma unroll
-            for (int v = 0; v < E / 8; ++v) {
-                unsigned a[4], b[4];
-                wp.group(cur[s], v, a, b);
-                const unsigned frag0[4] = {a[0], b[0], a[1], b[1]};
-                const unsigned frag1[4] = {a[2], b[2], a[3], b[3]};
-#pragma unroll
-                for (int n = 0; n < TN; ++n) {
-                    const int tok = n * 8 + g;
-                    uint4 xv = make_uint4(0u, 0u, 0u, 0u);
-                    if (tok < nt && col + 8 * v < cols)
-                        xv = *reinterpret_cast<const uint4*>(xs + tok * stride + col + 8 * v);
-                    mma_bf16_16816(acc[n], frag0, xv.x, xv.y);
-                    mma_bf16_16816(acc[n], frag1, xv.z, xv.w);
-                }
-            }
+            tcg_mma_chunk<W, TN>(wp, cur[s], col, cols, xs, stride, nt, acc);
         }
 #pragma unroll
         for (int s = 0; s < S; ++s) cur[s] = nxt[s];
@@ -434,7 +447,7 @@ __device__ __forceinline__ void tcm_tile(const TcmFp4& wp, int r0, int rows, int
                                          const bf16_t* xs, int stride, int nt,
                                          float (&acc)[TN][4]) {
     constexpr int E = TcmFp4::E, CW = 4 * E;
-    const int lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
+    const int q = threadIdx.x & 3;
 #pragma unroll
     for (int n = 0; n < TN; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
     for (int c0 = 0; c0 < nchunks; c0 += TCM_DEPTH) {
@@ -445,22 +458,7 @@ __device__ __forceinline__ void tcm_tile(const TcmFp4& wp, int r0, int rows, int
             const TcmFp4::Raw cur = ring[d];
             if (c + TCM_DEPTH < nchunks) wp.load(ring[d], r0, rows, (c + TCM_DEPTH) * CW + q * E);
             const int col = c * CW + q * E;
-#pragma unroll
-            for (int v = 0; v < E / 8; ++v) {
-                unsigned a[4], b[4];
-                wp.group(cur, v, a, b);
-                const unsigned frag0[4] = {a[0], b[0], a[1], b[1]};
-                const unsigned frag1[4] = {a[2], b[2], a[3], b[3]};
-#pragma unroll
-                for (int n = 0; n < TN; ++n) {
-                    const int tok = n * 8 + g;
-                    uint4 xv = make_uint4(0u, 0u, 0u, 0u);
-                    if (tok < nt && col + 8 * v < cols)
-                        xv = *reinterpret_cast<const uint4*>(xs + tok * stride + col + 8 * v);
-                    mma_bf16_16816(acc[n], frag0, xv.x, xv.y);
-                    mma_bf16_16816(acc[n], frag1, xv.z, xv.w);
-                }
-            }
+            tcg_mma_chunk<TcmFp4, TN>(wp, cur, col, cols, xs, stride, nt, acc);
         }
     }
 }
