@@ -121,6 +121,7 @@ async fn models_health_and_metrics_names() {
     assert_eq!(v["object"], "list");
     assert_eq!(v["data"][0]["id"], "double");
     assert_eq!(v["data"][0]["max_model_len"], 2048);
+    assert_eq!(v["data"][0]["weights"], "checkpoint");
     let m = metrics(&s).await;
     for name in [
         "vllm:num_requests_running{model_name=\"double\"} 0",
@@ -1160,6 +1161,7 @@ async fn oracle_greedy_continuations_through_http() {
             kv_cache_tokens: 4 * 128,
             api_key: None,
             max_request_bytes: mxtune::engine::server::DEFAULT_MAX_REQUEST_BYTES,
+            weights: mxtune::engine::server::WeightsOrigin::Checkpoint,
         };
         let server = mxtune::engine::server::Server::new(Box::new(backend), opts).unwrap();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -1309,6 +1311,7 @@ async fn serve_binary_reports_kernel_paths_and_serves_synthetic_tiny() {
         .await
         .unwrap();
     assert_eq!(v["data"][0]["id"], "synthetic-tiny");
+    assert_eq!(v["data"][0]["weights"], "synthetic");
     let r = client()
         .post(format!("{base}/v1/chat/completions"))
         .json(

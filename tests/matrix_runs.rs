@@ -241,6 +241,51 @@ fn matrix_engine_three_presets_interrupt_resume_report() {
 }
 
 #[test]
+fn matrix_default_preset_passes_correctness_on_synthetic_weights() {
+    // The default preset serves synthetic weights: the text checks are skipped (and the
+    // level says so), everything that still means something is checked and passes.
+    let dir = tempfile::tempdir().unwrap();
+    let presets = dir.path().join("presets");
+    tiny_presets(&presets, &["engine-cpu-tiny"]);
+    let out = dir.path().join("out");
+    let o = mxtune()
+        .args([
+            "matrix",
+            "--target",
+            "engine",
+            "engine-cpu-tiny",
+            "--device",
+            "cpu",
+        ])
+        .args(["--levels", "1,2", "--presets-dir"])
+        .arg(&presets)
+        .arg("--runs-dir")
+        .arg(dir.path().join("runs"))
+        .arg("--out")
+        .arg(&out)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(0), "{err}");
+    let s = state(&out);
+    let p = &s["order"][0];
+    assert_eq!(p["status"], "done", "{p}");
+    let correctness = p["levels"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|l| l["level"] == "correctness")
+        .unwrap_or_else(|| panic!("no correctness level: {p}"));
+    assert_eq!(correctness["verdict"], "pass", "{correctness}");
+    let detail = correctness["detail"].as_str().unwrap();
+    assert!(
+        detail.contains("skipped non-empty printable text, no degenerate repetition")
+            && detail.contains("synthetic weights"),
+        "{detail}"
+    );
+}
+
+#[test]
 fn matrix_refuses_an_existing_out_and_resume_without_state() {
     let dir = tempfile::tempdir().unwrap();
     let r = mxtune()

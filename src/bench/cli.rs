@@ -605,7 +605,13 @@ pub fn render_level(l: &LevelReport) -> String {
     for c in &l.checks {
         out.push_str(&format!(
             "  [{}] {}: {}\n",
-            if c.passed { "ok" } else { "FAIL" },
+            if c.skipped {
+                "skip"
+            } else if c.passed {
+                "ok"
+            } else {
+                "FAIL"
+            },
             c.name,
             c.detail
         ));

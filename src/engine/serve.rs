@@ -6,7 +6,7 @@ use super::cpu::CpuBackend;
 use super::cuda::backend::CudaBackend;
 use super::cuda::device::Gpu;
 use super::cuda::model::{self as cuda_model, DecodeGemv, DecodeOptions};
-use super::server::{Server, ServerOptions};
+use super::server::{Server, ServerOptions, WeightsOrigin};
 use super::weights::Weights;
 use super::{loader, synthetic};
 use anyhow::{Context, Result, bail};
@@ -552,6 +552,11 @@ fn prepare_with(args: &ServeArgs, open: impl FnOnce() -> Result<Gpu>) -> Result<
             kv_cache_tokens: kv_tokens,
             api_key: args.api_key.clone(),
             max_request_bytes: args.max_request_bytes,
+            weights: if args.synthetic.is_some() {
+                WeightsOrigin::Synthetic
+            } else {
+                WeightsOrigin::Checkpoint
+            },
         },
         report,
     })

@@ -744,7 +744,7 @@ pub async fn run_preset(
             level_of(l),
             if l.passed { "pass" } else { "fail" },
             if l.passed {
-                format!("{} checks passed", l.checks.len())
+                l.passed_summary()
             } else {
                 l.reasons().join("; ")
             },
