@@ -362,22 +362,44 @@ pub fn perform(app: &mut App, bg: &mut Background, effect: Effect) -> Option<Exi
             }
             return Some(Exit::Quit);
         }
-        Effect::StartTarget => bg.start(background::StartRequest {
-            kind: app.launch.choice,
-            url: app.launch.url.clone(),
-            flags: app.flags.flags.clone(),
-            preset: app
-                .flags
-                .loaded
-                .as_ref()
-                .map(|p| p.name.clone())
-                .unwrap_or_default(),
-            runs_dir: app.paths.runs_dir.clone(),
-            startup_limit: app.launch.startup_limit,
-            attach_limit: app.launch.attach_limit,
-        }),
+        Effect::StartTarget => {
+            let kind = app.launch.choice;
+            let preset = app.flags.loaded.as_ref().map(|p| p.name.clone());
+            // What a bench against this launch records; an attached server was not started
+            // from these flags, so it carries none.
+            let launched = kind != crate::launch::spec::TargetKind::Attach;
+            app.launch.served = Some(crate::bench::cli::ServedBy {
+                url: String::new(),
+                kind,
+                preset: preset.clone().filter(|_| launched),
+                flags: if launched {
+                    serde_json::to_value(&app.flags.flags).unwrap_or_default()
+                } else {
+                    serde_json::Value::Null
+                },
+                launch: None,
+                launch_run: None,
+            });
+            bg.start(background::StartRequest {
+                kind,
+                url: app.launch.url.clone(),
+                flags: app.flags.flags.clone(),
+                preset: preset.unwrap_or_default(),
+                runs_dir: app.paths.runs_dir.clone(),
+                startup_limit: app.launch.startup_limit,
+                attach_limit: app.launch.attach_limit,
+            })
+        }
         Effect::StopTarget => bg.stop(),
-        Effect::StartBench(args) => bg.bench(*args),
+        Effect::StartBench(mut args) => {
+            // The record names the launch that serves the URL (preset, flags, kind), not
+            // `attach`, when this panel started it.
+            if let (Some(mut served), Some(url)) = (app.launch.served.clone(), app.target_url()) {
+                served.url = url;
+                args.served_by = Some(Box::new(served));
+            }
+            bg.bench(*args)
+        }
         Effect::CancelBench => bg.cancel_bench("cancelled from the panel (Esc)"),
         Effect::ListMatrixPresets => match app.paths.presets.list() {
             Ok(list) => app
