@@ -156,6 +156,95 @@ pub struct ServeArgs {
     pub gates: Gates,
 }
 
+/// One reason `mxtune serve` refuses its arguments before it opens a device or reads
+/// weights: the options involved and why. The presets' rules report the same list, so a
+/// preset the engine would refuse is refused before launch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    /// The `mxtune serve` options at fault.
+    pub options: Vec<&'static str>,
+    /// Why, and what to do.
+    pub message: String,
+}
+
+/// Parse `mxtune serve`'s options (`argv` without `mxtune serve`).
+pub fn parse_args(argv: &[String]) -> std::result::Result<ServeArgs, clap::Error> {
+    #[derive(clap::Parser)]
+    #[command(name = "mxtune serve")]
+    struct Cli {
+        #[command(flatten)]
+        args: ServeArgs,
+    }
+    use clap::Parser;
+    Cli::try_parse_from(std::iter::once("mxtune serve".to_string()).chain(argv.iter().cloned()))
+        .map(|c| c.args)
+}
+
+/// Everything [`prepare`] refuses that the arguments alone decide (no device, no files).
+pub fn refusals(args: &ServeArgs) -> Vec<Refusal> {
+    let mut out: Vec<Refusal> = CONFLICTS
+        .iter()
+        .filter(|(hit, _)| hit(&args.gates))
+        .map(|(_, why)| Refusal {
+            options: vec!["--tile", "--moe-kernel"],
+            message: format!("impossible flag combination: {why}"),
+        })
+        .collect();
+    let mut refuse =
+        |options: Vec<&'static str>, message: String| out.push(Refusal { options, message });
+    let model_max = match &args.synthetic {
+        Some(name) => match synthetic::config(name) {
+            Ok(cfg) => Some(cfg.max_position_embeddings),
+            Err(e) => {
+                refuse(vec!["--synthetic"], format!("{e:#}"));
+                None
+            }
+        },
+        None => None,
+    };
+    if let Some(len) = args.max_model_len {
+        if len < 2 {
+            refuse(
+                vec!["--max-model-len"],
+                format!(
+                    "--max-model-len {len} leaves no room: a request needs at least one prompt \
+                     and one generated position; set 2 or more"
+                ),
+            );
+        }
+        if let Some(max) = model_max.filter(|m| len > *m) {
+            refuse(
+                vec!["--max-model-len"],
+                format!(
+                    "--max-model-len {len} exceeds the model's max_position_embeddings ({max})"
+                ),
+            );
+        }
+    }
+    if args.max_num_seqs == 0 {
+        refuse(
+            vec!["--max-num-seqs"],
+            "--max-num-seqs must be at least 1".into(),
+        );
+    }
+    if args.max_num_batched_tokens == 0 {
+        refuse(
+            vec!["--max-num-batched-tokens"],
+            "--max-num-batched-tokens must be at least 1".into(),
+        );
+    }
+    if args.max_request_bytes == 0 {
+        refuse(
+            vec!["--max-request-bytes"],
+            format!(
+                "--max-request-bytes must be at least 1 (the default is {})",
+                super::server::DEFAULT_MAX_REQUEST_BYTES
+            ),
+        );
+    }
+    out
+}
+
 /// A combination of gates no backend can run, as data: (is it this case?, why).
 type Conflict = (fn(&Gates) -> bool, &'static str);
 
@@ -389,7 +478,10 @@ pub fn prepare(args: &ServeArgs) -> Result<Prepared> {
 
 /// [`prepare`] with the GPU opened by `open`, so the device choice can be tested anywhere.
 fn prepare_with(args: &ServeArgs, open: impl FnOnce() -> Result<Gpu>) -> Result<Prepared> {
-    check_gates(&args.gates)?;
+    let refused: Vec<String> = refusals(args).into_iter().map(|r| r.message).collect();
+    if !refused.is_empty() {
+        bail!("{}", refused.join("; "));
+    }
     let resolved = resolve_device(args.device, open)?;
     // The GPU generates synthetic weights itself; everything else starts on the host.
     let (cfg, source, host) = match (&args.model, &args.synthetic) {

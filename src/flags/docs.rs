@@ -175,6 +175,11 @@ pub fn markdown() -> String {
         "| `{}` | error | both | any GPU | the axis | a value with no rendering on the target (from the axis table) |",
         super::rules::NOT_ON_TARGET
     );
+    let _ = writeln!(
+        w,
+        "| `{}` | error | engine | any GPU | the option's key | whatever `mxtune serve` refuses from its arguments alone (asked of the engine: `engine::serve::refusals` on the rendered command line), e.g. `max_model_len` below 2 or above the synthetic model's context, `tile` without the grouped MoE, an unknown synthetic model |",
+        super::rules::ENGINE_REFUSES
+    );
     for r in RULES {
         let targets: Vec<String> = r
             .targets
