@@ -1473,3 +1473,82 @@ fn serve_binary_refuses_cuda_without_gpu_and_impossible_flags() {
     assert!(!o.status.success());
     assert!(String::from_utf8_lossy(&o.stderr).contains("/nonexistent/ckpt"));
 }
+
+#[test]
+fn serve_binary_finds_a_named_model_in_the_hugging_face_cache_or_says_what_to_do() {
+    use std::io::BufRead;
+    let home = tempfile::tempdir().unwrap();
+    let serve = |args: &[&str]| {
+        let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_mxtune"));
+        c.arg("serve")
+            .args(args)
+            .env("HOME", home.path())
+            .env_remove("MXTUNE_MODEL_DIR")
+            .env_remove("HF_HOME")
+            .env_remove("HF_HUB_CACHE");
+        c
+    };
+    // Nothing anywhere: the error lists where it looked and what to do.
+    let o = serve(&["--model", "gpt-oss-20b", "--port", "0"])
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    for needle in [
+        "no checkpoint for gpt-oss-20b",
+        "MXTUNE_MODEL_DIR: not set",
+        "models--openai--gpt-oss-20b",
+        "hf download openai/gpt-oss-20b",
+        "--synthetic gpt-oss-20b",
+    ] {
+        assert!(err.contains(needle), "{needle} in {err}");
+    }
+    // A checkpoint in the Hugging Face cache layout is found by name, and the start-up
+    // report says which directory was used and how it was found.
+    let fixture =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/oracle/tiny-a");
+    let repo = home
+        .path()
+        .join(".cache/huggingface/hub/models--openai--tiny-a");
+    let snap = repo.join("snapshots/rev1");
+    std::fs::create_dir_all(&snap).unwrap();
+    for e in std::fs::read_dir(&fixture).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), snap.join(e.file_name())).unwrap();
+    }
+    std::fs::create_dir_all(repo.join("refs")).unwrap();
+    std::fs::write(repo.join("refs/main"), "rev1").unwrap();
+    let mut child = serve(&["--model", "tiny-a", "--device", "cpu", "--port", "0"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let mut lines = Vec::new();
+    for line in std::io::BufReader::new(stdout).lines() {
+        let line = line.unwrap();
+        let ready = line.starts_with("mxtune serve: ready on ");
+        lines.push(line);
+        if ready {
+            break;
+        }
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    let want = format!(
+        "mxtune serve: --model tiny-a: {}, from the Hugging Face cache",
+        snap.display()
+    );
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.starts_with(&want) && l.contains("revision rev1")),
+        "{want} in {lines:?}"
+    );
+    assert!(
+        lines
+            .last()
+            .is_some_and(|l| l.starts_with("mxtune serve: ready on ")),
+        "{lines:?}"
+    );
+}

@@ -107,7 +107,9 @@ pub struct Gates {
 /// Arguments of `mxtune serve`.
 #[derive(Debug, Clone, Args)]
 pub struct ServeArgs {
-    /// Checkpoint directory in the HF release layout (config.json + *.safetensors).
+    /// Checkpoint directory in the HF release layout (config.json + *.safetensors), or a
+    /// name (gpt-oss-120b, openai/gpt-oss-120b) looked up under MXTUNE_MODEL_DIR, then in
+    /// the Hugging Face cache (HF_HUB_CACHE, HF_HOME/hub or ~/.cache/huggingface/hub).
     #[arg(
         long,
         required_unless_present = "synthetic",
@@ -482,10 +484,18 @@ fn prepare_with(args: &ServeArgs, open: impl FnOnce() -> Result<Gpu>) -> Result<
     if !refused.is_empty() {
         bail!("{}", refused.join("; "));
     }
+    let located = match &args.model {
+        Some(m) => Some(super::locate::locate(
+            m,
+            &super::locate::Places::from_env(),
+        )?),
+        None => None,
+    };
     let resolved = resolve_device(args.device, open)?;
     // The GPU generates synthetic weights itself; everything else starts on the host.
-    let (cfg, source, host) = match (&args.model, &args.synthetic) {
-        (Some(dir), None) => {
+    let (cfg, source, host) = match (&located, &args.synthetic) {
+        (Some(found), None) => {
+            let dir = &found.dir;
             let w = loader::load(dir)
                 .with_context(|| format!("loading the checkpoint in {}", dir.display()))?;
             (w.config.clone(), w.source.clone(), Some(w))
@@ -541,6 +551,14 @@ fn prepare_with(args: &ServeArgs, open: impl FnOnce() -> Result<Gpu>) -> Result<
         (None, None, None) => bail!("give --model DIR or --synthetic NAME"),
     };
     let mut report = Vec::new();
+    if let (Some(m), Some(found)) = (&args.model, &located) {
+        report.push(format!(
+            "mxtune serve: --model {}: {}, {}",
+            m.display(),
+            found.dir.display(),
+            found.how
+        ));
+    }
     report.extend(resolved.fallback.clone());
     report.push(format!(
         "mxtune serve: model {source} ({} layers, hidden {}, {} experts top-{}, vocab {}); \
