@@ -174,6 +174,33 @@ fn tui_tmux_tabs_help_and_quit() {
     assert!(!s.alternate_on(), "quit must leave the alternate screen");
 }
 
+#[test]
+fn tui_tmux_preset_option_picks_the_start_and_the_next_session_remembers_it() {
+    if !have_tmux() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let s = Session::new("startpreset", 100, 30);
+    s.send(&[
+        &format!(
+            "{} --preset engine-cuda-20b-synthetic",
+            launch_cmd(dir.path())
+        ),
+        "Enter",
+    ]);
+    s.wait_for("preset engine-cuda-20b-synthetic");
+    s.send(&["q"]);
+    s.wait_for_panel_exit();
+    let file = dir.path().join("config/mxtune/panel.toml");
+    let text = std::fs::read_to_string(&file).unwrap();
+    assert!(text.contains("engine-cuda-20b-synthetic"), "{text}");
+    // No option this time: the panel starts where the last session was.
+    s.send(&[&launch_cmd(dir.path()), "Enter"]);
+    s.wait_for("preset engine-cuda-20b-synthetic");
+    s.send(&["q"]);
+    s.wait_for_panel_exit();
+}
+
 /// Whether the escape sequences of a `capture-pane -e` dump set any colour (SGR 30–38,
 /// 40–48, 90–97, 100–107; 39/49 only reset to the default).
 fn sets_colour(dump: &str) -> bool {

@@ -7,6 +7,7 @@
 pub mod app;
 pub mod background;
 pub mod keys;
+pub mod remember;
 pub mod screens;
 pub mod theme;
 pub mod ui;
@@ -38,6 +39,8 @@ pub struct Options {
     pub no_color: bool,
     /// Capture the mouse (off by default: it breaks copy/paste over SSH).
     pub mouse: bool,
+    /// Start on this preset (`--preset`), instead of the one remembered from last time.
+    pub preset: Option<String>,
 }
 
 /// Everything that can wake the event loop.
@@ -127,6 +130,13 @@ pub fn run(opts: Options) -> anyhow::Result<Exit> {
         Theme::from_env(opts.ascii, opts.no_color),
         Paths::from_env(),
     );
+    app.remember = remember::file();
+    let remembered = app.remember.as_deref().and_then(remember::last_preset);
+    let (start, note) = remember::start_preset(opts.preset.as_deref(), remembered, |n| {
+        app.paths.presets.find(n).is_some()
+    });
+    app.start_preset = start;
+    app.message = note;
     for effect in app.startup_effects() {
         perform(&mut app, &mut bg, effect);
     }
@@ -450,6 +460,12 @@ pub fn perform(app: &mut App, bg: &mut Background, effect: Effect) -> Option<Exi
         },
         Effect::LoadPreset(name) => match app.paths.presets.load(&name) {
             Ok(p) => {
+                // The next session starts here too.
+                if let Some(f) = &app.remember
+                    && let Err(e) = remember::save_preset(f, &p.name)
+                {
+                    app.message = Some(format!("cannot remember the preset: {e:#}"));
+                }
                 app.flags.on_preset_loaded(p);
                 if !app.launch.state.is_live() {
                     app.launch.choice = app.flags.flags.target;
