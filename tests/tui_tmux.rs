@@ -468,11 +468,16 @@ impl Drop for KillOnDrop {
     }
 }
 
+/// The tests that benchmark the CPU engine take turns: on a small shared machine two of
+/// them at once starve each other past the screen waits.
+static CPU_BENCH: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 #[test]
 fn tui_tmux_sighup_during_bench_saves_an_aborted_record() {
     if !have_tmux() {
         return;
     }
+    let _turn = CPU_BENCH.lock().unwrap_or_else(|e| e.into_inner());
     let dir = tempfile::tempdir().unwrap();
     tiny_preset_on_free_port(dir.path());
     let s = Session::new("benchhup", 120, 40);
@@ -593,6 +598,7 @@ fn tui_tmux_first_bench_on_the_default_preset_passes_correctness() {
     if !have_tmux() {
         return;
     }
+    let _turn = CPU_BENCH.lock().unwrap_or_else(|e| e.into_inner());
     let dir = tempfile::tempdir().unwrap();
     tiny_preset_on_free_port(dir.path());
     let s = Session::new("firstbench", 120, 40);
@@ -632,6 +638,8 @@ fn tui_tmux_first_bench_on_the_default_preset_passes_correctness() {
             && screen.contains("the target serves synthetic"),
         "{screen}"
     );
+    // The verdict shows before the record is final; the status line says when it is.
+    s.wait_for("saved run record");
     let scan = mxtune::record::RunStore::new(dir.path().join("runs"))
         .scan()
         .unwrap();
