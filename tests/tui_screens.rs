@@ -2398,3 +2398,35 @@ fn snapshots_quick_ab_result() {
     insta::assert_snapshot!("ab_result_80x24", small);
     insta::assert_snapshot!("ab_result_160x48", render(&app, 160, 48));
 }
+
+#[test]
+fn flags_docs_wrap_at_80x24_instead_of_being_cut() {
+    let collapse = |s: &str| s.split_whitespace().collect::<Vec<_>>().join(" ");
+    let mut app = snapshot_app(theme());
+    for (i, info) in mxtune::flags::axes::all_axes().iter().enumerate() {
+        app.flags.selected = i;
+        // TestBackend quotes each row; the quotes are not on the screen.
+        let rows: Vec<String> = render(&app, 80, 24)
+            .lines()
+            .map(|l| l.trim_matches('"').to_string())
+            .collect();
+        let screen = collapse(&rows.join("\n"));
+        let v = app.flags.flags.axis_value(info.key).unwrap_or(info.default);
+        let vdoc = info
+            .values
+            .iter()
+            .find(|(n, _, _)| *n == v)
+            .map(|(_, d, _)| *d)
+            .unwrap();
+        for text in [
+            format!("{}: {}", info.key, info.doc),
+            format!("{v}: {vdoc}"),
+        ] {
+            assert!(
+                screen.contains(&collapse(&text)),
+                "row {i}: {text:?} is not whole on screen:\n{}",
+                render(&app, 80, 24)
+            );
+        }
+    }
+}
