@@ -24,6 +24,10 @@ struct TuiArgs {
     /// Capture the mouse (breaks copy/paste over SSH, hence off by default).
     #[arg(long)]
     mouse: bool,
+    /// Start the panel on this preset (default: the one loaded last time, remembered in
+    /// ~/.config/mxtune/panel.toml, else engine-cpu-tiny).
+    #[arg(long, value_name = "NAME")]
+    preset: Option<String>,
 }
 
 #[derive(Subcommand, Debug)]
@@ -92,6 +96,7 @@ fn main() -> std::process::ExitCode {
             ascii: cli.tui.ascii,
             no_color: cli.tui.no_color,
             mouse: cli.tui.mouse,
+            preset: cli.tui.preset.clone(),
         })
         .map(|exit| match exit {
             mxtune::tui::Exit::Quit => std::process::ExitCode::SUCCESS,

@@ -52,6 +52,7 @@ fn spec(endpoint: Endpoint, pp: usize, depth: usize, tg: u32) -> RequestSpec {
         temperature: None,
         seed: None,
         logprobs: false,
+        stop: Vec::new(),
     }
 }
 
@@ -573,13 +574,23 @@ async fn correctness_level_passes_and_catches_each_defect() {
         .correctness(&CorrectnessPlan::default())
         .await;
     assert!(report.passed, "{:?}", report.reasons());
-    assert_eq!(report.checks.len(), 7);
+    assert_eq!(report.checks.len(), 10);
+    assert!(report.skipped().is_empty(), "{:?}", report.skipped());
+    let stop = report
+        .checks
+        .iter()
+        .find(|c| c.name == "stop string ends the output")
+        .unwrap();
+    assert!(stop.detail.contains("cut the output"), "{}", stop.detail);
 
     for (f, check) in [
         (Fault::Degenerate, "no degenerate repetition"),
+        (Fault::Unprintable, "non-empty printable text"),
         (Fault::Nondeterministic, "deterministic"),
         (Fault::Short(10), "token count as requested"),
+        (Fault::Short(10), "finish reason length"),
         (Fault::NanLogprob, "request 1 completes"),
+        (Fault::IgnoreStop, "stop string ends the output"),
     ] {
         let d = double::spawn(fault(f.clone())).await;
         let report = runner(&d.url)
@@ -592,6 +603,68 @@ async fn correctness_level_passes_and_catches_each_defect() {
             report.reasons()
         );
     }
+}
+
+#[tokio::test]
+async fn correctness_level_on_synthetic_weights_skips_the_text_checks_and_keeps_the_rest() {
+    // Random tokens: replacement characters and loops mean nothing on synthetic weights.
+    for f in [Fault::Unprintable, Fault::Degenerate] {
+        let d = double::spawn(Script {
+            weights: Some("synthetic"),
+            ..fault(f.clone())
+        })
+        .await;
+        let report = runner(&d.url)
+            .correctness(&CorrectnessPlan::default())
+            .await;
+        assert!(report.passed, "{f:?}: {:?}", report.reasons());
+        // (The degenerate loop " a is the is" has no four-letter word to stop at, so the
+        // stop check says it could not run.)
+        let skipped = report.skipped();
+        assert_eq!(
+            skipped[..2],
+            ["non-empty printable text", "no degenerate repetition"]
+        );
+        assert_eq!(skipped.len(), 2 + usize::from(f == Fault::Degenerate));
+        assert!(report.checks[0].detail.starts_with("synthetic"));
+        let notes = report.notes();
+        assert!(
+            notes[0].contains("synthetic weights") && notes[0].contains("skipped"),
+            "{notes:?}"
+        );
+    }
+    // Everything that still means something is still checked.
+    for (f, check) in [
+        (Fault::Nondeterministic, "deterministic"),
+        (Fault::Short(10), "token count as requested"),
+        (Fault::NanLogprob, "request 1 completes"),
+        (Fault::IgnoreStop, "stop string ends the output"),
+    ] {
+        let d = double::spawn(Script {
+            weights: Some("synthetic"),
+            ..fault(f.clone())
+        })
+        .await;
+        let report = runner(&d.url)
+            .correctness(&CorrectnessPlan::default())
+            .await;
+        assert!(!report.passed, "{f:?} should fail on synthetic weights too");
+        assert!(
+            report.reasons().iter().any(|r| r.starts_with(check)),
+            "{f:?}: {:?}",
+            report.reasons()
+        );
+    }
+    // Weights the server calls a checkpoint keep every check.
+    let d = double::spawn(Script {
+        weights: Some("checkpoint"),
+        ..fault(Fault::Unprintable)
+    })
+    .await;
+    let report = runner(&d.url)
+        .correctness(&CorrectnessPlan::default())
+        .await;
+    assert!(!report.passed && report.skipped().is_empty());
 }
 
 struct FakeMemory {

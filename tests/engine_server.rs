@@ -121,6 +121,7 @@ async fn models_health_and_metrics_names() {
     assert_eq!(v["object"], "list");
     assert_eq!(v["data"][0]["id"], "double");
     assert_eq!(v["data"][0]["max_model_len"], 2048);
+    assert_eq!(v["data"][0]["weights"], "checkpoint");
     let m = metrics(&s).await;
     for name in [
         "vllm:num_requests_running{model_name=\"double\",engine=\"0\"} 0",
@@ -1168,6 +1169,7 @@ async fn oracle_greedy_continuations_through_http() {
             kv_cache_tokens: 4 * 128,
             api_key: None,
             max_request_bytes: mxtune::engine::server::DEFAULT_MAX_REQUEST_BYTES,
+            weights: mxtune::engine::server::WeightsOrigin::Checkpoint,
         };
         let server = mxtune::engine::server::Server::new(Box::new(backend), opts).unwrap();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -1317,6 +1319,7 @@ async fn serve_binary_reports_kernel_paths_and_serves_synthetic_tiny() {
         .await
         .unwrap();
     assert_eq!(v["data"][0]["id"], "synthetic-tiny");
+    assert_eq!(v["data"][0]["weights"], "synthetic");
     let r = client()
         .post(format!("{base}/v1/chat/completions"))
         .json(
@@ -1907,5 +1910,84 @@ async fn per_request_metrics_count_a_finished_request() {
             "vllm:request_prompt_tokens_bucket{model_name=\"double\",engine=\"0\",le=\"5\"}"
         ),
         Some(1.0)
+    );
+}
+
+#[test]
+fn serve_binary_finds_a_named_model_in_the_hugging_face_cache_or_says_what_to_do() {
+    use std::io::BufRead;
+    let home = tempfile::tempdir().unwrap();
+    let serve = |args: &[&str]| {
+        let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_mxtune"));
+        c.arg("serve")
+            .args(args)
+            .env("HOME", home.path())
+            .env_remove("MXTUNE_MODEL_DIR")
+            .env_remove("HF_HOME")
+            .env_remove("HF_HUB_CACHE");
+        c
+    };
+    // Nothing anywhere: the error lists where it looked and what to do.
+    let o = serve(&["--model", "gpt-oss-20b", "--port", "0"])
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    for needle in [
+        "no checkpoint for gpt-oss-20b",
+        "MXTUNE_MODEL_DIR: not set",
+        "models--openai--gpt-oss-20b",
+        "hf download openai/gpt-oss-20b",
+        "--synthetic gpt-oss-20b",
+    ] {
+        assert!(err.contains(needle), "{needle} in {err}");
+    }
+    // A checkpoint in the Hugging Face cache layout is found by name, and the start-up
+    // report says which directory was used and how it was found.
+    let fixture =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/oracle/tiny-a");
+    let repo = home
+        .path()
+        .join(".cache/huggingface/hub/models--openai--tiny-a");
+    let snap = repo.join("snapshots/rev1");
+    std::fs::create_dir_all(&snap).unwrap();
+    for e in std::fs::read_dir(&fixture).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), snap.join(e.file_name())).unwrap();
+    }
+    std::fs::create_dir_all(repo.join("refs")).unwrap();
+    std::fs::write(repo.join("refs/main"), "rev1").unwrap();
+    let mut child = serve(&["--model", "tiny-a", "--device", "cpu", "--port", "0"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let mut lines = Vec::new();
+    for line in std::io::BufReader::new(stdout).lines() {
+        let line = line.unwrap();
+        let ready = line.starts_with("mxtune serve: ready on ");
+        lines.push(line);
+        if ready {
+            break;
+        }
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    let want = format!(
+        "mxtune serve: --model tiny-a: {}, from the Hugging Face cache",
+        snap.display()
+    );
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.starts_with(&want) && l.contains("revision rev1")),
+        "{want} in {lines:?}"
+    );
+    assert!(
+        lines
+            .last()
+            .is_some_and(|l| l.starts_with("mxtune serve: ready on ")),
+        "{lines:?}"
     );
 }

@@ -185,6 +185,59 @@ fn check_reports_file_and_line_and_fails_on_broken_presets() {
 }
 
 #[test]
+fn check_refuses_what_the_engine_would_refuse_at_start() {
+    let dir = tempfile::tempdir().unwrap();
+    for (name, text, needle) in [
+        (
+            "short",
+            "extends = \"engine-cpu-tiny\"\n[serving]\nmax_model_len = 1\n",
+            "--max-model-len 1 leaves no room",
+        ),
+        (
+            "long",
+            "extends = \"engine-cpu-tiny\"\n[serving]\nmax_model_len = 9999999\n",
+            "exceeds the model's max_position_embeddings",
+        ),
+        (
+            "tile",
+            "extends = \"engine-cpu-tiny\"\n[axes]\ntile = \"64x128\"\n",
+            "add --moe-kernel grouped",
+        ),
+        (
+            "ghost",
+            "extends = \"engine-cpu-tiny\"\n[engine]\nmodel = \"synthetic:gpt-oss-9b\"\n",
+            "unknown synthetic model",
+        ),
+    ] {
+        let file = dir.path().join(format!("{name}.toml"));
+        std::fs::write(&file, text).unwrap();
+        let o = mxtune(&["check", file.to_str().unwrap()], dir.path());
+        let out = stdout(&o);
+        assert!(!o.status.success(), "{name} should fail:\n{out}");
+        let line = out
+            .lines()
+            .find(|l| l.contains(needle))
+            .unwrap_or_else(|| panic!("{name}: no {needle:?} in\n{out}"));
+        // The error points at the key in the file, names the rule and says the engine refuses.
+        assert!(
+            line.contains(&format!("{}:3: ", file.display()))
+                && line.contains("engine-refuses")
+                && line.contains("the bundled engine refuses this at start"),
+            "{line}"
+        );
+    }
+    // The default preset itself is accepted.
+    let ok = dir.path().join("fine.toml");
+    std::fs::write(
+        &ok,
+        "extends = \"engine-cpu-tiny\"\n[serving]\nmax_model_len = 2\n",
+    )
+    .unwrap();
+    let o = mxtune(&["check", ok.to_str().unwrap()], dir.path());
+    assert!(o.status.success(), "{}", stdout(&o));
+}
+
+#[test]
 fn check_with_a_known_gpu_blocks_arch_errors() {
     let test_d = repo_presets().join("test-d.toml");
     let unknown = mxtune(&["check", test_d.to_str().unwrap()], &repo_presets());

@@ -241,6 +241,105 @@ fn matrix_engine_three_presets_interrupt_resume_report() {
 }
 
 #[test]
+fn matrix_default_preset_passes_correctness_on_synthetic_weights() {
+    // The default preset serves synthetic weights: the text checks are skipped (and the
+    // level says so), everything that still means something is checked and passes.
+    let dir = tempfile::tempdir().unwrap();
+    let presets = dir.path().join("presets");
+    tiny_presets(&presets, &["engine-cpu-tiny"]);
+    let out = dir.path().join("out");
+    let o = mxtune()
+        .args([
+            "matrix",
+            "--target",
+            "engine",
+            "engine-cpu-tiny",
+            "--device",
+            "cpu",
+        ])
+        .args(["--levels", "1,2", "--presets-dir"])
+        .arg(&presets)
+        .arg("--runs-dir")
+        .arg(dir.path().join("runs"))
+        .arg("--out")
+        .arg(&out)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(0), "{err}");
+    let s = state(&out);
+    let p = &s["order"][0];
+    assert_eq!(p["status"], "done", "{p}");
+    let correctness = p["levels"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|l| l["level"] == "correctness")
+        .unwrap_or_else(|| panic!("no correctness level: {p}"));
+    assert_eq!(correctness["verdict"], "pass", "{correctness}");
+    let detail = correctness["detail"].as_str().unwrap();
+    assert!(
+        detail.contains("skipped non-empty printable text, no degenerate repetition")
+            && detail.contains("synthetic weights"),
+        "{detail}"
+    );
+}
+
+#[test]
+fn matrix_engine_model_runs_a_checkpoint_preset_on_synthetic_weights() {
+    // A gate preset written for a checkpoint nobody has yet still runs, on synthetic
+    // weights of the same shape, with --engine-model.
+    let dir = tempfile::tempdir().unwrap();
+    let presets = dir.path().join("presets");
+    tiny_presets(&presets, &["gate"]);
+    let file = presets.join("gate.toml");
+    let text = std::fs::read_to_string(&file).unwrap();
+    assert!(text.contains("model = \"synthetic:tiny\""), "{text}");
+    std::fs::write(
+        &file,
+        text.replace("synthetic:tiny", "/nowhere/gpt-oss-120b"),
+    )
+    .unwrap();
+    let out = dir.path().join("out");
+    let run = |extra: &[&str]| {
+        mxtune()
+            .args(["matrix", "--target", "engine", "gate", "--device", "cpu"])
+            .args(["--levels", "1", "--presets-dir"])
+            .arg(&presets)
+            .arg("--runs-dir")
+            .arg(dir.path().join("runs"))
+            .arg("--out")
+            .arg(&out)
+            .args(extra)
+            .output()
+            .unwrap()
+    };
+    let o = run(&["--engine-model", "synthetic:tiny"]);
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let p = &state(&out)["order"][0];
+    assert_eq!(p["status"], "done", "{p}");
+    let rec: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(p["record"].as_str().unwrap()).unwrap())
+            .unwrap();
+    let argv: Vec<&str> = rec["target"]["launch"]["argv"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap())
+        .collect();
+    assert!(
+        argv.windows(2).any(|w| w == ["--synthetic", "tiny"]),
+        "{argv:?}"
+    );
+    assert_eq!(rec["target"]["flags"]["engine"]["model"], "synthetic:tiny");
+}
+
+#[test]
 fn matrix_refuses_an_existing_out_and_resume_without_state() {
     let dir = tempfile::tempdir().unwrap();
     let r = mxtune()

@@ -775,6 +775,67 @@ fn writer_until_killed(dir: &Path) -> ! {
 }
 
 #[test]
+fn cli_runs_list_shows_interrupted_runs_by_pid_and_boot_id_without_rewriting_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = RunStore::new(dir.path());
+    // A writer that was killed: its process is gone (reaped, so the pid is free).
+    let mut child = Command::new("true").spawn().unwrap();
+    let dead_pid = child.id();
+    child.wait().unwrap();
+    let mut rows = Vec::new();
+    for (preset, pid, boot) in [
+        ("killed-writer", dead_pid, mxtune::record::schema::boot_id()),
+        // This very process is alive, but the record was written in another boot.
+        (
+            "other-boot",
+            std::process::id(),
+            Some("0-other-boot".to_string()),
+        ),
+        // Alive in this boot: still running.
+        (
+            "live-writer",
+            std::process::id(),
+            mxtune::record::schema::boot_id(),
+        ),
+    ] {
+        let mut r = mxtune::record::begin(TargetKind::Engine, Some(preset.into()), &[]);
+        r.identity.pid = Some(pid);
+        r.identity.boot_id = boot;
+        let h = store.create(r).unwrap();
+        let bytes = std::fs::read(h.path()).unwrap();
+        rows.push((preset, h.path().to_path_buf(), bytes));
+    }
+    let out = mxtune(&["runs", "list"], Some(dir.path()));
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    let status_of = |preset: &str| {
+        stdout
+            .lines()
+            .find(|l| l.contains(preset))
+            .unwrap_or_else(|| panic!("no {preset} in\n{stdout}"))
+            .to_string()
+    };
+    assert!(
+        status_of("killed-writer").contains("interrupted"),
+        "{stdout}"
+    );
+    assert!(status_of("other-boot").contains("interrupted"), "{stdout}");
+    let live = status_of("live-writer");
+    assert!(
+        live.contains("running") && !live.contains("interrupted"),
+        "{stdout}"
+    );
+    // History is not rewritten: every file is byte for byte what was written.
+    for (preset, path, bytes) in rows {
+        assert_eq!(
+            std::fs::read(&path).unwrap(),
+            bytes,
+            "{preset} was rewritten"
+        );
+    }
+}
+
+#[test]
 fn kill_9_during_updates_leaves_a_readable_record() {
     if let Some(dir) = std::env::var_os("MXTUNE_TEST_CRASH_WRITER_DIR") {
         writer_until_killed(Path::new(&dir));
@@ -818,7 +879,7 @@ fn kill_9_during_updates_leaves_a_readable_record() {
     assert_eq!(scan.runs.len(), 1);
     let r = &scan.runs[0].record;
     assert_eq!(r.identity.status, RunStatus::Running, "nobody finished it");
-    assert_eq!(mxtune::record::cli::status_text(r), "running (writer gone)");
+    assert_eq!(mxtune::record::cli::status_text(r), "interrupted");
     assert!(r.results.len() >= 50);
     for (i, p) in r.results.iter().enumerate() {
         assert_eq!(p.point.pp as usize, i, "points are complete and in order");

@@ -2479,3 +2479,35 @@ fn upstream_preset_toggles_moe_backend_in_upstreams_own_names() {
         ["cutlass", "trtllm", "trtllm-mxfp8", "auto", "marlin"]
     );
 }
+
+#[test]
+fn flags_docs_wrap_at_80x24_instead_of_being_cut() {
+    let collapse = |s: &str| s.split_whitespace().collect::<Vec<_>>().join(" ");
+    let mut app = snapshot_app(theme());
+    for (i, info) in mxtune::flags::axes::all_axes().iter().enumerate() {
+        app.flags.selected = i;
+        // TestBackend quotes each row; the quotes are not on the screen.
+        let rows: Vec<String> = render(&app, 80, 24)
+            .lines()
+            .map(|l| l.trim_matches('"').to_string())
+            .collect();
+        let screen = collapse(&rows.join("\n"));
+        let v = app.flags.flags.axis_value(info.key).unwrap_or(info.default);
+        let vdoc = info
+            .values
+            .iter()
+            .find(|(n, _, _)| *n == v)
+            .map(|(_, d, _)| *d)
+            .unwrap();
+        for text in [
+            format!("{}: {}", info.key, info.doc),
+            format!("{v}: {vdoc}"),
+        ] {
+            assert!(
+                screen.contains(&collapse(&text)),
+                "row {i}: {text:?} is not whole on screen:\n{}",
+                render(&app, 80, 24)
+            );
+        }
+    }
+}

@@ -107,13 +107,19 @@ impl Session {
 
     /// Wait until `ready(screen)` holds; `what` names the condition in the failure message.
     fn wait_until(&self, what: &str, ready: impl Fn(&str) -> bool) -> String {
+        self.wait_longer(what, Duration::from_secs(60), ready)
+    }
+
+    /// [`Session::wait_until`] with its own bound, for work that takes minutes on the
+    /// shared debug build (four 64-token generations of the CPU engine).
+    fn wait_longer(&self, what: &str, limit: Duration, ready: impl Fn(&str) -> bool) -> String {
         let start = Instant::now();
         loop {
             let s = self.screen();
             if ready(&s) {
                 return s;
             }
-            if start.elapsed() > Duration::from_secs(60) {
+            if start.elapsed() > limit {
                 panic!("screen never showed {what:?}; last screen:\n{s}");
             }
             sleep(Duration::from_millis(100));
@@ -166,6 +172,33 @@ fn tui_tmux_tabs_help_and_quit() {
     s.send(&["echo done-$((40+2))", "Enter"]);
     s.wait_for("done-42");
     assert!(!s.alternate_on(), "quit must leave the alternate screen");
+}
+
+#[test]
+fn tui_tmux_preset_option_picks_the_start_and_the_next_session_remembers_it() {
+    if !have_tmux() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let s = Session::new("startpreset", 100, 30);
+    s.send(&[
+        &format!(
+            "{} --preset engine-cuda-20b-synthetic",
+            launch_cmd(dir.path())
+        ),
+        "Enter",
+    ]);
+    s.wait_for("preset engine-cuda-20b-synthetic");
+    s.send(&["q"]);
+    s.wait_for_panel_exit();
+    let file = dir.path().join("config/mxtune/panel.toml");
+    let text = std::fs::read_to_string(&file).unwrap();
+    assert!(text.contains("engine-cuda-20b-synthetic"), "{text}");
+    // No option this time: the panel starts where the last session was.
+    s.send(&[&launch_cmd(dir.path()), "Enter"]);
+    s.wait_for("preset engine-cuda-20b-synthetic");
+    s.send(&["q"]);
+    s.wait_for_panel_exit();
 }
 
 /// Whether the escape sequences of a `capture-pane -e` dump set any colour (SGR 30–38,
@@ -435,11 +468,16 @@ impl Drop for KillOnDrop {
     }
 }
 
+/// The tests that benchmark the CPU engine take turns: on a small shared machine two of
+/// them at once starve each other past the screen waits.
+static CPU_BENCH: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 #[test]
 fn tui_tmux_sighup_during_bench_saves_an_aborted_record() {
     if !have_tmux() {
         return;
     }
+    let _turn = CPU_BENCH.lock().unwrap_or_else(|e| e.into_inner());
     let dir = tempfile::tempdir().unwrap();
     tiny_preset_on_free_port(dir.path());
     let s = Session::new("benchhup", 120, 40);
@@ -522,4 +560,104 @@ fn tui_tmux_sighup_during_bench_saves_an_aborted_record() {
         text.contains("SIGHUP"),
         "the reason names the signal: {text}"
     );
+    assert_launched_by_the_panel(&benches[0].path, rec);
+}
+
+/// A bench record from the panel against the engine the panel launched names that launch:
+/// kind, preset, flag set, launch spec and the launch's run id (whose log is beside it).
+fn assert_launched_by_the_panel(path: &std::path::Path, rec: &mxtune::record::RunRecord) {
+    let name = path.file_name().unwrap().to_string_lossy().into_owned();
+    assert!(
+        name.contains("-engine-cpu-tiny-") && !name.contains("attach"),
+        "{name}"
+    );
+    assert_eq!(rec.target.kind, mxtune::launch::spec::TargetKind::Engine);
+    assert_eq!(rec.target.preset.as_deref(), Some("engine-cpu-tiny"));
+    assert_eq!(rec.target.flags["target"], "engine", "{}", rec.target.flags);
+    let launch = rec.target.launch.as_ref().expect("the launch spec");
+    assert!(
+        launch.argv.iter().any(|a| a == "serve"),
+        "{:?}",
+        launch.argv
+    );
+    let run = rec.target.launch_run.as_ref().expect("the launch's run id");
+    assert!(
+        path.parent()
+            .unwrap()
+            .join(format!("{run}.target.log"))
+            .exists(),
+        "the launch's log is beside the record"
+    );
+}
+
+#[test]
+fn tui_tmux_first_bench_on_the_default_preset_passes_correctness() {
+    // The first hour from a fresh runs/: launch the default preset (synthetic weights),
+    // run the correctness level from the Bench screen, and get a PASS that says which
+    // checks were skipped; the record names the launch.
+    if !have_tmux() {
+        return;
+    }
+    let _turn = CPU_BENCH.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = tempfile::tempdir().unwrap();
+    tiny_preset_on_free_port(dir.path());
+    let s = Session::new("firstbench", 120, 40);
+    s.send(&[
+        &format!(
+            "cd {d} && MXTUNE_RUNS_DIR={d}/runs MXTUNE_PRESETS_DIR={d}/presets XDG_CONFIG_HOME={d}/config {bin}",
+            d = dir.path().display(),
+            bin = env!("CARGO_BIN_EXE_mxtune")
+        ),
+        "Enter",
+    ]);
+    s.wait_for("preset engine-cpu-tiny");
+    s.send(&["2"]);
+    s.wait_for("[engine]");
+    s.send(&["l"]);
+    s.wait_for("phase ready");
+    let shell = tmux(&["display-message", "-p", "-t", &s.name, "#{pane_pid}"]);
+    let panel = children(&shell);
+    let _engine = KillOnDrop(panel.iter().flat_map(|p| children(p)).collect());
+    s.send(&["4"]);
+    s.wait_for("Workload");
+    // The level row is first: → cycles performance → correctness.
+    s.send(&["Up"; 6]);
+    s.send(&["Right"]);
+    s.wait_for("correctness");
+    s.send(&["r"]);
+    let screen = s.wait_longer(
+        "the correctness verdict",
+        Duration::from_secs(900),
+        |screen| {
+            screen.contains("correctness level: PASS") || screen.contains("correctness level: FAIL")
+        },
+    );
+    assert!(
+        // (The line wraps at the pane's edge; "synthetic" stays on the first line.)
+        screen.contains("correctness level: PASS (skipped non-empty printable text")
+            && screen.contains("the target serves synthetic"),
+        "{screen}"
+    );
+    // The verdict shows before the record is final; the status line says when it is.
+    s.wait_for("saved run record");
+    let scan = mxtune::record::RunStore::new(dir.path().join("runs"))
+        .scan()
+        .unwrap();
+    let bench = scan
+        .runs
+        .iter()
+        .find(|r| r.record.workload.is_some())
+        .expect("a bench record");
+    assert_eq!(
+        bench.record.identity.status,
+        mxtune::record::RunStatus::Completed
+    );
+    assert_launched_by_the_panel(&bench.path, &bench.record);
+    s.send(&["2"]);
+    s.send(&["x"]);
+    s.wait_for("Stop target?");
+    s.send(&["y"]);
+    s.wait_for("phase exited");
+    s.send(&["q"]);
+    s.wait_for_panel_exit();
 }

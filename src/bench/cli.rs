@@ -22,6 +22,23 @@ use crate::launch::spec::TargetKind;
 use crate::record::schema::{LatencyStats, Stats, WorkloadParams};
 use crate::record::{RunHandle, RunStatus, RunStore};
 
+/// A target this process launched and now benchmarks (the panel's launch).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ServedBy {
+    /// Base URL the target answers on (the bench's `--url` must be this one).
+    pub url: String,
+    /// docker or engine (or attach).
+    pub kind: TargetKind,
+    /// Preset the flag set came from.
+    pub preset: Option<String>,
+    /// The flag set as launched (serialized like `FlagSet`).
+    pub flags: serde_json::Value,
+    /// The launch as started.
+    pub launch: Option<crate::launch::spec::LaunchSpec>,
+    /// Run id of the launch (its log is `<id>.target.log` in the runs directory).
+    pub launch_run: Option<String>,
+}
+
 /// Arguments of `mxtune bench`.
 #[derive(Debug, Clone, PartialEq, clap::Args)]
 pub struct BenchArgs {
@@ -89,6 +106,10 @@ pub struct BenchArgs {
     /// Runs directory for --record.
     #[arg(long, value_name = "DIR", env = "MXTUNE_RUNS_DIR", default_value = crate::record::store::DEFAULT_RUNS_DIR)]
     pub runs_dir: std::path::PathBuf,
+    /// The launch that serves `url`, when the panel started it: the record then carries
+    /// its target kind, preset, flag set and launch instead of `attach`.
+    #[arg(skip)]
+    pub served_by: Option<Box<ServedBy>>,
 }
 
 impl BenchArgs {
@@ -366,7 +387,20 @@ pub async fn execute(
 
 /// A `running` record for an attached server, written before the first request.
 fn start_record(args: &BenchArgs, client: &BenchClient, model: &str) -> Result<RunHandle> {
-    let mut r = crate::record::begin(TargetKind::Attach, None, &[]);
+    let served = args.served_by.as_ref().filter(|s| {
+        s.url.trim_end_matches('/').trim_end_matches("/v1")
+            == args.url.trim_end_matches('/').trim_end_matches("/v1")
+    });
+    let mut r = match served {
+        Some(s) => {
+            let mut r = crate::record::begin(s.kind, s.preset.clone(), &[]);
+            r.target.flags = s.flags.clone();
+            r.target.launch = s.launch.clone();
+            r.target.launch_run = s.launch_run.clone();
+            r
+        }
+        None => crate::record::begin(TargetKind::Attach, None, &[]),
+    };
     r.target.url = Some(client.base_url().to_owned());
     r.target.model = Some(model.to_owned());
     let levels: Vec<String> = args
@@ -605,7 +639,13 @@ pub fn render_level(l: &LevelReport) -> String {
     for c in &l.checks {
         out.push_str(&format!(
             "  [{}] {}: {}\n",
-            if c.passed { "ok" } else { "FAIL" },
+            if c.skipped {
+                "skip"
+            } else if c.passed {
+                "ok"
+            } else {
+                "FAIL"
+            },
             c.name,
             c.detail
         ));

@@ -86,6 +86,8 @@ pub struct RequestSpec {
     pub seed: Option<u64>,
     /// Ask for logprobs (one per token; also gives exact per-chunk token counts).
     pub logprobs: bool,
+    /// `stop` strings (none: the field is not sent).
+    pub stop: Vec<String>,
 }
 
 impl RequestSpec {
@@ -126,6 +128,9 @@ impl RequestSpec {
         }
         if let Some(s) = self.seed {
             body["seed"] = json!(s);
+        }
+        if !self.stop.is_empty() {
+            body["stop"] = json!(self.stop);
         }
         if self.logprobs {
             match self.endpoint {
@@ -182,6 +187,27 @@ impl BenchClient {
 
     /// `GET /v1/models`: the ids the server serves.
     pub async fn models(&self) -> Result<Vec<String>> {
+        let ids = self
+            .model_entries()
+            .await?
+            .iter()
+            .filter_map(|m| m["id"].as_str().map(str::to_owned))
+            .collect();
+        Ok(ids)
+    }
+
+    /// The `weights` field of `model`'s `/v1/models` entry (the bundled engine says
+    /// `synthetic` or `checkpoint`; vLLM says nothing, which reads as `None`).
+    pub async fn model_weights(&self, model: &str) -> Result<Option<String>> {
+        let entries = self.model_entries().await?;
+        Ok(entries
+            .iter()
+            .find(|m| m["id"].as_str() == Some(model))
+            .and_then(|m| m["weights"].as_str())
+            .map(str::to_owned))
+    }
+
+    async fn model_entries(&self) -> Result<Vec<Value>> {
         let url = format!("{}/models", self.base);
         let resp = self
             .auth(self.http.get(&url))
@@ -196,15 +222,7 @@ impl BenchClient {
         if !status.is_success() {
             anyhow::bail!("GET {url}: HTTP {status}: {body}");
         }
-        let ids = body["data"]
-            .as_array()
-            .map(|a| {
-                a.iter()
-                    .filter_map(|m| m["id"].as_str().map(str::to_owned))
-                    .collect()
-            })
-            .unwrap_or_default();
-        Ok(ids)
+        Ok(body["data"].as_array().cloned().unwrap_or_default())
     }
 
     /// Time one `GET /v1/models` round trip, in seconds (llama-benchy's `api` latency).

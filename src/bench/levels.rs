@@ -29,8 +29,11 @@ pub struct Check {
     pub name: String,
     /// Whether it held.
     pub passed: bool,
-    /// Evidence (why it failed, or what was seen).
+    /// Evidence (why it failed, or what was seen; for a skipped check, why it was skipped).
     pub detail: String,
+    /// Not run because it means nothing on this target (counts as passed; `detail` says why).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub skipped: bool,
 }
 
 /// A level's verdict.
@@ -53,6 +56,42 @@ impl LevelReport {
         }
     }
 
+    /// Names of the skipped checks.
+    pub fn skipped(&self) -> Vec<&str> {
+        self.checks
+            .iter()
+            .filter(|c| c.skipped)
+            .map(|c| c.name.as_str())
+            .collect()
+    }
+
+    /// One line for a passed level: how many checks ran and which were skipped, with why.
+    pub fn passed_summary(&self) -> String {
+        let skipped: Vec<&Check> = self.checks.iter().filter(|c| c.skipped).collect();
+        let ran = self.checks.len() - skipped.len();
+        if skipped.is_empty() {
+            return format!("{ran} checks passed");
+        }
+        let names: Vec<&str> = skipped.iter().map(|c| c.name.as_str()).collect();
+        format!(
+            "{ran} checks passed; skipped {}: {}",
+            names.join(", "),
+            skipped[0].detail
+        )
+    }
+
+    /// Failed checks' details, then one short line naming the skipped checks and why
+    /// (the text before the first `:` of the first skip's detail), for the panel.
+    pub fn notes(&self) -> Vec<String> {
+        let mut notes = self.reasons();
+        let skipped = self.skipped();
+        if let Some(first) = self.checks.iter().find(|c| c.skipped) {
+            let why = first.detail.split(':').next().unwrap_or_default();
+            notes.push(format!("skipped {}: {why}", skipped.join(", ")));
+        }
+        notes
+    }
+
     /// Details of the failed checks.
     pub fn reasons(&self) -> Vec<String> {
         self.checks
@@ -68,7 +107,41 @@ fn check(name: &str, passed: bool, detail: impl Into<String>) -> Check {
         name: name.to_owned(),
         passed,
         detail: detail.into(),
+        skipped: false,
     }
+}
+
+fn skip(name: &str, why: &str) -> Check {
+    Check {
+        name: name.to_owned(),
+        passed: true,
+        detail: why.to_owned(),
+        skipped: true,
+    }
+}
+
+/// Why text checks are skipped on synthetic weights.
+const SYNTHETIC: &str = "the target serves synthetic weights (its /v1/models says so): \
+     their tokens are random, so the text means nothing; NaN, determinism, finish reasons, \
+     token counts and stop handling are still checked";
+
+/// A stop string taken from a greedy output and the text the server must return when it
+/// is sent: everything before its first occurrence. The stop string is a run of four ASCII
+/// letters or digits after an ASCII character, from the second third of the text on (so the
+/// cut is not trivially at the start).
+pub fn stop_probe(text: &str) -> Option<(String, String)> {
+    let chars: Vec<(usize, char)> = text.char_indices().collect();
+    let from = chars.len() / 3;
+    (from.max(1)..chars.len().saturating_sub(3)).find_map(|i| {
+        let word = &chars[i..i + 4];
+        let ok = chars[i - 1].1.is_ascii() && word.iter().all(|(_, c)| c.is_ascii_alphanumeric());
+        if !ok {
+            return None;
+        }
+        let stop: String = word.iter().map(|(_, c)| *c).collect();
+        let at = text.find(&stop)?;
+        Some((stop, text[..at].to_owned()))
+    })
 }
 
 /// Reads the target's memory in use (the monitor supplies one; tests use a fake).
@@ -191,8 +264,22 @@ fn question() -> Prompt {
 }
 
 impl Runner {
-    /// Level 2: two identical greedy requests with a seed and logprobs.
+    /// Level 2: two identical greedy requests with a seed and logprobs, then a greedy
+    /// completion and the same with a stop string taken from it. On synthetic weights (the
+    /// target says so in `/v1/models`) the checks of the text itself are skipped.
     pub async fn correctness(&self, plan: &CorrectnessPlan) -> LevelReport {
+        let mut checks = Vec::new();
+        let weights = self.client.model_weights(&self.model).await;
+        let synthetic = matches!(&weights, Ok(Some(w)) if w == "synthetic");
+        checks.push(check(
+            "weights served",
+            true,
+            match &weights {
+                Ok(Some(w)) => format!("{w} (the server's /v1/models entry for {})", self.model),
+                Ok(None) => "not stated by the server: every check runs".to_owned(),
+                Err(e) => format!("/v1/models unreadable ({e:#}): every check runs"),
+            },
+        ));
         let spec = RequestSpec {
             endpoint: plan.endpoint,
             model: self.model.clone(),
@@ -202,11 +289,11 @@ impl Runner {
             temperature: Some(0.0),
             seed: Some(plan.seed),
             logprobs: true,
+            stop: Vec::new(),
         };
         let epoch = Instant::now();
         let a = self.client.stream(&spec, epoch).await;
         let b = self.client.stream(&spec, epoch).await;
-        let mut checks = Vec::new();
         for (i, t) in [&a, &b].into_iter().enumerate() {
             let n = i + 1;
             checks.push(match &t.error {
@@ -215,13 +302,21 @@ impl Runner {
             });
         }
         let text = full_text(&a);
-        checks.push(match printable(&text) {
-            Ok(()) => check("non-empty printable text", true, excerpt(&text)),
-            Err(e) => check("non-empty printable text", false, e),
+        checks.push(if synthetic {
+            skip("non-empty printable text", SYNTHETIC)
+        } else {
+            match printable(&text) {
+                Ok(()) => check("non-empty printable text", true, excerpt(&text)),
+                Err(e) => check("non-empty printable text", false, e),
+            }
         });
-        checks.push(match degenerate(&text) {
-            None => check("no degenerate repetition", true, "ok"),
-            Some(why) => check("no degenerate repetition", false, why),
+        checks.push(if synthetic {
+            skip("no degenerate repetition", SYNTHETIC)
+        } else {
+            match degenerate(&text) {
+                None => check("no degenerate repetition", true, "ok"),
+                Some(why) => check("no degenerate repetition", false, why),
+            }
         });
         checks.push(check(
             "token count as requested",
@@ -232,6 +327,15 @@ impl Runner {
                 plan.tokens,
                 a.count_method.label(),
                 a.usage_completion_tokens
+            ),
+        ));
+        checks.push(check(
+            "finish reason length",
+            a.finish_reason.as_deref() == Some("length"),
+            format!(
+                "finish_reason {} after {} tokens with ignore_eos",
+                a.finish_reason.as_deref().unwrap_or("none"),
+                a.completion_tokens
             ),
         ));
         checks.push(logprob_check(&a));
@@ -249,9 +353,77 @@ impl Runner {
                 )
             },
         ));
+        checks.push(self.stop_check(plan, epoch).await);
         let report = LevelReport::new(Level::Correctness, checks);
         self.emit(BenchEvent::LevelDone(Box::new(report.clone())));
         report
+    }
+
+    /// A greedy completion, then the same request with a stop string taken from its text:
+    /// the second must end with `finish_reason` `stop` and return exactly the text before
+    /// the stop string's first occurrence.
+    async fn stop_check(&self, plan: &CorrectnessPlan, epoch: Instant) -> Check {
+        const NAME: &str = "stop string ends the output";
+        let mut spec = RequestSpec {
+            endpoint: Endpoint::Completions,
+            model: self.model.clone(),
+            prompt: PromptBody::Text(question()),
+            max_tokens: plan.tokens,
+            exact_output: false,
+            temperature: Some(0.0),
+            seed: Some(plan.seed),
+            logprobs: false,
+            stop: Vec::new(),
+        };
+        let free = self.client.stream(&spec, epoch).await;
+        if let Some(e) = &free.error {
+            return check(
+                NAME,
+                false,
+                format!("the request without a stop string failed: {}", e.message),
+            );
+        }
+        let Some((stop, expected)) = stop_probe(&free.content) else {
+            return skip(
+                NAME,
+                &format!(
+                    "the greedy completion ({} characters) has no four ASCII letters or digits \
+                     to stop at: {:?}",
+                    free.content.chars().count(),
+                    excerpt(&free.content)
+                ),
+            );
+        };
+        spec.stop = vec![stop.clone()];
+        let cut = self.client.stream(&spec, epoch).await;
+        if let Some(e) = &cut.error {
+            return check(
+                NAME,
+                false,
+                format!("the request with stop {stop:?} failed: {}", e.message),
+            );
+        }
+        let reason = cut.finish_reason.as_deref().unwrap_or("none");
+        if cut.content == expected && reason == "stop" {
+            check(
+                NAME,
+                true,
+                format!(
+                    "stop {stop:?} cut the output after {} characters",
+                    expected.chars().count()
+                ),
+            )
+        } else {
+            check(
+                NAME,
+                false,
+                format!(
+                    "stop {stop:?}: expected {:?} with finish_reason stop, got {:?} with finish_reason {reason}",
+                    excerpt(&expected),
+                    excerpt(&cut.content)
+                ),
+            )
+        }
     }
 
     /// Level 3: sequential and concurrent requests, one long generation, memory before/after.
@@ -269,6 +441,7 @@ impl Runner {
                 temperature: None,
                 seed: None,
                 logprobs: false,
+                stop: Vec::new(),
             })
         };
         let mut failures = Vec::new();
@@ -531,6 +704,23 @@ mod tests {
         assert!(printable("   ").is_err());
         assert!(printable("bad \u{0007} bell").is_err());
         assert!(printable("bad \u{FFFD} byte").is_err());
+    }
+
+    #[test]
+    fn stop_probe_cuts_before_the_first_occurrence() {
+        let (stop, before) =
+            stop_probe(" The keeper wrote down the weather and the ships").unwrap();
+        assert_eq!(stop, "down");
+        assert_eq!(before, " The keeper wrote ");
+        // A later word that also occurs earlier: the cut is at the first occurrence.
+        let (stop, before) = stop_probe("the ships, ... , ... , the ships").unwrap();
+        assert_eq!(stop, "ship");
+        assert_eq!(before, "the ");
+        assert_eq!(
+            stop_probe("\u{FFFD}\u{FFFD}\u{FFFD}\u{FFFD}\u{FFFD}\u{FFFD}"),
+            None
+        );
+        assert_eq!(stop_probe(""), None);
     }
 
     #[test]

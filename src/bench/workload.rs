@@ -348,6 +348,7 @@ impl Runner {
                     temperature: None,
                     seed: None,
                     logprobs: false,
+                    stop: Vec::new(),
                 };
                 for i in 0..4 {
                     let epoch = Instant::now();
@@ -380,6 +381,7 @@ impl Runner {
             temperature: None,
             seed: None,
             logprobs: w.logprobs,
+            stop: Vec::new(),
         })
     }
 

@@ -6,6 +6,7 @@ pub mod cpu;
 pub mod cuda;
 pub mod harmony;
 pub mod loader;
+pub mod locate;
 pub mod mxfp4;
 pub mod sampling;
 pub mod scheduler;

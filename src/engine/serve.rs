@@ -6,7 +6,7 @@ use super::cpu::CpuBackend;
 use super::cuda::backend::CudaBackend;
 use super::cuda::device::Gpu;
 use super::cuda::model::{self as cuda_model, DecodeGemv, DecodeOptions};
-use super::server::{Server, ServerOptions};
+use super::server::{Server, ServerOptions, WeightsOrigin};
 use super::weights::Weights;
 use super::{loader, synthetic};
 use anyhow::{Context, Result, bail};
@@ -107,7 +107,9 @@ pub struct Gates {
 /// Arguments of `mxtune serve`.
 #[derive(Debug, Clone, Args)]
 pub struct ServeArgs {
-    /// Checkpoint directory in the HF release layout (config.json + *.safetensors).
+    /// Checkpoint directory in the HF release layout (config.json + *.safetensors), or a
+    /// name (gpt-oss-120b, openai/gpt-oss-120b) looked up under MXTUNE_MODEL_DIR, then in
+    /// the Hugging Face cache (HF_HUB_CACHE, HF_HOME/hub or ~/.cache/huggingface/hub).
     #[arg(
         long,
         required_unless_present = "synthetic",
@@ -154,6 +156,95 @@ pub struct ServeArgs {
     pub max_request_bytes: usize,
     #[command(flatten)]
     pub gates: Gates,
+}
+
+/// One reason `mxtune serve` refuses its arguments before it opens a device or reads
+/// weights: the options involved and why. The presets' rules report the same list, so a
+/// preset the engine would refuse is refused before launch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    /// The `mxtune serve` options at fault.
+    pub options: Vec<&'static str>,
+    /// Why, and what to do.
+    pub message: String,
+}
+
+/// Parse `mxtune serve`'s options (`argv` without `mxtune serve`).
+pub fn parse_args(argv: &[String]) -> std::result::Result<ServeArgs, clap::Error> {
+    #[derive(clap::Parser)]
+    #[command(name = "mxtune serve")]
+    struct Cli {
+        #[command(flatten)]
+        args: ServeArgs,
+    }
+    use clap::Parser;
+    Cli::try_parse_from(std::iter::once("mxtune serve".to_string()).chain(argv.iter().cloned()))
+        .map(|c| c.args)
+}
+
+/// Everything [`prepare`] refuses that the arguments alone decide (no device, no files).
+pub fn refusals(args: &ServeArgs) -> Vec<Refusal> {
+    let mut out: Vec<Refusal> = CONFLICTS
+        .iter()
+        .filter(|(hit, _)| hit(&args.gates))
+        .map(|(_, why)| Refusal {
+            options: vec!["--tile", "--moe-kernel"],
+            message: format!("impossible flag combination: {why}"),
+        })
+        .collect();
+    let mut refuse =
+        |options: Vec<&'static str>, message: String| out.push(Refusal { options, message });
+    let model_max = match &args.synthetic {
+        Some(name) => match synthetic::config(name) {
+            Ok(cfg) => Some(cfg.max_position_embeddings),
+            Err(e) => {
+                refuse(vec!["--synthetic"], format!("{e:#}"));
+                None
+            }
+        },
+        None => None,
+    };
+    if let Some(len) = args.max_model_len {
+        if len < 2 {
+            refuse(
+                vec!["--max-model-len"],
+                format!(
+                    "--max-model-len {len} leaves no room: a request needs at least one prompt \
+                     and one generated position; set 2 or more"
+                ),
+            );
+        }
+        if let Some(max) = model_max.filter(|m| len > *m) {
+            refuse(
+                vec!["--max-model-len"],
+                format!(
+                    "--max-model-len {len} exceeds the model's max_position_embeddings ({max})"
+                ),
+            );
+        }
+    }
+    if args.max_num_seqs == 0 {
+        refuse(
+            vec!["--max-num-seqs"],
+            "--max-num-seqs must be at least 1".into(),
+        );
+    }
+    if args.max_num_batched_tokens == 0 {
+        refuse(
+            vec!["--max-num-batched-tokens"],
+            "--max-num-batched-tokens must be at least 1".into(),
+        );
+    }
+    if args.max_request_bytes == 0 {
+        refuse(
+            vec!["--max-request-bytes"],
+            format!(
+                "--max-request-bytes must be at least 1 (the default is {})",
+                super::server::DEFAULT_MAX_REQUEST_BYTES
+            ),
+        );
+    }
+    out
 }
 
 /// A combination of gates no backend can run, as data: (is it this case?, why).
@@ -389,11 +480,22 @@ pub fn prepare(args: &ServeArgs) -> Result<Prepared> {
 
 /// [`prepare`] with the GPU opened by `open`, so the device choice can be tested anywhere.
 fn prepare_with(args: &ServeArgs, open: impl FnOnce() -> Result<Gpu>) -> Result<Prepared> {
-    check_gates(&args.gates)?;
+    let refused: Vec<String> = refusals(args).into_iter().map(|r| r.message).collect();
+    if !refused.is_empty() {
+        bail!("{}", refused.join("; "));
+    }
+    let located = match &args.model {
+        Some(m) => Some(super::locate::locate(
+            m,
+            &super::locate::Places::from_env(),
+        )?),
+        None => None,
+    };
     let resolved = resolve_device(args.device, open)?;
     // The GPU generates synthetic weights itself; everything else starts on the host.
-    let (cfg, source, host) = match (&args.model, &args.synthetic) {
-        (Some(dir), None) => {
+    let (cfg, source, host) = match (&located, &args.synthetic) {
+        (Some(found), None) => {
+            let dir = &found.dir;
             let w = loader::load(dir)
                 .with_context(|| format!("loading the checkpoint in {}", dir.display()))?;
             (w.config.clone(), w.source.clone(), Some(w))
@@ -449,6 +551,14 @@ fn prepare_with(args: &ServeArgs, open: impl FnOnce() -> Result<Gpu>) -> Result<
         (None, None, None) => bail!("give --model DIR or --synthetic NAME"),
     };
     let mut report = Vec::new();
+    if let (Some(m), Some(found)) = (&args.model, &located) {
+        report.push(format!(
+            "mxtune serve: --model {}: {}, {}",
+            m.display(),
+            found.dir.display(),
+            found.how
+        ));
+    }
     report.extend(resolved.fallback.clone());
     report.push(format!(
         "mxtune serve: model {source} ({} layers, hidden {}, {} experts top-{}, vocab {}); \
@@ -552,6 +662,11 @@ fn prepare_with(args: &ServeArgs, open: impl FnOnce() -> Result<Gpu>) -> Result<
             kv_cache_tokens: kv_tokens,
             api_key: args.api_key.clone(),
             max_request_bytes: args.max_request_bytes,
+            weights: if args.synthetic.is_some() {
+                WeightsOrigin::Synthetic
+            } else {
+                WeightsOrigin::Checkpoint
+            },
         },
         report,
     })

@@ -268,6 +268,11 @@ pub fn markdown() -> String {
         "| `{}` | error | docker | any GPU | the axis, `container.vllm` | on a stock image (`vllm = \"upstream\"`): a value upstream cannot express, with the nearest one it can (from the dialect table above) |",
         super::rules::NOT_UPSTREAM
     );
+    let _ = writeln!(
+        w,
+        "| `{}` | error | engine | any GPU | the option's key | whatever `mxtune serve` refuses from its arguments alone (asked of the engine: `engine::serve::refusals` on the rendered command line), e.g. `max_model_len` below 2 or above the synthetic model's context, `tile` without the grouped MoE, an unknown synthetic model |",
+        super::rules::ENGINE_REFUSES
+    );
     for r in RULES {
         let targets: Vec<String> = r
             .targets

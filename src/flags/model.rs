@@ -407,7 +407,7 @@ pub const S_ASYNC: Setting = setting(
 pub const S_ENGINE_MODEL: Setting = setting(
     "engine",
     "model",
-    "`synthetic:NAME` → --synthetic NAME, else a checkpoint dir → --model DIR",
+    "`synthetic:NAME` → --synthetic NAME, else a checkpoint dir or a name (`gpt-oss-120b`, found under MXTUNE_MODEL_DIR or in the Hugging Face cache) → --model",
     None,
     Some("--synthetic | --model"),
 );

@@ -220,14 +220,19 @@ pub struct PresetStore {
 /// Env var naming an extra presets directory, searched first (same as `--presets-dir`).
 pub const PRESETS_DIR_ENV: &str = "MXTUNE_PRESETS_DIR";
 
-/// The user's presets directory: `$XDG_CONFIG_HOME/mxtune/presets` or `~/.config/mxtune/presets`.
-pub fn user_presets_dir() -> Option<PathBuf> {
+/// mxtune's configuration directory: `$XDG_CONFIG_HOME/mxtune` or `~/.config/mxtune`.
+pub fn config_dir() -> Option<PathBuf> {
     if let Some(x) = std::env::var_os("XDG_CONFIG_HOME").filter(|x| !x.is_empty()) {
-        return Some(PathBuf::from(x).join("mxtune/presets"));
+        return Some(PathBuf::from(x).join("mxtune"));
     }
     std::env::var_os("HOME")
         .filter(|h| !h.is_empty())
-        .map(|h| PathBuf::from(h).join(".config/mxtune/presets"))
+        .map(|h| PathBuf::from(h).join(".config/mxtune"))
+}
+
+/// The user's presets directory: `$XDG_CONFIG_HOME/mxtune/presets` or `~/.config/mxtune/presets`.
+pub fn user_presets_dir() -> Option<PathBuf> {
+    config_dir().map(|d| d.join("presets"))
 }
 
 /// Where new presets go (the panel's `s`, `recipe import`): the `--presets-dir` /

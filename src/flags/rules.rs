@@ -436,6 +436,61 @@ pub const RULES: &[Rule] = &[
     },
 ];
 
+/// Id of the findings taken from `mxtune serve`'s own argument checks.
+pub const ENGINE_REFUSES: &str = "engine-refuses";
+
+/// The preset key behind a `mxtune serve` option, for `file:line` in `presets check`.
+fn preset_key(option: &str) -> &'static str {
+    match option {
+        "--max-model-len" => "serving.max_model_len",
+        "--max-num-seqs" => "serving.max_num_seqs",
+        "--max-num-batched-tokens" => "serving.max_num_batched_tokens",
+        "--tile" => "axes.tile",
+        "--moe-kernel" => "axes.moe_backend",
+        "--synthetic" | "--model" => "engine.model",
+        _ => "engine",
+    }
+}
+
+/// What the engine would refuse at start, asked of the engine itself: the flag set is
+/// rendered to its `mxtune serve` command line and checked by [`crate::engine::serve::refusals`]
+/// (one place for those facts), so the rules can never accept what the engine refuses.
+fn engine_refusals(fs: &FlagSet) -> Vec<Finding> {
+    let Ok(spec) = super::render(fs, TargetKind::Engine) else {
+        // A flag set that does not render is reported by the renderer's own error.
+        return Vec::new();
+    };
+    let Some(options) = spec
+        .argv
+        .iter()
+        .position(|a| a == "serve")
+        .map(|i| &spec.argv[i + 1..])
+    else {
+        return Vec::new();
+    };
+    let refusals = match crate::engine::serve::parse_args(options) {
+        Ok(args) => crate::engine::serve::refusals(&args),
+        Err(e) => vec![crate::engine::serve::Refusal {
+            options: Vec::new(),
+            message: e.to_string().lines().next().unwrap_or_default().to_string(),
+        }],
+    };
+    refusals
+        .into_iter()
+        .map(|r| {
+            let mut keys: Vec<&'static str> = r.options.iter().map(|o| preset_key(o)).collect();
+            keys.dedup();
+            Finding {
+                rule: ENGINE_REFUSES,
+                severity: Severity::Error,
+                applies: Applies::Yes,
+                keys,
+                message: format!("the bundled engine refuses this at start: {}", r.message),
+            }
+        })
+        .collect()
+}
+
 /// Id of the rule generated from the axis table: a value with no rendering on the target.
 pub const NOT_ON_TARGET: &str = "value-not-on-target";
 
@@ -500,6 +555,9 @@ pub fn evaluate(fs: &FlagSet, target: TargetKind, arch: Option<GpuArch>) -> Vec<
                 });
             }
         }
+    }
+    if target == TargetKind::Engine {
+        out.extend(engine_refusals(fs));
     }
     for r in RULES {
         if !r.targets.contains(&target) || !(r.when)(fs) {

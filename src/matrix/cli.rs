@@ -42,6 +42,10 @@ pub struct CommonArgs {
     /// Engine device for every preset (`cpu`, `cuda`, `auto`), overriding the presets.
     #[arg(long)]
     pub device: Option<String>,
+    /// Engine model for every preset, overriding `engine.model` (e.g.
+    /// `synthetic:gpt-oss-120b`: A/B the gates on any GPU before the weights are there).
+    #[arg(long)]
+    pub engine_model: Option<String>,
     /// L1 watchdog: a target not ready after this many seconds fails L1.
     #[arg(long, default_value_t = 2700)]
     pub startup_limit_s: u64,
@@ -147,6 +151,7 @@ pub(crate) fn plan_of(
         runs_dir: c.runs_dir.clone(),
         engine_bin,
         device: c.device.clone(),
+        engine_model: c.engine_model.clone(),
     })
 }
 

@@ -55,6 +55,9 @@ pub fn prepare(plan: &MatrixPlan, name: &str) -> Result<Prepared> {
     if let Some(d) = &plan.device {
         preset.flags.engine.device = d.parse().map_err(|e| anyhow!("--device {d}: {e}"))?;
     }
+    if let Some(m) = &plan.engine_model {
+        preset.flags.engine.model = m.clone();
+    }
     let blocking: Vec<String> = evaluate(&preset.flags, plan.target, None)
         .into_iter()
         .filter(|f| f.blocks())
@@ -744,7 +747,7 @@ pub async fn run_preset(
             level_of(l),
             if l.passed { "pass" } else { "fail" },
             if l.passed {
-                format!("{} checks passed", l.checks.len())
+                l.passed_summary()
             } else {
                 l.reasons().join("; ")
             },

@@ -47,6 +47,9 @@ pub struct MatrixPlan {
     pub engine_bin: Option<PathBuf>,
     /// Engine device override (`--device`).
     pub device: Option<String>,
+    /// Engine model override (`--engine-model`, e.g. `synthetic:gpt-oss-120b`).
+    #[serde(default)]
+    pub engine_model: Option<String>,
 }
 
 /// Where one preset stands.
@@ -225,6 +228,7 @@ mod tests {
             runs_dir: PathBuf::from("runs"),
             engine_bin: None,
             device: None,
+            engine_model: None,
         }
     }
 

@@ -155,22 +155,52 @@ pub fn parse_since(s: &str, now: DateTime<Utc>) -> Result<DateTime<Utc>> {
     Ok(now - d)
 }
 
-/// Status as shown in tables: a `running` record whose writer process is gone on this
-/// host is flagged, because it will never be updated again.
+/// Status as shown in tables: a `running` record whose writer is gone shows as
+/// `interrupted` (see [`interrupted`]); the file itself is never rewritten for it.
 pub fn status_text(r: &RunRecord) -> String {
-    let s = r.identity.status.as_str().to_string();
-    if r.identity.status != RunStatus::Running {
-        return s;
+    if interrupted(r) {
+        "interrupted".to_string()
+    } else {
+        r.identity.status.as_str().to_string()
     }
+}
+
+/// A `running` record written on this host whose writer cannot be running any more: the
+/// machine has booted since (boot id), or no live process has its pid. A record from
+/// another host, or without a pid, cannot be judged here and stays `running`.
+pub fn interrupted(r: &RunRecord) -> bool {
+    if r.identity.status != RunStatus::Running {
+        return false;
+    }
+    let Some(pid) = r.identity.pid else {
+        return false;
+    };
     let this_host = sysinfo::System::host_name().ok();
-    match (r.identity.pid, r.environment.host.hostname.as_ref()) {
-        (Some(pid), Some(h))
-            if this_host.as_ref() == Some(h)
-                && !std::path::Path::new(&format!("/proc/{pid}")).exists() =>
-        {
-            format!("{s} (writer gone)")
+    if let (Some(then), Some(now)) = (&r.environment.host.hostname, &this_host)
+        && then != now
+    {
+        return false;
+    }
+    match (&r.identity.boot_id, super::schema::boot_id()) {
+        (Some(then), Some(now)) if *then != now => return true,
+        (Some(_), _) => {}
+        // Older records carry no boot id: only a known host name makes the pid meaningful.
+        (None, _) if r.environment.host.hostname.is_none() || this_host.is_none() => {
+            return false;
         }
-        _ => s,
+        (None, _) => {}
+    }
+    !process_alive(pid)
+}
+
+/// A process of this pid exists and has not exited (a zombie has).
+fn process_alive(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => stat
+            .rfind(')')
+            .and_then(|i| stat[i + 1..].split_whitespace().next())
+            .is_some_and(|state| state != "Z"),
+        Err(_) => false,
     }
 }
 

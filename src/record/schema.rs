@@ -49,6 +49,14 @@ pub struct RunRecord {
     pub resources: Option<Resources>,
 }
 
+/// This boot's id (`/proc/sys/kernel/random/boot_id`), where the kernel has one.
+pub fn boot_id() -> Option<String> {
+    std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+        .ok()
+        .map(|s| s.trim().to_owned())
+        .filter(|s| !s.is_empty())
+}
+
 impl RunRecord {
     /// A fresh `running` record with a new run id, started now.
     pub fn new(kind: TargetKind, preset: Option<String>) -> Self {
@@ -66,6 +74,7 @@ impl RunRecord {
                 mxtune_version: env!("CARGO_PKG_VERSION").to_string(),
                 mxtune_git_sha: None,
                 pid: Some(std::process::id()),
+                boot_id: boot_id(),
                 note: None,
                 tags: Vec::new(),
             },
@@ -193,6 +202,10 @@ pub struct Identity {
     /// Process id of the mxtune that wrote the record (to spot runs whose writer died).
     #[serde(default)]
     pub pid: Option<u32>,
+    /// Linux boot id when the record was started: with `pid`, tells a writer that is gone
+    /// (another boot, or no such process) from one still running.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub boot_id: Option<String>,
     /// Free-text operator note.
     #[serde(default)]
     pub note: Option<String>,
@@ -225,6 +238,10 @@ pub struct TargetInfo {
     /// The exact launch (argv, env, container settings), secrets redacted.
     #[serde(default)]
     pub launch: Option<LaunchSpec>,
+    /// Run id of the launch that started the target, when the run did not start it itself
+    /// (a bench from the panel against the engine the panel launched).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub launch_run: Option<String>,
     /// Base URL of the OpenAI API that was measured.
     #[serde(default)]
     pub url: Option<String>,
@@ -249,6 +266,7 @@ impl Default for TargetInfo {
             preset: None,
             flags: serde_json::Value::Null,
             launch: None,
+            launch_run: None,
             url: None,
             docker: None,
             engine: None,

@@ -186,6 +186,10 @@ pub struct App {
     pub bench: BenchScreen,
     /// The flag set marked as A for the quick A/B (`a` on the Flags or Bench screen).
     pub ab_mark: Option<super::screens::matrix::AbMark>,
+    /// The preset loaded at start (`--preset`, the remembered one, or the default).
+    pub start_preset: String,
+    /// Where the loaded preset is remembered for the next session (`None`: nowhere).
+    pub remember: Option<std::path::PathBuf>,
 }
 
 impl App {
@@ -207,13 +211,15 @@ impl App {
             runs: RunsScreen::default(),
             bench: BenchScreen::default(),
             ab_mark: None,
+            start_preset: crate::flags::preset::DEFAULT_PRESET.to_string(),
+            remember: None,
         }
     }
 
-    /// What to do once at start: load the default preset and read the runs directory.
+    /// What to do once at start: load the starting preset and read the runs directory.
     pub fn startup_effects(&self) -> Vec<Effect> {
         vec![
-            Effect::LoadPreset(crate::flags::preset::DEFAULT_PRESET.to_string()),
+            Effect::LoadPreset(self.start_preset.clone()),
             Effect::ReloadRuns,
         ]
     }

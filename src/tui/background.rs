@@ -13,7 +13,7 @@ use crate::flags::FlagSet;
 use crate::launch::attach::AttachTarget;
 use crate::launch::docker::{self, DockerTarget};
 use crate::launch::engine::EngineTarget;
-use crate::launch::spec::TargetKind;
+use crate::launch::spec::{LaunchSpec, TargetKind};
 use crate::launch::{Launch, LaunchEvent, LaunchOptions};
 
 /// What the Launch screen asks to start.
@@ -48,6 +48,8 @@ pub enum LaunchMsg {
         log_path: Option<PathBuf>,
         /// The limit the follower applies from now on (the attach limit for an attach).
         startup_limit: Duration,
+        /// The launch as rendered and started (docker and engine).
+        spec: Option<Box<crate::launch::spec::LaunchSpec>>,
     },
     /// Nothing was started; why.
     StartFailed(String),
@@ -309,12 +311,13 @@ impl Background {
             let run_id = ulid::Ulid::generate().to_string();
             let (ev_tx, ev_rx) = mpsc::unbounded_channel();
             match start(&req, &run_id, ev_tx).await {
-                Ok((launch, log_path, startup_limit)) => {
+                Ok((launch, log_path, startup_limit, spec)) => {
                     let _ = tx.send(Event::Launch(LaunchMsg::Started {
                         describe: launch.target.describe(),
                         run_id,
                         log_path,
                         startup_limit,
+                        spec: spec.map(Box::new),
                     }));
                     follow(launch, ev_rx, cmd_rx, tx).await;
                 }
@@ -357,7 +360,7 @@ async fn start(
     req: &StartRequest,
     run_id: &str,
     events: mpsc::UnboundedSender<LaunchEvent>,
-) -> anyhow::Result<(Launch, Option<PathBuf>, Duration)> {
+) -> anyhow::Result<(Launch, Option<PathBuf>, Duration, Option<LaunchSpec>)> {
     let mut opts = LaunchOptions::new(run_id, &req.preset)?;
     opts.startup_limit = req.startup_limit;
     opts.attach_limit = req.attach_limit;
@@ -365,7 +368,7 @@ async fn start(
     if req.kind == TargetKind::Attach {
         let launch = AttachTarget::attach(&req.url, "", &opts, events)?;
         let limit = launch.startup_limit();
-        return Ok((launch, None, limit));
+        return Ok((launch, None, limit, None));
     }
     let spec = crate::flags::render(&req.flags, req.kind)?;
     let blocking: Vec<String> = crate::flags::rules::evaluate(&req.flags, req.kind, None)
@@ -388,7 +391,7 @@ async fn start(
         _ => EngineTarget::launch(None, &spec, &opts, Some(&req.runs_dir), events).await?,
     };
     let limit = launch.startup_limit();
-    Ok((launch, Some(log_path), limit))
+    Ok((launch, Some(log_path), limit, Some(spec)))
 }
 
 async fn follow(

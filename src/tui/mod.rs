@@ -7,6 +7,7 @@
 pub mod app;
 pub mod background;
 pub mod keys;
+pub mod remember;
 pub mod screens;
 pub mod theme;
 pub mod ui;
@@ -38,6 +39,8 @@ pub struct Options {
     pub no_color: bool,
     /// Capture the mouse (off by default: it breaks copy/paste over SSH).
     pub mouse: bool,
+    /// Start on this preset (`--preset`), instead of the one remembered from last time.
+    pub preset: Option<String>,
 }
 
 /// Everything that can wake the event loop.
@@ -127,6 +130,13 @@ pub fn run(opts: Options) -> anyhow::Result<Exit> {
         Theme::from_env(opts.ascii, opts.no_color),
         Paths::from_env(),
     );
+    app.remember = remember::file();
+    let remembered = app.remember.as_deref().and_then(remember::last_preset);
+    let (start, note) = remember::start_preset(opts.preset.as_deref(), remembered, |n| {
+        app.paths.presets.find(n).is_some()
+    });
+    app.start_preset = start;
+    app.message = note;
     for effect in app.startup_effects() {
         perform(&mut app, &mut bg, effect);
     }
@@ -362,22 +372,44 @@ pub fn perform(app: &mut App, bg: &mut Background, effect: Effect) -> Option<Exi
             }
             return Some(Exit::Quit);
         }
-        Effect::StartTarget => bg.start(background::StartRequest {
-            kind: app.launch.choice,
-            url: app.launch.url.clone(),
-            flags: app.flags.flags.clone(),
-            preset: app
-                .flags
-                .loaded
-                .as_ref()
-                .map(|p| p.name.clone())
-                .unwrap_or_default(),
-            runs_dir: app.paths.runs_dir.clone(),
-            startup_limit: app.launch.startup_limit,
-            attach_limit: app.launch.attach_limit,
-        }),
+        Effect::StartTarget => {
+            let kind = app.launch.choice;
+            let preset = app.flags.loaded.as_ref().map(|p| p.name.clone());
+            // What a bench against this launch records; an attached server was not started
+            // from these flags, so it carries none.
+            let launched = kind != crate::launch::spec::TargetKind::Attach;
+            app.launch.served = Some(crate::bench::cli::ServedBy {
+                url: String::new(),
+                kind,
+                preset: preset.clone().filter(|_| launched),
+                flags: if launched {
+                    serde_json::to_value(&app.flags.flags).unwrap_or_default()
+                } else {
+                    serde_json::Value::Null
+                },
+                launch: None,
+                launch_run: None,
+            });
+            bg.start(background::StartRequest {
+                kind,
+                url: app.launch.url.clone(),
+                flags: app.flags.flags.clone(),
+                preset: preset.unwrap_or_default(),
+                runs_dir: app.paths.runs_dir.clone(),
+                startup_limit: app.launch.startup_limit,
+                attach_limit: app.launch.attach_limit,
+            })
+        }
         Effect::StopTarget => bg.stop(),
-        Effect::StartBench(args) => bg.bench(*args),
+        Effect::StartBench(mut args) => {
+            // The record names the launch that serves the URL (preset, flags, kind), not
+            // `attach`, when this panel started it.
+            if let (Some(mut served), Some(url)) = (app.launch.served.clone(), app.target_url()) {
+                served.url = url;
+                args.served_by = Some(Box::new(served));
+            }
+            bg.bench(*args)
+        }
         Effect::CancelBench => bg.cancel_bench("cancelled from the panel (Esc)"),
         Effect::ListMatrixPresets => match app.paths.presets.list() {
             Ok(list) => app
@@ -428,6 +460,12 @@ pub fn perform(app: &mut App, bg: &mut Background, effect: Effect) -> Option<Exi
         },
         Effect::LoadPreset(name) => match app.paths.presets.load(&name) {
             Ok(p) => {
+                // The next session starts here too.
+                if let Some(f) = &app.remember
+                    && let Err(e) = remember::save_preset(f, &p.name)
+                {
+                    app.message = Some(format!("cannot remember the preset: {e:#}"));
+                }
                 app.flags.on_preset_loaded(p);
                 if !app.launch.state.is_live() {
                     app.launch.choice = app.flags.flags.target;

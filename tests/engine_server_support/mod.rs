@@ -212,6 +212,7 @@ pub fn options() -> ServerOptions {
         kv_cache_tokens: 4 * 2048,
         api_key: None,
         max_request_bytes: mxtune::engine::server::DEFAULT_MAX_REQUEST_BYTES,
+        weights: mxtune::engine::server::WeightsOrigin::Checkpoint,
     }
 }
 

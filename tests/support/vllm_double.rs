@@ -44,6 +44,10 @@ pub enum Fault {
     Degenerate,
     /// Vary the output between requests even at temperature 0.
     Nondeterministic,
+    /// Put U+FFFD into every word, as random tokens of synthetic weights do.
+    Unprintable,
+    /// Generate through `stop` strings as if none were sent.
+    IgnoreStop,
 }
 
 /// How the double streams.
@@ -69,6 +73,8 @@ pub struct Script {
     pub fault: Fault,
     /// Hold every POST until this many have arrived (proves concurrency without timing).
     pub barrier: Option<Arc<Barrier>>,
+    /// `weights` in the `/v1/models` entry (the bundled engine's field; vLLM has none).
+    pub weights: Option<&'static str>,
 }
 
 impl Default for Script {
@@ -84,6 +90,7 @@ impl Default for Script {
             usage: true,
             fault: Fault::None,
             barrier: None,
+            weights: None,
         }
     }
 }
@@ -138,8 +145,12 @@ pub const WORDS: [&str; 12] = [
     " passed", ".",
 ];
 
-async fn models() -> impl IntoResponse {
-    axum::Json(json!({"object": "list", "data": [{"id": "double-model", "object": "model"}]}))
+async fn models(State(s): State<Arc<Shared>>) -> impl IntoResponse {
+    let mut entry = json!({"id": "double-model", "object": "model"});
+    if let Some(w) = s.script.weights {
+        entry["weights"] = json!(w);
+    }
+    axum::Json(json!({"object": "list", "data": [entry]}))
 }
 
 async fn chat(State(s): State<Arc<Shared>>, body: axum::Json<Value>) -> Response {
@@ -205,6 +216,33 @@ async fn respond(s: Arc<Shared>, body: Value, prompt_tokens: usize, chat: bool) 
         _ if greedy => body["seed"].as_u64().unwrap_or(0) as usize,
         _ => k,
     };
+    let mut words: Vec<String> = (0..n)
+        .map(|i| match script.fault {
+            Fault::Degenerate => [" a", " is", " the", " is"][i % 4].to_owned(),
+            Fault::Unprintable => format!("{}\u{FFFD}", WORDS[(i + offset) % WORDS.len()]),
+            _ => WORDS[(i + offset) % WORDS.len()].to_owned(),
+        })
+        .collect();
+    // A `stop` string cuts the text before its first occurrence, as vLLM does.
+    let stop = body["stop"]
+        .as_array()
+        .and_then(|a| a.first())
+        .and_then(Value::as_str);
+    let mut stopped = false;
+    if let Some(stop) = stop.filter(|_| script.fault != Fault::IgnoreStop) {
+        let mut text = String::new();
+        for i in 0..words.len() {
+            text.push_str(&words[i]);
+            if let Some(at) = text.find(stop) {
+                let keep = words[i].len() - (text.len() - at);
+                words[i].truncate(keep);
+                words.truncate(i + 1);
+                stopped = true;
+                break;
+            }
+        }
+    }
+    let n = words.len();
     let want_ids = script.honour_token_ids && body["return_token_ids"].as_bool() == Some(true);
     let want_logprobs = match &body["logprobs"] {
         Value::Bool(b) => *b,
@@ -249,12 +287,7 @@ async fn respond(s: Arc<Shared>, body: Value, prompt_tokens: usize, chat: bool) 
             let mut reasoning = String::new();
             let mut content = String::new();
             let mut ids = Vec::new();
-            for i in sent..sent + take {
-                let word = if script.fault == Fault::Degenerate {
-                    [" a", " is", " the", " is"][i % 4]
-                } else {
-                    WORDS[(i + offset) % WORDS.len()]
-                };
+            for (i, word) in words.iter().enumerate().skip(sent).take(take) {
                 if i < script.reasoning_tokens { reasoning.push_str(word) } else { content.push_str(word) }
                 ids.push(1000 + i as u64);
             }
@@ -266,7 +299,7 @@ async fn respond(s: Arc<Shared>, body: Value, prompt_tokens: usize, chat: bool) 
                 delta.insert("content".to_owned(), json!(content));
             }
             let finish = if sent + take == n {
-                json!(if n < max_tokens { "stop" } else { "length" })
+                json!(if stopped || n < max_tokens { "stop" } else { "length" })
             } else {
                 Value::Null
             };

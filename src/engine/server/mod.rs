@@ -42,6 +42,28 @@ pub struct ServerOptions {
     pub api_key: Option<String>,
     /// Largest request body accepted; a larger one gets a 413 JSON error.
     pub max_request_bytes: usize,
+    /// Where the weights came from; `/v1/models` says it, so a client can tell meaningless
+    /// text of synthetic weights from a broken kernel.
+    pub weights: WeightsOrigin,
+}
+
+/// Where the served weights came from (`weights` in each `/v1/models` entry).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WeightsOrigin {
+    /// A checkpoint on disk: the output is the model's.
+    Checkpoint,
+    /// Deterministic pseudo-random weights: speeds are real, generated text is meaningless.
+    Synthetic,
+}
+
+impl WeightsOrigin {
+    /// The value in `/v1/models` (`checkpoint` or `synthetic`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WeightsOrigin::Checkpoint => "checkpoint",
+            WeightsOrigin::Synthetic => "synthetic",
+        }
+    }
 }
 
 /// Default `--max-request-bytes`: axum's own default body limit (2 MiB), which the server
@@ -202,6 +224,7 @@ async fn models(State(st): State<Arc<AppState>>) -> Response {
             "root": name,
             "max_model_len": st.opts.max_model_len,
             "backend": st.backend_name,
+            "weights": st.opts.weights.as_str(),
         }],
     }))
     .into_response()

@@ -190,7 +190,7 @@ impl BenchRun {
             }
             BenchEvent::LevelDone(report) => {
                 self.levels
-                    .push((report.level, report.passed, report.reasons()));
+                    .push((report.level, report.passed, report.notes()));
             }
             BenchEvent::Finished { .. } => {}
         }
@@ -220,7 +220,7 @@ impl BenchRun {
                 // Levels reported by the outcome but not as events (correctness, stress).
                 for l in &o.levels {
                     if !self.levels.iter().any(|(lv, ..)| *lv == l.level) {
-                        self.levels.push((l.level, l.passed, l.reasons()));
+                        self.levels.push((l.level, l.passed, l.notes()));
                     }
                 }
                 if let Some(g) = &o.grid {

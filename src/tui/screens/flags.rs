@@ -796,14 +796,84 @@ pub fn draw(frame: &mut Frame, app: &App, area: Rect) {
     let theme = &app.theme;
     let findings = s.findings();
     let find_h = (findings.len() as u16 + 2).clamp(3, area.height / 3);
+    let axes = all_axes();
+    // The selected row's docs: its own line, and the selected value's line for axes; while
+    // a limit is typed in, what it accepts and why the last value was refused.
+    let doc_lines = match (&s.editing, rows().get(s.selected)) {
+        (Some(ed), _) => {
+            let rule = ed.limit.numeric().unwrap_or(NumberRule::Count);
+            vec![
+                Line::from(vec![
+                    Span::styled(format!(" {}: ", ed.limit.setting().key), theme.accent()),
+                    Span::raw(format!("{}; Enter sets, Esc cancels", rule.describe())),
+                ]),
+                match &ed.error {
+                    Some(e) => Line::styled(format!(" {}", theme.text(e)), theme.error()),
+                    None => Line::styled(
+                        format!(
+                            " empty = the target's default; now {}",
+                            ed.limit.get(&s.flags).unwrap_or_else(|| "default".into())
+                        ),
+                        theme.dim(),
+                    ),
+                },
+            ]
+        }
+        (None, row) => match row {
+            Some(RowKind::Axis(i)) => {
+                let info = &axes[*i];
+                let v = s.flags.axis_value(info.key).unwrap_or(info.default);
+                let vdoc = info
+                    .values
+                    .iter()
+                    .find(|(n, _, _)| *n == v)
+                    .map(|(_, d, _)| *d)
+                    .unwrap_or("");
+                let values = values_for(info, &s.flags).join(" ");
+                vec![
+                    Line::from(vec![
+                        Span::styled(format!(" {}: ", info.key), theme.accent()),
+                        Span::raw(theme.text(info.doc).into_owned()),
+                    ]),
+                    Line::from(vec![
+                        Span::styled(format!(" {v}: "), theme.accent()),
+                        Span::raw(theme.text(vdoc).into_owned()),
+                        Span::styled(format!("  [{values}]"), theme.dim()),
+                    ]),
+                ]
+            }
+            Some(RowKind::Limit(l)) => {
+                let st = l.setting();
+                vec![
+                    Line::from(vec![
+                        Span::styled(format!(" {}: ", st.key), theme.accent()),
+                        Span::raw(theme.text(st.doc).into_owned()),
+                    ]),
+                    Line::styled(
+                        match l.numeric() {
+                            Some(_) => {
+                                format!(" [default {}]  Enter: type a value", l.choices().join(" "))
+                            }
+                            None => format!(" [default {}]", l.choices().join(" ")),
+                        },
+                        theme.dim(),
+                    ),
+                ]
+            }
+            None => Vec::new(),
+        },
+    };
+    // The docs wrap at the edge instead of being cut: as many rows as the wrapped lines
+    // take (at least two, so the table does not jump, at most four).
+    let doc = Paragraph::new(doc_lines).wrap(Wrap { trim: false });
+    let doc_h = (doc.line_count(area.width) as u16).clamp(2, (area.height / 4).max(2));
     let [table_area, doc_area, find_area] = Layout::vertical([
         Constraint::Min(5),
-        Constraint::Length(2),
+        Constraint::Length(doc_h),
         Constraint::Length(find_h),
     ])
     .areas(area);
 
-    let axes = all_axes();
     let wide = area.width >= 120;
     let mut table_rows = Vec::new();
     for row in rows() {
@@ -898,73 +968,7 @@ pub fn draw(frame: &mut Frame, app: &App, area: Rect) {
     let mut state = TableState::default().with_selected(Some(s.selected));
     frame.render_stateful_widget(table, table_area, &mut state);
 
-    // The selected row's docs: its own line, and the selected value's line for axes; while
-    // a limit is typed in, what it accepts and why the last value was refused.
-    let doc_lines = match (&s.editing, rows().get(s.selected)) {
-        (Some(ed), _) => {
-            let rule = ed.limit.numeric().unwrap_or(NumberRule::Count);
-            vec![
-                Line::from(vec![
-                    Span::styled(format!(" {}: ", ed.limit.setting().key), theme.accent()),
-                    Span::raw(format!("{}; Enter sets, Esc cancels", rule.describe())),
-                ]),
-                match &ed.error {
-                    Some(e) => Line::styled(format!(" {}", theme.text(e)), theme.error()),
-                    None => Line::styled(
-                        format!(
-                            " empty = the target's default; now {}",
-                            ed.limit.get(&s.flags).unwrap_or_else(|| "default".into())
-                        ),
-                        theme.dim(),
-                    ),
-                },
-            ]
-        }
-        (None, row) => match row {
-            Some(RowKind::Axis(i)) => {
-                let info = &axes[*i];
-                let v = s.flags.axis_value(info.key).unwrap_or(info.default);
-                let vdoc = info
-                    .values
-                    .iter()
-                    .find(|(n, _, _)| *n == v)
-                    .map(|(_, d, _)| *d)
-                    .unwrap_or("");
-                let values = values_for(info, &s.flags).join(" ");
-                vec![
-                    Line::from(vec![
-                        Span::styled(format!(" {}: ", info.key), theme.accent()),
-                        Span::raw(theme.text(info.doc).into_owned()),
-                    ]),
-                    Line::from(vec![
-                        Span::styled(format!(" {v}: "), theme.accent()),
-                        Span::raw(theme.text(vdoc).into_owned()),
-                        Span::styled(format!("  [{values}]"), theme.dim()),
-                    ]),
-                ]
-            }
-            Some(RowKind::Limit(l)) => {
-                let st = l.setting();
-                vec![
-                    Line::from(vec![
-                        Span::styled(format!(" {}: ", st.key), theme.accent()),
-                        Span::raw(theme.text(st.doc).into_owned()),
-                    ]),
-                    Line::styled(
-                        match l.numeric() {
-                            Some(_) => {
-                                format!(" [default {}]  Enter: type a value", l.choices().join(" "))
-                            }
-                            None => format!(" [default {}]", l.choices().join(" ")),
-                        },
-                        theme.dim(),
-                    ),
-                ]
-            }
-            None => Vec::new(),
-        },
-    };
-    frame.render_widget(Paragraph::new(doc_lines), doc_area);
+    frame.render_widget(doc, doc_area);
 
     let mut lines: Vec<Line> = Vec::new();
     if let Some(e) = &s.load_error {

@@ -234,6 +234,9 @@ pub struct LaunchScreen {
     pub log: LogView,
     /// Why the last key did nothing (for the status line).
     pub notice: Option<String>,
+    /// What the current launch serves (kind, preset, flags, spec, run id), for the records
+    /// of benchmarks started against it.
+    pub served: Option<crate::bench::cli::ServedBy>,
 }
 
 impl Default for LaunchScreen {
@@ -247,6 +250,7 @@ impl Default for LaunchScreen {
             describe: None,
             log_path: None,
             run_id: None,
+            served: None,
             started_at: None,
             last_line_at: None,
             elapsed_s: 0,
@@ -368,7 +372,12 @@ impl LaunchScreen {
                 run_id,
                 log_path,
                 startup_limit,
+                spec,
             } => {
+                if let Some(s) = self.served.as_mut() {
+                    s.launch = spec.map(|b| *b);
+                    s.launch_run = Some(run_id.clone());
+                }
                 self.limit_in_effect = Some(startup_limit);
                 self.watch_since = Some(Instant::now());
                 self.watch_s = 0;

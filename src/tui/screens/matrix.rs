@@ -481,6 +481,7 @@ pub fn common_args(app: &App, kind: TargetKind) -> Result<CommonArgs, String> {
         runs_dir: app.paths.runs_dir.clone(),
         engine_bin: None,
         device: None,
+        engine_model: None,
         startup_limit_s: app.launch.startup_limit.as_secs().max(1),
         cooldown_c: None,
         cooldown_limit_s: 900,

@@ -71,7 +71,7 @@ fn row_text(r: &RunRecord) -> [String; 6] {
     [
         r.identity.started_at.format("%Y-%m-%d %H:%M").to_string(),
         r.identity.run_id.short(),
-        r.identity.status.as_str().to_string(),
+        crate::record::cli::status_text(r),
         r.label(),
         r.target.kind_name().to_string(),
         headline_tps(r)
@@ -331,6 +331,7 @@ pub fn draw(frame: &mut Frame, app: &App, area: Rect) {
             };
             let [when, id, status, label, kind, tps] = row_text(r);
             let st = match r.identity.status {
+                _ if crate::record::cli::interrupted(r) => theme.warn(),
                 RunStatus::Completed => theme.good(),
                 RunStatus::Failed => theme.error(),
                 RunStatus::Aborted => theme.warn(),
