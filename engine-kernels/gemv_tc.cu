@@ -184,6 +184,12 @@ __device__ __forceinline__ void tcg_stage(RowOf row, const bf16_t* __restrict__ 
     __syncthreads();
 }
 
+// Chunks of a row of cols elements (4 lanes × W::E per chunk).
+template <class W>
+__device__ __forceinline__ int tcg_nchunks(int cols) {
+    return (cols + 4 * W::E - 1) / (4 * W::E);
+}
+
 // Load this warp's first S chunks of the tile's rows (r0 = the tile's first row + g).
 template <class W>
 __device__ __forceinline__ void tcg_prefetch(const W& wp, int r0, int rows, int nchunks,
@@ -344,8 +350,7 @@ GEMV_TC_BF16(gemv_tc_bf16_t16, 2)
          float eps, float* __restrict__ x_out) {                                               \
         const TcgFp4 wp{blocks, scales, cols};                                                 \
         TcgFp4::Raw cur[TcgFp4::S];                                                            \
-        tcg_prefetch(wp, blockIdx.x * 16 + ((threadIdx.x & 31) >> 2), rows,                      \
-                     (cols + 4 * TcgFp4::E - 1) / (4 * TcgFp4::E),                                  \
+        tcg_prefetch(wp, blockIdx.x * 16 + ((threadIdx.x & 31) >> 2), rows, tcg_nchunks<TcgFp4>(cols), \
                      cur);                                                                     \
         pdl_enter();                                                                           \
         gemv_tc_body<TcgFp4, TN>(wp, cur, bias, x, y, rows, cols, tokens, accumulate, norm_w,  \
