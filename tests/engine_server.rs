@@ -1711,7 +1711,8 @@ r = c.chat.completions.create(model="double", messages=msgs, tools=tools, temper
 call = r.choices[0].message.tool_calls[0]
 print(r.choices[0].finish_reason, call.function.name, call.function.arguments)
 name, args, finish = None, "", None
-for chunk in c.chat.completions.create(model="double", messages=msgs, tools=tools, stream=True):
+for chunk in c.chat.completions.create(model="double", messages=msgs, tools=tools, stream=True,
+                                     temperature=0):
     for ch in chunk.choices:
         for d in ch.delta.tool_calls or []:
             name = name or d.function.name
