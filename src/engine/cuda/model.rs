@@ -756,6 +756,8 @@ impl Decoder {
             acc: p(&self.sc_acc),
             entries: self.max_batch * hq * self.max_splits,
         };
+        // The MoE's units per warp depend on the batch only: once per step.
+        let units = ops::MoeUnits::for_batch(g.sms(), sh.moe, n, self.moe_units);
         for (li, lw) in self.w.layers.iter().enumerate() {
             let l = self.layer_ptrs(g, li, lw);
             let attn_norm = Norm {
@@ -844,7 +846,6 @@ impl Decoder {
             let (idx, act) = (r.idx_ptr(g, li), p(&r.act));
             let fmt = self.opts.activation;
             let experts = c.num_local_experts;
-            let units = ops::MoeUnits::for_batch(g.sms(), sh.moe, n, self.moe_units);
             if self.moe_tc {
                 ops::moe_gate_up_tc(g, &l.moe, sh.moe, experts, p(&r.h), idx, act, n)?;
             } else {
