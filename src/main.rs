@@ -66,6 +66,8 @@ enum EngineCommand {
     Selftest(mxtune::engine::cuda::cli::SelftestArgs),
     /// Time one decode step of a synthetic model on the GPU, kernel by kernel.
     Profile(mxtune::engine::cuda::profile::ProfileArgs),
+    /// Summarize a served run's step timeline (`mxtune serve --step-log FILE`).
+    Steps(mxtune::engine::steplog::StepsArgs),
 }
 
 /// Whether the command only prints, and so should end quietly when its reader goes away
@@ -118,6 +120,9 @@ fn main() -> std::process::ExitCode {
         Some(Command::Engine {
             command: EngineCommand::Profile(args),
         }) => mxtune::engine::cuda::profile::run(&args).map(|()| std::process::ExitCode::SUCCESS),
+        Some(Command::Engine {
+            command: EngineCommand::Steps(args),
+        }) => mxtune::engine::steplog::run(&args).map(|()| std::process::ExitCode::SUCCESS),
     };
     match result {
         Ok(code) => code,

@@ -1170,6 +1170,7 @@ async fn oracle_greedy_continuations_through_http() {
             api_key: None,
             max_request_bytes: mxtune::engine::server::DEFAULT_MAX_REQUEST_BYTES,
             weights: mxtune::engine::server::WeightsOrigin::Checkpoint,
+            step_log: None,
         };
         let server = mxtune::engine::server::Server::new(Box::new(backend), opts).unwrap();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -1991,4 +1992,101 @@ fn serve_binary_finds_a_named_model_in_the_hugging_face_cache_or_says_what_to_do
             .is_some_and(|l| l.starts_with("mxtune serve: ready on ")),
         "{lines:?}"
     );
+}
+
+/// `--step-log`: every step of a served run is one JSON line whose rows add up to the
+/// requests' prompt and generated tokens, and `mxtune engine steps` summarizes it.
+#[tokio::test(flavor = "multi_thread")]
+async fn step_log_accounts_for_every_token() {
+    let dir = std::env::temp_dir().join(format!("mxtune-steps-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("steps.jsonl");
+    let opts = ServerOptions {
+        step_log: Some(path.clone()),
+        ..options()
+    };
+    let s = start(opts, 8, 0).await;
+    let mut handles = Vec::new();
+    for i in 0..2u32 {
+        let base = s.base.clone();
+        // 100 prompt tokens: two chunks of the 64-token budget.
+        let prompt: Vec<u32> = (0..100).map(|k| 700 + i + k).collect();
+        handles.push(tokio::spawn(async move {
+            let v: Value = reqwest::Client::new()
+                .post(format!("{base}/v1/completions"))
+                .json(&json!({"prompt": prompt, "max_tokens": 9, "temperature": 0,
+                              "ignore_eos": true}))
+                .send()
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap();
+            v
+        }));
+    }
+    for h in handles {
+        let v = h.await.unwrap();
+        assert_eq!(v["usage"]["completion_tokens"], 9, "{v}");
+    }
+    wait_metrics(&s, "idle", |m| running(m) == 0.0).await;
+    // The engine flushes the log when it goes idle; read until both requests are in it.
+    let mut steps = Vec::new();
+    for _ in 0..2000 {
+        if let Ok(v) = mxtune::engine::steplog::read(&path) {
+            steps = v;
+            let prompt: usize = steps.iter().map(|r| r.prefill_tokens).sum();
+            if prompt == 200 && steps.iter().map(|r| r.decode_rows).sum::<usize>() == 16 {
+                break;
+            }
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    // Each request: its first token comes from the step that ends its prompt, the other 8
+    // from decode steps; no step goes over the 64-token budget.
+    assert_eq!(steps.iter().map(|r| r.prefill_tokens).sum::<usize>(), 200);
+    assert_eq!(steps.iter().map(|r| r.decode_rows).sum::<usize>(), 16);
+    for r in &steps {
+        assert!(r.decode_rows + r.prefill_tokens <= 64, "{r:?}");
+        assert!(r.ctx_max >= 100 || r.decode_rows == 0, "{r:?}");
+    }
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_mxtune"))
+        .args(["engine", "steps", "--json"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let sum: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(sum["steps"], steps.len());
+    assert_eq!(sum["decode_tokens"], 16);
+    assert_eq!(sum["prefill_tokens"], 200);
+    let kinds: Vec<&str> = sum["groups"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|g| g["kind"].as_str().unwrap())
+        .collect();
+    assert!(
+        kinds.contains(&"decode") && kinds.contains(&"prefill"),
+        "{sum}"
+    );
+    // A second server never overwrites the log.
+    let again = mxtune::engine::server::Server::new(
+        Box::new(mxtune::engine::cpu::CpuBackend::new(
+            mxtune::engine::synthetic::build("tiny", 0).unwrap(),
+            64,
+        )),
+        ServerOptions {
+            step_log: Some(path.clone()),
+            ..options()
+        },
+    );
+    let err = format!("{:#}", again.err().unwrap());
+    assert!(err.contains("exists"), "{err}");
+    std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -12,6 +12,7 @@ pub mod sampling;
 pub mod scheduler;
 pub mod serve;
 pub mod server;
+pub mod steplog;
 pub mod synthetic;
 pub mod tokenizer;
 pub mod weights;

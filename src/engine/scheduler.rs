@@ -5,6 +5,7 @@
 use super::backend::{ModelBackend, RowSample, SeqId, SeqStep};
 use super::sampling::{Sampled, Sampler, SamplingParams};
 use super::server::metrics::{Finished, Metrics, RequestStats};
+use super::steplog::{StepLog, StepRecord};
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -25,6 +26,8 @@ pub struct SchedulerConfig {
     pub kv_cache_tokens: usize,
     /// Token ids that end generation (config eos + harmony stop set).
     pub stop_tokens: Vec<u32>,
+    /// Where to write the step timeline (`--step-log`), one JSON line per step.
+    pub step_log: Option<std::path::PathBuf>,
 }
 
 /// Why generation ended, in OpenAI's `finish_reason` words.
@@ -123,13 +126,21 @@ pub fn spawn(
     cfg: SchedulerConfig,
     metrics: Arc<Metrics>,
 ) -> anyhow::Result<SchedulerHandle> {
+    let step_log = match &cfg.step_log {
+        Some(p) => Some(StepLog::create(p)?),
+        None => None,
+    };
     let (tx, rx) = mpsc::channel();
     let engine_metrics = metrics.clone();
     let alive = Arc::new(AtomicBool::new(true));
     let guard = AliveGuard(alive.clone());
     std::thread::Builder::new()
         .name("mxtune-engine".into())
-        .spawn(move || Engine::new(guard, backend, cfg, engine_metrics).run(rx))
+        .spawn(move || {
+            let mut engine = Engine::new(guard, backend, cfg, engine_metrics);
+            engine.step_log = step_log;
+            engine.run(rx)
+        })
         .map_err(|e| anyhow::anyhow!("could not start the engine thread: {e}"))?;
     Ok(SchedulerHandle { tx, metrics, alive })
 }
@@ -143,6 +154,15 @@ struct Engine {
     metrics: Arc<Metrics>,
     waiting: VecDeque<GenRequest>,
     running: Vec<Running>,
+    step_log: Option<StepLog>,
+}
+
+/// Where one step's time went, for the step log.
+#[derive(Default)]
+struct StepTimes {
+    plan: Duration,
+    forward: Duration,
+    emit: Duration,
 }
 
 impl Engine {
@@ -159,18 +179,25 @@ impl Engine {
             metrics,
             waiting: VecDeque::new(),
             running: Vec::new(),
+            step_log: None,
         }
     }
 
     fn run(mut self, rx: mpsc::Receiver<GenRequest>) {
         loop {
+            let mut idle = Duration::ZERO;
             if self.running.is_empty() && self.waiting.is_empty() {
                 self.publish_load();
+                if let Some(log) = &mut self.step_log {
+                    log.flush();
+                }
+                let t_idle = Instant::now();
                 match rx.recv() {
                     Ok(r) => self.waiting.push_back(r),
                     // Every handle is gone: the server has shut down.
                     Err(_) => return,
                 }
+                idle = t_idle.elapsed();
             }
             let t0 = Instant::now();
             while let Ok(r) = rx.try_recv() {
@@ -180,9 +207,67 @@ impl Engine {
             self.admit();
             self.publish_load();
             if !self.running.is_empty() {
-                let forward = self.step();
-                self.metrics.observe_step(forward, t0.elapsed());
+                let admitted = t0.elapsed();
+                // What the step holds, read before it runs (it may finish requests).
+                let shape = self.step_log.is_some().then(|| self.shape());
+                let times = self.step();
+                self.metrics.observe_step(times.forward, t0.elapsed());
+                if let (Some(log), Some(mut rec)) = (&mut self.step_log, shape) {
+                    let us = |d: Duration| u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
+                    rec.t = log.since_open(t0);
+                    rec.idle_us = us(idle);
+                    rec.waiting = self.waiting.len();
+                    rec.admit_us = us(admitted);
+                    rec.plan_us = us(times.plan);
+                    rec.forward_us = us(times.forward);
+                    rec.emit_us = us(times.emit);
+                    log.write(&rec);
+                }
             }
+        }
+    }
+
+    /// The step about to run as the step log describes it: decode rows and their context,
+    /// prompt rows and the tokens the budget gives them (as `step` plans it).
+    fn shape(&self) -> StepRecord {
+        let mut budget = self.cfg.max_num_batched_tokens.max(1);
+        let (mut decode, mut ctx_sum, mut ctx_max) = (0usize, 0usize, 0usize);
+        for r in &self.running {
+            if r.prefilled == r.req.prompt.len() && budget > 0 {
+                let ctx = r.req.prompt.len() + r.generated.len().saturating_sub(1);
+                decode += 1;
+                ctx_sum += ctx;
+                ctx_max = ctx_max.max(ctx);
+                budget -= 1;
+            }
+        }
+        let (mut rows, mut tokens) = (0usize, 0usize);
+        for r in &self.running {
+            let left = r.req.prompt.len() - r.prefilled;
+            if left > 0 && budget > 0 {
+                let n = left.min(budget);
+                rows += 1;
+                tokens += n;
+                budget -= n;
+            }
+        }
+        StepRecord {
+            t: 0.0,
+            idle_us: 0,
+            decode_rows: decode,
+            prefill_rows: rows,
+            prefill_tokens: tokens,
+            ctx_max,
+            ctx_mean: if decode > 0 {
+                ctx_sum as f64 / decode as f64
+            } else {
+                0.0
+            },
+            waiting: 0,
+            admit_us: 0,
+            plan_us: 0,
+            forward_us: 0,
+            emit_us: 0,
         }
     }
 
@@ -258,9 +343,11 @@ impl Engine {
     }
 
     /// One batched forward step: every decoding sequence feeds its last token, prefilling
-    /// sequences feed the next prompt chunk within the step's token budget. Returns the time
-    /// spent in the backend's forward.
-    fn step(&mut self) -> Duration {
+    /// sequences feed the next prompt chunk within the step's token budget. Returns where
+    /// the step's time went (the backend's forward, and the host work before and after it).
+    fn step(&mut self) -> StepTimes {
+        let t_plan = Instant::now();
+        let mut times = StepTimes::default();
         let mut budget = self.cfg.max_num_batched_tokens.max(1);
         // (index into running, range of prompt fed or None for a decode token)
         let mut plan: Vec<(usize, Option<std::ops::Range<usize>>)> = Vec::new();
@@ -323,8 +410,10 @@ impl Engine {
         self.metrics
             .observe_iteration_tokens(batch.iter().map(|b| b.tokens.len()).sum());
         let t_forward = Instant::now();
+        times.plan = t_forward.duration_since(t_plan);
         let result = self.backend.forward_sampled(&batch, &mut rows);
-        let forward = t_forward.elapsed();
+        times.forward = t_forward.elapsed();
+        let t_emit = Instant::now();
         drop((batch, rows, parts));
         let sampled = match result {
             Ok(l) if l.len() == plan.len() => l,
@@ -336,11 +425,13 @@ impl Engine {
                     plan.len()
                 );
                 self.fail_all(&msg);
-                return forward;
+                times.emit = t_emit.elapsed();
+                return times;
             }
             Err(e) => {
                 self.fail_all(&format!("backend {} failed: {e:#}", self.backend.name()));
-                return forward;
+                times.emit = t_emit.elapsed();
+                return times;
             }
         };
         let mut finished: Vec<usize> = Vec::new();
@@ -359,7 +450,8 @@ impl Engine {
                     self.backend.name()
                 );
                 self.fail_all(&msg);
-                return forward;
+                times.emit = t_emit.elapsed();
+                return times;
             };
             if let Some(reason) = Self::emit_token(&self.cfg, &self.metrics, r, token) {
                 let _ = r.req.events.send(GenEvent::Done(reason));
@@ -385,7 +477,8 @@ impl Engine {
             let r = self.running.remove(i);
             self.backend.free_seq(r.seq);
         }
-        forward
+        times.emit = t_emit.elapsed();
+        times
     }
 
     /// Send one sampled token; returns why the request ends, if it does.

@@ -154,6 +154,10 @@ pub struct ServeArgs {
     /// Largest request body in bytes; a larger one is refused with a 413 JSON error.
     #[arg(long, default_value_t = super::server::DEFAULT_MAX_REQUEST_BYTES)]
     pub max_request_bytes: usize,
+    /// Write the engine's step timeline to this new file, one JSON line per step (what
+    /// the step held, forward and host time); read it with `mxtune engine steps FILE`.
+    #[arg(long)]
+    pub step_log: Option<PathBuf>,
     #[command(flatten)]
     pub gates: Gates,
 }
@@ -662,6 +666,7 @@ fn prepare_with(args: &ServeArgs, open: impl FnOnce() -> Result<Gpu>) -> Result<
             kv_cache_tokens: kv_tokens,
             api_key: args.api_key.clone(),
             max_request_bytes: args.max_request_bytes,
+            step_log: args.step_log.clone(),
             weights: if args.synthetic.is_some() {
                 WeightsOrigin::Synthetic
             } else {

@@ -213,6 +213,7 @@ pub fn options() -> ServerOptions {
         api_key: None,
         max_request_bytes: mxtune::engine::server::DEFAULT_MAX_REQUEST_BYTES,
         weights: mxtune::engine::server::WeightsOrigin::Checkpoint,
+        step_log: None,
     }
 }
 

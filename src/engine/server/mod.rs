@@ -45,6 +45,8 @@ pub struct ServerOptions {
     /// Where the weights came from; `/v1/models` says it, so a client can tell meaningless
     /// text of synthetic weights from a broken kernel.
     pub weights: WeightsOrigin,
+    /// Write the step timeline here (`--step-log`), one JSON line per engine step.
+    pub step_log: Option<std::path::PathBuf>,
 }
 
 /// Where the served weights came from (`weights` in each `/v1/models` entry).
@@ -123,6 +125,7 @@ impl Server {
                 max_num_batched_tokens: opts.max_num_batched_tokens,
                 kv_cache_tokens: opts.kv_cache_tokens,
                 stop_tokens,
+                step_log: opts.step_log.clone(),
             },
             metrics.clone(),
         )?;
