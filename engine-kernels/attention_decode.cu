@@ -140,6 +140,16 @@ attn_split(const float* __restrict__ q, const void* __restrict__ k_cache,
     const int kvh = h / (hq / hkv);
     int lo, hi;
     split_keys_range((int)pos[t], window, min_split, split, nsplit, lo, hi);
+    if (lo >= hi) {
+        // An empty split (a graph's grid covers the longest context): its max and sum say
+        // so, and the combine never reads its outputs.
+        if (threadIdx.x == 0) {
+            const size_t pi = ((size_t)t * hq + h) * nsplit + split;
+            part_m[pi] = -INFINITY;
+            part_l[pi] = 0.0f;
+        }
+        return;
+    }
     const float* qh = q + ((size_t)t * hq + h) * d + lane * dpl;
     float qv[ATTN_MAX_DPL], acc[ATTN_MAX_DPL];
 #pragma unroll
@@ -233,6 +243,16 @@ __device__ __forceinline__ void gqa_split(const float* __restrict__ q, const voi
     const int G = hq / hkv, dpl = d >> 5;
     int lo, hi;
     split_keys_range((int)pos[t], window, min_split, split, nsplit, lo, hi);
+    if (lo >= hi) {
+        // An empty split: as in attn_split, only its max and sum are written (uniform over
+        // the block, so no thread waits at a barrier below).
+        for (int g = threadIdx.x; g < G; g += blockDim.x) {
+            const size_t pi = ((size_t)t * hq + (size_t)kvh * G + g) * nsplit + split;
+            part_m[pi] = -INFINITY;
+            part_l[pi] = 0.0f;
+        }
+        return;
+    }
     const float* qt = q + ((size_t)t * hq + (size_t)kvh * G) * d;
     for (int i = threadIdx.x; i < G * d; i += blockDim.x) sm.q[i] = qt[i] * scale * ATTN_LOG2E;
     __syncthreads();
@@ -397,8 +417,10 @@ attn_combine(const float* __restrict__ part_m, const float* __restrict__ part_l,
     if (sinks) ll += expf(sink - mm);
     const int slices = blockDim.x / d, i = tid % d, p = tid / d;
     float acc = 0.0f;
+    // A split of weight 0 adds nothing; an empty one wrote no outputs, so it is not read.
     if (p < slices)
-        for (int s = p; s < nsplit; s += slices) acc += part_acc[(base + s) * d + i] * w[s];
+        for (int s = p; s < nsplit; s += slices)
+            if (w[s] != 0.0f) acc += part_acc[(base + s) * d + i] * w[s];
     slice[tid] = acc;
     __syncthreads();
     if (tid < d) {

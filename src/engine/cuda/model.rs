@@ -484,6 +484,8 @@ pub struct Decoder {
     /// Units per warp of the SIMT decode MoE fixed by `$MXTUNE_MOE_UNITS` (None: picked per
     /// batch size, [`ops::MoeUnits::for_batch`]).
     moe_units: Option<usize>,
+    /// Decode-attention kernel choice (defaults, or `MXTUNE_ATTN*` overrides).
+    attn: ops::AttnTuning,
 }
 
 /// The MoE's sizes and SwiGLU constants from the config.
@@ -542,6 +544,7 @@ impl Decoder {
             && opts.activation == ActFormat::Bf16
             && ops::moe_tc_fits(g, moe_shape(cfg));
         let moe_units = ops::MoeUnits::from_env()?;
+        let attn = ops::AttnTuning::from_env()?;
         Ok(Self {
             cfg: cfg.clone(),
             w,
@@ -566,6 +569,7 @@ impl Decoder {
             pre: None,
             moe_tc,
             moe_units,
+            attn,
         })
     }
 
@@ -787,8 +791,8 @@ impl Decoder {
             } else {
                 full_keys
             };
-            let kernel = ops::AttnKernel::for_keys(sh.attn, keys);
-            let min_split = kernel.min_split();
+            let kernel = self.attn.kernel(sh.attn, keys);
+            let min_split = self.attn.min_split(kernel);
             let nsplit = attn_splits(keys, min_split, self.max_splits);
             ops::attention(
                 g,

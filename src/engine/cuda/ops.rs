@@ -464,6 +464,75 @@ impl AttnKernel {
     }
 }
 
+/// Environment variable that fixes the decode-attention kernel: `auto` (the default: by
+/// context length, [`AttnKernel::for_keys`]), `per-head` or `gqa`.
+pub const ATTN_KERNEL_ENV: &str = "MXTUNE_ATTN";
+
+/// Environment variable that sets the fewest keys per split of the GQA attention kernel
+/// (default [`AttnKernel::min_split`] of `Gqa`).
+pub const ATTN_GQA_MIN_SPLIT_ENV: &str = "MXTUNE_ATTN_GQA_MIN_SPLIT";
+
+/// The decode step's choice of attention kernel and split size: the defaults, or what
+/// [`ATTN_KERNEL_ENV`] and [`ATTN_GQA_MIN_SPLIT_ENV`] set (tuning switches for `engine
+/// profile`; the split boundaries depend on the context length only, never on the batch).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AttnTuning {
+    /// A kernel for every context, or None to choose by context length.
+    pub force: Option<AttnKernel>,
+    /// Fewest keys per split of the GQA kernel.
+    pub gqa_min_split: usize,
+}
+
+impl Default for AttnTuning {
+    fn default() -> Self {
+        Self {
+            force: None,
+            gqa_min_split: AttnKernel::Gqa.min_split(),
+        }
+    }
+}
+
+impl AttnTuning {
+    /// The defaults with the environment's overrides; a bad value is an error naming it.
+    pub fn from_env() -> Result<Self> {
+        let mut t = Self::default();
+        match std::env::var(ATTN_KERNEL_ENV).as_deref() {
+            Err(_) | Ok("") | Ok("auto") => {}
+            Ok("per-head") => t.force = Some(AttnKernel::PerHead),
+            Ok("gqa") => t.force = Some(AttnKernel::Gqa),
+            Ok(v) => anyhow::bail!("{ATTN_KERNEL_ENV}={v}: expected auto, per-head or gqa"),
+        }
+        match std::env::var(ATTN_GQA_MIN_SPLIT_ENV).as_deref() {
+            Err(_) | Ok("") => {}
+            Ok(v) => match v.parse::<usize>() {
+                Ok(n) if (1..=65536).contains(&n) => t.gqa_min_split = n,
+                _ => anyhow::bail!(
+                    "{ATTN_GQA_MIN_SPLIT_ENV}={v}: expected a whole number of keys from 1 to 65536"
+                ),
+            },
+        }
+        Ok(t)
+    }
+
+    /// The kernel for rows of up to `keys` keys of shape `s` (a forced GQA kernel only where
+    /// the shape allows it).
+    pub fn kernel(&self, s: AttnShape, keys: usize) -> AttnKernel {
+        match self.force {
+            Some(AttnKernel::Gqa) if s.hq / s.hkv <= ATTN_GQA_MAX => AttnKernel::Gqa,
+            Some(_) => AttnKernel::PerHead,
+            None => AttnKernel::for_keys(s, keys),
+        }
+    }
+
+    /// Fewest keys per split of `kernel`.
+    pub fn min_split(&self, kernel: AttnKernel) -> usize {
+        match kernel {
+            AttnKernel::PerHead => AttnKernel::PerHead.min_split(),
+            AttnKernel::Gqa => self.gqa_min_split,
+        }
+    }
+}
+
 /// Decode attention for `t` query tokens over a cache of element type `kv`: each row's keys
 /// are shared evenly among `nsplit` splits (blocks), at least `min_split` keys each, so any
 /// `nsplit ≥ 1` covers any context and a short one still spreads over several blocks; `kernel`
