@@ -431,9 +431,14 @@ pub struct AttnScratch {
 }
 
 /// Contexts longer than this many keys run decode attention on `attn_split_gqa` (where the
-/// shape allows it); shorter ones on `attn_split`, which has G times more blocks and a shorter
-/// chain per key. Measured crossover on the H100 (docs/perf.md, runs 28–29): ~600 keys.
-pub const ATTN_GQA_FROM_KEYS: usize = 1024;
+/// shape allows it); shorter ones (gpt-oss's 128-key sliding windows) on `attn_split`, which
+/// has G times more blocks and a shorter chain per key. At batch 1 the per-head kernel was
+/// faster up to ~600 keys (runs 28–29), but it reads each KV row once per query head and
+/// launches (rows × query heads × splits) blocks: at batch 16 and 769 keys it took 4.2 ms of
+/// a 26 ms step where the GQA kernel with 128-key splits took 1.15 ms (run 50; docs/perf.md).
+/// The choice depends on the context length only, so a sequence's arithmetic does not change
+/// with the batch it runs in.
+pub const ATTN_GQA_FROM_KEYS: usize = 256;
 
 /// The decode-attention kernel of a launch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -454,12 +459,15 @@ impl AttnKernel {
         }
     }
 
-    /// Fewest keys per split: the GQA kernel has G times fewer blocks per split, so it splits
-    /// finer.
+    /// Fewest keys per split. The GQA kernel's warps each take 32 keys (a lane per key), so
+    /// a split of 128 keys keeps all four busy and writes a quarter of the partials of a
+    /// 32-key split: at batch 16 and depth 768 the attention went from 3.78 ms (8-key splits)
+    /// and 2.10 ms (32) to 1.15 ms (128); at batch 1 it costs 0.04 ms a step more than 8-key
+    /// splits (run 50).
     pub fn min_split(self) -> usize {
         match self {
             AttnKernel::PerHead => 32,
-            AttnKernel::Gqa => 8,
+            AttnKernel::Gqa => ATTN_GQA_WARPS as usize * 32,
         }
     }
 }
