@@ -742,6 +742,35 @@ fn cli_runs_compare_text_and_markdown() {
 
     let out = mxtune(&["runs", "compare", "01KEHS"], Some(dir.path()));
     assert!(!out.status.success(), "one run is not a comparison");
+
+    // --noise sets the threshold: tg128 of B is +0.68 t/s with a std of 0.18, beyond
+    // 2·std and within 4·std.
+    let row = |out: &std::process::Output| {
+        let t = text(&out.stdout);
+        let mut lines = t.lines().skip_while(|l| !l.starts_with("pp2048 tg128"));
+        lines.nth(1).unwrap_or_default().to_string()
+    };
+    let out = mxtune(&args, Some(dir.path()));
+    assert!(row(&out).contains("+2.2% (beyond noise)"), "{}", row(&out));
+    let mut wide = args.to_vec();
+    wide.extend(["--noise", "4"]);
+    let out = mxtune(&wide, Some(dir.path()));
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(row(&out).contains("+2.2% (within noise)"), "{}", row(&out));
+    assert!(
+        text(&out.stdout).contains("< 4·std"),
+        "{}",
+        text(&out.stdout)
+    );
+    let mut bad = args.to_vec();
+    bad.extend(["--noise", "0"]);
+    let out = mxtune(&bad, Some(dir.path()));
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("noise threshold `0`: give a number of standard deviations"),
+        "{}",
+        text(&out.stderr)
+    );
 }
 
 /// Child mode of `kill_9_during_updates_leaves_a_readable_record`: update a record

@@ -870,6 +870,77 @@ fn runs_list_filter_open_compare_and_export() {
     );
 }
 
+#[test]
+fn runs_compare_noise_threshold_is_set_with_n() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = RunStore::new(dir.path().join("runs"));
+    // Marked newest first: 131 ± 1.5 is A, 120 ± 1.0 is B: -11, beyond 2·std (3), within
+    // 10·std (15).
+    store
+        .create(record(
+            "01JD0000000000000000000001",
+            "engine-cpu-tiny",
+            10,
+            120.0,
+            1.0,
+        ))
+        .unwrap();
+    store
+        .create(record(
+            "01JD0000000000000000000002",
+            "engine-q8",
+            30,
+            131.0,
+            1.5,
+        ))
+        .unwrap();
+    let mut app = started(dir.path(), theme());
+    key(&mut app, KeyCode::Char('5'));
+    key(&mut app, KeyCode::Char('m'));
+    key(&mut app, KeyCode::Down);
+    key(&mut app, KeyCode::Char('m'));
+    key(&mut app, KeyCode::Char('C'));
+    let screen = render(&app, 80, 24);
+    assert!(screen.contains("noise threshold 2·std"), "{screen}");
+    assert!(screen.contains("(beyond noise)"), "{screen}");
+    // n opens the field; q, digits and letters are typed, not acted on.
+    key(&mut app, KeyCode::Char('n'));
+    assert_eq!(
+        mxtune::tui::screens::bindings(&app),
+        mxtune::tui::keys::VALUE_INPUT
+    );
+    key(&mut app, KeyCode::Backspace);
+    type_str(&mut app, "q");
+    key(&mut app, KeyCode::Enter);
+    assert_eq!(app.tab, Tab::Runs);
+    assert_eq!(app.noise_sigmas, 2.0, "a bad value changes nothing");
+    let refused = render(&app, 80, 24);
+    assert!(
+        refused.contains("noise threshold `q`: give a number of standard"),
+        "{refused}"
+    );
+    key(&mut app, KeyCode::Backspace);
+    type_str(&mut app, "10");
+    key(&mut app, KeyCode::Enter);
+    assert_eq!(app.noise_sigmas, 10.0);
+    assert!(app.runs.noise_edit.is_none());
+    let screen = render(&app, 80, 24);
+    assert!(screen.contains("noise threshold 10·std"), "{screen}");
+    assert!(screen.contains("-8.4% (within noise)"), "{screen}");
+    insta::assert_snapshot!("runs_compare_noise_80x24", screen);
+    // The export says the same.
+    key(&mut app, KeyCode::Char('e'));
+    let md = std::fs::read_to_string(dir.path().join("compare-00000002-00000001.md")).unwrap();
+    assert!(md.contains("-8.4% (within noise)"), "{md}");
+    assert!(md.contains("< 10·std"), "{md}");
+    // Esc while typing keeps the threshold as it was.
+    key(&mut app, KeyCode::Char('n'));
+    type_str(&mut app, "5");
+    key(&mut app, KeyCode::Esc);
+    assert_eq!(app.noise_sigmas, 10.0);
+    assert!(matches!(app.runs.view, RunsView::Compare { .. }));
+}
+
 // ---- Launch ----
 
 /// A stand-in for an OpenAI server (the attach target's other end): health, models, and a
@@ -2301,6 +2372,54 @@ fn quick_ab_marks_a_and_runs_against_the_current_flags() {
     assert!(status.contains("A engine-cpu-tiny"), "{status}");
     assert!(!status.contains("(= now)"), "{status}");
     key(&mut app, KeyCode::Char('4'));
+    // A opens the A/B view: what will run, its rounds and noise threshold; nothing runs yet.
+    assert!(hit(&mut app, KeyCode::Char('A')).is_empty());
+    assert_eq!(app.bench.view, BenchView::Ab);
+    assert_eq!(mxtune::tui::screens::bindings(&app), mxtune::tui::keys::AB);
+    let setup = render(&app, 80, 24);
+    assert!(
+        setup.contains("A engine-cpu-tiny  vs  B engine-cpu-tiny*"),
+        "{setup}"
+    );
+    assert!(
+        setup.contains("rounds 3 (r)  noise threshold 2·std (n)"),
+        "{setup}"
+    );
+    insta::assert_snapshot!("ab_setup_80x24", setup);
+    // r: rounds. Out of range is refused inline and the field stays open.
+    hit(&mut app, KeyCode::Char('r'));
+    assert_eq!(
+        mxtune::tui::screens::bindings(&app),
+        mxtune::tui::keys::VALUE_INPUT
+    );
+    hit(&mut app, KeyCode::Backspace);
+    hit(&mut app, KeyCode::Char('0'));
+    assert!(hit(&mut app, KeyCode::Enter).is_empty());
+    assert_eq!(app.bench.ab.rounds, 3);
+    let refused = render(&app, 80, 24);
+    assert!(
+        refused.contains("rounds `0`: give a whole number from 1 to 100"),
+        "{refused}"
+    );
+    hit(&mut app, KeyCode::Backspace);
+    hit(&mut app, KeyCode::Char('5'));
+    hit(&mut app, KeyCode::Enter);
+    assert_eq!(app.bench.ab.rounds, 5);
+    assert_eq!(app.bench.ab.editing, None);
+    // n: the noise threshold, in standard deviations.
+    hit(&mut app, KeyCode::Char('n'));
+    hit(&mut app, KeyCode::Backspace);
+    for c in "1.5".chars() {
+        hit(&mut app, KeyCode::Char(c));
+    }
+    hit(&mut app, KeyCode::Enter);
+    assert_eq!(app.noise_sigmas, 1.5);
+    assert!(
+        render(&app, 80, 24).contains("rounds 5 (r)  noise threshold 1.5·std (n)"),
+        "{}",
+        render(&app, 80, 24)
+    );
+    // A (or Enter) runs it with those settings.
     let effects = hit(&mut app, KeyCode::Char('A'));
     let [Effect::StartAb(req)] = effects.as_slice() else {
         panic!("{effects:?} {:?}", app.message);
@@ -2310,6 +2429,8 @@ fn quick_ab_marks_a_and_runs_against_the_current_flags() {
     assert_eq!(req.kind, mxtune::launch::spec::TargetKind::Engine);
     assert_eq!(req.a_label, "engine-cpu-tiny");
     assert_eq!(req.b_label, "engine-cpu-tiny*");
+    assert_eq!((req.rounds, req.noise), (5, 1.5));
+    assert_eq!(app.bench.ab.run.as_ref().unwrap().rounds, 5);
     assert_eq!(app.bench.view, BenchView::Ab);
     assert_eq!(
         mxtune::tui::screens::bindings(&app),
@@ -2380,7 +2501,9 @@ fn fixed_ab_finished(app: &mut App) {
             ratio("pp t/s", &[1.02, 0.98]),
             ratio("tg t/s", &[1.21, 1.19]),
             ratio("TTFT p50 ms", &[0.90, 0.88]),
+            ratio("E2EL p50 ms", &[1.01]),
         ],
+        noise: 2.0,
     };
     app.on_matrix(MatrixMsg::AbDone(Ok(Box::new(AbOutcome {
         result,
@@ -2407,6 +2530,28 @@ fn snapshots_quick_ab_result() {
     assert_eq!(mxtune::tui::screens::bindings(&app), mxtune::tui::keys::AB);
     let small = render(&app, 80, 24);
     assert!(small.contains("1.200"), "{small}");
+    // Every ratio carries its noise hint: pp 1.000 ± 0.028 is within 2·std, tg 1.200 ±
+    // 0.014 and TTFT 0.890 ± 0.014 beyond it, one round has no spread.
+    let hints: Vec<&str> = small
+        .lines()
+        .filter(|l| l.contains("pp64 tg4 c1"))
+        .map(|l| {
+            ["within noise", "beyond noise", "noise unknown"]
+                .into_iter()
+                .find(|h| l.contains(h))
+                .unwrap_or("none")
+        })
+        .collect();
+    assert_eq!(
+        hints,
+        [
+            "within noise",
+            "beyond noise",
+            "beyond noise",
+            "noise unknown"
+        ],
+        "{small}"
+    );
     insta::assert_snapshot!("ab_result_80x24", small);
     insta::assert_snapshot!("ab_result_160x48", render(&app, 160, 48));
 }

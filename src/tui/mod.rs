@@ -527,7 +527,10 @@ pub fn perform(app: &mut App, bg: &mut Background, effect: Effect) -> Option<Exi
             app.runs.on_scan(store.scan().map_err(|e| format!("{e:#}")));
         }
         Effect::ExportComparison(path) => {
-            let Some(md) = app.runs.comparison(crate::record::compare::Format::Md) else {
+            let Some(md) = app
+                .runs
+                .comparison(crate::record::compare::Format::Md, app.noise_sigmas)
+            else {
                 app.message = Some("mark two runs (m) to export a comparison".into());
                 return None;
             };
@@ -600,6 +603,7 @@ fn ab_args(
         preset_a: paths[0].display().to_string(),
         preset_b: paths[1].display().to_string(),
         rounds: req.rounds,
+        noise: req.noise,
         reuse: false,
         out: dir,
         common,
