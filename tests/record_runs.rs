@@ -173,7 +173,7 @@ fn full_record(source_repo: &Path) -> RunRecord {
                     .collect(),
                 end_ms: Some(960.1 + f * 0.1),
                 latency_ms: Some(2.31),
-                prompt_tokens: Some(2048),
+                prompt_tokens: Some(2119),
                 completion_tokens: Some(32),
                 error: None,
             }
@@ -195,6 +195,11 @@ fn full_record(source_repo: &Path) -> RunRecord {
             concurrency: 1,
         },
         pp_tps: Stats::from_samples(&pp),
+        // The chat template's 71 tokens on top of the 2048 sent.
+        server_prompt_tokens: Stats::from_samples(&[2119.0; 3]),
+        server_pp_tps: Stats::from_samples(
+            &pp.iter().map(|p| p * 2119.0 / 2048.0).collect::<Vec<_>>(),
+        ),
         tg_tps: Stats::from_samples(&tg),
         total_tg_tps: None,
         ttfr_ms: Stats::from_samples(&[401.3, 401.6, 401.9]),

@@ -653,6 +653,14 @@ pub struct PointResult {
     /// Prompt-processing throughput per repetition, tokens/s.
     #[serde(default)]
     pub pp_tps: Option<Stats>,
+    /// Prompt tokens as the server counted them (`usage.prompt_tokens`, the chat template's
+    /// tokens included) over the measured requests that reported usage.
+    #[serde(default)]
+    pub server_prompt_tokens: Option<Stats>,
+    /// Prompt-processing throughput by the server's count (`usage.prompt_tokens` / est_ppt
+    /// per request, whatever its distance from the tokens sent), tokens/s.
+    #[serde(default)]
+    pub server_pp_tps: Option<Stats>,
     /// Generation throughput per repetition, tokens/s (per request).
     #[serde(default)]
     pub tg_tps: Option<Stats>,
