@@ -2656,3 +2656,110 @@ fn flags_docs_wrap_at_80x24_instead_of_being_cut() {
         }
     }
 }
+
+/// The words of a rendered screen, rows joined, borders and runs of spaces collapsed, so a
+/// text that wraps onto several rows is found whole.
+fn screen_words(screen: &str) -> String {
+    screen
+        .lines()
+        .map(|l| l.trim_matches('"').replace(['│', '|'], " "))
+        .collect::<Vec<_>>()
+        .join(" ")
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+#[test]
+fn help_lines_wrap_under_their_key_column() {
+    let app = snapshot_app(theme());
+    // 40: a 20-column key and 20 for the action, where every action wraps but no word of
+    // one is cut; 62: the overlay's width on an 80-column terminal.
+    for width in [40u16, 62] {
+        let lines = mxtune::tui::ui::help_lines(&app, width);
+        let text: Vec<String> = lines
+            .iter()
+            .map(|l| l.spans.iter().map(|s| s.content.as_ref()).collect())
+            .collect();
+        for t in &text {
+            assert!(
+                t.chars().count() <= usize::from(width),
+                "{t:?} is wider than {width}"
+            );
+        }
+        // Every action is there whole, in order, once the wrapped rows are joined.
+        let all = text
+            .join(" ")
+            .split_whitespace()
+            .collect::<Vec<_>>()
+            .join(" ");
+        for (title, bindings) in mxtune::tui::keys::SECTIONS {
+            assert!(all.contains(title), "{title} at {width}");
+            for b in *bindings {
+                let want = format!("{} {}", b.key, b.action);
+                let want = want.split_whitespace().collect::<Vec<_>>().join(" ");
+                assert!(all.contains(&want), "{want:?} at {width}");
+            }
+        }
+    }
+    // A word longer than the line is cut, not lost.
+    assert_eq!(
+        mxtune::tui::ui::wrap_words("ab cdefgh i", 3),
+        ["ab", "cde", "fgh", "i"]
+    );
+}
+
+#[test]
+fn help_overlay_80x24() {
+    let mut app = snapshot_app(theme());
+    key(&mut app, KeyCode::Char('4'));
+    key(&mut app, KeyCode::Char('?'));
+    insta::assert_snapshot!("help_bench_80x24", render(&app, 80, 24));
+}
+
+#[test]
+fn a_long_status_message_wraps_instead_of_being_cut() {
+    let mut app = snapshot_app(theme());
+    let msg = "a matrix or A/B is running its own targets: wait for it, or cancel it on the \
+               Bench screen (4, then Esc)";
+    app.message = Some(msg.into());
+    let screen = render(&app, 80, 24);
+    assert!(screen_words(&screen).contains(msg), "{screen}");
+    // Two rows of status, then the hints on the last row as always.
+    let rows: Vec<&str> = screen.lines().collect();
+    assert!(rows[21].contains("a matrix or A/B"), "{screen}");
+    assert!(rows[22].contains("(4, then Esc)"), "{screen}");
+    assert!(rows[23].contains("? help"), "{screen}");
+    insta::assert_snapshot!("status_message_wrapped_80x24", screen);
+    // The real message, from the key that answers it.
+    app.message = None;
+    app.bench.ab.run = Some(mxtune::tui::screens::matrix::AbRun {
+        a: "a".into(),
+        b: "b".into(),
+        rounds: 3,
+        round: 1,
+        phase: String::new(),
+        valid_rounds: 0,
+        ratios: Vec::new(),
+        state: JobState::Running,
+        out: None,
+        md: None,
+        excluded: Vec::new(),
+    });
+    key(&mut app, KeyCode::Char('2'));
+    assert!(hit(&mut app, KeyCode::Char('l')).is_empty());
+    assert_eq!(app.message.as_deref(), Some(msg));
+    assert!(screen_words(&render(&app, 80, 24)).contains(msg));
+}
+
+#[test]
+fn launch_head_wraps_at_80x24() {
+    let mut app = snapshot_app(theme());
+    fixed_launch(&mut app);
+    key(&mut app, KeyCode::Char('2'));
+    let screen = render(&app, 80, 24);
+    assert!(
+        screen_words(&screen).contains("log runs/01JD0000000000000000000003.target.log"),
+        "{screen}"
+    );
+}

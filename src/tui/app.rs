@@ -311,7 +311,8 @@ impl App {
                     && (self.bench.matrix.is_running() || self.bench.ab.is_running()) =>
             {
                 self.message = Some(
-                    "a matrix or A/B is running its own targets: wait for it, or cancel it on                      the Bench screen (4, then Esc)"
+                    "a matrix or A/B is running its own targets: wait for it, or cancel it on \
+                     the Bench screen (4, then Esc)"
                         .into(),
                 );
                 Vec::new()
