@@ -600,7 +600,7 @@ fn tui_matrix_view_runs_engine_presets_through_the_background() {
 
     let dir = tempfile::tempdir().unwrap();
     let (mut app, mut bg, rx, runs) = panel(dir.path(), &["tui-a", "tui-b"]);
-    app.launch.choice = mxtune::launch::spec::TargetKind::Engine;
+    app.launch.choice = mxtune::vocab::TargetKind::Engine;
     let press = |app: &mut App, code: KeyCode| app.on_key(KeyEvent::new(code, KeyModifiers::NONE));
     press(&mut app, KeyCode::Char('4'));
     // The Bench form's grid is the matrix's grid.
@@ -716,7 +716,7 @@ fn tui_quick_ab_runs_marked_a_against_current_flags() {
     let dir = tempfile::tempdir().unwrap();
     let (mut app, mut bg, rx, runs) = panel(dir.path(), &["tui-ab"]);
     perform(&mut app, &mut bg, Effect::LoadPreset("tui-ab".into()));
-    assert_eq!(app.launch.choice, mxtune::launch::spec::TargetKind::Engine);
+    assert_eq!(app.launch.choice, mxtune::vocab::TargetKind::Engine);
     let press = |app: &mut App, code: KeyCode| app.on_key(KeyEvent::new(code, KeyModifiers::NONE));
     press(&mut app, KeyCode::Char('4'));
     app.bench.values = ["64".into(), "4".into(), "0".into(), "1".into(), "1".into()];
@@ -805,7 +805,7 @@ fn tui_matrix_view_esc_leaves_a_resumable_matrix() {
 
     let dir = tempfile::tempdir().unwrap();
     let (mut app, mut bg, rx, runs) = panel(dir.path(), &["esc-a", "esc-b"]);
-    app.launch.choice = mxtune::launch::spec::TargetKind::Engine;
+    app.launch.choice = mxtune::vocab::TargetKind::Engine;
     let press = |app: &mut App, code: KeyCode| app.on_key(KeyEvent::new(code, KeyModifiers::NONE));
     press(&mut app, KeyCode::Char('4'));
     app.bench.values = ["64".into(), "4".into(), "0".into(), "1".into(), "1".into()];

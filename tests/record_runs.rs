@@ -2,9 +2,9 @@
 //! files, secret redaction, and the `mxtune runs` commands through the real binary.
 
 use chrono::{TimeZone, Utc};
-use mxtune::launch::spec::{ContainerSpec, LaunchSpec, Mount, NetworkMode, PathCheck, TargetKind};
 use mxtune::record::schema::*;
 use mxtune::record::store::{self, RunStore, load_file};
+use mxtune::vocab::{ContainerSpec, LaunchSpec, Mount, NetworkMode, PathCheck, TargetKind};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -130,7 +130,7 @@ fn full_record(source_repo: &Path) -> RunRecord {
         phases: vec![Phase {
             name: "loading weights".into(),
             at: t0,
-            last_probe: Some(mxtune::launch::ProbeAnswer {
+            last_probe: Some(mxtune::vocab::ProbeAnswer {
                 request: "POST /v1/completions".into(),
                 status: Some(503),
                 message: "model is still loading".into(),

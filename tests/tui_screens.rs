@@ -130,10 +130,7 @@ fn type_str(app: &mut App, s: &str) {
 /// A finished record with one point at `tps` ± `std` tok/s, started at a fixed time.
 fn record(ulid: &str, preset: &str, minute: u32, tps: f64, std: f64) -> RunRecord {
     use chrono::TimeZone;
-    let mut r = RunRecord::new(
-        mxtune::launch::spec::TargetKind::Engine,
-        Some(preset.into()),
-    );
+    let mut r = RunRecord::new(mxtune::vocab::TargetKind::Engine, Some(preset.into()));
     r.identity.run_id = RunId(ulid.parse().unwrap());
     let at = chrono::Utc
         .with_ymd_and_hms(2026, 11, 20, 10, minute, 0)
@@ -520,7 +517,7 @@ fn serving_limits_take_typed_values_checked_against_their_range() {
     let mut rejected = app.flags.flags.clone();
     rejected.serving.gpu_memory_utilization = Some(1.5);
     assert!(
-        mxtune::flags::render(&rejected, mxtune::launch::spec::TargetKind::Docker).is_err(),
+        mxtune::flags::render(&rejected, mxtune::vocab::TargetKind::Docker).is_err(),
         "the flags module refuses what the editor refuses"
     );
     type_str(&mut app, "x");
@@ -539,7 +536,7 @@ fn serving_limits_take_typed_values_checked_against_their_range() {
     let mut accepted = app.flags.flags.clone();
     accepted.container.vllm = mxtune::flags::VllmFlavor::Fork;
     assert!(
-        mxtune::flags::render(&accepted, mxtune::launch::spec::TargetKind::Docker).is_ok(),
+        mxtune::flags::render(&accepted, mxtune::vocab::TargetKind::Docker).is_ok(),
         "what the editor accepts renders"
     );
 
@@ -704,15 +701,12 @@ fn diff_and_command_views() {
     key(&mut app, KeyCode::Char('t'));
     assert_eq!(
         app.flags.flags.target,
-        mxtune::launch::spec::TargetKind::Engine,
+        mxtune::vocab::TargetKind::Engine,
         "t is ignored while a view is open"
     );
     key(&mut app, KeyCode::Esc);
     key(&mut app, KeyCode::Char('t'));
-    assert_eq!(
-        app.flags.flags.target,
-        mxtune::launch::spec::TargetKind::Docker
-    );
+    assert_eq!(app.flags.flags.target, mxtune::vocab::TargetKind::Docker);
     // The engine preset carries the engine's values; on a stock vLLM image the view says
     // which value it cannot express and what is nearest.
     let refused = mxtune::tui::screens::flags::command_lines(&app.flags.flags);
@@ -1178,7 +1172,7 @@ fn the_clock_ticks_once_a_second_while_other_events_keep_coming() {
             std::thread::sleep(Duration::from_millis(900));
             let ev = if i % 3 == 2 {
                 Event::Launch(LaunchMsg::Event(mxtune::launch::LaunchEvent::Probe {
-                    answer: mxtune::launch::ProbeAnswer {
+                    answer: mxtune::vocab::ProbeAnswer {
                         request: "POST /v1/completions".into(),
                         status: Some(503),
                         message: "model is still loading".into(),
@@ -1242,7 +1236,7 @@ fn launch_attach_start_and_stop_with_confirmation() {
     let mut app = started(dir.path(), theme());
     key(&mut app, KeyCode::Char('2'));
     key(&mut app, KeyCode::Char('u'));
-    assert_eq!(app.launch.choice, mxtune::launch::spec::TargetKind::Attach);
+    assert_eq!(app.launch.choice, mxtune::vocab::TargetKind::Attach);
     for _ in 0..app.launch.url.len() {
         key(&mut app, KeyCode::Backspace);
     }
@@ -1454,7 +1448,7 @@ fn snapshots_launch() {
     app.launch.quiet_s = 5;
     app.launch
         .on_msg(LaunchMsg::Event(mxtune::launch::LaunchEvent::Probe {
-            answer: mxtune::launch::ProbeAnswer {
+            answer: mxtune::vocab::ProbeAnswer {
                 request: "POST /v1/completions".into(),
                 status: Some(503),
                 message: "model is still loading".into(),
@@ -2100,7 +2094,7 @@ fn matrix_view_keys_choose_presets_levels_target_and_start() {
     assert_eq!(app.bench.matrix.levels, "1,1.5,4");
     assert_eq!(app.tab, Tab::Bench);
     // The attach target cannot run a matrix: r says to choose engine or docker.
-    app.launch.choice = mxtune::launch::spec::TargetKind::Attach;
+    app.launch.choice = mxtune::vocab::TargetKind::Attach;
     assert!(hit(&mut app, KeyCode::Char('r')).is_empty());
     assert!(
         app.bench
@@ -2113,7 +2107,7 @@ fn matrix_view_keys_choose_presets_levels_target_and_start() {
         app.bench.matrix.error
     );
     // Engine: r asks for the matrix of the chosen presets, levels, form grid and target.
-    app.launch.choice = mxtune::launch::spec::TargetKind::Engine;
+    app.launch.choice = mxtune::vocab::TargetKind::Engine;
     app.bench.values[0] = "64".into();
     app.bench.values[1] = "4,8".into();
     let effects = hit(&mut app, KeyCode::Char('r'));
@@ -2152,11 +2146,8 @@ fn fixed_matrix_running(app: &mut App) {
         seed: None,
         no_shuffle: false,
         tolerance_pct: 5.0,
-        common: mxtune::tui::screens::matrix::common_args(
-            app,
-            mxtune::launch::spec::TargetKind::Engine,
-        )
-        .unwrap(),
+        common: mxtune::tui::screens::matrix::common_args(app, mxtune::vocab::TargetKind::Engine)
+            .unwrap(),
     };
     app.bench.matrix.on_started(&args);
     let events = vec![
@@ -2336,8 +2327,8 @@ fn ratio(metric: &str, rounds: &[f64]) -> Ratio {
 fn quick_ab_marks_a_and_runs_against_the_current_flags() {
     let dir = tempfile::tempdir().unwrap();
     let mut app = started(dir.path(), theme());
-    app.launch.choice = mxtune::launch::spec::TargetKind::Engine;
-    app.flags.flags.target = mxtune::launch::spec::TargetKind::Engine;
+    app.launch.choice = mxtune::vocab::TargetKind::Engine;
+    app.flags.flags.target = mxtune::vocab::TargetKind::Engine;
     key(&mut app, KeyCode::Char('4'));
     // Nothing marked: A says how to mark.
     assert!(hit(&mut app, KeyCode::Char('A')).is_empty());
@@ -2426,7 +2417,7 @@ fn quick_ab_marks_a_and_runs_against_the_current_flags() {
     };
     assert_eq!(*req.a, before);
     assert_eq!(*req.b, app.flags.flags);
-    assert_eq!(req.kind, mxtune::launch::spec::TargetKind::Engine);
+    assert_eq!(req.kind, mxtune::vocab::TargetKind::Engine);
     assert_eq!(req.a_label, "engine-cpu-tiny");
     assert_eq!(req.b_label, "engine-cpu-tiny*");
     assert_eq!((req.rounds, req.noise), (5, 1.5));
@@ -2461,7 +2452,7 @@ fn quick_ab_refuses_an_attach_target() {
     let dir = tempfile::tempdir().unwrap();
     let mut app = started(dir.path(), theme());
     // Attach cannot run an A/B.
-    app.launch.choice = mxtune::launch::spec::TargetKind::Attach;
+    app.launch.choice = mxtune::vocab::TargetKind::Attach;
     key(&mut app, KeyCode::Char('4'));
     hit(&mut app, KeyCode::Char('a'));
     app.flags.flags.serving.max_num_seqs = Some(3);

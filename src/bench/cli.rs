@@ -18,9 +18,9 @@ use super::workload::{
     BenchEvent, Cancel, LatencyMode, PointResult, Runner, Workload, WorkloadResult, point_label,
     pp_label, tg_label,
 };
-use crate::launch::spec::TargetKind;
 use crate::record::schema::{LatencyStats, Stats, WorkloadParams};
 use crate::record::{RunHandle, RunStatus, RunStore};
+use crate::vocab::TargetKind;
 
 /// A target this process launched and now benchmarks (the panel's launch).
 #[derive(Debug, Clone, PartialEq)]
@@ -34,7 +34,7 @@ pub struct ServedBy {
     /// The flag set as launched (serialized like `FlagSet`).
     pub flags: serde_json::Value,
     /// The launch as started.
-    pub launch: Option<crate::launch::spec::LaunchSpec>,
+    pub launch: Option<crate::vocab::LaunchSpec>,
     /// Run id of the launch (its log is `<id>.target.log` in the runs directory).
     pub launch_run: Option<String>,
 }

@@ -12,7 +12,7 @@ use super::state::{MatrixPlan, MatrixState, PresetStatus};
 use crate::bench::client::Endpoint;
 use crate::bench::workload::{Cancel, CancelWatch};
 use crate::launch::cli::TargetArg;
-use crate::launch::spec::TargetKind;
+use crate::vocab::TargetKind;
 
 /// Options shared by `matrix` and `ab`.
 #[derive(Debug, Clone, PartialEq, clap::Args)]

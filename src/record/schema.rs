@@ -6,7 +6,7 @@
 //! `docs/run-record.md`; a change of shape bumps `SCHEMA_VERSION` and adds a migration in
 //! `record::migrate`.
 
-use crate::launch::spec::{LaunchSpec, TargetKind};
+use crate::vocab::{LaunchSpec, TargetKind};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use std::collections::BTreeMap;
@@ -505,7 +505,7 @@ pub struct Phase {
     /// The last readiness probe answer while this was the current phase (none in records
     /// written before mxtune kept it).
     #[serde(default)]
-    pub last_probe: Option<crate::launch::ProbeAnswer>,
+    pub last_probe: Option<crate::vocab::ProbeAnswer>,
 }
 
 /// Benchmark parameters (the grid and the request settings).

@@ -14,7 +14,7 @@ use super::screens::live::LiveScreen;
 use super::screens::runs::RunsScreen;
 use super::theme::Theme;
 use crate::flags::preset::{PRESETS_DIR_ENV, PresetStore, save_dir, user_presets_dir};
-use crate::launch::spec::TargetKind;
+use crate::vocab::TargetKind;
 
 /// The five screens, in tab order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -377,7 +377,7 @@ pub fn perform(app: &mut App, bg: &mut Background, effect: Effect) -> Option<Exi
             let preset = app.flags.loaded.as_ref().map(|p| p.name.clone());
             // What a bench against this launch records; an attached server was not started
             // from these flags, so it carries none.
-            let launched = kind != crate::launch::spec::TargetKind::Attach;
+            let launched = kind != crate::vocab::TargetKind::Attach;
             app.launch.served = Some(crate::bench::cli::ServedBy {
                 url: String::new(),
                 kind,

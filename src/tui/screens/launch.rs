@@ -13,11 +13,11 @@ use ratatui::style::Style;
 use ratatui::text::{Line, Span};
 use ratatui::widgets::{Block, Clear, Paragraph, Wrap};
 
-use crate::launch::spec::TargetKind;
 use crate::launch::{
-    DEFAULT_ATTACH_LIMIT, DEFAULT_STARTUP_LIMIT, LaunchEvent, Phase, ProbeAnswer, ValidationReport,
-    Verdict, fired_by_startup_limit,
+    DEFAULT_ATTACH_LIMIT, DEFAULT_STARTUP_LIMIT, LaunchEvent, Phase, ValidationReport, Verdict,
+    fired_by_startup_limit,
 };
+use crate::vocab::{ProbeAnswer, TargetKind};
 
 use super::super::app::{App, Effect};
 use super::super::background::LaunchMsg;

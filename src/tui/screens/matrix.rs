@@ -13,7 +13,6 @@ use ratatui::widgets::{Block, Cell, Paragraph, Row, Table, Wrap};
 
 use crate::flags::FlagSet;
 use crate::launch::cli::TargetArg;
-use crate::launch::spec::TargetKind;
 use crate::matrix::ab::{AbOutcome, Ratio};
 use crate::matrix::cli::{
     AbArgs, CommonArgs, DEFAULT_AB_ROUNDS, DEFAULT_LEVELS, MatrixArgs, MatrixOutcome,
@@ -23,6 +22,7 @@ use crate::matrix::progress::MatrixEvent;
 use crate::matrix::state::{LevelOutcome, PresetStatus};
 use crate::record::compare::{Noise, parse_noise_sigmas, sigmas_text};
 use crate::record::schema::WorkloadPoint;
+use crate::vocab::TargetKind;
 
 use super::super::app::{App, Effect};
 use super::super::theme::Theme;

@@ -94,9 +94,9 @@ pub fn status_spans(app: &App) -> Vec<Span<'static>> {
     let theme = &app.theme;
     let f = &app.flags;
     let target = match app.launch.choice {
-        crate::launch::spec::TargetKind::Docker => "docker",
-        crate::launch::spec::TargetKind::Engine => "engine",
-        crate::launch::spec::TargetKind::Attach => "attach",
+        crate::vocab::TargetKind::Docker => "docker",
+        crate::vocab::TargetKind::Engine => "engine",
+        crate::vocab::TargetKind::Attach => "attach",
     };
     let mut spans = vec![
         Span::styled(" target ", theme.dim()),
