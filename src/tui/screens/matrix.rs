@@ -603,14 +603,10 @@ fn current_label(app: &App) -> String {
 
 /// Mark the current flags as A (Flags or Bench screen).
 pub fn mark_a(app: &mut App) {
-    let loaded = app.flags.loaded.as_ref().map(|p| p.name.clone());
-    let label = match (&loaded, app.flags.dirty()) {
-        (Some(n), false) => n.clone(),
-        (Some(n), true) => format!("{n}*"),
-        (None, _) => "flags".into(),
-    };
+    let label = current_label(app);
     app.message = Some(format!(
-        "marked the current flags ({label}) as A: change flags, then A on the Bench screen runs A/B"
+        "marked the current flags ({label}) as A: change flags, then A on the Bench screen \
+         opens the A/B"
     ));
     app.ab_mark = Some(AbMark {
         flags: Box::new(app.flags.flags.clone()),
