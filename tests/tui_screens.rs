@@ -2754,3 +2754,24 @@ fn launch_head_wraps_at_80x24() {
         "{screen}"
     );
 }
+
+#[test]
+fn live_head_wraps_at_80x24() {
+    let mut app = snapshot_app(theme());
+    key(&mut app, KeyCode::Char('3'));
+    for t in 0..100 {
+        app.live.push(sample(t, false));
+    }
+    key(&mut app, KeyCode::Char('f'));
+    let screen = render(&app, 80, 24);
+    let words = screen_words(&screen);
+    // The freeze hint and the GPU facts after it are whole, on a second row.
+    for text in [
+        "FROZEN (f resumes; collection continues)",
+        "NVIDIA GB10",
+        "GiB unified P0",
+    ] {
+        assert!(words.contains(text), "{text:?} is cut:\n{screen}");
+    }
+    insta::assert_snapshot!("live_frozen_80x24", screen);
+}
