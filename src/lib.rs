@@ -11,3 +11,4 @@ pub mod monitor;
 pub mod output;
 pub mod record;
 pub mod tui;
+pub mod vocab;

@@ -214,6 +214,60 @@ async fn record_is_saved_with_raw_timings_via_env_runs_dir() {
     assert_eq!(results[1]["requests_raw"][0]["prompt_tokens"], 24);
 }
 
+/// The server counts more prompt tokens than were sent (its chat template): the JSON output,
+/// the text table and the record carry its count and a pp figure from it, next to the
+/// credited one (the tokens sent, as the count is more than 20 % off).
+#[tokio::test]
+async fn server_counted_prompt_tokens_reach_json_text_and_record() {
+    let d = double::spawn(Script {
+        template_tokens: 70,
+        ..Script::default()
+    })
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let runs = dir.path().join("runs");
+    let env = vec![("MXTUNE_RUNS_DIR".to_string(), runs.display().to_string())];
+    let a = args(&[
+        "bench", "--url", &d.url, "--pp", "64", "--tg", "4", "--runs", "2", "--warmup", "0",
+        "--json", "--record",
+    ]);
+    let out = mxtune(a, env.clone()).await;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let p = &v["points"][0];
+    assert_eq!(p["prompt_tokens_sent"], 64);
+    assert_eq!(p["server_prompt_tokens"]["n"], 2, "{p}");
+    assert_eq!(p["server_prompt_tokens"]["mean"], 134.0, "{p}");
+    // Same est_ppt per request, so the two figures differ by exactly 134 / 64.
+    let ratio = |p: &serde_json::Value| {
+        p["server_pp_tps"]["mean"].as_f64().unwrap() / p["pp_tps"]["mean"].as_f64().unwrap()
+    };
+    assert!((ratio(p) - 134.0 / 64.0).abs() < 1e-9, "{p}");
+    let recs = records(&runs);
+    assert_eq!(recs.len(), 1);
+    let point = &recs[0]["results"][0];
+    assert_eq!(point["server_prompt_tokens"]["mean"], 134.0, "{point}");
+    assert!((ratio(point) - 134.0 / 64.0).abs() < 1e-9, "{point}");
+    assert_eq!(point["requests_raw"][0]["prompt_tokens"], 134);
+
+    // The text output says it under the tables.
+    let a = args(&[
+        "bench", "--url", &d.url, "--pp", "64", "--tg", "4", "--runs", "2", "--warmup", "0",
+    ]);
+    let out = mxtune(a, vec![]).await;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}");
+    assert!(
+        stdout.contains("counted by the server (usage.prompt_tokens"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("pp64 c1: 64 → 134 (+70); pp t/s by the server's count"),
+        "{stdout}"
+    );
+}
+
 #[tokio::test]
 async fn ctrl_c_leaves_an_aborted_record_with_the_points_so_far() {
     let d = double::spawn(Script {

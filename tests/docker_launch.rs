@@ -4,8 +4,8 @@
 mod support;
 
 use mxtune::launch::docker::{self, DockerTarget};
-use mxtune::launch::spec::LaunchSpec;
 use mxtune::launch::{LaunchEvent, LaunchOptions, Phase, Verdict, preflight};
+use mxtune::vocab::LaunchSpec;
 use std::collections::BTreeMap;
 use support::*;
 use tokio::sync::mpsc;

@@ -2,7 +2,7 @@
 
 use mxtune::flags::preset::PresetStore;
 use mxtune::flags::{RenderContext, docker_run_argv, render_with};
-use mxtune::launch::spec::TargetKind;
+use mxtune::vocab::TargetKind;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
@@ -294,7 +294,7 @@ fn show_as_json_is_the_rendered_launch_spec() {
         &repo_presets(),
     );
     assert!(o.status.success());
-    let spec: mxtune::launch::spec::LaunchSpec = serde_json::from_slice(&o.stdout).unwrap();
+    let spec: mxtune::vocab::LaunchSpec = serde_json::from_slice(&o.stdout).unwrap();
     let store = PresetStore::new(vec![repo_presets()]);
     let p = store.load("engine-cpu-tiny").unwrap();
     let ctx = RenderContext {

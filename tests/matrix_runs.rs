@@ -600,7 +600,7 @@ fn tui_matrix_view_runs_engine_presets_through_the_background() {
 
     let dir = tempfile::tempdir().unwrap();
     let (mut app, mut bg, rx, runs) = panel(dir.path(), &["tui-a", "tui-b"]);
-    app.launch.choice = mxtune::launch::spec::TargetKind::Engine;
+    app.launch.choice = mxtune::vocab::TargetKind::Engine;
     let press = |app: &mut App, code: KeyCode| app.on_key(KeyEvent::new(code, KeyModifiers::NONE));
     press(&mut app, KeyCode::Char('4'));
     // The Bench form's grid is the matrix's grid.
@@ -716,24 +716,29 @@ fn tui_quick_ab_runs_marked_a_against_current_flags() {
     let dir = tempfile::tempdir().unwrap();
     let (mut app, mut bg, rx, runs) = panel(dir.path(), &["tui-ab"]);
     perform(&mut app, &mut bg, Effect::LoadPreset("tui-ab".into()));
-    assert_eq!(app.launch.choice, mxtune::launch::spec::TargetKind::Engine);
+    assert_eq!(app.launch.choice, mxtune::vocab::TargetKind::Engine);
     let press = |app: &mut App, code: KeyCode| app.on_key(KeyEvent::new(code, KeyModifiers::NONE));
     press(&mut app, KeyCode::Char('4'));
     app.bench.values = ["64".into(), "4".into(), "0".into(), "1".into(), "1".into()];
     press(&mut app, KeyCode::Char('a'));
     assert!(app.ab_mark.is_some());
     app.flags.flags.serving.max_num_seqs = Some(2);
+    // A opens the A/B view; two rounds instead of the default three keep the test short
+    // (four launches), set as an operator would: r, the number, Enter.
+    assert!(press(&mut app, KeyCode::Char('A')).is_empty());
+    assert_eq!(app.bench.view, BenchView::Ab);
+    press(&mut app, KeyCode::Char('r'));
+    press(&mut app, KeyCode::Backspace);
+    press(&mut app, KeyCode::Char('2'));
+    press(&mut app, KeyCode::Enter);
     let effects = press(&mut app, KeyCode::Char('A'));
     let [Effect::StartAb(req)] = effects.as_slice() else {
         panic!("{effects:?} {:?}", app.message);
     };
-    assert_eq!(app.bench.view, BenchView::Ab);
+    assert_eq!(req.rounds, 2);
     let mut req = req.clone();
     // The panel's engine is the running mxtune; under test that is the test binary.
     req.engine_bin = Some(env!("CARGO_BIN_EXE_mxtune").into());
-    // Two rounds instead of the panel's three keep the test short (four launches).
-    assert_eq!(req.rounds, 3);
-    req.rounds = 2;
     perform(&mut app, &mut bg, Effect::StartAb(req));
     let start = std::time::Instant::now();
     let mut rounds_seen = Vec::new();
@@ -780,6 +785,7 @@ fn tui_quick_ab_runs_marked_a_against_current_flags() {
     let v: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(out.join("ab.json")).unwrap()).unwrap();
     assert_eq!(v["records"].as_array().unwrap().len(), 4, "{v}");
+    assert_eq!(v["noise"], 2.0, "{v}");
     // The two presets: A as marked, B with the change.
     let b = std::fs::read_to_string(out.join("presets/quick-ab-b.toml")).unwrap();
     assert!(b.contains("max_num_seqs = 2"), "{b}");
@@ -799,7 +805,7 @@ fn tui_matrix_view_esc_leaves_a_resumable_matrix() {
 
     let dir = tempfile::tempdir().unwrap();
     let (mut app, mut bg, rx, runs) = panel(dir.path(), &["esc-a", "esc-b"]);
-    app.launch.choice = mxtune::launch::spec::TargetKind::Engine;
+    app.launch.choice = mxtune::vocab::TargetKind::Engine;
     let press = |app: &mut App, code: KeyCode| app.on_key(KeyEvent::new(code, KeyModifiers::NONE));
     press(&mut app, KeyCode::Char('4'));
     app.bench.values = ["64".into(), "4".into(), "0".into(), "1".into(), "1".into()];

@@ -2,9 +2,9 @@
 //! files, secret redaction, and the `mxtune runs` commands through the real binary.
 
 use chrono::{TimeZone, Utc};
-use mxtune::launch::spec::{ContainerSpec, LaunchSpec, Mount, NetworkMode, PathCheck, TargetKind};
 use mxtune::record::schema::*;
 use mxtune::record::store::{self, RunStore, load_file};
+use mxtune::vocab::{ContainerSpec, LaunchSpec, Mount, NetworkMode, PathCheck, TargetKind};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -130,7 +130,7 @@ fn full_record(source_repo: &Path) -> RunRecord {
         phases: vec![Phase {
             name: "loading weights".into(),
             at: t0,
-            last_probe: Some(mxtune::launch::ProbeAnswer {
+            last_probe: Some(mxtune::vocab::ProbeAnswer {
                 request: "POST /v1/completions".into(),
                 status: Some(503),
                 message: "model is still loading".into(),
@@ -173,7 +173,7 @@ fn full_record(source_repo: &Path) -> RunRecord {
                     .collect(),
                 end_ms: Some(960.1 + f * 0.1),
                 latency_ms: Some(2.31),
-                prompt_tokens: Some(2048),
+                prompt_tokens: Some(2119),
                 completion_tokens: Some(32),
                 error: None,
             }
@@ -195,6 +195,11 @@ fn full_record(source_repo: &Path) -> RunRecord {
             concurrency: 1,
         },
         pp_tps: Stats::from_samples(&pp),
+        // The chat template's 71 tokens on top of the 2048 sent.
+        server_prompt_tokens: Stats::from_samples(&[2119.0; 3]),
+        server_pp_tps: Stats::from_samples(
+            &pp.iter().map(|p| p * 2119.0 / 2048.0).collect::<Vec<_>>(),
+        ),
         tg_tps: Stats::from_samples(&tg),
         total_tg_tps: None,
         ttfr_ms: Stats::from_samples(&[401.3, 401.6, 401.9]),
@@ -742,6 +747,35 @@ fn cli_runs_compare_text_and_markdown() {
 
     let out = mxtune(&["runs", "compare", "01KEHS"], Some(dir.path()));
     assert!(!out.status.success(), "one run is not a comparison");
+
+    // --noise sets the threshold: tg128 of B is +0.68 t/s with a std of 0.18, beyond
+    // 2·std and within 4·std.
+    let row = |out: &std::process::Output| {
+        let t = text(&out.stdout);
+        let mut lines = t.lines().skip_while(|l| !l.starts_with("pp2048 tg128"));
+        lines.nth(1).unwrap_or_default().to_string()
+    };
+    let out = mxtune(&args, Some(dir.path()));
+    assert!(row(&out).contains("+2.2% (beyond noise)"), "{}", row(&out));
+    let mut wide = args.to_vec();
+    wide.extend(["--noise", "4"]);
+    let out = mxtune(&wide, Some(dir.path()));
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(row(&out).contains("+2.2% (within noise)"), "{}", row(&out));
+    assert!(
+        text(&out.stdout).contains("< 4·std"),
+        "{}",
+        text(&out.stdout)
+    );
+    let mut bad = args.to_vec();
+    bad.extend(["--noise", "0"]);
+    let out = mxtune(&bad, Some(dir.path()));
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("noise threshold `0`: give a number of standard deviations"),
+        "{}",
+        text(&out.stderr)
+    );
 }
 
 /// Child mode of `kill_9_during_updates_leaves_a_readable_record`: update a record

@@ -130,10 +130,7 @@ fn type_str(app: &mut App, s: &str) {
 /// A finished record with one point at `tps` ± `std` tok/s, started at a fixed time.
 fn record(ulid: &str, preset: &str, minute: u32, tps: f64, std: f64) -> RunRecord {
     use chrono::TimeZone;
-    let mut r = RunRecord::new(
-        mxtune::launch::spec::TargetKind::Engine,
-        Some(preset.into()),
-    );
+    let mut r = RunRecord::new(mxtune::vocab::TargetKind::Engine, Some(preset.into()));
     r.identity.run_id = RunId(ulid.parse().unwrap());
     let at = chrono::Utc
         .with_ymd_and_hms(2026, 11, 20, 10, minute, 0)
@@ -520,7 +517,7 @@ fn serving_limits_take_typed_values_checked_against_their_range() {
     let mut rejected = app.flags.flags.clone();
     rejected.serving.gpu_memory_utilization = Some(1.5);
     assert!(
-        mxtune::flags::render(&rejected, mxtune::launch::spec::TargetKind::Docker).is_err(),
+        mxtune::flags::render(&rejected, mxtune::vocab::TargetKind::Docker).is_err(),
         "the flags module refuses what the editor refuses"
     );
     type_str(&mut app, "x");
@@ -539,7 +536,7 @@ fn serving_limits_take_typed_values_checked_against_their_range() {
     let mut accepted = app.flags.flags.clone();
     accepted.container.vllm = mxtune::flags::VllmFlavor::Fork;
     assert!(
-        mxtune::flags::render(&accepted, mxtune::launch::spec::TargetKind::Docker).is_ok(),
+        mxtune::flags::render(&accepted, mxtune::vocab::TargetKind::Docker).is_ok(),
         "what the editor accepts renders"
     );
 
@@ -704,15 +701,12 @@ fn diff_and_command_views() {
     key(&mut app, KeyCode::Char('t'));
     assert_eq!(
         app.flags.flags.target,
-        mxtune::launch::spec::TargetKind::Engine,
+        mxtune::vocab::TargetKind::Engine,
         "t is ignored while a view is open"
     );
     key(&mut app, KeyCode::Esc);
     key(&mut app, KeyCode::Char('t'));
-    assert_eq!(
-        app.flags.flags.target,
-        mxtune::launch::spec::TargetKind::Docker
-    );
+    assert_eq!(app.flags.flags.target, mxtune::vocab::TargetKind::Docker);
     // The engine preset carries the engine's values; on a stock vLLM image the view says
     // which value it cannot express and what is nearest.
     let refused = mxtune::tui::screens::flags::command_lines(&app.flags.flags);
@@ -868,6 +862,77 @@ fn runs_list_filter_open_compare_and_export() {
         msg.contains("compare-00000001-00000002-2.md") && msg.contains("exists, kept"),
         "{msg}"
     );
+}
+
+#[test]
+fn runs_compare_noise_threshold_is_set_with_n() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = RunStore::new(dir.path().join("runs"));
+    // Marked newest first: 131 ± 1.5 is A, 120 ± 1.0 is B: -11, beyond 2·std (3), within
+    // 10·std (15).
+    store
+        .create(record(
+            "01JD0000000000000000000001",
+            "engine-cpu-tiny",
+            10,
+            120.0,
+            1.0,
+        ))
+        .unwrap();
+    store
+        .create(record(
+            "01JD0000000000000000000002",
+            "engine-q8",
+            30,
+            131.0,
+            1.5,
+        ))
+        .unwrap();
+    let mut app = started(dir.path(), theme());
+    key(&mut app, KeyCode::Char('5'));
+    key(&mut app, KeyCode::Char('m'));
+    key(&mut app, KeyCode::Down);
+    key(&mut app, KeyCode::Char('m'));
+    key(&mut app, KeyCode::Char('C'));
+    let screen = render(&app, 80, 24);
+    assert!(screen.contains("noise threshold 2·std"), "{screen}");
+    assert!(screen.contains("(beyond noise)"), "{screen}");
+    // n opens the field; q, digits and letters are typed, not acted on.
+    key(&mut app, KeyCode::Char('n'));
+    assert_eq!(
+        mxtune::tui::screens::bindings(&app),
+        mxtune::tui::keys::VALUE_INPUT
+    );
+    key(&mut app, KeyCode::Backspace);
+    type_str(&mut app, "q");
+    key(&mut app, KeyCode::Enter);
+    assert_eq!(app.tab, Tab::Runs);
+    assert_eq!(app.noise_sigmas, 2.0, "a bad value changes nothing");
+    let refused = render(&app, 80, 24);
+    assert!(
+        refused.contains("noise threshold `q`: give a number of standard"),
+        "{refused}"
+    );
+    key(&mut app, KeyCode::Backspace);
+    type_str(&mut app, "10");
+    key(&mut app, KeyCode::Enter);
+    assert_eq!(app.noise_sigmas, 10.0);
+    assert!(app.runs.noise_edit.is_none());
+    let screen = render(&app, 80, 24);
+    assert!(screen.contains("noise threshold 10·std"), "{screen}");
+    assert!(screen.contains("-8.4% (within noise)"), "{screen}");
+    insta::assert_snapshot!("runs_compare_noise_80x24", screen);
+    // The export says the same.
+    key(&mut app, KeyCode::Char('e'));
+    let md = std::fs::read_to_string(dir.path().join("compare-00000002-00000001.md")).unwrap();
+    assert!(md.contains("-8.4% (within noise)"), "{md}");
+    assert!(md.contains("< 10·std"), "{md}");
+    // Esc while typing keeps the threshold as it was.
+    key(&mut app, KeyCode::Char('n'));
+    type_str(&mut app, "5");
+    key(&mut app, KeyCode::Esc);
+    assert_eq!(app.noise_sigmas, 10.0);
+    assert!(matches!(app.runs.view, RunsView::Compare { .. }));
 }
 
 // ---- Launch ----
@@ -1107,7 +1172,7 @@ fn the_clock_ticks_once_a_second_while_other_events_keep_coming() {
             std::thread::sleep(Duration::from_millis(900));
             let ev = if i % 3 == 2 {
                 Event::Launch(LaunchMsg::Event(mxtune::launch::LaunchEvent::Probe {
-                    answer: mxtune::launch::ProbeAnswer {
+                    answer: mxtune::vocab::ProbeAnswer {
                         request: "POST /v1/completions".into(),
                         status: Some(503),
                         message: "model is still loading".into(),
@@ -1171,7 +1236,7 @@ fn launch_attach_start_and_stop_with_confirmation() {
     let mut app = started(dir.path(), theme());
     key(&mut app, KeyCode::Char('2'));
     key(&mut app, KeyCode::Char('u'));
-    assert_eq!(app.launch.choice, mxtune::launch::spec::TargetKind::Attach);
+    assert_eq!(app.launch.choice, mxtune::vocab::TargetKind::Attach);
     for _ in 0..app.launch.url.len() {
         key(&mut app, KeyCode::Backspace);
     }
@@ -1383,7 +1448,7 @@ fn snapshots_launch() {
     app.launch.quiet_s = 5;
     app.launch
         .on_msg(LaunchMsg::Event(mxtune::launch::LaunchEvent::Probe {
-            answer: mxtune::launch::ProbeAnswer {
+            answer: mxtune::vocab::ProbeAnswer {
                 request: "POST /v1/completions".into(),
                 status: Some(503),
                 message: "model is still loading".into(),
@@ -2029,7 +2094,7 @@ fn matrix_view_keys_choose_presets_levels_target_and_start() {
     assert_eq!(app.bench.matrix.levels, "1,1.5,4");
     assert_eq!(app.tab, Tab::Bench);
     // The attach target cannot run a matrix: r says to choose engine or docker.
-    app.launch.choice = mxtune::launch::spec::TargetKind::Attach;
+    app.launch.choice = mxtune::vocab::TargetKind::Attach;
     assert!(hit(&mut app, KeyCode::Char('r')).is_empty());
     assert!(
         app.bench
@@ -2042,7 +2107,7 @@ fn matrix_view_keys_choose_presets_levels_target_and_start() {
         app.bench.matrix.error
     );
     // Engine: r asks for the matrix of the chosen presets, levels, form grid and target.
-    app.launch.choice = mxtune::launch::spec::TargetKind::Engine;
+    app.launch.choice = mxtune::vocab::TargetKind::Engine;
     app.bench.values[0] = "64".into();
     app.bench.values[1] = "4,8".into();
     let effects = hit(&mut app, KeyCode::Char('r'));
@@ -2081,11 +2146,8 @@ fn fixed_matrix_running(app: &mut App) {
         seed: None,
         no_shuffle: false,
         tolerance_pct: 5.0,
-        common: mxtune::tui::screens::matrix::common_args(
-            app,
-            mxtune::launch::spec::TargetKind::Engine,
-        )
-        .unwrap(),
+        common: mxtune::tui::screens::matrix::common_args(app, mxtune::vocab::TargetKind::Engine)
+            .unwrap(),
     };
     app.bench.matrix.on_started(&args);
     let events = vec![
@@ -2265,8 +2327,8 @@ fn ratio(metric: &str, rounds: &[f64]) -> Ratio {
 fn quick_ab_marks_a_and_runs_against_the_current_flags() {
     let dir = tempfile::tempdir().unwrap();
     let mut app = started(dir.path(), theme());
-    app.launch.choice = mxtune::launch::spec::TargetKind::Engine;
-    app.flags.flags.target = mxtune::launch::spec::TargetKind::Engine;
+    app.launch.choice = mxtune::vocab::TargetKind::Engine;
+    app.flags.flags.target = mxtune::vocab::TargetKind::Engine;
     key(&mut app, KeyCode::Char('4'));
     // Nothing marked: A says how to mark.
     assert!(hit(&mut app, KeyCode::Char('A')).is_empty());
@@ -2301,15 +2363,65 @@ fn quick_ab_marks_a_and_runs_against_the_current_flags() {
     assert!(status.contains("A engine-cpu-tiny"), "{status}");
     assert!(!status.contains("(= now)"), "{status}");
     key(&mut app, KeyCode::Char('4'));
+    // A opens the A/B view: what will run, its rounds and noise threshold; nothing runs yet.
+    assert!(hit(&mut app, KeyCode::Char('A')).is_empty());
+    assert_eq!(app.bench.view, BenchView::Ab);
+    assert_eq!(mxtune::tui::screens::bindings(&app), mxtune::tui::keys::AB);
+    let setup = render(&app, 80, 24);
+    assert!(
+        setup.contains("A engine-cpu-tiny  vs  B engine-cpu-tiny*"),
+        "{setup}"
+    );
+    assert!(
+        setup.contains("rounds 3 (r)  noise threshold 2·std (n)"),
+        "{setup}"
+    );
+    insta::assert_snapshot!("ab_setup_80x24", setup);
+    // r: rounds. Out of range is refused inline and the field stays open.
+    hit(&mut app, KeyCode::Char('r'));
+    assert_eq!(
+        mxtune::tui::screens::bindings(&app),
+        mxtune::tui::keys::VALUE_INPUT
+    );
+    hit(&mut app, KeyCode::Backspace);
+    hit(&mut app, KeyCode::Char('0'));
+    assert!(hit(&mut app, KeyCode::Enter).is_empty());
+    assert_eq!(app.bench.ab.rounds, 3);
+    let refused = render(&app, 80, 24);
+    assert!(
+        refused.contains("rounds `0`: give a whole number from 1 to 100"),
+        "{refused}"
+    );
+    hit(&mut app, KeyCode::Backspace);
+    hit(&mut app, KeyCode::Char('5'));
+    hit(&mut app, KeyCode::Enter);
+    assert_eq!(app.bench.ab.rounds, 5);
+    assert_eq!(app.bench.ab.editing, None);
+    // n: the noise threshold, in standard deviations.
+    hit(&mut app, KeyCode::Char('n'));
+    hit(&mut app, KeyCode::Backspace);
+    for c in "1.5".chars() {
+        hit(&mut app, KeyCode::Char(c));
+    }
+    hit(&mut app, KeyCode::Enter);
+    assert_eq!(app.noise_sigmas, 1.5);
+    assert!(
+        render(&app, 80, 24).contains("rounds 5 (r)  noise threshold 1.5·std (n)"),
+        "{}",
+        render(&app, 80, 24)
+    );
+    // A (or Enter) runs it with those settings.
     let effects = hit(&mut app, KeyCode::Char('A'));
     let [Effect::StartAb(req)] = effects.as_slice() else {
         panic!("{effects:?} {:?}", app.message);
     };
     assert_eq!(*req.a, before);
     assert_eq!(*req.b, app.flags.flags);
-    assert_eq!(req.kind, mxtune::launch::spec::TargetKind::Engine);
+    assert_eq!(req.kind, mxtune::vocab::TargetKind::Engine);
     assert_eq!(req.a_label, "engine-cpu-tiny");
     assert_eq!(req.b_label, "engine-cpu-tiny*");
+    assert_eq!((req.rounds, req.noise), (5, 1.5));
+    assert_eq!(app.bench.ab.run.as_ref().unwrap().rounds, 5);
     assert_eq!(app.bench.view, BenchView::Ab);
     assert_eq!(
         mxtune::tui::screens::bindings(&app),
@@ -2340,7 +2452,7 @@ fn quick_ab_refuses_an_attach_target() {
     let dir = tempfile::tempdir().unwrap();
     let mut app = started(dir.path(), theme());
     // Attach cannot run an A/B.
-    app.launch.choice = mxtune::launch::spec::TargetKind::Attach;
+    app.launch.choice = mxtune::vocab::TargetKind::Attach;
     key(&mut app, KeyCode::Char('4'));
     hit(&mut app, KeyCode::Char('a'));
     app.flags.flags.serving.max_num_seqs = Some(3);
@@ -2380,7 +2492,9 @@ fn fixed_ab_finished(app: &mut App) {
             ratio("pp t/s", &[1.02, 0.98]),
             ratio("tg t/s", &[1.21, 1.19]),
             ratio("TTFT p50 ms", &[0.90, 0.88]),
+            ratio("E2EL p50 ms", &[1.01]),
         ],
+        noise: 2.0,
     };
     app.on_matrix(MatrixMsg::AbDone(Ok(Box::new(AbOutcome {
         result,
@@ -2407,6 +2521,28 @@ fn snapshots_quick_ab_result() {
     assert_eq!(mxtune::tui::screens::bindings(&app), mxtune::tui::keys::AB);
     let small = render(&app, 80, 24);
     assert!(small.contains("1.200"), "{small}");
+    // Every ratio carries its noise hint: pp 1.000 ± 0.028 is within 2·std, tg 1.200 ±
+    // 0.014 and TTFT 0.890 ± 0.014 beyond it, one round has no spread.
+    let hints: Vec<&str> = small
+        .lines()
+        .filter(|l| l.contains("pp64 tg4 c1"))
+        .map(|l| {
+            ["within noise", "beyond noise", "noise unknown"]
+                .into_iter()
+                .find(|h| l.contains(h))
+                .unwrap_or("none")
+        })
+        .collect();
+    assert_eq!(
+        hints,
+        [
+            "within noise",
+            "beyond noise",
+            "beyond noise",
+            "noise unknown"
+        ],
+        "{small}"
+    );
     insta::assert_snapshot!("ab_result_80x24", small);
     insta::assert_snapshot!("ab_result_160x48", render(&app, 160, 48));
 }
@@ -2510,4 +2646,132 @@ fn flags_docs_wrap_at_80x24_instead_of_being_cut() {
             );
         }
     }
+}
+
+/// The words of a rendered screen, rows joined, borders and runs of spaces collapsed, so a
+/// text that wraps onto several rows is found whole.
+fn screen_words(screen: &str) -> String {
+    screen
+        .lines()
+        .map(|l| l.trim_matches('"').replace(['│', '|'], " "))
+        .collect::<Vec<_>>()
+        .join(" ")
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+#[test]
+fn help_lines_wrap_under_their_key_column() {
+    let app = snapshot_app(theme());
+    // 40: a 20-column key and 20 for the action, where every action wraps but no word of
+    // one is cut; 62: the overlay's width on an 80-column terminal.
+    for width in [40u16, 62] {
+        let lines = mxtune::tui::ui::help_lines(&app, width);
+        let text: Vec<String> = lines
+            .iter()
+            .map(|l| l.spans.iter().map(|s| s.content.as_ref()).collect())
+            .collect();
+        for t in &text {
+            assert!(
+                t.chars().count() <= usize::from(width),
+                "{t:?} is wider than {width}"
+            );
+        }
+        // Every action is there whole, in order, once the wrapped rows are joined.
+        let all = text
+            .join(" ")
+            .split_whitespace()
+            .collect::<Vec<_>>()
+            .join(" ");
+        for (title, bindings) in mxtune::tui::keys::SECTIONS {
+            assert!(all.contains(title), "{title} at {width}");
+            for b in *bindings {
+                let want = format!("{} {}", b.key, b.action);
+                let want = want.split_whitespace().collect::<Vec<_>>().join(" ");
+                assert!(all.contains(&want), "{want:?} at {width}");
+            }
+        }
+    }
+    // A word longer than the line is cut, not lost.
+    assert_eq!(
+        mxtune::tui::ui::wrap_words("ab cdefgh i", 3),
+        ["ab", "cde", "fgh", "i"]
+    );
+}
+
+#[test]
+fn help_overlay_80x24() {
+    let mut app = snapshot_app(theme());
+    key(&mut app, KeyCode::Char('4'));
+    key(&mut app, KeyCode::Char('?'));
+    insta::assert_snapshot!("help_bench_80x24", render(&app, 80, 24));
+}
+
+#[test]
+fn a_long_status_message_wraps_instead_of_being_cut() {
+    let mut app = snapshot_app(theme());
+    let msg = "a matrix or A/B is running its own targets: wait for it, or cancel it on the \
+               Bench screen (4, then Esc)";
+    app.message = Some(msg.into());
+    let screen = render(&app, 80, 24);
+    assert!(screen_words(&screen).contains(msg), "{screen}");
+    // Two rows of status, then the hints on the last row as always.
+    let rows: Vec<&str> = screen.lines().collect();
+    assert!(rows[21].contains("a matrix or A/B"), "{screen}");
+    assert!(rows[22].contains("(4, then Esc)"), "{screen}");
+    assert!(rows[23].contains("? help"), "{screen}");
+    insta::assert_snapshot!("status_message_wrapped_80x24", screen);
+    // The real message, from the key that answers it.
+    app.message = None;
+    app.bench.ab.run = Some(mxtune::tui::screens::matrix::AbRun {
+        a: "a".into(),
+        b: "b".into(),
+        rounds: 3,
+        round: 1,
+        phase: String::new(),
+        valid_rounds: 0,
+        ratios: Vec::new(),
+        state: JobState::Running,
+        out: None,
+        md: None,
+        excluded: Vec::new(),
+    });
+    key(&mut app, KeyCode::Char('2'));
+    assert!(hit(&mut app, KeyCode::Char('l')).is_empty());
+    assert_eq!(app.message.as_deref(), Some(msg));
+    assert!(screen_words(&render(&app, 80, 24)).contains(msg));
+}
+
+#[test]
+fn launch_head_wraps_at_80x24() {
+    let mut app = snapshot_app(theme());
+    fixed_launch(&mut app);
+    key(&mut app, KeyCode::Char('2'));
+    let screen = render(&app, 80, 24);
+    assert!(
+        screen_words(&screen).contains("log runs/01JD0000000000000000000003.target.log"),
+        "{screen}"
+    );
+}
+
+#[test]
+fn live_head_wraps_at_80x24() {
+    let mut app = snapshot_app(theme());
+    key(&mut app, KeyCode::Char('3'));
+    for t in 0..100 {
+        app.live.push(sample(t, false));
+    }
+    key(&mut app, KeyCode::Char('f'));
+    let screen = render(&app, 80, 24);
+    let words = screen_words(&screen);
+    // The freeze hint and the GPU facts after it are whole, on a second row.
+    for text in [
+        "FROZEN (f resumes; collection continues)",
+        "NVIDIA GB10",
+        "GiB unified P0",
+    ] {
+        assert!(words.contains(text), "{text:?} is cut:\n{screen}");
+    }
+    insta::assert_snapshot!("live_frozen_80x24", screen);
 }

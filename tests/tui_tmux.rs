@@ -571,7 +571,7 @@ fn assert_launched_by_the_panel(path: &std::path::Path, rec: &mxtune::record::Ru
         name.contains("-engine-cpu-tiny-") && !name.contains("attach"),
         "{name}"
     );
-    assert_eq!(rec.target.kind, mxtune::launch::spec::TargetKind::Engine);
+    assert_eq!(rec.target.kind, mxtune::vocab::TargetKind::Engine);
     assert_eq!(rec.target.preset.as_deref(), Some("engine-cpu-tiny"));
     assert_eq!(rec.target.flags["target"], "engine", "{}", rec.target.flags);
     let launch = rec.target.launch.as_ref().expect("the launch spec");

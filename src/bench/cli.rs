@@ -18,9 +18,9 @@ use super::workload::{
     BenchEvent, Cancel, LatencyMode, PointResult, Runner, Workload, WorkloadResult, point_label,
     pp_label, tg_label,
 };
-use crate::launch::spec::TargetKind;
 use crate::record::schema::{LatencyStats, Stats, WorkloadParams};
 use crate::record::{RunHandle, RunStatus, RunStore};
+use crate::vocab::TargetKind;
 
 /// A target this process launched and now benchmarks (the panel's launch).
 #[derive(Debug, Clone, PartialEq)]
@@ -34,7 +34,7 @@ pub struct ServedBy {
     /// The flag set as launched (serialized like `FlagSet`).
     pub flags: serde_json::Value,
     /// The launch as started.
-    pub launch: Option<crate::launch::spec::LaunchSpec>,
+    pub launch: Option<crate::vocab::LaunchSpec>,
     /// Run id of the launch (its log is `<id>.target.log` in the runs directory).
     pub launch_run: Option<String>,
 }
@@ -614,6 +614,7 @@ pub fn render_tables(g: &WorkloadResult) -> String {
             methods.join(", ")
         }
     ));
+    out.push_str(&render_server_prompt_tokens(g));
     for p in &g.points {
         for (message, n) in &p.errors {
             out.push_str(&format!(
@@ -627,6 +628,43 @@ pub fn render_tables(g: &WorkloadResult) -> String {
         out.push_str(&format!("warning: {w}\n"));
     }
     out
+}
+
+/// Prompt tokens sent against those the server counted (`usage.prompt_tokens`), and pp t/s by
+/// the server's count, one line per point that reported usage (nothing when none did).
+pub fn render_server_prompt_tokens(g: &WorkloadResult) -> String {
+    let mut lines = String::new();
+    for p in &g.points {
+        let r = &p.stats.record;
+        let Some(counted) = r.server_prompt_tokens else {
+            continue;
+        };
+        let sent = f64::from(p.point.pp) + f64::from(p.point.depth);
+        let counted_text = if counted.std > 0.0 {
+            format!("{:.1} ± {:.1}", counted.mean, counted.std)
+        } else {
+            format!("{:.0}", counted.mean)
+        };
+        let server_pp = if p.point.concurrency > 1 {
+            p.stats.server_pp_total_tps
+        } else {
+            r.server_pp_tps
+        };
+        lines.push_str(&format!(
+            "  {} c{}: {sent:.0} → {counted_text} ({:+.0}); pp t/s by the server's count {}\n",
+            pp_label(&p.point),
+            p.point.concurrency,
+            counted.mean - sent,
+            pm(server_pp, 1.0)
+        ));
+    }
+    if lines.is_empty() {
+        return lines;
+    }
+    format!(
+        "prompt tokens sent → counted by the server (usage.prompt_tokens; the difference is \
+         the chat template):\n{lines}"
+    )
 }
 
 /// A level's verdict and its checks, one per line.
@@ -682,6 +720,10 @@ pub struct JsonPoint<'a> {
     pub figures: JsonFigures<'a>,
     /// Per-batch total prompt throughput.
     pub pp_total_tps: Option<Stats>,
+    /// Prompt tokens sent per request (depth + pp, as tokenized here).
+    pub prompt_tokens_sent: u32,
+    /// The same by the server's prompt token counts.
+    pub server_pp_total_tps: Option<Stats>,
     /// How tokens were counted.
     pub count_methods: &'a [String],
     /// Distinct error messages with counts.
@@ -693,6 +735,10 @@ pub struct JsonPoint<'a> {
 pub struct JsonFigures<'a> {
     /// Per-request pp t/s.
     pub pp_tps: Option<Stats>,
+    /// Prompt tokens as the server counted them (`usage.prompt_tokens`).
+    pub server_prompt_tokens: Option<Stats>,
+    /// Per-request pp t/s by the server's count.
+    pub server_pp_tps: Option<Stats>,
     /// Per-request tg t/s.
     pub tg_tps: Option<Stats>,
     /// Per-batch total tg t/s.
@@ -749,6 +795,8 @@ fn json_point(p: &PointResult) -> JsonPoint<'_> {
         point: p.point,
         figures: JsonFigures {
             pp_tps: r.pp_tps,
+            server_prompt_tokens: r.server_prompt_tokens,
+            server_pp_tps: r.server_pp_tps,
             tg_tps: r.tg_tps,
             total_tg_tps: r.total_tg_tps,
             ttfr_ms: r.ttfr_ms,
@@ -764,6 +812,8 @@ fn json_point(p: &PointResult) -> JsonPoint<'_> {
             partial: p.partial,
         },
         pp_total_tps: p.stats.pp_total_tps,
+        prompt_tokens_sent: p.point.pp.saturating_add(p.point.depth),
+        server_pp_total_tps: p.stats.server_pp_total_tps,
         count_methods: &p.stats.count_methods,
         error_reasons: &p.errors,
     }

@@ -32,6 +32,8 @@ pub struct RequestMetrics {
     pub e2e_ttft_s: Option<f64>,
     /// Credited prompt tokens / est_ppt.
     pub pp_tps: Option<f64>,
+    /// The server's `usage.prompt_tokens` / est_ppt (`None` without usage).
+    pub server_pp_tps: Option<f64>,
     /// Tokens after the first token chunk / (last token arrival − first token arrival).
     pub tg_tps: Option<f64>,
 }
@@ -45,6 +47,10 @@ impl RequestMetrics {
         let est_ppt = ttfr.map(|t| (t - latency_s).max(0.0));
         let prompt = credited_prompt_tokens(trace, expected_prompt) as f64;
         let pp_tps = est_ppt.filter(|t| *t > 0.0).map(|t| prompt / t);
+        let server_pp_tps = match (est_ppt, server_prompt_tokens(trace)) {
+            (Some(t), Some(p)) if t > 0.0 => Some(p as f64 / t),
+            _ => None,
+        };
         let tg_tps = match (trace.arrivals.first(), trace.arrivals.last()) {
             (Some(first), Some(last)) if last.t_s > first.t_s => {
                 let after_first = trace.completion_tokens.saturating_sub(first.tokens as u64);
@@ -57,9 +63,15 @@ impl RequestMetrics {
             est_ppt_s: est_ppt,
             e2e_ttft_s: e2e_ttft,
             pp_tps,
+            server_pp_tps,
             tg_tps,
         }
     }
+}
+
+/// The server's count of a request's prompt tokens (`usage.prompt_tokens`), when it sent one.
+pub fn server_prompt_tokens(trace: &RequestTrace) -> Option<u64> {
+    trace.prompt_tokens.filter(|p| *p > 0)
 }
 
 /// Figures of one concurrent batch (one run of a point).
@@ -69,6 +81,8 @@ pub struct BatchMetrics {
     pub span_s: f64,
     /// Summed credited prompt tokens / (last first-token − first start).
     pub pp_total_tps: Option<f64>,
+    /// The same with the server's counts (`None` unless every request reported usage).
+    pub server_pp_total_tps: Option<f64>,
     /// Summed tokens after each first token chunk / (last token arrival − first first-token).
     pub tg_total_tps: Option<f64>,
 }
@@ -86,10 +100,12 @@ impl BatchMetrics {
             .iter()
             .map(|t| credited_prompt_tokens(t, expected_prompt))
             .sum();
-        let pp_total = (!firsts.is_empty())
+        let pp_span = (!firsts.is_empty())
             .then(|| fold(firsts.iter().copied(), f64::max) - min_start)
-            .filter(|d| *d > 0.0)
-            .map(|d| prompt as f64 / d);
+            .filter(|d| *d > 0.0);
+        let pp_total = pp_span.map(|d| prompt as f64 / d);
+        let server_prompt: Option<u64> = traces.iter().map(|t| server_prompt_tokens(t)).sum();
+        let server_pp_total = pp_span.zip(server_prompt).map(|(d, p)| p as f64 / d);
         let after_first: u64 = traces
             .iter()
             .map(|t| {
@@ -110,6 +126,7 @@ impl BatchMetrics {
         Self {
             span_s: max_end - min_start,
             pp_total_tps: pp_total,
+            server_pp_total_tps: server_pp_total,
             tg_total_tps: tg_total,
         }
     }
@@ -163,6 +180,8 @@ pub struct PointStats {
     pub record: RecordPoint,
     /// Per-batch total prompt throughput, t/s (the record schema has no field for it yet).
     pub pp_total_tps: Option<Stats>,
+    /// The same by the server's prompt token counts.
+    pub server_pp_total_tps: Option<Stats>,
     /// How completion tokens were counted (one label per method seen).
     pub count_methods: Vec<String>,
 }
@@ -180,6 +199,9 @@ impl PointStats {
         let mut pp = Vec::new();
         let mut tg = Vec::new();
         let mut pp_total = Vec::new();
+        let mut server_pp = Vec::new();
+        let mut server_prompt = Vec::new();
+        let mut server_pp_total = Vec::new();
         let mut tg_total = Vec::new();
         let mut ttfr = Vec::new();
         let mut est = Vec::new();
@@ -210,6 +232,8 @@ impl PointStats {
                 }
                 let m = RequestMetrics::of(t, latency_s, expected_prompt);
                 pp.extend(m.pp_tps);
+                server_pp.extend(m.server_pp_tps);
+                server_prompt.extend(server_prompt_tokens(t).map(|p| p as f64));
                 tg.extend(m.tg_tps);
                 ttfr.extend(m.ttfr_s.map(|s| s * 1e3));
                 // est_ppt only where a token arrived, as llama-benchy does.
@@ -225,9 +249,12 @@ impl PointStats {
             let b = BatchMetrics::of(&usable, expected_prompt);
             span += b.span_s;
             pp_total.extend(b.pp_total_tps);
+            server_pp_total.extend(b.server_pp_total_tps);
             tg_total.extend(b.tg_total_tps);
         }
         rec.pp_tps = Stats::from_samples(&pp);
+        rec.server_prompt_tokens = Stats::from_samples(&server_prompt);
+        rec.server_pp_tps = Stats::from_samples(&server_pp);
         rec.tg_tps = Stats::from_samples(&tg);
         rec.total_tg_tps = Stats::from_samples(&tg_total);
         rec.ttfr_ms = Stats::from_samples(&ttfr);
@@ -243,6 +270,7 @@ impl PointStats {
         Self {
             record: rec,
             pp_total_tps: Stats::from_samples(&pp_total),
+            server_pp_total_tps: Stats::from_samples(&server_pp_total),
             count_methods,
         }
     }
@@ -316,6 +344,24 @@ mod tests {
     }
 
     #[test]
+    fn the_server_count_gives_its_own_pp_figure_wherever_it_lies() {
+        // 110 counted by the server for 50 sent (a chat template of 60 tokens): pp t/s
+        // credits the 50 sent, the server figure the 110.
+        let m = RequestMetrics::of(&trace(), 0.05, 50);
+        close(m.pp_tps.unwrap(), 50.0 / 0.15);
+        close(m.server_pp_tps.unwrap(), 110.0 / 0.15);
+        // Within 20 % the two agree.
+        let m = RequestMetrics::of(&trace(), 0.05, 100);
+        close(m.server_pp_tps.unwrap(), m.pp_tps.unwrap());
+        // No usage: no server figure.
+        let mut t = trace();
+        t.prompt_tokens = None;
+        let m = RequestMetrics::of(&t, 0.05, 50);
+        assert!(m.pp_tps.is_some());
+        assert_eq!(m.server_pp_tps, None);
+    }
+
+    #[test]
     fn latency_larger_than_ttfr_gives_no_pp_speed() {
         let m = RequestMetrics::of(&trace(), 0.3, 100);
         close(m.est_ppt_s.unwrap(), 0.0);
@@ -345,6 +391,14 @@ mod tests {
         close(m.span_s, 1.5);
         // (110 + 110) / (1.7 − 1.0)
         close(m.pp_total_tps.unwrap(), 220.0 / 0.7);
+        close(m.server_pp_total_tps.unwrap(), 220.0 / 0.7);
+        // Far from the 50 sent: credited 50 each, the server figure keeps its 110s.
+        let far = BatchMetrics::of(&[&a, &b], 50);
+        close(far.pp_total_tps.unwrap(), 100.0 / 0.7);
+        close(far.server_pp_total_tps.unwrap(), 220.0 / 0.7);
+        // A request without usage: no batch figure from server counts.
+        b.prompt_tokens = None;
+        assert_eq!(BatchMetrics::of(&[&a, &b], 100).server_pp_total_tps, None);
         // (5 + 3) / (2.4 − 1.5)
         close(m.tg_total_tps.unwrap(), 8.0 / 0.9);
     }
@@ -426,5 +480,11 @@ mod tests {
         // Run 1: 5 / 0.5 = 10; run 2: 10 / 0.5 = 20.
         close(tgt.mean, 15.0);
         assert_eq!(s.count_methods, vec!["token_ids".to_string()]);
+        // The server counted 110 for each of the 3 usable requests.
+        let sp = r.server_prompt_tokens.unwrap();
+        assert_eq!(sp.n, 3);
+        close(sp.mean, 110.0);
+        close(r.server_pp_tps.unwrap().mean, 110.0 / 0.15);
+        close(s.server_pp_total_tps.unwrap().mean, (220.0 + 440.0) / 2.0);
     }
 }

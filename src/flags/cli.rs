@@ -3,7 +3,7 @@
 use super::preset::{Preset, PresetError, PresetOrigin, PresetStore, user_presets_dir};
 use super::render::{RenderContext, docker_run_argv, render_with};
 use super::rules::{GpuArch, evaluate};
-use crate::launch::spec::{LaunchSpec, TargetKind};
+use crate::vocab::{LaunchSpec, TargetKind};
 use anyhow::Result;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;

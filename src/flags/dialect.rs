@@ -264,7 +264,7 @@ mod tests {
     use super::*;
     use crate::flags::model::{FlagSet, VllmFlavor};
     use crate::flags::render::{RenderContext, render_with};
-    use crate::launch::spec::TargetKind;
+    use crate::vocab::TargetKind;
 
     /// What one flag set adds to the all-default launch: env pairs, extra argv, or the error.
     fn delta(fs: &FlagSet) -> String {

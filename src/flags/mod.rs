@@ -2,7 +2,7 @@
 //! `LaunchSpec`, conflict rules, presets, and the generated `docs/flags.md`.
 //!
 //! Data flow: `presets/*.toml` → [`preset::PresetStore::load`] → [`FlagSet`] →
-//! [`render`] → [`crate::launch::spec::LaunchSpec`]. [`rules::evaluate`] says what
+//! [`render`] → [`crate::vocab::LaunchSpec`]. [`rules::evaluate`] says what
 //! conflicts before launch.
 
 pub mod axes;

@@ -5,7 +5,7 @@ use super::axes::{
     Speculative, Tile,
 };
 use super::names::{self, VllmName};
-use crate::launch::spec::{NetworkMode, TargetKind};
+use crate::vocab::{NetworkMode, TargetKind};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 

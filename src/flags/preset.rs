@@ -5,7 +5,7 @@
 //! `extends` is merged key by key, parent first, and the result becomes a `FlagSet`.
 
 use super::model::{Axes, Container, EngineSettings, FlagSet, Serving};
-use crate::launch::spec::TargetKind;
+use crate::vocab::TargetKind;
 use serde::Deserialize;
 use std::borrow::Cow;
 use std::path::{Path, PathBuf};

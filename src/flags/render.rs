@@ -6,7 +6,7 @@ use super::axes::{
 use super::dialect::{self, Upstream};
 use super::model::{self as m, FlagSet, Setting, VllmFlavor};
 use super::names::{NameKind, Provenance, VllmName};
-use crate::launch::spec::{ContainerSpec, LaunchSpec, Mount, NetworkMode, PathCheck, TargetKind};
+use crate::vocab::{ContainerSpec, LaunchSpec, Mount, NetworkMode, PathCheck, TargetKind};
 use anyhow::{Context, Result, anyhow, bail};
 use std::collections::BTreeMap;
 

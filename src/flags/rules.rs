@@ -11,7 +11,7 @@ use super::axes::{
 use super::dialect::{Upstream, upstream_moe};
 use super::model::{FlagSet, VllmFlavor};
 use super::render::choices;
-use crate::launch::spec::{NetworkMode, TargetKind};
+use crate::vocab::{NetworkMode, TargetKind};
 use serde::Serialize;
 
 /// How bad a finding is.

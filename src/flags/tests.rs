@@ -5,7 +5,7 @@ use super::model::*;
 use super::names;
 use super::render::{RenderContext, docker_run_argv, render_with};
 use super::rules::{Applies, GpuArch, RULES, Severity, evaluate};
-use crate::launch::spec::{LaunchSpec, NetworkMode, TargetKind};
+use crate::vocab::{LaunchSpec, NetworkMode, TargetKind};
 
 fn ctx() -> RenderContext {
     RenderContext {

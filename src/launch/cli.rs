@@ -5,12 +5,12 @@ use super::docker::{self, DockerTarget};
 use super::engine::{EngineTarget, signal_group};
 use super::follow::{Launch, LaunchOptions, Status};
 use super::preflight::{self, Severity};
-use super::spec::LaunchSpec;
 use super::{LaunchEvent, LogRules, state};
 use crate::flags::preset::PresetStore;
 use crate::flags::render::render;
 use crate::flags::rules::{GpuArch, evaluate};
-use crate::launch::spec::TargetKind;
+use crate::vocab::LaunchSpec;
+use crate::vocab::TargetKind;
 use anyhow::{Context, Result, anyhow, bail};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -189,7 +189,7 @@ struct EventPrinter {
     logs: bool,
     /// The probe answer printed last: a stuck start probes every second, and only a new
     /// answer is news.
-    last_probe: Option<super::ProbeAnswer>,
+    last_probe: Option<crate::vocab::ProbeAnswer>,
 }
 
 impl EventPrinter {

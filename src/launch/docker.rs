@@ -4,9 +4,9 @@
 use super::follow::{Launch, LaunchOptions, SourceMsg};
 use super::logbuf::LineSplitter;
 use super::ready::ReadyProbe;
-use super::spec::{ContainerSpec, LaunchSpec, NetworkMode};
 use super::target::{SourceTree, Target, TargetFacts};
 use super::{ExitInfo, LaunchEvent, LogStream};
+use crate::vocab::{ContainerSpec, LaunchSpec, NetworkMode};
 use anyhow::{Context, Result, anyhow, bail};
 use bollard::Docker;
 use bollard::errors::Error as DockerError;
@@ -734,7 +734,7 @@ async fn exit_info(docker: &Docker, id: &str) -> ExitInfo {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::launch::spec::Mount;
+    use crate::vocab::Mount;
     use std::collections::BTreeMap;
 
     fn spec() -> LaunchSpec {

@@ -2,12 +2,13 @@
 //! [`LaunchEvent`]s, phases, readiness, failures and the kernel-path verdict.
 
 use super::logbuf::LogBuffer;
-use super::ready::{ProbeAnswer, ReadyProbe};
+use super::ready::ReadyProbe;
 use super::rules::LogRules;
-use super::spec::PathCheck;
 use super::target::Target;
 use super::verdict::{PathScanner, ValidationReport};
 use super::{ExitInfo, LaunchEvent, LogStream, Phase};
+use crate::vocab::PathCheck;
+use crate::vocab::ProbeAnswer;
 use anyhow::{Result, bail};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};

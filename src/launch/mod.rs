@@ -15,7 +15,6 @@ pub mod preflight;
 pub mod ready;
 pub mod record;
 pub mod rules;
-pub mod spec;
 pub mod state;
 pub mod target;
 pub mod verdict;
@@ -24,11 +23,11 @@ pub use follow::{
     DEFAULT_ATTACH_LIMIT, DEFAULT_QUIET_WARNING, DEFAULT_STARTUP_LIMIT, Launch, LaunchOptions,
     Status, fired_by_startup_limit,
 };
-pub use ready::ProbeAnswer;
 pub use rules::LogRules;
 pub use target::Target;
 pub use verdict::{ValidationReport, Verdict};
 
+use crate::vocab::ProbeAnswer;
 use serde::{Deserialize, Serialize};
 
 /// Start-up phase of a target, in the order phases normally happen.

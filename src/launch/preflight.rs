@@ -3,7 +3,7 @@
 //! Each check is a small function over its inputs, so it is tested without a GPU.
 
 use super::docker::{connect_host, docker_host};
-use super::spec::{LaunchSpec, Mount};
+use crate::vocab::{LaunchSpec, Mount};
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
 use std::path::Path;
@@ -299,7 +299,7 @@ pub fn host_checks(spec: &LaunchSpec, check_gpu: bool) -> Vec<Finding> {
     }
     let mut out = Vec::new();
     let bind = match spec.container.as_ref().map(|c| c.network) {
-        Some(super::spec::NetworkMode::Bridge) => "127.0.0.1",
+        Some(crate::vocab::NetworkMode::Bridge) => "127.0.0.1",
         _ => spec.host.as_str(),
     };
     out.extend(check_port(bind, spec.port));

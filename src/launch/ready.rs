@@ -3,56 +3,15 @@
 //! completion is the only proof that the engine really serves.
 
 use anyhow::{Context, Result};
-use chrono::{DateTime, Utc};
-use serde::{Deserialize, Serialize};
+use chrono::Utc;
 use serde_json::{Value, json};
 use std::time::Duration;
+
+use crate::vocab::ProbeAnswer;
 
 /// Characters of a server's message kept in a probe answer: enough for vLLM's one-line
 /// errors, short enough for one screen line.
 const MESSAGE_CHARS: usize = 300;
-
-/// What one readiness probe that did not prove readiness got back: the request that
-/// decided it, and the server's answer or why there was none. The operator watches this
-/// while a start is stuck, so it carries the server's own words.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ProbeAnswer {
-    /// Method and path of the deciding request, e.g. `POST /v1/completions`.
-    pub request: String,
-    /// HTTP status, when the server answered at all.
-    pub status: Option<u16>,
-    /// The server's own message (its error text), what was wrong with a 2xx answer, or the
-    /// connection error when there was no answer.
-    pub message: String,
-    /// When the probe finished.
-    pub at: DateTime<Utc>,
-}
-
-impl ProbeAnswer {
-    /// Whether `other` says the same thing (the time aside).
-    pub fn same_answer(&self, other: &ProbeAnswer) -> bool {
-        self.request == other.request
-            && self.status == other.status
-            && self.message == other.message
-    }
-
-    /// The answer without the request: `503 model is still loading`, or the error.
-    pub fn answer(&self) -> String {
-        match (self.status, self.message.is_empty()) {
-            (Some(code), true) => code.to_string(),
-            (Some(code), false) => format!("{code} {}", self.message),
-            (None, _) => self.message.clone(),
-        }
-    }
-}
-
-impl std::fmt::Display for ProbeAnswer {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{} → {}", self.request, self.answer())
-    }
-}
-
-impl std::error::Error for ProbeAnswer {}
 
 /// The server's own message in an error body: vLLM's `{"message": …}`, OpenAI's
 /// `{"error": {"message": …}}`, FastAPI's `{"detail": …}`, else the first line of the text.

@@ -119,9 +119,9 @@ pub fn apply_facts(facts: &TargetFacts, target: &mut TargetInfo, env: &mut Envir
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::launch::spec::PathCheck;
     use crate::launch::target::SourceTree;
     use crate::launch::verdict::PathScanner;
+    use crate::vocab::PathCheck;
 
     #[test]
     fn verdicts_and_facts_map_into_the_record() {

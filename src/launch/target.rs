@@ -3,7 +3,7 @@
 use super::attach::AttachTarget;
 use super::docker::DockerTarget;
 use super::engine::EngineTarget;
-use super::spec::TargetKind;
+use crate::vocab::TargetKind;
 use anyhow::Result;
 use serde::{Deserialize, Serialize};
 use std::time::Duration;

@@ -2,7 +2,7 @@
 //! over every log line as it arrives (early lines — the kernel choice — must not be lost when
 //! the in-memory buffer rolls over), reported once the target is ready.
 
-use super::spec::PathCheck;
+use crate::vocab::PathCheck;
 use regex::Regex;
 use serde::{Deserialize, Serialize};
 

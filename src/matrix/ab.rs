@@ -16,6 +16,7 @@ use super::state::MatrixPlan;
 use crate::bench::workload::{CancelWatch, PointResult};
 use crate::launch::Verdict;
 use crate::record::RunStatus;
+use crate::record::compare::{DEFAULT_NOISE_SIGMAS, Noise, sigmas_text};
 use crate::record::schema::WorkloadPoint;
 
 /// One metric's B/A ratio at one point.
@@ -31,6 +32,19 @@ pub struct Ratio {
     pub mean: f64,
     /// Standard deviation of the ratios (0 with one round).
     pub std: f64,
+}
+
+impl Ratio {
+    /// The noise hint at `sigmas` standard deviations: |B/A − 1| against the spread over
+    /// rounds; with one round there is no spread and nothing to say.
+    pub fn noise(&self, sigmas: f64) -> Noise {
+        let spread = (self.rounds.len() > 1).then_some(self.std);
+        Noise::of(self.mean - 1.0, spread, sigmas)
+    }
+}
+
+fn default_noise() -> f64 {
+    DEFAULT_NOISE_SIGMAS
 }
 
 /// The A/B result file (`ab.json`).
@@ -50,6 +64,10 @@ pub struct AbResult {
     pub excluded: Vec<String>,
     /// The ratios.
     pub ratios: Vec<Ratio>,
+    /// The noise threshold of the hints, in standard deviations (`--noise`; 2 in results
+    /// written before it was settable).
+    #[serde(default = "default_noise")]
+    pub noise: f64,
 }
 
 fn metrics(p: &PointResult) -> Vec<(&'static str, Option<f64>)> {
@@ -313,6 +331,7 @@ pub async fn execute(args: &AbArgs, progress: &Progress, watch: &CancelWatch) ->
         records,
         excluded,
         ratios: ratios(&rounds),
+        noise: args.noise,
     };
     std::fs::create_dir_all(&args.out)
         .with_context(|| format!("cannot create {}", args.out.display()))?;
@@ -349,17 +368,18 @@ pub fn render(r: &AbResult, valid_rounds: usize) -> String {
             "relaunched every round"
         }
     );
-    let _ = writeln!(md, "| Test | Metric | B/A | ± std | rounds |");
-    let _ = writeln!(md, "|---|---|---:|---:|---|");
+    let _ = writeln!(md, "| Test | Metric | B/A | ± std | noise | rounds |");
+    let _ = writeln!(md, "|---|---|---:|---:|---|---|");
     for x in &r.ratios {
         let _ = writeln!(
             md,
-            "| {} c{} | {} | {:.3} | {:.3} | {} |",
+            "| {} c{} | {} | {:.3} | {:.3} | {} | {} |",
             x.point.label(),
             x.point.concurrency,
             x.metric,
             x.mean,
             x.std,
+            x.noise(r.noise).text(),
             x.rounds
                 .iter()
                 .map(|v| format!("{v:.3}"))
@@ -367,6 +387,12 @@ pub fn render(r: &AbResult, valid_rounds: usize) -> String {
                 .join(" ")
         );
     }
+    let _ = writeln!(
+        md,
+        "\n\"within noise\": |B/A − 1| < {} of the ratios over rounds; one round has no spread \
+         (\"noise unknown\").",
+        sigmas_text(r.noise)
+    );
     for e in &r.excluded {
         let _ = writeln!(md, "- excluded {e}");
     }
@@ -420,18 +446,39 @@ mod tests {
         assert_eq!(r[0].rounds.len(), 2);
         assert!((r[0].mean - 1.2).abs() < 1e-9);
         assert!((r[0].std - 0.141_421_356).abs() < 1e-6);
-        let md = render(
-            &AbResult {
-                a: "x".into(),
-                b: "y".into(),
-                rounds: 2,
-                reused: true,
-                records: vec![],
-                excluded: vec![],
-                ratios: r,
-            },
-            2,
-        );
-        assert!(md.contains("| 1.200 |"), "{md}");
+        // 0.2 away from 1 with a std of 0.14: within 2·std, beyond 1·std.
+        assert_eq!(r[0].noise(2.0), Noise::Within);
+        assert_eq!(r[0].noise(1.0), Noise::Beyond);
+        let mut result = AbResult {
+            a: "x".into(),
+            b: "y".into(),
+            rounds: 2,
+            reused: true,
+            records: vec![],
+            excluded: vec![],
+            ratios: r,
+            noise: 2.0,
+        };
+        let md = render(&result, 2);
+        assert!(md.contains("| 1.200 | 0.141 | within noise |"), "{md}");
+        assert!(md.contains("< 2·std"), "{md}");
+        result.noise = 1.0;
+        let md = render(&result, 2);
+        assert!(md.contains("| 1.200 | 0.141 | beyond noise |"), "{md}");
+        assert!(md.contains("< 1·std"), "{md}");
+    }
+
+    #[test]
+    fn one_round_has_no_spread_to_judge_by() {
+        let r = ratios(&[(vec![point(10.0)], vec![point(15.0)])]);
+        assert_eq!(r[0].noise(2.0), Noise::Unknown);
+    }
+
+    #[test]
+    fn results_written_before_the_threshold_read_as_two_std() {
+        let old =
+            r#"{"a":"x","b":"y","rounds":3,"reused":false,"records":[],"excluded":[],"ratios":[]}"#;
+        let r: AbResult = serde_json::from_str(old).unwrap();
+        assert_eq!(r.noise, 2.0);
     }
 }

@@ -12,7 +12,7 @@ use super::state::{MatrixPlan, MatrixState, PresetStatus};
 use crate::bench::client::Endpoint;
 use crate::bench::workload::{Cancel, CancelWatch};
 use crate::launch::cli::TargetArg;
-use crate::launch::spec::TargetKind;
+use crate::vocab::TargetKind;
 
 /// Options shared by `matrix` and `ab`.
 #[derive(Debug, Clone, PartialEq, clap::Args)]
@@ -90,6 +90,9 @@ pub struct MatrixArgs {
     pub common: CommonArgs,
 }
 
+/// A B rounds unless `--rounds` says otherwise (the panel starts from it too).
+pub const DEFAULT_AB_ROUNDS: u32 = 3;
+
 /// Arguments of `mxtune ab`.
 #[derive(Debug, Clone, PartialEq, clap::Args)]
 pub struct AbArgs {
@@ -98,8 +101,12 @@ pub struct AbArgs {
     /// Configuration B (the change).
     pub preset_b: String,
     /// A B rounds.
-    #[arg(long, default_value_t = 3)]
+    #[arg(long, default_value_t = DEFAULT_AB_ROUNDS)]
     pub rounds: u32,
+    /// Noise threshold in standard deviations: a B/A ratio within K times its spread over
+    /// rounds of 1 is marked "within noise".
+    #[arg(long, value_name = "K", default_value_t = crate::record::compare::DEFAULT_NOISE_SIGMAS, value_parser = crate::record::compare::parse_noise_sigmas)]
+    pub noise: f64,
     /// Keep both targets running across rounds instead of relaunching each round; only
     /// when the two presets listen on different ports (and, for Docker, use different
     /// container names). The record says so.

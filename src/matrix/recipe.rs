@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use crate::flags::model::FlagSet;
 use crate::flags::preset::{PresetStore, SaveRequest, save_dir};
 use crate::flags::render::render;
-use crate::launch::spec::TargetKind;
+use crate::vocab::TargetKind;
 
 /// A sparkrun recipe (the fields mxtune reads and writes; others are ignored on import).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]

@@ -21,7 +21,6 @@ use crate::flags::rules::evaluate;
 use crate::launch::docker::{self, DockerTarget};
 use crate::launch::engine::EngineTarget;
 use crate::launch::follow::ReadyInfo;
-use crate::launch::spec::{LaunchSpec, TargetKind};
 use crate::launch::{Launch, LaunchEvent, LaunchOptions, ValidationReport, Verdict};
 use crate::monitor::collector::{Monitor, MonitorConfig, sample_once};
 use crate::monitor::sample::GpuStatus;
@@ -30,6 +29,7 @@ use crate::record::schema::{
     Verdict as RecordVerdict, WorkloadParams,
 };
 use crate::record::{RunHandle, RunStatus, RunStore};
+use crate::vocab::{LaunchSpec, TargetKind};
 
 /// A launch event and when it arrived.
 type Seen = (chrono::DateTime<Utc>, LaunchEvent);

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 
 use super::plan::{Grid, TestLevel};
 use crate::bench::client::Endpoint;
-use crate::launch::spec::TargetKind;
+use crate::vocab::TargetKind;
 
 /// File name of the state inside the output directory.
 pub const STATE_FILE: &str = "matrix-state.json";

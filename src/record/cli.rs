@@ -62,6 +62,10 @@ enum RunsCommand {
         /// `text` for the terminal, `md` for BENCHMARK_RESULTS.md.
         #[arg(long, value_enum, default_value_t = Format::Text)]
         format: Format,
+        /// Noise threshold in standard deviations: a change smaller than K times the
+        /// noisier run's std is marked "within noise".
+        #[arg(long, value_name = "K", default_value_t = compare::DEFAULT_NOISE_SIGMAS, value_parser = compare::parse_noise_sigmas)]
+        noise: f64,
     },
 }
 
@@ -90,7 +94,7 @@ pub fn run(args: RunsArgs) -> Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
-        RunsCommand::Compare { ids, format } => {
+        RunsCommand::Compare { ids, format, noise } => {
             let scan = store.scan()?;
             let mut records = Vec::new();
             for id in &ids {
@@ -107,7 +111,7 @@ pub fn run(args: RunsArgs) -> Result<ExitCode> {
                     ),
                 }
             }
-            print!("{}", compare::render(&records, format));
+            print!("{}", compare::render(&records, format, noise));
             Ok(ExitCode::SUCCESS)
         }
     }

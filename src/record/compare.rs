@@ -23,17 +23,77 @@ pub struct Value {
     pub std: Option<f64>,
 }
 
+/// The noise threshold unless one is given: a change smaller than this many standard
+/// deviations is within noise (`runs compare --noise`, `ab --noise`, `n` in the panel).
+pub const DEFAULT_NOISE_SIGMAS: f64 = 2.0;
+
+/// The largest noise threshold taken: beyond it every change would read as noise.
+pub const MAX_NOISE_SIGMAS: f64 = 10.0;
+
+/// Reads a noise threshold (a number of standard deviations above 0, at most 10); the
+/// error says what was wrong and what to give instead.
+pub fn parse_noise_sigmas(s: &str) -> Result<f64, String> {
+    let t = s.trim();
+    match t.parse::<f64>() {
+        Ok(k) if k.is_finite() && k > 0.0 && k <= MAX_NOISE_SIGMAS => Ok(k),
+        _ => Err(format!(
+            "noise threshold `{t}`: give a number of standard deviations above 0 and at most \
+             {MAX_NOISE_SIGMAS}, e.g. 2 (a change smaller than that many std is within noise)"
+        )),
+    }
+}
+
+/// A noise threshold as the tables write it: `2·std`, `1.5·std` (the shortest form that
+/// reads back the same).
+pub fn sigmas_text(k: f64) -> String {
+    format!("{k}·std")
+}
+
+/// What a change is, next to the noise of the figures it compares.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Noise {
+    /// Smaller than the threshold times the spread: may be noise.
+    Within,
+    /// At least the threshold times the spread.
+    Beyond,
+    /// No spread is known (a percentile, a single round): nothing can be said.
+    Unknown,
+}
+
+impl Noise {
+    /// The hint for a change of `diff` where the figures spread by `spread` (one standard
+    /// deviation), at a threshold of `sigmas` standard deviations. No change at all is
+    /// within noise even with no spread.
+    pub fn of(diff: f64, spread: Option<f64>, sigmas: f64) -> Noise {
+        match spread {
+            _ if diff == 0.0 => Noise::Within,
+            Some(s) if diff.abs() < sigmas * s => Noise::Within,
+            Some(_) => Noise::Beyond,
+            None => Noise::Unknown,
+        }
+    }
+
+    /// The hint as the tables print it.
+    pub fn text(self) -> &'static str {
+        match self {
+            Noise::Within => "within noise",
+            Noise::Beyond => "beyond noise",
+            Noise::Unknown => "noise unknown",
+        }
+    }
+}
+
 /// The change of one run's value against the baseline's.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Delta {
     /// Percent change of the mean; `None` when the baseline is 0.
     pub pct: Option<f64>,
-    /// |Δmean| < 2·max(std): the difference is within the runs' noise.
-    pub within_noise: bool,
+    /// |Δmean| against the threshold times the larger std of the two.
+    pub noise: Noise,
 }
 
-/// Change of `v` against baseline `base`.
-pub fn delta(base: Value, v: Value) -> Delta {
+/// Change of `v` against baseline `base`, with the noise hint at `sigmas` standard deviations.
+pub fn delta(base: Value, v: Value, sigmas: f64) -> Delta {
     let diff = v.mean - base.mean;
     let pct = (base.mean != 0.0).then(|| diff / base.mean.abs() * 100.0);
     let spread = match (base.std, v.std) {
@@ -43,7 +103,7 @@ pub fn delta(base: Value, v: Value) -> Delta {
     };
     Delta {
         pct,
-        within_noise: spread.is_some_and(|s| diff.abs() < 2.0 * s),
+        noise: Noise::of(diff, spread, sigmas),
     }
 }
 
@@ -187,11 +247,7 @@ fn fmt_delta(d: Delta) -> String {
         Some(p) => format!("{p:+.1}%"),
         None => "n/a".to_string(),
     };
-    if d.within_noise {
-        format!("{pct} (within noise)")
-    } else {
-        pct
-    }
+    format!("{pct} ({})", d.noise.text())
 }
 
 /// Lines of flag/target settings that differ between the runs: key, then one value per run.
@@ -286,15 +342,16 @@ fn warnings(runs: &[RunRecord], names: &[String]) -> Vec<String> {
     w
 }
 
-/// Render the comparison of `runs` (at least two; the first is the baseline).
-pub fn render(runs: &[RunRecord], format: Format) -> String {
+/// Render the comparison of `runs` (at least two; the first is the baseline), every delta
+/// with its noise hint at a threshold of `sigmas` standard deviations.
+pub fn render(runs: &[RunRecord], format: Format, sigmas: f64) -> String {
     match format {
-        Format::Text => render_text(runs),
-        Format::Md => render_md(runs),
+        Format::Text => render_text(runs, sigmas),
+        Format::Md => render_md(runs, sigmas),
     }
 }
 
-fn render_text(runs: &[RunRecord]) -> String {
+fn render_text(runs: &[RunRecord], sigmas: f64) -> String {
     let names = run_names(runs);
     let letters: Vec<String> = (0..runs.len()).map(column_letter).collect();
     let mut out = String::new();
@@ -360,7 +417,7 @@ fn render_text(runs: &[RunRecord]) -> String {
                 row.push(v.map(fmt_value).unwrap_or_else(|| "-".into()));
                 if i > 0 {
                     row.push(match (vals[0], *v) {
-                        (Some(b), Some(x)) => fmt_delta(delta(b, x)),
+                        (Some(b), Some(x)) => fmt_delta(delta(b, x, sigmas)),
                         _ => "-".into(),
                     });
                 }
@@ -392,9 +449,12 @@ fn render_text(runs: &[RunRecord]) -> String {
         out.push_str("no results to compare (none of the runs has measured points)\n");
     } else {
         out.push_str(&align(&rows));
-        out.push_str(
+        let _ = writeln!(
+            out,
             "\nΔ is against A; higher is better for t/s, lower for ms and errors; \
-             \"within noise\" means |Δmean| < 2·std of the noisier run.\n",
+             \"within noise\" means |Δmean| < {} of the noisier run; \
+             \"noise unknown\": the figure has no std (p99).",
+            sigmas_text(sigmas)
         );
     }
     out
@@ -544,7 +604,7 @@ fn md_table(rows: &[Vec<String>]) -> String {
     out
 }
 
-fn render_md(runs: &[RunRecord]) -> String {
+fn render_md(runs: &[RunRecord], sigmas: f64) -> String {
     let names = run_names(runs);
     let points = all_points(runs);
     let mut cols = md_columns(&points);
@@ -585,7 +645,7 @@ fn render_md(runs: &[RunRecord]) -> String {
                 "baseline".to_string()
             } else {
                 match (md_value(&runs[0], col), md_value(r, col)) {
-                    (Some(b), Some(v)) => fmt_delta(delta(b, v)),
+                    (Some(b), Some(v)) => fmt_delta(delta(b, v, sigmas)),
                     _ => "-".to_string(),
                 }
             });
@@ -657,8 +717,9 @@ fn render_md(runs: &[RunRecord]) -> String {
         .collect();
     let _ = writeln!(
         out,
-        "\nmean ± std; Decode Δ against {}; \"within noise\": |Δmean| < 2·std. Runs: {}.",
+        "\nmean ± std; Decode Δ against {}; \"within noise\": |Δmean| < {}. Runs: {}.",
         names.first().map(String::as_str).unwrap_or("-"),
+        sigmas_text(sigmas),
         legend.join(", ")
     );
     out
@@ -674,17 +735,42 @@ mod tests {
 
     #[test]
     fn delta_percent_and_noise_hint() {
-        let d = delta(v(100.0, Some(1.0)), v(101.5, Some(0.5)));
+        let d = delta(v(100.0, Some(1.0)), v(101.5, Some(0.5)), 2.0);
         assert!((d.pct.unwrap() - 1.5).abs() < 1e-12);
-        assert!(d.within_noise, "1.5 < 2 * max(1.0, 0.5)");
-        let d = delta(v(100.0, Some(1.0)), v(97.0, Some(0.5)));
-        assert!(!d.within_noise);
+        assert_eq!(d.noise, Noise::Within, "1.5 < 2 * max(1.0, 0.5)");
+        let d = delta(v(100.0, Some(1.0)), v(97.0, Some(0.5)), 2.0);
+        assert_eq!(d.noise, Noise::Beyond);
         assert!((d.pct.unwrap() + 3.0).abs() < 1e-12);
-        assert!(
-            !delta(v(10.0, None), v(10.1, None)).within_noise,
-            "no std, no hint"
+        assert_eq!(
+            delta(v(10.0, None), v(10.1, None), 2.0).noise,
+            Noise::Unknown,
+            "no std: nothing to say"
         );
-        assert_eq!(delta(v(0.0, None), v(1.0, None)).pct, None);
+        assert_eq!(delta(v(5.0, None), v(5.0, None), 2.0).noise, Noise::Within);
+        assert_eq!(delta(v(0.0, None), v(1.0, None), 2.0).pct, None);
+    }
+
+    #[test]
+    fn the_noise_threshold_moves_the_hint() {
+        // A change of 3 with a std of 1: beyond 2·std, within 4·std.
+        let (a, b) = (v(100.0, Some(1.0)), v(103.0, Some(1.0)));
+        assert_eq!(delta(a, b, 2.0).noise, Noise::Beyond);
+        assert_eq!(delta(a, b, 4.0).noise, Noise::Within);
+        assert_eq!(fmt_delta(delta(a, b, 2.0)), "+3.0% (beyond noise)");
+        assert_eq!(fmt_delta(delta(a, b, 4.0)), "+3.0% (within noise)");
+        assert_eq!(sigmas_text(2.0), "2·std");
+        assert_eq!(sigmas_text(1.5), "1.5·std");
+    }
+
+    #[test]
+    fn noise_thresholds_are_checked() {
+        assert_eq!(parse_noise_sigmas(" 1.5 "), Ok(1.5));
+        assert_eq!(parse_noise_sigmas("10"), Ok(10.0));
+        for bad in ["0", "-1", "abc", "", "NaN", "inf", "11"] {
+            let e = parse_noise_sigmas(bad).unwrap_err();
+            assert!(e.contains("standard deviations"), "{bad}: {e}");
+            assert!(e.contains(&format!("`{}`", bad.trim())), "{bad}: {e}");
+        }
     }
 
     #[test]

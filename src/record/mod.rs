@@ -16,7 +16,7 @@ pub mod store;
 pub use schema::{RunId, RunRecord, RunStatus, Stats};
 pub use store::{RunHandle, RunStore};
 
-use crate::launch::spec::TargetKind;
+use crate::vocab::TargetKind;
 use std::path::PathBuf;
 
 /// A new `running` record with this host's facts, the mxtune commit and the git state of

@@ -5,7 +5,7 @@
 //! `--api-key`, `OPENAI_API_KEY`, `apiKey`, `DB_PASSWORD`. Matching whole-word endings
 //! rather than substrings keeps `--max-num-batched-tokens` and `--tokenizer` readable.
 
-use crate::launch::spec::LaunchSpec;
+use crate::vocab::LaunchSpec;
 use std::collections::BTreeMap;
 
 /// What a secret value is replaced with.

@@ -6,7 +6,7 @@
 //! `docs/run-record.md`; a change of shape bumps `SCHEMA_VERSION` and adds a migration in
 //! `record::migrate`.
 
-use crate::launch::spec::{LaunchSpec, TargetKind};
+use crate::vocab::{LaunchSpec, TargetKind};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use std::collections::BTreeMap;
@@ -505,7 +505,7 @@ pub struct Phase {
     /// The last readiness probe answer while this was the current phase (none in records
     /// written before mxtune kept it).
     #[serde(default)]
-    pub last_probe: Option<crate::launch::ProbeAnswer>,
+    pub last_probe: Option<crate::vocab::ProbeAnswer>,
 }
 
 /// Benchmark parameters (the grid and the request settings).
@@ -653,6 +653,14 @@ pub struct PointResult {
     /// Prompt-processing throughput per repetition, tokens/s.
     #[serde(default)]
     pub pp_tps: Option<Stats>,
+    /// Prompt tokens as the server counted them (`usage.prompt_tokens`, the chat template's
+    /// tokens included) over the measured requests that reported usage.
+    #[serde(default)]
+    pub server_prompt_tokens: Option<Stats>,
+    /// Prompt-processing throughput by the server's count (`usage.prompt_tokens` / est_ppt
+    /// per request, whatever its distance from the tokens sent), tokens/s.
+    #[serde(default)]
+    pub server_pp_tps: Option<Stats>,
     /// Generation throughput per repetition, tokens/s (per request).
     #[serde(default)]
     pub tg_tps: Option<Stats>,

@@ -14,7 +14,7 @@ use super::screens::live::LiveScreen;
 use super::screens::runs::RunsScreen;
 use super::theme::Theme;
 use crate::flags::preset::{PRESETS_DIR_ENV, PresetStore, save_dir, user_presets_dir};
-use crate::launch::spec::TargetKind;
+use crate::vocab::TargetKind;
 
 /// The five screens, in tab order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -186,6 +186,9 @@ pub struct App {
     pub bench: BenchScreen,
     /// The flag set marked as A for the quick A/B (`a` on the Flags or Bench screen).
     pub ab_mark: Option<super::screens::matrix::AbMark>,
+    /// The noise threshold, in standard deviations, of the Runs comparison and the quick
+    /// A/B (`n` in either; `--noise` on the command line).
+    pub noise_sigmas: f64,
     /// The preset loaded at start (`--preset`, the remembered one, or the default).
     pub start_preset: String,
     /// Where the loaded preset is remembered for the next session (`None`: nowhere).
@@ -211,6 +214,7 @@ impl App {
             runs: RunsScreen::default(),
             bench: BenchScreen::default(),
             ab_mark: None,
+            noise_sigmas: crate::record::compare::DEFAULT_NOISE_SIGMAS,
             start_preset: crate::flags::preset::DEFAULT_PRESET.to_string(),
             remember: None,
         }
@@ -233,7 +237,7 @@ impl App {
             Tab::Bench => match self.bench.view {
                 super::screens::matrix::BenchView::Form => self.bench.captures_keys(),
                 super::screens::matrix::BenchView::Matrix => self.bench.matrix.editing.is_some(),
-                super::screens::matrix::BenchView::Ab => false,
+                super::screens::matrix::BenchView::Ab => self.bench.ab.editing.is_some(),
             },
             _ => false,
         }
@@ -298,14 +302,17 @@ impl App {
                 Vec::new()
             }
             Tab::Flags => self.flags.on_key(key),
-            Tab::Runs => self.runs.on_key(key, &self.paths.export_dir),
+            Tab::Runs => self
+                .runs
+                .on_key(key, &self.paths.export_dir, &mut self.noise_sigmas),
             Tab::Launch
                 if key.code == KeyCode::Char('l')
                     && !self.launch.captures_keys()
                     && (self.bench.matrix.is_running() || self.bench.ab.is_running()) =>
             {
                 self.message = Some(
-                    "a matrix or A/B is running its own targets: wait for it, or cancel it on                      the Bench screen (4, then Esc)"
+                    "a matrix or A/B is running its own targets: wait for it, or cancel it on \
+                     the Bench screen (4, then Esc)"
                         .into(),
                 );
                 Vec::new()

@@ -13,8 +13,8 @@ use crate::flags::FlagSet;
 use crate::launch::attach::AttachTarget;
 use crate::launch::docker::{self, DockerTarget};
 use crate::launch::engine::EngineTarget;
-use crate::launch::spec::{LaunchSpec, TargetKind};
 use crate::launch::{Launch, LaunchEvent, LaunchOptions};
+use crate::vocab::{LaunchSpec, TargetKind};
 
 /// What the Launch screen asks to start.
 #[derive(Debug, Clone, PartialEq)]
@@ -49,7 +49,7 @@ pub enum LaunchMsg {
         /// The limit the follower applies from now on (the attach limit for an attach).
         startup_limit: Duration,
         /// The launch as rendered and started (docker and engine).
-        spec: Option<Box<crate::launch::spec::LaunchSpec>>,
+        spec: Option<Box<crate::vocab::LaunchSpec>>,
     },
     /// Nothing was started; why.
     StartFailed(String),

@@ -118,8 +118,20 @@ pub const MATRIX: &[Binding] = &[
 /// Bench screen, matrix view while the matrix runs.
 pub const MATRIX_RUNNING: &[Binding] = &[b("Esc", "cancel (stays resumable)")];
 
-/// Bench screen, quick A/B result.
-pub const AB: &[Binding] = &[b("A", "run the A/B again"), b("Esc", "back to the form")];
+/// Bench screen, quick A/B (its settings, and the last result).
+pub const AB: &[Binding] = &[
+    b("A/Enter", "run the A/B"),
+    b("r", "rounds"),
+    b("n", "noise threshold"),
+    b("Esc", "back to the form"),
+];
+
+/// Typing one value: A/B rounds, or the noise threshold (A/B or Runs comparison).
+pub const VALUE_INPUT: &[Binding] = &[
+    b("Enter", "set"),
+    b("Esc", "cancel"),
+    b("Backspace", "delete"),
+];
 
 /// Bench screen while the quick A/B runs.
 pub const AB_RUNNING: &[Binding] = &[b("Esc", "cancel (records kept)")];
@@ -153,6 +165,7 @@ pub const RUNS_VIEW: &[Binding] = &[
     b("Up/Down", "scroll"),
     b("PgUp/PgDn", "page"),
     b("e", "export comparison as markdown"),
+    b("n", "noise threshold"),
 ];
 
 /// Every table with its heading, in help order (the help overlay and docs/tui.md use this).
@@ -170,8 +183,12 @@ pub const SECTIONS: &[(&str, &[Binding])] = &[
     ("Bench: typing a value", BENCH_INPUT),
     ("Bench: matrix view", MATRIX),
     ("Bench: matrix running", MATRIX_RUNNING),
-    ("Bench: quick A/B result", AB),
+    ("Bench: quick A/B", AB),
     ("Bench: quick A/B running", AB_RUNNING),
+    (
+        "Bench A/B or Runs comparison: typing rounds or noise",
+        VALUE_INPUT,
+    ),
     ("Runs", RUNS),
     ("Runs: run or comparison open", RUNS_VIEW),
 ];

@@ -377,7 +377,7 @@ pub fn perform(app: &mut App, bg: &mut Background, effect: Effect) -> Option<Exi
             let preset = app.flags.loaded.as_ref().map(|p| p.name.clone());
             // What a bench against this launch records; an attached server was not started
             // from these flags, so it carries none.
-            let launched = kind != crate::launch::spec::TargetKind::Attach;
+            let launched = kind != crate::vocab::TargetKind::Attach;
             app.launch.served = Some(crate::bench::cli::ServedBy {
                 url: String::new(),
                 kind,
@@ -527,7 +527,10 @@ pub fn perform(app: &mut App, bg: &mut Background, effect: Effect) -> Option<Exi
             app.runs.on_scan(store.scan().map_err(|e| format!("{e:#}")));
         }
         Effect::ExportComparison(path) => {
-            let Some(md) = app.runs.comparison(crate::record::compare::Format::Md) else {
+            let Some(md) = app
+                .runs
+                .comparison(crate::record::compare::Format::Md, app.noise_sigmas)
+            else {
                 app.message = Some("mark two runs (m) to export a comparison".into());
                 return None;
             };
@@ -600,6 +603,7 @@ fn ab_args(
         preset_a: paths[0].display().to_string(),
         preset_b: paths[1].display().to_string(),
         rounds: req.rounds,
+        noise: req.noise,
         reuse: false,
         out: dir,
         common,

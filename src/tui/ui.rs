@@ -25,17 +25,20 @@ pub fn draw(frame: &mut Frame, app: &App) {
         frame.render_widget(Paragraph::new(msg).wrap(Wrap { trim: true }), area);
         return;
     }
+    let status = status_paragraph(app);
+    // A long message (the answer to the last key) wraps onto up to three rows.
+    let status_h = (status.line_count(area.width) as u16).clamp(1, MAX_STATUS_ROWS);
     let [tabs_area, body, status_area, hints_area] = Layout::vertical([
         Constraint::Length(1),
         Constraint::Min(1),
-        Constraint::Length(1),
+        Constraint::Length(status_h),
         Constraint::Length(1),
     ])
     .areas(area);
 
     draw_tabs(frame, app, tabs_area);
     super::screens::draw(frame, app, body);
-    draw_status(frame, app, status_area);
+    frame.render_widget(status, status_area);
     draw_hints(frame, app, hints_area);
 
     if app.show_help {
@@ -84,15 +87,21 @@ fn draw_tabs(frame: &mut Frame, app: &App, area: Rect) {
     );
 }
 
-fn draw_status(frame: &mut Frame, app: &App, area: Rect) {
+/// Rows the status line may take when a message does not fit on one.
+pub const MAX_STATUS_ROWS: u16 = 3;
+
+/// The status line, wrapped: the message (the answer to the last key) first, so a narrow
+/// terminal still shows it, then target, phase and preset.
+fn status_paragraph(app: &App) -> Paragraph<'static> {
     let theme = &app.theme;
-    // A message (the answer to the last key) comes first so a narrow terminal still shows it.
     let mut spans = Vec::new();
     if let Some(msg) = &app.message {
         spans.push(Span::styled(format!(" {msg} "), theme.warn()));
     }
     spans.extend(super::screens::status_spans(app));
-    frame.render_widget(Paragraph::new(Line::from(spans)).style(theme.dim()), area);
+    Paragraph::new(Line::from(spans))
+        .style(theme.dim())
+        .wrap(Wrap { trim: false })
 }
 
 fn hint_spans(app: &App, bindings: &[Binding]) -> Vec<Span<'static>> {
@@ -137,9 +146,42 @@ pub fn centered(area: Rect, width: u16, height: u16) -> Rect {
     )
 }
 
-/// The help overlay's lines: the global keys, then the visible screen's sections, then the
-/// rest, so what applies here is on the first page of a small terminal.
-pub fn help_lines(app: &App) -> Vec<Line<'static>> {
+/// Words of `text` in lines of at most `width` characters (a longer word is cut into pieces).
+pub fn wrap_words(text: &str, width: usize) -> Vec<String> {
+    let width = width.max(1);
+    let mut lines = Vec::new();
+    let mut line = String::new();
+    for word in text.split_whitespace() {
+        let mut word: Vec<char> = word.chars().collect();
+        while word.len() > width {
+            if !line.is_empty() {
+                lines.push(std::mem::take(&mut line));
+            }
+            lines.push(word.drain(..width).collect());
+        }
+        let len = line.chars().count();
+        if !line.is_empty() && len + 1 + word.len() > width {
+            lines.push(std::mem::take(&mut line));
+        }
+        if !line.is_empty() {
+            line.push(' ');
+        }
+        line.extend(word);
+    }
+    if !line.is_empty() || lines.is_empty() {
+        lines.push(line);
+    }
+    lines
+}
+
+/// Width of the help overlay's key column (two spaces of indent included).
+const HELP_KEY_COLUMN: usize = 20;
+
+/// The help overlay's lines at `width` columns: the global keys, then the visible screen's
+/// sections, then the rest, so what applies here is on the first page of a small terminal.
+/// An action too long for the width wraps under itself, a section title under itself.
+pub fn help_lines(app: &App, width: u16) -> Vec<Line<'static>> {
+    let width = usize::from(width);
     let theme = &app.theme;
     let here = |title: &str| title.starts_with(app.tab.title());
     let order = keys::SECTIONS
@@ -152,21 +194,32 @@ pub fn help_lines(app: &App) -> Vec<Line<'static>> {
         if !lines.is_empty() {
             lines.push(Line::raw(""));
         }
-        lines.push(Line::styled(*title, theme.accent()));
-        lines.extend(bindings.iter().map(|b| {
-            Line::from(vec![
-                Span::styled(format!("  {:<18}", b.key), theme.accent()),
-                Span::raw(b.action),
-            ])
-        }));
+        lines.extend(
+            wrap_words(title, width)
+                .into_iter()
+                .map(|t| Line::styled(t, theme.accent())),
+        );
+        for b in bindings.iter() {
+            let key = format!("  {:<w$}", b.key, w = HELP_KEY_COLUMN - 2);
+            let key_w = key.chars().count();
+            let action = wrap_words(b.action, width.saturating_sub(key_w).max(8));
+            for (i, part) in action.into_iter().enumerate() {
+                let lead = if i == 0 {
+                    Span::styled(key.clone(), theme.accent())
+                } else {
+                    Span::raw(" ".repeat(key_w))
+                };
+                lines.push(Line::from(vec![lead, Span::raw(part)]));
+            }
+        }
     }
     lines
 }
 
 fn draw_help(frame: &mut Frame, app: &App, area: Rect) {
     let theme = &app.theme;
-    let lines = help_lines(app);
     let popup = centered(area, 64, area.height.saturating_sub(2));
+    let lines = help_lines(app, popup.width.saturating_sub(2));
     let visible = popup.height.saturating_sub(2) as usize;
     let max = lines.len().saturating_sub(visible);
     app.help_max.set(u16::try_from(max).unwrap_or(u16::MAX));
@@ -196,7 +249,7 @@ fn draw_quit_prompt(frame: &mut Frame, app: &App, prompt: QuitPrompt, area: Rect
     let popup = centered(area, 60, 8);
     frame.render_widget(Clear, popup);
     frame.render_widget(
-        Paragraph::new(text).block(
+        Paragraph::new(text).wrap(Wrap { trim: false }).block(
             Block::bordered()
                 .border_set(app.theme.border())
                 .border_style(app.theme.warn())

@@ -2,7 +2,7 @@
 //! and its `FROM scratch` image (built once per source hash), Docker availability, specs.
 #![allow(dead_code)] // each test file uses a different subset
 
-use mxtune::launch::spec::{ContainerSpec, LaunchSpec, NetworkMode, PathCheck};
+use mxtune::vocab::{ContainerSpec, LaunchSpec, NetworkMode, PathCheck};
 use sha2::{Digest, Sha256};
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;

@@ -75,6 +75,8 @@ pub struct Script {
     pub barrier: Option<Arc<Barrier>>,
     /// `weights` in the `/v1/models` entry (the bundled engine's field; vLLM has none).
     pub weights: Option<&'static str>,
+    /// Tokens a chat template adds to every chat prompt, counted in `usage.prompt_tokens`.
+    pub template_tokens: usize,
 }
 
 impl Default for Script {
@@ -91,6 +93,7 @@ impl Default for Script {
             fault: Fault::None,
             barrier: None,
             weights: None,
+            template_tokens: 0,
         }
     }
 }
@@ -161,7 +164,8 @@ async fn chat(State(s): State<Arc<Shared>>, body: axum::Json<Value>) -> Response
                 .map(|m| count(m["content"].as_str().unwrap_or("")))
                 .sum()
         })
-        .unwrap_or(0);
+        .unwrap_or(0)
+        + s.script.template_tokens;
     respond(s, body.0, prompt_tokens, true).await
 }
 

@@ -14,7 +14,7 @@ use crate::flags::model::{self, Setting};
 use crate::flags::preset::Preset;
 use crate::flags::rules::{self, Finding, Severity};
 use crate::flags::{FlagSet, VllmFlavor, docker_run_argv, render};
-use crate::launch::spec::TargetKind;
+use crate::vocab::TargetKind;
 
 use super::super::app::{App, Effect};
 use super::super::theme::Theme;

@@ -13,11 +13,11 @@ use ratatui::style::Style;
 use ratatui::text::{Line, Span};
 use ratatui::widgets::{Block, Clear, Paragraph, Wrap};
 
-use crate::launch::spec::TargetKind;
 use crate::launch::{
-    DEFAULT_ATTACH_LIMIT, DEFAULT_STARTUP_LIMIT, LaunchEvent, Phase, ProbeAnswer, ValidationReport,
-    Verdict, fired_by_startup_limit,
+    DEFAULT_ATTACH_LIMIT, DEFAULT_STARTUP_LIMIT, LaunchEvent, Phase, ValidationReport, Verdict,
+    fired_by_startup_limit,
 };
+use crate::vocab::{ProbeAnswer, TargetKind};
 
 use super::super::app::{App, Effect};
 use super::super::background::LaunchMsg;
@@ -544,12 +544,6 @@ pub fn draw(frame: &mut Frame, app: &App, area: Rect) {
         0
     };
     let probe_line = probe_line(s, theme);
-    let [head, verdict_area, log_area] = Layout::vertical([
-        Constraint::Length(5 + u16::from(probe_line.is_some())),
-        Constraint::Length(verdict_h),
-        Constraint::Min(3),
-    ])
-    .areas(area);
 
     // Target choice, phase, elapsed, watchdog.
     let mut choice = vec![Span::styled(" target ", theme.dim())];
@@ -678,7 +672,17 @@ pub fn draw(frame: &mut Frame, app: &App, area: Rect) {
     let mut head_lines = vec![Line::from(choice), Line::from(phase)];
     head_lines.extend(probe_line);
     head_lines.extend([Line::from(watch), Line::from(third), warn_line]);
-    frame.render_widget(Paragraph::new(head_lines), head);
+    // Wrapped at the edge, never cut; the head takes the rows it needs (up to a third of the
+    // screen), the log the rest.
+    let head_text = Paragraph::new(head_lines).wrap(Wrap { trim: false });
+    let head_h = (head_text.line_count(area.width) as u16).min((area.height / 3).max(6));
+    let [head, verdict_area, log_area] = Layout::vertical([
+        Constraint::Length(head_h),
+        Constraint::Length(verdict_h),
+        Constraint::Min(3),
+    ])
+    .areas(area);
+    frame.render_widget(head_text, head);
 
     if let Some(r) = &s.report {
         let mut lines = Vec::new();

@@ -11,7 +11,7 @@ use ratatui::Frame;
 use ratatui::layout::{Constraint, Layout, Rect};
 use ratatui::style::{Color, Style};
 use ratatui::text::{Line, Span};
-use ratatui::widgets::{Axis, Block, Chart, Dataset, GraphType, Paragraph};
+use ratatui::widgets::{Axis, Block, Chart, Dataset, GraphType, Paragraph, Wrap};
 
 use crate::monitor::Sample;
 use crate::monitor::sample::{GpuStatus, MemorySource, ServerStatus};
@@ -449,20 +449,12 @@ fn window_label(s: u32) -> String {
     }
 }
 
-/// Draw the Live screen.
-pub fn draw(frame: &mut Frame, app: &App, area: Rect) {
+/// The Live screen's head: window, chart page, freeze, GPU; then monitor error, throttling
+/// or the server watched.
+fn head_lines(app: &App, page: usize, pages: usize) -> Vec<Line<'static>> {
     let s = &app.live;
     let theme = &app.theme;
     let throttling = s.throttling();
-    let [head, grid] = Layout::vertical([Constraint::Length(2), Constraint::Min(4)]).areas(area);
-
-    let cols: u16 = if grid.width >= 150 { 3 } else { 2 };
-    let rows: u16 = (grid.height / 7).clamp(1, 3);
-    let specs = specs(s);
-    let per_page = usize::from(cols * rows);
-    let pages = specs.len().div_ceil(per_page);
-    s.pages.set(pages);
-    let page = s.page.min(pages - 1);
     let mut l1 = vec![
         Span::styled(" window ", theme.dim()),
         Span::styled(window_label(s.window_s()), theme.accent()),
@@ -527,7 +519,45 @@ pub fn draw(frame: &mut Frame, app: &App, area: Rect) {
             theme.dim(),
         )
     };
-    frame.render_widget(Paragraph::new(vec![Line::from(l1), l2]), head);
+    vec![Line::from(l1), l2]
+}
+
+/// Chart grid of the Live screen in `grid`: columns, rows, charts per page, pages.
+fn paging(app: &App, grid: Rect) -> (u16, u16, usize, usize) {
+    let cols: u16 = if grid.width >= 150 { 3 } else { 2 };
+    let rows: u16 = (grid.height / 7).clamp(1, 3);
+    let per_page = usize::from(cols * rows);
+    let pages = specs(&app.live).len().div_ceil(per_page);
+    (cols, rows, per_page, pages)
+}
+
+/// Rows the Live head may take when its lines wrap.
+const MAX_HEAD_ROWS: u16 = 4;
+
+/// Draw the Live screen.
+pub fn draw(frame: &mut Frame, app: &App, area: Rect) {
+    let s = &app.live;
+    let theme = &app.theme;
+    let layout =
+        |h: u16| Layout::vertical([Constraint::Length(h), Constraint::Min(4)]).areas::<2>(area);
+    // The head wraps at the edge instead of being cut: size it for its text, then the grid
+    // (and so the page count the head names) from what is left.
+    let [_, first_grid] = layout(2);
+    let (_, _, _, first_pages) = paging(app, first_grid);
+    let first_page = s.page.min(first_pages - 1);
+    let head_h = (Paragraph::new(head_lines(app, first_page, first_pages))
+        .wrap(Wrap { trim: false })
+        .line_count(area.width) as u16)
+        .clamp(2, MAX_HEAD_ROWS);
+    let [head, grid] = layout(head_h);
+    let (cols, rows, per_page, pages) = paging(app, grid);
+    let specs = specs(s);
+    s.pages.set(pages);
+    let page = s.page.min(pages - 1);
+    frame.render_widget(
+        Paragraph::new(head_lines(app, page, pages)).wrap(Wrap { trim: false }),
+        head,
+    );
 
     let row_areas =
         Layout::vertical(vec![Constraint::Ratio(1, u32::from(rows)); rows as usize]).split(grid);

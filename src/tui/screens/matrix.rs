@@ -13,13 +13,16 @@ use ratatui::widgets::{Block, Cell, Paragraph, Row, Table, Wrap};
 
 use crate::flags::FlagSet;
 use crate::launch::cli::TargetArg;
-use crate::launch::spec::TargetKind;
 use crate::matrix::ab::{AbOutcome, Ratio};
-use crate::matrix::cli::{AbArgs, CommonArgs, DEFAULT_LEVELS, MatrixArgs, MatrixOutcome};
+use crate::matrix::cli::{
+    AbArgs, CommonArgs, DEFAULT_AB_ROUNDS, DEFAULT_LEVELS, MatrixArgs, MatrixOutcome,
+};
 use crate::matrix::plan::{TestLevel, parse_levels};
 use crate::matrix::progress::MatrixEvent;
 use crate::matrix::state::{LevelOutcome, PresetStatus};
+use crate::record::compare::{Noise, parse_noise_sigmas, sigmas_text};
 use crate::record::schema::WorkloadPoint;
+use crate::vocab::TargetKind;
 
 use super::super::app::{App, Effect};
 use super::super::theme::Theme;
@@ -316,6 +319,8 @@ pub struct AbRequest {
     pub grid: Vec<String>,
     /// A B rounds.
     pub rounds: u32,
+    /// Noise threshold of the hints, in standard deviations.
+    pub noise: f64,
     /// Engine binary (`None`: this mxtune, as the Launch screen uses).
     pub engine_bin: Option<PathBuf>,
 }
@@ -329,8 +334,20 @@ pub struct AbMark {
     pub label: String,
 }
 
-/// A/B rounds from the panel.
-pub const AB_ROUNDS: u32 = 3;
+/// The most A/B rounds the panel takes (each round launches A and B once).
+pub const MAX_AB_ROUNDS: u32 = 100;
+
+/// Reads the A/B rounds typed in the panel; the error says what to type.
+pub fn parse_rounds(s: &str) -> Result<u32, String> {
+    match s.trim().parse::<u32>() {
+        Ok(n) if (1..=MAX_AB_ROUNDS).contains(&n) => Ok(n),
+        _ => Err(format!(
+            "rounds `{}`: give a whole number from 1 to {MAX_AB_ROUNDS} (each round launches \
+             A and B once)",
+            s.trim()
+        )),
+    }
+}
 
 /// A quick A/B started from the Bench screen.
 #[derive(Debug, Clone, PartialEq)]
@@ -428,11 +445,37 @@ impl AbRun {
     }
 }
 
+/// A setting of the quick A/B typed in its view.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AbSetting {
+    /// A B rounds (`r`).
+    Rounds,
+    /// The noise threshold in standard deviations (`n`, shared with the Runs comparison).
+    Noise,
+}
+
 /// State of the quick A/B view.
-#[derive(Debug, Clone, PartialEq, Default)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct AbView {
+    /// A B rounds the next A/B runs (`mxtune ab --rounds`).
+    pub rounds: u32,
+    /// The setting being typed, and its text so far.
+    pub editing: Option<(AbSetting, String)>,
+    /// What was wrong with the value typed, shown inline.
+    pub error: Option<String>,
     /// The A/B started last.
     pub run: Option<AbRun>,
+}
+
+impl Default for AbView {
+    fn default() -> Self {
+        AbView {
+            rounds: DEFAULT_AB_ROUNDS,
+            editing: None,
+            error: None,
+            run: None,
+        }
+    }
 }
 
 impl AbView {
@@ -536,22 +579,34 @@ pub fn on_bench_key(app: &mut App, key: KeyEvent) -> Option<Vec<Effect>> {
                 mark_a(app);
                 Some(Vec::new())
             }
-            KeyCode::Char('A') => Some(start_ab(app)),
+            KeyCode::Char('A') => {
+                // The view shows what will run (A, B, rounds, noise threshold) before it does.
+                if ab_plan(app).is_some() {
+                    app.bench.view = BenchView::Ab;
+                    app.bench.ab.error = None;
+                }
+                Some(Vec::new())
+            }
             _ => None,
         },
     }
 }
 
+/// The label of the current flags: the loaded preset, with `*` when they differ from it.
+fn current_label(app: &App) -> String {
+    match (&app.flags.loaded, app.flags.dirty()) {
+        (Some(p), true) => format!("{}*", p.name),
+        (Some(p), false) => p.name.clone(),
+        (None, _) => "flags".into(),
+    }
+}
+
 /// Mark the current flags as A (Flags or Bench screen).
 pub fn mark_a(app: &mut App) {
-    let loaded = app.flags.loaded.as_ref().map(|p| p.name.clone());
-    let label = match (&loaded, app.flags.dirty()) {
-        (Some(n), false) => n.clone(),
-        (Some(n), true) => format!("{n}*"),
-        (None, _) => "flags".into(),
-    };
+    let label = current_label(app);
     app.message = Some(format!(
-        "marked the current flags ({label}) as A: change flags, then A on the Bench screen runs A/B"
+        "marked the current flags ({label}) as A: change flags, then A on the Bench screen \
+         opens the A/B"
     ));
     app.ab_mark = Some(AbMark {
         flags: Box::new(app.flags.flags.clone()),
@@ -559,44 +614,51 @@ pub fn mark_a(app: &mut App) {
     });
 }
 
-fn start_ab(app: &mut App) -> Vec<Effect> {
+/// What a quick A/B would run now (A, the target kind, the grid), or `None` with the reason
+/// on the status line.
+fn ab_plan(app: &mut App) -> Option<(AbMark, TargetKind, Vec<String>)> {
     let Some(mark) = app.ab_mark.clone() else {
         app.message = Some("no A marked: press a on the Flags or Bench screen first".into());
-        return Vec::new();
+        return None;
     };
     if *mark.flags == app.flags.flags {
         app.message = Some(
             "the current flags are the marked A: change a flag on the Flags screen (1), then A"
                 .into(),
         );
-        return Vec::new();
+        return None;
     }
     if let Some(why) = refuse_start(app) {
         app.message = Some(why);
-        return Vec::new();
+        return None;
     }
     let kind = app.launch.choice;
     if let Err(e) = common_args(app, kind) {
         app.message = Some(e);
-        return Vec::new();
+        return None;
     }
-    let grid = match grid_items(app) {
-        Ok(g) => g,
+    match grid_items(app) {
+        Ok(g) => Some((mark, kind, g)),
         Err(e) => {
+            app.message = Some(format!("the Bench form's grid: {e}"));
             app.bench.error = Some(e);
-            return Vec::new();
+            None
         }
+    }
+}
+
+fn start_ab(app: &mut App) -> Vec<Effect> {
+    let Some((mark, kind, grid)) = ab_plan(app) else {
+        return Vec::new();
     };
-    let b_label = match (&app.flags.loaded, app.flags.dirty()) {
-        (Some(p), true) => format!("{}*", p.name),
-        (Some(p), false) => p.name.clone(),
-        (None, _) => "flags".into(),
-    };
+    let b_label = current_label(app);
+    let rounds = app.bench.ab.rounds;
     app.bench.view = BenchView::Ab;
+    app.bench.ab.error = None;
     app.bench.ab.run = Some(AbRun {
         a: mark.label.clone(),
         b: b_label.clone(),
-        rounds: AB_ROUNDS,
+        rounds,
         round: 0,
         phase: "writing the two presets".into(),
         valid_rounds: 0,
@@ -613,13 +675,37 @@ fn start_ab(app: &mut App) -> Vec<Effect> {
         b_label,
         kind,
         grid,
-        rounds: AB_ROUNDS,
+        rounds,
+        noise: app.noise_sigmas,
         engine_bin: None,
     }))]
 }
 
 fn on_ab_key(app: &mut App, key: KeyEvent) -> Vec<Effect> {
     let v = &mut app.bench.ab;
+    if let Some((setting, buf)) = v.editing.as_mut() {
+        match super::text_key(buf, key, 8) {
+            super::TextKey::Cancel => {
+                v.editing = None;
+                v.error = None;
+            }
+            super::TextKey::Submit => {
+                let parsed = match setting {
+                    AbSetting::Rounds => parse_rounds(buf).map(|n| v.rounds = n),
+                    AbSetting::Noise => parse_noise_sigmas(buf).map(|k| app.noise_sigmas = k),
+                };
+                match parsed {
+                    Ok(()) => {
+                        v.editing = None;
+                        v.error = None;
+                    }
+                    Err(e) => v.error = Some(e),
+                }
+            }
+            super::TextKey::Edited | super::TextKey::Other => {}
+        }
+        return Vec::new();
+    }
     if v.is_running() {
         if key.code == KeyCode::Esc {
             if let Some(r) = v.run.as_mut() {
@@ -631,8 +717,19 @@ fn on_ab_key(app: &mut App, key: KeyEvent) -> Vec<Effect> {
         return Vec::new();
     }
     match key.code {
-        KeyCode::Esc => app.bench.view = BenchView::Form,
-        KeyCode::Char('A') => return start_ab(app),
+        KeyCode::Esc => {
+            v.error = None;
+            app.bench.view = BenchView::Form;
+        }
+        KeyCode::Char('A') | KeyCode::Enter => return start_ab(app),
+        KeyCode::Char('r') => {
+            v.editing = Some((AbSetting::Rounds, v.rounds.to_string()));
+            v.error = None;
+        }
+        KeyCode::Char('n') => {
+            v.editing = Some((AbSetting::Noise, app.noise_sigmas.to_string()));
+            v.error = None;
+        }
         _ => {}
     }
     Vec::new()
@@ -986,52 +1083,101 @@ pub fn draw_matrix(frame: &mut Frame, app: &App, area: Rect) {
     frame.render_widget(Paragraph::new(notes).wrap(Wrap { trim: false }), notes_area);
 }
 
-/// Draw the quick A/B.
+/// The line of the A/B's settings: rounds and noise threshold, or the one being typed.
+fn ab_settings_line(app: &App) -> Line<'static> {
+    let theme = &app.theme;
+    let v = &app.bench.ab;
+    let typed = |what: AbSetting| {
+        v.editing
+            .as_ref()
+            .filter(|(s, _)| *s == what)
+            .map(|(_, buf)| format!("{buf}_"))
+    };
+    let rounds = typed(AbSetting::Rounds).unwrap_or_else(|| v.rounds.to_string());
+    let noise = typed(AbSetting::Noise)
+        .map(|t| format!("{t} std"))
+        .unwrap_or_else(|| sigmas_text(app.noise_sigmas));
+    let mut spans = vec![
+        Span::styled(" rounds ", theme.dim()),
+        Span::styled(rounds, theme.accent()),
+        Span::styled(" (r)  noise threshold ", theme.dim()),
+        Span::styled(noise, theme.accent()),
+        Span::styled(" (n)", theme.dim()),
+    ];
+    if v.editing.is_some() {
+        spans.push(Span::styled("  Enter sets, Esc cancels", theme.dim()));
+    }
+    Line::from(spans)
+}
+
+/// Draw the quick A/B: what it runs and its settings, then B/A per metric with the noise hint.
 pub fn draw_ab(frame: &mut Frame, app: &App, area: Rect) {
     let theme = &app.theme;
+    let v = &app.bench.ab;
     let [top, bottom] = Layout::vertical([Constraint::Length(8), Constraint::Min(3)]).areas(area);
-    let mut info = Vec::new();
-    let Some(r) = &app.bench.ab.run else {
-        frame.render_widget(
-            Paragraph::new(" a marks the current flags as A; change flags; A runs the A/B.")
-                .style(theme.dim())
-                .block(Block::bordered().border_set(theme.border()).title(" A/B ")),
-            area,
-        );
-        return;
+    // What A/Enter would run now; the last run's pair when one is shown.
+    let next = app
+        .ab_mark
+        .as_ref()
+        .map(|m| (m.label.clone(), current_label(app)));
+    let shown = match (&v.run, &next) {
+        (Some(r), _) => Some((r.a.clone(), r.b.clone())),
+        (None, n) => n.clone(),
     };
-    info.push(Line::from(vec![
-        Span::styled(" A ", theme.dim()),
-        Span::styled(theme.text(&r.a).into_owned(), theme.accent()),
-        Span::styled("  vs  B ", theme.dim()),
-        Span::styled(theme.text(&r.b).into_owned(), theme.accent()),
-        Span::styled("  target ", theme.dim()),
-        Span::raw(kind_text(app.launch.choice)),
-    ]));
-    info.push(Line::from(vec![
-        Span::styled(" state ", theme.dim()),
-        state_span(theme, &r.state, "records kept"),
-        Span::styled(
-            format!("  round {}/{}  {} valid", r.round, r.rounds, r.valid_rounds),
-            theme.dim(),
-        ),
-    ]));
-    if r.state.is_active() {
-        info.push(Line::raw(format!(" {}", theme.text(&r.phase))));
+    let pair = |(a, b): &(String, String), lead: &'static str| {
+        Line::from(vec![
+            Span::styled(lead, theme.dim()),
+            Span::styled(theme.text(a).into_owned(), theme.accent()),
+            Span::styled("  vs  B ", theme.dim()),
+            Span::styled(theme.text(b).into_owned(), theme.accent()),
+        ])
+    };
+    let mut first = match &shown {
+        Some(p) => pair(p, " A "),
+        None => Line::styled(" no A marked: a on the Flags or Bench screen", theme.dim()),
+    };
+    first.spans.push(Span::styled("  target ", theme.dim()));
+    first.spans.push(Span::raw(kind_text(app.launch.choice)));
+    let mut info = vec![first];
+    if let Some(n) = &next
+        && Some(n) != shown.as_ref()
+        && !v.is_running()
+    {
+        info.push(pair(n, " next: A "));
     }
-    match (&r.md, &r.out) {
-        (Some(md), _) => info.push(Line::from(vec![
-            Span::styled(" result ", theme.dim()),
-            Span::raw(theme.text(&md.display().to_string()).into_owned()),
-        ])),
-        (None, Some(out)) => info.push(Line::from(vec![
-            Span::styled(" out ", theme.dim()),
-            Span::raw(theme.text(&out.display().to_string()).into_owned()),
-        ])),
-        _ => {}
-    }
-    if let JobState::Failed(e) = &r.state {
+    info.push(ab_settings_line(app));
+    if let Some(e) = &v.error {
         info.push(Line::styled(format!(" {}", theme.text(e)), theme.error()));
+    }
+    match &v.run {
+        Some(r) => {
+            info.push(Line::from(vec![
+                Span::styled(" state ", theme.dim()),
+                state_span(theme, &r.state, "records kept"),
+                Span::styled(
+                    format!("  round {}/{}  {} valid", r.round, r.rounds, r.valid_rounds),
+                    theme.dim(),
+                ),
+            ]));
+            if r.state.is_active() {
+                info.push(Line::raw(format!(" {}", theme.text(&r.phase))));
+            }
+            match (&r.md, &r.out) {
+                (Some(md), _) => info.push(Line::from(vec![
+                    Span::styled(" result ", theme.dim()),
+                    Span::raw(theme.text(&md.display().to_string()).into_owned()),
+                ])),
+                (None, Some(out)) => info.push(Line::from(vec![
+                    Span::styled(" out ", theme.dim()),
+                    Span::raw(theme.text(&out.display().to_string()).into_owned()),
+                ])),
+                _ => {}
+            }
+            if let JobState::Failed(e) = &r.state {
+                info.push(Line::styled(format!(" {}", theme.text(e)), theme.error()));
+            }
+        }
+        None => info.push(Line::styled(" A or Enter runs it", theme.dim())),
     }
     frame.render_widget(
         Paragraph::new(info).wrap(Wrap { trim: false }).block(
@@ -1041,14 +1187,39 @@ pub fn draw_ab(frame: &mut Frame, app: &App, area: Rect) {
         ),
         top,
     );
+    let k = app.noise_sigmas;
     let block = Block::bordered().border_set(theme.border()).title(
         theme
-            .text(" B/A per metric (± std over rounds) ")
+            .text(&format!(
+                " B/A per metric: ± std over rounds, within noise if |B/A-1| < {} ",
+                sigmas_text(k)
+            ))
             .into_owned(),
     );
+    let Some(r) = v
+        .run
+        .as_ref()
+        .filter(|r| !r.ratios.is_empty() || !r.excluded.is_empty())
+    else {
+        frame.render_widget(
+            Paragraph::new(
+                " Each round launches A, measures the Bench form's grid and stops it, then \
+                 the same for B. The result is B/A per point and metric with its spread over \
+                 the rounds; a ratio closer to 1 than the noise threshold times that spread \
+                 is marked within noise (more rounds, not a conclusion). ab.md and ab.json \
+                 go to ab/<UTC time> under the runs directory.",
+            )
+            .wrap(Wrap { trim: true })
+            .style(theme.dim())
+            .block(block),
+            bottom,
+        );
+        return;
+    };
     let inner = block.inner(bottom);
     frame.render_widget(block, bottom);
-    let header = Row::new(["point", "metric", "B/A", "± std", "rounds"]).style(theme.accent());
+    let header =
+        Row::new(["point", "metric", "B/A", "± std", "noise", "rounds"]).style(theme.accent());
     let rows: Vec<Row> = r
         .ratios
         .iter()
@@ -1058,18 +1229,19 @@ pub fn draw_ab(frame: &mut Frame, app: &App, area: Rect) {
             } else {
                 x.mean > 1.0
             };
-            let style = if (x.mean - 1.0).abs() <= x.std.max(0.0) * 2.0 {
-                theme.dim()
-            } else if better {
-                theme.good()
-            } else {
-                theme.warn()
+            let noise = x.noise(k);
+            let style = match noise {
+                Noise::Within => theme.dim(),
+                Noise::Beyond if better => theme.good(),
+                Noise::Beyond => theme.warn(),
+                Noise::Unknown => ratatui::style::Style::default(),
             };
             Row::new(vec![
                 Cell::from(label(&x.point)),
                 Cell::from(x.metric.clone()),
                 Cell::from(Span::styled(format!("{:.3}", x.mean), style)),
                 Cell::from(format!("{:.3}", x.std)),
+                Cell::from(Span::styled(noise.text(), style)),
                 Cell::from(
                     x.rounds
                         .iter()
@@ -1087,10 +1259,11 @@ pub fn draw_ab(frame: &mut Frame, app: &App, area: Rect) {
         Table::new(
             rows,
             [
-                Constraint::Length(20),
+                Constraint::Length(16),
                 Constraint::Length(12),
-                Constraint::Length(7),
-                Constraint::Length(7),
+                Constraint::Length(6),
+                Constraint::Length(6),
+                Constraint::Length(13),
                 Constraint::Min(8),
             ],
         )

@@ -61,6 +61,7 @@ pub fn bindings(app: &App) -> &'static [super::keys::Binding] {
     match app.tab {
         Tab::Flags if app.flags.overlay.is_some() => super::keys::FLAGS_DIALOG,
         Tab::Flags if app.flags.editing.is_some() => super::keys::FLAGS_EDIT,
+        Tab::Runs if app.runs.noise_edit.is_some() => super::keys::VALUE_INPUT,
         Tab::Runs if app.runs.view != runs::RunsView::List => super::keys::RUNS_VIEW,
         Tab::Launch if app.launch.captures_keys() => super::keys::LAUNCH_INPUT,
         Tab::Bench if app.bench.view == matrix::BenchView::Matrix => {
@@ -73,7 +74,9 @@ pub fn bindings(app: &App) -> &'static [super::keys::Binding] {
             }
         }
         Tab::Bench if app.bench.view == matrix::BenchView::Ab => {
-            if app.bench.ab.is_running() {
+            if app.bench.ab.editing.is_some() {
+                super::keys::VALUE_INPUT
+            } else if app.bench.ab.is_running() {
                 super::keys::AB_RUNNING
             } else {
                 super::keys::AB
@@ -91,9 +94,9 @@ pub fn status_spans(app: &App) -> Vec<Span<'static>> {
     let theme = &app.theme;
     let f = &app.flags;
     let target = match app.launch.choice {
-        crate::launch::spec::TargetKind::Docker => "docker",
-        crate::launch::spec::TargetKind::Engine => "engine",
-        crate::launch::spec::TargetKind::Attach => "attach",
+        crate::vocab::TargetKind::Docker => "docker",
+        crate::vocab::TargetKind::Engine => "engine",
+        crate::vocab::TargetKind::Attach => "attach",
     };
     let mut spans = vec![
         Span::styled(" target ", theme.dim()),

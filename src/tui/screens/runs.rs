@@ -1,5 +1,6 @@
 //! Runs screen: the records of the runs directory, newest first; filter, open one, mark two
-//! for an A/B comparison (deltas and noise hint from `record::compare`), export it as markdown.
+//! for an A/B comparison (deltas and noise hint from `record::compare`, the threshold set with
+//! `n`), export it as markdown.
 
 use std::path::{Path, PathBuf};
 
@@ -55,6 +56,10 @@ pub struct RunsScreen {
     pub view: RunsView,
     /// Why the last key did nothing (for the status line).
     pub notice: Option<String>,
+    /// The noise threshold being typed in the comparison (`n`).
+    pub noise_edit: Option<String>,
+    /// What was wrong with the threshold typed, shown above the comparison.
+    pub noise_error: Option<String>,
 }
 
 /// The headline number of a record: best mean generation throughput over its points.
@@ -83,7 +88,7 @@ fn row_text(r: &RunRecord) -> [String; 6] {
 impl RunsScreen {
     /// Whether the filter field takes every key.
     pub fn captures_keys(&self) -> bool {
-        self.filtering
+        self.filtering || self.noise_edit.is_some()
     }
 
     /// The runs directory was (re)read.
@@ -135,9 +140,10 @@ impl RunsScreen {
         Some([find(&self.marked[0])?, find(&self.marked[1])?])
     }
 
-    /// The comparison of the marked pair in `format`.
-    pub fn comparison(&self, format: Format) -> Option<String> {
-        self.marked_pair().map(|p| compare::render(&p, format))
+    /// The comparison of the marked pair in `format`, noise hints at `sigmas` std.
+    pub fn comparison(&self, format: Format, sigmas: f64) -> Option<String> {
+        self.marked_pair()
+            .map(|p| compare::render(&p, format, sigmas))
     }
 
     /// The file an export of the marked pair goes to.
@@ -167,8 +173,27 @@ impl RunsScreen {
         }
     }
 
-    /// Handle a key on this screen.
-    pub fn on_key(&mut self, key: KeyEvent, export_dir: &Path) -> Vec<Effect> {
+    /// Handle a key on this screen; `n` in the comparison sets `noise` (the panel's noise
+    /// threshold, in standard deviations).
+    pub fn on_key(&mut self, key: KeyEvent, export_dir: &Path, noise: &mut f64) -> Vec<Effect> {
+        if let Some(buf) = self.noise_edit.as_mut() {
+            match super::text_key(buf, key, 8) {
+                super::TextKey::Cancel => {
+                    self.noise_edit = None;
+                    self.noise_error = None;
+                }
+                super::TextKey::Submit => match compare::parse_noise_sigmas(buf) {
+                    Ok(k) => {
+                        *noise = k;
+                        self.noise_edit = None;
+                        self.noise_error = None;
+                    }
+                    Err(e) => self.noise_error = Some(e),
+                },
+                super::TextKey::Edited | super::TextKey::Other => {}
+            }
+            return Vec::new();
+        }
         if self.filtering {
             match super::text_key(&mut self.filter, key, usize::MAX) {
                 super::TextKey::Cancel => {
@@ -192,6 +217,11 @@ impl RunsScreen {
                     KeyCode::Home => Some(0),
                     KeyCode::Char('e') if matches!(self.view, RunsView::Compare { .. }) => {
                         return self.export(export_dir);
+                    }
+                    KeyCode::Char('n') if matches!(self.view, RunsView::Compare { .. }) => {
+                        self.noise_edit = Some(noise.to_string());
+                        self.noise_error = None;
+                        return Vec::new();
                     }
                     _ => Some(scroll),
                 };
@@ -269,15 +299,45 @@ pub fn draw(frame: &mut Frame, app: &App, area: Rect) {
             return;
         }
         RunsView::Compare { scroll } => {
-            let text = s.comparison(Format::Text).unwrap_or_default();
+            let text = s
+                .comparison(Format::Text, app.noise_sigmas)
+                .unwrap_or_default();
             let text = theme.text(&text).into_owned();
-            frame.render_widget(
-                Paragraph::new(text).scroll((scroll, 0)).block(
-                    Block::bordered()
-                        .border_set(theme.border())
-                        .title(" Compare A/B (e export markdown, Esc back) "),
+            let block = Block::bordered()
+                .border_set(theme.border())
+                .title(" Compare A/B (n noise, e export markdown, Esc back) ");
+            let inner = block.inner(area);
+            frame.render_widget(block, area);
+            // An error gets the lines it needs (it names the value and what to type).
+            let setting_h = if s.noise_error.is_some() { 3 } else { 1 };
+            let [setting_area, text_area] =
+                Layout::vertical([Constraint::Length(setting_h), Constraint::Min(1)]).areas(inner);
+            let setting = match (&s.noise_edit, &s.noise_error) {
+                (Some(buf), Some(e)) => Line::styled(
+                    format!("noise threshold {buf}_ std: {}", theme.text(e)),
+                    theme.error(),
                 ),
-                area,
+                (Some(buf), None) => Line::from(vec![
+                    Span::styled("noise threshold ", theme.dim()),
+                    Span::styled(format!("{buf}_ std"), theme.accent()),
+                    Span::styled("  Enter sets, Esc cancels", theme.dim()),
+                ]),
+                (None, _) => Line::from(vec![
+                    Span::styled("noise threshold ", theme.dim()),
+                    Span::styled(compare::sigmas_text(app.noise_sigmas), theme.accent()),
+                    Span::styled(" (n changes it)", theme.dim()),
+                ]),
+            };
+            frame.render_widget(
+                Paragraph::new(setting).wrap(ratatui::widgets::Wrap { trim: false }),
+                setting_area,
+            );
+            // Wrapped, so the legend and a wide row are never cut at a small terminal's edge.
+            frame.render_widget(
+                Paragraph::new(text)
+                    .wrap(ratatui::widgets::Wrap { trim: false })
+                    .scroll((scroll, 0)),
+                text_area,
             );
             return;
         }

@@ -1,8 +1,12 @@
-//! `LaunchSpec`: everything needed to start a target, as plain data.
+//! The vocabulary every floor shares: what a launch is (`LaunchSpec`, `TargetKind`,
+//! `ContainerSpec`, `NetworkMode`, `Mount`, `PathCheck`) and what a readiness probe got back
+//! (`ProbeAnswer`). Plain serde data, so the run record stores exactly what ran.
 //!
-//! The flags module renders a `FlagSet` into a `LaunchSpec`; the launchers consume it.
-//! Keeping this a plain serde type lets the run record store exactly what ran.
+//! This module sits at the bottom of the house: `flags/` renders a `FlagSet` into a
+//! `LaunchSpec`, `launch/` consumes it, `record/` stores it, and all of them import it from
+//! here. It imports nothing of ours, so no arrow between those floors runs both ways.
 
+use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
@@ -96,3 +100,45 @@ pub struct PathCheck {
     pub must_see: Vec<String>,
     pub must_not_see: Vec<String>,
 }
+
+/// What one readiness probe that did not prove readiness got back: the request that
+/// decided it, and the server's answer or why there was none. The operator watches this
+/// while a start is stuck, so it carries the server's own words.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProbeAnswer {
+    /// Method and path of the deciding request, e.g. `POST /v1/completions`.
+    pub request: String,
+    /// HTTP status, when the server answered at all.
+    pub status: Option<u16>,
+    /// The server's own message (its error text), what was wrong with a 2xx answer, or the
+    /// connection error when there was no answer.
+    pub message: String,
+    /// When the probe finished.
+    pub at: DateTime<Utc>,
+}
+
+impl ProbeAnswer {
+    /// Whether `other` says the same thing (the time aside).
+    pub fn same_answer(&self, other: &ProbeAnswer) -> bool {
+        self.request == other.request
+            && self.status == other.status
+            && self.message == other.message
+    }
+
+    /// The answer without the request: `503 model is still loading`, or the error.
+    pub fn answer(&self) -> String {
+        match (self.status, self.message.is_empty()) {
+            (Some(code), true) => code.to_string(),
+            (Some(code), false) => format!("{code} {}", self.message),
+            (None, _) => self.message.clone(),
+        }
+    }
+}
+
+impl std::fmt::Display for ProbeAnswer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} → {}", self.request, self.answer())
+    }
+}
+
+impl std::error::Error for ProbeAnswer {}
