@@ -100,6 +100,18 @@ pub struct BenchArgs {
     /// Print machine-readable JSON instead of tables.
     #[arg(long)]
     pub json: bool,
+    /// Append one served row per measured point to this JSON array file (the schema of
+    /// docs/perf/h100.json: `kind: served`, output tok/s over all streams, TPOT and TTFT).
+    #[arg(long, value_name = "FILE")]
+    pub json_out: Option<std::path::PathBuf>,
+    /// Model name in the --json-out rows (default: the served model's name without a
+    /// leading `synthetic-`, e.g. gpt-oss-120b).
+    #[arg(long, value_name = "NAME", requires = "json_out")]
+    pub perf_model: Option<String>,
+    /// Weight layout in the --json-out rows: released, mxfp4-qkv-o or all-mxfp4.
+    #[arg(long, value_name = "LAYOUT", default_value = "released", requires = "json_out",
+          value_parser = ["released", "mxfp4-qkv-o", "all-mxfp4"])]
+    pub perf_layout: String,
     /// Save a run record (status kept current as points finish; `aborted` on Ctrl-C).
     #[arg(long)]
     pub record: bool,
@@ -206,6 +218,9 @@ async fn run_async(args: BenchArgs) -> Result<ExitCode> {
             signal_cancel.cancel_because("interrupted (Ctrl-C)");
         }
     });
+    if let Some(path) = &args.json_out {
+        crate::record::perfrows::check_file(path)?;
+    }
     let outcome = execute(&args, Some(tx), watch).await;
     // The progress task ends when every sender is gone; wait so the bar is cleared first.
     let _ = progress.await;
@@ -221,6 +236,15 @@ async fn run_async(args: BenchArgs) -> Result<ExitCode> {
         crate::errln!("mxtune: warning: run record not updated: {e}");
     }
 
+    if let (Some(path), Some(g)) = (&args.json_out, &out.grid) {
+        let rows = served_rows(&args, &out.model, g);
+        crate::record::perfrows::append(path, &rows)?;
+        crate::errln!(
+            "appended {} served row(s) to {}",
+            rows.len(),
+            path.display()
+        );
+    }
     if args.json {
         let report = JsonReport::new(
             &out.model,
@@ -689,6 +713,46 @@ pub fn render_level(l: &LevelReport) -> String {
         ));
     }
     out
+}
+
+/// The `--json-out` rows of a grid: one per point that measured its batch throughput
+/// (points cut short by an interrupt or with failed requests are left out: a partial figure
+/// is not a figure).
+pub fn served_rows(
+    args: &BenchArgs,
+    served_model: &str,
+    g: &WorkloadResult,
+) -> Vec<crate::record::perfrows::PerfRow> {
+    use crate::record::perfrows::{PerfRow, ServedPoint};
+    let model = args.perf_model.clone().unwrap_or_else(|| {
+        served_model
+            .strip_prefix("synthetic-")
+            .unwrap_or(served_model)
+            .to_string()
+    });
+    g.points
+        .iter()
+        .filter(|p| !p.partial && p.stats.record.errors == 0)
+        .filter_map(|p| {
+            let r = &p.stats.record;
+            let tok_s = r.total_tg_tps?.mean;
+            let tpot = r.latency.tpot_ms.as_ref();
+            Some(PerfRow::served(
+                &model,
+                &args.perf_layout,
+                &ServedPoint {
+                    pp: p.point.pp,
+                    tg: p.point.tg,
+                    depth: p.point.depth,
+                    concurrency: p.point.concurrency,
+                    tok_s,
+                    tpot_p50_ms: tpot.map(|t| t.p50),
+                    tpot_p99_ms: tpot.map(|t| t.p99),
+                    ttft_p50_ms: r.latency.ttft_ms.as_ref().map(|t| t.p50),
+                },
+            ))
+        })
+        .collect()
 }
 
 /// Machine output of `mxtune bench --json`.

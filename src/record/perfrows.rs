@@ -20,6 +20,8 @@ pub enum PerfKind {
     Decode,
     /// A prompt through the batched path: prompt tokens per second.
     Prefill,
+    /// A server under `mxtune bench`: output tokens per second over all streams.
+    Served,
 }
 
 /// One measured figure, in the schema of `docs/perf/h100.json`.
@@ -42,8 +44,22 @@ pub struct PerfRow {
     /// Share of the read-bandwidth roofline in percent (the counted bytes at `bandwidth_gbs`);
     /// null where no bandwidth roofline applies (a prefill is compute-bound).
     pub pct_roofline: Option<f64>,
-    /// The read bandwidth the roofline is taken at, measured in the same run, GB/s.
-    pub bandwidth_gbs: f64,
+    /// The read bandwidth the roofline is taken at, measured in the same run, GB/s; null for
+    /// a served row (the client measures no bandwidth: compare it with the decode row of the
+    /// same batch).
+    pub bandwidth_gbs: Option<f64>,
+    /// Served rows: the workload's prompt and generated tokens per request, and the
+    /// latencies the client saw (ms).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pp: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tg: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tpot_p50_ms: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tpot_p99_ms: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttft_p50_ms: Option<f64>,
     /// The commit the binary was built from ([`BUILD_COMMIT`]).
     pub commit: String,
     /// The command line that measured it, shell-quoted.
@@ -75,10 +91,56 @@ impl PerfRow {
             depth,
             tok_s,
             pct_roofline,
-            bandwidth_gbs,
+            bandwidth_gbs: Some(bandwidth_gbs),
+            pp: None,
+            tg: None,
+            tpot_p50_ms: None,
+            tpot_p99_ms: None,
+            ttft_p50_ms: None,
             commit: BUILD_COMMIT.to_string(),
             command: command_line(),
             date: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+        }
+    }
+}
+
+/// What `mxtune bench` measured at one point of its grid, for a served row.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ServedPoint {
+    pub pp: u32,
+    pub tg: u32,
+    pub depth: u32,
+    pub concurrency: u32,
+    /// Output tokens per second over all streams (the point's mean batch total).
+    pub tok_s: f64,
+    pub tpot_p50_ms: Option<f64>,
+    pub tpot_p99_ms: Option<f64>,
+    pub ttft_p50_ms: Option<f64>,
+}
+
+impl PerfRow {
+    /// A served row of this process's measurement (`kind: served`, the batch equal to the
+    /// concurrency, no bandwidth roofline).
+    pub fn served(model: &str, layout: &str, p: &ServedPoint) -> Self {
+        let c = p.concurrency as usize;
+        Self {
+            kind: PerfKind::Served,
+            bandwidth_gbs: None,
+            pp: Some(p.pp),
+            tg: Some(p.tg),
+            tpot_p50_ms: p.tpot_p50_ms,
+            tpot_p99_ms: p.tpot_p99_ms,
+            ttft_p50_ms: p.ttft_p50_ms,
+            ..Self::now(
+                model,
+                layout,
+                PerfKind::Served,
+                c,
+                p.depth as usize,
+                p.tok_s,
+                None,
+                0.0,
+            )
         }
     }
 }
@@ -171,7 +233,12 @@ mod tests {
             depth: 0,
             tok_s,
             pct_roofline: Some(41.5),
-            bandwidth_gbs: 3085.0,
+            bandwidth_gbs: Some(3085.0),
+            pp: None,
+            tg: None,
+            tpot_p50_ms: None,
+            tpot_p99_ms: None,
+            ttft_p50_ms: None,
             commit: "abc".into(),
             command: "mxtune engine profile --batch 4".into(),
             date: "2026-11-22T10:00:00Z".into(),
@@ -272,6 +339,42 @@ mod tests {
         let v = serde_json::to_value(prefill).unwrap();
         assert_eq!(v["kind"], "prefill");
         assert!(v["pct_roofline"].is_null());
+    }
+
+    #[test]
+    fn a_served_row_names_its_workload_and_reads_back() {
+        let r = PerfRow::served(
+            "gpt-oss-120b",
+            "released",
+            &ServedPoint {
+                pp: 512,
+                tg: 128,
+                depth: 0,
+                concurrency: 16,
+                tok_s: 600.5,
+                tpot_p50_ms: Some(25.0),
+                tpot_p99_ms: Some(27.5),
+                ttft_p50_ms: Some(800.0),
+            },
+        );
+        let v = serde_json::to_value(&r).unwrap();
+        assert_eq!(v["kind"], "served");
+        assert_eq!(v["batch"], 16);
+        assert_eq!(v["concurrency"], 16);
+        assert_eq!(v["pp"], 512);
+        assert_eq!(v["tg"], 128);
+        assert!(v["bandwidth_gbs"].is_null());
+        assert!(v["pct_roofline"].is_null());
+        assert_eq!(v["tpot_p99_ms"], 27.5);
+        let back: PerfRow = serde_json::from_value(v).unwrap();
+        assert_eq!(back, r);
+        // The decode rows written before served rows existed still read.
+        let old = r#"{"model":"m","layout":"released","kind":"decode","batch":1,"concurrency":1,
+            "depth":0,"tok_s":1.0,"pct_roofline":40.0,"bandwidth_gbs":3000.0,"commit":"c",
+            "command":"x","date":"d"}"#;
+        let old: PerfRow = serde_json::from_str(old).unwrap();
+        assert_eq!(old.bandwidth_gbs, Some(3000.0));
+        assert_eq!(old.pp, None);
     }
 
     #[test]
