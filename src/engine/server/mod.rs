@@ -8,7 +8,7 @@ pub mod metrics;
 
 use crate::engine::backend::ModelBackend;
 use crate::engine::harmony::{HarmonyTokens, Renderer};
-use crate::engine::scheduler::{self, SchedulerConfig, SchedulerHandle};
+use crate::engine::scheduler::{self, FinishReason, GenEvent, SchedulerConfig, SchedulerHandle};
 use crate::engine::tokenizer::Tokenizer;
 use api::{ChatRequest, CompletionRequest, Limits, parse_body};
 use axum::Router;
@@ -24,6 +24,7 @@ use generate::{Endpoint, ResponseMeta};
 use metrics::Metrics;
 use serde_json::json;
 use std::sync::Arc;
+use tokio::sync::mpsc::UnboundedReceiver;
 
 /// How the server is set up.
 #[derive(Debug, Clone)]
@@ -252,19 +253,38 @@ impl AppState {
     }
 }
 
+/// The receiver of a choice that generates nothing (`echo` with `max_tokens: 0`): it ends
+/// at once, at its length limit.
+fn nothing_to_generate() -> UnboundedReceiver<GenEvent> {
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    // The receiver is alive here, so the send cannot fail.
+    let _ = tx.send(GenEvent::Done(FinishReason::Length));
+    rx
+}
+
 async fn run(st: &AppState, prepared: api::Prepared, endpoint: Endpoint, prefix: &str) -> Response {
-    let rx = match st
-        .scheduler
-        .submit(prepared.prompt.clone(), prepared.sampling.clone())
-    {
-        Ok(rx) => rx,
-        Err(e) => return ApiError::internal(format!("{e:#}")).into_response(),
-    };
+    // Each choice is its own sequence: the backend cannot share the prompt's KV between
+    // sequences yet, so each prefills the prompt. With a seed, choice i samples with
+    // seed + i, as vLLM seeds its n child requests.
+    let mut rxs = Vec::with_capacity(prepared.n);
+    for i in 0..prepared.n {
+        if prepared.sampling.max_tokens == 0 {
+            rxs.push(nothing_to_generate());
+            continue;
+        }
+        let mut sampling = prepared.sampling.clone();
+        sampling.seed = sampling.seed.map(|s| s.wrapping_add(i as u64));
+        match st.scheduler.submit(prepared.prompt.clone(), sampling) {
+            Ok(rx) => rxs.push(rx),
+            // Dropping the receivers already made cancels those choices.
+            Err(e) => return ApiError::internal(format!("{e:#}")).into_response(),
+        }
+    }
     let meta = st.meta(prefix);
     if prepared.stream {
-        generate::respond_stream(rx, st.tok, endpoint, &prepared, meta)
+        generate::respond_stream(rxs, st.tok, endpoint, &prepared, meta)
     } else {
-        generate::respond_full(rx, st.tok, endpoint, &prepared, meta).await
+        generate::respond_full(rxs, st.tok, endpoint, &prepared, meta).await
     }
 }
 
