@@ -1679,6 +1679,87 @@ async fn serve_binary_reports_kernel_paths_and_serves_synthetic_tiny() {
     assert!(status.success(), "{status:?}");
 }
 
+/// Unknown request fields are accepted, as vLLM accepts them, and the server says on stderr
+/// once per field name that it ignored them.
+#[tokio::test(flavor = "multi_thread")]
+async fn serve_binary_warns_once_per_unknown_field() {
+    let (child, lines) = tokio::task::spawn_blocking(|| {
+        spawn_serve(&[
+            "--synthetic",
+            "tiny",
+            "--port",
+            "0",
+            "--max-model-len",
+            "256",
+        ])
+    })
+    .await
+    .unwrap();
+    let ready = lines.last().expect("no output").clone();
+    let base = ready
+        .trim_start_matches("mxtune serve: ready on ")
+        .to_string();
+    assert!(base.starts_with("http://127.0.0.1:"), "{lines:?}");
+    let send = |path: &'static str, body: Value| {
+        let base = base.clone();
+        async move {
+            let r = client()
+                .post(format!("{base}{path}"))
+                .json(&body)
+                .send()
+                .await
+                .unwrap();
+            let status = r.status().as_u16();
+            (status, r.text().await.unwrap())
+        }
+    };
+    let completion = json!({"prompt": [1, 2], "max_tokens": 1, "frobnicate": 1, "min_p": 0.1,
+                            "user": "someone", "stream": true,
+                            "stream_options": {"include_usage": true, "verbose": true}});
+    for _ in 0..3 {
+        let (st, text) = send("/v1/completions", completion.clone()).await;
+        assert_eq!(st, 200, "{text}");
+    }
+    let chat = json!({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1,
+                      "frobnicate": true, "chat_template_kwargs": {}});
+    let (st, text) = send("/v1/chat/completions", chat).await;
+    assert_eq!(st, 200, "{text}");
+    // A refused request still reports its unknown fields.
+    let (st, text) = send(
+        "/v1/completions",
+        json!({"prompt": [1], "top_p": 9, "late_field": 1}),
+    )
+    .await;
+    assert_eq!(st, 400, "{text}");
+    let pid = child.id() as i32;
+    // SAFETY: plain kill(2) on the child this test started.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
+    let out = tokio::task::spawn_blocking(move || child.wait_with_output().unwrap())
+        .await
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let warned: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.starts_with("mxtune serve: warning: a request carried the field"))
+        .collect();
+    for name in [
+        "frobnicate",
+        "min_p",
+        "stream_options.verbose",
+        "chat_template_kwargs",
+        "late_field",
+    ] {
+        let n = warned
+            .iter()
+            .filter(|l| l.contains(&format!("`{name}`")))
+            .count();
+        assert_eq!(n, 1, "{name} in {stderr}");
+    }
+    // `user` is an OpenAI field the server knows (and does not use), as vLLM does.
+    assert_eq!(warned.len(), 5, "{stderr}");
+}
+
 /// Whether this machine can open a GPU (then the no-GPU expectations below do not apply).
 fn has_cuda_driver() -> bool {
     ["/dev/nvidiactl", "/proc/driver/nvidia/version"]

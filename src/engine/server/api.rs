@@ -66,6 +66,9 @@ pub struct Common {
     /// Kept as JSON so a wrong type gets a 400 naming the field.
     pub n: Option<Value>,
     pub logit_bias: Option<serde_json::Map<String, Value>>,
+    /// OpenAI's end-user id: accepted and not used (as in vLLM), so it is not reported as
+    /// an unknown field.
+    pub user: Option<Value>,
 }
 
 /// `POST /v1/completions`.
@@ -79,6 +82,9 @@ pub struct CompletionRequest {
     pub echo: bool,
     pub best_of: Option<i64>,
     pub suffix: Option<String>,
+    /// Every field the server does not know (accepted, as vLLM accepts them, and logged).
+    #[serde(flatten)]
+    pub unknown: serde_json::Map<String, Value>,
 }
 
 /// Message content: a string or a list of text parts.
@@ -144,6 +150,9 @@ pub struct ChatRequest {
     pub tool_choice: Option<Value>,
     pub parallel_tool_calls: Option<Value>,
     pub response_format: Option<Value>,
+    /// Every field the server does not know (accepted, as vLLM accepts them, and logged).
+    #[serde(flatten)]
+    pub unknown: serde_json::Map<String, Value>,
 }
 
 /// What the server knows when it validates a request.
@@ -265,7 +274,7 @@ struct StreamOptions {
     continuous_usage: bool,
 }
 
-/// The keys of `stream_options` the server reads.
+/// The keys of `stream_options` the server reads; others are reported as unknown fields.
 const STREAM_OPTION_KEYS: [&str; 2] = ["include_usage", "continuous_usage_stats"];
 
 /// `stream_options`. As in vLLM, a non-empty object needs `stream: true` (an empty object
@@ -875,8 +884,62 @@ impl ChatRequest {
     }
 }
 
+/// The names of the fields a request carried that the server does not know: top-level
+/// fields, and keys of `stream_options` as `stream_options.KEY`.
+fn unknown_fields(top: &serde_json::Map<String, Value>, c: &Common) -> Vec<String> {
+    let mut out: Vec<String> = top.keys().cloned().collect();
+    if let Some(Value::Object(o)) = &c.stream_options {
+        out.extend(
+            o.keys()
+                .filter(|k| !STREAM_OPTION_KEYS.contains(&k.as_str()))
+                .map(|k| format!("stream_options.{k}")),
+        );
+    }
+    out
+}
+
+impl CompletionRequest {
+    /// Fields of this request the server does not know (see [`unknown_fields`]).
+    pub fn unknown_fields(&self) -> Vec<String> {
+        unknown_fields(&self.unknown, &self.common)
+    }
+}
+
+impl ChatRequest {
+    /// Fields of this request the server does not know (see [`unknown_fields`]).
+    pub fn unknown_fields(&self) -> Vec<String> {
+        unknown_fields(&self.unknown, &self.common)
+    }
+}
+
 /// Parse a JSON body into `T`, turning serde's message into a 400 that names the problem.
 pub fn parse_body<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
     serde_json::from_slice(body)
         .map_err(|e| ApiError::bad_body(format!("invalid request body: {e}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unknown_fields_are_the_ones_no_struct_reads() {
+        let r: CompletionRequest = parse_body(
+            br#"{"prompt": "x", "n": 2, "user": "u", "min_p": 0.1, "echo": true, "seed": 1,
+                 "stream": true, "stream_options": {"include_usage": true, "extra": 1},
+                 "logit_bias": {}, "bad_words": ["a"]}"#,
+        )
+        .unwrap();
+        let mut got = r.unknown_fields();
+        got.sort();
+        assert_eq!(got, ["bad_words", "min_p", "stream_options.extra"]);
+        assert!(r.echo && r.common.stream && r.common.seed == Some(1));
+        let r: ChatRequest = parse_body(
+            br#"{"messages": [], "tools": [], "max_completion_tokens": 3, "store": true,
+                 "stream_options": {"continuous_usage_stats": true}}"#,
+        )
+        .unwrap();
+        assert_eq!(r.unknown_fields(), ["store"]);
+        assert_eq!(r.max_completion_tokens, Some(3));
+    }
 }

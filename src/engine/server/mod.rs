@@ -84,6 +84,8 @@ struct AppState {
     tok: Tokenizer,
     renderer: Renderer,
     created: u64,
+    /// Unknown request field names already reported (each is said once).
+    warned_fields: std::sync::Mutex<std::collections::HashSet<String>>,
 }
 
 /// A server ready to be bound: the engine thread runs, the routes are built.
@@ -140,6 +142,7 @@ impl Server {
                 tok,
                 renderer,
                 created: unix_now(),
+                warned_fields: Default::default(),
             }),
         })
     }
@@ -288,6 +291,42 @@ async fn run(st: &AppState, prepared: api::Prepared, endpoint: Endpoint, prefix:
     }
 }
 
+/// Most distinct unknown field names remembered for the warning; past it, new names are
+/// no longer reported, so clients sending random names cannot grow the set without end.
+const MAX_WARNED_FIELDS: usize = 256;
+
+impl AppState {
+    /// Say once per field name, on stderr, that a request carried a field this server
+    /// does not know and ignored (vLLM accepts such fields too, and logs them per request).
+    fn warn_unknown_fields(&self, names: Vec<String>) {
+        if names.is_empty() {
+            return;
+        }
+        // A poisoned lock only means another thread panicked while holding it; the set of
+        // names is still fine to use.
+        let mut warned = self
+            .warned_fields
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        for name in names {
+            if warned.len() >= MAX_WARNED_FIELDS || warned.contains(&name) {
+                continue;
+            }
+            crate::errln!(
+                "mxtune serve: warning: a request carried the field `{name}`, which this server \
+                 does not know; it was ignored (said once per field name, see docs/api.md)"
+            );
+            warned.insert(name);
+            if warned.len() == MAX_WARNED_FIELDS {
+                crate::errln!(
+                    "mxtune serve: warning: {MAX_WARNED_FIELDS} unknown request fields reported; \
+                     further ones are ignored without a word"
+                );
+            }
+        }
+    }
+}
+
 /// The body, or the OpenAI-style error for one that could not be read: axum answers a body
 /// over the limit with plain text, which OpenAI clients cannot parse.
 fn read_body(st: &AppState, body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
@@ -309,8 +348,10 @@ async fn completions(
 ) -> Response {
     let prepared = match read_body(&st, body)
         .and_then(|b| parse_body::<CompletionRequest>(&b))
-        .and_then(|r| r.prepare(&st.tok, &st.limits()))
-    {
+        .and_then(|r| {
+            st.warn_unknown_fields(r.unknown_fields());
+            r.prepare(&st.tok, &st.limits())
+        }) {
         Ok(p) => p,
         Err(e) => return e.into_response(),
     };
@@ -323,8 +364,10 @@ async fn chat_completions(
 ) -> Response {
     let prepared = match read_body(&st, body)
         .and_then(|b| parse_body::<ChatRequest>(&b))
-        .and_then(|r| r.prepare(&st.renderer, &st.limits()))
-    {
+        .and_then(|r| {
+            st.warn_unknown_fields(r.unknown_fields());
+            r.prepare(&st.renderer, &st.limits())
+        }) {
         Ok(p) => p,
         Err(e) => return e.into_response(),
     };
