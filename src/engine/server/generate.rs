@@ -36,8 +36,8 @@ enum TextSource {
     Harmony(Box<OutputParser>),
 }
 
-/// Per-request output state: detokenizer or harmony parser, one stop-string matcher per
-/// channel, and the counts for `usage`.
+/// Per-choice output state: detokenizer or harmony parser, one stop-string matcher per
+/// channel, and the generated-token count for `usage`.
 struct Output {
     tok: Tokenizer,
     source: TextSource,
