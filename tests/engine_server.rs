@@ -618,6 +618,264 @@ async fn stream_options_return_token_ids_and_include_stop_str() {
     assert_eq!(content, "Hello there");
 }
 
+/// A stream's JSON chunks: everything before `[DONE]`, which must end it.
+fn stream_chunks(data: &[String]) -> Vec<Value> {
+    assert_eq!(data.last().map(String::as_str), Some("[DONE]"), "{data:?}");
+    data[..data.len() - 1]
+        .iter()
+        .map(|d| serde_json::from_str(d).unwrap())
+        .collect()
+}
+
+fn ids_of(v: &Value) -> Vec<u32> {
+    v.as_array()
+        .unwrap_or_else(|| panic!("not a list of ids: {v}"))
+        .iter()
+        .map(|t| t.as_u64().unwrap() as u32)
+        .collect()
+}
+
+/// The chunks of one choice of a stream (the usage chunk, with no choices, is no one's).
+fn chunks_of(chunks: &[Value], index: usize) -> Vec<&Value> {
+    chunks
+        .iter()
+        .filter(|k| k["choices"][0]["index"] == index)
+        .collect()
+}
+
+/// The finish reasons a choice's chunks carry (exactly one is expected).
+fn finishes(chunks: &[&Value]) -> Vec<Value> {
+    chunks
+        .iter()
+        .map(|k| k["choices"][0]["finish_reason"].clone())
+        .filter(|f| !f.is_null())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn n_choices_are_sequences_of_their_own_seeded_seed_plus_index() {
+    // options(): max_num_seqs 4, so 6 choices cannot all run at once.
+    let s = start(options(), 8, 0).await;
+    let body = |n: u64, seed: u64| {
+        json!({"prompt": [1, 2, 3], "max_tokens": 12, "temperature": 1.0, "top_k": 8,
+               "seed": seed, "n": n, "ignore_eos": true, "return_token_ids": true})
+    };
+    let (st, v) = post(&s, "/v1/completions", body(6, 40)).await;
+    assert_eq!(st, 200, "{v}");
+    let choices = v["choices"].as_array().unwrap().clone();
+    assert_eq!(choices.len(), 6, "{v}");
+    for (i, c) in choices.iter().enumerate() {
+        assert_eq!(c["index"], i, "{v}");
+        assert_eq!(ids_of(&c["prompt_token_ids"]), [1, 2, 3]);
+        assert_eq!(ids_of(&c["token_ids"]).len(), 12);
+        assert_eq!(c["finish_reason"], "length");
+        // Choice i is what one request seeded seed + i gives, as vLLM seeds its n children.
+        let (_, one) = post(&s, "/v1/completions", body(1, 40 + i as u64)).await;
+        assert_eq!(c["token_ids"], one["choices"][0]["token_ids"], "choice {i}");
+        assert_eq!(c["text"], one["choices"][0]["text"], "choice {i}");
+    }
+    let distinct: std::collections::HashSet<&Value> = choices.iter().map(|c| &c["text"]).collect();
+    assert!(distinct.len() > 1, "the choices should differ: {v}");
+    // The prompt counts once, the completions of every choice add up.
+    assert_eq!(
+        v["usage"],
+        json!({"prompt_tokens": 3, "completion_tokens": 72, "total_tokens": 75})
+    );
+    // Same seed, same choices.
+    let (_, again) = post(&s, "/v1/completions", body(6, 40)).await;
+    assert_eq!(again["choices"], v["choices"]);
+    // Streamed: each index's chunks add up to that choice; one finish each; usage sums.
+    let mut b = body(6, 40);
+    b["stream"] = json!(true);
+    b["stream_options"] = json!({"include_usage": true});
+    let chunks = stream_chunks(&post_stream(&s, "/v1/completions", b).await);
+    let last = chunks.last().unwrap();
+    assert_eq!(
+        (&last["choices"], &last["usage"]),
+        (&json!([]), &v["usage"])
+    );
+    for (i, c) in choices.iter().enumerate() {
+        let mine = chunks_of(&chunks, i);
+        let text: String = mine
+            .iter()
+            .map(|k| k["choices"][0]["text"].as_str().unwrap())
+            .collect();
+        assert_eq!(text, c["text"].as_str().unwrap(), "choice {i}");
+        let ids: Vec<u32> = mine
+            .iter()
+            .flat_map(|k| ids_of(&k["choices"][0]["token_ids"]))
+            .collect();
+        assert_eq!(ids, ids_of(&c["token_ids"]), "choice {i}");
+        assert_eq!(
+            ids_of(&mine[0]["choices"][0]["prompt_token_ids"]),
+            [1, 2, 3]
+        );
+        assert_eq!(finishes(&mine), [json!("length")], "choice {i}");
+    }
+    // Chat: each choice parses its own harmony answer; the role chunk comes per index.
+    let chat = json!({"messages": [{"role": "user", "content": "Hi"}], "n": 2, "seed": 5,
+                      "temperature": 0.5});
+    let (st, v) = post(&s, "/v1/chat/completions", chat.clone()).await;
+    assert_eq!(st, 200, "{v}");
+    let (reasoning, content) = script_parts();
+    for i in 0..2 {
+        let c = &v["choices"][i];
+        assert_eq!(c["index"], i);
+        assert_eq!(c["message"]["content"], content.as_str(), "{v}");
+        assert_eq!(c["message"]["reasoning_content"], reasoning.as_str(), "{v}");
+        assert_eq!(c["finish_reason"], "stop");
+    }
+    assert_eq!(v["choices"].as_array().unwrap().len(), 2);
+    assert_eq!(v["usage"]["completion_tokens"], 2 * script_len());
+    let mut b = chat.clone();
+    b["stream"] = json!(true);
+    b["stream_options"] = json!({"include_usage": true});
+    let chunks = stream_chunks(&post_stream(&s, "/v1/chat/completions", b).await);
+    for i in 0..2 {
+        let mine = chunks_of(&chunks, i);
+        assert_eq!(mine[0]["choices"][0]["delta"]["role"], "assistant");
+        let text: String = mine
+            .iter()
+            .filter_map(|k| k["choices"][0]["delta"]["content"].as_str())
+            .collect();
+        assert_eq!(text, content, "choice {i}");
+        assert_eq!(finishes(&mine), [json!("stop")], "choice {i}");
+    }
+    assert_eq!(
+        chunks.last().unwrap()["usage"]["completion_tokens"],
+        2 * script_len()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn echo_writes_the_prompt_before_each_choice() {
+    let s = start(options(), 8, 0).await;
+    let plain = json!({"prompt": "Once upon a time", "max_tokens": 5, "temperature": 0});
+    let (_, without) = post(&s, "/v1/completions", plain.clone()).await;
+    let mut body = plain.clone();
+    body["echo"] = json!(true);
+    let (st, with) = post(&s, "/v1/completions", body.clone()).await;
+    assert_eq!(st, 200, "{with}");
+    let continuation = without["choices"][0]["text"].as_str().unwrap();
+    assert!(!continuation.is_empty());
+    assert_eq!(
+        with["choices"][0]["text"],
+        format!("Once upon a time{continuation}")
+    );
+    // Usage counts generated tokens only, as without echo.
+    assert_eq!(with["usage"], without["usage"]);
+    // Streamed: the prompt rides on the first chunk.
+    body["stream"] = json!(true);
+    let chunks = stream_chunks(&post_stream(&s, "/v1/completions", body).await);
+    assert!(
+        chunks[0]["choices"][0]["text"]
+            .as_str()
+            .unwrap()
+            .starts_with("Once upon a time"),
+        "{chunks:?}"
+    );
+    let text: String = chunks
+        .iter()
+        .map(|k| k["choices"][0]["text"].as_str().unwrap())
+        .collect();
+    assert_eq!(text, with["choices"][0]["text"].as_str().unwrap());
+    // A token-id prompt is echoed as its text, control tokens included; with max_tokens 0
+    // the answer is the prompt alone (vLLM's "echo without generation").
+    let rendered = "<|start|>user<|message|>Hi there";
+    let ids = mxtune::engine::tokenizer::Tokenizer::o200k_harmony()
+        .encode_with_specials(rendered)
+        .unwrap();
+    let body = json!({"prompt": ids, "max_tokens": 0, "echo": true, "n": 2});
+    let (st, v) = post(&s, "/v1/completions", body.clone()).await;
+    assert_eq!(st, 200, "{v}");
+    for i in 0..2 {
+        assert_eq!(v["choices"][i]["text"], rendered, "{v}");
+        assert_eq!(v["choices"][i]["finish_reason"], "length", "{v}");
+    }
+    assert_eq!(
+        v["usage"],
+        json!({"prompt_tokens": ids.len(), "completion_tokens": 0, "total_tokens": ids.len()})
+    );
+    let mut b = body.clone();
+    b["stream"] = json!(true);
+    b["n"] = json!(1);
+    b["stream_options"] = json!({"include_usage": true});
+    let chunks = stream_chunks(&post_stream(&s, "/v1/completions", b).await);
+    let mine = chunks_of(&chunks, 0);
+    let text: String = mine
+        .iter()
+        .map(|k| k["choices"][0]["text"].as_str().unwrap())
+        .collect();
+    assert_eq!(text, rendered);
+    assert_eq!(finishes(&mine), [json!("length")]);
+    assert_eq!(chunks.last().unwrap()["usage"]["completion_tokens"], 0);
+    // Prompt logprobs are what vLLM adds with echo; this engine has none, and says so.
+    let (st, v) = post(
+        &s,
+        "/v1/completions",
+        json!({"prompt": "Hi", "echo": true, "logprobs": 2}),
+    )
+    .await;
+    assert_eq!(st, 400, "{v}");
+    assert_eq!(v["error"]["param"], "echo");
+    assert_eq!(v["error"]["code"], "unsupported");
+    assert!(
+        v["error"]["message"].as_str().unwrap().contains("logprobs"),
+        "{v}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn continuous_usage_stats_put_usage_in_every_chunk() {
+    let s = start(options(), 8, 0).await;
+    let opts = json!({"include_usage": true, "continuous_usage_stats": true});
+    let body = json!({"prompt": [1, 2, 3], "max_tokens": 6, "temperature": 1.0, "top_k": 8,
+                      "seed": 3, "n": 2, "stream": true, "stream_options": opts});
+    let chunks = stream_chunks(&post_stream(&s, "/v1/completions", body).await);
+    for k in &chunks {
+        let u = &k["usage"];
+        assert_eq!(u["prompt_tokens"], 3, "{k}");
+        assert_eq!(
+            u["total_tokens"].as_u64().unwrap(),
+            3 + u["completion_tokens"].as_u64().unwrap(),
+            "{k}"
+        );
+    }
+    // Each choice's chunks count its own tokens so far; the last usage chunk sums them.
+    for i in 0..2 {
+        let counts: Vec<u64> = chunks_of(&chunks, i)
+            .iter()
+            .map(|k| k["usage"]["completion_tokens"].as_u64().unwrap())
+            .collect();
+        assert!(counts.windows(2).all(|w| w[0] <= w[1]), "{counts:?}");
+        assert_eq!(counts.last(), Some(&6), "{counts:?}");
+    }
+    let last = chunks.last().unwrap();
+    assert_eq!(
+        (&last["choices"], &last["usage"]["completion_tokens"]),
+        (&json!([]), &json!(12))
+    );
+    // Chat: the role chunk, before any token, counts 0.
+    let body = json!({"messages": [{"role": "user", "content": "Hi"}], "temperature": 0,
+                      "stream": true, "stream_options": opts});
+    let chunks = stream_chunks(&post_stream(&s, "/v1/chat/completions", body).await);
+    assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
+    assert_eq!(chunks[0]["usage"]["completion_tokens"], 0);
+    assert!(chunks.iter().all(|k| k["usage"].is_object()), "{chunks:?}");
+    assert_eq!(
+        chunks.last().unwrap()["usage"]["completion_tokens"],
+        script_len()
+    );
+    // As in vLLM, usage per chunk is part of include_usage: without it, no usage at all.
+    let body = json!({"prompt": [1, 2, 3], "max_tokens": 3, "stream": true,
+                      "stream_options": {"continuous_usage_stats": true}});
+    let chunks = stream_chunks(&post_stream(&s, "/v1/completions", body).await);
+    assert!(
+        chunks.iter().all(|k| k.get("usage").is_none()),
+        "{chunks:?}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn over_large_body_is_an_openai_413_naming_the_limit() {
     let opts = ServerOptions {
@@ -839,7 +1097,25 @@ async fn bad_requests_get_openai_errors_and_server_keeps_serving() {
         ),
         (
             "/v1/completions",
-            json!({"prompt": [1], "n": 2}),
+            json!({"prompt": [1], "n": 0}),
+            400,
+            Some("n"),
+        ),
+        (
+            "/v1/completions",
+            json!({"prompt": [1], "n": "2"}),
+            400,
+            Some("n"),
+        ),
+        (
+            "/v1/completions",
+            json!({"prompt": [1], "n": 129}),
+            400,
+            Some("n"),
+        ),
+        (
+            "/v1/completions",
+            json!({"prompt": [1], "n": 2, "temperature": 0}),
             400,
             Some("n"),
         ),
@@ -851,9 +1127,16 @@ async fn bad_requests_get_openai_errors_and_server_keeps_serving() {
         ),
         (
             "/v1/completions",
-            json!({"prompt": [1], "echo": true}),
+            json!({"prompt": [1], "echo": true, "logprobs": 1}),
             400,
             Some("echo"),
+        ),
+        (
+            "/v1/completions",
+            json!({"prompt": [1], "stream": true,
+                   "stream_options": {"include_usage": true, "continuous_usage_stats": "yes"}}),
+            400,
+            Some("stream_options.continuous_usage_stats"),
         ),
         (
             "/v1/completions",
@@ -1396,6 +1679,87 @@ async fn serve_binary_reports_kernel_paths_and_serves_synthetic_tiny() {
     assert!(status.success(), "{status:?}");
 }
 
+/// Unknown request fields are accepted, as vLLM accepts them, and the server says on stderr
+/// once per field name that it ignored them.
+#[tokio::test(flavor = "multi_thread")]
+async fn serve_binary_warns_once_per_unknown_field() {
+    let (child, lines) = tokio::task::spawn_blocking(|| {
+        spawn_serve(&[
+            "--synthetic",
+            "tiny",
+            "--port",
+            "0",
+            "--max-model-len",
+            "256",
+        ])
+    })
+    .await
+    .unwrap();
+    let ready = lines.last().expect("no output").clone();
+    let base = ready
+        .trim_start_matches("mxtune serve: ready on ")
+        .to_string();
+    assert!(base.starts_with("http://127.0.0.1:"), "{lines:?}");
+    let send = |path: &'static str, body: Value| {
+        let base = base.clone();
+        async move {
+            let r = client()
+                .post(format!("{base}{path}"))
+                .json(&body)
+                .send()
+                .await
+                .unwrap();
+            let status = r.status().as_u16();
+            (status, r.text().await.unwrap())
+        }
+    };
+    let completion = json!({"prompt": [1, 2], "max_tokens": 1, "frobnicate": 1, "min_p": 0.1,
+                            "user": "someone", "stream": true,
+                            "stream_options": {"include_usage": true, "verbose": true}});
+    for _ in 0..3 {
+        let (st, text) = send("/v1/completions", completion.clone()).await;
+        assert_eq!(st, 200, "{text}");
+    }
+    let chat = json!({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1,
+                      "frobnicate": true, "chat_template_kwargs": {}});
+    let (st, text) = send("/v1/chat/completions", chat).await;
+    assert_eq!(st, 200, "{text}");
+    // A refused request still reports its unknown fields.
+    let (st, text) = send(
+        "/v1/completions",
+        json!({"prompt": [1], "top_p": 9, "late_field": 1}),
+    )
+    .await;
+    assert_eq!(st, 400, "{text}");
+    let pid = child.id() as i32;
+    // SAFETY: plain kill(2) on the child this test started.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
+    let out = tokio::task::spawn_blocking(move || child.wait_with_output().unwrap())
+        .await
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let warned: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.starts_with("mxtune serve: warning: a request carried the field"))
+        .collect();
+    for name in [
+        "frobnicate",
+        "min_p",
+        "stream_options.verbose",
+        "chat_template_kwargs",
+        "late_field",
+    ] {
+        let n = warned
+            .iter()
+            .filter(|l| l.contains(&format!("`{name}`")))
+            .count();
+        assert_eq!(n, 1, "{name} in {stderr}");
+    }
+    // `user` is an OpenAI field the server knows (and does not use), as vLLM does.
+    assert_eq!(warned.len(), 5, "{stderr}");
+}
+
 /// Whether this machine can open a GPU (then the no-GPU expectations below do not apply).
 fn has_cuda_driver() -> bool {
     ["/dev/nvidiactl", "/proc/driver/nvidia/version"]
@@ -1730,6 +2094,45 @@ print(r2.choices[0].finish_reason is not None)
     assert_eq!(lines[0], format!("tool_calls get_weather {TOOL_ARGS}"));
     assert_eq!(lines[1], format!("tool_calls get_weather {TOOL_ARGS}"));
     assert_eq!(lines[2], "True");
+}
+
+/// The `openai` client reads `n=2` choices (whole and streamed), an echoed completion and
+/// per-chunk usage (`continuous_usage_stats`, sent through `extra_body` as for vLLM).
+#[tokio::test(flavor = "multi_thread")]
+async fn openai_python_client_reads_n_choices_echo_and_continuous_usage() {
+    if !has_python_openai("openai_python_client_reads_n_choices_echo_and_continuous_usage") {
+        return;
+    }
+    let s = start(options(), 8, 0).await;
+    let script = r#"
+import sys, openai
+c = openai.OpenAI(base_url=sys.argv[1] + "/v1", api_key="unused")
+msgs = [{"role": "user", "content": "Hi"}]
+r = c.chat.completions.create(model="double", messages=msgs, n=2, temperature=0.5, seed=1)
+print(len(r.choices), [ch.index for ch in r.choices], r.usage.completion_tokens)
+print(all(ch.message.content == r.choices[0].message.content for ch in r.choices))
+texts = {}
+for chunk in c.chat.completions.create(model="double", messages=msgs, n=2, temperature=0.5,
+                                       stream=True):
+    for ch in chunk.choices:
+        texts[ch.index] = texts.get(ch.index, "") + (ch.delta.content or "")
+print(sorted(texts), texts[0] == texts[1] == r.choices[0].message.content)
+e = c.completions.create(model="double", prompt="Once upon", max_tokens=3, echo=True)
+print(e.choices[0].text.startswith("Once upon"), e.usage.completion_tokens)
+counts = []
+for chunk in c.completions.create(model="double", prompt="Once upon", max_tokens=3, stream=True,
+        stream_options={"include_usage": True},
+        extra_body={"stream_options": {"include_usage": True, "continuous_usage_stats": True}}):
+    counts.append(chunk.usage.completion_tokens)
+print(counts[-1], counts == sorted(counts))
+"#;
+    let out = python(script, &[&s.base]).await;
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines[0], format!("2 [0, 1] {}", 2 * script_len()), "{out}");
+    assert_eq!(lines[1], "True", "{out}");
+    assert_eq!(lines[2], "[0, 1] True", "{out}");
+    assert_eq!(lines[3], "True 3", "{out}");
+    assert_eq!(lines[4], "3 True", "{out}");
 }
 
 /// The `openai` client with `tools=` against the real binary and synthetic weights: whatever

@@ -13,6 +13,11 @@ use serde_json::Value;
 /// Most alternatives per token a client may ask for (vLLM's default `max_logprobs`).
 pub const MAX_LOGPROBS: usize = 20;
 
+/// Most choices (`n`) one request may ask for. Each choice is its own sequence, prompt
+/// included (the backend cannot share a prompt's KV between sequences yet), so `n` costs
+/// `n` prefills; vLLM's limit (`VLLM_MAX_N_SEQUENCES`) is 16384.
+pub const MAX_N: usize = 128;
+
 /// `prompt` of `/v1/completions`: text or token ids.
 #[derive(Debug, Deserialize)]
 #[serde(untagged)]
@@ -58,8 +63,12 @@ pub struct Common {
     pub ignore_eos: bool,
     #[serde(default)]
     pub return_tokens_as_token_ids: bool,
-    pub n: Option<i64>,
+    /// Kept as JSON so a wrong type gets a 400 naming the field.
+    pub n: Option<Value>,
     pub logit_bias: Option<serde_json::Map<String, Value>>,
+    /// OpenAI's end-user id: accepted and not used (as in vLLM), so it is not reported as
+    /// an unknown field.
+    pub user: Option<Value>,
 }
 
 /// `POST /v1/completions`.
@@ -73,6 +82,9 @@ pub struct CompletionRequest {
     pub echo: bool,
     pub best_of: Option<i64>,
     pub suffix: Option<String>,
+    /// Every field the server does not know (accepted, as vLLM accepts them, and logged).
+    #[serde(flatten)]
+    pub unknown: serde_json::Map<String, Value>,
 }
 
 /// Message content: a string or a list of text parts.
@@ -138,6 +150,9 @@ pub struct ChatRequest {
     pub tool_choice: Option<Value>,
     pub parallel_tool_calls: Option<Value>,
     pub response_format: Option<Value>,
+    /// Every field the server does not know (accepted, as vLLM accepts them, and logged).
+    #[serde(flatten)]
+    pub unknown: serde_json::Map<String, Value>,
 }
 
 /// What the server knows when it validates a request.
@@ -155,9 +170,15 @@ pub struct Limits<'a> {
 pub struct Prepared {
     pub prompt: Vec<u32>,
     pub sampling: SamplingParams,
+    /// How many choices to generate (`n`); each is its own sequence in the scheduler.
+    pub n: usize,
     pub stop: Vec<String>,
     pub stream: bool,
     pub include_usage: bool,
+    /// Usage in every streamed chunk (`stream_options.continuous_usage_stats`).
+    pub continuous_usage: bool,
+    /// Completions with `echo`: the prompt's text, written before each choice's text.
+    pub echo: Option<String>,
     pub return_tokens_as_token_ids: bool,
     /// Keep a matched stop string at the end of the text (vLLM extension).
     pub include_stop_str_in_output: bool,
@@ -246,12 +267,22 @@ fn logit_bias(
     Ok(out)
 }
 
-/// `stream_options` → whether usage is streamed. As in vLLM, a non-empty object needs
-/// `stream: true`; an empty object or null is ignored.
-fn stream_options(c: &Common) -> Result<bool, ApiError> {
+/// What `stream_options` asks for.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+struct StreamOptions {
+    include_usage: bool,
+    continuous_usage: bool,
+}
+
+/// The keys of `stream_options` the server reads; others are reported as unknown fields.
+const STREAM_OPTION_KEYS: [&str; 2] = ["include_usage", "continuous_usage_stats"];
+
+/// `stream_options`. As in vLLM, a non-empty object needs `stream: true` (an empty object
+/// or null is ignored), and usage in every chunk needs `include_usage` too.
+fn stream_options(c: &Common) -> Result<StreamOptions, ApiError> {
     let param = "stream_options";
     let opts = match &c.stream_options {
-        None | Some(Value::Null) => return Ok(false),
+        None | Some(Value::Null) => return Ok(StreamOptions::default()),
         Some(Value::Object(o)) => o,
         Some(other) => {
             return Err(ApiError::invalid(
@@ -263,7 +294,7 @@ fn stream_options(c: &Common) -> Result<bool, ApiError> {
         }
     };
     if opts.is_empty() {
-        return Ok(false);
+        return Ok(StreamOptions::default());
     }
     if !c.stream {
         return Err(ApiError::invalid(
@@ -272,14 +303,70 @@ fn stream_options(c: &Common) -> Result<bool, ApiError> {
              set `stream: true`",
         ));
     }
-    match opts.get("include_usage") {
+    let flag = |key: &str| match opts.get(key) {
         None | Some(Value::Null) => Ok(false),
         Some(Value::Bool(b)) => Ok(*b),
         Some(other) => Err(ApiError::invalid(
-            "stream_options.include_usage",
-            format!("stream_options.include_usage must be true or false, got {other}"),
+            &format!("{param}.{key}"),
+            format!("{param}.{key} must be true or false, got {other}"),
         )),
+    };
+    let include_usage = flag(STREAM_OPTION_KEYS[0])?;
+    let continuous = flag(STREAM_OPTION_KEYS[1])?;
+    Ok(StreamOptions {
+        include_usage,
+        continuous_usage: include_usage && continuous,
+    })
+}
+
+/// `n`: how many choices, 1 if unset. As in vLLM, more than one needs sampling: greedy
+/// decoding would give every choice the same text.
+fn choices(v: Option<&Value>, temperature: f32) -> Result<usize, ApiError> {
+    let param = "n";
+    let whole = |x: &serde_json::Number| {
+        x.as_i64().or_else(|| {
+            x.as_f64()
+                .filter(|f| f.fract() == 0.0 && f.abs() < 1e15)
+                .map(|f| f as i64)
+        })
+    };
+    let n = match v {
+        None | Some(Value::Null) => return Ok(1),
+        Some(v) => match v.as_number().and_then(whole) {
+            Some(n) => n,
+            None => {
+                return Err(ApiError::invalid(
+                    param,
+                    format!("n must be a whole number from 1 to {MAX_N}, got {v}"),
+                ));
+            }
+        },
+    };
+    if n < 1 {
+        return Err(ApiError::invalid(
+            param,
+            format!("n must be at least 1, got {n}"),
+        ));
     }
+    if n as u64 > MAX_N as u64 {
+        return Err(ApiError::invalid(
+            param,
+            format!(
+                "n must be at most {MAX_N}, got {n}: each choice is a sequence of its own; \
+                 send several requests for more"
+            ),
+        ));
+    }
+    if n > 1 && temperature <= 1e-5 {
+        return Err(ApiError::invalid(
+            param,
+            format!(
+                "n must be 1 when using greedy sampling, got {n}: every choice would be the \
+                 same; set temperature above 0, or n to 1"
+            ),
+        ));
+    }
+    Ok(n as usize)
 }
 
 fn check_model(c: &Common, lim: &Limits<'_>) -> Result<(), ApiError> {
@@ -292,12 +379,14 @@ fn check_model(c: &Common, lim: &Limits<'_>) -> Result<(), ApiError> {
 }
 
 /// Validate what both endpoints share; `default_max_tokens` applies when the client sets none.
+/// With `echo` (completions), `max_tokens: 0` is allowed: the answer is the prompt alone.
 fn prepare_common(
     c: &Common,
     prompt: Vec<u32>,
     max_tokens: Option<i64>,
     default_max_tokens: Option<usize>,
     logprobs: Option<usize>,
+    echo: Option<String>,
     lim: &Limits<'_>,
 ) -> Result<Prepared, ApiError> {
     if prompt.is_empty() {
@@ -323,14 +412,10 @@ fn prepare_common(
             ),
         ));
     }
-    if let Some(n) = c.n
-        && n != 1
-    {
-        return Err(ApiError::unsupported("n", "n other than 1"));
-    }
     let logit_bias = logit_bias(c.logit_bias.as_ref(), lim.vocab_size)?;
     let room = lim.max_model_len - prompt.len();
     let max_tokens = match max_tokens {
+        Some(0) if echo.is_some() => 0,
         Some(m) if m < 1 => {
             return Err(ApiError::invalid(
                 "max_tokens",
@@ -389,7 +474,8 @@ fn prepare_common(
     let presence_penalty = additive_penalty("presence_penalty", c.presence_penalty.as_ref())?;
     let frequency_penalty = additive_penalty("frequency_penalty", c.frequency_penalty.as_ref())?;
     let repetition_penalty = repetition_penalty(c.repetition_penalty.as_ref())?;
-    let include_usage = stream_options(c)?;
+    let n = choices(c.n.as_ref(), temperature)?;
+    let stream_opts = stream_options(c)?;
     let stop = match &c.stop {
         None => Vec::new(),
         Some(StopInput::One(s)) => vec![s.clone()],
@@ -411,9 +497,12 @@ fn prepare_common(
             repetition_penalty,
             logit_bias,
         },
+        n,
         stop,
         stream: c.stream,
-        include_usage,
+        include_usage: stream_opts.include_usage,
+        continuous_usage: stream_opts.continuous_usage,
+        echo,
         return_tokens_as_token_ids: c.return_tokens_as_token_ids,
         include_stop_str_in_output: c.include_stop_str_in_output,
         return_token_ids: c.return_token_ids,
@@ -438,9 +527,6 @@ impl CompletionRequest {
     /// HF tokenizer), so clients can send a pre-rendered conversation.
     pub fn prepare(&self, tok: &Tokenizer, lim: &Limits<'_>) -> Result<Prepared, ApiError> {
         check_model(&self.common, lim)?;
-        if self.echo {
-            return Err(ApiError::unsupported("echo", "echo"));
-        }
         if self.best_of.is_some_and(|b| b != 1) {
             return Err(ApiError::unsupported("best_of", "best_of other than 1"));
         }
@@ -460,6 +546,20 @@ impl CompletionRequest {
             }
         };
         let logprobs = logprob_count("logprobs", self.logprobs)?;
+        if self.echo && logprobs.is_some() {
+            // vLLM answers this with the prompt tokens' logprobs; the backend computes
+            // logits for the last position of a prompt only.
+            return Err(ApiError::unsupported(
+                "echo",
+                "echo together with logprobs (it needs logprobs of the prompt's tokens, which \
+                 this engine does not compute; send echo or logprobs, not both)",
+            ));
+        }
+        let echo = self.echo.then(|| match &self.prompt {
+            PromptInput::Text(s) => s.clone(),
+            // Control tokens included: the echo shows the prompt as the model read it.
+            _ => tok.decode(&prompt, false),
+        });
         // OpenAI's default for completions is 16 tokens.
         prepare_common(
             &self.common,
@@ -467,6 +567,7 @@ impl CompletionRequest {
             self.common.max_tokens,
             Some(16),
             logprobs,
+            echo,
             lim,
         )
     }
@@ -775,7 +876,7 @@ impl ChatRequest {
             None
         };
         let max_tokens = self.max_completion_tokens.or(self.common.max_tokens);
-        let mut p = prepare_common(&self.common, prompt, max_tokens, None, logprobs, lim)?;
+        let mut p = prepare_common(&self.common, prompt, max_tokens, None, logprobs, None, lim)?;
         // Calls are parsed only when functions were offered and not switched off.
         p.tools = choice != ToolChoice::None && !functions.is_empty();
         p.prefill = renderer.prefill_tokens(prefill);
@@ -783,8 +884,62 @@ impl ChatRequest {
     }
 }
 
+/// The names of the fields a request carried that the server does not know: top-level
+/// fields, and keys of `stream_options` as `stream_options.KEY`.
+fn unknown_fields(top: &serde_json::Map<String, Value>, c: &Common) -> Vec<String> {
+    let mut out: Vec<String> = top.keys().cloned().collect();
+    if let Some(Value::Object(o)) = &c.stream_options {
+        out.extend(
+            o.keys()
+                .filter(|k| !STREAM_OPTION_KEYS.contains(&k.as_str()))
+                .map(|k| format!("stream_options.{k}")),
+        );
+    }
+    out
+}
+
+impl CompletionRequest {
+    /// Fields of this request the server does not know (see [`unknown_fields`]).
+    pub fn unknown_fields(&self) -> Vec<String> {
+        unknown_fields(&self.unknown, &self.common)
+    }
+}
+
+impl ChatRequest {
+    /// Fields of this request the server does not know (see [`unknown_fields`]).
+    pub fn unknown_fields(&self) -> Vec<String> {
+        unknown_fields(&self.unknown, &self.common)
+    }
+}
+
 /// Parse a JSON body into `T`, turning serde's message into a 400 that names the problem.
 pub fn parse_body<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
     serde_json::from_slice(body)
         .map_err(|e| ApiError::bad_body(format!("invalid request body: {e}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unknown_fields_are_the_ones_no_struct_reads() {
+        let r: CompletionRequest = parse_body(
+            br#"{"prompt": "x", "n": 2, "user": "u", "min_p": 0.1, "echo": true, "seed": 1,
+                 "stream": true, "stream_options": {"include_usage": true, "extra": 1},
+                 "logit_bias": {}, "bad_words": ["a"]}"#,
+        )
+        .unwrap();
+        let mut got = r.unknown_fields();
+        got.sort();
+        assert_eq!(got, ["bad_words", "min_p", "stream_options.extra"]);
+        assert!(r.echo && r.common.stream && r.common.seed == Some(1));
+        let r: ChatRequest = parse_body(
+            br#"{"messages": [], "tools": [], "max_completion_tokens": 3, "store": true,
+                 "stream_options": {"continuous_usage_stats": true}}"#,
+        )
+        .unwrap();
+        assert_eq!(r.unknown_fields(), ["store"]);
+        assert_eq!(r.max_completion_tokens, Some(3));
+    }
 }

@@ -36,14 +36,13 @@ enum TextSource {
     Harmony(Box<OutputParser>),
 }
 
-/// Per-request output state: detokenizer or harmony parser, one stop-string matcher per
-/// channel, and the counts for `usage`.
+/// Per-choice output state: detokenizer or harmony parser, one stop-string matcher per
+/// channel, and the generated-token count for `usage`.
 struct Output {
     tok: Tokenizer,
     source: TextSource,
     stops: [StopStrings; 2],
     return_ids: bool,
-    prompt_tokens: usize,
     completion_tokens: usize,
     /// The id of each tool call of the answer, by call number.
     call_ids: Vec<String>,
@@ -74,7 +73,6 @@ impl Output {
                 StopStrings::including(p.stop.clone(), p.include_stop_str_in_output),
             ],
             return_ids: p.return_tokens_as_token_ids,
-            prompt_tokens: p.prompt.len(),
             completion_tokens: 0,
             call_ids: Vec::new(),
         })
@@ -183,14 +181,6 @@ impl Output {
         }
     }
 
-    fn usage(&self) -> Value {
-        json!({
-            "prompt_tokens": self.prompt_tokens,
-            "completion_tokens": self.completion_tokens,
-            "total_tokens": self.prompt_tokens + self.completion_tokens,
-        })
-    }
-
     /// Chat-format logprob entry for one token.
     fn chat_logprob(&self, s: &Sampled) -> Value {
         let entry = |id: u32, lp: f32| json!({"token": self.token_name(id), "logprob": lp, "bytes": self.tok.token_bytes(id)});
@@ -232,6 +222,15 @@ impl CompletionLogprobs {
     }
 }
 
+/// OpenAI's `usage` object.
+fn usage(prompt_tokens: usize, completion_tokens: usize) -> Value {
+    json!({
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    })
+}
+
 const ENGINE_GONE: &str =
     "the engine stopped before the request finished (see the server log); restart the server";
 
@@ -242,18 +241,20 @@ fn finish_str(r: FinishReason) -> &'static str {
     }
 }
 
-/// Collect the whole generation into one JSON response.
-pub async fn respond_full(
+/// One choice of a whole (non-streamed) response, and the tokens it generated.
+struct ChoiceDone {
+    choice: Value,
+    completion_tokens: usize,
+}
+
+/// Collect one choice's generation.
+async fn collect_choice(
     mut rx: UnboundedReceiver<GenEvent>,
-    tok: Tokenizer,
+    index: usize,
+    mut out: Output,
     endpoint: Endpoint,
     prepared: &Prepared,
-    meta: ResponseMeta,
-) -> Response {
-    let mut out = match Output::new(tok, endpoint, prepared) {
-        Ok(o) => o,
-        Err(e) => return e.into_response(),
-    };
+) -> Result<ChoiceDone, ApiError> {
     let want_logprobs = prepared.sampling.logprobs.is_some();
     let (mut reasoning, mut content) = (String::new(), String::new());
     let mut cmpl_lp = CompletionLogprobs::default();
@@ -303,50 +304,36 @@ pub async fn respond_full(
                 push_deltas(rest, &mut reasoning, &mut content, &mut calls);
                 break;
             }
-            GenEvent::Error(m) => return ApiError::internal(m).into_response(),
+            GenEvent::Error(m) => return Err(ApiError::internal(m)),
         }
     }
     // Dropping the receiver here also cancels a request cut short by a stop string.
     drop(rx);
     // The channel closed without an end: the engine thread died mid-request.
     let Some(finish) = finish else {
-        return ApiError::internal(ENGINE_GONE).into_response();
+        return Err(ApiError::internal(ENGINE_GONE));
     };
-    let mut body = match endpoint {
+    let mut choice = match endpoint {
         Endpoint::Completions => json!({
-            "id": meta.id,
-            "object": "text_completion",
-            "created": meta.created,
-            "model": meta.model,
-            "choices": [{
-                "index": 0,
-                "text": content,
-                "logprobs": if want_logprobs { cmpl_lp.to_json() } else { Value::Null },
-                "finish_reason": out.finish_str(finish),
-            }],
-            "usage": out.usage(),
+            "index": index,
+            "text": format!("{}{content}", prepared.echo.as_deref().unwrap_or_default()),
+            "logprobs": if want_logprobs { cmpl_lp.to_json() } else { Value::Null },
+            "finish_reason": out.finish_str(finish),
         }),
         Endpoint::Chat => json!({
-            "id": meta.id,
-            "object": "chat.completion",
-            "created": meta.created,
-            "model": meta.model,
-            "choices": [{
-                "index": 0,
-                "message": {
-                    "role": "assistant",
-                    // OpenAI's shape: no content when the answer is only a tool call.
-                    "content": if content.is_empty() && !calls.is_empty() { Value::Null } else { json!(content) },
-                    "reasoning_content": if reasoning.is_empty() { Value::Null } else { json!(reasoning) },
-                },
-                "logprobs": if want_logprobs { json!({"content": chat_lp}) } else { Value::Null },
-                "finish_reason": out.finish_str(finish),
-            }],
-            "usage": out.usage(),
+            "index": index,
+            "message": {
+                "role": "assistant",
+                // OpenAI's shape: no content when the answer is only a tool call.
+                "content": if content.is_empty() && !calls.is_empty() { Value::Null } else { json!(content) },
+                "reasoning_content": if reasoning.is_empty() { Value::Null } else { json!(reasoning) },
+            },
+            "logprobs": if want_logprobs { json!({"content": chat_lp}) } else { Value::Null },
+            "finish_reason": out.finish_str(finish),
         }),
     };
     if !calls.is_empty() {
-        body["choices"][0]["message"]["tool_calls"] = calls
+        choice["message"]["tool_calls"] = calls
             .iter()
             .zip(&out.call_ids)
             .map(|((name, args), id)| {
@@ -357,12 +344,68 @@ pub async fn respond_full(
     if prepared.return_token_ids {
         // vLLM's shape: completions carry the prompt per choice (a request may hold several
         // prompts there), chat once per response.
-        let prompt_at = match endpoint {
-            Endpoint::Completions => &mut body["choices"][0],
-            Endpoint::Chat => &mut body,
-        };
-        prompt_at["prompt_token_ids"] = json!(prepared.prompt);
-        body["choices"][0]["token_ids"] = json!(token_ids);
+        if endpoint == Endpoint::Completions {
+            choice["prompt_token_ids"] = json!(prepared.prompt);
+        }
+        choice["token_ids"] = json!(token_ids);
+    }
+    Ok(ChoiceDone {
+        choice,
+        completion_tokens: out.completion_tokens,
+    })
+}
+
+/// One output state per choice, or the error that keeps the response from starting.
+fn outputs(
+    n: usize,
+    tok: Tokenizer,
+    endpoint: Endpoint,
+    p: &Prepared,
+) -> Result<Vec<Output>, ApiError> {
+    (0..n).map(|_| Output::new(tok, endpoint, p)).collect()
+}
+
+/// Collect every choice's generation into one JSON response. `rxs` holds one receiver per
+/// choice, in choice order.
+pub async fn respond_full(
+    rxs: Vec<UnboundedReceiver<GenEvent>>,
+    tok: Tokenizer,
+    endpoint: Endpoint,
+    prepared: &Prepared,
+    meta: ResponseMeta,
+) -> Response {
+    let outs = match outputs(rxs.len(), tok, endpoint, prepared) {
+        Ok(o) => o,
+        Err(e) => return e.into_response(),
+    };
+    // The first failure ends the response; the other choices' receivers are dropped with
+    // their futures, which cancels them in the scheduler.
+    let done = futures::future::try_join_all(
+        rxs.into_iter()
+            .zip(outs)
+            .enumerate()
+            .map(|(i, (rx, out))| collect_choice(rx, i, out, endpoint, prepared)),
+    )
+    .await;
+    let done = match done {
+        Ok(d) => d,
+        Err(e) => return e.into_response(),
+    };
+    let completion_tokens = done.iter().map(|d| d.completion_tokens).sum();
+    let choices: Vec<Value> = done.into_iter().map(|d| d.choice).collect();
+    let mut body = json!({
+        "id": meta.id,
+        "object": match endpoint {
+            Endpoint::Completions => "text_completion",
+            Endpoint::Chat => "chat.completion",
+        },
+        "created": meta.created,
+        "model": meta.model,
+        "choices": choices,
+        "usage": usage(prepared.prompt.len(), completion_tokens),
+    });
+    if prepared.return_token_ids && endpoint == Endpoint::Chat {
+        body["prompt_token_ids"] = json!(prepared.prompt);
     }
     axum::Json(body).into_response()
 }
@@ -381,38 +424,61 @@ fn chunk_value(meta: &ResponseMeta, endpoint: Endpoint, choices: Value) -> Value
     })
 }
 
-/// `return_token_ids` in a stream: the prompt's ids ride on the first chunk (per choice for
-/// completions, per response for chat, as vLLM does), and each chunk's choice carries the
-/// ids of the tokens received since the previous chunk. A token that adds no text (a
-/// control token, text held back for a stop string) waits for the next chunk, so the
-/// chunks' ids concatenate to every generated token.
-struct TokenIds {
-    on: bool,
+/// What one choice's chunks carry besides its delta.
+///
+/// `return_token_ids`: the prompt's ids ride on the choice's first chunk (in the choice for
+/// completions, at the top for chat, as vLLM does), and each chunk carries the ids of the
+/// tokens received since the previous chunk. A token that adds no text (a control token,
+/// text held back for a stop string) waits for the next chunk, so the chunks' ids
+/// concatenate to every generated token.
+///
+/// `echo` (completions): the prompt's text goes before the text of the choice's first chunk.
+///
+/// `continuous_usage_stats`: every chunk carries `usage` with this choice's completion
+/// tokens so far, as vLLM counts them.
+struct ChoiceChunks {
+    index: usize,
+    endpoint: Endpoint,
+    return_ids: bool,
     prompt: Option<Vec<u32>>,
     pending: Vec<u32>,
+    echo: Option<String>,
+    continuous_usage: bool,
+    prompt_tokens: usize,
 }
 
-impl TokenIds {
-    fn new(p: &Prepared) -> Self {
-        TokenIds {
-            on: p.return_token_ids,
+impl ChoiceChunks {
+    fn new(index: usize, endpoint: Endpoint, p: &Prepared) -> Self {
+        ChoiceChunks {
+            index,
+            endpoint,
+            return_ids: p.return_token_ids,
             prompt: p.return_token_ids.then(|| p.prompt.clone()),
             pending: Vec::new(),
+            echo: p.echo.clone(),
+            continuous_usage: p.continuous_usage,
+            prompt_tokens: p.prompt.len(),
         }
     }
 
     fn push(&mut self, token: u32) {
-        if self.on {
+        if self.return_ids {
             self.pending.push(token);
         }
     }
 
-    /// One SSE chunk with `choices`, plus the ids it owes when they were asked for.
-    fn chunk(&mut self, meta: &ResponseMeta, endpoint: Endpoint, choices: Value) -> Event {
-        let mut v = chunk_value(meta, endpoint, choices);
-        if self.on {
+    /// One chunk with `choice` (its index set here), plus what the choice owes.
+    fn chunk(&mut self, meta: &ResponseMeta, mut choice: Value, completion_tokens: usize) -> Value {
+        choice["index"] = json!(self.index);
+        if let Some(echo) = self.echo.take()
+            && let Some(text) = choice.get_mut("text")
+        {
+            *text = json!(format!("{echo}{}", text.as_str().unwrap_or_default()));
+        }
+        let mut v = chunk_value(meta, self.endpoint, json!([choice]));
+        if self.return_ids {
             if let Some(prompt) = self.prompt.take() {
-                let at = match endpoint {
+                let at = match self.endpoint {
                     Endpoint::Completions => v["choices"].get_mut(0),
                     Endpoint::Chat => Some(&mut v),
                 };
@@ -424,18 +490,20 @@ impl TokenIds {
                 c["token_ids"] = json!(std::mem::take(&mut self.pending));
             }
         }
-        Event::default().data(v.to_string())
+        if self.continuous_usage {
+            v["usage"] = usage(self.prompt_tokens, completion_tokens);
+        }
+        v
     }
 }
 
 fn delta_choice(out: &Output, endpoint: Endpoint, d: Option<&Delta>, logprobs: Value) -> Value {
     match endpoint {
-        Endpoint::Completions => json!([{
-            "index": 0,
+        Endpoint::Completions => json!({
             "text": d.map_or("", |d| d.text.as_str()),
             "logprobs": logprobs,
             "finish_reason": null,
-        }]),
+        }),
         Endpoint::Chat => {
             let delta = match d {
                 Some(Delta {
@@ -461,28 +529,31 @@ fn delta_choice(out: &Output, endpoint: Endpoint, d: Option<&Delta>, logprobs: V
                 }) => json!({"tool_calls": [{"index": n, "function": {"arguments": text}}]}),
                 None => json!({}),
             };
-            json!([{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": null}])
+            json!({"delta": delta, "logprobs": logprobs, "finish_reason": null})
         }
     }
 }
 
-/// Stream the generation as server-sent events. When the client goes away the stream is
-/// dropped, which drops the receiver, which cancels the request in the scheduler.
-pub fn respond_stream(
+/// What one choice's stream hands the response stream.
+enum Piece {
+    /// A chunk to send.
+    Chunk(Value),
+    /// An error to send; the response ends after it.
+    Failed(Value),
+    /// The choice finished after generating this many tokens.
+    Finished(usize),
+}
+
+/// One choice's chunks, from its receiver.
+fn choice_stream(
     mut rx: UnboundedReceiver<GenEvent>,
-    tok: Tokenizer,
-    endpoint: Endpoint,
-    prepared: &Prepared,
+    mut out: Output,
+    mut chunks: ChoiceChunks,
+    want_logprobs: bool,
     meta: ResponseMeta,
-) -> Response {
-    let mut out = match Output::new(tok, endpoint, prepared) {
-        Ok(o) => o,
-        Err(e) => return e.into_response(),
-    };
-    let want_logprobs = prepared.sampling.logprobs.is_some();
-    let include_usage = prepared.include_usage;
-    let mut ids = TokenIds::new(prepared);
-    let stream = async_stream::stream! {
+) -> impl Stream<Item = Piece> + Send {
+    let endpoint = chunks.endpoint;
+    async_stream::stream! {
         // The role chunk waits for the engine's first output (after prefill), as in vLLM:
         // clients time the first chunk as time-to-first-response.
         let mut role_pending = endpoint == Endpoint::Chat;
@@ -492,13 +563,13 @@ pub fn respond_stream(
         while let Some(ev) = rx.recv().await {
             if role_pending && !matches!(ev, GenEvent::Error(_)) {
                 role_pending = false;
-                let role = json!([{"index": 0, "delta": {"role": "assistant", "content": ""},
-                                   "logprobs": null, "finish_reason": null}]);
-                yield ids.chunk(&meta, endpoint, role);
+                let role = json!({"delta": {"role": "assistant", "content": ""},
+                                  "logprobs": null, "finish_reason": null});
+                yield Piece::Chunk(chunks.chunk(&meta, role, out.completion_tokens));
             }
             match ev {
                 GenEvent::Token(s) => {
-                    ids.push(s.token);
+                    chunks.push(s.token);
                     let lp = if !want_logprobs {
                         Value::Null
                     } else if endpoint == Endpoint::Chat {
@@ -513,11 +584,13 @@ pub fn respond_stream(
                     for d in &t.deltas {
                         text_len += d.text.len();
                         let l = lp.take().unwrap_or(Value::Null);
-                        yield ids.chunk(&meta, endpoint, delta_choice(&out, endpoint, Some(d), l));
+                        let c = delta_choice(&out, endpoint, Some(d), l);
+                        yield Piece::Chunk(chunks.chunk(&meta, c, out.completion_tokens));
                     }
                     // Every token gets a chunk when logprobs were asked for, text or not.
                     if let Some(l) = lp.filter(|_| want_logprobs) {
-                        yield ids.chunk(&meta, endpoint, delta_choice(&out, endpoint, None, l));
+                        let c = delta_choice(&out, endpoint, None, l);
+                        yield Piece::Chunk(chunks.chunk(&meta, c, out.completion_tokens));
                     }
                     if t.stopped {
                         finish = Some(FinishReason::Stop);
@@ -526,13 +599,14 @@ pub fn respond_stream(
                 }
                 GenEvent::Done(r) => {
                     for d in out.finish() {
-                        yield ids.chunk(&meta, endpoint, delta_choice(&out, endpoint, Some(&d), Value::Null));
+                        let c = delta_choice(&out, endpoint, Some(&d), Value::Null);
+                        yield Piece::Chunk(chunks.chunk(&meta, c, out.completion_tokens));
                     }
                     finish = Some(r);
                     break;
                 }
                 GenEvent::Error(m) => {
-                    yield Event::default().data(ApiError::internal(m).body().to_string());
+                    yield Piece::Failed(ApiError::internal(m).body());
                     failed = true;
                     break;
                 }
@@ -540,30 +614,74 @@ pub fn respond_stream(
         }
         drop(rx);
         if finish.is_none() && !failed {
-            yield Event::default().data(ApiError::internal(ENGINE_GONE).body().to_string());
+            yield Piece::Failed(ApiError::internal(ENGINE_GONE).body());
         }
         if let Some(r) = finish {
             let last = match endpoint {
-                Endpoint::Completions => json!([{"index": 0, "text": "", "logprobs": null,
-                                                  "finish_reason": out.finish_str(r)}]),
-                Endpoint::Chat => json!([{"index": 0, "delta": {}, "logprobs": null,
-                                           "finish_reason": out.finish_str(r)}]),
+                Endpoint::Completions => json!({"text": "", "logprobs": null,
+                                                 "finish_reason": out.finish_str(r)}),
+                Endpoint::Chat => json!({"delta": {}, "logprobs": null,
+                                          "finish_reason": out.finish_str(r)}),
             };
-            yield ids.chunk(&meta, endpoint, last);
-            if include_usage {
-                let v = json!({
-                    "id": meta.id,
-                    "object": match endpoint {
-                        Endpoint::Completions => "text_completion",
-                        Endpoint::Chat => "chat.completion.chunk",
-                    },
-                    "created": meta.created,
-                    "model": meta.model,
-                    "choices": [],
-                    "usage": out.usage(),
-                });
-                yield Event::default().data(v.to_string());
+            yield Piece::Chunk(chunks.chunk(&meta, last, out.completion_tokens));
+            yield Piece::Finished(out.completion_tokens);
+        }
+    }
+}
+
+/// Stream the generation as server-sent events, the choices' chunks interleaved as they
+/// come. When the client goes away the stream is dropped, which drops the receivers, which
+/// cancels the choices in the scheduler.
+pub fn respond_stream(
+    rxs: Vec<UnboundedReceiver<GenEvent>>,
+    tok: Tokenizer,
+    endpoint: Endpoint,
+    prepared: &Prepared,
+    meta: ResponseMeta,
+) -> Response {
+    let outs = match outputs(rxs.len(), tok, endpoint, prepared) {
+        Ok(o) => o,
+        Err(e) => return e.into_response(),
+    };
+    let n = rxs.len();
+    let want_logprobs = prepared.sampling.logprobs.is_some();
+    let include_usage = prepared.include_usage;
+    let prompt_tokens = prepared.prompt.len();
+    let mut choices = futures::stream::SelectAll::new();
+    for (i, (rx, out)) in rxs.into_iter().zip(outs).enumerate() {
+        let chunks = ChoiceChunks::new(i, endpoint, prepared);
+        choices.push(Box::pin(choice_stream(
+            rx,
+            out,
+            chunks,
+            want_logprobs,
+            meta.clone(),
+        )));
+    }
+    let stream = async_stream::stream! {
+        let mut finished = 0usize;
+        let mut completion_tokens = 0usize;
+        let mut failed = false;
+        while let Some(piece) = futures::StreamExt::next(&mut choices).await {
+            match piece {
+                Piece::Chunk(v) => yield Event::default().data(v.to_string()),
+                Piece::Failed(v) => {
+                    yield Event::default().data(v.to_string());
+                    failed = true;
+                    break;
+                }
+                Piece::Finished(t) => {
+                    finished += 1;
+                    completion_tokens += t;
+                }
             }
+        }
+        // Ends the other choices too when one failed.
+        drop(choices);
+        if !failed && finished == n && include_usage {
+            let mut v = chunk_value(&meta, endpoint, json!([]));
+            v["usage"] = usage(prompt_tokens, completion_tokens);
+            yield Event::default().data(v.to_string());
         }
         yield Event::default().data("[DONE]");
     };

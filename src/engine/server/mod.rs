@@ -8,7 +8,7 @@ pub mod metrics;
 
 use crate::engine::backend::ModelBackend;
 use crate::engine::harmony::{HarmonyTokens, Renderer};
-use crate::engine::scheduler::{self, SchedulerConfig, SchedulerHandle};
+use crate::engine::scheduler::{self, FinishReason, GenEvent, SchedulerConfig, SchedulerHandle};
 use crate::engine::tokenizer::Tokenizer;
 use api::{ChatRequest, CompletionRequest, Limits, parse_body};
 use axum::Router;
@@ -24,6 +24,7 @@ use generate::{Endpoint, ResponseMeta};
 use metrics::Metrics;
 use serde_json::json;
 use std::sync::Arc;
+use tokio::sync::mpsc::UnboundedReceiver;
 
 /// How the server is set up.
 #[derive(Debug, Clone)]
@@ -83,6 +84,8 @@ struct AppState {
     tok: Tokenizer,
     renderer: Renderer,
     created: u64,
+    /// Unknown request field names already reported (each is said once).
+    warned_fields: std::sync::Mutex<std::collections::HashSet<String>>,
 }
 
 /// A server ready to be bound: the engine thread runs, the routes are built.
@@ -139,6 +142,7 @@ impl Server {
                 tok,
                 renderer,
                 created: unix_now(),
+                warned_fields: Default::default(),
             }),
         })
     }
@@ -252,19 +256,74 @@ impl AppState {
     }
 }
 
+/// The receiver of a choice that generates nothing (`echo` with `max_tokens: 0`): it ends
+/// at once, at its length limit.
+fn nothing_to_generate() -> UnboundedReceiver<GenEvent> {
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    // The receiver is alive here, so the send cannot fail.
+    let _ = tx.send(GenEvent::Done(FinishReason::Length));
+    rx
+}
+
 async fn run(st: &AppState, prepared: api::Prepared, endpoint: Endpoint, prefix: &str) -> Response {
-    let rx = match st
-        .scheduler
-        .submit(prepared.prompt.clone(), prepared.sampling.clone())
-    {
-        Ok(rx) => rx,
-        Err(e) => return ApiError::internal(format!("{e:#}")).into_response(),
-    };
+    // Each choice is its own sequence: the backend cannot share the prompt's KV between
+    // sequences yet, so each prefills the prompt. With a seed, choice i samples with
+    // seed + i, as vLLM seeds its n child requests.
+    let mut rxs = Vec::with_capacity(prepared.n);
+    for i in 0..prepared.n {
+        if prepared.sampling.max_tokens == 0 {
+            rxs.push(nothing_to_generate());
+            continue;
+        }
+        let mut sampling = prepared.sampling.clone();
+        sampling.seed = sampling.seed.map(|s| s.wrapping_add(i as u64));
+        match st.scheduler.submit(prepared.prompt.clone(), sampling) {
+            Ok(rx) => rxs.push(rx),
+            // Dropping the receivers already made cancels those choices.
+            Err(e) => return ApiError::internal(format!("{e:#}")).into_response(),
+        }
+    }
     let meta = st.meta(prefix);
     if prepared.stream {
-        generate::respond_stream(rx, st.tok, endpoint, &prepared, meta)
+        generate::respond_stream(rxs, st.tok, endpoint, &prepared, meta)
     } else {
-        generate::respond_full(rx, st.tok, endpoint, &prepared, meta).await
+        generate::respond_full(rxs, st.tok, endpoint, &prepared, meta).await
+    }
+}
+
+/// Most distinct unknown field names remembered for the warning; past it, new names are
+/// no longer reported, so clients sending random names cannot grow the set without end.
+const MAX_WARNED_FIELDS: usize = 256;
+
+impl AppState {
+    /// Say once per field name, on stderr, that a request carried a field this server
+    /// does not know and ignored (vLLM accepts such fields too, and logs them per request).
+    fn warn_unknown_fields(&self, names: Vec<String>) {
+        if names.is_empty() {
+            return;
+        }
+        // A poisoned lock only means another thread panicked while holding it; the set of
+        // names is still fine to use.
+        let mut warned = self
+            .warned_fields
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        for name in names {
+            if warned.len() >= MAX_WARNED_FIELDS || warned.contains(&name) {
+                continue;
+            }
+            crate::errln!(
+                "mxtune serve: warning: a request carried the field `{name}`, which this server \
+                 does not know; it was ignored (said once per field name, see docs/api.md)"
+            );
+            warned.insert(name);
+            if warned.len() == MAX_WARNED_FIELDS {
+                crate::errln!(
+                    "mxtune serve: warning: {MAX_WARNED_FIELDS} unknown request fields reported; \
+                     further ones are ignored without a word"
+                );
+            }
+        }
     }
 }
 
@@ -289,8 +348,10 @@ async fn completions(
 ) -> Response {
     let prepared = match read_body(&st, body)
         .and_then(|b| parse_body::<CompletionRequest>(&b))
-        .and_then(|r| r.prepare(&st.tok, &st.limits()))
-    {
+        .and_then(|r| {
+            st.warn_unknown_fields(r.unknown_fields());
+            r.prepare(&st.tok, &st.limits())
+        }) {
         Ok(p) => p,
         Err(e) => return e.into_response(),
     };
@@ -303,8 +364,10 @@ async fn chat_completions(
 ) -> Response {
     let prepared = match read_body(&st, body)
         .and_then(|b| parse_body::<ChatRequest>(&b))
-        .and_then(|r| r.prepare(&st.renderer, &st.limits()))
-    {
+        .and_then(|r| {
+            st.warn_unknown_fields(r.unknown_fields());
+            r.prepare(&st.renderer, &st.limits())
+        }) {
         Ok(p) => p,
         Err(e) => return e.into_response(),
     };
