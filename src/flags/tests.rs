@@ -10,6 +10,7 @@ use crate::launch::spec::{LaunchSpec, NetworkMode, TargetKind};
 fn ctx() -> RenderContext {
     RenderContext {
         home: Some("/home/op".into()),
+        ..Default::default()
     }
 }
 
