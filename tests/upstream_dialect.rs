@@ -445,3 +445,75 @@ async fn a_value_the_images_release_cannot_say_is_refused_before_launch() {
         "{err}"
     );
 }
+
+/// The panel's launch view shows the release a stock image was rendered for and the one its
+/// banner announced.
+#[test]
+fn panel_launch_view_shows_the_images_vllm_release() {
+    use mxtune::flags::preset::PresetStore;
+    use mxtune::tui::app::{App, Effect, Paths};
+    use mxtune::tui::screens::launch::TargetState;
+    use mxtune::tui::{perform, step, ui};
+
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let Some(d) = rt.block_on(docker_or_skip(
+        "panel_launch_view_shows_the_images_vllm_release",
+    )) else {
+        return;
+    };
+    let image = rt.block_on(test_image_with_env(
+        &d,
+        &[("MXTUNE_TEST_VLLM_VERSION", "0.12.0")],
+    ));
+    let dir = tempfile::tempdir().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let mut bg = mxtune::tui::background::Background::new(tx).unwrap();
+    let theme = mxtune::tui::theme::Theme {
+        color: false,
+        ascii: false,
+    };
+    let mut app = App::new(
+        theme,
+        Paths {
+            presets: PresetStore::new(vec![dir.path().join("presets")]),
+            save_dir: dir.path().join("presets"),
+            runs_dir: dir.path().join("runs"),
+            export_dir: dir.path().to_path_buf(),
+        },
+    );
+    app.flags.flags = stock(&image, free_port(), "121", |f| {
+        f.axes.moe_backend = MoeBackend::Marlin;
+        f.set_axis("attention_backend", "TRITON_ATTN").unwrap();
+    });
+    app.launch.choice = TargetKind::Docker;
+    app.launch.state = TargetState::Launching;
+    perform(&mut app, &mut bg, Effect::StartTarget);
+    let mut cleanup = None;
+    while !matches!(app.launch.state, TargetState::Ready { .. }) {
+        if let TargetState::Failed(m) = &app.launch.state {
+            panic!("the panel's launch failed: {m}\n{:?}", app.launch.log.lines);
+        }
+        let ev = rx.recv().unwrap();
+        step(&mut app, &mut bg, ev);
+        if cleanup.is_none()
+            && let Some(id) = &app.launch.run_id
+        {
+            cleanup = Some(Cleanup(id.clone()));
+        }
+    }
+    app.tab = mxtune::tui::app::Tab::Launch;
+    let mut terminal = ratatui::Terminal::new(ratatui::backend::TestBackend::new(120, 30)).unwrap();
+    terminal.draw(|f| ui::draw(f, &app)).unwrap();
+    let screen = terminal.backend().to_string();
+    assert!(
+        screen.contains("vLLM upstream dialect, rendered for 0.12.0 (vllm --version)")
+            && screen.contains("image says 0.12.0"),
+        "{screen}"
+    );
+    perform(&mut app, &mut bg, Effect::StopTarget);
+    while !matches!(app.launch.state, TargetState::Exited(_)) {
+        let ev = rx.recv().unwrap();
+        step(&mut app, &mut bg, ev);
+    }
+    drop(cleanup);
+}
