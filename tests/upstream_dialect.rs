@@ -517,3 +517,132 @@ fn panel_launch_view_shows_the_images_vllm_release() {
     }
     drop(cleanup);
 }
+
+/// A preset file `name` for the stock image `image` (Marlin, attention named, a free port);
+/// returns its container name.
+fn stock_preset(dir: &std::path::Path, name: &str, image: &str) -> String {
+    let container = format!("mxtune-{name}-{}", ulid::Ulid::generate()).to_lowercase();
+    let presets = dir.join("presets");
+    std::fs::create_dir_all(&presets).unwrap();
+    std::fs::write(
+        presets.join(format!("{name}.toml")),
+        format!(
+            "description = \"stock image test\"\ntarget = \"docker\"\n\
+             [axes]\nmoe_backend = \"marlin\"\nattention_backend = \"TRITON_ATTN\"\n\
+             [serving]\nmodel = \"openai/gpt-oss-120b\"\nserved_model_name = \"m\"\nhost = \"0.0.0.0\"\nport = {}\n\
+             [container]\nimage = \"{image}\"\nname = \"{container}\"\nnetwork = \"bridge\"\ngpus_all = false\nulimits = {{}}\n\
+             vllm = \"upstream\"\nhf_cache = \"{}\"\njit_cache = \"{}\"\n\
+             [container.env]\nMXTUNE_TEST_SM = \"121\"\n",
+            free_port(),
+            dir.join("hf").display(),
+            dir.join("jit").display()
+        ),
+    )
+    .unwrap();
+    container
+}
+
+/// `mxtune launch` asks the image, says which release it rendered for and what the image
+/// announced; a `mxtune matrix` run record keeps both.
+#[tokio::test]
+async fn cli_launch_and_matrix_record_name_the_release() {
+    let Some(d) = docker_or_skip("cli_launch_and_matrix_record_name_the_release").await else {
+        return;
+    };
+    let image = test_image_with_env(&d, &[("MXTUNE_TEST_VLLM_VERSION", "0.12.0")]).await;
+    let dir = tempfile::tempdir().unwrap();
+    let container = stock_preset(dir.path(), "stock-cli", &image);
+    let mxtune = |args: Vec<std::ffi::OsString>| {
+        tokio::task::spawn_blocking(move || {
+            std::process::Command::new(env!("CARGO_BIN_EXE_mxtune"))
+                .args(args)
+                .output()
+                .unwrap()
+        })
+    };
+    let presets = dir.path().join("presets");
+    let runs = dir.path().join("runs");
+    let out = mxtune(vec![
+        "launch".into(),
+        "--preset".into(),
+        "stock-cli".into(),
+        "--presets-dir".into(),
+        presets.clone().into(),
+        "--runs-dir".into(),
+        runs.clone().into(),
+    ])
+    .await
+    .unwrap();
+    let found = mxtune::launch::docker::find_mxtune_containers(&d)
+        .await
+        .unwrap();
+    let _cleanup = Cleanup(
+        found
+            .iter()
+            .find(|f| f.name == container)
+            .map(|f| f.run_id.clone())
+            .unwrap_or_default(),
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "stdout:\n{stdout}\nstderr:\n{stderr}");
+    assert!(
+        stderr.contains("dialect: upstream vLLM 0.12.0 (vllm --version)"),
+        "{stderr}"
+    );
+    assert!(
+        stdout.contains("vLLM version announced by the target: 0.12.0")
+            && stdout.contains("attention_backend=TRITON_ATTN: Valid"),
+        "{stdout}"
+    );
+    let stop = mxtune(vec!["stop".into(), container.clone().into()])
+        .await
+        .unwrap();
+    assert!(
+        stop.status.success(),
+        "{}",
+        String::from_utf8_lossy(&stop.stderr)
+    );
+
+    let container = stock_preset(dir.path(), "stock-matrix", &image);
+    let matrix_out = dir.path().join("out");
+    let m = mxtune(vec![
+        "matrix".into(),
+        "--target".into(),
+        "docker".into(),
+        "stock-matrix".into(),
+        "--levels".into(),
+        "1,1.5".into(),
+        "--presets-dir".into(),
+        presets.into(),
+        "--runs-dir".into(),
+        runs.into(),
+        "--out".into(),
+        matrix_out.clone().into(),
+    ])
+    .await
+    .unwrap();
+    let stderr = String::from_utf8_lossy(&m.stderr).into_owned();
+    let state: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(matrix_out.join("matrix-state.json")).unwrap(),
+    )
+    .unwrap();
+    let record = state["order"][0]["record"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no record: {state}\n{stderr}"));
+    let rec: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(record).unwrap()).unwrap();
+    let dialect = &rec["target"]["launch"]["dialect"];
+    assert_eq!(dialect["flavour"], "upstream", "{rec}");
+    assert_eq!(dialect["vllm_version"], "0.12.0", "{rec}");
+    assert_eq!(dialect["version_source"], "vllm --version", "{rec}");
+    assert_eq!(rec["observed"]["vllm_version"], "0.12.0", "{rec}");
+    assert_eq!(
+        rec["target"]["launch"]["env"]["VLLM_ATTENTION_BACKEND"], "TRITON_ATTN",
+        "{rec}"
+    );
+    let left = mxtune::launch::docker::find_mxtune_containers(&d)
+        .await
+        .unwrap();
+    assert!(!left.iter().any(|f| f.name == container), "{left:?}");
+}
