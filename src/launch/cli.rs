@@ -390,6 +390,11 @@ async fn launch_async(args: LaunchArgs) -> Result<ExitCode> {
             match docker {
                 Some(d) => {
                     if let Some(flags) = &flags {
+                        if flags.container.vllm == crate::flags::VllmFlavor::Upstream {
+                            // The release is asked of the image, so a missing one comes first.
+                            docker::ensure_image(&d, &flags.container.image, args.pull, &tx)
+                                .await?;
+                        }
                         // Rendered again in the names of the vLLM release the image carries.
                         spec =
                             super::dialect::render_for_launch(flags, TargetKind::Docker, Some(&d))
