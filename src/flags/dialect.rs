@@ -444,7 +444,7 @@ mod tests {
 0.10.1 moe_backend=marlin: env [VLLM_MXFP4_USE_MARLIN=1 VLLM_USE_FLASHINFER_MOE_MXFP4_BF16=0 VLLM_USE_FLASHINFER_MOE_MXFP4_MXFP8=0] argv []
 0.10.1 moe_backend=trtllm-mxfp8: env [VLLM_USE_FLASHINFER_MOE_MXFP4_BF16=0 VLLM_USE_FLASHINFER_MOE_MXFP4_MXFP8=1] argv []
 0.9.2 moe_backend=trtllm: not upstream: axes.moe_backend = "trtllm" -> moe_backend = "auto" (or an image of vLLM 0.10.1 or newer)
-0.9.2 moe_backend=marlin: env [VLLM_MXFP4_USE_MARLIN=1] argv []
+0.9.2 moe_backend=marlin: not upstream: axes.moe_backend = "marlin" -> moe_backend = "auto" (or an image of vLLM 0.10.1 or newer)
 0.10.1 activation=bf16: env [VLLM_USE_FLASHINFER_MOE_MXFP4_MXFP8=0] argv []
 0.29.0 moe_backend=marlin: env [VLLM_MXFP4_USE_MARLIN=1 VLLM_USE_FLASHINFER_MOE_MXFP4_BF16=0 VLLM_USE_FLASHINFER_MOE_MXFP4_MXFP8=0 VLLM_USE_FLASHINFER_MOE_MXFP4_MXFP8_CUTLASS=0] argv []
 "#;

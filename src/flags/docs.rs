@@ -403,12 +403,14 @@ release that first can.
 "#;
 
 const VERSIONS_TAIL: &str = r#"
-Newer images are rendered with the same names and a note: later releases replace
-`VLLM_FLASHINFER_MOE_BACKEND` with `--moe-backend` (deprecated for removal in v0.23,
-vllm-project/vllm#43487; 0.26 reports it as an unknown variable) and the maintainers plan to move
-the MXFP4 switches the same way (vllm-project/vllm#30647); when they go, the table grows a row.
-`VLLM_MXFP4_USE_MARLIN` has no row: the release that introduced it is not established here, so it
-is rendered for every release.
+(0.14 still warns that `VLLM_ATTENTION_BACKEND` is deprecated in favour of the attention config,
+EuroEval/EuroEval#1488 on 0.14.1, and the MXFP4 switches were still read in early 2026, when
+vllm-project/vllm#30647 discussed retiring them.) Newer images are rendered with the same names
+and a note: later releases select MoE backends with `--moe-backend` — `VLLM_FLASHINFER_MOE_BACKEND`
+is deprecated for removal in v0.23 (quoted from `vllm/envs.py` in vllm-project/vllm#43487) and 0.26
+reports it as an unknown variable (Blackwellboy/model-serving-minefield#19, on a GB10) — and when the MXFP4 switches go the same way, the table grows a
+row. `VLLM_MXFP4_USE_MARLIN`'s row is a lower bound (no MXFP4 MoE switch before gpt-oss support in
+0.10.1): the release that introduced it is not established here.
 "#;
 
 const TAIL: &str = r#"

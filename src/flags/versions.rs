@@ -113,9 +113,9 @@ pub struct NameHistory {
     pub source: &'static str,
 }
 
-/// Every name whose availability depends on the release, newest knowledge first per name.
-/// `VLLM_MXFP4_USE_MARLIN` is not here: the release that introduced it is not established, so
-/// it is rendered for every release (MXFP4 itself needs 0.10.1, the first with gpt-oss).
+/// Every name whose availability depends on the release. `VLLM_MXFP4_USE_MARLIN`'s row is a
+/// lower bound: no MXFP4 MoE switch exists before gpt-oss support (0.10.1), and the release
+/// that added this one is not established, so it is rendered from 0.10.1 on.
 pub const HISTORY: &[NameHistory] = &[
     NameHistory {
         name: &names::ATTENTION_BACKEND,
@@ -146,6 +146,12 @@ pub const HISTORY: &[NameHistory] = &[
         since: (0, 10, 2),
         before: None,
         source: "vllm-project/vllm#23696 ([Kernel][B200] mxfp4 fused cutlass moe); docs v0.10.2 list Mxfp4Backend.SM100_FI_MXFP4_MXFP8_CUTLASS, v0.10.1's mxfp4 module has no backend enum",
+    },
+    NameHistory {
+        name: &names::VLLM_MXFP4_USE_MARLIN,
+        since: (0, 10, 1),
+        before: None,
+        source: "lower bound only: MXFP4 MoE (and Marlin's MXFP4 support, vllm-project/vllm#22428) arrived with gpt-oss in 0.10.1; the release that added this switch is not established here",
     },
 ];
 
@@ -236,6 +242,10 @@ mod tests {
         assert_eq!(
             availability(&names::VLLM_MXFP4_USE_MARLIN, &v("0.10.1")),
             Availability::Known
+        );
+        assert_eq!(
+            availability(&names::VLLM_MXFP4_USE_MARLIN, &v("0.9.2")),
+            Availability::Missing((0, 10, 1))
         );
         assert_eq!(
             availability(&names::KV_CACHE_DTYPE, &v("0.9.0")),
