@@ -396,8 +396,8 @@ show`, the panel's command view) the names are rendered for the newest release i
 and mxtune says so (`note:` from `launch` and `presets show`, the panel's launch view,
 `dialect.version_source = "assumed"` in the run record). Once the container runs, its banner
 (`vLLM API server version X`, or the engine's `Initializing a V1 LLM engine (vX)` line) is read
-too: the run record keeps it as `observed.vllm_version`, and a banner that disagrees with the
-release rendered for is a warning. The rule checks (`not-in-upstream-dialect`) do not know the
+too: the run record keeps it as `observed.vllm_version`, and a banner naming a release that says
+some name of the table differently from the release rendered for is a warning. The rule checks (`not-in-upstream-dialect`) do not know the
 release; a value the image's release cannot say is refused by rendering, at launch, naming the
 release that first can.
 "#;

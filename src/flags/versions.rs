@@ -178,6 +178,14 @@ pub fn availability(name: &VllmName, v: &VllmVersion) -> Availability {
     }
 }
 
+/// Whether releases `a` and `b` say every name of [`HISTORY`] the same way (so a launch
+/// rendered for one is right for the other).
+pub fn same_names(a: &VllmVersion, b: &VllmVersion) -> bool {
+    HISTORY
+        .iter()
+        .all(|h| availability(h.name, a) == availability(h.name, b))
+}
+
 /// The vLLM version a stock image is rendered for, and how it was known.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ImageVersion {
@@ -251,5 +259,9 @@ mod tests {
             availability(&names::KV_CACHE_DTYPE, &v("0.9.0")),
             Availability::Known
         );
+        assert!(same_names(&v("0.13.0"), &v("0.14.1")));
+        assert!(same_names(&v("0.10.2"), &v("0.11.2")));
+        assert!(!same_names(&v("0.12.0"), &v("0.13.0")));
+        assert!(!same_names(&v("0.10.1"), &v("0.10.2")));
     }
 }

@@ -422,11 +422,11 @@ impl Follower {
             .as_deref()
             .and_then(crate::flags::versions::VllmVersion::parse);
         if let Some(r) = rendered
-            && r != seen
+            && !crate::flags::versions::same_names(&r, &seen)
         {
             self.emit(LaunchEvent::Warning {
                 message: format!(
-                    "the image announces vLLM {seen}, but the launch was rendered for vLLM {r}: names the two releases say differently may be ignored or refused (see \"vLLM versions\" in docs/flags.md)"
+                    "the image announces vLLM {seen}, but the launch was rendered for vLLM {r}, which says some names differently: they may be ignored or refused (see \"vLLM versions\" in docs/flags.md)"
                 ),
             });
         }

@@ -567,10 +567,14 @@ fn vllm_line(s: &LaunchScreen, theme: &Theme) -> Option<Line<'static>> {
     }
     match &s.vllm_announced {
         Some(a) => {
-            let differs = d.vllm_version.as_deref().is_some_and(|v| {
-                crate::flags::versions::VllmVersion::parse(v)
-                    != crate::flags::versions::VllmVersion::parse(a)
-            });
+            use crate::flags::versions::{VllmVersion, same_names};
+            let differs = match (
+                d.vllm_version.as_deref().and_then(VllmVersion::parse),
+                VllmVersion::parse(a),
+            ) {
+                (Some(r), Some(seen)) => !same_names(&r, &seen),
+                _ => false,
+            };
             spans.push(Span::styled(
                 format!("  image says {a}"),
                 if differs { theme.warn() } else { theme.good() },
