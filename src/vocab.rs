@@ -42,6 +42,28 @@ pub struct LaunchSpec {
     pub checks: Vec<PathCheck>,
     /// Warnings produced while rendering (e.g. a planned-only flag the image may ignore).
     pub warnings: Vec<String>,
+    /// Whose names the vLLM argv and env are in, and for which vLLM version; `None` for the
+    /// engine and attach targets (and specs written before mxtune recorded it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dialect: Option<Dialect>,
+}
+
+/// The dialect a vLLM launch was rendered in: the image flavour and, for a stock image, the
+/// upstream vLLM version its names were chosen for.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Dialect {
+    /// `fork` (the operators' tuning fork) or `upstream` (a stock vLLM image).
+    pub flavour: String,
+    /// The upstream vLLM version the names were rendered for (stock images only), e.g. `0.11.2`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vllm_version: Option<String>,
+    /// How that version was known: `vllm --version` (asked of the image before the launch),
+    /// or `assumed` when it could not be known and the newest known release was rendered.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version_source: Option<String>,
+    /// Why the version could not be known, when it was assumed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
 }
 
 /// Container settings for the Docker target.

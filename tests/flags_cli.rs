@@ -76,6 +76,7 @@ fn show_as_commands_parse_back_to_the_same_argv() {
     let store = PresetStore::new(vec![repo_presets()]);
     let ctx = RenderContext {
         home: Some(HOME.into()),
+        ..Default::default()
     };
     let mut docker_checked = 0;
     for entry in store.list().unwrap() {
@@ -299,6 +300,7 @@ fn show_as_json_is_the_rendered_launch_spec() {
     let p = store.load("engine-cpu-tiny").unwrap();
     let ctx = RenderContext {
         home: Some(HOME.into()),
+        ..Default::default()
     };
     assert_eq!(
         spec,

@@ -81,6 +81,12 @@ fn full_record(source_repo: &Path) -> RunRecord {
             must_not_see: vec!["marlin".into()],
         }],
         warnings: vec!["FLASHINFER_MOE_TILE is planned-only".into()],
+        dialect: Some(mxtune::vocab::Dialect {
+            flavour: "upstream".into(),
+            vllm_version: Some("0.11.2".into()),
+            version_source: Some("vllm --version".into()),
+            note: None,
+        }),
     });
     r.target.url = Some("http://127.0.0.1:8000".into());
     r.target.docker = Some(DockerFacts {
@@ -139,6 +145,7 @@ fn full_record(source_repo: &Path) -> RunRecord {
         }],
         warnings: vec!["Unknown vLLM environment variable: FLASHINFER_MOE_TILE".into()],
         log_file: Some("20260117T100000Z-cutlass.log".into()),
+        vllm_version: Some("0.11.2".into()),
     };
     r.workload = Some(WorkloadParams {
         endpoint: Some("chat".into()),

@@ -230,6 +230,9 @@ fn show(
                     for w in &spec.warnings {
                         println!("warning: {w}");
                     }
+                    if let Some(n) = spec.dialect.as_ref().and_then(|d| d.note.as_ref()) {
+                        println!("note: {n}");
+                    }
                     println!("command:     {}", quote(&spec.argv));
                 }
                 Err(e) => println!("error: {e:#}"),
@@ -244,6 +247,9 @@ fn show(
 fn print_warnings(spec: &LaunchSpec) {
     for w in &spec.warnings {
         eprintln!("warning: {w}");
+    }
+    if let Some(n) = spec.dialect.as_ref().and_then(|d| d.note.as_ref()) {
+        eprintln!("note: {n}");
     }
 }
 

@@ -268,8 +268,18 @@ mod tests {
 
     /// What one flag set adds to the all-default launch: env pairs, extra argv, or the error.
     fn delta(fs: &FlagSet) -> String {
+        delta_at(fs, None)
+    }
+
+    /// [`delta`] for a stock image of vLLM `release` (`None`: unknown).
+    fn delta_at(fs: &FlagSet, release: Option<&str>) -> String {
         let ctx = RenderContext {
             home: Some("/home/op".into()),
+            vllm_version: release.map(|r| crate::flags::versions::ImageVersion {
+                version: crate::flags::versions::VllmVersion::parse(r).unwrap(),
+                source: "test".into(),
+            }),
+            ..Default::default()
         };
         let mut base_fs = FlagSet::default();
         base_fs.container.vllm = fs.container.vllm;
@@ -363,6 +373,81 @@ mod tests {
         }
         assert_eq!(got.lines().count(), want.lines().count(), "{got}");
     }
+
+    /// Names upstream renamed or added across releases render as the image's release says them.
+    #[test]
+    fn names_follow_the_image_release() {
+        let cases: &[(&str, &str, &str)] = &[
+            ("attention_backend", "TRITON_ATTN", "0.11.2"),
+            ("attention_backend", "TRITON_ATTN", "0.12.0"),
+            ("attention_backend", "TRITON_ATTN", "0.13.0"),
+            ("attention_backend", "FLASHINFER", "0.10.2"),
+            ("moe_backend", "cutlass", "0.10.1"),
+            ("moe_backend", "cutlass", "0.10.2"),
+            ("moe_backend", "marlin", "0.10.1"),
+            ("moe_backend", "trtllm-mxfp8", "0.10.1"),
+            ("moe_backend", "trtllm", "0.9.2"),
+            ("moe_backend", "marlin", "0.9.2"),
+            ("activation", "bf16", "0.10.1"),
+            ("moe_backend", "marlin", "0.29.0"),
+        ];
+        let mut got = Vec::new();
+        for (key, value, release) in cases {
+            let mut fs = FlagSet::default();
+            fs.container.vllm = VllmFlavor::Upstream;
+            fs.set_axis(key, value).unwrap();
+            got.push(format!(
+                "{release} {key}={value}: {}",
+                delta_at(&fs, Some(release))
+            ));
+        }
+        let want = RELEASES.trim().lines().collect::<Vec<_>>();
+        for (g, w) in got.iter().zip(&want) {
+            assert_eq!(g, w);
+        }
+        assert_eq!(got.len(), want.len(), "{got:#?}");
+
+        let mut cfg = FlagSet::default();
+        cfg.container.vllm = VllmFlavor::Upstream;
+        cfg.axes.attention_config = Some(r#"{"backend": "TRITON_ATTN"}"#.into());
+        let ctx = |r: &str| RenderContext {
+            home: Some("/home/op".into()),
+            vllm_version: Some(crate::flags::versions::ImageVersion {
+                version: crate::flags::versions::VllmVersion::parse(r).unwrap(),
+                source: "test".into(),
+            }),
+            ..Default::default()
+        };
+        let err = render_with(&cfg, TargetKind::Docker, &ctx("0.12.0"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("--attention-config first appears in vLLM 0.13.0"),
+            "{err}"
+        );
+        let spec = render_with(&cfg, TargetKind::Docker, &ctx("0.13.0")).unwrap();
+        assert!(spec.argv.contains(&"--attention-config".to_string()));
+        let d = spec.dialect.unwrap();
+        assert_eq!(
+            (d.flavour.as_str(), d.vllm_version.as_deref(), d.note),
+            ("upstream", Some("0.13.0"), None)
+        );
+    }
+
+    const RELEASES: &str = r#"
+0.11.2 attention_backend=TRITON_ATTN: env [VLLM_ATTENTION_BACKEND=TRITON_ATTN] argv []
+0.12.0 attention_backend=TRITON_ATTN: env [VLLM_ATTENTION_BACKEND=TRITON_ATTN] argv []
+0.13.0 attention_backend=TRITON_ATTN: env [] argv [--attention-backend TRITON_ATTN]
+0.10.2 attention_backend=FLASHINFER: env [VLLM_ATTENTION_BACKEND=FLASHINFER] argv []
+0.10.1 moe_backend=cutlass: not upstream: axes.moe_backend = "cutlass" -> moe_backend = "auto" (or an image of vLLM 0.10.2 or newer)
+0.10.2 moe_backend=cutlass: env [VLLM_USE_FLASHINFER_MOE_MXFP4_BF16=0 VLLM_USE_FLASHINFER_MOE_MXFP4_MXFP8=0 VLLM_USE_FLASHINFER_MOE_MXFP4_MXFP8_CUTLASS=1] argv []
+0.10.1 moe_backend=marlin: env [VLLM_MXFP4_USE_MARLIN=1 VLLM_USE_FLASHINFER_MOE_MXFP4_BF16=0 VLLM_USE_FLASHINFER_MOE_MXFP4_MXFP8=0] argv []
+0.10.1 moe_backend=trtllm-mxfp8: env [VLLM_USE_FLASHINFER_MOE_MXFP4_BF16=0 VLLM_USE_FLASHINFER_MOE_MXFP4_MXFP8=1] argv []
+0.9.2 moe_backend=trtllm: not upstream: axes.moe_backend = "trtllm" -> moe_backend = "auto" (or an image of vLLM 0.10.1 or newer)
+0.9.2 moe_backend=marlin: not upstream: axes.moe_backend = "marlin" -> moe_backend = "auto" (or an image of vLLM 0.10.1 or newer)
+0.10.1 activation=bf16: env [VLLM_USE_FLASHINFER_MOE_MXFP4_MXFP8=0] argv []
+0.29.0 moe_backend=marlin: env [VLLM_MXFP4_USE_MARLIN=1 VLLM_USE_FLASHINFER_MOE_MXFP4_BF16=0 VLLM_USE_FLASHINFER_MOE_MXFP4_MXFP8=0 VLLM_USE_FLASHINFER_MOE_MXFP4_MXFP8_CUTLASS=0] argv []
+"#;
 
     const EXPECTED: &str = r#"
 fork moe_backend=auto: env [] argv []

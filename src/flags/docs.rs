@@ -140,6 +140,32 @@ fn flavours(w: &mut String) {
     let _ = writeln!(w, "\n{}", FLAVOUR_SOURCES.trim());
 }
 
+fn versions(w: &mut String) {
+    use super::versions::{HISTORY, NEWEST_KNOWN, release_str};
+    let _ = writeln!(w, "\n### vLLM versions\n");
+    let _ = writeln!(w, "{}\n", VERSIONS.trim());
+    let _ = writeln!(w, "| name | read since | releases before that | source |");
+    let _ = writeln!(w, "|---|---|---|---|");
+    for h in HISTORY {
+        let before = match h.before {
+            Some(old) => format!("`{}` (same value)", old.name),
+            None => "cannot say it: a value needing it is refused, a `=0` is left out".into(),
+        };
+        let _ = writeln!(
+            w,
+            "| `{}` | {} | {before} | {} |",
+            h.name.name,
+            release_str(h.since),
+            esc(h.source)
+        );
+    }
+    let _ = writeln!(
+        w,
+        "\nNewest release checked: {NEWEST_KNOWN}. {}",
+        VERSIONS_TAIL.trim()
+    );
+}
+
 fn esc(s: &str) -> String {
     s.replace('|', "\\|")
 }
@@ -234,6 +260,7 @@ pub fn markdown() -> String {
         );
     }
     flavours(w);
+    versions(w);
     let _ = writeln!(w, "\n## Every vLLM-side name and where it comes from\n");
     let _ = writeln!(w, "| name | kind | provenance | note |");
     let _ = writeln!(w, "|---|---|---|---|");
@@ -353,6 +380,37 @@ What these rows rest on (upstream vLLM, read in `vllm/model_executor/layers/fuse
 * CUDA graphs: `Capturing CUDA graphs (mixed prefill-decode, PIECEWISE): 100%` and `Graph capturing
   finished in 8 secs, took 0.31 GiB`; `--compilation-config '{"cudagraph_mode": "NONE"}'` keeps
   torch.compile and shows `'cudagraph_mode': <CUDAGraphMode.NONE: 0>` in the engine's config line.
+"#;
+
+const VERSIONS: &str = r#"
+Upstream renames and adds names between releases, so a stock image is rendered for the vLLM
+release it carries. Rendering happens before the container runs, so the release is asked of the
+image first: `launch`, the panel and `matrix` run `vllm --version` in a short-lived container of
+the same image (no GPU, network `none`, no mounts, removed at once; it costs a container start and
+vLLM's import, seconds) and render for the answer. Why the image and not a `vllm_version` key in
+the preset or an image label: tags such as `vllm/vllm-openai:latest` or a nightly move under the
+same reference, so a version written in a preset goes stale without a sign, and a label is there
+only if whoever built the image put one; `vllm --version` answers for exactly the image about to
+run. When the release cannot be known (the probe failed, or rendering without Docker: `presets
+show`, the panel's command view) the names are rendered for the newest release in the table below
+and mxtune says so (`note:` from `launch` and `presets show`, the panel's launch view,
+`dialect.version_source = "assumed"` in the run record). Once the container runs, its banner
+(`vLLM API server version X`, or the engine's `Initializing a V1 LLM engine (vX)` line) is read
+too: the run record keeps it as `observed.vllm_version`, and a banner naming a release that says
+some name of the table differently from the release rendered for is a warning. The rule checks (`not-in-upstream-dialect`) do not know the
+release; a value the image's release cannot say is refused by rendering, at launch, naming the
+release that first can.
+"#;
+
+const VERSIONS_TAIL: &str = r#"
+(0.14 still warns that `VLLM_ATTENTION_BACKEND` is deprecated in favour of the attention config,
+EuroEval/EuroEval#1488 on 0.14.1, and the MXFP4 switches were still read in early 2026, when
+vllm-project/vllm#30647 discussed retiring them.) Newer images are rendered with the same names
+and a note: later releases select MoE backends with `--moe-backend` — `VLLM_FLASHINFER_MOE_BACKEND`
+is deprecated for removal in v0.23 (quoted from `vllm/envs.py` in vllm-project/vllm#43487) and 0.26
+reports it as an unknown variable (Blackwellboy/model-serving-minefield#19, on a GB10) — and when the MXFP4 switches go the same way, the table grows a
+row. `VLLM_MXFP4_USE_MARLIN`'s row is a lower bound (no MXFP4 MoE switch before gpt-oss support in
+0.10.1): the release that introduced it is not established here.
 "#;
 
 const TAIL: &str = r#"

@@ -15,6 +15,7 @@ pub mod names;
 pub mod preset;
 pub mod render;
 pub mod rules;
+pub mod versions;
 
 pub use axes::{
     Activation, AttentionBackend, AxisValue, CudaGraphs, Device, KvCacheDtype, MoeBackend,

@@ -150,7 +150,7 @@ pub const ATTENTION_CONFIG: VllmName = cli(
 pub const VLLM_ATTENTION_BACKEND: VllmName = env(
     "VLLM_ATTENTION_BACKEND",
     Upstream,
-    "deprecated upstream env form of --attention-backend; not rendered",
+    "upstream before vLLM 0.13.0 (--attention-backend since): rendered instead of --attention-backend for stock images of older releases",
 );
 /// Upstream: KV cache dtype.
 pub const KV_CACHE_DTYPE: VllmName = cli("--kv-cache-dtype", Upstream, "KV cache element type");

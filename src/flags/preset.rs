@@ -932,6 +932,7 @@ mod tests {
         }
         let ctx = crate::flags::RenderContext {
             home: Some("/home/op".into()),
+            ..Default::default()
         };
         for n in &names {
             let p = s.load(n).unwrap_or_else(|e| panic!("{e}"));

@@ -6,7 +6,8 @@ use super::axes::{
 use super::dialect::{self, Upstream};
 use super::model::{self as m, FlagSet, Setting, VllmFlavor};
 use super::names::{NameKind, Provenance, VllmName};
-use crate::vocab::{ContainerSpec, LaunchSpec, Mount, NetworkMode, PathCheck, TargetKind};
+use super::versions::{self, Availability, ImageVersion, NEWEST_KNOWN, VllmVersion};
+use crate::vocab::{ContainerSpec, Dialect, LaunchSpec, Mount, NetworkMode, PathCheck, TargetKind};
 use anyhow::{Context, Result, anyhow, bail};
 use std::collections::BTreeMap;
 
@@ -15,6 +16,11 @@ use std::collections::BTreeMap;
 pub struct RenderContext {
     /// The operator's home directory, for `~` in host paths.
     pub home: Option<String>,
+    /// The vLLM version of a stock image (`container.vllm = "upstream"`), when known; names
+    /// are rendered for [`NEWEST_KNOWN`] otherwise.
+    pub vllm_version: Option<ImageVersion>,
+    /// Why the version is not known, when someone tried (e.g. `vllm --version` failed).
+    pub version_note: Option<String>,
 }
 
 impl RenderContext {
@@ -22,6 +28,7 @@ impl RenderContext {
     pub fn from_env() -> Self {
         RenderContext {
             home: std::env::var("HOME").ok().filter(|h| !h.is_empty()),
+            ..RenderContext::default()
         }
     }
 }
@@ -207,9 +214,10 @@ fn render_vllm(fs: &FlagSet, ctx: &RenderContext) -> Result<LaunchSpec> {
 
     let mut checks = Vec::new();
     let upstream = fs.container.vllm == VllmFlavor::Upstream;
+    let (release, dialect) = dialect_of(fs.container.vllm, ctx);
     for c in choices(fs) {
         if upstream {
-            render_upstream(fs, &c, &mut out, &mut checks)?;
+            render_upstream(fs, &c, &release, &mut out, &mut checks)?;
             continue;
         }
         let effects = c
@@ -227,6 +235,16 @@ fn render_vllm(fs: &FlagSet, ctx: &RenderContext) -> Result<LaunchSpec> {
         if !v.is_object() {
             bail!(
                 "axes.attention_config must be a JSON object such as {{\"backend\": \"TRITON_ATTN\"}}"
+            );
+        }
+        if upstream
+            && let Availability::Missing(since) =
+                versions::availability(&super::names::ATTENTION_CONFIG, &release)
+        {
+            bail!(
+                "axes.attention_config cannot be expressed on vLLM {release} (container.vllm = \"upstream\"): --attention-config first appears in vLLM {}; use axes.attention_backend, or an image of vLLM {} or newer",
+                versions::release_str(since),
+                versions::release_str(since)
             );
         }
         vllm_arg(&mut out.argv, &m::S_ATTENTION_CONFIG, v)?;
@@ -354,7 +372,52 @@ fn render_vllm(fs: &FlagSet, ctx: &RenderContext) -> Result<LaunchSpec> {
         served_model_name: vllm_served_name(fs),
         checks,
         warnings,
+        dialect: Some(dialect),
     })
+}
+
+/// The release a flag set's names are chosen for, and what the spec records about it.
+fn dialect_of(flavour: VllmFlavor, ctx: &RenderContext) -> (VllmVersion, Dialect) {
+    if flavour == VllmFlavor::Fork {
+        // The fork's names follow the fork, not upstream releases.
+        let d = Dialect {
+            flavour: "fork".into(),
+            ..Dialect::default()
+        };
+        return (NEWEST_KNOWN, d);
+    }
+    match &ctx.vllm_version {
+        Some(iv) => {
+            let note = (iv.version > NEWEST_KNOWN).then(|| {
+                format!(
+                    "vLLM {} is newer than {NEWEST_KNOWN}, the newest release mxtune's name table was checked against: rendered with that table's names (later releases select the MoE backend with --moe-backend and may ignore the VLLM_*MXFP4* switches)",
+                    iv.version
+                )
+            });
+            let d = Dialect {
+                flavour: "upstream".into(),
+                vllm_version: Some(iv.version.to_string()),
+                version_source: Some(iv.source.clone()),
+                note,
+            };
+            (iv.version.clone(), d)
+        }
+        None => {
+            let why = ctx
+                .version_note
+                .clone()
+                .unwrap_or_else(|| "not asked: rendered without Docker".into());
+            let d = Dialect {
+                flavour: "upstream".into(),
+                vllm_version: Some(NEWEST_KNOWN.to_string()),
+                version_source: Some("assumed".into()),
+                note: Some(format!(
+                    "the image's vLLM version is unknown ({why}): rendered for {NEWEST_KNOWN}, the newest release mxtune knows"
+                )),
+            };
+            (NEWEST_KNOWN, d)
+        }
+    }
 }
 
 /// Host subdirectory of `container.jit_cache` → path in the container.
@@ -433,10 +496,51 @@ fn apply_vllm_effect(
     Ok(())
 }
 
-/// One axis value in a stock image's own names (see `flags::dialect`).
+/// One effect in the names of upstream release `v`: as is, through the older name that
+/// release reads, dropped (a `=0` for a switch the release does not have: it is off anyway),
+/// or refused when the release has no way to say it.
+fn apply_for_release(
+    fs: &FlagSet,
+    c: &AxisChoice,
+    e: &VllmEffect,
+    v: &VllmVersion,
+    out: &mut VllmOut,
+) -> Result<()> {
+    let (name, value) = match e {
+        VllmEffect::Env(n, val) | VllmEffect::Arg(n, val) => (*n, Some(*val)),
+        VllmEffect::Flag(n) => (*n, None),
+        _ => return apply_vllm_effect(fs, c, e, out),
+    };
+    match versions::availability(name, v) {
+        Availability::Known => apply_vllm_effect(fs, c, e, out),
+        Availability::Older(old) => {
+            let older = match (old.kind, value) {
+                (NameKind::Env, Some(val)) => VllmEffect::Env(old, val),
+                (NameKind::Cli, Some(val)) => VllmEffect::Arg(old, val),
+                (_, None) => VllmEffect::Flag(old),
+            };
+            apply_vllm_effect(fs, c, &older, out)
+        }
+        Availability::Missing(_) if matches!(e, VllmEffect::Env(_, "0")) => Ok(()),
+        Availability::Missing(since) => {
+            let since = versions::release_str(since);
+            bail!(
+                "{} = \"{}\" cannot be expressed on vLLM {v} (container.vllm = \"upstream\"): {} first appears in vLLM {since}; nearest upstream value: {} = \"auto\" (or an image of vLLM {since} or newer)",
+                c.path,
+                c.value,
+                name.name,
+                c.path.rsplit('.').next().unwrap_or(c.path)
+            )
+        }
+    }
+}
+
+/// One axis value in a stock image's own names (see `flags::dialect`), for release `v`
+/// (see `flags::versions`).
 fn render_upstream(
     fs: &FlagSet,
     c: &AxisChoice,
+    v: &VllmVersion,
     out: &mut VllmOut,
     checks: &mut Vec<PathCheck>,
 ) -> Result<()> {
@@ -446,7 +550,7 @@ fn render_upstream(
     if c.key == MoeBackend::KEY {
         let p = pair()?;
         for e in p.effects {
-            apply_vllm_effect(fs, c, e, out)?;
+            apply_for_release(fs, c, e, v, out)?;
         }
         push_check(checks, c, p.moe);
         return Ok(());
@@ -459,7 +563,7 @@ fn render_upstream(
         Upstream::Not(n) => bail!("{n}"),
         Upstream::Own(effects, ev) => {
             for e in effects {
-                apply_vllm_effect(fs, c, e, out)?;
+                apply_for_release(fs, c, e, v, out)?;
             }
             push_check(checks, c, ev);
         }
@@ -469,7 +573,7 @@ fn render_upstream(
                 .vllm
                 .ok_or_else(|| not_on_target(c, "vLLM", &c.vllm_values))?;
             for e in effects {
-                apply_vllm_effect(fs, c, e, out)?;
+                apply_for_release(fs, c, e, v, out)?;
             }
             push_check(checks, c, c.spec.vllm_check);
         }
@@ -605,6 +709,7 @@ fn render_engine(fs: &FlagSet, ctx: &RenderContext) -> Result<LaunchSpec> {
         served_model_name: served,
         checks,
         warnings: Vec::new(),
+        dialect: None,
     })
 }
 
@@ -719,6 +824,7 @@ mod tests {
     fn ctx() -> RenderContext {
         RenderContext {
             home: Some("/home/op".into()),
+            ..Default::default()
         }
     }
 

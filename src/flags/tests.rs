@@ -10,6 +10,7 @@ use crate::vocab::{LaunchSpec, NetworkMode, TargetKind};
 fn ctx() -> RenderContext {
     RenderContext {
         home: Some("/home/op".into()),
+        ..Default::default()
     }
 }
 

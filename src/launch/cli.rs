@@ -131,8 +131,18 @@ pub fn load_spec(path: &Path) -> Result<LaunchSpec> {
     }
 }
 
-/// The spec to launch, the preset name, the target, and the preset's rule findings.
-fn resolve(args: &LaunchArgs) -> Result<(LaunchSpec, String, TargetArg, Vec<preflight::Finding>)> {
+/// What `resolve` found: the spec to launch, the preset name, the target, the preset's rule
+/// findings, and the preset's flags (to render again once the image's vLLM version is known).
+type Resolved = (
+    LaunchSpec,
+    String,
+    TargetArg,
+    Vec<preflight::Finding>,
+    Option<crate::flags::FlagSet>,
+);
+
+/// The spec to launch, the preset name, the target, the preset's rule findings and flags.
+fn resolve(args: &LaunchArgs) -> Result<Resolved> {
     if let Some(name) = &args.preset {
         let store = PresetStore::standard(args.presets_dir.clone());
         let loaded = if name.ends_with(".toml") || name.contains('/') {
@@ -168,7 +178,7 @@ fn resolve(args: &LaunchArgs) -> Result<(LaunchSpec, String, TargetArg, Vec<pref
                 message: f.to_string(),
             })
             .collect();
-        return Ok((spec, p.name, target, findings));
+        return Ok((spec, p.name, target, findings, Some(p.flags)));
     }
     let target = args.target.unwrap_or(TargetArg::Docker);
     match &args.spec {
@@ -177,9 +187,15 @@ fn resolve(args: &LaunchArgs) -> Result<(LaunchSpec, String, TargetArg, Vec<pref
                 .file_stem()
                 .map(|s| s.to_string_lossy().into_owned())
                 .unwrap_or_default();
-            Ok((load_spec(path)?, preset, target, Vec::new()))
+            Ok((load_spec(path)?, preset, target, Vec::new(), None))
         }
-        None => Ok((LaunchSpec::default(), String::new(), target, Vec::new())),
+        None => Ok((
+            LaunchSpec::default(),
+            String::new(),
+            target,
+            Vec::new(),
+            None,
+        )),
     }
 }
 
@@ -222,7 +238,24 @@ impl EventPrinter {
     }
 }
 
+/// One line on the dialect a vLLM launch is rendered in, with the note when the version of a
+/// stock image had to be assumed.
+pub fn dialect_line(spec: &LaunchSpec) -> Option<String> {
+    let d = spec.dialect.as_ref()?;
+    let mut line = match (&d.vllm_version, &d.version_source) {
+        (Some(v), Some(src)) => format!("dialect: {} vLLM {v} ({src})", d.flavour),
+        _ => format!("dialect: {}", d.flavour),
+    };
+    if let Some(n) = &d.note {
+        line.push_str(&format!("\nnote: {n}"));
+    }
+    Some(line)
+}
+
 fn print_verdict(launch: &Launch) {
+    if let Some(v) = launch.history().vllm_version {
+        crate::outln!("vLLM version announced by the target: {v}");
+    }
     let report = launch.report();
     crate::outln!("kernel-path verdict: {:?}", report.overall());
     for c in &report.checks {
@@ -262,7 +295,7 @@ pub fn stop(args: StopArgs) -> Result<ExitCode> {
 
 async fn launch_async(args: LaunchArgs) -> Result<ExitCode> {
     let run_id = ulid::Ulid::generate().to_string();
-    let (spec, preset, target, rule_findings) = resolve(&args)?;
+    let (mut spec, preset, target, rule_findings, flags) = resolve(&args)?;
     let mut opts = LaunchOptions::new(&run_id, &preset)?;
     opts.log_path = Some(args.runs_dir.join(format!("{run_id}.target.log")));
     opts.allow_pull = args.pull;
@@ -355,7 +388,28 @@ async fn launch_async(args: LaunchArgs) -> Result<ExitCode> {
                 return Ok(ExitCode::from(2));
             }
             match docker {
-                Some(d) => DockerTarget::launch(d, &spec, &opts, tx).await?,
+                Some(d) => {
+                    if let Some(flags) = &flags {
+                        if flags.container.vllm == crate::flags::VllmFlavor::Upstream {
+                            // The release is asked of the image, so a missing one comes first.
+                            docker::ensure_image(&d, &flags.container.image, args.pull, &tx)
+                                .await?;
+                        }
+                        // Rendered again in the names of the vLLM release the image carries.
+                        spec =
+                            super::dialect::render_for_launch(flags, TargetKind::Docker, Some(&d))
+                                .await
+                                .with_context(|| {
+                                    format!(
+                                        "rendering preset {preset} for its image's vLLM release"
+                                    )
+                                })?;
+                    }
+                    if let Some(line) = dialect_line(&spec) {
+                        crate::errln!("{line}");
+                    }
+                    DockerTarget::launch(d, &spec, &opts, tx).await?
+                }
                 None => {
                     if spec.container.is_some() {
                         crate::errln!(

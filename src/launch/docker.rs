@@ -33,6 +33,8 @@ pub const LABEL_VERSION: &str = "mxtune.version";
 pub const LABEL_PORT: &str = "mxtune.port";
 /// Label holding the served model name, so a re-attach needs no spec.
 pub const LABEL_MODEL: &str = "mxtune.served_model";
+/// Label of the short-lived container that asks an image for its vLLM version.
+pub const LABEL_PROBE: &str = "mxtune.probe";
 
 /// Where the Docker engine is, for messages.
 pub fn docker_host() -> String {
@@ -481,7 +483,13 @@ impl DockerTarget {
             opts.api_key.clone(),
             opts.probe_timeout,
         )?;
-        Launch::follow(Target::Docker(self), rx, probe, &spec.checks, opts, events)
+        let mut opts = opts.clone();
+        opts.rendered_for_vllm = spec
+            .dialect
+            .as_ref()
+            .filter(|d| d.flavour == "upstream")
+            .and_then(|d| d.vllm_version.clone());
+        Launch::follow(Target::Docker(self), rx, probe, &spec.checks, &opts, events)
     }
 
     async fn remove(&self) -> Result<()> {
@@ -603,6 +611,104 @@ pub async fn stop_container(
         Err(e) if is_not_found(&e) => Ok(format!("stopped container {name} (already removed)")),
         Err(e) => Err(anyhow!(e).context(format!("cannot remove container {name}"))),
     }
+}
+
+/// Asks `image` which vLLM it carries: `vllm --version` in a short-lived container of that
+/// image (no GPU, no network, no mounts), removed afterwards whatever happened. Returns the last
+/// line of the output that reads as a version, and fails with the output when none does, when
+/// the command fails, or after `limit`.
+pub async fn probe_vllm_version(docker: &Docker, image: &str, limit: Duration) -> Result<String> {
+    let name = format!(
+        "mxtune-probe-{}",
+        ulid::Ulid::generate().to_string().to_lowercase()
+    );
+    let body = ContainerCreateBody {
+        image: Some(image.to_string()),
+        entrypoint: Some(vec!["vllm".into()]),
+        cmd: Some(vec!["--version".into()]),
+        labels: Some(HashMap::from([(
+            LABEL_PROBE.to_string(),
+            "vllm-version".to_string(),
+        )])),
+        host_config: Some(HostConfig {
+            network_mode: Some("none".into()),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let create = CreateContainerOptions {
+        name: Some(name.clone()),
+        ..Default::default()
+    };
+    let created = docker
+        .create_container(Some(create), body)
+        .await
+        .with_context(|| {
+            format!("cannot create a container of image {image} to run `vllm --version`")
+        })?;
+    let answer = tokio::time::timeout(limit, run_to_end(docker, &created.id)).await;
+    let removed = docker
+        .remove_container(
+            &created.id,
+            Some(RemoveContainerOptions {
+                force: true,
+                ..Default::default()
+            }),
+        )
+        .await;
+    let (code, output) = match answer {
+        Ok(r) => r.with_context(|| format!("`vllm --version` in image {image}"))?,
+        Err(_) => bail!(
+            "`vllm --version` in image {image} did not finish within {} s",
+            limit.as_secs()
+        ),
+    };
+    if let Err(e) = removed
+        && !is_not_found(&e)
+    {
+        return Err(anyhow!(e).context(format!(
+            "cannot remove the version-probe container {name}: remove it with `docker rm -f {name}`"
+        )));
+    }
+    let found = output
+        .lines()
+        .rev()
+        .find(|l| crate::flags::versions::VllmVersion::parse(l).is_some());
+    match (code, found) {
+        (0, Some(line)) => Ok(line.trim().to_string()),
+        (c, _) => bail!(
+            "`vllm --version` in image {image} exited with {c} and printed no version: {}",
+            output.trim().chars().take(300).collect::<String>()
+        ),
+    }
+}
+
+/// Starts a created container, waits for its end, and returns its exit code and output.
+async fn run_to_end(docker: &Docker, id: &str) -> Result<(i64, String)> {
+    docker
+        .start_container(id, None)
+        .await
+        .context("cannot start the container")?;
+    let mut wait = docker.wait_container(id, None);
+    let code = match wait.next().await {
+        Some(Ok(r)) => r.status_code,
+        // bollard reports a non-zero exit as this error; the code is what matters here.
+        Some(Err(DockerError::DockerContainerWaitError { code, .. })) => code,
+        Some(Err(e)) => return Err(anyhow!(e).context("waiting for the container")),
+        None => bail!("the container's wait stream ended without an exit status"),
+    };
+    let opts = LogsOptions {
+        stdout: true,
+        stderr: true,
+        ..Default::default()
+    };
+    let mut out = String::new();
+    let mut logs = docker.logs(id, Some(opts));
+    while let Some(chunk) = logs.next().await {
+        let chunk = chunk.context("reading the container's output")?;
+        out.push_str(&String::from_utf8_lossy(&chunk.into_bytes()));
+    }
+    Ok((code, out))
 }
 
 async fn exec_output(docker: &Docker, id: &str, cmd: &[&str]) -> Result<String> {

@@ -101,6 +101,9 @@ pub struct LaunchOptions {
     pub allow_pull: bool,
     /// Bearer token for the target's API.
     pub api_key: Option<String>,
+    /// The vLLM version a stock image's launch was rendered for: a start-up banner announcing
+    /// another release is a warning.
+    pub rendered_for_vllm: Option<String>,
 }
 
 impl LaunchOptions {
@@ -122,6 +125,7 @@ impl LaunchOptions {
             keep: false,
             allow_pull: false,
             api_key: None,
+            rendered_for_vllm: None,
         })
     }
 }
@@ -188,6 +192,8 @@ pub struct History {
     pub warnings: Vec<String>,
     /// Seconds from start to ready.
     pub startup_s: Option<f64>,
+    /// The vLLM version the target's start-up banner announced, as printed.
+    pub vllm_version: Option<String>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -243,6 +249,7 @@ impl Launch {
             limit,
             quiet_warning: opts.quiet_warning,
             url: probe.base_url().to_string(),
+            rendered_for_vllm: opts.rendered_for_vllm.clone(),
         };
         let task = tokio::spawn(follower.run(source, probe, opts.ready_poll));
         Ok(Self {
@@ -341,6 +348,7 @@ struct Follower {
     limit: Duration,
     quiet_warning: Duration,
     url: String,
+    rendered_for_vllm: Option<String>,
 }
 
 impl Follower {
@@ -400,6 +408,31 @@ impl Follower {
         self.set(Status::Failed(full));
     }
 
+    /// Keeps the first vLLM version a start-up line announces, and warns when it is not the
+    /// release the launch was rendered for.
+    fn note_banner(&self, line: &str) {
+        if lock(&self.shared.history).vllm_version.is_some() {
+            return;
+        }
+        let Some(seen) = super::dialect::banner_version(line) else {
+            return;
+        };
+        lock(&self.shared.history).vllm_version = Some(seen.to_string());
+        let rendered = self
+            .rendered_for_vllm
+            .as_deref()
+            .and_then(crate::flags::versions::VllmVersion::parse);
+        if let Some(r) = rendered
+            && !crate::flags::versions::same_names(&r, &seen)
+        {
+            self.emit(LaunchEvent::Warning {
+                message: format!(
+                    "the image announces vLLM {seen}, but the launch was rendered for vLLM {r}, which says some names differently: they may be ignored or refused (see \"vLLM versions\" in docs/flags.md)"
+                ),
+            });
+        }
+    }
+
     fn on_line(&self, stream: LogStream, line: String, phase: &mut Phase) {
         let file_error = {
             let mut logs = lock(&self.shared.logs);
@@ -409,6 +442,7 @@ impl Follower {
         if let Some(e) = file_error {
             self.emit(LaunchEvent::Warning { message: e });
         }
+        self.note_banner(&line);
         let unknown = self.rules.unknown_env(&line);
         lock(&self.shared.scanner).scan(&line, unknown);
         let fatal = self.rules.fatal_match(&line).map(str::to_string);

@@ -66,6 +66,7 @@ pub fn observed(launch: &Launch, log_file: Option<String>) -> Observed {
             .collect(),
         warnings,
         log_file,
+        vllm_version: history.vllm_version,
     }
 }
 

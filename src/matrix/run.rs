@@ -234,7 +234,22 @@ pub async fn start(
 
     let launched = match plan.target {
         TargetKind::Docker => match docker::connect().await {
-            Ok(d) => DockerTarget::launch(d, &prepared.spec, &opts, tx).await,
+            Ok(d) => {
+                // Rendered again in the names of the vLLM release the image carries.
+                let spec = crate::launch::dialect::render_for_launch(
+                    &prepared.preset.flags,
+                    TargetKind::Docker,
+                    Some(&d),
+                )
+                .await;
+                match spec {
+                    Ok(spec) => {
+                        let _ = record.update(|r| r.target.launch = Some(spec.clone()));
+                        DockerTarget::launch(d, &spec, &opts, tx).await
+                    }
+                    Err(e) => Err(e),
+                }
+            }
             Err(e) => Err(e),
         },
         TargetKind::Engine => {
@@ -291,6 +306,7 @@ pub async fn start(
     // Give the follower a moment to deliver the ready/verdict events.
     tokio::time::sleep(Duration::from_millis(100)).await;
     let report = launch.report();
+    let vllm_version = launch.history().vllm_version;
     let facts = launch.target.facts().await;
     let seen = events.lock().map(|v| v.clone()).unwrap_or_default();
     let update = record.update(|r| {
@@ -321,6 +337,7 @@ pub async fn start(
         r.environment.container_nvidia_smi = facts.nvidia_smi.clone();
         r.observed.startup_s = Some(ready.startup_s);
         r.observed.log_file = Some(log_path.display().to_string());
+        r.observed.vllm_version = vllm_version.clone();
         r.observed.kernel_path = report
             .checks
             .iter()

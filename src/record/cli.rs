@@ -338,6 +338,22 @@ pub fn render_show(run: &StoredRun) -> String {
     if let Some(e) = &t.engine {
         let _ = writeln!(o, "engine    {}  {}", e.path, opt(&e.version));
     }
+    if let Some(d) = t.launch.as_ref().and_then(|l| l.dialect.as_ref()) {
+        let mut line = format!("dialect   {}", d.flavour);
+        if let Some(v) = &d.vllm_version {
+            line.push_str(&format!(
+                "  rendered for vLLM {v} ({})",
+                d.version_source.as_deref().unwrap_or("-")
+            ));
+        }
+        if let Some(seen) = &r.observed.vllm_version {
+            line.push_str(&format!("  image announced {seen}"));
+        }
+        let _ = writeln!(o, "{line}");
+        if let Some(n) = &d.note {
+            let _ = writeln!(o, "          {n}");
+        }
+    }
     if let Some(l) = &t.launch {
         let _ = writeln!(o, "argv      {}", shell_words::join(&l.argv));
         for (k, v) in &l.env {

@@ -463,6 +463,9 @@ pub struct Observed {
     /// Target log file, relative to the runs directory.
     #[serde(default)]
     pub log_file: Option<String>,
+    /// The vLLM version the target's start-up banner announced (`vLLM API server version X`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vllm_version: Option<String>,
 }
 
 /// Did a flag really take effect?

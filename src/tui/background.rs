@@ -370,7 +370,7 @@ async fn start(
         let limit = launch.startup_limit();
         return Ok((launch, None, limit, None));
     }
-    let spec = crate::flags::render(&req.flags, req.kind)?;
+    let mut spec = crate::flags::render(&req.flags, req.kind)?;
     let blocking: Vec<String> = crate::flags::rules::evaluate(&req.flags, req.kind, None)
         .into_iter()
         .filter(|f| f.blocks())
@@ -386,6 +386,9 @@ async fn start(
     let launch = match req.kind {
         TargetKind::Docker => {
             let d = docker::connect().await?;
+            // Rendered again in the names of the vLLM release the image carries.
+            spec =
+                crate::launch::dialect::render_for_launch(&req.flags, req.kind, Some(&d)).await?;
             DockerTarget::launch(d, &spec, &opts, events).await?
         }
         _ => EngineTarget::launch(None, &spec, &opts, Some(&req.runs_dir), events).await?,

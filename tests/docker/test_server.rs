@@ -13,6 +13,9 @@
 //! VLLM_MXFP4_USE_MARLIN variables in upstream's order (or its refusal, then exit 1), the
 //! attention backend, the CUDA graph mode and capture. Which backend runs on which device is
 //! this double's own table (`runs_on`), not upstream's.
+//! MXTUNE_TEST_VLLM_VERSION=0.12.0 (default 0.11.2) is the upstream release it plays: `vllm
+//! --version` prints it, the upstream start-up prints it in vLLM's banner, and like that
+//! release it refuses `--attention-backend` before 0.13.0 (reading VLLM_ATTENTION_BACKEND).
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -39,6 +42,13 @@ fn main() {
         signal(2, on_term);
     }
     let args: Vec<String> = std::env::args().collect();
+    let version = std::env::var("MXTUNE_TEST_VLLM_VERSION").unwrap_or_else(|_| "0.11.2".into());
+    if args.get(1).map(String::as_str) == Some("--version") {
+        log(&version);
+        return;
+    }
+    let release: Vec<u32> = version.split('.').map(|p| p.parse().unwrap_or(0)).collect();
+    let before_attention_cli = (release.first().copied().unwrap_or(0), release.get(1).copied().unwrap_or(0)) < (0, 13);
     let mut host = "0.0.0.0".to_string();
     let mut port = "8000".to_string();
     let mut model = "test-model".to_string();
@@ -82,10 +92,21 @@ fn main() {
     }
     let upstream_sm: Option<u32> = std::env::var("MXTUNE_TEST_SM").ok().and_then(|v| v.parse().ok());
     if let Some(sm) = upstream_sm {
+        if before_attention_cli && let Some(b) = &attention {
+            eprintln!("vllm: error: unrecognized arguments: --attention-backend {b}");
+            std::process::exit(2);
+        }
+        log(&format!("(APIServer pid=1) INFO 11-25 10:00:00 [api_server.py:1839] vLLM API server version {version}"));
+        if let Ok(b) = std::env::var("VLLM_ATTENTION_BACKEND") {
+            if !before_attention_cli {
+                log("WARNING 11-25 10:00:00 [attention.py:1] Using VLLM_ATTENTION_BACKEND environment variable is deprecated and will be removed in v0.14.0 or v1.0.0, whichever is soonest. Please use --attention-config.backend command line argument or AttentionConfig(backend=...) config field instead.");
+            }
+            attention.get_or_insert(b);
+        }
         let no_graphs = eager || compilation.replace(' ', "").contains("\"cudagraph_mode\":\"NONE\"");
         let mode = if no_graphs { "<CUDAGraphMode.NONE: 0>" } else { "<CUDAGraphMode.FULL_AND_PIECEWISE: (2, 1)>" };
         log(&format!(
-            "INFO 11-25 10:00:00 [core.py:93] Initializing a V1 LLM engine (v0.11.2) with config: model='openai/gpt-oss-120b', enforce_eager={}, compilation_config={{'level': 3, 'cudagraph_mode': {mode}, 'cudagraph_num_of_warmups': 1}}",
+            "INFO 11-25 10:00:00 [core.py:93] Initializing a V1 LLM engine (v{version}) with config: model='openai/gpt-oss-120b', enforce_eager={}, compilation_config={{'level': 3, 'cudagraph_mode': {mode}, 'cudagraph_num_of_warmups': 1}}",
             if eager { "True" } else { "False" }
         ));
         log("(EngineCore_DP0 pid=42) INFO 11-25 10:00:01 [gpu_model_runner.py:2602] Starting to load model openai/gpt-oss-120b...");

@@ -95,16 +95,34 @@ pub async fn docker_or_skip(test: &str) -> Option<bollard::Docker> {
 /// The test image `mxtune-test-server:<hash>` (`FROM scratch` + the static server), built
 /// only when missing.
 pub async fn test_image(docker: &bollard::Docker) -> String {
+    test_image_with_env(docker, &[]).await
+}
+
+/// The test image with `ENV` lines baked in (e.g. the vLLM release the server plays, so that
+/// `vllm --version` in a fresh container of it answers that release), tagged
+/// `mxtune-test-server:<hash>` of source, rustc and Dockerfile; built only when missing.
+pub async fn test_image_with_env(docker: &bollard::Docker, env: &[(&str, &str)]) -> String {
     use futures::StreamExt;
     static LOCK: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
     let _guard = LOCK.lock().await;
-    let tag = format!("mxtune-test-server:{}", source_hash());
+    let mut dockerfile = DOCKERFILE.to_string();
+    for (k, v) in env {
+        dockerfile.push_str(&format!("ENV {k}={v}\n"));
+    }
+    let tag = if env.is_empty() {
+        format!("mxtune-test-server:{}", source_hash())
+    } else {
+        let mut h = Sha256::new();
+        h.update(source_hash().as_bytes());
+        h.update(dockerfile.as_bytes());
+        format!("mxtune-test-server:{}", &hex::encode(h.finalize())[..12])
+    };
     if docker.inspect_image(&tag).await.is_ok() {
         return tag;
     }
     let bin = tokio::task::spawn_blocking(server_binary).await.unwrap();
     let mut tar = tar::Builder::new(Vec::new());
-    let dockerfile = DOCKERFILE;
+    let dockerfile = dockerfile.as_str();
     let mut h = tar::Header::new_gnu();
     h.set_size(dockerfile.len() as u64);
     h.set_mode(0o644);

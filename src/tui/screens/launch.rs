@@ -237,6 +237,10 @@ pub struct LaunchScreen {
     /// What the current launch serves (kind, preset, flags, spec, run id), for the records
     /// of benchmarks started against it.
     pub served: Option<crate::bench::cli::ServedBy>,
+    /// The dialect the current vLLM launch was rendered in (flavour, vLLM version, source).
+    pub dialect: Option<crate::vocab::Dialect>,
+    /// The vLLM version the target's start-up banner announced.
+    pub vllm_announced: Option<String>,
 }
 
 impl Default for LaunchScreen {
@@ -266,6 +270,8 @@ impl Default for LaunchScreen {
             report: None,
             log: LogView::default(),
             notice: None,
+            dialect: None,
+            vllm_announced: None,
         }
     }
 }
@@ -374,6 +380,7 @@ impl LaunchScreen {
                 startup_limit,
                 spec,
             } => {
+                self.dialect = spec.as_ref().and_then(|b| b.dialect.clone());
                 if let Some(s) = self.served.as_mut() {
                     s.launch = spec.map(|b| *b);
                     s.launch_run = Some(run_id.clone());
@@ -404,6 +411,10 @@ impl LaunchScreen {
             LaunchEvent::Log { line, .. } => {
                 self.last_line_at = Some(Instant::now());
                 self.quiet_s = 0;
+                if self.vllm_announced.is_none() {
+                    self.vllm_announced =
+                        crate::launch::dialect::banner_version(&line).map(|v| v.to_string());
+                }
                 self.log.push(line);
             }
             LaunchEvent::PullProgress { status } => self.log.push(format!("[pull] {status}")),
@@ -509,6 +520,8 @@ impl LaunchScreen {
                 self.report = None;
                 self.warnings.clear();
                 self.describe = None;
+                self.dialect = None;
+                self.vllm_announced = None;
                 self.log = LogView {
                     wrap: self.log.wrap,
                     ..LogView::default()
@@ -533,6 +546,45 @@ impl LaunchScreen {
     }
 }
 
+/// The vLLM line of a Docker launch: the dialect and release it was rendered for, how that
+/// release was known, and what the image's banner announced.
+fn vllm_line(s: &LaunchScreen, theme: &Theme) -> Option<Line<'static>> {
+    let d = s.dialect.as_ref()?;
+    let mut spans = vec![Span::styled(" vLLM ", theme.dim())];
+    match (&d.vllm_version, d.version_source.as_deref()) {
+        (Some(v), Some("assumed")) => spans.push(Span::styled(
+            format!(
+                "{} dialect, version unknown: rendered for {v} (newest known)",
+                d.flavour
+            ),
+            theme.warn(),
+        )),
+        (Some(v), Some(src)) => spans.push(Span::raw(format!(
+            "{} dialect, rendered for {v} ({src})",
+            d.flavour
+        ))),
+        _ => spans.push(Span::raw(format!("{} dialect", d.flavour))),
+    }
+    match &s.vllm_announced {
+        Some(a) => {
+            use crate::flags::versions::{VllmVersion, same_names};
+            let differs = match (
+                d.vllm_version.as_deref().and_then(VllmVersion::parse),
+                VllmVersion::parse(a),
+            ) {
+                (Some(r), Some(seen)) => !same_names(&r, &seen),
+                _ => false,
+            };
+            spans.push(Span::styled(
+                format!("  image says {a}"),
+                if differs { theme.warn() } else { theme.good() },
+            ));
+        }
+        None => spans.push(Span::styled("  banner not seen yet", theme.dim())),
+    }
+    Some(Line::from(spans))
+}
+
 /// Draw the Launch screen.
 pub fn draw(frame: &mut Frame, app: &App, area: Rect) {
     let s = &app.launch;
@@ -544,6 +596,7 @@ pub fn draw(frame: &mut Frame, app: &App, area: Rect) {
         0
     };
     let probe_line = probe_line(s, theme);
+    let vllm_line = vllm_line(s, theme);
 
     // Target choice, phase, elapsed, watchdog.
     let mut choice = vec![Span::styled(" target ", theme.dim())];
@@ -671,7 +724,9 @@ pub fn draw(frame: &mut Frame, app: &App, area: Rect) {
         .unwrap_or_else(|| Line::raw(""));
     let mut head_lines = vec![Line::from(choice), Line::from(phase)];
     head_lines.extend(probe_line);
-    head_lines.extend([Line::from(watch), Line::from(third), warn_line]);
+    head_lines.extend([Line::from(watch), Line::from(third)]);
+    head_lines.extend(vllm_line);
+    head_lines.push(warn_line);
     // Wrapped at the edge, never cut; the head takes the rows it needs (up to a third of the
     // screen), the log the rest.
     let head_text = Paragraph::new(head_lines).wrap(Wrap { trim: false });
