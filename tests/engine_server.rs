@@ -1454,6 +1454,7 @@ async fn oracle_greedy_continuations_through_http() {
             max_request_bytes: mxtune::engine::server::DEFAULT_MAX_REQUEST_BYTES,
             weights: mxtune::engine::server::WeightsOrigin::Checkpoint,
             step_log: None,
+            long_prefill_token_threshold: 0,
         };
         let server = mxtune::engine::server::Server::new(Box::new(backend), opts).unwrap();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -2491,5 +2492,95 @@ async fn step_log_accounts_for_every_token() {
     );
     let err = format!("{:#}", again.err().unwrap());
     assert!(err.contains("exists"), "{err}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// `--long-prefill-token-threshold`: a long prompt feeds at most that many tokens a step, so
+/// a request already decoding gets a token in every step while it prefills; the tokens are
+/// those of a run without the threshold.
+#[tokio::test(flavor = "multi_thread")]
+async fn long_prefill_threshold_caps_each_prompt_chunk() {
+    let dir = std::env::temp_dir().join(format!("mxtune-longpf-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let long: Vec<u32> = (0..200).map(|k| 900 + k).collect();
+    let mut texts = Vec::new();
+    for threshold in [0usize, 16] {
+        let path = dir.join(format!("steps-{threshold}.jsonl"));
+        let opts = ServerOptions {
+            step_log: Some(path.clone()),
+            long_prefill_token_threshold: threshold,
+            ..options()
+        };
+        let s = start(opts, 8, 0).await;
+        // A short request that decodes for a while, then the long prompt.
+        let base = s.base.clone();
+        let short = tokio::spawn(async move {
+            reqwest::Client::new()
+                .post(format!("{base}/v1/completions"))
+                .json(
+                    &json!({"prompt": [5, 6, 7], "max_tokens": 40, "temperature": 0,
+                              "ignore_eos": true}),
+                )
+                .send()
+                .await
+                .unwrap()
+                .json::<Value>()
+                .await
+                .unwrap()
+        });
+        wait_metrics(&s, "the short request running", |m| running(m) == 1.0).await;
+        let (st, v) = post(
+            &s,
+            "/v1/completions",
+            json!({"prompt": long, "max_tokens": 4, "temperature": 0, "ignore_eos": true}),
+        )
+        .await;
+        assert_eq!(st, 200, "{v}");
+        let short = short.await.unwrap();
+        texts.push((
+            v["choices"][0]["text"].clone(),
+            short["choices"][0]["text"].clone(),
+        ));
+        wait_metrics(&s, "idle", |m| running(m) == 0.0).await;
+        let mut steps = Vec::new();
+        for _ in 0..2000 {
+            if let Ok(v) = mxtune::engine::steplog::read(&path) {
+                if v.iter().map(|r| r.prefill_tokens).sum::<usize>() == 203 {
+                    steps = v;
+                    break;
+                }
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+        assert_eq!(
+            steps.iter().map(|r| r.prefill_tokens).sum::<usize>(),
+            203,
+            "{steps:?}"
+        );
+        // Steps that fed part of the long prompt (the short prompt is 3 tokens).
+        let chunks: Vec<usize> = steps
+            .iter()
+            .filter(|r| r.prefill_tokens > 3)
+            .map(|r| r.prefill_tokens)
+            .collect();
+        if threshold == 0 {
+            // The 64-token budget less the decode row: chunks of up to 63.
+            assert!(chunks.iter().any(|&n| n > 16), "{chunks:?}");
+        } else {
+            assert!(chunks.iter().all(|&n| n <= 16), "{chunks:?}");
+            assert!(chunks.len() >= 200 / 16, "{chunks:?}");
+            // While the long prompt was fed, the short request decoded in the same steps.
+            let with_decode = steps
+                .iter()
+                .filter(|r| r.prefill_tokens > 3 && r.decode_rows == 1)
+                .count();
+            assert!(with_decode >= 10, "{steps:?}");
+        }
+    }
+    assert_eq!(
+        texts[0], texts[1],
+        "the threshold must not change the tokens"
+    );
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -28,6 +28,10 @@ pub struct SchedulerConfig {
     pub stop_tokens: Vec<u32>,
     /// Where to write the step timeline (`--step-log`), one JSON line per step.
     pub step_log: Option<std::path::PathBuf>,
+    /// Most prompt tokens one request feeds per step (`--long-prefill-token-threshold`, as
+    /// vLLM names it); 0: as many as the step's budget leaves. A low value keeps a long
+    /// prompt from stalling the decoding requests for a whole big chunk.
+    pub long_prefill_token_threshold: usize,
 }
 
 /// Why generation ended, in OpenAI's `finish_reason` words.
@@ -230,25 +234,21 @@ impl Engine {
     /// The step about to run as the step log describes it: decode rows and their context,
     /// prompt rows and the tokens the budget gives them (as `step` plans it).
     fn shape(&self) -> StepRecord {
-        let mut budget = self.cfg.max_num_batched_tokens.max(1);
         let (mut decode, mut ctx_sum, mut ctx_max) = (0usize, 0usize, 0usize);
-        for r in &self.running {
-            if r.prefilled == r.req.prompt.len() && budget > 0 {
-                let ctx = r.req.prompt.len() + r.generated.len().saturating_sub(1);
-                decode += 1;
-                ctx_sum += ctx;
-                ctx_max = ctx_max.max(ctx);
-                budget -= 1;
-            }
-        }
         let (mut rows, mut tokens) = (0usize, 0usize);
-        for r in &self.running {
-            let left = r.req.prompt.len() - r.prefilled;
-            if left > 0 && budget > 0 {
-                let n = left.min(budget);
-                rows += 1;
-                tokens += n;
-                budget -= n;
+        for (i, range) in self.plan() {
+            let r = &self.running[i];
+            match range {
+                None => {
+                    let ctx = r.req.prompt.len() + r.generated.len().saturating_sub(1);
+                    decode += 1;
+                    ctx_sum += ctx;
+                    ctx_max = ctx_max.max(ctx);
+                }
+                Some(range) => {
+                    rows += 1;
+                    tokens += range.len();
+                }
             }
         }
         StepRecord {
@@ -345,26 +345,38 @@ impl Engine {
     /// One batched forward step: every decoding sequence feeds its last token, prefilling
     /// sequences feed the next prompt chunk within the step's token budget. Returns where
     /// the step's time went (the backend's forward, and the host work before and after it).
-    fn step(&mut self) -> StepTimes {
-        let t_plan = Instant::now();
-        let mut times = StepTimes::default();
+    /// What the next step feeds, as (index into `running`, the range of the prompt fed, or
+    /// None for a decode token): every decoding sequence first, then prompt chunks in
+    /// admission order, within the step's token budget and, per request, the long-prefill
+    /// threshold.
+    fn plan(&self) -> Vec<(usize, Option<std::ops::Range<usize>>)> {
         let mut budget = self.cfg.max_num_batched_tokens.max(1);
-        // (index into running, range of prompt fed or None for a decode token)
-        let mut plan: Vec<(usize, Option<std::ops::Range<usize>>)> = Vec::new();
+        let mut plan = Vec::new();
         for (i, r) in self.running.iter().enumerate() {
             if r.prefilled == r.req.prompt.len() && budget > 0 {
                 plan.push((i, None));
                 budget -= 1;
             }
         }
+        let cap = match self.cfg.long_prefill_token_threshold {
+            0 => usize::MAX,
+            n => n,
+        };
         for (i, r) in self.running.iter().enumerate() {
             let left = r.req.prompt.len() - r.prefilled;
             if left > 0 && budget > 0 {
-                let n = left.min(budget);
+                let n = left.min(budget).min(cap);
                 plan.push((i, Some(r.prefilled..r.prefilled + n)));
                 budget -= n;
             }
         }
+        plan
+    }
+
+    fn step(&mut self) -> StepTimes {
+        let t_plan = Instant::now();
+        let mut times = StepTimes::default();
+        let plan = self.plan();
         let stops = &self.cfg.stop_tokens;
         // Split each running request into what the step reads and its sampler, which the
         // backend advances; a row samples only when its prompt is complete after this step.

@@ -144,6 +144,11 @@ pub struct ServeArgs {
     /// Most tokens per engine step; longer prompts are prefilled in chunks.
     #[arg(long, default_value_t = 2048)]
     pub max_num_batched_tokens: usize,
+    /// Most prompt tokens one request feeds per step (vLLM's name); 0: as many as
+    /// --max-num-batched-tokens leaves. A low value (e.g. 128) bounds how long a long prompt
+    /// stalls the requests that are decoding, at the cost of its own time to first token.
+    #[arg(long, default_value_t = 0)]
+    pub long_prefill_token_threshold: usize,
     /// KV-cache capacity in positions over all requests (default:
     /// max-num-seqs × max-model-len); requests wait for room when it is full.
     #[arg(long)]
@@ -566,12 +571,18 @@ fn prepare_with(args: &ServeArgs, open: impl FnOnce() -> Result<Gpu>) -> Result<
     report.extend(resolved.fallback.clone());
     report.push(format!(
         "mxtune serve: model {source} ({} layers, hidden {}, {} experts top-{}, vocab {}); \
-         max-model-len {max_model_len}, max-num-seqs {max_num_seqs}, kv-cache {kv_tokens} positions",
+         max-model-len {max_model_len}, max-num-seqs {max_num_seqs}, kv-cache {kv_tokens} positions, \
+         max-num-batched-tokens {} a step, long-prefill-token-threshold {}",
         cfg.num_hidden_layers,
         cfg.hidden_size,
         cfg.num_local_experts,
         cfg.num_experts_per_tok,
         cfg.vocab_size,
+        args.max_num_batched_tokens,
+        match args.long_prefill_token_threshold {
+            0 => "off".to_string(),
+            n => format!("{n} tokens"),
+        },
     ));
     if let Some(name) = &args.synthetic {
         report.push(format!(
@@ -667,6 +678,7 @@ fn prepare_with(args: &ServeArgs, open: impl FnOnce() -> Result<Gpu>) -> Result<
             api_key: args.api_key.clone(),
             max_request_bytes: args.max_request_bytes,
             step_log: args.step_log.clone(),
+            long_prefill_token_threshold: args.long_prefill_token_threshold,
             weights: if args.synthetic.is_some() {
                 WeightsOrigin::Synthetic
             } else {

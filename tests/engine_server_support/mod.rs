@@ -214,6 +214,7 @@ pub fn options() -> ServerOptions {
         max_request_bytes: mxtune::engine::server::DEFAULT_MAX_REQUEST_BYTES,
         weights: mxtune::engine::server::WeightsOrigin::Checkpoint,
         step_log: None,
+        long_prefill_token_threshold: 0,
     }
 }
 

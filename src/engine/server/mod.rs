@@ -48,6 +48,9 @@ pub struct ServerOptions {
     pub weights: WeightsOrigin,
     /// Write the step timeline here (`--step-log`), one JSON line per engine step.
     pub step_log: Option<std::path::PathBuf>,
+    /// Most prompt tokens a request feeds per step (`--long-prefill-token-threshold`; 0: the
+    /// step's whole budget).
+    pub long_prefill_token_threshold: usize,
 }
 
 /// Where the served weights came from (`weights` in each `/v1/models` entry).
@@ -129,6 +132,7 @@ impl Server {
                 kv_cache_tokens: opts.kv_cache_tokens,
                 stop_tokens,
                 step_log: opts.step_log.clone(),
+                long_prefill_token_threshold: opts.long_prefill_token_threshold,
             },
             metrics.clone(),
         )?;
