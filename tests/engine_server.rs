@@ -2545,11 +2545,11 @@ async fn long_prefill_threshold_caps_each_prompt_chunk() {
         wait_metrics(&s, "idle", |m| running(m) == 0.0).await;
         let mut steps = Vec::new();
         for _ in 0..2000 {
-            if let Ok(v) = mxtune::engine::steplog::read(&path) {
-                if v.iter().map(|r| r.prefill_tokens).sum::<usize>() == 203 {
-                    steps = v;
-                    break;
-                }
+            if let Ok(v) = mxtune::engine::steplog::read(&path)
+                && v.iter().map(|r| r.prefill_tokens).sum::<usize>() == 203
+            {
+                steps = v;
+                break;
             }
             tokio::time::sleep(std::time::Duration::from_millis(5)).await;
         }
