@@ -655,7 +655,8 @@ pub fn attention_rows(
         "{} query heads per KV head: the prefill attention takes at most 32",
         group
     );
-    let smem = (PF_KEYS * (s.d + 1) + PF_KEYS * s.d + group * s.d) * 4;
+    let tile = prefill_attn_tile()?;
+    let smem = (tile * (s.d + 1) + tile * s.d + group * s.d) * 4;
     g.launch(
         "attn_prefill",
         (u(s.hkv)?, u(t)?, 1),
@@ -675,12 +676,28 @@ pub fn attention_rows(
             i(s.d)?,
             i(window)?,
             Arg::F32(scale),
+            i(tile)?,
         ],
     )
 }
 
-/// Keys per shared-memory tile of the prefill attention (kernel constant `PF_KEYS`).
-const PF_KEYS: usize = 32;
+/// Keys per shared-memory tile of the prefill attention: 32 × keys per lane (1 to the
+/// kernel's `PF_MAX_KPL`, 4).
+pub const PF_TILE_DEFAULT: usize = 32;
+
+/// Environment variable that sets the prefill attention's keys per tile: 32, 64, 96 or 128.
+pub const PF_TILE_ENV: &str = "MXTUNE_ATTN_PREFILL_TILE";
+
+/// The prefill attention's keys per tile: [`PF_TILE_ENV`] or [`PF_TILE_DEFAULT`].
+pub fn prefill_attn_tile() -> Result<usize> {
+    match std::env::var(PF_TILE_ENV).as_deref() {
+        Err(_) | Ok("") => Ok(PF_TILE_DEFAULT),
+        Ok(v) => match v.parse::<usize>() {
+            Ok(n @ (32 | 64 | 96 | 128)) => Ok(n),
+            _ => anyhow::bail!("{PF_TILE_ENV}={v}: expected 32, 64, 96 or 128 keys"),
+        },
+    }
+}
 
 /// MXFP4 expert weights of one layer, on the device in checkpoint layout.
 #[derive(Debug, Clone, Copy)]
