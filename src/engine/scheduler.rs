@@ -901,11 +901,13 @@ mod tests {
 
     #[test]
     fn a_flood_of_short_requests_does_not_starve_a_waiting_long_one() {
-        // KV for 240 positions: two short requests (24 each) run; a long one (210) waits for
-        // room that only opens when one short ends. Admission is first come, first served,
-        // so the shorts that keep arriving behind it never take that room first.
+        // KV for 240 positions: two short requests (24 and 44 positions) run; a long one
+        // (210) waits. When the first short ends a slot is free but the KV is not (196 left),
+        // and short requests that keep arriving would fit: admission is first come, first
+        // served, so none of them takes the room before the long one, which runs as soon as
+        // the second short ends.
         let mut h = Harness::new(2, 64, 240);
-        let mut rxs = vec![h.submit(4, 1, 20), h.submit(4, 2, 20)];
+        let mut rxs = vec![h.submit(4, 1, 20), h.submit(4, 2, 40)];
         h.tick();
         let mut long = h.submit(200, 3, 10);
         let mut long_got = Vec::new();
@@ -938,8 +940,8 @@ mod tests {
             }
         }
         let admitted_at = admitted_at.expect("the long request was never admitted");
-        // The first short ends after 20 tokens (its prefill step and 19 decode steps).
-        assert!(admitted_at <= 20, "admitted at step {admitted_at}");
+        // The second short ends after 40 tokens (its prefill step and 39 decode steps).
+        assert!(admitted_at <= 40, "admitted at step {admitted_at}");
         let first = first_token_at.expect("the long request never got its first token");
         // 200 prompt tokens at 63 or more a step (one decode row beside it at most).
         assert!(first <= admitted_at + 4, "first token at step {first}");
