@@ -1865,10 +1865,20 @@ async fn serve_binary_reports_kernel_paths_and_serves_synthetic_tiny() {
             "gemv",
             "--max-request-bytes",
             "4096",
+            "--max-num-seqs",
+            "2",
+            "--max-waiting-queue-length",
+            "3",
         ])
     })
     .await
     .unwrap();
+    assert!(
+        lines.iter().any(|l| l
+            == "mxtune serve: waiting queue: at most 3 requests wait beyond a full batch of 2; \
+                one more gets a 503 (--max-waiting-queue-length 3)"),
+        "{lines:?}"
+    );
     let ready = lines.last().expect("no output").clone();
     assert!(
         ready.starts_with("mxtune serve: ready on http://127.0.0.1:"),
@@ -2153,6 +2163,25 @@ fn serve_binary_refuses_cuda_without_gpu_and_impossible_flags() {
     let o = run(&["--synthetic", "huge"]);
     assert!(!o.status.success());
     assert!(String::from_utf8_lossy(&o.stderr).contains("unknown synthetic model"));
+    // A step must hold one token of every running request.
+    let o = run(&[
+        "--synthetic",
+        "tiny",
+        "--device",
+        "cpu",
+        "--max-num-seqs",
+        "8",
+        "--max-num-batched-tokens",
+        "4",
+        "--max-waiting-queue-length",
+        "2",
+    ]);
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("--max-num-batched-tokens 4 is below --max-num-seqs 8"),
+        "{err}"
+    );
     let o = run(&["--model", "/nonexistent/ckpt"]);
     assert!(!o.status.success());
     assert!(String::from_utf8_lossy(&o.stderr).contains("/nonexistent/ckpt"));

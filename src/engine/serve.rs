@@ -606,6 +606,13 @@ fn prepare_with(args: &ServeArgs, open: impl FnOnce() -> Result<Gpu>) -> Result<
             n => format!("{n} tokens"),
         },
     ));
+    report.push(match args.max_waiting_queue_length {
+        0 => "mxtune serve: waiting queue unbounded (--max-waiting-queue-length 0)".to_string(),
+        n => format!(
+            "mxtune serve: waiting queue: at most {n} requests wait beyond a full batch of \
+             {max_num_seqs}; one more gets a 503 (--max-waiting-queue-length {n})"
+        ),
+    });
     if let Some(name) = &args.synthetic {
         report.push(format!(
             "mxtune serve: synthetic model {name} (deterministic pseudo-random weights, seed {}): \
