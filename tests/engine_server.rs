@@ -1179,6 +1179,69 @@ async fn full_waiting_queue_answers_an_openai_503_at_once() {
     );
 }
 
+/// The `n` choices of one request take `n` places under `--max-waiting-queue-length`
+/// together: a request whose choices do not all fit is refused with nothing queued, one
+/// whose choices fit is served whole, and one that could never fit says so.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_request_of_n_choices_takes_n_places_or_none() {
+    let probe = Arc::new(Probe::default());
+    *probe.gate_closed.lock().unwrap() = true;
+    let opts = ServerOptions {
+        max_num_seqs: 1,
+        max_waiting_queue_length: 2,
+        ..options()
+    };
+    let s = start_with_probe(opts, 8, 0, probe.clone()).await;
+    let send = |n: u32| {
+        let base = s.base.clone();
+        tokio::spawn(async move {
+            let r = reqwest::Client::new()
+                .post(format!("{base}/v1/completions"))
+                .json(
+                    &json!({"prompt": [80, 81], "max_tokens": 2, "temperature": 0.8, "seed": 1,
+                              "n": n}),
+                )
+                .send()
+                .await
+                .unwrap();
+            (r.status().as_u16(), r.json::<Value>().await.unwrap())
+        })
+    };
+    let first = send(1);
+    wait_metrics(&s, "1 running", |m| {
+        probe.started.load(Ordering::SeqCst) && running(m) == 1.0
+    })
+    .await;
+    // 1 in the server, room for 2 more: 3 choices are refused whole, nothing queued.
+    let (status, v) = send(3).await.unwrap();
+    assert_eq!(status, 503, "{v}");
+    assert_eq!(v["error"]["code"], "waiting_queue_full");
+    assert_eq!(waiting(&metrics(&s).await), 0.0);
+    // More choices than the server ever holds: the message says to ask for fewer.
+    let (status, v) = send(4).await.unwrap();
+    assert_eq!(status, 503, "{v}");
+    let msg = v["error"]["message"].as_str().unwrap();
+    assert!(msg.contains("a request of 4 choices"), "{msg}");
+    assert!(msg.contains("fewer choices"), "{msg}");
+    // 2 choices fit.
+    let second = send(2);
+    wait_metrics(&s, "2 choices waiting", |m| waiting(m) == 2.0).await;
+    probe.open_gate();
+    let (status, v) = first.await.unwrap();
+    assert_eq!(status, 200, "{v}");
+    let (status, v) = second.await.unwrap();
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["choices"].as_array().unwrap().len(), 2, "{v}");
+    let m = metrics(&s).await;
+    assert_eq!(
+        metric(
+            &m,
+            "vllm:admission_rejections_total{model_name=\"double\",reason=\"max_waiting_queue_length\"}"
+        ),
+        Some(2.0)
+    );
+}
+
 /// Without a limit (the default) nothing is refused however many requests wait.
 #[tokio::test(flavor = "multi_thread")]
 async fn no_waiting_queue_limit_by_default() {

@@ -72,13 +72,20 @@ struct InFlight(Option<Arc<AtomicUsize>>);
 
 impl InFlight {
     /// Count one more request unless `cap` (0 = none) are already in the server.
+    #[cfg(test)]
     fn enter(count: &Arc<AtomicUsize>, cap: usize) -> Option<Self> {
+        Self::enter_all(count, cap, 1).and_then(|mut v| v.pop())
+    }
+
+    /// Count `k` more requests at once, or none when that would pass `cap` (0 = none).
+    fn enter_all(count: &Arc<AtomicUsize>, cap: usize, k: usize) -> Option<Vec<Self>> {
         count
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
-                (cap == 0 || n < cap).then_some(n + 1)
+                let after = n.checked_add(k)?;
+                (cap == 0 || after <= cap).then_some(after)
             })
             .ok()
-            .map(|_| InFlight(Some(count.clone())))
+            .map(|_| (0..k).map(|_| InFlight(Some(count.clone()))).collect())
     }
 
     fn release(&mut self) {
@@ -103,6 +110,8 @@ pub enum SubmitError {
     QueueFull {
         max_num_seqs: usize,
         max_waiting_queue_length: usize,
+        /// Places the request asked for (its `n` choices).
+        choices: usize,
     },
     /// The engine thread has ended.
     EngineStopped,
@@ -115,6 +124,19 @@ impl std::fmt::Display for SubmitError {
             SubmitError::QueueFull {
                 max_num_seqs,
                 max_waiting_queue_length,
+                choices,
+            } if *choices > max_num_seqs + max_waiting_queue_length => write!(
+                f,
+                "a request of {choices} choices takes {choices} places, more than this server \
+                 ever holds: a batch of {max_num_seqs} and {max_waiting_queue_length} waiting \
+                 (mxtune serve --max-num-seqs {max_num_seqs} --max-waiting-queue-length \
+                 {max_waiting_queue_length}); ask for fewer choices (n) or restart the server \
+                 with a larger --max-waiting-queue-length (0 = no limit)"
+            ),
+            SubmitError::QueueFull {
+                max_num_seqs,
+                max_waiting_queue_length,
+                ..
             } => write!(
                 f,
                 "the server is full: it holds {} requests, a batch of {max_num_seqs} and \
@@ -173,6 +195,18 @@ impl SchedulerHandle {
         prompt: Vec<u32>,
         sampling: SamplingParams,
     ) -> Result<UnboundedReceiver<GenEvent>, SubmitError> {
+        self.submit_all(&prompt, vec![sampling])
+            .and_then(|mut rxs| rxs.pop().ok_or(SubmitError::EngineStopped))
+    }
+
+    /// Queue one sequence per entry of `samplings`, all on `prompt` (the `n` choices of one
+    /// request). They take their places under the waiting-queue limit together: all are
+    /// queued, or none is and the request is refused (counted once in the metrics).
+    pub fn submit_all(
+        &self,
+        prompt: &[u32],
+        samplings: Vec<SamplingParams>,
+    ) -> Result<Vec<UnboundedReceiver<GenEvent>>, SubmitError> {
         // A decode step feeds the last token, so there must be one to start from.
         if prompt.is_empty() {
             return Err(SubmitError::EmptyPrompt);
@@ -181,28 +215,33 @@ impl SchedulerHandle {
             0 => 0,
             w => self.max_num_seqs.saturating_add(w),
         };
-        let Some(in_flight) = InFlight::enter(&self.in_flight, cap) else {
+        let Some(places) = InFlight::enter_all(&self.in_flight, cap, samplings.len()) else {
             self.metrics.request_rejected_queue_full();
             return Err(SubmitError::QueueFull {
                 max_num_seqs: self.max_num_seqs,
                 max_waiting_queue_length: self.max_waiting_queue_length,
+                choices: samplings.len(),
             });
         };
-        let (events, rx) = unbounded_channel();
-        self.metrics.request_queued();
-        self.tx
-            .send(GenRequest {
-                prompt,
-                sampling,
-                events,
-                arrived: Instant::now(),
-                in_flight,
-            })
-            .map_err(|_| {
-                self.metrics.request_dequeued();
-                SubmitError::EngineStopped
-            })?;
-        Ok(rx)
+        let mut rxs = Vec::with_capacity(samplings.len());
+        for (sampling, in_flight) in samplings.into_iter().zip(places) {
+            let (events, rx) = unbounded_channel();
+            self.metrics.request_queued();
+            self.tx
+                .send(GenRequest {
+                    prompt: prompt.to_vec(),
+                    sampling,
+                    events,
+                    arrived: Instant::now(),
+                    in_flight,
+                })
+                .map_err(|_| {
+                    self.metrics.request_dequeued();
+                    SubmitError::EngineStopped
+                })?;
+            rxs.push(rx);
+        }
+        Ok(rxs)
     }
 }
 

@@ -279,23 +279,26 @@ async fn run(st: &AppState, prepared: api::Prepared, endpoint: Endpoint, prefix:
     // Each choice is its own sequence: the backend cannot share the prompt's KV between
     // sequences yet, so each prefills the prompt. With a seed, choice i samples with
     // seed + i, as vLLM seeds its n child requests.
-    let mut rxs = Vec::with_capacity(prepared.n);
-    for i in 0..prepared.n {
-        if prepared.sampling.max_tokens == 0 {
-            rxs.push(nothing_to_generate());
-            continue;
-        }
-        let mut sampling = prepared.sampling.clone();
-        sampling.seed = sampling.seed.map(|s| s.wrapping_add(i as u64));
-        match st.scheduler.submit(prepared.prompt.clone(), sampling) {
-            Ok(rx) => rxs.push(rx),
-            // Dropping the receivers already made cancels those choices.
+    let rxs = if prepared.sampling.max_tokens == 0 {
+        (0..prepared.n).map(|_| nothing_to_generate()).collect()
+    } else {
+        let samplings = (0..prepared.n)
+            .map(|i| {
+                let mut sampling = prepared.sampling.clone();
+                sampling.seed = sampling.seed.map(|s| s.wrapping_add(i as u64));
+                sampling
+            })
+            .collect();
+        // The choices take their places under --max-waiting-queue-length together: all
+        // queued, or the request is refused with nothing queued.
+        match st.scheduler.submit_all(&prepared.prompt, samplings) {
+            Ok(rxs) => rxs,
             Err(e @ SubmitError::QueueFull { .. }) => {
                 return ApiError::queue_full(e.to_string()).into_response();
             }
             Err(e) => return ApiError::internal(e.to_string()).into_response(),
         }
-    }
+    };
     let meta = st.meta(prefix);
     if prepared.stream {
         generate::respond_stream(rxs, st.tok, endpoint, &prepared, meta)
