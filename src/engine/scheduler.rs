@@ -903,39 +903,47 @@ mod tests {
     #[test]
     fn a_long_prompt_gets_its_first_token_while_short_requests_keep_streaming() {
         // Three short requests decode; a 200-token prompt arrives. Decode rows take 3 of the
-        // 16-token budget, so the prompt gets 13 a step: its first token within 16 steps,
-        // and every short request still gets one token every step meanwhile.
-        let mut h = Harness::new(4, 16, 100_000);
-        let mut shorts: Vec<_> = (0..3).map(|i| h.submit(2, i * 7, 1000)).collect();
-        let mut got = vec![Vec::new(); 3];
-        for _ in 0..3 {
-            h.tick();
-        }
-        for (rx, g) in shorts.iter_mut().zip(&mut got) {
-            drain(rx, g);
-            assert_eq!(g.len(), 3);
-        }
-        let mut long = h.submit(200, 11, 4);
-        let mut long_got = Vec::new();
-        let mut first_at = None;
-        for step in 1..=40 {
-            h.tick();
+        // 16-token budget, so the prompt gets 13 a step (or the long-prefill threshold, when
+        // lower): its first token within ceil(200 / 13) steps, and every short request
+        // still gets one token every step meanwhile.
+        for threshold in [0usize, 8] {
+            let mut h = Harness::new(4, 16, 100_000);
+            h.engine.cfg.long_prefill_token_threshold = threshold;
+            let mut shorts: Vec<_> = (0..3).map(|i| h.submit(2, i * 7, 1000)).collect();
+            let mut got = vec![Vec::new(); 3];
+            for _ in 0..3 {
+                h.tick();
+            }
             for (rx, g) in shorts.iter_mut().zip(&mut got) {
-                let before = g.len();
                 drain(rx, g);
-                assert_eq!(g.len(), before + 1, "a short request missed step {step}");
+                assert_eq!(g.len(), 3);
             }
-            drain(&mut long, &mut long_got);
-            if !long_got.is_empty() {
-                first_at = Some(step);
-                break;
+            let mut long = h.submit(200, 11, 4);
+            let mut long_got = Vec::new();
+            let mut first_at = None;
+            for step in 1..=40 {
+                h.tick();
+                for (rx, g) in shorts.iter_mut().zip(&mut got) {
+                    let before = g.len();
+                    drain(rx, g);
+                    assert_eq!(g.len(), before + 1, "a short request missed step {step}");
+                }
+                drain(&mut long, &mut long_got);
+                if !long_got.is_empty() {
+                    first_at = Some(step);
+                    break;
+                }
             }
+            let first_at = first_at.expect("the long prompt never got its first token");
+            let per_step = match threshold {
+                0 => 16 - 3,
+                t => t.min(16 - 3),
+            };
+            assert!(
+                first_at <= 200usize.div_ceil(per_step),
+                "threshold {threshold}: first token at step {first_at}"
+            );
         }
-        let first_at = first_at.expect("the long prompt never got its first token");
-        assert!(
-            first_at <= 200usize.div_ceil(16 - 3),
-            "first token at step {first_at}"
-        );
     }
 
     #[test]
