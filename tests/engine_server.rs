@@ -5,7 +5,7 @@ mod engine_server_support;
 
 use engine_server_support::{
     Probe, SCRIPT, ServerOptions, TOOL_SCRIPT, TestServer, candidates, logits_after, metric,
-    options, sse_data, start, start_with_probe, start_with_script,
+    options, sse_data, start, start_gated, start_with_probe, start_with_script,
 };
 use serde_json::{Value, json};
 use std::sync::Arc;
@@ -1012,36 +1012,408 @@ async fn full_kv_makes_admission_wait() {
     assert_eq!(probe.max_batch.load(Ordering::SeqCst), 1);
 }
 
+/// A client that hangs up cancels its request, streaming or not: the engine drops it at its
+/// next iteration, frees the KV slot, counts an abort, and generates nothing more for it.
 #[tokio::test(flavor = "multi_thread")]
 async fn client_disconnect_frees_the_slot() {
-    let s = start(options(), 8, 2).await;
-    let mut r = client()
-        .post(format!("{}/v1/completions", s.base))
-        .json(
-            &json!({"prompt": [7, 8, 9], "max_tokens": 2000, "ignore_eos": true,
-                      "stream": true}),
-        )
-        .send()
-        .await
-        .unwrap();
-    // Read until some tokens arrived, then hang up.
-    let mut got = 0;
-    while got < 3 {
-        let c = r.chunk().await.unwrap().unwrap();
-        got += String::from_utf8_lossy(&c).matches("data:").count();
+    for stream in [true, false] {
+        let s = start(options(), 8, 2).await;
+        let body = json!({"prompt": [7, 8, 9], "max_tokens": 2000, "ignore_eos": true,
+                          "stream": stream});
+        if stream {
+            let mut r = client()
+                .post(format!("{}/v1/completions", s.base))
+                .json(&body)
+                .send()
+                .await
+                .unwrap();
+            // Read until some tokens arrived, then hang up.
+            let mut got = 0;
+            while got < 3 {
+                let c = r.chunk().await.unwrap().unwrap();
+                got += String::from_utf8_lossy(&c).matches("data:").count();
+            }
+            assert_eq!(running(&metrics(&s).await), 1.0);
+            drop(r);
+        } else {
+            // The whole answer would take 2000 steps; hang up once a few tokens exist.
+            let url = format!("{}/v1/completions", s.base);
+            let call =
+                tokio::spawn(
+                    async move { reqwest::Client::new().post(url).json(&body).send().await },
+                );
+            wait_metrics(&s, "a request generating", |m| {
+                running(m) == 1.0 && metric(m, "vllm:generation_tokens_total{").unwrap() >= 3.0
+            })
+            .await;
+            call.abort();
+            assert!(call.await.unwrap_err().is_cancelled());
+        }
+        let m = wait_metrics(&s, "running back to 0", |m| running(m) == 0.0).await;
+        assert_eq!(
+            s.probe.live.load(Ordering::SeqCst),
+            0,
+            "KV slot freed ({stream})"
+        );
+        assert_eq!(
+            metric(&m, "vllm:kv_cache_usage_perc{"),
+            Some(0.0),
+            "stream {stream}"
+        );
+        assert_eq!(
+            metric(
+                &m,
+                "vllm:request_success_total{model_name=\"double\",engine=\"0\",finished_reason=\"abort\"}"
+            ),
+            Some(1.0),
+            "stream {stream}"
+        );
+        let generated = metric(&m, "vllm:generation_tokens_total{").unwrap();
+        assert!(generated < 2000.0, "stream {stream}");
+        // Nothing more is generated for it once it is gone.
+        let again = metrics(&s).await;
+        assert_eq!(
+            metric(&again, "vllm:generation_tokens_total{"),
+            Some(generated)
+        );
     }
-    assert_eq!(running(&metrics(&s).await), 1.0);
-    drop(r);
-    let m = wait_metrics(&s, "running back to 0", |m| running(m) == 0.0).await;
-    assert_eq!(s.probe.live.load(Ordering::SeqCst), 0, "KV slot freed");
+}
+
+/// `--max-waiting-queue-length`: with a full batch and N requests waiting, one more request
+/// gets an OpenAI-style 503 at once (streaming or not), counted in /metrics; the requests in
+/// the server finish normally, and once they do the server takes requests again.
+#[tokio::test(flavor = "multi_thread")]
+async fn full_waiting_queue_answers_an_openai_503_at_once() {
+    let probe = Arc::new(Probe::default());
+    *probe.gate_closed.lock().unwrap() = true;
+    let opts = ServerOptions {
+        max_num_seqs: 1,
+        max_waiting_queue_length: 2,
+        ..options()
+    };
+    let s = start_with_probe(opts, 8, 0, probe.clone()).await;
+    let mut handles = Vec::new();
+    for i in 0..3u32 {
+        let base = s.base.clone();
+        handles.push(tokio::spawn(async move {
+            let r = reqwest::Client::new()
+                .post(format!("{base}/v1/completions"))
+                .json(&json!({"prompt": [40 + i, 41], "max_tokens": 3, "temperature": 0}))
+                .send()
+                .await
+                .unwrap();
+            (r.status().as_u16(), r.json::<Value>().await.unwrap())
+        }));
+    }
+    // One request is inside the blocked step, two wait: the server is full.
+    wait_metrics(&s, "1 running, 2 waiting", |m| {
+        probe.started.load(Ordering::SeqCst) && running(m) == 1.0 && waiting(m) == 2.0
+    })
+    .await;
+    for stream in [false, true] {
+        let r = client()
+            .post(format!("{}/v1/completions", s.base))
+            .json(&json!({"prompt": [50, 51], "max_tokens": 3, "stream": stream}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status().as_u16(), 503, "stream {stream}");
+        assert_eq!(r.headers()["retry-after"], "1");
+        assert!(
+            r.headers()["content-type"]
+                .to_str()
+                .unwrap()
+                .starts_with("application/json")
+        );
+        let v: Value = r.json().await.unwrap();
+        let e = &v["error"];
+        assert_eq!(e["type"], "server_error", "{v}");
+        assert_eq!(e["code"], "waiting_queue_full", "{v}");
+        let msg = e["message"].as_str().unwrap();
+        assert!(msg.contains("--max-waiting-queue-length 2"), "{msg}");
+        assert!(msg.contains("retry later"), "{msg}");
+    }
+    // Chat is refused the same way.
+    let (status, v) = post(
+        &s,
+        "/v1/chat/completions",
+        json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}),
+    )
+    .await;
+    assert_eq!(status, 503, "{v}");
+    assert_eq!(v["error"]["code"], "waiting_queue_full");
+    let m = metrics(&s).await;
     assert_eq!(
         metric(
             &m,
-            "vllm:request_success_total{model_name=\"double\",engine=\"0\",finished_reason=\"abort\"}"
+            "vllm:admission_rejections_total{model_name=\"double\",reason=\"max_waiting_queue_length\"}"
         ),
-        Some(1.0)
+        Some(3.0)
     );
-    assert!(metric(&m, "vllm:generation_tokens_total{").unwrap() < 2000.0);
+    // Refused requests never reached the queue.
+    assert_eq!(waiting(&m), 2.0);
+    probe.open_gate();
+    for h in handles {
+        let (status, v) = h.await.unwrap();
+        assert_eq!(status, 200, "{v}");
+        assert_eq!(v["usage"]["completion_tokens"], 3, "{v}");
+    }
+    // A client that heard its answer may send the next request at once.
+    for _ in 0..4 {
+        let (status, v) = post(
+            &s,
+            "/v1/completions",
+            json!({"prompt": [60, 61], "max_tokens": 2, "temperature": 0}),
+        )
+        .await;
+        assert_eq!(status, 200, "{v}");
+    }
+    let m = wait_metrics(&s, "idle", |m| running(m) == 0.0).await;
+    assert_eq!(waiting(&m), 0.0);
+    assert_eq!(
+        metric(
+            &m,
+            "vllm:admission_rejections_total{model_name=\"double\",reason=\"max_waiting_queue_length\"}"
+        ),
+        Some(3.0)
+    );
+}
+
+/// The `n` choices of one request take `n` places under `--max-waiting-queue-length`
+/// together: a request whose choices do not all fit is refused with nothing queued, one
+/// whose choices fit is served whole, and one that could never fit says so.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_request_of_n_choices_takes_n_places_or_none() {
+    let probe = Arc::new(Probe::default());
+    *probe.gate_closed.lock().unwrap() = true;
+    let opts = ServerOptions {
+        max_num_seqs: 1,
+        max_waiting_queue_length: 2,
+        ..options()
+    };
+    let s = start_with_probe(opts, 8, 0, probe.clone()).await;
+    let send = |n: u32| {
+        let base = s.base.clone();
+        tokio::spawn(async move {
+            let r = reqwest::Client::new()
+                .post(format!("{base}/v1/completions"))
+                .json(
+                    &json!({"prompt": [80, 81], "max_tokens": 2, "temperature": 0.8, "seed": 1,
+                              "n": n}),
+                )
+                .send()
+                .await
+                .unwrap();
+            (r.status().as_u16(), r.json::<Value>().await.unwrap())
+        })
+    };
+    let first = send(1);
+    wait_metrics(&s, "1 running", |m| {
+        probe.started.load(Ordering::SeqCst) && running(m) == 1.0
+    })
+    .await;
+    // 1 in the server, room for 2 more: 3 choices are refused whole, nothing queued.
+    let (status, v) = send(3).await.unwrap();
+    assert_eq!(status, 503, "{v}");
+    assert_eq!(v["error"]["code"], "waiting_queue_full");
+    assert_eq!(waiting(&metrics(&s).await), 0.0);
+    // More choices than the server ever holds: the message says to ask for fewer.
+    let (status, v) = send(4).await.unwrap();
+    assert_eq!(status, 503, "{v}");
+    let msg = v["error"]["message"].as_str().unwrap();
+    assert!(msg.contains("a request of 4 choices"), "{msg}");
+    assert!(msg.contains("fewer choices"), "{msg}");
+    // 2 choices fit.
+    let second = send(2);
+    wait_metrics(&s, "2 choices waiting", |m| waiting(m) == 2.0).await;
+    probe.open_gate();
+    let (status, v) = first.await.unwrap();
+    assert_eq!(status, 200, "{v}");
+    let (status, v) = second.await.unwrap();
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["choices"].as_array().unwrap().len(), 2, "{v}");
+    let m = metrics(&s).await;
+    assert_eq!(
+        metric(
+            &m,
+            "vllm:admission_rejections_total{model_name=\"double\",reason=\"max_waiting_queue_length\"}"
+        ),
+        Some(2.0)
+    );
+}
+
+/// Without a limit (the default) nothing is refused however many requests wait.
+#[tokio::test(flavor = "multi_thread")]
+async fn no_waiting_queue_limit_by_default() {
+    let probe = Arc::new(Probe::default());
+    *probe.gate_closed.lock().unwrap() = true;
+    let opts = ServerOptions {
+        max_num_seqs: 1,
+        ..options()
+    };
+    assert_eq!(opts.max_waiting_queue_length, 0);
+    let s = start_with_probe(opts, 8, 0, probe.clone()).await;
+    let mut handles = Vec::new();
+    for i in 0..12u32 {
+        let base = s.base.clone();
+        handles.push(tokio::spawn(async move {
+            reqwest::Client::new()
+                .post(format!("{base}/v1/completions"))
+                .json(&json!({"prompt": [70 + i], "max_tokens": 2, "temperature": 0}))
+                .send()
+                .await
+                .unwrap()
+                .status()
+                .as_u16()
+        }));
+    }
+    wait_metrics(&s, "1 running, 11 waiting", |m| {
+        running(m) == 1.0 && waiting(m) == 11.0
+    })
+    .await;
+    probe.open_gate();
+    for h in handles {
+        assert_eq!(h.await.unwrap(), 200);
+    }
+    let m = metrics(&s).await;
+    assert_eq!(
+        metric(&m, "vllm:admission_rejections_total{"),
+        Some(0.0),
+        "{m}"
+    );
+}
+
+/// The synthetic tiny model on the CPU through the real server: each request's greedy tokens
+/// are the same whether it ran alone with its prompt in one piece, or batched with three
+/// others under a 16-token step budget (prompts chunked, decode rows beside prefill chunks);
+/// the step log shows the batching happened and never went over the budget.
+#[tokio::test(flavor = "multi_thread")]
+async fn greedy_tokens_are_the_same_alone_and_among_concurrent_requests() {
+    let tiny = || {
+        Box::new(mxtune::engine::cpu::CpuBackend::new(
+            mxtune::engine::synthetic::build("tiny", 0).unwrap(),
+            4 * 256,
+        ))
+    };
+    let opts = |budget: usize| ServerOptions {
+        served_model_name: "tiny".into(),
+        max_model_len: 256,
+        max_num_seqs: 4,
+        max_num_batched_tokens: budget,
+        kv_cache_tokens: 4 * 256,
+        ..options()
+    };
+    // Token-id prompts of different lengths: 3 fits one chunk, 40 takes three.
+    let prompts: Vec<Vec<u32>> = [3usize, 40, 7, 25]
+        .iter()
+        .enumerate()
+        .map(|(i, &n)| {
+            (0..n as u32)
+                .map(|k| 1000 + 37 * i as u32 + 11 * k)
+                .collect()
+        })
+        .collect();
+    let body = |p: &Vec<u32>| {
+        json!({"model": "tiny", "prompt": p, "max_tokens": 8, "temperature": 0,
+               "ignore_eos": true, "return_token_ids": true})
+    };
+    let tokens = |v: &Value| -> Vec<u64> {
+        v["choices"][0]["token_ids"]
+            .as_array()
+            .unwrap_or_else(|| panic!("{v}"))
+            .iter()
+            .map(|t| t.as_u64().unwrap())
+            .collect()
+    };
+    // Alone: one request at a time, the whole prompt in one step.
+    let alone_server = start_gated(tiny(), opts(4096), Arc::new(Probe::default())).await;
+    let mut alone = Vec::new();
+    for p in &prompts {
+        let (status, v) = post(&alone_server, "/v1/completions", body(p)).await;
+        assert_eq!(status, 200, "{v}");
+        alone.push(tokens(&v));
+        assert_eq!(alone.last().unwrap().len(), 8);
+    }
+    drop(alone_server);
+    // Together: all four queue behind a closed gate, then run batched.
+    let dir = std::env::temp_dir().join(format!("mxtune-batched-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let log = dir.join("steps.jsonl");
+    let probe = Arc::new(Probe::default());
+    *probe.gate_closed.lock().unwrap() = true;
+    let s = start_gated(
+        tiny(),
+        ServerOptions {
+            step_log: Some(log.clone()),
+            ..opts(16)
+        },
+        probe.clone(),
+    )
+    .await;
+    let mut handles = Vec::new();
+    for p in &prompts {
+        let base = s.base.clone();
+        let b = body(p);
+        handles.push(tokio::spawn(async move {
+            reqwest::Client::new()
+                .post(format!("{base}/v1/completions"))
+                .json(&b)
+                .send()
+                .await
+                .unwrap()
+                .json::<Value>()
+                .await
+                .unwrap()
+        }));
+    }
+    wait_metrics(&s, "all four in the server", |m| {
+        probe.started.load(Ordering::SeqCst) && running(m) + waiting(m) == 4.0
+    })
+    .await;
+    probe.open_gate();
+    for (i, h) in handles.into_iter().enumerate() {
+        let v = h.await.unwrap();
+        assert_eq!(
+            tokens(&v),
+            alone[i],
+            "prompt {i}: batched tokens differ from alone"
+        );
+    }
+    assert!(
+        probe.max_batch.load(Ordering::SeqCst) >= 3,
+        "the requests ran batched"
+    );
+    wait_metrics(&s, "idle", |m| running(m) == 0.0).await;
+    assert_eq!(probe.live.load(Ordering::SeqCst), 0);
+    let total_prompt: usize = prompts.iter().map(Vec::len).sum();
+    let mut steps = Vec::new();
+    for _ in 0..2000 {
+        if let Ok(v) = mxtune::engine::steplog::read(&log) {
+            steps = v;
+            if steps.iter().map(|r| r.prefill_tokens).sum::<usize>() == total_prompt
+                && steps.iter().map(|r| r.decode_rows).sum::<usize>() == 4 * 7
+            {
+                break;
+            }
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    assert_eq!(
+        steps.iter().map(|r| r.prefill_tokens).sum::<usize>(),
+        total_prompt
+    );
+    assert_eq!(steps.iter().map(|r| r.decode_rows).sum::<usize>(), 4 * 7);
+    for r in &steps {
+        assert!(r.decode_rows + r.prefill_tokens <= 16, "{r:?}");
+    }
+    assert!(
+        steps
+            .iter()
+            .any(|r| r.decode_rows > 0 && r.prefill_rows > 0),
+        "decode rows ran beside prefill chunks: {steps:?}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -1455,6 +1827,7 @@ async fn oracle_greedy_continuations_through_http() {
             weights: mxtune::engine::server::WeightsOrigin::Checkpoint,
             step_log: None,
             long_prefill_token_threshold: 0,
+            max_waiting_queue_length: 0,
         };
         let server = mxtune::engine::server::Server::new(Box::new(backend), opts).unwrap();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -1555,10 +1928,20 @@ async fn serve_binary_reports_kernel_paths_and_serves_synthetic_tiny() {
             "gemv",
             "--max-request-bytes",
             "4096",
+            "--max-num-seqs",
+            "2",
+            "--max-waiting-queue-length",
+            "3",
         ])
     })
     .await
     .unwrap();
+    assert!(
+        lines.iter().any(|l| l
+            == "mxtune serve: waiting queue: at most 3 requests wait beyond a full batch of 2; \
+                one more gets a 503 (--max-waiting-queue-length 3)"),
+        "{lines:?}"
+    );
     let ready = lines.last().expect("no output").clone();
     assert!(
         ready.starts_with("mxtune serve: ready on http://127.0.0.1:"),
@@ -1843,6 +2226,25 @@ fn serve_binary_refuses_cuda_without_gpu_and_impossible_flags() {
     let o = run(&["--synthetic", "huge"]);
     assert!(!o.status.success());
     assert!(String::from_utf8_lossy(&o.stderr).contains("unknown synthetic model"));
+    // A step must hold one token of every running request.
+    let o = run(&[
+        "--synthetic",
+        "tiny",
+        "--device",
+        "cpu",
+        "--max-num-seqs",
+        "8",
+        "--max-num-batched-tokens",
+        "4",
+        "--max-waiting-queue-length",
+        "2",
+    ]);
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("--max-num-batched-tokens 4 is below --max-num-seqs 8"),
+        "{err}"
+    );
     let o = run(&["--model", "/nonexistent/ckpt"]);
     assert!(!o.status.success());
     assert!(String::from_utf8_lossy(&o.stderr).contains("/nonexistent/ckpt"));

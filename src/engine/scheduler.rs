@@ -8,7 +8,7 @@ use super::server::metrics::{Finished, Metrics, RequestStats};
 use super::steplog::{StepLog, StepRecord};
 use std::collections::VecDeque;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
@@ -32,6 +32,9 @@ pub struct SchedulerConfig {
     /// vLLM names it); 0: as many as the step's budget leaves. A low value keeps a long
     /// prompt from stalling the decoding requests for a whole big chunk.
     pub long_prefill_token_threshold: usize,
+    /// Most requests that may wait beyond a full batch (`--max-waiting-queue-length`);
+    /// a request past `max_num_seqs + this` in the server is refused at once. 0 = no limit.
+    pub max_waiting_queue_length: usize,
 }
 
 /// Why generation ended, in OpenAI's `finish_reason` words.
@@ -58,7 +61,99 @@ struct GenRequest {
     sampling: SamplingParams,
     events: UnboundedSender<GenEvent>,
     arrived: Instant,
+    in_flight: InFlight,
 }
+
+/// Counts one request as in the server from submission until it ends: released before its
+/// client hears `Done` or `Error` (so a client that sends its next request at once finds the
+/// room), and on drop for every other way out (cancelled, engine thread gone).
+#[derive(Debug)]
+struct InFlight(Option<Arc<AtomicUsize>>);
+
+impl InFlight {
+    /// Count one more request unless `cap` (0 = none) are already in the server.
+    #[cfg(test)]
+    fn enter(count: &Arc<AtomicUsize>, cap: usize) -> Option<Self> {
+        Self::enter_all(count, cap, 1).and_then(|mut v| v.pop())
+    }
+
+    /// Count `k` more requests at once, or none when that would pass `cap` (0 = none).
+    fn enter_all(count: &Arc<AtomicUsize>, cap: usize, k: usize) -> Option<Vec<Self>> {
+        count
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
+                let after = n.checked_add(k)?;
+                (cap == 0 || after <= cap).then_some(after)
+            })
+            .ok()
+            .map(|_| (0..k).map(|_| InFlight(Some(count.clone()))).collect())
+    }
+
+    fn release(&mut self) {
+        if let Some(c) = self.0.take() {
+            c.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.release();
+    }
+}
+
+/// Why [`SchedulerHandle::submit`] refused a request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SubmitError {
+    /// The prompt has no token (a decode step needs one to start from).
+    EmptyPrompt,
+    /// `max_num_seqs + max_waiting_queue_length` requests are already in the server.
+    QueueFull {
+        max_num_seqs: usize,
+        max_waiting_queue_length: usize,
+        /// Places the request asked for (its `n` choices).
+        choices: usize,
+    },
+    /// The engine thread has ended.
+    EngineStopped,
+}
+
+impl std::fmt::Display for SubmitError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SubmitError::EmptyPrompt => write!(f, "the prompt is empty"),
+            SubmitError::QueueFull {
+                max_num_seqs,
+                max_waiting_queue_length,
+                choices,
+            } if *choices > max_num_seqs + max_waiting_queue_length => write!(
+                f,
+                "a request of {choices} choices takes {choices} places, more than this server \
+                 ever holds: a batch of {max_num_seqs} and {max_waiting_queue_length} waiting \
+                 (mxtune serve --max-num-seqs {max_num_seqs} --max-waiting-queue-length \
+                 {max_waiting_queue_length}); ask for fewer choices (n) or restart the server \
+                 with a larger --max-waiting-queue-length (0 = no limit)"
+            ),
+            SubmitError::QueueFull {
+                max_num_seqs,
+                max_waiting_queue_length,
+                ..
+            } => write!(
+                f,
+                "the server is full: it holds {} requests, a batch of {max_num_seqs} and \
+                 {max_waiting_queue_length} waiting (mxtune serve --max-num-seqs \
+                 {max_num_seqs} --max-waiting-queue-length {max_waiting_queue_length}); retry \
+                 later, send fewer requests at once, or restart the server with a larger \
+                 --max-waiting-queue-length (0 = no limit)",
+                max_num_seqs + max_waiting_queue_length
+            ),
+            SubmitError::EngineStopped => {
+                write!(f, "the engine thread has stopped; restart the server")
+            }
+        }
+    }
+}
+
+impl std::error::Error for SubmitError {}
 
 /// The server's side of the scheduler: submit requests, read live metrics.
 #[derive(Debug, Clone)]
@@ -66,6 +161,10 @@ pub struct SchedulerHandle {
     tx: mpsc::Sender<GenRequest>,
     metrics: Arc<Metrics>,
     alive: Arc<AtomicBool>,
+    /// Requests submitted and not yet ended, and the most allowed (0 = no limit).
+    in_flight: Arc<AtomicUsize>,
+    max_num_seqs: usize,
+    max_waiting_queue_length: usize,
 }
 
 /// Clears the liveness flag when the engine thread ends, also when it unwinds from a panic.
@@ -83,28 +182,66 @@ impl SchedulerHandle {
         self.alive.load(Ordering::SeqCst)
     }
 
+    /// Requests submitted and not yet ended (running, waiting, or on their way in).
+    pub fn in_flight(&self) -> usize {
+        self.in_flight.load(Ordering::SeqCst)
+    }
+
     /// Queue a request. Dropping the returned receiver cancels it and frees its KV slot.
+    /// With a waiting-queue limit, a request that finds `max_num_seqs + limit` requests in
+    /// the server is refused at once (counted in the metrics), never queued.
     pub fn submit(
         &self,
         prompt: Vec<u32>,
         sampling: SamplingParams,
-    ) -> anyhow::Result<UnboundedReceiver<GenEvent>> {
+    ) -> Result<UnboundedReceiver<GenEvent>, SubmitError> {
+        self.submit_all(&prompt, vec![sampling])
+            .and_then(|mut rxs| rxs.pop().ok_or(SubmitError::EngineStopped))
+    }
+
+    /// Queue one sequence per entry of `samplings`, all on `prompt` (the `n` choices of one
+    /// request). They take their places under the waiting-queue limit together: all are
+    /// queued, or none is and the request is refused (counted once in the metrics).
+    pub fn submit_all(
+        &self,
+        prompt: &[u32],
+        samplings: Vec<SamplingParams>,
+    ) -> Result<Vec<UnboundedReceiver<GenEvent>>, SubmitError> {
         // A decode step feeds the last token, so there must be one to start from.
-        anyhow::ensure!(!prompt.is_empty(), "the prompt is empty");
-        let (events, rx) = unbounded_channel();
-        self.metrics.request_queued();
-        self.tx
-            .send(GenRequest {
-                prompt,
-                sampling,
-                events,
-                arrived: Instant::now(),
-            })
-            .map_err(|_| {
-                self.metrics.request_dequeued();
-                anyhow::anyhow!("the engine thread has stopped; restart the server")
-            })?;
-        Ok(rx)
+        if prompt.is_empty() {
+            return Err(SubmitError::EmptyPrompt);
+        }
+        let cap = match self.max_waiting_queue_length {
+            0 => 0,
+            w => self.max_num_seqs.saturating_add(w),
+        };
+        let Some(places) = InFlight::enter_all(&self.in_flight, cap, samplings.len()) else {
+            self.metrics.request_rejected_queue_full();
+            return Err(SubmitError::QueueFull {
+                max_num_seqs: self.max_num_seqs,
+                max_waiting_queue_length: self.max_waiting_queue_length,
+                choices: samplings.len(),
+            });
+        };
+        let mut rxs = Vec::with_capacity(samplings.len());
+        for (sampling, in_flight) in samplings.into_iter().zip(places) {
+            let (events, rx) = unbounded_channel();
+            self.metrics.request_queued();
+            self.tx
+                .send(GenRequest {
+                    prompt: prompt.to_vec(),
+                    sampling,
+                    events,
+                    arrived: Instant::now(),
+                    in_flight,
+                })
+                .map_err(|_| {
+                    self.metrics.request_dequeued();
+                    SubmitError::EngineStopped
+                })?;
+            rxs.push(rx);
+        }
+        Ok(rxs)
     }
 }
 
@@ -135,6 +272,7 @@ pub fn spawn(
         None => None,
     };
     let (tx, rx) = mpsc::channel();
+    let (max_num_seqs, max_waiting_queue_length) = (cfg.max_num_seqs, cfg.max_waiting_queue_length);
     let engine_metrics = metrics.clone();
     let alive = Arc::new(AtomicBool::new(true));
     let guard = AliveGuard(alive.clone());
@@ -146,7 +284,14 @@ pub fn spawn(
             engine.run(rx)
         })
         .map_err(|e| anyhow::anyhow!("could not start the engine thread: {e}"))?;
-    Ok(SchedulerHandle { tx, metrics, alive })
+    Ok(SchedulerHandle {
+        tx,
+        metrics,
+        alive,
+        in_flight: Arc::new(AtomicUsize::new(0)),
+        max_num_seqs,
+        max_waiting_queue_length,
+    })
 }
 
 struct Engine {
@@ -203,30 +348,36 @@ impl Engine {
                 }
                 idle = t_idle.elapsed();
             }
-            let t0 = Instant::now();
-            while let Ok(r) = rx.try_recv() {
-                self.waiting.push_back(r);
-            }
-            self.drop_cancelled();
-            self.admit();
-            self.publish_load();
-            if !self.running.is_empty() {
-                let admitted = t0.elapsed();
-                // What the step holds, read before it runs (it may finish requests).
-                let shape = self.step_log.is_some().then(|| self.shape());
-                let times = self.step();
-                self.metrics.observe_step(times.forward, t0.elapsed());
-                if let (Some(log), Some(mut rec)) = (&mut self.step_log, shape) {
-                    let us = |d: Duration| u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
-                    rec.t = log.since_open(t0);
-                    rec.idle_us = us(idle);
-                    rec.waiting = self.waiting.len();
-                    rec.admit_us = us(admitted);
-                    rec.plan_us = us(times.plan);
-                    rec.forward_us = us(times.forward);
-                    rec.emit_us = us(times.emit);
-                    log.write(&rec);
-                }
+            self.iterate(&rx, idle);
+        }
+    }
+
+    /// One scheduler iteration: take the requests that arrived, drop those whose client went
+    /// away (their slots are free before the step runs), admit, and run one batched step.
+    fn iterate(&mut self, rx: &mpsc::Receiver<GenRequest>, idle: Duration) {
+        let t0 = Instant::now();
+        while let Ok(r) = rx.try_recv() {
+            self.waiting.push_back(r);
+        }
+        self.drop_cancelled();
+        self.admit();
+        self.publish_load();
+        if !self.running.is_empty() {
+            let admitted = t0.elapsed();
+            // What the step holds, read before it runs (it may finish requests).
+            let shape = self.step_log.is_some().then(|| self.shape());
+            let times = self.step();
+            self.metrics.observe_step(times.forward, t0.elapsed());
+            if let (Some(log), Some(mut rec)) = (&mut self.step_log, shape) {
+                let us = |d: Duration| u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
+                rec.t = log.since_open(t0);
+                rec.idle_us = us(idle);
+                rec.waiting = self.waiting.len();
+                rec.admit_us = us(admitted);
+                rec.plan_us = us(times.plan);
+                rec.forward_us = us(times.forward);
+                rec.emit_us = us(times.emit);
+                log.write(&rec);
             }
         }
     }
@@ -329,8 +480,9 @@ impl Engine {
                 }
                 None if self.running.is_empty() => {
                     // Nothing will ever free memory: waiting would hang forever.
-                    if let Some(req) = self.waiting.pop_front() {
+                    if let Some(mut req) = self.waiting.pop_front() {
                         self.metrics.request_dequeued();
+                        req.in_flight.release();
                         let _ = req.events.send(GenEvent::Error(format!(
                             "the KV cache cannot hold {need} positions even when empty; \
                              lower max_tokens or the server's --max-model-len"
@@ -466,6 +618,7 @@ impl Engine {
                 return times;
             };
             if let Some(reason) = Self::emit_token(&self.cfg, &self.metrics, r, token) {
+                r.req.in_flight.release();
                 let _ = r.req.events.send(GenEvent::Done(reason));
                 let why = match reason {
                     FinishReason::Stop => Finished::Stop,
@@ -525,10 +678,11 @@ impl Engine {
     }
 
     fn fail_all(&mut self, msg: &str) {
-        for r in self.running.drain(..) {
+        for mut r in self.running.drain(..) {
             // Free the slot before the client hears of the failure, so a client that
             // retries at once finds the room (and a test checking the slot does not race).
             self.backend.free_seq(r.seq);
+            r.req.in_flight.release();
             let _ = r.req.events.send(GenEvent::Error(msg.to_string()));
             self.metrics
                 .observe_finished(Finished::Abort, r.req.arrived.elapsed().as_secs_f64());
@@ -542,5 +696,342 @@ fn banned_tokens<'a>(stops: &'a [u32], p: &SamplingParams, generated: usize) -> 
         stops
     } else {
         &[]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::config::ModelConfig;
+    use std::collections::HashMap;
+    use std::sync::Mutex;
+
+    const VOCAB: usize = 64;
+
+    /// One forward call as the backend saw it: (sequence, tokens fed) per row.
+    type Steps = Arc<Mutex<Vec<Vec<(SeqId, usize)>>>>;
+
+    /// A stand-in model for the scheduler's own rules: it records every step, accounts KV
+    /// positions like the real backends, and prefers token `(last + 1) % VOCAB`.
+    struct Recorder {
+        cfg: ModelConfig,
+        kv_budget: usize,
+        reserved: HashMap<SeqId, usize>,
+        next: u32,
+        steps: Steps,
+    }
+
+    impl ModelBackend for Recorder {
+        fn config(&self) -> &ModelConfig {
+            &self.cfg
+        }
+        fn name(&self) -> String {
+            "recorder".into()
+        }
+        fn alloc_seq(&mut self, max_tokens: usize) -> Option<SeqId> {
+            let used: usize = self.reserved.values().sum();
+            if used + max_tokens > self.kv_budget {
+                return None;
+            }
+            let id = SeqId(self.next);
+            self.next += 1;
+            self.reserved.insert(id, max_tokens);
+            Some(id)
+        }
+        fn free_seq(&mut self, seq: SeqId) {
+            self.reserved.remove(&seq);
+        }
+        fn forward(&mut self, batch: &[SeqStep<'_>]) -> anyhow::Result<Vec<Vec<f32>>> {
+            self.steps
+                .lock()
+                .unwrap()
+                .push(batch.iter().map(|b| (b.seq, b.tokens.len())).collect());
+            Ok(batch
+                .iter()
+                .map(|b| {
+                    let mut l = vec![0.0f32; VOCAB];
+                    let last = b.tokens.last().copied().unwrap_or(0) as usize;
+                    l[(last + 1) % VOCAB] = 5.0;
+                    l
+                })
+                .collect())
+        }
+    }
+
+    /// An engine driven one iteration at a time, with no thread and no clock in the way.
+    struct Harness {
+        engine: Engine,
+        tx: mpsc::Sender<GenRequest>,
+        rx: mpsc::Receiver<GenRequest>,
+        in_flight: Arc<AtomicUsize>,
+        steps: Steps,
+    }
+
+    impl Harness {
+        fn new(max_num_seqs: usize, budget: usize, kv_tokens: usize) -> Self {
+            let steps = Steps::default();
+            let mut cfg = crate::engine::synthetic::config("tiny").unwrap();
+            cfg.vocab_size = VOCAB;
+            let backend = Recorder {
+                cfg,
+                kv_budget: kv_tokens,
+                reserved: HashMap::new(),
+                next: 0,
+                steps: steps.clone(),
+            };
+            let sc = SchedulerConfig {
+                max_num_seqs,
+                max_model_len: 4096,
+                max_num_batched_tokens: budget,
+                kv_cache_tokens: kv_tokens,
+                stop_tokens: Vec::new(),
+                step_log: None,
+                long_prefill_token_threshold: 0,
+                max_waiting_queue_length: 0,
+            };
+            let metrics = Arc::new(Metrics::new("t", 4096, kv_tokens));
+            let engine = Engine::new(
+                AliveGuard(Arc::new(AtomicBool::new(true))),
+                Box::new(backend),
+                sc,
+                metrics,
+            );
+            let (tx, rx) = mpsc::channel();
+            Harness {
+                engine,
+                tx,
+                rx,
+                in_flight: Arc::new(AtomicUsize::new(0)),
+                steps,
+            }
+        }
+
+        /// Submit a greedy request of `prompt_len` tokens starting at `first`.
+        fn submit(
+            &self,
+            prompt_len: usize,
+            first: u32,
+            max_tokens: usize,
+        ) -> UnboundedReceiver<GenEvent> {
+            let (events, rx) = unbounded_channel();
+            self.engine.metrics.request_queued();
+            let in_flight = InFlight::enter(&self.in_flight, 0).unwrap();
+            self.tx
+                .send(GenRequest {
+                    prompt: (0..prompt_len as u32).map(|k| (first + k) % 60).collect(),
+                    sampling: SamplingParams {
+                        temperature: 0.0,
+                        max_tokens,
+                        ignore_eos: true,
+                        ..SamplingParams::default()
+                    },
+                    events,
+                    arrived: Instant::now(),
+                    in_flight,
+                })
+                .unwrap();
+            rx
+        }
+
+        fn tick(&mut self) {
+            self.engine.iterate(&self.rx, Duration::ZERO);
+        }
+
+        fn live(&self) -> usize {
+            self.engine.running.len()
+        }
+
+        /// The first prompt token of each running request (tests give each a distinct one).
+        fn running_firsts(&self) -> Vec<u32> {
+            self.engine
+                .running
+                .iter()
+                .map(|r| r.req.prompt[0])
+                .collect()
+        }
+    }
+
+    /// Tokens received so far, and whether the request ended.
+    fn drain(rx: &mut UnboundedReceiver<GenEvent>, got: &mut Vec<u32>) -> bool {
+        let mut done = false;
+        while let Ok(ev) = rx.try_recv() {
+            match ev {
+                GenEvent::Token(s) => got.push(s.token),
+                GenEvent::Done(_) => done = true,
+                GenEvent::Error(e) => panic!("request failed: {e}"),
+            }
+        }
+        done
+    }
+
+    #[test]
+    fn every_step_stays_within_the_token_budget_and_feeds_every_prompt_token_once() {
+        let mut h = Harness::new(4, 16, 100_000);
+        let prompts = [5usize, 40, 3, 33, 17, 1, 64];
+        let mut rxs: Vec<_> = prompts
+            .iter()
+            .enumerate()
+            .map(|(i, &n)| h.submit(n, i as u32, 6))
+            .collect();
+        let mut got = vec![Vec::new(); prompts.len()];
+        let mut done = vec![false; prompts.len()];
+        for _ in 0..500 {
+            h.tick();
+            for (i, rx) in rxs.iter_mut().enumerate() {
+                done[i] |= drain(rx, &mut got[i]);
+            }
+            if done.iter().all(|d| *d) {
+                break;
+            }
+        }
+        assert!(done.iter().all(|d| *d), "{done:?}");
+        for g in &got {
+            assert_eq!(g.len(), 6);
+        }
+        let steps = h.steps.lock().unwrap();
+        let mut fed = 0;
+        for s in steps.iter() {
+            let n: usize = s.iter().map(|r| r.1).sum();
+            assert!(n <= 16, "a step of {n} tokens over the budget of 16: {s:?}");
+            fed += n;
+        }
+        // Every prompt token once, and every generated token but the last fed back once.
+        assert_eq!(fed, prompts.iter().sum::<usize>() + prompts.len() * 5);
+        assert_eq!(h.in_flight.load(Ordering::SeqCst), 0);
+    }
+
+    #[test]
+    fn a_long_prompt_gets_its_first_token_while_short_requests_keep_streaming() {
+        // Three short requests decode; a 200-token prompt arrives. Decode rows take 3 of the
+        // 16-token budget, so the prompt gets 13 a step (or the long-prefill threshold, when
+        // lower): its first token within ceil(200 / 13) steps, and every short request
+        // still gets one token every step meanwhile.
+        for threshold in [0usize, 8] {
+            let mut h = Harness::new(4, 16, 100_000);
+            h.engine.cfg.long_prefill_token_threshold = threshold;
+            let mut shorts: Vec<_> = (0..3).map(|i| h.submit(2, i * 7, 1000)).collect();
+            let mut got = vec![Vec::new(); 3];
+            for _ in 0..3 {
+                h.tick();
+            }
+            for (rx, g) in shorts.iter_mut().zip(&mut got) {
+                drain(rx, g);
+                assert_eq!(g.len(), 3);
+            }
+            let mut long = h.submit(200, 11, 4);
+            let mut long_got = Vec::new();
+            let mut first_at = None;
+            for step in 1..=40 {
+                h.tick();
+                for (rx, g) in shorts.iter_mut().zip(&mut got) {
+                    let before = g.len();
+                    drain(rx, g);
+                    assert_eq!(g.len(), before + 1, "a short request missed step {step}");
+                }
+                drain(&mut long, &mut long_got);
+                if !long_got.is_empty() {
+                    first_at = Some(step);
+                    break;
+                }
+            }
+            let first_at = first_at.expect("the long prompt never got its first token");
+            let per_step = match threshold {
+                0 => 16 - 3,
+                t => t.min(16 - 3),
+            };
+            assert!(
+                first_at <= 200usize.div_ceil(per_step),
+                "threshold {threshold}: first token at step {first_at}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_flood_of_short_requests_does_not_starve_a_waiting_long_one() {
+        // KV for 240 positions: two short requests (24 and 44 positions) run; a long one
+        // (210) waits. When the first short ends a slot is free but the KV is not (196 left),
+        // and short requests that keep arriving would fit: admission is first come, first
+        // served, so none of them takes the room before the long one, which runs as soon as
+        // the second short ends.
+        let mut h = Harness::new(2, 64, 240);
+        let mut rxs = vec![h.submit(4, 1, 20), h.submit(4, 2, 40)];
+        h.tick();
+        let mut long = h.submit(200, 3, 10);
+        let mut long_got = Vec::new();
+        let mut later = Vec::new();
+        let mut admitted_at = None;
+        let mut first_token_at = None;
+        for step in 0..200 {
+            // A new short request every step.
+            later.push(h.submit(4, 10 + step as u32 % 40, 20));
+            h.tick();
+            let firsts = h.running_firsts();
+            if admitted_at.is_none() {
+                if firsts.contains(&3) {
+                    admitted_at = Some(step);
+                } else {
+                    // Until the long one is in, no short that came after it runs.
+                    assert!(
+                        firsts.iter().all(|f| *f == 1 || *f == 2),
+                        "a later request overtook the long one at step {step}: {firsts:?}"
+                    );
+                }
+            }
+            drain(&mut long, &mut long_got);
+            if !long_got.is_empty() {
+                first_token_at = Some(step);
+                break;
+            }
+            for rx in &mut rxs {
+                drain(rx, &mut Vec::new());
+            }
+        }
+        let admitted_at = admitted_at.expect("the long request was never admitted");
+        // The second short ends after 40 tokens (its prefill step and 39 decode steps).
+        assert!(admitted_at <= 40, "admitted at step {admitted_at}");
+        let first = first_token_at.expect("the long request never got its first token");
+        // 200 prompt tokens at 63 or more a step (one decode row beside it at most).
+        assert!(first <= admitted_at + 4, "first token at step {first}");
+    }
+
+    #[test]
+    fn a_cancelled_request_frees_its_slot_before_the_next_step() {
+        let mut h = Harness::new(4, 16, 100_000);
+        let mut a = h.submit(3, 1, 1000);
+        let b = h.submit(3, 2, 1000);
+        for _ in 0..3 {
+            h.tick();
+        }
+        drain(&mut a, &mut Vec::new());
+        assert_eq!(h.live(), 2);
+        assert_eq!(h.in_flight.load(Ordering::SeqCst), 2);
+        // Running request gone: the very next iteration frees it before its step runs.
+        drop(b);
+        let before = h.steps.lock().unwrap().len();
+        h.tick();
+        assert_eq!(h.live(), 1);
+        assert_eq!(h.in_flight.load(Ordering::SeqCst), 1);
+        let steps = h.steps.lock().unwrap();
+        assert_eq!(steps.len(), before + 1);
+        assert_eq!(
+            steps[before].len(),
+            1,
+            "the cancelled row was not in the step"
+        );
+        drop(steps);
+        // A waiting request gone (the batch is full) leaves the queue at the next iteration.
+        let mut h = Harness::new(1, 16, 100_000);
+        let _a = h.submit(3, 1, 1000);
+        let c = h.submit(3, 2, 1000);
+        h.tick();
+        assert_eq!(h.engine.waiting.len(), 1);
+        let gauge =
+            |n: u32| format!("vllm:num_requests_waiting{{model_name=\"t\",engine=\"0\"}} {n}\n");
+        assert!(h.engine.metrics.render().contains(&gauge(1)));
+        drop(c);
+        h.tick();
+        assert!(h.engine.waiting.is_empty());
+        assert_eq!(h.in_flight.load(Ordering::SeqCst), 1);
+        assert!(h.engine.metrics.render().contains(&gauge(0)));
     }
 }

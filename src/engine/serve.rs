@@ -163,6 +163,11 @@ pub struct ServeArgs {
     /// the step held, forward and host time); read it with `mxtune engine steps FILE`.
     #[arg(long)]
     pub step_log: Option<PathBuf>,
+    /// Most requests that may wait for a place in the batch beyond a full one of
+    /// --max-num-seqs; one more is refused at once with a 503 (`waiting_queue_full`) instead
+    /// of queueing. 0 = no limit.
+    #[arg(long, default_value_t = 0)]
+    pub max_waiting_queue_length: usize,
     #[command(flatten)]
     pub gates: Gates,
 }
@@ -242,6 +247,23 @@ pub fn refusals(args: &ServeArgs) -> Vec<Refusal> {
         refuse(
             vec!["--max-num-batched-tokens"],
             "--max-num-batched-tokens must be at least 1".into(),
+        );
+    }
+    if args.max_num_seqs > 0
+        && args.max_num_batched_tokens > 0
+        && args.max_num_batched_tokens < args.max_num_seqs
+    {
+        // Every decoding request feeds one token a step: with fewer tokens a step than
+        // requests in the batch, the ones past the budget would never be fed (vLLM refuses
+        // the same).
+        refuse(
+            vec!["--max-num-batched-tokens", "--max-num-seqs"],
+            format!(
+                "--max-num-batched-tokens {} is below --max-num-seqs {}: a step must hold one \
+                 token of every running request; raise --max-num-batched-tokens or lower \
+                 --max-num-seqs",
+                args.max_num_batched_tokens, args.max_num_seqs
+            ),
         );
     }
     if args.max_request_bytes == 0 {
@@ -584,6 +606,13 @@ fn prepare_with(args: &ServeArgs, open: impl FnOnce() -> Result<Gpu>) -> Result<
             n => format!("{n} tokens"),
         },
     ));
+    report.push(match args.max_waiting_queue_length {
+        0 => "mxtune serve: waiting queue unbounded (--max-waiting-queue-length 0)".to_string(),
+        n => format!(
+            "mxtune serve: waiting queue: at most {n} requests wait beyond a full batch of \
+             {max_num_seqs}; one more gets a 503 (--max-waiting-queue-length {n})"
+        ),
+    });
     if let Some(name) = &args.synthetic {
         report.push(format!(
             "mxtune serve: synthetic model {name} (deterministic pseudo-random weights, seed {}): \
@@ -679,6 +708,7 @@ fn prepare_with(args: &ServeArgs, open: impl FnOnce() -> Result<Gpu>) -> Result<
             max_request_bytes: args.max_request_bytes,
             step_log: args.step_log.clone(),
             long_prefill_token_threshold: args.long_prefill_token_threshold,
+            max_waiting_queue_length: args.max_waiting_queue_length,
             weights: if args.synthetic.is_some() {
                 WeightsOrigin::Synthetic
             } else {
@@ -799,6 +829,36 @@ mod tests {
 
     fn no_gpu() -> Result<Gpu> {
         bail!("the CUDA driver library was not found (tried [\"libcuda.so\"])")
+    }
+
+    #[test]
+    fn serving_limits_are_checked_before_start() {
+        let a = parse(&["--synthetic", "tiny"]).unwrap();
+        assert_eq!(
+            a.max_waiting_queue_length, 0,
+            "no waiting-queue limit by default"
+        );
+        assert!(refusals(&a).is_empty());
+        let a = parse(&["--synthetic", "tiny", "--max-waiting-queue-length", "4"]).unwrap();
+        assert_eq!(a.max_waiting_queue_length, 4);
+        assert!(refusals(&a).is_empty());
+        let a = parse(&[
+            "--synthetic",
+            "tiny",
+            "--max-num-seqs",
+            "16",
+            "--max-num-batched-tokens",
+            "8",
+        ])
+        .unwrap();
+        let r = refusals(&a);
+        assert_eq!(r.len(), 1, "{r:?}");
+        assert_eq!(
+            r[0].options,
+            vec!["--max-num-batched-tokens", "--max-num-seqs"]
+        );
+        assert!(r[0].message.contains("below --max-num-seqs 16"), "{r:?}");
+        assert!(parse(&["--synthetic", "tiny", "--max-waiting-queue-length", "-1"]).is_err());
     }
 
     #[test]

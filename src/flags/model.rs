@@ -120,6 +120,9 @@ pub struct Serving {
     /// Tokens per scheduler step.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub max_num_batched_tokens: Option<u32>,
+    /// Requests that may wait beyond a full batch; one more gets a 503 (bundled engine only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_waiting_queue_length: Option<u32>,
     /// Prefix caching on/off.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub prefix_caching: Option<bool>,
@@ -144,6 +147,7 @@ impl Default for Serving {
             max_model_len: None,
             max_num_seqs: None,
             max_num_batched_tokens: None,
+            max_waiting_queue_length: None,
             prefix_caching: None,
             load_format: None,
             async_scheduling: None,
@@ -379,6 +383,14 @@ pub const S_MAX_BATCHED: Setting = setting(
     Some(&names::MAX_NUM_BATCHED_TOKENS),
     None,
 );
+/// `serving.max_waiting_queue_length`.
+pub const S_MAX_WAITING: Setting = setting(
+    "serving",
+    "max_waiting_queue_length",
+    "requests waiting beyond a full batch; one more gets a 503 (engine only; unset: no limit)",
+    None,
+    Some("--max-waiting-queue-length"),
+);
 /// `serving.prefix_caching`.
 pub const S_PREFIX_CACHING: Setting = setting(
     "serving",
@@ -469,6 +481,7 @@ pub const SETTINGS: &[Setting] = &[
     S_MAX_MODEL_LEN,
     S_MAX_NUM_SEQS,
     S_MAX_BATCHED,
+    S_MAX_WAITING,
     S_PREFIX_CACHING,
     S_LOAD_FORMAT,
     S_ASYNC,

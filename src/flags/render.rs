@@ -678,6 +678,9 @@ fn render_engine(fs: &FlagSet, ctx: &RenderContext) -> Result<LaunchSpec> {
     if let Some(v) = s.max_num_seqs {
         push(m::S_MAX_NUM_SEQS.engine, v.to_string());
     }
+    if let Some(v) = s.max_waiting_queue_length {
+        push(m::S_MAX_WAITING.engine, v.to_string());
+    }
     if s.port == 0 {
         bail!("serving.port is 0; pick a port such as 8000");
     }

@@ -418,6 +418,15 @@ pub const RULES: &[Rule] = &[
         when: |fs| fs.container.vllm_src.is_some() || fs.container.flashinfer_src.is_some(),
     },
     Rule {
+        id: "waiting-queue-limit-engine-only",
+        severity: Severity::Warning,
+        targets: DOCKER,
+        arch: ArchCond::Any,
+        keys: &["serving.max_waiting_queue_length"],
+        reason: "vLLM has no limit on waiting requests alone, so serving.max_waiting_queue_length is not rendered for it and its queue stays unbounded (vLLM 0.29's --max-num-queued-reqs caps waiting + running requests); the setting applies to the bundled engine",
+        when: |fs| fs.serving.max_waiting_queue_length.is_some(),
+    },
+    Rule {
         id: "cpu-has-no-cuda-paths",
         severity: Severity::Warning,
         targets: ENGINE,
@@ -445,6 +454,7 @@ fn preset_key(option: &str) -> &'static str {
         "--max-model-len" => "serving.max_model_len",
         "--max-num-seqs" => "serving.max_num_seqs",
         "--max-num-batched-tokens" => "serving.max_num_batched_tokens",
+        "--max-waiting-queue-length" => "serving.max_waiting_queue_length",
         "--tile" => "axes.tile",
         "--moe-kernel" => "axes.moe_backend",
         "--synthetic" | "--model" => "engine.model",

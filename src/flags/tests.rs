@@ -334,6 +334,7 @@ fn serving_limits_render_on_both_targets() {
         s.max_model_len = Some(131072);
         s.max_num_seqs = Some(2);
         s.max_num_batched_tokens = Some(8192);
+        s.max_waiting_queue_length = Some(16);
         s.prefix_caching = Some(true);
         s.load_format = Some("fastsafetensors".into());
         s.async_scheduling = Some(true);
@@ -356,6 +357,11 @@ fn serving_limits_render_on_both_targets() {
     }
     assert!(d.argv.contains(&"--enable-prefix-caching".to_string()));
     assert!(d.argv.contains(&"--async-scheduling".to_string()));
+    assert!(
+        !d.argv.iter().any(|a| a.contains("queue")),
+        "vLLM has no waiting-queue limit: {:?}",
+        d.argv
+    );
     assert_eq!(d.served_model_name, "gpt-oss-120b");
     let no_cache = with(|f| f.serving.prefix_caching = Some(false));
     assert!(
@@ -369,6 +375,12 @@ fn serving_limits_render_on_both_targets() {
     let e = engine(&fs);
     assert!(has_pair(&e.argv, "--max-model-len", "131072"));
     assert!(has_pair(&e.argv, "--max-num-seqs", "2"));
+    assert!(has_pair(&e.argv, "--max-waiting-queue-length", "16"));
+    // `mxtune serve` itself takes what the panel renders.
+    let serve_at = e.argv.iter().position(|a| a == "serve").unwrap();
+    let args = crate::engine::serve::parse_args(&e.argv[serve_at + 1..]).unwrap();
+    assert_eq!(args.max_waiting_queue_length, 16);
+    assert!(crate::engine::serve::refusals(&args).is_empty());
     assert!(has_pair(&e.argv, "--served-model-name", "gpt-oss-120b"));
     assert!(has_pair(&e.argv, "--host", "127.0.0.1"));
     assert!(
@@ -589,6 +601,7 @@ fn every_rendered_name_is_in_the_provenance_table() {
             max_model_len: Some(1),
             max_num_seqs: Some(1),
             max_num_batched_tokens: Some(1),
+            max_waiting_queue_length: Some(1),
             prefix_caching: Some(true),
             load_format: Some("auto".into()),
             async_scheduling: Some(true),
@@ -661,6 +674,13 @@ fn every_rule_fires_only_when_it_should() {
             Docker,
             Some("12.0"),
             Some("9.0"),
+        ),
+        (
+            "waiting-queue-limit-engine-only",
+            with(|f| f.serving.max_waiting_queue_length = Some(8)),
+            Docker,
+            None,
+            None,
         ),
         (
             "sinks-off-garbage",

@@ -215,6 +215,7 @@ pub fn options() -> ServerOptions {
         weights: mxtune::engine::server::WeightsOrigin::Checkpoint,
         step_log: None,
         long_prefill_token_threshold: 0,
+        max_waiting_queue_length: 0,
     }
 }
 
@@ -229,7 +230,7 @@ pub async fn start_with_probe(
     probe: Arc<Probe>,
 ) -> TestServer {
     serve_backend(
-        ScriptBackend::new(max_slots, delay_ms, probe.clone()),
+        Box::new(ScriptBackend::new(max_slots, delay_ms, probe.clone())),
         opts,
         probe,
     )
@@ -240,19 +241,70 @@ pub async fn start_with_probe(
 pub async fn start_with_script(script: &str) -> TestServer {
     let probe = Arc::new(Probe::default());
     serve_backend(
-        ScriptBackend::with_script(script, 8, 0, probe.clone()),
+        Box::new(ScriptBackend::with_script(script, 8, 0, probe.clone())),
         options(),
         probe,
     )
     .await
 }
 
-async fn serve_backend(
-    backend: ScriptBackend,
+/// A real backend behind the probe's gate: `forward` waits while the gate is closed, so a
+/// test can queue requests before the first step and know they run batched.
+pub struct Gated {
+    pub inner: Box<dyn ModelBackend>,
+    pub probe: Arc<Probe>,
+}
+
+impl ModelBackend for Gated {
+    fn config(&self) -> &ModelConfig {
+        self.inner.config()
+    }
+    fn name(&self) -> String {
+        self.inner.name()
+    }
+    fn alloc_seq(&mut self, max_tokens: usize) -> Option<SeqId> {
+        let s = self.inner.alloc_seq(max_tokens)?;
+        self.probe.live.fetch_add(1, Ordering::SeqCst);
+        Some(s)
+    }
+    fn free_seq(&mut self, seq: SeqId) {
+        self.inner.free_seq(seq);
+        self.probe.live.fetch_sub(1, Ordering::SeqCst);
+    }
+    fn forward(&mut self, batch: &[SeqStep<'_>]) -> anyhow::Result<Vec<Vec<f32>>> {
+        self.probe.started.store(true, Ordering::SeqCst);
+        {
+            let mut closed = self.probe.gate_closed.lock().unwrap();
+            while *closed {
+                closed = self.probe.gate.wait(closed).unwrap();
+            }
+        }
+        self.probe
+            .max_batch
+            .fetch_max(batch.len(), Ordering::SeqCst);
+        self.inner.forward(batch)
+    }
+}
+
+/// A server over `backend` behind `probe`'s gate.
+pub async fn start_gated(
+    backend: Box<dyn ModelBackend>,
     opts: ServerOptions,
     probe: Arc<Probe>,
 ) -> TestServer {
-    let server = Server::new(Box::new(backend), opts).unwrap();
+    let gated = Gated {
+        inner: backend,
+        probe: probe.clone(),
+    };
+    serve_backend(Box::new(gated), opts, probe).await
+}
+
+async fn serve_backend(
+    backend: Box<dyn ModelBackend>,
+    opts: ServerOptions,
+    probe: Arc<Probe>,
+) -> TestServer {
+    let server = Server::new(backend, opts).unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();

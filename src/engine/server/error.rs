@@ -105,6 +105,18 @@ impl ApiError {
         }
     }
 
+    /// 503 for a request that finds the waiting queue full (`--max-waiting-queue-length`):
+    /// OpenAI's type for an overloaded server, `Retry-After` on the response.
+    pub fn queue_full(message: impl Into<String>) -> Self {
+        ApiError {
+            status: StatusCode::SERVICE_UNAVAILABLE,
+            message: message.into(),
+            kind: "server_error",
+            param: None,
+            code: Some("waiting_queue_full"),
+        }
+    }
+
     /// 500 for a failure inside the engine.
     pub fn internal(message: impl Into<String>) -> Self {
         ApiError {
@@ -129,6 +141,15 @@ impl ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
+        if self.code == Some("waiting_queue_full") {
+            // A full queue drains within seconds; tell clients that honour it when to retry.
+            return (
+                self.status,
+                [(axum::http::header::RETRY_AFTER, "1")],
+                axum::Json(self.body()),
+            )
+                .into_response();
+        }
         (self.status, axum::Json(self.body())).into_response()
     }
 }

@@ -115,6 +115,8 @@ pub struct Metrics {
     success_stop: AtomicU64,
     success_length: AtomicU64,
     success_abort: AtomicU64,
+    /// Requests refused because the waiting queue was full (`--max-waiting-queue-length`).
+    rejected_queue_full: AtomicU64,
     /// Engine steps run, and their time in nanoseconds: inside the backend's forward (the
     /// GPU step with its sampling and token copy) and the whole scheduler iteration.
     engine_steps: AtomicU64,
@@ -147,6 +149,7 @@ impl Metrics {
             success_stop: AtomicU64::new(0),
             success_length: AtomicU64::new(0),
             success_abort: AtomicU64::new(0),
+            rejected_queue_full: AtomicU64::new(0),
             engine_steps: AtomicU64::new(0),
             forward_ns: AtomicU64::new(0),
             iteration_ns: AtomicU64::new(0),
@@ -187,6 +190,11 @@ impl Metrics {
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |w| {
                 Some(w.saturating_sub(1))
             });
+    }
+
+    /// A request was refused at submission: the waiting queue was full.
+    pub fn request_rejected_queue_full(&self) {
+        self.rejected_queue_full.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Requests currently in the running batch.
@@ -367,6 +375,16 @@ impl Metrics {
         }
         let _ = writeln!(
             o,
+            "# HELP vllm:admission_rejections_total Requests refused at arrival with a 503, by \
+             the limit that refused them (max_waiting_queue_length: that many requests already \
+             waited beyond a full batch).\n\
+             # TYPE vllm:admission_rejections_total counter\n\
+             vllm:admission_rejections_total{{model_name=\"{}\",reason=\"max_waiting_queue_length\"}} {}",
+            escape_label(&self.model_name),
+            self.rejected_queue_full.load(Ordering::Relaxed)
+        );
+        let _ = writeln!(
+            o,
             "# HELP vllm:cache_config_info Information of the KV cache (this engine reserves \
              positions, so a block is one position; no prefix caching).\n\
              # TYPE vllm:cache_config_info gauge\n\
@@ -468,6 +486,7 @@ mod tests {
         m.add_generated_token(Some(0.02));
         m.observe_ttft(0.03);
         m.observe_finished(Finished::Length, 0.9);
+        m.request_rejected_queue_full();
         m.observe_step(
             std::time::Duration::from_millis(3),
             std::time::Duration::from_millis(4),
@@ -514,6 +533,9 @@ mod tests {
             "vllm:inter_token_latency_seconds_count{model_name=\"syn\\\"tiny\",engine=\"0\"} 1\n"
         ));
         assert!(t.contains("finished_reason=\"length\"} 1\n"));
+        assert!(t.contains(
+            "vllm:admission_rejections_total{model_name=\"syn\\\"tiny\",reason=\"max_waiting_queue_length\"} 1\n"
+        ));
         // The per-request histograms: 1-2-5 token buckets up to max_model_len, mean TPOT.
         m.observe_request(RequestStats {
             prompt_tokens: 7,

@@ -8,7 +8,9 @@ pub mod metrics;
 
 use crate::engine::backend::ModelBackend;
 use crate::engine::harmony::{HarmonyTokens, Renderer};
-use crate::engine::scheduler::{self, FinishReason, GenEvent, SchedulerConfig, SchedulerHandle};
+use crate::engine::scheduler::{
+    self, FinishReason, GenEvent, SchedulerConfig, SchedulerHandle, SubmitError,
+};
 use crate::engine::tokenizer::Tokenizer;
 use api::{ChatRequest, CompletionRequest, Limits, parse_body};
 use axum::Router;
@@ -51,6 +53,9 @@ pub struct ServerOptions {
     /// Most prompt tokens a request feeds per step (`--long-prefill-token-threshold`; 0: the
     /// step's whole budget).
     pub long_prefill_token_threshold: usize,
+    /// Most requests that may wait beyond a full batch of `max_num_seqs`
+    /// (`--max-waiting-queue-length`); one more gets a 503 at once. 0 = no limit.
+    pub max_waiting_queue_length: usize,
 }
 
 /// Where the served weights came from (`weights` in each `/v1/models` entry).
@@ -133,6 +138,7 @@ impl Server {
                 stop_tokens,
                 step_log: opts.step_log.clone(),
                 long_prefill_token_threshold: opts.long_prefill_token_threshold,
+                max_waiting_queue_length: opts.max_waiting_queue_length,
             },
             metrics.clone(),
         )?;
@@ -273,20 +279,26 @@ async fn run(st: &AppState, prepared: api::Prepared, endpoint: Endpoint, prefix:
     // Each choice is its own sequence: the backend cannot share the prompt's KV between
     // sequences yet, so each prefills the prompt. With a seed, choice i samples with
     // seed + i, as vLLM seeds its n child requests.
-    let mut rxs = Vec::with_capacity(prepared.n);
-    for i in 0..prepared.n {
-        if prepared.sampling.max_tokens == 0 {
-            rxs.push(nothing_to_generate());
-            continue;
+    let rxs = if prepared.sampling.max_tokens == 0 {
+        (0..prepared.n).map(|_| nothing_to_generate()).collect()
+    } else {
+        let samplings = (0..prepared.n)
+            .map(|i| {
+                let mut sampling = prepared.sampling.clone();
+                sampling.seed = sampling.seed.map(|s| s.wrapping_add(i as u64));
+                sampling
+            })
+            .collect();
+        // The choices take their places under --max-waiting-queue-length together: all
+        // queued, or the request is refused with nothing queued.
+        match st.scheduler.submit_all(&prepared.prompt, samplings) {
+            Ok(rxs) => rxs,
+            Err(e @ SubmitError::QueueFull { .. }) => {
+                return ApiError::queue_full(e.to_string()).into_response();
+            }
+            Err(e) => return ApiError::internal(e.to_string()).into_response(),
         }
-        let mut sampling = prepared.sampling.clone();
-        sampling.seed = sampling.seed.map(|s| s.wrapping_add(i as u64));
-        match st.scheduler.submit(prepared.prompt.clone(), sampling) {
-            Ok(rx) => rxs.push(rx),
-            // Dropping the receivers already made cancels those choices.
-            Err(e) => return ApiError::internal(format!("{e:#}")).into_response(),
-        }
-    }
+    };
     let meta = st.meta(prefix);
     if prepared.stream {
         generate::respond_stream(rxs, st.tok, endpoint, &prepared, meta)

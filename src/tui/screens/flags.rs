@@ -29,6 +29,8 @@ pub enum Limit {
     MaxNumSeqs,
     /// `serving.max_num_batched_tokens`.
     MaxBatchedTokens,
+    /// `serving.max_waiting_queue_length` (bundled engine).
+    MaxWaiting,
     /// `serving.gpu_memory_utilization`.
     GpuMemory,
     /// `serving.prefix_caching`.
@@ -41,10 +43,11 @@ pub enum Limit {
 
 impl Limit {
     /// All limits in display order.
-    pub const ALL: [Limit; 7] = [
+    pub const ALL: [Limit; 8] = [
         Limit::MaxModelLen,
         Limit::MaxNumSeqs,
         Limit::MaxBatchedTokens,
+        Limit::MaxWaiting,
         Limit::GpuMemory,
         Limit::PrefixCaching,
         Limit::AsyncScheduling,
@@ -57,6 +60,7 @@ impl Limit {
             Limit::MaxModelLen => &model::S_MAX_MODEL_LEN,
             Limit::MaxNumSeqs => &model::S_MAX_NUM_SEQS,
             Limit::MaxBatchedTokens => &model::S_MAX_BATCHED,
+            Limit::MaxWaiting => &model::S_MAX_WAITING,
             Limit::GpuMemory => &model::S_GPU_MEM,
             Limit::PrefixCaching => &model::S_PREFIX_CACHING,
             Limit::AsyncScheduling => &model::S_ASYNC,
@@ -73,6 +77,7 @@ impl Limit {
             ],
             Limit::MaxNumSeqs => &["1", "2", "4", "8", "16", "32", "64", "128", "256"],
             Limit::MaxBatchedTokens => &["1024", "2048", "4096", "8192", "16384", "32768"],
+            Limit::MaxWaiting => &["1", "2", "4", "8", "16", "32", "64", "128", "256"],
             Limit::GpuMemory => &["0.5", "0.6", "0.7", "0.8", "0.85", "0.9", "0.95"],
             Limit::PrefixCaching | Limit::AsyncScheduling => &["true", "false"],
             Limit::LoadFormat => &["auto", "safetensors", "fastsafetensors"],
@@ -84,9 +89,10 @@ impl Limit {
     /// fraction must lie in (0, 1], the same check `flags::render` makes.
     pub fn numeric(self) -> Option<NumberRule> {
         match self {
-            Limit::MaxModelLen | Limit::MaxNumSeqs | Limit::MaxBatchedTokens => {
-                Some(NumberRule::Count)
-            }
+            Limit::MaxModelLen
+            | Limit::MaxNumSeqs
+            | Limit::MaxBatchedTokens
+            | Limit::MaxWaiting => Some(NumberRule::Count),
             Limit::GpuMemory => Some(NumberRule::Fraction),
             Limit::PrefixCaching | Limit::AsyncScheduling | Limit::LoadFormat => None,
         }
@@ -126,6 +132,7 @@ impl Limit {
             Limit::MaxModelLen => s.max_model_len.map(|v| v.to_string()),
             Limit::MaxNumSeqs => s.max_num_seqs.map(|v| v.to_string()),
             Limit::MaxBatchedTokens => s.max_num_batched_tokens.map(|v| v.to_string()),
+            Limit::MaxWaiting => s.max_waiting_queue_length.map(|v| v.to_string()),
             Limit::GpuMemory => s.gpu_memory_utilization.map(|v| v.to_string()),
             Limit::PrefixCaching => s.prefix_caching.map(|v| v.to_string()),
             Limit::AsyncScheduling => s.async_scheduling.map(|v| v.to_string()),
@@ -140,6 +147,7 @@ impl Limit {
             Limit::MaxModelLen => s.max_model_len = v.and_then(|v| v.parse().ok()),
             Limit::MaxNumSeqs => s.max_num_seqs = v.and_then(|v| v.parse().ok()),
             Limit::MaxBatchedTokens => s.max_num_batched_tokens = v.and_then(|v| v.parse().ok()),
+            Limit::MaxWaiting => s.max_waiting_queue_length = v.and_then(|v| v.parse().ok()),
             Limit::GpuMemory => s.gpu_memory_utilization = v.and_then(|v| v.parse().ok()),
             Limit::PrefixCaching => s.prefix_caching = v.and_then(|v| v.parse().ok()),
             Limit::AsyncScheduling => s.async_scheduling = v.and_then(|v| v.parse().ok()),
