@@ -120,6 +120,9 @@ pub struct Serving {
     /// Tokens per scheduler step.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub max_num_batched_tokens: Option<u32>,
+    /// Most prompt tokens one request feeds per step (unset: no cap).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub long_prefill_token_threshold: Option<u32>,
     /// Requests that may wait beyond a full batch; one more gets a 503 (bundled engine only).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub max_waiting_queue_length: Option<u32>,
@@ -147,6 +150,7 @@ impl Default for Serving {
             max_model_len: None,
             max_num_seqs: None,
             max_num_batched_tokens: None,
+            long_prefill_token_threshold: None,
             max_waiting_queue_length: None,
             prefix_caching: None,
             load_format: None,
@@ -381,7 +385,15 @@ pub const S_MAX_BATCHED: Setting = setting(
     "max_num_batched_tokens",
     "tokens per scheduler step",
     Some(&names::MAX_NUM_BATCHED_TOKENS),
-    None,
+    Some("--max-num-batched-tokens"),
+);
+/// `serving.long_prefill_token_threshold`.
+pub const S_LONG_PREFILL: Setting = setting(
+    "serving",
+    "long_prefill_token_threshold",
+    "most prompt tokens one request feeds per step (chunked prefill; unset: no cap)",
+    Some(&names::LONG_PREFILL_TOKEN_THRESHOLD),
+    Some("--long-prefill-token-threshold"),
 );
 /// `serving.max_waiting_queue_length`.
 pub const S_MAX_WAITING: Setting = setting(
@@ -481,6 +493,7 @@ pub const SETTINGS: &[Setting] = &[
     S_MAX_MODEL_LEN,
     S_MAX_NUM_SEQS,
     S_MAX_BATCHED,
+    S_LONG_PREFILL,
     S_MAX_WAITING,
     S_PREFIX_CACHING,
     S_LOAD_FORMAT,

@@ -250,6 +250,12 @@ pub const MAX_NUM_BATCHED_TOKENS: VllmName = cli(
     Upstream,
     "tokens per scheduler step",
 );
+/// Upstream serving flag (chunked prefill's per-request cap).
+pub const LONG_PREFILL_TOKEN_THRESHOLD: VllmName = cli(
+    "--long-prefill-token-threshold",
+    Upstream,
+    "most prompt tokens one request feeds per scheduler step",
+);
 /// Upstream serving flag.
 pub const ENABLE_PREFIX_CACHING: VllmName =
     cli("--enable-prefix-caching", Upstream, "prefix caching on");
@@ -306,6 +312,7 @@ pub const ALL: &[&VllmName] = &[
     &MAX_MODEL_LEN,
     &MAX_NUM_SEQS,
     &MAX_NUM_BATCHED_TOKENS,
+    &LONG_PREFILL_TOKEN_THRESHOLD,
     &ENABLE_PREFIX_CACHING,
     &NO_ENABLE_PREFIX_CACHING,
     &LOAD_FORMAT,

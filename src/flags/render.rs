@@ -196,6 +196,9 @@ fn render_vllm(fs: &FlagSet, ctx: &RenderContext) -> Result<LaunchSpec> {
     if let Some(v) = s.max_num_batched_tokens {
         vllm_arg(&mut out.argv, &m::S_MAX_BATCHED, v)?;
     }
+    if let Some(v) = s.long_prefill_token_threshold {
+        vllm_arg(&mut out.argv, &m::S_LONG_PREFILL, v)?;
+    }
     match s.prefix_caching {
         Some(true) => out
             .argv
@@ -677,6 +680,12 @@ fn render_engine(fs: &FlagSet, ctx: &RenderContext) -> Result<LaunchSpec> {
     }
     if let Some(v) = s.max_num_seqs {
         push(m::S_MAX_NUM_SEQS.engine, v.to_string());
+    }
+    if let Some(v) = s.max_num_batched_tokens {
+        push(m::S_MAX_BATCHED.engine, v.to_string());
+    }
+    if let Some(v) = s.long_prefill_token_threshold {
+        push(m::S_LONG_PREFILL.engine, v.to_string());
     }
     if let Some(v) = s.max_waiting_queue_length {
         push(m::S_MAX_WAITING.engine, v.to_string());

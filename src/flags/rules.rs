@@ -454,6 +454,7 @@ fn preset_key(option: &str) -> &'static str {
         "--max-model-len" => "serving.max_model_len",
         "--max-num-seqs" => "serving.max_num_seqs",
         "--max-num-batched-tokens" => "serving.max_num_batched_tokens",
+        "--long-prefill-token-threshold" => "serving.long_prefill_token_threshold",
         "--max-waiting-queue-length" => "serving.max_waiting_queue_length",
         "--tile" => "axes.tile",
         "--moe-kernel" => "axes.moe_backend",

@@ -335,6 +335,7 @@ fn serving_limits_render_on_both_targets() {
         s.max_num_seqs = Some(2);
         s.max_num_batched_tokens = Some(8192);
         s.max_waiting_queue_length = Some(16);
+        s.long_prefill_token_threshold = Some(256);
         s.prefix_caching = Some(true);
         s.load_format = Some("fastsafetensors".into());
         s.async_scheduling = Some(true);
@@ -376,10 +377,14 @@ fn serving_limits_render_on_both_targets() {
     assert!(has_pair(&e.argv, "--max-model-len", "131072"));
     assert!(has_pair(&e.argv, "--max-num-seqs", "2"));
     assert!(has_pair(&e.argv, "--max-waiting-queue-length", "16"));
+    assert!(has_pair(&e.argv, "--max-num-batched-tokens", "8192"));
+    assert!(has_pair(&e.argv, "--long-prefill-token-threshold", "256"));
     // `mxtune serve` itself takes what the panel renders.
     let serve_at = e.argv.iter().position(|a| a == "serve").unwrap();
     let args = crate::engine::serve::parse_args(&e.argv[serve_at + 1..]).unwrap();
     assert_eq!(args.max_waiting_queue_length, 16);
+    assert_eq!(args.max_num_batched_tokens, 8192);
+    assert_eq!(args.long_prefill_token_threshold, 256);
     assert!(crate::engine::serve::refusals(&args).is_empty());
     assert!(has_pair(&e.argv, "--served-model-name", "gpt-oss-120b"));
     assert!(has_pair(&e.argv, "--host", "127.0.0.1"));
@@ -602,6 +607,7 @@ fn every_rendered_name_is_in_the_provenance_table() {
             max_num_seqs: Some(1),
             max_num_batched_tokens: Some(1),
             max_waiting_queue_length: Some(1),
+            long_prefill_token_threshold: Some(1),
             prefix_caching: Some(true),
             load_format: Some("auto".into()),
             async_scheduling: Some(true),

@@ -29,6 +29,8 @@ pub enum Limit {
     MaxNumSeqs,
     /// `serving.max_num_batched_tokens`.
     MaxBatchedTokens,
+    /// `serving.long_prefill_token_threshold`.
+    LongPrefill,
     /// `serving.max_waiting_queue_length` (bundled engine).
     MaxWaiting,
     /// `serving.gpu_memory_utilization`.
@@ -43,10 +45,11 @@ pub enum Limit {
 
 impl Limit {
     /// All limits in display order.
-    pub const ALL: [Limit; 8] = [
+    pub const ALL: [Limit; 9] = [
         Limit::MaxModelLen,
         Limit::MaxNumSeqs,
         Limit::MaxBatchedTokens,
+        Limit::LongPrefill,
         Limit::MaxWaiting,
         Limit::GpuMemory,
         Limit::PrefixCaching,
@@ -60,6 +63,7 @@ impl Limit {
             Limit::MaxModelLen => &model::S_MAX_MODEL_LEN,
             Limit::MaxNumSeqs => &model::S_MAX_NUM_SEQS,
             Limit::MaxBatchedTokens => &model::S_MAX_BATCHED,
+            Limit::LongPrefill => &model::S_LONG_PREFILL,
             Limit::MaxWaiting => &model::S_MAX_WAITING,
             Limit::GpuMemory => &model::S_GPU_MEM,
             Limit::PrefixCaching => &model::S_PREFIX_CACHING,
@@ -77,6 +81,7 @@ impl Limit {
             ],
             Limit::MaxNumSeqs => &["1", "2", "4", "8", "16", "32", "64", "128", "256"],
             Limit::MaxBatchedTokens => &["1024", "2048", "4096", "8192", "16384", "32768"],
+            Limit::LongPrefill => &["64", "128", "256", "512", "1024", "2048"],
             Limit::MaxWaiting => &["1", "2", "4", "8", "16", "32", "64", "128", "256"],
             Limit::GpuMemory => &["0.5", "0.6", "0.7", "0.8", "0.85", "0.9", "0.95"],
             Limit::PrefixCaching | Limit::AsyncScheduling => &["true", "false"],
@@ -92,7 +97,8 @@ impl Limit {
             Limit::MaxModelLen
             | Limit::MaxNumSeqs
             | Limit::MaxBatchedTokens
-            | Limit::MaxWaiting => Some(NumberRule::Count),
+            | Limit::MaxWaiting
+            | Limit::LongPrefill => Some(NumberRule::Count),
             Limit::GpuMemory => Some(NumberRule::Fraction),
             Limit::PrefixCaching | Limit::AsyncScheduling | Limit::LoadFormat => None,
         }
@@ -132,6 +138,7 @@ impl Limit {
             Limit::MaxModelLen => s.max_model_len.map(|v| v.to_string()),
             Limit::MaxNumSeqs => s.max_num_seqs.map(|v| v.to_string()),
             Limit::MaxBatchedTokens => s.max_num_batched_tokens.map(|v| v.to_string()),
+            Limit::LongPrefill => s.long_prefill_token_threshold.map(|v| v.to_string()),
             Limit::MaxWaiting => s.max_waiting_queue_length.map(|v| v.to_string()),
             Limit::GpuMemory => s.gpu_memory_utilization.map(|v| v.to_string()),
             Limit::PrefixCaching => s.prefix_caching.map(|v| v.to_string()),
@@ -147,6 +154,7 @@ impl Limit {
             Limit::MaxModelLen => s.max_model_len = v.and_then(|v| v.parse().ok()),
             Limit::MaxNumSeqs => s.max_num_seqs = v.and_then(|v| v.parse().ok()),
             Limit::MaxBatchedTokens => s.max_num_batched_tokens = v.and_then(|v| v.parse().ok()),
+            Limit::LongPrefill => s.long_prefill_token_threshold = v.and_then(|v| v.parse().ok()),
             Limit::MaxWaiting => s.max_waiting_queue_length = v.and_then(|v| v.parse().ok()),
             Limit::GpuMemory => s.gpu_memory_utilization = v.and_then(|v| v.parse().ok()),
             Limit::PrefixCaching => s.prefix_caching = v.and_then(|v| v.parse().ok()),
