@@ -2,7 +2,7 @@
 //! per-kernel CPU references against the gpt-oss facts, the test-input streams, and the byte
 //! count of the decode roofline.
 
-use mxtune::engine::cuda::model::Fp4Layers;
+use mxtune::engine::cuda::gates::Fp4Layers;
 use mxtune::engine::cuda::reference as r;
 use mxtune::engine::cuda::{libs, roofline, synthetic};
 

@@ -5,7 +5,7 @@ use super::backend::ModelBackend;
 use super::cpu::CpuBackend;
 use super::cuda::backend::CudaBackend;
 use super::cuda::device::Gpu;
-use super::cuda::model::{self as cuda_model, DecodeGemv, DecodeOptions};
+use super::cuda::gates::{self as cuda_gates, DecodeGemv, DecodeOptions};
 use super::server::{Server, ServerOptions, WeightsOrigin};
 use super::weights::Weights;
 use super::{loader, synthetic};
@@ -348,45 +348,45 @@ pub fn check_gates(g: &Gates) -> Result<()> {
 }
 
 /// The CUDA backend's layers in MXFP4 for the `--mxfp4-layers` gate.
-pub(crate) fn fp4_layers(m: Mxfp4Layers) -> cuda_model::Fp4Layers {
+pub(crate) fn fp4_layers(m: Mxfp4Layers) -> cuda_gates::Fp4Layers {
     match m {
-        Mxfp4Layers::Moe => cuda_model::Fp4Layers::Moe,
-        Mxfp4Layers::MoeQkvO => cuda_model::Fp4Layers::MoeQkvO,
-        Mxfp4Layers::All => cuda_model::Fp4Layers::All,
+        Mxfp4Layers::Moe => cuda_gates::Fp4Layers::Moe,
+        Mxfp4Layers::MoeQkvO => cuda_gates::Fp4Layers::MoeQkvO,
+        Mxfp4Layers::All => cuda_gates::Fp4Layers::All,
     }
 }
 
 /// The CUDA backend's KV cache element type for the `--kv-dtype` gate.
-fn kv_dtype(k: KvDtype) -> cuda_model::KvDtype {
+fn kv_dtype(k: KvDtype) -> cuda_gates::KvDtype {
     match k {
-        KvDtype::Bf16 => cuda_model::KvDtype::Bf16,
-        KvDtype::Fp8 => cuda_model::KvDtype::Fp8,
+        KvDtype::Bf16 => cuda_gates::KvDtype::Bf16,
+        KvDtype::Fp8 => cuda_gates::KvDtype::Fp8,
     }
 }
 
 /// The grouped MoE's tile for the `--tile` gate (`auto` is 64x128).
-pub(crate) fn moe_tile(t: Tile) -> cuda_model::MoeTile {
+pub(crate) fn moe_tile(t: Tile) -> cuda_gates::MoeTile {
     match t {
-        Tile::Auto | Tile::T64x128 => cuda_model::MoeTile::T64x128,
-        Tile::T128x128 => cuda_model::MoeTile::T128x128,
+        Tile::Auto | Tile::T64x128 => cuda_gates::MoeTile::T64x128,
+        Tile::T128x128 => cuda_gates::MoeTile::T128x128,
     }
 }
 
 /// The CUDA backend's path for the `--moe-kernel` gate.
-fn moe_path(k: MoeKernel) -> cuda_model::MoePath {
+fn moe_path(k: MoeKernel) -> cuda_gates::MoePath {
     match k {
-        MoeKernel::Auto => cuda_model::MoePath::Auto,
-        MoeKernel::Gemv => cuda_model::MoePath::Gemv,
-        MoeKernel::Grouped => cuda_model::MoePath::Grouped,
+        MoeKernel::Auto => cuda_gates::MoePath::Auto,
+        MoeKernel::Gemv => cuda_gates::MoePath::Gemv,
+        MoeKernel::Grouped => cuda_gates::MoePath::Grouped,
     }
 }
 
 /// The CUDA backend's activation format for the `--activation` gate.
-pub(crate) fn act_format(a: Activation) -> cuda_model::ActFormat {
+pub(crate) fn act_format(a: Activation) -> cuda_gates::ActFormat {
     match a {
-        Activation::Bf16 => cuda_model::ActFormat::Bf16,
-        Activation::Q8 => cuda_model::ActFormat::Q8,
-        Activation::Fp8 => cuda_model::ActFormat::Fp8,
+        Activation::Bf16 => cuda_gates::ActFormat::Bf16,
+        Activation::Q8 => cuda_gates::ActFormat::Q8,
+        Activation::Fp8 => cuda_gates::ActFormat::Fp8,
     }
 }
 
@@ -395,7 +395,7 @@ pub(crate) fn act_format(a: Activation) -> cuda_model::ActFormat {
 /// has no effect and the line says bf16.
 fn activation_report(g: &Gates) -> String {
     let f = act_format(g.activation);
-    if g.moe_kernel == MoeKernel::Grouped && f != cuda_model::ActFormat::Bf16 {
+    if g.moe_kernel == MoeKernel::Grouped && f != cuda_gates::ActFormat::Bf16 {
         format!(
             "bf16 (grouped MoE; --activation {} reaches only the gemv MoE)",
             f.name()
@@ -902,9 +902,9 @@ mod tests {
     #[test]
     fn mxfp4_layers_are_built_on_cuda_and_reported() {
         for (value, layers) in [
-            ("moe", cuda_model::Fp4Layers::Moe),
-            ("moe,qkv,o", cuda_model::Fp4Layers::MoeQkvO),
-            ("moe,qkv,o,lm_head", cuda_model::Fp4Layers::All),
+            ("moe", cuda_gates::Fp4Layers::Moe),
+            ("moe,qkv,o", cuda_gates::Fp4Layers::MoeQkvO),
+            ("moe,qkv,o,lm_head", cuda_gates::Fp4Layers::All),
         ] {
             // Alone and beside the other gates: the gates are independent.
             for extra in [
@@ -963,8 +963,8 @@ mod tests {
             lines.contains(&"kernel-path kv_dtype=fp8".to_string()),
             "{lines:?}"
         );
-        assert_eq!(kv_dtype(a.gates.kv_dtype), cuda_model::KvDtype::Fp8);
-        assert_eq!(moe_tile(a.gates.tile), cuda_model::MoeTile::T128x128);
+        assert_eq!(kv_dtype(a.gates.kv_dtype), cuda_gates::KvDtype::Fp8);
+        assert_eq!(moe_tile(a.gates.tile), cuda_gates::MoeTile::T128x128);
         // Each gate on its own; auto and 64x128 run (and report) the 64-row tile.
         let a = parse(&["--synthetic", "tiny", "--kv-dtype", "fp8"]).unwrap();
         let lines = kernel_path_lines(BackendKind::Cuda, &a.gates);
@@ -986,7 +986,7 @@ mod tests {
                 tile,
             ])
             .unwrap();
-            assert_eq!(moe_tile(a.gates.tile), cuda_model::MoeTile::T64x128);
+            assert_eq!(moe_tile(a.gates.tile), cuda_gates::MoeTile::T64x128);
             let lines = kernel_path_lines(BackendKind::Cuda, &a.gates);
             assert!(
                 lines.contains(&"kernel-path tile=64x128".to_string()),

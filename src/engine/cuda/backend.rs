@@ -9,7 +9,8 @@ use anyhow::{Result, ensure};
 use cudarc::driver::CudaSlice;
 
 use super::device::Gpu;
-use super::model::{ActFormat, DecodeOptions, Decoder, Fp4Layers, MoePath};
+use super::gates::{ActFormat, DecodeOptions, Fp4Layers, MoePath};
+use super::model::Decoder;
 use super::ops::{self, SampleRow};
 use super::weights::DeviceWeights;
 use crate::engine::backend::{ModelBackend, RowSample, SeqId, SeqStep};

@@ -6,6 +6,7 @@ pub mod backend;
 pub mod cli;
 pub mod compile;
 pub mod device;
+pub mod gates;
 pub mod libs;
 pub mod model;
 pub mod ops;

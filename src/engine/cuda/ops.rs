@@ -6,7 +6,7 @@
 use anyhow::{Result, ensure};
 
 use super::device::{Arg, Gpu};
-use super::model::{ActFormat, DecodeGemv, KvDtype, MoeTile};
+use super::gates::{ActFormat, DecodeGemv, KvDtype, MoeTile};
 
 /// Optional device pointer → kernel argument (null when absent).
 fn opt(p: Option<u64>) -> Arg {

@@ -11,7 +11,8 @@ use anyhow::{Context, Result, bail, ensure};
 
 use super::backend::CudaBackend;
 use super::device::Gpu;
-use super::model::{ATTN_MIN_SPLIT, DecodeGemv, DecodeOptions, Decoder, KvDtype, Profile};
+use super::gates::{DecodeGemv, DecodeOptions, KvDtype};
+use super::model::{ATTN_MIN_SPLIT, Decoder, Profile};
 use super::roofline::{self, StepBytes, StepGroup};
 use super::{ops, weights};
 use crate::engine::backend::{ModelBackend, RowSample, SeqId, SeqStep};
@@ -572,7 +573,7 @@ fn synthetic_token(i: usize) -> u64 {
 
 #[cfg(test)]
 mod tests {
-    use super::super::model::{Fp4Layers, MoeTile};
+    use super::super::gates::{Fp4Layers, MoeTile};
     use super::*;
     use clap::Parser;
 

@@ -11,7 +11,7 @@
 //!
 //! When d < 2⁻¹²⁶ (amax = 0, or so small that 1/d would overflow) every code is 0.
 
-use super::model::ActFormat;
+use super::gates::ActFormat;
 
 /// Activations per quantization group (one scale each).
 pub const GROUP: usize = 32;

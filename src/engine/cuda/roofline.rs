@@ -6,7 +6,7 @@
 
 use anyhow::{Result, ensure};
 
-use super::model::Fp4Layers;
+use super::gates::Fp4Layers;
 use crate::engine::config::ModelConfig;
 
 /// The kernel groups of a decode step, between the event marks of a profiled step

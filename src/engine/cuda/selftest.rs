@@ -5,7 +5,8 @@
 use anyhow::{Context, Result};
 
 use super::device::Gpu;
-use super::model::{ATTN_MAX_SPLITS, ActFormat, KvDtype, MoeTile};
+use super::gates::{ActFormat, KvDtype, MoeTile};
+use super::model::ATTN_MAX_SPLITS;
 use super::ops::{self, AttnScratch, AttnShape, MoeShape, MoeUnits, MoeWeights};
 use super::quant;
 use super::reference as r;
@@ -1895,8 +1896,8 @@ fn compare_backends(
 
 /// The dense decode GEMV of an end-to-end configuration: the fp32-activation one where the
 /// configuration is checked as exact (GEMV MoE, fp32 cache), tensor cores everywhere else.
-fn exact_dense(kv: super::model::KvDtype, moe: super::model::MoePath) -> super::model::DecodeGemv {
-    use super::model::{DecodeGemv, KvDtype, MoePath};
+fn exact_dense(kv: super::gates::KvDtype, moe: super::gates::MoePath) -> super::gates::DecodeGemv {
+    use super::gates::{DecodeGemv, KvDtype, MoePath};
     if kv == KvDtype::F32 && moe == MoePath::Gemv {
         DecodeGemv::Simt
     } else {
@@ -1924,10 +1925,10 @@ struct E2e {
 fn check_forward_sampled(
     g: &std::sync::Arc<Gpu>,
     seed: u64,
-    fp4: super::model::Fp4Layers,
+    fp4: super::gates::Fp4Layers,
 ) -> Result<Vec<Check>> {
     use super::backend::CudaBackend;
-    use super::model::{DecodeOptions, Fp4Layers};
+    use super::gates::{DecodeOptions, Fp4Layers};
     use crate::engine::backend::{ModelBackend, RowSample, SeqStep};
     use crate::engine::sampling::Sampler;
 
@@ -2204,7 +2205,7 @@ pub const E2E_FP8_GREEDY_AGREEMENT: f64 = 0.6;
 /// shared slice would), and the captured graph routes as the plain step does.
 fn check_routed_experts(g: &std::sync::Arc<Gpu>, seed: u64) -> Result<Vec<Check>> {
     use super::backend::CudaBackend;
-    use super::model::DecodeOptions;
+    use super::gates::DecodeOptions;
 
     let cfg = crate::engine::synthetic::config("tiny")?;
     let dw = super::weights::synthetic_device(g, &cfg, seed)?;
@@ -2285,7 +2286,7 @@ pub fn run_model_checks(
     fixtures: Option<&std::path::Path>,
 ) -> Result<Vec<Check>> {
     use super::backend::CudaBackend;
-    use super::model::{DecodeGemv, DecodeOptions, Fp4Layers, KvDtype, MoePath};
+    use super::gates::{DecodeGemv, DecodeOptions, Fp4Layers, KvDtype, MoePath};
     use crate::engine::cpu::CpuBackend;
 
     let mut res = Vec::new();
@@ -2565,7 +2566,7 @@ pub fn run_model_checks(
 fn tiny_reference(
     seed: u64,
     sinks: bool,
-    fp4: super::model::Fp4Layers,
+    fp4: super::gates::Fp4Layers,
     act: ActFormat,
 ) -> Result<crate::engine::cpu::CpuBackend> {
     use crate::engine::weights::Tensor;
@@ -2595,7 +2596,7 @@ pub const GATE_MATRIX_GREEDY_AGREEMENT: f64 = 0.5;
 /// --all-gates`.
 pub fn run_gate_matrix(g: &std::sync::Arc<Gpu>, seed: u64) -> Result<Vec<Check>> {
     use super::backend::CudaBackend;
-    use super::model::{DecodeGemv, DecodeOptions, Fp4Layers, KvDtype, MoePath, MoeTile};
+    use super::gates::{DecodeGemv, DecodeOptions, Fp4Layers, KvDtype, MoePath, MoeTile};
 
     let cfg = crate::engine::synthetic::config("tiny")?;
     let mut res = Vec::new();

@@ -11,7 +11,7 @@ use cudarc::driver::CudaSlice;
 use half::bf16;
 
 use super::device::Gpu;
-use super::model::Fp4Layers;
+use super::gates::Fp4Layers;
 use super::ops;
 use crate::engine::config::ModelConfig;
 use crate::engine::mxfp4;
