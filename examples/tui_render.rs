@@ -60,7 +60,7 @@ fn sample(t: i64) -> Sample {
             load: Value([1.0; 3]),
             process: None,
         },
-        server: ServerStatus::Scraped(ServerMetrics {
+        server: ServerStatus::Scraped(Box::new(ServerMetrics {
             url: "http://127.0.0.1:8000/metrics".into(),
             kind: ServerKind::Vllm,
             generation_tok_s: Value(50.0 + (f * 0.05).cos() * 25.0),
@@ -70,7 +70,9 @@ fn sample(t: i64) -> Sample {
             kv_cache_usage: Value(0.3 + (t % 50) as f64 / 100.0),
             spec_acceptance_rate: Value(0.6),
             spec_mean_acceptance_length: Value(2.4),
-        }),
+            tpot_ms: None,
+            prefix_cache_hit_rate: None,
+        })),
     }
 }
 

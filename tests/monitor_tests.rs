@@ -283,6 +283,153 @@ fn a_server_with_other_metrics_only_reads_not_available() {
     assert_eq!(m.running, Reading::NotSupported);
 }
 
+/// The bundled engine's /metrics (the shape of `src/engine/server/metrics.rs` `render()`,
+/// trimmed to the series that matter here): counters and gauges with vLLM's labels, and the
+/// two TPOT histograms with their buckets, `_sum` and `_count`. No prefix-cache counters.
+fn engine_scrape(generation: u64, tpot_sum: f64, tpot_count: u64, itl_sum: f64) -> String {
+    let l = "model_name=\"syn\\\"tiny\",engine=\"0\"";
+    format!(
+        "# HELP vllm:num_requests_running Number of requests in the running batch.\n\
+         # TYPE vllm:num_requests_running gauge\n\
+         vllm:num_requests_running{{{l}}} 2\n\
+         # HELP vllm:num_requests_waiting Number of requests waiting for admission.\n\
+         # TYPE vllm:num_requests_waiting gauge\n\
+         vllm:num_requests_waiting{{{l}}} 0\n\
+         # HELP vllm:kv_cache_usage_perc KV-cache usage as a fraction (1 = full).\n\
+         # TYPE vllm:kv_cache_usage_perc gauge\n\
+         vllm:kv_cache_usage_perc{{{l}}} 0.25\n\
+         # HELP vllm:generation_tokens_total Number of generated tokens.\n\
+         # TYPE vllm:generation_tokens_total counter\n\
+         vllm:generation_tokens_total{{{l}}} {generation}\n\
+         # HELP vllm:cache_config_info Information of the KV cache (this engine reserves positions, so a block is one position; no prefix caching).\n\
+         # TYPE vllm:cache_config_info gauge\n\
+         vllm:cache_config_info{{block_size=\"1\",enable_prefix_caching=\"False\",engine=\"0\",num_gpu_blocks=\"4096\"}} 1.0\n\
+         # HELP vllm:time_per_output_token_seconds Time between consecutive generated tokens (vLLM's older name of vllm:inter_token_latency_seconds).\n\
+         # TYPE vllm:time_per_output_token_seconds histogram\n\
+         vllm:time_per_output_token_seconds_bucket{{{l},le=\"0.01\"}} 0\n\
+         vllm:time_per_output_token_seconds_bucket{{{l},le=\"+Inf\"}} {generation}\n\
+         vllm:time_per_output_token_seconds_sum{{{l}}} {itl_sum}\n\
+         vllm:time_per_output_token_seconds_count{{{l}}} {generation}\n\
+         # HELP vllm:request_time_per_output_token_seconds Mean time per output token of each finished request (decode time over the tokens after the first).\n\
+         # TYPE vllm:request_time_per_output_token_seconds histogram\n\
+         vllm:request_time_per_output_token_seconds_bucket{{{l},le=\"0.01\"}} 0\n\
+         vllm:request_time_per_output_token_seconds_bucket{{{l},le=\"0.025\"}} {tpot_count}\n\
+         vllm:request_time_per_output_token_seconds_bucket{{{l},le=\"+Inf\"}} {tpot_count}\n\
+         vllm:request_time_per_output_token_seconds_sum{{{l}}} {tpot_sum}\n\
+         vllm:request_time_per_output_token_seconds_count{{{l}}} {tpot_count}\n"
+    )
+}
+
+/// A vLLM scrape with the older TPOT name only and the prefix-cache counters, as
+/// prometheus_client writes them (`_total`, plus a `_created` timestamp).
+fn vllm_prefix_scrape(tpot_sum: f64, tpot_count: u64, hits: u64, queries: u64) -> String {
+    let l = "engine=\"0\",model_name=\"openai/gpt-oss-120b\"";
+    format!(
+        "# HELP vllm:generation_tokens_total Number of generation tokens processed.\n\
+         # TYPE vllm:generation_tokens_total counter\n\
+         vllm:generation_tokens_total{{{l}}} 1000.0\n\
+         # HELP vllm:prefix_cache_queries_total Prefix cache queries, in terms of number of queried tokens.\n\
+         # TYPE vllm:prefix_cache_queries_total counter\n\
+         vllm:prefix_cache_queries_total{{{l}}} {queries}.0\n\
+         vllm:prefix_cache_queries_created{{{l}}} 1.7640e+09\n\
+         # HELP vllm:prefix_cache_hits_total Prefix cache hits, in terms of number of cached tokens.\n\
+         # TYPE vllm:prefix_cache_hits_total counter\n\
+         vllm:prefix_cache_hits_total{{{l}}} {hits}.0\n\
+         vllm:prefix_cache_hits_created{{{l}}} 1.7640e+09\n\
+         # HELP vllm:time_per_output_token_seconds Histogram of time per output token in seconds.\n\
+         # TYPE vllm:time_per_output_token_seconds histogram\n\
+         vllm:time_per_output_token_seconds_bucket{{{l},le=\"0.01\"}} 0.0\n\
+         vllm:time_per_output_token_seconds_bucket{{{l},le=\"+Inf\"}} {tpot_count}.0\n\
+         vllm:time_per_output_token_seconds_count{{{l}}} {tpot_count}.0\n\
+         vllm:time_per_output_token_seconds_sum{{{l}}} {tpot_sum}\n"
+    )
+}
+
+fn close(r: &Option<Reading<f64>>, want: f64) -> bool {
+    matches!(r, Some(Reading::Value(v)) if (v - want).abs() < 1e-9)
+}
+
+#[test]
+fn histogram_sum_and_count_of_tpot_are_tracked_but_not_its_buckets() {
+    assert!(tracked("vllm:request_time_per_output_token_seconds_sum"));
+    assert!(tracked("vllm:request_time_per_output_token_seconds_count"));
+    assert!(tracked("vllm:time_per_output_token_seconds_sum"));
+    assert!(!tracked(
+        "vllm:request_time_per_output_token_seconds_bucket"
+    ));
+    assert!(!tracked("vllm:request_time_per_output_token_seconds"));
+    assert!(tracked("vllm:prefix_cache_hits_total"));
+    assert!(tracked("vllm:prefix_cache_queries"));
+    assert!(!tracked("vllm:prefix_cache_queries_created"));
+    let s = parse_metrics(&engine_scrape(40, 1.5, 6, 0.8), tracked).unwrap();
+    assert_eq!(
+        s.sum("vllm:request_time_per_output_token_seconds_sum"),
+        Some(1.5)
+    );
+    assert_eq!(
+        s.sum("vllm:request_time_per_output_token_seconds_count"),
+        Some(6.0)
+    );
+    assert_eq!(
+        s.sum("vllm:request_time_per_output_token_seconds_bucket"),
+        None
+    );
+}
+
+#[test]
+fn tpot_is_the_mean_over_the_window_of_the_engine_histogram() {
+    let mut t = Tracker::new(1.0);
+    let snap = |g, s, c, i| parse_metrics(&engine_scrape(g, s, c, i), tracked).unwrap();
+    let first = t.update("u", 0.0, &snap(40, 1.5, 6, 0.8));
+    // Exported, but one scrape has no interval yet: n/a, not absent.
+    assert_eq!(first.tpot_ms, Some(Reading::NotSupported));
+    // The engine exports no prefix-cache counters: nothing to show.
+    assert_eq!(first.prefix_cache_hit_rate, None);
+    // Four requests finished, 0.1 s of TPOT between them: 25 ms each on average (the
+    // request histogram wins over the older per-token one, whose mean would be 40 ms).
+    let m = t.update("u", 1.0, &snap(50, 1.6, 10, 1.2));
+    assert!(close(&m.tpot_ms, 25.0), "{:?}", m.tpot_ms);
+    assert_eq!(m.generation_tok_s, Reading::Value(10.0));
+    // Nothing finished in the next window: n/a, never 0 ms.
+    let idle = t.update("u", 2.0, &snap(60, 1.6, 10, 1.6));
+    assert_eq!(idle.tpot_ms, Some(Reading::NotSupported));
+    // Restart: the counters fall; what was counted since is the window's growth.
+    let r = t.update("u", 3.0, &snap(5, 0.03, 2, 0.1));
+    assert!(close(&r.tpot_ms, 15.0), "{:?}", r.tpot_ms);
+}
+
+#[test]
+fn older_vllm_tpot_and_prefix_cache_hit_rate_come_from_counter_deltas() {
+    let mut t = Tracker::new(1.0);
+    let snap = |s, c, h, q| parse_metrics(&vllm_prefix_scrape(s, c, h, q), tracked).unwrap();
+    let first = t.update("u", 0.0, &snap(2.0, 100, 300, 1000));
+    assert_eq!(first.prefix_cache_hit_rate, Some(Reading::NotSupported));
+    // 200 of 800 queried tokens hit: 25 %, not the 500/1800 since the server started.
+    let m = t.update("u", 1.0, &snap(2.5, 120, 500, 1800));
+    assert!(close(&m.prefix_cache_hit_rate, 0.25), "{m:?}");
+    assert!(close(&m.tpot_ms, 25.0), "{m:?}");
+    // No lookups in the window: n/a.
+    let idle = t.update("u", 2.0, &snap(2.5, 120, 500, 1800));
+    assert_eq!(idle.prefix_cache_hit_rate, Some(Reading::NotSupported));
+    assert_eq!(idle.tpot_ms, Some(Reading::NotSupported));
+}
+
+#[test]
+fn a_server_without_tpot_or_prefix_series_gets_none_and_no_json_field() {
+    let mut t = Tracker::new(1.0);
+    for (i, g) in [0.0, 100.0].into_iter().enumerate() {
+        let m = t.update(
+            "u",
+            i as f64,
+            &parse_metrics(&vllm_scrape(g, 0.0, 0.0, 0.0, 0.0), tracked).unwrap(),
+        );
+        assert_eq!(m.tpot_ms, None);
+        assert_eq!(m.prefix_cache_hit_rate, None);
+        let json = serde_json::to_string(&m).unwrap();
+        assert!(!json.contains("tpot") && !json.contains("prefix"), "{json}");
+    }
+}
+
 #[test]
 fn metrics_url_appends_the_path_and_rejects_nonsense() {
     assert_eq!(
@@ -559,6 +706,24 @@ fn the_compact_line_labels_unified_memory_throttling_and_na() {
 }
 
 #[test]
+fn the_compact_line_shows_tpot_and_prefix_hits_only_when_exported() {
+    let mut x = sample(0, gpu(1800, 95.5, 71, 30 << 30, &[]));
+    let mut t = Tracker::new(1.0);
+    let scrape = |s, c, h, q| parse_metrics(&vllm_prefix_scrape(s, c, h, q), tracked).unwrap();
+    t.update("u", 0.0, &scrape(2.0, 100, 300, 1000));
+    x.server = ServerStatus::Scraped(Box::new(t.update("u", 1.0, &scrape(2.5, 120, 500, 1800))));
+    let line = mxtune::monitor::cli::line(&x);
+    assert!(line.contains(" tpot 25.0 ms prefix hits 25%"), "{line}");
+    let mut t = Tracker::new(1.0);
+    let plain = |g| parse_metrics(&vllm_scrape(g, 0.0, 0.0, 0.0, 0.0), tracked).unwrap();
+    t.update("u", 0.0, &plain(0.0));
+    x.server = ServerStatus::Scraped(Box::new(t.update("u", 1.0, &plain(10.0))));
+    let line = mxtune::monitor::cli::line(&x);
+    assert!(line.contains("gen 10.0 tok/s"), "{line}");
+    assert!(!line.contains("tpot") && !line.contains("prefix"), "{line}");
+}
+
+#[test]
 fn readings_serialize_as_value_na_or_error() {
     let v: Vec<Reading<u32>> = vec![
         Reading::Value(3),
@@ -590,6 +755,14 @@ fn serve_metrics() -> (String, Arc<FakeVllm>) {
                 let n = s.requests.fetch_add(1, Ordering::SeqCst) as f64;
                 let k = if n >= 3.0 { n - 3.0 } else { n };
                 vllm_scrape(1000.0 + 50.0 * k, 10.0 * k, 30.0 * n, 40.0 * n, 10.0 * n)
+            }),
+        )
+        .route(
+            "/engine/metrics",
+            get(|State(s): State<Arc<FakeVllm>>| async move {
+                // Each scrape: 10 tokens, 2 requests finished at 30 ms per output token.
+                let n = s.requests.fetch_add(1, Ordering::SeqCst);
+                engine_scrape(10 * n, 0.06 * n as f64, 2 * n, 0.0)
             }),
         )
         .route("/gone", get(|| async { StatusCode::NOT_FOUND }))
@@ -634,6 +807,29 @@ fn scraping_a_live_server_gives_rates_gauges_and_acceptance() {
         panic!("fourth scrape failed")
     };
     assert_eq!(m.generation_tok_s, Reading::Value(1000.0));
+}
+
+#[test]
+fn scraping_the_engine_shape_over_http_gives_tpot_and_no_prefix_figure() {
+    let (base, _state) = serve_metrics();
+    let mut r = ServerReader::new(&format!("{base}/engine/metrics"), 1.0).unwrap();
+    let ServerStatus::Scraped(first) = r.read(0.0) else {
+        panic!("first scrape failed")
+    };
+    assert_eq!(first.tpot_ms, Some(Reading::NotSupported));
+    let ServerStatus::Scraped(m) = r.read(1.0) else {
+        panic!("second scrape failed")
+    };
+    assert!(close(&m.tpot_ms, 30.0), "{m:?}");
+    assert_eq!(m.prefix_cache_hit_rate, None);
+    assert_eq!(m.generation_tok_s, Reading::Value(10.0));
+    // The plain fake vLLM exports neither series.
+    let mut plain = ServerReader::new(&base, 1.0).unwrap();
+    plain.read(0.0);
+    let ServerStatus::Scraped(p) = plain.read(1.0) else {
+        panic!("plain scrape failed")
+    };
+    assert_eq!((p.tpot_ms, p.prefix_cache_hit_rate), (None, None));
 }
 
 #[test]

@@ -1528,7 +1528,7 @@ fn sample(t: i64, throttle: bool) -> mxtune::monitor::Sample {
             load: Value([1.0, 1.0, 1.0]),
             process: None,
         },
-        server: ServerStatus::Scraped(ServerMetrics {
+        server: ServerStatus::Scraped(Box::new(ServerMetrics {
             url: "http://127.0.0.1:8000/metrics".into(),
             kind: ServerKind::Vllm,
             generation_tok_s: Value(50.0 + f % 25.0),
@@ -1538,7 +1538,9 @@ fn sample(t: i64, throttle: bool) -> mxtune::monitor::Sample {
             kv_cache_usage: Value(0.3),
             spec_acceptance_rate: mxtune::monitor::Reading::NotSupported,
             spec_mean_acceptance_length: mxtune::monitor::Reading::NotSupported,
-        }),
+            tpot_ms: None,
+            prefix_cache_hit_rate: None,
+        })),
     }
 }
 

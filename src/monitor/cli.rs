@@ -138,17 +138,30 @@ pub fn line(s: &Sample) -> String {
         ServerStatus::NotConfigured => {}
         ServerStatus::NoMetrics { url } => parts.push(format!("server n/a (no {url})")),
         ServerStatus::Failed { error } => parts.push(format!("server error: {error}")),
-        ServerStatus::Scraped(m) => parts.push(format!(
-            "gen {} tok/s prompt {} tok/s run {} wait {} kv {} accept {} len {}",
-            m.generation_tok_s.show(|v| format!("{v:.1}")),
-            m.prompt_tok_s.show(|v| format!("{v:.1}")),
-            m.running.show(|v| format!("{v:.0}")),
-            m.waiting.show(|v| format!("{v:.0}")),
-            m.kv_cache_usage.show(|v| format!("{:.0}%", v * 100.0)),
-            m.spec_acceptance_rate
-                .show(|v| format!("{:.0}%", v * 100.0)),
-            m.spec_mean_acceptance_length.show(|v| format!("{v:.2}")),
-        )),
+        ServerStatus::Scraped(m) => {
+            let mut server = format!(
+                "gen {} tok/s prompt {} tok/s run {} wait {} kv {} accept {} len {}",
+                m.generation_tok_s.show(|v| format!("{v:.1}")),
+                m.prompt_tok_s.show(|v| format!("{v:.1}")),
+                m.running.show(|v| format!("{v:.0}")),
+                m.waiting.show(|v| format!("{v:.0}")),
+                m.kv_cache_usage.show(|v| format!("{:.0}%", v * 100.0)),
+                m.spec_acceptance_rate
+                    .show(|v| format!("{:.0}%", v * 100.0)),
+                m.spec_mean_acceptance_length.show(|v| format!("{v:.2}")),
+            );
+            // Only servers that export these series get them on the line.
+            if let Some(r) = &m.tpot_ms {
+                server.push_str(&format!(" tpot {} ms", r.show(|v| format!("{v:.1}"))));
+            }
+            if let Some(r) = &m.prefix_cache_hit_rate {
+                server.push_str(&format!(
+                    " prefix hits {}",
+                    r.show(|v| format!("{:.0}%", v * 100.0))
+                ));
+            }
+            parts.push(server);
+        }
     }
     parts.join(" | ")
 }

@@ -4,6 +4,11 @@
 //! A counter that goes down means the server restarted, so its new value is all growth since
 //! then (the same rule as Prometheus `rate()`). Counters are summed over label sets (one set
 //! per engine); the KV-cache gauge is averaged.
+//!
+//! Where the server exports them, two per-interval figures come from counter deltas over the
+//! same window: the mean time per output token (`_sum` / `_count` of vLLM's TPOT histogram)
+//! and the prefix-cache hit rate (hits / queries). A server without those series gets `None`
+//! for them (nothing shown), not an error.
 
 use super::reading::Reading;
 use super::sample::{ServerKind, ServerMetrics, ServerStatus};
@@ -22,6 +27,10 @@ struct Names {
     spec_accepted: &'static str,
     spec_draft_tokens: &'static str,
     spec_drafts: &'static str,
+    /// `(_sum, _count)` of a time-per-output-token histogram, in order of preference.
+    tpot: &'static [(&'static str, &'static str)],
+    /// `(hits, queries)` counters of the prefix cache, in order of preference.
+    prefix_cache: &'static [(&'static str, &'static str)],
 }
 
 const FAMILIES: [Names; 2] = [
@@ -36,6 +45,31 @@ const FAMILIES: [Names; 2] = [
         spec_accepted: "vllm:spec_decode_num_accepted_tokens_total",
         spec_draft_tokens: "vllm:spec_decode_num_draft_tokens_total",
         spec_drafts: "vllm:spec_decode_num_drafts_total",
+        // Per finished request (decode time over the tokens after the first); older vLLM
+        // only had the per-token histogram under the second name.
+        tpot: &[
+            (
+                "vllm:request_time_per_output_token_seconds_sum",
+                "vllm:request_time_per_output_token_seconds_count",
+            ),
+            (
+                "vllm:time_per_output_token_seconds_sum",
+                "vllm:time_per_output_token_seconds_count",
+            ),
+        ],
+        // vLLM's counters are `vllm:prefix_cache_{hits,queries}`, exposed with the client
+        // library's `_total` suffix; releases before 0.10 said `gpu_prefix_cache`.
+        prefix_cache: &[
+            (
+                "vllm:prefix_cache_hits_total",
+                "vllm:prefix_cache_queries_total",
+            ),
+            ("vllm:prefix_cache_hits", "vllm:prefix_cache_queries"),
+            (
+                "vllm:gpu_prefix_cache_hits_total",
+                "vllm:gpu_prefix_cache_queries_total",
+            ),
+        ],
     },
     Names {
         kind: ServerKind::LlamaCpp,
@@ -48,6 +82,8 @@ const FAMILIES: [Names; 2] = [
         spec_accepted: "",
         spec_draft_tokens: "",
         spec_drafts: "",
+        tpot: &[],
+        prefix_cache: &[],
     },
 ];
 
@@ -127,6 +163,10 @@ pub fn tracked(name: &str) -> bool {
             ]
             .contains(&name)
                 || f.kv_usage.contains(&name)
+                || f.tpot
+                    .iter()
+                    .chain(f.prefix_cache)
+                    .any(|(a, b)| *a == name || *b == name)
         })
 }
 
@@ -209,6 +249,13 @@ impl CounterRate {
         (t1 > t0).then(|| (v1 - v0) / (t1 - t0))
     }
 
+    /// Growth over the window (restarts included); `None` until two points exist.
+    pub fn window_growth(&self) -> Option<f64> {
+        let (t0, v0) = *self.points.front()?;
+        let (t1, v1) = *self.points.back()?;
+        (t1 > t0).then_some(v1 - v0)
+    }
+
     /// Growth since the first observation, restarts included.
     pub fn total(&self) -> f64 {
         self.total
@@ -265,6 +312,8 @@ impl Tracker {
                 kv_cache_usage: Reading::NotSupported,
                 spec_acceptance_rate: Reading::NotSupported,
                 spec_mean_acceptance_length: Reading::NotSupported,
+                tpot_ms: None,
+                prefix_cache_hit_rate: None,
             };
         };
         let rate = |c: Option<&CounterRate>| match c {
@@ -292,7 +341,35 @@ impl Tracker {
             kv_cache_usage,
             spec_acceptance_rate: ratio(accepted, draft_tokens),
             spec_mean_acceptance_length: ratio(accepted, drafts).map(|r| 1.0 + r),
+            tpot_ms: self
+                .window_ratio(f.tpot, t, snap)
+                .map(|r| r.map(|s| s * 1000.0)),
+            prefix_cache_hit_rate: self.window_ratio(f.prefix_cache, t, snap),
         }
+    }
+
+    /// Growth of `num` over growth of `den` in the rate window, for the first pair of
+    /// `pairs` the scrape has both of. `None`: the server exports no such pair; n/a: too
+    /// little history yet, or `den` did not grow (no request finished, no prefix looked up).
+    fn window_ratio(
+        &mut self,
+        pairs: &[(&'static str, &'static str)],
+        t: f64,
+        snap: &Snapshot,
+    ) -> Option<Reading<f64>> {
+        let &(num, den) = pairs
+            .iter()
+            .find(|(n, d)| snap.sum(n).is_some() && snap.sum(d).is_some())?;
+        let n = self
+            .counter(num, t, snap)
+            .and_then(CounterRate::window_growth);
+        let d = self
+            .counter(den, t, snap)
+            .and_then(CounterRate::window_growth);
+        Some(match (n, d) {
+            (Some(n), Some(d)) if d > 0.0 => Reading::Value(n / d),
+            _ => Reading::NotSupported,
+        })
     }
 
     fn spec_total(&mut self, name: &'static str, t: f64, snap: &Snapshot) -> Option<f64> {
@@ -370,7 +447,7 @@ impl ServerReader {
                 error: format!("scraping {url}: HTTP {status}"),
             },
             Ok((_, body)) => match parse_metrics(&body, tracked) {
-                Ok(snap) => ServerStatus::Scraped(self.tracker.update(&url, t, &snap)),
+                Ok(snap) => ServerStatus::Scraped(Box::new(self.tracker.update(&url, t, &snap))),
                 Err(e) => ServerStatus::Failed {
                     error: format!("{url}: {e:#}"),
                 },

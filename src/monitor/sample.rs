@@ -162,8 +162,9 @@ pub struct ProcessSample {
 pub enum ServerStatus {
     /// No URL was given: nothing to scrape.
     NotConfigured,
-    /// The scrape answered (fields the server does not export read `n/a`).
-    Scraped(ServerMetrics),
+    /// The scrape answered (fields the server does not export read `n/a`). Boxed: the
+    /// figures are ten times the size of the other variants.
+    Scraped(Box<ServerMetrics>),
     /// The server has no `/metrics` (HTTP 404): every figure is `n/a`.
     NoMetrics {
         /// The URL that answered 404.
@@ -209,4 +210,13 @@ pub struct ServerMetrics {
     pub spec_acceptance_rate: Reading<f64>,
     /// 1 + accepted tokens / drafts since the monitor started.
     pub spec_mean_acceptance_length: Reading<f64>,
+    /// Mean time per output token over the last rate window, ms (vLLM's TPOT histogram:
+    /// its `_sum` growth over its `_count` growth). `None` when the server does not export
+    /// the histogram; `n/a` when no request finished in the window.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tpot_ms: Option<Reading<f64>>,
+    /// Prefix-cache hits / queries over the last rate window, 0–1. `None` when the server
+    /// does not export the counters; `n/a` when nothing was looked up in the window.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prefix_cache_hit_rate: Option<Reading<f64>>,
 }
