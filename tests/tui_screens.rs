@@ -1604,6 +1604,54 @@ fn live_pages_through_every_chart_on_a_small_terminal() {
     }
 }
 
+/// `sample(t, false)` from a server that exports the TPOT histogram and the prefix-cache
+/// counters; every 5th second no request finished, so TPOT reads n/a there.
+fn sample_with_tpot(t: i64) -> mxtune::monitor::Sample {
+    use mxtune::monitor::Reading;
+    use mxtune::monitor::sample::ServerStatus;
+    let mut s = sample(t, false);
+    if let ServerStatus::Scraped(m) = &mut s.server {
+        m.tpot_ms = Some(if t % 5 == 4 {
+            Reading::NotSupported
+        } else {
+            Reading::Value(20.0 + (t % 7) as f64)
+        });
+        m.prefix_cache_hit_rate = Some(Reading::Value(0.4 + (t % 4) as f64 / 10.0));
+    }
+    s
+}
+
+#[test]
+fn live_charts_tpot_and_prefix_hits_only_when_the_server_exports_them() {
+    let mut app = snapshot_app(theme());
+    key(&mut app, KeyCode::Char('3'));
+    for t in 0..100 {
+        app.live.push(sample(t, false));
+    }
+    // A server without the series: no chart, no n/a, nothing to page to.
+    let plain = render(&app, 160, 48);
+    assert!(!plain.contains("time per output token"), "{plain}");
+    assert!(!plain.contains("prefix cache"), "{plain}");
+    assert!(!plain.contains("charts 1/"), "{plain}");
+    for t in 100..=400 {
+        app.live.push(sample_with_tpot(t));
+    }
+    let p = app.live.points.back().unwrap();
+    assert_eq!((p.tpot_ms, p.prefix_hit_pct), (Some(21.0), Some(40.0)));
+    // t = 400: 20 + 400 % 7 = 21 ms, beside tok/s on the first page.
+    let screen = render(&app, 160, 48);
+    assert!(
+        screen.contains("time per output token tpot 21.0 ms"),
+        "{screen}"
+    );
+    assert!(screen.contains("charts 1/2"), "{screen}");
+    insta::assert_snapshot!("live_tpot_160x48", screen);
+    // The prefix-cache chart comes last, on the next page.
+    key(&mut app, KeyCode::PageDown);
+    let next = render(&app, 160, 48);
+    assert!(next.contains("prefix cache hits 40.0 %"), "{next}");
+}
+
 #[test]
 fn live_window_and_freeze() {
     let mut app = snapshot_app(theme());

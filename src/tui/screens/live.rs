@@ -1,8 +1,9 @@
 //! Live screen: charts of the monitor's samples over a selectable window (30 s … 30 min):
 //! server tok/s, GPU memory (unified memory labelled as such), clocks, power, temperature,
 //! utilisation, host CPU/RAM, running/waiting requests, KV-cache use and spec-decode
-//! acceptance; throttle reasons shown prominently. `f` freezes the view while collection
-//! continues.
+//! acceptance, and — only when the server exports the series — time per output token and
+//! prefix-cache hit rate; throttle reasons shown prominently. `f` freezes the view while
+//! collection continues.
 
 use std::collections::VecDeque;
 
@@ -13,8 +14,8 @@ use ratatui::style::{Color, Style};
 use ratatui::text::{Line, Span};
 use ratatui::widgets::{Axis, Block, Chart, Dataset, GraphType, Paragraph, Wrap};
 
-use crate::monitor::Sample;
-use crate::monitor::sample::{GpuStatus, MemorySource, ServerStatus};
+use crate::monitor::sample::{GpuStatus, MemorySource, ServerMetrics, ServerStatus};
+use crate::monitor::{Reading, Sample};
 
 use super::super::app::App;
 use super::super::theme::Theme;
@@ -62,6 +63,10 @@ pub struct LivePoint {
     pub kv_pct: Option<f64>,
     /// Spec-decode acceptance, %.
     pub spec_accept_pct: Option<f64>,
+    /// Mean time per output token over the server's rate window, ms.
+    pub tpot_ms: Option<f64>,
+    /// Prefix-cache hit rate over the server's rate window, %.
+    pub prefix_hit_pct: Option<f64>,
     /// Client-side generation tokens/s of the Bench screen's running benchmark (tokens of
     /// the requests that finished since the previous sample).
     pub bench_tok_s: Option<f64>,
@@ -96,6 +101,12 @@ impl LivePoint {
             p.waiting = m.waiting.get();
             p.kv_pct = m.kv_cache_usage.get().map(|v| v * 100.0);
             p.spec_accept_pct = m.spec_acceptance_rate.get().map(|v| v * 100.0);
+            p.tpot_ms = m.tpot_ms.as_ref().and_then(Reading::get);
+            p.prefix_hit_pct = m
+                .prefix_cache_hit_rate
+                .as_ref()
+                .and_then(Reading::get)
+                .map(|v| v * 100.0);
         }
         p
     }
@@ -222,6 +233,19 @@ impl LiveScreen {
         }
     }
 
+    /// Whether the server exports a series (`exported` of its latest scrape), or did
+    /// earlier in the history (`charted` of a point): a server without it gets no chart.
+    fn server_has(
+        &self,
+        exported: fn(&ServerMetrics) -> bool,
+        charted: fn(&LivePoint) -> bool,
+    ) -> bool {
+        matches!(
+            self.latest.as_ref().map(|s| &s.server),
+            Some(ServerStatus::Scraped(m)) if exported(m)
+        ) || self.points.iter().any(charted)
+    }
+
     fn unified(&self) -> bool {
         matches!(
             self.latest.as_ref().map(|s| &s.gpu),
@@ -248,17 +272,25 @@ fn specs(s: &LiveScreen) -> Vec<ChartSpec> {
     } else {
         "GPU memory"
     };
-    vec![
-        ChartSpec {
-            title: "tok/s".into(),
-            unit: "tok/s",
-            series: vec![
-                ("gen", Color::Green, |p| p.gen_tok_s),
-                ("prompt", Color::Cyan, |p| p.prompt_tok_s),
-                ("bench", Color::Yellow, |p| p.bench_tok_s),
-            ],
+    let mut specs = vec![ChartSpec {
+        title: "tok/s".into(),
+        unit: "tok/s",
+        series: vec![
+            ("gen", Color::Green, |p| p.gen_tok_s),
+            ("prompt", Color::Cyan, |p| p.prompt_tok_s),
+            ("bench", Color::Yellow, |p| p.bench_tok_s),
+        ],
+        max: None,
+    }];
+    if s.server_has(|m| m.tpot_ms.is_some(), |p| p.tpot_ms.is_some()) {
+        specs.push(ChartSpec {
+            title: "time per output token".into(),
+            unit: "ms",
+            series: vec![("tpot", Color::Magenta, |p| p.tpot_ms)],
             max: None,
-        },
+        });
+    }
+    specs.extend([
         ChartSpec {
             title: mem.into(),
             unit: "GiB",
@@ -319,7 +351,19 @@ fn specs(s: &LiveScreen) -> Vec<ChartSpec> {
             ],
             max: Some(100.0),
         },
-    ]
+    ]);
+    if s.server_has(
+        |m| m.prefix_cache_hit_rate.is_some(),
+        |p| p.prefix_hit_pct.is_some(),
+    ) {
+        specs.push(ChartSpec {
+            title: "prefix cache".into(),
+            unit: "%",
+            series: vec![("hits", Color::Cyan, |p| p.prefix_hit_pct)],
+            max: Some(100.0),
+        });
+    }
+    specs
 }
 
 fn fmt_num(v: f64) -> String {
