@@ -306,6 +306,10 @@ struct Engine {
     step_log: Option<StepLog>,
 }
 
+/// One row of a step's plan: the index into `running`, and the range of its prompt fed, or
+/// None for a decode token.
+type PlanRow = (usize, Option<std::ops::Range<usize>>);
+
 /// Where one step's time went, for the step log.
 #[derive(Default)]
 struct StepTimes {
@@ -364,9 +368,11 @@ impl Engine {
         self.publish_load();
         if !self.running.is_empty() {
             let admitted = t0.elapsed();
+            let t_plan = Instant::now();
+            let plan = self.plan();
             // What the step holds, read before it runs (it may finish requests).
-            let shape = self.step_log.is_some().then(|| self.shape());
-            let times = self.step();
+            let shape = self.step_log.is_some().then(|| self.shape(&plan));
+            let times = self.step(plan, t_plan);
             self.metrics.observe_step(times.forward, t0.elapsed());
             if let (Some(log), Some(mut rec)) = (&mut self.step_log, shape) {
                 let us = |d: Duration| u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
@@ -384,11 +390,11 @@ impl Engine {
 
     /// The step about to run as the step log describes it: decode rows and their context,
     /// prompt rows and the tokens the budget gives them (as `step` plans it).
-    fn shape(&self) -> StepRecord {
+    fn shape(&self, plan: &[PlanRow]) -> StepRecord {
         let (mut decode, mut ctx_sum, mut ctx_max) = (0usize, 0usize, 0usize);
         let (mut rows, mut tokens) = (0usize, 0usize);
-        for (i, range) in self.plan() {
-            let r = &self.running[i];
+        for (i, range) in plan {
+            let r = &self.running[*i];
             match range {
                 None => {
                     let ctx = r.req.prompt.len() + r.generated.len().saturating_sub(1);
@@ -494,14 +500,11 @@ impl Engine {
         }
     }
 
-    /// One batched forward step: every decoding sequence feeds its last token, prefilling
-    /// sequences feed the next prompt chunk within the step's token budget. Returns where
-    /// the step's time went (the backend's forward, and the host work before and after it).
     /// What the next step feeds, as (index into `running`, the range of the prompt fed, or
     /// None for a decode token): every decoding sequence first, then prompt chunks in
     /// admission order, within the step's token budget and, per request, the long-prefill
     /// threshold.
-    fn plan(&self) -> Vec<(usize, Option<std::ops::Range<usize>>)> {
+    fn plan(&self) -> Vec<PlanRow> {
         let mut budget = self.cfg.max_num_batched_tokens.max(1);
         let mut plan = Vec::new();
         for (i, r) in self.running.iter().enumerate() {
@@ -525,10 +528,11 @@ impl Engine {
         plan
     }
 
-    fn step(&mut self) -> StepTimes {
-        let t_plan = Instant::now();
+    /// One batched forward step of `plan` (made since `t_plan`): every decoding sequence
+    /// feeds its last token, prefilling sequences feed their next prompt chunk. Returns where
+    /// the step's time went (the backend's forward, and the host work before and after it).
+    fn step(&mut self, plan: Vec<PlanRow>, t_plan: Instant) -> StepTimes {
         let mut times = StepTimes::default();
-        let plan = self.plan();
         let stops = &self.cfg.stop_tokens;
         // Split each running request into what the step reads and its sampler, which the
         // backend advances; a row samples only when its prompt is complete after this step.
