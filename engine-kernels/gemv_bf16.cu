@@ -212,11 +212,13 @@ gemv_bf16_wide(const bf16_t* __restrict__ w, const bf16_t* __restrict__ bias,
         gemv_partial<true>(w + (size_t)row * cols, xt, norm_w, cols, nt, threadIdx.x, blockDim.x, acc, ss);
     else
         gemv_partial<false>(w + (size_t)row * cols, xt, norm_w, cols, nt, threadIdx.x, blockDim.x, acc, ss);
-    // One block reduction carries both the dot products and the squares.
+    // One block reduction carries both the dot products and the squares, for the group's nt
+    // tokens only (nt is uniform over the block: the shuffles of absent tokens are skipped).
 #pragma unroll
     for (int t = 0; t < GEMV_MAX_TOKENS; ++t) {
+        if (t >= nt) break;
         const float s = warp_sum(acc[t]);
-        const float q = warp_sum(ss[t]);
+        const float q = norm_w ? warp_sum(ss[t]) : 0.0f;
         if (lane == 0) {
             part[0][t][warp] = s;
             part[1][t][warp] = q;
@@ -227,6 +229,7 @@ gemv_bf16_wide(const bf16_t* __restrict__ w, const bf16_t* __restrict__ bias,
         const float b = bias ? bf2f(bias[row]) : 0.0f;
 #pragma unroll
         for (int t = 0; t < GEMV_MAX_TOKENS; ++t) {
+            if (t >= nt) break;
             const float s = warp_sum(lane < 8 ? part[0][t][lane] : 0.0f);
             const float q = warp_sum(lane < 8 ? part[1][t][lane] : 0.0f);
             const float r = norm_w ? rsqrtf(q / (float)cols + eps) : 1.0f;
@@ -239,7 +242,7 @@ gemv_bf16_wide(const bf16_t* __restrict__ w, const bf16_t* __restrict__ bias,
     }
     __syncthreads();
 #pragma unroll
-    for (int t = 0; t < GEMV_MAX_TOKENS; ++t) rs[t] = rs_s[t];
+    for (int t = 0; t < GEMV_MAX_TOKENS; ++t) rs[t] = t < nt ? rs_s[t] : 1.0f;
     if (norm_w && x_out) write_normed_slice(xt, norm_w, x_out + (size_t)t0 * cols, cols, nt, rs, threadIdx.x, blockDim.x);
     if (!topk_idx) return;
     // Publish this block's logits, then count it; the last block of the group routes, one
