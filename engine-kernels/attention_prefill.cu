@@ -98,3 +98,185 @@ extern "C" __global__ void attn_prefill(const float* __restrict__ q, const void*
     for (int j = 0; j < PF_MAX_DPL; ++j)
         if (j < dpl) o[j] = acc[j] / l;
 }
+
+// ---- attn_prefill_tc: the same attention on tensor cores (flash-attention style), for a bf16
+// cache. A block takes one tile of up to 16 consecutive prompt rows of one sequence (the host
+// cuts the rows into such tiles: `tiles` holds each tile's first row and row count) and one
+// KV head; warp w computes query head kvh * G + w for the tile's rows, so each key and value
+// row is staged once for the G heads sharing it. Per tile of PFT_KT keys: S = Q K^T on
+// mma.sync m16n8k16 (the queries, times scale · log2 e, as bf16 A fragments held in registers;
+// K staged row-major, its rows the B operand's columns), each row masked to its own causal /
+// sliding range, an online softmax in log2 units over the accumulators, then O += P V with P
+// taken from the S accumulators as bf16 A fragments (their layouts coincide) and V staged
+// transposed. The sink enters the denominator once: the running max starts at the sink logit
+// and the sum at 1. bf16 operands, fp32 accumulation: as HF transformers runs attention in
+// bf16. grid = (Hkv, tiles), block = G * 32 (G <= PFT_MAX_G); d a multiple of 16, at most
+// PFT_MAX_D. Dynamic shared memory: PFT_KT * (d + PFT_PAD) + d * (PFT_KT + PFT_PAD) bf16.
+#define PFT_KT 64
+#define PFT_PAD 8
+#define PFT_MAX_D 128
+#define PFT_MAX_G 8
+#define PFT_LOG2E 1.4426950408889634f
+
+extern "C" __global__ void __launch_bounds__(PFT_MAX_G * 32)
+attn_prefill_tc(const float* __restrict__ q, const bf16_t* __restrict__ k_cache,
+                const bf16_t* __restrict__ v_cache, const unsigned* __restrict__ pos,
+                const unsigned long long* __restrict__ kv_off, const bf16_t* __restrict__ sinks,
+                float* __restrict__ out, const unsigned* __restrict__ tiles, int hq, int hkv,
+                int d, int window, float scale) {
+    pdl_enter();
+    extern __shared__ __align__(16) unsigned char pft_smem[];
+    __shared__ int s_lo[16], s_p[16], s_range[2];
+    const int kvh = blockIdx.x, tile = blockIdx.y;
+    const int G = hq / hkv;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, qd = lane & 3;
+    const int r0 = (int)tiles[2 * tile], nr = (int)tiles[2 * tile + 1];
+    const int h = kvh * G + warp;
+    const int ksd = d + PFT_PAD, vtd = PFT_KT + PFT_PAD;
+    bf16_t* ks = reinterpret_cast<bf16_t*>(pft_smem);  // [PFT_KT][ksd]
+    bf16_t* vt = ks + PFT_KT * ksd;                     // [d][vtd]
+    if (threadIdx.x < 16) {
+        const int i = threadIdx.x;
+        const int p = i < nr ? (int)pos[r0 + i] : -1;
+        s_p[i] = p;
+        s_lo[i] = i < nr ? (window > 0 ? max(0, p + 1 - window) : 0) : 0x7fffffff;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int kmin = 0x7fffffff, kmax = -1;
+        for (int i = 0; i < nr; ++i) {
+            kmin = min(kmin, s_lo[i]);
+            kmax = max(kmax, s_p[i]);
+        }
+        s_range[0] = kmin;
+        s_range[1] = kmax;
+    }
+    __syncthreads();
+    const int kmin = s_range[0], kmax = s_range[1];
+    const int pa = s_p[g], pb = s_p[g + 8], la = s_lo[g], lb = s_lo[g + 8];
+    const size_t base = kv_off[r0] + (size_t)kvh * d;
+    const size_t stride = (size_t)hkv * d;
+    const int nks = d >> 4, nd8 = d >> 3;
+    // The queries of rows g and g + 8 as A fragments, one per 16 head dims.
+    const float qscale = scale * PFT_LOG2E;
+    unsigned qa[PFT_MAX_D / 16][4];
+#pragma unroll
+    for (int s = 0; s < PFT_MAX_D / 16; ++s) {
+        if (s >= nks) break;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const int row = g + 8 * (j & 1), col = 16 * s + 2 * qd + 8 * (j >> 1);
+            float2 v = make_float2(0.0f, 0.0f);
+            if (row < nr) v = *reinterpret_cast<const float2*>(q + ((size_t)(r0 + row) * hq + h) * d + col);
+            qa[s][j] = pack_bf16x2(v.x * qscale, v.y * qscale);
+        }
+    }
+    const float sink = sinks ? bf2f(sinks[h]) * PFT_LOG2E : -INFINITY;
+    float m[2] = {sink, sink};
+    float l[2] = {sinks && qd == 0 ? 1.0f : 0.0f, sinks && qd == 0 ? 1.0f : 0.0f};
+    float o[PFT_MAX_D / 8][4];
+#pragma unroll
+    for (int n = 0; n < PFT_MAX_D / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+    for (int k0 = kmin; k0 <= kmax; k0 += PFT_KT) {
+        __syncthreads();
+        for (int i = threadIdx.x; i < PFT_KT * nd8; i += blockDim.x) {
+            const int kj = i / nd8, c8 = (i - kj * nd8) * 8;
+            uint4 kw = make_uint4(0u, 0u, 0u, 0u), vw = kw;
+            if (k0 + kj <= kmax) {
+                const size_t at = base + (size_t)(k0 + kj) * stride + c8;
+                kw = *reinterpret_cast<const uint4*>(k_cache + at);
+                vw = *reinterpret_cast<const uint4*>(v_cache + at);
+            }
+            *reinterpret_cast<uint4*>(ks + kj * ksd + c8) = kw;
+            const unsigned vv[4] = {vw.x, vw.y, vw.z, vw.w};
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                vt[(c8 + 2 * e) * vtd + kj] = (bf16_t)(vv[e] & 0xffffu);
+                vt[(c8 + 2 * e + 1) * vtd + kj] = (bf16_t)(vv[e] >> 16);
+            }
+        }
+        __syncthreads();
+        float sc[PFT_KT / 8][4];
+#pragma unroll
+        for (int nb = 0; nb < PFT_KT / 8; ++nb) {
+            sc[nb][0] = sc[nb][1] = sc[nb][2] = sc[nb][3] = 0.0f;
+#pragma unroll
+            for (int s = 0; s < PFT_MAX_D / 16; ++s) {
+                if (s >= nks) break;
+                const bf16_t* kr = ks + (nb * 8 + g) * ksd + 16 * s + 2 * qd;
+                mma_bf16_16816(sc[nb], qa[s], *reinterpret_cast<const unsigned*>(kr),
+                               *reinterpret_cast<const unsigned*>(kr + 8));
+            }
+        }
+        // Mask each row to its own keys; the tile's row maxima over the quad's lanes.
+        float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+        for (int nb = 0; nb < PFT_KT / 8; ++nb) {
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                const int key = k0 + nb * 8 + 2 * qd + (j & 1);
+                const bool ok = j < 2 ? (key >= la && key <= pa) : (key >= lb && key <= pb);
+                if (!ok) sc[nb][j] = -INFINITY;
+                mx[j >> 1] = fmaxf(mx[j >> 1], sc[nb][j]);
+            }
+        }
+        float corr[2], mn[2];
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+            mn[r] = fmaxf(m[r], mx[r]);
+            corr[r] = mn[r] == -INFINITY ? 1.0f : exp2f(m[r] - mn[r]);
+            l[r] *= corr[r];
+            m[r] = mn[r];
+        }
+#pragma unroll
+        for (int n = 0; n < PFT_MAX_D / 8; ++n) {
+            o[n][0] *= corr[0];
+            o[n][1] *= corr[0];
+            o[n][2] *= corr[1];
+            o[n][3] *= corr[1];
+        }
+#pragma unroll
+        for (int nb = 0; nb < PFT_KT / 8; ++nb) {
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                const float p = sc[nb][j] == -INFINITY ? 0.0f : exp2f(sc[nb][j] - mn[j >> 1]);
+                sc[nb][j] = p;
+                l[j >> 1] += p;
+            }
+        }
+        // O += P V: P's accumulators of key blocks 2j, 2j + 1 are the A fragment of keys
+        // 16 j … 16 j + 15.
+#pragma unroll
+        for (int j = 0; j < PFT_KT / 16; ++j) {
+            const unsigned pa4[4] = {pack_bf16x2(sc[2 * j][0], sc[2 * j][1]),
+                                     pack_bf16x2(sc[2 * j][2], sc[2 * j][3]),
+                                     pack_bf16x2(sc[2 * j + 1][0], sc[2 * j + 1][1]),
+                                     pack_bf16x2(sc[2 * j + 1][2], sc[2 * j + 1][3])};
+#pragma unroll
+            for (int n = 0; n < PFT_MAX_D / 8; ++n) {
+                if (n >= nd8) break;
+                const bf16_t* vr = vt + (n * 8 + g) * vtd + 16 * j + 2 * qd;
+                mma_bf16_16816(o[n], pa4, *reinterpret_cast<const unsigned*>(vr),
+                               *reinterpret_cast<const unsigned*>(vr + 8));
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+    }
+#pragma unroll
+    for (int n = 0; n < PFT_MAX_D / 8; ++n) {
+        if (n >= nd8) break;
+        const int col = n * 8 + 2 * qd;
+        if (g < nr)
+            *reinterpret_cast<float2*>(out + ((size_t)(r0 + g) * hq + h) * d + col) =
+                make_float2(o[n][0] / l[0], o[n][1] / l[0]);
+        if (g + 8 < nr)
+            *reinterpret_cast<float2*>(out + ((size_t)(r0 + g + 8) * hq + h) * d + col) =
+                make_float2(o[n][2] / l[1], o[n][3] / l[1]);
+    }
+}

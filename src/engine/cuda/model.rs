@@ -120,6 +120,8 @@ struct PrefillBufs {
     tiles: CudaSlice<i32>,
     ntiles: CudaSlice<i32>,
     out_rows: CudaSlice<u32>,
+    /// The tensor-core prefill attention's row tiles of the chunk ([`ops::prefill_attn_tiles`]).
+    attn_tiles: CudaSlice<u32>,
 }
 
 impl PrefillBufs {
@@ -132,6 +134,7 @@ impl PrefillBufs {
             tiles: g.alloc(3 * ops::moe_max_tiles(cap * k, e, tile))?,
             ntiles: g.alloc(1)?,
             out_rows: g.alloc(max_batch)?,
+            attn_tiles: g.alloc(2 * cap)?,
         })
     }
 }
@@ -729,9 +732,20 @@ impl Decoder {
             let end = (start + cap).min(n);
             b.rows
                 .upload(g, &tokens[start..end], &pos[start..end], &offs[start..end])?;
+            let tiles = ops::prefill_attn_tiles(&pos[start..end], &offs[start..end]);
+            let mut dt = b.attn_tiles.slice_mut(0..tiles.len());
+            g.stream()
+                .memcpy_htod(&tiles, &mut dt)
+                .map_err(|e| anyhow::anyhow!("copying attention tiles: {:?}", e.0))?;
             let mut marks = Marks { events: Vec::new() };
             let profiling = prof.is_some();
-            self.enqueue_prefill(g, &b, end - start, profiling.then_some(&mut marks))?;
+            self.enqueue_prefill(
+                g,
+                &b,
+                end - start,
+                tiles.len() / 2,
+                profiling.then_some(&mut marks),
+            )?;
             if let Some(p) = prof.as_deref_mut() {
                 g.sync()?;
                 p.add_marks(&marks)?;
@@ -767,6 +781,7 @@ impl Decoder {
         g: &Gpu,
         b: &PrefillBufs,
         n: usize,
+        attn_tiles: usize,
         mut marks: Option<&mut Marks>,
     ) -> Result<()> {
         let mut mark = |label: &'static str| mark_event(g, marks.as_deref_mut(), label);
@@ -781,6 +796,7 @@ impl Decoder {
             tiles: g.ptr(&b.tiles),
             ntiles: g.ptr(&b.ntiles),
         };
+        let tc_attn = ops::prefill_attn_tc(sh.attn, sh.kv)?;
         mark("start")?;
         ops::embed(g, g.ptr(&self.w.embed), g.ptr(&r.tokens), p(&r.x), hid, n)?;
         mark("embed_gather")?;
@@ -816,21 +832,39 @@ impl Decoder {
             })?;
             self.rope_kv(g, &sh, &l, r, n)?;
             mark("rope_kv_write")?;
-            ops::attention_rows(
-                g,
-                sh.attn,
-                p(&r.q),
-                l.k_cache,
-                l.v_cache,
-                sh.kv,
-                g.ptr(&r.pos),
-                g.ptr(&r.kv_off),
-                l.sinks,
-                p(&r.attn),
-                n,
-                l.window,
-                sh.scale,
-            )?;
+            if tc_attn {
+                ops::attention_rows_tc(
+                    g,
+                    sh.attn,
+                    p(&r.q),
+                    l.k_cache,
+                    l.v_cache,
+                    g.ptr(&r.pos),
+                    g.ptr(&r.kv_off),
+                    l.sinks,
+                    p(&r.attn),
+                    g.ptr(&b.attn_tiles),
+                    attn_tiles,
+                    l.window,
+                    sh.scale,
+                )?;
+            } else {
+                ops::attention_rows(
+                    g,
+                    sh.attn,
+                    p(&r.q),
+                    l.k_cache,
+                    l.v_cache,
+                    sh.kv,
+                    g.ptr(&r.pos),
+                    g.ptr(&r.kv_off),
+                    l.sinks,
+                    p(&r.attn),
+                    n,
+                    l.window,
+                    sh.scale,
+                )?;
+            }
             mark("attention (prefill rows)")?;
             let o_w = lw.o_w.dev(g);
             ops::dense_gemm(

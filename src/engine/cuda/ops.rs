@@ -703,6 +703,109 @@ pub fn attention_rows(
     )
 }
 
+/// Rows of one `attn_prefill_tc` tile (the mma's m dimension), query heads per KV head it takes
+/// (its warps), head dims it takes, and keys it stages at a time (kernel constants `PFT_*`).
+const PFT_ROWS: usize = 16;
+const PFT_MAX_G: usize = 8;
+const PFT_MAX_D: usize = 128;
+const PFT_KT: usize = 64;
+const PFT_PAD: usize = 8;
+
+/// Environment switch of the prefill attention: `tc` (the default where the shape and cache
+/// allow it: [`attention_rows_tc`]) or `simt` (always [`attention_rows`]), for A/B timing.
+pub const PF_ATTN_ENV: &str = "MXTUNE_ATTN_PREFILL";
+
+/// Whether the prefill attention runs on tensor cores ([`attention_rows_tc`]) for this shape
+/// and cache: a bf16 cache (fp32 is the exact diagnostic path, fp8 keeps the CUDA-core
+/// kernel), at most 8 query heads per KV head, head dims a multiple of 16 up to 128, and not
+/// turned off by [`PF_ATTN_ENV`].
+pub fn prefill_attn_tc(s: AttnShape, kv: KvDtype) -> Result<bool> {
+    let on = match std::env::var(PF_ATTN_ENV).as_deref() {
+        Err(_) | Ok("") | Ok("tc") => true,
+        Ok("simt") => false,
+        Ok(v) => anyhow::bail!("{PF_ATTN_ENV}={v}: expected tc or simt"),
+    };
+    Ok(on
+        && kv == KvDtype::Bf16
+        && s.hkv > 0
+        && s.hq.is_multiple_of(s.hkv)
+        && s.hq / s.hkv <= PFT_MAX_G
+        && s.d.is_multiple_of(16)
+        && s.d <= PFT_MAX_D)
+}
+
+/// The tiles of [`attention_rows_tc`] for prefill rows at positions `pos` and KV offsets
+/// `offs`: runs of up to 16 consecutive rows of one sequence (same offset, consecutive
+/// positions), as (first row, rows) pairs flattened.
+pub fn prefill_attn_tiles(pos: &[u32], offs: &[u64]) -> Vec<u32> {
+    let mut tiles = Vec::new();
+    let mut start = 0usize;
+    for i in 1..=pos.len() {
+        let split = i == pos.len()
+            || i - start == PFT_ROWS
+            || offs[i] != offs[start]
+            || pos[i] != pos[i - 1].wrapping_add(1);
+        if split {
+            tiles.extend([start as u32, (i - start) as u32]);
+            start = i;
+        }
+    }
+    tiles
+}
+
+/// [`attention_rows`] on tensor cores (`attn_prefill_tc`): `tiles` (device, `ntiles` pairs
+/// from [`prefill_attn_tiles`]) cut the rows into runs of one sequence; bf16 queries, keys,
+/// probabilities and values, fp32 accumulation. Only for shapes [`prefill_attn_tc`] accepts.
+pub fn attention_rows_tc(
+    g: &Gpu,
+    s: AttnShape,
+    q: u64,
+    k_cache: u64,
+    v_cache: u64,
+    pos: u64,
+    kv_off: u64,
+    sinks: Option<u64>,
+    out: u64,
+    tiles: u64,
+    ntiles: usize,
+    window: usize,
+    scale: f32,
+) -> Result<()> {
+    s.check()?;
+    ensure!(
+        s.hq.is_multiple_of(s.hkv) && s.hq / s.hkv <= PFT_MAX_G,
+        "{} query heads per KV head: the tensor-core prefill attention takes at most {PFT_MAX_G}",
+        s.hq / s.hkv
+    );
+    ensure!(
+        s.d.is_multiple_of(16) && s.d <= PFT_MAX_D,
+        "head dim {}: the tensor-core prefill attention takes multiples of 16 up to {PFT_MAX_D}",
+        s.d
+    );
+    let smem = (PFT_KT * (s.d + PFT_PAD) + s.d * (PFT_KT + PFT_PAD)) * 2;
+    g.launch(
+        "attn_prefill_tc",
+        (u(s.hkv)?, u(ntiles)?, 1),
+        (u(s.hq / s.hkv * 32)?, 1, 1),
+        u(smem)?,
+        &[
+            Arg::Ptr(q),
+            Arg::Ptr(k_cache),
+            Arg::Ptr(v_cache),
+            Arg::Ptr(pos),
+            Arg::Ptr(kv_off),
+            opt(sinks),
+            Arg::Ptr(out),
+            Arg::Ptr(tiles),
+            i(s.hq)?,
+            i(s.hkv)?,
+            i(s.d)?,
+            i(window)?,
+            Arg::F32(scale),
+        ],
+    )
+}
+
 /// Keys per shared-memory tile of the prefill attention: 32 × keys per lane (1 to the
 /// kernel's `PF_MAX_KPL`, 4).
 pub const PF_TILE_DEFAULT: usize = 32;
@@ -1721,6 +1824,24 @@ pub fn moe_grouped(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The tensor-core prefill attention's tiles: at most 16 rows, cut where the sequence (KV
+    /// offset) changes or the positions stop being consecutive.
+    #[test]
+    fn prefill_attention_tiles_are_runs_of_one_sequence() {
+        // 20 rows of one sequence, 3 of another, then a gap in positions.
+        let pos: Vec<u32> = (100..120).chain(0..3).chain([7, 9]).collect();
+        let offs: Vec<u64> = [0u64; 20]
+            .into_iter()
+            .chain([5000; 3])
+            .chain([5000; 2])
+            .collect();
+        assert_eq!(
+            super::prefill_attn_tiles(&pos, &offs),
+            vec![0, 16, 16, 4, 20, 3, 23, 1, 24, 1]
+        );
+        assert!(super::prefill_attn_tiles(&[], &[]).is_empty());
+    }
 
     /// Every activation format's decode MoE kernels are in the dispatch table, and the 8-bit
     /// staging takes 52 bytes per group of 32 (a quarter of the shared-memory reads of fp32).

@@ -22,6 +22,7 @@ pub fn run_kernel_checks(g: &Gpu, seed: u64) -> Result<Vec<Check>> {
     out.extend(check_gemv(g, &mut s)?);
     out.extend(check_rope_kv(g, &mut s)?);
     out.extend(check_attention(g, &mut s)?);
+    out.extend(check_prefill_attention_tc(g, &mut s)?);
     out.extend(check_router(g, &mut s)?);
     out.extend(check_moe(g, &mut s)?);
     out.extend(check_gemm(g, &mut s)?);
@@ -607,6 +608,102 @@ fn check_attention(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
             32,
             "hq/hkv=16 ",
         )?);
+    }
+    Ok(res)
+}
+
+/// The tensor-core prefill attention (`attn_prefill_tc`) against the f64 reference on the
+/// cached values: a 40-row run of one sequence deep in its cache (tiles of 16, 16 and 8 rows),
+/// a 7-row prompt from position 0 of another, and two rows with a gap between them; full and
+/// sliding windows, sinks on and off; gpt-oss's shape, and 4 query heads per KV head with 128
+/// and 32 head dims. bf16 queries, keys, probabilities and values with fp32 sums: 1e-2.
+fn check_prefill_attention_tc(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
+    let mut res = Vec::new();
+    for sh in [
+        AttnShape {
+            hq: 64,
+            hkv: 8,
+            d: 64,
+        },
+        AttnShape {
+            hq: 8,
+            hkv: 2,
+            d: 128,
+        },
+        AttnShape {
+            hq: 8,
+            hkv: 2,
+            d: 32,
+        },
+    ] {
+        let max_pos = 400;
+        let region = max_pos * sh.hkv * sh.d;
+        let k = bf16_vec(s.next(), 2 * region, 2.0, 0.0);
+        let v = bf16_vec(s.next(), 2 * region, 1.0, 0.0);
+        let sinks = bf16_vec(s.next(), sh.hq, 2.0, 1.0);
+        let pos: Vec<u32> = (300..340).chain(0..7).chain([250, 252]).collect();
+        let offs: Vec<u64> = (0..pos.len())
+            .map(|i| {
+                if (40..47).contains(&i) {
+                    region as u64
+                } else {
+                    0
+                }
+            })
+            .collect();
+        let t = pos.len();
+        let q = f32_vec(s.next(), t * sh.hq * sh.d, 2.0, 0.0);
+        let tiles = ops::prefill_attn_tiles(&pos, &offs);
+        let (dk, dv, ds) = (g.upload(&k)?, g.upload(&v)?, g.upload(&sinks)?);
+        let (dq, dp, doff, dt) = (
+            g.upload(&q)?,
+            g.upload(&pos)?,
+            g.upload(&offs)?,
+            g.upload(&tiles)?,
+        );
+        let scale = 1.0 / (sh.d as f64).sqrt();
+        for (window, sink_on) in [(0, true), (128, true), (0, false), (128, false)] {
+            let dout = nan_f32(g, t * sh.hq * sh.d)?;
+            ops::attention_rows_tc(
+                g,
+                sh,
+                g.ptr(&dq),
+                g.ptr(&dk),
+                g.ptr(&dv),
+                g.ptr(&dp),
+                g.ptr(&doff),
+                sink_on.then(|| g.ptr(&ds)),
+                g.ptr(&dout),
+                g.ptr(&dt),
+                tiles.len() / 2,
+                window,
+                scale as f32,
+            )?;
+            let mut want = Vec::new();
+            for ti in 0..t {
+                let off = offs[ti] as usize;
+                want.extend(r::attention(
+                    &q[ti * sh.hq * sh.d..][..sh.hq * sh.d],
+                    &k[off..],
+                    &v[off..],
+                    pos[ti] as usize,
+                    sh.hq,
+                    sh.hkv,
+                    sh.d,
+                    window,
+                    sink_on.then_some(sinks.as_slice()),
+                    scale,
+                ));
+            }
+            res.push(check(
+                format!(
+                    "attn_prefill_tc hq={} hkv={} d={} window={window} sinks={sink_on} rows={t}",
+                    sh.hq, sh.hkv, sh.d
+                ),
+                rel_err(&g.download(&dout)?, &want),
+                1e-2,
+            ));
+        }
     }
     Ok(res)
 }
