@@ -188,6 +188,9 @@ pub struct Prepared {
     pub tools: bool,
     /// The start of the answer written into the prompt (its last tokens), parsed as output.
     pub prefill: Vec<u32>,
+    /// Structured output (`response_format`): the JSON schema the answer must follow. The
+    /// server compiles it into `sampling.grammar`.
+    pub schema: Option<Value>,
 }
 
 /// A number field of the body that may be absent or null; anything else is a 400 naming it.
@@ -496,6 +499,7 @@ fn prepare_common(
             frequency_penalty,
             repetition_penalty,
             logit_bias,
+            grammar: None,
         },
         n,
         stop,
@@ -508,6 +512,7 @@ fn prepare_common(
         return_token_ids: c.return_token_ids,
         tools: false,
         prefill: Vec::new(),
+        schema: None,
     })
 }
 
@@ -826,18 +831,70 @@ fn messages(input: &[ChatMessageIn]) -> Result<Vec<Message>, ApiError> {
     Ok(out)
 }
 
+/// `response_format`: the JSON schema the answer must follow, or `None` for free text.
+/// `json_object` is any JSON object (the schema `{"type": "object"}`, as vLLM makes it).
+/// The schema itself is checked when it is compiled (see `StructuredOutput::compile`).
+fn response_format(v: Option<&Value>) -> Result<Option<Value>, ApiError> {
+    let param = "response_format";
+    let bad = |msg: String| Err(ApiError::invalid(param, msg));
+    let f = match v {
+        None | Some(Value::Null) => return Ok(None),
+        Some(Value::Object(f)) => f,
+        Some(other) => {
+            return bad(format!(
+                "response_format must be an object such as {{\"type\": \"json_object\"}}, got \
+                 {other}"
+            ));
+        }
+    };
+    match f.get("type").and_then(Value::as_str) {
+        Some("text") => Ok(None),
+        Some("json_object") => Ok(Some(serde_json::json!({"type": "object"}))),
+        Some("json_schema") => {
+            let Some(js) = f.get("json_schema").and_then(Value::as_object) else {
+                return bad(
+                    "response_format of type json_schema needs `json_schema`: an object with \
+                     `name`, `schema` and optionally `strict`"
+                        .into(),
+                );
+            };
+            match js.get("name") {
+                Some(Value::String(n)) if !n.is_empty() => {}
+                other => {
+                    return bad(format!(
+                        "response_format.json_schema.name must be a non-empty string, got {}",
+                        other.map_or("nothing".into(), Value::to_string)
+                    ));
+                }
+            }
+            match js.get("strict") {
+                None | Some(Value::Null) | Some(Value::Bool(_)) => {}
+                Some(other) => {
+                    return bad(format!(
+                        "response_format.json_schema.strict must be true or false, got {other}"
+                    ));
+                }
+            }
+            match js.get("schema") {
+                Some(s @ Value::Object(_)) => Ok(Some(s.clone())),
+                other => bad(format!(
+                    "response_format.json_schema.schema must be a JSON schema object, got {}",
+                    other.map_or("nothing".into(), Value::to_string)
+                )),
+            }
+        }
+        _ => bad(format!(
+            "response_format.type must be \"text\", \"json_object\" or \"json_schema\", got {}",
+            f.get("type").map_or("nothing".into(), Value::to_string)
+        )),
+    }
+}
+
 impl ChatRequest {
     /// Validate and render the conversation in harmony.
     pub fn prepare(&self, renderer: &Renderer, lim: &Limits<'_>) -> Result<Prepared, ApiError> {
         check_model(&self.common, lim)?;
-        if let Some(f) = &self.response_format
-            && f.get("type").and_then(Value::as_str) != Some("text")
-        {
-            return Err(ApiError::unsupported(
-                "response_format",
-                "structured output",
-            ));
-        }
+        let schema = response_format(self.response_format.as_ref())?;
         if self.messages.is_empty() {
             return Err(ApiError::invalid("messages", "messages must not be empty"));
         }
@@ -853,9 +910,20 @@ impl ChatRequest {
             }
         }
         let messages = messages(&self.messages)?;
+        if schema.is_some() && matches!(choice, ToolChoice::Required | ToolChoice::Named(_)) {
+            return Err(ApiError::invalid(
+                "response_format",
+                "response_format json_object or json_schema makes the answer a final message, \
+                 and tool_choice `required` or a named function makes it a tool call: send one \
+                 of the two",
+            ));
+        }
+        // Structured output: the answer starts in the final channel and the schema
+        // constrains it from the first generated token (see docs/api.md).
         let prefill = match &choice {
             ToolChoice::Required => Prefill::AnyCall,
             ToolChoice::Named(n) => Prefill::Call(n),
+            ToolChoice::None | ToolChoice::Auto if schema.is_some() => Prefill::Final,
             ToolChoice::None | ToolChoice::Auto => Prefill::None,
         };
         let prompt = renderer.render_chat(&Chat {
@@ -880,6 +948,7 @@ impl ChatRequest {
         // Calls are parsed only when functions were offered and not switched off.
         p.tools = choice != ToolChoice::None && !functions.is_empty();
         p.prefill = renderer.prefill_tokens(prefill);
+        p.schema = schema;
         Ok(p)
     }
 }
