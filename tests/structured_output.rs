@@ -186,7 +186,8 @@ fn the_checker_refuses_what_breaks_a_schema() {
 }
 
 /// An object with required string, integer, enum, array and nullable fields. Every string,
-/// number and array is bounded, so every answer ends within the test's `max_tokens`.
+/// number and array is bounded, so every answer ends within the test's `max_tokens` (320:
+/// room for every character a `\uXXXX` escape of several tokens).
 fn person() -> Value {
     json!({
         "type": "object",
@@ -237,7 +238,7 @@ async fn every_answer_follows_its_schema_at_any_temperature() {
     let mut jobs = Vec::new();
     for (name, schema) in [("person", person()), ("nested", nested()), ("list", list())] {
         for (temperature, seed) in SETTINGS {
-            let body = request(&json_schema(name, &schema), temperature, seed, 160);
+            let body = request(&json_schema(name, &schema), temperature, seed, 320);
             let base = s.base.clone();
             jobs.push((
                 name,
@@ -456,7 +457,7 @@ async fn json_object_answers_are_objects_and_the_prompt_opens_the_final_channel(
 #[tokio::test(flavor = "multi_thread")]
 async fn streaming_gives_the_same_answer_and_max_tokens_cuts_it() {
     let s = tiny_server().await;
-    let body = request(&json_schema("person", &person()), 0.0, 0, 160);
+    let body = request(&json_schema("person", &person()), 0.0, 0, 320);
     let (status, whole) = chat(&s, body.clone()).await;
     assert_eq!(status, 200, "{whole}");
     let mut streamed = body.clone();
@@ -551,4 +552,106 @@ async fn bad_response_formats_get_400_naming_response_format() {
     // `text` is free text, and the server still answers after the refusals.
     let (status, v) = chat(&s, request(&json!({"type": "text"}), 0.0, 0, 4)).await;
     assert_eq!(status, 200, "{v}");
+}
+
+/// vLLM's own fields: `structured_outputs` (`json`, `json_object`) and the older
+/// `guided_json` constrain the answer as `response_format` does.
+#[tokio::test(flavor = "multi_thread")]
+async fn vllm_structured_outputs_and_guided_json_constrain_alike() {
+    let s = tiny_server().await;
+    let plain = |extra: Value| {
+        let mut body = request(&json!({"type": "text"}), 0.0, 0, 120);
+        body.as_object_mut().unwrap().remove("response_format");
+        for (k, v) in extra.as_object().unwrap() {
+            body[k] = v.clone();
+        }
+        body
+    };
+    let (status, a) = chat(&s, plain(json!({"structured_outputs": {"json": list()}}))).await;
+    assert_eq!(status, 200, "{a}");
+    let content = a["choices"][0]["message"]["content"].as_str().unwrap();
+    let value: Value = serde_json::from_str(content).unwrap_or_else(|e| panic!("{content}: {e}"));
+    assert_eq!(validate(&list(), &value, "$"), Ok(()));
+    // The schema as JSON text under the older name: the same greedy answer.
+    let (status, b) = chat(&s, plain(json!({"guided_json": list().to_string()}))).await;
+    assert_eq!(status, 200, "{b}");
+    assert_eq!(b["choices"][0]["message"]["content"], content);
+    let (status, v) = chat(&s, plain(json!({"structured_outputs": {"json": list()}}))).await;
+    assert_eq!(status, 200);
+    assert_eq!(
+        v["choices"][0]["message"]["content"], content,
+        "greedy repeats"
+    );
+    let bad = [
+        (
+            json!({"structured_outputs": {"regex": "a+"}}),
+            "structured_outputs.regex",
+        ),
+        (
+            json!({"structured_outputs": {"json_object": "yes"}}),
+            "structured_outputs.json_object",
+        ),
+        (json!({"structured_outputs": "json"}), "structured_outputs"),
+        (json!({"guided_json": 5}), "guided_json"),
+        (json!({"guided_json": "{not json"}), "guided_json"),
+        (
+            json!({"guided_json": list(), "structured_outputs": {"json": list()}}),
+            "guided_json",
+        ),
+        (
+            json!({"guided_json": list(), "response_format": {"type": "json_object"}}),
+            "response_format",
+        ),
+    ];
+    for (extra, param) in bad {
+        let (status, v) = chat(&s, plain(extra.clone())).await;
+        assert_eq!(status, 400, "{extra}: {v}");
+        assert_eq!(v["error"]["param"], param, "{extra}: {v}");
+    }
+}
+
+/// The official `openai` client's structured-output helper: a pydantic model as
+/// `response_format`, the answer read back as that model (`message.parsed`).
+#[tokio::test(flavor = "multi_thread")]
+async fn openai_python_client_parses_the_answer_into_its_model() {
+    let has_openai = std::process::Command::new("python3")
+        .args(["-c", "import openai, pydantic"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !has_openai {
+        eprintln!("SKIPPED: python3 with `openai` and `pydantic` not found (pip install openai)");
+        return;
+    }
+    let s = tiny_server().await;
+    let script = r#"
+import sys, typing, openai, pydantic
+class Person(pydantic.BaseModel):
+    name: str = pydantic.Field(max_length=10)
+    age: int = pydantic.Field(ge=0, le=120)
+    color: typing.Literal["red", "green"]
+c = openai.OpenAI(base_url=sys.argv[1] + "/v1", api_key="unused")
+r = c.chat.completions.parse(model="tiny", messages=[{"role": "user", "content": "Who?"}],
+                             response_format=Person, max_tokens=120, temperature=0)
+p = r.choices[0].message.parsed
+assert isinstance(p, Person), r
+print(r.choices[0].finish_reason, p.color in ("red", "green"), 0 <= p.age <= 120)
+"#;
+    let base = s.base.clone();
+    let out = tokio::task::spawn_blocking(move || {
+        std::process::Command::new("python3")
+            .args(["-c", script, &base])
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    assert!(
+        out.status.success(),
+        "python failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "stop True True"
+    );
 }

@@ -150,6 +150,10 @@ pub struct ChatRequest {
     pub tool_choice: Option<Value>,
     pub parallel_tool_calls: Option<Value>,
     pub response_format: Option<Value>,
+    /// vLLM's structured outputs: `{"json": SCHEMA}` or `{"json_object": true}`.
+    pub structured_outputs: Option<Value>,
+    /// vLLM's older name for `structured_outputs.json`.
+    pub guided_json: Option<Value>,
     /// Every field the server does not know (accepted, as vLLM accepts them, and logged).
     #[serde(flatten)]
     pub unknown: serde_json::Map<String, Value>,
@@ -890,11 +894,103 @@ fn response_format(v: Option<&Value>) -> Result<Option<Value>, ApiError> {
     }
 }
 
+/// vLLM's own fields for structured output, as an alternative to `response_format`:
+/// `structured_outputs.json` (a schema, as an object or as JSON text), `structured_outputs.
+/// json_object: true`, and the older `guided_json`. vLLM's other kinds (regex, choice,
+/// grammar, structural tags) are refused.
+fn vllm_structured_outputs(
+    structured: Option<&Value>,
+    guided_json: Option<&Value>,
+) -> Result<Option<Value>, ApiError> {
+    // A schema sent as JSON text, as vLLM accepts it.
+    let schema = |param: &str, v: &Value| match v {
+        Value::Object(_) => Ok(v.clone()),
+        Value::String(text) => match serde_json::from_str::<Value>(text) {
+            Ok(o @ Value::Object(_)) => Ok(o),
+            _ => Err(ApiError::invalid(
+                param,
+                format!("{param} must be a JSON schema object (or its JSON text), got {v}"),
+            )),
+        },
+        other => Err(ApiError::invalid(
+            param,
+            format!("{param} must be a JSON schema object (or its JSON text), got {other}"),
+        )),
+    };
+    let from_structured = match structured {
+        None | Some(Value::Null) => None,
+        Some(Value::Object(o)) => {
+            let mut found = None;
+            for (k, v) in o {
+                let param = format!("structured_outputs.{k}");
+                let this = match (k.as_str(), v) {
+                    (_, Value::Null) | ("json_object", Value::Bool(false)) => continue,
+                    ("json", v) => schema(&param, v)?,
+                    ("json_object", Value::Bool(true)) => serde_json::json!({"type": "object"}),
+                    ("json_object", other) => {
+                        return Err(ApiError::invalid(
+                            &param,
+                            format!("{param} must be true or false, got {other}"),
+                        ));
+                    }
+                    (other, _) => {
+                        return Err(ApiError::unsupported(
+                            &param,
+                            &format!(
+                                "structured output of kind `{other}` (only `json` and \
+                                 `json_object` are)"
+                            ),
+                        ));
+                    }
+                };
+                if found.replace(this).is_some() {
+                    return Err(ApiError::invalid(
+                        "structured_outputs",
+                        "structured_outputs may set one of `json` and `json_object`, not both",
+                    ));
+                }
+            }
+            found
+        }
+        Some(other) => {
+            return Err(ApiError::invalid(
+                "structured_outputs",
+                format!(
+                    "structured_outputs must be an object such as {{\"json\": {{…}}}}, got {other}"
+                ),
+            ));
+        }
+    };
+    let from_guided = match guided_json {
+        None | Some(Value::Null) => None,
+        Some(v) => Some(schema("guided_json", v)?),
+    };
+    match (from_structured, from_guided) {
+        (Some(_), Some(_)) => Err(ApiError::invalid(
+            "guided_json",
+            "guided_json and structured_outputs both ask for a schema: send one",
+        )),
+        (a, b) => Ok(a.or(b)),
+    }
+}
+
 impl ChatRequest {
     /// Validate and render the conversation in harmony.
     pub fn prepare(&self, renderer: &Renderer, lim: &Limits<'_>) -> Result<Prepared, ApiError> {
         check_model(&self.common, lim)?;
-        let schema = response_format(self.response_format.as_ref())?;
+        let schema = match (
+            response_format(self.response_format.as_ref())?,
+            vllm_structured_outputs(self.structured_outputs.as_ref(), self.guided_json.as_ref())?,
+        ) {
+            (Some(_), Some(_)) => {
+                return Err(ApiError::invalid(
+                    "response_format",
+                    "response_format and vLLM's structured_outputs (or guided_json) both ask \
+                     for a schema: send one",
+                ));
+            }
+            (a, b) => a.or(b),
+        };
         if self.messages.is_empty() {
             return Err(ApiError::invalid("messages", "messages must not be empty"));
         }
