@@ -322,33 +322,67 @@ mod tests {
             .unwrap(),
         );
         let t = tok();
-        for (temperature, seed) in [(0.0, 1), (1.0, 2), (1.5, 3)] {
-            let mut s = Sampler::new(SamplingParams {
-                temperature,
-                seed: Some(seed),
-                grammar: Some(g.clone()),
-                ..Default::default()
-            });
-            // Logits that favour `hello` and the end above everything the grammar allows.
-            let mut logits: Vec<f32> = (0..VOCAB).map(|i| (i % 97) as f32 * 0.01).collect();
-            for id in t.encode_text("hello") {
-                logits[id as usize] = 50.0;
-            }
-            logits[ret() as usize] = 60.0;
-            let mut out = Vec::new();
-            for _ in 0..20 {
-                let tok_id = s.sample(&logits, &[]).token;
-                if tok_id == ret() {
-                    break;
+        // Three sequences on one compiled grammar (the `n` choices of a request), stepped in
+        // turn: each keeps its own place in it.
+        let mut samplers: Vec<(f32, Sampler)> = [(0.0, 1), (1.0, 2), (1.5, 3)]
+            .into_iter()
+            .map(|(temperature, seed)| {
+                let p = SamplingParams {
+                    temperature,
+                    seed: Some(seed),
+                    grammar: Some(g.clone()),
+                    ..Default::default()
+                };
+                // The CUDA backend samples such rows on the host, where the grammar lives.
+                assert!(p.needs_host_logits());
+                (temperature, Sampler::new(p))
+            })
+            .collect();
+        // Logits that favour `hello` and the end above everything the grammar allows.
+        let mut logits: Vec<f32> = (0..VOCAB).map(|i| (i % 97) as f32 * 0.01).collect();
+        for id in t.encode_text("hello") {
+            logits[id as usize] = 50.0;
+        }
+        logits[ret() as usize] = 60.0;
+        let mut outs = vec![(Vec::new(), false); samplers.len()];
+        for _ in 0..20 {
+            for ((_, s), (out, ended)) in samplers.iter_mut().zip(outs.iter_mut()) {
+                if *ended {
+                    continue;
                 }
-                out.push(tok_id);
+                let id = s.sample(&logits, &[]).token;
+                if id == ret() {
+                    *ended = true;
+                } else {
+                    out.push(id);
+                }
             }
-            let text = t.decode(&out, false);
+        }
+        for ((temperature, _), (out, ended)) in samplers.iter().zip(&outs) {
+            let text = t.decode(out, false);
+            assert!(ended, "T={temperature}: {text:?} never ended");
             let v: serde_json::Value = serde_json::from_str(&text)
                 .unwrap_or_else(|e| panic!("T={temperature}: {text:?} is not JSON: {e}"));
             let n = v["n"].as_u64().unwrap_or_else(|| panic!("{text}"));
             assert!(n <= 99 && v.as_object().unwrap().len() == 1, "{text}");
         }
+    }
+
+    #[test]
+    fn a_ban_on_the_end_gives_way_once_the_value_is_complete() {
+        let g = Arc::new(SO.compile(&serde_json::json!({"const": 7})).unwrap());
+        let mut s = Sampler::new(SamplingParams {
+            temperature: 0.0,
+            grammar: Some(g),
+            ..Default::default()
+        });
+        let logits = vec![0.0f32; VOCAB];
+        // `min_tokens` bans the end: the grammar allows `7`, then only the end.
+        assert_eq!(
+            tok().decode(&[s.sample(&logits, &[ret()]).token], false),
+            "7"
+        );
+        assert_eq!(s.sample(&logits, &[ret()]).token, ret());
     }
 
     #[test]
