@@ -593,6 +593,11 @@ async fn vllm_structured_outputs_and_guided_json_constrain_alike() {
         ),
         (json!({"structured_outputs": "json"}), "structured_outputs"),
         (json!({"guided_json": 5}), "guided_json"),
+        (json!({"guided_json": {"type": "banana"}}), "guided_json"),
+        (
+            json!({"structured_outputs": {"json": {"type": "banana"}}}),
+            "structured_outputs",
+        ),
         (json!({"guided_json": "{not json"}), "guided_json"),
         (
             json!({"guided_json": list(), "structured_outputs": {"json": list()}}),

@@ -210,8 +210,8 @@ impl SamplingParams {
 
     /// Whether this row's logits must be adjusted on the host before sampling (a penalty,
     /// which reads the token history only the host keeps, a logit bias, or a grammar, whose
-    /// state only the host keeps). The CUDA
-    /// backend downloads such rows and samples them with [`Sampler::sample`].
+    /// state only the host keeps). The CUDA backend downloads such rows and samples them with
+    /// [`Sampler::sample`].
     pub fn needs_host_logits(&self) -> bool {
         self.has_penalties() || !self.logit_bias.is_empty() || self.grammar.is_some()
     }

@@ -192,9 +192,10 @@ pub struct Prepared {
     pub tools: bool,
     /// The start of the answer written into the prompt (its last tokens), parsed as output.
     pub prefill: Vec<u32>,
-    /// Structured output (`response_format`): the JSON schema the answer must follow. The
+    /// Structured output: the field that asked for it (`response_format`,
+    /// `structured_outputs` or `guided_json`) and the JSON schema the answer must follow. The
     /// server compiles it into `sampling.grammar`.
-    pub schema: Option<Value>,
+    pub schema: Option<(&'static str, Value)>,
 }
 
 /// A number field of the body that may be absent or null; anything else is a 400 naming it.
@@ -901,7 +902,7 @@ fn response_format(v: Option<&Value>) -> Result<Option<Value>, ApiError> {
 fn vllm_structured_outputs(
     structured: Option<&Value>,
     guided_json: Option<&Value>,
-) -> Result<Option<Value>, ApiError> {
+) -> Result<Option<(&'static str, Value)>, ApiError> {
     // A schema sent as JSON text, as vLLM accepts it.
     let schema = |param: &str, v: &Value| match v {
         Value::Object(_) => Ok(v.clone()),
@@ -970,7 +971,8 @@ fn vllm_structured_outputs(
             "guided_json",
             "guided_json and structured_outputs both ask for a schema: send one",
         )),
-        (a, b) => Ok(a.or(b)),
+        (Some(s), None) => Ok(Some(("structured_outputs", s))),
+        (None, g) => Ok(g.map(|g| ("guided_json", g))),
     }
 }
 
@@ -989,7 +991,8 @@ impl ChatRequest {
                      for a schema: send one",
                 ));
             }
-            (a, b) => a.or(b),
+            (Some(s), None) => Some(("response_format", s)),
+            (None, b) => b,
         };
         if self.messages.is_empty() {
             return Err(ApiError::invalid("messages", "messages must not be empty"));

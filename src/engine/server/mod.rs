@@ -280,13 +280,11 @@ impl AppState {
     }
 }
 
-/// The receiver of a choice that generates nothing (`echo` with `max_tokens: 0`): it ends
-/// at once, at its length limit.
 impl AppState {
-    /// Compile a request's `response_format` schema; a schema llguidance refuses is a 400
-    /// naming `response_format`. Runs on a blocking thread (the first call builds the
+    /// Compile the schema a request's `param` (`response_format`, `structured_outputs`,
+    /// `guided_json`) asked for; a schema llguidance refuses is a 400 naming `param`. Runs on a blocking thread (the first call builds the
     /// vocabulary index, and a large schema takes a while to compile).
-    fn compile_schema(&self, schema: &serde_json::Value) -> Result<Grammar, ApiError> {
+    fn compile_schema(&self, param: &str, schema: &serde_json::Value) -> Result<Grammar, ApiError> {
         let structured = self
             .structured
             .get_or_init(|| {
@@ -296,14 +294,13 @@ impl AppState {
             .as_ref()
             .map_err(|e| ApiError::internal(format!("structured output is unavailable: {e}")))?;
         structured.compile(schema).map_err(|e| {
-            ApiError::invalid(
-                "response_format",
-                format!("response_format's schema cannot be enforced: {e}"),
-            )
+            ApiError::invalid(param, format!("{param}'s schema cannot be enforced: {e}"))
         })
     }
 }
 
+/// The receiver of a choice that generates nothing (`echo` with `max_tokens: 0`): it ends
+/// at once, at its length limit.
 fn nothing_to_generate() -> UnboundedReceiver<GenEvent> {
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
     // The receiver is alive here, so the send cannot fail.
@@ -423,9 +420,9 @@ async fn chat_completions(
         Ok(p) => p,
         Err(e) => return e.into_response(),
     };
-    if let Some(schema) = prepared.schema.clone() {
+    if let Some((param, schema)) = prepared.schema.clone() {
         let state = st.clone();
-        match tokio::task::spawn_blocking(move || state.compile_schema(&schema)).await {
+        match tokio::task::spawn_blocking(move || state.compile_schema(param, &schema)).await {
             Ok(Ok(g)) => prepared.sampling.grammar = Some(Arc::new(g)),
             Ok(Err(e)) => return e.into_response(),
             Err(e) => {
