@@ -2391,10 +2391,11 @@ async fn tool_results_render_into_the_next_prompt() {
         ),
         "{text}"
     );
-    // `json!` sorts keys, so the schema arrives with `days` first; the namespace keeps the
-    // order it arrived in (tests/harmony_template.rs covers the client's own order).
+    // The namespace keeps the order the schema arrived in: `json!` writes `location` first
+    // as serde_json's `preserve_order` (on in this build) keeps it (tests/harmony_template.rs
+    // covers the client's own order).
     assert!(
-        text.contains("type get_weather = (_: {\ndays?: number,\nlocation: string,\n}) => any;"),
+        text.contains("type get_weather = (_: {\nlocation: string,\ndays?: number,\n}) => any;"),
         "{text}"
     );
 }

@@ -13,6 +13,7 @@ pub mod scheduler;
 pub mod serve;
 pub mod server;
 pub mod steplog;
+pub mod structured;
 pub mod synthetic;
 pub mod tokenizer;
 pub mod weights;

@@ -1,9 +1,11 @@
 //! Choosing the next token from logits (penalties, greedy, temperature, top-k, top-p, seeded)
 //! with logprobs, and matching `stop` strings in streamed text.
 
+use super::structured::{Constraint, Grammar};
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
 
 /// Everything that decides how one request's tokens are chosen and when it ends.
 #[derive(Debug, Clone, PartialEq)]
@@ -34,6 +36,9 @@ pub struct SamplingParams {
     /// Added to the logits of these token ids before penalties and sampling (OpenAI's
     /// `logit_bias`); empty disables it.
     pub logit_bias: Vec<(u32, f32)>,
+    /// Structured output: only tokens that keep the answer inside this grammar may be
+    /// chosen (`response_format`); `None` leaves the choice free.
+    pub grammar: Option<Arc<Grammar>>,
 }
 
 impl Default for SamplingParams {
@@ -51,6 +56,7 @@ impl Default for SamplingParams {
             frequency_penalty: 0.0,
             repetition_penalty: 1.0,
             logit_bias: Vec::new(),
+            grammar: None,
         }
     }
 }
@@ -79,6 +85,8 @@ pub struct Sampler {
     /// The history the penalties read; `None` when every penalty is off, so plain requests
     /// pay nothing for them.
     history: Option<History>,
+    /// This sequence's place in its grammar (structured output).
+    constraint: Option<Constraint>,
 }
 
 /// The tokens a request has seen, as the penalties need them.
@@ -104,10 +112,12 @@ impl Sampler {
             prompt: prompt.iter().copied().collect(),
             output: HashMap::new(),
         });
+        let constraint = params.grammar.as_deref().map(Grammar::start);
         Sampler {
             params,
             rng: StdRng::seed_from_u64(seed),
             history,
+            constraint,
         }
     }
 
@@ -128,24 +138,39 @@ impl Sampler {
     }
 
     /// Choose the next token. `banned` tokens are never chosen (stop tokens before
-    /// `min_tokens`); logprobs are reported from the unmodified logits, as vLLM does.
+    /// `min_tokens`), unless a grammar allows nothing else; logprobs are reported from the
+    /// unmodified logits, as vLLM does.
     pub fn sample(&mut self, logits: &[f32], banned: &[u32]) -> Sampled {
         let u = if self.is_greedy() {
             0.0
         } else {
             self.next_uniform()
         };
-        let token = if self.history.is_none() && self.params.logit_bias.is_empty() {
-            choose(logits, banned, &self.params, u)
-        } else {
-            // vLLM's order: the bias, then the penalties.
-            let mut adjusted = logits.to_vec();
-            apply_logit_bias(&mut adjusted, &self.params.logit_bias);
-            if let Some(h) = &self.history {
-                apply_penalties(&mut adjusted, &self.params, &h.prompt, &h.output);
-            }
-            choose(&adjusted, banned, &self.params, u)
-        };
+        let allowed = self.constraint.as_mut().map(Constraint::allowed);
+        let token =
+            if self.history.is_none() && self.params.logit_bias.is_empty() && allowed.is_none() {
+                choose(logits, banned, &self.params, u)
+            } else {
+                let mut adjusted = logits.to_vec();
+                let mut banned = banned;
+                if let Some(a) = &allowed {
+                    a.mask(&mut adjusted);
+                    // The grammar wins over min_tokens: when it allows only stop tokens, the
+                    // answer is complete.
+                    if a.is_within(banned) {
+                        banned = &[];
+                    }
+                }
+                // vLLM's order: the bias, then the penalties.
+                apply_logit_bias(&mut adjusted, &self.params.logit_bias);
+                if let Some(h) = &self.history {
+                    apply_penalties(&mut adjusted, &self.params, &h.prompt, &h.output);
+                }
+                choose(&adjusted, banned, &self.params, u)
+            };
+        if let Some(c) = &mut self.constraint {
+            c.commit(token as u32);
+        }
         if let Some(h) = &mut self.history {
             *h.output.entry(token as u32).or_insert(0) += 1;
         }
@@ -184,10 +209,11 @@ impl SamplingParams {
     }
 
     /// Whether this row's logits must be adjusted on the host before sampling (a penalty,
-    /// which reads the token history only the host keeps, or a logit bias). The CUDA
-    /// backend downloads such rows and samples them with [`Sampler::sample`].
+    /// which reads the token history only the host keeps, a logit bias, or a grammar, whose
+    /// state only the host keeps). The CUDA backend downloads such rows and samples them with
+    /// [`Sampler::sample`].
     pub fn needs_host_logits(&self) -> bool {
-        self.has_penalties() || !self.logit_bias.is_empty()
+        self.has_penalties() || !self.logit_bias.is_empty() || self.grammar.is_some()
     }
 }
 

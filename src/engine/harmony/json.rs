@@ -1,7 +1,9 @@
 //! A JSON value that keeps object keys in the order the client wrote them, and writes itself
 //! the way the chat template's `tojson` does (Python's `json.dumps` defaults: `", "` and
 //! `": "` separators, non-ASCII text as is). The tool namespace and the tool-call arguments
-//! of a harmony prompt depend on both: `serde_json::Value` sorts keys.
+//! of a harmony prompt depend on both: `serde_json::Value` keeps key order only while the
+//! build turns on its `preserve_order` feature (llguidance does today), which this rendering
+//! must not hang on.
 
 use serde::de::{Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
 use std::fmt::{self, Write as _};

@@ -99,6 +99,9 @@ pub enum Prefill<'a> {
     /// `<|channel|>commentary to=functions.NAME <|constrain|>json<|message|>`: the model
     /// writes the arguments of this function.
     Call(&'a str),
+    /// `<|channel|>final<|message|>`: the model writes the final answer at once, without
+    /// reasoning first (structured output constrains it from its first token).
+    Final,
 }
 
 /// The harmony control tokens, looked up by name in the tokenizer (never hard-coded ids).
@@ -303,6 +306,11 @@ impl Renderer {
                 );
                 out.push(self.t.constrain);
                 out.extend(self.tok.encode_text("json"));
+                out.push(self.t.message);
+            }
+            Prefill::Final => {
+                out.push(self.t.channel);
+                out.extend(self.tok.encode_text("final"));
                 out.push(self.t.message);
             }
         }

@@ -150,6 +150,10 @@ pub struct ChatRequest {
     pub tool_choice: Option<Value>,
     pub parallel_tool_calls: Option<Value>,
     pub response_format: Option<Value>,
+    /// vLLM's structured outputs: `{"json": SCHEMA}` or `{"json_object": true}`.
+    pub structured_outputs: Option<Value>,
+    /// vLLM's older name for `structured_outputs.json`.
+    pub guided_json: Option<Value>,
     /// Every field the server does not know (accepted, as vLLM accepts them, and logged).
     #[serde(flatten)]
     pub unknown: serde_json::Map<String, Value>,
@@ -188,6 +192,10 @@ pub struct Prepared {
     pub tools: bool,
     /// The start of the answer written into the prompt (its last tokens), parsed as output.
     pub prefill: Vec<u32>,
+    /// Structured output: the field that asked for it (`response_format`,
+    /// `structured_outputs` or `guided_json`) and the JSON schema the answer must follow. The
+    /// server compiles it into `sampling.grammar`.
+    pub schema: Option<(&'static str, Value)>,
 }
 
 /// A number field of the body that may be absent or null; anything else is a 400 naming it.
@@ -496,6 +504,7 @@ fn prepare_common(
             frequency_penalty,
             repetition_penalty,
             logit_bias,
+            grammar: None,
         },
         n,
         stop,
@@ -508,6 +517,7 @@ fn prepare_common(
         return_token_ids: c.return_token_ids,
         tools: false,
         prefill: Vec::new(),
+        schema: None,
     })
 }
 
@@ -826,18 +836,164 @@ fn messages(input: &[ChatMessageIn]) -> Result<Vec<Message>, ApiError> {
     Ok(out)
 }
 
+/// `response_format`: the JSON schema the answer must follow, or `None` for free text.
+/// `json_object` is any JSON object (the schema `{"type": "object"}`, as vLLM makes it).
+/// The schema itself is checked when it is compiled (see `StructuredOutput::compile`).
+fn response_format(v: Option<&Value>) -> Result<Option<Value>, ApiError> {
+    let param = "response_format";
+    let bad = |msg: String| Err(ApiError::invalid(param, msg));
+    let f = match v {
+        None | Some(Value::Null) => return Ok(None),
+        Some(Value::Object(f)) => f,
+        Some(other) => {
+            return bad(format!(
+                "response_format must be an object such as {{\"type\": \"json_object\"}}, got \
+                 {other}"
+            ));
+        }
+    };
+    match f.get("type").and_then(Value::as_str) {
+        Some("text") => Ok(None),
+        Some("json_object") => Ok(Some(serde_json::json!({"type": "object"}))),
+        Some("json_schema") => {
+            let Some(js) = f.get("json_schema").and_then(Value::as_object) else {
+                return bad(
+                    "response_format of type json_schema needs `json_schema`: an object with \
+                     `name`, `schema` and optionally `strict`"
+                        .into(),
+                );
+            };
+            match js.get("name") {
+                Some(Value::String(n)) if !n.is_empty() => {}
+                other => {
+                    return bad(format!(
+                        "response_format.json_schema.name must be a non-empty string, got {}",
+                        other.map_or("nothing".into(), Value::to_string)
+                    ));
+                }
+            }
+            match js.get("strict") {
+                None | Some(Value::Null) | Some(Value::Bool(_)) => {}
+                Some(other) => {
+                    return bad(format!(
+                        "response_format.json_schema.strict must be true or false, got {other}"
+                    ));
+                }
+            }
+            match js.get("schema") {
+                Some(s @ Value::Object(_)) => Ok(Some(s.clone())),
+                other => bad(format!(
+                    "response_format.json_schema.schema must be a JSON schema object, got {}",
+                    other.map_or("nothing".into(), Value::to_string)
+                )),
+            }
+        }
+        _ => bad(format!(
+            "response_format.type must be \"text\", \"json_object\" or \"json_schema\", got {}",
+            f.get("type").map_or("nothing".into(), Value::to_string)
+        )),
+    }
+}
+
+/// vLLM's own fields for structured output, as an alternative to `response_format`:
+/// `structured_outputs.json` (a schema, as an object or as JSON text), `structured_outputs.
+/// json_object: true`, and the older `guided_json`. vLLM's other kinds (regex, choice,
+/// grammar, structural tags) are refused.
+fn vllm_structured_outputs(
+    structured: Option<&Value>,
+    guided_json: Option<&Value>,
+) -> Result<Option<(&'static str, Value)>, ApiError> {
+    // A schema sent as JSON text, as vLLM accepts it.
+    let schema = |param: &str, v: &Value| match v {
+        Value::Object(_) => Ok(v.clone()),
+        Value::String(text) => match serde_json::from_str::<Value>(text) {
+            Ok(o @ Value::Object(_)) => Ok(o),
+            _ => Err(ApiError::invalid(
+                param,
+                format!("{param} must be a JSON schema object (or its JSON text), got {v}"),
+            )),
+        },
+        other => Err(ApiError::invalid(
+            param,
+            format!("{param} must be a JSON schema object (or its JSON text), got {other}"),
+        )),
+    };
+    let from_structured = match structured {
+        None | Some(Value::Null) => None,
+        Some(Value::Object(o)) => {
+            let mut found = None;
+            for (k, v) in o {
+                let param = format!("structured_outputs.{k}");
+                let this = match (k.as_str(), v) {
+                    (_, Value::Null) | ("json_object", Value::Bool(false)) => continue,
+                    ("json", v) => schema(&param, v)?,
+                    ("json_object", Value::Bool(true)) => serde_json::json!({"type": "object"}),
+                    ("json_object", other) => {
+                        return Err(ApiError::invalid(
+                            &param,
+                            format!("{param} must be true or false, got {other}"),
+                        ));
+                    }
+                    (other, _) => {
+                        return Err(ApiError::unsupported(
+                            &param,
+                            &format!(
+                                "structured output of kind `{other}` (only `json` and \
+                                 `json_object` are)"
+                            ),
+                        ));
+                    }
+                };
+                if found.replace(this).is_some() {
+                    return Err(ApiError::invalid(
+                        "structured_outputs",
+                        "structured_outputs may set one of `json` and `json_object`, not both",
+                    ));
+                }
+            }
+            found
+        }
+        Some(other) => {
+            return Err(ApiError::invalid(
+                "structured_outputs",
+                format!(
+                    "structured_outputs must be an object such as {{\"json\": {{…}}}}, got {other}"
+                ),
+            ));
+        }
+    };
+    let from_guided = match guided_json {
+        None | Some(Value::Null) => None,
+        Some(v) => Some(schema("guided_json", v)?),
+    };
+    match (from_structured, from_guided) {
+        (Some(_), Some(_)) => Err(ApiError::invalid(
+            "guided_json",
+            "guided_json and structured_outputs both ask for a schema: send one",
+        )),
+        (Some(s), None) => Ok(Some(("structured_outputs", s))),
+        (None, g) => Ok(g.map(|g| ("guided_json", g))),
+    }
+}
+
 impl ChatRequest {
     /// Validate and render the conversation in harmony.
     pub fn prepare(&self, renderer: &Renderer, lim: &Limits<'_>) -> Result<Prepared, ApiError> {
         check_model(&self.common, lim)?;
-        if let Some(f) = &self.response_format
-            && f.get("type").and_then(Value::as_str) != Some("text")
-        {
-            return Err(ApiError::unsupported(
-                "response_format",
-                "structured output",
-            ));
-        }
+        let schema = match (
+            response_format(self.response_format.as_ref())?,
+            vllm_structured_outputs(self.structured_outputs.as_ref(), self.guided_json.as_ref())?,
+        ) {
+            (Some(_), Some(_)) => {
+                return Err(ApiError::invalid(
+                    "response_format",
+                    "response_format and vLLM's structured_outputs (or guided_json) both ask \
+                     for a schema: send one",
+                ));
+            }
+            (Some(s), None) => Some(("response_format", s)),
+            (None, b) => b,
+        };
         if self.messages.is_empty() {
             return Err(ApiError::invalid("messages", "messages must not be empty"));
         }
@@ -853,9 +1009,20 @@ impl ChatRequest {
             }
         }
         let messages = messages(&self.messages)?;
+        if schema.is_some() && matches!(choice, ToolChoice::Required | ToolChoice::Named(_)) {
+            return Err(ApiError::invalid(
+                "response_format",
+                "response_format json_object or json_schema makes the answer a final message, \
+                 and tool_choice `required` or a named function makes it a tool call: send one \
+                 of the two",
+            ));
+        }
+        // Structured output: the answer starts in the final channel and the schema
+        // constrains it from the first generated token (see docs/api.md).
         let prefill = match &choice {
             ToolChoice::Required => Prefill::AnyCall,
             ToolChoice::Named(n) => Prefill::Call(n),
+            ToolChoice::None | ToolChoice::Auto if schema.is_some() => Prefill::Final,
             ToolChoice::None | ToolChoice::Auto => Prefill::None,
         };
         let prompt = renderer.render_chat(&Chat {
@@ -880,6 +1047,7 @@ impl ChatRequest {
         // Calls are parsed only when functions were offered and not switched off.
         p.tools = choice != ToolChoice::None && !functions.is_empty();
         p.prefill = renderer.prefill_tokens(prefill);
+        p.schema = schema;
         Ok(p)
     }
 }

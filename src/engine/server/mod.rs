@@ -11,6 +11,7 @@ use crate::engine::harmony::{HarmonyTokens, Renderer};
 use crate::engine::scheduler::{
     self, FinishReason, GenEvent, SchedulerConfig, SchedulerHandle, SubmitError,
 };
+use crate::engine::structured::{Grammar, StructuredOutput};
 use crate::engine::tokenizer::Tokenizer;
 use api::{ChatRequest, CompletionRequest, Limits, parse_body};
 use axum::Router;
@@ -94,6 +95,11 @@ struct AppState {
     created: u64,
     /// Unknown request field names already reported (each is said once).
     warned_fields: std::sync::Mutex<std::collections::HashSet<String>>,
+    /// The tokens that may end a structured answer: the stop set without `<|call|>`.
+    structured_ends: Vec<u32>,
+    /// Built on the first request with a `response_format` schema (it indexes the whole
+    /// vocabulary, which plain servers need not pay for).
+    structured: std::sync::OnceLock<Result<StructuredOutput, String>>,
 }
 
 /// A server ready to be bound: the engine thread runs, the routes are built.
@@ -120,7 +126,13 @@ impl Server {
         let tok = Tokenizer::o200k_harmony();
         let renderer = Renderer::new(tok)?;
         let cfg = backend.config();
-        let stop_tokens = HarmonyTokens::new(&tok)?.stop_set(cfg.eos_token_id);
+        let harmony = HarmonyTokens::new(&tok)?;
+        let stop_tokens = harmony.stop_set(cfg.eos_token_id);
+        let structured_ends = stop_tokens
+            .iter()
+            .copied()
+            .filter(|&t| t != harmony.call)
+            .collect();
         let vocab_size = cfg.vocab_size;
         let backend_name = backend.name();
         let metrics = Arc::new(Metrics::new(
@@ -153,6 +165,8 @@ impl Server {
                 renderer,
                 created: unix_now(),
                 warned_fields: Default::default(),
+                structured_ends,
+                structured: std::sync::OnceLock::new(),
             }),
         })
     }
@@ -263,6 +277,25 @@ impl AppState {
             created: unix_now(),
             model: self.opts.served_model_name.clone(),
         }
+    }
+}
+
+impl AppState {
+    /// Compile the schema a request's `param` (`response_format`, `structured_outputs`,
+    /// `guided_json`) asked for; a schema llguidance refuses is a 400 naming `param`. Runs on a blocking thread (the first call builds the
+    /// vocabulary index, and a large schema takes a while to compile).
+    fn compile_schema(&self, param: &str, schema: &serde_json::Value) -> Result<Grammar, ApiError> {
+        let structured = self
+            .structured
+            .get_or_init(|| {
+                StructuredOutput::new(self.tok, self.vocab_size, &self.structured_ends)
+                    .map_err(|e| format!("{e:#}"))
+            })
+            .as_ref()
+            .map_err(|e| ApiError::internal(format!("structured output is unavailable: {e}")))?;
+        structured.compile(schema).map_err(|e| {
+            ApiError::invalid(param, format!("{param}'s schema cannot be enforced: {e}"))
+        })
     }
 }
 
@@ -378,7 +411,7 @@ async fn chat_completions(
     State(st): State<Arc<AppState>>,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    let prepared = match read_body(&st, body)
+    let mut prepared = match read_body(&st, body)
         .and_then(|b| parse_body::<ChatRequest>(&b))
         .and_then(|r| {
             st.warn_unknown_fields(r.unknown_fields());
@@ -387,5 +420,16 @@ async fn chat_completions(
         Ok(p) => p,
         Err(e) => return e.into_response(),
     };
+    if let Some((param, schema)) = prepared.schema.clone() {
+        let state = st.clone();
+        match tokio::task::spawn_blocking(move || state.compile_schema(param, &schema)).await {
+            Ok(Ok(g)) => prepared.sampling.grammar = Some(Arc::new(g)),
+            Ok(Err(e)) => return e.into_response(),
+            Err(e) => {
+                return ApiError::internal(format!("compiling the schema failed: {e}"))
+                    .into_response();
+            }
+        }
+    }
     run(&st, prepared, Endpoint::Chat, "chatcmpl").await
 }

@@ -1,0 +1,400 @@
+//! Structured output: a JSON schema enforced token by token with llguidance.
+//!
+//! The server compiles a request's `response_format` into a [`Grammar`] once; every
+//! sequence of the request starts its own [`Constraint`] from it. Each step the constraint
+//! says which token ids may come next (a mask over the whole vocabulary), the sampler sets
+//! every other logit to −∞ before it chooses, and the chosen token advances the
+//! constraint. This runs on the host, in [`crate::engine::sampling::Sampler`], so the CPU
+//! and CUDA backends enforce it the same way (CUDA downloads a constrained row's logits,
+//! as it does for `logit_bias`).
+
+use crate::engine::tokenizer::Tokenizer;
+use anyhow::Context;
+use llguidance::api::TopLevelGrammar;
+use llguidance::toktrie::{SimpleVob, TokEnv, TokRxInfo, TokTrie, TokenId, TokenizerEnv};
+use llguidance::{Matcher, ParserFactory};
+use serde_json::Value;
+use std::sync::Arc;
+
+/// The engine's vocabulary as llguidance sees it: every id's bytes, control tokens marked
+/// so no grammar text can match them, and the tokens that end an answer as its EOS set.
+struct Vocabulary {
+    trie: TokTrie,
+    tok: Tokenizer,
+}
+
+impl TokenizerEnv for Vocabulary {
+    fn tok_trie(&self) -> &TokTrie {
+        &self.trie
+    }
+
+    /// The model's own (canonical) tokenization of text llguidance forces, so a forced
+    /// piece of JSON is written in the tokens the model was trained on.
+    fn tokenize_bytes(&self, s: &[u8]) -> Vec<TokenId> {
+        match std::str::from_utf8(s) {
+            Ok(text) => self.tok.encode_text(text),
+            // Bytes that end inside a character: no BPE of ours covers them, so the
+            // longest-match split of the trie.
+            Err(_) => self.trie.greedy_tokenize(s),
+        }
+    }
+}
+
+/// What a server needs to turn JSON schemas into constraints: llguidance's parser factory
+/// over the engine's vocabulary. Built once per server (it indexes the whole vocabulary).
+pub struct StructuredOutput {
+    factory: ParserFactory,
+}
+
+impl std::fmt::Debug for StructuredOutput {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("StructuredOutput")
+    }
+}
+
+impl StructuredOutput {
+    /// A factory over ids `0..vocab_size` of `tok` (the model's size, from its config: ids
+    /// the tokenizer does not know get no bytes and are never allowed). `ends` are the
+    /// tokens that may end a constrained answer; the grammar allows them only where the
+    /// JSON is complete.
+    pub fn new(tok: Tokenizer, vocab_size: usize, ends: &[u32]) -> anyhow::Result<Self> {
+        let vocab = u32::try_from(vocab_size).context("the vocabulary is too large")?;
+        let ends: Vec<u32> = ends.iter().copied().filter(|&t| t < vocab).collect();
+        let Some(&first_end) = ends.first() else {
+            anyhow::bail!(
+                "none of the end tokens is inside the model's vocabulary of {vocab_size}: \
+                 a constrained answer could never end"
+            );
+        };
+        let words: Vec<Vec<u8>> = (0..vocab)
+            .map(|id| {
+                let bytes = tok.token_bytes(id);
+                if tok.is_special(id) && !bytes.is_empty() {
+                    // llguidance's marker for a special token: it never matches text.
+                    let mut marked = vec![TokTrie::SPECIAL_TOKEN_MARKER];
+                    marked.extend_from_slice(&bytes);
+                    marked
+                } else {
+                    bytes
+                }
+            })
+            .collect();
+        let trie = TokTrie::from(&TokRxInfo::new(vocab, first_end), &words).with_eos_tokens(&ends);
+        let env: TokEnv = Arc::new(Vocabulary { trie, tok });
+        let mut factory = ParserFactory::new_simple(&env)
+            .map_err(|e| anyhow::anyhow!("building the structured-output index: {e}"))?;
+        // Errors come back as values; nothing is printed.
+        factory.quiet();
+        Ok(StructuredOutput { factory })
+    }
+
+    /// Compile `schema` (a JSON schema object) into a grammar. The JSON is compact (no
+    /// whitespace between tokens of the syntax), which keeps a model from writing spaces
+    /// without end. The error says what llguidance could not accept.
+    pub fn compile(&self, schema: &Value) -> Result<Grammar, String> {
+        let mut schema = schema.clone();
+        let Some(obj) = schema.as_object_mut() else {
+            return Err("the schema must be a JSON object".into());
+        };
+        if obj.contains_key("x-guidance") {
+            return Err("the schema key `x-guidance` is reserved by this server".into());
+        }
+        obj.insert(
+            "x-guidance".into(),
+            serde_json::json!({"whitespace_flexible": false}),
+        );
+        let parser = self
+            .factory
+            .create_parser(TopLevelGrammar::from_json_schema(schema))
+            .map_err(|e| e.to_string())?;
+        let matcher = Matcher::new(Ok(parser));
+        if let Some(e) = matcher.get_error() {
+            return Err(e);
+        }
+        let trie = self.factory.tok_env().tok_trie();
+        Ok(Grammar {
+            start: matcher,
+            vocab_size: trie.vocab_size(),
+            ends: trie.eos_tokens().into(),
+        })
+    }
+}
+
+/// A compiled schema, at its start: each sequence that uses it clones it into a
+/// [`Constraint`] of its own.
+pub struct Grammar {
+    start: Matcher,
+    vocab_size: usize,
+    ends: Arc<[u32]>,
+}
+
+impl Grammar {
+    /// A constraint at the start of the grammar, for one sequence.
+    pub fn start(&self) -> Constraint {
+        Constraint {
+            matcher: self.start.deep_clone(),
+            vocab_size: self.vocab_size,
+            ends: self.ends.clone(),
+            failed: false,
+        }
+    }
+}
+
+/// Two grammars are equal when they are the same compiled grammar.
+impl PartialEq for Grammar {
+    fn eq(&self, other: &Self) -> bool {
+        std::ptr::eq(self, other)
+    }
+}
+
+impl std::fmt::Debug for Grammar {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Grammar")
+    }
+}
+
+/// One sequence's place in its grammar.
+pub struct Constraint {
+    matcher: Matcher,
+    vocab_size: usize,
+    /// The tokens that end the answer.
+    ends: Arc<[u32]>,
+    /// llguidance reported an error; the sequence may only end from here.
+    failed: bool,
+}
+
+impl std::fmt::Debug for Constraint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Constraint")
+            .field("failed", &self.failed)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The token ids a constraint allows next.
+#[derive(Debug)]
+pub struct Allowed(SimpleVob);
+
+impl Allowed {
+    /// Whether `token` may come next.
+    pub fn contains(&self, token: u32) -> bool {
+        (token as usize) < self.0.len() && self.0.is_allowed(token)
+    }
+
+    /// Set the logit of every token that may not come next to −∞ (`logits` has one entry
+    /// per id of the vocabulary).
+    pub fn mask(&self, logits: &mut [f32]) {
+        for (id, l) in logits.iter_mut().enumerate() {
+            if !self.contains(id as u32) {
+                *l = f32::NEG_INFINITY;
+            }
+        }
+    }
+
+    /// Whether every allowed token is one of `ids`.
+    pub fn is_within(&self, ids: &[u32]) -> bool {
+        self.0.num_set() <= ids.len() && self.ids().iter().all(|t| ids.contains(t))
+    }
+
+    /// The allowed ids, in order.
+    pub fn ids(&self) -> Vec<u32> {
+        self.0.to_list()
+    }
+}
+
+impl Constraint {
+    /// The tokens that may come next: what keeps the JSON valid, or only the end tokens
+    /// once it is complete. After an llguidance error (its limits, say), only the end
+    /// tokens, so the answer ends instead of leaving the grammar.
+    pub fn allowed(&mut self) -> Allowed {
+        if !self.failed {
+            match self.matcher.compute_mask_or_eos() {
+                Ok(m) => return Allowed(m),
+                Err(e) => self.fail(&e.to_string()),
+            }
+        }
+        let mut m = SimpleVob::alloc(self.vocab_size);
+        for &t in self.ends.iter() {
+            m.allow_token(t);
+        }
+        Allowed(m)
+    }
+
+    /// Advance past the token the sampler chose.
+    pub fn commit(&mut self, token: u32) {
+        if self.failed || self.matcher.is_stopped() {
+            return;
+        }
+        if let Err(e) = self.matcher.consume_token(token) {
+            self.fail(&e.to_string());
+        }
+    }
+
+    /// Whether the text so far is a complete value of the grammar.
+    pub fn is_accepting(&mut self) -> bool {
+        !self.failed && self.matcher.is_accepting().unwrap_or(false)
+    }
+
+    fn fail(&mut self, why: &str) {
+        self.failed = true;
+        crate::errln!(
+            "mxtune serve: warning: structured output stopped following its schema ({why}); \
+             the answer ends here"
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::harmony::HarmonyTokens;
+    use crate::engine::sampling::{Sampler, SamplingParams};
+    use std::sync::LazyLock;
+
+    const VOCAB: usize = 201_088;
+
+    fn tok() -> Tokenizer {
+        Tokenizer::o200k_harmony()
+    }
+
+    fn ret() -> u32 {
+        HarmonyTokens::new(&tok()).unwrap().ret
+    }
+
+    static SO: LazyLock<StructuredOutput> =
+        LazyLock::new(|| StructuredOutput::new(tok(), VOCAB, &[ret()]).unwrap());
+
+    #[test]
+    fn the_mask_follows_a_tiny_grammar_and_then_allows_only_the_end() {
+        let g = SO
+            .compile(&serde_json::json!({"enum": ["yes", "no"]}))
+            .unwrap();
+        let words = [b"\"yes\"".as_slice(), b"\"no\"".as_slice()];
+        let t = tok();
+        // Walk the grammar taking the longest allowed token each step.
+        let mut c = g.start();
+        let mut text: Vec<u8> = Vec::new();
+        for _ in 0..8 {
+            let a = c.allowed();
+            let ids = a.ids();
+            assert!(!ids.is_empty());
+            if words.contains(&text.as_slice()) {
+                assert_eq!(ids, vec![ret()], "a complete value allows only the end");
+                assert!(c.is_accepting());
+                return;
+            }
+            assert!(
+                !a.contains(ret()),
+                "the end came before the value was complete"
+            );
+            assert!(!a.contains(t.special_id("<|end|>").unwrap()));
+            for &id in &ids {
+                let mut next = text.clone();
+                next.extend(t.token_bytes(id));
+                assert!(
+                    words.iter().any(|w| w.starts_with(&next)),
+                    "{:?} allowed after {:?}",
+                    t.token_text(id),
+                    String::from_utf8_lossy(&text)
+                );
+            }
+            let best = *ids
+                .iter()
+                .max_by_key(|&&id| t.token_bytes(id).len())
+                .unwrap();
+            text.extend(t.token_bytes(best));
+            c.commit(best);
+        }
+        panic!(
+            "the value never completed: {:?}",
+            String::from_utf8_lossy(&text)
+        );
+    }
+
+    #[test]
+    fn the_sampler_never_leaves_the_grammar_whatever_the_logits_prefer() {
+        let g = Arc::new(
+            SO.compile(&serde_json::json!({
+                "type": "object",
+                "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 99}},
+                "required": ["n"], "additionalProperties": false
+            }))
+            .unwrap(),
+        );
+        let t = tok();
+        // Three sequences on one compiled grammar (the `n` choices of a request), stepped in
+        // turn: each keeps its own place in it.
+        let mut samplers: Vec<(f32, Sampler)> = [(0.0, 1), (1.0, 2), (1.5, 3)]
+            .into_iter()
+            .map(|(temperature, seed)| {
+                let p = SamplingParams {
+                    temperature,
+                    seed: Some(seed),
+                    grammar: Some(g.clone()),
+                    ..Default::default()
+                };
+                // The CUDA backend samples such rows on the host, where the grammar lives.
+                assert!(p.needs_host_logits());
+                (temperature, Sampler::new(p))
+            })
+            .collect();
+        // Logits that favour `hello` and the end above everything the grammar allows.
+        let mut logits: Vec<f32> = (0..VOCAB).map(|i| (i % 97) as f32 * 0.01).collect();
+        for id in t.encode_text("hello") {
+            logits[id as usize] = 50.0;
+        }
+        logits[ret() as usize] = 60.0;
+        let mut outs = vec![(Vec::new(), false); samplers.len()];
+        for _ in 0..20 {
+            for ((_, s), (out, ended)) in samplers.iter_mut().zip(outs.iter_mut()) {
+                if *ended {
+                    continue;
+                }
+                let id = s.sample(&logits, &[]).token;
+                if id == ret() {
+                    *ended = true;
+                } else {
+                    out.push(id);
+                }
+            }
+        }
+        for ((temperature, _), (out, ended)) in samplers.iter().zip(&outs) {
+            let text = t.decode(out, false);
+            assert!(ended, "T={temperature}: {text:?} never ended");
+            let v: serde_json::Value = serde_json::from_str(&text)
+                .unwrap_or_else(|e| panic!("T={temperature}: {text:?} is not JSON: {e}"));
+            let n = v["n"].as_u64().unwrap_or_else(|| panic!("{text}"));
+            assert!(n <= 99 && v.as_object().unwrap().len() == 1, "{text}");
+        }
+    }
+
+    #[test]
+    fn a_ban_on_the_end_gives_way_once_the_value_is_complete() {
+        let g = Arc::new(SO.compile(&serde_json::json!({"const": 7})).unwrap());
+        let mut s = Sampler::new(SamplingParams {
+            temperature: 0.0,
+            grammar: Some(g),
+            ..Default::default()
+        });
+        let logits = vec![0.0f32; VOCAB];
+        // `min_tokens` bans the end: the grammar allows `7`, then only the end.
+        assert_eq!(
+            tok().decode(&[s.sample(&logits, &[ret()]).token], false),
+            "7"
+        );
+        assert_eq!(s.sample(&logits, &[ret()]).token, ret());
+    }
+
+    #[test]
+    fn schemas_llguidance_cannot_enforce_are_errors() {
+        let unsatisfiable = serde_json::json!({
+            "type": "object",
+            "properties": {"a": {"type": "integer", "minimum": 5, "maximum": 1}},
+            "required": ["a"]
+        });
+        assert!(SO.compile(&unsatisfiable).is_err());
+        assert!(SO.compile(&serde_json::json!({"type": "banana"})).is_err());
+        assert!(SO.compile(&serde_json::json!([1])).is_err());
+        assert!(SO.compile(&serde_json::json!({"x-guidance": {}})).is_err());
+    }
+}
