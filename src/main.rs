@@ -53,6 +53,8 @@ enum Command {
     Launch(Box<mxtune::launch::cli::LaunchArgs>),
     /// Stop containers and engine processes mxtune started.
     Stop(mxtune::launch::cli::StopArgs),
+    /// Remote hosts of ~/.config/mxtune/hosts.toml (for --host): list, check.
+    Hosts(mxtune::hosts::cli::HostsArgs),
     /// The bundled inference engine.
     Engine {
         #[command(subcommand)]
@@ -114,6 +116,7 @@ fn main() -> std::process::ExitCode {
         Some(Command::Monitor(args)) => mxtune::monitor::cli::run(args),
         Some(Command::Launch(args)) => mxtune::launch::cli::launch(*args),
         Some(Command::Stop(args)) => mxtune::launch::cli::stop(args),
+        Some(Command::Hosts(args)) => mxtune::hosts::cli::run(args),
         Some(Command::Engine {
             command: EngineCommand::Selftest(args),
         }) => mxtune::engine::cuda::cli::selftest(&args),
