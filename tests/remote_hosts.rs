@@ -117,11 +117,28 @@ async fn tunnel_forwards_a_port_and_is_cleaned_up() {
             let _ = s.write_all(b"hello from the host\n");
         }
     });
+    // What a killed mxtune left behind is removed by the next tunnel; a live one's stays.
+    let mut dead = Command::new("true").spawn().unwrap();
+    let dead_pid = dead.id();
+    dead.wait().unwrap();
+    let stale = Path::new("/tmp").join(format!("mxtune-ssh-{dead_pid}-0"));
+    std::fs::create_dir_all(&stale).unwrap();
+    std::fs::write(stale.join("ssh.log"), "").unwrap();
+    let live = Path::new("/tmp").join(format!("mxtune-ssh-{}-999999", std::process::id()));
+    std::fs::create_dir_all(&live).unwrap();
+
     let host = sshd.host("remote", MXTUNE);
     let tunnel = Tunnel::open(&host, Some(("127.0.0.1", port)))
         .await
         .unwrap_or_else(|e| panic!("{e:#}\nsshd log:\n{}", sshd.log()));
     assert!(tunnel.docker_socket.exists());
+    assert!(!stale.exists(), "{} was not removed", stale.display());
+    assert!(
+        live.exists(),
+        "{} of a live process was removed",
+        live.display()
+    );
+    std::fs::remove_dir(&live).unwrap();
     let (local, remote) = tunnel.port.unwrap();
     assert_eq!(remote, port);
     assert_ne!(local, port);

@@ -9,6 +9,7 @@
 
 use super::Host;
 use anyhow::{Context, Result, bail};
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -29,7 +30,24 @@ fn ssh_command(host: &Host) -> Command {
     if let Some(cfg) = &host.ssh_config {
         c.arg("-F").arg(cfg);
     }
+    // ssh ends with the mxtune that started it, even one killed without a chance to clean
+    // up (Linux: the parent-death signal; `pre_exec` runs in the child before exec).
+    // SAFETY: prctl is async-signal-safe and touches only the child's own state.
+    unsafe {
+        c.pre_exec(|| {
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
+            Ok(())
+        });
+    }
     c
+}
+
+/// `ssh -F FILE` when the entry names a configuration file, for the hints.
+fn ssh_words(host: &Host) -> String {
+    match &host.ssh_config {
+        Some(cfg) => format!("ssh -F {}", cfg.display()),
+        None => "ssh".to_string(),
+    }
 }
 
 /// `ssh … -- DEST 'COMMAND'`: runs one command line on the host. `command` is given to the
@@ -54,19 +72,20 @@ pub fn explain_ssh_failure(host: &Host, stderr: &str) -> String {
         .map(str::trim)
         .rfind(|l| !l.is_empty())
         .unwrap_or("no message");
+    let ssh = ssh_words(host);
     let hint = if stderr.contains("Host key verification failed") {
         format!(
-            "the host key of {} is not known yet: run `ssh {}` once by hand and accept it",
+            "the host key of {} is not known yet: run `{ssh} {}` once by hand and accept it",
             host.ssh, host.ssh
         )
     } else if stderr.contains("Permission denied") {
         format!(
-            "log-in needs a key mxtune can use without asking (key in ssh-agent or an unencrypted key in your SSH config): check with `ssh -o BatchMode=yes {} true`",
+            "log-in needs a key mxtune can use without asking (key in ssh-agent or an unencrypted key in your SSH config): check with `{ssh} -o BatchMode=yes {} true`",
             host.ssh
         )
     } else {
         format!(
-            "check that `ssh -o BatchMode=yes {} true` works from this shell",
+            "check that `{ssh} -o BatchMode=yes {} true` works from this shell",
             host.ssh
         )
     };
@@ -183,6 +202,7 @@ impl Tunnel {
     /// address and TCP port as seen on the host to forward as well (the target's API).
     pub async fn open(host: &Host, port: Option<(&str, u16)>) -> Result<Tunnel> {
         static SEQ: AtomicUsize = AtomicUsize::new(0);
+        remove_stale_dirs(Path::new("/tmp"));
         // /tmp, not $TMPDIR: a Unix socket path must stay under ~100 bytes.
         let dir = PathBuf::from(format!(
             "/tmp/mxtune-ssh-{}-{}",
@@ -301,6 +321,34 @@ impl Tunnel {
     }
 }
 
+/// Removes the tunnel directories of mxtune processes that are gone (killed before their
+/// tunnel was dropped; their ssh ended with them): this user's `mxtune-ssh-PID-N` only.
+fn remove_stale_dirs(tmp: &Path) {
+    let Ok(entries) = std::fs::read_dir(tmp) else {
+        return;
+    };
+    // SAFETY: geteuid cannot fail.
+    let me = unsafe { libc::geteuid() };
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let Some(pid) = name
+            .strip_prefix("mxtune-ssh-")
+            .and_then(|rest| rest.split('-').next())
+            .and_then(|p| p.parse::<i32>().ok())
+        else {
+            continue;
+        };
+        use std::os::unix::fs::MetadataExt;
+        let ours = e.metadata().is_ok_and(|m| m.is_dir() && m.uid() == me);
+        // SAFETY: signal 0 only asks whether the process exists.
+        let gone = unsafe { libc::kill(pid, 0) } == -1
+            && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH);
+        if ours && gone {
+            let _ = std::fs::remove_dir_all(e.path());
+        }
+    }
+}
+
 impl Drop for Tunnel {
     fn drop(&mut self) {
         let _ = self.child.kill();
@@ -345,7 +393,10 @@ mod tests {
     #[test]
     fn ssh_failures_say_what_to_do() {
         let m = explain_ssh_failure(&host(), "Host key verification failed.\n");
-        assert!(m.contains("run `ssh me@spark2` once by hand"), "{m}");
+        assert!(
+            m.contains("run `ssh -F /cfg/ssh me@spark2` once by hand"),
+            "{m}"
+        );
         let m = explain_ssh_failure(&host(), "me@spark2: Permission denied (publickey).\n");
         assert!(m.contains("ssh-agent"), "{m}");
         let m = explain_ssh_failure(&host(), "ssh: connect to host spark2 port 22: No route\n");
