@@ -389,9 +389,20 @@ async fn docker_launch_reattach_and_stop_through_the_ssh_tunnel() {
     let _cleanup = RemoveContainer(name.clone());
     let mut spec = docker_spec(&image, port, "test-model");
     spec.container.as_mut().unwrap().name = Some(name.clone());
+    // A cache the host lacks: pre-flight there announces it and creates it once nothing blocks.
+    let cache = sshd.dir.path().join("cache/on-the-host");
+    spec.container.as_mut().unwrap().mounts = vec![mxtune::vocab::Mount {
+        host: cache.display().to_string(),
+        container: "/cache".into(),
+        read_only: false,
+    }];
     let spec_file = sshd.dir.path().join("spec.toml");
     std::fs::write(&spec_file, toml::to_string(&spec).unwrap()).unwrap();
-    let home = sshd.config_home(&sshd.host_entry("remote", MXTUNE));
+    let home = sshd.config_home(&format!(
+        "{}\n{}",
+        sshd.host_entry("remote", MXTUNE),
+        sshd.host_entry("gone", "/nonexistent/mxtune")
+    ));
     let runs = sshd.dir.path().join("runs");
     let runs = runs.to_str().unwrap();
 
@@ -415,20 +426,62 @@ async fn docker_launch_reattach_and_stop_through_the_ssh_tunnel() {
     };
     let args = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
 
-    let (pid, o) = run(args(&[
-        "launch",
-        "--host",
-        "remote",
-        "--spec",
-        spec_file.to_str().unwrap(),
-        "--target",
-        "docker",
-        "--runs-dir",
-        runs,
-        "--startup-limit-s",
-        "120",
-    ]))
-    .await;
+    let launch_on = |host: &str, spec: &Path| {
+        args(&[
+            "launch",
+            "--host",
+            host,
+            "--spec",
+            spec.to_str().unwrap(),
+            "--target",
+            "docker",
+            "--runs-dir",
+            runs,
+            "--startup-limit-s",
+            "120",
+        ])
+    };
+
+    // Pre-flight runs on the host (`mxtune preflight` there): its port is taken.
+    let busy = std::net::TcpListener::bind(("127.0.0.1", port)).unwrap();
+    let (_, o) = run(launch_on("remote", &spec_file)).await;
+    let (out, err) = text(&o);
+    assert_eq!(o.status.code(), Some(2), "{out}{err}");
+    assert!(
+        err.contains(&format!(
+            "pre-flight Error: on host remote: port {port} on 127.0.0.1 is not free"
+        )),
+        "{err}"
+    );
+    assert!(err.contains("nothing was started"), "{err}");
+    assert!(
+        !cache.exists(),
+        "a blocked pre-flight created {}",
+        cache.display()
+    );
+    drop(busy);
+
+    // A host without mxtune: its checks cannot run, which is a warning; the image check
+    // goes through its Docker engine and blocks.
+    let mut missing = spec.clone();
+    missing.container.as_mut().unwrap().image = "mxtune-test-no-such-image:1".into();
+    let missing_file = sshd.dir.path().join("missing.toml");
+    std::fs::write(&missing_file, toml::to_string(&missing).unwrap()).unwrap();
+    let (_, o) = run(launch_on("gone", &missing_file)).await;
+    let (out, err) = text(&o);
+    assert_eq!(o.status.code(), Some(2), "{out}{err}");
+    assert!(
+        err.contains("pre-flight Warning: host gone: port, mounts, GPU processes, compilers and memory are not checked there: mxtune is not installed on host gone"),
+        "{err}"
+    );
+    assert!(
+        err.contains(
+            "pre-flight Error: image mxtune-test-no-such-image:1 is not present on host gone"
+        ),
+        "{err}"
+    );
+
+    let (pid, o) = run(launch_on("remote", &spec_file)).await;
     let (out, err) = text(&o);
     assert_eq!(
         o.status.code(),
@@ -436,10 +489,15 @@ async fn docker_launch_reattach_and_stop_through_the_ssh_tunnel() {
         "{out}{err}\nsshd log:\n{}",
         sshd.log()
     );
+    assert!(!err.contains("not checked there"), "{err}");
     assert!(
-        err.contains("pre-flight Warning: host remote: port, mounts, GPU processes"),
+        err.contains(&format!(
+            "pre-flight Warning: on host remote: mount source {} (for /cache in the container) does not exist: mxtune creates it empty",
+            cache.display()
+        )),
         "{err}"
     );
+    assert!(cache.is_dir());
     assert!(
         err.contains(&format!(
             "on host remote ({}): the API is port {port} there, forwarded to 127.0.0.1:",

@@ -8,6 +8,7 @@
 
 pub mod cli;
 pub mod monitor;
+pub mod preflight;
 pub mod ssh;
 
 use serde::{Deserialize, Serialize};

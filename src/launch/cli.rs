@@ -120,6 +120,67 @@ pub struct StopArgs {
     pub host: Option<String>,
 }
 
+/// Arguments of `mxtune preflight`.
+#[derive(Debug, clap::Args)]
+pub struct PreflightArgs {
+    /// The rendered launch spec: TOML, or JSON by extension; `-` reads JSON from stdin.
+    #[arg(long)]
+    pub spec: PathBuf,
+    /// Leave out the GPU-busy check (a target on the CPU).
+    #[arg(long)]
+    pub no_gpu: bool,
+    /// Print the findings as one JSON array instead of lines.
+    #[arg(long)]
+    pub json: bool,
+    /// When nothing blocks, create the missing writable mount sources (caches) as this user,
+    /// as a local launch does before it starts the container.
+    #[arg(long)]
+    pub create_writable_mounts: bool,
+}
+
+/// `mxtune preflight`: launch's host checks (port, mounts, GPU processes, compilers, unified
+/// memory) for a spec, on this machine; `launch --host` runs it on the host. Exit 0, or 2
+/// when a finding blocks the launch.
+pub fn preflight(args: PreflightArgs) -> Result<ExitCode> {
+    let spec = if args.spec.as_os_str() == "-" {
+        let mut text = String::new();
+        std::io::Read::read_to_string(&mut std::io::stdin(), &mut text)
+            .context("reading the launch spec from stdin")?;
+        serde_json::from_str(&text).context("the launch spec on stdin is not a JSON LaunchSpec")?
+    } else {
+        load_spec(&args.spec)?
+    };
+    let mut findings = preflight::host_checks(&spec, !args.no_gpu);
+    let blocked = findings.iter().any(|f| f.severity == Severity::Error);
+    if args.create_writable_mounts
+        && !blocked
+        && let Some(c) = &spec.container
+        && let Err(e) = preflight::create_writable_mounts(&c.mounts)
+    {
+        findings.push(preflight::Finding {
+            severity: Severity::Error,
+            message: format!("{e:#}"),
+        });
+    }
+    if args.json {
+        crate::outln!(
+            "{}",
+            serde_json::to_string(&findings).context("writing the findings as JSON")?
+        );
+    } else if findings.is_empty() {
+        crate::outln!("pre-flight: nothing found");
+    } else {
+        for f in &findings {
+            crate::outln!("pre-flight {:?}: {}", f.severity, f.message);
+        }
+    }
+    Ok(if findings.iter().any(|f| f.severity == Severity::Error) {
+        ExitCode::from(2)
+    } else {
+        ExitCode::SUCCESS
+    })
+}
+
 /// Reads a launch spec from TOML or (by `.json` extension) JSON.
 pub fn load_spec(path: &Path) -> Result<LaunchSpec> {
     let text = std::fs::read_to_string(path)
@@ -419,10 +480,14 @@ async fn launch_async(args: LaunchArgs) -> Result<ExitCode> {
                 .any(|w| w[0] == "--device" && w[1] == "cpu");
             let mut findings = match remote {
                 None => preflight::host_checks(&spec, !on_cpu),
-                Some(h) => vec![preflight::Finding::warning(format!(
-                    "host {}: port, mounts, GPU processes, compilers and memory are not checked there yet (only the image, through its Docker engine): look with `mxtune monitor --host {} --once` before a long run",
-                    h.name, h.name
-                ))],
+                Some(h) => {
+                    let (h, s) = (h.clone(), spec.clone());
+                    tokio::task::spawn_blocking(move || {
+                        crate::hosts::preflight::host_checks(&h, &s, !on_cpu)
+                    })
+                    .await
+                    .context("the remote pre-flight task")?
+                }
             };
             findings.extend(rule_findings);
             let docker = if kind == TargetArg::Docker {
