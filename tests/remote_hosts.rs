@@ -39,6 +39,10 @@ fn fake_mxtune(sshd: &Sshd, name: &str, body: &str) -> String {
     path.display().to_string()
 }
 
+/// Held by the tests that open tunnels in this process and then look for leftovers of
+/// this process, so that they do not see each other's live tunnels.
+static IN_PROCESS_TUNNELS: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 /// Whether a tunnel of process `pid` left its directory behind in /tmp.
 fn tunnel_dirs_of(pid: u32) -> Vec<String> {
     std::fs::read_dir("/tmp")
@@ -110,6 +114,7 @@ async fn tunnel_forwards_a_port_and_is_cleaned_up() {
     let Some(sshd) = sshd_or_skip("tunnel_forwards_a_port_and_is_cleaned_up") else {
         return;
     };
+    let _one_at_a_time = IN_PROCESS_TUNNELS.lock().await;
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = listener.local_addr().unwrap().port();
     std::thread::spawn(move || {
@@ -563,4 +568,218 @@ async fn docker_launch_reattach_and_stop_through_the_ssh_tunnel() {
         )),
         "{err}"
     );
+}
+
+// ---- The panel ----
+
+mod panel {
+    use super::*;
+    use crossterm::event::{KeyCode, KeyEvent, KeyModifiers};
+    use mxtune::flags::preset::PresetStore;
+    use mxtune::flags::{FlagSet, VllmFlavor};
+    use mxtune::tui::app::{App, Effect, Paths, Tab};
+    use mxtune::tui::screens::launch::TargetState;
+    use mxtune::tui::{perform, step, ui};
+    use mxtune::vocab::{NetworkMode, TargetKind};
+    use std::collections::BTreeMap;
+
+    fn app(dir: &Path) -> App {
+        App::new(
+            mxtune::tui::theme::Theme {
+                color: false,
+                ascii: false,
+            },
+            Paths {
+                presets: PresetStore::new(vec![dir.join("presets")]),
+                save_dir: dir.join("presets"),
+                runs_dir: dir.join("runs"),
+                export_dir: dir.to_path_buf(),
+            },
+        )
+    }
+
+    fn screen(app: &App, w: u16, h: u16) -> String {
+        let mut t = ratatui::Terminal::new(ratatui::backend::TestBackend::new(w, h)).unwrap();
+        t.draw(|f| ui::draw(f, app)).unwrap();
+        t.backend().to_string()
+    }
+
+    fn key(app: &mut App, c: char) {
+        app.on_key(KeyEvent::new(KeyCode::Char(c), KeyModifiers::NONE));
+    }
+
+    fn host(name: &str) -> mxtune::hosts::Host {
+        mxtune::hosts::Host {
+            name: name.into(),
+            ssh: format!("me@{name}"),
+            ssh_config: None,
+            docker_socket: mxtune::hosts::DEFAULT_DOCKER_SOCKET.into(),
+            mxtune: "mxtune".into(),
+            nccl: Default::default(),
+            defined_at: "hosts.toml:1".into(),
+        }
+    }
+
+    #[test]
+    fn host_picker_only_with_a_hosts_file() {
+        let dir = tempfile::tempdir().unwrap();
+        // Without hosts: no `h`, no host on the screen, nothing in the help.
+        let mut a = app(dir.path());
+        a.tab = Tab::Launch;
+        a.launch.choice = TargetKind::Docker;
+        key(&mut a, 'h');
+        assert_eq!(a.launch.host, None);
+        let s = screen(&a, 160, 30);
+        assert!(!s.contains("host"), "{s}");
+        key(&mut a, '?');
+        let help = screen(&a, 160, 200);
+        assert!(!help.contains("docker host"), "{help}");
+
+        // With two hosts: `h` steps this machine → spark2 → spark3 → this machine.
+        let mut a = app(dir.path());
+        a.tab = Tab::Launch;
+        a.launch.hosts = vec![host("spark2"), host("spark3")];
+        key(&mut a, 'h');
+        assert_eq!(a.launch.host, None, "h on the engine target does nothing");
+        assert!(
+            a.message.as_deref().unwrap().contains("press t for docker"),
+            "{:?}",
+            a.message
+        );
+        a.launch.choice = TargetKind::Docker;
+        let s = screen(&a, 160, 30);
+        assert!(s.contains("host this machine"), "{s}");
+        assert!(s.contains("h docker host"), "{s}");
+        key(&mut a, 'h');
+        assert!(screen(&a, 160, 30).contains("host spark2 (me@spark2)"));
+        key(&mut a, 'h');
+        assert_eq!(a.launch.chosen_host().unwrap().name, "spark3");
+        key(&mut a, 'h');
+        assert_eq!(a.launch.chosen_host(), None);
+        key(&mut a, '?');
+        let help = screen(&a, 160, 200);
+        assert!(
+            help.contains("docker host: this machine / hosts.toml"),
+            "{help}"
+        );
+    }
+
+    /// The panel launches a Docker target on a host through the SSH tunnel, the Live screen
+    /// switches to that host's own monitor, and the stop goes through the tunnel too.
+    #[test]
+    fn docker_panel_launches_on_a_host_and_watches_it() {
+        let test = "docker_panel_launches_on_a_host_and_watches_it";
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        let Some(d) = rt.block_on(docker_or_skip(test)) else {
+            return;
+        };
+        let Some(sshd) = sshd_or_skip(test) else {
+            return;
+        };
+        let _one_at_a_time = IN_PROCESS_TUNNELS.blocking_lock();
+        let image = rt.block_on(test_image(&d));
+        let dir = tempfile::tempdir().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let mut bg = mxtune::tui::background::Background::new(tx).unwrap();
+        let mut a = app(dir.path());
+        let port = free_port();
+        let name = format!("mxtune-test-panel-ssh-{}", ulid::Ulid::generate()).to_lowercase();
+        let _cleanup = RemoveContainer(name.clone());
+        let mut fs = FlagSet::default();
+        fs.container.vllm = VllmFlavor::Upstream;
+        fs.container.image = image;
+        fs.container.name = Some(name.clone());
+        fs.container.network = NetworkMode::Bridge;
+        fs.container.gpus_all = false;
+        fs.container.ulimits = BTreeMap::new();
+        fs.container.hf_cache = None;
+        fs.container.jit_cache = None;
+        fs.container.env = BTreeMap::from([("MXTUNE_TEST_SM".to_string(), "121".to_string())]);
+        fs.serving.host = Some("0.0.0.0".into());
+        fs.serving.port = port;
+        fs.serving.served_model_name = Some("m".into());
+        a.flags.flags = fs;
+        a.launch.hosts = vec![sshd.host("remote", MXTUNE)];
+        a.launch.choice = TargetKind::Docker;
+        a.tab = Tab::Launch;
+        key(&mut a, 'h');
+        assert_eq!(a.launch.chosen_host().unwrap().name, "remote");
+        a.launch.state = TargetState::Launching;
+        perform(&mut a, &mut bg, Effect::StartTarget);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+        let pump = |a: &mut App,
+                    bg: &mut mxtune::tui::background::Background,
+                    what: &str,
+                    done: &dyn Fn(&App) -> bool| {
+            while !done(a) {
+                if let TargetState::Failed(m) = &a.launch.state {
+                    panic!("{what}: the launch failed: {m}\nsshd log:\n{}", sshd.log());
+                }
+                if let Some(e) = &a.live.error {
+                    panic!("{what}: the monitor failed: {e}");
+                }
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "never reached: {what}"
+                );
+                if let Ok(ev) = rx.recv_timeout(std::time::Duration::from_millis(200)) {
+                    step(a, bg, ev);
+                }
+            }
+        };
+        pump(&mut a, &mut bg, "ready", &|a| {
+            matches!(a.launch.state, TargetState::Ready { .. })
+        });
+        let TargetState::Ready { url, .. } = &a.launch.state else {
+            unreachable!()
+        };
+        // Probed through the forwarded port, not the host's own.
+        assert_ne!(url, &format!("http://127.0.0.1:{port}"));
+        let describe = a.launch.describe.clone().unwrap();
+        assert_eq!(describe, format!("container {name} on host remote"));
+        let s = screen(&a, 160, 40);
+        assert!(s.contains("host remote (mxtune-test-sshd)"), "{s}");
+
+        // Live: the host's own samples (its mxtune monitor), named in the header.
+        pump(&mut a, &mut bg, "a sample of the host", &|a| {
+            a.live.host.as_deref() == Some("remote") && a.live.latest.is_some()
+        });
+        let latest = a.live.latest.as_ref().unwrap();
+        assert!(latest.host.ram_total_bytes > 0);
+        // The host's monitor scrapes the target's /metrics as that host sees it.
+        match &latest.server {
+            mxtune::monitor::sample::ServerStatus::Scraped(m) => {
+                assert_eq!(m.url, format!("http://127.0.0.1:{port}/metrics"))
+            }
+            mxtune::monitor::sample::ServerStatus::NoMetrics { url } => {
+                assert_eq!(url, &format!("http://127.0.0.1:{port}/metrics"))
+            }
+            other => panic!("the host's monitor did not scrape the target: {other:?}"),
+        }
+        a.tab = Tab::Live;
+        let s = screen(&a, 160, 40);
+        assert!(s.contains("host remote"), "{s}");
+
+        // Stop through the tunnel; the Live screen goes back to this machine.
+        perform(&mut a, &mut bg, Effect::StopTarget);
+        pump(&mut a, &mut bg, "stopped", &|a| {
+            matches!(a.launch.state, TargetState::Exited(_))
+        });
+        assert_eq!(a.live.host, None);
+        let gone = rt.block_on(d.inspect_container(&name, None));
+        assert!(
+            matches!(
+                gone,
+                Err(bollard::errors::Error::DockerResponseServerError {
+                    status_code: 404,
+                    ..
+                })
+            ),
+            "{gone:?}"
+        );
+        drop(bg);
+        // The panel's tunnel ended with the launch it carried.
+        let left = tunnel_dirs_of(std::process::id());
+        assert!(left.is_empty(), "{left:?}");
+    }
 }
