@@ -96,6 +96,24 @@ fn hosts_file_errors_name_the_file_line_and_what_to_do() {
         err.contains("no host named \"spark3\"; the hosts are: spark2"),
         "{err}"
     );
+    // The page cache to drop would be this machine's, not the host's.
+    let o = mxtune(
+        home.path(),
+        &[
+            "launch",
+            "--host",
+            "spark2",
+            "--preset",
+            "baseline",
+            "--drop-page-cache",
+        ],
+    );
+    let (_, err) = text(&o);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        err.contains("--drop-page-cache drops this machine's page cache, not host spark2's"),
+        "{err}"
+    );
     // --host drives Docker targets only.
     let o = mxtune(
         home.path(),
@@ -289,7 +307,7 @@ fn remote_monitor_json_is_read_back_into_samples() {
         once: true,
         ..Default::default()
     };
-    let mut m = RemoteMonitor::start(&host, &args)
+    let mut m = RemoteMonitor::start(&host, &args, false)
         .unwrap_or_else(|e| panic!("{e:#}\nsshd log:\n{}", sshd.log()));
     let sample = m.next_sample().unwrap().expect("one sample");
     assert!(sample.host.ram_total_bytes > 0);
@@ -309,12 +327,20 @@ fn remote_monitor_json_is_read_back_into_samples() {
             "if [ \"$1\" = --version ]; then echo 'mxtune {version}'; else echo 'not json'; fi"
         ),
     );
+    let failing = fake_mxtune(
+        &sshd,
+        "failing",
+        &format!(
+            "if [ \"$1\" = --version ]; then echo 'mxtune {version}'; else echo 'boom: the monitor cannot start' >&2; exit 3; fi"
+        ),
+    );
     let entries = [
         sshd.host_entry("remote", MXTUNE),
         sshd.host_entry("gone", "/nonexistent/mxtune"),
         sshd.host_entry("old", &old),
         sshd.host_entry("other", &other),
         sshd.host_entry("garbled", &garbled),
+        sshd.host_entry("failing", &failing),
     ]
     .join("\n");
     let home = sshd.config_home(&entries);
@@ -361,6 +387,11 @@ fn remote_monitor_json_is_read_back_into_samples() {
         (
             "garbled",
             "host garbled: a line of `mxtune monitor --json` is not a sample".to_string(),
+        ),
+        (
+            "failing",
+            "`mxtune monitor` on host failing ended (exit status: 3): boom: the monitor cannot start"
+                .to_string(),
         ),
     ] {
         let o = mxtune(&home, &["monitor", "--host", name, "--once"]);

@@ -6,8 +6,10 @@ use super::Host;
 use super::ssh::{self, quote};
 use crate::monitor::Sample;
 use anyhow::{Context, Result, bail};
+use std::collections::VecDeque;
 use std::io::{BufRead, BufReader};
 use std::process::{Child, ChildStdout, Stdio};
+use std::sync::{Arc, Mutex};
 
 /// What to ask the remote monitor for (the options of `mxtune monitor`).
 #[derive(Debug, Clone, Default)]
@@ -55,24 +57,62 @@ pub struct RemoteMonitor {
     host: Host,
     child: Child,
     lines: BufReader<ChildStdout>,
+    /// The last lines ssh and the remote monitor wrote to stderr, for error messages.
+    stderr_tail: Arc<Mutex<VecDeque<String>>>,
 }
+
+/// Lines of the remote stderr kept for an error message.
+const STDERR_TAIL: usize = 10;
 
 impl RemoteMonitor {
     /// Checks the remote mxtune's version, then starts its monitor. Its stderr (notes such
-    /// as a clamped rate) goes to this process's stderr.
-    pub fn start(host: &Host, args: &RemoteMonitorArgs) -> Result<RemoteMonitor> {
+    /// as a clamped rate, ssh's warnings) is kept for error messages and, with `echo`,
+    /// printed on this process's stderr as it comes (not in the panel, where it would write
+    /// over the screen).
+    pub fn start(host: &Host, args: &RemoteMonitorArgs, echo: bool) -> Result<RemoteMonitor> {
         ssh::check_remote_mxtune(host)?;
         let mut child = ssh::remote(host, &command_line(host, args))
             .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
+            .stderr(Stdio::piped())
             .spawn()
             .context("cannot run ssh: is the OpenSSH client installed (`ssh` on PATH)?")?;
         let stdout = child.stdout.take().context("ssh's stdout")?;
+        let stderr = child.stderr.take().context("ssh's stderr")?;
+        let stderr_tail = Arc::new(Mutex::new(VecDeque::new()));
+        let tail = stderr_tail.clone();
+        // Ends when ssh closes its stderr, i.e. when ssh ends.
+        std::thread::Builder::new()
+            .name("host-monitor-stderr".into())
+            .spawn(move || {
+                for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                    if echo {
+                        crate::errln!("{line}");
+                    }
+                    if let Ok(mut t) = tail.lock() {
+                        if t.len() == STDERR_TAIL {
+                            t.pop_front();
+                        }
+                        t.push_back(line);
+                    }
+                }
+            })
+            .context("cannot start the thread reading the remote monitor's messages")?;
         Ok(RemoteMonitor {
             host: host.clone(),
             child,
             lines: BufReader::new(stdout),
+            stderr_tail,
         })
+    }
+
+    /// What the remote end last said on stderr, on one line.
+    fn said(&self) -> String {
+        let t = self
+            .stderr_tail
+            .lock()
+            .map(|t| t.iter().cloned().collect::<Vec<_>>().join(" / "))
+            .unwrap_or_default();
+        if t.is_empty() { "no message".into() } else { t }
     }
 
     /// The next sample; `None` when the remote monitor ended normally (after `--once`).
@@ -86,16 +126,20 @@ impl RemoteMonitor {
                 .with_context(|| format!("reading the monitor of host {}", self.host.name))?;
             if n == 0 {
                 let status = self.child.wait().context("waiting for ssh")?;
+                // The stderr reader sees the end a moment after stdout does.
+                std::thread::sleep(std::time::Duration::from_millis(50));
                 return match status.code() {
                     Some(0) => Ok(None),
                     Some(255) => bail!(
-                        "the SSH connection to host {} ({}) ended: {status}",
+                        "the SSH connection to host {} ({}) ended ({status}): {}",
                         self.host.name,
-                        self.host.ssh
+                        self.host.ssh,
+                        self.said()
                     ),
                     _ => bail!(
-                        "`mxtune monitor` on host {} ended with {status} (its message is above)",
-                        self.host.name
+                        "`mxtune monitor` on host {} ended ({status}): {}",
+                        self.host.name,
+                        self.said()
                     ),
                 };
             }

@@ -401,6 +401,11 @@ async fn launch_async(args: LaunchArgs) -> Result<ExitCode> {
                     }
                 );
             }
+            if args.drop_page_cache {
+                bail!(
+                    "--drop-page-cache drops this machine's page cache, not host {name}'s: run `sync; echo 1 | sudo tee /proc/sys/vm/drop_caches` there, then launch without it"
+                );
+            }
             Some(crate::hosts::find(name)?)
         }
         None => None,

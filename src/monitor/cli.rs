@@ -78,7 +78,7 @@ fn run_remote(name: &str, args: &MonitorArgs, rate_hz: f64) -> Result<ExitCode> 
         pid: args.pid,
         once: args.once,
     };
-    let mut monitor = crate::hosts::monitor::RemoteMonitor::start(&host, &remote)?;
+    let mut monitor = crate::hosts::monitor::RemoteMonitor::start(&host, &remote, true)?;
     let mut out = std::io::stdout().lock();
     while let Some(sample) = monitor.next_sample()? {
         print(&mut out, &sample, args.json)?;

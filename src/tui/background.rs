@@ -244,7 +244,7 @@ impl Background {
         let spawned = std::thread::Builder::new()
             .name("tui-host-samples".into())
             .spawn(move || {
-                let mut m = match crate::hosts::monitor::RemoteMonitor::start(&host, &args) {
+                let mut m = match crate::hosts::monitor::RemoteMonitor::start(&host, &args, false) {
                     Ok(m) => m,
                     Err(e) => {
                         let _ = tx.send(Event::MonitorError(format!("{e:#}")));
