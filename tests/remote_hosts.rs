@@ -296,6 +296,28 @@ fn hosts_check_against_local_sshd() {
     assert!(out.contains("  docker: not checked (no ssh)"), "{out}");
 }
 
+/// A host whose sshd forbids forwarding: the tunnel comes up, the Docker engine cannot be
+/// reached through it, and the message carries what ssh said.
+#[test]
+fn docker_through_an_sshd_that_forbids_forwarding_says_so() {
+    let test = "docker_through_an_sshd_that_forbids_forwarding_says_so";
+    if sshd_or_skip(test).is_none() {
+        return;
+    }
+    let sshd = Sshd::with_config("AllowStreamLocalForwarding no\nAllowTcpForwarding no\n");
+    let home = sshd.config_home(&sshd.host_entry("closed", MXTUNE));
+    let o = mxtune(&home, &["hosts", "check", "closed"]);
+    let (out, err) = text(&o);
+    assert_eq!(o.status.code(), Some(1), "{out}{err}");
+    assert!(out.contains("  ssh: ok"), "{out}");
+    assert!(
+        out.contains("  docker: FAILED: cannot reach the Docker engine of host closed"),
+        "{out}"
+    );
+    assert!(out.contains("ssh said:"), "{out}");
+    assert!(out.contains("open failed"), "{out}");
+}
+
 #[test]
 fn remote_monitor_json_is_read_back_into_samples() {
     let Some(sshd) = sshd_or_skip("remote_monitor_json_is_read_back_into_samples") else {

@@ -319,6 +319,18 @@ impl Tunnel {
     pub fn pid(&self) -> u32 {
         self.child.id()
     }
+
+    /// The last lines ssh logged (e.g. `open failed: administratively prohibited` when the
+    /// host's sshd forbids forwarding), on one line; empty when it said nothing.
+    pub fn ssh_said(&self) -> String {
+        let log = std::fs::read_to_string(self.dir.join("ssh.log")).unwrap_or_default();
+        let lines: Vec<&str> = log
+            .lines()
+            .map(str::trim)
+            .filter(|l| !l.is_empty())
+            .collect();
+        lines[lines.len().saturating_sub(3)..].join(" / ")
+    }
 }
 
 /// Removes the tunnel directories of mxtune processes that are gone (killed before their

@@ -63,9 +63,15 @@ pub async fn connect_tunnel(
     let docker = Docker::connect_with_unix(&local, 120, bollard::API_DEFAULT_VERSION)
         .with_context(|| format!("cannot use the forwarded socket {local}"))?;
     docker.negotiate_version().await.with_context(|| {
+        let said = tunnel.ssh_said();
         format!(
-            "cannot reach the Docker engine of host {} at unix://{remote_socket} through SSH: is dockerd running there, and may the SSH user use it (docker group)? (set docker = \"unix:///PATH\" in hosts.toml for another socket)",
-            tunnel.host
+            "cannot reach the Docker engine of host {} at unix://{remote_socket} through SSH: is dockerd running there, may the SSH user use it (docker group), and does its sshd allow forwarding (AllowStreamLocalForwarding)? (set docker = \"unix:///PATH\" in hosts.toml for another socket){}",
+            tunnel.host,
+            if said.is_empty() {
+                String::new()
+            } else {
+                format!("; ssh said: {said}")
+            }
         )
     })
 }

@@ -69,11 +69,16 @@ pub fn sshd_or_skip(test: &str) -> Option<Sshd> {
         eprintln!("SKIPPED {test}: {why}; set MXTUNE_TEST_SSHD=require to make this a failure");
         return None;
     }
-    Some(Sshd::start())
+    Some(Sshd::start(""))
 }
 
 impl Sshd {
-    fn start() -> Sshd {
+    /// A server whose configuration ends with `extra` (sshd_config lines).
+    pub fn with_config(extra: &str) -> Sshd {
+        Sshd::start(extra)
+    }
+
+    fn start(extra: &str) -> Sshd {
         let dir = tempfile::Builder::new()
             .prefix("mxtune-sshd-")
             .tempdir()
@@ -102,6 +107,8 @@ impl Sshd {
              AllowStreamLocalForwarding yes\n",
             d = d.display()
         );
+        // sshd takes the first value it reads for a keyword: the extra lines go first.
+        let config = format!("{extra}{config}");
         std::fs::write(d.join("sshd_config"), config).unwrap();
         let log = std::fs::File::create(d.join("sshd.log")).unwrap();
         let mut child = Command::new(SSHD)
