@@ -5,6 +5,7 @@
 pub mod bench;
 pub mod engine;
 pub mod flags;
+pub mod hosts;
 pub mod launch;
 pub mod matrix;
 pub mod monitor;

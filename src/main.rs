@@ -53,6 +53,11 @@ enum Command {
     Launch(Box<mxtune::launch::cli::LaunchArgs>),
     /// Stop containers and engine processes mxtune started.
     Stop(mxtune::launch::cli::StopArgs),
+    /// Launch's pre-flight host checks for a rendered spec, on this machine (`launch --host`
+    /// runs them on the host this way).
+    Preflight(mxtune::launch::cli::PreflightArgs),
+    /// Remote hosts of ~/.config/mxtune/hosts.toml (for --host): list, check.
+    Hosts(mxtune::hosts::cli::HostsArgs),
     /// The bundled inference engine.
     Engine {
         #[command(subcommand)]
@@ -114,6 +119,8 @@ fn main() -> std::process::ExitCode {
         Some(Command::Monitor(args)) => mxtune::monitor::cli::run(args),
         Some(Command::Launch(args)) => mxtune::launch::cli::launch(*args),
         Some(Command::Stop(args)) => mxtune::launch::cli::stop(args),
+        Some(Command::Hosts(args)) => mxtune::hosts::cli::run(args),
+        Some(Command::Preflight(args)) => mxtune::launch::cli::preflight(args),
         Some(Command::Engine {
             command: EngineCommand::Selftest(args),
         }) => mxtune::engine::cuda::cli::selftest(&args),

@@ -9,6 +9,8 @@ use super::{LaunchEvent, LogRules, state};
 use crate::flags::preset::PresetStore;
 use crate::flags::render::render;
 use crate::flags::rules::{GpuArch, evaluate};
+use crate::hosts::Host;
+use crate::hosts::ssh::Tunnel;
 use crate::vocab::LaunchSpec;
 use crate::vocab::TargetKind;
 use anyhow::{Context, Result, anyhow, bail};
@@ -88,6 +90,10 @@ pub struct LaunchArgs {
     /// Keep a failed container for inspection instead of removing it.
     #[arg(long)]
     pub keep: bool,
+    /// Run the Docker target on this host of ~/.config/mxtune/hosts.toml: its Docker engine
+    /// and the API port are reached through an SSH tunnel that lasts as long as the command.
+    #[arg(long, value_name = "NAME")]
+    pub host: Option<String>,
 }
 
 /// Arguments of `mxtune stop`.
@@ -108,6 +114,71 @@ pub struct StopArgs {
     /// Keep stopped containers instead of removing them.
     #[arg(long)]
     pub keep: bool,
+    /// Stop containers on this host of ~/.config/mxtune/hosts.toml (over SSH) instead of
+    /// this machine's containers and engines.
+    #[arg(long, value_name = "NAME")]
+    pub host: Option<String>,
+}
+
+/// Arguments of `mxtune preflight`.
+#[derive(Debug, clap::Args)]
+pub struct PreflightArgs {
+    /// The rendered launch spec: TOML, or JSON by extension; `-` reads JSON from stdin.
+    #[arg(long)]
+    pub spec: PathBuf,
+    /// Leave out the GPU-busy check (a target on the CPU).
+    #[arg(long)]
+    pub no_gpu: bool,
+    /// Print the findings as one JSON array instead of lines.
+    #[arg(long)]
+    pub json: bool,
+    /// When nothing blocks, create the missing writable mount sources (caches) as this user,
+    /// as a local launch does before it starts the container.
+    #[arg(long)]
+    pub create_writable_mounts: bool,
+}
+
+/// `mxtune preflight`: launch's host checks (port, mounts, GPU processes, compilers, unified
+/// memory) for a spec, on this machine; `launch --host` runs it on the host. Exit 0, or 2
+/// when a finding blocks the launch.
+pub fn preflight(args: PreflightArgs) -> Result<ExitCode> {
+    let spec = if args.spec.as_os_str() == "-" {
+        let mut text = String::new();
+        std::io::Read::read_to_string(&mut std::io::stdin(), &mut text)
+            .context("reading the launch spec from stdin")?;
+        serde_json::from_str(&text).context("the launch spec on stdin is not a JSON LaunchSpec")?
+    } else {
+        load_spec(&args.spec)?
+    };
+    let mut findings = preflight::host_checks(&spec, !args.no_gpu);
+    let blocked = findings.iter().any(|f| f.severity == Severity::Error);
+    if args.create_writable_mounts
+        && !blocked
+        && let Some(c) = &spec.container
+        && let Err(e) = preflight::create_writable_mounts(&c.mounts)
+    {
+        findings.push(preflight::Finding {
+            severity: Severity::Error,
+            message: format!("{e:#}"),
+        });
+    }
+    if args.json {
+        crate::outln!(
+            "{}",
+            serde_json::to_string(&findings).context("writing the findings as JSON")?
+        );
+    } else if findings.is_empty() {
+        crate::outln!("pre-flight: nothing found");
+    } else {
+        for f in &findings {
+            crate::outln!("pre-flight {:?}: {}", f.severity, f.message);
+        }
+    }
+    Ok(if findings.iter().any(|f| f.severity == Severity::Error) {
+        ExitCode::from(2)
+    } else {
+        ExitCode::SUCCESS
+    })
 }
 
 /// Reads a launch spec from TOML or (by `.json` extension) JSON.
@@ -278,6 +349,29 @@ fn print_verdict(launch: &Launch) {
     }
 }
 
+/// The Docker engine to use: this machine's (`DOCKER_HOST`), or a remote host's through an
+/// SSH tunnel that also forwards `port` (address and port as seen there). The tunnel must
+/// outlive every use of the connection.
+async fn connect_docker(
+    host: Option<&Host>,
+    port: Option<(&str, u16)>,
+) -> Result<(bollard::Docker, Option<Tunnel>)> {
+    match host {
+        None => Ok((docker::connect().await?, None)),
+        Some(h) => {
+            let tunnel = Tunnel::open(h, port).await?;
+            let d = docker::connect_tunnel(&tunnel, &h.docker_socket).await?;
+            Ok((d, Some(tunnel)))
+        }
+    }
+}
+
+/// ` --host NAME` for the hints printed about a remote host's containers.
+fn host_flag(host: Option<&Host>) -> String {
+    host.map(|h| format!(" --host {}", h.name))
+        .unwrap_or_default()
+}
+
 fn runtime() -> Result<tokio::runtime::Runtime> {
     tokio::runtime::Runtime::new().context("cannot start the async runtime")
 }
@@ -296,7 +390,32 @@ pub fn stop(args: StopArgs) -> Result<ExitCode> {
 async fn launch_async(args: LaunchArgs) -> Result<ExitCode> {
     let run_id = ulid::Ulid::generate().to_string();
     let (mut spec, preset, target, rule_findings, flags) = resolve(&args)?;
+    let remote = match &args.host {
+        Some(name) => {
+            if target != TargetArg::Docker {
+                bail!(
+                    "--host {name} runs a Docker target on that host; for the {} target, run mxtune there (or attach to its URL with --target attach --url)",
+                    match target {
+                        TargetArg::Engine => "engine",
+                        _ => "attach",
+                    }
+                );
+            }
+            if args.drop_page_cache {
+                bail!(
+                    "--drop-page-cache drops this machine's page cache, not host {name}'s: run `sync; echo 1 | sudo tee /proc/sys/vm/drop_caches` there, then launch without it"
+                );
+            }
+            Some(crate::hosts::find(name)?)
+        }
+        None => None,
+    };
+    let remote = remote.as_ref();
+    // Declared before the launch so that they are dropped after it: the launch talks to
+    // the remote Docker engine and API through them until the end.
+    let mut tunnels: Vec<Tunnel> = Vec::new();
     let mut opts = LaunchOptions::new(&run_id, &preset)?;
+    opts.remote_host = remote.map(|h| h.name.clone());
     opts.log_path = Some(args.runs_dir.join(format!("{run_id}.target.log")));
     opts.allow_pull = args.pull;
     opts.startup_limit = Duration::from_secs(args.startup_limit_s);
@@ -318,7 +437,8 @@ async fn launch_async(args: LaunchArgs) -> Result<ExitCode> {
             AttachTarget::attach(url, &args.model, &opts, tx)?
         }
         (TargetArg::Docker, Some(which)) => {
-            let d = docker::connect().await?;
+            let (d, tunnel) = connect_docker(remote, None).await?;
+            tunnels.extend(tunnel);
             let found = docker::find_mxtune_containers(&d).await?;
             let Some(f) = found
                 .iter()
@@ -335,6 +455,19 @@ async fn launch_async(args: LaunchArgs) -> Result<ExitCode> {
                 f.run_id,
                 f.preset
             );
+            if let Some(h) = remote {
+                let port = if spec.port == 0 {
+                    f.port
+                } else {
+                    Some(spec.port)
+                };
+                let port = port.with_context(|| {
+                    format!("container {} has no {} label: give the preset or spec it was launched with", f.name, docker::LABEL_PORT)
+                })?;
+                let api = Tunnel::open(h, Some((docker::connect_host(&spec.host), port))).await?;
+                opts.api_url = api.url();
+                tunnels.push(api);
+            }
             DockerTarget::reattach(d, f, &spec, &opts, tx).await?
         }
         (_, Some(_)) => bail!(
@@ -350,14 +483,30 @@ async fn launch_async(args: LaunchArgs) -> Result<ExitCode> {
                 .argv
                 .windows(2)
                 .any(|w| w[0] == "--device" && w[1] == "cpu");
-            let mut findings = preflight::host_checks(&spec, !on_cpu);
+            let mut findings = match remote {
+                None => preflight::host_checks(&spec, !on_cpu),
+                Some(h) => {
+                    let (h, s) = (h.clone(), spec.clone());
+                    tokio::task::spawn_blocking(move || {
+                        crate::hosts::preflight::host_checks(&h, &s, !on_cpu)
+                    })
+                    .await
+                    .context("the remote pre-flight task")?
+                }
+            };
             findings.extend(rule_findings);
             let docker = if kind == TargetArg::Docker {
-                let d = docker::connect().await?;
+                let forward = remote.map(|_| (docker::connect_host(&spec.host), spec.port));
+                let (d, tunnel) = connect_docker(remote, forward).await?;
+                if let Some(t) = tunnel {
+                    opts.api_url = t.url();
+                    tunnels.push(t);
+                }
                 let earlier = docker::find_mxtune_containers(&d).await?;
+                let on = host_flag(remote);
                 for f in earlier.iter().filter(|f| f.state == "running") {
                     crate::errln!(
-                        "note: mxtune container {} (run {}, preset {}) is running: re-attach with `mxtune launch --reattach {}` or stop it with `mxtune stop {}`",
+                        "note: mxtune container {} (run {}, preset {}) is running: re-attach with `mxtune launch{on} --reattach {}` or stop it with `mxtune stop{on} {}`",
                         f.name,
                         f.run_id,
                         f.preset,
@@ -371,7 +520,7 @@ async fn launch_async(args: LaunchArgs) -> Result<ExitCode> {
                 {
                     findings.push(preflight::Finding {
                         severity: Severity::Error,
-                        message: format!("image {} is not present on {}: pull it (`docker pull {}` or --pull) or build it there", c.image, docker::docker_host(), c.image),
+                        message: format!("image {} is not present on {}: pull it (`docker pull {}` or --pull) or build it there", c.image, remote.map(|h| format!("host {}", h.name)).unwrap_or_else(docker::docker_host), c.image),
                     });
                 }
                 Some(d)
@@ -408,6 +557,15 @@ async fn launch_async(args: LaunchArgs) -> Result<ExitCode> {
                     if let Some(line) = dialect_line(&spec) {
                         crate::errln!("{line}");
                     }
+                    if let Some(t) = tunnels.first()
+                        && t.port.is_some_and(|(_, p)| p != spec.port)
+                    {
+                        bail!(
+                            "rendering for the image's vLLM release moved the API port from {} to {}: give the port in the preset",
+                            t.port.map(|(_, p)| p).unwrap_or_default(),
+                            spec.port
+                        );
+                    }
                     DockerTarget::launch(d, &spec, &opts, tx).await?
                 }
                 None => {
@@ -428,6 +586,13 @@ async fn launch_async(args: LaunchArgs) -> Result<ExitCode> {
             }
         }
     };
+    if let (Some(h), Some((local, port))) = (remote, tunnels.last().and_then(|t| t.port)) {
+        crate::errln!(
+            "on host {} ({}): the API is port {port} there, forwarded to 127.0.0.1:{local} here while this command runs",
+            h.name,
+            h.ssh
+        );
+    }
     crate::errln!(
         "launched {} (run {run_id}); log: {}",
         launch.target.describe(),
@@ -461,8 +626,12 @@ async fn launch_async(args: LaunchArgs) -> Result<ExitCode> {
             print_verdict(&launch);
             let target = launch.detach();
             crate::outln!(
-                "left running: {} (stop with `mxtune stop {}`)",
+                "left running: {}{} (stop with `mxtune stop{} {}`)",
                 target.describe(),
+                remote
+                    .map(|h| format!(" on host {}", h.name))
+                    .unwrap_or_default(),
+                host_flag(remote),
                 stop_name(&target, &run_id)
             );
             Ok(ExitCode::SUCCESS)
@@ -492,8 +661,13 @@ async fn stop_async(args: StopArgs) -> Result<ExitCode> {
     let grace = Duration::from_secs(args.grace_s);
     let mut stopped = 0usize;
     let mut failures = 0usize;
-    // Engines from the state file.
-    let engines = state::load(&args.runs_dir)?;
+    let remote = args.host.as_deref().map(crate::hosts::find).transpose()?;
+    let remote = remote.as_ref();
+    // Engines from the state file: this machine's only.
+    let engines = match remote {
+        None => state::load(&args.runs_dir)?,
+        Some(_) => Vec::new(),
+    };
     for rec in &engines {
         let wanted = args.all
             || args
@@ -527,8 +701,8 @@ async fn stop_async(args: StopArgs) -> Result<ExitCode> {
     // Containers: only those with mxtune's label are ever listed.
     let docker_matches_engine = !args.all && stopped > 0;
     if !docker_matches_engine {
-        match docker::connect().await {
-            Ok(d) => {
+        match connect_docker(remote, None).await {
+            Ok((d, _tunnel)) => {
                 for f in docker::find_mxtune_containers(&d).await? {
                     let wanted = args.all
                         || args.name.as_deref().is_some_and(|n| {
@@ -559,11 +733,18 @@ async fn stop_async(args: StopArgs) -> Result<ExitCode> {
     }
     if stopped == 0 {
         match &args.name {
-            Some(n) => bail!(
-                "nothing mxtune started matches {n:?} (containers by label {}, engines in {})",
-                docker::LABEL_RUN_ID,
-                args.runs_dir.join(state::STATE_FILE).display()
-            ),
+            Some(n) => match remote {
+                Some(h) => bail!(
+                    "nothing mxtune started on host {} matches {n:?} (containers by label {})",
+                    h.name,
+                    docker::LABEL_RUN_ID
+                ),
+                None => bail!(
+                    "nothing mxtune started matches {n:?} (containers by label {}, engines in {})",
+                    docker::LABEL_RUN_ID,
+                    args.runs_dir.join(state::STATE_FILE).display()
+                ),
+            },
             None => crate::outln!("nothing to stop"),
         }
     }

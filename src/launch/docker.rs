@@ -53,6 +53,29 @@ pub async fn connect() -> Result<Docker> {
     })
 }
 
+/// Connects to a remote host's Docker engine through an SSH tunnel's local socket
+/// (`remote_socket` is the engine's socket on that host, for messages).
+pub async fn connect_tunnel(
+    tunnel: &crate::hosts::ssh::Tunnel,
+    remote_socket: &str,
+) -> Result<Docker> {
+    let local = tunnel.docker_socket.display().to_string();
+    let docker = Docker::connect_with_unix(&local, 120, bollard::API_DEFAULT_VERSION)
+        .with_context(|| format!("cannot use the forwarded socket {local}"))?;
+    docker.negotiate_version().await.with_context(|| {
+        let said = tunnel.ssh_said();
+        format!(
+            "cannot reach the Docker engine of host {} at unix://{remote_socket} through SSH: is dockerd running there, may the SSH user use it (docker group), and does its sshd allow forwarding (AllowStreamLocalForwarding)? (set docker = \"unix:///PATH\" in hosts.toml for another socket){}",
+            tunnel.host,
+            if said.is_empty() {
+                String::new()
+            } else {
+                format!("; ssh said: {said}")
+            }
+        )
+    })
+}
+
 fn is_not_found(e: &DockerError) -> bool {
     matches!(
         e,
@@ -363,7 +386,7 @@ impl DockerTarget {
         let body = container_body(spec, c, opts)?;
         let (tx, rx) = mpsc::channel(1024);
         ensure_image(&docker, &c.image, opts.allow_pull, &events).await?;
-        if docker_host().starts_with("unix://") {
+        if opts.remote_host.is_none() && docker_host().starts_with("unix://") {
             super::preflight::create_writable_mounts(&c.mounts)?;
         }
         let name = c.name.clone().unwrap_or_else(|| default_name(&opts.run_id));
@@ -382,7 +405,10 @@ impl DockerTarget {
             id: created.id.clone(),
             name: name.clone(),
             image: c.image.clone(),
-            url: format!("http://{}:{}", connect_host(&spec.host), spec.port),
+            url: opts
+                .api_url
+                .clone()
+                .unwrap_or_else(|| format!("http://{}:{}", connect_host(&spec.host), spec.port)),
             mounts: c.mounts.iter().map(|m| m.container.clone()).collect(),
         };
         let started = async {
@@ -461,7 +487,10 @@ impl DockerTarget {
             id: found.id.clone(),
             name: found.name.clone(),
             image: found.image.clone(),
-            url: format!("http://{}:{}", connect_host(&spec.host), spec.port),
+            url: opts
+                .api_url
+                .clone()
+                .unwrap_or_else(|| format!("http://{}:{}", connect_host(&spec.host), spec.port)),
             mounts,
         };
         let (tx, rx) = mpsc::channel(1024);

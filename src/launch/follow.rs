@@ -104,6 +104,13 @@ pub struct LaunchOptions {
     /// The vLLM version a stock image's launch was rendered for: a start-up banner announcing
     /// another release is a warning.
     pub rendered_for_vllm: Option<String>,
+    /// The hosts.toml host whose Docker engine runs the target (reached over SSH); `None`:
+    /// this machine's engine (or `DOCKER_HOST`). Local-only steps (creating cache
+    /// directories for mounts) are skipped on a remote host.
+    pub remote_host: Option<String>,
+    /// The target's API as reached from here when that is not its own host:port (a port
+    /// forwarded over SSH); readiness is probed there.
+    pub api_url: Option<String>,
 }
 
 impl LaunchOptions {
@@ -126,6 +133,8 @@ impl LaunchOptions {
             allow_pull: false,
             api_key: None,
             rendered_for_vllm: None,
+            remote_host: None,
+            api_url: None,
         })
     }
 }

@@ -37,7 +37,8 @@ impl Finding {
             message,
         }
     }
-    fn warning(message: String) -> Self {
+    /// A finding that is printed and lets the launch go on.
+    pub fn warning(message: String) -> Self {
         Self {
             severity: Severity::Warning,
             message,

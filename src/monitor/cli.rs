@@ -25,6 +25,10 @@ pub struct MonitorArgs {
     /// Print JSON (one object per line) instead of the compact line.
     #[arg(long)]
     pub json: bool,
+    /// Watch this host of ~/.config/mxtune/hosts.toml instead: `mxtune monitor --json` runs
+    /// there over SSH (same version needed); --url and --pid are as seen from that host.
+    #[arg(long, value_name = "NAME")]
+    pub host: Option<String>,
 }
 
 /// Runs `mxtune monitor` until interrupted (or once).
@@ -35,6 +39,9 @@ pub fn run(args: MonitorArgs) -> Result<ExitCode> {
             "mxtune monitor: --rate {} is outside 1–20 Hz; using {rate_hz}",
             args.rate
         );
+    }
+    if let Some(name) = &args.host {
+        return run_remote(name, &args, rate_hz);
     }
     let config = MonitorConfig {
         rate_hz,
@@ -58,6 +65,24 @@ pub fn run(args: MonitorArgs) -> Result<ExitCode> {
         }
     }
     monitor.stop()?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `monitor --host NAME`: the host's own monitor, read back sample by sample and printed
+/// as here.
+fn run_remote(name: &str, args: &MonitorArgs, rate_hz: f64) -> Result<ExitCode> {
+    let host = crate::hosts::find(name)?;
+    let remote = crate::hosts::monitor::RemoteMonitorArgs {
+        rate: Some(rate_hz),
+        url: args.url.clone(),
+        pid: args.pid,
+        once: args.once,
+    };
+    let mut monitor = crate::hosts::monitor::RemoteMonitor::start(&host, &remote, true)?;
+    let mut out = std::io::stdout().lock();
+    while let Some(sample) = monitor.next_sample()? {
+        print(&mut out, &sample, args.json)?;
+    }
     Ok(ExitCode::SUCCESS)
 }
 

@@ -5,7 +5,7 @@
 //! in a chart or a summary), and a query that failed must carry its message without
 //! stopping the others.
 
-use serde::{Serialize, Serializer};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use std::fmt;
 
 /// A value, "not supported here" (shown as `n/a`), or an error with its message.
@@ -77,5 +77,65 @@ impl<T: Serialize> Serialize for Reading<T> {
                 map.end()
             }
         }
+    }
+}
+
+/// The string `"n/a"` and nothing else (how [`Reading::NotSupported`] is written).
+struct NotApplicable;
+
+impl<'de> Deserialize<'de> for NotApplicable {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(deserializer)?;
+        if s == "n/a" {
+            Ok(NotApplicable)
+        } else {
+            Err(serde::de::Error::custom("not \"n/a\""))
+        }
+    }
+}
+
+/// The three JSON shapes, tried in this order: `{"error": …}`, `"n/a"`, a value. A string
+/// reading whose value is literally `n/a` reads back as not supported, which it shows as.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum Wire<T> {
+    Error { error: String },
+    NotSupported(NotApplicable),
+    Value(T),
+}
+
+/// Reads what [`Serialize`] wrote, e.g. a sample printed by `mxtune monitor --json` on
+/// another host.
+impl<'de, T: Deserialize<'de>> Deserialize<'de> for Reading<T> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        Ok(match Wire::<T>::deserialize(deserializer)? {
+            Wire::Error { error } => Reading::Error(error),
+            Wire::NotSupported(NotApplicable) => Reading::NotSupported,
+            Wire::Value(v) => Reading::Value(v),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn json_round_trip_of_every_shape() {
+        let cases: Vec<Reading<u32>> = vec![
+            Reading::Value(7),
+            Reading::NotSupported,
+            Reading::Error("NVML: timeout".into()),
+        ];
+        for r in cases {
+            let json = serde_json::to_string(&r).unwrap();
+            let back: Reading<u32> = serde_json::from_str(&json).unwrap();
+            assert_eq!(back, r, "{json}");
+        }
+        let s: Reading<String> = serde_json::from_str("\"P0\"").unwrap();
+        assert_eq!(s, Reading::Value("P0".into()));
+        let v: Reading<Vec<String>> = serde_json::from_str("[]").unwrap();
+        assert_eq!(v, Reading::Value(vec![]));
+        assert!(serde_json::from_str::<Reading<u32>>("\"x\"").is_err());
     }
 }

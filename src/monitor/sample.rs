@@ -2,10 +2,10 @@
 
 use super::reading::Reading;
 use chrono::{DateTime, Utc};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// Everything the monitor measured at one instant.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Sample {
     /// Wall-clock time of the sample.
     pub at: DateTime<Utc>,
@@ -20,7 +20,7 @@ pub struct Sample {
 }
 
 /// The GPU side: either NVML answered, or the reason it could not be used.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(tag = "status", rename_all = "snake_case")]
 pub enum GpuStatus {
     /// NVML initialised; per-GPU readings follow.
@@ -40,7 +40,7 @@ pub enum GpuStatus {
 }
 
 /// One GPU's readings.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct GpuSample {
     /// NVML device index.
     pub index: u32,
@@ -81,7 +81,7 @@ pub struct GpuSample {
 }
 
 /// SM, graphics and memory clocks in MHz.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Clocks {
     /// Streaming-multiprocessor clock.
     pub sm_mhz: Reading<u32>,
@@ -92,7 +92,7 @@ pub struct Clocks {
 }
 
 /// A process holding a GPU context.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct GpuProcess {
     /// Process id (in the host's pid namespace).
     pub pid: u32,
@@ -101,7 +101,7 @@ pub struct GpuProcess {
 }
 
 /// Where a GPU's memory figures come from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum MemorySource {
     /// The GPU's own memory, as NVML reports it.
@@ -112,7 +112,7 @@ pub enum MemorySource {
 }
 
 /// A GPU's memory figures and where they come from.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct GpuMemory {
     /// Device memory or unified system memory.
     pub source: MemorySource,
@@ -125,7 +125,7 @@ pub struct GpuMemory {
 }
 
 /// Host readings from sysinfo.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct HostSample {
     /// All CPUs together, percent.
     pub cpu_pct: Reading<f32>,
@@ -146,7 +146,7 @@ pub struct HostSample {
 }
 
 /// RSS and CPU of one watched process.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ProcessSample {
     /// Process id.
     pub pid: u32,
@@ -157,7 +157,7 @@ pub struct ProcessSample {
 }
 
 /// The target server's `/metrics`, if a URL was given.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(tag = "status", rename_all = "snake_case")]
 pub enum ServerStatus {
     /// No URL was given: nothing to scrape.
@@ -178,7 +178,7 @@ pub enum ServerStatus {
 }
 
 /// Which server dialect the metric names came from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ServerKind {
     /// `vllm:*` names (vLLM, and the bundled engine which exports the same names).
@@ -190,7 +190,7 @@ pub enum ServerKind {
 }
 
 /// Server-side figures derived from one scrape and the ones before it.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ServerMetrics {
     /// The scraped URL.
     pub url: String,
@@ -213,10 +213,108 @@ pub struct ServerMetrics {
     /// Mean time per output token over the last rate window, ms (vLLM's TPOT histogram:
     /// its `_sum` growth over its `_count` growth). `None` when the server does not export
     /// the histogram; `n/a` when no request finished in the window.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tpot_ms: Option<Reading<f64>>,
     /// Prefix-cache hits / queries over the last rate window, 0–1. `None` when the server
     /// does not export the counters; `n/a` when nothing was looked up in the window.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prefix_cache_hit_rate: Option<Reading<f64>>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A sample of every shape a remote host can send reads back into the same JSON.
+    #[test]
+    fn json_round_trip() {
+        let clocks = Clocks {
+            sm_mhz: Reading::Value(2405),
+            graphics_mhz: Reading::NotSupported,
+            mem_mhz: Reading::Error("timeout".into()),
+        };
+        let gpu = GpuSample {
+            index: 0,
+            name: Reading::Value("NVIDIA GB10".into()),
+            uuid: Reading::Value("GPU-1".into()),
+            compute_capability: Reading::Value("12.1".into()),
+            persistence_mode: Reading::Value(true),
+            compute_mode: Reading::Value("Default".into()),
+            memory: GpuMemory {
+                source: MemorySource::Unified,
+                used_bytes: Reading::Value(1 << 36),
+                total_bytes: Reading::Value(1 << 37),
+                process_bytes: Reading::NotSupported,
+            },
+            clocks: clocks.clone(),
+            max_clocks: clocks,
+            power_w: Reading::Value(41.5),
+            power_limit_w: Reading::NotSupported,
+            energy_j: Reading::Value(1234.25),
+            temperature_c: Reading::Value(52),
+            utilization_gpu_pct: Reading::Value(97),
+            utilization_mem_pct: Reading::Error("Unknown".into()),
+            pstate: Reading::Value("P0".into()),
+            throttle_reasons: Reading::Value(vec!["sw_power_cap".into()]),
+            processes: Reading::Value(vec![GpuProcess {
+                pid: 4242,
+                used_bytes: Reading::NotSupported,
+            }]),
+        };
+        let metrics = ServerMetrics {
+            url: "http://127.0.0.1:8000/metrics".into(),
+            kind: ServerKind::Vllm,
+            generation_tok_s: Reading::Value(57.25),
+            prompt_tok_s: Reading::NotSupported,
+            running: Reading::Value(1.0),
+            waiting: Reading::Value(0.0),
+            kv_cache_usage: Reading::Value(0.125),
+            spec_acceptance_rate: Reading::NotSupported,
+            spec_mean_acceptance_length: Reading::NotSupported,
+            tpot_ms: Some(Reading::Value(17.5)),
+            prefix_cache_hit_rate: None,
+        };
+        let host = HostSample {
+            cpu_pct: Reading::Value(12.5),
+            cpu_per_core_pct: vec![10.0, 15.0],
+            ram_used_bytes: 1 << 30,
+            ram_total_bytes: 1 << 34,
+            swap_used_bytes: 0,
+            swap_total_bytes: 0,
+            load: Reading::Value([0.5, 0.25, 0.125]),
+            process: Some(ProcessSample {
+                pid: 7,
+                rss_bytes: Reading::Value(1 << 20),
+                cpu_pct: Reading::NotSupported,
+            }),
+        };
+        let servers = [
+            ServerStatus::Scraped(Box::new(metrics)),
+            ServerStatus::NotConfigured,
+            ServerStatus::NoMetrics { url: "u".into() },
+            ServerStatus::Failed { error: "e".into() },
+        ];
+        let gpus = [
+            GpuStatus::Available {
+                driver_version: Reading::Value("580.95.05".into()),
+                cuda_driver_version: Reading::Value("13.0".into()),
+                gpus: vec![gpu],
+            },
+            GpuStatus::Unavailable {
+                reason: "NVML not available".into(),
+            },
+        ];
+        for (gpu, server) in gpus.iter().cycle().zip(servers) {
+            let sample = Sample {
+                at: Utc::now(),
+                elapsed_s: 1.5,
+                gpu: gpu.clone(),
+                host: host.clone(),
+                server,
+            };
+            let json = serde_json::to_value(&sample).unwrap();
+            let back: Sample = serde_json::from_str(&json.to_string()).unwrap();
+            assert_eq!(serde_json::to_value(&back).unwrap(), json);
+        }
+    }
 }

@@ -2,6 +2,8 @@
 //! Nothing here blocks the UI: every result comes back as an [`Event`] on the loop's channel.
 
 use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::Sender;
 use std::time::Duration;
 
@@ -10,6 +12,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::Event;
 use crate::flags::FlagSet;
+use crate::hosts::ssh::Tunnel;
 use crate::launch::attach::AttachTarget;
 use crate::launch::docker::{self, DockerTarget};
 use crate::launch::engine::EngineTarget;
@@ -33,6 +36,19 @@ pub struct StartRequest {
     pub startup_limit: Duration,
     /// Not ready after this long = failed, for an attach.
     pub attach_limit: Duration,
+    /// The hosts.toml host whose Docker engine runs a Docker target (over SSH); `None`:
+    /// this machine.
+    pub host: Option<crate::hosts::Host>,
+}
+
+/// A target running on another host: the host, and the API port there (its `/metrics`,
+/// as that host's monitor sees it).
+#[derive(Debug, Clone, PartialEq)]
+pub struct OnHost {
+    /// The host.
+    pub host: crate::hosts::Host,
+    /// The target's API port on the host.
+    pub port: u16,
 }
 
 /// News about the launch, delivered as [`Event::Launch`].
@@ -50,6 +66,8 @@ pub enum LaunchMsg {
         startup_limit: Duration,
         /// The launch as rendered and started (docker and engine).
         spec: Option<Box<crate::vocab::LaunchSpec>>,
+        /// The host it runs on, when not this machine (boxed: a host entry is large).
+        on_host: Option<Box<OnHost>>,
     },
     /// Nothing was started; why.
     StartFailed(String),
@@ -117,6 +135,8 @@ pub struct Background {
     tx: Sender<Event>,
     launch: Option<mpsc::UnboundedSender<Cmd>>,
     monitor: Option<crate::monitor::Monitor>,
+    /// The stop flag of the thread reading another host's monitor, while one runs.
+    host_monitor: Option<Arc<AtomicBool>>,
     bench: Option<Job>,
     matrix: Option<Job>,
 }
@@ -155,6 +175,7 @@ impl Background {
             tx,
             launch: None,
             monitor: None,
+            host_monitor: None,
             bench: None,
             matrix: None,
         })
@@ -166,6 +187,7 @@ impl Background {
     pub fn watch(&mut self, metrics_url: Option<String>) {
         // Dropping the old collector ends its thread and, with it, its forwarder.
         self.monitor = None;
+        self.stop_host_monitor();
         let config = crate::monitor::MonitorConfig {
             rate_hz: 1.0,
             metrics_url,
@@ -198,6 +220,65 @@ impl Background {
             Err(e) => {
                 let _ = self.tx.send(Event::MonitorError(format!("{e:#}")));
             }
+        }
+    }
+
+    /// Watch another host instead: `mxtune monitor --json` runs there over SSH (checked to be
+    /// this version first) and each sample arrives as [`Event::Sample`], as this machine's
+    /// do; `metrics_url` is as seen from that host. Its failure arrives as
+    /// [`Event::MonitorError`].
+    pub fn watch_host(&mut self, host: &crate::hosts::Host, metrics_url: String) {
+        self.monitor = None;
+        self.stop_host_monitor();
+        let stop = Arc::new(AtomicBool::new(false));
+        self.host_monitor = Some(stop.clone());
+        let tx = self.tx.clone();
+        let name = host.name.clone();
+        let host = host.clone();
+        let args = crate::hosts::monitor::RemoteMonitorArgs {
+            rate: Some(1.0),
+            url: Some(metrics_url),
+            pid: None,
+            once: false,
+        };
+        let spawned = std::thread::Builder::new()
+            .name("tui-host-samples".into())
+            .spawn(move || {
+                let mut m = match crate::hosts::monitor::RemoteMonitor::start(&host, &args, false) {
+                    Ok(m) => m,
+                    Err(e) => {
+                        let _ = tx.send(Event::MonitorError(format!("{e:#}")));
+                        return;
+                    }
+                };
+                // A sample a second: the flag is seen within a second of a stop, and a
+                // sample read after it is not passed on. Dropping `m` ends its ssh.
+                loop {
+                    let next = m.next_sample();
+                    if stop.load(Ordering::Relaxed) {
+                        return;
+                    }
+                    let event = match next {
+                        Ok(Some(s)) => Event::Sample(Box::new(s)),
+                        Ok(None) => return,
+                        Err(e) => Event::MonitorError(format!("{e:#}")),
+                    };
+                    let failed = matches!(event, Event::MonitorError(_));
+                    if tx.send(event).is_err() || failed {
+                        return;
+                    }
+                }
+            });
+        if let Err(e) = spawned {
+            let _ = self.tx.send(Event::MonitorError(format!(
+                "cannot start the thread reading host {name}'s monitor: {e}"
+            )));
+        }
+    }
+
+    fn stop_host_monitor(&mut self) {
+        if let Some(stop) = self.host_monitor.take() {
+            stop.store(true, Ordering::Relaxed);
         }
     }
 
@@ -311,15 +392,38 @@ impl Background {
             let run_id = ulid::Ulid::generate().to_string();
             let (ev_tx, ev_rx) = mpsc::unbounded_channel();
             match start(&req, &run_id, ev_tx).await {
-                Ok((launch, log_path, startup_limit, spec)) => {
+                Ok(Started {
+                    launch,
+                    log_path,
+                    startup_limit,
+                    spec,
+                    tunnel,
+                }) => {
+                    let on_host = match (&req.host, &tunnel) {
+                        (Some(host), Some(t)) => t.port.map(|(_, port)| {
+                            Box::new(OnHost {
+                                host: host.clone(),
+                                port,
+                            })
+                        }),
+                        _ => None,
+                    };
+                    let describe = match &on_host {
+                        Some(o) => format!("{} on host {}", launch.target.describe(), o.host.name),
+                        None => launch.target.describe(),
+                    };
                     let _ = tx.send(Event::Launch(LaunchMsg::Started {
-                        describe: launch.target.describe(),
+                        describe,
                         run_id,
                         log_path,
                         startup_limit,
                         spec: spec.map(Box::new),
+                        on_host,
                     }));
+                    // The tunnel carries the follower's Docker and API traffic: it ends
+                    // with the follower (stop, detach, or the panel going away).
                     follow(launch, ev_rx, cmd_rx, tx).await;
+                    drop(tunnel);
                 }
                 Err(e) => {
                     let _ = tx.send(Event::Launch(LaunchMsg::StartFailed(format!("{e:#}"))));
@@ -356,19 +460,35 @@ impl Background {
     }
 }
 
+/// A started launch and what it needs while it is followed.
+struct Started {
+    launch: Launch,
+    log_path: Option<PathBuf>,
+    startup_limit: Duration,
+    spec: Option<LaunchSpec>,
+    /// The SSH tunnel to the host, for a launch on another host.
+    tunnel: Option<Tunnel>,
+}
+
 async fn start(
     req: &StartRequest,
     run_id: &str,
     events: mpsc::UnboundedSender<LaunchEvent>,
-) -> anyhow::Result<(Launch, Option<PathBuf>, Duration, Option<LaunchSpec>)> {
+) -> anyhow::Result<Started> {
     let mut opts = LaunchOptions::new(run_id, &req.preset)?;
     opts.startup_limit = req.startup_limit;
     opts.attach_limit = req.attach_limit;
     let log_path = req.runs_dir.join(format!("{run_id}.target.log"));
     if req.kind == TargetKind::Attach {
         let launch = AttachTarget::attach(&req.url, "", &opts, events)?;
-        let limit = launch.startup_limit();
-        return Ok((launch, None, limit, None));
+        let startup_limit = launch.startup_limit();
+        return Ok(Started {
+            launch,
+            log_path: None,
+            startup_limit,
+            spec: None,
+            tunnel: None,
+        });
     }
     let mut spec = crate::flags::render(&req.flags, req.kind)?;
     let blocking: Vec<String> = crate::flags::rules::evaluate(&req.flags, req.kind, None)
@@ -383,18 +503,47 @@ async fn start(
         );
     }
     opts.log_path = Some(log_path.clone());
-    let launch = match req.kind {
-        TargetKind::Docker => {
-            let d = docker::connect().await?;
+    let mut tunnel = None;
+    let launch = match (req.kind, &req.host) {
+        (TargetKind::Docker, host) => {
+            let d = match host {
+                None => docker::connect().await?,
+                Some(h) => {
+                    let t = Tunnel::open(h, Some((docker::connect_host(&spec.host), spec.port)))
+                        .await?;
+                    let d = docker::connect_tunnel(&t, &h.docker_socket).await?;
+                    opts.remote_host = Some(h.name.clone());
+                    opts.api_url = t.url();
+                    tunnel = Some(t);
+                    d
+                }
+            };
             // Rendered again in the names of the vLLM release the image carries.
+            let port = spec.port;
             spec =
                 crate::launch::dialect::render_for_launch(&req.flags, req.kind, Some(&d)).await?;
+            if tunnel.is_some() && spec.port != port {
+                anyhow::bail!(
+                    "rendering for the image's vLLM release moved the API port from {port} to {}: give the port in the preset",
+                    spec.port
+                );
+            }
             DockerTarget::launch(d, &spec, &opts, events).await?
         }
+        (_, Some(h)) => anyhow::bail!(
+            "host {} runs Docker targets only: press t for docker, or h for this machine",
+            h.name
+        ),
         _ => EngineTarget::launch(None, &spec, &opts, Some(&req.runs_dir), events).await?,
     };
-    let limit = launch.startup_limit();
-    Ok((launch, Some(log_path), limit, Some(spec)))
+    let startup_limit = launch.startup_limit();
+    Ok(Started {
+        launch,
+        log_path: Some(log_path),
+        startup_limit,
+        spec: Some(spec),
+        tunnel,
+    })
 }
 
 async fn follow(

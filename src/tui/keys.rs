@@ -71,6 +71,26 @@ pub const LAUNCH: &[Binding] = &[
     b("Home/End", "top / follow"),
 ];
 
+/// Launch screen when ~/.config/mxtune/hosts.toml names hosts: `h` picks where a Docker
+/// target runs.
+pub const LAUNCH_HOSTS: &[Binding] = &[
+    b("l", "launch"),
+    b("x", "stop (asks)"),
+    b("t", "target engine/docker/attach"),
+    b("h", "docker host: this machine / hosts.toml"),
+    b("u", "attach URL"),
+    b("/", "search log"),
+    b("n/N", "older/newer match"),
+    b("w", "wrap"),
+    b("S", "save log"),
+    b("Up/Down", "scroll log"),
+    b("PgUp/PgDn", "page log"),
+    b("Home/End", "top / follow"),
+];
+
+/// The title of [`LAUNCH_HOSTS`]'s section: the help overlay shows it only when there are hosts.
+pub const HOSTS_SECTION: &str = "Launch: with a hosts file";
+
 /// Launch screen while typing a URL or a search, or answering the stop question.
 pub const LAUNCH_INPUT: &[Binding] = &[
     b("Enter", "done / yes"),
@@ -175,6 +195,7 @@ pub const SECTIONS: &[(&str, &[Binding])] = &[
     ("Flags: typing a serving limit", FLAGS_EDIT),
     ("Flags: picker, save, diff, command", FLAGS_DIALOG),
     ("Launch", LAUNCH),
+    (HOSTS_SECTION, LAUNCH_HOSTS),
     ("Launch: URL, search or stop question", LAUNCH_INPUT),
     ("Live", LIVE),
     ("Bench", BENCH),

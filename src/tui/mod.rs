@@ -137,6 +137,19 @@ pub fn run(opts: Options) -> anyhow::Result<Exit> {
     });
     app.start_preset = start;
     app.message = note;
+    // Hosts a Docker target can run on; a broken file is said in the status line and the
+    // panel goes on with this machine only.
+    match crate::hosts::Hosts::load_user() {
+        Ok(Some(h)) => app.launch.hosts = h.hosts,
+        Ok(None) => {}
+        Err(e) => {
+            let said = format!("hosts file not used: {e}");
+            app.message = Some(match app.message.take() {
+                Some(n) => format!("{n}; {said}"),
+                None => said,
+            });
+        }
+    }
     for effect in app.startup_effects() {
         perform(&mut app, &mut bg, effect);
     }
@@ -309,9 +322,19 @@ pub fn step(app: &mut App, bg: &mut Background, event: Event) -> (Option<Exit>, 
             app.launch.on_msg(msg);
             // Watch the server's /metrics while it is up.
             match (&app.launch.state, was_ready) {
+                // On another host, that host's own monitor (its GPU, its view of /metrics).
+                (TargetState::Ready { .. }, false) if app.launch.on_host.is_some() => {
+                    if let Some(o) = &app.launch.on_host {
+                        app.live.set_host(Some(o.host.name.clone()));
+                        bg.watch_host(&o.host, format!("http://127.0.0.1:{}", o.port));
+                    }
+                }
                 (TargetState::Ready { url, .. }, false) => bg.watch(Some(url.clone())),
                 (TargetState::Ready { .. }, true) => {}
-                (_, true) => bg.watch(None),
+                (_, true) => {
+                    app.live.set_host(None);
+                    bg.watch(None)
+                }
                 _ => {}
             }
             (Vec::new(), true)
@@ -398,6 +421,11 @@ pub fn perform(app: &mut App, bg: &mut Background, effect: Effect) -> Option<Exi
                 runs_dir: app.paths.runs_dir.clone(),
                 startup_limit: app.launch.startup_limit,
                 attach_limit: app.launch.attach_limit,
+                host: if kind == crate::vocab::TargetKind::Docker {
+                    app.launch.chosen_host().cloned()
+                } else {
+                    None
+                },
             })
         }
         Effect::StopTarget => bg.stop(),

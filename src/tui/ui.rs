@@ -184,11 +184,24 @@ pub fn help_lines(app: &App, width: u16) -> Vec<Line<'static>> {
     let width = usize::from(width);
     let theme = &app.theme;
     let here = |title: &str| title.starts_with(app.tab.title());
+    // Without a hosts file the panel has no `h`, so its help does not mention one.
+    let shown = |title: &str| title != keys::HOSTS_SECTION || !app.launch.hosts.is_empty();
     let order = keys::SECTIONS
         .iter()
+        .filter(|(t, _)| shown(t))
         .filter(|(t, _)| *t == keys::SECTIONS[0].0)
-        .chain(keys::SECTIONS.iter().skip(1).filter(|(t, _)| here(t)))
-        .chain(keys::SECTIONS.iter().skip(1).filter(|(t, _)| !here(t)));
+        .chain(
+            keys::SECTIONS
+                .iter()
+                .skip(1)
+                .filter(|(t, _)| shown(t) && here(t)),
+        )
+        .chain(
+            keys::SECTIONS
+                .iter()
+                .skip(1)
+                .filter(|(t, _)| shown(t) && !here(t)),
+        );
     let mut lines = Vec::new();
     for (title, bindings) in order {
         if !lines.is_empty() {

@@ -2,6 +2,8 @@
 //! and its `FROM scratch` image (built once per source hash), Docker availability, specs.
 #![allow(dead_code)] // each test file uses a different subset
 
+pub mod sshd;
+
 use mxtune::vocab::{ContainerSpec, LaunchSpec, NetworkMode, PathCheck};
 use sha2::{Digest, Sha256};
 use std::path::{Path, PathBuf};

@@ -241,6 +241,13 @@ pub struct LaunchScreen {
     pub dialect: Option<crate::vocab::Dialect>,
     /// The vLLM version the target's start-up banner announced.
     pub vllm_announced: Option<String>,
+    /// The hosts of hosts.toml a Docker target can run on (empty without a hosts file: then
+    /// the screen looks and works as it always did).
+    pub hosts: Vec<crate::hosts::Host>,
+    /// The chosen host (index into `hosts`); `None`: this machine.
+    pub host: Option<usize>,
+    /// The host the current launch runs on, when not this machine.
+    pub on_host: Option<crate::tui::background::OnHost>,
 }
 
 impl Default for LaunchScreen {
@@ -272,6 +279,9 @@ impl Default for LaunchScreen {
             notice: None,
             dialect: None,
             vllm_announced: None,
+            hosts: Vec::new(),
+            host: None,
+            on_host: None,
         }
     }
 }
@@ -308,6 +318,11 @@ pub fn line_style(theme: &Theme, line: &str) -> Style {
 
 impl LaunchScreen {
     /// Whether a text field or question takes every key.
+    /// The host a Docker launch from here goes to (`None`: this machine).
+    pub fn chosen_host(&self) -> Option<&crate::hosts::Host> {
+        self.host.and_then(|i| self.hosts.get(i))
+    }
+
     pub fn captures_keys(&self) -> bool {
         self.editing_url || self.confirm_stop || self.log.typing.is_some()
     }
@@ -379,7 +394,9 @@ impl LaunchScreen {
                 log_path,
                 startup_limit,
                 spec,
+                on_host,
             } => {
+                self.on_host = on_host.map(|b| *b);
                 self.dialect = spec.as_ref().and_then(|b| b.dialect.clone());
                 if let Some(s) = self.served.as_mut() {
                     s.launch = spec.map(|b| *b);
@@ -500,6 +517,20 @@ impl LaunchScreen {
                     TargetKind::Engine => TargetKind::Docker,
                     TargetKind::Docker => TargetKind::Attach,
                     TargetKind::Attach => TargetKind::Engine,
+                }
+            }
+            KeyCode::Char('h') if !self.state.is_live() && !self.hosts.is_empty() => {
+                if self.choice == TargetKind::Docker {
+                    // this machine → each host of hosts.toml → this machine
+                    self.host = match self.host {
+                        None => Some(0),
+                        Some(i) if i + 1 < self.hosts.len() => Some(i + 1),
+                        Some(_) => None,
+                    };
+                } else {
+                    self.notice = Some(
+                        "a host of hosts.toml runs Docker targets: press t for docker first".into(),
+                    );
                 }
             }
             KeyCode::Char('u') if !self.state.is_live() => {
@@ -632,6 +663,16 @@ pub fn draw(frame: &mut Frame, app: &App, area: Rect) {
             ));
             if app.flags.dirty() {
                 choice.push(Span::styled(" [+]", theme.warn()));
+            }
+            // Only with a hosts file: without one the line is as it always was.
+            if k == TargetKind::Docker && !s.hosts.is_empty() {
+                choice.push(Span::styled("  host ", theme.dim()));
+                choice.push(Span::styled(
+                    s.chosen_host()
+                        .map(|h| format!("{} ({})", h.name, h.ssh))
+                        .unwrap_or_else(|| "this machine".into()),
+                    theme.accent(),
+                ));
             }
             if k != app.flags.flags.target {
                 choice.push(Span::styled(

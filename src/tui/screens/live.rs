@@ -135,6 +135,8 @@ pub struct LiveScreen {
     pub bench_pending: u64,
     /// A benchmark is running (its tok/s is charted, zero included).
     pub bench_running: bool,
+    /// The hosts.toml host these samples come from; `None`: this machine.
+    pub host: Option<String>,
 }
 
 impl Default for LiveScreen {
@@ -150,11 +152,24 @@ impl Default for LiveScreen {
             pages: std::cell::Cell::new(1),
             bench_pending: 0,
             bench_running: false,
+            host: None,
         }
     }
 }
 
 impl LiveScreen {
+    /// The samples come from another machine from now on (`None`: this one). The charts
+    /// start over, so that no line joins two machines' readings.
+    pub fn set_host(&mut self, host: Option<String>) {
+        if self.host != host {
+            self.host = host;
+            self.points.clear();
+            self.latest = None;
+            self.origin = None;
+            self.error = None;
+        }
+    }
+
     /// A sample arrived.
     pub fn push(&mut self, s: Sample) {
         let origin = *self.origin.get_or_insert(s.at);
@@ -503,6 +518,10 @@ fn head_lines(app: &App, page: usize, pages: usize) -> Vec<Line<'static>> {
         Span::styled(" window ", theme.dim()),
         Span::styled(window_label(s.window_s()), theme.accent()),
     ];
+    if let Some(h) = &s.host {
+        l1.push(Span::styled("  host ", theme.dim()));
+        l1.push(Span::styled(h.clone(), theme.accent()));
+    }
     if pages > 1 {
         l1.push(Span::styled(
             format!("  charts {}/{}", page + 1, pages),

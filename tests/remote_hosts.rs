@@ -1,0 +1,838 @@
+//! Remote hosts over SSH without a second machine: a throwaway sshd on 127.0.0.1 stands in
+//! for the remote host, the real `mxtune` binary runs on both ends, and the local Docker
+//! engine is reached through the SSH tunnel. Skips without sshd (`MXTUNE_TEST_SSHD=require`
+//! fails instead) and, for the Docker parts, without Docker (`MXTUNE_TEST_DOCKER=require`).
+
+mod support;
+
+use mxtune::hosts::monitor::{RemoteMonitor, RemoteMonitorArgs};
+use mxtune::hosts::ssh::Tunnel;
+use std::io::{Read, Write};
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::process::{Command, Output};
+use support::sshd::{Sshd, sshd_or_skip};
+use support::*;
+
+const MXTUNE: &str = env!("CARGO_BIN_EXE_mxtune");
+
+fn mxtune(config_home: &Path, args: &[&str]) -> Output {
+    Command::new(MXTUNE)
+        .args(args)
+        .env("XDG_CONFIG_HOME", config_home)
+        .output()
+        .unwrap()
+}
+
+fn text(o: &Output) -> (String, String) {
+    (
+        String::from_utf8_lossy(&o.stdout).into_owned(),
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+    )
+}
+
+/// An executable shell script in the sshd's directory standing in for another mxtune.
+fn fake_mxtune(sshd: &Sshd, name: &str, body: &str) -> String {
+    let path = sshd.dir.path().join(name);
+    std::fs::write(&path, format!("#!/bin/sh\n{body}\n")).unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    path.display().to_string()
+}
+
+/// Held by the tests that open tunnels in this process and then look for leftovers of
+/// this process, so that they do not see each other's live tunnels.
+static IN_PROCESS_TUNNELS: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// Whether a tunnel of process `pid` left its directory behind in /tmp.
+fn tunnel_dirs_of(pid: u32) -> Vec<String> {
+    std::fs::read_dir("/tmp")
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with(&format!("mxtune-ssh-{pid}-")))
+        .collect()
+}
+
+#[test]
+fn hosts_file_errors_name_the_file_line_and_what_to_do() {
+    let home = tempfile::tempdir().unwrap();
+    // No hosts file: nothing changes, and --host says where the file should be.
+    let o = mxtune(home.path(), &["hosts", "list"]);
+    let (out, _) = text(&o);
+    assert!(o.status.success());
+    assert!(out.contains("no hosts file"), "{out}");
+    let o = mxtune(home.path(), &["monitor", "--host", "spark2", "--once"]);
+    let (_, err) = text(&o);
+    assert_eq!(o.status.code(), Some(1));
+    let expected = home.path().join("mxtune/hosts.toml");
+    assert!(
+        err.contains(&format!(
+            "--host spark2: there is no hosts file {}",
+            expected.display()
+        )),
+        "{err}"
+    );
+
+    std::fs::create_dir_all(home.path().join("mxtune")).unwrap();
+    let file = home.path().join("mxtune/hosts.toml");
+    std::fs::write(
+        &file,
+        "[[host]]\nname = \"spark2\"\nssh = \"me@spark2\"\nsshh = \"typo\"\n",
+    )
+    .unwrap();
+    let o = mxtune(home.path(), &["hosts", "list"]);
+    let (_, err) = text(&o);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        err.contains(&format!("{}:4: unknown field `sshh`", file.display())),
+        "{err}"
+    );
+
+    std::fs::write(&file, "[[host]]\nname = \"spark2\"\nssh = \"me@spark2\"\n").unwrap();
+    let o = mxtune(home.path(), &["hosts", "check", "spark3"]);
+    let (_, err) = text(&o);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        err.contains("no host named \"spark3\"; the hosts are: spark2"),
+        "{err}"
+    );
+    // The page cache to drop would be this machine's, not the host's.
+    let o = mxtune(
+        home.path(),
+        &[
+            "launch",
+            "--host",
+            "spark2",
+            "--preset",
+            "baseline",
+            "--drop-page-cache",
+        ],
+    );
+    let (_, err) = text(&o);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        err.contains("--drop-page-cache drops this machine's page cache, not host spark2's"),
+        "{err}"
+    );
+    // --host drives Docker targets only.
+    let o = mxtune(
+        home.path(),
+        &["launch", "--host", "spark2", "--preset", "engine-cpu-tiny"],
+    );
+    let (_, err) = text(&o);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        err.contains("--host spark2 runs a Docker target on that host"),
+        "{err}"
+    );
+}
+
+#[tokio::test]
+async fn tunnel_forwards_a_port_and_is_cleaned_up() {
+    let Some(sshd) = sshd_or_skip("tunnel_forwards_a_port_and_is_cleaned_up") else {
+        return;
+    };
+    let _one_at_a_time = IN_PROCESS_TUNNELS.lock().await;
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        if let Ok((mut s, _)) = listener.accept() {
+            let _ = s.write_all(b"hello from the host\n");
+        }
+    });
+    // What a killed mxtune left behind is removed by the next tunnel; a live one's stays.
+    let mut dead = Command::new("true").spawn().unwrap();
+    let dead_pid = dead.id();
+    dead.wait().unwrap();
+    let stale = Path::new("/tmp").join(format!("mxtune-ssh-{dead_pid}-0"));
+    std::fs::create_dir_all(&stale).unwrap();
+    std::fs::write(stale.join("ssh.log"), "").unwrap();
+    let live = Path::new("/tmp").join(format!("mxtune-ssh-{}-999999", std::process::id()));
+    std::fs::create_dir_all(&live).unwrap();
+
+    let host = sshd.host("remote", MXTUNE);
+    let tunnel = Tunnel::open(&host, Some(("127.0.0.1", port)))
+        .await
+        .unwrap_or_else(|e| panic!("{e:#}\nsshd log:\n{}", sshd.log()));
+    assert!(tunnel.docker_socket.exists());
+    assert!(!stale.exists(), "{} was not removed", stale.display());
+    assert!(
+        live.exists(),
+        "{} of a live process was removed",
+        live.display()
+    );
+    std::fs::remove_dir(&live).unwrap();
+    let (local, remote) = tunnel.port.unwrap();
+    assert_eq!(remote, port);
+    assert_ne!(local, port);
+    let got = tokio::task::spawn_blocking(move || {
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", local)).unwrap();
+        let mut got = String::new();
+        s.read_to_string(&mut got).unwrap();
+        got
+    })
+    .await
+    .unwrap();
+    assert_eq!(got, "hello from the host\n");
+    let (dir, pid) = (tunnel.dir().to_path_buf(), tunnel.pid());
+    drop(tunnel);
+    assert!(!dir.exists(), "{} left behind", dir.display());
+    // The ssh process is gone (and reaped): no such pid any more.
+    assert_eq!(unsafe { libc::kill(pid as i32, 0) }, -1);
+
+    // A host nothing answers for: the error says which and what to try.
+    let mut down = sshd.host("down", MXTUNE);
+    let cfg = sshd.dir.path().join("down_config");
+    std::fs::write(
+        &cfg,
+        format!(
+            "Host {}\n  HostName 127.0.0.1\n  Port {}\n",
+            support::sshd::ALIAS,
+            free_port()
+        ),
+    )
+    .unwrap();
+    down.ssh_config = Some(cfg);
+    let e = format!("{:#}", Tunnel::open(&down, None).await.unwrap_err());
+    assert!(e.contains("cannot reach host down over ssh"), "{e}");
+    assert!(e.contains("Connection refused"), "{e}");
+    assert!(tunnel_dirs_of(std::process::id()).is_empty());
+}
+
+#[test]
+fn hosts_check_against_local_sshd() {
+    let Some(sshd) = sshd_or_skip("hosts_check_against_local_sshd") else {
+        return;
+    };
+    let down_cfg = sshd.dir.path().join("down_config");
+    std::fs::write(
+        &down_cfg,
+        format!(
+            "Host {}\n  HostName 127.0.0.1\n  Port {}\n",
+            support::sshd::ALIAS,
+            free_port()
+        ),
+    )
+    .unwrap();
+    let old = fake_mxtune(&sshd, "old-mxtune", "echo 'mxtune 0.0.0-other'");
+    let entries = format!(
+        "{}\n{}\n{}\n[[host]]\nname = \"down\"\nssh = \"{}\"\nssh_config = {:?}\n",
+        sshd.host_entry("remote", MXTUNE),
+        sshd.host_entry("gone", "/nonexistent/mxtune"),
+        sshd.host_entry("old", &old),
+        support::sshd::ALIAS,
+        down_cfg.display().to_string()
+    );
+    let home = sshd.config_home(&entries);
+
+    let o = mxtune(&home, &["hosts", "list"]);
+    let (out, _) = text(&o);
+    assert!(o.status.success());
+    for name in ["remote ", "gone ", "old ", "down "] {
+        assert!(out.contains(name), "{out}");
+    }
+
+    let docker_here = std::thread::spawn(|| {
+        tokio::runtime::Runtime::new()
+            .unwrap()
+            .block_on(mxtune::launch::docker::connect())
+            .is_ok()
+    })
+    .join()
+    .unwrap();
+    if !docker_here && std::env::var("MXTUNE_TEST_DOCKER").as_deref() == Ok("require") {
+        panic!("MXTUNE_TEST_DOCKER=require but no Docker engine");
+    }
+    let o = mxtune(&home, &["hosts", "check", "remote"]);
+    let (out, err) = text(&o);
+    assert!(out.contains("  ssh: ok"), "{out}{err}\n{}", sshd.log());
+    assert!(
+        out.contains(&format!(
+            "  mxtune: ok (mxtune {}, as here)",
+            env!("CARGO_PKG_VERSION")
+        )),
+        "{out}"
+    );
+    if docker_here {
+        assert!(out.contains("  docker: ok (Docker "), "{out}");
+        assert!(
+            out.contains("at unix:///var/run/docker.sock over ssh"),
+            "{out}"
+        );
+        assert_eq!(o.status.code(), Some(0), "{out}{err}");
+    } else {
+        eprintln!("SKIPPED the docker part of hosts check: no Docker engine here");
+        assert!(out.contains("  docker: FAILED"), "{out}");
+        assert_eq!(o.status.code(), Some(1));
+    }
+
+    let o = mxtune(&home, &["hosts", "check", "gone"]);
+    let (out, _) = text(&o);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        out.contains("  mxtune: FAILED: mxtune is not installed on host gone"),
+        "{out}"
+    );
+    assert!(out.contains("set mxtune = \"/path/to/mxtune\""), "{out}");
+
+    let o = mxtune(&home, &["hosts", "check", "old"]);
+    let (out, _) = text(&o);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        out.contains(&format!(
+            "host old runs mxtune 0.0.0-other, this is mxtune {}",
+            env!("CARGO_PKG_VERSION")
+        )),
+        "{out}"
+    );
+
+    let o = mxtune(&home, &["hosts", "check", "down"]);
+    let (out, _) = text(&o);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        out.contains("  ssh: FAILED: cannot reach host down over ssh"),
+        "{out}"
+    );
+    assert!(out.contains("  docker: not checked (no ssh)"), "{out}");
+}
+
+/// A host whose sshd forbids forwarding: the tunnel comes up, the Docker engine cannot be
+/// reached through it, and the message carries what ssh said.
+#[test]
+fn docker_through_an_sshd_that_forbids_forwarding_says_so() {
+    let test = "docker_through_an_sshd_that_forbids_forwarding_says_so";
+    if sshd_or_skip(test).is_none() {
+        return;
+    }
+    let sshd = Sshd::with_config("AllowStreamLocalForwarding no\nAllowTcpForwarding no\n");
+    let home = sshd.config_home(&sshd.host_entry("closed", MXTUNE));
+    let o = mxtune(&home, &["hosts", "check", "closed"]);
+    let (out, err) = text(&o);
+    assert_eq!(o.status.code(), Some(1), "{out}{err}");
+    assert!(out.contains("  ssh: ok"), "{out}");
+    assert!(
+        out.contains("  docker: FAILED: cannot reach the Docker engine of host closed"),
+        "{out}"
+    );
+    assert!(out.contains("ssh said:"), "{out}");
+    assert!(out.contains("open failed"), "{out}");
+}
+
+#[test]
+fn remote_monitor_json_is_read_back_into_samples() {
+    let Some(sshd) = sshd_or_skip("remote_monitor_json_is_read_back_into_samples") else {
+        return;
+    };
+    // The library: one sample from the remote end, then the end of the stream.
+    let host = sshd.host("remote", MXTUNE);
+    let args = RemoteMonitorArgs {
+        once: true,
+        ..Default::default()
+    };
+    let mut m = RemoteMonitor::start(&host, &args, false)
+        .unwrap_or_else(|e| panic!("{e:#}\nsshd log:\n{}", sshd.log()));
+    let sample = m.next_sample().unwrap().expect("one sample");
+    assert!(sample.host.ram_total_bytes > 0);
+    assert!(matches!(
+        sample.server,
+        mxtune::monitor::sample::ServerStatus::NotConfigured
+    ));
+    assert!(m.next_sample().unwrap().is_none());
+
+    let version = env!("CARGO_PKG_VERSION");
+    let old = fake_mxtune(&sshd, "old-mxtune", "echo 'mxtune 0.0.0-other'");
+    let other = fake_mxtune(&sshd, "other", "echo 'something 1.0'");
+    let garbled = fake_mxtune(
+        &sshd,
+        "garbled",
+        &format!(
+            "if [ \"$1\" = --version ]; then echo 'mxtune {version}'; else echo 'not json'; fi"
+        ),
+    );
+    let failing = fake_mxtune(
+        &sshd,
+        "failing",
+        &format!(
+            "if [ \"$1\" = --version ]; then echo 'mxtune {version}'; else echo 'boom: the monitor cannot start' >&2; exit 3; fi"
+        ),
+    );
+    let entries = [
+        sshd.host_entry("remote", MXTUNE),
+        sshd.host_entry("gone", "/nonexistent/mxtune"),
+        sshd.host_entry("old", &old),
+        sshd.host_entry("other", &other),
+        sshd.host_entry("garbled", &garbled),
+        sshd.host_entry("failing", &failing),
+    ]
+    .join("\n");
+    let home = sshd.config_home(&entries);
+
+    // The command line: the remote sample printed here as JSON, with a --url passed along.
+    let o = mxtune(
+        &home,
+        &[
+            "monitor",
+            "--host",
+            "remote",
+            "--once",
+            "--json",
+            "--url",
+            &format!("http://127.0.0.1:{}", free_port()),
+        ],
+    );
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{err}");
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines.len(), 1, "{out}");
+    let v: serde_json::Value = serde_json::from_str(lines[0]).unwrap();
+    assert!(v["host"]["ram_total_bytes"].as_u64().unwrap() > 0, "{v}");
+    assert_eq!(v["server"]["status"], "failed", "{v}");
+    // And as the compact line.
+    let o = mxtune(&home, &["monitor", "--host", "remote", "--once"]);
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{err}");
+    assert!(out.contains("| cpu "), "{out}");
+
+    for (name, expected) in [
+        (
+            "gone",
+            "mxtune is not installed on host gone (`/nonexistent/mxtune` is not a command there"
+                .to_string(),
+        ),
+        (
+            "old",
+            format!(
+                "host old runs mxtune 0.0.0-other, this is mxtune {version}: the two ends must be the same version"
+            ),
+        ),
+        ("other", "which is not mxtune's version line".to_string()),
+        (
+            "garbled",
+            "host garbled: a line of `mxtune monitor --json` is not a sample".to_string(),
+        ),
+        (
+            "failing",
+            "`mxtune monitor` on host failing ended (exit status: 3): boom: the monitor cannot start"
+                .to_string(),
+        ),
+    ] {
+        let o = mxtune(&home, &["monitor", "--host", name, "--once"]);
+        let (out, err) = text(&o);
+        assert_eq!(o.status.code(), Some(1), "{name}: {out}{err}");
+        assert!(err.contains(&expected), "{name}: {err}");
+    }
+}
+
+/// Removes a container by name when dropped, so a failing test leaves nothing running.
+struct RemoveContainer(String);
+
+impl Drop for RemoveContainer {
+    fn drop(&mut self) {
+        let _ = Command::new("docker").args(["rm", "-f", &self.0]).output();
+    }
+}
+
+#[tokio::test]
+async fn docker_launch_reattach_and_stop_through_the_ssh_tunnel() {
+    let test = "docker_launch_reattach_and_stop_through_the_ssh_tunnel";
+    let Some(d) = docker_or_skip(test).await else {
+        return;
+    };
+    let Some(sshd) = sshd_or_skip(test) else {
+        return;
+    };
+    let image = test_image(&d).await;
+    let port = free_port();
+    let name = format!("mxtune-test-ssh-{}", ulid::Ulid::generate()).to_lowercase();
+    let _cleanup = RemoveContainer(name.clone());
+    let mut spec = docker_spec(&image, port, "test-model");
+    spec.container.as_mut().unwrap().name = Some(name.clone());
+    // A cache the host lacks: pre-flight there announces it and creates it once nothing blocks.
+    let cache = sshd.dir.path().join("cache/on-the-host");
+    spec.container.as_mut().unwrap().mounts = vec![mxtune::vocab::Mount {
+        host: cache.display().to_string(),
+        container: "/cache".into(),
+        read_only: false,
+    }];
+    let spec_file = sshd.dir.path().join("spec.toml");
+    std::fs::write(&spec_file, toml::to_string(&spec).unwrap()).unwrap();
+    let home = sshd.config_home(&format!(
+        "{}\n{}",
+        sshd.host_entry("remote", MXTUNE),
+        sshd.host_entry("gone", "/nonexistent/mxtune")
+    ));
+    let runs = sshd.dir.path().join("runs");
+    let runs = runs.to_str().unwrap();
+
+    let run = |args: Vec<String>| {
+        let home = home.clone();
+        async move {
+            tokio::task::spawn_blocking(move || {
+                let child = Command::new(MXTUNE)
+                    .args(&args)
+                    .env("XDG_CONFIG_HOME", &home)
+                    .stdout(std::process::Stdio::piped())
+                    .stderr(std::process::Stdio::piped())
+                    .spawn()
+                    .unwrap();
+                let pid = child.id();
+                (pid, child.wait_with_output().unwrap())
+            })
+            .await
+            .unwrap()
+        }
+    };
+    let args = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+
+    let launch_on = |host: &str, spec: &Path| {
+        args(&[
+            "launch",
+            "--host",
+            host,
+            "--spec",
+            spec.to_str().unwrap(),
+            "--target",
+            "docker",
+            "--runs-dir",
+            runs,
+            "--startup-limit-s",
+            "120",
+        ])
+    };
+
+    // Pre-flight runs on the host (`mxtune preflight` there): its port is taken.
+    let busy = std::net::TcpListener::bind(("127.0.0.1", port)).unwrap();
+    let (_, o) = run(launch_on("remote", &spec_file)).await;
+    let (out, err) = text(&o);
+    assert_eq!(o.status.code(), Some(2), "{out}{err}");
+    assert!(
+        err.contains(&format!(
+            "pre-flight Error: on host remote: port {port} on 127.0.0.1 is not free"
+        )),
+        "{err}"
+    );
+    assert!(err.contains("nothing was started"), "{err}");
+    assert!(
+        !cache.exists(),
+        "a blocked pre-flight created {}",
+        cache.display()
+    );
+    drop(busy);
+
+    // A host without mxtune: its checks cannot run, which is a warning; the image check
+    // goes through its Docker engine and blocks.
+    let mut missing = spec.clone();
+    missing.container.as_mut().unwrap().image = "mxtune-test-no-such-image:1".into();
+    let missing_file = sshd.dir.path().join("missing.toml");
+    std::fs::write(&missing_file, toml::to_string(&missing).unwrap()).unwrap();
+    let (_, o) = run(launch_on("gone", &missing_file)).await;
+    let (out, err) = text(&o);
+    assert_eq!(o.status.code(), Some(2), "{out}{err}");
+    assert!(
+        err.contains("pre-flight Warning: host gone: port, mounts, GPU processes, compilers and memory are not checked there: mxtune is not installed on host gone"),
+        "{err}"
+    );
+    assert!(
+        err.contains(
+            "pre-flight Error: image mxtune-test-no-such-image:1 is not present on host gone"
+        ),
+        "{err}"
+    );
+
+    let (pid, o) = run(launch_on("remote", &spec_file)).await;
+    let (out, err) = text(&o);
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{out}{err}\nsshd log:\n{}",
+        sshd.log()
+    );
+    assert!(!err.contains("not checked there"), "{err}");
+    assert!(
+        err.contains(&format!(
+            "pre-flight Warning: on host remote: mount source {} (for /cache in the container) does not exist: mxtune creates it empty",
+            cache.display()
+        )),
+        "{err}"
+    );
+    assert!(cache.is_dir());
+    assert!(
+        err.contains(&format!(
+            "on host remote ({}): the API is port {port} there, forwarded to 127.0.0.1:",
+            support::sshd::ALIAS
+        )),
+        "{err}"
+    );
+    assert!(out.contains("ready: http://127.0.0.1:"), "{out}");
+    assert!(
+        out.contains(&format!(
+            "left running: container {name} on host remote (stop with `mxtune stop --host remote {name}`)"
+        )),
+        "{out}"
+    );
+    // The tunnel ended with the command.
+    assert!(tunnel_dirs_of(pid).is_empty(), "{:?}", tunnel_dirs_of(pid));
+
+    // The container runs on the "remote" engine (this machine's, through sshd) and serves.
+    let inspected = d.inspect_container(&name, None).await.unwrap();
+    assert_eq!(inspected.state.unwrap().running, Some(true));
+    let labels = inspected.config.unwrap().labels.unwrap();
+    assert!(labels.contains_key(mxtune::launch::docker::LABEL_RUN_ID));
+    let pieces = streamed_completion(&format!("http://127.0.0.1:{port}"), "test-model", 3).await;
+    assert_eq!(pieces.len(), 3);
+
+    // Re-attach through a new tunnel: the port comes from the container's labels.
+    let (pid, o) = run(args(&[
+        "launch",
+        "--host",
+        "remote",
+        "--reattach",
+        &name,
+        "--runs-dir",
+        runs,
+    ]))
+    .await;
+    let (out, err) = text(&o);
+    assert_eq!(o.status.code(), Some(0), "{out}{err}");
+    assert!(
+        err.contains(&format!("re-attaching to container {name}")),
+        "{err}"
+    );
+    assert!(out.contains("ready: http://127.0.0.1:"), "{out}");
+    assert!(tunnel_dirs_of(pid).is_empty());
+
+    // Stop through the tunnel, then nothing is left to stop.
+    let (_, o) = run(args(&["stop", "--host", "remote", &name, "--grace-s", "5"])).await;
+    let (out, err) = text(&o);
+    assert_eq!(o.status.code(), Some(0), "{out}{err}");
+    assert!(matches!(
+        d.inspect_container(&name, None).await,
+        Err(bollard::errors::Error::DockerResponseServerError {
+            status_code: 404,
+            ..
+        })
+    ));
+    let (_, o) = run(args(&["stop", "--host", "remote", &name])).await;
+    let (_, err) = text(&o);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        err.contains(&format!(
+            "nothing mxtune started on host remote matches {name:?}"
+        )),
+        "{err}"
+    );
+}
+
+// ---- The panel ----
+
+mod panel {
+    use super::*;
+    use crossterm::event::{KeyCode, KeyEvent, KeyModifiers};
+    use mxtune::flags::preset::PresetStore;
+    use mxtune::flags::{FlagSet, VllmFlavor};
+    use mxtune::tui::app::{App, Effect, Paths, Tab};
+    use mxtune::tui::screens::launch::TargetState;
+    use mxtune::tui::{perform, step, ui};
+    use mxtune::vocab::{NetworkMode, TargetKind};
+    use std::collections::BTreeMap;
+
+    fn app(dir: &Path) -> App {
+        App::new(
+            mxtune::tui::theme::Theme {
+                color: false,
+                ascii: false,
+            },
+            Paths {
+                presets: PresetStore::new(vec![dir.join("presets")]),
+                save_dir: dir.join("presets"),
+                runs_dir: dir.join("runs"),
+                export_dir: dir.to_path_buf(),
+            },
+        )
+    }
+
+    fn screen(app: &App, w: u16, h: u16) -> String {
+        let mut t = ratatui::Terminal::new(ratatui::backend::TestBackend::new(w, h)).unwrap();
+        t.draw(|f| ui::draw(f, app)).unwrap();
+        t.backend().to_string()
+    }
+
+    fn key(app: &mut App, c: char) {
+        app.on_key(KeyEvent::new(KeyCode::Char(c), KeyModifiers::NONE));
+    }
+
+    fn host(name: &str) -> mxtune::hosts::Host {
+        mxtune::hosts::Host {
+            name: name.into(),
+            ssh: format!("me@{name}"),
+            ssh_config: None,
+            docker_socket: mxtune::hosts::DEFAULT_DOCKER_SOCKET.into(),
+            mxtune: "mxtune".into(),
+            nccl: Default::default(),
+            defined_at: "hosts.toml:1".into(),
+        }
+    }
+
+    #[test]
+    fn host_picker_only_with_a_hosts_file() {
+        let dir = tempfile::tempdir().unwrap();
+        // Without hosts: no `h`, no host on the screen, nothing in the help.
+        let mut a = app(dir.path());
+        a.tab = Tab::Launch;
+        a.launch.choice = TargetKind::Docker;
+        key(&mut a, 'h');
+        assert_eq!(a.launch.host, None);
+        let s = screen(&a, 160, 30);
+        assert!(!s.contains("host"), "{s}");
+        key(&mut a, '?');
+        let help = screen(&a, 160, 200);
+        assert!(!help.contains("docker host"), "{help}");
+
+        // With two hosts: `h` steps this machine → spark2 → spark3 → this machine.
+        let mut a = app(dir.path());
+        a.tab = Tab::Launch;
+        a.launch.hosts = vec![host("spark2"), host("spark3")];
+        key(&mut a, 'h');
+        assert_eq!(a.launch.host, None, "h on the engine target does nothing");
+        assert!(
+            a.message.as_deref().unwrap().contains("press t for docker"),
+            "{:?}",
+            a.message
+        );
+        a.launch.choice = TargetKind::Docker;
+        let s = screen(&a, 160, 30);
+        assert!(s.contains("host this machine"), "{s}");
+        assert!(s.contains("h docker host"), "{s}");
+        key(&mut a, 'h');
+        assert!(screen(&a, 160, 30).contains("host spark2 (me@spark2)"));
+        key(&mut a, 'h');
+        assert_eq!(a.launch.chosen_host().unwrap().name, "spark3");
+        key(&mut a, 'h');
+        assert_eq!(a.launch.chosen_host(), None);
+        key(&mut a, '?');
+        let help = screen(&a, 160, 200);
+        assert!(
+            help.contains("docker host: this machine / hosts.toml"),
+            "{help}"
+        );
+    }
+
+    /// The panel launches a Docker target on a host through the SSH tunnel, the Live screen
+    /// switches to that host's own monitor, and the stop goes through the tunnel too.
+    #[test]
+    fn docker_panel_launches_on_a_host_and_watches_it() {
+        let test = "docker_panel_launches_on_a_host_and_watches_it";
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        let Some(d) = rt.block_on(docker_or_skip(test)) else {
+            return;
+        };
+        let Some(sshd) = sshd_or_skip(test) else {
+            return;
+        };
+        let _one_at_a_time = IN_PROCESS_TUNNELS.blocking_lock();
+        let image = rt.block_on(test_image(&d));
+        let dir = tempfile::tempdir().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let mut bg = mxtune::tui::background::Background::new(tx).unwrap();
+        let mut a = app(dir.path());
+        let port = free_port();
+        let name = format!("mxtune-test-panel-ssh-{}", ulid::Ulid::generate()).to_lowercase();
+        let _cleanup = RemoveContainer(name.clone());
+        let mut fs = FlagSet::default();
+        fs.container.vllm = VllmFlavor::Upstream;
+        fs.container.image = image;
+        fs.container.name = Some(name.clone());
+        fs.container.network = NetworkMode::Bridge;
+        fs.container.gpus_all = false;
+        fs.container.ulimits = BTreeMap::new();
+        fs.container.hf_cache = None;
+        fs.container.jit_cache = None;
+        fs.container.env = BTreeMap::from([("MXTUNE_TEST_SM".to_string(), "121".to_string())]);
+        fs.serving.host = Some("0.0.0.0".into());
+        fs.serving.port = port;
+        fs.serving.served_model_name = Some("m".into());
+        a.flags.flags = fs;
+        a.launch.hosts = vec![sshd.host("remote", MXTUNE)];
+        a.launch.choice = TargetKind::Docker;
+        a.tab = Tab::Launch;
+        key(&mut a, 'h');
+        assert_eq!(a.launch.chosen_host().unwrap().name, "remote");
+        a.launch.state = TargetState::Launching;
+        perform(&mut a, &mut bg, Effect::StartTarget);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+        let pump = |a: &mut App,
+                    bg: &mut mxtune::tui::background::Background,
+                    what: &str,
+                    done: &dyn Fn(&App) -> bool| {
+            while !done(a) {
+                if let TargetState::Failed(m) = &a.launch.state {
+                    panic!("{what}: the launch failed: {m}\nsshd log:\n{}", sshd.log());
+                }
+                if let Some(e) = &a.live.error {
+                    panic!("{what}: the monitor failed: {e}");
+                }
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "never reached: {what}"
+                );
+                if let Ok(ev) = rx.recv_timeout(std::time::Duration::from_millis(200)) {
+                    step(a, bg, ev);
+                }
+            }
+        };
+        pump(&mut a, &mut bg, "ready", &|a| {
+            matches!(a.launch.state, TargetState::Ready { .. })
+        });
+        let TargetState::Ready { url, .. } = &a.launch.state else {
+            unreachable!()
+        };
+        // Probed through the forwarded port, not the host's own.
+        assert_ne!(url, &format!("http://127.0.0.1:{port}"));
+        let describe = a.launch.describe.clone().unwrap();
+        assert_eq!(describe, format!("container {name} on host remote"));
+        let s = screen(&a, 160, 40);
+        assert!(s.contains("host remote (mxtune-test-sshd)"), "{s}");
+
+        // Live: the host's own samples (its mxtune monitor), named in the header.
+        pump(&mut a, &mut bg, "a sample of the host", &|a| {
+            a.live.host.as_deref() == Some("remote") && a.live.latest.is_some()
+        });
+        let latest = a.live.latest.as_ref().unwrap();
+        assert!(latest.host.ram_total_bytes > 0);
+        // The host's monitor scrapes the target's /metrics as that host sees it.
+        match &latest.server {
+            mxtune::monitor::sample::ServerStatus::Scraped(m) => {
+                assert_eq!(m.url, format!("http://127.0.0.1:{port}/metrics"))
+            }
+            mxtune::monitor::sample::ServerStatus::NoMetrics { url } => {
+                assert_eq!(url, &format!("http://127.0.0.1:{port}/metrics"))
+            }
+            other => panic!("the host's monitor did not scrape the target: {other:?}"),
+        }
+        a.tab = Tab::Live;
+        let s = screen(&a, 160, 40);
+        assert!(s.contains("host remote"), "{s}");
+
+        // Stop through the tunnel; the Live screen goes back to this machine.
+        perform(&mut a, &mut bg, Effect::StopTarget);
+        pump(&mut a, &mut bg, "stopped", &|a| {
+            matches!(a.launch.state, TargetState::Exited(_))
+        });
+        assert_eq!(a.live.host, None);
+        let gone = rt.block_on(d.inspect_container(&name, None));
+        assert!(
+            matches!(
+                gone,
+                Err(bollard::errors::Error::DockerResponseServerError {
+                    status_code: 404,
+                    ..
+                })
+            ),
+            "{gone:?}"
+        );
+        drop(bg);
+        // The panel's tunnel ended with the launch it carried.
+        let left = tunnel_dirs_of(std::process::id());
+        assert!(left.is_empty(), "{left:?}");
+    }
+}
