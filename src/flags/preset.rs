@@ -156,7 +156,8 @@ struct ParsedFile {
     table: toml::Table,
 }
 
-fn line_of(text: &str, offset: usize) -> usize {
+/// The 1-based line of byte `offset` in `text` (for `file:line` in TOML errors).
+pub(crate) fn line_of(text: &str, offset: usize) -> usize {
     text[..offset.min(text.len())]
         .bytes()
         .filter(|b| *b == b'\n')

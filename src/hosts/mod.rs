@@ -11,6 +11,7 @@ pub mod monitor;
 pub mod preflight;
 pub mod ssh;
 
+use crate::flags::preset::line_of;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 use toml::Spanned;
@@ -117,14 +118,6 @@ struct HostDoc {
     mxtune: Option<Spanned<String>>,
     #[serde(default)]
     nccl: NcclInterfaces,
-}
-
-fn line_of(text: &str, offset: usize) -> usize {
-    text[..offset.min(text.len())]
-        .bytes()
-        .filter(|b| *b == b'\n')
-        .count()
-        + 1
 }
 
 fn expand_home(path: &str) -> PathBuf {
