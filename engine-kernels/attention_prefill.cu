@@ -111,20 +111,22 @@ extern "C" __global__ void attn_prefill(const float* __restrict__ q, const void*
 // transposed. The sink enters the denominator once: the running max starts at the sink logit
 // and the sum at 1. bf16 operands, fp32 accumulation: as HF transformers runs attention in
 // bf16. grid = (Hkv, tiles), block = G * 32 (G <= PFT_MAX_G); d a multiple of 16, at most
-// PFT_MAX_D. Dynamic shared memory: PFT_KT * (d + PFT_PAD) + d * (PFT_KT + PFT_PAD) bf16.
+// PFT_MAX_D (`attn_prefill_tc_d64`: at most 64). Dynamic shared memory: PFT_KT * (d + PFT_PAD) + d * (PFT_KT + PFT_PAD) bf16.
 #define PFT_KT 64
 #define PFT_PAD 8
 #define PFT_MAX_D 128
 #define PFT_MAX_G 8
 #define PFT_LOG2E 1.4426950408889634f
 
-extern "C" __global__ void __launch_bounds__(PFT_MAX_G * 32)
-attn_prefill_tc(const float* __restrict__ q, const bf16_t* __restrict__ k_cache,
-                const bf16_t* __restrict__ v_cache, const unsigned* __restrict__ pos,
-                const unsigned long long* __restrict__ kv_off, const bf16_t* __restrict__ sinks,
-                float* __restrict__ out, const unsigned* __restrict__ tiles, int hq, int hkv,
-                int d, int window, float scale) {
-    pdl_enter();
+// The body for head dims up to DMAX (its fragment arrays sized for DMAX, so the 64-dim entry
+// point needs about half the registers of the 128-dim one and fits two blocks per SM).
+template <int DMAX>
+__device__ __forceinline__ void attn_prefill_tc_body(
+    const float* __restrict__ q, const bf16_t* __restrict__ k_cache,
+    const bf16_t* __restrict__ v_cache, const unsigned* __restrict__ pos,
+    const unsigned long long* __restrict__ kv_off, const bf16_t* __restrict__ sinks,
+    float* __restrict__ out, const unsigned* __restrict__ tiles, int hq, int hkv, int d,
+    int window, float scale) {
     extern __shared__ __align__(16) unsigned char pft_smem[];
     __shared__ int s_lo[16], s_p[16], s_range[2];
     const int kvh = blockIdx.x, tile = blockIdx.y;
@@ -159,9 +161,9 @@ attn_prefill_tc(const float* __restrict__ q, const bf16_t* __restrict__ k_cache,
     const int nks = d >> 4, nd8 = d >> 3;
     // The queries of rows g and g + 8 as A fragments, one per 16 head dims.
     const float qscale = scale * PFT_LOG2E;
-    unsigned qa[PFT_MAX_D / 16][4];
+    unsigned qa[DMAX / 16][4];
 #pragma unroll
-    for (int s = 0; s < PFT_MAX_D / 16; ++s) {
+    for (int s = 0; s < DMAX / 16; ++s) {
         if (s >= nks) break;
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
@@ -174,9 +176,9 @@ attn_prefill_tc(const float* __restrict__ q, const bf16_t* __restrict__ k_cache,
     const float sink = sinks ? bf2f(sinks[h]) * PFT_LOG2E : -INFINITY;
     float m[2] = {sink, sink};
     float l[2] = {sinks && qd == 0 ? 1.0f : 0.0f, sinks && qd == 0 ? 1.0f : 0.0f};
-    float o[PFT_MAX_D / 8][4];
+    float o[DMAX / 8][4];
 #pragma unroll
-    for (int n = 0; n < PFT_MAX_D / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+    for (int n = 0; n < DMAX / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
     for (int k0 = kmin; k0 <= kmax; k0 += PFT_KT) {
         __syncthreads();
         for (int i = threadIdx.x; i < PFT_KT * nd8; i += blockDim.x) {
@@ -201,7 +203,7 @@ attn_prefill_tc(const float* __restrict__ q, const bf16_t* __restrict__ k_cache,
         for (int nb = 0; nb < PFT_KT / 8; ++nb) {
             sc[nb][0] = sc[nb][1] = sc[nb][2] = sc[nb][3] = 0.0f;
 #pragma unroll
-            for (int s = 0; s < PFT_MAX_D / 16; ++s) {
+            for (int s = 0; s < DMAX / 16; ++s) {
                 if (s >= nks) break;
                 const bf16_t* kr = ks + (nb * 8 + g) * ksd + 16 * s + 2 * qd;
                 mma_bf16_16816(sc[nb], qa[s], *reinterpret_cast<const unsigned*>(kr),
@@ -231,7 +233,7 @@ attn_prefill_tc(const float* __restrict__ q, const bf16_t* __restrict__ k_cache,
             m[r] = mn[r];
         }
 #pragma unroll
-        for (int n = 0; n < PFT_MAX_D / 8; ++n) {
+        for (int n = 0; n < DMAX / 8; ++n) {
             o[n][0] *= corr[0];
             o[n][1] *= corr[0];
             o[n][2] *= corr[1];
@@ -255,7 +257,7 @@ attn_prefill_tc(const float* __restrict__ q, const bf16_t* __restrict__ k_cache,
                                      pack_bf16x2(sc[2 * j + 1][0], sc[2 * j + 1][1]),
                                      pack_bf16x2(sc[2 * j + 1][2], sc[2 * j + 1][3])};
 #pragma unroll
-            for (int n = 0; n < PFT_MAX_D / 8; ++n) {
+            for (int n = 0; n < DMAX / 8; ++n) {
                 if (n >= nd8) break;
                 const bf16_t* vr = vt + (n * 8 + g) * vtd + 16 * j + 2 * qd;
                 mma_bf16_16816(o[n], pa4, *reinterpret_cast<const unsigned*>(vr),
@@ -269,7 +271,7 @@ attn_prefill_tc(const float* __restrict__ q, const bf16_t* __restrict__ k_cache,
         l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
     }
 #pragma unroll
-    for (int n = 0; n < PFT_MAX_D / 8; ++n) {
+    for (int n = 0; n < DMAX / 8; ++n) {
         if (n >= nd8) break;
         const int col = n * 8 + 2 * qd;
         if (g < nr)
@@ -279,4 +281,23 @@ attn_prefill_tc(const float* __restrict__ q, const bf16_t* __restrict__ k_cache,
             *reinterpret_cast<float2*>(out + ((size_t)(r0 + g + 8) * hq + h) * d + col) =
                 make_float2(o[n][2] / l[1], o[n][3] / l[1]);
     }
+}
+
+#define PFT_ARGS                                                                                \
+    const float* __restrict__ q, const bf16_t* __restrict__ k_cache,                            \
+        const bf16_t* __restrict__ v_cache, const unsigned* __restrict__ pos,                   \
+        const unsigned long long* __restrict__ kv_off, const bf16_t* __restrict__ sinks,        \
+        float* __restrict__ out, const unsigned* __restrict__ tiles, int hq, int hkv, int d,    \
+        int window, float scale
+// Head dims up to PFT_MAX_D.
+extern "C" __global__ void __launch_bounds__(PFT_MAX_G * 32) attn_prefill_tc(PFT_ARGS) {
+    pdl_enter();
+    attn_prefill_tc_body<PFT_MAX_D>(q, k_cache, v_cache, pos, kv_off, sinks, out, tiles, hq, hkv,
+                                    d, window, scale);
+}
+// Head dims up to 64 (gpt-oss), compiled for two blocks per SM.
+extern "C" __global__ void __launch_bounds__(PFT_MAX_G * 32, 2) attn_prefill_tc_d64(PFT_ARGS) {
+    pdl_enter();
+    attn_prefill_tc_body<64>(q, k_cache, v_cache, pos, kv_off, sinks, out, tiles, hq, hkv, d,
+                             window, scale);
 }

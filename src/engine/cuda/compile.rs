@@ -63,7 +63,10 @@ pub const KERNEL_FILES: &[KernelFile] = &[
         "attention_decode.cu",
         ["attn_split", "attn_split_gqa", "attn_combine"]
     ),
-    kernel_file!("attention_prefill.cu", ["attn_prefill", "attn_prefill_tc"]),
+    kernel_file!(
+        "attention_prefill.cu",
+        ["attn_prefill", "attn_prefill_tc", "attn_prefill_tc_d64"]
+    ),
     kernel_file!(
         "moe_gemv.cu",
         [

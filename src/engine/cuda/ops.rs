@@ -783,8 +783,15 @@ pub fn attention_rows_tc(
         s.d
     );
     let smem = (PFT_KT * (s.d + PFT_PAD) + s.d * (PFT_KT + PFT_PAD)) * 2;
+    // Head dims up to 64 (gpt-oss) take the entry point compiled for them: half the
+    // registers, two blocks per SM.
+    let kernel = if s.d <= 64 {
+        "attn_prefill_tc_d64"
+    } else {
+        "attn_prefill_tc"
+    };
     g.launch(
-        "attn_prefill_tc",
+        kernel,
         (u(s.hkv)?, u(ntiles)?, 1),
         (u(s.hq / s.hkv * 32)?, 1, 1),
         u(smem)?,
