@@ -4,8 +4,9 @@
 mod engine_server_support;
 
 use engine_server_support::{
-    Probe, SCRIPT, ServerOptions, TOOL_SCRIPT, TestServer, candidates, logits_after, metric,
-    options, sse_data, start, start_gated, start_with_probe, start_with_script,
+    Probe, SCRIPT, ServerOptions, TOOL_SCRIPT, TestServer, candidates, has_python_openai,
+    logits_after, metric, options, python, sse_data, start, start_gated, start_with_probe,
+    start_with_script,
 };
 use serde_json::{Value, json};
 use std::sync::Arc;
@@ -1664,14 +1665,7 @@ async fn api_key_guards_v1_only() {
 /// (with a message) when python3 or the `openai` package is missing.
 #[tokio::test(flavor = "multi_thread")]
 async fn openai_python_client_streams_chat() {
-    let has_openai = std::process::Command::new("python3")
-        .args(["-c", "import openai"])
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !has_openai {
-        eprintln!(
-            "SKIPPED openai_python_client_streams_chat: python3 with `openai` not found (pip install openai)"
-        );
+    if !has_python_openai("openai_python_client_streams_chat") {
         return;
     }
     let s = start(options(), 8, 0).await;
@@ -1689,21 +1683,7 @@ for chunk in stream:
         reasoning += getattr(ch.delta, "reasoning_content", None) or ""
 print(repr(reasoning)); print(repr(content)); print(usage)
 "#;
-    let base = s.base.clone();
-    let out = tokio::task::spawn_blocking(move || {
-        std::process::Command::new("python3")
-            .args(["-c", script, &base])
-            .output()
-            .unwrap()
-    })
-    .await
-    .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "python failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let stdout = python(script, &[&s.base]).await;
     let (r, c) = script_parts();
     let py_repr = |s: &str| format!("'{s}'");
     let lines: Vec<&str> = stdout.lines().collect();
@@ -2586,38 +2566,6 @@ print("ok")
     // A named choice always yields a call (its header is pre-filled); 8 random tokens do
     // not close it, so it ends by length.
     assert_eq!(lines[2], "length 1", "{out}");
-}
-
-fn has_python_openai(test: &str) -> bool {
-    let ok = std::process::Command::new("python3")
-        .args(["-c", "import openai"])
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !ok {
-        eprintln!("SKIPPED {test}: python3 with `openai` not found (pip install openai)");
-    }
-    ok
-}
-
-/// Run a python script with arguments; its stdout (the test fails when it fails).
-async fn python(script: &'static str, args: &[&str]) -> String {
-    let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
-    let out = tokio::task::spawn_blocking(move || {
-        std::process::Command::new("python3")
-            .arg("-c")
-            .arg(script)
-            .args(&args)
-            .output()
-            .unwrap()
-    })
-    .await
-    .unwrap();
-    assert!(
-        out.status.success(),
-        "python failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 /// `logit_bias` under greedy decoding: +100 forces a token the model ranks low, -100 bans

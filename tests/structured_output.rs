@@ -5,7 +5,9 @@
 #[allow(dead_code)]
 mod engine_server_support;
 
-use engine_server_support::{Probe, ServerOptions, TestServer, options, sse_data, start_gated};
+use engine_server_support::{
+    Probe, ServerOptions, TestServer, has_python_openai, options, python, sse_data, start_gated,
+};
 use serde_json::{Value, json};
 use std::sync::Arc;
 
@@ -619,12 +621,7 @@ async fn vllm_structured_outputs_and_guided_json_constrain_alike() {
 /// `response_format`, the answer read back as that model (`message.parsed`).
 #[tokio::test(flavor = "multi_thread")]
 async fn openai_python_client_parses_the_answer_into_its_model() {
-    let has_openai = std::process::Command::new("python3")
-        .args(["-c", "import openai, pydantic"])
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !has_openai {
-        eprintln!("SKIPPED: python3 with `openai` and `pydantic` not found (pip install openai)");
+    if !has_python_openai("openai_python_client_parses_the_answer_into_its_model") {
         return;
     }
     let s = tiny_server().await;
@@ -641,22 +638,5 @@ p = r.choices[0].message.parsed
 assert isinstance(p, Person), r
 print(r.choices[0].finish_reason, p.color in ("red", "green"), 0 <= p.age <= 120)
 "#;
-    let base = s.base.clone();
-    let out = tokio::task::spawn_blocking(move || {
-        std::process::Command::new("python3")
-            .args(["-c", script, &base])
-            .output()
-            .unwrap()
-    })
-    .await
-    .unwrap();
-    assert!(
-        out.status.success(),
-        "python failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert_eq!(
-        String::from_utf8_lossy(&out.stdout).trim(),
-        "stop True True"
-    );
+    assert_eq!(python(script, &[&s.base]).await.trim(), "stop True True");
 }

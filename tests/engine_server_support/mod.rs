@@ -333,3 +333,37 @@ pub fn metric(text: &str, name_with_labels_prefix: &str) -> Option<f64> {
         .and_then(|l| l.rsplit(' ').next())
         .and_then(|v| v.parse().ok())
 }
+
+/// Whether python3 with the official `openai` client (and pydantic, which it brings) can be
+/// imported; prints why `test` is skipped when not.
+pub fn has_python_openai(test: &str) -> bool {
+    let ok = std::process::Command::new("python3")
+        .args(["-c", "import openai, pydantic"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !ok {
+        eprintln!("SKIPPED {test}: python3 with `openai` not found (pip install openai)");
+    }
+    ok
+}
+
+/// Run a python script with arguments; its stdout (the test fails when it fails).
+pub async fn python(script: &'static str, args: &[&str]) -> String {
+    let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+    let out = tokio::task::spawn_blocking(move || {
+        std::process::Command::new("python3")
+            .arg("-c")
+            .arg(script)
+            .args(&args)
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    assert!(
+        out.status.success(),
+        "python failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
