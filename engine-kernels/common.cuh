@@ -346,10 +346,16 @@ __device__ __forceinline__ void tc_store_act(bf16_t* As, int row, int q, const f
     *reinterpret_cast<uint4*>(As + row * TC_LD + 8 * q) = v;
 }
 
-// The double-buffered main loop of every tensor-core tile: `load(ks)` fetches stage ks's global
-// data into the caller's registers, `store(buf)` writes them to shared buffer buf (0/1); the
-// next stage's loads are in flight while the current stage's MMAs run. acc is this warp's
-// (16 MI) x 32 share of the block tile of 32 MI rows.
+// The main loop of every tensor-core tile, over two shared buffers: `load(ks, set)` fetches
+// stage ks's global data into the caller's register set `set` (0/1), `store(buf, set)` writes
+// a set to shared buffer buf (0/1). With TC_AHEAD 2 (the default) stage ks + 2's loads are
+// issued before stage ks's MMAs, so a load has two stages of MMAs and barriers to arrive in
+// (the caller holds two register sets); TC_AHEAD 1 is the loop before (one stage ahead, set 0
+// only), kept for A/B. Stage j lives in buffer j & 1 and, between load and store, in set
+// j & 1. acc is this warp's (16 MI) x 32 share of the block tile of 32 MI rows.
+#ifndef TC_AHEAD
+#define TC_AHEAD 2
+#endif
 template <int MI, class Load, class Store>
 __device__ __forceinline__ void tc_mainloop(int stages, Load load, Store store,
                                             const bf16_t (*As)[MI * 32 * TC_LD],
@@ -357,16 +363,35 @@ __device__ __forceinline__ void tc_mainloop(int stages, Load load, Store store,
                                             float (&acc)[MI][4][4]) {
     const int warp = threadIdx.x >> 5;
     const int wm = (warp >> 2) * 16 * MI, wn = (warp & 3) * 32;
-    load(0);
-    store(0);
+#if TC_AHEAD == 1
+    load(0, 0);
+    store(0, 0);
     __syncthreads();
     for (int ks = 0; ks < stages; ++ks) {
         const int s = ks & 1;
-        if (ks + 1 < stages) load(ks + 1);
+        if (ks + 1 < stages) load(ks + 1, 0);
         tc_stage(As[s], Bs[s], wm, wn, acc);
-        if (ks + 1 < stages) store(s ^ 1);
+        if (ks + 1 < stages) store(s ^ 1, 0);
         __syncthreads();
     }
+#else
+    load(0, 0);
+    if (1 < stages) load(1, 1);
+    store(0, 0);
+    __syncthreads();
+    // Two stages per trip so that the register sets are compile-time indices.
+    for (int ks = 0; ks < stages; ks += 2) {
+        if (ks + 2 < stages) load(ks + 2, 0);
+        tc_stage(As[0], Bs[0], wm, wn, acc);
+        if (ks + 1 < stages) store(1, 1);
+        __syncthreads();
+        if (ks + 1 >= stages) break;
+        if (ks + 3 < stages) load(ks + 3, 1);
+        tc_stage(As[1], Bs[1], wm, wn, acc);
+        if (ks + 2 < stages) store(0, 0);
+        __syncthreads();
+    }
+#endif
 }
 
 // Visit this thread's accumulators: f(row, col, v0, v1) with the tile-local row and the even

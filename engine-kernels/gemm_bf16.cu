@@ -23,21 +23,21 @@ gemm_bf16_tc(const float* __restrict__ x, const bf16_t* __restrict__ w,
         bsrc[r] = n < N ? w + (size_t)n * K : nullptr;
     }
     float acc[2][4][4] = {};
-    float4 ar[2];
-    uint4 br[2];
-    auto load = [&](int ks) {
+    float4 ar[2][2];  // [register set] (tc_mainloop)
+    uint4 br[2][2];
+    auto load = [&](int ks, int set) {
         const int k0 = ks * TC_BK;
-        tc_load_act(asrc ? asrc + k0 : nullptr, aq, ar);
+        tc_load_act(asrc ? asrc + k0 : nullptr, aq, ar[set]);
 #pragma unroll
         for (int r = 0; r < 2; ++r)
-            br[r] = bsrc[r] ? __ldg(reinterpret_cast<const uint4*>(bsrc[r] + k0) + aq)
-                            : make_uint4(0u, 0u, 0u, 0u);
+            br[set][r] = bsrc[r] ? __ldg(reinterpret_cast<const uint4*>(bsrc[r] + k0) + aq)
+                                 : make_uint4(0u, 0u, 0u, 0u);
     };
-    auto store = [&](int s) {
-        tc_store_act(As[s], arow, aq, ar);
+    auto store = [&](int s, int set) {
+        tc_store_act(As[s], arow, aq, ar[set]);
 #pragma unroll
         for (int r = 0; r < 2; ++r)
-            *reinterpret_cast<uint4*>(Bs[s] + (arow + 64 * r) * TC_LD + 8 * aq) = br[r];
+            *reinterpret_cast<uint4*>(Bs[s] + (arow + 64 * r) * TC_LD + 8 * aq) = br[set][r];
     };
     tc_mainloop(K / TC_BK, load, store, As, Bs, acc);
     tc_epilogue(acc, [&](int r, int c, float v0, float v1) {

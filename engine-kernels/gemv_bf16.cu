@@ -261,3 +261,101 @@ gemv_bf16_wide(const bf16_t* __restrict__ w, const bf16_t* __restrict__ bias,
         topk_softmax_warp(y + (size_t)(t0 + warp) * rows, rows, k, topk_idx + (size_t)(t0 + warp) * k,
                           topk_w + (size_t)(t0 + warp) * k, vals + warp * rows);
 }
+
+// The router of a prefill chunk: logits[t, e] = W[e, :] . x[t, :] + b[e] for many tokens, then
+// each token's top-k and softmax (topk_softmax_warp), in one launch. A block takes RR_TM tokens
+// and all experts, RR_TE at a time, through K in chunks of RR_TK staged in shared memory as
+// fp32, k-major (x as is, W widened from bf16); each thread sums 2 tokens x 4 experts in fp32,
+// k in ascending order (the same order for every token, whatever its block: deterministic).
+// The next chunk's 16-byte loads are issued into registers before the current chunk's sums.
+// The decode router (gemv_bf16_wide) reads its weights once per 4 tokens, which at 2048 tokens
+// re-reads them 512 times; here once per RR_TM. Then the block's 8 warps route its tokens from
+// the logits it wrote (visible to the block after the barrier).
+// grid = ceil(tokens / RR_TM), block = 256; dynamic shared memory: 8 * experts floats (the
+// routing scratch). cols a multiple of 8 (the host checks); experts any.
+#define RR_TM 16
+#define RR_TE 128
+#define RR_TK 64
+// Per thread and chunk: RR_TE * RR_TK / 8 / 256 = 4 weight words (8 bf16 each) and
+// RR_TM * RR_TK / 4 / 256 = 1 activation float4.
+#define RR_WV 4
+extern "C" __global__ void __launch_bounds__(256)
+router_rows(const bf16_t* __restrict__ w, const bf16_t* __restrict__ bias,
+            const float* __restrict__ x, float* __restrict__ logits, int experts, int cols,
+            int tokens, int* __restrict__ topk_idx, float* __restrict__ topk_w, int k) {
+    extern __shared__ float vals[];
+    __shared__ float xs[RR_TK][RR_TM + 1];
+    __shared__ float ws[RR_TK][RR_TE + 1];
+    pdl_enter();
+    const int tid = threadIdx.x, tx = tid & 31, ty = tid >> 5;
+    const int t0 = blockIdx.x * RR_TM;
+    // This thread's staging: weight words (row tid / 8 + 32 u, columns 8 (tid % 8) …) and one
+    // activation float4 (row tid / 16, columns 4 (tid % 16) …).
+    const int wr = tid >> 3, wc = (tid & 7) * 8, xr = tid >> 4, xc = (tid & 15) * 4;
+    uint4 wv[RR_WV];
+    float4 xv;
+    auto load = [&](int e0, int c0) {
+#pragma unroll
+        for (int u = 0; u < RR_WV; ++u) {
+            const int e = e0 + wr + 32 * u, c = c0 + wc;
+            wv[u] = e < experts && c < cols
+                        ? __ldg(reinterpret_cast<const uint4*>(w + (size_t)e * cols + c))
+                        : make_uint4(0u, 0u, 0u, 0u);
+        }
+        const int t = t0 + xr, c = c0 + xc;
+        xv = t < tokens && c < cols ? *reinterpret_cast<const float4*>(x + (size_t)t * cols + c)
+                                    : make_float4(0.f, 0.f, 0.f, 0.f);
+    };
+    auto store = [&]() {
+#pragma unroll
+        for (int u = 0; u < RR_WV; ++u) {
+            float f[8];
+            bf16x8_to_f32(wv[u], f);
+#pragma unroll
+            for (int j = 0; j < 8; ++j) ws[wc + j][wr + 32 * u] = f[j];
+        }
+        xs[xc][xr] = xv.x;
+        xs[xc + 1][xr] = xv.y;
+        xs[xc + 2][xr] = xv.z;
+        xs[xc + 3][xr] = xv.w;
+    };
+    for (int e0 = 0; e0 < experts; e0 += RR_TE) {
+        float acc[2][4] = {};
+        load(e0, 0);
+        for (int c0 = 0; c0 < cols; c0 += RR_TK) {
+            store();
+            __syncthreads();
+            if (c0 + RR_TK < cols) load(e0, c0 + RR_TK);
+#pragma unroll 8
+            for (int c = 0; c < RR_TK; ++c) {
+                float xa[2], wa[4];
+#pragma unroll
+                for (int i = 0; i < 2; ++i) xa[i] = xs[c][ty * 2 + i];
+#pragma unroll
+                for (int j = 0; j < 4; ++j) wa[j] = ws[c][tx + 32 * j];
+#pragma unroll
+                for (int i = 0; i < 2; ++i)
+#pragma unroll
+                    for (int j = 0; j < 4; ++j) acc[i][j] = fmaf(xa[i], wa[j], acc[i][j]);
+            }
+            __syncthreads();
+        }
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+            const int t = t0 + ty * 2 + i;
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                const int e = e0 + tx + 32 * j;
+                if (t < tokens && e < experts)
+                    logits[(size_t)t * experts + e] = acc[i][j] + (bias ? bf2f(bias[e]) : 0.0f);
+            }
+        }
+    }
+    __syncthreads();
+    for (int r = ty; r < RR_TM; r += 8) {
+        const int t = t0 + r;
+        if (t >= tokens) break;  // warp-uniform
+        topk_softmax_warp(logits + (size_t)t * experts, experts, k, topk_idx + (size_t)t * k,
+                          topk_w + (size_t)t * k, vals + ty * experts);
+    }
+}

@@ -71,18 +71,19 @@ __device__ __forceinline__ bool moe_tile_mma(const u8* __restrict__ blocks,
     const size_t wrow = (size_t)e * wrows + n;
     const uint2* wq = n < wrows ? reinterpret_cast<const uint2*>(blocks) + wrow * nb * 2 : nullptr;
     const u8* wsc = scales + wrow * nb;
-    float4 ar[RA][2];
-    uint2 bq;
-    unsigned bs;
-    auto load = [&](int ks) {
+    float4 ar[2][RA][2];  // [register set] (tc_mainloop)
+    uint2 bq[2];
+    unsigned bs[2];
+    auto load = [&](int ks, int set) {
 #pragma unroll
-        for (int j = 0; j < RA; ++j) tc_load_act(asrc[j] ? asrc[j] + ks * TC_BK : nullptr, aq, ar[j]);
-        fp4_stage_load(wq, wsc, ks, bh, bq, bs);
+        for (int j = 0; j < RA; ++j)
+            tc_load_act(asrc[j] ? asrc[j] + ks * TC_BK : nullptr, aq, ar[set][j]);
+        fp4_stage_load(wq, wsc, ks, bh, bq[set], bs[set]);
     };
-    auto store = [&](int s) {
+    auto store = [&](int s, int set) {
 #pragma unroll
-        for (int j = 0; j < RA; ++j) tc_store_act(As[s], arow + 64 * j, aq, ar[j]);
-        fp4_stage_store(Bs[s], brow, bh, bq, bs);
+        for (int j = 0; j < RA; ++j) tc_store_act(As[s], arow + 64 * j, aq, ar[set][j]);
+        fp4_stage_store(Bs[s], brow, bh, bq[set], bs[set]);
     };
     tc_mainloop(nb, load, store, As, Bs, acc);
     return true;

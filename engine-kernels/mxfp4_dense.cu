@@ -230,16 +230,16 @@ gemm_mxfp4_tc(const float* __restrict__ x, const u8* __restrict__ blocks,
     const uint2* wq = n < N ? reinterpret_cast<const uint2*>(blocks) + (size_t)n * nb * 2 : nullptr;
     const u8* wsc = n < N ? scales + (size_t)n * nb : nullptr;
     float acc[2][4][4] = {};
-    float4 ar[2];
-    uint2 bq;
-    unsigned bs;
-    auto load = [&](int ks) {
-        tc_load_act(asrc ? asrc + ks * TC_BK : nullptr, aq, ar);
-        fp4_stage_load(wq, wsc, ks, bh, bq, bs);
+    float4 ar[2][2];  // [register set] (tc_mainloop)
+    uint2 bq[2];
+    unsigned bs[2];
+    auto load = [&](int ks, int set) {
+        tc_load_act(asrc ? asrc + ks * TC_BK : nullptr, aq, ar[set]);
+        fp4_stage_load(wq, wsc, ks, bh, bq[set], bs[set]);
     };
-    auto store = [&](int s) {
-        tc_store_act(As[s], arow, aq, ar);
-        fp4_stage_store(Bs[s], brow, bh, bq, bs);
+    auto store = [&](int s, int set) {
+        tc_store_act(As[s], arow, aq, ar[set]);
+        fp4_stage_store(Bs[s], brow, bh, bq[set], bs[set]);
     };
     tc_mainloop(nb, load, store, As, Bs, acc);
     tc_epilogue(acc, [&](int r, int c, float v0, float v1) {

@@ -3,7 +3,9 @@
 // kv (KV_BF16, KV_F32 for exact comparison with an fp32 reference, or KV_FP8 E4M3).
 // qkv: [T, (Hq + 2 Hkv) * D] fp32 as produced by one fused projection (q | k | v).
 // Cache of a sequence-layer: [max_positions, Hkv, D], starting at element kv_off[t].
-// grid = (Hq + 2 Hkv, T), block = D / 2 threads: thread i rotates the pair (i, i + D/2).
+// grid = (ceil((Hq + 2 Hkv) / HB), T), block = (D / 2, HB): thread (i, j) of block x rotates the
+// pair (i, i + D/2) of head x HB + j. HB = 1 for decode; a prefill chunk takes several heads a
+// block (ops::rope_kv), so that 2048 tokens do not launch 160k blocks of one warp.
 extern "C" __global__ void rope_kv_write(const float* __restrict__ qkv, float* __restrict__ q_out,
                                          void* __restrict__ k_cache, void* __restrict__ v_cache,
                                          int kv,
@@ -12,7 +14,9 @@ extern "C" __global__ void rope_kv_write(const float* __restrict__ qkv, float* _
                                          const unsigned long long* __restrict__ kv_off,
                                          int hq, int hkv, int d, float mscale) {
     pdl_enter();
-    const int h = blockIdx.x, t = blockIdx.y, i = threadIdx.x, half = d >> 1;
+    const int h = blockIdx.x * blockDim.y + threadIdx.y, t = blockIdx.y, i = threadIdx.x;
+    const int half = d >> 1;
+    if (h >= hq + 2 * hkv) return;
     const size_t width = (size_t)(hq + 2 * hkv) * d;
     const float* src = qkv + (size_t)t * width + (size_t)h * d;
     const float a = src[i], b = src[i + half];

@@ -43,7 +43,12 @@ pub const KERNEL_FILES: &[KernelFile] = &[
     kernel_file!("rmsnorm.cu", ["rmsnorm_residual"]),
     kernel_file!(
         "gemv_bf16.cu",
-        ["gemv_bf16", "gemv_bf16_norm", "gemv_bf16_wide"]
+        [
+            "gemv_bf16",
+            "gemv_bf16_norm",
+            "gemv_bf16_wide",
+            "router_rows"
+        ]
     ),
     kernel_file!(
         "gemv_tc.cu",

@@ -234,6 +234,8 @@ pub struct Decoder {
     moe_units: Option<usize>,
     /// Decode-attention kernel choice (defaults, or `MXTUNE_ATTN*` overrides).
     attn: ops::AttnTuning,
+    /// The prefill routes through `ops::router_rows` (`MXTUNE_PREFILL_ROUTER`).
+    prefill_router_rows: bool,
 }
 
 /// The MoE's sizes and SwiGLU constants from the config.
@@ -293,6 +295,7 @@ impl Decoder {
             && ops::moe_tc_fits(g, moe_shape(cfg));
         let moe_units = ops::MoeUnits::from_env()?;
         let attn = ops::AttnTuning::from_env()?;
+        let prefill_router_rows = ops::prefill_router_rows_from_env()?;
         Ok(Self {
             cfg: cfg.clone(),
             w,
@@ -317,6 +320,7 @@ impl Decoder {
             pre: None,
             moe_tc,
             moe_units,
+            prefill_router_rows,
             attn,
         })
     }
@@ -456,7 +460,15 @@ impl Decoder {
     }
 
     /// RoPE on q and k of `n` rows of `r.qkv`, K/V into the cache (the same on both paths).
-    fn rope_kv(&self, g: &Gpu, sh: &PassShape, l: &LayerPtrs, r: &RowBufs, n: usize) -> Result<()> {
+    fn rope_kv(
+        &self,
+        g: &Gpu,
+        sh: &PassShape,
+        l: &LayerPtrs,
+        r: &RowBufs,
+        n: usize,
+        heads_per_block: usize,
+    ) -> Result<()> {
         ops::rope_kv(
             g,
             sh.attn,
@@ -470,6 +482,7 @@ impl Decoder {
             g.ptr(&r.kv_off),
             n,
             self.mscale,
+            heads_per_block,
         )
     }
 
@@ -532,7 +545,7 @@ impl Decoder {
                 Some(attn_norm),
             )?;
             mark(StepGroup::Qkv.label(qkv_w.is_mxfp4()))?;
-            self.rope_kv(g, &sh, &l, r, n)?;
+            self.rope_kv(g, &sh, &l, r, n, 1)?;
             mark(StepGroup::RopeKv.label(false))?;
             let keys = if l.window > 0 {
                 l.window.min(full_keys)
@@ -830,7 +843,7 @@ impl Decoder {
             } else {
                 "gemm qkv"
             })?;
-            self.rope_kv(g, &sh, &l, r, n)?;
+            self.rope_kv(g, &sh, &l, r, n, ops::ROPE_PREFILL_HEADS)?;
             mark("rope_kv_write")?;
             if tc_attn {
                 ops::attention_rows_tc(
@@ -894,21 +907,37 @@ impl Decoder {
                 sh.eps,
             )?;
             mark("rmsnorm")?;
-            // The router stays on the fp32 GEMV: bf16 activations could flip near-tied
-            // expert choices against the reference.
-            ops::router(
-                g,
-                g.ptr(&lw.router_w),
-                Some(g.ptr(&lw.router_b)),
-                p(&r.h),
-                p(&r.r_logits),
-                c.num_local_experts,
-                hid,
-                n,
-                None,
-                self.topk(g, r, li),
-            )?;
-            mark("gemv router+topk (fp32)")?;
+            // The router stays in fp32 (bf16 activations could flip near-tied expert choices
+            // against the reference): a tiled fp32 GEMM over the chunk's rows with the top-k
+            // fused, or (`MXTUNE_PREFILL_ROUTER=gemv`) the decode router's GEMV.
+            if self.prefill_router_rows {
+                ops::router_rows(
+                    g,
+                    g.ptr(&lw.router_w),
+                    Some(g.ptr(&lw.router_b)),
+                    p(&r.h),
+                    p(&r.r_logits),
+                    c.num_local_experts,
+                    hid,
+                    n,
+                    self.topk(g, r, li),
+                )?;
+                mark("router rows+topk (fp32)")?;
+            } else {
+                ops::router(
+                    g,
+                    g.ptr(&lw.router_w),
+                    Some(g.ptr(&lw.router_b)),
+                    p(&r.h),
+                    p(&r.r_logits),
+                    c.num_local_experts,
+                    hid,
+                    n,
+                    None,
+                    self.topk(g, r, li),
+                )?;
+                mark("gemv router+topk (fp32)")?;
+            }
             ops::moe_grouped(
                 g,
                 &l.moe,

@@ -314,6 +314,71 @@ pub fn router(
     )
 }
 
+/// Environment switch of the prefill router: `rows` (the default, [`router_rows`]) or `gemv`
+/// (the decode router over every prompt row, as before; for A/B timing).
+pub const PREFILL_ROUTER_ENV: &str = "MXTUNE_PREFILL_ROUTER";
+
+/// Whether the prefill routes through [`router_rows`] (else [`router`]), from the environment;
+/// a bad value is an error naming it.
+pub fn prefill_router_rows_from_env() -> Result<bool> {
+    match std::env::var(PREFILL_ROUTER_ENV).as_deref() {
+        Err(_) | Ok("") | Ok("rows") => Ok(true),
+        Ok("gemv") => Ok(false),
+        Ok(v) => anyhow::bail!("{PREFILL_ROUTER_ENV}={v}: expected rows or gemv"),
+    }
+}
+
+/// The router of a prefill chunk of `t` tokens (kernel `router_rows`): logits[t] = W x[t] + b
+/// with fp32 activations, 16 tokens a block reading the weights once, and each token's top-k
+/// with the softmax over those k, in one launch. `topk.counter` is not used.
+pub fn router_rows(
+    g: &Gpu,
+    w: u64,
+    bias: Option<u64>,
+    x: u64,
+    logits: u64,
+    experts: usize,
+    cols: usize,
+    t: usize,
+    topk: TopK,
+) -> Result<()> {
+    ensure!(
+        (1..=32).contains(&topk.k) && topk.k <= experts,
+        "top-k {} of {experts} experts unsupported (1 ≤ k ≤ 32)",
+        topk.k
+    );
+    ensure!(
+        cols.is_multiple_of(8),
+        "hidden size {cols}: the prefill router reads rows in groups of 8 (a multiple of 8 needed)"
+    );
+    // The routing scratch: one copy of a token's logits per warp.
+    let smem = 8 * experts * 4;
+    ensure!(
+        smem <= g.max_shared(),
+        "{experts} experts: the prefill router's routing scratch ({smem} bytes) exceeds the \
+         device's shared memory ({} bytes)",
+        g.max_shared()
+    );
+    g.launch(
+        "router_rows",
+        (u(t.div_ceil(16))?, 1, 1),
+        (256, 1, 1),
+        u(smem)?,
+        &[
+            Arg::Ptr(w),
+            opt(bias),
+            Arg::Ptr(x),
+            Arg::Ptr(logits),
+            i(experts)?,
+            i(cols)?,
+            i(t)?,
+            Arg::Ptr(topk.idx),
+            Arg::Ptr(topk.w),
+            i(topk.k)?,
+        ],
+    )
+}
+
 fn gemv_launch(
     g: &Gpu,
     w: u64,
@@ -403,6 +468,13 @@ impl AttnShape {
 
 /// Rotate q/k of `t` tokens (positions `pos`, cache offsets `kv_off` in elements, device
 /// arrays) and write k/v into the cache of element type `kv` (bf16, fp32 or fp8 E4M3).
+/// Heads a block of `rope_kv` takes in a prefill chunk (decode takes 1: a step's few rows
+/// spread over more blocks that way).
+pub const ROPE_PREFILL_HEADS: usize = 8;
+
+/// RoPE on q and k (after the projection's bias), k and v written into the cache of element
+/// kind `kv`; `heads_per_block` heads a block (1 for decode, [`ROPE_PREFILL_HEADS`] for a
+/// prefill chunk).
 pub fn rope_kv(
     g: &Gpu,
     s: AttnShape,
@@ -416,12 +488,15 @@ pub fn rope_kv(
     kv_off: u64,
     t: usize,
     mscale: f32,
+    heads_per_block: usize,
 ) -> Result<()> {
     s.check()?;
+    // Up to 1024 threads a block.
+    let hb = heads_per_block.clamp(1, (2048 / s.d).max(1));
     g.launch(
         "rope_kv_write",
-        (u(s.hq + 2 * s.hkv)?, u(t)?, 1),
-        (u(s.d / 2)?, 1, 1),
+        (u((s.hq + 2 * s.hkv).div_ceil(hb))?, u(t)?, 1),
+        (u(s.d / 2)?, u(hb)?, 1),
         0,
         &[
             Arg::Ptr(qkv),

@@ -198,7 +198,13 @@ fn check_rope_kv(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
     let kv_off: Vec<u64> = vec![0, region as u64, 0];
     let (dinv, dpos, doff) = (g.upload(&inv)?, g.upload(&pos)?, g.upload(&kv_off)?);
     let mut res = Vec::new();
-    for kv in [KvDtype::Bf16, KvDtype::F32, KvDtype::Fp8] {
+    // Each element kind, one of them also with the prefill's several heads a block.
+    for (kv, hb) in [
+        (KvDtype::Bf16, 1),
+        (KvDtype::F32, 1),
+        (KvDtype::Fp8, 1),
+        (KvDtype::Bf16, ops::ROPE_PREFILL_HEADS),
+    ] {
         let mut qkv = f32_vec(s.next(), t * width, 3.0, 0.0);
         if kv == KvDtype::Fp8 {
             // E4M3 edge cases in token 0's first v head (v is written unrotated): saturation,
@@ -225,6 +231,7 @@ fn check_rope_kv(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
             g.ptr(&doff),
             t,
             mscale,
+            hb,
         )?;
         let (gq, gk, gv) = (g.download(&dq)?, g.download(&dk)?, g.download(&dv)?);
         let elem = |c: &[u8], i: usize| -> f32 {
@@ -269,7 +276,11 @@ fn check_rope_kv(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
                 }
             }
         }
-        let dt = kv.name();
+        let dt = if hb == 1 {
+            kv.name().to_string()
+        } else {
+            format!("{}, {hb} heads a block", kv.name())
+        };
         res.push(check(
             format!("rope_kv_write q (YaRN, 3 positions) kv={dt}"),
             rel_err(&gq, &wq),
@@ -708,12 +719,21 @@ fn check_prefill_attention_tc(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
     Ok(res)
 }
 
-/// The router GEMV with routing fused: identity weights make the logits exactly the given
-/// values (ties included), so the top-k is checked on known logits; token counts above one
-/// group of 4 exercise the per-group counters, and a second launch checks they were reset.
+/// The router GEMV with routing fused, and the prefill's `router_rows`: identity weights make
+/// the logits exactly the given values (ties included), so the top-k is checked on known
+/// logits; token counts above one group of 4 exercise the GEMV's per-group counters, and a
+/// second launch checks they were reset; 37 tokens and 160 experts take `router_rows` over
+/// several blocks and two expert chunks.
 fn check_router(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
     let mut res = Vec::new();
-    for (experts, k, t) in [(128, 4, 3), (32, 4, 6), (8, 4, 1)] {
+    for (experts, k, t, rows) in [
+        (128, 4, 3, false),
+        (32, 4, 6, false),
+        (8, 4, 1, false),
+        (128, 4, 37, true),
+        (160, 4, 37, true),
+        (32, 4, 6, true),
+    ] {
         let mut logits = f32_vec(s.next(), experts * t, 4.0, 0.0);
         // A tie on the largest logit: the lower index must come first.
         logits[experts - 1] = 10.0;
@@ -728,23 +748,18 @@ fn check_router(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
         for launch in 0..2 {
             let di = g.upload(&vec![-1i32; k * t])?;
             let dw = nan_f32(g, k * t)?;
-            ops::router(
-                g,
-                g.ptr(&dw_eye),
-                None,
-                g.ptr(&dx),
-                g.ptr(&dl),
-                experts,
-                experts,
-                t,
-                None,
-                ops::TopK {
-                    idx: g.ptr(&di),
-                    w: g.ptr(&dw),
-                    k,
-                    counter: g.ptr(&counters),
-                },
-            )?;
+            let topk = ops::TopK {
+                idx: g.ptr(&di),
+                w: g.ptr(&dw),
+                k,
+                counter: g.ptr(&counters),
+            };
+            let (wp, xp, lp) = (g.ptr(&dw_eye), g.ptr(&dx), g.ptr(&dl));
+            if rows {
+                ops::router_rows(g, wp, None, xp, lp, experts, experts, t, topk)?;
+            } else {
+                ops::router(g, wp, None, xp, lp, experts, experts, t, None, topk)?;
+            }
             let (gi, gw) = (g.download(&di)?, g.download(&dw)?);
             let (mut want_w, mut mism) = (Vec::new(), 0usize);
             for ti in 0..t {
@@ -756,7 +771,8 @@ fn check_router(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
                     .count();
                 want_w.extend(w);
             }
-            let label = format!("router+topk {k} of {experts}, t={t}, launch {launch}");
+            let kernel = if rows { "router_rows" } else { "router" };
+            let label = format!("{kernel}+topk {k} of {experts}, t={t}, launch {launch}");
             res.push(check(format!("{label} indices"), mism as f64, 0.0));
             res.push(check(
                 format!("{label} weights"),
