@@ -1344,4 +1344,65 @@ mod tests {
             assert_eq!(a.tokens, c.tokens, "request {i}: tokens differ with reuse");
         }
     }
+
+    /// A backend that claims a whole prompt as cached breaks `alloc_cached`'s contract: that
+    /// request gets an error saying so and its slot is freed at once, so the next request
+    /// (which needs the same KV room) runs.
+    #[test]
+    fn a_backend_claiming_a_whole_prompt_cached_fails_only_that_request() {
+        struct Claims(Recorder);
+        impl ModelBackend for Claims {
+            fn config(&self) -> &ModelConfig {
+                self.0.config()
+            }
+            fn name(&self) -> String {
+                "claims".into()
+            }
+            fn alloc_seq(&mut self, max_tokens: usize) -> Option<SeqId> {
+                self.0.alloc_seq(max_tokens)
+            }
+            fn free_seq(&mut self, seq: SeqId) {
+                self.0.free_seq(seq);
+            }
+            fn alloc_cached(
+                &mut self,
+                prompt: &[u32],
+                max_tokens: usize,
+            ) -> Option<(SeqId, usize)> {
+                let s = self.0.alloc_seq(max_tokens)?;
+                Some((s, if prompt.len() == 5 { 5 } else { 0 }))
+            }
+            fn forward(&mut self, batch: &[SeqStep<'_>]) -> anyhow::Result<Vec<Vec<f32>>> {
+                self.0.forward(batch)
+            }
+        }
+        let steps = Steps::default();
+        let mut cfg = crate::engine::synthetic::config("tiny").unwrap();
+        cfg.vocab_size = VOCAB;
+        let backend = Claims(Recorder {
+            cfg,
+            kv_budget: 10,
+            reserved: HashMap::new(),
+            next: 0,
+            steps: steps.clone(),
+        });
+        let mut h = Harness::over(Box::new(backend), steps, 4, 16, 10, true);
+        let mut bad = h.submit(5, 1, 3);
+        let mut good = h.submit(7, 2, 3);
+        let mut got = Vec::new();
+        let mut done = false;
+        for _ in 0..10 {
+            h.tick();
+            done |= drain(&mut good, &mut got);
+        }
+        assert!(done && got.len() == 3, "{got:?}");
+        match bad.try_recv() {
+            Ok(GenEvent::Error(e)) => {
+                assert!(e.contains("5 cached tokens of a 5-token prompt"), "{e}");
+                assert!(e.contains("--no-enable-prefix-caching"), "{e}");
+            }
+            other => panic!("expected an error, got {other:?}"),
+        }
+        assert_eq!(h.in_flight.load(Ordering::SeqCst), 0);
+    }
 }
