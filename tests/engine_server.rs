@@ -1808,6 +1808,7 @@ async fn oracle_greedy_continuations_through_http() {
             step_log: None,
             long_prefill_token_threshold: 0,
             max_waiting_queue_length: 0,
+            enable_prefix_caching: false,
         };
         let server = mxtune::engine::server::Server::new(Box::new(backend), opts).unwrap();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -2934,4 +2935,185 @@ async fn long_prefill_threshold_caps_each_prompt_chunk() {
         "the threshold must not change the tokens"
     );
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// One chat exchange's ids and usage, streamed or not.
+struct ChatTurn {
+    prompt: Vec<u32>,
+    tokens: Vec<u32>,
+    usage: Value,
+}
+
+async fn chat_turn(base: &str, mut body: Value) -> ChatTurn {
+    body["return_token_ids"] = json!(true);
+    let r = client()
+        .post(format!("{base}/v1/chat/completions"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    let ids = |v: &Value| serde_json::from_value::<Vec<u32>>(v.clone()).unwrap();
+    if body["stream"] != json!(true) {
+        let v: Value = r.json().await.unwrap();
+        return ChatTurn {
+            prompt: ids(&v["prompt_token_ids"]),
+            tokens: ids(&v["choices"][0]["token_ids"]),
+            usage: v["usage"].clone(),
+        };
+    }
+    let chunks = stream_chunks(&sse_data(&r.text().await.unwrap()));
+    let mut turn = ChatTurn {
+        prompt: ids(&chunks[0]["prompt_token_ids"]),
+        tokens: Vec::new(),
+        usage: Value::Null,
+    };
+    for c in &chunks {
+        if let Some(t) = c["choices"].get(0).map(|ch| &ch["token_ids"]) {
+            turn.tokens.extend(ids(t));
+        }
+        if c["choices"] == json!([]) {
+            turn.usage = c["usage"].clone();
+        }
+    }
+    turn
+}
+
+/// Prefix caching through the real binary, on by default and off with
+/// `--no-enable-prefix-caching`: the same chat twice, then its next turn (streamed). With
+/// caching the second request reports all but its last prompt token cached and the next turn
+/// the tokens it shares with what the slot held; `/metrics` counts them; every answer's greedy
+/// tokens equal those of the server without caching.
+#[tokio::test(flavor = "multi_thread")]
+async fn serve_binary_prefix_caching_reports_cached_tokens_with_unchanged_greedy_tokens() {
+    const ARGS: [&str; 6] = [
+        "--synthetic",
+        "tiny",
+        "--port",
+        "0",
+        "--max-model-len",
+        "512",
+    ];
+    let (on, off) = tokio::join!(
+        tokio::task::spawn_blocking(|| spawn_serve(&ARGS)),
+        tokio::task::spawn_blocking(|| {
+            let mut args = ARGS.to_vec();
+            args.push("--no-enable-prefix-caching");
+            spawn_serve(&args)
+        })
+    );
+    let ((mut on_child, on_lines), (mut off_child, off_lines)) = (on.unwrap(), off.unwrap());
+    assert!(
+        on_lines
+            .iter()
+            .any(|l| l.starts_with("mxtune serve: prefix caching on (")),
+        "{on_lines:?}"
+    );
+    assert!(
+        off_lines
+            .iter()
+            .any(|l| l == "mxtune serve: prefix caching off (--no-enable-prefix-caching)"),
+        "{off_lines:?}"
+    );
+    let base = |lines: &[String]| {
+        lines
+            .last()
+            .unwrap()
+            .trim_start_matches("mxtune serve: ready on ")
+            .to_string()
+    };
+    let (on, off) = (base(&on_lines), base(&off_lines));
+    let first = json!({"model": "synthetic-tiny", "max_tokens": 3, "temperature": 0,
+                       "messages": [{"role": "user", "content": "Hi"}]});
+    let next = json!({"model": "synthetic-tiny", "max_tokens": 3, "temperature": 0,
+                      "stream": true, "stream_options": {"include_usage": true},
+                      "messages": [{"role": "user", "content": "Hi"},
+                                   {"role": "assistant", "content": "Hello."},
+                                   {"role": "user", "content": "And now?"}]});
+    let get_metrics = |base: String| async move {
+        client()
+            .get(format!("{base}/metrics"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+    };
+    let series = |m: &str, name: &str| metric(m, &format!("{name}{{model_name=")).unwrap();
+    let run = |base: String| {
+        let (first, next) = (first.clone(), next.clone());
+        async move {
+            let a = chat_turn(&base, first.clone()).await;
+            let after_first = get_metrics(base.clone()).await;
+            let b = chat_turn(&base, first).await;
+            let c = chat_turn(&base, next).await;
+            (vec![a, b, c], after_first)
+        }
+    };
+    let ((on_turns, on_after_first), (off_turns, _)) =
+        tokio::join!(run(on.clone()), run(off.clone()));
+    for (i, (a, b)) in on_turns.iter().zip(&off_turns).enumerate() {
+        assert_eq!(a.prompt, b.prompt, "turn {i}");
+        assert_eq!(
+            a.tokens, b.tokens,
+            "turn {i}: greedy tokens differ with prefix caching"
+        );
+        assert_eq!(a.usage["prompt_tokens"], json!(a.prompt.len()), "turn {i}");
+        assert!(
+            b.usage.get("prompt_tokens_details").is_none(),
+            "{}",
+            b.usage
+        );
+    }
+    let [t1, t2, t3] = &on_turns[..] else {
+        unreachable!()
+    };
+    assert_eq!(t1.prompt, t2.prompt);
+    assert_eq!(t1.tokens, t2.tokens);
+    assert!(
+        t1.usage.get("prompt_tokens_details").is_none(),
+        "{}",
+        t1.usage
+    );
+    let cached = |t: &ChatTurn| t.usage["prompt_tokens_details"]["cached_tokens"].as_u64();
+    assert_eq!(cached(t2), Some(t2.prompt.len() as u64 - 1), "{}", t2.usage);
+    // The slot held the second request's prompt and every token it generated but the last.
+    let held: Vec<u32> = t2
+        .prompt
+        .iter()
+        .chain(&t2.tokens[..t2.tokens.len() - 1])
+        .copied()
+        .collect();
+    let shared = held
+        .iter()
+        .zip(&t3.prompt)
+        .take_while(|(a, b)| a == b)
+        .count();
+    assert!(shared > 0 && t3.prompt.len() > t2.prompt.len());
+    assert_eq!(
+        cached(t3),
+        Some(shared.min(t3.prompt.len() - 1) as u64),
+        "{}",
+        t3.usage
+    );
+    // The counters, in tokens: every prompt queried, the cached ones hit.
+    let m = get_metrics(on.clone()).await;
+    let queries = (t1.prompt.len() + t2.prompt.len() + t3.prompt.len()) as f64;
+    let hits = (cached(t2).unwrap() + cached(t3).unwrap()) as f64;
+    assert_eq!(
+        series(&on_after_first, "vllm:prefix_cache_queries_total"),
+        t1.prompt.len() as f64
+    );
+    assert_eq!(series(&on_after_first, "vllm:prefix_cache_hits_total"), 0.0);
+    assert_eq!(series(&m, "vllm:prefix_cache_queries_total"), queries);
+    assert_eq!(series(&m, "vllm:prefix_cache_hits_total"), hits);
+    assert!(m.contains("enable_prefix_caching=\"True\""), "{m}");
+    let m = get_metrics(off.clone()).await;
+    assert!(!m.contains("vllm:prefix_cache_"), "{m}");
+    assert!(m.contains("enable_prefix_caching=\"False\""), "{m}");
+    for child in [&mut on_child, &mut off_child] {
+        child.kill().unwrap();
+        child.wait().unwrap();
+    }
 }

@@ -33,6 +33,23 @@ pub trait ModelBackend: Send {
     fn alloc_seq(&mut self, max_tokens: usize) -> Option<SeqId>;
     /// Release a slot and its KV memory.
     fn free_seq(&mut self, seq: SeqId);
+
+    /// Reserve a slot for `prompt` able to hold `max_tokens` positions, reusing the KV of a
+    /// free slot that holds a prefix of it (prefix caching, `engine::prefix`): returns the
+    /// slot and how many leading prompt tokens it already holds, always fewer than the
+    /// prompt's length (the last prompt position must run to give logits); the caller feeds
+    /// the rest. `None` when the KV budget is full. The default reuses nothing.
+    fn alloc_cached(&mut self, prompt: &[u32], max_tokens: usize) -> Option<(SeqId, usize)> {
+        let _ = prompt;
+        self.alloc_seq(max_tokens).map(|s| (s, 0))
+    }
+
+    /// Whether a freed slot keeps its KV for [`ModelBackend::alloc_cached`] to reuse (the
+    /// scheduler turns it on with `--enable-prefix-caching`). The default keeps nothing; a
+    /// backend whose free slots keep their KV at no cost may ignore it.
+    fn set_prefix_caching(&mut self, on: bool) {
+        let _ = on;
+    }
     /// Run one step for every sequence in `batch` and return, per sequence in the same
     /// order, the logits (length `vocab_size`) after its last new token.
     fn forward(&mut self, batch: &[SeqStep<'_>]) -> anyhow::Result<Vec<Vec<f32>>>;

@@ -8,6 +8,7 @@ pub mod harmony;
 pub mod loader;
 pub mod locate;
 pub mod mxfp4;
+pub mod prefix;
 pub mod sampling;
 pub mod scheduler;
 pub mod serve;

@@ -35,6 +35,9 @@ pub struct SchedulerConfig {
     /// Most requests that may wait beyond a full batch (`--max-waiting-queue-length`);
     /// a request past `max_num_seqs + this` in the server is refused at once. 0 = no limit.
     pub max_waiting_queue_length: usize,
+    /// Prefix caching (`--enable-prefix-caching`): a request takes the free KV slot holding
+    /// the longest prefix of its prompt and prefills only the rest.
+    pub enable_prefix_caching: bool,
 }
 
 /// Why generation ended, in OpenAI's `finish_reason` words.
@@ -46,9 +49,13 @@ pub enum FinishReason {
     Length,
 }
 
-/// What a request hears from the scheduler, in order: tokens, then one `Done` or `Error`.
+/// What a request hears from the scheduler, in order: `Cached` at most once, tokens, then
+/// one `Done` or `Error`.
 #[derive(Debug, Clone, PartialEq)]
 pub enum GenEvent {
+    /// With prefix caching, when the request is admitted: how many leading prompt tokens
+    /// were found in the cache (sent only when some were).
+    Cached(usize),
     Token(Sampled),
     Done(FinishReason),
     Error(String),
@@ -325,6 +332,8 @@ impl Engine {
         cfg: SchedulerConfig,
         metrics: Arc<Metrics>,
     ) -> Self {
+        let mut backend = backend;
+        backend.set_prefix_caching(cfg.enable_prefix_caching);
         Engine {
             _alive: alive,
             backend,
@@ -457,27 +466,57 @@ impl Engine {
     }
 
     /// Move waiting requests into the batch while slots and KV memory allow; a request
-    /// that does not fit waits (FIFO) until a running one frees its memory.
+    /// that does not fit waits (FIFO) until a running one frees its memory. With prefix
+    /// caching, the slot may already hold the prompt's first tokens: those are not fed again.
     fn admit(&mut self) {
         while self.running.len() < self.cfg.max_num_seqs {
             let Some(front) = self.waiting.front() else {
                 return;
             };
             let need = (front.prompt.len() + front.sampling.max_tokens).min(self.cfg.max_model_len);
-            match self.backend.alloc_seq(need) {
-                Some(seq) => {
-                    let Some(req) = self.waiting.pop_front() else {
+            let slot = if self.cfg.enable_prefix_caching {
+                self.backend.alloc_cached(&front.prompt, need)
+            } else {
+                self.backend.alloc_seq(need).map(|seq| (seq, 0))
+            };
+            match slot {
+                Some((seq, cached)) => {
+                    let Some(mut req) = self.waiting.pop_front() else {
                         return;
                     };
                     self.metrics.request_dequeued();
                     self.metrics
                         .observe_queue(req.arrived.elapsed().as_secs_f64());
+                    if cached >= req.prompt.len() {
+                        // The last prompt position must run to give logits; a backend that
+                        // claims to hold it breaks its contract.
+                        self.backend.free_seq(seq);
+                        req.in_flight.release();
+                        let _ = req.events.send(GenEvent::Error(format!(
+                            "backend {} reported {cached} cached tokens of a {}-token prompt \
+                             (it must leave the last one to compute); restart the server with \
+                             --no-enable-prefix-caching",
+                            self.backend.name(),
+                            req.prompt.len()
+                        )));
+                        self.metrics
+                            .observe_finished(Finished::Abort, req.arrived.elapsed().as_secs_f64());
+                        continue;
+                    }
+                    if self.cfg.enable_prefix_caching {
+                        self.metrics.observe_prefix_cache(req.prompt.len(), cached);
+                    }
+                    if cached > 0 {
+                        // Counted as vLLM counts prompt tokens: cached ones too.
+                        self.metrics.add_prompt_tokens(cached);
+                        let _ = req.events.send(GenEvent::Cached(cached));
+                    }
                     self.running.push(Running {
                         seq,
                         sampler: Sampler::for_prompt(req.sampling.clone(), &req.prompt),
                         req,
                         reserved: need,
-                        prefilled: 0,
+                        prefilled: cached,
                         generated: Vec::new(),
                         admitted_at: Instant::now(),
                         first_token_at: None,
@@ -783,6 +822,26 @@ mod tests {
                 next: 0,
                 steps: steps.clone(),
             };
+            Self::over(
+                Box::new(backend),
+                steps,
+                max_num_seqs,
+                budget,
+                kv_tokens,
+                false,
+            )
+        }
+
+        /// An engine over `backend` (which records its steps into `steps`), prefix caching
+        /// on or off.
+        fn over(
+            backend: Box<dyn ModelBackend>,
+            steps: Steps,
+            max_num_seqs: usize,
+            budget: usize,
+            kv_tokens: usize,
+            prefix_caching: bool,
+        ) -> Self {
             let sc = SchedulerConfig {
                 max_num_seqs,
                 max_model_len: 4096,
@@ -792,11 +851,13 @@ mod tests {
                 step_log: None,
                 long_prefill_token_threshold: 0,
                 max_waiting_queue_length: 0,
+                enable_prefix_caching: prefix_caching,
             };
-            let metrics = Arc::new(Metrics::new("t", 4096, kv_tokens));
+            let metrics =
+                Arc::new(Metrics::new("t", 4096, kv_tokens).with_prefix_caching(prefix_caching));
             let engine = Engine::new(
                 AliveGuard(Arc::new(AtomicBool::new(true))),
-                Box::new(backend),
+                backend,
                 sc,
                 metrics,
             );
@@ -817,12 +878,24 @@ mod tests {
             first: u32,
             max_tokens: usize,
         ) -> UnboundedReceiver<GenEvent> {
+            self.submit_prompt(
+                (0..prompt_len as u32).map(|k| (first + k) % 60).collect(),
+                max_tokens,
+            )
+        }
+
+        /// Submit a greedy request for `prompt`.
+        fn submit_prompt(
+            &self,
+            prompt: Vec<u32>,
+            max_tokens: usize,
+        ) -> UnboundedReceiver<GenEvent> {
             let (events, rx) = unbounded_channel();
             self.engine.metrics.request_queued();
             let in_flight = InFlight::enter(&self.in_flight, 0).unwrap();
             self.tx
                 .send(GenRequest {
-                    prompt: (0..prompt_len as u32).map(|k| (first + k) % 60).collect(),
+                    prompt,
                     sampling: SamplingParams {
                         temperature: 0.0,
                         max_tokens,
@@ -860,6 +933,7 @@ mod tests {
         let mut done = false;
         while let Ok(ev) = rx.try_recv() {
             match ev {
+                GenEvent::Cached(_) => {}
                 GenEvent::Token(s) => got.push(s.token),
                 GenEvent::Done(_) => done = true,
                 GenEvent::Error(e) => panic!("request failed: {e}"),
@@ -1037,5 +1111,298 @@ mod tests {
         assert!(h.engine.waiting.is_empty());
         assert_eq!(h.in_flight.load(Ordering::SeqCst), 1);
         assert!(h.engine.metrics.render().contains(&gauge(0)));
+    }
+
+    /// A real backend that records its steps as the Recorder does.
+    struct Spy {
+        inner: Box<dyn ModelBackend>,
+        steps: Steps,
+    }
+
+    impl ModelBackend for Spy {
+        fn config(&self) -> &ModelConfig {
+            self.inner.config()
+        }
+        fn name(&self) -> String {
+            self.inner.name()
+        }
+        fn alloc_seq(&mut self, max_tokens: usize) -> Option<SeqId> {
+            self.inner.alloc_seq(max_tokens)
+        }
+        fn free_seq(&mut self, seq: SeqId) {
+            self.inner.free_seq(seq);
+        }
+        fn alloc_cached(&mut self, prompt: &[u32], max_tokens: usize) -> Option<(SeqId, usize)> {
+            self.inner.alloc_cached(prompt, max_tokens)
+        }
+        fn set_prefix_caching(&mut self, on: bool) {
+            self.inner.set_prefix_caching(on);
+        }
+        fn forward(&mut self, batch: &[SeqStep<'_>]) -> anyhow::Result<Vec<Vec<f32>>> {
+            self.steps
+                .lock()
+                .unwrap()
+                .push(batch.iter().map(|b| (b.seq, b.tokens.len())).collect());
+            self.inner.forward(batch)
+        }
+    }
+
+    /// One request's outcome: its greedy tokens and the prompt tokens found cached.
+    #[derive(Debug, Clone, PartialEq)]
+    struct Outcome {
+        tokens: Vec<u32>,
+        cached: usize,
+    }
+
+    /// Submit `prompts` together (each for `max_tokens` greedy tokens) and run the engine
+    /// until all have ended.
+    fn run_wave(h: &mut Harness, prompts: &[Vec<u32>], max_tokens: usize) -> Vec<Outcome> {
+        let mut rxs: Vec<_> = prompts
+            .iter()
+            .map(|p| h.submit_prompt(p.clone(), max_tokens))
+            .collect();
+        let mut out = vec![
+            Outcome {
+                tokens: Vec::new(),
+                cached: 0
+            };
+            prompts.len()
+        ];
+        let mut done = vec![false; prompts.len()];
+        for _ in 0..500 {
+            h.tick();
+            for ((rx, o), d) in rxs.iter_mut().zip(&mut out).zip(&mut done) {
+                while let Ok(ev) = rx.try_recv() {
+                    match ev {
+                        GenEvent::Cached(n) => o.cached = n,
+                        GenEvent::Token(s) => o.tokens.push(s.token),
+                        GenEvent::Done(_) => *d = true,
+                        GenEvent::Error(e) => panic!("request failed: {e}"),
+                    }
+                }
+            }
+            if done.iter().all(|d| *d) {
+                return out;
+            }
+        }
+        panic!("the wave did not end: {out:?}");
+    }
+
+    /// The tiny synthetic model on the CPU behind a spy, in an engine with a step budget
+    /// of 16 tokens and `kv_tokens` KV positions.
+    fn tiny_harness(kv_tokens: usize, prefix_caching: bool) -> Harness {
+        let steps = Steps::default();
+        let be = crate::engine::cpu::CpuBackend::new(
+            crate::engine::synthetic::build("tiny", 0).unwrap(),
+            kv_tokens,
+        );
+        let spy = Spy {
+            inner: Box::new(be),
+            steps: steps.clone(),
+        };
+        Harness::over(Box::new(spy), steps, 3, 16, kv_tokens, prefix_caching)
+    }
+
+    /// The engine over the same backend with prefix caching switched (its kept caches go
+    /// when it is switched off).
+    fn switched(h: Harness, prefix_caching: bool) -> Harness {
+        let kv = h.engine.cfg.kv_cache_tokens;
+        let steps = h.steps.clone();
+        h.steps.lock().unwrap().clear();
+        Harness::over(h.engine.backend, steps, 3, 16, kv, prefix_caching)
+    }
+
+    fn ids(range: std::ops::Range<u32>) -> Vec<u32> {
+        range.map(|k| 1000 + 13 * k).collect()
+    }
+
+    /// Every step within the 16-token budget, and every token fed exactly once: the
+    /// prompts less what was cached, and every generated token but the last.
+    fn check_steps(h: &Harness, prompts: &[Vec<u32>], outs: &[Outcome]) {
+        let steps = h.steps.lock().unwrap();
+        for s in steps.iter() {
+            let n: usize = s.iter().map(|r| r.1).sum();
+            assert!(n <= 16, "a step of {n} tokens over the budget of 16: {s:?}");
+        }
+        let fed: usize = steps.iter().flatten().map(|r| r.1).sum();
+        let want: usize = prompts
+            .iter()
+            .zip(outs)
+            .map(|(p, o)| p.len() - o.cached + o.tokens.len() - 1)
+            .sum();
+        assert_eq!(fed, want);
+    }
+
+    /// Requests one after another and side by side, with and without prefix caching: the
+    /// same greedy tokens, and with caching the prompt tokens that a free slot holds are
+    /// neither fed again nor recomputed.
+    #[test]
+    fn prefix_reuse_gives_the_greedy_tokens_of_a_full_prefill() {
+        // Waves of requests; a later wave may extend an earlier answer (a chat's next turn).
+        fn waves(h: &mut Harness) -> (Vec<Vec<u32>>, Vec<Outcome>) {
+            let mut prompts = Vec::new();
+            let mut outs = Vec::new();
+            let mut wave = |h: &mut Harness, ps: Vec<Vec<u32>>| {
+                let o = run_wave(h, &ps, 2);
+                prompts.extend(ps);
+                outs.extend(o.clone());
+                o
+            };
+            let p1 = ids(0..24);
+            let first = wave(h, vec![p1.clone()]);
+            // The same prompt again.
+            wave(h, vec![p1.clone()]);
+            // The next turn: the whole first exchange and a new message.
+            let turn2: Vec<u32> = p1
+                .iter()
+                .chain(&first[0].tokens)
+                .copied()
+                .chain(ids(40..46))
+                .collect();
+            wave(h, vec![turn2.clone()]);
+            // Diverging from p1 after 12 tokens.
+            let fork: Vec<u32> = p1[..12].iter().copied().chain(ids(60..70)).collect();
+            wave(h, vec![fork.clone()]);
+            // Side by side: the fork again, something new, and the second turn again; then
+            // once more, a new prompt last.
+            wave(h, vec![fork.clone(), ids(80..110), turn2.clone()]);
+            wave(h, vec![fork, turn2, ids(200..220)]);
+            (prompts, outs)
+        }
+        let mut h = tiny_harness(4096, false);
+        let (prompts, off) = waves(&mut h);
+        check_steps(&h, &prompts, &off);
+        assert!(off.iter().all(|o| o.cached == 0));
+        let mut h = switched(h, true);
+        let (_, on) = waves(&mut h);
+        check_steps(&h, &prompts, &on);
+        for (i, (a, b)) in off.iter().zip(&on).enumerate() {
+            assert_eq!(
+                a.tokens, b.tokens,
+                "request {i}: greedy tokens differ with reuse"
+            );
+        }
+        // What each found: nothing at first (no slot was free); the whole prompt but its
+        // last token; the first turn and the generated token fed back (the second was never
+        // fed); the 12 shared tokens; side by side, admitted in order: the fork's
+        // slot, then no free slot left (two new ones); then each prompt its own slot, and
+        // the new prompt last overwrites the one left (it shares nothing).
+        let cached: Vec<usize> = on.iter().map(|o| o.cached).collect();
+        assert_eq!(cached, [0, 23, 25, 12, 21, 0, 0, 21, 31, 0]);
+        let m = h.engine.metrics.render();
+        let total: usize = prompts.iter().map(Vec::len).sum();
+        assert!(
+            m.contains(&format!(
+                "vllm:prefix_cache_queries_total{{model_name=\"t\",engine=\"0\"}} {total}\n"
+            )),
+            "{m}"
+        );
+        let hits: usize = cached.iter().sum();
+        assert!(
+            m.contains(&format!(
+                "vllm:prefix_cache_hits_total{{model_name=\"t\",engine=\"0\"}} {hits}\n"
+            )),
+            "{m}"
+        );
+        // Prompt tokens are counted whole, cached ones included, as vLLM counts them.
+        assert!(
+            m.contains(&format!(
+                "vllm:prompt_tokens_total{{model_name=\"t\",engine=\"0\"}} {total}\n"
+            )),
+            "{m}"
+        );
+    }
+
+    /// Kept slots share the KV budget: a prompt that needs the room evicts them, and what
+    /// follows computes from scratch with the same greedy tokens.
+    #[test]
+    fn slots_evicted_under_kv_pressure_leave_greedy_tokens_unchanged() {
+        // a and b side by side (32 positions each), then c (52), then b again.
+        fn waves(h: &mut Harness) -> Vec<Outcome> {
+            let mut outs = run_wave(h, &[ids(0..30), ids(100..130)], 2);
+            outs.extend(run_wave(h, &[ids(200..250)], 2));
+            outs.extend(run_wave(h, &[ids(100..130)], 2));
+            outs
+        }
+        // 80 positions: a's slot (freed first, the least recently used) is overwritten by c,
+        // and b's (31 kept positions) must go too, for 52 + 31 > 80.
+        let mut h = tiny_harness(80, false);
+        let off = waves(&mut h);
+        let mut h = switched(h, true);
+        let tight = waves(&mut h);
+        // Roomy: b's slot survives c, and b's second run takes all but its last token.
+        let mut h = tiny_harness(4096, true);
+        let roomy = waves(&mut h);
+        let cached = |o: &[Outcome]| o.iter().map(|o| o.cached).collect::<Vec<_>>();
+        assert_eq!(cached(&tight), [0, 0, 0, 0]);
+        assert_eq!(cached(&roomy), [0, 0, 0, 29]);
+        for (i, ((a, b), c)) in off.iter().zip(&tight).zip(&roomy).enumerate() {
+            assert_eq!(
+                a.tokens, b.tokens,
+                "request {i}: tokens differ after eviction"
+            );
+            assert_eq!(a.tokens, c.tokens, "request {i}: tokens differ with reuse");
+        }
+    }
+
+    /// A backend that claims a whole prompt as cached breaks `alloc_cached`'s contract: that
+    /// request gets an error saying so and its slot is freed at once, so the next request
+    /// (which needs the same KV room) runs.
+    #[test]
+    fn a_backend_claiming_a_whole_prompt_cached_fails_only_that_request() {
+        struct Claims(Recorder);
+        impl ModelBackend for Claims {
+            fn config(&self) -> &ModelConfig {
+                self.0.config()
+            }
+            fn name(&self) -> String {
+                "claims".into()
+            }
+            fn alloc_seq(&mut self, max_tokens: usize) -> Option<SeqId> {
+                self.0.alloc_seq(max_tokens)
+            }
+            fn free_seq(&mut self, seq: SeqId) {
+                self.0.free_seq(seq);
+            }
+            fn alloc_cached(
+                &mut self,
+                prompt: &[u32],
+                max_tokens: usize,
+            ) -> Option<(SeqId, usize)> {
+                let s = self.0.alloc_seq(max_tokens)?;
+                Some((s, if prompt.len() == 5 { 5 } else { 0 }))
+            }
+            fn forward(&mut self, batch: &[SeqStep<'_>]) -> anyhow::Result<Vec<Vec<f32>>> {
+                self.0.forward(batch)
+            }
+        }
+        let steps = Steps::default();
+        let mut cfg = crate::engine::synthetic::config("tiny").unwrap();
+        cfg.vocab_size = VOCAB;
+        let backend = Claims(Recorder {
+            cfg,
+            kv_budget: 10,
+            reserved: HashMap::new(),
+            next: 0,
+            steps: steps.clone(),
+        });
+        let mut h = Harness::over(Box::new(backend), steps, 4, 16, 10, true);
+        let mut bad = h.submit(5, 1, 3);
+        let mut good = h.submit(7, 2, 3);
+        let mut got = Vec::new();
+        let mut done = false;
+        for _ in 0..10 {
+            h.tick();
+            done |= drain(&mut good, &mut got);
+        }
+        assert!(done && got.len() == 3, "{got:?}");
+        match bad.try_recv() {
+            Ok(GenEvent::Error(e)) => {
+                assert!(e.contains("5 cached tokens of a 5-token prompt"), "{e}");
+                assert!(e.contains("--no-enable-prefix-caching"), "{e}");
+            }
+            other => panic!("expected an error, got {other:?}"),
+        }
+        assert_eq!(h.in_flight.load(Ordering::SeqCst), 0);
     }
 }

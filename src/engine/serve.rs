@@ -168,8 +168,24 @@ pub struct ServeArgs {
     /// of queueing. 0 = no limit.
     #[arg(long, default_value_t = 0)]
     pub max_waiting_queue_length: usize,
+    /// Prefix caching, on by default as in vLLM V1: a request takes the free KV slot holding
+    /// the longest prefix of its prompt and prefills only the rest (slot-granular: a finished
+    /// request's slot keeps its KV until another request takes it).
+    #[arg(long, overrides_with = "no_enable_prefix_caching")]
+    pub enable_prefix_caching: bool,
+    /// Turn prefix caching off: every request prefills its whole prompt.
+    #[arg(long, overrides_with = "enable_prefix_caching")]
+    pub no_enable_prefix_caching: bool,
     #[command(flatten)]
     pub gates: Gates,
+}
+
+impl ServeArgs {
+    /// Whether prefix caching is on: the default, unless `--no-enable-prefix-caching` came
+    /// last.
+    pub fn prefix_caching(&self) -> bool {
+        !self.no_enable_prefix_caching
+    }
 }
 
 /// One reason `mxtune serve` refuses its arguments before it opens a device or reads
@@ -606,6 +622,13 @@ fn prepare_with(args: &ServeArgs, open: impl FnOnce() -> Result<Gpu>) -> Result<
             n => format!("{n} tokens"),
         },
     ));
+    report.push(if args.prefix_caching() {
+        "mxtune serve: prefix caching on (--enable-prefix-caching): a request reuses the KV of \
+         the free slot holding the longest prefix of its prompt (slot-granular, any length)"
+            .to_string()
+    } else {
+        "mxtune serve: prefix caching off (--no-enable-prefix-caching)".to_string()
+    });
     report.push(match args.max_waiting_queue_length {
         0 => "mxtune serve: waiting queue unbounded (--max-waiting-queue-length 0)".to_string(),
         n => format!(
@@ -709,6 +732,7 @@ fn prepare_with(args: &ServeArgs, open: impl FnOnce() -> Result<Gpu>) -> Result<
             step_log: args.step_log.clone(),
             long_prefill_token_threshold: args.long_prefill_token_threshold,
             max_waiting_queue_length: args.max_waiting_queue_length,
+            enable_prefix_caching: args.prefix_caching(),
             weights: if args.synthetic.is_some() {
                 WeightsOrigin::Synthetic
             } else {
@@ -829,6 +853,54 @@ mod tests {
 
     fn no_gpu() -> Result<Gpu> {
         bail!("the CUDA driver library was not found (tried [\"libcuda.so\"])")
+    }
+
+    #[test]
+    fn prefix_caching_is_on_by_default_and_the_last_flag_wins() {
+        let on = |argv: &[&str]| {
+            let mut all = vec!["--synthetic", "tiny"];
+            all.extend_from_slice(argv);
+            parse(&all).unwrap().prefix_caching()
+        };
+        assert!(on(&[]));
+        assert!(on(&["--enable-prefix-caching"]));
+        assert!(!on(&["--no-enable-prefix-caching"]));
+        assert!(!on(&[
+            "--enable-prefix-caching",
+            "--no-enable-prefix-caching"
+        ]));
+        assert!(on(&[
+            "--no-enable-prefix-caching",
+            "--enable-prefix-caching"
+        ]));
+        assert!(parse(&["--synthetic", "tiny", "--enable-prefix-caching", "yes"]).is_err());
+        let a = parse(&["--synthetic", "tiny", "--max-model-len", "64"]).unwrap();
+        let p = prepare_with(&a, no_gpu).unwrap();
+        assert!(p.options.enable_prefix_caching);
+        assert!(
+            p.report
+                .iter()
+                .any(|l| l.starts_with("mxtune serve: prefix caching on (")),
+            "{:?}",
+            p.report
+        );
+        let a = parse(&[
+            "--synthetic",
+            "tiny",
+            "--max-model-len",
+            "64",
+            "--no-enable-prefix-caching",
+        ])
+        .unwrap();
+        let p = prepare_with(&a, no_gpu).unwrap();
+        assert!(!p.options.enable_prefix_caching);
+        assert!(
+            p.report.contains(
+                &"mxtune serve: prefix caching off (--no-enable-prefix-caching)".to_string()
+            ),
+            "{:?}",
+            p.report
+        );
     }
 
     #[test]

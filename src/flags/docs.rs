@@ -433,6 +433,9 @@ with keys `backend`, `moe_kernel`, `activation`, `tile`, `mxfp4_layers`, `kv_dty
 `backend` and `sinks`). The check for an axis is `^kernel-path <key>=<value>(?:\s|$)`; when the
 chosen value is `auto` any resolved value is accepted (`\S+`); with `device = "cpu"` the keys the
 CPU lacks must report `n/a`, and with `device = "auto"` either the value or `n/a` is accepted.
+`serving.prefix_caching`, when set, renders `--enable-prefix-caching` or
+`--no-enable-prefix-caching` for the engine too, and its check is the engine's start-up line
+`^mxtune serve: prefix caching on \(` (or `off`), the other one forbidden.
 
 ## Presets
 

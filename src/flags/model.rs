@@ -409,7 +409,7 @@ pub const S_PREFIX_CACHING: Setting = setting(
     "prefix_caching",
     "true → --enable-prefix-caching, false → --no-enable-prefix-caching",
     Some(&names::ENABLE_PREFIX_CACHING),
-    None,
+    Some("--enable-prefix-caching | --no-enable-prefix-caching"),
 );
 /// `serving.load_format`.
 pub const S_LOAD_FORMAT: Setting = setting(

@@ -690,13 +690,28 @@ fn render_engine(fs: &FlagSet, ctx: &RenderContext) -> Result<LaunchSpec> {
     if let Some(v) = s.max_waiting_queue_length {
         push(m::S_MAX_WAITING.engine, v.to_string());
     }
+    let mut checks = Vec::new();
+    if let Some(on) = s.prefix_caching {
+        // The same names as vLLM's; the engine's start-up line says which took effect.
+        let (flag, said, other) = if on {
+            (super::names::ENABLE_PREFIX_CACHING.name, "on", "off")
+        } else {
+            (super::names::NO_ENABLE_PREFIX_CACHING.name, "off", "on")
+        };
+        argv.push(flag.into());
+        checks.push(PathCheck {
+            flag: "serving.prefix_caching".into(),
+            value: on.to_string(),
+            must_see: vec![format!(r"^mxtune serve: prefix caching {said} \(")],
+            must_not_see: vec![format!(r"^mxtune serve: prefix caching {other} \(")],
+        });
+    }
     if s.port == 0 {
         bail!("serving.port is 0; pick a port such as 8000");
     }
 
     let mut all = choices(fs);
     all.push(choice(e.device));
-    let mut checks = Vec::new();
     for c in &all {
         let args = c
             .spec

@@ -385,7 +385,36 @@ fn serving_limits_render_on_both_targets() {
     assert_eq!(args.max_waiting_queue_length, 16);
     assert_eq!(args.max_num_batched_tokens, 8192);
     assert_eq!(args.long_prefill_token_threshold, 256);
+    assert!(args.prefix_caching());
     assert!(crate::engine::serve::refusals(&args).is_empty());
+    // Prefix caching reaches the engine under vLLM's names, with a check of its start-up line.
+    let check = |spec: &LaunchSpec| {
+        spec.checks
+            .iter()
+            .find(|c| c.flag == "serving.prefix_caching")
+            .cloned()
+    };
+    let c = check(&e).expect("a prefix-caching check");
+    assert_eq!(c.value, "true");
+    let line = regex::Regex::new(&c.must_see[0]).unwrap();
+    assert!(line.is_match("mxtune serve: prefix caching on (--enable-prefix-caching): …"));
+    assert!(!line.is_match("mxtune serve: prefix caching off (--no-enable-prefix-caching)"));
+    let e_off = engine(&no_cache);
+    assert!(
+        e_off
+            .argv
+            .contains(&"--no-enable-prefix-caching".to_string())
+    );
+    assert!(!e_off.argv.contains(&"--enable-prefix-caching".to_string()));
+    let serve_at = e_off.argv.iter().position(|a| a == "serve").unwrap();
+    let off = crate::engine::serve::parse_args(&e_off.argv[serve_at + 1..]).unwrap();
+    assert!(!off.prefix_caching());
+    let c = check(&e_off).expect("a prefix-caching check");
+    let line = regex::Regex::new(&c.must_see[0]).unwrap();
+    assert!(line.is_match("mxtune serve: prefix caching off (--no-enable-prefix-caching)"));
+    let unset = engine(&with(|_| {}));
+    assert!(check(&unset).is_none());
+    assert!(!unset.argv.iter().any(|a| a.contains("prefix-caching")));
     assert!(has_pair(&e.argv, "--served-model-name", "gpt-oss-120b"));
     assert!(has_pair(&e.argv, "--host", "127.0.0.1"));
     assert!(

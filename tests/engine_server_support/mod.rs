@@ -216,6 +216,7 @@ pub fn options() -> ServerOptions {
         step_log: None,
         long_prefill_token_threshold: 0,
         max_waiting_queue_length: 0,
+        enable_prefix_caching: false,
     }
 }
 
@@ -270,6 +271,14 @@ impl ModelBackend for Gated {
     fn free_seq(&mut self, seq: SeqId) {
         self.inner.free_seq(seq);
         self.probe.live.fetch_sub(1, Ordering::SeqCst);
+    }
+    fn alloc_cached(&mut self, prompt: &[u32], max_tokens: usize) -> Option<(SeqId, usize)> {
+        let s = self.inner.alloc_cached(prompt, max_tokens)?;
+        self.probe.live.fetch_add(1, Ordering::SeqCst);
+        Some(s)
+    }
+    fn set_prefix_caching(&mut self, on: bool) {
+        self.inner.set_prefix_caching(on);
     }
     fn forward(&mut self, batch: &[SeqStep<'_>]) -> anyhow::Result<Vec<Vec<f32>>> {
         self.probe.started.store(true, Ordering::SeqCst);

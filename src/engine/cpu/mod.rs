@@ -11,15 +11,43 @@ use rayon::prelude::*;
 
 use super::backend::{ModelBackend, SeqId, SeqStep};
 use super::config::ModelConfig;
+use super::prefix::{self, FreeSlot};
 use super::weights::{LayerWeights, Weights};
 use ops::Rope;
 
 /// Keys and values of one sequence, fp32, per layer `[positions × kv_dim]`.
 struct KvCache {
     capacity: usize,
-    len: usize,
+    /// The tokens fed so far, whose keys and values the cache holds (its length).
+    tokens: Vec<u32>,
     k: Vec<Vec<f32>>,
     v: Vec<Vec<f32>>,
+    /// When the cache was freed (prefix caching keeps free caches; LRU among them).
+    last_used: u64,
+}
+
+impl KvCache {
+    fn new(layers: usize) -> Self {
+        KvCache {
+            capacity: 0,
+            tokens: Vec::new(),
+            k: vec![Vec::new(); layers],
+            v: vec![Vec::new(); layers],
+            last_used: 0,
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.tokens.len()
+    }
+
+    /// Keep the first `n` positions (`kv_dim` values each per layer).
+    fn truncate(&mut self, n: usize, kv_dim: usize) {
+        self.tokens.truncate(n);
+        for l in self.k.iter_mut().chain(self.v.iter_mut()) {
+            l.truncate(n * kv_dim);
+        }
+    }
 }
 
 /// The CPU backend: weights plus the KV caches of live sequences.
@@ -27,8 +55,15 @@ pub struct CpuBackend {
     weights: Weights,
     rope: Rope,
     seqs: BTreeMap<SeqId, KvCache>,
+    /// Freed caches kept for prefix reuse (only with prefix caching on). Their positions
+    /// count against the budget beside the reservations of live sequences, and the least
+    /// recently used are dropped when a reservation needs the room.
+    free: BTreeMap<SeqId, KvCache>,
+    keep_free: bool,
+    clock: prefix::Clock,
     next_id: u32,
     kv_budget_tokens: usize,
+    /// Positions reserved by live sequences (their capacities).
     reserved_tokens: usize,
     /// Applied to the experts' inputs and SwiGLU outputs (None: the reference).
     moe_act: Option<ops::ActTransform>,
@@ -49,6 +84,9 @@ impl CpuBackend {
             weights,
             rope,
             seqs: BTreeMap::new(),
+            free: BTreeMap::new(),
+            keep_free: false,
+            clock: prefix::Clock::default(),
             next_id: 0,
             kv_budget_tokens,
             reserved_tokens: 0,
@@ -71,7 +109,71 @@ impl CpuBackend {
 
     /// Positions a sequence already holds, or `None` for an unknown sequence.
     pub fn seq_len(&self, seq: SeqId) -> Option<usize> {
-        self.seqs.get(&seq).map(|c| c.len)
+        self.seqs.get(&seq).map(KvCache::len)
+    }
+
+    /// Positions held by freed caches kept for prefix reuse.
+    pub fn cached_free_tokens(&self) -> usize {
+        self.free.values().map(KvCache::len).sum()
+    }
+
+    /// Take a cache for `prompt` (empty: no reuse wanted) reserving `max_tokens` positions:
+    /// the free cache sharing the longest prefix with it, cut back to that prefix, else the
+    /// least recently used free one emptied, else a new one; then drop the least recently
+    /// used free caches until everything fits the budget.
+    fn take_cache(&mut self, prompt: &[u32], max_tokens: usize) -> Option<(SeqId, usize)> {
+        if max_tokens == 0 || self.reserved_tokens + max_tokens > self.kv_budget_tokens {
+            return None;
+        }
+        let kv_dim = self.weights.config.kv_dim();
+        let chosen = prefix::choose(
+            prompt,
+            self.free.iter().map(|(id, c)| FreeSlot {
+                key: *id,
+                tokens: &c.tokens,
+                last_used: c.last_used,
+            }),
+        );
+        let (id, mut cache, cached) = match chosen.and_then(|ch| {
+            self.free
+                .remove(&ch.key)
+                .map(|c| (ch.key, c, ch.cached.min(max_tokens)))
+        }) {
+            Some(found) => found,
+            None => {
+                // Ids wrap after 2^32 allocations; skip any in use or kept.
+                while self.seqs.contains_key(&SeqId(self.next_id))
+                    || self.free.contains_key(&SeqId(self.next_id))
+                {
+                    self.next_id = self.next_id.wrapping_add(1);
+                }
+                let id = SeqId(self.next_id);
+                self.next_id = self.next_id.wrapping_add(1);
+                (id, KvCache::new(self.weights.config.num_hidden_layers), 0)
+            }
+        };
+        cache.truncate(cached, kv_dim);
+        cache.capacity = max_tokens;
+        self.seqs.insert(id, cache);
+        self.reserved_tokens += max_tokens;
+        self.evict_free();
+        Some((id, cached))
+    }
+
+    /// Drop the least recently used free caches while they and the reservations exceed the
+    /// budget.
+    fn evict_free(&mut self) {
+        while self.reserved_tokens + self.cached_free_tokens() > self.kv_budget_tokens {
+            let Some(lru) = self
+                .free
+                .iter()
+                .min_by_key(|(_, c)| c.last_used)
+                .map(|(id, _)| *id)
+            else {
+                return;
+            };
+            self.free.remove(&lru);
+        }
     }
 
     /// Bytes of KV cache one position takes (keys and values, all layers, fp32).
@@ -118,7 +220,7 @@ impl CpuBackend {
         let mut x = Vec::new();
         let embed = self.weights.embed_tokens.data();
         for (b, step) in batch.iter().enumerate() {
-            let start = self.seqs.get(&step.seq).map_or(0, |s| s.len);
+            let start = self.seqs.get(&step.seq).map_or(0, KvCache::len);
             for (i, &t) in step.tokens.iter().enumerate() {
                 rows.push(Row {
                     batch: b,
@@ -145,7 +247,7 @@ impl CpuBackend {
         }
         for step in batch {
             if let Some(cache) = self.seqs.get_mut(&step.seq) {
-                cache.len += step.tokens.len();
+                cache.tokens.extend_from_slice(step.tokens);
             }
         }
         x
@@ -166,17 +268,17 @@ impl CpuBackend {
                     step.seq
                 );
             }
-            if cache.len + step.tokens.len() > cache.capacity {
+            if cache.len() + step.tokens.len() > cache.capacity {
                 bail!(
                     "sequence {:?}: {} + {} tokens exceed its reserved {} positions",
                     step.seq,
-                    cache.len,
+                    cache.len(),
                     step.tokens.len(),
                     cache.capacity
                 );
             }
             let max_pos = self.weights.config.max_position_embeddings;
-            if cache.len + step.tokens.len() > max_pos {
+            if cache.len() + step.tokens.len() > max_pos {
                 bail!(
                     "sequence {:?}: would pass the model's {max_pos} positions",
                     step.seq
@@ -299,32 +401,28 @@ impl ModelBackend for CpuBackend {
     }
 
     fn alloc_seq(&mut self, max_tokens: usize) -> Option<SeqId> {
-        if max_tokens == 0 || self.reserved_tokens + max_tokens > self.kv_budget_tokens {
-            return None;
-        }
-        // Ids wrap after 2^32 allocations; skip any still live.
-        while self.seqs.contains_key(&SeqId(self.next_id)) {
-            self.next_id = self.next_id.wrapping_add(1);
-        }
-        let id = SeqId(self.next_id);
-        self.next_id = self.next_id.wrapping_add(1);
-        let layers = self.weights.config.num_hidden_layers;
-        self.seqs.insert(
-            id,
-            KvCache {
-                capacity: max_tokens,
-                len: 0,
-                k: vec![Vec::new(); layers],
-                v: vec![Vec::new(); layers],
-            },
-        );
-        self.reserved_tokens += max_tokens;
-        Some(id)
+        self.take_cache(&[], max_tokens).map(|(id, _)| id)
     }
 
     fn free_seq(&mut self, seq: SeqId) {
-        if let Some(cache) = self.seqs.remove(&seq) {
+        if let Some(mut cache) = self.seqs.remove(&seq) {
             self.reserved_tokens -= cache.capacity;
+            if self.keep_free && cache.len() > 0 {
+                cache.last_used = self.clock.tick();
+                self.free.insert(seq, cache);
+                self.evict_free();
+            }
+        }
+    }
+
+    fn alloc_cached(&mut self, prompt: &[u32], max_tokens: usize) -> Option<(SeqId, usize)> {
+        self.take_cache(prompt, max_tokens)
+    }
+
+    fn set_prefix_caching(&mut self, on: bool) {
+        self.keep_free = on;
+        if !on {
+            self.free.clear();
         }
     }
 
@@ -346,5 +444,137 @@ impl ModelBackend for CpuBackend {
             .chunks_exact(c.vocab_size)
             .map(<[f32]>::to_vec)
             .collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tiny(budget: usize) -> CpuBackend {
+        CpuBackend::new(
+            crate::engine::synthetic::build("tiny", 0).expect("tiny model"),
+            budget,
+        )
+    }
+
+    /// Feed `tokens` to `seq` in chunks of `chunk`; the logits after the last one.
+    fn feed(be: &mut CpuBackend, seq: SeqId, tokens: &[u32], chunk: usize) -> Vec<f32> {
+        let mut last = Vec::new();
+        for c in tokens.chunks(chunk) {
+            let batch = [SeqStep { seq, tokens: c }];
+            last = be.forward(&batch).expect("forward").remove(0);
+        }
+        last
+    }
+
+    /// A freed cache keeps its tokens' KV: a prompt that shares a prefix with it — longer than
+    /// the sliding window (8 on tiny), ending mid-way, equal to it, diverging inside it —
+    /// computes only the rest and gets bit for bit the logits of a fresh prefill.
+    #[test]
+    fn reused_prefixes_give_the_logits_of_a_fresh_prompt() {
+        let mut be = tiny(4096);
+        be.set_prefix_caching(true);
+        let p: Vec<u32> = (0..20).map(|k| 1000 + 7 * k).collect();
+        let (a, cached) = be.alloc_cached(&p, 64).unwrap();
+        assert_eq!(cached, 0);
+        feed(&mut be, a, &p, 12);
+        // Three generated tokens fed back one at a time, as decoding does.
+        let generated = [5u32, 6, 7];
+        feed(&mut be, a, &generated, 1);
+        be.free_seq(a);
+        assert_eq!(be.cached_free_tokens(), 23);
+        // A later turn: the whole history and more.
+        let q: Vec<u32> = p
+            .iter()
+            .chain(&generated)
+            .copied()
+            .chain(300..305)
+            .collect();
+        let (b, cached) = be.alloc_cached(&q, 64).unwrap();
+        assert_eq!(cached, 23);
+        assert_eq!(be.seq_len(b), Some(23));
+        let reused = feed(&mut be, b, &q[cached..], 4);
+        be.free_seq(b);
+        // The same prompt from scratch (the other free cache is emptied, not reused).
+        let fresh = {
+            let s = be.alloc_seq(64).unwrap();
+            assert_eq!(be.seq_len(s), Some(0));
+            let l = feed(&mut be, s, &q, 64);
+            be.free_seq(s);
+            l
+        };
+        assert_eq!(reused, fresh, "logits after a reused prefix differ");
+        // The same prompt again: all but its last token come from the cache.
+        let (c, cached) = be.alloc_cached(&q, 64).unwrap();
+        assert_eq!(cached, q.len() - 1);
+        assert_eq!(feed(&mut be, c, &q[cached..], 1), fresh);
+        be.free_seq(c);
+        // Diverging at position 10: the first 10 tokens are kept, the cache cut back there.
+        let r: Vec<u32> = p[..10].iter().copied().chain(900..915).collect();
+        let (d, cached) = be.alloc_cached(&r, 64).unwrap();
+        assert_eq!(cached, 10);
+        let reused = feed(&mut be, d, &r[cached..], 64);
+        be.free_seq(d);
+        let s = be.alloc_seq(64).unwrap();
+        let fresh = feed(&mut be, s, &r, 5);
+        assert_eq!(reused, fresh, "logits after a prefix cut mid-way differ");
+        be.free_seq(s);
+        // Off: nothing is kept, nothing is reused.
+        be.set_prefix_caching(false);
+        assert_eq!(be.cached_free_tokens(), 0);
+        let (e, cached) = be.alloc_cached(&r, 64).unwrap();
+        assert_eq!(cached, 0);
+        feed(&mut be, e, &r, 64);
+        be.free_seq(e);
+        assert_eq!(be.cached_free_tokens(), 0);
+    }
+
+    /// Kept caches share the KV budget with live reservations: the least recently used go
+    /// when a reservation needs their room, and never block one.
+    #[test]
+    fn kept_caches_are_evicted_least_recently_used_first_under_pressure() {
+        let mut be = tiny(60);
+        be.set_prefix_caching(true);
+        let pa: Vec<u32> = (0..20).map(|k| 2000 + k).collect();
+        let pb: Vec<u32> = (0..20).map(|k| 3000 + k).collect();
+        let (a, _) = be.alloc_cached(&pa, 30).unwrap();
+        let (b, _) = be.alloc_cached(&pb, 30).unwrap();
+        assert!(be.alloc_cached(&[1, 2], 1).is_none(), "the budget is full");
+        feed(&mut be, a, &pa, 20);
+        feed(&mut be, b, &pb, 20);
+        be.free_seq(a);
+        be.free_seq(b);
+        assert_eq!(be.cached_free_tokens(), 40);
+        // 50 positions for an unrelated prompt: it overwrites the least recently used cache
+        // (a's) and b's must go too, for 50 + 20 > 60.
+        let pc: Vec<u32> = (0..10).map(|k| 4000 + k).collect();
+        let (c, cached) = be.alloc_cached(&pc, 50).unwrap();
+        assert_eq!(cached, 0);
+        assert_eq!(be.cached_free_tokens(), 0);
+        feed(&mut be, c, &pc, 10);
+        be.free_seq(c);
+        assert_eq!(
+            be.alloc_cached(&pb, 30).unwrap().1,
+            0,
+            "b's cache was evicted"
+        );
+        // b's own prompt takes b's cache; a's is kept exactly while it fits beside the
+        // reservations.
+        let mut be = tiny(60);
+        be.set_prefix_caching(true);
+        let (a, _) = be.alloc_cached(&pa, 30).unwrap();
+        let (b, _) = be.alloc_cached(&pb, 30).unwrap();
+        feed(&mut be, a, &pa, 20);
+        feed(&mut be, b, &pb, 20);
+        be.free_seq(a);
+        be.free_seq(b);
+        let (b, cached) = be.alloc_cached(&pb, 40).unwrap();
+        assert_eq!(cached, 19);
+        assert_eq!(be.cached_free_tokens(), 20, "40 + 20 fit in 60");
+        be.free_seq(b);
+        let (_, cached) = be.alloc_cached(&pb, 41).unwrap();
+        assert_eq!(cached, 19);
+        assert_eq!(be.cached_free_tokens(), 0, "41 + 20 do not fit in 60");
     }
 }

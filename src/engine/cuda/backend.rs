@@ -15,16 +15,27 @@ use super::ops::{self, SampleRow};
 use super::weights::DeviceWeights;
 use crate::engine::backend::{ModelBackend, RowSample, SeqId, SeqStep};
 use crate::engine::config::ModelConfig;
+use crate::engine::prefix::{self, FreeSlot};
 use crate::engine::sampling::Sampled;
 
 /// The CUDA backend.
 pub struct CudaBackend {
     gpu: Arc<Gpu>,
     dec: Decoder,
-    /// Tokens held by each KV slot; `None` when the slot is free.
-    lens: Vec<Option<usize>>,
+    /// What each KV slot holds. A free slot keeps its tokens' KV (prefix caching).
+    slots: Vec<Slot>,
+    clock: prefix::Clock,
     graphs: bool,
     sampling: SampleBufs,
+}
+
+/// One KV slot: whether a sequence holds it, and the tokens whose keys and values it holds
+/// (their count is the sequence's length; a free slot keeps them for prefix reuse).
+#[derive(Default)]
+struct Slot {
+    busy: bool,
+    tokens: Vec<u32>,
+    last_used: u64,
 }
 
 /// Device buffers of on-device sampling (row requests, banned ids, results), grown on demand.
@@ -66,7 +77,8 @@ impl CudaBackend {
         Ok(Self {
             gpu,
             dec,
-            lens: vec![None; slots],
+            slots: (0..slots).map(|_| Slot::default()).collect(),
+            clock: prefix::Clock::default(),
             graphs,
             sampling: SampleBufs::default(),
         })
@@ -161,17 +173,38 @@ impl CudaBackend {
 
     /// Record that the step appended each sequence's new tokens (after it ran).
     fn advance(&mut self, batch: &[SeqStep<'_>], at: &[(usize, usize)]) {
-        for (st, &(slot, len)) in batch.iter().zip(at) {
-            self.lens[slot] = Some(len + st.tokens.len());
+        for (st, &(slot, _)) in batch.iter().zip(at) {
+            self.slots[slot].tokens.extend_from_slice(st.tokens);
         }
     }
 
     fn slot(&self, seq: SeqId) -> Result<(usize, usize)> {
         let s = seq.0 as usize;
-        match self.lens.get(s) {
-            Some(Some(len)) => Ok((s, *len)),
+        match self.slots.get(s) {
+            Some(slot) if slot.busy => Ok((s, slot.tokens.len())),
             _ => anyhow::bail!("sequence {} is not allocated on {}", seq.0, self.name()),
         }
+    }
+
+    /// Take the free slot `engine::prefix::choose` picks for `prompt` (empty: no reuse),
+    /// cut back to the prefix it keeps, as the CPU backend does.
+    fn take_slot(&mut self, prompt: &[u32], max_tokens: usize) -> Option<(SeqId, usize)> {
+        if max_tokens > self.dec.max_positions() {
+            return None;
+        }
+        let free = self.slots.iter().enumerate().filter(|(_, s)| !s.busy);
+        let ch = prefix::choose(
+            prompt,
+            free.map(|(i, s)| FreeSlot {
+                key: i,
+                tokens: &s.tokens,
+                last_used: s.last_used,
+            }),
+        )?;
+        let slot = &mut self.slots[ch.key];
+        slot.busy = true;
+        slot.tokens.truncate(ch.cached);
+        Some((SeqId(ch.key as u32), ch.cached))
     }
 }
 
@@ -185,18 +218,20 @@ impl ModelBackend for CudaBackend {
     }
 
     fn alloc_seq(&mut self, max_tokens: usize) -> Option<SeqId> {
-        if max_tokens > self.dec.max_positions() {
-            return None;
-        }
-        let s = self.lens.iter().position(Option::is_none)?;
-        self.lens[s] = Some(0);
-        Some(SeqId(s as u32))
+        self.take_slot(&[], max_tokens).map(|(s, _)| s)
     }
 
     fn free_seq(&mut self, seq: SeqId) {
-        if let Some(l) = self.lens.get_mut(seq.0 as usize) {
-            *l = None;
+        if let Some(s) = self.slots.get_mut(seq.0 as usize).filter(|s| s.busy) {
+            s.busy = false;
+            s.last_used = self.clock.tick();
         }
+    }
+
+    // The slots are allocated whole up front, so a free slot keeps its KV at no cost and
+    // `set_prefix_caching` needs nothing here.
+    fn alloc_cached(&mut self, prompt: &[u32], max_tokens: usize) -> Option<(SeqId, usize)> {
+        self.take_slot(prompt, max_tokens)
     }
 
     fn forward(&mut self, batch: &[SeqStep<'_>]) -> Result<Vec<Vec<f32>>> {

@@ -222,13 +222,18 @@ impl CompletionLogprobs {
     }
 }
 
-/// OpenAI's `usage` object.
-fn usage(prompt_tokens: usize, completion_tokens: usize) -> Value {
-    json!({
+/// OpenAI's `usage` object; `prompt_tokens_details.cached_tokens` when the prefix cache gave
+/// some of the prompt (left out at 0, as vLLM leaves it out).
+fn usage(prompt_tokens: usize, completion_tokens: usize, cached_tokens: usize) -> Value {
+    let mut u = json!({
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
-    })
+    });
+    if cached_tokens > 0 {
+        u["prompt_tokens_details"] = json!({"cached_tokens": cached_tokens});
+    }
+    u
 }
 
 const ENGINE_GONE: &str =
@@ -241,10 +246,12 @@ fn finish_str(r: FinishReason) -> &'static str {
     }
 }
 
-/// One choice of a whole (non-streamed) response, and the tokens it generated.
+/// One choice of a whole (non-streamed) response, the tokens it generated, and the prompt
+/// tokens its sequence found in the prefix cache.
 struct ChoiceDone {
     choice: Value,
     completion_tokens: usize,
+    cached_tokens: usize,
 }
 
 /// Collect one choice's generation.
@@ -260,6 +267,7 @@ async fn collect_choice(
     let mut cmpl_lp = CompletionLogprobs::default();
     let mut chat_lp: Vec<Value> = Vec::new();
     let mut finish = None;
+    let mut cached_tokens = 0;
     // Every token the engine sent, as vLLM's `token_ids` (stop tokens included).
     let mut token_ids: Vec<u32> = Vec::new();
     // (name, arguments) of each tool call.
@@ -283,6 +291,7 @@ async fn collect_choice(
     };
     while let Some(ev) = rx.recv().await {
         match ev {
+            GenEvent::Cached(n) => cached_tokens = n,
             GenEvent::Token(s) => {
                 token_ids.push(s.token);
                 if want_logprobs {
@@ -352,6 +361,7 @@ async fn collect_choice(
     Ok(ChoiceDone {
         choice,
         completion_tokens: out.completion_tokens,
+        cached_tokens,
     })
 }
 
@@ -392,6 +402,8 @@ pub async fn respond_full(
         Err(e) => return e.into_response(),
     };
     let completion_tokens = done.iter().map(|d| d.completion_tokens).sum();
+    // One prompt, one count: the first choice's (each choice is a sequence of its own).
+    let cached_tokens = done.first().map_or(0, |d| d.cached_tokens);
     let choices: Vec<Value> = done.into_iter().map(|d| d.choice).collect();
     let mut body = json!({
         "id": meta.id,
@@ -402,7 +414,7 @@ pub async fn respond_full(
         "created": meta.created,
         "model": meta.model,
         "choices": choices,
-        "usage": usage(prepared.prompt.len(), completion_tokens),
+        "usage": usage(prepared.prompt.len(), completion_tokens, cached_tokens),
     });
     if prepared.return_token_ids && endpoint == Endpoint::Chat {
         body["prompt_token_ids"] = json!(prepared.prompt);
@@ -491,7 +503,7 @@ impl ChoiceChunks {
             }
         }
         if self.continuous_usage {
-            v["usage"] = usage(self.prompt_tokens, completion_tokens);
+            v["usage"] = usage(self.prompt_tokens, completion_tokens, 0);
         }
         v
     }
@@ -542,6 +554,8 @@ enum Piece {
     Failed(Value),
     /// The choice finished after generating this many tokens.
     Finished(usize),
+    /// The choice (its index) found this many prompt tokens in the prefix cache.
+    Cached { index: usize, tokens: usize },
 }
 
 /// One choice's chunks, from its receiver.
@@ -561,6 +575,10 @@ fn choice_stream(
         let mut failed = false;
         let mut text_len = 0usize;
         while let Some(ev) = rx.recv().await {
+            if let GenEvent::Cached(tokens) = ev {
+                yield Piece::Cached { index: chunks.index, tokens };
+                continue;
+            }
             if role_pending && !matches!(ev, GenEvent::Error(_)) {
                 role_pending = false;
                 let role = json!({"delta": {"role": "assistant", "content": ""},
@@ -610,6 +628,7 @@ fn choice_stream(
                     failed = true;
                     break;
                 }
+                GenEvent::Cached(_) => {}
             }
         }
         drop(rx);
@@ -661,6 +680,7 @@ pub fn respond_stream(
     let stream = async_stream::stream! {
         let mut finished = 0usize;
         let mut completion_tokens = 0usize;
+        let mut cached_tokens = 0usize;
         let mut failed = false;
         while let Some(piece) = futures::StreamExt::next(&mut choices).await {
             match piece {
@@ -674,13 +694,16 @@ pub fn respond_stream(
                     finished += 1;
                     completion_tokens += t;
                 }
+                // One prompt, one count: the first choice's, as for a whole response.
+                Piece::Cached { index: 0, tokens } => cached_tokens = tokens,
+                Piece::Cached { .. } => {}
             }
         }
         // Ends the other choices too when one failed.
         drop(choices);
         if !failed && finished == n && include_usage {
             let mut v = chunk_value(&meta, endpoint, json!([]));
-            v["usage"] = usage(prompt_tokens, completion_tokens);
+            v["usage"] = usage(prompt_tokens, completion_tokens, cached_tokens);
             yield Event::default().data(v.to_string());
         }
         yield Event::default().data("[DONE]");

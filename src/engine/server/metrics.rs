@@ -106,6 +106,11 @@ pub struct Metrics {
     model_name: String,
     /// KV positions in all, for `vllm:cache_config_info`.
     kv_cache_tokens: usize,
+    /// `--enable-prefix-caching`: the prefix-cache counters are exported only then.
+    prefix_caching: bool,
+    /// Prompt tokens looked up in the prefix cache, and those found there.
+    prefix_queries: AtomicU64,
+    prefix_hits: AtomicU64,
     running: AtomicU64,
     waiting: AtomicU64,
     /// KV usage in millionths, to keep it atomic.
@@ -141,6 +146,9 @@ impl Metrics {
         Metrics {
             model_name: model_name.to_string(),
             kv_cache_tokens,
+            prefix_caching: false,
+            prefix_queries: AtomicU64::new(0),
+            prefix_hits: AtomicU64::new(0),
             running: AtomicU64::new(0),
             waiting: AtomicU64::new(0),
             kv_usage_ppm: AtomicU64::new(0),
@@ -167,6 +175,21 @@ impl Metrics {
                 iteration_tokens: Histogram::new(ITERATION_TOKEN_BUCKETS),
             }),
         }
+    }
+
+    /// The same metrics for a server with prefix caching `on` (`vllm:cache_config_info` says
+    /// so, and the prefix-cache counters are exported).
+    pub fn with_prefix_caching(mut self, on: bool) -> Self {
+        self.prefix_caching = on;
+        self
+    }
+
+    /// One admitted sequence's prefix-cache lookup, in tokens as vLLM counts it: its whole
+    /// prompt queried, `hits` of them found cached.
+    pub fn observe_prefix_cache(&self, prompt_tokens: usize, hits: usize) {
+        self.prefix_queries
+            .fetch_add(prompt_tokens as u64, Ordering::Relaxed);
+        self.prefix_hits.fetch_add(hits as u64, Ordering::Relaxed);
     }
 
     /// Set the running gauge and the KV usage fraction (0–1).
@@ -317,7 +340,8 @@ impl Metrics {
         counter(
             &mut o,
             "vllm:prompt_tokens_total",
-            "Number of prefilled prompt tokens.",
+            "Number of prompt tokens processed (those found in the prefix cache included, as \
+             vLLM counts them).",
             self.prompt_tokens.load(Ordering::Relaxed),
         );
         counter(
@@ -326,6 +350,20 @@ impl Metrics {
             "Number of generated tokens.",
             self.generation_tokens.load(Ordering::Relaxed),
         );
+        if self.prefix_caching {
+            counter(
+                &mut o,
+                "vllm:prefix_cache_queries_total",
+                "Prefix cache queries, in terms of number of queried tokens.",
+                self.prefix_queries.load(Ordering::Relaxed),
+            );
+            counter(
+                &mut o,
+                "vllm:prefix_cache_hits_total",
+                "Prefix cache hits, in terms of number of cached tokens.",
+                self.prefix_hits.load(Ordering::Relaxed),
+            );
+        }
         counter(
             &mut o,
             "vllm:num_preemptions_total",
@@ -386,10 +424,11 @@ impl Metrics {
         let _ = writeln!(
             o,
             "# HELP vllm:cache_config_info Information of the KV cache (this engine reserves \
-             positions, so a block is one position; no prefix caching).\n\
+             positions, so a block is one position; prefix caching reuses whole free slots).\n\
              # TYPE vllm:cache_config_info gauge\n\
-             vllm:cache_config_info{{block_size=\"1\",enable_prefix_caching=\"False\",engine=\"0\",\
+             vllm:cache_config_info{{block_size=\"1\",enable_prefix_caching=\"{}\",engine=\"0\",\
              num_gpu_blocks=\"{}\"}} 1.0",
+            if self.prefix_caching { "True" } else { "False" },
             self.kv_cache_tokens
         );
         let h = self.hist.lock().unwrap_or_else(|p| p.into_inner());
@@ -565,6 +604,20 @@ mod tests {
             !t.contains("le=\"2000\""),
             "token buckets stop at max_model_len"
         );
+        // Without prefix caching its counters are absent; with it, counted in tokens.
+        assert!(!t.contains("prefix_cache"), "{t}");
+        let m = Metrics::new("m", 1000, 64).with_prefix_caching(true);
+        m.observe_prefix_cache(30, 0);
+        m.observe_prefix_cache(40, 29);
+        let t = m.render();
+        for want in [
+            "# TYPE vllm:prefix_cache_queries_total counter\n",
+            "vllm:prefix_cache_queries_total{model_name=\"m\",engine=\"0\"} 70\n",
+            "vllm:prefix_cache_hits_total{model_name=\"m\",engine=\"0\"} 29\n",
+            "vllm:cache_config_info{block_size=\"1\",enable_prefix_caching=\"True\",",
+        ] {
+            assert!(t.contains(want), "{want} missing in\n{t}");
+        }
         assert_eq!(buckets_1_2_5(60), [1.0, 2.0, 5.0, 10.0, 20.0, 50.0]);
         // Every sample line is `name{labels} value` with a numeric value.
         for l in t.lines().filter(|l| !l.starts_with('#')) {

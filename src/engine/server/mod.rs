@@ -57,6 +57,9 @@ pub struct ServerOptions {
     /// Most requests that may wait beyond a full batch of `max_num_seqs`
     /// (`--max-waiting-queue-length`); one more gets a 503 at once. 0 = no limit.
     pub max_waiting_queue_length: usize,
+    /// Prefix caching (`--enable-prefix-caching`): reuse the KV of a free slot holding the
+    /// prompt's longest prefix; counted in `/metrics` and in `usage.prompt_tokens_details`.
+    pub enable_prefix_caching: bool,
 }
 
 /// Where the served weights came from (`weights` in each `/v1/models` entry).
@@ -135,11 +138,14 @@ impl Server {
             .collect();
         let vocab_size = cfg.vocab_size;
         let backend_name = backend.name();
-        let metrics = Arc::new(Metrics::new(
-            &opts.served_model_name,
-            opts.max_model_len,
-            opts.kv_cache_tokens,
-        ));
+        let metrics = Arc::new(
+            Metrics::new(
+                &opts.served_model_name,
+                opts.max_model_len,
+                opts.kv_cache_tokens,
+            )
+            .with_prefix_caching(opts.enable_prefix_caching),
+        );
         let scheduler = scheduler::spawn(
             backend,
             SchedulerConfig {
@@ -151,6 +157,7 @@ impl Server {
                 step_log: opts.step_log.clone(),
                 long_prefill_token_threshold: opts.long_prefill_token_threshold,
                 max_waiting_queue_length: opts.max_waiting_queue_length,
+                enable_prefix_caching: opts.enable_prefix_caching,
             },
             metrics.clone(),
         )?;
@@ -310,7 +317,7 @@ fn nothing_to_generate() -> UnboundedReceiver<GenEvent> {
 
 async fn run(st: &AppState, prepared: api::Prepared, endpoint: Endpoint, prefix: &str) -> Response {
     // Each choice is its own sequence: the backend cannot share the prompt's KV between
-    // sequences yet, so each prefills the prompt. With a seed, choice i samples with
+    // running sequences (prefix caching reuses free slots only), so each prefills the prompt. With a seed, choice i samples with
     // seed + i, as vLLM seeds its n child requests.
     let rxs = if prepared.sampling.max_tokens == 0 {
         (0..prepared.n).map(|_| nothing_to_generate()).collect()
