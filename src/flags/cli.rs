@@ -95,11 +95,7 @@ fn load(store: &PresetStore, name: &str) -> Result<Preset, PresetError> {
 }
 
 fn target_name(t: TargetKind) -> &'static str {
-    match t {
-        TargetKind::Docker => "docker",
-        TargetKind::Engine => "engine",
-        TargetKind::Attach => "attach",
-    }
+    t.name()
 }
 
 /// Where a preset comes from, in a word where one is enough: `bundled`, `user` (the user

@@ -127,6 +127,9 @@ pub(crate) fn target_kind(t: TargetArg) -> Result<TargetKind> {
         TargetArg::Attach => {
             bail!("--target attach: a matrix launches and stops its targets; use docker or engine")
         }
+        TargetArg::DockerCluster => bail!(
+            "--target docker-cluster: a matrix does not run two-node targets yet; launch the preset with `mxtune launch --preset NAME` and benchmark it with `mxtune bench --url`"
+        ),
     })
 }
 

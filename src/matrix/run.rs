@@ -252,6 +252,10 @@ pub async fn start(
             }
             Err(e) => Err(e),
         },
+        TargetKind::DockerCluster => Err(anyhow::anyhow!(
+            "preset {}: a matrix does not run two-node (docker-cluster) targets yet",
+            prepared.preset.name
+        )),
         TargetKind::Engine => {
             EngineTarget::launch(
                 plan.engine_bin.as_deref(),
