@@ -461,7 +461,7 @@ async fn launch_async(args: LaunchArgs) -> Result<ExitCode> {
             let cluster = spec.cluster.clone().context(
                 "the launch spec has no [cluster] section: a docker-cluster launch needs a docker-cluster preset (or a spec rendered from one)",
             )?;
-            let plan = super::cluster::ClusterPlan::resolve(&cluster, crate::hosts::find)?;
+            let plan = super::cluster::ClusterPlan::from_hosts_file(&cluster)?;
             let mut findings = match &plan.head.host {
                 None => preflight::host_checks(&spec, true),
                 Some(h) => {
@@ -752,7 +752,7 @@ async fn stop_cluster(args: &StopArgs, preset: &str) -> Result<ExitCode> {
     let cluster = spec
         .cluster
         .context("the rendered preset has no cluster section")?;
-    let plan = super::cluster::ClusterPlan::resolve(&cluster, crate::hosts::find)?;
+    let plan = super::cluster::ClusterPlan::from_hosts_file(&cluster)?;
     let (mut stopped, mut failures) = (0usize, 0usize);
     for host in plan.engines() {
         let on = host

@@ -90,6 +90,11 @@ pub struct ClusterPlan {
 }
 
 impl ClusterPlan {
+    /// Resolves `spec`'s hosts in the user's hosts.toml (`local` is this machine).
+    pub fn from_hosts_file(spec: &ClusterSpec) -> Result<Self> {
+        Self::resolve(spec, |n| crate::hosts::find_for(n, "hosts.toml"))
+    }
+
     /// Resolves `spec`'s hosts with `lookup` (hosts.toml; `local` is this machine) and works
     /// out each node's address and environment. Errors say which key or host entry lacks what.
     pub fn resolve(spec: &ClusterSpec, lookup: impl Fn(&str) -> Result<Host>) -> Result<Self> {

@@ -513,7 +513,7 @@ async fn start(
             let cluster = spec.cluster.clone().context(
                 "the rendered preset has no [cluster] section: the docker-cluster target needs cluster.head and cluster.worker",
             )?;
-            let plan = crate::launch::cluster::ClusterPlan::resolve(&cluster, crate::hosts::find)?;
+            let plan = crate::launch::cluster::ClusterPlan::from_hosts_file(&cluster)?;
             crate::launch::cluster::ClusterTarget::launch(plan, &spec, &opts, events).await?
         }
         (TargetKind::Docker, host) => {
