@@ -528,6 +528,7 @@ pub fn common_args(app: &App, kind: TargetKind) -> Result<CommonArgs, String> {
         startup_limit_s: app.launch.startup_limit.as_secs().max(1),
         cooldown_c: None,
         cooldown_limit_s: 900,
+        hosts: Vec::new(),
     })
 }
 
