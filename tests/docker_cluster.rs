@@ -281,7 +281,9 @@ async fn cli_launches_a_cluster_with_the_worker_over_ssh_and_stops_only_its_cont
     fs.cluster.transport = Transport::Rdma;
     fs.cluster.nccl.ib_hca = Some("rocep1s0f1".into());
     std::fs::create_dir_all(dir.path().join("hf")).unwrap();
-    std::fs::create_dir_all(dir.path().join("jit")).unwrap();
+    // A cache that is not there yet: pre-flight on each node says it will be created.
+    let jit = dir.path().join("jit-missing");
+    fs.container.jit_cache = Some(jit.display().to_string());
     let presets = dir.path().join("presets");
     std::fs::create_dir(&presets).unwrap();
     let mut text = String::from("description = \"two nodes\"\n");
@@ -386,6 +388,21 @@ async fn cli_launches_a_cluster_with_the_worker_over_ssh_and_stops_only_its_cont
         "{err}"
     );
     assert!(out.contains("nccl_transport=rdma: Valid"), "{out}");
+    // Pre-flight ran on both nodes: here for the head, over SSH on the worker's host.
+    assert!(
+        err.contains(&format!(
+            "pre-flight Warning (head): mount source {}",
+            jit.display()
+        )),
+        "{err}"
+    );
+    assert!(
+        err.contains(&format!(
+            "pre-flight Warning (worker): on host remote: mount source {}",
+            jit.display()
+        )),
+        "{err}"
+    );
     assert!(
         out.contains(&format!("mxtune stop --cluster tp2 {run_id}")),
         "{out}"

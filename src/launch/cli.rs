@@ -462,21 +462,37 @@ async fn launch_async(args: LaunchArgs) -> Result<ExitCode> {
                 "the launch spec has no [cluster] section: a docker-cluster launch needs a docker-cluster preset (or a spec rendered from one)",
             )?;
             let plan = super::cluster::ClusterPlan::from_hosts_file(&cluster)?;
-            let mut findings = match &plan.head.host {
-                None => preflight::host_checks(&spec, true),
-                Some(h) => {
-                    let (h, s) = (h.clone(), spec.clone());
-                    tokio::task::spawn_blocking(move || {
-                        crate::hosts::preflight::host_checks(&h, &s, true)
+            let checks_on = |host: Option<Host>, spec: LaunchSpec| async move {
+                match host {
+                    None => Ok(preflight::host_checks(&spec, true)),
+                    Some(h) => tokio::task::spawn_blocking(move || {
+                        crate::hosts::preflight::host_checks(&h, &spec, true)
                     })
                     .await
-                    .context("the remote pre-flight task")?
+                    .context("the remote pre-flight task"),
                 }
             };
-            findings.extend(rule_findings);
+            let mut findings: Vec<(&str, preflight::Finding)> =
+                checks_on(plan.head.host.clone(), spec.clone())
+                    .await?
+                    .into_iter()
+                    .chain(rule_findings)
+                    .map(|f| ("head", f))
+                    .collect();
+            if plan.worker.host != plan.head.host {
+                // The worker serves no API: its checks leave the port out (port 0 always binds).
+                let mut worker_spec = spec.clone();
+                worker_spec.port = 0;
+                findings.extend(
+                    checks_on(plan.worker.host.clone(), worker_spec)
+                        .await?
+                        .into_iter()
+                        .map(|f| ("worker", f)),
+                );
+            }
             let mut blocked = false;
-            for f in &findings {
-                crate::errln!("pre-flight {:?} (head): {}", f.severity, f.message);
+            for (node, f) in &findings {
+                crate::errln!("pre-flight {:?} ({node}): {}", f.severity, f.message);
                 blocked |= f.severity == Severity::Error;
             }
             if blocked {
