@@ -484,3 +484,117 @@ async fn cli_launches_a_cluster_with_the_worker_over_ssh_and_stops_only_its_cont
         "stop removed another run's container"
     );
 }
+
+/// The panel launches a docker-cluster preset (both nodes here), shows it ready, and reports
+/// the worker's death as the target's end with its reason; its stop removes the head too.
+#[test]
+fn panel_launches_a_cluster_and_reports_a_dead_worker() {
+    use mxtune::flags::preset::PresetStore;
+    use mxtune::tui::app::{App, Effect, Paths, Tab};
+    use mxtune::tui::screens::launch::TargetState;
+    use mxtune::tui::{perform, step, ui};
+    let test = "panel_launches_a_cluster_and_reports_a_dead_worker";
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let Some(d) = rt.block_on(docker_or_skip(test)) else {
+        return;
+    };
+    let image = rt.block_on(test_image(&d));
+    let dir = tempfile::tempdir().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let mut bg = mxtune::tui::background::Background::new(tx).unwrap();
+    let mut a = App::new(
+        mxtune::tui::theme::Theme {
+            color: false,
+            ascii: false,
+        },
+        Paths {
+            presets: PresetStore::new(vec![dir.path().join("presets")]),
+            save_dir: dir.path().join("presets"),
+            runs_dir: dir.path().join("runs"),
+            export_dir: dir.path().to_path_buf(),
+        },
+    );
+    a.flags.flags = cluster_flags(&image, dir.path(), free_port(), free_port());
+    a.launch.choice = TargetKind::DockerCluster;
+    a.tab = Tab::Launch;
+    a.launch.state = TargetState::Launching;
+    perform(&mut a, &mut bg, Effect::StartTarget);
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    let pump = |a: &mut App,
+                bg: &mut mxtune::tui::background::Background,
+                what: &str,
+                done: &dyn Fn(&App) -> bool| {
+        while !done(a) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "never reached: {what}"
+            );
+            if let Ok(ev) = rx.recv_timeout(Duration::from_millis(200)) {
+                step(a, bg, ev);
+            }
+        }
+    };
+    pump(&mut a, &mut bg, "ready", &|a| {
+        matches!(
+            a.launch.state,
+            TargetState::Ready { .. } | TargetState::Failed(_)
+        )
+    });
+    assert!(
+        matches!(a.launch.state, TargetState::Ready { .. }),
+        "{:?}",
+        a.launch.state
+    );
+    let describe = a.launch.describe.clone().unwrap();
+    assert!(
+        describe.starts_with("cluster of container mxtune-") && describe.contains("(Ray worker)"),
+        "{describe}"
+    );
+    let run = rt.block_on(docker::find_mxtune_containers(&d)).unwrap();
+    let worker = run
+        .iter()
+        .find(|f| f.cluster_role.as_deref() == Some("worker") && describe.contains(&f.name))
+        .expect("the worker container")
+        .clone();
+    let _cleanup = Cleanup(worker.run_id.clone());
+    rt.block_on(d.kill_container(
+        &worker.id,
+        None::<bollard::query_parameters::KillContainerOptions>,
+    ))
+    .unwrap();
+    pump(&mut a, &mut bg, "the target's end", &|a| {
+        matches!(
+            a.launch.state,
+            TargetState::Exited(_) | TargetState::Failed(_)
+        )
+    });
+    let TargetState::Exited(why) = &a.launch.state else {
+        panic!("{:?}", a.launch.state);
+    };
+    assert!(
+        why.contains(&format!(
+            "the Ray worker container {} on host local exited",
+            worker.name
+        )),
+        "{why}"
+    );
+    let mut t = ratatui::Terminal::new(ratatui::backend::TestBackend::new(200, 40)).unwrap();
+    t.draw(|f| ui::draw(f, &a)).unwrap();
+    let s = t.backend().to_string();
+    assert!(s.contains("Ray worker container"), "{s}");
+    perform(&mut a, &mut bg, Effect::StopTarget);
+    // The panel's stop goes to both nodes: the running head and the dead worker are removed.
+    pump(
+        &mut a,
+        &mut bg,
+        "stopped",
+        &|a| matches!(&a.launch.state, TargetState::Exited(m) if m.contains("removed container")),
+    );
+    let TargetState::Exited(stopped) = &a.launch.state else {
+        unreachable!()
+    };
+    assert!(stopped.contains("-head on host local"), "{stopped}");
+    assert!(stopped.contains("-worker on host local"), "{stopped}");
+    let left = rt.block_on(containers_of(&d, &worker.run_id));
+    assert!(left.is_empty(), "{left:?}");
+}
