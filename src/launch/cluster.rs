@@ -556,14 +556,15 @@ impl Coordinator {
         let mut stage = Stage::Joining;
         let mut worker_tail: Vec<String> = Vec::new();
         let mut socket_warned = false;
+        let (mut head_open, mut worker_open) = (true, true);
         let send = |m: SourceMsg| {
             let tx = tx.clone();
             async move { tx.send(m).await.is_ok() }
         };
         loop {
             let (msg, from) = tokio::select! {
-                m = head_rx.recv() => (m, Role::Head),
-                m = worker_rx.recv() => (m, Role::Worker),
+                m = head_rx.recv(), if head_open => (m, Role::Head),
+                m = worker_rx.recv(), if worker_open => (m, Role::Worker),
                 m = serve_rx.recv(), if matches!(stage, Stage::Serving) => match m {
                     Some(SourceMsg::Line(stream, line)) => {
                         if let Some(w) = self.transport_warning(&line, &mut socket_warned)
@@ -617,6 +618,7 @@ impl Coordinator {
                     }
                     continue;
                 }
+                else => break,
             };
             match (msg, from) {
                 (Some(SourceMsg::Line(stream, line)), role) => {
@@ -686,12 +688,15 @@ impl Coordinator {
                         break;
                     }
                 }
-                (None, _) => {
-                    // A pump ended after its exit was passed on; wait for the others.
-                    if head_rx.is_closed() && worker_rx.is_closed() {
+                (None, role) => {
+                    // A pump ended after its exit was passed on; the other goes on.
+                    match role {
+                        Role::Head => head_open = false,
+                        Role::Worker => worker_open = false,
+                    }
+                    if !head_open && !worker_open {
                         break;
                     }
-                    tokio::time::sleep(Duration::from_millis(50)).await;
                 }
             }
         }
