@@ -20,6 +20,21 @@ pub enum TargetKind {
     Engine,
     /// An endpoint that is already running; mxtune only attaches.
     Attach,
+    /// vLLM across two hosts: a Ray head and a Ray worker container, `vllm serve` on the head.
+    #[serde(rename = "docker-cluster", alias = "docker_cluster")]
+    DockerCluster,
+}
+
+impl TargetKind {
+    /// The name presets and messages use: `docker`, `engine`, `attach`, `docker-cluster`.
+    pub fn name(self) -> &'static str {
+        match self {
+            TargetKind::Docker => "docker",
+            TargetKind::Engine => "engine",
+            TargetKind::Attach => "attach",
+            TargetKind::DockerCluster => "docker-cluster",
+        }
+    }
 }
 
 /// A rendered launch: argv + env + (for Docker) the container settings,
@@ -46,6 +61,33 @@ pub struct LaunchSpec {
     /// engine and attach targets (and specs written before mxtune recorded it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dialect: Option<Dialect>,
+    /// The two nodes of a `docker-cluster` launch; `None` for every other target.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster: Option<ClusterSpec>,
+}
+
+/// A two-node vLLM launch over Ray: which hosts, how the model is split, what NCCL should use.
+/// The argv of the [`LaunchSpec`] it belongs to is the `vllm serve` run on the head.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClusterSpec {
+    /// The hosts.toml host running the Ray head and `vllm serve`, or `local` (this machine).
+    pub head: String,
+    /// The hosts.toml host running the Ray worker, or `local`.
+    pub worker: String,
+    /// `tensor` (`--tensor-parallel-size 2`) or `pipeline` (`--pipeline-parallel-size 2`).
+    pub parallel: String,
+    /// The Ray head's port (GCS), on the head's address.
+    pub ray_port: u16,
+    /// How long the worker and its GPU may take to join the Ray cluster, in seconds.
+    pub join_limit_s: u64,
+    /// The NCCL transport expected between the nodes: `rdma` (IB/RoCE) or `socket`.
+    pub transport: String,
+    /// NCCL/Gloo/UCX variables the preset sets on both nodes (they override the hosts' own).
+    #[serde(default)]
+    pub nccl_env: BTreeMap<String, String>,
+    /// This machine's address on the link, when `local` is one of two different hosts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub local_ip: Option<String>,
 }
 
 /// The dialect a vLLM launch was rendered in: the image flavour and, for a stock image, the

@@ -488,3 +488,56 @@ fn recipe_import_saves_into_the_user_directory_and_export_never_replaces() {
             .exists()
     );
 }
+
+#[test]
+fn a_docker_cluster_preset_shows_the_heads_vllm_serve_and_its_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("tp2.toml"),
+        "description = \"two nodes\"\ntarget = \"docker-cluster\"\n[cluster]\nhead = \"local\"\nworker = \"spark2\"\nparallel = \"pipeline\"\n[cluster.nccl]\nib_hca = \"rocep1s0f1\"\n",
+    )
+    .unwrap();
+    let o = mxtune(&["show", "tp2", "--as", "vllm"], dir.path());
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(
+        out.contains("--pipeline-parallel-size 2 --distributed-executor-backend ray"),
+        "{out}"
+    );
+    assert!(out.contains("NCCL_DEBUG=INFO"), "{out}");
+    let o = mxtune(&["list"], dir.path());
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains("docker-cluster"),
+        "{}",
+        String::from_utf8_lossy(&o.stdout)
+    );
+
+    std::fs::write(
+        dir.path().join("bad.toml"),
+        "target = \"docker-cluster\"\n[cluster]\nhead = \"local\"\nworkr = \"spark2\"\n",
+    )
+    .unwrap();
+    let o = mxtune(
+        &["check", dir.path().join("bad.toml").to_str().unwrap()],
+        dir.path(),
+    );
+    assert!(!o.status.success());
+    let out = format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(out.contains("bad.toml:4: unknown field `workr`"), "{out}");
+    std::fs::write(
+        dir.path().join("bad.toml"),
+        "target = \"docker-cluster\"\n[cluster]\nhead = \"local\"\n",
+    )
+    .unwrap();
+    let o = mxtune(&["show", "bad", "--as", "vllm"], dir.path());
+    assert!(!o.status.success());
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("cluster.worker is not set"),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+}

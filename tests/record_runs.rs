@@ -87,6 +87,7 @@ fn full_record(source_repo: &Path) -> RunRecord {
             version_source: Some("vllm --version".into()),
             note: None,
         }),
+        cluster: None,
     });
     r.target.url = Some("http://127.0.0.1:8000".into());
     r.target.docker = Some(DockerFacts {

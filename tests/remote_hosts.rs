@@ -836,3 +836,165 @@ mod panel {
         assert!(left.is_empty(), "{left:?}");
     }
 }
+
+#[tokio::test]
+async fn matrix_on_two_hosts_at_once_tags_each_record_with_its_host_in_one_report() {
+    let test = "matrix_on_two_hosts_at_once_tags_each_record_with_its_host_in_one_report";
+    let Some(d) = docker_or_skip(test).await else {
+        return;
+    };
+    let Some(sshd) = sshd_or_skip(test) else {
+        return;
+    };
+    let image = test_image(&d).await;
+    let dir = tempfile::tempdir().unwrap();
+    let presets = dir.path().join("presets");
+    std::fs::create_dir(&presets).unwrap();
+    let hf = dir.path().join("hf");
+    std::fs::create_dir_all(&hf).unwrap();
+    std::fs::create_dir_all(dir.path().join("jit")).unwrap();
+    let mut names = Vec::new();
+    for name in ["m-one", "m-two"] {
+        let container = format!("mxtune-mhost-test-{}", ulid::Ulid::generate()).to_lowercase();
+        names.push(container.clone());
+        std::fs::write(
+            presets.join(format!("{name}.toml")),
+            format!(
+                "description = \"matrix on hosts\"\ntarget = \"docker\"\n[axes]\nmoe_backend = \"marlin\"\n\
+                 [serving]\nmodel = \"openai/gpt-oss-120b\"\nserved_model_name = \"m\"\nhost = \"0.0.0.0\"\nport = {}\n\
+                 [container]\nimage = \"{image}\"\nname = \"{container}\"\nnetwork = \"bridge\"\ngpus_all = false\nulimits = {{}}\nvllm = \"fork\"\nhf_cache = \"{}\"\njit_cache = \"{}\"\n",
+                free_port(),
+                hf.display(),
+                dir.path().join("jit").display()
+            ),
+        )
+        .unwrap();
+    }
+    let _cleanup: Vec<RemoveContainer> = names.into_iter().map(RemoveContainer).collect();
+    // Two hosts of hosts.toml, both the local sshd standing in for two machines.
+    let home = sshd.config_home(&format!(
+        "{}\n{}",
+        sshd.host_entry("h1", MXTUNE),
+        sshd.host_entry("h2", MXTUNE)
+    ));
+    let out = dir.path().join("out");
+    let runs = dir.path().join("runs");
+    let o = tokio::task::spawn_blocking({
+        let (presets, out, runs, home) = (presets.clone(), out.clone(), runs.clone(), home.clone());
+        move || {
+            let child = Command::new(MXTUNE)
+                .args([
+                    "matrix", "--target", "docker", "--host", "h1", "--host", "h2",
+                ])
+                .args([
+                    "m-one",
+                    "m-two",
+                    "--endpoint",
+                    "completions",
+                    "--no-shuffle",
+                ])
+                .args([
+                    "--grid", "pp=64", "tg=4", "runs=1", "warmup=0", "--levels", "1,4",
+                ])
+                .arg("--presets-dir")
+                .arg(presets)
+                .arg("--runs-dir")
+                .arg(runs)
+                .arg("--out")
+                .arg(out)
+                .env("XDG_CONFIG_HOME", home)
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap();
+            let pid = child.id();
+            (pid, child.wait_with_output().unwrap())
+        }
+    })
+    .await
+    .unwrap();
+    let (pid, o) = o;
+    let (stdout, stderr) = text(&o);
+    // 0, or 1 when the instant stand-in left a pp figure out on a loaded machine (as in
+    // matrix_runs.rs); both presets must have run to the end either way.
+    assert!(matches!(o.status.code(), Some(0 | 1)), "{stdout}{stderr}");
+    let state: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("matrix-state.json")).unwrap())
+            .unwrap();
+    assert_eq!(state["plan"]["hosts"], serde_json::json!(["h1", "h2"]));
+    let order = state["order"].as_array().unwrap();
+    for (p, (name, host)) in order.iter().zip([("m-one", "h1"), ("m-two", "h2")]) {
+        assert_eq!(p["name"], name);
+        assert_eq!(p["host"], host);
+        assert_eq!(p["status"], "done", "{p}\n{stderr}");
+        assert_eq!(p["levels"][0]["verdict"], "pass", "{p}");
+        let record: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(p["record"].as_str().unwrap()).unwrap())
+                .unwrap();
+        let tags = record["identity"]["tags"].as_array().unwrap();
+        assert!(
+            tags.contains(&serde_json::json!(format!("host:{host}"))),
+            "{tags:?}"
+        );
+        assert!(
+            !record["results"].as_array().unwrap().is_empty(),
+            "{record}"
+        );
+        assert!(
+            record["observed"]["warnings"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|w| w.as_str().unwrap().starts_with(&format!(
+                    "run on host {host}: GPU, host and temperature readings"
+                ))),
+            "{record}"
+        );
+    }
+    let report = std::fs::read_to_string(out.join("report.md")).unwrap();
+    assert!(report.contains("Hosts: h1, h2"), "{report}");
+    assert!(report.contains("| m-one (host h1) |"), "{report}");
+    assert!(report.contains("| m-two (host h2) |"), "{report}");
+    // No tunnel is left behind by the matrix.
+    assert!(tunnel_dirs_of(pid).is_empty(), "{:?}", tunnel_dirs_of(pid));
+
+    // --host is for Docker presets only, and a host must be in hosts.toml.
+    let o = mxtune(
+        &home,
+        &[
+            "matrix",
+            "--target",
+            "engine",
+            "--host",
+            "h1",
+            "m-one",
+            "--out",
+            out.join("x").to_str().unwrap(),
+        ],
+    );
+    assert!(
+        text(&o)
+            .1
+            .contains("--host runs Docker presets on that host"),
+        "{}",
+        text(&o).1
+    );
+    let o = mxtune(
+        &home,
+        &[
+            "matrix",
+            "--target",
+            "docker",
+            "--host",
+            "h9",
+            "m-one",
+            "--out",
+            out.join("y").to_str().unwrap(),
+        ],
+    );
+    assert!(
+        text(&o).1.contains("no host named \"h9\""),
+        "{}",
+        text(&o).1
+    );
+}

@@ -95,11 +95,7 @@ fn load(store: &PresetStore, name: &str) -> Result<Preset, PresetError> {
 }
 
 fn target_name(t: TargetKind) -> &'static str {
-    match t {
-        TargetKind::Docker => "docker",
-        TargetKind::Engine => "engine",
-        TargetKind::Attach => "attach",
-    }
+    t.name()
 }
 
 /// Where a preset comes from, in a word where one is enough: `bundled`, `user` (the user
@@ -156,6 +152,14 @@ fn list(store: &PresetStore) -> Result<ExitCode> {
     })
 }
 
+/// The vLLM target a preset renders for in `show`: its own two-node target, else Docker.
+fn vllm_target(p: &Preset) -> TargetKind {
+    match p.flags.target {
+        TargetKind::DockerCluster => TargetKind::DockerCluster,
+        _ => TargetKind::Docker,
+    }
+}
+
 fn render_for(p: &Preset, target: TargetKind) -> Result<LaunchSpec> {
     render_with(&p.flags, target, &RenderContext::from_env()).map_err(|e| {
         e.context(format!(
@@ -176,12 +180,12 @@ fn show(
     let quote = |argv: &[String]| shell_words::join(argv);
     match format {
         Some(ShowAs::DockerRun) => {
-            let spec = render_for(&p, TargetKind::Docker)?;
+            let spec = render_for(&p, vllm_target(&p))?;
             print_warnings(&spec);
             println!("{}", quote(&docker_run_argv(&spec)?));
         }
         Some(ShowAs::Vllm) => {
-            let spec = render_for(&p, TargetKind::Docker)?;
+            let spec = render_for(&p, vllm_target(&p))?;
             print_warnings(&spec);
             if let Some(c) = &spec.container {
                 for (path, contents) in &c.files {
@@ -194,7 +198,7 @@ fn show(
             println!("{}", quote(&argv));
         }
         Some(ShowAs::Env) => {
-            let spec = render_for(&p, TargetKind::Docker)?;
+            let spec = render_for(&p, vllm_target(&p))?;
             print_warnings(&spec);
             for (k, v) in &spec.env {
                 println!("export {k}={}", shell_words::quote(v));

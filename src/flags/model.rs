@@ -23,6 +23,9 @@ pub struct FlagSet {
     pub container: Container,
     /// Bundled-engine settings (engine target only).
     pub engine: EngineSettings,
+    /// The two nodes of a `docker-cluster` target (left out of the file for other targets).
+    #[serde(skip_serializing_if = "Cluster::is_unset")]
+    pub cluster: Cluster,
 }
 
 impl Default for FlagSet {
@@ -33,6 +36,7 @@ impl Default for FlagSet {
             serving: Serving::default(),
             container: Container::default(),
             engine: EngineSettings::default(),
+            cluster: Cluster::default(),
         }
     }
 }
@@ -227,6 +231,140 @@ impl Default for Container {
             flashinfer_src: None,
             env: BTreeMap::new(),
         }
+    }
+}
+
+/// How a `docker-cluster` target splits the model over its two GPUs.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Parallel {
+    /// `--tensor-parallel-size 2`: every layer split over both nodes.
+    #[default]
+    Tensor,
+    /// `--pipeline-parallel-size 2`: half the layers on each node.
+    Pipeline,
+}
+
+impl Parallel {
+    /// The name used in presets and the launch spec.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Parallel::Tensor => "tensor",
+            Parallel::Pipeline => "pipeline",
+        }
+    }
+}
+
+/// The NCCL transport a `docker-cluster` target expects between its nodes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Transport {
+    /// InfiniBand verbs over the ConnectX-7 link (RoCE): what two Sparks should use.
+    #[default]
+    Rdma,
+    /// TCP sockets (no RDMA): slow, only on purpose.
+    Socket,
+}
+
+impl Transport {
+    /// The name used in presets and the launch spec.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Transport::Rdma => "rdma",
+            Transport::Socket => "socket",
+        }
+    }
+}
+
+/// NCCL, Gloo and UCX interfaces set on both nodes by the preset (they override each host's
+/// `[host.nccl]` table in hosts.toml; a node's own address is per host and stays there).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClusterNccl {
+    /// `NCCL_SOCKET_IFNAME`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub socket_ifname: Option<String>,
+    /// `GLOO_SOCKET_IFNAME`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gloo_socket_ifname: Option<String>,
+    /// `NCCL_IB_HCA`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ib_hca: Option<String>,
+    /// `UCX_NET_DEVICES`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ucx_net_devices: Option<String>,
+}
+
+impl ClusterNccl {
+    /// The environment variables these settings stand for, in a fixed order.
+    pub fn env(&self) -> Vec<(&'static str, &str)> {
+        [
+            ("NCCL_SOCKET_IFNAME", &self.socket_ifname),
+            ("GLOO_SOCKET_IFNAME", &self.gloo_socket_ifname),
+            ("NCCL_IB_HCA", &self.ib_hca),
+            ("UCX_NET_DEVICES", &self.ucx_net_devices),
+        ]
+        .into_iter()
+        .filter_map(|(k, v)| v.as_deref().map(|v| (k, v)))
+        .collect()
+    }
+}
+
+/// The two nodes of a `docker-cluster` target: vLLM over Ray, one GPU on each host.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Cluster {
+    /// The hosts.toml host for the Ray head and `vllm serve`, or `local` (this machine).
+    pub head: String,
+    /// The hosts.toml host for the Ray worker, or `local`.
+    pub worker: String,
+    /// Tensor or pipeline parallel over the two GPUs.
+    pub parallel: Parallel,
+    /// The Ray head's port.
+    pub ray_port: u16,
+    /// The NCCL transport expected between the nodes; the other one is a warning.
+    pub transport: Transport,
+    /// Seconds the worker and its GPU may take to join the Ray cluster.
+    pub join_limit_s: u64,
+    /// This machine's address on the link, needed when `local` is one of two hosts.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub local_ip: Option<String>,
+    /// Interfaces for NCCL, Gloo and UCX on both nodes.
+    #[serde(skip_serializing_if = "ClusterNccl::is_empty")]
+    pub nccl: ClusterNccl,
+}
+
+/// The Ray head port unless a preset says otherwise (Ray's own default).
+pub const DEFAULT_RAY_PORT: u16 = 6379;
+/// How long the worker may take to join unless a preset says otherwise.
+pub const DEFAULT_JOIN_LIMIT_S: u64 = 600;
+
+impl Default for Cluster {
+    fn default() -> Self {
+        Cluster {
+            head: String::new(),
+            worker: String::new(),
+            parallel: Parallel::default(),
+            ray_port: DEFAULT_RAY_PORT,
+            transport: Transport::default(),
+            join_limit_s: DEFAULT_JOIN_LIMIT_S,
+            local_ip: None,
+            nccl: ClusterNccl::default(),
+        }
+    }
+}
+
+impl Cluster {
+    /// Whether nothing was set (the section is left out of a saved preset).
+    pub fn is_unset(&self) -> bool {
+        *self == Cluster::default()
+    }
+}
+
+impl ClusterNccl {
+    /// Whether no interface is set.
+    pub fn is_empty(&self) -> bool {
+        *self == ClusterNccl::default()
     }
 }
 

@@ -146,6 +146,9 @@ struct PresetDoc {
     #[serde(default)]
     #[allow(dead_code)]
     engine: Option<EngineSettings>,
+    #[serde(default)]
+    #[allow(dead_code)]
+    cluster: Option<super::model::Cluster>,
 }
 
 /// One parsed file: its raw table (minus the preset's own keys) and metadata.

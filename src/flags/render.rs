@@ -104,6 +104,7 @@ pub fn render(fs: &FlagSet, target: TargetKind) -> Result<LaunchSpec> {
 pub fn render_with(fs: &FlagSet, target: TargetKind, ctx: &RenderContext) -> Result<LaunchSpec> {
     match target {
         TargetKind::Docker => render_vllm(fs, ctx),
+        TargetKind::DockerCluster => render_cluster(fs, ctx),
         TargetKind::Engine => render_engine(fs, ctx),
         TargetKind::Attach => Ok(LaunchSpec {
             host: client_host(fs.serving.host.as_deref().unwrap_or("127.0.0.1")),
@@ -112,6 +113,136 @@ pub fn render_with(fs: &FlagSet, target: TargetKind, ctx: &RenderContext) -> Res
             ..LaunchSpec::default()
         }),
     }
+}
+
+/// The name that stands for this machine in `cluster.head` / `cluster.worker`.
+pub const LOCAL_HOST: &str = "local";
+
+/// Log evidence of each NCCL transport between the nodes (NCCL_DEBUG=INFO lines: the network
+/// NCCL picked, and the channels' `via NET/…`).
+const NCCL_RDMA: &str = r"NCCL INFO (NET/IB : Using \[|Using network IB|Channel .* via NET/IB)";
+const NCCL_SOCKET: &str = r"NCCL INFO (NET/Socket : Using \[|Using network Socket|Channel .* via NET/Socket|NET/IB : No device found)";
+
+/// The kernel-path check of the NCCL transport a cluster expects: RDMA must be seen and a
+/// socket line must not; a socket cluster only needs its socket lines.
+pub fn transport_check(transport: m::Transport) -> PathCheck {
+    let (must_see, must_not_see) = match transport {
+        m::Transport::Rdma => (vec![NCCL_RDMA.to_string()], vec![NCCL_SOCKET.to_string()]),
+        m::Transport::Socket => (vec![NCCL_SOCKET.to_string()], Vec::new()),
+    };
+    PathCheck {
+        flag: "nccl_transport".into(),
+        value: transport.as_str().into(),
+        must_see,
+        must_not_see,
+    }
+}
+
+/// The transport a log line shows NCCL using between the nodes, if it shows one.
+pub fn transport_of_line(line: &str) -> Option<m::Transport> {
+    use std::sync::OnceLock;
+    static RE: OnceLock<(regex::Regex, regex::Regex)> = OnceLock::new();
+    let (rdma, socket) = RE.get_or_init(|| {
+        (
+            regex::Regex::new(NCCL_RDMA).expect("NCCL_RDMA is a valid regex"),
+            regex::Regex::new(NCCL_SOCKET).expect("NCCL_SOCKET is a valid regex"),
+        )
+    });
+    if socket.is_match(line) {
+        Some(m::Transport::Socket)
+    } else if rdma.is_match(line) {
+        Some(m::Transport::Rdma)
+    } else {
+        None
+    }
+}
+
+fn check_node_name(key: &str, name: &str) -> Result<()> {
+    if name.is_empty() {
+        bail!(
+            "{key} is not set: a docker-cluster preset names its two hosts (a [[host]] name of hosts.toml, or \"{LOCAL_HOST}\" for this machine) under [cluster]"
+        );
+    }
+    if !name
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || "._-".contains(c))
+    {
+        bail!(
+            "{key} = {name:?} is not a host name: give a [[host]] name of hosts.toml or \"{LOCAL_HOST}\""
+        );
+    }
+    Ok(())
+}
+
+/// vLLM over Ray on two hosts: the single-host vLLM rendering (the `vllm serve` run on the
+/// head), split over both GPUs with the Ray executor, NCCL's own log on, and the transport check.
+fn render_cluster(fs: &FlagSet, ctx: &RenderContext) -> Result<LaunchSpec> {
+    let cl = &fs.cluster;
+    check_node_name("cluster.head", &cl.head)?;
+    check_node_name("cluster.worker", &cl.worker)?;
+    if cl.head == cl.worker && cl.head != LOCAL_HOST {
+        bail!(
+            "cluster.head and cluster.worker are both {:?}: the two nodes are two hosts (only \"{LOCAL_HOST}\" may be both, to try the target on one machine)",
+            cl.head
+        );
+    }
+    if cl.ray_port == 0 {
+        bail!("cluster.ray_port is 0; use Ray's default 6379 or another free port");
+    }
+    if cl.ray_port == fs.serving.port {
+        bail!(
+            "cluster.ray_port and serving.port are both {}: the Ray head and the API need their own ports",
+            cl.ray_port
+        );
+    }
+    if cl.join_limit_s == 0 {
+        bail!("cluster.join_limit_s is 0; give the worker time to join, e.g. 600");
+    }
+    if fs.container.network != NetworkMode::Host {
+        bail!(
+            "container.network = \"bridge\": a docker-cluster target needs network = \"host\" (Ray and NCCL talk between the hosts on their own ports)"
+        );
+    }
+    if let Some(tp) = fs.serving.tensor_parallel_size
+        && tp > 1
+    {
+        bail!(
+            "serving.tensor_parallel_size = {tp}: a docker-cluster target sets the split itself from cluster.parallel (tensor: --tensor-parallel-size 2, one GPU per host); leave the key out"
+        );
+    }
+    let mut single = fs.clone();
+    single.serving.tensor_parallel_size = None;
+    let mut spec = render_vllm(&single, ctx)?;
+    let split = match cl.parallel {
+        m::Parallel::Tensor => "--tensor-parallel-size",
+        m::Parallel::Pipeline => "--pipeline-parallel-size",
+    };
+    spec.argv.extend(
+        [split, "2", "--distributed-executor-backend", "ray"]
+            .into_iter()
+            .map(String::from),
+    );
+    // NCCL says which transport it picked only at INFO; the check below reads that.
+    spec.env
+        .entry("NCCL_DEBUG".into())
+        .or_insert_with(|| "INFO".into());
+    spec.checks.push(transport_check(cl.transport));
+    spec.cluster = Some(crate::vocab::ClusterSpec {
+        head: cl.head.clone(),
+        worker: cl.worker.clone(),
+        parallel: cl.parallel.as_str().into(),
+        ray_port: cl.ray_port,
+        join_limit_s: cl.join_limit_s,
+        transport: cl.transport.as_str().into(),
+        nccl_env: cl
+            .nccl
+            .env()
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+        local_ip: cl.local_ip.clone(),
+    });
+    Ok(spec)
 }
 
 fn vllm_served_name(fs: &FlagSet) -> String {
@@ -376,6 +507,7 @@ fn render_vllm(fs: &FlagSet, ctx: &RenderContext) -> Result<LaunchSpec> {
         checks,
         warnings,
         dialect: Some(dialect),
+        cluster: None,
     })
 }
 
@@ -737,6 +869,7 @@ fn render_engine(fs: &FlagSet, ctx: &RenderContext) -> Result<LaunchSpec> {
         checks,
         warnings: Vec::new(),
         dialect: None,
+        cluster: None,
     })
 }
 

@@ -539,7 +539,7 @@ fn upstream_findings(fs: &FlagSet) -> Vec<Finding> {
 pub fn evaluate(fs: &FlagSet, target: TargetKind, arch: Option<GpuArch>) -> Vec<Finding> {
     let mut out = Vec::new();
     let upstream = fs.container.vllm == VllmFlavor::Upstream;
-    if target == TargetKind::Docker && upstream {
+    if matches!(target, TargetKind::Docker | TargetKind::DockerCluster) && upstream {
         out.extend(upstream_findings(fs));
     } else if target != TargetKind::Attach {
         for c in choices(fs) {

@@ -1019,3 +1019,108 @@ fn every_axis_is_settable_by_name() {
     assert!(err.contains("64x128"), "{err}");
     assert_eq!(fs.axis_value("nope"), None);
 }
+
+#[test]
+fn docker_cluster_renders_vllm_over_ray_on_two_gpus() {
+    let fs = with(|fs| {
+        fs.target = TargetKind::DockerCluster;
+        fs.cluster.head = "spark1".into();
+        fs.cluster.worker = "spark2".into();
+        fs.cluster.nccl.socket_ifname = Some("enp1s0f1np1".into());
+    });
+    let spec = render_with(&fs, TargetKind::DockerCluster, &ctx()).expect("cluster render");
+    assert_eq!(&spec.argv[..2], ["vllm", "serve"]);
+    assert!(has_pair(&spec.argv, "--tensor-parallel-size", "2"));
+    assert!(has_pair(
+        &spec.argv,
+        "--distributed-executor-backend",
+        "ray"
+    ));
+    assert_eq!(spec.env["NCCL_DEBUG"], "INFO");
+    let c = spec.cluster.as_ref().expect("a cluster section");
+    assert_eq!((c.head.as_str(), c.worker.as_str()), ("spark1", "spark2"));
+    assert_eq!(c.ray_port, DEFAULT_RAY_PORT);
+    assert_eq!(c.nccl_env["NCCL_SOCKET_IFNAME"], "enp1s0f1np1");
+    let check = spec
+        .checks
+        .iter()
+        .find(|c| c.flag == "nccl_transport")
+        .expect("a transport check");
+    assert_eq!(check.value, "rdma");
+    let re = |p: &str| regex::Regex::new(p).unwrap();
+    let ib = "spark0:100:100 [0] NCCL INFO NET/IB : Using [0]rocep1s0f1:1/RoCE [RO]; OOB enp1s0f1np1:192.168.200.11<0>";
+    let sock = "(RayWorkerWrapper pid=201, ip=192.168.200.12) spark1:101:101 [0] NCCL INFO Using network Socket";
+    assert!(re(&check.must_see[0]).is_match(ib));
+    assert!(!re(&check.must_see[0]).is_match(sock));
+    assert!(re(&check.must_not_see[0]).is_match(sock));
+    assert!(!re(&check.must_not_see[0]).is_match(ib));
+
+    let pp = with(|f| {
+        *f = fs.clone();
+        f.cluster.parallel = Parallel::Pipeline;
+    });
+    let spec = render_with(&pp, TargetKind::DockerCluster, &ctx()).unwrap();
+    assert!(has_pair(&spec.argv, "--pipeline-parallel-size", "2"));
+    assert!(!spec.argv.iter().any(|a| a == "--tensor-parallel-size"));
+
+    // The section is left out of a saved preset unless set.
+    let saved = toml::to_string(&FlagSet::default()).unwrap();
+    assert!(!saved.contains("[cluster]"), "{saved}");
+}
+
+#[test]
+fn docker_cluster_errors_name_the_key_and_what_to_do() {
+    let base = |f: &mut FlagSet| {
+        f.target = TargetKind::DockerCluster;
+        f.cluster.head = "spark1".into();
+        f.cluster.worker = "spark2".into();
+    };
+    type Change = Box<dyn Fn(&mut FlagSet)>;
+    let cases: Vec<(Change, &str)> = vec![
+        (
+            Box::new(|f| f.cluster.head.clear()),
+            "cluster.head is not set",
+        ),
+        (
+            Box::new(|f| f.cluster.worker = "a b".into()),
+            "cluster.worker = \"a b\" is not a host name",
+        ),
+        (
+            Box::new(|f| f.cluster.worker = "spark1".into()),
+            "cluster.head and cluster.worker are both \"spark1\"",
+        ),
+        (
+            Box::new(|f| f.container.network = NetworkMode::Bridge),
+            "needs network = \"host\"",
+        ),
+        (
+            Box::new(|f| f.serving.tensor_parallel_size = Some(2)),
+            "serving.tensor_parallel_size = 2: a docker-cluster target sets the split itself",
+        ),
+        (
+            Box::new(|f| f.cluster.ray_port = f.serving.port),
+            "cluster.ray_port and serving.port are both",
+        ),
+        (
+            Box::new(|f| f.cluster.join_limit_s = 0),
+            "cluster.join_limit_s is 0",
+        ),
+    ];
+    for (change, want) in cases {
+        let fs = with(|f| {
+            base(f);
+            change(f);
+        });
+        let e = render_with(&fs, TargetKind::DockerCluster, &ctx())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(want), "{e}");
+    }
+    // Both nodes on this machine is allowed: it tries the target on one host.
+    let fs = with(|f| {
+        base(f);
+        f.cluster.head = "local".into();
+        f.cluster.worker = "local".into();
+    });
+    assert!(render_with(&fs, TargetKind::DockerCluster, &ctx()).is_ok());
+}

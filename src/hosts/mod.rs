@@ -274,14 +274,19 @@ impl Hosts {
 /// The host a `--host NAME` option names, from the user's hosts file, with an error saying
 /// where the file should be when there is none.
 pub fn find(name: &str) -> anyhow::Result<Host> {
+    find_for(name, &format!("--host {name}"))
+}
+
+/// The host `name` from the user's hosts file; `asked_by` begins the messages (what named it).
+pub fn find_for(name: &str, asked_by: &str) -> anyhow::Result<Host> {
     let Some(path) = hosts_path() else {
         anyhow::bail!(
-            "--host {name}: neither HOME nor XDG_CONFIG_HOME is set, so there is no ~/.config/mxtune/{HOSTS_FILE}"
+            "{asked_by}: neither HOME nor XDG_CONFIG_HOME is set, so there is no ~/.config/mxtune/{HOSTS_FILE}"
         );
     };
     if !path.exists() {
         anyhow::bail!(
-            "--host {name}: there is no hosts file {}: create it with a [[host]] entry (name = {name:?}, ssh = \"user@host\"); see docs/multi-host.md",
+            "{asked_by}: there is no hosts file {}: create it with a [[host]] entry (name = {name:?}, ssh = \"user@host\"); see docs/multi-host.md",
             path.display()
         );
     }

@@ -28,6 +28,9 @@ pub enum TargetArg {
     Engine,
     /// An endpoint that already runs (`--url`).
     Attach,
+    /// vLLM over Ray on the two hosts a `docker-cluster` preset names.
+    #[value(name = "docker-cluster")]
+    DockerCluster,
 }
 
 /// Arguments of `mxtune launch`.
@@ -116,8 +119,15 @@ pub struct StopArgs {
     pub keep: bool,
     /// Stop containers on this host of ~/.config/mxtune/hosts.toml (over SSH) instead of
     /// this machine's containers and engines.
-    #[arg(long, value_name = "NAME")]
+    #[arg(long, value_name = "NAME", conflicts_with = "cluster")]
     pub host: Option<String>,
+    /// Stop the two-node cluster containers (head and worker) on the hosts this
+    /// docker-cluster preset names; NAME is then a run id (or --all: every cluster there).
+    #[arg(long, value_name = "PRESET")]
+    pub cluster: Option<String>,
+    /// Presets directory searched first (for --cluster).
+    #[arg(long, env = "MXTUNE_PRESETS_DIR")]
+    pub presets_dir: Option<PathBuf>,
 }
 
 /// Arguments of `mxtune preflight`.
@@ -226,11 +236,13 @@ fn resolve(args: &LaunchArgs) -> Result<Resolved> {
             TargetKind::Engine => TargetArg::Engine,
             TargetKind::Attach => TargetArg::Attach,
             TargetKind::Docker => TargetArg::Docker,
+            TargetKind::DockerCluster => TargetArg::DockerCluster,
         });
         let kind = match target {
             TargetArg::Docker => TargetKind::Docker,
             TargetArg::Engine => TargetKind::Engine,
             TargetArg::Attach => TargetKind::Attach,
+            TargetArg::DockerCluster => TargetKind::DockerCluster,
         };
         let spec = render(&p.flags, kind).with_context(|| {
             format!(
@@ -392,6 +404,11 @@ async fn launch_async(args: LaunchArgs) -> Result<ExitCode> {
     let (mut spec, preset, target, rule_findings, flags) = resolve(&args)?;
     let remote = match &args.host {
         Some(name) => {
+            if target == TargetArg::DockerCluster {
+                bail!(
+                    "--host {name}: a docker-cluster preset names its two hosts itself (cluster.head and cluster.worker); leave out --host"
+                );
+            }
             if target != TargetArg::Docker {
                 bail!(
                     "--host {name} runs a Docker target on that host; for the {} target, run mxtune there (or attach to its URL with --target attach --url)",
@@ -432,6 +449,71 @@ async fn launch_async(args: LaunchArgs) -> Result<ExitCode> {
     let (tx, mut rx) = mpsc::unbounded_channel();
 
     let mut launch = match (target, &args.reattach) {
+        (TargetArg::DockerCluster, Some(_)) => bail!(
+            "--reattach does not follow a two-node cluster yet: its containers keep running; benchmark it with `mxtune bench --url` or stop it with `mxtune stop --cluster PRESET RUN_ID`"
+        ),
+        (TargetArg::DockerCluster, None) => {
+            if args.drop_page_cache {
+                bail!(
+                    "--drop-page-cache with a two-node cluster: drop the page cache on each host by hand (`sync; echo 1 | sudo tee /proc/sys/vm/drop_caches`), then launch without it"
+                );
+            }
+            let cluster = spec.cluster.clone().context(
+                "the launch spec has no [cluster] section: a docker-cluster launch needs a docker-cluster preset (or a spec rendered from one)",
+            )?;
+            let plan = super::cluster::ClusterPlan::from_hosts_file(&cluster)?;
+            let checks_on = |host: Option<Host>, spec: LaunchSpec| async move {
+                match host {
+                    None => Ok(preflight::host_checks(&spec, true)),
+                    Some(h) => tokio::task::spawn_blocking(move || {
+                        crate::hosts::preflight::host_checks(&h, &spec, true)
+                    })
+                    .await
+                    .context("the remote pre-flight task"),
+                }
+            };
+            let mut findings: Vec<(&str, preflight::Finding)> =
+                checks_on(plan.head.host.clone(), spec.clone())
+                    .await?
+                    .into_iter()
+                    .chain(rule_findings)
+                    .map(|f| ("head", f))
+                    .collect();
+            if plan.worker.host != plan.head.host {
+                // The worker serves no API: its checks leave the port out (port 0 always binds).
+                let mut worker_spec = spec.clone();
+                worker_spec.port = 0;
+                findings.extend(
+                    checks_on(plan.worker.host.clone(), worker_spec)
+                        .await?
+                        .into_iter()
+                        .map(|f| ("worker", f)),
+                );
+            }
+            let mut blocked = false;
+            for (node, f) in &findings {
+                crate::errln!("pre-flight {:?} ({node}): {}", f.severity, f.message);
+                blocked |= f.severity == Severity::Error;
+            }
+            if blocked {
+                crate::errln!("pre-flight failed: nothing was started");
+                return Ok(ExitCode::from(2));
+            }
+            crate::errln!(
+                "cluster: Ray head on host {} ({}), worker on host {} ({}), Ray at {}, {} parallel over 2 GPUs, expecting NCCL over {}",
+                plan.head.host_name(),
+                plan.head.ip,
+                plan.worker.host_name(),
+                plan.worker.ip,
+                plan.ray_address(),
+                cluster.parallel,
+                cluster.transport
+            );
+            if let Some(line) = dialect_line(&spec) {
+                crate::errln!("{line}");
+            }
+            super::cluster::ClusterTarget::launch(plan, &spec, &opts, tx).await?
+        }
         (TargetArg::Attach, _) => {
             let url = args.url.as_deref().context("--target attach needs --url")?;
             AttachTarget::attach(url, &args.model, &opts, tx)?
@@ -626,13 +708,12 @@ async fn launch_async(args: LaunchArgs) -> Result<ExitCode> {
             print_verdict(&launch);
             let target = launch.detach();
             crate::outln!(
-                "left running: {}{} (stop with `mxtune stop{} {}`)",
+                "left running: {}{} (stop with `{}`)",
                 target.describe(),
                 remote
                     .map(|h| format!(" on host {}", h.name))
                     .unwrap_or_default(),
-                host_flag(remote),
-                stop_name(&target, &run_id)
+                stop_hint(&target, &run_id, &preset, remote)
             );
             Ok(ExitCode::SUCCESS)
         }
@@ -657,7 +738,92 @@ fn stop_name(target: &super::Target, run_id: &str) -> String {
     }
 }
 
+/// The stop command for what `launch` left running.
+fn stop_hint(target: &super::Target, run_id: &str, preset: &str, remote: Option<&Host>) -> String {
+    match target {
+        super::Target::Cluster(_) => format!("mxtune stop --cluster {preset} {run_id}"),
+        _ => format!(
+            "mxtune stop{} {}",
+            host_flag(remote),
+            stop_name(target, run_id)
+        ),
+    }
+}
+
+/// `mxtune stop --cluster PRESET`: the head and worker containers (by mxtune's labels) on
+/// the hosts the preset names, matching the run id or container name (or all with `--all`).
+async fn stop_cluster(args: &StopArgs, preset: &str) -> Result<ExitCode> {
+    let grace = Duration::from_secs(args.grace_s);
+    let store = PresetStore::standard(args.presets_dir.clone());
+    let p = store.load(preset).map_err(|e| anyhow!("{e}"))?;
+    if p.flags.target != TargetKind::DockerCluster {
+        bail!(
+            "--cluster {preset}: preset {} is a {} preset, not docker-cluster; stop its container with `mxtune stop NAME`",
+            p.name,
+            p.flags.target.name()
+        );
+    }
+    let spec = render(&p.flags, TargetKind::DockerCluster)
+        .with_context(|| format!("rendering preset {} ({})", p.name, p.origin))?;
+    let cluster = spec
+        .cluster
+        .context("the rendered preset has no cluster section")?;
+    let plan = super::cluster::ClusterPlan::from_hosts_file(&cluster)?;
+    let (mut stopped, mut failures) = (0usize, 0usize);
+    for host in plan.engines() {
+        let on = host
+            .as_ref()
+            .map(|h| h.name.clone())
+            .unwrap_or_else(|| crate::flags::render::LOCAL_HOST.into());
+        let (d, _tunnel) = connect_docker(host.as_ref(), None)
+            .await
+            .with_context(|| format!("reaching host {on}"))?;
+        for f in docker::find_mxtune_containers(&d).await? {
+            // Both nodes may share one engine (`local` twice, or a host that is this
+            // machine): each host stops the nodes started for it.
+            let wanted = f.cluster_role.is_some()
+                && f.cluster_host.as_deref() == Some(on.as_str())
+                && (args.all
+                    || args
+                        .name
+                        .as_deref()
+                        .is_some_and(|n| n == f.run_id || n == f.name));
+            if !wanted {
+                continue;
+            }
+            match docker::stop_container(&d, &f.id, &f.name, grace, args.keep).await {
+                Ok(msg) => {
+                    crate::outln!("{msg} on host {on}");
+                    stopped += 1;
+                }
+                Err(e) => {
+                    crate::errln!("mxtune: host {on}: {e:#}");
+                    failures += 1;
+                }
+            }
+        }
+    }
+    if failures > 0 {
+        return Ok(ExitCode::FAILURE);
+    }
+    if stopped == 0 {
+        match &args.name {
+            Some(n) => bail!(
+                "no cluster container of run {n:?} on host {} or host {} (containers by label {})",
+                plan.head.host_name(),
+                plan.worker.host_name(),
+                super::cluster::LABEL_ROLE
+            ),
+            None => crate::outln!("nothing to stop"),
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
 async fn stop_async(args: StopArgs) -> Result<ExitCode> {
+    if let Some(preset) = &args.cluster {
+        return stop_cluster(&args, preset).await;
+    }
     let grace = Duration::from_secs(args.grace_s);
     let mut stopped = 0usize;
     let mut failures = 0usize;

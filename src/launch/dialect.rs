@@ -28,7 +28,9 @@ pub async fn render_for_launch(
     docker: Option<&Docker>,
 ) -> Result<LaunchSpec> {
     let mut ctx = RenderContext::from_env();
-    if kind == TargetKind::Docker && flags.container.vllm == VllmFlavor::Upstream {
+    if matches!(kind, TargetKind::Docker | TargetKind::DockerCluster)
+        && flags.container.vllm == VllmFlavor::Upstream
+    {
         let image = &flags.container.image;
         match docker {
             Some(d) => match super::docker::probe_vllm_version(d, image, PROBE_LIMIT).await {

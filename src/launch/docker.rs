@@ -316,6 +316,10 @@ pub struct Found {
     pub port: Option<u16>,
     /// Served model label.
     pub model: String,
+    /// `head` or `worker` for a node of a two-node cluster (label `mxtune.cluster.role`).
+    pub cluster_role: Option<String>,
+    /// The host a cluster node was started for (label `mxtune.cluster.host`).
+    pub cluster_host: Option<String>,
 }
 
 /// Every container carrying mxtune's run-id label, running or not. Containers without the
@@ -350,6 +354,8 @@ pub async fn find_mxtune_containers(docker: &Docker) -> Result<Vec<Found>> {
                 preset: labels.get(LABEL_PRESET).cloned().unwrap_or_default(),
                 port: labels.get(LABEL_PORT).and_then(|p| p.parse().ok()),
                 model: labels.get(LABEL_MODEL).cloned().unwrap_or_default(),
+                cluster_role: labels.get(super::cluster::LABEL_ROLE).cloned(),
+                cluster_host: labels.get(super::cluster::LABEL_HOST).cloned(),
             })
         })
         .collect())
@@ -358,7 +364,7 @@ pub async fn find_mxtune_containers(docker: &Docker) -> Result<Vec<Found>> {
 /// A container mxtune created (or re-attached to).
 #[derive(Debug, Clone)]
 pub struct DockerTarget {
-    docker: Docker,
+    pub(crate) docker: Docker,
     /// Container id.
     pub id: String,
     /// Container name.
@@ -383,13 +389,36 @@ impl DockerTarget {
             .container
             .as_ref()
             .context("the launch spec has no container section; the Docker target needs one (image, network, …)")?;
-        let body = container_body(spec, c, opts)?;
+        let name = c.name.clone().unwrap_or_else(|| default_name(&opts.run_id));
+        let target = Self::create_started(docker, spec, opts, &name, &[], &events).await?;
         let (tx, rx) = mpsc::channel(1024);
-        ensure_image(&docker, &c.image, opts.allow_pull, &events).await?;
+        target.follow(tx, rx, spec, opts, events)
+    }
+
+    /// Pulls if needed and allowed, creates the container `name` (with `labels` beside
+    /// mxtune's own), places the files and starts it; a container that cannot start is
+    /// removed unless `opts.keep`.
+    pub(crate) async fn create_started(
+        docker: Docker,
+        spec: &LaunchSpec,
+        opts: &LaunchOptions,
+        name: &str,
+        labels: &[(&str, &str)],
+        events: &mpsc::UnboundedSender<LaunchEvent>,
+    ) -> Result<DockerTarget> {
+        let c = spec
+            .container
+            .as_ref()
+            .context("the launch spec has no container section; the Docker target needs one (image, network, …)")?;
+        let mut body = container_body(spec, c, opts)?;
+        if let Some(l) = body.labels.as_mut() {
+            l.extend(labels.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+        }
+        ensure_image(&docker, &c.image, opts.allow_pull, events).await?;
         if opts.remote_host.is_none() && docker_host().starts_with("unix://") {
             super::preflight::create_writable_mounts(&c.mounts)?;
         }
-        let name = c.name.clone().unwrap_or_else(|| default_name(&opts.run_id));
+        let name = name.to_string();
         let create = CreateContainerOptions {
             name: Some(name.clone()),
             ..Default::default()
@@ -441,7 +470,7 @@ impl DockerTarget {
             }
             return Err(e);
         }
-        target.follow(tx, rx, spec, opts, events)
+        Ok(target)
     }
 
     /// Re-attaches to a container mxtune started earlier (after mxtune restarted). A spec
@@ -521,7 +550,7 @@ impl DockerTarget {
         Launch::follow(Target::Docker(self), rx, probe, &spec.checks, &opts, events)
     }
 
-    async fn remove(&self) -> Result<()> {
+    pub(crate) async fn remove(&self) -> Result<()> {
         let opts = RemoveContainerOptions {
             force: true,
             ..Default::default()
@@ -740,7 +769,7 @@ async fn run_to_end(docker: &Docker, id: &str) -> Result<(i64, String)> {
     Ok((code, out))
 }
 
-async fn exec_output(docker: &Docker, id: &str, cmd: &[&str]) -> Result<String> {
+pub(crate) async fn exec_output(docker: &Docker, id: &str, cmd: &[&str]) -> Result<String> {
     let exec = docker
         .create_exec(
             id,
@@ -783,7 +812,7 @@ async fn exec_output(docker: &Docker, id: &str, cmd: &[&str]) -> Result<String> 
 }
 
 /// Streams the container's stdout/stderr line by line, then reports how it ended.
-async fn pump_logs(docker: Docker, id: String, tx: mpsc::Sender<SourceMsg>) {
+pub(crate) async fn pump_logs(docker: Docker, id: String, tx: mpsc::Sender<SourceMsg>) {
     let opts = LogsOptions {
         follow: true,
         stdout: true,

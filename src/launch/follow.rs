@@ -146,6 +146,9 @@ pub enum SourceMsg {
     Line(LogStream, String),
     /// An event to pass through (e.g. a warning from the log pump).
     Event(LaunchEvent),
+    /// The target cannot become ready, for a reason the source knows (e.g. a cluster's
+    /// worker never joined); ignored once the target is ready or already failed.
+    Fail(String),
     /// The target is gone; sent after its last line.
     Exited(ExitInfo),
 }
@@ -511,6 +514,11 @@ impl Follower {
                         self.on_line(stream, line, &mut phase);
                     }
                     Some(SourceMsg::Event(e)) => self.emit(e),
+                    Some(SourceMsg::Fail(message)) => {
+                        if !self.is_ready() && !self.is_terminal() {
+                            self.fail(message);
+                        }
+                    }
                     Some(SourceMsg::Exited(exit)) => {
                         if !self.is_ready() && !self.is_terminal() {
                             self.fail(format!("exited before it was ready ({exit})"));

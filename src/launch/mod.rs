@@ -7,6 +7,7 @@
 
 pub mod attach;
 pub mod cli;
+pub mod cluster;
 pub mod dialect;
 pub mod docker;
 pub mod engine;

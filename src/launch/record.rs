@@ -115,6 +115,7 @@ pub fn apply_facts(facts: &TargetFacts, target: &mut TargetInfo, env: &mut Envir
     if let Some(smi) = &facts.nvidia_smi {
         env.container_nvidia_smi = Some(smi.clone());
     }
+    env.nodes = facts.nodes.clone();
 }
 
 #[cfg(test)]

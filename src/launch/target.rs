@@ -1,6 +1,7 @@
 //! The [`Target`] every launcher shares: Docker container, engine child process, attached URL.
 
 use super::attach::AttachTarget;
+use super::cluster::ClusterTarget;
 use super::docker::DockerTarget;
 use super::engine::EngineTarget;
 use crate::vocab::TargetKind;
@@ -17,6 +18,8 @@ pub enum Target {
     Engine(EngineTarget),
     /// An endpoint somebody else runs.
     Attach(AttachTarget),
+    /// vLLM over Ray: a head and a worker container on two hosts.
+    Cluster(Box<ClusterTarget>),
 }
 
 /// A mounted source tree and its git commit.
@@ -57,7 +60,11 @@ pub struct TargetFacts {
     pub nvidia_smi: Option<String>,
     /// Facts that could not be collected, and why.
     pub notes: Vec<String>,
+    /// Each node of a two-node cluster (head first); empty for other targets.
+    pub nodes: Vec<NodeFacts>,
 }
+
+pub use crate::record::schema::NodeFacts;
 
 impl Target {
     /// Which kind of target this is.
@@ -66,6 +73,7 @@ impl Target {
             Target::Docker(_) => TargetKind::Docker,
             Target::Engine(_) => TargetKind::Engine,
             Target::Attach(_) => TargetKind::Attach,
+            Target::Cluster(_) => TargetKind::DockerCluster,
         }
     }
 
@@ -75,6 +83,7 @@ impl Target {
             Target::Docker(t) => &t.url,
             Target::Engine(t) => &t.url,
             Target::Attach(t) => &t.url,
+            Target::Cluster(t) => &t.url,
         }
     }
 
@@ -84,6 +93,7 @@ impl Target {
             Target::Docker(t) => format!("container {}", t.name),
             Target::Engine(t) => format!("engine process {} ({})", t.pid, t.program.display()),
             Target::Attach(t) => format!("endpoint {}", t.url),
+            Target::Cluster(t) => t.describe(),
         }
     }
 
@@ -94,6 +104,7 @@ impl Target {
             Target::Docker(t) => t.stop(grace, keep).await,
             Target::Engine(t) => t.stop(grace).await,
             Target::Attach(t) => Ok(t.stop()),
+            Target::Cluster(t) => t.stop(grace, keep).await,
         }
     }
 
@@ -103,6 +114,7 @@ impl Target {
             Target::Docker(t) => t.facts().await,
             Target::Engine(t) => t.facts(),
             Target::Attach(t) => t.facts(),
+            Target::Cluster(t) => t.facts().await,
         }
     }
 }

@@ -210,6 +210,11 @@ pub async fn execute(args: &AbArgs, progress: &Progress, watch: &CancelWatch) ->
             );
         }
     }
+    if !args.common.hosts.is_empty() {
+        bail!(
+            "--host: an A/B runs on this machine only for now; run `mxtune ab` on that host (or a matrix with --host)"
+        );
+    }
     let plan = plan_of(
         &args.common,
         vec![args.preset_a.clone(), args.preset_b.clone()],

@@ -55,6 +55,10 @@ pub struct CommonArgs {
     /// Longest cool-down wait, seconds.
     #[arg(long, default_value_t = 900)]
     pub cooldown_limit_s: u64,
+    /// Run the Docker presets on this host of ~/.config/mxtune/hosts.toml (over SSH);
+    /// repeated, the presets are dealt out over the hosts, which run at the same time.
+    #[arg(long = "host", value_name = "NAME")]
+    pub hosts: Vec<String>,
 }
 
 /// The levels a matrix runs unless told otherwise (`--levels`).
@@ -127,6 +131,9 @@ pub(crate) fn target_kind(t: TargetArg) -> Result<TargetKind> {
         TargetArg::Attach => {
             bail!("--target attach: a matrix launches and stops its targets; use docker or engine")
         }
+        TargetArg::DockerCluster => bail!(
+            "--target docker-cluster: a matrix does not run two-node targets yet; launch the preset with `mxtune launch --preset NAME` and benchmark it with `mxtune bench --url`"
+        ),
     })
 }
 
@@ -139,6 +146,20 @@ pub(crate) fn plan_of(
     let base = c.profile.map(Profile::grid).unwrap_or_default();
     let grid: Grid = base.apply(&c.grid)?;
     grid.workload(c.endpoint).validate()?;
+    if !c.hosts.is_empty() {
+        if c.target != TargetArg::Docker {
+            bail!(
+                "--host runs Docker presets on that host: use --target docker (for the engine, run the matrix on that host)"
+            );
+        }
+        let mut seen = std::collections::BTreeSet::new();
+        for h in &c.hosts {
+            if !seen.insert(h) {
+                bail!("--host {h} is given twice; name each host once");
+            }
+            crate::hosts::find(h)?;
+        }
+    }
     let engine_bin = match &c.engine_bin {
         Some(p) => Some(p.clone()),
         None => Some(std::env::current_exe().context("cannot find the running mxtune binary")?),
@@ -159,6 +180,7 @@ pub(crate) fn plan_of(
         engine_bin,
         device: c.device.clone(),
         engine_model: c.engine_model.clone(),
+        hosts: c.hosts.clone(),
     })
 }
 
@@ -328,8 +350,99 @@ async fn matrix_async(args: MatrixArgs) -> Result<ExitCode> {
     })
 }
 
-/// Runs presets from the first unfinished one; true when interrupted.
+/// Runs presets from the first unfinished one; true when interrupted. With hosts, each
+/// host runs its own presets, one at a time, while the other hosts run theirs.
 async fn run_all(
+    state: &mut MatrixState,
+    out: &std::path::Path,
+    watch: &CancelWatch,
+    progress: &Progress,
+) -> Result<bool> {
+    if state.plan.hosts.is_empty() {
+        return run_queue(state, out, watch, progress).await;
+    }
+    let shared = std::sync::Arc::new(std::sync::Mutex::new(state.clone()));
+    let queues = state.plan.hosts.clone().into_iter().map(|host| {
+        let shared = shared.clone();
+        async move { run_host(&shared, &host, out, watch, progress).await }
+    });
+    let results = futures::future::join_all(queues).await;
+    *state = shared
+        .lock()
+        .map(|s| s.clone())
+        .unwrap_or_else(|p| p.into_inner().clone());
+    let mut interrupted = false;
+    for r in results {
+        interrupted |= r?;
+    }
+    Ok(interrupted || (watch.is_cancelled() && !state.complete()))
+}
+
+/// One host's share of a matrix spread over hosts; true when interrupted.
+async fn run_host(
+    shared: &std::sync::Mutex<MatrixState>,
+    host: &str,
+    out: &std::path::Path,
+    watch: &CancelWatch,
+    progress: &Progress,
+) -> Result<bool> {
+    let lock = || shared.lock().unwrap_or_else(|p| p.into_inner());
+    let (plan, tags) = {
+        let s = lock();
+        (
+            s.plan.clone(),
+            vec![format!("matrix:{}", s.matrix_id), format!("host:{host}")],
+        )
+    };
+    loop {
+        if watch.is_cancelled() {
+            return Ok(true);
+        }
+        let (i, name, total) = {
+            let mut s = lock();
+            let Some(i) = s.next_unfinished_on(Some(host)) else {
+                return Ok(false);
+            };
+            s.order[i].status = PresetStatus::Running;
+            s.order[i].attempts += 1;
+            s.save(out)?;
+            (i, s.order[i].name.clone(), s.order.len())
+        };
+        progress.emit(MatrixEvent::PresetStarted {
+            name: name.clone(),
+            index: i,
+            total,
+        });
+        let o = super::run::run_preset_on(&plan, &name, Some(host), &tags, watch, progress).await;
+        let interrupted = o.status == PresetStatus::Interrupted;
+        let (status, record, levels) = {
+            let mut s = lock();
+            let p = &mut s.order[i];
+            p.status = o.status;
+            p.run_id = o.run_id;
+            p.record = o.record;
+            p.levels = o.levels;
+            p.point_temps_c = o.temps;
+            p.invalid = o.invalid;
+            let done = (p.status, p.record.clone(), p.levels.clone());
+            s.save(out)?;
+            done
+        };
+        progress.emit(MatrixEvent::PresetFinished {
+            name,
+            status,
+            record,
+            levels,
+        });
+        if interrupted {
+            return Ok(true);
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Runs this machine's presets one after the other; true when interrupted.
+async fn run_queue(
     state: &mut MatrixState,
     out: &std::path::Path,
     watch: &CancelWatch,

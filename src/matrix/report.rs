@@ -193,13 +193,20 @@ pub fn write(state: &MatrixState, out: &Path) -> Result<PathBuf> {
         "Grid: pp {:?} · tg {:?} · depth {:?} · concurrency {:?} · {} runs ({} warm-up) · endpoint {:?}\n",
         g.pp, g.tg, g.depth, g.concurrency, g.runs, g.warmup, state.plan.endpoint
     );
+    if !state.plan.hosts.is_empty() {
+        let _ = writeln!(
+            md,
+            "Hosts: {} (Docker over SSH; presets dealt out in run order, the hosts running at the same time; each record is tagged `host:NAME`; GPU readings of the hosts are not taken)\n",
+            state.plan.hosts.join(", ")
+        );
+    }
     let _ = writeln!(
         md,
         "Order: {} ({}){}\n",
         state
             .order
             .iter()
-            .map(|p| p.name.as_str())
+            .map(|p| p.label())
             .collect::<Vec<_>>()
             .join(" → "),
         match state.plan.seed {
@@ -239,7 +246,7 @@ pub fn write(state: &MatrixState, out: &Path) -> Result<PathBuf> {
         let _ = writeln!(
             md,
             "| {} | {:?} | {} | {} |",
-            p.name,
+            p.label(),
             p.status,
             cells.join(" | "),
             p.run_id.as_deref().unwrap_or("-")
@@ -251,7 +258,7 @@ pub fn write(state: &MatrixState, out: &Path) -> Result<PathBuf> {
             let _ = writeln!(
                 md,
                 "- {} {}: {} — {}",
-                p.name,
+                p.label(),
                 o.level.title(),
                 o.verdict.to_uppercase(),
                 o.detail.replace('\n', " ")

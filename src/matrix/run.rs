@@ -91,6 +91,9 @@ pub struct Started {
     pub record: RunHandle,
     /// Engine pid (for the monitor's RSS/CPU).
     pub pid: Option<u32>,
+    /// The hosts.toml host the target runs on, and the SSH tunnel to its Docker engine and
+    /// API port (held while the preset runs); `None`: this machine.
+    pub host: Option<(String, crate::hosts::ssh::Tunnel)>,
 }
 
 /// Why a start did not give a ready target.
@@ -173,6 +176,20 @@ pub async fn start(
     cancel: &CancelWatch,
     progress: &Progress,
 ) -> std::result::Result<Started, StartError> {
+    start_on(plan, prepared, None, tags, cancel, progress).await
+}
+
+/// [`start`] on a hosts.toml host's Docker engine (through an SSH tunnel), or on this
+/// machine when `host` is `None`. A remote run's record says that this machine's GPU and host
+/// readings were not taken for it.
+pub async fn start_on(
+    plan: &MatrixPlan,
+    prepared: &Prepared,
+    host: Option<&str>,
+    tags: &[String],
+    cancel: &CancelWatch,
+    progress: &Progress,
+) -> std::result::Result<Started, StartError> {
     let fail = |m: String| StartError::Failed(m, None);
     let mut r: RunRecord =
         crate::record::begin(plan.target, Some(prepared.preset.name.clone()), &[]);
@@ -180,12 +197,20 @@ pub async fn start(
     r.target.flags = serde_json::to_value(&prepared.preset.flags).unwrap_or_default();
     r.target.launch = Some(prepared.spec.clone());
     r.target.model = Some(prepared.spec.served_model_name.clone());
-    if let Ok(s) = tokio::task::spawn_blocking(|| sample_once(&MonitorConfig::default()))
-        .await
-        .map_err(|e| anyhow!("{e}"))
-        .and_then(|r| r)
-    {
-        crate::monitor::record::fill_environment(&mut r.environment, &s);
+    match host {
+        None => {
+            if let Ok(s) =
+                tokio::task::spawn_blocking(|| sample_once(&MonitorConfig::default()))
+                    .await
+                    .map_err(|e| anyhow!("{e}"))
+                    .and_then(|r| r)
+            {
+                crate::monitor::record::fill_environment(&mut r.environment, &s);
+            }
+        }
+        Some(h) => r.observed.warnings.push(format!(
+            "run on host {h}: GPU, host and temperature readings of that host are not taken by a matrix yet (environment.host and resources are empty)"
+        )),
     }
     let run_id = r.identity.run_id.to_string();
     let mut record = RunStore::new(&plan.runs_dir)
@@ -232,8 +257,33 @@ pub async fn start(
         }
     });
 
+    let mut remote = None;
+    let connected = match host {
+        None => docker::connect().await,
+        Some(name) => {
+            let forward = (
+                docker::connect_host(&prepared.spec.host),
+                prepared.spec.port,
+            );
+            let opened = match crate::hosts::find(name) {
+                Ok(h) => match crate::hosts::ssh::Tunnel::open(&h, Some(forward)).await {
+                    Ok(t) => docker::connect_tunnel(&t, &h.docker_socket)
+                        .await
+                        .map(|d| (d, t)),
+                    Err(e) => Err(e),
+                },
+                Err(e) => Err(e),
+            };
+            opened.map(|(d, t)| {
+                opts.remote_host = Some(name.to_string());
+                opts.api_url = t.url();
+                remote = Some((name.to_string(), t));
+                d
+            })
+        }
+    };
     let launched = match plan.target {
-        TargetKind::Docker => match docker::connect().await {
+        TargetKind::Docker => match connected {
             Ok(d) => {
                 // Rendered again in the names of the vLLM release the image carries.
                 let spec = crate::launch::dialect::render_for_launch(
@@ -243,6 +293,13 @@ pub async fn start(
                 )
                 .await;
                 match spec {
+                    Ok(spec) if remote.is_some() && spec.port != prepared.spec.port => {
+                        Err(anyhow!(
+                            "rendering for the image's vLLM release moved the API port from {} to {}: give the port in the preset",
+                            prepared.spec.port,
+                            spec.port
+                        ))
+                    }
                     Ok(spec) => {
                         let _ = record.update(|r| r.target.launch = Some(spec.clone()));
                         DockerTarget::launch(d, &spec, &opts, tx).await
@@ -252,6 +309,10 @@ pub async fn start(
             }
             Err(e) => Err(e),
         },
+        TargetKind::DockerCluster => Err(anyhow::anyhow!(
+            "preset {}: a matrix does not run two-node (docker-cluster) targets yet",
+            prepared.preset.name
+        )),
         TargetKind::Engine => {
             EngineTarget::launch(
                 plan.engine_bin.as_deref(),
@@ -384,6 +445,7 @@ pub async fn start(
         report,
         record,
         pid,
+        host: remote,
     })
 }
 
@@ -463,7 +525,12 @@ pub async fn measure(
             endpoint: plan.endpoint,
             ..StressPlan::default()
         };
-        let probe = crate::monitor::probe::GpuMemoryProbe::detect().ok();
+        // This machine's GPU says nothing about another host's.
+        let probe = started
+            .host
+            .is_none()
+            .then(|| crate::monitor::probe::GpuMemoryProbe::detect().ok())
+            .flatten();
         out.levels.push(
             runner
                 .stress(&plan_s, probe.as_ref().map(|p| p as &dyn MemoryProbe))
@@ -475,17 +542,20 @@ pub async fn measure(
         if let Err(e) = started.record.update(|r| r.workload = Some(params)) {
             out.warnings.push(format!("run record not updated: {e:#}"));
         }
-        let monitor = Monitor::start(MonitorConfig {
-            metrics_url: Some(format!("{}/metrics", base_url(&started.ready.url))),
-            pid: started.pid,
-            ..MonitorConfig::default()
-        });
-        let monitor = match monitor {
-            Ok(m) => Some(m),
-            Err(e) => {
-                out.warnings.push(format!("monitor not started: {e:#}"));
-                None
-            }
+        let monitor = match &started.host {
+            // The local monitor would describe this machine, not the host's GPU.
+            Some(_) => None,
+            None => match Monitor::start(MonitorConfig {
+                metrics_url: Some(format!("{}/metrics", base_url(&started.ready.url))),
+                pid: started.pid,
+                ..MonitorConfig::default()
+            }) {
+                Ok(m) => Some(m),
+                Err(e) => {
+                    out.warnings.push(format!("monitor not started: {e:#}"));
+                    None
+                }
+            },
         };
         let whole = plan.grid.workload(plan.endpoint);
         whole.validate()?;
@@ -495,13 +565,18 @@ pub async fn measure(
             if cancel.is_cancelled() {
                 break;
             }
-            let temp = cool_down(
-                plan.cooldown_c,
-                Duration::from_secs(plan.cooldown_limit_s),
-                cancel,
-                progress,
-            )
-            .await;
+            let temp = match &started.host {
+                None => {
+                    cool_down(
+                        plan.cooldown_c,
+                        Duration::from_secs(plan.cooldown_limit_s),
+                        cancel,
+                        progress,
+                    )
+                    .await
+                }
+                Some(_) => None,
+            };
             progress.emit(MatrixEvent::PointStarted {
                 preset: preset.clone(),
                 index,
@@ -573,9 +648,15 @@ pub fn previous_record(runs_dir: &Path, preset: &str, current: &RunRecord) -> Op
                 && r.identity.status == RunStatus::Completed
                 && r.identity.started_at < current.identity.started_at
                 && r.environment.host.hostname == current.environment.host.hostname
+                && host_tag(r) == host_tag(current)
                 && !r.results.is_empty()
         })
         .max_by_key(|r| r.identity.started_at)
+}
+
+/// The `host:NAME` tag of a record a matrix ran on a hosts.toml host.
+fn host_tag(r: &RunRecord) -> Option<&str> {
+    r.identity.tags.iter().find_map(|t| t.strip_prefix("host:"))
 }
 
 /// L5: each point's pp and tg t/s against `previous`; slower by more than `tolerance`
@@ -683,6 +764,18 @@ pub async fn run_preset(
     cancel: &CancelWatch,
     progress: &Progress,
 ) -> PresetOutcome {
+    run_preset_on(plan, name, None, tags, cancel, progress).await
+}
+
+/// [`run_preset`] on a hosts.toml host (`None`: this machine).
+pub async fn run_preset_on(
+    plan: &MatrixPlan,
+    name: &str,
+    host: Option<&str>,
+    tags: &[String],
+    cancel: &CancelWatch,
+    progress: &Progress,
+) -> PresetOutcome {
     let mut levels = Vec::new();
     let failed = |levels: Vec<LevelOutcome>, record: Option<&RunHandle>| PresetOutcome {
         status: PresetStatus::Failed,
@@ -699,7 +792,7 @@ pub async fn run_preset(
             return failed(levels, None);
         }
     };
-    let mut started = match start(plan, &prepared, tags, cancel, progress).await {
+    let mut started = match start_on(plan, &prepared, host, tags, cancel, progress).await {
         Ok(s) => s,
         Err(StartError::Failed(msg, record)) => {
             levels.push(outcome(TestLevel::Smoke, "fail", msg));
@@ -902,5 +995,28 @@ mod tests {
         let fast = regression(&rec(120.0, 0.5), &prev, 0.05);
         assert_eq!(fast.verdict, "pass");
         assert!(fast.detail.contains("faster"), "{}", fast.detail);
+    }
+
+    #[test]
+    fn the_regression_baseline_comes_from_the_same_host() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = RunStore::new(dir.path());
+        let earlier = |tags: &[&str]| {
+            let mut r = rec(100.0, 0.5);
+            r.target.preset = Some("p".into());
+            r.identity.status = RunStatus::Completed;
+            r.identity.started_at = Utc::now() - chrono::Duration::hours(1);
+            r.identity.tags = tags.iter().map(|t| t.to_string()).collect();
+            store.create(r).unwrap();
+        };
+        earlier(&["matrix:a", "host:h1"]);
+        let mut current = rec(90.0, 0.5);
+        current.target.preset = Some("p".into());
+        current.identity.tags = vec!["matrix:b".into(), "host:h2".into()];
+        assert!(previous_record(dir.path(), "p", &current).is_none());
+        current.identity.tags = vec!["matrix:b".into(), "host:h1".into()];
+        assert!(previous_record(dir.path(), "p", &current).is_some());
+        current.identity.tags = vec!["matrix:b".into()];
+        assert!(previous_record(dir.path(), "p", &current).is_none());
     }
 }

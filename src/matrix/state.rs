@@ -50,6 +50,11 @@ pub struct MatrixPlan {
     /// Engine model override (`--engine-model`, e.g. `synthetic:gpt-oss-120b`).
     #[serde(default)]
     pub engine_model: Option<String>,
+    /// hosts.toml hosts whose Docker engines run the presets (`--host`, repeatable): the
+    /// presets are dealt out over them in run order and each host runs its share at the same
+    /// time as the others; empty: this machine.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub hosts: Vec<String>,
 }
 
 /// Where one preset stands.
@@ -105,6 +110,19 @@ pub struct PresetProgress {
     pub point_temps_c: Vec<Option<f64>>,
     /// Performance results are INVALID (L1.5 said the flags did not take effect).
     pub invalid: bool,
+    /// The hosts.toml host that runs this preset; `None`: this machine.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<String>,
+}
+
+impl PresetProgress {
+    /// The preset's name, with its host when it runs on one: `baseline (host spark2)`.
+    pub fn label(&self) -> String {
+        match &self.host {
+            Some(h) => format!("{} (host {h})", self.name),
+            None => self.name.clone(),
+        }
+    }
 }
 
 /// The state file.
@@ -127,30 +145,41 @@ pub struct MatrixState {
 }
 
 impl MatrixState {
-    /// A fresh state: presets in `order`, all pending.
+    /// A fresh state: presets in `order`, all pending; with hosts, dealt out over them in
+    /// that order.
     pub fn new(plan: MatrixPlan, order: Vec<String>) -> Self {
         let now = Utc::now();
+        let order = order
+            .into_iter()
+            .enumerate()
+            .map(|(i, name)| PresetProgress {
+                host: (!plan.hosts.is_empty()).then(|| plan.hosts[i % plan.hosts.len()].clone()),
+                name,
+                status: PresetStatus::Pending,
+                attempts: 0,
+                run_id: None,
+                record: None,
+                levels: Vec::new(),
+                point_temps_c: Vec::new(),
+                invalid: false,
+            })
+            .collect();
         MatrixState {
             format: STATE_FORMAT.to_owned(),
             matrix_id: ulid::Ulid::generate().to_string(),
             started_at: now,
             updated_at: now,
             plan,
-            order: order
-                .into_iter()
-                .map(|name| PresetProgress {
-                    name,
-                    status: PresetStatus::Pending,
-                    attempts: 0,
-                    run_id: None,
-                    record: None,
-                    levels: Vec::new(),
-                    point_temps_c: Vec::new(),
-                    invalid: false,
-                })
-                .collect(),
+            order,
             resumes: 0,
         }
+    }
+
+    /// Index of the first preset of `host` that still has to run.
+    pub fn next_unfinished_on(&self, host: Option<&str>) -> Option<usize> {
+        self.order
+            .iter()
+            .position(|p| !p.status.finished() && p.host.as_deref() == host)
     }
 
     /// Index of the first preset that still has to run.
@@ -229,7 +258,27 @@ mod tests {
             engine_bin: None,
             device: None,
             engine_model: None,
+            hosts: Vec::new(),
         }
+    }
+
+    #[test]
+    fn presets_are_dealt_out_over_the_hosts_in_run_order() {
+        let mut p = plan();
+        p.hosts = vec!["spark1".into(), "spark2".into()];
+        let mut s = MatrixState::new(p, vec!["c".into(), "a".into(), "b".into()]);
+        let hosts: Vec<Option<&str>> = s.order.iter().map(|p| p.host.as_deref()).collect();
+        assert_eq!(hosts, [Some("spark1"), Some("spark2"), Some("spark1")]);
+        assert_eq!(s.order[1].label(), "a (host spark2)");
+        assert_eq!(s.next_unfinished_on(Some("spark1")), Some(0));
+        s.order[0].status = PresetStatus::Done;
+        assert_eq!(s.next_unfinished_on(Some("spark1")), Some(2));
+        assert_eq!(s.next_unfinished_on(Some("spark2")), Some(1));
+        assert_eq!(s.next_unfinished_on(None), None);
+        // A state without hosts reads as before (the key is left out).
+        let plain = MatrixState::new(plan(), vec!["a".into()]);
+        let json = serde_json::to_string(&plain).unwrap();
+        assert!(!json.contains("host"), "{json}");
     }
 
     #[test]

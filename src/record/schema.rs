@@ -277,13 +277,9 @@ impl Default for TargetInfo {
 }
 
 impl TargetInfo {
-    /// `docker`, `engine` or `attach`.
+    /// `docker`, `engine`, `attach` or `docker-cluster`.
     pub fn kind_name(&self) -> &'static str {
-        match self.kind {
-            TargetKind::Docker => "docker",
-            TargetKind::Engine => "engine",
-            TargetKind::Attach => "attach",
-        }
+        self.kind.name()
     }
 }
 
@@ -340,6 +336,48 @@ pub struct Environment {
     /// `nvidia-smi` output captured inside the container, when present.
     #[serde(default)]
     pub container_nvidia_smi: Option<String>,
+    /// Each node of a two-node (`docker-cluster`) target, head first: its host, address,
+    /// NCCL environment, container and the Docker host's facts. Empty for other targets.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub nodes: Vec<NodeFacts>,
+}
+
+/// One node of a two-node cluster: its host, address, environment and container.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct NodeFacts {
+    /// `head` or `worker`.
+    pub role: String,
+    /// The hosts.toml name, or `local`.
+    pub host: String,
+    /// The SSH destination of a remote host.
+    pub ssh: Option<String>,
+    /// The node's address on the link (Ray node IP, `VLLM_HOST_IP`).
+    pub address: String,
+    /// NCCL, Gloo and UCX variables set on the node.
+    pub env: std::collections::BTreeMap<String, String>,
+    /// Container name.
+    pub container_name: String,
+    /// Container id.
+    pub container_id: String,
+    /// The Docker host's name (`docker info`).
+    pub hostname: Option<String>,
+    /// The Docker host's operating system.
+    pub os: Option<String>,
+    /// The Docker host's kernel.
+    pub kernel: Option<String>,
+    /// The Docker host's architecture.
+    pub arch: Option<String>,
+    /// The Docker host's CPUs.
+    pub cpus: Option<u32>,
+    /// The Docker host's memory in bytes.
+    pub memory_bytes: Option<u64>,
+    /// The Docker engine's version.
+    pub docker_version: Option<String>,
+    /// `nvidia-smi` inside the node's container.
+    pub nvidia_smi: Option<String>,
+    /// Facts that could not be collected, and why.
+    pub notes: Vec<String>,
 }
 
 /// Facts about the host machine.

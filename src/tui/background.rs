@@ -505,6 +505,17 @@ async fn start(
     opts.log_path = Some(log_path.clone());
     let mut tunnel = None;
     let launch = match (req.kind, &req.host) {
+        (TargetKind::DockerCluster, Some(h)) => anyhow::bail!(
+            "a docker-cluster preset names its own two hosts under [cluster]; press h until the host reads this machine (not {})",
+            h.name
+        ),
+        (TargetKind::DockerCluster, None) => {
+            let cluster = spec.cluster.clone().context(
+                "the rendered preset has no [cluster] section: the docker-cluster target needs cluster.head and cluster.worker",
+            )?;
+            let plan = crate::launch::cluster::ClusterPlan::from_hosts_file(&cluster)?;
+            crate::launch::cluster::ClusterTarget::launch(plan, &spec, &opts, events).await?
+        }
         (TargetKind::Docker, host) => {
             let d = match host {
                 None => docker::connect().await?,

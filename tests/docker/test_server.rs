@@ -16,6 +16,16 @@
 //! MXTUNE_TEST_VLLM_VERSION=0.12.0 (default 0.11.2) is the upstream release it plays: `vllm
 //! --version` prints it, the upstream start-up prints it in vLLM's banner, and like that
 //! release it refuses `--attention-backend` before 0.13.0 (reading VLLM_ATTENTION_BACKEND).
+//!
+//! Called as `ray` (the image has it at /usr/local/bin/ray) it plays a Ray node for the
+//! two-node tests: `ray start --head --port=P --node-ip-address=IP --block` listens on IP:P and
+//! keeps the table of nodes (each with MXTUNE_TEST_GPUS GPUs, default 1); `ray start
+//! --address=IP:P --node-ip-address=IP --block` joins it and stays a node while it runs
+//! (MXTUNE_TEST_RAY_JOIN=never: it never reaches the head); `ray status --address=IP:P` prints
+//! the table the way `ray status` does. Their start-up lines are Ray's. `vllm serve …
+//! --distributed-executor-backend ray` connects to the head of its container, refuses to start
+//! without the GPUs its tensor/pipeline sizes need, and prints NCCL's INFO lines for the link
+//! between the nodes: IB/RoCE, or sockets when NCCL_IB_DISABLE=1 (as NCCL does).
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -42,6 +52,9 @@ fn main() {
         signal(2, on_term);
     }
     let args: Vec<String> = std::env::args().collect();
+    if args[0].rsplit('/').next() == Some("ray") {
+        ray_main(&args[1..]);
+    }
     let version = std::env::var("MXTUNE_TEST_VLLM_VERSION").unwrap_or_else(|_| "0.11.2".into());
     if args.get(1).map(String::as_str) == Some("--version") {
         log(&version);
@@ -79,6 +92,9 @@ fn main() {
         i += 2;
     }
     log(&format!("INFO test-server starting, argv {:?}", &args[1..]));
+    if args.windows(2).any(|w| w[0] == "--distributed-executor-backend" && w[1] == "ray") {
+        ray_executor(&args);
+    }
     for (k, _) in std::env::vars() {
         if k.starts_with("VLLM_BOGUS") {
             log(&format!("WARNING [envs.py:1] Unknown vLLM environment variable detected: {k}"));
@@ -298,5 +314,249 @@ fn handle(mut s: TcpStream, model: &str, fatal: bool) -> std::io::Result<()> {
             write!(s, "0\r\n\r\n")
         }
         _ => respond(&mut s, "404 Not Found", "{\"error\":{\"message\":\"not found\"}}"),
+    }
+}
+
+// ---- Ray and the Ray executor -------------------------------------------------------------
+
+const RAY_CURRENT_CLUSTER: &str = "/tmp/ray/ray_current_cluster";
+
+fn flag_value<'a>(args: &'a [String], name: &str) -> Option<&'a str> {
+    let eq = format!("{name}=");
+    args.iter().enumerate().find_map(|(i, a)| {
+        if let Some(v) = a.strip_prefix(&eq) {
+            Some(v)
+        } else if a == name {
+            args.get(i + 1).map(String::as_str)
+        } else {
+            None
+        }
+    })
+}
+
+fn gpus_here() -> u32 {
+    std::env::var("MXTUNE_TEST_GPUS").ok().and_then(|v| v.parse().ok()).unwrap_or(1)
+}
+
+fn node_id(ip: &str, port: u16) -> String {
+    let mut h: u64 = 0xcbf29ce484222325;
+    for b in format!("{ip}:{port}:{}", std::process::id()).bytes() {
+        h = (h ^ b as u64).wrapping_mul(0x100000001b3);
+    }
+    format!("{h:016x}{:016x}{:016x}", h.rotate_left(17), h.rotate_left(41))
+}
+
+fn ray_main(args: &[String]) -> ! {
+    match args.first().map(String::as_str) {
+        Some("start") if args.iter().any(|a| a == "--head") => ray_head(args),
+        Some("start") => ray_worker(args),
+        Some("status") => {
+            let address = flag_value(args, "--address")
+                .map(String::from)
+                .or_else(|| std::fs::read_to_string(RAY_CURRENT_CLUSTER).ok())
+                .unwrap_or_default();
+            match ask_head(address.trim(), "STATUS") {
+                Ok(text) => {
+                    print!("{text}");
+                    std::process::exit(0)
+                }
+                Err(e) => {
+                    eprintln!("ConnectionError: Could not find any running Ray instance at {address}: {e}");
+                    std::process::exit(1)
+                }
+            }
+        }
+        other => {
+            eprintln!("ray: unknown command {other:?}");
+            std::process::exit(2)
+        }
+    }
+}
+
+fn ask_head(address: &str, what: &str) -> std::io::Result<String> {
+    let mut s = TcpStream::connect(address)?;
+    writeln!(s, "{what}")?;
+    let mut out = String::new();
+    s.read_to_string(&mut out)?;
+    Ok(out)
+}
+
+struct RayNode {
+    id: String,
+    ip: String,
+    gpus: u32,
+}
+
+fn ray_head(args: &[String]) -> ! {
+    use std::sync::{Arc, Mutex};
+    let port: u16 = flag_value(args, "--port").and_then(|p| p.parse().ok()).unwrap_or(6379);
+    let ip = flag_value(args, "--node-ip-address").unwrap_or("127.0.0.1").to_string();
+    let listener = match TcpListener::bind((ip.as_str(), port)) {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("ValueError: Failed to bind to {ip}:{port}: {e}");
+            std::process::exit(1)
+        }
+    };
+    let _ = std::fs::create_dir_all("/tmp/ray");
+    let _ = std::fs::write(RAY_CURRENT_CLUSTER, format!("{ip}:{port}"));
+    let nodes = Arc::new(Mutex::new(vec![RayNode { id: node_id(&ip, port), ip: ip.clone(), gpus: gpus_here() }]));
+    log("Usage stats collection is disabled.");
+    log("");
+    log(&format!("Local node IP: {ip}"));
+    log("");
+    log("--------------------");
+    log("Ray runtime started.");
+    log("--------------------");
+    log("");
+    log("Next steps");
+    log("  To add another node to this Ray cluster, run");
+    log(&format!("    ray start --address='{ip}:{port}'"));
+    log("");
+    log("  To terminate the Ray runtime, run");
+    log("    ray stop");
+    log("");
+    log("--block");
+    log("  This command will now block forever until terminated by a signal.");
+    log("  Running subprocesses are monitored and a message will be printed if any of them terminate unexpectedly. Subprocesses exit with SIGTERM will be treated as graceful, thus NOT reported.");
+    for conn in listener.incoming() {
+        let Ok(conn) = conn else { continue };
+        let nodes = nodes.clone();
+        std::thread::spawn(move || {
+            let mut reader = BufReader::new(match conn.try_clone() {
+                Ok(c) => c,
+                Err(_) => return,
+            });
+            let mut first = String::new();
+            if reader.read_line(&mut first).is_err() {
+                return;
+            }
+            let words: Vec<&str> = first.split_whitespace().collect();
+            let mut conn = conn;
+            match words.as_slice() {
+                ["JOIN", node_ip, gpus] => {
+                    static SEQ: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(1);
+                    let seq = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    let id = node_id(&format!("{node_ip}#{seq}"), port);
+                    nodes.lock().unwrap().push(RayNode { id: id.clone(), ip: node_ip.to_string(), gpus: gpus.parse().unwrap_or(0) });
+                    // The node is alive while its connection is open.
+                    let mut rest = Vec::new();
+                    let _ = reader.read_to_end(&mut rest);
+                    nodes.lock().unwrap().retain(|n| n.id != id);
+                }
+                ["STATUS"] => {
+                    let _ = conn.write_all(status_text(&nodes.lock().unwrap()).as_bytes());
+                }
+                ["NODES"] => {
+                    let list: Vec<String> = nodes.lock().unwrap().iter().map(|n| format!("{} {}", n.ip, n.gpus)).collect();
+                    let _ = conn.write_all(list.join("\n").as_bytes());
+                }
+                _ => {}
+            }
+        });
+    }
+    std::process::exit(1)
+}
+
+fn status_text(nodes: &[RayNode]) -> String {
+    let gpus: u32 = nodes.iter().map(|n| n.gpus).sum();
+    let mut t = String::from("======== Autoscaler status: 2025-11-26 10:00:00.000000 ========\nNode status\n---------------------------------------------------------------\nActive:\n");
+    for n in nodes {
+        t.push_str(&format!(" 1 node_{}\n", n.id));
+    }
+    t.push_str("Pending:\n (no pending nodes)\nRecent failures:\n (no failures)\n\nResources\n---------------------------------------------------------------\nUsage:\n");
+    t.push_str(&format!(" 0.0/{}.0 CPU\n 0.0/{gpus}.0 GPU\n 0B/{}.00GiB memory\n\nDemands:\n (no resource demands)\n", 20 * nodes.len(), 100 * nodes.len()));
+    t
+}
+
+fn ray_worker(args: &[String]) -> ! {
+    let address = flag_value(args, "--address").unwrap_or("").trim_matches('\'').to_string();
+    let ip = flag_value(args, "--node-ip-address").unwrap_or("127.0.0.1").to_string();
+    log(&format!("Local node IP: {ip}"));
+    if std::env::var("MXTUNE_TEST_RAY_JOIN").as_deref() == Ok("never") {
+        // Like a worker whose packets to the head are dropped: it waits and says nothing more.
+        loop {
+            std::thread::sleep(std::time::Duration::from_secs(3600));
+        }
+    }
+    let mut conn = None;
+    for _ in 0..100 {
+        match TcpStream::connect(&address) {
+            Ok(c) => {
+                conn = Some(c);
+                break;
+            }
+            Err(_) => std::thread::sleep(std::time::Duration::from_millis(100)),
+        }
+    }
+    let Some(mut conn) = conn else {
+        eprintln!("ConnectionError: Unable to connect to GCS at {address}. Check that (1) Ray GCS with matching version started successfully at the specified address, and (2) there is no firewall setting preventing access.");
+        std::process::exit(1)
+    };
+    if writeln!(conn, "JOIN {ip} {}", gpus_here()).is_err() {
+        std::process::exit(1)
+    }
+    log("");
+    log("--------------------");
+    log("Ray runtime started.");
+    log("--------------------");
+    log("");
+    log("To terminate the Ray runtime, run");
+    log("  ray stop");
+    log("");
+    log("--block");
+    log("  This command will now block forever until terminated by a signal.");
+    let mut rest = Vec::new();
+    let _ = conn.read_to_end(&mut rest);
+    eprintln!("Some Ray subprocesses exited unexpectedly:");
+    eprintln!("  raylet [exit code=1]");
+    std::process::exit(1)
+}
+
+/// `vllm serve … --distributed-executor-backend ray`: join the local Ray head, check the GPUs
+/// and print NCCL's view of the link; the caller then serves as usual.
+fn ray_executor(args: &[String]) {
+    let size = |name: &str| flag_value(args, name).and_then(|v| v.parse::<u32>().ok()).unwrap_or(1);
+    let (tp, pp) = (size("--tensor-parallel-size"), size("--pipeline-parallel-size"));
+    let address = std::fs::read_to_string(RAY_CURRENT_CLUSTER).unwrap_or_default();
+    let address = address.trim();
+    log(&format!("INFO 11-26 10:00:00 [worker.py:1832] Connecting to existing Ray cluster at address: {address}..."));
+    let nodes = match ask_head(address, "NODES") {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("ConnectionError: Could not find any running Ray instance. Please specify the one to connect to by setting `--address` flag or `RAY_ADDRESS` environment variable. ({e})");
+            std::process::exit(1)
+        }
+    };
+    log("INFO 11-26 10:00:00 [worker.py:2003] Connected to Ray cluster.");
+    let nodes: Vec<(String, u32)> = nodes
+        .lines()
+        .filter_map(|l| l.split_once(' ').map(|(ip, g)| (ip.to_string(), g.parse().unwrap_or(0))))
+        .collect();
+    let gpus: u32 = nodes.iter().map(|n| n.1).sum();
+    log(&format!(
+        "INFO 11-26 10:00:01 [core.py:93] Initializing a V1 LLM engine with config: tensor_parallel_size={tp}, pipeline_parallel_size={pp}, distributed_executor_backend=ray"
+    ));
+    if gpus < tp * pp {
+        eprintln!("ValueError: The number of required GPUs exceeds the total number of available GPUs in the placement group. (required {}, available {gpus})", tp * pp);
+        std::process::exit(1);
+    }
+    let iface = std::env::var("NCCL_SOCKET_IFNAME").unwrap_or_else(|_| "eth0".into());
+    let hca = std::env::var("NCCL_IB_HCA").unwrap_or_else(|_| "mlx5_0".into());
+    let socket = std::env::var("NCCL_IB_DISABLE").as_deref() == Ok("1");
+    for (rank, (ip, _)) in nodes.iter().enumerate().take(2) {
+        let prefix = if rank == 0 { String::new() } else { format!("(RayWorkerWrapper pid={}, ip={ip}) ", 200 + rank) };
+        let who = format!("{prefix}spark{rank}:{0}:{0} [0]", 100 + rank);
+        log(&format!("{who} NCCL INFO Bootstrap : Using {iface}:{ip}<0>"));
+        if socket {
+            log(&format!("{who} NCCL INFO NCCL_IB_DISABLE set by environment to 1."));
+            log(&format!("{who} NCCL INFO NET/Socket : Using [0]{iface}:{ip}<0>"));
+            log(&format!("{who} NCCL INFO Using network Socket"));
+        } else {
+            log(&format!("{who} NCCL INFO NET/IB : Using [0]{hca}:1/RoCE [RO]; OOB {iface}:{ip}<0>"));
+            log(&format!("{who} NCCL INFO Using network IB"));
+        }
+        let via = if socket { "NET/Socket/0" } else { "NET/IB/0" };
+        log(&format!("{who} NCCL INFO Channel 00/0 : {rank}[0] -> {}[0] [send] via {via}", 1 - rank));
     }
 }

@@ -11,9 +11,9 @@ use std::sync::OnceLock;
 
 const SERVER_SOURCE: &str = include_str!("../docker/test_server.rs");
 
-/// The test image: the server as its entrypoint, and as `vllm` on the default PATH so a
-/// rendered `vllm serve …` argv runs it too.
-const DOCKERFILE: &str = "FROM scratch\nCOPY test-server /test-server\nCOPY test-server /usr/local/bin/vllm\nENTRYPOINT [\"/test-server\"]\n";
+/// The test image: the server as its entrypoint, and as `vllm` and `ray` on the default PATH
+/// so a rendered `vllm serve …` argv runs it too and it can play the Ray nodes of a cluster.
+const DOCKERFILE: &str = "FROM scratch\nCOPY test-server /test-server\nCOPY test-server /usr/local/bin/vllm\nCOPY test-server /usr/local/bin/ray\nENTRYPOINT [\"/test-server\"]\n";
 
 fn source_hash() -> String {
     let rustc = std::env::var("RUSTC").unwrap_or_else(|_| "rustc".into());

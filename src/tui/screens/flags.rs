@@ -310,11 +310,7 @@ pub fn valid_preset_name(name: &str) -> bool {
 }
 
 fn target_name(t: TargetKind) -> &'static str {
-    match t {
-        TargetKind::Docker => "docker",
-        TargetKind::Engine => "engine",
-        TargetKind::Attach => "attach",
-    }
+    t.name()
 }
 
 /// Axis values that render on the flag set's target — on a stock vLLM image only those
@@ -336,7 +332,7 @@ fn values_for(info: &AxisInfo, fs: &FlagSet) -> Vec<&'static str> {
                     .is_ok_and(|a| upstream_moe(fs.axes.moe_backend, a).is_ok()),
                 _ => !matches!(upstream, Upstream::Not(_)),
             },
-            TargetKind::Docker => spec.vllm.is_some(),
+            TargetKind::Docker | TargetKind::DockerCluster => spec.vllm.is_some(),
             TargetKind::Engine => spec.engine.is_some(),
             TargetKind::Attach => true,
         })

@@ -287,11 +287,7 @@ impl Default for LaunchScreen {
 }
 
 fn kind_name(k: TargetKind) -> &'static str {
-    match k {
-        TargetKind::Docker => "docker",
-        TargetKind::Engine => "engine",
-        TargetKind::Attach => "attach",
-    }
+    k.name()
 }
 
 /// `h:mm:ss` or `m:ss`.
@@ -517,6 +513,8 @@ impl LaunchScreen {
                     TargetKind::Engine => TargetKind::Docker,
                     TargetKind::Docker => TargetKind::Attach,
                     TargetKind::Attach => TargetKind::Engine,
+                    // A two-node preset's own target comes back with the preset.
+                    TargetKind::DockerCluster => TargetKind::Engine,
                 }
             }
             KeyCode::Char('h') if !self.state.is_live() && !self.hosts.is_empty() => {

@@ -507,10 +507,10 @@ pub fn common_args(app: &App, kind: TargetKind) -> Result<CommonArgs, String> {
     let target = match kind {
         TargetKind::Docker => TargetArg::Docker,
         TargetKind::Engine => TargetArg::Engine,
-        TargetKind::Attach => {
+        TargetKind::Attach | TargetKind::DockerCluster => {
             return Err(
-                "the matrix and A/B launch their own targets: choose engine or docker \
-                 on the Launch screen (2, then t)"
+                "the matrix and A/B launch their own single-host targets: choose engine or \
+                 docker on the Launch screen (2, then t)"
                     .into(),
             );
         }
@@ -528,6 +528,7 @@ pub fn common_args(app: &App, kind: TargetKind) -> Result<CommonArgs, String> {
         startup_limit_s: app.launch.startup_limit.as_secs().max(1),
         cooldown_c: None,
         cooldown_limit_s: 900,
+        hosts: Vec::new(),
     })
 }
 
@@ -859,6 +860,9 @@ fn kind_text(k: TargetKind) -> &'static str {
         TargetKind::Docker => "docker",
         TargetKind::Engine => "engine",
         TargetKind::Attach => "attach (choose engine or docker)",
+        TargetKind::DockerCluster => {
+            "docker-cluster (not in a matrix yet: choose engine or docker)"
+        }
     }
 }
 

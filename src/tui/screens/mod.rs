@@ -94,11 +94,7 @@ pub fn bindings(app: &App) -> &'static [super::keys::Binding] {
 pub fn status_spans(app: &App) -> Vec<Span<'static>> {
     let theme = &app.theme;
     let f = &app.flags;
-    let target = match app.launch.choice {
-        crate::vocab::TargetKind::Docker => "docker",
-        crate::vocab::TargetKind::Engine => "engine",
-        crate::vocab::TargetKind::Attach => "attach",
-    };
+    let target = app.launch.choice.name();
     let mut spans = vec![
         Span::styled(" target ", theme.dim()),
         Span::styled(target.to_string(), theme.accent()),

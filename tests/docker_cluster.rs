@@ -1,0 +1,600 @@
+//! The two-node vLLM target (`docker-cluster`) on the local Docker engine: two containers of
+//! the stand-in image play the Ray head and the Ray worker (the worker's engine reached through
+//! the local sshd "host" when there is one), and `vllm serve … --distributed-executor-backend
+//! ray` runs in the head once `ray status` shows both nodes and both GPUs.
+//!
+//! Without Docker these print `SKIPPED …` and pass (`MXTUNE_TEST_DOCKER=require` fails
+//! instead); the CLI test needs sshd as remote_hosts.rs does (`MXTUNE_TEST_SSHD=require`).
+
+mod support;
+
+use mxtune::flags::FlagSet;
+use mxtune::flags::model::{Parallel, Transport};
+use mxtune::launch::cluster::{ClusterPlan, ClusterTarget, LABEL_HOST, LABEL_ROLE};
+use mxtune::launch::{LaunchOptions, Status, docker};
+use mxtune::vocab::{NetworkMode, TargetKind};
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+use support::sshd::sshd_or_skip;
+use support::{Cleanup, docker_or_skip, free_port, streamed_completion, test_image};
+
+const MXTUNE: &str = env!("CARGO_BIN_EXE_mxtune");
+
+/// A docker-cluster flag set for the stand-in image: both nodes on this machine, no GPUs
+/// requested (the stand-in counts one per node), caches in `dir`.
+fn cluster_flags(image: &str, dir: &Path, port: u16, ray_port: u16) -> FlagSet {
+    let mut fs = FlagSet {
+        target: TargetKind::DockerCluster,
+        ..FlagSet::default()
+    };
+    fs.container.image = image.into();
+    fs.container.vllm = mxtune::flags::VllmFlavor::Fork;
+    fs.container.network = NetworkMode::Host;
+    fs.container.gpus_all = false;
+    fs.container.ulimits.clear();
+    fs.container.hf_cache = Some(dir.join("hf").display().to_string());
+    fs.container.jit_cache = Some(dir.join("jit").display().to_string());
+    fs.serving.port = port;
+    fs.serving.host = Some("127.0.0.1".into());
+    fs.serving.served_model_name = Some("tp2".into());
+    fs.cluster.head = "local".into();
+    fs.cluster.worker = "local".into();
+    fs.cluster.ray_port = ray_port;
+    fs
+}
+
+fn local_plan(spec: &mxtune::vocab::LaunchSpec) -> ClusterPlan {
+    ClusterPlan::resolve(spec.cluster.as_ref().unwrap(), |n| {
+        anyhow::bail!("no hosts in this test, asked for {n}")
+    })
+    .unwrap()
+}
+
+fn opts(dir: &Path, run_id: &str) -> LaunchOptions {
+    let mut o = LaunchOptions::new(run_id, "cluster-test").unwrap();
+    o.startup_limit = Duration::from_secs(120);
+    o.stop_grace = Duration::from_secs(2);
+    o.log_path = Some(dir.join(format!("{run_id}.target.log")));
+    o
+}
+
+async fn containers_of(d: &bollard::Docker, run_id: &str) -> Vec<docker::Found> {
+    docker::find_mxtune_containers(d)
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|f| f.run_id == run_id)
+        .collect()
+}
+
+#[tokio::test]
+async fn worker_that_never_joins_fails_readiness_naming_the_worker_host() {
+    let test = "worker_that_never_joins_fails_readiness_naming_the_worker_host";
+    let Some(d) = docker_or_skip(test).await else {
+        return;
+    };
+    let image = test_image(&d).await;
+    let dir = tempfile::tempdir().unwrap();
+    let ray_port = free_port();
+    let mut fs = cluster_flags(&image, dir.path(), free_port(), ray_port);
+    fs.cluster.join_limit_s = 3;
+    // The stand-in's worker never reaches the head (as behind a firewall).
+    fs.container
+        .env
+        .insert("MXTUNE_TEST_RAY_JOIN".into(), "never".into());
+    let spec = mxtune::flags::render(&fs, TargetKind::DockerCluster).unwrap();
+    let run_id = ulid::Ulid::generate().to_string();
+    let _cleanup = Cleanup(run_id.clone());
+    // An image missing on a node is an error naming the host, and nothing is started.
+    let mut missing = spec.clone();
+    missing.container.as_mut().unwrap().image = "mxtune-test-no-such-image:1".into();
+    let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
+    let e = ClusterTarget::launch(
+        local_plan(&missing),
+        &missing,
+        &opts(dir.path(), &run_id),
+        tx,
+    )
+    .await
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains("image mxtune-test-no-such-image:1 is not present on host local (the head)"),
+        "{e}"
+    );
+    assert!(containers_of(&d, &run_id).await.is_empty());
+
+    let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
+    let mut launch =
+        ClusterTarget::launch(local_plan(&spec), &spec, &opts(dir.path(), &run_id), tx)
+            .await
+            .unwrap();
+    let e = format!("{:#}", launch.wait_ready().await.unwrap_err());
+    assert!(
+        e.contains(&format!(
+            "the Ray worker on host local (container mxtune-{run_id}-worker) did not join the Ray cluster at 127.0.0.1:{ray_port} within the join limit of 3 s (ray status on the head: 1 node(s), 1 GPU(s))"
+        )),
+        "{e}"
+    );
+    assert!(e.contains("[worker local] Local node IP: 127.0.0.1"), "{e}");
+    // The server was never started.
+    let log = std::fs::read_to_string(dir.path().join(format!("{run_id}.target.log"))).unwrap();
+    assert!(!log.contains("Connecting to existing Ray cluster"), "{log}");
+    assert_eq!(containers_of(&d, &run_id).await.len(), 2);
+    let msg = launch.stop(Duration::from_secs(2), false).await.unwrap();
+    assert!(msg.contains("on host local"), "{msg}");
+    assert!(containers_of(&d, &run_id).await.is_empty());
+}
+
+#[tokio::test]
+async fn socket_fallback_is_a_warning_and_a_lost_worker_ends_the_run_with_its_record_kept() {
+    let test = "socket_fallback_is_a_warning_and_a_lost_worker_ends_the_run_with_its_record_kept";
+    let Some(d) = docker_or_skip(test).await else {
+        return;
+    };
+    let image = test_image(&d).await;
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let mut fs = cluster_flags(&image, dir.path(), port, free_port());
+    fs.cluster.parallel = Parallel::Pipeline;
+    // NCCL told to leave InfiniBand alone falls back to sockets, as it does without RDMA.
+    fs.container
+        .env
+        .insert("NCCL_IB_DISABLE".into(), "1".into());
+    let spec = mxtune::flags::render(&fs, TargetKind::DockerCluster).unwrap();
+    let run_id = ulid::Ulid::generate().to_string();
+    let _cleanup = Cleanup(run_id.clone());
+    let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
+    let mut launch =
+        ClusterTarget::launch(local_plan(&spec), &spec, &opts(dir.path(), &run_id), tx)
+            .await
+            .unwrap();
+    let ready = launch.wait_ready().await.unwrap();
+    assert_eq!(ready.model, "tp2");
+    assert_eq!(
+        streamed_completion(&ready.url, "tp2", 3).await,
+        [" tok0", " tok1", " tok2"]
+    );
+    let log = std::fs::read_to_string(dir.path().join(format!("{run_id}.target.log"))).unwrap();
+    assert!(log.contains("--pipeline-parallel-size\", \"2\""), "{log}");
+    assert!(log.contains("pipeline_parallel_size=2"), "{log}");
+    // Both nodes' own lines are in the log, marked with their role and host.
+    assert!(log.contains("[head local] Ray runtime started."), "{log}");
+    assert!(log.contains("[worker local] Ray runtime started."), "{log}");
+
+    let report = launch.report();
+    let nccl = report
+        .checks
+        .iter()
+        .find(|c| c.flag == "nccl_transport")
+        .expect("an nccl_transport check");
+    assert_eq!(nccl.value, "rdma");
+    assert_eq!(nccl.verdict, mxtune::launch::Verdict::Invalid);
+    assert!(
+        nccl.forbidden_seen
+            .iter()
+            .any(|l| l.contains("NCCL INFO Using network Socket")),
+        "{nccl:?}"
+    );
+    let warnings = launch.history().warnings;
+    assert!(
+        warnings
+            .iter()
+            .any(|w| w.starts_with("NCCL between host local and host local fell back to sockets")),
+        "{warnings:?}"
+    );
+
+    // Both hosts' environment goes into the record.
+    let facts = launch.target.facts().await;
+    assert_eq!(facts.kind, "docker-cluster");
+    assert_eq!(facts.nodes.len(), 2);
+    assert_eq!(facts.nodes[0].role, "head");
+    assert_eq!(facts.nodes[1].role, "worker");
+    assert_eq!(facts.nodes[1].env["VLLM_HOST_IP"], "127.0.0.1");
+    assert!(facts.nodes[1].kernel.is_some(), "{:?}", facts.nodes[1]);
+
+    // The worker dies mid-run: the launch says so and ends, and the record keeps it all.
+    let worker = containers_of(&d, &run_id)
+        .await
+        .into_iter()
+        .find(|f| f.cluster_role.as_deref() == Some("worker"))
+        .unwrap();
+    d.kill_container(
+        &worker.id,
+        None::<bollard::query_parameters::KillContainerOptions>,
+    )
+    .await
+    .unwrap();
+    let mut status = launch.status();
+    for _ in 0..600 {
+        if matches!(status, Status::Exited(_)) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        status = launch.status();
+    }
+    let Status::Exited(exit) = status else {
+        panic!("the cluster did not end when its worker died: {status:?}");
+    };
+    let detail = exit.detail.unwrap_or_default();
+    assert!(
+        detail.starts_with(&format!(
+            "the Ray worker container {} on host local exited",
+            worker.name
+        )),
+        "{detail}"
+    );
+    let observed = mxtune::launch::record::observed(&launch, None);
+    assert!(
+        observed
+            .warnings
+            .iter()
+            .any(|w| w.contains("has lost the worker's GPU and cannot serve")),
+        "{:?}",
+        observed.warnings
+    );
+    let mut record = mxtune::record::schema::RunRecord::new(
+        TargetKind::DockerCluster,
+        Some("cluster-test".into()),
+    );
+    record.observed = observed;
+    mxtune::launch::record::apply_facts(&facts, &mut record.target, &mut record.environment);
+    let store = mxtune::record::store::RunStore::new(dir.path().join("runs"));
+    let handle = store.create(record).unwrap();
+    let back = mxtune::record::store::load_file(handle.path()).unwrap();
+    assert_eq!(back.target.kind, TargetKind::DockerCluster);
+    assert_eq!(back.environment.nodes.len(), 2);
+    assert_eq!(back.environment.nodes[1].host, "local");
+    assert!(
+        back.observed
+            .kernel_path
+            .iter()
+            .any(|c| c.flag == "nccl_transport" && c.reason.is_some()),
+        "{:?}",
+        back.observed.kernel_path
+    );
+
+    let msg = launch.stop(Duration::from_secs(2), false).await.unwrap();
+    assert!(
+        msg.contains("already gone") || msg.contains("removed"),
+        "{msg}"
+    );
+    assert!(containers_of(&d, &run_id).await.is_empty());
+}
+
+#[tokio::test]
+async fn cli_launches_a_cluster_with_the_worker_over_ssh_and_stops_only_its_containers() {
+    let test = "cli_launches_a_cluster_with_the_worker_over_ssh_and_stops_only_its_containers";
+    let Some(d) = docker_or_skip(test).await else {
+        return;
+    };
+    let Some(sshd) = sshd_or_skip(test) else {
+        return;
+    };
+    let image = test_image(&d).await;
+    let dir = tempfile::tempdir().unwrap();
+    let (port, ray_port) = (free_port(), free_port());
+    let mut fs = cluster_flags(&image, dir.path(), port, ray_port);
+    fs.cluster.worker = "remote".into();
+    fs.cluster.local_ip = Some("127.0.0.1".into());
+    fs.cluster.transport = Transport::Rdma;
+    fs.cluster.nccl.ib_hca = Some("rocep1s0f1".into());
+    std::fs::create_dir_all(dir.path().join("hf")).unwrap();
+    // A cache that is not there yet: pre-flight on each node says it will be created.
+    let jit = dir.path().join("jit-missing");
+    fs.container.jit_cache = Some(jit.display().to_string());
+    let presets = dir.path().join("presets");
+    std::fs::create_dir(&presets).unwrap();
+    let mut text = String::from("description = \"two nodes\"\n");
+    text.push_str(&toml::to_string(&fs).unwrap());
+    std::fs::write(presets.join("tp2.toml"), &text).unwrap();
+    // The worker's host is the local sshd standing in for a second Spark.
+    let home = sshd.config_home(&format!(
+        "{}[host.nccl]\nhost_ip = \"127.0.0.1\"\nsocket_ifname = \"lo\"\n",
+        sshd.host_entry("remote", MXTUNE)
+    ));
+    let runs = dir.path().join("runs");
+    let run = |args: Vec<String>| {
+        let home = home.clone();
+        async move {
+            tokio::task::spawn_blocking(move || {
+                Command::new(MXTUNE)
+                    .args(&args)
+                    .env("XDG_CONFIG_HOME", &home)
+                    .output()
+                    .unwrap()
+            })
+            .await
+            .unwrap()
+        }
+    };
+    let p = presets.display().to_string();
+    let r = runs.display().to_string();
+
+    // --host makes no sense for a preset that names its hosts.
+    let o = run(vec![
+        "launch".into(),
+        "--preset".into(),
+        "tp2".into(),
+        "--presets-dir".into(),
+        p.clone(),
+        "--host".into(),
+        "remote".into(),
+    ])
+    .await;
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("names its two hosts itself"),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+
+    // A container of another run, labelled like a cluster node: stop must leave it alone.
+    let other = format!("mxtune-test-other-{}", ulid::Ulid::generate()).to_lowercase();
+    let body = bollard::models::ContainerCreateBody {
+        image: Some(image.clone()),
+        labels: Some(std::collections::HashMap::from([
+            (docker::LABEL_RUN_ID.to_string(), "other-run".to_string()),
+            (LABEL_ROLE.to_string(), "worker".to_string()),
+        ])),
+        ..Default::default()
+    };
+    d.create_container(
+        Some(bollard::query_parameters::CreateContainerOptions {
+            name: Some(other.clone()),
+            ..Default::default()
+        }),
+        body,
+    )
+    .await
+    .unwrap();
+    let _other = Cleanup("other-run".into());
+
+    let o = run(vec![
+        "launch".into(),
+        "--preset".into(),
+        "tp2".into(),
+        "--presets-dir".into(),
+        p.clone(),
+        "--runs-dir".into(),
+        r.clone(),
+        "--startup-limit-s".into(),
+        "120".into(),
+    ])
+    .await;
+    let (out, err) = (
+        String::from_utf8_lossy(&o.stdout).into_owned(),
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+    );
+    let ours: Vec<docker::Found> = docker::find_mxtune_containers(&d)
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|f| f.preset == "tp2")
+        .collect();
+    let run_id = ours.first().map(|f| f.run_id.clone()).unwrap_or_default();
+    let _cleanup = Cleanup(run_id.clone());
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{out}{err}\nsshd log:\n{}",
+        sshd.log()
+    );
+    assert!(
+        err.contains(&format!(
+            "cluster: Ray head on host local (127.0.0.1), worker on host remote (127.0.0.1), Ray at 127.0.0.1:{ray_port}, tensor parallel over 2 GPUs, expecting NCCL over rdma"
+        )),
+        "{err}"
+    );
+    assert!(out.contains("nccl_transport=rdma: Valid"), "{out}");
+    // Pre-flight ran on both nodes: here for the head, over SSH on the worker's host.
+    assert!(
+        err.contains(&format!(
+            "pre-flight Warning (head): mount source {}",
+            jit.display()
+        )),
+        "{err}"
+    );
+    assert!(
+        err.contains(&format!(
+            "pre-flight Warning (worker): on host remote: mount source {}",
+            jit.display()
+        )),
+        "{err}"
+    );
+    assert!(
+        out.contains(&format!("mxtune stop --cluster tp2 {run_id}")),
+        "{out}"
+    );
+    assert!(!err.contains("fell back to sockets"), "{err}");
+    assert_eq!(ours.len(), 2, "{ours:?}");
+    assert!(ours.iter().all(|f| f.state == "running"));
+    let worker = ours
+        .iter()
+        .find(|f| f.cluster_role.as_deref() == Some("worker"))
+        .unwrap();
+    let labels = d
+        .inspect_container(&worker.id, None)
+        .await
+        .unwrap()
+        .config
+        .unwrap()
+        .labels
+        .unwrap();
+    assert_eq!(labels[LABEL_HOST], "remote");
+    // The worker got the host's and the preset's NCCL settings.
+    let env = d
+        .inspect_container(&worker.id, None)
+        .await
+        .unwrap()
+        .config
+        .unwrap()
+        .env
+        .unwrap();
+    for want in [
+        "NCCL_SOCKET_IFNAME=lo",
+        "NCCL_IB_HCA=rocep1s0f1",
+        "VLLM_HOST_IP=127.0.0.1",
+    ] {
+        assert!(env.iter().any(|e| e == want), "{want} not in {env:?}");
+    }
+    // The server keeps serving after the command ended.
+    assert_eq!(
+        streamed_completion(&format!("http://127.0.0.1:{port}"), "tp2", 2).await,
+        [" tok0", " tok1"]
+    );
+    let log = std::fs::read_to_string(runs.join(format!("{run_id}.target.log"))).unwrap();
+    assert!(
+        log.contains(
+            "--tensor-parallel-size\", \"2\", \"--distributed-executor-backend\", \"ray\""
+        ),
+        "{log}"
+    );
+    assert!(
+        log.contains("(RayWorkerWrapper pid=201, ip=127.0.0.1)"),
+        "{log}"
+    );
+
+    let o = run(vec![
+        "stop".into(),
+        "--cluster".into(),
+        "tp2".into(),
+        "--presets-dir".into(),
+        p.clone(),
+        run_id.clone(),
+        "--grace-s".into(),
+        "2".into(),
+    ])
+    .await;
+    let (out, err) = (
+        String::from_utf8_lossy(&o.stdout).into_owned(),
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+    );
+    assert!(o.status.success(), "{out}{err}");
+    assert_eq!(
+        out.matches("stopped and removed container").count(),
+        2,
+        "{out}"
+    );
+    assert!(out.contains("on host remote"), "{out}");
+    assert!(containers_of(&d, &run_id).await.is_empty());
+    assert!(
+        d.inspect_container(&other, None).await.is_ok(),
+        "stop removed another run's container"
+    );
+}
+
+/// The panel launches a docker-cluster preset (both nodes here), shows it ready, and reports
+/// the worker's death as the target's end with its reason; its stop removes the head too.
+#[test]
+fn panel_launches_a_cluster_and_reports_a_dead_worker() {
+    use mxtune::flags::preset::PresetStore;
+    use mxtune::tui::app::{App, Effect, Paths, Tab};
+    use mxtune::tui::screens::launch::TargetState;
+    use mxtune::tui::{perform, step, ui};
+    let test = "panel_launches_a_cluster_and_reports_a_dead_worker";
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let Some(d) = rt.block_on(docker_or_skip(test)) else {
+        return;
+    };
+    let image = rt.block_on(test_image(&d));
+    let dir = tempfile::tempdir().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let mut bg = mxtune::tui::background::Background::new(tx).unwrap();
+    let mut a = App::new(
+        mxtune::tui::theme::Theme {
+            color: false,
+            ascii: false,
+        },
+        Paths {
+            presets: PresetStore::new(vec![dir.path().join("presets")]),
+            save_dir: dir.path().join("presets"),
+            runs_dir: dir.path().join("runs"),
+            export_dir: dir.path().to_path_buf(),
+        },
+    );
+    a.flags.flags = cluster_flags(&image, dir.path(), free_port(), free_port());
+    a.launch.choice = TargetKind::DockerCluster;
+    a.tab = Tab::Launch;
+    a.launch.state = TargetState::Launching;
+    perform(&mut a, &mut bg, Effect::StartTarget);
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    let pump = |a: &mut App,
+                bg: &mut mxtune::tui::background::Background,
+                what: &str,
+                done: &dyn Fn(&App) -> bool| {
+        while !done(a) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "never reached: {what}"
+            );
+            if let Ok(ev) = rx.recv_timeout(Duration::from_millis(200)) {
+                step(a, bg, ev);
+            }
+        }
+    };
+    pump(&mut a, &mut bg, "ready", &|a| {
+        matches!(
+            a.launch.state,
+            TargetState::Ready { .. } | TargetState::Failed(_)
+        )
+    });
+    assert!(
+        matches!(a.launch.state, TargetState::Ready { .. }),
+        "{:?}",
+        a.launch.state
+    );
+    let describe = a.launch.describe.clone().unwrap();
+    assert!(
+        describe.starts_with("cluster of container mxtune-") && describe.contains("(Ray worker)"),
+        "{describe}"
+    );
+    let run = rt.block_on(docker::find_mxtune_containers(&d)).unwrap();
+    let worker = run
+        .iter()
+        .find(|f| f.cluster_role.as_deref() == Some("worker") && describe.contains(&f.name))
+        .expect("the worker container")
+        .clone();
+    let _cleanup = Cleanup(worker.run_id.clone());
+    rt.block_on(d.kill_container(
+        &worker.id,
+        None::<bollard::query_parameters::KillContainerOptions>,
+    ))
+    .unwrap();
+    pump(&mut a, &mut bg, "the target's end", &|a| {
+        matches!(
+            a.launch.state,
+            TargetState::Exited(_) | TargetState::Failed(_)
+        )
+    });
+    let TargetState::Exited(why) = &a.launch.state else {
+        panic!("{:?}", a.launch.state);
+    };
+    assert!(
+        why.contains(&format!(
+            "the Ray worker container {} on host local exited",
+            worker.name
+        )),
+        "{why}"
+    );
+    let mut t = ratatui::Terminal::new(ratatui::backend::TestBackend::new(200, 40)).unwrap();
+    t.draw(|f| ui::draw(f, &a)).unwrap();
+    let s = t.backend().to_string();
+    assert!(s.contains("Ray worker container"), "{s}");
+    perform(&mut a, &mut bg, Effect::StopTarget);
+    // The panel's stop goes to both nodes: the running head and the dead worker are removed.
+    pump(
+        &mut a,
+        &mut bg,
+        "stopped",
+        &|a| matches!(&a.launch.state, TargetState::Exited(m) if m.contains("removed container")),
+    );
+    let TargetState::Exited(stopped) = &a.launch.state else {
+        unreachable!()
+    };
+    assert!(stopped.contains("-head on host local"), "{stopped}");
+    assert!(stopped.contains("-worker on host local"), "{stopped}");
+    let left = rt.block_on(containers_of(&d, &worker.run_id));
+    assert!(left.is_empty(), "{left:?}");
+}
