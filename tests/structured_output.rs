@@ -640,3 +640,246 @@ print(r.choices[0].finish_reason, p.color in ("red", "green"), 0 <= p.age <= 120
 "#;
     assert_eq!(python(script, &[&s.base]).await.trim(), "stop True True");
 }
+
+/// Two functions whose arguments are bounded (every string, number and array), so random
+/// weights finish a call within the tests' `max_tokens`.
+fn tools() -> Value {
+    json!([
+        {"type": "function", "function": {
+            "name": "get_weather",
+            "description": "Weather for a city.",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "city": {"type": "string", "minLength": 1, "maxLength": 10},
+                    "unit": {"enum": ["celsius", "fahrenheit"]},
+                    "days": {"type": "integer", "minimum": 1, "maximum": 14},
+                    "hourly": {"type": "boolean"},
+                },
+                "required": ["city", "unit", "days", "hourly"],
+                "additionalProperties": false,
+            },
+        }},
+        {"type": "function", "function": {
+            "name": "search",
+            "strict": true,
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "query": {"type": "string", "maxLength": 8},
+                    "tags": {"type": "array", "items": {"enum": ["a", "b"]}, "maxItems": 3},
+                },
+                "required": ["query", "tags"],
+                "additionalProperties": false,
+            },
+        }},
+    ])
+}
+
+/// The `parameters` of the offered function `name`.
+fn parameters_of(name: &str) -> Value {
+    tools()
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["function"]["name"] == name)
+        .unwrap_or_else(|| panic!("`{name}` was never offered"))["function"]["parameters"]
+        .clone()
+}
+
+fn tool_request(tool_choice: &Value, temperature: f64, seed: u64, stream: bool) -> Value {
+    json!({
+        "model": "tiny",
+        "messages": [{"role": "user", "content": "What is the weather in Oslo?"}],
+        "tools": tools(),
+        "tool_choice": tool_choice,
+        "temperature": temperature,
+        "seed": seed,
+        "max_tokens": 200,
+        "stream": stream,
+    })
+}
+
+/// The one call of an answer, whole or streamed: its name, its arguments text and the
+/// finish reason.
+async fn call_of(base: &str, body: &Value) -> (String, String, Value) {
+    let r = reqwest::Client::new()
+        .post(format!("{base}/v1/chat/completions"))
+        .json(body)
+        .send()
+        .await
+        .unwrap();
+    if r.status().as_u16() != 200 {
+        panic!("{}: {}", r.status(), r.text().await.unwrap());
+    }
+    if body["stream"] != json!(true) {
+        let v: Value = r.json().await.unwrap();
+        let choice = &v["choices"][0];
+        let calls = choice["message"]["tool_calls"].as_array();
+        let calls = calls.unwrap_or_else(|| panic!("no tool call: {v}"));
+        assert_eq!(calls.len(), 1, "{v}");
+        let f = &calls[0]["function"];
+        return (
+            f["name"].as_str().unwrap().to_string(),
+            f["arguments"].as_str().unwrap().to_string(),
+            choice["finish_reason"].clone(),
+        );
+    }
+    let (mut name, mut arguments, mut finish) = (String::new(), String::new(), Value::Null);
+    for d in sse_data(&r.text().await.unwrap()) {
+        if d == "[DONE]" {
+            break;
+        }
+        let c: Value = serde_json::from_str(&d).unwrap();
+        for call in c["choices"][0]["delta"]["tool_calls"]
+            .as_array()
+            .into_iter()
+            .flatten()
+        {
+            assert_eq!(call["index"], 0, "{c}");
+            if let Some(n) = call["function"]["name"].as_str() {
+                assert!(name.is_empty(), "the name came twice: {c}");
+                name = n.to_string();
+            }
+            arguments.push_str(call["function"]["arguments"].as_str().unwrap_or_default());
+        }
+        if !c["choices"][0]["finish_reason"].is_null() {
+            finish = c["choices"][0]["finish_reason"].clone();
+        }
+    }
+    (name, arguments, finish)
+}
+
+/// `tool_choice` named or `required`: whatever the random weights prefer, the call names an
+/// offered function and its arguments satisfy that function's schema, whole and streamed.
+#[tokio::test(flavor = "multi_thread")]
+async fn forced_tool_calls_follow_the_function_schema() {
+    let s = tiny_server().await;
+    let named = json!({"type": "function", "function": {"name": "get_weather"}});
+    let mut jobs = Vec::new();
+    for (choice, only) in [(&named, Some("get_weather")), (&json!("required"), None)] {
+        for (temperature, seed) in [(0.7, 0), (1.0, 1), (1.5, 2), (1.5, 3)] {
+            for stream in [false, true] {
+                let body = tool_request(choice, temperature, seed, stream);
+                let base = s.base.clone();
+                jobs.push((
+                    only,
+                    body.clone(),
+                    tokio::spawn(async move { call_of(&base, &body).await }),
+                ));
+            }
+        }
+    }
+    let mut seen_arguments = std::collections::HashSet::new();
+    for (only, body, job) in jobs {
+        let (name, arguments, finish) = job.await.unwrap();
+        let what = format!(
+            "tool_choice {} T={} seed {} stream {}: {name}({arguments})",
+            body["tool_choice"], body["temperature"], body["seed"], body["stream"]
+        );
+        if let Some(only) = only {
+            assert_eq!(name, only, "{what}");
+        }
+        assert_eq!(finish, "tool_calls", "{what}");
+        let value: Value = serde_json::from_str(&arguments)
+            .unwrap_or_else(|e| panic!("{what}: the arguments are not JSON: {e}"));
+        if let Err(e) = validate(&parameters_of(&name), &value, "$") {
+            panic!("{what} breaks the schema: {e}");
+        }
+        seen_arguments.insert(arguments);
+    }
+    // The weights and seeds still choose within the schema.
+    assert!(seen_arguments.len() > 3, "{seen_arguments:?}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_streamed_forced_call_equals_the_whole_one() {
+    let s = tiny_server().await;
+    for choice in [
+        json!({"type": "function", "function": {"name": "search"}}),
+        json!("required"),
+    ] {
+        let whole = call_of(&s.base, &tool_request(&choice, 0.0, 0, false)).await;
+        let streamed = call_of(&s.base, &tool_request(&choice, 0.0, 0, true)).await;
+        assert_eq!(whole, streamed, "{choice}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn bad_tool_schemas_and_strict_get_400_naming_the_tool() {
+    let s = tiny_server().await;
+    let mut bad_tools = tools();
+    bad_tools[1]["function"]["parameters"] = json!({"type": "banana"});
+    let named_search = json!({"type": "function", "function": {"name": "search"}});
+    for choice in [json!("required"), named_search] {
+        let mut body = tool_request(&choice, 0.0, 0, false);
+        body["tools"] = bad_tools.clone();
+        let (status, v) = chat(&s, body).await;
+        assert_eq!(status, 400, "{choice}: {v}");
+        assert_eq!(v["error"]["param"], "tools[1].function.parameters", "{v}");
+        let message = v["error"]["message"].as_str().unwrap();
+        assert!(message.contains("cannot be enforced"), "{message}");
+    }
+    // Under `auto` the arguments are not constrained, so the schema is not compiled.
+    let mut body = tool_request(&json!("auto"), 0.0, 0, false);
+    body["tools"] = bad_tools;
+    body["max_tokens"] = json!(4);
+    let (status, v) = chat(&s, body).await;
+    assert_eq!(status, 200, "{v}");
+    let mut body = tool_request(&json!("auto"), 0.0, 0, false);
+    body["tools"][0]["function"]["strict"] = json!("yes");
+    let (status, v) = chat(&s, body).await;
+    assert_eq!(status, 400, "{v}");
+    assert_eq!(v["error"]["param"], "tools[0].function.strict", "{v}");
+}
+
+/// The official `openai` client: a named and a required call, whole and streamed; the
+/// arguments it hands back satisfy the schema.
+#[tokio::test(flavor = "multi_thread")]
+async fn openai_python_client_gets_calls_that_follow_the_schema() {
+    if !has_python_openai("openai_python_client_gets_calls_that_follow_the_schema") {
+        return;
+    }
+    let s = tiny_server().await;
+    let script = r#"
+import json, sys, openai
+c = openai.OpenAI(base_url=sys.argv[1] + "/v1", api_key="unused")
+tools = json.loads(sys.argv[2])
+msgs = [{"role": "user", "content": "Weather in Oslo?"}]
+for choice in [{"type": "function", "function": {"name": "get_weather"}}, "required"]:
+    for seed in range(2):
+        r = c.chat.completions.create(model="tiny", messages=msgs, tools=tools, tool_choice=choice,
+                                      temperature=1.2, seed=seed, max_tokens=200)
+        call = r.choices[0].message.tool_calls[0]
+        print(json.dumps([call.function.name, call.function.arguments, r.choices[0].finish_reason]))
+        name, args, finish = "", "", None
+        for chunk in c.chat.completions.create(model="tiny", messages=msgs, tools=tools,
+                                               tool_choice=choice, temperature=1.2, seed=seed,
+                                               max_tokens=200, stream=True):
+            for d in chunk.choices[0].delta.tool_calls or []:
+                name += d.function.name or ""
+                args += d.function.arguments or ""
+            finish = chunk.choices[0].finish_reason or finish
+        print(json.dumps([name, args, finish]))
+"#;
+    let out = python(script, &[&s.base, &tools().to_string()]).await;
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines.len(), 8, "{out}");
+    for pair in lines.chunks(2) {
+        // The same seed whole and streamed: the same call.
+        assert_eq!(pair[0], pair[1], "{out}");
+    }
+    for (i, line) in lines.into_iter().enumerate() {
+        let [name, arguments, finish]: [Value; 3] = serde_json::from_str(line).unwrap();
+        assert_eq!(finish, "tool_calls", "{line}");
+        let name = name.as_str().unwrap();
+        if i < 4 {
+            assert_eq!(name, "get_weather", "the named function: {line}");
+        }
+        let value: Value = serde_json::from_str(arguments.as_str().unwrap())
+            .unwrap_or_else(|e| panic!("{line}: {e}"));
+        if let Err(e) = validate(&parameters_of(name), &value, "$") {
+            panic!("{line} breaks the schema: {e}");
+        }
+    }
+}

@@ -17,7 +17,8 @@ use serde_json::Value;
 use std::sync::Arc;
 
 /// The engine's vocabulary as llguidance sees it: every id's bytes, control tokens marked
-/// so no grammar text can match them, and the tokens that end an answer as its EOS set.
+/// so no grammar text can match them, and every token that may end a constrained answer
+/// (a final message's or a tool call's) as its EOS set.
 struct Vocabulary {
     trie: TokTrie,
     tok: Tokenizer,
@@ -44,6 +45,26 @@ impl TokenizerEnv for Vocabulary {
 /// over the engine's vocabulary. Built once per server (it indexes the whole vocabulary).
 pub struct StructuredOutput {
     factory: ParserFactory,
+    /// The tokens that end a final answer.
+    answer_ends: Arc<[u32]>,
+    /// The harmony tokens of a tool call's header and end.
+    call: CallTokens,
+}
+
+/// The harmony control tokens a tool call is written with: `<|constrain|>` and
+/// `<|message|>` in its header, `<|call|>` at its end.
+#[derive(Debug, Clone, Copy)]
+pub struct CallTokens {
+    pub constrain: u32,
+    pub message: u32,
+    pub call: u32,
+}
+
+/// One function a tool call may name: its name and the JSON schema of its arguments.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CallSchema {
+    pub name: String,
+    pub parameters: Value,
 }
 
 impl std::fmt::Debug for StructuredOutput {
@@ -54,18 +75,35 @@ impl std::fmt::Debug for StructuredOutput {
 
 impl StructuredOutput {
     /// A factory over ids `0..vocab_size` of `tok` (the model's size, from its config: ids
-    /// the tokenizer does not know get no bytes and are never allowed). `ends` are the
-    /// tokens that may end a constrained answer; the grammar allows them only where the
-    /// JSON is complete.
-    pub fn new(tok: Tokenizer, vocab_size: usize, ends: &[u32]) -> anyhow::Result<Self> {
+    /// the tokenizer does not know get no bytes and are never allowed). `answer_ends` are
+    /// the tokens that may end a constrained final answer, `call.call` the one that ends a
+    /// tool call's arguments; a grammar allows its ends only where the JSON is complete.
+    pub fn new(
+        tok: Tokenizer,
+        vocab_size: usize,
+        answer_ends: &[u32],
+        call: CallTokens,
+    ) -> anyhow::Result<Self> {
         let vocab = u32::try_from(vocab_size).context("the vocabulary is too large")?;
-        let ends: Vec<u32> = ends.iter().copied().filter(|&t| t < vocab).collect();
-        let Some(&first_end) = ends.first() else {
+        let answer_ends: Vec<u32> = answer_ends
+            .iter()
+            .copied()
+            .filter(|&t| t < vocab && t != call.call)
+            .collect();
+        let Some(&first_end) = answer_ends.first() else {
             anyhow::bail!(
                 "none of the end tokens is inside the model's vocabulary of {vocab_size}: \
                  a constrained answer could never end"
             );
         };
+        anyhow::ensure!(
+            [call.constrain, call.message, call.call]
+                .iter()
+                .all(|&t| t < vocab),
+            "the harmony call tokens are outside the model's vocabulary of {vocab_size}"
+        );
+        let mut ends = answer_ends.clone();
+        ends.push(call.call);
         let words: Vec<Vec<u8>> = (0..vocab)
             .map(|id| {
                 let bytes = tok.token_bytes(id);
@@ -85,39 +123,101 @@ impl StructuredOutput {
             .map_err(|e| anyhow::anyhow!("building the structured-output index: {e}"))?;
         // Errors come back as values; nothing is printed.
         factory.quiet();
-        Ok(StructuredOutput { factory })
+        Ok(StructuredOutput {
+            factory,
+            answer_ends: answer_ends.into(),
+            call,
+        })
     }
 
-    /// Compile `schema` (a JSON schema object) into a grammar. The JSON is compact (no
-    /// whitespace between tokens of the syntax), which keeps a model from writing spaces
-    /// without end. The error says what llguidance could not accept.
+    /// Compile `schema` (a JSON schema object) into the grammar of a final answer. The JSON
+    /// is compact (no whitespace between tokens of the syntax), which keeps a model from
+    /// writing spaces without end. The error says what llguidance could not accept.
     pub fn compile(&self, schema: &Value) -> Result<Grammar, String> {
-        let mut schema = schema.clone();
-        let Some(obj) = schema.as_object_mut() else {
-            return Err("the schema must be a JSON object".into());
-        };
-        if obj.contains_key("x-guidance") {
-            return Err("the schema key `x-guidance` is reserved by this server".into());
+        let schema = compact(schema)?;
+        self.grammar(
+            TopLevelGrammar::from_json_schema(schema),
+            self.answer_ends.clone(),
+        )
+    }
+
+    /// The grammar of a tool call's arguments, after a header that names the function:
+    /// JSON following `parameters` (compact, as in [`Self::compile`]), ended by `<|call|>`.
+    pub fn compile_arguments(&self, parameters: &Value) -> Result<Grammar, String> {
+        let schema = compact(parameters)?;
+        self.grammar(
+            TopLevelGrammar::from_json_schema(schema),
+            Arc::new([self.call.call]),
+        )
+    }
+
+    /// The grammar of a call of any of `functions`, after a prompt that ends with
+    /// `to=functions.`: a function's name, the rest of the header (` <|constrain|>json
+    /// <|message|>`, as a named call's prefill writes it), that function's arguments, and
+    /// `<|call|>`. `Err((Some(i), why))` names the function whose schema llguidance refused;
+    /// `Err((None, why))` is a grammar of ours that llguidance refused (a bug here).
+    pub fn compile_any_call(
+        &self,
+        functions: &[CallSchema],
+    ) -> Result<Grammar, (Option<usize>, String)> {
+        let mut lark = String::from("start: ");
+        let alternatives: Vec<String> = (0..functions.len()).map(|i| format!("call_{i}")).collect();
+        lark.push_str(&alternatives.join(" | "));
+        lark.push('\n');
+        for (i, f) in functions.iter().enumerate() {
+            // Each schema alone first, so a refusal names its function.
+            let schema = compact(&f.parameters).map_err(|e| (Some(i), e))?;
+            self.compile_arguments(&f.parameters)
+                .map_err(|e| (Some(i), e))?;
+            // Names are [A-Za-z0-9_-] (checked by the server), safe inside a literal.
+            lark.push_str(&format!(
+                "call_{i}: \"{name} \" <[{constrain}]> \"json\" <[{message}]> %json {schema}\n",
+                name = f.name,
+                constrain = self.call.constrain,
+                message = self.call.message,
+            ));
         }
-        obj.insert(
-            "x-guidance".into(),
-            serde_json::json!({"whitespace_flexible": false}),
-        );
-        let parser = self
-            .factory
-            .create_parser(TopLevelGrammar::from_json_schema(schema))
-            .map_err(|e| e.to_string())?;
+        self.grammar(TopLevelGrammar::from_lark(lark), Arc::new([self.call.call]))
+            .map_err(|e| (None, e))
+    }
+
+    fn grammar(&self, top: TopLevelGrammar, ends: Arc<[u32]>) -> Result<Grammar, String> {
+        let parser = self.factory.create_parser(top).map_err(|e| e.to_string())?;
         let matcher = Matcher::new(Ok(parser));
         if let Some(e) = matcher.get_error() {
             return Err(e);
         }
         let trie = self.factory.tok_env().tok_trie();
+        // The factory's EOS set holds every end; this grammar may use only its own.
+        let other_ends = trie
+            .eos_tokens()
+            .iter()
+            .copied()
+            .filter(|t| !ends.contains(t))
+            .collect();
         Ok(Grammar {
             start: matcher,
             vocab_size: trie.vocab_size(),
-            ends: trie.eos_tokens().into(),
+            ends,
+            other_ends,
         })
     }
+}
+
+/// `schema` with this server's JSON options: no whitespace between the tokens of the syntax.
+fn compact(schema: &Value) -> Result<Value, String> {
+    let mut schema = schema.clone();
+    let Some(obj) = schema.as_object_mut() else {
+        return Err("the schema must be a JSON object".into());
+    };
+    if obj.contains_key("x-guidance") {
+        return Err("the schema key `x-guidance` is reserved by this server".into());
+    }
+    obj.insert(
+        "x-guidance".into(),
+        serde_json::json!({"whitespace_flexible": false}),
+    );
+    Ok(schema)
 }
 
 /// A compiled schema, at its start: each sequence that uses it clones it into a
@@ -125,7 +225,11 @@ impl StructuredOutput {
 pub struct Grammar {
     start: Matcher,
     vocab_size: usize,
+    /// The tokens that end this grammar's text.
     ends: Arc<[u32]>,
+    /// The factory's other ends (a final answer's for a call, and the reverse): never
+    /// allowed.
+    other_ends: Arc<[u32]>,
 }
 
 impl Grammar {
@@ -135,6 +239,7 @@ impl Grammar {
             matcher: self.start.deep_clone(),
             vocab_size: self.vocab_size,
             ends: self.ends.clone(),
+            other_ends: self.other_ends.clone(),
             failed: false,
         }
     }
@@ -159,6 +264,8 @@ pub struct Constraint {
     vocab_size: usize,
     /// The tokens that end the answer.
     ends: Arc<[u32]>,
+    /// Ends of other grammars, taken out of every mask.
+    other_ends: Arc<[u32]>,
     /// llguidance reported an error; the sequence may only end from here.
     failed: bool,
 }
@@ -209,7 +316,12 @@ impl Constraint {
     pub fn allowed(&mut self) -> Allowed {
         if !self.failed {
             match self.matcher.compute_mask_or_eos() {
-                Ok(m) => return Allowed(m),
+                Ok(mut m) => {
+                    for &t in self.other_ends.iter() {
+                        m.disallow_token(t);
+                    }
+                    return Allowed(m);
+                }
                 Err(e) => self.fail(&e.to_string()),
             }
         }
@@ -261,8 +373,130 @@ mod tests {
         HarmonyTokens::new(&tok()).unwrap().ret
     }
 
+    fn call_tokens() -> CallTokens {
+        let h = HarmonyTokens::new(&tok()).unwrap();
+        CallTokens {
+            constrain: h.constrain,
+            message: h.message,
+            call: h.call,
+        }
+    }
+
     static SO: LazyLock<StructuredOutput> =
-        LazyLock::new(|| StructuredOutput::new(tok(), VOCAB, &[ret()]).unwrap());
+        LazyLock::new(|| StructuredOutput::new(tok(), VOCAB, &[ret()], call_tokens()).unwrap());
+
+    /// Sample from `g` with logits that favour `hello`, `<|return|>` and `<|end|>` above
+    /// everything a grammar allows, until an end token or `limit` tokens.
+    fn sample_against_the_grain(g: Grammar, temperature: f32, seed: u64, limit: usize) -> Vec<u32> {
+        let t = tok();
+        let mut s = Sampler::new(SamplingParams {
+            temperature,
+            seed: Some(seed),
+            grammar: Some(Arc::new(g)),
+            ..Default::default()
+        });
+        let mut logits: Vec<f32> = (0..VOCAB).map(|i| (i % 89) as f32 * 0.01).collect();
+        for id in t.encode_text("hello") {
+            logits[id as usize] = 50.0;
+        }
+        logits[ret() as usize] = 60.0;
+        logits[t.special_id("<|end|>").unwrap() as usize] = 60.0;
+        let mut out = Vec::new();
+        for _ in 0..limit {
+            let id = s.sample(&logits, &[]).token;
+            out.push(id);
+            if id == ret() || id == call_tokens().call {
+                break;
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn arguments_follow_their_schema_and_end_with_call() {
+        let schema = serde_json::json!({
+            "type": "object",
+            "properties": {"city": {"enum": ["Paris", "Oslo"]}, "days": {"type": "integer", "minimum": 1, "maximum": 9}},
+            "required": ["city", "days"], "additionalProperties": false
+        });
+        for (temperature, seed) in [(0.0, 0), (1.0, 1), (1.5, 2)] {
+            let out = sample_against_the_grain(
+                SO.compile_arguments(&schema).unwrap(),
+                temperature,
+                seed,
+                40,
+            );
+            let (last, args) = out.split_last().unwrap();
+            assert_eq!(*last, call_tokens().call, "T={temperature}: {out:?}");
+            let text = tok().decode(args, false);
+            let v: serde_json::Value =
+                serde_json::from_str(&text).unwrap_or_else(|e| panic!("{text}: {e}"));
+            assert!(
+                ["Paris", "Oslo"].contains(&v["city"].as_str().unwrap()),
+                "{text}"
+            );
+            assert!((1..=9).contains(&v["days"].as_u64().unwrap()), "{text}");
+        }
+        // A final answer's grammar never ends with `<|call|>`, a call's never with `<|return|>`.
+        let mut answer = SO
+            .compile(&serde_json::json!({"const": 1}))
+            .unwrap()
+            .start();
+        answer.commit(tok().encode_text("1")[0]);
+        assert_eq!(answer.allowed().ids(), vec![ret()]);
+        let mut args = SO
+            .compile_arguments(&serde_json::json!({"const": 1}))
+            .unwrap()
+            .start();
+        args.commit(tok().encode_text("1")[0]);
+        assert_eq!(args.allowed().ids(), vec![call_tokens().call]);
+    }
+
+    #[test]
+    fn any_call_names_an_offered_function_then_follows_its_schema() {
+        let functions = [
+            CallSchema {
+                name: "get".into(),
+                parameters: serde_json::json!({"type": "object", "properties": {"k": {"type": "boolean"}}, "required": ["k"], "additionalProperties": false}),
+            },
+            CallSchema {
+                name: "get_weather".into(),
+                parameters: serde_json::json!({"type": "object", "properties": {"n": {"enum": [3, 4]}}, "required": ["n"], "additionalProperties": false}),
+            },
+        ];
+        let t = tok();
+        for seed in 0..6 {
+            let g = SO.compile_any_call(&functions).unwrap();
+            let out = sample_against_the_grain(g, 1.5, seed, 60);
+            let text = t.decode(&out, false);
+            let (name, rest) = text
+                .split_once(" <|constrain|>json<|message|>")
+                .unwrap_or_else(|| panic!("{text}"));
+            let args = rest
+                .strip_suffix("<|call|>")
+                .unwrap_or_else(|| panic!("{text}"));
+            let v: serde_json::Value =
+                serde_json::from_str(args).unwrap_or_else(|e| panic!("{text}: {e}"));
+            match name {
+                "get" => assert!(
+                    v["k"].is_boolean() && v.as_object().unwrap().len() == 1,
+                    "{text}"
+                ),
+                "get_weather" => assert!(
+                    [3, 4].contains(&v["n"].as_u64().unwrap()) && v.as_object().unwrap().len() == 1,
+                    "{text}"
+                ),
+                other => panic!("{other:?} was never offered: {text}"),
+            }
+        }
+        // A schema llguidance refuses is named by its index.
+        let mut bad = functions.to_vec();
+        bad[1].parameters = serde_json::json!({"type": "banana"});
+        assert_eq!(
+            SO.compile_any_call(&bad).err().map(|(i, _)| i),
+            Some(Some(1))
+        );
+    }
 
     #[test]
     fn the_mask_follows_a_tiny_grammar_and_then_allows_only_the_end() {

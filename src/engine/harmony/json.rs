@@ -65,6 +65,23 @@ impl Json {
         }
     }
 
+    /// The same value as a `serde_json::Value` (key order kept as far as serde_json keeps
+    /// it: with `preserve_order`, which llguidance turns on, a schema's properties stay in
+    /// the client's order, and so does the JSON a grammar of it writes).
+    pub fn to_value(&self) -> serde_json::Value {
+        use serde_json::Value;
+        match self {
+            Json::Null => Value::Null,
+            Json::Bool(b) => Value::Bool(*b),
+            Json::Number(n) => Value::Number(n.clone()),
+            Json::String(s) => Value::String(s.clone()),
+            Json::Array(a) => Value::Array(a.iter().map(Json::to_value).collect()),
+            Json::Object(m) => {
+                Value::Object(m.iter().map(|(k, v)| (k.clone(), v.to_value())).collect())
+            }
+        }
+    }
+
     /// Parse JSON text, keeping key order.
     pub fn parse(text: &str) -> serde_json::Result<Json> {
         serde_json::from_str(text)

@@ -6,6 +6,7 @@ use crate::engine::harmony::{
     Chat, Function, Message, Prefill, ReasoningEffort, Renderer, Role, ToolCall,
 };
 use crate::engine::sampling::SamplingParams;
+use crate::engine::structured::CallSchema;
 use crate::engine::tokenizer::Tokenizer;
 use serde::Deserialize;
 use serde_json::Value;
@@ -192,10 +193,23 @@ pub struct Prepared {
     pub tools: bool,
     /// The start of the answer written into the prompt (its last tokens), parsed as output.
     pub prefill: Vec<u32>,
-    /// Structured output: the field that asked for it (`response_format`,
-    /// `structured_outputs` or `guided_json`) and the JSON schema the answer must follow. The
-    /// server compiles it into `sampling.grammar`.
-    pub schema: Option<(&'static str, Value)>,
+    /// What the answer is constrained to, if anything. The server compiles it into
+    /// `sampling.grammar`.
+    pub constrained: Option<Constrained>,
+}
+
+/// A constraint on the answer, before the server compiles it (see docs/api.md).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Constrained {
+    /// Structured output: the final answer follows `schema`; `param` is the field that asked
+    /// for it (`response_format`, `structured_outputs` or `guided_json`).
+    Answer { param: &'static str, schema: Value },
+    /// `tool_choice` names a function: its arguments follow `schema`, the `parameters` of
+    /// `tools[tool]`.
+    Arguments { tool: usize, schema: Value },
+    /// `tool_choice: "required"`: a call of one of these functions (in the order of `tools`),
+    /// its arguments following that function's schema.
+    AnyCall(Vec<CallSchema>),
 }
 
 /// A number field of the body that may be absent or null; anything else is a 400 naming it.
@@ -517,7 +531,7 @@ fn prepare_common(
         return_token_ids: c.return_token_ids,
         tools: false,
         prefill: Vec::new(),
-        schema: None,
+        constrained: None,
     })
 }
 
@@ -657,6 +671,15 @@ fn functions(tools: &[Json]) -> Result<Vec<Function>, ApiError> {
                 ));
             }
         };
+        match f.get("strict") {
+            None | Some(Json::Null) | Some(Json::Bool(_)) => {}
+            Some(_) => {
+                return Err(ApiError::invalid(
+                    &format!("{at}.function.strict"),
+                    format!("{at}.function.strict must be true or false"),
+                ));
+            }
+        }
         out.push(Function {
             name: name.to_string(),
             description,
@@ -664,6 +687,14 @@ fn functions(tools: &[Json]) -> Result<Vec<Function>, ApiError> {
         });
     }
     Ok(out)
+}
+
+/// The schema a call's arguments follow: the function's `parameters`, or any JSON object
+/// when it has none (the arguments of a call are always an object).
+fn arguments_schema(f: &Function) -> Value {
+    f.parameters
+        .as_ref()
+        .map_or_else(|| serde_json::json!({"type": "object"}), Json::to_value)
 }
 
 /// `tool_choice` (default `auto` with tools, `none` without, as in OpenAI's API).
@@ -1047,7 +1078,31 @@ impl ChatRequest {
         // Calls are parsed only when functions were offered and not switched off.
         p.tools = choice != ToolChoice::None && !functions.is_empty();
         p.prefill = renderer.prefill_tokens(prefill);
-        p.schema = schema;
+        // A call forced by tool_choice follows its function's schema, as vLLM guides it; a
+        // call the model chooses under `auto` is not constrained (docs/api.md).
+        p.constrained = match &choice {
+            ToolChoice::Named(n) => {
+                functions
+                    .iter()
+                    .position(|f| &f.name == n)
+                    .map(|tool| Constrained::Arguments {
+                        tool,
+                        schema: arguments_schema(&functions[tool]),
+                    })
+            }
+            ToolChoice::Required => Some(Constrained::AnyCall(
+                functions
+                    .iter()
+                    .map(|f| CallSchema {
+                        name: f.name.clone(),
+                        parameters: arguments_schema(f),
+                    })
+                    .collect(),
+            )),
+            ToolChoice::None | ToolChoice::Auto => {
+                schema.map(|(param, schema)| Constrained::Answer { param, schema })
+            }
+        };
         Ok(p)
     }
 }

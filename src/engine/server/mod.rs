@@ -11,9 +11,9 @@ use crate::engine::harmony::{HarmonyTokens, Renderer};
 use crate::engine::scheduler::{
     self, FinishReason, GenEvent, SchedulerConfig, SchedulerHandle, SubmitError,
 };
-use crate::engine::structured::{Grammar, StructuredOutput};
+use crate::engine::structured::{CallTokens, Grammar, StructuredOutput};
 use crate::engine::tokenizer::Tokenizer;
-use api::{ChatRequest, CompletionRequest, Limits, parse_body};
+use api::{ChatRequest, CompletionRequest, Constrained, Limits, parse_body};
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
@@ -100,8 +100,11 @@ struct AppState {
     warned_fields: std::sync::Mutex<std::collections::HashSet<String>>,
     /// The tokens that may end a structured answer: the stop set without `<|call|>`.
     structured_ends: Vec<u32>,
-    /// Built on the first request with a `response_format` schema (it indexes the whole
-    /// vocabulary, which plain servers need not pay for).
+    /// The harmony tokens of a constrained tool call (header and end).
+    call_tokens: CallTokens,
+    /// Built on the first request with a constraint (a `response_format` schema, or a call
+    /// forced by `tool_choice`): it indexes the whole vocabulary, which plain servers need
+    /// not pay for.
     structured: std::sync::OnceLock<Result<StructuredOutput, String>>,
 }
 
@@ -136,6 +139,11 @@ impl Server {
             .copied()
             .filter(|&t| t != harmony.call)
             .collect();
+        let call_tokens = CallTokens {
+            constrain: harmony.constrain,
+            message: harmony.message,
+            call: harmony.call,
+        };
         let vocab_size = cfg.vocab_size;
         let backend_name = backend.name();
         let metrics = Arc::new(
@@ -173,6 +181,7 @@ impl Server {
                 created: unix_now(),
                 warned_fields: Default::default(),
                 structured_ends,
+                call_tokens,
                 structured: std::sync::OnceLock::new(),
             }),
         })
@@ -288,21 +297,51 @@ impl AppState {
 }
 
 impl AppState {
-    /// Compile the schema a request's `param` (`response_format`, `structured_outputs`,
-    /// `guided_json`) asked for; a schema llguidance refuses is a 400 naming `param`. Runs on a blocking thread (the first call builds the
-    /// vocabulary index, and a large schema takes a while to compile).
-    fn compile_schema(&self, param: &str, schema: &serde_json::Value) -> Result<Grammar, ApiError> {
+    /// Compile what a request's answer is constrained to; a schema llguidance refuses is a
+    /// 400 naming the field that sent it. Runs on a blocking thread (the first call builds
+    /// the vocabulary index, and a large schema takes a while to compile).
+    fn compile_constraint(&self, constrained: &Constrained) -> Result<Grammar, ApiError> {
         let structured = self
             .structured
             .get_or_init(|| {
-                StructuredOutput::new(self.tok, self.vocab_size, &self.structured_ends)
-                    .map_err(|e| format!("{e:#}"))
+                StructuredOutput::new(
+                    self.tok,
+                    self.vocab_size,
+                    &self.structured_ends,
+                    self.call_tokens,
+                )
+                .map_err(|e| format!("{e:#}"))
             })
             .as_ref()
             .map_err(|e| ApiError::internal(format!("structured output is unavailable: {e}")))?;
-        structured.compile(schema).map_err(|e| {
-            ApiError::invalid(param, format!("{param}'s schema cannot be enforced: {e}"))
-        })
+        let parameters_refused = |tool: usize, e: String| {
+            let param = format!("tools[{tool}].function.parameters");
+            ApiError::invalid(
+                &param,
+                format!(
+                    "{param} cannot be enforced on the arguments of the call tool_choice asks \
+                     for: {e}"
+                ),
+            )
+        };
+        match constrained {
+            Constrained::Answer { param, schema } => structured.compile(schema).map_err(|e| {
+                ApiError::invalid(param, format!("{param}'s schema cannot be enforced: {e}"))
+            }),
+            Constrained::Arguments { tool, schema } => structured
+                .compile_arguments(schema)
+                .map_err(|e| parameters_refused(*tool, e)),
+            Constrained::AnyCall(functions) => {
+                structured
+                    .compile_any_call(functions)
+                    .map_err(|(tool, e)| match tool {
+                        Some(tool) => parameters_refused(tool, e),
+                        None => ApiError::internal(format!(
+                            "the grammar of a required tool call did not compile: {e}"
+                        )),
+                    })
+            }
+        }
     }
 }
 
@@ -427,9 +466,9 @@ async fn chat_completions(
         Ok(p) => p,
         Err(e) => return e.into_response(),
     };
-    if let Some((param, schema)) = prepared.schema.clone() {
+    if let Some(constrained) = prepared.constrained.clone() {
         let state = st.clone();
-        match tokio::task::spawn_blocking(move || state.compile_schema(param, &schema)).await {
+        match tokio::task::spawn_blocking(move || state.compile_constraint(&constrained)).await {
             Ok(Ok(g)) => prepared.sampling.grammar = Some(Arc::new(g)),
             Ok(Err(e)) => return e.into_response(),
             Err(e) => {
