@@ -419,6 +419,9 @@ async fn sampling_penalties_are_validated_and_applied() {
         (json!({"presence_penalty": -2.01}), "presence_penalty"),
         (json!({"repetition_penalty": 0}), "repetition_penalty"),
         (json!({"repetition_penalty": -1.5}), "repetition_penalty"),
+        (json!({"min_p": "banana"}), "min_p"),
+        (json!({"min_p": 1.5}), "min_p"),
+        (json!({"min_p": -0.1}), "min_p"),
     ];
     for (extra, param) in bad {
         let mut body = json!({"prompt": [1, 2], "max_tokens": 2});
@@ -461,6 +464,7 @@ async fn sampling_penalties_are_validated_and_applied() {
     for defaults in [
         json!({"frequency_penalty": 0, "presence_penalty": 0.0, "repetition_penalty": 1}),
         json!({"frequency_penalty": null, "presence_penalty": null, "repetition_penalty": null}),
+        json!({"min_p": 0.5}),
     ] {
         let mut body = json!({"prompt": prompt, "max_tokens": 8, "temperature": 0,
                               "return_token_ids": true});

@@ -16,6 +16,9 @@ pub struct SamplingParams {
     pub top_p: f32,
     /// Keep the k most likely tokens; 0 disables it.
     pub top_k: usize,
+    /// Keep tokens at least this fraction as likely as the most likely one (after the
+    /// temperature, before top-p, as vLLM's min-p); 0 disables it.
+    pub min_p: f32,
     /// Seed for a reproducible draw; `None` draws a fresh seed.
     pub seed: Option<u64>,
     /// Upper bound on generated tokens.
@@ -47,6 +50,7 @@ impl Default for SamplingParams {
             temperature: 1.0,
             top_p: 1.0,
             top_k: 0,
+            min_p: 0.0,
             seed: None,
             max_tokens: 16,
             min_tokens: 0,
@@ -213,7 +217,10 @@ impl SamplingParams {
     /// state only the host keeps). The CUDA backend downloads such rows and samples them with
     /// [`Sampler::sample`].
     pub fn needs_host_logits(&self) -> bool {
-        self.has_penalties() || !self.logit_bias.is_empty() || self.grammar.is_some()
+        self.has_penalties()
+            || !self.logit_bias.is_empty()
+            || self.grammar.is_some()
+            || self.min_p > 0.0
     }
 }
 
@@ -298,6 +305,15 @@ fn kept_set(logits: &[f32], banned: &[u32], p: &SamplingParams) -> Option<KeptSe
         threshold = *kth;
         vals.retain(|&v| v >= threshold);
     }
+    // min-p: keep z >= zmax + ln(min_p), i.e. exp(z - zmax) >= min_p (with top-k, the larger
+    // of the two thresholds; both only cut from below, so their order does not matter).
+    if p.min_p > 0.0 {
+        let floor = zmax + p.min_p.ln();
+        if floor > threshold {
+            threshold = floor;
+            vals.retain(|&v| v >= threshold);
+        }
+    }
     // top-p: keep the values whose strictly-larger kept mass is below top_p of the kept mass.
     let mut top_p_margin = f64::INFINITY;
     if p.top_p < 1.0 {
@@ -341,7 +357,8 @@ fn kept_set(logits: &[f32], banned: &[u32], p: &SamplingParams) -> Option<KeptSe
 ///   largest non-NaN logit wins (token 0 when every logit is NaN);
 /// * greedy ([`SamplingParams::is_greedy`]): the largest allowed logit, ties to the lower id;
 /// * else `z_i = logit_i / T` (f32 division); top-k keeps `z_i >=` the k-th largest `z`
-///   (ties at the boundary all kept); top-p keeps tokens whose mass of strictly larger kept
+///   (ties at the boundary all kept); min-p keeps `z_i >= zmax + ln(min_p)` (a probability at
+///   least `min_p` times the largest); top-p then keeps tokens whose mass of strictly larger kept
 ///   `z` is below `top_p` × the kept mass (so the crossing token and its ties stay), with
 ///   weights `exp(z_i - zmax)` ([`weight`]);
 /// * the draw walks the kept tokens in id order and takes the first whose running mass
@@ -665,6 +682,39 @@ mod tests {
         assert_eq!(reachable(&l, &[], &params(1.0, 2, 0.6)), vec![0, 1, 2]);
         // Banned tokens carry no mass: without token 0, 0.5 of 7 crosses at the 3s.
         assert_eq!(reachable(&l, &[0], &params(1.0, 0, 0.5)), vec![1, 2]);
+    }
+
+    #[test]
+    fn min_p_keeps_tokens_at_least_that_fraction_of_the_top_one() {
+        // Masses 8, 4, 2, 1 (relative to the top: 1, 0.5, 0.25, 0.125).
+        let l: Vec<f32> = [8.0f32, 4.0, 2.0, 1.0].iter().map(|m| m.ln()).collect();
+        let p = |temperature, min_p| SamplingParams {
+            temperature,
+            min_p,
+            ..Default::default()
+        };
+        assert_eq!(reachable(&l, &[], &p(1.0, 0.0)), vec![0, 1, 2, 3]);
+        assert_eq!(reachable(&l, &[], &p(1.0, 0.3)), vec![0, 1]);
+        assert_eq!(reachable(&l, &[], &p(1.0, 0.2)), vec![0, 1, 2]);
+        assert_eq!(reachable(&l, &[], &p(1.0, 1.0)), vec![0]);
+        // After the temperature: at T = 2 the ratios are square roots (0.71, 0.5, 0.35), so
+        // 0.4 keeps three tokens where at T = 1 it keeps two.
+        assert_eq!(reachable(&l, &[], &p(2.0, 0.4)), vec![0, 1, 2]);
+        assert_eq!(reachable(&l, &[], &p(1.0, 0.4)), vec![0, 1]);
+        // Relative to the top allowed token: with 0 banned, 4 is the top.
+        assert_eq!(reachable(&l, &[0], &p(1.0, 0.3)), vec![1, 2]);
+        // With top-k: the larger threshold wins; top-p then sees only what both kept.
+        let with = |min_p, top_k, top_p| SamplingParams {
+            min_p,
+            top_k,
+            top_p,
+            ..Default::default()
+        };
+        assert_eq!(reachable(&l, &[], &with(0.2, 2, 1.0)), vec![0, 1]);
+        // Kept by min-p 0.2: masses 8, 4, 2 (of 14); top-p 0.6 needs 8 and 4.
+        assert_eq!(reachable(&l, &[], &with(0.2, 0, 0.6)), vec![0, 1]);
+        assert!(with(0.1, 0, 1.0).needs_host_logits());
+        assert!(!with(0.0, 0, 1.0).needs_host_logits());
     }
 
     #[test]

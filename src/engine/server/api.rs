@@ -44,6 +44,8 @@ pub struct Common {
     pub temperature: Option<f32>,
     pub top_p: Option<f32>,
     pub top_k: Option<i64>,
+    /// Kept as JSON so a wrong type gets a 400 naming the field.
+    pub min_p: Option<Value>,
     pub seed: Option<u64>,
     #[serde(default)]
     pub stream: bool,
@@ -483,6 +485,16 @@ fn prepare_common(
             ));
         }
     };
+    let min_p = match number("min_p", c.min_p.as_ref())? {
+        None => 0.0,
+        Some(x) if (0.0..=1.0).contains(&x) => x,
+        Some(x) => {
+            return Err(ApiError::invalid(
+                "min_p",
+                format!("min_p must be in [0, 1], got {x}"),
+            ));
+        }
+    };
     let min_tokens = match c.min_tokens {
         None => 0,
         Some(m) if m < 0 || m as usize > max_tokens => {
@@ -509,6 +521,7 @@ fn prepare_common(
             temperature,
             top_p,
             top_k,
+            min_p,
             seed: c.seed,
             max_tokens,
             min_tokens,
@@ -1149,13 +1162,14 @@ mod tests {
     fn unknown_fields_are_the_ones_no_struct_reads() {
         let r: CompletionRequest = parse_body(
             br#"{"prompt": "x", "n": 2, "user": "u", "min_p": 0.1, "echo": true, "seed": 1,
+                 "guided_choice": ["a"],
                  "stream": true, "stream_options": {"include_usage": true, "extra": 1},
                  "logit_bias": {}, "bad_words": ["a"]}"#,
         )
         .unwrap();
         let mut got = r.unknown_fields();
         got.sort();
-        assert_eq!(got, ["bad_words", "min_p", "stream_options.extra"]);
+        assert_eq!(got, ["bad_words", "guided_choice", "stream_options.extra"]);
         assert!(r.echo && r.common.stream && r.common.seed == Some(1));
         let r: ChatRequest = parse_body(
             br#"{"messages": [], "tools": [], "max_completion_tokens": 3, "store": true,
