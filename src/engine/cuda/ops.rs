@@ -276,6 +276,15 @@ pub fn topk_counters(t: usize) -> usize {
     t.div_ceil(GEMV_TOKENS)
 }
 
+/// The top-k both routers take: 1 ≤ k ≤ 32 and no more than the experts.
+fn check_topk(k: usize, experts: usize) -> Result<()> {
+    ensure!(
+        (1..=32).contains(&k) && k <= experts,
+        "top-k {k} of {experts} experts unsupported (1 ≤ k ≤ 32)"
+    );
+    Ok(())
+}
+
 /// The router: logits[t] = W x[t] + b (optionally over rmsnorm(x)) and, in the same launch,
 /// each token's top-k experts (ties: lower index) with the softmax over those k.
 pub fn router(
@@ -294,11 +303,7 @@ pub fn router(
         experts < GEMV_WIDE_ROWS,
         "{experts} experts: the fused router takes fewer than {GEMV_WIDE_ROWS}"
     );
-    ensure!(
-        (1..=32).contains(&topk.k) && topk.k <= experts,
-        "top-k {} of {experts} experts unsupported (1 ≤ k ≤ 32)",
-        topk.k
-    );
+    check_topk(topk.k, experts)?;
     gemv_launch(
         g,
         w,
@@ -342,11 +347,7 @@ pub fn router_rows(
     t: usize,
     topk: TopK,
 ) -> Result<()> {
-    ensure!(
-        (1..=32).contains(&topk.k) && topk.k <= experts,
-        "top-k {} of {experts} experts unsupported (1 ≤ k ≤ 32)",
-        topk.k
-    );
+    check_topk(topk.k, experts)?;
     ensure!(
         cols.is_multiple_of(8),
         "hidden size {cols}: the prefill router reads rows in groups of 8 (a multiple of 8 needed)"
