@@ -2082,7 +2082,7 @@ async fn serve_binary_warns_once_per_unknown_field() {
             (status, r.text().await.unwrap())
         }
     };
-    let completion = json!({"prompt": [1, 2], "max_tokens": 1, "frobnicate": 1, "min_p": 0.1,
+    let completion = json!({"prompt": [1, 2], "max_tokens": 1, "frobnicate": 1, "bad_words": ["x"],
                             "user": "someone", "stream": true,
                             "stream_options": {"include_usage": true, "verbose": true}});
     for _ in 0..3 {
@@ -2114,7 +2114,7 @@ async fn serve_binary_warns_once_per_unknown_field() {
         .collect();
     for name in [
         "frobnicate",
-        "min_p",
+        "bad_words",
         "stream_options.verbose",
         "chat_template_kwargs",
         "late_field",
