@@ -361,23 +361,6 @@ fn print_verdict(launch: &Launch) {
     }
 }
 
-/// The Docker engine to use: this machine's (`DOCKER_HOST`), or a remote host's through an
-/// SSH tunnel that also forwards `port` (address and port as seen there). The tunnel must
-/// outlive every use of the connection.
-async fn connect_docker(
-    host: Option<&Host>,
-    port: Option<(&str, u16)>,
-) -> Result<(bollard::Docker, Option<Tunnel>)> {
-    match host {
-        None => Ok((docker::connect().await?, None)),
-        Some(h) => {
-            let tunnel = Tunnel::open(h, port).await?;
-            let d = docker::connect_tunnel(&tunnel, &h.docker_socket).await?;
-            Ok((d, Some(tunnel)))
-        }
-    }
-}
-
 /// ` --host NAME` for the hints printed about a remote host's containers.
 fn host_flag(host: Option<&Host>) -> String {
     host.map(|h| format!(" --host {}", h.name))
@@ -519,7 +502,7 @@ async fn launch_async(args: LaunchArgs) -> Result<ExitCode> {
             AttachTarget::attach(url, &args.model, &opts, tx)?
         }
         (TargetArg::Docker, Some(which)) => {
-            let (d, tunnel) = connect_docker(remote, None).await?;
+            let (d, tunnel) = docker::connect_on(remote, None).await?;
             tunnels.extend(tunnel);
             let found = docker::find_mxtune_containers(&d).await?;
             let Some(f) = found
@@ -579,7 +562,7 @@ async fn launch_async(args: LaunchArgs) -> Result<ExitCode> {
             findings.extend(rule_findings);
             let docker = if kind == TargetArg::Docker {
                 let forward = remote.map(|_| (docker::connect_host(&spec.host), spec.port));
-                let (d, tunnel) = connect_docker(remote, forward).await?;
+                let (d, tunnel) = docker::connect_on(remote, forward).await?;
                 if let Some(t) = tunnel {
                     opts.api_url = t.url();
                     tunnels.push(t);
@@ -775,7 +758,7 @@ async fn stop_cluster(args: &StopArgs, preset: &str) -> Result<ExitCode> {
             .as_ref()
             .map(|h| h.name.clone())
             .unwrap_or_else(|| crate::flags::render::LOCAL_HOST.into());
-        let (d, _tunnel) = connect_docker(host.as_ref(), None)
+        let (d, _tunnel) = docker::connect_on(host.as_ref(), None)
             .await
             .with_context(|| format!("reaching host {on}"))?;
         for f in docker::find_mxtune_containers(&d).await? {
@@ -867,7 +850,7 @@ async fn stop_async(args: StopArgs) -> Result<ExitCode> {
     // Containers: only those with mxtune's label are ever listed.
     let docker_matches_engine = !args.all && stopped > 0;
     if !docker_matches_engine {
-        match connect_docker(remote, None).await {
+        match docker::connect_on(remote, None).await {
             Ok((d, _tunnel)) => {
                 for f in docker::find_mxtune_containers(&d).await? {
                     let wanted = args.all

@@ -230,22 +230,6 @@ pub struct ClusterTarget {
     tunnels: Vec<Tunnel>,
 }
 
-/// Connects to a node's Docker engine: this machine's, or the host's through a tunnel that
-/// also forwards `port` (as seen there) when given.
-async fn connect(
-    host: Option<&Host>,
-    port: Option<(&str, u16)>,
-) -> Result<(Docker, Option<Tunnel>)> {
-    match host {
-        None => Ok((docker::connect().await?, None)),
-        Some(h) => {
-            let tunnel = Tunnel::open(h, port).await?;
-            let d = docker::connect_tunnel(&tunnel, &h.docker_socket).await?;
-            Ok((d, Some(tunnel)))
-        }
-    }
-}
-
 /// The argv of a node's container: `ray start` as head or as a worker joining the head.
 fn ray_argv(plan: &ClusterPlan, role: Role) -> Vec<String> {
     let mut argv = vec!["ray".to_string(), "start".to_string()];
@@ -280,13 +264,13 @@ impl ClusterTarget {
             .context("the launch spec has no container section; the docker-cluster target needs one (image, network, …)")?;
         let mut tunnels = Vec::new();
         let api = (docker::connect_host(&spec.host), spec.port);
-        let (head_docker, t) = connect(plan.head.host.as_ref(), Some(api)).await?;
+        let (head_docker, t) = docker::connect_on(plan.head.host.as_ref(), Some(api)).await?;
         let url = match &t {
             Some(t) => t.url().context("the head's tunnel forwards no port")?,
             None => format!("http://{}:{}", api.0, api.1),
         };
         tunnels.extend(t);
-        let (worker_docker, t) = connect(plan.worker.host.as_ref(), None).await?;
+        let (worker_docker, t) = docker::connect_on(plan.worker.host.as_ref(), None).await?;
         tunnels.extend(t);
         // Both images are checked before anything starts, so a missing one leaves nothing.
         for (d, node) in [(&head_docker, &plan.head), (&worker_docker, &plan.worker)] {

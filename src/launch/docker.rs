@@ -76,6 +76,23 @@ pub async fn connect_tunnel(
     })
 }
 
+/// The Docker engine to use: this machine's (`DOCKER_HOST`), or a remote host's through an
+/// SSH tunnel that also forwards `port` (address and port as seen there). The tunnel must
+/// outlive every use of the connection.
+pub async fn connect_on(
+    host: Option<&crate::hosts::Host>,
+    port: Option<(&str, u16)>,
+) -> Result<(Docker, Option<crate::hosts::ssh::Tunnel>)> {
+    match host {
+        None => Ok((connect().await?, None)),
+        Some(h) => {
+            let tunnel = crate::hosts::ssh::Tunnel::open(h, port).await?;
+            let d = connect_tunnel(&tunnel, &h.docker_socket).await?;
+            Ok((d, Some(tunnel)))
+        }
+    }
+}
+
 fn is_not_found(e: &DockerError) -> bool {
     matches!(
         e,

@@ -418,12 +418,7 @@ async fn run_host(
         let (status, record, levels) = {
             let mut s = lock();
             let p = &mut s.order[i];
-            p.status = o.status;
-            p.run_id = o.run_id;
-            p.record = o.record;
-            p.levels = o.levels;
-            p.point_temps_c = o.temps;
-            p.invalid = o.invalid;
+            p.finish(o);
             let done = (p.status, p.record.clone(), p.levels.clone());
             s.save(out)?;
             done
@@ -463,13 +458,7 @@ async fn run_queue(
             total: state.order.len(),
         });
         let o = super::run::run_preset(&state.plan, &name, &tags, watch, progress).await;
-        let p = &mut state.order[i];
-        p.status = o.status;
-        p.run_id = o.run_id;
-        p.record = o.record;
-        p.levels = o.levels;
-        p.point_temps_c = o.temps;
-        p.invalid = o.invalid;
+        state.order[i].finish(o);
         state.save(out)?;
         let p = &state.order[i];
         progress.emit(MatrixEvent::PresetFinished {
@@ -478,7 +467,7 @@ async fn run_queue(
             record: p.record.clone(),
             levels: p.levels.clone(),
         });
-        if o.status == PresetStatus::Interrupted {
+        if p.status == PresetStatus::Interrupted {
             return Ok(true);
         }
         // Let the port and memory of the stopped target free up before the next launch.

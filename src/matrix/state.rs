@@ -123,6 +123,16 @@ impl PresetProgress {
             None => self.name.clone(),
         }
     }
+
+    /// Take a finished run's outcome: status, record, levels, temperatures, validity.
+    pub fn finish(&mut self, o: super::run::PresetOutcome) {
+        self.status = o.status;
+        self.run_id = o.run_id;
+        self.record = o.record;
+        self.levels = o.levels;
+        self.point_temps_c = o.temps;
+        self.invalid = o.invalid;
+    }
 }
 
 /// The state file.
