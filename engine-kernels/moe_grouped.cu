@@ -153,6 +153,264 @@ __device__ __forceinline__ void moe_down_tile(MOE_DOWN_PARAMS) {
     });
 }
 
+// ---- The register-B tiles (`moe_gate_up_rb`, `moe_down_rb`; the host's default, see
+// ops::moe_grouped): the MXFP4 weights go to shared memory as they are (raw bytes, by
+// cp.async) and from there straight into mma's B fragments, dequantized in registers; the
+// activations come as bf16 rows already in the order the fragments need, also by cp.async.
+// Nothing is dequantized into shared memory or read back with ldmatrix but A, and no
+// registers hold a stage in flight.
+//
+// A stage is RB_BK = 64 of K: two MXFP4 blocks. mma's B fragment gives lane (g, t) of a warp
+// the k positions {2t, 2t+1, 2t+8, 2t+9} of each 16-wide chunk, for column g of an n8 tile.
+// A dot product does not care in which order K is summed, so the positions of each 64-wide
+// stage are permuted, the same way for A and B, so that lane t owns 16 consecutive weights:
+// physical k 16t + 4c + 2hi + b (c: chunk 0..3, hi: b0 / b1, b: element of the pair) sits at
+// logical k 16c + 8hi + 2t + b. Lane t reads one 8-byte word of a weight row a stage (bytes
+// 8t .. 8t + 7 of the row's 32: block 2s + t / 2) and that block's scale; the activation rows
+// are stored in logical order by whoever writes them (moe_act_bf16, moe_gate_up_rb's
+// epilogue), each row padded with zeros to a multiple of 64.
+#define RB_BK 64
+#define RB_LD (RB_BK + 8)
+
+// Logical position of physical column j in a row of 64-wide permuted stages.
+__device__ __forceinline__ int rb_pos(int j) {
+    const int p = j & 63;
+    return (j & ~63) + 16 * ((p >> 2) & 3) + 8 * ((p >> 1) & 1) + 2 * (p >> 4) + (p & 1);
+}
+
+// x [rows, K] fp32 -> out [rows, Kp] bf16 in the permuted order, zeros past K (Kp: K rounded
+// up to 64). One 32-bit word (a logical pair) per thread; grid = (ceil(Kp / 512), rows).
+extern "C" __global__ void moe_act_bf16(const float* __restrict__ x, unsigned* __restrict__ out,
+                                        int K, int Kp) {
+    pdl_enter();
+    const int w = blockIdx.x * blockDim.x + threadIdx.x, row = blockIdx.y;
+    if (2 * w >= Kp) return;
+    const int wi = w & 31;  // word of the 64-wide stage: 8c + 4hi + q
+    const int j = 64 * (w >> 5) + 16 * (wi & 3) + 4 * (wi >> 3) + 2 * ((wi >> 2) & 1);
+    const float* src = x + (size_t)row * K;
+    const float lo = j < K ? src[j] : 0.0f, hi = j + 1 < K ? src[j + 1] : 0.0f;
+    out[(size_t)row * (Kp >> 1) + w] = pack_bf16x2(lo, hi);
+}
+
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
+    const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src),
+                 "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+// One stage of a warp's (16 MI) x 32 tile: A from shared memory (logical order), B from the
+// raw stage Bq (TC_BN rows of 32 bytes), dequantized in registers with scales e[ni]: the
+// lane's word h holds chunks 2h and 2h + 1 (pairs p[0], p[1] and p[2], p[3]).
+template <int MI>
+__device__ __forceinline__ void rb_stage(const bf16_t* As, const u8* Bq, int wm, int wn,
+                                         const unsigned (&e)[4], float (&acc)[MI][4][4]) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    uint2 q[4];
+    unsigned s2[4];
+#pragma unroll
+    for (int ni = 0; ni < 4; ++ni) {
+        q[ni] = *reinterpret_cast<const uint2*>(Bq + (wn + 8 * ni + g) * 32 + 8 * t);
+        s2[ni] = e8m0_bf16x2(e[ni]);
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        unsigned b[4][4];
+#pragma unroll
+        for (int ni = 0; ni < 4; ++ni) {
+            unsigned p[4];
+            fp4x8_to_bf16x2(h ? q[ni].y : q[ni].x, p);
+#pragma unroll
+            for (int j = 0; j < 4; ++j) b[ni][j] = bf16x2_mul(p[j], s2[ni]);
+        }
+#pragma unroll
+        for (int cc = 0; cc < 2; ++cc) {
+            const int kk = (2 * h + cc) * 16;
+            unsigned a[MI][4];
+#pragma unroll
+            for (int mi = 0; mi < MI; ++mi)
+                ldmatrix_x4(a[mi], As + (wm + mi * 16 + (lane & 15)) * RB_LD + kk + (lane >> 4) * 8);
+#pragma unroll
+            for (int mi = 0; mi < MI; ++mi)
+#pragma unroll
+                for (int ni = 0; ni < 4; ++ni)
+                    mma_bf16_16816(acc[mi][ni], a[mi], b[ni][2 * cc], b[ni][2 * cc + 1]);
+        }
+    }
+}
+
+// Shared memory of a register-B tile: NS stages of A (BM rows) and raw B (TC_BN rows x 32 B).
+template <int BM, int NS>
+struct RbSmem {
+    bf16_t a[NS][BM * RB_LD];
+    u8 b[NS][TC_BN * 32];
+};
+
+// moe_tile_mma's contract with the register-B stages: this block's tile of expert e (segment
+// rows first..end) times W_e's rows n0 .. n0 + TC_BN (of `wrows`, K / 32 blocks each) into
+// acc. A row r of the tile is row perm[r] / a_div of `a` (bf16, permuted, Kp = K rounded up
+// to 64 per row). NS stages in flight through cp.async (NS - 1 ahead of the MMAs).
+template <int BM, int NS>
+__device__ __forceinline__ bool moe_tile_mma_rb(const u8* __restrict__ blocks,
+                                                const u8* __restrict__ scales,
+                                                const bf16_t* __restrict__ a, int a_div,
+                                                const int* __restrict__ perm,
+                                                const int* __restrict__ tiles,
+                                                const int* __restrict__ ntiles, int wrows, int K,
+                                                int& e, int& first, int& end,
+                                                float (&acc)[BM / 32][4][4],
+                                                RbSmem<BM, NS>& sm) {
+    constexpr int MI = BM / 32, AP = BM * 8 / 256;  // 16-byte A pieces per thread a stage
+    if ((int)blockIdx.y >= *ntiles) return false;
+    e = tiles[3 * blockIdx.y];
+    first = tiles[3 * blockIdx.y + 1];
+    end = tiles[3 * blockIdx.y + 2];
+    const int tid = threadIdx.x, nb = K >> 5, stages = (nb + 1) >> 1, kp = 64 * stages;
+    const int n0 = blockIdx.x * TC_BN;
+    // A: piece tid + 256 j is row (tid >> 3) + 32 j, 16 bytes c8 = tid & 7 of the stage.
+    const bf16_t* asrc[AP];
+#pragma unroll
+    for (int j = 0; j < AP; ++j) {
+        const int ai = first + (tid >> 3) + 32 * j;
+        asrc[j] = ai < end ? a + (size_t)(perm[ai] / a_div) * kp + 8 * (tid & 7) : nullptr;
+    }
+    // B: thread tid copies 16 bytes (half tid & 1: block 2s + half) of row tid >> 1.
+    const int brow = n0 + (tid >> 1), bh = tid & 1;
+    const u8* bsrc = brow < wrows ? blocks + ((size_t)e * wrows + brow) * nb * 16 + 16 * bh : nullptr;
+    auto issue = [&](int s) {
+        const int buf = s % NS;
+#pragma unroll
+        for (int j = 0; j < AP; ++j)
+            cp_async16(sm.a[buf] + ((tid >> 3) + 32 * j) * RB_LD + 8 * (tid & 7),
+                       asrc[j] ? asrc[j] + s * RB_BK : a, asrc[j] != nullptr);
+        const bool bv = bsrc && 2 * s + bh < nb;
+        cp_async16(sm.b[buf] + (tid >> 1) * 32 + 16 * bh, bv ? bsrc + s * 32 : blocks, bv);
+    };
+    // Scales: lane (g, t)'s rows n0 + wn + 8 ni + g, block 2s + t / 2.
+    const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+    const int wm = (warp >> 2) * 16 * MI, wn = (warp & 3) * 32;
+    const u8* ssrc[4];
+#pragma unroll
+    for (int ni = 0; ni < 4; ++ni) {
+        const int r = n0 + wn + 8 * ni + g;
+        ssrc[ni] = r < wrows ? scales + ((size_t)e * wrows + r) * nb : nullptr;
+    }
+    auto load_scales = [&](int s, unsigned (&sc)[4]) {
+        const int blk = 2 * s + (t >> 1);
+#pragma unroll
+        for (int ni = 0; ni < 4; ++ni) sc[ni] = ssrc[ni] && blk < nb ? ssrc[ni][blk] : 127u;
+    };
+#pragma unroll
+    for (int s = 0; s < NS - 1; ++s) {
+        if (s < stages) issue(s);
+        cp_async_commit();
+    }
+    unsigned sc[4];
+    load_scales(0, sc);
+    for (int s = 0; s < stages; ++s) {
+        cp_async_wait<NS - 2>();
+        __syncthreads();
+        if (s + NS - 1 < stages) issue(s + NS - 1);
+        cp_async_commit();
+        unsigned scn[4];
+        if (s + 1 < stages) load_scales(s + 1, scn);
+        rb_stage<MI>(sm.a[s % NS], sm.b[s % NS], wm, wn, sc, acc);
+#pragma unroll
+        for (int ni = 0; ni < 4; ++ni) sc[ni] = scn[ni];
+    }
+    return true;
+}
+
+// The register-B gate_up: act rows (bf16, permuted, padded to Ip = I rounded up to 64) from x
+// rows of xb (bf16, permuted, padded: moe_act_bf16). Units of the padding get zeros so that
+// the down tile's stages never meet what a scratch held before. Same grid as
+// moe_gate_up_grouped; Ip / 2 units are covered exactly by ceil(2I / TC_BN) column blocks.
+#define MOE_GATE_UP_RB_PARAMS                                                                   \
+    const u8 *__restrict__ blocks, const u8 *__restrict__ scales,                               \
+        const bf16_t *__restrict__ bias, const bf16_t *__restrict__ xb,                         \
+        const int *__restrict__ perm, const int *__restrict__ tiles,                            \
+        const int *__restrict__ ntiles, bf16_t *__restrict__ act, int inter, int hidden, int k, \
+        float limit, float alpha
+#define MOE_GATE_UP_RB_ARGS blocks, scales, bias, xb, perm, tiles, ntiles, act, inter, hidden, k, limit, alpha
+
+template <int BM, int NS>
+__device__ __forceinline__ void moe_gate_up_rb_tile(MOE_GATE_UP_RB_PARAMS) {
+    __shared__ __align__(16) RbSmem<BM, NS> sm;
+    const int rows = 2 * inter, ip = (inter + 63) & ~63;
+    int e, first, end;
+    float acc[BM / 32][4][4] = {};
+    if (!moe_tile_mma_rb<BM, NS>(blocks, scales, xb, k, perm, tiles, ntiles, rows, hidden, e,
+                                 first, end, acc, sm))
+        return;
+    const int n0 = blockIdx.x * TC_BN;
+    tc_epilogue(acc, [&](int lr, int lc, float gv, float lv) {
+        const int r = first + lr, c = n0 + lc;
+        if (r >= end || (c >> 1) >= ip) return;
+        float v = 0.0f;
+        if (c < rows) {
+            const size_t bi = (size_t)e * rows + c;
+            v = swiglu_clamped(gv + bf2f(bias[bi]), lv + bf2f(bias[bi + 1]), limit, alpha);
+        }
+        act[(size_t)perm[r] * ip + rb_pos(c >> 1)] = f2bf(v);
+    });
+}
+
+// The register-B down: part[i, n] as moe_down_grouped, from act rows of moe_gate_up_rb.
+#define MOE_DOWN_RB_PARAMS                                                                 \
+    const u8 *__restrict__ blocks, const u8 *__restrict__ scales,                          \
+        const bf16_t *__restrict__ bias, const bf16_t *__restrict__ act,                   \
+        const float *__restrict__ wts, const int *__restrict__ perm,                       \
+        const int *__restrict__ tiles, const int *__restrict__ ntiles,                     \
+        float *__restrict__ part, int hidden, int inter
+#define MOE_DOWN_RB_ARGS blocks, scales, bias, act, wts, perm, tiles, ntiles, part, hidden, inter
+
+template <int BM, int NS>
+__device__ __forceinline__ void moe_down_rb_tile(MOE_DOWN_RB_PARAMS) {
+    __shared__ __align__(16) RbSmem<BM, NS> sm;
+    int e, first, end;
+    float acc[BM / 32][4][4] = {};
+    if (!moe_tile_mma_rb<BM, NS>(blocks, scales, act, 1, perm, tiles, ntiles, hidden, inter, e,
+                                 first, end, acc, sm))
+        return;
+    const int n0 = blockIdx.x * TC_BN;
+    tc_epilogue(acc, [&](int lr, int lc, float v0, float v1) {
+        const int r = first + lr;
+        if (r >= end) return;
+        const int i = perm[r];
+        const float v[2] = {v0, v1};
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+            const int c = n0 + lc + j;
+            if (c < hidden) part[(size_t)i * hidden + c] = wts[i] * (v[j] + bf2f(bias[(size_t)e * hidden + c]));
+        }
+    });
+}
+
+// Stages in flight: three for 64-row tiles (40 KB of shared memory), two for 128 rows (45 KB).
+#ifndef RB_NS64
+#define RB_NS64 3
+#endif
+extern "C" __global__ void __launch_bounds__(256, TC_MINB) moe_gate_up_rb(MOE_GATE_UP_RB_PARAMS) {
+    pdl_enter();
+    moe_gate_up_rb_tile<TC_BM, RB_NS64>(MOE_GATE_UP_RB_ARGS);
+}
+extern "C" __global__ void __launch_bounds__(256, TC128_MINB) moe_gate_up_rb_m128(MOE_GATE_UP_RB_PARAMS) {
+    pdl_enter();
+    moe_gate_up_rb_tile<128, 2>(MOE_GATE_UP_RB_ARGS);
+}
+extern "C" __global__ void __launch_bounds__(256, TC_MINB) moe_down_rb(MOE_DOWN_RB_PARAMS) {
+    pdl_enter();
+    moe_down_rb_tile<TC_BM, RB_NS64>(MOE_DOWN_RB_ARGS);
+}
+extern "C" __global__ void __launch_bounds__(256, TC128_MINB) moe_down_rb_m128(MOE_DOWN_RB_PARAMS) {
+    pdl_enter();
+    moe_down_rb_tile<128, 2>(MOE_DOWN_RB_ARGS);
+}
+
 // The entry points, one per tile height: TC_BM (64) rows, and `_m128` with 128 rows (the
 // `--tile 128x128` gate; moe_group must then cut the segments into tiles of 128). The 128-row
 // tile holds twice the accumulators (64 per thread): compiled for TC128_MINB blocks per SM.

@@ -96,6 +96,11 @@ pub const KERNEL_FILES: &[KernelFile] = &[
             "moe_gate_up_grouped_m128",
             "moe_down_grouped",
             "moe_down_grouped_m128",
+            "moe_act_bf16",
+            "moe_gate_up_rb",
+            "moe_gate_up_rb_m128",
+            "moe_down_rb",
+            "moe_down_rb_m128",
             "moe_combine"
         ]
     ),

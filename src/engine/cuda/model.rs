@@ -236,6 +236,8 @@ pub struct Decoder {
     attn: ops::AttnTuning,
     /// The prefill routes through `ops::router_rows` (`MXTUNE_PREFILL_ROUTER`).
     prefill_router_rows: bool,
+    /// The grouped MoE's tile kernels (`MXTUNE_PREFILL_MOE`).
+    grouped: ops::GroupedKernels,
 }
 
 /// The MoE's sizes and SwiGLU constants from the config.
@@ -296,6 +298,7 @@ impl Decoder {
         let moe_units = ops::MoeUnits::from_env()?;
         let attn = ops::AttnTuning::from_env()?;
         let prefill_router_rows = ops::prefill_router_rows_from_env()?;
+        let grouped = ops::GroupedKernels::from_env()?;
         Ok(Self {
             cfg: cfg.clone(),
             w,
@@ -321,6 +324,7 @@ impl Decoder {
             moe_tc,
             moe_units,
             prefill_router_rows,
+            grouped,
             attn,
         })
     }
@@ -808,6 +812,7 @@ impl Decoder {
             perm: g.ptr(&b.perm),
             tiles: g.ptr(&b.tiles),
             ntiles: g.ptr(&b.ntiles),
+            kernels: self.grouped,
         };
         let tc_attn = ops::prefill_attn_tc(sh.attn, sh.kv)?;
         mark("start")?;

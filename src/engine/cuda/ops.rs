@@ -1807,6 +1807,33 @@ pub struct MoeGroups {
     pub tiles: u64,
     /// Number of tiles written (one int).
     pub ntiles: u64,
+    /// Which tile kernels multiply.
+    pub kernels: GroupedKernels,
+}
+
+/// The tile kernels of the grouped MoE (`MXTUNE_PREFILL_MOE`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GroupedKernels {
+    /// `moe_gate_up_rb` / `moe_down_rb` (the default): raw MXFP4 bytes and bf16 activation
+    /// rows by cp.async, the weights dequantized straight into mma's B fragments.
+    Registers,
+    /// `moe_gate_up_grouped` / `moe_down_grouped`: the weights dequantized into shared memory
+    /// and read back with ldmatrix (the kernels before; for A/B timing).
+    Shared,
+}
+
+/// Environment switch of the grouped MoE's tile kernels: `regs` (the default) or `smem`.
+pub const PREFILL_MOE_ENV: &str = "MXTUNE_PREFILL_MOE";
+
+impl GroupedKernels {
+    /// From [`PREFILL_MOE_ENV`]; a bad value is an error naming it.
+    pub fn from_env() -> Result<Self> {
+        match std::env::var(PREFILL_MOE_ENV).as_deref() {
+            Err(_) | Ok("") | Ok("regs") => Ok(Self::Registers),
+            Ok("smem") => Ok(Self::Shared),
+            Ok(v) => anyhow::bail!("{PREFILL_MOE_ENV}={v}: expected regs or smem"),
+        }
+    }
 }
 
 /// Upper bound of grouped-MoE tiles of `tile` for `total` entries over `experts` experts.
@@ -1815,17 +1842,31 @@ pub fn moe_max_tiles(total: usize, experts: usize, tile: MoeTile) -> usize {
 }
 
 /// The grouped MoE's (gate_up, down) kernels for a tile.
-fn moe_grouped_kernels(tile: MoeTile) -> (&'static str, &'static str) {
-    match tile {
-        MoeTile::T64x128 => ("moe_gate_up_grouped", "moe_down_grouped"),
-        MoeTile::T128x128 => ("moe_gate_up_grouped_m128", "moe_down_grouped_m128"),
+fn moe_grouped_kernels(tile: MoeTile, k: GroupedKernels) -> (&'static str, &'static str) {
+    match (k, tile) {
+        (GroupedKernels::Shared, MoeTile::T64x128) => ("moe_gate_up_grouped", "moe_down_grouped"),
+        (GroupedKernels::Shared, MoeTile::T128x128) => {
+            ("moe_gate_up_grouped_m128", "moe_down_grouped_m128")
+        }
+        (GroupedKernels::Registers, MoeTile::T64x128) => ("moe_gate_up_rb", "moe_down_rb"),
+        (GroupedKernels::Registers, MoeTile::T128x128) => {
+            ("moe_gate_up_rb_m128", "moe_down_rb_m128")
+        }
     }
 }
 
+/// A row length rounded up to the register-B tiles' 64-wide stages.
+fn rb_row(n: usize) -> usize {
+    n.div_ceil(64) * 64
+}
+
 /// Prefill MoE grouped by expert for `t` tokens on tiles of `tile`: x is the normalised input
-/// [t, H], `act` scratch [t·k, I], `part` scratch [t·k, H]; the weighted expert outputs are
-/// added into y (or written with `accumulate` false). `groups.tiles` must hold
-/// [`moe_max_tiles`]`(t·k, experts, tile)` entries.
+/// [t, H], `act` scratch [t·k, I] fp32, `part` scratch [t·k, H] fp32; the weighted expert
+/// outputs are added into y (or written with `accumulate` false). `groups.tiles` must hold
+/// [`moe_max_tiles`]`(t·k, experts, tile)` entries. With [`GroupedKernels::Registers`] the same
+/// scratch holds other things for a while: `part` first holds x as permuted bf16 rows
+/// (`moe_act_bf16`, [t, H rounded up to 64]) and `act` the SwiGLU output the same way
+/// ([t·k, I rounded up to 64] bf16); both fit in the fp32 sizes for every I, H ≥ 32.
 pub fn moe_grouped(
     g: &Gpu,
     w: &MoeWeights,
@@ -1845,7 +1886,30 @@ pub fn moe_grouped(
     s.check()?;
     let total = t * s.k;
     let tiles = moe_max_tiles(total, experts, tile);
-    let (gate_up, down) = moe_grouped_kernels(tile);
+    let (gate_up, down) = moe_grouped_kernels(tile, groups.kernels);
+    let regs = groups.kernels == GroupedKernels::Registers;
+    let (hp, ip) = (rb_row(s.hidden), rb_row(s.inter));
+    if regs && (hp > 2 * s.k * s.hidden || ip > 2 * s.inter) {
+        anyhow::bail!(
+            "grouped MoE: H={} I={} are too small for the register-B tiles' scratch \
+             (set {PREFILL_MOE_ENV}=smem)",
+            s.hidden,
+            s.inter
+        );
+    }
+    // The gate_up tile's activations: x itself, or its bf16 rows (in `part`).
+    let gu_x = if regs {
+        g.launch(
+            "moe_act_bf16",
+            (u((hp / 2).div_ceil(256))?, u(t)?, 1),
+            (256, 1, 1),
+            0,
+            &[Arg::Ptr(x), Arg::Ptr(part), i(s.hidden)?, i(hp)?],
+        )?;
+        part
+    } else {
+        x
+    };
     g.launch(
         "moe_group",
         (1, 1, 1),
@@ -1870,7 +1934,7 @@ pub fn moe_grouped(
             Arg::Ptr(w.gu_blocks),
             Arg::Ptr(w.gu_scales),
             Arg::Ptr(w.gu_bias),
-            Arg::Ptr(x),
+            Arg::Ptr(gu_x),
             Arg::Ptr(groups.perm),
             Arg::Ptr(groups.tiles),
             Arg::Ptr(groups.ntiles),

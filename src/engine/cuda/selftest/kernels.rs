@@ -1248,10 +1248,13 @@ impl MoeCase {
 /// the 128-row tile (`--tile 128x128`).
 fn check_moe_grouped(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
     let mut res = Vec::new();
+    // The last two shapes have odd block counts (K of 5 blocks: half a register-B stage) and
+    // rows that are no multiple of 64 (the bf16 rows' zero padding).
     for (e, hidden, inter, k, t) in [
         (8usize, 256usize, 192usize, 4usize, 3usize),
         (6, 2880, 2880, 4, 37),
         (4, 320, 160, 2, 150),
+        (5, 160, 96, 2, 70),
     ] {
         let sh = MoeShape {
             hidden,
@@ -1262,46 +1265,57 @@ fn check_moe_grouped(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
         };
         let c = MoeCase::new(g, s, e, sh, t, |s| skewed_routing(s, t, e, k, 4, 1))?;
         let want = c.want(&r::round_bf16(&c.x), true);
-        // Both tiles on the same inputs; the 64-row tile's check keeps its name.
-        for tile in [MoeTile::T64x128, MoeTile::T128x128] {
-            let perm = g.alloc::<i32>(t * k)?;
-            let tiles = g.alloc::<i32>(3 * ops::moe_max_tiles(t * k, e, tile))?;
-            let ntiles = g.alloc::<i32>(1)?;
-            let groups = ops::MoeGroups {
-                perm: g.ptr(&perm),
-                tiles: g.ptr(&tiles),
-                ntiles: g.ptr(&ntiles),
-            };
-            let dact = nan_f32(g, t * k * inter)?;
-            let dpart = nan_f32(g, t * k * hidden)?;
-            let dy = g.upload(&c.y0)?;
-            ops::moe_grouped(
-                g,
-                &c.weights(g),
-                sh,
-                tile,
-                e,
-                g.ptr(&c.dx),
-                g.ptr(&c.di),
-                g.ptr(&c.dw),
-                &groups,
-                g.ptr(&dact),
-                g.ptr(&dpart),
-                g.ptr(&dy),
-                t,
-                true,
-            )?;
-            let tile_label = match tile {
-                MoeTile::T64x128 => String::new(),
-                MoeTile::T128x128 => format!(" tile={}", tile.name()),
-            };
-            // The SwiGLU output is rounded to bf16 on both sides, but from fp32 (GPU) vs f64
-            // (reference) sums: a value near a rounding boundary may land one bf16 ulp apart.
-            res.push(check(
-                format!("moe grouped mxfp4 mma{tile_label} E={e} H={hidden} I={inter} k={k} t={t}"),
-                rel_err(&g.download(&dy)?, &want),
-                1e-3,
-            ));
+        // Both tiles and both tile kernels on the same inputs; the 64-row register-B check
+        // keeps the old name.
+        for kernels in [ops::GroupedKernels::Registers, ops::GroupedKernels::Shared] {
+            for tile in [MoeTile::T64x128, MoeTile::T128x128] {
+                let perm = g.alloc::<i32>(t * k)?;
+                let tiles = g.alloc::<i32>(3 * ops::moe_max_tiles(t * k, e, tile))?;
+                let ntiles = g.alloc::<i32>(1)?;
+                let groups = ops::MoeGroups {
+                    perm: g.ptr(&perm),
+                    tiles: g.ptr(&tiles),
+                    ntiles: g.ptr(&ntiles),
+                    kernels,
+                };
+                let dact = nan_f32(g, t * k * inter)?;
+                let dpart = nan_f32(g, t * k * hidden)?;
+                let dy = g.upload(&c.y0)?;
+                ops::moe_grouped(
+                    g,
+                    &c.weights(g),
+                    sh,
+                    tile,
+                    e,
+                    g.ptr(&c.dx),
+                    g.ptr(&c.di),
+                    g.ptr(&c.dw),
+                    &groups,
+                    g.ptr(&dact),
+                    g.ptr(&dpart),
+                    g.ptr(&dy),
+                    t,
+                    true,
+                )?;
+                let tile_label = match tile {
+                    MoeTile::T64x128 => String::new(),
+                    MoeTile::T128x128 => format!(" tile={}", tile.name()),
+                };
+                let kernel_label = match kernels {
+                    ops::GroupedKernels::Registers => "",
+                    ops::GroupedKernels::Shared => " smem-B",
+                };
+                // The SwiGLU output is rounded to bf16 on both sides, but from fp32 (GPU) vs
+                // f64 (reference) sums: a value near a rounding boundary may land one bf16 ulp
+                // apart.
+                res.push(check(
+                    format!(
+                        "moe grouped mxfp4 mma{tile_label}{kernel_label} E={e} H={hidden} I={inter} k={k} t={t}"
+                    ),
+                    rel_err(&g.download(&dy)?, &want),
+                    1e-3,
+                ));
+            }
         }
     }
     Ok(res)
