@@ -205,10 +205,14 @@ __device__ __forceinline__ void cp_async_wait() {
 
 // One stage of a warp's (16 MI) x 32 tile: A from shared memory (logical order), B from the
 // raw stage Bq (TC_BN rows of 32 bytes), dequantized in registers with scales e[ni]: the
-// lane's word h holds chunks 2h and 2h + 1 (pairs p[0], p[1] and p[2], p[3]).
+// lane's word h holds chunks 2h and 2h + 1 (pairs p[0], p[1] and p[2], p[3]). Only the first
+// `live` m16 fragments hold rows of the tile (a segment's last tile is mostly short): the
+// others' loads and MMAs are skipped, and a warp with none skips the stage.
 template <int MI>
 __device__ __forceinline__ void rb_stage(const bf16_t* As, const u8* Bq, int wm, int wn,
-                                         const unsigned (&e)[4], float (&acc)[MI][4][4]) {
+                                         int live, const unsigned (&e)[4],
+                                         float (&acc)[MI][4][4]) {
+    if (live <= 0) return;
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     uint2 q[4];
     unsigned s2[4];
@@ -233,12 +237,14 @@ __device__ __forceinline__ void rb_stage(const bf16_t* As, const u8* Bq, int wm,
             unsigned a[MI][4];
 #pragma unroll
             for (int mi = 0; mi < MI; ++mi)
-                ldmatrix_x4(a[mi], As + (wm + mi * 16 + (lane & 15)) * RB_LD + kk + (lane >> 4) * 8);
+                if (mi < live)
+                    ldmatrix_x4(a[mi], As + (wm + mi * 16 + (lane & 15)) * RB_LD + kk + (lane >> 4) * 8);
 #pragma unroll
             for (int mi = 0; mi < MI; ++mi)
+                if (mi < live)
 #pragma unroll
-                for (int ni = 0; ni < 4; ++ni)
-                    mma_bf16_16816(acc[mi][ni], a[mi], b[ni][2 * cc], b[ni][2 * cc + 1]);
+                    for (int ni = 0; ni < 4; ++ni)
+                        mma_bf16_16816(acc[mi][ni], a[mi], b[ni][2 * cc], b[ni][2 * cc + 1]);
         }
     }
 }
@@ -293,6 +299,7 @@ __device__ __forceinline__ bool moe_tile_mma_rb(const u8* __restrict__ blocks,
     // Scales: lane (g, t)'s rows n0 + wn + 8 ni + g, block 2s + t / 2.
     const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
     const int wm = (warp >> 2) * 16 * MI, wn = (warp & 3) * 32;
+    const int live = (end - first - wm + 15) >> 4;  // m16 fragments with rows (may be <= 0)
     const u8* ssrc[4];
 #pragma unroll
     for (int ni = 0; ni < 4; ++ni) {
@@ -318,7 +325,7 @@ __device__ __forceinline__ bool moe_tile_mma_rb(const u8* __restrict__ blocks,
         cp_async_commit();
         unsigned scn[4];
         if (s + 1 < stages) load_scales(s + 1, scn);
-        rb_stage<MI>(sm.a[s % NS], sm.b[s % NS], wm, wn, sc, acc);
+        rb_stage<MI>(sm.a[s % NS], sm.b[s % NS], wm, wn, live, sc, acc);
 #pragma unroll
         for (int ni = 0; ni < 4; ++ni) sc[ni] = scn[ni];
     }

@@ -59,6 +59,16 @@ fn at_least<'a, T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits>
         .ok_or_else(|| anyhow::anyhow!("sampling buffer missing after allocation"))
 }
 
+/// Where the grouped MoE's tiles dequantize the experts (`MXTUNE_PREFILL_MOE`), for the
+/// kernel-path line; a bad value shows as such (loading the model refuses it).
+fn grouped_where() -> &'static str {
+    match ops::GroupedKernels::from_env() {
+        Ok(ops::GroupedKernels::Registers) => "into mma fragments in registers",
+        Ok(ops::GroupedKernels::Shared) => "in shared memory",
+        Err(_) => "(bad MXTUNE_PREFILL_MOE)",
+    }
+}
+
 impl CudaBackend {
     /// A backend over weights already on `gpu`, with `slots` sequences of up to `max_pos`
     /// positions and steps of up to `max_batch` sequences; `graphs` replays captured steps.
@@ -130,12 +140,18 @@ impl CudaBackend {
             if o.sinks { "on" } else { "off" },
             if self.graphs { "on" } else { "off" },
             match o.moe {
-                MoePath::Auto =>
+                MoePath::Auto => format!(
                     "prompts: batched path (tensor-core mma.sync bf16 GEMMs, moe grouped by \
-                     expert with mxfp4 dequantized in shared memory, attention with the GQA \
-                     group's keys shared in shared memory)",
-                MoePath::Gemv => "prompts: token by token through the decode step",
-                MoePath::Grouped => "every step on the batched path (grouped moe), no graphs",
+                     expert with mxfp4 dequantized {}, attention with the GQA group's keys \
+                     shared in shared memory)",
+                    grouped_where()
+                ),
+                MoePath::Gemv => "prompts: token by token through the decode step".into(),
+                MoePath::Grouped => format!(
+                    "every step on the batched path (grouped moe, mxfp4 dequantized {}), no \
+                     graphs",
+                    grouped_where()
+                ),
             },
             match o.moe {
                 MoePath::Gemv => String::new(),
