@@ -380,11 +380,12 @@ fn kv_dtype(k: KvDtype) -> cuda_gates::KvDtype {
     }
 }
 
-/// The grouped MoE's tile for the `--tile` gate (`auto` is 64x128).
+/// The grouped MoE's tile for the `--tile` gate (`auto` is 128x128: with the weights
+/// dequantized in registers it is the faster tile for both gpt-oss sizes, docs/perf.md run 76).
 pub(crate) fn moe_tile(t: Tile) -> cuda_gates::MoeTile {
     match t {
-        Tile::Auto | Tile::T64x128 => cuda_gates::MoeTile::T64x128,
-        Tile::T128x128 => cuda_gates::MoeTile::T128x128,
+        Tile::T64x128 => cuda_gates::MoeTile::T64x128,
+        Tile::Auto | Tile::T128x128 => cuda_gates::MoeTile::T128x128,
     }
 }
 
@@ -444,7 +445,7 @@ pub fn kernel_path_lines(kind: BackendKind, g: &Gates) -> Vec<String> {
         ],
         // Every gate has a CUDA path. `auto` runs decode steps on the
         // GEMV MoE and prompts on the grouped one; the tile is the grouped kernel's (`auto`
-        // reports the tile it runs, 64x128).
+        // reports the tile it runs, 128x128).
         BackendKind::Cuda => [
             ("backend", "cuda".into()),
             ("moe_kernel", moe_path(g.moe_kernel).report().into()),
@@ -1037,7 +1038,7 @@ mod tests {
         );
         assert_eq!(kv_dtype(a.gates.kv_dtype), cuda_gates::KvDtype::Fp8);
         assert_eq!(moe_tile(a.gates.tile), cuda_gates::MoeTile::T128x128);
-        // Each gate on its own; auto and 64x128 run (and report) the 64-row tile.
+        // Each gate on its own; auto and 128x128 run (and report) the 128-row tile, 64x128 the 64-row one.
         let a = parse(&["--synthetic", "tiny", "--kv-dtype", "fp8"]).unwrap();
         let lines = kernel_path_lines(BackendKind::Cuda, &a.gates);
         assert!(
@@ -1045,10 +1046,13 @@ mod tests {
             "{lines:?}"
         );
         assert!(
-            lines.contains(&"kernel-path tile=64x128".to_string()),
+            lines.contains(&"kernel-path tile=128x128".to_string()),
             "{lines:?}"
         );
-        for tile in ["auto", "64x128"] {
+        for (tile, runs) in [
+            ("auto", cuda_gates::MoeTile::T128x128),
+            ("64x128", cuda_gates::MoeTile::T64x128),
+        ] {
             let a = parse(&[
                 "--synthetic",
                 "tiny",
@@ -1058,10 +1062,10 @@ mod tests {
                 tile,
             ])
             .unwrap();
-            assert_eq!(moe_tile(a.gates.tile), cuda_gates::MoeTile::T64x128);
+            assert_eq!(moe_tile(a.gates.tile), runs);
             let lines = kernel_path_lines(BackendKind::Cuda, &a.gates);
             assert!(
-                lines.contains(&"kernel-path tile=64x128".to_string()),
+                lines.contains(&format!("kernel-path tile={}", runs.name())),
                 "{lines:?}"
             );
             assert!(

@@ -50,9 +50,9 @@ impl KvDtype {
 /// block (`--tile`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum MoeTile {
-    /// 64 × 128 (the default, `--tile auto`).
+    /// 64 × 128.
     T64x128,
-    /// 128 × 128: twice the rows per weight stage in shared memory.
+    /// 128 × 128 (the default, `--tile auto`): twice the rows per weight stage.
     T128x128,
 }
 
@@ -255,7 +255,7 @@ impl Default for DecodeOptions {
             moe: MoePath::Auto,
             fp4_layers: Fp4Layers::Moe,
             activation: ActFormat::Bf16,
-            tile: MoeTile::T64x128,
+            tile: MoeTile::T128x128,
             gemv: DecodeGemv::TensorCore,
         }
     }
