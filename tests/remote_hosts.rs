@@ -883,16 +883,11 @@ async fn matrix_on_two_hosts_at_once_tags_each_record_with_its_host_in_one_repor
         let (presets, out, runs, home) = (presets.clone(), out.clone(), runs.clone(), home.clone());
         move || {
             let child = Command::new(MXTUNE)
+                // h1 has its own list; m-one, named, is dealt out over the hosts without one.
                 .args([
-                    "matrix", "--target", "docker", "--host", "h1", "--host", "h2",
+                    "matrix", "--target", "docker", "--host", "h1=m-two", "--host", "h2",
                 ])
-                .args([
-                    "m-one",
-                    "m-two",
-                    "--endpoint",
-                    "completions",
-                    "--no-shuffle",
-                ])
+                .args(["m-one", "--endpoint", "completions", "--no-shuffle"])
                 .args([
                     "--grid", "pp=64", "tg=4", "runs=1", "warmup=0", "--levels", "1,4",
                 ])
@@ -922,8 +917,13 @@ async fn matrix_on_two_hosts_at_once_tags_each_record_with_its_host_in_one_repor
         serde_json::from_str(&std::fs::read_to_string(out.join("matrix-state.json")).unwrap())
             .unwrap();
     assert_eq!(state["plan"]["hosts"], serde_json::json!(["h1", "h2"]));
+    assert_eq!(
+        state["plan"]["host_presets"],
+        serde_json::json!({"h1": ["m-two"]})
+    );
     let order = state["order"].as_array().unwrap();
-    for (p, (name, host)) in order.iter().zip([("m-one", "h1"), ("m-two", "h2")]) {
+    assert_eq!(order.len(), 2, "{state}");
+    for (p, (name, host)) in order.iter().zip([("m-one", "h2"), ("m-two", "h1")]) {
         assert_eq!(p["name"], name);
         assert_eq!(p["host"], host);
         assert_eq!(p["status"], "done", "{p}\n{stderr}");
@@ -952,9 +952,12 @@ async fn matrix_on_two_hosts_at_once_tags_each_record_with_its_host_in_one_repor
         );
     }
     let report = std::fs::read_to_string(out.join("report.md")).unwrap();
-    assert!(report.contains("Hosts: h1, h2"), "{report}");
-    assert!(report.contains("| m-one (host h1) |"), "{report}");
-    assert!(report.contains("| m-two (host h2) |"), "{report}");
+    assert!(
+        report.contains("Hosts: h1 (its own: m-two), h2 (Docker over SSH; a host with its own presets runs those"),
+        "{report}"
+    );
+    assert!(report.contains("| m-one (host h2) |"), "{report}");
+    assert!(report.contains("| m-two (host h1) |"), "{report}");
     // No tunnel is left behind by the matrix.
     assert!(tunnel_dirs_of(pid).is_empty(), "{:?}", tunnel_dirs_of(pid));
 
@@ -997,4 +1000,53 @@ async fn matrix_on_two_hosts_at_once_tags_each_record_with_its_host_in_one_repor
         "{}",
         text(&o).1
     );
+}
+
+/// `--host NAME=PRESET,…` gives a host its own presets; a list that cannot be run is refused
+/// before anything starts, naming what is wrong and what to do. No host is contacted.
+#[test]
+fn matrix_host_lists_that_cannot_run_are_refused_before_anything_starts() {
+    let home = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(home.path().join("mxtune")).unwrap();
+    std::fs::write(
+        home.path().join("mxtune/hosts.toml"),
+        "[[host]]\nname = \"h1\"\nssh = \"nowhere1\"\n[[host]]\nname = \"h2\"\nssh = \"nowhere2\"\n",
+    )
+    .unwrap();
+    let out = home.path().join("out");
+    let cases: &[(&[&str], &str)] = &[
+        (
+            &["--host", "h1="],
+            "--host h1=: the list of presets for host h1 has an empty name; give --host h1=PRESET,PRESET…",
+        ),
+        (&["--host", "h1=a,,b"], "has an empty name"),
+        (
+            &["--host", "=a"],
+            "the host's name is missing; give --host NAME or --host NAME=PRESET,PRESET…",
+        ),
+        (
+            &["--host", "h1=a", "--host", "h2=b", "c"],
+            "preset(s) c have no host: every --host has its own list",
+        ),
+        (
+            &["--host", "h1=a", "--host", "h1"],
+            "--host h1 is given twice",
+        ),
+        (
+            &["--host", "h1=a", "--host", "h2=a"],
+            "preset a is listed twice",
+        ),
+        (&["--host", "h9=a"], "no host named \"h9\""),
+        (&[], "no presets: name the presets to run"),
+    ];
+    for (args, want) in cases {
+        let o = mxtune(
+            home.path(),
+            &[&["matrix", "--out", out.to_str().unwrap()][..], args].concat(),
+        );
+        let (stdout, err) = text(&o);
+        assert_eq!(o.status.code(), Some(1), "{args:?}: {stdout}{err}");
+        assert!(err.contains(want), "{args:?}: {err}");
+        assert!(!out.exists(), "{args:?} left {}", out.display());
+    }
 }

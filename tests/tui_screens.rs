@@ -1544,6 +1544,96 @@ fn sample(t: i64, throttle: bool) -> mxtune::monitor::Sample {
     }
 }
 
+/// A target on two hosts: one panel each, side by side above the charts, the head's samples
+/// charted; a host without NVML says why; a host whose monitor failed says so and what to do.
+#[test]
+fn live_shows_each_host_of_a_two_host_target_side_by_side() {
+    use mxtune::monitor::sample::GpuStatus;
+    use mxtune::tui::screens::live::HostPanel;
+    let mut app = snapshot_app(theme());
+    key(&mut app, KeyCode::Char('3'));
+    app.live.set_hosts(vec![
+        HostPanel::new("local", "Ray head, API", true),
+        HostPanel::new("spark2", "Ray worker", false),
+    ]);
+    let waiting = render(&app, 100, 34);
+    assert_eq!(
+        waiting.matches("waiting for the first sample").count(),
+        2,
+        "{waiting}"
+    );
+    let send = |app: &mut App, ev: Event| with_bg(|bg, _| step(app, bg, ev));
+    for t in 0..120 {
+        send(
+            &mut app,
+            Event::HostSample {
+                host: 0,
+                sample: Box::new(sample(t, t == 119)),
+            },
+        );
+        let mut w = sample(t, false);
+        w.gpu = GpuStatus::Unavailable {
+            reason: "NVML not available: libnvidia-ml.so.1 not found".into(),
+        };
+        send(
+            &mut app,
+            Event::HostSample {
+                host: 1,
+                sample: Box::new(w),
+            },
+        );
+    }
+    // A late sample of a panel set that is gone changes nothing.
+    send(
+        &mut app,
+        Event::HostSample {
+            host: 2,
+            sample: Box::new(sample(500, false)),
+        },
+    );
+    // Only the head's samples are charted.
+    assert_eq!(app.live.points.len(), 120);
+    let screen = render(&app, 100, 34);
+    let both = screen
+        .lines()
+        .find(|l| l.contains("host local") && l.contains("host spark2"))
+        .unwrap_or_else(|| panic!("no line has both panels' titles:\n{screen}"));
+    assert!(both.find("host local") < both.find("host spark2"), "{both}");
+    for want in [
+        "charts of host local (Ray head, API)",
+        "NVIDIA GB10  P0",
+        "mem 71.0/119.0 GiB unified  headroom 48.0 GiB",
+        "THROTTLING: sw_power_cap",
+        "GPU: NVML not available: libnvidia-ml.so.1",
+        "ram 60.0/119.0 GiB, 59.0 free",
+        "tok/s gen",
+    ] {
+        assert!(screen.contains(want), "{want:?} missing:\n{screen}");
+    }
+    insta::assert_snapshot!("live_two_hosts_100x34", screen);
+    send(
+        &mut app,
+        Event::HostMonitorError {
+            host: 1,
+            error: "host spark2 runs mxtune 0.0.9, this is mxtune 0.1.0: the two ends must be the same version; install this one there (docs/multi-host.md)".into(),
+        },
+    );
+    let screen = render(&app, 100, 34);
+    assert!(
+        screen.contains("monitor of host spark2 failed: host spark2 runs"),
+        "{screen}"
+    );
+    assert!(screen.contains("install this one there"), "{screen}");
+    // The other host is still shown.
+    assert!(screen.contains("THROTTLING: sw_power_cap"), "{screen}");
+    insta::assert_snapshot!("live_two_hosts_one_failed_100x34", screen);
+    // Back to one host: the single-host view, charts started over.
+    app.live.set_hosts(Vec::new());
+    let single = render(&app, 100, 34);
+    assert!(!single.contains("host local"), "{single}");
+    assert!(single.contains("waiting for the first sample"), "{single}");
+}
+
 #[test]
 fn snapshots_live() {
     let mut app = snapshot_app(theme());

@@ -8,6 +8,8 @@ use std::time::{Duration, Instant};
 #[path = "support/loading_double.rs"]
 mod loading_double;
 
+mod support;
+
 fn tmux(args: &[&str]) -> String {
     let out = Command::new("tmux")
         .args(args)
@@ -660,4 +662,134 @@ fn tui_tmux_first_bench_on_the_default_preset_passes_correctness() {
     s.wait_for("phase exited");
     s.send(&["q"]);
     s.wait_for_panel_exit();
+}
+
+/// A two-node cluster launched from the panel, its head on this machine and its worker on the
+/// local sshd standing in for a second host: the Live screen shows both hosts' telemetry side
+/// by side, the worker's read by `mxtune monitor --json` over SSH. Needs tmux, Docker and sshd
+/// (`MXTUNE_TEST_DOCKER=require` / `MXTUNE_TEST_SSHD=require` make their absence a failure).
+#[test]
+fn tui_tmux_live_shows_both_hosts_of_a_two_node_cluster_side_by_side() {
+    use mxtune::flags::FlagSet;
+    use mxtune::vocab::{NetworkMode, TargetKind};
+    let test = "tui_tmux_live_shows_both_hosts_of_a_two_node_cluster_side_by_side";
+    if !have_tmux() {
+        return;
+    }
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let Some(d) = rt.block_on(support::docker_or_skip(test)) else {
+        return;
+    };
+    let Some(sshd) = support::sshd::sshd_or_skip(test) else {
+        return;
+    };
+    let image = rt.block_on(support::test_image(&d));
+    let dir = tempfile::tempdir().unwrap();
+    let mut fs = FlagSet {
+        target: TargetKind::DockerCluster,
+        ..FlagSet::default()
+    };
+    fs.container.image = image;
+    fs.container.vllm = mxtune::flags::VllmFlavor::Fork;
+    fs.container.network = NetworkMode::Host;
+    fs.container.gpus_all = false;
+    fs.container.ulimits.clear();
+    for cache in ["hf", "jit"] {
+        std::fs::create_dir_all(dir.path().join(cache)).unwrap();
+    }
+    fs.container.hf_cache = Some(dir.path().join("hf").display().to_string());
+    fs.container.jit_cache = Some(dir.path().join("jit").display().to_string());
+    fs.serving.port = support::free_port();
+    fs.serving.host = Some("127.0.0.1".into());
+    fs.serving.served_model_name = Some("tp2".into());
+    fs.cluster.head = "local".into();
+    fs.cluster.worker = "remote".into();
+    fs.cluster.local_ip = Some("127.0.0.1".into());
+    fs.cluster.ray_port = support::free_port();
+    let presets = dir.path().join("presets");
+    std::fs::create_dir_all(&presets).unwrap();
+    let mut text = String::from("description = \"two nodes\"\n");
+    text.push_str(&toml::to_string(&fs).unwrap());
+    std::fs::write(presets.join("tp2.toml"), text).unwrap();
+    // The worker's host is the sshd, reaching this machine: its mxtune is this build.
+    let home = sshd.config_home(&format!(
+        "{}[host.nccl]\nhost_ip = \"127.0.0.1\"\n",
+        sshd.host_entry("remote", env!("CARGO_BIN_EXE_mxtune"))
+    ));
+    let s = Session::new("twohosts", 120, 44);
+    s.send(&[
+        &format!(
+            "cd {d} && MXTUNE_RUNS_DIR={d}/runs MXTUNE_PRESETS_DIR={d}/presets XDG_CONFIG_HOME={h} {bin} --preset tp2",
+            d = dir.path().display(),
+            h = home.display(),
+            bin = env!("CARGO_BIN_EXE_mxtune")
+        ),
+        "Enter",
+    ]);
+    s.wait_for("preset tp2");
+    s.send(&["2"]);
+    s.wait_for("target docker-cluster");
+    s.send(&["l"]);
+    let screen = s.wait_longer("phase ready", Duration::from_secs(180), |screen| {
+        screen.contains("phase ready") || screen.contains("phase failed")
+    });
+    assert!(screen.contains("phase ready"), "{screen}");
+    // Whatever happens next, the run's containers go.
+    let run_id = std::fs::read_dir(dir.path().join("runs"))
+        .unwrap()
+        .filter_map(|e| {
+            let name = e.unwrap().file_name().to_string_lossy().into_owned();
+            name.strip_suffix(".target.log").map(str::to_string)
+        })
+        .next()
+        .expect("the launch's log file names its run id");
+    let _cleanup = support::Cleanup(run_id.clone());
+    s.send(&["3"]);
+    // Both panels have readings: each shows its host's CPU and RAM line.
+    let screen = s.wait_until("both hosts' readings", |screen| {
+        screen.matches("host cpu").count() == 2 || screen.contains("failed:")
+    });
+    assert!(!screen.contains("failed:"), "{screen}");
+    // Side by side: both titles on one row, this machine's first.
+    let titles = screen
+        .lines()
+        .find(|l| {
+            l.contains("host local (Ray head, API)") && l.contains("host remote (Ray worker)")
+        })
+        .unwrap_or_else(|| panic!("no row has both hosts' panels:\n{screen}"));
+    assert!(
+        titles.find("host local") < titles.find("host remote"),
+        "{titles}"
+    );
+    assert!(
+        screen.contains("charts of host local (Ray head, API)"),
+        "{screen}"
+    );
+    // Each panel shows its own GPU reading: a GPU, or why NVML gave none.
+    assert_eq!(
+        screen.matches("GPU: ").count() + screen.matches("headroom").count(),
+        2,
+        "{screen}"
+    );
+    s.send(&["2"]);
+    s.wait_for("phase ready");
+    s.send(&["x"]);
+    s.wait_for("Stop target?");
+    s.send(&["y"]);
+    s.wait_longer("phase exited", Duration::from_secs(120), |screen| {
+        screen.contains("phase exited")
+    });
+    s.send(&["3"]);
+    // The target is gone: back to this machine alone.
+    s.wait_gone("host remote (Ray worker)");
+    s.send(&["q"]);
+    s.wait_for_panel_exit();
+    assert!(!s.alternate_on(), "quit must leave the alternate screen");
+    let left: Vec<_> = rt
+        .block_on(mxtune::launch::docker::find_mxtune_containers(&d))
+        .unwrap()
+        .into_iter()
+        .filter(|f| f.run_id == run_id)
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
 }

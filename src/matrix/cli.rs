@@ -57,7 +57,8 @@ pub struct CommonArgs {
     pub cooldown_limit_s: u64,
     /// Run the Docker presets on this host of ~/.config/mxtune/hosts.toml (over SSH);
     /// repeated, the presets are dealt out over the hosts, which run at the same time.
-    #[arg(long = "host", value_name = "NAME")]
+    /// `NAME=PRESET,PRESET…` gives the host its own presets instead (matrix only).
+    #[arg(long = "host", value_name = "NAME[=PRESET,…]")]
     pub hosts: Vec<String>,
 }
 
@@ -68,7 +69,7 @@ pub const DEFAULT_LEVELS: &str = "1,1.5,2,4,5";
 #[derive(Debug, Clone, PartialEq, clap::Args)]
 pub struct MatrixArgs {
     /// Presets (names or .toml paths); the first is the baseline of the report's deltas.
-    #[arg(required_unless_present = "resume")]
+    /// With `--host NAME=PRESET,…` they may all be in the hosts' lists instead.
     pub presets: Vec<String>,
     /// Test levels to run: 1 smoke, 1.5 kernel path, 2 correctness, 3 stress, 4 grid,
     /// 5 regression.
@@ -146,18 +147,37 @@ pub(crate) fn plan_of(
     let base = c.profile.map(Profile::grid).unwrap_or_default();
     let grid: Grid = base.apply(&c.grid)?;
     grid.workload(c.endpoint).validate()?;
+    let mut presets = presets;
+    let mut hosts = Vec::new();
+    let mut host_presets = std::collections::BTreeMap::new();
     if !c.hosts.is_empty() {
         if c.target != TargetArg::Docker {
             bail!(
                 "--host runs Docker presets on that host: use --target docker (for the engine, run the matrix on that host)"
             );
         }
-        let mut seen = std::collections::BTreeSet::new();
-        for h in &c.hosts {
-            if !seen.insert(h) {
-                bail!("--host {h} is given twice; name each host once");
+        for arg in &c.hosts {
+            let (name, list) = parse_host_arg(arg)?;
+            if hosts.contains(&name) {
+                bail!("--host {name} is given twice; name each host once");
             }
-            crate::hosts::find(h)?;
+            crate::hosts::find(&name)?;
+            if let Some(list) = list {
+                host_presets.insert(name.clone(), list);
+            }
+            hosts.push(name);
+        }
+    }
+    if !host_presets.is_empty() {
+        if !presets.is_empty() && hosts.iter().all(|h| host_presets.contains_key(h)) {
+            bail!(
+                "preset(s) {} have no host: every --host has its own list; put them in a list (--host NAME=PRESET,…) or add a --host NAME without one to deal them out",
+                presets.join(", ")
+            );
+        }
+        // The hosts' presets join the matrix after the named ones, in --host order.
+        for h in &hosts {
+            presets.extend(host_presets.get(h).into_iter().flatten().cloned());
         }
     }
     let engine_bin = match &c.engine_bin {
@@ -180,8 +200,32 @@ pub(crate) fn plan_of(
         engine_bin,
         device: c.device.clone(),
         engine_model: c.engine_model.clone(),
-        hosts: c.hosts.clone(),
+        hosts,
+        host_presets,
     })
+}
+
+/// A `--host` value: `NAME`, or `NAME=PRESET,PRESET…` (the host's own presets).
+fn parse_host_arg(arg: &str) -> Result<(String, Option<Vec<String>>)> {
+    let (name, list) = match arg.split_once('=') {
+        None => (arg.trim(), None),
+        Some((name, list)) => (name.trim(), Some(list)),
+    };
+    if name.is_empty() {
+        bail!(
+            "--host {arg:?}: the host's name is missing; give --host NAME or --host NAME=PRESET,PRESET…"
+        );
+    }
+    let Some(list) = list else {
+        return Ok((name.to_string(), None));
+    };
+    let presets: Vec<String> = list.split(',').map(|p| p.trim().to_string()).collect();
+    if presets.iter().any(String::is_empty) {
+        bail!(
+            "--host {arg}: the list of presets for host {name} has an empty name; give --host {name}=PRESET,PRESET… (comma-separated, no empty items)"
+        );
+    }
+    Ok((name.to_string(), Some(presets)))
 }
 
 /// Ctrl-C, SIGTERM and SIGHUP (a dropped SSH session) all cancel the same way.
@@ -243,6 +287,11 @@ fn new_state(args: &MatrixArgs) -> Result<MatrixState> {
         parse_levels(&args.levels)?,
     )?;
     plan.tolerance = args.tolerance_pct / 100.0;
+    if plan.presets.is_empty() {
+        bail!(
+            "no presets: name the presets to run (mxtune matrix PRESET…), give hosts their own (--host NAME=PRESET,…), or --resume a matrix in --out"
+        );
+    }
     let mut seen = std::collections::BTreeSet::new();
     for p in &plan.presets {
         if !seen.insert(p) {

@@ -194,10 +194,24 @@ pub fn write(state: &MatrixState, out: &Path) -> Result<PathBuf> {
         g.pp, g.tg, g.depth, g.concurrency, g.runs, g.warmup, state.plan.endpoint
     );
     if !state.plan.hosts.is_empty() {
+        let hosts: Vec<String> = state
+            .plan
+            .hosts
+            .iter()
+            .map(|h| match state.plan.host_presets.get(h) {
+                Some(list) => format!("{h} (its own: {})", list.join(", ")),
+                None => h.clone(),
+            })
+            .collect();
+        let dealt = if state.plan.host_presets.is_empty() {
+            "presets dealt out in run order"
+        } else {
+            "a host with its own presets runs those, the others are dealt out in run order over the rest"
+        };
         let _ = writeln!(
             md,
-            "Hosts: {} (Docker over SSH; presets dealt out in run order, the hosts running at the same time; each record is tagged `host:NAME`; GPU readings of the hosts are not taken)\n",
-            state.plan.hosts.join(", ")
+            "Hosts: {} (Docker over SSH; {dealt}, the hosts running at the same time; each record is tagged `host:NAME`; GPU readings of the hosts are not taken)\n",
+            hosts.join(", ")
         );
     }
     let _ = writeln!(

@@ -5,6 +5,7 @@
 use anyhow::{Context, Result, bail};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use super::plan::{Grid, TestLevel};
@@ -55,6 +56,10 @@ pub struct MatrixPlan {
     /// time as the others; empty: this machine.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub hosts: Vec<String>,
+    /// Hosts given their own presets (`--host NAME=PRESET,…`): each runs its list, and the
+    /// other presets are dealt out over the hosts without one.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub host_presets: BTreeMap<String, Vec<String>>,
 }
 
 /// Where one preset stands.
@@ -155,15 +160,39 @@ pub struct MatrixState {
 }
 
 impl MatrixState {
-    /// A fresh state: presets in `order`, all pending; with hosts, dealt out over them in
-    /// that order.
+    /// A fresh state: presets in `order`, all pending; with hosts, a preset of a host's own
+    /// list goes to that host and the others are dealt out, in that order, over the hosts
+    /// without a list.
     pub fn new(plan: MatrixPlan, order: Vec<String>) -> Self {
         let now = Utc::now();
+        let mut dealers: Vec<&String> = plan
+            .hosts
+            .iter()
+            .filter(|h| !plan.host_presets.contains_key(*h))
+            .collect();
+        // Every host has a list (the plan allows no preset outside them then).
+        if dealers.is_empty() {
+            dealers = plan.hosts.iter().collect();
+        }
+        let mut dealt = 0;
+        let mut host_of = |name: &str| -> Option<String> {
+            if let Some((h, _)) = plan
+                .host_presets
+                .iter()
+                .find(|(_, list)| list.iter().any(|p| p == name))
+            {
+                return Some(h.clone());
+            }
+            let h = dealers
+                .get(dealt % dealers.len().max(1))
+                .map(|h| (*h).clone());
+            dealt += 1;
+            h
+        };
         let order = order
             .into_iter()
-            .enumerate()
-            .map(|(i, name)| PresetProgress {
-                host: (!plan.hosts.is_empty()).then(|| plan.hosts[i % plan.hosts.len()].clone()),
+            .map(|name| PresetProgress {
+                host: host_of(&name),
                 name,
                 status: PresetStatus::Pending,
                 attempts: 0,
@@ -269,6 +298,7 @@ mod tests {
             device: None,
             engine_model: None,
             hosts: Vec::new(),
+            host_presets: BTreeMap::new(),
         }
     }
 
@@ -289,6 +319,39 @@ mod tests {
         let plain = MatrixState::new(plan(), vec!["a".into()]);
         let json = serde_json::to_string(&plain).unwrap();
         assert!(!json.contains("host"), "{json}");
+    }
+
+    #[test]
+    fn a_host_with_its_own_list_runs_it_and_the_rest_are_dealt_out_over_the_others() {
+        let mut p = plan();
+        p.hosts = vec!["spark1".into(), "spark2".into(), "spark3".into()];
+        p.host_presets
+            .insert("spark2".into(), vec!["b".into(), "d".into()]);
+        let order = ["d", "a", "b", "c", "e"].map(String::from).to_vec();
+        let s = MatrixState::new(p, order);
+        let hosts: Vec<(&str, Option<&str>)> = s
+            .order
+            .iter()
+            .map(|p| (p.name.as_str(), p.host.as_deref()))
+            .collect();
+        assert_eq!(
+            hosts,
+            [
+                ("d", Some("spark2")),
+                ("a", Some("spark1")),
+                ("b", Some("spark2")),
+                ("c", Some("spark3")),
+                ("e", Some("spark1")),
+            ]
+        );
+        // The lists are kept in the state, so a resume deals the same way.
+        let json = serde_json::to_value(&s).unwrap();
+        assert_eq!(
+            json["plan"]["host_presets"],
+            serde_json::json!({"spark2": ["b", "d"]})
+        );
+        let back: MatrixState = serde_json::from_value(json).unwrap();
+        assert_eq!(back.plan.host_presets, s.plan.host_presets);
     }
 
     #[test]

@@ -51,6 +51,48 @@ pub struct OnHost {
     pub port: u16,
 }
 
+/// One host of a running target that spans several, whose monitor the Live screen shows
+/// in a panel of its own.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HostWatch {
+    /// The hosts.toml name, or `local` for this machine.
+    pub name: String,
+    /// What the target runs there, e.g. `Ray head, API`.
+    pub role: String,
+    /// The hosts.toml entry; `None`: this machine.
+    pub host: Option<crate::hosts::Host>,
+    /// The target's /metrics as that host sees it, on the host that serves the API.
+    pub metrics_url: Option<String>,
+}
+
+/// The hosts of a two-node cluster to watch, head first: one entry per host, so a cluster
+/// whose nodes share a host gives one. `api_there` is the API's address as the head's host
+/// sees it.
+pub fn cluster_watches(
+    head: &crate::launch::cluster::NodePlan,
+    worker: &crate::launch::cluster::NodePlan,
+    api_there: &str,
+) -> Vec<HostWatch> {
+    let head_watch = |role: &str| HostWatch {
+        name: head.host_name().to_string(),
+        role: role.into(),
+        host: head.host.clone(),
+        metrics_url: Some(api_there.to_string()),
+    };
+    if worker.host == head.host {
+        return vec![head_watch("Ray head and worker, API")];
+    }
+    vec![
+        head_watch("Ray head, API"),
+        HostWatch {
+            name: worker.host_name().to_string(),
+            role: "Ray worker".into(),
+            host: worker.host.clone(),
+            metrics_url: None,
+        },
+    ]
+}
+
 /// News about the launch, delivered as [`Event::Launch`].
 #[derive(Debug)]
 pub enum LaunchMsg {
@@ -68,6 +110,8 @@ pub enum LaunchMsg {
         spec: Option<Box<crate::vocab::LaunchSpec>>,
         /// The host it runs on, when not this machine (boxed: a host entry is large).
         on_host: Option<Box<OnHost>>,
+        /// Every host it runs on, when more than one (a two-node cluster); empty otherwise.
+        target_hosts: Vec<HostWatch>,
     },
     /// Nothing was started; why.
     StartFailed(String),
@@ -134,9 +178,10 @@ pub struct Background {
     rt: tokio::runtime::Runtime,
     tx: Sender<Event>,
     launch: Option<mpsc::UnboundedSender<Cmd>>,
-    monitor: Option<crate::monitor::Monitor>,
-    /// The stop flag of the thread reading another host's monitor, while one runs.
-    host_monitor: Option<Arc<AtomicBool>>,
+    /// This machine's collectors: one, or none while only other hosts are watched.
+    monitors: Vec<crate::monitor::Monitor>,
+    /// The stop flags of the threads reading other hosts' monitors, while they run.
+    host_monitors: Vec<Arc<AtomicBool>>,
     bench: Option<Job>,
     matrix: Option<Job>,
 }
@@ -174,8 +219,8 @@ impl Background {
             rt,
             tx,
             launch: None,
-            monitor: None,
-            host_monitor: None,
+            monitors: Vec::new(),
+            host_monitors: Vec::new(),
             bench: None,
             matrix: None,
         })
@@ -185,42 +230,11 @@ impl Background {
     /// [`Event::Sample`]. One sample a second: enough for charts of 30 s to 30 min, and
     /// cheap enough for an idle panel.
     pub fn watch(&mut self, metrics_url: Option<String>) {
-        // Dropping the old collector ends its thread and, with it, its forwarder.
-        self.monitor = None;
-        self.stop_host_monitor();
-        let config = crate::monitor::MonitorConfig {
-            rate_hz: 1.0,
-            metrics_url,
-            pid: None,
-        };
-        match crate::monitor::Monitor::start(config) {
-            Ok(mut m) => {
-                let (fwd_tx, mut fwd_rx) = mpsc::channel(1);
-                std::mem::swap(&mut m.samples, &mut fwd_rx);
-                let tx = self.tx.clone();
-                let spawned = std::thread::Builder::new()
-                    .name("tui-samples".into())
-                    .spawn(move || {
-                        while let Some(s) = fwd_rx.blocking_recv() {
-                            if tx.send(Event::Sample(Box::new(s))).is_err() {
-                                break;
-                            }
-                        }
-                    });
-                drop(fwd_tx);
-                match spawned {
-                    Ok(_) => self.monitor = Some(m),
-                    Err(e) => {
-                        let _ = self.tx.send(Event::MonitorError(format!(
-                            "cannot start the sample thread: {e}"
-                        )));
-                    }
-                }
-            }
-            Err(e) => {
-                let _ = self.tx.send(Event::MonitorError(format!("{e:#}")));
-            }
-        }
+        self.stop_monitors();
+        self.watch_local(metrics_url, |r| match r {
+            Ok(s) => Event::Sample(s),
+            Err(e) => Event::MonitorError(e),
+        });
     }
 
     /// Watch another host instead: `mxtune monitor --json` runs there over SSH (checked to be
@@ -228,26 +242,103 @@ impl Background {
     /// do; `metrics_url` is as seen from that host. Its failure arrives as
     /// [`Event::MonitorError`].
     pub fn watch_host(&mut self, host: &crate::hosts::Host, metrics_url: String) {
-        self.monitor = None;
-        self.stop_host_monitor();
+        self.stop_monitors();
+        self.watch_remote(host, Some(metrics_url), |r| match r {
+            Ok(s) => Event::Sample(s),
+            Err(e) => Event::MonitorError(e),
+        });
+    }
+
+    /// Watch every host of a target that spans several, each with its own monitor (this
+    /// machine's collector, or `mxtune monitor --json` over SSH); the `i`th host's samples
+    /// arrive as [`Event::HostSample`] and its failure as [`Event::HostMonitorError`], so one
+    /// host's failure leaves the others watched.
+    pub fn watch_hosts(&mut self, hosts: &[HostWatch]) {
+        self.stop_monitors();
+        for (i, w) in hosts.iter().enumerate() {
+            let event = move |r: Result<Box<crate::monitor::Sample>, String>| match r {
+                Ok(sample) => Event::HostSample { host: i, sample },
+                Err(error) => Event::HostMonitorError { host: i, error },
+            };
+            match &w.host {
+                None => self.watch_local(w.metrics_url.clone(), event),
+                Some(h) => self.watch_remote(h, w.metrics_url.clone(), event),
+            }
+        }
+    }
+
+    /// Starts this machine's collector; `event` turns each sample, or the failure to start,
+    /// into the loop's event.
+    fn watch_local(
+        &mut self,
+        metrics_url: Option<String>,
+        event: impl Fn(Result<Box<crate::monitor::Sample>, String>) -> Event + Send + 'static,
+    ) {
+        let config = crate::monitor::MonitorConfig {
+            rate_hz: 1.0,
+            metrics_url,
+            pid: None,
+        };
+        let mut m = match crate::monitor::Monitor::start(config) {
+            Ok(m) => m,
+            Err(e) => {
+                let _ = self.tx.send(event(Err(format!("{e:#}"))));
+                return;
+            }
+        };
+        let (fwd_tx, mut fwd_rx) = mpsc::channel(1);
+        std::mem::swap(&mut m.samples, &mut fwd_rx);
+        drop(fwd_tx);
+        let tx = self.tx.clone();
+        // Dropping the collector ends its thread and, with it, this forwarder.
+        let spawned = std::thread::Builder::new()
+            .name("tui-samples".into())
+            .spawn(move || {
+                while let Some(s) = fwd_rx.blocking_recv() {
+                    if tx.send(event(Ok(Box::new(s)))).is_err() {
+                        break;
+                    }
+                }
+            });
+        match spawned {
+            Ok(_) => self.monitors.push(m),
+            Err(e) => {
+                let _ = self.tx.send(Event::MonitorError(format!(
+                    "cannot start the sample thread: {e}"
+                )));
+            }
+        }
+    }
+
+    /// Starts `mxtune monitor --json` on `host` over SSH, read on a thread of its own;
+    /// `event` turns each sample, or the failure, into the loop's event.
+    fn watch_remote(
+        &mut self,
+        host: &crate::hosts::Host,
+        metrics_url: Option<String>,
+        event: impl Fn(Result<Box<crate::monitor::Sample>, String>) -> Event + Send + 'static,
+    ) {
         let stop = Arc::new(AtomicBool::new(false));
-        self.host_monitor = Some(stop.clone());
+        self.host_monitors.push(stop.clone());
         let tx = self.tx.clone();
         let name = host.name.clone();
         let host = host.clone();
         let args = crate::hosts::monitor::RemoteMonitorArgs {
             rate: Some(1.0),
-            url: Some(metrics_url),
+            url: metrics_url,
             pid: None,
             once: false,
         };
+        let err_tx = self.tx.clone();
         let spawned = std::thread::Builder::new()
             .name("tui-host-samples".into())
             .spawn(move || {
                 let mut m = match crate::hosts::monitor::RemoteMonitor::start(&host, &args, false) {
                     Ok(m) => m,
                     Err(e) => {
-                        let _ = tx.send(Event::MonitorError(format!("{e:#}")));
+                        if !stop.load(Ordering::Relaxed) {
+                            let _ = tx.send(event(Err(format!("{e:#}"))));
+                        }
                         return;
                     }
                 };
@@ -258,26 +349,27 @@ impl Background {
                     if stop.load(Ordering::Relaxed) {
                         return;
                     }
-                    let event = match next {
-                        Ok(Some(s)) => Event::Sample(Box::new(s)),
+                    let (ev, failed) = match next {
+                        Ok(Some(s)) => (event(Ok(Box::new(s))), false),
                         Ok(None) => return,
-                        Err(e) => Event::MonitorError(format!("{e:#}")),
+                        Err(e) => (event(Err(format!("{e:#}"))), true),
                     };
-                    let failed = matches!(event, Event::MonitorError(_));
-                    if tx.send(event).is_err() || failed {
+                    if tx.send(ev).is_err() || failed {
                         return;
                     }
                 }
             });
         if let Err(e) = spawned {
-            let _ = self.tx.send(Event::MonitorError(format!(
+            let _ = err_tx.send(Event::MonitorError(format!(
                 "cannot start the thread reading host {name}'s monitor: {e}"
             )));
         }
     }
 
-    fn stop_host_monitor(&mut self) {
-        if let Some(stop) = self.host_monitor.take() {
+    /// Ends every collector and remote monitor.
+    fn stop_monitors(&mut self) {
+        self.monitors.clear();
+        for stop in self.host_monitors.drain(..) {
             stop.store(true, Ordering::Relaxed);
         }
     }
@@ -399,7 +491,7 @@ impl Background {
                     spec,
                     tunnel,
                 }) => {
-                    let on_host = match (&req.host, &tunnel) {
+                    let mut on_host = match (&req.host, &tunnel) {
                         (Some(host), Some(t)) => t.port.map(|(_, port)| {
                             Box::new(OnHost {
                                 host: host.clone(),
@@ -408,6 +500,22 @@ impl Background {
                         }),
                         _ => None,
                     };
+                    let mut target_hosts = Vec::new();
+                    if let (crate::launch::Target::Cluster(c), Some(spec)) = (&launch.target, &spec)
+                    {
+                        let api_there =
+                            format!("http://{}:{}", docker::connect_host(&spec.host), spec.port);
+                        target_hosts = cluster_watches(&c.head.plan, &c.worker.plan, &api_there);
+                        // Both nodes on one host: the single-host view, of that host.
+                        if target_hosts.len() == 1 {
+                            on_host = target_hosts.pop().and_then(|w| w.host).map(|host| {
+                                Box::new(OnHost {
+                                    host,
+                                    port: spec.port,
+                                })
+                            });
+                        }
+                    }
                     let describe = match &on_host {
                         Some(o) => format!("{} on host {}", launch.target.describe(), o.host.name),
                         None => launch.target.describe(),
@@ -419,6 +527,7 @@ impl Background {
                         startup_limit,
                         spec: spec.map(Box::new),
                         on_host,
+                        target_hosts,
                     }));
                     // The tunnel carries the follower's Docker and API traffic: it ends
                     // with the follower (stop, detach, or the panel going away).
@@ -601,5 +710,81 @@ async fn finish(launch: Launch, cmd: Option<Cmd>, tx: &Sender<Event>) {
         Some(Cmd::Detach) | None => {
             launch.detach();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::launch::cluster::{NodePlan, Role};
+
+    fn node(role: Role, host: Option<&str>) -> NodePlan {
+        NodePlan {
+            role,
+            host: host.map(|n| crate::hosts::Host {
+                name: n.into(),
+                ssh: format!("me@{n}"),
+                ssh_config: None,
+                docker_socket: crate::hosts::DEFAULT_DOCKER_SOCKET.into(),
+                mxtune: crate::hosts::DEFAULT_REMOTE_MXTUNE.into(),
+                nccl: Default::default(),
+                defined_at: "hosts.toml:1".into(),
+            }),
+            ip: "192.168.200.11".into(),
+            env: Default::default(),
+        }
+    }
+
+    #[test]
+    fn a_cluster_on_two_hosts_is_watched_on_both_with_the_api_on_the_head() {
+        let api = "http://127.0.0.1:8000";
+        let w = cluster_watches(
+            &node(Role::Head, None),
+            &node(Role::Worker, Some("spark2")),
+            api,
+        );
+        assert_eq!(w.len(), 2);
+        assert_eq!(
+            (w[0].name.as_str(), w[0].role.as_str(), w[0].host.is_none()),
+            ("local", "Ray head, API", true)
+        );
+        assert_eq!(w[0].metrics_url.as_deref(), Some(api));
+        assert_eq!(w[1].name, "spark2");
+        assert_eq!(w[1].role, "Ray worker");
+        assert_eq!(
+            w[1].host.as_ref().map(|h| h.ssh.as_str()),
+            Some("me@spark2")
+        );
+        assert_eq!(w[1].metrics_url, None);
+        // The head elsewhere: its host's own view of the API.
+        let w = cluster_watches(
+            &node(Role::Head, Some("spark1")),
+            &node(Role::Worker, Some("spark2")),
+            api,
+        );
+        assert_eq!(
+            (w[0].name.as_str(), w[1].name.as_str()),
+            ("spark1", "spark2")
+        );
+        assert!(w[0].host.is_some());
+    }
+
+    #[test]
+    fn a_cluster_on_one_host_is_one_host_to_watch() {
+        let w = cluster_watches(
+            &node(Role::Head, None),
+            &node(Role::Worker, None),
+            "http://127.0.0.1:8000",
+        );
+        assert_eq!(w.len(), 1);
+        assert_eq!(w[0].name, "local");
+        assert_eq!(w[0].role, "Ray head and worker, API");
+        let w = cluster_watches(
+            &node(Role::Head, Some("spark2")),
+            &node(Role::Worker, Some("spark2")),
+            "http://127.0.0.1:8000",
+        );
+        assert_eq!(w.len(), 1);
+        assert_eq!(w[0].name, "spark2");
     }
 }

@@ -58,6 +58,20 @@ pub enum Event {
     Sample(Box<crate::monitor::Sample>),
     /// The monitor could not start.
     MonitorError(String),
+    /// A sample of the `host`th host of a target that spans several.
+    HostSample {
+        /// Index into the hosts being watched.
+        host: usize,
+        /// The sample.
+        sample: Box<crate::monitor::Sample>,
+    },
+    /// The monitor of the `host`th host of a target that spans several failed or ended.
+    HostMonitorError {
+        /// Index into the hosts being watched.
+        host: usize,
+        /// What went wrong and what to do.
+        error: String,
+    },
     /// Progress or the end of the benchmark started from the Bench screen.
     Bench(background::BenchMsg),
     /// Progress or the end of the matrix or A/B started from the Bench screen.
@@ -318,10 +332,36 @@ pub fn step(app: &mut App, bg: &mut Background, event: Event) -> (Option<Exit>, 
             (Vec::new(), app.shows_clock())
         }
         Event::Launch(msg) => {
-            let was_ready = matches!(app.launch.state, TargetState::Ready { .. });
+            // Whether the monitor watches the target: from its readiness until it has ended.
+            // A stop asked from the panel turns Ready into Stopping without an event, so the
+            // watch ends when the target's end arrives, not when readiness goes.
+            let was_watched = app.live.target_watched;
             app.launch.on_msg(msg);
+            let live = matches!(
+                app.launch.state,
+                TargetState::Ready { .. } | TargetState::Stopping
+            );
+            app.live.target_watched =
+                live && (was_watched || matches!(app.launch.state, TargetState::Ready { .. }));
             // Watch the server's /metrics while it is up.
-            match (&app.launch.state, was_ready) {
+            match (&app.launch.state, was_watched) {
+                // On several hosts, each host's own monitor, one panel each.
+                (TargetState::Ready { .. }, false) if app.launch.target_hosts.len() > 1 => {
+                    let hosts = &app.launch.target_hosts;
+                    app.live.set_hosts(
+                        hosts
+                            .iter()
+                            .map(|w| {
+                                screens::live::HostPanel::new(
+                                    &w.name,
+                                    &w.role,
+                                    w.metrics_url.is_some(),
+                                )
+                            })
+                            .collect(),
+                    );
+                    bg.watch_hosts(hosts);
+                }
                 // On another host, that host's own monitor (its GPU, its view of /metrics).
                 (TargetState::Ready { .. }, false) if app.launch.on_host.is_some() => {
                     if let Some(o) = &app.launch.on_host {
@@ -330,9 +370,12 @@ pub fn step(app: &mut App, bg: &mut Background, event: Event) -> (Option<Exit>, 
                     }
                 }
                 (TargetState::Ready { url, .. }, false) => bg.watch(Some(url.clone())),
-                (TargetState::Ready { .. }, true) => {}
+                (TargetState::Ready { .. } | TargetState::Stopping, true) => {}
                 (_, true) => {
                     app.live.set_host(None);
+                    if !app.live.hosts.is_empty() {
+                        app.live.set_hosts(Vec::new());
+                    }
                     bg.watch(None)
                 }
                 _ => {}
@@ -348,6 +391,17 @@ pub fn step(app: &mut App, bg: &mut Background, event: Event) -> (Option<Exit>, 
         }
         Event::MonitorError(e) => {
             app.live.error = Some(e);
+            (Vec::new(), app.tab == app::Tab::Live)
+        }
+        Event::HostSample { host, sample } => {
+            app.live.push_host(host, *sample);
+            (
+                Vec::new(),
+                app.tab == app::Tab::Live && app.live.is_moving(),
+            )
+        }
+        Event::HostMonitorError { host, error } => {
+            app.live.host_error(host, error);
             (Vec::new(), app.tab == app::Tab::Live)
         }
         Event::Bench(msg) => {

@@ -248,6 +248,8 @@ pub struct LaunchScreen {
     pub host: Option<usize>,
     /// The host the current launch runs on, when not this machine.
     pub on_host: Option<crate::tui::background::OnHost>,
+    /// Every host the current launch runs on, when more than one (a two-node cluster).
+    pub target_hosts: Vec<crate::tui::background::HostWatch>,
 }
 
 impl Default for LaunchScreen {
@@ -282,6 +284,7 @@ impl Default for LaunchScreen {
             hosts: Vec::new(),
             host: None,
             on_host: None,
+            target_hosts: Vec::new(),
         }
     }
 }
@@ -391,8 +394,10 @@ impl LaunchScreen {
                 startup_limit,
                 spec,
                 on_host,
+                target_hosts,
             } => {
                 self.on_host = on_host.map(|b| *b);
+                self.target_hosts = target_hosts;
                 self.dialect = spec.as_ref().and_then(|b| b.dialect.clone());
                 if let Some(s) = self.served.as_mut() {
                     s.launch = spec.map(|b| *b);

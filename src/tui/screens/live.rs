@@ -3,7 +3,9 @@
 //! utilisation, host CPU/RAM, running/waiting requests, KV-cache use and spec-decode
 //! acceptance, and — only when the server exports the series — time per output token and
 //! prefix-cache hit rate; throttle reasons shown prominently. `f` freezes the view while
-//! collection continues.
+//! collection continues. When the running target spans several hosts (a two-node cluster),
+//! one panel per host sits above the charts, side by side, with that host's latest readings
+//! or why its monitor failed; the charts follow the host that serves the API.
 
 use std::collections::VecDeque;
 
@@ -137,6 +139,40 @@ pub struct LiveScreen {
     pub bench_running: bool,
     /// The hosts.toml host these samples come from; `None`: this machine.
     pub host: Option<String>,
+    /// One panel per host while the running target spans several hosts; empty otherwise
+    /// (then the screen is the single-host view).
+    pub hosts: Vec<HostPanel>,
+    /// The monitor watches the running target (its /metrics, its hosts): from its readiness
+    /// until its end.
+    pub target_watched: bool,
+}
+
+/// One host of a target that spans several: its latest sample, or why its monitor failed.
+#[derive(Debug, Clone, Default)]
+pub struct HostPanel {
+    /// The hosts.toml name, or `local` for this machine.
+    pub name: String,
+    /// What the target runs there, e.g. `Ray head, API`.
+    pub role: String,
+    /// This host's samples are also the charts' (it serves the API, so they carry /metrics).
+    pub charted: bool,
+    /// The latest sample.
+    pub latest: Option<Sample>,
+    /// Why this host's monitor failed or ended.
+    pub error: Option<String>,
+}
+
+impl HostPanel {
+    /// A panel for host `name` that has no sample yet.
+    pub fn new(name: &str, role: &str, charted: bool) -> Self {
+        HostPanel {
+            name: name.into(),
+            role: role.into(),
+            charted,
+            latest: None,
+            error: None,
+        }
+    }
 }
 
 impl Default for LiveScreen {
@@ -153,6 +189,8 @@ impl Default for LiveScreen {
             bench_pending: 0,
             bench_running: false,
             host: None,
+            hosts: Vec::new(),
+            target_watched: false,
         }
     }
 }
@@ -167,6 +205,39 @@ impl LiveScreen {
             self.latest = None;
             self.origin = None;
             self.error = None;
+        }
+    }
+
+    /// The running target spans these hosts from now on, one panel each (empty: back to the
+    /// single-host view). The charts start over, as for [`LiveScreen::set_host`].
+    pub fn set_hosts(&mut self, hosts: Vec<HostPanel>) {
+        self.host = None;
+        self.hosts = hosts;
+        self.points.clear();
+        self.latest = None;
+        self.origin = None;
+        self.error = None;
+    }
+
+    /// A sample of the `i`th host's monitor arrived; the charted host's goes to the charts
+    /// too. One of a panel set that is gone (a late sample of an earlier target) is dropped.
+    pub fn push_host(&mut self, i: usize, s: Sample) {
+        let Some(panel) = self.hosts.get_mut(i) else {
+            return;
+        };
+        panel.error = None;
+        if panel.charted {
+            panel.latest = Some(s.clone());
+            self.push(s);
+        } else {
+            panel.latest = Some(s);
+        }
+    }
+
+    /// The `i`th host's monitor failed (it has stopped: no samples follow).
+    pub fn host_error(&mut self, i: usize, e: String) {
+        if let Some(panel) = self.hosts.get_mut(i) {
+            panel.error = Some(e);
         }
     }
 
@@ -236,16 +307,7 @@ impl LiveScreen {
 
     /// Throttle reasons of the latest sample that deserve attention.
     pub fn throttling(&self) -> Vec<String> {
-        match self.latest.as_ref().map(|s| &s.gpu) {
-            Some(GpuStatus::Available { gpus, .. }) => gpus
-                .first()
-                .and_then(|g| g.throttle_reasons.value().cloned())
-                .unwrap_or_default()
-                .into_iter()
-                .filter(|r| !BENIGN_THROTTLE.contains(&r.as_str()))
-                .collect(),
-            _ => Vec::new(),
-        }
+        throttling(self.latest.as_ref())
     }
 
     /// Whether the server exports a series (`exported` of its latest scrape), or did
@@ -267,6 +329,20 @@ impl LiveScreen {
             Some(GpuStatus::Available { gpus, .. })
                 if gpus.first().is_some_and(|g| g.memory.source == MemorySource::Unified)
         )
+    }
+}
+
+/// Throttle reasons of `latest`'s first GPU that deserve attention.
+fn throttling(latest: Option<&Sample>) -> Vec<String> {
+    match latest.map(|s| &s.gpu) {
+        Some(GpuStatus::Available { gpus, .. }) => gpus
+            .first()
+            .and_then(|g| g.throttle_reasons.value().cloned())
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|r| !BENIGN_THROTTLE.contains(&r.as_str()))
+            .collect(),
+        _ => Vec::new(),
     }
 }
 
@@ -522,6 +598,11 @@ fn head_lines(app: &App, page: usize, pages: usize) -> Vec<Line<'static>> {
         l1.push(Span::styled("  host ", theme.dim()));
         l1.push(Span::styled(h.clone(), theme.accent()));
     }
+    if let Some(c) = s.hosts.iter().find(|h| h.charted) {
+        l1.push(Span::styled("  charts of host ", theme.dim()));
+        l1.push(Span::styled(c.name.clone(), theme.accent()));
+        l1.push(Span::styled(format!(" ({})", c.role), theme.dim()));
+    }
     if pages > 1 {
         l1.push(Span::styled(
             format!("  charts {}/{}", page + 1, pages),
@@ -535,6 +616,8 @@ fn head_lines(app: &App, page: usize, pages: usize) -> Vec<Line<'static>> {
         ));
     }
     match s.latest.as_ref().map(|x| &x.gpu) {
+        // The panels show each host's GPU.
+        _ if !s.hosts.is_empty() => {}
         Some(GpuStatus::Available { gpus, .. }) => {
             if let Some(g) = gpus.first() {
                 l1.push(Span::raw(format!("  {}", g.name.show(|n| n.clone()))));
@@ -585,6 +668,110 @@ fn head_lines(app: &App, page: usize, pages: usize) -> Vec<Line<'static>> {
     vec![Line::from(l1), l2]
 }
 
+/// `n GiB` with one decimal.
+fn gib(bytes: u64) -> String {
+    format!("{:.1}", bytes as f64 / GIB)
+}
+
+/// The lines of one host's panel: GPU, memory and headroom, clocks, power, temperature,
+/// throttling and the host's CPU and RAM; or why its monitor failed and what to do.
+fn host_lines(theme: &Theme, h: &HostPanel) -> Vec<Line<'static>> {
+    if let Some(e) = &h.error {
+        return vec![Line::styled(
+            format!(
+                "monitor of host {} failed: {}",
+                h.name,
+                theme.text(e.trim_end_matches('.'))
+            ),
+            theme.error(),
+        )];
+    }
+    let Some(sample) = &h.latest else {
+        return vec![Line::styled("waiting for the first sample", theme.dim())];
+    };
+    let mut out = Vec::new();
+    let host = &sample.host;
+    let ram_free = host.ram_total_bytes.saturating_sub(host.ram_used_bytes);
+    match &sample.gpu {
+        GpuStatus::Available { gpus, .. } if !gpus.is_empty() => {
+            let g = &gpus[0];
+            out.push(Line::raw(format!(
+                "{}  {}",
+                g.name.show(|n| n.clone()),
+                g.pstate.show(|p| p.clone())
+            )));
+            let unified = g.memory.source == MemorySource::Unified;
+            let headroom = match (g.memory.used_bytes.get(), g.memory.total_bytes.get()) {
+                (Some(u), Some(t)) => format!("  headroom {} GiB", gib(t.saturating_sub(u))),
+                _ => String::new(),
+            };
+            out.push(Line::raw(format!(
+                "mem {}/{} GiB{}{headroom}",
+                g.memory.used_bytes.show(|b| gib(*b)),
+                g.memory.total_bytes.show(|b| gib(*b)),
+                if unified { " unified" } else { "" },
+            )));
+            out.push(Line::raw(format!(
+                "clocks sm {} MHz  mem {} MHz",
+                g.clocks.sm_mhz.show(|v| v.to_string()),
+                g.clocks.mem_mhz.show(|v| v.to_string())
+            )));
+            out.push(Line::raw(format!(
+                "power {} W  temp {} C  util {} %",
+                g.power_w.show(|v| fmt_num(*v)),
+                g.temperature_c.show(|v| v.to_string()),
+                g.utilization_gpu_pct.show(|v| v.to_string())
+            )));
+            let t = throttling(Some(sample));
+            out.push(if t.is_empty() {
+                Line::styled("no throttling", theme.dim())
+            } else {
+                Line::styled(format!("THROTTLING: {}", t.join(", ")), theme.error())
+            });
+        }
+        GpuStatus::Available { .. } => {
+            out.push(Line::styled("GPU: NVML lists no GPU", theme.dim()));
+        }
+        GpuStatus::Unavailable { reason } => {
+            out.push(Line::styled(
+                format!("GPU: {}", theme.text(reason)),
+                theme.dim(),
+            ));
+        }
+    }
+    out.push(Line::raw(format!(
+        "host cpu {} %  ram {}/{} GiB, {} free",
+        host.cpu_pct.show(|v| format!("{v:.0}")),
+        gib(host.ram_used_bytes),
+        gib(host.ram_total_bytes),
+        gib(ram_free)
+    )));
+    out
+}
+
+/// Rows of the host panels' strip (borders included): six lines of readings.
+const HOST_PANEL_ROWS: u16 = 8;
+
+/// One panel per host, side by side.
+fn draw_hosts(frame: &mut Frame, app: &App, area: Rect) {
+    let theme = &app.theme;
+    let hosts = &app.live.hosts;
+    let cells =
+        Layout::horizontal(vec![Constraint::Ratio(1, hosts.len() as u32); hosts.len()]).split(area);
+    for (h, cell) in hosts.iter().zip(cells.iter()) {
+        let title = Line::from(vec![
+            Span::styled(format!(" host {} ", theme.text(&h.name)), theme.accent()),
+            Span::styled(format!("({}) ", h.role), theme.dim()),
+        ]);
+        frame.render_widget(
+            Paragraph::new(host_lines(theme, h))
+                .wrap(Wrap { trim: false })
+                .block(Block::bordered().border_set(theme.border()).title(title)),
+            *cell,
+        );
+    }
+}
+
 /// Chart grid of the Live screen in `grid`: columns, rows, charts per page, pages.
 fn paging(app: &App, grid: Rect) -> (u16, u16, usize, usize) {
     let cols: u16 = if grid.width >= 150 { 3 } else { 2 };
@@ -601,18 +788,33 @@ const MAX_HEAD_ROWS: u16 = 4;
 pub fn draw(frame: &mut Frame, app: &App, area: Rect) {
     let s = &app.live;
     let theme = &app.theme;
-    let layout =
-        |h: u16| Layout::vertical([Constraint::Length(h), Constraint::Min(4)]).areas::<2>(area);
+    let panels_h = if s.hosts.is_empty() {
+        0
+    } else {
+        HOST_PANEL_ROWS
+    };
+    let layout = |h: u16| {
+        let [head, panels, grid] = Layout::vertical([
+            Constraint::Length(h),
+            Constraint::Length(panels_h),
+            Constraint::Min(4),
+        ])
+        .areas::<3>(area);
+        [head, panels, grid]
+    };
     // The head wraps at the edge instead of being cut: size it for its text, then the grid
     // (and so the page count the head names) from what is left.
-    let [_, first_grid] = layout(2);
+    let [_, _, first_grid] = layout(2);
     let (_, _, _, first_pages) = paging(app, first_grid);
     let first_page = s.page.min(first_pages - 1);
     let head_h = (Paragraph::new(head_lines(app, first_page, first_pages))
         .wrap(Wrap { trim: false })
         .line_count(area.width) as u16)
         .clamp(2, MAX_HEAD_ROWS);
-    let [head, grid] = layout(head_h);
+    let [head, panels, grid] = layout(head_h);
+    if !s.hosts.is_empty() {
+        draw_hosts(frame, app, panels);
+    }
     let (cols, rows, per_page, pages) = paging(app, grid);
     let specs = specs(s);
     s.pages.set(pages);
