@@ -120,6 +120,29 @@ __device__ __forceinline__ void moe_gate_up_tile(MOE_GATE_UP_PARAMS) {
     });
 }
 
+// The down tiles' epilogue (both kernels): part[i, n] = wts[i] * (acc + b2_e[n]) for the tile's
+// rows first..end of expert e, columns of this block past `hidden` skipped.
+template <int MI>
+__device__ __forceinline__ void moe_down_epilogue(const float (&acc)[MI][4][4],
+                                                  const bf16_t* __restrict__ bias,
+                                                  const float* __restrict__ wts,
+                                                  const int* __restrict__ perm,
+                                                  float* __restrict__ part, int hidden, int e,
+                                                  int first, int end) {
+    const int n0 = blockIdx.x * TC_BN;
+    tc_epilogue(acc, [&](int lr, int lc, float v0, float v1) {
+        const int r = first + lr;
+        if (r >= end) return;
+        const int i = perm[r];
+        const float v[2] = {v0, v1};
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+            const int c = n0 + lc + j;
+            if (c < hidden) part[(size_t)i * hidden + c] = wts[i] * (v[j] + bf2f(bias[(size_t)e * hidden + c]));
+        }
+    });
+}
+
 // part[i, n] = wts[i] * (W2_e[n, :] . act[i, :] + b2_e[n]) for the entries i of a tile.
 // grid = (ceil(H / TC_BN), max tiles of BM rows).
 #define MOE_DOWN_PARAMS                                                                    \
@@ -139,18 +162,7 @@ __device__ __forceinline__ void moe_down_tile(MOE_DOWN_PARAMS) {
     if (!moe_tile_mma<BM>(blocks, scales, act, 1, perm, tiles, ntiles, hidden, inter, e, first,
                           end, acc, As, Bs))
         return;
-    const int n0 = blockIdx.x * TC_BN;
-    tc_epilogue(acc, [&](int lr, int lc, float v0, float v1) {
-        const int r = first + lr;
-        if (r >= end) return;
-        const int i = perm[r];
-        const float v[2] = {v0, v1};
-#pragma unroll
-        for (int j = 0; j < 2; ++j) {
-            const int c = n0 + lc + j;
-            if (c < hidden) part[(size_t)i * hidden + c] = wts[i] * (v[j] + bf2f(bias[(size_t)e * hidden + c]));
-        }
-    });
+    moe_down_epilogue(acc, bias, wts, perm, part, hidden, e, first, end);
 }
 
 // ---- The register-B tiles (`moe_gate_up_rb`, `moe_down_rb`; the host's default, see
@@ -383,18 +395,7 @@ __device__ __forceinline__ void moe_down_rb_tile(MOE_DOWN_RB_PARAMS) {
     if (!moe_tile_mma_rb<BM, NS>(blocks, scales, act, 1, perm, tiles, ntiles, hidden, inter, e,
                                  first, end, acc, sm))
         return;
-    const int n0 = blockIdx.x * TC_BN;
-    tc_epilogue(acc, [&](int lr, int lc, float v0, float v1) {
-        const int r = first + lr;
-        if (r >= end) return;
-        const int i = perm[r];
-        const float v[2] = {v0, v1};
-#pragma unroll
-        for (int j = 0; j < 2; ++j) {
-            const int c = n0 + lc + j;
-            if (c < hidden) part[(size_t)i * hidden + c] = wts[i] * (v[j] + bf2f(bias[(size_t)e * hidden + c]));
-        }
-    });
+    moe_down_epilogue(acc, bias, wts, perm, part, hidden, e, first, end);
 }
 
 // Stages in flight: three for 64-row tiles (40 KB of shared memory), two for 128 rows (45 KB).
