@@ -389,6 +389,151 @@ async fn stop_strings_min_tokens_and_ignore_eos() {
     );
 }
 
+/// The synthetic tiny model (random weights, the real vocabulary) on the CPU, as
+/// `mxtune serve --synthetic tiny` serves it.
+async fn tiny_server() -> TestServer {
+    let backend = Box::new(mxtune::engine::cpu::CpuBackend::new(
+        mxtune::engine::synthetic::build("tiny", 0).unwrap(),
+        4 * 512,
+    ));
+    let opts = ServerOptions {
+        served_model_name: "tiny".into(),
+        max_model_len: 512,
+        max_num_seqs: 4,
+        max_num_batched_tokens: 512,
+        kv_cache_tokens: 4 * 512,
+        ..options()
+    };
+    start_gated(backend, opts, Arc::new(Probe::default())).await
+}
+
+/// `stop_token_ids` as vLLM applies them: generation ends on the listed token with
+/// `finish_reason: "stop"`, the token is in `token_ids` but not in the text (unless
+/// `include_stop_str_in_output`), it stops even with `ignore_eos`, `min_tokens` bans it
+/// until then, and bad values get a 400 naming the field.
+#[tokio::test(flavor = "multi_thread")]
+async fn stop_token_ids_end_generation_before_the_token() {
+    let s = tiny_server().await;
+    let tok = mxtune::engine::tokenizer::Tokenizer::o200k_harmony();
+    let completion = |extra: Value| {
+        let mut b = json!({"model": "tiny", "prompt": "The capital of France is",
+                           "max_tokens": 16, "temperature": 0, "ignore_eos": true,
+                           "return_token_ids": true});
+        for (k, v) in extra.as_object().unwrap() {
+            b[k] = v.clone();
+        }
+        b
+    };
+    let (status, free) = post(&s, "/v1/completions", completion(json!({}))).await;
+    assert_eq!(status, 200, "{free}");
+    let ids = ids_of(&free["choices"][0]["token_ids"]);
+    assert_eq!(ids.len(), 16, "{free}");
+    // The first token after the start that comes for the first time and has text.
+    let k = (1..ids.len())
+        .find(|&k| !ids[..k].contains(&ids[k]) && !tok.token_text(ids[k]).is_empty())
+        .unwrap_or_else(|| panic!("no token to stop on in the greedy output {ids:?}"));
+    let stop = ids[k];
+    let free_text = free["choices"][0]["text"].as_str().unwrap();
+    let (status, v) = post(
+        &s,
+        "/v1/completions",
+        completion(json!({"stop_token_ids": [stop]})),
+    )
+    .await;
+    assert_eq!(status, 200, "{v}");
+    let c = &v["choices"][0];
+    assert_eq!(ids_of(&c["token_ids"]), ids[..=k], "{v}");
+    assert_eq!(c["finish_reason"], "stop", "{v}");
+    assert_eq!(c["text"], tok.decode(&ids[..k], true), "{v}");
+    assert!(free_text.starts_with(c["text"].as_str().unwrap()));
+    assert_eq!(v["usage"]["completion_tokens"], k + 1, "{v}");
+    // The same through a stream: the chunks' text and ids add up to the whole answer.
+    let mut b = completion(json!({"stop_token_ids": [stop]}));
+    b["stream"] = json!(true);
+    let chunks = stream_chunks(&post_stream(&s, "/v1/completions", b).await);
+    let text: String = chunks
+        .iter()
+        .map(|c| c["choices"][0]["text"].as_str().unwrap_or_default())
+        .collect();
+    assert_eq!(text, c["text"].as_str().unwrap());
+    let streamed: Vec<u32> = chunks
+        .iter()
+        .flat_map(|c| ids_of(&c["choices"][0]["token_ids"]))
+        .collect();
+    assert_eq!(streamed, ids[..=k]);
+    assert_eq!(finishes(&chunks_of(&chunks, 0)), [json!("stop")]);
+    // include_stop_str_in_output keeps the token's text.
+    let (_, v) = post(
+        &s,
+        "/v1/completions",
+        completion(json!({"stop_token_ids": [stop], "include_stop_str_in_output": true})),
+    )
+    .await;
+    assert_eq!(v["choices"][0]["text"], tok.decode(&ids[..=k], true), "{v}");
+    // min_tokens bans the token until then: the answer is at least that long.
+    let (_, v) = post(
+        &s,
+        "/v1/completions",
+        completion(json!({"stop_token_ids": [stop], "min_tokens": k + 2})),
+    )
+    .await;
+    let later = ids_of(&v["choices"][0]["token_ids"]);
+    assert!(later.len() >= k + 2, "{v}");
+    assert!(!later[..k + 2].contains(&stop), "{v}");
+    // Chat: the same rule on the harmony answer.
+    let chat = |extra: Value| {
+        let mut b = json!({"model": "tiny", "messages": [{"role": "user", "content": "Hi"}],
+                           "max_tokens": 12, "temperature": 0, "return_token_ids": true});
+        for (k, v) in extra.as_object().unwrap() {
+            b[k] = v.clone();
+        }
+        b
+    };
+    let (status, free) = post(&s, "/v1/chat/completions", chat(json!({}))).await;
+    assert_eq!(status, 200, "{free}");
+    let ids = ids_of(&free["choices"][0]["token_ids"]);
+    let k = (1..ids.len())
+        .find(|&k| !ids[..k].contains(&ids[k]))
+        .unwrap_or_else(|| panic!("no token to stop on in the greedy chat answer {ids:?}"));
+    let (_, v) = post(
+        &s,
+        "/v1/chat/completions",
+        chat(json!({"stop_token_ids": [ids[k]]})),
+    )
+    .await;
+    assert_eq!(ids_of(&v["choices"][0]["token_ids"]), ids[..=k], "{v}");
+    assert_eq!(v["choices"][0]["finish_reason"], "stop", "{v}");
+    // Bad values: a 400 naming the field, on both endpoints.
+    for bad in [
+        json!(5),
+        json!("5"),
+        json!([-1]),
+        json!([1.5]),
+        json!(["a"]),
+        json!([201_088]),
+    ] {
+        for (path, body) in [
+            (
+                "/v1/completions",
+                completion(json!({"stop_token_ids": bad})),
+            ),
+            ("/v1/chat/completions", chat(json!({"stop_token_ids": bad}))),
+        ] {
+            let (status, v) = post(&s, path, body).await;
+            assert_eq!(status, 400, "{path} {bad}: {v}");
+            assert_eq!(v["error"]["param"], "stop_token_ids", "{v}");
+            assert_eq!(v["error"]["type"], "invalid_request_error", "{v}");
+        }
+    }
+    let (status, _) = post(
+        &s,
+        "/v1/completions",
+        completion(json!({"stop_token_ids": null})),
+    )
+    .await;
+    assert_eq!(status, 200);
+}
+
 /// The double's greedy continuation of `prompt` under vLLM's repetition penalty `r`
 /// (every token of prompt or output: positive logits divided by `r`, negative multiplied).
 fn greedy_with_repetition_penalty(prompt: &[u32], n: usize, r: f32) -> Vec<u32> {

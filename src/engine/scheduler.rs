@@ -262,6 +262,9 @@ struct Running {
     /// Prompt tokens already fed to the backend.
     prefilled: usize,
     generated: Vec<u32>,
+    /// The tokens banned until `min_tokens` exist: the model's stop set (unless
+    /// `ignore_eos`) and the request's `stop_token_ids`.
+    early_stops: Vec<u32>,
     /// When the request was admitted, and when its first token came (phase times).
     admitted_at: Instant,
     first_token_at: Option<Instant>,
@@ -511,6 +514,7 @@ impl Engine {
                         self.metrics.add_prompt_tokens(cached);
                         let _ = req.events.send(GenEvent::Cached(cached));
                     }
+                    let early_stops = early_stops(&self.cfg.stop_tokens, &req.sampling);
                     self.running.push(Running {
                         seq,
                         sampler: Sampler::for_prompt(req.sampling.clone(), &req.prompt),
@@ -518,6 +522,7 @@ impl Engine {
                         reserved: need,
                         prefilled: cached,
                         generated: Vec::new(),
+                        early_stops,
                         admitted_at: Instant::now(),
                         first_token_at: None,
                         last_token_at: None,
@@ -572,7 +577,6 @@ impl Engine {
     /// the step's time went (the backend's forward, and the host work before and after it).
     fn step(&mut self, plan: Vec<PlanRow>, t_plan: Instant) -> StepTimes {
         let mut times = StepTimes::default();
-        let stops = &self.cfg.stop_tokens;
         // Split each running request into what the step reads and its sampler, which the
         // backend advances; a row samples only when its prompt is complete after this step.
         let mut parts: Vec<_> = self
@@ -583,6 +587,7 @@ impl Engine {
                     r.seq,
                     r.req.prompt.as_slice(),
                     r.generated.as_slice(),
+                    r.early_stops.as_slice(),
                     Some(&mut r.sampler),
                 )
             })
@@ -590,7 +595,7 @@ impl Engine {
         let mut batch: Vec<SeqStep<'_>> = Vec::with_capacity(plan.len());
         let mut rows: Vec<RowSample<'_>> = Vec::with_capacity(plan.len());
         for (i, range) in &plan {
-            let (seq, prompt, generated, sampler) = &mut parts[*i];
+            let (seq, prompt, generated, early_stops, sampler) = &mut parts[*i];
             let tokens = match range {
                 Some(range) => &prompt[range.clone()],
                 // Decoding starts only after prefill sampled a token, so `generated` is
@@ -603,7 +608,7 @@ impl Engine {
             let ends_prompt = range.as_ref().is_none_or(|r| r.end == prompt.len());
             let (sampler, banned) = match sampler.take() {
                 Some(sm) if ends_prompt => {
-                    let banned = banned_tokens(stops, sm.params(), generated.len());
+                    let banned = banned_tokens(early_stops, sm.params(), generated.len());
                     (Some(sm), banned)
                 }
                 other => {
@@ -709,7 +714,7 @@ impl Engine {
         let token = s.token;
         r.generated.push(token);
         let _ = r.req.events.send(GenEvent::Token(s));
-        if !ignore_eos && cfg.stop_tokens.contains(&token) {
+        if (!ignore_eos && cfg.stop_tokens.contains(&token)) || p.stop_token_ids.contains(&token) {
             Some(FinishReason::Stop)
         } else if r.generated.len() >= max_tokens
             || r.req.prompt.len() + r.generated.len() >= cfg.max_model_len
@@ -733,10 +738,20 @@ impl Engine {
     }
 }
 
-/// Stop tokens are banned until `min_tokens` tokens exist (unless `ignore_eos`).
-fn banned_tokens<'a>(stops: &'a [u32], p: &SamplingParams, generated: usize) -> &'a [u32] {
-    if generated < p.min_tokens && !p.ignore_eos {
-        stops
+/// The tokens that end a request of `p` (the model's `stops` unless `ignore_eos`, and its
+/// own `stop_token_ids`), for the ban that `min_tokens` puts on them; empty without one.
+fn early_stops(stops: &[u32], p: &SamplingParams) -> Vec<u32> {
+    if p.min_tokens == 0 {
+        return Vec::new();
+    }
+    let model = if p.ignore_eos { &[][..] } else { stops };
+    model.iter().chain(&p.stop_token_ids).copied().collect()
+}
+
+/// Stop tokens (`early_stops`) are banned until `min_tokens` tokens exist.
+fn banned_tokens<'a>(early_stops: &'a [u32], p: &SamplingParams, generated: usize) -> &'a [u32] {
+    if generated < p.min_tokens {
+        early_stops
     } else {
         &[]
     }

@@ -53,6 +53,8 @@ pub struct Common {
     /// the raw value, and unknown keys inside it stay accepted.
     pub stream_options: Option<Value>,
     pub stop: Option<StopInput>,
+    /// Kept as JSON so a wrong type gets a 400 naming the field.
+    pub stop_token_ids: Option<Value>,
     #[serde(default)]
     pub include_stop_str_in_output: bool,
     #[serde(default)]
@@ -291,6 +293,33 @@ fn logit_bias(
     Ok(out)
 }
 
+/// `stop_token_ids` (vLLM's): token ids of the vocabulary that end generation; none if unset.
+fn stop_token_ids(v: Option<&Value>, vocab_size: usize) -> Result<Vec<u32>, ApiError> {
+    let param = "stop_token_ids";
+    let list = match v {
+        None | Some(Value::Null) => return Ok(Vec::new()),
+        Some(Value::Array(list)) => list,
+        Some(other) => {
+            return Err(ApiError::invalid(
+                param,
+                format!("stop_token_ids must be a list of token ids, got {other}"),
+            ));
+        }
+    };
+    list.iter()
+        .map(|x| match x.as_u64() {
+            Some(id) if id < vocab_size as u64 => Ok(id as u32),
+            _ => Err(ApiError::invalid(
+                param,
+                format!(
+                    "stop_token_ids must hold token ids from 0 to {}, got {x}",
+                    vocab_size.saturating_sub(1)
+                ),
+            )),
+        })
+        .collect()
+}
+
 /// What `stream_options` asks for.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 struct StreamOptions {
@@ -437,6 +466,7 @@ fn prepare_common(
         ));
     }
     let logit_bias = logit_bias(c.logit_bias.as_ref(), lim.vocab_size)?;
+    let stop_token_ids = stop_token_ids(c.stop_token_ids.as_ref(), lim.vocab_size)?;
     let room = lim.max_model_len - prompt.len();
     let max_tokens = match max_tokens {
         Some(0) if echo.is_some() => 0,
@@ -526,6 +556,7 @@ fn prepare_common(
             max_tokens,
             min_tokens,
             ignore_eos: c.ignore_eos,
+            stop_token_ids,
             logprobs,
             presence_penalty,
             frequency_penalty,
