@@ -2463,6 +2463,119 @@ async fn tool_call_in_the_answer_becomes_tool_calls() {
     }
 }
 
+/// `tool_choice: "auto"` with `strict: true`: the double opens a call of `get_weather` and
+/// writes arguments that break the strict schema; the constraint, which starts at the call's
+/// `<|message|>`, makes them follow it (whole and streamed alike). Without `strict`, or with
+/// only another function strict, the double's own arguments stand; a final answer is left as
+/// the model writes it.
+#[tokio::test(flavor = "multi_thread")]
+async fn strict_tools_constrain_the_calls_the_model_chooses_under_auto() {
+    let s = start_with_script(TOOL_SCRIPT).await;
+    let parameters = json!({"type": "object", "properties": {
+        "location": {"enum": ["Oslo", "Rome"]},
+        "days": {"type": "integer", "minimum": 3, "maximum": 9}},
+        "required": ["location", "days"], "additionalProperties": false});
+    let tool = |name: &str, strict: bool| {
+        json!({"type": "function", "function": {"name": name, "parameters": parameters,
+                                                "strict": strict}})
+    };
+    let ask = |tools: Value, stream: bool| {
+        json!({"messages": [{"role": "user", "content": "Weather in Paris?"}], "tools": tools,
+               "tool_choice": "auto", "temperature": 0, "max_tokens": 64, "stream": stream})
+    };
+    // (name, arguments, finish_reason) of the one call, whole or streamed.
+    let call = |v: &Value| {
+        let c = &v["choices"][0];
+        let calls = c["message"]["tool_calls"].as_array();
+        let calls = calls.unwrap_or_else(|| panic!("no tool call: {v}"));
+        assert_eq!(calls.len(), 1, "{v}");
+        let f = &calls[0]["function"];
+        (
+            f["name"].as_str().unwrap().to_string(),
+            f["arguments"].as_str().unwrap().to_string(),
+            c["finish_reason"].clone(),
+        )
+    };
+    let streamed_call = |chunks: &[Value]| {
+        let (mut name, mut arguments, mut finish) = (String::new(), String::new(), Value::Null);
+        for c in chunks {
+            for t in c["choices"][0]["delta"]["tool_calls"]
+                .as_array()
+                .into_iter()
+                .flatten()
+            {
+                name.push_str(t["function"]["name"].as_str().unwrap_or_default());
+                arguments.push_str(t["function"]["arguments"].as_str().unwrap_or_default());
+            }
+            if !c["choices"][0]["finish_reason"].is_null() {
+                finish = c["choices"][0]["finish_reason"].clone();
+            }
+        }
+        (name, arguments, finish)
+    };
+    for tools in [
+        json!([tool("get_weather", false)]),
+        json!([tool("get_weather", false), tool("lookup", true)]),
+    ] {
+        let (st, v) = post(&s, "/v1/chat/completions", ask(tools.clone(), false)).await;
+        assert_eq!(st, 200, "{v}");
+        assert_eq!(
+            call(&v),
+            ("get_weather".into(), TOOL_ARGS.into(), json!("tool_calls")),
+            "{tools}"
+        );
+    }
+    let tools = json!([tool("lookup", false), tool("get_weather", true)]);
+    let (st, v) = post(&s, "/v1/chat/completions", ask(tools.clone(), false)).await;
+    assert_eq!(st, 200, "{v}");
+    let (name, arguments, finish) = call(&v);
+    assert_eq!(
+        (name.as_str(), &finish),
+        ("get_weather", &json!("tool_calls"))
+    );
+    let a: Value = serde_json::from_str(&arguments)
+        .unwrap_or_else(|e| panic!("the arguments are not JSON ({e}): {arguments}"));
+    let o = a.as_object().unwrap();
+    assert_eq!(o.len(), 2, "{arguments}");
+    assert!(
+        ["Oslo", "Rome"].contains(&o["location"].as_str().unwrap()),
+        "{arguments}"
+    );
+    assert!(
+        (3..=9).contains(&o["days"].as_i64().unwrap()),
+        "{arguments}"
+    );
+    let chunks = stream_chunks(&post_stream(&s, "/v1/chat/completions", ask(tools, true)).await);
+    assert_eq!(streamed_call(&chunks), (name, arguments, finish));
+    // A final answer under strict tools is the model's, untouched.
+    let s = start(options(), 8, 0).await;
+    let (_, content) = script_parts();
+    let (st, v) = post(
+        &s,
+        "/v1/chat/completions",
+        ask(json!([tool("get_weather", true)]), false),
+    )
+    .await;
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["choices"][0]["message"]["content"], content, "{v}");
+    assert_eq!(v["choices"][0]["finish_reason"], "stop", "{v}");
+    // A strict function's schema must compile; a function that is not strict is not
+    // compiled under `auto`.
+    let mut bad = tool("get_weather", true);
+    bad["function"]["parameters"] = json!({"type": "banana"});
+    let (st, v) = post(
+        &s,
+        "/v1/chat/completions",
+        ask(json!([tool("a", false), bad.clone()]), false),
+    )
+    .await;
+    assert_eq!(st, 400, "{v}");
+    assert_eq!(v["error"]["param"], "tools[1].function.parameters", "{v}");
+    bad["function"]["strict"] = json!(false);
+    let (st, v) = post(&s, "/v1/chat/completions", ask(json!([bad]), false)).await;
+    assert_eq!(st, 200, "{v}");
+}
+
 /// A named `tool_choice` pre-fills the call's header into the prompt: the prompt ends with it
 /// and the answer is that call's arguments. They are constrained to the schema as compact
 /// JSON (docs/api.md, "Constrained calls"), so the double writes its arguments that way, and

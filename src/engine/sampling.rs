@@ -154,7 +154,7 @@ impl Sampler {
         } else {
             self.next_uniform()
         };
-        let allowed = self.constraint.as_mut().map(Constraint::allowed);
+        let allowed = self.constraint.as_mut().and_then(Constraint::allowed);
         let token =
             if self.history.is_none() && self.params.logit_bias.is_empty() && allowed.is_none() {
                 choose(logits, banned, &self.params, u)

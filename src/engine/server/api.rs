@@ -214,6 +214,10 @@ pub enum Constrained {
     /// `tool_choice: "required"`: a call of one of these functions (in the order of `tools`),
     /// its arguments following that function's schema.
     AnyCall(Vec<CallSchema>),
+    /// `tool_choice: "auto"` with functions marked `strict: true`: the answer is free, but a
+    /// call of one of them has arguments that follow its schema. Each with its index in
+    /// `tools`.
+    StrictCalls(Vec<(usize, CallSchema)>),
 }
 
 /// A number field of the body that may be absent or null; anything else is a 400 naming it.
@@ -733,6 +737,14 @@ fn functions(tools: &[Json]) -> Result<Vec<Function>, ApiError> {
     Ok(out)
 }
 
+/// Whether `tools[i]` (checked by [`functions`]) sets `function.strict: true`.
+fn is_strict(tool: &Json) -> bool {
+    matches!(
+        tool.get("function").and_then(|f| f.get("strict")),
+        Some(Json::Bool(true))
+    )
+}
+
 /// The schema a call's arguments follow: the function's `parameters`, or any JSON object
 /// when it has none (the arguments of a call are always an object).
 fn arguments_schema(f: &Function) -> Value {
@@ -1123,7 +1135,21 @@ impl ChatRequest {
         p.tools = choice != ToolChoice::None && !functions.is_empty();
         p.prefill = renderer.prefill_tokens(prefill);
         // A call forced by tool_choice follows its function's schema, as vLLM guides it; a
-        // call the model chooses under `auto` is not constrained (docs/api.md).
+        // call the model chooses under `auto` does when its function is strict (docs/api.md).
+        let tools = self.tools.as_deref().unwrap_or_default();
+        let strict: Vec<(usize, CallSchema)> = functions
+            .iter()
+            .zip(tools)
+            .enumerate()
+            .filter(|(_, (_, t))| is_strict(t))
+            .map(|(i, (f, _))| {
+                let call = CallSchema {
+                    name: f.name.clone(),
+                    parameters: arguments_schema(f),
+                };
+                (i, call)
+            })
+            .collect();
         p.constrained = match &choice {
             ToolChoice::Named(n) => {
                 functions
@@ -1143,6 +1169,10 @@ impl ChatRequest {
                     })
                     .collect(),
             )),
+            // A structured answer is a final message: no call to constrain.
+            ToolChoice::Auto if schema.is_none() && !strict.is_empty() => {
+                Some(Constrained::StrictCalls(strict))
+            }
             ToolChoice::None | ToolChoice::Auto => {
                 schema.map(|(param, schema)| Constrained::Answer { param, schema })
             }
