@@ -2787,6 +2787,49 @@ print(counts[-1], counts == sorted(counts))
     assert_eq!(lines[4], "3 True", "{out}");
 }
 
+/// The `openai` client reads logprobs (chat whole and streamed, completions) and sends vLLM's
+/// `stop_token_ids` through `extra_body`.
+#[tokio::test(flavor = "multi_thread")]
+async fn openai_python_client_reads_logprobs_and_sends_stop_token_ids() {
+    if !has_python_openai("openai_python_client_reads_logprobs_and_sends_stop_token_ids") {
+        return;
+    }
+    let s = start(options(), 8, 0).await;
+    let ids = greedy(&[1, 2], 6);
+    let k = (1..ids.len())
+        .find(|&k| !ids[..k].contains(&ids[k]))
+        .expect("a token that comes for the first time");
+    let script = r#"
+import sys, openai
+c = openai.OpenAI(base_url=sys.argv[1] + "/v1", api_key="unused")
+msgs = [{"role": "user", "content": "Hi"}]
+r = c.chat.completions.create(model="double", messages=msgs, temperature=0, logprobs=True,
+                              top_logprobs=2)
+lp = r.choices[0].logprobs.content
+print(len(lp) == r.usage.completion_tokens, all(len(e.top_logprobs) == 2 for e in lp),
+      all(e.top_logprobs[0].token == e.token and e.logprob <= 0 for e in lp))
+n = 0
+for chunk in c.chat.completions.create(model="double", messages=msgs, temperature=0,
+                                       logprobs=True, top_logprobs=1, stream=True):
+    for ch in chunk.choices:
+        n += len(ch.logprobs.content) if ch.logprobs and ch.logprobs.content else 0
+print(n == r.usage.completion_tokens)
+e = c.completions.create(model="double", prompt=[1, 2], max_tokens=4, temperature=0, logprobs=2)
+l = e.choices[0].logprobs
+print(len(l.tokens), [len(t) for t in l.top_logprobs], all(x <= 0 for x in l.token_logprobs))
+s = c.completions.create(model="double", prompt=[1, 2], max_tokens=6, temperature=0,
+                         extra_body={"stop_token_ids": [int(sys.argv[2])]})
+print(s.choices[0].finish_reason, s.usage.completion_tokens)
+"#;
+    let out = python(script, &[&s.base, &ids[k].to_string()]).await;
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines.len(), 4, "{out}");
+    assert_eq!(lines[0], "True True True", "{out}");
+    assert_eq!(lines[1], "True", "{out}");
+    assert_eq!(lines[2], "4 [2, 2, 2, 2] True", "{out}");
+    assert_eq!(lines[3], format!("stop {}", k + 1), "{out}");
+}
+
 /// The `openai` client with `tools=` against the real binary and synthetic weights: whatever
 /// the random model writes, the responses parse.
 #[tokio::test(flavor = "multi_thread")]

@@ -344,13 +344,19 @@ pub fn metric(text: &str, name_with_labels_prefix: &str) -> Option<f64> {
 }
 
 /// Whether python3 with the official `openai` client (and pydantic, which it brings) can be
-/// imported; prints why `test` is skipped when not.
+/// imported; prints why `test` is skipped when not. With `MXTUNE_TEST_OPENAI=require` (CI)
+/// a missing client fails the test instead.
 pub fn has_python_openai(test: &str) -> bool {
     let ok = std::process::Command::new("python3")
         .args(["-c", "import openai, pydantic"])
         .output()
         .is_ok_and(|o| o.status.success());
     if !ok {
+        assert!(
+            std::env::var("MXTUNE_TEST_OPENAI").as_deref() != Ok("require"),
+            "{test}: MXTUNE_TEST_OPENAI=require, but python3 cannot import openai and pydantic \
+             (pip install openai)"
+        );
         eprintln!("SKIPPED {test}: python3 with `openai` not found (pip install openai)");
     }
     ok
