@@ -897,6 +897,62 @@ async fn n_choices_are_sequences_of_their_own_seeded_seed_plus_index() {
     );
 }
 
+/// With prefix caching on (the default), the `n` choices of a request share its prefill: the
+/// first choice prefills the prompt, the others copy its KV (all but the last position) and
+/// feed only the last token. Every choice's greedy tokens (top_k 1) are those of a lone
+/// request on a server that shares nothing, and the engine fed the prompt once.
+#[tokio::test(flavor = "multi_thread")]
+async fn n_choices_prefill_the_prompt_once() {
+    let tiny = || {
+        Box::new(mxtune::engine::cpu::CpuBackend::new(
+            mxtune::engine::synthetic::build("tiny", 0).unwrap(),
+            4 * 256,
+        ))
+    };
+    let opts = |caching: bool| ServerOptions {
+        served_model_name: "tiny".into(),
+        max_model_len: 256,
+        max_num_seqs: 4,
+        max_num_batched_tokens: 256,
+        kv_cache_tokens: 4 * 256,
+        enable_prefix_caching: caching,
+        ..options()
+    };
+    let prompt: Vec<u32> = (0..40).map(|k| 1000 + 13 * k).collect();
+    let body = |n: usize| {
+        json!({"model": "tiny", "prompt": prompt, "max_tokens": 6, "temperature": 1.0,
+               "top_k": 1, "n": n, "ignore_eos": true, "return_token_ids": true})
+    };
+    let fed = |m: &str| metric(m, "vllm:iteration_tokens_total_sum{").unwrap();
+    let alone = start_gated(tiny(), opts(false), Arc::new(Probe::default())).await;
+    let (st, v) = post(&alone, "/v1/completions", body(1)).await;
+    assert_eq!(st, 200, "{v}");
+    let want = ids_of(&v["choices"][0]["token_ids"]);
+    assert_eq!(want.len(), 6);
+    // The prompt, then one token per decode step.
+    assert_eq!(fed(&metrics(&alone).await), 40.0 + 5.0);
+    drop(alone);
+    let s = start_gated(tiny(), opts(true), Arc::new(Probe::default())).await;
+    let (st, v) = post(&s, "/v1/completions", body(3)).await;
+    assert_eq!(st, 200, "{v}");
+    for i in 0..3 {
+        assert_eq!(
+            ids_of(&v["choices"][i]["token_ids"]),
+            want,
+            "choice {i}: {v}"
+        );
+    }
+    let m = wait_metrics(&s, "idle", |m| running(m) == 0.0).await;
+    // The prompt once, the last prompt token of the two others, five decode steps each.
+    assert_eq!(fed(&m), 40.0 + 2.0 + 3.0 * 5.0, "{m}");
+    assert_eq!(
+        metric(&m, "vllm:prefix_cache_hits_total{"),
+        Some(2.0 * 39.0),
+        "{m}"
+    );
+    assert_eq!(v["usage"]["prompt_tokens"], 40, "{v}");
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn echo_writes_the_prompt_before_each_choice() {
     let s = start(options(), 8, 0).await;

@@ -8,7 +8,7 @@ use super::server::metrics::{Finished, Metrics, RequestStats};
 use super::steplog::{StepLog, StepRecord};
 use std::collections::VecDeque;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
@@ -69,6 +69,9 @@ struct GenRequest {
     events: UnboundedSender<GenEvent>,
     arrived: Instant,
     in_flight: InFlight,
+    /// One of the `n` choices of a request: (the request's number, the choice's index). The
+    /// first choice prefills the prompt; with prefix caching, the others copy its KV.
+    choice: Option<(u64, usize)>,
 }
 
 /// Counts one request as in the server from submission until it ends: released before its
@@ -170,6 +173,8 @@ pub struct SchedulerHandle {
     alive: Arc<AtomicBool>,
     /// Requests submitted and not yet ended, and the most allowed (0 = no limit).
     in_flight: Arc<AtomicUsize>,
+    /// Numbers the requests of several choices, so the engine knows which share a prompt.
+    groups: Arc<AtomicU64>,
     max_num_seqs: usize,
     max_waiting_queue_length: usize,
 }
@@ -230,8 +235,9 @@ impl SchedulerHandle {
                 choices: samplings.len(),
             });
         };
+        let group = (samplings.len() > 1).then(|| self.groups.fetch_add(1, Ordering::SeqCst));
         let mut rxs = Vec::with_capacity(samplings.len());
-        for (sampling, in_flight) in samplings.into_iter().zip(places) {
+        for (i, (sampling, in_flight)) in samplings.into_iter().zip(places).enumerate() {
             let (events, rx) = unbounded_channel();
             self.metrics.request_queued();
             self.tx
@@ -241,6 +247,7 @@ impl SchedulerHandle {
                     events,
                     arrived: Instant::now(),
                     in_flight,
+                    choice: group.map(|g| (g, i)),
                 })
                 .map_err(|_| {
                     self.metrics.request_dequeued();
@@ -299,6 +306,7 @@ pub fn spawn(
         metrics,
         alive,
         in_flight: Arc::new(AtomicUsize::new(0)),
+        groups: Arc::new(AtomicU64::new(0)),
         max_num_seqs,
         max_waiting_queue_length,
     })
@@ -314,6 +322,16 @@ struct Engine {
     waiting: VecDeque<GenRequest>,
     running: Vec<Running>,
     step_log: Option<StepLog>,
+}
+
+/// Where the first choice of a request stands, for a later choice waiting to be admitted.
+enum FirstChoice {
+    /// Not running (finished, or not a choice of several): prefill as usual.
+    None,
+    /// Running, its prompt not yet fed up to the last token: wait for it.
+    Prefilling,
+    /// Running with its prompt fed: copy its KV.
+    Prefilled(SeqId),
 }
 
 /// One row of a step's plan: the index into `running`, and the range of its prompt fed, or
@@ -478,7 +496,17 @@ impl Engine {
             };
             let need = (front.prompt.len() + front.sampling.max_tokens).min(self.cfg.max_model_len);
             let slot = if self.cfg.enable_prefix_caching {
-                self.backend.alloc_cached(&front.prompt, need)
+                match self.first_choice(front) {
+                    FirstChoice::Prefilling => return,
+                    FirstChoice::Prefilled(src) => {
+                        let len = front.prompt.len() - 1;
+                        match self.backend.fork_seq(src, len, need) {
+                            Some(seq) => Some((seq, len)),
+                            None => self.backend.alloc_cached(&front.prompt, need),
+                        }
+                    }
+                    FirstChoice::None => self.backend.alloc_cached(&front.prompt, need),
+                }
             } else {
                 self.backend.alloc_seq(need).map(|seq| (seq, 0))
             };
@@ -541,6 +569,27 @@ impl Engine {
                 }
                 None => return,
             }
+        }
+    }
+
+    /// For a later choice of a request (`n`), where the first choice stands: its prompt's
+    /// KV, all but the last position, is what this one may copy instead of prefilling.
+    /// Only when the backend can copy KV and the prompt has more than one token.
+    fn first_choice(&self, req: &GenRequest) -> FirstChoice {
+        let Some((group, index)) = req.choice else {
+            return FirstChoice::None;
+        };
+        if index == 0 || req.prompt.len() < 2 || !self.backend.can_fork() {
+            return FirstChoice::None;
+        }
+        match self
+            .running
+            .iter()
+            .find(|r| r.req.choice == Some((group, 0)))
+        {
+            Some(r) if r.prefilled + 1 >= req.prompt.len() => FirstChoice::Prefilled(r.seq),
+            Some(_) => FirstChoice::Prefilling,
+            None => FirstChoice::None,
         }
     }
 
@@ -920,6 +969,7 @@ mod tests {
                     events,
                     arrived: Instant::now(),
                     in_flight,
+                    choice: None,
                 })
                 .unwrap();
             rx

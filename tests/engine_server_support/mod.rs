@@ -280,6 +280,14 @@ impl ModelBackend for Gated {
     fn set_prefix_caching(&mut self, on: bool) {
         self.inner.set_prefix_caching(on);
     }
+    fn can_fork(&self) -> bool {
+        self.inner.can_fork()
+    }
+    fn fork_seq(&mut self, src: SeqId, len: usize, max_tokens: usize) -> Option<SeqId> {
+        let s = self.inner.fork_seq(src, len, max_tokens)?;
+        self.probe.live.fetch_add(1, Ordering::SeqCst);
+        Some(s)
+    }
     fn forward(&mut self, batch: &[SeqStep<'_>]) -> anyhow::Result<Vec<Vec<f32>>> {
         self.probe.started.store(true, Ordering::SeqCst);
         {

@@ -14,9 +14,9 @@ use serde_json::Value;
 /// Most alternatives per token a client may ask for (vLLM's default `max_logprobs`).
 pub const MAX_LOGPROBS: usize = 20;
 
-/// Most choices (`n`) one request may ask for. Each choice is its own sequence, prompt
-/// included (the backend cannot share a prompt's KV between sequences yet), so `n` costs
-/// `n` prefills; vLLM's limit (`VLLM_MAX_N_SEQUENCES`) is 16384.
+/// Most choices (`n`) one request may ask for. Each choice is its own sequence with a KV
+/// slot of its own (with prefix caching on the CPU backend, the later ones copy the first
+/// one's prompt KV instead of prefilling it); vLLM's limit (`VLLM_MAX_N_SEQUENCES`) is 16384.
 pub const MAX_N: usize = 128;
 
 /// `prompt` of `/v1/completions`: text or token ids.
