@@ -389,6 +389,151 @@ async fn stop_strings_min_tokens_and_ignore_eos() {
     );
 }
 
+/// The synthetic tiny model (random weights, the real vocabulary) on the CPU, as
+/// `mxtune serve --synthetic tiny` serves it.
+async fn tiny_server() -> TestServer {
+    let backend = Box::new(mxtune::engine::cpu::CpuBackend::new(
+        mxtune::engine::synthetic::build("tiny", 0).unwrap(),
+        4 * 512,
+    ));
+    let opts = ServerOptions {
+        served_model_name: "tiny".into(),
+        max_model_len: 512,
+        max_num_seqs: 4,
+        max_num_batched_tokens: 512,
+        kv_cache_tokens: 4 * 512,
+        ..options()
+    };
+    start_gated(backend, opts, Arc::new(Probe::default())).await
+}
+
+/// `stop_token_ids` as vLLM applies them: generation ends on the listed token with
+/// `finish_reason: "stop"`, the token is in `token_ids` but not in the text (unless
+/// `include_stop_str_in_output`), it stops even with `ignore_eos`, `min_tokens` bans it
+/// until then, and bad values get a 400 naming the field.
+#[tokio::test(flavor = "multi_thread")]
+async fn stop_token_ids_end_generation_before_the_token() {
+    let s = tiny_server().await;
+    let tok = mxtune::engine::tokenizer::Tokenizer::o200k_harmony();
+    let completion = |extra: Value| {
+        let mut b = json!({"model": "tiny", "prompt": "The capital of France is",
+                           "max_tokens": 16, "temperature": 0, "ignore_eos": true,
+                           "return_token_ids": true});
+        for (k, v) in extra.as_object().unwrap() {
+            b[k] = v.clone();
+        }
+        b
+    };
+    let (status, free) = post(&s, "/v1/completions", completion(json!({}))).await;
+    assert_eq!(status, 200, "{free}");
+    let ids = ids_of(&free["choices"][0]["token_ids"]);
+    assert_eq!(ids.len(), 16, "{free}");
+    // The first token after the start that comes for the first time and has text.
+    let k = (1..ids.len())
+        .find(|&k| !ids[..k].contains(&ids[k]) && !tok.token_text(ids[k]).is_empty())
+        .unwrap_or_else(|| panic!("no token to stop on in the greedy output {ids:?}"));
+    let stop = ids[k];
+    let free_text = free["choices"][0]["text"].as_str().unwrap();
+    let (status, v) = post(
+        &s,
+        "/v1/completions",
+        completion(json!({"stop_token_ids": [stop]})),
+    )
+    .await;
+    assert_eq!(status, 200, "{v}");
+    let c = &v["choices"][0];
+    assert_eq!(ids_of(&c["token_ids"]), ids[..=k], "{v}");
+    assert_eq!(c["finish_reason"], "stop", "{v}");
+    assert_eq!(c["text"], tok.decode(&ids[..k], true), "{v}");
+    assert!(free_text.starts_with(c["text"].as_str().unwrap()));
+    assert_eq!(v["usage"]["completion_tokens"], k + 1, "{v}");
+    // The same through a stream: the chunks' text and ids add up to the whole answer.
+    let mut b = completion(json!({"stop_token_ids": [stop]}));
+    b["stream"] = json!(true);
+    let chunks = stream_chunks(&post_stream(&s, "/v1/completions", b).await);
+    let text: String = chunks
+        .iter()
+        .map(|c| c["choices"][0]["text"].as_str().unwrap_or_default())
+        .collect();
+    assert_eq!(text, c["text"].as_str().unwrap());
+    let streamed: Vec<u32> = chunks
+        .iter()
+        .flat_map(|c| ids_of(&c["choices"][0]["token_ids"]))
+        .collect();
+    assert_eq!(streamed, ids[..=k]);
+    assert_eq!(finishes(&chunks_of(&chunks, 0)), [json!("stop")]);
+    // include_stop_str_in_output keeps the token's text.
+    let (_, v) = post(
+        &s,
+        "/v1/completions",
+        completion(json!({"stop_token_ids": [stop], "include_stop_str_in_output": true})),
+    )
+    .await;
+    assert_eq!(v["choices"][0]["text"], tok.decode(&ids[..=k], true), "{v}");
+    // min_tokens bans the token until then: the answer is at least that long.
+    let (_, v) = post(
+        &s,
+        "/v1/completions",
+        completion(json!({"stop_token_ids": [stop], "min_tokens": k + 2})),
+    )
+    .await;
+    let later = ids_of(&v["choices"][0]["token_ids"]);
+    assert!(later.len() >= k + 2, "{v}");
+    assert!(!later[..k + 2].contains(&stop), "{v}");
+    // Chat: the same rule on the harmony answer.
+    let chat = |extra: Value| {
+        let mut b = json!({"model": "tiny", "messages": [{"role": "user", "content": "Hi"}],
+                           "max_tokens": 12, "temperature": 0, "return_token_ids": true});
+        for (k, v) in extra.as_object().unwrap() {
+            b[k] = v.clone();
+        }
+        b
+    };
+    let (status, free) = post(&s, "/v1/chat/completions", chat(json!({}))).await;
+    assert_eq!(status, 200, "{free}");
+    let ids = ids_of(&free["choices"][0]["token_ids"]);
+    let k = (1..ids.len())
+        .find(|&k| !ids[..k].contains(&ids[k]))
+        .unwrap_or_else(|| panic!("no token to stop on in the greedy chat answer {ids:?}"));
+    let (_, v) = post(
+        &s,
+        "/v1/chat/completions",
+        chat(json!({"stop_token_ids": [ids[k]]})),
+    )
+    .await;
+    assert_eq!(ids_of(&v["choices"][0]["token_ids"]), ids[..=k], "{v}");
+    assert_eq!(v["choices"][0]["finish_reason"], "stop", "{v}");
+    // Bad values: a 400 naming the field, on both endpoints.
+    for bad in [
+        json!(5),
+        json!("5"),
+        json!([-1]),
+        json!([1.5]),
+        json!(["a"]),
+        json!([201_088]),
+    ] {
+        for (path, body) in [
+            (
+                "/v1/completions",
+                completion(json!({"stop_token_ids": bad})),
+            ),
+            ("/v1/chat/completions", chat(json!({"stop_token_ids": bad}))),
+        ] {
+            let (status, v) = post(&s, path, body).await;
+            assert_eq!(status, 400, "{path} {bad}: {v}");
+            assert_eq!(v["error"]["param"], "stop_token_ids", "{v}");
+            assert_eq!(v["error"]["type"], "invalid_request_error", "{v}");
+        }
+    }
+    let (status, _) = post(
+        &s,
+        "/v1/completions",
+        completion(json!({"stop_token_ids": null})),
+    )
+    .await;
+    assert_eq!(status, 200);
+}
+
 /// The double's greedy continuation of `prompt` under vLLM's repetition penalty `r`
 /// (every token of prompt or output: positive logits divided by `r`, negative multiplied).
 fn greedy_with_repetition_penalty(prompt: &[u32], n: usize, r: f32) -> Vec<u32> {
@@ -750,6 +895,62 @@ async fn n_choices_are_sequences_of_their_own_seeded_seed_plus_index() {
         chunks.last().unwrap()["usage"]["completion_tokens"],
         2 * script_len()
     );
+}
+
+/// With prefix caching on (the default), the `n` choices of a request share its prefill: the
+/// first choice prefills the prompt, the others copy its KV (all but the last position) and
+/// feed only the last token. Every choice's greedy tokens (top_k 1) are those of a lone
+/// request on a server that shares nothing, and the engine fed the prompt once.
+#[tokio::test(flavor = "multi_thread")]
+async fn n_choices_prefill_the_prompt_once() {
+    let tiny = || {
+        Box::new(mxtune::engine::cpu::CpuBackend::new(
+            mxtune::engine::synthetic::build("tiny", 0).unwrap(),
+            4 * 256,
+        ))
+    };
+    let opts = |caching: bool| ServerOptions {
+        served_model_name: "tiny".into(),
+        max_model_len: 256,
+        max_num_seqs: 4,
+        max_num_batched_tokens: 256,
+        kv_cache_tokens: 4 * 256,
+        enable_prefix_caching: caching,
+        ..options()
+    };
+    let prompt: Vec<u32> = (0..40).map(|k| 1000 + 13 * k).collect();
+    let body = |n: usize| {
+        json!({"model": "tiny", "prompt": prompt, "max_tokens": 6, "temperature": 1.0,
+               "top_k": 1, "n": n, "ignore_eos": true, "return_token_ids": true})
+    };
+    let fed = |m: &str| metric(m, "vllm:iteration_tokens_total_sum{").unwrap();
+    let alone = start_gated(tiny(), opts(false), Arc::new(Probe::default())).await;
+    let (st, v) = post(&alone, "/v1/completions", body(1)).await;
+    assert_eq!(st, 200, "{v}");
+    let want = ids_of(&v["choices"][0]["token_ids"]);
+    assert_eq!(want.len(), 6);
+    // The prompt, then one token per decode step.
+    assert_eq!(fed(&metrics(&alone).await), 40.0 + 5.0);
+    drop(alone);
+    let s = start_gated(tiny(), opts(true), Arc::new(Probe::default())).await;
+    let (st, v) = post(&s, "/v1/completions", body(3)).await;
+    assert_eq!(st, 200, "{v}");
+    for i in 0..3 {
+        assert_eq!(
+            ids_of(&v["choices"][i]["token_ids"]),
+            want,
+            "choice {i}: {v}"
+        );
+    }
+    let m = wait_metrics(&s, "idle", |m| running(m) == 0.0).await;
+    // The prompt once, the last prompt token of the two others, five decode steps each.
+    assert_eq!(fed(&m), 40.0 + 2.0 + 3.0 * 5.0, "{m}");
+    assert_eq!(
+        metric(&m, "vllm:prefix_cache_hits_total{"),
+        Some(2.0 * 39.0),
+        "{m}"
+    );
+    assert_eq!(v["usage"]["prompt_tokens"], 40, "{v}");
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -2318,6 +2519,119 @@ async fn tool_call_in_the_answer_becomes_tool_calls() {
     }
 }
 
+/// `tool_choice: "auto"` with `strict: true`: the double opens a call of `get_weather` and
+/// writes arguments that break the strict schema; the constraint, which starts at the call's
+/// `<|message|>`, makes them follow it (whole and streamed alike). Without `strict`, or with
+/// only another function strict, the double's own arguments stand; a final answer is left as
+/// the model writes it.
+#[tokio::test(flavor = "multi_thread")]
+async fn strict_tools_constrain_the_calls_the_model_chooses_under_auto() {
+    let s = start_with_script(TOOL_SCRIPT).await;
+    let parameters = json!({"type": "object", "properties": {
+        "location": {"enum": ["Oslo", "Rome"]},
+        "days": {"type": "integer", "minimum": 3, "maximum": 9}},
+        "required": ["location", "days"], "additionalProperties": false});
+    let tool = |name: &str, strict: bool| {
+        json!({"type": "function", "function": {"name": name, "parameters": parameters,
+                                                "strict": strict}})
+    };
+    let ask = |tools: Value, stream: bool| {
+        json!({"messages": [{"role": "user", "content": "Weather in Paris?"}], "tools": tools,
+               "tool_choice": "auto", "temperature": 0, "max_tokens": 64, "stream": stream})
+    };
+    // (name, arguments, finish_reason) of the one call, whole or streamed.
+    let call = |v: &Value| {
+        let c = &v["choices"][0];
+        let calls = c["message"]["tool_calls"].as_array();
+        let calls = calls.unwrap_or_else(|| panic!("no tool call: {v}"));
+        assert_eq!(calls.len(), 1, "{v}");
+        let f = &calls[0]["function"];
+        (
+            f["name"].as_str().unwrap().to_string(),
+            f["arguments"].as_str().unwrap().to_string(),
+            c["finish_reason"].clone(),
+        )
+    };
+    let streamed_call = |chunks: &[Value]| {
+        let (mut name, mut arguments, mut finish) = (String::new(), String::new(), Value::Null);
+        for c in chunks {
+            for t in c["choices"][0]["delta"]["tool_calls"]
+                .as_array()
+                .into_iter()
+                .flatten()
+            {
+                name.push_str(t["function"]["name"].as_str().unwrap_or_default());
+                arguments.push_str(t["function"]["arguments"].as_str().unwrap_or_default());
+            }
+            if !c["choices"][0]["finish_reason"].is_null() {
+                finish = c["choices"][0]["finish_reason"].clone();
+            }
+        }
+        (name, arguments, finish)
+    };
+    for tools in [
+        json!([tool("get_weather", false)]),
+        json!([tool("get_weather", false), tool("lookup", true)]),
+    ] {
+        let (st, v) = post(&s, "/v1/chat/completions", ask(tools.clone(), false)).await;
+        assert_eq!(st, 200, "{v}");
+        assert_eq!(
+            call(&v),
+            ("get_weather".into(), TOOL_ARGS.into(), json!("tool_calls")),
+            "{tools}"
+        );
+    }
+    let tools = json!([tool("lookup", false), tool("get_weather", true)]);
+    let (st, v) = post(&s, "/v1/chat/completions", ask(tools.clone(), false)).await;
+    assert_eq!(st, 200, "{v}");
+    let (name, arguments, finish) = call(&v);
+    assert_eq!(
+        (name.as_str(), &finish),
+        ("get_weather", &json!("tool_calls"))
+    );
+    let a: Value = serde_json::from_str(&arguments)
+        .unwrap_or_else(|e| panic!("the arguments are not JSON ({e}): {arguments}"));
+    let o = a.as_object().unwrap();
+    assert_eq!(o.len(), 2, "{arguments}");
+    assert!(
+        ["Oslo", "Rome"].contains(&o["location"].as_str().unwrap()),
+        "{arguments}"
+    );
+    assert!(
+        (3..=9).contains(&o["days"].as_i64().unwrap()),
+        "{arguments}"
+    );
+    let chunks = stream_chunks(&post_stream(&s, "/v1/chat/completions", ask(tools, true)).await);
+    assert_eq!(streamed_call(&chunks), (name, arguments, finish));
+    // A final answer under strict tools is the model's, untouched.
+    let s = start(options(), 8, 0).await;
+    let (_, content) = script_parts();
+    let (st, v) = post(
+        &s,
+        "/v1/chat/completions",
+        ask(json!([tool("get_weather", true)]), false),
+    )
+    .await;
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["choices"][0]["message"]["content"], content, "{v}");
+    assert_eq!(v["choices"][0]["finish_reason"], "stop", "{v}");
+    // A strict function's schema must compile; a function that is not strict is not
+    // compiled under `auto`.
+    let mut bad = tool("get_weather", true);
+    bad["function"]["parameters"] = json!({"type": "banana"});
+    let (st, v) = post(
+        &s,
+        "/v1/chat/completions",
+        ask(json!([tool("a", false), bad.clone()]), false),
+    )
+    .await;
+    assert_eq!(st, 400, "{v}");
+    assert_eq!(v["error"]["param"], "tools[1].function.parameters", "{v}");
+    bad["function"]["strict"] = json!(false);
+    let (st, v) = post(&s, "/v1/chat/completions", ask(json!([bad]), false)).await;
+    assert_eq!(st, 200, "{v}");
+}
+
 /// A named `tool_choice` pre-fills the call's header into the prompt: the prompt ends with it
 /// and the answer is that call's arguments. They are constrained to the schema as compact
 /// JSON (docs/api.md, "Constrained calls"), so the double writes its arguments that way, and
@@ -2527,6 +2841,49 @@ print(counts[-1], counts == sorted(counts))
     assert_eq!(lines[2], "[0, 1] True", "{out}");
     assert_eq!(lines[3], "True 3", "{out}");
     assert_eq!(lines[4], "3 True", "{out}");
+}
+
+/// The `openai` client reads logprobs (chat whole and streamed, completions) and sends vLLM's
+/// `stop_token_ids` through `extra_body`.
+#[tokio::test(flavor = "multi_thread")]
+async fn openai_python_client_reads_logprobs_and_sends_stop_token_ids() {
+    if !has_python_openai("openai_python_client_reads_logprobs_and_sends_stop_token_ids") {
+        return;
+    }
+    let s = start(options(), 8, 0).await;
+    let ids = greedy(&[1, 2], 6);
+    let k = (1..ids.len())
+        .find(|&k| !ids[..k].contains(&ids[k]))
+        .expect("a token that comes for the first time");
+    let script = r#"
+import sys, openai
+c = openai.OpenAI(base_url=sys.argv[1] + "/v1", api_key="unused")
+msgs = [{"role": "user", "content": "Hi"}]
+r = c.chat.completions.create(model="double", messages=msgs, temperature=0, logprobs=True,
+                              top_logprobs=2)
+lp = r.choices[0].logprobs.content
+print(len(lp) == r.usage.completion_tokens, all(len(e.top_logprobs) == 2 for e in lp),
+      all(e.top_logprobs[0].token == e.token and e.logprob <= 0 for e in lp))
+n = 0
+for chunk in c.chat.completions.create(model="double", messages=msgs, temperature=0,
+                                       logprobs=True, top_logprobs=1, stream=True):
+    for ch in chunk.choices:
+        n += len(ch.logprobs.content) if ch.logprobs and ch.logprobs.content else 0
+print(n == r.usage.completion_tokens)
+e = c.completions.create(model="double", prompt=[1, 2], max_tokens=4, temperature=0, logprobs=2)
+l = e.choices[0].logprobs
+print(len(l.tokens), [len(t) for t in l.top_logprobs], all(x <= 0 for x in l.token_logprobs))
+s = c.completions.create(model="double", prompt=[1, 2], max_tokens=6, temperature=0,
+                         extra_body={"stop_token_ids": [int(sys.argv[2])]})
+print(s.choices[0].finish_reason, s.usage.completion_tokens)
+"#;
+    let out = python(script, &[&s.base, &ids[k].to_string()]).await;
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines.len(), 4, "{out}");
+    assert_eq!(lines[0], "True True True", "{out}");
+    assert_eq!(lines[1], "True", "{out}");
+    assert_eq!(lines[2], "4 [2, 2, 2, 2] True", "{out}");
+    assert_eq!(lines[3], format!("stop {}", k + 1), "{out}");
 }
 
 /// The `openai` client with `tools=` against the real binary and synthetic weights: whatever

@@ -805,6 +805,54 @@ async fn a_streamed_forced_call_equals_the_whole_one() {
     }
 }
 
+/// `tool_choice: "auto"` with a strict function (`search`): whenever the random weights open
+/// a call of it, its arguments satisfy its schema; and the constraint leaves every other
+/// answer alone: token for token the one the same request gets with `strict` off.
+#[tokio::test(flavor = "multi_thread")]
+async fn auto_calls_of_strict_functions_follow_the_schema_and_nothing_else_changes() {
+    let s = tiny_server().await;
+    let ids = |v: &Value| v["choices"][0]["token_ids"].clone();
+    let mut compared = 0;
+    for (temperature, seed) in [(0.0, 0), (1.0, 1), (1.5, 2)] {
+        let mut body = tool_request(&json!("auto"), temperature, seed, false);
+        body["max_tokens"] = json!(24);
+        body["return_token_ids"] = json!(true);
+        let (status, strict) = chat(&s, body.clone()).await;
+        assert_eq!(status, 200, "{strict}");
+        body["tools"][1]["function"]["strict"] = json!(false);
+        let (status, free) = chat(&s, body).await;
+        assert_eq!(status, 200, "{free}");
+        let calls = |v: &Value| {
+            v["choices"][0]["message"]["tool_calls"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+        };
+        for c in calls(&strict) {
+            let f = &c["function"];
+            if f["name"] != "search" || strict["choices"][0]["finish_reason"] != "tool_calls" {
+                continue;
+            }
+            let value: Value = serde_json::from_str(f["arguments"].as_str().unwrap())
+                .unwrap_or_else(|e| panic!("T={temperature} seed {seed}: {e}: {strict}"));
+            if let Err(e) = validate(&parameters_of("search"), &value, "$") {
+                panic!("T={temperature} seed {seed} breaks the schema: {e}: {strict}");
+            }
+        }
+        if calls(&free)
+            .iter()
+            .all(|c| c["function"]["name"] != "search")
+        {
+            assert_eq!(ids(&strict), ids(&free), "T={temperature} seed {seed}");
+            compared += 1;
+        }
+    }
+    assert!(
+        compared > 0,
+        "every answer called search: nothing was compared"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn bad_tool_schemas_and_strict_get_400_naming_the_tool() {
     let s = tiny_server().await;
@@ -820,8 +868,17 @@ async fn bad_tool_schemas_and_strict_get_400_naming_the_tool() {
         let message = v["error"]["message"].as_str().unwrap();
         assert!(message.contains("cannot be enforced"), "{message}");
     }
-    // Under `auto` the arguments are not constrained, so the schema is not compiled.
+    // Under `auto` a strict function's calls are constrained: its schema must compile.
     let mut body = tool_request(&json!("auto"), 0.0, 0, false);
+    body["tools"] = bad_tools.clone();
+    let (status, v) = chat(&s, body).await;
+    assert_eq!(status, 400, "{v}");
+    assert_eq!(v["error"]["param"], "tools[1].function.parameters", "{v}");
+    // Calls of a function that is not strict are not constrained under `auto`, so its schema
+    // is not compiled.
+    let mut body = tool_request(&json!("auto"), 0.0, 0, false);
+    bad_tools[0]["function"]["parameters"] = json!({"type": "banana"});
+    bad_tools[1]["function"]["parameters"] = parameters_of("search");
     body["tools"] = bad_tools;
     body["max_tokens"] = json!(4);
     let (status, v) = chat(&s, body).await;

@@ -44,6 +44,21 @@ pub trait ModelBackend: Send {
         self.alloc_seq(max_tokens).map(|s| (s, 0))
     }
 
+    /// Whether [`ModelBackend::fork_seq`] can copy a live sequence's KV. The scheduler has
+    /// the `n` choices of a request wait for the first one's prefill only when it can.
+    fn can_fork(&self) -> bool {
+        false
+    }
+
+    /// Reserve a slot able to hold `max_tokens` positions holding a copy of the first `len`
+    /// positions of live sequence `src` (the `n` choices of one prompt share its prefill).
+    /// `None` when the budget is full, `src` holds fewer positions, or the backend cannot
+    /// copy (the default); the caller then prefills as usual.
+    fn fork_seq(&mut self, src: SeqId, len: usize, max_tokens: usize) -> Option<SeqId> {
+        let _ = (src, len, max_tokens);
+        None
+    }
+
     /// Whether a freed slot keeps its KV for [`ModelBackend::alloc_cached`] to reuse (the
     /// scheduler turns it on with `--enable-prefix-caching`). The default keeps nothing; a
     /// backend whose free slots keep their KV at no cost may ignore it.

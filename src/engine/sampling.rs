@@ -27,6 +27,9 @@ pub struct SamplingParams {
     pub min_tokens: usize,
     /// Keep generating through stop tokens (vLLM extension; benchmarks need exact lengths).
     pub ignore_eos: bool,
+    /// This request's own stop tokens besides the model's (vLLM's `stop_token_ids`): they
+    /// end generation even with `ignore_eos`, and are banned until `min_tokens`, as in vLLM.
+    pub stop_token_ids: Vec<u32>,
     /// Number of top alternatives to report per token; `None` reports no logprobs.
     pub logprobs: Option<usize>,
     /// Subtracted once from the logit of every token already generated (0 disables it).
@@ -55,6 +58,7 @@ impl Default for SamplingParams {
             max_tokens: 16,
             min_tokens: 0,
             ignore_eos: false,
+            stop_token_ids: Vec::new(),
             logprobs: None,
             presence_penalty: 0.0,
             frequency_penalty: 0.0,
@@ -150,7 +154,7 @@ impl Sampler {
         } else {
             self.next_uniform()
         };
-        let allowed = self.constraint.as_mut().map(Constraint::allowed);
+        let allowed = self.constraint.as_mut().and_then(Constraint::allowed);
         let token =
             if self.history.is_none() && self.params.logit_bias.is_empty() && allowed.is_none() {
                 choose(logits, banned, &self.params, u)

@@ -8,7 +8,7 @@ use super::server::metrics::{Finished, Metrics, RequestStats};
 use super::steplog::{StepLog, StepRecord};
 use std::collections::VecDeque;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
@@ -69,6 +69,9 @@ struct GenRequest {
     events: UnboundedSender<GenEvent>,
     arrived: Instant,
     in_flight: InFlight,
+    /// One of the `n` choices of a request: (the request's number, the choice's index). The
+    /// first choice prefills the prompt; with prefix caching, the others copy its KV.
+    choice: Option<(u64, usize)>,
 }
 
 /// Counts one request as in the server from submission until it ends: released before its
@@ -170,6 +173,8 @@ pub struct SchedulerHandle {
     alive: Arc<AtomicBool>,
     /// Requests submitted and not yet ended, and the most allowed (0 = no limit).
     in_flight: Arc<AtomicUsize>,
+    /// Numbers the requests of several choices, so the engine knows which share a prompt.
+    groups: Arc<AtomicU64>,
     max_num_seqs: usize,
     max_waiting_queue_length: usize,
 }
@@ -230,8 +235,9 @@ impl SchedulerHandle {
                 choices: samplings.len(),
             });
         };
+        let group = (samplings.len() > 1).then(|| self.groups.fetch_add(1, Ordering::SeqCst));
         let mut rxs = Vec::with_capacity(samplings.len());
-        for (sampling, in_flight) in samplings.into_iter().zip(places) {
+        for (i, (sampling, in_flight)) in samplings.into_iter().zip(places).enumerate() {
             let (events, rx) = unbounded_channel();
             self.metrics.request_queued();
             self.tx
@@ -241,6 +247,7 @@ impl SchedulerHandle {
                     events,
                     arrived: Instant::now(),
                     in_flight,
+                    choice: group.map(|g| (g, i)),
                 })
                 .map_err(|_| {
                     self.metrics.request_dequeued();
@@ -262,6 +269,9 @@ struct Running {
     /// Prompt tokens already fed to the backend.
     prefilled: usize,
     generated: Vec<u32>,
+    /// The tokens banned until `min_tokens` exist: the model's stop set (unless
+    /// `ignore_eos`) and the request's `stop_token_ids`.
+    early_stops: Vec<u32>,
     /// When the request was admitted, and when its first token came (phase times).
     admitted_at: Instant,
     first_token_at: Option<Instant>,
@@ -296,6 +306,7 @@ pub fn spawn(
         metrics,
         alive,
         in_flight: Arc::new(AtomicUsize::new(0)),
+        groups: Arc::new(AtomicU64::new(0)),
         max_num_seqs,
         max_waiting_queue_length,
     })
@@ -311,6 +322,16 @@ struct Engine {
     waiting: VecDeque<GenRequest>,
     running: Vec<Running>,
     step_log: Option<StepLog>,
+}
+
+/// Where the first choice of a request stands, for a later choice waiting to be admitted.
+enum FirstChoice {
+    /// Not running (finished, or not a choice of several): prefill as usual.
+    None,
+    /// Running, its prompt not yet fed up to the last token: wait for it.
+    Prefilling,
+    /// Running with its prompt fed: copy its KV.
+    Prefilled(SeqId),
 }
 
 /// One row of a step's plan: the index into `running`, and the range of its prompt fed, or
@@ -475,7 +496,17 @@ impl Engine {
             };
             let need = (front.prompt.len() + front.sampling.max_tokens).min(self.cfg.max_model_len);
             let slot = if self.cfg.enable_prefix_caching {
-                self.backend.alloc_cached(&front.prompt, need)
+                match self.first_choice(front) {
+                    FirstChoice::Prefilling => return,
+                    FirstChoice::Prefilled(src) => {
+                        let len = front.prompt.len() - 1;
+                        match self.backend.fork_seq(src, len, need) {
+                            Some(seq) => Some((seq, len)),
+                            None => self.backend.alloc_cached(&front.prompt, need),
+                        }
+                    }
+                    FirstChoice::None => self.backend.alloc_cached(&front.prompt, need),
+                }
             } else {
                 self.backend.alloc_seq(need).map(|seq| (seq, 0))
             };
@@ -511,6 +542,7 @@ impl Engine {
                         self.metrics.add_prompt_tokens(cached);
                         let _ = req.events.send(GenEvent::Cached(cached));
                     }
+                    let early_stops = early_stops(&self.cfg.stop_tokens, &req.sampling);
                     self.running.push(Running {
                         seq,
                         sampler: Sampler::for_prompt(req.sampling.clone(), &req.prompt),
@@ -518,6 +550,7 @@ impl Engine {
                         reserved: need,
                         prefilled: cached,
                         generated: Vec::new(),
+                        early_stops,
                         admitted_at: Instant::now(),
                         first_token_at: None,
                         last_token_at: None,
@@ -536,6 +569,27 @@ impl Engine {
                 }
                 None => return,
             }
+        }
+    }
+
+    /// For a later choice of a request (`n`), where the first choice stands: its prompt's
+    /// KV, all but the last position, is what this one may copy instead of prefilling.
+    /// Only when the backend can copy KV and the prompt has more than one token.
+    fn first_choice(&self, req: &GenRequest) -> FirstChoice {
+        let Some((group, index)) = req.choice else {
+            return FirstChoice::None;
+        };
+        if index == 0 || req.prompt.len() < 2 || !self.backend.can_fork() {
+            return FirstChoice::None;
+        }
+        match self
+            .running
+            .iter()
+            .find(|r| r.req.choice == Some((group, 0)))
+        {
+            Some(r) if r.prefilled + 1 >= req.prompt.len() => FirstChoice::Prefilled(r.seq),
+            Some(_) => FirstChoice::Prefilling,
+            None => FirstChoice::None,
         }
     }
 
@@ -572,7 +626,6 @@ impl Engine {
     /// the step's time went (the backend's forward, and the host work before and after it).
     fn step(&mut self, plan: Vec<PlanRow>, t_plan: Instant) -> StepTimes {
         let mut times = StepTimes::default();
-        let stops = &self.cfg.stop_tokens;
         // Split each running request into what the step reads and its sampler, which the
         // backend advances; a row samples only when its prompt is complete after this step.
         let mut parts: Vec<_> = self
@@ -583,6 +636,7 @@ impl Engine {
                     r.seq,
                     r.req.prompt.as_slice(),
                     r.generated.as_slice(),
+                    r.early_stops.as_slice(),
                     Some(&mut r.sampler),
                 )
             })
@@ -590,7 +644,7 @@ impl Engine {
         let mut batch: Vec<SeqStep<'_>> = Vec::with_capacity(plan.len());
         let mut rows: Vec<RowSample<'_>> = Vec::with_capacity(plan.len());
         for (i, range) in &plan {
-            let (seq, prompt, generated, sampler) = &mut parts[*i];
+            let (seq, prompt, generated, early_stops, sampler) = &mut parts[*i];
             let tokens = match range {
                 Some(range) => &prompt[range.clone()],
                 // Decoding starts only after prefill sampled a token, so `generated` is
@@ -603,7 +657,7 @@ impl Engine {
             let ends_prompt = range.as_ref().is_none_or(|r| r.end == prompt.len());
             let (sampler, banned) = match sampler.take() {
                 Some(sm) if ends_prompt => {
-                    let banned = banned_tokens(stops, sm.params(), generated.len());
+                    let banned = banned_tokens(early_stops, sm.params(), generated.len());
                     (Some(sm), banned)
                 }
                 other => {
@@ -709,7 +763,7 @@ impl Engine {
         let token = s.token;
         r.generated.push(token);
         let _ = r.req.events.send(GenEvent::Token(s));
-        if !ignore_eos && cfg.stop_tokens.contains(&token) {
+        if (!ignore_eos && cfg.stop_tokens.contains(&token)) || p.stop_token_ids.contains(&token) {
             Some(FinishReason::Stop)
         } else if r.generated.len() >= max_tokens
             || r.req.prompt.len() + r.generated.len() >= cfg.max_model_len
@@ -733,10 +787,20 @@ impl Engine {
     }
 }
 
-/// Stop tokens are banned until `min_tokens` tokens exist (unless `ignore_eos`).
-fn banned_tokens<'a>(stops: &'a [u32], p: &SamplingParams, generated: usize) -> &'a [u32] {
-    if generated < p.min_tokens && !p.ignore_eos {
-        stops
+/// The tokens that end a request of `p` (the model's `stops` unless `ignore_eos`, and its
+/// own `stop_token_ids`), for the ban that `min_tokens` puts on them; empty without one.
+fn early_stops(stops: &[u32], p: &SamplingParams) -> Vec<u32> {
+    if p.min_tokens == 0 {
+        return Vec::new();
+    }
+    let model = if p.ignore_eos { &[][..] } else { stops };
+    model.iter().chain(&p.stop_token_ids).copied().collect()
+}
+
+/// Stop tokens (`early_stops`) are banned until `min_tokens` tokens exist.
+fn banned_tokens<'a>(early_stops: &'a [u32], p: &SamplingParams, generated: usize) -> &'a [u32] {
+    if generated < p.min_tokens {
+        early_stops
     } else {
         &[]
     }
@@ -905,6 +969,7 @@ mod tests {
                     events,
                     arrived: Instant::now(),
                     in_flight,
+                    choice: None,
                 })
                 .unwrap();
             rx

@@ -8,6 +8,7 @@
 //! and CUDA backends enforce it the same way (CUDA downloads a constrained row's logits,
 //! as it does for `logit_bias`).
 
+use crate::engine::harmony::{Channel, OutputParser};
 use crate::engine::tokenizer::Tokenizer;
 use anyhow::Context;
 use llguidance::api::TopLevelGrammar;
@@ -49,6 +50,8 @@ pub struct StructuredOutput {
     answer_ends: Arc<[u32]>,
     /// The harmony tokens of a tool call's header and end.
     call: CallTokens,
+    /// A harmony parser of an answer at its start, for strict calls under `auto`.
+    parser: OutputParser,
 }
 
 /// The harmony control tokens a tool call is written with: `<|constrain|>` and
@@ -85,6 +88,7 @@ impl StructuredOutput {
         call: CallTokens,
     ) -> anyhow::Result<Self> {
         let vocab = u32::try_from(vocab_size).context("the vocabulary is too large")?;
+        let parser = OutputParser::new(tok, true)?;
         let answer_ends: Vec<u32> = answer_ends
             .iter()
             .copied()
@@ -127,6 +131,7 @@ impl StructuredOutput {
             factory,
             answer_ends: answer_ends.into(),
             call,
+            parser,
         })
     }
 
@@ -181,7 +186,48 @@ impl StructuredOutput {
             .map_err(|e| (None, e))
     }
 
+    /// The grammar of an answer under `tool_choice: "auto"` whose `functions` are strict:
+    /// the answer is free until it opens a call of one of them (as the response's harmony
+    /// parser reads the header, so both agree on what a call is); from that call's
+    /// `<|message|>`, its arguments follow the function's schema as in
+    /// [`Self::compile_arguments`], ended by `<|call|>`. `Err((i, why))` names the function
+    /// whose schema llguidance refused.
+    pub fn compile_strict_calls(
+        &self,
+        functions: &[CallSchema],
+    ) -> Result<Grammar, (usize, String)> {
+        let functions = functions
+            .iter()
+            .enumerate()
+            .map(|(i, f)| {
+                let schema = compact(&f.parameters).map_err(|e| (i, e))?;
+                let arguments = self
+                    .compiled(
+                        TopLevelGrammar::from_json_schema(schema),
+                        Arc::new([self.call.call]),
+                    )
+                    .map_err(|e| (i, e))?;
+                Ok(StrictFunction {
+                    name: f.name.clone(),
+                    arguments,
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Grammar {
+            kind: Kind::StrictCalls {
+                parser: self.parser.clone(),
+                functions: functions.into(),
+            },
+        })
+    }
+
     fn grammar(&self, top: TopLevelGrammar, ends: Arc<[u32]>) -> Result<Grammar, String> {
+        Ok(Grammar {
+            kind: Kind::Whole(Box::new(self.compiled(top, ends)?)),
+        })
+    }
+
+    fn compiled(&self, top: TopLevelGrammar, ends: Arc<[u32]>) -> Result<Compiled, String> {
         let parser = self.factory.create_parser(top).map_err(|e| e.to_string())?;
         let matcher = Matcher::new(Ok(parser));
         if let Some(e) = matcher.get_error() {
@@ -195,7 +241,7 @@ impl StructuredOutput {
             .copied()
             .filter(|t| !ends.contains(t))
             .collect();
-        Ok(Grammar {
+        Ok(Compiled {
             start: matcher,
             vocab_size: trie.vocab_size(),
             ends,
@@ -220,9 +266,26 @@ fn compact(schema: &Value) -> Result<Value, String> {
     Ok(schema)
 }
 
-/// A compiled schema, at its start: each sequence that uses it clones it into a
+/// A compiled grammar, at its start: each sequence that uses it clones it into a
 /// [`Constraint`] of its own.
 pub struct Grammar {
+    kind: Kind,
+}
+
+enum Kind {
+    /// The answer follows the grammar from its first token.
+    Whole(Box<Compiled>),
+    /// The answer is free, except the arguments of a call of one of these functions (see
+    /// [`StructuredOutput::compile_strict_calls`]); `parser` is a fresh harmony parser of
+    /// the answer, which says when such a call opens.
+    StrictCalls {
+        parser: OutputParser,
+        functions: Arc<[StrictFunction]>,
+    },
+}
+
+/// One llguidance grammar at its start, and the tokens that may end its text.
+struct Compiled {
     start: Matcher,
     vocab_size: usize,
     /// The tokens that end this grammar's text.
@@ -232,15 +295,39 @@ pub struct Grammar {
     other_ends: Arc<[u32]>,
 }
 
-impl Grammar {
-    /// A constraint at the start of the grammar, for one sequence.
-    pub fn start(&self) -> Constraint {
-        Constraint {
+/// A function with `strict: true`, offered under `tool_choice: "auto"`.
+struct StrictFunction {
+    name: String,
+    arguments: Compiled,
+}
+
+impl Compiled {
+    fn start(&self) -> Matching {
+        Matching {
             matcher: self.start.deep_clone(),
             vocab_size: self.vocab_size,
             ends: self.ends.clone(),
             other_ends: self.other_ends.clone(),
             failed: false,
+        }
+    }
+}
+
+impl Grammar {
+    /// A constraint at the start of the grammar, for one sequence.
+    pub fn start(&self) -> Constraint {
+        match &self.kind {
+            Kind::Whole(c) => Constraint {
+                matching: Some(c.start()),
+                watch: None,
+            },
+            Kind::StrictCalls { parser, functions } => Constraint {
+                matching: None,
+                watch: Some(Watch {
+                    parser: parser.clone(),
+                    functions: functions.clone(),
+                }),
+            },
         }
     }
 }
@@ -260,6 +347,23 @@ impl std::fmt::Debug for Grammar {
 
 /// One sequence's place in its grammar.
 pub struct Constraint {
+    /// The grammar the next token must follow, if any: the whole answer's, or the
+    /// arguments' of a strict call the answer opened.
+    matching: Option<Matching>,
+    /// For strict calls: where the answer is, to start the arguments' grammar when a call
+    /// of a strict function opens.
+    watch: Option<Watch>,
+}
+
+/// The answer so far, read as the response reads it, and the functions whose calls are
+/// constrained.
+struct Watch {
+    parser: OutputParser,
+    functions: Arc<[StrictFunction]>,
+}
+
+/// A place inside one llguidance grammar.
+struct Matching {
     matcher: Matcher,
     vocab_size: usize,
     /// The tokens that end the answer.
@@ -273,7 +377,8 @@ pub struct Constraint {
 impl std::fmt::Debug for Constraint {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Constraint")
-            .field("failed", &self.failed)
+            .field("matching", &self.matching.is_some())
+            .field("failed", &self.matching.as_ref().is_some_and(|m| m.failed))
             .finish_non_exhaustive()
     }
 }
@@ -310,10 +415,52 @@ impl Allowed {
 }
 
 impl Constraint {
+    /// The tokens that may come next, or `None` where the answer is free (outside a strict
+    /// call's arguments).
+    pub fn allowed(&mut self) -> Option<Allowed> {
+        self.matching.as_mut().map(Matching::allowed)
+    }
+
+    /// Advance past the token the sampler chose.
+    pub fn commit(&mut self, token: u32) {
+        if let Some(m) = &mut self.matching {
+            m.commit(token);
+        }
+        let Some(w) = &mut self.watch else {
+            return;
+        };
+        // A strict call's end hands the answer back to the model (it goes on past
+        // `<|call|>` only with `ignore_eos`).
+        if self
+            .matching
+            .as_ref()
+            .is_some_and(|m| m.ends.contains(&token))
+        {
+            self.matching = None;
+        }
+        for d in w.parser.push(token) {
+            if let Channel::ToolName(_) = d.channel {
+                self.matching = w
+                    .functions
+                    .iter()
+                    .find(|f| f.name == d.text)
+                    .map(|f| f.arguments.start());
+            }
+        }
+    }
+
+    /// Whether the text so far is a complete value of the grammar (false where the answer
+    /// is free).
+    pub fn is_accepting(&mut self) -> bool {
+        self.matching.as_mut().is_some_and(Matching::is_accepting)
+    }
+}
+
+impl Matching {
     /// The tokens that may come next: what keeps the JSON valid, or only the end tokens
     /// once it is complete. After an llguidance error (its limits, say), only the end
     /// tokens, so the answer ends instead of leaving the grammar.
-    pub fn allowed(&mut self) -> Allowed {
+    fn allowed(&mut self) -> Allowed {
         if !self.failed {
             match self.matcher.compute_mask_or_eos() {
                 Ok(mut m) => {
@@ -332,8 +479,7 @@ impl Constraint {
         Allowed(m)
     }
 
-    /// Advance past the token the sampler chose.
-    pub fn commit(&mut self, token: u32) {
+    fn commit(&mut self, token: u32) {
         if self.failed || self.matcher.is_stopped() {
             return;
         }
@@ -342,8 +488,7 @@ impl Constraint {
         }
     }
 
-    /// Whether the text so far is a complete value of the grammar.
-    pub fn is_accepting(&mut self) -> bool {
+    fn is_accepting(&mut self) -> bool {
         !self.failed && self.matcher.is_accepting().unwrap_or(false)
     }
 
@@ -443,13 +588,13 @@ mod tests {
             .unwrap()
             .start();
         answer.commit(tok().encode_text("1")[0]);
-        assert_eq!(answer.allowed().ids(), vec![ret()]);
+        assert_eq!(answer.allowed().unwrap().ids(), vec![ret()]);
         let mut args = SO
             .compile_arguments(&serde_json::json!({"const": 1}))
             .unwrap()
             .start();
         args.commit(tok().encode_text("1")[0]);
-        assert_eq!(args.allowed().ids(), vec![call_tokens().call]);
+        assert_eq!(args.allowed().unwrap().ids(), vec![call_tokens().call]);
     }
 
     #[test]
@@ -499,6 +644,90 @@ mod tests {
     }
 
     #[test]
+    fn strict_calls_are_free_until_a_strict_function_is_called() {
+        let t = tok();
+        let ids = |text: &str| t.encode_with_specials(text).unwrap();
+        let functions = [CallSchema {
+            name: "get_weather".into(),
+            parameters: serde_json::json!({"type": "object", "properties": {"city": {"enum": ["Paris", "Oslo"]}}, "required": ["city"], "additionalProperties": false}),
+        }];
+        let g = Arc::new(SO.compile_strict_calls(&functions).unwrap());
+        // A final answer, and a call of a function that is not strict: never constrained.
+        for text in [
+            "<|channel|>analysis<|message|>Hmm.<|end|><|start|>assistant<|channel|>final<|message|>Hi<|return|>",
+            "<|channel|>commentary to=functions.lookup <|constrain|>json<|message|>{\"q\": 1}<|call|>",
+        ] {
+            let mut c = g.start();
+            for id in ids(text) {
+                assert!(c.allowed().is_none(), "{text}");
+                c.commit(id);
+            }
+        }
+        // Both places of the recipient, also after an analysis message: from `<|message|>`
+        // the arguments follow the schema, whatever the logits prefer, up to `<|call|>`.
+        for (seed, header) in [
+            "<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>",
+            " to=functions.get_weather<|channel|>commentary json<|message|>",
+            "<|channel|>analysis<|message|>x<|end|><|start|>assistant to=functions.get_weather<|channel|>commentary json<|message|>",
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let mut s = Sampler::new(SamplingParams {
+                temperature: 1.5,
+                seed: Some(seed as u64),
+                grammar: Some(g.clone()),
+                ..Default::default()
+            });
+            for id in ids(header) {
+                let mut forced = vec![0.0f32; VOCAB];
+                forced[id as usize] = 100.0;
+                assert_eq!(s.sample(&forced, &[]).token, id, "{header}");
+            }
+            let mut logits: Vec<f32> = (0..VOCAB).map(|i| (i % 89) as f32 * 0.01).collect();
+            for id in t.encode_text("hello") {
+                logits[id as usize] = 50.0;
+            }
+            logits[ret() as usize] = 60.0;
+            let mut args = Vec::new();
+            for _ in 0..40 {
+                let id = s.sample(&logits, &[]).token;
+                if id == call_tokens().call {
+                    break;
+                }
+                args.push(id);
+            }
+            let text = t.decode(&args, false);
+            let v: serde_json::Value =
+                serde_json::from_str(&text).unwrap_or_else(|e| panic!("{header}: {text}: {e}"));
+            assert!(
+                ["Paris", "Oslo"].contains(&v["city"].as_str().unwrap_or_default())
+                    && v.as_object().unwrap().len() == 1,
+                "{header}: {text}"
+            );
+        }
+        // After the call's end (generation goes on only with ignore_eos) the answer is free.
+        let mut c = g.start();
+        for id in ids(
+            "<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{\"city\":\"Oslo\"}",
+        ) {
+            c.commit(id);
+        }
+        assert_eq!(c.allowed().unwrap().ids(), vec![call_tokens().call]);
+        c.commit(call_tokens().call);
+        assert!(c.allowed().is_none());
+        // A schema llguidance refuses is named by its index.
+        let bad = [
+            functions[0].clone(),
+            CallSchema {
+                name: "b".into(),
+                parameters: serde_json::json!({"type": "banana"}),
+            },
+        ];
+        assert_eq!(SO.compile_strict_calls(&bad).err().map(|(i, _)| i), Some(1));
+    }
+
+    #[test]
     fn the_mask_follows_a_tiny_grammar_and_then_allows_only_the_end() {
         let g = SO
             .compile(&serde_json::json!({"enum": ["yes", "no"]}))
@@ -509,7 +738,7 @@ mod tests {
         let mut c = g.start();
         let mut text: Vec<u8> = Vec::new();
         for _ in 0..8 {
-            let a = c.allowed();
+            let a = c.allowed().unwrap();
             let ids = a.ids();
             assert!(!ids.is_empty());
             if words.contains(&text.as_slice()) {

@@ -94,7 +94,7 @@ impl Tokenizer {
 
 /// Turns a stream of token bytes into text, holding back an incomplete UTF-8 sequence
 /// until the bytes that finish it arrive (a token may end in the middle of a character).
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 pub struct StreamDecoder {
     pending: Vec<u8>,
 }

@@ -280,6 +280,14 @@ impl ModelBackend for Gated {
     fn set_prefix_caching(&mut self, on: bool) {
         self.inner.set_prefix_caching(on);
     }
+    fn can_fork(&self) -> bool {
+        self.inner.can_fork()
+    }
+    fn fork_seq(&mut self, src: SeqId, len: usize, max_tokens: usize) -> Option<SeqId> {
+        let s = self.inner.fork_seq(src, len, max_tokens)?;
+        self.probe.live.fetch_add(1, Ordering::SeqCst);
+        Some(s)
+    }
     fn forward(&mut self, batch: &[SeqStep<'_>]) -> anyhow::Result<Vec<Vec<f32>>> {
         self.probe.started.store(true, Ordering::SeqCst);
         {
@@ -344,13 +352,19 @@ pub fn metric(text: &str, name_with_labels_prefix: &str) -> Option<f64> {
 }
 
 /// Whether python3 with the official `openai` client (and pydantic, which it brings) can be
-/// imported; prints why `test` is skipped when not.
+/// imported; prints why `test` is skipped when not. With `MXTUNE_TEST_OPENAI=require` (CI)
+/// a missing client fails the test instead.
 pub fn has_python_openai(test: &str) -> bool {
     let ok = std::process::Command::new("python3")
         .args(["-c", "import openai, pydantic"])
         .output()
         .is_ok_and(|o| o.status.success());
     if !ok {
+        assert!(
+            std::env::var("MXTUNE_TEST_OPENAI").as_deref() != Ok("require"),
+            "{test}: MXTUNE_TEST_OPENAI=require, but python3 cannot import openai and pydantic \
+             (pip install openai)"
+        );
         eprintln!("SKIPPED {test}: python3 with `openai` not found (pip install openai)");
     }
     ok

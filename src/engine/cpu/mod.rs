@@ -41,6 +41,20 @@ impl KvCache {
         self.tokens.len()
     }
 
+    /// A cache of the first `n` positions of this one (`kv_dim` values each per layer).
+    fn prefix(&self, n: usize, kv_dim: usize) -> Self {
+        let copy = |layers: &[Vec<f32>]| -> Vec<Vec<f32>> {
+            layers.iter().map(|l| l[..n * kv_dim].to_vec()).collect()
+        };
+        KvCache {
+            capacity: 0,
+            tokens: self.tokens[..n].to_vec(),
+            k: copy(&self.k),
+            v: copy(&self.v),
+            last_used: 0,
+        }
+    }
+
     /// Keep the first `n` positions (`kv_dim` values each per layer).
     fn truncate(&mut self, n: usize, kv_dim: usize) {
         self.tokens.truncate(n);
@@ -140,17 +154,11 @@ impl CpuBackend {
                 .map(|c| (ch.key, c, ch.cached.min(max_tokens)))
         }) {
             Some(found) => found,
-            None => {
-                // Ids wrap after 2^32 allocations; skip any in use or kept.
-                while self.seqs.contains_key(&SeqId(self.next_id))
-                    || self.free.contains_key(&SeqId(self.next_id))
-                {
-                    self.next_id = self.next_id.wrapping_add(1);
-                }
-                let id = SeqId(self.next_id);
-                self.next_id = self.next_id.wrapping_add(1);
-                (id, KvCache::new(self.weights.config.num_hidden_layers), 0)
-            }
+            None => (
+                self.fresh_id(),
+                KvCache::new(self.weights.config.num_hidden_layers),
+                0,
+            ),
         };
         cache.truncate(cached, kv_dim);
         cache.capacity = max_tokens;
@@ -158,6 +166,18 @@ impl CpuBackend {
         self.reserved_tokens += max_tokens;
         self.evict_free();
         Some((id, cached))
+    }
+
+    /// An id no live or kept cache has (ids wrap after 2^32 allocations).
+    fn fresh_id(&mut self) -> SeqId {
+        while self.seqs.contains_key(&SeqId(self.next_id))
+            || self.free.contains_key(&SeqId(self.next_id))
+        {
+            self.next_id = self.next_id.wrapping_add(1);
+        }
+        let id = SeqId(self.next_id);
+        self.next_id = self.next_id.wrapping_add(1);
+        id
     }
 
     /// Drop the least recently used free caches while they and the reservations exceed the
@@ -419,6 +439,24 @@ impl ModelBackend for CpuBackend {
         self.take_cache(prompt, max_tokens)
     }
 
+    fn can_fork(&self) -> bool {
+        true
+    }
+
+    fn fork_seq(&mut self, src: SeqId, len: usize, max_tokens: usize) -> Option<SeqId> {
+        if len > max_tokens || self.reserved_tokens + max_tokens > self.kv_budget_tokens {
+            return None;
+        }
+        let source = self.seqs.get(&src).filter(|c| c.len() >= len)?;
+        let mut cache = source.prefix(len, self.weights.config.kv_dim());
+        cache.capacity = max_tokens;
+        let id = self.fresh_id();
+        self.seqs.insert(id, cache);
+        self.reserved_tokens += max_tokens;
+        self.evict_free();
+        Some(id)
+    }
+
     fn set_prefix_caching(&mut self, on: bool) {
         self.keep_free = on;
         if !on {
@@ -532,6 +570,23 @@ mod tests {
 
     /// Kept caches share the KV budget with live reservations: the least recently used go
     /// when a reservation needs their room, and never block one.
+    #[test]
+    fn a_forked_sequence_gives_the_logits_of_a_full_prefill() {
+        let mut be = tiny(256);
+        let prompt: Vec<u32> = (0..20).map(|k| 500 + 7 * k).collect();
+        let a = be.alloc_seq(64).expect("a slot");
+        let fresh = feed(&mut be, a, &prompt, 20);
+        // The source decodes on; the copy takes only the prompt's positions.
+        feed(&mut be, a, &[42], 1);
+        let b = be.fork_seq(a, 19, 64).expect("room for the copy");
+        assert_eq!(be.seq_len(b), Some(19));
+        assert_eq!(feed(&mut be, b, &prompt[19..], 1), fresh);
+        assert_eq!(be.seq_len(a), Some(21), "the source is untouched");
+        // More positions than the source holds, or more room than the budget leaves: none.
+        assert!(be.fork_seq(a, 22, 64).is_none());
+        assert!(be.fork_seq(a, 5, 200).is_none());
+    }
+
     #[test]
     fn kept_caches_are_evicted_least_recently_used_first_under_pressure() {
         let mut be = tiny(60);

@@ -345,7 +345,7 @@ pub struct Delta {
     pub text: String,
 }
 
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 enum State {
     /// Right after the prompt's `<|start|>assistant`: text that may still be the rest of the
     /// header (` to=functions.NAME` before `<|channel|>`) is held until it either starts
@@ -368,7 +368,7 @@ enum State {
 /// A message addressed to `functions.NAME` (` to=functions.NAME` in the role or the channel
 /// part of its header) is a tool call when tools are on; otherwise, and for any other
 /// recipient, its text is content.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct OutputParser {
     tok: Tokenizer,
     t: HarmonyTokens,

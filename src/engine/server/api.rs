@@ -14,9 +14,9 @@ use serde_json::Value;
 /// Most alternatives per token a client may ask for (vLLM's default `max_logprobs`).
 pub const MAX_LOGPROBS: usize = 20;
 
-/// Most choices (`n`) one request may ask for. Each choice is its own sequence, prompt
-/// included (the backend cannot share a prompt's KV between sequences yet), so `n` costs
-/// `n` prefills; vLLM's limit (`VLLM_MAX_N_SEQUENCES`) is 16384.
+/// Most choices (`n`) one request may ask for. Each choice is its own sequence with a KV
+/// slot of its own (with prefix caching on the CPU backend, the later ones copy the first
+/// one's prompt KV instead of prefilling it); vLLM's limit (`VLLM_MAX_N_SEQUENCES`) is 16384.
 pub const MAX_N: usize = 128;
 
 /// `prompt` of `/v1/completions`: text or token ids.
@@ -53,6 +53,8 @@ pub struct Common {
     /// the raw value, and unknown keys inside it stay accepted.
     pub stream_options: Option<Value>,
     pub stop: Option<StopInput>,
+    /// Kept as JSON so a wrong type gets a 400 naming the field.
+    pub stop_token_ids: Option<Value>,
     #[serde(default)]
     pub include_stop_str_in_output: bool,
     #[serde(default)]
@@ -212,6 +214,10 @@ pub enum Constrained {
     /// `tool_choice: "required"`: a call of one of these functions (in the order of `tools`),
     /// its arguments following that function's schema.
     AnyCall(Vec<CallSchema>),
+    /// `tool_choice: "auto"` with functions marked `strict: true`: the answer is free, but a
+    /// call of one of them has arguments that follow its schema. Each with its index in
+    /// `tools`.
+    StrictCalls(Vec<(usize, CallSchema)>),
 }
 
 /// A number field of the body that may be absent or null; anything else is a 400 naming it.
@@ -289,6 +295,33 @@ fn logit_bias(
         out.push((id, bias));
     }
     Ok(out)
+}
+
+/// `stop_token_ids` (vLLM's): token ids of the vocabulary that end generation; none if unset.
+fn stop_token_ids(v: Option<&Value>, vocab_size: usize) -> Result<Vec<u32>, ApiError> {
+    let param = "stop_token_ids";
+    let list = match v {
+        None | Some(Value::Null) => return Ok(Vec::new()),
+        Some(Value::Array(list)) => list,
+        Some(other) => {
+            return Err(ApiError::invalid(
+                param,
+                format!("stop_token_ids must be a list of token ids, got {other}"),
+            ));
+        }
+    };
+    list.iter()
+        .map(|x| match x.as_u64() {
+            Some(id) if id < vocab_size as u64 => Ok(id as u32),
+            _ => Err(ApiError::invalid(
+                param,
+                format!(
+                    "stop_token_ids must hold token ids from 0 to {}, got {x}",
+                    vocab_size.saturating_sub(1)
+                ),
+            )),
+        })
+        .collect()
 }
 
 /// What `stream_options` asks for.
@@ -437,6 +470,7 @@ fn prepare_common(
         ));
     }
     let logit_bias = logit_bias(c.logit_bias.as_ref(), lim.vocab_size)?;
+    let stop_token_ids = stop_token_ids(c.stop_token_ids.as_ref(), lim.vocab_size)?;
     let room = lim.max_model_len - prompt.len();
     let max_tokens = match max_tokens {
         Some(0) if echo.is_some() => 0,
@@ -526,6 +560,7 @@ fn prepare_common(
             max_tokens,
             min_tokens,
             ignore_eos: c.ignore_eos,
+            stop_token_ids,
             logprobs,
             presence_penalty,
             frequency_penalty,
@@ -700,6 +735,14 @@ fn functions(tools: &[Json]) -> Result<Vec<Function>, ApiError> {
         });
     }
     Ok(out)
+}
+
+/// Whether `tools[i]` (checked by [`functions`]) sets `function.strict: true`.
+fn is_strict(tool: &Json) -> bool {
+    matches!(
+        tool.get("function").and_then(|f| f.get("strict")),
+        Some(Json::Bool(true))
+    )
 }
 
 /// The schema a call's arguments follow: the function's `parameters`, or any JSON object
@@ -1092,7 +1135,21 @@ impl ChatRequest {
         p.tools = choice != ToolChoice::None && !functions.is_empty();
         p.prefill = renderer.prefill_tokens(prefill);
         // A call forced by tool_choice follows its function's schema, as vLLM guides it; a
-        // call the model chooses under `auto` is not constrained (docs/api.md).
+        // call the model chooses under `auto` does when its function is strict (docs/api.md).
+        let tools = self.tools.as_deref().unwrap_or_default();
+        let strict: Vec<(usize, CallSchema)> = functions
+            .iter()
+            .zip(tools)
+            .enumerate()
+            .filter(|(_, (_, t))| is_strict(t))
+            .map(|(i, (f, _))| {
+                let call = CallSchema {
+                    name: f.name.clone(),
+                    parameters: arguments_schema(f),
+                };
+                (i, call)
+            })
+            .collect();
         p.constrained = match &choice {
             ToolChoice::Named(n) => {
                 functions
@@ -1112,6 +1169,10 @@ impl ChatRequest {
                     })
                     .collect(),
             )),
+            // A structured answer is a final message: no call to constrain.
+            ToolChoice::Auto if schema.is_none() && !strict.is_empty() => {
+                Some(Constrained::StrictCalls(strict))
+            }
             ToolChoice::None | ToolChoice::Auto => {
                 schema.map(|(param, schema)| Constrained::Answer { param, schema })
             }

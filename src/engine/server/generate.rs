@@ -43,6 +43,9 @@ struct Output {
     source: TextSource,
     stops: [StopStrings; 2],
     return_ids: bool,
+    /// The request's `stop_token_ids` whose text is left out of the answer (all of them,
+    /// unless `include_stop_str_in_output`), as vLLM leaves out the token that stopped it.
+    hidden_stops: Vec<u32>,
     completion_tokens: usize,
     /// The id of each tool call of the answer, by call number.
     call_ids: Vec<String>,
@@ -73,6 +76,11 @@ impl Output {
                 StopStrings::including(p.stop.clone(), p.include_stop_str_in_output),
             ],
             return_ids: p.return_tokens_as_token_ids,
+            hidden_stops: if p.include_stop_str_in_output {
+                Vec::new()
+            } else {
+                p.sampling.stop_token_ids.clone()
+            },
             completion_tokens: 0,
             call_ids: Vec::new(),
         })
@@ -134,6 +142,10 @@ impl Output {
 
     fn on_token(&mut self, id: u32) -> TokenOut {
         self.completion_tokens += 1;
+        // Such a token ends generation (the scheduler stops on it), so it is the last.
+        if self.hidden_stops.contains(&id) {
+            return TokenOut::default();
+        }
         let raw = match &mut self.source {
             TextSource::Plain(d) => {
                 if self.tok.is_special(id) {

@@ -341,6 +341,21 @@ impl AppState {
                         )),
                     })
             }
+            Constrained::StrictCalls(strict) => {
+                let functions: Vec<_> = strict.iter().map(|(_, f)| f.clone()).collect();
+                structured
+                    .compile_strict_calls(&functions)
+                    .map_err(|(k, e)| {
+                        let param = format!("tools[{}].function.parameters", strict[k].0);
+                        ApiError::invalid(
+                            &param,
+                            format!(
+                                "{param} cannot be enforced on the arguments of a call of this \
+                                 function, which sets `strict: true`: {e}"
+                            ),
+                        )
+                    })
+            }
         }
     }
 }
