@@ -250,6 +250,31 @@ impl ModelBackend for CudaBackend {
         self.take_slot(prompt, max_tokens)
     }
 
+    fn can_fork(&self) -> bool {
+        true
+    }
+
+    // A free slot (the one sharing the longest prefix with the source's first `len` tokens,
+    // as admission picks) gets the rest of those positions' KV copied on the device.
+    fn fork_seq(&mut self, src: SeqId, len: usize, max_tokens: usize) -> Option<SeqId> {
+        let s = src.0 as usize;
+        let toks = self
+            .slots
+            .get(s)
+            .filter(|x| x.busy && x.tokens.len() >= len && len <= max_tokens)?
+            .tokens[..len]
+            .to_vec();
+        let (id, cached) = self.take_slot(&toks, max_tokens)?;
+        let d = id.0 as usize;
+        if let Err(e) = self.dec.copy_kv(&self.gpu, s, d, cached, len) {
+            tracing::warn!("fork of sequence {s} failed, its choice prefills instead: {e:#}");
+            self.free_seq(id);
+            return None;
+        }
+        self.slots[d].tokens = toks;
+        Some(id)
+    }
+
     fn forward(&mut self, batch: &[SeqStep<'_>]) -> Result<Vec<Vec<f32>>> {
         let rows = self.place(batch)?;
         let mut out = vec![Vec::new(); batch.len()];

@@ -215,6 +215,20 @@ impl Gpu {
             .drv(|| "copying a device buffer to the host".into())
     }
 
+    /// Copy `bytes` from device address `src` to `dst` on the stream (ordered with the
+    /// launches). Both ranges must lie inside live buffers and not overlap: the callers check.
+    pub fn copy_dtod(&self, dst: u64, src: u64, bytes: usize) -> Result<()> {
+        if bytes == 0 {
+            return Ok(());
+        }
+        // SAFETY: the caller guarantees both ranges lie inside allocations of this context
+        // that outlive the stream's work, and do not overlap.
+        unsafe {
+            cudarc::driver::result::memcpy_dtod_async(dst, src, bytes, self.stream.cu_stream())
+        }
+        .drv(|| format!("copying {bytes} bytes on the device"))
+    }
+
     /// Raw device address of a buffer, for [`Arg::Ptr`].
     pub fn ptr<T>(&self, s: &CudaSlice<T>) -> u64 {
         let (p, _guard) = s.device_ptr(&self.stream);

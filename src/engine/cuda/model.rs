@@ -349,6 +349,31 @@ impl Decoder {
         self.max_pos
     }
 
+    /// Copy KV positions `from..to` of slot `src` into slot `dst`, every layer, K and V (the
+    /// cache is [layer][slot][position][KV head][dim]): the `n` choices of a prompt share
+    /// its prefill.
+    pub fn copy_kv(&self, g: &Gpu, src: usize, dst: usize, from: usize, to: usize) -> Result<()> {
+        anyhow::ensure!(
+            src < self.slots && dst < self.slots && src != dst && from <= to && to <= self.max_pos,
+            "copy_kv: slots {src} -> {dst}, positions {from}..{to} outside {} slots of {} \
+             positions",
+            self.slots,
+            self.max_pos
+        );
+        let c = &self.cfg;
+        let row = c.num_key_value_heads * c.head_dim * self.opts.kv_dtype.size();
+        let slot_bytes = self.max_pos * row;
+        let layer_bytes = self.slots * slot_bytes;
+        for cache in [&self.k_cache, &self.v_cache] {
+            let base = g.ptr(cache);
+            for li in 0..c.num_hidden_layers {
+                let at = |slot: usize| (li * layer_bytes + slot * slot_bytes + from * row) as u64;
+                g.copy_dtod(base + at(dst), base + at(src), (to - from) * row)?;
+            }
+        }
+        Ok(())
+    }
+
     /// Bytes the dense projections and the lm_head occupy on the device (bf16 or MXFP4, as
     /// `--mxfp4-layers` left them).
     pub fn dense_bytes(&self) -> usize {

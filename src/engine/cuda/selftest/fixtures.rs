@@ -113,6 +113,79 @@ pub(super) struct E2e {
     pub(super) steps: usize,
 }
 
+/// `fork_seq` (the `n` choices of a prompt sharing its prefill): a sequence given a copy of
+/// another's first L positions, then fed the last prompt token and 4 greedy tokens, against a
+/// sequence that computed those L positions itself the same way (a prefill of L tokens, then
+/// the same single-token steps). Same kernels on both, so the logits must be identical; a
+/// wrong slot, layer or position copied shows as a large error. Two slots: the source takes
+/// the empty one, so the fork lands in the slot another sequence wrote first.
+fn check_fork(g: &std::sync::Arc<Gpu>, seed: u64) -> Result<Vec<Check>> {
+    use crate::engine::backend::{ModelBackend, SeqStep};
+    use crate::engine::cuda::backend::CudaBackend;
+    use crate::engine::cuda::gates::DecodeOptions;
+    let cfg = crate::engine::synthetic::config("tiny")?;
+    let dw = crate::engine::cuda::weights::synthetic_device(g, &cfg, seed)?;
+    let mut be = CudaBackend::new(
+        g.clone(),
+        &cfg,
+        dw,
+        DecodeOptions::default(),
+        2,
+        64,
+        2,
+        true,
+    )?;
+    let vocab = cfg.vocab_size as u64;
+    let mut s = Seeds(seed ^ 0xf0f0);
+    let prompt: Vec<u32> = (0..19).map(|_| (s.next() % vocab) as u32).collect();
+    let l = prompt.len() - 1;
+    // Another sequence in one slot first (freed, so the least recently used slot is the
+    // other one, which the source then takes).
+    let other = be.alloc_seq(64).context("no KV slot")?;
+    let junk: Vec<u32> = (0..30).map(|_| (s.next() % vocab) as u32).collect();
+    be.forward(&[SeqStep {
+        seq: other,
+        tokens: &junk,
+    }])?;
+    be.free_seq(other);
+    let src = be.alloc_seq(64).context("no KV slot")?;
+    be.forward(&[SeqStep {
+        seq: src,
+        tokens: &prompt[..l],
+    }])?;
+    let fork = be
+        .fork_seq(src, l, 64)
+        .context("fork_seq refused a live sequence")?;
+    let (mut worst, mut steps) = (0.0f64, 0usize);
+    let mut feed = [prompt[l], prompt[l]];
+    for _ in 0..5 {
+        let out = be.forward(&[
+            SeqStep {
+                seq: src,
+                tokens: &feed[..1],
+            },
+            SeqStep {
+                seq: fork,
+                tokens: &feed[1..],
+            },
+        ])?;
+        let want: Vec<f64> = out[0].iter().map(|&v| f64::from(v)).collect();
+        worst = worst.max(rel_err(&out[1], &want));
+        steps += 1;
+        let t = r::argmax(&out[0]) as u32;
+        feed = [t, t];
+    }
+    be.free_seq(src);
+    be.free_seq(fork);
+    Ok(vec![check(
+        format!(
+            "fork_seq: KV copied between slots, {steps} steps after the fork logits vs the source"
+        ),
+        worst,
+        0.0,
+    )])
+}
+
 /// `CudaBackend::forward_sampled` against `forward` + the host's `sampling::choose` on the
 /// tiny synthetic model: two copies of three sequences (prompts of 5, 3 and 1 tokens, batches
 /// of 2 so steps split) fed the same tokens, one copy through each path, same seeds. Rows:
@@ -689,6 +762,7 @@ pub fn run_model_checks(
     }
     res.extend(check_forward_sampled(g, seed, Fp4Layers::Moe)?);
     res.extend(check_forward_sampled(g, seed, Fp4Layers::All)?);
+    res.extend(check_fork(g, seed)?);
     res.extend(check_routed_experts(g, seed)?);
     if let Some(dir) = fixtures {
         let mut models: Vec<_> = std::fs::read_dir(dir)
