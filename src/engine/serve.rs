@@ -958,7 +958,7 @@ mod tests {
                 "kernel-path backend=cuda",
                 "kernel-path moe_kernel=gemv+grouped",
                 "kernel-path activation=bf16",
-                "kernel-path tile=64x128",
+                "kernel-path tile=128x128",
                 "kernel-path mxfp4_layers=moe",
                 "kernel-path kv_dtype=bf16",
                 "kernel-path sinks=on",
