@@ -5,42 +5,10 @@
 
 use super::config::MXFP4_GROUP;
 
-/// Bytes in one packed block of [`MXFP4_GROUP`] values.
-pub const BLOCK_BYTES: usize = MXFP4_GROUP / 2;
+// Decoding is one of the CPU engine's inner loops: it lives in the optimised kernel crate.
+pub use mxtune_cpu_kernels::mxfp4::{BLOCK_BYTES, E2M1, decode_block, decode_row, e8m0_scale};
 
-/// E2M1 value of each nibble 0..15 (bit 3 is the sign).
-pub const E2M1: [f32; 16] = [
-    0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0,
-];
-
-/// 2^(s−127) for an E8M0 scale byte, as `ldexp` computes it (0 → 2^−127, 255 → +inf).
-pub fn e8m0_scale(s: u8) -> f32 {
-    match s {
-        0 => f32::from_bits(0x0040_0000),
-        255 => f32::INFINITY,
-        _ => f32::from_bits(u32::from(s) << 23),
-    }
-}
-
-/// Decode one 16-byte block into its 32 values (scale applied).
-pub fn decode_block(block: &[u8], scale: u8, out: &mut [f32]) {
-    let s = e8m0_scale(scale);
-    for (j, &b) in block.iter().enumerate().take(BLOCK_BYTES) {
-        out[2 * j] = E2M1[usize::from(b & 0x0F)] * s;
-        out[2 * j + 1] = E2M1[usize::from(b >> 4)] * s;
-    }
-}
-
-/// Decode a whole packed row (`cols / 32` blocks and scales) into `out` (length `cols`).
-pub fn decode_row(blocks: &[u8], scales: &[u8], out: &mut [f32]) {
-    for ((blk, &s), o) in blocks
-        .chunks_exact(BLOCK_BYTES)
-        .zip(scales)
-        .zip(out.chunks_exact_mut(MXFP4_GROUP))
-    {
-        decode_block(blk, s, o);
-    }
-}
+const _: () = assert!(mxtune_cpu_kernels::mxfp4::GROUP == MXFP4_GROUP);
 
 // ---- Quantization (bf16 → MXFP4), for dense layers converted at load (`--mxfp4-layers`).
 //

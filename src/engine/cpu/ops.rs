@@ -3,6 +3,7 @@
 //! products); activations are fp32.
 
 use half::bf16;
+use mxtune_cpu_kernels::{self as kernels, dot};
 use rayon::prelude::*;
 
 use crate::engine::config::ModelConfig;
@@ -36,9 +37,7 @@ pub fn rms_norm(x: &[f32], w: &[bf16], eps: f32) -> Vec<f32> {
 pub fn linear(x: &[f32], w: &[bf16], bias: Option<&[bf16]>, n_out: usize) -> Vec<f32> {
     let n_in = w.len() / n_out;
     by_weight_row(x, n_in, n_out, |j, scratch| {
-        for (s, v) in scratch.iter_mut().zip(&w[j * n_in..(j + 1) * n_in]) {
-            *s = v.to_f32();
-        }
+        kernels::widen_bf16(&w[j * n_in..(j + 1) * n_in], scratch);
         bias.map_or(0.0, |b| b[j].to_f32())
     })
 }
@@ -62,9 +61,7 @@ fn by_weight_row(
             || vec![0.0f32; n_in],
             |scratch, (j, o)| {
                 let b = load(j, scratch);
-                for (oi, xr) in o.iter_mut().zip(x.chunks_exact(n_in)) {
-                    *oi = dot(scratch, xr) + b;
-                }
+                kernels::dot_rows(scratch, x, b, o);
             },
         );
     let mut out = vec![0.0f32; n * n_out];
@@ -159,9 +156,7 @@ pub fn attention_with_sinks(
     for (j, s) in scores.iter().enumerate() {
         let p = (s - m).exp();
         denom += p;
-        for (o, vi) in out.iter_mut().zip(&values[j * stride..j * stride + d]) {
-            *o += p * vi;
-        }
+        kernels::axpy(p, &values[j * stride..j * stride + d], out);
     }
     for o in out.iter_mut() {
         *o /= denom;
@@ -175,24 +170,6 @@ pub fn window_start(pos: usize, sliding: bool, window: usize) -> usize {
     } else {
         0
     }
-}
-
-/// fp32 dot product with 8 independent partial sums (lets the compiler use SIMD).
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    let mut acc = [0.0f32; 8];
-    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
-    let tail: f32 = ca
-        .remainder()
-        .iter()
-        .zip(cb.remainder())
-        .map(|(x, y)| x * y)
-        .sum();
-    for (xa, xb) in ca.zip(cb) {
-        for k in 0..8 {
-            acc[k] += xa[k] * xb[k];
-        }
-    }
-    acc.iter().sum::<f32>() + tail
 }
 
 /// Top-k experts by router logit (ties: lower index first) with weights from a softmax
