@@ -11,6 +11,15 @@ typedef unsigned char u8;
 #ifndef MOE_DECODE_MINB
 #define MOE_DECODE_MINB 3
 #endif
+// The decode MoE's `_slots` kernels (moe_gemv.cu: a unit's items in MOE_SLOTS_NI fixed slots,
+// for rows of up to 32 * MOE_SLOTS_NI blocks of 32) and the blocks per SM they are compiled for
+// (their slots take ~115 registers a thread).
+#ifndef MOE_SLOTS_NI
+#define MOE_SLOTS_NI 3
+#endif
+#ifndef MOE_SLOTS_MINB
+#define MOE_SLOTS_MINB 2
+#endif
 #ifndef GEMV_MINB
 #define GEMV_MINB 1
 #endif

@@ -214,7 +214,7 @@ extern __shared__ float moe_smem[];
 // finishes, so the pipeline does not drain between units. The first loads are issued before
 // the staging. Dynamic shared memory: the policy's staged x (ActF32: hidden / 32 * STAGE_PAD
 // floats; 8-bit: hidden / 32 * (ACT8_PAD + 4) bytes). units <= 32 (a lane holds one unit's bias).
-template <class A>
+template <class A, bool SLOTS>
 __device__ __forceinline__ void moe_gate_up_body(const u8* __restrict__ blocks,
                                                  const u8* __restrict__ scales,
                                                  const bf16_t* __restrict__ bias,
@@ -236,6 +236,52 @@ __device__ __forceinline__ void moe_gate_up_body(const u8* __restrict__ blocks,
     const bool bl = lane < units && jb < inter;
     const float bgate = bl ? bf2f(bias[(size_t)e * rows + 2 * jb]) : 0.0f;
     const float blin = bl ? bf2f(bias[(size_t)e * rows + 2 * jb + 1]) : 0.0f;
+    if constexpr (SLOTS) {
+        // A unit's items in fixed slots (the host launches this only for ni <= MOE_SLOTS_NI),
+        // all in flight at once; item i of the next unit is loaded into slot i as soon as
+        // slot i is consumed. The same sums in the same order as the item sequence below.
+        const int nu = min(units, inter - j0);  // this warp's units (none for a tail warp)
+        const uint4* bw = be + 2 * (size_t)j0 * nb + lane;
+        const u8* sw = se + 2 * (size_t)j0 * nb + lane;
+        uint4 wg[MOE_SLOTS_NI], wl[MOE_SLOTS_NI];
+        unsigned sg[MOE_SLOTS_NI], sl[MOE_SLOTS_NI];
+        auto load = [&](int uu, int i) {
+            if (i < ni && lane + 32 * i < nb) {
+                const size_t o = 2 * (size_t)uu * nb + 32 * i;
+                wg[i] = __ldg(bw + o);
+                wl[i] = __ldg(bw + o + nb);
+                sg[i] = sw[o];
+                sl[i] = sw[o + nb];
+            }
+        };
+        if (nu > 0) {
+#pragma unroll
+            for (int i = 0; i < MOE_SLOTS_NI; ++i) load(0, i);
+        }
+        A::stage(x + (size_t)t * hidden, xs, hidden);
+        __syncthreads();
+        for (int uu = 0; uu < nu; ++uu) {
+            float g = 0.0f, l = 0.0f;
+#pragma unroll
+            for (int i = 0; i < MOE_SLOTS_NI; ++i) {
+                const uint4 cg = wg[i], cl = wl[i];
+                const unsigned csg = sg[i], csl = sl[i];
+                if (uu + 1 < nu) load(uu + 1, i);
+                const int b = lane + 32 * i;
+                if (i < ni && b < nb) {
+                    g += A::dot(cg, xs, b, nb) * e8m0_value(csg);
+                    l += A::dot(cl, xs, b, nb) * e8m0_value(csl);
+                }
+            }
+            g = warp_sum(g);
+            l = warp_sum(l);
+            const float bg = __shfl_sync(0xffffffffu, bgate, uu);
+            const float bli = __shfl_sync(0xffffffffu, blin, uu);
+            if (lane == 0)
+                act[((size_t)t * k + s) * inter + j0 + uu] = swiglu_clamped(g + bg, l + bli, limit, alpha);
+        }
+        return;
+    }
     uint4 ng[2], nl[2];
     unsigned nsg[2], nsl[2];
     int fu = 0, fi = 0;  // the next item to load: unit fu, item fi
@@ -287,19 +333,22 @@ __device__ __forceinline__ void moe_gate_up_body(const u8* __restrict__ blocks,
     }
 }
 
-#define MOE_GATE_UP_KERNEL(name, policy)                                                        \
-    extern "C" __global__ void __launch_bounds__(256, MOE_DECODE_MINB)                          \
+#define MOE_GATE_UP_KERNEL(name, policy, slots, minb)                                           \
+    extern "C" __global__ void __launch_bounds__(256, minb)                                     \
     name(const u8* __restrict__ blocks, const u8* __restrict__ scales,                          \
          const bf16_t* __restrict__ bias, const float* __restrict__ x,                          \
          const int* __restrict__ idx, float* __restrict__ act, int inter, int hidden, int k,    \
          float limit, float alpha, int units) {                                                 \
         pdl_enter();                                                                            \
-        moe_gate_up_body<policy>(blocks, scales, bias, x, idx, act, inter, hidden, k, limit,    \
+        moe_gate_up_body<policy, slots>(blocks, scales, bias, x, idx, act, inter, hidden, k, limit,    \
                                  alpha, units);                                                 \
     }
-MOE_GATE_UP_KERNEL(moe_gate_up_swiglu, ActF32)
-MOE_GATE_UP_KERNEL(moe_gate_up_swiglu_q8, ActQ8)
-MOE_GATE_UP_KERNEL(moe_gate_up_swiglu_fp8, ActFp8)
+MOE_GATE_UP_KERNEL(moe_gate_up_swiglu, ActF32, false, MOE_DECODE_MINB)
+MOE_GATE_UP_KERNEL(moe_gate_up_swiglu_q8, ActQ8, false, MOE_DECODE_MINB)
+MOE_GATE_UP_KERNEL(moe_gate_up_swiglu_fp8, ActFp8, false, MOE_DECODE_MINB)
+MOE_GATE_UP_KERNEL(moe_gate_up_swiglu_slots, ActF32, true, MOE_SLOTS_MINB)
+MOE_GATE_UP_KERNEL(moe_gate_up_swiglu_q8_slots, ActQ8, true, MOE_SLOTS_MINB)
+MOE_GATE_UP_KERNEL(moe_gate_up_swiglu_fp8_slots, ActFp8, true, MOE_SLOTS_MINB)
 
 // part[t, s, r] = w[t, s] * (W2_e[r, :] . act[t, s, :] + b2_e[r]) for e = idx[t, s] (the down
 // bias inside the weighted sum), then y[t, r] (+)= the k slots' rows summed in slot order
@@ -311,7 +360,7 @@ MOE_GATE_UP_KERNEL(moe_gate_up_swiglu_fp8, ActFp8)
 // slot) keeps the staged activations small (I floats). The first weights are loaded before
 // the staging. Dynamic shared memory: the policy's staged activations of one slot (ActF32:
 // inter / 32 * STAGE_PAD floats; 8-bit: inter / 32 * (ACT8_PAD + 4) bytes). units <= 32.
-template <class A>
+template <class A, bool SLOTS>
 __device__ __forceinline__ void moe_down_body(const u8* __restrict__ blocks,
                                               const u8* __restrict__ scales,
                                               const bf16_t* __restrict__ bias,
@@ -334,6 +383,55 @@ __device__ __forceinline__ void moe_down_body(const u8* __restrict__ blocks,
     const bool bl = lane < units;
     const float b0v = bl && rb < hidden ? bf2f(bias[(size_t)e * hidden + rb]) : 0.0f;
     const float b1v = bl && rb + 1 < hidden ? bf2f(bias[(size_t)e * hidden + rb + 1]) : 0.0f;
+    if constexpr (SLOTS) {
+        // As moe_gate_up_body's slots: a unit's items in fixed slots, all in flight, the next
+        // unit's item i loaded as slot i is consumed (same sums, same order). hidden is a
+        // multiple of 32, so a unit's second row exists whenever its first does.
+        const int nu = min(units, (hidden - rw + 1) / 2);
+        const uint4* bw = be + (size_t)rw * nb + lane;
+        const u8* sw = se + (size_t)rw * nb + lane;
+        uint4 w0[MOE_SLOTS_NI], w1[MOE_SLOTS_NI];
+        unsigned s0[MOE_SLOTS_NI], s1[MOE_SLOTS_NI];
+        auto load = [&](int uu, int i) {
+            if (i < ni && lane + 32 * i < nb) {
+                const size_t o = 2 * (size_t)uu * nb + 32 * i;
+                w0[i] = __ldg(bw + o);
+                w1[i] = __ldg(bw + o + nb);
+                s0[i] = sw[o];
+                s1[i] = sw[o + nb];
+            }
+        };
+        if (nu > 0) {
+#pragma unroll
+            for (int i = 0; i < MOE_SLOTS_NI; ++i) load(0, i);
+        }
+        A::stage(act + ((size_t)t * k + s) * inter, as, inter);
+        __syncthreads();
+        for (int uu = 0; uu < nu; ++uu) {
+            float t0 = 0.0f, t1 = 0.0f;
+#pragma unroll
+            for (int i = 0; i < MOE_SLOTS_NI; ++i) {
+                const uint4 c0 = w0[i], c1 = w1[i];
+                const unsigned cs0 = s0[i], cs1 = s1[i];
+                if (uu + 1 < nu) load(uu + 1, i);
+                const int b = lane + 32 * i;
+                if (i < ni && b < nb) {
+                    t0 += A::dot(c0, as, b, nb) * e8m0_value(cs0);
+                    t1 += A::dot(c1, as, b, nb) * e8m0_value(cs1);
+                }
+            }
+            t0 = warp_sum(t0);
+            t1 = warp_sum(t1);
+            const float bb0 = __shfl_sync(0xffffffffu, b0v, uu);
+            const float bb1 = __shfl_sync(0xffffffffu, b1v, uu);
+            if (lane == 0) {
+                const float w = wts[t * k + s];
+                float* pp = part + ((size_t)t * k + s) * hidden + rw + 2 * uu;
+                pp[0] = w * (t0 + bb0);
+                pp[1] = w * (t1 + bb1);
+            }
+        }
+    } else {
     uint4 n0[2], n1[2];
     unsigned ns0[2], ns1[2];
     int fu = 0, fi = 0;  // the next item to load
@@ -389,6 +487,7 @@ __device__ __forceinline__ void moe_down_body(const u8* __restrict__ blocks,
             }
         }
     }
+    }
     // Publish this block's rows, then count it; the last slot block combines.
     __shared__ unsigned last_s;
     __threadfence();
@@ -411,17 +510,20 @@ __device__ __forceinline__ void moe_down_body(const u8* __restrict__ blocks,
     }
 }
 
-#define MOE_DOWN_KERNEL(name, policy)                                                           \
-    extern "C" __global__ void __launch_bounds__(256, MOE_DECODE_MINB)                          \
+#define MOE_DOWN_KERNEL(name, policy, slots, minb)                                              \
+    extern "C" __global__ void __launch_bounds__(256, minb)                                     \
     name(const u8* __restrict__ blocks, const u8* __restrict__ scales,                          \
          const bf16_t* __restrict__ bias, const float* __restrict__ act,                        \
          const int* __restrict__ idx, const float* __restrict__ wts, float* __restrict__ part,  \
          int hidden, int inter, int k, int units, float* __restrict__ y, int accumulate,        \
          unsigned* __restrict__ ctr) {                                                          \
         pdl_enter();                                                                            \
-        moe_down_body<policy>(blocks, scales, bias, act, idx, wts, part, hidden, inter, k,      \
+        moe_down_body<policy, slots>(blocks, scales, bias, act, idx, wts, part, hidden, inter, k,      \
                               units, y, accumulate, ctr);                                       \
     }
-MOE_DOWN_KERNEL(moe_down, ActF32)
-MOE_DOWN_KERNEL(moe_down_q8, ActQ8)
-MOE_DOWN_KERNEL(moe_down_fp8, ActFp8)
+MOE_DOWN_KERNEL(moe_down, ActF32, false, MOE_DECODE_MINB)
+MOE_DOWN_KERNEL(moe_down_q8, ActQ8, false, MOE_DECODE_MINB)
+MOE_DOWN_KERNEL(moe_down_fp8, ActFp8, false, MOE_DECODE_MINB)
+MOE_DOWN_KERNEL(moe_down_slots, ActF32, true, MOE_SLOTS_MINB)
+MOE_DOWN_KERNEL(moe_down_q8_slots, ActQ8, true, MOE_SLOTS_MINB)
+MOE_DOWN_KERNEL(moe_down_fp8_slots, ActFp8, true, MOE_SLOTS_MINB)

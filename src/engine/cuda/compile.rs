@@ -80,7 +80,13 @@ pub const KERNEL_FILES: &[KernelFile] = &[
             "moe_gate_up_swiglu_fp8",
             "moe_down",
             "moe_down_q8",
-            "moe_down_fp8"
+            "moe_down_fp8",
+            "moe_gate_up_swiglu_slots",
+            "moe_gate_up_swiglu_q8_slots",
+            "moe_gate_up_swiglu_fp8_slots",
+            "moe_down_slots",
+            "moe_down_q8_slots",
+            "moe_down_fp8_slots"
         ]
     ),
     kernel_file!("gemm_bf16.cu", ["gemm_bf16_tc"]),

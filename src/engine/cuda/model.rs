@@ -231,7 +231,9 @@ pub struct Decoder {
     moe_tc: bool,
     /// Units per warp of the SIMT decode MoE fixed by `$MXTUNE_MOE_UNITS` (None: picked per
     /// batch size, [`ops::MoeUnits::for_batch`]).
-    moe_units: Option<usize>,
+    moe_units: Option<(usize, usize)>,
+    /// The decode MoE kernels' loop (`$MXTUNE_MOE_LOOP`, [`ops::MoeLoop`]).
+    moe_loop: ops::MoeLoop,
     /// Decode-attention kernel choice (defaults, or `MXTUNE_ATTN*` overrides).
     attn: ops::AttnTuning,
     /// The prefill routes through `ops::router_rows` (`MXTUNE_PREFILL_ROUTER`).
@@ -296,6 +298,7 @@ impl Decoder {
             && opts.activation == ActFormat::Bf16
             && ops::moe_tc_fits(g, moe_shape(cfg));
         let moe_units = ops::MoeUnits::from_env()?;
+        let moe_loop = ops::MoeLoop::from_env()?;
         let attn = ops::AttnTuning::from_env()?;
         let prefill_router_rows = ops::prefill_router_rows_from_env()?;
         let grouped = ops::GroupedKernels::from_env()?;
@@ -323,6 +326,7 @@ impl Decoder {
             pre: None,
             moe_tc,
             moe_units,
+            moe_loop,
             prefill_router_rows,
             grouped,
             attn,
@@ -551,7 +555,7 @@ impl Decoder {
             entries: self.max_batch * hq * self.max_splits,
         };
         // The MoE's units per warp depend on the batch only: once per step.
-        let units = ops::MoeUnits::for_batch(g.sms(), sh.moe, n, self.moe_units);
+        let units = ops::MoeUnits::for_batch(g.sms(), sh.moe, n, self.moe_units, self.moe_loop);
         for (li, lw) in self.w.layers.iter().enumerate() {
             let l = self.layer_ptrs(g, li, lw);
             let attn_norm = Norm {
@@ -643,7 +647,18 @@ impl Decoder {
             if self.moe_tc {
                 ops::moe_gate_up_tc(g, &l.moe, sh.moe, experts, p(&r.h), idx, act, n)?;
             } else {
-                ops::moe_gate_up(g, &l.moe, sh.moe, fmt, p(&r.h), idx, act, n, units.gate_up)?;
+                ops::moe_gate_up(
+                    g,
+                    &l.moe,
+                    sh.moe,
+                    fmt,
+                    p(&r.h),
+                    idx,
+                    act,
+                    n,
+                    units.gate_up,
+                    units.lp,
+                )?;
             }
             mark(StepGroup::MoeGateUp.label(false))?;
             let (wts, part, x) = (p(&r.r_w), p(&r.part), p(&r.x));
@@ -663,6 +678,7 @@ impl Decoder {
                     n,
                     true,
                     units.down,
+                    units.lp,
                     g.ptr(&r.moe_ctr),
                 )?;
             }

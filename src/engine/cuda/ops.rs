@@ -946,22 +946,82 @@ const STAGE_PAD: usize = 36;
 /// also has a 4-byte scale.
 const ACT8_PAD: usize = 48;
 
-/// Which decode MoE kernel (gate_up + SwiGLU, or down) runs for activation format `fmt`, and
-/// its dynamic shared memory for `n` staged activations.
-fn moe_gemv_kernel(down: bool, fmt: ActFormat, n: usize) -> (&'static str, usize) {
-    let name = match (down, fmt) {
-        (false, ActFormat::Bf16) => "moe_gate_up_swiglu",
-        (false, ActFormat::Q8) => "moe_gate_up_swiglu_q8",
-        (false, ActFormat::Fp8) => "moe_gate_up_swiglu_fp8",
-        (true, ActFormat::Bf16) => "moe_down",
-        (true, ActFormat::Q8) => "moe_down_q8",
-        (true, ActFormat::Fp8) => "moe_down_fp8",
+/// Which decode MoE kernel (gate_up + SwiGLU, or down) runs for activation format `fmt` and
+/// loop (`slots`: the `_slots` kernels), and its dynamic shared memory for `n` staged
+/// activations.
+fn moe_gemv_kernel(down: bool, fmt: ActFormat, n: usize, slots: bool) -> (&'static str, usize) {
+    let name = match (down, fmt, slots) {
+        (false, ActFormat::Bf16, false) => "moe_gate_up_swiglu",
+        (false, ActFormat::Q8, false) => "moe_gate_up_swiglu_q8",
+        (false, ActFormat::Fp8, false) => "moe_gate_up_swiglu_fp8",
+        (true, ActFormat::Bf16, false) => "moe_down",
+        (true, ActFormat::Q8, false) => "moe_down_q8",
+        (true, ActFormat::Fp8, false) => "moe_down_fp8",
+        (false, ActFormat::Bf16, true) => "moe_gate_up_swiglu_slots",
+        (false, ActFormat::Q8, true) => "moe_gate_up_swiglu_q8_slots",
+        (false, ActFormat::Fp8, true) => "moe_gate_up_swiglu_fp8_slots",
+        (true, ActFormat::Bf16, true) => "moe_down_slots",
+        (true, ActFormat::Q8, true) => "moe_down_q8_slots",
+        (true, ActFormat::Fp8, true) => "moe_down_fp8_slots",
     };
     let smem = match fmt {
         ActFormat::Bf16 => n / 32 * STAGE_PAD * 4,
         ActFormat::Q8 | ActFormat::Fp8 => n / 32 * (ACT8_PAD + 4),
     };
     (name, smem)
+}
+
+/// Most 32-block items of a row each lane of the `_slots` decode MoE kernels holds (kernel
+/// constant `MOE_SLOTS_NI`): rows of up to 32 · 3 blocks of 32 (3072 inputs) take them.
+const MOE_SLOTS_NI: usize = 3;
+
+/// Environment variable choosing the decode MoE's loop ([`MoeLoop`]) for A/B runs.
+pub const MOE_LOOP_ENV: &str = "MXTUNE_MOE_LOOP";
+
+/// The loop of the SIMT decode MoE kernels (`moe_gemv.cu`); both compute the same sums in the
+/// same order, so the choice changes speed only.
+/// * `Items`: each warp walks its units' 32-block items as one sequence, two in flight.
+/// * `Slots`: the `_slots` kernels hold a unit's items in fixed registers, all in flight, the
+///   next unit's items loaded as the current ones are consumed; compiled for 2 blocks per SM
+///   (~115 registers). Only for rows of at most [`MOE_SLOTS_NI`] items (3072 inputs).
+/// * `Auto` (the default): `Slots` where a warp has several units (batch ≥ 4 on the H100:
+///   docs/perf.md, run 84), `Items` for one unit a warp (batch 1, where 3 blocks per SM win).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MoeLoop {
+    Auto,
+    Items,
+    Slots,
+}
+
+impl MoeLoop {
+    /// From [`MOE_LOOP_ENV`] (unset: `Auto`); a bad value is an error naming it.
+    pub fn from_env() -> Result<Self> {
+        match std::env::var(MOE_LOOP_ENV).as_deref() {
+            Err(_) | Ok("") | Ok("auto") => Ok(Self::Auto),
+            Ok("items") => Ok(Self::Items),
+            Ok("slots") => Ok(Self::Slots),
+            Ok(v) => anyhow::bail!("{MOE_LOOP_ENV}={v}: expected auto, items or slots"),
+        }
+    }
+
+    /// Name in the self-test's labels.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Auto => "auto",
+            Self::Items => "items",
+            Self::Slots => "slots",
+        }
+    }
+
+    /// Whether a kernel with `units` per warp over rows of `width` inputs runs `_slots`.
+    fn slots(self, units: usize, width: usize) -> bool {
+        let fits = (width / 32).div_ceil(32) <= MOE_SLOTS_NI;
+        match self {
+            Self::Items => false,
+            Self::Slots => fits,
+            Self::Auto => fits && units > 1,
+        }
+    }
 }
 
 impl MoeShape {
@@ -995,9 +1055,9 @@ pub fn moe(
     units: MoeUnits,
     ctr: u64,
 ) -> Result<()> {
-    moe_gate_up(g, w, s, fmt, x, idx, act, t, units.gate_up)?;
+    moe_gate_up(g, w, s, fmt, x, idx, act, t, units.gate_up, units.lp)?;
     moe_down(
-        g, w, s, fmt, idx, wts, act, part, y, t, accumulate, units.down, ctr,
+        g, w, s, fmt, idx, wts, act, part, y, t, accumulate, units.down, units.lp, ctr,
     )
 }
 
@@ -1010,6 +1070,10 @@ pub const MOE_MAX_UNITS: usize = 32;
 
 /// Fewest blocks per multiprocessor [`MoeUnits::for_batch`] leaves the decode MoE kernels.
 const MOE_MIN_BLOCKS_PER_SM: usize = 8;
+
+/// Blocks per SM the `_slots` decode MoE kernels are compiled for (kernel constant
+/// `MOE_SLOTS_MINB`).
+const MOE_SLOTS_BLOCKS_PER_SM: usize = 2;
 
 /// Largest units per warp [`MoeUnits::for_batch`] picks.
 const MOE_AUTO_MAX_UNITS: usize = 8;
@@ -1030,6 +1094,8 @@ fn check_units(units: usize) -> Result<()> {
 pub struct MoeUnits {
     pub gate_up: usize,
     pub down: usize,
+    /// The kernels' loop ([`MoeLoop`]).
+    pub lp: MoeLoop,
 }
 
 impl MoeUnits {
@@ -1037,43 +1103,70 @@ impl MoeUnits {
     pub const ONE: Self = Self {
         gate_up: 1,
         down: 1,
+        lp: MoeLoop::Auto,
     };
 
-    /// `fixed` (from [`MOE_UNITS_ENV`]) for both kernels, or for each kernel the most units
+    /// `fixed` (from [`MOE_UNITS_ENV`]: gate_up, down), or for each kernel the most units
     /// (powers of two up to 8) that still give `t` rows at least 8 blocks per multiprocessor
-    /// (measured best on the H100 at batch 1, 4 and 16: docs/perf.md, run 42).
-    pub fn for_batch(sms: usize, s: MoeShape, t: usize, fixed: Option<usize>) -> Self {
-        if let Some(u) = fixed {
-            return Self {
-                gate_up: u,
-                down: u,
-            };
+    /// (measured best on the H100 at batch 1, 4 and 16: docs/perf.md, run 42). Where that is
+    /// one unit a warp and the `_slots` loop can run (`lp` not `Items`, rows short enough), the
+    /// fewest units whose grid fits one wave of the `_slots` kernels instead (2 blocks per
+    /// SM): at batch 1 the slots stream a warp's units without draining, and one wave has no
+    /// tail (gpt-oss-120b on the H100: 6/3 instead of 1/1, +4 %: docs/perf.md, run 86).
+    pub fn for_batch(
+        sms: usize,
+        s: MoeShape,
+        t: usize,
+        fixed: Option<(usize, usize)>,
+        lp: MoeLoop,
+    ) -> Self {
+        if let Some((gate_up, down)) = fixed {
+            return Self { gate_up, down, lp };
         }
-        let pick = |units_total: usize| {
+        // units_total: the kernel's units a row; per_block: units a block takes per unit a
+        // warp (8 warps; a down unit is two rows); width: the kernel's row length.
+        let pick = |units_total: usize, width: usize| {
             let mut u = 1;
             while u < MOE_AUTO_MAX_UNITS
                 && units_total.div_ceil(8 * 2 * u) * s.k * t >= MOE_MIN_BLOCKS_PER_SM * sms
             {
                 u *= 2;
             }
+            if u == 1 && lp != MoeLoop::Items && MoeLoop::Slots.slots(1, width) {
+                let wave = MOE_SLOTS_BLOCKS_PER_SM * sms;
+                u = (1..=MOE_AUTO_MAX_UNITS)
+                    .find(|&u| units_total.div_ceil(8 * u) * s.k * t <= wave)
+                    .unwrap_or(MOE_AUTO_MAX_UNITS);
+            }
             u
         };
         Self {
-            gate_up: pick(s.inter),
-            down: pick(s.hidden.div_ceil(2)),
+            gate_up: pick(s.inter, s.hidden),
+            down: pick(s.hidden.div_ceil(2), s.inter),
+            lp,
         }
     }
 
-    /// [`MOE_UNITS_ENV`] as a number in 1..=32, or None when unset.
-    pub fn from_env() -> Result<Option<usize>> {
+    /// [`MOE_UNITS_ENV`] as (gate_up, down), or None when unset: `N` for both kernels, or
+    /// `G/D`, each in 1..=32.
+    pub fn from_env() -> Result<Option<(usize, usize)>> {
         match std::env::var(MOE_UNITS_ENV).as_deref() {
             Err(_) | Ok("") => Ok(None),
-            Ok(v) => match v.parse::<usize>() {
-                Ok(n) if (1..=MOE_MAX_UNITS).contains(&n) => Ok(Some(n)),
-                _ => anyhow::bail!(
-                    "{MOE_UNITS_ENV}={v}: expected a whole number from 1 to {MOE_MAX_UNITS}"
-                ),
-            },
+            Ok(v) => Self::parse(v).map(Some),
+        }
+    }
+
+    fn parse(v: &str) -> Result<(usize, usize)> {
+        let one = |p: &str| match p.trim().parse::<usize>() {
+            Ok(n) if (1..=MOE_MAX_UNITS).contains(&n) => Ok(n),
+            _ => anyhow::bail!(
+                "{MOE_UNITS_ENV}={v}: expected a whole number from 1 to {MOE_MAX_UNITS}, or two \
+                 of them as GATE_UP/DOWN"
+            ),
+        };
+        match v.split_once('/') {
+            Some((g, d)) => Ok((one(g)?, one(d)?)),
+            None => one(v).map(|n| (n, n)),
         }
     }
 }
@@ -1090,10 +1183,11 @@ pub fn moe_gate_up(
     act: u64,
     t: usize,
     units: usize,
+    lp: MoeLoop,
 ) -> Result<()> {
     s.check()?;
     check_units(units)?;
-    let (kernel, smem) = moe_gemv_kernel(false, fmt, s.hidden);
+    let (kernel, smem) = moe_gemv_kernel(false, fmt, s.hidden, lp.slots(units, s.hidden));
     ensure!(
         smem <= g.max_shared(),
         "hidden {} too large for the staged MoE input",
@@ -1261,11 +1355,12 @@ pub fn moe_down(
     t: usize,
     accumulate: bool,
     units: usize,
+    lp: MoeLoop,
     ctr: u64,
 ) -> Result<()> {
     s.check()?;
     check_units(units)?;
-    let (kernel, smem) = moe_gemv_kernel(true, fmt, s.inter);
+    let (kernel, smem) = moe_gemv_kernel(true, fmt, s.inter, lp.slots(units, s.inter));
     ensure!(
         smem <= g.max_shared(),
         "intermediate {} too large for the staged MoE activations ({} bytes, device allows {})",
@@ -1999,9 +2094,10 @@ mod tests {
             .flat_map(|f| f.entries.iter().copied())
             .collect();
         for fmt in [ActFormat::Bf16, ActFormat::Q8, ActFormat::Fp8] {
-            for down in [false, true] {
-                let (name, smem) = moe_gemv_kernel(down, fmt, 2880);
+            for (down, slots) in [(false, false), (true, false), (false, true), (true, true)] {
+                let (name, smem) = moe_gemv_kernel(down, fmt, 2880, slots);
                 assert!(entries.contains(&name), "{name} not in KERNEL_FILES");
+                assert_eq!(name.ends_with("_slots"), slots, "{name}");
                 let want = if fmt == ActFormat::Bf16 {
                     90 * 144
                 } else {
@@ -2011,9 +2107,80 @@ mod tests {
             }
         }
         assert_eq!(
-            moe_gemv_kernel(false, ActFormat::Bf16, 96).0,
+            moe_gemv_kernel(false, ActFormat::Bf16, 96, false).0,
             "moe_gate_up_swiglu"
         );
-        assert_eq!(moe_gemv_kernel(true, ActFormat::Q8, 96).0, "moe_down_q8");
+        assert_eq!(
+            moe_gemv_kernel(true, ActFormat::Q8, 96, false).0,
+            "moe_down_q8"
+        );
+    }
+
+    #[test]
+    fn moe_units_per_batch_on_the_h100() {
+        let s = MoeShape {
+            hidden: 2880,
+            inter: 2880,
+            k: 4,
+            limit: 7.0,
+            alpha: 1.702,
+        };
+        let pick = |t, lp| {
+            let u = MoeUnits::for_batch(132, s, t, None, lp);
+            (
+                u.gate_up,
+                u.down,
+                lp.slots(u.gate_up, s.hidden),
+                lp.slots(u.down, s.inter),
+            )
+        };
+        // Batch 1: one wave of the slots kernels (240 gate_up and 240 down blocks of 264).
+        assert_eq!(pick(1, MoeLoop::Auto), (6, 3, true, true));
+        assert_eq!(pick(1, MoeLoop::Items), (1, 1, false, false));
+        assert_eq!(pick(4, MoeLoop::Auto), (4, 2, true, true));
+        assert_eq!(pick(8, MoeLoop::Auto), (8, 4, true, true));
+        assert_eq!(pick(16, MoeLoop::Auto), (8, 8, true, true));
+        // Rows too long for the slots: the items loop and its units.
+        let wide = MoeShape {
+            hidden: 4096,
+            inter: 4096,
+            ..s
+        };
+        let u = MoeUnits::for_batch(132, wide, 1, None, MoeLoop::Auto);
+        assert_eq!((u.gate_up, u.down), (1, 1));
+        assert_eq!(
+            MoeUnits::for_batch(132, s, 1, Some((2, 5)), MoeLoop::Auto),
+            MoeUnits {
+                gate_up: 2,
+                down: 5,
+                lp: MoeLoop::Auto
+            }
+        );
+    }
+
+    #[test]
+    fn moe_units_env_takes_one_number_or_two() {
+        assert_eq!(MoeUnits::parse("4").unwrap(), (4, 4));
+        assert_eq!(MoeUnits::parse("6/3").unwrap(), (6, 3));
+        for bad in ["0", "33", "x", "4/", "/3", "1/2/3"] {
+            let e = MoeUnits::parse(bad).unwrap_err().to_string();
+            assert!(
+                e.contains("MXTUNE_MOE_UNITS") && e.contains("GATE_UP/DOWN"),
+                "{e}"
+            );
+        }
+    }
+
+    #[test]
+    fn moe_loop_takes_slots_for_several_units_on_short_rows() {
+        // gpt-oss rows: 2880 inputs = 90 blocks = 3 items a lane.
+        assert!(!MoeLoop::Auto.slots(1, 2880));
+        assert!(MoeLoop::Auto.slots(2, 2880));
+        assert!(MoeLoop::Slots.slots(1, 2880));
+        assert!(!MoeLoop::Items.slots(8, 2880));
+        // 3072 inputs still fit three items; 3104 (97 blocks) does not, whatever is asked.
+        assert!(MoeLoop::Auto.slots(8, 3072));
+        assert!(!MoeLoop::Auto.slots(8, 3104));
+        assert!(!MoeLoop::Slots.slots(1, 4096));
     }
 }

@@ -6,7 +6,9 @@ use super::{Check, Seeds, check, nan_f32, rel_err};
 use crate::engine::cuda::device::Gpu;
 use crate::engine::cuda::gates::{ActFormat, KvDtype, MoeTile};
 use crate::engine::cuda::model::ATTN_MAX_SPLITS;
-use crate::engine::cuda::ops::{self, AttnScratch, AttnShape, MoeShape, MoeUnits, MoeWeights};
+use crate::engine::cuda::ops::{
+    self, AttnScratch, AttnShape, MoeLoop, MoeShape, MoeUnits, MoeWeights,
+};
 use crate::engine::cuda::quant;
 use crate::engine::cuda::reference as r;
 use crate::engine::cuda::synthetic::{bf16_vec, f32_vec, u8_vec};
@@ -784,16 +786,29 @@ fn check_router(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
     Ok(res)
 }
 
-/// Units per warp the decode MoE checks run with (gate_up, down).
-const MOE_UNIT_CASES: [MoeUnits; 3] = [
+/// Units per warp the decode MoE checks run with (gate_up, down), and the loop: each loop
+/// at one unit a warp and at odd counts, and the most the automatic choice takes.
+const MOE_UNIT_CASES: [MoeUnits; 5] = [
     MoeUnits::ONE,
+    MoeUnits {
+        gate_up: 1,
+        down: 1,
+        lp: MoeLoop::Slots,
+    },
     MoeUnits {
         gate_up: 3,
         down: 5,
+        lp: MoeLoop::Items,
+    },
+    MoeUnits {
+        gate_up: 3,
+        down: 5,
+        lp: MoeLoop::Slots,
     },
     MoeUnits {
         gate_up: 8,
         down: 8,
+        lp: MoeLoop::Auto,
     },
 ];
 
@@ -815,6 +830,8 @@ fn check_moe(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
     // Units per warp: one (the original shape), odd counts that leave the last block's
     // warps partly past the rows, and the most the automatic choice takes.
     let mut res = Vec::new();
+    // The output of each case, for the loops' bit-for-bit comparison.
+    let mut outs: Vec<(MoeUnits, Vec<f32>)> = Vec::new();
     for units in MOE_UNIT_CASES {
         let dact = nan_f32(g, t * k * inter)?;
         let dpart = nan_f32(g, t * k * hidden)?;
@@ -836,24 +853,52 @@ fn check_moe(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
             units,
             g.ptr(&dctr),
         )?;
+        let y = g.download(&dy)?;
         res.push(check(
             format!(
-                "moe mxfp4 gemv+swiglu E={e} H={hidden} I={inter} k={k} t={t} units {}/{}",
-                units.gate_up, units.down
+                "moe mxfp4 gemv+swiglu E={e} H={hidden} I={inter} k={k} t={t} units {}/{} loop {}",
+                units.gate_up,
+                units.down,
+                units.lp.name()
             ),
-            rel_err(&g.download(&dy)?, &c.want(&c.x, false)),
+            rel_err(&y, &c.want(&c.x, false)),
             1e-5,
         ));
+        outs.push((units, y));
         // The last slot block resets its counter: a graph replay starts from zero again.
         let left = g.download(&dctr)?.iter().filter(|&&v| v != 0).count();
         res.push(check(
             format!(
-                "moe slot counters zero after the step, units {}",
-                units.down
+                "moe slot counters zero after the step, units {} loop {}",
+                units.down,
+                units.lp.name()
             ),
             left as f64,
             0.0,
         ));
+    }
+    // The two loops compute the same sums in the same order: bit-identical outputs.
+    for (a, ya) in &outs {
+        for (b, yb) in &outs {
+            let same_units = (a.gate_up, a.down) == (b.gate_up, b.down);
+            if same_units && a.lp == MoeLoop::Items && b.lp == MoeLoop::Slots
+                || same_units && a.gate_up == 1 && a.lp == MoeLoop::Auto && b.lp == MoeLoop::Slots
+            {
+                let diff = ya
+                    .iter()
+                    .zip(yb)
+                    .filter(|(p, q)| p.to_bits() != q.to_bits())
+                    .count();
+                res.push(check(
+                    format!(
+                        "moe loops items and slots bit-identical, units {}/{}",
+                        a.gate_up, a.down
+                    ),
+                    diff as f64,
+                    0.0,
+                ));
+            }
+        }
     }
     // The 8-bit activation kernels on the same experts, with a zero group and a group with
     // one large outlier (its other values land on small codes, fp8 subnormals) in token 0.
@@ -950,10 +995,11 @@ fn check_moe_act8(g: &Gpu, c: &MoeCase, fmt: ActFormat, units: MoeUnits) -> Resu
         want_y.extend(y);
     }
     let label = format!(
-        "moe gemv act={} E={e} H={hidden} I={inter} k={k} t={t} units {}/{}",
+        "moe gemv act={} E={e} H={hidden} I={inter} k={k} t={t} units {}/{} loop {}",
         fmt.name(),
         units.gate_up,
-        units.down
+        units.down,
+        units.lp.name()
     );
     Ok(vec![
         check(
