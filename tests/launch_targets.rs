@@ -365,6 +365,41 @@ fn launch_cli_failed_start_exits_nonzero() {
 }
 
 #[test]
+fn launch_cli_port_taken_blocks_with_exit_2_and_starts_nothing() {
+    // The pre-flight the panel's launch shares: the same lines, the same refusal.
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = taken.local_addr().unwrap().port();
+    let dir = tempfile::tempdir().unwrap();
+    let spec = server_spec("mxtune", "127.0.0.1", port, "m");
+    let spec_path = dir.path().join("spec.json");
+    std::fs::write(&spec_path, serde_json::to_string(&spec).unwrap()).unwrap();
+    let runs = dir.path().join("runs");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_mxtune"))
+        .args(["launch", "--target", "engine", "--spec"])
+        .arg(&spec_path)
+        .arg("--engine-bin")
+        .arg("/nonexistent/never-started")
+        .arg("--runs-dir")
+        .arg(&runs)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "pre-flight Error: port {port} on 127.0.0.1 is not free"
+        )),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("pre-flight failed: nothing was started"),
+        "{stderr}"
+    );
+    assert!(!runs.exists(), "nothing was started, so no log: {stderr}");
+    drop(taken);
+}
+
+#[test]
 fn launch_cli_real_mxtune_serve_from_engine_preset() {
     // The bundled engine itself: `mxtune launch` renders the engine-cpu-tiny preset, starts
     // `mxtune serve` (this very binary) and checks its kernel-path report.

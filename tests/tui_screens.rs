@@ -1309,6 +1309,152 @@ fn launch_failure_is_shown() {
     );
 }
 
+/// The default preset (the CPU engine) on `port`, in `scratch/presets`, searched first.
+fn tiny_preset_on(scratch: &Path, port: u16) {
+    let presets = scratch.join("presets");
+    std::fs::create_dir_all(&presets).unwrap();
+    let tiny = std::fs::read_to_string(repo_presets().join("engine-cpu-tiny.toml")).unwrap();
+    let tiny = tiny.replace("port = 8000", &format!("port = {port}"));
+    assert!(
+        tiny.contains(&format!("port = {port}")),
+        "the preset sets its port"
+    );
+    std::fs::write(presets.join("engine-cpu-tiny.toml"), tiny).unwrap();
+}
+
+/// Processes on this machine whose command line asks for `--port PORT`.
+fn processes_on_port(port: u16) -> Vec<String> {
+    let wanted = format!("--port\0{port}\0");
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter_map(|e| {
+            let cmd = std::fs::read(e.path().join("cmdline")).ok()?;
+            let cmd = String::from_utf8_lossy(&cmd).into_owned();
+            cmd.contains(&wanted).then(|| cmd.replace('\0', " "))
+        })
+        .collect()
+}
+
+#[test]
+fn launch_preflight_port_taken_blocks_and_starts_nothing() {
+    use mxtune::launch::preflight::{BLOCKED, Severity};
+    // Something listens on the preset's port: the check binds it for real.
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = taken.local_addr().unwrap().port();
+    let dir = tempfile::tempdir().unwrap();
+    tiny_preset_on(dir.path(), port);
+    let mut app = started(dir.path(), theme());
+    run_effect(&mut app, Effect::LoadPreset("engine-cpu-tiny".into()));
+    key(&mut app, KeyCode::Char('2'));
+    assert_eq!(app.launch.choice, mxtune::vocab::TargetKind::Engine);
+    key(&mut app, KeyCode::Char('l'));
+    assert_eq!(app.launch.state, TargetState::Launching);
+    assert!(
+        render(&app, 160, 48)
+            .contains("pre-flight checks running here (port, mounts, GPU, compilers, memory)"),
+        "{}",
+        render(&app, 160, 48)
+    );
+    pump_until(&mut app, "failed", |a| {
+        matches!(a.launch.state, TargetState::Failed(_))
+    });
+    assert_eq!(app.launch.state, TargetState::Failed(BLOCKED.into()));
+    let findings = app.launch.preflight.clone().expect("the findings arrived");
+    let port_finding = format!("port {port} on 127.0.0.1 is not free");
+    let blocking: Vec<_> = findings
+        .iter()
+        .filter(|f| f.finding.severity == Severity::Error)
+        .collect();
+    assert_eq!(blocking.len(), 1, "{findings:?}");
+    assert!(
+        blocking[0].finding.message.starts_with(&port_finding)
+            && blocking[0]
+                .finding
+                .message
+                .contains("or choose another port"),
+        "{findings:?}"
+    );
+    // In the log pane as `mxtune launch` prints them, then its last word.
+    let log: Vec<&str> = app.launch.log.lines.iter().map(String::as_str).collect();
+    assert!(
+        log.iter()
+            .any(|l| l.starts_with(&format!("pre-flight Error: {port_finding}"))),
+        "{log:?}"
+    );
+    assert_eq!(log.last(), Some(&BLOCKED), "{log:?}");
+    // On screen: which check, what is wrong, what to do, and that nothing was started.
+    let screen = render(&app, 200, 48);
+    assert!(
+        screen.contains("Pre-flight: blocked, nothing was started"),
+        "{screen}"
+    );
+    assert!(
+        screen.contains(&format!("error: {port_finding}")),
+        "{screen}"
+    );
+    assert!(screen.contains("or choose another port"), "{screen}");
+    assert!(screen.contains("phase failed"), "{screen}");
+
+    // Nothing was started: no target followed, no engine process, no log or state file.
+    assert_eq!(app.launch.describe, None);
+    assert_eq!(app.launch.run_id, None);
+    assert!(!app.target_running());
+    assert_eq!(processes_on_port(port), Vec::<String>::new());
+    let runs: Vec<_> = std::fs::read_dir(dir.path().join("runs"))
+        .map(|d| d.filter_map(|e| e.ok()).map(|e| e.path()).collect())
+        .unwrap_or_default();
+    assert!(
+        !runs
+            .iter()
+            .any(|p| p.to_string_lossy().ends_with(".target.log")),
+        "{runs:?}"
+    );
+
+    // The operator reads them, goes elsewhere and back: still there, and nothing to stop.
+    key(&mut app, KeyCode::Char('1'));
+    key(&mut app, KeyCode::Char('2'));
+    assert!(render(&app, 200, 48).contains(&format!("error: {port_finding}")));
+    assert_eq!(
+        key(&mut app, KeyCode::Char('q')),
+        Some(Exit::Quit),
+        "nothing was started, so nothing to ask about"
+    );
+    drop(taken);
+}
+
+#[test]
+fn snapshots_launch_preflight() {
+    use mxtune::launch::preflight::{BLOCKED, Finding, LaunchFinding, Severity};
+    let mut app = snapshot_app(theme());
+    key(&mut app, KeyCode::Char('2'));
+    // The state `l` leaves (without starting anything here), then fixed findings: the
+    // checks themselves are the previous test's (and the CLI's).
+    app.launch.state = TargetState::Launching;
+    app.launch.started_at = Some(std::time::Instant::now());
+    insta::assert_snapshot!("launch_preflight_checking_80x24", render(&app, 80, 24));
+    let finding = |severity, message: &str| LaunchFinding {
+        node: None,
+        finding: Finding {
+            severity,
+            message: message.into(),
+        },
+    };
+    app.launch.on_msg(LaunchMsg::Preflight(vec![
+        finding(
+            Severity::Error,
+            "port 8000 on 127.0.0.1 is not free (Address already in use (os error 98)): stop what listens there (`ss -ltnp 'sport = :8000'`) or choose another port",
+        ),
+        finding(
+            Severity::Warning,
+            "leftover JIT compiler processes: ptxas (pid 4242, 1.5 GiB RSS); orphaned compilers have caused OOM on the Spark: kill them if no build is running",
+        ),
+    ]));
+    app.launch.on_msg(LaunchMsg::StartFailed(BLOCKED.into()));
+    insta::assert_snapshot!("launch_preflight_blocked_80x24", render(&app, 80, 24));
+    insta::assert_snapshot!("launch_preflight_blocked_160x48", render(&app, 160, 48));
+}
+
 #[test]
 fn log_pane_follows_scrolls_searches_wraps_and_saves() {
     let dir = tempfile::tempdir().unwrap();

@@ -459,6 +459,131 @@ fn tiny_preset_on_free_port(dir: &std::path::Path) -> u16 {
     port
 }
 
+#[test]
+fn tui_tmux_preflight_port_taken_blocks_the_launch_and_starts_nothing() {
+    if !have_tmux() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let port = tiny_preset_on_free_port(dir.path());
+    // Something else listens on the preset's port now.
+    let _taken = std::net::TcpListener::bind(("127.0.0.1", port)).unwrap();
+    let s = Session::new("preflight-port", 200, 40);
+    s.send(&[
+        &format!(
+            "cd {d} && MXTUNE_RUNS_DIR={d}/runs MXTUNE_PRESETS_DIR={d}/presets XDG_CONFIG_HOME={d}/config {bin}",
+            d = dir.path().display(),
+            bin = env!("CARGO_BIN_EXE_mxtune")
+        ),
+        "Enter",
+    ]);
+    s.wait_for("preset engine-cpu-tiny");
+    s.send(&["2"]);
+    s.wait_for("[engine]");
+    s.send(&["l"]);
+    // The findings come first, then the launch's failure: wait for both on screen.
+    let screen = s.wait_until("the blocked pre-flight and the failed phase", |screen| {
+        screen.contains("Pre-flight: blocked, nothing was started")
+            && screen.contains("phase failed")
+    });
+    assert!(
+        screen.contains(&format!("error: port {port} on 127.0.0.1 is not free")),
+        "{screen}"
+    );
+    assert!(screen.contains("or choose another port"), "{screen}");
+    assert!(screen.contains("phase failed"), "{screen}");
+    // No engine under the panel, and no target log.
+    let shell = tmux(&["display-message", "-p", "-t", &s.name, "#{pane_pid}"]);
+    let panel = children(&shell);
+    assert_eq!(
+        panel.len(),
+        1,
+        "one mxtune under the pane's shell: {panel:?}"
+    );
+    assert_eq!(children(&panel[0]), Vec::<String>::new(), "nothing started");
+    let logs: Vec<_> = std::fs::read_dir(dir.path().join("runs"))
+        .map(|d| d.filter_map(|e| e.ok()).map(|e| e.path()).collect())
+        .unwrap_or_default();
+    assert!(
+        !logs
+            .iter()
+            .any(|p| p.to_string_lossy().ends_with(".target.log")),
+        "{logs:?}"
+    );
+    // Nothing runs, so quitting asks nothing.
+    s.send(&["q"]);
+    s.wait_for_panel_exit();
+}
+
+/// A process named `ptxas` (`sleep` through a link of that name: the kernel names a process
+/// after the path it was started by): a leftover JIT compiler as pre-flight sees it. Killed
+/// when dropped.
+struct FakeCompiler(std::process::Child);
+
+impl FakeCompiler {
+    fn start(dir: &std::path::Path) -> Self {
+        // A link, not a copy: a copy's write handle, inherited by a child another test
+        // forks meanwhile, would make starting it fail with ETXTBSY.
+        let exe = dir.join("ptxas");
+        std::os::unix::fs::symlink("/bin/sleep", &exe).expect("link /bin/sleep");
+        FakeCompiler(Command::new(&exe).arg("600").spawn().expect("start ptxas"))
+    }
+}
+
+impl Drop for FakeCompiler {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn tui_tmux_preflight_warning_is_shown_and_the_launch_goes_on() {
+    if !have_tmux() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let port = tiny_preset_on_free_port(dir.path());
+    let bin = tempfile::tempdir().unwrap();
+    let compiler = FakeCompiler::start(bin.path());
+    let pid = compiler.0.id();
+    let s = Session::new("preflight-warn", 200, 40);
+    s.send(&[
+        &format!(
+            "cd {d} && MXTUNE_RUNS_DIR={d}/runs MXTUNE_PRESETS_DIR={d}/presets XDG_CONFIG_HOME={d}/config {bin}",
+            d = dir.path().display(),
+            bin = env!("CARGO_BIN_EXE_mxtune")
+        ),
+        "Enter",
+    ]);
+    s.wait_for("preset engine-cpu-tiny");
+    s.send(&["2"]);
+    s.wait_for("[engine]");
+    s.send(&["l"]);
+    let screen = s.wait_for("phase ready");
+    let shell = tmux(&["display-message", "-p", "-t", &s.name, "#{pane_pid}"]);
+    let panel = children(&shell);
+    let _engine = KillOnDrop(panel.first().map(|p| children(p)).unwrap_or_default());
+    assert!(screen.contains(&format!("127.0.0.1:{port}")), "{screen}");
+    // The warning stays on screen while the target runs, as `mxtune launch` prints it.
+    assert!(
+        screen.contains("Pre-flight: warnings; the launch went on"),
+        "{screen}"
+    );
+    assert!(
+        screen.contains("warning: leftover JIT compiler processes:")
+            && screen.contains(&format!("ptxas (pid {pid}")),
+        "{screen}"
+    );
+    drop(compiler);
+    s.send(&["x"]);
+    s.wait_for("Stop target?");
+    s.send(&["y"]);
+    s.wait_for("phase exited");
+    s.send(&["q"]);
+    s.wait_for_panel_exit();
+}
+
 /// Stops the engine the panel left running (a hang-up leaves targets up on purpose).
 struct KillOnDrop(Vec<String>);
 

@@ -518,6 +518,92 @@ fn panel_launch_view_shows_the_images_vllm_release() {
     drop(cleanup);
 }
 
+/// The panel's Docker launch runs `mxtune launch`'s pre-flight against the real engine: an
+/// image that is not there blocks it (the same finding as the CLI's, without `--pull`, which
+/// the panel has not), the missing cache is only announced, and nothing is created.
+#[test]
+fn panel_docker_launch_without_its_image_is_refused_by_preflight() {
+    use mxtune::launch::preflight::{BLOCKED, Severity};
+    use mxtune::tui::app::{App, Effect, Paths};
+    use mxtune::tui::screens::launch::TargetState;
+    use mxtune::tui::{perform, step};
+
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let Some(d) = rt.block_on(docker_or_skip(
+        "panel_docker_launch_without_its_image_is_refused_by_preflight",
+    )) else {
+        return;
+    };
+    let image = "mxtune-test-no-such-image:1";
+    let dir = tempfile::tempdir().unwrap();
+    let jit = dir.path().join("jit");
+    let name = format!("mxtune-preflight-{}", ulid::Ulid::generate()).to_lowercase();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let mut bg = mxtune::tui::background::Background::new(tx).unwrap();
+    let mut app = App::new(
+        mxtune::tui::theme::Theme {
+            color: false,
+            ascii: false,
+        },
+        Paths {
+            presets: mxtune::flags::preset::PresetStore::new(vec![dir.path().join("presets")]),
+            save_dir: dir.path().join("presets"),
+            runs_dir: dir.path().join("runs"),
+            export_dir: dir.path().to_path_buf(),
+        },
+    );
+    app.flags.flags = stock(image, free_port(), "121", |f| {
+        f.container.jit_cache = Some(jit.display().to_string());
+        f.container.name = Some(name.clone());
+    });
+    app.launch.choice = TargetKind::Docker;
+    app.launch.state = TargetState::Launching;
+    perform(&mut app, &mut bg, Effect::StartTarget);
+    while !matches!(
+        app.launch.state,
+        TargetState::Failed(_) | TargetState::Ready { .. }
+    ) {
+        let ev = rx.recv().unwrap();
+        step(&mut app, &mut bg, ev);
+    }
+    assert_eq!(
+        app.launch.state,
+        TargetState::Failed(BLOCKED.into()),
+        "{:?}",
+        app.launch.log.lines
+    );
+    let findings = app.launch.preflight.clone().expect("the findings arrived");
+    let errors: Vec<&str> = findings
+        .iter()
+        .filter(|f| f.finding.severity == Severity::Error)
+        .map(|f| f.finding.message.as_str())
+        .collect();
+    assert_eq!(
+        errors,
+        vec![format!(
+            "image {image} is not present on {}: pull it (`docker pull {image}`) or build it there",
+            mxtune::launch::docker::docker_host()
+        )],
+        "{findings:?}"
+    );
+    assert!(
+        findings
+            .iter()
+            .any(|f| f.finding.severity == Severity::Warning
+                && f.finding
+                    .message
+                    .starts_with(&format!("mount source {}", jit.display()))),
+        "{findings:?}"
+    );
+    // Nothing was started or created: no container of that name, no cache, no run.
+    assert!(
+        rt.block_on(d.inspect_container(&name, None)).is_err(),
+        "a container {name} exists"
+    );
+    assert!(!jit.exists(), "a blocked launch created {}", jit.display());
+    assert_eq!(app.launch.run_id, None);
+}
+
 /// A preset file `name` for the stock image `image` (Marlin, attention named, a free port);
 /// returns its container name.
 fn stock_preset(dir: &std::path::Path, name: &str, image: &str) -> String {

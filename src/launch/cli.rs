@@ -445,41 +445,23 @@ async fn launch_async(args: LaunchArgs) -> Result<ExitCode> {
                 "the launch spec has no [cluster] section: a docker-cluster launch needs a docker-cluster preset (or a spec rendered from one)",
             )?;
             let plan = super::cluster::ClusterPlan::from_hosts_file(&cluster)?;
-            let checks_on = |host: Option<Host>, spec: LaunchSpec| async move {
-                match host {
-                    None => Ok(preflight::host_checks(&spec, true)),
-                    Some(h) => tokio::task::spawn_blocking(move || {
-                        crate::hosts::preflight::host_checks(&h, &spec, true)
-                    })
-                    .await
-                    .context("the remote pre-flight task"),
-                }
-            };
-            let mut findings: Vec<(&str, preflight::Finding)> =
-                checks_on(plan.head.host.clone(), spec.clone())
-                    .await?
+            let mut findings = preflight::cluster_checks(&plan, &spec).await?;
+            // The preset's rule findings concern the head, printed after its host's.
+            let head_n = findings.iter().filter(|f| f.node == Some("head")).count();
+            findings.splice(
+                head_n..head_n,
+                rule_findings
                     .into_iter()
-                    .chain(rule_findings)
-                    .map(|f| ("head", f))
-                    .collect();
-            if plan.worker.host != plan.head.host {
-                // The worker serves no API: its checks leave the port out (port 0 always binds).
-                let mut worker_spec = spec.clone();
-                worker_spec.port = 0;
-                findings.extend(
-                    checks_on(plan.worker.host.clone(), worker_spec)
-                        .await?
-                        .into_iter()
-                        .map(|f| ("worker", f)),
-                );
+                    .map(|finding| preflight::LaunchFinding {
+                        node: Some("head"),
+                        finding,
+                    }),
+            );
+            for f in &findings {
+                crate::errln!("{}", f.line());
             }
-            let mut blocked = false;
-            for (node, f) in &findings {
-                crate::errln!("pre-flight {:?} ({node}): {}", f.severity, f.message);
-                blocked |= f.severity == Severity::Error;
-            }
-            if blocked {
-                crate::errln!("pre-flight failed: nothing was started");
+            if preflight::blocked(&findings) {
+                crate::errln!("{}", preflight::BLOCKED);
                 return Ok(ExitCode::from(2));
             }
             crate::errln!(
@@ -544,21 +526,8 @@ async fn launch_async(args: LaunchArgs) -> Result<ExitCode> {
                 crate::errln!("dropped the page cache");
             }
             // A CPU engine needs no GPU, so nobody else on it matters.
-            let on_cpu = spec
-                .argv
-                .windows(2)
-                .any(|w| w[0] == "--device" && w[1] == "cpu");
-            let mut findings = match remote {
-                None => preflight::host_checks(&spec, !on_cpu),
-                Some(h) => {
-                    let (h, s) = (h.clone(), spec.clone());
-                    tokio::task::spawn_blocking(move || {
-                        crate::hosts::preflight::host_checks(&h, &s, !on_cpu)
-                    })
-                    .await
-                    .context("the remote pre-flight task")?
-                }
-            };
+            let mut findings =
+                preflight::checks_on(remote, &spec, !preflight::runs_on_cpu(&spec)).await?;
             findings.extend(rule_findings);
             let docker = if kind == TargetArg::Docker {
                 let forward = remote.map(|_| (docker::connect_host(&spec.host), spec.port));
@@ -581,24 +550,23 @@ async fn launch_async(args: LaunchArgs) -> Result<ExitCode> {
                 }
                 if let Some(c) = &spec.container
                     && !args.pull
-                    && d.inspect_image(&c.image).await.is_err()
                 {
-                    findings.push(preflight::Finding {
-                        severity: Severity::Error,
-                        message: format!("image {} is not present on {}: pull it (`docker pull {}` or --pull) or build it there", c.image, remote.map(|h| format!("host {}", h.name)).unwrap_or_else(docker::docker_host), c.image),
-                    });
+                    findings
+                        .extend(preflight::check_image(&d, &c.image, remote, Some("--pull")).await);
                 }
                 Some(d)
             } else {
                 None
             };
-            let mut blocked = false;
+            let findings: Vec<_> = findings
+                .into_iter()
+                .map(preflight::LaunchFinding::single)
+                .collect();
             for f in &findings {
-                crate::errln!("pre-flight {:?}: {}", f.severity, f.message);
-                blocked |= f.severity == Severity::Error;
+                crate::errln!("{}", f.line());
             }
-            if blocked {
-                crate::errln!("pre-flight failed: nothing was started");
+            if preflight::blocked(&findings) {
+                crate::errln!("{}", preflight::BLOCKED);
                 return Ok(ExitCode::from(2));
             }
             match docker {

@@ -327,6 +327,132 @@ pub fn host_checks(spec: &LaunchSpec, check_gpu: bool) -> Vec<Finding> {
     out
 }
 
+// ---- The pre-flight of a launch, as `mxtune launch` and the panel's launch both run it ----
+
+/// What `mxtune launch` prints after a blocking finding, and the panel shows.
+pub const BLOCKED: &str = "pre-flight failed: nothing was started";
+
+/// A finding of a launch's pre-flight, with the node of a two-node cluster it concerns.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LaunchFinding {
+    /// `head` or `worker` for a two-node cluster; `None` for a single target.
+    pub node: Option<&'static str>,
+    /// The finding (a host's are prefixed `on host NAME:`).
+    pub finding: Finding,
+}
+
+impl LaunchFinding {
+    /// A finding of a single target.
+    pub fn single(finding: Finding) -> Self {
+        Self {
+            node: None,
+            finding,
+        }
+    }
+
+    /// Whether it blocks the launch.
+    pub fn blocks(&self) -> bool {
+        self.finding.severity == Severity::Error
+    }
+
+    /// The line `mxtune launch` prints: `pre-flight Error: …`, `pre-flight Warning (worker): …`.
+    pub fn line(&self) -> String {
+        match self.node {
+            Some(node) => format!(
+                "pre-flight {:?} ({node}): {}",
+                self.finding.severity, self.finding.message
+            ),
+            None => format!(
+                "pre-flight {:?}: {}",
+                self.finding.severity, self.finding.message
+            ),
+        }
+    }
+}
+
+/// Whether any finding blocks the launch.
+pub fn blocked(findings: &[LaunchFinding]) -> bool {
+    findings.iter().any(LaunchFinding::blocks)
+}
+
+/// Whether the spec runs the bundled engine on the CPU: then nobody else on the GPU matters.
+pub fn runs_on_cpu(spec: &LaunchSpec) -> bool {
+    spec.argv
+        .windows(2)
+        .any(|w| w[0] == "--device" && w[1] == "cpu")
+}
+
+/// [`host_checks`] on this machine (`host` = `None`), or on a hosts.toml host through
+/// `mxtune preflight` over SSH ([`crate::hosts::preflight::host_checks`]). Both run on a
+/// blocking thread: the remote one waits for ssh, the local one binds ports and reads /proc.
+pub async fn checks_on(
+    host: Option<&crate::hosts::Host>,
+    spec: &LaunchSpec,
+    check_gpu: bool,
+) -> Result<Vec<Finding>> {
+    let (host, spec) = (host.cloned(), spec.clone());
+    tokio::task::spawn_blocking(move || match host {
+        None => host_checks(&spec, check_gpu),
+        Some(h) => crate::hosts::preflight::host_checks(&h, &spec, check_gpu),
+    })
+    .await
+    .context("the pre-flight task")
+}
+
+/// The checks of a two-node cluster: the head's host with the API port, then the worker's
+/// host (when another one) without it, each finding tagged with its node.
+pub async fn cluster_checks(
+    plan: &super::cluster::ClusterPlan,
+    spec: &LaunchSpec,
+) -> Result<Vec<LaunchFinding>> {
+    let tag = |node: &'static str| {
+        move |finding| LaunchFinding {
+            node: Some(node),
+            finding,
+        }
+    };
+    let mut out: Vec<LaunchFinding> = checks_on(plan.head.host.as_ref(), spec, true)
+        .await?
+        .into_iter()
+        .map(tag("head"))
+        .collect();
+    if plan.worker.host != plan.head.host {
+        // The worker serves no API: its checks leave the port out (port 0 always binds).
+        let mut worker_spec = spec.clone();
+        worker_spec.port = 0;
+        out.extend(
+            checks_on(plan.worker.host.as_ref(), &worker_spec, true)
+                .await?
+                .into_iter()
+                .map(tag("worker")),
+        );
+    }
+    Ok(out)
+}
+
+/// Error when the image is not on the Docker engine that runs the target (this machine's,
+/// or `host`'s); `pull_option` names the launch's option that pulls it, when it has one.
+pub async fn check_image(
+    docker: &bollard::Docker,
+    image: &str,
+    host: Option<&crate::hosts::Host>,
+    pull_option: Option<&str>,
+) -> Option<Finding> {
+    if docker.inspect_image(image).await.is_ok() {
+        return None;
+    }
+    let on = host
+        .map(|h| format!("host {}", h.name))
+        .unwrap_or_else(docker_host);
+    let pull = match pull_option {
+        Some(o) => format!("`docker pull {image}` or {o}"),
+        None => format!("`docker pull {image}`"),
+    };
+    Some(Finding::error(format!(
+        "image {image} is not present on {on}: pull it ({pull}) or build it there"
+    )))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -16,6 +16,7 @@ use crate::hosts::ssh::Tunnel;
 use crate::launch::attach::AttachTarget;
 use crate::launch::docker::{self, DockerTarget};
 use crate::launch::engine::EngineTarget;
+use crate::launch::preflight::{self, LaunchFinding};
 use crate::launch::{Launch, LaunchEvent, LaunchOptions};
 use crate::vocab::{LaunchSpec, TargetKind};
 
@@ -113,6 +114,10 @@ pub enum LaunchMsg {
         /// Every host it runs on, when more than one (a two-node cluster); empty otherwise.
         target_hosts: Vec<HostWatch>,
     },
+    /// The launch's pre-flight findings (the checks `mxtune launch` runs, here or on the
+    /// chosen host), sent before anything is started; empty when nothing was found. A
+    /// blocking one is followed by `StartFailed`.
+    Preflight(Vec<LaunchFinding>),
     /// Nothing was started; why.
     StartFailed(String),
     /// Something happened to the target.
@@ -483,7 +488,7 @@ impl Background {
         self.rt.spawn(async move {
             let run_id = ulid::Ulid::generate().to_string();
             let (ev_tx, ev_rx) = mpsc::unbounded_channel();
-            match start(&req, &run_id, ev_tx).await {
+            match start(&req, &run_id, ev_tx, &tx).await {
                 Ok(Started {
                     launch,
                     log_path,
@@ -579,10 +584,24 @@ struct Started {
     tunnel: Option<Tunnel>,
 }
 
+/// Shows the pre-flight findings on the Launch screen; an error when one blocks the launch.
+fn report_preflight(tx: &Sender<Event>, findings: Vec<LaunchFinding>) -> anyhow::Result<()> {
+    let blocked = preflight::blocked(&findings);
+    let _ = tx.send(Event::Launch(LaunchMsg::Preflight(findings)));
+    if blocked {
+        anyhow::bail!("{}", preflight::BLOCKED);
+    }
+    Ok(())
+}
+
+/// Starts the requested target after the pre-flight `mxtune launch` runs (shared code in
+/// [`crate::launch::preflight`]): on this machine, on the chosen host over SSH, or on both
+/// hosts of a two-node cluster. Its findings go to `tx` before anything is started.
 async fn start(
     req: &StartRequest,
     run_id: &str,
     events: mpsc::UnboundedSender<LaunchEvent>,
+    tx: &Sender<Event>,
 ) -> anyhow::Result<Started> {
     let mut opts = LaunchOptions::new(run_id, &req.preset)?;
     opts.startup_limit = req.startup_limit;
@@ -623,21 +642,45 @@ async fn start(
                 "the rendered preset has no [cluster] section: the docker-cluster target needs cluster.head and cluster.worker",
             )?;
             let plan = crate::launch::cluster::ClusterPlan::from_hosts_file(&cluster)?;
+            report_preflight(tx, preflight::cluster_checks(&plan, &spec).await?)?;
             crate::launch::cluster::ClusterTarget::launch(plan, &spec, &opts, events).await?
         }
         (TargetKind::Docker, host) => {
-            let d = match host {
-                None => docker::connect().await?,
+            let mut findings = preflight::checks_on(host.as_ref(), &spec, true).await?;
+            let connected = match host {
+                None => docker::connect().await.map(|d| (d, None)),
                 Some(h) => {
-                    let t = Tunnel::open(h, Some((docker::connect_host(&spec.host), spec.port)))
-                        .await?;
-                    let d = docker::connect_tunnel(&t, &h.docker_socket).await?;
-                    opts.remote_host = Some(h.name.clone());
-                    opts.api_url = t.url();
-                    tunnel = Some(t);
-                    d
+                    match Tunnel::open(h, Some((docker::connect_host(&spec.host), spec.port))).await
+                    {
+                        Ok(t) => docker::connect_tunnel(&t, &h.docker_socket)
+                            .await
+                            .map(|d| (d, Some(t))),
+                        Err(e) => Err(e),
+                    }
                 }
             };
+            let (d, t) = match connected {
+                Ok(c) => c,
+                Err(e) => {
+                    // The host's findings still count (a blocking one says more than
+                    // the unreachable Docker engine).
+                    let findings = findings.into_iter().map(LaunchFinding::single).collect();
+                    report_preflight(tx, findings)?;
+                    return Err(e);
+                }
+            };
+            if let Some(c) = &spec.container {
+                findings.extend(preflight::check_image(&d, &c.image, host.as_ref(), None).await);
+            }
+            report_preflight(
+                tx,
+                findings.into_iter().map(LaunchFinding::single).collect(),
+            )?;
+            if let (Some(h), Some(t)) = (host, t) {
+                opts.remote_host = Some(h.name.clone());
+                opts.api_url = t.url();
+                tunnel = Some(t);
+            }
             // Rendered again in the names of the vLLM release the image carries.
             let port = spec.port;
             spec =
@@ -654,7 +697,16 @@ async fn start(
             "host {} runs Docker targets only: press t for docker, or h for this machine",
             h.name
         ),
-        _ => EngineTarget::launch(None, &spec, &opts, Some(&req.runs_dir), events).await?,
+        _ => {
+            // A CPU engine needs no GPU, so nobody else on it matters.
+            let findings =
+                preflight::checks_on(None, &spec, !preflight::runs_on_cpu(&spec)).await?;
+            report_preflight(
+                tx,
+                findings.into_iter().map(LaunchFinding::single).collect(),
+            )?;
+            EngineTarget::launch(None, &spec, &opts, Some(&req.runs_dir), events).await?
+        }
     };
     let startup_limit = launch.startup_limit();
     Ok(Started {

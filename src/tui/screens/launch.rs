@@ -13,6 +13,7 @@ use ratatui::style::Style;
 use ratatui::text::{Line, Span};
 use ratatui::widgets::{Block, Clear, Paragraph, Wrap};
 
+use crate::launch::preflight::{self, LaunchFinding, Severity};
 use crate::launch::{
     DEFAULT_ATTACH_LIMIT, DEFAULT_STARTUP_LIMIT, LaunchEvent, Phase, ValidationReport, Verdict,
     fired_by_startup_limit,
@@ -228,6 +229,9 @@ pub struct LaunchScreen {
     pub watchdog_fired: bool,
     /// Warnings from the follower (quiet log, unknown env vars, …).
     pub warnings: Vec<String>,
+    /// The current launch's pre-flight findings, once its checks ran (`None` before, and for
+    /// an attach, which has none).
+    pub preflight: Option<Vec<LaunchFinding>>,
     /// The kernel-path verdict, once ready.
     pub report: Option<ValidationReport>,
     /// The log pane.
@@ -276,6 +280,7 @@ impl Default for LaunchScreen {
             watch_s: 0,
             watchdog_fired: false,
             warnings: Vec::new(),
+            preflight: None,
             report: None,
             log: LogView::default(),
             notice: None,
@@ -412,6 +417,17 @@ impl LaunchScreen {
                 if self.state == TargetState::Launching {
                     self.state = TargetState::Starting(Phase::Starting);
                 }
+            }
+            LaunchMsg::Preflight(findings) => {
+                // In the log as `mxtune launch` prints them, so they stay with the target's
+                // lines (and in a saved log).
+                for f in &findings {
+                    self.log.push(f.line());
+                }
+                if preflight::blocked(&findings) {
+                    self.log.push(preflight::BLOCKED.to_string());
+                }
+                self.preflight = Some(findings);
             }
             LaunchMsg::StartFailed(e) => self.state = TargetState::Failed(e),
             LaunchMsg::Stopped(r) => {
@@ -553,6 +569,7 @@ impl LaunchScreen {
                 self.probe = None;
                 self.report = None;
                 self.warnings.clear();
+                self.preflight = None;
                 self.describe = None;
                 self.dialect = None;
                 self.vllm_announced = None;
@@ -712,7 +729,19 @@ pub fn draw(frame: &mut Frame, app: &App, area: Rect) {
     let mut watch = vec![Span::styled(" watchdog ", theme.dim())];
     match s.watchdog() {
         Watchdog::Waiting { limit_s } => watch.push(Span::styled(
-            if s.state == TargetState::Launching {
+            if s.state == TargetState::Launching
+                && s.preflight.is_none()
+                && s.choice != TargetKind::Attach
+            {
+                format!(
+                    "pre-flight checks running {} (port, mounts, GPU, compilers, memory)",
+                    match (s.choice, s.chosen_host()) {
+                        (TargetKind::DockerCluster, _) => "on the cluster's hosts".to_string(),
+                        (TargetKind::Docker, Some(h)) => format!("on host {}", h.name),
+                        _ => "here".to_string(),
+                    }
+                )
+            } else if s.state == TargetState::Launching {
                 format!("waiting for the target to start (limit {})", clock(limit_s))
             } else {
                 format!("waiting: limit {} from the next launch", clock(limit_s))
@@ -775,13 +804,31 @@ pub fn draw(frame: &mut Frame, app: &App, area: Rect) {
     // screen), the log the rest.
     let head_text = Paragraph::new(head_lines).wrap(Wrap { trim: false });
     let head_h = (head_text.line_count(area.width) as u16).min((area.height / 3).max(6));
-    let [head, verdict_area, log_area] = Layout::vertical([
+    let preflight_box = preflight_box(s, theme);
+    // Blocked: up to half the screen, the findings are the news; warnings: a quarter, the
+    // target's log matters more from now on.
+    let preflight_h = match &preflight_box {
+        // The count includes the borders; the text is two columns narrower than the box.
+        Some((p, blocked)) => {
+            (p.line_count(area.width.saturating_sub(2)) as u16).min(if *blocked {
+                area.height / 2
+            } else {
+                (area.height / 4).max(3)
+            })
+        }
+        None => 0,
+    };
+    let [head, preflight_area, verdict_area, log_area] = Layout::vertical([
         Constraint::Length(head_h),
+        Constraint::Length(preflight_h),
         Constraint::Length(verdict_h),
         Constraint::Min(3),
     ])
     .areas(area);
     frame.render_widget(head_text, head);
+    if let Some((p, _)) = preflight_box {
+        frame.render_widget(p, preflight_area);
+    }
 
     if let Some(r) = &s.report {
         let mut lines = Vec::new();
@@ -840,6 +887,39 @@ pub fn draw(frame: &mut Frame, app: &App, area: Rect) {
             popup,
         );
     }
+}
+
+/// The current launch's pre-flight findings, each with its severity, wrapped; and whether
+/// one blocked the launch. `None` when the checks found nothing (or have not run).
+fn preflight_box(s: &LaunchScreen, theme: &Theme) -> Option<(Paragraph<'static>, bool)> {
+    let findings = s.preflight.as_ref().filter(|f| !f.is_empty())?;
+    let blocked = preflight::blocked(findings);
+    let lines: Vec<Line> = findings
+        .iter()
+        .map(|f| {
+            let (word, style) = match f.finding.severity {
+                Severity::Error => ("error", theme.error()),
+                Severity::Warning => ("warning", theme.warn()),
+            };
+            let node = f.node.map(|n| format!(" ({n})")).unwrap_or_default();
+            Line::from(vec![
+                Span::styled(format!("{word}{node}: "), style),
+                Span::raw(theme.text(&f.finding.message).into_owned()),
+            ])
+        })
+        .collect();
+    let title = if blocked {
+        " Pre-flight: blocked, nothing was started; fix it, then l launches again ".to_string()
+    } else {
+        " Pre-flight: warnings; the launch went on ".to_string()
+    };
+    let p = Paragraph::new(lines).wrap(Wrap { trim: false }).block(
+        Block::bordered()
+            .border_set(theme.border())
+            .border_style(if blocked { theme.error() } else { theme.warn() })
+            .title(title),
+    );
+    Some((p, blocked))
 }
 
 /// The line under the phase: the last readiness probe's answer while a start is being
