@@ -5,7 +5,7 @@
 export MXTUNE_KERNEL_CACHE=/tmp/kc
 M=.devcarry/mxtune
 J="--json-out $OUT/h100.json"
-echo "== selftest"; $M engine selftest --device cuda 2>&1 | grep -E "FAIL|checks, " | tail -5
+echo "== selftest"; $M engine selftest --device cuda > $OUT/selftest.txt 2>&1; grep -E "FAIL|checks, " $OUT/selftest.txt | tail -5
 P="$M engine profile --synthetic"
 row() { echo "== $*"; $P "$@" $J 2>&1 | grep -E "graphs on|prefill of|^  moe|^  rmsnorm|^  gemv|^  router|^  attn" ; }
 row gpt-oss-120b --steps 32 --batch 1
