@@ -3,6 +3,8 @@
 //! engine is reached through the SSH tunnel. Skips without sshd (`MXTUNE_TEST_SSHD=require`
 //! fails instead) and, for the Docker parts, without Docker (`MXTUNE_TEST_DOCKER=require`).
 
+#[path = "support/vllm_double.rs"]
+mod double;
 mod support;
 
 use mxtune::hosts::monitor::{RemoteMonitor, RemoteMonitorArgs};
@@ -1049,4 +1051,189 @@ fn matrix_host_lists_that_cannot_run_are_refused_before_anything_starts() {
         assert!(err.contains(want), "{args:?}: {err}");
         assert!(!out.exists(), "{args:?} left {}", out.display());
     }
+}
+
+/// Processes whose command line holds `needle` (e.g. a test sshd's client configuration,
+/// which only the ssh processes of that test name).
+fn processes_with(needle: &str) -> Vec<String> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_string_lossy().parse::<u32>().is_ok())
+        .filter_map(|e| std::fs::read(e.path().join("cmdline")).ok())
+        .map(|c| String::from_utf8_lossy(&c).replace('\0', " "))
+        .filter(|c| c.contains(needle))
+        .collect()
+}
+
+#[tokio::test]
+async fn bench_host_reaches_the_server_through_an_ssh_forward_and_closes_it() {
+    let test = "bench_host_reaches_the_server_through_an_ssh_forward_and_closes_it";
+    if sshd_or_skip(test).is_none() {
+        return;
+    }
+    // DEBUG1: sshd logs each forwarded connection with its target, the proof that the bench
+    // went through the host and not straight to the port.
+    let sshd = Sshd::with_config("LogLevel DEBUG1\n");
+    let home = sshd.config_home(&sshd.host_entry("remote", MXTUNE));
+    let d = double::spawn(double::Script::default()).await;
+    let port = d.url.rsplit(':').next().unwrap().to_string();
+    let runs = tempfile::tempdir().unwrap();
+    let child = tokio::process::Command::new(MXTUNE)
+        .args(["bench", "--host", "remote", "--url", &d.url])
+        .args(["--pp", "32", "--tg", "8", "--runs", "2", "--warmup", "0"])
+        .args(["--json", "--record", "--runs-dir"])
+        .arg(runs.path())
+        .env("XDG_CONFIG_HOME", &home)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id().unwrap();
+    let o = child.wait_with_output().await.unwrap();
+    let (out, err) = text(&o);
+    assert!(
+        o.status.success(),
+        "{out}\n{err}\nsshd log:\n{}",
+        sshd.log()
+    );
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["host"], "remote", "{out}");
+    assert_eq!(v["url"], d.url.as_str(), "{out}");
+    assert_eq!(v["points"][0]["requests"], 2, "{out}");
+    assert_eq!(v["points"][0]["errors"], 0, "{out}");
+    assert_eq!(d.posts(), 2);
+    assert!(
+        err.contains(&format!(
+            "benchmarked {} on host remote through an SSH forward at http://127.0.0.1:",
+            d.url
+        )),
+        "{err}"
+    );
+    // The requests went through sshd to the server's port.
+    let log = sshd.log();
+    assert!(
+        log.contains(&format!("target 127.0.0.1 port {port}")),
+        "no forward to port {port} in the sshd log:\n{log}"
+    );
+    // The record names the host and the URL as seen there, not the local forward.
+    let records: Vec<_> = std::fs::read_dir(runs.path())
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "json"))
+        .collect();
+    assert_eq!(records.len(), 1, "{records:?}");
+    let r: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&records[0]).unwrap()).unwrap();
+    let tags: Vec<&str> = r["identity"]["tags"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|t| t.as_str())
+        .collect();
+    assert!(tags.contains(&"host:remote"), "{tags:?}");
+    assert_eq!(
+        r["target"]["url"],
+        format!("{}/v1", d.url),
+        "{}",
+        r["target"]
+    );
+    // No tunnel left behind: neither its directory nor an ssh of this host.
+    assert!(tunnel_dirs_of(pid).is_empty(), "{:?}", tunnel_dirs_of(pid));
+    let config = sshd.dir.path().join("ssh_config").display().to_string();
+    let left = processes_with(&config);
+    assert!(left.is_empty(), "ssh left running: {left:?}");
+}
+
+#[test]
+fn bench_host_errors_name_the_host_and_the_file() {
+    let home = tempfile::tempdir().unwrap();
+    let url = format!("http://127.0.0.1:{}", free_port());
+    // No hosts file: where it should be.
+    let o = mxtune(home.path(), &["bench", "--host", "spark2", "--url", &url]);
+    let (_, err) = text(&o);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    let file = home.path().join("mxtune/hosts.toml");
+    assert!(
+        err.contains(&format!(
+            "--host spark2: there is no hosts file {}",
+            file.display()
+        )),
+        "{err}"
+    );
+    // A name not in the file: the file, the names, and how to list them.
+    std::fs::create_dir_all(home.path().join("mxtune")).unwrap();
+    std::fs::write(&file, "[[host]]\nname = \"spark2\"\nssh = \"me@spark2\"\n").unwrap();
+    let o = mxtune(home.path(), &["bench", "--host", "spark3", "--url", &url]);
+    let (_, err) = text(&o);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains(&format!(
+            "{}: no host named \"spark3\"; the hosts are: spark2 (`mxtune hosts list`)",
+            file.display()
+        )),
+        "{err}"
+    );
+    // TLS through the forward would not match the certificate: refused before any ssh.
+    let o = mxtune(
+        home.path(),
+        &[
+            "bench",
+            "--host",
+            "spark2",
+            "--url",
+            "https://10.0.0.2:8000",
+        ],
+    );
+    let (_, err) = text(&o);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(err.contains("with --host the URL must be http://"), "{err}");
+}
+
+#[tokio::test]
+async fn bench_host_interrupted_closes_the_forward() {
+    let test = "bench_host_interrupted_closes_the_forward";
+    let Some(sshd) = sshd_or_skip(test) else {
+        return;
+    };
+    let home = sshd.config_home(&sshd.host_entry("remote", MXTUNE));
+    // The first answer stalls after one chunk: the bench is mid-request when interrupted.
+    let d = double::spawn(double::Script {
+        fault: double::Fault::StallAfter(1),
+        ..double::Script::default()
+    })
+    .await;
+    let runs = tempfile::tempdir().unwrap();
+    let child = tokio::process::Command::new(MXTUNE)
+        .args(["bench", "--host", "remote", "--url", &d.url, "--model", "m"])
+        .args(["--pp", "32", "--tg", "8", "--runs", "1", "--warmup", "0"])
+        .args(["--latency-mode", "none", "--json", "--record", "--runs-dir"])
+        .arg(runs.path())
+        .env("XDG_CONFIG_HOME", &home)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id().unwrap();
+    // Wait (bounded, not timed) until the request has reached the server through the forward.
+    let mut waited = 0;
+    while d.posts() == 0 {
+        assert!(waited < 600, "no request reached the server in 60 s");
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        waited += 1;
+    }
+    assert!(!tunnel_dirs_of(pid).is_empty(), "no tunnel while running");
+    // Ctrl-C to mxtune alone (a terminal would signal ssh too; this shows mxtune ends it).
+    assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGINT) }, 0);
+    let o = child.wait_with_output().await.unwrap();
+    let (out, err) = text(&o);
+    assert_eq!(o.status.code(), Some(130), "{out}\n{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["aborted"], true, "{out}");
+    assert_eq!(v["host"], "remote", "{out}");
+    assert!(tunnel_dirs_of(pid).is_empty(), "{:?}", tunnel_dirs_of(pid));
+    let config = sshd.dir.path().join("ssh_config").display().to_string();
+    let left = processes_with(&config);
+    assert!(left.is_empty(), "ssh left running: {left:?}");
 }

@@ -42,9 +42,15 @@ pub struct ServedBy {
 /// Arguments of `mxtune bench`.
 #[derive(Debug, Clone, PartialEq, clap::Args)]
 pub struct BenchArgs {
-    /// Server base URL, e.g. http://127.0.0.1:8000 (`/v1` is added when missing).
+    /// Server base URL, e.g. http://127.0.0.1:8000 (`/v1` is added when missing). With
+    /// `--host`, the address as seen on that host.
     #[arg(long)]
     pub url: String,
+    /// The server runs on this host of ~/.config/mxtune/hosts.toml: `--url` is its address
+    /// as seen there, reached through an SSH forward that is closed when the bench ends;
+    /// records are tagged `host:NAME`.
+    #[arg(long, value_name = "NAME")]
+    pub host: Option<String>,
     /// Model name to send; default: the first id of GET /v1/models.
     #[arg(long)]
     pub model: Option<String>,
@@ -167,6 +173,8 @@ pub struct BenchOutcome {
     pub record_errors: Vec<String>,
     /// Things skipped on the way (e.g. the stress memory check without a GPU).
     pub notes: Vec<String>,
+    /// The host the server ran on (`--host`), none for a URL reached from here.
+    pub host: Option<String>,
 }
 
 impl BenchOutcome {
@@ -249,6 +257,7 @@ async fn run_async(args: BenchArgs) -> Result<ExitCode> {
         let report = JsonReport::new(
             &out.model,
             &args.url,
+            out.host.as_deref(),
             out.grid.as_ref(),
             &out.levels,
             out.aborted,
@@ -287,8 +296,21 @@ pub async fn execute(
     cancel: super::workload::CancelWatch,
 ) -> Result<BenchOutcome> {
     args.validate()?;
+    // With --host, the server is reached through an SSH forward to its address as seen on
+    // that host; the tunnel lives until this function returns (also on error or cancel).
+    let tunnel = match &args.host {
+        Some(name) => Some(open_forward(&crate::hosts::find(name)?, &args.url).await?),
+        None => None,
+    };
+    let url = tunnel
+        .as_ref()
+        .map_or(args.url.clone(), |(_, local)| local.clone());
+    let at = match &args.host {
+        Some(name) => format!("{} on host {name}", args.url),
+        None => args.url.clone(),
+    };
     let workload = args.workload();
-    let mut config = ClientConfig::new(&args.url);
+    let mut config = ClientConfig::new(&url);
     config.api_key = args.api_key.clone();
     config.connect_timeout = Duration::from_secs_f64(args.connect_timeout);
     config.read_timeout = Duration::from_secs_f64(args.read_timeout);
@@ -298,18 +320,27 @@ pub async fn execute(
         None => client
             .models()
             .await
-            .with_context(|| format!("finding the model at {} (or pass --model)", args.url))?
+            .with_context(|| format!("finding the model at {at} (or pass --model)"))?
             .into_iter()
             .next()
-            .with_context(|| format!("{} lists no models; pass --model", client.base_url()))?,
+            .with_context(|| match &args.host {
+                Some(_) => format!("{at} lists no models; pass --model"),
+                None => format!("{} lists no models; pass --model", client.base_url()),
+            })?,
     };
     let mut record = if args.record {
-        Some(start_record(args, &client, &model)?)
+        Some(start_record(args, &model)?)
     } else {
         None
     };
     let mut record_errors: Vec<String> = Vec::new();
     let mut notes = Vec::new();
+    if let (Some(name), Some((_, local))) = (&args.host, &tunnel) {
+        notes.push(format!(
+            "benchmarked {} on host {name} through an SSH forward at {local} (closed now)",
+            args.url
+        ));
+    }
     let runner = Runner {
         client,
         model: model.clone(),
@@ -398,6 +429,8 @@ pub async fn execute(
             record_errors.push(format!("{e:#}"));
         }
     }
+    // Closed before the outcome is reported (and on every early return above).
+    drop(tunnel);
     Ok(BenchOutcome {
         model,
         grid,
@@ -406,11 +439,56 @@ pub async fn execute(
         record: record.as_ref().map(|h| h.path().to_path_buf()),
         record_errors,
         notes,
+        host: args.host.clone(),
     })
 }
 
+/// The address and port a `--url` names (as seen on the host of `--host`), and the same URL
+/// with `127.0.0.1:local` in their place. Only http: a certificate would not match the
+/// forward's address.
+pub fn forward_target(url: &str, local: u16) -> Result<((String, u16), String)> {
+    let mut parsed = reqwest::Url::parse(url).with_context(|| {
+        format!("--url {url:?} is not a URL: with --host give the server's address as seen on that host, e.g. http://127.0.0.1:8000")
+    })?;
+    if parsed.scheme() != "http" {
+        anyhow::bail!(
+            "--url {url}: with --host the URL must be http:// (the SSH forward ends on 127.0.0.1 here, which a TLS certificate would not name)"
+        );
+    }
+    let addr = match parsed.host_str() {
+        // An IPv6 address comes in brackets; the tunnel adds its own.
+        Some(h) if !h.is_empty() => h.trim_start_matches('[').trim_end_matches(']').to_owned(),
+        _ => anyhow::bail!("--url {url} names no host: give e.g. http://127.0.0.1:8000"),
+    };
+    let port = parsed.port_or_known_default().unwrap_or(80);
+    parsed
+        .set_host(Some("127.0.0.1"))
+        .map_err(|e| anyhow::anyhow!("rewriting --url {url} for the SSH forward: {e}"))?;
+    parsed
+        .set_port(Some(local))
+        .map_err(|()| anyhow::anyhow!("rewriting --url {url} for the SSH forward"))?;
+    Ok(((addr, port), parsed.to_string()))
+}
+
+/// Opens an SSH forward from a local port to `url`'s address and port as seen on `host`,
+/// and returns it with the local URL to benchmark instead (closed when the tunnel is dropped).
+async fn open_forward(
+    host: &crate::hosts::Host,
+    url: &str,
+) -> Result<(crate::hosts::ssh::Tunnel, String)> {
+    let ((addr, port), _) = forward_target(url, 1)?;
+    let tunnel = crate::hosts::ssh::Tunnel::open(host, Some((&addr, port)))
+        .await
+        .with_context(|| format!("forwarding {url} of host {} over SSH", host.name))?;
+    let (local, _) = tunnel
+        .port
+        .context("the SSH tunnel has no forwarded port")?;
+    let (_, local_url) = forward_target(url, local)?;
+    Ok((tunnel, local_url))
+}
+
 /// A `running` record for an attached server, written before the first request.
-fn start_record(args: &BenchArgs, client: &BenchClient, model: &str) -> Result<RunHandle> {
+fn start_record(args: &BenchArgs, model: &str) -> Result<RunHandle> {
     let served = args.served_by.as_ref().filter(|s| {
         s.url.trim_end_matches('/').trim_end_matches("/v1")
             == args.url.trim_end_matches('/').trim_end_matches("/v1")
@@ -425,7 +503,11 @@ fn start_record(args: &BenchArgs, client: &BenchClient, model: &str) -> Result<R
         }
         None => crate::record::begin(TargetKind::Attach, None, &[]),
     };
-    r.target.url = Some(client.base_url().to_owned());
+    // The server's URL as given (with --host: as seen on that host, not the local forward).
+    r.target.url = Some(super::client::api_base(&args.url));
+    if let Some(host) = &args.host {
+        r.identity.tags.push(format!("host:{host}"));
+    }
     r.target.model = Some(model.to_owned());
     let levels: Vec<String> = args
         .level
@@ -762,6 +844,9 @@ pub struct JsonReport<'a> {
     pub model: &'a str,
     /// Server URL given.
     pub url: &'a str,
+    /// The host the server ran on (`--host`; `url` is as seen there); absent without it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub host: Option<&'a str>,
     /// Latency subtracted from ttfr, ms (performance level only).
     pub latency_ms: Option<f64>,
     /// One entry per measured point.
@@ -835,6 +920,7 @@ impl<'a> JsonReport<'a> {
     fn new(
         model: &'a str,
         url: &'a str,
+        host: Option<&'a str>,
         grid: Option<&'a WorkloadResult>,
         levels: &'a [LevelReport],
         aborted: bool,
@@ -842,6 +928,7 @@ impl<'a> JsonReport<'a> {
         Self {
             model,
             url,
+            host,
             latency_ms: grid.map(|g| g.latency_s * 1e3),
             points: grid
                 .map(|g| g.points.iter().map(json_point).collect())
@@ -880,5 +967,29 @@ fn json_point(p: &PointResult) -> JsonPoint<'_> {
         server_pp_total_tps: p.stats.server_pp_total_tps,
         count_methods: &p.stats.count_methods,
         error_reasons: &p.errors,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::forward_target;
+
+    #[test]
+    fn forward_target_takes_the_address_on_the_host_and_keeps_the_path() {
+        let ((addr, port), local) = forward_target("http://127.0.0.1:8000", 40001).unwrap();
+        assert_eq!((addr.as_str(), port), ("127.0.0.1", 8000));
+        assert_eq!(local, "http://127.0.0.1:40001/");
+        let ((addr, port), local) = forward_target("http://gpu-box/v1", 40002).unwrap();
+        assert_eq!((addr.as_str(), port), ("gpu-box", 80));
+        assert_eq!(local, "http://127.0.0.1:40002/v1");
+        let ((addr, port), _) = forward_target("http://[::1]:9000", 40003).unwrap();
+        assert_eq!((addr.as_str(), port), ("::1", 9000));
+        let e = forward_target("https://10.0.0.2:8000", 1).unwrap_err();
+        assert!(format!("{e}").contains("must be http://"), "{e}");
+        let e = forward_target("127.0.0.1:8000", 1).unwrap_err();
+        assert!(
+            format!("{e:#}").contains("e.g. http://127.0.0.1:8000"),
+            "{e:#}"
+        );
     }
 }

@@ -57,6 +57,16 @@ impl ClientConfig {
     }
 }
 
+/// The `/v1` base URL of a server URL (`/v1` is added when missing).
+pub fn api_base(url: &str) -> String {
+    let trimmed = url.trim_end_matches('/');
+    if trimmed.ends_with("/v1") {
+        trimmed.to_owned()
+    } else {
+        format!("{trimmed}/v1")
+    }
+}
+
 /// How a prompt is sent.
 #[derive(Debug, Clone)]
 pub enum PromptBody {
@@ -160,15 +170,9 @@ impl BenchClient {
             .pool_idle_timeout(None)
             .build()
             .context("building the HTTP client")?;
-        let trimmed = config.url.trim_end_matches('/');
-        let base = if trimmed.ends_with("/v1") {
-            trimmed.to_owned()
-        } else {
-            format!("{trimmed}/v1")
-        };
         Ok(Self {
             http,
-            base,
+            base: api_base(&config.url),
             api_key: config.api_key.clone(),
         })
     }
