@@ -304,35 +304,9 @@ fn tui_tmux_launch_engine_then_stop() {
     }
     let dir = tempfile::tempdir().unwrap();
     // The default preset, on a free port, so parallel tests and servers do not collide.
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let presets = dir.path().join("presets");
-    std::fs::create_dir_all(&presets).unwrap();
-    let tiny = std::fs::read_to_string(
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("presets/engine-cpu-tiny.toml"),
-    )
-    .unwrap();
-    let tiny = tiny.replace("port = 8000", &format!("port = {port}"));
-    assert!(
-        tiny.contains(&format!("port = {port}")),
-        "the preset sets its port"
-    );
-    std::fs::write(presets.join("engine-cpu-tiny.toml"), tiny).unwrap();
+    let port = tiny_preset_on_free_port(dir.path());
     let s = Session::new("launch", 120, 40);
-    s.send(&[
-        &format!(
-            "cd {d} && MXTUNE_RUNS_DIR={d}/runs MXTUNE_PRESETS_DIR={d}/presets XDG_CONFIG_HOME={d}/config {bin}",
-            d = dir.path().display(),
-            bin = env!("CARGO_BIN_EXE_mxtune")
-        ),
-        "Enter",
-    ]);
-    s.wait_for("preset engine-cpu-tiny");
-    s.send(&["2"]);
-    s.wait_for("[engine]");
+    open_launch_screen(&s, dir.path());
     s.send(&["l"]);
     let screen = s.wait_for("phase ready");
     assert!(screen.contains(&format!("127.0.0.1:{port}")), "{screen}");
@@ -440,7 +414,23 @@ fn children(pid: &str) -> Vec<String> {
         .collect()
 }
 
-/// A copy of the default preset on a free port, in `dir/presets`.
+/// Starts the panel in `s` with its runs, presets and config under `dir` and opens the Launch
+/// screen on the engine preset written by [`tiny_preset_on_free_port`].
+fn open_launch_screen(s: &Session, dir: &std::path::Path) {
+    s.send(&[
+        &format!(
+            "cd {d} && MXTUNE_RUNS_DIR={d}/runs MXTUNE_PRESETS_DIR={d}/presets XDG_CONFIG_HOME={d}/config {bin}",
+            d = dir.display(),
+            bin = env!("CARGO_BIN_EXE_mxtune")
+        ),
+        "Enter",
+    ]);
+    s.wait_for("preset engine-cpu-tiny");
+    s.send(&["2"]);
+    s.wait_for("[engine]");
+}
+
+/// A copy of the default preset on a free port, in `dir/presets`; returns the port.
 fn tiny_preset_on_free_port(dir: &std::path::Path) -> u16 {
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
@@ -469,17 +459,7 @@ fn tui_tmux_preflight_port_taken_blocks_the_launch_and_starts_nothing() {
     // Something else listens on the preset's port now.
     let _taken = std::net::TcpListener::bind(("127.0.0.1", port)).unwrap();
     let s = Session::new("preflight-port", 200, 40);
-    s.send(&[
-        &format!(
-            "cd {d} && MXTUNE_RUNS_DIR={d}/runs MXTUNE_PRESETS_DIR={d}/presets XDG_CONFIG_HOME={d}/config {bin}",
-            d = dir.path().display(),
-            bin = env!("CARGO_BIN_EXE_mxtune")
-        ),
-        "Enter",
-    ]);
-    s.wait_for("preset engine-cpu-tiny");
-    s.send(&["2"]);
-    s.wait_for("[engine]");
+    open_launch_screen(&s, dir.path());
     s.send(&["l"]);
     // The findings come first, then the launch's failure: wait for both on screen.
     let screen = s.wait_until("the blocked pre-flight and the failed phase", |screen| {
@@ -548,17 +528,7 @@ fn tui_tmux_preflight_warning_is_shown_and_the_launch_goes_on() {
     let compiler = FakeCompiler::start(bin.path());
     let pid = compiler.0.id();
     let s = Session::new("preflight-warn", 200, 40);
-    s.send(&[
-        &format!(
-            "cd {d} && MXTUNE_RUNS_DIR={d}/runs MXTUNE_PRESETS_DIR={d}/presets XDG_CONFIG_HOME={d}/config {bin}",
-            d = dir.path().display(),
-            bin = env!("CARGO_BIN_EXE_mxtune")
-        ),
-        "Enter",
-    ]);
-    s.wait_for("preset engine-cpu-tiny");
-    s.send(&["2"]);
-    s.wait_for("[engine]");
+    open_launch_screen(&s, dir.path());
     s.send(&["l"]);
     let screen = s.wait_for("phase ready");
     let shell = tmux(&["display-message", "-p", "-t", &s.name, "#{pane_pid}"]);
@@ -608,17 +578,7 @@ fn tui_tmux_sighup_during_bench_saves_an_aborted_record() {
     let dir = tempfile::tempdir().unwrap();
     tiny_preset_on_free_port(dir.path());
     let s = Session::new("benchhup", 120, 40);
-    s.send(&[
-        &format!(
-            "cd {d} && MXTUNE_RUNS_DIR={d}/runs MXTUNE_PRESETS_DIR={d}/presets XDG_CONFIG_HOME={d}/config {bin}",
-            d = dir.path().display(),
-            bin = env!("CARGO_BIN_EXE_mxtune")
-        ),
-        "Enter",
-    ]);
-    s.wait_for("preset engine-cpu-tiny");
-    s.send(&["2"]);
-    s.wait_for("[engine]");
+    open_launch_screen(&s, dir.path());
     s.send(&["l"]);
     s.wait_for("phase ready");
     let shell = tmux(&["display-message", "-p", "-t", &s.name, "#{pane_pid}"]);
@@ -729,17 +689,7 @@ fn tui_tmux_first_bench_on_the_default_preset_passes_correctness() {
     let dir = tempfile::tempdir().unwrap();
     tiny_preset_on_free_port(dir.path());
     let s = Session::new("firstbench", 120, 40);
-    s.send(&[
-        &format!(
-            "cd {d} && MXTUNE_RUNS_DIR={d}/runs MXTUNE_PRESETS_DIR={d}/presets XDG_CONFIG_HOME={d}/config {bin}",
-            d = dir.path().display(),
-            bin = env!("CARGO_BIN_EXE_mxtune")
-        ),
-        "Enter",
-    ]);
-    s.wait_for("preset engine-cpu-tiny");
-    s.send(&["2"]);
-    s.wait_for("[engine]");
+    open_launch_screen(&s, dir.path());
     s.send(&["l"]);
     s.wait_for("phase ready");
     let shell = tmux(&["display-message", "-p", "-t", &s.name, "#{pane_pid}"]);
