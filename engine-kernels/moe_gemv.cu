@@ -206,6 +206,49 @@ struct ActFp8 {
 // The dynamic shared memory of the decode MoE kernels (the policy's staged activations).
 extern __shared__ float moe_smem[];
 
+// The `_slots` kernels' weights: a unit's two rows (row 0 at bw, row 1 nb blocks further; unit
+// uu at 2 uu nb) as MOE_SLOTS_NI fixed slots of 32-block items per lane, item i at block
+// lane + 32 i (the host launches these kernels only for ni <= MOE_SLOTS_NI).
+struct MoeSlots {
+    const uint4* bw;
+    const u8* sw;
+    int nb, ni, lane;
+    uint4 w0[MOE_SLOTS_NI], w1[MOE_SLOTS_NI];
+    unsigned s0[MOE_SLOTS_NI], s1[MOE_SLOTS_NI];
+
+    __device__ __forceinline__ void load(int uu, int i) {
+        if (i < ni && lane + 32 * i < nb) {
+            const size_t o = 2 * (size_t)uu * nb + 32 * i;
+            w0[i] = __ldg(bw + o);
+            w1[i] = __ldg(bw + o + nb);
+            s0[i] = sw[o];
+            s1[i] = sw[o + nb];
+        }
+    }
+    __device__ __forceinline__ void load_unit(int uu) {
+#pragma unroll
+        for (int i = 0; i < MOE_SLOTS_NI; ++i) load(uu, i);
+    }
+    // The lane's partial sums of unit uu's two rows against the staged activations xs, in item
+    // order as the item sequence sums them; item i of unit uu + 1 (when uu + 1 < nu) is loaded
+    // into slot i as soon as the slot is consumed, so the warp streams its units.
+    template <class A>
+    __device__ __forceinline__ void sums(const u8* xs, int uu, int nu, float& t0, float& t1) {
+        t0 = t1 = 0.0f;
+#pragma unroll
+        for (int i = 0; i < MOE_SLOTS_NI; ++i) {
+            const uint4 c0 = w0[i], c1 = w1[i];
+            const unsigned cs0 = s0[i], cs1 = s1[i];
+            if (uu + 1 < nu) load(uu + 1, i);
+            const int b = lane + 32 * i;
+            if (i < ni && b < nb) {
+                t0 += A::dot(c0, xs, b, nb) * e8m0_value(cs0);
+                t1 += A::dot(c1, xs, b, nb) * e8m0_value(cs1);
+            }
+        }
+    }
+};
+
 // act[t, s, j] = swiglu(gate_j, lin_j) for expert idx[t, s]; grid = (ceil(I / (8 U)), k, T),
 // block = 256, U = `units`: each warp owns U consecutive units j (rows 2j and 2j + 1, read
 // against one staged x), so one staging of x serves 16 U weight rows. The lanes stride over a
@@ -237,42 +280,16 @@ __device__ __forceinline__ void moe_gate_up_body(const u8* __restrict__ blocks,
     const float bgate = bl ? bf2f(bias[(size_t)e * rows + 2 * jb]) : 0.0f;
     const float blin = bl ? bf2f(bias[(size_t)e * rows + 2 * jb + 1]) : 0.0f;
     if constexpr (SLOTS) {
-        // A unit's items in fixed slots (the host launches this only for ni <= MOE_SLOTS_NI),
-        // all in flight at once; item i of the next unit is loaded into slot i as soon as
-        // slot i is consumed. The same sums in the same order as the item sequence below.
+        // All of a unit's items in flight at once (MoeSlots); the same sums in the same order
+        // as the item sequence below.
         const int nu = min(units, inter - j0);  // this warp's units (none for a tail warp)
-        const uint4* bw = be + 2 * (size_t)j0 * nb + lane;
-        const u8* sw = se + 2 * (size_t)j0 * nb + lane;
-        uint4 wg[MOE_SLOTS_NI], wl[MOE_SLOTS_NI];
-        unsigned sg[MOE_SLOTS_NI], sl[MOE_SLOTS_NI];
-        auto load = [&](int uu, int i) {
-            if (i < ni && lane + 32 * i < nb) {
-                const size_t o = 2 * (size_t)uu * nb + 32 * i;
-                wg[i] = __ldg(bw + o);
-                wl[i] = __ldg(bw + o + nb);
-                sg[i] = sw[o];
-                sl[i] = sw[o + nb];
-            }
-        };
-        if (nu > 0) {
-#pragma unroll
-            for (int i = 0; i < MOE_SLOTS_NI; ++i) load(0, i);
-        }
+        MoeSlots w{be + 2 * (size_t)j0 * nb + lane, se + 2 * (size_t)j0 * nb + lane, nb, ni, lane};
+        if (nu > 0) w.load_unit(0);
         A::stage(x + (size_t)t * hidden, xs, hidden);
         __syncthreads();
         for (int uu = 0; uu < nu; ++uu) {
-            float g = 0.0f, l = 0.0f;
-#pragma unroll
-            for (int i = 0; i < MOE_SLOTS_NI; ++i) {
-                const uint4 cg = wg[i], cl = wl[i];
-                const unsigned csg = sg[i], csl = sl[i];
-                if (uu + 1 < nu) load(uu + 1, i);
-                const int b = lane + 32 * i;
-                if (i < ni && b < nb) {
-                    g += A::dot(cg, xs, b, nb) * e8m0_value(csg);
-                    l += A::dot(cl, xs, b, nb) * e8m0_value(csl);
-                }
-            }
+            float g, l;
+            w.sums<A>(xs, uu, nu, g, l);
             g = warp_sum(g);
             l = warp_sum(l);
             const float bg = __shfl_sync(0xffffffffu, bgate, uu);
@@ -340,8 +357,8 @@ __device__ __forceinline__ void moe_gate_up_body(const u8* __restrict__ blocks,
          const int* __restrict__ idx, float* __restrict__ act, int inter, int hidden, int k,    \
          float limit, float alpha, int units) {                                                 \
         pdl_enter();                                                                            \
-        moe_gate_up_body<policy, slots>(blocks, scales, bias, x, idx, act, inter, hidden, k, limit,    \
-                                 alpha, units);                                                 \
+        moe_gate_up_body<policy, slots>(blocks, scales, bias, x, idx, act, inter, hidden, k,    \
+                                        limit, alpha, units);                                   \
     }
 MOE_GATE_UP_KERNEL(moe_gate_up_swiglu, ActF32, false, MOE_DECODE_MINB)
 MOE_GATE_UP_KERNEL(moe_gate_up_swiglu_q8, ActQ8, false, MOE_DECODE_MINB)
@@ -384,51 +401,25 @@ __device__ __forceinline__ void moe_down_body(const u8* __restrict__ blocks,
     const float b0v = bl && rb < hidden ? bf2f(bias[(size_t)e * hidden + rb]) : 0.0f;
     const float b1v = bl && rb + 1 < hidden ? bf2f(bias[(size_t)e * hidden + rb + 1]) : 0.0f;
     if constexpr (SLOTS) {
-        // As moe_gate_up_body's slots: a unit's items in fixed slots, all in flight, the next
-        // unit's item i loaded as slot i is consumed (same sums, same order). hidden is a
-        // multiple of 32, so a unit's second row exists whenever its first does.
+        // As moe_gate_up_body's slots (same sums, same order). hidden is a multiple of 32, so
+        // a unit's second row exists whenever its first does.
         const int nu = min(units, (hidden - rw + 1) / 2);
-        const uint4* bw = be + (size_t)rw * nb + lane;
-        const u8* sw = se + (size_t)rw * nb + lane;
-        uint4 w0[MOE_SLOTS_NI], w1[MOE_SLOTS_NI];
-        unsigned s0[MOE_SLOTS_NI], s1[MOE_SLOTS_NI];
-        auto load = [&](int uu, int i) {
-            if (i < ni && lane + 32 * i < nb) {
-                const size_t o = 2 * (size_t)uu * nb + 32 * i;
-                w0[i] = __ldg(bw + o);
-                w1[i] = __ldg(bw + o + nb);
-                s0[i] = sw[o];
-                s1[i] = sw[o + nb];
-            }
-        };
-        if (nu > 0) {
-#pragma unroll
-            for (int i = 0; i < MOE_SLOTS_NI; ++i) load(0, i);
-        }
+        MoeSlots w{be + (size_t)rw * nb + lane, se + (size_t)rw * nb + lane, nb, ni, lane};
+        if (nu > 0) w.load_unit(0);
         A::stage(act + ((size_t)t * k + s) * inter, as, inter);
         __syncthreads();
         for (int uu = 0; uu < nu; ++uu) {
-            float t0 = 0.0f, t1 = 0.0f;
-#pragma unroll
-            for (int i = 0; i < MOE_SLOTS_NI; ++i) {
-                const uint4 c0 = w0[i], c1 = w1[i];
-                const unsigned cs0 = s0[i], cs1 = s1[i];
-                if (uu + 1 < nu) load(uu + 1, i);
-                const int b = lane + 32 * i;
-                if (i < ni && b < nb) {
-                    t0 += A::dot(c0, as, b, nb) * e8m0_value(cs0);
-                    t1 += A::dot(c1, as, b, nb) * e8m0_value(cs1);
-                }
-            }
+            float t0, t1;
+            w.sums<A>(as, uu, nu, t0, t1);
             t0 = warp_sum(t0);
             t1 = warp_sum(t1);
             const float bb0 = __shfl_sync(0xffffffffu, b0v, uu);
             const float bb1 = __shfl_sync(0xffffffffu, b1v, uu);
             if (lane == 0) {
-                const float w = wts[t * k + s];
+                const float wt = wts[t * k + s];
                 float* pp = part + ((size_t)t * k + s) * hidden + rw + 2 * uu;
-                pp[0] = w * (t0 + bb0);
-                pp[1] = w * (t1 + bb1);
+                pp[0] = wt * (t0 + bb0);
+                pp[1] = wt * (t1 + bb1);
             }
         }
     } else {
@@ -518,8 +509,8 @@ __device__ __forceinline__ void moe_down_body(const u8* __restrict__ blocks,
          int hidden, int inter, int k, int units, float* __restrict__ y, int accumulate,        \
          unsigned* __restrict__ ctr) {                                                          \
         pdl_enter();                                                                            \
-        moe_down_body<policy, slots>(blocks, scales, bias, act, idx, wts, part, hidden, inter, k,      \
-                              units, y, accumulate, ctr);                                       \
+        moe_down_body<policy, slots>(blocks, scales, bias, act, idx, wts, part, hidden, inter,  \
+                                     k, units, y, accumulate, ctr);                             \
     }
 MOE_DOWN_KERNEL(moe_down, ActF32, false, MOE_DECODE_MINB)
 MOE_DOWN_KERNEL(moe_down_q8, ActQ8, false, MOE_DECODE_MINB)

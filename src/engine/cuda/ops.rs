@@ -984,8 +984,9 @@ pub const MOE_LOOP_ENV: &str = "MXTUNE_MOE_LOOP";
 /// * `Slots`: the `_slots` kernels hold a unit's items in fixed registers, all in flight, the
 ///   next unit's items loaded as the current ones are consumed; compiled for 2 blocks per SM
 ///   (~115 registers). Only for rows of at most [`MOE_SLOTS_NI`] items (3072 inputs).
-/// * `Auto` (the default): `Slots` where a warp has several units (batch ≥ 4 on the H100:
-///   docs/perf.md, run 84), `Items` for one unit a warp (batch 1, where 3 blocks per SM win).
+/// * `Auto` (the default): `Slots` where a warp has several units, `Items` for one unit a
+///   warp (where 3 blocks per SM win: docs/perf.md, run 84). [`MoeUnits::for_batch`] gives
+///   the slots several units at batch 1 too, so for gpt-oss every batch runs `Slots`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum MoeLoop {
     Auto,
@@ -1123,8 +1124,8 @@ impl MoeUnits {
         if let Some((gate_up, down)) = fixed {
             return Self { gate_up, down, lp };
         }
-        // units_total: the kernel's units a row; per_block: units a block takes per unit a
-        // warp (8 warps; a down unit is two rows); width: the kernel's row length.
+        // units_total: the kernel's units (a block's 8 warps take 8 u of them); width: the
+        // length of the rows the kernel reads.
         let pick = |units_total: usize, width: usize| {
             let mut u = 1;
             while u < MOE_AUTO_MAX_UNITS
