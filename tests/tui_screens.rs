@@ -1780,6 +1780,96 @@ fn live_shows_each_host_of_a_two_host_target_side_by_side() {
     assert!(single.contains("waiting for the first sample"), "{single}");
 }
 
+/// Each host of a two-host target has its own charts: the API host's first (with the
+/// server's), then `h` shows the worker's GPU and host charts from its own samples, and back.
+/// `h` is in the hint bar and the help only while there are several hosts.
+#[test]
+fn live_charts_each_host_and_h_switches_between_them() {
+    use mxtune::monitor::Reading::Value;
+    use mxtune::monitor::sample::{GpuStatus, ServerStatus};
+    use mxtune::tui::screens::live::HostPanel;
+    let mut app = snapshot_app(theme());
+    key(&mut app, KeyCode::Char('3'));
+    let single = render(&app, 100, 34);
+    assert!(!single.contains("h charts of the next host"), "{single}");
+    // One host has no `h`: the key changes nothing.
+    key(&mut app, KeyCode::Char('h'));
+    assert_eq!(render(&app, 100, 34), single);
+    app.live.set_hosts(vec![
+        HostPanel::new("local", "Ray head, API", true),
+        HostPanel::new("spark2", "Ray worker", false),
+    ]);
+    let send = |app: &mut App, ev: Event| with_bg(|bg, _| step(app, bg, ev));
+    for t in 0..120 {
+        send(
+            &mut app,
+            Event::HostSample {
+                host: 0,
+                sample: Box::new(sample(t, false)),
+            },
+        );
+        // The worker: its own GPU readings (hotter, busier, more memory), no /metrics.
+        let mut w = sample(t, false);
+        w.server = ServerStatus::NotConfigured;
+        if let GpuStatus::Available { gpus, .. } = &mut w.gpu {
+            let g = &mut gpus[0];
+            g.memory.used_bytes = Value((90 + t as u64 / 20) * (1 << 30));
+            g.power_w = Value(80.0 + (t % 5) as f64);
+            g.temperature_c = Value(70 + (t % 3) as u32);
+            g.clocks.sm_mhz = Value(2400);
+        }
+        send(
+            &mut app,
+            Event::HostSample {
+                host: 1,
+                sample: Box::new(w),
+            },
+        );
+    }
+    assert_eq!(app.live.points.len(), 120);
+    assert_eq!(app.live.hosts[1].points.len(), 120);
+    let head = render(&app, 100, 34);
+    for want in [
+        "charts of host local (Ray head, API)",
+        "tok/s gen",
+        "h charts of the next host",
+    ] {
+        assert!(head.contains(want), "{want:?} missing:\n{head}");
+    }
+    // The head's charts have two pages here; `h` shows the next host from its first.
+    key(&mut app, KeyCode::PageDown);
+    assert!(render(&app, 100, 34).contains("charts 2/2"));
+    key(&mut app, KeyCode::Char('h'));
+    let worker = render(&app, 100, 34);
+    for want in [
+        "charts of host spark2 (Ray worker)",
+        "GPU memory (unified, shared with CPU) used 95.0",
+        "clocks sm 2400 MHz",
+        "power power 84.0 W",
+        "temperature temp 72.0 C",
+        "host cpu",
+        "h charts of the next host",
+    ] {
+        assert!(worker.contains(want), "{want:?} missing:\n{worker}");
+    }
+    // The worker serves no API: no server charts for it.
+    assert!(!worker.contains("tok/s gen"), "{worker}");
+    // Its six charts fit one page.
+    assert!(!worker.contains("charts 1/"), "{worker}");
+    insta::assert_snapshot!("live_two_hosts_worker_charts_100x34", worker);
+    // `h` again: back to the API host's charts, first page.
+    key(&mut app, KeyCode::Char('h'));
+    assert_eq!(render(&app, 100, 34), head);
+    // The help has Live's `h` while there are several hosts.
+    key(&mut app, KeyCode::Char('?'));
+    let help = screen_words(&render(&app, 100, 60));
+    assert!(
+        help.contains(mxtune::tui::keys::LIVE_HOSTS_SECTION),
+        "{help}"
+    );
+    assert!(help.contains("h charts of the next host"), "{help}");
+}
+
 #[test]
 fn snapshots_live() {
     let mut app = snapshot_app(theme());
@@ -2970,14 +3060,18 @@ fn help_lines_wrap_under_their_key_column() {
             .split_whitespace()
             .collect::<Vec<_>>()
             .join(" ");
-        // Without a hosts file the help has no host picker.
-        assert!(
-            !all.contains(mxtune::tui::keys::HOSTS_SECTION),
-            "at {width}"
-        );
+        // Without a hosts file the help has no host picker, and with no target on several
+        // hosts no `h` of the Live screen.
+        let hidden = [
+            mxtune::tui::keys::HOSTS_SECTION,
+            mxtune::tui::keys::LIVE_HOSTS_SECTION,
+        ];
+        for h in hidden {
+            assert!(!all.contains(h), "{h} at {width}");
+        }
         for (title, bindings) in mxtune::tui::keys::SECTIONS
             .iter()
-            .filter(|(t, _)| *t != mxtune::tui::keys::HOSTS_SECTION)
+            .filter(|(t, _)| !hidden.contains(t))
         {
             assert!(all.contains(title), "{title} at {width}");
             for b in *bindings {

@@ -846,6 +846,16 @@ fn tui_tmux_live_shows_both_hosts_of_a_two_node_cluster_side_by_side() {
         2,
         "{screen}"
     );
+    // `h` shows the worker's own charts (its host chart from its own samples, no server
+    // charts), and `h` again the head's.
+    assert!(screen.contains("h charts of the next host"), "{screen}");
+    s.send(&["h"]);
+    let screen = s.wait_for("charts of host remote (Ray worker)");
+    assert!(!screen.contains("tok/s gen"), "{screen}");
+    // Both panels' host lines, and the worker's host chart on the first page.
+    assert_eq!(screen.matches("host cpu").count(), 3, "{screen}");
+    s.send(&["h"]);
+    s.wait_for("charts of host local (Ray head, API)");
     s.send(&["2"]);
     s.wait_for("phase ready");
     s.send(&["x"]);

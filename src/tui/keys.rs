@@ -105,6 +105,18 @@ pub const LIVE: &[Binding] = &[
     b("f", "freeze, keep collecting"),
 ];
 
+/// Live screen while the running target spans several hosts: `h` picks whose charts show.
+pub const LIVE_HOSTS: &[Binding] = &[
+    b("+/-", "window"),
+    b("h", "charts of the next host"),
+    b("PgUp/PgDn", "more charts"),
+    b("f", "freeze, keep collecting"),
+];
+
+/// The title of [`LIVE_HOSTS`]'s section: the help overlay shows it only when the running
+/// target spans several hosts.
+pub const LIVE_HOSTS_SECTION: &str = "Live: a target on several hosts";
+
 /// Bench screen.
 pub const BENCH: &[Binding] = &[
     b("r", "run against the target"),
@@ -198,6 +210,7 @@ pub const SECTIONS: &[(&str, &[Binding])] = &[
     (HOSTS_SECTION, LAUNCH_HOSTS),
     ("Launch: URL, search or stop question", LAUNCH_INPUT),
     ("Live", LIVE),
+    (LIVE_HOSTS_SECTION, LIVE_HOSTS),
     ("Bench", BENCH),
     ("Bench: no target ready", BENCH_NO_TARGET),
     ("Bench: running", BENCH_RUNNING),

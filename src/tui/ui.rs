@@ -184,8 +184,12 @@ pub fn help_lines(app: &App, width: u16) -> Vec<Line<'static>> {
     let width = usize::from(width);
     let theme = &app.theme;
     let here = |title: &str| title.starts_with(app.tab.title());
-    // Without a hosts file the panel has no `h`, so its help does not mention one.
-    let shown = |title: &str| title != keys::HOSTS_SECTION || !app.launch.hosts.is_empty();
+    // Without a hosts file the panel has no `h`, so its help does not mention one; nor does
+    // Live's `h` show while the running target is on one host.
+    let shown = |title: &str| {
+        (title != keys::HOSTS_SECTION || !app.launch.hosts.is_empty())
+            && (title != keys::LIVE_HOSTS_SECTION || app.live.hosts.len() > 1)
+    };
     let order = keys::SECTIONS
         .iter()
         .filter(|(t, _)| shown(t))

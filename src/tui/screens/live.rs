@@ -5,7 +5,8 @@
 //! prefix-cache hit rate; throttle reasons shown prominently. `f` freezes the view while
 //! collection continues. When the running target spans several hosts (a two-node cluster),
 //! one panel per host sits above the charts, side by side, with that host's latest readings
-//! or why its monitor failed; the charts follow the host that serves the API.
+//! or why its monitor failed; each host keeps its own history, and `h` picks whose charts
+//! are shown (first the host that serves the API).
 
 use std::collections::VecDeque;
 
@@ -142,6 +143,8 @@ pub struct LiveScreen {
     /// One panel per host while the running target spans several hosts; empty otherwise
     /// (then the screen is the single-host view).
     pub hosts: Vec<HostPanel>,
+    /// Index into `hosts` of the host whose charts are shown (`h` steps through them).
+    pub shown: usize,
     /// The monitor watches the running target (its /metrics, its hosts): from its readiness
     /// until its end.
     pub target_watched: bool,
@@ -154,10 +157,14 @@ pub struct HostPanel {
     pub name: String,
     /// What the target runs there, e.g. `Ray head, API`.
     pub role: String,
-    /// This host's samples are also the charts' (it serves the API, so they carry /metrics).
+    /// This host serves the API: its samples carry /metrics and are the screen's own
+    /// history (`LiveScreen::points`, with the benchmark's tok/s), shown first.
     pub charted: bool,
     /// The latest sample.
     pub latest: Option<Sample>,
+    /// The charted history of a host that does not serve the API, oldest first (the API
+    /// host's is `LiveScreen::points`).
+    pub points: VecDeque<LivePoint>,
     /// Why this host's monitor failed or ended.
     pub error: Option<String>,
 }
@@ -170,6 +177,7 @@ impl HostPanel {
             role: role.into(),
             charted,
             latest: None,
+            points: VecDeque::new(),
             error: None,
         }
     }
@@ -190,6 +198,7 @@ impl Default for LiveScreen {
             bench_running: false,
             host: None,
             hosts: Vec::new(),
+            shown: 0,
             target_watched: false,
         }
     }
@@ -212,6 +221,7 @@ impl LiveScreen {
     /// single-host view). The charts start over, as for [`LiveScreen::set_host`].
     pub fn set_hosts(&mut self, hosts: Vec<HostPanel>) {
         self.host = None;
+        self.shown = hosts.iter().position(|h| h.charted).unwrap_or(0);
         self.hosts = hosts;
         self.points.clear();
         self.latest = None;
@@ -219,8 +229,9 @@ impl LiveScreen {
         self.error = None;
     }
 
-    /// A sample of the `i`th host's monitor arrived; the charted host's goes to the charts
-    /// too. One of a panel set that is gone (a late sample of an earlier target) is dropped.
+    /// A sample of the `i`th host's monitor arrived: the panel's latest, and a point of that
+    /// host's history (the API host's is the screen's own). One of a panel set that is gone
+    /// (a late sample of an earlier target) is dropped.
     pub fn push_host(&mut self, i: usize, s: Sample) {
         let Some(panel) = self.hosts.get_mut(i) else {
             return;
@@ -230,7 +241,30 @@ impl LiveScreen {
             panel.latest = Some(s.clone());
             self.push(s);
         } else {
+            // One time axis for every host, so `f` freezes them all at the same moment.
+            let origin = *self.origin.get_or_insert(s.at);
+            if panel.points.len() == HISTORY_POINTS {
+                panel.points.pop_front();
+            }
+            panel.points.push_back(LivePoint::from_sample(&s, origin));
             panel.latest = Some(s);
+        }
+    }
+
+    /// What the charts show: the history and latest sample of the host picked with `h`, or
+    /// of the single host.
+    fn view(&self) -> ChartView<'_> {
+        match self.hosts.get(self.shown) {
+            Some(h) if !h.charted => ChartView {
+                points: &h.points,
+                latest: h.latest.as_ref(),
+                server: false,
+            },
+            _ => ChartView {
+                points: &self.points,
+                latest: self.latest.as_ref(),
+                server: true,
+            },
         }
     }
 
@@ -295,6 +329,10 @@ impl LiveScreen {
             KeyCode::PageUp | KeyCode::Up | KeyCode::Char('k') => {
                 self.page = self.page.saturating_sub(1)
             }
+            KeyCode::Char('h') if self.hosts.len() > 1 => {
+                self.shown = (self.shown + 1) % self.hosts.len();
+                self.page = 0;
+            }
             KeyCode::Char('f') | KeyCode::Char(' ') => {
                 self.frozen_at = match self.frozen_at {
                     Some(_) => None,
@@ -309,7 +347,17 @@ impl LiveScreen {
     pub fn throttling(&self) -> Vec<String> {
         throttling(self.latest.as_ref())
     }
+}
 
+/// The history one set of charts is drawn from: one host's.
+struct ChartView<'a> {
+    points: &'a VecDeque<LivePoint>,
+    latest: Option<&'a Sample>,
+    /// The host serves the API, so the server's charts (tok/s, requests, KV cache, …) apply.
+    server: bool,
+}
+
+impl ChartView<'_> {
     /// Whether the server exports a series (`exported` of its latest scrape), or did
     /// earlier in the history (`charted` of a point): a server without it gets no chart.
     fn server_has(
@@ -318,14 +366,14 @@ impl LiveScreen {
         charted: fn(&LivePoint) -> bool,
     ) -> bool {
         matches!(
-            self.latest.as_ref().map(|s| &s.server),
+            self.latest.map(|s| &s.server),
             Some(ServerStatus::Scraped(m)) if exported(m)
         ) || self.points.iter().any(charted)
     }
 
     fn unified(&self) -> bool {
         matches!(
-            self.latest.as_ref().map(|s| &s.gpu),
+            self.latest.map(|s| &s.gpu),
             Some(GpuStatus::Available { gpus, .. })
                 if gpus.first().is_some_and(|g| g.memory.source == MemorySource::Unified)
         )
@@ -357,23 +405,27 @@ struct ChartSpec {
     max: Option<f64>,
 }
 
-fn specs(s: &LiveScreen) -> Vec<ChartSpec> {
+/// The charts of `s`: the server's only for the host that serves the API.
+fn specs(s: &ChartView) -> Vec<ChartSpec> {
     let mem = if s.unified() {
         "GPU memory (unified, shared with CPU)"
     } else {
         "GPU memory"
     };
-    let mut specs = vec![ChartSpec {
-        title: "tok/s".into(),
-        unit: "tok/s",
-        series: vec![
-            ("gen", Color::Green, |p| p.gen_tok_s),
-            ("prompt", Color::Cyan, |p| p.prompt_tok_s),
-            ("bench", Color::Yellow, |p| p.bench_tok_s),
-        ],
-        max: None,
-    }];
-    if s.server_has(|m| m.tpot_ms.is_some(), |p| p.tpot_ms.is_some()) {
+    let mut specs = Vec::new();
+    if s.server {
+        specs.push(ChartSpec {
+            title: "tok/s".into(),
+            unit: "tok/s",
+            series: vec![
+                ("gen", Color::Green, |p| p.gen_tok_s),
+                ("prompt", Color::Cyan, |p| p.prompt_tok_s),
+                ("bench", Color::Yellow, |p| p.bench_tok_s),
+            ],
+            max: None,
+        });
+    }
+    if s.server && s.server_has(|m| m.tpot_ms.is_some(), |p| p.tpot_ms.is_some()) {
         specs.push(ChartSpec {
             title: "time per output token".into(),
             unit: "ms",
@@ -424,6 +476,11 @@ fn specs(s: &LiveScreen) -> Vec<ChartSpec> {
             ],
             max: Some(100.0),
         },
+    ]);
+    if !s.server {
+        return specs;
+    }
+    specs.extend([
         ChartSpec {
             title: "requests".into(),
             unit: "",
@@ -468,16 +525,17 @@ fn fmt_num(v: f64) -> String {
 }
 
 fn draw_chart(frame: &mut Frame, theme: &Theme, s: &LiveScreen, spec: &ChartSpec, area: Rect) {
+    let view = s.view();
     let end = s
         .frozen_at
-        .or_else(|| s.points.back().map(|p| p.t))
+        .or_else(|| view.points.back().map(|p| p.t))
         .unwrap_or(0.0);
     let start = end - f64::from(s.window_s());
     let data: Vec<Vec<(f64, f64)>> = spec
         .series
         .iter()
         .map(|(_, _, pick)| {
-            s.points
+            view.points
                 .iter()
                 .filter(|p| p.t >= start && p.t <= end)
                 .filter_map(|p| pick(p).map(|v| (p.t - end, v)))
@@ -598,7 +656,7 @@ fn head_lines(app: &App, page: usize, pages: usize) -> Vec<Line<'static>> {
         l1.push(Span::styled("  host ", theme.dim()));
         l1.push(Span::styled(h.clone(), theme.accent()));
     }
-    if let Some(c) = s.hosts.iter().find(|h| h.charted) {
+    if let Some(c) = s.hosts.get(s.shown) {
         l1.push(Span::styled("  charts of host ", theme.dim()));
         l1.push(Span::styled(c.name.clone(), theme.accent()));
         l1.push(Span::styled(format!(" ({})", c.role), theme.dim()));
@@ -777,7 +835,7 @@ fn paging(app: &App, grid: Rect) -> (u16, u16, usize, usize) {
     let cols: u16 = if grid.width >= 150 { 3 } else { 2 };
     let rows: u16 = (grid.height / 7).clamp(1, 3);
     let per_page = usize::from(cols * rows);
-    let pages = specs(&app.live).len().div_ceil(per_page);
+    let pages = specs(&app.live.view()).len().div_ceil(per_page);
     (cols, rows, per_page, pages)
 }
 
@@ -816,7 +874,7 @@ pub fn draw(frame: &mut Frame, app: &App, area: Rect) {
         draw_hosts(frame, app, panels);
     }
     let (cols, rows, per_page, pages) = paging(app, grid);
-    let specs = specs(s);
+    let specs = specs(&s.view());
     s.pages.set(pages);
     let page = s.page.min(pages - 1);
     frame.render_widget(

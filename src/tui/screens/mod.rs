@@ -65,6 +65,7 @@ pub fn bindings(app: &App) -> &'static [super::keys::Binding] {
         Tab::Runs if app.runs.view != runs::RunsView::List => super::keys::RUNS_VIEW,
         Tab::Launch if app.launch.captures_keys() => super::keys::LAUNCH_INPUT,
         Tab::Launch if !app.launch.hosts.is_empty() => super::keys::LAUNCH_HOSTS,
+        Tab::Live if app.live.hosts.len() > 1 => super::keys::LIVE_HOSTS,
         Tab::Bench if app.bench.view == matrix::BenchView::Matrix => {
             if app.bench.matrix.editing.is_some() {
                 super::keys::BENCH_INPUT
