@@ -598,3 +598,267 @@ fn panel_launches_a_cluster_and_reports_a_dead_worker() {
     let left = rt.block_on(containers_of(&d, &worker.run_id));
     assert!(left.is_empty(), "{left:?}");
 }
+
+/// A cluster whose head (and API) is on the sshd "host" and whose worker is here: `launch`
+/// leaves it running, `launch --reattach RUN_ID` finds both nodes by their labels on both
+/// hosts, probes the server through a new forward of the head's API port and gives the same
+/// verdict (the server's lines read back from the launch's log); the library's re-attach serves
+/// through its forward while it holds it and reports the worker's death as a launch does;
+/// unknown runs, a lone node and a preset that is not a cluster are refused with what to do;
+/// `stop --cluster` removes both nodes.
+#[tokio::test]
+async fn cli_reattaches_to_a_cluster_whose_head_is_over_ssh() {
+    let test = "cli_reattaches_to_a_cluster_whose_head_is_over_ssh";
+    let Some(d) = docker_or_skip(test).await else {
+        return;
+    };
+    let Some(sshd) = sshd_or_skip(test) else {
+        return;
+    };
+    let image = test_image(&d).await;
+    let dir = tempfile::tempdir().unwrap();
+    let (port, ray_port) = (free_port(), free_port());
+    let mut fs = cluster_flags(&image, dir.path(), port, ray_port);
+    fs.cluster.head = "remote".into();
+    fs.cluster.worker = "local".into();
+    fs.cluster.local_ip = Some("127.0.0.1".into());
+    fs.cluster.transport = Transport::Rdma;
+    std::fs::create_dir_all(dir.path().join("hf")).unwrap();
+    std::fs::create_dir_all(dir.path().join("jit")).unwrap();
+    let presets = dir.path().join("presets");
+    std::fs::create_dir(&presets).unwrap();
+    let mut text = String::from("description = \"two nodes, head over ssh\"\n");
+    text.push_str(&toml::to_string(&fs).unwrap());
+    std::fs::write(presets.join("tp2-re.toml"), &text).unwrap();
+    // A single-container preset of the same image.
+    let mut single = fs.clone();
+    single.target = TargetKind::Docker;
+    single.cluster = Default::default();
+    let mut text = String::from("description = \"one container\"\n");
+    text.push_str(&toml::to_string(&single).unwrap());
+    std::fs::write(presets.join("single.toml"), &text).unwrap();
+    let home = sshd.config_home(&format!(
+        "{}[host.nccl]\nhost_ip = \"127.0.0.1\"\n",
+        sshd.host_entry("remote", MXTUNE)
+    ));
+    let runs = dir.path().join("runs");
+    let run = |args: Vec<&str>| {
+        let home = home.clone();
+        let args: Vec<String> = args.into_iter().map(String::from).collect();
+        async move {
+            let o = tokio::task::spawn_blocking(move || {
+                Command::new(MXTUNE)
+                    .args(&args)
+                    .env("XDG_CONFIG_HOME", &home)
+                    .output()
+                    .unwrap()
+            })
+            .await
+            .unwrap();
+            (
+                o.status.code(),
+                String::from_utf8_lossy(&o.stdout).into_owned(),
+                String::from_utf8_lossy(&o.stderr).into_owned(),
+            )
+        }
+    };
+    let p = presets.display().to_string();
+    let r = runs.display().to_string();
+    let launch_args = |preset: &'static str| {
+        vec![
+            "launch",
+            "--preset",
+            preset,
+            "--presets-dir",
+            &p,
+            "--runs-dir",
+            &r,
+            "--startup-limit-s",
+            "120",
+        ]
+    };
+
+    let (code, out, err) = run(launch_args("tp2-re")).await;
+    let ours: Vec<docker::Found> = docker::find_mxtune_containers(&d)
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|f| f.preset == "tp2-re" && f.cluster_role.is_some())
+        .collect();
+    let run_id = ours.first().map(|f| f.run_id.clone()).unwrap_or_default();
+    let _cleanup = Cleanup(run_id.clone());
+    assert_eq!(code, Some(0), "{out}{err}\nsshd log:\n{}", sshd.log());
+    assert_eq!(ours.len(), 2, "{ours:?}");
+    let head = ours
+        .iter()
+        .find(|f| f.cluster_role.as_deref() == Some("head"))
+        .unwrap();
+    assert_eq!(head.cluster_host.as_deref(), Some("remote"));
+
+    // No such run on those hosts.
+    let mut args = launch_args("tp2-re");
+    args.extend(["--reattach", "no-such-run"]);
+    let (code, _, err) = run(args).await;
+    assert_eq!(code, Some(1), "{err}");
+    assert!(
+        err.contains("no container of run \"no-such-run\" on host remote (the Ray head) or host local (the Ray worker)"),
+        "{err}"
+    );
+    // A preset that is not a cluster: the cluster's preset is named.
+    let mut args = launch_args("single");
+    args.extend(["--reattach", &run_id]);
+    let (code, _, err) = run(args).await;
+    assert_eq!(code, Some(1), "{err}");
+    assert!(
+        err.contains(&format!("of two-node cluster run {run_id} (preset tp2-re); --reattach with preset single, which is not a docker-cluster preset,")),
+        "{err}"
+    );
+    assert!(
+        err.contains(&format!(
+            "`mxtune launch --preset tp2-re --reattach {run_id}`"
+        )),
+        "{err}"
+    );
+    // A run with only its head left (labelled as a launch labels it): the worker is named
+    // as missing, with its host.
+    let lone_run = format!("lone-{}", ulid::Ulid::generate()).to_lowercase();
+    let lone = format!("mxtune-{lone_run}-head");
+    let body = bollard::models::ContainerCreateBody {
+        image: Some(image.clone()),
+        labels: Some(std::collections::HashMap::from([
+            (docker::LABEL_RUN_ID.to_string(), lone_run.clone()),
+            (docker::LABEL_PRESET.to_string(), "tp2-re".to_string()),
+            (LABEL_ROLE.to_string(), "head".to_string()),
+            (LABEL_HOST.to_string(), "remote".to_string()),
+        ])),
+        ..Default::default()
+    };
+    d.create_container(
+        Some(bollard::query_parameters::CreateContainerOptions {
+            name: Some(lone.clone()),
+            ..Default::default()
+        }),
+        body,
+    )
+    .await
+    .unwrap();
+    let _lone = Cleanup(lone_run.clone());
+    let mut args = launch_args("tp2-re");
+    args.extend(["--reattach", &lone_run]);
+    let (code, _, err) = run(args).await;
+    assert_eq!(code, Some(1), "{err}");
+    assert!(
+        err.contains(&format!("run {lone_run} has its Ray head (container {lone}) on host remote, but no Ray worker container on host local")),
+        "{err}"
+    );
+
+    // The re-attach: both nodes found, the API probed through a new forward, the verdict
+    // from the server's lines as the launch logged them.
+    let mut args = launch_args("tp2-re");
+    args.extend(["--reattach", &run_id]);
+    let (code, out, err) = run(args).await;
+    assert_eq!(code, Some(0), "{out}{err}\nsshd log:\n{}", sshd.log());
+    assert!(
+        err.contains(&format!("re-attaching to run {run_id}: cluster of container mxtune-{run_id}-head on host remote (Ray head, API) and container mxtune-{run_id}-worker on host local (Ray worker)")),
+        "{err}"
+    );
+    let ready = out
+        .lines()
+        .find(|l| l.starts_with("ready: http://127.0.0.1:"))
+        .unwrap_or_else(|| panic!("no ready line:\n{out}"));
+    assert!(ready.contains("serves \"tp2\""), "{ready}");
+    assert!(
+        !ready.contains(&format!(":{port} ")),
+        "probed the server's own port, not a forward: {ready}"
+    );
+    assert!(out.contains("nccl_transport=rdma: Valid"), "{out}");
+    assert!(
+        out.contains(&format!(
+            "(stop with `mxtune stop --cluster tp2-re {run_id}`)"
+        )),
+        "{out}"
+    );
+    assert!(!err.contains("is not here"), "{err}");
+
+    // The library's re-attach holds its forward while it follows: the server answers there.
+    let mut remote = sshd.host("remote", MXTUNE);
+    remote.nccl.host_ip = Some("127.0.0.1".into());
+    let spec = mxtune::flags::render(&fs, TargetKind::DockerCluster).unwrap();
+    let plan = ClusterPlan::resolve(spec.cluster.as_ref().unwrap(), |n| {
+        anyhow::ensure!(n == "remote", "no host {n}");
+        Ok(remote.clone())
+    })
+    .unwrap();
+    let mut o = opts(dir.path(), &ulid::Ulid::generate().to_string());
+    o.preset = "tp2-re".into();
+    let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
+    let mut launch = ClusterTarget::reattach(plan, &spec, &run_id, Some(&runs), &o, tx)
+        .await
+        .unwrap();
+    let info = launch.wait_ready().await.unwrap();
+    assert_ne!(info.url, format!("http://127.0.0.1:{port}"));
+    assert_eq!(
+        streamed_completion(&info.url, "tp2", 2).await,
+        [" tok0", " tok1"]
+    );
+    let mxtune::launch::Target::Cluster(c) = &launch.target else {
+        panic!("not a cluster: {:?}", launch.target);
+    };
+    assert_eq!(c.tunnels(), 1);
+    assert_eq!(c.run_id, run_id);
+    // The worker dies: the re-attached launch ends with it, as a launch does.
+    let worker = ours
+        .iter()
+        .find(|f| f.cluster_role.as_deref() == Some("worker"))
+        .unwrap();
+    d.kill_container(
+        &worker.id,
+        None::<bollard::query_parameters::KillContainerOptions>,
+    )
+    .await
+    .unwrap();
+    let mut status = launch.status();
+    for _ in 0..600 {
+        if matches!(status, Status::Exited(_)) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        status = launch.status();
+    }
+    let Status::Exited(exit) = status else {
+        panic!("the re-attached cluster did not end when its worker died: {status:?}");
+    };
+    assert!(exit.detail.unwrap_or_default().starts_with(&format!(
+        "the Ray worker container {} on host local exited",
+        worker.name
+    )),);
+    assert!(
+        launch
+            .history()
+            .warnings
+            .iter()
+            .any(|w| w.contains("has lost the worker's GPU and cannot serve")),
+        "{:?}",
+        launch.history().warnings
+    );
+    drop(launch.detach());
+
+    let (code, out, err) = run(vec![
+        "stop",
+        "--cluster",
+        "tp2-re",
+        "--presets-dir",
+        &p,
+        &run_id,
+        "--grace-s",
+        "2",
+    ])
+    .await;
+    assert_eq!(code, Some(0), "{out}{err}");
+    assert_eq!(
+        out.matches("stopped and removed container").count(),
+        2,
+        "{out}"
+    );
+    assert!(containers_of(&d, &run_id).await.is_empty());
+}

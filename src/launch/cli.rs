@@ -57,7 +57,8 @@ pub struct LaunchArgs {
     /// Model expected in /v1/models for `--target attach` (default: whatever it lists).
     #[arg(long, default_value = "")]
     pub model: String,
-    /// Re-attach to a container mxtune started earlier (name or run id) instead of launching.
+    /// Re-attach to a container mxtune started earlier (name or run id) instead of launching;
+    /// with a docker-cluster preset, to the two nodes of that cluster run on its hosts.
     #[arg(long)]
     pub reattach: Option<String>,
     /// Directory for logs and the engine state file.
@@ -432,9 +433,25 @@ async fn launch_async(args: LaunchArgs) -> Result<ExitCode> {
     let (tx, mut rx) = mpsc::unbounded_channel();
 
     let mut launch = match (target, &args.reattach) {
-        (TargetArg::DockerCluster, Some(_)) => bail!(
-            "--reattach does not follow a two-node cluster yet: its containers keep running; benchmark it with `mxtune bench --url` or stop it with `mxtune stop --cluster PRESET RUN_ID`"
-        ),
+        (TargetArg::DockerCluster, Some(which)) => {
+            let cluster = spec.cluster.clone().context(
+                "the launch spec has no [cluster] section: re-attaching to a two-node cluster needs the docker-cluster preset it was launched with",
+            )?;
+            let plan = super::cluster::ClusterPlan::from_hosts_file(&cluster)?;
+            let launch = super::cluster::ClusterTarget::reattach(
+                plan,
+                &spec,
+                which,
+                Some(&args.runs_dir),
+                &opts,
+                tx,
+            )
+            .await?;
+            if let super::Target::Cluster(c) = &launch.target {
+                crate::errln!("re-attaching to run {}: {}", c.run_id, c.describe());
+            }
+            launch
+        }
         (TargetArg::DockerCluster, None) => {
             if args.drop_page_cache {
                 bail!(
@@ -496,6 +513,21 @@ async fn launch_async(args: LaunchArgs) -> Result<ExitCode> {
                     docker::LABEL_RUN_ID
                 );
             };
+            if let Some(role) = &f.cluster_role {
+                let given = if preset.is_empty() {
+                    "without a preset".to_string()
+                } else {
+                    format!("with preset {preset}, which is not a docker-cluster preset,")
+                };
+                bail!(
+                    "container {} is the Ray {role} of two-node cluster run {} (preset {}); --reattach {given} follows one container only: re-attach to the cluster with `mxtune launch --preset {} --reattach {}`",
+                    f.name,
+                    f.run_id,
+                    f.preset,
+                    f.preset,
+                    f.run_id
+                );
+            }
             crate::errln!(
                 "re-attaching to container {} (run {}, preset {})",
                 f.name,
@@ -518,7 +550,7 @@ async fn launch_async(args: LaunchArgs) -> Result<ExitCode> {
             DockerTarget::reattach(d, f, &spec, &opts, tx).await?
         }
         (_, Some(_)) => bail!(
-            "--reattach works for the Docker target only; an engine keeps running and is stopped with `mxtune stop`"
+            "--reattach works for the Docker and docker-cluster targets only; an engine keeps running and is stopped with `mxtune stop`"
         ),
         (kind, None) => {
             if args.drop_page_cache {
@@ -626,14 +658,19 @@ async fn launch_async(args: LaunchArgs) -> Result<ExitCode> {
             h.ssh
         );
     }
-    crate::errln!(
-        "launched {} (run {run_id}); log: {}",
-        launch.target.describe(),
-        opts.log_path
-            .as_deref()
-            .map(|p| p.display().to_string())
-            .unwrap_or_default()
-    );
+    let log = opts
+        .log_path
+        .as_deref()
+        .map(|p| p.display().to_string())
+        .unwrap_or_default();
+    if args.reattach.is_some() {
+        crate::errln!("log of this re-attach: {log}");
+    } else {
+        crate::errln!(
+            "launched {} (run {run_id}); log: {log}",
+            launch.target.describe()
+        );
+    }
 
     let mut out = EventPrinter {
         logs: args.logs,
@@ -692,7 +729,7 @@ fn stop_name(target: &super::Target, run_id: &str) -> String {
 /// The stop command for what `launch` left running.
 fn stop_hint(target: &super::Target, run_id: &str, preset: &str, remote: Option<&Host>) -> String {
     match target {
-        super::Target::Cluster(_) => format!("mxtune stop --cluster {preset} {run_id}"),
+        super::Target::Cluster(c) => format!("mxtune stop --cluster {preset} {}", c.run_id),
         _ => format!(
             "mxtune stop{} {}",
             host_flag(remote),

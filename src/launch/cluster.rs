@@ -7,8 +7,12 @@
 //! One coordinator task merges both containers' logs and the server's output into the
 //! follower's source, asks `ray status` on the head until the worker and its GPU are there
 //! (or the join limit passes), starts the server, and reports a node that goes away.
+//!
+//! A cluster left running by `launch` is followed again with [`ClusterTarget::reattach`]:
+//! both containers are found by their labels, and the coordinator starts from a serving
+//! cluster (the `vllm serve` exec already running in the head) instead of starting one.
 
-use super::docker::{self, DockerTarget, exec_output, pump_logs};
+use super::docker::{self, DockerTarget, Found, exec_output, pump_logs};
 use super::follow::{Launch, LaunchOptions, SourceMsg};
 use super::logbuf::LineSplitter;
 use super::ready::ReadyProbe;
@@ -24,6 +28,7 @@ use bollard::Docker;
 use bollard::exec::{CreateExecOptions, StartExecResults};
 use futures::StreamExt;
 use std::collections::BTreeMap;
+use std::path::Path;
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 
@@ -225,6 +230,8 @@ pub struct ClusterTarget {
     pub worker: NodeTarget,
     /// Base URL of the API (through the head's tunnel when the head is another host).
     pub url: String,
+    /// The run id both containers are labelled with (`mxtune.run_id`).
+    pub run_id: String,
     /// The SSH tunnels to remote nodes' Docker engines (and the head's API port); they
     /// last as long as the target is followed.
     tunnels: Vec<Tunnel>,
@@ -333,7 +340,102 @@ impl ClusterTarget {
                 )));
             }
         };
+        let target = ClusterTarget {
+            head: NodeTarget {
+                plan: plan.head.clone(),
+                container: head,
+            },
+            worker: NodeTarget {
+                plan: plan.worker.clone(),
+                container: worker,
+            },
+            url,
+            run_id: opts.run_id.clone(),
+            tunnels,
+        };
+        target.follow(&plan, spec, None, opts, events)
+    }
+
+    /// Follows again the cluster of run `which` (a run id, or one of its containers' names)
+    /// that an earlier `launch` left running on the hosts `plan` names: finds the head and
+    /// worker containers there by their labels (`mxtune.run_id`, `mxtune.cluster.role`,
+    /// `mxtune.cluster.host`), re-opens the head's API forward when the head is another
+    /// host, follows both nodes' logs and the `vllm serve` running in the head, and checks
+    /// readiness and the kernel-path verdict again. The server's own output cannot be
+    /// attached again (it is a Docker exec), so its lines up to then are read back from the
+    /// launch's log `RUN.target.log` in `earlier_logs` when it is there; a node that is gone
+    /// ends the target as during a launch.
+    pub async fn reattach(
+        plan: ClusterPlan,
+        spec: &LaunchSpec,
+        which: &str,
+        earlier_logs: Option<&Path>,
+        opts: &LaunchOptions,
+        events: mpsc::UnboundedSender<LaunchEvent>,
+    ) -> Result<Launch> {
+        let mut tunnels = Vec::new();
+        let api = (docker::connect_host(&spec.host), spec.port);
+        let reach = |node: &NodePlan| {
+            format!(
+                "reaching host {} (the Ray {})",
+                node.host_name(),
+                node.role.as_str()
+            )
+        };
+        let (head_docker, t) = docker::connect_on(plan.head.host.as_ref(), Some(api))
+            .await
+            .with_context(|| reach(&plan.head))?;
+        let url = match &t {
+            Some(t) => t.url().context("the head's tunnel forwards no port")?,
+            None => format!("http://{}:{}", api.0, api.1),
+        };
+        tunnels.extend(t);
+        let (worker_docker, t) = docker::connect_on(plan.worker.host.as_ref(), None)
+            .await
+            .with_context(|| reach(&plan.worker))?;
+        tunnels.extend(t);
+        let on_head = docker::find_mxtune_containers(&head_docker).await?;
+        let on_worker = docker::find_mxtune_containers(&worker_docker).await?;
+        let (head_found, worker_found) =
+            find_nodes(&plan, &opts.preset, which, &on_head, &on_worker)?;
+        let run_id = head_found.run_id.clone();
+        let head = DockerTarget::from_found(head_docker, &head_found, url.clone()).await?;
+        let worker = DockerTarget::from_found(worker_docker, &worker_found, url.clone()).await?;
+        let program = spec.argv.first().cloned().unwrap_or_default();
+        let server_exec = running_exec(&head, &program).await?;
+        let (replay, note) = read_earlier_server_lines(earlier_logs, &run_id);
+        let target = ClusterTarget {
+            head: NodeTarget {
+                plan: plan.head.clone(),
+                container: head,
+            },
+            worker: NodeTarget {
+                plan: plan.worker.clone(),
+                container: worker,
+            },
+            url,
+            run_id,
+            tunnels,
+        };
+        let reattach = Reattach {
+            server_exec,
+            replay,
+            note,
+        };
+        target.follow(&plan, spec, Some(reattach), opts, events)
+    }
+
+    /// Starts the coordinator over both nodes and the follower over it.
+    fn follow(
+        self,
+        plan: &ClusterPlan,
+        spec: &LaunchSpec,
+        reattach: Option<Reattach>,
+        opts: &LaunchOptions,
+        events: mpsc::UnboundedSender<LaunchEvent>,
+    ) -> Result<Launch> {
         let (tx, rx) = mpsc::channel(1024);
+        let (head, worker) = (&self.head.container, &self.worker.container);
         let coordinator = Coordinator {
             head: (head.docker.clone(), head.id.clone(), head.name.clone()),
             worker: (
@@ -357,22 +459,11 @@ impl ClusterTarget {
                 .chain(&plan.head.env)
                 .map(|(k, v)| format!("{k}={v}"))
                 .collect(),
+            reattach,
         };
         tokio::spawn(coordinator.run(tx));
-        let target = ClusterTarget {
-            head: NodeTarget {
-                plan: plan.head.clone(),
-                container: head,
-            },
-            worker: NodeTarget {
-                plan: plan.worker.clone(),
-                container: worker,
-            },
-            url: url.clone(),
-            tunnels,
-        };
         let probe = ReadyProbe::new(
-            &url,
+            &self.url,
             &spec.served_model_name,
             opts.api_key.clone(),
             opts.probe_timeout,
@@ -384,7 +475,7 @@ impl ClusterTarget {
             .filter(|d| d.flavour == "upstream")
             .and_then(|d| d.vllm_version.clone());
         Launch::follow(
-            Target::Cluster(Box::new(target)),
+            Target::Cluster(Box::new(self)),
             rx,
             probe,
             &spec.checks,
@@ -486,6 +577,195 @@ impl ClusterTarget {
     }
 }
 
+/// The head and worker containers of run `which` (a run id or a container name), each on the
+/// engine of the host it was started for; the errors say what is missing, where, and what to do.
+fn find_nodes(
+    plan: &ClusterPlan,
+    preset: &str,
+    which: &str,
+    on_head: &[Found],
+    on_worker: &[Found],
+) -> Result<(Found, Found)> {
+    let (hh, wh) = (plan.head.host_name(), plan.worker.host_name());
+    let mut all = on_head
+        .iter()
+        .map(|f| (hh, f))
+        .chain(on_worker.iter().map(|f| (wh, f)));
+    let Some((host, first)) = all.find(|(_, f)| f.run_id == which || f.name == which) else {
+        bail!(
+            "no container of run {which:?} on host {hh} (the Ray head) or host {wh} (the Ray worker): give the run id `mxtune launch` printed last (`… stop with mxtune stop --cluster {preset} RUN_ID`); `docker ps -a --filter label={LABEL_ROLE}` on each host lists the cluster nodes there"
+        );
+    };
+    let run = first.run_id.clone();
+    if first.cluster_role.is_none() {
+        let on = if host == LOCAL_HOST {
+            String::new()
+        } else {
+            format!(" --host {host}")
+        };
+        bail!(
+            "run {run} on host {host} is a single container ({}, preset {}), not a two-node cluster: re-attach with `mxtune launch{on} --preset {} --reattach {run}`",
+            first.name,
+            first.preset,
+            first.preset
+        );
+    }
+    let node = |list: &[Found], role: Role, host: &str| {
+        list.iter()
+            .find(|f| {
+                f.run_id == run
+                    && f.cluster_role.as_deref() == Some(role.as_str())
+                    && f.cluster_host.as_deref() == Some(host)
+            })
+            .cloned()
+    };
+    match (
+        node(on_head, Role::Head, hh),
+        node(on_worker, Role::Worker, wh),
+    ) {
+        (Some(h), Some(w)) => Ok((h, w)),
+        (Some(h), None) => bail!(
+            "run {run} has its Ray head (container {}) on host {hh}, but no Ray worker container on host {wh}: the worker was removed, so the cluster cannot serve; stop what is left with `mxtune stop --cluster {preset} {run}` and launch again",
+            h.name
+        ),
+        (None, Some(w)) => bail!(
+            "run {run} has its Ray worker (container {}) on host {wh}, but no Ray head container on host {hh}: the head (and the server in it) was removed; stop what is left with `mxtune stop --cluster {preset} {run}` and launch again",
+            w.name
+        ),
+        (None, None) => bail!(
+            "run {run} was not launched as the Ray head on host {hh} and the Ray worker on host {wh} that preset {preset} names (its container {} is the {} for host {}): re-attach with the preset it was launched with, {}",
+            first.name,
+            first.cluster_role.as_deref().unwrap_or_default(),
+            first.cluster_host.as_deref().unwrap_or("?"),
+            first.preset
+        ),
+    }
+}
+
+/// The id of the exec running `program` (the server) in the head container, if one runs.
+async fn running_exec(head: &DockerTarget, program: &str) -> Result<Option<String>> {
+    let info = head
+        .docker
+        .inspect_container(&head.id, None)
+        .await
+        .with_context(|| format!("cannot inspect container {}", head.name))?;
+    for id in info.exec_ids.unwrap_or_default() {
+        let Ok(e) = head.docker.inspect_exec(&id).await else {
+            continue;
+        };
+        let entrypoint = e
+            .process_config
+            .as_ref()
+            .and_then(|p| p.entrypoint.as_deref());
+        if e.running == Some(true) && entrypoint == Some(program) {
+            return Ok(Some(id));
+        }
+    }
+    Ok(None)
+}
+
+/// The server's lines (and mxtune's own) as the launch of `run` logged them in `dir`; the
+/// nodes' own lines (`[head …]`, `[worker …]`) are left out, as their containers' logs give
+/// them again. Without the file, a warning saying what the verdict cannot see.
+fn read_earlier_server_lines(dir: Option<&Path>, run: &str) -> (Vec<String>, Option<String>) {
+    let missing = |why: String| {
+        format!(
+            "the server's output before this re-attach is not here ({why}): the kernel-path verdict sees only the nodes' own lines; re-attach with the --runs-dir the launch used to read its log back"
+        )
+    };
+    let Some(dir) = dir else {
+        return (Vec::new(), Some(missing("no runs directory".into())));
+    };
+    let path = dir.join(format!("{run}.target.log"));
+    match std::fs::read_to_string(&path) {
+        Ok(text) => (
+            text.lines()
+                .filter(|l| !l.starts_with("[head ") && !l.starts_with("[worker "))
+                .map(String::from)
+                .collect(),
+            None,
+        ),
+        Err(e) => (
+            Vec::new(),
+            Some(missing(format!("{}: {e}", path.display()))),
+        ),
+    }
+}
+
+/// Where a re-attached coordinator starts: a cluster that serves already.
+struct Reattach {
+    /// The `vllm serve` exec running in the head container; `None`: the server has ended.
+    server_exec: Option<String>,
+    /// The server's lines as the launch logged them, passed on first.
+    replay: Vec<String>,
+    /// Why there are none to replay, as a warning.
+    note: Option<String>,
+}
+
+/// Passes the launch's server lines on, then watches the running `vllm serve` exec (its
+/// output cannot be attached again) until it ends, which is the target's exit.
+async fn follow_running_server(
+    docker: Docker,
+    what: String,
+    r: Reattach,
+    tx: mpsc::Sender<SourceMsg>,
+) {
+    if let Some(note) = r.note
+        && tx
+            .send(SourceMsg::Event(LaunchEvent::Warning { message: note }))
+            .await
+            .is_err()
+    {
+        return;
+    }
+    for line in r.replay {
+        if tx
+            .send(SourceMsg::Line(LogStream::Combined, line))
+            .await
+            .is_err()
+        {
+            return;
+        }
+    }
+    let Some(exec) = r.server_exec else {
+        let _ = tx
+            .send(SourceMsg::Fail(format!(
+                "no vllm serve runs in {what}: the server has ended (the launch's log has its last lines); stop the cluster and launch it again"
+            )))
+            .await;
+        return;
+    };
+    let line = format!(
+        "[mxtune] re-attached: vllm serve runs in {what} (exec {}); its output from here on is not followed (Docker attaches to an exec only when it starts), its end is",
+        exec.chars().take(12).collect::<String>()
+    );
+    if tx
+        .send(SourceMsg::Line(LogStream::Combined, line))
+        .await
+        .is_err()
+    {
+        return;
+    }
+    loop {
+        tokio::time::sleep(JOIN_POLL).await;
+        match docker.inspect_exec(&exec).await {
+            Ok(e) if e.running == Some(true) => {}
+            Ok(e) => {
+                let _ = tx
+                    .send(SourceMsg::Exited(ExitInfo {
+                        code: e.exit_code,
+                        detail: Some("vllm serve in the Ray head container ended".into()),
+                        ..ExitInfo::default()
+                    }))
+                    .await;
+                return;
+            }
+            // The head container is gone: its own log pump reports that.
+            Err(_) => return,
+        }
+    }
+}
+
 /// What the coordinator knows to run the cluster.
 struct Coordinator {
     head: (Docker, String, String),
@@ -497,6 +777,15 @@ struct Coordinator {
     expect: Transport,
     serve_argv: Vec<String>,
     serve_env: Vec<String>,
+    /// Following a cluster that already serves (`--reattach`) instead of starting one.
+    reattach: Option<Reattach>,
+}
+
+/// Ends the `ray status` watch, if there is one.
+fn stop_watch(watcher: &Option<tokio::task::JoinHandle<()>>) {
+    if let Some(w) = watcher {
+        w.abort();
+    }
 }
 
 /// Where the cluster stands.
@@ -510,7 +799,7 @@ enum Stage {
 }
 
 impl Coordinator {
-    async fn run(self, tx: mpsc::Sender<SourceMsg>) {
+    async fn run(mut self, tx: mpsc::Sender<SourceMsg>) {
         let (head_tx, mut head_rx) = mpsc::channel(1024);
         let (worker_tx, mut worker_rx) = mpsc::channel(1024);
         tokio::spawn(pump_logs(self.head.0.clone(), self.head.1.clone(), head_tx));
@@ -522,22 +811,22 @@ impl Coordinator {
         let (status_tx, mut status_rx) = mpsc::channel::<Result<RayStatus, String>>(4);
         let (docker, id) = (self.head.0.clone(), self.head.1.clone());
         let address = self.ray_address.clone();
-        let watcher = tokio::spawn(async move {
-            loop {
-                tokio::time::sleep(JOIN_POLL).await;
-                let cmd = ["ray", "status", &format!("--address={address}")];
-                let answer = exec_output(&docker, &id, &cmd)
-                    .await
-                    .map(|out| parse_ray_status(&out))
-                    .map_err(|e| format!("{e:#}"));
-                if status_tx.send(answer).await.is_err() {
-                    return;
-                }
-            }
-        });
         let (serve_tx, mut serve_rx) = mpsc::channel::<SourceMsg>(1024);
-        let started = Instant::now();
         let mut stage = Stage::Joining;
+        let mut watcher = None;
+        // A re-attached cluster serves already: no joining to watch, no server to start.
+        if let Some(r) = self.reattach.take() {
+            stage = Stage::Serving;
+            drop(status_tx);
+            let what = format!(
+                "the Ray head container {} on host {}",
+                self.head.2, self.head_host
+            );
+            tokio::spawn(follow_running_server(docker, what, r, serve_tx.clone()));
+        } else {
+            watcher = Some(Self::watch_join(docker, id, address, status_tx));
+        }
+        let started = Instant::now();
         let mut worker_tail: Vec<String> = Vec::new();
         let mut socket_warned = false;
         let (mut head_open, mut worker_open) = (true, true);
@@ -577,7 +866,7 @@ impl Coordinator {
                     let Some(s) = s else { continue };
                     let joined = matches!(&s, Ok(r) if r.nodes >= 2 && r.gpus >= 2.0);
                     if joined {
-                        watcher.abort();
+                        stop_watch(&watcher);
                         let line = format!(
                             "[mxtune] Ray cluster at {} has both nodes and both GPUs (head on host {}, worker on host {}): starting the server",
                             self.ray_address, self.head_host, self.worker_host
@@ -596,7 +885,7 @@ impl Coordinator {
                             }
                         }
                     } else if started.elapsed() > self.join_limit {
-                        watcher.abort();
+                        stop_watch(&watcher);
                         stage = Stage::Failed;
                         let _ = send(SourceMsg::Fail(self.join_failure(&s, &worker_tail))).await;
                     }
@@ -640,7 +929,7 @@ impl Coordinator {
                     );
                     match stage {
                         Stage::Joining => {
-                            watcher.abort();
+                            stop_watch(&watcher);
                             stage = Stage::Failed;
                             let _ = send(SourceMsg::Fail(format!(
                                 "{what} before it joined the Ray cluster at {}",
@@ -684,7 +973,29 @@ impl Coordinator {
                 }
             }
         }
-        watcher.abort();
+        stop_watch(&watcher);
+    }
+
+    /// Asks `ray status` on the head every [`JOIN_POLL`] and sends each answer.
+    fn watch_join(
+        docker: Docker,
+        id: String,
+        address: String,
+        status_tx: mpsc::Sender<Result<RayStatus, String>>,
+    ) -> tokio::task::JoinHandle<()> {
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(JOIN_POLL).await;
+                let cmd = ["ray", "status", &format!("--address={address}")];
+                let answer = exec_output(&docker, &id, &cmd)
+                    .await
+                    .map(|out| parse_ray_status(&out))
+                    .map_err(|e| format!("{e:#}"));
+                if status_tx.send(answer).await.is_err() {
+                    return;
+                }
+            }
+        })
     }
 
     /// A warning the first time a line shows NCCL on the transport not expected.
@@ -888,6 +1199,109 @@ mod tests {
             ClusterPlan::resolve(&spec("spark1", "spark9"), lookup).unwrap_err()
         );
         assert!(e.contains("cluster.worker = \"spark9\""), "{e}");
+    }
+
+    fn found(run: &str, name: &str, role: Option<&str>, host: Option<&str>) -> Found {
+        Found {
+            id: format!("id-{name}"),
+            name: name.into(),
+            image: "img".into(),
+            state: "running".into(),
+            run_id: run.into(),
+            preset: "tp2".into(),
+            port: Some(8000),
+            model: "m".into(),
+            cluster_role: role.map(String::from),
+            cluster_host: host.map(String::from),
+        }
+    }
+
+    #[test]
+    fn reattach_finds_both_nodes_by_label_or_says_which_is_missing_where() {
+        let lookup = |n: &str| Ok(host(n, Some("192.168.200.12")));
+        let mut with_ip = spec("local", "spark2");
+        with_ip.local_ip = Some("192.168.200.11".into());
+        let plan = ClusterPlan::resolve(&with_ip, lookup).unwrap();
+        let head = found("R", "mxtune-R-head", Some("head"), Some("local"));
+        let worker = found("R", "mxtune-R-worker", Some("worker"), Some("spark2"));
+        // Another run's nodes, and a single container, on the same engines.
+        let other = found("S", "mxtune-S-head", Some("head"), Some("local"));
+        let single = found("C", "mxtune-C", None, None);
+        let here = [other.clone(), head.clone(), single.clone()];
+        let there = [worker.clone()];
+        let (h, w) = find_nodes(&plan, "tp2", "R", &here, &there).unwrap();
+        assert_eq!(
+            (h.name.as_str(), w.name.as_str()),
+            ("mxtune-R-head", "mxtune-R-worker")
+        );
+        // A node's container name finds its run.
+        let (h, _) = find_nodes(&plan, "tp2", "mxtune-R-worker", &here, &there).unwrap();
+        assert_eq!(h.name, "mxtune-R-head");
+        let e = find_nodes(&plan, "tp2", "X", &here, &there)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("no container of run \"X\" on host local (the Ray head) or host spark2 (the Ray worker)"),
+            "{e}"
+        );
+        let e = find_nodes(&plan, "tp2", "C", &here, &there)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("run C on host local is a single container (mxtune-C, preset tp2), not a two-node cluster: re-attach with `mxtune launch --preset tp2 --reattach C`"),
+            "{e}"
+        );
+        let e = find_nodes(&plan, "tp2", "R", &here, &[])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("run R has its Ray head (container mxtune-R-head) on host local, but no Ray worker container on host spark2"),
+            "{e}"
+        );
+        assert!(e.contains("`mxtune stop --cluster tp2 R`"), "{e}");
+        let e = find_nodes(&plan, "tp2", "R", &[], &there)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("run R has its Ray worker (container mxtune-R-worker) on host spark2, but no Ray head container on host local"),
+            "{e}"
+        );
+        // Nodes labelled for other hosts than the preset names: the preset is asked for.
+        let moved = [found("R", "mxtune-R-head", Some("head"), Some("spark9"))];
+        let e = find_nodes(&plan, "tp2", "R", &moved, &[])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("run R was not launched as the Ray head on host local and the Ray worker on host spark2 that preset tp2 names (its container mxtune-R-head is the head for host spark9)"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn reattach_reads_back_the_servers_lines_from_the_launchs_log() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(
+            dir.path().join("R.target.log"),
+            "[head local] Ray runtime started.\n[mxtune] Ray cluster at 127.0.0.1:6379 has both nodes\nNCCL INFO Using network IB\n[worker spark2] Ray runtime started.\n",
+        )
+        .unwrap();
+        let (lines, note) = read_earlier_server_lines(Some(dir.path()), "R");
+        assert_eq!(
+            lines,
+            [
+                "[mxtune] Ray cluster at 127.0.0.1:6379 has both nodes",
+                "NCCL INFO Using network IB"
+            ]
+        );
+        assert_eq!(note, None);
+        let (lines, note) = read_earlier_server_lines(Some(dir.path()), "S");
+        assert!(lines.is_empty());
+        let note = note.unwrap();
+        assert!(
+            note.starts_with("the server's output before this re-attach is not here (")
+                && note.contains("S.target.log"),
+            "{note}"
+        );
     }
 
     #[test]

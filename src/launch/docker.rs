@@ -543,6 +543,29 @@ impl DockerTarget {
         target.follow(tx, rx, spec, opts, events)
     }
 
+    /// The target for a container found by its labels (a cluster node being re-attached),
+    /// its API at `url`.
+    pub(crate) async fn from_found(docker: Docker, found: &Found, url: String) -> Result<Self> {
+        let info = docker
+            .inspect_container(&found.id, None)
+            .await
+            .with_context(|| format!("cannot inspect container {}", found.name))?;
+        let mounts = info
+            .mounts
+            .unwrap_or_default()
+            .into_iter()
+            .filter_map(|m| m.destination)
+            .collect();
+        Ok(DockerTarget {
+            docker,
+            id: found.id.clone(),
+            name: found.name.clone(),
+            image: found.image.clone(),
+            url,
+            mounts,
+        })
+    }
+
     fn follow(
         self,
         tx: mpsc::Sender<SourceMsg>,
