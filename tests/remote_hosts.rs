@@ -839,6 +839,34 @@ mod panel {
     }
 }
 
+/// Docker presets `NAMES` of the stand-in image in `dir/presets`, each with its own port and
+/// container name (the containers are removed when the returned guards drop).
+fn stand_in_presets(dir: &Path, image: &str, names: &[&str]) -> Vec<RemoveContainer> {
+    let presets = dir.join("presets");
+    let (hf, jit) = (dir.join("hf"), dir.join("jit"));
+    for d in [&presets, &hf, &jit] {
+        std::fs::create_dir_all(d).unwrap();
+    }
+    let mut guards = Vec::new();
+    for name in names {
+        let container = format!("mxtune-mhost-test-{}", ulid::Ulid::generate()).to_lowercase();
+        std::fs::write(
+            presets.join(format!("{name}.toml")),
+            format!(
+                "description = \"on hosts\"\ntarget = \"docker\"\n[axes]\nmoe_backend = \"marlin\"\n\
+                 [serving]\nmodel = \"openai/gpt-oss-120b\"\nserved_model_name = \"m\"\nhost = \"0.0.0.0\"\nport = {}\n\
+                 [container]\nimage = \"{image}\"\nname = \"{container}\"\nnetwork = \"bridge\"\ngpus_all = false\nulimits = {{}}\nvllm = \"fork\"\nhf_cache = \"{}\"\njit_cache = \"{}\"\n",
+                free_port(),
+                hf.display(),
+                jit.display()
+            ),
+        )
+        .unwrap();
+        guards.push(RemoveContainer(container));
+    }
+    guards
+}
+
 #[tokio::test]
 async fn matrix_on_two_hosts_at_once_tags_each_record_with_its_host_in_one_report() {
     let test = "matrix_on_two_hosts_at_once_tags_each_record_with_its_host_in_one_report";
@@ -851,33 +879,13 @@ async fn matrix_on_two_hosts_at_once_tags_each_record_with_its_host_in_one_repor
     let image = test_image(&d).await;
     let dir = tempfile::tempdir().unwrap();
     let presets = dir.path().join("presets");
-    std::fs::create_dir(&presets).unwrap();
-    let hf = dir.path().join("hf");
-    std::fs::create_dir_all(&hf).unwrap();
-    std::fs::create_dir_all(dir.path().join("jit")).unwrap();
-    let mut names = Vec::new();
-    for name in ["m-one", "m-two"] {
-        let container = format!("mxtune-mhost-test-{}", ulid::Ulid::generate()).to_lowercase();
-        names.push(container.clone());
-        std::fs::write(
-            presets.join(format!("{name}.toml")),
-            format!(
-                "description = \"matrix on hosts\"\ntarget = \"docker\"\n[axes]\nmoe_backend = \"marlin\"\n\
-                 [serving]\nmodel = \"openai/gpt-oss-120b\"\nserved_model_name = \"m\"\nhost = \"0.0.0.0\"\nport = {}\n\
-                 [container]\nimage = \"{image}\"\nname = \"{container}\"\nnetwork = \"bridge\"\ngpus_all = false\nulimits = {{}}\nvllm = \"fork\"\nhf_cache = \"{}\"\njit_cache = \"{}\"\n",
-                free_port(),
-                hf.display(),
-                dir.path().join("jit").display()
-            ),
-        )
-        .unwrap();
-    }
-    let _cleanup: Vec<RemoveContainer> = names.into_iter().map(RemoveContainer).collect();
-    // Two hosts of hosts.toml, both the local sshd standing in for two machines.
+    let _cleanup = stand_in_presets(dir.path(), &image, &["m-one", "m-two"]);
+    // Two hosts of hosts.toml, both the local sshd standing in for two machines: h1 runs this
+    // mxtune, h2 has none (its readings are not taken, the matrix goes on).
     let home = sshd.config_home(&format!(
         "{}\n{}",
         sshd.host_entry("h1", MXTUNE),
-        sshd.host_entry("h2", MXTUNE)
+        sshd.host_entry("h2", "/nonexistent/mxtune")
     ));
     let out = dir.path().join("out");
     let runs = dir.path().join("runs");
@@ -942,16 +950,43 @@ async fn matrix_on_two_hosts_at_once_tags_each_record_with_its_host_in_one_repor
             !record["results"].as_array().unwrap().is_empty(),
             "{record}"
         );
+        // The environment is the host's, marked as such: its Docker engine's facts either way.
+        let env = &record["environment"];
+        assert_eq!(env["remote_host"], host, "{env}");
+        assert!(env["host"]["os"].as_str().is_some(), "{env}");
+        assert!(env["host"]["hostname"].as_str().is_some(), "{env}");
         assert!(
-            record["observed"]["warnings"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .any(|w| w.as_str().unwrap().starts_with(&format!(
-                    "run on host {host}: GPU, host and temperature readings"
-                ))),
-            "{record}"
+            env["host"]["ram_total_bytes"].as_u64().unwrap() > 0,
+            "{env}"
         );
+        let not_taken = format!(
+            "run on host {host}: GPU and temperature readings of that host were not taken (no cool-down there): "
+        );
+        let warned = record["observed"]["warnings"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|w| w.as_str())
+            .find(|w| w.starts_with(&not_taken));
+        if host == "h1" {
+            // The host's own monitor answered: its sample is in the record (no NVML on
+            // this machine, so the reason it gave), and nothing says readings are missing.
+            assert!(warned.is_none(), "{warned:?}");
+            let gpu_error = env["gpu_error"].as_str().unwrap();
+            assert!(gpu_error.starts_with("NVML not available"), "{env}");
+            assert!(env["host"]["swap_total_bytes"].as_u64().is_some(), "{env}");
+            assert!(env["host"]["cpu_threads"].as_u64().unwrap() > 0, "{env}");
+        } else {
+            let w = warned.unwrap_or_else(|| panic!("no readings warning: {record}"));
+            assert!(w.contains("mxtune is not installed on host h2"), "{w}");
+            assert!(
+                env["gpu_error"]
+                    .as_str()
+                    .unwrap()
+                    .starts_with("not read on host h2: mxtune is not installed"),
+                "{env}"
+            );
+        }
     }
     let report = std::fs::read_to_string(out.join("report.md")).unwrap();
     assert!(
@@ -959,6 +994,11 @@ async fn matrix_on_two_hosts_at_once_tags_each_record_with_its_host_in_one_repor
         "{report}"
     );
     assert!(report.contains("| m-one (host h2) |"), "{report}");
+    assert!(report.starts_with("# Matrix "), "{report}");
+    assert!(
+        report.lines().next().unwrap().ends_with("(hosts h1, h2)"),
+        "{report}"
+    );
     assert!(report.contains("| m-two (host h1) |"), "{report}");
     // No tunnel is left behind by the matrix.
     assert!(tunnel_dirs_of(pid).is_empty(), "{:?}", tunnel_dirs_of(pid));

@@ -71,6 +71,11 @@ impl RemoteMonitor {
     /// over the screen).
     pub fn start(host: &Host, args: &RemoteMonitorArgs, echo: bool) -> Result<RemoteMonitor> {
         ssh::check_remote_mxtune(host)?;
+        Self::spawn(host, args, echo)
+    }
+
+    /// Starts the remote monitor without checking the version (the caller did, once).
+    fn spawn(host: &Host, args: &RemoteMonitorArgs, echo: bool) -> Result<RemoteMonitor> {
         let mut child = ssh::remote(host, &command_line(host, args))
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -148,6 +153,24 @@ impl RemoteMonitor {
             }
         }
     }
+}
+
+/// One sample of the host (`mxtune monitor --json --once` there, `args.once` implied) for a
+/// caller that checked the remote version already with [`ssh::check_remote_mxtune`] and
+/// samples again and again (a matrix's cool-down), so each sample costs one ssh, not two.
+pub fn sample_once(host: &Host, args: &RemoteMonitorArgs) -> Result<Sample> {
+    let args = RemoteMonitorArgs {
+        once: true,
+        ..args.clone()
+    };
+    RemoteMonitor::spawn(host, &args, false)?
+        .next_sample()?
+        .with_context(|| {
+            format!(
+                "`mxtune monitor --once` on host {} ended without a sample",
+                host.name
+            )
+        })
 }
 
 impl Drop for RemoteMonitor {

@@ -11,7 +11,7 @@ use std::time::Duration;
 use super::cli::{AbArgs, plan_of};
 use super::plan::TestLevel;
 use super::progress::{MatrixEvent, Progress};
-use super::run::{StartError, Started, measure, prepare, start};
+use super::run::{StartError, Started, measure, prepare, start_on};
 use super::state::MatrixPlan;
 use crate::bench::workload::{CancelWatch, PointResult};
 use crate::launch::Verdict;
@@ -139,7 +139,7 @@ async fn launch_one(
     progress: &Progress,
 ) -> Result<Option<Started>, String> {
     let prepared = prepare(plan, name).map_err(|e| format!("{name}: {e:#}"))?;
-    match start(plan, &prepared, tags, cancel, progress).await {
+    match start_on(plan, &prepared, None, tags, cancel, progress).await {
         Ok(s) => {
             if s.report.overall() == Verdict::Invalid {
                 let mut s = s;
