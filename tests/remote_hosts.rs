@@ -1093,6 +1093,205 @@ fn matrix_host_lists_that_cannot_run_are_refused_before_anything_starts() {
     }
 }
 
+/// `ab --host`: both presets launched on the host's Docker engine through the same code as a
+/// matrix's (`run::start_on`), benchmarked through the forward, records tagged and holding
+/// the host's readings, nothing left behind.
+#[tokio::test]
+async fn ab_on_a_host_launches_both_presets_there_and_benchmarks_through_the_forward() {
+    let test = "ab_on_a_host_launches_both_presets_there_and_benchmarks_through_the_forward";
+    let Some(d) = docker_or_skip(test).await else {
+        return;
+    };
+    if sshd_or_skip(test).is_none() {
+        return;
+    }
+    // DEBUG1: sshd logs each forwarded connection with its target port.
+    let sshd = Sshd::with_config("LogLevel DEBUG1\n");
+    let image = test_image(&d).await;
+    let dir = tempfile::tempdir().unwrap();
+    let presets = dir.path().join("presets");
+    let cleanup = stand_in_presets(dir.path(), &image, &["ab-a", "ab-b"]);
+    let home = sshd.config_home(&sshd.host_entry("h", MXTUNE));
+    let (out, runs) = (dir.path().join("ab"), dir.path().join("runs"));
+    let o = tokio::task::spawn_blocking({
+        let (presets, out, runs, home) = (presets.clone(), out.clone(), runs.clone(), home.clone());
+        move || {
+            let child = Command::new(MXTUNE)
+                .args(["ab", "ab-a", "ab-b", "--host", "h", "--rounds", "1"])
+                .args([
+                    "--endpoint",
+                    "completions",
+                    "--grid",
+                    "pp=64",
+                    "tg=4",
+                    "runs=1",
+                ])
+                .args(["warmup=0", "--presets-dir"])
+                .arg(presets)
+                .arg("--runs-dir")
+                .arg(runs)
+                .arg("--out")
+                .arg(out)
+                .env("XDG_CONFIG_HOME", home)
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap();
+            let pid = child.id();
+            (pid, child.wait_with_output().unwrap())
+        }
+    })
+    .await
+    .unwrap();
+    let (pid, o) = o;
+    let (stdout, stderr) = text(&o);
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{stdout}{stderr}\nsshd log:\n{}",
+        sshd.log()
+    );
+    let result: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("ab.json")).unwrap()).unwrap();
+    assert_eq!(result["host"], "h", "{result}");
+    assert_eq!(result["excluded"], serde_json::json!([]), "{result}");
+    assert!(
+        stdout.contains("both on host h (Docker over SSH)"),
+        "{stdout}"
+    );
+    let records = result["records"].as_array().unwrap();
+    assert_eq!(records.len(), 2, "{result}");
+    let log = sshd.log();
+    let written: Vec<serde_json::Value> = std::fs::read_dir(&runs)
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "json"))
+        .map(|p| serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap())
+        .collect();
+    assert_eq!(written.len(), 2, "{written:?}");
+    for (pair, cleanup) in records.iter().zip(&cleanup) {
+        let (preset, run_id) = (pair[0].as_str().unwrap(), pair[1].as_str().unwrap());
+        let record = written
+            .iter()
+            .find(|r| r["identity"]["run_id"] == run_id)
+            .unwrap_or_else(|| panic!("no record {run_id}"));
+        assert_eq!(record["target"]["preset"], preset);
+        assert_eq!(record["identity"]["status"], "completed", "{record}");
+        let tags = record["identity"]["tags"].as_array().unwrap();
+        assert!(tags.contains(&serde_json::json!("host:h")), "{tags:?}");
+        assert!(
+            tags.iter().any(|t| t.as_str().unwrap().starts_with("ab:")),
+            "{tags:?}"
+        );
+        assert!(
+            !record["results"].as_array().unwrap().is_empty(),
+            "{record}"
+        );
+        // The container ran on the host's engine, named as in the preset.
+        assert_eq!(
+            record["target"]["docker"]["container_name"], cleanup.0,
+            "{}",
+            record["target"]
+        );
+        // The host's readings, as a matrix on it takes them.
+        let env = &record["environment"];
+        assert_eq!(env["remote_host"], "h", "{env}");
+        assert!(
+            env["gpu_error"]
+                .as_str()
+                .unwrap()
+                .starts_with("NVML not available"),
+            "{env}"
+        );
+        assert!(
+            env["host"]["ram_total_bytes"].as_u64().unwrap() > 0,
+            "{env}"
+        );
+        let warnings = record["observed"]["warnings"].as_array().unwrap();
+        assert!(
+            !warnings.iter().any(|w| w
+                .as_str()
+                .unwrap()
+                .contains("readings of that host were not taken")),
+            "{warnings:?}"
+        );
+        // Served through the forward: the API port in the preset is the host's, reached
+        // through sshd.
+        let port = record["target"]["launch"]["port"].as_u64().unwrap();
+        assert!(
+            log.contains(&format!("target 127.0.0.1 port {port}")),
+            "no forward to port {port} in the sshd log:\n{log}"
+        );
+        assert!(
+            record["target"]["url"]
+                .as_str()
+                .unwrap()
+                .starts_with("http://127.0.0.1:"),
+            "{}",
+            record["target"]
+        );
+    }
+    // Stopped and removed on the host, and no tunnel or ssh left.
+    for c in &cleanup {
+        let o = Command::new("docker")
+            .args(["ps", "-aq", "--filter", &format!("name={}", c.0)])
+            .output()
+            .unwrap();
+        assert!(o.stdout.is_empty(), "container {} left", c.0);
+    }
+    assert!(tunnel_dirs_of(pid).is_empty(), "{:?}", tunnel_dirs_of(pid));
+    let config = sshd.dir.path().join("ssh_config").display().to_string();
+    let left = processes_with(&config);
+    assert!(left.is_empty(), "ssh left running: {left:?}");
+}
+
+/// What an A/B on a host cannot do is refused before anything starts, as a matrix refuses
+/// it; no host is contacted.
+#[test]
+fn ab_host_that_cannot_run_is_refused_before_anything_starts() {
+    let home = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(home.path().join("mxtune")).unwrap();
+    std::fs::write(
+        home.path().join("mxtune/hosts.toml"),
+        "[[host]]\nname = \"h1\"\nssh = \"nowhere1\"\n[[host]]\nname = \"h2\"\nssh = \"nowhere2\"\n",
+    )
+    .unwrap();
+    let out = home.path().join("out");
+    let cases: &[(&[&str], &str)] = &[
+        (
+            &["--host", "h1", "--host", "h2"],
+            "--host is given 2 times (h1, h2): an A/B runs A and B on the same machine",
+        ),
+        (
+            &["--host", "h1=a"],
+            "--host h1=a: an A/B runs its two presets on one host and takes no list of presets for it; give --host NAME",
+        ),
+        (
+            &["--host", "h1", "--target", "engine"],
+            "--host runs Docker presets on that host: use --target docker (for the engine, run mxtune on that host)",
+        ),
+        (
+            &["--host", "h9"],
+            "no host named \"h9\"; the hosts are: h1, h2",
+        ),
+        (
+            &["--host", ""],
+            "the host's name is missing; give --host NAME",
+        ),
+    ];
+    for (args, want) in cases {
+        let o = mxtune(
+            home.path(),
+            &[&["ab", "a", "b", "--out", out.to_str().unwrap()][..], args].concat(),
+        );
+        let (stdout, err) = text(&o);
+        assert_eq!(o.status.code(), Some(1), "{args:?}: {stdout}{err}");
+        assert!(err.contains(want), "{args:?}: {err}");
+        assert!(!out.exists(), "{args:?} left {}", out.display());
+    }
+}
+
 /// Processes whose command line holds `needle` (e.g. a test sshd's client configuration,
 /// which only the ssh processes of that test name).
 fn processes_with(needle: &str) -> Vec<String> {

@@ -2772,6 +2772,7 @@ fn fixed_ab_finished(app: &mut App) {
         b: "b".into(),
         rounds: 3,
         reused: false,
+        host: None,
         records: Vec::new(),
         excluded: vec!["round 2: quick-ab-b: not ready: watchdog".into()],
         ratios: vec![
