@@ -976,6 +976,10 @@ async fn matrix_on_two_hosts_at_once_tags_each_record_with_its_host_in_one_repor
             assert!(gpu_error.starts_with("NVML not available"), "{env}");
             assert!(env["host"]["swap_total_bytes"].as_u64().is_some(), "{env}");
             assert!(env["host"]["cpu_threads"].as_u64().unwrap() > 0, "{env}");
+            // The host's monitor ran alongside L4 (from its first sample on).
+            let res = &record["resources"];
+            assert!(res["samples"].as_u64().unwrap() >= 1, "{res}");
+            assert!(res["host_cpu_mean_pct"].as_f64().is_some(), "{res}");
         } else {
             let w = warned.unwrap_or_else(|| panic!("no readings warning: {record}"));
             assert!(w.contains("mxtune is not installed on host h2"), "{w}");
@@ -986,6 +990,7 @@ async fn matrix_on_two_hosts_at_once_tags_each_record_with_its_host_in_one_repor
                     .starts_with("not read on host h2: mxtune is not installed"),
                 "{env}"
             );
+            assert!(record["resources"].is_null(), "{}", record["resources"]);
         }
     }
     let report = std::fs::read_to_string(out.join("report.md")).unwrap();
@@ -1207,6 +1212,11 @@ async fn ab_on_a_host_launches_both_presets_there_and_benchmarks_through_the_for
         assert!(
             env["host"]["ram_total_bytes"].as_u64().unwrap() > 0,
             "{env}"
+        );
+        assert!(
+            record["resources"]["samples"].as_u64().unwrap() >= 1,
+            "{}",
+            record["resources"]
         );
         let warnings = record["observed"]["warnings"].as_array().unwrap();
         assert!(

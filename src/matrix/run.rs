@@ -19,7 +19,7 @@ use crate::flags::preset::{Preset, PresetStore};
 use crate::flags::render::render;
 use crate::flags::rules::evaluate;
 use crate::hosts::Host;
-use crate::hosts::monitor::RemoteMonitorArgs;
+use crate::hosts::monitor::{RemoteMonitorArgs, RemoteRun};
 use crate::launch::docker::{self, DockerTarget};
 use crate::launch::engine::EngineTarget;
 use crate::launch::follow::ReadyInfo;
@@ -570,6 +570,27 @@ async fn host_environment(
     readings
 }
 
+/// The monitor sampling alongside L4: this machine's collector, or the host's own monitor.
+enum Watch {
+    Here(Monitor),
+    Host(RemoteRun),
+}
+
+/// What the host's monitor watches during L4: the target's `/metrics` at its API address as
+/// seen on the host (the port in the preset, not the local forward).
+fn remote_monitor_args(started: &Started) -> RemoteMonitorArgs {
+    RemoteMonitorArgs {
+        url: started.record.record().target.launch.as_ref().map(|l| {
+            format!(
+                "http://{}:{}/metrics",
+                docker::connect_host(&l.host),
+                l.port
+            )
+        }),
+        ..RemoteMonitorArgs::default()
+    }
+}
+
 /// What the measuring levels produced.
 #[derive(Debug, Default)]
 pub struct Measured {
@@ -663,20 +684,32 @@ pub async fn measure(
         if let Err(e) = started.record.update(|r| r.workload = Some(params)) {
             out.warnings.push(format!("run record not updated: {e:#}"));
         }
-        let monitor = match &started.host {
-            // The local monitor would describe this machine, not the host's GPU.
-            Some(_) => None,
-            None => match Monitor::start(MonitorConfig {
+        let monitor = match &started.readings {
+            Readings::Local => Monitor::start(MonitorConfig {
                 metrics_url: Some(format!("{}/metrics", base_url(&started.ready.url))),
                 pid: started.pid,
                 ..MonitorConfig::default()
-            }) {
-                Ok(m) => Some(m),
-                Err(e) => {
-                    out.warnings.push(format!("monitor not started: {e:#}"));
-                    None
-                }
-            },
+            })
+            .map(Watch::Here),
+            // That host's own monitor, scraping the target's /metrics as the host sees it.
+            Readings::Host(h) => {
+                let (h, args) = ((**h).clone(), remote_monitor_args(started));
+                tokio::task::spawn_blocking(move || RemoteRun::start(&h, &args))
+                    .await
+                    .map_err(|e| anyhow!("{e}"))
+                    .and_then(|r| r)
+                    .map(Watch::Host)
+            }
+            // The record says why; this machine's monitor would describe the wrong GPU.
+            Readings::NotTaken => Err(anyhow!("no readings on the host")),
+        };
+        let monitor = match monitor {
+            Ok(m) => Some(m),
+            Err(_) if matches!(started.readings, Readings::NotTaken) => None,
+            Err(e) => {
+                out.warnings.push(format!("monitor not started: {e:#}"));
+                None
+            }
         };
         let whole = plan.grid.workload(plan.endpoint);
         whole.validate()?;
@@ -737,14 +770,30 @@ pub async fn measure(
             }
         }
         if let Some(m) = monitor {
-            match tokio::task::spawn_blocking(move || m.stop()).await {
-                Ok(Ok(summary)) => {
-                    let res = crate::monitor::record::resources(&summary);
-                    if let Err(e) = started.record.update(|r| r.resources = Some(res)) {
-                        out.warnings.push(format!("run record not updated: {e:#}"));
+            let stopped = tokio::task::spawn_blocking(move || match m {
+                Watch::Here(m) => (m.stop(), None),
+                // Ended early: its samples so far still count, and the record says why.
+                Watch::Host(r) => {
+                    let (summary, early) = r.stop();
+                    (Ok(summary), early)
+                }
+            });
+            match stopped.await {
+                Ok((summary, early)) => {
+                    if let Some(e) = early {
+                        out.warnings
+                            .push(format!("the host's monitor ended early: {e:#}"));
+                    }
+                    match summary {
+                        Ok(summary) => {
+                            let res = crate::monitor::record::resources(&summary);
+                            if let Err(e) = started.record.update(|r| r.resources = Some(res)) {
+                                out.warnings.push(format!("run record not updated: {e:#}"));
+                            }
+                        }
+                        Err(e) => out.warnings.push(format!("monitor: {e:#}")),
                     }
                 }
-                Ok(Err(e)) => out.warnings.push(format!("monitor: {e:#}")),
                 Err(e) => out.warnings.push(format!("monitor thread: {e}")),
             }
         }
