@@ -1049,6 +1049,112 @@ async fn matrix_on_two_hosts_at_once_tags_each_record_with_its_host_in_one_repor
     );
 }
 
+/// The cool-down of a preset on a host reads that host's GPU. There is no NVML here, so the
+/// host's mxtune is a stand-in that answers `--version` as this one and whose monitor reports
+/// a GB10 at 95 °C (a real sample of this machine with that GPU in it); the matrix runs on it
+/// through the real sshd and Docker.
+#[tokio::test]
+async fn matrix_cool_down_waits_on_the_hosts_gpu() {
+    let test = "matrix_cool_down_waits_on_the_hosts_gpu";
+    let Some(d) = docker_or_skip(test).await else {
+        return;
+    };
+    let Some(sshd) = sshd_or_skip(test) else {
+        return;
+    };
+    let image = test_image(&d).await;
+    let dir = tempfile::tempdir().unwrap();
+    let _cleanup = stand_in_presets(dir.path(), &image, &["m-hot"]);
+    let o = Command::new(MXTUNE)
+        .args(["monitor", "--json", "--once"])
+        .output()
+        .unwrap();
+    let mut sample: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    sample["gpu"] = serde_json::json!({
+        "status": "available",
+        "driver_version": "580.95.05",
+        "cuda_driver_version": "13.0",
+        "gpus": [{
+            "index": 0, "name": "NVIDIA GB10", "uuid": "GPU-hot", "compute_capability": "12.1",
+            "persistence_mode": "n/a", "compute_mode": "Default",
+            "memory": {"source": "unified", "used_bytes": 1u64 << 30, "total_bytes": 128u64 << 30, "process_bytes": "n/a"},
+            "clocks": {"sm_mhz": 2400, "graphics_mhz": 2400, "mem_mhz": "n/a"},
+            "max_clocks": {"sm_mhz": 3000, "graphics_mhz": 3000, "mem_mhz": "n/a"},
+            "power_w": 30.0, "power_limit_w": "n/a", "energy_j": "n/a", "temperature_c": 95,
+            "utilization_gpu_pct": 0, "utilization_mem_pct": "n/a", "pstate": "P0",
+            "throttle_reasons": [], "processes": []
+        }]
+    });
+    // What the remote monitor prints must be a sample this mxtune reads.
+    serde_json::from_value::<mxtune::monitor::Sample>(sample.clone()).unwrap();
+    let line = sshd.dir.path().join("hot-sample.json");
+    std::fs::write(&line, format!("{sample}\n")).unwrap();
+    let hot = fake_mxtune(
+        &sshd,
+        "hot-mxtune",
+        &format!(
+            "if [ \"$1\" = --version ]; then exec {MXTUNE} --version; fi\n\
+             case \" $* \" in *\" --once \"*) cat {0}; exit 0;; esac\n\
+             while cat {0}; do sleep 0.25; done",
+            line.display()
+        ),
+    );
+    let home = sshd.config_home(&sshd.host_entry("hot", &hot));
+    let (out, runs) = (dir.path().join("out"), dir.path().join("runs"));
+    let o = tokio::task::spawn_blocking({
+        let (presets, out, runs) = (dir.path().join("presets"), out.clone(), runs.clone());
+        move || {
+            Command::new(MXTUNE)
+                .args(["matrix", "--target", "docker", "--host", "hot", "m-hot"])
+                .args([
+                    "--endpoint",
+                    "completions",
+                    "--no-shuffle",
+                    "--levels",
+                    "1,4",
+                ])
+                .args(["--grid", "pp=64", "tg=4", "runs=1", "warmup=0"])
+                // Hotter than 90 °C: one wait, then the limit lets the point start.
+                .args(["--cooldown-c", "90", "--cooldown-limit-s", "1"])
+                .arg("--presets-dir")
+                .arg(presets)
+                .arg("--runs-dir")
+                .arg(runs)
+                .arg("--out")
+                .arg(out)
+                .env("XDG_CONFIG_HOME", home)
+                .output()
+                .unwrap()
+        }
+    })
+    .await
+    .unwrap();
+    let (stdout, stderr) = text(&o);
+    assert!(matches!(o.status.code(), Some(0 | 1)), "{stdout}{stderr}");
+    assert!(
+        stderr.contains("cool-down: GPU of host hot at 95 °C, waiting for < 90 °C"),
+        "{stderr}"
+    );
+    let state: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("matrix-state.json")).unwrap())
+            .unwrap();
+    let p = &state["order"][0];
+    assert_eq!(p["status"], "done", "{p}\n{stderr}");
+    assert_eq!(p["point_temps_c"], serde_json::json!([95.0]), "{p}");
+    let record: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(p["record"].as_str().unwrap()).unwrap())
+            .unwrap();
+    let env = &record["environment"];
+    assert_eq!(env["remote_host"], "hot", "{env}");
+    assert_eq!(env["gpus"][0]["name"], "NVIDIA GB10", "{env}");
+    assert!(env["gpu_error"].is_null(), "{env}");
+    assert_eq!(
+        record["resources"]["temp_max_c"], 95.0,
+        "{}",
+        record["resources"]
+    );
+}
+
 /// `--host NAME=PRESET,…` gives a host its own presets; a list that cannot be run is refused
 /// before anything starts, naming what is wrong and what to do. No host is contacted.
 #[test]
