@@ -1049,13 +1049,14 @@ async fn matrix_on_two_hosts_at_once_tags_each_record_with_its_host_in_one_repor
     );
 }
 
-/// The cool-down of a preset on a host reads that host's GPU. There is no NVML here, so the
+/// The cool-down and the stress level's memory probe of a preset on a host read that host's
+/// GPU. There is no NVML here, so the
 /// host's mxtune is a stand-in that answers `--version` as this one and whose monitor reports
 /// a GB10 at 95 °C (a real sample of this machine with that GPU in it); the matrix runs on it
 /// through the real sshd and Docker.
 #[tokio::test]
-async fn matrix_cool_down_waits_on_the_hosts_gpu() {
-    let test = "matrix_cool_down_waits_on_the_hosts_gpu";
+async fn matrix_cool_down_and_memory_probe_read_the_hosts_gpu() {
+    let test = "matrix_cool_down_and_memory_probe_read_the_hosts_gpu";
     let Some(d) = docker_or_skip(test).await else {
         return;
     };
@@ -1089,14 +1090,25 @@ async fn matrix_cool_down_waits_on_the_hosts_gpu() {
     serde_json::from_value::<mxtune::monitor::Sample>(sample.clone()).unwrap();
     let line = sshd.dir.path().join("hot-sample.json");
     std::fs::write(&line, format!("{sample}\n")).unwrap();
+    // Every second `--once` sample has 2 GiB in use instead of 1: two readings in a row (the
+    // memory probe's before and after L3) differ, so its check names what it read.
+    sample["gpu"]["gpus"][0]["memory"]["used_bytes"] = serde_json::json!(2u64 << 30);
+    let other = sshd.dir.path().join("hot-sample-2.json");
+    std::fs::write(&other, format!("{sample}\n")).unwrap();
+    let count = sshd.dir.path().join("hot-count");
     let hot = fake_mxtune(
         &sshd,
         "hot-mxtune",
         &format!(
             "if [ \"$1\" = --version ]; then exec {MXTUNE} --version; fi\n\
-             case \" $* \" in *\" --once \"*) cat {0}; exit 0;; esac\n\
+             case \" $* \" in *\" --once \"*)\n\
+               n=$(( $(cat {2} 2>/dev/null || echo 0) + 1 )); echo $n > {2}\n\
+               if [ $((n % 2)) = 0 ]; then cat {1}; else cat {0}; fi; exit 0;;\n\
+             esac\n\
              while cat {0}; do sleep 0.25; done",
-            line.display()
+            line.display(),
+            other.display(),
+            count.display()
         ),
     );
     let home = sshd.config_home(&sshd.host_entry("hot", &hot));
@@ -1111,7 +1123,7 @@ async fn matrix_cool_down_waits_on_the_hosts_gpu() {
                     "completions",
                     "--no-shuffle",
                     "--levels",
-                    "1,4",
+                    "1,3,4",
                 ])
                 .args(["--grid", "pp=64", "tg=4", "runs=1", "warmup=0"])
                 // Hotter than 90 °C: one wait, then the limit lets the point start.
@@ -1141,6 +1153,20 @@ async fn matrix_cool_down_waits_on_the_hosts_gpu() {
     let p = &state["order"][0];
     assert_eq!(p["status"], "done", "{p}\n{stderr}");
     assert_eq!(p["point_temps_c"], serde_json::json!([95.0]), "{p}");
+    // L3's memory check read the host's GB10 before and after. (The stand-in server stops
+    // at 64 tokens, so L3 fails on its long generation too.)
+    let stress = p["levels"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|l| l["level"] == "stress")
+        .unwrap_or_else(|| panic!("no L3 in {p}"));
+    let detail = stress["detail"].as_str().unwrap();
+    assert!(
+        detail.contains("memory stable within")
+            && detail.contains("GPU 0 (NVIDIA GB10) memory in use, Unified memory on host hot: "),
+        "{stress}"
+    );
     let record: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(p["record"].as_str().unwrap()).unwrap())
             .unwrap();

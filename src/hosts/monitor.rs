@@ -182,6 +182,16 @@ pub fn sample_once(host: &Host, args: &RemoteMonitorArgs) -> Result<Sample> {
         })
 }
 
+/// The stress level's GPU memory probe on a host: each reading is one sample of its own
+/// monitor (the version checked already, as for [`sample_once`]).
+pub fn memory_probe(host: &Host) -> Result<crate::monitor::probe::GpuMemoryProbe> {
+    let h = host.clone();
+    crate::monitor::probe::GpuMemoryProbe::detect_with(
+        &format!(" on host {}", host.name),
+        Box::new(move || sample_once(&h, &RemoteMonitorArgs::default())),
+    )
+}
+
 impl Drop for RemoteMonitor {
     fn drop(&mut self) {
         if let Ok(mut c) = self.child.lock() {

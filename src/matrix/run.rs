@@ -667,12 +667,18 @@ pub async fn measure(
             endpoint: plan.endpoint,
             ..StressPlan::default()
         };
-        // This machine's GPU says nothing about another host's.
-        let probe = started
-            .host
-            .is_none()
-            .then(|| crate::monitor::probe::GpuMemoryProbe::detect().ok())
-            .flatten();
+        // The GPU the target runs on: this machine's, or the host's through its own monitor.
+        let probe = match &started.readings {
+            Readings::Local => crate::monitor::probe::GpuMemoryProbe::detect().ok(),
+            Readings::Host(h) => {
+                let h = (**h).clone();
+                tokio::task::spawn_blocking(move || crate::hosts::monitor::memory_probe(&h))
+                    .await
+                    .ok()
+                    .and_then(|p| p.ok())
+            }
+            Readings::NotTaken => None,
+        };
         out.levels.push(
             runner
                 .stress(&plan_s, probe.as_ref().map(|p| p as &dyn MemoryProbe))
