@@ -839,6 +839,34 @@ mod panel {
     }
 }
 
+/// Docker presets `NAMES` of the stand-in image in `dir/presets`, each with its own port and
+/// container name (the containers are removed when the returned guards drop).
+fn stand_in_presets(dir: &Path, image: &str, names: &[&str]) -> Vec<RemoveContainer> {
+    let presets = dir.join("presets");
+    let (hf, jit) = (dir.join("hf"), dir.join("jit"));
+    for d in [&presets, &hf, &jit] {
+        std::fs::create_dir_all(d).unwrap();
+    }
+    let mut guards = Vec::new();
+    for name in names {
+        let container = format!("mxtune-mhost-test-{}", ulid::Ulid::generate()).to_lowercase();
+        std::fs::write(
+            presets.join(format!("{name}.toml")),
+            format!(
+                "description = \"on hosts\"\ntarget = \"docker\"\n[axes]\nmoe_backend = \"marlin\"\n\
+                 [serving]\nmodel = \"openai/gpt-oss-120b\"\nserved_model_name = \"m\"\nhost = \"0.0.0.0\"\nport = {}\n\
+                 [container]\nimage = \"{image}\"\nname = \"{container}\"\nnetwork = \"bridge\"\ngpus_all = false\nulimits = {{}}\nvllm = \"fork\"\nhf_cache = \"{}\"\njit_cache = \"{}\"\n",
+                free_port(),
+                hf.display(),
+                jit.display()
+            ),
+        )
+        .unwrap();
+        guards.push(RemoveContainer(container));
+    }
+    guards
+}
+
 #[tokio::test]
 async fn matrix_on_two_hosts_at_once_tags_each_record_with_its_host_in_one_report() {
     let test = "matrix_on_two_hosts_at_once_tags_each_record_with_its_host_in_one_report";
@@ -851,33 +879,13 @@ async fn matrix_on_two_hosts_at_once_tags_each_record_with_its_host_in_one_repor
     let image = test_image(&d).await;
     let dir = tempfile::tempdir().unwrap();
     let presets = dir.path().join("presets");
-    std::fs::create_dir(&presets).unwrap();
-    let hf = dir.path().join("hf");
-    std::fs::create_dir_all(&hf).unwrap();
-    std::fs::create_dir_all(dir.path().join("jit")).unwrap();
-    let mut names = Vec::new();
-    for name in ["m-one", "m-two"] {
-        let container = format!("mxtune-mhost-test-{}", ulid::Ulid::generate()).to_lowercase();
-        names.push(container.clone());
-        std::fs::write(
-            presets.join(format!("{name}.toml")),
-            format!(
-                "description = \"matrix on hosts\"\ntarget = \"docker\"\n[axes]\nmoe_backend = \"marlin\"\n\
-                 [serving]\nmodel = \"openai/gpt-oss-120b\"\nserved_model_name = \"m\"\nhost = \"0.0.0.0\"\nport = {}\n\
-                 [container]\nimage = \"{image}\"\nname = \"{container}\"\nnetwork = \"bridge\"\ngpus_all = false\nulimits = {{}}\nvllm = \"fork\"\nhf_cache = \"{}\"\njit_cache = \"{}\"\n",
-                free_port(),
-                hf.display(),
-                dir.path().join("jit").display()
-            ),
-        )
-        .unwrap();
-    }
-    let _cleanup: Vec<RemoveContainer> = names.into_iter().map(RemoveContainer).collect();
-    // Two hosts of hosts.toml, both the local sshd standing in for two machines.
+    let _cleanup = stand_in_presets(dir.path(), &image, &["m-one", "m-two"]);
+    // Two hosts of hosts.toml, both the local sshd standing in for two machines: h1 runs this
+    // mxtune, h2 has none (its readings are not taken, the matrix goes on).
     let home = sshd.config_home(&format!(
         "{}\n{}",
         sshd.host_entry("h1", MXTUNE),
-        sshd.host_entry("h2", MXTUNE)
+        sshd.host_entry("h2", "/nonexistent/mxtune")
     ));
     let out = dir.path().join("out");
     let runs = dir.path().join("runs");
@@ -942,16 +950,48 @@ async fn matrix_on_two_hosts_at_once_tags_each_record_with_its_host_in_one_repor
             !record["results"].as_array().unwrap().is_empty(),
             "{record}"
         );
+        // The environment is the host's, marked as such: its Docker engine's facts either way.
+        let env = &record["environment"];
+        assert_eq!(env["remote_host"], host, "{env}");
+        assert!(env["host"]["os"].as_str().is_some(), "{env}");
+        assert!(env["host"]["hostname"].as_str().is_some(), "{env}");
         assert!(
-            record["observed"]["warnings"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .any(|w| w.as_str().unwrap().starts_with(&format!(
-                    "run on host {host}: GPU, host and temperature readings"
-                ))),
-            "{record}"
+            env["host"]["ram_total_bytes"].as_u64().unwrap() > 0,
+            "{env}"
         );
+        let not_taken = format!(
+            "run on host {host}: GPU and temperature readings of that host were not taken (no cool-down there): "
+        );
+        let warned = record["observed"]["warnings"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|w| w.as_str())
+            .find(|w| w.starts_with(&not_taken));
+        if host == "h1" {
+            // The host's own monitor answered: its sample is in the record (no NVML on
+            // this machine, so the reason it gave), and nothing says readings are missing.
+            assert!(warned.is_none(), "{warned:?}");
+            let gpu_error = env["gpu_error"].as_str().unwrap();
+            assert!(gpu_error.starts_with("NVML not available"), "{env}");
+            assert!(env["host"]["swap_total_bytes"].as_u64().is_some(), "{env}");
+            assert!(env["host"]["cpu_threads"].as_u64().unwrap() > 0, "{env}");
+            // The host's monitor ran alongside L4 (from its first sample on).
+            let res = &record["resources"];
+            assert!(res["samples"].as_u64().unwrap() >= 1, "{res}");
+            assert!(res["host_cpu_mean_pct"].as_f64().is_some(), "{res}");
+        } else {
+            let w = warned.unwrap_or_else(|| panic!("no readings warning: {record}"));
+            assert!(w.contains("mxtune is not installed on host h2"), "{w}");
+            assert!(
+                env["gpu_error"]
+                    .as_str()
+                    .unwrap()
+                    .starts_with("not read on host h2: mxtune is not installed"),
+                "{env}"
+            );
+            assert!(record["resources"].is_null(), "{}", record["resources"]);
+        }
     }
     let report = std::fs::read_to_string(out.join("report.md")).unwrap();
     assert!(
@@ -959,6 +999,11 @@ async fn matrix_on_two_hosts_at_once_tags_each_record_with_its_host_in_one_repor
         "{report}"
     );
     assert!(report.contains("| m-one (host h2) |"), "{report}");
+    assert!(report.starts_with("# Matrix "), "{report}");
+    assert!(
+        report.lines().next().unwrap().ends_with("(hosts h1, h2)"),
+        "{report}"
+    );
     assert!(report.contains("| m-two (host h1) |"), "{report}");
     // No tunnel is left behind by the matrix.
     assert!(tunnel_dirs_of(pid).is_empty(), "{:?}", tunnel_dirs_of(pid));
@@ -1004,6 +1049,138 @@ async fn matrix_on_two_hosts_at_once_tags_each_record_with_its_host_in_one_repor
     );
 }
 
+/// The cool-down and the stress level's memory probe of a preset on a host read that host's
+/// GPU. There is no NVML here, so the
+/// host's mxtune is a stand-in that answers `--version` as this one and whose monitor reports
+/// a GB10 at 95 °C (a real sample of this machine with that GPU in it); the matrix runs on it
+/// through the real sshd and Docker.
+#[tokio::test]
+async fn matrix_cool_down_and_memory_probe_read_the_hosts_gpu() {
+    let test = "matrix_cool_down_and_memory_probe_read_the_hosts_gpu";
+    let Some(d) = docker_or_skip(test).await else {
+        return;
+    };
+    let Some(sshd) = sshd_or_skip(test) else {
+        return;
+    };
+    let image = test_image(&d).await;
+    let dir = tempfile::tempdir().unwrap();
+    let _cleanup = stand_in_presets(dir.path(), &image, &["m-hot"]);
+    let o = Command::new(MXTUNE)
+        .args(["monitor", "--json", "--once"])
+        .output()
+        .unwrap();
+    let mut sample: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    sample["gpu"] = serde_json::json!({
+        "status": "available",
+        "driver_version": "580.95.05",
+        "cuda_driver_version": "13.0",
+        "gpus": [{
+            "index": 0, "name": "NVIDIA GB10", "uuid": "GPU-hot", "compute_capability": "12.1",
+            "persistence_mode": "n/a", "compute_mode": "Default",
+            "memory": {"source": "unified", "used_bytes": 1u64 << 30, "total_bytes": 128u64 << 30, "process_bytes": "n/a"},
+            "clocks": {"sm_mhz": 2400, "graphics_mhz": 2400, "mem_mhz": "n/a"},
+            "max_clocks": {"sm_mhz": 3000, "graphics_mhz": 3000, "mem_mhz": "n/a"},
+            "power_w": 30.0, "power_limit_w": "n/a", "energy_j": "n/a", "temperature_c": 95,
+            "utilization_gpu_pct": 0, "utilization_mem_pct": "n/a", "pstate": "P0",
+            "throttle_reasons": [], "processes": []
+        }]
+    });
+    // What the remote monitor prints must be a sample this mxtune reads.
+    serde_json::from_value::<mxtune::monitor::Sample>(sample.clone()).unwrap();
+    let line = sshd.dir.path().join("hot-sample.json");
+    std::fs::write(&line, format!("{sample}\n")).unwrap();
+    // Every second `--once` sample has 2 GiB in use instead of 1: two readings in a row (the
+    // memory probe's before and after L3) differ, so its check names what it read.
+    sample["gpu"]["gpus"][0]["memory"]["used_bytes"] = serde_json::json!(2u64 << 30);
+    let other = sshd.dir.path().join("hot-sample-2.json");
+    std::fs::write(&other, format!("{sample}\n")).unwrap();
+    let count = sshd.dir.path().join("hot-count");
+    let hot = fake_mxtune(
+        &sshd,
+        "hot-mxtune",
+        &format!(
+            "if [ \"$1\" = --version ]; then exec {MXTUNE} --version; fi\n\
+             case \" $* \" in *\" --once \"*)\n\
+               n=$(( $(cat {2} 2>/dev/null || echo 0) + 1 )); echo $n > {2}\n\
+               if [ $((n % 2)) = 0 ]; then cat {1}; else cat {0}; fi; exit 0;;\n\
+             esac\n\
+             while cat {0}; do sleep 0.25; done",
+            line.display(),
+            other.display(),
+            count.display()
+        ),
+    );
+    let home = sshd.config_home(&sshd.host_entry("hot", &hot));
+    let (out, runs) = (dir.path().join("out"), dir.path().join("runs"));
+    let o = tokio::task::spawn_blocking({
+        let (presets, out, runs) = (dir.path().join("presets"), out.clone(), runs.clone());
+        move || {
+            Command::new(MXTUNE)
+                .args(["matrix", "--target", "docker", "--host", "hot", "m-hot"])
+                .args([
+                    "--endpoint",
+                    "completions",
+                    "--no-shuffle",
+                    "--levels",
+                    "1,3,4",
+                ])
+                .args(["--grid", "pp=64", "tg=4", "runs=1", "warmup=0"])
+                // Hotter than 90 °C: one wait, then the limit lets the point start.
+                .args(["--cooldown-c", "90", "--cooldown-limit-s", "1"])
+                .arg("--presets-dir")
+                .arg(presets)
+                .arg("--runs-dir")
+                .arg(runs)
+                .arg("--out")
+                .arg(out)
+                .env("XDG_CONFIG_HOME", home)
+                .output()
+                .unwrap()
+        }
+    })
+    .await
+    .unwrap();
+    let (stdout, stderr) = text(&o);
+    assert!(matches!(o.status.code(), Some(0 | 1)), "{stdout}{stderr}");
+    assert!(
+        stderr.contains("cool-down: GPU of host hot at 95 °C, waiting for < 90 °C"),
+        "{stderr}"
+    );
+    let state: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("matrix-state.json")).unwrap())
+            .unwrap();
+    let p = &state["order"][0];
+    assert_eq!(p["status"], "done", "{p}\n{stderr}");
+    assert_eq!(p["point_temps_c"], serde_json::json!([95.0]), "{p}");
+    // L3's memory check read the host's GB10 before and after. (The stand-in server stops
+    // at 64 tokens, so L3 fails on its long generation too.)
+    let stress = p["levels"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|l| l["level"] == "stress")
+        .unwrap_or_else(|| panic!("no L3 in {p}"));
+    let detail = stress["detail"].as_str().unwrap();
+    assert!(
+        detail.contains("memory stable within")
+            && detail.contains("GPU 0 (NVIDIA GB10) memory in use, Unified memory on host hot: "),
+        "{stress}"
+    );
+    let record: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(p["record"].as_str().unwrap()).unwrap())
+            .unwrap();
+    let env = &record["environment"];
+    assert_eq!(env["remote_host"], "hot", "{env}");
+    assert_eq!(env["gpus"][0]["name"], "NVIDIA GB10", "{env}");
+    assert!(env["gpu_error"].is_null(), "{env}");
+    assert_eq!(
+        record["resources"]["temp_max_c"], 95.0,
+        "{}",
+        record["resources"]
+    );
+}
+
 /// `--host NAME=PRESET,…` gives a host its own presets; a list that cannot be run is refused
 /// before anything starts, naming what is wrong and what to do. No host is contacted.
 #[test]
@@ -1045,6 +1222,210 @@ fn matrix_host_lists_that_cannot_run_are_refused_before_anything_starts() {
         let o = mxtune(
             home.path(),
             &[&["matrix", "--out", out.to_str().unwrap()][..], args].concat(),
+        );
+        let (stdout, err) = text(&o);
+        assert_eq!(o.status.code(), Some(1), "{args:?}: {stdout}{err}");
+        assert!(err.contains(want), "{args:?}: {err}");
+        assert!(!out.exists(), "{args:?} left {}", out.display());
+    }
+}
+
+/// `ab --host`: both presets launched on the host's Docker engine through the same code as a
+/// matrix's (`run::start_on`), benchmarked through the forward, records tagged and holding
+/// the host's readings, nothing left behind.
+#[tokio::test]
+async fn ab_on_a_host_launches_both_presets_there_and_benchmarks_through_the_forward() {
+    let test = "ab_on_a_host_launches_both_presets_there_and_benchmarks_through_the_forward";
+    let Some(d) = docker_or_skip(test).await else {
+        return;
+    };
+    if sshd_or_skip(test).is_none() {
+        return;
+    }
+    // DEBUG1: sshd logs each forwarded connection with its target port.
+    let sshd = Sshd::with_config("LogLevel DEBUG1\n");
+    let image = test_image(&d).await;
+    let dir = tempfile::tempdir().unwrap();
+    let presets = dir.path().join("presets");
+    let cleanup = stand_in_presets(dir.path(), &image, &["ab-a", "ab-b"]);
+    let home = sshd.config_home(&sshd.host_entry("h", MXTUNE));
+    let (out, runs) = (dir.path().join("ab"), dir.path().join("runs"));
+    let o = tokio::task::spawn_blocking({
+        let (presets, out, runs, home) = (presets.clone(), out.clone(), runs.clone(), home.clone());
+        move || {
+            let child = Command::new(MXTUNE)
+                .args(["ab", "ab-a", "ab-b", "--host", "h", "--rounds", "1"])
+                .args([
+                    "--endpoint",
+                    "completions",
+                    "--grid",
+                    "pp=64",
+                    "tg=4",
+                    "runs=1",
+                ])
+                .args(["warmup=0", "--presets-dir"])
+                .arg(presets)
+                .arg("--runs-dir")
+                .arg(runs)
+                .arg("--out")
+                .arg(out)
+                .env("XDG_CONFIG_HOME", home)
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap();
+            let pid = child.id();
+            (pid, child.wait_with_output().unwrap())
+        }
+    })
+    .await
+    .unwrap();
+    let (pid, o) = o;
+    let (stdout, stderr) = text(&o);
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{stdout}{stderr}\nsshd log:\n{}",
+        sshd.log()
+    );
+    let result: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("ab.json")).unwrap()).unwrap();
+    assert_eq!(result["host"], "h", "{result}");
+    assert_eq!(result["excluded"], serde_json::json!([]), "{result}");
+    assert!(
+        stdout.contains("both on host h (Docker over SSH)"),
+        "{stdout}"
+    );
+    let records = result["records"].as_array().unwrap();
+    assert_eq!(records.len(), 2, "{result}");
+    let log = sshd.log();
+    let written: Vec<serde_json::Value> = std::fs::read_dir(&runs)
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "json"))
+        .map(|p| serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap())
+        .collect();
+    assert_eq!(written.len(), 2, "{written:?}");
+    for (pair, cleanup) in records.iter().zip(&cleanup) {
+        let (preset, run_id) = (pair[0].as_str().unwrap(), pair[1].as_str().unwrap());
+        let record = written
+            .iter()
+            .find(|r| r["identity"]["run_id"] == run_id)
+            .unwrap_or_else(|| panic!("no record {run_id}"));
+        assert_eq!(record["target"]["preset"], preset);
+        assert_eq!(record["identity"]["status"], "completed", "{record}");
+        let tags = record["identity"]["tags"].as_array().unwrap();
+        assert!(tags.contains(&serde_json::json!("host:h")), "{tags:?}");
+        assert!(
+            tags.iter().any(|t| t.as_str().unwrap().starts_with("ab:")),
+            "{tags:?}"
+        );
+        assert!(
+            !record["results"].as_array().unwrap().is_empty(),
+            "{record}"
+        );
+        // The container ran on the host's engine, named as in the preset.
+        assert_eq!(
+            record["target"]["docker"]["container_name"], cleanup.0,
+            "{}",
+            record["target"]
+        );
+        // The host's readings, as a matrix on it takes them.
+        let env = &record["environment"];
+        assert_eq!(env["remote_host"], "h", "{env}");
+        assert!(
+            env["gpu_error"]
+                .as_str()
+                .unwrap()
+                .starts_with("NVML not available"),
+            "{env}"
+        );
+        assert!(
+            env["host"]["ram_total_bytes"].as_u64().unwrap() > 0,
+            "{env}"
+        );
+        assert!(
+            record["resources"]["samples"].as_u64().unwrap() >= 1,
+            "{}",
+            record["resources"]
+        );
+        let warnings = record["observed"]["warnings"].as_array().unwrap();
+        assert!(
+            !warnings.iter().any(|w| w
+                .as_str()
+                .unwrap()
+                .contains("readings of that host were not taken")),
+            "{warnings:?}"
+        );
+        // Served through the forward: the API port in the preset is the host's, reached
+        // through sshd.
+        let port = record["target"]["launch"]["port"].as_u64().unwrap();
+        assert!(
+            log.contains(&format!("target 127.0.0.1 port {port}")),
+            "no forward to port {port} in the sshd log:\n{log}"
+        );
+        assert!(
+            record["target"]["url"]
+                .as_str()
+                .unwrap()
+                .starts_with("http://127.0.0.1:"),
+            "{}",
+            record["target"]
+        );
+    }
+    // Stopped and removed on the host, and no tunnel or ssh left.
+    for c in &cleanup {
+        let o = Command::new("docker")
+            .args(["ps", "-aq", "--filter", &format!("name={}", c.0)])
+            .output()
+            .unwrap();
+        assert!(o.stdout.is_empty(), "container {} left", c.0);
+    }
+    assert!(tunnel_dirs_of(pid).is_empty(), "{:?}", tunnel_dirs_of(pid));
+    let config = sshd.dir.path().join("ssh_config").display().to_string();
+    let left = processes_with(&config);
+    assert!(left.is_empty(), "ssh left running: {left:?}");
+}
+
+/// What an A/B on a host cannot do is refused before anything starts, as a matrix refuses
+/// it; no host is contacted.
+#[test]
+fn ab_host_that_cannot_run_is_refused_before_anything_starts() {
+    let home = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(home.path().join("mxtune")).unwrap();
+    std::fs::write(
+        home.path().join("mxtune/hosts.toml"),
+        "[[host]]\nname = \"h1\"\nssh = \"nowhere1\"\n[[host]]\nname = \"h2\"\nssh = \"nowhere2\"\n",
+    )
+    .unwrap();
+    let out = home.path().join("out");
+    let cases: &[(&[&str], &str)] = &[
+        (
+            &["--host", "h1", "--host", "h2"],
+            "--host is given 2 times (h1, h2): an A/B runs A and B on the same machine",
+        ),
+        (
+            &["--host", "h1=a"],
+            "--host h1=a: an A/B runs its two presets on one host and takes no list of presets for it; give --host NAME",
+        ),
+        (
+            &["--host", "h1", "--target", "engine"],
+            "--host runs Docker presets on that host: use --target docker (for the engine, run mxtune on that host)",
+        ),
+        (
+            &["--host", "h9"],
+            "no host named \"h9\"; the hosts are: h1, h2",
+        ),
+        (
+            &["--host", ""],
+            "the host's name is missing; give --host NAME",
+        ),
+    ];
+    for (args, want) in cases {
+        let o = mxtune(
+            home.path(),
+            &[&["ab", "a", "b", "--out", out.to_str().unwrap()][..], args].concat(),
         );
         let (stdout, err) = text(&o);
         assert_eq!(o.status.code(), Some(1), "{args:?}: {stdout}{err}");

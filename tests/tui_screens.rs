@@ -2862,6 +2862,7 @@ fn fixed_ab_finished(app: &mut App) {
         b: "b".into(),
         rounds: 3,
         reused: false,
+        host: None,
         records: Vec::new(),
         excluded: vec!["round 2: quick-ab-b: not ready: watchdog".into()],
         ratios: vec![

@@ -4,12 +4,15 @@
 
 use super::Host;
 use super::ssh::{self, quote};
-use crate::monitor::Sample;
-use anyhow::{Context, Result, bail};
+use crate::monitor::collector::DEFAULT_RATE_HZ;
+use crate::monitor::{Sample, Summary, clamp_rate};
+use anyhow::{Context, Result, anyhow, bail};
 use std::collections::VecDeque;
 use std::io::{BufRead, BufReader};
 use std::process::{Child, ChildStdout, Stdio};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, mpsc};
+use std::thread::JoinHandle;
 
 /// What to ask the remote monitor for (the options of `mxtune monitor`).
 #[derive(Debug, Clone, Default)]
@@ -55,7 +58,8 @@ pub fn parse_line(host: &str, line: &str) -> Result<Sample> {
 /// A running `mxtune monitor --json` on a host; the ssh process ends when this is dropped.
 pub struct RemoteMonitor {
     host: Host,
-    child: Child,
+    /// Shared with [`RemoteRun::stop`], which kills it from another thread.
+    child: Arc<Mutex<Child>>,
     lines: BufReader<ChildStdout>,
     /// The last lines ssh and the remote monitor wrote to stderr, for error messages.
     stderr_tail: Arc<Mutex<VecDeque<String>>>,
@@ -71,6 +75,11 @@ impl RemoteMonitor {
     /// over the screen).
     pub fn start(host: &Host, args: &RemoteMonitorArgs, echo: bool) -> Result<RemoteMonitor> {
         ssh::check_remote_mxtune(host)?;
+        Self::spawn(host, args, echo)
+    }
+
+    /// Starts the remote monitor without checking the version (the caller did, once).
+    fn spawn(host: &Host, args: &RemoteMonitorArgs, echo: bool) -> Result<RemoteMonitor> {
         let mut child = ssh::remote(host, &command_line(host, args))
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -99,7 +108,7 @@ impl RemoteMonitor {
             .context("cannot start the thread reading the remote monitor's messages")?;
         Ok(RemoteMonitor {
             host: host.clone(),
-            child,
+            child: Arc::new(Mutex::new(child)),
             lines: BufReader::new(stdout),
             stderr_tail,
         })
@@ -125,7 +134,12 @@ impl RemoteMonitor {
                 .read_line(&mut line)
                 .with_context(|| format!("reading the monitor of host {}", self.host.name))?;
             if n == 0 {
-                let status = self.child.wait().context("waiting for ssh")?;
+                let status = self
+                    .child
+                    .lock()
+                    .map_err(|_| anyhow!("the ssh of the remote monitor is poisoned"))?
+                    .wait()
+                    .context("waiting for ssh")?;
                 // The stderr reader sees the end a moment after stdout does.
                 std::thread::sleep(std::time::Duration::from_millis(50));
                 return match status.code() {
@@ -150,10 +164,154 @@ impl RemoteMonitor {
     }
 }
 
+/// One sample of the host (`mxtune monitor --json --once` there, `args.once` implied) for a
+/// caller that checked the remote version already with [`ssh::check_remote_mxtune`] and
+/// samples again and again (a matrix's cool-down), so each sample costs one ssh, not two.
+pub fn sample_once(host: &Host, args: &RemoteMonitorArgs) -> Result<Sample> {
+    let args = RemoteMonitorArgs {
+        once: true,
+        ..args.clone()
+    };
+    RemoteMonitor::spawn(host, &args, false)?
+        .next_sample()?
+        .with_context(|| {
+            format!(
+                "`mxtune monitor --once` on host {} ended without a sample",
+                host.name
+            )
+        })
+}
+
+/// The stress level's GPU memory probe on a host: each reading is one sample of its own
+/// monitor (the version checked already, as for [`sample_once`]).
+pub fn memory_probe(host: &Host) -> Result<crate::monitor::probe::GpuMemoryProbe> {
+    let h = host.clone();
+    crate::monitor::probe::GpuMemoryProbe::detect_with(
+        &format!(" on host {}", host.name),
+        Box::new(move || sample_once(&h, &RemoteMonitorArgs::default())),
+    )
+}
+
 impl Drop for RemoteMonitor {
     fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        if let Ok(mut c) = self.child.lock() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// A host's monitor running for the length of a measurement, every sample folded into a
+/// run summary on its own thread: for a target on a host, what the local [`Monitor`] is for
+/// one here (the record's `resources`).
+///
+/// [`Monitor`]: crate::monitor::Monitor
+pub struct RemoteRun {
+    child: Arc<Mutex<Child>>,
+    stopping: Arc<AtomicBool>,
+    thread: Option<JoinHandle<(Summary, Option<anyhow::Error>)>>,
+}
+
+impl RemoteRun {
+    /// Starts `mxtune monitor --json` on the host (its version checked already, as for
+    /// [`sample_once`]) and returns once its first sample is in, so that even a short
+    /// measurement has one; an error when it ends or fails before that.
+    pub fn start(host: &Host, args: &RemoteMonitorArgs) -> Result<RemoteRun> {
+        let args = RemoteMonitorArgs {
+            once: false,
+            ..args.clone()
+        };
+        let mut monitor = RemoteMonitor::spawn(host, &args, false)?;
+        let child = monitor.child.clone();
+        let stopping = Arc::new(AtomicBool::new(false));
+        let stopped = stopping.clone();
+        let rate = args.rate.map(clamp_rate).unwrap_or(DEFAULT_RATE_HZ);
+        let (first_tx, first_rx) = mpsc::channel::<Result<()>>();
+        let name = host.name.clone();
+        let thread = std::thread::Builder::new()
+            .name("host-monitor-run".into())
+            .spawn(move || {
+                let mut summary = Summary::new(Some(rate));
+                let mut first = Some(first_tx);
+                loop {
+                    match monitor.next_sample() {
+                        Ok(Some(s)) => {
+                            summary.add(&s);
+                            if let Some(tx) = first.take() {
+                                let _ = tx.send(Ok(()));
+                            }
+                        }
+                        Ok(None) => {
+                            let e = anyhow!("`mxtune monitor` on host {name} ended by itself");
+                            return match first.take() {
+                                Some(tx) => {
+                                    let _ = tx.send(Err(e));
+                                    (summary, None)
+                                }
+                                None => (summary, Some(e)),
+                            };
+                        }
+                        // Killed by `stop`: the end of the run, not a failure.
+                        Err(_) if stopped.load(Ordering::SeqCst) => return (summary, None),
+                        Err(e) => {
+                            return match first.take() {
+                                Some(tx) => {
+                                    let _ = tx.send(Err(e));
+                                    (summary, None)
+                                }
+                                None => (summary, Some(e)),
+                            };
+                        }
+                    }
+                }
+            })
+            .context("cannot start the thread reading the remote monitor")?;
+        match first_rx.recv() {
+            Ok(Ok(())) => Ok(RemoteRun {
+                child,
+                stopping,
+                thread: Some(thread),
+            }),
+            Ok(Err(e)) => {
+                let _ = thread.join();
+                Err(e)
+            }
+            Err(_) => {
+                let _ = thread.join();
+                Err(anyhow!(
+                    "the thread reading the monitor of host {} ended before its first sample",
+                    host.name
+                ))
+            }
+        }
+    }
+
+    /// Ends the remote monitor and returns the summary of its samples, with the error that
+    /// ended it early, if one did (the samples before it are kept).
+    pub fn stop(mut self) -> (Summary, Option<anyhow::Error>) {
+        self.end()
+    }
+
+    fn end(&mut self) -> (Summary, Option<anyhow::Error>) {
+        self.stopping.store(true, Ordering::SeqCst);
+        if let Ok(mut c) = self.child.lock() {
+            let _ = c.kill();
+        }
+        match self.thread.take().map(JoinHandle::join) {
+            Some(Ok(done)) => done,
+            Some(Err(_)) => (
+                Summary::default(),
+                Some(anyhow!("the thread reading the remote monitor panicked")),
+            ),
+            None => (Summary::default(), None),
+        }
+    }
+}
+
+impl Drop for RemoteRun {
+    /// A measurement that ends early (an error) still ends the remote monitor and its ssh.
+    fn drop(&mut self) {
+        self.end();
     }
 }
 

@@ -11,7 +11,7 @@ use std::time::Duration;
 use super::cli::{AbArgs, plan_of};
 use super::plan::TestLevel;
 use super::progress::{MatrixEvent, Progress};
-use super::run::{StartError, Started, measure, prepare, start};
+use super::run::{StartError, Started, measure, prepare, start_on};
 use super::state::MatrixPlan;
 use crate::bench::workload::{CancelWatch, PointResult};
 use crate::launch::Verdict;
@@ -58,6 +58,9 @@ pub struct AbResult {
     pub rounds: u32,
     /// Targets were kept running across rounds.
     pub reused: bool,
+    /// The hosts.toml host both ran on (`--host`); `None`: this machine.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<String>,
     /// Run ids of A's and B's records.
     pub records: Vec<(String, String)>,
     /// Rounds left out, and why (a launch failed or a verdict was invalid).
@@ -131,15 +134,17 @@ pub fn ratios(rounds: &[(Vec<PointResult>, Vec<PointResult>)]) -> Vec<Ratio> {
     out
 }
 
+/// Launches one preset, here or (as a matrix with `--host` does) on `host`'s Docker engine.
 async fn launch_one(
     plan: &MatrixPlan,
     name: &str,
+    host: Option<&str>,
     tags: &[String],
     cancel: &CancelWatch,
     progress: &Progress,
 ) -> Result<Option<Started>, String> {
     let prepared = prepare(plan, name).map_err(|e| format!("{name}: {e:#}"))?;
-    match start(plan, &prepared, tags, cancel, progress).await {
+    match start_on(plan, &prepared, host, tags, cancel, progress).await {
         Ok(s) => {
             if s.report.overall() == Verdict::Invalid {
                 let mut s = s;
@@ -210,11 +215,18 @@ pub async fn execute(args: &AbArgs, progress: &Progress, watch: &CancelWatch) ->
             );
         }
     }
-    if !args.common.hosts.is_empty() {
-        bail!(
-            "--host: an A/B runs on this machine only for now; run `mxtune ab` on that host (or a matrix with --host)"
-        );
-    }
+    let host = match args.common.hosts.as_slice() {
+        [] => None,
+        [one] if one.contains('=') => bail!(
+            "--host {one}: an A/B runs its two presets on one host and takes no list of presets for it; give --host NAME"
+        ),
+        [one] => Some(one.trim().to_string()),
+        more => bail!(
+            "--host is given {} times ({}): an A/B runs A and B on the same machine, so that the ratio compares the presets and not the machines; give one --host",
+            more.len(),
+            more.join(", ")
+        ),
+    };
     let plan = plan_of(
         &args.common,
         vec![args.preset_a.clone(), args.preset_b.clone()],
@@ -247,6 +259,9 @@ pub async fn execute(args: &AbArgs, progress: &Progress, watch: &CancelWatch) ->
     }
     let ab_id = ulid::Ulid::generate().to_string();
     let mut tags = vec![format!("ab:{ab_id}")];
+    if let Some(h) = &host {
+        tags.push(format!("host:{h}"));
+    }
     if args.reuse {
         tags.push("ab-reused-targets".into());
     }
@@ -259,7 +274,7 @@ pub async fn execute(args: &AbArgs, progress: &Progress, watch: &CancelWatch) ->
     let mut kept: Vec<Started> = Vec::new();
     if args.reuse {
         for name in &names {
-            match launch_one(&plan, name, &tags, &watch, progress).await {
+            match launch_one(&plan, name, host.as_deref(), &tags, &watch, progress).await {
                 Ok(Some(s)) => {
                     records.push((name.clone(), s.record.record().identity.run_id.to_string()));
                     kept.push(s);
@@ -284,7 +299,7 @@ pub async fn execute(args: &AbArgs, progress: &Progress, watch: &CancelWatch) ->
             let measured = if args.reuse {
                 measure(&plan, &mut kept[i], &plan.levels, &watch, progress).await
             } else {
-                match launch_one(&plan, name, &tags, &watch, progress).await {
+                match launch_one(&plan, name, host.as_deref(), &tags, &watch, progress).await {
                     Ok(Some(mut s)) => {
                         records.push((name.clone(), s.record.record().identity.run_id.to_string()));
                         let m = measure(&plan, &mut s, &plan.levels, &watch, progress).await;
@@ -333,6 +348,7 @@ pub async fn execute(args: &AbArgs, progress: &Progress, watch: &CancelWatch) ->
         b: args.preset_b.clone(),
         rounds: args.rounds,
         reused: args.reuse,
+        host: host.clone(),
         records,
         excluded,
         ratios: ratios(&rounds),
@@ -365,12 +381,16 @@ pub fn render(r: &AbResult, valid_rounds: usize) -> String {
     let _ = writeln!(md, "# A/B: {} (A) vs {} (B)\n", r.a, r.b);
     let _ = writeln!(
         md,
-        "{valid_rounds} valid of {} rounds, A B alternating; targets {}.\n",
+        "{valid_rounds} valid of {} rounds, A B alternating; targets {}{}.\n",
         r.rounds,
         if r.reused {
             "kept running across rounds (--reuse)"
         } else {
             "relaunched every round"
+        },
+        match &r.host {
+            Some(h) => format!(", both on host {h} (Docker over SSH)"),
+            None => String::new(),
         }
     );
     let _ = writeln!(md, "| Test | Metric | B/A | ± std | noise | rounds |");
@@ -459,6 +479,7 @@ mod tests {
             b: "y".into(),
             rounds: 2,
             reused: true,
+            host: None,
             records: vec![],
             excluded: vec![],
             ratios: r,

@@ -57,7 +57,8 @@ pub struct CommonArgs {
     pub cooldown_limit_s: u64,
     /// Run the Docker presets on this host of ~/.config/mxtune/hosts.toml (over SSH);
     /// repeated, the presets are dealt out over the hosts, which run at the same time.
-    /// `NAME=PRESET,PRESET…` gives the host its own presets instead (matrix only).
+    /// `NAME=PRESET,PRESET…` gives the host its own presets instead (matrix only; `ab`
+    /// takes one host and runs both presets there).
     #[arg(long = "host", value_name = "NAME[=PRESET,…]")]
     pub hosts: Vec<String>,
 }
@@ -153,7 +154,7 @@ pub(crate) fn plan_of(
     if !c.hosts.is_empty() {
         if c.target != TargetArg::Docker {
             bail!(
-                "--host runs Docker presets on that host: use --target docker (for the engine, run the matrix on that host)"
+                "--host runs Docker presets on that host: use --target docker (for the engine, run mxtune on that host)"
             );
         }
         for arg in &c.hosts {

@@ -63,6 +63,8 @@ pub enum MatrixEvent {
     },
     /// Waiting for the GPU to cool down before a measured point.
     CoolDown {
+        /// The hosts.toml host whose GPU it is; `None`: this machine's.
+        host: Option<String>,
         /// GPU temperature now, °C.
         celsius: f64,
         /// Threshold, °C.
@@ -180,9 +182,16 @@ pub fn print_cli(e: &MatrixEvent) {
         MatrixEvent::TargetFailed { preset, message } => {
             crate::errln!("  [{preset}] failed: {message}")
         }
-        MatrixEvent::CoolDown { celsius, threshold } => {
-            crate::errln!("  cool-down: GPU at {celsius:.0} °C, waiting for < {threshold:.0} °C")
-        }
+        MatrixEvent::CoolDown {
+            host,
+            celsius,
+            threshold,
+        } => crate::errln!(
+            "  cool-down: GPU{} at {celsius:.0} °C, waiting for < {threshold:.0} °C",
+            host.as_ref()
+                .map(|h| format!(" of host {h}"))
+                .unwrap_or_default()
+        ),
         MatrixEvent::PresetFinished { levels, .. } => {
             for l in levels {
                 crate::errln!(

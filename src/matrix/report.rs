@@ -159,11 +159,16 @@ pub fn write(state: &MatrixState, out: &Path) -> Result<PathBuf> {
     }
 
     let mut md = String::new();
-    let host = records
-        .iter()
-        .flatten()
-        .find_map(|r| r.environment.host.hostname.clone())
-        .unwrap_or_else(|| "unknown host".into());
+    // The records of a matrix on hosts name those hosts, not the machine that ran it.
+    let host = if state.plan.hosts.is_empty() {
+        records
+            .iter()
+            .flatten()
+            .find_map(|r| r.environment.host.hostname.clone())
+            .unwrap_or_else(|| "unknown host".into())
+    } else {
+        format!("hosts {}", state.plan.hosts.join(", "))
+    };
     let _ = writeln!(md, "# Matrix {} ({})\n", state.matrix_id, host);
     let _ = writeln!(
         md,
@@ -210,7 +215,7 @@ pub fn write(state: &MatrixState, out: &Path) -> Result<PathBuf> {
         };
         let _ = writeln!(
             md,
-            "Hosts: {} (Docker over SSH; {dealt}, the hosts running at the same time; each record is tagged `host:NAME`; GPU readings of the hosts are not taken)\n",
+            "Hosts: {} (Docker over SSH; {dealt}, the hosts running at the same time; each record is tagged `host:NAME` and holds that host's environment; GPU readings and the cool-down come from each host's own `mxtune monitor`)\n",
             hosts.join(", ")
         );
     }

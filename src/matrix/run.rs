@@ -18,18 +18,21 @@ use crate::bench::workload::{CancelWatch, PointResult, Runner};
 use crate::flags::preset::{Preset, PresetStore};
 use crate::flags::render::render;
 use crate::flags::rules::evaluate;
+use crate::hosts::Host;
+use crate::hosts::monitor::{RemoteMonitorArgs, RemoteRun};
 use crate::launch::docker::{self, DockerTarget};
 use crate::launch::engine::EngineTarget;
 use crate::launch::follow::ReadyInfo;
 use crate::launch::{Launch, LaunchEvent, LaunchOptions, ValidationReport, Verdict};
 use crate::monitor::collector::{Monitor, MonitorConfig, sample_once};
-use crate::monitor::sample::GpuStatus;
+use crate::monitor::sample::{GpuStatus, Sample};
 use crate::record::schema::{
-    DockerFacts, EngineFacts, KernelPathCheck, Phase as RecordPhase, RunRecord,
+    DockerFacts, EngineFacts, HostFacts, KernelPathCheck, Phase as RecordPhase, RunRecord,
     Verdict as RecordVerdict, WorkloadParams,
 };
 use crate::record::{RunHandle, RunStatus, RunStore};
 use crate::vocab::{LaunchSpec, TargetKind};
+use bollard::Docker;
 
 /// A launch event and when it arrived.
 type Seen = (chrono::DateTime<Utc>, LaunchEvent);
@@ -94,6 +97,43 @@ pub struct Started {
     /// The hosts.toml host the target runs on, and the SSH tunnel to its Docker engine and
     /// API port (held while the preset runs); `None`: this machine.
     pub host: Option<(String, crate::hosts::ssh::Tunnel)>,
+    /// Where the GPU temperature of the cool-down comes from.
+    pub readings: Readings,
+}
+
+/// Whose GPU a preset's readings and cool-down come from.
+#[derive(Debug, Clone)]
+pub enum Readings {
+    /// This machine's (NVML here).
+    Local,
+    /// A hosts.toml host's: `mxtune monitor --json --once` there over SSH (its version was
+    /// checked when the preset started).
+    Host(Box<Host>),
+    /// None: the host has no usable mxtune (the record says why), so no cool-down there.
+    NotTaken,
+}
+
+impl Readings {
+    /// The host's name, for messages; `None` for this machine.
+    fn host(&self) -> Option<String> {
+        match self {
+            Readings::Host(h) => Some(h.name.clone()),
+            _ => None,
+        }
+    }
+
+    /// The hottest GPU's temperature now (`None` without NVML or readings); an error when
+    /// the host's monitor could not be read.
+    fn temperature(&self) -> Result<Option<f64>> {
+        match self {
+            Readings::Local => Ok(gpu_temperature()),
+            Readings::Host(h) => {
+                crate::hosts::monitor::sample_once(h, &RemoteMonitorArgs::default())
+                    .map(|s| hottest(&s))
+            }
+            Readings::NotTaken => Ok(None),
+        }
+    }
 }
 
 /// Why a start did not give a ready target.
@@ -115,8 +155,12 @@ fn record_verdict(v: Verdict) -> RecordVerdict {
 
 /// The GPU's hottest die temperature now, or `None` without NVML.
 pub fn gpu_temperature() -> Option<f64> {
-    let s = sample_once(&MonitorConfig::default()).ok()?;
-    match s.gpu {
+    hottest(&sample_once(&MonitorConfig::default()).ok()?)
+}
+
+/// The hottest GPU die temperature of a sample, or `None` without NVML.
+fn hottest(s: &Sample) -> Option<f64> {
+    match &s.gpu {
         GpuStatus::Available { gpus, .. } => gpus
             .iter()
             .filter_map(|g| g.temperature_c.get())
@@ -126,9 +170,11 @@ pub fn gpu_temperature() -> Option<f64> {
     }
 }
 
-/// Waits until the GPU is below `threshold` °C (or `limit` passes, or a cancel); returns the
-/// temperature the point starts at.
+/// Waits until the GPU of `readings` is below `threshold` °C (or `limit` passes, or a
+/// cancel); returns the temperature the point starts at. A host whose monitor cannot be
+/// read is a warning and no wait.
 pub async fn cool_down(
+    readings: &Readings,
     threshold: Option<f64>,
     limit: Duration,
     cancel: &CancelWatch,
@@ -136,16 +182,24 @@ pub async fn cool_down(
 ) -> Option<f64> {
     let start = Instant::now();
     loop {
-        let t = tokio::task::spawn_blocking(gpu_temperature)
-            .await
-            .ok()
-            .flatten();
+        let source = readings.clone();
+        let t = match tokio::task::spawn_blocking(move || source.temperature()).await {
+            Ok(Ok(t)) => t,
+            Ok(Err(e)) => {
+                progress.emit(MatrixEvent::Warning(format!(
+                    "no GPU temperature for the cool-down: {e:#}"
+                )));
+                None
+            }
+            Err(_) => None,
+        };
         let Some(threshold) = threshold else {
             return t;
         };
         match t {
             Some(c) if c >= threshold && start.elapsed() < limit && !cancel.is_cancelled() => {
                 progress.emit(MatrixEvent::CoolDown {
+                    host: readings.host(),
                     celsius: c,
                     threshold,
                 });
@@ -167,21 +221,11 @@ fn base_url(url: &str) -> String {
 }
 
 /// Creates the record, launches the target and waits for it (L1), then takes the
-/// kernel-path report (L1.5). `tags` go on the record (e.g. `matrix:<id>`); the target's
-/// phases, warnings and failure go to `progress`.
-pub async fn start(
-    plan: &MatrixPlan,
-    prepared: &Prepared,
-    tags: &[String],
-    cancel: &CancelWatch,
-    progress: &Progress,
-) -> std::result::Result<Started, StartError> {
-    start_on(plan, prepared, None, tags, cancel, progress).await
-}
-
-/// [`start`] on a hosts.toml host's Docker engine (through an SSH tunnel), or on this
-/// machine when `host` is `None`. A remote run's record says that this machine's GPU and host
-/// readings were not taken for it.
+/// kernel-path report (L1.5): on this machine when `host` is `None`, else on that hosts.toml
+/// host's Docker engine through an SSH tunnel, the record's environment then being that
+/// host's ([`host_environment`]). `tags` go on the record (e.g. `matrix:<id>`); the target's
+/// phases, warnings and failure go to `progress`. `matrix --host` and `ab --host` both launch
+/// through here.
 pub async fn start_on(
     plan: &MatrixPlan,
     prepared: &Prepared,
@@ -199,18 +243,19 @@ pub async fn start_on(
     r.target.model = Some(prepared.spec.served_model_name.clone());
     match host {
         None => {
-            if let Ok(s) =
-                tokio::task::spawn_blocking(|| sample_once(&MonitorConfig::default()))
-                    .await
-                    .map_err(|e| anyhow!("{e}"))
-                    .and_then(|r| r)
+            if let Ok(s) = tokio::task::spawn_blocking(|| sample_once(&MonitorConfig::default()))
+                .await
+                .map_err(|e| anyhow!("{e}"))
+                .and_then(|r| r)
             {
                 crate::monitor::record::fill_environment(&mut r.environment, &s);
             }
         }
-        Some(h) => r.observed.warnings.push(format!(
-            "run on host {h}: GPU, host and temperature readings of that host are not taken by a matrix yet (environment.host and resources are empty)"
-        )),
+        Some(h) => {
+            // Filled from the host once it is reached; this machine's would mislead.
+            r.environment.host = HostFacts::default();
+            r.environment.remote_host = Some(h.to_string());
+        }
     }
     let run_id = r.identity.run_id.to_string();
     let mut record = RunStore::new(&plan.runs_dir)
@@ -258,6 +303,7 @@ pub async fn start_on(
     });
 
     let mut remote = None;
+    let mut readings = Readings::Local;
     let connected = match host {
         None => docker::connect().await,
         Some(name) => {
@@ -269,17 +315,21 @@ pub async fn start_on(
                 Ok(h) => match crate::hosts::ssh::Tunnel::open(&h, Some(forward)).await {
                     Ok(t) => docker::connect_tunnel(&t, &h.docker_socket)
                         .await
-                        .map(|d| (d, t)),
+                        .map(|d| (d, t, h)),
                     Err(e) => Err(e),
                 },
                 Err(e) => Err(e),
             };
-            opened.map(|(d, t)| {
-                opts.remote_host = Some(name.to_string());
-                opts.api_url = t.url();
-                remote = Some((name.to_string(), t));
-                d
-            })
+            match opened {
+                Ok((d, t, h)) => {
+                    opts.remote_host = Some(name.to_string());
+                    opts.api_url = t.url();
+                    remote = Some((name.to_string(), t));
+                    readings = host_environment(&mut record, &h, &d, progress).await;
+                    Ok(d)
+                }
+                Err(e) => Err(e),
+            }
         }
     };
     let launched = match plan.target {
@@ -446,7 +496,99 @@ pub async fn start_on(
         record,
         pid,
         host: remote,
+        readings,
     })
+}
+
+/// Fills a remote run's environment from its host, marked as that host's: the Docker
+/// engine's facts (`docker info`: name, OS, kernel, architecture, CPUs, memory) and one sample
+/// of the host's own `mxtune monitor` (GPUs or why there are none, RAM, swap, CPUs). The
+/// host's readings then also drive the cool-down. Without the same mxtune there, the record
+/// says why its GPU and temperature were not read, and there is no cool-down there.
+async fn host_environment(
+    record: &mut RunHandle,
+    host: &Host,
+    docker: &Docker,
+    progress: &Progress,
+) -> Readings {
+    let info = docker.info().await;
+    let h = host.clone();
+    let sampled = tokio::task::spawn_blocking(move || {
+        crate::hosts::ssh::check_remote_mxtune(&h)?;
+        crate::hosts::monitor::sample_once(&h, &RemoteMonitorArgs::default())
+    })
+    .await
+    .map_err(|e| anyhow!("{e}"))
+    .and_then(|r| r);
+    let readings = match &sampled {
+        Ok(_) => Readings::Host(Box::new(host.clone())),
+        Err(_) => Readings::NotTaken,
+    };
+    let name = &host.name;
+    let update = record.update(|r| {
+        let env = &mut r.environment;
+        env.remote_host = Some(name.clone());
+        env.host = HostFacts::default();
+        match info {
+            Ok(i) => {
+                env.host.hostname = i.name;
+                env.host.os = i.operating_system;
+                env.host.kernel = i.kernel_version;
+                env.host.arch = i.architecture;
+                env.host.cpu_threads = i.ncpu.and_then(|c| usize::try_from(c).ok());
+                env.host.ram_total_bytes = i.mem_total.and_then(|m| u64::try_from(m).ok());
+            }
+            Err(e) => r.observed.warnings.push(format!(
+                "run on host {name}: its Docker engine did not say its facts (docker info: {e}); environment.host is empty"
+            )),
+        }
+        match &sampled {
+            Ok(s) => {
+                crate::monitor::record::fill_environment(env, s);
+                let h = &s.host;
+                if h.ram_total_bytes > 0 {
+                    env.host.ram_total_bytes = Some(h.ram_total_bytes);
+                }
+                env.host.swap_total_bytes = Some(h.swap_total_bytes);
+                if !h.cpu_per_core_pct.is_empty() {
+                    env.host.cpu_threads = Some(h.cpu_per_core_pct.len());
+                }
+            }
+            Err(e) => {
+                env.gpu_error = Some(format!("not read on host {name}: {e:#}"));
+                r.observed.warnings.push(format!(
+                    "run on host {name}: GPU and temperature readings of that host were not taken (no cool-down there): {e:#}"
+                ));
+            }
+        }
+    });
+    if let Err(e) = update {
+        progress.emit(MatrixEvent::Warning(format!(
+            "run record not updated: {e:#}"
+        )));
+    }
+    readings
+}
+
+/// The monitor sampling alongside L4: this machine's collector, or the host's own monitor.
+enum Watch {
+    Here(Monitor),
+    Host(RemoteRun),
+}
+
+/// What the host's monitor watches during L4: the target's `/metrics` at its API address as
+/// seen on the host (the port in the preset, not the local forward).
+fn remote_monitor_args(started: &Started) -> RemoteMonitorArgs {
+    RemoteMonitorArgs {
+        url: started.record.record().target.launch.as_ref().map(|l| {
+            format!(
+                "http://{}:{}/metrics",
+                docker::connect_host(&l.host),
+                l.port
+            )
+        }),
+        ..RemoteMonitorArgs::default()
+    }
 }
 
 /// What the measuring levels produced.
@@ -525,12 +667,18 @@ pub async fn measure(
             endpoint: plan.endpoint,
             ..StressPlan::default()
         };
-        // This machine's GPU says nothing about another host's.
-        let probe = started
-            .host
-            .is_none()
-            .then(|| crate::monitor::probe::GpuMemoryProbe::detect().ok())
-            .flatten();
+        // The GPU the target runs on: this machine's, or the host's through its own monitor.
+        let probe = match &started.readings {
+            Readings::Local => crate::monitor::probe::GpuMemoryProbe::detect().ok(),
+            Readings::Host(h) => {
+                let h = (**h).clone();
+                tokio::task::spawn_blocking(move || crate::hosts::monitor::memory_probe(&h))
+                    .await
+                    .ok()
+                    .and_then(|p| p.ok())
+            }
+            Readings::NotTaken => None,
+        };
         out.levels.push(
             runner
                 .stress(&plan_s, probe.as_ref().map(|p| p as &dyn MemoryProbe))
@@ -542,20 +690,32 @@ pub async fn measure(
         if let Err(e) = started.record.update(|r| r.workload = Some(params)) {
             out.warnings.push(format!("run record not updated: {e:#}"));
         }
-        let monitor = match &started.host {
-            // The local monitor would describe this machine, not the host's GPU.
-            Some(_) => None,
-            None => match Monitor::start(MonitorConfig {
+        let monitor = match &started.readings {
+            Readings::Local => Monitor::start(MonitorConfig {
                 metrics_url: Some(format!("{}/metrics", base_url(&started.ready.url))),
                 pid: started.pid,
                 ..MonitorConfig::default()
-            }) {
-                Ok(m) => Some(m),
-                Err(e) => {
-                    out.warnings.push(format!("monitor not started: {e:#}"));
-                    None
-                }
-            },
+            })
+            .map(Watch::Here),
+            // That host's own monitor, scraping the target's /metrics as the host sees it.
+            Readings::Host(h) => {
+                let (h, args) = ((**h).clone(), remote_monitor_args(started));
+                tokio::task::spawn_blocking(move || RemoteRun::start(&h, &args))
+                    .await
+                    .map_err(|e| anyhow!("{e}"))
+                    .and_then(|r| r)
+                    .map(Watch::Host)
+            }
+            // The record says why; this machine's monitor would describe the wrong GPU.
+            Readings::NotTaken => Err(anyhow!("no readings on the host")),
+        };
+        let monitor = match monitor {
+            Ok(m) => Some(m),
+            Err(_) if matches!(started.readings, Readings::NotTaken) => None,
+            Err(e) => {
+                out.warnings.push(format!("monitor not started: {e:#}"));
+                None
+            }
         };
         let whole = plan.grid.workload(plan.endpoint);
         whole.validate()?;
@@ -565,18 +725,14 @@ pub async fn measure(
             if cancel.is_cancelled() {
                 break;
             }
-            let temp = match &started.host {
-                None => {
-                    cool_down(
-                        plan.cooldown_c,
-                        Duration::from_secs(plan.cooldown_limit_s),
-                        cancel,
-                        progress,
-                    )
-                    .await
-                }
-                Some(_) => None,
-            };
+            let temp = cool_down(
+                &started.readings,
+                plan.cooldown_c,
+                Duration::from_secs(plan.cooldown_limit_s),
+                cancel,
+                progress,
+            )
+            .await;
             progress.emit(MatrixEvent::PointStarted {
                 preset: preset.clone(),
                 index,
@@ -620,14 +776,30 @@ pub async fn measure(
             }
         }
         if let Some(m) = monitor {
-            match tokio::task::spawn_blocking(move || m.stop()).await {
-                Ok(Ok(summary)) => {
-                    let res = crate::monitor::record::resources(&summary);
-                    if let Err(e) = started.record.update(|r| r.resources = Some(res)) {
-                        out.warnings.push(format!("run record not updated: {e:#}"));
+            let stopped = tokio::task::spawn_blocking(move || match m {
+                Watch::Here(m) => (m.stop(), None),
+                // Ended early: its samples so far still count, and the record says why.
+                Watch::Host(r) => {
+                    let (summary, early) = r.stop();
+                    (Ok(summary), early)
+                }
+            });
+            match stopped.await {
+                Ok((summary, early)) => {
+                    if let Some(e) = early {
+                        out.warnings
+                            .push(format!("the host's monitor ended early: {e:#}"));
+                    }
+                    match summary {
+                        Ok(summary) => {
+                            let res = crate::monitor::record::resources(&summary);
+                            if let Err(e) = started.record.update(|r| r.resources = Some(res)) {
+                                out.warnings.push(format!("run record not updated: {e:#}"));
+                            }
+                        }
+                        Err(e) => out.warnings.push(format!("monitor: {e:#}")),
                     }
                 }
-                Ok(Err(e)) => out.warnings.push(format!("monitor: {e:#}")),
                 Err(e) => out.warnings.push(format!("monitor thread: {e}")),
             }
         }

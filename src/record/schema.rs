@@ -318,9 +318,14 @@ pub struct EngineFacts {
 /// Where the run happened.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Environment {
-    /// Host facts (OS, CPU, RAM) of the machine mxtune ran on.
+    /// Host facts (OS, CPU, RAM) of the machine mxtune ran on, or of `remote_host`.
     #[serde(default)]
     pub host: HostFacts,
+    /// The hosts.toml host the target ran on (`matrix --host`, `ab --host`): `host`, `gpus`
+    /// and `gpu_error` are that host's (its Docker engine's facts and a sample of its own
+    /// mxtune monitor). `None`: this machine's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub remote_host: Option<String>,
     /// One entry per GPU, filled from NVML by the monitor.
     #[serde(default)]
     pub gpus: Vec<GpuFacts>,

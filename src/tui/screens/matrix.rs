@@ -159,9 +159,16 @@ impl MatrixRun {
                     }];
                 }
             }
-            MatrixEvent::CoolDown { celsius, threshold } => {
+            MatrixEvent::CoolDown {
+                host,
+                celsius,
+                threshold,
+            } => {
                 self.cooldown = Some(format!(
-                    "cool-down: GPU at {celsius:.0} °C, waiting for < {threshold:.0} °C"
+                    "cool-down: GPU{} at {celsius:.0} °C, waiting for < {threshold:.0} °C",
+                    host.as_ref()
+                        .map(|h| format!(" of host {h}"))
+                        .unwrap_or_default()
                 ));
             }
             MatrixEvent::PointStarted {
