@@ -862,3 +862,337 @@ async fn cli_reattaches_to_a_cluster_whose_head_is_over_ssh() {
     );
     assert!(containers_of(&d, &run_id).await.is_empty());
 }
+
+/// The mxtune probe containers of `image` still there (none once a version probe is over).
+async fn probe_leftovers(d: &bollard::Docker, image: &str) -> Vec<String> {
+    let filters = std::collections::HashMap::from([
+        ("label".to_string(), vec![docker::LABEL_PROBE.to_string()]),
+        ("ancestor".to_string(), vec![image.to_string()]),
+    ]);
+    let opts = bollard::query_parameters::ListContainersOptions {
+        all: true,
+        filters: Some(filters),
+        ..Default::default()
+    };
+    d.list_containers(Some(opts))
+        .await
+        .unwrap()
+        .into_iter()
+        .filter_map(|c| c.id)
+        .collect()
+}
+
+/// A stock-image (`vllm = "upstream"`) cluster preset is rendered for the release the head's
+/// image says it carries, asked on the head's engine through its SSH tunnel: the stand-in
+/// plays vLLM 0.12.0, which takes the attention backend from `VLLM_ATTENTION_BACKEND` and
+/// refuses `--attention-backend` (the newest known release's form), so the cluster serves only
+/// when the probe decided the names.
+#[tokio::test]
+async fn cli_renders_a_stock_image_cluster_for_the_release_of_the_heads_image() {
+    let test = "cli_renders_a_stock_image_cluster_for_the_release_of_the_heads_image";
+    let Some(d) = docker_or_skip(test).await else {
+        return;
+    };
+    let Some(sshd) = sshd_or_skip(test) else {
+        return;
+    };
+    let image = support::test_image_with_env(&d, &[("MXTUNE_TEST_VLLM_VERSION", "0.12.0")]).await;
+    let dir = tempfile::tempdir().unwrap();
+    let (port, ray_port) = (free_port(), free_port());
+    let mut fs = cluster_flags(&image, dir.path(), port, ray_port);
+    fs.container.vllm = mxtune::flags::VllmFlavor::Upstream;
+    fs.set_axis("attention_backend", "TRITON_ATTN").unwrap();
+    fs.cluster.head = "remote".into();
+    fs.cluster.worker = "local".into();
+    fs.cluster.local_ip = Some("127.0.0.1".into());
+    std::fs::create_dir_all(dir.path().join("hf")).unwrap();
+    std::fs::create_dir_all(dir.path().join("jit")).unwrap();
+    let presets = dir.path().join("presets");
+    std::fs::create_dir(&presets).unwrap();
+    let mut text = String::from("description = \"two nodes, stock image\"\n");
+    text.push_str(&toml::to_string(&fs).unwrap());
+    std::fs::write(presets.join("tp2-stock.toml"), &text).unwrap();
+    let home = sshd.config_home(&format!(
+        "{}[host.nccl]\nhost_ip = \"127.0.0.1\"\n",
+        sshd.host_entry("remote", MXTUNE)
+    ));
+    let runs = dir.path().join("runs");
+    let p = presets.display().to_string();
+    let r = runs.display().to_string();
+    let run = |args: Vec<String>| {
+        let home = home.clone();
+        async move {
+            let o = tokio::task::spawn_blocking(move || {
+                Command::new(MXTUNE)
+                    .args(&args)
+                    .env("XDG_CONFIG_HOME", &home)
+                    .output()
+                    .unwrap()
+            })
+            .await
+            .unwrap();
+            (
+                o.status.code(),
+                String::from_utf8_lossy(&o.stdout).into_owned(),
+                String::from_utf8_lossy(&o.stderr).into_owned(),
+            )
+        }
+    };
+    let (code, out, err) = run([
+        "launch",
+        "--preset",
+        "tp2-stock",
+        "--presets-dir",
+        &p,
+        "--runs-dir",
+        &r,
+        "--startup-limit-s",
+        "120",
+    ]
+    .map(String::from)
+    .to_vec())
+    .await;
+    let ours: Vec<docker::Found> = docker::find_mxtune_containers(&d)
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|f| f.preset == "tp2-stock")
+        .collect();
+    let run_id = ours.first().map(|f| f.run_id.clone()).unwrap_or_default();
+    let _cleanup = Cleanup(run_id.clone());
+    assert_eq!(code, Some(0), "{out}{err}\nsshd log:\n{}", sshd.log());
+    assert!(
+        err.contains("dialect: upstream vLLM 0.12.0 (vllm --version)"),
+        "{err}"
+    );
+    assert!(!err.contains("note:"), "{err}");
+    assert_eq!(
+        probe_leftovers(&d, &image).await,
+        Vec::<String>::new(),
+        "the version probe removes its container"
+    );
+    // 0.12's names: the backend in the server's environment, not on its command line.
+    let log = std::fs::read_to_string(runs.join(format!("{run_id}.target.log"))).unwrap();
+    assert!(log.contains("--distributed-executor-backend"), "{log}");
+    assert!(!log.contains("--attention-backend"), "{log}");
+    assert_eq!(
+        streamed_completion(&format!("http://127.0.0.1:{port}"), "tp2", 2).await,
+        [" tok0", " tok1"]
+    );
+    let (code, out, err) = run([
+        "stop",
+        "--cluster",
+        "tp2-stock",
+        "--presets-dir",
+        &p,
+        &run_id,
+        "--grace-s",
+        "2",
+    ]
+    .map(String::from)
+    .to_vec())
+    .await;
+    assert_eq!(code, Some(0), "{out}{err}");
+    assert!(containers_of(&d, &run_id).await.is_empty());
+}
+
+/// A second Docker engine on this machine (its own dockerd, data and socket in a temporary
+/// directory, no networking of its own), standing in for another host's engine that has a
+/// different image under the same tag. Ended (and waited for) when dropped.
+struct SecondEngine {
+    child: std::process::Child,
+    socket: std::path::PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl SecondEngine {
+    /// `None` (and a `SKIPPED` line) when dockerd is not there or this is not root.
+    fn start(test: &str) -> Option<Self> {
+        let dockerd = Path::new("/usr/sbin/dockerd");
+        let root = Command::new("id")
+            .arg("-u")
+            .output()
+            .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0");
+        if !dockerd.exists() || !root {
+            assert!(
+                std::env::var("MXTUNE_TEST_DOCKER").as_deref() != Ok("require"),
+                "{test}: a second dockerd needs /usr/sbin/dockerd and root"
+            );
+            eprintln!("SKIPPED {test}: no /usr/sbin/dockerd, or not root");
+            return None;
+        }
+        let dir = tempfile::Builder::new().prefix("mx2d").tempdir().unwrap();
+        let config = dir.path().join("daemon.json");
+        std::fs::write(&config, "{}").unwrap();
+        let socket = dir.path().join("docker.sock");
+        let log = std::fs::File::create(dir.path().join("dockerd.log")).unwrap();
+        let child = Command::new(dockerd)
+            .arg("--config-file")
+            .arg(&config)
+            .arg("--data-root")
+            .arg(dir.path().join("data"))
+            .arg("--exec-root")
+            .arg(dir.path().join("x"))
+            .arg("--pidfile")
+            .arg(dir.path().join("dockerd.pid"))
+            .arg("-H")
+            .arg(format!("unix://{}", socket.display()))
+            .args([
+                "--storage-driver",
+                "vfs",
+                "--iptables=false",
+                "--ip6tables=false",
+                "--ip-masq=false",
+                "--bridge=none",
+            ])
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        Some(SecondEngine {
+            child,
+            socket,
+            _dir: dir,
+        })
+    }
+
+    /// `docker -H` this engine with `args`; its output, or the test fails with it.
+    fn docker(&self, args: &[&str], stdin: Option<&[u8]>) -> String {
+        use std::io::Write;
+        let mut c = Command::new("docker")
+            .arg("-H")
+            .arg(format!("unix://{}", self.socket.display()))
+            .args(args)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut input = c.stdin.take().unwrap();
+        input.write_all(stdin.unwrap_or_default()).unwrap();
+        drop(input);
+        let o = c.wait_with_output().unwrap();
+        assert!(
+            o.status.success(),
+            "docker {args:?}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        String::from_utf8_lossy(&o.stdout).trim().to_string()
+    }
+
+    /// Waits until the engine answers `docker version` (it starts in a few seconds).
+    fn wait_up(&mut self) {
+        loop {
+            let ok = Command::new("docker")
+                .arg("-H")
+                .arg(format!("unix://{}", self.socket.display()))
+                .arg("version")
+                .output()
+                .is_ok_and(|o| o.status.success());
+            if ok {
+                return;
+            }
+            if let Some(status) = self.child.try_wait().unwrap() {
+                panic!(
+                    "the second dockerd ended ({status}): {}",
+                    std::fs::read_to_string(self._dir.path().join("dockerd.log"))
+                        .unwrap_or_default()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+}
+
+impl Drop for SecondEngine {
+    fn drop(&mut self) {
+        let _ = Command::new("kill")
+            .arg(self.child.id().to_string())
+            .status();
+        let _ = self.child.wait();
+    }
+}
+
+/// The worker's host has another image under the preset's tag: the launch is refused before
+/// anything starts, naming both hosts, both image IDs and how to copy the head's image over.
+#[tokio::test]
+async fn cli_refuses_a_cluster_whose_worker_has_another_image_under_the_same_tag() {
+    let test = "cli_refuses_a_cluster_whose_worker_has_another_image_under_the_same_tag";
+    let Some(d) = docker_or_skip(test).await else {
+        return;
+    };
+    let Some(sshd) = sshd_or_skip(test) else {
+        return;
+    };
+    let Some(mut engine) = SecondEngine::start(test) else {
+        return;
+    };
+    let image = test_image(&d).await;
+    engine.wait_up();
+    // Another image (an empty file system) under the same tag on the worker's engine.
+    let empty_tar = {
+        let mut t = tar::Builder::new(Vec::new());
+        t.finish().unwrap();
+        t.into_inner().unwrap()
+    };
+    let other_id = engine.docker(&["import", "-", &image], Some(&empty_tar));
+    let head_id = d.inspect_image(&image).await.unwrap().id.unwrap();
+    assert_ne!(other_id, head_id);
+    let short = |id: &str| id.trim_start_matches("sha256:")[..12].to_string();
+
+    let dir = tempfile::tempdir().unwrap();
+    let mut fs = cluster_flags(&image, dir.path(), free_port(), free_port());
+    fs.cluster.worker = "remote".into();
+    fs.cluster.local_ip = Some("127.0.0.1".into());
+    std::fs::create_dir_all(dir.path().join("hf")).unwrap();
+    std::fs::create_dir_all(dir.path().join("jit")).unwrap();
+    let presets = dir.path().join("presets");
+    std::fs::create_dir(&presets).unwrap();
+    let mut text = String::from("description = \"two nodes, two images\"\n");
+    text.push_str(&toml::to_string(&fs).unwrap());
+    std::fs::write(presets.join("tp2-two.toml"), &text).unwrap();
+    let socket = engine.socket.display().to_string();
+    let home = sshd.config_home(&format!(
+        "{}docker = \"unix://{socket}\"\n[host.nccl]\nhost_ip = \"127.0.0.1\"\n",
+        sshd.host_entry("remote", MXTUNE)
+    ));
+    let p = presets.display().to_string();
+    let r = dir.path().join("runs").display().to_string();
+    let o = tokio::task::spawn_blocking(move || {
+        Command::new(MXTUNE)
+            .args(["launch", "--preset", "tp2-two", "--presets-dir", &p])
+            .args(["--runs-dir", &r])
+            .env("XDG_CONFIG_HOME", &home)
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr).into_owned();
+    assert_eq!(o.status.code(), Some(1), "{err}\nsshd log:\n{}", sshd.log());
+    assert!(
+        err.contains(&format!(
+            "image {image} is not the same image on both hosts: on host local (the head) it is {}, on host remote (the worker) {}",
+            short(&head_id),
+            short(&other_id)
+        )),
+        "{err}"
+    );
+    assert!(
+        err.contains(&format!(
+            "copy the head's to the worker's host with `docker save {image} | ssh -F {} {} docker -H unix://{socket} load`",
+            sshd.host("remote", MXTUNE).ssh_config.unwrap().display(),
+            support::sshd::ALIAS
+        )),
+        "{err}"
+    );
+    // Nothing was started on either engine.
+    assert!(
+        !docker::find_mxtune_containers(&d)
+            .await
+            .unwrap()
+            .iter()
+            .any(|f| f.preset == "tp2-two"),
+    );
+    assert_eq!(engine.docker(&["ps", "-aq"], None), "");
+}

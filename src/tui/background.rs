@@ -643,7 +643,19 @@ async fn start(
             )?;
             let plan = crate::launch::cluster::ClusterPlan::from_hosts_file(&cluster)?;
             report_preflight(tx, preflight::cluster_checks(&plan, &spec).await?)?;
-            crate::launch::cluster::ClusterTarget::launch(plan, &spec, &opts, events).await?
+            let engines = crate::launch::cluster::ClusterEngines::connect(&plan, &spec).await?;
+            if let Some(c) = &spec.container {
+                engines.check_image(&plan, &c.image, false).await?;
+            }
+            // Rendered again in the names of the vLLM release the head's image carries.
+            spec = crate::launch::dialect::render_for_launch(
+                &req.flags,
+                req.kind,
+                Some(&engines.head),
+            )
+            .await?;
+            crate::launch::cluster::ClusterTarget::launch_on(engines, plan, &spec, &opts, events)
+                .await?
         }
         (TargetKind::Docker, host) => {
             let mut findings = preflight::checks_on(host.as_ref(), &spec, true).await?;
