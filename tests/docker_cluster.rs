@@ -1196,3 +1196,174 @@ async fn cli_refuses_a_cluster_whose_worker_has_another_image_under_the_same_tag
     );
     assert_eq!(engine.docker(&["ps", "-aq"], None), "");
 }
+
+/// The panel's `r` re-attaches to the newest running cluster of the loaded docker-cluster
+/// preset (both nodes here) through the library's re-attach: none running is an error saying
+/// so; a cluster `mxtune launch` left running is found by its labels, ready again with
+/// `nccl_transport` valid from the server's lines read back from the launch's log, Live gets its
+/// host, and the panel's stop removes both containers.
+#[test]
+fn panel_reattaches_to_a_cluster_left_running_by_the_cli() {
+    use mxtune::flags::preset::PresetStore;
+    use mxtune::tui::app::{App, Effect, Paths, Tab};
+    use mxtune::tui::screens::launch::TargetState;
+    use mxtune::tui::{perform, step};
+    let test = "panel_reattaches_to_a_cluster_left_running_by_the_cli";
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let Some(d) = rt.block_on(docker_or_skip(test)) else {
+        return;
+    };
+    let image = rt.block_on(test_image(&d));
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let mut fs = cluster_flags(&image, dir.path(), port, free_port());
+    fs.cluster.transport = Transport::Rdma;
+    std::fs::create_dir_all(dir.path().join("hf")).unwrap();
+    std::fs::create_dir_all(dir.path().join("jit")).unwrap();
+    let presets = dir.path().join("presets");
+    std::fs::create_dir(&presets).unwrap();
+    let mut text = String::from("description = \"two nodes here\"\n");
+    text.push_str(&toml::to_string(&fs).unwrap());
+    std::fs::write(presets.join("tp2-panel.toml"), &text).unwrap();
+    let runs = dir.path().join("runs");
+    // No hosts file: both nodes are this machine.
+    let config = dir.path().join("config");
+    std::fs::create_dir_all(&config).unwrap();
+
+    let (tx, rx) = std::sync::mpsc::channel();
+    let mut bg = mxtune::tui::background::Background::new(tx).unwrap();
+    let mut a = App::new(
+        mxtune::tui::theme::Theme {
+            color: false,
+            ascii: false,
+        },
+        Paths {
+            presets: PresetStore::new(vec![presets.clone()]),
+            save_dir: presets.clone(),
+            runs_dir: runs.clone(),
+            export_dir: dir.path().to_path_buf(),
+        },
+    );
+    perform(&mut a, &mut bg, Effect::LoadPreset("tp2-panel".into()));
+    a.tab = Tab::Launch;
+    assert_eq!(a.launch.choice, TargetKind::DockerCluster);
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    let pump = |a: &mut App,
+                bg: &mut mxtune::tui::background::Background,
+                what: &str,
+                done: &dyn Fn(&App) -> bool| {
+        while !done(a) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "never reached: {what}"
+            );
+            if let Ok(ev) = rx.recv_timeout(Duration::from_millis(200)) {
+                step(a, bg, ev);
+            }
+        }
+    };
+    let settled = |a: &App| {
+        matches!(
+            a.launch.state,
+            TargetState::Ready { .. } | TargetState::Failed(_) | TargetState::Exited(_)
+        )
+    };
+
+    // Nothing of the preset runs yet.
+    assert!(
+        a.on_key(crossterm::event::KeyEvent::new(
+            crossterm::event::KeyCode::Char('r'),
+            crossterm::event::KeyModifiers::NONE
+        ))
+        .contains(&Effect::ReattachTarget)
+    );
+    perform(&mut a, &mut bg, Effect::ReattachTarget);
+    pump(&mut a, &mut bg, "the refusal", &settled);
+    let TargetState::Failed(why) = &a.launch.state else {
+        panic!("{:?}", a.launch.state);
+    };
+    assert!(
+        why.contains("no running cluster of preset tp2-panel has its Ray head on host local"),
+        "{why}"
+    );
+
+    let o = Command::new(MXTUNE)
+        .args(["launch", "--preset", "tp2-panel", "--presets-dir"])
+        .arg(&presets)
+        .arg("--runs-dir")
+        .arg(&runs)
+        .args(["--startup-limit-s", "120"])
+        .env("XDG_CONFIG_HOME", &config)
+        .output()
+        .unwrap();
+    let ours: Vec<docker::Found> = rt
+        .block_on(docker::find_mxtune_containers(&d))
+        .unwrap()
+        .into_iter()
+        .filter(|f| f.preset == "tp2-panel")
+        .collect();
+    let run_id = ours.first().map(|f| f.run_id.clone()).unwrap_or_default();
+    let _cleanup = Cleanup(run_id.clone());
+    assert!(
+        o.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert_eq!(ours.len(), 2, "{ours:?}");
+
+    a.on_key(crossterm::event::KeyEvent::new(
+        crossterm::event::KeyCode::Char('r'),
+        crossterm::event::KeyModifiers::NONE,
+    ));
+    perform(&mut a, &mut bg, Effect::ReattachTarget);
+    pump(&mut a, &mut bg, "ready again", &settled);
+    assert!(
+        matches!(a.launch.state, TargetState::Ready { .. }),
+        "{:?}\n{:?}",
+        a.launch.state,
+        a.launch.log.lines
+    );
+    assert_eq!(a.launch.run_id.as_deref(), Some(run_id.as_str()));
+    let describe = a.launch.describe.clone().unwrap();
+    assert!(
+        describe.contains(&format!("mxtune-{run_id}-head")) && describe.contains("(Ray worker)"),
+        "{describe}"
+    );
+    assert!(
+        a.launch
+            .log
+            .lines
+            .iter()
+            .any(|l| l == &format!("re-attaching to run {run_id}: {describe}")),
+        "{:?}",
+        a.launch.log.lines
+    );
+    pump(&mut a, &mut bg, "the verdict", &|a| {
+        a.launch.report.is_some()
+    });
+    let report = a.launch.report.clone().unwrap();
+    let nccl = report
+        .checks
+        .iter()
+        .find(|c| c.flag == "nccl_transport")
+        .expect("nccl_transport in the verdict");
+    assert_eq!(nccl.verdict, mxtune::launch::Verdict::Valid, "{nccl:?}");
+    assert_eq!(
+        rt.block_on(streamed_completion(
+            &format!("http://127.0.0.1:{port}"),
+            "tp2",
+            2
+        )),
+        [" tok0", " tok1"]
+    );
+
+    perform(&mut a, &mut bg, Effect::StopTarget);
+    pump(
+        &mut a,
+        &mut bg,
+        "stopped",
+        &|a| matches!(&a.launch.state, TargetState::Exited(m) if m.contains("removed container")),
+    );
+    assert!(rt.block_on(containers_of(&d, &run_id)).is_empty());
+}

@@ -438,7 +438,18 @@ async fn launch_async(args: LaunchArgs) -> Result<ExitCode> {
                 "the launch spec has no [cluster] section: re-attaching to a two-node cluster needs the docker-cluster preset it was launched with",
             )?;
             let plan = super::cluster::ClusterPlan::from_hosts_file(&cluster)?;
-            let launch = super::cluster::ClusterTarget::reattach(
+            let engines = super::cluster::ClusterEngines::connect(&plan, &spec).await?;
+            if let Some(flags) = &flags {
+                // In the names of the vLLM release the head's image carries, as launched.
+                spec = super::dialect::render_for_launch(
+                    flags,
+                    TargetKind::DockerCluster,
+                    Some(&engines.head),
+                )
+                .await?;
+            }
+            let launch = super::cluster::ClusterTarget::reattach_on(
+                engines,
                 plan,
                 &spec,
                 which,

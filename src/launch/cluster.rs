@@ -304,6 +304,28 @@ impl ClusterEngines {
         })
     }
 
+    /// The run ids of `preset`'s clusters whose Ray head runs where `plan` puts it (a running
+    /// container labelled as that run's head for the head's host), newest first (run ids are
+    /// ULIDs, which sort by time).
+    pub async fn running_clusters(&self, plan: &ClusterPlan, preset: &str) -> Result<Vec<String>> {
+        let host = plan.head.host_name();
+        let mut runs: Vec<String> = docker::find_mxtune_containers(&self.head)
+            .await?
+            .into_iter()
+            .filter(|f| {
+                f.state == "running"
+                    && f.preset == preset
+                    && f.cluster_role.as_deref() == Some(Role::Head.as_str())
+                    && f.cluster_host.as_deref() == Some(host)
+            })
+            .map(|f| f.run_id)
+            .collect();
+        runs.sort();
+        runs.dedup();
+        runs.reverse();
+        Ok(runs)
+    }
+
     /// The image must be on both hosts (unless it may be pulled) and be the same image: the
     /// same tag with another image ID on the worker's engine would run another vLLM than the
     /// one the head's was asked for (and NCCL and Ray of two builds). Nothing is started here.
@@ -505,13 +527,28 @@ impl ClusterTarget {
         opts: &LaunchOptions,
         events: mpsc::UnboundedSender<LaunchEvent>,
     ) -> Result<Launch> {
+        let engines = ClusterEngines::connect(&plan, spec).await?;
+        Self::reattach_on(engines, plan, spec, which, earlier_logs, opts, events).await
+    }
+
+    /// [`ClusterTarget::reattach`] on engines already reached (the panel first asks them for
+    /// the preset's running clusters, [`ClusterEngines::running_clusters`]).
+    pub async fn reattach_on(
+        engines: ClusterEngines,
+        plan: ClusterPlan,
+        spec: &LaunchSpec,
+        which: &str,
+        earlier_logs: Option<&Path>,
+        opts: &LaunchOptions,
+        events: mpsc::UnboundedSender<LaunchEvent>,
+    ) -> Result<Launch> {
         let ClusterEngines {
             head: head_docker,
             worker: worker_docker,
             url,
             tunnels,
             ..
-        } = ClusterEngines::connect(&plan, spec).await?;
+        } = engines;
         let on_head = docker::find_mxtune_containers(&head_docker).await?;
         let on_worker = docker::find_mxtune_containers(&worker_docker).await?;
         let (head_found, worker_found) =
