@@ -631,7 +631,8 @@ async fn start(
         .filter(|f| f.blocks())
         .map(|f| f.to_string())
         .collect();
-    if !blocking.is_empty() {
+    // A re-attach starts nothing, so the rules (about starting) do not stop it, as with the CLI.
+    if !blocking.is_empty() && !req.reattach {
         anyhow::bail!(
             "the rules block this launch (fix on the Flags screen): {}",
             blocking.join("; ")
