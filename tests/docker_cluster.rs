@@ -862,3 +862,307 @@ async fn cli_reattaches_to_a_cluster_whose_head_is_over_ssh() {
     );
     assert!(containers_of(&d, &run_id).await.is_empty());
 }
+
+/// The mxtune probe containers of `image` still there (none once a version probe is over).
+async fn probe_leftovers(d: &bollard::Docker, image: &str) -> Vec<String> {
+    let filters = std::collections::HashMap::from([
+        ("label".to_string(), vec![docker::LABEL_PROBE.to_string()]),
+        ("ancestor".to_string(), vec![image.to_string()]),
+    ]);
+    let opts = bollard::query_parameters::ListContainersOptions {
+        all: true,
+        filters: Some(filters),
+        ..Default::default()
+    };
+    d.list_containers(Some(opts))
+        .await
+        .unwrap()
+        .into_iter()
+        .filter_map(|c| c.id)
+        .collect()
+}
+
+/// A stock-image (`vllm = "upstream"`) cluster preset is rendered for the release the head's
+/// image says it carries, asked on the head's engine through its SSH tunnel: the stand-in
+/// plays vLLM 0.12.0, which takes the attention backend from `VLLM_ATTENTION_BACKEND` and
+/// refuses `--attention-backend` (the newest known release's form), so the cluster serves only
+/// when the probe decided the names.
+#[tokio::test]
+async fn cli_renders_a_stock_image_cluster_for_the_release_of_the_heads_image() {
+    let test = "cli_renders_a_stock_image_cluster_for_the_release_of_the_heads_image";
+    let Some(d) = docker_or_skip(test).await else {
+        return;
+    };
+    let Some(sshd) = sshd_or_skip(test) else {
+        return;
+    };
+    let image = support::test_image_with_env(&d, &[("MXTUNE_TEST_VLLM_VERSION", "0.12.0")]).await;
+    let dir = tempfile::tempdir().unwrap();
+    let (port, ray_port) = (free_port(), free_port());
+    let mut fs = cluster_flags(&image, dir.path(), port, ray_port);
+    fs.container.vllm = mxtune::flags::VllmFlavor::Upstream;
+    fs.set_axis("attention_backend", "TRITON_ATTN").unwrap();
+    fs.cluster.head = "remote".into();
+    fs.cluster.worker = "local".into();
+    fs.cluster.local_ip = Some("127.0.0.1".into());
+    std::fs::create_dir_all(dir.path().join("hf")).unwrap();
+    std::fs::create_dir_all(dir.path().join("jit")).unwrap();
+    let presets = dir.path().join("presets");
+    std::fs::create_dir(&presets).unwrap();
+    let mut text = String::from("description = \"two nodes, stock image\"\n");
+    text.push_str(&toml::to_string(&fs).unwrap());
+    std::fs::write(presets.join("tp2-stock.toml"), &text).unwrap();
+    let home = sshd.config_home(&format!(
+        "{}[host.nccl]\nhost_ip = \"127.0.0.1\"\n",
+        sshd.host_entry("remote", MXTUNE)
+    ));
+    let runs = dir.path().join("runs");
+    let p = presets.display().to_string();
+    let r = runs.display().to_string();
+    let run = |args: Vec<String>| {
+        let home = home.clone();
+        async move {
+            let o = tokio::task::spawn_blocking(move || {
+                Command::new(MXTUNE)
+                    .args(&args)
+                    .env("XDG_CONFIG_HOME", &home)
+                    .output()
+                    .unwrap()
+            })
+            .await
+            .unwrap();
+            (
+                o.status.code(),
+                String::from_utf8_lossy(&o.stdout).into_owned(),
+                String::from_utf8_lossy(&o.stderr).into_owned(),
+            )
+        }
+    };
+    let (code, out, err) = run([
+        "launch",
+        "--preset",
+        "tp2-stock",
+        "--presets-dir",
+        &p,
+        "--runs-dir",
+        &r,
+        "--startup-limit-s",
+        "120",
+    ]
+    .map(String::from)
+    .to_vec())
+    .await;
+    let ours: Vec<docker::Found> = docker::find_mxtune_containers(&d)
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|f| f.preset == "tp2-stock")
+        .collect();
+    let run_id = ours.first().map(|f| f.run_id.clone()).unwrap_or_default();
+    let _cleanup = Cleanup(run_id.clone());
+    assert_eq!(code, Some(0), "{out}{err}\nsshd log:\n{}", sshd.log());
+    assert!(
+        err.contains("dialect: upstream vLLM 0.12.0 (vllm --version)"),
+        "{err}"
+    );
+    assert!(!err.contains("note:"), "{err}");
+    assert_eq!(
+        probe_leftovers(&d, &image).await,
+        Vec::<String>::new(),
+        "the version probe removes its container"
+    );
+    // 0.12's names: the backend in the server's environment, not on its command line.
+    let log = std::fs::read_to_string(runs.join(format!("{run_id}.target.log"))).unwrap();
+    assert!(log.contains("--distributed-executor-backend"), "{log}");
+    assert!(!log.contains("--attention-backend"), "{log}");
+    assert_eq!(
+        streamed_completion(&format!("http://127.0.0.1:{port}"), "tp2", 2).await,
+        [" tok0", " tok1"]
+    );
+    let (code, out, err) = run([
+        "stop",
+        "--cluster",
+        "tp2-stock",
+        "--presets-dir",
+        &p,
+        &run_id,
+        "--grace-s",
+        "2",
+    ]
+    .map(String::from)
+    .to_vec())
+    .await;
+    assert_eq!(code, Some(0), "{out}{err}");
+    assert!(containers_of(&d, &run_id).await.is_empty());
+}
+
+/// The panel's `r` re-attaches to the newest running cluster of the loaded docker-cluster
+/// preset (both nodes here) through the library's re-attach: none running is an error saying
+/// so; a cluster `mxtune launch` left running is found by its labels, ready again with
+/// `nccl_transport` valid from the server's lines read back from the launch's log, Live gets its
+/// host, and the panel's stop removes both containers.
+#[test]
+fn panel_reattaches_to_a_cluster_left_running_by_the_cli() {
+    use mxtune::flags::preset::PresetStore;
+    use mxtune::tui::app::{App, Effect, Paths, Tab};
+    use mxtune::tui::screens::launch::TargetState;
+    use mxtune::tui::{perform, step};
+    let test = "panel_reattaches_to_a_cluster_left_running_by_the_cli";
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let Some(d) = rt.block_on(docker_or_skip(test)) else {
+        return;
+    };
+    let image = rt.block_on(test_image(&d));
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let mut fs = cluster_flags(&image, dir.path(), port, free_port());
+    fs.cluster.transport = Transport::Rdma;
+    std::fs::create_dir_all(dir.path().join("hf")).unwrap();
+    std::fs::create_dir_all(dir.path().join("jit")).unwrap();
+    let presets = dir.path().join("presets");
+    std::fs::create_dir(&presets).unwrap();
+    let mut text = String::from("description = \"two nodes here\"\n");
+    text.push_str(&toml::to_string(&fs).unwrap());
+    std::fs::write(presets.join("tp2-panel.toml"), &text).unwrap();
+    let runs = dir.path().join("runs");
+    // No hosts file: both nodes are this machine.
+    let config = dir.path().join("config");
+    std::fs::create_dir_all(&config).unwrap();
+
+    let (tx, rx) = std::sync::mpsc::channel();
+    let mut bg = mxtune::tui::background::Background::new(tx).unwrap();
+    let mut a = App::new(
+        mxtune::tui::theme::Theme {
+            color: false,
+            ascii: false,
+        },
+        Paths {
+            presets: PresetStore::new(vec![presets.clone()]),
+            save_dir: presets.clone(),
+            runs_dir: runs.clone(),
+            export_dir: dir.path().to_path_buf(),
+        },
+    );
+    perform(&mut a, &mut bg, Effect::LoadPreset("tp2-panel".into()));
+    a.tab = Tab::Launch;
+    assert_eq!(a.launch.choice, TargetKind::DockerCluster);
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    let pump = |a: &mut App,
+                bg: &mut mxtune::tui::background::Background,
+                what: &str,
+                done: &dyn Fn(&App) -> bool| {
+        while !done(a) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "never reached: {what}"
+            );
+            if let Ok(ev) = rx.recv_timeout(Duration::from_millis(200)) {
+                step(a, bg, ev);
+            }
+        }
+    };
+    let settled = |a: &App| {
+        matches!(
+            a.launch.state,
+            TargetState::Ready { .. } | TargetState::Failed(_) | TargetState::Exited(_)
+        )
+    };
+
+    // Nothing of the preset runs yet.
+    assert!(
+        a.on_key(crossterm::event::KeyEvent::new(
+            crossterm::event::KeyCode::Char('r'),
+            crossterm::event::KeyModifiers::NONE
+        ))
+        .contains(&Effect::ReattachTarget)
+    );
+    perform(&mut a, &mut bg, Effect::ReattachTarget);
+    pump(&mut a, &mut bg, "the refusal", &settled);
+    let TargetState::Failed(why) = &a.launch.state else {
+        panic!("{:?}", a.launch.state);
+    };
+    assert!(
+        why.contains("no running cluster of preset tp2-panel has its Ray head on host local"),
+        "{why}"
+    );
+
+    let o = Command::new(MXTUNE)
+        .args(["launch", "--preset", "tp2-panel", "--presets-dir"])
+        .arg(&presets)
+        .arg("--runs-dir")
+        .arg(&runs)
+        .args(["--startup-limit-s", "120"])
+        .env("XDG_CONFIG_HOME", &config)
+        .output()
+        .unwrap();
+    let ours: Vec<docker::Found> = rt
+        .block_on(docker::find_mxtune_containers(&d))
+        .unwrap()
+        .into_iter()
+        .filter(|f| f.preset == "tp2-panel")
+        .collect();
+    let run_id = ours.first().map(|f| f.run_id.clone()).unwrap_or_default();
+    let _cleanup = Cleanup(run_id.clone());
+    assert!(
+        o.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert_eq!(ours.len(), 2, "{ours:?}");
+
+    a.on_key(crossterm::event::KeyEvent::new(
+        crossterm::event::KeyCode::Char('r'),
+        crossterm::event::KeyModifiers::NONE,
+    ));
+    perform(&mut a, &mut bg, Effect::ReattachTarget);
+    pump(&mut a, &mut bg, "ready again", &settled);
+    assert!(
+        matches!(a.launch.state, TargetState::Ready { .. }),
+        "{:?}\n{:?}",
+        a.launch.state,
+        a.launch.log.lines
+    );
+    assert_eq!(a.launch.run_id.as_deref(), Some(run_id.as_str()));
+    let describe = a.launch.describe.clone().unwrap();
+    assert!(
+        describe.contains(&format!("mxtune-{run_id}-head")) && describe.contains("(Ray worker)"),
+        "{describe}"
+    );
+    assert!(
+        a.launch
+            .log
+            .lines
+            .iter()
+            .any(|l| l == &format!("re-attaching to run {run_id}: {describe}")),
+        "{:?}",
+        a.launch.log.lines
+    );
+    pump(&mut a, &mut bg, "the verdict", &|a| {
+        a.launch.report.is_some()
+    });
+    let report = a.launch.report.clone().unwrap();
+    let nccl = report
+        .checks
+        .iter()
+        .find(|c| c.flag == "nccl_transport")
+        .expect("nccl_transport in the verdict");
+    assert_eq!(nccl.verdict, mxtune::launch::Verdict::Valid, "{nccl:?}");
+    assert_eq!(
+        rt.block_on(streamed_completion(
+            &format!("http://127.0.0.1:{port}"),
+            "tp2",
+            2
+        )),
+        [" tok0", " tok1"]
+    );
+
+    perform(&mut a, &mut bg, Effect::StopTarget);
+    pump(
+        &mut a,
+        &mut bg,
+        "stopped",
+        &|a| matches!(&a.launch.state, TargetState::Exited(m) if m.contains("removed container")),
+    );
+    assert!(rt.block_on(containers_of(&d, &run_id)).is_empty());
+}

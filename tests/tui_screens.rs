@@ -1455,6 +1455,84 @@ fn snapshots_launch_preflight() {
     insta::assert_snapshot!("launch_preflight_blocked_160x48", render(&app, 160, 48));
 }
 
+/// With a docker-cluster preset loaded, the Launch screen offers `r`: re-attach to its running
+/// cluster (the hint bar, the idle line and the help say so); `r` asks the runtime for the
+/// re-attach and the screen says what it is looking for; the screen of any other target has no
+/// `r`, and the key does nothing there.
+#[test]
+fn launch_offers_reattach_for_a_cluster_preset_only() {
+    use mxtune::vocab::TargetKind;
+    let presets = tempfile::tempdir().unwrap();
+    std::fs::write(
+        presets.path().join("tp2-sparks.toml"),
+        "description = \"gpt-oss-120b over two Sparks\"\ntarget = \"docker-cluster\"\n\
+         [cluster]\nhead = \"spark1\"\nworker = \"spark2\"\n\
+         [serving]\nmodel = \"openai/gpt-oss-120b\"\nserved_model_name = \"gpt-oss-120b\"\nport = 8000\n\
+         [container]\nimage = \"vllm-mxfp4:dev\"\nnetwork = \"host\"\n",
+    )
+    .unwrap();
+    let mut app = App::new(
+        theme(),
+        Paths {
+            presets: PresetStore::new(vec![presets.path().to_path_buf(), repo_presets()]),
+            save_dir: PathBuf::from("presets"),
+            runs_dir: PathBuf::from("runs"),
+            export_dir: PathBuf::from("."),
+        },
+    );
+    run_effect(&mut app, Effect::LoadPreset("engine-cpu-tiny".into()));
+    key(&mut app, KeyCode::Char('2'));
+    // Not a cluster: no `r` anywhere, and the key does nothing.
+    let engine = render(&app, 100, 30);
+    assert!(!engine.contains("re-attach"), "{engine}");
+    assert_eq!(hit(&mut app, KeyCode::Char('r')), Vec::<Effect>::new());
+    assert_eq!(app.launch.state, TargetState::Idle);
+
+    run_effect(&mut app, Effect::LoadPreset("tp2-sparks".into()));
+    key(&mut app, KeyCode::Char('2'));
+    assert_eq!(app.launch.choice, TargetKind::DockerCluster);
+    let idle = render(&app, 100, 30);
+    assert!(
+        idle.contains("r re-attach to its running cluster"),
+        "{idle}"
+    );
+    assert!(
+        idle.contains("r re-attaches to its running cluster"),
+        "{idle}"
+    );
+    insta::assert_snapshot!("launch_cluster_idle_100x30", idle);
+    key(&mut app, KeyCode::Char('?'));
+    let help = render(&app, 100, 40);
+    assert!(help.contains("Launch: a docker-cluster preset"), "{help}");
+    key(&mut app, KeyCode::Esc);
+
+    assert_eq!(
+        hit(&mut app, KeyCode::Char('r')),
+        vec![Effect::ReattachTarget]
+    );
+    assert_eq!(app.launch.state, TargetState::Launching);
+    let looking = render(&app, 100, 30);
+    assert!(
+        looking.contains("finding the preset's running cluster on its hosts"),
+        "{looking}"
+    );
+    insta::assert_snapshot!("launch_cluster_reattaching_100x30", looking);
+    // While it is followed, `r` does nothing more.
+    assert_eq!(hit(&mut app, KeyCode::Char('r')), Vec::<Effect>::new());
+
+    // `t` leaves the cluster for the engine, and with it the `r`.
+    app.launch.on_msg(LaunchMsg::StartFailed(
+        "no running cluster of preset tp2-sparks has its Ray head on host spark1".into(),
+    ));
+    key(&mut app, KeyCode::Char('t'));
+    assert_eq!(app.launch.choice, TargetKind::Engine);
+    let other = render(&app, 100, 30);
+    assert!(!other.contains("re-attach"), "{other}");
+    key(&mut app, KeyCode::Char('?'));
+    let help = render(&app, 100, 40);
+    assert!(!help.contains("docker-cluster preset"), "{help}");
+}
+
 #[test]
 fn log_pane_follows_scrolls_searches_wraps_and_saves() {
     let dir = tempfile::tempdir().unwrap();
@@ -3061,11 +3139,12 @@ fn help_lines_wrap_under_their_key_column() {
             .split_whitespace()
             .collect::<Vec<_>>()
             .join(" ");
-        // Without a hosts file the help has no host picker, and with no target on several
-        // hosts no `h` of the Live screen.
+        // Without a hosts file the help has no host picker, with no target on several
+        // hosts no `h` of the Live screen, and without a docker-cluster preset no `r`.
         let hidden = [
             mxtune::tui::keys::HOSTS_SECTION,
             mxtune::tui::keys::LIVE_HOSTS_SECTION,
+            mxtune::tui::keys::CLUSTER_SECTION,
         ];
         for h in hidden {
             assert!(!all.contains(h), "{h} at {width}");

@@ -878,3 +878,132 @@ fn tui_tmux_live_shows_both_hosts_of_a_two_node_cluster_side_by_side() {
         .collect();
     assert!(left.is_empty(), "{left:?}");
 }
+
+/// A cluster launched from the panel and left running when it quits (`q`, then `l`) is
+/// followed again by the next panel's `r` (offered because the preset is a docker-cluster
+/// one): ready, its run id in the log's `re-attaching to run …` line, and the stop removes
+/// both nodes.
+#[test]
+fn tui_tmux_reattaches_to_a_cluster_left_running_by_an_earlier_panel() {
+    use mxtune::flags::FlagSet;
+    use mxtune::vocab::{NetworkMode, TargetKind};
+    let test = "tui_tmux_reattaches_to_a_cluster_left_running_by_an_earlier_panel";
+    if !have_tmux() {
+        return;
+    }
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let Some(d) = rt.block_on(support::docker_or_skip(test)) else {
+        return;
+    };
+    let image = rt.block_on(support::test_image(&d));
+    let dir = tempfile::tempdir().unwrap();
+    let mut fs = FlagSet {
+        target: TargetKind::DockerCluster,
+        ..FlagSet::default()
+    };
+    fs.container.image = image;
+    fs.container.vllm = mxtune::flags::VllmFlavor::Fork;
+    fs.container.network = NetworkMode::Host;
+    fs.container.gpus_all = false;
+    fs.container.ulimits.clear();
+    for cache in ["hf", "jit"] {
+        std::fs::create_dir_all(dir.path().join(cache)).unwrap();
+    }
+    fs.container.hf_cache = Some(dir.path().join("hf").display().to_string());
+    fs.container.jit_cache = Some(dir.path().join("jit").display().to_string());
+    fs.serving.port = support::free_port();
+    fs.serving.host = Some("127.0.0.1".into());
+    fs.serving.served_model_name = Some("tp2".into());
+    fs.cluster.head = "local".into();
+    fs.cluster.worker = "local".into();
+    fs.cluster.ray_port = support::free_port();
+    let presets = dir.path().join("presets");
+    std::fs::create_dir_all(&presets).unwrap();
+    let mut text = String::from("description = \"two nodes here\"\n");
+    text.push_str(&toml::to_string(&fs).unwrap());
+    std::fs::write(presets.join("tp2.toml"), text).unwrap();
+    std::fs::create_dir_all(dir.path().join("config")).unwrap();
+    let open = |s: &Session| {
+        s.send(&[
+            &format!(
+                "cd {d} && MXTUNE_RUNS_DIR={d}/runs MXTUNE_PRESETS_DIR={d}/presets XDG_CONFIG_HOME={d}/config {bin} --preset tp2",
+                d = dir.path().display(),
+                bin = env!("CARGO_BIN_EXE_mxtune")
+            ),
+            "Enter",
+        ]);
+        s.wait_for("preset tp2");
+        s.send(&["2"]);
+        s.wait_for("target docker-cluster");
+    };
+    let s = Session::new("reattach", 120, 40);
+    open(&s);
+    assert!(
+        s.screen().contains("r re-attach to its running cluster"),
+        "{}",
+        s.screen()
+    );
+    s.send(&["l"]);
+    let screen = s.wait_longer("phase ready", Duration::from_secs(180), |screen| {
+        screen.contains("phase ready") || screen.contains("phase failed")
+    });
+    assert!(screen.contains("phase ready"), "{screen}");
+    let run_id = std::fs::read_dir(dir.path().join("runs"))
+        .unwrap()
+        .filter_map(|e| {
+            let name = e.unwrap().file_name().to_string_lossy().into_owned();
+            name.strip_suffix(".target.log").map(str::to_string)
+        })
+        .next()
+        .expect("the launch's log file names its run id");
+    let _cleanup = support::Cleanup(run_id.clone());
+    // Quit, leaving the cluster running.
+    s.send(&["q"]);
+    s.wait_for("leave it running");
+    s.send(&["l"]);
+    s.wait_for_panel_exit();
+    let running = |rt: &tokio::runtime::Runtime| {
+        rt.block_on(mxtune::launch::docker::find_mxtune_containers(&d))
+            .unwrap()
+            .into_iter()
+            .filter(|f| f.run_id == run_id && f.state == "running")
+            .count()
+    };
+    assert_eq!(
+        running(&rt),
+        2,
+        "both nodes keep running after the panel quit"
+    );
+
+    // The next panel follows it again.
+    s.send(&["clear", "Enter"]);
+    open(&s);
+    s.send(&["r"]);
+    let screen = s.wait_longer("phase ready again", Duration::from_secs(120), |screen| {
+        screen.contains("phase ready") || screen.contains("phase failed")
+    });
+    assert!(screen.contains("phase ready"), "{screen}");
+    assert!(
+        screen.contains(&format!("mxtune-{run_id}-head")),
+        "{screen}"
+    );
+    // The log's first line says what was re-attached to.
+    s.send(&["Home"]);
+    s.wait_for(&format!("re-attaching to run {run_id}"));
+    s.send(&["End", "x"]);
+    s.wait_for("Stop target?");
+    s.send(&["y"]);
+    s.wait_longer("phase exited", Duration::from_secs(120), |screen| {
+        screen.contains("phase exited")
+    });
+    s.send(&["q"]);
+    s.wait_for_panel_exit();
+    assert_eq!(running(&rt), 0);
+    let left: Vec<_> = rt
+        .block_on(mxtune::launch::docker::find_mxtune_containers(&d))
+        .unwrap()
+        .into_iter()
+        .filter(|f| f.run_id == run_id)
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
+}

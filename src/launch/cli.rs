@@ -438,7 +438,18 @@ async fn launch_async(args: LaunchArgs) -> Result<ExitCode> {
                 "the launch spec has no [cluster] section: re-attaching to a two-node cluster needs the docker-cluster preset it was launched with",
             )?;
             let plan = super::cluster::ClusterPlan::from_hosts_file(&cluster)?;
-            let launch = super::cluster::ClusterTarget::reattach(
+            let engines = super::cluster::ClusterEngines::connect(&plan, &spec).await?;
+            if let Some(flags) = &flags {
+                // In the names of the vLLM release the head's image carries, as launched.
+                spec = super::dialect::render_for_launch(
+                    flags,
+                    TargetKind::DockerCluster,
+                    Some(&engines.head),
+                )
+                .await?;
+            }
+            let launch = super::cluster::ClusterTarget::reattach_on(
+                engines,
                 plan,
                 &spec,
                 which,
@@ -491,10 +502,33 @@ async fn launch_async(args: LaunchArgs) -> Result<ExitCode> {
                 cluster.parallel,
                 cluster.transport
             );
+            let engines = super::cluster::ClusterEngines::connect(&plan, &spec).await?;
+            let image = spec.container.as_ref().map(|c| c.image.clone());
+            if let Some(image) = &image {
+                engines.check_image(&plan, image, args.pull).await?;
+            }
+            if let Some(flags) = &flags {
+                if let Some(image) = image.as_deref()
+                    && flags.container.vllm == crate::flags::VllmFlavor::Upstream
+                {
+                    // The release is asked of the head's image, so a missing one comes first.
+                    docker::ensure_image(&engines.head, image, args.pull, &tx).await?;
+                }
+                // Rendered again in the names of the vLLM release the head's image carries.
+                spec = super::dialect::render_for_launch(
+                    flags,
+                    TargetKind::DockerCluster,
+                    Some(&engines.head),
+                )
+                .await
+                .with_context(|| {
+                    format!("rendering preset {preset} for its image's vLLM release")
+                })?;
+            }
             if let Some(line) = dialect_line(&spec) {
                 crate::errln!("{line}");
             }
-            super::cluster::ClusterTarget::launch(plan, &spec, &opts, tx).await?
+            super::cluster::ClusterTarget::launch_on(engines, plan, &spec, &opts, tx).await?
         }
         (TargetArg::Attach, _) => {
             let url = args.url.as_deref().context("--target attach needs --url")?;

@@ -256,10 +256,173 @@ fn ray_argv(plan: &ClusterPlan, role: Role) -> Vec<String> {
     argv
 }
 
+/// Both nodes' Docker engines, reached for a launch: this machine's, or a host's through an
+/// SSH tunnel (the head's also forwarding the API port), and the API's URL from here.
+pub struct ClusterEngines {
+    /// The head's engine (where a stock image's version is asked, and the server runs).
+    pub head: Docker,
+    /// The worker's engine.
+    pub worker: Docker,
+    /// The API's base URL as seen from this machine.
+    pub url: String,
+    /// The tunnels the engines (and the API) are reached through; held by the target.
+    pub tunnels: Vec<Tunnel>,
+    /// The API port the head's forward was opened for.
+    pub api_port: u16,
+}
+
+impl ClusterEngines {
+    /// Reaches both hosts' Docker engines as the plan places the nodes.
+    pub async fn connect(plan: &ClusterPlan, spec: &LaunchSpec) -> Result<Self> {
+        let mut tunnels = Vec::new();
+        let api = (docker::connect_host(&spec.host), spec.port);
+        let reach = |node: &NodePlan| {
+            format!(
+                "reaching host {} (the Ray {})",
+                node.host_name(),
+                node.role.as_str()
+            )
+        };
+        let (head, t) = docker::connect_on(plan.head.host.as_ref(), Some(api))
+            .await
+            .with_context(|| reach(&plan.head))?;
+        let url = match &t {
+            Some(t) => t.url().context("the head's tunnel forwards no port")?,
+            None => format!("http://{}:{}", api.0, api.1),
+        };
+        tunnels.extend(t);
+        let (worker, t) = docker::connect_on(plan.worker.host.as_ref(), None)
+            .await
+            .with_context(|| reach(&plan.worker))?;
+        tunnels.extend(t);
+        Ok(ClusterEngines {
+            head,
+            worker,
+            url,
+            tunnels,
+            api_port: spec.port,
+        })
+    }
+
+    /// The run ids of `preset`'s clusters whose Ray head runs where `plan` puts it (a running
+    /// container labelled as that run's head for the head's host), newest first (run ids are
+    /// ULIDs, which sort by time).
+    pub async fn running_clusters(&self, plan: &ClusterPlan, preset: &str) -> Result<Vec<String>> {
+        let host = plan.head.host_name();
+        let mut runs: Vec<String> = docker::find_mxtune_containers(&self.head)
+            .await?
+            .into_iter()
+            .filter(|f| {
+                f.state == "running"
+                    && f.preset == preset
+                    && f.cluster_role.as_deref() == Some(Role::Head.as_str())
+                    && f.cluster_host.as_deref() == Some(host)
+            })
+            .map(|f| f.run_id)
+            .collect();
+        runs.sort();
+        runs.dedup();
+        runs.reverse();
+        Ok(runs)
+    }
+
+    /// The image must be on both hosts (unless it may be pulled) and be the same image: the
+    /// same tag with another image ID on the worker's engine would run another vLLM than the
+    /// one the head's was asked for (and NCCL and Ray of two builds). Nothing is started here.
+    pub async fn check_image(
+        &self,
+        plan: &ClusterPlan,
+        image: &str,
+        allow_pull: bool,
+    ) -> Result<()> {
+        let mut ids = Vec::new();
+        for (d, node) in [(&self.head, &plan.head), (&self.worker, &plan.worker)] {
+            match d.inspect_image(image).await {
+                Ok(i) => ids.push(i.id.unwrap_or_default()),
+                Err(_) if allow_pull => return Ok(()),
+                Err(_) => bail!(
+                    "image {image} is not present on host {} (the {}): the same image must be on both hosts; copy it there (`docker save {image} | ssh HOST docker load`), build it there, or launch with --pull",
+                    node.host_name(),
+                    node.role.as_str(),
+                ),
+            }
+        }
+        if ids[0] != ids[1] {
+            bail!("{}", image_mismatch(plan, image, &ids[0], &ids[1]));
+        }
+        Ok(())
+    }
+}
+
+/// `sha256:0123456789ab…` as `docker images` shows it: the first 12 hex digits.
+fn short_id(id: &str) -> &str {
+    let hex = id.strip_prefix("sha256:").unwrap_or(id);
+    hex.get(..12).unwrap_or(hex)
+}
+
+/// `docker ARGS` as typed on this machine for a node's host: here, or through `ssh` (with the
+/// host's `ssh -F` file and its engine's socket when not the default).
+fn docker_on(node: &NodePlan, args: &str) -> String {
+    match &node.host {
+        None => format!("docker {args}"),
+        Some(h) => {
+            let config = h
+                .ssh_config
+                .as_ref()
+                .map(|c| format!("-F {} ", c.display()))
+                .unwrap_or_default();
+            let socket = if h.docker_socket == crate::hosts::DEFAULT_DOCKER_SOCKET {
+                String::new()
+            } else {
+                format!(
+                    "-H unix://{} ",
+                    h.docker_socket.trim_start_matches("unix://")
+                )
+            };
+            format!("ssh {config}{} docker {socket}{args}", h.ssh)
+        }
+    }
+}
+
+/// The refusal for one tag that is two images: both hosts and IDs, and how to copy the
+/// head's (the one asked for its vLLM release) to the worker's host.
+fn image_mismatch(plan: &ClusterPlan, image: &str, head_id: &str, worker_id: &str) -> String {
+    format!(
+        "image {image} is not the same image on both hosts: on host {} (the head) it is {}, on host {} (the worker) {}; both nodes must run the same image (one build of vLLM, Ray and NCCL): copy the head's to the worker's host with `{} | {}`, or build both from the same source and tag",
+        plan.head.host_name(),
+        short_id(head_id),
+        plan.worker.host_name(),
+        short_id(worker_id),
+        docker_on(&plan.head, &format!("save {image}")),
+        docker_on(&plan.worker, "load"),
+    )
+}
+
 impl ClusterTarget {
     /// Starts the head and worker containers on their hosts and follows the cluster: the
     /// server is started on the head once `ray status` there shows both nodes and both GPUs.
+    /// Both engines are reached and the image checked on both ([`ClusterEngines`]) first.
     pub async fn launch(
+        plan: ClusterPlan,
+        spec: &LaunchSpec,
+        opts: &LaunchOptions,
+        events: mpsc::UnboundedSender<LaunchEvent>,
+    ) -> Result<Launch> {
+        let engines = ClusterEngines::connect(&plan, spec).await?;
+        let c = spec
+            .container
+            .as_ref()
+            .context("the launch spec has no container section; the docker-cluster target needs one (image, network, …)")?;
+        engines
+            .check_image(&plan, &c.image, opts.allow_pull)
+            .await?;
+        Self::launch_on(engines, plan, spec, opts, events).await
+    }
+
+    /// [`ClusterTarget::launch`] on engines already reached (and checked): the launch renders
+    /// a stock image's preset for the vLLM release the head's engine says it carries in between.
+    pub async fn launch_on(
+        engines: ClusterEngines,
         plan: ClusterPlan,
         spec: &LaunchSpec,
         opts: &LaunchOptions,
@@ -269,27 +432,18 @@ impl ClusterTarget {
             .container
             .as_ref()
             .context("the launch spec has no container section; the docker-cluster target needs one (image, network, …)")?;
-        let mut tunnels = Vec::new();
-        let api = (docker::connect_host(&spec.host), spec.port);
-        let (head_docker, t) = docker::connect_on(plan.head.host.as_ref(), Some(api)).await?;
-        let url = match &t {
-            Some(t) => t.url().context("the head's tunnel forwards no port")?,
-            None => format!("http://{}:{}", api.0, api.1),
-        };
-        tunnels.extend(t);
-        let (worker_docker, t) = docker::connect_on(plan.worker.host.as_ref(), None).await?;
-        tunnels.extend(t);
-        // Both images are checked before anything starts, so a missing one leaves nothing.
-        for (d, node) in [(&head_docker, &plan.head), (&worker_docker, &plan.worker)] {
-            if !opts.allow_pull && d.inspect_image(&c.image).await.is_err() {
-                bail!(
-                    "image {} is not present on host {} (the {}): the same image must be on both hosts; copy it there (`docker save {} | ssh HOST docker load`), build it there, or launch with --pull",
-                    c.image,
-                    node.host_name(),
-                    node.role.as_str(),
-                    c.image
-                );
-            }
+        let ClusterEngines {
+            head: head_docker,
+            worker: worker_docker,
+            url,
+            tunnels,
+            api_port,
+        } = engines;
+        if api_port != spec.port {
+            bail!(
+                "rendering for the image's vLLM release moved the API port from {api_port} to {}: give the port in the preset",
+                spec.port
+            );
         }
         let base = c
             .name
@@ -373,27 +527,28 @@ impl ClusterTarget {
         opts: &LaunchOptions,
         events: mpsc::UnboundedSender<LaunchEvent>,
     ) -> Result<Launch> {
-        let mut tunnels = Vec::new();
-        let api = (docker::connect_host(&spec.host), spec.port);
-        let reach = |node: &NodePlan| {
-            format!(
-                "reaching host {} (the Ray {})",
-                node.host_name(),
-                node.role.as_str()
-            )
-        };
-        let (head_docker, t) = docker::connect_on(plan.head.host.as_ref(), Some(api))
-            .await
-            .with_context(|| reach(&plan.head))?;
-        let url = match &t {
-            Some(t) => t.url().context("the head's tunnel forwards no port")?,
-            None => format!("http://{}:{}", api.0, api.1),
-        };
-        tunnels.extend(t);
-        let (worker_docker, t) = docker::connect_on(plan.worker.host.as_ref(), None)
-            .await
-            .with_context(|| reach(&plan.worker))?;
-        tunnels.extend(t);
+        let engines = ClusterEngines::connect(&plan, spec).await?;
+        Self::reattach_on(engines, plan, spec, which, earlier_logs, opts, events).await
+    }
+
+    /// [`ClusterTarget::reattach`] on engines already reached (the panel first asks them for
+    /// the preset's running clusters, [`ClusterEngines::running_clusters`]).
+    pub async fn reattach_on(
+        engines: ClusterEngines,
+        plan: ClusterPlan,
+        spec: &LaunchSpec,
+        which: &str,
+        earlier_logs: Option<&Path>,
+        opts: &LaunchOptions,
+        events: mpsc::UnboundedSender<LaunchEvent>,
+    ) -> Result<Launch> {
+        let ClusterEngines {
+            head: head_docker,
+            worker: worker_docker,
+            url,
+            tunnels,
+            ..
+        } = engines;
         let on_head = docker::find_mxtune_containers(&head_docker).await?;
         let on_worker = docker::find_mxtune_containers(&worker_docker).await?;
         let (head_found, worker_found) =
@@ -1138,6 +1293,34 @@ mod tests {
             },
             defined_at: "hosts.toml:1".into(),
         }
+    }
+
+    #[test]
+    fn two_images_under_one_tag_name_both_hosts_and_ids_and_the_copy_to_run() {
+        let lookup = |n: &str| match n {
+            "spark1" => Ok(host("spark1", Some("192.168.200.11"))),
+            _ => Ok(host(n, Some("192.168.200.12"))),
+        };
+        let p = ClusterPlan::resolve(&spec("spark1", "spark2"), lookup).unwrap();
+        let head = format!("sha256:4c1b0a9d2e3f{}", "0".repeat(52));
+        let m = image_mismatch(&p, "vllm:v1", &head, "9e8d7c6b5a43");
+        assert_eq!(
+            m,
+            "image vllm:v1 is not the same image on both hosts: on host spark1 (the head) it is 4c1b0a9d2e3f, on host spark2 (the worker) 9e8d7c6b5a43; both nodes must run the same image (one build of vLLM, Ray and NCCL): copy the head's to the worker's host with `ssh me@spark1 docker save vllm:v1 | ssh me@spark2 docker load`, or build both from the same source and tag"
+        );
+        // The head here, the worker's engine on another socket, reached with its ssh -F file.
+        let mut local = spec("local", "spark2");
+        local.local_ip = Some("192.168.200.11".into());
+        let mut p = ClusterPlan::resolve(&local, lookup).unwrap();
+        if let Some(h) = p.worker.host.as_mut() {
+            h.docker_socket = "/run/user/1000/docker.sock".into();
+            h.ssh_config = Some("/home/me/.ssh/sparks".into());
+        }
+        let m = image_mismatch(&p, "vllm:v1", &head, "9e8d7c6b5a43");
+        assert!(
+            m.contains("`docker save vllm:v1 | ssh -F /home/me/.ssh/sparks me@spark2 docker -H unix:///run/user/1000/docker.sock load`"),
+            "{m}"
+        );
     }
 
     #[test]

@@ -92,6 +92,9 @@ pub enum Effect {
     ReloadRuns,
     /// Start the target chosen on the Launch screen with the current flags.
     StartTarget,
+    /// Follow again the newest running cluster of the loaded docker-cluster preset (its
+    /// containers found by their labels on the preset's hosts), as `launch --reattach` does.
+    ReattachTarget,
     /// Stop the target started from this panel (the operator confirmed).
     StopTarget,
     /// Write the Launch screen's log pane to this file.

@@ -40,6 +40,9 @@ pub struct StartRequest {
     /// The hosts.toml host whose Docker engine runs a Docker target (over SSH); `None`:
     /// this machine.
     pub host: Option<crate::hosts::Host>,
+    /// Follow again the newest running cluster of the preset (a docker-cluster preset only),
+    /// as `mxtune launch --preset P --reattach RUN_ID` does, instead of starting one.
+    pub reattach: bool,
 }
 
 /// A target running on another host: the host, and the API port there (its `/metrics`,
@@ -495,6 +498,7 @@ impl Background {
                     startup_limit,
                     spec,
                     tunnel,
+                    reattached,
                 }) => {
                     let mut on_host = match (&req.host, &tunnel) {
                         (Some(host), Some(t)) => t.port.map(|(_, port)| {
@@ -527,7 +531,7 @@ impl Background {
                     };
                     let _ = tx.send(Event::Launch(LaunchMsg::Started {
                         describe,
-                        run_id,
+                        run_id: reattached.unwrap_or(run_id),
                         log_path,
                         startup_limit,
                         spec: spec.map(Box::new),
@@ -582,6 +586,8 @@ struct Started {
     spec: Option<LaunchSpec>,
     /// The SSH tunnel to the host, for a launch on another host.
     tunnel: Option<Tunnel>,
+    /// The run id of the cluster followed again, for a re-attach.
+    reattached: Option<String>,
 }
 
 /// Shows the pre-flight findings on the Launch screen; an error when one blocks the launch.
@@ -616,6 +622,7 @@ async fn start(
             startup_limit,
             spec: None,
             tunnel: None,
+            reattached: None,
         });
     }
     let mut spec = crate::flags::render(&req.flags, req.kind)?;
@@ -624,7 +631,8 @@ async fn start(
         .filter(|f| f.blocks())
         .map(|f| f.to_string())
         .collect();
-    if !blocking.is_empty() {
+    // A re-attach starts nothing, so the rules (about starting) do not stop it, as with the CLI.
+    if !blocking.is_empty() && !req.reattach {
         anyhow::bail!(
             "the rules block this launch (fix on the Flags screen): {}",
             blocking.join("; ")
@@ -632,18 +640,73 @@ async fn start(
     }
     opts.log_path = Some(log_path.clone());
     let mut tunnel = None;
+    let mut reattached = None;
     let launch = match (req.kind, &req.host) {
         (TargetKind::DockerCluster, Some(h)) => anyhow::bail!(
             "a docker-cluster preset names its own two hosts under [cluster]; press h until the host reads this machine (not {})",
             h.name
         ),
+        (TargetKind::DockerCluster, None) if req.reattach => {
+            let cluster = spec.cluster.clone().context(
+                "the rendered preset has no [cluster] section: the docker-cluster target needs cluster.head and cluster.worker",
+            )?;
+            let plan = crate::launch::cluster::ClusterPlan::from_hosts_file(&cluster)?;
+            let engines = crate::launch::cluster::ClusterEngines::connect(&plan, &spec).await?;
+            // In the names of the vLLM release the head's image carries, as it was launched.
+            spec = crate::launch::dialect::render_for_launch(
+                &req.flags,
+                req.kind,
+                Some(&engines.head),
+            )
+            .await?;
+            let runs = engines.running_clusters(&plan, &req.preset).await?;
+            let Some(run) = runs.first().cloned() else {
+                anyhow::bail!(
+                    "no running cluster of preset {} has its Ray head on host {}: l launches one (`docker ps --filter label={}=head` on that host lists the Ray heads there)",
+                    req.preset,
+                    plan.head.host_name(),
+                    crate::launch::cluster::LABEL_ROLE
+                );
+            };
+            for other in &runs[1..] {
+                let _ = events.send(LaunchEvent::Warning {
+                    message: format!(
+                        "cluster run {other} of preset {} is running too; re-attached to the newest, {run} (stop the other with `mxtune stop --cluster {} {other}`, or follow it with `mxtune launch --preset {} --reattach {other}`)",
+                        req.preset, req.preset, req.preset
+                    ),
+                });
+            }
+            reattached = Some(run.clone());
+            crate::launch::cluster::ClusterTarget::reattach_on(
+                engines,
+                plan,
+                &spec,
+                &run,
+                Some(&req.runs_dir),
+                &opts,
+                events,
+            )
+            .await?
+        }
         (TargetKind::DockerCluster, None) => {
             let cluster = spec.cluster.clone().context(
                 "the rendered preset has no [cluster] section: the docker-cluster target needs cluster.head and cluster.worker",
             )?;
             let plan = crate::launch::cluster::ClusterPlan::from_hosts_file(&cluster)?;
             report_preflight(tx, preflight::cluster_checks(&plan, &spec).await?)?;
-            crate::launch::cluster::ClusterTarget::launch(plan, &spec, &opts, events).await?
+            let engines = crate::launch::cluster::ClusterEngines::connect(&plan, &spec).await?;
+            if let Some(c) = &spec.container {
+                engines.check_image(&plan, &c.image, false).await?;
+            }
+            // Rendered again in the names of the vLLM release the head's image carries.
+            spec = crate::launch::dialect::render_for_launch(
+                &req.flags,
+                req.kind,
+                Some(&engines.head),
+            )
+            .await?;
+            crate::launch::cluster::ClusterTarget::launch_on(engines, plan, &spec, &opts, events)
+                .await?
         }
         (TargetKind::Docker, host) => {
             let mut findings = preflight::checks_on(host.as_ref(), &spec, true).await?;
@@ -715,6 +778,7 @@ async fn start(
         startup_limit,
         spec: Some(spec),
         tunnel,
+        reattached,
     })
 }
 

@@ -88,6 +88,25 @@ pub const LAUNCH_HOSTS: &[Binding] = &[
     b("Home/End", "top / follow"),
 ];
 
+/// Launch screen with a docker-cluster preset loaded: `r` follows its running cluster again.
+pub const LAUNCH_CLUSTER: &[Binding] = &[
+    b("l", "launch the cluster"),
+    b("r", "re-attach to its running cluster"),
+    b("x", "stop (asks)"),
+    b("t", "target engine/docker/attach"),
+    b("/", "search log"),
+    b("n/N", "older/newer match"),
+    b("w", "wrap"),
+    b("S", "save log"),
+    b("Up/Down", "scroll log"),
+    b("PgUp/PgDn", "page log"),
+    b("Home/End", "top / follow"),
+];
+
+/// The title of [`LAUNCH_CLUSTER`]'s section: the help overlay shows it only while a
+/// docker-cluster preset is the Launch screen's target.
+pub const CLUSTER_SECTION: &str = "Launch: a docker-cluster preset";
+
 /// The title of [`LAUNCH_HOSTS`]'s section: the help overlay shows it only when there are hosts.
 pub const HOSTS_SECTION: &str = "Launch: with a hosts file";
 
@@ -208,6 +227,7 @@ pub const SECTIONS: &[(&str, &[Binding])] = &[
     ("Flags: picker, save, diff, command", FLAGS_DIALOG),
     ("Launch", LAUNCH),
     (HOSTS_SECTION, LAUNCH_HOSTS),
+    (CLUSTER_SECTION, LAUNCH_CLUSTER),
     ("Launch: URL, search or stop question", LAUNCH_INPUT),
     ("Live", LIVE),
     (LIVE_HOSTS_SECTION, LIVE_HOSTS),

@@ -449,7 +449,8 @@ pub fn perform(app: &mut App, bg: &mut Background, effect: Effect) -> Option<Exi
             }
             return Some(Exit::Quit);
         }
-        Effect::StartTarget => {
+        e @ (Effect::StartTarget | Effect::ReattachTarget) => {
+            let reattach = e == Effect::ReattachTarget;
             let kind = app.launch.choice;
             let preset = app.flags.loaded.as_ref().map(|p| p.name.clone());
             // What a bench against this launch records; an attached server was not started
@@ -480,6 +481,7 @@ pub fn perform(app: &mut App, bg: &mut Background, effect: Effect) -> Option<Exi
                 } else {
                     None
                 },
+                reattach,
             })
         }
         Effect::StopTarget => bg.stop(),

@@ -189,6 +189,8 @@ pub fn help_lines(app: &App, width: u16) -> Vec<Line<'static>> {
     let shown = |title: &str| {
         (title != keys::HOSTS_SECTION || !app.launch.hosts.is_empty())
             && (title != keys::LIVE_HOSTS_SECTION || app.live.hosts.len() > 1)
+            && (title != keys::CLUSTER_SECTION
+                || app.launch.choice == crate::vocab::TargetKind::DockerCluster)
     };
     let order = keys::SECTIONS
         .iter()

@@ -254,6 +254,8 @@ pub struct LaunchScreen {
     pub on_host: Option<crate::tui::background::OnHost>,
     /// Every host the current launch runs on, when more than one (a two-node cluster).
     pub target_hosts: Vec<crate::tui::background::HostWatch>,
+    /// The current launch re-attached to a running cluster (`r`) instead of starting one.
+    pub reattaching: bool,
 }
 
 impl Default for LaunchScreen {
@@ -290,6 +292,7 @@ impl Default for LaunchScreen {
             host: None,
             on_host: None,
             target_hosts: Vec::new(),
+            reattaching: false,
         }
     }
 }
@@ -411,6 +414,11 @@ impl LaunchScreen {
                 self.limit_in_effect = Some(startup_limit);
                 self.watch_since = Some(Instant::now());
                 self.watch_s = 0;
+                if self.reattaching {
+                    // As `mxtune launch --reattach` says it, so it stays with the lines.
+                    self.log
+                        .push(format!("re-attaching to run {run_id}: {describe}"));
+                }
                 self.describe = Some(describe);
                 self.run_id = Some(run_id);
                 self.log_path = log_path;
@@ -496,6 +504,32 @@ impl LaunchScreen {
         });
     }
 
+    /// A launch (or, with `reattach`, a re-attach) was asked for: what the last one showed is
+    /// cleared and the screen says this one is under way.
+    fn begin(&mut self, reattach: bool) {
+        self.state = TargetState::Launching;
+        self.reattaching = reattach;
+        self.started_at = Some(Instant::now());
+        self.last_line_at = None;
+        self.elapsed_s = 0;
+        self.quiet_s = 0;
+        self.watch_since = None;
+        self.watch_s = 0;
+        self.watchdog_fired = false;
+        self.limit_in_effect = None;
+        self.probe = None;
+        self.report = None;
+        self.warnings.clear();
+        self.preflight = None;
+        self.describe = None;
+        self.dialect = None;
+        self.vllm_announced = None;
+        self.log = LogView {
+            wrap: self.log.wrap,
+            ..LogView::default()
+        };
+    }
+
     /// Handle a key on this screen.
     pub fn on_key(&mut self, key: KeyEvent, export_dir: &Path) -> Vec<Effect> {
         if self.confirm_stop {
@@ -557,27 +591,14 @@ impl LaunchScreen {
                 self.editing_url = true;
             }
             KeyCode::Char('l') if !self.state.is_live() => {
-                self.state = TargetState::Launching;
-                self.started_at = Some(Instant::now());
-                self.last_line_at = None;
-                self.elapsed_s = 0;
-                self.quiet_s = 0;
-                self.watch_since = None;
-                self.watch_s = 0;
-                self.watchdog_fired = false;
-                self.limit_in_effect = None;
-                self.probe = None;
-                self.report = None;
-                self.warnings.clear();
-                self.preflight = None;
-                self.describe = None;
-                self.dialect = None;
-                self.vllm_announced = None;
-                self.log = LogView {
-                    wrap: self.log.wrap,
-                    ..LogView::default()
-                };
+                self.begin(false);
                 return vec![Effect::StartTarget];
+            }
+            KeyCode::Char('r')
+                if !self.state.is_live() && self.choice == TargetKind::DockerCluster =>
+            {
+                self.begin(true);
+                return vec![Effect::ReattachTarget];
             }
             KeyCode::Char('x') if self.state.is_live() => self.confirm_stop = true,
             KeyCode::Up | KeyCode::Char('k') => self.log.scroll_up(1),
@@ -729,7 +750,10 @@ pub fn draw(frame: &mut Frame, app: &App, area: Rect) {
     let mut watch = vec![Span::styled(" watchdog ", theme.dim())];
     match s.watchdog() {
         Watchdog::Waiting { limit_s } => watch.push(Span::styled(
-            if s.state == TargetState::Launching
+            if s.state == TargetState::Launching && s.reattaching {
+                "finding the preset's running cluster on its hosts (by the containers' labels)"
+                    .to_string()
+            } else if s.state == TargetState::Launching
                 && s.preflight.is_none()
                 && s.choice != TargetKind::Attach
             {
@@ -779,6 +803,9 @@ pub fn draw(frame: &mut Frame, app: &App, area: Rect) {
         third.push(Span::styled(
             match s.choice {
                 TargetKind::Attach => "l attaches to the URL (u edits it); t picks the target",
+                TargetKind::DockerCluster => {
+                    "l starts the cluster with the current flags; r re-attaches to its running cluster (one left running by mxtune launch or by quitting the panel); t picks the target"
+                }
                 _ => "l starts it with the current flags; t picks the target",
             },
             theme.dim(),

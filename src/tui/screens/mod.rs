@@ -64,6 +64,9 @@ pub fn bindings(app: &App) -> &'static [super::keys::Binding] {
         Tab::Runs if app.runs.noise_edit.is_some() => super::keys::VALUE_INPUT,
         Tab::Runs if app.runs.view != runs::RunsView::List => super::keys::RUNS_VIEW,
         Tab::Launch if app.launch.captures_keys() => super::keys::LAUNCH_INPUT,
+        Tab::Launch if app.launch.choice == crate::vocab::TargetKind::DockerCluster => {
+            super::keys::LAUNCH_CLUSTER
+        }
         Tab::Launch if !app.launch.hosts.is_empty() => super::keys::LAUNCH_HOSTS,
         Tab::Live if app.live.hosts.len() > 1 => super::keys::LIVE_HOSTS,
         Tab::Bench if app.bench.view == matrix::BenchView::Matrix => {
