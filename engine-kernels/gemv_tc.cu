@@ -598,3 +598,386 @@ MOE_GATE_UP_TC(moe_gate_up_tc_t16, 2)
     }
 MOE_DOWN_TC(moe_down_tc_t8, 1)
 MOE_DOWN_TC(moe_down_tc_t16, 2)
+
+
+// ---- The fp16 tensor-core decode MoE (`moe_gate_up_f16`, `moe_down_f16`): fewer
+// instructions per weight than the kernels above, which spend most of theirs turning MXFP4
+// into scaled bf16 (run 92: 4.6 instructions per weight and lane). Here the E2M1 values go
+// into mma.sync's A operand as fp16 (exact) by byte permutations alone: the high byte of
+// each value's fp16 code from a table, its sign moved to bit 7, and a zero low byte; nothing
+// multiplies a weight. The UE8M0 scale is applied to the mma's fp32 sums instead, one k32
+// step (two m16n8k16) being exactly one 32-element block of each of the tile's rows.
+// The activations, B, are fp16 of x / D per member (routed pair), D = 2^(E - 7) for the
+// row's largest magnitude in [2^E, 2^(E+1)), so |x / D| < 256 and every value above 2^-14 D
+// keeps fp16's 11 bits (bf16 keeps 8); D multiplies the member's sums at the end. A row
+// whose largest magnitude is below 2^-119 (or zero) is zeros; inf or NaN makes D NaN.
+//
+// Operand order: lane (g = lane / 4, t = lane % 4) loads word t (elements 8t … 8t + 7) of
+// a block of rows g and g + 8; elements 8t + {0,1}, {2,3} are the first mma's k pairs 2t and
+// 2t + 8, elements 8t + {4,5}, {6,7} the second's. B's lane (g, t) holds the same eight
+// elements of member g: one 16-byte shared load of the staged fp16 row.
+//
+// Work: a block is 8 warps; `ks` warps (1, 2, 4 or 8: a kernel argument) split each 16-row
+// tile's K, so a block covers 128 / ks rows, and the split's sums are added in warp order
+// (deterministic); each warp keeps MOE16_D blocks of its two rows in flight (a register
+// ring). The grouping is tcg_group's (each distinct expert of a group of up to 16 tokens read
+// once, its routed pairs the n dimension), and it also counts the group's distinct experts,
+// which the down kernel's slot combine waits for.
+#ifndef MOE16_D
+#define MOE16_D 4
+#endif
+#ifndef MOE16_MINB
+#define MOE16_MINB 4
+#endif
+#define MOE16_MAXM TCG_TOKENS
+
+// 8 MXFP4 elements (nibbles of w, element i at bits 4i …) as 4 fp16 pairs: p[j] = elements
+// 2j (low half) and 2j + 1.
+__device__ __forceinline__ void fp4x8_to_f16x2(unsigned w, unsigned (&p)[4]) {
+    const unsigned t0 = 0x3E3C3800u, t1 = 0x46444240u;  // high bytes of 0 .5 1 1.5 | 2 3 4 6
+    const unsigned m = w & 0x77777777u, w4 = w << 4;
+    const unsigned lo = __byte_perm(t0, t1, m) | (__byte_perm(w4, w, 0x5140) & 0x80808080u);
+    const unsigned hi = __byte_perm(t0, t1, m >> 16) | (__byte_perm(w4, w, 0x7362) & 0x80808080u);
+    p[0] = __byte_perm(lo, 0u, 0x1404);
+    p[1] = __byte_perm(lo, 0u, 0x3424);
+    p[2] = __byte_perm(hi, 0u, 0x1404);
+    p[3] = __byte_perm(hi, 0u, 0x3424);
+}
+
+__device__ __forceinline__ void mma_f16_16816(float (&c)[4], const unsigned (&a)[4], unsigned b0,
+                                              unsigned b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// UE8M0 byte -> 2^(s - 127) (s = 0: 2^-127) in two integer instructions.
+__device__ __forceinline__ float e8m0_fast(unsigned s) {
+    return __uint_as_float(max(s << 23, 0x00400000u));
+}
+
+// Two fp32 to an fp16 pair (a in the low half), round to nearest even.
+__device__ __forceinline__ unsigned f16x2_rn(float a, float b) {
+    unsigned r;
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(b), "f"(a));
+    return r;
+}
+
+// The block's group: tcg_group's expert and members, and the number of distinct experts of
+// the token group (every block of the group agrees on it).
+struct Moe16Group {
+    int e, n, lead;
+    int p[MOE16_MAXM];
+};
+
+__device__ __forceinline__ bool moe16_group(const int* __restrict__ idx, int tokens, int k,
+                                            Moe16Group& grp) {
+    __shared__ int sidx16[TCG_TOKENS * TCG_MAX_K];
+    if (threadIdx.x < 32) {
+        const int lane = threadIdx.x;
+        const int t0 = blockIdx.z * TCG_TOKENS, nt = min(TCG_TOKENS, tokens - t0);
+        const int np = nt * k, base = t0 * k;
+        for (int p = lane; p < np; p += 32) sidx16[p] = __ldcg(idx + base + p);
+        __syncwarp();
+        int leaders = 0, e = -1;
+        for (int p0 = 0; p0 < np; p0 += 32) {
+            const int p = p0 + lane;
+            const int ep = p < np ? sidx16[p] : -1 - lane;  // past the end: unique, never leads
+            const unsigned same = __match_any_sync(0xffffffffu, ep);
+            bool lead = p < np && (__ffs(same) - 1) == lane;
+            for (int qq = 0; qq < p0 && lead; ++qq) lead = sidx16[qq] != ep;
+            const unsigned m = __ballot_sync(0xffffffffu, lead);
+            const int want = (int)blockIdx.y - leaders;
+            if (e < 0 && want >= 0 && want < __popc(m)) {
+                unsigned mm = m;  // its want-th set bit is the leader
+                for (int i = 0; i < want; ++i) mm &= mm - 1;
+                e = __shfl_sync(0xffffffffu, ep, __ffs(mm) - 1);
+            }
+            leaders += __popc(m);
+        }
+        int n = 0;
+        if (e >= 0) {
+            for (int p0 = 0; p0 < np; p0 += 32) {
+                const int p = p0 + lane;
+                const bool mine = p < np && sidx16[p] == e;
+                const unsigned m = __ballot_sync(0xffffffffu, mine);
+                const int slot = n + __popc(m & ((1u << lane) - 1u));
+                if (mine && slot < MOE16_MAXM) grp.p[slot] = base + p;
+                n = min(MOE16_MAXM, n + __popc(m));
+            }
+        }
+        if (lane == 0) {
+            grp.e = e;
+            grp.n = n;
+            grp.lead = leaders;
+        }
+    }
+    __syncthreads();
+    return grp.e >= 0;
+}
+
+// Byte stride of one staged member row (cols fp16), padded so that consecutive members start
+// 64 bytes apart in the banks (a quarter warp's 16-byte loads: two members, 4 lanes each).
+__device__ __forceinline__ int moe16_stride(int cols) {
+    const int s = cols * 2;
+    return s + ((64 - (s & 127)) & 127);
+}
+
+// Stage the nm members' activations (row(n): fp32, cols, a multiple of 32) as fp16 of x / D
+// at xs, D at dm[n], and row zr (= min(T, 16), past every group's members) as zeros. Whole
+// block must call it.
+template <class RowOf>
+__device__ __forceinline__ void moe16_stage(RowOf row, int cols, int nm, int zr, u8* xs, float* dm) {
+    __shared__ float amax16[TCG_WARPS][MOE16_MAXM];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int c4 = cols >> 2, stride = moe16_stride(cols);
+    // The zero row the lanes of members past the group read (row zr, after the members).
+    for (int i = threadIdx.x; i < stride / 16; i += blockDim.x)
+        reinterpret_cast<uint4*>(xs + zr * stride)[i] = make_uint4(0u, 0u, 0u, 0u);
+    for (int n = 0; n < nm; ++n) {
+        const float4* r = reinterpret_cast<const float4*>(row(n));
+        float m = 0.0f;
+        for (int i = threadIdx.x; i < c4; i += blockDim.x) {
+            const float4 v = r[i];
+            m = fmaxf(m, fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+        if (lane == 0) amax16[warp][n] = m;
+    }
+    __syncthreads();
+    if (threadIdx.x < nm) {
+        float m = 0.0f;
+        for (int w = 0; w < TCG_WARPS; ++w) m = fmaxf(m, amax16[w][threadIdx.x]);
+        const unsigned ef = __float_as_uint(m) >> 23;  // its biased exponent
+        // Below 2^-119 (or 0): zeros; inf: NaN (a NaN value stays NaN through the fp16 codes).
+        const float d = ef < 8u ? 0.0f : (ef > 254u ? __uint_as_float(0x7fc00000u) : __uint_as_float((ef - 7u) << 23));
+        amax16[0][threadIdx.x] = ef < 8u || ef > 254u ? 0.0f : __uint_as_float((261u - ef) << 23);
+        dm[threadIdx.x] = d;
+    }
+    __syncthreads();
+    for (int n = 0; n < nm; ++n) {
+        const float id = amax16[0][n];
+        const float4* r = reinterpret_cast<const float4*>(row(n));
+        for (int i = threadIdx.x; i < c4; i += blockDim.x) {
+            const float4 v = r[i];
+            *reinterpret_cast<uint2*>(xs + n * stride + 8 * i) =
+                make_uint2(f16x2_rn(v.x * id, v.y * id), f16x2_rn(v.z * id, v.w * id));
+        }
+    }
+    __syncthreads();
+}
+
+// This warp's share of its tile: blocks kb0 … kb1 - 1 of rows g (bw: its first block; sw: its
+// scales) and g + 8 (va, vb: the rows exist), times the nm staged members; acc[n] in mma's C
+// layout (rows g: 0, 1; g + 8: 2, 3; members n * 8 + 2t, + 1).
+__device__ __forceinline__ void moe16_tile(const u8* __restrict__ bw, const u8* __restrict__ sw,
+                                           int nb, int cols, bool va, bool vb, int kb0, int kb1,
+                                           const u8* xs, int nm, int zr, float (&acc)[2][4]) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int stride = moe16_stride(cols), ntile = (nm + 7) >> 3;
+    // Running pointers at block kb: rows g and g + 8 (8 rows of nb 16-byte blocks further; a
+    // row past the matrix reads row g, zeroed after the load: tiles start inside it), their
+    // scales, and this lane's member of each n tile (the zero row after the members past
+    // the group).
+    const unsigned* pa = reinterpret_cast<const unsigned*>(bw) + t + 4 * kb0;
+    const unsigned* pb = pa + (vb ? 32 * nb : 0);
+    const u8* sa = sw + kb0;
+    const u8* sb = sa + (vb ? 8 * nb : 0);
+    const unsigned ma = va ? ~0u : 0u, mb = vb ? ~0u : 0u;
+    const u8* zrow = xs + zr * stride;
+    const uint4* x0 = reinterpret_cast<const uint4*>((g < nm ? xs + g * stride : zrow) + t * 16) + 4 * kb0;
+    const uint4* x1 = reinterpret_cast<const uint4*>((8 + g < nm ? xs + (8 + g) * stride : zrow) + t * 16) + 4 * kb0;
+    unsigned qa[MOE16_D], qb[MOE16_D], ca[MOE16_D], cb[MOE16_D];
+    // Block kb + i's sums (the ring's slot i), then slot i refilled with block kb + i + D.
+    auto step = [&](int i, bool refill) {
+        unsigned ua[4], ub[4];
+        fp4x8_to_f16x2(qa[i] & ma, ua);
+        fp4x8_to_f16x2(qb[i] & mb, ub);
+        const float fa = e8m0_fast(ca[i]), fb = e8m0_fast(cb[i]);
+        if (refill) {
+            qa[i] = __ldg(pa + 4 * (i + MOE16_D));
+            qb[i] = __ldg(pb + 4 * (i + MOE16_D));
+            ca[i] = sa[i + MOE16_D];
+            cb[i] = sb[i + MOE16_D];
+        }
+        const unsigned a0[4] = {ua[0], ub[0], ua[1], ub[1]};
+        const unsigned a1[4] = {ua[2], ub[2], ua[3], ub[3]};
+#pragma unroll
+        for (int n = 0; n < 2; ++n) {
+            if (n >= ntile) break;  // warp-uniform
+            const uint4 b = (n ? x1 : x0)[4 * i];
+            float r[4] = {0.f, 0.f, 0.f, 0.f};
+            mma_f16_16816(r, a0, b.x, b.y);
+            mma_f16_16816(r, a1, b.z, b.w);
+            acc[n][0] = fmaf(r[0], fa, acc[n][0]);
+            acc[n][1] = fmaf(r[1], fa, acc[n][1]);
+            acc[n][2] = fmaf(r[2], fb, acc[n][2]);
+            acc[n][3] = fmaf(r[3], fb, acc[n][3]);
+        }
+    };
+#pragma unroll
+    for (int i = 0; i < MOE16_D; ++i)
+        if (kb0 + i < kb1) {
+            qa[i] = __ldg(pa + 4 * i);
+            qb[i] = __ldg(pb + 4 * i);
+            ca[i] = sa[i];
+            cb[i] = sb[i];
+        }
+#pragma unroll
+    for (int n = 0; n < 2; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
+    int kb = kb0;
+    for (; kb + MOE16_D <= kb1; kb += MOE16_D) {
+#pragma unroll
+        for (int i = 0; i < MOE16_D; ++i) step(i, kb + i + MOE16_D < kb1);
+        pa += 4 * MOE16_D;
+        pb += 4 * MOE16_D;
+        sa += MOE16_D;
+        sb += MOE16_D;
+        x0 += 4 * MOE16_D;
+        x1 += 4 * MOE16_D;
+    }
+#pragma unroll
+    for (int i = 0; i < MOE16_D; ++i)
+        if (kb + i < kb1) step(i, false);
+}
+
+// The K split's sums in order: warps kp > 0 of a tile publish theirs, warp kp = 0 adds them
+// in kp order. True for the warps that go on to the epilogue. Whole block must call it.
+__device__ __forceinline__ bool moe16_reduce(int ks, float (&acc)[2][4]) {
+    __shared__ float red16[TCG_WARPS][8][32];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, kp = warp % ks;
+    if (ks == 1) return true;
+    if (kp > 0) {
+#pragma unroll
+        for (int n = 0; n < 2; ++n)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) red16[warp][n * 4 + i][lane] = acc[n][i];
+    }
+    __syncthreads();
+    if (kp > 0) return false;
+    for (int j = 1; j < ks; ++j)
+#pragma unroll
+        for (int n = 0; n < 2; ++n)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) acc[n][i] += red16[warp + j][n * 4 + i][lane];
+    return true;
+}
+
+// Split kp of ks over nb blocks.
+__device__ __forceinline__ void moe16_krange(int nb, int ks, int kp, int& kb0, int& kb1) {
+    kb0 = (int)((long long)nb * kp / ks);
+    kb1 = (int)((long long)nb * (kp + 1) / ks);
+}
+
+// act[p, j] = swiglu(gate_j, lin_j) for the pairs p routed to the block's expert (rows 2j and
+// 2j + 1 interleave gate and linear units). grid = (ceil(2 I / (128 / ks)), min(T, 16) · k
+// capped at E, ceil(T / 16)); dynamic shared memory: min(T, 16) + 1 rows (the staged members,
+// a zero row) of
+// moe16_stride(H) bytes.
+extern "C" __global__ void __launch_bounds__(32 * TCG_WARPS, MOE16_MINB)
+moe_gate_up_f16(const u8* __restrict__ blocks, const u8* __restrict__ scales,
+                const bf16_t* __restrict__ bias, const float* __restrict__ x,
+                const int* __restrict__ idx, float* __restrict__ act, int inter, int hidden,
+                int k, int tokens, float limit, float alpha, int ks) {
+    extern __shared__ __align__(16) unsigned char tcg_smem[];
+    __shared__ Moe16Group grp;
+    __shared__ float dm[MOE16_MAXM];
+    pdl_enter();
+    if (!moe16_group(idx, tokens, k, grp)) return;
+    const int rows = 2 * inter, nb = hidden >> 5;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const int ra = blockIdx.x * (16 * TCG_WARPS / ks) + (warp / ks) * 16 + g, rb = ra + 8;
+    const int nm = grp.n, zr = min(tokens, TCG_TOKENS);
+    moe16_stage([&](int n) { return x + (size_t)(grp.p[n] / k) * hidden; }, hidden, nm, zr, tcg_smem, dm);
+    int kb0, kb1;
+    moe16_krange(nb, ks, warp % ks, kb0, kb1);
+    float acc[2][4];
+    moe16_tile(blocks + ((size_t)grp.e * rows + ra) * nb * 16, scales + ((size_t)grp.e * rows + ra) * nb,
+               nb, hidden, ra < rows, rb < rows, kb0, kb1, tcg_smem, nm, zr, acc);
+    if (!moe16_reduce(ks, acc)) return;
+    const bf16_t* bb = bias + (size_t)grp.e * rows;
+    const int ja = ra >> 1, jb = ja + 4;
+    const bool fin = (g & 1) == 0;  // lanes of even g finish; the linear rows are 4 lanes on
+#pragma unroll
+    for (int n = 0; n < 2; ++n) {
+        float lin[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) lin[i] = __shfl_down_sync(0xffffffffu, acc[n][i], 4);
+        if (!fin) continue;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const int mem = n * 8 + 2 * t + (i & 1), j = i < 2 ? ja : jb;
+            if (mem >= nm || j >= inter) continue;
+            const float d = dm[mem];
+            const float gt = acc[n][i] * d + bf2f(bb[2 * j]);
+            const float li = lin[i] * d + bf2f(bb[2 * j + 1]);
+            act[(size_t)grp.p[mem] * inter + j] = swiglu_clamped(gt, li, limit, alpha);
+        }
+    }
+}
+
+// part[p, r] = w[p] (W2_e[r, :] . act[p, :] + b2_e[r]) for the pairs p routed to the block's
+// expert, then y[t, r] (+)= the k slots' rows of each token in slot order (deterministic): the
+// last of the token group's distinct-expert blocks of a row range (counted in ctr[z ·
+// gridDim.x + x], which it leaves at zero) adds them. grid and shared memory as
+// moe_gate_up_f16 with H and I swapped.
+extern "C" __global__ void __launch_bounds__(32 * TCG_WARPS, MOE16_MINB)
+moe_down_f16(const u8* __restrict__ blocks, const u8* __restrict__ scales,
+             const bf16_t* __restrict__ bias, const float* __restrict__ act,
+             const int* __restrict__ idx, const float* __restrict__ wts, float* __restrict__ part,
+             int hidden, int inter, int k, int tokens, int ks, float* __restrict__ y,
+             int accumulate, unsigned* __restrict__ ctr) {
+    extern __shared__ __align__(16) unsigned char tcg_smem[];
+    __shared__ Moe16Group grp;
+    __shared__ float dm[MOE16_MAXM];
+    __shared__ unsigned last16;
+    pdl_enter();
+    if (!moe16_group(idx, tokens, k, grp)) return;
+    const int nb = inter >> 5;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const int rpb = 16 * TCG_WARPS / ks;
+    const int ra = blockIdx.x * rpb + (warp / ks) * 16 + g, rb = ra + 8;
+    const int nm = grp.n, zr = min(tokens, TCG_TOKENS);
+    moe16_stage([&](int n) { return act + (size_t)grp.p[n] * inter; }, inter, nm, zr, tcg_smem, dm);
+    int kb0, kb1;
+    moe16_krange(nb, ks, warp % ks, kb0, kb1);
+    float acc[2][4];
+    moe16_tile(blocks + ((size_t)grp.e * hidden + ra) * nb * 16, scales + ((size_t)grp.e * hidden + ra) * nb,
+               nb, inter, ra < hidden, rb < hidden, kb0, kb1, tcg_smem, nm, zr, acc);
+    if (moe16_reduce(ks, acc)) {
+        const bf16_t* bb = bias + (size_t)grp.e * hidden;
+#pragma unroll
+        for (int n = 0; n < 2; ++n)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                const int mem = n * 8 + 2 * t + (i & 1), r = i < 2 ? ra : rb;
+                if (mem >= nm || r >= hidden) continue;
+                const int p = grp.p[mem];
+                part[(size_t)p * hidden + r] = wts[p] * (acc[n][i] * dm[mem] + bf2f(bb[r]));
+            }
+    }
+    // Publish this block's rows and count it; the group's last expert block combines.
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        unsigned* c = ctr + (size_t)blockIdx.z * gridDim.x + blockIdx.x;
+        const unsigned last = atomicAdd(c, 1u) == (unsigned)grp.lead - 1u;
+        if (last) *c = 0u;
+        last16 = last;
+    }
+    __syncthreads();
+    if (!last16) return;
+    __threadfence();
+    const int t0 = blockIdx.z * TCG_TOKENS, nt = min(TCG_TOKENS, tokens - t0);
+    const int r0 = blockIdx.x * rpb, nr = min(hidden, r0 + rpb) - r0;
+    for (int i = threadIdx.x; i < nt * nr; i += blockDim.x) {
+        const int tt = t0 + i / nr, r = r0 + i % nr;
+        float sum = 0.0f;
+        for (int j = 0; j < k; ++j) sum += __ldcg(part + ((size_t)tt * k + j) * hidden + r);
+        float* o = y + (size_t)tt * hidden + r;
+        *o = accumulate ? *o + sum : sum;
+    }
+}

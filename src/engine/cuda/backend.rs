@@ -121,6 +121,7 @@ impl CudaBackend {
                 "cuda cores"
             },
             match o.activation {
+                ActFormat::Bf16 if self.dec.moe_f16() => "fp16 (x / D per row)",
                 ActFormat::Bf16 if self.dec.moe_on_tensor_cores() => "bf16",
                 ActFormat::Bf16 => "fp32",
                 ActFormat::Q8 => "q8 (int8 per 32, dp4a)",

@@ -60,7 +60,9 @@ pub const KERNEL_FILES: &[KernelFile] = &[
             "moe_gate_up_tc_t8",
             "moe_gate_up_tc_t16",
             "moe_down_tc_t8",
-            "moe_down_tc_t16"
+            "moe_down_tc_t16",
+            "moe_gate_up_f16",
+            "moe_down_f16"
         ]
     ),
     kernel_file!("rope_kv.cu", ["rope_kv_write"]),

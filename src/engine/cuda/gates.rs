@@ -130,7 +130,8 @@ pub struct DecodeOptions {
     pub gemv: DecodeGemv,
 }
 
-/// Environment variable choosing [`DecodeGemv`]: `tc` (the default), `tc-moe` or `simt`, for
+/// Environment variable choosing [`DecodeGemv`]: `tc` (the default), `tc-moe`, `tc-moe-f16` or
+/// `simt`, for
 /// A/B timing and as the fp32-activation reference path.
 pub const DECODE_GEMV_ENV: &str = "MXTUNE_GEMV";
 
@@ -148,6 +149,13 @@ pub enum DecodeGemv {
     /// arithmetic at every batch size (a sequence's greedy tokens do not depend on what it is
     /// batched with).
     TensorCoreMoe,
+    /// The MoE on tensor cores with fp16 operands (`moe_gate_up_f16`, `moe_down_f16`): the
+    /// MXFP4 weights become fp16 by byte permutations only (exact), the block scales multiply
+    /// the fp32 sums, the inputs are fp16 of x / D per routed row (D a power of two: 11
+    /// significant bits), each distinct expert of up to 16 rows read once. A row's
+    /// arithmetic does not depend on what it is batched with (the MMA's columns are
+    /// independent). With `--activation q8|fp8` the MoE stays on CUDA cores.
+    TensorCoreMoeF16,
     /// Everything on CUDA cores (`gemv_bf16.cu`, `gemv_mxfp4`, `moe_gemv.cu`): fp32
     /// activations, 4 rows per dense weight pass, each (row, expert) pair reading its expert.
     Simt,
@@ -159,8 +167,11 @@ impl DecodeGemv {
         match std::env::var(DECODE_GEMV_ENV).as_deref() {
             Err(_) | Ok("") | Ok("tc") => Ok(Self::TensorCore),
             Ok("tc-moe") => Ok(Self::TensorCoreMoe),
+            Ok("tc-moe-f16") => Ok(Self::TensorCoreMoeF16),
             Ok("simt") => Ok(Self::Simt),
-            Ok(v) => anyhow::bail!("{DECODE_GEMV_ENV}={v}: expected tc, tc-moe or simt"),
+            Ok(v) => {
+                anyhow::bail!("{DECODE_GEMV_ENV}={v}: expected tc, tc-moe, tc-moe-f16 or simt")
+            }
         }
     }
 
@@ -169,6 +180,7 @@ impl DecodeGemv {
         match self {
             Self::TensorCore => "tensor-core",
             Self::TensorCoreMoe => "tensor-core (moe too)",
+            Self::TensorCoreMoeF16 => "tensor-core (moe too, fp16)",
             Self::Simt => "simt",
         }
     }

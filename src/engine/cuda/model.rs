@@ -229,6 +229,10 @@ pub struct Decoder {
     /// The decode MoE runs on tensor cores (`opts.gemv`, bf16 activations, a shape the
     /// kernels take).
     moe_tc: bool,
+    /// The decode MoE runs `moe_gate_up_f16` / `moe_down_f16` (`MXTUNE_GEMV=tc-moe-f16`).
+    moe_f16: bool,
+    /// `MXTUNE_MOE16_KS`: their K split fixed for A/B runs.
+    moe_f16_split: Option<ops::MoeF16Split>,
     /// Units per warp of the SIMT decode MoE fixed by `$MXTUNE_MOE_UNITS` (None: picked per
     /// batch size, [`ops::MoeUnits::for_batch`]).
     moe_units: Option<(usize, usize)>,
@@ -256,7 +260,12 @@ fn moe_shape(c: &ModelConfig) -> MoeShape {
 impl Decoder {
     /// Whether the decode MoE runs on tensor cores.
     pub fn moe_on_tensor_cores(&self) -> bool {
-        self.moe_tc
+        self.moe_tc || self.moe_f16
+    }
+
+    /// Whether the decode MoE's tensor-core operands are fp16 (else bf16).
+    pub fn moe_f16(&self) -> bool {
+        self.moe_f16
     }
 
     /// Allocate the KV cache (`slots` sequences of `max_pos` positions) and activations for
@@ -297,6 +306,10 @@ impl Decoder {
         let moe_tc = opts.gemv == DecodeGemv::TensorCoreMoe
             && opts.activation == ActFormat::Bf16
             && ops::moe_tc_fits(g, moe_shape(cfg));
+        let moe_f16 = opts.gemv == DecodeGemv::TensorCoreMoeF16
+            && opts.activation == ActFormat::Bf16
+            && ops::moe_f16_fits(g, moe_shape(cfg));
+        let moe_f16_split = ops::MoeF16Split::from_env()?;
         let moe_units = ops::MoeUnits::from_env()?;
         let moe_loop = ops::MoeLoop::from_env()?;
         let attn = ops::AttnTuning::from_env()?;
@@ -325,6 +338,8 @@ impl Decoder {
             graphs: (0..2 * (max_batch + 1)).map(|_| None).collect(),
             pre: None,
             moe_tc,
+            moe_f16,
+            moe_f16_split,
             moe_units,
             moe_loop,
             prefill_router_rows,
@@ -556,6 +571,9 @@ impl Decoder {
         };
         // The MoE's units per warp depend on the batch only: once per step.
         let units = ops::MoeUnits::for_batch(g.sms(), sh.moe, n, self.moe_units, self.moe_loop);
+        let split = self.moe_f16_split.unwrap_or_else(|| {
+            ops::MoeF16Split::for_batch(g.sms(), sh.moe, c.num_local_experts, n)
+        });
         for (li, lw) in self.w.layers.iter().enumerate() {
             let l = self.layer_ptrs(g, li, lw);
             let attn_norm = Norm {
@@ -644,7 +662,10 @@ impl Decoder {
             let (idx, act) = (r.idx_ptr(g, li), p(&r.act));
             let fmt = self.opts.activation;
             let experts = c.num_local_experts;
-            if self.moe_tc {
+            if self.moe_f16 {
+                let h = p(&r.h);
+                ops::moe_gate_up_f16(g, &l.moe, sh.moe, experts, h, idx, act, n, split.gate_up)?;
+            } else if self.moe_tc {
                 ops::moe_gate_up_tc(g, &l.moe, sh.moe, experts, p(&r.h), idx, act, n)?;
             } else {
                 ops::moe_gate_up(
@@ -662,7 +683,23 @@ impl Decoder {
             }
             mark(StepGroup::MoeGateUp.label(false))?;
             let (wts, part, x) = (p(&r.r_w), p(&r.part), p(&r.x));
-            if self.moe_tc {
+            if self.moe_f16 {
+                ops::moe_down_f16(
+                    g,
+                    &l.moe,
+                    sh.moe,
+                    experts,
+                    idx,
+                    wts,
+                    act,
+                    part,
+                    x,
+                    n,
+                    true,
+                    split.down,
+                    g.ptr(&r.moe_ctr),
+                )?;
+            } else if self.moe_tc {
                 ops::moe_down_tc(g, &l.moe, sh.moe, experts, idx, wts, act, part, x, n, true)?;
             } else {
                 ops::moe_down(

@@ -1196,7 +1196,7 @@ pub fn moe_gate_up(
     );
     g.launch(
         kernel,
-        (u(s.inter.div_ceil(8 * units))?, u(s.k)?, u(t)?),
+        (u(s.k * t)?, u(s.inter.div_ceil(8 * units))?, 1),
         (256, 1, 1),
         u(smem)?,
         &[
@@ -1339,6 +1339,217 @@ pub fn moe_down_tc(
     moe_combine(g, part, y, s.hidden, s.k, t, accumulate)
 }
 
+/// Environment variable fixing the fp16 tensor-core MoE's K split (`N`, or `G/D` for
+/// gate_up / down; each 1, 2, 4 or 8) for A/B runs; unset: [`MoeF16Split::for_batch`].
+pub const MOE_F16_KS_ENV: &str = "MXTUNE_MOE16_KS";
+
+/// Warps splitting each 16-row tile's K in [`moe_gate_up_f16`] (`gate_up`) and
+/// [`moe_down_f16`] (`down`): a block of 8 warps covers 128 / ks rows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MoeF16Split {
+    pub gate_up: usize,
+    pub down: usize,
+}
+
+impl MoeF16Split {
+    /// From `$MXTUNE_MOE16_KS`; `None` when unset.
+    pub fn from_env() -> Result<Option<Self>> {
+        match std::env::var(MOE_F16_KS_ENV) {
+            Err(_) => Ok(None),
+            Ok(v) => Self::parse(&v).map(Some),
+        }
+    }
+
+    fn parse(v: &str) -> Result<Self> {
+        let one = |s: &str| -> Result<usize> {
+            match s.trim().parse::<usize>() {
+                Ok(n @ (1 | 2 | 4 | 8)) => Ok(n),
+                _ => anyhow::bail!(
+                    "{MOE_F16_KS_ENV}={v}: expected 1, 2, 4 or 8, or G/D with each of those"
+                ),
+            }
+        };
+        match v.split_once('/') {
+            Some((g, d)) => Ok(Self {
+                gate_up: one(g)?,
+                down: one(d)?,
+            }),
+            None => {
+                let n = one(v)?;
+                Ok(Self {
+                    gate_up: n,
+                    down: n,
+                })
+            }
+        }
+    }
+
+    /// The split for a batch of `t` rows: the smallest whose grid (row blocks times the
+    /// experts a group of min(t, 16) tokens routes to) gives every SM `per_sm` blocks.
+    pub fn for_batch(sms: usize, s: MoeShape, experts: usize, t: usize) -> Self {
+        let leaders = (t.clamp(1, TCG_TOKENS) * s.k).min(experts);
+        let pick = |rows: usize| {
+            [1usize, 2, 4, 8]
+                .into_iter()
+                .find(|&ks| rows.div_ceil(TCM_ROWS / ks) * leaders >= MOE_F16_BLOCKS_PER_SM * sms)
+                .unwrap_or(8)
+        };
+        Self {
+            gate_up: pick(2 * s.inter),
+            down: pick(s.hidden),
+        }
+    }
+}
+
+/// Blocks per SM [`MoeF16Split::for_batch`] aims for (the kernels are compiled for 3).
+const MOE_F16_BLOCKS_PER_SM: usize = 3;
+
+/// Whether the fp16 tensor-core MoE ([`moe_gate_up_f16`], [`moe_down_f16`]) takes this shape:
+/// k within the grouping, whole 32-element blocks, 16 staged fp16 rows and a zero row in
+/// shared memory.
+pub fn moe_f16_fits(g: &Gpu, s: MoeShape) -> bool {
+    s.k <= TCG_MAX_K
+        && s.hidden.is_multiple_of(32)
+        && s.inter.is_multiple_of(32)
+        && (TCG_TOKENS + 1) * moe_f16_stride(s.hidden.max(s.inter)) + 16 * 1024 <= g.max_shared()
+}
+
+/// Bytes of one staged fp16 row of `cols` (kernel `moe16_stride`).
+fn moe_f16_stride(cols: usize) -> usize {
+    let s = cols * 2;
+    s + ((64 - (s & 127)) & 127)
+}
+
+/// Launch an fp16 tensor-core MoE kernel over `t` tokens: groups of 16 tokens (z), one block
+/// row per distinct expert of a group at most (y), `rows` output rows in blocks of 128 / ks (x);
+/// `cols` is the staged input's row length.
+#[allow(clippy::too_many_arguments)]
+fn moe_f16_launch(
+    g: &Gpu,
+    kernel: &str,
+    s: MoeShape,
+    experts: usize,
+    t: usize,
+    rows: usize,
+    cols: usize,
+    ks: usize,
+    args: &[Arg],
+) -> Result<()> {
+    ensure!(
+        moe_f16_fits(g, s),
+        "MoE shape {s:?} not taken by the fp16 tensor-core MoE"
+    );
+    ensure!(
+        matches!(ks, 1 | 2 | 4 | 8),
+        "fp16 MoE K split {ks}: expected 1, 2, 4 or 8"
+    );
+    let leaders = (t.min(TCG_TOKENS) * s.k).min(experts);
+    g.launch(
+        kernel,
+        (
+            u(rows.div_ceil(TCM_ROWS / ks))?,
+            u(leaders)?,
+            u(t.div_ceil(TCG_TOKENS))?,
+        ),
+        (TCG_THREADS, 1, 1),
+        u((t.min(TCG_TOKENS) + 1) * moe_f16_stride(cols))?,
+        args,
+    )
+}
+
+/// The decode MoE's gate_up on tensor cores with fp16 operands: act[t, s] = swiglu(W13_e h[t] +
+/// b13_e) for e = idx[t, s], each distinct expert of a group of 16 tokens read once, its routed
+/// rows the MMA's n dimension; the weights exact, the inputs fp16 of x / D per row (D a power
+/// of two), the block scales applied to the fp32 sums. `experts` bounds the distinct experts.
+#[allow(clippy::too_many_arguments)]
+pub fn moe_gate_up_f16(
+    g: &Gpu,
+    w: &MoeWeights,
+    s: MoeShape,
+    experts: usize,
+    x: u64,
+    idx: u64,
+    act: u64,
+    t: usize,
+    ks: usize,
+) -> Result<()> {
+    s.check()?;
+    moe_f16_launch(
+        g,
+        "moe_gate_up_f16",
+        s,
+        experts,
+        t,
+        2 * s.inter,
+        s.hidden,
+        ks,
+        &[
+            Arg::Ptr(w.gu_blocks),
+            Arg::Ptr(w.gu_scales),
+            Arg::Ptr(w.gu_bias),
+            Arg::Ptr(x),
+            Arg::Ptr(idx),
+            Arg::Ptr(act),
+            i(s.inter)?,
+            i(s.hidden)?,
+            i(s.k)?,
+            i(t)?,
+            Arg::F32(s.limit),
+            Arg::F32(s.alpha),
+            i(ks)?,
+        ],
+    )
+}
+
+/// The decode MoE's down projection as [`moe_gate_up_f16`], then y[t] (+)= the k slots' rows
+/// summed in slot order by the last block of each row range (`ctr`: [`moe_counters`] zeroed
+/// u32s, left zeroed), as [`moe_down`] does: no combine launch.
+#[allow(clippy::too_many_arguments)]
+pub fn moe_down_f16(
+    g: &Gpu,
+    w: &MoeWeights,
+    s: MoeShape,
+    experts: usize,
+    idx: u64,
+    wts: u64,
+    act: u64,
+    part: u64,
+    y: u64,
+    t: usize,
+    accumulate: bool,
+    ks: usize,
+    ctr: u64,
+) -> Result<()> {
+    s.check()?;
+    moe_f16_launch(
+        g,
+        "moe_down_f16",
+        s,
+        experts,
+        t,
+        s.hidden,
+        s.inter,
+        ks,
+        &[
+            Arg::Ptr(w.dn_blocks),
+            Arg::Ptr(w.dn_scales),
+            Arg::Ptr(w.dn_bias),
+            Arg::Ptr(act),
+            Arg::Ptr(idx),
+            Arg::Ptr(wts),
+            Arg::Ptr(part),
+            i(s.hidden)?,
+            i(s.inter)?,
+            i(s.k)?,
+            i(t)?,
+            i(ks)?,
+            Arg::Ptr(y),
+            i(usize::from(accumulate))?,
+            Arg::Ptr(ctr),
+        ],
+    )
+}
+
 /// y[t] (+)= Σ_s w[t,s] (W2_e act[t, s] + b2_e): one block per (16 × units rows, slot) writes
 /// the slot's weighted rows to `part` [t, k, H]; the last slot block of each row range sums
 /// the slots into y in order (act quantized to `fmt` per block of 32 in the kernel). `ctr`:
@@ -1371,7 +1582,7 @@ pub fn moe_down(
     );
     g.launch(
         kernel,
-        (u(s.hidden.div_ceil(16 * units))?, u(s.k)?, u(t)?),
+        (u(s.k * t)?, u(s.hidden.div_ceil(16 * units))?, 1),
         (256, 1, 1),
         u(smem)?,
         &[
@@ -2115,6 +2326,47 @@ mod tests {
             moe_gemv_kernel(true, ActFormat::Q8, 96, false).0,
             "moe_down_q8"
         );
+    }
+
+    #[test]
+    fn moe_f16_split_per_batch_and_from_its_variable() {
+        let s = MoeShape {
+            hidden: 2880,
+            inter: 2880,
+            k: 4,
+            limit: 7.0,
+            alpha: 1.702,
+        };
+        // 120b on the H100 (132 SMs, 3 blocks each): at batch 1, 4 experts, gate_up's 5760
+        // rows need 32-row blocks (720 of them) and down's 2880 rows 16-row blocks; at batch
+        // 16 the 64 experts a group can route to fill the GPU with 128-row blocks.
+        let b1 = MoeF16Split::for_batch(132, s, 128, 1);
+        assert_eq!((b1.gate_up, b1.down), (4, 8));
+        let b16 = MoeF16Split::for_batch(132, s, 128, 16);
+        assert_eq!((b16.gate_up, b16.down), (1, 1));
+        // A model of 4 experts caps the group's distinct experts at 4 whatever the batch.
+        assert_eq!(MoeF16Split::for_batch(132, s, 4, 16), b1);
+        assert_eq!(
+            MoeF16Split::parse("2").unwrap(),
+            MoeF16Split {
+                gate_up: 2,
+                down: 2
+            }
+        );
+        assert_eq!(
+            MoeF16Split::parse("8/1").unwrap(),
+            MoeF16Split {
+                gate_up: 8,
+                down: 1
+            }
+        );
+        for bad in ["3", "0", "16", "2/", "x", "4/5"] {
+            let e = MoeF16Split::parse(bad).unwrap_err().to_string();
+            assert!(
+                e.contains("MXTUNE_MOE16_KS") && e.contains("1, 2, 4 or 8"),
+                "{bad}: {e}"
+            );
+        }
     }
 
     #[test]

@@ -263,21 +263,56 @@ pub fn moe(
     alpha: f64,
     act_bf16: bool,
 ) -> Vec<f64> {
+    let round = |act: &mut [f64]| {
+        if act_bf16 {
+            for a in act.iter_mut() {
+                *a = bf(to_bf(*a as f32));
+            }
+        }
+    };
+    moe_with(w, x, experts, weights, inter, limit, alpha, &round)
+}
+
+/// [`moe`] with each expert's SwiGLU output passed through `act_round` (what a kernel feeds
+/// the down projection) before it.
+#[allow(clippy::too_many_arguments)]
+pub fn moe_with(
+    w: &MoeHost<'_>,
+    x: &[f32],
+    experts: &[usize],
+    weights: &[f64],
+    inter: usize,
+    limit: f64,
+    alpha: f64,
+    act_round: &dyn Fn(&mut [f64]),
+) -> Vec<f64> {
     let h = x.len();
     let x64: Vec<f64> = x.iter().map(|&v| f64::from(v)).collect();
     let mut y = vec![0.0; h];
     for (&e, &we) in experts.iter().zip(weights) {
         let mut act = expert_act(w, &x64, e, inter, limit, alpha);
-        if act_bf16 {
-            for a in &mut act {
-                *a = bf(to_bf(*a as f32));
-            }
-        }
+        act_round(&mut act);
         for (yr, d) in y.iter_mut().zip(expert_down(w, &act, e, h)) {
             *yr += we * d;
         }
     }
     y
+}
+
+/// One row as the fp16 tensor-core MoE feeds it to its MMAs (kernel `moe16_stage`): fp16 of
+/// x / D, D = 2^(E - 7) for the row's largest magnitude in [2^E, 2^(E+1)), times D (exact in
+/// f32); a row whose largest magnitude is below 2^-119 is zeros.
+pub fn round_f16_row(x: &[f32]) -> Vec<f32> {
+    let m = x.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+    let ef = m.to_bits() >> 23;
+    if !(8..=254).contains(&ef) {
+        return vec![0.0; x.len()];
+    }
+    let d = f32::from_bits((ef - 7) << 23);
+    let id = f32::from_bits((261 - ef) << 23);
+    x.iter()
+        .map(|&v| half::f16::from_f32(v * id).to_f32() * d)
+        .collect()
 }
 
 /// `x` rounded to bf16 and back, as the tensor-core GEMMs read their fp32 activations.
@@ -303,6 +338,23 @@ pub fn argmax(row: &[f32]) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn f16_rows_scale_by_a_power_of_two_and_keep_eleven_bits() {
+        // Largest magnitude 3.0 (in [2, 4)): D = 2^-6, so x / D < 256.
+        let x = [3.0f32, -1.0 / 3.0, 1e-9, 0.0];
+        let r = round_f16_row(&x);
+        assert_eq!(r[0], 3.0);
+        assert_eq!(r[3], 0.0);
+        let third = half::f16::from_f32(-64.0 / 3.0).to_f32() / 64.0;
+        assert_eq!(r[1], third);
+        assert!((f64::from(r[1]) + 1.0 / 3.0).abs() < 1.0 / 3.0 * 2f64.powi(-11));
+        // 1e-9 / D = 6.4e-8 is below fp16's smallest subnormal (6e-8 rounds to it or to 0).
+        assert!(r[2].abs() <= 2f32.powi(-24) / 64.0);
+        // Tiny and empty rows are zeros; a row with inf is zeros too (the kernel's D is NaN).
+        assert_eq!(round_f16_row(&[1e-37, -2e-38]), vec![0.0, 0.0]);
+        assert_eq!(round_f16_row(&[f32::INFINITY, 1.0]), vec![0.0, 0.0]);
+    }
 
     #[test]
     fn e4m3_known_values() {

@@ -666,7 +666,11 @@ pub fn run_model_checks(
         // The tensor-core decode GEMVs (dense only, and the MoE too) on the otherwise exact
         // path (GEMV MoE, fp32 cache): their activations are bf16, so they are held to the
         // batched path's bounds (the logits' median, and the synthetic model's agreement).
-        for gemv in [DecodeGemv::TensorCore, DecodeGemv::TensorCoreMoe] {
+        for gemv in [
+            DecodeGemv::TensorCore,
+            DecodeGemv::TensorCoreMoe,
+            DecodeGemv::TensorCoreMoeF16,
+        ] {
             let dw = crate::engine::cuda::weights::synthetic_device(g, &cfg, seed)?;
             let opts = DecodeOptions {
                 sinks,

@@ -36,6 +36,7 @@ pub fn run_kernel_checks(g: &Gpu, seed: u64) -> Result<Vec<Check>> {
     out.extend(check_gemv_mxfp4(g, &mut s)?);
     out.extend(check_gemv_tc(g, &mut s)?);
     out.extend(check_moe_tc(g, &mut s)?);
+    out.extend(check_moe_f16(g, &mut s)?);
     out.extend(check_gemm_mxfp4(g, &mut s)?);
     Ok(out)
 }
@@ -1887,6 +1888,112 @@ fn check_moe_tc(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
             rel_err(&g.download(&dy)?, &want),
             1e-3,
         ));
+    }
+    Ok(res)
+}
+
+/// The fp16 tensor-core decode MoE (grouping by expert, gate_up + SwiGLU, down, the slot
+/// combine of the last block) against the f64 reference on the values its MMAs multiply: each
+/// token's input and each SwiGLU output row as fp16 of x / D (`round_f16_row`; the weights are
+/// exact). The shapes of `check_moe_tc`, at K splits 1 and 8 (and the batch's own), and the
+/// combine's counters back at zero after every call.
+fn check_moe_f16(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
+    let mut res = Vec::new();
+    for (e, hidden, inter, k, t) in [
+        (8usize, 256usize, 192usize, 4usize, 1usize),
+        (6, 2880, 2880, 4, 8),
+        (16, 2880, 2880, 4, 16),
+        (8, 256, 192, 4, 20),
+        (4, 320, 160, 2, 37),
+    ] {
+        let sh = MoeShape {
+            hidden,
+            inter,
+            k,
+            limit: 7.0,
+            alpha: 1.702,
+        };
+        let c = MoeCase::new(g, s, e, sh, t, |s| skewed_routing(s, t, e, k, 3, 2))?;
+        let xr: Vec<f32> = c.x.chunks(hidden).flat_map(r::round_f16_row).collect();
+        let round = |act: &mut [f64]| {
+            let a32: Vec<f32> = act.iter().map(|&v| v as f32).collect();
+            for (o, v) in act.iter_mut().zip(r::round_f16_row(&a32)) {
+                *o = f64::from(v);
+            }
+        };
+        let host = c.host();
+        let mut want = Vec::new();
+        for ti in 0..t {
+            let ex: Vec<usize> = c.idx[ti * k..][..k].iter().map(|&i| i as usize).collect();
+            let ww: Vec<f64> = c.wts[ti * k..][..k].iter().map(|&v| f64::from(v)).collect();
+            let y = r::moe_with(
+                &host,
+                &xr[ti * hidden..][..hidden],
+                &ex,
+                &ww,
+                inter,
+                7.0,
+                1.702,
+                &round,
+            );
+            want.extend(
+                y.iter()
+                    .zip(&c.y0[ti * hidden..][..hidden])
+                    .map(|(a, b)| a + f64::from(*b)),
+            );
+        }
+        let auto = ops::MoeF16Split::for_batch(g.sms(), sh, e, t);
+        let mut splits = vec![(1, 1), (8, 8), (auto.gate_up, auto.down)];
+        splits.dedup();
+        for (kg, kd) in splits {
+            let dact = nan_f32(g, t * k * inter)?;
+            let dpart = nan_f32(g, t * k * hidden)?;
+            let dy = g.upload(&c.y0)?;
+            let ctr = g.upload(&vec![0u32; ops::moe_counters(hidden, t)])?;
+            let w = c.weights(g);
+            ops::moe_gate_up_f16(
+                g,
+                &w,
+                sh,
+                e,
+                g.ptr(&c.dx),
+                g.ptr(&c.di),
+                g.ptr(&dact),
+                t,
+                kg,
+            )?;
+            ops::moe_down_f16(
+                g,
+                &w,
+                sh,
+                e,
+                g.ptr(&c.di),
+                g.ptr(&c.dw),
+                g.ptr(&dact),
+                g.ptr(&dpart),
+                g.ptr(&dy),
+                t,
+                true,
+                kd,
+                g.ptr(&ctr),
+            )?;
+            let label = format!(
+                "moe fp16 tensor-core gemv E={e} H={hidden} I={inter} k={k} t={t} ks={kg}/{kd}"
+            );
+            // The SwiGLU outputs come from fp32 (GPU) vs f64 (reference) sums, so a value near
+            // an fp16 rounding boundary may land one ulp apart: as the bf16 path's bound.
+            res.push(check(
+                label.clone(),
+                rel_err(&g.download(&dy)?, &want),
+                1e-3,
+            ));
+            let left = g.download(&ctr)?.iter().filter(|&&v| v != 0).count();
+            res.push(check(
+                format!("{label}: counters left non-zero"),
+                left as f64,
+                0.0,
+            ));
+        }
     }
     Ok(res)
 }
