@@ -1166,3 +1166,194 @@ fn panel_reattaches_to_a_cluster_left_running_by_the_cli() {
     );
     assert!(rt.block_on(containers_of(&d, &run_id)).is_empty());
 }
+
+/// A matrix of one docker-cluster preset (both nodes here) launches it as `mxtune launch`
+/// does, benchmarks it through the head's API, records both nodes and the `nccl_transport`
+/// verdict, and stops both containers; with `--host`, or under another `--target`, the
+/// preset is refused before anything starts.
+#[tokio::test]
+async fn matrix_runs_a_cluster_preset_and_records_both_nodes() {
+    let test = "matrix_runs_a_cluster_preset_and_records_both_nodes";
+    let Some(d) = docker_or_skip(test).await else {
+        return;
+    };
+    let image = test_image(&d).await;
+    let dir = tempfile::tempdir().unwrap();
+    let (port, ray_port) = (free_port(), free_port());
+    let mut fs = cluster_flags(&image, dir.path(), port, ray_port);
+    fs.cluster.transport = Transport::Rdma;
+    std::fs::create_dir_all(dir.path().join("hf")).unwrap();
+    std::fs::create_dir_all(dir.path().join("jit")).unwrap();
+    let presets = dir.path().join("presets");
+    std::fs::create_dir(&presets).unwrap();
+    let mut text = String::from("description = \"two nodes, matrix\"\n");
+    text.push_str(&toml::to_string(&fs).unwrap());
+    std::fs::write(presets.join("tp2-matrix.toml"), &text).unwrap();
+    // A hosts file naming a host, for the --host refusals (nothing is reached there).
+    let home = dir.path().join("config");
+    std::fs::create_dir_all(home.join("mxtune")).unwrap();
+    std::fs::write(
+        home.join("mxtune/hosts.toml"),
+        "[[host]]\nname = \"remote\"\nssh = \"mxtune-test-unreachable\"\n",
+    )
+    .unwrap();
+    let (p, runs, out) = (
+        presets.clone(),
+        dir.path().join("runs"),
+        dir.path().join("out"),
+    );
+    let run = |args: Vec<String>| {
+        let (home, p, runs) = (home.clone(), p.clone(), runs.clone());
+        async move {
+            let o = tokio::task::spawn_blocking(move || {
+                Command::new(MXTUNE)
+                    .args(&args)
+                    .arg("--presets-dir")
+                    .arg(&p)
+                    .arg("--runs-dir")
+                    .arg(&runs)
+                    .env("XDG_CONFIG_HOME", &home)
+                    .output()
+                    .unwrap()
+            })
+            .await
+            .unwrap();
+            (
+                o.status.code(),
+                String::from_utf8_lossy(&o.stdout).into_owned(),
+                String::from_utf8_lossy(&o.stderr).into_owned(),
+            )
+        }
+    };
+    let ours = || async {
+        docker::find_mxtune_containers(&d)
+            .await
+            .unwrap()
+            .into_iter()
+            .filter(|f| f.preset == "tp2-matrix")
+            .collect::<Vec<_>>()
+    };
+    let refused = |args: &[&str]| args.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+
+    // The preset names its hosts: --host is refused, with the cluster target or without.
+    let (code, _, err) = run(refused(&[
+        "matrix",
+        "--target",
+        "docker-cluster",
+        "--host",
+        "remote",
+        "tp2-matrix",
+    ]))
+    .await;
+    assert_eq!(code, Some(1), "{err}");
+    assert!(
+        err.contains("--host with --target docker-cluster: a docker-cluster preset names its two hosts itself"),
+        "{err}"
+    );
+    let (code, _, err) = run(refused(&[
+        "ab",
+        "tp2-matrix",
+        "tp2-matrix",
+        "--host",
+        "remote",
+        "--out",
+        &dir.path().join("ab").display().to_string(),
+    ]))
+    .await;
+    assert_eq!(code, Some(1), "{err}");
+    assert!(
+        err.contains("preset tp2-matrix is a docker-cluster preset: it names its two hosts itself (cluster.head and cluster.worker), so --host does not apply"),
+        "{err}"
+    );
+    // Under the default --target docker it would be rendered as one container: refused.
+    let (code, _, err) = run(refused(&[
+        "matrix",
+        "tp2-matrix",
+        "--out",
+        &dir.path().join("out-docker").display().to_string(),
+    ]))
+    .await;
+    assert_eq!(code, Some(1), "{err}");
+    assert!(
+        err.contains(
+            "preset tp2-matrix is a docker-cluster preset: run it with --target docker-cluster"
+        ),
+        "{err}"
+    );
+    assert!(ours().await.is_empty());
+    assert!(
+        !dir.path()
+            .join("out-docker")
+            .join("matrix-state.json")
+            .exists()
+    );
+
+    let (code, stdout, err) = run(refused(&[
+        "matrix",
+        "--target",
+        "docker-cluster",
+        "tp2-matrix",
+        "--endpoint",
+        "completions",
+        "--grid",
+        "pp=64",
+        "tg=4",
+        "runs=1",
+        "warmup=0",
+        "--levels",
+        "1,1.5,4",
+        "--startup-limit-s",
+        "120",
+        "--out",
+        &out.display().to_string(),
+    ]))
+    .await;
+    let state: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("matrix-state.json")).unwrap())
+            .unwrap();
+    let entry = &state["order"][0];
+    let run_id = entry["run_id"].as_str().unwrap_or_default().to_string();
+    let _cleanup = Cleanup(run_id.clone());
+    assert!(matches!(code, Some(0 | 1)), "{stdout}{err}");
+    assert_eq!(entry["name"], "tp2-matrix", "{state}");
+    assert_eq!(entry["status"], "done", "{state}\n{err}");
+    let rec: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(entry["record"].as_str().unwrap()).unwrap())
+            .unwrap();
+    assert_eq!(rec["identity"]["run_id"], run_id.as_str(), "{rec}");
+    assert_eq!(rec["target"]["kind"], "docker-cluster", "{rec}");
+    // Benchmarked through the head's API.
+    assert_eq!(
+        rec["target"]["url"].as_str().unwrap().trim_end_matches('/'),
+        format!("http://127.0.0.1:{port}"),
+        "{rec}"
+    );
+    assert_eq!(rec["results"].as_array().unwrap().len(), 1, "{rec}");
+    assert!(
+        rec["results"][0]["tg_tps"]["mean"].as_f64().unwrap() > 0.0,
+        "{rec}"
+    );
+    // Both nodes' environment, head first, each with its container.
+    let nodes = rec["environment"]["nodes"].as_array().unwrap();
+    assert_eq!(nodes.len(), 2, "{rec}");
+    for (node, role) in nodes.iter().zip(["head", "worker"]) {
+        assert_eq!(node["role"], role, "{rec}");
+        assert_eq!(node["host"], "local", "{rec}");
+        assert_eq!(
+            node["container_name"],
+            format!("mxtune-{run_id}-{role}").as_str(),
+            "{rec}"
+        );
+    }
+    let transport = rec["observed"]["kernel_path"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["flag"] == "nccl_transport")
+        .unwrap_or_else(|| panic!("no nccl_transport verdict: {rec}"));
+    assert_eq!(transport["value"], "rdma", "{rec}");
+    assert_eq!(transport["verdict"], "valid", "{rec}");
+    // Both containers were stopped and removed before the matrix ended.
+    assert!(ours().await.is_empty(), "{:?}", ours().await);
+    assert!(containers_of(&d, &run_id).await.is_empty());
+}

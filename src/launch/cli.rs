@@ -502,29 +502,15 @@ async fn launch_async(args: LaunchArgs) -> Result<ExitCode> {
                 cluster.parallel,
                 cluster.transport
             );
-            let engines = super::cluster::ClusterEngines::connect(&plan, &spec).await?;
-            let image = spec.container.as_ref().map(|c| c.image.clone());
-            if let Some(image) = &image {
-                engines.check_image(&plan, image, args.pull).await?;
-            }
-            if let Some(flags) = &flags {
-                if let Some(image) = image.as_deref()
-                    && flags.container.vllm == crate::flags::VllmFlavor::Upstream
-                {
-                    // The release is asked of the head's image, so a missing one comes first.
-                    docker::ensure_image(&engines.head, image, args.pull, &tx).await?;
-                }
-                // Rendered again in the names of the vLLM release the head's image carries.
-                spec = super::dialect::render_for_launch(
-                    flags,
-                    TargetKind::DockerCluster,
-                    Some(&engines.head),
-                )
-                .await
-                .with_context(|| {
-                    format!("rendering preset {preset} for its image's vLLM release")
-                })?;
-            }
+            let (engines, rendered) = super::cluster::ClusterEngines::connect_for_launch(
+                &plan,
+                &spec,
+                flags.as_ref(),
+                args.pull,
+                &tx,
+            )
+            .await?;
+            spec = rendered;
             if let Some(line) = dialect_line(&spec) {
                 crate::errln!("{line}");
             }

@@ -304,6 +304,44 @@ impl ClusterEngines {
         })
     }
 
+    /// Reaches both engines for a launch of `spec` and readies its image: the same image on
+    /// both hosts ([`ClusterEngines::check_image`]), a missing stock image pulled on the head
+    /// when `allow_pull` (its vLLM release is asked of it), and the preset's `flags` (when the
+    /// spec came from a preset) rendered again in the names of that release. Returns the
+    /// engines and the spec to launch with [`ClusterTarget::launch_on`]. `mxtune launch`, a
+    /// matrix and an A/B start a cluster through here.
+    pub async fn connect_for_launch(
+        plan: &ClusterPlan,
+        spec: &LaunchSpec,
+        flags: Option<&crate::flags::FlagSet>,
+        allow_pull: bool,
+        events: &mpsc::UnboundedSender<LaunchEvent>,
+    ) -> Result<(Self, LaunchSpec)> {
+        let engines = ClusterEngines::connect(plan, spec).await?;
+        let image = spec.container.as_ref().map(|c| c.image.clone());
+        if let Some(image) = &image {
+            engines.check_image(plan, image, allow_pull).await?;
+        }
+        let Some(flags) = flags else {
+            return Ok((engines, spec.clone()));
+        };
+        if let Some(image) = image.as_deref()
+            && flags.container.vllm == crate::flags::VllmFlavor::Upstream
+        {
+            // The release is asked of the head's image, so a missing one comes first.
+            docker::ensure_image(&engines.head, image, allow_pull, events).await?;
+        }
+        // Rendered again in the names of the vLLM release the head's image carries.
+        let spec = super::dialect::render_for_launch(
+            flags,
+            crate::vocab::TargetKind::DockerCluster,
+            Some(&engines.head),
+        )
+        .await
+        .context("rendering the preset for its image's vLLM release")?;
+        Ok((engines, spec))
+    }
+
     /// The run ids of `preset`'s clusters whose Ray head runs where `plan` puts it (a running
     /// container labelled as that run's head for the head's host), newest first (run ids are
     /// ULIDs, which sort by time).

@@ -131,11 +131,11 @@ pub(crate) fn target_kind(t: TargetArg) -> Result<TargetKind> {
         TargetArg::Docker => TargetKind::Docker,
         TargetArg::Engine => TargetKind::Engine,
         TargetArg::Attach => {
-            bail!("--target attach: a matrix launches and stops its targets; use docker or engine")
+            bail!(
+                "--target attach: a matrix launches and stops its targets; use docker, docker-cluster or engine"
+            )
         }
-        TargetArg::DockerCluster => bail!(
-            "--target docker-cluster: a matrix does not run two-node targets yet; launch the preset with `mxtune launch --preset NAME` and benchmark it with `mxtune bench --url`"
-        ),
+        TargetArg::DockerCluster => TargetKind::DockerCluster,
     })
 }
 
@@ -152,6 +152,11 @@ pub(crate) fn plan_of(
     let mut hosts = Vec::new();
     let mut host_presets = std::collections::BTreeMap::new();
     if !c.hosts.is_empty() {
+        if c.target == TargetArg::DockerCluster {
+            bail!(
+                "--host with --target docker-cluster: a docker-cluster preset names its two hosts itself (cluster.head and cluster.worker); leave out --host"
+            );
+        }
         if c.target != TargetArg::Docker {
             bail!(
                 "--host runs Docker presets on that host: use --target docker (for the engine, run mxtune on that host)"
@@ -299,6 +304,7 @@ fn new_state(args: &MatrixArgs) -> Result<MatrixState> {
             bail!("preset {p} is listed twice; a matrix runs each preset once");
         }
     }
+    super::run::check_presets(&plan)?;
     plan.seed = if args.no_shuffle {
         None
     } else {

@@ -46,15 +46,53 @@ pub struct Prepared {
     pub spec: LaunchSpec,
 }
 
-/// Loads and renders `name` for the plan's target; conflict rules that block refuse it.
-pub fn prepare(plan: &MatrixPlan, name: &str) -> Result<Prepared> {
+/// Loads preset `name` (a name, or a path to its .toml) as the plan finds it.
+fn load(plan: &MatrixPlan, name: &str) -> Result<Preset> {
     let store = PresetStore::standard(plan.presets_dir.clone());
     let loaded = if name.ends_with(".toml") || name.contains('/') {
         store.load_file(Path::new(name))
     } else {
         store.load(name)
     };
-    let mut preset = loaded.map_err(|e| anyhow!("{e}"))?;
+    loaded.map_err(|e| anyhow!("{e}"))
+}
+
+/// Refuses a docker-cluster preset that the plan would run as something else: with `--host`
+/// (the preset names its two hosts itself), or for another `--target`.
+fn check_cluster_preset(plan: &MatrixPlan, preset: &Preset) -> Result<()> {
+    if preset.flags.target != TargetKind::DockerCluster || plan.target == TargetKind::DockerCluster
+    {
+        return Ok(());
+    }
+    if !plan.hosts.is_empty() {
+        bail!(
+            "preset {} is a docker-cluster preset: it names its two hosts itself (cluster.head and cluster.worker), so --host does not apply; run it with --target docker-cluster and without --host",
+            preset.name
+        );
+    }
+    bail!(
+        "preset {} is a docker-cluster preset: run it with --target docker-cluster (a matrix renders every preset for its --target, {} here)",
+        preset.name,
+        plan.target.name()
+    )
+}
+
+/// Checked before a matrix starts: each preset that loads is one the plan can run
+/// ([`check_cluster_preset`]); a preset that does not load fails in its turn.
+pub fn check_presets(plan: &MatrixPlan) -> Result<()> {
+    for name in &plan.presets {
+        if let Ok(p) = load(plan, name) {
+            check_cluster_preset(plan, &p)?;
+        }
+    }
+    Ok(())
+}
+
+/// Loads and renders `name` for the plan's target; conflict rules that block refuse it, and
+/// so does a docker-cluster preset with `--host` or another `--target`.
+pub fn prepare(plan: &MatrixPlan, name: &str) -> Result<Prepared> {
+    let mut preset = load(plan, name)?;
+    check_cluster_preset(plan, &preset)?;
     if let Some(d) = &plan.device {
         preset.flags.engine.device = d.parse().map_err(|e| anyhow!("--device {d}: {e}"))?;
     }
@@ -241,8 +279,15 @@ pub async fn start_on(
     r.target.flags = serde_json::to_value(&prepared.preset.flags).unwrap_or_default();
     r.target.launch = Some(prepared.spec.clone());
     r.target.model = Some(prepared.spec.served_model_name.clone());
+    // A cluster's head on another host: its environment is filled from there once reached.
+    let head_elsewhere = plan.target == TargetKind::DockerCluster
+        && prepared
+            .spec
+            .cluster
+            .as_ref()
+            .is_some_and(|c| c.head != crate::flags::render::LOCAL_HOST);
     match host {
-        None => {
+        None if !head_elsewhere => {
             if let Ok(s) = tokio::task::spawn_blocking(|| sample_once(&MonitorConfig::default()))
                 .await
                 .map_err(|e| anyhow!("{e}"))
@@ -251,6 +296,7 @@ pub async fn start_on(
                 crate::monitor::record::fill_environment(&mut r.environment, &s);
             }
         }
+        None => r.environment.host = HostFacts::default(),
         Some(h) => {
             // Filled from the host once it is reached; this machine's would mislead.
             r.environment.host = HostFacts::default();
@@ -305,6 +351,10 @@ pub async fn start_on(
     let mut remote = None;
     let mut readings = Readings::Local;
     let connected = match host {
+        // A cluster reaches its two hosts' engines itself.
+        None if plan.target == TargetKind::DockerCluster => Err(anyhow!(
+            "a cluster reaches its hosts' Docker engines itself"
+        )),
         None => docker::connect().await,
         Some(name) => {
             let forward = (
@@ -359,10 +409,15 @@ pub async fn start_on(
             }
             Err(e) => Err(e),
         },
-        TargetKind::DockerCluster => Err(anyhow::anyhow!(
-            "preset {}: a matrix does not run two-node (docker-cluster) targets yet",
-            prepared.preset.name
-        )),
+        TargetKind::DockerCluster => {
+            match start_cluster(prepared, &opts, &mut record, &tx, progress).await {
+                Ok((launch, r)) => {
+                    readings = r;
+                    Ok(launch)
+                }
+                Err(e) => Err(e),
+            }
+        }
         TargetKind::Engine => {
             EngineTarget::launch(
                 plan.engine_bin.as_deref(),
@@ -424,7 +479,9 @@ pub async fn start_on(
         r.target.url = Some(ready.url.clone());
         r.target.model = Some(ready.model.clone());
         match plan.target {
-            TargetKind::Docker => {
+            TargetKind::Docker | TargetKind::DockerCluster => {
+                // A cluster's are the head's; each node's are in environment.nodes.
+                r.environment.nodes = facts.nodes.clone();
                 r.target.docker = Some(DockerFacts {
                     image: facts.image.clone().unwrap_or_default(),
                     image_id: facts.image_id.clone(),
@@ -498,6 +555,56 @@ pub async fn start_on(
         host: remote,
         readings,
     })
+}
+
+/// Launches a two-node (docker-cluster) preset as `mxtune launch` does: pre-flight on both
+/// nodes' hosts (an error blocks, a warning goes to the record), both engines reached and the
+/// image readied ([`ClusterEngines::connect_for_launch`]), then both containers started and
+/// followed ([`ClusterTarget::launch_on`]). The readings are this machine's when the head
+/// runs here, else the head's host's ([`host_environment`]).
+async fn start_cluster(
+    prepared: &Prepared,
+    opts: &LaunchOptions,
+    record: &mut RunHandle,
+    tx: &mpsc::UnboundedSender<LaunchEvent>,
+    progress: &Progress,
+) -> Result<(Launch, Readings)> {
+    use crate::launch::cluster::{ClusterEngines, ClusterPlan, ClusterTarget};
+    use crate::launch::preflight;
+    let cluster = prepared.spec.cluster.clone().with_context(|| {
+        format!(
+            "preset {} rendered no [cluster] section: a docker-cluster matrix needs docker-cluster presets",
+            prepared.preset.name
+        )
+    })?;
+    let plan = ClusterPlan::from_hosts_file(&cluster)?;
+    let findings = preflight::cluster_checks(&plan, &prepared.spec).await?;
+    for f in findings.iter().filter(|f| !f.blocks()) {
+        let _ = tx.send(LaunchEvent::Warning { message: f.line() });
+    }
+    if preflight::blocked(&findings) {
+        let errors: Vec<String> = findings
+            .iter()
+            .filter(|f| f.blocks())
+            .map(|f| f.line())
+            .collect();
+        bail!("{}: {}", preflight::BLOCKED, errors.join("; "));
+    }
+    let (engines, spec) = ClusterEngines::connect_for_launch(
+        &plan,
+        &prepared.spec,
+        Some(&prepared.preset.flags),
+        opts.allow_pull,
+        tx,
+    )
+    .await?;
+    let _ = record.update(|r| r.target.launch = Some(spec.clone()));
+    let readings = match &plan.head.host {
+        None => Readings::Local,
+        Some(h) => host_environment(record, h, &engines.head, progress).await,
+    };
+    let launch = ClusterTarget::launch_on(engines, plan, &spec, opts, tx.clone()).await?;
+    Ok((launch, readings))
 }
 
 /// Fills a remote run's environment from its host, marked as that host's: the Docker

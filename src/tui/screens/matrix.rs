@@ -516,8 +516,9 @@ pub fn common_args(app: &App, kind: TargetKind) -> Result<CommonArgs, String> {
         TargetKind::Engine => TargetArg::Engine,
         TargetKind::Attach | TargetKind::DockerCluster => {
             return Err(
-                "the matrix and A/B launch their own single-host targets: choose engine or \
-                 docker on the Launch screen (2, then t)"
+                "the panel's matrix and A/B launch single-host targets: choose engine or \
+                 docker on the Launch screen (2, then t); two-node presets run with \
+                 `mxtune matrix --target docker-cluster`"
                     .into(),
             );
         }
@@ -868,7 +869,7 @@ fn kind_text(k: TargetKind) -> &'static str {
         TargetKind::Engine => "engine",
         TargetKind::Attach => "attach (choose engine or docker)",
         TargetKind::DockerCluster => {
-            "docker-cluster (not in a matrix yet: choose engine or docker)"
+            "docker-cluster (not in the panel's matrix: choose engine or docker, or run `mxtune matrix --target docker-cluster`)"
         }
     }
 }
