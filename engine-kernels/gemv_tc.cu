@@ -378,6 +378,7 @@ GEMV_TC_FP4(gemv_tc_fp4_t16, 2, TCG_MINB)
 struct TcgGroup {
     int e;       // expert
     int n;       // members
+    int lead;    // the token group's distinct experts (every block of the group agrees)
     int p[TCG_TOKENS];  // their pair indices (global: t * k + s)
 };
 
@@ -395,7 +396,7 @@ __device__ __forceinline__ bool tcg_group(const int* __restrict__ idx, int token
         for (int p = lane; p < np; p += 32) sidx[p] = __ldcg(idx + base + p);
         __syncwarp();
         int leaders_before = 0, e = -1;
-        for (int p0 = 0; p0 < np && e < 0; p0 += 32) {
+        for (int p0 = 0; p0 < np; p0 += 32) {
             const int p = p0 + lane;
             const int ep = p < np ? sidx[p] : -1 - lane;  // past the end: unique, never leads
             // A pair leads when it is the first of its expert in its 32 and no earlier 32 has it.
@@ -404,7 +405,7 @@ __device__ __forceinline__ bool tcg_group(const int* __restrict__ idx, int token
             for (int qq = 0; qq < p0 && lead; ++qq) lead = sidx[qq] != ep;
             const unsigned m = __ballot_sync(0xffffffffu, lead);
             const int want = (int)blockIdx.y - leaders_before;
-            if (want < __popc(m)) {
+            if (e < 0 && want >= 0 && want < __popc(m)) {
                 unsigned mm = m;  // its want-th set bit is the leader
                 for (int i = 0; i < want; ++i) mm &= mm - 1;
                 e = __shfl_sync(0xffffffffu, ep, __ffs(mm) - 1);
@@ -428,6 +429,7 @@ __device__ __forceinline__ bool tcg_group(const int* __restrict__ idx, int token
             live = e >= 0;
             grp.e = e;
             grp.n = n;
+            grp.lead = leaders_before;
         }
     }
     __syncthreads();
@@ -621,13 +623,13 @@ MOE_DOWN_TC(moe_down_tc_t16, 2)
 // tile's K, so a block covers 128 / ks rows, and the split's sums are added in warp order
 // (deterministic); each warp keeps MOE16_D blocks of its two rows in flight (a register
 // ring). The grouping is tcg_group's (each distinct expert of a group of up to 16 tokens read
-// once, its routed pairs the n dimension), and it also counts the group's distinct experts,
-// which the down kernel's slot combine waits for.
+// once, its routed pairs the n dimension; its count of the group's distinct experts is what the
+// down kernel's slot combine waits for).
 #ifndef MOE16_D
 #define MOE16_D 4
 #endif
 #ifndef MOE16_MINB
-#define MOE16_MINB 4
+#define MOE16_MINB 3
 #endif
 #define MOE16_MAXM TCG_TOKENS
 
@@ -663,59 +665,6 @@ __device__ __forceinline__ unsigned f16x2_rn(float a, float b) {
     unsigned r;
     asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(b), "f"(a));
     return r;
-}
-
-// The block's group: tcg_group's expert and members, and the number of distinct experts of
-// the token group (every block of the group agrees on it).
-struct Moe16Group {
-    int e, n, lead;
-    int p[MOE16_MAXM];
-};
-
-__device__ __forceinline__ bool moe16_group(const int* __restrict__ idx, int tokens, int k,
-                                            Moe16Group& grp) {
-    __shared__ int sidx16[TCG_TOKENS * TCG_MAX_K];
-    if (threadIdx.x < 32) {
-        const int lane = threadIdx.x;
-        const int t0 = blockIdx.z * TCG_TOKENS, nt = min(TCG_TOKENS, tokens - t0);
-        const int np = nt * k, base = t0 * k;
-        for (int p = lane; p < np; p += 32) sidx16[p] = __ldcg(idx + base + p);
-        __syncwarp();
-        int leaders = 0, e = -1;
-        for (int p0 = 0; p0 < np; p0 += 32) {
-            const int p = p0 + lane;
-            const int ep = p < np ? sidx16[p] : -1 - lane;  // past the end: unique, never leads
-            const unsigned same = __match_any_sync(0xffffffffu, ep);
-            bool lead = p < np && (__ffs(same) - 1) == lane;
-            for (int qq = 0; qq < p0 && lead; ++qq) lead = sidx16[qq] != ep;
-            const unsigned m = __ballot_sync(0xffffffffu, lead);
-            const int want = (int)blockIdx.y - leaders;
-            if (e < 0 && want >= 0 && want < __popc(m)) {
-                unsigned mm = m;  // its want-th set bit is the leader
-                for (int i = 0; i < want; ++i) mm &= mm - 1;
-                e = __shfl_sync(0xffffffffu, ep, __ffs(mm) - 1);
-            }
-            leaders += __popc(m);
-        }
-        int n = 0;
-        if (e >= 0) {
-            for (int p0 = 0; p0 < np; p0 += 32) {
-                const int p = p0 + lane;
-                const bool mine = p < np && sidx16[p] == e;
-                const unsigned m = __ballot_sync(0xffffffffu, mine);
-                const int slot = n + __popc(m & ((1u << lane) - 1u));
-                if (mine && slot < MOE16_MAXM) grp.p[slot] = base + p;
-                n = min(MOE16_MAXM, n + __popc(m));
-            }
-        }
-        if (lane == 0) {
-            grp.e = e;
-            grp.n = n;
-            grp.lead = leaders;
-        }
-    }
-    __syncthreads();
-    return grp.e >= 0;
 }
 
 // Byte stride of one staged member row (cols fp16), padded so that consecutive members start
@@ -883,10 +832,10 @@ moe_gate_up_f16(const u8* __restrict__ blocks, const u8* __restrict__ scales,
                 const int* __restrict__ idx, float* __restrict__ act, int inter, int hidden,
                 int k, int tokens, float limit, float alpha, int ks) {
     extern __shared__ __align__(16) unsigned char tcg_smem[];
-    __shared__ Moe16Group grp;
+    __shared__ TcgGroup grp;
     __shared__ float dm[MOE16_MAXM];
     pdl_enter();
-    if (!moe16_group(idx, tokens, k, grp)) return;
+    if (!tcg_group(idx, tokens, k, grp)) return;
     const int rows = 2 * inter, nb = hidden >> 5;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     const int ra = blockIdx.x * (16 * TCG_WARPS / ks) + (warp / ks) * 16 + g, rb = ra + 8;
@@ -931,11 +880,11 @@ moe_down_f16(const u8* __restrict__ blocks, const u8* __restrict__ scales,
              int hidden, int inter, int k, int tokens, int ks, float* __restrict__ y,
              int accumulate, unsigned* __restrict__ ctr) {
     extern __shared__ __align__(16) unsigned char tcg_smem[];
-    __shared__ Moe16Group grp;
+    __shared__ TcgGroup grp;
     __shared__ float dm[MOE16_MAXM];
     __shared__ unsigned last16;
     pdl_enter();
-    if (!moe16_group(idx, tokens, k, grp)) return;
+    if (!tcg_group(idx, tokens, k, grp)) return;
     const int nb = inter >> 5;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     const int rpb = 16 * TCG_WARPS / ks;

@@ -59,6 +59,31 @@ fn opts(dir: &Path, run_id: &str) -> LaunchOptions {
     o
 }
 
+/// Kills the worker container `id` and waits (up to a minute) for `launch` to end: its exit's
+/// detail, or the test fails naming `what`.
+async fn kill_worker_and_wait(
+    d: &bollard::Docker,
+    id: &str,
+    launch: &mxtune::launch::Launch,
+    what: &str,
+) -> String {
+    d.kill_container(id, None::<bollard::query_parameters::KillContainerOptions>)
+        .await
+        .unwrap();
+    let mut status = launch.status();
+    for _ in 0..600 {
+        if matches!(status, Status::Exited(_)) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        status = launch.status();
+    }
+    let Status::Exited(exit) = status else {
+        panic!("{what} did not end when its worker died: {status:?}");
+    };
+    exit.detail.unwrap_or_default()
+}
+
 async fn containers_of(d: &bollard::Docker, run_id: &str) -> Vec<docker::Found> {
     docker::find_mxtune_containers(d)
         .await
@@ -200,24 +225,7 @@ async fn socket_fallback_is_a_warning_and_a_lost_worker_ends_the_run_with_its_re
         .into_iter()
         .find(|f| f.cluster_role.as_deref() == Some("worker"))
         .unwrap();
-    d.kill_container(
-        &worker.id,
-        None::<bollard::query_parameters::KillContainerOptions>,
-    )
-    .await
-    .unwrap();
-    let mut status = launch.status();
-    for _ in 0..600 {
-        if matches!(status, Status::Exited(_)) {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        status = launch.status();
-    }
-    let Status::Exited(exit) = status else {
-        panic!("the cluster did not end when its worker died: {status:?}");
-    };
-    let detail = exit.detail.unwrap_or_default();
+    let detail = kill_worker_and_wait(&d, &worker.id, &launch, "the cluster").await;
     assert!(
         detail.starts_with(&format!(
             "the Ray worker container {} on host local exited",
@@ -811,24 +819,8 @@ async fn cli_reattaches_to_a_cluster_whose_head_is_over_ssh() {
         .iter()
         .find(|f| f.cluster_role.as_deref() == Some("worker"))
         .unwrap();
-    d.kill_container(
-        &worker.id,
-        None::<bollard::query_parameters::KillContainerOptions>,
-    )
-    .await
-    .unwrap();
-    let mut status = launch.status();
-    for _ in 0..600 {
-        if matches!(status, Status::Exited(_)) {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        status = launch.status();
-    }
-    let Status::Exited(exit) = status else {
-        panic!("the re-attached cluster did not end when its worker died: {status:?}");
-    };
-    assert!(exit.detail.unwrap_or_default().starts_with(&format!(
+    let detail = kill_worker_and_wait(&d, &worker.id, &launch, "the re-attached cluster").await;
+    assert!(detail.starts_with(&format!(
         "the Ray worker container {} on host local exited",
         worker.name
     )),);

@@ -1257,6 +1257,17 @@ impl MoeCase {
     /// y0 + the MoE of input `x` per token (with `act_bf16` the SwiGLU output rounded to bf16,
     /// as the tensor-core path feeds it on).
     fn want(&self, x: &[f32], act_bf16: bool) -> Vec<f64> {
+        self.want_with(x, &|act: &mut [f64]| {
+            if act_bf16 {
+                for a in act.iter_mut() {
+                    *a = r::bf(r::to_bf(*a as f32));
+                }
+            }
+        })
+    }
+
+    /// y0 + the MoE of input `x` per token, each SwiGLU output row passed through `act_round`.
+    fn want_with(&self, x: &[f32], act_round: &dyn Fn(&mut [f64])) -> Vec<f64> {
         let (hidden, k) = (self.sh.hidden, self.sh.k);
         let host = self.host();
         let mut want = Vec::new();
@@ -1269,7 +1280,7 @@ impl MoeCase {
                 .iter()
                 .map(|&v| f64::from(v))
                 .collect();
-            let y = r::moe(
+            let y = r::moe_with(
                 &host,
                 &x[ti * hidden..][..hidden],
                 &ex,
@@ -1277,7 +1288,7 @@ impl MoeCase {
                 self.sh.inter,
                 f64::from(self.sh.limit),
                 f64::from(self.sh.alpha),
-                act_bf16,
+                act_round,
             );
             want.extend(
                 y.iter()
@@ -1841,12 +1852,11 @@ fn check_gemv_tc(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
     Ok(res)
 }
 
-/// The tensor-core decode MoE (in-kernel grouping by expert, gate_up + SwiGLU, down, slot
-/// combine) against the f64 reference on bf16-rounded inputs and SwiGLU outputs (what its
-/// MMAs multiply): one token, 8 and 16 tokens (one and two n8 tiles) with experts shared by
-/// many tokens, 20 and 37 tokens (token groups of 16, the last partial), and k = 2 and 4.
-fn check_moe_tc(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
-    let mut res = Vec::new();
+/// The tensor-core decode MoEs' cases (expert count, case): one token, 8 and 16 tokens (one
+/// and two n8 tiles) with experts shared by many tokens, 20 and 37 tokens (token groups of 16,
+/// the last partial), and k = 2 and 4.
+fn moe_tc_cases(g: &Gpu, s: &mut Seeds) -> Result<Vec<(usize, MoeCase)>> {
+    let mut cases = Vec::new();
     for (e, hidden, inter, k, t) in [
         (8usize, 256usize, 192usize, 4usize, 1usize),
         (6, 2880, 2880, 4, 8),
@@ -1861,7 +1871,22 @@ fn check_moe_tc(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
             limit: 7.0,
             alpha: 1.702,
         };
-        let c = MoeCase::new(g, s, e, sh, t, |s| skewed_routing(s, t, e, k, 3, 2))?;
+        cases.push((
+            e,
+            MoeCase::new(g, s, e, sh, t, |s| skewed_routing(s, t, e, k, 3, 2))?,
+        ));
+    }
+    Ok(cases)
+}
+
+/// The tensor-core decode MoE (in-kernel grouping by expert, gate_up + SwiGLU, down, slot
+/// combine) against the f64 reference on bf16-rounded inputs and SwiGLU outputs (what its
+/// MMAs multiply), on `moe_tc_cases`.
+fn check_moe_tc(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
+    let mut res = Vec::new();
+    for (e, c) in moe_tc_cases(g, s)? {
+        let (sh, t) = (c.sh, c.t);
+        let (hidden, inter, k) = (sh.hidden, sh.inter, sh.k);
         let want = c.want(&r::round_bf16(&c.x), true);
         let dact = nan_f32(g, t * k * inter)?;
         let dpart = nan_f32(g, t * k * hidden)?;
@@ -1895,53 +1920,20 @@ fn check_moe_tc(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
 /// The fp16 tensor-core decode MoE (grouping by expert, gate_up + SwiGLU, down, the slot
 /// combine of the last block) against the f64 reference on the values its MMAs multiply: each
 /// token's input and each SwiGLU output row as fp16 of x / D (`round_f16_row`; the weights are
-/// exact). The shapes of `check_moe_tc`, at K splits 1 and 8 (and the batch's own), and the
+/// exact). On `moe_tc_cases`, at K splits 1 and 8 (and the batch's own), and the
 /// combine's counters back at zero after every call.
 fn check_moe_f16(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
     let mut res = Vec::new();
-    for (e, hidden, inter, k, t) in [
-        (8usize, 256usize, 192usize, 4usize, 1usize),
-        (6, 2880, 2880, 4, 8),
-        (16, 2880, 2880, 4, 16),
-        (8, 256, 192, 4, 20),
-        (4, 320, 160, 2, 37),
-    ] {
-        let sh = MoeShape {
-            hidden,
-            inter,
-            k,
-            limit: 7.0,
-            alpha: 1.702,
-        };
-        let c = MoeCase::new(g, s, e, sh, t, |s| skewed_routing(s, t, e, k, 3, 2))?;
+    for (e, c) in moe_tc_cases(g, s)? {
+        let (sh, t) = (c.sh, c.t);
+        let (hidden, inter, k) = (sh.hidden, sh.inter, sh.k);
         let xr: Vec<f32> = c.x.chunks(hidden).flat_map(r::round_f16_row).collect();
-        let round = |act: &mut [f64]| {
+        let want = c.want_with(&xr, &|act: &mut [f64]| {
             let a32: Vec<f32> = act.iter().map(|&v| v as f32).collect();
             for (o, v) in act.iter_mut().zip(r::round_f16_row(&a32)) {
                 *o = f64::from(v);
             }
-        };
-        let host = c.host();
-        let mut want = Vec::new();
-        for ti in 0..t {
-            let ex: Vec<usize> = c.idx[ti * k..][..k].iter().map(|&i| i as usize).collect();
-            let ww: Vec<f64> = c.wts[ti * k..][..k].iter().map(|&v| f64::from(v)).collect();
-            let y = r::moe_with(
-                &host,
-                &xr[ti * hidden..][..hidden],
-                &ex,
-                &ww,
-                inter,
-                7.0,
-                1.702,
-                &round,
-            );
-            want.extend(
-                y.iter()
-                    .zip(&c.y0[ti * hidden..][..hidden])
-                    .map(|(a, b)| a + f64::from(*b)),
-            );
-        }
+        });
         let auto = ops::MoeF16Split::for_batch(g.sms(), sh, e, t);
         let mut splits = vec![(1, 1), (8, 8), (auto.gate_up, auto.down)];
         splits.dedup();
