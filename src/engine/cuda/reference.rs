@@ -263,14 +263,25 @@ pub fn moe(
     alpha: f64,
     act_bf16: bool,
 ) -> Vec<f64> {
-    let round = |act: &mut [f64]| {
-        if act_bf16 {
-            for a in act.iter_mut() {
-                *a = bf(to_bf(*a as f32));
-            }
-        }
-    };
-    moe_with(w, x, experts, weights, inter, limit, alpha, &round)
+    let keep = |_: &mut [f64]| {};
+    let round: &dyn Fn(&mut [f64]) = if act_bf16 { &round_act_bf16 } else { &keep };
+    moe_with(w, x, experts, weights, inter, limit, alpha, round)
+}
+
+/// A SwiGLU output row as the tensor-core prefill path feeds it on: bf16 of its f32 values.
+pub fn round_act_bf16(act: &mut [f64]) {
+    for a in act.iter_mut() {
+        *a = bf(to_bf(*a as f32));
+    }
+}
+
+/// A SwiGLU output row as the fp16 tensor-core MoE feeds it on: [`round_f16_row`] of its f32
+/// values.
+pub fn round_act_f16(act: &mut [f64]) {
+    let a32: Vec<f32> = act.iter().map(|&v| v as f32).collect();
+    for (o, v) in act.iter_mut().zip(round_f16_row(&a32)) {
+        *o = f64::from(v);
+    }
 }
 
 /// [`moe`] with each expert's SwiGLU output passed through `act_round` (what a kernel feeds

@@ -1257,13 +1257,8 @@ impl MoeCase {
     /// y0 + the MoE of input `x` per token (with `act_bf16` the SwiGLU output rounded to bf16,
     /// as the tensor-core path feeds it on).
     fn want(&self, x: &[f32], act_bf16: bool) -> Vec<f64> {
-        self.want_with(x, &|act: &mut [f64]| {
-            if act_bf16 {
-                for a in act.iter_mut() {
-                    *a = r::bf(r::to_bf(*a as f32));
-                }
-            }
-        })
+        let keep = |_: &mut [f64]| {};
+        self.want_with(x, if act_bf16 { &r::round_act_bf16 } else { &keep })
     }
 
     /// y0 + the MoE of input `x` per token, each SwiGLU output row passed through `act_round`.
@@ -1928,12 +1923,7 @@ fn check_moe_f16(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
         let (sh, t) = (c.sh, c.t);
         let (hidden, inter, k) = (sh.hidden, sh.inter, sh.k);
         let xr: Vec<f32> = c.x.chunks(hidden).flat_map(r::round_f16_row).collect();
-        let want = c.want_with(&xr, &|act: &mut [f64]| {
-            let a32: Vec<f32> = act.iter().map(|&v| v as f32).collect();
-            for (o, v) in act.iter_mut().zip(r::round_f16_row(&a32)) {
-                *o = f64::from(v);
-            }
-        });
+        let want = c.want_with(&xr, &r::round_act_f16);
         let auto = ops::MoeF16Split::for_batch(g.sms(), sh, e, t);
         let mut splits = vec![(1, 1), (8, 8), (auto.gate_up, auto.down)];
         splits.dedup();
