@@ -478,6 +478,45 @@ __device__ __forceinline__ void tcm_tile(const TcmFp4& wp, int r0, int rows, int
     }
 }
 
+// The gate_up epilogue of the tensor-core MoEs. A 16-row tile's rows interleave gate (even)
+// and linear (odd) units, so the lanes of even g finish units ja = (tile row g) / 2 and ja + 4,
+// the linear sums coming from the lanes 4 on. tc_swiglu_bias: those units' gate and linear
+// biases (b[0], b[1] for ja; b[2], b[3] for ja + 4; zeros elsewhere), read early.
+__device__ __forceinline__ void tc_swiglu_bias(const bf16_t* __restrict__ be, int ja, int inter,
+                                               float (&b)[4]) {
+    const bool fin = ((threadIdx.x & 31) >> 2 & 1) == 0;
+    b[0] = b[1] = b[2] = b[3] = 0.0f;
+    if (fin && ja < inter) { b[0] = bf2f(be[2 * ja]); b[1] = bf2f(be[2 * ja + 1]); }
+    if (fin && ja + 4 < inter) { b[2] = bf2f(be[2 * ja + 8]); b[3] = bf2f(be[2 * ja + 9]); }
+}
+
+// act[p[m], j] = swiglu(gate · d + b_gate, lin · d + b_lin) for the units above and members m
+// < nm (acc[n] in mma's C layout: members n * 8 + 2q, + 1), d = dm[m] (1 without dm).
+template <int TN>
+__device__ __forceinline__ void tc_swiglu_store(const float (&acc)[TN][4], int ja, int nm,
+                                                const int* p, const float* dm,
+                                                const float (&b)[4], float* __restrict__ act,
+                                                int inter, float limit, float alpha) {
+    const int lane = threadIdx.x & 31, q = lane & 3;
+    const bool fin = ((lane >> 2) & 1) == 0;
+#pragma unroll
+    for (int n = 0; n < TN; ++n) {
+        float lin[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) lin[i] = __shfl_down_sync(0xffffffffu, acc[n][i], 4);
+        if (!fin) continue;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const int m = n * 8 + 2 * q + (i & 1), j = i < 2 ? ja : ja + 4;
+            if (m >= nm || j >= inter) continue;
+            const float d = dm ? dm[m] : 1.0f;
+            const float gt = acc[n][i] * d + b[i < 2 ? 0 : 2];
+            const float li = lin[i] * d + b[i < 2 ? 1 : 3];
+            act[(size_t)p[m] * inter + j] = swiglu_clamped(gt, li, limit, alpha);
+        }
+    }
+}
+
 // act[p, j] = swiglu(gate_j, lin_j) for each pair p routed to the block's expert (rows 2j and
 // 2j + 1 of gate_up interleave gate and linear units). x: the normalised input [T, H].
 template <int TN>
@@ -493,40 +532,22 @@ __device__ __forceinline__ void moe_gate_up_tc_body(const u8* __restrict__ block
     if (!tcg_group(idx, tokens, k, grp)) return;
     const int rows = 2 * inter, nb = hidden >> 5;
     const TcmFp4 wp{blocks + (size_t)grp.e * rows * nb * 16, scales + (size_t)grp.e * rows * nb, hidden};
-    const int lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
+    const int g = (threadIdx.x & 31) >> 2;
     const int rt = blockIdx.x * TCM_ROWS + (threadIdx.x >> 5) * 16;  // the warp's tile
     const int nchunks = (hidden + 4 * TcmFp4::E - 1) / (4 * TcmFp4::E);
     TcmFp4::Raw ring[TCM_DEPTH];
     tcm_prefetch(wp, rt + g, rows, nchunks, ring);
-    // Lanes of even g finish units (rt + g) / 2 and (rt + g + 8) / 2: their biases now.
-    const bf16_t* be = bias + (size_t)grp.e * rows;
-    const int ja = (rt + g) >> 1, jb = ja + 4;
-    const bool fin = (g & 1) == 0;
-    float bga = 0.f, bla = 0.f, bgb = 0.f, blb = 0.f;
-    if (fin && ja < inter) { bga = bf2f(be[2 * ja]); bla = bf2f(be[2 * ja + 1]); }
-    if (fin && jb < inter) { bgb = bf2f(be[2 * jb]); blb = bf2f(be[2 * jb + 1]); }
+    // The units this lane finishes: their biases now.
+    const int ja = (rt + g) >> 1;
+    float b[4];
+    tc_swiglu_bias(bias + (size_t)grp.e * rows, ja, inter, b);
     const int stride = hidden + TCG_XPAD, nt = grp.n;
     bf16_t* xs = reinterpret_cast<bf16_t*>(tcg_smem);
     tcg_stage([&](int n) { return x + (size_t)(grp.p[n] / k) * hidden; }, nullptr, hidden, nt,
               stride, xs, nullptr, nullptr);
     float acc[TN][4];
     tcm_tile<TN>(wp, rt + g, rows, hidden, nchunks, ring, xs, stride, nt, acc);
-#pragma unroll
-    for (int n = 0; n < TN; ++n) {
-        // The linear rows (odd g) are the next lane group's: 4 lanes on.
-        float lin[4];
-#pragma unroll
-        for (int i = 0; i < 4; ++i) lin[i] = __shfl_down_sync(0xffffffffu, acc[n][i], 4);
-        if (!fin) continue;
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            const int tok = n * 8 + 2 * q + (i & 1), j = i < 2 ? ja : jb;
-            if (tok >= nt || j >= inter) continue;
-            const float gt = acc[n][i] + (i < 2 ? bga : bgb);
-            const float li = lin[i] + (i < 2 ? bla : blb);
-            act[(size_t)grp.p[tok] * inter + j] = swiglu_clamped(gt, li, limit, alpha);
-        }
-    }
+    tc_swiglu_store<TN>(acc, ja, nt, grp.p, nullptr, b, act, inter, limit, alpha);
 }
 
 // part[p, r] = w[p] * (W2_e[r, :] . act[p, :] + b2_e[r]) for each pair p routed to the block's
@@ -739,7 +760,7 @@ __device__ __forceinline__ void moe16_tile(const u8* __restrict__ bw, const u8* 
     const u8* zrow = xs + zr * stride;
     const uint4* x0 = reinterpret_cast<const uint4*>((g < nm ? xs + g * stride : zrow) + t * 16) + 4 * kb0;
     const uint4* x1 = reinterpret_cast<const uint4*>((8 + g < nm ? xs + (8 + g) * stride : zrow) + t * 16) + 4 * kb0;
-    unsigned qa[MOE16_D], qb[MOE16_D], ca[MOE16_D], cb[MOE16_D];
+    unsigned qa[MOE16_D] = {}, qb[MOE16_D] = {}, ca[MOE16_D] = {}, cb[MOE16_D] = {};
     // Block kb + i's sums (the ring's slot i), then slot i refilled with block kb + i + D.
     auto step = [&](int i, bool refill) {
         unsigned ua[4], ub[4];
@@ -837,9 +858,11 @@ moe_gate_up_f16(const u8* __restrict__ blocks, const u8* __restrict__ scales,
     pdl_enter();
     if (!tcg_group(idx, tokens, k, grp)) return;
     const int rows = 2 * inter, nb = hidden >> 5;
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2;
     const int ra = blockIdx.x * (16 * TCG_WARPS / ks) + (warp / ks) * 16 + g, rb = ra + 8;
-    const int nm = grp.n, zr = min(tokens, TCG_TOKENS);
+    const int nm = grp.n, zr = min(tokens, TCG_TOKENS), ja = ra >> 1;
+    float b[4];
+    tc_swiglu_bias(bias + (size_t)grp.e * rows, ja, inter, b);
     moe16_stage([&](int n) { return x + (size_t)(grp.p[n] / k) * hidden; }, hidden, nm, zr, tcg_smem, dm);
     int kb0, kb1;
     moe16_krange(nb, ks, warp % ks, kb0, kb1);
@@ -847,25 +870,7 @@ moe_gate_up_f16(const u8* __restrict__ blocks, const u8* __restrict__ scales,
     moe16_tile(blocks + ((size_t)grp.e * rows + ra) * nb * 16, scales + ((size_t)grp.e * rows + ra) * nb,
                nb, hidden, ra < rows, rb < rows, kb0, kb1, tcg_smem, nm, zr, acc);
     if (!moe16_reduce(ks, acc)) return;
-    const bf16_t* bb = bias + (size_t)grp.e * rows;
-    const int ja = ra >> 1, jb = ja + 4;
-    const bool fin = (g & 1) == 0;  // lanes of even g finish; the linear rows are 4 lanes on
-#pragma unroll
-    for (int n = 0; n < 2; ++n) {
-        float lin[4];
-#pragma unroll
-        for (int i = 0; i < 4; ++i) lin[i] = __shfl_down_sync(0xffffffffu, acc[n][i], 4);
-        if (!fin) continue;
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            const int mem = n * 8 + 2 * t + (i & 1), j = i < 2 ? ja : jb;
-            if (mem >= nm || j >= inter) continue;
-            const float d = dm[mem];
-            const float gt = acc[n][i] * d + bf2f(bb[2 * j]);
-            const float li = lin[i] * d + bf2f(bb[2 * j + 1]);
-            act[(size_t)grp.p[mem] * inter + j] = swiglu_clamped(gt, li, limit, alpha);
-        }
-    }
+    tc_swiglu_store<2>(acc, ja, nm, grp.p, dm, b, act, inter, limit, alpha);
 }
 
 // part[p, r] = w[p] (W2_e[r, :] . act[p, :] + b2_e[r]) for the pairs p routed to the block's
