@@ -228,6 +228,57 @@ __device__ __forceinline__ void fp4x8_to_bf16x2(unsigned w, unsigned (&p)[4]) {
     p[3] = __byte_perm(lo47, hi47, 0x7362);
 }
 
+// The same eight elements as four fp16 pairs (p[j]: elements 2j in the low half and 2j + 1):
+// every E2M1 value's fp16 code has a zero low byte, so one PRMT per four elements looks up
+// the high bytes and the sign bits are put in as above. Used by the tensor-core fp16 MoE
+// (gemv_tc.cu) and the decode MoE's fp16 dot (moe_gemv.cu).
+__device__ __forceinline__ void fp4x8_to_f16x2(unsigned w, unsigned (&p)[4]) {
+    const unsigned t0 = 0x3E3C3800u, t1 = 0x46444240u;  // high bytes of 0 .5 1 1.5 | 2 3 4 6
+    const unsigned m = w & 0x77777777u, w4 = w << 4;
+    const unsigned lo = __byte_perm(t0, t1, m) | (__byte_perm(w4, w, 0x5140) & 0x80808080u);
+    const unsigned hi = __byte_perm(t0, t1, m >> 16) | (__byte_perm(w4, w, 0x7362) & 0x80808080u);
+    p[0] = __byte_perm(lo, 0u, 0x1404);
+    p[1] = __byte_perm(lo, 0u, 0x3424);
+    p[2] = __byte_perm(hi, 0u, 0x1404);
+    p[3] = __byte_perm(hi, 0u, 0x3424);
+}
+
+// UE8M0 byte -> 2^(s - 127) (s = 0: 2^-127) in two integer instructions.
+__device__ __forceinline__ float e8m0_fast(unsigned s) {
+    return __uint_as_float(max(s << 23, 0x00400000u));
+}
+
+// Two fp32 to an fp16 pair (a in the low half), round to nearest even.
+__device__ __forceinline__ unsigned f16x2_rn(float a, float b) {
+    unsigned r;
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(b), "f"(a));
+    return r;
+}
+
+// ---- fp16 pairs in 32-bit words (inline PTX, so no cuda_fp16.h is needed under NVRTC).
+// a * b + c on fp16 pairs, rounded once (round to nearest even).
+__device__ __forceinline__ unsigned f16x2_fma(unsigned a, unsigned b, unsigned c) {
+    unsigned d;
+    asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+}
+
+// a + b on fp16 pairs.
+__device__ __forceinline__ unsigned f16x2_add(unsigned a, unsigned b) {
+    unsigned d;
+    asm("add.rn.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+    return d;
+}
+
+// The sum of an fp16 pair's halves in fp32 (both widened exactly first).
+__device__ __forceinline__ float f16x2_hsum(unsigned v) {
+    float lo, hi;
+    asm("{.reg .f16 l, h;\n\tmov.b32 {l, h}, %2;\n\tcvt.f32.f16 %0, l;\n\tcvt.f32.f16 %1, h;\n\t}"
+        : "=f"(lo), "=f"(hi)
+        : "r"(v));
+    return lo + hi;
+}
+
 // The same eight elements as fp32 (the bf16 pairs widened by a shift or a mask).
 __device__ __forceinline__ void fp4x8_to_f32(unsigned w, float (&f)[8]) {
     unsigned p[4];

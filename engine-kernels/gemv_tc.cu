@@ -654,19 +654,6 @@ MOE_DOWN_TC(moe_down_tc_t16, 2)
 #endif
 #define MOE16_MAXM TCG_TOKENS
 
-// 8 MXFP4 elements (nibbles of w, element i at bits 4i …) as 4 fp16 pairs: p[j] = elements
-// 2j (low half) and 2j + 1.
-__device__ __forceinline__ void fp4x8_to_f16x2(unsigned w, unsigned (&p)[4]) {
-    const unsigned t0 = 0x3E3C3800u, t1 = 0x46444240u;  // high bytes of 0 .5 1 1.5 | 2 3 4 6
-    const unsigned m = w & 0x77777777u, w4 = w << 4;
-    const unsigned lo = __byte_perm(t0, t1, m) | (__byte_perm(w4, w, 0x5140) & 0x80808080u);
-    const unsigned hi = __byte_perm(t0, t1, m >> 16) | (__byte_perm(w4, w, 0x7362) & 0x80808080u);
-    p[0] = __byte_perm(lo, 0u, 0x1404);
-    p[1] = __byte_perm(lo, 0u, 0x3424);
-    p[2] = __byte_perm(hi, 0u, 0x1404);
-    p[3] = __byte_perm(hi, 0u, 0x3424);
-}
-
 __device__ __forceinline__ void mma_f16_16816(float (&c)[4], const unsigned (&a)[4], unsigned b0,
                                               unsigned b1) {
     asm volatile(
@@ -674,18 +661,6 @@ __device__ __forceinline__ void mma_f16_16816(float (&c)[4], const unsigned (&a)
         "{%8,%9}, {%0,%1,%2,%3};\n"
         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-// UE8M0 byte -> 2^(s - 127) (s = 0: 2^-127) in two integer instructions.
-__device__ __forceinline__ float e8m0_fast(unsigned s) {
-    return __uint_as_float(max(s << 23, 0x00400000u));
-}
-
-// Two fp32 to an fp16 pair (a in the low half), round to nearest even.
-__device__ __forceinline__ unsigned f16x2_rn(float a, float b) {
-    unsigned r;
-    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(b), "f"(a));
-    return r;
 }
 
 // Byte stride of one staged member row (cols fp16), padded so that consecutive members start

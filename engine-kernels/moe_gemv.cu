@@ -46,6 +46,13 @@ __device__ __forceinline__ float fp4_block_dot(uint4 q, const float* xs) {
 // codes from the same fp32 inputs with the same IEEE operations (division, reciprocal,
 // round-to-nearest-even), which the host mirrors exactly (src/engine/cuda/quant.rs).
 #define ACT8_PAD 48
+// The fp16 dot (ActF16): a group of 32 fp16 codes takes F16_PAD bytes (64 + 16 padding: the
+// 8 lanes of a phase reading group b at 80 b fall in distinct banks), then one fp32 scale per
+// group. Codes are x / D · F16_CODE_SCALE with |x / D| <= 1: a weight's product is at most
+// 6 · 256 and an fp16 accumulator of 16 of them at most 24 576, below fp16's 65 504, while
+// values down to 2^-22 of the group's amax stay normal fp16.
+#define F16_PAD 80
+#define F16_CODE_SCALE 256.0f
 
 // Largest code magnitude of each 8-bit format, and the smallest scale d quantized normally:
 // below it (amax < QMAX * 2^-126, or amax = 0) 1/d would overflow, and the group's codes are 0.
@@ -79,17 +86,63 @@ __device__ __forceinline__ unsigned e4m3_pack4(float a, float b, float c, float 
     return (unsigned)lo | ((unsigned)hi << 16);
 }
 
-// Quantize n fp32 (n a multiple of 32) into 8-bit groups: codes at g * ACT8_PAD, the fp32
-// scales after the ng = n / 32 groups (d / 2 for q8, d for fp8). Whole block must call it;
-// each warp takes 4 groups per step, 8 lanes per group, 4 consecutive values per lane, and
-// issues the loads of up to ACT8_STEPS steps before quantizing any (gpt-oss: 3 steps).
+// The per-group quantizers the staging below takes: each turns a group's amax into the scale
+// stored after the groups (`stored`) and the multiplier the values are coded with (`inv`),
+// and stores one lane's 4 coded values.
+// * Q8Codes / E4M3Codes: d = amax / QMAX; 4 one-byte codes a lane; stored d / 2 (q8) or d.
+// * F16Codes: D = the smallest power of two >= amax (at least 2^-100), the values coded as the
+//   fp16 of x / D · F16_CODE_SCALE, 4 two-byte codes a lane; stored D / F16_CODE_SCALE. A NaN
+//   amax stores NaN and an infinite one infinity, so the output shows it.
+struct Q8Codes {
+    static constexpr int PAD = ACT8_PAD, LANE_BYTES = 4;
+    static __device__ __forceinline__ void scale(float m, float& stored, float& inv) {
+        const float d = m / Q8_MAX;
+        inv = d >= ACT8_MIN_SCALE ? 1.0f / d : 0.0f;
+        stored = 0.5f * d;
+    }
+    static __device__ __forceinline__ void store(u8* p, float4 x, float id) {
+        *reinterpret_cast<unsigned*>(p) = q8_pack4(x.x * id, x.y * id, x.z * id, x.w * id);
+    }
+};
+struct E4M3Codes {
+    static constexpr int PAD = ACT8_PAD, LANE_BYTES = 4;
+    static __device__ __forceinline__ void scale(float m, float& stored, float& inv) {
+        const float d = m / FP8_MAX;
+        inv = d >= ACT8_MIN_SCALE ? 1.0f / d : 0.0f;
+        stored = d;
+    }
+    static __device__ __forceinline__ void store(u8* p, float4 x, float id) {
+        *reinterpret_cast<unsigned*>(p) = e4m3_pack4(x.x * id, x.y * id, x.z * id, x.w * id);
+    }
+};
+struct F16Codes {
+    static constexpr int PAD = F16_PAD, LANE_BYTES = 8;
+    static __device__ __forceinline__ void scale(float m, float& stored, float& inv) {
+        // Round amax's bits up to the next power of two (m already one: itself); NaN and
+        // infinity keep their exponent field, so D is infinite and stored NaN or infinite.
+        const unsigned b = __float_as_uint(m);
+        float d = __uint_as_float((b + 0x007fffffu) & 0x7f800000u);
+        d = fmaxf(d, 0x1p-100f);
+        if (m != m) d = m;
+        stored = d * (1.0f / F16_CODE_SCALE);
+        inv = F16_CODE_SCALE / d;  // exact: powers of two (0 for an infinite D)
+    }
+    static __device__ __forceinline__ void store(u8* p, float4 x, float id) {
+        *reinterpret_cast<uint2*>(p) = make_uint2(f16x2_rn(x.x * id, x.y * id), f16x2_rn(x.z * id, x.w * id));
+    }
+};
+
+// Quantize n fp32 (n a multiple of 32) into groups of 32 codes by Q: codes at g * Q::PAD,
+// the fp32 scales after the ng = n / 32 groups. Whole block must call it; each warp takes 4
+// groups per step, 8 lanes per group, 4 consecutive values per lane, and issues the loads of
+// up to ACT8_STEPS steps before quantizing any (gpt-oss: 3 steps).
 #define ACT8_STEPS 4
-template <bool FP8>
-__device__ __forceinline__ void stage_act8(const float* __restrict__ src, u8* sm, int n) {
+template <class Q>
+__device__ __forceinline__ void stage_groups(const float* __restrict__ src, u8* sm, int n) {
     const int lane = threadIdx.x & 31, sub = lane & 7;
     const int stride = (blockDim.x >> 5) * 4;  // groups per step of the whole block
     const int ng = n >> 5;
-    float* scale = reinterpret_cast<float*>(sm + ng * ACT8_PAD);
+    float* scale = reinterpret_cast<float*>(sm + ng * Q::PAD);
     for (int g0 = (threadIdx.x >> 5) * 4; g0 < ng; g0 += stride * ACT8_STEPS) {
         float4 v[ACT8_STEPS];
 #pragma unroll
@@ -107,13 +160,11 @@ __device__ __forceinline__ void stage_act8(const float* __restrict__ src, u8* sm
             m = fmax_nan(m, __shfl_xor_sync(0xffffffffu, m, 1));
             m = fmax_nan(m, __shfl_xor_sync(0xffffffffu, m, 2));
             m = fmax_nan(m, __shfl_xor_sync(0xffffffffu, m, 4));
-            const float d = m / (FP8 ? FP8_MAX : Q8_MAX);
-            const float id = d >= ACT8_MIN_SCALE ? 1.0f / d : 0.0f;
-            const unsigned word = FP8 ? e4m3_pack4(x.x * id, x.y * id, x.z * id, x.w * id)
-                                      : q8_pack4(x.x * id, x.y * id, x.z * id, x.w * id);
+            float stored, id;
+            Q::scale(m, stored, id);
             if (gi < ng) {
-                *reinterpret_cast<unsigned*>(sm + gi * ACT8_PAD + 4 * sub) = word;
-                if (sub == 0) scale[gi] = FP8 ? d : 0.5f * d;
+                Q::store(sm + gi * Q::PAD + Q::LANE_BYTES * sub, x, id);
+                if (sub == 0) scale[gi] = stored;
             }
         }
     }
@@ -158,7 +209,7 @@ struct ActF32 {
 
 struct ActQ8 {
     static __device__ __forceinline__ void stage(const float* __restrict__ src, u8* sm, int n) {
-        stage_act8<false>(src, sm, n);
+        stage_groups<Q8Codes>(src, sm, n);
     }
     // nb: groups staged (where the scales start).
     static __device__ __forceinline__ float dot(uint4 q, const u8* sm, int b, int nb) {
@@ -181,7 +232,7 @@ struct ActQ8 {
 
 struct ActFp8 {
     static __device__ __forceinline__ void stage(const float* __restrict__ src, u8* sm, int n) {
-        stage_act8<true>(src, sm, n);
+        stage_groups<E4M3Codes>(src, sm, n);
     }
     static __device__ __forceinline__ float dot(uint4 q, const u8* sm, int b, int nb) {
         const uint4* a = reinterpret_cast<const uint4*>(sm + b * ACT8_PAD);
@@ -203,6 +254,34 @@ struct ActFp8 {
     }
 };
 
+// fp16 codes of x / D per group (F16Codes), dotted with the weights decoded to fp16 pairs
+// (fp4x8_to_f16x2) by fma.f16x2: two accumulators of 8 products per half (words 0-1 and 2-3),
+// added and widened to fp32 once per block. About half the instructions per weight of ActF32
+// (no widening of the weights to fp32, two products per instruction); fp16 products and sums
+// keep 11 significant bits where bf16 activations keep 8.
+struct ActF16 {
+    static __device__ __forceinline__ void stage(const float* __restrict__ src, u8* sm, int n) {
+        stage_groups<F16Codes>(src, sm, n);
+    }
+    static __device__ __forceinline__ float dot(uint4 q, const u8* sm, int b, int nb) {
+        const uint4* a = reinterpret_cast<const uint4*>(sm + b * F16_PAD);
+        const unsigned wq[4] = {q.x, q.y, q.z, q.w};
+        unsigned acc[2] = {0u, 0u};
+#pragma unroll
+        for (int wi = 0; wi < 4; ++wi) {
+            const uint4 xa = a[wi];
+            unsigned h[4];
+            fp4x8_to_f16x2(wq[wi], h);
+            unsigned& c = acc[wi >> 1];
+            c = f16x2_fma(h[0], xa.x, c);
+            c = f16x2_fma(h[1], xa.y, c);
+            c = f16x2_fma(h[2], xa.z, c);
+            c = f16x2_fma(h[3], xa.w, c);
+        }
+        return f16x2_hsum(f16x2_add(acc[0], acc[1])) * reinterpret_cast<const float*>(sm + nb * F16_PAD)[b];
+    }
+};
+
 // The dynamic shared memory of the decode MoE kernels (the policy's staged activations).
 extern __shared__ float moe_smem[];
 
@@ -216,22 +295,25 @@ struct MoeSlots {
     uint4 w0[MOE_SLOTS_NI], w1[MOE_SLOTS_NI];
     unsigned s0[MOE_SLOTS_NI], s1[MOE_SLOTS_NI];
 
+    // Unconditional loads: a block past the row's end (b >= nb: item i's lanes beyond the row,
+    // or an item past ni) loads the row's last block instead, which the sums skip. A predicated
+    // load would have to keep the slot's old words in its destination, so the compiler copied
+    // every slot before reloading it (~10 moves an item).
     __device__ __forceinline__ void load(int uu, int i) {
-        if (i < ni && lane + 32 * i < nb) {
-            const size_t o = 2 * (size_t)uu * nb + 32 * i;
-            w0[i] = __ldg(bw + o);
-            w1[i] = __ldg(bw + o + nb);
-            s0[i] = sw[o];
-            s1[i] = sw[o + nb];
-        }
+        const size_t o = 2 * (size_t)uu * nb + min(32 * i, nb - 1 - lane);
+        w0[i] = __ldg(bw + o);
+        w1[i] = __ldg(bw + o + nb);
+        s0[i] = sw[o];
+        s1[i] = sw[o + nb];
     }
     __device__ __forceinline__ void load_unit(int uu) {
 #pragma unroll
         for (int i = 0; i < MOE_SLOTS_NI; ++i) load(uu, i);
     }
     // The lane's partial sums of unit uu's two rows against the staged activations xs, in item
-    // order as the item sequence sums them; item i of unit uu + 1 (when uu + 1 < nu) is loaded
-    // into slot i as soon as the slot is consumed, so the warp streams its units.
+    // order as the item sequence sums them; item i of unit uu + 1 is loaded into slot i as soon
+    // as the slot is consumed, so the warp streams its units (the last unit reloads itself, from
+    // L1, rather than branch around the loads).
     template <class A>
     __device__ __forceinline__ void sums(const u8* xs, int uu, int nu, float& t0, float& t1) {
         t0 = t1 = 0.0f;
@@ -239,7 +321,7 @@ struct MoeSlots {
         for (int i = 0; i < MOE_SLOTS_NI; ++i) {
             const uint4 c0 = w0[i], c1 = w1[i];
             const unsigned cs0 = s0[i], cs1 = s1[i];
-            if (uu + 1 < nu) load(uu + 1, i);
+            load(min(uu + 1, nu - 1), i);
             const int b = lane + 32 * i;
             if (i < ni && b < nb) {
                 t0 += A::dot(c0, xs, b, nb) * e8m0_value(cs0);
@@ -373,6 +455,8 @@ MOE_GATE_UP_KERNEL(moe_gate_up_swiglu_fp8, ActFp8, false, MOE_DECODE_MINB)
 MOE_GATE_UP_KERNEL(moe_gate_up_swiglu_slots, ActF32, true, MOE_SLOTS_MINB)
 MOE_GATE_UP_KERNEL(moe_gate_up_swiglu_q8_slots, ActQ8, true, MOE_SLOTS_MINB)
 MOE_GATE_UP_KERNEL(moe_gate_up_swiglu_fp8_slots, ActFp8, true, MOE_SLOTS_MINB)
+MOE_GATE_UP_KERNEL(moe_gate_up_swiglu_f16, ActF16, false, MOE_DECODE_MINB)
+MOE_GATE_UP_KERNEL(moe_gate_up_swiglu_f16_slots, ActF16, true, MOE_SLOTS_MINB)
 
 // part[t, s, r] = w[t, s] * (W2_e[r, :] . act[t, s, :] + b2_e[r]) for e = idx[t, s] (the down
 // bias inside the weighted sum), then y[t, r] (+)= the k slots' rows summed in slot order
@@ -525,3 +609,5 @@ MOE_DOWN_KERNEL(moe_down_fp8, ActFp8, false, MOE_DECODE_MINB)
 MOE_DOWN_KERNEL(moe_down_slots, ActF32, true, MOE_SLOTS_MINB)
 MOE_DOWN_KERNEL(moe_down_q8_slots, ActQ8, true, MOE_SLOTS_MINB)
 MOE_DOWN_KERNEL(moe_down_fp8_slots, ActFp8, true, MOE_SLOTS_MINB)
+MOE_DOWN_KERNEL(moe_down_f16, ActF16, false, MOE_DECODE_MINB)
+MOE_DOWN_KERNEL(moe_down_f16_slots, ActF16, true, MOE_SLOTS_MINB)

@@ -123,6 +123,8 @@ impl CudaBackend {
             match o.activation {
                 ActFormat::Bf16 if self.dec.moe_f16() => "fp16 (x / D per row)",
                 ActFormat::Bf16 if self.dec.moe_on_tensor_cores() => "bf16",
+                ActFormat::Bf16 if self.dec.moe_codes() == ops::MoeCodes::F16 =>
+                    "fp16 (x / D per 32, fp16 dot)",
                 ActFormat::Bf16 => "fp32",
                 ActFormat::Q8 => "q8 (int8 per 32, dp4a)",
                 ActFormat::Fp8 => "fp8 (e4m3 per 32)",

@@ -88,7 +88,11 @@ pub const KERNEL_FILES: &[KernelFile] = &[
             "moe_gate_up_swiglu_fp8_slots",
             "moe_down_slots",
             "moe_down_q8_slots",
-            "moe_down_fp8_slots"
+            "moe_down_fp8_slots",
+            "moe_gate_up_swiglu_f16",
+            "moe_down_f16",
+            "moe_gate_up_swiglu_f16_slots",
+            "moe_down_f16_slots"
         ]
     ),
     kernel_file!("gemm_bf16.cu", ["gemm_bf16_tc"]),

@@ -238,6 +238,10 @@ pub struct Decoder {
     moe_units: Option<(usize, usize)>,
     /// The decode MoE kernels' loop (`$MXTUNE_MOE_LOOP`, [`ops::MoeLoop`]).
     moe_loop: ops::MoeLoop,
+    /// How the SIMT decode MoE codes its activations: the activation format, with the dot of
+    /// `$MXTUNE_MOE_DOT` for bf16 ([`ops::MoeDot`]; always fp32 under the SIMT dense GEMV,
+    /// the exact configuration).
+    moe_codes: ops::MoeCodes,
     /// Decode-attention kernel choice (defaults, or `MXTUNE_ATTN*` overrides).
     attn: ops::AttnTuning,
     /// The prefill routes through `ops::router_rows` (`MXTUNE_PREFILL_ROUTER`).
@@ -266,6 +270,11 @@ impl Decoder {
     /// Whether the decode MoE's tensor-core operands are fp16 (else bf16).
     pub fn moe_f16(&self) -> bool {
         self.moe_f16
+    }
+
+    /// How the SIMT decode MoE codes its activations.
+    pub fn moe_codes(&self) -> ops::MoeCodes {
+        self.moe_codes
     }
 
     /// Allocate the KV cache (`slots` sequences of `max_pos` positions) and activations for
@@ -312,6 +321,11 @@ impl Decoder {
         let moe_f16_split = ops::MoeF16Split::from_env()?;
         let moe_units = ops::MoeUnits::from_env()?;
         let moe_loop = ops::MoeLoop::from_env()?;
+        let moe_dot = match opts.gemv {
+            DecodeGemv::Simt => ops::MoeDot::F32,
+            _ => ops::MoeDot::from_env()?,
+        };
+        let moe_codes = ops::MoeCodes::of(opts.activation, moe_dot);
         let attn = ops::AttnTuning::from_env()?;
         let prefill_router_rows = ops::prefill_router_rows_from_env()?;
         let grouped = ops::GroupedKernels::from_env()?;
@@ -342,6 +356,7 @@ impl Decoder {
             moe_f16_split,
             moe_units,
             moe_loop,
+            moe_codes,
             prefill_router_rows,
             grouped,
             attn,
@@ -660,7 +675,7 @@ impl Decoder {
             )?;
             mark(StepGroup::Router.label(false))?;
             let (idx, act) = (r.idx_ptr(g, li), p(&r.act));
-            let fmt = self.opts.activation;
+            let codes = self.moe_codes;
             let experts = c.num_local_experts;
             if self.moe_f16 {
                 let h = p(&r.h);
@@ -672,7 +687,7 @@ impl Decoder {
                     g,
                     &l.moe,
                     sh.moe,
-                    fmt,
+                    codes,
                     p(&r.h),
                     idx,
                     act,
@@ -706,7 +721,7 @@ impl Decoder {
                     g,
                     &l.moe,
                     sh.moe,
-                    fmt,
+                    codes,
                     idx,
                     wts,
                     act,

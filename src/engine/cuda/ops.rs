@@ -946,27 +946,98 @@ const STAGE_PAD: usize = 36;
 /// also has a 4-byte scale.
 const ACT8_PAD: usize = 48;
 
-/// Which decode MoE kernel (gate_up + SwiGLU, or down) runs for activation format `fmt` and
+/// Bytes per staged group of 32 fp16 codes in the decode MoE's fp16 dot (kernel constant
+/// `F16_PAD`); each group also has a 4-byte scale.
+const F16_PAD: usize = 80;
+
+/// How the SIMT decode MoE kernels (`moe_gemv.cu`) code the activations they stage, which is
+/// also how they multiply: the activation format (`--activation`) and, for bf16, the dot
+/// ([`MoeDot`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MoeCodes {
+    /// fp32 copies, the weights widened to fp32 (`ActF32`): the exact path.
+    F32,
+    /// fp16 of x / D per group of 32, D a power of two, dotted in fp16 pairs (`ActF16`).
+    F16,
+    /// int8 per group of 32, dp4a (`--activation q8`).
+    Q8,
+    /// E4M3 per group of 32 (`--activation fp8`).
+    Fp8,
+}
+
+impl MoeCodes {
+    /// The codes of activation format `fmt` with the bf16 format's dot `dot`.
+    pub fn of(fmt: ActFormat, dot: MoeDot) -> Self {
+        match (fmt, dot) {
+            (ActFormat::Bf16, MoeDot::F32) => Self::F32,
+            (ActFormat::Bf16, MoeDot::F16) => Self::F16,
+            (ActFormat::Q8, _) => Self::Q8,
+            (ActFormat::Fp8, _) => Self::Fp8,
+        }
+    }
+}
+
+impl From<ActFormat> for MoeCodes {
+    /// The format's codes with the exact fp32 dot for bf16.
+    fn from(fmt: ActFormat) -> Self {
+        Self::of(fmt, MoeDot::F32)
+    }
+}
+
+/// Environment variable choosing the bf16 decode MoE's dot ([`MoeDot`]) for A/B runs.
+pub const MOE_DOT_ENV: &str = "MXTUNE_MOE_DOT";
+
+/// The dot of the SIMT decode MoE with bf16 activations.
+/// * `F16` (the default): the activations as fp16 codes of x / D per group of 32 (D a power
+///   of two at or above the group's largest magnitude), the weights decoded to fp16 pairs and
+///   multiplied two at a time, 16 products summed in fp16 and each 32-block's sum in fp32:
+///   11 significant bits per activation where bf16 keeps 8, and about half the instructions
+///   per weight of `F32` (docs/perf.md, session 14).
+/// * `F32`: fp32 activations and weights widened to fp32, every sum in fp32; the exact path,
+///   which the SIMT dense GEMV configuration (`MXTUNE_GEMV=simt`) always runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MoeDot {
+    F32,
+    F16,
+}
+
+impl MoeDot {
+    /// From [`MOE_DOT_ENV`] (unset: `F16`); a bad value is an error naming it.
+    pub fn from_env() -> Result<Self> {
+        match std::env::var(MOE_DOT_ENV).as_deref() {
+            Err(_) | Ok("") | Ok("f16") => Ok(Self::F16),
+            Ok("f32") => Ok(Self::F32),
+            Ok(v) => anyhow::bail!("{MOE_DOT_ENV}={v}: expected f16 or f32"),
+        }
+    }
+}
+
+/// Which decode MoE kernel (gate_up + SwiGLU, or down) runs for activation codes `codes` and
 /// loop (`slots`: the `_slots` kernels), and its dynamic shared memory for `n` staged
 /// activations.
-fn moe_gemv_kernel(down: bool, fmt: ActFormat, n: usize, slots: bool) -> (&'static str, usize) {
-    let name = match (down, fmt, slots) {
-        (false, ActFormat::Bf16, false) => "moe_gate_up_swiglu",
-        (false, ActFormat::Q8, false) => "moe_gate_up_swiglu_q8",
-        (false, ActFormat::Fp8, false) => "moe_gate_up_swiglu_fp8",
-        (true, ActFormat::Bf16, false) => "moe_down",
-        (true, ActFormat::Q8, false) => "moe_down_q8",
-        (true, ActFormat::Fp8, false) => "moe_down_fp8",
-        (false, ActFormat::Bf16, true) => "moe_gate_up_swiglu_slots",
-        (false, ActFormat::Q8, true) => "moe_gate_up_swiglu_q8_slots",
-        (false, ActFormat::Fp8, true) => "moe_gate_up_swiglu_fp8_slots",
-        (true, ActFormat::Bf16, true) => "moe_down_slots",
-        (true, ActFormat::Q8, true) => "moe_down_q8_slots",
-        (true, ActFormat::Fp8, true) => "moe_down_fp8_slots",
+fn moe_gemv_kernel(down: bool, codes: MoeCodes, n: usize, slots: bool) -> (&'static str, usize) {
+    let name = match (down, codes, slots) {
+        (false, MoeCodes::F32, false) => "moe_gate_up_swiglu",
+        (false, MoeCodes::F16, false) => "moe_gate_up_swiglu_f16",
+        (false, MoeCodes::Q8, false) => "moe_gate_up_swiglu_q8",
+        (false, MoeCodes::Fp8, false) => "moe_gate_up_swiglu_fp8",
+        (true, MoeCodes::F32, false) => "moe_down",
+        (true, MoeCodes::F16, false) => "moe_down_f16",
+        (true, MoeCodes::Q8, false) => "moe_down_q8",
+        (true, MoeCodes::Fp8, false) => "moe_down_fp8",
+        (false, MoeCodes::F32, true) => "moe_gate_up_swiglu_slots",
+        (false, MoeCodes::F16, true) => "moe_gate_up_swiglu_f16_slots",
+        (false, MoeCodes::Q8, true) => "moe_gate_up_swiglu_q8_slots",
+        (false, MoeCodes::Fp8, true) => "moe_gate_up_swiglu_fp8_slots",
+        (true, MoeCodes::F32, true) => "moe_down_slots",
+        (true, MoeCodes::F16, true) => "moe_down_f16_slots",
+        (true, MoeCodes::Q8, true) => "moe_down_q8_slots",
+        (true, MoeCodes::Fp8, true) => "moe_down_fp8_slots",
     };
-    let smem = match fmt {
-        ActFormat::Bf16 => n / 32 * STAGE_PAD * 4,
-        ActFormat::Q8 | ActFormat::Fp8 => n / 32 * (ACT8_PAD + 4),
+    let smem = match codes {
+        MoeCodes::F32 => n / 32 * STAGE_PAD * 4,
+        MoeCodes::F16 => n / 32 * (F16_PAD + 4),
+        MoeCodes::Q8 | MoeCodes::Fp8 => n / 32 * (ACT8_PAD + 4),
     };
     (name, smem)
 }
@@ -1038,13 +1109,13 @@ impl MoeShape {
 }
 
 /// y[t] (+)= Σ_s w[t,s] · expert_{idx[t,s]}(x[t]); `act` is scratch [t, k, I] fp32, `part`
-/// scratch [t, k, H] fp32; `fmt` the format x and act are quantized to in the kernels; `ctr`
-/// [`moe_counters`] zeroed u32s (left zeroed).
+/// scratch [t, k, H] fp32; `codes` how the kernels code x and act; `ctr` [`moe_counters`]
+/// zeroed u32s (left zeroed).
 pub fn moe(
     g: &Gpu,
     w: &MoeWeights,
     s: MoeShape,
-    fmt: ActFormat,
+    codes: MoeCodes,
     x: u64,
     idx: u64,
     wts: u64,
@@ -1056,9 +1127,9 @@ pub fn moe(
     units: MoeUnits,
     ctr: u64,
 ) -> Result<()> {
-    moe_gate_up(g, w, s, fmt, x, idx, act, t, units.gate_up, units.lp)?;
+    moe_gate_up(g, w, s, codes, x, idx, act, t, units.gate_up, units.lp)?;
     moe_down(
-        g, w, s, fmt, idx, wts, act, part, y, t, accumulate, units.down, units.lp, ctr,
+        g, w, s, codes, idx, wts, act, part, y, t, accumulate, units.down, units.lp, ctr,
     )
 }
 
@@ -1172,13 +1243,13 @@ impl MoeUnits {
     }
 }
 
-/// act[t, s] = swiglu(W1_e x[t] + b1_e) for the routed experts e = idx[t, s] (x quantized
-/// to `fmt` per block of 32 in the kernel).
+/// act[t, s] = swiglu(W1_e x[t] + b1_e) for the routed experts e = idx[t, s] (x coded as
+/// `codes` per block of 32 in the kernel).
 pub fn moe_gate_up(
     g: &Gpu,
     w: &MoeWeights,
     s: MoeShape,
-    fmt: ActFormat,
+    codes: MoeCodes,
     x: u64,
     idx: u64,
     act: u64,
@@ -1188,7 +1259,7 @@ pub fn moe_gate_up(
 ) -> Result<()> {
     s.check()?;
     check_units(units)?;
-    let (kernel, smem) = moe_gemv_kernel(false, fmt, s.hidden, lp.slots(units, s.hidden));
+    let (kernel, smem) = moe_gemv_kernel(false, codes, s.hidden, lp.slots(units, s.hidden));
     ensure!(
         smem <= g.max_shared(),
         "hidden {} too large for the staged MoE input",
@@ -1552,13 +1623,13 @@ pub fn moe_down_f16(
 
 /// y[t] (+)= Σ_s w[t,s] (W2_e act[t, s] + b2_e): one block per (16 × units rows, slot) writes
 /// the slot's weighted rows to `part` [t, k, H]; the last slot block of each row range sums
-/// the slots into y in order (act quantized to `fmt` per block of 32 in the kernel). `ctr`:
+/// the slots into y in order (act coded as `codes` per block of 32 in the kernel). `ctr`:
 /// [`moe_counters`] zeroed u32s.
 pub fn moe_down(
     g: &Gpu,
     w: &MoeWeights,
     s: MoeShape,
-    fmt: ActFormat,
+    codes: MoeCodes,
     idx: u64,
     wts: u64,
     act: u64,
@@ -1572,7 +1643,7 @@ pub fn moe_down(
 ) -> Result<()> {
     s.check()?;
     check_units(units)?;
-    let (kernel, smem) = moe_gemv_kernel(true, fmt, s.inter, lp.slots(units, s.inter));
+    let (kernel, smem) = moe_gemv_kernel(true, codes, s.inter, lp.slots(units, s.inter));
     ensure!(
         smem <= g.max_shared(),
         "intermediate {} too large for the staged MoE activations ({} bytes, device allows {})",
@@ -2305,25 +2376,29 @@ mod tests {
             .iter()
             .flat_map(|f| f.entries.iter().copied())
             .collect();
-        for fmt in [ActFormat::Bf16, ActFormat::Q8, ActFormat::Fp8] {
+        for codes in [MoeCodes::F32, MoeCodes::F16, MoeCodes::Q8, MoeCodes::Fp8] {
             for (down, slots) in [(false, false), (true, false), (false, true), (true, true)] {
-                let (name, smem) = moe_gemv_kernel(down, fmt, 2880, slots);
+                let (name, smem) = moe_gemv_kernel(down, codes, 2880, slots);
                 assert!(entries.contains(&name), "{name} not in KERNEL_FILES");
                 assert_eq!(name.ends_with("_slots"), slots, "{name}");
-                let want = if fmt == ActFormat::Bf16 {
-                    90 * 144
-                } else {
-                    90 * 52
+                let want = match codes {
+                    MoeCodes::F32 => 90 * 144,
+                    MoeCodes::F16 => 90 * 84,
+                    MoeCodes::Q8 | MoeCodes::Fp8 => 90 * 52,
                 };
                 assert_eq!(smem, want, "{name}");
             }
         }
         assert_eq!(
-            moe_gemv_kernel(false, ActFormat::Bf16, 96, false).0,
+            moe_gemv_kernel(false, ActFormat::Bf16.into(), 96, false).0,
             "moe_gate_up_swiglu"
         );
         assert_eq!(
-            moe_gemv_kernel(true, ActFormat::Q8, 96, false).0,
+            moe_gemv_kernel(false, MoeCodes::of(ActFormat::Bf16, MoeDot::F16), 96, true).0,
+            "moe_gate_up_swiglu_f16_slots"
+        );
+        assert_eq!(
+            moe_gemv_kernel(true, MoeCodes::of(ActFormat::Q8, MoeDot::F16), 96, false).0,
             "moe_down_q8"
         );
     }

@@ -10,8 +10,16 @@
 //!   value E4M3⁻¹(code) · d.
 //!
 //! When d < 2⁻¹²⁶ (amax = 0, or so small that 1/d would overflow) every code is 0.
+//!
+//! The bf16 format's fp16 dot ([`MoeCodes::F16`]) codes each group as fp16 too: D is the
+//! smallest power of two at or above amax (at least 2⁻¹⁰⁰), the codes are the fp16 (round to
+//! nearest even) of x · 256 / D and the stored scale D / 256; [`f16_block_dot`] sums a block
+//! as the kernel does, in fp16.
+
+use half::f16;
 
 use super::gates::ActFormat;
+use super::ops::MoeCodes;
 
 /// Activations per quantization group (one scale each).
 pub const GROUP: usize = 32;
@@ -105,10 +113,81 @@ pub fn fp8_group(x: &[f32]) -> (f32, Vec<u8>) {
     (d, x.iter().map(|&v| e4m3_from_f32(v * id)).collect())
 }
 
+/// fp16 codes are x · F16_CODE_SCALE / D (kernel constant `F16_CODE_SCALE`).
+const F16_CODE_SCALE: f32 = 256.0;
+
+/// One group of the fp16 dot: the stored scale D / 256 and the fp16 codes (value = code ·
+/// stored), computed with the kernel's fp32 operations (`F16Codes` in moe_gemv.cu).
+pub fn f16_group(x: &[f32]) -> (f32, Vec<f16>) {
+    let amax = x.iter().fold(0.0f32, |m, v| max_nan(m, v.abs()));
+    // The next power of two at or above amax by its bits (NaN and infinity handled below).
+    let mut d = f32::from_bits(amax.to_bits().wrapping_add(0x007f_ffff) & 0x7f80_0000);
+    d = d.max(2f32.powi(-100));
+    if amax.is_nan() {
+        d = amax;
+    }
+    let stored = d * (1.0 / F16_CODE_SCALE);
+    let inv = F16_CODE_SCALE / d;
+    (stored, x.iter().map(|&v| f16::from_f32(v * inv)).collect())
+}
+
+/// What the fp16 dot computes for one 32-element MXFP4 block (16 bytes) against one group's
+/// fp16 codes, before any scale: two fp16 pair accumulators (words 0-1 and 2-3 of the block,
+/// the low halves taking the even elements) each summing its products with one rounding per
+/// fused multiply-add, the two added in fp16, the pair's halves summed in fp32.
+pub fn f16_block_dot(block: &[u8], codes: &[f16]) -> f32 {
+    let mut acc = [[f16::ZERO; 2]; 2];
+    for (e, c) in codes.iter().enumerate().take(32) {
+        let byte = block[e / 2];
+        let nib = if e % 2 == 0 { byte & 15 } else { byte >> 4 };
+        let a = &mut acc[e / 16][e % 2];
+        // Exact in f64 (a 2-bit weight times an 11-bit code plus an fp16), rounded once.
+        *a = f16::from_f64(super::reference::FP4[nib as usize] * c.to_f64() + a.to_f64());
+    }
+    let lo = f16::from_f64(acc[0][0].to_f64() + acc[1][0].to_f64());
+    let hi = f16::from_f64(acc[0][1].to_f64() + acc[1][1].to_f64());
+    lo.to_f32() + hi.to_f32()
+}
+
+/// One row's dot product as the fp16-dot kernels form it: each block's [`f16_block_dot`]
+/// times its group's stored scale and the block's UE8M0 scale, summed in f64 (the kernels sum
+/// in fp32, in their own order).
+pub fn f16_row_dot(blocks: &[u8], scales: &[u8], stored: &[f32], codes: &[f16]) -> f64 {
+    stored
+        .iter()
+        .enumerate()
+        .map(|(b, &st)| {
+            let s = (f64::from(scales[b]) - 127.0).exp2();
+            f64::from(f16_block_dot(
+                &blocks[b * 16..][..16],
+                &codes[b * 32..][..32],
+            )) * f64::from(st)
+                * s
+        })
+        .sum()
+}
+
+/// Every group of `x` coded for the fp16 dot: (stored scales, codes).
+pub fn f16_groups(x: &[f32]) -> (Vec<f32>, Vec<f16>) {
+    let (mut stored, mut codes) = (Vec::new(), Vec::new());
+    for grp in x.chunks(GROUP) {
+        let (s, c) = f16_group(grp);
+        stored.push(s);
+        codes.extend(c);
+    }
+    (stored, codes)
+}
+
 /// The values the decode MoE kernels multiply for activations `x` (whole groups of 32) in
 /// format `fmt`: quantized per group and dequantized, exactly (in f64). `Bf16` is the
 /// reference path, which multiplies the fp32 values themselves.
 pub fn dequantized(x: &[f32], fmt: ActFormat) -> Vec<f64> {
+    dequantized_codes(x, fmt.into())
+}
+
+/// [`dequantized`] for the kernels' codes, the fp16 dot's included (its values: code ·
+/// stored scale; its sums are [`f16_row_dot`]'s, not these values' exact products).
+pub fn dequantized_codes(x: &[f32], codes: MoeCodes) -> Vec<f64> {
     assert!(
         x.len().is_multiple_of(GROUP),
         "{} activations: not whole groups of {GROUP}",
@@ -116,13 +195,17 @@ pub fn dequantized(x: &[f32], fmt: ActFormat) -> Vec<f64> {
     );
     let mut out = Vec::with_capacity(x.len());
     for grp in x.chunks(GROUP) {
-        match fmt {
-            ActFormat::Bf16 => out.extend(grp.iter().map(|&v| f64::from(v))),
-            ActFormat::Q8 => {
+        match codes {
+            MoeCodes::F32 => out.extend(grp.iter().map(|&v| f64::from(v))),
+            MoeCodes::F16 => {
+                let (d, q) = f16_group(grp);
+                out.extend(q.iter().map(|&c| c.to_f64() * f64::from(d)));
+            }
+            MoeCodes::Q8 => {
                 let (d, q) = q8_group(grp);
                 out.extend(q.iter().map(|&c| f64::from(c) * f64::from(d)));
             }
-            ActFormat::Fp8 => {
+            MoeCodes::Fp8 => {
                 let (d, q) = fp8_group(grp);
                 out.extend(q.iter().map(|&c| f64::from(e4m3_to_f32(c)) * f64::from(d)));
             }
@@ -267,6 +350,65 @@ mod tests {
         let mut x = vec![1.0f32; 32];
         x[9] = f32::NAN;
         assert!(q8_group(&x).0.is_nan());
+    }
+
+    #[test]
+    fn f16_groups() {
+        // amax 3 → D = 4: codes x · 64, stored 4 / 256; a power of two is its own D.
+        let mut x = vec![0.0f32; 32];
+        x[0] = 3.0;
+        x[1] = -1.5;
+        x[2] = 1e-3;
+        let (d, q) = f16_group(&x);
+        assert_eq!(d, 4.0 / 256.0);
+        assert_eq!(q[0].to_f32(), 192.0);
+        assert_eq!(q[1].to_f32(), -96.0);
+        assert_eq!(q[2], f16::from_f32(0.064));
+        x[0] = 4.0;
+        assert_eq!(f16_group(&x).0, 4.0 / 256.0);
+        // Every value within fp16's half-ulp of itself; no code above 256.
+        let x: Vec<f32> = (0..32).map(|i| (i as f32 - 13.3) * 0.071).collect();
+        let (d, q) = f16_group(&x);
+        for (v, c) in x.iter().zip(&q) {
+            let back = c.to_f64() * f64::from(d);
+            assert!((back - f64::from(*v)).abs() <= f64::from(v.abs()) * 2f64.powi(-11));
+            assert!(c.to_f32().abs() <= 256.0);
+        }
+        // Zero groups: D at its floor, zero codes; NaN and infinity reach the scale.
+        let (d, q) = f16_group(&[0.0; 32]);
+        assert_eq!(d, 2f32.powi(-108));
+        assert!(q.iter().all(|c| c.to_f32() == 0.0));
+        let mut x = vec![1.0f32; 32];
+        x[9] = f32::NAN;
+        assert!(f16_group(&x).0.is_nan());
+        x[9] = f32::INFINITY;
+        assert!(f16_group(&x).0.is_infinite());
+    }
+
+    #[test]
+    fn f16_block_dot_sums_like_the_exact_dot_within_fp16() {
+        // Every nibble value against codes of both signs: the fp16 sums stay within a few
+        // fp16 ulps of the exact dot, and an exact case (small integers) is exact.
+        let block: Vec<u8> = (0..16u8).map(|j| j.wrapping_mul(37) ^ 0x5a).collect();
+        let codes: Vec<f16> = (0..32)
+            .map(|i| f16::from_f32((i as f32 - 15.5) * 7.3))
+            .collect();
+        let exact: f64 = (0..32)
+            .map(|e| {
+                let nib = if e % 2 == 0 {
+                    block[e / 2] & 15
+                } else {
+                    block[e / 2] >> 4
+                };
+                crate::engine::cuda::reference::FP4[nib as usize] * codes[e].to_f64()
+            })
+            .sum();
+        let got = f64::from(f16_block_dot(&block, &codes));
+        let mag: f64 = codes.iter().map(|c| 6.0 * c.to_f64().abs()).sum();
+        assert!((got - exact).abs() <= mag * 2f64.powi(-10), "{got} {exact}");
+        let ones = vec![f16::from_f32(2.0); 32];
+        let all_one = vec![0x22u8; 16]; // every element 1.0
+        assert_eq!(f16_block_dot(&all_one, &ones), 64.0);
     }
 
     #[test]

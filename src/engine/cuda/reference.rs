@@ -1,7 +1,7 @@
 //! Per-kernel CPU references in f64 (inputs as the GPU sees them: bf16 bits, fp32, MXFP4
 //! bytes). The self-test compares every kernel with these on fresh random inputs.
 
-use super::quant::{e4m3_from_f32, e4m3_to_f32};
+use super::quant::{self, e4m3_from_f32, e4m3_to_f32};
 
 /// bf16 bits → f64.
 pub fn bf(v: u16) -> f64 {
@@ -218,14 +218,44 @@ pub fn expert_act(
     alpha: f64,
 ) -> Vec<f64> {
     let h = x.len();
+    expert_act_by(w, h, e, inter, limit, alpha, |b, s| {
+        mxfp4_row(b, s, h).iter().zip(x).map(|(a, v)| a * v).sum()
+    })
+}
+
+/// [`expert_act`] with the fp16 dot's sums ([`quant::f16_row_dot`]) of x's fp16 codes.
+pub fn expert_act_f16(
+    w: &MoeHost<'_>,
+    x: &[f32],
+    e: usize,
+    inter: usize,
+    limit: f64,
+    alpha: f64,
+) -> Vec<f64> {
+    let (stored, codes) = quant::f16_groups(x);
+    expert_act_by(w, x.len(), e, inter, limit, alpha, |b, s| {
+        quant::f16_row_dot(b, s, &stored, &codes)
+    })
+}
+
+/// swiglu(W1_e x + b1_e) with `dot(blocks, scales)` giving a gate_up row's dot with x (`h`
+/// inputs).
+fn expert_act_by(
+    w: &MoeHost<'_>,
+    h: usize,
+    e: usize,
+    inter: usize,
+    limit: f64,
+    alpha: f64,
+    dot: impl Fn(&[u8], &[u8]) -> f64,
+) -> Vec<f64> {
     let nbh = h / 32;
     (0..inter)
         .map(|j| {
             let mut u = [0.0; 2];
             for (half, uv) in u.iter_mut().enumerate() {
                 let r = e * 2 * inter + 2 * j + half;
-                let row = mxfp4_row(&w.gu_blocks[r * nbh * 16..], &w.gu_scales[r * nbh..], h);
-                *uv = row.iter().zip(x).map(|(a, b)| a * b).sum::<f64>() + bf(w.gu_bias[r]);
+                *uv = dot(&w.gu_blocks[r * nbh * 16..], &w.gu_scales[r * nbh..]) + bf(w.gu_bias[r]);
             }
             swiglu(u[0], u[1], limit, alpha)
         })
@@ -235,16 +265,40 @@ pub fn expert_act(
 /// W2_e act + b2_e of expert `e` (`h` output rows) for one token's SwiGLU outputs `act`.
 pub fn expert_down(w: &MoeHost<'_>, act: &[f64], e: usize, h: usize) -> Vec<f64> {
     let inter = act.len();
+    expert_down_by(w, inter, e, h, |b, s| {
+        mxfp4_row(b, s, inter)
+            .iter()
+            .zip(act)
+            .map(|(a, v)| a * v)
+            .sum()
+    })
+}
+
+/// [`expert_down`] with the fp16 dot's sums of act's fp16 codes.
+pub fn expert_down_f16(w: &MoeHost<'_>, act: &[f32], e: usize, h: usize) -> Vec<f64> {
+    let (stored, codes) = quant::f16_groups(act);
+    expert_down_by(w, act.len(), e, h, |b, s| {
+        quant::f16_row_dot(b, s, &stored, &codes)
+    })
+}
+
+/// W2_e act + b2_e with `dot(blocks, scales)` giving a down row's dot with act (`inter`
+/// inputs).
+fn expert_down_by(
+    w: &MoeHost<'_>,
+    inter: usize,
+    e: usize,
+    h: usize,
+    dot: impl Fn(&[u8], &[u8]) -> f64,
+) -> Vec<f64> {
     let nbi = inter / 32;
     (0..h)
         .map(|r| {
             let row_i = e * h + r;
-            let row = mxfp4_row(
+            dot(
                 &w.dn_blocks[row_i * nbi * 16..],
                 &w.dn_scales[row_i * nbi..],
-                inter,
-            );
-            row.iter().zip(act).map(|(a, b)| a * b).sum::<f64>() + bf(w.dn_bias[row_i])
+            ) + bf(w.dn_bias[row_i])
         })
         .collect()
 }

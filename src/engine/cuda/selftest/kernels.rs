@@ -7,7 +7,7 @@ use crate::engine::cuda::device::Gpu;
 use crate::engine::cuda::gates::{ActFormat, KvDtype, MoeTile};
 use crate::engine::cuda::model::ATTN_MAX_SPLITS;
 use crate::engine::cuda::ops::{
-    self, AttnScratch, AttnShape, MoeLoop, MoeShape, MoeUnits, MoeWeights,
+    self, AttnScratch, AttnShape, MoeCodes, MoeLoop, MoeShape, MoeUnits, MoeWeights,
 };
 use crate::engine::cuda::quant;
 use crate::engine::cuda::reference as r;
@@ -842,7 +842,7 @@ fn check_moe(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
             g,
             &c.weights(g),
             sh,
-            ActFormat::Bf16,
+            MoeCodes::F32,
             g.ptr(&c.dx),
             g.ptr(&c.di),
             g.ptr(&c.dw),
@@ -907,7 +907,12 @@ fn check_moe(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
     c.x[32 + 5] = 40.0;
     g.write(&c.x, &mut c.dx)?;
     for fmt in [ActFormat::Q8, ActFormat::Fp8] {
-        res.extend(check_moe_act8(g, &c, fmt, MoeUnits::ONE)?);
+        res.extend(check_moe_codes(g, &c, fmt.into(), MoeUnits::ONE)?);
+    }
+    // The bf16 format's fp16 dot (the default decode MoE): every loop and unit count on the
+    // gpt-oss shape (the slots' three items a row, the last one partly past the row).
+    for units in MOE_UNIT_CASES {
+        res.extend(check_moe_codes(g, &c, MoeCodes::F16, units)?);
     }
     // A small shape: 5 groups of x and 3 of act leave the staging's last 4-group step partly
     // empty; 3 tokens, 2 slots.
@@ -923,32 +928,45 @@ fn check_moe(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
     let c = MoeCase::new(g, &mut s2, 4, sh, 3, |_| {
         (vec![2, 0, 1, 3, 3, 2], vec![0.6, 0.4, 0.5, 0.5, 0.7, 0.3])
     })?;
-    for fmt in [ActFormat::Q8, ActFormat::Fp8] {
+    for codes in [MoeCodes::Q8, MoeCodes::Fp8, MoeCodes::F16] {
         for units in MOE_UNIT_CASES {
-            res.extend(check_moe_act8(g, &c, fmt, units)?);
+            res.extend(check_moe_codes(g, &c, codes, units)?);
         }
     }
     Ok(res)
 }
 
-/// Largest relative error of the 8-bit activation MoE against the unquantized f64 reference
-/// (`--activation q8`, `fp8`): the quantization error itself, a sanity bound only (measured
-/// on these inputs: see `quantized_moe_error_matches_the_selftest_bounds`).
-pub fn act8_moe_bound(fmt: ActFormat) -> f64 {
-    match fmt {
-        ActFormat::Bf16 => 1e-5,
-        ActFormat::Q8 => 5e-2,
-        ActFormat::Fp8 => 1.5e-1,
+/// Largest relative error of the decode MoE with coded activations against the unquantized
+/// f64 reference (`--activation q8`, `fp8`, and bf16's fp16 dot): the coding error itself, a
+/// sanity bound only (measured on these inputs: see
+/// `quantized_moe_error_matches_the_selftest_bounds`).
+pub fn act8_moe_bound(codes: MoeCodes) -> f64 {
+    match codes {
+        MoeCodes::F32 => 1e-5,
+        MoeCodes::F16 => 4e-3,
+        MoeCodes::Q8 => 5e-2,
+        MoeCodes::Fp8 => 1.5e-1,
     }
 }
 
-/// The decode MoE with `fmt` activations (quantized per group of 32 in the kernels) against
-/// the f64 reference fed the host's quantization of the same inputs (`quant::dequantized`,
-/// bit-identical codes and scales): gate_up's SwiGLU outputs from the quantized x, and the
-/// combined output from the quantized SwiGLU outputs the GPU produced. Both differ from the
-/// reference by fp32 summation order only (1e-5, as the fp32 path). The error against the
-/// unquantized reference is checked against a loose bound (the quantization error).
-fn check_moe_act8(g: &Gpu, c: &MoeCase, fmt: ActFormat, units: MoeUnits) -> Result<Vec<Check>> {
+/// Name of the activation codes in the checks' labels.
+fn codes_name(codes: MoeCodes) -> &'static str {
+    match codes {
+        MoeCodes::F32 => "bf16",
+        MoeCodes::F16 => "bf16-f16dot",
+        MoeCodes::Q8 => "q8",
+        MoeCodes::Fp8 => "fp8",
+    }
+}
+
+/// The decode MoE with activations coded as `codes` (per group of 32 in the kernels) against
+/// the f64 reference fed the host's coding of the same inputs (`quant`: bit-identical codes
+/// and scales; for the fp16 dot also its fp16 sums per block, `quant::f16_row_dot`): gate_up's
+/// SwiGLU outputs from the coded x, and the combined output from the coded SwiGLU outputs the
+/// GPU produced. Both differ from the reference by fp32 summation order only (1e-5, as the
+/// fp32 path). The error against the unquantized reference is checked against a loose bound
+/// (the coding error).
+fn check_moe_codes(g: &Gpu, c: &MoeCase, codes: MoeCodes, units: MoeUnits) -> Result<Vec<Check>> {
     let MoeShape {
         hidden, inter, k, ..
     } = c.sh;
@@ -962,7 +980,7 @@ fn check_moe_act8(g: &Gpu, c: &MoeCase, fmt: ActFormat, units: MoeUnits) -> Resu
         g,
         &c.weights(g),
         c.sh,
-        fmt,
+        codes,
         g.ptr(&c.dx),
         g.ptr(&c.di),
         g.ptr(&c.dw),
@@ -979,17 +997,27 @@ fn check_moe_act8(g: &Gpu, c: &MoeCase, fmt: ActFormat, units: MoeUnits) -> Resu
     let (limit, alpha) = (f64::from(c.sh.limit), f64::from(c.sh.alpha));
     let (mut want_act, mut want_y) = (Vec::new(), Vec::new());
     for ti in 0..t {
-        let xq = quant::dequantized(&c.x[ti * hidden..][..hidden], fmt);
+        let xt = &c.x[ti * hidden..][..hidden];
+        let xq = quant::dequantized_codes(xt, codes);
         let mut y: Vec<f64> = c.y0[ti * hidden..][..hidden]
             .iter()
             .map(|&v| f64::from(v))
             .collect();
         for si in 0..k {
             let ex = c.idx[ti * k + si] as usize;
-            want_act.extend(r::expert_act(&host, &xq, ex, inter, limit, alpha));
-            let aq = quant::dequantized(&got_act[(ti * k + si) * inter..][..inter], fmt);
+            want_act.extend(if codes == MoeCodes::F16 {
+                r::expert_act_f16(&host, xt, ex, inter, limit, alpha)
+            } else {
+                r::expert_act(&host, &xq, ex, inter, limit, alpha)
+            });
+            let at = &got_act[(ti * k + si) * inter..][..inter];
+            let down = if codes == MoeCodes::F16 {
+                r::expert_down_f16(&host, at, ex, hidden)
+            } else {
+                r::expert_down(&host, &quant::dequantized_codes(at, codes), ex, hidden)
+            };
             let w = f64::from(c.wts[ti * k + si]);
-            for (yr, d) in y.iter_mut().zip(r::expert_down(&host, &aq, ex, hidden)) {
+            for (yr, d) in y.iter_mut().zip(down) {
                 *yr += w * d;
             }
         }
@@ -997,7 +1025,7 @@ fn check_moe_act8(g: &Gpu, c: &MoeCase, fmt: ActFormat, units: MoeUnits) -> Resu
     }
     let label = format!(
         "moe gemv act={} E={e} H={hidden} I={inter} k={k} t={t} units {}/{} loop {}",
-        fmt.name(),
+        codes_name(codes),
         units.gate_up,
         units.down,
         units.lp.name()
@@ -1016,7 +1044,7 @@ fn check_moe_act8(g: &Gpu, c: &MoeCase, fmt: ActFormat, units: MoeUnits) -> Resu
         check(
             format!("{label}: output vs unquantized reference"),
             rel_err(&got_y, &c.want(&c.x, false)),
-            act8_moe_bound(fmt),
+            act8_moe_bound(codes),
         ),
     ])
 }
@@ -2052,24 +2080,30 @@ mod tests {
                 dn_scales: &dn_scales,
                 dn_bias: &dn_bias,
             };
-            for fmt in [ActFormat::Q8, ActFormat::Fp8] {
+            for codes in [MoeCodes::Q8, MoeCodes::Fp8, MoeCodes::F16] {
                 let (mut got, mut want) = (Vec::new(), Vec::new());
                 for ti in 0..t {
                     let xt = &x[ti * h..][..h];
                     let x64: Vec<f64> = xt.iter().map(|&v| f64::from(v)).collect();
-                    let xq = quant::dequantized(xt, fmt);
+                    let xq = quant::dequantized_codes(xt, codes);
                     let mut yq: Vec<f64> =
                         y0[ti * h..][..h].iter().map(|&v| f64::from(v)).collect();
                     let mut yr = yq.clone();
                     for si in 0..k {
                         let ex = (ti + 3 * si) % e;
                         let w = 1.0 / k as f64;
-                        let a: Vec<f32> = r::expert_act(&host, &xq, ex, i, 7.0, 1.702)
-                            .iter()
-                            .map(|&v| v as f32)
-                            .collect();
-                        let aq = quant::dequantized(&a, fmt);
-                        for (y, d) in yq.iter_mut().zip(r::expert_down(&host, &aq, ex, h)) {
+                        let act = if codes == MoeCodes::F16 {
+                            r::expert_act_f16(&host, xt, ex, i, 7.0, 1.702)
+                        } else {
+                            r::expert_act(&host, &xq, ex, i, 7.0, 1.702)
+                        };
+                        let a: Vec<f32> = act.iter().map(|&v| v as f32).collect();
+                        let down = if codes == MoeCodes::F16 {
+                            r::expert_down_f16(&host, &a, ex, h)
+                        } else {
+                            r::expert_down(&host, &quant::dequantized_codes(&a, codes), ex, h)
+                        };
+                        for (y, d) in yq.iter_mut().zip(down) {
                             *y += w * d;
                         }
                         let a = r::expert_act(&host, &x64, ex, i, 7.0, 1.702);
@@ -2081,12 +2115,9 @@ mod tests {
                     want.extend(yr);
                 }
                 let err = rel_err(&got, &want);
-                println!("{} H={h} I={i}: error vs unquantized {err:.3e}", fmt.name());
-                assert!(
-                    err < act8_moe_bound(fmt) / 2.0,
-                    "{} H={h}: {err:.3e}",
-                    fmt.name()
-                );
+                let name = codes_name(codes);
+                println!("{name} H={h} I={i}: error vs unquantized {err:.3e}");
+                assert!(err < act8_moe_bound(codes) / 2.0, "{name} H={h}: {err:.3e}");
             }
         }
     }
