@@ -455,8 +455,8 @@ MOE_GATE_UP_KERNEL(moe_gate_up_swiglu_fp8, ActFp8, false, MOE_DECODE_MINB)
 MOE_GATE_UP_KERNEL(moe_gate_up_swiglu_slots, ActF32, true, MOE_SLOTS_MINB)
 MOE_GATE_UP_KERNEL(moe_gate_up_swiglu_q8_slots, ActQ8, true, MOE_SLOTS_MINB)
 MOE_GATE_UP_KERNEL(moe_gate_up_swiglu_fp8_slots, ActFp8, true, MOE_SLOTS_MINB)
-MOE_GATE_UP_KERNEL(moe_gate_up_swiglu_f16, ActF16, false, MOE_DECODE_MINB)
-MOE_GATE_UP_KERNEL(moe_gate_up_swiglu_f16_slots, ActF16, true, MOE_SLOTS_MINB)
+MOE_GATE_UP_KERNEL(moe_gate_up_swiglu_h2, ActF16, false, MOE_DECODE_MINB)
+MOE_GATE_UP_KERNEL(moe_gate_up_swiglu_h2_slots, ActF16, true, MOE_SLOTS_MINB)
 
 // part[t, s, r] = w[t, s] * (W2_e[r, :] . act[t, s, :] + b2_e[r]) for e = idx[t, s] (the down
 // bias inside the weighted sum), then y[t, r] (+)= the k slots' rows summed in slot order
@@ -609,5 +609,5 @@ MOE_DOWN_KERNEL(moe_down_fp8, ActFp8, false, MOE_DECODE_MINB)
 MOE_DOWN_KERNEL(moe_down_slots, ActF32, true, MOE_SLOTS_MINB)
 MOE_DOWN_KERNEL(moe_down_q8_slots, ActQ8, true, MOE_SLOTS_MINB)
 MOE_DOWN_KERNEL(moe_down_fp8_slots, ActFp8, true, MOE_SLOTS_MINB)
-MOE_DOWN_KERNEL(moe_down_f16, ActF16, false, MOE_DECODE_MINB)
-MOE_DOWN_KERNEL(moe_down_f16_slots, ActF16, true, MOE_SLOTS_MINB)
+MOE_DOWN_KERNEL(moe_down_h2, ActF16, false, MOE_DECODE_MINB)
+MOE_DOWN_KERNEL(moe_down_h2_slots, ActF16, true, MOE_SLOTS_MINB)

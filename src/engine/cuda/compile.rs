@@ -89,10 +89,10 @@ pub const KERNEL_FILES: &[KernelFile] = &[
             "moe_down_slots",
             "moe_down_q8_slots",
             "moe_down_fp8_slots",
-            "moe_gate_up_swiglu_f16",
-            "moe_down_f16",
-            "moe_gate_up_swiglu_f16_slots",
-            "moe_down_f16_slots"
+            "moe_gate_up_swiglu_h2",
+            "moe_down_h2",
+            "moe_gate_up_swiglu_h2_slots",
+            "moe_down_h2_slots"
         ]
     ),
     kernel_file!("gemm_bf16.cu", ["gemm_bf16_tc"]),
@@ -377,6 +377,34 @@ mod tests {
             }
         }
         None
+    }
+
+    /// Kernels are looked up by name across every file: two files defining one name would
+    /// launch whichever was loaded last with the other's arguments (a session-14 selftest
+    /// caught `moe_down_f16` of moe_gemv.cu shadowing gemv_tc.cu's). Names are unique, and
+    /// each is defined in the file that lists it and in no other.
+    #[test]
+    fn kernel_names_are_unique_across_files() {
+        let mut seen = std::collections::HashMap::new();
+        for file in KERNEL_FILES {
+            for entry in file.entries {
+                if let Some(other) = seen.insert(*entry, file.name) {
+                    panic!("{entry} listed by both {other} and {}", file.name);
+                }
+            }
+        }
+        for file in KERNEL_FILES {
+            for other in KERNEL_FILES.iter().filter(|o| o.name != file.name) {
+                for entry in file.entries {
+                    assert!(
+                        kernel_body(other.source, entry).is_none(),
+                        "{entry} (listed by {}) is also defined in {}",
+                        file.name,
+                        other.name
+                    );
+                }
+            }
+        }
     }
 
     /// Every launch may overlap the previous kernel (programmatic dependent launch), so a

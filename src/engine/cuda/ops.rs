@@ -1018,19 +1018,19 @@ impl MoeDot {
 fn moe_gemv_kernel(down: bool, codes: MoeCodes, n: usize, slots: bool) -> (&'static str, usize) {
     let name = match (down, codes, slots) {
         (false, MoeCodes::F32, false) => "moe_gate_up_swiglu",
-        (false, MoeCodes::F16, false) => "moe_gate_up_swiglu_f16",
+        (false, MoeCodes::F16, false) => "moe_gate_up_swiglu_h2",
         (false, MoeCodes::Q8, false) => "moe_gate_up_swiglu_q8",
         (false, MoeCodes::Fp8, false) => "moe_gate_up_swiglu_fp8",
         (true, MoeCodes::F32, false) => "moe_down",
-        (true, MoeCodes::F16, false) => "moe_down_f16",
+        (true, MoeCodes::F16, false) => "moe_down_h2",
         (true, MoeCodes::Q8, false) => "moe_down_q8",
         (true, MoeCodes::Fp8, false) => "moe_down_fp8",
         (false, MoeCodes::F32, true) => "moe_gate_up_swiglu_slots",
-        (false, MoeCodes::F16, true) => "moe_gate_up_swiglu_f16_slots",
+        (false, MoeCodes::F16, true) => "moe_gate_up_swiglu_h2_slots",
         (false, MoeCodes::Q8, true) => "moe_gate_up_swiglu_q8_slots",
         (false, MoeCodes::Fp8, true) => "moe_gate_up_swiglu_fp8_slots",
         (true, MoeCodes::F32, true) => "moe_down_slots",
-        (true, MoeCodes::F16, true) => "moe_down_f16_slots",
+        (true, MoeCodes::F16, true) => "moe_down_h2_slots",
         (true, MoeCodes::Q8, true) => "moe_down_q8_slots",
         (true, MoeCodes::Fp8, true) => "moe_down_fp8_slots",
     };
@@ -2395,7 +2395,7 @@ mod tests {
         );
         assert_eq!(
             moe_gemv_kernel(false, MoeCodes::of(ActFormat::Bf16, MoeDot::F16), 96, true).0,
-            "moe_gate_up_swiglu_f16_slots"
+            "moe_gate_up_swiglu_h2_slots"
         );
         assert_eq!(
             moe_gemv_kernel(true, MoeCodes::of(ActFormat::Q8, MoeDot::F16), 96, false).0,
