@@ -131,6 +131,34 @@ pub fn f16_group(x: &[f32]) -> (f32, Vec<f16>) {
     (stored, x.iter().map(|&v| f16::from_f32(v * inv)).collect())
 }
 
+/// `x` rounded to fp16, to nearest even, in one step (as the GPU's fp16 operations round
+/// their exact results). `half`'s `f16::from_f64` goes through f32 first, and that double
+/// rounding lands on the other side of a tie now and then (1 + 2⁻¹¹ + 2⁻⁴⁰ gives 1).
+pub fn f16_round(x: f64) -> f16 {
+    if x.is_nan() {
+        return f16::NAN;
+    }
+    let a = x.abs();
+    if a == 0.0 {
+        return f16::from_f64(x);
+    }
+    // 65520 is the tie between fp16's largest finite value and the next step (2¹⁶): even
+    // is infinity.
+    if a >= 65520.0 {
+        return if x > 0.0 {
+            f16::INFINITY
+        } else {
+            f16::NEG_INFINITY
+        };
+    }
+    // fp16's step at a: 2^(exponent − 10), or the subnormal step 2⁻²⁴ below 2⁻¹⁴.
+    let exp = ((a.to_bits() >> 52) & 0x7ff) as i32 - 1023;
+    let step = 2f64.powi(exp.max(-14) - 10);
+    // a / step and the product back are exact (powers of two); the result is an fp16 value,
+    // so the final conversion is exact.
+    f16::from_f64(((a / step).round_ties_even() * step).copysign(x))
+}
+
 /// What the fp16 dot computes for one 32-element MXFP4 block (16 bytes) against one group's
 /// fp16 codes, before any scale: two fp16 pair accumulators (words 0-1 and 2-3 of the block,
 /// the low halves taking the even elements) each summing its products with one rounding per
@@ -142,10 +170,10 @@ pub fn f16_block_dot(block: &[u8], codes: &[f16]) -> f32 {
         let nib = if e % 2 == 0 { byte & 15 } else { byte >> 4 };
         let a = &mut acc[e / 16][e % 2];
         // Exact in f64 (a 2-bit weight times an 11-bit code plus an fp16), rounded once.
-        *a = f16::from_f64(super::reference::FP4[nib as usize] * c.to_f64() + a.to_f64());
+        *a = f16_round(super::reference::FP4[nib as usize] * c.to_f64() + a.to_f64());
     }
-    let lo = f16::from_f64(acc[0][0].to_f64() + acc[1][0].to_f64());
-    let hi = f16::from_f64(acc[0][1].to_f64() + acc[1][1].to_f64());
+    let lo = f16_round(acc[0][0].to_f64() + acc[1][0].to_f64());
+    let hi = f16_round(acc[0][1].to_f64() + acc[1][1].to_f64());
     lo.to_f32() + hi.to_f32()
 }
 
@@ -383,6 +411,37 @@ mod tests {
         assert!(f16_group(&x).0.is_nan());
         x[9] = f32::INFINITY;
         assert!(f16_group(&x).0.is_infinite());
+    }
+
+    #[test]
+    fn f16_round_is_one_rounding_to_nearest_even() {
+        let r = |x: f64| f16_round(x).to_f64();
+        // Just above a tie rounds up (f16::from_f64 gives 1 here), ties go to even.
+        assert_eq!(
+            r(1.0 + 2f64.powi(-11) + 2f64.powi(-40)),
+            1.0 + 2f64.powi(-10)
+        );
+        assert_eq!(r(1.0 + 2f64.powi(-11)), 1.0);
+        assert_eq!(r(1.0 + 3.0 * 2f64.powi(-11)), 1.0 + 2f64.powi(-9));
+        assert_eq!(
+            r(-(1.0 + 2f64.powi(-11) + 2f64.powi(-40))),
+            -(1.0 + 2f64.powi(-10))
+        );
+        // Subnormals: steps of 2⁻²⁴; half a step is a tie to even (0).
+        assert_eq!(r(3.0 * 2f64.powi(-26)), 2f64.powi(-24));
+        assert_eq!(r(2f64.powi(-25)), 0.0);
+        assert_eq!(r(2f64.powi(-25) + 2f64.powi(-60)), 2f64.powi(-24));
+        // The top of the range: 65504 stays, the tie above it is infinity.
+        assert_eq!(r(65504.0), 65504.0);
+        assert_eq!(r(65519.9), 65504.0);
+        assert!(f16_round(65520.0).is_infinite() && f16_round(-1e9).is_infinite());
+        assert!(f16_round(f64::NAN).is_nan());
+        assert_eq!(f16_round(-0.0).to_bits(), 0x8000);
+        // Agrees with the f32 conversion wherever a value is already an f32.
+        for i in 0..2000 {
+            let v = (i as f32 - 1000.0) * 0.013_7 + 1e-3;
+            assert_eq!(f16_round(f64::from(v)), f16::from_f32(v), "{v}");
+        }
     }
 
     #[test]
