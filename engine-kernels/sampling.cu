@@ -265,3 +265,174 @@ sample_rows(const float* __restrict__ logits, int vocab, const SampleRow* __rest
         out[2 * r.out_row + 1] = __float_as_uint(lp);
     }
 }
+
+// ---- Plain rows on many blocks. A row that asks for no top-k, no top-p, no logprob and bans
+// nothing (the default request) needs only the largest logit and, unless greedy, each token's
+// weight wfix(z, zmax): sample_rows does that on one block (one SM) per row, which at batch 1
+// leaves the rest of the GPU idle for two passes over the vocabulary. These three kernels cut
+// each row into chunks of SAMPLE_CHUNK ids: the chunks' (max, argmax, count), then each
+// chunk's exact mass (u64, the same weights), then per row the chunk the draw falls in and the
+// walk through it in id order. Same weights, same exact sums, same walk: the same token as
+// sample_rows and the host's `sampling::choose`. Scratch: a SamplePart per (row, chunk).
+#define SAMPLE_CHUNK 4096
+#define SAMPLE_PART_THREADS 256
+
+struct SamplePart {
+    float av;        // largest non-NaN logit of the chunk (-inf if none)
+    int ai;          // its id (ties: lower; SAMPLE_NONE if none)
+    unsigned count;  // non-NaN logits in the chunk
+    unsigned pad;
+    u64 mass;        // sum of wfix(l / T, zmax) over the chunk (non-greedy rows)
+};
+
+// The row's (max, argmax, count) over its nc chunks, by every thread of the block.
+__device__ __forceinline__ void sample_row_best(const SamplePart* p, int nc, float& av, int& ai,
+                                                u64& count, float* sv, int* si, u64* sh64) {
+    av = -INFINITY;
+    ai = SAMPLE_NONE;
+    u64 c = 0ull;
+    for (int j = threadIdx.x; j < nc; j += blockDim.x) {
+        take_better(av, ai, p[j].av, p[j].ai);
+        c += p[j].count;
+    }
+    block_argmax(av, ai, sv, si, SAMPLE_NONE);
+    count = block_sum(c, sh64);
+}
+
+// grid = (chunks, rows), block = SAMPLE_PART_THREADS.
+extern "C" __global__ void __launch_bounds__(SAMPLE_PART_THREADS)
+sample_max_part(const float* __restrict__ logits, int vocab, const SampleRow* __restrict__ rows,
+                SamplePart* __restrict__ parts) {
+    pdl_enter();
+    __shared__ u64 sh64[32];
+    __shared__ float sv[32];
+    __shared__ int si[32];
+    const SampleRow r = rows[blockIdx.y];
+    const float* row = logits + (size_t)r.logit_row * vocab;
+    const int lo = blockIdx.x * SAMPLE_CHUNK, hi = min(vocab, lo + SAMPLE_CHUNK);
+    float av = -INFINITY;
+    int ai = SAMPLE_NONE;
+    unsigned count = 0;
+    for (int i = lo + threadIdx.x; i < hi; i += blockDim.x) {
+        const float l = row[i];
+        if (isnan(l)) continue;
+        take_better(av, ai, l, i);
+        ++count;
+    }
+    block_argmax(av, ai, sv, si, SAMPLE_NONE);
+    const u64 total = block_sum((u64)count, sh64);
+    if (threadIdx.x == 0) {
+        SamplePart& p = parts[(size_t)blockIdx.y * gridDim.x + blockIdx.x];
+        p.av = av;
+        p.ai = ai;
+        p.count = (unsigned)total;
+        p.mass = 0ull;
+    }
+}
+
+// grid = (chunks, rows), block = SAMPLE_PART_THREADS: each non-greedy row's chunk masses.
+extern "C" __global__ void __launch_bounds__(SAMPLE_PART_THREADS)
+sample_mass_part(const float* __restrict__ logits, int vocab, const SampleRow* __restrict__ rows,
+                 SamplePart* __restrict__ parts) {
+    pdl_enter();
+    __shared__ u64 sh64[32];
+    __shared__ float sv[32];
+    __shared__ int si[32];
+    const SampleRow r = rows[blockIdx.y];
+    if (r.flags & 1) return;  // greedy: the argmax is all it needs
+    SamplePart* p = parts + (size_t)blockIdx.y * gridDim.x;
+    float av;
+    int ai;
+    u64 allowed;
+    sample_row_best(p, gridDim.x, av, ai, allowed, sv, si, sh64);
+    if (allowed == 0ull) return;
+    const float t = r.temperature, zmax = av / t;
+    const float* row = logits + (size_t)r.logit_row * vocab;
+    const int lo = blockIdx.x * SAMPLE_CHUNK, hi = min(vocab, lo + SAMPLE_CHUNK);
+    u64 m = 0ull;
+    for (int i = lo + threadIdx.x; i < hi; i += blockDim.x) {
+        const float l = row[i];
+        if (!isnan(l)) m += wfix(l / t, zmax);
+    }
+    m = block_sum(m, sh64);
+    if (threadIdx.x == 0) p[blockIdx.x].mass = m;
+}
+
+// grid = rows, block = SAMPLE_PART_THREADS: the token of each row from its chunks.
+extern "C" __global__ void __launch_bounds__(SAMPLE_PART_THREADS)
+sample_pick(const float* __restrict__ logits, int vocab, const SampleRow* __restrict__ rows,
+            const SamplePart* __restrict__ parts, int nc, unsigned* __restrict__ out) {
+    pdl_enter();
+    __shared__ u64 sh64[32];
+    __shared__ float sv[32];
+    __shared__ int si[32];
+    __shared__ int cs;
+    __shared__ u64 cbefore;
+    __shared__ int chosen;
+    const SampleRow r = rows[blockIdx.x];
+    const SamplePart* p = parts + (size_t)blockIdx.x * nc;
+    float av;
+    int ai;
+    u64 allowed;
+    sample_row_best(p, nc, av, ai, allowed, sv, si, sh64);
+    // No bans here, so the largest allowed logit is the largest non-NaN one (sample_rows'
+    // fallback), or id 0 when every logit is NaN.
+    const int best = ai == SAMPLE_NONE ? 0 : ai;
+    if (threadIdx.x == 0) chosen = best;
+    if (!(r.flags & 1) && allowed > 0ull) {
+        // The draw's target in the row's exact total mass; the chunk it falls in.
+        if (threadIdx.x == 0) {
+            u64 total = 0ull;
+            for (int j = 0; j < nc; ++j) total += p[j].mass;
+            cs = -1;
+            if (total > 0ull) {
+                u64 target = (u64)(r.u * (double)total);
+                if (target >= total) target = total - 1ull;
+                u64 acc = 0ull;
+                for (int j = 0; j < nc; ++j) {
+                    if (target < acc + p[j].mass) {
+                        cs = j;
+                        cbefore = target - acc;  // the target within chunk j
+                        break;
+                    }
+                    acc += p[j].mass;
+                }
+            }
+        }
+        __syncthreads();
+        if (cs >= 0) {
+            // The walk through chunk cs in id order: contiguous id ranges per thread, an exact
+            // prefix sum, then the thread holding the target walks its range.
+            const float t = r.temperature, zmax = av / t;
+            const float* row = logits + (size_t)r.logit_row * vocab;
+            const int c0 = cs * SAMPLE_CHUNK, c1 = min(vocab, c0 + SAMPLE_CHUNK);
+            const int per = (SAMPLE_CHUNK + (int)blockDim.x - 1) / (int)blockDim.x;
+            const int lo = min(c1, c0 + (int)threadIdx.x * per), hi = min(c1, lo + per);
+            u64 local = 0ull;
+            for (int i = lo; i < hi; ++i) {
+                const float l = row[i];
+                if (!isnan(l)) local += wfix(l / t, zmax);
+            }
+            u64 total;
+            const u64 before = block_excl_scan(local, sh64, total);
+            const u64 target = cbefore;
+            if (target >= before && target < before + local) {
+                u64 acc = before;
+                for (int i = lo; i < hi; ++i) {
+                    const float l = row[i];
+                    if (isnan(l)) continue;
+                    acc += wfix(l / t, zmax);
+                    if (acc > target) {
+                        chosen = i;
+                        break;
+                    }
+                }
+            }
+        }
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        out[2 * r.out_row] = (unsigned)chosen;
+        out[2 * r.out_row + 1] = 0x7fc00000u;  // no logprob asked
+    }
+}

@@ -42,6 +42,8 @@ struct Slot {
 #[derive(Default)]
 struct SampleBufs {
     rows: Option<CudaSlice<u8>>,
+    /// `sample_plain`'s per-chunk partial results.
+    parts: Option<CudaSlice<u8>>,
     banned: Option<CudaSlice<u32>>,
     out: Option<CudaSlice<u32>>,
 }
@@ -475,15 +477,33 @@ impl CudaBackend {
         Ok(())
     }
 
-    /// Queue the sampling kernel for `reqs` (rows of the step just run) on the stream.
+    /// Queue the sampling kernels for `reqs` (rows of the step just run) on the stream: the
+    /// plain rows ([`SampleRow::is_plain`]) on many blocks a row, the others one block a row.
     fn launch_sampling(&mut self, reqs: &[SampleRow], banned: &[u32], vocab: usize) -> Result<()> {
         let g = &self.gpu;
-        let bytes = SampleRow::encode(reqs)?;
+        let (plain, other): (Vec<SampleRow>, Vec<SampleRow>) =
+            reqs.iter().partition(|r| r.is_plain());
+        let bytes = SampleRow::encode(&[plain.as_slice(), other.as_slice()].concat())?;
         let buf = at_least(g, &mut self.sampling.rows, bytes.len())?;
         g.stream()
             .memcpy_htod(&bytes, &mut buf.slice_mut(0..bytes.len()))
             .map_err(|e| anyhow::anyhow!("copying sampling rows: {:?}", e.0))?;
         let rows_ptr = g.ptr(buf);
+        let out = at_least(g, &mut self.sampling.out, 2)?;
+        let out_ptr = g.ptr(out);
+        let logits = self.dec.logits_ptr(g);
+        if !plain.is_empty() {
+            let parts = at_least(
+                g,
+                &mut self.sampling.parts,
+                ops::sample_plain_scratch(vocab, plain.len()),
+            )?;
+            let parts_ptr = g.ptr(parts);
+            ops::sample_plain(g, logits, vocab, rows_ptr, plain.len(), parts_ptr, out_ptr)?;
+        }
+        if other.is_empty() {
+            return Ok(());
+        }
         let ban = at_least(g, &mut self.sampling.banned, banned.len())?;
         if !banned.is_empty() {
             g.stream()
@@ -491,16 +511,7 @@ impl CudaBackend {
                 .map_err(|e| anyhow::anyhow!("copying banned ids: {:?}", e.0))?;
         }
         let ban_ptr = g.ptr(ban);
-        let out = at_least(g, &mut self.sampling.out, 2)?;
-        let out_ptr = g.ptr(out);
-        ops::sample(
-            g,
-            self.dec.logits_ptr(g),
-            vocab,
-            rows_ptr,
-            reqs.len(),
-            ban_ptr,
-            out_ptr,
-        )
+        let other_ptr = rows_ptr + (plain.len() * ops::SAMPLE_ROW_BYTES) as u64;
+        ops::sample(g, logits, vocab, other_ptr, other.len(), ban_ptr, out_ptr)
     }
 }

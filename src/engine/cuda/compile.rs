@@ -117,7 +117,15 @@ pub const KERNEL_FILES: &[KernelFile] = &[
         ]
     ),
     kernel_file!("argmax.cu", ["argmax_partial", "argmax_final"]),
-    kernel_file!("sampling.cu", ["sample_rows"]),
+    kernel_file!(
+        "sampling.cu",
+        [
+            "sample_rows",
+            "sample_max_part",
+            "sample_mass_part",
+            "sample_pick"
+        ]
+    ),
     kernel_file!("synthetic.cu", ["fill_bf16", "fill_u8"]),
     kernel_file!("bandwidth.cu", ["read_probe"]),
 ];

@@ -1813,6 +1813,76 @@ impl SampleRow {
     }
 }
 
+impl SampleRow {
+    /// Whether the row needs only the largest logit and the token weights: no top-k, no
+    /// top-p, no logprob, nothing banned (the default request). Such rows go to
+    /// [`sample_plain`], which spreads each row over many blocks.
+    pub fn is_plain(&self) -> bool {
+        self.top_k == 0 && self.top_p >= 1.0 && !self.logprob && self.ban_n == 0
+    }
+}
+
+/// Ids per chunk of [`sample_plain`] (kernel constant `SAMPLE_CHUNK`).
+const SAMPLE_CHUNK: usize = 4096;
+/// Threads per block of [`sample_plain`]'s kernels (`SAMPLE_PART_THREADS`).
+const SAMPLE_PART_THREADS: u32 = 256;
+/// Bytes of one chunk's partial result (`SamplePart` in sampling.cu).
+const SAMPLE_PART_BYTES: usize = 24;
+
+/// Scratch bytes [`sample_plain`] needs for `nrows` rows of `vocab` logits.
+pub fn sample_plain_scratch(vocab: usize, nrows: usize) -> usize {
+    nrows * vocab.div_ceil(SAMPLE_CHUNK) * SAMPLE_PART_BYTES
+}
+
+/// [`sample`] for rows that are all [`SampleRow::is_plain`], on many blocks a row: each
+/// chunk's largest logit (`sample_max_part`), each chunk's exact mass of token weights
+/// (`sample_mass_part`, non-greedy rows), then per row the chunk the draw falls in and the
+/// walk through it (`sample_pick`). The same token as [`sample`] (the same weights, exact
+/// sums, the walk in id order); no logprob (its bits are NaN). `parts`: scratch of
+/// [`sample_plain_scratch`] bytes.
+pub fn sample_plain(
+    g: &Gpu,
+    logits: u64,
+    vocab: usize,
+    rows: u64,
+    nrows: usize,
+    parts: u64,
+    out: u64,
+) -> Result<()> {
+    ensure!(
+        vocab > 0 && vocab < SAMPLE_MAX_VOCAB,
+        "vocabulary of {vocab} outside the sampling kernel's range (1 to {SAMPLE_MAX_VOCAB})"
+    );
+    if nrows == 0 {
+        return Ok(());
+    }
+    let nc = vocab.div_ceil(SAMPLE_CHUNK);
+    let args = [Arg::Ptr(logits), i(vocab)?, Arg::Ptr(rows), Arg::Ptr(parts)];
+    for kernel in ["sample_max_part", "sample_mass_part"] {
+        g.launch(
+            kernel,
+            (u(nc)?, u(nrows)?, 1),
+            (SAMPLE_PART_THREADS, 1, 1),
+            0,
+            &args,
+        )?;
+    }
+    g.launch(
+        "sample_pick",
+        (u(nrows)?, 1, 1),
+        (SAMPLE_PART_THREADS, 1, 1),
+        0,
+        &[
+            Arg::Ptr(logits),
+            i(vocab)?,
+            Arg::Ptr(rows),
+            Arg::Ptr(parts),
+            i(nc)?,
+            Arg::Ptr(out),
+        ],
+    )
+}
+
 /// Sample `nrows` rows described by `rows` (device [`SampleRow`] array, see
 /// [`SampleRow::encode`]) from `logits` ([*, vocab] fp32); `banned` is the device u32 array
 /// the rows index; `out` receives (token, logprob bits) pairs at each row's `out_row`.

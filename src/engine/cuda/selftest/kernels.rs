@@ -1492,13 +1492,23 @@ pub fn sampling_cases(seed: u64, vocab: usize, rows: usize) -> (Vec<f32>, Vec<Sa
             logprobs: s.next().is_multiple_of(2).then_some(0),
             ..Default::default()
         };
-        let banned = if s.next().is_multiple_of(3) {
+        let mut banned = if s.next().is_multiple_of(3) {
             let mut b = vec![r::argmax(&row) as u32];
             b.extend((0..pick(s.next(), 4)).map(|_| pick(s.next(), vocab) as u32));
             b
         } else {
             Vec::new()
         };
+        // Every sixth row a plain request (the default: no top-k, top-p, logprob or ban),
+        // which the device samples on many blocks (`ops::sample_plain`); the draws above are
+        // made all the same, so the other rows keep their requests.
+        let mut params = params;
+        if r % 6 == 5 {
+            params.top_k = 0;
+            params.top_p = 1.0;
+            params.logprobs = None;
+            banned.clear();
+        }
         logits.extend(row);
         cases.push(SampleCase {
             params,
@@ -1532,16 +1542,29 @@ fn check_sampling(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
             banned.extend_from_slice(&c.banned);
         }
         banned.push(u32::MAX);
+        // The plain rows on many blocks a row, the rest on one, as the backend splits them.
+        let (plain, other): (Vec<_>, Vec<_>) = reqs.iter().partition(|r| r.is_plain());
         let dl = g.upload(&logits)?;
-        let dr = g.upload(&ops::SampleRow::encode(&reqs)?)?;
+        let dp = g.upload(&ops::SampleRow::encode(&plain)?)?;
+        let dr = g.upload(&ops::SampleRow::encode(&other)?)?;
         let db = g.upload(&banned)?;
+        let dparts = g.alloc::<u8>(ops::sample_plain_scratch(vocab, plain.len()).max(1))?;
         let dout = g.upload(&vec![u32::MAX; 2 * rows])?;
+        ops::sample_plain(
+            g,
+            g.ptr(&dl),
+            vocab,
+            g.ptr(&dp),
+            plain.len(),
+            g.ptr(&dparts),
+            g.ptr(&dout),
+        )?;
         ops::sample(
             g,
             g.ptr(&dl),
             vocab,
             g.ptr(&dr),
-            rows,
+            other.len(),
             g.ptr(&db),
             g.ptr(&dout),
         )?;
@@ -1571,7 +1594,11 @@ fn check_sampling(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
             }
         }
         res.push(check(
-            format!("sample_rows V={vocab}: tokens vs host ({compared} of {rows} compared)"),
+            format!(
+                "sample_rows + sample_plain V={vocab}: tokens vs host ({compared} of {rows} \
+                 compared, {} plain rows)",
+                plain.len()
+            ),
             mism as f64,
             0.0,
         ));
@@ -2140,6 +2167,16 @@ mod tests {
             assert!(
                 skipped * 4 <= rows,
                 "V={vocab}: {skipped} of {rows} cases within the margin"
+            );
+            let plain = |c: &SampleCase| {
+                c.params.top_k == 0
+                    && c.params.top_p >= 1.0
+                    && c.params.logprobs.is_none()
+                    && c.banned.is_empty()
+            };
+            assert!(
+                cases.iter().any(|c| plain(c) && !c.params.is_greedy()),
+                "V={vocab}: no plain sampled row"
             );
             let greedy = cases.iter().filter(|c| c.params.is_greedy()).count();
             let nucleus = cases.iter().filter(|c| c.params.top_p < 1.0).count();
