@@ -1141,14 +1141,14 @@ pub const MOE_UNITS_ENV: &str = "MXTUNE_MOE_UNITS";
 pub const MOE_MAX_UNITS: usize = 32;
 
 /// Fewest blocks per multiprocessor [`MoeUnits::for_batch`] leaves the decode MoE kernels.
-const MOE_MIN_BLOCKS_PER_SM: usize = 8;
+const MOE_MIN_BLOCKS_PER_SM: usize = 4;
 
 /// Blocks per SM the `_slots` decode MoE kernels are compiled for (kernel constant
 /// `MOE_SLOTS_MINB`).
 const MOE_SLOTS_BLOCKS_PER_SM: usize = 2;
 
 /// Largest units per warp [`MoeUnits::for_batch`] picks.
-const MOE_AUTO_MAX_UNITS: usize = 8;
+const MOE_AUTO_MAX_UNITS: usize = 16;
 
 fn check_units(units: usize) -> Result<()> {
     ensure!(
@@ -1179,12 +1179,15 @@ impl MoeUnits {
     };
 
     /// `fixed` (from [`MOE_UNITS_ENV`]: gate_up, down), or for each kernel the most units
-    /// (powers of two up to 8) that still give `t` rows at least 8 blocks per multiprocessor
-    /// (measured best on the H100 at batch 1, 4 and 16: docs/perf.md, run 42). Where that is
-    /// one unit a warp and the `_slots` loop can run (`lp` not `Items`, rows short enough), the
-    /// fewest units whose grid fits one wave of the `_slots` kernels instead (2 blocks per
-    /// SM): at batch 1 the slots stream a warp's units without draining, and one wave has no
-    /// tail (gpt-oss-120b on the H100: 6/3 instead of 1/1, +4 %: docs/perf.md, run 86).
+    /// (powers of two up to 16) that still give `t` rows at least 4 blocks per multiprocessor
+    /// (with the fp16 dot, measured best on the H100 at batch 4, 8 and 16: 8/4, 16/8 and 16/16
+    /// where 8 blocks per SM and at most 8 units, the rule before, gave 4/2, 8/4 and 8/8:
+    /// docs/perf.md, runs 106–107). At batch 1, or where that is one unit a warp, and where the
+    /// `_slots` loop can run (`lp` not `Items`, rows short enough), the fewest units whose grid
+    /// fits one wave of the `_slots` kernels instead (2 blocks per SM): the slots stream a
+    /// warp's units without draining, and one wave has no tail (gpt-oss-120b on the H100: 6/3
+    /// at batch 1, +4 % over 1/1: docs/perf.md, run 86; still the best of 6/3, 3/3, 8/4, 4/2,
+    /// 6/6 and 6/2 with the fp16 dot, runs 103 and 106).
     pub fn for_batch(
         sms: usize,
         s: MoeShape,
@@ -1204,7 +1207,7 @@ impl MoeUnits {
             {
                 u *= 2;
             }
-            if u == 1 && lp != MoeLoop::Items && MoeLoop::Slots.slots(1, width) {
+            if (u == 1 || t == 1) && lp != MoeLoop::Items && MoeLoop::Slots.slots(1, width) {
                 let wave = MOE_SLOTS_BLOCKS_PER_SM * sms;
                 u = (1..=MOE_AUTO_MAX_UNITS)
                     .find(|&u| units_total.div_ceil(8 * u) * s.k * t <= wave)
@@ -2534,10 +2537,10 @@ mod tests {
         };
         // Batch 1: one wave of the slots kernels (240 gate_up and 240 down blocks of 264).
         assert_eq!(pick(1, MoeLoop::Auto), (6, 3, true, true));
-        assert_eq!(pick(1, MoeLoop::Items), (1, 1, false, false));
-        assert_eq!(pick(4, MoeLoop::Auto), (4, 2, true, true));
-        assert_eq!(pick(8, MoeLoop::Auto), (8, 4, true, true));
-        assert_eq!(pick(16, MoeLoop::Auto), (8, 8, true, true));
+        assert_eq!(pick(1, MoeLoop::Items), (2, 1, false, false));
+        assert_eq!(pick(4, MoeLoop::Auto), (8, 4, true, true));
+        assert_eq!(pick(8, MoeLoop::Auto), (16, 8, true, true));
+        assert_eq!(pick(16, MoeLoop::Auto), (16, 16, true, true));
         // Rows too long for the slots: the items loop and its units.
         let wide = MoeShape {
             hidden: 4096,
@@ -2545,7 +2548,8 @@ mod tests {
             ..s
         };
         let u = MoeUnits::for_batch(132, wide, 1, None, MoeLoop::Auto);
-        assert_eq!((u.gate_up, u.down), (1, 1));
+        assert_eq!((u.gate_up, u.down), (2, 1));
+        assert!(!MoeLoop::Auto.slots(u.gate_up, wide.hidden));
         assert_eq!(
             MoeUnits::for_batch(132, s, 1, Some((2, 5)), MoeLoop::Auto),
             MoeUnits {
