@@ -1140,15 +1140,20 @@ pub const MOE_UNITS_ENV: &str = "MXTUNE_MOE_UNITS";
 /// Most units one warp of the decode MoE kernels takes (a lane holds one unit's bias).
 pub const MOE_MAX_UNITS: usize = 32;
 
-/// Fewest blocks per multiprocessor [`MoeUnits::for_batch`] leaves the decode MoE kernels.
-const MOE_MIN_BLOCKS_PER_SM: usize = 4;
+/// Fewest blocks per multiprocessor [`MoeUnits::for_batch`] leaves the decode MoE kernels
+/// below [`MOE_WIDE_FROM_BATCH`] rows, and from it.
+const MOE_MIN_BLOCKS_PER_SM: [usize; 2] = [8, 4];
+
+/// Batch size from which [`MoeUnits::for_batch`] gives warps more units (fewer blocks).
+const MOE_WIDE_FROM_BATCH: usize = 4;
 
 /// Blocks per SM the `_slots` decode MoE kernels are compiled for (kernel constant
 /// `MOE_SLOTS_MINB`).
 const MOE_SLOTS_BLOCKS_PER_SM: usize = 2;
 
-/// Largest units per warp [`MoeUnits::for_batch`] picks.
-const MOE_AUTO_MAX_UNITS: usize = 16;
+/// Largest units per warp [`MoeUnits::for_batch`] picks, below [`MOE_WIDE_FROM_BATCH`] rows
+/// and from it.
+const MOE_AUTO_MAX_UNITS: [usize; 2] = [8, 16];
 
 fn check_units(units: usize) -> Result<()> {
     ensure!(
@@ -1178,16 +1183,19 @@ impl MoeUnits {
         lp: MoeLoop::Auto,
     };
 
-    /// `fixed` (from [`MOE_UNITS_ENV`]: gate_up, down), or for each kernel the most units
-    /// (powers of two up to 16) that still give `t` rows at least 4 blocks per multiprocessor
-    /// (with the fp16 dot, measured best on the H100 at batch 4, 8 and 16: 8/4, 16/8 and 16/16
-    /// where 8 blocks per SM and at most 8 units, the rule before, gave 4/2, 8/4 and 8/8:
-    /// docs/perf.md, runs 106–107). At batch 1, or where that is one unit a warp, and where the
-    /// `_slots` loop can run (`lp` not `Items`, rows short enough), the fewest units whose grid
-    /// fits one wave of the `_slots` kernels instead (2 blocks per SM): the slots stream a
-    /// warp's units without draining, and one wave has no tail (gpt-oss-120b on the H100: 6/3
-    /// at batch 1, +4 % over 1/1: docs/perf.md, run 86; still the best of 6/3, 3/3, 8/4, 4/2,
-    /// 6/6 and 6/2 with the fp16 dot, runs 103 and 106).
+    /// `fixed` (from [`MOE_UNITS_ENV`]: gate_up, down), or for each kernel:
+    /// * below batch 4, where the `_slots` loop can run (`lp` not `Items`, rows short enough):
+    ///   the fewest units (at most 8) whose grid fits one wave of the `_slots` kernels (2
+    ///   blocks per SM): the slots stream a warp's units without draining, and one wave has no
+    ///   tail (gpt-oss-120b on the H100: 6/3 at batch 1, +4 % over 1/1, docs/perf.md run 86,
+    ///   still the best of six with the fp16 dot, runs 103 and 106; 8/6 at batch 2, +7 % over
+    ///   4/2, run 107);
+    /// * otherwise the most units (powers of two) that still give `t` rows enough blocks:
+    ///   below batch 4 at least 8 blocks per multiprocessor and at most 8 units (run 42), from
+    ///   batch 4 at least 4 blocks and at most 16 units (with the fp16 dot on the H100: 8/4,
+    ///   16/8 and 16/16 at batch 4, 8 and 16, +5.3 / +2.7 / +1.8 % over 8 blocks and 8 units,
+    ///   runs 106–107), and where that is one unit a warp with the slots possible, the
+    ///   one-wave rule above.
     pub fn for_batch(
         sms: usize,
         s: MoeShape,
@@ -1198,22 +1206,26 @@ impl MoeUnits {
         if let Some((gate_up, down)) = fixed {
             return Self { gate_up, down, lp };
         }
+        let wide = usize::from(t >= MOE_WIDE_FROM_BATCH);
+        let (min_blocks, max_units) = (MOE_MIN_BLOCKS_PER_SM[wide], MOE_AUTO_MAX_UNITS[wide]);
         // units_total: the kernel's units (a block's 8 warps take 8 u of them); width: the
         // length of the rows the kernel reads.
         let pick = |units_total: usize, width: usize| {
+            let slots = lp != MoeLoop::Items && MoeLoop::Slots.slots(1, width);
+            let one_wave = || {
+                let wave = MOE_SLOTS_BLOCKS_PER_SM * sms;
+                (1..=max_units)
+                    .find(|&u| units_total.div_ceil(8 * u) * s.k * t <= wave)
+                    .unwrap_or(max_units)
+            };
+            if slots && wide == 0 {
+                return one_wave();
+            }
             let mut u = 1;
-            while u < MOE_AUTO_MAX_UNITS
-                && units_total.div_ceil(8 * 2 * u) * s.k * t >= MOE_MIN_BLOCKS_PER_SM * sms
-            {
+            while u < max_units && units_total.div_ceil(8 * 2 * u) * s.k * t >= min_blocks * sms {
                 u *= 2;
             }
-            if (u == 1 || t == 1) && lp != MoeLoop::Items && MoeLoop::Slots.slots(1, width) {
-                let wave = MOE_SLOTS_BLOCKS_PER_SM * sms;
-                u = (1..=MOE_AUTO_MAX_UNITS)
-                    .find(|&u| units_total.div_ceil(8 * u) * s.k * t <= wave)
-                    .unwrap_or(MOE_AUTO_MAX_UNITS);
-            }
-            u
+            if u == 1 && slots { one_wave() } else { u }
         };
         Self {
             gate_up: pick(s.inter, s.hidden),
@@ -2537,7 +2549,9 @@ mod tests {
         };
         // Batch 1: one wave of the slots kernels (240 gate_up and 240 down blocks of 264).
         assert_eq!(pick(1, MoeLoop::Auto), (6, 3, true, true));
-        assert_eq!(pick(1, MoeLoop::Items), (2, 1, false, false));
+        assert_eq!(pick(1, MoeLoop::Items), (1, 1, false, false));
+        assert_eq!(pick(2, MoeLoop::Auto), (8, 6, true, true));
+        assert_eq!(pick(3, MoeLoop::Auto), (8, 8, true, true));
         assert_eq!(pick(4, MoeLoop::Auto), (8, 4, true, true));
         assert_eq!(pick(8, MoeLoop::Auto), (16, 8, true, true));
         assert_eq!(pick(16, MoeLoop::Auto), (16, 16, true, true));
@@ -2548,8 +2562,7 @@ mod tests {
             ..s
         };
         let u = MoeUnits::for_batch(132, wide, 1, None, MoeLoop::Auto);
-        assert_eq!((u.gate_up, u.down), (2, 1));
-        assert!(!MoeLoop::Auto.slots(u.gate_up, wide.hidden));
+        assert_eq!((u.gate_up, u.down), (1, 1));
         assert_eq!(
             MoeUnits::for_batch(132, s, 1, Some((2, 5)), MoeLoop::Auto),
             MoeUnits {
