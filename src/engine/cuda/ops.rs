@@ -323,14 +323,29 @@ pub fn router(
 /// (the decode router over every prompt row, as before; for A/B timing).
 pub const PREFILL_ROUTER_ENV: &str = "MXTUNE_PREFILL_ROUTER";
 
+/// The value of tuning switch `name` (an environment variable) among `choices` (word, value):
+/// unset or empty gives the first choice (the default); any other word is an error naming the
+/// variable and the words it takes.
+fn env_choice<T: Copy>(name: &str, choices: &[(&str, T)]) -> Result<T> {
+    choice(name, &std::env::var(name).unwrap_or_default(), choices)
+}
+
+/// [`env_choice`] of the value `v`.
+fn choice<T: Copy>(name: &str, v: &str, choices: &[(&str, T)]) -> Result<T> {
+    let word = if v.is_empty() { choices[0].0 } else { v };
+    match choices.iter().find(|(w, _)| *w == word) {
+        Some(&(_, value)) => Ok(value),
+        None => {
+            let words: Vec<&str> = choices.iter().map(|(w, _)| *w).collect();
+            anyhow::bail!("{name}={v}: expected {}", words.join(", "))
+        }
+    }
+}
+
 /// Whether the prefill routes through [`router_rows`] (else [`router`]), from the environment;
 /// a bad value is an error naming it.
 pub fn prefill_router_rows_from_env() -> Result<bool> {
-    match std::env::var(PREFILL_ROUTER_ENV).as_deref() {
-        Err(_) | Ok("") | Ok("rows") => Ok(true),
-        Ok("gemv") => Ok(false),
-        Ok(v) => anyhow::bail!("{PREFILL_ROUTER_ENV}={v}: expected rows or gemv"),
-    }
+    env_choice(PREFILL_ROUTER_ENV, &[("rows", true), ("gemv", false)])
 }
 
 /// The router of a prefill chunk of `t` tokens (kernel `router_rows`): logits[t] = W x[t] + b
@@ -601,13 +616,17 @@ impl Default for AttnTuning {
 impl AttnTuning {
     /// The defaults with the environment's overrides; a bad value is an error naming it.
     pub fn from_env() -> Result<Self> {
-        let mut t = Self::default();
-        match std::env::var(ATTN_KERNEL_ENV).as_deref() {
-            Err(_) | Ok("") | Ok("auto") => {}
-            Ok("per-head") => t.force = Some(AttnKernel::PerHead),
-            Ok("gqa") => t.force = Some(AttnKernel::Gqa),
-            Ok(v) => anyhow::bail!("{ATTN_KERNEL_ENV}={v}: expected auto, per-head or gqa"),
-        }
+        let mut t = Self {
+            force: env_choice(
+                ATTN_KERNEL_ENV,
+                &[
+                    ("auto", None),
+                    ("per-head", Some(AttnKernel::PerHead)),
+                    ("gqa", Some(AttnKernel::Gqa)),
+                ],
+            )?,
+            ..Self::default()
+        };
         match std::env::var(ATTN_GQA_MIN_SPLIT_ENV).as_deref() {
             Err(_) | Ok("") => {}
             Ok(v) => match v.parse::<usize>() {
@@ -1004,11 +1023,7 @@ pub enum MoeDot {
 impl MoeDot {
     /// From [`MOE_DOT_ENV`] (unset: `F16`); a bad value is an error naming it.
     pub fn from_env() -> Result<Self> {
-        match std::env::var(MOE_DOT_ENV).as_deref() {
-            Err(_) | Ok("") | Ok("f16") => Ok(Self::F16),
-            Ok("f32") => Ok(Self::F32),
-            Ok(v) => anyhow::bail!("{MOE_DOT_ENV}={v}: expected f16 or f32"),
-        }
+        env_choice(MOE_DOT_ENV, &[("f16", Self::F16), ("f32", Self::F32)])
     }
 }
 
@@ -1068,12 +1083,14 @@ pub enum MoeLoop {
 impl MoeLoop {
     /// From [`MOE_LOOP_ENV`] (unset: `Auto`); a bad value is an error naming it.
     pub fn from_env() -> Result<Self> {
-        match std::env::var(MOE_LOOP_ENV).as_deref() {
-            Err(_) | Ok("") | Ok("auto") => Ok(Self::Auto),
-            Ok("items") => Ok(Self::Items),
-            Ok("slots") => Ok(Self::Slots),
-            Ok(v) => anyhow::bail!("{MOE_LOOP_ENV}={v}: expected auto, items or slots"),
-        }
+        env_choice(
+            MOE_LOOP_ENV,
+            &[
+                ("auto", Self::Auto),
+                ("items", Self::Items),
+                ("slots", Self::Slots),
+            ],
+        )
     }
 
     /// Name in the self-test's labels.
@@ -1837,6 +1854,16 @@ impl SampleRow {
     }
 }
 
+/// Whether the sampling kernels have rows to launch for: false for none, an error for a
+/// vocabulary outside their range.
+fn sample_vocab(vocab: usize, nrows: usize) -> Result<bool> {
+    ensure!(
+        vocab > 0 && vocab < SAMPLE_MAX_VOCAB,
+        "vocabulary of {vocab} outside the sampling kernel's range (1 to {SAMPLE_MAX_VOCAB})"
+    );
+    Ok(nrows > 0)
+}
+
 /// Ids per chunk of [`sample_plain`] (kernel constant `SAMPLE_CHUNK`).
 const SAMPLE_CHUNK: usize = 4096;
 /// Threads per block of [`sample_plain`]'s kernels (`SAMPLE_PART_THREADS`).
@@ -1864,11 +1891,7 @@ pub fn sample_plain(
     parts: u64,
     out: u64,
 ) -> Result<()> {
-    ensure!(
-        vocab > 0 && vocab < SAMPLE_MAX_VOCAB,
-        "vocabulary of {vocab} outside the sampling kernel's range (1 to {SAMPLE_MAX_VOCAB})"
-    );
-    if nrows == 0 {
+    if !sample_vocab(vocab, nrows)? {
         return Ok(());
     }
     let nc = vocab.div_ceil(SAMPLE_CHUNK);
@@ -1910,11 +1933,7 @@ pub fn sample(
     banned: u64,
     out: u64,
 ) -> Result<()> {
-    ensure!(
-        vocab > 0 && vocab < SAMPLE_MAX_VOCAB,
-        "vocabulary of {vocab} outside the sampling kernel's range (1 to {SAMPLE_MAX_VOCAB})"
-    );
-    if nrows == 0 {
+    if !sample_vocab(vocab, nrows)? {
         return Ok(());
     }
     g.launch(
@@ -2291,11 +2310,10 @@ pub const PREFILL_MOE_ENV: &str = "MXTUNE_PREFILL_MOE";
 impl GroupedKernels {
     /// From [`PREFILL_MOE_ENV`]; a bad value is an error naming it.
     pub fn from_env() -> Result<Self> {
-        match std::env::var(PREFILL_MOE_ENV).as_deref() {
-            Err(_) | Ok("") | Ok("regs") => Ok(Self::Registers),
-            Ok("smem") => Ok(Self::Shared),
-            Ok(v) => anyhow::bail!("{PREFILL_MOE_ENV}={v}: expected regs or smem"),
-        }
+        env_choice(
+            PREFILL_MOE_ENV,
+            &[("regs", Self::Registers), ("smem", Self::Shared)],
+        )
     }
 }
 
@@ -2571,6 +2589,17 @@ mod tests {
                 lp: MoeLoop::Auto
             }
         );
+    }
+
+    #[test]
+    fn switches_take_their_words_and_name_the_rest() {
+        let words = [("auto", 0), ("items", 1), ("slots", 2)];
+        assert_eq!(choice("X", "", &words).unwrap(), 0);
+        assert_eq!(choice("X", "slots", &words).unwrap(), 2);
+        let e = choice("MXTUNE_MOE_LOOP", "slot", &words)
+            .unwrap_err()
+            .to_string();
+        assert_eq!(e, "MXTUNE_MOE_LOOP=slot: expected auto, items, slots");
     }
 
     #[test]
