@@ -7,7 +7,9 @@ M=.devcarry/mxtune
 J="--json-out $OUT/h100.json"
 echo "== selftest"; $M engine selftest --device cuda > $OUT/selftest.txt 2>&1; grep -E "FAIL|checks, " $OUT/selftest.txt | tail -5
 P="$M engine profile --synthetic"
-row() { echo "== $*"; $P "$@" $J 2>&1 | grep -E "graphs on|prefill of|^  moe|^  rmsnorm|^  gemv|^  router|^  attn" ; }
+# Each row's whole output goes to $OUT/rows.txt (the call's printed tail is cut at 12 000
+# characters); the summary lines, the served step and the per-kernel table are printed.
+row() { echo "== $*" | tee -a $OUT/rows.txt; $P "$@" $J 2>&1 | tee -a $OUT/rows.txt | grep -E "graphs on|served step|prefill of|^  moe|^  rmsnorm|^  gemv|^  router|^  attn" ; }
 row gpt-oss-120b --steps 32 --batch 1
 row gpt-oss-120b --steps 32 --batch 4
 row gpt-oss-120b --steps 32 --batch 8
