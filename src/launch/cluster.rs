@@ -437,6 +437,30 @@ fn image_mismatch(plan: &ClusterPlan, image: &str, head_id: &str, worker_id: &st
 }
 
 impl ClusterTarget {
+    /// The target of `plan`'s two nodes in their containers (a launch or a re-attach).
+    fn new(
+        plan: &ClusterPlan,
+        head: DockerTarget,
+        worker: DockerTarget,
+        url: String,
+        run_id: String,
+        tunnels: Vec<Tunnel>,
+    ) -> Self {
+        Self {
+            head: NodeTarget {
+                plan: plan.head.clone(),
+                container: head,
+            },
+            worker: NodeTarget {
+                plan: plan.worker.clone(),
+                container: worker,
+            },
+            url,
+            run_id,
+            tunnels,
+        }
+    }
+
     /// Starts the head and worker containers on their hosts and follows the cluster: the
     /// server is started on the head once `ray status` there shows both nodes and both GPUs.
     /// Both engines are reached and the image checked on both ([`ClusterEngines`]) first.
@@ -532,19 +556,7 @@ impl ClusterTarget {
                 )));
             }
         };
-        let target = ClusterTarget {
-            head: NodeTarget {
-                plan: plan.head.clone(),
-                container: head,
-            },
-            worker: NodeTarget {
-                plan: plan.worker.clone(),
-                container: worker,
-            },
-            url,
-            run_id: opts.run_id.clone(),
-            tunnels,
-        };
+        let target = ClusterTarget::new(&plan, head, worker, url, opts.run_id.clone(), tunnels);
         target.follow(&plan, spec, None, opts, events)
     }
 
@@ -597,19 +609,7 @@ impl ClusterTarget {
         let program = spec.argv.first().cloned().unwrap_or_default();
         let server_exec = running_exec(&head, &program).await?;
         let (replay, note) = read_earlier_server_lines(earlier_logs, &run_id);
-        let target = ClusterTarget {
-            head: NodeTarget {
-                plan: plan.head.clone(),
-                container: head,
-            },
-            worker: NodeTarget {
-                plan: plan.worker.clone(),
-                container: worker,
-            },
-            url,
-            run_id,
-            tunnels,
-        };
+        let target = ClusterTarget::new(&plan, head, worker, url, run_id, tunnels);
         let reattach = Reattach {
             server_exec,
             replay,
