@@ -471,10 +471,7 @@ impl ClusterTarget {
         events: mpsc::UnboundedSender<LaunchEvent>,
     ) -> Result<Launch> {
         let engines = ClusterEngines::connect(&plan, spec).await?;
-        let c = spec
-            .container
-            .as_ref()
-            .context("the launch spec has no container section; the docker-cluster target needs one (image, network, …)")?;
+        let c = docker::container_section(spec, "the docker-cluster target")?;
         engines
             .check_image(&plan, &c.image, opts.allow_pull)
             .await?;
@@ -490,10 +487,7 @@ impl ClusterTarget {
         opts: &LaunchOptions,
         events: mpsc::UnboundedSender<LaunchEvent>,
     ) -> Result<Launch> {
-        let c = spec
-            .container
-            .as_ref()
-            .context("the launch spec has no container section; the docker-cluster target needs one (image, network, …)")?;
+        let c = docker::container_section(spec, "the docker-cluster target")?;
         let ClusterEngines {
             head: head_docker,
             worker: worker_docker,

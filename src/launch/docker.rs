@@ -393,6 +393,17 @@ pub struct DockerTarget {
     mounts: Vec<String>,
 }
 
+/// The container settings of `spec`, which `target` (e.g. "the Docker target") needs; an
+/// error saying so when the spec has none.
+pub(crate) fn container_section<'a>(
+    spec: &'a LaunchSpec,
+    target: &str,
+) -> Result<&'a ContainerSpec> {
+    spec.container.as_ref().with_context(|| {
+        format!("the launch spec has no container section; {target} needs one (image, network, …)")
+    })
+}
+
 impl DockerTarget {
     /// Pulls if needed and allowed, creates the container, places the files, starts it and
     /// follows it.
@@ -402,10 +413,7 @@ impl DockerTarget {
         opts: &LaunchOptions,
         events: mpsc::UnboundedSender<LaunchEvent>,
     ) -> Result<Launch> {
-        let c = spec
-            .container
-            .as_ref()
-            .context("the launch spec has no container section; the Docker target needs one (image, network, …)")?;
+        let c = container_section(spec, "the Docker target")?;
         let name = c.name.clone().unwrap_or_else(|| default_name(&opts.run_id));
         let target = Self::create_started(docker, spec, opts, &name, &[], &events).await?;
         let (tx, rx) = mpsc::channel(1024);
@@ -423,10 +431,7 @@ impl DockerTarget {
         labels: &[(&str, &str)],
         events: &mpsc::UnboundedSender<LaunchEvent>,
     ) -> Result<DockerTarget> {
-        let c = spec
-            .container
-            .as_ref()
-            .context("the launch spec has no container section; the Docker target needs one (image, network, …)")?;
+        let c = container_section(spec, "the Docker target")?;
         let mut body = container_body(spec, c, opts)?;
         if let Some(l) = body.labels.as_mut() {
             l.extend(labels.iter().map(|(k, v)| (k.to_string(), v.to_string())));
