@@ -92,6 +92,46 @@ async fn launch_engine_target_ready_verdict_stop() {
     assert!(state::load(dir.path()).unwrap().is_empty());
 }
 
+/// The ready probe can answer before the log pipe delivers the kernel-path lines; the
+/// verdict shown at ready is then refreshed when they arrive (a CI run once showed
+/// "never saw" beside the very line it was waiting for).
+#[tokio::test]
+async fn a_kernel_path_line_read_after_ready_refreshes_the_verdict() {
+    let bin = tokio::task::spawn_blocking(server_binary).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let mut spec = server_spec("mxtune", "127.0.0.1", free_port(), "synthetic-tiny");
+    spec.env
+        .insert("MXTUNE_TEST_LATE_PATH_MS".into(), "1500".into());
+    // Only the late line is evidence (the double's earlier "Using Marlin" line is not).
+    spec.checks.truncate(1);
+    spec.checks[0].must_see = vec!["^kernel-path moe_kernel=marlin".into()];
+    let o = opts("late-path", dir.path());
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let mut launch = EngineTarget::launch(Some(&bin), &spec, &o, None, tx)
+        .await
+        .unwrap();
+    launch.wait_ready().await.unwrap();
+    let mut verdicts = Vec::new();
+    // Bounded only so that a broken refresh fails instead of hanging.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while verdicts.last() != Some(&Verdict::Valid) {
+        let e = tokio::time::timeout_at(deadline, rx.recv())
+            .await
+            .unwrap_or_else(|_| panic!("no valid verdict came; verdicts so far {verdicts:?}"))
+            .expect("the event channel closed");
+        if let LaunchEvent::Verdict { report } = e {
+            verdicts.push(report.overall());
+        }
+    }
+    assert_eq!(
+        verdicts.first(),
+        Some(&Verdict::Unknown),
+        "the first verdict came before the late line: {verdicts:?}"
+    );
+    assert_eq!(launch.report().overall(), Verdict::Valid);
+    launch.stop(Duration::from_secs(5), false).await.unwrap();
+}
+
 #[tokio::test]
 async fn launch_engine_crash_reports_exit_code() {
     let bin = tokio::task::spawn_blocking(server_binary).await.unwrap();

@@ -456,10 +456,16 @@ impl Follower {
         }
         self.note_banner(&line);
         let unknown = self.rules.unknown_env(&line);
-        lock(&self.shared.scanner).scan(&line, unknown);
+        let new_evidence = lock(&self.shared.scanner).scan(&line, unknown);
         let fatal = self.rules.fatal_match(&line).map(str::to_string);
         let new_phase = self.rules.phase_of(&line);
         self.emit(LaunchEvent::Log { stream, line });
+        // The ready probe can win the race against the log pipe: a kernel-path line read
+        // after the verdict was shown refreshes it.
+        if new_evidence && self.is_ready() {
+            let report = lock(&self.shared.scanner).report();
+            self.emit(LaunchEvent::Verdict { report });
+        }
         if let Some(p) = new_phase
             && p > *phase
             && !self.is_ready()

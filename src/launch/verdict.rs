@@ -99,12 +99,14 @@ impl PatternState {
         }
     }
 
-    fn scan(&mut self, line: &str) {
-        if self.hits.len() < EVIDENCE_PER_PATTERN
-            && self.regex.as_ref().is_some_and(|r| r.is_match(line))
-        {
+    /// Whether the line was new evidence (a first hit changes the verdict).
+    fn scan(&mut self, line: &str) -> bool {
+        let hit = self.hits.len() < EVIDENCE_PER_PATTERN
+            && self.regex.as_ref().is_some_and(|r| r.is_match(line));
+        if hit {
             self.hits.push(line.to_string());
         }
+        hit
     }
 }
 
@@ -158,17 +160,23 @@ impl PathScanner {
     }
 
     /// Scans one line; `unknown_env` is the variable the line says is unknown, if any.
-    pub fn scan(&mut self, line: &str, unknown_env: Option<String>) {
+    /// Returns whether the line added evidence, so that a report already shown can be
+    /// refreshed when a kernel-path line arrives after the target answered ready.
+    pub fn scan(&mut self, line: &str, unknown_env: Option<String>) -> bool {
         self.lines += 1;
+        let mut new = false;
         for c in &mut self.checks {
-            c.must_see.iter_mut().for_each(|p| p.scan(line));
-            c.must_not_see.iter_mut().for_each(|p| p.scan(line));
+            for p in c.must_see.iter_mut().chain(c.must_not_see.iter_mut()) {
+                new |= p.scan(line);
+            }
         }
         if let Some(v) = unknown_env
             && !self.unknown_env.contains(&v)
         {
             self.unknown_env.push(v);
+            new = true;
         }
+        new
     }
 
     /// The report for what has been seen so far.
@@ -256,14 +264,16 @@ mod tests {
             check("graphs", &[], &["enforce_eager"]),
             check("broken", &["("], &[]),
         ]);
-        s.scan("Using Marlin MXFP4 MoE kernel", None);
-        s.scan("Using cutlass fused moe for layer 3", None);
-        s.scan("attention backend TRITON_ATTN", None);
-        s.scan(
+        // Each call says whether the line was new evidence.
+        assert!(s.scan("Using Marlin MXFP4 MoE kernel", None));
+        assert!(s.scan("Using cutlass fused moe for layer 3", None));
+        assert!(s.scan("attention backend TRITON_ATTN", None));
+        assert!(!s.scan("an unrelated line", None));
+        assert!(s.scan(
             "Unknown vLLM environment variable detected: X",
             Some("X".into()),
-        );
-        s.scan("again", Some("X".into()));
+        ));
+        assert!(!s.scan("again", Some("X".into())));
         let r = s.report();
         let v: Vec<Verdict> = r.checks.iter().map(|c| c.verdict).collect();
         assert_eq!(

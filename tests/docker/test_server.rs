@@ -152,7 +152,13 @@ fn main() {
     // Docker keeps stdout and stderr apart, so their relative order is not kept: phase
     // lines go to stdout, and this line proves stderr is followed too.
     eprintln!("WARNING stderr is followed");
-    log("kernel-path moe_kernel=marlin");
+    // MXTUNE_TEST_LATE_PATH_MS: the kernel-path line comes that long after the port opens,
+    // as when the ready probe wins the race against the log pipe.
+    let late_path: Option<u64> =
+        std::env::var("MXTUNE_TEST_LATE_PATH_MS").ok().and_then(|v| v.parse().ok());
+    if late_path.is_none() {
+        log("kernel-path moe_kernel=marlin");
+    }
     if let Ok(code) = std::env::var("MXTUNE_TEST_CRASH") {
         eprintln!("ERROR fatal: simulated crash during start-up");
         std::process::exit(code.parse().unwrap_or(1));
@@ -172,6 +178,12 @@ fn main() {
         }
     };
     log(&format!("INFO Uvicorn running on http://{host}:{port}"));
+    if let Some(ms) = late_path {
+        std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_millis(ms));
+            log("kernel-path moe_kernel=marlin");
+        });
+    }
     for conn in listener.incoming() {
         let Ok(conn) = conn else { continue };
         let model = model.clone();
