@@ -230,106 +230,87 @@ struct GqaSmem {
     float acc[ATTN_GQA_WARPS][ATTN_GQA_MAX][32 * ATTN_MAX_DPL];
 };
 
-template <int KIND>
-__device__ __forceinline__ void gqa_split(const float* __restrict__ q, const void* __restrict__ k_cache,
-                                          const void* __restrict__ v_cache,
-                                          const unsigned* __restrict__ pos,
-                                          const unsigned long long* __restrict__ kv_off,
-                                          float* __restrict__ part_m, float* __restrict__ part_l,
-                                          float* __restrict__ part_acc, int hq, int hkv, int d,
-                                          int window, int min_split, float scale, GqaSmem& sm) {
-    const int kvh = blockIdx.x, split = blockIdx.y, nsplit = gridDim.y, t = blockIdx.z;
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int G = hq / hkv, dpl = d >> 5;
-    int lo, hi;
-    split_keys_range((int)pos[t], window, min_split, split, nsplit, lo, hi);
-    if (lo >= hi) {
-        // An empty split: as in attn_split, only its max and sum are written (uniform over
-        // the block, so no thread waits at a barrier below).
-        for (int g = threadIdx.x; g < G; g += blockDim.x) {
-            const size_t pi = ((size_t)t * hq + (size_t)kvh * G + g) * nsplit + split;
-            part_m[pi] = -INFINITY;
-            part_l[pi] = 0.0f;
+// One warp's tile of up to 32 keys [base, base + nk): the scores of the G query heads (lane =
+// key), the running max/sum update, then P·V (lane = dims). Row r's K and V are read at
+// element offsets kidx(r) of kp and vidx(r) of vp: the cache itself (attn_split_gqa) or the
+// warp's staged copy in shared memory (attn_split_gqa_pipe). Rows past nk repeat the tile's
+// last row with probability 0.
+template <int KIND, class KIdx, class VIdx>
+__device__ __forceinline__ void gqa_tile(const void* __restrict__ kp, KIdx kidx,
+                                         const void* __restrict__ vp, VIdx vidx, int nk, int G,
+                                         int d, int dpl, const float* __restrict__ qs,
+                                         float (&ps)[ATTN_GQA_MAX][32], float (&m)[ATTN_GQA_MAX],
+                                         float (&l)[ATTN_GQA_MAX],
+                                         float (&acc)[ATTN_GQA_MAX][ATTN_MAX_DPL]) {
+    const int lane = threadIdx.x & 31;
+    const bool live = lane < nk;
+    float s[ATTN_GQA_MAX];
+#pragma unroll
+    for (int g = 0; g < ATTN_GQA_MAX; ++g) s[g] = 0.0f;
+    if (live) {
+        const size_t kr = kidx(lane);
+#pragma unroll 4
+        for (int c = 0; c < d; c += 8) {
+            float kf[8];
+            load8<KIND>(kp, kr + c, kf);
+#pragma unroll
+            for (int g = 0; g < ATTN_GQA_MAX; ++g) {
+                if (g < G) {
+                    const float4* qq = reinterpret_cast<const float4*>(qs + g * d + c);
+                    const float4 a = qq[0], b = qq[1];
+                    s[g] += a.x * kf[0] + a.y * kf[1] + a.z * kf[2] + a.w * kf[3] +
+                            b.x * kf[4] + b.y * kf[5] + b.z * kf[6] + b.w * kf[7];
+                }
+            }
         }
-        return;
     }
-    const float* qt = q + ((size_t)t * hq + (size_t)kvh * G) * d;
-    for (int i = threadIdx.x; i < G * d; i += blockDim.x) sm.q[i] = qt[i] * scale * ATTN_LOG2E;
-    __syncthreads();
-    const size_t row0 = kv_off[t] + (size_t)kvh * d;
-    const size_t stride = (size_t)hkv * d;
-    float m[ATTN_GQA_MAX], l[ATTN_GQA_MAX], acc[ATTN_GQA_MAX][ATTN_MAX_DPL];
 #pragma unroll
     for (int g = 0; g < ATTN_GQA_MAX; ++g) {
-        m[g] = -INFINITY;
-        l[g] = 0.0f;
+        if (g < G) {
+            const float mn = fmaxf(m[g], warp_max(live ? s[g] : -INFINITY));
+            const float corr = exp2f(m[g] - mn);
+            const float pr = live ? exp2f(s[g] - mn) : 0.0f;
+            l[g] = l[g] * corr + pr;
 #pragma unroll
-        for (int j = 0; j < ATTN_MAX_DPL; ++j) acc[g][j] = 0.0f;
+            for (int j = 0; j < ATTN_MAX_DPL; ++j) acc[g][j] *= corr;
+            m[g] = mn;
+            ps[g][lane] = pr;
+        }
     }
-    for (int base = lo + warp * 32; base < hi; base += ATTN_GQA_WARPS * 32) {
-        const int key = base + lane;
-        const bool live = key < hi;
-        float s[ATTN_GQA_MAX];
+    __syncwarp();
+    // ATTN_GQA_VROWS value rows in flight at a time.
+    for (int k0 = 0; k0 < nk; k0 += ATTN_GQA_VROWS) {
+        float vr[ATTN_GQA_VROWS][ATTN_MAX_DPL];
 #pragma unroll
-        for (int g = 0; g < ATTN_GQA_MAX; ++g) s[g] = 0.0f;
-        if (live) {
-            const size_t kr = row0 + (size_t)key * stride;
-#pragma unroll 4
-            for (int c = 0; c < d; c += 8) {
-                float kf[8];
-                load8<KIND>(k_cache, kr + c, kf);
+        for (int r = 0; r < ATTN_GQA_VROWS; ++r) {
+            const int k = min(k0 + r, nk - 1);
+            load_row<KIND == KV_FP8>(vp, KIND, vidx(k) + lane * dpl, dpl, vr[r]);
+        }
+#pragma unroll
+        for (int r = 0; r < ATTN_GQA_VROWS; ++r) {
+            if (k0 + r < nk) {
 #pragma unroll
                 for (int g = 0; g < ATTN_GQA_MAX; ++g) {
                     if (g < G) {
-                        const float4* qq = reinterpret_cast<const float4*>(sm.q + g * d + c);
-                        const float4 a = qq[0], b = qq[1];
-                        s[g] += a.x * kf[0] + a.y * kf[1] + a.z * kf[2] + a.w * kf[3] +
-                                b.x * kf[4] + b.y * kf[5] + b.z * kf[6] + b.w * kf[7];
+                        const float pr = ps[g][k0 + r];
+#pragma unroll
+                        for (int j = 0; j < ATTN_MAX_DPL; ++j) acc[g][j] += pr * vr[r][j];
                     }
                 }
             }
         }
-#pragma unroll
-        for (int g = 0; g < ATTN_GQA_MAX; ++g) {
-            if (g < G) {
-                const float mn = fmaxf(m[g], warp_max(live ? s[g] : -INFINITY));
-                const float corr = exp2f(m[g] - mn);
-                const float pr = live ? exp2f(s[g] - mn) : 0.0f;
-                l[g] = l[g] * corr + pr;
-#pragma unroll
-                for (int j = 0; j < ATTN_MAX_DPL; ++j) acc[g][j] *= corr;
-                m[g] = mn;
-                sm.p[warp][g][lane] = pr;
-            }
-        }
-        __syncwarp();
-        // ATTN_GQA_VROWS value rows in flight at a time; rows past the tile's last key repeat
-        // it with probability 0.
-        const int nk = min(32, hi - base);
-        for (int k0 = 0; k0 < nk; k0 += ATTN_GQA_VROWS) {
-            float vr[ATTN_GQA_VROWS][ATTN_MAX_DPL];
-#pragma unroll
-            for (int r = 0; r < ATTN_GQA_VROWS; ++r) {
-                const int k = min(k0 + r, nk - 1);
-                load_row<KIND == KV_FP8>(v_cache, KIND, row0 + (size_t)(base + k) * stride + lane * dpl,
-                                         dpl, vr[r]);
-            }
-#pragma unroll
-            for (int r = 0; r < ATTN_GQA_VROWS; ++r) {
-                if (k0 + r < nk) {
-#pragma unroll
-                    for (int g = 0; g < ATTN_GQA_MAX; ++g) {
-                        if (g < G) {
-                            const float pr = sm.p[warp][g][k0 + r];
-#pragma unroll
-                            for (int j = 0; j < ATTN_MAX_DPL; ++j) acc[g][j] += pr * vr[r][j];
-                        }
-                    }
-                }
-            }
-        }
-        __syncwarp();
     }
+    __syncwarp();
+}
+
+// The block's warps merge their (m, l, acc) per query head into the split's partials.
+__device__ __forceinline__ void gqa_merge(GqaSmem& sm, const float (&m)[ATTN_GQA_MAX],
+                                          const float (&l)[ATTN_GQA_MAX],
+                                          const float (&acc)[ATTN_GQA_MAX][ATTN_MAX_DPL],
+                                          float* __restrict__ part_m, float* __restrict__ part_l,
+                                          float* __restrict__ part_acc, int hq, int G, int d,
+                                          int dpl, int kvh, int split, int nsplit, int t) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
 #pragma unroll
     for (int g = 0; g < ATTN_GQA_MAX; ++g) {
         if (g < G) {
@@ -364,6 +345,96 @@ __device__ __forceinline__ void gqa_split(const float* __restrict__ q, const voi
     }
 }
 
+// Bytes of one cached row of d elements of KIND in a pipe stage: 16 bytes of padding, so the
+// lanes of a phase reading 16-byte pieces of 8 consecutive rows hit distinct banks.
+template <int KIND>
+__device__ __forceinline__ int pipe_row_bytes(int d) {
+    return d * (KIND == KV_FP8 ? 1 : KIND == KV_F32 ? 4 : 2) + 16;
+}
+
+// PIPE = false: attn_split_gqa, every tile read from the cache as it is needed. PIPE = true:
+// attn_split_gqa_pipe, each warp copies its next tile's K and V rows into its half of a
+// double buffer in shared memory (`stage`: [warp][buffer][K, V][32 rows][pipe_row_bytes])
+// by cp.async while it works on the current one, so a warp always has a tile of loads in
+// flight instead of waiting for each of its row loads in turn.
+template <int KIND, bool PIPE>
+__device__ __forceinline__ void gqa_split(const float* __restrict__ q, const void* __restrict__ k_cache,
+                                          const void* __restrict__ v_cache,
+                                          const unsigned* __restrict__ pos,
+                                          const unsigned long long* __restrict__ kv_off,
+                                          float* __restrict__ part_m, float* __restrict__ part_l,
+                                          float* __restrict__ part_acc, int hq, int hkv, int d,
+                                          int window, int min_split, float scale, GqaSmem& sm,
+                                          u8* stage) {
+    const int kvh = blockIdx.x, split = blockIdx.y, nsplit = gridDim.y, t = blockIdx.z;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int G = hq / hkv, dpl = d >> 5;
+    int lo, hi;
+    split_keys_range((int)pos[t], window, min_split, split, nsplit, lo, hi);
+    if (lo >= hi) {
+        // An empty split: as in attn_split, only its max and sum are written (uniform over
+        // the block, so no thread waits at a barrier below).
+        for (int g = threadIdx.x; g < G; g += blockDim.x) {
+            const size_t pi = ((size_t)t * hq + (size_t)kvh * G + g) * nsplit + split;
+            part_m[pi] = -INFINITY;
+            part_l[pi] = 0.0f;
+        }
+        return;
+    }
+    const size_t row0 = kv_off[t] + (size_t)kvh * d;
+    const size_t stride = (size_t)hkv * d;
+    const int es = KIND == KV_FP8 ? 1 : KIND == KV_F32 ? 4 : 2;
+    const int rb = pipe_row_bytes<KIND>(d), chunks = d * es / 16;
+    u8* mine = stage + (size_t)warp * 4 * 32 * rb;
+    // Copy the tile at `base` into buffer `buf` (rows past hi zero-filled), one commit group
+    // per call, empty when the warp has no tile there.
+    auto issue = [&](int base, int buf) {
+        if (PIPE && base < hi) {
+            u8* dst = mine + (size_t)buf * 2 * 32 * rb;
+            for (int i = lane; i < 32 * chunks; i += 32) {
+                const int r = i / chunks, part = i - r * chunks;
+                const bool ok = base + r < hi;
+                const size_t e = (row0 + (size_t)min(base + r, hi - 1) * stride) * es + part * 16;
+                cp_async16(dst + r * rb + part * 16, static_cast<const u8*>(k_cache) + e, ok);
+                cp_async16(dst + (32 + r) * rb + part * 16, static_cast<const u8*>(v_cache) + e, ok);
+            }
+        }
+        if (PIPE) cp_async_commit();
+    };
+    issue(lo + warp * 32, 0);
+    const float* qt = q + ((size_t)t * hq + (size_t)kvh * G) * d;
+    for (int i = threadIdx.x; i < G * d; i += blockDim.x) sm.q[i] = qt[i] * scale * ATTN_LOG2E;
+    __syncthreads();
+    float m[ATTN_GQA_MAX], l[ATTN_GQA_MAX], acc[ATTN_GQA_MAX][ATTN_MAX_DPL];
+#pragma unroll
+    for (int g = 0; g < ATTN_GQA_MAX; ++g) {
+        m[g] = -INFINITY;
+        l[g] = 0.0f;
+#pragma unroll
+        for (int j = 0; j < ATTN_MAX_DPL; ++j) acc[g][j] = 0.0f;
+    }
+    int buf = 0;
+    for (int base = lo + warp * 32; base < hi; base += ATTN_GQA_WARPS * 32) {
+        const int nk = min(32, hi - base);
+        if (PIPE) {
+            issue(base + ATTN_GQA_WARPS * 32, buf ^ 1);
+            cp_async_wait<1>();
+            __syncwarp();
+            const u8* ks = mine + (size_t)buf * 2 * 32 * rb;
+            const int re = rb / es;  // a staged row's stride in elements
+            auto idx = [&](int r) { return (size_t)r * re; };
+            gqa_tile<KIND>(ks, idx, ks + 32 * rb, idx, nk, G, d, dpl, sm.q, sm.p[warp], m, l, acc);
+            buf ^= 1;
+        } else {
+            auto idx = [&](int r) { return row0 + (size_t)(base + r) * stride; };
+            gqa_tile<KIND>(k_cache, idx, v_cache, idx, nk, G, d, dpl, sm.q, sm.p[warp], m, l,
+                           acc);
+        }
+    }
+    if (PIPE) cp_async_wait<0>();
+    gqa_merge(sm, m, l, acc, part_m, part_l, part_acc, hq, G, d, dpl, kvh, split, nsplit, t);
+}
+
 // grid = (Hkv, nsplit, T), block = ATTN_GQA_WARPS warps; hq / hkv <= ATTN_GQA_MAX. Same
 // arguments and partials as attn_split.
 extern "C" __global__ void __launch_bounds__(ATTN_GQA_WARPS * 32)
@@ -375,14 +446,38 @@ attn_split_gqa(const float* __restrict__ q, const void* __restrict__ k_cache,
     pdl_enter();
     __shared__ GqaSmem sm;
     if (kv == KV_FP8)
-        gqa_split<KV_FP8>(q, k_cache, v_cache, pos, kv_off, part_m, part_l, part_acc, hq, hkv, d,
-                          window, min_split, scale, sm);
+        gqa_split<KV_FP8, false>(q, k_cache, v_cache, pos, kv_off, part_m, part_l, part_acc, hq,
+                                 hkv, d, window, min_split, scale, sm, nullptr);
     else if (kv == KV_F32)
-        gqa_split<KV_F32>(q, k_cache, v_cache, pos, kv_off, part_m, part_l, part_acc, hq, hkv, d,
-                          window, min_split, scale, sm);
+        gqa_split<KV_F32, false>(q, k_cache, v_cache, pos, kv_off, part_m, part_l, part_acc, hq,
+                                 hkv, d, window, min_split, scale, sm, nullptr);
     else
-        gqa_split<KV_BF16>(q, k_cache, v_cache, pos, kv_off, part_m, part_l, part_acc, hq, hkv, d,
-                           window, min_split, scale, sm);
+        gqa_split<KV_BF16, false>(q, k_cache, v_cache, pos, kv_off, part_m, part_l, part_acc, hq,
+                                  hkv, d, window, min_split, scale, sm, nullptr);
+}
+
+// attn_split_gqa with its tiles staged by cp.async (gqa_split, PIPE). Dynamic shared memory:
+// ATTN_GQA_WARPS * 4 * 32 * (d * element bytes + 16) bytes (the host computes the same and
+// uses this kernel only where it fits); row offsets in bytes must be multiples of 16, which
+// d a multiple of 32 guarantees for every element kind.
+extern "C" __global__ void __launch_bounds__(ATTN_GQA_WARPS * 32)
+attn_split_gqa_pipe(const float* __restrict__ q, const void* __restrict__ k_cache,
+                    const void* __restrict__ v_cache, int kv, const unsigned* __restrict__ pos,
+                    const unsigned long long* __restrict__ kv_off, float* __restrict__ part_m,
+                    float* __restrict__ part_l, float* __restrict__ part_acc, int hq, int hkv,
+                    int d, int window, int min_split, float scale) {
+    pdl_enter();
+    __shared__ GqaSmem sm;
+    extern __shared__ __align__(16) u8 attn_stage[];
+    if (kv == KV_FP8)
+        gqa_split<KV_FP8, true>(q, k_cache, v_cache, pos, kv_off, part_m, part_l, part_acc, hq,
+                                hkv, d, window, min_split, scale, sm, attn_stage);
+    else if (kv == KV_F32)
+        gqa_split<KV_F32, true>(q, k_cache, v_cache, pos, kv_off, part_m, part_l, part_acc, hq,
+                                hkv, d, window, min_split, scale, sm, attn_stage);
+    else
+        gqa_split<KV_BF16, true>(q, k_cache, v_cache, pos, kv_off, part_m, part_l, part_acc, hq,
+                                 hkv, d, window, min_split, scale, sm, attn_stage);
 }
 
 // grid = (Hq, T), block = ATTN_COMBINE_THREADS; nsplit <= ATTN_MAX_SPLITS. Each split's

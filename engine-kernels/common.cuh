@@ -75,6 +75,20 @@ __device__ __forceinline__ void prefetch_l2(const void* p, size_t bytes, int lan
         asm volatile("prefetch.global.L2 [%0];" ::"l"(a));
 }
 
+// Asynchronous 16-byte copy global -> shared (sm_80+), bypassing L1; valid = false writes 16
+// zero bytes and reads nothing. Copies land in commit groups: cp_async_wait<N>() returns when
+// at most N of this thread's groups are still in flight (other threads' copies need a barrier).
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
+    const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src),
+                 "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
 __device__ __forceinline__ float bf2f(bf16_t v) { return __uint_as_float(((unsigned)v) << 16); }
 
 // Round to nearest even, NaN stays NaN (quiet bit set).

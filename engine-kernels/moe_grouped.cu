@@ -204,17 +204,6 @@ extern "C" __global__ void moe_act_bf16(const float* __restrict__ x, unsigned* _
     out[(size_t)row * (Kp >> 1) + w] = pack_bf16x2(lo, hi);
 }
 
-__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
-    const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src),
-                 "r"(valid ? 16 : 0));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
-
 // One stage of a warp's (16 MI) x 32 tile: A from shared memory (logical order), B from the
 // raw stage Bq (TC_BN rows of 32 bytes), dequantized in registers with scales e[ni]: the
 // lane's word h holds chunks 2h and 2h + 1 (pairs p[0], p[1] and p[2], p[3]). Only the first

@@ -68,7 +68,12 @@ pub const KERNEL_FILES: &[KernelFile] = &[
     kernel_file!("rope_kv.cu", ["rope_kv_write"]),
     kernel_file!(
         "attention_decode.cu",
-        ["attn_split", "attn_split_gqa", "attn_combine"]
+        [
+            "attn_split",
+            "attn_split_gqa",
+            "attn_split_gqa_pipe",
+            "attn_combine"
+        ]
     ),
     kernel_file!(
         "attention_prefill.cu",

@@ -172,6 +172,18 @@ impl Gpu {
         self.max_shared
     }
 
+    /// Largest dynamic shared memory a block of `kernel` may ask for: the device's opt-in
+    /// limit less the kernel's static shared memory.
+    pub fn dynamic_shared_limit(&self, kernel: &str) -> Result<usize> {
+        let Some(f) = self.funcs.get(kernel) else {
+            bail!("kernel {kernel} is not in the dispatch table");
+        };
+        let fixed = f
+            .shared_size_bytes()
+            .drv(|| format!("shared size of {kernel}"))?;
+        Ok(self.max_shared.saturating_sub(fixed.max(0) as usize))
+    }
+
     /// Streaming multiprocessors of the device.
     pub fn sms(&self) -> usize {
         self.sms

@@ -618,7 +618,7 @@ impl Decoder {
             } else {
                 full_keys
             };
-            let kernel = self.attn.kernel(sh.attn, keys);
+            let kernel = self.attn.kernel(g, sh.attn, sh.kv, keys)?;
             let min_split = self.attn.min_split(kernel);
             let nsplit = attn_splits(keys, min_split, self.max_splits);
             ops::attention(

@@ -560,6 +560,22 @@ pub enum AttnKernel {
     PerHead,
     /// `attn_split_gqa`: one block per (KV head, split) for all the query heads sharing it.
     Gqa,
+    /// `attn_split_gqa_pipe`: the same blocks, each warp copying its next tile of K and V
+    /// rows into shared memory (cp.async) while it works on the current one. Needs
+    /// [`gqa_pipe_smem`] bytes of dynamic shared memory.
+    GqaPipe,
+}
+
+/// Dynamic shared memory of an `attn_split_gqa_pipe` block: per warp two buffers of 32 K and
+/// 32 V rows, each row padded by 16 bytes.
+pub fn gqa_pipe_smem(s: AttnShape, kv: KvDtype) -> usize {
+    ATTN_GQA_WARPS as usize * 4 * 32 * (s.d * kv.size() + 16)
+}
+
+/// Whether `attn_split_gqa_pipe` can run shape `s` on a cache of `kv` on this device (its
+/// stage fits the shared memory a block may have).
+pub fn gqa_pipe_fits(g: &Gpu, s: AttnShape, kv: KvDtype) -> Result<bool> {
+    Ok(gqa_pipe_smem(s, kv) <= g.dynamic_shared_limit("attn_split_gqa_pipe")?)
 }
 
 impl AttnKernel {
@@ -580,14 +596,23 @@ impl AttnKernel {
     pub fn min_split(self) -> usize {
         match self {
             AttnKernel::PerHead => 32,
-            AttnKernel::Gqa => ATTN_GQA_WARPS as usize * 32,
+            AttnKernel::Gqa | AttnKernel::GqaPipe => ATTN_GQA_WARPS as usize * 32,
         }
     }
 }
 
 /// Environment variable that fixes the decode-attention kernel: `auto` (the default: by
-/// context length, [`AttnKernel::for_keys`]), `per-head` or `gqa`.
+/// context length, [`AttnKernel::for_keys`]), `per-head`, `gqa` or `gqa-pipe` (the GQA
+/// kernel with cp.async-staged tiles, where its stage fits; not yet measured on a device).
 pub const ATTN_KERNEL_ENV: &str = "MXTUNE_ATTN";
+
+/// The words [`ATTN_KERNEL_ENV`] takes and the kernel each forces.
+const ATTN_KERNEL_CHOICES: &[(&str, Option<AttnKernel>)] = &[
+    ("auto", None),
+    ("per-head", Some(AttnKernel::PerHead)),
+    ("gqa", Some(AttnKernel::Gqa)),
+    ("gqa-pipe", Some(AttnKernel::GqaPipe)),
+];
 
 /// Environment variable that sets the fewest keys per split of the GQA attention kernel
 /// (default [`AttnKernel::min_split`] of `Gqa`).
@@ -617,14 +642,7 @@ impl AttnTuning {
     /// The defaults with the environment's overrides; a bad value is an error naming it.
     pub fn from_env() -> Result<Self> {
         let mut t = Self {
-            force: env_choice(
-                ATTN_KERNEL_ENV,
-                &[
-                    ("auto", None),
-                    ("per-head", Some(AttnKernel::PerHead)),
-                    ("gqa", Some(AttnKernel::Gqa)),
-                ],
-            )?,
+            force: env_choice(ATTN_KERNEL_ENV, ATTN_KERNEL_CHOICES)?,
             ..Self::default()
         };
         match std::env::var(ATTN_GQA_MIN_SPLIT_ENV).as_deref() {
@@ -639,21 +657,31 @@ impl AttnTuning {
         Ok(t)
     }
 
-    /// The kernel for rows of up to `keys` keys of shape `s` (a forced GQA kernel only where
-    /// the shape allows it).
-    pub fn kernel(&self, s: AttnShape, keys: usize) -> AttnKernel {
-        match self.force {
-            Some(AttnKernel::Gqa) if s.hq / s.hkv <= ATTN_GQA_MAX => AttnKernel::Gqa,
+    /// The kernel for rows of up to `keys` keys of shape `s` on a cache of `kv` (a forced GQA
+    /// kernel only where the shape allows it; the pipelined one, opt-in until it is measured
+    /// on a device, only where its stage fits, else the plain GQA kernel).
+    pub fn kernel(&self, g: &Gpu, s: AttnShape, kv: KvDtype, keys: usize) -> Result<AttnKernel> {
+        Ok(match self.force {
+            Some(AttnKernel::GqaPipe) if s.hq / s.hkv <= ATTN_GQA_MAX => {
+                if gqa_pipe_fits(g, s, kv)? {
+                    AttnKernel::GqaPipe
+                } else {
+                    AttnKernel::Gqa
+                }
+            }
+            Some(AttnKernel::Gqa | AttnKernel::GqaPipe) if s.hq / s.hkv <= ATTN_GQA_MAX => {
+                AttnKernel::Gqa
+            }
             Some(_) => AttnKernel::PerHead,
             None => AttnKernel::for_keys(s, keys),
-        }
+        })
     }
 
     /// Fewest keys per split of `kernel`.
     pub fn min_split(&self, kernel: AttnKernel) -> usize {
         match kernel {
             AttnKernel::PerHead => AttnKernel::PerHead.min_split(),
-            AttnKernel::Gqa => self.gqa_min_split,
+            AttnKernel::Gqa | AttnKernel::GqaPipe => self.gqa_min_split,
         }
     }
 }
@@ -693,23 +721,36 @@ pub fn attention(
         scratch.entries,
         t * s.hq * nsplit
     );
-    // The GQA kernel reads each key once for the query heads sharing it.
-    let (name, heads, warps) = match kernel {
-        AttnKernel::Gqa => {
+    // The GQA kernels read each key once for the query heads sharing it.
+    let (name, heads, warps, smem) = match kernel {
+        AttnKernel::Gqa | AttnKernel::GqaPipe => {
+            let (name, smem) = if kernel == AttnKernel::Gqa {
+                ("attn_split_gqa", 0)
+            } else {
+                ("attn_split_gqa_pipe", gqa_pipe_smem(s, kv))
+            };
             ensure!(
                 s.hq / s.hkv <= ATTN_GQA_MAX,
-                "attn_split_gqa takes at most {ATTN_GQA_MAX} query heads per KV head, not {}",
+                "{name} takes at most {ATTN_GQA_MAX} query heads per KV head, not {}",
                 s.hq / s.hkv
             );
-            ("attn_split_gqa", s.hkv, ATTN_GQA_WARPS)
+            let limit = g.dynamic_shared_limit(name)?;
+            ensure!(
+                smem <= limit,
+                "{name} needs {smem} bytes of shared memory for head dim {} ({} cache); the \
+                 device allows {limit}: use the plain GQA kernel (MXTUNE_ATTN=gqa)",
+                s.d,
+                kv.name()
+            );
+            (name, s.hkv, ATTN_GQA_WARPS, smem)
         }
-        AttnKernel::PerHead => ("attn_split", s.hq, ATTN_WARPS),
+        AttnKernel::PerHead => ("attn_split", s.hq, ATTN_WARPS, 0),
     };
     g.launch(
         name,
         (u(heads)?, u(nsplit)?, u(t)?),
         (warps * 32, 1, 1),
-        0,
+        u(smem)?,
         &[
             Arg::Ptr(q),
             Arg::Ptr(k_cache),
@@ -2455,6 +2496,25 @@ mod tests {
 
     /// The tensor-core prefill attention's tiles: at most 16 rows, cut where the sequence (KV
     /// offset) changes or the positions stop being consecutive.
+    #[test]
+    fn attention_kernel_words_and_the_pipe_stage() {
+        let pick = |v: &str| choice(ATTN_KERNEL_ENV, v, ATTN_KERNEL_CHOICES);
+        assert_eq!(pick("").unwrap(), None);
+        assert_eq!(pick("gqa-pipe").unwrap(), Some(AttnKernel::GqaPipe));
+        assert_eq!(pick("gqa").unwrap(), Some(AttnKernel::Gqa));
+        let e = pick("pipe").unwrap_err().to_string();
+        assert!(
+            e.contains("MXTUNE_ATTN=pipe") && e.contains("gqa-pipe"),
+            "{e}"
+        );
+        // Two buffers of 32 K and 32 V rows per warp, rows padded by 16 bytes.
+        let sh = |d| AttnShape { hq: 64, hkv: 8, d };
+        assert_eq!(gqa_pipe_smem(sh(64), KvDtype::Bf16), 4 * 4 * 32 * 144);
+        assert_eq!(gqa_pipe_smem(sh(64), KvDtype::Fp8), 4 * 4 * 32 * 80);
+        assert_eq!(gqa_pipe_smem(sh(128), KvDtype::F32), 4 * 4 * 32 * 528);
+        assert_eq!(AttnKernel::GqaPipe.min_split(), AttnKernel::Gqa.min_split());
+    }
+
     #[test]
     fn prefill_attention_tiles_are_runs_of_one_sequence() {
         // 20 rows of one sequence, 3 of another, then a gap in positions.

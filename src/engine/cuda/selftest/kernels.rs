@@ -549,6 +549,16 @@ fn attn_inputs(
     Ok((rows, k, v))
 }
 
+/// The decode-attention split kernels to check for shape `sh` on a `kv` cache: per head, GQA,
+/// and the pipelined GQA kernel where its stage fits this device's shared memory.
+fn split_kernels(g: &Gpu, sh: AttnShape, kv: KvDtype) -> Result<Vec<ops::AttnKernel>> {
+    let mut k = vec![ops::AttnKernel::PerHead, ops::AttnKernel::Gqa];
+    if ops::gqa_pipe_fits(g, sh, kv)? {
+        k.push(ops::AttnKernel::GqaPipe);
+    }
+    Ok(k)
+}
+
 /// Decode and prefill attention on bf16, fp32 and fp8 caches (the fp8 reference on the
 /// E4M3-rounded K/V), then the fp8 and bf16 caches at the other head dims' load paths.
 fn check_attention(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
@@ -582,15 +592,17 @@ fn check_attention(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
         (128, true, 2, 64, 2),
         (0, false, 64, 32, 2),
     ] {
-        for kernel in [ops::AttnKernel::PerHead, ops::AttnKernel::Gqa] {
+        for kernel in split_kernels(g, sh, caches[c].kv)? {
             res.extend(rows.check(
                 g, &caches[c], window, sink_on, kernel, nsplit, min_split, "",
             )?);
         }
     }
-    // The GQA kernel's finest splits (8 keys).
+    // The GQA kernels' finest splits (8 keys).
     for c in &caches {
-        res.extend(rows.check(g, c, 0, true, ops::AttnKernel::Gqa, 64, 8, "")?);
+        for kernel in split_kernels(g, sh, c.kv)?.into_iter().skip(1) {
+            res.extend(rows.check(g, c, 0, true, kernel, 64, 8, "")?);
+        }
     }
     // d / 32 = 1, 3 and 4 dims per lane: the decode kernel's other load paths.
     for d in [32, 96, 128] {
@@ -598,7 +610,7 @@ fn check_attention(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
         let (rows, k, v) = attn_inputs(g, s, sh, 300, vec![0, 150, 299])?;
         for kv in [KvDtype::Bf16, KvDtype::Fp8] {
             let c = KvCaches::new(g, kv, &k, &v)?;
-            for kernel in [ops::AttnKernel::PerHead, ops::AttnKernel::Gqa] {
+            for kernel in split_kernels(g, sh, kv)? {
                 res.extend(rows.check(g, &c, 100, true, kernel, 2, 64, &format!("d={d} "))?);
             }
         }
