@@ -435,6 +435,24 @@ __device__ __forceinline__ void gqa_split(const float* __restrict__ q, const voi
     gqa_merge(sm, m, l, acc, part_m, part_l, part_acc, hq, G, d, dpl, kvh, split, nsplit, t);
 }
 
+// gqa_split for the cache kind kv (uniform per launch).
+template <bool PIPE>
+__device__ __forceinline__ void gqa_split_kind(
+    const float* __restrict__ q, const void* __restrict__ k_cache, const void* __restrict__ v_cache,
+    int kv, const unsigned* __restrict__ pos, const unsigned long long* __restrict__ kv_off,
+    float* __restrict__ part_m, float* __restrict__ part_l, float* __restrict__ part_acc, int hq,
+    int hkv, int d, int window, int min_split, float scale, GqaSmem& sm, u8* stage) {
+    if (kv == KV_FP8)
+        gqa_split<KV_FP8, PIPE>(q, k_cache, v_cache, pos, kv_off, part_m, part_l, part_acc, hq,
+                                hkv, d, window, min_split, scale, sm, stage);
+    else if (kv == KV_F32)
+        gqa_split<KV_F32, PIPE>(q, k_cache, v_cache, pos, kv_off, part_m, part_l, part_acc, hq,
+                                hkv, d, window, min_split, scale, sm, stage);
+    else
+        gqa_split<KV_BF16, PIPE>(q, k_cache, v_cache, pos, kv_off, part_m, part_l, part_acc, hq,
+                                 hkv, d, window, min_split, scale, sm, stage);
+}
+
 // grid = (Hkv, nsplit, T), block = ATTN_GQA_WARPS warps; hq / hkv <= ATTN_GQA_MAX. Same
 // arguments and partials as attn_split.
 extern "C" __global__ void __launch_bounds__(ATTN_GQA_WARPS * 32)
@@ -445,15 +463,8 @@ attn_split_gqa(const float* __restrict__ q, const void* __restrict__ k_cache,
                int window, int min_split, float scale) {
     pdl_enter();
     __shared__ GqaSmem sm;
-    if (kv == KV_FP8)
-        gqa_split<KV_FP8, false>(q, k_cache, v_cache, pos, kv_off, part_m, part_l, part_acc, hq,
-                                 hkv, d, window, min_split, scale, sm, nullptr);
-    else if (kv == KV_F32)
-        gqa_split<KV_F32, false>(q, k_cache, v_cache, pos, kv_off, part_m, part_l, part_acc, hq,
-                                 hkv, d, window, min_split, scale, sm, nullptr);
-    else
-        gqa_split<KV_BF16, false>(q, k_cache, v_cache, pos, kv_off, part_m, part_l, part_acc, hq,
-                                  hkv, d, window, min_split, scale, sm, nullptr);
+    gqa_split_kind<false>(q, k_cache, v_cache, kv, pos, kv_off, part_m, part_l, part_acc, hq, hkv,
+                          d, window, min_split, scale, sm, nullptr);
 }
 
 // attn_split_gqa with its tiles staged by cp.async (gqa_split, PIPE). Dynamic shared memory:
@@ -469,15 +480,8 @@ attn_split_gqa_pipe(const float* __restrict__ q, const void* __restrict__ k_cach
     pdl_enter();
     __shared__ GqaSmem sm;
     extern __shared__ __align__(16) u8 attn_stage[];
-    if (kv == KV_FP8)
-        gqa_split<KV_FP8, true>(q, k_cache, v_cache, pos, kv_off, part_m, part_l, part_acc, hq,
-                                hkv, d, window, min_split, scale, sm, attn_stage);
-    else if (kv == KV_F32)
-        gqa_split<KV_F32, true>(q, k_cache, v_cache, pos, kv_off, part_m, part_l, part_acc, hq,
-                                hkv, d, window, min_split, scale, sm, attn_stage);
-    else
-        gqa_split<KV_BF16, true>(q, k_cache, v_cache, pos, kv_off, part_m, part_l, part_acc, hq,
-                                 hkv, d, window, min_split, scale, sm, attn_stage);
+    gqa_split_kind<true>(q, k_cache, v_cache, kv, pos, kv_off, part_m, part_l, part_acc, hq, hkv,
+                         d, window, min_split, scale, sm, attn_stage);
 }
 
 // grid = (Hq, T), block = ATTN_COMBINE_THREADS; nsplit <= ATTN_MAX_SPLITS. Each split's

@@ -22,6 +22,24 @@ fn opts(tag: &str, dir: &std::path::Path) -> LaunchOptions {
     o
 }
 
+/// The test server's binary, a scratch directory and a spec that starts it on a free port
+/// serving `model`, with `env` set.
+async fn double(
+    model: &str,
+    env: &[(&str, &str)],
+) -> (
+    std::path::PathBuf,
+    tempfile::TempDir,
+    mxtune::vocab::LaunchSpec,
+) {
+    let bin = tokio::task::spawn_blocking(server_binary).await.unwrap();
+    let mut spec = server_spec("mxtune", "127.0.0.1", free_port(), model);
+    for (k, v) in env {
+        spec.env.insert((*k).into(), (*v).into());
+    }
+    (bin, tempfile::tempdir().unwrap(), spec)
+}
+
 fn alive(pid: u32) -> bool {
     state::proc_start_ticks(pid).is_some()
 }
@@ -97,11 +115,8 @@ async fn launch_engine_target_ready_verdict_stop() {
 /// "never saw" beside the very line it was waiting for).
 #[tokio::test]
 async fn a_kernel_path_line_read_after_ready_refreshes_the_verdict() {
-    let bin = tokio::task::spawn_blocking(server_binary).await.unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let mut spec = server_spec("mxtune", "127.0.0.1", free_port(), "synthetic-tiny");
-    spec.env
-        .insert("MXTUNE_TEST_LATE_PATH_MS".into(), "1500".into());
+    let (bin, dir, mut spec) =
+        double("synthetic-tiny", &[("MXTUNE_TEST_LATE_PATH_MS", "1500")]).await;
     // Only the late line is evidence (the double's earlier "Using Marlin" line is not).
     spec.checks.truncate(1);
     spec.checks[0].must_see = vec!["^kernel-path moe_kernel=marlin".into()];
@@ -134,10 +149,7 @@ async fn a_kernel_path_line_read_after_ready_refreshes_the_verdict() {
 
 #[tokio::test]
 async fn launch_engine_crash_reports_exit_code() {
-    let bin = tokio::task::spawn_blocking(server_binary).await.unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let mut spec = server_spec("mxtune", "127.0.0.1", free_port(), "m");
-    spec.env.insert("MXTUNE_TEST_CRASH".into(), "7".into());
+    let (bin, dir, spec) = double("m", &[("MXTUNE_TEST_CRASH", "7")]).await;
     let o = opts("engine-crash", dir.path());
     let (tx, _rx) = mpsc::unbounded_channel();
     let mut launch = EngineTarget::launch(Some(&bin), &spec, &o, None, tx)
@@ -167,11 +179,7 @@ async fn launch_engine_missing_binary_is_a_clear_error() {
 
 #[tokio::test]
 async fn launch_quiet_target_gets_a_warning_and_startup_limit_fails_it() {
-    let bin = tokio::task::spawn_blocking(server_binary).await.unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let mut spec = server_spec("mxtune", "127.0.0.1", free_port(), "m");
-    spec.env
-        .insert("MXTUNE_TEST_SILENT_MS".into(), "60000".into());
+    let (bin, dir, spec) = double("m", &[("MXTUNE_TEST_SILENT_MS", "60000")]).await;
     let mut o = opts("quiet", dir.path());
     o.quiet_warning = Duration::from_millis(300);
     o.startup_limit = Duration::from_secs(2);
