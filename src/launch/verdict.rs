@@ -301,7 +301,7 @@ mod tests {
         );
         assert_eq!(r.unknown_env, vec!["X"]);
         assert_eq!(r.overall(), Verdict::Invalid);
-        assert_eq!(r.lines_scanned, 5);
+        assert_eq!(r.lines_scanned, 6);
         assert!(r.warnings()[0].contains("X"));
     }
 
