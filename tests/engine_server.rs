@@ -2383,6 +2383,84 @@ async fn serve_binary_auto_without_gpu_falls_back_to_cpu_and_says_why() {
     assert!(status.success(), "{status:?}");
 }
 
+/// The real `mxtune serve` on the CPU with a KV cache too small for three requests at once
+/// (3 × (20 + 30) positions wanted, 110 there): all three start, one is pre-empted and
+/// recomputed, and each still gets the greedy text it gets alone; `/metrics` counts the
+/// pre-emptions.
+#[tokio::test(flavor = "multi_thread")]
+async fn serve_binary_preempts_when_the_kv_cache_is_full_and_keeps_greedy_tokens() {
+    let (mut child, lines) = tokio::task::spawn_blocking(|| {
+        spawn_serve(&[
+            "--synthetic",
+            "tiny",
+            "--device",
+            "cpu",
+            "--port",
+            "0",
+            "--max-model-len",
+            "64",
+            "--max-num-seqs",
+            "3",
+            "--max-num-batched-tokens",
+            "16",
+            "--kv-cache-tokens",
+            "110",
+        ])
+    })
+    .await
+    .unwrap();
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains("the request admitted last is pre-empted")),
+        "{lines:?}"
+    );
+    let url = lines
+        .last()
+        .and_then(|l| l.strip_prefix("mxtune serve: ready on "))
+        .unwrap_or_else(|| panic!("not ready: {lines:?}"))
+        .to_string();
+    let ask = |k: u32| {
+        let url = url.clone();
+        async move {
+            let prompt: Vec<u32> = (0..20).map(|i| 1000 + 13 * (100 * k + i)).collect();
+            let v: Value = client()
+                .post(format!("{url}/v1/completions"))
+                .json(
+                    &json!({"model": "synthetic-tiny", "prompt": prompt, "max_tokens": 30,
+                              "temperature": 0, "ignore_eos": true}),
+                )
+                .send()
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap();
+            assert_eq!(v["usage"]["completion_tokens"], 30, "{v}");
+            v["choices"][0]["text"].as_str().unwrap().to_string()
+        }
+    };
+    let (a, b, c) = tokio::join!(ask(0), ask(1), ask(2));
+    let metrics = client()
+        .get(format!("{url}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let preempted = metric(
+        &metrics,
+        "vllm:num_preemptions_total{model_name=\"synthetic-tiny\",engine=\"0\"}",
+    );
+    assert!(preempted.is_some_and(|n| n > 0.0), "{metrics}");
+    for (k, together) in [a, b, c].into_iter().enumerate() {
+        assert_eq!(ask(k as u32).await, together, "request {k}");
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
 #[test]
 fn serve_binary_refuses_cuda_without_gpu_and_impossible_flags() {
     let run = |args: &[&str]| {

@@ -59,6 +59,23 @@ pub trait ModelBackend: Send {
         None
     }
 
+    /// Whether this backend reserves a sequence's KV positions as the sequence grows
+    /// ([`ModelBackend::grow_seq`]) instead of all of them when it is allocated. The scheduler
+    /// then reserves only a request's prompt when it admits it, and when a step needs room the
+    /// KV memory does not have, it pre-empts the request admitted last (frees its KV and
+    /// recomputes it later). The default reserves everything up front.
+    fn grows_on_demand(&self) -> bool {
+        false
+    }
+
+    /// Reserve room for live sequence `seq` to hold `len` positions (its length after the
+    /// next step); false when the KV memory cannot take them (or `seq` is unknown). The
+    /// default: the allocation reserved everything already.
+    fn grow_seq(&mut self, seq: SeqId, len: usize) -> bool {
+        let _ = (seq, len);
+        true
+    }
+
     /// Whether a freed slot keeps its KV for [`ModelBackend::alloc_cached`] to reuse (the
     /// scheduler turns it on with `--enable-prefix-caching`). The default keeps nothing; a
     /// backend whose free slots keep their KV at no cost may ignore it.

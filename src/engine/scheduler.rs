@@ -259,15 +259,23 @@ impl SchedulerHandle {
     }
 }
 
-/// A request that holds a KV slot.
+/// A request that holds a KV slot (or, pre-empted, waits to get one back).
 struct Running {
     seq: SeqId,
     req: GenRequest,
     sampler: Sampler,
     /// Reserved positions (for the KV usage gauge).
     reserved: usize,
-    /// Prompt tokens already fed to the backend.
+    /// What the request prefills: its prompt, or after a pre-emption its prompt and every
+    /// token it had generated, recomputed in one go.
+    input: Vec<u32>,
+    /// Tokens of `input` already fed to the backend.
     prefilled: usize,
+    /// Generated tokens that `input` holds (0 until a pre-emption).
+    fed_back: usize,
+    /// Prompt tokens counted in `vllm:prompt_tokens_total` so far (a recompute does not
+    /// count them again).
+    counted: usize,
     generated: Vec<u32>,
     /// The tokens banned until `min_tokens` exist: the model's stop set (unless
     /// `ignore_eos`) and the request's `stop_token_ids`.
@@ -321,6 +329,8 @@ struct Engine {
     metrics: Arc<Metrics>,
     waiting: VecDeque<GenRequest>,
     running: Vec<Running>,
+    /// Pre-empted requests, admitted again before any waiting one (front first).
+    preempted: VecDeque<Running>,
     step_log: Option<StepLog>,
 }
 
@@ -362,6 +372,7 @@ impl Engine {
             metrics,
             waiting: VecDeque::new(),
             running: Vec::new(),
+            preempted: VecDeque::new(),
             step_log: None,
         }
     }
@@ -369,7 +380,7 @@ impl Engine {
     fn run(mut self, rx: mpsc::Receiver<GenRequest>) {
         loop {
             let mut idle = Duration::ZERO;
-            if self.running.is_empty() && self.waiting.is_empty() {
+            if self.running.is_empty() && self.waiting.is_empty() && self.preempted.is_empty() {
                 self.publish_load();
                 if let Some(log) = &mut self.step_log {
                     log.flush();
@@ -395,11 +406,11 @@ impl Engine {
         }
         self.drop_cancelled();
         self.admit();
+        let t_plan = Instant::now();
+        let plan = self.reserve_plan();
         self.publish_load();
         if !self.running.is_empty() {
-            let admitted = t0.elapsed();
-            let t_plan = Instant::now();
-            let plan = self.plan();
+            let admitted = t_plan.duration_since(t0);
             // What the step holds, read before it runs (it may finish requests).
             let shape = self.step_log.is_some().then(|| self.shape(&plan));
             let times = self.step(plan, t_plan);
@@ -484,6 +495,15 @@ impl Engine {
             }
             !gone
         });
+        // Pre-empted ones hold no KV; they only leave the queue.
+        self.preempted.retain(|r| {
+            let gone = r.req.events.is_closed();
+            if gone {
+                metrics.request_dequeued();
+                metrics.observe_finished(Finished::Abort, r.req.arrived.elapsed().as_secs_f64());
+            }
+            !gone
+        });
     }
 
     /// Move waiting requests into the batch while slots and KV memory allow; a request
@@ -491,10 +511,25 @@ impl Engine {
     /// caching, the slot may already hold the prompt's first tokens: those are not fed again.
     fn admit(&mut self) {
         while self.running.len() < self.cfg.max_num_seqs {
+            if !self.preempted.is_empty() {
+                if self.readmit() {
+                    continue;
+                }
+                return;
+            }
             let Some(front) = self.waiting.front() else {
                 return;
             };
-            let need = (front.prompt.len() + front.sampling.max_tokens).min(self.cfg.max_model_len);
+            let full = (front.prompt.len() + front.sampling.max_tokens).min(self.cfg.max_model_len);
+            // A backend that grows sequences on demand gets the prompt's room now and the
+            // rest step by step; a request that could not finish even alone is refused now,
+            // not after some of its tokens were sent.
+            let on_demand = self.backend.grows_on_demand();
+            if on_demand && full > self.cfg.kv_cache_tokens {
+                self.refuse_front(full);
+                continue;
+            }
+            let need = if on_demand { front.prompt.len() } else { full };
             let slot = if self.cfg.enable_prefix_caching {
                 match self.first_choice(front) {
                     FirstChoice::Prefilling => return,
@@ -546,9 +581,12 @@ impl Engine {
                     self.running.push(Running {
                         seq,
                         sampler: Sampler::for_prompt(req.sampling.clone(), &req.prompt),
+                        input: req.prompt.clone(),
                         req,
                         reserved: need,
                         prefilled: cached,
+                        fed_back: 0,
+                        counted: cached,
                         generated: Vec::new(),
                         early_stops,
                         admitted_at: Instant::now(),
@@ -556,20 +594,121 @@ impl Engine {
                         last_token_at: None,
                     });
                 }
-                None if self.running.is_empty() => {
-                    // Nothing will ever free memory: waiting would hang forever.
-                    if let Some(mut req) = self.waiting.pop_front() {
-                        self.metrics.request_dequeued();
-                        req.in_flight.release();
-                        let _ = req.events.send(GenEvent::Error(format!(
-                            "the KV cache cannot hold {need} positions even when empty; \
-                             lower max_tokens or the server's --max-model-len"
-                        )));
-                    }
-                }
+                // Nothing will ever free memory: waiting would hang forever.
+                None if self.running.is_empty() => self.refuse_front(need),
                 None => return,
             }
         }
+    }
+
+    /// Refuse the front waiting request, which needs `need` positions that the KV cache
+    /// cannot give it even when empty.
+    fn refuse_front(&mut self, need: usize) {
+        if let Some(mut req) = self.waiting.pop_front() {
+            self.metrics.request_dequeued();
+            req.in_flight.release();
+            let _ = req.events.send(GenEvent::Error(format!(
+                "the KV cache cannot hold {need} positions even when empty; \
+                 lower max_tokens or the server's --max-model-len"
+            )));
+        }
+    }
+
+    /// Give the front pre-empted request a slot again; its input (prompt and generated
+    /// tokens) is prefilled anew, less what the backend still holds of it with prefix
+    /// caching. Returns false when the KV memory has no room for it yet.
+    fn readmit(&mut self) -> bool {
+        let Some(front) = self.preempted.front() else {
+            return false;
+        };
+        let need = front.input.len();
+        let slot = if self.cfg.enable_prefix_caching {
+            self.backend.alloc_cached(&front.input, need)
+        } else {
+            self.backend.alloc_seq(need).map(|seq| (seq, 0))
+        };
+        let Some((seq, cached)) = slot else {
+            return false;
+        };
+        let Some(mut r) = self.preempted.pop_front() else {
+            self.backend.free_seq(seq);
+            return false;
+        };
+        self.metrics.request_dequeued();
+        if cached >= r.input.len() {
+            // As in `admit`: the last position must run to give logits.
+            self.backend.free_seq(seq);
+            let msg = format!(
+                "backend {} reported {cached} cached tokens of a {}-token input (it must leave \
+                 the last one to compute); restart the server with --no-enable-prefix-caching",
+                self.backend.name(),
+                r.input.len()
+            );
+            Self::fail(&self.metrics, &mut r, &msg);
+            return true;
+        }
+        let counted = cached.min(r.req.prompt.len());
+        if counted > r.counted {
+            self.metrics.add_prompt_tokens(counted - r.counted);
+            r.counted = counted;
+        }
+        r.seq = seq;
+        r.prefilled = cached;
+        r.reserved = need;
+        self.running.push(r);
+        true
+    }
+
+    /// The next step's plan with KV room reserved for every row. Where the backend grows
+    /// sequences on demand and cannot give a row its room, the request admitted last is
+    /// pre-empted — its KV freed, its prompt and generated tokens to be recomputed when it
+    /// is admitted again, before any waiting request — and the step planned again; a
+    /// request alone that cannot grow fails.
+    fn reserve_plan(&mut self) -> Vec<PlanRow> {
+        'plan: loop {
+            let plan = self.plan();
+            for (i, range) in &plan {
+                let r = &mut self.running[*i];
+                let len = match range {
+                    Some(range) => range.end,
+                    None => r.input.len() + r.generated.len() - r.fed_back,
+                };
+                if self.backend.grow_seq(r.seq, len) {
+                    r.reserved = r.reserved.max(len);
+                    continue;
+                }
+                if self.running.len() == 1 {
+                    let mut r = self.running.remove(0);
+                    self.backend.free_seq(r.seq);
+                    let msg = format!(
+                        "the KV cache ({} positions) cannot hold the {len} positions of this \
+                         request; lower max_tokens or raise --kv-cache-tokens",
+                        self.cfg.kv_cache_tokens
+                    );
+                    Self::fail(&self.metrics, &mut r, &msg);
+                    return Vec::new();
+                }
+                self.preempt_last();
+                continue 'plan;
+            }
+            return plan;
+        }
+    }
+
+    /// Pre-empt the request admitted last (recompute): free its KV, and queue it to be
+    /// admitted again with its prompt and generated tokens as what it prefills.
+    fn preempt_last(&mut self) {
+        let Some(mut r) = self.running.pop() else {
+            return;
+        };
+        self.backend.free_seq(r.seq);
+        r.input = r.req.prompt.iter().chain(&r.generated).copied().collect();
+        r.fed_back = r.generated.len();
+        r.prefilled = 0;
+        r.reserved = 0;
+        self.metrics.observe_preemption();
+        self.metrics.request_queued();
+        self.preempted.push_front(r);
     }
 
     /// For a later choice of a request (`n`), where the first choice stands: its prompt's
@@ -601,7 +740,7 @@ impl Engine {
         let mut budget = self.cfg.max_num_batched_tokens.max(1);
         let mut plan = Vec::new();
         for (i, r) in self.running.iter().enumerate() {
-            if r.prefilled == r.req.prompt.len() && budget > 0 {
+            if r.prefilled == r.input.len() && budget > 0 {
                 plan.push((i, None));
                 budget -= 1;
             }
@@ -611,7 +750,7 @@ impl Engine {
             n => n,
         };
         for (i, r) in self.running.iter().enumerate() {
-            let left = r.req.prompt.len() - r.prefilled;
+            let left = r.input.len() - r.prefilled;
             if left > 0 && budget > 0 {
                 let n = left.min(budget).min(cap);
                 plan.push((i, Some(r.prefilled..r.prefilled + n)));
@@ -634,7 +773,7 @@ impl Engine {
             .map(|r| {
                 (
                     r.seq,
-                    r.req.prompt.as_slice(),
+                    r.input.as_slice(),
                     r.generated.as_slice(),
                     r.early_stops.as_slice(),
                     Some(&mut r.sampler),
@@ -700,8 +839,13 @@ impl Engine {
             let r = &mut self.running[i];
             if let Some(range) = range {
                 r.prefilled = range.end;
-                self.metrics.add_prompt_tokens(range.len());
-                if r.prefilled < r.req.prompt.len() {
+                // A recompute's prompt tokens were counted the first time.
+                let counted = range.end.min(r.req.prompt.len());
+                if counted > r.counted {
+                    self.metrics.add_prompt_tokens(counted - r.counted);
+                    r.counted = counted;
+                }
+                if r.prefilled < r.input.len() {
                     continue;
                 }
             }
@@ -775,15 +919,27 @@ impl Engine {
     }
 
     fn fail_all(&mut self, msg: &str) {
+        // Pre-empted requests hold no KV (their old id may be another sequence's by now).
+        let preempted: Vec<Running> = self.preempted.drain(..).collect();
+        for _ in &preempted {
+            self.metrics.request_dequeued();
+        }
         for mut r in self.running.drain(..) {
             // Free the slot before the client hears of the failure, so a client that
             // retries at once finds the room (and a test checking the slot does not race).
             self.backend.free_seq(r.seq);
-            r.req.in_flight.release();
-            let _ = r.req.events.send(GenEvent::Error(msg.to_string()));
-            self.metrics
-                .observe_finished(Finished::Abort, r.req.arrived.elapsed().as_secs_f64());
+            Self::fail(&self.metrics, &mut r, msg);
         }
+        for mut r in preempted {
+            Self::fail(&self.metrics, &mut r, msg);
+        }
+    }
+
+    /// Tell one request's client it failed with `msg` (its KV already freed).
+    fn fail(metrics: &Metrics, r: &mut Running, msg: &str) {
+        r.req.in_flight.release();
+        let _ = r.req.events.send(GenEvent::Error(msg.to_string()));
+        metrics.observe_finished(Finished::Abort, r.req.arrived.elapsed().as_secs_f64());
     }
 }
 
@@ -1203,6 +1359,12 @@ mod tests {
         fn set_prefix_caching(&mut self, on: bool) {
             self.inner.set_prefix_caching(on);
         }
+        fn grows_on_demand(&self) -> bool {
+            self.inner.grows_on_demand()
+        }
+        fn grow_seq(&mut self, seq: SeqId, len: usize) -> bool {
+            self.inner.grow_seq(seq, len)
+        }
         fn forward(&mut self, batch: &[SeqStep<'_>]) -> anyhow::Result<Vec<Vec<f32>>> {
             self.steps
                 .lock()
@@ -1256,11 +1418,17 @@ mod tests {
     /// The tiny synthetic model on the CPU behind a spy, in an engine with a step budget
     /// of 16 tokens and `kv_tokens` KV positions.
     fn tiny_harness(kv_tokens: usize, prefix_caching: bool) -> Harness {
+        tiny_harness_with(kv_tokens, prefix_caching, false)
+    }
+
+    /// [`tiny_harness`] with the backend reserving KV as sequences grow or not.
+    fn tiny_harness_with(kv_tokens: usize, prefix_caching: bool, on_demand: bool) -> Harness {
         let steps = Steps::default();
-        let be = crate::engine::cpu::CpuBackend::new(
+        let mut be = crate::engine::cpu::CpuBackend::new(
             crate::engine::synthetic::build("tiny", 0).unwrap(),
             kv_tokens,
         );
+        be.set_on_demand(on_demand);
         let spy = Spy {
             inner: Box::new(be),
             steps: steps.clone(),
@@ -1408,6 +1576,71 @@ mod tests {
             );
             assert_eq!(a.tokens, c.tokens, "request {i}: tokens differ with reuse");
         }
+    }
+
+    /// With KV reserved as sequences grow, three requests that together outgrow the cache
+    /// are admitted at once; when a step needs room that is not there, the request admitted
+    /// last is pre-empted and later recomputes its prompt and generated tokens. Every
+    /// request still gets the greedy tokens of a run with room to spare, with prefix
+    /// caching off and on (on, a pre-empted request finds its own freed KV).
+    #[test]
+    fn preemption_recomputes_with_the_same_greedy_tokens() {
+        let prompts = [ids(0..20), ids(100..120), ids(200..220)];
+        let preemptions = |h: &Harness| {
+            let m = h.engine.metrics.render();
+            let line = m
+                .lines()
+                .find(|l| l.starts_with("vllm:num_preemptions_total{"))
+                .unwrap_or_else(|| panic!("no preemption counter in {m}"));
+            line.rsplit(' ')
+                .next()
+                .and_then(|v| v.parse::<u64>().ok())
+                .unwrap_or(0)
+        };
+        let mut roomy = tiny_harness_with(4096, false, true);
+        let want = run_wave(&mut roomy, &prompts, 30);
+        assert_eq!(preemptions(&roomy), 0);
+        for prefix_caching in [false, true] {
+            // 3 × (20 + 30) positions wanted, 110 there: all three start (60 prompt
+            // positions), and from the 17th step on one has to give way.
+            let mut h = tiny_harness_with(110, prefix_caching, true);
+            let got = run_wave(&mut h, &prompts, 30);
+            for (i, (a, b)) in want.iter().zip(&got).enumerate() {
+                assert_eq!(
+                    a.tokens, b.tokens,
+                    "request {i}: greedy tokens differ after pre-emption (prefix caching \
+                     {prefix_caching})"
+                );
+            }
+            assert!(preemptions(&h) > 0, "nothing was pre-empted");
+            for s in h.steps.lock().unwrap().iter() {
+                let n: usize = s.iter().map(|r| r.1).sum();
+                assert!(n <= 16, "a step of {n} tokens over the budget of 16: {s:?}");
+            }
+            assert!(h.engine.preempted.is_empty() && h.engine.running.is_empty());
+            let m = h.engine.metrics.render();
+            // Recomputed prompt tokens are not counted again.
+            assert!(
+                m.contains("vllm:prompt_tokens_total{model_name=\"t\",engine=\"0\"} 60\n"),
+                "{m}"
+            );
+        }
+    }
+
+    /// With KV reserved as sequences grow, a request that could not finish even with the
+    /// whole cache is refused at admission, before any of its tokens are sent.
+    #[test]
+    fn a_request_larger_than_the_whole_cache_is_refused_before_it_starts() {
+        let mut h = tiny_harness_with(40, false, true);
+        let mut rx = h.submit_prompt(ids(0..20), 30);
+        h.tick();
+        match rx.try_recv() {
+            Ok(GenEvent::Error(e)) => assert!(e.contains("cannot hold 50 positions"), "{e}"),
+            other => panic!("expected a refusal, got {other:?}"),
+        }
+        // One that fits runs.
+        let out = run_wave(&mut h, &[ids(0..20)], 20);
+        assert_eq!(out[0].tokens.len(), 20);
     }
 
     /// A backend that claims a whole prompt as cached breaks `alloc_cached`'s contract: that

@@ -715,7 +715,14 @@ fn prepare_with(args: &ServeArgs, open: impl FnOnce() -> Result<Gpu>) -> Result<
             if args.gates.sinks == OnOff::Off {
                 disable_sinks(&mut w);
             }
-            Box::new(CpuBackend::new(w, kv_tokens))
+            let mut be = CpuBackend::new(w, kv_tokens);
+            be.set_on_demand(true);
+            report.push(format!(
+                "mxtune serve: KV positions reserved as sequences grow: when a step needs more \
+                 than the {kv_tokens} positions hold, the request admitted last is pre-empted \
+                 and recomputed later (vllm:num_preemptions_total)"
+            ));
+            Box::new(be)
         }
         (None, None) => bail!("no weights for the cpu backend (a synthetic model was not built)"),
     };

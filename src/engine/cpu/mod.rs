@@ -81,6 +81,8 @@ pub struct CpuBackend {
     reserved_tokens: usize,
     /// Applied to the experts' inputs and SwiGLU outputs (None: the reference).
     moe_act: Option<ops::ActTransform>,
+    /// Reserve positions as sequences grow (`grow_seq`) rather than at allocation.
+    on_demand: bool,
 }
 
 /// Where one new token sits: its sequence (index into the batch) and absolute position.
@@ -105,7 +107,16 @@ impl CpuBackend {
             kv_budget_tokens,
             reserved_tokens: 0,
             moe_act: None,
+            on_demand: false,
         }
+    }
+
+    /// Reserve KV positions as sequences grow ([`ModelBackend::grow_seq`]) instead of the
+    /// whole capacity asked at allocation, so that more sequences share the budget and the
+    /// scheduler pre-empts one when a step needs room that is not there (`mxtune serve`
+    /// turns it on; off by default).
+    pub fn set_on_demand(&mut self, on: bool) {
+        self.on_demand = on;
     }
 
     /// Transform the MoE experts' inputs and SwiGLU outputs with `f` before they are
@@ -422,6 +433,30 @@ impl ModelBackend for CpuBackend {
 
     fn alloc_seq(&mut self, max_tokens: usize) -> Option<SeqId> {
         self.take_cache(&[], max_tokens).map(|(id, _)| id)
+    }
+
+    fn grows_on_demand(&self) -> bool {
+        self.on_demand
+    }
+
+    fn grow_seq(&mut self, seq: SeqId, len: usize) -> bool {
+        let Some(capacity) = self.seqs.get(&seq).map(|c| c.capacity) else {
+            return false;
+        };
+        if len <= capacity {
+            return true;
+        }
+        let extra = len - capacity;
+        if self.reserved_tokens + extra > self.kv_budget_tokens {
+            return false;
+        }
+        if let Some(c) = self.seqs.get_mut(&seq) {
+            c.capacity = len;
+        }
+        self.reserved_tokens += extra;
+        // Kept free caches give way to a live sequence.
+        self.evict_free();
+        true
     }
 
     fn free_seq(&mut self, seq: SeqId) {

@@ -111,6 +111,7 @@ pub struct Metrics {
     /// Prompt tokens looked up in the prefix cache, and those found there.
     prefix_queries: AtomicU64,
     prefix_hits: AtomicU64,
+    preemptions: AtomicU64,
     running: AtomicU64,
     waiting: AtomicU64,
     /// KV usage in millionths, to keep it atomic.
@@ -149,6 +150,7 @@ impl Metrics {
             prefix_caching: false,
             prefix_queries: AtomicU64::new(0),
             prefix_hits: AtomicU64::new(0),
+            preemptions: AtomicU64::new(0),
             running: AtomicU64::new(0),
             waiting: AtomicU64::new(0),
             kv_usage_ppm: AtomicU64::new(0),
@@ -190,6 +192,12 @@ impl Metrics {
         self.prefix_queries
             .fetch_add(prompt_tokens as u64, Ordering::Relaxed);
         self.prefix_hits.fetch_add(hits as u64, Ordering::Relaxed);
+    }
+
+    /// A running request was pre-empted (its KV freed, to be recomputed when it is admitted
+    /// again).
+    pub fn observe_preemption(&self) {
+        self.preemptions.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Set the running gauge and the KV usage fraction (0–1).
@@ -367,8 +375,9 @@ impl Metrics {
         counter(
             &mut o,
             "vllm:num_preemptions_total",
-            "Number of preemptions (this engine never preempts: admission waits instead).",
-            0,
+            "Cumulative number of preemptions (a running request's KV freed when a step needed \
+             the room, the request recomputed later).",
+            self.preemptions.load(Ordering::Relaxed),
         );
         counter(
             &mut o,
