@@ -17,8 +17,13 @@ fn client() -> reqwest::Client {
 }
 
 async fn post(s: &TestServer, path: &str, body: Value) -> (u16, Value) {
+    post_url(&s.base, path, body).await
+}
+
+/// POST `body` to the server at `base`; its status and JSON answer.
+async fn post_url(base: &str, path: &str, body: Value) -> (u16, Value) {
     let r = client()
-        .post(format!("{}{path}", s.base))
+        .post(format!("{base}{path}"))
         .json(&body)
         .send()
         .await
@@ -2075,6 +2080,14 @@ async fn oracle_greedy_continuations_through_http() {
     }
 }
 
+/// Fails unless one of `lines` contains `needle`.
+fn assert_a_line(lines: &[String], needle: &str) {
+    assert!(
+        lines.iter().any(|l| l.contains(needle)),
+        "no line with {needle:?} in {lines:?}"
+    );
+}
+
 /// Start the real `mxtune serve` binary; returns the child and its stdout lines up to ready.
 fn spawn_serve(args: &[&str]) -> (std::process::Child, Vec<String>) {
     use std::io::BufRead;
@@ -2151,16 +2164,8 @@ async fn serve_binary_reports_kernel_paths_and_serves_synthetic_tiny() {
             "kernel-path cuda_graphs=n/a",
         ]
     );
-    assert!(
-        lines.iter().any(|l| l.contains("synthetic model tiny")),
-        "{lines:?}"
-    );
-    assert!(
-        lines
-            .iter()
-            .any(|l| l.contains("--moe-kernel gemv has no effect")),
-        "{lines:?}"
-    );
+    assert_a_line(&lines, "synthetic model tiny");
+    assert_a_line(&lines, "--moe-kernel gemv has no effect");
     let base = ready
         .trim_start_matches("mxtune serve: ready on ")
         .to_string();
@@ -2409,12 +2414,7 @@ async fn serve_binary_preempts_when_the_kv_cache_is_full_and_keeps_greedy_tokens
     })
     .await
     .unwrap();
-    assert!(
-        lines
-            .iter()
-            .any(|l| l.contains("the request admitted last is pre-empted")),
-        "{lines:?}"
-    );
+    assert_a_line(&lines, "the request admitted last is pre-empted");
     let url = lines
         .last()
         .and_then(|l| l.strip_prefix("mxtune serve: ready on "))
@@ -2424,19 +2424,14 @@ async fn serve_binary_preempts_when_the_kv_cache_is_full_and_keeps_greedy_tokens
         let url = url.clone();
         async move {
             let prompt: Vec<u32> = (0..20).map(|i| 1000 + 13 * (100 * k + i)).collect();
-            let v: Value = client()
-                .post(format!("{url}/v1/completions"))
-                .json(
-                    &json!({"model": "synthetic-tiny", "prompt": prompt, "max_tokens": 30,
-                              "temperature": 0, "ignore_eos": true}),
-                )
-                .send()
-                .await
-                .unwrap()
-                .json()
-                .await
-                .unwrap();
-            assert_eq!(v["usage"]["completion_tokens"], 30, "{v}");
+            let ask = json!({"model": "synthetic-tiny", "prompt": prompt, "max_tokens": 30,
+                             "temperature": 0, "ignore_eos": true});
+            let (status, v) = post_url(&url, "/v1/completions", ask).await;
+            assert_eq!(
+                (status, &v["usage"]["completion_tokens"]),
+                (200, &json!(30)),
+                "{v}"
+            );
             v["choices"][0]["text"].as_str().unwrap().to_string()
         }
     };
