@@ -44,6 +44,43 @@ fn cluster_flags(image: &str, dir: &Path, port: u16, ray_port: u16) -> FlagSet {
     fs
 }
 
+/// What every cluster test starts from: the Docker engine (or a visible skip), the stand-in
+/// image built with `env`, a scratch directory, and [`cluster_flags`] on two free ports.
+struct Setup {
+    d: bollard::Docker,
+    image: String,
+    dir: tempfile::TempDir,
+    port: u16,
+    ray_port: u16,
+    fs: FlagSet,
+}
+
+async fn setup(test: &str, env: &[(&str, &str)]) -> Option<Setup> {
+    let d = docker_or_skip(test).await?;
+    let image = support::test_image_with_env(&d, env).await;
+    let dir = tempfile::tempdir().unwrap();
+    let (port, ray_port) = (free_port(), free_port());
+    let fs = cluster_flags(&image, dir.path(), port, ray_port);
+    Some(Setup {
+        d,
+        image,
+        dir,
+        port,
+        ray_port,
+        fs,
+    })
+}
+
+/// Write `fs` as preset `name` (with `description`) into `dir`/presets; returns that folder.
+fn write_preset(dir: &Path, name: &str, description: &str, fs: &FlagSet) -> std::path::PathBuf {
+    let presets = dir.join("presets");
+    std::fs::create_dir_all(&presets).unwrap();
+    let mut text = format!("description = \"{description}\"\n");
+    text.push_str(&toml::to_string(fs).unwrap());
+    std::fs::write(presets.join(format!("{name}.toml")), &text).unwrap();
+    presets
+}
+
 fn local_plan(spec: &mxtune::vocab::LaunchSpec) -> ClusterPlan {
     ClusterPlan::resolve(spec.cluster.as_ref().unwrap(), |n| {
         anyhow::bail!("no hosts in this test, asked for {n}")
@@ -96,13 +133,16 @@ async fn containers_of(d: &bollard::Docker, run_id: &str) -> Vec<docker::Found> 
 #[tokio::test]
 async fn worker_that_never_joins_fails_readiness_naming_the_worker_host() {
     let test = "worker_that_never_joins_fails_readiness_naming_the_worker_host";
-    let Some(d) = docker_or_skip(test).await else {
+    let Some(Setup {
+        d,
+        dir,
+        ray_port,
+        mut fs,
+        ..
+    }) = setup(test, &[]).await
+    else {
         return;
     };
-    let image = test_image(&d).await;
-    let dir = tempfile::tempdir().unwrap();
-    let ray_port = free_port();
-    let mut fs = cluster_flags(&image, dir.path(), free_port(), ray_port);
     fs.cluster.join_limit_s = 3;
     // The stand-in's worker never reaches the head (as behind a firewall).
     fs.container
@@ -155,13 +195,9 @@ async fn worker_that_never_joins_fails_readiness_naming_the_worker_host() {
 #[tokio::test]
 async fn socket_fallback_is_a_warning_and_a_lost_worker_ends_the_run_with_its_record_kept() {
     let test = "socket_fallback_is_a_warning_and_a_lost_worker_ends_the_run_with_its_record_kept";
-    let Some(d) = docker_or_skip(test).await else {
+    let Some(Setup { d, dir, mut fs, .. }) = setup(test, &[]).await else {
         return;
     };
-    let image = test_image(&d).await;
-    let dir = tempfile::tempdir().unwrap();
-    let port = free_port();
-    let mut fs = cluster_flags(&image, dir.path(), port, free_port());
     fs.cluster.parallel = Parallel::Pipeline;
     // NCCL told to leave InfiniBand alone falls back to sockets, as it does without RDMA.
     fs.container
@@ -274,16 +310,20 @@ async fn socket_fallback_is_a_warning_and_a_lost_worker_ends_the_run_with_its_re
 #[tokio::test]
 async fn cli_launches_a_cluster_with_the_worker_over_ssh_and_stops_only_its_containers() {
     let test = "cli_launches_a_cluster_with_the_worker_over_ssh_and_stops_only_its_containers";
-    let Some(d) = docker_or_skip(test).await else {
+    let Some(Setup {
+        d,
+        image,
+        dir,
+        port,
+        ray_port,
+        mut fs,
+    }) = setup(test, &[]).await
+    else {
         return;
     };
     let Some(sshd) = sshd_or_skip(test) else {
         return;
     };
-    let image = test_image(&d).await;
-    let dir = tempfile::tempdir().unwrap();
-    let (port, ray_port) = (free_port(), free_port());
-    let mut fs = cluster_flags(&image, dir.path(), port, ray_port);
     fs.cluster.worker = "remote".into();
     fs.cluster.local_ip = Some("127.0.0.1".into());
     fs.cluster.transport = Transport::Rdma;
@@ -292,11 +332,7 @@ async fn cli_launches_a_cluster_with_the_worker_over_ssh_and_stops_only_its_cont
     // A cache that is not there yet: pre-flight on each node says it will be created.
     let jit = dir.path().join("jit-missing");
     fs.container.jit_cache = Some(jit.display().to_string());
-    let presets = dir.path().join("presets");
-    std::fs::create_dir(&presets).unwrap();
-    let mut text = String::from("description = \"two nodes\"\n");
-    text.push_str(&toml::to_string(&fs).unwrap());
-    std::fs::write(presets.join("tp2.toml"), &text).unwrap();
+    let presets = write_preset(dir.path(), "tp2", "two nodes", &fs);
     // The worker's host is the local sshd standing in for a second Spark.
     let home = sshd.config_home(&format!(
         "{}[host.nccl]\nhost_ip = \"127.0.0.1\"\nsocket_ifname = \"lo\"\n",
@@ -617,27 +653,27 @@ fn panel_launches_a_cluster_and_reports_a_dead_worker() {
 #[tokio::test]
 async fn cli_reattaches_to_a_cluster_whose_head_is_over_ssh() {
     let test = "cli_reattaches_to_a_cluster_whose_head_is_over_ssh";
-    let Some(d) = docker_or_skip(test).await else {
+    let Some(Setup {
+        d,
+        image,
+        dir,
+        port,
+        ray_port: _,
+        mut fs,
+    }) = setup(test, &[]).await
+    else {
         return;
     };
     let Some(sshd) = sshd_or_skip(test) else {
         return;
     };
-    let image = test_image(&d).await;
-    let dir = tempfile::tempdir().unwrap();
-    let (port, ray_port) = (free_port(), free_port());
-    let mut fs = cluster_flags(&image, dir.path(), port, ray_port);
     fs.cluster.head = "remote".into();
     fs.cluster.worker = "local".into();
     fs.cluster.local_ip = Some("127.0.0.1".into());
     fs.cluster.transport = Transport::Rdma;
     std::fs::create_dir_all(dir.path().join("hf")).unwrap();
     std::fs::create_dir_all(dir.path().join("jit")).unwrap();
-    let presets = dir.path().join("presets");
-    std::fs::create_dir(&presets).unwrap();
-    let mut text = String::from("description = \"two nodes, head over ssh\"\n");
-    text.push_str(&toml::to_string(&fs).unwrap());
-    std::fs::write(presets.join("tp2-re.toml"), &text).unwrap();
+    let presets = write_preset(dir.path(), "tp2-re", "two nodes, head over ssh", &fs);
     // A single-container preset of the same image.
     let mut single = fs.clone();
     single.target = TargetKind::Docker;
@@ -882,16 +918,20 @@ async fn probe_leftovers(d: &bollard::Docker, image: &str) -> Vec<String> {
 #[tokio::test]
 async fn cli_renders_a_stock_image_cluster_for_the_release_of_the_heads_image() {
     let test = "cli_renders_a_stock_image_cluster_for_the_release_of_the_heads_image";
-    let Some(d) = docker_or_skip(test).await else {
+    let Some(Setup {
+        d,
+        image,
+        dir,
+        port,
+        ray_port: _,
+        mut fs,
+    }) = setup(test, &[("MXTUNE_TEST_VLLM_VERSION", "0.12.0")]).await
+    else {
         return;
     };
     let Some(sshd) = sshd_or_skip(test) else {
         return;
     };
-    let image = support::test_image_with_env(&d, &[("MXTUNE_TEST_VLLM_VERSION", "0.12.0")]).await;
-    let dir = tempfile::tempdir().unwrap();
-    let (port, ray_port) = (free_port(), free_port());
-    let mut fs = cluster_flags(&image, dir.path(), port, ray_port);
     fs.container.vllm = mxtune::flags::VllmFlavor::Upstream;
     fs.set_axis("attention_backend", "TRITON_ATTN").unwrap();
     fs.cluster.head = "remote".into();
@@ -899,11 +939,7 @@ async fn cli_renders_a_stock_image_cluster_for_the_release_of_the_heads_image() 
     fs.cluster.local_ip = Some("127.0.0.1".into());
     std::fs::create_dir_all(dir.path().join("hf")).unwrap();
     std::fs::create_dir_all(dir.path().join("jit")).unwrap();
-    let presets = dir.path().join("presets");
-    std::fs::create_dir(&presets).unwrap();
-    let mut text = String::from("description = \"two nodes, stock image\"\n");
-    text.push_str(&toml::to_string(&fs).unwrap());
-    std::fs::write(presets.join("tp2-stock.toml"), &text).unwrap();
+    let presets = write_preset(dir.path(), "tp2-stock", "two nodes, stock image", &fs);
     let home = sshd.config_home(&format!(
         "{}[host.nccl]\nhost_ip = \"127.0.0.1\"\n",
         sshd.host_entry("remote", MXTUNE)
@@ -1001,21 +1037,20 @@ fn panel_reattaches_to_a_cluster_left_running_by_the_cli() {
     use mxtune::tui::{perform, step};
     let test = "panel_reattaches_to_a_cluster_left_running_by_the_cli";
     let rt = tokio::runtime::Runtime::new().unwrap();
-    let Some(d) = rt.block_on(docker_or_skip(test)) else {
+    let Some(Setup {
+        d,
+        dir,
+        port,
+        mut fs,
+        ..
+    }) = rt.block_on(setup(test, &[]))
+    else {
         return;
     };
-    let image = rt.block_on(test_image(&d));
-    let dir = tempfile::tempdir().unwrap();
-    let port = free_port();
-    let mut fs = cluster_flags(&image, dir.path(), port, free_port());
     fs.cluster.transport = Transport::Rdma;
     std::fs::create_dir_all(dir.path().join("hf")).unwrap();
     std::fs::create_dir_all(dir.path().join("jit")).unwrap();
-    let presets = dir.path().join("presets");
-    std::fs::create_dir(&presets).unwrap();
-    let mut text = String::from("description = \"two nodes here\"\n");
-    text.push_str(&toml::to_string(&fs).unwrap());
-    std::fs::write(presets.join("tp2-panel.toml"), &text).unwrap();
+    let presets = write_preset(dir.path(), "tp2-panel", "two nodes here", &fs);
     let runs = dir.path().join("runs");
     // No hosts file: both nodes are this machine.
     let config = dir.path().join("config");
@@ -1166,21 +1201,20 @@ fn panel_reattaches_to_a_cluster_left_running_by_the_cli() {
 #[tokio::test]
 async fn matrix_runs_a_cluster_preset_and_records_both_nodes() {
     let test = "matrix_runs_a_cluster_preset_and_records_both_nodes";
-    let Some(d) = docker_or_skip(test).await else {
+    let Some(Setup {
+        d,
+        dir,
+        port,
+        mut fs,
+        ..
+    }) = setup(test, &[]).await
+    else {
         return;
     };
-    let image = test_image(&d).await;
-    let dir = tempfile::tempdir().unwrap();
-    let (port, ray_port) = (free_port(), free_port());
-    let mut fs = cluster_flags(&image, dir.path(), port, ray_port);
     fs.cluster.transport = Transport::Rdma;
     std::fs::create_dir_all(dir.path().join("hf")).unwrap();
     std::fs::create_dir_all(dir.path().join("jit")).unwrap();
-    let presets = dir.path().join("presets");
-    std::fs::create_dir(&presets).unwrap();
-    let mut text = String::from("description = \"two nodes, matrix\"\n");
-    text.push_str(&toml::to_string(&fs).unwrap());
-    std::fs::write(presets.join("tp2-matrix.toml"), &text).unwrap();
+    let presets = write_preset(dir.path(), "tp2-matrix", "two nodes, matrix", &fs);
     // A hosts file naming a host, for the --host refusals (nothing is reached there).
     let home = dir.path().join("config");
     std::fs::create_dir_all(home.join("mxtune")).unwrap();
