@@ -56,51 +56,46 @@ pub const FLAGS_DIALOG: &[Binding] = &[
     b("S", "save the command to a file"),
 ];
 
+/// A Launch-screen key table: `first`, then the log-view keys every variant shares.
+macro_rules! launch_keys {
+    ($($first:expr),* $(,)?) => {
+        &[
+            $($first,)*
+            b("/", "search log"),
+            b("n/N", "older/newer match"),
+            b("w", "wrap"),
+            b("S", "save log"),
+            b("Up/Down", "scroll log"),
+            b("PgUp/PgDn", "page log"),
+            b("Home/End", "top / follow"),
+        ]
+    };
+}
+
 /// Launch screen.
-pub const LAUNCH: &[Binding] = &[
+pub const LAUNCH: &[Binding] = launch_keys![
     b("l", "launch"),
     b("x", "stop (asks)"),
     b("t", "target engine/docker/attach"),
     b("u", "attach URL"),
-    b("/", "search log"),
-    b("n/N", "older/newer match"),
-    b("w", "wrap"),
-    b("S", "save log"),
-    b("Up/Down", "scroll log"),
-    b("PgUp/PgDn", "page log"),
-    b("Home/End", "top / follow"),
 ];
 
 /// Launch screen when ~/.config/mxtune/hosts.toml names hosts: `h` picks where a Docker
 /// target runs.
-pub const LAUNCH_HOSTS: &[Binding] = &[
+pub const LAUNCH_HOSTS: &[Binding] = launch_keys![
     b("l", "launch"),
     b("x", "stop (asks)"),
     b("t", "target engine/docker/attach"),
     b("h", "docker host: this machine / hosts.toml"),
     b("u", "attach URL"),
-    b("/", "search log"),
-    b("n/N", "older/newer match"),
-    b("w", "wrap"),
-    b("S", "save log"),
-    b("Up/Down", "scroll log"),
-    b("PgUp/PgDn", "page log"),
-    b("Home/End", "top / follow"),
 ];
 
 /// Launch screen with a docker-cluster preset loaded: `r` follows its running cluster again.
-pub const LAUNCH_CLUSTER: &[Binding] = &[
+pub const LAUNCH_CLUSTER: &[Binding] = launch_keys![
     b("l", "launch the cluster"),
     b("r", "re-attach to its running cluster"),
     b("x", "stop (asks)"),
     b("t", "target engine/docker/attach"),
-    b("/", "search log"),
-    b("n/N", "older/newer match"),
-    b("w", "wrap"),
-    b("S", "save log"),
-    b("Up/Down", "scroll log"),
-    b("PgUp/PgDn", "page log"),
-    b("Home/End", "top / follow"),
 ];
 
 /// The title of [`LAUNCH_CLUSTER`]'s section: the help overlay shows it only while a
