@@ -530,6 +530,9 @@ impl Engine {
                 continue;
             }
             let need = if on_demand { front.prompt.len() } else { full };
+            if !self.room_for(need) {
+                return;
+            }
             let slot = if self.cfg.enable_prefix_caching {
                 match self.first_choice(front) {
                     FirstChoice::Prefilling => return,
@@ -601,6 +604,19 @@ impl Engine {
         }
     }
 
+    /// Whether a request reserving `need` positions may be admitted now. A backend that
+    /// grows sequences on demand must also keep a step's growth for every running request
+    /// and the new one (one position each), or the new request would be pre-empted before
+    /// its first step; one that reserves up front says so itself when it allocates.
+    fn room_for(&self, need: usize) -> bool {
+        // Alone, the allocation decides (and a request that cannot fit is refused).
+        if !self.backend.grows_on_demand() || self.running.is_empty() {
+            return true;
+        }
+        let reserved: usize = self.running.iter().map(|r| r.reserved).sum();
+        reserved + need + self.running.len() < self.cfg.kv_cache_tokens
+    }
+
     /// Refuse the front waiting request, which needs `need` positions that the KV cache
     /// cannot give it even when empty.
     fn refuse_front(&mut self, need: usize) {
@@ -622,6 +638,9 @@ impl Engine {
             return false;
         };
         let need = front.input.len();
+        if !self.room_for(need) {
+            return false;
+        }
         let slot = if self.cfg.enable_prefix_caching {
             self.backend.alloc_cached(&front.input, need)
         } else {
@@ -1612,7 +1631,9 @@ mod tests {
                      {prefix_caching})"
                 );
             }
-            assert!(preemptions(&h) > 0, "nothing was pre-empted");
+            // One: the third gives way once, and is admitted again only when its input and
+            // a step of growth for every running request fit.
+            assert_eq!(preemptions(&h), 1);
             for s in h.steps.lock().unwrap().iter() {
                 let n: usize = s.iter().map(|r| r.1).sum();
                 assert!(n <= 16, "a step of {n} tokens over the budget of 16: {s:?}");
