@@ -44,6 +44,14 @@ pub trait ModelBackend: Send {
         self.alloc_seq(max_tokens).map(|s| (s, 0))
     }
 
+    /// Leading tokens of `prompt` that [`ModelBackend::alloc_cached`] would find in a free
+    /// slot now, without taking it (the scheduler compares it with what a running sequence
+    /// could give by [`ModelBackend::fork_seq`]). The default finds nothing.
+    fn cached_prefix(&self, prompt: &[u32]) -> usize {
+        let _ = prompt;
+        0
+    }
+
     /// Whether [`ModelBackend::fork_seq`] can copy a live sequence's KV. The scheduler has
     /// the `n` choices of a request wait for the first one's prefill only when it can.
     fn can_fork(&self) -> bool {

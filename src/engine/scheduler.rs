@@ -286,6 +286,21 @@ struct Running {
     last_token_at: Option<Instant>,
 }
 
+impl Running {
+    /// The tokens whose keys and values the sequence holds, in position order: its input
+    /// fed so far and, once all of it is in, every generated token fed back since (all but
+    /// the newest, which the next step feeds).
+    fn fed(&self) -> impl Iterator<Item = &u32> {
+        let back: &[u32] = if self.prefilled == self.input.len() {
+            let end = self.generated.len().saturating_sub(1);
+            &self.generated[self.fed_back.min(end)..end]
+        } else {
+            &[]
+        };
+        self.input[..self.prefilled].iter().chain(back)
+    }
+}
+
 /// Start the engine thread that owns `backend`.
 pub fn spawn(
     backend: Box<dyn ModelBackend>,
@@ -543,7 +558,16 @@ impl Engine {
                             None => self.backend.alloc_cached(&front.prompt, need),
                         }
                     }
-                    FirstChoice::None => self.backend.alloc_cached(&front.prompt, need),
+                    FirstChoice::None => match self.live_prefix(&front.prompt) {
+                        // A running sequence holds more of the prompt than any free slot:
+                        // copy its KV instead of computing it again.
+                        Some((src, n)) if n > self.backend.cached_prefix(&front.prompt) => self
+                            .backend
+                            .fork_seq(src, n, need)
+                            .map(|seq| (seq, n))
+                            .or_else(|| self.backend.alloc_cached(&front.prompt, need)),
+                        _ => self.backend.alloc_cached(&front.prompt, need),
+                    },
                 }
             } else {
                 self.backend.alloc_seq(need).map(|seq| (seq, 0))
@@ -728,6 +752,24 @@ impl Engine {
         self.metrics.observe_preemption();
         self.metrics.request_queued();
         self.preempted.push_front(r);
+    }
+
+    /// The running sequence holding the longest prefix of `prompt` (short of its last token,
+    /// which must run to give logits), and that length; `None` when none holds any or the
+    /// backend cannot copy KV.
+    fn live_prefix(&self, prompt: &[u32]) -> Option<(SeqId, usize)> {
+        if !self.backend.can_fork() {
+            return None;
+        }
+        let cap = prompt.len().saturating_sub(1);
+        self.running
+            .iter()
+            .map(|r| {
+                let n = r.fed().zip(prompt).take_while(|(a, b)| a == b).count();
+                (r.seq, n.min(cap))
+            })
+            .filter(|&(_, n)| n > 0)
+            .max_by_key(|&(_, n)| n)
     }
 
     /// For a later choice of a request (`n`), where the first choice stands: its prompt's
@@ -1378,6 +1420,15 @@ mod tests {
         fn set_prefix_caching(&mut self, on: bool) {
             self.inner.set_prefix_caching(on);
         }
+        fn cached_prefix(&self, prompt: &[u32]) -> usize {
+            self.inner.cached_prefix(prompt)
+        }
+        fn can_fork(&self) -> bool {
+            self.inner.can_fork()
+        }
+        fn fork_seq(&mut self, src: SeqId, len: usize, max_tokens: usize) -> Option<SeqId> {
+            self.inner.fork_seq(src, len, max_tokens)
+        }
         fn grows_on_demand(&self) -> bool {
             self.inner.grows_on_demand()
         }
@@ -1537,10 +1588,12 @@ mod tests {
         // What each found: nothing at first (no slot was free); the whole prompt but its
         // last token; the first turn and the generated token fed back (the second was never
         // fed); the 12 shared tokens; side by side, admitted in order: the fork's
-        // slot, then no free slot left (two new ones); then each prompt its own slot, and
-        // the new prompt last overwrites the one left (it shares nothing).
+        // slot, then no free slot left — the new prompt starts empty, and the second turn
+        // copies the 12 tokens it shares with the fork, which holds its slot's 21 already;
+        // then each prompt its own slot, and the new prompt last overwrites the one left (it
+        // shares nothing).
         let cached: Vec<usize> = on.iter().map(|o| o.cached).collect();
-        assert_eq!(cached, [0, 23, 25, 12, 21, 0, 0, 21, 31, 0]);
+        assert_eq!(cached, [0, 23, 25, 12, 21, 0, 12, 21, 31, 0]);
         let m = h.engine.metrics.render();
         let total: usize = prompts.iter().map(Vec::len).sum();
         assert!(
@@ -1594,6 +1647,47 @@ mod tests {
                 "request {i}: tokens differ after eviction"
             );
             assert_eq!(a.tokens, c.tokens, "request {i}: tokens differ with reuse");
+        }
+    }
+
+    /// With prefix caching, a request arriving while another runs with the same first 30
+    /// prompt tokens already fed copies their KV from it (no free slot holds them) and
+    /// computes only the rest; its greedy tokens are those of a full prefill, and a request
+    /// sharing more with a free slot than with anything running takes the slot instead.
+    #[test]
+    fn a_request_copies_the_prefix_a_running_one_has_fed() {
+        let shared = ids(0..30);
+        let a: Vec<u32> = shared.iter().copied().chain(ids(40..50)).collect();
+        let b: Vec<u32> = shared.iter().copied().chain(ids(60..66)).collect();
+        let mut h = tiny_harness(4096, true);
+        let mut rx_a = h.submit_prompt(a.clone(), 20);
+        // a's 40 prompt tokens go in 16 a step: after three steps it is decoding.
+        for _ in 0..3 {
+            h.tick();
+        }
+        let mut got_a = Vec::new();
+        assert!(!drain(&mut rx_a, &mut got_a) && !got_a.is_empty());
+        let out = run_wave(&mut h, std::slice::from_ref(&b), 4);
+        assert_eq!(out[0].cached, 30, "b did not copy the running prefix");
+        let mut alone = tiny_harness(4096, false);
+        let want = run_wave(&mut alone, std::slice::from_ref(&b), 4);
+        assert_eq!(
+            out[0].tokens, want[0].tokens,
+            "greedy tokens differ after the copy"
+        );
+        // Once a has ended its slot is free and holds all 40 of its prompt (and more): a
+        // request repeating a's prompt takes that slot (39 tokens, the last recomputed),
+        // while a copy from b (still running below) could give only 30.
+        while !drain(&mut rx_a, &mut got_a) {
+            h.tick();
+        }
+        let mut rx_b = h.submit_prompt(b.clone(), 30);
+        h.tick();
+        let out = run_wave(&mut h, std::slice::from_ref(&a), 2);
+        assert_eq!(out[0].cached, 39);
+        let mut got_b = Vec::new();
+        while !drain(&mut rx_b, &mut got_b) {
+            h.tick();
         }
     }
 

@@ -151,14 +151,7 @@ impl CpuBackend {
             return None;
         }
         let kv_dim = self.weights.config.kv_dim();
-        let chosen = prefix::choose(
-            prompt,
-            self.free.iter().map(|(id, c)| FreeSlot {
-                key: *id,
-                tokens: &c.tokens,
-                last_used: c.last_used,
-            }),
-        );
+        let chosen = self.free_choice(prompt);
         let (id, mut cache, cached) = match chosen.and_then(|ch| {
             self.free
                 .remove(&ch.key)
@@ -177,6 +170,18 @@ impl CpuBackend {
         self.reserved_tokens += max_tokens;
         self.evict_free();
         Some((id, cached))
+    }
+
+    /// The kept free cache `prompt` would take, and what of it the cache holds.
+    fn free_choice(&self, prompt: &[u32]) -> Option<prefix::Choice<SeqId>> {
+        prefix::choose(
+            prompt,
+            self.free.iter().map(|(id, c)| FreeSlot {
+                key: *id,
+                tokens: &c.tokens,
+                last_used: c.last_used,
+            }),
+        )
     }
 
     /// An id no live or kept cache has (ids wrap after 2^32 allocations).
@@ -472,6 +477,10 @@ impl ModelBackend for CpuBackend {
 
     fn alloc_cached(&mut self, prompt: &[u32], max_tokens: usize) -> Option<(SeqId, usize)> {
         self.take_cache(prompt, max_tokens)
+    }
+
+    fn cached_prefix(&self, prompt: &[u32]) -> usize {
+        self.free_choice(prompt).map_or(0, |ch| ch.cached)
     }
 
     fn can_fork(&self) -> bool {

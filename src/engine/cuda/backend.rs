@@ -213,15 +213,7 @@ impl CudaBackend {
         if max_tokens > self.dec.max_positions() {
             return None;
         }
-        let free = self.slots.iter().enumerate().filter(|(_, s)| !s.busy);
-        let ch = prefix::choose(
-            prompt,
-            free.map(|(i, s)| FreeSlot {
-                key: i,
-                tokens: &s.tokens,
-                last_used: s.last_used,
-            }),
-        )?;
+        let ch = self.free_choice(prompt)?;
         let slot = &mut self.slots[ch.key];
         slot.busy = true;
         slot.tokens.truncate(ch.cached);
@@ -229,9 +221,28 @@ impl CudaBackend {
     }
 }
 
+impl CudaBackend {
+    /// The free slot `prompt` would take, and what of it the slot holds.
+    fn free_choice(&self, prompt: &[u32]) -> Option<prefix::Choice<usize>> {
+        let free = self.slots.iter().enumerate().filter(|(_, s)| !s.busy);
+        prefix::choose(
+            prompt,
+            free.map(|(i, s)| FreeSlot {
+                key: i,
+                tokens: &s.tokens,
+                last_used: s.last_used,
+            }),
+        )
+    }
+}
+
 impl ModelBackend for CudaBackend {
     fn config(&self) -> &ModelConfig {
         self.dec.config()
+    }
+
+    fn cached_prefix(&self, prompt: &[u32]) -> usize {
+        self.free_choice(prompt).map_or(0, |ch| ch.cached)
     }
 
     fn name(&self) -> String {
