@@ -72,6 +72,7 @@ fn sample(t: i64) -> Sample {
             spec_mean_acceptance_length: Value(2.4),
             tpot_ms: None,
             prefix_cache_hit_rate: None,
+            preemptions: None,
         })),
     }
 }

@@ -414,6 +414,27 @@ fn older_vllm_tpot_and_prefix_cache_hit_rate_come_from_counter_deltas() {
     assert_eq!(idle.tpot_ms, Some(Reading::NotSupported));
 }
 
+/// Pre-emptions are counted from the monitor's first scrape (a restart's fall is growth,
+/// as for every counter); a server without the counter gets none (the test below).
+#[test]
+fn preemptions_count_from_the_first_scrape() {
+    let mut t = Tracker::new(1.0);
+    let snap = |n: u64| {
+        let text = format!(
+            "{}# TYPE vllm:num_preemptions_total counter\n\
+             vllm:num_preemptions_total{{engine=\"0\",model_name=\"m\"}} {n}\n",
+            vllm_scrape(0.0, 0.0, 0.0, 0.0, 0.0)
+        );
+        parse_metrics(&text, tracked).unwrap()
+    };
+    let counts: Vec<_> = [(0.0, 5), (1.0, 7), (2.0, 1)]
+        .into_iter()
+        .map(|(at, n)| t.update("u", at, &snap(n)).preemptions)
+        .collect();
+    let v = |x: f64| Some(Reading::Value(x));
+    assert_eq!(counts, [v(0.0), v(2.0), v(3.0)]);
+}
+
 #[test]
 fn a_server_without_tpot_or_prefix_series_gets_none_and_no_json_field() {
     let mut t = Tracker::new(1.0);
@@ -425,8 +446,12 @@ fn a_server_without_tpot_or_prefix_series_gets_none_and_no_json_field() {
         );
         assert_eq!(m.tpot_ms, None);
         assert_eq!(m.prefix_cache_hit_rate, None);
+        assert_eq!(m.preemptions, None);
         let json = serde_json::to_string(&m).unwrap();
-        assert!(!json.contains("tpot") && !json.contains("prefix"), "{json}");
+        assert!(
+            !json.contains("tpot") && !json.contains("prefix") && !json.contains("preempt"),
+            "{json}"
+        );
     }
 }
 

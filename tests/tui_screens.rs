@@ -1764,6 +1764,7 @@ fn sample(t: i64, throttle: bool) -> mxtune::monitor::Sample {
             spec_mean_acceptance_length: mxtune::monitor::Reading::NotSupported,
             tpot_ms: None,
             prefix_cache_hit_rate: None,
+            preemptions: None,
         })),
     }
 }
@@ -2023,6 +2024,29 @@ fn sample_with_tpot(t: i64) -> mxtune::monitor::Sample {
         m.prefix_cache_hit_rate = Some(Reading::Value(0.4 + (t % 4) as f64 / 10.0));
     }
     s
+}
+
+/// A server that exports its pre-emption counter gets the count since the panel started
+/// watching on the requests chart's title; one that does not keeps the plain title.
+#[test]
+fn live_names_the_preemptions_on_the_requests_chart() {
+    use mxtune::monitor::Reading;
+    use mxtune::monitor::sample::ServerStatus;
+    let mut app = snapshot_app(theme());
+    key(&mut app, KeyCode::Char('3'));
+    for t in 0..10 {
+        app.live.push(sample(t, false));
+    }
+    let plain = render(&app, 160, 48);
+    assert!(plain.contains("╭ requests"), "{plain}");
+    assert!(!plain.contains("pre-empted"), "{plain}");
+    let mut s = sample(10, false);
+    if let ServerStatus::Scraped(m) = &mut s.server {
+        m.preemptions = Some(Reading::Value(3.0));
+    }
+    app.live.push(s);
+    let screen = render(&app, 160, 48);
+    assert!(screen.contains("╭ requests · 3 pre-empted"), "{screen}");
 }
 
 #[test]

@@ -185,6 +185,9 @@ pub fn line(s: &Sample) -> String {
                     r.show(|v| format!("{:.0}%", v * 100.0))
                 ));
             }
+            if let Some(r) = &m.preemptions {
+                server.push_str(&format!(" preempted {}", r.show(|v| format!("{v:.0}"))));
+            }
             parts.push(server);
         }
     }

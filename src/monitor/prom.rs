@@ -31,6 +31,8 @@ struct Names {
     tpot: &'static [(&'static str, &'static str)],
     /// `(hits, queries)` counters of the prefix cache, in order of preference.
     prefix_cache: &'static [(&'static str, &'static str)],
+    /// Counter of pre-empted requests, in order of preference.
+    preemptions: &'static [&'static str],
 }
 
 const FAMILIES: [Names; 2] = [
@@ -70,6 +72,7 @@ const FAMILIES: [Names; 2] = [
                 "vllm:gpu_prefix_cache_queries_total",
             ),
         ],
+        preemptions: &["vllm:num_preemptions_total", "vllm:num_preemptions"],
     },
     Names {
         kind: ServerKind::LlamaCpp,
@@ -84,6 +87,7 @@ const FAMILIES: [Names; 2] = [
         spec_drafts: "",
         tpot: &[],
         prefix_cache: &[],
+        preemptions: &[],
     },
 ];
 
@@ -163,6 +167,7 @@ pub fn tracked(name: &str) -> bool {
             ]
             .contains(&name)
                 || f.kv_usage.contains(&name)
+                || f.preemptions.contains(&name)
                 || f.tpot
                     .iter()
                     .chain(f.prefix_cache)
@@ -314,6 +319,7 @@ impl Tracker {
                 spec_mean_acceptance_length: Reading::NotSupported,
                 tpot_ms: None,
                 prefix_cache_hit_rate: None,
+                preemptions: None,
             };
         };
         let rate = |c: Option<&CounterRate>| match c {
@@ -345,6 +351,12 @@ impl Tracker {
                 .window_ratio(f.tpot, t, snap)
                 .map(|r| r.map(|s| s * 1000.0)),
             prefix_cache_hit_rate: self.window_ratio(f.prefix_cache, t, snap),
+            preemptions: f
+                .preemptions
+                .iter()
+                .find(|n| snap.sum(n).is_some())
+                .and_then(|n| self.counter(n, t, snap))
+                .map(|c| Reading::Value(c.total())),
         }
     }
 

@@ -219,6 +219,11 @@ pub struct ServerMetrics {
     /// does not export the counters; `n/a` when nothing was looked up in the window.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prefix_cache_hit_rate: Option<Reading<f64>>,
+    /// Requests the server pre-empted (freed their KV to recompute them later) since the
+    /// monitor started: the growth of vLLM's `num_preemptions` counter. `None` when the
+    /// server does not export it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub preemptions: Option<Reading<f64>>,
 }
 
 #[cfg(test)]
@@ -273,6 +278,7 @@ mod tests {
             spec_mean_acceptance_length: Reading::NotSupported,
             tpot_ms: Some(Reading::Value(17.5)),
             prefix_cache_hit_rate: None,
+            preemptions: None,
         };
         let host = HostSample {
             cpu_pct: Reading::Value(12.5),

@@ -480,9 +480,18 @@ fn specs(s: &ChartView) -> Vec<ChartSpec> {
     if !s.server {
         return specs;
     }
+    // Pre-emptions mean the KV cache is too small for the load: the count since the panel
+    // started watching rides on the requests chart's title.
+    let requests = match s.latest.map(|x| &x.server) {
+        Some(ServerStatus::Scraped(m)) => m.preemptions.as_ref().and_then(Reading::get),
+        _ => None,
+    }
+    .map_or("requests".to_string(), |n| {
+        format!("requests · {n:.0} pre-empted")
+    });
     specs.extend([
         ChartSpec {
-            title: "requests".into(),
+            title: requests,
             unit: "",
             series: vec![
                 ("running", Color::Green, |p| p.running),
