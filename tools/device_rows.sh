@@ -20,6 +20,9 @@ row gpt-oss-20b --steps 32 --batch 1
 row gpt-oss-20b --steps 32 --batch 16
 row gpt-oss-120b --steps 32 --depth 4096 --max-model-len 8192
 row gpt-oss-120b --steps 32 --depth 32768 --max-model-len 33000
+# The fp8 cache halves the KV bytes a deep step reads (#17's depth rows).
+row gpt-oss-120b --steps 32 --depth 4096 --max-model-len 8192 --kv-dtype fp8
+row gpt-oss-120b --steps 32 --depth 32768 --max-model-len 33000 --kv-dtype fp8
 row gpt-oss-120b --steps 32 --batch 4 --depth 4096 --max-model-len 8192
 row gpt-oss-120b --steps 32 --batch 16 --depth 4096 --max-model-len 8192
 row gpt-oss-120b --steps 32 --batch 16 --depth 768 --max-model-len 4096
