@@ -2507,6 +2507,23 @@ fn serve_binary_refuses_cuda_without_gpu_and_impossible_flags() {
     let o = run(&["--model", "/nonexistent/ckpt"]);
     assert!(!o.status.success());
     assert!(String::from_utf8_lossy(&o.stderr).contains("/nonexistent/ckpt"));
+    // A KV cache that cannot hold one request of the full length.
+    let o = run(&[
+        "--synthetic",
+        "tiny",
+        "--device",
+        "cpu",
+        "--max-model-len",
+        "64",
+        "--kv-cache-tokens",
+        "10",
+    ]);
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("--kv-cache-tokens 10 is below --max-model-len 64"),
+        "{err}"
+    );
 }
 
 fn weather_tool() -> Value {

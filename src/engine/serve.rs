@@ -580,15 +580,19 @@ fn prepare_with(args: &ServeArgs, open: impl FnOnce() -> Result<Gpu>) -> Result<
         .kv_cache_tokens
         .unwrap_or(args.max_num_seqs.saturating_mul(max_model_len));
     let mut max_num_seqs = args.max_num_seqs;
+    // As vLLM refuses to start when max-model-len does not fit its KV cache: a request of the
+    // full length could never be served.
+    if kv_tokens < max_model_len {
+        bail!(
+            "--kv-cache-tokens {kv_tokens} is below --max-model-len {max_model_len}: a request of \
+             the full length could never be served; raise --kv-cache-tokens or lower \
+             --max-model-len"
+        );
+    }
     if resolved.kind == BackendKind::Cuda {
-        // The CUDA cache holds whole max-model-len slots, one per concurrent sequence.
+        // The CUDA cache holds whole max-model-len slots, one per concurrent sequence (at
+        // least one: the cache holds max-model-len, checked above).
         let slots = (kv_tokens / max_model_len.max(1)).min(args.max_num_seqs);
-        if slots == 0 {
-            bail!(
-                "--kv-cache-tokens {kv_tokens} holds no sequence of --max-model-len \
-                 {max_model_len} on the cuda backend; raise it or lower --max-model-len"
-            );
-        }
         max_num_seqs = slots;
         kv_tokens = slots * max_model_len;
     }
