@@ -68,13 +68,25 @@ pub fn server_binary() -> PathBuf {
     .clone()
 }
 
-/// A free TCP port on 127.0.0.1 (bound then released).
+/// A TCP port free on every interface (bound then released), never the same one twice in
+/// a test process, and below Linux's ephemeral range (32768–60999): a port the kernel hands
+/// out for `:0` may also go to an outgoing connection (ssh, an HTTP probe) before the server
+/// under test binds it, which once failed a Ray head in CI with "Address already in use".
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    use std::sync::atomic::{AtomicU32, Ordering};
+    const LO: u32 = 20000;
+    const SPAN: u32 = 12000;
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    // Test binaries started one after another begin at different places.
+    let start = std::process::id().wrapping_mul(7919) % SPAN;
+    loop {
+        let i = NEXT.fetch_add(1, Ordering::Relaxed);
+        assert!(i < SPAN, "no free port left in {LO}..{}", LO + SPAN);
+        let port = (LO + (start + i) % SPAN) as u16;
+        if std::net::TcpListener::bind(("0.0.0.0", port)).is_ok() {
+            return port;
+        }
+    }
 }
 
 /// Docker, or `None` with a visible skip message; with `MXTUNE_TEST_DOCKER=require` a
