@@ -219,9 +219,7 @@ impl CudaBackend {
         slot.tokens.truncate(ch.cached);
         Some((SeqId(ch.key as u32), ch.cached))
     }
-}
 
-impl CudaBackend {
     /// The free slot `prompt` would take, and what of it the slot holds.
     fn free_choice(&self, prompt: &[u32]) -> Option<prefix::Choice<usize>> {
         let free = self.slots.iter().enumerate().filter(|(_, s)| !s.busy);
