@@ -658,6 +658,8 @@ fn summary_becomes_the_record_resources_section() {
     ));
     s.add(&sample(2, gpu(2100, 90.0, 65, 20 << 30, &["sw_power_cap"])));
     let r = resources(&s);
+    // Without a server nothing is known of pre-emptions.
+    assert_eq!(r.server_preemptions, None);
     assert_eq!(r.samples, 3);
     assert_eq!(r.rate_hz, Some(4.0));
     assert_eq!(r.gpu_memory_peak_bytes, Some(30 << 30));
@@ -681,6 +683,25 @@ fn summary_becomes_the_record_resources_section() {
     assert_eq!(r.series.len(), 3);
     assert_eq!(r.series[1].gpu_mem_bytes, Some(30 << 30));
     assert_eq!(r.series[1].sm_clock_mhz, Some(1800.0));
+}
+
+/// A watched server's pre-emptions (its counter's growth since the first scrape) reach the
+/// record's resources.
+#[test]
+fn server_preemptions_reach_the_record_resources() {
+    let mut s = Summary::new(Some(4.0));
+    let mut t = Tracker::new(1.0);
+    for (i, n) in [(0, 5), (1, 7)] {
+        let text = format!(
+            "{}vllm:num_preemptions_total{{engine=\"0\"}} {n}\n",
+            vllm_scrape(0.0, 0.0, 0.0, 0.0, 0.0)
+        );
+        let m = t.update("u", f64::from(i), &parse_metrics(&text, tracked).unwrap());
+        let mut x = sample(i.into(), gpu(2100, 90.0, 65, 20 << 30, &[]));
+        x.server = ServerStatus::Scraped(Box::new(m));
+        s.add(&x);
+    }
+    assert_eq!(resources(&s).server_preemptions, Some(2));
 }
 
 #[test]

@@ -240,6 +240,7 @@ fn full_record(source_repo: &Path) -> RunRecord {
         host_cpu_mean_pct: Some(7.5),
         host_cpu_max_pct: Some(31.0),
         target_rss_peak_bytes: Some(5 << 30),
+        server_preemptions: Some(2),
         series: Vec::new(),
     };
     res.set_series(
@@ -293,6 +294,16 @@ fn full_record_round_trips_through_the_store() {
     assert_eq!(&back, handle.record());
     assert_eq!(back.identity.status, RunStatus::Completed);
     assert!(back.identity.ended_at.is_some());
+    // The server's pre-emptions while watched come back, and `runs show` names them.
+    assert_eq!(back.resources.as_ref().unwrap().server_preemptions, Some(2));
+    let shown = mxtune::record::cli::render_show(&mxtune::record::store::StoredRun {
+        path: handle.path().to_path_buf(),
+        record: back.clone(),
+    });
+    assert!(
+        shown.contains("server pre-empted 2 request(s) while watched (its KV cache was short"),
+        "{shown}"
+    );
     // Every summary can be recomputed from the stored raw timings.
     let p = &back.results[0];
     assert_eq!(Latency::from_requests(&p.requests_raw), p.latency);

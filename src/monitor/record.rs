@@ -132,6 +132,7 @@ pub fn resources(summary: &Summary) -> Resources {
         host_cpu_mean_pct: summary.host_cpu_pct.mean,
         host_cpu_max_pct: summary.host_cpu_pct.max,
         target_rss_peak_bytes: summary.process_peak_rss_bytes,
+        server_preemptions: summary.server_preemptions,
         series: Vec::new(),
     };
     r.set_series(

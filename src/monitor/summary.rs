@@ -3,6 +3,7 @@
 //! A benchmark taken while the GPU throttled is not comparable, so the summary keeps every
 //! clock-event reason seen, with when it was first and last seen.
 
+use super::reading::Reading;
 use super::ring::ChartPoint;
 use super::sample::{GpuStatus, MemorySource, Sample, ServerStatus};
 use chrono::{DateTime, Utc};
@@ -109,6 +110,8 @@ pub struct Summary {
     pub generation_tok_s: Stat,
     /// Server-side prompt tok/s.
     pub prompt_tok_s: Stat,
+    /// Requests the server pre-empted while it was watched (`None`: not exported).
+    pub server_preemptions: Option<u64>,
     /// Samples the consumer did not take in time (dropped from the channel, not from here).
     pub dropped_samples: u64,
     /// The run's chart points, evenly thinned to at most `SERIES_CAPACITY`.
@@ -208,6 +211,9 @@ impl Summary {
         if let ServerStatus::Scraped(m) = &s.server {
             self.generation_tok_s.add(m.generation_tok_s.get());
             self.prompt_tok_s.add(m.prompt_tok_s.get());
+            // A count since the monitor started: the latest is the run's.
+            let seen = m.preemptions.as_ref().and_then(Reading::get);
+            self.server_preemptions = max_opt(self.server_preemptions, seen.map(|n| n as u64));
         }
     }
 }

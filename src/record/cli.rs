@@ -561,6 +561,17 @@ pub fn render_show(run: &StoredRun) -> String {
                 .unwrap_or_else(|| "-".into()),
             res.samples
         );
+        if let Some(n) = res.server_preemptions {
+            let _ = writeln!(
+                o,
+                "          server pre-empted {n} request(s) while watched{}",
+                if n > 0 {
+                    " (its KV cache was short for the load)"
+                } else {
+                    ""
+                }
+            );
+        }
         for th in &res.throttle {
             let _ = writeln!(
                 o,

@@ -828,6 +828,11 @@ pub struct Resources {
     /// Peak resident memory of the target process, bytes.
     #[serde(default)]
     pub target_rss_peak_bytes: Option<u64>,
+    /// Requests the server pre-empted while the run was watched (the growth of vLLM's
+    /// `num_preemptions` counter: its KV cache was short for the load); absent when the
+    /// server does not export it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub server_preemptions: Option<u64>,
     /// Downsampled time series, at most `SERIES_MAX_POINTS` points.
     #[serde(default)]
     pub series: Vec<SeriesPoint>,
