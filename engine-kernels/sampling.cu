@@ -140,6 +140,14 @@ __device__ unsigned radix_threshold(const float* __restrict__ row, int vocab, fl
     return prefix;
 }
 
+// Shared scratch of the block reductions (block_argmax, block_sum, block_excl_scan): one
+// slot per warp.
+struct BlockScratch {
+    u64 sh64[32];
+    float sv[32];
+    int si[32];
+};
+
 // grid = rows, block = SAMPLE_THREADS.
 extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
 sample_rows(const float* __restrict__ logits, int vocab, const SampleRow* __restrict__ rows,
@@ -147,10 +155,8 @@ sample_rows(const float* __restrict__ logits, int vocab, const SampleRow* __rest
     pdl_enter();
     __shared__ u64 hist[SAMPLE_BINS];
     __shared__ unsigned sban[SAMPLE_MAX_BANNED];
-    __shared__ u64 sh64[32];
+    __shared__ BlockScratch bs;
     __shared__ double shf[32];
-    __shared__ float sv[32];
-    __shared__ int si[32];
     __shared__ int sel;
     __shared__ u64 sel_above;
     __shared__ int chosen;
@@ -172,9 +178,9 @@ sample_rows(const float* __restrict__ logits, int vocab, const SampleRow* __rest
         take_better(rv, ri, l, i);
         if (!is_banned(i, sban, nban)) { take_better(av, ai, l, i); ++count; }
     }
-    block_argmax(av, ai, sv, si, SAMPLE_NONE);
-    block_argmax(rv, ri, sv, si, SAMPLE_NONE);
-    const u64 allowed = block_sum((u64)count, sh64);
+    block_argmax(av, ai, bs.sv, bs.si, SAMPLE_NONE);
+    block_argmax(rv, ri, bs.sv, bs.si, SAMPLE_NONE);
+    const u64 allowed = block_sum((u64)count, bs.sh64);
     const int fallback = ri == SAMPLE_NONE ? 0 : ri;
     const int best = ai == SAMPLE_NONE ? fallback : ai;
 
@@ -188,7 +194,7 @@ sample_rows(const float* __restrict__ logits, int vocab, const SampleRow* __rest
         unsigned kk = 0u;
         if (r.top_k > 0 && (u64)r.top_k < allowed)
             kk = radix_threshold(row, vocab, t, sban, nban, 0u, true, (u64)r.top_k, 0.0,
-                                 [](float) { return 1ull; }, hist, &sel, &sel_above, sh64);
+                                 [](float) { return 1ull; }, hist, &sel, &sel_above, bs.sh64);
         // Kept mass after top-k (for top-p) and the logprob normaliser, in one pass.
         unsigned kp = kk;
         const bool nucleus = r.top_p < 1.0f;
@@ -205,11 +211,11 @@ sample_rows(const float* __restrict__ logits, int vocab, const SampleRow* __rest
             }
             if (lse_finite) lse_sum = block_sum(s, shf);
             if (nucleus) {
-                const u64 mass = block_sum(m, sh64);
+                const u64 mass = block_sum(m, bs.sh64);
                 const double limit = (double)r.top_p * (double)mass;
                 kp = radix_threshold(row, vocab, t, sban, nban, kk, false, 0ull, limit,
                                      [&](float z) { return wfix(z, zmax); }, hist, &sel,
-                                     &sel_above, sh64);
+                                     &sel_above, bs.sh64);
             }
         }
         // The draw: contiguous id ranges per thread, an exact prefix sum, one thread walks.
@@ -223,7 +229,7 @@ sample_rows(const float* __restrict__ logits, int vocab, const SampleRow* __rest
             if (zkey(z) >= kp) local += wfix(z, zmax);
         }
         u64 total;
-        const u64 before = block_excl_scan(local, sh64, total);
+        const u64 before = block_excl_scan(local, bs.sh64, total);
         if (threadIdx.x == 0) chosen = best;
         __syncthreads();
         if (total > 0ull) {
@@ -285,9 +291,15 @@ struct SamplePart {
     u64 mass;        // sum of wfix(l / T, zmax) over the chunk (non-greedy rows)
 };
 
+// The vocabulary range [lo, hi) of this block's chunk (blockIdx.x) in the part kernels.
+__device__ __forceinline__ void sample_chunk(int vocab, int& lo, int& hi) {
+    lo = blockIdx.x * SAMPLE_CHUNK;
+    hi = min(vocab, lo + SAMPLE_CHUNK);
+}
+
 // The row's (max, argmax, count) over its nc chunks, by every thread of the block.
 __device__ __forceinline__ void sample_row_best(const SamplePart* p, int nc, float& av, int& ai,
-                                                u64& count, float* sv, int* si, u64* sh64) {
+                                                u64& count, BlockScratch& bs) {
     av = -INFINITY;
     ai = SAMPLE_NONE;
     u64 c = 0ull;
@@ -295,8 +307,8 @@ __device__ __forceinline__ void sample_row_best(const SamplePart* p, int nc, flo
         take_better(av, ai, p[j].av, p[j].ai);
         c += p[j].count;
     }
-    block_argmax(av, ai, sv, si, SAMPLE_NONE);
-    count = block_sum(c, sh64);
+    block_argmax(av, ai, bs.sv, bs.si, SAMPLE_NONE);
+    count = block_sum(c, bs.sh64);
 }
 
 // grid = (chunks, rows), block = SAMPLE_PART_THREADS.
@@ -304,12 +316,11 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_PART_THREADS)
 sample_max_part(const float* __restrict__ logits, int vocab, const SampleRow* __restrict__ rows,
                 SamplePart* __restrict__ parts) {
     pdl_enter();
-    __shared__ u64 sh64[32];
-    __shared__ float sv[32];
-    __shared__ int si[32];
+    __shared__ BlockScratch bs;
     const SampleRow r = rows[blockIdx.y];
     const float* row = logits + (size_t)r.logit_row * vocab;
-    const int lo = blockIdx.x * SAMPLE_CHUNK, hi = min(vocab, lo + SAMPLE_CHUNK);
+    int lo, hi;
+    sample_chunk(vocab, lo, hi);
     float av = -INFINITY;
     int ai = SAMPLE_NONE;
     unsigned count = 0;
@@ -319,8 +330,8 @@ sample_max_part(const float* __restrict__ logits, int vocab, const SampleRow* __
         take_better(av, ai, l, i);
         ++count;
     }
-    block_argmax(av, ai, sv, si, SAMPLE_NONE);
-    const u64 total = block_sum((u64)count, sh64);
+    block_argmax(av, ai, bs.sv, bs.si, SAMPLE_NONE);
+    const u64 total = block_sum((u64)count, bs.sh64);
     if (threadIdx.x == 0) {
         SamplePart& p = parts[(size_t)blockIdx.y * gridDim.x + blockIdx.x];
         p.av = av;
@@ -335,26 +346,25 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_PART_THREADS)
 sample_mass_part(const float* __restrict__ logits, int vocab, const SampleRow* __restrict__ rows,
                  SamplePart* __restrict__ parts) {
     pdl_enter();
-    __shared__ u64 sh64[32];
-    __shared__ float sv[32];
-    __shared__ int si[32];
+    __shared__ BlockScratch bs;
     const SampleRow r = rows[blockIdx.y];
     if (r.flags & 1) return;  // greedy: the argmax is all it needs
     SamplePart* p = parts + (size_t)blockIdx.y * gridDim.x;
     float av;
     int ai;
     u64 allowed;
-    sample_row_best(p, gridDim.x, av, ai, allowed, sv, si, sh64);
+    sample_row_best(p, gridDim.x, av, ai, allowed, bs);
     if (allowed == 0ull) return;
     const float t = r.temperature, zmax = av / t;
     const float* row = logits + (size_t)r.logit_row * vocab;
-    const int lo = blockIdx.x * SAMPLE_CHUNK, hi = min(vocab, lo + SAMPLE_CHUNK);
+    int lo, hi;
+    sample_chunk(vocab, lo, hi);
     u64 m = 0ull;
     for (int i = lo + threadIdx.x; i < hi; i += blockDim.x) {
         const float l = row[i];
         if (!isnan(l)) m += wfix(l / t, zmax);
     }
-    m = block_sum(m, sh64);
+    m = block_sum(m, bs.sh64);
     if (threadIdx.x == 0) p[blockIdx.x].mass = m;
 }
 
@@ -363,9 +373,7 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_PART_THREADS)
 sample_pick(const float* __restrict__ logits, int vocab, const SampleRow* __restrict__ rows,
             const SamplePart* __restrict__ parts, int nc, unsigned* __restrict__ out) {
     pdl_enter();
-    __shared__ u64 sh64[32];
-    __shared__ float sv[32];
-    __shared__ int si[32];
+    __shared__ BlockScratch bs;
     __shared__ int cs;
     __shared__ u64 cbefore;
     __shared__ int chosen;
@@ -374,7 +382,7 @@ sample_pick(const float* __restrict__ logits, int vocab, const SampleRow* __rest
     float av;
     int ai;
     u64 allowed;
-    sample_row_best(p, nc, av, ai, allowed, sv, si, sh64);
+    sample_row_best(p, nc, av, ai, allowed, bs);
     // No bans here, so the largest allowed logit is the largest non-NaN one (sample_rows'
     // fallback), or id 0 when every logit is NaN.
     const int best = ai == SAMPLE_NONE ? 0 : ai;
@@ -414,7 +422,7 @@ sample_pick(const float* __restrict__ logits, int vocab, const SampleRow* __rest
                 if (!isnan(l)) local += wfix(l / t, zmax);
             }
             u64 total;
-            const u64 before = block_excl_scan(local, sh64, total);
+            const u64 before = block_excl_scan(local, bs.sh64, total);
             const u64 target = cbefore;
             if (target >= before && target < before + local) {
                 u64 acc = before;

@@ -69,6 +69,8 @@ pub struct Gpu {
     arch: String,
     name: String,
     funcs: HashMap<&'static str, CudaFunction>,
+    /// Per kernel, the dynamic shared memory a block may ask for (set at load).
+    dynamic_shared: HashMap<&'static str, usize>,
     max_shared: usize,
     sms: usize,
     /// Programmatic dependent launch (sm_90 and later, unless `MXTUNE_PDL=0`).
@@ -110,6 +112,7 @@ impl Gpu {
         let t0 = Instant::now();
         let (mut compiled, mut cached) = (0, 0);
         let mut funcs = HashMap::new();
+        let mut dynamic_shared = HashMap::new();
         for file in KERNEL_FILES {
             let (cubin, origin) = cache.cubin(file, &arch)?;
             match origin {
@@ -133,6 +136,7 @@ impl Gpu {
                     max_shared as i32 - fixed,
                 )
                 .drv(|| format!("raising the shared-memory limit of {entry}"))?;
+                dynamic_shared.insert(*entry, max_shared.saturating_sub(fixed.max(0) as usize));
                 funcs.insert(*entry, f);
             }
         }
@@ -150,6 +154,7 @@ impl Gpu {
             pdl,
             name,
             funcs,
+            dynamic_shared,
             max_shared,
             sms,
             load_report,
@@ -175,13 +180,10 @@ impl Gpu {
     /// Largest dynamic shared memory a block of `kernel` may ask for: the device's opt-in
     /// limit less the kernel's static shared memory.
     pub fn dynamic_shared_limit(&self, kernel: &str) -> Result<usize> {
-        let Some(f) = self.funcs.get(kernel) else {
-            bail!("kernel {kernel} is not in the dispatch table");
-        };
-        let fixed = f
-            .shared_size_bytes()
-            .drv(|| format!("shared size of {kernel}"))?;
-        Ok(self.max_shared.saturating_sub(fixed.max(0) as usize))
+        match self.dynamic_shared.get(kernel) {
+            Some(&n) => Ok(n),
+            None => bail!("kernel {kernel} is not in the dispatch table"),
+        }
     }
 
     /// Streaming multiprocessors of the device.

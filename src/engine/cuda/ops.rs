@@ -662,12 +662,10 @@ impl AttnTuning {
     /// on a device, only where its stage fits, else the plain GQA kernel).
     pub fn kernel(&self, g: &Gpu, s: AttnShape, kv: KvDtype, keys: usize) -> Result<AttnKernel> {
         Ok(match self.force {
-            Some(AttnKernel::GqaPipe) if s.hq / s.hkv <= ATTN_GQA_MAX => {
-                if gqa_pipe_fits(g, s, kv)? {
-                    AttnKernel::GqaPipe
-                } else {
-                    AttnKernel::Gqa
-                }
+            Some(AttnKernel::GqaPipe)
+                if s.hq / s.hkv <= ATTN_GQA_MAX && gqa_pipe_fits(g, s, kv)? =>
+            {
+                AttnKernel::GqaPipe
             }
             Some(AttnKernel::Gqa | AttnKernel::GqaPipe) if s.hq / s.hkv <= ATTN_GQA_MAX => {
                 AttnKernel::Gqa
@@ -734,14 +732,16 @@ pub fn attention(
                 "{name} takes at most {ATTN_GQA_MAX} query heads per KV head, not {}",
                 s.hq / s.hkv
             );
-            let limit = g.dynamic_shared_limit(name)?;
-            ensure!(
-                smem <= limit,
-                "{name} needs {smem} bytes of shared memory for head dim {} ({} cache); the \
-                 device allows {limit}: use the plain GQA kernel (MXTUNE_ATTN=gqa)",
-                s.d,
-                kv.name()
-            );
+            if smem > 0 {
+                let limit = g.dynamic_shared_limit(name)?;
+                ensure!(
+                    smem <= limit,
+                    "{name} needs {smem} bytes of shared memory for head dim {} ({} cache); \
+                     the device allows {limit}: use the plain GQA kernel (MXTUNE_ATTN=gqa)",
+                    s.d,
+                    kv.name()
+                );
+            }
             (name, s.hkv, ATTN_GQA_WARPS, smem)
         }
         AttnKernel::PerHead => ("attn_split", s.hq, ATTN_WARPS, 0),
