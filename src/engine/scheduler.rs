@@ -271,8 +271,6 @@ struct Running {
     input: Vec<u32>,
     /// Tokens of `input` already fed to the backend.
     prefilled: usize,
-    /// Generated tokens that `input` holds (0 until a pre-emption).
-    fed_back: usize,
     /// Prompt tokens counted in `vllm:prompt_tokens_total` so far (a recompute does not
     /// count them again).
     counted: usize,
@@ -287,13 +285,18 @@ struct Running {
 }
 
 impl Running {
+    /// Generated tokens that `input` holds after the prompt (0 until a pre-emption).
+    fn fed_back(&self) -> usize {
+        self.input.len() - self.req.prompt.len()
+    }
+
     /// The tokens whose keys and values the sequence holds, in position order: its input
     /// fed so far and, once all of it is in, every generated token fed back since (all but
     /// the newest, which the next step feeds).
     fn fed(&self) -> impl Iterator<Item = &u32> {
         let back: &[u32] = if self.prefilled == self.input.len() {
             let end = self.generated.len().saturating_sub(1);
-            &self.generated[self.fed_back.min(end)..end]
+            &self.generated[self.fed_back().min(end)..end]
         } else {
             &[]
         };
@@ -612,7 +615,6 @@ impl Engine {
                         req,
                         reserved: need,
                         prefilled: cached,
-                        fed_back: 0,
                         counted: cached,
                         generated: Vec::new(),
                         early_stops,
@@ -714,7 +716,8 @@ impl Engine {
                 let r = &mut self.running[*i];
                 let len = match range {
                     Some(range) => range.end,
-                    None => r.input.len() + r.generated.len() - r.fed_back,
+                    // The prompt, every generated token but the newest, and that one now.
+                    None => r.req.prompt.len() + r.generated.len(),
                 };
                 if self.backend.grow_seq(r.seq, len) {
                     r.reserved = r.reserved.max(len);
@@ -746,7 +749,6 @@ impl Engine {
         };
         self.backend.free_seq(r.seq);
         r.input = r.req.prompt.iter().chain(&r.generated).copied().collect();
-        r.fed_back = r.generated.len();
         r.prefilled = 0;
         r.reserved = 0;
         self.metrics.observe_preemption();
