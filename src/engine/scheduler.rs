@@ -285,6 +285,17 @@ struct Running {
 }
 
 impl Running {
+    /// Count the prompt tokens among the first `fed` of `input` in
+    /// `vllm:prompt_tokens_total`, those not counted yet: a recompute's were counted the
+    /// first time.
+    fn count_prompt(&mut self, metrics: &Metrics, fed: usize) {
+        let upto = fed.min(self.req.prompt.len());
+        if upto > self.counted {
+            metrics.add_prompt_tokens(upto - self.counted);
+            self.counted = upto;
+        }
+    }
+
     /// Generated tokens that `input` holds after the prompt (0 until a pre-emption).
     fn fed_back(&self) -> usize {
         self.input.len() - self.req.prompt.len()
@@ -588,12 +599,11 @@ impl Engine {
                         // claims to hold it breaks its contract.
                         self.backend.free_seq(seq);
                         req.in_flight.release();
-                        let _ = req.events.send(GenEvent::Error(format!(
-                            "backend {} reported {cached} cached tokens of a {}-token prompt \
-                             (it must leave the last one to compute); restart the server with \
-                             --no-enable-prefix-caching",
-                            self.backend.name(),
-                            req.prompt.len()
+                        let _ = req.events.send(GenEvent::Error(whole_cached_error(
+                            &self.backend.name(),
+                            cached,
+                            req.prompt.len(),
+                            "prompt",
                         )));
                         self.metrics
                             .observe_finished(Finished::Abort, req.arrived.elapsed().as_secs_f64());
@@ -683,20 +693,11 @@ impl Engine {
         if cached >= r.input.len() {
             // As in `admit`: the last position must run to give logits.
             self.backend.free_seq(seq);
-            let msg = format!(
-                "backend {} reported {cached} cached tokens of a {}-token input (it must leave \
-                 the last one to compute); restart the server with --no-enable-prefix-caching",
-                self.backend.name(),
-                r.input.len()
-            );
+            let msg = whole_cached_error(&self.backend.name(), cached, r.input.len(), "input");
             Self::fail(&self.metrics, &mut r, &msg);
             return true;
         }
-        let counted = cached.min(r.req.prompt.len());
-        if counted > r.counted {
-            self.metrics.add_prompt_tokens(counted - r.counted);
-            r.counted = counted;
-        }
+        r.count_prompt(&self.metrics, cached);
         r.seq = seq;
         r.prefilled = cached;
         r.reserved = need;
@@ -902,12 +903,7 @@ impl Engine {
             let r = &mut self.running[i];
             if let Some(range) = range {
                 r.prefilled = range.end;
-                // A recompute's prompt tokens were counted the first time.
-                let counted = range.end.min(r.req.prompt.len());
-                if counted > r.counted {
-                    self.metrics.add_prompt_tokens(counted - r.counted);
-                    r.counted = counted;
-                }
+                r.count_prompt(&self.metrics, range.end);
                 if r.prefilled < r.input.len() {
                     continue;
                 }
@@ -1004,6 +1000,16 @@ impl Engine {
         let _ = r.req.events.send(GenEvent::Error(msg.to_string()));
         metrics.observe_finished(Finished::Abort, r.req.arrived.elapsed().as_secs_f64());
     }
+}
+
+/// The error for a backend that reports all `len` tokens of a request's `what` (its prompt,
+/// or a pre-empted request's input) as cached: `alloc_cached` must leave the last position to
+/// compute, because its logits give the next token.
+fn whole_cached_error(backend: &str, cached: usize, len: usize, what: &str) -> String {
+    format!(
+        "backend {backend} reported {cached} cached tokens of a {len}-token {what} (it must \
+         leave the last one to compute); restart the server with --no-enable-prefix-caching"
+    )
 }
 
 /// The tokens that end a request of `p` (the model's `stops` unless `ignore_eos`, and its
