@@ -445,19 +445,17 @@ impl ModelBackend for CpuBackend {
     }
 
     fn grow_seq(&mut self, seq: SeqId, len: usize) -> bool {
-        let Some(capacity) = self.seqs.get(&seq).map(|c| c.capacity) else {
+        let Some(cache) = self.seqs.get_mut(&seq) else {
             return false;
         };
-        if len <= capacity {
+        if len <= cache.capacity {
             return true;
         }
-        let extra = len - capacity;
+        let extra = len - cache.capacity;
         if self.reserved_tokens + extra > self.kv_budget_tokens {
             return false;
         }
-        if let Some(c) = self.seqs.get_mut(&seq) {
-            c.capacity = len;
-        }
+        cache.capacity = len;
         self.reserved_tokens += extra;
         // Kept free caches give way to a live sequence.
         self.evict_free();
