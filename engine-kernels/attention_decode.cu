@@ -232,9 +232,8 @@ struct GqaSmem {
 
 // One warp's tile of up to 32 keys [base, base + nk): the scores of the G query heads (lane =
 // key), the running max/sum update, then P·V (lane = dims). Row r's K and V are read at
-// element offsets kidx(r) of kp and vidx(r) of vp: the cache itself (attn_split_gqa) or the
-// warp's staged copy in shared memory (attn_split_gqa_pipe). Rows past nk repeat the tile's
-// last row with probability 0.
+// element offsets kidx(r) of kp and vidx(r) of vp (the cache). Rows past nk repeat the
+// tile's last row with probability 0.
 template <int KIND, class KIdx, class VIdx>
 __device__ __forceinline__ void gqa_tile(const void* __restrict__ kp, KIdx kidx,
                                          const void* __restrict__ vp, VIdx vidx, int nk, int G,
@@ -345,29 +344,17 @@ __device__ __forceinline__ void gqa_merge(GqaSmem& sm, const float (&m)[ATTN_GQA
     }
 }
 
-// Bytes of one cached row of d elements of KIND in a pipe stage: 16 bytes of padding, so the
-// lanes of a phase reading 16-byte pieces of 8 consecutive rows hit distinct banks.
+// attn_split_gqa's body for a cache of KIND.
 template <int KIND>
-__device__ __forceinline__ int pipe_row_bytes(int d) {
-    return d * (KIND == KV_FP8 ? 1 : KIND == KV_F32 ? 4 : 2) + 16;
-}
-
-// PIPE = false: attn_split_gqa, every tile read from the cache as it is needed. PIPE = true:
-// attn_split_gqa_pipe, each warp copies its next tile's K and V rows into its half of a
-// double buffer in shared memory (`stage`: [warp][buffer][K, V][32 rows][pipe_row_bytes])
-// by cp.async while it works on the current one, so a warp always has a tile of loads in
-// flight instead of waiting for each of its row loads in turn.
-template <int KIND, bool PIPE>
 __device__ __forceinline__ void gqa_split(const float* __restrict__ q, const void* __restrict__ k_cache,
                                           const void* __restrict__ v_cache,
                                           const unsigned* __restrict__ pos,
                                           const unsigned long long* __restrict__ kv_off,
                                           float* __restrict__ part_m, float* __restrict__ part_l,
                                           float* __restrict__ part_acc, int hq, int hkv, int d,
-                                          int window, int min_split, float scale, GqaSmem& sm,
-                                          u8* stage) {
+                                          int window, int min_split, float scale, GqaSmem& sm) {
     const int kvh = blockIdx.x, split = blockIdx.y, nsplit = gridDim.y, t = blockIdx.z;
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int warp = threadIdx.x >> 5;
     const int G = hq / hkv, dpl = d >> 5;
     int lo, hi;
     split_keys_range((int)pos[t], window, min_split, split, nsplit, lo, hi);
@@ -383,25 +370,6 @@ __device__ __forceinline__ void gqa_split(const float* __restrict__ q, const voi
     }
     const size_t row0 = kv_off[t] + (size_t)kvh * d;
     const size_t stride = (size_t)hkv * d;
-    const int es = KIND == KV_FP8 ? 1 : KIND == KV_F32 ? 4 : 2;
-    const int rb = pipe_row_bytes<KIND>(d), chunks = d * es / 16;
-    u8* mine = stage + (size_t)warp * 4 * 32 * rb;
-    // Copy the tile at `base` into buffer `buf` (rows past hi zero-filled), one commit group
-    // per call, empty when the warp has no tile there.
-    auto issue = [&](int base, int buf) {
-        if (PIPE && base < hi) {
-            u8* dst = mine + (size_t)buf * 2 * 32 * rb;
-            for (int i = lane; i < 32 * chunks; i += 32) {
-                const int r = i / chunks, part = i - r * chunks;
-                const bool ok = base + r < hi;
-                const size_t e = (row0 + (size_t)min(base + r, hi - 1) * stride) * es + part * 16;
-                cp_async16(dst + r * rb + part * 16, static_cast<const u8*>(k_cache) + e, ok);
-                cp_async16(dst + (32 + r) * rb + part * 16, static_cast<const u8*>(v_cache) + e, ok);
-            }
-        }
-        if (PIPE) cp_async_commit();
-    };
-    issue(lo + warp * 32, 0);
     const float* qt = q + ((size_t)t * hq + (size_t)kvh * G) * d;
     for (int i = threadIdx.x; i < G * d; i += blockDim.x) sm.q[i] = qt[i] * scale * ATTN_LOG2E;
     __syncthreads();
@@ -413,44 +381,12 @@ __device__ __forceinline__ void gqa_split(const float* __restrict__ q, const voi
 #pragma unroll
         for (int j = 0; j < ATTN_MAX_DPL; ++j) acc[g][j] = 0.0f;
     }
-    int buf = 0;
     for (int base = lo + warp * 32; base < hi; base += ATTN_GQA_WARPS * 32) {
         const int nk = min(32, hi - base);
-        if (PIPE) {
-            issue(base + ATTN_GQA_WARPS * 32, buf ^ 1);
-            cp_async_wait<1>();
-            __syncwarp();
-            const u8* ks = mine + (size_t)buf * 2 * 32 * rb;
-            const int re = rb / es;  // a staged row's stride in elements
-            auto idx = [&](int r) { return (size_t)r * re; };
-            gqa_tile<KIND>(ks, idx, ks + 32 * rb, idx, nk, G, d, dpl, sm.q, sm.p[warp], m, l, acc);
-            buf ^= 1;
-        } else {
-            auto idx = [&](int r) { return row0 + (size_t)(base + r) * stride; };
-            gqa_tile<KIND>(k_cache, idx, v_cache, idx, nk, G, d, dpl, sm.q, sm.p[warp], m, l,
-                           acc);
-        }
+        auto idx = [&](int r) { return row0 + (size_t)(base + r) * stride; };
+        gqa_tile<KIND>(k_cache, idx, v_cache, idx, nk, G, d, dpl, sm.q, sm.p[warp], m, l, acc);
     }
-    if (PIPE) cp_async_wait<0>();
     gqa_merge(sm, m, l, acc, part_m, part_l, part_acc, hq, G, d, dpl, kvh, split, nsplit, t);
-}
-
-// gqa_split for the cache kind kv (uniform per launch).
-template <bool PIPE>
-__device__ __forceinline__ void gqa_split_kind(
-    const float* __restrict__ q, const void* __restrict__ k_cache, const void* __restrict__ v_cache,
-    int kv, const unsigned* __restrict__ pos, const unsigned long long* __restrict__ kv_off,
-    float* __restrict__ part_m, float* __restrict__ part_l, float* __restrict__ part_acc, int hq,
-    int hkv, int d, int window, int min_split, float scale, GqaSmem& sm, u8* stage) {
-    if (kv == KV_FP8)
-        gqa_split<KV_FP8, PIPE>(q, k_cache, v_cache, pos, kv_off, part_m, part_l, part_acc, hq,
-                                hkv, d, window, min_split, scale, sm, stage);
-    else if (kv == KV_F32)
-        gqa_split<KV_F32, PIPE>(q, k_cache, v_cache, pos, kv_off, part_m, part_l, part_acc, hq,
-                                hkv, d, window, min_split, scale, sm, stage);
-    else
-        gqa_split<KV_BF16, PIPE>(q, k_cache, v_cache, pos, kv_off, part_m, part_l, part_acc, hq,
-                                 hkv, d, window, min_split, scale, sm, stage);
 }
 
 // grid = (Hkv, nsplit, T), block = ATTN_GQA_WARPS warps; hq / hkv <= ATTN_GQA_MAX. Same
@@ -463,25 +399,224 @@ attn_split_gqa(const float* __restrict__ q, const void* __restrict__ k_cache,
                int window, int min_split, float scale) {
     pdl_enter();
     __shared__ GqaSmem sm;
-    gqa_split_kind<false>(q, k_cache, v_cache, kv, pos, kv_off, part_m, part_l, part_acc, hq, hkv,
-                          d, window, min_split, scale, sm, nullptr);
+    if (kv == KV_FP8)
+        gqa_split<KV_FP8>(q, k_cache, v_cache, pos, kv_off, part_m, part_l, part_acc, hq, hkv, d,
+                          window, min_split, scale, sm);
+    else if (kv == KV_F32)
+        gqa_split<KV_F32>(q, k_cache, v_cache, pos, kv_off, part_m, part_l, part_acc, hq, hkv, d,
+                          window, min_split, scale, sm);
+    else
+        gqa_split<KV_BF16>(q, k_cache, v_cache, pos, kv_off, part_m, part_l, part_acc, hq, hkv, d,
+                           window, min_split, scale, sm);
 }
 
-// attn_split_gqa with its tiles staged by cp.async (gqa_split, PIPE). Dynamic shared memory:
-// ATTN_GQA_WARPS * 4 * 32 * (d * element bytes + 16) bytes (the host computes the same and
-// uses this kernel only where it fits); row offsets in bytes must be multiples of 16, which
-// d a multiple of 32 guarantees for every element kind.
-extern "C" __global__ void __launch_bounds__(ATTN_GQA_WARPS * 32)
-attn_split_gqa_pipe(const float* __restrict__ q, const void* __restrict__ k_cache,
-                    const void* __restrict__ v_cache, int kv, const unsigned* __restrict__ pos,
-                    const unsigned long long* __restrict__ kv_off, float* __restrict__ part_m,
-                    float* __restrict__ part_l, float* __restrict__ part_acc, int hq, int hkv,
-                    int d, int window, int min_split, float scale) {
+// ---- attn_split_gqa_tc: the GQA split on tensor cores (bf16 cache, head dims a multiple of 16
+// up to ATC_MAX_D, up to 16 query heads per KV head). The group's query heads are the M rows of
+// mma.sync m16n8k16 (rows past G zero), keys the N (scores) and then the K dimension (P·V).
+// Each warp walks 32-key tiles (lo + 32 warp, + 128, …) with online softmax per head, its next
+// tile's K and V rows copied by cp.async into its half of a double buffer in shared memory
+// ([warp][buffer][K, V][32 rows][d + ATC_PAD]) while it works on the current one; the warps
+// merge at the end as in attn_split_gqa. Scores: the order in which a dot product walks the
+// head dims is free, so lane (g, q) feeds the MMA dims q d/4 + 4 s + {0, 1} (and + {2, 3}) at
+// slice s, for the queries and the keys alike: each lane reads its key row's d/4 consecutive
+// dims as 16-byte words. P·V: the scores' accumulators are the A fragments of P (bf16), V's B
+// fragments come transposed from the staged rows (ldmatrix .trans). bf16 queries (× scale ×
+// log2 e), keys, probabilities and values, fp32 sums (as attn_prefill_tc).
+#define ATC_WARPS 4
+#define ATC_KT 32
+#define ATC_PAD 8
+#define ATC_MAX_D 64
+
+// The lane's d/4 staged dims of key row r as the B words of slice s: b0 = dims 4s, 4s + 1, b1 =
+// dims 4s + 2, 4s + 3 of its chunk.
+__device__ __forceinline__ unsigned atc_word(const uint4 (&c)[ATC_MAX_D / 32], int w) {
+    const uint4 v = c[w >> 2];
+    const int k = w & 3;
+    return k == 0 ? v.x : k == 1 ? v.y : k == 2 ? v.z : v.w;
+}
+
+extern "C" __global__ void __launch_bounds__(ATC_WARPS * 32)
+attn_split_gqa_tc(const float* __restrict__ q, const void* __restrict__ k_cache_v,
+                  const void* __restrict__ v_cache_v, int kv, const unsigned* __restrict__ pos,
+                  const unsigned long long* __restrict__ kv_off, float* __restrict__ part_m,
+                  float* __restrict__ part_l, float* __restrict__ part_acc, int hq, int hkv, int d,
+                  int window, int min_split, float scale) {
+    extern __shared__ __align__(16) unsigned char atc_smem[];
+    __shared__ float sm_m[ATC_WARPS][16], sm_l[ATC_WARPS][16];
+    const bf16_t* k_cache = static_cast<const bf16_t*>(k_cache_v);
+    const bf16_t* v_cache = static_cast<const bf16_t*>(v_cache_v);
     pdl_enter();
-    __shared__ GqaSmem sm;
-    extern __shared__ __align__(16) u8 attn_stage[];
-    gqa_split_kind<true>(q, k_cache, v_cache, kv, pos, kv_off, part_m, part_l, part_acc, hq, hkv,
-                         d, window, min_split, scale, sm, attn_stage);
+    const int kvh = blockIdx.x, split = blockIdx.y, nsplit = gridDim.y, t = blockIdx.z;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, qd = lane & 3;
+    const int G = hq / hkv;
+    int lo, hi;
+    split_keys_range((int)pos[t], window, min_split, split, nsplit, lo, hi);
+    if (lo >= hi) {
+        for (int h = threadIdx.x; h < G; h += blockDim.x) {
+            const size_t pi = ((size_t)t * hq + (size_t)kvh * G + h) * nsplit + split;
+            part_m[pi] = -INFINITY;
+            part_l[pi] = 0.0f;
+        }
+        return;
+    }
+    const size_t row0 = kv_off[t] + (size_t)kvh * d, stride = (size_t)hkv * d;
+    const int rs = d + ATC_PAD, chunks = d >> 3, ns = d >> 4, cq = qd * (d >> 2);
+    bf16_t* mine = reinterpret_cast<bf16_t*>(atc_smem) + (size_t)warp * 4 * ATC_KT * rs;
+    // Copy the 32-key tile at `base` into buffer `buf` (rows past hi zero-filled), one commit
+    // group per call (empty where the warp has no tile there).
+    auto issue = [&](int base, int buf) {
+        if (base < hi) {
+            bf16_t* dk = mine + (size_t)buf * 2 * ATC_KT * rs;
+            for (int i = lane; i < ATC_KT * chunks; i += 32) {
+                const int r = i / chunks, c = (i - r * chunks) * 8;
+                const size_t e = row0 + (size_t)min(base + r, hi - 1) * stride + c;
+                cp_async16(dk + r * rs + c, k_cache + e, base + r < hi);
+                cp_async16(dk + (ATC_KT + r) * rs + c, v_cache + e, base + r < hi);
+            }
+        }
+        cp_async_commit();
+    };
+    issue(lo + warp * ATC_KT, 0);
+    // The queries of heads g and g + 8 as A fragments in the permuted dim order.
+    const float qs = scale * ATTN_LOG2E;
+    const float* qt = q + ((size_t)t * hq + (size_t)kvh * G) * d;
+    unsigned qa[ATC_MAX_D / 16][4];
+#pragma unroll
+    for (int s = 0; s < ATC_MAX_D / 16; ++s) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const int row = g + 8 * (j & 1), col = cq + 4 * s + 2 * (j >> 1);
+            float2 v = make_float2(0.0f, 0.0f);
+            if (row < G && s < ns) v = *reinterpret_cast<const float2*>(qt + (size_t)row * d + col);
+            qa[s][j] = pack_bf16x2(v.x * qs, v.y * qs);
+        }
+    }
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+    float o[ATC_MAX_D / 8][4];
+#pragma unroll
+    for (int n = 0; n < ATC_MAX_D / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+    int buf = 0;
+    for (int base = lo + warp * ATC_KT; base < hi; base += ATC_WARPS * ATC_KT) {
+        issue(base + ATC_WARPS * ATC_KT, buf ^ 1);
+        cp_async_wait<1>();
+        __syncwarp();
+        const bf16_t* ks = mine + (size_t)buf * 2 * ATC_KT * rs;
+        const bf16_t* vs = ks + ATC_KT * rs;
+        float sc[ATC_KT / 8][4];
+#pragma unroll
+        for (int nb = 0; nb < ATC_KT / 8; ++nb) {
+            sc[nb][0] = sc[nb][1] = sc[nb][2] = sc[nb][3] = 0.0f;
+            uint4 kc[ATC_MAX_D / 32];
+#pragma unroll
+            for (int c = 0; c < ATC_MAX_D / 32; ++c)
+                if (8 * c < (d >> 2)) kc[c] = *reinterpret_cast<const uint4*>(ks + (nb * 8 + g) * rs + cq + 8 * c);
+#pragma unroll
+            for (int s = 0; s < ATC_MAX_D / 16; ++s)
+                if (s < ns) mma_bf16_16816(sc[nb], qa[s], atc_word(kc, 2 * s), atc_word(kc, 2 * s + 1));
+        }
+        // Keys past hi out; the tile's maxima of heads g and g + 8 over the quad.
+        float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+        for (int nb = 0; nb < ATC_KT / 8; ++nb) {
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                if (base + nb * 8 + 2 * qd + (j & 1) >= hi) sc[nb][j] = -INFINITY;
+                mx[j >> 1] = fmaxf(mx[j >> 1], sc[nb][j]);
+            }
+        }
+        float mn[2], corr[2];
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+            mn[r] = fmaxf(m[r], mx[r]);
+            corr[r] = mn[r] == -INFINITY ? 1.0f : exp2f(m[r] - mn[r]);
+            l[r] *= corr[r];
+            m[r] = mn[r];
+        }
+#pragma unroll
+        for (int n = 0; n < ATC_MAX_D / 8; ++n) {
+            o[n][0] *= corr[0];
+            o[n][1] *= corr[0];
+            o[n][2] *= corr[1];
+            o[n][3] *= corr[1];
+        }
+#pragma unroll
+        for (int nb = 0; nb < ATC_KT / 8; ++nb) {
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                const float p = sc[nb][j] == -INFINITY ? 0.0f : exp2f(sc[nb][j] - mn[j >> 1]);
+                sc[nb][j] = p;
+                l[j >> 1] += p;
+            }
+        }
+        // O += P V, 16 keys at a time: P's accumulators of key blocks 2j, 2j + 1 are its A
+        // fragment; V's B fragments for 16 dims (two n8 blocks) per ldmatrix.
+#pragma unroll
+        for (int j = 0; j < ATC_KT / 16; ++j) {
+            const unsigned pa[4] = {pack_bf16x2(sc[2 * j][0], sc[2 * j][1]),
+                                    pack_bf16x2(sc[2 * j][2], sc[2 * j][3]),
+                                    pack_bf16x2(sc[2 * j + 1][0], sc[2 * j + 1][1]),
+                                    pack_bf16x2(sc[2 * j + 1][2], sc[2 * j + 1][3])};
+#pragma unroll
+            for (int n2 = 0; n2 < ATC_MAX_D / 16; ++n2) {
+                if (n2 >= ns) break;
+                unsigned bv[4];
+                ldmatrix_x4_trans(bv, vs + (16 * j + (lane & 7) + 8 * ((lane >> 3) & 1)) * rs + 16 * n2 +
+                                          8 * (lane >> 4));
+                mma_bf16_16816(o[2 * n2], pa, bv[0], bv[1]);
+                mma_bf16_16816(o[2 * n2 + 1], pa, bv[2], bv[3]);
+            }
+        }
+        __syncwarp();  // the buffer is refilled by the next iteration's issue
+        buf ^= 1;
+    }
+    cp_async_wait<0>();
+    // Merge the warps per head: (m, l) and the outputs through shared memory (the outputs
+    // over the stage, free now), then the split's partials.
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+    }
+    __syncthreads();
+    float* so = reinterpret_cast<float*>(atc_smem);  // [warp][16 heads][d]
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        const int h = g + 8 * r;
+        if (qd == 0) {
+            sm_m[warp][h] = m[r];
+            sm_l[warp][h] = l[r];
+        }
+#pragma unroll
+        for (int n = 0; n < ATC_MAX_D / 8; ++n) {
+            if (n >= 2 * ns) break;
+            *reinterpret_cast<float2*>(so + ((size_t)warp * 16 + h) * d + 8 * n + 2 * qd) =
+                make_float2(o[n][2 * r], o[n][2 * r + 1]);
+        }
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < G * d; i += blockDim.x) {
+        const int h = i / d, c = i - h * d;
+        float mm = -INFINITY;
+#pragma unroll
+        for (int w = 0; w < ATC_WARPS; ++w) mm = fmaxf(mm, sm_m[w][h]);
+        float ll = 0.0f, out = 0.0f;
+        if (mm != -INFINITY) {
+#pragma unroll
+            for (int w = 0; w < ATC_WARPS; ++w) {
+                const float f = sm_m[w][h] == -INFINITY ? 0.0f : exp2f(sm_m[w][h] - mm);
+                ll += sm_l[w][h] * f;
+                out += so[((size_t)w * 16 + h) * d + c] * f;
+            }
+        }
+        const size_t pi = ((size_t)t * hq + (size_t)kvh * G + h) * nsplit + split;
+        if (c == 0) {
+            part_m[pi] = mm * ATTN_LN2;
+            part_l[pi] = ll;
+        }
+        part_acc[pi * d + c] = out;
+    }
 }
 
 // grid = (Hq, T), block = ATTN_COMBINE_THREADS; nsplit <= ATTN_MAX_SPLITS. Each split's

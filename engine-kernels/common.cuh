@@ -20,6 +20,12 @@ typedef unsigned char u8;
 #ifndef MOE_SLOTS_MINB
 #define MOE_SLOTS_MINB 2
 #endif
+// 1: the decode MoE's down kernels read their expert (the router's output, two kernels back)
+// and issue their first weight loads before the wait on the previous kernel (gate_up);
+// 0 waits first, for A/B timing.
+#ifndef MOE_DOWN_EARLY
+#define MOE_DOWN_EARLY 1
+#endif
 #ifndef GEMV_MINB
 #define GEMV_MINB 1
 #endif
@@ -362,6 +368,15 @@ __device__ __forceinline__ unsigned pack_bf16x2(float lo, float hi) {
 __device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], const bf16_t* p) {
     const unsigned a = (unsigned)__cvta_generic_to_shared(p);
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a));
+}
+
+// The same, transposed: lane i receives, of each matrix, the elements (2 (i % 4), i / 4) and
+// (2 (i % 4) + 1, i / 4) — from a row-major [k][n] tile, the B fragment of mma m16n8k16.
+__device__ __forceinline__ void ldmatrix_x4_trans(unsigned (&r)[4], const bf16_t* p) {
+    const unsigned a = (unsigned)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                  : "r"(a));
 }

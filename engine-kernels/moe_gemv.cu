@@ -482,7 +482,13 @@ __device__ __forceinline__ void moe_down_body(const u8* __restrict__ blocks,
     const int lane = threadIdx.x & 31;
     const int rw = (blockIdx.y * 8 + (threadIdx.x >> 5)) * 2 * units;  // the warp's first row
     const int s = blockIdx.x % k, t = blockIdx.x / k;
-    const int e = idx[t * k + s];
+#if !MOE_DOWN_EARLY
+    pdl_enter();
+#endif
+    // idx comes from the router, two kernels back: complete and visible once the previous
+    // kernel (gate_up) has passed its own wait, which it did before letting this one launch.
+    // Read from L2 (an SM's L1 may hold an older step's line).
+    const int e = __ldcg(idx + t * k + s);
     const int nb = inter >> 5, ni = (nb + 31) >> 5;
     const uint4* be = reinterpret_cast<const uint4*>(blocks) + (size_t)e * hidden * nb;
     const u8* se = scales + (size_t)e * hidden * nb;
@@ -497,6 +503,9 @@ __device__ __forceinline__ void moe_down_body(const u8* __restrict__ blocks,
         const int nu = min(units, (hidden - rw + 1) / 2);
         MoeSlots w{be + (size_t)rw * nb + lane, se + (size_t)rw * nb + lane, nb, ni, lane};
         if (nu > 0) w.load_unit(0);
+#if MOE_DOWN_EARLY
+        pdl_enter();
+#endif
         A::stage(act + ((size_t)t * k + s) * inter, as, inter);
         __syncthreads();
         for (int uu = 0; uu < nu; ++uu) {
@@ -535,6 +544,9 @@ __device__ __forceinline__ void moe_down_body(const u8* __restrict__ blocks,
     };
     fetch(0);
     fetch(1);
+#if MOE_DOWN_EARLY
+    pdl_enter();
+#endif
     A::stage(act + ((size_t)t * k + s) * inter, as, inter);
     __syncthreads();
     const int total = units * ni;
@@ -599,7 +611,6 @@ __device__ __forceinline__ void moe_down_body(const u8* __restrict__ blocks,
          const int* __restrict__ idx, const float* __restrict__ wts, float* __restrict__ part,  \
          int hidden, int inter, int k, int units, float* __restrict__ y, int accumulate,        \
          unsigned* __restrict__ ctr) {                                                          \
-        pdl_enter();                                                                            \
         moe_down_body<policy, slots>(blocks, scales, bias, act, idx, wts, part, hidden, inter,  \
                                      k, units, y, accumulate, ctr);                             \
     }

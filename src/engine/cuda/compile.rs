@@ -71,7 +71,7 @@ pub const KERNEL_FILES: &[KernelFile] = &[
         [
             "attn_split",
             "attn_split_gqa",
-            "attn_split_gqa_pipe",
+            "attn_split_gqa_tc",
             "attn_combine"
         ]
     ),

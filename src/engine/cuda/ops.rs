@@ -560,22 +560,30 @@ pub enum AttnKernel {
     PerHead,
     /// `attn_split_gqa`: one block per (KV head, split) for all the query heads sharing it.
     Gqa,
-    /// `attn_split_gqa_pipe`: the same blocks, each warp copying its next tile of K and V
-    /// rows into shared memory (cp.async) while it works on the current one. Needs
-    /// [`gqa_pipe_smem`] bytes of dynamic shared memory.
-    GqaPipe,
+    /// `attn_split_gqa_tc`: the same blocks on tensor cores (bf16 cache, head dims 32 or 64,
+    /// up to 16 query heads per KV head), each warp's next tile of K and V rows copied into
+    /// shared memory (cp.async) while it works on the current one. Needs [`gqa_tc_smem`]
+    /// bytes of dynamic shared memory.
+    GqaTc,
 }
 
-/// Dynamic shared memory of an `attn_split_gqa_pipe` block: per warp two buffers of 32 K and
-/// 32 V rows, each row padded by 16 bytes.
-pub fn gqa_pipe_smem(s: AttnShape, kv: KvDtype) -> usize {
-    ATTN_GQA_WARPS as usize * 4 * 32 * (s.d * kv.size() + 16)
+/// Most query heads per KV head `attn_split_gqa_tc` takes (the 16 rows of its MMA tile).
+const ATTN_TC_MAX_G: usize = 16;
+
+/// Dynamic shared memory of an `attn_split_gqa_tc` block: per warp two buffers of 32 K and 32
+/// V rows, each row padded by 8 bf16 (kernel constants `ATC_WARPS`, `ATC_KT`, `ATC_PAD`).
+pub fn gqa_tc_smem(s: AttnShape) -> usize {
+    ATTN_GQA_WARPS as usize * 4 * 32 * (s.d + 8) * 2
 }
 
-/// Whether `attn_split_gqa_pipe` can run shape `s` on a cache of `kv` on this device (its
-/// stage fits the shared memory a block may have).
-pub fn gqa_pipe_fits(g: &Gpu, s: AttnShape, kv: KvDtype) -> Result<bool> {
-    Ok(gqa_pipe_smem(s, kv) <= g.dynamic_shared_limit("attn_split_gqa_pipe")?)
+/// Whether `attn_split_gqa_tc` can run shape `s` on a cache of `kv` on this device: a bf16
+/// cache, head dims 32 or 64, at most 16 query heads per KV head, and its stage within the
+/// shared memory a block may have.
+pub fn gqa_tc_fits(g: &Gpu, s: AttnShape, kv: KvDtype) -> Result<bool> {
+    Ok(kv == KvDtype::Bf16
+        && (s.d == 32 || s.d == 64)
+        && s.hq / s.hkv <= ATTN_TC_MAX_G
+        && gqa_tc_smem(s) <= g.dynamic_shared_limit("attn_split_gqa_tc")?)
 }
 
 impl AttnKernel {
@@ -596,14 +604,15 @@ impl AttnKernel {
     pub fn min_split(self) -> usize {
         match self {
             AttnKernel::PerHead => 32,
-            AttnKernel::Gqa | AttnKernel::GqaPipe => ATTN_GQA_WARPS as usize * 32,
+            AttnKernel::Gqa | AttnKernel::GqaTc => ATTN_GQA_WARPS as usize * 32,
         }
     }
 }
 
 /// Environment variable that fixes the decode-attention kernel: `auto` (the default: by
-/// context length, [`AttnKernel::for_keys`]), `per-head`, `gqa` or `gqa-pipe` (the GQA
-/// kernel with cp.async-staged tiles, where its stage fits; not yet measured on a device).
+/// context length, [`AttnKernel::for_keys`], the GQA kernel on tensor cores where it fits),
+/// `per-head`, `gqa` (on CUDA cores) or `gqa-tc` (on tensor cores, where the shape and cache
+/// allow it, else `gqa`).
 pub const ATTN_KERNEL_ENV: &str = "MXTUNE_ATTN";
 
 /// The words [`ATTN_KERNEL_ENV`] takes and the kernel each forces.
@@ -611,7 +620,7 @@ const ATTN_KERNEL_CHOICES: &[(&str, Option<AttnKernel>)] = &[
     ("auto", None),
     ("per-head", Some(AttnKernel::PerHead)),
     ("gqa", Some(AttnKernel::Gqa)),
-    ("gqa-pipe", Some(AttnKernel::GqaPipe)),
+    ("gqa-tc", Some(AttnKernel::GqaTc)),
 ];
 
 /// Environment variable that sets the fewest keys per split of the GQA attention kernel
@@ -658,20 +667,22 @@ impl AttnTuning {
     }
 
     /// The kernel for rows of up to `keys` keys of shape `s` on a cache of `kv` (a forced GQA
-    /// kernel only where the shape allows it; the pipelined one, opt-in until it is measured
-    /// on a device, only where its stage fits, else the plain GQA kernel).
+    /// kernel only where the shape allows it; the tensor-core one only where it fits, else
+    /// the plain GQA kernel).
     pub fn kernel(&self, g: &Gpu, s: AttnShape, kv: KvDtype, keys: usize) -> Result<AttnKernel> {
         Ok(match self.force {
-            Some(AttnKernel::GqaPipe)
-                if s.hq / s.hkv <= ATTN_GQA_MAX && gqa_pipe_fits(g, s, kv)? =>
-            {
-                AttnKernel::GqaPipe
-            }
-            Some(AttnKernel::Gqa | AttnKernel::GqaPipe) if s.hq / s.hkv <= ATTN_GQA_MAX => {
+            Some(AttnKernel::GqaTc) if gqa_tc_fits(g, s, kv)? => AttnKernel::GqaTc,
+            Some(AttnKernel::Gqa | AttnKernel::GqaTc) if s.hq / s.hkv <= ATTN_GQA_MAX => {
                 AttnKernel::Gqa
             }
             Some(_) => AttnKernel::PerHead,
-            None => AttnKernel::for_keys(s, keys),
+            // The GQA kernel on tensor cores wherever it takes the shape and cache (session
+            // 16: 120b batch 1 at depth 32768 239.6 -> 284.0 tok/s, batch 16 at depth 4096
+            // 861.7 -> 911.9; docs/perf.md).
+            None => match AttnKernel::for_keys(s, keys) {
+                AttnKernel::Gqa if gqa_tc_fits(g, s, kv)? => AttnKernel::GqaTc,
+                k => k,
+            },
         })
     }
 
@@ -679,7 +690,7 @@ impl AttnTuning {
     pub fn min_split(&self, kernel: AttnKernel) -> usize {
         match kernel {
             AttnKernel::PerHead => AttnKernel::PerHead.min_split(),
-            AttnKernel::Gqa | AttnKernel::GqaPipe => self.gqa_min_split,
+            AttnKernel::Gqa | AttnKernel::GqaTc => self.gqa_min_split,
         }
     }
 }
@@ -721,28 +732,25 @@ pub fn attention(
     );
     // The GQA kernels read each key once for the query heads sharing it.
     let (name, heads, warps, smem) = match kernel {
-        AttnKernel::Gqa | AttnKernel::GqaPipe => {
-            let (name, smem) = if kernel == AttnKernel::Gqa {
-                ("attn_split_gqa", 0)
-            } else {
-                ("attn_split_gqa_pipe", gqa_pipe_smem(s, kv))
-            };
+        AttnKernel::Gqa => {
             ensure!(
                 s.hq / s.hkv <= ATTN_GQA_MAX,
-                "{name} takes at most {ATTN_GQA_MAX} query heads per KV head, not {}",
+                "attn_split_gqa takes at most {ATTN_GQA_MAX} query heads per KV head, not {}",
                 s.hq / s.hkv
             );
-            if smem > 0 {
-                let limit = g.dynamic_shared_limit(name)?;
-                ensure!(
-                    smem <= limit,
-                    "{name} needs {smem} bytes of shared memory for head dim {} ({} cache); \
-                     the device allows {limit}: use the plain GQA kernel (MXTUNE_ATTN=gqa)",
-                    s.d,
-                    kv.name()
-                );
-            }
-            (name, s.hkv, ATTN_GQA_WARPS, smem)
+            ("attn_split_gqa", s.hkv, ATTN_GQA_WARPS, 0)
+        }
+        AttnKernel::GqaTc => {
+            ensure!(
+                gqa_tc_fits(g, s, kv)?,
+                "attn_split_gqa_tc takes a bf16 cache, head dims 32 or 64 and at most \
+                 {ATTN_TC_MAX_G} query heads per KV head within the device's shared memory \
+                 (here: {} cache, head dim {}, {} heads per KV head): use MXTUNE_ATTN=gqa",
+                kv.name(),
+                s.d,
+                s.hq / s.hkv
+            );
+            ("attn_split_gqa_tc", s.hkv, ATTN_GQA_WARPS, gqa_tc_smem(s))
         }
         AttnKernel::PerHead => ("attn_split", s.hq, ATTN_WARPS, 0),
     };
@@ -1697,7 +1705,9 @@ pub fn moe_down_f16(
 /// y[t] (+)= Σ_s w[t,s] (W2_e act[t, s] + b2_e): one block per (16 × units rows, slot) writes
 /// the slot's weighted rows to `part` [t, k, H]; the last slot block of each row range sums
 /// the slots into y in order (act coded as `codes` per block of 32 in the kernel). `ctr`:
-/// [`moe_counters`] zeroed u32s.
+/// [`moe_counters`] zeroed u32s. The kernel reads `idx` and issues its first weight loads
+/// before its wait on the previous kernel (`MOE_DOWN_EARLY`), so `idx` must be complete
+/// before that kernel's own wait: launch it right after [`moe_gate_up`] of the same `idx`.
 pub fn moe_down(
     g: &Gpu,
     w: &MoeWeights,
@@ -2497,22 +2507,18 @@ mod tests {
     /// The tensor-core prefill attention's tiles: at most 16 rows, cut where the sequence (KV
     /// offset) changes or the positions stop being consecutive.
     #[test]
-    fn attention_kernel_words_and_the_pipe_stage() {
+    fn attention_kernel_words_and_the_tensor_core_stage() {
         let pick = |v: &str| choice(ATTN_KERNEL_ENV, v, ATTN_KERNEL_CHOICES);
         assert_eq!(pick("").unwrap(), None);
-        assert_eq!(pick("gqa-pipe").unwrap(), Some(AttnKernel::GqaPipe));
+        assert_eq!(pick("gqa-tc").unwrap(), Some(AttnKernel::GqaTc));
         assert_eq!(pick("gqa").unwrap(), Some(AttnKernel::Gqa));
-        let e = pick("pipe").unwrap_err().to_string();
-        assert!(
-            e.contains("MXTUNE_ATTN=pipe") && e.contains("gqa-pipe"),
-            "{e}"
-        );
-        // Two buffers of 32 K and 32 V rows per warp, rows padded by 16 bytes.
+        let e = pick("tc").unwrap_err().to_string();
+        assert!(e.contains("MXTUNE_ATTN=tc") && e.contains("gqa-tc"), "{e}");
+        // Two buffers of 32 K and 32 V rows per warp, rows padded by 8 bf16.
         let sh = |d| AttnShape { hq: 64, hkv: 8, d };
-        assert_eq!(gqa_pipe_smem(sh(64), KvDtype::Bf16), 4 * 4 * 32 * 144);
-        assert_eq!(gqa_pipe_smem(sh(64), KvDtype::Fp8), 4 * 4 * 32 * 80);
-        assert_eq!(gqa_pipe_smem(sh(128), KvDtype::F32), 4 * 4 * 32 * 528);
-        assert_eq!(AttnKernel::GqaPipe.min_split(), AttnKernel::Gqa.min_split());
+        assert_eq!(gqa_tc_smem(sh(64)), 4 * 4 * 32 * 144);
+        assert_eq!(gqa_tc_smem(sh(32)), 4 * 4 * 32 * 80);
+        assert_eq!(AttnKernel::GqaTc.min_split(), AttnKernel::Gqa.min_split());
     }
 
     #[test]

@@ -482,7 +482,12 @@ impl AttnRows {
                  min_split={min_split} kv={kv}"
             ),
             rel_err(&got, &want),
-            1e-5,
+            // bf16 queries, probabilities and values on the tensor cores (as attn_prefill_tc).
+            if kernel == ops::AttnKernel::GqaTc {
+                1e-2
+            } else {
+                1e-5
+            },
         );
         // The prefill kernel on the same rows (one query row each, GQA group per block).
         let dout = nan_f32(g, t * sh.hq * sh.d)?;
@@ -550,11 +555,11 @@ fn attn_inputs(
 }
 
 /// The decode-attention split kernels to check for shape `sh` on a `kv` cache: per head, GQA,
-/// and the pipelined GQA kernel where its stage fits this device's shared memory.
+/// and the tensor-core GQA kernel where it takes the shape and cache.
 fn split_kernels(g: &Gpu, sh: AttnShape, kv: KvDtype) -> Result<Vec<ops::AttnKernel>> {
     let mut k = vec![ops::AttnKernel::PerHead, ops::AttnKernel::Gqa];
-    if ops::gqa_pipe_fits(g, sh, kv)? {
-        k.push(ops::AttnKernel::GqaPipe);
+    if ops::gqa_tc_fits(g, sh, kv)? {
+        k.push(ops::AttnKernel::GqaTc);
     }
     Ok(k)
 }
@@ -615,7 +620,8 @@ fn check_attention(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
             }
         }
     }
-    // More query heads per KV head than attn_split_gqa takes: the one-block-per-head kernel.
+    // More query heads per KV head than attn_split_gqa takes: the one-block-per-head kernel,
+    // and the tensor-core GQA kernel (16 heads: every row of its MMA tile).
     let sh = AttnShape {
         hq: 32,
         hkv: 2,
@@ -624,16 +630,13 @@ fn check_attention(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
     let (rows, k, v) = attn_inputs(g, s, sh, 300, vec![0, 150, 299])?;
     for kv in [KvDtype::Bf16, KvDtype::Fp8] {
         let c = KvCaches::new(g, kv, &k, &v)?;
-        res.extend(rows.check(
-            g,
-            &c,
-            0,
-            true,
-            ops::AttnKernel::PerHead,
-            5,
-            32,
-            "hq/hkv=16 ",
-        )?);
+        let mut kernels = vec![ops::AttnKernel::PerHead];
+        if ops::gqa_tc_fits(g, sh, kv)? {
+            kernels.push(ops::AttnKernel::GqaTc);
+        }
+        for kernel in kernels {
+            res.extend(rows.check(g, &c, 0, true, kernel, 5, 32, "hq/hkv=16 ")?);
+        }
     }
     Ok(res)
 }
@@ -1775,28 +1778,48 @@ fn check_gemv_mxfp4(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
             nrm,
         )?;
         let label = format!("gemv_mxfp4 {rows}x{cols} t={t} bias={bias} acc={acc} norm={norm}");
-        if norm {
-            let (_, want_h) = r::rmsnorm(&c.x, None, &nw, 1e-5);
-            let h32: Vec<f32> = want_h.iter().map(|&v| v as f32).collect();
-            res.push(check(
-                label.clone(),
-                rel_err(&g.download(&dy)?, &c.want(&h32)),
-                1e-5,
-            ));
-            res.push(check(
-                format!("{label} normed input"),
-                rel_err(&g.download(&dh)?, &want_h),
-                1e-5,
-            ));
-        } else {
-            res.push(check(
-                label,
-                rel_err(&g.download(&dy)?, &c.want(&c.x)),
-                1e-5,
-            ));
-        }
+        res.extend(fp32_input_checks(
+            g,
+            &c,
+            label,
+            &dy,
+            norm.then_some((&nw, &dh)),
+        )?);
     }
     Ok(res)
+}
+
+/// Checks of a GEMV that multiplies the fp32 input as it is (or rmsnorm(x) · nw in fp32):
+/// its output against the f64 reference, and with `norm` (the norm weight and the kernel's
+/// normalised-input output) that output too.
+fn fp32_input_checks(
+    g: &Gpu,
+    c: &DenseCase,
+    label: String,
+    dy: &cudarc::driver::CudaSlice<f32>,
+    norm: Option<(&Vec<u16>, &cudarc::driver::CudaSlice<f32>)>,
+) -> Result<Vec<Check>> {
+    let Some((nw, dh)) = norm else {
+        return Ok(vec![check(
+            label,
+            rel_err(&g.download(dy)?, &c.want(&c.x)),
+            1e-5,
+        )]);
+    };
+    let (_, want_h) = r::rmsnorm(&c.x, None, nw, 1e-5);
+    let h32: Vec<f32> = want_h.iter().map(|&v| v as f32).collect();
+    Ok(vec![
+        check(
+            label.clone(),
+            rel_err(&g.download(dy)?, &c.want(&h32)),
+            1e-5,
+        ),
+        check(
+            format!("{label} normed input"),
+            rel_err(&g.download(dh)?, &want_h),
+            1e-5,
+        ),
+    ])
 }
 
 /// The tensor-core decode GEMV (bf16 and MXFP4 weights) against the f64 reference on what
