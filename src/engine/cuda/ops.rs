@@ -609,8 +609,8 @@ impl AttnKernel {
     }
 }
 
-/// Environment variable that fixes the decode-attention kernel: `auto` (the default: by
-/// context length, [`AttnKernel::for_keys`], the GQA kernel on tensor cores where it fits),
+/// Environment variable that fixes the decode-attention kernel: `auto` (the default: the GQA
+/// kernel on tensor cores wherever it fits, else by context length, [`AttnKernel::for_keys`]),
 /// `per-head`, `gqa` (on CUDA cores) or `gqa-tc` (on tensor cores, where the shape and cache
 /// allow it, else `gqa`).
 pub const ATTN_KERNEL_ENV: &str = "MXTUNE_ATTN";
@@ -676,13 +676,12 @@ impl AttnTuning {
                 AttnKernel::Gqa
             }
             Some(_) => AttnKernel::PerHead,
-            // The GQA kernel on tensor cores wherever it takes the shape and cache (session
-            // 16: 120b batch 1 at depth 32768 239.6 -> 284.0 tok/s, batch 16 at depth 4096
-            // 861.7 -> 911.9; docs/perf.md).
-            None => match AttnKernel::for_keys(s, keys) {
-                AttnKernel::Gqa if gqa_tc_fits(g, s, kv)? => AttnKernel::GqaTc,
-                k => k,
-            },
+            // The GQA kernel on tensor cores for every layer wherever it takes the shape and
+            // cache, short windows included (docs/perf.md session 16: against the CUDA-core
+            // GQA kernel, 120b batch 1 at depth 32768 239.6 -> 284.0 tok/s; against the
+            // per-head kernel on the short layers, batch 1 at depth 0 338.2 -> 352.4).
+            None if gqa_tc_fits(g, s, kv)? => AttnKernel::GqaTc,
+            None => AttnKernel::for_keys(s, keys),
         })
     }
 
