@@ -56,6 +56,9 @@ typedef unsigned char u8;
 // and its writes are visible — nothing an earlier kernel writes or reads may be touched
 // before it (only immutable weights) — then launch_dependents lets the next kernel's blocks
 // be scheduled into the slots this grid frees. Both are no-ops for a normal launch.
+// Loads meant to run before the wait must be checked in the SASS (their LDGs above ACQBULK):
+// ptxas may schedule ld.global.nc (__ldg) below griddepcontrol.wait whatever the source order
+// (it did in session 16's streaming GEMV; docs/perf.md run 110); a weak ld.global stays put.
 __device__ __forceinline__ void pdl_wait() {
 #if __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");
