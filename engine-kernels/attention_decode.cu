@@ -410,42 +410,63 @@ attn_split_gqa(const float* __restrict__ q, const void* __restrict__ k_cache,
                            window, min_split, scale, sm);
 }
 
-// ---- attn_split_gqa_tc: the GQA split on tensor cores (bf16 cache, head dims a multiple of 16
-// up to ATC_MAX_D, up to 16 query heads per KV head). The group's query heads are the M rows of
-// mma.sync m16n8k16 (rows past G zero), keys the N (scores) and then the K dimension (P·V).
-// Each warp walks 32-key tiles (lo + 32 warp, + 128, …) with online softmax per head, its next
-// tile's K and V rows copied by cp.async into its half of a double buffer in shared memory
-// ([warp][buffer][K, V][32 rows][d + ATC_PAD]) while it works on the current one; the warps
-// merge at the end as in attn_split_gqa. Scores: the order in which a dot product walks the
-// head dims is free, so lane (g, q) feeds the MMA dims q d/4 + 4 s + {0, 1} (and + {2, 3}) at
-// slice s, for the queries and the keys alike: each lane reads its key row's d/4 consecutive
-// dims as 16-byte words. P·V: the scores' accumulators are the A fragments of P (bf16), V's B
-// fragments come transposed from the staged rows (ldmatrix .trans). bf16 queries (× scale ×
-// log2 e), keys, probabilities and values, fp32 sums (as attn_prefill_tc).
+// ---- attn_split_gqa_tc: the GQA split on tensor cores (bf16 or fp8 cache, head dims 32 or
+// 64, up to 16 query heads per KV head). The group's query heads are the M rows of mma.sync
+// m16n8k16 (rows past G zero), keys the N (scores) and then the K dimension (P·V). Each warp
+// walks 32-key tiles (lo + 32 warp, + 128, …) with online softmax per head, its next tile's K
+// and V rows copied by cp.async into its half of a double buffer in shared memory
+// ([warp][buffer][K, V][32 rows][d · element bytes + 16]) while it works on the current one;
+// the warps merge at the end as in attn_split_gqa. Scores: the order in which a dot product
+// walks the head dims is free, so lane (g, q) feeds the MMA dims q d/4 + 4 s + {0, 1} (and
+// + {2, 3}) at slice s, for the queries and the keys alike: each lane reads its key row's d/4
+// consecutive dims in one or two 16-byte words. P·V: the scores' accumulators are the A
+// fragments of P, V's B fragments come transposed from its staged rows (ldmatrix .trans).
+// bf16 cache: bf16 queries (× scale × log2 e), keys, probabilities and values (as
+// attn_prefill_tc). fp8 cache: the same on fp16 MMAs, E4M3 widened to fp16 exactly (the keys
+// as they are read, each V tile into a per-warp fp16 copy before its ldmatrix), fp16 queries
+// and probabilities. fp32 sums.
 #define ATC_WARPS 4
 #define ATC_KT 32
-#define ATC_PAD 8
 #define ATC_MAX_D 64
 
-// The lane's d/4 staged dims of key row r as the B words of slice s: b0 = dims 4s, 4s + 1, b1 =
-// dims 4s + 2, 4s + 3 of its chunk.
+// Word w (two dims) of the lane's d/4 dims of a key row, as a bf16 or fp16 pair.
+template <bool FP8>
 __device__ __forceinline__ unsigned atc_word(const uint4 (&c)[ATC_MAX_D / 32], int w) {
+    if (FP8) {  // c[0] holds the d/4 bytes: word w is bytes 2w, 2w + 1
+        const uint4 v = c[0];
+        const int k = w >> 1;
+        const unsigned x = k == 0 ? v.x : k == 1 ? v.y : k == 2 ? v.z : v.w;
+        return e4m3x2_to_f16x2((unsigned short)((w & 1) ? x >> 16 : x & 0xffffu));
+    }
     const uint4 v = c[w >> 2];
     const int k = w & 3;
     return k == 0 ? v.x : k == 1 ? v.y : k == 2 ? v.z : v.w;
 }
 
-extern "C" __global__ void __launch_bounds__(ATC_WARPS * 32)
-attn_split_gqa_tc(const float* __restrict__ q, const void* __restrict__ k_cache_v,
-                  const void* __restrict__ v_cache_v, int kv, const unsigned* __restrict__ pos,
-                  const unsigned long long* __restrict__ kv_off, float* __restrict__ part_m,
-                  float* __restrict__ part_l, float* __restrict__ part_acc, int hq, int hkv, int d,
-                  int window, int min_split, float scale) {
+template <bool FP8>
+__device__ __forceinline__ unsigned atc_pack(float a, float b) {
+    return FP8 ? f16x2_rn(a, b) : pack_bf16x2(a, b);
+}
+
+template <bool FP8>
+__device__ __forceinline__ void atc_mma(float (&c)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+    if (FP8)
+        mma_f16_16816(c, a, b0, b1);
+    else
+        mma_bf16_16816(c, a, b0, b1);
+}
+
+template <bool FP8>
+__device__ __forceinline__ void gqa_tc_split(const float* __restrict__ q, const u8* __restrict__ k_cache,
+                                             const u8* __restrict__ v_cache,
+                                             const unsigned* __restrict__ pos,
+                                             const unsigned long long* __restrict__ kv_off,
+                                             float* __restrict__ part_m, float* __restrict__ part_l,
+                                             float* __restrict__ part_acc, int hq, int hkv, int d,
+                                             int window, int min_split, float scale) {
     extern __shared__ __align__(16) unsigned char atc_smem[];
     __shared__ float sm_m[ATC_WARPS][16], sm_l[ATC_WARPS][16];
-    const bf16_t* k_cache = static_cast<const bf16_t*>(k_cache_v);
-    const bf16_t* v_cache = static_cast<const bf16_t*>(v_cache_v);
-    pdl_enter();
+    constexpr int ES = FP8 ? 1 : 2;
     const int kvh = blockIdx.x, split = blockIdx.y, nsplit = gridDim.y, t = blockIdx.z;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, qd = lane & 3;
     const int G = hq / hkv;
@@ -460,18 +481,20 @@ attn_split_gqa_tc(const float* __restrict__ q, const void* __restrict__ k_cache_
         return;
     }
     const size_t row0 = kv_off[t] + (size_t)kvh * d, stride = (size_t)hkv * d;
-    const int rs = d + ATC_PAD, chunks = d >> 3, ns = d >> 4, cq = qd * (d >> 2);
-    bf16_t* mine = reinterpret_cast<bf16_t*>(atc_smem) + (size_t)warp * 4 * ATC_KT * rs;
+    const int rb = d * ES + 16, chunks = d * ES / 16, ns = d >> 4, cq = qd * (d >> 2);
+    // The warp's region: two buffers of K and V rows, then (fp8) its fp16 copy of a V tile.
+    const int vh = d + 8;  // fp16 elements per row of that copy
+    u8* mine = atc_smem + (size_t)warp * (4 * ATC_KT * rb + (FP8 ? ATC_KT * vh * 2 : 0));
     // Copy the 32-key tile at `base` into buffer `buf` (rows past hi zero-filled), one commit
     // group per call (empty where the warp has no tile there).
     auto issue = [&](int base, int buf) {
         if (base < hi) {
-            bf16_t* dk = mine + (size_t)buf * 2 * ATC_KT * rs;
+            u8* dk = mine + (size_t)buf * 2 * ATC_KT * rb;
             for (int i = lane; i < ATC_KT * chunks; i += 32) {
-                const int r = i / chunks, c = (i - r * chunks) * 8;
-                const size_t e = row0 + (size_t)min(base + r, hi - 1) * stride + c;
-                cp_async16(dk + r * rs + c, k_cache + e, base + r < hi);
-                cp_async16(dk + (ATC_KT + r) * rs + c, v_cache + e, base + r < hi);
+                const int r = i / chunks, c = (i - r * chunks) * 16;
+                const size_t e = (row0 + (size_t)min(base + r, hi - 1) * stride) * ES + c;
+                cp_async16(dk + r * rb + c, k_cache + e, base + r < hi);
+                cp_async16(dk + (ATC_KT + r) * rb + c, v_cache + e, base + r < hi);
             }
         }
         cp_async_commit();
@@ -488,7 +511,7 @@ attn_split_gqa_tc(const float* __restrict__ q, const void* __restrict__ k_cache_
             const int row = g + 8 * (j & 1), col = cq + 4 * s + 2 * (j >> 1);
             float2 v = make_float2(0.0f, 0.0f);
             if (row < G && s < ns) v = *reinterpret_cast<const float2*>(qt + (size_t)row * d + col);
-            qa[s][j] = pack_bf16x2(v.x * qs, v.y * qs);
+            qa[s][j] = atc_pack<FP8>(v.x * qs, v.y * qs);
         }
     }
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
@@ -500,19 +523,54 @@ attn_split_gqa_tc(const float* __restrict__ q, const void* __restrict__ k_cache_
         issue(base + ATC_WARPS * ATC_KT, buf ^ 1);
         cp_async_wait<1>();
         __syncwarp();
-        const bf16_t* ks = mine + (size_t)buf * 2 * ATC_KT * rs;
-        const bf16_t* vs = ks + ATC_KT * rs;
+        const u8* ks = mine + (size_t)buf * 2 * ATC_KT * rb;
+        const u8* vs = ks + ATC_KT * rb;
+        const bf16_t* vt;  // the V tile as 16-bit pairs, rows of vr elements
+        int vr;
+        if (FP8) {
+            // Lane r widens V row r to fp16 in the warp's copy.
+            bf16_t* v16 = reinterpret_cast<bf16_t*>(mine + 4 * ATC_KT * rb);
+            for (int c = 0; c < d; c += 16) {
+                const uint4 w = *reinterpret_cast<const uint4*>(vs + lane * rb + c);
+                const unsigned x[4] = {w.x, w.y, w.z, w.w};
+                uint4 lo4, hi4;
+                lo4.x = e4m3x2_to_f16x2((unsigned short)(x[0] & 0xffffu));
+                lo4.y = e4m3x2_to_f16x2((unsigned short)(x[0] >> 16));
+                lo4.z = e4m3x2_to_f16x2((unsigned short)(x[1] & 0xffffu));
+                lo4.w = e4m3x2_to_f16x2((unsigned short)(x[1] >> 16));
+                hi4.x = e4m3x2_to_f16x2((unsigned short)(x[2] & 0xffffu));
+                hi4.y = e4m3x2_to_f16x2((unsigned short)(x[2] >> 16));
+                hi4.z = e4m3x2_to_f16x2((unsigned short)(x[3] & 0xffffu));
+                hi4.w = e4m3x2_to_f16x2((unsigned short)(x[3] >> 16));
+                *reinterpret_cast<uint4*>(v16 + lane * vh + c) = lo4;
+                *reinterpret_cast<uint4*>(v16 + lane * vh + c + 8) = hi4;
+            }
+            __syncwarp();
+            vt = v16;
+            vr = vh;
+        } else {
+            vt = reinterpret_cast<const bf16_t*>(vs);
+            vr = rb / 2;
+        }
         float sc[ATC_KT / 8][4];
 #pragma unroll
         for (int nb = 0; nb < ATC_KT / 8; ++nb) {
             sc[nb][0] = sc[nb][1] = sc[nb][2] = sc[nb][3] = 0.0f;
+            // The lane's d/4 dims of key row nb * 8 + g: d/4 * ES bytes at byte cq * ES.
             uint4 kc[ATC_MAX_D / 32];
+            const u8* kr = ks + (nb * 8 + g) * rb + cq * ES;
+            if (FP8 && d < 64) {
+                const uint2 h = *reinterpret_cast<const uint2*>(kr);
+                kc[0] = make_uint4(h.x, h.y, 0u, 0u);
+            } else {
 #pragma unroll
-            for (int c = 0; c < ATC_MAX_D / 32; ++c)
-                if (8 * c < (d >> 2)) kc[c] = *reinterpret_cast<const uint4*>(ks + (nb * 8 + g) * rs + cq + 8 * c);
+                for (int c = 0; c < ATC_MAX_D / 32; ++c)
+                    if (16 * c < (d >> 2) * ES) kc[c] = *reinterpret_cast<const uint4*>(kr + 16 * c);
+            }
 #pragma unroll
             for (int s = 0; s < ATC_MAX_D / 16; ++s)
-                if (s < ns) mma_bf16_16816(sc[nb], qa[s], atc_word(kc, 2 * s), atc_word(kc, 2 * s + 1));
+                if (s < ns)
+                    atc_mma<FP8>(sc[nb], qa[s], atc_word<FP8>(kc, 2 * s), atc_word<FP8>(kc, 2 * s + 1));
         }
         // Keys past hi out; the tile's maxima of heads g and g + 8 over the quad.
         float mx[2] = {-INFINITY, -INFINITY};
@@ -554,21 +612,21 @@ attn_split_gqa_tc(const float* __restrict__ q, const void* __restrict__ k_cache_
         // fragment; V's B fragments for 16 dims (two n8 blocks) per ldmatrix.
 #pragma unroll
         for (int j = 0; j < ATC_KT / 16; ++j) {
-            const unsigned pa[4] = {pack_bf16x2(sc[2 * j][0], sc[2 * j][1]),
-                                    pack_bf16x2(sc[2 * j][2], sc[2 * j][3]),
-                                    pack_bf16x2(sc[2 * j + 1][0], sc[2 * j + 1][1]),
-                                    pack_bf16x2(sc[2 * j + 1][2], sc[2 * j + 1][3])};
+            const unsigned pa[4] = {atc_pack<FP8>(sc[2 * j][0], sc[2 * j][1]),
+                                    atc_pack<FP8>(sc[2 * j][2], sc[2 * j][3]),
+                                    atc_pack<FP8>(sc[2 * j + 1][0], sc[2 * j + 1][1]),
+                                    atc_pack<FP8>(sc[2 * j + 1][2], sc[2 * j + 1][3])};
 #pragma unroll
             for (int n2 = 0; n2 < ATC_MAX_D / 16; ++n2) {
                 if (n2 >= ns) break;
                 unsigned bv[4];
-                ldmatrix_x4_trans(bv, vs + (16 * j + (lane & 7) + 8 * ((lane >> 3) & 1)) * rs + 16 * n2 +
+                ldmatrix_x4_trans(bv, vt + (16 * j + (lane & 7) + 8 * ((lane >> 3) & 1)) * vr + 16 * n2 +
                                           8 * (lane >> 4));
-                mma_bf16_16816(o[2 * n2], pa, bv[0], bv[1]);
-                mma_bf16_16816(o[2 * n2 + 1], pa, bv[2], bv[3]);
+                atc_mma<FP8>(o[2 * n2], pa, bv[0], bv[1]);
+                atc_mma<FP8>(o[2 * n2 + 1], pa, bv[2], bv[3]);
             }
         }
-        __syncwarp();  // the buffer is refilled by the next iteration's issue
+        __syncwarp();  // the buffers are refilled by the next iteration
         buf ^= 1;
     }
     cp_async_wait<0>();
@@ -617,6 +675,26 @@ attn_split_gqa_tc(const float* __restrict__ q, const void* __restrict__ k_cache_
         }
         part_acc[pi * d + c] = out;
     }
+}
+
+// grid = (Hkv, nsplit, T), block = ATC_WARPS warps; kv is KV_BF16 or KV_FP8 (the host checks).
+// Dynamic shared memory: ATC_WARPS * (4 * ATC_KT * (d * element bytes + 16) + (fp8:
+// ATC_KT * (d + 8) * 2)) bytes (ops.rs gqa_tc_smem).
+extern "C" __global__ void __launch_bounds__(ATC_WARPS * 32)
+attn_split_gqa_tc(const float* __restrict__ q, const void* __restrict__ k_cache,
+                  const void* __restrict__ v_cache, int kv, const unsigned* __restrict__ pos,
+                  const unsigned long long* __restrict__ kv_off, float* __restrict__ part_m,
+                  float* __restrict__ part_l, float* __restrict__ part_acc, int hq, int hkv, int d,
+                  int window, int min_split, float scale) {
+    pdl_enter();
+    const u8* kc = static_cast<const u8*>(k_cache);
+    const u8* vc = static_cast<const u8*>(v_cache);
+    if (kv == KV_FP8)
+        gqa_tc_split<true>(q, kc, vc, pos, kv_off, part_m, part_l, part_acc, hq, hkv, d, window,
+                           min_split, scale);
+    else
+        gqa_tc_split<false>(q, kc, vc, pos, kv_off, part_m, part_l, part_acc, hq, hkv, d, window,
+                            min_split, scale);
 }
 
 // grid = (Hq, T), block = ATTN_COMBINE_THREADS; nsplit <= ATTN_MAX_SPLITS. Each split's

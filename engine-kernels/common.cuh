@@ -361,6 +361,27 @@ __device__ __forceinline__ void mma_bf16_16816(float (&c)[4], const unsigned (&a
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// The same MMA on fp16 operands (fp32 accumulate).
+__device__ __forceinline__ void mma_f16_16816(float (&c)[4], const unsigned (&a)[4], unsigned b0,
+                                              unsigned b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Two E4M3 (lo in bits 0-7) -> an fp16 pair (lo in the low half), exact.
+__device__ __forceinline__ unsigned e4m3x2_to_f16x2(unsigned short v) {
+#if __CUDA_ARCH__ >= 890
+    unsigned h2;
+    asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h2) : "h"(v));
+    return h2;
+#else
+    return 0x7e007e00u;  // NaN pair: the host refuses an fp8 cache below sm_89
+#endif
+}
+
 // Two fp32 to a bf16 pair (lower address first).
 __device__ __forceinline__ unsigned pack_bf16x2(float lo, float hi) {
     return (unsigned)f2bf(lo) | ((unsigned)f2bf(hi) << 16);

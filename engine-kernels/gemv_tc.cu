@@ -654,15 +654,6 @@ MOE_DOWN_TC(moe_down_tc_t16, 2)
 #endif
 #define MOE16_MAXM TCG_TOKENS
 
-__device__ __forceinline__ void mma_f16_16816(float (&c)[4], const unsigned (&a)[4], unsigned b0,
-                                              unsigned b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-        "{%8,%9}, {%0,%1,%2,%3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
 // Byte stride of one staged member row (cols fp16), padded so that consecutive members start
 // 64 bytes apart in the banks (a quarter warp's 16-byte loads: two members, 4 lanes each).
 __device__ __forceinline__ int moe16_stride(int cols) {

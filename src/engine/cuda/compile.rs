@@ -430,6 +430,12 @@ mod tests {
             for entry in file.entries {
                 let body = kernel_body(file.source, entry)
                     .unwrap_or_else(|| panic!("{entry} not found in {}", file.name));
+                if body.contains("moe_down_body<") && !body.contains("pdl_enter();") {
+                    // The decode MoE's down kernels wait inside their body, after reading
+                    // their expert ids and first weights (MOE_DOWN_EARLY).
+                    down_body_waits_after_immutable_reads(file.source);
+                    continue;
+                }
                 let wait = body
                     .find("pdl_enter();")
                     .or_else(|| body.find("pdl_wait();"))
@@ -458,6 +464,42 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// `moe_down_body` waits on the previous kernel in both arms of `MOE_DOWN_EARLY`, and
+    /// before the early waits it reads nothing an earlier kernel writes but the router's
+    /// expert ids, by `__ldcg` (complete once gate_up has passed its own wait; ops::moe_down).
+    fn down_body_waits_after_immutable_reads(src: &str) {
+        let start = src
+            .find("void moe_down_body(")
+            .expect("moe_down_body in moe_gemv.cu");
+        let body = &src[start + src[start..].find('{').expect("moe_down_body's body")..];
+        let body = &body[..body.find("\n}\n").expect("moe_down_body's end")];
+        let arms: Vec<&str> = body.split("#if MOE_DOWN_EARLY").collect();
+        assert!(
+            body.contains("#if !MOE_DOWN_EARLY\n    pdl_enter();"),
+            "moe_down_body: no wait when MOE_DOWN_EARLY is 0"
+        );
+        assert_eq!(arms.len(), 3, "moe_down_body: one early wait per loop kind");
+        // Before the slots loop's wait: the common start and the slots branch's; before the
+        // item loop's: the item branch's (after `} else {`; the common start is checked above).
+        let items = &arms[1][arms[1].rfind("} else {").expect("the item branch")..];
+        for before in [arms[0], items] {
+            for line in before.lines() {
+                let t = line.trim();
+                let written = ["act", "wts", "part", "y[", "y +"]
+                    .iter()
+                    .any(|w| t.contains(w) && !t.starts_with("//"));
+                assert!(
+                    !written || t.starts_with("A::stage") || t.contains("#if"),
+                    "moe_down_body: `{t}` reads an earlier kernel's output before its wait"
+                );
+            }
+        }
+        assert!(
+            arms[0].contains("__ldcg(idx"),
+            "moe_down_body: the expert ids must be read past L1 before the wait"
+        );
     }
 
     #[test]

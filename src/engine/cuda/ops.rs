@@ -560,10 +560,10 @@ pub enum AttnKernel {
     PerHead,
     /// `attn_split_gqa`: one block per (KV head, split) for all the query heads sharing it.
     Gqa,
-    /// `attn_split_gqa_tc`: the same blocks on tensor cores (bf16 cache, head dims 32 or 64,
-    /// up to 16 query heads per KV head), each warp's next tile of K and V rows copied into
-    /// shared memory (cp.async) while it works on the current one. Needs [`gqa_tc_smem`]
-    /// bytes of dynamic shared memory.
+    /// `attn_split_gqa_tc`: the same blocks on tensor cores (bf16 or fp8 cache, head dims 32
+    /// or 64, up to 16 query heads per KV head), each warp's next tile of K and V rows copied
+    /// into shared memory (cp.async) while it works on the current one. Needs
+    /// [`gqa_tc_smem`] bytes of dynamic shared memory.
     GqaTc,
 }
 
@@ -571,19 +571,25 @@ pub enum AttnKernel {
 const ATTN_TC_MAX_G: usize = 16;
 
 /// Dynamic shared memory of an `attn_split_gqa_tc` block: per warp two buffers of 32 K and 32
-/// V rows, each row padded by 8 bf16 (kernel constants `ATC_WARPS`, `ATC_KT`, `ATC_PAD`).
-pub fn gqa_tc_smem(s: AttnShape) -> usize {
-    ATTN_GQA_WARPS as usize * 4 * 32 * (s.d + 8) * 2
+/// V rows, each row padded by 16 bytes, and for an fp8 cache a 32-row fp16 copy of a V tile
+/// (rows of d + 8 halves) (kernel constants `ATC_WARPS`, `ATC_KT`).
+pub fn gqa_tc_smem(s: AttnShape, kv: KvDtype) -> usize {
+    let widened = if kv == KvDtype::Fp8 {
+        32 * (s.d + 8) * 2
+    } else {
+        0
+    };
+    ATTN_GQA_WARPS as usize * (4 * 32 * (s.d * kv.size() + 16) + widened)
 }
 
-/// Whether `attn_split_gqa_tc` can run shape `s` on a cache of `kv` on this device: a bf16
-/// cache, head dims 32 or 64, at most 16 query heads per KV head, and its stage within the
+/// Whether `attn_split_gqa_tc` can run shape `s` on a cache of `kv` on this device: a bf16 or
+/// fp8 cache, head dims 32 or 64, at most 16 query heads per KV head, and its stage within the
 /// shared memory a block may have.
 pub fn gqa_tc_fits(g: &Gpu, s: AttnShape, kv: KvDtype) -> Result<bool> {
-    Ok(kv == KvDtype::Bf16
+    Ok(matches!(kv, KvDtype::Bf16 | KvDtype::Fp8)
         && (s.d == 32 || s.d == 64)
         && s.hq / s.hkv <= ATTN_TC_MAX_G
-        && gqa_tc_smem(s) <= g.dynamic_shared_limit("attn_split_gqa_tc")?)
+        && gqa_tc_smem(s, kv) <= g.dynamic_shared_limit("attn_split_gqa_tc")?)
 }
 
 impl AttnKernel {
@@ -742,14 +748,19 @@ pub fn attention(
         AttnKernel::GqaTc => {
             ensure!(
                 gqa_tc_fits(g, s, kv)?,
-                "attn_split_gqa_tc takes a bf16 cache, head dims 32 or 64 and at most \
+                "attn_split_gqa_tc takes a bf16 or fp8 cache, head dims 32 or 64 and at most \
                  {ATTN_TC_MAX_G} query heads per KV head within the device's shared memory \
                  (here: {} cache, head dim {}, {} heads per KV head): use MXTUNE_ATTN=gqa",
                 kv.name(),
                 s.d,
                 s.hq / s.hkv
             );
-            ("attn_split_gqa_tc", s.hkv, ATTN_GQA_WARPS, gqa_tc_smem(s))
+            (
+                "attn_split_gqa_tc",
+                s.hkv,
+                ATTN_GQA_WARPS,
+                gqa_tc_smem(s, kv),
+            )
         }
         AttnKernel::PerHead => ("attn_split", s.hq, ATTN_WARPS, 0),
     };
@@ -2513,10 +2524,15 @@ mod tests {
         assert_eq!(pick("gqa").unwrap(), Some(AttnKernel::Gqa));
         let e = pick("tc").unwrap_err().to_string();
         assert!(e.contains("MXTUNE_ATTN=tc") && e.contains("gqa-tc"), "{e}");
-        // Two buffers of 32 K and 32 V rows per warp, rows padded by 8 bf16.
+        // Two buffers of 32 K and 32 V rows per warp, rows padded by 16 bytes; fp8 adds a
+        // 32-row fp16 copy of a V tile (rows of d + 8 halves).
         let sh = |d| AttnShape { hq: 64, hkv: 8, d };
-        assert_eq!(gqa_tc_smem(sh(64)), 4 * 4 * 32 * 144);
-        assert_eq!(gqa_tc_smem(sh(32)), 4 * 4 * 32 * 80);
+        assert_eq!(gqa_tc_smem(sh(64), KvDtype::Bf16), 4 * 4 * 32 * 144);
+        assert_eq!(gqa_tc_smem(sh(32), KvDtype::Bf16), 4 * 4 * 32 * 80);
+        assert_eq!(
+            gqa_tc_smem(sh(64), KvDtype::Fp8),
+            4 * (4 * 32 * 80 + 32 * 72 * 2)
+        );
         assert_eq!(AttnKernel::GqaTc.min_split(), AttnKernel::Gqa.min_split());
     }
 
