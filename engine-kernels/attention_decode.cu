@@ -344,6 +344,23 @@ __device__ __forceinline__ void gqa_merge(GqaSmem& sm, const float (&m)[ATTN_GQA
     }
 }
 
+// The keys [lo, hi) of a GQA block's split (split_keys_range); false for an empty split, whose
+// max and sum it writes for the group's G heads, as attn_split does (uniform over the block,
+// so the caller returns before any barrier).
+__device__ __forceinline__ bool gqa_split_range(const unsigned* __restrict__ pos, int window,
+                                                int min_split, int hq, int G, int kvh, int split,
+                                                int nsplit, int t, float* __restrict__ part_m,
+                                                float* __restrict__ part_l, int& lo, int& hi) {
+    split_keys_range((int)pos[t], window, min_split, split, nsplit, lo, hi);
+    if (lo < hi) return true;
+    for (int h = threadIdx.x; h < G; h += blockDim.x) {
+        const size_t pi = ((size_t)t * hq + (size_t)kvh * G + h) * nsplit + split;
+        part_m[pi] = -INFINITY;
+        part_l[pi] = 0.0f;
+    }
+    return false;
+}
+
 // attn_split_gqa's body for a cache of KIND.
 template <int KIND>
 __device__ __forceinline__ void gqa_split(const float* __restrict__ q, const void* __restrict__ k_cache,
@@ -357,17 +374,8 @@ __device__ __forceinline__ void gqa_split(const float* __restrict__ q, const voi
     const int warp = threadIdx.x >> 5;
     const int G = hq / hkv, dpl = d >> 5;
     int lo, hi;
-    split_keys_range((int)pos[t], window, min_split, split, nsplit, lo, hi);
-    if (lo >= hi) {
-        // An empty split: as in attn_split, only its max and sum are written (uniform over
-        // the block, so no thread waits at a barrier below).
-        for (int g = threadIdx.x; g < G; g += blockDim.x) {
-            const size_t pi = ((size_t)t * hq + (size_t)kvh * G + g) * nsplit + split;
-            part_m[pi] = -INFINITY;
-            part_l[pi] = 0.0f;
-        }
+    if (!gqa_split_range(pos, window, min_split, hq, G, kvh, split, nsplit, t, part_m, part_l, lo, hi))
         return;
-    }
     const size_t row0 = kv_off[t] + (size_t)kvh * d;
     const size_t stride = (size_t)hkv * d;
     const float* qt = q + ((size_t)t * hq + (size_t)kvh * G) * d;
@@ -471,15 +479,8 @@ __device__ __forceinline__ void gqa_tc_split(const float* __restrict__ q, const 
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, qd = lane & 3;
     const int G = hq / hkv;
     int lo, hi;
-    split_keys_range((int)pos[t], window, min_split, split, nsplit, lo, hi);
-    if (lo >= hi) {
-        for (int h = threadIdx.x; h < G; h += blockDim.x) {
-            const size_t pi = ((size_t)t * hq + (size_t)kvh * G + h) * nsplit + split;
-            part_m[pi] = -INFINITY;
-            part_l[pi] = 0.0f;
-        }
+    if (!gqa_split_range(pos, window, min_split, hq, G, kvh, split, nsplit, t, part_m, part_l, lo, hi))
         return;
-    }
     const size_t row0 = kv_off[t] + (size_t)kvh * d, stride = (size_t)hkv * d;
     const int rb = d * ES + 16, chunks = d * ES / 16, ns = d >> 4, cq = qd * (d >> 2);
     // The warp's region: two buffers of K and V rows, then (fp8) its fp16 copy of a V tile.
@@ -572,42 +573,14 @@ __device__ __forceinline__ void gqa_tc_split(const float* __restrict__ q, const 
                 if (s < ns)
                     atc_mma<FP8>(sc[nb], qa[s], atc_word<FP8>(kc, 2 * s), atc_word<FP8>(kc, 2 * s + 1));
         }
-        // Keys past hi out; the tile's maxima of heads g and g + 8 over the quad.
-        float mx[2] = {-INFINITY, -INFINITY};
+        // Keys past hi out, then the online softmax of heads g and g + 8.
 #pragma unroll
         for (int nb = 0; nb < ATC_KT / 8; ++nb) {
 #pragma unroll
-            for (int j = 0; j < 4; ++j) {
+            for (int j = 0; j < 4; ++j)
                 if (base + nb * 8 + 2 * qd + (j & 1) >= hi) sc[nb][j] = -INFINITY;
-                mx[j >> 1] = fmaxf(mx[j >> 1], sc[nb][j]);
-            }
         }
-        float mn[2], corr[2];
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-            mn[r] = fmaxf(m[r], mx[r]);
-            corr[r] = mn[r] == -INFINITY ? 1.0f : exp2f(m[r] - mn[r]);
-            l[r] *= corr[r];
-            m[r] = mn[r];
-        }
-#pragma unroll
-        for (int n = 0; n < ATC_MAX_D / 8; ++n) {
-            o[n][0] *= corr[0];
-            o[n][1] *= corr[0];
-            o[n][2] *= corr[1];
-            o[n][3] *= corr[1];
-        }
-#pragma unroll
-        for (int nb = 0; nb < ATC_KT / 8; ++nb) {
-#pragma unroll
-            for (int j = 0; j < 4; ++j) {
-                const float p = sc[nb][j] == -INFINITY ? 0.0f : exp2f(sc[nb][j] - mn[j >> 1]);
-                sc[nb][j] = p;
-                l[j >> 1] += p;
-            }
-        }
+        mma_softmax_step(sc, m, l, o);
         // O += P V, 16 keys at a time: P's accumulators of key blocks 2j, 2j + 1 are its A
         // fragment; V's B fragments for 16 dims (two n8 blocks) per ldmatrix.
 #pragma unroll

@@ -210,8 +210,7 @@ __device__ __forceinline__ void attn_prefill_tc_body(
                                *reinterpret_cast<const unsigned*>(kr + 8));
             }
         }
-        // Mask each row to its own keys; the tile's row maxima over the quad's lanes.
-        float mx[2] = {-INFINITY, -INFINITY};
+        // Mask each row to its own keys, then the online softmax of rows g and g + 8.
 #pragma unroll
         for (int nb = 0; nb < PFT_KT / 8; ++nb) {
 #pragma unroll
@@ -219,35 +218,9 @@ __device__ __forceinline__ void attn_prefill_tc_body(
                 const int key = k0 + nb * 8 + 2 * qd + (j & 1);
                 const bool ok = j < 2 ? (key >= la && key <= pa) : (key >= lb && key <= pb);
                 if (!ok) sc[nb][j] = -INFINITY;
-                mx[j >> 1] = fmaxf(mx[j >> 1], sc[nb][j]);
             }
         }
-        float corr[2], mn[2];
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-            mn[r] = fmaxf(m[r], mx[r]);
-            corr[r] = mn[r] == -INFINITY ? 1.0f : exp2f(m[r] - mn[r]);
-            l[r] *= corr[r];
-            m[r] = mn[r];
-        }
-#pragma unroll
-        for (int n = 0; n < DMAX / 8; ++n) {
-            o[n][0] *= corr[0];
-            o[n][1] *= corr[0];
-            o[n][2] *= corr[1];
-            o[n][3] *= corr[1];
-        }
-#pragma unroll
-        for (int nb = 0; nb < PFT_KT / 8; ++nb) {
-#pragma unroll
-            for (int j = 0; j < 4; ++j) {
-                const float p = sc[nb][j] == -INFINITY ? 0.0f : exp2f(sc[nb][j] - mn[j >> 1]);
-                sc[nb][j] = p;
-                l[j >> 1] += p;
-            }
-        }
+        mma_softmax_step(sc, m, l, o);
         // O += P V: P's accumulators of key blocks 2j, 2j + 1 are the A fragment of keys
         // 16 j … 16 j + 15.
 #pragma unroll

@@ -382,6 +382,48 @@ __device__ __forceinline__ unsigned e4m3x2_to_f16x2(unsigned short v) {
 #endif
 }
 
+// One online-softmax step of a flash-attention tile held in mma.sync m16n8 accumulators: the
+// scores sc (log2 units; masked entries -inf) of rows g (entries 0, 1) and g + 8 (2, 3) of the
+// lane's quad, their running maxima m and this lane's part of their sums l (the caller adds a
+// quad's four at the end). The tile's row maxima over the quad, the rescale of l and of the
+// output fragments o, then sc replaced by the probabilities, added to l.
+template <int NB, int NO>
+__device__ __forceinline__ void mma_softmax_step(float (&sc)[NB][4], float (&m)[2], float (&l)[2],
+                                                 float (&o)[NO][4]) {
+    float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int nb = 0; nb < NB; ++nb) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) mx[j >> 1] = fmaxf(mx[j >> 1], sc[nb][j]);
+    }
+    float mn[2], corr[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+        mn[r] = fmaxf(m[r], mx[r]);
+        corr[r] = mn[r] == -INFINITY ? 1.0f : exp2f(m[r] - mn[r]);
+        l[r] *= corr[r];
+        m[r] = mn[r];
+    }
+#pragma unroll
+    for (int n = 0; n < NO; ++n) {
+        o[n][0] *= corr[0];
+        o[n][1] *= corr[0];
+        o[n][2] *= corr[1];
+        o[n][3] *= corr[1];
+    }
+#pragma unroll
+    for (int nb = 0; nb < NB; ++nb) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const float p = sc[nb][j] == -INFINITY ? 0.0f : exp2f(sc[nb][j] - mn[j >> 1]);
+            sc[nb][j] = p;
+            l[j >> 1] += p;
+        }
+    }
+}
+
 // Two fp32 to a bf16 pair (lower address first).
 __device__ __forceinline__ unsigned pack_bf16x2(float lo, float hi) {
     return (unsigned)f2bf(lo) | ((unsigned)f2bf(hi) << 16);
