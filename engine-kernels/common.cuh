@@ -640,3 +640,73 @@ __device__ __forceinline__ void stage_padded(const float* __restrict__ src, floa
         }
     }
 }
+
+// ---- Decode MoE grouping by expert (the tensor-core MoE of gemv_tc.cu and the grouped SIMT
+// MoE of moe_gemv.cu): each distinct expert of a group of up to TCG_TOKENS tokens is read once.
+//
+// Grouping, in every block (the same result everywhere, no extra launch): the pairs p = t * k
+// + s of tokens t0 … t0 + nt - 1 (idx[p] their experts); a pair leads when no earlier pair of
+// the group has its expert; block y takes the y-th leader's expert e (blocks past the number
+// of distinct experts return) and its members, the pairs routed to e in pair order (a token
+// picks k distinct experts, so at most nt). Token group: blockIdx.z.
+#define TCG_TOKENS 16
+struct TcgGroup {
+    int e;       // expert
+    int n;       // members
+    int lead;    // the token group's distinct experts (every block of the group agrees)
+    int p[TCG_TOKENS];  // their pair indices (global: t * k + s)
+};
+
+// Most experts per token the grouping takes (its shared copy of the routing).
+#define TCG_MAX_K 32
+
+// Warp 0 computes the block's group into grp (shared); false: no expert for this block.
+__device__ __forceinline__ bool tcg_group(const int* __restrict__ idx, int tokens, int k, TcgGroup& grp) {
+    __shared__ int live;
+    __shared__ int sidx[TCG_TOKENS * TCG_MAX_K];
+    if (threadIdx.x < 32) {
+        const int lane = threadIdx.x;
+        const int t0 = blockIdx.z * TCG_TOKENS, nt = min(TCG_TOKENS, tokens - t0);
+        const int np = nt * k, base = t0 * k;
+        for (int p = lane; p < np; p += 32) sidx[p] = __ldcg(idx + base + p);
+        __syncwarp();
+        int leaders_before = 0, e = -1;
+        for (int p0 = 0; p0 < np; p0 += 32) {
+            const int p = p0 + lane;
+            const int ep = p < np ? sidx[p] : -1 - lane;  // past the end: unique, never leads
+            // A pair leads when it is the first of its expert in its 32 and no earlier 32 has it.
+            const unsigned same = __match_any_sync(0xffffffffu, ep);
+            bool lead = p < np && (__ffs(same) - 1) == lane;
+            for (int qq = 0; qq < p0 && lead; ++qq) lead = sidx[qq] != ep;
+            const unsigned m = __ballot_sync(0xffffffffu, lead);
+            const int want = (int)blockIdx.y - leaders_before;
+            if (e < 0 && want >= 0 && want < __popc(m)) {
+                unsigned mm = m;  // its want-th set bit is the leader
+                for (int i = 0; i < want; ++i) mm &= mm - 1;
+                e = __shfl_sync(0xffffffffu, ep, __ffs(mm) - 1);
+            }
+            leaders_before += __popc(m);
+        }
+        int n = 0;
+        if (e >= 0) {
+            for (int p0 = 0; p0 < np; p0 += 32) {
+                const int p = p0 + lane;
+                const bool mine = p < np && sidx[p] == e;
+                const unsigned m = __ballot_sync(0xffffffffu, mine);
+                // At most nt members (top-k picks distinct experts); the bound only keeps a
+                // corrupt routing (NaN logits) inside the array.
+                const int slot = n + __popc(m & ((1u << lane) - 1u));
+                if (mine && slot < TCG_TOKENS) grp.p[slot] = base + p;
+                n = min(TCG_TOKENS, n + __popc(m));
+            }
+        }
+        if (lane == 0) {
+            live = e >= 0;
+            grp.e = e;
+            grp.n = n;
+            grp.lead = leaders_before;
+        }
+    }
+    __syncthreads();
+    return live;
+}

@@ -23,7 +23,6 @@
 // The first chunks' weights are loaded before the wait on the previous kernel (PDL: weights
 // are immutable), so they stream in while it finishes and while the activations are staged.
 #define TCG_WARPS 8
-#define TCG_TOKENS 16
 // Tuning knobs (MXTUNE_KERNEL_DEFINES): activation loads in flight per warp while staging,
 // and weight chunks per K-loop step (and loaded ahead) for bf16 and MXFP4 weights.
 #ifndef TCG_STAGE_UNROLL
@@ -368,73 +367,8 @@ GEMV_TC_FP4(gemv_tc_fp4_t8, 1, TCG_MINB_T8)
 GEMV_TC_FP4(gemv_tc_fp4_t16, 2, TCG_MINB)
 
 // ---- MoE decode on tensor cores: each distinct expert of a group of up to 16 tokens is read
-// once, its routed (token, slot) pairs as the n dimension.
-//
-// Grouping, in every block (the same result everywhere, no extra launch): the pairs p = t * k
-// + s of tokens t0 … t0 + nt - 1 (idx[p] their experts); a pair leads when no earlier pair of
-// the group has its expert; block y takes the y-th leader's expert e (blocks past the number
-// of distinct experts return) and its members, the pairs routed to e in pair order (a token
-// picks k distinct experts, so at most nt). grid = (row tiles, nt_max * k, ceil(T / 16)).
-struct TcgGroup {
-    int e;       // expert
-    int n;       // members
-    int lead;    // the token group's distinct experts (every block of the group agrees)
-    int p[TCG_TOKENS];  // their pair indices (global: t * k + s)
-};
-
-// Most experts per token the grouping takes (its shared copy of the routing).
-#define TCG_MAX_K 32
-
-// Warp 0 computes the block's group into grp (shared); false: no expert for this block.
-__device__ __forceinline__ bool tcg_group(const int* __restrict__ idx, int tokens, int k, TcgGroup& grp) {
-    __shared__ int live;
-    __shared__ int sidx[TCG_TOKENS * TCG_MAX_K];
-    if (threadIdx.x < 32) {
-        const int lane = threadIdx.x;
-        const int t0 = blockIdx.z * TCG_TOKENS, nt = min(TCG_TOKENS, tokens - t0);
-        const int np = nt * k, base = t0 * k;
-        for (int p = lane; p < np; p += 32) sidx[p] = __ldcg(idx + base + p);
-        __syncwarp();
-        int leaders_before = 0, e = -1;
-        for (int p0 = 0; p0 < np; p0 += 32) {
-            const int p = p0 + lane;
-            const int ep = p < np ? sidx[p] : -1 - lane;  // past the end: unique, never leads
-            // A pair leads when it is the first of its expert in its 32 and no earlier 32 has it.
-            const unsigned same = __match_any_sync(0xffffffffu, ep);
-            bool lead = p < np && (__ffs(same) - 1) == lane;
-            for (int qq = 0; qq < p0 && lead; ++qq) lead = sidx[qq] != ep;
-            const unsigned m = __ballot_sync(0xffffffffu, lead);
-            const int want = (int)blockIdx.y - leaders_before;
-            if (e < 0 && want >= 0 && want < __popc(m)) {
-                unsigned mm = m;  // its want-th set bit is the leader
-                for (int i = 0; i < want; ++i) mm &= mm - 1;
-                e = __shfl_sync(0xffffffffu, ep, __ffs(mm) - 1);
-            }
-            leaders_before += __popc(m);
-        }
-        int n = 0;
-        if (e >= 0) {
-            for (int p0 = 0; p0 < np; p0 += 32) {
-                const int p = p0 + lane;
-                const bool mine = p < np && sidx[p] == e;
-                const unsigned m = __ballot_sync(0xffffffffu, mine);
-                // At most nt members (top-k picks distinct experts); the bound only keeps a
-                // corrupt routing (NaN logits) inside the array.
-                const int slot = n + __popc(m & ((1u << lane) - 1u));
-                if (mine && slot < TCG_TOKENS) grp.p[slot] = base + p;
-                n = min(TCG_TOKENS, n + __popc(m));
-            }
-        }
-        if (lane == 0) {
-            live = e >= 0;
-            grp.e = e;
-            grp.n = n;
-            grp.lead = leaders_before;
-        }
-    }
-    __syncthreads();
-    return live;
-}
+// once, its routed (token, slot) pairs as the n dimension (the grouping: tcg_group in
+// common.cuh). grid = (row tiles, nt_max * k, ceil(T / 16)).
 
 // The MoE kernels give each warp a whole 16-row tile over all of K (a block = TCG_WARPS tiles,
 // TCM_ROWS rows), so a warp's partial sums need no reduction with the others, one staging of

@@ -282,6 +282,39 @@ struct ActF16 {
     }
 };
 
+// The grouped kernels' fp16 dot: one MXFP4 block q decoded once and dotted with group b of
+// each of NT tokens (token i's staging at sm + i * stride, as ActF16 stages one token); out[i]
+// += the sum times its activation scale times ws. Per token the same operations in the same
+// order as ActF16::dot, so each token's sums are bit-identical to the one-token kernels'. NT
+// is the exact token count (the kernels dispatch on it): no per-token branches in the loop.
+template <int NT>
+__device__ __forceinline__ void f16_dot_n(uint4 q, const u8* sm, int stride, int b, int nb,
+                                          float ws, float (&out)[NT]) {
+    const unsigned wq[4] = {q.x, q.y, q.z, q.w};
+    unsigned acc[NT][2];
+#pragma unroll
+    for (int i = 0; i < NT; ++i) acc[i][0] = acc[i][1] = 0u;
+#pragma unroll
+    for (int wi = 0; wi < 4; ++wi) {
+        unsigned h[4];
+        fp4x8_to_f16x2(wq[wi], h);
+#pragma unroll
+        for (int i = 0; i < NT; ++i) {
+            const uint4 xa = reinterpret_cast<const uint4*>(sm + i * stride + b * F16_PAD)[wi];
+            unsigned& c = acc[i][wi >> 1];
+            c = f16x2_fma(h[0], xa.x, c);
+            c = f16x2_fma(h[1], xa.y, c);
+            c = f16x2_fma(h[2], xa.z, c);
+            c = f16x2_fma(h[3], xa.w, c);
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < NT; ++i) {
+        const float xd = reinterpret_cast<const float*>(sm + i * stride + nb * F16_PAD)[b];
+        out[i] += f16x2_hsum(f16x2_add(acc[i][0], acc[i][1])) * xd * ws;
+    }
+}
+
 // The dynamic shared memory of the decode MoE kernels (the policy's staged activations).
 extern __shared__ float moe_smem[];
 
@@ -326,6 +359,25 @@ struct MoeSlots {
             if (i < ni && b < nb) {
                 t0 += A::dot(c0, xs, b, nb) * e8m0_value(cs0);
                 t1 += A::dot(c1, xs, b, nb) * e8m0_value(cs1);
+            }
+        }
+    }
+    // sums for NT tokens of fp16 codes staged stride bytes apart (f16_dot_n): each block
+    // decoded once for all of them; per token the same sums in the same order as sums<ActF16>.
+    template <int NT>
+    __device__ __forceinline__ void sums_n(const u8* xs, int stride, int uu, int nu,
+                                           float (&t0)[NT], float (&t1)[NT]) {
+#pragma unroll
+        for (int j = 0; j < NT; ++j) t0[j] = t1[j] = 0.0f;
+#pragma unroll
+        for (int i = 0; i < MOE_SLOTS_NI; ++i) {
+            const uint4 c0 = w0[i], c1 = w1[i];
+            const unsigned cs0 = s0[i], cs1 = s1[i];
+            load(min(uu + 1, nu - 1), i);
+            const int b = lane + 32 * i;
+            if (i < ni && b < nb) {
+                f16_dot_n<NT>(c0, xs, stride, b, nb, e8m0_value(cs0), t0);
+                f16_dot_n<NT>(c1, xs, stride, b, nb, e8m0_value(cs1), t1);
             }
         }
     }
@@ -622,3 +674,224 @@ MOE_DOWN_KERNEL(moe_down_q8_slots, ActQ8, true, MOE_SLOTS_MINB)
 MOE_DOWN_KERNEL(moe_down_fp8_slots, ActFp8, true, MOE_SLOTS_MINB)
 MOE_DOWN_KERNEL(moe_down_h2, ActF16, false, MOE_DECODE_MINB)
 MOE_DOWN_KERNEL(moe_down_h2_slots, ActF16, true, MOE_SLOTS_MINB)
+
+// ---- The grouped decode MoE (`MXTUNE_MOE_LOOP=grouped`, the fp16 dot): one block per (row
+// range, distinct expert of a group of up to TCG_TOKENS tokens; tcg_group), so an expert that
+// several tokens route to is read and decoded once per step, and each 32-weight block is
+// decoded once for all of the expert's tokens (f16_dot_n) where the `_slots` kernels decode it
+// once per (token, slot) pair. The members are taken cap <= MOE_GRP_NT at a time (cap tokens'
+// fp16 stagings, stride bytes apart, in dynamic shared memory; the unit's weights reloaded from
+// L2 for a further chunk). Per pair the sums are those of the `_slots` kernels, in the same
+// order. grid = (row ranges, min(T, TCG_TOKENS) * k, ceil(T / TCG_TOKENS)); blocks past the
+// group's distinct experts return.
+#ifndef MOE_GRP_NT
+#define MOE_GRP_NT 3
+#endif
+
+// CALL(NT) for NT = nm in 1..MOE_GRP_NT (at most 4): the loops compiled for each exact count.
+#if MOE_GRP_NT > 4
+#error "MOE_GRP_NT is at most 4"
+#endif
+#define GRP_DISPATCH(nm, CALL)                      \
+    switch (nm) {                                   \
+    case 1: CALL(1); break;                         \
+    case 2: if (MOE_GRP_NT >= 2) CALL(2); break;    \
+    case 3: if (MOE_GRP_NT >= 3) CALL(3); break;    \
+    case 4: if (MOE_GRP_NT >= 4) CALL(4); break;    \
+    default: break;                                 \
+    }
+
+// The units of a gate_up warp for NT members (pm: their pairs) staged at xs.
+template <int NT>
+__device__ __forceinline__ void gate_up_grp_units(MoeSlots& w, const u8* xs, int stride, int nu,
+                                                  const int* pm, float bgate, float blin,
+                                                  float* __restrict__ act, int inter, int j0,
+                                                  float limit, float alpha) {
+    for (int uu = 0; uu < nu; ++uu) {
+        float g[NT], l[NT];
+        w.sums_n<NT>(xs, stride, uu, nu, g, l);
+        const float bg = __shfl_sync(0xffffffffu, bgate, uu);
+        const float bli = __shfl_sync(0xffffffffu, blin, uu);
+#pragma unroll
+        for (int i = 0; i < NT; ++i) {
+            const float gs = warp_sum(g[i]), ls = warp_sum(l[i]);
+            if (w.lane == 0)
+                act[(size_t)pm[i] * inter + j0 + uu] = swiglu_clamped(gs + bg, ls + bli, limit, alpha);
+        }
+    }
+}
+
+// The units of a down warp for NT members (pm: their pairs) staged at as.
+template <int NT>
+__device__ __forceinline__ void down_grp_units(MoeSlots& w, const u8* as, int stride, int nu,
+                                               const int* pm, float b0v, float b1v,
+                                               const float* __restrict__ wts,
+                                               float* __restrict__ part, int hidden, int rw) {
+    for (int uu = 0; uu < nu; ++uu) {
+        float t0[NT], t1[NT];
+        w.sums_n<NT>(as, stride, uu, nu, t0, t1);
+        const float bb0 = __shfl_sync(0xffffffffu, b0v, uu);
+        const float bb1 = __shfl_sync(0xffffffffu, b1v, uu);
+#pragma unroll
+        for (int i = 0; i < NT; ++i) {
+            const float s0 = warp_sum(t0[i]), s1 = warp_sum(t1[i]);
+            if (w.lane == 0) {
+                const int p = pm[i];
+                const float wt = wts[p];
+                float* pp = part + (size_t)p * hidden + rw + 2 * uu;
+                pp[0] = wt * (s0 + bb0);
+                pp[1] = wt * (s1 + bb1);
+            }
+        }
+    }
+}
+
+// act[p, j] = swiglu(gate_j, lin_j) for the pairs p routed to the block's expert; units, rows
+// and biases as moe_gate_up_body's slots.
+__device__ __forceinline__ void moe_gate_up_grp_body(const u8* __restrict__ blocks,
+                                                     const u8* __restrict__ scales,
+                                                     const bf16_t* __restrict__ bias,
+                                                     const float* __restrict__ x,
+                                                     const int* __restrict__ idx,
+                                                     float* __restrict__ act, int inter, int hidden,
+                                                     int k, int tokens, float limit, float alpha,
+                                                     int units, int cap, int stride) {
+    __shared__ TcgGroup grp;
+    if (!tcg_group(idx, tokens, k, grp)) return;
+    u8* xs = reinterpret_cast<u8*>(moe_smem);
+    const int lane = threadIdx.x & 31;
+    const int j0 = (blockIdx.x * 8 + (threadIdx.x >> 5)) * units;
+    const int e = grp.e, n = grp.n;
+    const int nb = hidden >> 5, ni = (nb + 31) >> 5;
+    const size_t rows = 2 * (size_t)inter;
+    const uint4* be = reinterpret_cast<const uint4*>(blocks) + (size_t)e * rows * nb;
+    const u8* se = scales + (size_t)e * rows * nb;
+    const int jb = j0 + lane;
+    const bool bl = lane < units && jb < inter;
+    const float bgate = bl ? bf2f(bias[(size_t)e * rows + 2 * jb]) : 0.0f;
+    const float blin = bl ? bf2f(bias[(size_t)e * rows + 2 * jb + 1]) : 0.0f;
+    const int nu = min(units, inter - j0);
+    MoeSlots w{be + 2 * (size_t)j0 * nb + lane, se + 2 * (size_t)j0 * nb + lane, nb, ni, lane};
+    cap = min(cap, MOE_GRP_NT);  // the host sizes the stagings for cap (at least this many)
+    for (int m0 = 0; m0 < n; m0 += cap) {
+        const int nm = min(cap, n - m0);
+        if (m0 > 0) __syncthreads();  // every warp done with the previous members' stagings
+        if (nu > 0) w.load_unit(0);
+        for (int i = 0; i < nm; ++i)
+            ActF16::stage(x + (size_t)(grp.p[m0 + i] / k) * hidden, xs + i * stride, hidden);
+        __syncthreads();
+        const int* pm = grp.p + m0;
+#define GATE_UP_UNITS(NT) \
+    gate_up_grp_units<NT>(w, xs, stride, nu, pm, bgate, blin, act, inter, j0, limit, alpha)
+        GRP_DISPATCH(nm, GATE_UP_UNITS)
+#undef GATE_UP_UNITS
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(256, MOE_SLOTS_MINB)
+moe_gate_up_swiglu_h2_grp(const u8* __restrict__ blocks, const u8* __restrict__ scales,
+                          const bf16_t* __restrict__ bias, const float* __restrict__ x,
+                          const int* __restrict__ idx, float* __restrict__ act, int inter,
+                          int hidden, int k, int tokens, float limit, float alpha, int units,
+                          int cap, int stride) {
+    pdl_enter();
+    moe_gate_up_grp_body(blocks, scales, bias, x, idx, act, inter, hidden, k, tokens, limit, alpha,
+                         units, cap, stride);
+}
+
+// part[p, r] = w[p] * (W2_e[r, :] . act[p, :] + b2_e[r]) for the pairs p routed to the block's
+// expert, then, as moe_down_body, the last of the k slot blocks of a (row range, token) sums
+// the token's slots into y (counter ctr[t * gridDim.x + blockIdx.x], reset to 0 by it); a
+// block counts each of its members once its rows are written. The grouping reads idx (the
+// router's, two kernels back, complete once gate_up passed its wait) and the first weights are
+// loaded before the wait on gate_up, as in moe_down_body.
+__device__ __forceinline__ void moe_down_grp_body(const u8* __restrict__ blocks,
+                                                  const u8* __restrict__ scales,
+                                                  const bf16_t* __restrict__ bias,
+                                                  const float* __restrict__ act,
+                                                  const int* __restrict__ idx,
+                                                  const float* __restrict__ wts,
+                                                  float* __restrict__ part, int hidden, int inter,
+                                                  int k, int tokens, int units,
+                                                  float* __restrict__ y, int accumulate,
+                                                  unsigned* __restrict__ ctr, int cap, int stride) {
+    __shared__ TcgGroup grp;
+#if !MOE_DOWN_EARLY
+    pdl_enter();
+#endif
+    if (!tcg_group(idx, tokens, k, grp)) return;
+    u8* as = reinterpret_cast<u8*>(moe_smem);
+    const int lane = threadIdx.x & 31;
+    const int rw = (blockIdx.x * 8 + (threadIdx.x >> 5)) * 2 * units;
+    const int e = grp.e, n = grp.n;
+    const int nb = inter >> 5, ni = (nb + 31) >> 5;
+    const uint4* be = reinterpret_cast<const uint4*>(blocks) + (size_t)e * hidden * nb;
+    const u8* se = scales + (size_t)e * hidden * nb;
+    const int rb = rw + 2 * lane;
+    const bool bl = lane < units;
+    const float b0v = bl && rb < hidden ? bf2f(bias[(size_t)e * hidden + rb]) : 0.0f;
+    const float b1v = bl && rb + 1 < hidden ? bf2f(bias[(size_t)e * hidden + rb + 1]) : 0.0f;
+    const int nu = min(units, (hidden - rw + 1) / 2);
+    MoeSlots w{be + (size_t)rw * nb + lane, se + (size_t)rw * nb + lane, nb, ni, lane};
+    if (nu > 0) w.load_unit(0);
+#if MOE_DOWN_EARLY
+    pdl_enter();
+#endif
+    cap = min(cap, MOE_GRP_NT);  // the host sizes the stagings for cap (at least this many)
+    for (int m0 = 0; m0 < n; m0 += cap) {
+        const int nm = min(cap, n - m0);
+        if (m0 > 0) {
+            __syncthreads();
+            if (nu > 0) w.load_unit(0);
+        }
+        for (int i = 0; i < nm; ++i)
+            ActF16::stage(act + (size_t)grp.p[m0 + i] * inter, as + i * stride, inter);
+        __syncthreads();
+        const int* pm = grp.p + m0;
+#define DOWN_UNITS(NT) down_grp_units<NT>(w, as, stride, nu, pm, b0v, b1v, wts, part, hidden, rw)
+        GRP_DISPATCH(nm, DOWN_UNITS)
+#undef DOWN_UNITS
+    }
+    // Publish this block's rows, then count each member; the last slot block of a token
+    // combines it.
+    __shared__ unsigned last_s;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x < 32) {
+        // Lane i counts member i (the members are distinct tokens: distinct counters).
+        bool mine = false;
+        if (lane < n) {
+            unsigned* c = ctr + (size_t)(grp.p[lane] / k) * gridDim.x + blockIdx.x;
+            mine = atomicAdd(c, 1u) == (unsigned)k - 1u;
+            if (mine) *c = 0u;
+        }
+        const unsigned last = __ballot_sync(0xffffffffu, mine);
+        if (lane == 0) last_s = last;
+    }
+    __syncthreads();
+    unsigned last = last_s;
+    if (!last) return;
+    __threadfence();
+    const int r0 = blockIdx.x * 16 * units, r1 = min(hidden, r0 + 16 * units);
+    while (last) {
+        const int t = grp.p[__ffs(last) - 1] / k;
+        last &= last - 1u;
+        for (int r = r0 + threadIdx.x; r < r1; r += blockDim.x) {
+            float sum = 0.0f;
+            for (int j = 0; j < k; ++j) sum += __ldcg(part + ((size_t)t * k + j) * hidden + r);
+            float* o = y + (size_t)t * hidden + r;
+            *o = accumulate ? *o + sum : sum;
+        }
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(256, MOE_SLOTS_MINB)
+moe_down_h2_grp(const u8* __restrict__ blocks, const u8* __restrict__ scales,
+                const bf16_t* __restrict__ bias, const float* __restrict__ act,
+                const int* __restrict__ idx, const float* __restrict__ wts,
+                float* __restrict__ part, int hidden, int inter, int k, int tokens, int units,
+                float* __restrict__ y, int accumulate, unsigned* __restrict__ ctr, int cap,
+                int stride) {
+    moe_down_grp_body(blocks, scales, bias, act, idx, wts, part, hidden, inter, k, tokens, units,
+                      y, accumulate, ctr, cap, stride);
+}

@@ -97,7 +97,9 @@ pub const KERNEL_FILES: &[KernelFile] = &[
             "moe_gate_up_swiglu_h2",
             "moe_down_h2",
             "moe_gate_up_swiglu_h2_slots",
-            "moe_down_h2_slots"
+            "moe_down_h2_slots",
+            "moe_gate_up_swiglu_h2_grp",
+            "moe_down_h2_grp"
         ]
     ),
     kernel_file!("gemm_bf16.cu", ["gemm_bf16_tc"]),

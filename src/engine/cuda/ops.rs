@@ -1120,6 +1120,54 @@ fn moe_gemv_kernel(down: bool, codes: MoeCodes, n: usize, slots: bool) -> (&'sta
 /// constant `MOE_SLOTS_NI`): rows of up to 32 · 3 blocks of 32 (3072 inputs) take them.
 const MOE_SLOTS_NI: usize = 3;
 
+/// Expected tokens per distinct expert from which gate_up runs grouped ([`MoeUnits::grouping`]).
+pub const MOE_GRP_FROM_SHARE: f64 = 1.25;
+
+/// Tokens a distinct expert gets on average when `t` rows each route to `k` of `experts`
+/// experts uniformly: t k over the expected number of distinct experts, E (1 − (1 − k/E)^t).
+pub fn moe_tokens_per_expert(experts: usize, k: usize, t: usize) -> f64 {
+    if experts == 0 || k == 0 || t == 0 {
+        return 0.0;
+    }
+    let p = (k as f64 / experts as f64).min(1.0);
+    let distinct = experts as f64 * (1.0 - (1.0 - p).powi(t as i32));
+    (t * k) as f64 / distinct
+}
+
+/// Tokens of one expert the grouped decode MoE kernels take at a time (kernel constant
+/// `MOE_GRP_NT`): their activations staged together, each weight block decoded once for them.
+pub const MOE_GRP_NT: usize = 3;
+
+/// The grouped decode MoE kernel (`_grp`) for codes `codes` over rows of `width` inputs, when
+/// loop `lp` asks for it and the kernel takes the shape: its name, the tokens it stages at a
+/// time for `t` rows, the bytes between two stagings, and its dynamic shared memory.
+fn moe_grp_kernel(
+    down: bool,
+    codes: MoeCodes,
+    lp: MoeLoop,
+    s: MoeShape,
+    width: usize,
+    t: usize,
+) -> Option<(&'static str, usize, usize, usize)> {
+    if lp != MoeLoop::Grouped
+        || codes != MoeCodes::F16
+        || s.k > TCG_MAX_K
+        || !MoeLoop::Slots.slots(1, width)
+    {
+        return None;
+    }
+    let name = if down {
+        "moe_down_h2_grp"
+    } else {
+        "moe_gate_up_swiglu_h2_grp"
+    };
+    let cap = MOE_GRP_NT.min(t);
+    let stride = moe_gemv_kernel(down, codes, width, true)
+        .1
+        .next_multiple_of(16);
+    Some((name, cap, stride, cap * stride))
+}
+
 /// Environment variable choosing the decode MoE's loop ([`MoeLoop`]) for A/B runs.
 pub const MOE_LOOP_ENV: &str = "MXTUNE_MOE_LOOP";
 
@@ -1129,6 +1177,10 @@ pub const MOE_LOOP_ENV: &str = "MXTUNE_MOE_LOOP";
 /// * `Slots`: the `_slots` kernels hold a unit's items in fixed registers, all in flight, the
 ///   next unit's items loaded as the current ones are consumed; compiled for 2 blocks per SM
 ///   (~115 registers). Only for rows of at most [`MOE_SLOTS_NI`] items (3072 inputs).
+/// * `Grouped`: the `_grp` kernels (fp16 dot only; other codes run `Slots`): one block per
+///   row range and distinct expert of up to 16 tokens, each 32-weight block decoded once for
+///   all the tokens routed to that expert ([`MOE_GRP_NT`] at a time), where `Slots` decode it
+///   once per (token, slot) pair. Same rows of registers as `Slots`, same sums per pair.
 /// * `Auto` (the default): `Slots` where a warp has several units, `Items` for one unit a
 ///   warp (where 3 blocks per SM win: docs/perf.md, run 84). [`MoeUnits::for_batch`] gives
 ///   the slots several units at batch 1 too, so for gpt-oss every batch runs `Slots`.
@@ -1137,6 +1189,7 @@ pub enum MoeLoop {
     Auto,
     Items,
     Slots,
+    Grouped,
 }
 
 impl MoeLoop {
@@ -1148,6 +1201,7 @@ impl MoeLoop {
                 ("auto", Self::Auto),
                 ("items", Self::Items),
                 ("slots", Self::Slots),
+                ("grouped", Self::Grouped),
             ],
         )
     }
@@ -1158,6 +1212,7 @@ impl MoeLoop {
             Self::Auto => "auto",
             Self::Items => "items",
             Self::Slots => "slots",
+            Self::Grouped => "grouped",
         }
     }
 
@@ -1166,7 +1221,7 @@ impl MoeLoop {
         let fits = (width / 32).div_ceil(32) <= MOE_SLOTS_NI;
         match self {
             Self::Items => false,
-            Self::Slots => fits,
+            Self::Slots | Self::Grouped => fits,
             Self::Auto => fits && units > 1,
         }
     }
@@ -1203,7 +1258,18 @@ pub fn moe(
     units: MoeUnits,
     ctr: u64,
 ) -> Result<()> {
-    moe_gate_up(g, w, s, codes, x, idx, act, t, units.gate_up, units.lp)?;
+    moe_gate_up(
+        g,
+        w,
+        s,
+        codes,
+        x,
+        idx,
+        act,
+        t,
+        units.gate_up,
+        units.gate_up_loop(),
+    )?;
     moe_down(
         g, w, s, codes, idx, wts, act, part, y, t, accumulate, units.down, units.lp, ctr,
     )
@@ -1249,6 +1315,8 @@ pub struct MoeUnits {
     pub down: usize,
     /// The kernels' loop ([`MoeLoop`]).
     pub lp: MoeLoop,
+    /// gate_up runs the grouped loop though `lp` is `Auto` ([`MoeUnits::grouping`]).
+    pub gate_up_grouped: bool,
 }
 
 impl MoeUnits {
@@ -1257,7 +1325,40 @@ impl MoeUnits {
         gate_up: 1,
         down: 1,
         lp: MoeLoop::Auto,
+        gate_up_grouped: false,
     };
+
+    /// Units `gate_up`/`down` with loop `lp` (no automatic grouping).
+    pub const fn new(gate_up: usize, down: usize, lp: MoeLoop) -> Self {
+        Self {
+            gate_up,
+            down,
+            lp,
+            gate_up_grouped: false,
+        }
+    }
+
+    /// The loop gate_up runs: `Grouped` where [`MoeUnits::grouping`] chose it, else `lp`.
+    pub fn gate_up_loop(self) -> MoeLoop {
+        if self.gate_up_grouped {
+            MoeLoop::Grouped
+        } else {
+            self.lp
+        }
+    }
+
+    /// With `lp` `Auto`, gate_up takes the grouped loop where `t` rows routed to `k` of
+    /// `experts` experts (uniformly) are expected to send at least [`MOE_GRP_FROM_SHARE`]
+    /// tokens to each distinct expert they name: below that, decoding a weight block once
+    /// for its tokens saves less than the grouping costs (docs/perf.md, session 17:
+    /// gpt-oss-120b at batch 4 / 8 / 16, 1.03 / 1.12 / 1.25 tokens an expert, gate_up +4 /
+    /// −0.5 / −6.5 %; gpt-oss-20b at batch 16, 2.27 tokens an expert, −21 %). The down
+    /// kernel keeps the `_slots` loop: grouped it was never faster (same runs).
+    pub fn grouping(mut self, experts: usize, k: usize, t: usize) -> Self {
+        self.gate_up_grouped =
+            self.lp == MoeLoop::Auto && moe_tokens_per_expert(experts, k, t) >= MOE_GRP_FROM_SHARE;
+        self
+    }
 
     /// `fixed` (from [`MOE_UNITS_ENV`]: gate_up, down), or for each kernel:
     /// * below batch 4, where the `_slots` loop can run (`lp` not `Items`, rows short enough):
@@ -1280,7 +1381,7 @@ impl MoeUnits {
         lp: MoeLoop,
     ) -> Self {
         if let Some((gate_up, down)) = fixed {
-            return Self { gate_up, down, lp };
+            return Self::new(gate_up, down, lp);
         }
         let wide = usize::from(t >= MOE_WIDE_FROM_BATCH);
         let (min_blocks, max_units) = (MOE_MIN_BLOCKS_PER_SM[wide], MOE_AUTO_MAX_UNITS[wide]);
@@ -1303,11 +1404,11 @@ impl MoeUnits {
             }
             if u == 1 && slots { one_wave() } else { u }
         };
-        Self {
-            gate_up: pick(s.inter, s.hidden),
-            down: pick(s.hidden.div_ceil(2), s.inter),
+        Self::new(
+            pick(s.inter, s.hidden),
+            pick(s.hidden.div_ceil(2), s.inter),
             lp,
-        }
+        )
     }
 
     /// [`MOE_UNITS_ENV`] as (gate_up, down), or None when unset: `N` for both kernels, or
@@ -1350,6 +1451,41 @@ pub fn moe_gate_up(
 ) -> Result<()> {
     s.check()?;
     check_units(units)?;
+    if let Some((kernel, cap, stride, smem)) = moe_grp_kernel(false, codes, lp, s, s.hidden, t) {
+        ensure!(
+            smem <= g.max_shared(),
+            "hidden {} too large for {cap} staged MoE inputs ({smem} bytes, device allows {})",
+            s.hidden,
+            g.max_shared()
+        );
+        return g.launch(
+            kernel,
+            (
+                u(s.inter.div_ceil(8 * units))?,
+                u(t.min(TCG_TOKENS) * s.k)?,
+                u(t.div_ceil(TCG_TOKENS))?,
+            ),
+            (256, 1, 1),
+            u(smem)?,
+            &[
+                Arg::Ptr(w.gu_blocks),
+                Arg::Ptr(w.gu_scales),
+                Arg::Ptr(w.gu_bias),
+                Arg::Ptr(x),
+                Arg::Ptr(idx),
+                Arg::Ptr(act),
+                i(s.inter)?,
+                i(s.hidden)?,
+                i(s.k)?,
+                i(t)?,
+                Arg::F32(s.limit),
+                Arg::F32(s.alpha),
+                i(units)?,
+                i(cap)?,
+                i(stride)?,
+            ],
+        );
+    }
     let (kernel, smem) = moe_gemv_kernel(false, codes, s.hidden, lp.slots(units, s.hidden));
     ensure!(
         smem <= g.max_shared(),
@@ -1736,6 +1872,44 @@ pub fn moe_down(
 ) -> Result<()> {
     s.check()?;
     check_units(units)?;
+    if let Some((kernel, cap, stride, smem)) = moe_grp_kernel(true, codes, lp, s, s.inter, t) {
+        ensure!(
+            smem <= g.max_shared(),
+            "intermediate {} too large for {cap} staged MoE activations ({smem} bytes, device \
+             allows {})",
+            s.inter,
+            g.max_shared()
+        );
+        return g.launch(
+            kernel,
+            (
+                u(s.hidden.div_ceil(16 * units))?,
+                u(t.min(TCG_TOKENS) * s.k)?,
+                u(t.div_ceil(TCG_TOKENS))?,
+            ),
+            (256, 1, 1),
+            u(smem)?,
+            &[
+                Arg::Ptr(w.dn_blocks),
+                Arg::Ptr(w.dn_scales),
+                Arg::Ptr(w.dn_bias),
+                Arg::Ptr(act),
+                Arg::Ptr(idx),
+                Arg::Ptr(wts),
+                Arg::Ptr(part),
+                i(s.hidden)?,
+                i(s.inter)?,
+                i(s.k)?,
+                i(t)?,
+                i(units)?,
+                Arg::Ptr(y),
+                Arg::I32(accumulate as i32),
+                Arg::Ptr(ctr),
+                i(cap)?,
+                i(stride)?,
+            ],
+        );
+    }
     let (kernel, smem) = moe_gemv_kernel(true, codes, s.inter, lp.slots(units, s.inter));
     ensure!(
         smem <= g.max_shared(),
@@ -2664,12 +2838,78 @@ mod tests {
         assert_eq!((u.gate_up, u.down), (1, 1));
         assert_eq!(
             MoeUnits::for_batch(132, s, 1, Some((2, 5)), MoeLoop::Auto),
-            MoeUnits {
-                gate_up: 2,
-                down: 5,
-                lp: MoeLoop::Auto
-            }
+            MoeUnits::new(2, 5, MoeLoop::Auto)
         );
+    }
+
+    /// gate_up groups by expert where the batch sends enough tokens to each expert it names:
+    /// gpt-oss-120b (128 experts, top 4) from batch 16, gpt-oss-20b (32) from batch 5; only
+    /// under `Auto`, and the down kernel never.
+    #[test]
+    fn gate_up_groups_by_expert_where_experts_are_shared() {
+        let share = |e, t| moe_tokens_per_expert(e, 4, t);
+        assert!((share(128, 1) - 1.0).abs() < 1e-12);
+        assert!((share(128, 16) - 1.2535).abs() < 1e-3, "{}", share(128, 16));
+        assert!((share(32, 16) - 2.268).abs() < 1e-3, "{}", share(32, 16));
+        assert_eq!(moe_tokens_per_expert(0, 4, 16), 0.0);
+        let s = MoeShape {
+            hidden: 2880,
+            inter: 2880,
+            k: 4,
+            limit: 7.0,
+            alpha: 1.702,
+        };
+        let grouped = |e, t, lp| {
+            MoeUnits::for_batch(132, s, t, None, lp)
+                .grouping(e, 4, t)
+                .gate_up_loop()
+                == MoeLoop::Grouped
+        };
+        for t in [1, 2, 4, 8, 12] {
+            assert!(!grouped(128, t, MoeLoop::Auto), "120b batch {t}");
+        }
+        assert!(grouped(128, 16, MoeLoop::Auto));
+        assert!(grouped(128, 64, MoeLoop::Auto));
+        assert!(!grouped(32, 4, MoeLoop::Auto));
+        assert!(grouped(32, 5, MoeLoop::Auto) && grouped(32, 16, MoeLoop::Auto));
+        // An explicit loop stays what it is; `grouped` groups both kernels at any batch.
+        assert!(!grouped(32, 16, MoeLoop::Slots));
+        assert!(grouped(128, 1, MoeLoop::Grouped));
+        let u = MoeUnits::for_batch(132, s, 16, None, MoeLoop::Auto).grouping(128, 4, 16);
+        assert_eq!(u.lp, MoeLoop::Auto, "the down kernel's loop");
+    }
+
+    /// The grouped kernels exist for the fp16 dot only (other codes run the slots), stage up
+    /// to MOE_GRP_NT tokens 16-byte aligned, and need the slots' row length.
+    #[test]
+    fn grouped_moe_kernels_and_their_staging() {
+        let entries: Vec<&str> = super::super::compile::KERNEL_FILES
+            .iter()
+            .flat_map(|f| f.entries.iter().copied())
+            .collect();
+        let s = MoeShape {
+            hidden: 2880,
+            inter: 2880,
+            k: 4,
+            limit: 7.0,
+            alpha: 1.702,
+        };
+        for down in [false, true] {
+            let (name, cap, stride, smem) =
+                moe_grp_kernel(down, MoeCodes::F16, MoeLoop::Grouped, s, 2880, 16).unwrap();
+            assert!(entries.contains(&name), "{name} not in KERNEL_FILES");
+            assert_eq!((cap, stride, smem), (MOE_GRP_NT, 7568, MOE_GRP_NT * 7568));
+            let (_, cap, _, _) =
+                moe_grp_kernel(down, MoeCodes::F16, MoeLoop::Grouped, s, 2880, 2).unwrap();
+            assert_eq!(cap, 2);
+            for codes in [MoeCodes::F32, MoeCodes::Q8, MoeCodes::Fp8] {
+                assert!(moe_grp_kernel(down, codes, MoeLoop::Grouped, s, 2880, 16).is_none());
+            }
+            for lp in [MoeLoop::Auto, MoeLoop::Slots, MoeLoop::Items] {
+                assert!(moe_grp_kernel(down, MoeCodes::F16, lp, s, 2880, 16).is_none());
+            }
+            assert!(moe_grp_kernel(down, MoeCodes::F16, MoeLoop::Grouped, s, 4096, 16).is_none());
+        }
     }
 
     #[test]

@@ -27,6 +27,7 @@ pub fn run_kernel_checks(g: &Gpu, seed: u64) -> Result<Vec<Check>> {
     out.extend(check_prefill_attention_tc(g, &mut s)?);
     out.extend(check_router(g, &mut s)?);
     out.extend(check_moe(g, &mut s)?);
+    out.extend(check_moe_by_expert(g, &mut s)?);
     out.extend(check_gemm(g, &mut s)?);
     out.extend(check_moe_grouped(g, &mut s)?);
     out.extend(check_argmax(g, &mut s)?);
@@ -806,26 +807,10 @@ fn check_router(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
 /// at one unit a warp and at odd counts, and the most the automatic choice takes.
 const MOE_UNIT_CASES: [MoeUnits; 5] = [
     MoeUnits::ONE,
-    MoeUnits {
-        gate_up: 1,
-        down: 1,
-        lp: MoeLoop::Slots,
-    },
-    MoeUnits {
-        gate_up: 3,
-        down: 5,
-        lp: MoeLoop::Items,
-    },
-    MoeUnits {
-        gate_up: 3,
-        down: 5,
-        lp: MoeLoop::Slots,
-    },
-    MoeUnits {
-        gate_up: 8,
-        down: 8,
-        lp: MoeLoop::Auto,
-    },
+    MoeUnits::new(1, 1, MoeLoop::Slots),
+    MoeUnits::new(3, 5, MoeLoop::Items),
+    MoeUnits::new(3, 5, MoeLoop::Slots),
+    MoeUnits::new(8, 8, MoeLoop::Auto),
 ];
 
 fn check_moe(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
@@ -982,11 +967,21 @@ fn codes_name(codes: MoeCodes) -> &'static str {
 /// fp32 path). The error against the unquantized reference is checked against a loose bound
 /// (the coding error).
 fn check_moe_codes(g: &Gpu, c: &MoeCase, codes: MoeCodes, units: MoeUnits) -> Result<Vec<Check>> {
+    Ok(moe_codes_run(g, c, codes, units)?.0)
+}
+
+/// The decode MoE of case `c` (its act and output, and how many slot counters it left
+/// non-zero).
+fn moe_run(
+    g: &Gpu,
+    c: &MoeCase,
+    codes: MoeCodes,
+    units: MoeUnits,
+) -> Result<(Vec<f32>, Vec<f32>, usize)> {
     let MoeShape {
         hidden, inter, k, ..
     } = c.sh;
     let t = c.t;
-    let e = c.gu_bias.len() / (2 * inter);
     let dact = nan_f32(g, t * k * inter)?;
     let dpart = nan_f32(g, t * k * hidden)?;
     let dy = g.upload(&c.y0)?;
@@ -1007,7 +1002,34 @@ fn check_moe_codes(g: &Gpu, c: &MoeCase, codes: MoeCodes, units: MoeUnits) -> Re
         units,
         g.ptr(&dctr),
     )?;
-    let (got_act, got_y) = (g.download(&dact)?, g.download(&dy)?);
+    let left = g.download(&dctr)?.iter().filter(|&&v| v != 0).count();
+    Ok((g.download(&dact)?, g.download(&dy)?, left))
+}
+
+/// [`moe_run`]'s act and output.
+fn moe_outputs(
+    g: &Gpu,
+    c: &MoeCase,
+    codes: MoeCodes,
+    units: MoeUnits,
+) -> Result<(Vec<f32>, Vec<f32>)> {
+    let (act, y, _) = moe_run(g, c, codes, units)?;
+    Ok((act, y))
+}
+
+/// [`check_moe_codes`]'s checks, and the MoE's outputs (act, y) for comparisons between loops.
+fn moe_codes_run(
+    g: &Gpu,
+    c: &MoeCase,
+    codes: MoeCodes,
+    units: MoeUnits,
+) -> Result<(Vec<Check>, Vec<f32>, Vec<f32>)> {
+    let MoeShape {
+        hidden, inter, k, ..
+    } = c.sh;
+    let t = c.t;
+    let e = c.gu_bias.len() / (2 * inter);
+    let (got_act, got_y, left) = moe_run(g, c, codes, units)?;
     let host = c.host();
     let (limit, alpha) = (f64::from(c.sh.limit), f64::from(c.sh.alpha));
     let (mut want_act, mut want_y) = (Vec::new(), Vec::new());
@@ -1045,7 +1067,7 @@ fn check_moe_codes(g: &Gpu, c: &MoeCase, codes: MoeCodes, units: MoeUnits) -> Re
         units.down,
         units.lp.name()
     );
-    Ok(vec![
+    let checks = vec![
         check(
             format!("{label}: gate_up+swiglu vs host-quantized x"),
             rel_err(&got_act, &want_act),
@@ -1061,7 +1083,78 @@ fn check_moe_codes(g: &Gpu, c: &MoeCase, codes: MoeCodes, units: MoeUnits) -> Re
             rel_err(&got_y, &c.want(&c.x, false)),
             act8_moe_bound(codes),
         ),
-    ])
+        check(
+            format!("{label}: slot counters zero after"),
+            left as f64,
+            0.0,
+        ),
+    ];
+    Ok((checks, got_act, got_y))
+}
+
+/// The grouped decode MoE (`MoeLoop::Grouped`, fp16 dot) where tokens share experts: against
+/// the reference as [`check_moe_codes`], and bit-identical to the `_slots` kernels (the same
+/// sums per pair) in act and output. Cases: 20 tokens over 8 experts (two token groups of the
+/// grouping, 10 members an expert: more than one staging of MOE_GRP_NT), and a small shape.
+fn check_moe_by_expert(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
+    let mut res = Vec::new();
+    let gpt = MoeShape {
+        hidden: 2880,
+        inter: 2880,
+        k: 4,
+        limit: 7.0,
+        alpha: 1.702,
+    };
+    let small = MoeShape {
+        hidden: 160,
+        inter: 96,
+        k: 2,
+        limit: 7.0,
+        alpha: 1.702,
+    };
+    let mut s2 = Seeds(s.0 ^ 0x0ac7_0009);
+    for (sh, e, t) in [(gpt, 8usize, 20usize), (small, 4, 7)] {
+        let k = sh.k;
+        let c = MoeCase::new(g, &mut s2, e, sh, t, |_| {
+            // Token ti takes experts ti, ti + 2, ... (mod e): distinct per token, shared
+            // across tokens; weights that differ by slot.
+            let idx = (0..t * k)
+                .map(|p| ((p / k + 2 * (p % k)) % e) as i32)
+                .collect();
+            let wts = (0..t * k).map(|p| 0.1 + 0.05 * (p % k) as f32).collect();
+            (idx, wts)
+        })?;
+        // The reference checks once (the host reference is slow on the gpt-oss shape), the
+        // bit-for-bit comparison with the slots at every unit count.
+        for (n, (gu, dn)) in [(3, 5), (8, 8), (1, 1)].into_iter().enumerate() {
+            let grouped = MoeUnits::new(gu, dn, MoeLoop::Grouped);
+            let (act, y) = if n == 0 {
+                let (checks, act, y) = moe_codes_run(g, &c, MoeCodes::F16, grouped)?;
+                res.extend(checks);
+                (act, y)
+            } else {
+                moe_outputs(g, &c, MoeCodes::F16, grouped)?
+            };
+            let (act_s, y_s) =
+                moe_outputs(g, &c, MoeCodes::F16, MoeUnits::new(gu, dn, MoeLoop::Slots))?;
+            let diff = |a: &[f32], b: &[f32]| {
+                a.iter()
+                    .zip(b)
+                    .filter(|(p, q)| p.to_bits() != q.to_bits())
+                    .count() as f64
+            };
+            res.push(check(
+                format!(
+                    "moe grouped and slots bit-identical (act, output) H={} I={} k={k} t={t} \
+                     E={e} units {gu}/{dn}",
+                    sh.hidden, sh.inter
+                ),
+                diff(&act, &act_s) + diff(&y, &y_s),
+                0.0,
+            ));
+        }
+    }
+    Ok(res)
 }
 
 /// Tensor-core GEMM against the f64 reference on bf16-rounded activations (what the MMA
