@@ -438,6 +438,11 @@ mod tests {
                     down_body_waits_after_immutable_reads(file.source);
                     continue;
                 }
+                if body.contains("moe_down_grp_body(") && !body.contains("pdl_enter();") {
+                    // The grouped down kernel too, after grouping the expert ids.
+                    grp_down_body_waits_after_immutable_reads(file.source);
+                    continue;
+                }
                 let wait = body
                     .find("pdl_enter();")
                     .or_else(|| body.find("pdl_wait();"))
@@ -487,21 +492,56 @@ mod tests {
         // item loop's: the item branch's (after `} else {`; the common start is checked above).
         let items = &arms[1][arms[1].rfind("} else {").expect("the item branch")..];
         for before in [arms[0], items] {
-            for line in before.lines() {
-                let t = line.trim();
-                let written = ["act", "wts", "part", "y[", "y +"]
-                    .iter()
-                    .any(|w| t.contains(w) && !t.starts_with("//"));
-                assert!(
-                    !written || t.starts_with("A::stage") || t.contains("#if"),
-                    "moe_down_body: `{t}` reads an earlier kernel's output before its wait"
-                );
-            }
+            reads_no_earlier_output("moe_down_body", before);
         }
         assert!(
             arms[0].contains("__ldcg(idx"),
             "moe_down_body: the expert ids must be read past L1 before the wait"
         );
+    }
+
+    /// `moe_down_grp_body` likewise: before its early wait only the grouping of the expert
+    /// ids (`tcg_group`, which reads them by `__ldcg`), biases and weights.
+    fn grp_down_body_waits_after_immutable_reads(src: &str) {
+        let body = fn_body(src, "void moe_down_grp_body(");
+        assert!(
+            body.contains("#if !MOE_DOWN_EARLY\n    pdl_enter();"),
+            "moe_down_grp_body: no wait when MOE_DOWN_EARLY is 0"
+        );
+        let parts: Vec<&str> = body.split("#if MOE_DOWN_EARLY").collect();
+        assert_eq!(parts.len(), 2, "moe_down_grp_body: one early wait");
+        reads_no_earlier_output("moe_down_grp_body", parts[0]);
+        assert!(
+            parts[0].contains("tcg_group(idx"),
+            "moe_down_grp_body: the grouping before the wait"
+        );
+        let group = fn_body(super::COMMON, "bool tcg_group(");
+        assert!(
+            group.contains("__ldcg(idx"),
+            "tcg_group reads the ids past L1"
+        );
+    }
+
+    /// The body of the function whose signature starts with `sig` in `src`.
+    fn fn_body<'a>(src: &'a str, sig: &str) -> &'a str {
+        let start = src.find(sig).unwrap_or_else(|| panic!("{sig} not found"));
+        let body = &src[start + src[start..].find('{').expect("a body")..];
+        &body[..body.find("\n}\n").expect("the body's end")]
+    }
+
+    /// No line of `text` (code before a kernel's wait) reads what an earlier kernel of the
+    /// MoE writes (act, wts, part, y) other than by staging after the wait.
+    fn reads_no_earlier_output(name: &str, text: &str) {
+        for line in text.lines() {
+            let t = line.trim();
+            let written = ["act", "wts", "part", "y[", "y +"]
+                .iter()
+                .any(|w| t.contains(w) && !t.starts_with("//"));
+            assert!(
+                !written || t.starts_with("A::stage") || t.contains("#if"),
+                "{name}: `{t}` reads an earlier kernel's output before its wait"
+            );
+        }
     }
 
     #[test]
