@@ -1,5 +1,9 @@
 //! Per-kernel CPU references in f64 (inputs as the GPU sees them: bf16 bits, fp32, MXFP4
-//! bytes). The self-test compares every kernel with these on fresh random inputs.
+//! bytes). The self-test compares every kernel with these on fresh random inputs. The larger
+//! ones spread their output rows (or heads) over rayon's threads: each output is its own sum
+//! in a fixed order, so the results do not depend on the thread count.
+
+use rayon::prelude::*;
 
 use super::quant::{self, e4m3_from_f32, e4m3_to_f32};
 
@@ -79,22 +83,22 @@ pub fn gemv(
 ) -> Vec<f64> {
     let rows = w.len() / cols;
     let t = x.len() / cols;
-    let mut y = vec![0.0; rows * t];
-    for ti in 0..t {
-        let xt = &x[ti * cols..][..cols];
-        for r in 0..rows {
+    (0..rows * t)
+        .into_par_iter()
+        .map(|i| {
+            let (ti, r) = (i / rows, i % rows);
+            let xt = &x[ti * cols..][..cols];
             let wr = &w[r * cols..][..cols];
             let mut s: f64 = wr.iter().zip(xt).map(|(a, b)| bf(*a) * f64::from(*b)).sum();
             if let Some(b) = bias {
                 s += bf(b[r]);
             }
             if let Some(y0) = y0 {
-                s += f64::from(y0[ti * rows + r]);
+                s += f64::from(y0[i]);
             }
-            y[ti * rows + r] = s;
-        }
-    }
-    y
+            s
+        })
+        .collect()
 }
 
 /// Rotate one head (rotate-half) at `pos`: θ in fp32 as the model defines it.
@@ -133,41 +137,44 @@ pub fn attention(
     } else {
         0
     };
-    let mut out = vec![0.0; hq * d];
-    for h in 0..hq {
-        let kvh = h / (hq / hkv);
-        let qh = &q[h * d..][..d];
-        let scores: Vec<f64> = (lo..=pos)
-            .map(|j| {
-                let kr = &k_cache[(j * hkv + kvh) * d..][..d];
-                qh.iter()
-                    .zip(kr)
-                    .map(|(a, b)| f64::from(*a) * bf(*b))
-                    .sum::<f64>()
-                    * scale
-            })
-            .collect();
-        let sink = sinks.map(|s| bf(s[h]));
-        let m = scores
-            .iter()
-            .copied()
-            .chain(sink)
-            .fold(f64::NEG_INFINITY, f64::max);
-        let mut den = sink.map(|s| (s - m).exp()).unwrap_or(0.0);
-        let o = &mut out[h * d..][..d];
-        for (j, s) in (lo..=pos).zip(&scores) {
-            let p = (s - m).exp();
-            den += p;
-            let vr = &v_cache[(j * hkv + kvh) * d..][..d];
-            for (oi, v) in o.iter_mut().zip(vr) {
-                *oi += p * bf(*v);
+    let heads: Vec<Vec<f64>> = (0..hq)
+        .into_par_iter()
+        .map(|h| {
+            let mut o = vec![0.0; d];
+            let kvh = h / (hq / hkv);
+            let qh = &q[h * d..][..d];
+            let scores: Vec<f64> = (lo..=pos)
+                .map(|j| {
+                    let kr = &k_cache[(j * hkv + kvh) * d..][..d];
+                    qh.iter()
+                        .zip(kr)
+                        .map(|(a, b)| f64::from(*a) * bf(*b))
+                        .sum::<f64>()
+                        * scale
+                })
+                .collect();
+            let sink = sinks.map(|s| bf(s[h]));
+            let m = scores
+                .iter()
+                .copied()
+                .chain(sink)
+                .fold(f64::NEG_INFINITY, f64::max);
+            let mut den = sink.map(|s| (s - m).exp()).unwrap_or(0.0);
+            for (j, s) in (lo..=pos).zip(&scores) {
+                let p = (s - m).exp();
+                den += p;
+                let vr = &v_cache[(j * hkv + kvh) * d..][..d];
+                for (oi, v) in o.iter_mut().zip(vr) {
+                    *oi += p * bf(*v);
+                }
             }
-        }
-        for oi in o.iter_mut() {
-            *oi /= den;
-        }
-    }
-    out
+            for oi in o.iter_mut() {
+                *oi /= den;
+            }
+            o
+        })
+        .collect();
+    heads.concat()
 }
 
 /// Top-k (ties: lower index) and softmax over those k.
@@ -247,10 +254,11 @@ fn expert_act_by(
     inter: usize,
     limit: f64,
     alpha: f64,
-    dot: impl Fn(&[u8], &[u8]) -> f64,
+    dot: impl Fn(&[u8], &[u8]) -> f64 + Sync,
 ) -> Vec<f64> {
     let nbh = h / 32;
     (0..inter)
+        .into_par_iter()
         .map(|j| {
             let mut u = [0.0; 2];
             for (half, uv) in u.iter_mut().enumerate() {
@@ -289,10 +297,11 @@ fn expert_down_by(
     inter: usize,
     e: usize,
     h: usize,
-    dot: impl Fn(&[u8], &[u8]) -> f64,
+    dot: impl Fn(&[u8], &[u8]) -> f64 + Sync,
 ) -> Vec<f64> {
     let nbi = inter / 32;
     (0..h)
+        .into_par_iter()
         .map(|r| {
             let row_i = e * h + r;
             dot(
