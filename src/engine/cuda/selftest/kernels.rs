@@ -1152,6 +1152,21 @@ fn check_moe_by_expert(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
                 diff(&act, &act_s) + diff(&y, &y_s),
                 0.0,
             ));
+            // What `Auto` runs where experts are shared: gate_up grouped, down on the slots.
+            let auto = MoeUnits {
+                gate_up_grouped: true,
+                ..MoeUnits::new(gu, dn, MoeLoop::Auto)
+            };
+            let (act_a, y_a) = moe_outputs(g, &c, MoeCodes::F16, auto)?;
+            res.push(check(
+                format!(
+                    "moe gate_up grouped + down slots bit-identical to slots H={} I={} k={k} \
+                     t={t} E={e} units {gu}/{dn}",
+                    sh.hidden, sh.inter
+                ),
+                diff(&act_a, &act_s) + diff(&y_a, &y_s),
+                0.0,
+            ));
         }
     }
     Ok(res)
