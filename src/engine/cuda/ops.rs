@@ -1449,69 +1449,26 @@ pub fn moe_gate_up(
     units: usize,
     lp: MoeLoop,
 ) -> Result<()> {
-    s.check()?;
-    check_units(units)?;
-    if let Some((kernel, cap, stride, smem)) = moe_grp_kernel(false, codes, lp, s, s.hidden, t) {
-        ensure!(
-            smem <= g.max_shared(),
-            "hidden {} too large for {cap} staged MoE inputs ({smem} bytes, device allows {})",
-            s.hidden,
-            g.max_shared()
-        );
-        return g.launch(
-            kernel,
-            (
-                u(s.inter.div_ceil(8 * units))?,
-                u(t.min(TCG_TOKENS) * s.k)?,
-                u(t.div_ceil(TCG_TOKENS))?,
-            ),
-            (256, 1, 1),
-            u(smem)?,
-            &[
-                Arg::Ptr(w.gu_blocks),
-                Arg::Ptr(w.gu_scales),
-                Arg::Ptr(w.gu_bias),
-                Arg::Ptr(x),
-                Arg::Ptr(idx),
-                Arg::Ptr(act),
-                i(s.inter)?,
-                i(s.hidden)?,
-                i(s.k)?,
-                i(t)?,
-                Arg::F32(s.limit),
-                Arg::F32(s.alpha),
-                i(units)?,
-                i(cap)?,
-                i(stride)?,
-            ],
-        );
+    let (kernel, smem, grid, grp) = moe_decode_launch(g, false, codes, lp, s, units, t)?;
+    let mut args = vec![
+        Arg::Ptr(w.gu_blocks),
+        Arg::Ptr(w.gu_scales),
+        Arg::Ptr(w.gu_bias),
+        Arg::Ptr(x),
+        Arg::Ptr(idx),
+        Arg::Ptr(act),
+        i(s.inter)?,
+        i(s.hidden)?,
+        i(s.k)?,
+    ];
+    if grp.is_some() {
+        args.push(i(t)?);
     }
-    let (kernel, smem) = moe_gemv_kernel(false, codes, s.hidden, lp.slots(units, s.hidden));
-    ensure!(
-        smem <= g.max_shared(),
-        "hidden {} too large for the staged MoE input",
-        s.hidden
-    );
-    g.launch(
-        kernel,
-        (u(s.k * t)?, u(s.inter.div_ceil(8 * units))?, 1),
-        (256, 1, 1),
-        u(smem)?,
-        &[
-            Arg::Ptr(w.gu_blocks),
-            Arg::Ptr(w.gu_scales),
-            Arg::Ptr(w.gu_bias),
-            Arg::Ptr(x),
-            Arg::Ptr(idx),
-            Arg::Ptr(act),
-            i(s.inter)?,
-            i(s.hidden)?,
-            i(s.k)?,
-            Arg::F32(s.limit),
-            Arg::F32(s.alpha),
-            i(units)?,
-        ],
-    )
+    args.extend([Arg::F32(s.limit), Arg::F32(s.alpha), i(units)?]);
+    if let Some((cap, stride)) = grp {
+        args.extend([i(cap)?, i(stride)?]);
+    }
+    g.launch(kernel, grid, (256, 1, 1), u(smem)?, &args)
 }
 
 /// Most experts per token the tensor-core MoE groups (kernel constant `TCG_MAX_K`).
@@ -1870,76 +1827,81 @@ pub fn moe_down(
     lp: MoeLoop,
     ctr: u64,
 ) -> Result<()> {
+    let (kernel, smem, grid, grp) = moe_decode_launch(g, true, codes, lp, s, units, t)?;
+    let mut args = vec![
+        Arg::Ptr(w.dn_blocks),
+        Arg::Ptr(w.dn_scales),
+        Arg::Ptr(w.dn_bias),
+        Arg::Ptr(act),
+        Arg::Ptr(idx),
+        Arg::Ptr(wts),
+        Arg::Ptr(part),
+        i(s.hidden)?,
+        i(s.inter)?,
+        i(s.k)?,
+    ];
+    if grp.is_some() {
+        args.push(i(t)?);
+    }
+    args.extend([
+        i(units)?,
+        Arg::Ptr(y),
+        Arg::I32(accumulate as i32),
+        Arg::Ptr(ctr),
+    ]);
+    if let Some((cap, stride)) = grp {
+        args.extend([i(cap)?, i(stride)?]);
+    }
+    g.launch(kernel, grid, (256, 1, 1), u(smem)?, &args)
+}
+
+/// The decode MoE kernel gate_up (or `down`) runs for `t` rows: its name, dynamic shared
+/// memory, grid, and for the grouped kernels the tokens staged at a time and their stride.
+/// Row ranges of 8 warps × `units` units: gate_up's units are gate/linear row pairs (8 u
+/// intermediate units a block), down's two output rows (16 u rows). One block per (routed
+/// pair, row range), or for the grouped kernels (row range, leader — up to one per pair of a
+/// group of TCG_TOKENS tokens —, token group).
+#[allow(clippy::type_complexity)]
+fn moe_decode_launch(
+    g: &Gpu,
+    down: bool,
+    codes: MoeCodes,
+    lp: MoeLoop,
+    s: MoeShape,
+    units: usize,
+    t: usize,
+) -> Result<(&'static str, usize, (u32, u32, u32), Option<(usize, usize)>)> {
     s.check()?;
     check_units(units)?;
-    if let Some((kernel, cap, stride, smem)) = moe_grp_kernel(true, codes, lp, s, s.inter, t) {
-        ensure!(
-            smem <= g.max_shared(),
-            "intermediate {} too large for {cap} staged MoE activations ({smem} bytes, device \
-             allows {})",
-            s.inter,
-            g.max_shared()
-        );
-        return g.launch(
+    let (width, ranges, what) = if down {
+        (s.inter, s.hidden.div_ceil(16 * units), "intermediate")
+    } else {
+        (s.hidden, s.inter.div_ceil(8 * units), "hidden")
+    };
+    let launch = match moe_grp_kernel(down, codes, lp, s, width, t) {
+        Some((kernel, cap, stride, smem)) => (
             kernel,
+            smem,
             (
-                u(s.hidden.div_ceil(16 * units))?,
+                u(ranges)?,
                 u(t.min(TCG_TOKENS) * s.k)?,
                 u(t.div_ceil(TCG_TOKENS))?,
             ),
-            (256, 1, 1),
-            u(smem)?,
-            &[
-                Arg::Ptr(w.dn_blocks),
-                Arg::Ptr(w.dn_scales),
-                Arg::Ptr(w.dn_bias),
-                Arg::Ptr(act),
-                Arg::Ptr(idx),
-                Arg::Ptr(wts),
-                Arg::Ptr(part),
-                i(s.hidden)?,
-                i(s.inter)?,
-                i(s.k)?,
-                i(t)?,
-                i(units)?,
-                Arg::Ptr(y),
-                Arg::I32(accumulate as i32),
-                Arg::Ptr(ctr),
-                i(cap)?,
-                i(stride)?,
-            ],
-        );
-    }
-    let (kernel, smem) = moe_gemv_kernel(true, codes, s.inter, lp.slots(units, s.inter));
+            Some((cap, stride)),
+        ),
+        None => {
+            let (kernel, smem) = moe_gemv_kernel(down, codes, width, lp.slots(units, width));
+            (kernel, smem, (u(s.k * t)?, u(ranges)?, 1), None)
+        }
+    };
     ensure!(
-        smem <= g.max_shared(),
-        "intermediate {} too large for the staged MoE activations ({} bytes, device allows {})",
-        s.inter,
-        smem,
+        launch.1 <= g.max_shared(),
+        "{what} size {width} too large for the decode MoE's staged inputs ({} bytes, the device \
+         allows {})",
+        launch.1,
         g.max_shared()
     );
-    g.launch(
-        kernel,
-        (u(s.k * t)?, u(s.hidden.div_ceil(16 * units))?, 1),
-        (256, 1, 1),
-        u(smem)?,
-        &[
-            Arg::Ptr(w.dn_blocks),
-            Arg::Ptr(w.dn_scales),
-            Arg::Ptr(w.dn_bias),
-            Arg::Ptr(act),
-            Arg::Ptr(idx),
-            Arg::Ptr(wts),
-            Arg::Ptr(part),
-            i(s.hidden)?,
-            i(s.inter)?,
-            i(s.k)?,
-            i(units)?,
-            Arg::Ptr(y),
-            Arg::I32(accumulate as i32),
-            Arg::Ptr(ctr),
-        ],
-    )
+    Ok(launch)
 }
 
 /// Counters [`moe_down`] needs for `t` rows (zeroed once; the kernel leaves them zero).
