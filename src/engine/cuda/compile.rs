@@ -477,11 +477,7 @@ mod tests {
     /// before the early waits it reads nothing an earlier kernel writes but the router's
     /// expert ids, by `__ldcg` (complete once gate_up has passed its own wait; ops::moe_down).
     fn down_body_waits_after_immutable_reads(src: &str) {
-        let start = src
-            .find("void moe_down_body(")
-            .expect("moe_down_body in moe_gemv.cu");
-        let body = &src[start + src[start..].find('{').expect("moe_down_body's body")..];
-        let body = &body[..body.find("\n}\n").expect("moe_down_body's end")];
+        let body = fn_body(src, "void moe_down_body(");
         let arms: Vec<&str> = body.split("#if MOE_DOWN_EARLY").collect();
         assert!(
             body.contains("#if !MOE_DOWN_EARLY\n    pdl_enter();"),
