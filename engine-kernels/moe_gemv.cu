@@ -510,6 +510,20 @@ MOE_GATE_UP_KERNEL(moe_gate_up_swiglu_fp8_slots, ActFp8, true, MOE_SLOTS_MINB)
 MOE_GATE_UP_KERNEL(moe_gate_up_swiglu_h2, ActF16, false, MOE_DECODE_MINB)
 MOE_GATE_UP_KERNEL(moe_gate_up_swiglu_h2_slots, ActF16, true, MOE_SLOTS_MINB)
 
+// y[t, r] (+)= the k slots' rows part[t, s, r] summed in slot order, for rows r0 <= r < r1
+// (the whole block strides over them): the down kernels' combine, by the last slot block of a
+// (row range, token) once every slot's rows are visible (read past L1).
+__device__ __forceinline__ void moe_combine_rows(const float* __restrict__ part,
+                                                 float* __restrict__ y, int t, int k, int hidden,
+                                                 int r0, int r1, int accumulate) {
+    for (int r = r0 + threadIdx.x; r < r1; r += blockDim.x) {
+        float sum = 0.0f;
+        for (int j = 0; j < k; ++j) sum += __ldcg(part + ((size_t)t * k + j) * hidden + r);
+        float* o = y + (size_t)t * hidden + r;
+        *o = accumulate ? *o + sum : sum;
+    }
+}
+
 // part[t, s, r] = w[t, s] * (W2_e[r, :] . act[t, s, :] + b2_e[r]) for e = idx[t, s] (the down
 // bias inside the weighted sum), then y[t, r] (+)= the k slots' rows summed in slot order
 // (deterministic, as moe_combine): the last of the k slot blocks of a (row range, token) to
@@ -647,13 +661,8 @@ __device__ __forceinline__ void moe_down_body(const u8* __restrict__ blocks,
     __syncthreads();
     if (!last_s) return;
     __threadfence();
-    const int r1 = min(hidden, (int)(blockIdx.y + 1) * 16 * units);
-    for (int r = blockIdx.y * 16 * units + threadIdx.x; r < r1; r += blockDim.x) {
-        float sum = 0.0f;
-        for (int j = 0; j < k; ++j) sum += __ldcg(part + ((size_t)t * k + j) * hidden + r);
-        float* o = y + (size_t)t * hidden + r;
-        *o = accumulate ? *o + sum : sum;
-    }
+    moe_combine_rows(part, y, t, k, hidden, blockIdx.y * 16 * units,
+                     min(hidden, (int)(blockIdx.y + 1) * 16 * units), accumulate);
 }
 
 #define MOE_DOWN_KERNEL(name, policy, slots, minb)                                              \
@@ -701,47 +710,21 @@ MOE_DOWN_KERNEL(moe_down_h2_slots, ActF16, true, MOE_SLOTS_MINB)
     default: break;                                 \
     }
 
-// The units of a gate_up warp for NT members (pm: their pairs) staged at xs.
-template <int NT>
-__device__ __forceinline__ void gate_up_grp_units(MoeSlots& w, const u8* xs, int stride, int nu,
-                                                  const int* pm, float bgate, float blin,
-                                                  float* __restrict__ act, int inter, int j0,
-                                                  float limit, float alpha) {
-    for (int uu = 0; uu < nu; ++uu) {
-        float g[NT], l[NT];
-        w.sums_n<NT>(xs, stride, uu, nu, g, l);
-        const float bg = __shfl_sync(0xffffffffu, bgate, uu);
-        const float bli = __shfl_sync(0xffffffffu, blin, uu);
-#pragma unroll
-        for (int i = 0; i < NT; ++i) {
-            const float gs = warp_sum(g[i]), ls = warp_sum(l[i]);
-            if (w.lane == 0)
-                act[(size_t)pm[i] * inter + j0 + uu] = swiglu_clamped(gs + bg, ls + bli, limit, alpha);
-        }
-    }
-}
-
-// The units of a down warp for NT members (pm: their pairs) staged at as.
-template <int NT>
-__device__ __forceinline__ void down_grp_units(MoeSlots& w, const u8* as, int stride, int nu,
-                                               const int* pm, float b0v, float b1v,
-                                               const float* __restrict__ wts,
-                                               float* __restrict__ part, int hidden, int rw) {
+// A warp's units for NT members staged stride bytes apart at xs: each unit's two row sums per
+// member (sums_n), reduced over the warp, plus the unit's two biases (lane u holds unit u's:
+// b0v, b1v); lane 0 hands them to put(member, unit, sum0, sum1).
+template <int NT, class Put>
+__device__ __forceinline__ void grp_units(MoeSlots& w, const u8* xs, int stride, int nu, float b0v,
+                                          float b1v, const Put& put) {
     for (int uu = 0; uu < nu; ++uu) {
         float t0[NT], t1[NT];
-        w.sums_n<NT>(as, stride, uu, nu, t0, t1);
+        w.sums_n<NT>(xs, stride, uu, nu, t0, t1);
         const float bb0 = __shfl_sync(0xffffffffu, b0v, uu);
         const float bb1 = __shfl_sync(0xffffffffu, b1v, uu);
 #pragma unroll
         for (int i = 0; i < NT; ++i) {
             const float s0 = warp_sum(t0[i]), s1 = warp_sum(t1[i]);
-            if (w.lane == 0) {
-                const int p = pm[i];
-                const float wt = wts[p];
-                float* pp = part + (size_t)p * hidden + rw + 2 * uu;
-                pp[0] = wt * (s0 + bb0);
-                pp[1] = wt * (s1 + bb1);
-            }
+            if (w.lane == 0) put(i, uu, s0 + bb0, s1 + bb1);
         }
     }
 }
@@ -781,8 +764,10 @@ __device__ __forceinline__ void moe_gate_up_grp_body(const u8* __restrict__ bloc
             ActF16::stage(x + (size_t)(grp.p[m0 + i] / k) * hidden, xs + i * stride, hidden);
         __syncthreads();
         const int* pm = grp.p + m0;
-#define GATE_UP_UNITS(NT) \
-    gate_up_grp_units<NT>(w, xs, stride, nu, pm, bgate, blin, act, inter, j0, limit, alpha)
+        auto put = [&](int i, int uu, float g, float l) {
+            act[(size_t)pm[i] * inter + j0 + uu] = swiglu_clamped(g, l, limit, alpha);
+        };
+#define GATE_UP_UNITS(NT) grp_units<NT>(w, xs, stride, nu, bgate, blin, put)
         GRP_DISPATCH(nm, GATE_UP_UNITS)
 #undef GATE_UP_UNITS
     }
@@ -848,7 +833,14 @@ __device__ __forceinline__ void moe_down_grp_body(const u8* __restrict__ blocks,
             ActF16::stage(act + (size_t)grp.p[m0 + i] * inter, as + i * stride, inter);
         __syncthreads();
         const int* pm = grp.p + m0;
-#define DOWN_UNITS(NT) down_grp_units<NT>(w, as, stride, nu, pm, b0v, b1v, wts, part, hidden, rw)
+        auto put = [&](int i, int uu, float s0, float s1) {
+            const int p = pm[i];
+            const float wt = wts[p];
+            float* pp = part + (size_t)p * hidden + rw + 2 * uu;
+            pp[0] = wt * s0;
+            pp[1] = wt * s1;
+        };
+#define DOWN_UNITS(NT) grp_units<NT>(w, as, stride, nu, b0v, b1v, put)
         GRP_DISPATCH(nm, DOWN_UNITS)
 #undef DOWN_UNITS
     }
@@ -876,12 +868,7 @@ __device__ __forceinline__ void moe_down_grp_body(const u8* __restrict__ blocks,
     while (last) {
         const int t = grp.p[__ffs(last) - 1] / k;
         last &= last - 1u;
-        for (int r = r0 + threadIdx.x; r < r1; r += blockDim.x) {
-            float sum = 0.0f;
-            for (int j = 0; j < k; ++j) sum += __ldcg(part + ((size_t)t * k + j) * hidden + r);
-            float* o = y + (size_t)t * hidden + r;
-            *o = accumulate ? *o + sum : sum;
-        }
+        moe_combine_rows(part, y, t, k, hidden, r0, r1, accumulate);
     }
 }
 
