@@ -288,9 +288,13 @@ __device__ __forceinline__ float tcg_sum(float (*red)[16][8 * TN], int row, int 
     return s;
 }
 
-// Dense projections. grid = (ceil(rows / 16), ceil(tokens / (8 TN))), block = 32 * TCG_WARPS;
+// Dense projections. grid = (row-tile blocks, ceil(tokens / (8 TN))), block = 32 * TCG_WARPS;
 // dynamic shared memory = tc_gemv_smem (ops.rs): min(tokens, 8 TN) staged rows of (cols +
 // TCG_XPAD) bf16, then the staging's squares. cols a multiple of E (16 bf16, 32 MXFP4).
+// Block b takes row tiles b, b + gridDim.x, …: one each where the grid covers every tile; a
+// grid of fewer blocks (the host sizes it to the resident slots for a long matrix such as the
+// lm_head) stages its tokens once and streams tile after tile, the next tile's first chunks
+// loaded while the current one is summed. Each tile's sums are the same in either case.
 // The entry points load the first chunks (tcg_prefetch: immutable weights only) before
 // pdl_enter(), then run the body.
 template <class W, int TN>
@@ -303,9 +307,10 @@ __device__ __forceinline__ void gemv_tc_body(const W wp, typename W::Raw (&cur)[
     extern __shared__ __align__(16) unsigned char tcg_smem[];
     __shared__ float red[TCG_WARPS][16][8 * TN];
     __shared__ float rs_s[TCG_TOKENS];
-    const int r0 = blockIdx.x * 16 + ((threadIdx.x & 31) >> 2);
+    const int g = (threadIdx.x & 31) >> 2;
     const int t0 = blockIdx.y * 8 * TN, nt = min(8 * TN, tokens - t0);
     const int nchunks = (cols + 4 * W::E - 1) / (4 * W::E);
+    const int ntiles = (rows + 15) >> 4;
 
     const int stride = cols + TCG_XPAD;
     bf16_t* xs = reinterpret_cast<bf16_t*>(tcg_smem);
@@ -313,15 +318,20 @@ __device__ __forceinline__ void gemv_tc_body(const W wp, typename W::Raw (&cur)[
     float* ss = sq + nt * (((cols >> 2) + 31) >> 5);
     const float* xt = x + (size_t)t0 * cols;
     tcg_stage([&](int n) { return xt + (size_t)n * cols; }, norm_w, cols, nt, stride, xs, sq, ss);
-    tcg_tile<W, TN>(wp, r0, rows, cols, nchunks, cur, xs, stride, nt, red);
     if (threadIdx.x < nt) rs_s[threadIdx.x] = norm_w ? rsqrtf(ss[threadIdx.x] / (float)cols + eps) : 1.0f;
-    __syncthreads();
-    for (int i = threadIdx.x; i < 16 * 8 * TN; i += blockDim.x) {
-        const int row = i / (8 * TN), tok = i % (8 * TN), r = blockIdx.x * 16 + row;
-        if (tok >= nt || r >= rows) continue;
-        const float s = tcg_sum<TN>(red, row, tok) * rs_s[tok] + (bias ? bf2f(bias[r]) : 0.0f);
-        float* yp = y + (size_t)(t0 + tok) * rows + r;
-        *yp = accumulate ? *yp + s : s;
+    for (int tile = blockIdx.x; tile < ntiles; tile += gridDim.x) {
+        tcg_tile<W, TN>(wp, tile * 16 + g, rows, cols, nchunks, cur, xs, stride, nt, red);
+        const int next = tile + gridDim.x;
+        if (next < ntiles) tcg_prefetch(wp, next * 16 + g, rows, nchunks, cur);
+        __syncthreads();
+        for (int i = threadIdx.x; i < 16 * 8 * TN; i += blockDim.x) {
+            const int row = i / (8 * TN), tok = i % (8 * TN), r = tile * 16 + row;
+            if (tok >= nt || r >= rows) continue;
+            const float s = tcg_sum<TN>(red, row, tok) * rs_s[tok] + (bias ? bf2f(bias[r]) : 0.0f);
+            float* yp = y + (size_t)(t0 + tok) * rows + r;
+            *yp = accumulate ? *yp + s : s;
+        }
+        if (next < ntiles) __syncthreads();  // red is written again by the next tile
     }
     if (norm_w && x_out) {
         const int per = (cols + gridDim.x - 1) / gridDim.x;

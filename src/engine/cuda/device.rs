@@ -2,7 +2,7 @@
 //! the device's own architecture (NVRTC, disk-cached).
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use anyhow::{Result, bail};
@@ -75,6 +75,8 @@ pub struct Gpu {
     sms: usize,
     /// Programmatic dependent launch (sm_90 and later, unless `MXTUNE_PDL=0`).
     pdl: bool,
+    /// [`Gpu::resident_blocks`] answers, by (kernel, threads, dynamic shared memory).
+    resident: Mutex<HashMap<(&'static str, u32, usize), usize>>,
     /// Cold/warm start report of the kernel load.
     pub load_report: LoadReport,
 }
@@ -157,6 +159,7 @@ impl Gpu {
             dynamic_shared,
             max_shared,
             sms,
+            resident: Mutex::new(HashMap::new()),
             load_report,
         })
     }
@@ -189,6 +192,25 @@ impl Gpu {
     /// Streaming multiprocessors of the device.
     pub fn sms(&self) -> usize {
         self.sms
+    }
+
+    /// Blocks of `kernel` (`threads` each, `smem` bytes of dynamic shared memory) that fit
+    /// on one multiprocessor at once, as the driver's occupancy calculator counts them (its
+    /// registers, shared memory and launch bounds); at least 1. Asked once per shape.
+    pub fn resident_blocks(&self, kernel: &str, threads: u32, smem: usize) -> Result<usize> {
+        let Some((&name, f)) = self.funcs.get_key_value(kernel) else {
+            bail!("kernel {kernel} is not in the dispatch table");
+        };
+        let mut known = self.resident.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(&n) = known.get(&(name, threads, smem)) {
+            return Ok(n);
+        }
+        let n = f
+            .occupancy_max_active_blocks_per_multiprocessor(threads, smem, None)
+            .drv(|| format!("occupancy of {kernel}"))?
+            .max(1) as usize;
+        known.insert((name, threads, smem), n);
+        Ok(n)
     }
 
     /// The stream every launch goes to.

@@ -213,9 +213,75 @@ fn tc_gemv_pass() -> Result<usize> {
     .map_err(anyhow::Error::msg)
 }
 
-/// The tensor-core decode GEMV (`gemv_tc.cu`): y[t] (+)= W x[t] + b for `t` tokens, 8 per
-/// pass over W (16 with [`TCG_PASS_ENV`]), bf16 activations; `format` "bf16" or "fp4" names the entry points and
-/// `weights` their weight arguments.
+/// Environment knob for A/B runs: `MXTUNE_TCG_PERSIST=0` gives every row tile of the
+/// tensor-core GEMV its own block, as before the persistent grid ([`tc_gemv_plan`]).
+pub const TCG_PERSIST_ENV: &str = "MXTUNE_TCG_PERSIST";
+
+/// Whether a long matrix runs on a grid of the resident slots ([`TCG_PERSIST_ENV`]; on
+/// unless set to 0).
+fn tc_gemv_persist() -> Result<bool> {
+    static ON: std::sync::OnceLock<Result<bool, String>> = std::sync::OnceLock::new();
+    ON.get_or_init(|| match std::env::var(TCG_PERSIST_ENV).as_deref() {
+        Err(_) | Ok("") | Ok("1") => Ok(true),
+        Ok("0") => Ok(false),
+        Ok(v) => Err(format!("{TCG_PERSIST_ENV}={v}: expected 0 or 1")),
+    })
+    .clone()
+    .map_err(anyhow::Error::msg)
+}
+
+/// A matrix of at least this many waves of the resident slots runs on a grid of the slots.
+const TCG_PERSIST_WAVES: usize = 4;
+
+/// How one tensor-core GEMV launch covers its matrix.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TcgPlan {
+    /// Tokens one pass over the weights takes: 8 or [`TCG_TOKENS`] (the kernel).
+    pub per_pass: usize,
+    /// Blocks per pass; fewer than the row tiles when each block streams several.
+    pub grid_x: usize,
+}
+
+/// The plan for `tiles` row tiles of 16 and `t` tokens. `slots` is how many blocks of the
+/// 8-token and of the 16-token kernel the whole device holds at once; `pass` the most tokens a pass takes unless
+/// the matrix is long ([`TCG_PASS_ENV`]: 8 or 16).
+///
+/// Each block stages its tokens' activations (8 × cols × 4 bytes of fp32 read per 8 tokens)
+/// before it streams one tile's weights (16 × cols × 2 bytes): a block per tile reads as many
+/// activation bytes as weight bytes at 8 tokens. A long matrix (the lm_head: 12 568 tiles of
+/// gpt-oss) of at least [`TCG_PERSIST_WAVES`] waves of the slots therefore runs on a grid of
+/// the slots, each block staging once and streaming tile after tile, and takes up to 16
+/// tokens in one pass, so its weights are read from DRAM once a step. The short ones (qkv, o,
+/// the router: at most ~2 waves) keep a block per tile and 8 tokens per pass (run 61: two
+/// 8-token passes beat one 16-token pass there, 3 blocks per SM against 2). With `persist`
+/// off every matrix keeps a block per tile.
+pub fn tc_gemv_plan(
+    tiles: usize,
+    t: usize,
+    pass: usize,
+    persist: bool,
+    slots: [usize; 2],
+) -> TcgPlan {
+    let slots = |per_pass: usize| slots[usize::from(per_pass != 8)].max(1);
+    let per_pass = if t <= 8 {
+        8
+    } else if pass == TCG_TOKENS || (persist && tiles >= TCG_PERSIST_WAVES * slots(TCG_TOKENS)) {
+        TCG_TOKENS
+    } else {
+        8
+    };
+    let passes = t.div_ceil(per_pass).max(1);
+    let grid_x = if persist && tiles * passes >= TCG_PERSIST_WAVES * slots(per_pass) {
+        (slots(per_pass) / passes).clamp(1, tiles)
+    } else {
+        tiles
+    };
+    TcgPlan { per_pass, grid_x }
+}
+
+/// The tensor-core decode GEMV (`gemv_tc.cu`): y[t] (+)= W x[t] + b for `t` tokens in passes
+/// of 8 or 16 ([`tc_gemv_plan`]), bf16 activations; `format` "bf16" or "fp4" names the entry
+/// points and `weights` their weight arguments.
 fn gemv_tc(
     g: &Gpu,
     format: &str,
@@ -229,12 +295,7 @@ fn gemv_tc(
     accumulate: bool,
     norm: Option<Norm>,
 ) -> Result<()> {
-    let (kernel, per_pass) = match (format, t <= 8 || tc_gemv_pass()? == 8) {
-        ("bf16", true) => ("gemv_tc_bf16_t8", 8),
-        ("bf16", false) => ("gemv_tc_bf16_t16", TCG_TOKENS),
-        (_, true) => ("gemv_tc_fp4_t8", 8),
-        (_, false) => ("gemv_tc_fp4_t16", TCG_TOKENS),
-    };
+    let plan = tc_gemv_launch_plan(g, format, rows, cols, t)?;
     let mut args = weights.to_vec();
     args.extend([
         opt(bias),
@@ -249,12 +310,46 @@ fn gemv_tc(
         opt(norm.map(|n| n.out)),
     ]);
     g.launch(
-        kernel,
-        (u(rows.div_ceil(TCG_ROWS))?, u(t.div_ceil(per_pass))?, 1),
+        tc_gemv_kernel(format, plan.per_pass),
+        (u(plan.grid_x)?, u(t.div_ceil(plan.per_pass))?, 1),
         (TCG_THREADS, 1, 1),
-        u(tc_gemv_smem(cols, t.min(per_pass)))?,
+        u(tc_gemv_smem(cols, t.min(plan.per_pass)))?,
         &args,
     )
+}
+
+/// The tensor-core GEMV entry point of `format` ("bf16" or "fp4") taking `per_pass` tokens.
+fn tc_gemv_kernel(format: &str, per_pass: usize) -> &'static str {
+    match (format, per_pass == 8) {
+        ("bf16", true) => "gemv_tc_bf16_t8",
+        ("bf16", false) => "gemv_tc_bf16_t16",
+        (_, true) => "gemv_tc_fp4_t8",
+        (_, false) => "gemv_tc_fp4_t16",
+    }
+}
+
+/// The [`TcgPlan`] a tensor-core GEMV of `format` ("bf16" or "fp4") weights, `rows` × `cols`,
+/// runs with for `t` tokens on this device (its kernels' resident blocks per SM, as the
+/// driver counts them, times the SMs).
+pub fn tc_gemv_launch_plan(
+    g: &Gpu,
+    format: &str,
+    rows: usize,
+    cols: usize,
+    t: usize,
+) -> Result<TcgPlan> {
+    let slots = |per_pass: usize| -> Result<usize> {
+        let kernel = tc_gemv_kernel(format, per_pass);
+        let smem = tc_gemv_smem(cols, t.min(per_pass));
+        Ok(g.resident_blocks(kernel, TCG_THREADS, smem)? * g.sms())
+    };
+    Ok(tc_gemv_plan(
+        rows.div_ceil(TCG_ROWS),
+        t,
+        tc_gemv_pass()?,
+        tc_gemv_persist()?,
+        [slots(8)?, slots(TCG_TOKENS)?],
+    ))
 }
 
 /// Routing fused into the router GEMV: the top-k experts of each token and their softmax
@@ -2649,6 +2744,38 @@ pub fn moe_grouped(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The tensor-core GEMV's grid: a block per row tile for the short matrices, the resident
+    /// slots for a long one, which then also takes 16 tokens in one pass.
+    #[test]
+    fn tc_gemv_plan_streams_long_matrices_on_the_slots() {
+        // An H100's slots at K = 2880: 3 blocks per SM of the 8-token kernel, 2 of the 16-token.
+        let slots = [3 * 132, 2 * 132];
+        let plan = |tiles, t, pass, persist| tc_gemv_plan(tiles, t, pass, persist, slots);
+        let tp = |per_pass, grid_x| TcgPlan { per_pass, grid_x };
+        // qkv (320 tiles), o (180): a block per tile; two passes of 8 above 8 tokens.
+        for t in [1, 4, 8, 9, 16] {
+            assert_eq!(plan(320, t, 8, true), tp(8, 320), "qkv, t={t}");
+            assert_eq!(plan(180, t, 8, true), tp(8, 180), "o, t={t}");
+        }
+        // The lm_head (201 088 rows): the slots, one pass of up to 16 tokens.
+        assert_eq!(plan(12_568, 1, 8, true), tp(8, 396));
+        assert_eq!(plan(12_568, 8, 8, true), tp(8, 396));
+        assert_eq!(plan(12_568, 9, 8, true), tp(16, 264));
+        assert_eq!(plan(12_568, 16, 8, true), tp(16, 264));
+        // Off: as before, a block per tile, 8 tokens a pass unless 16 are asked for.
+        assert_eq!(plan(12_568, 16, 8, false), tp(8, 12_568));
+        assert_eq!(plan(12_568, 16, 16, false), tp(16, 12_568));
+        assert_eq!(plan(320, 16, 16, true), tp(16, 320));
+        // Exactly four waves is long; just under is not.
+        assert_eq!(plan(4 * 396, 1, 8, true), tp(8, 396));
+        assert_eq!(plan(4 * 396 - 1, 1, 8, true), tp(8, 4 * 396 - 1));
+        // A long matrix in two passes (asked for 8): half the slots each.
+        assert_eq!(tc_gemv_plan(4000, 16, 8, true, [3 * 132, 4000]), tp(8, 198));
+        // No slot reported (a device that fits none): one block, never zero.
+        assert_eq!(tc_gemv_plan(100, 1, 8, true, [0, 0]), tp(8, 1));
+        assert_eq!(tc_gemv_plan(0, 1, 8, true, slots), tp(8, 0));
+    }
 
     /// The tensor-core prefill attention's tiles: at most 16 rows, cut where the sequence (KV
     /// offset) changes or the positions stop being consecutive.

@@ -1934,10 +1934,17 @@ fn fp32_input_checks(
 /// its MMAs multiply: bf16(x · norm_w) (or bf16(x)) and the weights (MXFP4 dequantized,
 /// exact in bf16), the norm's 1/rms (from the fp32 x) applied to the sums. Only the fp32
 /// accumulation order differs. Shapes: one and two n8 token tiles, partial tiles of rows and
-/// tokens, two token passes (t > 16), a last chunk of columns only partly inside the row.
+/// tokens, two token passes (t > 16), a last chunk of columns only partly inside the row, and
+/// a matrix long enough (rows from the device's SM count) that a grid of the resident slots
+/// streams several row tiles a block (`ops::tc_gemv_plan`), at 1, 8 and 12 tokens.
 fn check_gemv_tc(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
     let mut res = Vec::new();
+    // Four waves of up to 8 blocks an SM, and a partial last tile.
+    let long = 16 * 4 * 8 * g.sms() + 7;
     for (rows, cols, t, bias, acc, norm) in [
+        (long, 256, 1, true, false, true),
+        (long, 256, 8, false, true, false),
+        (long, 256, 12, true, false, true),
         (5120, 2880, 1, true, false, true),
         (2880, 4096, 1, true, true, false),
         (1001, 2880, 5, true, false, false),
@@ -1990,9 +1997,16 @@ fn check_gemv_tc(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
                     nrm,
                 )?,
             }
+            let format = if fp4 { "fp4" } else { "bf16" };
+            let plan = ops::tc_gemv_launch_plan(g, format, rows, cols, t)?;
+            let tiles = rows.div_ceil(16);
+            let grid = if plan.grid_x < tiles {
+                format!(" ({} blocks streaming {tiles} row tiles)", plan.grid_x)
+            } else {
+                String::new()
+            };
             let label = format!(
-                "gemv_tc_{} {rows}x{cols} t={t} bias={bias} acc={acc} norm={norm}",
-                if fp4 { "fp4" } else { "bf16" }
+                "gemv_tc_{format} {rows}x{cols} t={t} bias={bias} acc={acc} norm={norm}{grid}"
             );
             // What the MMAs multiply, and the per-token factor applied to the sums.
             let (xb, scale): (Vec<f32>, Vec<f64>) = if norm {
