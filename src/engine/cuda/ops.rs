@@ -242,26 +242,32 @@ pub struct TcgPlan {
     pub grid_x: usize,
 }
 
-/// The plan for `tiles` row tiles of 16 and `t` tokens. `slots` is how many blocks of the
-/// 8-token and of the 16-token kernel the whole device holds at once; `pass` the most tokens a pass takes unless
-/// the matrix is long ([`TCG_PASS_ENV`]: 8 or 16).
+/// The plan for `tiles` row tiles of 16 and `t` tokens of weights of `bytes32` bytes per 32
+/// (64 bf16, 17 MXFP4). `slots` is how many blocks of the 8-token and of the 16-token kernel
+/// the whole device holds at once; `pass` the most tokens a pass takes unless the matrix is
+/// streamed ([`TCG_PASS_ENV`]: 8 or 16).
 ///
-/// Each block stages its tokens' activations (8 × cols × 4 bytes of fp32 read per 8 tokens)
-/// before it streams one tile's weights (16 × cols × 2 bytes): a block per tile reads as many
-/// activation bytes as weight bytes at 8 tokens. A long matrix (the lm_head: 12 568 tiles of
-/// gpt-oss) of at least [`TCG_PERSIST_WAVES`] waves of the slots therefore runs on a grid of
-/// the slots, each block staging once and streaming tile after tile, and takes up to 16
-/// tokens in one pass, so its weights are read from DRAM once a step. The short ones (qkv, o,
-/// the router: at most ~2 waves) keep a block per tile and 8 tokens per pass (run 61: two
-/// 8-token passes beat one 16-token pass there, 3 blocks per SM against 2). With `persist`
-/// off every matrix keeps a block per tile.
+/// Each block stages its tokens' activations (t × cols × 4 bytes of fp32) before it streams
+/// one tile's weights (16 × cols × bytes32 / 32 bytes): a block per tile reads as many
+/// activation bytes as bf16 weight bytes at 8 tokens. A long matrix (the lm_head: 12 568 tiles
+/// of gpt-oss) of at least [`TCG_PERSIST_WAVES`] waves of the slots whose blocks would stage
+/// at least a quarter as many bytes as they stream (bf16 from 2 tokens, MXFP4 from 1)
+/// therefore runs on a grid of the slots, each block staging once and streaming tile after
+/// tile, and takes up to 16 tokens in one pass, so its weights are read from DRAM once a step.
+/// (bf16 at one token, where the staging is an eighth of the weights, measured 2 % slower
+/// streamed: docs/perf.md run 123.) The short ones (qkv, o, the router: at most ~2 waves)
+/// keep a block per tile and 8 tokens per pass (run 61: two 8-token passes beat one 16-token
+/// pass there, 3 blocks per SM against 2). With `persist` off every matrix keeps a block per
+/// tile.
 pub fn tc_gemv_plan(
     tiles: usize,
     t: usize,
+    bytes32: usize,
     pass: usize,
     persist: bool,
     slots: [usize; 2],
 ) -> TcgPlan {
+    let persist = persist && 32 * t >= bytes32;
     let slots = |per_pass: usize| slots[usize::from(per_pass != 8)].max(1);
     let per_pass = if t <= 8 {
         8
@@ -346,6 +352,7 @@ pub fn tc_gemv_launch_plan(
     Ok(tc_gemv_plan(
         rows.div_ceil(TCG_ROWS),
         t,
+        if format == "bf16" { 64 } else { 17 },
         tc_gemv_pass()?,
         tc_gemv_persist()?,
         [slots(8)?, slots(TCG_TOKENS)?],
@@ -490,6 +497,49 @@ pub fn router_rows(
     )
 }
 
+/// Most rows one block of `gemv_bf16_wide` takes (kernel constant `GEMV_WIDE_R`).
+const GEMV_WIDE_R: usize = 4;
+
+/// Environment knob for A/B runs: rows per block of `gemv_bf16_wide` (the router), 1 to
+/// [`GEMV_WIDE_R`], instead of [`wide_rows_per_block`]'s choice.
+pub const WIDE_ROWS_ENV: &str = "MXTUNE_ROUTER_ROWS";
+
+/// [`WIDE_ROWS_ENV`]'s value: None unset (or `auto`).
+fn wide_rows_env() -> Result<Option<usize>> {
+    static ROWS: std::sync::OnceLock<Result<Option<usize>, String>> = std::sync::OnceLock::new();
+    ROWS.get_or_init(|| match std::env::var(WIDE_ROWS_ENV).as_deref() {
+        Err(_) | Ok("") | Ok("auto") => Ok(None),
+        Ok(v) => match v.parse::<usize>() {
+            Ok(n) if (1..=GEMV_WIDE_R).contains(&n) => Ok(Some(n)),
+            _ => Err(format!(
+                "{WIDE_ROWS_ENV}={v}: expected auto or a row count from 1 to {GEMV_WIDE_R}"
+            )),
+        },
+    })
+    .clone()
+    .map_err(anyhow::Error::msg)
+}
+
+/// Rows per block of `gemv_bf16_wide` for `rows` rows and `t` tokens on `sms` SMs. A block
+/// reads its tokens' activations (fp32, 4 tokens a block row) once for all its rows, so more
+/// rows a block divide those reads: at 16 tokens a block of one router row reads 30 times as
+/// many activation bytes as weight bytes. More rows a block also mean fewer blocks, so rows
+/// are added only while the grid keeps at least half a block per SM.
+pub fn wide_rows_per_block(rows: usize, t: usize, sms: usize, forced: Option<usize>) -> usize {
+    if let Some(n) = forced {
+        return n.clamp(1, GEMV_WIDE_R);
+    }
+    let blocks = rows * t.div_ceil(GEMV_TOKENS);
+    (blocks / (sms / 2).max(1)).clamp(1, GEMV_WIDE_R)
+}
+
+/// Rows per block a `gemv_bf16_wide` launch (the SIMT GEMV of fewer than
+/// [`GEMV_WIDE_ROWS`] rows: the router) takes on this device ([`wide_rows_per_block`], or
+/// [`WIDE_ROWS_ENV`]).
+pub fn wide_rows(g: &Gpu, rows: usize, t: usize) -> Result<usize> {
+    Ok(wide_rows_per_block(rows, t, g.sms(), wide_rows_env()?))
+}
+
 fn gemv_launch(
     g: &Gpu,
     w: u64,
@@ -504,8 +554,9 @@ fn gemv_launch(
     topk: Option<TopK>,
 ) -> Result<()> {
     let wide = rows < GEMV_WIDE_ROWS;
+    let rpb = if wide { wide_rows(g, rows, t)? } else { 1 };
     let (kernel, blocks) = match (wide, norm.is_some()) {
-        (true, _) => ("gemv_bf16_wide", rows),
+        (true, _) => ("gemv_bf16_wide", rows.div_ceil(rpb)),
         (false, true) => ("gemv_bf16_norm", rows.div_ceil(GEMV_ROWS)),
         (false, false) => ("gemv_bf16", rows.div_ceil(GEMV_ROWS)),
     };
@@ -538,6 +589,7 @@ fn gemv_launch(
             opt(topk.map(|k| k.w)),
             i(topk.map_or(0, |k| k.k))?,
             opt(topk.map(|k| k.counter)),
+            i(rpb)?,
         ]);
     }
     g.launch(
@@ -2747,20 +2799,42 @@ mod tests {
 
     /// The tensor-core GEMV's grid: a block per row tile for the short matrices, the resident
     /// slots for a long one, which then also takes 16 tokens in one pass.
+    /// The router's rows per block: one at small batches, more as the token groups multiply
+    /// the grid, never past the kernel's most or below one; a forced count is kept in range.
+    #[test]
+    fn wide_rows_per_block_grows_with_the_token_groups() {
+        let rpb = |rows, t| wide_rows_per_block(rows, t, 132, None);
+        // gpt-oss-120b's router (128 experts) on an H100.
+        assert_eq!(
+            [1, 4, 5, 8, 12, 16].map(|t| rpb(128, t)),
+            [1, 1, 3, 3, 4, 4]
+        );
+        // gpt-oss-20b's (32 experts): the grid is small already.
+        assert_eq!([1, 8, 16].map(|t| rpb(32, t)), [1, 1, 1]);
+        assert_eq!(rpb(2047, 16), GEMV_WIDE_R);
+        assert_eq!(wide_rows_per_block(128, 16, 0, None), GEMV_WIDE_R);
+        assert_eq!(wide_rows_per_block(128, 16, 132, Some(2)), 2);
+        assert_eq!(wide_rows_per_block(128, 1, 132, Some(9)), GEMV_WIDE_R);
+    }
+
     #[test]
     fn tc_gemv_plan_streams_long_matrices_on_the_slots() {
         // An H100's slots at K = 2880: 3 blocks per SM of the 8-token kernel, 2 of the 16-token.
         let slots = [3 * 132, 2 * 132];
-        let plan = |tiles, t, pass, persist| tc_gemv_plan(tiles, t, pass, persist, slots);
+        let plan = |tiles, t, pass, persist| tc_gemv_plan(tiles, t, 64, pass, persist, slots);
         let tp = |per_pass, grid_x| TcgPlan { per_pass, grid_x };
         // qkv (320 tiles), o (180): a block per tile; two passes of 8 above 8 tokens.
         for t in [1, 4, 8, 9, 16] {
             assert_eq!(plan(320, t, 8, true), tp(8, 320), "qkv, t={t}");
             assert_eq!(plan(180, t, 8, true), tp(8, 180), "o, t={t}");
         }
-        // The lm_head (201 088 rows): the slots, one pass of up to 16 tokens.
-        assert_eq!(plan(12_568, 1, 8, true), tp(8, 396));
+        // The lm_head (201 088 rows): the slots from 2 tokens, one pass of up to 16 tokens; at
+        // one token a bf16 block stages an eighth of its weight bytes: a block per tile.
+        assert_eq!(plan(12_568, 1, 8, true), tp(8, 12_568));
+        assert_eq!(plan(12_568, 2, 8, true), tp(8, 396));
         assert_eq!(plan(12_568, 8, 8, true), tp(8, 396));
+        // MXFP4 (17 bytes per 32 weights) from one token.
+        assert_eq!(tc_gemv_plan(12_568, 1, 17, 8, true, slots), tp(8, 396));
         assert_eq!(plan(12_568, 9, 8, true), tp(16, 264));
         assert_eq!(plan(12_568, 16, 8, true), tp(16, 264));
         // Off: as before, a block per tile, 8 tokens a pass unless 16 are asked for.
@@ -2768,13 +2842,14 @@ mod tests {
         assert_eq!(plan(12_568, 16, 16, false), tp(16, 12_568));
         assert_eq!(plan(320, 16, 16, true), tp(16, 320));
         // Exactly four waves is long; just under is not.
-        assert_eq!(plan(4 * 396, 1, 8, true), tp(8, 396));
-        assert_eq!(plan(4 * 396 - 1, 1, 8, true), tp(8, 4 * 396 - 1));
+        assert_eq!(plan(4 * 396, 2, 8, true), tp(8, 396));
+        assert_eq!(plan(4 * 396 - 1, 2, 8, true), tp(8, 4 * 396 - 1));
         // A long matrix in two passes (asked for 8): half the slots each.
-        assert_eq!(tc_gemv_plan(4000, 16, 8, true, [3 * 132, 4000]), tp(8, 198));
+        let two = tc_gemv_plan(4000, 16, 64, 8, true, [3 * 132, 4000]);
+        assert_eq!(two, tp(8, 198));
         // No slot reported (a device that fits none): one block, never zero.
-        assert_eq!(tc_gemv_plan(100, 1, 8, true, [0, 0]), tp(8, 1));
-        assert_eq!(tc_gemv_plan(0, 1, 8, true, slots), tp(8, 0));
+        assert_eq!(tc_gemv_plan(100, 2, 64, 8, true, [0, 0]), tp(8, 1));
+        assert_eq!(tc_gemv_plan(0, 2, 64, 8, true, slots), tp(8, 0));
     }
 
     /// The tensor-core prefill attention's tiles: at most 16 rows, cut where the sequence (KV

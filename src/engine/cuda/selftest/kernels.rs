@@ -96,6 +96,15 @@ fn check_rmsnorm(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
     Ok(res)
 }
 
+/// " (n rows a block)" where the SIMT GEMV of `rows` rows runs the wide kernel with more than
+/// one row a block for `t` tokens.
+fn wide_label(g: &Gpu, rows: usize, t: usize) -> Result<String> {
+    Ok(match ops::wide_rows(g, rows, t)? {
+        n if n > 1 && rows < ops::GEMV_WIDE_ROWS => format!(" ({n} rows a block)"),
+        _ => String::new(),
+    })
+}
+
 fn check_gemv(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
     let mut res = Vec::new();
     // (rows, cols, tokens, bias, accumulate): vector path, scalar tail path, batch chunks.
@@ -106,6 +115,9 @@ fn check_gemv(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
         (2051, 2880, 6, true, true),
         (2049, 100, 1, false, false),
         (128, 2880, 1, true, false),
+        // Several rows a block of the wide kernel (ops::wide_rows), the last block partial.
+        (130, 2880, 16, true, true),
+        (99, 100, 9, false, false),
     ] {
         let c = DenseCase::new(g, s, rows, cols, t, bias, acc)?;
         let dy = c.out(g)?;
@@ -122,7 +134,10 @@ fn check_gemv(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
             None,
         )?;
         res.push(check(
-            format!("gemv_bf16 {rows}x{cols} t={t} bias={bias} acc={acc}"),
+            format!(
+                "gemv_bf16 {rows}x{cols} t={t} bias={bias} acc={acc}{}",
+                wide_label(g, rows, t)?
+            ),
             rel_err(&g.download(&dy)?, &c.want(&c.x)),
             1e-5,
         ));
@@ -136,6 +151,8 @@ fn check_gemv(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
         (100, 4096, 5),
         (2300, 100, 2),
         (50, 100, 5),
+        (128, 2880, 16),
+        (77, 100, 12),
     ] {
         let w = bf16_vec(s.next(), rows * cols, 0.05, 0.0);
         let b = bf16_vec(s.next(), rows, 1.0, 0.0);
@@ -165,13 +182,14 @@ fn check_gemv(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
         let h32: Vec<f32> = want_h.iter().map(|&v| v as f32).collect();
         let want = r::gemv(&w, Some(&b), &h32, None, cols);
         let (got, got_h) = (g.download(&dy)?, g.download(&dh)?);
+        let wide = wide_label(g, rows, t)?;
         res.push(check(
-            format!("rmsnorm+gemv {rows}x{cols} t={t}"),
+            format!("rmsnorm+gemv {rows}x{cols} t={t}{wide}"),
             rel_err(&got, &want),
             1e-5,
         ));
         res.push(check(
-            format!("rmsnorm+gemv {rows}x{cols} t={t} normed input"),
+            format!("rmsnorm+gemv {rows}x{cols} t={t}{wide} normed input"),
             rel_err(&got_h, &want_h),
             1e-5,
         ));
@@ -747,6 +765,8 @@ fn check_router(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
     let mut res = Vec::new();
     for (experts, k, t, rows) in [
         (128, 4, 3, false),
+        (128, 4, 16, false),
+        (130, 4, 9, false),
         (32, 4, 6, false),
         (8, 4, 1, false),
         (128, 4, 37, true),
