@@ -12,58 +12,106 @@
 #define GEMV_MAX_TOKENS 4
 #define GEMV_ROWS_PER_BLOCK 8
 
-// Partial dot products of rows wr, wr + cols, … (nr <= R of them) with tokens 0..nt-1 of x
-// (token t at x + t * cols) over 8-element chunks start, start+stride… (16-byte loads, four
-// in flight per thread and row). Each chunk of x is read once for the nr rows; a row's sums
-// are the same whatever nr and R.
+// Partial dot products of row `wr` with tokens 0..nt-1 of x (token t at x + t * cols) over
+// 8-element chunks start, start+stride… (16-byte loads, four in flight per thread).
 // NORM: the input is RMSNorm(x) · nw, folded into the dot product: each weight is scaled by
 // nw and the squares of x are summed in ss, so the caller finishes with
 // acc · rsqrt(ss / cols + eps) — no normalised copy of x and no block-wide pass first.
-template <bool NORM, int R>
-__device__ __forceinline__ void gemv_partial_rows(const bf16_t* __restrict__ wr, int nr,
-                                                  const float* __restrict__ x, const bf16_t* __restrict__ nw,
-                                                  int cols, int nt, int start, int stride,
-                                                  float (&acc)[R][GEMV_MAX_TOKENS],
-                                                  float (&ss)[GEMV_MAX_TOKENS]) {
+template <bool NORM>
+__device__ __forceinline__ void gemv_partial(const bf16_t* __restrict__ wr, const float* __restrict__ x,
+                                             const bf16_t* __restrict__ nw, int cols, int nt,
+                                             int start, int stride, float (&acc)[GEMV_MAX_TOKENS],
+                                             float (&ss)[GEMV_MAX_TOKENS]) {
     if ((cols & 7) == 0) {
         const uint4* w4 = reinterpret_cast<const uint4*>(wr);
         const uint4* n4 = reinterpret_cast<const uint4*>(nw);
         const int n8 = cols >> 3;
         for (int c0 = start; c0 < n8; c0 += 4 * stride) {
-            uint4 wv[R][4];
+            uint4 wv[4];
 #pragma unroll
-            for (int j = 0; j < R; ++j)
-#pragma unroll
-                for (int u = 0; u < 4; ++u)
-                    if (j < nr && c0 + u * stride < n8) wv[j][u] = __ldg(w4 + (size_t)j * n8 + c0 + u * stride);
+            for (int u = 0; u < 4; ++u)
+                if (c0 + u * stride < n8) wv[u] = __ldg(w4 + c0 + u * stride);
 #pragma unroll
             for (int u = 0; u < 4; ++u) {
                 const int c = c0 + u * stride;
                 if (c < n8) {
-                    float nf[8];
-                    if (NORM) bf16x8_to_f32(__ldg(n4 + c), nf);
+                    float wf[8];
+                    bf16x8_to_f32(wv[u], wf);
+                    if (NORM) {
+                        float nf[8];
+                        bf16x8_to_f32(__ldg(n4 + c), nf);
+#pragma unroll
+                        for (int e = 0; e < 8; ++e) wf[e] *= nf[e];
+                    }
 #pragma unroll
                     for (int t = 0; t < GEMV_MAX_TOKENS; ++t) {
                         if (t < nt) {
                             const float4* xp = reinterpret_cast<const float4*>(x + (size_t)t * cols) + 2 * c;
                             const float4 a = xp[0], b = xp[1];
+                            acc[t] += wf[0] * a.x + wf[1] * a.y + wf[2] * a.z + wf[3] * a.w +
+                                      wf[4] * b.x + wf[5] * b.y + wf[6] * b.z + wf[7] * b.w;
                             if (NORM)
                                 ss[t] += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w +
                                          b.x * b.x + b.y * b.y + b.z * b.z + b.w * b.w;
-#pragma unroll
-                            for (int j = 0; j < R; ++j) {
-                                if (j < nr) {
-                                    float wf[8];
-                                    bf16x8_to_f32(wv[j][u], wf);
-                                    if (NORM) {
-#pragma unroll
-                                        for (int e = 0; e < 8; ++e) wf[e] *= nf[e];
-                                    }
-                                    acc[j][t] += wf[0] * a.x + wf[1] * a.y + wf[2] * a.z + wf[3] * a.w +
-                                                 wf[4] * b.x + wf[5] * b.y + wf[6] * b.z + wf[7] * b.w;
-                                }
-                            }
                         }
+                    }
+                }
+            }
+        }
+    } else {
+        for (int c = start; c < cols; c += stride) {
+            const float wf = bf2f(wr[c]) * (NORM ? bf2f(nw[c]) : 1.0f);
+#pragma unroll
+            for (int t = 0; t < GEMV_MAX_TOKENS; ++t)
+                if (t < nt) {
+                    const float v = x[(size_t)t * cols + c];
+                    acc[t] += wf * v;
+                    if (NORM) ss[t] += v * v;
+                }
+        }
+    }
+}
+
+// gemv_partial for nr <= GEMV_WIDE_R rows wr, wr + cols, …: chunk by chunk, each chunk of x
+// read once for the nr rows, whose loads are in flight together. A thread takes the same
+// chunks in the same order as gemv_partial, so each row's sums are the same as there.
+#define GEMV_WIDE_R 4
+template <bool NORM>
+__device__ __forceinline__ void gemv_partial_rows(const bf16_t* __restrict__ wr, int nr,
+                                                  const float* __restrict__ x, const bf16_t* __restrict__ nw,
+                                                  int cols, int nt, int start, int stride,
+                                                  float (&acc)[GEMV_WIDE_R][GEMV_MAX_TOKENS],
+                                                  float (&ss)[GEMV_MAX_TOKENS]) {
+    if ((cols & 7) == 0) {
+        const uint4* w4 = reinterpret_cast<const uint4*>(wr);
+        const uint4* n4 = reinterpret_cast<const uint4*>(nw);
+        const int n8 = cols >> 3;
+        for (int c = start; c < n8; c += stride) {
+            uint4 wv[GEMV_WIDE_R];
+#pragma unroll
+            for (int j = 0; j < GEMV_WIDE_R; ++j)
+                if (j < nr) wv[j] = __ldg(w4 + (size_t)j * n8 + c);
+            float nf[8];
+            if (NORM) bf16x8_to_f32(__ldg(n4 + c), nf);
+#pragma unroll
+            for (int j = 0; j < GEMV_WIDE_R; ++j) {
+                if (j >= nr) break;
+                float wf[8];
+                bf16x8_to_f32(wv[j], wf);
+                if (NORM) {
+#pragma unroll
+                    for (int e = 0; e < 8; ++e) wf[e] *= nf[e];
+                }
+#pragma unroll
+                for (int t = 0; t < GEMV_MAX_TOKENS; ++t) {
+                    if (t < nt) {
+                        const float4* xp = reinterpret_cast<const float4*>(x + (size_t)t * cols) + 2 * c;
+                        const float4 a = xp[0], b = xp[1];
+                        acc[j][t] += wf[0] * a.x + wf[1] * a.y + wf[2] * a.z + wf[3] * a.w +
+                                     wf[4] * b.x + wf[5] * b.y + wf[6] * b.z + wf[7] * b.w;
+                        if (NORM && j == 0)
+                            ss[t] += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w +
+                                     b.x * b.x + b.y * b.y + b.z * b.z + b.w * b.w;
                     }
                 }
             }
@@ -72,26 +120,19 @@ __device__ __forceinline__ void gemv_partial_rows(const bf16_t* __restrict__ wr,
         for (int c = start; c < cols; c += stride) {
             const float n = NORM ? bf2f(nw[c]) : 1.0f;
 #pragma unroll
-            for (int t = 0; t < GEMV_MAX_TOKENS; ++t)
-                if (t < nt) {
-                    const float v = x[(size_t)t * cols + c];
-                    if (NORM) ss[t] += v * v;
+            for (int j = 0; j < GEMV_WIDE_R; ++j) {
+                if (j >= nr) break;
+                const float wf = bf2f(wr[(size_t)j * cols + c]) * n;
 #pragma unroll
-                    for (int j = 0; j < R; ++j)
-                        if (j < nr) acc[j][t] += bf2f(wr[(size_t)j * cols + c]) * n * v;
-                }
+                for (int t = 0; t < GEMV_MAX_TOKENS; ++t)
+                    if (t < nt) {
+                        const float v = x[(size_t)t * cols + c];
+                        acc[j][t] += wf * v;
+                        if (NORM && j == 0) ss[t] += v * v;
+                    }
+            }
         }
     }
-}
-
-// The same for one row.
-template <bool NORM>
-__device__ __forceinline__ void gemv_partial(const bf16_t* __restrict__ wr, const float* __restrict__ x,
-                                             const bf16_t* __restrict__ nw, int cols, int nt,
-                                             int start, int stride, float (&acc)[GEMV_MAX_TOKENS],
-                                             float (&ss)[GEMV_MAX_TOKENS]) {
-    gemv_partial_rows<NORM, 1>(wr, 1, x, nw, cols, nt, start, stride,
-                               reinterpret_cast<float (&)[1][GEMV_MAX_TOKENS]>(acc), ss);
 }
 
 // Block `blockIdx.x` of `gridDim.x` writes its share of the normalised input
@@ -203,36 +244,31 @@ gemv_bf16_norm(const bf16_t* __restrict__ w, const bf16_t* __restrict__ bias,
     gemv_rows<true>(w, bias, x, y, rows, cols, tokens, accumulate, norm_w, eps, x_out, row, lane);
 }
 
-// grid = (ceil(rows / rpb), ceil(tokens / GEMV_MAX_TOKENS)), block = 256: rpb (1 …
-// GEMV_WIDE_R) rows a block, the block's threads splitting K, so each block reads its tokens'
-// activations once for its rpb rows (at 16 tokens and one row a block, the router's blocks
-// read 30 times as many activation bytes as weight bytes). With topk_idx non-null (the
-// router) the last block to finish a token group — counted in counter[blockIdx.y], which it
-// resets to 0 for the next launch or graph replay — picks each token's top-k experts of the
-// finished logits: topk_idx/topk_w [tokens, k]. Dynamic shared memory (with top-k):
+// grid = (ceil(rows / rpb), ceil(tokens / GEMV_MAX_TOKENS)), block = 256: gemv_bf16_wide
+// one row a block (rpb = 1), gemv_bf16_wide_rows rpb (2 … GEMV_WIDE_R) rows a block, its
+// threads splitting K, so each block reads its tokens' activations once for its rows (at 16
+// tokens and one row a block, the router's blocks read 30 times as many activation bytes as
+// weight bytes). A row's sums are the same in either. With topk_idx non-null (the router)
+// the last block to finish a token group — counted in counter[blockIdx.y], which it resets
+// to 0 for the next launch or graph replay — picks each token's top-k experts of the finished
+// logits: topk_idx/topk_w [tokens, k]. Dynamic shared memory (with top-k):
 // GEMV_MAX_TOKENS * rows floats, one copy of the logits per routing warp.
-#define GEMV_WIDE_R 4
-extern "C" __global__ void __launch_bounds__(256, GEMV_MINB)
-gemv_bf16_wide(const bf16_t* __restrict__ w, const bf16_t* __restrict__ bias,
-               const float* __restrict__ x, float* __restrict__ y,
-               int rows, int cols, int tokens, int accumulate,
-               const bf16_t* __restrict__ norm_w, float eps, float* __restrict__ x_out,
-               int* __restrict__ topk_idx, float* __restrict__ topk_w, int k,
-               unsigned* __restrict__ counter, int rpb) {
+template <int R>
+__device__ __forceinline__ void gemv_wide_body(const bf16_t* __restrict__ w, const bf16_t* __restrict__ bias,
+                                               const float* __restrict__ x, float* __restrict__ y,
+                                               int rows, int cols, int tokens, int accumulate,
+                                               const bf16_t* __restrict__ norm_w, float eps,
+                                               float* __restrict__ x_out, int* __restrict__ topk_idx,
+                                               float* __restrict__ topk_w, int k,
+                                               unsigned* __restrict__ counter, int row0, int nr) {
     extern __shared__ float vals[];
-    __shared__ float part[GEMV_WIDE_R + 1][GEMV_MAX_TOKENS][8];
+    __shared__ float part[R + 1][GEMV_MAX_TOKENS][8];
     __shared__ float rs_s[GEMV_MAX_TOKENS];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int r = max(1, min(rpb, GEMV_WIDE_R));
-    const int row0 = blockIdx.x * r, nr = min(r, rows - row0);
-#if GEMV_PREFETCH
-    if (blockIdx.y == 0) prefetch_l2(w + (size_t)row0 * cols, (size_t)nr * cols * 2, threadIdx.x, blockDim.x);
-#endif
-    pdl_enter();
-    const bf16_t* wr = w + (size_t)row0 * cols;
     const int t0 = blockIdx.y * GEMV_MAX_TOKENS;
     const int nt = min(GEMV_MAX_TOKENS, tokens - t0);
     const float* xt = x + (size_t)t0 * cols;
+    const bf16_t* wr = w + (size_t)row0 * cols;
     float acc[GEMV_WIDE_R][GEMV_MAX_TOKENS], ss[GEMV_MAX_TOKENS], rs[GEMV_MAX_TOKENS];
 #pragma unroll
     for (int t = 0; t < GEMV_MAX_TOKENS; ++t) {
@@ -240,34 +276,41 @@ gemv_bf16_wide(const bf16_t* __restrict__ w, const bf16_t* __restrict__ bias,
 #pragma unroll
         for (int j = 0; j < GEMV_WIDE_R; ++j) acc[j][t] = 0.0f;
     }
-    if (norm_w)
-        gemv_partial_rows<true, GEMV_WIDE_R>(wr, nr, xt, norm_w, cols, nt, threadIdx.x, blockDim.x, acc, ss);
-    else
-        gemv_partial_rows<false, GEMV_WIDE_R>(wr, nr, xt, norm_w, cols, nt, threadIdx.x, blockDim.x, acc, ss);
+    if (R == 1) {
+        float (&a0)[GEMV_MAX_TOKENS] = acc[0];
+        if (norm_w)
+            gemv_partial<true>(wr, xt, norm_w, cols, nt, threadIdx.x, blockDim.x, a0, ss);
+        else
+            gemv_partial<false>(wr, xt, norm_w, cols, nt, threadIdx.x, blockDim.x, a0, ss);
+    } else if (norm_w) {
+        gemv_partial_rows<true>(wr, nr, xt, norm_w, cols, nt, threadIdx.x, blockDim.x, acc, ss);
+    } else {
+        gemv_partial_rows<false>(wr, nr, xt, norm_w, cols, nt, threadIdx.x, blockDim.x, acc, ss);
+    }
     // One block reduction carries the dot products and the squares, for the group's nt tokens
     // only (nt and nr are uniform over the block: the shuffles of absent ones are skipped).
 #pragma unroll
     for (int t = 0; t < GEMV_MAX_TOKENS; ++t) {
         if (t >= nt) break;
 #pragma unroll
-        for (int j = 0; j < GEMV_WIDE_R; ++j) {
+        for (int j = 0; j < R; ++j) {
             if (j >= nr) break;
             const float s = warp_sum(acc[j][t]);
             if (lane == 0) part[j][t][warp] = s;
         }
         const float q = norm_w ? warp_sum(ss[t]) : 0.0f;
-        if (lane == 0) part[GEMV_WIDE_R][t][warp] = q;
+        if (lane == 0) part[R][t][warp] = q;
     }
     __syncthreads();
     if (warp == 0) {
 #pragma unroll
         for (int t = 0; t < GEMV_MAX_TOKENS; ++t) {
             if (t >= nt) break;
-            const float q = warp_sum(lane < 8 ? part[GEMV_WIDE_R][t][lane] : 0.0f);
+            const float q = warp_sum(lane < 8 ? part[R][t][lane] : 0.0f);
             const float r = norm_w ? rsqrtf(q / (float)cols + eps) : 1.0f;
             if (lane == 0) rs_s[t] = r;
 #pragma unroll
-            for (int j = 0; j < GEMV_WIDE_R; ++j) {
+            for (int j = 0; j < R; ++j) {
                 if (j >= nr) break;
                 const float s = warp_sum(lane < 8 ? part[j][t][lane] : 0.0f);
                 const float b = bias ? bf2f(bias[row0 + j]) : 0.0f;
@@ -299,6 +342,23 @@ gemv_bf16_wide(const bf16_t* __restrict__ w, const bf16_t* __restrict__ bias,
         topk_softmax_warp(y + (size_t)(t0 + warp) * rows, rows, k, topk_idx + (size_t)(t0 + warp) * k,
                           topk_w + (size_t)(t0 + warp) * k, vals + warp * rows);
 }
+
+#define GEMV_WIDE_ENTRY(name, R)                                                                \
+    extern "C" __global__ void __launch_bounds__(256, GEMV_MINB)                                \
+    name(const bf16_t* __restrict__ w, const bf16_t* __restrict__ bias,                         \
+         const float* __restrict__ x, float* __restrict__ y, int rows, int cols, int tokens,    \
+         int accumulate, const bf16_t* __restrict__ norm_w, float eps,                          \
+         float* __restrict__ x_out, int* __restrict__ topk_idx, float* __restrict__ topk_w,     \
+         int k, unsigned* __restrict__ counter, int rpb) {                                      \
+        const int rpb_ = max(1, min(rpb, R));                                                   \
+        const int row0 = blockIdx.x * rpb_, nr = min(rpb_, rows - row0);                        \
+        if (GEMV_PREFETCH && blockIdx.y == 0) prefetch_l2(w + (size_t)row0 * cols, (size_t)nr * cols * 2, threadIdx.x, blockDim.x); \
+        pdl_enter();                                                                            \
+        gemv_wide_body<R>(w, bias, x, y, rows, cols, tokens, accumulate, norm_w, eps, x_out,    \
+                          topk_idx, topk_w, k, counter, row0, nr);                              \
+    }
+GEMV_WIDE_ENTRY(gemv_bf16_wide, 1)
+GEMV_WIDE_ENTRY(gemv_bf16_wide_rows, GEMV_WIDE_R)
 
 // The router of a prefill chunk: logits[t, e] = W[e, :] . x[t, :] + b[e] for many tokens, then
 // each token's top-k and softmax (topk_softmax_warp), in one launch. A block takes RR_TM tokens

@@ -47,6 +47,7 @@ pub const KERNEL_FILES: &[KernelFile] = &[
             "gemv_bf16",
             "gemv_bf16_norm",
             "gemv_bf16_wide",
+            "gemv_bf16_wide_rows",
             "router_rows"
         ]
     ),

@@ -497,11 +497,12 @@ pub fn router_rows(
     )
 }
 
-/// Most rows one block of `gemv_bf16_wide` takes (kernel constant `GEMV_WIDE_R`).
+/// Most rows one block of `gemv_bf16_wide_rows` takes (kernel constant `GEMV_WIDE_R`).
 const GEMV_WIDE_R: usize = 4;
 
-/// Environment knob for A/B runs: rows per block of `gemv_bf16_wide` (the router), 1 to
-/// [`GEMV_WIDE_R`], instead of [`wide_rows_per_block`]'s choice.
+/// Environment knob for A/B runs: rows per block of the wide GEMV (the router), 1
+/// (`gemv_bf16_wide`) to [`GEMV_WIDE_R`] (`gemv_bf16_wide_rows`), instead of
+/// [`wide_rows_per_block`]'s choice.
 pub const WIDE_ROWS_ENV: &str = "MXTUNE_ROUTER_ROWS";
 
 /// [`WIDE_ROWS_ENV`]'s value: None unset (or `auto`).
@@ -520,7 +521,8 @@ fn wide_rows_env() -> Result<Option<usize>> {
     .map_err(anyhow::Error::msg)
 }
 
-/// Rows per block of `gemv_bf16_wide` for `rows` rows and `t` tokens on `sms` SMs. A block
+/// Rows per block of the wide GEMV for `rows` rows and `t` tokens on `sms` SMs (1:
+/// `gemv_bf16_wide`, more: `gemv_bf16_wide_rows`). A block
 /// reads its tokens' activations (fp32, 4 tokens a block row) once for all its rows, so more
 /// rows a block divide those reads: at 16 tokens a block of one router row reads 30 times as
 /// many activation bytes as weight bytes. More rows a block also mean fewer blocks, so rows
@@ -533,7 +535,7 @@ pub fn wide_rows_per_block(rows: usize, t: usize, sms: usize, forced: Option<usi
     (blocks / (sms / 2).max(1)).clamp(1, GEMV_WIDE_R)
 }
 
-/// Rows per block a `gemv_bf16_wide` launch (the SIMT GEMV of fewer than
+/// Rows per block a wide GEMV launch (the SIMT GEMV of fewer than
 /// [`GEMV_WIDE_ROWS`] rows: the router) takes on this device ([`wide_rows_per_block`], or
 /// [`WIDE_ROWS_ENV`]).
 pub fn wide_rows(g: &Gpu, rows: usize, t: usize) -> Result<usize> {
@@ -556,7 +558,8 @@ fn gemv_launch(
     let wide = rows < GEMV_WIDE_ROWS;
     let rpb = if wide { wide_rows(g, rows, t)? } else { 1 };
     let (kernel, blocks) = match (wide, norm.is_some()) {
-        (true, _) => ("gemv_bf16_wide", rows.div_ceil(rpb)),
+        (true, _) if rpb > 1 => ("gemv_bf16_wide_rows", rows.div_ceil(rpb)),
+        (true, _) => ("gemv_bf16_wide", rows),
         (false, true) => ("gemv_bf16_norm", rows.div_ceil(GEMV_ROWS)),
         (false, false) => ("gemv_bf16", rows.div_ceil(GEMV_ROWS)),
     };
