@@ -197,17 +197,27 @@ __device__ __forceinline__ int tcg_nchunks(int cols) {
     return (cols + 4 * W::E - 1) / (4 * W::E);
 }
 
-// Load this warp's first S chunks of the tile's rows (r0 = the tile's first row + g).
+// Load this warp's first S chunks of the tile's rows (r0 = the tile's first row + g) among
+// chunks c_lo … c_hi - 1.
 template <class W>
-__device__ __forceinline__ void tcg_prefetch(const W& wp, int r0, int rows, int nchunks,
+__device__ __forceinline__ void tcg_prefetch(const W& wp, int r0, int rows, int c_lo, int c_hi,
                                              typename W::Raw (&cur)[W::S]) {
     constexpr int CW = 4 * W::E;
     const int warp = threadIdx.x >> 5, q = threadIdx.x & 3;
 #pragma unroll
     for (int s = 0; s < W::S; ++s) {
-        const int c = warp + s * TCG_WARPS;
-        if (c < nchunks) wp.load(cur[s], r0, rows, c * CW + q * W::E);
+        const int c = c_lo + warp + s * TCG_WARPS;
+        if (c < c_hi) wp.load(cur[s], r0, rows, c * CW + q * W::E);
     }
+}
+
+// The chunks of this block's K split (blockIdx.z of gridDim.z): tcg_chunk_lo … tcg_chunk_hi - 1
+// of the row's nchunks.
+__device__ __forceinline__ int tcg_chunk_lo(int nchunks) {
+    return min(nchunks, (int)blockIdx.z * (int)((nchunks + gridDim.z - 1) / gridDim.z));
+}
+__device__ __forceinline__ int tcg_chunk_hi(int nchunks) {
+    return min(nchunks, tcg_chunk_lo(nchunks) + (int)((nchunks + gridDim.z - 1) / gridDim.z));
 }
 
 // One chunk of a warp's tile times the nt staged rows: the lane's E weights of rows g and
@@ -238,11 +248,12 @@ __device__ __forceinline__ void tcg_mma_chunk(const W& wp, const typename W::Raw
     }
 }
 
-// This warp's share of the tile: chunks warp, warp + TCG_WARPS, … (the first S already in
-// cur), S per iteration with the next S loaded meanwhile, times the nt staged rows at xs.
-// Then the warp's partial sums go to red[warp][row][token] (shared).
+// This warp's share of the tile: chunks c_lo + warp, c_lo + warp + TCG_WARPS, … below
+// nchunks (the first S already in cur), S per iteration with the next S loaded meanwhile,
+// times the nt staged rows at xs. Then the warp's partial sums go to red[warp][row][token]
+// (shared).
 template <class W, int TN>
-__device__ __forceinline__ void tcg_tile(const W& wp, int r0, int rows, int cols, int nchunks,
+__device__ __forceinline__ void tcg_tile(const W& wp, int r0, int rows, int cols, int c_lo, int nchunks,
                                          typename W::Raw (&cur)[W::S], const bf16_t* xs, int stride,
                                          int nt, float (*red)[16][8 * TN]) {
     constexpr int E = W::E, CW = 4 * E, S = W::S;
@@ -251,7 +262,7 @@ __device__ __forceinline__ void tcg_tile(const W& wp, int r0, int rows, int cols
     float acc[TN][4];
 #pragma unroll
     for (int n = 0; n < TN; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
-    for (int c = warp; c < nchunks; c += S * TCG_WARPS) {
+    for (int c = c_lo + warp; c < nchunks; c += S * TCG_WARPS) {
 #pragma unroll
         for (int s = 0; s < S; ++s) {
             const int cn = c + (S + s) * TCG_WARPS;
@@ -288,13 +299,17 @@ __device__ __forceinline__ float tcg_sum(float (*red)[16][8 * TN], int row, int 
     return s;
 }
 
-// Dense projections. grid = (row-tile blocks, ceil(tokens / (8 TN))), block = 32 * TCG_WARPS;
-// dynamic shared memory = tc_gemv_smem (ops.rs): min(tokens, 8 TN) staged rows of (cols +
-// TCG_XPAD) bf16, then the staging's squares. cols a multiple of E (16 bf16, 32 MXFP4).
+// Dense projections. grid = (row-tile blocks, ceil(tokens / (8 TN)), K splits), block = 32 *
+// TCG_WARPS; dynamic shared memory = tc_gemv_smem (ops.rs): min(tokens, 8 TN) staged rows of
+// (cols + TCG_XPAD) bf16, then the staging's squares. cols a multiple of E (16 bf16, 32 MXFP4).
 // Block b takes row tiles b, b + gridDim.x, …: one each where the grid covers every tile; a
 // grid of fewer blocks (the host sizes it to the resident slots for a long matrix such as the
 // lm_head) stages its tokens once and streams tile after tile, the next tile's first chunks
 // loaded while the current one is summed. Each tile's sums are the same in either case.
+// With gridDim.z = 2 (a matrix of few tiles, no norm: the o projection; one tile a block)
+// each block takes half of K's chunks and stages only those columns; each writes its tile's
+// partial sums to part[z][token][row] and the second of the pair to finish (cnt[tile, pass],
+// reset by it) adds part[0] + part[1] in that order: deterministic whichever finishes first.
 // The entry points load the first chunks (tcg_prefetch: immutable weights only) before
 // pdl_enter(), then run the body.
 template <class W, int TN>
@@ -303,31 +318,63 @@ __device__ __forceinline__ void gemv_tc_body(const W wp, typename W::Raw (&cur)[
                                              const float* __restrict__ x, float* __restrict__ y,
                                              int rows, int cols, int tokens, int accumulate,
                                              const bf16_t* __restrict__ norm_w, float eps,
-                                             float* __restrict__ x_out) {
+                                             float* __restrict__ x_out, float* __restrict__ part,
+                                             unsigned* __restrict__ cnt) {
     extern __shared__ __align__(16) unsigned char tcg_smem[];
     __shared__ float red[TCG_WARPS][16][8 * TN];
     __shared__ float rs_s[TCG_TOKENS];
+    __shared__ unsigned last_s;
     const int g = (threadIdx.x & 31) >> 2;
     const int t0 = blockIdx.y * 8 * TN, nt = min(8 * TN, tokens - t0);
-    const int nchunks = (cols + 4 * W::E - 1) / (4 * W::E);
+    const int c_lo = tcg_chunk_lo(tcg_nchunks<W>(cols)), c_hi = tcg_chunk_hi(tcg_nchunks<W>(cols));
     const int ntiles = (rows + 15) >> 4;
+    const bool split = gridDim.z > 1;
 
     const int stride = cols + TCG_XPAD;
     bf16_t* xs = reinterpret_cast<bf16_t*>(tcg_smem);
     float* sq = reinterpret_cast<float*>(tcg_smem + (size_t)nt * stride * 2);
     float* ss = sq + nt * (((cols >> 2) + 31) >> 5);
     const float* xt = x + (size_t)t0 * cols;
-    tcg_stage([&](int n) { return xt + (size_t)n * cols; }, norm_w, cols, nt, stride, xs, sq, ss);
+    // A K split stages its own columns only (no norm there: the host splits plain GEMVs).
+    const int k0 = c_lo * 4 * W::E, kn = min(cols, c_hi * 4 * W::E) - k0;
+    tcg_stage([&](int n) { return xt + (size_t)n * cols + k0; }, norm_w, kn, nt, stride, xs + k0, sq, ss);
     if (threadIdx.x < nt) rs_s[threadIdx.x] = norm_w ? rsqrtf(ss[threadIdx.x] / (float)cols + eps) : 1.0f;
     for (int tile = blockIdx.x; tile < ntiles; tile += gridDim.x) {
-        tcg_tile<W, TN>(wp, tile * 16 + g, rows, cols, nchunks, cur, xs, stride, nt, red);
+        tcg_tile<W, TN>(wp, tile * 16 + g, rows, cols, c_lo, c_hi, cur, xs, stride, nt, red);
         const int next = tile + gridDim.x;
-        if (next < ntiles) tcg_prefetch(wp, next * 16 + g, rows, nchunks, cur);
+        if (next < ntiles) tcg_prefetch(wp, next * 16 + g, rows, c_lo, c_hi, cur);
         __syncthreads();
+        if (split) {
+            // This half's partial sums, then the pair's count; the second adds both halves.
+            for (int i = threadIdx.x; i < 16 * 8 * TN; i += blockDim.x) {
+                const int row = i / (8 * TN), tok = i % (8 * TN), r = tile * 16 + row;
+                if (tok >= nt || r >= rows) continue;
+                part[((size_t)blockIdx.z * tokens + t0 + tok) * rows + r] = tcg_sum<TN>(red, row, tok);
+            }
+            __threadfence();
+            __syncthreads();
+            if (threadIdx.x == 0) {
+                unsigned* c = cnt + (size_t)blockIdx.y * ntiles + tile;
+                const unsigned last = atomicAdd(c, 1u) == gridDim.z - 1;
+                if (last) *c = 0u;
+                last_s = last;
+            }
+            __syncthreads();
+            if (!last_s) continue;
+            __threadfence();
+        }
         for (int i = threadIdx.x; i < 16 * 8 * TN; i += blockDim.x) {
             const int row = i / (8 * TN), tok = i % (8 * TN), r = tile * 16 + row;
             if (tok >= nt || r >= rows) continue;
-            const float s = tcg_sum<TN>(red, row, tok) * rs_s[tok] + (bias ? bf2f(bias[r]) : 0.0f);
+            float sum;
+            if (split) {
+                sum = 0.0f;
+                for (int z = 0; z < (int)gridDim.z; ++z)
+                    sum += __ldcg(part + ((size_t)z * tokens + t0 + tok) * rows + r);
+            } else {
+                sum = tcg_sum<TN>(red, row, tok);
+            }
+            const float s = sum * rs_s[tok] + (bias ? bf2f(bias[r]) : 0.0f);
             float* yp = y + (size_t)(t0 + tok) * rows + r;
             *yp = accumulate ? *yp + s : s;
         }
@@ -347,14 +394,16 @@ __device__ __forceinline__ void gemv_tc_body(const W wp, typename W::Raw (&cur)[
     name(const bf16_t* __restrict__ w, const bf16_t* __restrict__ bias,                        \
          const float* __restrict__ x, float* __restrict__ y, int rows, int cols, int tokens,   \
          int accumulate, const bf16_t* __restrict__ norm_w, float eps,                         \
-         float* __restrict__ x_out) {                                                          \
+         float* __restrict__ x_out, float* __restrict__ part, unsigned* __restrict__ cnt) {    \
         const TcgBf16 wp{w, cols};                                                             \
         TcgBf16::Raw cur[TcgBf16::S];                                                          \
-        tcg_prefetch(wp, blockIdx.x * 16 + ((threadIdx.x & 31) >> 2), rows, (cols + 63) / 64,  \
+        const int nch = tcg_nchunks<TcgBf16>(cols);                                            \
+        const int c_lo = tcg_chunk_lo(nch), c_hi = tcg_chunk_hi(nch);                          \
+        tcg_prefetch(wp, blockIdx.x * 16 + ((threadIdx.x & 31) >> 2), rows, c_lo, c_hi,        \
                      cur);                                                                     \
         pdl_enter();                                                                           \
         gemv_tc_body<TcgBf16, TN>(wp, cur, bias, x, y, rows, cols, tokens, accumulate, norm_w, \
-                                  eps, x_out);                                                 \
+                                  eps, x_out, part, cnt);                                      \
     }
 GEMV_TC_BF16(gemv_tc_bf16_t8, 1, TCG_MINB_T8)
 GEMV_TC_BF16(gemv_tc_bf16_t16, 2, TCG_MINB)
@@ -364,14 +413,17 @@ GEMV_TC_BF16(gemv_tc_bf16_t16, 2, TCG_MINB)
     name(const u8* __restrict__ blocks, const u8* __restrict__ scales,                         \
          const bf16_t* __restrict__ bias, const float* __restrict__ x, float* __restrict__ y,  \
          int rows, int cols, int tokens, int accumulate, const bf16_t* __restrict__ norm_w,    \
-         float eps, float* __restrict__ x_out) {                                               \
+         float eps, float* __restrict__ x_out, float* __restrict__ part,                       \
+         unsigned* __restrict__ cnt) {                                                         \
         const TcgFp4 wp{blocks, scales, cols};                                                 \
         TcgFp4::Raw cur[TcgFp4::S];                                                            \
-        tcg_prefetch(wp, blockIdx.x * 16 + ((threadIdx.x & 31) >> 2), rows, tcg_nchunks<TcgFp4>(cols), \
+        const int nch = tcg_nchunks<TcgFp4>(cols);                                             \
+        const int c_lo = tcg_chunk_lo(nch), c_hi = tcg_chunk_hi(nch);                          \
+        tcg_prefetch(wp, blockIdx.x * 16 + ((threadIdx.x & 31) >> 2), rows, c_lo, c_hi,        \
                      cur);                                                                     \
         pdl_enter();                                                                           \
         gemv_tc_body<TcgFp4, TN>(wp, cur, bias, x, y, rows, cols, tokens, accumulate, norm_w,  \
-                                 eps, x_out);                                                  \
+                                 eps, x_out, part, cnt);                                       \
     }
 GEMV_TC_FP4(gemv_tc_fp4_t8, 1, TCG_MINB_T8)
 GEMV_TC_FP4(gemv_tc_fp4_t16, 2, TCG_MINB)

@@ -77,9 +77,18 @@ pub struct Gpu {
     pdl: bool,
     /// [`Gpu::resident_blocks`] answers, by (kernel, threads, dynamic shared memory).
     resident: Mutex<HashMap<(&'static str, u32, usize), usize>>,
+    /// Scratch of the tensor-core GEMV's K split ([`Gpu::split_scratch`]): partial sums and
+    /// zeroed completion counters.
+    split_part: CudaSlice<f32>,
+    split_cnt: CudaSlice<u32>,
     /// Cold/warm start report of the kernel load.
     pub load_report: LoadReport,
 }
+
+/// Floats of [`Gpu::split_scratch`]'s partial sums: two halves of 16 tokens × 16 384 rows.
+pub const SPLIT_PART_LEN: usize = 2 * 16 * 16_384;
+/// Its completion counters: one per (row tile, token pass).
+pub const SPLIT_CNT_LEN: usize = 4096;
 
 impl Gpu {
     /// Open device `ordinal`, compile (or read cached) kernels for its architecture and load
@@ -149,6 +158,12 @@ impl Gpu {
             cache_dir: cache.dir().display().to_string(),
         };
         let pdl = major >= 9 && pdl_enabled_by_env()?;
+        let split_part = stream
+            .alloc_zeros::<f32>(SPLIT_PART_LEN)
+            .drv(|| "allocating the GEMV split scratch".into())?;
+        let split_cnt = stream
+            .alloc_zeros::<u32>(SPLIT_CNT_LEN)
+            .drv(|| "allocating the GEMV split counters".into())?;
         Ok(Self {
             ctx,
             stream,
@@ -160,6 +175,8 @@ impl Gpu {
             max_shared,
             sms,
             resident: Mutex::new(HashMap::new()),
+            split_part,
+            split_cnt,
             load_report,
         })
     }
@@ -211,6 +228,14 @@ impl Gpu {
             .max(1) as usize;
         known.insert((name, threads, smem), n);
         Ok(n)
+    }
+
+    /// Device addresses of the tensor-core GEMV's K-split scratch: [`SPLIT_PART_LEN`] floats
+    /// of partial sums and [`SPLIT_CNT_LEN`] completion counters, zeroed at open and left
+    /// zeroed by every launch (the last block of each pair resets its counter). Launches on
+    /// the one stream use it one after another.
+    pub fn split_scratch(&self) -> (u64, u64) {
+        (self.ptr(&self.split_part), self.ptr(&self.split_cnt))
     }
 
     /// The stream every launch goes to.

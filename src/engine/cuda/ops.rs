@@ -238,8 +238,26 @@ const TCG_PERSIST_WAVES: usize = 4;
 pub struct TcgPlan {
     /// Tokens one pass over the weights takes: 8 or [`TCG_TOKENS`] (the kernel).
     pub per_pass: usize,
-    /// Blocks per pass; fewer than the row tiles when each block streams several.
+    /// Blocks per pass and K split; fewer than the row tiles when each block streams several.
     pub grid_x: usize,
+    /// Blocks sharing each row tile's K (1 or 2: the grid's z).
+    pub ksplit: usize,
+}
+
+/// Environment knob for A/B runs: `MXTUNE_TCG_SPLIT=0` keeps K whole in every block of the
+/// tensor-core GEMV ([`tc_gemv_plan`]'s split off).
+pub const TCG_SPLIT_ENV: &str = "MXTUNE_TCG_SPLIT";
+
+/// Whether a short plain matrix may split K over two blocks ([`TCG_SPLIT_ENV`]; on unless 0).
+fn tc_gemv_split_on() -> Result<bool> {
+    static ON: std::sync::OnceLock<Result<bool, String>> = std::sync::OnceLock::new();
+    ON.get_or_init(|| match std::env::var(TCG_SPLIT_ENV).as_deref() {
+        Err(_) | Ok("") | Ok("1") => Ok(true),
+        Ok("0") => Ok(false),
+        Ok(v) => Err(format!("{TCG_SPLIT_ENV}={v}: expected 0 or 1")),
+    })
+    .clone()
+    .map_err(anyhow::Error::msg)
 }
 
 /// The plan for `tiles` row tiles of 16 and `t` tokens of weights of `bytes32` bytes per 32
@@ -259,6 +277,13 @@ pub struct TcgPlan {
 /// keep a block per tile and 8 tokens per pass (run 61: two 8-token passes beat one 16-token
 /// pass there, 3 blocks per SM against 2). With `persist` off every matrix keeps a block per
 /// tile.
+///
+/// A matrix of a block per tile whose blocks fill at most half the slots (the o projection of
+/// gpt-oss: 180 tiles against 396 slots of an H100 up to 8 tokens, so 48 SMs hold two blocks
+/// and 84 one: the step waits on the SMs with two) splits each tile's K over two blocks when
+/// `split` allows it (no norm folded in, at least one chunk per warp in each half, the
+/// scratch large enough): twice the blocks, each half the weights and half the staging, and
+/// the second of a pair adds the two partial sums in a fixed order.
 pub fn tc_gemv_plan(
     tiles: usize,
     t: usize,
@@ -266,6 +291,7 @@ pub fn tc_gemv_plan(
     pass: usize,
     persist: bool,
     slots: [usize; 2],
+    split: bool,
 ) -> TcgPlan {
     let persist = persist && 32 * t >= bytes32;
     let slots = |per_pass: usize| slots[usize::from(per_pass != 8)].max(1);
@@ -282,7 +308,16 @@ pub fn tc_gemv_plan(
     } else {
         tiles
     };
-    TcgPlan { per_pass, grid_x }
+    let ksplit = if split && grid_x == tiles && 2 * tiles * passes <= slots(per_pass) {
+        2
+    } else {
+        1
+    };
+    TcgPlan {
+        per_pass,
+        grid_x,
+        ksplit,
+    }
 }
 
 /// The tensor-core decode GEMV (`gemv_tc.cu`): y[t] (+)= W x[t] + b for `t` tokens in passes
@@ -301,7 +336,8 @@ fn gemv_tc(
     accumulate: bool,
     norm: Option<Norm>,
 ) -> Result<()> {
-    let plan = tc_gemv_launch_plan(g, format, rows, cols, t)?;
+    let plan = tc_gemv_launch_plan(g, format, rows, cols, t, norm.is_some())?;
+    let (part, cnt) = g.split_scratch();
     let mut args = weights.to_vec();
     args.extend([
         opt(bias),
@@ -314,10 +350,16 @@ fn gemv_tc(
         opt(norm.map(|n| n.w)),
         Arg::F32(norm.map_or(0.0, |n| n.eps)),
         opt(norm.map(|n| n.out)),
+        Arg::Ptr(part),
+        Arg::Ptr(cnt),
     ]);
     g.launch(
         tc_gemv_kernel(format, plan.per_pass),
-        (u(plan.grid_x)?, u(t.div_ceil(plan.per_pass))?, 1),
+        (
+            u(plan.grid_x)?,
+            u(t.div_ceil(plan.per_pass))?,
+            u(plan.ksplit)?,
+        ),
         (TCG_THREADS, 1, 1),
         u(tc_gemv_smem(cols, t.min(plan.per_pass)))?,
         &args,
@@ -343,19 +385,30 @@ pub fn tc_gemv_launch_plan(
     rows: usize,
     cols: usize,
     t: usize,
+    norm: bool,
 ) -> Result<TcgPlan> {
     let slots = |per_pass: usize| -> Result<usize> {
         let kernel = tc_gemv_kernel(format, per_pass);
         let smem = tc_gemv_smem(cols, t.min(per_pass));
         Ok(g.resident_blocks(kernel, TCG_THREADS, smem)? * g.sms())
     };
+    // A K split: plain GEMVs only (a folded norm needs the whole row's squares), each half
+    // at least one chunk (64 bf16 or 128 MXFP4 columns) per warp, and room in the scratch.
+    let chunk = if format == "bf16" { 64 } else { 128 };
+    let tiles = rows.div_ceil(TCG_ROWS);
+    let split = tc_gemv_split_on()?
+        && !norm
+        && cols.div_ceil(chunk) >= 2 * TCG_THREADS as usize / 32
+        && 2 * t * rows <= super::device::SPLIT_PART_LEN
+        && tiles * t.div_ceil(8) <= super::device::SPLIT_CNT_LEN;
     Ok(tc_gemv_plan(
-        rows.div_ceil(TCG_ROWS),
+        tiles,
         t,
         if format == "bf16" { 64 } else { 17 },
         tc_gemv_pass()?,
         tc_gemv_persist()?,
         [slots(8)?, slots(TCG_TOKENS)?],
+        split,
     ))
 }
 
@@ -2824,8 +2877,13 @@ mod tests {
     fn tc_gemv_plan_streams_long_matrices_on_the_slots() {
         // An H100's slots at K = 2880: 3 blocks per SM of the 8-token kernel, 2 of the 16-token.
         let slots = [3 * 132, 2 * 132];
-        let plan = |tiles, t, pass, persist| tc_gemv_plan(tiles, t, 64, pass, persist, slots);
-        let tp = |per_pass, grid_x| TcgPlan { per_pass, grid_x };
+        let plan =
+            |tiles, t, pass, persist| tc_gemv_plan(tiles, t, 64, pass, persist, slots, false);
+        let tp = |per_pass, grid_x| TcgPlan {
+            per_pass,
+            grid_x,
+            ksplit: 1,
+        };
         // qkv (320 tiles), o (180): a block per tile; two passes of 8 above 8 tokens.
         for t in [1, 4, 8, 9, 16] {
             assert_eq!(plan(320, t, 8, true), tp(8, 320), "qkv, t={t}");
@@ -2837,7 +2895,10 @@ mod tests {
         assert_eq!(plan(12_568, 2, 8, true), tp(8, 396));
         assert_eq!(plan(12_568, 8, 8, true), tp(8, 396));
         // MXFP4 (17 bytes per 32 weights) from one token.
-        assert_eq!(tc_gemv_plan(12_568, 1, 17, 8, true, slots), tp(8, 396));
+        assert_eq!(
+            tc_gemv_plan(12_568, 1, 17, 8, true, slots, false),
+            tp(8, 396)
+        );
         assert_eq!(plan(12_568, 9, 8, true), tp(16, 264));
         assert_eq!(plan(12_568, 16, 8, true), tp(16, 264));
         // Off: as before, a block per tile, 8 tokens a pass unless 16 are asked for.
@@ -2848,11 +2909,20 @@ mod tests {
         assert_eq!(plan(4 * 396, 2, 8, true), tp(8, 396));
         assert_eq!(plan(4 * 396 - 1, 2, 8, true), tp(8, 4 * 396 - 1));
         // A long matrix in two passes (asked for 8): half the slots each.
-        let two = tc_gemv_plan(4000, 16, 64, 8, true, [3 * 132, 4000]);
+        let two = tc_gemv_plan(4000, 16, 64, 8, true, [3 * 132, 4000], false);
         assert_eq!(two, tp(8, 198));
         // No slot reported (a device that fits none): one block, never zero.
-        assert_eq!(tc_gemv_plan(100, 2, 64, 8, true, [0, 0]), tp(8, 1));
-        assert_eq!(tc_gemv_plan(0, 2, 64, 8, true, slots), tp(8, 0));
+        assert_eq!(tc_gemv_plan(100, 2, 64, 8, true, [0, 0], false), tp(8, 1));
+        assert_eq!(tc_gemv_plan(0, 2, 64, 8, true, slots, false), tp(8, 0));
+        // The K split: o (180 tiles) up to 8 tokens, not in two passes (720 blocks > 396), not
+        // qkv (640 > 396), not a streamed matrix, never where the caller rules it out.
+        let split = |tiles, t, ok| tc_gemv_plan(tiles, t, 64, 8, true, slots, ok).ksplit;
+        assert_eq!([1, 8, 9, 16].map(|t| split(180, t, true)), [2, 2, 1, 1]);
+        assert_eq!(split(198, 1, true), 2);
+        assert_eq!(split(199, 1, true), 1);
+        assert_eq!(split(320, 1, true), 1);
+        assert_eq!(split(12_568, 4, true), 1);
+        assert_eq!(split(180, 1, false), 1);
     }
 
     /// The tensor-core prefill attention's tiles: at most 16 rows, cut where the sequence (KV

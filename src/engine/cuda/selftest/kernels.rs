@@ -1954,9 +1954,11 @@ fn fp32_input_checks(
 /// its MMAs multiply: bf16(x · norm_w) (or bf16(x)) and the weights (MXFP4 dequantized,
 /// exact in bf16), the norm's 1/rms (from the fp32 x) applied to the sums. Only the fp32
 /// accumulation order differs. Shapes: one and two n8 token tiles, partial tiles of rows and
-/// tokens, two token passes (t > 16), a last chunk of columns only partly inside the row, and
-/// a matrix long enough (rows from the device's SM count) that a grid of the resident slots
-/// streams several row tiles a block (`ops::tc_gemv_plan`), at 1, 8 and 12 tokens.
+/// tokens, two token passes (t > 16), a last chunk of columns only partly inside the row, a
+/// matrix long enough (rows from the device's SM count) that a grid of the resident slots
+/// streams several row tiles a block (`ops::tc_gemv_plan`), at 1, 8 and 12 tokens, and short
+/// plain ones whose K is split over two blocks (the o projection's shape among them), each
+/// launched twice to see the split's counters left at zero.
 fn check_gemv_tc(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
     let mut res = Vec::new();
     // Four waves of up to 8 blocks an SM, and a partial last tile.
@@ -1990,38 +1992,48 @@ fn check_gemv_tc(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
                 eps: 1e-5,
                 out: g.ptr(&dh),
             });
-            match &fp4_w {
-                Some((db, ds)) => ops::gemv_tc_fp4(
-                    g,
-                    g.ptr(db),
-                    g.ptr(ds),
-                    c.bias_ptr(g),
-                    g.ptr(&c.dx),
-                    g.ptr(&dy),
-                    rows,
-                    cols,
-                    t,
-                    acc,
-                    nrm,
-                )?,
-                None => ops::gemv_tc_bf16(
-                    g,
-                    g.ptr(&c.dw),
-                    c.bias_ptr(g),
-                    g.ptr(&c.dx),
-                    g.ptr(&dy),
-                    rows,
-                    cols,
-                    t,
-                    acc,
-                    nrm,
-                )?,
-            }
             let format = if fp4 { "fp4" } else { "bf16" };
-            let plan = ops::tc_gemv_launch_plan(g, format, rows, cols, t)?;
+            let plan = ops::tc_gemv_launch_plan(g, format, rows, cols, t, norm)?;
+            let launch = |y: u64| -> Result<()> {
+                match &fp4_w {
+                    Some((db, ds)) => ops::gemv_tc_fp4(
+                        g,
+                        g.ptr(db),
+                        g.ptr(ds),
+                        c.bias_ptr(g),
+                        g.ptr(&c.dx),
+                        y,
+                        rows,
+                        cols,
+                        t,
+                        acc,
+                        nrm,
+                    ),
+                    None => ops::gemv_tc_bf16(
+                        g,
+                        g.ptr(&c.dw),
+                        c.bias_ptr(g),
+                        g.ptr(&c.dx),
+                        y,
+                        rows,
+                        cols,
+                        t,
+                        acc,
+                        nrm,
+                    ),
+                }
+            };
+            if plan.ksplit > 1 {
+                // A launch before the checked one: its pairs must leave their counters at zero.
+                let before = c.out(g)?;
+                launch(g.ptr(&before))?;
+            }
+            launch(g.ptr(&dy))?;
             let tiles = rows.div_ceil(16);
             let grid = if plan.grid_x < tiles {
                 format!(" ({} blocks streaming {tiles} row tiles)", plan.grid_x)
+            } else if plan.ksplit > 1 {
+                format!(" (K split over {} blocks a tile)", plan.ksplit)
             } else {
                 String::new()
             };
