@@ -230,6 +230,11 @@ fn tc_gemv_persist() -> Result<bool> {
     .map_err(anyhow::Error::msg)
 }
 
+/// Fewest tokens at which a short plain matrix splits K ([`tc_gemv_plan`]): at one token the
+/// pair's combine cost more than the balance gained (H100, o: 0.55 -> 0.59 ms a step at batch
+/// 1; 0.65 -> 0.63 at 4, 0.85 -> 0.82 at 8: docs/perf.md run 127).
+const TCG_SPLIT_FROM: usize = 4;
+
 /// A matrix of at least this many waves of the resident slots runs on a grid of the slots.
 const TCG_PERSIST_WAVES: usize = 4;
 
@@ -282,8 +287,9 @@ fn tc_gemv_split_on() -> Result<bool> {
 /// gpt-oss: 180 tiles against 396 slots of an H100 up to 8 tokens, so 48 SMs hold two blocks
 /// and 84 one: the step waits on the SMs with two) splits each tile's K over two blocks when
 /// `split` allows it (no norm folded in, at least one chunk per warp in each half, the
-/// scratch large enough): twice the blocks, each half the weights and half the staging, and
-/// the second of a pair adds the two partial sums in a fixed order.
+/// scratch large enough) and it has at least [`TCG_SPLIT_FROM`] tokens: twice the blocks,
+/// each half the weights and half the staging, and the second of a pair adds the two partial
+/// sums in a fixed order.
 pub fn tc_gemv_plan(
     tiles: usize,
     t: usize,
@@ -308,11 +314,13 @@ pub fn tc_gemv_plan(
     } else {
         tiles
     };
-    let ksplit = if split && grid_x == tiles && 2 * tiles * passes <= slots(per_pass) {
-        2
-    } else {
-        1
-    };
+    let ksplit =
+        if split && t >= TCG_SPLIT_FROM && grid_x == tiles && 2 * tiles * passes <= slots(per_pass)
+        {
+            2
+        } else {
+            1
+        };
     TcgPlan {
         per_pass,
         grid_x,
@@ -2917,12 +2925,16 @@ mod tests {
         // The K split: o (180 tiles) up to 8 tokens, not in two passes (720 blocks > 396), not
         // qkv (640 > 396), not a streamed matrix, never where the caller rules it out.
         let split = |tiles, t, ok| tc_gemv_plan(tiles, t, 64, 8, true, slots, ok).ksplit;
-        assert_eq!([1, 8, 9, 16].map(|t| split(180, t, true)), [2, 2, 1, 1]);
-        assert_eq!(split(198, 1, true), 2);
-        assert_eq!(split(199, 1, true), 1);
-        assert_eq!(split(320, 1, true), 1);
+        // From 4 tokens (at one, the combine cost more than it gained).
+        assert_eq!(
+            [1, 3, 4, 8, 9, 16].map(|t| split(180, t, true)),
+            [1, 1, 2, 2, 1, 1]
+        );
+        assert_eq!(split(198, 4, true), 2);
+        assert_eq!(split(199, 4, true), 1);
+        assert_eq!(split(320, 4, true), 1);
         assert_eq!(split(12_568, 4, true), 1);
-        assert_eq!(split(180, 1, false), 1);
+        assert_eq!(split(180, 8, false), 1);
     }
 
     /// The tensor-core prefill attention's tiles: at most 16 rows, cut where the sequence (KV

@@ -1969,6 +1969,7 @@ fn check_gemv_tc(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
         (long, 256, 12, true, false, true),
         (5120, 2880, 1, true, false, true),
         (2880, 4096, 1, true, true, false),
+        (2880, 4096, 8, true, true, false),
         (1001, 2880, 5, true, false, false),
         (37, 96, 3, false, false, true),
         (3000, 2880, 16, true, false, true),
