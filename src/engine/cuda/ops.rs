@@ -221,10 +221,19 @@ pub const TCG_PERSIST_ENV: &str = "MXTUNE_TCG_PERSIST";
 /// unless set to 0).
 fn tc_gemv_persist() -> Result<bool> {
     static ON: std::sync::OnceLock<Result<bool, String>> = std::sync::OnceLock::new();
-    ON.get_or_init(|| match std::env::var(TCG_PERSIST_ENV).as_deref() {
+    env_switch(&ON, TCG_PERSIST_ENV)
+}
+
+/// An on/off tuning switch: environment variable `name` set to 1 (or unset, or empty: on) or
+/// 0, read once into `cell`; any other value is an error naming the variable.
+fn env_switch(
+    cell: &'static std::sync::OnceLock<Result<bool, String>>,
+    name: &str,
+) -> Result<bool> {
+    cell.get_or_init(|| match std::env::var(name).as_deref() {
         Err(_) | Ok("") | Ok("1") => Ok(true),
         Ok("0") => Ok(false),
-        Ok(v) => Err(format!("{TCG_PERSIST_ENV}={v}: expected 0 or 1")),
+        Ok(v) => Err(format!("{name}={v}: expected 0 or 1")),
     })
     .clone()
     .map_err(anyhow::Error::msg)
@@ -256,13 +265,7 @@ pub const TCG_SPLIT_ENV: &str = "MXTUNE_TCG_SPLIT";
 /// Whether a short plain matrix may split K over two blocks ([`TCG_SPLIT_ENV`]; on unless 0).
 fn tc_gemv_split_on() -> Result<bool> {
     static ON: std::sync::OnceLock<Result<bool, String>> = std::sync::OnceLock::new();
-    ON.get_or_init(|| match std::env::var(TCG_SPLIT_ENV).as_deref() {
-        Err(_) | Ok("") | Ok("1") => Ok(true),
-        Ok("0") => Ok(false),
-        Ok(v) => Err(format!("{TCG_SPLIT_ENV}={v}: expected 0 or 1")),
-    })
-    .clone()
-    .map_err(anyhow::Error::msg)
+    env_switch(&ON, TCG_SPLIT_ENV)
 }
 
 /// The plan for `tiles` row tiles of 16 and `t` tokens of weights of `bytes32` bytes per 32
