@@ -586,11 +586,11 @@ fn wide_rows_env() -> Result<Option<usize>> {
 }
 
 /// Rows per block of the wide GEMV for `rows` rows and `t` tokens on `sms` SMs (1:
-/// `gemv_bf16_wide`, more: `gemv_bf16_wide_rows`). A block
-/// reads its tokens' activations (fp32, 4 tokens a block row) once for all its rows, so more
-/// rows a block divide those reads: at 16 tokens a block of one router row reads 30 times as
-/// many activation bytes as weight bytes. More rows a block also mean fewer blocks, so rows
-/// are added only while the grid keeps at least half a block per SM.
+/// `gemv_bf16_wide`, more: `gemv_bf16_wide_rows`). A block reads its tokens' activations
+/// (fp32, 4 tokens a block row) once for all its rows, so more rows a block divide those
+/// reads: at 16 tokens a block of one router row reads 30 times as many activation bytes as
+/// weight bytes. More rows a block also mean fewer blocks, so rows are added only while the
+/// grid keeps at least half a block per SM.
 pub fn wide_rows_per_block(rows: usize, t: usize, sms: usize, forced: Option<usize>) -> usize {
     if let Some(n) = forced {
         return n.clamp(1, GEMV_WIDE_R);
