@@ -696,7 +696,7 @@ fn prepare_with(args: &ServeArgs, open: impl FnOnce() -> Result<Gpu>) -> Result<
                         opts.fp4_layers.report()
                     )
                 })?;
-            let be = CudaBackend::new(
+            let mut be = CudaBackend::new(
                 gpu,
                 &cfg,
                 dw,
@@ -713,6 +713,16 @@ fn prepare_with(args: &ServeArgs, open: impl FnOnce() -> Result<Gpu>) -> Result<
                 )
             })?;
             report.push(format!("mxtune serve: {}", be.describe()));
+            if let Some((n, secs)) = be
+                .capture_graphs()
+                .context("capturing the decode step's CUDA graphs (--cuda-graphs off skips it)")?
+            {
+                report.push(format!(
+                    "mxtune serve: capturing cuda graphs: {n} decode steps in {secs:.2} s \
+                     (every batch size up to --max-num-seqs {max_num_seqs}, short and long \
+                     contexts)"
+                ));
+            }
             Box::new(be)
         }
         (None, Some(mut w)) => {

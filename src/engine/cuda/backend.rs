@@ -96,6 +96,18 @@ impl CudaBackend {
         })
     }
 
+    /// With graphs on, capture the decode step of every batch size up front
+    /// ([`Decoder::capture_all`]): how many graphs that took and how long, or `None` with
+    /// graphs off.
+    pub fn capture_graphs(&mut self) -> Result<Option<(usize, f64)>> {
+        if !self.graphs {
+            return Ok(None);
+        }
+        let t0 = std::time::Instant::now();
+        let n = self.dec.capture_all(&self.gpu)?;
+        Ok(Some((n, t0.elapsed().as_secs_f64())))
+    }
+
     /// The decoder, for `engine profile`, which times its kernels and steps directly.
     pub fn decoder_mut(&mut self) -> &mut Decoder {
         &mut self.dec

@@ -1060,31 +1060,14 @@ impl Decoder {
 
     /// Run one step for the `n` rows set by [`Decoder::set_inputs`], attention sized for keys
     /// up to `full_keys`. With `graph` the step is captured once per batch size and context
-    /// class — up to `ops::ATTN_GQA_FROM_KEYS` keys (the per-head attention kernel), or up to
-    /// the whole cache (the GQA kernel on full layers) — and replayed.
+    /// class ([`Decoder::graph_slot`]; [`Decoder::capture_all`] takes them all up front) and
+    /// replayed.
     pub fn run(&mut self, g: &Gpu, n: usize, full_keys: usize, graph: bool) -> Result<()> {
         if !graph {
             return self.enqueue(g, n, full_keys, None);
         }
-        let short = self.max_pos.min(ops::ATTN_GQA_FROM_KEYS);
-        let (slot, keys) = if full_keys > short {
-            (2 * n + 1, self.max_pos)
-        } else {
-            (2 * n, short)
-        };
-        if self.graphs[slot].is_none() {
-            use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
-            g.stream()
-                .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
-                .map_err(|e| anyhow::anyhow!("starting graph capture: {:?}", e.0))?;
-            let queued = self.enqueue(g, n, keys, None);
-            let captured = g
-                .stream()
-                .end_capture(CUgraphInstantiate_flags(0))
-                .map_err(|e| anyhow::anyhow!("ending graph capture: {:?}", e.0));
-            queued?;
-            self.graphs[slot] = captured?.map(StepGraph);
-        }
+        let (slot, keys) = self.graph_slot(n, full_keys);
+        self.capture(g, slot, n, keys)?;
         match &self.graphs[slot] {
             Some(graph) => graph
                 .0
@@ -1092,6 +1075,58 @@ impl Decoder {
                 .map_err(|e| anyhow::anyhow!("replaying the decode graph: {:?}", e.0)),
             None => anyhow::bail!("graph capture of the decode step produced no graph"),
         }
+    }
+
+    /// The graph slot of a step of `n` rows with keys up to `full_keys`, and the keys its
+    /// graph is captured for: `2n` for short contexts (up to `ops::ATTN_GQA_FROM_KEYS` keys,
+    /// the per-head attention kernel), `2n + 1` for long ones (up to the whole cache).
+    fn graph_slot(&self, n: usize, full_keys: usize) -> (usize, usize) {
+        let short = self.max_pos.min(ops::ATTN_GQA_FROM_KEYS);
+        if full_keys > short {
+            (2 * n + 1, self.max_pos)
+        } else {
+            (2 * n, short)
+        }
+    }
+
+    /// Capture the step of `n` rows for `keys` into graph slot `slot`, unless it is there.
+    fn capture(&mut self, g: &Gpu, slot: usize, n: usize, keys: usize) -> Result<()> {
+        if self.graphs[slot].is_some() {
+            return Ok(());
+        }
+        use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+        g.stream()
+            .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+            .map_err(|e| anyhow::anyhow!("starting graph capture: {:?}", e.0))?;
+        let queued = self.enqueue(g, n, keys, None);
+        let captured = g
+            .stream()
+            .end_capture(CUgraphInstantiate_flags(0))
+            .map_err(|e| anyhow::anyhow!("ending graph capture: {:?}", e.0));
+        queued?;
+        self.graphs[slot] = captured?.map(StepGraph);
+        Ok(())
+    }
+
+    /// Capture every step a server can replay — each batch size up to the decoder's
+    /// `max_batch`, short and (where the cache holds more than a short context) long —
+    /// before the first request, as vLLM does at start-up: the first step of each size then
+    /// pays no capture, and the driver's host memory for graphs is taken once instead of
+    /// growing as traffic reaches new batch sizes (docs/perf.md, run 130). Returns how many
+    /// graphs it captured.
+    pub fn capture_all(&mut self, g: &Gpu) -> Result<usize> {
+        let long = self.max_pos > self.max_pos.min(ops::ATTN_GQA_FROM_KEYS);
+        let mut captured = 0;
+        for n in 1..=self.max_batch {
+            for full_keys in [1, self.max_pos].into_iter().take(1 + usize::from(long)) {
+                let (slot, keys) = self.graph_slot(n, full_keys);
+                if self.graphs[slot].is_none() {
+                    self.capture(g, slot, n, keys)?;
+                    captured += 1;
+                }
+            }
+        }
+        Ok(captured)
     }
 
     /// Run one step recording per-kernel-group GPU time into `prof`.
