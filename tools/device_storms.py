@@ -20,7 +20,8 @@ MODEL = json.loads(urllib.request.urlopen(f"http://{H}:{PORT}/v1/models").read()
 def greedy():
     s, d = post("/v1/completions", {"model": MODEL, "prompt": "The quick brown fox", "max_tokens": 24, "temperature": 0, "return_token_ids": True})
     j = json.loads(d)
-    return j["choices"][0].get("token_ids") or j["choices"][0]["text"]
+    cached = ((j.get("usage") or {}).get("prompt_tokens_details") or {}).get("cached_tokens", 0)
+    return j["choices"][0].get("token_ids") or j["choices"][0]["text"], cached
 
 BAD = [b'{"model": "x", "messages": [', b'not json', json.dumps({"model": MODEL, "messages": "hi"}).encode(),
        json.dumps({"model": MODEL, "messages": [{"role": "wizard", "content": "x"}]}).encode(),
@@ -45,7 +46,8 @@ def closed_after_send(i):
 
 first = greedy()
 before = greedy()  # the same prompt again: its prefix now cached, as after the storms
-print("greedy fresh vs cached before the storms identical:", first == before, flush=True)
+print(f"greedy fresh ({first[1]} cached) vs cached ({before[1]} cached) before the storms identical:",
+      first[0] == before[0], flush=True)
 print(f"rss before {rss_mib():.2f} MiB", flush=True)
 prev = rss_mib()
 with ThreadPoolExecutor(32) as ex:
@@ -64,4 +66,11 @@ m = urllib.request.urlopen(f"http://{H}:{PORT}/metrics").read().decode()
 for l in m.splitlines():
     if l.startswith(("vllm:num_requests_running", "vllm:num_requests_waiting")):
         print(l)
-print("greedy identical before/after:", before == after, f"({len(before)} tokens)")
+again = greedy()
+# On CUDA a prompt computed in full and one read from the prefix cache can pick different
+# near-tied greedy tokens (docs/perf.md run 79), so each request after the storms is compared
+# with the one before them that had the same share of its prompt cached.
+for name, (toks, cached) in [("after", after), ("again", again)]:
+    ref_name, ref = ("fresh", first) if cached == first[1] else ("cached", before)
+    print(f"greedy {name} the storms ({cached} prompt tokens cached) identical to the {ref_name} "
+          f"one before them: {toks == ref[0]} ({len(toks)} tokens)")

@@ -663,6 +663,42 @@ pub fn run_model_checks(
             );
             push(&mut res, &label, kv, moe, true, r);
         }
+        // `mxtune serve` captures every batch size's graph before the first request
+        // (`CudaBackend::capture_graphs`): its steps must be the very ones a graph captured on
+        // first use replays. The same steps against the CPU, both ways: equal error figures.
+        if sinks {
+            let mut runs = Vec::new();
+            for upfront in [false, true] {
+                let dw = crate::engine::cuda::weights::synthetic_device(g, &cfg, seed)?;
+                let opts = DecodeOptions {
+                    kv_dtype: KvDtype::Bf16,
+                    moe: MoePath::Auto,
+                    gemv: exact_dense(KvDtype::Bf16, MoePath::Auto),
+                    ..DecodeOptions::default()
+                };
+                let mut be = CudaBackend::new(g.clone(), &cfg, dw, opts, 3, 64, 2, true)?;
+                if upfront {
+                    let (n, _) = be
+                        .capture_graphs()?
+                        .ok_or_else(|| anyhow::anyhow!("graphs on, yet none captured"))?;
+                    res.push(check(
+                        "graphs captured up front: one per batch size 1-2 (short contexts only)",
+                        (n as f64 - 2.0).abs(),
+                        0.0,
+                    ));
+                }
+                runs.push(compare_backends(&mut be, &mut cpu, seed)?);
+            }
+            let (a, b) = (&runs[0], &runs[1]);
+            res.push(check(
+                "tiny synthetic graphs captured up front vs on first use: worst and median \
+                 logits error and greedy mismatches vs cpu differ by",
+                (a.worst - b.worst).abs()
+                    + (a.median - b.median).abs()
+                    + a.mismatched.abs_diff(b.mismatched) as f64,
+                0.0,
+            ));
+        }
         // The tensor-core decode GEMVs (dense only, and the MoE too) on the otherwise exact
         // path (GEMV MoE, fp32 cache): their activations are bf16, so they are held to the
         // batched path's bounds (the logits' median, and the synthetic model's agreement).
