@@ -383,7 +383,7 @@ fn serving_limits_render_on_both_targets() {
     let serve_at = e.argv.iter().position(|a| a == "serve").unwrap();
     let args = crate::engine::serve::parse_args(&e.argv[serve_at + 1..]).unwrap();
     assert_eq!(args.max_waiting_queue_length, 16);
-    assert_eq!(args.max_num_batched_tokens, 8192);
+    assert_eq!(args.max_num_batched_tokens, Some(8192));
     assert_eq!(args.long_prefill_token_threshold, 256);
     assert!(args.prefix_caching());
     assert!(crate::engine::serve::refusals(&args).is_empty());

@@ -191,6 +191,11 @@ impl Gpu {
         &self.name
     }
 
+    /// The device's memory in bytes (0 if the driver does not say).
+    pub fn total_mem(&self) -> usize {
+        self.ctx.total_mem().unwrap_or(0)
+    }
+
     /// Largest dynamic shared memory one block may ask for (bytes; kernels with static shared
     /// memory get that much less).
     pub fn max_shared(&self) -> usize {
