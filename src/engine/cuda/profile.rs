@@ -381,7 +381,8 @@ fn last_step_bytes(g: &Gpu, dec: &Decoder, depths: &[usize]) -> Result<StepBytes
 
 /// Time the step the server runs per decoded token: `forward_sampled` (inputs, the graph,
 /// the sampling kernel, the token copy back), greedy and at temperature 1, for `batch` fresh
-/// sequences — the engine's share of the served time per token, without scheduler and HTTP.
+/// sequences, each fed its own first token and sampling with its own seed — the engine's share
+/// of the served time per token, without scheduler and HTTP.
 fn profile_served(be: &mut CudaBackend, steps: usize, batch: usize) -> Result<()> {
     for (label, temperature) in [("greedy", 0.0f32), ("temperature 1.0", 1.0)] {
         let seqs = (0..batch)
@@ -390,18 +391,21 @@ fn profile_served(be: &mut CudaBackend, steps: usize, batch: usize) -> Result<()
                     .context("no free KV slot for the served-step timing")
             })
             .collect::<Result<Vec<SeqId>>>()?;
+        // Each row its own first token and its own draws: rows fed alike stay alike, route
+        // to the same experts and time a degenerate MoE (at batch 16 all rows on 4 experts).
         let mut samplers: Vec<Sampler> = (0..batch)
-            .map(|_| {
+            .map(|b| {
                 Sampler::new(SamplingParams {
                     temperature,
-                    seed: Some(7),
+                    seed: Some(7 + b as u64),
                     max_tokens: steps + 8,
                     ignore_eos: true,
                     ..SamplingParams::default()
                 })
             })
             .collect();
-        let mut last = vec![1000u32; batch];
+        let vocab = be.config().vocab_size as u32;
+        let mut last: Vec<u32> = (0..batch as u32).map(|b| (1000 + 7919 * b) % vocab).collect();
         let mut walls = Vec::new();
         for rep in 0..3 + steps {
             let toks = last.clone();
