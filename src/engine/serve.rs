@@ -736,14 +736,19 @@ fn prepare_with(args: &ServeArgs, open: impl FnOnce() -> Result<Gpu>) -> Result<
                 )
             })?;
             report.push(format!("mxtune serve: {}", be.describe()));
-            if let Some((n, secs)) = be
+            if let Some(c) = be
                 .capture_graphs()
                 .context("capturing the decode step's CUDA graphs (--cuda-graphs off skips it)")?
             {
                 report.push(format!(
-                    "mxtune serve: capturing cuda graphs: {n} decode steps in {secs:.2} s \
-                     (every batch size up to --max-num-seqs {max_num_seqs}, short and long \
-                     contexts)"
+                    "mxtune serve: capturing cuda graphs: {} decode steps in {:.2} s{} (every \
+                     batch size up to --max-num-seqs {max_num_seqs}, short and long contexts)",
+                    c.graphs,
+                    c.seconds,
+                    c.host_bytes.map_or(String::new(), |b| format!(
+                        ", host memory +{:.0} MiB",
+                        b as f64 / (1 << 20) as f64
+                    )),
                 ));
             }
             Box::new(be)

@@ -157,12 +157,7 @@ pub fn scan_compilers(proc_root: &Path) -> Vec<ProcInfo> {
             }
             let rss_bytes = std::fs::read_to_string(e.path().join("status"))
                 .ok()
-                .and_then(|s| {
-                    s.lines()
-                        .find_map(|l| l.strip_prefix("VmRSS:"))
-                        .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
-                        .map(|kib| kib * 1024)
-                });
+                .and_then(|s| vm_rss_bytes(&s));
             Some(ProcInfo {
                 pid,
                 name,
@@ -172,6 +167,20 @@ pub fn scan_compilers(proc_root: &Path) -> Vec<ProcInfo> {
         .collect();
     found.sort_by_key(|p| p.pid);
     found
+}
+
+/// Resident memory in bytes from the text of a `/proc/<pid>/status` file (its `VmRSS` line).
+pub(crate) fn vm_rss_bytes(status: &str) -> Option<u64> {
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
+        .map(|kib| kib * 1024)
+}
+
+/// This process's resident memory in bytes (Linux; `None` elsewhere).
+pub(crate) fn own_rss_bytes() -> Option<u64> {
+    vm_rss_bytes(&std::fs::read_to_string("/proc/self/status").ok()?)
 }
 
 /// Warning listing leftover compilers.
@@ -506,6 +515,15 @@ mod tests {
             "{}",
             w.message
         );
+    }
+
+    #[test]
+    fn resident_memory_is_read_from_the_status_text() {
+        assert_eq!(vm_rss_bytes("Name:\tx\nVmRSS:\t  1024 kB\n"), Some(1 << 20));
+        assert_eq!(vm_rss_bytes("Name:\tx\n"), None);
+        if cfg!(target_os = "linux") {
+            assert!(own_rss_bytes().is_some_and(|b| b > 0));
+        }
     }
 
     #[test]

@@ -71,6 +71,19 @@ fn grouped_where() -> &'static str {
     }
 }
 
+/// What [`CudaBackend::capture_graphs`] did: graphs captured, seconds, and the growth of the
+/// process's resident memory over it (the driver keeps each graph in host memory: on GB10's
+/// unified memory that is memory the model and cache do not get).
+#[derive(Debug, Clone, Copy)]
+pub struct GraphCapture {
+    /// Graphs captured.
+    pub graphs: usize,
+    /// Wall time of the captures.
+    pub seconds: f64,
+    /// Growth of the resident memory over them (`None` where the OS does not say).
+    pub host_bytes: Option<u64>,
+}
+
 impl CudaBackend {
     /// A backend over weights already on `gpu`, with `slots` sequences of up to `max_pos`
     /// positions and steps of up to `max_batch` sequences; `graphs` replays captured steps.
@@ -97,15 +110,21 @@ impl CudaBackend {
     }
 
     /// With graphs on, capture the decode step of every batch size up front
-    /// ([`Decoder::capture_all`]): how many graphs that took and how long, or `None` with
-    /// graphs off.
-    pub fn capture_graphs(&mut self) -> Result<Option<(usize, f64)>> {
+    /// ([`Decoder::capture_all`]); `None` with graphs off.
+    pub fn capture_graphs(&mut self) -> Result<Option<GraphCapture>> {
         if !self.graphs {
             return Ok(None);
         }
+        let rss0 = crate::launch::preflight::own_rss_bytes();
         let t0 = std::time::Instant::now();
-        let n = self.dec.capture_all(&self.gpu)?;
-        Ok(Some((n, t0.elapsed().as_secs_f64())))
+        let graphs = self.dec.capture_all(&self.gpu)?;
+        let seconds = t0.elapsed().as_secs_f64();
+        let rss1 = crate::launch::preflight::own_rss_bytes();
+        Ok(Some(GraphCapture {
+            graphs,
+            seconds,
+            host_bytes: rss0.zip(rss1).map(|(a, b)| b.saturating_sub(a)),
+        }))
     }
 
     /// The decoder, for `engine profile`, which times its kernels and steps directly.

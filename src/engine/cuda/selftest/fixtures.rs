@@ -678,9 +678,10 @@ pub fn run_model_checks(
                 };
                 let mut be = CudaBackend::new(g.clone(), &cfg, dw, opts, 3, 64, 2, true)?;
                 if upfront {
-                    let (n, _) = be
+                    let n = be
                         .capture_graphs()?
-                        .ok_or_else(|| anyhow::anyhow!("graphs on, yet none captured"))?;
+                        .ok_or_else(|| anyhow::anyhow!("graphs on, yet none captured"))?
+                        .graphs;
                     res.push(check(
                         "graphs captured up front: one per batch size 1-2 (short contexts only)",
                         (n as f64 - 2.0).abs(),
