@@ -2090,8 +2090,23 @@ fn assert_a_line(lines: &[String], needle: &str) {
 
 /// Start the real `mxtune serve` binary; returns the child and its stdout lines up to ready.
 fn spawn_serve(args: &[&str]) -> (std::process::Child, Vec<String>) {
+    spawn_serve_env(args, &[])
+}
+
+/// [`spawn_serve`] with environment variables set (`Some`) or removed (`None`).
+fn spawn_serve_env(
+    args: &[&str],
+    env: &[(&str, Option<&str>)],
+) -> (std::process::Child, Vec<String>) {
     use std::io::BufRead;
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_mxtune"))
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_mxtune"));
+    for (k, v) in env {
+        match v {
+            Some(v) => cmd.env(k, v),
+            None => cmd.env_remove(k),
+        };
+    }
+    let mut child = cmd
         .arg("serve")
         .args(args)
         .stdout(std::process::Stdio::piped())
@@ -2109,6 +2124,43 @@ fn spawn_serve(args: &[&str]) -> (std::process::Child, Vec<String>) {
         }
     }
     (child, lines)
+}
+
+/// The start-up report names the step's token budget the device chose (the CPU: 2048, as
+/// vLLM's API server on small devices) and the malloc-arena cap, which an operator's
+/// `MALLOC_ARENA_MAX` replaces.
+#[test]
+fn serve_binary_reports_its_default_budget_and_the_malloc_arena_cap() {
+    const ARGS: [&str; 7] = [
+        "--synthetic",
+        "tiny",
+        "--device",
+        "cpu",
+        "--port",
+        "0",
+        "--max-model-len=64",
+    ];
+    let (mut child, lines) = spawn_serve_env(&ARGS, &[("MALLOC_ARENA_MAX", None)]);
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert_a_line(
+        &lines,
+        "max-num-batched-tokens 2048 (the default for this device) a step",
+    );
+    if cfg!(all(target_os = "linux", target_env = "gnu")) {
+        assert_a_line(&lines, "mxtune serve: malloc arenas capped at 2");
+    }
+    let (mut child, lines) = spawn_serve_env(&ARGS, &[("MALLOC_ARENA_MAX", Some("4"))]);
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert!(
+        lines.last().is_some_and(|l| l.starts_with("mxtune serve: ready on ")),
+        "{lines:?}"
+    );
+    assert!(
+        !lines.iter().any(|l| l.contains("malloc arenas")),
+        "the environment's MALLOC_ARENA_MAX stands: {lines:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]
