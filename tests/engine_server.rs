@@ -2154,7 +2154,9 @@ fn serve_binary_reports_its_default_budget_and_the_malloc_arena_cap() {
     child.kill().unwrap();
     child.wait().unwrap();
     assert!(
-        lines.last().is_some_and(|l| l.starts_with("mxtune serve: ready on ")),
+        lines
+            .last()
+            .is_some_and(|l| l.starts_with("mxtune serve: ready on ")),
         "{lines:?}"
     );
     assert!(

@@ -405,7 +405,9 @@ fn profile_served(be: &mut CudaBackend, steps: usize, batch: usize) -> Result<()
             })
             .collect();
         let vocab = be.config().vocab_size as u32;
-        let mut last: Vec<u32> = (0..batch as u32).map(|b| (1000 + 7919 * b) % vocab).collect();
+        let mut last: Vec<u32> = (0..batch as u32)
+            .map(|b| (1000 + 7919 * b) % vocab)
+            .collect();
         let mut walls = Vec::new();
         for rep in 0..3 + steps {
             let toks = last.clone();
