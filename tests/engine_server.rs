@@ -2153,12 +2153,7 @@ fn serve_binary_reports_its_default_budget_and_the_malloc_arena_cap() {
     let (mut child, lines) = spawn_serve_env(&ARGS, &[("MALLOC_ARENA_MAX", Some("4"))]);
     child.kill().unwrap();
     child.wait().unwrap();
-    assert!(
-        lines
-            .last()
-            .is_some_and(|l| l.starts_with("mxtune serve: ready on ")),
-        "{lines:?}"
-    );
+    assert_a_line(&lines, "mxtune serve: ready on ");
     assert!(
         !lines.iter().any(|l| l.contains("malloc arenas")),
         "the environment's MALLOC_ARENA_MAX stands: {lines:?}"
