@@ -1115,14 +1115,14 @@ impl Decoder {
     /// growing as traffic reaches new batch sizes (docs/perf.md, run 130). Returns how many
     /// graphs it captured.
     pub fn capture_all(&mut self, g: &Gpu) -> Result<usize> {
-        let long = self.max_pos > self.max_pos.min(ops::ATTN_GQA_FROM_KEYS);
+        let long = self.max_pos > ops::ATTN_GQA_FROM_KEYS;
         let mut captured = 0;
         for n in 1..=self.max_batch {
             for full_keys in [1, self.max_pos].into_iter().take(1 + usize::from(long)) {
                 let (slot, keys) = self.graph_slot(n, full_keys);
                 if self.graphs[slot].is_none() {
                     self.capture(g, slot, n, keys)?;
-                    captured += 1;
+                    captured += usize::from(self.graphs[slot].is_some());
                 }
             }
         }
