@@ -12,6 +12,26 @@
 #define GEMV_MAX_TOKENS 4
 #define GEMV_ROWS_PER_BLOCK 8
 
+// acc[t] += wf · x[t, 8c … 8c + 7] for tokens t < nt (token t at x + t * cols), and with SQ
+// ss[t] += the squares of those x: the 8-element step both partial-sum loops take.
+template <bool SQ>
+__device__ __forceinline__ void gemv_dot8(const float (&wf)[8], const float* __restrict__ x,
+                                          int cols, int c, int nt, float (&acc)[GEMV_MAX_TOKENS],
+                                          float (&ss)[GEMV_MAX_TOKENS]) {
+#pragma unroll
+    for (int t = 0; t < GEMV_MAX_TOKENS; ++t) {
+        if (t < nt) {
+            const float4* xp = reinterpret_cast<const float4*>(x + (size_t)t * cols) + 2 * c;
+            const float4 a = xp[0], b = xp[1];
+            acc[t] += wf[0] * a.x + wf[1] * a.y + wf[2] * a.z + wf[3] * a.w +
+                      wf[4] * b.x + wf[5] * b.y + wf[6] * b.z + wf[7] * b.w;
+            if (SQ)
+                ss[t] += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w +
+                         b.x * b.x + b.y * b.y + b.z * b.z + b.w * b.w;
+        }
+    }
+}
+
 // Partial dot products of row `wr` with tokens 0..nt-1 of x (token t at x + t * cols) over
 // 8-element chunks start, start+stride… (16-byte loads, four in flight per thread).
 // NORM: the input is RMSNorm(x) · nw, folded into the dot product: each weight is scaled by
@@ -43,18 +63,7 @@ __device__ __forceinline__ void gemv_partial(const bf16_t* __restrict__ wr, cons
 #pragma unroll
                         for (int e = 0; e < 8; ++e) wf[e] *= nf[e];
                     }
-#pragma unroll
-                    for (int t = 0; t < GEMV_MAX_TOKENS; ++t) {
-                        if (t < nt) {
-                            const float4* xp = reinterpret_cast<const float4*>(x + (size_t)t * cols) + 2 * c;
-                            const float4 a = xp[0], b = xp[1];
-                            acc[t] += wf[0] * a.x + wf[1] * a.y + wf[2] * a.z + wf[3] * a.w +
-                                      wf[4] * b.x + wf[5] * b.y + wf[6] * b.z + wf[7] * b.w;
-                            if (NORM)
-                                ss[t] += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w +
-                                         b.x * b.x + b.y * b.y + b.z * b.z + b.w * b.w;
-                        }
-                    }
+                    gemv_dot8<NORM>(wf, x, cols, c, nt, acc, ss);
                 }
             }
         }
@@ -102,18 +111,11 @@ __device__ __forceinline__ void gemv_partial_rows(const bf16_t* __restrict__ wr,
 #pragma unroll
                     for (int e = 0; e < 8; ++e) wf[e] *= nf[e];
                 }
-#pragma unroll
-                for (int t = 0; t < GEMV_MAX_TOKENS; ++t) {
-                    if (t < nt) {
-                        const float4* xp = reinterpret_cast<const float4*>(x + (size_t)t * cols) + 2 * c;
-                        const float4 a = xp[0], b = xp[1];
-                        acc[j][t] += wf[0] * a.x + wf[1] * a.y + wf[2] * a.z + wf[3] * a.w +
-                                     wf[4] * b.x + wf[5] * b.y + wf[6] * b.z + wf[7] * b.w;
-                        if (NORM && j == 0)
-                            ss[t] += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w +
-                                     b.x * b.x + b.y * b.y + b.z * b.z + b.w * b.w;
-                    }
-                }
+                // The squares once per chunk: with the first row.
+                if (NORM && j == 0)
+                    gemv_dot8<true>(wf, x, cols, c, nt, acc[j], ss);
+                else
+                    gemv_dot8<false>(wf, x, cols, c, nt, acc[j], ss);
             }
         }
     } else {

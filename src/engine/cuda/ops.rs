@@ -135,7 +135,7 @@ pub fn tc_gemv_smem(cols: usize, t: usize) -> usize {
 
 /// Whether the tensor-core GEMV takes this shape: each lane's span of `elems` columns (16
 /// bf16, 32 MXFP4) whole, and the staged tokens within the device's shared memory.
-fn tc_gemv_fits(g: &Gpu, cols: usize, elems: usize, t: usize) -> bool {
+pub(crate) fn tc_gemv_fits(g: &Gpu, cols: usize, elems: usize, t: usize) -> bool {
     cols.is_multiple_of(elems)
         && tc_gemv_smem(cols, t.min(TCG_TOKENS)) + TCG_STATIC_SMEM <= g.max_shared()
 }

@@ -1995,34 +1995,32 @@ fn check_gemv_tc(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
             });
             let format = if fp4 { "fp4" } else { "bf16" };
             let plan = ops::tc_gemv_launch_plan(g, format, rows, cols, t, norm)?;
+            let w = match &fp4_w {
+                Some((db, ds)) => ops::DenseW::Mxfp4 {
+                    blocks: g.ptr(db),
+                    scales: g.ptr(ds),
+                },
+                None => ops::DenseW::Bf16(g.ptr(&c.dw)),
+            };
+            // The model's dispatch, which takes the tensor-core kernel wherever it fits.
+            anyhow::ensure!(
+                ops::tc_gemv_fits(g, cols, if fp4 { 32 } else { 16 }, t),
+                "{format} {rows}x{cols} at {t} tokens does not fit the tensor-core GEMV"
+            );
             let launch = |y: u64| -> Result<()> {
-                match &fp4_w {
-                    Some((db, ds)) => ops::gemv_tc_fp4(
-                        g,
-                        g.ptr(db),
-                        g.ptr(ds),
-                        c.bias_ptr(g),
-                        g.ptr(&c.dx),
-                        y,
-                        rows,
-                        cols,
-                        t,
-                        acc,
-                        nrm,
-                    ),
-                    None => ops::gemv_tc_bf16(
-                        g,
-                        g.ptr(&c.dw),
-                        c.bias_ptr(g),
-                        g.ptr(&c.dx),
-                        y,
-                        rows,
-                        cols,
-                        t,
-                        acc,
-                        nrm,
-                    ),
-                }
+                ops::dense_gemv(
+                    g,
+                    crate::engine::cuda::gates::DecodeGemv::TensorCore,
+                    w,
+                    c.bias_ptr(g),
+                    g.ptr(&c.dx),
+                    y,
+                    rows,
+                    cols,
+                    t,
+                    acc,
+                    nrm,
+                )
             };
             if plan.ksplit > 1 {
                 // A launch before the checked one: its pairs must leave their counters at zero.
