@@ -3,9 +3,10 @@
 // GEMV of gemv_bf16.cu takes 4 tokens per pass). bf16 weights (gemv_tc_bf16_*) or MXFP4
 // (gemv_tc_fp4_*, dequantized in registers, exact as bf16); fp32 out, fp32 accumulation.
 //
-// One block = TCG_WARPS warps = 16 weight rows (one m16 tile); the warps split K in chunks
-// (chunk c to warp c % TCG_WARPS) and their partial tiles are summed in shared memory. The
-// tokens are the mma's n dimension: n8 tiles, TN of them (1: up to 8 tokens, 2: up to 16).
+// One block = TCG_WARPS warps = TT m16 tiles of weight rows (TT = 1: `_t8`, `_t16`; 2: `_r32`;
+// 4: `_r64`); a tile's TCG_WARPS / TT warps split K in chunks (chunk c to the tile's warp
+// c % (TCG_WARPS / TT)) and their partial tiles are summed in shared memory. The tokens are
+// the mma's n dimension: n8 tiles, TN of them (1: up to 8 tokens, 2: up to 16).
 //
 // Operand order. A dot product does not care in which order it walks K, so each lane loads its
 // weights as whole 16-byte words and the activations are fed in the same permuted order: in
@@ -197,16 +198,17 @@ __device__ __forceinline__ int tcg_nchunks(int cols) {
     return (cols + 4 * W::E - 1) / (4 * W::E);
 }
 
-// Load this warp's first S chunks of the tile's rows (r0 = the tile's first row + g) among
+// Load this warp's first S chunks of its tile's rows (r0 = the tile's first row + g) among
 // chunks c_lo … c_hi - 1.
-template <class W>
+// With TT tiles a block, the warps of a tile are TCG_WARPS / TT consecutive ones.
+template <class W, int TT>
 __device__ __forceinline__ void tcg_prefetch(const W& wp, int r0, int rows, int c_lo, int c_hi,
                                              typename W::Raw (&cur)[W::S]) {
-    constexpr int CW = 4 * W::E;
-    const int warp = threadIdx.x >> 5, q = threadIdx.x & 3;
+    constexpr int CW = 4 * W::E, WG = TCG_WARPS / TT;
+    const int wk = (threadIdx.x >> 5) % WG, q = threadIdx.x & 3;
 #pragma unroll
     for (int s = 0; s < W::S; ++s) {
-        const int c = c_lo + warp + s * TCG_WARPS;
+        const int c = c_lo + wk + s * WG;
         if (c < c_hi) wp.load(cur[s], r0, rows, c * CW + q * W::E);
     }
 }
@@ -248,29 +250,29 @@ __device__ __forceinline__ void tcg_mma_chunk(const W& wp, const typename W::Raw
     }
 }
 
-// This warp's share of the tile: chunks c_lo + warp, c_lo + warp + TCG_WARPS, … below
-// nchunks (the first S already in cur), S per iteration with the next S loaded meanwhile,
-// times the nt staged rows at xs. Then the warp's partial sums go to red[warp][row][token]
-// (shared).
-template <class W, int TN>
+// This warp's share of its tile: chunks c_lo + wk, c_lo + wk + WG, … below nchunks (wk: the
+// warp's index among the WG = TCG_WARPS / TT warps of its tile; the first S already in cur),
+// S per iteration with the next S loaded meanwhile, times the nt staged rows at xs. Then the
+// warp's partial sums go to red[warp][row][token] (shared).
+template <class W, int TN, int TT>
 __device__ __forceinline__ void tcg_tile(const W& wp, int r0, int rows, int cols, int c_lo, int nchunks,
                                          typename W::Raw (&cur)[W::S], const bf16_t* xs, int stride,
                                          int nt, float (*red)[16][8 * TN]) {
-    constexpr int E = W::E, CW = 4 * E, S = W::S;
+    constexpr int E = W::E, CW = 4 * E, S = W::S, WG = TCG_WARPS / TT;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, q = lane & 3;
     typename W::Raw nxt[S];
     float acc[TN][4];
 #pragma unroll
     for (int n = 0; n < TN; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
-    for (int c = c_lo + warp; c < nchunks; c += S * TCG_WARPS) {
+    for (int c = c_lo + warp % WG; c < nchunks; c += S * WG) {
 #pragma unroll
         for (int s = 0; s < S; ++s) {
-            const int cn = c + (S + s) * TCG_WARPS;
+            const int cn = c + (S + s) * WG;
             if (cn < nchunks) wp.load(nxt[s], r0, rows, cn * CW + q * E);
         }
 #pragma unroll
         for (int s = 0; s < S; ++s) {
-            const int cc = c + s * TCG_WARPS;
+            const int cc = c + s * WG;
             if (cc >= nchunks) break;  // warp-uniform
             // A lane whose span is past the row (last chunk) loaded zero weights and feeds
             // zeros: the mma is warp-wide, every lane takes part.
@@ -290,29 +292,36 @@ __device__ __forceinline__ void tcg_tile(const W& wp, int r0, int rows, int cols
     }
 }
 
-// Sum of the warps' partials of tile row `row`, token `tok`.
-template <int TN>
+// Sum of the partials of the block's row `row` (tile row / 16, row % 16 within it), token
+// `tok`: the tile's WG warps in order.
+template <int TN, int TT>
 __device__ __forceinline__ float tcg_sum(float (*red)[16][8 * TN], int row, int tok) {
+    constexpr int WG = TCG_WARPS / TT;
+    const int w0 = (row >> 4) * WG;
     float s = 0.0f;
 #pragma unroll
-    for (int w = 0; w < TCG_WARPS; ++w) s += red[w][row][tok];
+    for (int w = 0; w < WG; ++w) s += red[w0 + w][row & 15][tok];
     return s;
 }
 
 // Dense projections. grid = (row-tile blocks, ceil(tokens / (8 TN)), K splits), block = 32 *
 // TCG_WARPS; dynamic shared memory = tc_gemv_smem (ops.rs): min(tokens, 8 TN) staged rows of
 // (cols + TCG_XPAD) bf16, then the staging's squares. cols a multiple of E (16 bf16, 32 MXFP4).
-// Block b takes row tiles b, b + gridDim.x, …: one each where the grid covers every tile; a
-// grid of fewer blocks (the host sizes it to the resident slots for a long matrix such as the
-// lm_head) stages its tokens once and streams tile after tile, the next tile's first chunks
-// loaded while the current one is summed. Each tile's sums are the same in either case.
-// With gridDim.z = 2 (a matrix of few tiles, no norm: the o projection; one tile a block)
-// each block takes half of K's chunks and stages only those columns; each writes its tile's
-// partial sums to part[z][token][row] and the second of the pair to finish (cnt[tile, pass],
+// A block's unit is TT consecutive row tiles (16 TT rows), each summed by TCG_WARPS / TT of its
+// warps, so one staging of the tokens serves 16 TT rows: at two token passes (9-16 tokens)
+// the 16-row blocks of qkv staged as many activation bytes as they read weights and filled
+// the chip in 1.6 waves. Block b takes units b, b + gridDim.x, …: one each where the grid
+// covers every unit; a grid of fewer blocks (the host sizes it to the resident slots for a
+// long matrix such as the lm_head) stages its tokens once and streams unit after unit, the
+// next unit's first chunks loaded while the current one is summed. Each unit's sums are the
+// same in either case.
+// With gridDim.z = 2 (a matrix of few tiles, no norm: the o projection; one unit a block)
+// each block takes half of K's chunks and stages only those columns; each writes its unit's
+// partial sums to part[z][token][row] and the second of the pair to finish (cnt[unit, pass],
 // reset by it) adds part[0] + part[1] in that order: deterministic whichever finishes first.
 // The entry points load the first chunks (tcg_prefetch: immutable weights only) before
 // pdl_enter(), then run the body.
-template <class W, int TN>
+template <class W, int TN, int TT>
 __device__ __forceinline__ void gemv_tc_body(const W wp, typename W::Raw (&cur)[W::S],
                                              const bf16_t* __restrict__ bias,
                                              const float* __restrict__ x, float* __restrict__ y,
@@ -324,10 +333,11 @@ __device__ __forceinline__ void gemv_tc_body(const W wp, typename W::Raw (&cur)[
     __shared__ float red[TCG_WARPS][16][8 * TN];
     __shared__ float rs_s[TCG_TOKENS];
     __shared__ unsigned last_s;
-    const int g = (threadIdx.x & 31) >> 2;
+    constexpr int UR = 16 * TT;  // rows a unit
+    const int g = (threadIdx.x & 31) >> 2, sub = (threadIdx.x >> 5) / (TCG_WARPS / TT);
     const int t0 = blockIdx.y * 8 * TN, nt = min(8 * TN, tokens - t0);
     const int c_lo = tcg_chunk_lo(tcg_nchunks<W>(cols)), c_hi = tcg_chunk_hi(tcg_nchunks<W>(cols));
-    const int ntiles = (rows + 15) >> 4;
+    const int nunits = (rows + UR - 1) / UR;
     const bool split = gridDim.z > 1;
 
     const int stride = cols + TCG_XPAD;
@@ -339,22 +349,23 @@ __device__ __forceinline__ void gemv_tc_body(const W wp, typename W::Raw (&cur)[
     const int k0 = c_lo * 4 * W::E, kn = min(cols, c_hi * 4 * W::E) - k0;
     tcg_stage([&](int n) { return xt + (size_t)n * cols + k0; }, norm_w, kn, nt, stride, xs + k0, sq, ss);
     if (threadIdx.x < nt) rs_s[threadIdx.x] = norm_w ? rsqrtf(ss[threadIdx.x] / (float)cols + eps) : 1.0f;
-    for (int tile = blockIdx.x; tile < ntiles; tile += gridDim.x) {
-        tcg_tile<W, TN>(wp, tile * 16 + g, rows, cols, c_lo, c_hi, cur, xs, stride, nt, red);
-        const int next = tile + gridDim.x;
-        if (next < ntiles) tcg_prefetch(wp, next * 16 + g, rows, c_lo, c_hi, cur);
+    for (int unit = blockIdx.x; unit < nunits; unit += gridDim.x) {
+        tcg_tile<W, TN, TT>(wp, unit * UR + sub * 16 + g, rows, cols, c_lo, c_hi, cur, xs, stride,
+                            nt, red);
+        const int next = unit + gridDim.x;
+        if (next < nunits) tcg_prefetch<W, TT>(wp, next * UR + sub * 16 + g, rows, c_lo, c_hi, cur);
         __syncthreads();
         if (split) {
             // This half's partial sums, then the pair's count; the second adds both halves.
-            for (int i = threadIdx.x; i < 16 * 8 * TN; i += blockDim.x) {
-                const int row = i / (8 * TN), tok = i % (8 * TN), r = tile * 16 + row;
+            for (int i = threadIdx.x; i < UR * 8 * TN; i += blockDim.x) {
+                const int row = i / (8 * TN), tok = i % (8 * TN), r = unit * UR + row;
                 if (tok >= nt || r >= rows) continue;
-                part[((size_t)blockIdx.z * tokens + t0 + tok) * rows + r] = tcg_sum<TN>(red, row, tok);
+                part[((size_t)blockIdx.z * tokens + t0 + tok) * rows + r] = tcg_sum<TN, TT>(red, row, tok);
             }
             __threadfence();
             __syncthreads();
             if (threadIdx.x == 0) {
-                unsigned* c = cnt + (size_t)blockIdx.y * ntiles + tile;
+                unsigned* c = cnt + (size_t)blockIdx.y * nunits + unit;
                 const unsigned last = atomicAdd(c, 1u) == gridDim.z - 1;
                 if (last) *c = 0u;
                 last_s = last;
@@ -363,8 +374,8 @@ __device__ __forceinline__ void gemv_tc_body(const W wp, typename W::Raw (&cur)[
             if (!last_s) continue;
             __threadfence();
         }
-        for (int i = threadIdx.x; i < 16 * 8 * TN; i += blockDim.x) {
-            const int row = i / (8 * TN), tok = i % (8 * TN), r = tile * 16 + row;
+        for (int i = threadIdx.x; i < UR * 8 * TN; i += blockDim.x) {
+            const int row = i / (8 * TN), tok = i % (8 * TN), r = unit * UR + row;
             if (tok >= nt || r >= rows) continue;
             float sum;
             if (split) {
@@ -372,13 +383,13 @@ __device__ __forceinline__ void gemv_tc_body(const W wp, typename W::Raw (&cur)[
                 for (int z = 0; z < (int)gridDim.z; ++z)
                     sum += __ldcg(part + ((size_t)z * tokens + t0 + tok) * rows + r);
             } else {
-                sum = tcg_sum<TN>(red, row, tok);
+                sum = tcg_sum<TN, TT>(red, row, tok);
             }
             const float s = sum * rs_s[tok] + (bias ? bf2f(bias[r]) : 0.0f);
             float* yp = y + (size_t)(t0 + tok) * rows + r;
             *yp = accumulate ? *yp + s : s;
         }
-        if (next < ntiles) __syncthreads();  // red is written again by the next tile
+        if (next < nunits) __syncthreads();  // red is written again by the next unit
     }
     if (norm_w && x_out) {
         const int per = (cols + gridDim.x - 1) / gridDim.x;
@@ -389,7 +400,11 @@ __device__ __forceinline__ void gemv_tc_body(const W wp, typename W::Raw (&cur)[
     }
 }
 
-#define GEMV_TC_BF16(name, TN, MINB)                                                           \
+// The first row this thread's warp loads in the block's first unit (TT tiles a unit).
+#define TCG_FIRST_ROW(TT) \
+    (blockIdx.x * 16 * (TT) + ((threadIdx.x >> 5) / (TCG_WARPS / (TT))) * 16 + ((threadIdx.x & 31) >> 2))
+
+#define GEMV_TC_BF16(name, TN, TT, MINB)                                                        \
     extern "C" __global__ void __launch_bounds__(32 * TCG_WARPS, MINB)                         \
     name(const bf16_t* __restrict__ w, const bf16_t* __restrict__ bias,                        \
          const float* __restrict__ x, float* __restrict__ y, int rows, int cols, int tokens,   \
@@ -399,16 +414,17 @@ __device__ __forceinline__ void gemv_tc_body(const W wp, typename W::Raw (&cur)[
         TcgBf16::Raw cur[TcgBf16::S];                                                          \
         const int nch = tcg_nchunks<TcgBf16>(cols);                                            \
         const int c_lo = tcg_chunk_lo(nch), c_hi = tcg_chunk_hi(nch);                          \
-        tcg_prefetch(wp, blockIdx.x * 16 + ((threadIdx.x & 31) >> 2), rows, c_lo, c_hi,        \
-                     cur);                                                                     \
+        tcg_prefetch<TcgBf16, TT>(wp, TCG_FIRST_ROW(TT), rows, c_lo, c_hi, cur);               \
         pdl_enter();                                                                           \
-        gemv_tc_body<TcgBf16, TN>(wp, cur, bias, x, y, rows, cols, tokens, accumulate, norm_w, \
-                                  eps, x_out, part, cnt);                                      \
+        gemv_tc_body<TcgBf16, TN, TT>(wp, cur, bias, x, y, rows, cols, tokens, accumulate,     \
+                                      norm_w, eps, x_out, part, cnt);                          \
     }
-GEMV_TC_BF16(gemv_tc_bf16_t8, 1, TCG_MINB_T8)
-GEMV_TC_BF16(gemv_tc_bf16_t16, 2, TCG_MINB)
+GEMV_TC_BF16(gemv_tc_bf16_t8, 1, 1, TCG_MINB_T8)
+GEMV_TC_BF16(gemv_tc_bf16_t8_r32, 1, 2, TCG_MINB_T8)
+GEMV_TC_BF16(gemv_tc_bf16_t8_r64, 1, 4, TCG_MINB_T8)
+GEMV_TC_BF16(gemv_tc_bf16_t16, 2, 1, TCG_MINB)
 
-#define GEMV_TC_FP4(name, TN, MINB)                                                            \
+#define GEMV_TC_FP4(name, TN, TT, MINB)                                                         \
     extern "C" __global__ void __launch_bounds__(32 * TCG_WARPS, MINB)                         \
     name(const u8* __restrict__ blocks, const u8* __restrict__ scales,                         \
          const bf16_t* __restrict__ bias, const float* __restrict__ x, float* __restrict__ y,  \
@@ -419,14 +435,15 @@ GEMV_TC_BF16(gemv_tc_bf16_t16, 2, TCG_MINB)
         TcgFp4::Raw cur[TcgFp4::S];                                                            \
         const int nch = tcg_nchunks<TcgFp4>(cols);                                             \
         const int c_lo = tcg_chunk_lo(nch), c_hi = tcg_chunk_hi(nch);                          \
-        tcg_prefetch(wp, blockIdx.x * 16 + ((threadIdx.x & 31) >> 2), rows, c_lo, c_hi,        \
-                     cur);                                                                     \
+        tcg_prefetch<TcgFp4, TT>(wp, TCG_FIRST_ROW(TT), rows, c_lo, c_hi, cur);                \
         pdl_enter();                                                                           \
-        gemv_tc_body<TcgFp4, TN>(wp, cur, bias, x, y, rows, cols, tokens, accumulate, norm_w,  \
-                                 eps, x_out, part, cnt);                                       \
+        gemv_tc_body<TcgFp4, TN, TT>(wp, cur, bias, x, y, rows, cols, tokens, accumulate,      \
+                                     norm_w, eps, x_out, part, cnt);                           \
     }
-GEMV_TC_FP4(gemv_tc_fp4_t8, 1, TCG_MINB_T8)
-GEMV_TC_FP4(gemv_tc_fp4_t16, 2, TCG_MINB)
+GEMV_TC_FP4(gemv_tc_fp4_t8, 1, 1, TCG_MINB_T8)
+GEMV_TC_FP4(gemv_tc_fp4_t8_r32, 1, 2, TCG_MINB_T8)
+GEMV_TC_FP4(gemv_tc_fp4_t8_r64, 1, 4, TCG_MINB_T8)
+GEMV_TC_FP4(gemv_tc_fp4_t16, 2, 1, TCG_MINB)
 
 // ---- MoE decode on tensor cores: each distinct expert of a group of up to 16 tokens is read
 // once, its routed (token, slot) pairs as the n dimension (the grouping: tcg_group in

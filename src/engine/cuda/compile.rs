@@ -55,8 +55,12 @@ pub const KERNEL_FILES: &[KernelFile] = &[
         "gemv_tc.cu",
         [
             "gemv_tc_bf16_t8",
+            "gemv_tc_bf16_t8_r32",
+            "gemv_tc_bf16_t8_r64",
             "gemv_tc_bf16_t16",
             "gemv_tc_fp4_t8",
+            "gemv_tc_fp4_t8_r32",
+            "gemv_tc_fp4_t8_r64",
             "gemv_tc_fp4_t16",
             "moe_gate_up_tc_t8",
             "moe_gate_up_tc_t16",
@@ -464,7 +468,7 @@ mod tests {
                             || t.starts_with("TcgFp4::Raw")
                             || t.starts_with("const TcgBf16")
                             || t.starts_with("const TcgFp4")
-                            || t.starts_with("tcg_prefetch(")
+                            || t.starts_with("tcg_prefetch")
                             || t.starts_with("cur);"),
                         "{entry} ({}): `{t}` runs before pdl_enter()",
                         file.name

@@ -161,8 +161,9 @@ pub fn gemv_tc_bf16(
     );
     let weights = [Arg::Ptr(w)];
     gemv_tc(
-        g, "bf16", &weights, bias, x, y, rows, cols, t, accumulate, norm,
+        g, "bf16", &weights, bias, x, y, rows, cols, t, accumulate, norm, None,
     )
+    .map(drop)
 }
 
 /// [`gemv_mxfp4`] on tensor cores: MXFP4 blocks dequantized to bf16 in registers (exact),
@@ -187,8 +188,9 @@ pub fn gemv_tc_fp4(
     );
     let weights = [Arg::Ptr(blocks), Arg::Ptr(scales)];
     gemv_tc(
-        g, "fp4", &weights, bias, x, y, rows, cols, t, accumulate, norm,
+        g, "fp4", &weights, bias, x, y, rows, cols, t, accumulate, norm, None,
     )
+    .map(drop)
 }
 
 /// Environment knob for tuning runs: the most tokens the tensor-core GEMV takes per pass over
@@ -256,6 +258,27 @@ pub struct TcgPlan {
     pub grid_x: usize,
     /// Blocks sharing each row tile's K (1 or 2: the grid's z).
     pub ksplit: usize,
+    /// Row tiles of 16 each block takes at once, one staging of its tokens serving them all
+    /// (1, 2 or 4: the `_t8`, `_t8_r32`, `_t8_r64` kernels).
+    pub tiles_per_block: usize,
+}
+
+/// Environment knob for A/B runs: `MXTUNE_TCG_TILES=1|2|4` fixes the row tiles a block of
+/// the 8-token tensor-core GEMV takes at once where it may take several ([`tc_gemv_plan`]).
+pub const TCG_TILES_ENV: &str = "MXTUNE_TCG_TILES";
+
+/// [`TCG_TILES_ENV`]: `None` (unset or empty) for the planner's own choice.
+fn tc_gemv_tiles_pref() -> Result<Option<usize>> {
+    static PREF: std::sync::OnceLock<Result<Option<usize>, String>> = std::sync::OnceLock::new();
+    PREF.get_or_init(|| match std::env::var(TCG_TILES_ENV).as_deref() {
+        Err(_) | Ok("") => Ok(None),
+        Ok("1") => Ok(Some(1)),
+        Ok("2") => Ok(Some(2)),
+        Ok("4") => Ok(Some(4)),
+        Ok(v) => Err(format!("{TCG_TILES_ENV}={v}: expected 1, 2 or 4")),
+    })
+    .clone()
+    .map_err(anyhow::Error::msg)
 }
 
 /// Environment knob for A/B runs: `MXTUNE_TCG_SPLIT=0` keeps K whole in every block of the
@@ -301,6 +324,7 @@ pub fn tc_gemv_plan(
     persist: bool,
     slots: [usize; 2],
     split: bool,
+    tiles_pref: Option<usize>,
 ) -> TcgPlan {
     let persist = persist && 32 * t >= bytes32;
     let slots = |per_pass: usize| slots[usize::from(per_pass != 8)].max(1);
@@ -324,10 +348,16 @@ pub fn tc_gemv_plan(
         } else {
             1
         };
+    let tiles_per_block = if per_pass == 8 && grid_x == tiles && ksplit == 1 {
+        tiles_pref.unwrap_or(if passes >= 2 { 2 } else { 1 })
+    } else {
+        1
+    };
     TcgPlan {
         per_pass,
-        grid_x,
+        grid_x: grid_x.div_ceil(tiles_per_block),
         ksplit,
+        tiles_per_block,
     }
 }
 
@@ -346,8 +376,13 @@ fn gemv_tc(
     t: usize,
     accumulate: bool,
     norm: Option<Norm>,
-) -> Result<()> {
-    let plan = tc_gemv_launch_plan(g, format, rows, cols, t, norm.is_some())?;
+    tiles: Option<usize>,
+) -> Result<TcgPlan> {
+    let tiles = match tiles {
+        Some(n) => Some(n),
+        None => tc_gemv_tiles_pref()?,
+    };
+    let plan = tc_gemv_plan_for(g, format, rows, cols, t, norm.is_some(), tiles)?;
     let (part, cnt) = g.split_scratch();
     let mut args = weights.to_vec();
     args.extend([
@@ -365,7 +400,7 @@ fn gemv_tc(
         Arg::Ptr(cnt),
     ]);
     g.launch(
-        tc_gemv_kernel(format, plan.per_pass),
+        tc_gemv_kernel(format, plan.per_pass, plan.tiles_per_block),
         (
             u(plan.grid_x)?,
             u(t.div_ceil(plan.per_pass))?,
@@ -374,16 +409,62 @@ fn gemv_tc(
         (TCG_THREADS, 1, 1),
         u(tc_gemv_smem(cols, t.min(plan.per_pass)))?,
         &args,
+    )?;
+    Ok(plan)
+}
+
+/// [`dense_gemv`] on the tensor cores with `tiles` row tiles a block wherever the plan lets a
+/// block take several ([`TCG_TILES_ENV`] fixes it for a whole process; the selftest checks
+/// each variant with this). Returns the plan it ran.
+pub(crate) fn dense_gemv_tc_tiles(
+    g: &Gpu,
+    w: DenseW,
+    bias: Option<u64>,
+    x: u64,
+    y: u64,
+    rows: usize,
+    cols: usize,
+    t: usize,
+    accumulate: bool,
+    norm: Option<Norm>,
+    tiles: usize,
+) -> Result<TcgPlan> {
+    let (format, elems, weights) = match w {
+        DenseW::Bf16(p) => ("bf16", 16, vec![Arg::Ptr(p)]),
+        DenseW::Mxfp4 { blocks, scales } => ("fp4", 32, vec![Arg::Ptr(blocks), Arg::Ptr(scales)]),
+    };
+    ensure!(
+        tc_gemv_fits(g, cols, elems, t),
+        "tensor-core {format} GEMV input width {cols} at {t} tokens does not fit"
+    );
+    gemv_tc(
+        g,
+        format,
+        &weights,
+        bias,
+        x,
+        y,
+        rows,
+        cols,
+        t,
+        accumulate,
+        norm,
+        Some(tiles),
     )
 }
 
-/// The tensor-core GEMV entry point of `format` ("bf16" or "fp4") taking `per_pass` tokens.
-fn tc_gemv_kernel(format: &str, per_pass: usize) -> &'static str {
-    match (format, per_pass == 8) {
-        ("bf16", true) => "gemv_tc_bf16_t8",
-        ("bf16", false) => "gemv_tc_bf16_t16",
-        (_, true) => "gemv_tc_fp4_t8",
-        (_, false) => "gemv_tc_fp4_t16",
+/// The tensor-core GEMV entry point of `format` ("bf16" or "fp4") taking `per_pass` tokens and
+/// `tiles` row tiles a block (more than one: 8 tokens a pass only).
+fn tc_gemv_kernel(format: &str, per_pass: usize, tiles: usize) -> &'static str {
+    match (format == "bf16", per_pass == 8, tiles) {
+        (true, true, 2) => "gemv_tc_bf16_t8_r32",
+        (true, true, 4) => "gemv_tc_bf16_t8_r64",
+        (true, true, _) => "gemv_tc_bf16_t8",
+        (true, false, _) => "gemv_tc_bf16_t16",
+        (false, true, 2) => "gemv_tc_fp4_t8_r32",
+        (false, true, 4) => "gemv_tc_fp4_t8_r64",
+        (false, true, _) => "gemv_tc_fp4_t8",
+        (false, false, _) => "gemv_tc_fp4_t16",
     }
 }
 
@@ -398,8 +479,21 @@ pub fn tc_gemv_launch_plan(
     t: usize,
     norm: bool,
 ) -> Result<TcgPlan> {
+    tc_gemv_plan_for(g, format, rows, cols, t, norm, tc_gemv_tiles_pref()?)
+}
+
+/// [`tc_gemv_launch_plan`] with the row tiles a block fixed (`Some`) or left to the planner.
+fn tc_gemv_plan_for(
+    g: &Gpu,
+    format: &str,
+    rows: usize,
+    cols: usize,
+    t: usize,
+    norm: bool,
+    tiles_pref: Option<usize>,
+) -> Result<TcgPlan> {
     let slots = |per_pass: usize| -> Result<usize> {
-        let kernel = tc_gemv_kernel(format, per_pass);
+        let kernel = tc_gemv_kernel(format, per_pass, 1);
         let smem = tc_gemv_smem(cols, t.min(per_pass));
         Ok(g.resident_blocks(kernel, TCG_THREADS, smem)? * g.sms())
     };
@@ -420,6 +514,7 @@ pub fn tc_gemv_launch_plan(
         tc_gemv_persist()?,
         [slots(8)?, slots(TCG_TOKENS)?],
         split,
+        tiles_pref,
     ))
 }
 
@@ -2888,12 +2983,14 @@ mod tests {
     fn tc_gemv_plan_streams_long_matrices_on_the_slots() {
         // An H100's slots at K = 2880: 3 blocks per SM of the 8-token kernel, 2 of the 16-token.
         let slots = [3 * 132, 2 * 132];
-        let plan =
-            |tiles, t, pass, persist| tc_gemv_plan(tiles, t, 64, pass, persist, slots, false);
+        let plan = |tiles, t, pass, persist| {
+            tc_gemv_plan(tiles, t, 64, pass, persist, slots, false, Some(1))
+        };
         let tp = |per_pass, grid_x| TcgPlan {
             per_pass,
             grid_x,
             ksplit: 1,
+            tiles_per_block: 1,
         };
         // qkv (320 tiles), o (180): a block per tile; two passes of 8 above 8 tokens.
         for t in [1, 4, 8, 9, 16] {
@@ -2907,7 +3004,7 @@ mod tests {
         assert_eq!(plan(12_568, 8, 8, true), tp(8, 396));
         // MXFP4 (17 bytes per 32 weights) from one token.
         assert_eq!(
-            tc_gemv_plan(12_568, 1, 17, 8, true, slots, false),
+            tc_gemv_plan(12_568, 1, 17, 8, true, slots, false, None),
             tp(8, 396)
         );
         assert_eq!(plan(12_568, 9, 8, true), tp(16, 264));
@@ -2920,14 +3017,20 @@ mod tests {
         assert_eq!(plan(4 * 396, 2, 8, true), tp(8, 396));
         assert_eq!(plan(4 * 396 - 1, 2, 8, true), tp(8, 4 * 396 - 1));
         // A long matrix in two passes (asked for 8): half the slots each.
-        let two = tc_gemv_plan(4000, 16, 64, 8, true, [3 * 132, 4000], false);
+        let two = tc_gemv_plan(4000, 16, 64, 8, true, [3 * 132, 4000], false, None);
         assert_eq!(two, tp(8, 198));
         // No slot reported (a device that fits none): one block, never zero.
-        assert_eq!(tc_gemv_plan(100, 2, 64, 8, true, [0, 0], false), tp(8, 1));
-        assert_eq!(tc_gemv_plan(0, 2, 64, 8, true, slots, false), tp(8, 0));
+        assert_eq!(
+            tc_gemv_plan(100, 2, 64, 8, true, [0, 0], false, None),
+            tp(8, 1)
+        );
+        assert_eq!(
+            tc_gemv_plan(0, 2, 64, 8, true, slots, false, None),
+            tp(8, 0)
+        );
         // The K split: o (180 tiles) up to 8 tokens, not in two passes (720 blocks > 396), not
         // qkv (640 > 396), not a streamed matrix, never where the caller rules it out.
-        let split = |tiles, t, ok| tc_gemv_plan(tiles, t, 64, 8, true, slots, ok).ksplit;
+        let split = |tiles, t, ok| tc_gemv_plan(tiles, t, 64, 8, true, slots, ok, None).ksplit;
         // From 4 tokens (at one, the combine cost more than it gained).
         assert_eq!(
             [1, 3, 4, 8, 9, 16].map(|t| split(180, t, true)),

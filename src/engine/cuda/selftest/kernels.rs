@@ -1963,19 +1963,29 @@ fn check_gemv_tc(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
     let mut res = Vec::new();
     // Four waves of up to 8 blocks an SM, and a partial last tile.
     let long = 16 * 4 * 8 * g.sms() + 7;
-    for (rows, cols, t, bias, acc, norm) in [
-        (long, 256, 1, true, false, true),
-        (long, 256, 8, false, true, false),
-        (long, 256, 12, true, false, true),
-        (5120, 2880, 1, true, false, true),
-        (2880, 4096, 1, true, true, false),
-        (2880, 4096, 8, true, true, false),
-        (1001, 2880, 5, true, false, false),
-        (37, 96, 3, false, false, true),
-        (3000, 2880, 16, true, false, true),
-        (517, 4096, 12, true, true, false),
-        (300, 2880, 20, true, true, true),
-        (2051, 2880, 9, false, true, true),
+    // The last entry: the row tiles a block takes where it may take several (None: the
+    // model's dispatch and the planner's choice).
+    for (rows, cols, t, bias, acc, norm, tiles) in [
+        (long, 256, 1, true, false, true, None),
+        (long, 256, 8, false, true, false, None),
+        (long, 256, 12, true, false, true, None),
+        (5120, 2880, 1, true, false, true, None),
+        (2880, 4096, 1, true, true, false, None),
+        (2880, 4096, 8, true, true, false, None),
+        (1001, 2880, 5, true, false, false, None),
+        (37, 96, 3, false, false, true, None),
+        (3000, 2880, 16, true, false, true, None),
+        (517, 4096, 12, true, true, false, None),
+        (300, 2880, 20, true, true, true, None),
+        (2051, 2880, 9, false, true, true, None),
+        (3000, 2880, 16, true, false, true, Some(1)),
+        (3000, 2880, 16, true, false, true, Some(4)),
+        (517, 4096, 12, true, true, false, Some(2)),
+        (517, 4096, 12, true, true, false, Some(4)),
+        (300, 2880, 20, true, true, true, Some(4)),
+        (2051, 2880, 9, false, true, true, Some(2)),
+        (37, 96, 3, false, false, true, Some(4)),
+        (1001, 2880, 5, true, false, false, Some(2)),
     ] {
         for fp4 in [false, true] {
             let mut c = DenseCase::new(g, s, rows, cols, t, bias, acc)?;
@@ -2007,32 +2017,39 @@ fn check_gemv_tc(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
                 ops::tc_gemv_fits(g, cols, if fp4 { 32 } else { 16 }, t),
                 "{format} {rows}x{cols} at {t} tokens does not fit the tensor-core GEMV"
             );
-            let launch = |y: u64| -> Result<()> {
-                ops::dense_gemv(
-                    g,
-                    crate::engine::cuda::gates::DecodeGemv::TensorCore,
-                    w,
-                    c.bias_ptr(g),
-                    g.ptr(&c.dx),
-                    y,
-                    rows,
-                    cols,
-                    t,
-                    acc,
-                    nrm,
-                )
+            let launch = |y: u64| -> Result<ops::TcgPlan> {
+                let (b, x) = (c.bias_ptr(g), g.ptr(&c.dx));
+                match tiles {
+                    None => ops::dense_gemv(
+                        g,
+                        crate::engine::cuda::gates::DecodeGemv::TensorCore,
+                        w,
+                        b,
+                        x,
+                        y,
+                        rows,
+                        cols,
+                        t,
+                        acc,
+                        nrm,
+                    )
+                    .map(|()| plan),
+                    Some(n) => ops::dense_gemv_tc_tiles(g, w, b, x, y, rows, cols, t, acc, nrm, n),
+                }
             };
             if plan.ksplit > 1 {
                 // A launch before the checked one: its pairs must leave their counters at zero.
                 let before = c.out(g)?;
                 launch(g.ptr(&before))?;
             }
-            launch(g.ptr(&dy))?;
-            let tiles = rows.div_ceil(16);
-            let grid = if plan.grid_x < tiles {
-                format!(" ({} blocks streaming {tiles} row tiles)", plan.grid_x)
+            let plan = launch(g.ptr(&dy))?;
+            let ntiles = rows.div_ceil(16);
+            let grid = if plan.grid_x * plan.tiles_per_block < ntiles {
+                format!(" ({} blocks streaming {ntiles} row tiles)", plan.grid_x)
             } else if plan.ksplit > 1 {
                 format!(" (K split over {} blocks a tile)", plan.ksplit)
+            } else if plan.tiles_per_block > 1 {
+                format!(" ({} row tiles a block)", plan.tiles_per_block)
             } else {
                 String::new()
             };
