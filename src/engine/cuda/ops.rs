@@ -341,21 +341,22 @@ pub fn tc_gemv_plan(
     } else {
         tiles
     };
+    let tiles_per_block = if per_pass == 8 && grid_x == tiles {
+        tiles_pref.unwrap_or(if passes >= 2 { 2 } else { 1 })
+    } else {
+        1
+    };
+    let units = tiles.div_ceil(tiles_per_block);
     let ksplit =
-        if split && t >= TCG_SPLIT_FROM && grid_x == tiles && 2 * tiles * passes <= slots(per_pass)
+        if split && t >= TCG_SPLIT_FROM && grid_x == tiles && 2 * units * passes <= slots(per_pass)
         {
             2
         } else {
             1
         };
-    let tiles_per_block = if per_pass == 8 && grid_x == tiles && ksplit == 1 {
-        tiles_pref.unwrap_or(if passes >= 2 { 2 } else { 1 })
-    } else {
-        1
-    };
     TcgPlan {
         per_pass,
-        grid_x: grid_x.div_ceil(tiles_per_block),
+        grid_x: if grid_x == tiles { units } else { grid_x },
         ksplit,
         tiles_per_block,
     }

@@ -2037,21 +2037,31 @@ fn check_gemv_tc(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
                     Some(n) => ops::dense_gemv_tc_tiles(g, w, b, x, y, rows, cols, t, acc, nrm, n),
                 }
             };
-            if plan.ksplit > 1 {
-                // A launch before the checked one: its pairs must leave their counters at zero.
+            if plan.ksplit > 1 || tiles.is_some() {
+                // A launch before the checked one: a K split's pairs must leave their counters
+                // at zero.
                 let before = c.out(g)?;
                 launch(g.ptr(&before))?;
             }
             let plan = launch(g.ptr(&dy))?;
             let ntiles = rows.div_ceil(16);
-            let grid = if plan.grid_x * plan.tiles_per_block < ntiles {
-                format!(" ({} blocks streaming {ntiles} row tiles)", plan.grid_x)
-            } else if plan.ksplit > 1 {
-                format!(" (K split over {} blocks a tile)", plan.ksplit)
-            } else if plan.tiles_per_block > 1 {
-                format!(" ({} row tiles a block)", plan.tiles_per_block)
-            } else {
+            let mut grid = Vec::new();
+            if plan.grid_x * plan.tiles_per_block < ntiles {
+                grid.push(format!(
+                    "{} blocks streaming {ntiles} row tiles",
+                    plan.grid_x
+                ));
+            }
+            if plan.ksplit > 1 {
+                grid.push(format!("K split over {} blocks", plan.ksplit));
+            }
+            if plan.tiles_per_block > 1 {
+                grid.push(format!("{} row tiles a block", plan.tiles_per_block));
+            }
+            let grid = if grid.is_empty() {
                 String::new()
+            } else {
+                format!(" ({})", grid.join(", "))
             };
             let label = format!(
                 "gemv_tc_{format} {rows}x{cols} t={t} bias={bias} acc={acc} norm={norm}{grid}"
