@@ -3,8 +3,8 @@
 // GEMV of gemv_bf16.cu takes 4 tokens per pass). bf16 weights (gemv_tc_bf16_*) or MXFP4
 // (gemv_tc_fp4_*, dequantized in registers, exact as bf16); fp32 out, fp32 accumulation.
 //
-// One block = TCG_WARPS warps = TT m16 tiles of weight rows (TT = 1: `_t8`, `_t16`; 2: `_r32`;
-// 4: `_r64`); a tile's TCG_WARPS / TT warps split K in chunks (chunk c to the tile's warp
+// One block = TCG_WARPS warps = TT m16 tiles of weight rows (TT = 1: `_t8`, `_t16`; 2:
+// `_t8_r32`); a tile's TCG_WARPS / TT warps split K in chunks (chunk c to the tile's warp
 // c % (TCG_WARPS / TT)) and their partial tiles are summed in shared memory. The tokens are
 // the mma's n dimension: n8 tiles, TN of them (1: up to 8 tokens, 2: up to 16).
 //
@@ -310,7 +310,8 @@ __device__ __forceinline__ float tcg_sum(float (*red)[16][8 * TN], int row, int 
 // A block's unit is TT consecutive row tiles (16 TT rows), each summed by TCG_WARPS / TT of its
 // warps, so one staging of the tokens serves 16 TT rows: at two token passes (9-16 tokens)
 // the 16-row blocks of qkv staged as many activation bytes as they read weights and filled
-// the chip in 1.6 waves. Block b takes units b, b + gridDim.x, …: one each where the grid
+// the chip in 1.6 waves (H100, TT = 2: qkv at batch 16 1.66 -> 1.18 ms; TT = 4 lost to 2 at
+// every batch, docs/perf.md runs 139-140). Block b takes units b, b + gridDim.x, …: one each where the grid
 // covers every unit; a grid of fewer blocks (the host sizes it to the resident slots for a
 // long matrix such as the lm_head) stages its tokens once and streams unit after unit, the
 // next unit's first chunks loaded while the current one is summed. Each unit's sums are the
@@ -421,7 +422,6 @@ __device__ __forceinline__ void gemv_tc_body(const W wp, typename W::Raw (&cur)[
     }
 GEMV_TC_BF16(gemv_tc_bf16_t8, 1, 1, TCG_MINB_T8)
 GEMV_TC_BF16(gemv_tc_bf16_t8_r32, 1, 2, TCG_MINB_T8)
-GEMV_TC_BF16(gemv_tc_bf16_t8_r64, 1, 4, TCG_MINB_T8)
 GEMV_TC_BF16(gemv_tc_bf16_t16, 2, 1, TCG_MINB)
 
 #define GEMV_TC_FP4(name, TN, TT, MINB)                                                         \
@@ -442,7 +442,6 @@ GEMV_TC_BF16(gemv_tc_bf16_t16, 2, 1, TCG_MINB)
     }
 GEMV_TC_FP4(gemv_tc_fp4_t8, 1, 1, TCG_MINB_T8)
 GEMV_TC_FP4(gemv_tc_fp4_t8_r32, 1, 2, TCG_MINB_T8)
-GEMV_TC_FP4(gemv_tc_fp4_t8_r64, 1, 4, TCG_MINB_T8)
 GEMV_TC_FP4(gemv_tc_fp4_t16, 2, 1, TCG_MINB)
 
 // ---- MoE decode on tensor cores: each distinct expert of a group of up to 16 tokens is read

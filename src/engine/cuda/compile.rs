@@ -56,11 +56,9 @@ pub const KERNEL_FILES: &[KernelFile] = &[
         [
             "gemv_tc_bf16_t8",
             "gemv_tc_bf16_t8_r32",
-            "gemv_tc_bf16_t8_r64",
             "gemv_tc_bf16_t16",
             "gemv_tc_fp4_t8",
             "gemv_tc_fp4_t8_r32",
-            "gemv_tc_fp4_t8_r64",
             "gemv_tc_fp4_t16",
             "moe_gate_up_tc_t8",
             "moe_gate_up_tc_t16",

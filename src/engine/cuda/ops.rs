@@ -259,12 +259,12 @@ pub struct TcgPlan {
     /// Blocks sharing each row tile's K (1 or 2: the grid's z).
     pub ksplit: usize,
     /// Row tiles of 16 each block takes at once, one staging of its tokens serving them all
-    /// (1, 2 or 4: the `_t8`, `_t8_r32`, `_t8_r64` kernels).
+    /// (1 or 2: the `_t8` and `_t8_r32` kernels).
     pub tiles_per_block: usize,
 }
 
-/// Environment knob for A/B runs: `MXTUNE_TCG_TILES=1|2|4` fixes the row tiles a block of
-/// the 8-token tensor-core GEMV takes at once where it may take several ([`tc_gemv_plan`]).
+/// Environment knob for A/B runs: `MXTUNE_TCG_TILES=1|2` fixes the row tiles a block of the
+/// 8-token tensor-core GEMV takes at once where it may take several ([`tc_gemv_plan`]).
 pub const TCG_TILES_ENV: &str = "MXTUNE_TCG_TILES";
 
 /// [`TCG_TILES_ENV`]: `None` (unset or empty) for the planner's own choice.
@@ -274,8 +274,7 @@ fn tc_gemv_tiles_pref() -> Result<Option<usize>> {
         Err(_) | Ok("") => Ok(None),
         Ok("1") => Ok(Some(1)),
         Ok("2") => Ok(Some(2)),
-        Ok("4") => Ok(Some(4)),
-        Ok(v) => Err(format!("{TCG_TILES_ENV}={v}: expected 1, 2 or 4")),
+        Ok(v) => Err(format!("{TCG_TILES_ENV}={v}: expected 1 or 2")),
     })
     .clone()
     .map_err(anyhow::Error::msg)
@@ -305,17 +304,22 @@ fn tc_gemv_split_on() -> Result<bool> {
 /// tile, and takes up to 16 tokens in one pass, so its weights are read from DRAM once a step.
 /// (bf16 at one token, where the staging is an eighth of the weights, measured 2 % slower
 /// streamed: docs/perf.md run 123.) The short ones (qkv, o, the router: at most ~2 waves)
-/// keep a block per tile and 8 tokens per pass (run 61: two 8-token passes beat one 16-token
+/// keep a block per unit and 8 tokens per pass (run 61: two 8-token passes beat one 16-token
 /// pass there, 3 blocks per SM against 2). With `persist` off every matrix keeps a block per
-/// tile.
+/// unit.
 ///
-/// A matrix of a block per tile whose blocks fill at most half the slots (the o projection of
+/// A unit is one row tile in one pass, two in two or more (`tiles_pref` overrides: 1 or 2):
+/// a block of two tiles stages its 8 tokens once for 32 rows, so at batch 9–16 qkv's blocks
+/// stage half the activation bytes and fit the chip in one wave (H100, docs/perf.md run 140:
+/// 120b batch 16 +4.3 %, 12 +3.0 %, 9 +1.0 %; in one pass two tiles lost, run 139).
+///
+/// A matrix of a block per unit whose blocks fill at most half the slots (the o projection of
 /// gpt-oss: 180 tiles against 396 slots of an H100 up to 8 tokens, so 48 SMs hold two blocks
-/// and 84 one: the step waits on the SMs with two) splits each tile's K over two blocks when
-/// `split` allows it (no norm folded in, at least one chunk per warp in each half, the
-/// scratch large enough) and it has at least [`TCG_SPLIT_FROM`] tokens: twice the blocks,
-/// each half the weights and half the staging, and the second of a pair adds the two partial
-/// sums in a fixed order.
+/// and 84 one: the step waits on the SMs with two; 90 units in each of two passes) splits
+/// each unit's K over two blocks when `split` allows it (no norm folded in, at least one chunk
+/// per warp in each half, the scratch large enough) and it has at least [`TCG_SPLIT_FROM`]
+/// tokens: twice the blocks, each half the weights and half the staging, and the second of a
+/// pair adds the two partial sums in a fixed order.
 pub fn tc_gemv_plan(
     tiles: usize,
     t: usize,
@@ -457,14 +461,12 @@ pub(crate) fn dense_gemv_tc_tiles(
 /// The tensor-core GEMV entry point of `format` ("bf16" or "fp4") taking `per_pass` tokens and
 /// `tiles` row tiles a block (more than one: 8 tokens a pass only).
 fn tc_gemv_kernel(format: &str, per_pass: usize, tiles: usize) -> &'static str {
-    match (format == "bf16", per_pass == 8, tiles) {
-        (true, true, 2) => "gemv_tc_bf16_t8_r32",
-        (true, true, 4) => "gemv_tc_bf16_t8_r64",
-        (true, true, _) => "gemv_tc_bf16_t8",
+    match (format == "bf16", per_pass == 8, tiles == 2) {
+        (true, true, true) => "gemv_tc_bf16_t8_r32",
+        (true, true, false) => "gemv_tc_bf16_t8",
         (true, false, _) => "gemv_tc_bf16_t16",
-        (false, true, 2) => "gemv_tc_fp4_t8_r32",
-        (false, true, 4) => "gemv_tc_fp4_t8_r64",
-        (false, true, _) => "gemv_tc_fp4_t8",
+        (false, true, true) => "gemv_tc_fp4_t8_r32",
+        (false, true, false) => "gemv_tc_fp4_t8",
         (false, false, _) => "gemv_tc_fp4_t16",
     }
 }
@@ -3033,15 +3035,58 @@ mod tests {
         // qkv (640 > 396), not a streamed matrix, never where the caller rules it out.
         let split = |tiles, t, ok| tc_gemv_plan(tiles, t, 64, 8, true, slots, ok, None).ksplit;
         // From 4 tokens (at one, the combine cost more than it gained).
+        // In two passes o takes 2 row tiles a block: 90 units, 360 blocks split.
         assert_eq!(
             [1, 3, 4, 8, 9, 16].map(|t| split(180, t, true)),
-            [1, 1, 2, 2, 1, 1]
+            [1, 1, 2, 2, 2, 2]
         );
         assert_eq!(split(198, 4, true), 2);
         assert_eq!(split(199, 4, true), 1);
         assert_eq!(split(320, 4, true), 1);
         assert_eq!(split(12_568, 4, true), 1);
         assert_eq!(split(180, 8, false), 1);
+    }
+
+    #[test]
+    fn tc_gemv_plan_takes_two_row_tiles_a_block_in_two_passes() {
+        let slots = [3 * 132, 2 * 132];
+        let plan = |tiles, t, split| tc_gemv_plan(tiles, t, 64, 8, true, slots, split, None);
+        let p = |grid_x, ksplit, tiles_per_block| TcgPlan {
+            per_pass: 8,
+            grid_x,
+            ksplit,
+            tiles_per_block,
+        };
+        // One pass: a tile a block (2 lost there, docs/perf.md run 139).
+        for t in [1, 4, 8] {
+            assert_eq!(plan(320, t, false), p(320, 1, 1), "qkv, t={t}");
+        }
+        // Two or three passes: two tiles a block, a partial last unit rounded up.
+        for t in [9, 12, 16, 20] {
+            assert_eq!(plan(320, t, false), p(160, 1, 2), "qkv, t={t}");
+            assert_eq!(plan(321, t, false), p(161, 1, 2), "321 tiles, t={t}");
+        }
+        // o splits its 90 units' K in two passes (360 blocks fit 396 slots); qkv does not.
+        assert_eq!(plan(180, 16, true), p(90, 2, 2));
+        assert_eq!(plan(320, 16, true), p(160, 1, 2));
+        // A streamed matrix and the 16-token kernel keep a tile a block.
+        assert_eq!(plan(12_568, 16, false).tiles_per_block, 1);
+        let sixteen = tc_gemv_plan(320, 16, 64, 16, true, slots, false, None);
+        assert_eq!((sixteen.per_pass, sixteen.tiles_per_block), (16, 1));
+        // Asked for: one tile a block in two passes, two in one.
+        let fixed = |t, n| tc_gemv_plan(320, t, 64, 8, true, slots, false, Some(n));
+        assert_eq!(fixed(16, 1), p(320, 1, 1));
+        assert_eq!(fixed(4, 2), p(160, 1, 2));
+        assert_eq!(
+            [("bf16", 1), ("bf16", 2), ("fp4", 1), ("fp4", 2)]
+                .map(|(f, n)| tc_gemv_kernel(f, 8, n)),
+            [
+                "gemv_tc_bf16_t8",
+                "gemv_tc_bf16_t8_r32",
+                "gemv_tc_fp4_t8",
+                "gemv_tc_fp4_t8_r32"
+            ]
+        );
     }
 
     /// The tensor-core prefill attention's tiles: at most 16 rows, cut where the sequence (KV
