@@ -423,7 +423,6 @@ __device__ __forceinline__ void gemv_tc_body(const W wp, typename W::Raw (&cur)[
 GEMV_TC_BF16(gemv_tc_bf16_t8, 1, 1, TCG_MINB_T8)
 GEMV_TC_BF16(gemv_tc_bf16_t8_r32, 1, 2, TCG_MINB_T8)
 GEMV_TC_BF16(gemv_tc_bf16_t16, 2, 1, TCG_MINB)
-GEMV_TC_BF16(gemv_tc_bf16_t16_r32, 2, 2, TCG_MINB)
 
 #define GEMV_TC_FP4(name, TN, TT, MINB)                                                         \
     extern "C" __global__ void __launch_bounds__(32 * TCG_WARPS, MINB)                         \
@@ -444,7 +443,6 @@ GEMV_TC_BF16(gemv_tc_bf16_t16_r32, 2, 2, TCG_MINB)
 GEMV_TC_FP4(gemv_tc_fp4_t8, 1, 1, TCG_MINB_T8)
 GEMV_TC_FP4(gemv_tc_fp4_t8_r32, 1, 2, TCG_MINB_T8)
 GEMV_TC_FP4(gemv_tc_fp4_t16, 2, 1, TCG_MINB)
-GEMV_TC_FP4(gemv_tc_fp4_t16_r32, 2, 2, TCG_MINB)
 
 // ---- MoE decode on tensor cores: each distinct expert of a group of up to 16 tokens is read
 // once, its routed (token, slot) pairs as the n dimension (the grouping: tcg_group in

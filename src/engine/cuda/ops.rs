@@ -345,8 +345,8 @@ pub fn tc_gemv_plan(
     } else {
         tiles
     };
-    let tiles_per_block = if grid_x == tiles {
-        tiles_pref.unwrap_or(if per_pass == 8 && passes >= 2 { 2 } else { 1 })
+    let tiles_per_block = if per_pass == 8 && grid_x == tiles {
+        tiles_pref.unwrap_or(if passes >= 2 { 2 } else { 1 })
     } else {
         1
     };
@@ -464,12 +464,10 @@ fn tc_gemv_kernel(format: &str, per_pass: usize, tiles: usize) -> &'static str {
     match (format == "bf16", per_pass == 8, tiles == 2) {
         (true, true, true) => "gemv_tc_bf16_t8_r32",
         (true, true, false) => "gemv_tc_bf16_t8",
-        (true, false, true) => "gemv_tc_bf16_t16_r32",
-        (true, false, false) => "gemv_tc_bf16_t16",
+        (true, false, _) => "gemv_tc_bf16_t16",
         (false, true, true) => "gemv_tc_fp4_t8_r32",
         (false, true, false) => "gemv_tc_fp4_t8",
-        (false, false, true) => "gemv_tc_fp4_t16_r32",
-        (false, false, false) => "gemv_tc_fp4_t16",
+        (false, false, _) => "gemv_tc_fp4_t16",
     }
 }
 
