@@ -140,59 +140,6 @@ pub(crate) fn tc_gemv_fits(g: &Gpu, cols: usize, elems: usize, t: usize) -> bool
         && tc_gemv_smem(cols, t.min(TCG_TOKENS)) + TCG_STATIC_SMEM <= g.max_shared()
 }
 
-/// [`gemv`] on tensor cores (`gemv_tc.cu`): the activations (times the norm weight) rounded
-/// to bf16, each weight read once per 8 tokens (16 with `MXTUNE_TCG_PASS=16`, [`TCG_PASS_ENV`]). `cols` a multiple of 16.
-pub fn gemv_tc_bf16(
-    g: &Gpu,
-    w: u64,
-    bias: Option<u64>,
-    x: u64,
-    y: u64,
-    rows: usize,
-    cols: usize,
-    t: usize,
-    accumulate: bool,
-    norm: Option<Norm>,
-) -> Result<()> {
-    ensure!(
-        tc_gemv_fits(g, cols, 16, t),
-        "tensor-core GEMV input width {cols}: not a multiple of 16, or its staged tokens \
-         exceed the device's shared memory"
-    );
-    let weights = [Arg::Ptr(w)];
-    gemv_tc(
-        g, "bf16", &weights, bias, x, y, rows, cols, t, accumulate, norm, None,
-    )
-    .map(drop)
-}
-
-/// [`gemv_mxfp4`] on tensor cores: MXFP4 blocks dequantized to bf16 in registers (exact),
-/// the activations rounded to bf16. `cols` a multiple of 32.
-pub fn gemv_tc_fp4(
-    g: &Gpu,
-    blocks: u64,
-    scales: u64,
-    bias: Option<u64>,
-    x: u64,
-    y: u64,
-    rows: usize,
-    cols: usize,
-    t: usize,
-    accumulate: bool,
-    norm: Option<Norm>,
-) -> Result<()> {
-    ensure!(
-        tc_gemv_fits(g, cols, 32, t),
-        "tensor-core MXFP4 GEMV input width {cols}: not a multiple of 32, or its staged tokens \
-         exceed the device's shared memory"
-    );
-    let weights = [Arg::Ptr(blocks), Arg::Ptr(scales)];
-    gemv_tc(
-        g, "fp4", &weights, bias, x, y, rows, cols, t, accumulate, norm, None,
-    )
-    .map(drop)
-}
-
 /// Environment knob for tuning runs: the most tokens the tensor-core GEMV takes per pass over
 /// the weights, 8 (the default) or 16. With 8, a batch of 9–16 runs the 8-token kernel as two
 /// token groups (a grid of two blocks per row tile): each weight is read twice, the second
@@ -366,13 +313,15 @@ pub fn tc_gemv_plan(
     }
 }
 
-/// The tensor-core decode GEMV (`gemv_tc.cu`): y[t] (+)= W x[t] + b for `t` tokens in passes
-/// of 8 or 16 ([`tc_gemv_plan`]), bf16 activations; `format` "bf16" or "fp4" names the entry
-/// points and `weights` their weight arguments.
-fn gemv_tc(
+/// [`dense_gemv`] on tensor cores (`gemv_tc.cu`): the activations (times the norm weight)
+/// rounded to bf16, bf16 weights or MXFP4 blocks dequantized to bf16 in registers (exact),
+/// each weight read once per 8 tokens (16 with `MXTUNE_TCG_PASS=16`, [`TCG_PASS_ENV`]).
+/// `tiles` fixes the row tiles a block takes where the plan lets a block take several
+/// (`None`: [`TCG_TILES_ENV`], else the planner's choice; the selftest checks each variant
+/// with `Some`). `cols` a multiple of 16 (bf16) or 32 (MXFP4). Returns the plan it ran.
+pub(crate) fn dense_gemv_tc(
     g: &Gpu,
-    format: &str,
-    weights: &[Arg],
+    w: DenseW,
     bias: Option<u64>,
     x: u64,
     y: u64,
@@ -383,13 +332,18 @@ fn gemv_tc(
     norm: Option<Norm>,
     tiles: Option<usize>,
 ) -> Result<TcgPlan> {
-    let tiles = match tiles {
-        Some(n) => Some(n),
-        None => tc_gemv_tiles_pref()?,
+    let (format, elems, weights) = match w {
+        DenseW::Bf16(p) => ("bf16", 16, vec![Arg::Ptr(p)]),
+        DenseW::Mxfp4 { blocks, scales } => ("fp4", 32, vec![Arg::Ptr(blocks), Arg::Ptr(scales)]),
     };
-    let plan = tc_gemv_plan_for(g, format, rows, cols, t, norm.is_some(), tiles)?;
+    ensure!(
+        tc_gemv_fits(g, cols, elems, t),
+        "tensor-core {format} GEMV input width {cols}: not a multiple of {elems}, or its \
+         staged tokens exceed the device's shared memory"
+    );
+    let plan = tc_gemv_launch_plan(g, format, rows, cols, t, norm.is_some(), tiles)?;
     let (part, cnt) = g.split_scratch();
-    let mut args = weights.to_vec();
+    let mut args = weights;
     args.extend([
         opt(bias),
         Arg::Ptr(x),
@@ -418,46 +372,6 @@ fn gemv_tc(
     Ok(plan)
 }
 
-/// [`dense_gemv`] on the tensor cores with `tiles` row tiles a block wherever the plan lets a
-/// block take several ([`TCG_TILES_ENV`] fixes it for a whole process; the selftest checks
-/// each variant with this). Returns the plan it ran.
-pub(crate) fn dense_gemv_tc_tiles(
-    g: &Gpu,
-    w: DenseW,
-    bias: Option<u64>,
-    x: u64,
-    y: u64,
-    rows: usize,
-    cols: usize,
-    t: usize,
-    accumulate: bool,
-    norm: Option<Norm>,
-    tiles: usize,
-) -> Result<TcgPlan> {
-    let (format, elems, weights) = match w {
-        DenseW::Bf16(p) => ("bf16", 16, vec![Arg::Ptr(p)]),
-        DenseW::Mxfp4 { blocks, scales } => ("fp4", 32, vec![Arg::Ptr(blocks), Arg::Ptr(scales)]),
-    };
-    ensure!(
-        tc_gemv_fits(g, cols, elems, t),
-        "tensor-core {format} GEMV input width {cols} at {t} tokens does not fit"
-    );
-    gemv_tc(
-        g,
-        format,
-        &weights,
-        bias,
-        x,
-        y,
-        rows,
-        cols,
-        t,
-        accumulate,
-        norm,
-        Some(tiles),
-    )
-}
-
 /// The tensor-core GEMV entry point of `format` ("bf16" or "fp4") taking `per_pass` tokens and
 /// `tiles` row tiles a block (more than one: 8 tokens a pass only).
 fn tc_gemv_kernel(format: &str, per_pass: usize, tiles: usize) -> &'static str {
@@ -473,7 +387,8 @@ fn tc_gemv_kernel(format: &str, per_pass: usize, tiles: usize) -> &'static str {
 
 /// The [`TcgPlan`] a tensor-core GEMV of `format` ("bf16" or "fp4") weights, `rows` × `cols`,
 /// runs with for `t` tokens on this device (its kernels' resident blocks per SM, as the
-/// driver counts them, times the SMs).
+/// driver counts them, times the SMs); `tiles` fixes the row tiles a block (`None`:
+/// [`TCG_TILES_ENV`], else the planner's choice).
 pub fn tc_gemv_launch_plan(
     g: &Gpu,
     format: &str,
@@ -481,20 +396,12 @@ pub fn tc_gemv_launch_plan(
     cols: usize,
     t: usize,
     norm: bool,
+    tiles: Option<usize>,
 ) -> Result<TcgPlan> {
-    tc_gemv_plan_for(g, format, rows, cols, t, norm, tc_gemv_tiles_pref()?)
-}
-
-/// [`tc_gemv_launch_plan`] with the row tiles a block fixed (`Some`) or left to the planner.
-fn tc_gemv_plan_for(
-    g: &Gpu,
-    format: &str,
-    rows: usize,
-    cols: usize,
-    t: usize,
-    norm: bool,
-    tiles_pref: Option<usize>,
-) -> Result<TcgPlan> {
+    let tiles_pref = match tiles {
+        Some(n) => Some(n),
+        None => tc_gemv_tiles_pref()?,
+    };
     let slots = |per_pass: usize| -> Result<usize> {
         let kernel = tc_gemv_kernel(format, per_pass, 1);
         let smem = tc_gemv_smem(cols, t.min(per_pass));
@@ -2727,7 +2634,7 @@ pub fn gemm_mxfp4(
 }
 
 /// The decode GEMV of a dense projection in whichever format its weights are, on the path
-/// `path` picks ([`gemv_tc_bf16`]/[`gemv_tc_fp4`], or [`gemv`]/[`gemv_mxfp4`]); a shape the
+/// `path` picks ([`dense_gemv_tc`], or [`gemv`]/[`gemv_mxfp4`]); a shape the
 /// tensor-core kernel does not take runs on the SIMT one.
 pub fn dense_gemv(
     g: &Gpu,
@@ -2742,14 +2649,14 @@ pub fn dense_gemv(
     accumulate: bool,
     norm: Option<Norm>,
 ) -> Result<()> {
-    let tc = path.dense_on_tensor_cores();
+    let elems = match w {
+        DenseW::Bf16(_) => 16,
+        DenseW::Mxfp4 { .. } => 32,
+    };
+    if path.dense_on_tensor_cores() && tc_gemv_fits(g, cols, elems, t) {
+        return dense_gemv_tc(g, w, bias, x, y, rows, cols, t, accumulate, norm, None).map(drop);
+    }
     match w {
-        DenseW::Bf16(p) if tc && tc_gemv_fits(g, cols, 16, t) => {
-            gemv_tc_bf16(g, p, bias, x, y, rows, cols, t, accumulate, norm)
-        }
-        DenseW::Mxfp4 { blocks, scales } if tc && tc_gemv_fits(g, cols, 32, t) => gemv_tc_fp4(
-            g, blocks, scales, bias, x, y, rows, cols, t, accumulate, norm,
-        ),
         DenseW::Bf16(p) => gemv(g, p, bias, x, y, rows, cols, t, accumulate, norm),
         DenseW::Mxfp4 { blocks, scales } => gemv_mxfp4(
             g, blocks, scales, bias, x, y, rows, cols, t, accumulate, norm,

@@ -1959,7 +1959,7 @@ fn fp32_input_checks(
 /// streams several row tiles a block (`ops::tc_gemv_plan`), at 1, 8 and 12 tokens, and short
 /// plain ones whose K is split over two blocks (the o projection's shape among them), each
 /// launched twice to see the split's counters left at zero; and blocks of one and of two row
-/// tiles (`ops::dense_gemv_tc_tiles`) in one, two and three passes, alone and with the split.
+/// tiles (`ops::dense_gemv_tc`) in one, two and three passes, alone and with the split.
 fn check_gemv_tc(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
     let mut res = Vec::new();
     // Four waves of up to 8 blocks an SM, and a partial last tile.
@@ -2002,7 +2002,7 @@ fn check_gemv_tc(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
                 out: g.ptr(&dh),
             });
             let format = if fp4 { "fp4" } else { "bf16" };
-            let plan = ops::tc_gemv_launch_plan(g, format, rows, cols, t, norm)?;
+            let plan = ops::tc_gemv_launch_plan(g, format, rows, cols, t, norm, tiles)?;
             let w = match &fp4_w {
                 Some((db, ds)) => ops::DenseW::Mxfp4 {
                     blocks: g.ptr(db),
@@ -2032,12 +2032,11 @@ fn check_gemv_tc(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
                         nrm,
                     )
                     .map(|()| plan),
-                    Some(n) => ops::dense_gemv_tc_tiles(g, w, b, x, y, rows, cols, t, acc, nrm, n),
+                    Some(_) => ops::dense_gemv_tc(g, w, b, x, y, rows, cols, t, acc, nrm, tiles),
                 }
             };
-            if plan.ksplit > 1 || tiles.is_some() {
-                // A launch before the checked one: a K split's pairs must leave their counters
-                // at zero.
+            if plan.ksplit > 1 {
+                // A launch before the checked one: its pairs must leave their counters at zero.
                 let before = c.out(g)?;
                 launch(g.ptr(&before))?;
             }
