@@ -311,11 +311,11 @@ __device__ __forceinline__ float tcg_sum(float (*red)[16][8 * TN], int row, int 
 // warps, so one staging of the tokens serves 16 TT rows: at two token passes (9-16 tokens)
 // the 16-row blocks of qkv staged as many activation bytes as they read weights and filled
 // the chip in 1.6 waves (H100, TT = 2: qkv at batch 16 1.66 -> 1.18 ms; TT = 4 lost to 2 at
-// every batch, docs/perf.md runs 139-140). Block b takes units b, b + gridDim.x, …: one each where the grid
-// covers every unit; a grid of fewer blocks (the host sizes it to the resident slots for a
-// long matrix such as the lm_head) stages its tokens once and streams unit after unit, the
-// next unit's first chunks loaded while the current one is summed. Each unit's sums are the
-// same in either case.
+// every batch, docs/perf.md runs 139-140). Block b takes units b, b + gridDim.x, …: one each
+// where the grid covers every unit; a grid of fewer blocks (the host sizes it to the resident
+// slots for a long matrix such as the lm_head) stages its tokens once and streams unit after
+// unit, the next unit's first chunks loaded while the current one is summed. Each unit's sums
+// are the same in either case.
 // With gridDim.z = 2 (a matrix of few tiles, no norm: the o projection; one unit a block)
 // each block takes half of K's chunks and stages only those columns; each writes its unit's
 // partial sums to part[z][token][row] and the second of the pair to finish (cnt[unit, pass],
