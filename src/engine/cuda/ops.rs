@@ -133,10 +133,10 @@ pub fn tc_gemv_smem(cols: usize, t: usize) -> usize {
     nt * (cols + TCG_XPAD) * 2 + (nt * segs + nt) * 4
 }
 
-/// Whether the tensor-core GEMV takes this shape: each lane's span of `elems` columns (16
-/// bf16, 32 MXFP4) whole, and the staged tokens within the device's shared memory.
-pub(crate) fn tc_gemv_fits(g: &Gpu, cols: usize, elems: usize, t: usize) -> bool {
-    cols.is_multiple_of(elems)
+/// Whether the tensor-core GEMV takes weights `w` of `cols` columns at `t` tokens: each lane's
+/// span ([`DenseW::tc_span`]) whole, and the staged tokens within the device's shared memory.
+pub(crate) fn tc_gemv_fits(g: &Gpu, w: DenseW, cols: usize, t: usize) -> bool {
+    cols.is_multiple_of(w.tc_span())
         && tc_gemv_smem(cols, t.min(TCG_TOKENS)) + TCG_STATIC_SMEM <= g.max_shared()
 }
 
@@ -318,7 +318,8 @@ pub fn tc_gemv_plan(
 /// each weight read once per 8 tokens (16 with `MXTUNE_TCG_PASS=16`, [`TCG_PASS_ENV`]).
 /// `tiles` fixes the row tiles a block takes where the plan lets a block take several
 /// (`None`: [`TCG_TILES_ENV`], else the planner's choice; the selftest checks each variant
-/// with `Some`). `cols` a multiple of 16 (bf16) or 32 (MXFP4). Returns the plan it ran.
+/// with `Some`; [`tc_gemv_launch_plan`] with the same arguments is the plan it runs). `cols`
+/// a multiple of 16 (bf16) or 32 (MXFP4).
 pub(crate) fn dense_gemv_tc(
     g: &Gpu,
     w: DenseW,
@@ -331,15 +332,16 @@ pub(crate) fn dense_gemv_tc(
     accumulate: bool,
     norm: Option<Norm>,
     tiles: Option<usize>,
-) -> Result<TcgPlan> {
-    let (format, elems, weights) = match w {
-        DenseW::Bf16(p) => ("bf16", 16, vec![Arg::Ptr(p)]),
-        DenseW::Mxfp4 { blocks, scales } => ("fp4", 32, vec![Arg::Ptr(blocks), Arg::Ptr(scales)]),
+) -> Result<()> {
+    let (format, weights) = match w {
+        DenseW::Bf16(p) => ("bf16", vec![Arg::Ptr(p)]),
+        DenseW::Mxfp4 { blocks, scales } => ("fp4", vec![Arg::Ptr(blocks), Arg::Ptr(scales)]),
     };
     ensure!(
-        tc_gemv_fits(g, cols, elems, t),
-        "tensor-core {format} GEMV input width {cols}: not a multiple of {elems}, or its \
-         staged tokens exceed the device's shared memory"
+        tc_gemv_fits(g, w, cols, t),
+        "tensor-core {format} GEMV input width {cols}: not a multiple of {}, or its staged \
+         tokens exceed the device's shared memory",
+        w.tc_span()
     );
     let plan = tc_gemv_launch_plan(g, format, rows, cols, t, norm.is_some(), tiles)?;
     let (part, cnt) = g.split_scratch();
@@ -368,8 +370,7 @@ pub(crate) fn dense_gemv_tc(
         (TCG_THREADS, 1, 1),
         u(tc_gemv_smem(cols, t.min(plan.per_pass)))?,
         &args,
-    )?;
-    Ok(plan)
+    )
 }
 
 /// The tensor-core GEMV entry point of `format` ("bf16" or "fp4") taking `per_pass` tokens and
@@ -2514,6 +2515,12 @@ impl DenseW {
     pub fn is_mxfp4(self) -> bool {
         matches!(self, DenseW::Mxfp4 { .. })
     }
+
+    /// Columns each lane of the tensor-core GEMV loads as one span: 16 bf16 (two 16-byte
+    /// words) or one 32-element MXFP4 block.
+    pub fn tc_span(self) -> usize {
+        if self.is_mxfp4() { 32 } else { 16 }
+    }
 }
 
 /// Quantize `n` bf16 values (whole blocks of 32, `src` 16-byte aligned) to MXFP4 blocks
@@ -2649,12 +2656,8 @@ pub fn dense_gemv(
     accumulate: bool,
     norm: Option<Norm>,
 ) -> Result<()> {
-    let elems = match w {
-        DenseW::Bf16(_) => 16,
-        DenseW::Mxfp4 { .. } => 32,
-    };
-    if path.dense_on_tensor_cores() && tc_gemv_fits(g, cols, elems, t) {
-        return dense_gemv_tc(g, w, bias, x, y, rows, cols, t, accumulate, norm, None).map(drop);
+    if path.dense_on_tensor_cores() && tc_gemv_fits(g, w, cols, t) {
+        return dense_gemv_tc(g, w, bias, x, y, rows, cols, t, accumulate, norm, None);
     }
     match w {
         DenseW::Bf16(p) => gemv(g, p, bias, x, y, rows, cols, t, accumulate, norm),
