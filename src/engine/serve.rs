@@ -735,6 +735,13 @@ fn prepare_with(args: &ServeArgs, open: impl FnOnce() -> Result<Gpu>) -> Result<
                      {max_model_len} positions); lower --max-model-len or --max-num-seqs"
                 )
             })?;
+            be.reserve_prefill(max_num_batched_tokens).with_context(|| {
+                format!(
+                    "allocating the prefill pass's buffers ({} rows, --max-num-batched-tokens \
+                     {max_num_batched_tokens}); lower --max-num-batched-tokens",
+                    max_num_batched_tokens.min(super::cuda::model::PREFILL_ROWS_LIMIT)
+                )
+            })?;
             report.push(format!("mxtune serve: {}", be.describe()));
             if let Some(c) = be
                 .capture_graphs()

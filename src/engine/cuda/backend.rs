@@ -127,6 +127,14 @@ impl CudaBackend {
         }))
     }
 
+    /// Prefill passes of up to `rows` rows (the server's step budget, at most
+    /// [`PREFILL_ROWS_LIMIT`](super::model::PREFILL_ROWS_LIMIT)), their buffers allocated
+    /// now ([`Decoder::reserve_prefill`]).
+    pub fn reserve_prefill(&mut self, rows: usize) -> Result<()> {
+        let rows = rows.min(super::model::PREFILL_ROWS_LIMIT);
+        self.dec.reserve_prefill(&self.gpu, rows)
+    }
+
     /// The decoder, for `engine profile`, which times its kernels and steps directly.
     pub fn decoder_mut(&mut self) -> &mut Decoder {
         &mut self.dec
@@ -191,7 +199,11 @@ impl CudaBackend {
             },
             match o.moe {
                 MoePath::Gemv => String::new(),
-                MoePath::Auto | MoePath::Grouped => format!("; grouped moe tile {}", o.tile.name()),
+                MoePath::Auto | MoePath::Grouped => format!(
+                    "; grouped moe tile {}; prompt rows in passes of up to {}",
+                    o.tile.name(),
+                    self.dec.prefill_rows()
+                ),
             },
         )
     }

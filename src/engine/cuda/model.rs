@@ -28,8 +28,14 @@ pub fn attn_splits(keys: usize, min_split: usize, max_splits: usize) -> usize {
     keys.div_ceil(min_split.max(1)).clamp(1, max_splits.max(1))
 }
 
-/// Most prompt rows one prefill pass holds; longer batches run in chunks of this many.
+/// Prompt rows one prefill pass holds unless told otherwise ([`Decoder::reserve_prefill`]);
+/// longer batches run in chunks of this many.
 pub const PREFILL_MAX_ROWS: usize = 2048;
+
+/// The most rows [`Decoder::reserve_prefill`] takes: several prefill kernels put a row per
+/// block in the grid's y dimension, which CUDA caps at 65 535, and the buffers grow by
+/// ~170 KB a row for gpt-oss-120b.
+pub const PREFILL_ROWS_LIMIT: usize = 16384;
 
 /// Per-row inputs and activations of one pass (a decode step or a prefill chunk), for up to
 /// `rows` rows.
@@ -226,6 +232,9 @@ pub struct Decoder {
     /// Captured steps, two per batch size n: `2n` short contexts, `2n + 1` long ones.
     graphs: Vec<Option<StepGraph>>,
     pre: Option<PrefillBufs>,
+    /// Rows of one prefill pass ([`PREFILL_MAX_ROWS`] unless [`Decoder::reserve_prefill`] set
+    /// it).
+    prefill_rows: usize,
     /// The decode MoE runs on tensor cores (`opts.gemv`, bf16 activations, a shape the
     /// kernels take).
     moe_tc: bool,
@@ -351,6 +360,7 @@ impl Decoder {
             max_splits,
             graphs: (0..2 * (max_batch + 1)).map(|_| None).collect(),
             pre: None,
+            prefill_rows: PREFILL_MAX_ROWS,
             moe_tc,
             moe_f16,
             moe_f16_split,
@@ -371,6 +381,33 @@ impl Decoder {
     /// The decode options in effect.
     pub fn options(&self) -> DecodeOptions {
         self.opts
+    }
+
+    /// Rows one prefill pass holds.
+    pub fn prefill_rows(&self) -> usize {
+        self.prefill_rows
+    }
+
+    /// Run prefill batches of up to `rows` rows in one pass (a server passes its step's
+    /// token budget, so the prompts of a step meet in one grouped MoE: fuller expert tiles,
+    /// each expert's weights read once a layer instead of once a chunk), and allocate the
+    /// pass's buffers now, so that a device too small for them says so before the first
+    /// prompt. At most [`PREFILL_ROWS_LIMIT`].
+    pub fn reserve_prefill(&mut self, g: &Gpu, rows: usize) -> Result<()> {
+        ensure!(
+            (1..=PREFILL_ROWS_LIMIT).contains(&rows),
+            "prefill pass of {rows} rows: expected 1 to {PREFILL_ROWS_LIMIT}"
+        );
+        self.pre = None;
+        self.pre = Some(PrefillBufs::new(
+            g,
+            &self.cfg,
+            rows,
+            self.max_batch,
+            self.opts.tile,
+        )?);
+        self.prefill_rows = rows;
+        Ok(())
     }
 
     /// Sequences the KV cache holds.
@@ -779,8 +816,8 @@ impl Decoder {
     /// rows in position order) through every layer with the batched kernels, writing their
     /// K/V into the cache; then the head for the rows listed in `outputs` (ascending row
     /// indices, at most `max_batch`), whose logits and greedy ids land in rows
-    /// 0..outputs.len() as after a decode step. Batches above [`PREFILL_MAX_ROWS`] run in
-    /// chunks, in order, so later rows see the K/V of earlier ones.
+    /// 0..outputs.len() as after a decode step. Batches above [`Decoder::prefill_rows`] run
+    /// in chunks, in order, so later rows see the K/V of earlier ones.
     pub fn prefill(
         &mut self,
         g: &Gpu,
@@ -830,7 +867,7 @@ impl Decoder {
             self.max_batch
         );
         let offs = self.check_rows(tokens, pos, slots)?;
-        let cap = n.min(PREFILL_MAX_ROWS);
+        let cap = n.min(self.prefill_rows);
         // Taken out while the chunks run (the layers read `self` beside it); an error drops
         // the buffers, and the next prompt allocates them again.
         let mut b = match self.pre.take() {

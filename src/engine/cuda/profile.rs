@@ -54,10 +54,16 @@ pub struct ProfileArgs {
     /// Tile of the grouped (prefill) MoE: auto (128x128), 64x128 or 128x128.
     #[arg(long, value_enum, default_value = "auto")]
     pub tile: Tile,
-    /// Also time a prefill of this many prompt tokens (one sequence, after `--depth`
-    /// cached positions) through the batched path; 0 skips it.
+    /// Also time a prefill of this many prompt tokens through the batched path, for each of
+    /// the `--batch` sequences (after `--depth` cached positions), all in one step as a
+    /// server's step of that many arriving prompts; 0 skips it.
     #[arg(long, default_value_t = 0)]
     pub prefill: usize,
+    /// Rows of one prefill pass, as `serve --max-num-batched-tokens` (a step's prompts run in
+    /// passes of this many rows). Default: serve's default for the device (8192 on GPUs of
+    /// at least 70 GiB other than the A100, else 2048).
+    #[arg(long)]
+    pub max_num_batched_tokens: Option<usize>,
     /// KV positions per sequence, as `serve --max-model-len`: the captured decode graph is
     /// sized for them (its attention grids cover every position), so this times the step a
     /// server with that limit runs. Default: just what the measured steps need.
@@ -344,15 +350,21 @@ pub fn run(args: &ProfileArgs) -> Result<()> {
     println!("last sampled ids: {sampled:?}");
     let mut rows: Vec<PerfRow> = decode_row.into_iter().collect();
     if args.prefill > 0 {
-        let med = profile_prefill(&g, dec, &cfg, args.depth, args.prefill)?;
+        let pass = args.max_num_batched_tokens.unwrap_or_else(|| {
+            serve::default_max_num_batched_tokens(Some((g.name(), g.total_mem())))
+        });
+        dec.reserve_prefill(&g, pass).with_context(|| {
+            format!("allocating the prefill pass of {pass} rows (--max-num-batched-tokens)")
+        })?;
+        let med = profile_prefill(&g, dec, &cfg, args.depth, args.prefill, b)?;
         // A prefill is compute-bound: no bandwidth roofline share.
         rows.push(PerfRow::now(
             &args.synthetic,
             fp4_layers.layout_name(),
             PerfKind::Prefill,
-            1,
+            b,
             args.depth,
-            args.prefill as f64 / (med * 1e-3),
+            (b * args.prefill) as f64 / (med * 1e-3),
             None,
             bw,
         ));
@@ -523,22 +535,32 @@ fn profile_table(
     out
 }
 
-/// Time a prefill of `n` prompt tokens in KV slot 0 after `depth` cached positions; its
-/// median GPU time in ms.
+/// Time a prefill of `n` prompt tokens in each of KV slots 0..seqs after `depth` cached
+/// positions, all in one call (a server step's prompts); its median GPU time in ms.
 fn profile_prefill(
     g: &Gpu,
     dec: &mut Decoder,
     cfg: &ModelConfig,
     depth: usize,
     n: usize,
+    seqs: usize,
 ) -> Result<f64> {
-    let toks: Vec<u32> = (0..n)
+    // Each sequence its own prompt, its rows in position order, one after the other.
+    let toks: Vec<u32> = (0..seqs * n)
         .map(|i| (synthetic_token(i) % cfg.vocab_size as u64) as u32)
         .collect();
-    let pos: Vec<u32> = (0..n).map(|i| (depth + i) as u32).collect();
-    let slots = vec![0u32; n];
-    let outs = [n as u32 - 1];
-    let flops: f64 = (0..n).map(|i| flops_per_prompt_token(cfg, depth + i)).sum();
+    let pos: Vec<u32> = (0..seqs)
+        .flat_map(|_| (0..n).map(|i| (depth + i) as u32))
+        .collect();
+    let slots: Vec<u32> = (0..seqs as u32)
+        .flat_map(|s| std::iter::repeat_n(s, n))
+        .collect();
+    let outs: Vec<u32> = (1..=seqs).map(|s| (s * n - 1) as u32).collect();
+    let flops: f64 = seqs as f64
+        * (0..n)
+            .map(|i| flops_per_prompt_token(cfg, depth + i))
+            .sum::<f64>();
+    let total = seqs * n;
     let mut times = Vec::new();
     for rep in 0..4 {
         let (a, e) = (ev(g)?, ev(g)?);
@@ -555,17 +577,24 @@ fn profile_prefill(
     print_profile(
         &prof,
         1.0,
-        &format!("per-kernel GPU time of one {n}-token prefill"),
+        &format!("per-kernel GPU time of one {total}-token prefill"),
         None,
     );
     let med = median(times.clone());
+    let prompts = if seqs == 1 {
+        String::new()
+    } else {
+        format!("{seqs} prompts of {n} = ")
+    };
     println!(
-        "prefill of {n} tokens at depth {depth} (batched path, {} chunk(s)): median {:.2} ms \
-         (runs {:?}) -> {:.0} tok/s, {:.1} TFLOP/s (counted {:.2} TFLOP)",
-        n.div_ceil(super::model::PREFILL_MAX_ROWS),
+        "prefill of {prompts}{total} tokens at depth {depth} (batched path, {} pass(es) of up \
+         to {} rows): median {:.2} ms (runs {:?}) -> {:.0} tok/s, {:.1} TFLOP/s (counted {:.2} \
+         TFLOP)",
+        total.div_ceil(dec.prefill_rows()),
+        dec.prefill_rows(),
         med,
         times.iter().map(|t| format!("{t:.2}")).collect::<Vec<_>>(),
-        n as f64 / (med * 1e-3),
+        total as f64 / (med * 1e-3),
         flops / (med * 1e-3) / 1e12,
         flops / 1e12
     );
