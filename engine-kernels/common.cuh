@@ -551,18 +551,24 @@ __device__ __forceinline__ void tc_mainloop(int stages, Load load, Store store,
 
 // Visit this thread's accumulators: f(row, col, v0, v1) with the tile-local row and the even
 // tile-local column col of the pair (v0 at col, v1 at col + 1).
-template <int MI, class F>
-__device__ __forceinline__ void tc_epilogue(const float (&acc)[MI][4][4], F f) {
+// tc_epilogue_w: the same for WC warps across the columns (8 / WC down the rows), each warp
+// (16 MI) x (8 NI).
+template <int WC, int MI, int NI, class F>
+__device__ __forceinline__ void tc_epilogue_w(const float (&acc)[MI][NI][4], F f) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    const int wm = (warp >> 2) * 16 * MI, wn = (warp & 3) * 32;
+    const int wm = (warp / WC) * 16 * MI, wn = (warp % WC) * 8 * NI;
 #pragma unroll
     for (int mi = 0; mi < MI; ++mi)
 #pragma unroll
-        for (int ni = 0; ni < 4; ++ni)
+        for (int ni = 0; ni < NI; ++ni)
 #pragma unroll
             for (int h = 0; h < 2; ++h)
                 f(wm + mi * 16 + g + 8 * h, wn + ni * 8 + 2 * t, acc[mi][ni][2 * h],
                   acc[mi][ni][2 * h + 1]);
+}
+template <int MI, class F>
+__device__ __forceinline__ void tc_epilogue(const float (&acc)[MI][4][4], F f) {
+    tc_epilogue_w<4>(acc, f);
 }
 
 // One output pair of a dense tensor-core GEMM's epilogue (tc_epilogue's v0, v1 at row m,

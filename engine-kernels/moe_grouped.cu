@@ -122,15 +122,15 @@ __device__ __forceinline__ void moe_gate_up_tile(MOE_GATE_UP_PARAMS) {
 
 // The down tiles' epilogue (both kernels): part[i, n] = wts[i] * (acc + b2_e[n]) for the tile's
 // rows first..end of expert e, columns of this block past `hidden` skipped.
-template <int MI>
-__device__ __forceinline__ void moe_down_epilogue(const float (&acc)[MI][4][4],
+template <int WC, int MI, int NI>
+__device__ __forceinline__ void moe_down_epilogue(const float (&acc)[MI][NI][4],
                                                   const bf16_t* __restrict__ bias,
                                                   const float* __restrict__ wts,
                                                   const int* __restrict__ perm,
                                                   float* __restrict__ part, int hidden, int e,
                                                   int first, int end) {
     const int n0 = blockIdx.x * TC_BN;
-    tc_epilogue(acc, [&](int lr, int lc, float v0, float v1) {
+    tc_epilogue_w<WC>(acc, [&](int lr, int lc, float v0, float v1) {
         const int r = first + lr;
         if (r >= end) return;
         const int i = perm[r];
@@ -162,7 +162,7 @@ __device__ __forceinline__ void moe_down_tile(MOE_DOWN_PARAMS) {
     if (!moe_tile_mma<BM>(blocks, scales, act, 1, perm, tiles, ntiles, hidden, inter, e, first,
                           end, acc, As, Bs))
         return;
-    moe_down_epilogue(acc, bias, wts, perm, part, hidden, e, first, end);
+    moe_down_epilogue<4>(acc, bias, wts, perm, part, hidden, e, first, end);
 }
 
 // ---- The register-B tiles (`moe_gate_up_rb`, `moe_down_rb`; the host's default, see
@@ -204,29 +204,30 @@ extern "C" __global__ void moe_act_bf16(const float* __restrict__ x, unsigned* _
     out[(size_t)row * (Kp >> 1) + w] = pack_bf16x2(lo, hi);
 }
 
-// One stage of a warp's (16 MI) x 32 tile: A from shared memory (logical order), B from the
-// raw stage Bq (TC_BN rows of 32 bytes), dequantized in registers with scales e[ni]: the
+// One stage of a warp's (16 MI) x (8 NI) tile: A from shared memory (logical order), B from
+// the raw stage Bq (TC_BN rows of 32 bytes), dequantized in registers with scales e[ni]: the
 // lane's word h holds chunks 2h and 2h + 1 (pairs p[0], p[1] and p[2], p[3]). Only the first
 // `live` m16 fragments hold rows of the tile (a segment's last tile is mostly short): the
-// others' loads and MMAs are skipped, and a warp with none skips the stage.
-template <int MI>
+// others' loads and MMAs are skipped, and a warp with none skips the stage. Each B fragment
+// dequantized serves MI MMAs, so the wider the warp's rows, the fewer decodes per MMA.
+template <int MI, int NI>
 __device__ __forceinline__ void rb_stage(const bf16_t* As, const u8* Bq, int wm, int wn,
-                                         int live, const unsigned (&e)[4],
-                                         float (&acc)[MI][4][4]) {
+                                         int live, const unsigned (&e)[NI],
+                                         float (&acc)[MI][NI][4]) {
     if (live <= 0) return;
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    uint2 q[4];
-    unsigned s2[4];
+    uint2 q[NI];
+    unsigned s2[NI];
 #pragma unroll
-    for (int ni = 0; ni < 4; ++ni) {
+    for (int ni = 0; ni < NI; ++ni) {
         q[ni] = *reinterpret_cast<const uint2*>(Bq + (wn + 8 * ni + g) * 32 + 8 * t);
         s2[ni] = e8m0_bf16x2(e[ni]);
     }
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-        unsigned b[4][4];
+        unsigned b[NI][4];
 #pragma unroll
-        for (int ni = 0; ni < 4; ++ni) {
+        for (int ni = 0; ni < NI; ++ni) {
             unsigned p[4];
             fp4x8_to_bf16x2(h ? q[ni].y : q[ni].x, p);
 #pragma unroll
@@ -235,17 +236,15 @@ __device__ __forceinline__ void rb_stage(const bf16_t* As, const u8* Bq, int wm,
 #pragma unroll
         for (int cc = 0; cc < 2; ++cc) {
             const int kk = (2 * h + cc) * 16;
-            unsigned a[MI][4];
 #pragma unroll
             for (int mi = 0; mi < MI; ++mi)
-                if (mi < live)
-                    ldmatrix_x4(a[mi], As + (wm + mi * 16 + (lane & 15)) * RB_LD + kk + (lane >> 4) * 8);
+                if (mi < live) {
+                    unsigned a[4];
+                    ldmatrix_x4(a, As + (wm + mi * 16 + (lane & 15)) * RB_LD + kk + (lane >> 4) * 8);
 #pragma unroll
-            for (int mi = 0; mi < MI; ++mi)
-                if (mi < live)
-#pragma unroll
-                    for (int ni = 0; ni < 4; ++ni)
-                        mma_bf16_16816(acc[mi][ni], a[mi], b[ni][2 * cc], b[ni][2 * cc + 1]);
+                    for (int ni = 0; ni < NI; ++ni)
+                        mma_bf16_16816(acc[mi][ni], a, b[ni][2 * cc], b[ni][2 * cc + 1]);
+                }
         }
     }
 }
@@ -260,8 +259,13 @@ struct RbSmem {
 // moe_tile_mma's contract with the register-B stages: this block's tile of expert e (segment
 // rows first..end) times W_e's rows n0 .. n0 + TC_BN (of `wrows`, K / 32 blocks each) into
 // acc. A row r of the tile is row perm[r] / a_div of `a` (bf16, permuted, Kp = K rounded up
-// to 64 per row). NS stages in flight through cp.async (NS - 1 ahead of the MMAs).
-template <int BM, int NS>
+// to 64 per row). NS stages in flight through cp.async (NS - 1 ahead of the MMAs). The 8 warps
+// stand WC across the columns and 8 / WC down the rows (RbWarps).
+template <int BM, int WC>
+struct RbWarps {
+    static constexpr int WR = 8 / WC, MI = BM / (16 * WR), NI = TC_BN / (8 * WC);
+};
+template <int BM, int NS, int WC>
 __device__ __forceinline__ bool moe_tile_mma_rb(const u8* __restrict__ blocks,
                                                 const u8* __restrict__ scales,
                                                 const bf16_t* __restrict__ a, int a_div,
@@ -269,9 +273,10 @@ __device__ __forceinline__ bool moe_tile_mma_rb(const u8* __restrict__ blocks,
                                                 const int* __restrict__ tiles,
                                                 const int* __restrict__ ntiles, int wrows, int K,
                                                 int& e, int& first, int& end,
-                                                float (&acc)[BM / 32][4][4],
+                                                float (&acc)[RbWarps<BM, WC>::MI][RbWarps<BM, WC>::NI][4],
                                                 RbSmem<BM, NS>& sm) {
-    constexpr int MI = BM / 32, AP = BM * 8 / 256;  // 16-byte A pieces per thread a stage
+    constexpr int MI = RbWarps<BM, WC>::MI, NI = RbWarps<BM, WC>::NI;
+    constexpr int AP = BM * 8 / 256;  // 16-byte A pieces per thread a stage
     if ((int)blockIdx.y >= *ntiles) return false;
     e = tiles[3 * blockIdx.y];
     first = tiles[3 * blockIdx.y + 1];
@@ -299,36 +304,36 @@ __device__ __forceinline__ bool moe_tile_mma_rb(const u8* __restrict__ blocks,
     };
     // Scales: lane (g, t)'s rows n0 + wn + 8 ni + g, block 2s + t / 2.
     const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
-    const int wm = (warp >> 2) * 16 * MI, wn = (warp & 3) * 32;
+    const int wm = (warp / WC) * 16 * MI, wn = (warp % WC) * 8 * NI;
     const int live = (end - first - wm + 15) >> 4;  // m16 fragments with rows (may be <= 0)
-    const u8* ssrc[4];
+    const u8* ssrc[NI];
 #pragma unroll
-    for (int ni = 0; ni < 4; ++ni) {
+    for (int ni = 0; ni < NI; ++ni) {
         const int r = n0 + wn + 8 * ni + g;
         ssrc[ni] = r < wrows ? scales + ((size_t)e * wrows + r) * nb : nullptr;
     }
-    auto load_scales = [&](int s, unsigned (&sc)[4]) {
+    auto load_scales = [&](int s, unsigned (&sc)[NI]) {
         const int blk = 2 * s + (t >> 1);
 #pragma unroll
-        for (int ni = 0; ni < 4; ++ni) sc[ni] = ssrc[ni] && blk < nb ? ssrc[ni][blk] : 127u;
+        for (int ni = 0; ni < NI; ++ni) sc[ni] = ssrc[ni] && blk < nb ? ssrc[ni][blk] : 127u;
     };
 #pragma unroll
     for (int s = 0; s < NS - 1; ++s) {
         if (s < stages) issue(s);
         cp_async_commit();
     }
-    unsigned sc[4];
+    unsigned sc[NI];
     load_scales(0, sc);
     for (int s = 0; s < stages; ++s) {
         cp_async_wait<NS - 2>();
         __syncthreads();
         if (s + NS - 1 < stages) issue(s + NS - 1);
         cp_async_commit();
-        unsigned scn[4];
+        unsigned scn[NI];
         if (s + 1 < stages) load_scales(s + 1, scn);
-        rb_stage<MI>(sm.a[s % NS], sm.b[s % NS], wm, wn, live, sc, acc);
+        rb_stage<MI, NI>(sm.a[s % NS], sm.b[s % NS], wm, wn, live, sc, acc);
 #pragma unroll
-        for (int ni = 0; ni < 4; ++ni) sc[ni] = scn[ni];
+        for (int ni = 0; ni < NI; ++ni) sc[ni] = scn[ni];
     }
     return true;
 }
@@ -345,17 +350,17 @@ __device__ __forceinline__ bool moe_tile_mma_rb(const u8* __restrict__ blocks,
         float limit, float alpha
 #define MOE_GATE_UP_RB_ARGS blocks, scales, bias, xb, perm, tiles, ntiles, act, inter, hidden, k, limit, alpha
 
-template <int BM, int NS>
+template <int BM, int NS, int WC>
 __device__ __forceinline__ void moe_gate_up_rb_tile(MOE_GATE_UP_RB_PARAMS) {
     __shared__ __align__(16) RbSmem<BM, NS> sm;
     const int rows = 2 * inter, ip = (inter + 63) & ~63;
     int e, first, end;
-    float acc[BM / 32][4][4] = {};
-    if (!moe_tile_mma_rb<BM, NS>(blocks, scales, xb, k, perm, tiles, ntiles, rows, hidden, e,
-                                 first, end, acc, sm))
+    float acc[RbWarps<BM, WC>::MI][RbWarps<BM, WC>::NI][4] = {};
+    if (!moe_tile_mma_rb<BM, NS, WC>(blocks, scales, xb, k, perm, tiles, ntiles, rows, hidden, e,
+                                     first, end, acc, sm))
         return;
     const int n0 = blockIdx.x * TC_BN;
-    tc_epilogue(acc, [&](int lr, int lc, float gv, float lv) {
+    tc_epilogue_w<WC>(acc, [&](int lr, int lc, float gv, float lv) {
         const int r = first + lr, c = n0 + lc;
         if (r >= end || (c >> 1) >= ip) return;
         float v = 0.0f;
@@ -376,36 +381,42 @@ __device__ __forceinline__ void moe_gate_up_rb_tile(MOE_GATE_UP_RB_PARAMS) {
         float *__restrict__ part, int hidden, int inter
 #define MOE_DOWN_RB_ARGS blocks, scales, bias, act, wts, perm, tiles, ntiles, part, hidden, inter
 
-template <int BM, int NS>
+template <int BM, int NS, int WC>
 __device__ __forceinline__ void moe_down_rb_tile(MOE_DOWN_RB_PARAMS) {
     __shared__ __align__(16) RbSmem<BM, NS> sm;
     int e, first, end;
-    float acc[BM / 32][4][4] = {};
-    if (!moe_tile_mma_rb<BM, NS>(blocks, scales, act, 1, perm, tiles, ntiles, hidden, inter, e,
-                                 first, end, acc, sm))
+    float acc[RbWarps<BM, WC>::MI][RbWarps<BM, WC>::NI][4] = {};
+    if (!moe_tile_mma_rb<BM, NS, WC>(blocks, scales, act, 1, perm, tiles, ntiles, hidden, inter,
+                                     e, first, end, acc, sm))
         return;
-    moe_down_epilogue(acc, bias, wts, perm, part, hidden, e, first, end);
+    moe_down_epilogue<WC>(acc, bias, wts, perm, part, hidden, e, first, end);
 }
 
 // Stages in flight: three for 64-row tiles (40 KB of shared memory), two for 128 rows (45 KB).
 #ifndef RB_NS64
 #define RB_NS64 3
 #endif
+// Warps across a register-B tile's 128 columns: 4 (two rows of warps, each (BM / 2) x 32) or
+// 8 (one row, each BM x 16: half the B decodes per MMA, twice the A fragment loads, and every
+// warp busy on a tile of BM / 2 rows or fewer).
+#ifndef RB_WC
+#define RB_WC 4
+#endif
 extern "C" __global__ void __launch_bounds__(256, TC_MINB) moe_gate_up_rb(MOE_GATE_UP_RB_PARAMS) {
     pdl_enter();
-    moe_gate_up_rb_tile<TC_BM, RB_NS64>(MOE_GATE_UP_RB_ARGS);
+    moe_gate_up_rb_tile<TC_BM, RB_NS64, RB_WC>(MOE_GATE_UP_RB_ARGS);
 }
 extern "C" __global__ void __launch_bounds__(256, TC128_MINB) moe_gate_up_rb_m128(MOE_GATE_UP_RB_PARAMS) {
     pdl_enter();
-    moe_gate_up_rb_tile<128, 2>(MOE_GATE_UP_RB_ARGS);
+    moe_gate_up_rb_tile<128, 2, RB_WC>(MOE_GATE_UP_RB_ARGS);
 }
 extern "C" __global__ void __launch_bounds__(256, TC_MINB) moe_down_rb(MOE_DOWN_RB_PARAMS) {
     pdl_enter();
-    moe_down_rb_tile<TC_BM, RB_NS64>(MOE_DOWN_RB_ARGS);
+    moe_down_rb_tile<TC_BM, RB_NS64, RB_WC>(MOE_DOWN_RB_ARGS);
 }
 extern "C" __global__ void __launch_bounds__(256, TC128_MINB) moe_down_rb_m128(MOE_DOWN_RB_PARAMS) {
     pdl_enter();
-    moe_down_rb_tile<128, 2>(MOE_DOWN_RB_ARGS);
+    moe_down_rb_tile<128, 2, RB_WC>(MOE_DOWN_RB_ARGS);
 }
 
 // The entry points, one per tile height: TC_BM (64) rows, and `_m128` with 128 rows (the
