@@ -44,3 +44,76 @@ gemm_bf16_tc(const float* __restrict__ x, const bf16_t* __restrict__ w,
         if (m0 + r < M) tc_store_pair(y, bias, N, m0 + r, n0 + c, v0, v1, accumulate);
     });
 }
+
+// ---- The cp.async GEMM (`gemm_bf16_cp`, the prefill's dense projections by default): the same
+// product from bf16 activations xb [M, K] (written once by rows_bf16), both operands copied
+// global -> shared by cp.async, GCP_NS stages in flight (no registers hold a stage, nothing is
+// converted in the loop), 128 x 128 block tiles (each warp 64 x 32: four A and two B ldmatrix
+// per 16 MMAs). Dynamic shared memory: GCP_NS * 2 * 128 * TC_LD bf16 (80 KB at 4 stages).
+// K must be a multiple of TC_BK. grid = (ceil(N / 128), ceil(M / 128)), block = 256.
+#define GCP_NS 4  // the launch (ops::gemm_cp) sizes the shared memory for this many
+#define GCP_BM 128
+extern "C" __global__ void __launch_bounds__(256, 2)
+gemm_bf16_cp(const bf16_t* __restrict__ xb, const bf16_t* __restrict__ w,
+             const bf16_t* __restrict__ bias, float* __restrict__ y, int M, int N, int K,
+             int accumulate) {
+    pdl_enter();
+    extern __shared__ __align__(16) unsigned char gcp_smem[];
+    bf16_t* As = reinterpret_cast<bf16_t*>(gcp_smem);        // [GCP_NS][GCP_BM * TC_LD]
+    bf16_t* Bs = As + GCP_NS * GCP_BM * TC_LD;                // [GCP_NS][TC_BN * TC_LD]
+    const int tid = threadIdx.x;
+    const int m0 = blockIdx.y * GCP_BM, n0 = blockIdx.x * TC_BN;
+    // Thread tid copies 16 bytes (chunk c = tid & 3 of a 64-byte stage row) of rows
+    // (tid >> 2) + 64 j, j = 0, 1, of A and of B.
+    const int row = tid >> 2, c = tid & 3;
+    const bf16_t* asrc[2];
+    const bf16_t* bsrc[2];
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+        const int m = m0 + row + 64 * j, n = n0 + row + 64 * j;
+        asrc[j] = m < M ? xb + (size_t)m * K + 8 * c : nullptr;
+        bsrc[j] = n < N ? w + (size_t)n * K + 8 * c : nullptr;
+    }
+    const int stages = K / TC_BK;
+    auto issue = [&](int s) {
+        bf16_t* a = As + (s % GCP_NS) * GCP_BM * TC_LD;
+        bf16_t* b = Bs + (s % GCP_NS) * TC_BN * TC_LD;
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+            const int r = (row + 64 * j) * TC_LD + 8 * c;
+            cp_async16(a + r, asrc[j] ? asrc[j] + s * TC_BK : xb, asrc[j] != nullptr);
+            cp_async16(b + r, bsrc[j] ? bsrc[j] + s * TC_BK : w, bsrc[j] != nullptr);
+        }
+    };
+#pragma unroll
+    for (int s = 0; s < GCP_NS - 1; ++s) {
+        if (s < stages) issue(s);
+        cp_async_commit();
+    }
+    const int warp = tid >> 5;
+    const int wm = (warp >> 2) * 64, wn = (warp & 3) * 32;
+    float acc[4][4][4] = {};
+    for (int s = 0; s < stages; ++s) {
+        cp_async_wait<GCP_NS - 2>();
+        __syncthreads();  // stage s visible to all; stage s - 1's buffer free for reuse
+        if (s + GCP_NS - 1 < stages) issue(s + GCP_NS - 1);
+        cp_async_commit();
+        tc_stage<4>(As + (s % GCP_NS) * GCP_BM * TC_LD, Bs + (s % GCP_NS) * TC_BN * TC_LD, wm, wn,
+                    acc);
+    }
+    tc_epilogue(acc, [&](int r, int col, float v0, float v1) {
+        if (m0 + r < M) tc_store_pair(y, bias, N, m0 + r, n0 + col, v0, v1, accumulate);
+    });
+}
+
+// out[i] = bf16(x[i]) for n elements (n a multiple of 4; x and out 16- and 8-byte aligned):
+// the activations of gemm_bf16_cp, rounded to nearest even as gemm_bf16_tc rounds them.
+extern "C" __global__ void rows_bf16(const float* __restrict__ x, uint2* __restrict__ out,
+                                     long long n4) {
+    pdl_enter();
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n4;
+         i += (long long)gridDim.x * blockDim.x) {
+        const float4 v = reinterpret_cast<const float4*>(x)[i];
+        out[i] = make_uint2(pack_bf16x2(v.x, v.y), pack_bf16x2(v.z, v.w));
+    }
+}

@@ -255,6 +255,8 @@ pub struct Decoder {
     attn: ops::AttnTuning,
     /// The prefill routes through `ops::router_rows` (`MXTUNE_PREFILL_ROUTER`).
     prefill_router_rows: bool,
+    /// The prefill's bf16 dense GEMMs run `gemm_bf16_cp` (`MXTUNE_PREFILL_GEMM`).
+    prefill_gemm_cp: bool,
     /// The grouped MoE's tile kernels (`MXTUNE_PREFILL_MOE`).
     grouped: ops::GroupedKernels,
 }
@@ -337,6 +339,7 @@ impl Decoder {
         let moe_codes = ops::MoeCodes::of(opts.activation, moe_dot);
         let attn = ops::AttnTuning::from_env()?;
         let prefill_router_rows = ops::prefill_router_rows_from_env()?;
+        let prefill_gemm_cp = ops::prefill_gemm_cp_from_env()?;
         let grouped = ops::GroupedKernels::from_env()?;
         Ok(Self {
             cfg: cfg.clone(),
@@ -368,6 +371,7 @@ impl Decoder {
             moe_loop,
             moe_codes,
             prefill_router_rows,
+            prefill_gemm_cp,
             grouped,
             attn,
         })
@@ -946,6 +950,11 @@ impl Decoder {
             kernels: self.grouped,
         };
         let tc_attn = ops::prefill_attn_tc(sh.attn, sh.kv)?;
+        // The bf16 copy of a dense GEMM's activations (n rows of at most max(H, Hq·D)): the
+        // MoE's `part` scratch (n·k·H fp32), which holds nothing between the layers' MoE
+        // calls; a shape where it is too small keeps the fp32-input GEMM.
+        let fits = 2 * c.num_experts_per_tok * hid >= hid.max(hq * d);
+        let gemm_scratch = (self.prefill_gemm_cp && fits).then(|| p(&r.part));
         mark("start")?;
         ops::embed(g, g.ptr(&self.w.embed), g.ptr(&r.tokens), p(&r.x), hid, n)?;
         mark("embed_gather")?;
@@ -973,6 +982,7 @@ impl Decoder {
                 (hq + 2 * hkv) * d,
                 hid,
                 false,
+                gemm_scratch,
             )?;
             mark(if qkv_w.is_mxfp4() {
                 "gemm_mxfp4 qkv"
@@ -1026,6 +1036,7 @@ impl Decoder {
                 hid,
                 hq * d,
                 true,
+                gemm_scratch,
             )?;
             mark(if o_w.is_mxfp4() {
                 "gemm_mxfp4 o (+residual)"

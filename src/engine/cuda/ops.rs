@@ -514,6 +514,18 @@ fn choice<T: Copy>(name: &str, v: &str, choices: &[(&str, T)]) -> Result<T> {
     }
 }
 
+/// Environment variable choosing the prefill's dense GEMM over bf16 weights: `cp` (the
+/// default: the activations rounded to bf16 once by `rows_bf16`, then `gemm_bf16_cp`, both
+/// operands by `cp.async`) or `regs` (`gemm_bf16_tc`: fp32 activations through registers,
+/// rounded in the loop; for A/B timing).
+pub const PREFILL_GEMM_ENV: &str = "MXTUNE_PREFILL_GEMM";
+
+/// Whether the prefill's bf16 GEMMs run `gemm_bf16_cp` ([`PREFILL_GEMM_ENV`]); a bad value is
+/// an error naming it.
+pub fn prefill_gemm_cp_from_env() -> Result<bool> {
+    env_choice(PREFILL_GEMM_ENV, &[("cp", true), ("regs", false)])
+}
+
 /// Whether the prefill routes through [`router_rows`] (else [`router`]), from the environment;
 /// a bad value is an error naming it.
 pub fn prefill_router_rows_from_env() -> Result<bool> {
@@ -2667,8 +2679,68 @@ pub fn dense_gemv(
     }
 }
 
+/// Block rows of `gemm_bf16_cp`.
+const GCP_BM: usize = 128;
+/// Shared-memory stages of `gemm_bf16_cp` (kernel constant `GCP_NS`).
+const GCP_NS: usize = 4;
+
+/// Prefill GEMM over bf16 activations (`gemm_bf16_cp`): y[m] (+)= W xb[m] + b, W bf16 [n, k],
+/// xb bf16 [m, k] (from [`rows_bf16`]), fp32 out [m, n]. `k` must be a multiple of 32.
+#[allow(clippy::too_many_arguments)]
+pub fn gemm_cp(
+    g: &Gpu,
+    w: u64,
+    bias: Option<u64>,
+    xb: u64,
+    y: u64,
+    m: usize,
+    n: usize,
+    k: usize,
+    accumulate: bool,
+) -> Result<()> {
+    ensure!(
+        k.is_multiple_of(TC_BK),
+        "GEMM inner size {k} is not a multiple of {TC_BK} (the tensor-core stage)"
+    );
+    let smem = GCP_NS * (GCP_BM + TC_BN) * (TC_BK + 8) * 2;
+    g.launch(
+        "gemm_bf16_cp",
+        (u(n.div_ceil(TC_BN))?, u(m.div_ceil(GCP_BM))?, 1),
+        (256, 1, 1),
+        u(smem)?,
+        &[
+            Arg::Ptr(xb),
+            Arg::Ptr(w),
+            opt(bias),
+            Arg::Ptr(y),
+            i(m)?,
+            i(n)?,
+            i(k)?,
+            Arg::I32(accumulate as i32),
+        ],
+    )
+}
+
+/// out = bf16(x) for `elems` fp32 (a multiple of 4), rounded to nearest even.
+pub fn rows_bf16(g: &Gpu, x: u64, out: u64, elems: usize) -> Result<()> {
+    ensure!(
+        elems.is_multiple_of(4),
+        "rows_bf16 of {elems} elements: a multiple of 4 needed"
+    );
+    let n4 = elems / 4;
+    g.launch(
+        "rows_bf16",
+        (u(n4.div_ceil(256).clamp(1, 4 * g.sms()))?, 1, 1),
+        (256, 1, 1),
+        0,
+        &[Arg::Ptr(x), Arg::Ptr(out), Arg::U64(n4 as u64)],
+    )
+}
+
 /// The prefill GEMM of a dense projection in whichever format its weights are ([`gemm`] or
-/// [`gemm_mxfp4`]).
+/// [`gemm_mxfp4`]); bf16 weights with a `scratch` of m·k bf16 run [`rows_bf16`] into it and
+/// then [`gemm_cp`].
+#[allow(clippy::too_many_arguments)]
 pub fn dense_gemm(
     g: &Gpu,
     w: DenseW,
@@ -2679,9 +2751,16 @@ pub fn dense_gemm(
     n: usize,
     k: usize,
     accumulate: bool,
+    scratch: Option<u64>,
 ) -> Result<()> {
     match w {
-        DenseW::Bf16(p) => gemm(g, p, bias, x, y, m, n, k, accumulate),
+        DenseW::Bf16(p) => match scratch {
+            Some(xb) => {
+                rows_bf16(g, x, xb, m * k)?;
+                gemm_cp(g, p, bias, xb, y, m, n, k, accumulate)
+            }
+            None => gemm(g, p, bias, x, y, m, n, k, accumulate),
+        },
         DenseW::Mxfp4 { blocks, scales } => {
             gemm_mxfp4(g, blocks, scales, bias, x, y, m, n, k, accumulate)
         }

@@ -1217,10 +1217,42 @@ fn check_gemm(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
             k,
             acc,
         )?;
+        let got = g.download(&dy)?;
         res.push(check(
             format!("gemm_bf16_tc {m}x{n}x{k} bias={bias} acc={acc}"),
-            rel_err(&g.download(&dy)?, &c.want(&r::round_bf16(&c.x))),
+            rel_err(&got, &c.want(&r::round_bf16(&c.x))),
             1e-5,
+        ));
+        // The cp.async GEMM on the activations rounded by rows_bf16: the same products in
+        // the same order, so the same bits.
+        let xb = g.alloc::<u16>(m * k)?;
+        let dy_cp = c.out(g)?;
+        ops::dense_gemm(
+            g,
+            ops::DenseW::Bf16(g.ptr(&c.dw)),
+            c.bias_ptr(g),
+            g.ptr(&c.dx),
+            g.ptr(&dy_cp),
+            m,
+            n,
+            k,
+            acc,
+            Some(g.ptr(&xb)),
+        )?;
+        let got_cp = g.download(&dy_cp)?;
+        res.push(check(
+            format!("gemm_bf16_cp {m}x{n}x{k} bias={bias} acc={acc}"),
+            rel_err(&got_cp, &c.want(&r::round_bf16(&c.x))),
+            1e-5,
+        ));
+        res.push(check(
+            format!("gemm_bf16_cp {m}x{n}x{k} bit-identical to gemm_bf16_tc"),
+            got_cp
+                .iter()
+                .zip(&got)
+                .filter(|(p, q)| p.to_bits() != q.to_bits())
+                .count() as f64,
+            0.0,
         ));
     }
     Ok(res)
