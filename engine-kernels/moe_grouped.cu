@@ -396,11 +396,11 @@ __device__ __forceinline__ void moe_down_rb_tile(MOE_DOWN_RB_PARAMS) {
 #ifndef RB_NS64
 #define RB_NS64 3
 #endif
-// Warps across a register-B tile's 128 columns: 4 (two rows of warps, each (BM / 2) x 32) or
-// 8 (one row, each BM x 16: half the B decodes per MMA, twice the A fragment loads, and every
-// warp busy on a tile of BM / 2 rows or fewer).
+// Warps across a register-B tile's 128 columns: 8 (the default: one row of warps, each
+// BM x 16: half the B decodes per MMA, twice the A fragment loads, and every warp busy on a
+// tile of BM / 2 rows or fewer) or 4 (two rows, each (BM / 2) x 32; docs/perf.md run 148).
 #ifndef RB_WC
-#define RB_WC 4
+#define RB_WC 8
 #endif
 extern "C" __global__ void __launch_bounds__(256, TC_MINB) moe_gate_up_rb(MOE_GATE_UP_RB_PARAMS) {
     pdl_enter();

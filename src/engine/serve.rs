@@ -401,7 +401,8 @@ fn kv_dtype(k: KvDtype) -> cuda_gates::KvDtype {
 pub(crate) fn moe_tile(t: Tile) -> cuda_gates::MoeTile {
     match t {
         Tile::T64x128 => cuda_gates::MoeTile::T64x128,
-        Tile::Auto | Tile::T128x128 => cuda_gates::MoeTile::T128x128,
+        Tile::T128x128 => cuda_gates::MoeTile::T128x128,
+        Tile::Auto => cuda_gates::MoeTile::Auto,
     }
 }
 
@@ -735,13 +736,14 @@ fn prepare_with(args: &ServeArgs, open: impl FnOnce() -> Result<Gpu>) -> Result<
                      {max_model_len} positions); lower --max-model-len or --max-num-seqs"
                 )
             })?;
-            be.reserve_prefill(max_num_batched_tokens).with_context(|| {
-                format!(
-                    "allocating the prefill pass's buffers ({} rows, --max-num-batched-tokens \
+            be.reserve_prefill(max_num_batched_tokens)
+                .with_context(|| {
+                    format!(
+                        "allocating the prefill pass's buffers ({} rows, --max-num-batched-tokens \
                      {max_num_batched_tokens}); lower --max-num-batched-tokens",
-                    max_num_batched_tokens.min(super::cuda::model::PREFILL_ROWS_LIMIT)
-                )
-            })?;
+                        max_num_batched_tokens.min(super::cuda::model::PREFILL_ROWS_LIMIT)
+                    )
+                })?;
             report.push(format!("mxtune serve: {}", be.describe()));
             if let Some(c) = be
                 .capture_graphs()
@@ -1078,7 +1080,7 @@ mod tests {
                 "kernel-path backend=cuda",
                 "kernel-path moe_kernel=gemv+grouped",
                 "kernel-path activation=bf16",
-                "kernel-path tile=128x128",
+                "kernel-path tile=auto",
                 "kernel-path mxfp4_layers=moe",
                 "kernel-path kv_dtype=bf16",
                 "kernel-path sinks=on",
@@ -1158,7 +1160,8 @@ mod tests {
         );
         assert_eq!(kv_dtype(a.gates.kv_dtype), cuda_gates::KvDtype::Fp8);
         assert_eq!(moe_tile(a.gates.tile), cuda_gates::MoeTile::T128x128);
-        // Each gate on its own; auto and 128x128 run (and report) the 128-row tile, 64x128 the 64-row one.
+        // Each gate on its own; auto picks the tile per prefill pass (and reports auto),
+        // 64x128 runs the 64-row one.
         let a = parse(&["--synthetic", "tiny", "--kv-dtype", "fp8"]).unwrap();
         let lines = kernel_path_lines(BackendKind::Cuda, &a.gates);
         assert!(
@@ -1166,11 +1169,11 @@ mod tests {
             "{lines:?}"
         );
         assert!(
-            lines.contains(&"kernel-path tile=128x128".to_string()),
+            lines.contains(&"kernel-path tile=auto".to_string()),
             "{lines:?}"
         );
         for (tile, runs) in [
-            ("auto", cuda_gates::MoeTile::T128x128),
+            ("auto", cuda_gates::MoeTile::Auto),
             ("64x128", cuda_gates::MoeTile::T64x128),
         ] {
             let a = parse(&[

@@ -105,7 +105,10 @@ pub const KERNEL_FILES: &[KernelFile] = &[
             "moe_down_h2_grp"
         ]
     ),
-    kernel_file!("gemm_bf16.cu", ["gemm_bf16_tc", "gemm_bf16_cp", "rows_bf16"]),
+    kernel_file!(
+        "gemm_bf16.cu",
+        ["gemm_bf16_tc", "gemm_bf16_cp", "rows_bf16"]
+    ),
     kernel_file!(
         "mxfp4_dense.cu",
         ["mxfp4_quantize_bf16", "gemv_mxfp4", "gemm_mxfp4_tc"]

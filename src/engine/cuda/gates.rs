@@ -52,16 +52,36 @@ impl KvDtype {
 pub enum MoeTile {
     /// 64 × 128.
     T64x128,
-    /// 128 × 128 (the default, `--tile auto`): twice the rows per weight stage.
+    /// 128 × 128: twice the rows per weight stage.
     T128x128,
+    /// Chosen per prefill pass (the default, `--tile auto`): [`MoeTile::for_pass`].
+    Auto,
 }
 
+/// `--tile auto` runs 64-row tiles while a pass routes at most this many entries per expert
+/// on average, 128-row tiles above (docs/perf.md, run 150: at 64 an expert the 64-row tile
+/// is 2 % faster, at 192 the 128-row one 10 %).
+pub const AUTO_TILE_ROWS_PER_EXPERT: usize = 64;
+
 impl MoeTile {
-    /// Token rows (entries) per tile: the segment cut of `moe_group`.
+    /// Token rows (entries) per tile: the segment cut of `moe_group`; for `Auto` the smaller
+    /// tile's (what sizes the tile list).
     pub fn rows(self) -> usize {
         match self {
-            MoeTile::T64x128 => 64,
+            MoeTile::T64x128 | MoeTile::Auto => 64,
             MoeTile::T128x128 => 128,
+        }
+    }
+
+    /// The tile a pass of `entries` routed (token, expert) pairs over `experts` experts runs:
+    /// `Auto` resolved by the entries per expert, a fixed tile as it is.
+    pub fn for_pass(self, entries: usize, experts: usize) -> MoeTile {
+        match self {
+            MoeTile::Auto if entries <= AUTO_TILE_ROWS_PER_EXPERT * experts.max(1) => {
+                MoeTile::T64x128
+            }
+            MoeTile::Auto => MoeTile::T128x128,
+            t => t,
         }
     }
 
@@ -70,6 +90,7 @@ impl MoeTile {
         match self {
             MoeTile::T64x128 => "64x128",
             MoeTile::T128x128 => "128x128",
+            MoeTile::Auto => "auto",
         }
     }
 }
@@ -267,7 +288,7 @@ impl Default for DecodeOptions {
             moe: MoePath::Auto,
             fp4_layers: Fp4Layers::Moe,
             activation: ActFormat::Bf16,
-            tile: MoeTile::T128x128,
+            tile: MoeTile::Auto,
             gemv: DecodeGemv::TensorCore,
         }
     }
@@ -295,5 +316,21 @@ mod tests {
             .map(|f| f.layout_name())
             .collect();
         assert_eq!(names, ["released", "mxfp4-qkv-o", "all-mxfp4"]);
+    }
+
+    #[test]
+    fn auto_tile_follows_the_entries_per_expert_of_a_pass() {
+        // gpt-oss-120b (128 experts, top-4): one 2048-token prompt routes 64 an expert, three
+        // route 192; gpt-oss-20b (32 experts) routes 256 an expert from 2048 tokens.
+        assert_eq!(MoeTile::Auto.for_pass(2048 * 4, 128), MoeTile::T64x128);
+        assert_eq!(MoeTile::Auto.for_pass(2048 * 4 + 1, 128), MoeTile::T128x128);
+        assert_eq!(MoeTile::Auto.for_pass(6144 * 4, 128), MoeTile::T128x128);
+        assert_eq!(MoeTile::Auto.for_pass(2048 * 4, 32), MoeTile::T128x128);
+        assert_eq!(MoeTile::Auto.for_pass(1, 0), MoeTile::T64x128);
+        // Fixed tiles stay; the tile list is sized for the smaller tile under auto.
+        assert_eq!(MoeTile::T128x128.for_pass(4, 128), MoeTile::T128x128);
+        assert_eq!(MoeTile::T64x128.for_pass(1 << 20, 1), MoeTile::T64x128);
+        assert_eq!(MoeTile::Auto.rows(), MoeTile::T64x128.rows());
+        assert_eq!(MoeTile::Auto.name(), "auto");
     }
 }

@@ -1308,10 +1308,11 @@ mod tests {
         assert_eq!(MoeTile::T64x128.rows(), 64);
         assert_eq!(MoeTile::T128x128.rows(), 128);
         assert_eq!(MoeTile::T128x128.name(), "128x128");
-        assert_eq!(DecodeOptions::default().tile, MoeTile::T128x128);
+        assert_eq!(DecodeOptions::default().tile, MoeTile::Auto);
         // The tile list bound shrinks with the taller tile but always covers one per expert.
         assert_eq!(ops::moe_max_tiles(300, 4, MoeTile::T64x128), 5 + 4);
         assert_eq!(ops::moe_max_tiles(300, 4, MoeTile::T128x128), 3 + 4);
+        assert_eq!(ops::moe_max_tiles(300, 4, MoeTile::Auto), 5 + 4);
     }
 
     #[test]

@@ -2824,11 +2824,11 @@ pub fn moe_max_tiles(total: usize, experts: usize, tile: MoeTile) -> usize {
 fn moe_grouped_kernels(tile: MoeTile, k: GroupedKernels) -> (&'static str, &'static str) {
     match (k, tile) {
         (GroupedKernels::Shared, MoeTile::T64x128) => ("moe_gate_up_grouped", "moe_down_grouped"),
-        (GroupedKernels::Shared, MoeTile::T128x128) => {
+        (GroupedKernels::Shared, MoeTile::T128x128 | MoeTile::Auto) => {
             ("moe_gate_up_grouped_m128", "moe_down_grouped_m128")
         }
         (GroupedKernels::Registers, MoeTile::T64x128) => ("moe_gate_up_rb", "moe_down_rb"),
-        (GroupedKernels::Registers, MoeTile::T128x128) => {
+        (GroupedKernels::Registers, MoeTile::T128x128 | MoeTile::Auto) => {
             ("moe_gate_up_rb_m128", "moe_down_rb_m128")
         }
     }
@@ -2839,7 +2839,8 @@ fn rb_row(n: usize) -> usize {
     n.div_ceil(64) * 64
 }
 
-/// Prefill MoE grouped by expert for `t` tokens on tiles of `tile`: x is the normalised input
+/// Prefill MoE grouped by expert for `t` tokens on tiles of `tile` ([`MoeTile::Auto`] resolved
+/// for these t·k entries, [`MoeTile::for_pass`]): x is the normalised input
 /// [t, H], `act` scratch [t·k, I] fp32, `part` scratch [t·k, H] fp32; the weighted expert
 /// outputs are added into y (or written with `accumulate` false). `groups.tiles` must hold
 /// [`moe_max_tiles`]`(t·k, experts, tile)` entries. With [`GroupedKernels::Registers`] the same
@@ -2864,6 +2865,8 @@ pub fn moe_grouped(
 ) -> Result<()> {
     s.check()?;
     let total = t * s.k;
+    // The tile list was sized for `tile` as given (`Auto`: the 64-row count, the larger).
+    let tile = tile.for_pass(total, experts);
     let tiles = moe_max_tiles(total, experts, tile);
     let (gate_up, down) = moe_grouped_kernels(tile, groups.kernels);
     let regs = groups.kernels == GroupedKernels::Registers;

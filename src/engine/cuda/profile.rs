@@ -51,7 +51,8 @@ pub struct ProfileArgs {
     /// q8 or fp8 (8-bit per block of 32); the prefill's grouped MoE stays bf16.
     #[arg(long, value_enum, default_value = "bf16")]
     pub activation: Activation,
-    /// Tile of the grouped (prefill) MoE: auto (128x128), 64x128 or 128x128.
+    /// Tile of the grouped (prefill) MoE: auto (per prefill pass: 64x128 up to 64 routed rows
+    /// an expert, else 128x128), 64x128 or 128x128.
     #[arg(long, value_enum, default_value = "auto")]
     pub tile: Tile,
     /// Also time a prefill of this many prompt tokens through the batched path, for each of
@@ -629,7 +630,7 @@ mod tests {
         assert_eq!(serve::moe_tile(a.tile), MoeTile::T128x128);
         let a = parse(&[]).unwrap();
         assert_eq!(kv_dtype(&a.kv_dtype), KvDtype::Bf16);
-        assert_eq!(serve::moe_tile(a.tile), MoeTile::T128x128);
+        assert_eq!(serve::moe_tile(a.tile), MoeTile::Auto);
         assert_eq!(kv_dtype("f32"), KvDtype::F32);
         let a = parse(&["--tile", "64x128"]).unwrap();
         assert_eq!(serve::moe_tile(a.tile), MoeTile::T64x128);

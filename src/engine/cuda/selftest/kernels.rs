@@ -1524,7 +1524,7 @@ fn check_moe_grouped(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
         // Both tiles and both tile kernels on the same inputs; the 64-row register-B check
         // keeps the old name.
         for kernels in [ops::GroupedKernels::Registers, ops::GroupedKernels::Shared] {
-            for tile in [MoeTile::T64x128, MoeTile::T128x128] {
+            for tile in [MoeTile::T64x128, MoeTile::T128x128, MoeTile::Auto] {
                 let perm = g.alloc::<i32>(t * k)?;
                 let tiles = g.alloc::<i32>(3 * ops::moe_max_tiles(t * k, e, tile))?;
                 let ntiles = g.alloc::<i32>(1)?;
@@ -1556,6 +1556,7 @@ fn check_moe_grouped(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
                 let tile_label = match tile {
                     MoeTile::T64x128 => String::new(),
                     MoeTile::T128x128 => format!(" tile={}", tile.name()),
+                    MoeTile::Auto => format!(" tile=auto ({})", tile.for_pass(t * k, e).name()),
                 };
                 let kernel_label = match kernels {
                     ops::GroupedKernels::Registers => "",
