@@ -186,6 +186,106 @@ fn check_fork(g: &std::sync::Arc<Gpu>, seed: u64) -> Result<Vec<Check>> {
     )])
 }
 
+/// A step's prompts prefilled together in one pass against each prompt alone, then greedy
+/// decode steps together against alone, on the tiny synthetic model (8 experts, top-4):
+/// three prompts of 100 tokens route 50 entries an expert alone (`--tile auto` runs 64-row
+/// tiles) and 150 together (128-row tiles). Every row's arithmetic must be the same whatever
+/// else is in its pass or step, so the logits must be the same bits.
+fn check_prefill_together(g: &std::sync::Arc<Gpu>, seed: u64) -> Result<Vec<Check>> {
+    use crate::engine::backend::{ModelBackend, SeqStep};
+    use crate::engine::cuda::backend::CudaBackend;
+    use crate::engine::cuda::gates::DecodeOptions;
+    let cfg = crate::engine::synthetic::config("tiny")?;
+    let backend = || -> Result<CudaBackend> {
+        let dw = crate::engine::cuda::weights::synthetic_device(g, &cfg, seed)?;
+        let mut be = CudaBackend::new(
+            g.clone(),
+            &cfg,
+            dw,
+            DecodeOptions::default(),
+            3,
+            128,
+            3,
+            true,
+        )?;
+        be.reserve_prefill(512)?;
+        Ok(be)
+    };
+    let (mut alone, mut together) = (backend()?, backend()?);
+    let vocab = cfg.vocab_size as u64;
+    let mut s = Seeds(seed ^ 0x7061_7373);
+    let prompts: Vec<Vec<u32>> = (0..3)
+        .map(|_| (0..100).map(|_| (s.next() % vocab) as u32).collect())
+        .collect();
+    let seqs_a: Vec<_> = (0..3)
+        .map(|_| alone.alloc_seq(128).context("no KV slot"))
+        .collect::<Result<_>>()?;
+    let seqs_t: Vec<_> = (0..3)
+        .map(|_| together.alloc_seq(128).context("no KV slot"))
+        .collect::<Result<_>>()?;
+    let bits = |a: &[Vec<f32>], b: &[Vec<f32>]| {
+        a.iter()
+            .zip(b)
+            .map(|(x, y)| {
+                x.iter()
+                    .zip(y)
+                    .filter(|(p, q)| p.to_bits() != q.to_bits())
+                    .count()
+                    + x.len().abs_diff(y.len())
+            })
+            .sum::<usize>() as f64
+    };
+    let mut out_a = Vec::new();
+    for (sq, p) in seqs_a.iter().zip(&prompts) {
+        out_a.extend(alone.forward(&[SeqStep {
+            seq: *sq,
+            tokens: p,
+        }])?);
+    }
+    let steps: Vec<SeqStep> = seqs_t
+        .iter()
+        .zip(&prompts)
+        .map(|(sq, p)| SeqStep { seq: *sq, tokens: p })
+        .collect();
+    let out_t = together.forward(&steps)?;
+    let mut res = vec![check(
+        "prefill of 3 prompts of 100 in one pass (128-row MoE tiles) bit-identical to each alone \
+         (64-row tiles)"
+            .to_string(),
+        bits(&out_a, &out_t),
+        0.0,
+    )];
+    let (mut worst, mut feed) = (0.0f64, out_t.clone());
+    for _ in 0..4 {
+        let toks: Vec<[u32; 1]> = feed.iter().map(|l| [r::argmax(l) as u32]).collect();
+        let mut step_a = Vec::new();
+        for (sq, t) in seqs_a.iter().zip(&toks) {
+            step_a.extend(alone.forward(&[SeqStep { seq: *sq, tokens: t }])?);
+        }
+        let batch: Vec<SeqStep> = seqs_t
+            .iter()
+            .zip(&toks)
+            .map(|(sq, t)| SeqStep { seq: *sq, tokens: t })
+            .collect();
+        let step_t = together.forward(&batch)?;
+        worst = worst.max(bits(&step_a, &step_t));
+        feed = step_t;
+    }
+    res.push(check(
+        "4 greedy decode steps of the 3 sequences at batch 3 bit-identical to each at batch 1"
+            .to_string(),
+        worst,
+        0.0,
+    ));
+    for sq in seqs_a {
+        alone.free_seq(sq);
+    }
+    for sq in seqs_t {
+        together.free_seq(sq);
+    }
+    Ok(res)
+}
+
 /// `CudaBackend::forward_sampled` against `forward` + the host's `sampling::choose` on the
 /// tiny synthetic model: two copies of three sequences (prompts of 5, 3 and 1 tokens, batches
 /// of 2 so steps split) fed the same tokens, one copy through each path, same seeds. Rows:
@@ -804,6 +904,7 @@ pub fn run_model_checks(
     res.extend(check_forward_sampled(g, seed, Fp4Layers::Moe)?);
     res.extend(check_forward_sampled(g, seed, Fp4Layers::All)?);
     res.extend(check_fork(g, seed)?);
+    res.extend(check_prefill_together(g, seed)?);
     res.extend(check_routed_experts(g, seed)?);
     if let Some(dir) = fixtures {
         let mut models: Vec<_> = std::fs::read_dir(dir)
