@@ -245,7 +245,10 @@ fn check_prefill_together(g: &std::sync::Arc<Gpu>, seed: u64) -> Result<Vec<Chec
     let steps: Vec<SeqStep> = seqs_t
         .iter()
         .zip(&prompts)
-        .map(|(sq, p)| SeqStep { seq: *sq, tokens: p })
+        .map(|(sq, p)| SeqStep {
+            seq: *sq,
+            tokens: p,
+        })
         .collect();
     let out_t = together.forward(&steps)?;
     let mut res = vec![check(
@@ -260,12 +263,18 @@ fn check_prefill_together(g: &std::sync::Arc<Gpu>, seed: u64) -> Result<Vec<Chec
         let toks: Vec<[u32; 1]> = feed.iter().map(|l| [r::argmax(l) as u32]).collect();
         let mut step_a = Vec::new();
         for (sq, t) in seqs_a.iter().zip(&toks) {
-            step_a.extend(alone.forward(&[SeqStep { seq: *sq, tokens: t }])?);
+            step_a.extend(alone.forward(&[SeqStep {
+                seq: *sq,
+                tokens: t,
+            }])?);
         }
         let batch: Vec<SeqStep> = seqs_t
             .iter()
             .zip(&toks)
-            .map(|(sq, t)| SeqStep { seq: *sq, tokens: t })
+            .map(|(sq, t)| SeqStep {
+                seq: *sq,
+                tokens: t,
+            })
             .collect();
         let step_t = together.forward(&batch)?;
         worst = worst.max(bits(&step_a, &step_t));
