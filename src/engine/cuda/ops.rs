@@ -2455,13 +2455,9 @@ pub fn gemm(
     k: usize,
     accumulate: bool,
 ) -> Result<()> {
-    ensure!(
-        k.is_multiple_of(TC_BK),
-        "GEMM inner size {k} is not a multiple of {TC_BK} (the tensor-core stage)"
-    );
     tc_gemm_launch(
         g,
-        "gemm_bf16_tc",
+        ("gemm_bf16_tc", TC_BM, 0),
         &[Arg::Ptr(w)],
         bias,
         x,
@@ -2473,12 +2469,13 @@ pub fn gemm(
     )
 }
 
-/// Launch a tensor-core prefill GEMM (`gemm_bf16_tc`, `gemm_mxfp4_tc`): `weights` are the
-/// kernel's weight arguments, which come between x and the bias.
+/// Launch a tensor-core prefill GEMM (`gemm_bf16_tc`, `gemm_mxfp4_tc`, `gemm_bf16_cp`):
+/// `tile` is (kernel, rows per block, dynamic shared bytes); `weights` are the kernel's weight
+/// arguments, which come between x and the bias. `k` must be a multiple of the stage.
 #[allow(clippy::too_many_arguments)]
 fn tc_gemm_launch(
     g: &Gpu,
-    kernel: &str,
+    tile: (&str, usize, usize),
     weights: &[Arg],
     bias: Option<u64>,
     x: u64,
@@ -2488,6 +2485,12 @@ fn tc_gemm_launch(
     k: usize,
     accumulate: bool,
 ) -> Result<()> {
+    let (kernel, rows, smem) = tile;
+    ensure!(
+        k.is_multiple_of(TC_BK),
+        "GEMM inner size {k} is not a multiple of {TC_BK} (the tensor-core stage, one MXFP4 \
+         block)"
+    );
     let mut args = vec![Arg::Ptr(x)];
     args.extend_from_slice(weights);
     args.extend([
@@ -2500,9 +2503,9 @@ fn tc_gemm_launch(
     ]);
     g.launch(
         kernel,
-        (u(n.div_ceil(TC_BN))?, u(m.div_ceil(TC_BM))?, 1),
+        (u(n.div_ceil(TC_BN))?, u(m.div_ceil(rows))?, 1),
         (256, 1, 1),
-        0,
+        u(smem)?,
         &args,
     )
 }
@@ -2634,13 +2637,9 @@ pub fn gemm_mxfp4(
     k: usize,
     accumulate: bool,
 ) -> Result<()> {
-    ensure!(
-        k.is_multiple_of(TC_BK),
-        "MXFP4 GEMM inner size {k} is not a multiple of {TC_BK} (one block per stage)"
-    );
     tc_gemm_launch(
         g,
-        "gemm_mxfp4_tc",
+        ("gemm_mxfp4_tc", TC_BM, 0),
         &[Arg::Ptr(blocks), Arg::Ptr(scales)],
         bias,
         x,
@@ -2684,43 +2683,6 @@ const GCP_BM: usize = 128;
 /// Shared-memory stages of `gemm_bf16_cp` (kernel constant `GCP_NS`).
 const GCP_NS: usize = 4;
 
-/// Prefill GEMM over bf16 activations (`gemm_bf16_cp`): y[m] (+)= W xb[m] + b, W bf16 [n, k],
-/// xb bf16 [m, k] (from [`rows_bf16`]), fp32 out [m, n]. `k` must be a multiple of 32.
-#[allow(clippy::too_many_arguments)]
-pub fn gemm_cp(
-    g: &Gpu,
-    w: u64,
-    bias: Option<u64>,
-    xb: u64,
-    y: u64,
-    m: usize,
-    n: usize,
-    k: usize,
-    accumulate: bool,
-) -> Result<()> {
-    ensure!(
-        k.is_multiple_of(TC_BK),
-        "GEMM inner size {k} is not a multiple of {TC_BK} (the tensor-core stage)"
-    );
-    let smem = GCP_NS * (GCP_BM + TC_BN) * (TC_BK + 8) * 2;
-    g.launch(
-        "gemm_bf16_cp",
-        (u(n.div_ceil(TC_BN))?, u(m.div_ceil(GCP_BM))?, 1),
-        (256, 1, 1),
-        u(smem)?,
-        &[
-            Arg::Ptr(xb),
-            Arg::Ptr(w),
-            opt(bias),
-            Arg::Ptr(y),
-            i(m)?,
-            i(n)?,
-            i(k)?,
-            Arg::I32(accumulate as i32),
-        ],
-    )
-}
-
 /// out = bf16(x) for `elems` fp32 (a multiple of 4), rounded to nearest even.
 pub fn rows_bf16(g: &Gpu, x: u64, out: u64, elems: usize) -> Result<()> {
     ensure!(
@@ -2739,7 +2701,8 @@ pub fn rows_bf16(g: &Gpu, x: u64, out: u64, elems: usize) -> Result<()> {
 
 /// The prefill GEMM of a dense projection in whichever format its weights are ([`gemm`] or
 /// [`gemm_mxfp4`]); bf16 weights with a `scratch` of m·k bf16 run [`rows_bf16`] into it and
-/// then [`gemm_cp`].
+/// then `gemm_bf16_cp` (both operands by `cp.async`, 128-row tiles), the same bits as
+/// [`gemm`].
 #[allow(clippy::too_many_arguments)]
 pub fn dense_gemm(
     g: &Gpu,
@@ -2757,7 +2720,19 @@ pub fn dense_gemm(
         DenseW::Bf16(p) => match scratch {
             Some(xb) => {
                 rows_bf16(g, x, xb, m * k)?;
-                gemm_cp(g, p, bias, xb, y, m, n, k, accumulate)
+                let smem = GCP_NS * (GCP_BM + TC_BN) * (TC_BK + 8) * 2;
+                tc_gemm_launch(
+                    g,
+                    ("gemm_bf16_cp", GCP_BM, smem),
+                    &[Arg::Ptr(p)],
+                    bias,
+                    xb,
+                    y,
+                    m,
+                    n,
+                    k,
+                    accumulate,
+                )
             }
             None => gemm(g, p, bias, x, y, m, n, k, accumulate),
         },

@@ -113,6 +113,28 @@ pub(super) struct E2e {
     pub(super) steps: usize,
 }
 
+/// A CUDA backend of the tiny synthetic model (weights from `seed`, default options, graphs
+/// on) with `slots` sequences of up to `max_pos` positions, as many a step.
+fn tiny_backend(
+    g: &std::sync::Arc<Gpu>,
+    seed: u64,
+    slots: usize,
+    max_pos: usize,
+) -> Result<crate::engine::cuda::backend::CudaBackend> {
+    let cfg = crate::engine::synthetic::config("tiny")?;
+    let dw = crate::engine::cuda::weights::synthetic_device(g, &cfg, seed)?;
+    crate::engine::cuda::backend::CudaBackend::new(
+        g.clone(),
+        &cfg,
+        dw,
+        crate::engine::cuda::gates::DecodeOptions::default(),
+        slots,
+        max_pos,
+        slots,
+        true,
+    )
+}
+
 /// `fork_seq` (the `n` choices of a prompt sharing its prefill): a sequence given a copy of
 /// another's first L positions, then fed the last prompt token and 4 greedy tokens, against a
 /// sequence that computed those L positions itself the same way (a prefill of L tokens, then
@@ -121,20 +143,8 @@ pub(super) struct E2e {
 /// the empty one, so the fork lands in the slot another sequence wrote first.
 fn check_fork(g: &std::sync::Arc<Gpu>, seed: u64) -> Result<Vec<Check>> {
     use crate::engine::backend::{ModelBackend, SeqStep};
-    use crate::engine::cuda::backend::CudaBackend;
-    use crate::engine::cuda::gates::DecodeOptions;
     let cfg = crate::engine::synthetic::config("tiny")?;
-    let dw = crate::engine::cuda::weights::synthetic_device(g, &cfg, seed)?;
-    let mut be = CudaBackend::new(
-        g.clone(),
-        &cfg,
-        dw,
-        DecodeOptions::default(),
-        2,
-        64,
-        2,
-        true,
-    )?;
+    let mut be = tiny_backend(g, seed, 2, 64)?;
     let vocab = cfg.vocab_size as u64;
     let mut s = Seeds(seed ^ 0xf0f0);
     let prompt: Vec<u32> = (0..19).map(|_| (s.next() % vocab) as u32).collect();
@@ -193,21 +203,10 @@ fn check_fork(g: &std::sync::Arc<Gpu>, seed: u64) -> Result<Vec<Check>> {
 /// else is in its pass or step, so the logits must be the same bits.
 fn check_prefill_together(g: &std::sync::Arc<Gpu>, seed: u64) -> Result<Vec<Check>> {
     use crate::engine::backend::{ModelBackend, SeqStep};
-    use crate::engine::cuda::backend::CudaBackend;
-    use crate::engine::cuda::gates::DecodeOptions;
+    type Logits = Vec<Vec<f32>>;
     let cfg = crate::engine::synthetic::config("tiny")?;
-    let backend = || -> Result<CudaBackend> {
-        let dw = crate::engine::cuda::weights::synthetic_device(g, &cfg, seed)?;
-        let mut be = CudaBackend::new(
-            g.clone(),
-            &cfg,
-            dw,
-            DecodeOptions::default(),
-            3,
-            128,
-            3,
-            true,
-        )?;
+    let backend = || -> Result<crate::engine::cuda::backend::CudaBackend> {
+        let mut be = tiny_backend(g, seed, 3, 128)?;
         be.reserve_prefill(512)?;
         Ok(be)
     };
@@ -235,22 +234,27 @@ fn check_prefill_together(g: &std::sync::Arc<Gpu>, seed: u64) -> Result<Vec<Chec
             })
             .sum::<usize>() as f64
     };
-    let mut out_a = Vec::new();
-    for (sq, p) in seqs_a.iter().zip(&prompts) {
-        out_a.extend(alone.forward(&[SeqStep {
-            seq: *sq,
-            tokens: p,
-        }])?);
-    }
-    let steps: Vec<SeqStep> = seqs_t
-        .iter()
-        .zip(&prompts)
-        .map(|(sq, p)| SeqStep {
-            seq: *sq,
-            tokens: p,
-        })
-        .collect();
-    let out_t = together.forward(&steps)?;
+    // Each sequence's tokens through `alone` one sequence a call, and through `together` all
+    // in one call; the logits of both.
+    let mut both = |inputs: &[&[u32]]| -> Result<(Logits, Logits)> {
+        let mut a = Vec::new();
+        for (sq, t) in seqs_a.iter().zip(inputs) {
+            a.extend(alone.forward(&[SeqStep {
+                seq: *sq,
+                tokens: t,
+            }])?);
+        }
+        let steps: Vec<SeqStep> = seqs_t
+            .iter()
+            .zip(inputs)
+            .map(|(sq, t)| SeqStep {
+                seq: *sq,
+                tokens: t,
+            })
+            .collect();
+        Ok((a, together.forward(&steps)?))
+    };
+    let (out_a, out_t) = both(&prompts.iter().map(Vec::as_slice).collect::<Vec<_>>())?;
     let mut res = vec![check(
         "prefill of 3 prompts of 100 in one pass (128-row MoE tiles) bit-identical to each alone \
          (64-row tiles)"
@@ -258,25 +262,10 @@ fn check_prefill_together(g: &std::sync::Arc<Gpu>, seed: u64) -> Result<Vec<Chec
         bits(&out_a, &out_t),
         0.0,
     )];
-    let (mut worst, mut feed) = (0.0f64, out_t.clone());
+    let (mut worst, mut feed) = (0.0f64, out_t);
     for _ in 0..4 {
         let toks: Vec<[u32; 1]> = feed.iter().map(|l| [r::argmax(l) as u32]).collect();
-        let mut step_a = Vec::new();
-        for (sq, t) in seqs_a.iter().zip(&toks) {
-            step_a.extend(alone.forward(&[SeqStep {
-                seq: *sq,
-                tokens: t,
-            }])?);
-        }
-        let batch: Vec<SeqStep> = seqs_t
-            .iter()
-            .zip(&toks)
-            .map(|(sq, t)| SeqStep {
-                seq: *sq,
-                tokens: t,
-            })
-            .collect();
-        let step_t = together.forward(&batch)?;
+        let (step_a, step_t) = both(&toks.iter().map(|t| &t[..]).collect::<Vec<_>>())?;
         worst = worst.max(bits(&step_a, &step_t));
         feed = step_t;
     }
