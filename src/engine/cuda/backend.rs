@@ -129,8 +129,12 @@ impl CudaBackend {
 
     /// Prefill passes of up to `rows` rows (the server's step budget, at most
     /// [`PREFILL_ROWS_LIMIT`](super::model::PREFILL_ROWS_LIMIT)), their buffers allocated
-    /// now ([`Decoder::reserve_prefill`]).
+    /// now ([`Decoder::reserve_prefill`]); nothing on the GEMV path (`--moe-kernel gemv`),
+    /// which feeds prompts through the decode step and never runs a prefill pass.
     pub fn reserve_prefill(&mut self, rows: usize) -> Result<()> {
+        if self.dec.options().moe == MoePath::Gemv {
+            return Ok(());
+        }
         let rows = rows.min(super::model::PREFILL_ROWS_LIMIT);
         self.dec.reserve_prefill(&self.gpu, rows)
     }
