@@ -160,6 +160,19 @@ fn read_bandwidth(g: &Gpu) -> Result<f64> {
     Ok(bytes as f64 / (median(times) * 1e-3) / 1e9)
 }
 
+/// The prefill pass `--max-num-batched-tokens` asks for, checked before the GPU is opened
+/// (`None`: the device's default, known once it is).
+fn prefill_pass(args: &ProfileArgs) -> Result<Option<usize>> {
+    let limit = super::model::PREFILL_ROWS_LIMIT;
+    match args.max_num_batched_tokens {
+        Some(n) if !(1..=limit).contains(&n) => bail!(
+            "--max-num-batched-tokens {n}: a prefill pass holds 1 to {limit} rows; give a \
+             value in that range"
+        ),
+        v => Ok(v),
+    }
+}
+
 /// KV positions per sequence: `--max-model-len`, or what the measured steps need rounded up.
 fn cache_positions(args: &ProfileArgs) -> Result<usize> {
     let needed = args.depth + (args.steps + 8).max(args.prefill);
@@ -185,6 +198,7 @@ pub fn run(args: &ProfileArgs) -> Result<()> {
     );
     // Checked before the GPU is opened and the weights generated.
     let max_pos = cache_positions(args)?;
+    let pass = prefill_pass(args)?;
     if let Some(path) = &args.json_out {
         perfrows::check_file(path)?;
     }
@@ -351,7 +365,7 @@ pub fn run(args: &ProfileArgs) -> Result<()> {
     println!("last sampled ids: {sampled:?}");
     let mut rows: Vec<PerfRow> = decode_row.into_iter().collect();
     if args.prefill > 0 {
-        let pass = args.max_num_batched_tokens.unwrap_or_else(|| {
+        let pass = pass.unwrap_or_else(|| {
             serve::default_max_num_batched_tokens(Some((g.name(), g.total_mem())))
         });
         dec.reserve_prefill(&g, pass).with_context(|| {
@@ -636,6 +650,25 @@ mod tests {
         assert_eq!(serve::moe_tile(a.tile), MoeTile::T64x128);
         assert!(parse(&["--kv-dtype", "fp16"]).is_err());
         assert!(parse(&["--tile", "32x32"]).is_err());
+    }
+
+    #[test]
+    fn the_prefill_pass_is_checked_before_the_gpu_opens() {
+        let pass = |argv: &[&str]| prefill_pass(&parse(argv).unwrap());
+        assert_eq!(pass(&[]).unwrap(), None);
+        assert_eq!(
+            pass(&["--max-num-batched-tokens", "2048"]).unwrap(),
+            Some(2048)
+        );
+        for bad in ["0", "16385"] {
+            let e = pass(&["--max-num-batched-tokens", bad])
+                .unwrap_err()
+                .to_string();
+            assert!(
+                e.contains(&format!("--max-num-batched-tokens {bad}")) && e.contains("16384"),
+                "{e}"
+            );
+        }
     }
 
     /// A profile of one 120b step with made-up times, one row per group.
