@@ -51,7 +51,7 @@ gemm_bf16_tc(const float* __restrict__ x, const bf16_t* __restrict__ w,
 // converted in the loop), 128 x 128 block tiles (each warp 64 x 32: four A and two B ldmatrix
 // per 16 MMAs). Dynamic shared memory: GCP_NS * 2 * 128 * TC_LD bf16 (80 KB at 4 stages).
 // K must be a multiple of TC_BK. grid = (ceil(N / 128), ceil(M / 128)), block = 256.
-#define GCP_NS 4  // the launch (ops::gemm_cp) sizes the shared memory for this many
+#define GCP_NS 4  // the launch (ops::dense_gemm, GCP_SMEM) sizes the shared memory for this many
 #define GCP_BM 128
 extern "C" __global__ void __launch_bounds__(256, 2)
 gemm_bf16_cp(const bf16_t* __restrict__ xb, const bf16_t* __restrict__ w,

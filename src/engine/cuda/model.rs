@@ -402,6 +402,7 @@ impl Decoder {
             (1..=PREFILL_ROWS_LIMIT).contains(&rows),
             "prefill pass of {rows} rows: expected 1 to {PREFILL_ROWS_LIMIT}"
         );
+        // The old buffers go first, so the device never holds both.
         self.pre = None;
         self.pre = Some(PrefillBufs::new(
             g,

@@ -2682,6 +2682,9 @@ pub fn dense_gemv(
 const GCP_BM: usize = 128;
 /// Shared-memory stages of `gemm_bf16_cp` (kernel constant `GCP_NS`).
 const GCP_NS: usize = 4;
+/// Dynamic shared bytes of `gemm_bf16_cp`: GCP_NS stages of A (GCP_BM rows) and B (TC_BN
+/// rows), each row TC_BK bf16 plus 8 of padding.
+const GCP_SMEM: usize = GCP_NS * (GCP_BM + TC_BN) * (TC_BK + 8) * 2;
 
 /// out = bf16(x) for `elems` fp32 (a multiple of 4), rounded to nearest even.
 pub fn rows_bf16(g: &Gpu, x: u64, out: u64, elems: usize) -> Result<()> {
@@ -2720,10 +2723,9 @@ pub fn dense_gemm(
         DenseW::Bf16(p) => match scratch {
             Some(xb) => {
                 rows_bf16(g, x, xb, m * k)?;
-                let smem = GCP_NS * (GCP_BM + TC_BN) * (TC_BK + 8) * 2;
                 tc_gemm_launch(
                     g,
-                    ("gemm_bf16_cp", GCP_BM, smem),
+                    ("gemm_bf16_cp", GCP_BM, GCP_SMEM),
                     &[Arg::Ptr(p)],
                     bias,
                     xb,

@@ -4,7 +4,7 @@
 use anyhow::{Context, Result};
 
 use super::kernels::SAMPLE_MARGIN;
-use super::{Check, Seeds, check, rel_err};
+use super::{Check, Seeds, bits_apart, check, rel_err};
 use crate::engine::cuda::device::Gpu;
 use crate::engine::cuda::gates::{ActFormat, MoeTile};
 use crate::engine::cuda::quant;
@@ -223,16 +223,8 @@ fn check_prefill_together(g: &std::sync::Arc<Gpu>, seed: u64) -> Result<Vec<Chec
         .map(|_| together.alloc_seq(128).context("no KV slot"))
         .collect::<Result<_>>()?;
     let bits = |a: &[Vec<f32>], b: &[Vec<f32>]| {
-        a.iter()
-            .zip(b)
-            .map(|(x, y)| {
-                x.iter()
-                    .zip(y)
-                    .filter(|(p, q)| p.to_bits() != q.to_bits())
-                    .count()
-                    + x.len().abs_diff(y.len())
-            })
-            .sum::<usize>() as f64
+        a.iter().zip(b).map(|(x, y)| bits_apart(x, y)).sum::<f64>()
+            + a.len().abs_diff(b.len()) as f64
     };
     // Each sequence's tokens through `alone` one sequence a call, and through `together` all
     // in one call; the logits of both.

@@ -2,7 +2,7 @@
 
 use anyhow::Result;
 
-use super::{Check, Seeds, check, nan_f32, rel_err};
+use super::{Check, Seeds, bits_apart, check, nan_f32, rel_err};
 use crate::engine::cuda::device::Gpu;
 use crate::engine::cuda::gates::{ActFormat, KvDtype, MoeTile};
 use crate::engine::cuda::model::ATTN_MAX_SPLITS;
@@ -905,17 +905,12 @@ fn check_moe(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
             if same_units && a.lp == MoeLoop::Items && b.lp == MoeLoop::Slots
                 || same_units && a.gate_up == 1 && a.lp == MoeLoop::Auto && b.lp == MoeLoop::Slots
             {
-                let diff = ya
-                    .iter()
-                    .zip(yb)
-                    .filter(|(p, q)| p.to_bits() != q.to_bits())
-                    .count();
                 res.push(check(
                     format!(
                         "moe loops items and slots bit-identical, units {}/{}",
                         a.gate_up, a.down
                     ),
-                    diff as f64,
+                    bits_apart(ya, yb),
                     0.0,
                 ));
             }
@@ -1157,19 +1152,13 @@ fn check_moe_by_expert(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
             };
             let (act_s, y_s) =
                 moe_outputs(g, &c, MoeCodes::F16, MoeUnits::new(gu, dn, MoeLoop::Slots))?;
-            let diff = |a: &[f32], b: &[f32]| {
-                a.iter()
-                    .zip(b)
-                    .filter(|(p, q)| p.to_bits() != q.to_bits())
-                    .count() as f64
-            };
             res.push(check(
                 format!(
                     "moe grouped and slots bit-identical (act, output) H={} I={} k={k} t={t} \
                      E={e} units {gu}/{dn}",
                     sh.hidden, sh.inter
                 ),
-                diff(&act, &act_s) + diff(&y, &y_s),
+                bits_apart(&act, &act_s) + bits_apart(&y, &y_s),
                 0.0,
             ));
             // What `Auto` runs where experts are shared: gate_up grouped, down on the slots.
@@ -1184,7 +1173,7 @@ fn check_moe_by_expert(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
                      t={t} E={e} units {gu}/{dn}",
                     sh.hidden, sh.inter
                 ),
-                diff(&act_a, &act_s) + diff(&y_a, &y_s),
+                bits_apart(&act_a, &act_s) + bits_apart(&y_a, &y_s),
                 0.0,
             ));
         }
@@ -1205,53 +1194,36 @@ fn check_gemm(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
         (200, 1000, 96, false, true),
     ] {
         let c = DenseCase::new(g, s, n, k, m, bias, acc)?;
-        let dy = c.out(g)?;
-        ops::gemm(
-            g,
-            g.ptr(&c.dw),
-            c.bias_ptr(g),
-            g.ptr(&c.dx),
-            g.ptr(&dy),
-            m,
-            n,
-            k,
-            acc,
-        )?;
-        let got = g.download(&dy)?;
-        res.push(check(
-            format!("gemm_bf16_tc {m}x{n}x{k} bias={bias} acc={acc}"),
-            rel_err(&got, &c.want(&r::round_bf16(&c.x))),
-            1e-5,
-        ));
-        // The cp.async GEMM on the activations rounded by rows_bf16: the same products in
-        // the same order, so the same bits.
+        let want = c.want(&r::round_bf16(&c.x));
+        // `gemm_bf16_tc` (no scratch), then `gemm_bf16_cp` on the activations rounded by
+        // rows_bf16: the same products in the same order, so the same bits.
         let xb = g.alloc::<u16>(m * k)?;
-        let dy_cp = c.out(g)?;
-        ops::dense_gemm(
-            g,
-            ops::DenseW::Bf16(g.ptr(&c.dw)),
-            c.bias_ptr(g),
-            g.ptr(&c.dx),
-            g.ptr(&dy_cp),
-            m,
-            n,
-            k,
-            acc,
-            Some(g.ptr(&xb)),
-        )?;
-        let got_cp = g.download(&dy_cp)?;
-        res.push(check(
-            format!("gemm_bf16_cp {m}x{n}x{k} bias={bias} acc={acc}"),
-            rel_err(&got_cp, &c.want(&r::round_bf16(&c.x))),
-            1e-5,
-        ));
+        let mut outs = Vec::new();
+        for (name, scratch) in [("gemm_bf16_tc", None), ("gemm_bf16_cp", Some(g.ptr(&xb)))] {
+            let dy = c.out(g)?;
+            ops::dense_gemm(
+                g,
+                ops::DenseW::Bf16(g.ptr(&c.dw)),
+                c.bias_ptr(g),
+                g.ptr(&c.dx),
+                g.ptr(&dy),
+                m,
+                n,
+                k,
+                acc,
+                scratch,
+            )?;
+            let got = g.download(&dy)?;
+            res.push(check(
+                format!("{name} {m}x{n}x{k} bias={bias} acc={acc}"),
+                rel_err(&got, &want),
+                1e-5,
+            ));
+            outs.push(got);
+        }
         res.push(check(
             format!("gemm_bf16_cp {m}x{n}x{k} bit-identical to gemm_bf16_tc"),
-            got_cp
-                .iter()
-                .zip(&got)
-                .filter(|(p, q)| p.to_bits() != q.to_bits())
-                .count() as f64,
+            bits_apart(&outs[1], &outs[0]),
             0.0,
         ));
     }

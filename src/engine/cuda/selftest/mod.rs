@@ -67,6 +67,16 @@ pub fn rel_err(got: &[f32], want: &[f64]) -> f64 {
     (num / den.max(1e-300)).sqrt()
 }
 
+/// Elements whose bits differ between `a` and `b`, plus any difference in length (0 when the
+/// two are bit-identical).
+pub fn bits_apart(a: &[f32], b: &[f32]) -> f64 {
+    (a.iter()
+        .zip(b)
+        .filter(|(p, q)| p.to_bits() != q.to_bits())
+        .count()
+        + a.len().abs_diff(b.len())) as f64
+}
+
 fn check(name: impl Into<String>, error: f64, bound: f64) -> Check {
     Check {
         name: name.into(),
