@@ -110,8 +110,14 @@ extern "C" __global__ void attn_prefill(const float* __restrict__ q, const void*
 // taken from the S accumulators as bf16 A fragments (their layouts coincide) and V staged
 // transposed. The sink enters the denominator once: the running max starts at the sink logit
 // and the sum at 1. bf16 operands, fp32 accumulation: as HF transformers runs attention in
-// bf16. grid = (Hkv, tiles), block = G * 32 (G <= PFT_MAX_G); d a multiple of 16, at most
-// PFT_MAX_D (`attn_prefill_tc_d64`: at most 64). Dynamic shared memory: PFT_KT * (d + PFT_PAD) + d * (PFT_KT + PFT_PAD) bf16.
+// bf16. grid = (Hkv, tiles, splits), block = G * 32 (G <= PFT_MAX_G); d a multiple of 16, at
+// most PFT_MAX_D (`attn_prefill_tc_d64`: at most 64). Dynamic shared memory: PFT_KT * (d +
+// PFT_PAD) + d * (PFT_KT + PFT_PAD) bf16.
+// Split keys (a pass of few rows over a long context, whose grid alone would leave most SMs
+// idle): block z takes its share of the tile's key tiles, only split 0 counts the sink, and
+// each row and head's unnormalised output, running max and sum go to part (n rows; `n * hq *
+// d` floats of outputs a split, then `n * hq * 2` of max and sum a split after all the
+// outputs); attn_split_combine merges them. One split (grid z = 1) writes out directly.
 #define PFT_KT 64
 #define PFT_PAD 8
 #define PFT_MAX_D 128
@@ -126,7 +132,7 @@ __device__ __forceinline__ void attn_prefill_tc_body(
     const bf16_t* __restrict__ v_cache, const unsigned* __restrict__ pos,
     const unsigned long long* __restrict__ kv_off, const bf16_t* __restrict__ sinks,
     float* __restrict__ out, const unsigned* __restrict__ tiles, int hq, int hkv, int d,
-    int window, float scale) {
+    int window, float scale, float* __restrict__ part, int nrows) {
     extern __shared__ __align__(16) unsigned char pft_smem[];
     __shared__ int s_lo[16], s_p[16], s_range[2];
     const int kvh = blockIdx.x, tile = blockIdx.y;
@@ -154,7 +160,11 @@ __device__ __forceinline__ void attn_prefill_tc_body(
         s_range[1] = kmax;
     }
     __syncthreads();
-    const int kmin = s_range[0], kmax = s_range[1];
+    // This split's key tiles of the tile's kmin .. kmax.
+    const int kt = (s_range[1] - s_range[0]) / PFT_KT + 1, splits = gridDim.z;
+    const int per = (kt + splits - 1) / splits, z = blockIdx.z;
+    const int kmin = s_range[0] + z * per * PFT_KT;
+    const int kmax = min(s_range[1], kmin + per * PFT_KT - 1);
     const int pa = s_p[g], pb = s_p[g + 8], la = s_lo[g], lb = s_lo[g + 8];
     const size_t base = kv_off[r0] + (size_t)kvh * d;
     const size_t stride = (size_t)hkv * d;
@@ -173,9 +183,10 @@ __device__ __forceinline__ void attn_prefill_tc_body(
             qa[s][j] = pack_bf16x2(v.x * qscale, v.y * qscale);
         }
     }
-    const float sink = sinks ? bf2f(sinks[h]) * PFT_LOG2E : -INFINITY;
+    const bool with_sink = sinks && z == 0;
+    const float sink = with_sink ? bf2f(sinks[h]) * PFT_LOG2E : -INFINITY;
     float m[2] = {sink, sink};
-    float l[2] = {sinks && qd == 0 ? 1.0f : 0.0f, sinks && qd == 0 ? 1.0f : 0.0f};
+    float l[2] = {with_sink && qd == 0 ? 1.0f : 0.0f, with_sink && qd == 0 ? 1.0f : 0.0f};
     float o[DMAX / 8][4];
 #pragma unroll
     for (int n = 0; n < DMAX / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
@@ -243,6 +254,24 @@ __device__ __forceinline__ void attn_prefill_tc_body(
         l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
         l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
     }
+    if (splits > 1) {
+        float* po = part + (size_t)z * nrows * hq * d;
+        float* pml = part + (size_t)splits * nrows * hq * d + (size_t)z * nrows * hq * 2;
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            const int row = g + 8 * r;
+            if (row >= nr) continue;
+            const size_t rh = (size_t)(r0 + row) * hq + h;
+            if (qd == 0) *reinterpret_cast<float2*>(pml + rh * 2) = make_float2(m[r], l[r]);
+#pragma unroll
+            for (int c = 0; c < DMAX / 8; ++c) {
+                if (c >= nd8) break;
+                *reinterpret_cast<float2*>(po + rh * d + c * 8 + 2 * qd) =
+                    make_float2(o[c][2 * r], o[c][2 * r + 1]);
+            }
+        }
+        return;
+    }
 #pragma unroll
     for (int n = 0; n < DMAX / 8; ++n) {
         if (n >= nd8) break;
@@ -261,16 +290,40 @@ __device__ __forceinline__ void attn_prefill_tc_body(
         const bf16_t* __restrict__ v_cache, const unsigned* __restrict__ pos,                   \
         const unsigned long long* __restrict__ kv_off, const bf16_t* __restrict__ sinks,        \
         float* __restrict__ out, const unsigned* __restrict__ tiles, int hq, int hkv, int d,    \
-        int window, float scale
+        int window, float scale, float* __restrict__ part, int nrows
 // Head dims up to PFT_MAX_D.
 extern "C" __global__ void __launch_bounds__(PFT_MAX_G * 32) attn_prefill_tc(PFT_ARGS) {
     pdl_enter();
     attn_prefill_tc_body<PFT_MAX_D>(q, k_cache, v_cache, pos, kv_off, sinks, out, tiles, hq, hkv,
-                                    d, window, scale);
+                                    d, window, scale, part, nrows);
 }
 // Head dims up to 64 (gpt-oss), compiled for two blocks per SM.
 extern "C" __global__ void __launch_bounds__(PFT_MAX_G * 32, 2) attn_prefill_tc_d64(PFT_ARGS) {
     pdl_enter();
     attn_prefill_tc_body<64>(q, k_cache, v_cache, pos, kv_off, sinks, out, tiles, hq, hkv, d,
-                             window, scale);
+                             window, scale, part, nrows);
+}
+
+// out[r, h, :] from the splits of attn_prefill_tc: each split's output scaled by 2^(m_z - M)
+// (M the largest running max), over the sum of its sums scaled the same. A split that saw no
+// key of the row (max -inf) adds nothing. grid = ceil(n * hq * d / 256), block = 256.
+extern "C" __global__ void attn_split_combine(const float* __restrict__ part,
+                                              float* __restrict__ out, int n, int hq, int d,
+                                              int splits) {
+    pdl_enter();
+    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x, all = (size_t)n * hq * d;
+    if (i >= all) return;
+    const size_t rh = i / d;
+    const float* ml = part + (size_t)splits * all;
+    float mx = -INFINITY;
+    for (int z = 0; z < splits; ++z) mx = fmaxf(mx, ml[(z * (size_t)n * hq + rh) * 2]);
+    float num = 0.0f, den = 0.0f;
+    for (int z = 0; z < splits; ++z) {
+        const float mz = ml[(z * (size_t)n * hq + rh) * 2];
+        if (mz == -INFINITY) continue;
+        const float c = exp2f(mz - mx);
+        num += c * part[z * all + i];
+        den += c * ml[(z * (size_t)n * hq + rh) * 2 + 1];
+    }
+    out[i] = num / den;
 }

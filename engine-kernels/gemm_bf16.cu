@@ -50,13 +50,16 @@ gemm_bf16_tc(const float* __restrict__ x, const bf16_t* __restrict__ w,
 // global -> shared by cp.async, GCP_NS stages in flight (no registers hold a stage, nothing is
 // converted in the loop), 128 x 128 block tiles (each warp 64 x 32: four A and two B ldmatrix
 // per 16 MMAs). Dynamic shared memory: GCP_NS * 2 * 128 * TC_LD bf16 (80 KB at 4 stages).
-// K must be a multiple of TC_BK. grid = (ceil(N / 128), ceil(M / 128)), block = 256.
+// K must be a multiple of TC_BK. grid = (ceil(N / 128), ceil(M / 128), splits), block = 256.
+// Split K (a pass of few rows, whose grid alone would leave most SMs idle): block z takes the
+// `per` stages from z * per and writes its raw sums to part[z, M, N]; gemm_split_reduce then
+// adds the splits in order, the bias and the residual. One split (grid z = 1) stores directly.
 #define GCP_NS 4  // the launch (ops::dense_gemm, GCP_SMEM) sizes the shared memory for this many
 #define GCP_BM 128
 extern "C" __global__ void __launch_bounds__(256, 2)
 gemm_bf16_cp(const bf16_t* __restrict__ xb, const bf16_t* __restrict__ w,
              const bf16_t* __restrict__ bias, float* __restrict__ y, int M, int N, int K,
-             int accumulate) {
+             int accumulate, float* __restrict__ part, int per) {
     pdl_enter();
     extern __shared__ __align__(16) unsigned char gcp_smem[];
     bf16_t* As = reinterpret_cast<bf16_t*>(gcp_smem);        // [GCP_NS][GCP_BM * TC_LD]
@@ -74,15 +77,17 @@ gemm_bf16_cp(const bf16_t* __restrict__ xb, const bf16_t* __restrict__ w,
         asrc[j] = m < M ? xb + (size_t)m * K + 8 * c : nullptr;
         bsrc[j] = n < N ? w + (size_t)n * K + 8 * c : nullptr;
     }
-    const int stages = K / TC_BK;
+    // This block's stages: s0 .. s0 + stages of the K / TC_BK.
+    const int s0 = blockIdx.z * per, stages = min(K / TC_BK - s0, per);
     auto issue = [&](int s) {
         bf16_t* a = As + (s % GCP_NS) * GCP_BM * TC_LD;
         bf16_t* b = Bs + (s % GCP_NS) * TC_BN * TC_LD;
+        const int k0 = (s0 + s) * TC_BK;
 #pragma unroll
         for (int j = 0; j < 2; ++j) {
             const int r = (row + 64 * j) * TC_LD + 8 * c;
-            cp_async16(a + r, asrc[j] ? asrc[j] + s * TC_BK : xb, asrc[j] != nullptr);
-            cp_async16(b + r, bsrc[j] ? bsrc[j] + s * TC_BK : w, bsrc[j] != nullptr);
+            cp_async16(a + r, asrc[j] ? asrc[j] + k0 : xb, asrc[j] != nullptr);
+            cp_async16(b + r, bsrc[j] ? bsrc[j] + k0 : w, bsrc[j] != nullptr);
         }
     };
 #pragma unroll
@@ -101,9 +106,31 @@ gemm_bf16_cp(const bf16_t* __restrict__ xb, const bf16_t* __restrict__ w,
         tc_stage<4>(As + (s % GCP_NS) * GCP_BM * TC_LD, Bs + (s % GCP_NS) * TC_BN * TC_LD, wm, wn,
                     acc);
     }
+    if (gridDim.z == 1) {
+        tc_epilogue(acc, [&](int r, int col, float v0, float v1) {
+            if (m0 + r < M) tc_store_pair(y, bias, N, m0 + r, n0 + col, v0, v1, accumulate);
+        });
+        return;
+    }
+    float* pz = part + (size_t)blockIdx.z * M * N;
     tc_epilogue(acc, [&](int r, int col, float v0, float v1) {
-        if (m0 + r < M) tc_store_pair(y, bias, N, m0 + r, n0 + col, v0, v1, accumulate);
+        if (m0 + r < M) tc_store_pair(pz, nullptr, N, m0 + r, n0 + col, v0, v1, 0);
     });
+}
+
+// y[m, n] (+)= sum over the splits z in order of part[z, m, n], + b[n]: the second half of a
+// split-K gemm_bf16_cp. grid = ceil(M * N / 256), block = 256.
+extern "C" __global__ void gemm_split_reduce(const float* __restrict__ part,
+                                             const bf16_t* __restrict__ bias,
+                                             float* __restrict__ y, int M, int N, int splits,
+                                             int accumulate) {
+    pdl_enter();
+    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x, mn = (size_t)M * N;
+    if (i >= mn) return;
+    float v = 0.0f;
+    for (int z = 0; z < splits; ++z) v += part[z * mn + i];
+    if (bias) v += bf2f(bias[i % N]);
+    y[i] = accumulate ? y[i] + v : v;
 }
 
 // out[i] = bf16(x[i]) for n elements (n a multiple of 4; x and out 16- and 8-byte aligned):

@@ -128,6 +128,23 @@ struct PrefillBufs {
     out_rows: CudaSlice<u32>,
     /// The tensor-core prefill attention's row tiles of the chunk ([`ops::prefill_attn_tiles`]).
     attn_tiles: CudaSlice<u32>,
+    /// Partial sums of the split passes (`ops::split_count`): [`split_floats`] floats.
+    split: CudaSlice<f32>,
+}
+
+/// Row-splits the split scratch holds: a pass splits only while its rows times its splits
+/// fit ([`ops::split_count`]), so passes of more rows split less or not at all.
+const SPLIT_SCRATCH_ROWS: usize = 1024;
+
+/// Floats of the split scratch for model `c`: [`SPLIT_SCRATCH_ROWS`] rows of the widest
+/// partial a split writes (a qkv or o output row, or a row's attention outputs with their
+/// running maxima and sums).
+fn split_floats(c: &ModelConfig) -> usize {
+    let d = c.head_dim;
+    let widest = ((c.num_attention_heads + 2 * c.num_key_value_heads) * d)
+        .max(c.hidden_size)
+        .max(c.num_attention_heads * (d + 2));
+    SPLIT_SCRATCH_ROWS * widest
 }
 
 impl PrefillBufs {
@@ -141,6 +158,7 @@ impl PrefillBufs {
             ntiles: g.alloc(1)?,
             out_rows: g.alloc(max_batch)?,
             attn_tiles: g.alloc(2 * cap)?,
+            split: g.alloc(split_floats(c))?,
         })
     }
 }
@@ -253,8 +271,11 @@ pub struct Decoder {
     moe_codes: ops::MoeCodes,
     /// Decode-attention kernel choice (defaults, or `MXTUNE_ATTN*` overrides).
     attn: ops::AttnTuning,
-    /// The prefill routes through `ops::router_rows` (`MXTUNE_PREFILL_ROUTER`).
-    prefill_router_rows: bool,
+    /// Which router a prefill pass runs (`MXTUNE_PREFILL_ROUTER`).
+    prefill_router: ops::PrefillRouter,
+    /// Few-row prefill passes split their dense GEMMs' K and their attention's keys
+    /// (`MXTUNE_PREFILL_SPLIT`).
+    prefill_split: bool,
     /// The prefill's bf16 dense GEMMs run `gemm_bf16_cp` (`MXTUNE_PREFILL_GEMM`).
     prefill_gemm_cp: bool,
     /// The grouped MoE's tile kernels (`MXTUNE_PREFILL_MOE`).
@@ -338,7 +359,8 @@ impl Decoder {
         };
         let moe_codes = ops::MoeCodes::of(opts.activation, moe_dot);
         let attn = ops::AttnTuning::from_env()?;
-        let prefill_router_rows = ops::prefill_router_rows_from_env()?;
+        let prefill_router = ops::PrefillRouter::from_env()?;
+        let prefill_split = ops::prefill_split_from_env()?;
         let prefill_gemm_cp = ops::prefill_gemm_cp_from_env()?;
         let grouped = ops::GroupedKernels::from_env()?;
         Ok(Self {
@@ -370,7 +392,8 @@ impl Decoder {
             moe_units,
             moe_loop,
             moe_codes,
-            prefill_router_rows,
+            prefill_router,
+            prefill_split,
             prefill_gemm_cp,
             grouped,
             attn,
@@ -892,10 +915,12 @@ impl Decoder {
                 .map_err(|e| anyhow::anyhow!("copying attention tiles: {:?}", e.0))?;
             let mut marks = Marks { events: Vec::new() };
             let profiling = prof.is_some();
+            // Keys the chunk's rows see: up to the furthest position, one past it.
+            let keys = pos[start..end].iter().max().map_or(0, |&p| p as usize + 1);
             self.enqueue_prefill(
                 g,
                 &b,
-                end - start,
+                (end - start, keys),
                 tiles.len() / 2,
                 profiling.then_some(&mut marks),
             )?;
@@ -928,12 +953,13 @@ impl Decoder {
         self.head(g, outputs.len())
     }
 
-    /// Queue the layers of one prefill chunk of `n` rows (inputs already in `b`).
+    /// Queue the layers of one prefill chunk of `n` rows seeing up to `keys` keys (inputs
+    /// already in `b`).
     fn enqueue_prefill(
         &self,
         g: &Gpu,
         b: &PrefillBufs,
-        n: usize,
+        (n, keys): (usize, usize),
         attn_tiles: usize,
         mut marks: Option<&mut Marks>,
     ) -> Result<()> {
@@ -956,6 +982,10 @@ impl Decoder {
         // calls; a shape where it is too small keeps the fp32-input GEMM.
         let fits = 2 * c.num_experts_per_tok * hid >= hid.max(hq * d);
         let gemm_scratch = (self.prefill_gemm_cp && fits).then(|| p(&r.part));
+        let split = self.prefill_split.then(|| ops::SplitScratch {
+            ptr: p(&b.split),
+            floats: b.split.len(),
+        });
         mark("start")?;
         ops::embed(g, g.ptr(&self.w.embed), g.ptr(&r.tokens), p(&r.x), hid, n)?;
         mark("embed_gather")?;
@@ -984,6 +1014,7 @@ impl Decoder {
                 hid,
                 false,
                 gemm_scratch,
+                split,
             )?;
             mark(if qkv_w.is_mxfp4() {
                 "gemm_mxfp4 qkv"
@@ -993,6 +1024,13 @@ impl Decoder {
             self.rope_kv(g, &sh, &l, r, n, ops::ROPE_PREFILL_HEADS)?;
             mark("rope_kv_write")?;
             if tc_attn {
+                // A sliding layer's rows see at most their window (and the tile's spread).
+                let seen = if l.window > 0 {
+                    keys.min(l.window + ops::PFT_ROWS)
+                } else {
+                    keys
+                };
+                let splits = ops::attn_splits(sh.attn, g.sms(), n, attn_tiles, seen, split);
                 ops::attention_rows_tc(
                     g,
                     sh.attn,
@@ -1003,10 +1041,10 @@ impl Decoder {
                     g.ptr(&r.kv_off),
                     l.sinks,
                     p(&r.attn),
-                    g.ptr(&b.attn_tiles),
-                    attn_tiles,
+                    (g.ptr(&b.attn_tiles), attn_tiles, n),
                     l.window,
                     sh.scale,
+                    (split, splits),
                 )?;
             } else {
                 ops::attention_rows(
@@ -1038,6 +1076,7 @@ impl Decoder {
                 hq * d,
                 true,
                 gemm_scratch,
+                split,
             )?;
             mark(if o_w.is_mxfp4() {
                 "gemm_mxfp4 o (+residual)"
@@ -1058,7 +1097,7 @@ impl Decoder {
             // The router stays in fp32 (bf16 activations could flip near-tied expert choices
             // against the reference): a tiled fp32 GEMM over the chunk's rows with the top-k
             // fused, or (`MXTUNE_PREFILL_ROUTER=gemv`) the decode router's GEMV.
-            if self.prefill_router_rows {
+            if self.prefill_router.rows_kernel(n) {
                 ops::router_rows(
                     g,
                     g.ptr(&lw.router_w),

@@ -491,9 +491,50 @@ pub fn router(
     )
 }
 
-/// Environment switch of the prefill router: `rows` (the default, [`router_rows`]) or `gemv`
-/// (the decode router over every prompt row, as before; for A/B timing).
+/// Environment switch of the prefill router: `auto` (the default: [`PrefillRouter::for_rows`]),
+/// `rows` (always [`router_rows`]) or `gemv` (always the decode router over every prompt row),
+/// for A/B timing.
 pub const PREFILL_ROUTER_ENV: &str = "MXTUNE_PREFILL_ROUTER";
+
+/// Which router a prefill pass runs ([`PREFILL_ROUTER_ENV`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PrefillRouter {
+    /// [`router_rows`] for passes of many rows, the decode router's GEMV for few.
+    Auto,
+    /// Always [`router_rows`].
+    Rows,
+    /// Always [`router`].
+    Gemv,
+}
+
+/// Fewest rows a prefill pass routes through [`router_rows`] under [`PrefillRouter::Auto`]:
+/// its blocks take 16 rows each and walk the whole hidden size, so a pass of fewer rows
+/// leaves most SMs idle and the decode GEMV (4 rows a block row, every expert row a block)
+/// is the quicker (docs/perf.md, run 154).
+pub const ROUTER_ROWS_FROM: usize = 256;
+
+impl PrefillRouter {
+    /// From [`PREFILL_ROUTER_ENV`]; a bad value is an error naming it.
+    pub fn from_env() -> Result<Self> {
+        env_choice(
+            PREFILL_ROUTER_ENV,
+            &[
+                ("auto", Self::Auto),
+                ("rows", Self::Rows),
+                ("gemv", Self::Gemv),
+            ],
+        )
+    }
+
+    /// Whether a pass of `t` rows runs [`router_rows`].
+    pub fn rows_kernel(self, t: usize) -> bool {
+        match self {
+            Self::Auto => t >= ROUTER_ROWS_FROM,
+            Self::Rows => true,
+            Self::Gemv => false,
+        }
+    }
+}
 
 /// The value of tuning switch `name` (an environment variable) among `choices` (word, value):
 /// unset or empty gives the first choice (the default); any other word is an error naming the
@@ -524,12 +565,6 @@ pub const PREFILL_GEMM_ENV: &str = "MXTUNE_PREFILL_GEMM";
 /// an error naming it.
 pub fn prefill_gemm_cp_from_env() -> Result<bool> {
     env_choice(PREFILL_GEMM_ENV, &[("cp", true), ("regs", false)])
-}
-
-/// Whether the prefill routes through [`router_rows`] (else [`router`]), from the environment;
-/// a bad value is an error naming it.
-pub fn prefill_router_rows_from_env() -> Result<bool> {
-    env_choice(PREFILL_ROUTER_ENV, &[("rows", true), ("gemv", false)])
 }
 
 /// The router of a prefill chunk of `t` tokens (kernel `router_rows`): logits[t] = W x[t] + b
@@ -1091,7 +1126,7 @@ pub fn attention_rows(
 
 /// Rows of one `attn_prefill_tc` tile (the mma's m dimension), query heads per KV head it takes
 /// (its warps), head dims it takes, and keys it stages at a time (kernel constants `PFT_*`).
-const PFT_ROWS: usize = 16;
+pub const PFT_ROWS: usize = 16;
 const PFT_MAX_G: usize = 8;
 const PFT_MAX_D: usize = 128;
 const PFT_KT: usize = 64;
@@ -1139,9 +1174,38 @@ pub fn prefill_attn_tiles(pos: &[u32], offs: &[u64]) -> Vec<u32> {
     tiles
 }
 
+/// Floats of partial results one split of [`attention_rows_tc`] writes for `n` rows: each row
+/// and query head's output, running max and sum.
+pub fn attn_split_floats(s: AttnShape, n: usize) -> usize {
+    n * s.hq * (s.d + 2)
+}
+
+/// [`attention_rows_tc`]'s ways to split the keys of `n` rows in `ntiles` tiles whose rows
+/// see up to `keys` keys each, with `split`'s scratch ([`split_count`]); 1 without one.
+pub fn attn_splits(
+    s: AttnShape,
+    sms: usize,
+    n: usize,
+    ntiles: usize,
+    keys: usize,
+    split: Option<SplitScratch>,
+) -> usize {
+    split.map_or(1, |sp| {
+        split_count(
+            s.hkv * ntiles,
+            keys.div_ceil(PFT_KT),
+            sms,
+            attn_split_floats(s, n),
+            sp.floats,
+        )
+    })
+}
+
 /// [`attention_rows`] on tensor cores (`attn_prefill_tc`): `tiles` (device, `ntiles` pairs
-/// from [`prefill_attn_tiles`]) cut the rows into runs of one sequence; bf16 queries, keys,
-/// probabilities and values, fp32 accumulation. Only for shapes [`prefill_attn_tc`] accepts.
+/// from [`prefill_attn_tiles`]) cut the `n` rows into runs of one sequence; bf16 queries,
+/// keys, probabilities and values, fp32 accumulation. Only for shapes [`prefill_attn_tc`]
+/// accepts. `splits` > 1 ([`attn_splits`]) cuts each tile's keys into that many shares,
+/// their partial results in `split`'s scratch, merged by `attn_split_combine`.
 pub fn attention_rows_tc(
     g: &Gpu,
     s: AttnShape,
@@ -1152,10 +1216,10 @@ pub fn attention_rows_tc(
     kv_off: u64,
     sinks: Option<u64>,
     out: u64,
-    tiles: u64,
-    ntiles: usize,
+    (tiles, ntiles, n): (u64, usize, usize),
     window: usize,
     scale: f32,
+    (split, splits): (Option<SplitScratch>, usize),
 ) -> Result<()> {
     s.check()?;
     ensure!(
@@ -1176,9 +1240,26 @@ pub fn attention_rows_tc(
     } else {
         "attn_prefill_tc"
     };
+    let part = match split {
+        Some(sp) if splits > 1 => {
+            ensure!(
+                splits * attn_split_floats(s, n) <= sp.floats,
+                "{splits} attention splits of {n} rows exceed the split scratch ({} floats)",
+                sp.floats
+            );
+            sp.ptr
+        }
+        _ => {
+            ensure!(
+                splits == 1,
+                "{splits} attention splits without a split scratch"
+            );
+            0
+        }
+    };
     g.launch(
         kernel,
-        (u(s.hkv)?, u(ntiles)?, 1),
+        (u(s.hkv)?, u(ntiles)?, u(splits)?),
         (u(s.hq / s.hkv * 32)?, 1, 1),
         u(smem)?,
         &[
@@ -1195,6 +1276,25 @@ pub fn attention_rows_tc(
             i(s.d)?,
             i(window)?,
             Arg::F32(scale),
+            Arg::Ptr(part),
+            i(n)?,
+        ],
+    )?;
+    if splits == 1 {
+        return Ok(());
+    }
+    g.launch(
+        "attn_split_combine",
+        (u((n * s.hq * s.d).div_ceil(256))?, 1, 1),
+        (256, 1, 1),
+        0,
+        &[
+            Arg::Ptr(part),
+            Arg::Ptr(out),
+            i(n)?,
+            i(s.hq)?,
+            i(s.d)?,
+            i(splits)?,
         ],
     )
 }
@@ -2702,10 +2802,57 @@ pub fn rows_bf16(g: &Gpu, x: u64, out: u64, elems: usize) -> Result<()> {
     )
 }
 
+/// Device scratch for the partial sums of a split pass (fp32), and its size in floats.
+#[derive(Debug, Clone, Copy)]
+pub struct SplitScratch {
+    /// Device address.
+    pub ptr: u64,
+    /// Floats it holds.
+    pub floats: usize,
+}
+
+/// Most ways a split pass cuts its serial loop.
+pub const SPLIT_MAX: usize = 16;
+/// Fewest serial steps (K stages, key tiles) a split is left with.
+pub const SPLIT_MIN_STEPS: usize = 8;
+
+/// Environment switch of the split passes of few-row prefills (the dense GEMMs' K loop and
+/// the attention's keys): `auto` (the default: split where the grid alone leaves SMs idle,
+/// [`split_count`]) or `off` (never; for A/B timing).
+pub const PREFILL_SPLIT_ENV: &str = "MXTUNE_PREFILL_SPLIT";
+
+/// Whether few-row prefill passes may split ([`PREFILL_SPLIT_ENV`]); a bad value is an error
+/// naming it.
+pub fn prefill_split_from_env() -> Result<bool> {
+    env_choice(PREFILL_SPLIT_ENV, &[("auto", true), ("off", false)])
+}
+
+/// Ways to cut the serial loop of a launch of `blocks` blocks, each `steps` steps long, on
+/// `sms` SMs, when a split's partial sums take `split_floats` of a scratch of `scratch_floats`:
+/// as many as bring the grid to two blocks an SM, but none left with fewer than
+/// [`SPLIT_MIN_STEPS`] steps, at most [`SPLIT_MAX`], and all within the scratch. 1: no split.
+/// A pass of many rows (a grid that fills the GPU) never splits.
+pub fn split_count(
+    blocks: usize,
+    steps: usize,
+    sms: usize,
+    split_floats: usize,
+    scratch_floats: usize,
+) -> usize {
+    let want = (2 * sms).div_ceil(blocks.max(1));
+    let splits = want
+        .min(steps / SPLIT_MIN_STEPS)
+        .min(scratch_floats / split_floats.max(1))
+        .clamp(1, SPLIT_MAX);
+    // Even shares: no split left empty.
+    steps.div_ceil(steps.div_ceil(splits)).max(1)
+}
+
 /// The prefill GEMM of a dense projection in whichever format its weights are ([`gemm`] or
 /// [`gemm_mxfp4`]); bf16 weights with a `scratch` of m·k bf16 run [`rows_bf16`] into it and
 /// then `gemm_bf16_cp` (both operands by `cp.async`, 128-row tiles), the same bits as
-/// [`gemm`].
+/// [`gemm`]. With `split` a pass of few rows cuts its K loop ([`split_count`]) and
+/// `gemm_split_reduce` adds the partial sums: the same products, summed in another order.
 #[allow(clippy::too_many_arguments)]
 pub fn dense_gemm(
     g: &Gpu,
@@ -2718,22 +2865,58 @@ pub fn dense_gemm(
     k: usize,
     accumulate: bool,
     scratch: Option<u64>,
+    split: Option<SplitScratch>,
 ) -> Result<()> {
     match w {
         DenseW::Bf16(p) => match scratch {
             Some(xb) => {
+                ensure!(
+                    k.is_multiple_of(TC_BK),
+                    "GEMM inner size {k} is not a multiple of {TC_BK} (the tensor-core stage)"
+                );
                 rows_bf16(g, x, xb, m * k)?;
-                tc_gemm_launch(
-                    g,
-                    ("gemm_bf16_cp", GCP_BM, GCP_SMEM),
-                    &[Arg::Ptr(p)],
-                    bias,
-                    xb,
-                    y,
-                    m,
-                    n,
-                    k,
-                    accumulate,
+                let blocks = n.div_ceil(TC_BN) * m.div_ceil(GCP_BM);
+                let stages = k / TC_BK;
+                let splits = split.map_or(1, |sp| {
+                    split_count(blocks, stages, g.sms(), m * n, sp.floats)
+                });
+                let per = stages.div_ceil(splits);
+                let part = split.filter(|_| splits > 1).map_or(0, |sp| sp.ptr);
+                g.launch(
+                    "gemm_bf16_cp",
+                    (u(n.div_ceil(TC_BN))?, u(m.div_ceil(GCP_BM))?, u(splits)?),
+                    (256, 1, 1),
+                    u(GCP_SMEM)?,
+                    &[
+                        Arg::Ptr(xb),
+                        Arg::Ptr(p),
+                        opt(bias),
+                        Arg::Ptr(y),
+                        i(m)?,
+                        i(n)?,
+                        i(k)?,
+                        Arg::I32(accumulate as i32),
+                        Arg::Ptr(part),
+                        i(per)?,
+                    ],
+                )?;
+                if splits == 1 {
+                    return Ok(());
+                }
+                g.launch(
+                    "gemm_split_reduce",
+                    (u((m * n).div_ceil(256))?, 1, 1),
+                    (256, 1, 1),
+                    0,
+                    &[
+                        Arg::Ptr(part),
+                        opt(bias),
+                        Arg::Ptr(y),
+                        i(m)?,
+                        i(n)?,
+                        i(splits)?,
+                        Arg::I32(accumulate as i32),
+                    ],
                 )
             }
             None => gemm(g, p, bias, x, y, m, n, k, accumulate),
@@ -2930,6 +3113,59 @@ pub fn moe_grouped(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A few-row pass splits until the grid holds two blocks an SM, never into shares under
+    /// the fewest steps nor past the scratch, with no empty share; a full grid never splits.
+    #[test]
+    fn split_count_fills_an_idle_gpu_and_only_that() {
+        let big = usize::MAX;
+        // gpt-oss-120b's qkv for 38 rows on an H100: 40 blocks of 90 K stages.
+        assert_eq!(split_count(40, 90, 132, 38 * 5120, big), 7);
+        // o: 23 blocks of 128 stages.
+        assert_eq!(split_count(23, 128, 132, 38 * 2880, big), 12);
+        // One block, 90 stages: at most 90 / 8 = 11 shares, made even (10 of 9 stages).
+        assert_eq!(split_count(1, 90, 132, 1, big), 10);
+        // A full grid, too few steps, or no room: one share.
+        assert_eq!(split_count(264, 90, 132, 1, big), 1);
+        assert_eq!(split_count(40, 7, 132, 1, big), 1);
+        assert_eq!(split_count(40, 90, 132, 1000, 1999), 1);
+        assert_eq!(split_count(40, 90, 132, 1000, 3000), 3);
+        // Never past SPLIT_MAX.
+        assert_eq!(split_count(1, 10_000, 132, 1, big), SPLIT_MAX);
+        // Attention: 3 tiles of 8 KV heads over 4 173 keys (66 key tiles).
+        let s = AttnShape {
+            hq: 64,
+            hkv: 8,
+            d: 64,
+        };
+        let sp = SplitScratch {
+            ptr: 0,
+            floats: big,
+        };
+        assert_eq!(attn_splits(s, 132, 38, 3, 4173, Some(sp)), 8);
+        assert_eq!(attn_splits(s, 132, 38, 3, 4173, None), 1);
+        assert_eq!(attn_splits(s, 132, 38, 3, 144, Some(sp)), 1);
+    }
+
+    /// `auto` takes the GEMV router for few rows and `router_rows` for many.
+    #[test]
+    fn the_prefill_router_follows_the_pass_size() {
+        let r = PrefillRouter::Auto;
+        assert!(!r.rows_kernel(38) && !r.rows_kernel(ROUTER_ROWS_FROM - 1));
+        assert!(r.rows_kernel(ROUTER_ROWS_FROM) && r.rows_kernel(2048));
+        assert!(PrefillRouter::Rows.rows_kernel(1) && !PrefillRouter::Gemv.rows_kernel(4096));
+        let e = choice(
+            PREFILL_ROUTER_ENV,
+            "fast",
+            &[("auto", PrefillRouter::Auto), ("rows", PrefillRouter::Rows)],
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("MXTUNE_PREFILL_ROUTER=fast") && e.contains("auto, rows"),
+            "{e}"
+        );
+    }
 
     /// The tensor-core GEMV's grid: a block per row tile for the short matrices, the resident
     /// slots for a long one, which then also takes 16 tokens in one pass.

@@ -710,7 +710,22 @@ fn check_prefill_attention_tc(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
             g.upload(&tiles)?,
         );
         let scale = 1.0 / (sh.d as f64).sqrt();
-        for (window, sink_on) in [(0, true), (128, true), (0, false), (128, false)] {
+        // Split keys: 3 shares, and 7 (more than some tiles have key tiles: empty shares).
+        let split_floats = 7 * ops::attn_split_floats(sh, t);
+        let dsplit = nan_f32(g, split_floats)?;
+        let split = ops::SplitScratch {
+            ptr: g.ptr(&dsplit),
+            floats: split_floats,
+        };
+        for (window, sink_on, splits) in [
+            (0, true, 1),
+            (128, true, 1),
+            (0, false, 1),
+            (128, false, 1),
+            (0, true, 3),
+            (128, true, 7),
+            (0, false, 7),
+        ] {
             let dout = nan_f32(g, t * sh.hq * sh.d)?;
             ops::attention_rows_tc(
                 g,
@@ -722,10 +737,10 @@ fn check_prefill_attention_tc(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
                 g.ptr(&doff),
                 sink_on.then(|| g.ptr(&ds)),
                 g.ptr(&dout),
-                g.ptr(&dt),
-                tiles.len() / 2,
+                (g.ptr(&dt), tiles.len() / 2, t),
                 window,
                 scale as f32,
+                ((splits > 1).then_some(split), splits),
             )?;
             let mut want = Vec::new();
             for ti in 0..t {
@@ -745,8 +760,15 @@ fn check_prefill_attention_tc(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
             }
             res.push(check(
                 format!(
-                    "attn_prefill_tc hq={} hkv={} d={} window={window} sinks={sink_on} rows={t}",
-                    sh.hq, sh.hkv, sh.d
+                    "attn_prefill_tc hq={} hkv={} d={} window={window} sinks={sink_on} rows={t}{}",
+                    sh.hq,
+                    sh.hkv,
+                    sh.d,
+                    if splits > 1 {
+                        format!(" keys in {splits} splits")
+                    } else {
+                        String::new()
+                    }
                 ),
                 rel_err(&g.download(&dout)?, &want),
                 1e-2,
@@ -1212,6 +1234,7 @@ fn check_gemm(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
                 k,
                 acc,
                 scratch,
+                None,
             )?;
             let got = g.download(&dy)?;
             res.push(check(
@@ -1226,6 +1249,40 @@ fn check_gemm(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
             bits_apart(&outs[1], &outs[0]),
             0.0,
         ));
+        // The same product with its K loop split where the grid leaves SMs idle.
+        let floats = ops::SPLIT_MAX * m * n;
+        let splits = ops::split_count(
+            n.div_ceil(128) * m.div_ceil(128),
+            k / 32,
+            g.sms(),
+            m * n,
+            floats,
+        );
+        if splits > 1 {
+            let part = nan_f32(g, floats)?;
+            let dy = c.out(g)?;
+            ops::dense_gemm(
+                g,
+                ops::DenseW::Bf16(g.ptr(&c.dw)),
+                c.bias_ptr(g),
+                g.ptr(&c.dx),
+                g.ptr(&dy),
+                m,
+                n,
+                k,
+                acc,
+                Some(g.ptr(&xb)),
+                Some(ops::SplitScratch {
+                    ptr: g.ptr(&part),
+                    floats,
+                }),
+            )?;
+            res.push(check(
+                format!("gemm_bf16_cp {m}x{n}x{k} bias={bias} acc={acc} K in {splits} splits"),
+                rel_err(&g.download(&dy)?, &want),
+                1e-5,
+            ));
+        }
     }
     Ok(res)
 }
