@@ -402,6 +402,23 @@ __device__ __forceinline__ void moe_down_rb_tile(MOE_DOWN_RB_PARAMS) {
 #ifndef RB_WC
 #define RB_WC 8
 #endif
+// The 32-row tile (`--tile auto` for passes of few entries an expert: a prompt's short tail,
+// a cached prefix's new turn): a quarter of the 64-row tile's A staging, so RB_NS32 stages
+// (five: 43 KB) keep four weight stages in flight a block, and three blocks share an SM.
+#ifndef RB_NS32
+#define RB_NS32 5
+#endif
+#ifndef RB32_MINB
+#define RB32_MINB 3
+#endif
+extern "C" __global__ void __launch_bounds__(256, RB32_MINB) moe_gate_up_rb_m32(MOE_GATE_UP_RB_PARAMS) {
+    pdl_enter();
+    moe_gate_up_rb_tile<32, RB_NS32, RB_WC>(MOE_GATE_UP_RB_ARGS);
+}
+extern "C" __global__ void __launch_bounds__(256, RB32_MINB) moe_down_rb_m32(MOE_DOWN_RB_PARAMS) {
+    pdl_enter();
+    moe_down_rb_tile<32, RB_NS32, RB_WC>(MOE_DOWN_RB_ARGS);
+}
 extern "C" __global__ void __launch_bounds__(256, TC_MINB) moe_gate_up_rb(MOE_GATE_UP_RB_PARAMS) {
     pdl_enter();
     moe_gate_up_rb_tile<TC_BM, RB_NS64, RB_WC>(MOE_GATE_UP_RB_ARGS);

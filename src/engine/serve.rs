@@ -47,6 +47,8 @@ pub enum Activation {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Tile {
     Auto,
+    #[value(name = "32x128")]
+    T32x128,
     #[value(name = "64x128")]
     T64x128,
     #[value(name = "128x128")]
@@ -396,10 +398,11 @@ fn kv_dtype(k: KvDtype) -> cuda_gates::KvDtype {
     }
 }
 
-/// The grouped MoE's tile for the `--tile` gate (`auto` is 128x128: with the weights
-/// dequantized in registers it is the faster tile for both gpt-oss sizes, docs/perf.md run 76).
+/// The grouped MoE's tile for the `--tile` gate (`auto`: chosen per prefill pass by the
+/// entries an expert, `MoeTile::for_pass`).
 pub(crate) fn moe_tile(t: Tile) -> cuda_gates::MoeTile {
     match t {
+        Tile::T32x128 => cuda_gates::MoeTile::T32x128,
         Tile::T64x128 => cuda_gates::MoeTile::T64x128,
         Tile::T128x128 => cuda_gates::MoeTile::T128x128,
         Tile::Auto => cuda_gates::MoeTile::Auto,

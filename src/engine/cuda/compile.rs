@@ -80,7 +80,12 @@ pub const KERNEL_FILES: &[KernelFile] = &[
     ),
     kernel_file!(
         "attention_prefill.cu",
-        ["attn_prefill", "attn_prefill_tc", "attn_prefill_tc_d64"]
+        [
+            "attn_prefill",
+            "attn_prefill_tc",
+            "attn_prefill_tc_d64",
+            "attn_split_combine"
+        ]
     ),
     kernel_file!(
         "moe_gemv.cu",
@@ -107,7 +112,12 @@ pub const KERNEL_FILES: &[KernelFile] = &[
     ),
     kernel_file!(
         "gemm_bf16.cu",
-        ["gemm_bf16_tc", "gemm_bf16_cp", "rows_bf16"]
+        [
+            "gemm_bf16_tc",
+            "gemm_bf16_cp",
+            "gemm_split_reduce",
+            "rows_bf16"
+        ]
     ),
     kernel_file!(
         "mxfp4_dense.cu",
@@ -126,6 +136,8 @@ pub const KERNEL_FILES: &[KernelFile] = &[
             "moe_gate_up_rb_m128",
             "moe_down_rb",
             "moe_down_rb_m128",
+            "moe_gate_up_rb_m32",
+            "moe_down_rb_m32",
             "moe_combine"
         ]
     ),

@@ -50,6 +50,9 @@ impl KvDtype {
 /// block (`--tile`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum MoeTile {
+    /// 32 × 128: only what `Auto` picks for a pass of few entries an expert (the user's
+    /// `--tile` takes 64x128, 128x128 or auto).
+    T32x128,
     /// 64 × 128.
     T64x128,
     /// 128 × 128: twice the rows per weight stage.
@@ -63,12 +66,18 @@ pub enum MoeTile {
 /// 64-row tile is 2.7 % faster; at 96, 128 and 192 the 128-row one 4–6 %).
 pub const AUTO_TILE_ROWS_PER_EXPERT: usize = 64;
 
+/// `--tile auto` runs 32-row tiles while a pass routes at most this many entries per expert
+/// on average (a short prompt, a cached conversation's new turn: most tiles hold a few rows,
+/// and the weight stream is all that counts; docs/perf.md, run 155).
+pub const AUTO_TILE32_ROWS_PER_EXPERT: usize = 8;
+
 impl MoeTile {
-    /// Token rows (entries) per tile: the segment cut of `moe_group`; for `Auto` the smaller
+    /// Token rows (entries) per tile: the segment cut of `moe_group`; for `Auto` the smallest
     /// tile's (what sizes the tile list).
     pub fn rows(self) -> usize {
         match self {
-            MoeTile::T64x128 | MoeTile::Auto => 64,
+            MoeTile::T32x128 | MoeTile::Auto => 32,
+            MoeTile::T64x128 => 64,
             MoeTile::T128x128 => 128,
         }
     }
@@ -77,6 +86,9 @@ impl MoeTile {
     /// `Auto` resolved by the entries per expert, a fixed tile as it is.
     pub fn for_pass(self, entries: usize, experts: usize) -> MoeTile {
         match self {
+            MoeTile::Auto if entries <= AUTO_TILE32_ROWS_PER_EXPERT * experts.max(1) => {
+                MoeTile::T32x128
+            }
             MoeTile::Auto if entries <= AUTO_TILE_ROWS_PER_EXPERT * experts.max(1) => {
                 MoeTile::T64x128
             }
@@ -88,6 +100,7 @@ impl MoeTile {
     /// Name in the kernel-path report.
     pub fn name(self) -> &'static str {
         match self {
+            MoeTile::T32x128 => "32x128",
             MoeTile::T64x128 => "64x128",
             MoeTile::T128x128 => "128x128",
             MoeTile::Auto => "auto",
@@ -326,11 +339,16 @@ mod tests {
         assert_eq!(MoeTile::Auto.for_pass(2048 * 4 + 1, 128), MoeTile::T128x128);
         assert_eq!(MoeTile::Auto.for_pass(6144 * 4, 128), MoeTile::T128x128);
         assert_eq!(MoeTile::Auto.for_pass(2048 * 4, 32), MoeTile::T128x128);
-        assert_eq!(MoeTile::Auto.for_pass(1, 0), MoeTile::T64x128);
-        // Fixed tiles stay; the tile list is sized for the smaller tile under auto.
+        // A cached turn's 38 new tokens route about 1.2 an expert; 256 tokens route 8.
+        assert_eq!(MoeTile::Auto.for_pass(38 * 4, 128), MoeTile::T32x128);
+        assert_eq!(MoeTile::Auto.for_pass(256 * 4, 128), MoeTile::T32x128);
+        assert_eq!(MoeTile::Auto.for_pass(256 * 4 + 1, 128), MoeTile::T64x128);
+        assert_eq!(MoeTile::Auto.for_pass(1, 0), MoeTile::T32x128);
+        // Fixed tiles stay; the tile list is sized for the smallest tile under auto.
         assert_eq!(MoeTile::T128x128.for_pass(4, 128), MoeTile::T128x128);
         assert_eq!(MoeTile::T64x128.for_pass(1 << 20, 1), MoeTile::T64x128);
-        assert_eq!(MoeTile::Auto.rows(), MoeTile::T64x128.rows());
+        assert_eq!(MoeTile::Auto.rows(), MoeTile::T32x128.rows());
+        assert_eq!(MoeTile::T32x128.name(), "32x128");
         assert_eq!(MoeTile::Auto.name(), "auto");
     }
 }

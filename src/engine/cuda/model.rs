@@ -1352,7 +1352,8 @@ mod tests {
         // The tile list bound shrinks with the taller tile but always covers one per expert.
         assert_eq!(ops::moe_max_tiles(300, 4, MoeTile::T64x128), 5 + 4);
         assert_eq!(ops::moe_max_tiles(300, 4, MoeTile::T128x128), 3 + 4);
-        assert_eq!(ops::moe_max_tiles(300, 4, MoeTile::Auto), 5 + 4);
+        assert_eq!(ops::moe_max_tiles(300, 4, MoeTile::Auto), 10 + 4);
+        assert_eq!(MoeTile::T32x128.rows(), 32);
     }
 
     #[test]

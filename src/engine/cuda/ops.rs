@@ -2983,10 +2983,13 @@ pub fn moe_max_tiles(total: usize, experts: usize, tile: MoeTile) -> usize {
 /// The grouped MoE's (gate_up, down) kernels for a tile.
 fn moe_grouped_kernels(tile: MoeTile, k: GroupedKernels) -> (&'static str, &'static str) {
     match (k, tile) {
-        (GroupedKernels::Shared, MoeTile::T64x128) => ("moe_gate_up_grouped", "moe_down_grouped"),
+        (GroupedKernels::Shared, MoeTile::T32x128 | MoeTile::T64x128) => {
+            ("moe_gate_up_grouped", "moe_down_grouped")
+        }
         (GroupedKernels::Shared, MoeTile::T128x128 | MoeTile::Auto) => {
             ("moe_gate_up_grouped_m128", "moe_down_grouped_m128")
         }
+        (GroupedKernels::Registers, MoeTile::T32x128) => ("moe_gate_up_rb_m32", "moe_down_rb_m32"),
         (GroupedKernels::Registers, MoeTile::T64x128) => ("moe_gate_up_rb", "moe_down_rb"),
         (GroupedKernels::Registers, MoeTile::T128x128 | MoeTile::Auto) => {
             ("moe_gate_up_rb_m128", "moe_down_rb_m128")
@@ -3025,8 +3028,12 @@ pub fn moe_grouped(
 ) -> Result<()> {
     s.check()?;
     let total = t * s.k;
-    // The tile list was sized for `tile` as given (`Auto`: the 64-row count, the larger).
-    let tile = tile.for_pass(total, experts);
+    // The tile list was sized for `tile` as given (`Auto`: the 32-row count, the largest).
+    // The shared-memory kernels have no 32-row tile: their smallest is 64.
+    let tile = match (tile.for_pass(total, experts), groups.kernels) {
+        (MoeTile::T32x128, GroupedKernels::Shared) => MoeTile::T64x128,
+        (t, _) => t,
+    };
     let tiles = moe_max_tiles(total, experts, tile);
     let (gate_up, down) = moe_grouped_kernels(tile, groups.kernels);
     let regs = groups.kernels == GroupedKernels::Registers;

@@ -1529,14 +1529,17 @@ impl MoeCase {
 
 /// Grouped MoE (expert grouping, tensor-core gate_up + SwiGLU, down, slot combine) against
 /// the f64 reference with the activations the MMAs see rounded to bf16, for token counts that
-/// leave experts empty, fill several tiles of one expert, and end mid-tile; on the 64-row and
-/// the 128-row tile (`--tile 128x128`).
+/// leave experts empty, fill several tiles of one expert, and end mid-tile; on the 32-row
+/// (what `auto` picks for few entries an expert), 64-row and 128-row tiles.
 fn check_moe_grouped(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
     let mut res = Vec::new();
     // The last two shapes have odd block counts (K of 5 blocks: half a register-B stage) and
-    // rows that are no multiple of 64 (the bf16 rows' zero padding).
+    // rows that are no multiple of 64 (the bf16 rows' zero padding). 20 tokens over 64
+    // experts: a pass of few entries an expert (a cached turn's), which `auto` runs on
+    // 32-row tiles.
     for (e, hidden, inter, k, t) in [
         (8usize, 256usize, 192usize, 4usize, 3usize),
+        (64, 576, 320, 4, 20),
         (6, 2880, 2880, 4, 37),
         (4, 320, 160, 2, 150),
         (5, 160, 96, 2, 70),
@@ -1553,7 +1556,12 @@ fn check_moe_grouped(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
         // Both tiles and both tile kernels on the same inputs; the 64-row register-B check
         // keeps the old name.
         for kernels in [ops::GroupedKernels::Registers, ops::GroupedKernels::Shared] {
-            for tile in [MoeTile::T64x128, MoeTile::T128x128, MoeTile::Auto] {
+            for tile in [
+                MoeTile::T64x128,
+                MoeTile::T128x128,
+                MoeTile::Auto,
+                MoeTile::T32x128,
+            ] {
                 let perm = g.alloc::<i32>(t * k)?;
                 let tiles = g.alloc::<i32>(3 * ops::moe_max_tiles(t * k, e, tile))?;
                 let ntiles = g.alloc::<i32>(1)?;
@@ -1584,7 +1592,7 @@ fn check_moe_grouped(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
                 )?;
                 let tile_label = match tile {
                     MoeTile::T64x128 => String::new(),
-                    MoeTile::T128x128 => format!(" tile={}", tile.name()),
+                    MoeTile::T128x128 | MoeTile::T32x128 => format!(" tile={}", tile.name()),
                     MoeTile::Auto => format!(" tile=auto ({})", tile.for_pass(t * k, e).name()),
                 };
                 let kernel_label = match kernels {
