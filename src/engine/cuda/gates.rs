@@ -68,8 +68,10 @@ pub const AUTO_TILE_ROWS_PER_EXPERT: usize = 64;
 
 /// `--tile auto` runs 32-row tiles while a pass routes at most this many entries per expert
 /// on average (a short prompt, a cached conversation's new turn: most tiles hold a few rows,
-/// and the weight stream is all that counts; docs/perf.md, run 155).
-pub const AUTO_TILE32_ROWS_PER_EXPERT: usize = 8;
+/// and the weight stream is all that counts). docs/perf.md, run 155, gpt-oss-120b MoE against
+/// the 64-row tile: 1.2 entries an expert 28.5 against 38.9 ms, 4: 39.6 / 52.8, 8: 41.5 /
+/// 56.5, 16: 44.3 / 58.6, 32: 63.9 / 63.9; at 64, 109.6 against 97.9.
+pub const AUTO_TILE32_ROWS_PER_EXPERT: usize = 32;
 
 impl MoeTile {
     /// Token rows (entries) per tile: the segment cut of `moe_group`; for `Auto` the smallest
@@ -339,10 +341,10 @@ mod tests {
         assert_eq!(MoeTile::Auto.for_pass(2048 * 4 + 1, 128), MoeTile::T128x128);
         assert_eq!(MoeTile::Auto.for_pass(6144 * 4, 128), MoeTile::T128x128);
         assert_eq!(MoeTile::Auto.for_pass(2048 * 4, 32), MoeTile::T128x128);
-        // A cached turn's 38 new tokens route about 1.2 an expert; 256 tokens route 8.
+        // A cached turn's 38 new tokens route about 1.2 an expert; 1024 tokens route 32.
         assert_eq!(MoeTile::Auto.for_pass(38 * 4, 128), MoeTile::T32x128);
-        assert_eq!(MoeTile::Auto.for_pass(256 * 4, 128), MoeTile::T32x128);
-        assert_eq!(MoeTile::Auto.for_pass(256 * 4 + 1, 128), MoeTile::T64x128);
+        assert_eq!(MoeTile::Auto.for_pass(1024 * 4, 128), MoeTile::T32x128);
+        assert_eq!(MoeTile::Auto.for_pass(1024 * 4 + 1, 128), MoeTile::T64x128);
         assert_eq!(MoeTile::Auto.for_pass(1, 0), MoeTile::T32x128);
         // Fixed tiles stay; the tile list is sized for the smallest tile under auto.
         assert_eq!(MoeTile::T128x128.for_pass(4, 128), MoeTile::T128x128);

@@ -491,18 +491,19 @@ pub fn router(
     )
 }
 
-/// Environment switch of the prefill router: `auto` (the default: [`PrefillRouter::for_rows`]),
-/// `rows` (always [`router_rows`]) or `gemv` (always the decode router over every prompt row),
-/// for A/B timing.
+/// Environment switch of the prefill router: `rows` (the default: always [`router_rows`]),
+/// `gemv` (always the decode router over every prompt row) or `auto`
+/// ([`PrefillRouter::rows_kernel`]: the GEMV for passes of few rows, quicker there but not
+/// the same sums, so a prompt's routing then depends on what else shares its pass).
 pub const PREFILL_ROUTER_ENV: &str = "MXTUNE_PREFILL_ROUTER";
 
 /// Which router a prefill pass runs ([`PREFILL_ROUTER_ENV`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PrefillRouter {
+    /// Always [`router_rows`]: a row's logits the same bits in any pass.
+    Rows,
     /// [`router_rows`] for passes of many rows, the decode router's GEMV for few.
     Auto,
-    /// Always [`router_rows`].
-    Rows,
     /// Always [`router`].
     Gemv,
 }
@@ -510,8 +511,9 @@ pub enum PrefillRouter {
 /// Fewest rows a prefill pass routes through [`router_rows`] under [`PrefillRouter::Auto`]:
 /// its blocks take 16 rows each and walk the whole hidden size, so a pass of fewer rows
 /// leaves most SMs idle and the decode GEMV (4 rows a block row, every expert row a block)
-/// is the quicker (docs/perf.md, run 154).
-pub const ROUTER_ROWS_FROM: usize = 256;
+/// is the quicker (docs/perf.md, runs 154–155, 120b: 38 rows 3.73 → 0.88 ms; 512 rows 3.75
+/// against 5.41; the crossing near 350).
+pub const ROUTER_ROWS_FROM: usize = 352;
 
 impl PrefillRouter {
     /// From [`PREFILL_ROUTER_ENV`]; a bad value is an error naming it.
@@ -519,8 +521,8 @@ impl PrefillRouter {
         env_choice(
             PREFILL_ROUTER_ENV,
             &[
-                ("auto", Self::Auto),
                 ("rows", Self::Rows),
+                ("auto", Self::Auto),
                 ("gemv", Self::Gemv),
             ],
         )
@@ -2817,14 +2819,18 @@ pub const SPLIT_MAX: usize = 16;
 pub const SPLIT_MIN_STEPS: usize = 8;
 
 /// Environment switch of the split passes of few-row prefills (the dense GEMMs' K loop and
-/// the attention's keys): `auto` (the default: split where the grid alone leaves SMs idle,
-/// [`split_count`]) or `off` (never; for A/B timing).
+/// the attention's keys): `off` (the default) or `auto` (split where the grid alone leaves
+/// SMs idle, [`split_count`]). A split sums in another order, and how many splits a pass
+/// takes depends on all its rows, so under `auto` a prompt prefilled beside others is no
+/// longer the same bits as alone (the selftest's one-pass check then fails by design). A
+/// cached conversation's new turn of 38 tokens at depth 4 173 prefills in 33.6 ms against
+/// 42.0 (docs/perf.md, run 155).
 pub const PREFILL_SPLIT_ENV: &str = "MXTUNE_PREFILL_SPLIT";
 
 /// Whether few-row prefill passes may split ([`PREFILL_SPLIT_ENV`]); a bad value is an error
 /// naming it.
 pub fn prefill_split_from_env() -> Result<bool> {
-    env_choice(PREFILL_SPLIT_ENV, &[("auto", true), ("off", false)])
+    env_choice(PREFILL_SPLIT_ENV, &[("off", false), ("auto", true)])
 }
 
 /// Ways to cut the serial loop of a launch of `blocks` blocks, each `steps` steps long, on
@@ -3154,22 +3160,25 @@ mod tests {
         assert_eq!(attn_splits(s, 132, 38, 3, 144, Some(sp)), 1);
     }
 
-    /// `auto` takes the GEMV router for few rows and `router_rows` for many.
+    /// `auto` takes the GEMV router for few rows and `router_rows` for many; the default
+    /// (`rows`) always `router_rows`; the default split is off.
     #[test]
     fn the_prefill_router_follows_the_pass_size() {
         let r = PrefillRouter::Auto;
         assert!(!r.rows_kernel(38) && !r.rows_kernel(ROUTER_ROWS_FROM - 1));
         assert!(r.rows_kernel(ROUTER_ROWS_FROM) && r.rows_kernel(2048));
         assert!(PrefillRouter::Rows.rows_kernel(1) && !PrefillRouter::Gemv.rows_kernel(4096));
-        let e = choice(
-            PREFILL_ROUTER_ENV,
-            "fast",
-            &[("auto", PrefillRouter::Auto), ("rows", PrefillRouter::Rows)],
-        )
-        .unwrap_err()
-        .to_string();
+        let routers = [("rows", PrefillRouter::Rows), ("auto", PrefillRouter::Auto)];
+        assert_eq!(
+            choice(PREFILL_ROUTER_ENV, "", &routers).unwrap(),
+            PrefillRouter::Rows
+        );
+        assert!(!choice(PREFILL_SPLIT_ENV, "", &[("off", false), ("auto", true)]).unwrap());
+        let e = choice(PREFILL_ROUTER_ENV, "fast", &routers)
+            .unwrap_err()
+            .to_string();
         assert!(
-            e.contains("MXTUNE_PREFILL_ROUTER=fast") && e.contains("auto, rows"),
+            e.contains("MXTUNE_PREFILL_ROUTER=fast") && e.contains("rows, auto"),
             "{e}"
         );
     }

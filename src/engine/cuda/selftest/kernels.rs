@@ -1553,7 +1553,8 @@ fn check_moe_grouped(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
         };
         let c = MoeCase::new(g, s, e, sh, t, |s| skewed_routing(s, t, e, k, 4, 1))?;
         let want = c.want(&r::round_bf16(&c.x), true);
-        // Both tiles and both tile kernels on the same inputs; the 64-row register-B check
+        let mut by_tile = Vec::new();
+        // Every tile and both tile kernels on the same inputs; the 64-row register-B check
         // keeps the old name.
         for kernels in [ops::GroupedKernels::Registers, ops::GroupedKernels::Shared] {
             for tile in [
@@ -1602,14 +1603,34 @@ fn check_moe_grouped(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
                 // The SwiGLU output is rounded to bf16 on both sides, but from fp32 (GPU) vs
                 // f64 (reference) sums: a value near a rounding boundary may land one bf16 ulp
                 // apart.
+                let got = g.download(&dy)?;
                 res.push(check(
                     format!(
                         "moe grouped mxfp4 mma{tile_label}{kernel_label} E={e} H={hidden} I={inter} k={k} t={t}"
                     ),
-                    rel_err(&g.download(&dy)?, &want),
+                    rel_err(&got, &want),
                     1e-3,
                 ));
+                if kernels == ops::GroupedKernels::Registers {
+                    by_tile.push((tile, got));
+                }
             }
+        }
+        // Every register-B tile height sums each entry in the same order: the same bits, so a
+        // prompt's MoE does not depend on which tile its pass picks.
+        if let Some((_, base)) = by_tile.iter().find(|(t, _)| *t == MoeTile::T64x128) {
+            let worst = by_tile
+                .iter()
+                .map(|(_, y)| bits_apart(y, base))
+                .fold(0.0, f64::max);
+            res.push(check(
+                format!(
+                    "moe grouped register-B tiles 32/64/128/auto bit-identical E={e} H={hidden} \
+                     I={inter} k={k} t={t}"
+                ),
+                worst,
+                0.0,
+            ));
         }
     }
     Ok(res)
