@@ -128,8 +128,9 @@ struct PrefillBufs {
     out_rows: CudaSlice<u32>,
     /// The tensor-core prefill attention's row tiles of the chunk ([`ops::prefill_attn_tiles`]).
     attn_tiles: CudaSlice<u32>,
-    /// Partial sums of the split passes (`ops::split_count`): [`split_floats`] floats.
-    split: CudaSlice<f32>,
+    /// Partial sums of the split passes (`ops::split_count`), [`split_floats`] floats; only
+    /// under `MXTUNE_PREFILL_SPLIT=auto`.
+    split: Option<CudaSlice<f32>>,
 }
 
 /// Row-splits the split scratch holds: a pass splits only while its rows times its splits
@@ -148,7 +149,13 @@ fn split_floats(c: &ModelConfig) -> usize {
 }
 
 impl PrefillBufs {
-    fn new(g: &Gpu, c: &ModelConfig, cap: usize, max_batch: usize, tile: MoeTile) -> Result<Self> {
+    fn new(
+        g: &Gpu,
+        c: &ModelConfig,
+        cap: usize,
+        max_batch: usize,
+        (tile, split): (MoeTile, bool),
+    ) -> Result<Self> {
         let (e, k) = (c.num_local_experts, c.num_experts_per_tok);
         Ok(Self {
             cap,
@@ -158,7 +165,11 @@ impl PrefillBufs {
             ntiles: g.alloc(1)?,
             out_rows: g.alloc(max_batch)?,
             attn_tiles: g.alloc(2 * cap)?,
-            split: g.alloc(split_floats(c))?,
+            split: if split {
+                Some(g.alloc(split_floats(c))?)
+            } else {
+                None
+            },
         })
     }
 }
@@ -432,7 +443,7 @@ impl Decoder {
             &self.cfg,
             rows,
             self.max_batch,
-            self.opts.tile,
+            (self.opts.tile, self.prefill_split),
         )?);
         self.prefill_rows = rows;
         Ok(())
@@ -900,7 +911,13 @@ impl Decoder {
         // the buffers, and the next prompt allocates them again.
         let mut b = match self.pre.take() {
             Some(b) if b.cap >= cap => b,
-            _ => PrefillBufs::new(g, &self.cfg, cap, self.max_batch, self.opts.tile)?,
+            _ => PrefillBufs::new(
+                g,
+                &self.cfg,
+                cap,
+                self.max_batch,
+                (self.opts.tile, self.prefill_split),
+            )?,
         };
         let hid = self.cfg.hidden_size;
         let mut done = 0usize;
@@ -982,9 +999,9 @@ impl Decoder {
         // calls; a shape where it is too small keeps the fp32-input GEMM.
         let fits = 2 * c.num_experts_per_tok * hid >= hid.max(hq * d);
         let gemm_scratch = (self.prefill_gemm_cp && fits).then(|| p(&r.part));
-        let split = self.prefill_split.then(|| ops::SplitScratch {
-            ptr: p(&b.split),
-            floats: b.split.len(),
+        let split = b.split.as_ref().map(|s| ops::SplitScratch {
+            ptr: p(s),
+            floats: s.len(),
         });
         mark("start")?;
         ops::embed(g, g.ptr(&self.w.embed), g.ptr(&r.tokens), p(&r.x), hid, n)?;

@@ -1218,10 +1218,31 @@ fn check_gemm(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
         let c = DenseCase::new(g, s, n, k, m, bias, acc)?;
         let want = c.want(&r::round_bf16(&c.x));
         // `gemm_bf16_tc` (no scratch), then `gemm_bf16_cp` on the activations rounded by
-        // rows_bf16: the same products in the same order, so the same bits.
+        // rows_bf16: the same products in the same order, so the same bits; then, where the
+        // grid leaves SMs idle, `gemm_bf16_cp` with its K loop split.
         let xb = g.alloc::<u16>(m * k)?;
+        let floats = ops::SPLIT_MAX * m * n;
+        let part = nan_f32(g, floats)?;
+        let splits = ops::split_count(
+            n.div_ceil(128) * m.div_ceil(128),
+            k / 32,
+            g.sms(),
+            m * n,
+            floats,
+        );
+        let split = ops::SplitScratch {
+            ptr: g.ptr(&part),
+            floats,
+        };
+        let mut runs = vec![
+            ("gemm_bf16_tc", None, None),
+            ("gemm_bf16_cp", Some(g.ptr(&xb)), None),
+        ];
+        if splits > 1 {
+            runs.push(("gemm_bf16_cp", Some(g.ptr(&xb)), Some(split)));
+        }
         let mut outs = Vec::new();
-        for (name, scratch) in [("gemm_bf16_tc", None), ("gemm_bf16_cp", Some(g.ptr(&xb)))] {
+        for (name, scratch, split) in runs {
             let dy = c.out(g)?;
             ops::dense_gemm(
                 g,
@@ -1234,11 +1255,15 @@ fn check_gemm(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
                 k,
                 acc,
                 scratch,
-                None,
+                split,
             )?;
             let got = g.download(&dy)?;
+            let how = match split {
+                Some(_) => format!(" K in {splits} splits"),
+                None => String::new(),
+            };
             res.push(check(
-                format!("{name} {m}x{n}x{k} bias={bias} acc={acc}"),
+                format!("{name} {m}x{n}x{k} bias={bias} acc={acc}{how}"),
                 rel_err(&got, &want),
                 1e-5,
             ));
@@ -1249,40 +1274,6 @@ fn check_gemm(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
             bits_apart(&outs[1], &outs[0]),
             0.0,
         ));
-        // The same product with its K loop split where the grid leaves SMs idle.
-        let floats = ops::SPLIT_MAX * m * n;
-        let splits = ops::split_count(
-            n.div_ceil(128) * m.div_ceil(128),
-            k / 32,
-            g.sms(),
-            m * n,
-            floats,
-        );
-        if splits > 1 {
-            let part = nan_f32(g, floats)?;
-            let dy = c.out(g)?;
-            ops::dense_gemm(
-                g,
-                ops::DenseW::Bf16(g.ptr(&c.dw)),
-                c.bias_ptr(g),
-                g.ptr(&c.dx),
-                g.ptr(&dy),
-                m,
-                n,
-                k,
-                acc,
-                Some(g.ptr(&xb)),
-                Some(ops::SplitScratch {
-                    ptr: g.ptr(&part),
-                    floats,
-                }),
-            )?;
-            res.push(check(
-                format!("gemm_bf16_cp {m}x{n}x{k} bias={bias} acc={acc} K in {splits} splits"),
-                rel_err(&g.download(&dy)?, &want),
-                1e-5,
-            ));
-        }
     }
     Ok(res)
 }
