@@ -2845,13 +2845,16 @@ pub fn split_count(
     split_floats: usize,
     scratch_floats: usize,
 ) -> usize {
+    if steps == 0 {
+        return 1;
+    }
     let want = (2 * sms).div_ceil(blocks.max(1));
     let splits = want
         .min(steps / SPLIT_MIN_STEPS)
         .min(scratch_floats / split_floats.max(1))
         .clamp(1, SPLIT_MAX);
     // Even shares: no split left empty.
-    steps.div_ceil(steps.div_ceil(splits)).max(1)
+    steps.div_ceil(steps.div_ceil(splits))
 }
 
 /// The prefill GEMM of a dense projection in whichever format its weights are ([`gemm`] or
@@ -3143,8 +3146,10 @@ mod tests {
         assert_eq!(split_count(40, 7, 132, 1, big), 1);
         assert_eq!(split_count(40, 90, 132, 1000, 1999), 1);
         assert_eq!(split_count(40, 90, 132, 1000, 3000), 3);
-        // Never past SPLIT_MAX.
+        // Never past SPLIT_MAX; no steps, no split.
         assert_eq!(split_count(1, 10_000, 132, 1, big), SPLIT_MAX);
+        assert_eq!(split_count(1, 0, 132, 1, big), 1);
+        assert_eq!(split_count(0, 90, 0, 0, 0), 1);
         // Attention: 3 tiles of 8 KV heads over 4 173 keys (66 key tiles).
         let s = AttnShape {
             hq: 64,
