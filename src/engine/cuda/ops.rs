@@ -2568,12 +2568,14 @@ pub fn gemm(
         n,
         k,
         accumulate,
+        (&[], 1),
     )
 }
 
 /// Launch a tensor-core prefill GEMM (`gemm_bf16_tc`, `gemm_mxfp4_tc`, `gemm_bf16_cp`):
 /// `tile` is (kernel, rows per block, dynamic shared bytes); `weights` are the kernel's weight
-/// arguments, which come between x and the bias. `k` must be a multiple of the stage.
+/// arguments, which come between x and the bias; `tail` (arguments after `accumulate`, grid
+/// z) is `(&[], 1)` but for a split `gemm_bf16_cp`. `k` must be a multiple of the stage.
 #[allow(clippy::too_many_arguments)]
 fn tc_gemm_launch(
     g: &Gpu,
@@ -2586,6 +2588,7 @@ fn tc_gemm_launch(
     n: usize,
     k: usize,
     accumulate: bool,
+    (tail, z): (&[Arg], usize),
 ) -> Result<()> {
     let (kernel, rows, smem) = tile;
     ensure!(
@@ -2603,9 +2606,10 @@ fn tc_gemm_launch(
         i(k)?,
         Arg::I32(accumulate as i32),
     ]);
+    args.extend_from_slice(tail);
     g.launch(
         kernel,
-        (u(n.div_ceil(TC_BN))?, u(m.div_ceil(rows))?, 1),
+        (u(n.div_ceil(TC_BN))?, u(m.div_ceil(rows))?, u(z)?),
         (256, 1, 1),
         u(smem)?,
         &args,
@@ -2750,6 +2754,7 @@ pub fn gemm_mxfp4(
         n,
         k,
         accumulate,
+        (&[], 1),
     )
 }
 
@@ -2879,10 +2884,6 @@ pub fn dense_gemm(
     match w {
         DenseW::Bf16(p) => match scratch {
             Some(xb) => {
-                ensure!(
-                    k.is_multiple_of(TC_BK),
-                    "GEMM inner size {k} is not a multiple of {TC_BK} (the tensor-core stage)"
-                );
                 rows_bf16(g, x, xb, m * k)?;
                 let blocks = n.div_ceil(TC_BN) * m.div_ceil(GCP_BM);
                 let stages = k / TC_BK;
@@ -2891,23 +2892,18 @@ pub fn dense_gemm(
                 });
                 let per = stages.div_ceil(splits);
                 let part = split.filter(|_| splits > 1).map_or(0, |sp| sp.ptr);
-                g.launch(
-                    "gemm_bf16_cp",
-                    (u(n.div_ceil(TC_BN))?, u(m.div_ceil(GCP_BM))?, u(splits)?),
-                    (256, 1, 1),
-                    u(GCP_SMEM)?,
-                    &[
-                        Arg::Ptr(xb),
-                        Arg::Ptr(p),
-                        opt(bias),
-                        Arg::Ptr(y),
-                        i(m)?,
-                        i(n)?,
-                        i(k)?,
-                        Arg::I32(accumulate as i32),
-                        Arg::Ptr(part),
-                        i(per)?,
-                    ],
+                tc_gemm_launch(
+                    g,
+                    ("gemm_bf16_cp", GCP_BM, GCP_SMEM),
+                    &[Arg::Ptr(p)],
+                    bias,
+                    xb,
+                    y,
+                    m,
+                    n,
+                    k,
+                    accumulate,
+                    (&[Arg::Ptr(part), i(per)?], splits),
                 )?;
                 if splits == 1 {
                     return Ok(());
