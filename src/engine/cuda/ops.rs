@@ -1617,8 +1617,8 @@ pub const MOE_UNITS_ENV: &str = "MXTUNE_MOE_UNITS";
 pub const MOE_MAX_UNITS: usize = 32;
 
 /// Fewest blocks per multiprocessor [`MoeUnits::for_batch`] leaves the decode MoE kernels
-/// below [`MOE_WIDE_FROM_BATCH`] rows, and from it.
-const MOE_MIN_BLOCKS_PER_SM: [usize; 2] = [8, 4];
+/// below [`MOE_WIDE_FROM_BATCH`] rows, and from it, in halves of a block (8 and 3.5).
+const MOE_MIN_HALF_BLOCKS_PER_SM: [usize; 2] = [16, 7];
 
 /// Batch size from which [`MoeUnits::for_batch`] gives warps more units (fewer blocks).
 const MOE_WIDE_FROM_BATCH: usize = 4;
@@ -1701,11 +1701,13 @@ impl MoeUnits {
     ///   tail (gpt-oss-120b on the H100: 6/3 at batch 1, +4 % over 1/1, docs/perf.md run 86,
     ///   still the best of six with the fp16 dot, runs 103 and 106; 8/6 at batch 2, +7 % over
     ///   4/2, run 107);
-    /// * otherwise the most units (powers of two) that still give `t` rows enough blocks:
-    ///   below batch 4 at least 8 blocks per multiprocessor and at most 8 units (run 42), from
-    ///   batch 4 at least 4 blocks and at most 16 units (with the fp16 dot on the H100: 8/4,
-    ///   16/8 and 16/16 at batch 4, 8 and 16, +5.3 / +2.7 / +1.8 % over 8 blocks and 8 units,
-    ///   runs 106–107), and where that is one unit a warp with the slots possible, the
+    /// * otherwise the most units that still give `t` rows enough blocks: below batch 4 a
+    ///   power of two, at most 8, leaving at least 8 blocks per multiprocessor (run 42); from
+    ///   batch 4 any count up to 16 leaving at least 3.5 blocks (gpt-oss-120b on the H100,
+    ///   against the powers of two of at least 4 blocks: 12/6 at batch 4, 15/7 at 5, 16/9 at
+    ///   6, 16/12 at 8 gained 1.1–1.3, 3.3–4.4, 0.7–1.3 and 0.7–0.8 %, and 16/10 at 7, next to
+    ///   the rule's 16/11, 0.6–0.7 %, docs/perf.md runs 164–166; down gains most, its blocks
+    ///   fewer and longer); and where that is one unit a warp with the slots possible, the
     ///   one-wave rule above.
     pub fn for_batch(
         sms: usize,
@@ -1718,7 +1720,8 @@ impl MoeUnits {
             return Self::new(gate_up, down, lp);
         }
         let wide = usize::from(t >= MOE_WIDE_FROM_BATCH);
-        let (min_blocks, max_units) = (MOE_MIN_BLOCKS_PER_SM[wide], MOE_AUTO_MAX_UNITS[wide]);
+        let (min_half_blocks, max_units) =
+            (MOE_MIN_HALF_BLOCKS_PER_SM[wide], MOE_AUTO_MAX_UNITS[wide]);
         // units_total: the kernel's units (a block's 8 warps take 8 u of them); width: the
         // length of the rows the kernel reads.
         let pick = |units_total: usize, width: usize| {
@@ -1732,10 +1735,17 @@ impl MoeUnits {
             if slots && wide == 0 {
                 return one_wave();
             }
-            let mut u = 1;
-            while u < max_units && units_total.div_ceil(8 * 2 * u) * s.k * t >= min_blocks * sms {
-                u *= 2;
-            }
+            let enough =
+                |u: usize| 2 * units_total.div_ceil(8 * u) * s.k * t >= min_half_blocks * sms;
+            let u = if wide == 1 {
+                (1..=max_units).rev().find(|&u| enough(u)).unwrap_or(1)
+            } else {
+                let mut u = 1;
+                while u < max_units && enough(2 * u) {
+                    u *= 2;
+                }
+                u
+            };
             if u == 1 && slots { one_wave() } else { u }
         };
         Self::new(
@@ -3448,8 +3458,13 @@ mod tests {
         assert_eq!(pick(1, MoeLoop::Items), (1, 1, false, false));
         assert_eq!(pick(2, MoeLoop::Auto), (8, 6, true, true));
         assert_eq!(pick(3, MoeLoop::Auto), (8, 8, true, true));
-        assert_eq!(pick(4, MoeLoop::Auto), (8, 4, true, true));
-        assert_eq!(pick(8, MoeLoop::Auto), (16, 8, true, true));
+        // From batch 4 the most units leaving 3.5 blocks per SM: 480 gate_up blocks of 12
+        // units and 480 down blocks of 6 at batch 4 (the next count up, 448, is too few).
+        assert_eq!(pick(4, MoeLoop::Auto), (12, 6, true, true));
+        assert_eq!(pick(5, MoeLoop::Auto), (15, 7, true, true));
+        assert_eq!(pick(6, MoeLoop::Auto), (16, 9, true, true));
+        assert_eq!(pick(7, MoeLoop::Auto), (16, 11, true, true));
+        assert_eq!(pick(8, MoeLoop::Auto), (16, 12, true, true));
         assert_eq!(pick(16, MoeLoop::Auto), (16, 16, true, true));
         // Rows too long for the slots: the items loop and its units.
         let wide = MoeShape {
