@@ -5,8 +5,6 @@
 // Keys seen by a query at position p: [lo, p] with lo = max(0, p + 1 - window) when window > 0.
 // Head dims up to 128 in multiples of 32: lane holds the dpl = d / 32 consecutive dims lane * dpl...
 #define ATTN_WARPS 4
-// Most splits a row's keys take (the combine's weights fit one shared array of them).
-#define ATTN_MAX_SPLITS 64
 #define ATTN_MAX_DPL 4
 // attn_split keeps scores in log2 units (q pre-scaled by log2 e) and hands back natural ones.
 #define ATTN_LOG2E 1.4426950408889634f
@@ -652,75 +650,15 @@ __device__ __forceinline__ void gqa_tc_split(const float* __restrict__ q, const 
     }
 }
 
-// The combine of attn_combine inside the split kernel: every block of a (row t, KV head) pair
-// counts itself on cnt[t * hkv + kvh] once its partials are written, and the last of the
-// nsplit to arrive (it resets the counter) merges them for the group's G heads into out: the
-// same weights exp(m_s - max) (the sink in the maximum and once in the denominator), each
-// head's sum of l_s f_s over one warp, each dim's sum over the splits in split order —
-// deterministic whichever block finishes last, and no combine launch. Whole block must call
-// it (an empty split's block too).
-__device__ __forceinline__ void attn_last_combine(const float* __restrict__ part_m,
-                                                  const float* __restrict__ part_l,
-                                                  const float* __restrict__ part_acc,
-                                                  const bf16_t* __restrict__ sinks,
-                                                  float* __restrict__ out, unsigned* __restrict__ cnt,
-                                                  int hq, int hkv, int d, int kvh, int nsplit, int t) {
-    __shared__ unsigned last_s;
-    __shared__ float wsm[ATC_WARPS][ATTN_MAX_SPLITS];
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        unsigned* c = cnt + (size_t)t * hkv + kvh;
-        const unsigned last = atomicAdd(c, 1u) == (unsigned)nsplit - 1u;
-        if (last) *c = 0u;
-        last_s = last;
-    }
-    __syncthreads();
-    if (!last_s) return;
-    __threadfence();
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, G = hq / hkv;
-    for (int g = warp; g < G; g += ATC_WARPS) {
-        const int h = kvh * G + g;
-        const size_t base = ((size_t)t * hq + h) * nsplit;
-        const float sink = sinks ? bf2f(sinks[h]) : -INFINITY;
-        float mm = sink;
-        for (int s = lane; s < nsplit; s += 32) mm = fmaxf(mm, __ldcg(part_m + base + s));
-        mm = warp_max(mm);
-        float ll = 0.0f;
-        for (int s = lane; s < nsplit; s += 32) {
-            const float ms = __ldcg(part_m + base + s);
-            const float f = ms == -INFINITY ? 0.0f : expf(ms - mm);
-            wsm[warp][s] = f;
-            ll += __ldcg(part_l + base + s) * f;
-        }
-        ll = warp_sum(ll);
-        if (sinks) ll += expf(sink - mm);
-        __syncwarp();
-        // A split of weight 0 adds nothing; an empty one wrote no outputs, so it is not read.
-        for (int i = lane; i < d; i += 32) {
-            float a = 0.0f;
-            for (int s = 0; s < nsplit; ++s) {
-                const float f = wsm[warp][s];
-                if (f != 0.0f) a += __ldcg(part_acc + (base + s) * d + i) * f;
-            }
-            out[((size_t)t * hq + h) * d + i] = a / ll;
-        }
-        __syncwarp();  // wsm is written again for the warp's next head
-    }
-}
-
 // grid = (Hkv, nsplit, T), block = ATC_WARPS warps; kv is KV_BF16 or KV_FP8 (the host checks).
 // Dynamic shared memory: ATC_WARPS * (4 * ATC_KT * (d * element bytes + 16) + (fp8:
-// ATC_KT * (d + 8) * 2)) bytes (ops.rs gqa_tc_smem). With cnt (zeroed, hkv counters per row,
-// left zeroed) the last block of each (row, KV head) merges the splits into out itself
-// (attn_last_combine; sinks nullptr: no sink); without, attn_combine does it.
+// ATC_KT * (d + 8) * 2)) bytes (ops.rs gqa_tc_smem).
 extern "C" __global__ void __launch_bounds__(ATC_WARPS * 32)
 attn_split_gqa_tc(const float* __restrict__ q, const void* __restrict__ k_cache,
                   const void* __restrict__ v_cache, int kv, const unsigned* __restrict__ pos,
                   const unsigned long long* __restrict__ kv_off, float* __restrict__ part_m,
                   float* __restrict__ part_l, float* __restrict__ part_acc, int hq, int hkv, int d,
-                  int window, int min_split, float scale, const bf16_t* __restrict__ sinks,
-                  float* __restrict__ out, unsigned* __restrict__ cnt) {
+                  int window, int min_split, float scale) {
     pdl_enter();
     const u8* kc = static_cast<const u8*>(k_cache);
     const u8* vc = static_cast<const u8*>(v_cache);
@@ -730,9 +668,6 @@ attn_split_gqa_tc(const float* __restrict__ q, const void* __restrict__ k_cache,
     else
         gqa_tc_split<false>(q, kc, vc, pos, kv_off, part_m, part_l, part_acc, hq, hkv, d, window,
                             min_split, scale);
-    if (cnt)
-        attn_last_combine(part_m, part_l, part_acc, sinks, out, cnt, hq, hkv, d, blockIdx.x,
-                          gridDim.y, blockIdx.z);
 }
 
 // grid = (Hq, T), block = ATTN_COMBINE_THREADS; nsplit <= ATTN_MAX_SPLITS. Each split's
@@ -741,6 +676,7 @@ attn_split_gqa_tc(const float* __restrict__ q, const void* __restrict__ k_cache,
 // each other, and the slices are added in a fixed order. sinks == nullptr turns the sink off
 // (diagnostic only).
 #define ATTN_COMBINE_THREADS 256
+#define ATTN_MAX_SPLITS 64
 extern "C" __global__ void __launch_bounds__(ATTN_COMBINE_THREADS)
 attn_combine(const float* __restrict__ part_m, const float* __restrict__ part_l,
              const float* __restrict__ part_acc, const bf16_t* __restrict__ sinks,

@@ -810,23 +810,6 @@ pub struct AttnScratch {
     pub acc: u64,
     /// Capacity in (token, head, split) entries.
     pub entries: usize,
-    /// Completion counters of the tensor-core kernel's own combine (u32, zeroed, one per
-    /// (token, KV head), left zeroed), or 0 for none: then `attn_combine` merges the splits.
-    pub cnt: u64,
-    /// Capacity of `cnt` in counters.
-    pub cnt_len: usize,
-}
-
-/// Environment knob for A/B runs: `MXTUNE_ATTN_FUSED_COMBINE=0` merges the tensor-core
-/// attention's splits with its own `attn_combine` launch instead of in the split kernel's last
-/// block per (row, KV head).
-pub const ATTN_FUSED_COMBINE_ENV: &str = "MXTUNE_ATTN_FUSED_COMBINE";
-
-/// Whether the tensor-core decode attention merges its splits itself ([`ATTN_FUSED_COMBINE_ENV`];
-/// on unless 0).
-pub fn attn_fused_combine() -> Result<bool> {
-    static ON: std::sync::OnceLock<Result<bool, String>> = std::sync::OnceLock::new();
-    env_switch(&ON, ATTN_FUSED_COMBINE_ENV)
 }
 
 /// Contexts longer than this many keys run decode attention on `attn_split_gqa` (where the
@@ -1021,15 +1004,6 @@ pub fn attention(
         scratch.entries,
         t * s.hq * nsplit
     );
-    // The tensor-core kernel's last block per (row, KV head) merges the splits itself where
-    // the scratch has its counters: one launch a layer fewer.
-    let fused = kernel == AttnKernel::GqaTc && scratch.cnt != 0 && attn_fused_combine()?;
-    ensure!(
-        !fused || t * s.hkv <= scratch.cnt_len,
-        "attention scratch holds {} combine counters, {} needed",
-        scratch.cnt_len,
-        t * s.hkv
-    );
     // The GQA kernels read each key once for the query heads sharing it.
     let (name, heads, warps, smem) = match kernel {
         AttnKernel::Gqa => {
@@ -1059,40 +1033,29 @@ pub fn attention(
         }
         AttnKernel::PerHead => ("attn_split", s.hq, ATTN_WARPS, 0),
     };
-    let mut args = vec![
-        Arg::Ptr(q),
-        Arg::Ptr(k_cache),
-        Arg::Ptr(v_cache),
-        Arg::I32(kv.kernel_kind()),
-        Arg::Ptr(pos),
-        Arg::Ptr(kv_off),
-        Arg::Ptr(scratch.m),
-        Arg::Ptr(scratch.l),
-        Arg::Ptr(scratch.acc),
-        i(s.hq)?,
-        i(s.hkv)?,
-        i(s.d)?,
-        i(window)?,
-        i(min_split.max(1))?,
-        Arg::F32(scale),
-    ];
-    if kernel == AttnKernel::GqaTc {
-        args.extend([
-            opt(sinks),
-            Arg::Ptr(if fused { out } else { 0 }),
-            Arg::Ptr(if fused { scratch.cnt } else { 0 }),
-        ]);
-    }
     g.launch(
         name,
         (u(heads)?, u(nsplit)?, u(t)?),
         (warps * 32, 1, 1),
         u(smem)?,
-        &args,
+        &[
+            Arg::Ptr(q),
+            Arg::Ptr(k_cache),
+            Arg::Ptr(v_cache),
+            Arg::I32(kv.kernel_kind()),
+            Arg::Ptr(pos),
+            Arg::Ptr(kv_off),
+            Arg::Ptr(scratch.m),
+            Arg::Ptr(scratch.l),
+            Arg::Ptr(scratch.acc),
+            i(s.hq)?,
+            i(s.hkv)?,
+            i(s.d)?,
+            i(window)?,
+            i(min_split.max(1))?,
+            Arg::F32(scale),
+        ],
     )?;
-    if fused {
-        return Ok(());
-    }
     g.launch(
         "attn_combine",
         (u(s.hq)?, u(t)?, 1),

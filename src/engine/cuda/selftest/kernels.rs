@@ -427,30 +427,21 @@ struct AttnRows {
     ds: cudarc::driver::CudaSlice<u16>,
     scratch_bufs: [cudarc::driver::CudaSlice<f32>; 3],
     entries: usize,
-    /// The tensor-core kernel's combine counters (one per row and KV head).
-    cnt: cudarc::driver::CudaSlice<u32>,
 }
 
 impl AttnRows {
-    /// The scratch, with the combine counters (`fused`: the tensor-core kernel merges its
-    /// splits itself) or without (`attn_combine` does).
-    fn scratch(&self, g: &Gpu, fused: bool) -> AttnScratch {
+    fn scratch(&self, g: &Gpu) -> AttnScratch {
         AttnScratch {
             m: g.ptr(&self.scratch_bufs[0]),
             l: g.ptr(&self.scratch_bufs[1]),
             acc: g.ptr(&self.scratch_bufs[2]),
             entries: self.entries,
-            cnt: if fused { g.ptr(&self.cnt) } else { 0 },
-            cnt_len: self.pos.len() * self.sh.hkv,
         }
     }
 
     /// Decode (split-K) and prefill attention over `c` for one (window, sinks, splits) case:
     /// `nsplit` blocks per head share each row's keys, at least `min_split` each. Both against
-    /// the f64 reference on the values the cache holds (1e-5: summation order). The
-    /// tensor-core kernel both ways: merging its splits in its last block per (row, KV head)
-    /// — launched twice, the second checked, so a counter left non-zero would leave NaN
-    /// rows — and with `attn_combine`, the two within 1e-6 of each other.
+    /// the f64 reference on the values the cache holds (1e-5: summation order).
     #[allow(clippy::too_many_arguments)]
     fn check(
         &self,
@@ -462,38 +453,31 @@ impl AttnRows {
         nsplit: usize,
         min_split: usize,
         label: &str,
-    ) -> Result<Vec<Check>> {
+    ) -> Result<[Check; 2]> {
         let (sh, t) = (self.sh, self.pos.len());
         let scale = 1.0 / (sh.d as f64).sqrt();
         let sinks = sink_on.then(|| g.ptr(&self.ds));
-        let decode = |fused: bool| -> Result<Vec<f32>> {
-            let dout = nan_f32(g, t * sh.hq * sh.d)?;
-            ops::attention(
-                g,
-                sh,
-                g.ptr(&self.dq),
-                g.ptr(&c.dk),
-                g.ptr(&c.dv),
-                c.kv,
-                g.ptr(&self.dpos),
-                g.ptr(&self.doff),
-                sinks,
-                g.ptr(&dout),
-                &self.scratch(g, fused),
-                t,
-                window,
-                kernel,
-                nsplit,
-                min_split,
-                scale as f32,
-            )?;
-            g.download(&dout)
-        };
-        let tc = kernel == ops::AttnKernel::GqaTc && ops::attn_fused_combine()?;
-        if tc {
-            decode(true)?;
-        }
-        let got = decode(tc)?;
+        let dout = nan_f32(g, t * sh.hq * sh.d)?;
+        ops::attention(
+            g,
+            sh,
+            g.ptr(&self.dq),
+            g.ptr(&c.dk),
+            g.ptr(&c.dv),
+            c.kv,
+            g.ptr(&self.dpos),
+            g.ptr(&self.doff),
+            sinks,
+            g.ptr(&dout),
+            &self.scratch(g),
+            t,
+            window,
+            kernel,
+            nsplit,
+            min_split,
+            scale as f32,
+        )?;
+        let got = g.download(&dout)?;
         let mut want = Vec::new();
         for ti in 0..t {
             let off = self.kv_off[ti] as usize;
@@ -511,28 +495,10 @@ impl AttnRows {
             ));
         }
         let kv = c.kv.name();
-        let mut res = Vec::new();
-        if tc {
-            res.push(check(
-                format!(
-                    "attention {label}GqaTc merged in-kernel against attn_combine \
-                     window={window} sinks={sink_on} splits={nsplit} kv={kv}"
-                ),
-                rel_err(
-                    &got,
-                    &decode(false)?
-                        .iter()
-                        .map(|&v| f64::from(v))
-                        .collect::<Vec<_>>(),
-                ),
-                1e-6,
-            ));
-        }
-        res.push(check(
+        let decode = check(
             format!(
-                "attention {label}{kernel:?}{} window={window} sinks={sink_on} splits={nsplit} \
-                 min_split={min_split} kv={kv}",
-                if tc { " (merged in-kernel)" } else { "" }
+                "attention {label}{kernel:?} window={window} sinks={sink_on} splits={nsplit} \
+                 min_split={min_split} kv={kv}"
             ),
             rel_err(&got, &want),
             // bf16 queries, probabilities and values on the tensor cores (as attn_prefill_tc).
@@ -541,7 +507,7 @@ impl AttnRows {
             } else {
                 1e-5
             },
-        ));
+        );
         // The prefill kernel on the same rows (one query row each, GQA group per block).
         let dout = nan_f32(g, t * sh.hq * sh.d)?;
         ops::attention_rows(
@@ -559,12 +525,12 @@ impl AttnRows {
             window,
             scale as f32,
         )?;
-        res.push(check(
+        let prefill = check(
             format!("attn_prefill {label}window={window} sinks={sink_on} kv={kv}"),
             rel_err(&g.download(&dout)?, &want),
             1e-5,
-        ));
-        Ok(res)
+        );
+        Ok([decode, prefill])
     }
 }
 
@@ -599,7 +565,6 @@ fn attn_inputs(
             g.alloc::<f32>(entries * sh.d)?,
         ],
         entries,
-        cnt: g.alloc::<u32>(t * sh.hkv)?,
         q,
         pos,
         kv_off,
