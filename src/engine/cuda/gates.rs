@@ -50,8 +50,8 @@ impl KvDtype {
 /// block (`--tile`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum MoeTile {
-    /// 32 × 128: only what `Auto` picks for a pass of few entries an expert (the user's
-    /// `--tile` takes 64x128, 128x128 or auto).
+    /// 32 × 128: what `Auto` picks for a pass of few entries an expert; the register-B
+    /// kernels only (the shared-memory ones run their 64-row tile instead).
     T32x128,
     /// 64 × 128.
     T64x128,

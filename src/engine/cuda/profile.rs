@@ -51,8 +51,8 @@ pub struct ProfileArgs {
     /// q8 or fp8 (8-bit per block of 32); the prefill's grouped MoE stays bf16.
     #[arg(long, value_enum, default_value = "bf16")]
     pub activation: Activation,
-    /// Tile of the grouped (prefill) MoE: auto (per prefill pass: 64x128 up to 64 routed rows
-    /// an expert, else 128x128), 64x128 or 128x128.
+    /// Tile of the grouped (prefill) MoE: auto (per prefill pass: 32x128 up to 32 routed rows
+    /// an expert, 64x128 up to 64, else 128x128), 32x128, 64x128 or 128x128.
     #[arg(long, value_enum, default_value = "auto")]
     pub tile: Tile,
     /// Also time a prefill of this many prompt tokens through the batched path, for each of
