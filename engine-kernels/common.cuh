@@ -266,6 +266,63 @@ __device__ __forceinline__ void fp4x8_to_f16x2(unsigned w, unsigned (&p)[4]) {
     p[3] = __byte_perm(hi, 0u, 0x3424);
 }
 
+// ---- The experts' fp16 layout (`ExpertLayout::F16` in ops.rs). Where the decode MoE runs its
+// fp16 dot, the experts' 32-bit words are rearranged once at load (`mxfp4_f16_layout`) so that
+// a word decodes to its four fp16 pairs in 8 operations instead of fp4x8_to_f16x2's 13. The
+// pairs are the same as fp4x8_to_f16x2's (p[j]: elements 2j low, 2j + 1 high) but scaled by
+// 2^-14: E2M1's bits s e1 e0 m placed at fp16 bits 15, 11, 10, 9 are exactly the value times
+// 2^-14 (e = 0 lands on fp16's subnormals, as it is E2M1's own subnormal), so each pair is its
+// word's bits under the mask 0x8E008E00. Pair 0 is the stored word itself, pairs 1-3 the XOR of
+// two of its rotations (by 4 and 7, 11, 14); the load-time transform is the inverse of that
+// map over GF(2) (ops.rs builds it from the same definition and checks it is one).
+#define F16L_MASK 0x8E008E00u
+__device__ __forceinline__ void fp4l_to_f16x2(unsigned w, unsigned (&p)[4]) {
+    const unsigned r4 = __funnelshift_l(w, w, 4), r7 = __funnelshift_l(w, w, 7);
+    const unsigned r11 = __funnelshift_l(w, w, 11), r14 = __funnelshift_l(w, w, 14);
+    p[0] = w & F16L_MASK;
+    p[1] = (r4 ^ r7) & F16L_MASK;
+    p[2] = (r4 ^ r11) & F16L_MASK;
+    p[3] = (r4 ^ r14) & F16L_MASK;
+}
+
+// An fp16 pair of exact small values (E2M1 times a power of two) as the bf16 pair of the same
+// values: widened to fp32 exactly and narrowed to bf16 exactly.
+__device__ __forceinline__ unsigned f16x2_to_bf16x2_exact(unsigned v) {
+    unsigned r;
+    asm("{.reg .f16 l, h;\n\t.reg .f32 fl, fh;\n\tmov.b32 {l, h}, %1;\n\tcvt.f32.f16 fl, l;\n\t"
+        "cvt.f32.f16 fh, h;\n\tcvt.rn.bf16x2.f32 %0, fh, fl;\n\t}"
+        : "=r"(r)
+        : "r"(v));
+    return r;
+}
+
+// fp4x8_to_bf16x2 for a word in the fp16 layout (the prefill's tensor-core tiles read the
+// experts in whichever layout the model holds): the fp16 pairs times 2^14 (exact), then bf16.
+// About 24 operations a word where fp4x8_to_bf16x2 takes 13; the prefill decodes each weight
+// once for a whole tile of rows.
+__device__ __forceinline__ void fp4l_to_bf16x2(unsigned w, unsigned (&p)[4]) {
+    unsigned h[4];
+    fp4l_to_f16x2(w, h);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        unsigned e;
+        // times 2^14 (0x7400), plus -0 so that a -0 stays -0 as fp4x8_to_bf16x2 gives it
+        asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(e) : "r"(h[j]), "r"(0x74007400u), "r"(0x80008000u));
+        p[j] = f16x2_to_bf16x2_exact(e);
+    }
+}
+
+// Eight MXFP4 elements as bf16 pairs from a word in the standard layout (LAYOUT_F16 false)
+// or the fp16 layout (true).
+template <bool LAYOUT_F16>
+__device__ __forceinline__ void fp4x8_to_bf16x2_l(unsigned w, unsigned (&p)[4]) {
+    if constexpr (LAYOUT_F16) {
+        fp4l_to_bf16x2(w, p);
+    } else {
+        fp4x8_to_bf16x2(w, p);
+    }
+}
+
 // UE8M0 byte -> 2^(s - 127) (s = 0: 2^-127) in two integer instructions.
 __device__ __forceinline__ float e8m0_fast(unsigned s) {
     return __uint_as_float(max(s << 23, 0x00400000u));
@@ -607,13 +664,14 @@ __device__ __forceinline__ void fp4_stage_load(const uint2* __restrict__ wq, con
 // converts 16 elements (8 bytes of the block) times the block's scale, as bf16 pairs
 // throughout. Exact: every MXFP4 value times a power of two is a bf16 number (outside the
 // extreme exponents).
+template <bool LAYOUT_F16 = false>
 __device__ __forceinline__ void fp4_stage_store(bf16_t* Bs, int row, int half, uint2 q, unsigned sc) {
     const unsigned s2 = e8m0_bf16x2(sc);
     unsigned o[8], p[4];
-    fp4x8_to_bf16x2(q.x, p);
+    fp4x8_to_bf16x2_l<LAYOUT_F16>(q.x, p);
 #pragma unroll
     for (int j = 0; j < 4; ++j) o[j] = bf16x2_mul(p[j], s2);
-    fp4x8_to_bf16x2(q.y, p);
+    fp4x8_to_bf16x2_l<LAYOUT_F16>(q.y, p);
 #pragma unroll
     for (int j = 0; j < 4; ++j) o[4 + j] = bf16x2_mul(p[j], s2);
     uint4* d = reinterpret_cast<uint4*>(Bs + row * TC_LD + 16 * half);

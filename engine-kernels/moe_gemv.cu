@@ -48,11 +48,14 @@ __device__ __forceinline__ float fp4_block_dot(uint4 q, const float* xs) {
 #define ACT8_PAD 48
 // The fp16 dot (ActF16): a group of 32 fp16 codes takes F16_PAD bytes (64 + 16 padding: the
 // 8 lanes of a phase reading group b at 80 b fall in distinct banks), then one fp32 scale per
-// group. Codes are x / D · F16_CODE_SCALE with |x / D| <= 1: a weight's product is at most
-// 6 · 256 and an fp16 accumulator of 16 of them at most 24 576, below fp16's 65 504, while
-// values down to 2^-22 of the group's amax stay normal fp16.
+// group. Codes are x / D · F16_CODE_SCALE with |x / D| <= 1 (at most 2^15, below fp16's
+// 65 504); the weights are read in the fp16 layout (fp4l_to_f16x2: E2M1 · 2^-14), so a product
+// is at most 6 · 2 and an fp16 accumulator of 16 of them at most 192; a code stays normal down
+// to 2^-29 of the group's amax. The stored scale carries the weights' 2^14 back:
+// D / F16_CODE_SCALE · F16_W_INV.
 #define F16_PAD 80
-#define F16_CODE_SCALE 256.0f
+#define F16_CODE_SCALE 32768.0f
+#define F16_W_INV 16384.0f
 
 // Largest code magnitude of each 8-bit format, and the smallest scale d quantized normally:
 // below it (amax < QMAX * 2^-126, or amax = 0) 1/d would overflow, and the group's codes are 0.
@@ -91,7 +94,8 @@ __device__ __forceinline__ unsigned e4m3_pack4(float a, float b, float c, float 
 // and stores one lane's 4 coded values.
 // * Q8Codes / E4M3Codes: d = amax / QMAX; 4 one-byte codes a lane; stored d / 2 (q8) or d.
 // * F16Codes: D = the smallest power of two >= amax (at least 2^-100), the values coded as the
-//   fp16 of x / D · F16_CODE_SCALE, 4 two-byte codes a lane; stored D / F16_CODE_SCALE. A NaN
+//   fp16 of x / D · F16_CODE_SCALE, 4 two-byte codes a lane; stored D / F16_CODE_SCALE ·
+//   F16_W_INV (the weights' fp16 layout decodes them times 2^-14). A NaN
 //   amax stores NaN and an infinite one infinity, so the output shows it.
 struct Q8Codes {
     static constexpr int PAD = ACT8_PAD, LANE_BYTES = 4;
@@ -124,7 +128,7 @@ struct F16Codes {
         float d = __uint_as_float((b + 0x007fffffu) & 0x7f800000u);
         d = fmaxf(d, 0x1p-100f);
         if (m != m) d = m;
-        stored = d * (1.0f / F16_CODE_SCALE);
+        stored = d * (F16_W_INV / F16_CODE_SCALE);
         inv = F16_CODE_SCALE / d;  // exact: powers of two (0 for an infinite D)
     }
     static __device__ __forceinline__ void store(u8* p, float4 x, float id) {
@@ -254,8 +258,8 @@ struct ActFp8 {
     }
 };
 
-// fp16 codes of x / D per group (F16Codes), dotted with the weights decoded to fp16 pairs
-// (fp4x8_to_f16x2) by fma.f16x2: two accumulators of 8 products per half (words 0-1 and 2-3),
+// fp16 codes of x / D per group (F16Codes), dotted with the weights (in the experts' fp16
+// layout) decoded to fp16 pairs (fp4l_to_f16x2) by fma.f16x2: two accumulators of 8 products per half (words 0-1 and 2-3),
 // added and widened to fp32 once per block. About half the instructions per weight of ActF32
 // (no widening of the weights to fp32, two products per instruction); fp16 products and sums
 // keep 11 significant bits where bf16 activations keep 8.
@@ -271,7 +275,7 @@ struct ActF16 {
         for (int wi = 0; wi < 4; ++wi) {
             const uint4 xa = a[wi];
             unsigned h[4];
-            fp4x8_to_f16x2(wq[wi], h);
+            fp4l_to_f16x2(wq[wi], h);
             unsigned& c = acc[wi >> 1];
             c = f16x2_fma(h[0], xa.x, c);
             c = f16x2_fma(h[1], xa.y, c);
@@ -297,7 +301,7 @@ __device__ __forceinline__ void f16_dot_n(uint4 q, const u8* sm, int stride, int
 #pragma unroll
     for (int wi = 0; wi < 4; ++wi) {
         unsigned h[4];
-        fp4x8_to_f16x2(wq[wi], h);
+        fp4l_to_f16x2(wq[wi], h);
 #pragma unroll
         for (int i = 0; i < NT; ++i) {
             const uint4 xa = reinterpret_cast<const uint4*>(sm + i * stride + b * F16_PAD)[wi];

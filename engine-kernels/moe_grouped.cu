@@ -42,7 +42,7 @@ extern "C" __global__ void moe_group(const int* __restrict__ idx, int total, int
 // most BM of them) times W_e's output rows n0 .. n0 + TC_BN (of `wrows`, each of K / 32 MXFP4
 // blocks) into acc. A row r of the tile is `a + (perm[r] / a_div) * K`; each thread stages a
 // quarter row of A for BM / 64 rows. False when the block has no tile.
-template <int BM>
+template <int BM, bool LF>
 __device__ __forceinline__ bool moe_tile_mma(const u8* __restrict__ blocks,
                                              const u8* __restrict__ scales,
                                              const float* __restrict__ a, int a_div,
@@ -83,7 +83,7 @@ __device__ __forceinline__ bool moe_tile_mma(const u8* __restrict__ blocks,
     auto store = [&](int s, int set) {
 #pragma unroll
         for (int j = 0; j < RA; ++j) tc_store_act(As[s], arow + 64 * j, aq, ar[set][j]);
-        fp4_stage_store(Bs[s], brow, bh, bq[set], bs[set]);
+        fp4_stage_store<LF>(Bs[s], brow, bh, bq[set], bs[set]);
     };
     tc_mainloop(nb, load, store, As, Bs, acc);
     return true;
@@ -101,14 +101,19 @@ __device__ __forceinline__ bool moe_tile_mma(const u8* __restrict__ blocks,
 #define MOE_GATE_UP_ARGS blocks, scales, bias, x, perm, tiles, ntiles, act, inter, hidden, k, limit, alpha
 
 template <int BM>
-__device__ __forceinline__ void moe_gate_up_tile(MOE_GATE_UP_PARAMS) {
-    __shared__ __align__(16) bf16_t As[2][BM * TC_LD];
-    __shared__ __align__(16) bf16_t Bs[2][TC_BN * TC_LD];
+struct TileSmem {
+    bf16_t a[2][BM * TC_LD];
+    bf16_t b[2][TC_BN * TC_LD];
+};
+template <int BM, bool LF>
+__device__ __forceinline__ void moe_gate_up_tile(MOE_GATE_UP_PARAMS, TileSmem<BM>& sm) {
+    auto& As = sm.a;
+    auto& Bs = sm.b;
     const int rows = 2 * inter;
     int e, first, end;
     float acc[BM / 32][4][4] = {};
-    if (!moe_tile_mma<BM>(blocks, scales, x, k, perm, tiles, ntiles, rows, hidden, e, first, end,
-                          acc, As, Bs))
+    if (!moe_tile_mma<BM, LF>(blocks, scales, x, k, perm, tiles, ntiles, rows, hidden, e, first,
+                              end, acc, As, Bs))
         return;
     const int n0 = blockIdx.x * TC_BN;
     tc_epilogue(acc, [&](int lr, int lc, float gv, float lv) {
@@ -153,14 +158,14 @@ __device__ __forceinline__ void moe_down_epilogue(const float (&acc)[MI][NI][4],
         float *__restrict__ part, int hidden, int inter
 #define MOE_DOWN_ARGS blocks, scales, bias, act, wts, perm, tiles, ntiles, part, hidden, inter
 
-template <int BM>
-__device__ __forceinline__ void moe_down_tile(MOE_DOWN_PARAMS) {
-    __shared__ __align__(16) bf16_t As[2][BM * TC_LD];
-    __shared__ __align__(16) bf16_t Bs[2][TC_BN * TC_LD];
+template <int BM, bool LF>
+__device__ __forceinline__ void moe_down_tile(MOE_DOWN_PARAMS, TileSmem<BM>& sm) {
+    auto& As = sm.a;
+    auto& Bs = sm.b;
     int e, first, end;
     float acc[BM / 32][4][4] = {};
-    if (!moe_tile_mma<BM>(blocks, scales, act, 1, perm, tiles, ntiles, hidden, inter, e, first,
-                          end, acc, As, Bs))
+    if (!moe_tile_mma<BM, LF>(blocks, scales, act, 1, perm, tiles, ntiles, hidden, inter, e,
+                              first, end, acc, As, Bs))
         return;
     moe_down_epilogue<4>(acc, bias, wts, perm, part, hidden, e, first, end);
 }
@@ -210,7 +215,7 @@ extern "C" __global__ void moe_act_bf16(const float* __restrict__ x, unsigned* _
 // `live` m16 fragments hold rows of the tile (a segment's last tile is mostly short): the
 // others' loads and MMAs are skipped, and a warp with none skips the stage. Each B fragment
 // dequantized serves MI MMAs, so the wider the warp's rows, the fewer decodes per MMA.
-template <int MI, int NI>
+template <int MI, int NI, bool LF>
 __device__ __forceinline__ void rb_stage(const bf16_t* As, const u8* Bq, int wm, int wn,
                                          int live, const unsigned (&e)[NI],
                                          float (&acc)[MI][NI][4]) {
@@ -229,7 +234,7 @@ __device__ __forceinline__ void rb_stage(const bf16_t* As, const u8* Bq, int wm,
 #pragma unroll
         for (int ni = 0; ni < NI; ++ni) {
             unsigned p[4];
-            fp4x8_to_bf16x2(h ? q[ni].y : q[ni].x, p);
+            fp4x8_to_bf16x2_l<LF>(h ? q[ni].y : q[ni].x, p);
 #pragma unroll
             for (int j = 0; j < 4; ++j) b[ni][j] = bf16x2_mul(p[j], s2[ni]);
         }
@@ -265,7 +270,7 @@ template <int BM, int WC>
 struct RbWarps {
     static constexpr int WR = 8 / WC, MI = BM / (16 * WR), NI = TC_BN / (8 * WC);
 };
-template <int BM, int NS, int WC>
+template <int BM, int NS, int WC, bool LF>
 __device__ __forceinline__ bool moe_tile_mma_rb(const u8* __restrict__ blocks,
                                                 const u8* __restrict__ scales,
                                                 const bf16_t* __restrict__ a, int a_div,
@@ -331,7 +336,7 @@ __device__ __forceinline__ bool moe_tile_mma_rb(const u8* __restrict__ blocks,
         cp_async_commit();
         unsigned scn[NI];
         if (s + 1 < stages) load_scales(s + 1, scn);
-        rb_stage<MI, NI>(sm.a[s % NS], sm.b[s % NS], wm, wn, live, sc, acc);
+        rb_stage<MI, NI, LF>(sm.a[s % NS], sm.b[s % NS], wm, wn, live, sc, acc);
 #pragma unroll
         for (int ni = 0; ni < NI; ++ni) sc[ni] = scn[ni];
     }
@@ -350,13 +355,12 @@ __device__ __forceinline__ bool moe_tile_mma_rb(const u8* __restrict__ blocks,
         float limit, float alpha
 #define MOE_GATE_UP_RB_ARGS blocks, scales, bias, xb, perm, tiles, ntiles, act, inter, hidden, k, limit, alpha
 
-template <int BM, int NS, int WC>
-__device__ __forceinline__ void moe_gate_up_rb_tile(MOE_GATE_UP_RB_PARAMS) {
-    __shared__ __align__(16) RbSmem<BM, NS> sm;
+template <int BM, int NS, int WC, bool LF>
+__device__ __forceinline__ void moe_gate_up_rb_tile(MOE_GATE_UP_RB_PARAMS, RbSmem<BM, NS>& sm) {
     const int rows = 2 * inter, ip = (inter + 63) & ~63;
     int e, first, end;
     float acc[RbWarps<BM, WC>::MI][RbWarps<BM, WC>::NI][4] = {};
-    if (!moe_tile_mma_rb<BM, NS, WC>(blocks, scales, xb, k, perm, tiles, ntiles, rows, hidden, e,
+    if (!moe_tile_mma_rb<BM, NS, WC, LF>(blocks, scales, xb, k, perm, tiles, ntiles, rows, hidden, e,
                                      first, end, acc, sm))
         return;
     const int n0 = blockIdx.x * TC_BN;
@@ -381,12 +385,11 @@ __device__ __forceinline__ void moe_gate_up_rb_tile(MOE_GATE_UP_RB_PARAMS) {
         float *__restrict__ part, int hidden, int inter
 #define MOE_DOWN_RB_ARGS blocks, scales, bias, act, wts, perm, tiles, ntiles, part, hidden, inter
 
-template <int BM, int NS, int WC>
-__device__ __forceinline__ void moe_down_rb_tile(MOE_DOWN_RB_PARAMS) {
-    __shared__ __align__(16) RbSmem<BM, NS> sm;
+template <int BM, int NS, int WC, bool LF>
+__device__ __forceinline__ void moe_down_rb_tile(MOE_DOWN_RB_PARAMS, RbSmem<BM, NS>& sm) {
     int e, first, end;
     float acc[RbWarps<BM, WC>::MI][RbWarps<BM, WC>::NI][4] = {};
-    if (!moe_tile_mma_rb<BM, NS, WC>(blocks, scales, act, 1, perm, tiles, ntiles, hidden, inter,
+    if (!moe_tile_mma_rb<BM, NS, WC, LF>(blocks, scales, act, 1, perm, tiles, ntiles, hidden, inter,
                                      e, first, end, acc, sm))
         return;
     moe_down_epilogue<WC>(acc, bias, wts, perm, part, hidden, e, first, end);
@@ -411,51 +414,58 @@ __device__ __forceinline__ void moe_down_rb_tile(MOE_DOWN_RB_PARAMS) {
 #ifndef RB32_MINB
 #define RB32_MINB 3
 #endif
-extern "C" __global__ void __launch_bounds__(256, RB32_MINB) moe_gate_up_rb_m32(MOE_GATE_UP_RB_PARAMS) {
-    pdl_enter();
-    moe_gate_up_rb_tile<32, RB_NS32, RB_WC>(MOE_GATE_UP_RB_ARGS);
-}
-extern "C" __global__ void __launch_bounds__(256, RB32_MINB) moe_down_rb_m32(MOE_DOWN_RB_PARAMS) {
-    pdl_enter();
-    moe_down_rb_tile<32, RB_NS32, RB_WC>(MOE_DOWN_RB_ARGS);
-}
-extern "C" __global__ void __launch_bounds__(256, TC_MINB) moe_gate_up_rb(MOE_GATE_UP_RB_PARAMS) {
-    pdl_enter();
-    moe_gate_up_rb_tile<TC_BM, RB_NS64, RB_WC>(MOE_GATE_UP_RB_ARGS);
-}
-extern "C" __global__ void __launch_bounds__(256, TC128_MINB) moe_gate_up_rb_m128(MOE_GATE_UP_RB_PARAMS) {
-    pdl_enter();
-    moe_gate_up_rb_tile<128, 2, RB_WC>(MOE_GATE_UP_RB_ARGS);
-}
-extern "C" __global__ void __launch_bounds__(256, TC_MINB) moe_down_rb(MOE_DOWN_RB_PARAMS) {
-    pdl_enter();
-    moe_down_rb_tile<TC_BM, RB_NS64, RB_WC>(MOE_DOWN_RB_ARGS);
-}
-extern "C" __global__ void __launch_bounds__(256, TC128_MINB) moe_down_rb_m128(MOE_DOWN_RB_PARAMS) {
-    pdl_enter();
-    moe_down_rb_tile<128, 2, RB_WC>(MOE_DOWN_RB_ARGS);
-}
+// The entry points take the experts' layout last (`lay`: 1 for the fp16 layout, ExpertLayout
+// in ops.rs); the shared memory is declared here, once for both instantiations.
+#define RB_ENTRY(name, minb, body, BM, NS, PARAMS, ARGS)                               \
+    extern "C" __global__ void __launch_bounds__(256, minb) name(PARAMS, int lay) {    \
+        pdl_enter();                                                                  \
+        __shared__ __align__(16) RbSmem<BM, NS> sm;                                   \
+        if (lay)                                                                      \
+            body<BM, NS, RB_WC, true>(ARGS, sm);                                      \
+        else                                                                          \
+            body<BM, NS, RB_WC, false>(ARGS, sm);                                     \
+    }
+RB_ENTRY(moe_gate_up_rb_m32, RB32_MINB, moe_gate_up_rb_tile, 32, RB_NS32, MOE_GATE_UP_RB_PARAMS, MOE_GATE_UP_RB_ARGS)
+RB_ENTRY(moe_down_rb_m32, RB32_MINB, moe_down_rb_tile, 32, RB_NS32, MOE_DOWN_RB_PARAMS, MOE_DOWN_RB_ARGS)
+RB_ENTRY(moe_gate_up_rb, TC_MINB, moe_gate_up_rb_tile, TC_BM, RB_NS64, MOE_GATE_UP_RB_PARAMS, MOE_GATE_UP_RB_ARGS)
+RB_ENTRY(moe_gate_up_rb_m128, TC128_MINB, moe_gate_up_rb_tile, 128, 2, MOE_GATE_UP_RB_PARAMS, MOE_GATE_UP_RB_ARGS)
+RB_ENTRY(moe_down_rb, TC_MINB, moe_down_rb_tile, TC_BM, RB_NS64, MOE_DOWN_RB_PARAMS, MOE_DOWN_RB_ARGS)
+RB_ENTRY(moe_down_rb_m128, TC128_MINB, moe_down_rb_tile, 128, 2, MOE_DOWN_RB_PARAMS, MOE_DOWN_RB_ARGS)
 
 // The entry points, one per tile height: TC_BM (64) rows, and `_m128` with 128 rows (the
 // `--tile 128x128` gate; moe_group must then cut the segments into tiles of 128). The 128-row
 // tile holds twice the accumulators (64 per thread): compiled for TC128_MINB blocks per SM.
-extern "C" __global__ void __launch_bounds__(256, TC_MINB) moe_gate_up_grouped(MOE_GATE_UP_PARAMS) {
+#define TILE_ENTRY(name, minb, body, BM, PARAMS, ARGS)                               \
+    extern "C" __global__ void __launch_bounds__(256, minb) name(PARAMS, int lay) {    \
+        pdl_enter();                                                                  \
+        __shared__ __align__(16) TileSmem<BM> sm;                                     \
+        if (lay)                                                                      \
+            body<BM, true>(ARGS, sm);                                                 \
+        else                                                                          \
+            body<BM, false>(ARGS, sm);                                                \
+    }
+TILE_ENTRY(moe_gate_up_grouped, TC_MINB, moe_gate_up_tile, TC_BM, MOE_GATE_UP_PARAMS, MOE_GATE_UP_ARGS)
+TILE_ENTRY(moe_gate_up_grouped_m128, TC128_MINB, moe_gate_up_tile, 128, MOE_GATE_UP_PARAMS, MOE_GATE_UP_ARGS)
+TILE_ENTRY(moe_down_grouped, TC_MINB, moe_down_tile, TC_BM, MOE_DOWN_PARAMS, MOE_DOWN_ARGS)
+TILE_ENTRY(moe_down_grouped_m128, TC128_MINB, moe_down_tile, 128, MOE_DOWN_PARAMS, MOE_DOWN_ARGS)
+
+// The experts' fp16 layout (fp4l_to_f16x2 in common.cuh), made in place once at load: stored
+// bit k of each 32-bit word is the parity of masks[k] & (the word in the standard layout).
+// masks: 32 words (ops.rs builds them as the inverse of the decode's map). Grid-stride.
+extern "C" __global__ void mxfp4_f16_layout(unsigned* __restrict__ w, unsigned long long n,
+                                            const unsigned* __restrict__ masks) {
     pdl_enter();
-    moe_gate_up_tile<TC_BM>(MOE_GATE_UP_ARGS);
-}
-extern "C" __global__ void __launch_bounds__(256, TC128_MINB)
-moe_gate_up_grouped_m128(MOE_GATE_UP_PARAMS) {
-    pdl_enter();
-    moe_gate_up_tile<128>(MOE_GATE_UP_ARGS);
-}
-extern "C" __global__ void __launch_bounds__(256, TC_MINB) moe_down_grouped(MOE_DOWN_PARAMS) {
-    pdl_enter();
-    moe_down_tile<TC_BM>(MOE_DOWN_ARGS);
-}
-extern "C" __global__ void __launch_bounds__(256, TC128_MINB)
-moe_down_grouped_m128(MOE_DOWN_PARAMS) {
-    pdl_enter();
-    moe_down_tile<128>(MOE_DOWN_ARGS);
+    __shared__ unsigned m[32];
+    if (threadIdx.x < 32) m[threadIdx.x] = masks[threadIdx.x];
+    __syncthreads();
+    for (unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x; i < n;
+         i += (unsigned long long)gridDim.x * blockDim.x) {
+        const unsigned v = w[i];
+        unsigned o = 0u;
+#pragma unroll
+        for (int k = 0; k < 32; ++k) o |= (__popc(m[k] & v) & 1u) << k;
+        w[i] = o;
+    }
 }
 
 // y[t, c] (+)= sum_s part[t * k + s, c], slots summed in order. grid = (ceil(H / 256), T).

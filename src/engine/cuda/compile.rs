@@ -127,6 +127,7 @@ pub const KERNEL_FILES: &[KernelFile] = &[
         "moe_grouped.cu",
         [
             "moe_group",
+            "mxfp4_f16_layout",
             "moe_gate_up_grouped",
             "moe_gate_up_grouped_m128",
             "moe_down_grouped",

@@ -369,6 +369,13 @@ impl Decoder {
             _ => ops::MoeDot::from_env()?,
         };
         let moe_codes = ops::MoeCodes::of(opts.activation, moe_dot);
+        // The experts in the layout the decode MoE reads (the tensor-core ones: standard).
+        let layout = if moe_tc || moe_f16 {
+            ops::ExpertLayout::Standard
+        } else {
+            ops::ExpertLayout::for_codes(moe_codes)
+        };
+        w.set_expert_layout(g, layout)?;
         let attn = ops::AttnTuning::from_env()?;
         let prefill_router = ops::PrefillRouter::from_env()?;
         let prefill_split = ops::prefill_split_from_env()?;
@@ -594,6 +601,7 @@ impl Decoder {
                 dn_blocks: g.ptr(&lw.dn_blocks),
                 dn_scales: g.ptr(&lw.dn_scales),
                 dn_bias: g.ptr(&lw.dn_bias),
+                layout: self.w.expert_layout,
             },
         }
     }

@@ -1334,6 +1334,149 @@ pub struct MoeWeights {
     pub dn_scales: u64,
     /// down bias bf16 [E, H].
     pub dn_bias: u64,
+    /// How the blocks' 32-bit words are laid out (both matrices).
+    pub layout: ExpertLayout,
+}
+
+/// The layout of the experts' MXFP4 blocks on the device.
+/// * `Standard`: as in the checkpoint (element i of a 32-bit word in bits 4i..4i+3).
+/// * `F16`: each 32-bit word rearranged once at load ([`expert_f16_layout`]) so that the
+///   decode MoE's fp16 dot decodes it into its four fp16 pairs (the values times 2^-14) in 8
+///   integer operations instead of 13 (`fp4l_to_f16x2` in common.cuh; docs/engine.md). The
+///   layout of the model whenever its decode MoE runs the fp16 dot ([`MoeCodes::F16`]): those
+///   kernels read only this layout, every other decode MoE kernel only `Standard`; the
+///   prefill's grouped MoE reads both.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExpertLayout {
+    Standard,
+    F16,
+}
+
+impl ExpertLayout {
+    /// The layout the decode MoE kernels of `codes` read.
+    pub fn for_codes(codes: MoeCodes) -> Self {
+        if codes == MoeCodes::F16 {
+            Self::F16
+        } else {
+            Self::Standard
+        }
+    }
+
+    /// An error unless the weights are in the layout `kernels` read.
+    fn expect(self, want: Self, kernels: &str) -> Result<()> {
+        ensure!(
+            self == want,
+            "{kernels} read the experts in the {want:?} layout, but these weights are in the \
+             {self:?} layout (the model picks the layout from its decode MoE at load)"
+        );
+        Ok(())
+    }
+}
+
+/// Bits of each fp16 pair of the fp16 layout that hold an element: sign at 15 and e1 e0 m at
+/// 11..9 of each half (kernel constant `F16L_MASK`).
+const F16L_MASK: u32 = 0x8E00_8E00;
+
+/// Rotations whose XOR (with the mask) gives pairs 1-3 of a word in the fp16 layout; pair 0 is
+/// the word itself (`fp4l_to_f16x2`).
+const F16L_ROTATIONS: [(u32, u32); 3] = [(4, 7), (4, 11), (4, 14)];
+
+/// The four fp16 pairs a word in the fp16 layout decodes to (the kernels' `fp4l_to_f16x2`).
+pub fn f16_layout_decode(w: u32) -> [u32; 4] {
+    let mut p = [w & F16L_MASK; 4];
+    for (j, &(a, b)) in F16L_ROTATIONS.iter().enumerate() {
+        p[j + 1] = (w.rotate_left(a) ^ w.rotate_left(b)) & F16L_MASK;
+    }
+    p
+}
+
+/// The fp16 pairs of a standard-layout word: element 2j in the low half of pair j, 2j + 1 in
+/// the high half, each E2M1 s e1 e0 m at fp16 bits 15, 11, 10, 9 (the value times 2^-14).
+pub fn f16_pairs_of_standard(w: u32) -> [u32; 4] {
+    let half = |nib: u32| ((nib & 8) << 12) | ((nib & 7) << 9);
+    std::array::from_fn(|j| {
+        let lo = (w >> (8 * j)) & 15;
+        let hi = (w >> (8 * j + 4)) & 15;
+        half(lo) | (half(hi) << 16)
+    })
+}
+
+/// The transform to the fp16 layout as 32 masks over a standard word: stored bit k is the
+/// parity of `masks[k] & w` (the kernel `mxfp4_f16_layout`). It inverts, over GF(2), the map
+/// from stored bits to the pairs' element bits that [`f16_layout_decode`] computes, read off
+/// that function itself; an error if the map were singular.
+pub fn f16_layout_masks() -> Result<[u32; 32]> {
+    // Row r (one per element bit: pair j, half, bit of the mask) of the decode's matrix, as
+    // stored bits (decode of each unit word), and the standard bit it must equal.
+    let mask_bits: Vec<u32> = (0..32).filter(|b| F16L_MASK >> b & 1 == 1).collect();
+    let unit = |k: u32| f16_layout_decode(1u32 << k);
+    let std_of = |j: usize, b: u32| -> u32 {
+        // The standard bit whose value f16_pairs_of_standard puts at bit b of pair j.
+        (0..32u32)
+            .find(|&i| f16_pairs_of_standard(1u32 << i)[j] >> b & 1 == 1)
+            .unwrap_or(u32::MAX)
+    };
+    // Augmented rows [a | e]: a = stored bits feeding the element bit, e = its standard bit.
+    let mut rows: Vec<(u32, u32)> = Vec::with_capacity(32);
+    for j in 0..4 {
+        for &b in &mask_bits {
+            let a = (0..32).fold(0u32, |acc, k| acc | ((unit(k)[j] >> b & 1) << k));
+            let si = std_of(j, b);
+            ensure!(
+                si < 32,
+                "fp16 layout: no standard bit lands on pair {j} bit {b}"
+            );
+            rows.push((a, 1u32 << si));
+        }
+    }
+    // Gauss-Jordan over GF(2): a · stored = e for every row, solved for stored bit k.
+    for k in 0..32usize {
+        let piv = (k..32)
+            .find(|&r| rows[r].0 >> k & 1 == 1)
+            .ok_or_else(|| anyhow::anyhow!("fp16 layout: the decode's map is singular"))?;
+        rows.swap(k, piv);
+        let (pa, pe) = rows[k];
+        for (r, row) in rows.iter_mut().enumerate() {
+            if r != k && row.0 >> k & 1 == 1 {
+                row.0 ^= pa;
+                row.1 ^= pe;
+            }
+        }
+    }
+    Ok(std::array::from_fn(|k| rows[k].1))
+}
+
+/// A standard-layout word in the fp16 layout (what `mxfp4_f16_layout` does on the device).
+pub fn f16_layout_encode(masks: &[u32; 32], w: u32) -> u32 {
+    (0..32).fold(0u32, |o, k| o | (((masks[k] & w).count_ones() & 1) << k))
+}
+
+/// Rearrange `bytes` bytes of MXFP4 blocks at `blocks` (a multiple of 4) into the fp16 layout,
+/// in place on the device.
+pub fn expert_f16_layout(g: &Gpu, blocks: u64, bytes: usize) -> Result<()> {
+    ensure!(
+        bytes % 4 == 0,
+        "MXFP4 blocks of {bytes} bytes: not whole 32-bit words"
+    );
+    if bytes == 0 {
+        return Ok(());
+    }
+    let masks = g.upload(&f16_layout_masks()?)?;
+    let words = bytes / 4;
+    let blocks_n = words.div_ceil(256).min(g.sms() * 8).max(1);
+    g.launch(
+        "mxfp4_f16_layout",
+        (u(blocks_n)?, 1, 1),
+        (256, 1, 1),
+        0,
+        &[
+            Arg::Ptr(blocks),
+            Arg::U64(words as u64),
+            Arg::Ptr(g.ptr(&masks)),
+        ],
+    )?;
+    // `masks` is freed when this returns: wait for the kernel first.
+    g.sync()
 }
 
 /// Sizes and SwiGLU constants of the MoE.
@@ -1793,6 +1936,10 @@ pub fn moe_gate_up(
     units: usize,
     lp: MoeLoop,
 ) -> Result<()> {
+    w.layout.expect(
+        ExpertLayout::for_codes(codes),
+        "the decode MoE kernels of these codes",
+    )?;
     let (kernel, smem, grid, grp) = moe_decode_launch(g, false, codes, lp, s, units, t)?;
     let mut args = vec![
         Arg::Ptr(w.gu_blocks),
@@ -1872,6 +2019,8 @@ pub fn moe_gate_up_tc(
     t: usize,
 ) -> Result<()> {
     s.check()?;
+    w.layout
+        .expect(ExpertLayout::Standard, "the tensor-core decode MoE kernels")?;
     moe_tc_launch(
         g,
         "moe_gate_up_tc",
@@ -1913,6 +2062,8 @@ pub fn moe_down_tc(
     accumulate: bool,
 ) -> Result<()> {
     s.check()?;
+    w.layout
+        .expect(ExpertLayout::Standard, "the tensor-core decode MoE kernels")?;
     moe_tc_launch(
         g,
         "moe_down_tc",
@@ -2073,6 +2224,10 @@ pub fn moe_gate_up_f16(
     ks: usize,
 ) -> Result<()> {
     s.check()?;
+    w.layout.expect(
+        ExpertLayout::Standard,
+        "the fp16 tensor-core decode MoE kernels",
+    )?;
     moe_f16_launch(
         g,
         "moe_gate_up_f16",
@@ -2120,6 +2275,10 @@ pub fn moe_down_f16(
     ctr: u64,
 ) -> Result<()> {
     s.check()?;
+    w.layout.expect(
+        ExpertLayout::Standard,
+        "the fp16 tensor-core decode MoE kernels",
+    )?;
     moe_f16_launch(
         g,
         "moe_down_f16",
@@ -2171,6 +2330,10 @@ pub fn moe_down(
     lp: MoeLoop,
     ctr: u64,
 ) -> Result<()> {
+    w.layout.expect(
+        ExpertLayout::for_codes(codes),
+        "the decode MoE kernels of these codes",
+    )?;
     let (kernel, smem, grid, grp) = moe_decode_launch(g, true, codes, lp, s, units, t)?;
     let mut args = vec![
         Arg::Ptr(w.dn_blocks),
@@ -3051,6 +3214,8 @@ pub fn moe_grouped(
     };
     let tiles = moe_max_tiles(total, experts, tile);
     let (gate_up, down) = moe_grouped_kernels(tile, groups.kernels);
+    // The tiles read the experts in either layout (their last argument).
+    let lay = Arg::I32(i32::from(w.layout == ExpertLayout::F16));
     let regs = groups.kernels == GroupedKernels::Registers;
     let (hp, ip) = (rb_row(s.hidden), rb_row(s.inter));
     if regs && (hp > 2 * s.k * s.hidden || ip > 2 * s.inter) {
@@ -3108,6 +3273,7 @@ pub fn moe_grouped(
             i(s.k)?,
             Arg::F32(s.limit),
             Arg::F32(s.alpha),
+            lay,
         ],
     )?;
     g.launch(
@@ -3127,6 +3293,7 @@ pub fn moe_grouped(
             Arg::Ptr(part),
             i(s.hidden)?,
             i(s.inter)?,
+            lay,
         ],
     )?;
     moe_combine(g, part, y, s.hidden, s.k, t, accumulate)
@@ -3135,6 +3302,62 @@ pub fn moe_grouped(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn fp16_layout_decodes_every_word_to_its_elements_times_2_pow_minus_14() {
+        let masks = f16_layout_masks().unwrap();
+        // Each stored bit is a function of the standard word's bits: a bijection on words
+        // (distinct masks of full rank), checked on a spread of words and the corners.
+        let mut x = 0x9e37_79b9u32;
+        let mut words = vec![0u32, u32::MAX, 0x8888_8888, 0x7777_7777, 1, 0x8000_0000];
+        for _ in 0..20_000 {
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            words.push(x);
+        }
+        for &w in &words {
+            let stored = f16_layout_encode(&masks, w);
+            let pairs = f16_layout_decode(stored);
+            assert_eq!(pairs, f16_pairs_of_standard(w), "{w:#010x}");
+            for (j, p) in pairs.iter().enumerate() {
+                for h in 0..2 {
+                    let nib = (w >> (8 * j + 4 * h)) & 15;
+                    let v = half::f16::from_bits((p >> (16 * h)) as u16).to_f64();
+                    let want = crate::engine::cuda::reference::FP4[nib as usize] / 16384.0;
+                    assert_eq!(v, want, "element {} of {w:#010x}", 2 * j + h);
+                    assert_eq!(v.is_sign_negative(), nib & 8 != 0);
+                }
+            }
+        }
+        // Distinct words stay distinct (the transform loses nothing).
+        let mut enc: Vec<u32> = words
+            .iter()
+            .map(|&w| f16_layout_encode(&masks, w))
+            .collect();
+        let mut src = words.clone();
+        enc.sort_unstable();
+        enc.dedup();
+        src.sort_unstable();
+        src.dedup();
+        assert_eq!(enc.len(), src.len());
+    }
+
+    #[test]
+    fn decode_moe_codes_name_their_expert_layout() {
+        assert_eq!(ExpertLayout::for_codes(MoeCodes::F16), ExpertLayout::F16);
+        for c in [MoeCodes::F32, MoeCodes::Q8, MoeCodes::Fp8] {
+            assert_eq!(ExpertLayout::for_codes(c), ExpertLayout::Standard);
+        }
+        let e = ExpertLayout::Standard
+            .expect(ExpertLayout::F16, "the fp16-dot kernels")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("F16 layout") && e.contains("Standard layout"),
+            "{e}"
+        );
+    }
 
     /// A few-row pass splits until the grid holds two blocks an SM, never into shares under
     /// the fewest steps nor past the scratch, with no empty share; a full grid never splits.

@@ -13,8 +13,9 @@
 //!
 //! The bf16 format's fp16 dot ([`MoeCodes::F16`]) codes each group as fp16 too: D is the
 //! smallest power of two at or above amax (at least 2⁻¹⁰⁰), the codes are the fp16 (round to
-//! nearest even) of x · 256 / D and the stored scale D / 256; [`f16_block_dot`] sums a block
-//! as the kernel does, in fp16.
+//! nearest even) of x · 2¹⁵ / D and the stored scale D / 2¹⁵; [`f16_block_dot`] sums a block
+//! as the kernel does, in fp16, with the weights as the experts' fp16 layout decodes them (the
+//! E2M1 value times 2⁻¹⁴, `ops::ExpertLayout::F16`).
 
 use half::f16;
 
@@ -114,10 +115,15 @@ pub fn fp8_group(x: &[f32]) -> (f32, Vec<u8>) {
 }
 
 /// fp16 codes are x · F16_CODE_SCALE / D (kernel constant `F16_CODE_SCALE`).
-const F16_CODE_SCALE: f32 = 256.0;
+const F16_CODE_SCALE: f32 = 32768.0;
 
-/// One group of the fp16 dot: the stored scale D / 256 and the fp16 codes (value = code ·
-/// stored), computed with the kernel's fp32 operations (`F16Codes` in moe_gemv.cu).
+/// The fp16 dot's weights are E2M1 values times this (the experts' fp16 layout decodes them
+/// so; the kernels' stored scale carries the inverse, `F16_W_INV`).
+const F16_WEIGHT_SCALE: f64 = 1.0 / 16384.0;
+
+/// One group of the fp16 dot: the scale D / 2¹⁵ and the fp16 codes (value = code · scale),
+/// computed with the kernel's fp32 operations (`F16Codes` in moe_gemv.cu, which stores this
+/// scale times 2¹⁴ for its weights' 2⁻¹⁴).
 pub fn f16_group(x: &[f32]) -> (f32, Vec<f16>) {
     let amax = x.iter().fold(0.0f32, |m, v| max_nan(m, v.abs()));
     // The next power of two at or above amax by its bits (NaN and infinity handled below).
@@ -161,8 +167,10 @@ pub fn f16_round(x: f64) -> f16 {
 
 /// What the fp16 dot computes for one 32-element MXFP4 block (16 bytes) against one group's
 /// fp16 codes, before any scale: two fp16 pair accumulators (words 0-1 and 2-3 of the block,
-/// the low halves taking the even elements) each summing its products with one rounding per
-/// fused multiply-add, the two added in fp16, the pair's halves summed in fp32.
+/// the low halves taking the even elements) each summing its products (the weights times 2⁻¹⁴,
+/// as the fp16 layout decodes them) with one rounding per fused multiply-add, the two added in
+/// fp16, the pair's halves summed in fp32; returned times 2¹⁴ (exact), i.e. in the codes'
+/// units.
 pub fn f16_block_dot(block: &[u8], codes: &[f16]) -> f32 {
     let mut acc = [[f16::ZERO; 2]; 2];
     for (e, c) in codes.iter().enumerate().take(32) {
@@ -170,11 +178,12 @@ pub fn f16_block_dot(block: &[u8], codes: &[f16]) -> f32 {
         let nib = if e % 2 == 0 { byte & 15 } else { byte >> 4 };
         let a = &mut acc[e / 16][e % 2];
         // Exact in f64 (a 2-bit weight times an 11-bit code plus an fp16), rounded once.
-        *a = f16_round(super::reference::FP4[nib as usize] * c.to_f64() + a.to_f64());
+        let w = super::reference::FP4[nib as usize] * F16_WEIGHT_SCALE;
+        *a = f16_round(w * c.to_f64() + a.to_f64());
     }
     let lo = f16_round(acc[0][0].to_f64() + acc[1][0].to_f64());
     let hi = f16_round(acc[0][1].to_f64() + acc[1][1].to_f64());
-    lo.to_f32() + hi.to_f32()
+    (lo.to_f32() + hi.to_f32()) * (1.0 / F16_WEIGHT_SCALE) as f32
 }
 
 /// One row's dot product as the fp16-dot kernels form it: each block's [`f16_block_dot`]
@@ -382,29 +391,29 @@ mod tests {
 
     #[test]
     fn f16_groups() {
-        // amax 3 → D = 4: codes x · 64, stored 4 / 256; a power of two is its own D.
+        // amax 3 → D = 4: codes x · 2¹³, scale 4 / 2¹⁵; a power of two is its own D.
         let mut x = vec![0.0f32; 32];
         x[0] = 3.0;
         x[1] = -1.5;
         x[2] = 1e-3;
         let (d, q) = f16_group(&x);
-        assert_eq!(d, 4.0 / 256.0);
-        assert_eq!(q[0].to_f32(), 192.0);
-        assert_eq!(q[1].to_f32(), -96.0);
-        assert_eq!(q[2], f16::from_f32(0.064));
+        assert_eq!(d, 4.0 / 32768.0);
+        assert_eq!(q[0].to_f32(), 24576.0);
+        assert_eq!(q[1].to_f32(), -12288.0);
+        assert_eq!(q[2], f16::from_f32(8.192));
         x[0] = 4.0;
-        assert_eq!(f16_group(&x).0, 4.0 / 256.0);
-        // Every value within fp16's half-ulp of itself; no code above 256.
+        assert_eq!(f16_group(&x).0, 4.0 / 32768.0);
+        // Every value within fp16's half-ulp of itself; no code above 2¹⁵.
         let x: Vec<f32> = (0..32).map(|i| (i as f32 - 13.3) * 0.071).collect();
         let (d, q) = f16_group(&x);
         for (v, c) in x.iter().zip(&q) {
             let back = c.to_f64() * f64::from(d);
             assert!((back - f64::from(*v)).abs() <= f64::from(v.abs()) * 2f64.powi(-11));
-            assert!(c.to_f32().abs() <= 256.0);
+            assert!(c.to_f32().abs() <= 32768.0);
         }
         // Zero groups: D at its floor, zero codes; NaN and infinity reach the scale.
         let (d, q) = f16_group(&[0.0; 32]);
-        assert_eq!(d, 2f32.powi(-108));
+        assert_eq!(d, 2f32.powi(-115));
         assert!(q.iter().all(|c| c.to_f32() == 0.0));
         let mut x = vec![1.0f32; 32];
         x[9] = f32::NAN;
@@ -450,7 +459,7 @@ mod tests {
         // fp16 ulps of the exact dot, and an exact case (small integers) is exact.
         let block: Vec<u8> = (0..16u8).map(|j| j.wrapping_mul(37) ^ 0x5a).collect();
         let codes: Vec<f16> = (0..32)
-            .map(|i| f16::from_f32((i as f32 - 15.5) * 7.3))
+            .map(|i| f16::from_f32((i as f32 - 15.5) * 934.4))
             .collect();
         let exact: f64 = (0..32)
             .map(|e| {
@@ -465,9 +474,14 @@ mod tests {
         let got = f64::from(f16_block_dot(&block, &codes));
         let mag: f64 = codes.iter().map(|c| 6.0 * c.to_f64().abs()).sum();
         assert!((got - exact).abs() <= mag * 2f64.powi(-10), "{got} {exact}");
-        let ones = vec![f16::from_f32(2.0); 32];
+        let twos = vec![f16::from_f32(2.0); 32];
         let all_one = vec![0x22u8; 16]; // every element 1.0
-        assert_eq!(f16_block_dot(&all_one, &ones), 64.0);
+        assert_eq!(f16_block_dot(&all_one, &twos), 64.0);
+        // The largest codes against the largest weights stay finite (products ≤ 12 · 2¹⁵ ·
+        // 2⁻¹⁴ in the kernels' units).
+        let top = vec![f16::from_f32(32768.0); 32];
+        let all_six = vec![0x77u8; 16];
+        assert_eq!(f16_block_dot(&all_six, &top), 32.0 * 6.0 * 32768.0);
     }
 
     #[test]

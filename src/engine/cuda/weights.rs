@@ -12,7 +12,7 @@ use half::bf16;
 
 use super::device::Gpu;
 use super::gates::Fp4Layers;
-use super::ops;
+use super::ops::{self, ExpertLayout};
 use crate::engine::config::ModelConfig;
 use crate::engine::mxfp4;
 use crate::engine::synthetic::{self, Fill};
@@ -62,6 +62,9 @@ pub struct DeviceWeights {
     pub final_norm: CudaSlice<u16>,
     /// Unembedding [V, H].
     pub lm_head: DenseWeight,
+    /// The layout of every layer's expert blocks (standard as loaded;
+    /// [`DeviceWeights::set_expert_layout`]).
+    pub expert_layout: ExpertLayout,
 }
 
 /// A dense projection on the device: bf16 as in the checkpoint, or MXFP4 quantized at load.
@@ -124,6 +127,28 @@ impl DenseWeight {
 }
 
 impl DeviceWeights {
+    /// Bring every layer's expert blocks to `layout` (in place on the device, ~one read and
+    /// write of the experts). Standard to fp16 only: the decode options pick the layout once,
+    /// before the first step.
+    pub fn set_expert_layout(&mut self, g: &Gpu, layout: ExpertLayout) -> Result<()> {
+        if layout == self.expert_layout {
+            return Ok(());
+        }
+        ensure!(
+            layout == ExpertLayout::F16,
+            "the experts are in the {:?} layout; going back to {layout:?} is not supported \
+             (load the weights again)",
+            self.expert_layout
+        );
+        for lw in &self.layers {
+            for b in [&lw.gu_blocks, &lw.dn_blocks] {
+                ops::expert_f16_layout(g, g.ptr(b), b.len())?;
+            }
+        }
+        self.expert_layout = layout;
+        Ok(())
+    }
+
     /// Bring the dense layers to `fp4`: quantize (on the device) the attention qkv and o
     /// projections for `MoeQkvO` and `All`, and the lm_head for `All`, freeing each bf16 copy
     /// as soon as its MXFP4 one exists. Refuses weights already quantized further than `fp4`
@@ -278,6 +303,7 @@ pub fn synthetic_device(g: &Gpu, cfg: &ModelConfig, seed: u64) -> Result<DeviceW
         layers,
         final_norm: bf("model.norm.weight", h)?,
         lm_head: DenseWeight::Bf16(bf("lm_head.weight", v * h)?),
+        expert_layout: ExpertLayout::Standard,
     };
     g.sync()?;
     Ok(w)
@@ -333,6 +359,7 @@ pub fn upload(g: &Gpu, w: &Weights) -> Result<DeviceWeights> {
         layers,
         final_norm: up16(&w.norm)?,
         lm_head: DenseWeight::Bf16(up16(&w.lm_head)?),
+        expert_layout: ExpertLayout::Standard,
     })
 }
 

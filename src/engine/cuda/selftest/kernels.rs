@@ -7,7 +7,7 @@ use crate::engine::cuda::device::Gpu;
 use crate::engine::cuda::gates::{ActFormat, KvDtype, MoeTile};
 use crate::engine::cuda::model::ATTN_MAX_SPLITS;
 use crate::engine::cuda::ops::{
-    self, AttnScratch, AttnShape, MoeCodes, MoeLoop, MoeShape, MoeUnits, MoeWeights,
+    self, AttnScratch, AttnShape, ExpertLayout, MoeCodes, MoeLoop, MoeShape, MoeUnits, MoeWeights,
 };
 use crate::engine::cuda::quant;
 use crate::engine::cuda::reference as r;
@@ -39,6 +39,7 @@ pub fn run_kernel_checks(g: &Gpu, seed: u64) -> Result<Vec<Check>> {
     out.extend(check_moe_tc(g, &mut s)?);
     out.extend(check_moe_f16(g, &mut s)?);
     out.extend(check_gemm_mxfp4(g, &mut s)?);
+    out.extend(check_f16_layout(g, &mut s)?);
     Ok(out)
 }
 
@@ -1025,7 +1026,7 @@ fn moe_run(
     let dctr = g.alloc::<u32>(ops::moe_counters(hidden, t))?;
     ops::moe(
         g,
-        &c.weights(g),
+        &c.weights_in(g, ExpertLayout::for_codes(codes)),
         c.sh,
         codes,
         g.ptr(&c.dx),
@@ -1401,6 +1402,8 @@ struct MoeCase {
     wts: Vec<f32>,
     y0: Vec<f32>,
     dev: Vec<cudarc::driver::CudaSlice<u8>>,
+    /// gate_up and down blocks again in the fp16 layout (the fp16-dot kernels read only it).
+    dev_f16: Vec<cudarc::driver::CudaSlice<u8>>,
     dev_bias: Vec<cudarc::driver::CudaSlice<u16>>,
     dx: cudarc::driver::CudaSlice<f32>,
     di: cudarc::driver::CudaSlice<i32>,
@@ -1433,7 +1436,14 @@ impl MoeCase {
         for v in [&gu_blocks, &gu_scales, &dn_blocks, &dn_scales] {
             dev.push(g.upload(v)?);
         }
+        let mut dev_f16 = Vec::new();
+        for v in [&gu_blocks, &dn_blocks] {
+            let d = g.upload(v)?;
+            ops::expert_f16_layout(g, g.ptr(&d), d.len())?;
+            dev_f16.push(d);
+        }
         Ok(Self {
+            dev_f16,
             dev_bias: vec![g.upload(&gu_bias)?, g.upload(&dn_bias)?],
             dx: g.upload(&x)?,
             di: g.upload(&idx)?,
@@ -1455,11 +1465,21 @@ impl MoeCase {
     }
 
     fn weights(&self, g: &Gpu) -> MoeWeights {
+        self.weights_in(g, ExpertLayout::Standard)
+    }
+
+    /// The experts in `layout`.
+    fn weights_in(&self, g: &Gpu, layout: ExpertLayout) -> MoeWeights {
+        let (gu, dn) = match layout {
+            ExpertLayout::Standard => (&self.dev[0], &self.dev[2]),
+            ExpertLayout::F16 => (&self.dev_f16[0], &self.dev_f16[1]),
+        };
         MoeWeights {
-            gu_blocks: g.ptr(&self.dev[0]),
+            layout,
+            gu_blocks: g.ptr(gu),
             gu_scales: g.ptr(&self.dev[1]),
             gu_bias: g.ptr(&self.dev_bias[0]),
-            dn_blocks: g.ptr(&self.dev[2]),
+            dn_blocks: g.ptr(dn),
             dn_scales: g.ptr(&self.dev[3]),
             dn_bias: g.ptr(&self.dev_bias[1]),
         }
@@ -1547,7 +1567,12 @@ fn check_moe_grouped(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
         let mut by_tile = Vec::new();
         // Every tile and both tile kernels on the same inputs; the 64-row register-B check
         // keeps the old name.
-        for kernels in [ops::GroupedKernels::Registers, ops::GroupedKernels::Shared] {
+        for (kernels, layout) in [
+            (ops::GroupedKernels::Registers, ExpertLayout::Standard),
+            (ops::GroupedKernels::Shared, ExpertLayout::Standard),
+            (ops::GroupedKernels::Registers, ExpertLayout::F16),
+            (ops::GroupedKernels::Shared, ExpertLayout::F16),
+        ] {
             for tile in [
                 MoeTile::T64x128,
                 MoeTile::T128x128,
@@ -1568,7 +1593,7 @@ fn check_moe_grouped(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
                 let dy = g.upload(&c.y0)?;
                 ops::moe_grouped(
                     g,
-                    &c.weights(g),
+                    &c.weights_in(g, layout),
                     sh,
                     tile,
                     e,
@@ -1591,40 +1616,112 @@ fn check_moe_grouped(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
                     ops::GroupedKernels::Registers => "",
                     ops::GroupedKernels::Shared => " smem-B",
                 };
+                let layout_label = match layout {
+                    ExpertLayout::Standard => "",
+                    ExpertLayout::F16 => " fp16-layout",
+                };
                 // The SwiGLU output is rounded to bf16 on both sides, but from fp32 (GPU) vs
                 // f64 (reference) sums: a value near a rounding boundary may land one bf16 ulp
                 // apart.
                 let got = g.download(&dy)?;
                 res.push(check(
                     format!(
-                        "moe grouped mxfp4 mma{tile_label}{kernel_label} E={e} H={hidden} I={inter} k={k} t={t}"
+                        "moe grouped mxfp4 mma{tile_label}{kernel_label}{layout_label} E={e} H={hidden} I={inter} k={k} t={t}"
                     ),
                     rel_err(&got, &want),
                     1e-3,
                 ));
-                if kernels == ops::GroupedKernels::Registers {
-                    by_tile.push((tile, got));
-                }
+                by_tile.push((kernels, layout, tile, got));
             }
         }
         // Every register-B tile height sums each entry in the same order: the same bits, so a
-        // prompt's MoE does not depend on which tile its pass picks.
-        if let Some((_, base)) = by_tile.iter().find(|(t, _)| *t == MoeTile::T64x128) {
+        // prompt's MoE does not depend on which tile its pass picks; nor on the experts' layout
+        // (both tile kernels decode either to the same bf16 values).
+        let regs = ops::GroupedKernels::Registers;
+        if let Some((.., base)) = by_tile.iter().find(|(k, l, t, _)| {
+            *k == regs && *l == ExpertLayout::Standard && *t == MoeTile::T64x128
+        }) {
             let worst = by_tile
                 .iter()
-                .map(|(_, y)| bits_apart(y, base))
+                .filter(|(k, ..)| *k == regs)
+                .map(|(.., y)| bits_apart(y, base))
                 .fold(0.0, f64::max);
             res.push(check(
                 format!(
-                    "moe grouped register-B tiles 32/64/128/auto bit-identical E={e} H={hidden} \
-                     I={inter} k={k} t={t}"
+                    "moe grouped register-B tiles 32/64/128/auto, both expert layouts, \
+                     bit-identical E={e} H={hidden} I={inter} k={k} t={t}"
                 ),
                 worst,
                 0.0,
             ));
         }
+        let smem = ops::GroupedKernels::Shared;
+        let worst = by_tile
+            .iter()
+            .filter(|(k, l, ..)| *k == smem && *l == ExpertLayout::F16)
+            .filter_map(|(_, _, tile, y)| {
+                by_tile
+                    .iter()
+                    .find(|(k, l, t, _)| *k == smem && *l == ExpertLayout::Standard && t == tile)
+                    .map(|(.., base)| bits_apart(y, base))
+            })
+            .fold(0.0, f64::max);
+        res.push(check(
+            format!(
+                "moe grouped smem-B tiles fp16 layout bit-identical to standard E={e} \
+                 H={hidden} I={inter} k={k} t={t}"
+            ),
+            worst,
+            0.0,
+        ));
     }
     Ok(res)
+}
+
+/// The experts' fp16 layout: the device's transform of random words equals the host's
+/// (`ops::f16_layout_encode`), and the host's decode of the result gives every element's fp16
+/// pair (`ops::f16_pairs_of_standard`), so the kernels' `fp4l_to_f16x2` (the same rotations)
+/// reads back what the checkpoint holds.
+fn check_f16_layout(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
+    let words: Vec<u32> = u8_vec(s.next(), 4 * 4099, 0, 255)
+        .chunks(4)
+        .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .chain([0, u32::MAX, 0x8888_8888, 0x7777_7777])
+        .collect();
+    let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+    let d = g.upload(&bytes)?;
+    ops::expert_f16_layout(g, g.ptr(&d), d.len())?;
+    let got: Vec<u32> = g
+        .download(&d)?
+        .chunks(4)
+        .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect();
+    let masks = ops::f16_layout_masks()?;
+    let host_apart = got
+        .iter()
+        .zip(&words)
+        .filter(|(gw, w)| **gw != ops::f16_layout_encode(&masks, **w))
+        .count();
+    let decode_apart = got
+        .iter()
+        .zip(&words)
+        .filter(|(gw, w)| ops::f16_layout_decode(**gw) != ops::f16_pairs_of_standard(**w))
+        .count();
+    Ok(vec![
+        check(
+            format!(
+                "fp16 expert layout: device transform = host, {} words",
+                words.len()
+            ),
+            host_apart as f64,
+            0.0,
+        ),
+        check(
+            "fp16 expert layout: decodes to every element's fp16 pair",
+            decode_apart as f64,
+            0.0,
+        ),
+    ])
 }
 
 fn check_argmax(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
