@@ -1,10 +1,14 @@
 #!/bin/bash
 # Run on the device from the repository root with the binary in .devcarry/mxtune:
-#   run(command="bash tools/device_rows.sh", carry=[".devcarry"])  (writes $OUT/h100.json)
-# Rows of record: engine profile rows, then served rows; all appended to $OUT/h100.json.
+#   run(command="bash tools/device_rows.sh", carry=[".devcarry"])  (writes $OUT/<gpu>.json)
+# Rows of record: engine profile rows, then served rows; all appended to $OUT/<gpu>.json,
+# <gpu> the lent GPU's model (h100, h200; docs/perf/ keeps one file per model).
 export MXTUNE_KERNEL_CACHE=/tmp/kc
 M=.devcarry/mxtune
-J="--json-out $OUT/h100.json"
+GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | grep -oiE 'h100|h200|b200|gb10' | head -1 | tr 'A-Z' 'a-z')
+GPU=${GPU:-gpu}
+echo "== rows for $GPU"
+J="--json-out $OUT/$GPU.json"
 echo "== selftest"; $M engine selftest --device cuda > $OUT/selftest.txt 2>&1; grep -E "FAIL|checks, " $OUT/selftest.txt | tail -5
 P="$M engine profile --synthetic"
 # Each row's whole output goes to $OUT/rows.txt (the call's printed tail is cut at 12 000

@@ -1837,21 +1837,23 @@ impl MoeUnits {
         self
     }
 
-    /// `fixed` (from [`MOE_UNITS_ENV`]: gate_up, down), or for each kernel:
-    /// * below batch 4, where the `_slots` loop can run (`lp` not `Items`, rows short enough):
-    ///   the fewest units (at most 8) whose grid fits one wave of the `_slots` kernels (2
-    ///   blocks per SM): the slots stream a warp's units without draining, and one wave has no
-    ///   tail (gpt-oss-120b on the H100: 6/3 at batch 1, +4 % over 1/1, docs/perf.md run 86,
-    ///   still the best of six with the fp16 dot, runs 103 and 106; 8/6 at batch 2, +7 % over
-    ///   4/2, run 107);
-    /// * otherwise the most units that still give `t` rows enough blocks: below batch 4 a
-    ///   power of two, at most 8, leaving at least 8 blocks per multiprocessor (run 42); from
-    ///   batch 4 any count up to 16 leaving at least 3.5 blocks (gpt-oss-120b on the H100,
-    ///   against the powers of two of at least 4 blocks: 12/6 at batch 4, 15/7 at 5, 16/9 at
-    ///   6, 16/12 at 8 gained 1.1–1.3, 3.3–4.4, 0.7–1.3 and 0.7–0.8 %, and 16/10 at 7, next to
-    ///   the rule's 16/11, 0.6–0.7 %, docs/perf.md runs 164–166; down gains most, its blocks
-    ///   fewer and longer); and where that is one unit a warp with the slots possible, the
-    ///   one-wave rule above.
+    /// `fixed` (from [`MOE_UNITS_ENV`]: gate_up, down), or, where the `_slots` loop can run
+    /// (`lp` not `Items`, rows short enough):
+    /// * down: the fewest units (at most 16) whose grid for the whole batch fits one wave of
+    ///   the `_slots` kernels (2 blocks per SM): the slots stream a warp's units without
+    ///   draining, and one wave has no tail. gpt-oss-120b: 3 at batch 1 (docs/perf.md run
+    ///   86), 6 at 2, 12 at 4, 14 at 5; with the experts' fp16 layout (session 24, H200) 6/6 at
+    ///   batch 2 and 12/12 at 4 beat the previous rule's 8/6 and 12/6 by 1.0 and 2.2 %, and
+    ///   more units than that (a partial wave) or fewer (a wave and a tail) lost;
+    /// * gate_up below batch 4: batch 1's one wave (6 for gpt-oss-120b: 6/3 at batch 1, +4 %
+    ///   over 1/1, run 86; 6/6 at batch 3 4.6 % ahead of the previous rule's 8/8, session 24);
+    /// * otherwise (gate_up from batch 4, down where one wave needs more than 16 units) the
+    ///   most units that still give `t` rows enough blocks: below batch 4 a power of two, at
+    ///   most 8, leaving at least 8 blocks per multiprocessor (run 42); from batch 4 any count
+    ///   up to 16 leaving at least 3.5 blocks (gpt-oss-120b on the H100: 12 at batch 4, 15 at
+    ///   5, 16 from 6 for gate_up, 9 / 11 / 12 / 16 for down at batch 6 / 7 / 8 / 16,
+    ///   docs/perf.md runs 164–166, still the best of those tried in session 24); and where
+    ///   that is one unit a warp with the slots possible, the one-wave pick.
     pub fn for_batch(
         sms: usize,
         s: MoeShape,
@@ -1865,18 +1867,25 @@ impl MoeUnits {
         let wide = usize::from(t >= MOE_WIDE_FROM_BATCH);
         let (min_half_blocks, max_units) =
             (MOE_MIN_HALF_BLOCKS_PER_SM[wide], MOE_AUTO_MAX_UNITS[wide]);
+        let wave = MOE_SLOTS_BLOCKS_PER_SM * sms;
+        // The fewest units up to `cap` whose grid for `rows` rows fits one wave of the slots.
+        let fits_one_wave = |units_total: usize, rows: usize, cap: usize| {
+            (1..=cap).find(|&u| units_total.div_ceil(8 * u) * s.k * rows <= wave)
+        };
         // units_total: the kernel's units (a block's 8 warps take 8 u of them); width: the
         // length of the rows the kernel reads.
-        let pick = |units_total: usize, width: usize| {
+        let pick = |units_total: usize, width: usize, down: bool| {
             let slots = lp != MoeLoop::Items && MoeLoop::Slots.slots(1, width);
-            let one_wave = || {
-                let wave = MOE_SLOTS_BLOCKS_PER_SM * sms;
-                (1..=max_units)
-                    .find(|&u| units_total.div_ceil(8 * u) * s.k * t <= wave)
-                    .unwrap_or(max_units)
-            };
-            if slots && wide == 0 {
-                return one_wave();
+            if slots {
+                if down {
+                    // The down kernel: one wave of the whole batch where units up to 16 give it.
+                    if let Some(u) = fits_one_wave(units_total, t, MOE_AUTO_MAX_UNITS[1]) {
+                        return u;
+                    }
+                } else if wide == 0 {
+                    // gate_up below batch 4: batch 1's one wave.
+                    return fits_one_wave(units_total, 1, max_units).unwrap_or(max_units);
+                }
             }
             let enough =
                 |u: usize| 2 * units_total.div_ceil(8 * u) * s.k * t >= min_half_blocks * sms;
@@ -1889,11 +1898,15 @@ impl MoeUnits {
                 }
                 u
             };
-            if u == 1 && slots { one_wave() } else { u }
+            if u == 1 && slots {
+                fits_one_wave(units_total, t, max_units).unwrap_or(max_units)
+            } else {
+                u
+            }
         };
         Self::new(
-            pick(s.inter, s.hidden),
-            pick(s.hidden.div_ceil(2), s.inter),
+            pick(s.inter, s.hidden, false),
+            pick(s.hidden.div_ceil(2), s.inter, true),
             lp,
         )
     }
@@ -3679,12 +3692,14 @@ mod tests {
         // Batch 1: one wave of the slots kernels (240 gate_up and 240 down blocks of 264).
         assert_eq!(pick(1, MoeLoop::Auto), (6, 3, true, true));
         assert_eq!(pick(1, MoeLoop::Items), (1, 1, false, false));
-        assert_eq!(pick(2, MoeLoop::Auto), (8, 6, true, true));
-        assert_eq!(pick(3, MoeLoop::Auto), (8, 8, true, true));
-        // From batch 4 the most units leaving 3.5 blocks per SM: 480 gate_up blocks of 12
-        // units and 480 down blocks of 6 at batch 4 (the next count up, 448, is too few).
-        assert_eq!(pick(4, MoeLoop::Auto), (12, 6, true, true));
-        assert_eq!(pick(5, MoeLoop::Auto), (15, 7, true, true));
+        // gate_up below batch 4: batch 1's wave; down: one wave of the batch (240, 240 and
+        // 240 blocks at batch 2, 3 and 4, 260 at 5).
+        assert_eq!(pick(2, MoeLoop::Auto), (6, 6, true, true));
+        assert_eq!(pick(3, MoeLoop::Auto), (6, 9, true, true));
+        // gate_up from batch 4: the most units leaving 3.5 blocks per SM (480 blocks of 12
+        // units at batch 4; the next count up, 448, is too few).
+        assert_eq!(pick(4, MoeLoop::Auto), (12, 12, true, true));
+        assert_eq!(pick(5, MoeLoop::Auto), (15, 14, true, true));
         assert_eq!(pick(6, MoeLoop::Auto), (16, 9, true, true));
         assert_eq!(pick(7, MoeLoop::Auto), (16, 11, true, true));
         assert_eq!(pick(8, MoeLoop::Auto), (16, 12, true, true));
