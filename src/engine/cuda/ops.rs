@@ -1455,7 +1455,7 @@ pub fn f16_layout_encode(masks: &[u32; 32], w: u32) -> u32 {
 /// in place on the device.
 pub fn expert_f16_layout(g: &Gpu, blocks: u64, bytes: usize) -> Result<()> {
     ensure!(
-        bytes % 4 == 0,
+        bytes.is_multiple_of(4),
         "MXFP4 blocks of {bytes} bytes: not whole 32-bit words"
     );
     if bytes == 0 {
