@@ -151,7 +151,7 @@ impl CudaBackend {
         let o = self.dec.options();
         format!(
             "cuda backend: device {} ({}); kernels {} compiled, {} cached in {:.2} s ({}); \
-             decode: moe gemv on {} with {} activations, {}, {} dense gemv, mxfp4 experts; kv {}, \
+             decode: moe gemv on {} with {} activations, {}, {} dense gemv, mxfp4 experts ({}); kv {}, \
              sinks {}, cuda graphs {}; {}{}; sampling on device (rows asking for top logprobs \
              or a sampling penalty sample on the host)",
             self.gpu.name(),
@@ -184,6 +184,10 @@ impl CudaBackend {
                      them to bf16 in shared memory), bf16 router and embedding",
             },
             o.gemv.name(),
+            match self.dec.expert_layout() {
+                ops::ExpertLayout::Standard => "standard layout",
+                ops::ExpertLayout::F16 => "fp16 layout, rearranged at load",
+            },
             o.kv_dtype.name(),
             if o.sinks { "on" } else { "off" },
             if self.graphs { "on" } else { "off" },

@@ -320,6 +320,11 @@ impl Decoder {
         self.moe_codes
     }
 
+    /// The layout the experts are held in on the device.
+    pub fn expert_layout(&self) -> ops::ExpertLayout {
+        self.w.expert_layout
+    }
+
     /// Allocate the KV cache (`slots` sequences of `max_pos` positions) and activations for
     /// batches up to `max_batch`. Dense layers that `opts.fp4_layers` puts in MXFP4 are
     /// quantized on the device first (their bf16 copies freed before the cache is allocated).
