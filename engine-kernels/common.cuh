@@ -128,16 +128,20 @@ __device__ __forceinline__ u8 f2e4m3(float f) {
 #endif
 }
 
+// An fp16 pair (lo in bits 0-15) widened to two fp32, exactly.
+__device__ __forceinline__ void f16x2_to_f32(unsigned v, float& lo, float& hi) {
+    asm("{.reg .f16 l, h;\n\tmov.b32 {l, h}, %2;\n\tcvt.f32.f16 %0, l;\n\tcvt.f32.f16 %1, h;\n\t}"
+        : "=f"(lo), "=f"(hi)
+        : "r"(v));
+}
+
 // Two E4M3 (lo in bits 0-7, hi in bits 8-15) -> fp32, exact: through f16, which holds every
 // E4M3 value (NaN stays NaN).
 __device__ __forceinline__ void e4m3x2_to_f32(unsigned short v, float& lo, float& hi) {
 #if __CUDA_ARCH__ >= 890
     unsigned h2;
     asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h2) : "h"(v));
-    asm("{\n\t.reg .b16 l, h;\n\tmov.b32 {l, h}, %2;\n\tcvt.f32.f16 %0, l;\n\t"
-        "cvt.f32.f16 %1, h;\n\t}"
-        : "=f"(lo), "=f"(hi)
-        : "r"(h2));
+    f16x2_to_f32(h2, lo, hi);
 #else
     lo = hi = __int_as_float(0x7fc00000);
 #endif
@@ -288,11 +292,10 @@ __device__ __forceinline__ void fp4l_to_f16x2(unsigned w, unsigned (&p)[4]) {
 // An fp16 pair of exact small values (E2M1 times a power of two) as the bf16 pair of the same
 // values: widened to fp32 exactly and narrowed to bf16 exactly.
 __device__ __forceinline__ unsigned f16x2_to_bf16x2_exact(unsigned v) {
+    float lo, hi;
+    f16x2_to_f32(v, lo, hi);
     unsigned r;
-    asm("{.reg .f16 l, h;\n\t.reg .f32 fl, fh;\n\tmov.b32 {l, h}, %1;\n\tcvt.f32.f16 fl, l;\n\t"
-        "cvt.f32.f16 fh, h;\n\tcvt.rn.bf16x2.f32 %0, fh, fl;\n\t}"
-        : "=r"(r)
-        : "r"(v));
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
     return r;
 }
 
@@ -353,9 +356,7 @@ __device__ __forceinline__ unsigned f16x2_add(unsigned a, unsigned b) {
 // The sum of an fp16 pair's halves in fp32 (both widened exactly first).
 __device__ __forceinline__ float f16x2_hsum(unsigned v) {
     float lo, hi;
-    asm("{.reg .f16 l, h;\n\tmov.b32 {l, h}, %2;\n\tcvt.f32.f16 %0, l;\n\tcvt.f32.f16 %1, h;\n\t}"
-        : "=f"(lo), "=f"(hi)
-        : "r"(v));
+    f16x2_to_f32(v, lo, hi);
     return lo + hi;
 }
 

@@ -259,10 +259,10 @@ struct ActFp8 {
 };
 
 // fp16 codes of x / D per group (F16Codes), dotted with the weights (in the experts' fp16
-// layout) decoded to fp16 pairs (fp4l_to_f16x2) by fma.f16x2: two accumulators of 8 products per half (words 0-1 and 2-3),
-// added and widened to fp32 once per block. About half the instructions per weight of ActF32
-// (no widening of the weights to fp32, two products per instruction); fp16 products and sums
-// keep 11 significant bits where bf16 activations keep 8.
+// layout) decoded to fp16 pairs (fp4l_to_f16x2) by fma.f16x2: two accumulators of 8 products
+// per half (words 0-1 and 2-3), added and widened to fp32 once per block. About half the
+// instructions per weight of ActF32 (no widening of the weights to fp32, two products per
+// instruction); fp16 products and sums keep 11 significant bits where bf16 activations keep 8.
 struct ActF16 {
     static __device__ __forceinline__ void stage(const float* __restrict__ src, u8* sm, int n) {
         stage_groups<F16Codes>(src, sm, n);

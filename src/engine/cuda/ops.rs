@@ -1409,7 +1409,7 @@ pub fn f16_layout_masks() -> Result<[u32; 32]> {
     // Row r (one per element bit: pair j, half, bit of the mask) of the decode's matrix, as
     // stored bits (decode of each unit word), and the standard bit it must equal.
     let mask_bits: Vec<u32> = (0..32).filter(|b| F16L_MASK >> b & 1 == 1).collect();
-    let unit = |k: u32| f16_layout_decode(1u32 << k);
+    let units: [[u32; 4]; 32] = std::array::from_fn(|k| f16_layout_decode(1u32 << k));
     let std_of = |j: usize, b: u32| -> u32 {
         // The standard bit whose value f16_pairs_of_standard puts at bit b of pair j.
         (0..32u32)
@@ -1420,7 +1420,10 @@ pub fn f16_layout_masks() -> Result<[u32; 32]> {
     let mut rows: Vec<(u32, u32)> = Vec::with_capacity(32);
     for j in 0..4 {
         for &b in &mask_bits {
-            let a = (0..32).fold(0u32, |acc, k| acc | ((unit(k)[j] >> b & 1) << k));
+            let a = units
+                .iter()
+                .enumerate()
+                .fold(0u32, |acc, (k, u)| acc | ((u[j] >> b & 1) << k));
             let si = std_of(j, b);
             ensure!(
                 si < 32,
@@ -1451,31 +1454,33 @@ pub fn f16_layout_encode(masks: &[u32; 32], w: u32) -> u32 {
     (0..32).fold(0u32, |o, k| o | (((masks[k] & w).count_ones() & 1) << k))
 }
 
-/// Rearrange `bytes` bytes of MXFP4 blocks at `blocks` (a multiple of 4) into the fp16 layout,
-/// in place on the device.
-pub fn expert_f16_layout(g: &Gpu, blocks: u64, bytes: usize) -> Result<()> {
-    ensure!(
-        bytes.is_multiple_of(4),
-        "MXFP4 blocks of {bytes} bytes: not whole 32-bit words"
-    );
-    if bytes == 0 {
-        return Ok(());
+/// Rearrange MXFP4 blocks into the fp16 layout, in place on the device: each region is
+/// (device address, bytes), the bytes a multiple of 4. The masks are built and uploaded once
+/// for all the regions.
+pub fn expert_f16_layout(g: &Gpu, regions: &[(u64, usize)]) -> Result<()> {
+    for &(_, bytes) in regions {
+        ensure!(
+            bytes.is_multiple_of(4),
+            "MXFP4 blocks of {bytes} bytes: not whole 32-bit words"
+        );
     }
     let masks = g.upload(&f16_layout_masks()?)?;
-    let words = bytes / 4;
-    let blocks_n = words.div_ceil(256).min(g.sms() * 8).max(1);
-    g.launch(
-        "mxfp4_f16_layout",
-        (u(blocks_n)?, 1, 1),
-        (256, 1, 1),
-        0,
-        &[
-            Arg::Ptr(blocks),
-            Arg::U64(words as u64),
-            Arg::Ptr(g.ptr(&masks)),
-        ],
-    )?;
-    // `masks` is freed when this returns: wait for the kernel first.
+    for &(blocks, bytes) in regions.iter().filter(|r| r.1 > 0) {
+        let words = bytes / 4;
+        let blocks_n = words.div_ceil(256).min(g.sms() * 8).max(1);
+        g.launch(
+            "mxfp4_f16_layout",
+            (u(blocks_n)?, 1, 1),
+            (256, 1, 1),
+            0,
+            &[
+                Arg::Ptr(blocks),
+                Arg::U64(words as u64),
+                Arg::Ptr(g.ptr(&masks)),
+            ],
+        )?;
+    }
+    // `masks` is freed when this returns: wait for the kernels first.
     g.sync()
 }
 

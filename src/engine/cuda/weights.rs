@@ -140,11 +140,13 @@ impl DeviceWeights {
              (load the weights again)",
             self.expert_layout
         );
-        for lw in &self.layers {
-            for b in [&lw.gu_blocks, &lw.dn_blocks] {
-                ops::expert_f16_layout(g, g.ptr(b), b.len())?;
-            }
-        }
+        let regions: Vec<(u64, usize)> = self
+            .layers
+            .iter()
+            .flat_map(|lw| [&lw.gu_blocks, &lw.dn_blocks])
+            .map(|b| (g.ptr(b), b.len()))
+            .collect();
+        ops::expert_f16_layout(g, &regions)?;
         self.expert_layout = layout;
         Ok(())
     }

@@ -1436,12 +1436,9 @@ impl MoeCase {
         for v in [&gu_blocks, &gu_scales, &dn_blocks, &dn_scales] {
             dev.push(g.upload(v)?);
         }
-        let mut dev_f16 = Vec::new();
-        for v in [&gu_blocks, &dn_blocks] {
-            let d = g.upload(v)?;
-            ops::expert_f16_layout(g, g.ptr(&d), d.len())?;
-            dev_f16.push(d);
-        }
+        let dev_f16 = vec![g.upload(&gu_blocks)?, g.upload(&dn_blocks)?];
+        let regions: Vec<(u64, usize)> = dev_f16.iter().map(|d| (g.ptr(d), d.len())).collect();
+        ops::expert_f16_layout(g, &regions)?;
         Ok(Self {
             dev_f16,
             dev_bias: vec![g.upload(&gu_bias)?, g.upload(&dn_bias)?],
@@ -1690,7 +1687,7 @@ fn check_f16_layout(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
         .collect();
     let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
     let d = g.upload(&bytes)?;
-    ops::expert_f16_layout(g, g.ptr(&d), d.len())?;
+    ops::expert_f16_layout(g, &[(g.ptr(&d), d.len())])?;
     let got: Vec<u32> = g
         .download(&d)?
         .chunks(4)
