@@ -260,6 +260,9 @@ pub struct Decoder {
     max_splits: usize,
     /// Captured steps, two per batch size n: `2n` short contexts, `2n + 1` long ones.
     graphs: Vec<Option<StepGraph>>,
+    /// Kernel groups a step leaves out ([`Decoder::set_ablated`]: `engine profile --ablate`
+    /// only; its results are then wrong, its time is what the step costs without them).
+    ablated: Vec<StepGroup>,
     pre: Option<PrefillBufs>,
     /// Rows of one prefill pass ([`PREFILL_MAX_ROWS`] unless [`Decoder::reserve_prefill`] set
     /// it).
@@ -407,6 +410,7 @@ impl Decoder {
             sc_acc: g.alloc(b * hq * max_splits * d)?,
             max_splits,
             graphs: (0..2 * (max_batch + 1)).map(|_| None).collect(),
+            ablated: Vec::new(),
             pre: None,
             prefill_rows: PREFILL_MAX_ROWS,
             moe_tc,
@@ -687,21 +691,25 @@ impl Decoder {
                 out: p(&r.h),
             };
             let qkv_w = lw.qkv_w.dev(g);
-            ops::dense_gemv(
-                g,
-                self.opts.gemv,
-                qkv_w,
-                Some(g.ptr(&lw.qkv_b)),
-                p(&r.x),
-                p(&r.qkv),
-                (hq + 2 * hkv) * d,
-                hid,
-                n,
-                false,
-                Some(attn_norm),
-            )?;
+            if self.runs(StepGroup::Qkv) {
+                ops::dense_gemv(
+                    g,
+                    self.opts.gemv,
+                    qkv_w,
+                    Some(g.ptr(&lw.qkv_b)),
+                    p(&r.x),
+                    p(&r.qkv),
+                    (hq + 2 * hkv) * d,
+                    hid,
+                    n,
+                    false,
+                    Some(attn_norm),
+                )?;
+            }
             mark(StepGroup::Qkv.label(qkv_w.is_mxfp4()))?;
-            self.rope_kv(g, &sh, &l, r, n, 1)?;
+            if self.runs(StepGroup::RopeKv) {
+                self.rope_kv(g, &sh, &l, r, n, 1)?;
+            }
             mark(StepGroup::RopeKv.label(false))?;
             let keys = if l.window > 0 {
                 l.window.min(full_keys)
@@ -711,122 +719,144 @@ impl Decoder {
             let kernel = self.attn.kernel(g, sh.attn, sh.kv, keys)?;
             let min_split = self.attn.min_split(kernel);
             let nsplit = attn_splits(keys, min_split, self.max_splits);
-            ops::attention(
-                g,
-                sh.attn,
-                p(&r.q),
-                l.k_cache,
-                l.v_cache,
-                sh.kv,
-                g.ptr(&r.pos),
-                g.ptr(&r.kv_off),
-                l.sinks,
-                p(&r.attn),
-                &scratch,
-                n,
-                l.window,
-                kernel,
-                nsplit,
-                min_split,
-                sh.scale,
-            )?;
+            if self.runs(StepGroup::Attention) {
+                ops::attention(
+                    g,
+                    sh.attn,
+                    p(&r.q),
+                    l.k_cache,
+                    l.v_cache,
+                    sh.kv,
+                    g.ptr(&r.pos),
+                    g.ptr(&r.kv_off),
+                    l.sinks,
+                    p(&r.attn),
+                    &scratch,
+                    n,
+                    l.window,
+                    kernel,
+                    nsplit,
+                    min_split,
+                    sh.scale,
+                )?;
+            }
             mark(StepGroup::Attention.label(false))?;
             let o_w = lw.o_w.dev(g);
-            ops::dense_gemv(
-                g,
-                self.opts.gemv,
-                o_w,
-                Some(g.ptr(&lw.o_b)),
-                p(&r.attn),
-                p(&r.x),
-                hid,
-                hq * d,
-                n,
-                true,
-                None,
-            )?;
+            if self.runs(StepGroup::O) {
+                ops::dense_gemv(
+                    g,
+                    self.opts.gemv,
+                    o_w,
+                    Some(g.ptr(&lw.o_b)),
+                    p(&r.attn),
+                    p(&r.x),
+                    hid,
+                    hq * d,
+                    n,
+                    true,
+                    None,
+                )?;
+            }
             mark(StepGroup::O.label(o_w.is_mxfp4()))?;
             let mlp_norm = Norm {
                 w: g.ptr(&lw.mlp_norm),
                 eps: sh.eps,
                 out: p(&r.h),
             };
-            ops::router(
-                g,
-                g.ptr(&lw.router_w),
-                Some(g.ptr(&lw.router_b)),
-                p(&r.x),
-                p(&r.r_logits),
-                c.num_local_experts,
-                hid,
-                n,
-                Some(mlp_norm),
-                self.topk(g, r, li),
-            )?;
+            if self.runs(StepGroup::Router) {
+                ops::router(
+                    g,
+                    g.ptr(&lw.router_w),
+                    Some(g.ptr(&lw.router_b)),
+                    p(&r.x),
+                    p(&r.r_logits),
+                    c.num_local_experts,
+                    hid,
+                    n,
+                    Some(mlp_norm),
+                    self.topk(g, r, li),
+                )?;
+            }
             mark(StepGroup::Router.label(false))?;
             let (idx, act) = (r.idx_ptr(g, li), p(&r.act));
             let codes = self.moe_codes;
             let experts = c.num_local_experts;
-            if self.moe_f16 {
-                let h = p(&r.h);
-                ops::moe_gate_up_f16(g, &l.moe, sh.moe, experts, h, idx, act, n, split.gate_up)?;
-            } else if self.moe_tc {
-                ops::moe_gate_up_tc(g, &l.moe, sh.moe, experts, p(&r.h), idx, act, n)?;
-            } else {
-                ops::moe_gate_up(
-                    g,
-                    &l.moe,
-                    sh.moe,
-                    codes,
-                    p(&r.h),
-                    idx,
-                    act,
-                    n,
-                    units.gate_up,
-                    units.gate_up_loop(),
-                )?;
+            if self.runs(StepGroup::MoeGateUp) {
+                if self.moe_f16 {
+                    let h = p(&r.h);
+                    ops::moe_gate_up_f16(
+                        g,
+                        &l.moe,
+                        sh.moe,
+                        experts,
+                        h,
+                        idx,
+                        act,
+                        n,
+                        split.gate_up,
+                    )?;
+                } else if self.moe_tc {
+                    ops::moe_gate_up_tc(g, &l.moe, sh.moe, experts, p(&r.h), idx, act, n)?;
+                } else {
+                    ops::moe_gate_up(
+                        g,
+                        &l.moe,
+                        sh.moe,
+                        codes,
+                        p(&r.h),
+                        idx,
+                        act,
+                        n,
+                        units.gate_up,
+                        units.gate_up_loop(),
+                    )?;
+                }
             }
             mark(StepGroup::MoeGateUp.label(false))?;
             let (wts, part, x) = (p(&r.r_w), p(&r.part), p(&r.x));
-            if self.moe_f16 {
-                ops::moe_down_f16(
-                    g,
-                    &l.moe,
-                    sh.moe,
-                    experts,
-                    idx,
-                    wts,
-                    act,
-                    part,
-                    x,
-                    n,
-                    true,
-                    split.down,
-                    g.ptr(&r.moe_ctr),
-                )?;
-            } else if self.moe_tc {
-                ops::moe_down_tc(g, &l.moe, sh.moe, experts, idx, wts, act, part, x, n, true)?;
-            } else {
-                ops::moe_down(
-                    g,
-                    &l.moe,
-                    sh.moe,
-                    codes,
-                    idx,
-                    wts,
-                    act,
-                    part,
-                    x,
-                    n,
-                    true,
-                    units.down,
-                    units.lp,
-                    g.ptr(&r.moe_ctr),
-                )?;
+            if self.runs(StepGroup::MoeDown) {
+                if self.moe_f16 {
+                    ops::moe_down_f16(
+                        g,
+                        &l.moe,
+                        sh.moe,
+                        experts,
+                        idx,
+                        wts,
+                        act,
+                        part,
+                        x,
+                        n,
+                        true,
+                        split.down,
+                        g.ptr(&r.moe_ctr),
+                    )?;
+                } else if self.moe_tc {
+                    ops::moe_down_tc(g, &l.moe, sh.moe, experts, idx, wts, act, part, x, n, true)?;
+                } else {
+                    ops::moe_down(
+                        g,
+                        &l.moe,
+                        sh.moe,
+                        codes,
+                        idx,
+                        wts,
+                        act,
+                        part,
+                        x,
+                        n,
+                        true,
+                        units.down,
+                        units.lp,
+                        g.ptr(&r.moe_ctr),
+                    )?;
+                }
             }
             mark(StepGroup::MoeDown.label(false))?;
         }
-        self.head(g, n)?;
+        if self.runs(StepGroup::Head) {
+            self.head(g, n)?;
+        }
         mark(StepGroup::Head.label(self.w.lm_head.is_mxfp4()))?;
         Ok(())
     }
@@ -1193,6 +1223,20 @@ impl Decoder {
                 .map_err(|e| anyhow::anyhow!("replaying the decode graph: {:?}", e.0)),
             None => anyhow::bail!("graph capture of the decode step produced no graph"),
         }
+    }
+
+    /// Leave the kernel groups `groups` out of every step from now on (empty: none), and drop
+    /// the captured graphs so the next steps capture without them. For `engine profile
+    /// --ablate` alone: a step without a group computes wrong values, but its time is what
+    /// the step costs without that group's kernels.
+    pub fn set_ablated(&mut self, groups: &[StepGroup]) {
+        self.ablated = groups.to_vec();
+        self.graphs.iter_mut().for_each(|g| *g = None);
+    }
+
+    /// Whether a step launches the kernels of `group` (not ablated).
+    fn runs(&self, group: StepGroup) -> bool {
+        !self.ablated.contains(&group)
     }
 
     /// The graph slot of a step of `n` rows with keys up to `full_keys`, and the keys its

@@ -73,6 +73,10 @@ pub struct ProfileArgs {
     /// CUDA device ordinal.
     #[arg(long, default_value_t = 0)]
     pub gpu: usize,
+    /// Also time the graph step without each kernel group in turn (its values then wrong,
+    /// its time real): each group's marginal cost in the captured step.
+    #[arg(long)]
+    pub ablate: bool,
     /// Append this run's figures to a JSON array file (the schema of docs/perf/h100.json):
     /// a decode row (graphs on), and a prefill row with `--prefill`. Created when missing;
     /// a file that is not a JSON array is refused before the run, untouched.
@@ -293,21 +297,7 @@ pub fn run(args: &ProfileArgs) -> Result<()> {
     // (graphs, median ms, mean ms, std ms, median host wall ms) of the timed steps.
     let mut timed = Vec::new();
     for graphs in [false, true] {
-        let (mut times, mut walls) = (Vec::new(), Vec::new());
-        for rep in 0..3 + args.steps {
-            let p: Vec<u32> = vec![(args.depth + rep) as u32; b];
-            let t0 = Instant::now();
-            dec.set_inputs(&g, &toks, &p, &slots)?;
-            let (a, e) = (ev(&g)?, ev(&g)?);
-            record(&g, &a)?;
-            dec.run(&g, b, args.depth + rep + 1, graphs)?;
-            record(&g, &e)?;
-            g.sync()?;
-            if rep >= 3 {
-                times.push(elapsed(&a, &e)?);
-                walls.push(t0.elapsed().as_secs_f64() * 1e3);
-            }
-        }
+        let (times, walls) = time_steps(&g, dec, &toks, &slots, args, graphs)?;
         let mean = times.iter().sum::<f64>() / times.len() as f64;
         let sd =
             (times.iter().map(|t| (t - mean).powi(2)).sum::<f64>() / times.len() as f64).sqrt();
@@ -363,6 +353,10 @@ pub fn run(args: &ProfileArgs) -> Result<()> {
     }
     let sampled = dec.sampled(&g, b)?;
     println!("last sampled ids: {sampled:?}");
+    if args.ablate {
+        let base = timed.iter().find(|t| t.0).map_or(0.0, |t| t.1);
+        ablate(&g, dec, &toks, &slots, args, base)?;
+    }
     let mut rows: Vec<PerfRow> = decode_row.into_iter().collect();
     if args.prefill > 0 {
         let pass = pass.unwrap_or_else(|| {
@@ -389,6 +383,69 @@ pub fn run(args: &ProfileArgs) -> Result<()> {
         perfrows::append(path, &rows)?;
         println!("appended {} row(s) to {}", rows.len(), path.display());
     }
+    Ok(())
+}
+
+/// Run `args.steps` decode steps of `toks` in `slots` (after 3 untimed ones), each at the
+/// next position from `args.depth`, with or without the captured graph; each step's GPU time
+/// (events around it) and host wall time, in ms.
+fn time_steps(
+    g: &Gpu,
+    dec: &mut Decoder,
+    toks: &[u32],
+    slots: &[u32],
+    args: &ProfileArgs,
+    graphs: bool,
+) -> Result<(Vec<f64>, Vec<f64>)> {
+    let b = toks.len();
+    let (mut times, mut walls) = (Vec::new(), Vec::new());
+    for rep in 0..3 + args.steps {
+        let p: Vec<u32> = vec![(args.depth + rep) as u32; b];
+        let t0 = Instant::now();
+        dec.set_inputs(g, toks, &p, slots)?;
+        let (a, e) = (ev(g)?, ev(g)?);
+        record(g, &a)?;
+        dec.run(g, b, args.depth + rep + 1, graphs)?;
+        record(g, &e)?;
+        g.sync()?;
+        if rep >= 3 {
+            times.push(elapsed(&a, &e)?);
+            walls.push(t0.elapsed().as_secs_f64() * 1e3);
+        }
+    }
+    Ok((times, walls))
+}
+
+/// `--ablate`: the graph step timed again without each kernel group in turn (the values it
+/// computes are then wrong; the time is real), so each group's marginal cost in the captured
+/// step shows — what the graph saves if the group cost nothing, which the per-kernel table's
+/// events (a gap at every group boundary) overstate. `base` is the full step's median (ms).
+fn ablate(
+    g: &Gpu,
+    dec: &mut Decoder,
+    toks: &[u32],
+    slots: &[u32],
+    args: &ProfileArgs,
+    base: f64,
+) -> Result<()> {
+    println!(
+        "ablation (graphs on, each group left out of the step in turn; its values wrong, its \
+         time real):"
+    );
+    println!("  {:<36} {:>9} {:>9} {:>7}", "left out", "step ms", "saves ms", "share");
+    for group in StepGroup::ALL.into_iter().filter(|&s| s != StepGroup::Embed) {
+        dec.set_ablated(&[group]);
+        let (times, _) = time_steps(g, dec, toks, slots, args, true)?;
+        let med = median(times);
+        println!(
+            "  {:<36} {:>9.3} {:>9.3} {:>6.1}%",
+            group.label(false),
+            med,
+            base - med,
+            100.0 * (base - med) / base
+        );
+    }
+    dec.set_ablated(&[]);
     Ok(())
 }
 
