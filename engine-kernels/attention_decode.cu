@@ -126,13 +126,28 @@ __device__ __forceinline__ void split_keys_range(int p, int window, int min_spli
     hi = min(p + 1, lo + per);
 }
 
+// A head whose one split holds all of its row's keys (nsplit == 1) is finished by the split
+// kernel itself when the host passes `out` (then no attn_combine runs): its max m (natural
+// units, as the partial attn_combine would read), sum l and unnormalised outputs become
+// out = acc * f / den with the sink counted once, by the operations attn_combine applies to a
+// single split, so the outputs are the same bits.
+__device__ __forceinline__ void attn_finish(float m, float l, const bf16_t* __restrict__ sinks,
+                                            int h, float& f, float& den) {
+    const float sink = sinks ? bf2f(sinks[h]) : -INFINITY;
+    const float mm = fmaxf(sink, m);
+    f = m == -INFINITY ? 0.0f : expf(m - mm);
+    den = l * f;
+    if (sinks) den += expf(sink - mm);
+}
+
 // kv: the cache's element kind (KV_BF16, KV_F32 or KV_FP8), uniform per launch.
 extern "C" __global__ void __launch_bounds__(ATTN_WARPS * 32)
 attn_split(const float* __restrict__ q, const void* __restrict__ k_cache,
            const void* __restrict__ v_cache, int kv, const unsigned* __restrict__ pos,
            const unsigned long long* __restrict__ kv_off, float* __restrict__ part_m,
            float* __restrict__ part_l, float* __restrict__ part_acc, int hq, int hkv, int d,
-           int window, int min_split, float scale) {
+           int window, int min_split, float scale, const bf16_t* __restrict__ sinks,
+           float* __restrict__ out_final) {
     pdl_enter();
     const int h = blockIdx.x, split = blockIdx.y, nsplit = gridDim.y, t = blockIdx.z;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -185,6 +200,14 @@ attn_split(const float* __restrict__ q, const void* __restrict__ k_cache,
             for (int j = 0; j < ATTN_MAX_DPL; ++j)
                 if (j < dpl) out[j] += sm_acc[w][lane * dpl + j] * f;
         }
+    }
+    if (out_final) {
+        float f, den;
+        attn_finish(mm * ATTN_LN2, ll, sinks, h, f, den);
+#pragma unroll
+        for (int j = 0; j < ATTN_MAX_DPL; ++j)
+            if (j < dpl) out_final[((size_t)t * hq + h) * d + lane * dpl + j] = out[j] * f / den;
+        return;
     }
     // The partial max back in natural-log units for the combine (and its sink).
     if (lane == 0) { part_m[pi] = mm * ATTN_LN2; part_l[pi] = ll; }
@@ -308,7 +331,9 @@ __device__ __forceinline__ void gqa_merge(GqaSmem& sm, const float (&m)[ATTN_GQA
                                           const float (&acc)[ATTN_GQA_MAX][ATTN_MAX_DPL],
                                           float* __restrict__ part_m, float* __restrict__ part_l,
                                           float* __restrict__ part_acc, int hq, int G, int d,
-                                          int dpl, int kvh, int split, int nsplit, int t) {
+                                          int dpl, int kvh, int split, int nsplit, int t,
+                                          const bf16_t* __restrict__ sinks,
+                                          float* __restrict__ out_final) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
 #pragma unroll
     for (int g = 0; g < ATTN_GQA_MAX; ++g) {
@@ -337,6 +362,15 @@ __device__ __forceinline__ void gqa_merge(GqaSmem& sm, const float (&m)[ATTN_GQA
             }
         }
         const size_t pi = ((size_t)t * hq + (size_t)kvh * G + g) * nsplit + split;
+        if (out_final) {
+            float f, den;
+            attn_finish(mm * ATTN_LN2, ll, sinks, kvh * G + g, f, den);
+#pragma unroll
+            for (int j = 0; j < ATTN_MAX_DPL; ++j)
+                if (j < dpl)
+                    out_final[((size_t)t * hq + (size_t)kvh * G + g) * d + lane * dpl + j] = out[j] * f / den;
+            continue;
+        }
         if (lane == 0) { part_m[pi] = mm * ATTN_LN2; part_l[pi] = ll; }
 #pragma unroll
         for (int j = 0; j < ATTN_MAX_DPL; ++j)
@@ -369,7 +403,9 @@ __device__ __forceinline__ void gqa_split(const float* __restrict__ q, const voi
                                           const unsigned long long* __restrict__ kv_off,
                                           float* __restrict__ part_m, float* __restrict__ part_l,
                                           float* __restrict__ part_acc, int hq, int hkv, int d,
-                                          int window, int min_split, float scale, GqaSmem& sm) {
+                                          int window, int min_split, float scale,
+                                          const bf16_t* __restrict__ sinks,
+                                          float* __restrict__ out_final, GqaSmem& sm) {
     const int kvh = blockIdx.x, split = blockIdx.y, nsplit = gridDim.y, t = blockIdx.z;
     const int warp = threadIdx.x >> 5;
     const int G = hq / hkv, dpl = d >> 5;
@@ -394,7 +430,8 @@ __device__ __forceinline__ void gqa_split(const float* __restrict__ q, const voi
         auto idx = [&](int r) { return row0 + (size_t)(base + r) * stride; };
         gqa_tile<KIND>(k_cache, idx, v_cache, idx, nk, G, d, dpl, sm.q, sm.p[warp], m, l, acc);
     }
-    gqa_merge(sm, m, l, acc, part_m, part_l, part_acc, hq, G, d, dpl, kvh, split, nsplit, t);
+    gqa_merge(sm, m, l, acc, part_m, part_l, part_acc, hq, G, d, dpl, kvh, split, nsplit, t, sinks,
+              out_final);
 }
 
 // grid = (Hkv, nsplit, T), block = ATTN_GQA_WARPS warps; hq / hkv <= ATTN_GQA_MAX. Same
@@ -404,18 +441,19 @@ attn_split_gqa(const float* __restrict__ q, const void* __restrict__ k_cache,
                const void* __restrict__ v_cache, int kv, const unsigned* __restrict__ pos,
                const unsigned long long* __restrict__ kv_off, float* __restrict__ part_m,
                float* __restrict__ part_l, float* __restrict__ part_acc, int hq, int hkv, int d,
-               int window, int min_split, float scale) {
+               int window, int min_split, float scale, const bf16_t* __restrict__ sinks,
+               float* __restrict__ out_final) {
     pdl_enter();
     __shared__ GqaSmem sm;
     if (kv == KV_FP8)
         gqa_split<KV_FP8>(q, k_cache, v_cache, pos, kv_off, part_m, part_l, part_acc, hq, hkv, d,
-                          window, min_split, scale, sm);
+                          window, min_split, scale, sinks, out_final, sm);
     else if (kv == KV_F32)
         gqa_split<KV_F32>(q, k_cache, v_cache, pos, kv_off, part_m, part_l, part_acc, hq, hkv, d,
-                          window, min_split, scale, sm);
+                          window, min_split, scale, sinks, out_final, sm);
     else
         gqa_split<KV_BF16>(q, k_cache, v_cache, pos, kv_off, part_m, part_l, part_acc, hq, hkv, d,
-                           window, min_split, scale, sm);
+                           window, min_split, scale, sinks, out_final, sm);
 }
 
 // ---- attn_split_gqa_tc: the GQA split on tensor cores (bf16 or fp8 cache, head dims 32 or
@@ -471,7 +509,9 @@ __device__ __forceinline__ void gqa_tc_split(const float* __restrict__ q, const 
                                              const unsigned long long* __restrict__ kv_off,
                                              float* __restrict__ part_m, float* __restrict__ part_l,
                                              float* __restrict__ part_acc, int hq, int hkv, int d,
-                                             int window, int min_split, float scale) {
+                                             int window, int min_split, float scale,
+                                             const bf16_t* __restrict__ sinks,
+                                             float* __restrict__ out_final) {
     extern __shared__ __align__(16) unsigned char atc_smem[];
     __shared__ float sm_m[ATC_WARPS][16], sm_l[ATC_WARPS][16];
     constexpr int ES = FP8 ? 1 : 2;
@@ -641,6 +681,12 @@ __device__ __forceinline__ void gqa_tc_split(const float* __restrict__ q, const 
                 out += so[((size_t)w * 16 + h) * d + c] * f;
             }
         }
+        if (out_final) {
+            float f, den;
+            attn_finish(mm * ATTN_LN2, ll, sinks, kvh * G + h, f, den);
+            out_final[((size_t)t * hq + (size_t)kvh * G + h) * d + c] = out * f / den;
+            continue;
+        }
         const size_t pi = ((size_t)t * hq + (size_t)kvh * G + h) * nsplit + split;
         if (c == 0) {
             part_m[pi] = mm * ATTN_LN2;
@@ -658,16 +704,17 @@ attn_split_gqa_tc(const float* __restrict__ q, const void* __restrict__ k_cache,
                   const void* __restrict__ v_cache, int kv, const unsigned* __restrict__ pos,
                   const unsigned long long* __restrict__ kv_off, float* __restrict__ part_m,
                   float* __restrict__ part_l, float* __restrict__ part_acc, int hq, int hkv, int d,
-                  int window, int min_split, float scale) {
+                  int window, int min_split, float scale, const bf16_t* __restrict__ sinks,
+                  float* __restrict__ out_final) {
     pdl_enter();
     const u8* kc = static_cast<const u8*>(k_cache);
     const u8* vc = static_cast<const u8*>(v_cache);
     if (kv == KV_FP8)
         gqa_tc_split<true>(q, kc, vc, pos, kv_off, part_m, part_l, part_acc, hq, hkv, d, window,
-                           min_split, scale);
+                           min_split, scale, sinks, out_final);
     else
         gqa_tc_split<false>(q, kc, vc, pos, kv_off, part_m, part_l, part_acc, hq, hkv, d, window,
-                            min_split, scale);
+                            min_split, scale, sinks, out_final);
 }
 
 // grid = (Hq, T), block = ATTN_COMBINE_THREADS; nsplit <= ATTN_MAX_SPLITS. Each split's

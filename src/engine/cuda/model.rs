@@ -738,6 +738,7 @@ impl Decoder {
                     nsplit,
                     min_split,
                     sh.scale,
+                    self.attn.finish_single,
                 )?;
             }
             mark(StepGroup::Attention.label(false))?;

@@ -902,6 +902,10 @@ const ATTN_KERNEL_CHOICES: &[(&str, Option<AttnKernel>)] = &[
 /// (default [`AttnKernel::min_split`] of `Gqa`).
 pub const ATTN_GQA_MIN_SPLIT_ENV: &str = "MXTUNE_ATTN_GQA_MIN_SPLIT";
 
+/// Environment variable that turns off the split kernels' own finish of a single split
+/// (`off`: every launch ends in `attn_combine`, as before; default `on`, [`attention`]).
+pub const ATTN_FINISH_ENV: &str = "MXTUNE_ATTN_FINISH";
+
 /// The decode step's choice of attention kernel and split size: the defaults, or what
 /// [`ATTN_KERNEL_ENV`] and [`ATTN_GQA_MIN_SPLIT_ENV`] set (tuning switches for `engine
 /// profile`; the split boundaries depend on the context length only, never on the batch).
@@ -911,6 +915,8 @@ pub struct AttnTuning {
     pub force: Option<AttnKernel>,
     /// Fewest keys per split of the GQA kernel.
     pub gqa_min_split: usize,
+    /// A launch of one split finishes its heads in the split kernel, no `attn_combine`.
+    pub finish_single: bool,
 }
 
 impl Default for AttnTuning {
@@ -918,6 +924,7 @@ impl Default for AttnTuning {
         Self {
             force: None,
             gqa_min_split: AttnKernel::Gqa.min_split(),
+            finish_single: true,
         }
     }
 }
@@ -927,6 +934,7 @@ impl AttnTuning {
     pub fn from_env() -> Result<Self> {
         let mut t = Self {
             force: env_choice(ATTN_KERNEL_ENV, ATTN_KERNEL_CHOICES)?,
+            finish_single: env_choice(ATTN_FINISH_ENV, &[("on", true), ("off", false)])?,
             ..Self::default()
         };
         match std::env::var(ATTN_GQA_MIN_SPLIT_ENV).as_deref() {
@@ -973,7 +981,9 @@ impl AttnTuning {
 /// are shared evenly among `nsplit` splits (blocks), at least `min_split` keys each, so any
 /// `nsplit ≥ 1` covers any context and a short one still spreads over several blocks; `kernel`
 /// picks the per-head or the GQA split kernel (same partials). `sinks = None` turns the sink
-/// off.
+/// off. One split with `finish` set: the split kernel writes `out` itself (the sink counted
+/// as `attn_combine` counts it, the same bits) and no combine is launched — a kernel fewer
+/// and its launch gap (docs/perf.md, session 25).
 pub fn attention(
     g: &Gpu,
     s: AttnShape,
@@ -992,8 +1002,10 @@ pub fn attention(
     nsplit: usize,
     min_split: usize,
     scale: f32,
+    finish: bool,
 ) -> Result<()> {
     s.check()?;
+    let finish = finish && nsplit == 1;
     ensure!(
         (1..=ATTN_MAX_SPLITS).contains(&nsplit),
         "{nsplit} attention splits: the combine takes 1 to {ATTN_MAX_SPLITS}"
@@ -1054,8 +1066,13 @@ pub fn attention(
             i(window)?,
             i(min_split.max(1))?,
             Arg::F32(scale),
+            opt(sinks.filter(|_| finish)),
+            Arg::Ptr(if finish { out } else { 0 }),
         ],
     )?;
+    if finish {
+        return Ok(());
+    }
     g.launch(
         "attn_combine",
         (u(s.hq)?, u(t)?, 1),

@@ -432,8 +432,14 @@ fn ablate(
         "ablation (graphs on, each group left out of the step in turn; its values wrong, its \
          time real):"
     );
-    println!("  {:<36} {:>9} {:>9} {:>7}", "left out", "step ms", "saves ms", "share");
-    for group in StepGroup::ALL.into_iter().filter(|&s| s != StepGroup::Embed) {
+    println!(
+        "  {:<36} {:>9} {:>9} {:>7}",
+        "left out", "step ms", "saves ms", "share"
+    );
+    for group in StepGroup::ALL
+        .into_iter()
+        .filter(|&s| s != StepGroup::Embed)
+    {
         dec.set_ablated(&[group]);
         let (times, _) = time_steps(g, dec, toks, slots, args, true)?;
         let med = median(times);

@@ -442,7 +442,9 @@ impl AttnRows {
 
     /// Decode (split-K) and prefill attention over `c` for one (window, sinks, splits) case:
     /// `nsplit` blocks per head share each row's keys, at least `min_split` each. Both against
-    /// the f64 reference on the values the cache holds (1e-5: summation order).
+    /// the f64 reference on the values the cache holds (1e-5: summation order). With one
+    /// split the split kernel finishes the heads itself; then also the same launch ending in
+    /// `attn_combine`, which must give the same bits.
     #[allow(clippy::too_many_arguments)]
     fn check(
         &self,
@@ -454,31 +456,46 @@ impl AttnRows {
         nsplit: usize,
         min_split: usize,
         label: &str,
-    ) -> Result<[Check; 2]> {
+    ) -> Result<Vec<Check>> {
         let (sh, t) = (self.sh, self.pos.len());
         let scale = 1.0 / (sh.d as f64).sqrt();
         let sinks = sink_on.then(|| g.ptr(&self.ds));
-        let dout = nan_f32(g, t * sh.hq * sh.d)?;
-        ops::attention(
-            g,
-            sh,
-            g.ptr(&self.dq),
-            g.ptr(&c.dk),
-            g.ptr(&c.dv),
-            c.kv,
-            g.ptr(&self.dpos),
-            g.ptr(&self.doff),
-            sinks,
-            g.ptr(&dout),
-            &self.scratch(g),
-            t,
-            window,
-            kernel,
-            nsplit,
-            min_split,
-            scale as f32,
-        )?;
-        let got = g.download(&dout)?;
+        let decode = |finish: bool| -> Result<Vec<f32>> {
+            let dout = nan_f32(g, t * sh.hq * sh.d)?;
+            ops::attention(
+                g,
+                sh,
+                g.ptr(&self.dq),
+                g.ptr(&c.dk),
+                g.ptr(&c.dv),
+                c.kv,
+                g.ptr(&self.dpos),
+                g.ptr(&self.doff),
+                sinks,
+                g.ptr(&dout),
+                &self.scratch(g),
+                t,
+                window,
+                kernel,
+                nsplit,
+                min_split,
+                scale as f32,
+                finish,
+            )?;
+            g.download(&dout)
+        };
+        let got = decode(true)?;
+        let mut res = Vec::new();
+        if nsplit == 1 {
+            res.push(check(
+                format!(
+                    "attention {label}{kernel:?} window={window} sinks={sink_on} one split                      finished in the split kernel = with attn_combine, elements apart, kv={}",
+                    c.kv.name()
+                ),
+                bits_apart(&got, &decode(false)?),
+                0.0,
+            ));
+        }
         let mut want = Vec::new();
         for ti in 0..t {
             let off = self.kv_off[ti] as usize;
@@ -531,7 +548,8 @@ impl AttnRows {
             rel_err(&g.download(&dout)?, &want),
             1e-5,
         );
-        Ok([decode, prefill])
+        res.extend([decode, prefill]);
+        Ok(res)
     }
 }
 
@@ -616,6 +634,9 @@ fn check_attention(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
         (0, true, 47, 64, 2),
         (128, true, 2, 64, 2),
         (0, false, 64, 32, 2),
+        (0, false, 1, 4096, 1),
+        (0, true, 1, 4096, 2),
+        (128, false, 1, 4096, 2),
     ] {
         for kernel in split_kernels(g, sh, caches[c].kv)? {
             res.extend(rows.check(
