@@ -130,14 +130,30 @@ __device__ __forceinline__ void split_keys_range(int p, int window, int min_spli
 // kernel itself when the host passes `out` (then no attn_combine runs): its max m (natural
 // units, as the partial attn_combine would read), sum l and unnormalised outputs become
 // out = acc * f / den with the sink counted once, by the operations attn_combine applies to a
-// single split, so the outputs are the same bits.
-__device__ __forceinline__ void attn_finish(float m, float l, const bf16_t* __restrict__ sinks,
-                                            int h, float& f, float& den) {
-    const float sink = sinks ? bf2f(sinks[h]) : -INFINITY;
+// single split, so the outputs are the same bits. sink is -inf when the sink is off.
+__device__ __forceinline__ void attn_finish(float m, float l, float sink, float& f, float& den) {
     const float mm = fmaxf(sink, m);
     f = m == -INFINITY ? 0.0f : expf(m - mm);
     den = l * f;
-    if (sinks) den += expf(sink - mm);
+    if (sink != -INFINITY) den += expf(sink - mm);
+}
+
+// The sink logits of heads h0 .. h0 + n - 1 into sink_s (-inf when the sink is off), read
+// before pdl_enter — a weight, immutable — by loads that stay on that side of the wait
+// (volatile asm; an ld.global.nc may be moved below it, common.cuh). Read after the wait,
+// each finish waited on a load from DRAM. Only where the kernel finishes (out_final).
+__device__ __forceinline__ void attn_sinks_early(const bf16_t* sinks, const float* out_final,
+                                                 int h0, int n, float* sink_s) {
+    if (!out_final) return;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        float v = -INFINITY;
+        if (sinks) {
+            unsigned short b;
+            asm volatile("ld.global.u16 %0, [%1];" : "=h"(b) : "l"(sinks + h0 + i));
+            v = bf2f(b);
+        }
+        sink_s[i] = v;
+    }
 }
 
 // kv: the cache's element kind (KV_BF16, KV_F32 or KV_FP8), uniform per launch.
@@ -148,6 +164,8 @@ attn_split(const float* __restrict__ q, const void* __restrict__ k_cache,
            float* __restrict__ part_l, float* __restrict__ part_acc, int hq, int hkv, int d,
            int window, int min_split, float scale, const bf16_t* __restrict__ sinks,
            float* __restrict__ out_final) {
+    __shared__ float sink_s[1];
+    attn_sinks_early(sinks, out_final, blockIdx.x, 1, sink_s);
     pdl_enter();
     const int h = blockIdx.x, split = blockIdx.y, nsplit = gridDim.y, t = blockIdx.z;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -203,7 +221,7 @@ attn_split(const float* __restrict__ q, const void* __restrict__ k_cache,
     }
     if (out_final) {
         float f, den;
-        attn_finish(mm * ATTN_LN2, ll, sinks, h, f, den);
+        attn_finish(mm * ATTN_LN2, ll, sink_s[0], f, den);
 #pragma unroll
         for (int j = 0; j < ATTN_MAX_DPL; ++j)
             if (j < dpl) out_final[((size_t)t * hq + h) * d + lane * dpl + j] = out[j] * f / den;
@@ -332,8 +350,7 @@ __device__ __forceinline__ void gqa_merge(GqaSmem& sm, const float (&m)[ATTN_GQA
                                           float* __restrict__ part_m, float* __restrict__ part_l,
                                           float* __restrict__ part_acc, int hq, int G, int d,
                                           int dpl, int kvh, int split, int nsplit, int t,
-                                          const bf16_t* __restrict__ sinks,
-                                          float* __restrict__ out_final) {
+                                          const float* sink_s, float* __restrict__ out_final) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
 #pragma unroll
     for (int g = 0; g < ATTN_GQA_MAX; ++g) {
@@ -364,7 +381,7 @@ __device__ __forceinline__ void gqa_merge(GqaSmem& sm, const float (&m)[ATTN_GQA
         const size_t pi = ((size_t)t * hq + (size_t)kvh * G + g) * nsplit + split;
         if (out_final) {
             float f, den;
-            attn_finish(mm * ATTN_LN2, ll, sinks, kvh * G + g, f, den);
+            attn_finish(mm * ATTN_LN2, ll, sink_s[g], f, den);
 #pragma unroll
             for (int j = 0; j < ATTN_MAX_DPL; ++j)
                 if (j < dpl)
@@ -404,8 +421,8 @@ __device__ __forceinline__ void gqa_split(const float* __restrict__ q, const voi
                                           float* __restrict__ part_m, float* __restrict__ part_l,
                                           float* __restrict__ part_acc, int hq, int hkv, int d,
                                           int window, int min_split, float scale,
-                                          const bf16_t* __restrict__ sinks,
-                                          float* __restrict__ out_final, GqaSmem& sm) {
+                                          const float* sink_s, float* __restrict__ out_final,
+                                          GqaSmem& sm) {
     const int kvh = blockIdx.x, split = blockIdx.y, nsplit = gridDim.y, t = blockIdx.z;
     const int warp = threadIdx.x >> 5;
     const int G = hq / hkv, dpl = d >> 5;
@@ -430,7 +447,7 @@ __device__ __forceinline__ void gqa_split(const float* __restrict__ q, const voi
         auto idx = [&](int r) { return row0 + (size_t)(base + r) * stride; };
         gqa_tile<KIND>(k_cache, idx, v_cache, idx, nk, G, d, dpl, sm.q, sm.p[warp], m, l, acc);
     }
-    gqa_merge(sm, m, l, acc, part_m, part_l, part_acc, hq, G, d, dpl, kvh, split, nsplit, t, sinks,
+    gqa_merge(sm, m, l, acc, part_m, part_l, part_acc, hq, G, d, dpl, kvh, split, nsplit, t, sink_s,
               out_final);
 }
 
@@ -443,17 +460,19 @@ attn_split_gqa(const float* __restrict__ q, const void* __restrict__ k_cache,
                float* __restrict__ part_l, float* __restrict__ part_acc, int hq, int hkv, int d,
                int window, int min_split, float scale, const bf16_t* __restrict__ sinks,
                float* __restrict__ out_final) {
+    __shared__ float sink_s[ATTN_GQA_MAX];
+    attn_sinks_early(sinks, out_final, blockIdx.x * (hq / hkv), hq / hkv, sink_s);
     pdl_enter();
     __shared__ GqaSmem sm;
     if (kv == KV_FP8)
         gqa_split<KV_FP8>(q, k_cache, v_cache, pos, kv_off, part_m, part_l, part_acc, hq, hkv, d,
-                          window, min_split, scale, sinks, out_final, sm);
+                          window, min_split, scale, sink_s, out_final, sm);
     else if (kv == KV_F32)
         gqa_split<KV_F32>(q, k_cache, v_cache, pos, kv_off, part_m, part_l, part_acc, hq, hkv, d,
-                          window, min_split, scale, sinks, out_final, sm);
+                          window, min_split, scale, sink_s, out_final, sm);
     else
         gqa_split<KV_BF16>(q, k_cache, v_cache, pos, kv_off, part_m, part_l, part_acc, hq, hkv, d,
-                           window, min_split, scale, sinks, out_final, sm);
+                           window, min_split, scale, sink_s, out_final, sm);
 }
 
 // ---- attn_split_gqa_tc: the GQA split on tensor cores (bf16 or fp8 cache, head dims 32 or
@@ -510,8 +529,7 @@ __device__ __forceinline__ void gqa_tc_split(const float* __restrict__ q, const 
                                              float* __restrict__ part_m, float* __restrict__ part_l,
                                              float* __restrict__ part_acc, int hq, int hkv, int d,
                                              int window, int min_split, float scale,
-                                             const bf16_t* __restrict__ sinks,
-                                             float* __restrict__ out_final) {
+                                             const float* sink_s, float* __restrict__ out_final) {
     extern __shared__ __align__(16) unsigned char atc_smem[];
     __shared__ float sm_m[ATC_WARPS][16], sm_l[ATC_WARPS][16];
     constexpr int ES = FP8 ? 1 : 2;
@@ -683,7 +701,7 @@ __device__ __forceinline__ void gqa_tc_split(const float* __restrict__ q, const 
         }
         if (out_final) {
             float f, den;
-            attn_finish(mm * ATTN_LN2, ll, sinks, kvh * G + h, f, den);
+            attn_finish(mm * ATTN_LN2, ll, sink_s[h], f, den);
             out_final[((size_t)t * hq + (size_t)kvh * G + h) * d + c] = out * f / den;
             continue;
         }
@@ -706,15 +724,17 @@ attn_split_gqa_tc(const float* __restrict__ q, const void* __restrict__ k_cache,
                   float* __restrict__ part_l, float* __restrict__ part_acc, int hq, int hkv, int d,
                   int window, int min_split, float scale, const bf16_t* __restrict__ sinks,
                   float* __restrict__ out_final) {
+    __shared__ float sink_s[16];
+    attn_sinks_early(sinks, out_final, blockIdx.x * (hq / hkv), hq / hkv, sink_s);
     pdl_enter();
     const u8* kc = static_cast<const u8*>(k_cache);
     const u8* vc = static_cast<const u8*>(v_cache);
     if (kv == KV_FP8)
         gqa_tc_split<true>(q, kc, vc, pos, kv_off, part_m, part_l, part_acc, hq, hkv, d, window,
-                           min_split, scale, sinks, out_final);
+                           min_split, scale, sink_s, out_final);
     else
         gqa_tc_split<false>(q, kc, vc, pos, kv_off, part_m, part_l, part_acc, hq, hkv, d, window,
-                            min_split, scale, sinks, out_final);
+                            min_split, scale, sink_s, out_final);
 }
 
 // grid = (Hq, T), block = ATTN_COMBINE_THREADS; nsplit <= ATTN_MAX_SPLITS. Each split's
