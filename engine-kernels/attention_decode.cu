@@ -156,6 +156,21 @@ __device__ __forceinline__ void attn_sinks_early(const bf16_t* sinks, const floa
     }
 }
 
+// When a split kernel finishes its heads (out_final), the next kernel (the o projection) is
+// let launch only once this block's keys are done (attn_trigger_late after the key loop)
+// instead of at the start: launched at the start, its blocks' early weight loads (megabytes)
+// queue ahead of this kernel's few latency-bound loads. ATTN_LATE_TRIGGER=0: at the start.
+#ifndef ATTN_LATE_TRIGGER
+#define ATTN_LATE_TRIGGER 1
+#endif
+__device__ __forceinline__ void attn_enter(const float* out_final) {
+    pdl_wait();
+    if (!(ATTN_LATE_TRIGGER && out_final)) pdl_trigger();
+}
+__device__ __forceinline__ void attn_trigger_late(const float* out_final) {
+    if (ATTN_LATE_TRIGGER && out_final) pdl_trigger();
+}
+
 // kv: the cache's element kind (KV_BF16, KV_F32 or KV_FP8), uniform per launch.
 extern "C" __global__ void __launch_bounds__(ATTN_WARPS * 32)
 attn_split(const float* __restrict__ q, const void* __restrict__ k_cache,
@@ -166,7 +181,7 @@ attn_split(const float* __restrict__ q, const void* __restrict__ k_cache,
            float* __restrict__ out_final) {
     __shared__ float sink_s[1];
     attn_sinks_early(sinks, out_final, blockIdx.x, 1, sink_s);
-    pdl_enter();
+    attn_enter(out_final);
     const int h = blockIdx.x, split = blockIdx.y, nsplit = gridDim.y, t = blockIdx.z;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int dpl = d >> 5;
@@ -197,6 +212,7 @@ attn_split(const float* __restrict__ q, const void* __restrict__ k_cache,
         split_keys<true>(k_cache, v_cache, kv, row0, stride, lo, hi, dpl, qv, acc, m, l);
     else
         split_keys<false>(k_cache, v_cache, kv, row0, stride, lo, hi, dpl, qv, acc, m, l);
+    attn_trigger_late(out_final);
     __shared__ float sm_m[ATTN_WARPS], sm_l[ATTN_WARPS], sm_acc[ATTN_WARPS][32 * ATTN_MAX_DPL];
     if (lane == 0) { sm_m[warp] = m; sm_l[warp] = l; }
 #pragma unroll
@@ -447,6 +463,7 @@ __device__ __forceinline__ void gqa_split(const float* __restrict__ q, const voi
         auto idx = [&](int r) { return row0 + (size_t)(base + r) * stride; };
         gqa_tile<KIND>(k_cache, idx, v_cache, idx, nk, G, d, dpl, sm.q, sm.p[warp], m, l, acc);
     }
+    attn_trigger_late(out_final);
     gqa_merge(sm, m, l, acc, part_m, part_l, part_acc, hq, G, d, dpl, kvh, split, nsplit, t, sink_s,
               out_final);
 }
@@ -462,7 +479,7 @@ attn_split_gqa(const float* __restrict__ q, const void* __restrict__ k_cache,
                float* __restrict__ out_final) {
     __shared__ float sink_s[ATTN_GQA_MAX];
     attn_sinks_early(sinks, out_final, blockIdx.x * (hq / hkv), hq / hkv, sink_s);
-    pdl_enter();
+    attn_enter(out_final);
     __shared__ GqaSmem sm;
     if (kv == KV_FP8)
         gqa_split<KV_FP8>(q, k_cache, v_cache, pos, kv_off, part_m, part_l, part_acc, hq, hkv, d,
@@ -661,6 +678,7 @@ __device__ __forceinline__ void gqa_tc_split(const float* __restrict__ q, const 
         buf ^= 1;
     }
     cp_async_wait<0>();
+    attn_trigger_late(out_final);
     // Merge the warps per head: (m, l) and the outputs through shared memory (the outputs
     // over the stage, free now), then the split's partials.
 #pragma unroll
@@ -726,7 +744,7 @@ attn_split_gqa_tc(const float* __restrict__ q, const void* __restrict__ k_cache,
                   float* __restrict__ out_final) {
     __shared__ float sink_s[16];
     attn_sinks_early(sinks, out_final, blockIdx.x * (hq / hkv), hq / hkv, sink_s);
-    pdl_enter();
+    attn_enter(out_final);
     const u8* kc = static_cast<const u8*>(k_cache);
     const u8* vc = static_cast<const u8*>(v_cache);
     if (kv == KV_FP8)
