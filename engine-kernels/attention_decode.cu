@@ -156,19 +156,25 @@ __device__ __forceinline__ void attn_sinks_early(const bf16_t* sinks, const floa
     }
 }
 
-// When a split kernel finishes its heads (out_final), the next kernel (the o projection) is
-// let launch only once this block's keys are done (attn_trigger_late after the key loop)
-// instead of at the start: launched at the start, its blocks' early weight loads (megabytes)
-// queue ahead of this kernel's few latency-bound loads. ATTN_LATE_TRIGGER=0: at the start.
-#ifndef ATTN_LATE_TRIGGER
-#define ATTN_LATE_TRIGGER 1
+// When the split kernel lets the next kernel launch (griddepcontrol.launch_dependents): 0 at
+// the start, 1 once the block's keys are done, 2 never (at the grid's end). ATTN_TRIGGER_FIN
+// where it finishes its heads (the next kernel: the o projection), ATTN_TRIGGER_PART where
+// it writes partials (the next: attn_combine).
+#ifndef ATTN_TRIGGER_FIN
+#define ATTN_TRIGGER_FIN 1
 #endif
+#ifndef ATTN_TRIGGER_PART
+#define ATTN_TRIGGER_PART 0
+#endif
+__device__ __forceinline__ int attn_trigger_mode(const float* out_final) {
+    return out_final ? ATTN_TRIGGER_FIN : ATTN_TRIGGER_PART;
+}
 __device__ __forceinline__ void attn_enter(const float* out_final) {
     pdl_wait();
-    if (!(ATTN_LATE_TRIGGER && out_final)) pdl_trigger();
+    if (attn_trigger_mode(out_final) == 0) pdl_trigger();
 }
 __device__ __forceinline__ void attn_trigger_late(const float* out_final) {
-    if (ATTN_LATE_TRIGGER && out_final) pdl_trigger();
+    if (attn_trigger_mode(out_final) == 1) pdl_trigger();
 }
 
 // kv: the cache's element kind (KV_BF16, KV_F32 or KV_FP8), uniform per launch.

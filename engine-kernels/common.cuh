@@ -69,9 +69,13 @@ __device__ __forceinline__ void pdl_trigger() {
     asm volatile("griddepcontrol.launch_dependents;" :::);
 #endif
 }
+// PDL_NO_TRIGGER=1 (an experiment): no kernel lets the next launch before its grid ends.
+#ifndef PDL_NO_TRIGGER
+#define PDL_NO_TRIGGER 0
+#endif
 __device__ __forceinline__ void pdl_enter() {
     pdl_wait();
-    pdl_trigger();
+    if (!PDL_NO_TRIGGER) pdl_trigger();
 }
 
 // Ask L2 for the 128-byte lines covering [p, p + bytes), lines lane, lane + nlanes, …
