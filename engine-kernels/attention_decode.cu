@@ -161,7 +161,7 @@ __device__ __forceinline__ void attn_sinks_early(const bf16_t* sinks, const floa
 // where it finishes its heads (the next kernel: the o projection), ATTN_TRIGGER_PART where
 // it writes partials (the next: attn_combine).
 #ifndef ATTN_TRIGGER_FIN
-#define ATTN_TRIGGER_FIN 1
+#define ATTN_TRIGGER_FIN 2
 #endif
 #ifndef ATTN_TRIGGER_PART
 #define ATTN_TRIGGER_PART 0

@@ -77,6 +77,29 @@ __device__ __forceinline__ void pdl_enter() {
     pdl_wait();
     if (!PDL_NO_TRIGGER) pdl_trigger();
 }
+// pdl_enter with the trigger chosen at compile time: MODE 0 at the start (pdl_enter), 2 never
+// (the next kernel launches when this grid ends: its blocks placed on an idle chip, not
+// around this grid's; docs/perf.md session 25). Knobs per kernel: *_TRIGGER below.
+template <int MODE>
+__device__ __forceinline__ void pdl_enter_as() {
+    pdl_wait();
+    if (MODE == 0 && !PDL_NO_TRIGGER) pdl_trigger();
+}
+#ifndef ROPE_TRIGGER
+#define ROPE_TRIGGER 0
+#endif
+#ifndef ROUTER_TRIGGER
+#define ROUTER_TRIGGER 0
+#endif
+#ifndef GATE_UP_TRIGGER
+#define GATE_UP_TRIGGER 0
+#endif
+#ifndef DOWN_TRIGGER
+#define DOWN_TRIGGER 0
+#endif
+#ifndef TCG_TRIGGER
+#define TCG_TRIGGER 0
+#endif
 
 // Ask L2 for the 128-byte lines covering [p, p + bytes), lines lane, lane + nlanes, …
 // Fire-and-forget: a kernel issues it for its weights before pdl_enter(), so the weight
