@@ -48,6 +48,8 @@ pub const KERNEL_FILES: &[KernelFile] = &[
             "gemv_bf16_norm",
             "gemv_bf16_wide",
             "gemv_bf16_wide_rows",
+            "gemv_bf16_wide_late",
+            "gemv_bf16_wide_rows_late",
             "router_rows"
         ]
     ),

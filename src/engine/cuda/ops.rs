@@ -661,6 +661,13 @@ pub fn wide_rows(g: &Gpu, rows: usize, t: usize) -> Result<usize> {
     Ok(wide_rows_per_block(rows, t, g.sms(), wide_rows_env()?))
 }
 
+/// Fewest rows from which the decode router lets the MoE's gate_up launch only when the
+/// router's grid ends, instead of at its start (programmatic dependent launch): gate_up has
+/// nothing to do before its wait, and launched early its blocks are placed around the
+/// router's. H200, same call (docs/perf.md run 186): 120b batch 8 / 12 / 16 −2.1 / −0.8 /
+/// −2.2 %, 20b batch 8 / 16 −3.1 / −2.5 %, but batch 2–7 +0.2 to +0.9 %.
+pub const ROUTER_LATE_FROM: usize = 8;
+
 fn gemv_launch(
     g: &Gpu,
     w: u64,
@@ -676,8 +683,12 @@ fn gemv_launch(
 ) -> Result<()> {
     let wide = rows < GEMV_WIDE_ROWS;
     let rpb = if wide { wide_rows(g, rows, t)? } else { 1 };
+    // The router of ROUTER_LATE_FROM rows or more lets gate_up launch at its grid's end.
+    let late = topk.is_some() && t >= ROUTER_LATE_FROM;
     let (kernel, blocks) = match (wide, norm.is_some()) {
+        (true, _) if rpb > 1 && late => ("gemv_bf16_wide_rows_late", rows.div_ceil(rpb)),
         (true, _) if rpb > 1 => ("gemv_bf16_wide_rows", rows.div_ceil(rpb)),
+        (true, _) if late => ("gemv_bf16_wide_late", rows),
         (true, _) => ("gemv_bf16_wide", rows),
         (false, true) => ("gemv_bf16_norm", rows.div_ceil(GEMV_ROWS)),
         (false, false) => ("gemv_bf16", rows.div_ceil(GEMV_ROWS)),
