@@ -159,7 +159,7 @@ __device__ __forceinline__ void attn_sinks_early(const bf16_t* sinks, const floa
 // When the split kernel lets the next kernel launch (griddepcontrol.launch_dependents): 0 at
 // the start, 1 once the block's keys are done, 2 never (at the grid's end). ATTN_TRIGGER_FIN
 // where it finishes its heads (the next kernel: the o projection), ATTN_TRIGGER_PART where
-// it writes partials (the next: attn_combine). Both 2 (docs/perf.md runs 184, 188: at the
+// it writes partials (the next: attn_combine). Both 2 (docs/perf.md runs 184, 189-190: at the
 // start, the next kernel's blocks were placed around this grid's few; 120b batch 4 at depth 0
 // −5.9 % finishing, at depth 4096 −4.0 % with the combine, neutral elsewhere).
 #ifndef ATTN_TRIGGER_FIN
