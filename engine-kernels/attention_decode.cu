@@ -139,9 +139,10 @@ __device__ __forceinline__ void attn_finish(float m, float l, float sink, float&
 }
 
 // The sink logits of heads h0 .. h0 + n - 1 into sink_s (-inf when the sink is off), read
-// before pdl_enter — a weight, immutable — by loads that stay on that side of the wait
-// (volatile asm; an ld.global.nc may be moved below it, common.cuh). Read after the wait,
-// each finish waited on a load from DRAM. Only where the kernel finishes (out_final).
+// before the wait — a weight, immutable — by loads that stay on that side of it (volatile
+// asm; an ld.global.nc may be moved below it, common.cuh), so no finish waits on a load from
+// DRAM. It did not measure faster by itself (docs/perf.md run 182: the finish's loss came
+// from where the next kernel launched). Only where the kernel finishes (out_final).
 __device__ __forceinline__ void attn_sinks_early(const bf16_t* sinks, const float* out_final,
                                                  int h0, int n, float* sink_s) {
     if (!out_final) return;
@@ -171,12 +172,8 @@ __device__ __forceinline__ void attn_sinks_early(const bf16_t* sinks, const floa
 __device__ __forceinline__ int attn_trigger_mode(const float* out_final) {
     return out_final ? ATTN_TRIGGER_FIN : ATTN_TRIGGER_PART;
 }
-__device__ __forceinline__ void attn_enter(const float* out_final) {
-    pdl_wait();
-    if (attn_trigger_mode(out_final) == 0) pdl_trigger();
-}
 __device__ __forceinline__ void attn_trigger_late(const float* out_final) {
-    if (attn_trigger_mode(out_final) == 1) pdl_trigger();
+    if (attn_trigger_mode(out_final) == 1 && !PDL_NO_TRIGGER) pdl_trigger();
 }
 
 // kv: the cache's element kind (KV_BF16, KV_F32 or KV_FP8), uniform per launch.
@@ -189,7 +186,7 @@ attn_split(const float* __restrict__ q, const void* __restrict__ k_cache,
            float* __restrict__ out_final) {
     __shared__ float sink_s[1];
     attn_sinks_early(sinks, out_final, blockIdx.x, 1, sink_s);
-    attn_enter(out_final);
+    pdl_enter_as(attn_trigger_mode(out_final));
     const int h = blockIdx.x, split = blockIdx.y, nsplit = gridDim.y, t = blockIdx.z;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int dpl = d >> 5;
@@ -487,7 +484,7 @@ attn_split_gqa(const float* __restrict__ q, const void* __restrict__ k_cache,
                float* __restrict__ out_final) {
     __shared__ float sink_s[ATTN_GQA_MAX];
     attn_sinks_early(sinks, out_final, blockIdx.x * (hq / hkv), hq / hkv, sink_s);
-    attn_enter(out_final);
+    pdl_enter_as(attn_trigger_mode(out_final));
     __shared__ GqaSmem sm;
     if (kv == KV_FP8)
         gqa_split<KV_FP8>(q, k_cache, v_cache, pos, kv_off, part_m, part_l, part_acc, hq, hkv, d,
@@ -752,7 +749,7 @@ attn_split_gqa_tc(const float* __restrict__ q, const void* __restrict__ k_cache,
                   float* __restrict__ out_final) {
     __shared__ float sink_s[16];
     attn_sinks_early(sinks, out_final, blockIdx.x * (hq / hkv), hq / hkv, sink_s);
-    attn_enter(out_final);
+    pdl_enter_as(attn_trigger_mode(out_final));
     const u8* kc = static_cast<const u8*>(k_cache);
     const u8* vc = static_cast<const u8*>(v_cache);
     if (kv == KV_FP8)

@@ -73,18 +73,15 @@ __device__ __forceinline__ void pdl_trigger() {
 #ifndef PDL_NO_TRIGGER
 #define PDL_NO_TRIGGER 0
 #endif
-__device__ __forceinline__ void pdl_enter() {
+// The wait, with the trigger at the start for mode 0 only: any other mode leaves it to the
+// kernel (2: never, the next kernel launches when this grid ends, its blocks placed on an
+// idle chip, not around this grid's; docs/perf.md session 25). Knobs per kernel: *_TRIGGER
+// below; a literal mode folds away.
+__device__ __forceinline__ void pdl_enter_as(int mode) {
     pdl_wait();
-    if (!PDL_NO_TRIGGER) pdl_trigger();
+    if (mode == 0 && !PDL_NO_TRIGGER) pdl_trigger();
 }
-// pdl_enter with the trigger chosen at compile time: MODE 0 at the start (pdl_enter), 2 never
-// (the next kernel launches when this grid ends: its blocks placed on an idle chip, not
-// around this grid's; docs/perf.md session 25). Knobs per kernel: *_TRIGGER below.
-template <int MODE>
-__device__ __forceinline__ void pdl_enter_as() {
-    pdl_wait();
-    if (MODE == 0 && !PDL_NO_TRIGGER) pdl_trigger();
-}
+__device__ __forceinline__ void pdl_enter() { pdl_enter_as(0); }
 #ifndef ROPE_TRIGGER
 #define ROPE_TRIGGER 0
 #endif

@@ -346,7 +346,7 @@ __device__ __forceinline__ void gemv_wide_body(const bf16_t* __restrict__ w, con
 }
 
 // The _late entries (the router from ROUTER_LATE_FROM rows, ops.rs) let the next kernel (the
-// MoE's gate_up) launch only when this grid ends (pdl_enter_as<2>); the others at its start.
+// MoE's gate_up) launch only when this grid ends (pdl_enter_as(2)); the others at its start.
 #define GEMV_WIDE_ENTRY(name, R, MODE)                                                          \
     extern "C" __global__ void __launch_bounds__(256, GEMV_MINB)                                \
     name(const bf16_t* __restrict__ w, const bf16_t* __restrict__ bias,                         \
@@ -357,7 +357,7 @@ __device__ __forceinline__ void gemv_wide_body(const bf16_t* __restrict__ w, con
         const int rpb_ = max(1, min(rpb, R));                                                   \
         const int row0 = blockIdx.x * rpb_, nr = min(rpb_, rows - row0);                        \
         if (GEMV_PREFETCH && blockIdx.y == 0) prefetch_l2(w + (size_t)row0 * cols, (size_t)nr * cols * 2, threadIdx.x, blockDim.x); \
-        pdl_enter_as<MODE>();                                                                   \
+        pdl_enter_as(MODE);                                                                     \
         gemv_wide_body<R>(w, bias, x, y, rows, cols, tokens, accumulate, norm_w, eps, x_out,    \
                           topk_idx, topk_w, k, counter, row0, nr);                              \
     }

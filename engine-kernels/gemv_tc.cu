@@ -416,7 +416,7 @@ __device__ __forceinline__ void gemv_tc_body(const W wp, typename W::Raw (&cur)[
         const int nch = tcg_nchunks<TcgBf16>(cols);                                            \
         const int c_lo = tcg_chunk_lo(nch), c_hi = tcg_chunk_hi(nch);                          \
         tcg_prefetch<TcgBf16, TT>(wp, TCG_FIRST_ROW(TT), rows, c_lo, c_hi, cur);               \
-        pdl_enter_as<TCG_TRIGGER>();                                                           \
+        pdl_enter_as(TCG_TRIGGER);                                                             \
         gemv_tc_body<TcgBf16, TN, TT>(wp, cur, bias, x, y, rows, cols, tokens, accumulate,     \
                                       norm_w, eps, x_out, part, cnt);                          \
     }
@@ -436,7 +436,7 @@ GEMV_TC_BF16(gemv_tc_bf16_t16, 2, 1, TCG_MINB)
         const int nch = tcg_nchunks<TcgFp4>(cols);                                             \
         const int c_lo = tcg_chunk_lo(nch), c_hi = tcg_chunk_hi(nch);                          \
         tcg_prefetch<TcgFp4, TT>(wp, TCG_FIRST_ROW(TT), rows, c_lo, c_hi, cur);                \
-        pdl_enter_as<TCG_TRIGGER>();                                                           \
+        pdl_enter_as(TCG_TRIGGER);                                                             \
         gemv_tc_body<TcgFp4, TN, TT>(wp, cur, bias, x, y, rows, cols, tokens, accumulate,      \
                                      norm_w, eps, x_out, part, cnt);                           \
     }

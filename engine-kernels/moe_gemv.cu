@@ -501,7 +501,7 @@ __device__ __forceinline__ void moe_gate_up_body(const u8* __restrict__ blocks,
          const bf16_t* __restrict__ bias, const float* __restrict__ x,                          \
          const int* __restrict__ idx, float* __restrict__ act, int inter, int hidden, int k,    \
          float limit, float alpha, int units) {                                                 \
-        pdl_enter_as<GATE_UP_TRIGGER>();                                                        \
+        pdl_enter_as(GATE_UP_TRIGGER);                                                          \
         moe_gate_up_body<policy, slots>(blocks, scales, bias, x, idx, act, inter, hidden, k,    \
                                         limit, alpha, units);                                   \
     }
@@ -553,7 +553,7 @@ __device__ __forceinline__ void moe_down_body(const u8* __restrict__ blocks,
     const int rw = (blockIdx.y * 8 + (threadIdx.x >> 5)) * 2 * units;  // the warp's first row
     const int s = blockIdx.x % k, t = blockIdx.x / k;
 #if !MOE_DOWN_EARLY
-    pdl_enter_as<DOWN_TRIGGER>();
+    pdl_enter_as(DOWN_TRIGGER);
 #endif
     // idx comes from the router, two kernels back: complete and visible once the previous
     // kernel (gate_up) has passed its own wait, which it did before letting this one launch.
@@ -574,7 +574,7 @@ __device__ __forceinline__ void moe_down_body(const u8* __restrict__ blocks,
         MoeSlots w{be + (size_t)rw * nb + lane, se + (size_t)rw * nb + lane, nb, ni, lane};
         if (nu > 0) w.load_unit(0);
 #if MOE_DOWN_EARLY
-        pdl_enter_as<DOWN_TRIGGER>();
+        pdl_enter_as(DOWN_TRIGGER);
 #endif
         A::stage(act + ((size_t)t * k + s) * inter, as, inter);
         __syncthreads();
@@ -615,7 +615,7 @@ __device__ __forceinline__ void moe_down_body(const u8* __restrict__ blocks,
     fetch(0);
     fetch(1);
 #if MOE_DOWN_EARLY
-    pdl_enter_as<DOWN_TRIGGER>();
+    pdl_enter_as(DOWN_TRIGGER);
 #endif
     A::stage(act + ((size_t)t * k + s) * inter, as, inter);
     __syncthreads();
@@ -783,7 +783,7 @@ moe_gate_up_swiglu_h2_grp(const u8* __restrict__ blocks, const u8* __restrict__ 
                           const int* __restrict__ idx, float* __restrict__ act, int inter,
                           int hidden, int k, int tokens, float limit, float alpha, int units,
                           int cap, int stride) {
-    pdl_enter_as<GATE_UP_TRIGGER>();
+    pdl_enter_as(GATE_UP_TRIGGER);
     moe_gate_up_grp_body(blocks, scales, bias, x, idx, act, inter, hidden, k, tokens, limit, alpha,
                          units, cap, stride);
 }
@@ -806,7 +806,7 @@ __device__ __forceinline__ void moe_down_grp_body(const u8* __restrict__ blocks,
                                                   unsigned* __restrict__ ctr, int cap, int stride) {
     __shared__ TcgGroup grp;
 #if !MOE_DOWN_EARLY
-    pdl_enter_as<DOWN_TRIGGER>();
+    pdl_enter_as(DOWN_TRIGGER);
 #endif
     if (!tcg_group(idx, tokens, k, grp)) return;
     u8* as = reinterpret_cast<u8*>(moe_smem);
@@ -824,7 +824,7 @@ __device__ __forceinline__ void moe_down_grp_body(const u8* __restrict__ blocks,
     MoeSlots w{be + (size_t)rw * nb + lane, se + (size_t)rw * nb + lane, nb, ni, lane};
     if (nu > 0) w.load_unit(0);
 #if MOE_DOWN_EARLY
-    pdl_enter_as<DOWN_TRIGGER>();
+    pdl_enter_as(DOWN_TRIGGER);
 #endif
     cap = min(cap, MOE_GRP_NT);  // the host sizes the stagings for cap (at least this many)
     for (int m0 = 0; m0 < n; m0 += cap) {

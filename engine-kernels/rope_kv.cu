@@ -13,7 +13,7 @@ extern "C" __global__ void rope_kv_write(const float* __restrict__ qkv, float* _
                                          const unsigned* __restrict__ pos,
                                          const unsigned long long* __restrict__ kv_off,
                                          int hq, int hkv, int d, float mscale) {
-    pdl_enter_as<ROPE_TRIGGER>();
+    pdl_enter_as(ROPE_TRIGGER);
     const int h = blockIdx.x * blockDim.y + threadIdx.y, t = blockIdx.y, i = threadIdx.x;
     const int half = d >> 1;
     if (h >= hq + 2 * hkv) return;

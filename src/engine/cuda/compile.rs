@@ -453,7 +453,7 @@ mod tests {
             for entry in file.entries {
                 let body = kernel_body(file.source, entry)
                     .unwrap_or_else(|| panic!("{entry} not found in {}", file.name));
-                let waits = |b: &str| b.contains("pdl_enter();") || b.contains("pdl_enter_as<");
+                let waits = |b: &str| b.contains("pdl_enter();") || b.contains("pdl_enter_as(");
                 if body.contains("moe_down_body<") && !waits(body) {
                     // The decode MoE's down kernels wait inside their body, after reading
                     // their expert ids and first weights (MOE_DOWN_EARLY).
@@ -468,9 +468,7 @@ mod tests {
                 let wait = body
                     .find("pdl_enter();")
                     .or_else(|| body.find("pdl_wait();"))
-                    .or_else(|| body.find("pdl_enter_as<"))
-                    // attention_decode.cu's split kernels: pdl_wait, the trigger maybe later.
-                    .or_else(|| body.find("attn_enter("))
+                    .or_else(|| body.find("pdl_enter_as("))
                     .unwrap_or_else(|| panic!("{entry} ({}) never calls pdl_enter()", file.name));
                 for before in body[..wait].lines().skip(1) {
                     let t = before.trim();
@@ -507,7 +505,7 @@ mod tests {
         let body = fn_body(src, "void moe_down_body(");
         let arms: Vec<&str> = body.split("#if MOE_DOWN_EARLY").collect();
         assert!(
-            body.contains("#if !MOE_DOWN_EARLY\n    pdl_enter_as<DOWN_TRIGGER>();"),
+            body.contains("#if !MOE_DOWN_EARLY\n    pdl_enter_as(DOWN_TRIGGER);"),
             "moe_down_body: no wait when MOE_DOWN_EARLY is 0"
         );
         assert_eq!(arms.len(), 3, "moe_down_body: one early wait per loop kind");
@@ -528,7 +526,7 @@ mod tests {
     fn grp_down_body_waits_after_immutable_reads(src: &str) {
         let body = fn_body(src, "void moe_down_grp_body(");
         assert!(
-            body.contains("#if !MOE_DOWN_EARLY\n    pdl_enter_as<DOWN_TRIGGER>();"),
+            body.contains("#if !MOE_DOWN_EARLY\n    pdl_enter_as(DOWN_TRIGGER);"),
             "moe_down_grp_body: no wait when MOE_DOWN_EARLY is 0"
         );
         let parts: Vec<&str> = body.split("#if MOE_DOWN_EARLY").collect();
