@@ -14,12 +14,14 @@
 
 // acc[t] += wf · x[t, 8c … 8c + 7] for tokens t < nt (token t at x + t * cols), and with SQ
 // ss[t] += the squares of those x: the 8-element step both partial-sum loops take.
-template <bool SQ>
+// NT: the most tokens a block takes (GEMV_MAX_TOKENS; 1 for the one-token router, whose code
+// then holds no loop over absent tokens).
+template <bool SQ, int NT>
 __device__ __forceinline__ void gemv_dot8(const float (&wf)[8], const float* __restrict__ x,
-                                          int cols, int c, int nt, float (&acc)[GEMV_MAX_TOKENS],
-                                          float (&ss)[GEMV_MAX_TOKENS]) {
+                                          int cols, int c, int nt, float (&acc)[NT],
+                                          float (&ss)[NT]) {
 #pragma unroll
-    for (int t = 0; t < GEMV_MAX_TOKENS; ++t) {
+    for (int t = 0; t < NT; ++t) {
         if (t < nt) {
             const float4* xp = reinterpret_cast<const float4*>(x + (size_t)t * cols) + 2 * c;
             const float4 a = xp[0], b = xp[1];
@@ -37,12 +39,14 @@ __device__ __forceinline__ void gemv_dot8(const float (&wf)[8], const float* __r
 // NORM: the input is RMSNorm(x) · nw, folded into the dot product: each weight is scaled by
 // nw and the squares of x are summed in ss, so the caller finishes with
 // acc · rsqrt(ss / cols + eps) — no normalised copy of x and no block-wide pass first.
-template <bool NORM>
+// ANY_COLS: whether cols may be other than a multiple of 8 (else the scalar loop is not
+// compiled: the one-token router's entry, which the host picks only for such widths).
+template <bool NORM, int NT = GEMV_MAX_TOKENS, bool ANY_COLS = true>
 __device__ __forceinline__ void gemv_partial(const bf16_t* __restrict__ wr, const float* __restrict__ x,
                                              const bf16_t* __restrict__ nw, int cols, int nt,
-                                             int start, int stride, float (&acc)[GEMV_MAX_TOKENS],
-                                             float (&ss)[GEMV_MAX_TOKENS]) {
-    if ((cols & 7) == 0) {
+                                             int start, int stride, float (&acc)[NT],
+                                             float (&ss)[NT]) {
+    if (!ANY_COLS || (cols & 7) == 0) {
         const uint4* w4 = reinterpret_cast<const uint4*>(wr);
         const uint4* n4 = reinterpret_cast<const uint4*>(nw);
         const int n8 = cols >> 3;
@@ -63,15 +67,15 @@ __device__ __forceinline__ void gemv_partial(const bf16_t* __restrict__ wr, cons
 #pragma unroll
                         for (int e = 0; e < 8; ++e) wf[e] *= nf[e];
                     }
-                    gemv_dot8<NORM>(wf, x, cols, c, nt, acc, ss);
+                    gemv_dot8<NORM, NT>(wf, x, cols, c, nt, acc, ss);
                 }
             }
         }
-    } else {
+    } else if (ANY_COLS) {
         for (int c = start; c < cols; c += stride) {
             const float wf = bf2f(wr[c]) * (NORM ? bf2f(nw[c]) : 1.0f);
 #pragma unroll
-            for (int t = 0; t < GEMV_MAX_TOKENS; ++t)
+            for (int t = 0; t < NT; ++t)
                 if (t < nt) {
                     const float v = x[(size_t)t * cols + c];
                     acc[t] += wf * v;
@@ -85,12 +89,11 @@ __device__ __forceinline__ void gemv_partial(const bf16_t* __restrict__ wr, cons
 // read once for the nr rows, whose loads are in flight together. A thread takes the same
 // chunks in the same order as gemv_partial, so each row's sums are the same as there.
 #define GEMV_WIDE_R 4
-template <bool NORM>
+template <bool NORM, int NT>
 __device__ __forceinline__ void gemv_partial_rows(const bf16_t* __restrict__ wr, int nr,
                                                   const float* __restrict__ x, const bf16_t* __restrict__ nw,
                                                   int cols, int nt, int start, int stride,
-                                                  float (&acc)[GEMV_WIDE_R][GEMV_MAX_TOKENS],
-                                                  float (&ss)[GEMV_MAX_TOKENS]) {
+                                                  float (&acc)[GEMV_WIDE_R][NT], float (&ss)[NT]) {
     if ((cols & 7) == 0) {
         const uint4* w4 = reinterpret_cast<const uint4*>(wr);
         const uint4* n4 = reinterpret_cast<const uint4*>(nw);
@@ -113,9 +116,9 @@ __device__ __forceinline__ void gemv_partial_rows(const bf16_t* __restrict__ wr,
                 }
                 // The squares once per chunk: with the first row.
                 if (NORM && j == 0)
-                    gemv_dot8<true>(wf, x, cols, c, nt, acc[j], ss);
+                    gemv_dot8<true, NT>(wf, x, cols, c, nt, acc[j], ss);
                 else
-                    gemv_dot8<false>(wf, x, cols, c, nt, acc[j], ss);
+                    gemv_dot8<false, NT>(wf, x, cols, c, nt, acc[j], ss);
             }
         }
     } else {
@@ -126,7 +129,7 @@ __device__ __forceinline__ void gemv_partial_rows(const bf16_t* __restrict__ wr,
                 if (j >= nr) break;
                 const float wf = bf2f(wr[(size_t)j * cols + c]) * n;
 #pragma unroll
-                for (int t = 0; t < GEMV_MAX_TOKENS; ++t)
+                for (int t = 0; t < NT; ++t)
                     if (t < nt) {
                         const float v = x[(size_t)t * cols + c];
                         acc[j][t] += wf * v;
@@ -139,13 +142,14 @@ __device__ __forceinline__ void gemv_partial_rows(const bf16_t* __restrict__ wr,
 
 // Block `blockIdx.x` of `gridDim.x` writes its share of the normalised input
 // x_out = x · rs[t] · nw (the next kernels' input), so no single block serialises it.
+template <int NT = GEMV_MAX_TOKENS>
 __device__ __forceinline__ void write_normed_slice(const float* __restrict__ x, const bf16_t* __restrict__ nw,
                                                    float* __restrict__ x_out, int cols, int nt,
-                                                   const float (&rs)[GEMV_MAX_TOKENS], int lane, int nlanes) {
+                                                   const float (&rs)[NT], int lane, int nlanes) {
     const int per = (cols + gridDim.x - 1) / gridDim.x;
     const int c0 = blockIdx.x * per, c1 = min(cols, c0 + per);
 #pragma unroll
-    for (int t = 0; t < GEMV_MAX_TOKENS; ++t)
+    for (int t = 0; t < NT; ++t)
         if (t < nt)
             for (int c = c0 + lane; c < c1; c += nlanes)
                 x_out[(size_t)t * cols + c] = x[(size_t)t * cols + c] * rs[t] * bf2f(nw[c]);
@@ -255,7 +259,13 @@ gemv_bf16_norm(const bf16_t* __restrict__ w, const bf16_t* __restrict__ bias,
 // to 0 for the next launch or graph replay — picks each token's top-k experts of the finished
 // logits: topk_idx/topk_w [tokens, k]. Dynamic shared memory (with top-k):
 // GEMV_MAX_TOKENS * rows floats, one copy of the logits per routing warp.
-template <int R>
+// Whether a wide GEMV folds a norm in: NORMC 1 always, 0 never, -1 as norm_w says. A macro
+// (a bool variable, or an inline function, took 256 more instructions in gemv_bf16_wide).
+#define WIDE_NORM (NORMC < 0 ? norm_w != nullptr : NORMC == 1)
+
+// NT, NORMC, ANY_COLS: the one-token router entry (gemv_router_t1) compiles NT = 1, the norm
+// always on (NORMC = 1; -1: as norm_w says) and no scalar loop for odd widths.
+template <int R, int NT = GEMV_MAX_TOKENS, int NORMC = -1, bool ANY_COLS = true>
 __device__ __forceinline__ void gemv_wide_body(const bf16_t* __restrict__ w, const bf16_t* __restrict__ bias,
                                                const float* __restrict__ x, float* __restrict__ y,
                                                int rows, int cols, int tokens, int accumulate,
@@ -264,35 +274,35 @@ __device__ __forceinline__ void gemv_wide_body(const bf16_t* __restrict__ w, con
                                                float* __restrict__ topk_w, int k,
                                                unsigned* __restrict__ counter, int row0, int nr) {
     extern __shared__ float vals[];
-    __shared__ float part[R + 1][GEMV_MAX_TOKENS][8];
-    __shared__ float rs_s[GEMV_MAX_TOKENS];
+    __shared__ float part[R + 1][NT][8];
+    __shared__ float rs_s[NT];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int t0 = blockIdx.y * GEMV_MAX_TOKENS;
-    const int nt = min(GEMV_MAX_TOKENS, tokens - t0);
+    const int nt = min(NT, tokens - t0);
     const float* xt = x + (size_t)t0 * cols;
     const bf16_t* wr = w + (size_t)row0 * cols;
-    float acc[GEMV_WIDE_R][GEMV_MAX_TOKENS], ss[GEMV_MAX_TOKENS], rs[GEMV_MAX_TOKENS];
+    float acc[GEMV_WIDE_R][NT], ss[NT], rs[NT];
 #pragma unroll
-    for (int t = 0; t < GEMV_MAX_TOKENS; ++t) {
+    for (int t = 0; t < NT; ++t) {
         ss[t] = 0.0f;
 #pragma unroll
         for (int j = 0; j < GEMV_WIDE_R; ++j) acc[j][t] = 0.0f;
     }
     if (R == 1) {
-        float (&a0)[GEMV_MAX_TOKENS] = acc[0];
-        if (norm_w)
-            gemv_partial<true>(wr, xt, norm_w, cols, nt, threadIdx.x, blockDim.x, a0, ss);
+        float (&a0)[NT] = acc[0];
+        if (WIDE_NORM)
+            gemv_partial<true, NT, ANY_COLS>(wr, xt, norm_w, cols, nt, threadIdx.x, blockDim.x, a0, ss);
         else
-            gemv_partial<false>(wr, xt, norm_w, cols, nt, threadIdx.x, blockDim.x, a0, ss);
-    } else if (norm_w) {
-        gemv_partial_rows<true>(wr, nr, xt, norm_w, cols, nt, threadIdx.x, blockDim.x, acc, ss);
+            gemv_partial<false, NT, ANY_COLS>(wr, xt, norm_w, cols, nt, threadIdx.x, blockDim.x, a0, ss);
+    } else if (WIDE_NORM) {
+        gemv_partial_rows<true, NT>(wr, nr, xt, norm_w, cols, nt, threadIdx.x, blockDim.x, acc, ss);
     } else {
-        gemv_partial_rows<false>(wr, nr, xt, norm_w, cols, nt, threadIdx.x, blockDim.x, acc, ss);
+        gemv_partial_rows<false, NT>(wr, nr, xt, norm_w, cols, nt, threadIdx.x, blockDim.x, acc, ss);
     }
     // One block reduction carries the dot products and the squares, for the group's nt tokens
     // only (nt and nr are uniform over the block: the shuffles of absent ones are skipped).
 #pragma unroll
-    for (int t = 0; t < GEMV_MAX_TOKENS; ++t) {
+    for (int t = 0; t < NT; ++t) {
         if (t >= nt) break;
 #pragma unroll
         for (int j = 0; j < R; ++j) {
@@ -300,16 +310,16 @@ __device__ __forceinline__ void gemv_wide_body(const bf16_t* __restrict__ w, con
             const float s = warp_sum(acc[j][t]);
             if (lane == 0) part[j][t][warp] = s;
         }
-        const float q = norm_w ? warp_sum(ss[t]) : 0.0f;
+        const float q = WIDE_NORM ? warp_sum(ss[t]) : 0.0f;
         if (lane == 0) part[R][t][warp] = q;
     }
     __syncthreads();
     if (warp == 0) {
 #pragma unroll
-        for (int t = 0; t < GEMV_MAX_TOKENS; ++t) {
+        for (int t = 0; t < NT; ++t) {
             if (t >= nt) break;
             const float q = warp_sum(lane < 8 ? part[R][t][lane] : 0.0f);
-            const float r = norm_w ? rsqrtf(q / (float)cols + eps) : 1.0f;
+            const float r = WIDE_NORM ? rsqrtf(q / (float)cols + eps) : 1.0f;
             if (lane == 0) rs_s[t] = r;
 #pragma unroll
             for (int j = 0; j < R; ++j) {
@@ -325,8 +335,8 @@ __device__ __forceinline__ void gemv_wide_body(const bf16_t* __restrict__ w, con
     }
     __syncthreads();
 #pragma unroll
-    for (int t = 0; t < GEMV_MAX_TOKENS; ++t) rs[t] = t < nt ? rs_s[t] : 1.0f;
-    if (norm_w && x_out) write_normed_slice(xt, norm_w, x_out + (size_t)t0 * cols, cols, nt, rs, threadIdx.x, blockDim.x);
+    for (int t = 0; t < NT; ++t) rs[t] = t < nt ? rs_s[t] : 1.0f;
+    if (WIDE_NORM && x_out) write_normed_slice<NT>(xt, norm_w, x_out + (size_t)t0 * cols, cols, nt, rs, threadIdx.x, blockDim.x);
     if (!topk_idx) return;
     // Publish this block's logits, then count it; the last block of the group routes, one
     // warp per token (in parallel: a token's top-k is a serial chain of warp reductions).
@@ -345,9 +355,11 @@ __device__ __forceinline__ void gemv_wide_body(const bf16_t* __restrict__ w, con
                           topk_w + (size_t)(t0 + warp) * k, vals + warp * rows);
 }
 
+#undef WIDE_NORM
+
 // The _late entries (the router from ROUTER_LATE_FROM rows, ops.rs) let the next kernel (the
 // MoE's gate_up) launch only when this grid ends (pdl_enter_as(2)); the others at its start.
-#define GEMV_WIDE_ENTRY(name, R, MODE)                                                          \
+#define GEMV_WIDE_ENTRY(name, R, NT, NORMC, ANY_COLS, MODE)                                     \
     extern "C" __global__ void __launch_bounds__(256, GEMV_MINB)                                \
     name(const bf16_t* __restrict__ w, const bf16_t* __restrict__ bias,                         \
          const float* __restrict__ x, float* __restrict__ y, int rows, int cols, int tokens,    \
@@ -358,13 +370,17 @@ __device__ __forceinline__ void gemv_wide_body(const bf16_t* __restrict__ w, con
         const int row0 = blockIdx.x * rpb_, nr = min(rpb_, rows - row0);                        \
         if (GEMV_PREFETCH && blockIdx.y == 0) prefetch_l2(w + (size_t)row0 * cols, (size_t)nr * cols * 2, threadIdx.x, blockDim.x); \
         pdl_enter_as(MODE);                                                                     \
-        gemv_wide_body<R>(w, bias, x, y, rows, cols, tokens, accumulate, norm_w, eps, x_out,    \
-                          topk_idx, topk_w, k, counter, row0, nr);                              \
+        gemv_wide_body<R, NT, NORMC, ANY_COLS>(w, bias, x, y, rows, cols, tokens, accumulate,  \
+                                               norm_w, eps, x_out, topk_idx, topk_w, k, counter, \
+                                               row0, nr);                                       \
     }
-GEMV_WIDE_ENTRY(gemv_bf16_wide, 1, ROUTER_TRIGGER)
-GEMV_WIDE_ENTRY(gemv_bf16_wide_rows, GEMV_WIDE_R, ROUTER_TRIGGER)
-GEMV_WIDE_ENTRY(gemv_bf16_wide_late, 1, 2)
-GEMV_WIDE_ENTRY(gemv_bf16_wide_rows_late, GEMV_WIDE_R, 2)
+GEMV_WIDE_ENTRY(gemv_bf16_wide, 1, GEMV_MAX_TOKENS, -1, true, ROUTER_TRIGGER)
+// The router of one token (batch 1), cols a multiple of 8: the same sums as gemv_bf16_wide,
+// from a third of its code (docs/perf.md run 195: code the hot path jumps over costs time).
+GEMV_WIDE_ENTRY(gemv_router_t1, 1, 1, 1, false, ROUTER_TRIGGER)
+GEMV_WIDE_ENTRY(gemv_bf16_wide_rows, GEMV_WIDE_R, GEMV_MAX_TOKENS, -1, true, ROUTER_TRIGGER)
+GEMV_WIDE_ENTRY(gemv_bf16_wide_late, 1, GEMV_MAX_TOKENS, -1, true, 2)
+GEMV_WIDE_ENTRY(gemv_bf16_wide_rows_late, GEMV_WIDE_R, GEMV_MAX_TOKENS, -1, true, 2)
 
 // The router of a prefill chunk: logits[t, e] = W[e, :] . x[t, :] + b[e] for many tokens, then
 // each token's top-k and softmax (topk_softmax_warp), in one launch. A block takes RR_TM tokens

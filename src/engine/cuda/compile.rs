@@ -49,6 +49,7 @@ pub const KERNEL_FILES: &[KernelFile] = &[
             "gemv_bf16_wide",
             "gemv_bf16_wide_rows",
             "gemv_bf16_wide_late",
+            "gemv_router_t1",
             "gemv_bf16_wide_rows_late",
             "router_rows"
         ]

@@ -122,7 +122,9 @@ pub fn gemv(
     accumulate: bool,
     norm: Option<Norm>,
 ) -> Result<()> {
-    gemv_launch(g, w, bias, x, y, rows, cols, t, accumulate, norm, None)
+    gemv_launch(
+        g, w, bias, x, y, rows, cols, t, accumulate, norm, None, false,
+    )
 }
 
 /// Dynamic shared memory of one tensor-core GEMV block: its staged token rows (bf16, padded)
@@ -471,6 +473,37 @@ pub fn router(
     norm: Option<Norm>,
     topk: TopK,
 ) -> Result<()> {
+    router_with(
+        g,
+        w,
+        bias,
+        x,
+        logits,
+        experts,
+        cols,
+        t,
+        norm,
+        topk,
+        router_t1_enabled()?,
+    )
+}
+
+/// [`router`], with `gemv_router_t1` allowed for one row (`one_row_entry`) or not: the
+/// selftest runs both and compares their bits.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn router_with(
+    g: &Gpu,
+    w: u64,
+    bias: Option<u64>,
+    x: u64,
+    logits: u64,
+    experts: usize,
+    cols: usize,
+    t: usize,
+    norm: Option<Norm>,
+    topk: TopK,
+    one_row_entry: bool,
+) -> Result<()> {
     ensure!(
         experts < GEMV_WIDE_ROWS,
         "{experts} experts: the fused router takes fewer than {GEMV_WIDE_ROWS}"
@@ -488,6 +521,7 @@ pub fn router(
         false,
         norm,
         Some(topk),
+        one_row_entry,
     )
 }
 
@@ -668,6 +702,16 @@ pub fn wide_rows(g: &Gpu, rows: usize, t: usize) -> Result<usize> {
 /// −2.2 %, 20b batch 8 / 16 −3.1 / −2.5 %, but batch 2–7 +0.2 to +0.9 %.
 pub const ROUTER_LATE_FROM: usize = 8;
 
+/// Environment switch of the one-row router entry (`gemv_router_t1`): `on` (the default) or
+/// `off` (the general `gemv_bf16_wide` at every batch; the same sums, for A/B timing).
+pub const ROUTER_T1_ENV: &str = "MXTUNE_ROUTER_T1";
+
+/// Whether batch 1 routes through `gemv_router_t1` ([`ROUTER_T1_ENV`]); a bad value is an
+/// error naming it.
+pub fn router_t1_enabled() -> Result<bool> {
+    env_choice(ROUTER_T1_ENV, &[("on", true), ("off", false)])
+}
+
 fn gemv_launch(
     g: &Gpu,
     w: u64,
@@ -680,12 +724,21 @@ fn gemv_launch(
     accumulate: bool,
     norm: Option<Norm>,
     topk: Option<TopK>,
+    one_row_entry: bool,
 ) -> Result<()> {
     let wide = rows < GEMV_WIDE_ROWS;
     let rpb = if wide { wide_rows(g, rows, t)? } else { 1 };
     // The router of ROUTER_LATE_FROM rows or more lets gate_up launch at its grid's end.
     let late = topk.is_some() && t >= ROUTER_LATE_FROM;
+    // The router of one row: an entry compiled for exactly that (a third of the code).
+    let t1 = topk.is_some()
+        && norm.is_some()
+        && t == 1
+        && rpb == 1
+        && cols.is_multiple_of(8)
+        && one_row_entry;
     let (kernel, blocks) = match (wide, norm.is_some()) {
+        (true, _) if t1 && !late => ("gemv_router_t1", rows),
         (true, _) if rpb > 1 && late => ("gemv_bf16_wide_rows_late", rows.div_ceil(rpb)),
         (true, _) if rpb > 1 => ("gemv_bf16_wide_rows", rows.div_ceil(rpb)),
         (true, _) if late => ("gemv_bf16_wide_late", rows),

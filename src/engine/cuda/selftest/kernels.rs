@@ -864,6 +864,73 @@ fn check_router(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
             ));
         }
     }
+    res.extend(check_router_t1(g, s)?);
+    Ok(res)
+}
+
+/// The one-row router entry (`gemv_router_t1`, batch 1 with the norm folded in) against the
+/// general `gemv_bf16_wide` on the same inputs: logits, experts, their weights and the
+/// normalised input, bit for bit, and all of them written.
+fn check_router_t1(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
+    let mut res = Vec::new();
+    for (experts, cols, k) in [(128, 2880, 4), (32, 2880, 4), (60, 64, 2)] {
+        let w = bf16_vec(s.next(), experts * cols, 0.05, 0.0);
+        let b = bf16_vec(s.next(), experts, 1.0, 0.0);
+        let nw = bf16_vec(s.next(), cols, 0.2, 1.0);
+        let x = f32_vec(s.next(), cols, 20.0, 1.0);
+        let (dw, db, dnw, dx) = (g.upload(&w)?, g.upload(&b)?, g.upload(&nw)?, g.upload(&x)?);
+        let counters = g.alloc::<u32>(ops::topk_counters(1))?;
+        let mut outs = Vec::new();
+        for one_row in [true, false] {
+            let (dl, dh) = (nan_f32(g, experts)?, nan_f32(g, cols)?);
+            let (di, dwt) = (g.upload(&vec![-1i32; k])?, nan_f32(g, k)?);
+            let norm = ops::Norm {
+                w: g.ptr(&dnw),
+                eps: 1e-5,
+                out: g.ptr(&dh),
+            };
+            let topk = ops::TopK {
+                idx: g.ptr(&di),
+                w: g.ptr(&dwt),
+                k,
+                counter: g.ptr(&counters),
+            };
+            ops::router_with(
+                g,
+                g.ptr(&dw),
+                Some(g.ptr(&db)),
+                g.ptr(&dx),
+                g.ptr(&dl),
+                experts,
+                cols,
+                1,
+                Some(norm),
+                topk,
+                one_row,
+            )?;
+            let idx: Vec<f32> = g.download(&di)?.iter().map(|&i| i as f32).collect();
+            outs.push([g.download(&dl)?, idx, g.download(&dwt)?, g.download(&dh)?]);
+        }
+        // Unwritten outputs stay NaN in both: count them too, so an entry that writes
+        // nothing cannot pass.
+        let unwritten = outs
+            .iter()
+            .flatten()
+            .flatten()
+            .filter(|v| !v.is_finite())
+            .count();
+        let apart: f64 = (0..4)
+            .map(|i| bits_apart(&outs[0][i], &outs[1][i]))
+            .sum::<f64>()
+            + unwritten as f64;
+        res.push(check(
+            format!(
+                "router t=1 one-row entry {experts}x{cols} top {k}: bits apart from the general"
+            ),
+            apart,
+            0.0,
+        ));
+    }
     Ok(res)
 }
 
