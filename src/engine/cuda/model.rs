@@ -294,6 +294,8 @@ pub struct Decoder {
     prefill_gemm_cp: bool,
     /// The grouped MoE's tile kernels (`MXTUNE_PREFILL_MOE`).
     grouped: ops::GroupedKernels,
+    /// Whether batch 1 routes through `gemv_router_t1` ([`ops::ROUTER_T1_ENV`]).
+    router_t1: bool,
 }
 
 /// The MoE's sizes and SwiGLU constants from the config.
@@ -389,6 +391,7 @@ impl Decoder {
         let prefill_split = ops::prefill_split_from_env()?;
         let prefill_gemm_cp = ops::prefill_gemm_cp_from_env()?;
         let grouped = ops::GroupedKernels::from_env()?;
+        let router_t1 = ops::router_t1_enabled()?;
         Ok(Self {
             cfg: cfg.clone(),
             w,
@@ -423,6 +426,7 @@ impl Decoder {
             prefill_split,
             prefill_gemm_cp,
             grouped,
+            router_t1,
             attn,
         })
     }
@@ -776,6 +780,7 @@ impl Decoder {
                     n,
                     Some(mlp_norm),
                     self.topk(g, r, li),
+                    self.router_t1,
                 )?;
             }
             mark(StepGroup::Router.label(false))?;
@@ -1183,6 +1188,7 @@ impl Decoder {
                     n,
                     None,
                     self.topk(g, r, li),
+                    self.router_t1,
                 )?;
                 mark("gemv router+topk (fp32)")?;
             }

@@ -460,38 +460,11 @@ fn check_topk(k: usize, experts: usize) -> Result<()> {
 }
 
 /// The router: logits[t] = W x[t] + b (optionally over rmsnorm(x)) and, in the same launch,
-/// each token's top-k experts (ties: lower index) with the softmax over those k.
-pub fn router(
-    g: &Gpu,
-    w: u64,
-    bias: Option<u64>,
-    x: u64,
-    logits: u64,
-    experts: usize,
-    cols: usize,
-    t: usize,
-    norm: Option<Norm>,
-    topk: TopK,
-) -> Result<()> {
-    router_with(
-        g,
-        w,
-        bias,
-        x,
-        logits,
-        experts,
-        cols,
-        t,
-        norm,
-        topk,
-        router_t1_enabled()?,
-    )
-}
-
-/// [`router`], with `gemv_router_t1` allowed for one row (`one_row_entry`) or not: the
-/// selftest runs both and compares their bits.
+/// each token's top-k experts (ties: lower index) with the softmax over those k. With
+/// `one_row_entry` ([`router_t1_enabled`]) one row with the norm runs `gemv_router_t1`, the
+/// same sums from a third of the code; the selftest runs both and compares their bits.
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn router_with(
+pub fn router(
     g: &Gpu,
     w: u64,
     bias: Option<u64>,

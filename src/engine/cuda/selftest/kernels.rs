@@ -841,7 +841,7 @@ fn check_router(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
             if rows {
                 ops::router_rows(g, wp, None, xp, lp, experts, experts, t, topk)?;
             } else {
-                ops::router(g, wp, None, xp, lp, experts, experts, t, None, topk)?;
+                ops::router(g, wp, None, xp, lp, experts, experts, t, None, topk, true)?;
             }
             let (gi, gw) = (g.download(&di)?, g.download(&dw)?);
             let (mut want_w, mut mism) = (Vec::new(), 0usize);
@@ -895,7 +895,7 @@ fn check_router_t1(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
                 k,
                 counter: g.ptr(&counters),
             };
-            ops::router_with(
+            ops::router(
                 g,
                 g.ptr(&dw),
                 Some(g.ptr(&db)),
