@@ -129,11 +129,12 @@ struct TcgFp4T {
     }
 };
 
-// Blocks of 32 per lane and row: the dense GEMV's (TCG_FP4_NB) and the MoE's (TCM_NB), as
-// measured best on the H100 (docs/perf.md, run 44: 2 is slower for the dense GEMV at batch 1,
-// faster for the MoE at batch 8-16).
+// Blocks of 32 per lane and row: the dense GEMV's (TCG_FP4_NB) and the MoE's (TCM_NB). Run 44
+// (H100, docs/perf.md) had 2 slower for the dense GEMV at batch 1 and faster for the MoE at
+// batch 8-16; with today's kernels 2 is the quicker dense GEMV too (H200, runs 192, 193, 198:
+// all-MXFP4 120b batch 1 -1.1 %, 20b -1.3 %, batch 4-16 -0.1 to -0.4 %; 79 registers, no spill).
 #ifndef TCG_FP4_NB
-#define TCG_FP4_NB 1
+#define TCG_FP4_NB 2
 #endif
 #ifndef TCM_NB
 #define TCM_NB 2
