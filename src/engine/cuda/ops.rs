@@ -711,7 +711,7 @@ fn gemv_launch(
         && cols.is_multiple_of(8)
         && one_row_entry;
     let (kernel, blocks) = match (wide, norm.is_some()) {
-        (true, _) if t1 && !late => ("gemv_router_t1", rows),
+        (true, _) if t1 => ("gemv_router_t1", rows),
         (true, _) if rpb > 1 && late => ("gemv_bf16_wide_rows_late", rows.div_ceil(rpb)),
         (true, _) if rpb > 1 => ("gemv_bf16_wide_rows", rows.div_ceil(rpb)),
         (true, _) if late => ("gemv_bf16_wide_late", rows),
