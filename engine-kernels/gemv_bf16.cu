@@ -46,7 +46,48 @@ __device__ __forceinline__ void gemv_partial(const bf16_t* __restrict__ wr, cons
                                              const bf16_t* __restrict__ nw, int cols, int nt,
                                              int start, int stride, float (&acc)[NT],
                                              float (&ss)[NT]) {
-    if (!ANY_COLS || (cols & 7) == 0) {
+    if (NT == 1 && (!ANY_COLS || (cols & 7) == 0)) {
+        // One token: every load of the four chunks issued before any of their sums (written
+        // as the loop below, each chunk's norm weights and x were loaded only after the
+        // previous chunk's sums, one L2 round trip more a chunk); the same sums, same order.
+        const uint4* w4 = reinterpret_cast<const uint4*>(wr);
+        const uint4* n4 = reinterpret_cast<const uint4*>(nw);
+        const float4* x4 = reinterpret_cast<const float4*>(x);
+        const int n8 = cols >> 3;
+        for (int c0 = start; c0 < n8; c0 += 4 * stride) {
+            uint4 wv[4], nv[4];
+            float4 xa[4], xb[4];
+#pragma unroll
+            for (int u = 0; u < 4; ++u) {
+                const int c = c0 + u * stride;
+                if (c < n8) {
+                    wv[u] = __ldg(w4 + c);
+                    if (NORM) nv[u] = __ldg(n4 + c);
+                    xa[u] = x4[2 * c];
+                    xb[u] = x4[2 * c + 1];
+                }
+            }
+#pragma unroll
+            for (int u = 0; u < 4; ++u) {
+                if (c0 + u * stride < n8) {
+                    float wf[8];
+                    bf16x8_to_f32(wv[u], wf);
+                    if (NORM) {
+                        float nf[8];
+                        bf16x8_to_f32(nv[u], nf);
+#pragma unroll
+                        for (int e = 0; e < 8; ++e) wf[e] *= nf[e];
+                    }
+                    const float4 a = xa[u], b = xb[u];
+                    acc[0] += wf[0] * a.x + wf[1] * a.y + wf[2] * a.z + wf[3] * a.w +
+                              wf[4] * b.x + wf[5] * b.y + wf[6] * b.z + wf[7] * b.w;
+                    if (NORM)
+                        ss[0] += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w +
+                                 b.x * b.x + b.y * b.y + b.z * b.z + b.w * b.w;
+                }
+            }
+        }
+    } else if (!ANY_COLS || (cols & 7) == 0) {
         const uint4* w4 = reinterpret_cast<const uint4*>(wr);
         const uint4* n4 = reinterpret_cast<const uint4*>(nw);
         const int n8 = cols >> 3;

@@ -155,11 +155,15 @@ __device__ __forceinline__ void tcg_stage(RowOf row, const bf16_t* __restrict__ 
     const int c4 = cols >> 2, segs = (c4 + 31) >> 5, units = nt * segs;
     for (int u0 = warp; u0 < units; u0 += TCG_STAGE_UNROLL * TCG_WARPS) {
         float4 v[TCG_STAGE_UNROLL];
+        // The norm weights are loaded with x: after the squares' shuffles (where they were
+        // first written) ptxas issued them only once x had arrived, a second round trip.
+        uint2 nv[TCG_STAGE_UNROLL];
 #pragma unroll
         for (int k = 0; k < TCG_STAGE_UNROLL; ++k) {
             const int u = u0 + k * TCG_WARPS, t = u / segs, i = (u % segs) * 32 + lane;
-            v[k] = u < units && i < c4 ? reinterpret_cast<const float4*>(row(t))[i]
-                                       : make_float4(0.f, 0.f, 0.f, 0.f);
+            const bool in = u < units && i < c4;
+            v[k] = in ? reinterpret_cast<const float4*>(row(t))[i] : make_float4(0.f, 0.f, 0.f, 0.f);
+            nv[k] = in && nw ? __ldg(reinterpret_cast<const uint2*>(nw) + i) : make_uint2(0u, 0u);
         }
 #pragma unroll
         for (int k = 0; k < TCG_STAGE_UNROLL; ++k) {
@@ -173,7 +177,7 @@ __device__ __forceinline__ void tcg_stage(RowOf row, const bf16_t* __restrict__ 
             }
             if (i < c4) {
                 if (nw) {
-                    const uint2 n = __ldg(reinterpret_cast<const uint2*>(nw) + i);
+                    const uint2 n = nv[k];
                     a.x *= __uint_as_float(n.x << 16);
                     a.y *= __uint_as_float(n.x & 0xffff0000u);
                     a.z *= __uint_as_float(n.y << 16);
