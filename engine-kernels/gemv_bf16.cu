@@ -329,6 +329,19 @@ __device__ __forceinline__ void gemv_wide_body(const bf16_t* __restrict__ w, con
 #pragma unroll
         for (int j = 0; j < GEMV_WIDE_R; ++j) acc[j][t] = 0.0f;
     }
+    // Read now what the block's last steps need, so they wait on no load: the rows' biases
+    // and (one token) the thread's first element of the normalised input's slice.
+    float bpre[R];
+#pragma unroll
+    for (int j = 0; j < R; ++j) bpre[j] = bias && j < nr ? bf2f(bias[row0 + j]) : 0.0f;
+    const int xo_per = (cols + gridDim.x - 1) / gridDim.x;
+    const int xo_c = blockIdx.x * xo_per + threadIdx.x, xo_c1 = min(cols, (int)(blockIdx.x + 1) * xo_per);
+    const bool xo_first = NT == 1 && WIDE_NORM && x_out && xo_c < xo_c1;
+    float xo_x = 0.0f, xo_n = 0.0f;
+    if (xo_first) {
+        xo_x = xt[xo_c];
+        xo_n = bf2f(norm_w[xo_c]);
+    }
     if (R == 1) {
         float (&a0)[NT] = acc[0];
         if (WIDE_NORM)
@@ -366,7 +379,7 @@ __device__ __forceinline__ void gemv_wide_body(const bf16_t* __restrict__ w, con
             for (int j = 0; j < R; ++j) {
                 if (j >= nr) break;
                 const float s = warp_sum(lane < 8 ? part[j][t][lane] : 0.0f);
-                const float b = bias ? bf2f(bias[row0 + j]) : 0.0f;
+                const float b = bpre[j];
                 if (lane == 0) {
                     float* yp = y + (size_t)(t0 + t) * rows + row0 + j;
                     *yp = accumulate ? *yp + s * r + b : s * r + b;
@@ -377,7 +390,15 @@ __device__ __forceinline__ void gemv_wide_body(const bf16_t* __restrict__ w, con
     __syncthreads();
 #pragma unroll
     for (int t = 0; t < NT; ++t) rs[t] = t < nt ? rs_s[t] : 1.0f;
-    if (WIDE_NORM && x_out) write_normed_slice<NT>(xt, norm_w, x_out + (size_t)t0 * cols, cols, nt, rs, threadIdx.x, blockDim.x);
+    if (WIDE_NORM && x_out) {
+        if (NT == 1) {  // write_normed_slice's products, the first from the early loads
+            float* xo = x_out + (size_t)t0 * cols;
+            if (xo_first) xo[xo_c] = xo_x * rs[0] * xo_n;
+            for (int c = xo_c + blockDim.x; c < xo_c1; c += blockDim.x) xo[c] = xt[c] * rs[0] * bf2f(norm_w[c]);
+        } else {
+            write_normed_slice<NT>(xt, norm_w, x_out + (size_t)t0 * cols, cols, nt, rs, threadIdx.x, blockDim.x);
+        }
+    }
     if (!topk_idx) return;
     // Publish this block's logits, then count it; the last block of the group routes, one
     // warp per token (in parallel: a token's top-k is a serial chain of warp reductions).

@@ -355,7 +355,17 @@ __device__ __forceinline__ void gemv_tc_body(const W wp, typename W::Raw (&cur)[
     const int k0 = c_lo * 4 * W::E, kn = min(cols, c_hi * 4 * W::E) - k0;
     tcg_stage([&](int n) { return xt + (size_t)n * cols + k0; }, norm_w, kn, nt, stride, xs + k0, sq, ss);
     if (threadIdx.x < nt) rs_s[threadIdx.x] = norm_w ? rsqrtf(ss[threadIdx.x] / (float)cols + eps) : 1.0f;
+    static_assert(16 * TT * 8 * TN <= 32 * TCG_WARPS, "one (row, token) of a unit a thread");
     for (int unit = blockIdx.x; unit < nunits; unit += gridDim.x) {
+        // The thread's (row, token) of the unit's sums: its bias and the output it adds to,
+        // loaded before the unit's weights are summed rather than after.
+        const int e_row = threadIdx.x / (8 * TN), e_tok = threadIdx.x % (8 * TN), e_r = unit * UR + e_row;
+        const bool e_on = threadIdx.x < UR * 8 * TN && e_tok < nt && e_r < rows;
+        float e_bias = 0.0f, e_y = 0.0f;
+        if (e_on) {
+            if (bias) e_bias = bf2f(bias[e_r]);
+            if (accumulate) e_y = y[(size_t)(t0 + e_tok) * rows + e_r];
+        }
         tcg_tile<W, TN, TT>(wp, unit * UR + sub * 16 + g, rows, cols, c_lo, c_hi, cur, xs, stride,
                             nt, red);
         const int next = unit + gridDim.x;
@@ -380,20 +390,17 @@ __device__ __forceinline__ void gemv_tc_body(const W wp, typename W::Raw (&cur)[
             if (!last_s) continue;
             __threadfence();
         }
-        for (int i = threadIdx.x; i < UR * 8 * TN; i += blockDim.x) {
-            const int row = i / (8 * TN), tok = i % (8 * TN), r = unit * UR + row;
-            if (tok >= nt || r >= rows) continue;
+        if (e_on) {
             float sum;
             if (split) {
                 sum = 0.0f;
                 for (int z = 0; z < (int)gridDim.z; ++z)
-                    sum += __ldcg(part + ((size_t)z * tokens + t0 + tok) * rows + r);
+                    sum += __ldcg(part + ((size_t)z * tokens + t0 + e_tok) * rows + e_r);
             } else {
-                sum = tcg_sum<TN, TT>(red, row, tok);
+                sum = tcg_sum<TN, TT>(red, e_row, e_tok);
             }
-            const float s = sum * rs_s[tok] + (bias ? bf2f(bias[r]) : 0.0f);
-            float* yp = y + (size_t)(t0 + tok) * rows + r;
-            *yp = accumulate ? *yp + s : s;
+            const float s = sum * rs_s[e_tok] + e_bias;
+            y[(size_t)(t0 + e_tok) * rows + e_r] = accumulate ? e_y + s : s;
         }
         if (next < nunits) __syncthreads();  // red is written again by the next unit
     }

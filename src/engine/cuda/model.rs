@@ -689,10 +689,12 @@ impl Decoder {
         });
         for (li, lw) in self.w.layers.iter().enumerate() {
             let l = self.layer_ptrs(g, li, lw);
+            // Nothing in the step reads the attention norm's output (the router writes the
+            // MoE's input): not written, a block's last loads and stores fewer.
             let attn_norm = Norm {
                 w: g.ptr(&lw.attn_norm),
                 eps: sh.eps,
-                out: p(&r.h),
+                out: 0,
             };
             let qkv_w = lw.qkv_w.dev(g);
             if self.runs(StepGroup::Qkv) {

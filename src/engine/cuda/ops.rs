@@ -104,7 +104,7 @@ pub struct Norm {
     pub w: u64,
     /// ε.
     pub eps: f32,
-    /// Where the normalised input is written ([t, cols] fp32).
+    /// Where the normalised input is written ([t, cols] fp32); 0: not written.
     pub out: u64,
 }
 
