@@ -356,13 +356,16 @@ __device__ __forceinline__ void gemv_tc_body(const W wp, typename W::Raw (&cur)[
     tcg_stage([&](int n) { return xt + (size_t)n * cols + k0; }, norm_w, kn, nt, stride, xs + k0, sq, ss);
     if (threadIdx.x < nt) rs_s[threadIdx.x] = norm_w ? rsqrtf(ss[threadIdx.x] / (float)cols + eps) : 1.0f;
     static_assert(16 * TT * 8 * TN <= 32 * TCG_WARPS, "one (row, token) of a unit a thread");
+    // Whether the epilogue's loads are issued before the unit's sums: in the one-tile 8-token
+    // kernel (batch 1-8). In the others the two registers they hold through the K loop cost
+    // more (spills; batch 8-16 0.4-0.7 % slower, docs/perf.md run 204) than the loads save.
+    constexpr bool EARLY = TT == 1 && TN == 1;
     for (int unit = blockIdx.x; unit < nunits; unit += gridDim.x) {
-        // The thread's (row, token) of the unit's sums: its bias and the output it adds to,
-        // loaded before the unit's weights are summed rather than after.
+        // The thread's (row, token) of the unit's sums: its bias and the output it adds to.
         const int e_row = threadIdx.x / (8 * TN), e_tok = threadIdx.x % (8 * TN), e_r = unit * UR + e_row;
         const bool e_on = threadIdx.x < UR * 8 * TN && e_tok < nt && e_r < rows;
         float e_bias = 0.0f, e_y = 0.0f;
-        if (e_on) {
+        if (EARLY && e_on) {
             if (bias) e_bias = bf2f(bias[e_r]);
             if (accumulate) e_y = y[(size_t)(t0 + e_tok) * rows + e_r];
         }
@@ -398,6 +401,10 @@ __device__ __forceinline__ void gemv_tc_body(const W wp, typename W::Raw (&cur)[
                     sum += __ldcg(part + ((size_t)z * tokens + t0 + e_tok) * rows + e_r);
             } else {
                 sum = tcg_sum<TN, TT>(red, e_row, e_tok);
+            }
+            if (!EARLY) {
+                if (bias) e_bias = bf2f(bias[e_r]);
+                if (accumulate) e_y = y[(size_t)(t0 + e_tok) * rows + e_r];
             }
             const float s = sum * rs_s[e_tok] + e_bias;
             y[(size_t)(t0 + e_tok) * rows + e_r] = accumulate ? e_y + s : s;
