@@ -329,11 +329,13 @@ __device__ __forceinline__ void gemv_wide_body(const bf16_t* __restrict__ w, con
 #pragma unroll
         for (int j = 0; j < GEMV_WIDE_R; ++j) acc[j][t] = 0.0f;
     }
-    // Read now what the block's last steps need, so they wait on no load: the rows' biases
-    // and (one token) the thread's first element of the normalised input's slice.
+    // One token (the batch-1 router): read now what the block's last steps need, so they wait
+    // on no load: the rows' biases and the thread's first element of the normalised input's
+    // slice. (The several-token entries load them where they are used: at batch 8-16 the
+    // early loads measured 0.2-0.3 % slower, docs/perf.md run 205.)
     float bpre[R];
 #pragma unroll
-    for (int j = 0; j < R; ++j) bpre[j] = bias && j < nr ? bf2f(bias[row0 + j]) : 0.0f;
+    for (int j = 0; j < R; ++j) bpre[j] = NT == 1 && bias && j < nr ? bf2f(bias[row0 + j]) : 0.0f;
     const int xo_per = (cols + gridDim.x - 1) / gridDim.x;
     const int xo_c = blockIdx.x * xo_per + threadIdx.x, xo_c1 = min(cols, (int)(blockIdx.x + 1) * xo_per);
     const bool xo_first = NT == 1 && WIDE_NORM && x_out && xo_c < xo_c1;
@@ -379,7 +381,7 @@ __device__ __forceinline__ void gemv_wide_body(const bf16_t* __restrict__ w, con
             for (int j = 0; j < R; ++j) {
                 if (j >= nr) break;
                 const float s = warp_sum(lane < 8 ? part[j][t][lane] : 0.0f);
-                const float b = bpre[j];
+                const float b = NT == 1 ? bpre[j] : bias ? bf2f(bias[row0 + j]) : 0.0f;
                 if (lane == 0) {
                     float* yp = y + (size_t)(t0 + t) * rows + row0 + j;
                     *yp = accumulate ? *yp + s * r + b : s * r + b;
