@@ -559,6 +559,7 @@ __device__ __forceinline__ void moe_down_body(const u8* __restrict__ blocks,
     // kernel (gate_up) has passed its own wait, which it did before letting this one launch.
     // Read from L2 (an SM's L1 may hold an older step's line).
     const int e = __ldcg(idx + t * k + s);
+    const float wt = __ldcg(wts + t * k + s);  // the slot's weight, from the router too
     const int nb = inter >> 5, ni = (nb + 31) >> 5;
     const uint4* be = reinterpret_cast<const uint4*>(blocks) + (size_t)e * hidden * nb;
     const u8* se = scales + (size_t)e * hidden * nb;
@@ -586,7 +587,6 @@ __device__ __forceinline__ void moe_down_body(const u8* __restrict__ blocks,
             const float bb0 = __shfl_sync(0xffffffffu, b0v, uu);
             const float bb1 = __shfl_sync(0xffffffffu, b1v, uu);
             if (lane == 0) {
-                const float wt = wts[t * k + s];
                 float* pp = part + ((size_t)t * k + s) * hidden + rw + 2 * uu;
                 pp[0] = wt * (t0 + bb0);
                 pp[1] = wt * (t1 + bb1);
@@ -640,10 +640,9 @@ __device__ __forceinline__ void moe_down_body(const u8* __restrict__ blocks,
                 const float bb0 = __shfl_sync(0xffffffffu, b0v, cu);
                 const float bb1 = __shfl_sync(0xffffffffu, b1v, cu);
                 if (lane == 0 && r < hidden) {
-                    const float w = wts[t * k + s];
                     float* pp = part + ((size_t)t * k + s) * hidden + r;
-                    pp[0] = w * (t0 + bb0);
-                    if (r + 1 < hidden) pp[1] = w * (t1 + bb1);
+                    pp[0] = wt * (t0 + bb0);
+                    if (r + 1 < hidden) pp[1] = wt * (t1 + bb1);
                 }
                 t0 = t1 = 0.0f;
                 ci = 0;

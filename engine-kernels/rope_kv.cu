@@ -6,6 +6,24 @@
 // grid = (ceil((Hq + 2 Hkv) / HB), T), block = (D / 2, HB): thread (i, j) of block x rotates the
 // pair (i, i + D/2) of head x HB + j. HB = 1 for decode; a prefill chunk takes several heads a
 // block (ops::rope_kv), so that 2048 tokens do not launch 160k blocks of one warp.
+// Loads that stay before griddepcontrol.wait (volatile asm: an ld.global.nc may be scheduled
+// below it, common.cuh). Only for what no kernel of the step writes.
+__device__ __forceinline__ unsigned ld_early_u32(const unsigned* p) {
+    unsigned v;
+    asm volatile("ld.global.u32 %0, [%1];" : "=r"(v) : "l"(p));
+    return v;
+}
+__device__ __forceinline__ unsigned long long ld_early_u64(const unsigned long long* p) {
+    unsigned long long v;
+    asm volatile("ld.global.u64 %0, [%1];" : "=l"(v) : "l"(p));
+    return v;
+}
+__device__ __forceinline__ float ld_early_f32(const float* p) {
+    float v;
+    asm volatile("ld.global.f32 %0, [%1];" : "=f"(v) : "l"(p));
+    return v;
+}
+
 extern "C" __global__ void rope_kv_write(const float* __restrict__ qkv, float* __restrict__ q_out,
                                          void* __restrict__ k_cache, void* __restrict__ v_cache,
                                          int kv,
@@ -13,28 +31,38 @@ extern "C" __global__ void rope_kv_write(const float* __restrict__ qkv, float* _
                                          const unsigned* __restrict__ pos,
                                          const unsigned long long* __restrict__ kv_off,
                                          int hq, int hkv, int d, float mscale) {
-    pdl_enter_as(ROPE_TRIGGER);
     const int h = blockIdx.x * blockDim.y + threadIdx.y, t = blockIdx.y, i = threadIdx.x;
     const int half = d >> 1;
-    if (h >= hq + 2 * hkv) return;
+    // Before the wait on the projection: the row's position and cache offset (the step's
+    // inputs, copied in before its first kernel) and the rotation (the frequencies are
+    // constant), so after it only the projection's two values are waited on.
+    const bool live = h < hq + 2 * hkv;
+    const unsigned p = live ? ld_early_u32(pos + t) : 0u;
+    const unsigned long long off = live ? ld_early_u64(kv_off + t) : 0ull;
+    float c = 0.0f, s = 0.0f;
+    if (h < hq + hkv) {
+        const float theta = (float)p * ld_early_f32(inv_freq + i);
+        c = cosf(theta) * mscale;
+        s = sinf(theta) * mscale;
+    }
+    pdl_enter_as(ROPE_TRIGGER);
+    if (!live) return;
     const size_t width = (size_t)(hq + 2 * hkv) * d;
     const float* src = qkv + (size_t)t * width + (size_t)h * d;
     const float a = src[i], b = src[i + half];
     if (h >= hq + hkv) {
-        const size_t o = kv_off[t] + ((size_t)pos[t] * hkv + (h - hq - hkv)) * d;
+        const size_t o = off + ((size_t)p * hkv + (h - hq - hkv)) * d;
         kv_store(v_cache, kv, o + i, a);
         kv_store(v_cache, kv, o + i + half, b);
         return;
     }
-    const float theta = (float)pos[t] * inv_freq[i];
-    const float c = cosf(theta) * mscale, s = sinf(theta) * mscale;
     const float o1 = a * c - b * s, o2 = b * c + a * s;
     if (h < hq) {
         float* dst = q_out + ((size_t)t * hq + h) * d;
         dst[i] = o1;
         dst[i + half] = o2;
     } else {
-        const size_t o = kv_off[t] + ((size_t)pos[t] * hkv + (h - hq)) * d;
+        const size_t o = off + ((size_t)p * hkv + (h - hq)) * d;
         kv_store(k_cache, kv, o + i, o1);
         kv_store(k_cache, kv, o + i + half, o2);
     }
