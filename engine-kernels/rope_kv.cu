@@ -24,6 +24,30 @@ __device__ __forceinline__ float ld_early_f32(const float* p) {
     return v;
 }
 
+// What rope_kv_write reads before its wait on the projection: the row's position and cache
+// offset (the step's inputs, copied in before its first kernel; no kernel writes them) and its
+// rotation from the constant frequencies. c = s = 0 for v heads (no rotation).
+struct RopeEarly {
+    unsigned p;
+    unsigned long long off;
+    float c, s;
+};
+__device__ __forceinline__ RopeEarly rope_early(const float* __restrict__ inv_freq,
+                                                const unsigned* __restrict__ pos,
+                                                const unsigned long long* __restrict__ kv_off,
+                                                int h, int t, int i, int hq, int hkv, float mscale) {
+    RopeEarly e{0u, 0ull, 0.0f, 0.0f};
+    if (h >= hq + 2 * hkv) return e;
+    e.p = ld_early_u32(pos + t);
+    e.off = ld_early_u64(kv_off + t);
+    if (h < hq + hkv) {
+        const float theta = (float)e.p * ld_early_f32(inv_freq + i);
+        e.c = cosf(theta) * mscale;
+        e.s = sinf(theta) * mscale;
+    }
+    return e;
+}
+
 extern "C" __global__ void rope_kv_write(const float* __restrict__ qkv, float* __restrict__ q_out,
                                          void* __restrict__ k_cache, void* __restrict__ v_cache,
                                          int kv,
@@ -33,20 +57,13 @@ extern "C" __global__ void rope_kv_write(const float* __restrict__ qkv, float* _
                                          int hq, int hkv, int d, float mscale) {
     const int h = blockIdx.x * blockDim.y + threadIdx.y, t = blockIdx.y, i = threadIdx.x;
     const int half = d >> 1;
-    // Before the wait on the projection: the row's position and cache offset (the step's
-    // inputs, copied in before its first kernel) and the rotation (the frequencies are
-    // constant), so after it only the projection's two values are waited on.
-    const bool live = h < hq + 2 * hkv;
-    const unsigned p = live ? ld_early_u32(pos + t) : 0u;
-    const unsigned long long off = live ? ld_early_u64(kv_off + t) : 0ull;
-    float c = 0.0f, s = 0.0f;
-    if (h < hq + hkv) {
-        const float theta = (float)p * ld_early_f32(inv_freq + i);
-        c = cosf(theta) * mscale;
-        s = sinf(theta) * mscale;
-    }
+    // Before the wait, so after it only the projection's two values are waited on.
+    const RopeEarly e = rope_early(inv_freq, pos, kv_off, h, t, i, hq, hkv, mscale);
     pdl_enter_as(ROPE_TRIGGER);
-    if (!live) return;
+    if (h >= hq + 2 * hkv) return;
+    const unsigned p = e.p;
+    const unsigned long long off = e.off;
+    const float c = e.c, s = e.s;
     const size_t width = (size_t)(hq + 2 * hkv) * d;
     const float* src = qkv + (size_t)t * width + (size_t)h * d;
     const float a = src[i], b = src[i + half];

@@ -483,6 +483,9 @@ mod tests {
                             || t.contains("prefetch_l2(")
                             // attention_decode.cu: the (immutable) sink logits.
                             || t.starts_with("attn_sinks_early(")
+                            // rope_kv.cu: the step's inputs and the constant frequencies
+                            // (rope_early, checked below).
+                            || t.starts_with("const RopeEarly e = rope_early(")
                             // gemv_tc.cu: the first chunks of the (immutable) weights, the
                             // arguments on the lines after the call.
                             || t.starts_with("TcgBf16::Raw")
@@ -499,9 +502,38 @@ mod tests {
         }
     }
 
+    /// What `rope_kv_write` reads before its wait (`rope_early`): the row's position and cache
+    /// offset, which the host copies in before the step's first kernel and no kernel writes,
+    /// and the constant frequencies, by loads that stay above the wait (`ld_early_*`) — never
+    /// the projection it rotates.
+    #[test]
+    fn rope_reads_only_step_inputs_before_its_wait() {
+        let src = KERNEL_FILES
+            .iter()
+            .find(|f| f.name == "rope_kv.cu")
+            .expect("rope_kv.cu")
+            .source;
+        let early = fn_body(src, "RopeEarly rope_early(");
+        assert!(!early.contains("qkv"), "rope_early reads the projection");
+        for load in [
+            "ld_early_u32(pos",
+            "ld_early_u64(kv_off",
+            "ld_early_f32(inv_freq",
+        ] {
+            assert!(early.contains(load), "rope_early: no `{load}`");
+        }
+        assert!(
+            ["pos[", "kv_off[", "inv_freq["]
+                .iter()
+                .all(|p| !early.contains(p)),
+            "rope_early: a plain load, which ptxas may place after the wait"
+        );
+    }
+
     /// `moe_down_body` waits on the previous kernel in both arms of `MOE_DOWN_EARLY`, and
     /// before the early waits it reads nothing an earlier kernel writes but the router's
-    /// expert ids, by `__ldcg` (complete once gate_up has passed its own wait; ops::moe_down).
+    /// expert ids and slot weights, by `__ldcg` (complete once gate_up has passed its own wait;
+    /// ops::moe_down).
     fn down_body_waits_after_immutable_reads(src: &str) {
         let body = fn_body(src, "void moe_down_body(");
         let arms: Vec<&str> = body.split("#if MOE_DOWN_EARLY").collect();
@@ -552,7 +584,8 @@ mod tests {
     }
 
     /// No line of `text` (code before a kernel's wait) reads what an earlier kernel of the
-    /// MoE writes (act, wts, part, y) other than by staging after the wait.
+    /// MoE writes (act, wts, part, y) other than by staging after the wait, or the router's
+    /// slot weights past L1 (`__ldcg(wts`: complete, as the expert ids are).
     fn reads_no_earlier_output(name: &str, text: &str) {
         for line in text.lines() {
             let t = line.trim();
@@ -560,7 +593,10 @@ mod tests {
                 .iter()
                 .any(|w| t.contains(w) && !t.starts_with("//"));
             assert!(
-                !written || t.starts_with("A::stage") || t.contains("#if"),
+                !written
+                    || t.starts_with("A::stage")
+                    || t.contains("#if")
+                    || t.contains("__ldcg(wts"),
                 "{name}: `{t}` reads an earlier kernel's output before its wait"
             );
         }
