@@ -122,6 +122,21 @@ __device__ __forceinline__ void cp_async_wait() {
     asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
 
+// A last-block combine's count: each block writes its partials, passes a __syncthreads(), and
+// one thread counts the block in *c with this; the block that brings the count to `total`
+// gets true (and resets *c to 0 for the next launch or replay), passes another
+// __syncthreads() and reads every block's partials past L1 (__ldcg). The atomic is release
+// (the block's writes, ordered before it by the barrier, are visible before the count) and
+// acquire (the others' are visible to the last block): one MEMBAR.ALL.GPU, where the
+// __threadfence() pair before and after it was a fence.sc (MEMBAR.SC.GPU) in every warp.
+__device__ __forceinline__ bool count_block_last(unsigned* c, unsigned total) {
+    unsigned v;
+    asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;" : "=r"(v) : "l"(c) : "memory");
+    const bool last = v == total - 1u;
+    if (last) *c = 0u;
+    return last;
+}
+
 __device__ __forceinline__ float bf2f(bf16_t v) { return __uint_as_float(((unsigned)v) << 16); }
 
 // Round to nearest even, NaN stays NaN (quiet bit set).

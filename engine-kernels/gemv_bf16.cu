@@ -16,6 +16,24 @@
 // ss[t] += the squares of those x: the 8-element step both partial-sum loops take.
 // NT: the most tokens a block takes (GEMV_MAX_TOKENS; 1 for the one-token router, whose code
 // then holds no loop over absent tokens).
+// One token's step: acc += wf · (a, b), and with SQ ss += the squares of (a, b).
+template <bool SQ>
+__device__ __forceinline__ void dot8_add(const float (&wf)[8], float4 a, float4 b, float& acc, float& ss) {
+    acc += wf[0] * a.x + wf[1] * a.y + wf[2] * a.z + wf[3] * a.w +
+           wf[4] * b.x + wf[5] * b.y + wf[6] * b.z + wf[7] * b.w;
+    if (SQ)
+        ss += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w +
+              b.x * b.x + b.y * b.y + b.z * b.z + b.w * b.w;
+}
+
+// wf *= the eight norm weights nv (bf16): the folded norm's scaling of a chunk's weights.
+__device__ __forceinline__ void scale8_by_norm(float (&wf)[8], uint4 nv) {
+    float nf[8];
+    bf16x8_to_f32(nv, nf);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) wf[e] *= nf[e];
+}
+
 template <bool SQ, int NT>
 __device__ __forceinline__ void gemv_dot8(const float (&wf)[8], const float* __restrict__ x,
                                           int cols, int c, int nt, float (&acc)[NT],
@@ -24,12 +42,7 @@ __device__ __forceinline__ void gemv_dot8(const float (&wf)[8], const float* __r
     for (int t = 0; t < NT; ++t) {
         if (t < nt) {
             const float4* xp = reinterpret_cast<const float4*>(x + (size_t)t * cols) + 2 * c;
-            const float4 a = xp[0], b = xp[1];
-            acc[t] += wf[0] * a.x + wf[1] * a.y + wf[2] * a.z + wf[3] * a.w +
-                      wf[4] * b.x + wf[5] * b.y + wf[6] * b.z + wf[7] * b.w;
-            if (SQ)
-                ss[t] += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w +
-                         b.x * b.x + b.y * b.y + b.z * b.z + b.w * b.w;
+            dot8_add<SQ>(wf, xp[0], xp[1], acc[t], ss[t]);
         }
     }
 }
@@ -72,18 +85,8 @@ __device__ __forceinline__ void gemv_partial(const bf16_t* __restrict__ wr, cons
                 if (c0 + u * stride < n8) {
                     float wf[8];
                     bf16x8_to_f32(wv[u], wf);
-                    if (NORM) {
-                        float nf[8];
-                        bf16x8_to_f32(nv[u], nf);
-#pragma unroll
-                        for (int e = 0; e < 8; ++e) wf[e] *= nf[e];
-                    }
-                    const float4 a = xa[u], b = xb[u];
-                    acc[0] += wf[0] * a.x + wf[1] * a.y + wf[2] * a.z + wf[3] * a.w +
-                              wf[4] * b.x + wf[5] * b.y + wf[6] * b.z + wf[7] * b.w;
-                    if (NORM)
-                        ss[0] += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w +
-                                 b.x * b.x + b.y * b.y + b.z * b.z + b.w * b.w;
+                    if (NORM) scale8_by_norm(wf, nv[u]);
+                    dot8_add<NORM>(wf, xa[u], xb[u], acc[0], ss[0]);
                 }
             }
         }
@@ -102,12 +105,7 @@ __device__ __forceinline__ void gemv_partial(const bf16_t* __restrict__ wr, cons
                 if (c < n8) {
                     float wf[8];
                     bf16x8_to_f32(wv[u], wf);
-                    if (NORM) {
-                        float nf[8];
-                        bf16x8_to_f32(__ldg(n4 + c), nf);
-#pragma unroll
-                        for (int e = 0; e < 8; ++e) wf[e] *= nf[e];
-                    }
+                    if (NORM) scale8_by_norm(wf, __ldg(n4 + c));
                     gemv_dot8<NORM, NT>(wf, x, cols, c, nt, acc, ss);
                 }
             }
@@ -181,19 +179,35 @@ __device__ __forceinline__ void gemv_partial_rows(const bf16_t* __restrict__ wr,
     }
 }
 
+// x_out[t, c] = x[t, c] · rs[t] · nw[c] for tokens t < nt and columns c = c_start, c_start +
+// step, … below c_end.
+template <int NT>
+__device__ __forceinline__ void write_normed(const float* __restrict__ x, const bf16_t* __restrict__ nw,
+                                             float* __restrict__ x_out, int cols, int nt,
+                                             const float (&rs)[NT], int c_start, int c_end, int step) {
+#pragma unroll
+    for (int t = 0; t < NT; ++t)
+        if (t < nt)
+            for (int c = c_start; c < c_end; c += step)
+                x_out[(size_t)t * cols + c] = x[(size_t)t * cols + c] * rs[t] * bf2f(nw[c]);
+}
+
+// The columns of block `blockIdx.x`'s share of the normalised input: [c0, c1).
+__device__ __forceinline__ void normed_slice(int cols, int& c0, int& c1) {
+    const int per = (cols + gridDim.x - 1) / gridDim.x;
+    c0 = blockIdx.x * per;
+    c1 = min(cols, c0 + per);
+}
+
 // Block `blockIdx.x` of `gridDim.x` writes its share of the normalised input
 // x_out = x · rs[t] · nw (the next kernels' input), so no single block serialises it.
 template <int NT = GEMV_MAX_TOKENS>
 __device__ __forceinline__ void write_normed_slice(const float* __restrict__ x, const bf16_t* __restrict__ nw,
                                                    float* __restrict__ x_out, int cols, int nt,
                                                    const float (&rs)[NT], int lane, int nlanes) {
-    const int per = (cols + gridDim.x - 1) / gridDim.x;
-    const int c0 = blockIdx.x * per, c1 = min(cols, c0 + per);
-#pragma unroll
-    for (int t = 0; t < NT; ++t)
-        if (t < nt)
-            for (int c = c0 + lane; c < c1; c += nlanes)
-                x_out[(size_t)t * cols + c] = x[(size_t)t * cols + c] * rs[t] * bf2f(nw[c]);
+    int c0, c1;
+    normed_slice(cols, c0, c1);
+    write_normed<NT>(x, nw, x_out, cols, nt, rs, c0 + lane, c1, nlanes);
 }
 
 // Router top-k: the k largest logits of a token (ties: lower expert index first) and the
@@ -336,8 +350,9 @@ __device__ __forceinline__ void gemv_wide_body(const bf16_t* __restrict__ w, con
     float bpre[R];
 #pragma unroll
     for (int j = 0; j < R; ++j) bpre[j] = NT == 1 && bias && j < nr ? bf2f(bias[row0 + j]) : 0.0f;
-    const int xo_per = (cols + gridDim.x - 1) / gridDim.x;
-    const int xo_c = blockIdx.x * xo_per + threadIdx.x, xo_c1 = min(cols, (int)(blockIdx.x + 1) * xo_per);
+    int xo_c, xo_c1;
+    normed_slice(cols, xo_c, xo_c1);
+    xo_c += threadIdx.x;
     const bool xo_first = NT == 1 && WIDE_NORM && x_out && xo_c < xo_c1;
     float xo_x = 0.0f, xo_n = 0.0f;
     if (xo_first) {
@@ -393,10 +408,10 @@ __device__ __forceinline__ void gemv_wide_body(const bf16_t* __restrict__ w, con
 #pragma unroll
     for (int t = 0; t < NT; ++t) rs[t] = t < nt ? rs_s[t] : 1.0f;
     if (WIDE_NORM && x_out) {
-        if (NT == 1) {  // write_normed_slice's products, the first from the early loads
+        if (NT == 1) {  // write_normed_slice, its first element from the early loads
             float* xo = x_out + (size_t)t0 * cols;
             if (xo_first) xo[xo_c] = xo_x * rs[0] * xo_n;
-            for (int c = xo_c + blockDim.x; c < xo_c1; c += blockDim.x) xo[c] = xt[c] * rs[0] * bf2f(norm_w[c]);
+            write_normed<NT>(xt, norm_w, xo, cols, nt, rs, xo_c + blockDim.x, xo_c1, blockDim.x);
         } else {
             write_normed_slice<NT>(xt, norm_w, x_out + (size_t)t0 * cols, cols, nt, rs, threadIdx.x, blockDim.x);
         }
@@ -405,15 +420,9 @@ __device__ __forceinline__ void gemv_wide_body(const bf16_t* __restrict__ w, con
     // Publish this block's logits, then count it; the last block of the group routes, one
     // warp per token (in parallel: a token's top-k is a serial chain of warp reductions).
     __shared__ unsigned last_s;
-    if (threadIdx.x == 0) {
-        __threadfence();
-        const unsigned last = atomicAdd(&counter[blockIdx.y], 1u) == gridDim.x - 1;
-        if (last) counter[blockIdx.y] = 0u;
-        last_s = last;
-    }
+    if (threadIdx.x == 0) last_s = count_block_last(&counter[blockIdx.y], gridDim.x);
     __syncthreads();
     if (!last_s) return;
-    __threadfence();
     if (warp < nt)
         topk_softmax_warp(y + (size_t)(t0 + warp) * rows, rows, k, topk_idx + (size_t)(t0 + warp) * k,
                           topk_w + (size_t)(t0 + warp) * k, vals + warp * rows);

@@ -381,17 +381,10 @@ __device__ __forceinline__ void gemv_tc_body(const W wp, typename W::Raw (&cur)[
                 if (tok >= nt || r >= rows) continue;
                 part[((size_t)blockIdx.z * tokens + t0 + tok) * rows + r] = tcg_sum<TN, TT>(red, row, tok);
             }
-            __threadfence();
             __syncthreads();
-            if (threadIdx.x == 0) {
-                unsigned* c = cnt + (size_t)blockIdx.y * nunits + unit;
-                const unsigned last = atomicAdd(c, 1u) == gridDim.z - 1;
-                if (last) *c = 0u;
-                last_s = last;
-            }
+            if (threadIdx.x == 0) last_s = count_block_last(cnt + (size_t)blockIdx.y * nunits + unit, gridDim.z);
             __syncthreads();
             if (!last_s) continue;
-            __threadfence();
         }
         if (e_on) {
             float sum;
@@ -911,17 +904,10 @@ moe_down_f16(const u8* __restrict__ blocks, const u8* __restrict__ scales,
             }
     }
     // Publish this block's rows and count it; the group's last expert block combines.
-    __threadfence();
     __syncthreads();
-    if (threadIdx.x == 0) {
-        unsigned* c = ctr + (size_t)blockIdx.z * gridDim.x + blockIdx.x;
-        const unsigned last = atomicAdd(c, 1u) == (unsigned)grp.lead - 1u;
-        if (last) *c = 0u;
-        last16 = last;
-    }
+    if (threadIdx.x == 0) last16 = count_block_last(ctr + (size_t)blockIdx.z * gridDim.x + blockIdx.x, grp.lead);
     __syncthreads();
     if (!last16) return;
-    __threadfence();
     const int t0 = blockIdx.z * TCG_TOKENS, nt = min(TCG_TOKENS, tokens - t0);
     const int r0 = blockIdx.x * rpb, nr = min(hidden, r0 + rpb) - r0;
     for (int i = threadIdx.x; i < nt * nr; i += blockDim.x) {

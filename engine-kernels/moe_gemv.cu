@@ -653,17 +653,10 @@ __device__ __forceinline__ void moe_down_body(const u8* __restrict__ blocks,
     }
     // Publish this block's rows, then count it; the last slot block combines.
     __shared__ unsigned last_s;
-    __threadfence();
     __syncthreads();
-    if (threadIdx.x == 0) {
-        unsigned* c = ctr + (size_t)t * gridDim.y + blockIdx.y;
-        const unsigned last = atomicAdd(c, 1u) == (unsigned)k - 1u;
-        if (last) *c = 0u;
-        last_s = last;
-    }
+    if (threadIdx.x == 0) last_s = count_block_last(ctr + (size_t)t * gridDim.y + blockIdx.y, k);
     __syncthreads();
     if (!last_s) return;
-    __threadfence();
     moe_combine_rows(part, y, t, k, hidden, blockIdx.y * 16 * units,
                      min(hidden, (int)(blockIdx.y + 1) * 16 * units), accumulate);
 }
@@ -850,23 +843,16 @@ __device__ __forceinline__ void moe_down_grp_body(const u8* __restrict__ blocks,
     // Publish this block's rows, then count each member; the last slot block of a token
     // combines it.
     __shared__ unsigned last_s;
-    __threadfence();
     __syncthreads();
     if (threadIdx.x < 32) {
         // Lane i counts member i (the members are distinct tokens: distinct counters).
-        bool mine = false;
-        if (lane < n) {
-            unsigned* c = ctr + (size_t)(grp.p[lane] / k) * gridDim.x + blockIdx.x;
-            mine = atomicAdd(c, 1u) == (unsigned)k - 1u;
-            if (mine) *c = 0u;
-        }
+        const bool mine = lane < n && count_block_last(ctr + (size_t)(grp.p[lane] / k) * gridDim.x + blockIdx.x, k);
         const unsigned last = __ballot_sync(0xffffffffu, mine);
         if (lane == 0) last_s = last;
     }
     __syncthreads();
     unsigned last = last_s;
     if (!last) return;
-    __threadfence();
     const int r0 = blockIdx.x * 16 * units, r1 = min(hidden, r0 + 16 * units);
     while (last) {
         const int t = grp.p[__ffs(last) - 1] / k;
