@@ -7,6 +7,9 @@
 set -u
 export MXTUNE_KERNEL_CACHE=/tmp/kc
 M=.devcarry/mxtune
+# The rows file is named for the lent GPU's model, as tools/device_rows.sh names it.
+GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | grep -oiE 'h100|h200|b200|gb10' | head -1 | tr 'A-Z' 'a-z')
+GPU=${GPU:-gpu}
 nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem --format=csv,noheader | tee $OUT/peer.txt
 mkdir -p /tmp/peer && tar xzf .devcarry/llama-src.tgz -C /tmp/peer
 ( cmake -S /tmp/peer/llama.cpp -B /tmp/peer/b -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
@@ -18,5 +21,5 @@ PYTHONPATH=/tmp/peer/llama.cpp/gguf-py python3 .devcarry/gen_gptoss_gguf.py --pr
 echo "== llama.cpp" | tee -a $OUT/peer.txt
 /tmp/peer/b/bin/llama-bench -m /tmp/peer/g20.gguf -ngl 99 -fa 1 -p 2048 -n 128 -r 5 -o md 2>&1 | tee -a $OUT/peer.txt
 echo "== mxtune" | tee -a $OUT/peer.txt
-$M engine profile --synthetic gpt-oss-20b --steps 64 --batch 1 --json-out $OUT/h100.json 2>&1 | tee -a $OUT/peer.txt | grep -E "graphs on|bandwidth"
-$M engine profile --synthetic gpt-oss-20b --steps 16 --prefill 2048 --json-out $OUT/h100.json 2>&1 | tee -a $OUT/peer.txt | grep -E "prefill of"
+$M engine profile --synthetic gpt-oss-20b --steps 64 --batch 1 --json-out $OUT/$GPU.json 2>&1 | tee -a $OUT/peer.txt | grep -E "graphs on|bandwidth"
+$M engine profile --synthetic gpt-oss-20b --steps 16 --prefill 2048 --json-out $OUT/$GPU.json 2>&1 | tee -a $OUT/peer.txt | grep -E "prefill of"
