@@ -127,8 +127,9 @@ __device__ __forceinline__ void cp_async_wait() {
 // gets true (and resets *c to 0 for the next launch or replay), passes another
 // __syncthreads() and reads every block's partials past L1 (__ldcg). The atomic is release
 // (the block's writes, ordered before it by the barrier, are visible before the count) and
-// acquire (the others' are visible to the last block): one MEMBAR.ALL.GPU, where the
-// __threadfence() pair before and after it was a fence.sc (MEMBAR.SC.GPU) in every warp.
+// acquire (the others' are visible to the last block): one MEMBAR.ALL.GPU in one thread.
+// A __threadfence() (fence.sc, MEMBAR.SC.GPU) in every warp before and after the count was
+// stronger than needed and measured slower (docs/perf.md run 209).
 __device__ __forceinline__ bool count_block_last(unsigned* c, unsigned total) {
     unsigned v;
     asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;" : "=r"(v) : "l"(c) : "memory");

@@ -12,10 +12,6 @@
 #define GEMV_MAX_TOKENS 4
 #define GEMV_ROWS_PER_BLOCK 8
 
-// acc[t] += wf · x[t, 8c … 8c + 7] for tokens t < nt (token t at x + t * cols), and with SQ
-// ss[t] += the squares of those x: the 8-element step both partial-sum loops take.
-// NT: the most tokens a block takes (GEMV_MAX_TOKENS; 1 for the one-token router, whose code
-// then holds no loop over absent tokens).
 // One token's step: acc += wf · (a, b), and with SQ ss += the squares of (a, b).
 template <bool SQ>
 __device__ __forceinline__ void dot8_add(const float (&wf)[8], float4 a, float4 b, float& acc, float& ss) {
@@ -34,6 +30,10 @@ __device__ __forceinline__ void scale8_by_norm(float (&wf)[8], uint4 nv) {
     for (int e = 0; e < 8; ++e) wf[e] *= nf[e];
 }
 
+// acc[t] += wf · x[t, 8c … 8c + 7] for tokens t < nt (token t at x + t * cols), and with SQ
+// ss[t] += the squares of those x: the 8-element step both partial-sum loops take.
+// NT: the most tokens a block takes (GEMV_MAX_TOKENS; 1 for the one-token router, whose code
+// then holds no loop over absent tokens).
 template <bool SQ, int NT>
 __device__ __forceinline__ void gemv_dot8(const float (&wf)[8], const float* __restrict__ x,
                                           int cols, int c, int nt, float (&acc)[NT],
