@@ -77,8 +77,46 @@ __device__ __forceinline__ void pdl_trigger() {
 // kernel (2: never, the next kernel launches when this grid ends, its blocks placed on an
 // idle chip, not around this grid's; docs/perf.md session 25). Knobs per kernel: *_TRIGGER
 // below; a literal mode folds away.
+// `engine profile --timeline` compiles every kernel with STEP_TIMELINE=1 (device.rs): thread 0
+// of each block records the global timer at its entry and once past the wait, its SM and its
+// grid's shape, into the buffer mx_timeline points to (set by the host in every module; word 0
+// counts the records, mx_timeline_cap bounds them), so the host can put each kernel of a
+// captured step on a time line. Off (the default) none of it is compiled.
+#ifndef STEP_TIMELINE
+#define STEP_TIMELINE 0
+#endif
+#if STEP_TIMELINE
+__device__ unsigned long long* mx_timeline;
+__device__ unsigned long long mx_timeline_cap;
+__device__ unsigned mx_timeline_module;
+__device__ __forceinline__ unsigned long long timeline_now() {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+#endif
 __device__ __forceinline__ void pdl_enter_as(int mode) {
+#if STEP_TIMELINE
+    const unsigned long long entered = timeline_now();
+#endif
     pdl_wait();
+#if STEP_TIMELINE
+    if (threadIdx.x == 0 && threadIdx.y == 0 && threadIdx.z == 0 && mx_timeline) {
+        const unsigned long long released = timeline_now();
+        unsigned sm;
+        asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+        const unsigned long long n = atomicAdd(mx_timeline, 1ull);
+        if (n < mx_timeline_cap) {
+            unsigned long long* r = mx_timeline + 1 + 4 * n;
+            r[0] = entered;
+            r[1] = released;
+            r[2] = ((unsigned long long)mx_timeline_module << 56) |
+                   ((unsigned long long)(gridDim.x * gridDim.y * gridDim.z) << 24) |
+                   (blockDim.x * blockDim.y * blockDim.z);
+            r[3] = sm;
+        }
+    }
+#endif
     if (mode == 0 && !PDL_NO_TRIGGER) pdl_trigger();
 }
 __device__ __forceinline__ void pdl_enter() { pdl_enter_as(0); }

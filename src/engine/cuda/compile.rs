@@ -215,6 +215,8 @@ pub enum CubinOrigin {
 #[derive(Debug, Clone)]
 pub struct KernelCache {
     dir: PathBuf,
+    /// `-D` options this cache's compiles add to [`options`] (part of the key).
+    extra: Vec<String>,
 }
 
 impl KernelCache {
@@ -231,7 +233,24 @@ impl KernelCache {
 
     /// A cache in `dir` (created on first write).
     pub fn at(dir: PathBuf) -> Self {
-        Self { dir }
+        Self {
+            dir,
+            extra: Vec::new(),
+        }
+    }
+
+    /// The same cache compiling with `NAME=VALUE` defined too (an instrumented build: its
+    /// cubins are cached under their own keys).
+    pub fn with_define(mut self, define: &str) -> Result<Self> {
+        self.extra.extend(parse_defines(define)?);
+        Ok(self)
+    }
+
+    /// The NVRTC options of this cache's compiles: [`options`] and its own defines.
+    fn options(&self) -> Result<Vec<String>> {
+        let mut v = options()?;
+        v.extend(self.extra.iter().cloned());
+        Ok(v)
     }
 
     /// The cache directory.
@@ -247,7 +266,7 @@ impl KernelCache {
         for part in [
             source.as_str(),
             arch,
-            &options()?.join(" "),
+            &self.options()?.join(" "),
             &format!("nvrtc {major}.{minor}"),
         ] {
             h.update(part.as_bytes());
@@ -261,7 +280,7 @@ impl KernelCache {
         {
             return Ok((bytes, CubinOrigin::Cached));
         }
-        let cubin = compile_cubin(file.name, &source, arch)?;
+        let cubin = compile_cubin_with(file.name, &source, arch, &self.options()?)?;
         std::fs::create_dir_all(&self.dir)
             .with_context(|| format!("creating kernel cache {}", self.dir.display()))?;
         let tmp = path.with_extension(format!("tmp{}", std::process::id()));
@@ -293,6 +312,11 @@ fn check(r: cudarc::nvrtc::sys::nvrtcResult, what: &str) -> Result<()> {
 /// Compile one source to a cubin for `arch` (`sm_90`, `sm_90a`, `sm_121`, …) with NVRTC.
 /// Needs no GPU. The error carries NVRTC's log.
 pub fn compile_cubin(name: &str, source: &str, arch: &str) -> Result<Vec<u8>> {
+    compile_cubin_with(name, source, arch, &options()?)
+}
+
+/// [`compile_cubin`] with the NVRTC options `options` (besides the architecture).
+fn compile_cubin_with(name: &str, source: &str, arch: &str, options: &[String]) -> Result<Vec<u8>> {
     use cudarc::nvrtc::sys;
     libs::ensure_nvrtc()?;
     let src = CString::new(source).with_context(|| format!("{name} contains a NUL byte"))?;
@@ -301,8 +325,8 @@ pub fn compile_cubin(name: &str, source: &str, arch: &str) -> Result<Vec<u8>> {
         CString::new(format!("--gpu-architecture={arch}"))
             .with_context(|| format!("architecture {arch:?}"))?,
     ];
-    for o in options()? {
-        opts.push(CString::new(o).context("NVRTC option")?);
+    for o in options {
+        opts.push(CString::new(o.as_str()).context("NVRTC option")?);
     }
     let opt_ptrs: Vec<*const c_char> = opts.iter().map(|o| o.as_ptr()).collect();
     let mut prog: sys::nvrtcProgram = std::ptr::null_mut();

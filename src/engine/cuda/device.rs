@@ -11,6 +11,7 @@ use cudarc::driver::{
 };
 
 use super::compile::{CubinOrigin, KERNEL_FILES, KernelCache};
+use super::timeline::{self, Launch, Record};
 
 /// cudarc is built without `std`, so its `DriverError` is no `std::error::Error`; this adds
 /// anyhow-style context to its results.
@@ -83,6 +84,16 @@ pub struct Gpu {
     split_cnt: CudaSlice<u32>,
     /// Cold/warm start report of the kernel load.
     pub load_report: LoadReport,
+    /// With [`Gpu::open_timeline`]: the kernels' record buffer and the launches since
+    /// [`Gpu::timeline_reset`].
+    timeline: Option<TimelineBuf>,
+}
+
+/// The device side of `engine profile --timeline`: the records the instrumented kernels write
+/// (word 0 their count, then 4 words a record) and the host's log of the launches.
+struct TimelineBuf {
+    buf: CudaSlice<u64>,
+    log: Mutex<Vec<Launch>>,
 }
 
 /// Floats of [`Gpu::split_scratch`]'s partial sums: two halves of 16 tokens × 16 384 rows.
@@ -94,6 +105,17 @@ impl Gpu {
     /// Open device `ordinal`, compile (or read cached) kernels for its architecture and load
     /// them. Fails with a clear error, never a panic, when the driver, NVRTC or a GPU is missing.
     pub fn open(ordinal: usize) -> Result<Self> {
+        Self::open_inner(ordinal, false)
+    }
+
+    /// [`Gpu::open`] with every kernel compiled to record when its blocks enter and pass their
+    /// wait (`STEP_TIMELINE`, common.cuh) for [`Gpu::timeline_read`]: slower kernels, for
+    /// `engine profile --timeline` only.
+    pub fn open_timeline(ordinal: usize) -> Result<Self> {
+        Self::open_inner(ordinal, true)
+    }
+
+    fn open_inner(ordinal: usize, with_timeline: bool) -> Result<Self> {
         libs::ensure_driver()?;
         libs::ensure_nvrtc()?;
         let ctx = CudaContext::new(ordinal)
@@ -119,12 +141,22 @@ impl Gpu {
                 cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
             )
             .drv(|| "reading the multiprocessor count".into())? as usize;
-        let cache = KernelCache::from_env()?;
+        let mut cache = KernelCache::from_env()?;
+        let mut timeline = None;
+        if with_timeline {
+            cache = cache.with_define("STEP_TIMELINE=1")?;
+            timeline = Some(TimelineBuf {
+                buf: stream
+                    .alloc_zeros::<u64>(1 + 4 * timeline::CAPACITY)
+                    .drv(|| "allocating the timeline records".into())?,
+                log: Mutex::new(Vec::new()),
+            });
+        }
         let t0 = Instant::now();
         let (mut compiled, mut cached) = (0, 0);
         let mut funcs = HashMap::new();
         let mut dynamic_shared = HashMap::new();
-        for file in KERNEL_FILES {
+        for (fi, file) in KERNEL_FILES.iter().enumerate() {
             let (cubin, origin) = cache.cubin(file, &arch)?;
             match origin {
                 CubinOrigin::Compiled => compiled += 1,
@@ -133,6 +165,27 @@ impl Gpu {
             let module = ctx
                 .load_module(cudarc::nvrtc::Ptx::from_binary(cubin))
                 .drv(|| format!("loading the {arch} cubin of {}", file.name))?;
+            if let Some(tl) = &timeline {
+                // Point this module's copy of the record pointer at the buffer.
+                let (buf, _sync) = tl.buf.device_ptr(&stream);
+                let set = |name: &str, value: u64, bytes: usize| -> Result<()> {
+                    let mut sym = module
+                        .get_global(name, &stream)
+                        .drv(|| format!("{name} in {}", file.name))?;
+                    anyhow::ensure!(
+                        sym.len() == bytes,
+                        "{name} in {} is not {bytes} bytes",
+                        file.name
+                    );
+                    let v = value.to_le_bytes();
+                    stream
+                        .memcpy_htod(&v[..bytes], &mut sym)
+                        .drv(|| format!("setting {name} in {}", file.name))
+                };
+                set("mx_timeline", buf, 8)?;
+                set("mx_timeline_cap", timeline::CAPACITY as u64, 8)?;
+                set("mx_timeline_module", fi as u64, 4)?;
+            }
             for entry in file.entries {
                 let f = module
                     .load_function(entry)
@@ -178,7 +231,56 @@ impl Gpu {
             split_part,
             split_cnt,
             load_report,
+            timeline,
         })
+    }
+
+    /// Clear the timeline's records, and with `log` its launch log (an error unless opened by
+    /// [`Gpu::open_timeline`]).
+    pub fn timeline_reset(&self, log: bool) -> Result<()> {
+        let tl = self.timeline_buf()?;
+        let zero = [0u64];
+        {
+            let (ptr, _sync) = tl.buf.device_ptr(&self.stream);
+            // SAFETY: the buffer's first word, on this context's stream.
+            unsafe {
+                cudarc::driver::result::memcpy_htod_async(ptr, &zero, self.stream.cu_stream())
+            }
+            .drv(|| "clearing the timeline count".into())?;
+        }
+        self.sync()?;
+        if log {
+            tl.log
+                .lock()
+                .map_err(|_| anyhow::anyhow!("timeline log poisoned"))?
+                .clear();
+        }
+        Ok(())
+    }
+
+    /// The records the kernels wrote and the launches logged since [`Gpu::timeline_reset`]
+    /// (after a sync), and whether records were dropped for want of room.
+    pub fn timeline_read(&self) -> Result<(Vec<Record>, Vec<Launch>, bool)> {
+        let tl = self.timeline_buf()?;
+        self.sync()?;
+        let words = self
+            .stream
+            .clone_dtoh(&tl.buf)
+            .drv(|| "reading the timeline records".into())?;
+        let count = words.first().copied().unwrap_or(0) as usize;
+        let recs = timeline::decode(&words[1..], count.min(timeline::CAPACITY));
+        let log = tl
+            .log
+            .lock()
+            .map_err(|_| anyhow::anyhow!("timeline log poisoned"))?
+            .clone();
+        Ok((recs, log, count > timeline::CAPACITY))
+    }
+
+    fn timeline_buf(&self) -> Result<&TimelineBuf> {
+        self.timeline
+            .as_ref()
+            .ok_or_else(|| anyhow::anyhow!("the GPU was not opened for a timeline"))
     }
 
     /// Architecture the kernels were built for (`sm_90`, `sm_121`, …).
@@ -340,11 +442,26 @@ impl Gpu {
         shared_mem_bytes: u32,
         args: &[Arg],
     ) -> Result<()> {
-        let Some(f) = self.funcs.get(kernel) else {
+        let Some((&name, f)) = self.funcs.get_key_value(kernel) else {
             bail!("kernel {kernel} is not in the dispatch table");
         };
         if grid.0 == 0 || grid.1 == 0 || grid.2 == 0 {
             return Ok(());
+        }
+        if let Some(tl) = &self.timeline {
+            let module = KERNEL_FILES
+                .iter()
+                .position(|file| file.entries.contains(&name))
+                .unwrap_or(usize::MAX);
+            tl.log
+                .lock()
+                .map_err(|_| anyhow::anyhow!("timeline log poisoned"))?
+                .push(Launch {
+                    kernel: name,
+                    module: module as u32,
+                    blocks: grid.0 * grid.1 * grid.2,
+                    threads: block.0 * block.1 * block.2,
+                });
         }
         // The driver reads each argument through a pointer to its value; the values live in
         // `args`, which outlives the call.

@@ -16,4 +16,5 @@ pub mod reference;
 pub mod roofline;
 pub mod selftest;
 pub mod synthetic;
+pub mod timeline;
 pub mod weights;

@@ -1237,7 +1237,8 @@ impl Decoder {
     /// Leave the kernel groups `groups` out of every step from now on (empty: none), and drop
     /// the captured graphs so the next steps capture without them. For `engine profile
     /// --ablate` alone: a step without a group computes wrong values, but its time is what
-    /// the step costs without that group's kernels.
+    /// the step costs without that group's kernels. (`--timeline` calls it with none, to have
+    /// the next step captured again.)
     pub fn set_ablated(&mut self, groups: &[StepGroup]) {
         self.ablated = groups.to_vec();
         self.graphs.iter_mut().for_each(|g| *g = None);

@@ -14,6 +14,7 @@ use super::device::Gpu;
 use super::gates::{DecodeGemv, DecodeOptions, KvDtype};
 use super::model::{ATTN_MIN_SPLIT, Decoder, Profile};
 use super::roofline::{self, StepBytes, StepGroup};
+use super::timeline;
 use super::{ops, weights};
 use crate::engine::backend::{ModelBackend, RowSample, SeqId, SeqStep};
 use crate::engine::config::ModelConfig;
@@ -82,6 +83,11 @@ pub struct ProfileArgs {
     /// a file that is not a JSON array is refused before the run, untouched.
     #[arg(long, value_name = "FILE")]
     pub json_out: Option<PathBuf>,
+    /// Also put one graph step on a time line, kernel by kernel: each block's entry and the
+    /// moment its wait on the previous kernel ends (the kernels compiled to record them, so
+    /// every figure of this run is a little slow: not with `--json-out`).
+    #[arg(long)]
+    pub timeline: bool,
 }
 
 /// The `--kv-dtype` value (checked by clap: bf16, f32 or fp8).
@@ -203,12 +209,21 @@ pub fn run(args: &ProfileArgs) -> Result<()> {
     // Checked before the GPU is opened and the weights generated.
     let max_pos = cache_positions(args)?;
     let pass = prefill_pass(args)?;
+    ensure!(
+        !(args.timeline && args.json_out.is_some()),
+        "--timeline runs instrumented kernels, slower than the real ones: its figures are not \
+         rows of record; leave out --json-out (or --timeline)"
+    );
     if let Some(path) = &args.json_out {
         perfrows::check_file(path)?;
     }
     let sinks = args.sinks == OnOff::On;
     let t_open = Instant::now();
-    let g = Arc::new(Gpu::open(args.gpu)?);
+    let g = Arc::new(if args.timeline {
+        Gpu::open_timeline(args.gpu)?
+    } else {
+        Gpu::open(args.gpu)?
+    });
     let lr = &g.load_report;
     println!(
         "device: {} ({}); kernels {} compiled, {} cached, {:.2} s to load; open {:.2} s",
@@ -357,6 +372,9 @@ pub fn run(args: &ProfileArgs) -> Result<()> {
         let base = timed.iter().find(|t| t.0).map_or(0.0, |t| t.1);
         ablate(&g, dec, &toks, &slots, args, base)?;
     }
+    if args.timeline {
+        step_timeline(&g, dec, &toks, &slots, args)?;
+    }
     let mut rows: Vec<PerfRow> = decode_row.into_iter().collect();
     if args.prefill > 0 {
         let pass = pass.unwrap_or_else(|| {
@@ -414,6 +432,55 @@ fn time_steps(
         }
     }
     Ok((times, walls))
+}
+
+/// `--timeline`: the graph captured afresh so its launches are logged, replayed once to warm
+/// it, then once more with its blocks recorded: each kernel's share of the step's critical
+/// path (timeline.rs).
+fn step_timeline(
+    g: &Gpu,
+    dec: &mut Decoder,
+    toks: &[u32],
+    slots: &[u32],
+    args: &ProfileArgs,
+) -> Result<()> {
+    let b = toks.len();
+    let pos = args.depth + 3 + args.steps;
+    // Dropping the graphs makes the step capture its launches again (into the log).
+    dec.set_ablated(&[]);
+    g.timeline_reset(true)?;
+    dec.set_inputs(g, toks, &vec![pos as u32; b], slots)?;
+    dec.run(g, b, pos + 1, true)?;
+    g.timeline_reset(false)?;
+    dec.set_inputs(g, toks, &vec![pos as u32 + 1; b], slots)?;
+    let (a, e) = (ev(g)?, ev(g)?);
+    record(g, &a)?;
+    dec.run(g, b, pos + 2, true)?;
+    record(g, &e)?;
+    g.sync()?;
+    let step_ms = elapsed(&a, &e)?;
+    let (records, launches, dropped) = g.timeline_read()?;
+    ensure!(
+        !dropped,
+        "the step's blocks left more than {} timeline records",
+        timeline::CAPACITY
+    );
+    let placed = timeline::place(&launches, &records).map_err(|e| {
+        anyhow::anyhow!("the timeline's records do not match the step's launches: {e}")
+    })?;
+    println!(
+        "timeline of one graph step (instrumented kernels: {step_ms:.3} ms; {} launches, {} \
+         blocks): crit = from a kernel's wait ending (its predecessor done) to the next \
+         kernel's, summed over its runs; lead = how long before that its first block entered; \
+         early = its blocks resident by then",
+        launches.len(),
+        records.len()
+    );
+    print!(
+        "{}",
+        timeline::table(&timeline::summarize(&placed), step_ms * 1e3)
+    );
+    Ok(())
 }
 
 /// `--ablate`: the graph step timed again without each kernel group in turn (the values it
@@ -787,6 +854,14 @@ mod tests {
         let t = profile_table(&fake_profile(true), 1.0, "prefill", None);
         assert!(t.contains("rmsnorm+gemv_mxfp4 qkv"));
         assert!(!t.contains("GB/s"));
+    }
+
+    #[test]
+    fn timeline_is_refused_with_json_out_before_the_gpu_opens() {
+        let a = parse(&["--timeline", "--json-out", "/nonexistent/dir/rows.json"]).unwrap();
+        assert!(a.timeline);
+        let e = run(&a).unwrap_err().to_string();
+        assert!(e.contains("--timeline") && e.contains("--json-out"), "{e}");
     }
 
     #[test]
