@@ -245,6 +245,77 @@ __device__ __forceinline__ void kv_store(void* __restrict__ cache, int kv, size_
     else static_cast<bf16_t*>(cache)[i] = f2bf(v);
 }
 
+// Loads that stay before griddepcontrol.wait (volatile asm: an ld.global.nc may be scheduled
+// below it, common.cuh). Only for what no kernel of the step writes.
+__device__ __forceinline__ unsigned ld_early_u32(const unsigned* p) {
+    unsigned v;
+    asm volatile("ld.global.u32 %0, [%1];" : "=r"(v) : "l"(p));
+    return v;
+}
+__device__ __forceinline__ unsigned long long ld_early_u64(const unsigned long long* p) {
+    unsigned long long v;
+    asm volatile("ld.global.u64 %0, [%1];" : "=l"(v) : "l"(p));
+    return v;
+}
+__device__ __forceinline__ float ld_early_f32(const float* p) {
+    float v;
+    asm volatile("ld.global.f32 %0, [%1];" : "=f"(v) : "l"(p));
+    return v;
+}
+
+// What rope_kv_write (and the qkv projection's RoPE epilogue) reads before its wait on the projection: the row's position and cache
+// offset (the step's inputs, copied in before its first kernel; no kernel writes them) and its
+// rotation from the constant frequencies. c = s = 0 for v heads (no rotation).
+struct RopeEarly {
+    unsigned p;
+    unsigned long long off;
+    float c, s;
+};
+__device__ __forceinline__ RopeEarly rope_early(const float* __restrict__ inv_freq,
+                                                const unsigned* __restrict__ pos,
+                                                const unsigned long long* __restrict__ kv_off,
+                                                int h, int t, int i, int hq, int hkv, float mscale) {
+    RopeEarly e{0u, 0ull, 0.0f, 0.0f};
+    if (h >= hq + 2 * hkv) return e;
+    e.p = ld_early_u32(pos + t);
+    e.off = ld_early_u64(kv_off + t);
+    if (h < hq + hkv) {
+        const float theta = (float)e.p * ld_early_f32(inv_freq + i);
+        e.c = cosf(theta) * mscale;
+        e.s = sinf(theta) * mscale;
+    }
+    return e;
+}
+
+// The row pair (i, i + d / 2) of head h of token t of a fused q | k | v projection (a, b:
+// after its bias), rotated by e (q and k heads) and stored: a q head into q_out [t, hq, d], a
+// k head into k_cache and a v head (unrotated) into v_cache, at position e.p of the cache
+// region starting at element e.off (kind kv). rope_kv_write's body and the qkv projection's
+// RoPE epilogue (gemv_tc.cu): one code, so the two give the same bits.
+__device__ __forceinline__ void rope_store_pair(float a, float b, const RopeEarly& e, int h, int i,
+                                                int t, float* __restrict__ q_out,
+                                                void* __restrict__ k_cache,
+                                                void* __restrict__ v_cache, int kv, int hq,
+                                                int hkv, int d) {
+    const int half = d >> 1;
+    if (h >= hq + hkv) {
+        const size_t o = e.off + ((size_t)e.p * hkv + (h - hq - hkv)) * d;
+        kv_store(v_cache, kv, o + i, a);
+        kv_store(v_cache, kv, o + i + half, b);
+        return;
+    }
+    const float o1 = a * e.c - b * e.s, o2 = b * e.c + a * e.s;
+    if (h < hq) {
+        float* dst = q_out + ((size_t)t * hq + h) * d;
+        dst[i] = o1;
+        dst[i + half] = o2;
+    } else {
+        const size_t o = e.off + ((size_t)e.p * hkv + (h - hq)) * d;
+        kv_store(k_cache, kv, o + i, o1);
+        kv_store(k_cache, kv, o + i + half, o2);
+    }
+}
+
 // Sum over the warp (float, double or 64-bit integer); every lane gets the result.
 template <class T>
 __device__ __forceinline__ T warp_sum(T v) {

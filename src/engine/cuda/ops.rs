@@ -837,6 +837,123 @@ pub fn rope_kv(
     )
 }
 
+/// Where the decode qkv projection's RoPE epilogue ([`qkv_rope`]) puts each head's rows: as
+/// [`rope_kv`] does, q rotated into `q`, k rotated and v as is into the caches.
+#[derive(Debug, Clone, Copy)]
+pub struct RopeOut {
+    /// Rotated queries [t, hq, d] (fp32).
+    pub q: u64,
+    /// The layer's K cache (element kind `kv`).
+    pub k_cache: u64,
+    /// The layer's V cache.
+    pub v_cache: u64,
+    /// The caches' element kind.
+    pub kv: KvDtype,
+    /// RoPE inverse frequencies [d / 2] (fp32).
+    pub inv_freq: u64,
+    /// Positions [t] (u32).
+    pub pos: u64,
+    /// Cache offsets in elements [t] (u64).
+    pub kv_off: u64,
+    /// Attention scaling folded into the rotation.
+    pub mscale: f32,
+}
+
+/// Environment knob for A/B runs: `MXTUNE_ROPE_FUSE=0` keeps RoPE and the cache write in
+/// their own kernel (`rope_kv_write`) after the decode qkv projection ([`qkv_rope`]).
+pub const ROPE_FUSE_ENV: &str = "MXTUNE_ROPE_FUSE";
+
+/// Whether the decode qkv projection may fold RoPE in ([`ROPE_FUSE_ENV`]; on unless 0).
+pub fn rope_fuse_on() -> Result<bool> {
+    static ON: std::sync::OnceLock<Result<bool, String>> = std::sync::OnceLock::new();
+    env_switch(&ON, ROPE_FUSE_ENV)
+}
+
+/// Whether [`qkv_rope`] takes this projection: the tensor-core GEMV's plan for it is one
+/// 8-token pass of one row tile a block over every tile (so a block holds the 16 rows a tile
+/// of the RoPE layout pairs up), and `d` a multiple of 16.
+pub fn qkv_rope_fits(
+    g: &Gpu,
+    w: DenseW,
+    s: AttnShape,
+    cols: usize,
+    t: usize,
+    norm: bool,
+) -> Result<bool> {
+    if t == 0 || !s.d.is_multiple_of(16) || !tc_gemv_fits(g, w, cols, t) {
+        return Ok(false);
+    }
+    let rows = (s.hq + 2 * s.hkv) * s.d;
+    let format = if w.is_mxfp4() { "fp4" } else { "bf16" };
+    let plan = tc_gemv_launch_plan(g, format, rows, cols, t, norm, None)?;
+    Ok(plan.per_pass == 8
+        && t <= 8
+        && plan.ksplit == 1
+        && plan.tiles_per_block == 1
+        && plan.grid_x == rows.div_ceil(TCG_ROWS))
+}
+
+/// The decode qkv projection (q | k | v heads of `s`, `cols` inputs, `t` tokens, optionally
+/// over rmsnorm(x)) on tensor cores with [`rope_kv`]'s work as its epilogue: each block's row
+/// tile holds 8 rotation pairs of a head, so one launch leaves the rotated q in `ro.q` and k
+/// and v in the caches, the same bits as the projection followed by `rope_kv_write`, one
+/// kernel boundary fewer. Only where [`qkv_rope_fits`]; anything else is an error.
+#[allow(clippy::too_many_arguments)]
+pub fn qkv_rope(
+    g: &Gpu,
+    w: DenseW,
+    bias: Option<u64>,
+    x: u64,
+    s: AttnShape,
+    cols: usize,
+    t: usize,
+    norm: Option<Norm>,
+    ro: &RopeOut,
+) -> Result<()> {
+    s.check()?;
+    ensure!(
+        qkv_rope_fits(g, w, s, cols, t, norm.is_some())?,
+        "qkv projection with RoPE: {t} tokens of {cols} inputs, head dim {} is not one \
+         8-token pass of one row tile a block with the head dim a multiple of 16",
+        s.d
+    );
+    let rows = (s.hq + 2 * s.hkv) * s.d;
+    let (kernel, mut args) = match w {
+        DenseW::Bf16(p) => ("gemv_tc_bf16_t8_rope", vec![Arg::Ptr(p)]),
+        DenseW::Mxfp4 { blocks, scales } => (
+            "gemv_tc_fp4_t8_rope",
+            vec![Arg::Ptr(blocks), Arg::Ptr(scales)],
+        ),
+    };
+    args.extend([
+        opt(bias),
+        Arg::Ptr(x),
+        i(rows)?,
+        i(cols)?,
+        i(t)?,
+        opt(norm.map(|n| n.w)),
+        Arg::F32(norm.map_or(0.0, |n| n.eps)),
+        Arg::Ptr(ro.q),
+        Arg::Ptr(ro.k_cache),
+        Arg::Ptr(ro.v_cache),
+        Arg::I32(ro.kv.kernel_kind()),
+        Arg::Ptr(ro.inv_freq),
+        Arg::Ptr(ro.pos),
+        Arg::Ptr(ro.kv_off),
+        i(s.hq)?,
+        i(s.hkv)?,
+        i(s.d)?,
+        Arg::F32(ro.mscale),
+    ]);
+    g.launch(
+        kernel,
+        (u(rows.div_ceil(TCG_ROWS))?, 1, 1),
+        (TCG_THREADS, 1, 1),
+        u(tc_gemv_smem(cols, t))?,
+        &args,
+    )
+}
+
 /// Scratch of split-K attention: per (token, head, split) max, sum and partial output.
 pub struct AttnScratch {
     /// Running maxima.

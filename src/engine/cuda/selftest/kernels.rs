@@ -23,6 +23,7 @@ pub fn run_kernel_checks(g: &Gpu, seed: u64) -> Result<Vec<Check>> {
     out.extend(check_rmsnorm(g, &mut s)?);
     out.extend(check_gemv(g, &mut s)?);
     out.extend(check_rope_kv(g, &mut s)?);
+    out.extend(check_qkv_rope(g, &mut s)?);
     out.extend(check_attention(g, &mut s)?);
     out.extend(check_prefill_attention_tc(g, &mut s)?);
     out.extend(check_router(g, &mut s)?);
@@ -342,6 +343,171 @@ fn check_rope_kv(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
                 rel_err(&cv, &wv),
                 bound,
             ));
+        }
+    }
+    Ok(res)
+}
+
+/// The decode qkv projection with RoPE folded in (`ops::qkv_rope`, the `_rope` entries)
+/// against the projection followed by `rope_kv_write` (the unfused step) on the same inputs:
+/// the rotated q and the k and v cache bytes bit for bit, and all of them written, for bf16
+/// and MXFP4 weights, each cache kind, three head shapes and 1, 3 and 8 tokens (token 1 in a
+/// second sequence's cache region).
+fn check_qkv_rope(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
+    let (inv64, mscale) = gpt_oss_rope()?;
+    let cols = 2880;
+    let positions: [u32; 8] = [0, 127, 4000, 5, 77, 300, 1, 4095];
+    let max_pos = 4096;
+    let mut res = Vec::new();
+    for (hq, hkv, d) in [(64, 8, 64), (8, 2, 32), (4, 1, 128)] {
+        let sh = AttnShape { hq, hkv, d };
+        let rows = (hq + 2 * hkv) * d;
+        // The frequencies of a head of d (gpt-oss's for d = 64, any decreasing set else).
+        let inv: Vec<f32> = if d == 64 {
+            inv64.clone()
+        } else {
+            (0..d / 2)
+                .map(|i| 150_000f32.powf(-2.0 * i as f32 / d as f32))
+                .collect()
+        };
+        let region = max_pos * hkv * d;
+        let w = bf16_vec(s.next(), rows * cols, 0.05, 0.0);
+        let b = bf16_vec(s.next(), rows, 1.0, 0.0);
+        let nw = bf16_vec(s.next(), cols, 0.2, 1.0);
+        let (dw, db, dnw, dinv) = (
+            g.upload(&w)?,
+            g.upload(&b)?,
+            g.upload(&nw)?,
+            g.upload(&inv)?,
+        );
+        let wb: Vec<half::bf16> = w.iter().map(|&v| half::bf16::from_bits(v)).collect();
+        let (qb, qs) = mxfp4::quantize_matrix("qkv_rope weights", &wb, cols)?;
+        let (dqb, dqs) = (g.upload(&qb)?, g.upload(&qs)?);
+        for t in [1usize, 3, 8] {
+            let x = f32_vec(s.next(), cols * t, 2.0, 0.0);
+            let dx = g.upload(&x)?;
+            let pos = &positions[..t];
+            let kv_off: Vec<u64> = (0..t)
+                .map(|i| if i == 1 { region as u64 } else { 0 })
+                .collect();
+            let (dpos, doff) = (g.upload(pos)?, g.upload(&kv_off)?);
+            let norm = ops::Norm {
+                w: g.ptr(&dnw),
+                eps: 1e-5,
+                out: 0,
+            };
+            for fp4 in [false, true] {
+                let wd = if fp4 {
+                    ops::DenseW::Mxfp4 {
+                        blocks: g.ptr(&dqb),
+                        scales: g.ptr(&dqs),
+                    }
+                } else {
+                    ops::DenseW::Bf16(g.ptr(&dw))
+                };
+                anyhow::ensure!(
+                    ops::qkv_rope_fits(g, wd, sh, cols, t, true)?,
+                    "qkv_rope does not take {hq}/{hkv} heads of {d} at {t} tokens"
+                );
+                for kv in [KvDtype::Bf16, KvDtype::F32, KvDtype::Fp8] {
+                    let mut outs = Vec::new();
+                    for fused in [false, true] {
+                        let dq = nan_f32(g, t * hq * d)?;
+                        let bytes = 2 * region * kv.size();
+                        let dk = g.upload(&vec![0xffu8; bytes])?;
+                        let dv = g.upload(&vec![0xffu8; bytes])?;
+                        let ro = ops::RopeOut {
+                            q: g.ptr(&dq),
+                            k_cache: g.ptr(&dk),
+                            v_cache: g.ptr(&dv),
+                            kv,
+                            inv_freq: g.ptr(&dinv),
+                            pos: g.ptr(&dpos),
+                            kv_off: g.ptr(&doff),
+                            mscale,
+                        };
+                        if fused {
+                            ops::qkv_rope(
+                                g,
+                                wd,
+                                Some(g.ptr(&db)),
+                                g.ptr(&dx),
+                                sh,
+                                cols,
+                                t,
+                                Some(norm),
+                                &ro,
+                            )?;
+                        } else {
+                            let dqkv = nan_f32(g, t * rows)?;
+                            ops::dense_gemv_tc(
+                                g,
+                                wd,
+                                Some(g.ptr(&db)),
+                                g.ptr(&dx),
+                                g.ptr(&dqkv),
+                                rows,
+                                cols,
+                                t,
+                                false,
+                                Some(norm),
+                                Some(1),
+                            )?;
+                            ops::rope_kv(
+                                g,
+                                sh,
+                                g.ptr(&dqkv),
+                                ro.q,
+                                ro.k_cache,
+                                ro.v_cache,
+                                kv,
+                                ro.inv_freq,
+                                ro.pos,
+                                ro.kv_off,
+                                t,
+                                mscale,
+                                1,
+                            )?;
+                        }
+                        let (gk, gv) = (g.download(&dk)?, g.download(&dv)?);
+                        // The token rows' cache entries, as bytes.
+                        let mut kb = Vec::new();
+                        let mut vb = Vec::new();
+                        for ti in 0..t {
+                            let o = (kv_off[ti] as usize + pos[ti] as usize * hkv * d) * kv.size();
+                            kb.extend_from_slice(&gk[o..o + hkv * d * kv.size()]);
+                            vb.extend_from_slice(&gv[o..o + hkv * d * kv.size()]);
+                        }
+                        outs.push((g.download(&dq)?, kb, vb));
+                    }
+                    let (a, b) = (&outs[0], &outs[1]);
+                    let q_apart = bits_apart(&a.0, &b.0);
+                    let bytes_apart = a.1.iter().zip(&b.1).filter(|(x, y)| x != y).count()
+                        + a.2.iter().zip(&b.2).filter(|(x, y)| x != y).count();
+                    // Unwritten: q left NaN, or a cache element left all-ones bytes (NaN in
+                    // every kind).
+                    let unwritten = |o: &(Vec<f32>, Vec<u8>, Vec<u8>)| {
+                        o.0.iter().filter(|v| !v.is_finite()).count()
+                            + [&o.1, &o.2]
+                                .iter()
+                                .map(|c| {
+                                    c.chunks(kv.size())
+                                        .filter(|e| e.iter().all(|&x| x == 0xff))
+                                        .count()
+                                })
+                                .sum::<usize>()
+                    };
+                    res.push(check(
+                        format!(
+                            "qkv+RoPE fused {} {hq}/{hkv}x{d} t={t} kv={}: bits apart from projection then rope_kv_write",
+                            if fp4 { "mxfp4" } else { "bf16" },
+                            kv.name()
+                        ),
+                        q_apart + (bytes_apart + unwritten(a) + unwritten(b)) as f64,
+                        0.0,
+                    ));
+                }
+            }
         }
     }
     Ok(res)
