@@ -551,10 +551,6 @@ GEMV_TC_FP4(gemv_tc_fp4_t16, 2, 1, TCG_MINB)
         void* __restrict__ k_cache, void* __restrict__ v_cache, int kv,                        \
         const float* __restrict__ inv_freq, const unsigned* __restrict__ pos,                  \
         const unsigned long long* __restrict__ kv_off, int hq, int hkv, int d, float mscale
-// When the RoPE entries let the next kernel (the attention) launch: as pdl_enter_as's modes.
-#ifndef TCG_ROPE_TRIGGER
-#define TCG_ROPE_TRIGGER TCG_TRIGGER
-#endif
 #define GEMV_TC_ROPE_ARGS                                                                       \
     bias, x, rows, cols, tokens, norm_w, eps, q_out, k_cache, v_cache, kv, inv_freq, pos,       \
         kv_off, hq, hkv, d, mscale
@@ -574,7 +570,7 @@ gemv_tc_bf16_t8_rope(const bf16_t* __restrict__ w, GEMV_TC_ROPE_PARAMS) {
     const int r0 = tcg_rope_row(blockIdx.x, d) + ((threadIdx.x & 31) >> 2);
     tcg_prefetch<TcgBf16, 1>(wp, r0, rows, c_lo, c_hi, cur);
     const RopeEarly e = tcg_rope_early(inv_freq, pos, kv_off, tokens, hq, hkv, d, mscale);
-    pdl_enter_as(TCG_ROPE_TRIGGER);
+    pdl_enter_as(TCG_TRIGGER);
     gemv_tc_rope_body(wp, cur, e, GEMV_TC_ROPE_ARGS);
 }
 extern "C" __global__ void __launch_bounds__(32 * TCG_WARPS, TCG_MINB_T8)
@@ -587,7 +583,7 @@ gemv_tc_fp4_t8_rope(const u8* __restrict__ blocks, const u8* __restrict__ scales
     const int r0 = tcg_rope_row(blockIdx.x, d) + ((threadIdx.x & 31) >> 2);
     tcg_prefetch<TcgFp4, 1>(wp, r0, rows, c_lo, c_hi, cur);
     const RopeEarly e = tcg_rope_early(inv_freq, pos, kv_off, tokens, hq, hkv, d, mscale);
-    pdl_enter_as(TCG_ROPE_TRIGGER);
+    pdl_enter_as(TCG_TRIGGER);
     gemv_tc_rope_body(wp, cur, e, GEMV_TC_ROPE_ARGS);
 }
 
