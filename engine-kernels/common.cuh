@@ -304,10 +304,7 @@ __device__ __forceinline__ void rope_store_pair(float a, float b, const RopeEarl
         kv_store(v_cache, kv, o + i + half, b);
         return;
     }
-    // Explicit roundings: left to contraction, the two kernels fused different products
-    // (their bits differed wherever sin != 0).
-    const float o1 = __fmaf_rn(a, e.c, -__fmul_rn(b, e.s));
-    const float o2 = __fmaf_rn(b, e.c, __fmul_rn(a, e.s));
+    const float o1 = a * e.c - b * e.s, o2 = b * e.c + a * e.s;
     if (h < hq) {
         float* dst = q_out + ((size_t)t * hq + h) * d;
         dst[i] = o1;

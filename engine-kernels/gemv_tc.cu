@@ -328,22 +328,7 @@ struct TcgRope {
     const unsigned long long* kv_off;
     int hq, hkv, d;
     float mscale;
-    RopeEarly e;  // the thread's rotation, position and cache offset (tcg_rope_early)
 };
-// What a RoPE epilogue thread reads and computes before the wait (as rope_kv_write does:
-// step inputs and constants only): its pair's rotation, position and cache offset, where
-// tcg_rope_pair gives it a pair in the block's (first and only) tile.
-__device__ __forceinline__ RopeEarly tcg_rope_early(const float* __restrict__ inv_freq,
-                                                    const unsigned* __restrict__ pos,
-                                                    const unsigned long long* __restrict__ kv_off,
-                                                    int tokens, int hq, int hkv, int d, float mscale) {
-    const int tph = d >> 4, t = threadIdx.x & 7;
-    const bool on = threadIdx.x < 64 && t < tokens;
-    // A head past the last makes rope_early load nothing.
-    const int h = on ? (int)blockIdx.x / tph : hq + 2 * hkv;
-    const int i = 8 * ((int)blockIdx.x % tph) + (threadIdx.x >> 3);
-    return rope_early(inv_freq, pos, kv_off, h, t, i, hq, hkv, mscale);
-}
 // The weight row of tile `unit`'s row g = 0 in the RoPE layout.
 __device__ __forceinline__ int tcg_rope_row(int unit, int d) {
     const int tph = d >> 4;
@@ -405,9 +390,9 @@ __device__ __forceinline__ void gemv_tc_body(const W wp, typename W::Raw (&cur)[
     const float* xt = x + (size_t)t0 * cols;
     // A K split stages its own columns only (no norm there: the host splits plain GEMVs).
     const int k0 = c_lo * 4 * W::E, kn = min(cols, c_hi * 4 * W::E) - k0;
-    // The RoPE epilogue's biases (one unit a block: the grid covers the tiles) are loaded
-    // before the staging and parked in shared memory after it with the rotation the entry
-    // computed before its wait, so no register holds them through the K loop.
+    // The RoPE epilogue's loads (its pair's biases and rotation; one unit a block: the grid
+    // covers the tiles) are issued before the staging's and parked in shared memory after it,
+    // so no register holds them through the K loop.
     constexpr int RN = ROPE ? 64 : 1;
     __shared__ float rope_b[2][RN];
     __shared__ RopeEarly rope_e[RN];
@@ -415,15 +400,20 @@ __device__ __forceinline__ void gemv_tc_body(const W wp, typename W::Raw (&cur)[
         int h, i;
         const bool on = tcg_rope_pair(ro, blockIdx.x, rows, nt, h, i);
         float ba = 0.0f, bb = 0.0f;
-        if (on && bias) {
-            ba = bf2f(bias[h * ro.d + i]);
-            bb = bf2f(bias[h * ro.d + i + (ro.d >> 1)]);
+        RopeEarly e{0u, 0ull, 0.0f, 0.0f};
+        if (on) {
+            if (bias) {
+                ba = bf2f(bias[h * ro.d + i]);
+                bb = bf2f(bias[h * ro.d + i + (ro.d >> 1)]);
+            }
+            e = rope_early(ro.inv_freq, ro.pos, ro.kv_off, h, t0 + (threadIdx.x & 7), i, ro.hq,
+                           ro.hkv, ro.mscale);
         }
         tcg_stage([&](int n) { return xt + (size_t)n * cols + k0; }, norm_w, kn, nt, stride, xs + k0, sq, ss);
         if (on) {  // read past the unit's barrier
             rope_b[0][threadIdx.x] = ba;
             rope_b[1][threadIdx.x] = bb;
-            rope_e[threadIdx.x] = ro.e;
+            rope_e[threadIdx.x] = e;
         }
     } else {
         tcg_stage([&](int n) { return xt + (size_t)n * cols + k0; }, norm_w, kn, nt, stride, xs + k0, sq, ss);
@@ -455,9 +445,8 @@ __device__ __forceinline__ void gemv_tc_body(const W wp, typename W::Raw (&cur)[
             int h, i;
             if (tcg_rope_pair(ro, unit, rows, nt, h, i)) {
                 const int tok = threadIdx.x & 7, pr = threadIdx.x >> 3;
-                // As the plain epilogue's sum · 1 / rms + bias.
-                const float a = __fmaf_rn(tcg_sum<TN, TT>(red, pr, tok), rs_s[tok], rope_b[0][threadIdx.x]);
-                const float b = __fmaf_rn(tcg_sum<TN, TT>(red, pr + 8, tok), rs_s[tok], rope_b[1][threadIdx.x]);
+                const float a = tcg_sum<TN, TT>(red, pr, tok) * rs_s[tok] + rope_b[0][threadIdx.x];
+                const float b = tcg_sum<TN, TT>(red, pr + 8, tok) * rs_s[tok] + rope_b[1][threadIdx.x];
                 rope_store_pair(a, b, rope_e[threadIdx.x], h, i, t0 + tok, ro.q_out, ro.k_cache,
                                 ro.v_cache, ro.kv, ro.hq, ro.hkv, ro.d);
             }
@@ -486,7 +475,7 @@ __device__ __forceinline__ void gemv_tc_body(const W wp, typename W::Raw (&cur)[
                 if (bias) e_bias = bf2f(bias[e_r]);
                 if (accumulate) e_y = y[(size_t)(t0 + e_tok) * rows + e_r];
             }
-            const float s = __fmaf_rn(sum, rs_s[e_tok], e_bias);  // as the RoPE epilogue's
+            const float s = sum * rs_s[e_tok] + e_bias;
             y[(size_t)(t0 + e_tok) * rows + e_r] = accumulate ? e_y + s : s;
         }
         if (next < nunits) __syncthreads();  // red is written again by the next unit
@@ -556,8 +545,8 @@ GEMV_TC_FP4(gemv_tc_fp4_t16, 2, 1, TCG_MINB)
         kv_off, hq, hkv, d, mscale
 template <class W>
 __device__ __forceinline__ void gemv_tc_rope_body(const W& wp, typename W::Raw (&cur)[W::S],
-                                                  const RopeEarly& e, GEMV_TC_ROPE_PARAMS) {
-    const TcgRope ro{q_out, k_cache, v_cache, kv, inv_freq, pos, kv_off, hq, hkv, d, mscale, e};
+                                                  GEMV_TC_ROPE_PARAMS) {
+    const TcgRope ro{q_out, k_cache, v_cache, kv, inv_freq, pos, kv_off, hq, hkv, d, mscale};
     gemv_tc_body<W, 1, 1, true>(wp, cur, bias, x, nullptr, rows, cols, tokens, 0, norm_w, eps,
                                 nullptr, nullptr, nullptr, ro);
 }
@@ -569,9 +558,8 @@ gemv_tc_bf16_t8_rope(const bf16_t* __restrict__ w, GEMV_TC_ROPE_PARAMS) {
     const int c_lo = tcg_chunk_lo(nch), c_hi = tcg_chunk_hi(nch);
     const int r0 = tcg_rope_row(blockIdx.x, d) + ((threadIdx.x & 31) >> 2);
     tcg_prefetch<TcgBf16, 1>(wp, r0, rows, c_lo, c_hi, cur);
-    const RopeEarly e = tcg_rope_early(inv_freq, pos, kv_off, tokens, hq, hkv, d, mscale);
     pdl_enter_as(TCG_TRIGGER);
-    gemv_tc_rope_body(wp, cur, e, GEMV_TC_ROPE_ARGS);
+    gemv_tc_rope_body(wp, cur, GEMV_TC_ROPE_ARGS);
 }
 extern "C" __global__ void __launch_bounds__(32 * TCG_WARPS, TCG_MINB_T8)
 gemv_tc_fp4_t8_rope(const u8* __restrict__ blocks, const u8* __restrict__ scales,
@@ -582,9 +570,8 @@ gemv_tc_fp4_t8_rope(const u8* __restrict__ blocks, const u8* __restrict__ scales
     const int c_lo = tcg_chunk_lo(nch), c_hi = tcg_chunk_hi(nch);
     const int r0 = tcg_rope_row(blockIdx.x, d) + ((threadIdx.x & 31) >> 2);
     tcg_prefetch<TcgFp4, 1>(wp, r0, rows, c_lo, c_hi, cur);
-    const RopeEarly e = tcg_rope_early(inv_freq, pos, kv_off, tokens, hq, hkv, d, mscale);
     pdl_enter_as(TCG_TRIGGER);
-    gemv_tc_rope_body(wp, cur, e, GEMV_TC_ROPE_ARGS);
+    gemv_tc_rope_body(wp, cur, GEMV_TC_ROPE_ARGS);
 }
 
 // ---- MoE decode on tensor cores: each distinct expert of a group of up to 16 tokens is read
