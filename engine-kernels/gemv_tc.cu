@@ -60,11 +60,10 @@ struct TcgBf16 {
     };
     const bf16_t* __restrict__ w;
     int cols;
-    int hi = 8;  // the fragment's row g + 8 is weight row r0 + hi (the RoPE tiles: d / 2)
     __device__ __forceinline__ void load(Raw& f, int r0, int rows, int col) const {
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-            const int r = r0 + hi * h;
+            const int r = r0 + 8 * h;
             if (r < rows && col < cols) {
                 const uint4* p = reinterpret_cast<const uint4*>(w + (size_t)r * cols + col);
                 f.w[h][0] = __ldg(p);
@@ -95,12 +94,11 @@ struct TcgFp4T {
     const u8* __restrict__ blocks;
     const u8* __restrict__ scales;
     int cols;
-    int hi = 8;  // as TcgBf16's
     __device__ __forceinline__ void load(Raw& f, int r0, int rows, int col) const {
         const int nb = cols >> 5;
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-            const int r = r0 + hi * h;
+            const int r = r0 + 8 * h;
 #pragma unroll
             for (int i = 0; i < NB; ++i) {
                 const int c = col + 32 * i;
@@ -311,39 +309,6 @@ __device__ __forceinline__ float tcg_sum(float (*red)[16][8 * TN], int row, int 
     return s;
 }
 
-// The decode qkv projection with RoPE and the KV-cache write as its epilogue (the `_rope`
-// entries; ops::qkv_rope): rows = (hq + 2 hkv) d of q | k | v heads, one 8-token pass, one
-// tile a block, d a multiple of 16. Tile u of a head (d / 16 of them) holds the rotation
-// pairs' rows 8u … 8u + 7 as its rows g and their partners d / 2 further as its rows g + 8
-// (the weight policy's hi = d / 2), so the thread of (pair row, token) has both sums of its
-// pair and does rope_kv_write's work for them (rope_store_pair: the same bits); y is not
-// written.
-struct TcgRope {
-    float* q_out;
-    void* k_cache;
-    void* v_cache;
-    int kv;
-    const float* inv_freq;
-    const unsigned* pos;
-    const unsigned long long* kv_off;
-    int hq, hkv, d;
-    float mscale;
-};
-// The weight row of tile `unit`'s row g = 0 in the RoPE layout.
-__device__ __forceinline__ int tcg_rope_row(int unit, int d) {
-    const int tph = d >> 4;
-    return (unit / tph) * d + 8 * (unit % tph);
-}
-// A RoPE epilogue thread (pair row threadIdx.x / 8, token threadIdx.x % 8; 64 threads) of
-// tile `unit`: its pair's head h and row i < d / 2 within it, and whether it has a pair.
-__device__ __forceinline__ bool tcg_rope_pair(const TcgRope& ro, int unit, int rows, int nt, int& h,
-                                              int& i) {
-    const int tph = ro.d >> 4;
-    h = unit / tph;
-    i = 8 * (unit % tph) + (threadIdx.x >> 3);
-    return threadIdx.x < 64 && (int)(threadIdx.x & 7) < nt && h * ro.d + i < rows;
-}
-
 // Dense projections. grid = (row-tile blocks, ceil(tokens / (8 TN)), K splits), block = 32 *
 // TCG_WARPS; dynamic shared memory = tc_gemv_smem (ops.rs): min(tokens, 8 TN) staged rows of
 // (cols + TCG_XPAD) bf16, then the staging's squares. cols a multiple of E (16 bf16, 32 MXFP4).
@@ -362,16 +327,14 @@ __device__ __forceinline__ bool tcg_rope_pair(const TcgRope& ro, int unit, int r
 // reset by it) adds part[0] + part[1] in that order: deterministic whichever finishes first.
 // The entry points load the first chunks (tcg_prefetch: immutable weights only) before
 // pdl_enter(), then run the body.
-template <class W, int TN, int TT, bool ROPE = false>
+template <class W, int TN, int TT>
 __device__ __forceinline__ void gemv_tc_body(const W wp, typename W::Raw (&cur)[W::S],
                                              const bf16_t* __restrict__ bias,
                                              const float* __restrict__ x, float* __restrict__ y,
                                              int rows, int cols, int tokens, int accumulate,
                                              const bf16_t* __restrict__ norm_w, float eps,
                                              float* __restrict__ x_out, float* __restrict__ part,
-                                             unsigned* __restrict__ cnt,
-                                             const TcgRope& ro = TcgRope{}) {
-    static_assert(!ROPE || (TT == 1 && TN == 1), "the RoPE epilogue: one tile, 8 tokens");
+                                             unsigned* __restrict__ cnt) {
     extern __shared__ __align__(16) unsigned char tcg_smem[];
     __shared__ float red[TCG_WARPS][16][8 * TN];
     __shared__ float rs_s[TCG_TOKENS];
@@ -390,67 +353,28 @@ __device__ __forceinline__ void gemv_tc_body(const W wp, typename W::Raw (&cur)[
     const float* xt = x + (size_t)t0 * cols;
     // A K split stages its own columns only (no norm there: the host splits plain GEMVs).
     const int k0 = c_lo * 4 * W::E, kn = min(cols, c_hi * 4 * W::E) - k0;
-    // The RoPE epilogue's loads (its pair's biases and rotation; one unit a block: the grid
-    // covers the tiles) are issued before the staging's and parked in shared memory after it,
-    // so no register holds them through the K loop.
-    constexpr int RN = ROPE ? 64 : 1;
-    __shared__ float rope_b[2][RN];
-    __shared__ RopeEarly rope_e[RN];
-    if constexpr (ROPE) {
-        int h, i;
-        const bool on = tcg_rope_pair(ro, blockIdx.x, rows, nt, h, i);
-        float ba = 0.0f, bb = 0.0f;
-        RopeEarly e{0u, 0ull, 0.0f, 0.0f};
-        if (on) {
-            if (bias) {
-                ba = bf2f(bias[h * ro.d + i]);
-                bb = bf2f(bias[h * ro.d + i + (ro.d >> 1)]);
-            }
-            e = rope_early(ro.inv_freq, ro.pos, ro.kv_off, h, t0 + (threadIdx.x & 7), i, ro.hq,
-                           ro.hkv, ro.mscale);
-        }
-        tcg_stage([&](int n) { return xt + (size_t)n * cols + k0; }, norm_w, kn, nt, stride, xs + k0, sq, ss);
-        if (on) {  // read past the unit's barrier
-            rope_b[0][threadIdx.x] = ba;
-            rope_b[1][threadIdx.x] = bb;
-            rope_e[threadIdx.x] = e;
-        }
-    } else {
-        tcg_stage([&](int n) { return xt + (size_t)n * cols + k0; }, norm_w, kn, nt, stride, xs + k0, sq, ss);
-    }
+    tcg_stage([&](int n) { return xt + (size_t)n * cols + k0; }, norm_w, kn, nt, stride, xs + k0, sq, ss);
     if (threadIdx.x < nt) rs_s[threadIdx.x] = norm_w ? rsqrtf(ss[threadIdx.x] / (float)cols + eps) : 1.0f;
     static_assert(16 * TT * 8 * TN <= 32 * TCG_WARPS, "one (row, token) of a unit a thread");
     // Whether the epilogue's loads are issued before the unit's sums: in the one-tile 8-token
     // kernel (batch 1-8). In the others the two registers they hold through the K loop cost
     // more (spills; batch 8-16 0.4-0.7 % slower, docs/perf.md run 204) than the loads save.
     constexpr bool EARLY = TT == 1 && TN == 1;
-    // The weight row of the warp's fragment row g in `unit`.
-    auto tile_row = [&](int unit) {
-        return (ROPE ? tcg_rope_row(unit, ro.d) : unit * UR + sub * 16) + g;
-    };
     for (int unit = blockIdx.x; unit < nunits; unit += gridDim.x) {
         // The thread's (row, token) of the unit's sums: its bias and the output it adds to.
         const int e_row = threadIdx.x / (8 * TN), e_tok = threadIdx.x % (8 * TN), e_r = unit * UR + e_row;
         const bool e_on = threadIdx.x < UR * 8 * TN && e_tok < nt && e_r < rows;
         float e_bias = 0.0f, e_y = 0.0f;
-        if (EARLY && !ROPE && e_on) {
+        if (EARLY && e_on) {
             if (bias) e_bias = bf2f(bias[e_r]);
             if (accumulate) e_y = y[(size_t)(t0 + e_tok) * rows + e_r];
         }
-        tcg_tile<W, TN, TT>(wp, tile_row(unit), rows, cols, c_lo, c_hi, cur, xs, stride, nt, red);
+        tcg_tile<W, TN, TT>(wp, unit * UR + sub * 16 + g, rows, cols, c_lo, c_hi, cur, xs, stride,
+                            nt, red);
         const int next = unit + gridDim.x;
-        if (next < nunits) tcg_prefetch<W, TT>(wp, tile_row(next), rows, c_lo, c_hi, cur);
+        if (next < nunits) tcg_prefetch<W, TT>(wp, next * UR + sub * 16 + g, rows, c_lo, c_hi, cur);
         __syncthreads();
-        if constexpr (ROPE) {
-            int h, i;
-            if (tcg_rope_pair(ro, unit, rows, nt, h, i)) {
-                const int tok = threadIdx.x & 7, pr = threadIdx.x >> 3;
-                const float a = tcg_sum<TN, TT>(red, pr, tok) * rs_s[tok] + rope_b[0][threadIdx.x];
-                const float b = tcg_sum<TN, TT>(red, pr + 8, tok) * rs_s[tok] + rope_b[1][threadIdx.x];
-                rope_store_pair(a, b, rope_e[threadIdx.x], h, i, t0 + tok, ro.q_out, ro.k_cache,
-                                ro.v_cache, ro.kv, ro.hq, ro.hkv, ro.d);
-            }
-        } else if (split) {
+        if (split) {
             // This half's partial sums, then the pair's count; the second adds both halves.
             for (int i = threadIdx.x; i < UR * 8 * TN; i += blockDim.x) {
                 const int row = i / (8 * TN), tok = i % (8 * TN), r = unit * UR + row;
@@ -462,7 +386,7 @@ __device__ __forceinline__ void gemv_tc_body(const W wp, typename W::Raw (&cur)[
             __syncthreads();
             if (!last_s) continue;
         }
-        if (!ROPE && e_on) {
+        if (e_on) {
             float sum;
             if (split) {
                 sum = 0.0f;
@@ -531,48 +455,6 @@ GEMV_TC_BF16(gemv_tc_bf16_t16, 2, 1, TCG_MINB)
 GEMV_TC_FP4(gemv_tc_fp4_t8, 1, 1, TCG_MINB_T8)
 GEMV_TC_FP4(gemv_tc_fp4_t8_r32, 1, 2, TCG_MINB_T8)
 GEMV_TC_FP4(gemv_tc_fp4_t16, 2, 1, TCG_MINB)
-
-// The qkv projection of up to 8 tokens with the RoPE epilogue (TcgRope): bf16 or MXFP4
-// weights, grid = (rows / 16, 1, 1).
-#define GEMV_TC_ROPE_PARAMS                                                                     \
-    const bf16_t* __restrict__ bias, const float* __restrict__ x, int rows, int cols,          \
-        int tokens, const bf16_t* __restrict__ norm_w, float eps, float* __restrict__ q_out,   \
-        void* __restrict__ k_cache, void* __restrict__ v_cache, int kv,                        \
-        const float* __restrict__ inv_freq, const unsigned* __restrict__ pos,                  \
-        const unsigned long long* __restrict__ kv_off, int hq, int hkv, int d, float mscale
-#define GEMV_TC_ROPE_ARGS                                                                       \
-    bias, x, rows, cols, tokens, norm_w, eps, q_out, k_cache, v_cache, kv, inv_freq, pos,       \
-        kv_off, hq, hkv, d, mscale
-template <class W>
-__device__ __forceinline__ void gemv_tc_rope_body(const W& wp, typename W::Raw (&cur)[W::S],
-                                                  GEMV_TC_ROPE_PARAMS) {
-    const TcgRope ro{q_out, k_cache, v_cache, kv, inv_freq, pos, kv_off, hq, hkv, d, mscale};
-    gemv_tc_body<W, 1, 1, true>(wp, cur, bias, x, nullptr, rows, cols, tokens, 0, norm_w, eps,
-                                nullptr, nullptr, nullptr, ro);
-}
-extern "C" __global__ void __launch_bounds__(32 * TCG_WARPS, TCG_MINB_T8)
-gemv_tc_bf16_t8_rope(const bf16_t* __restrict__ w, GEMV_TC_ROPE_PARAMS) {
-    const TcgBf16 wp{w, cols, d >> 1};
-    TcgBf16::Raw cur[TcgBf16::S];
-    const int nch = tcg_nchunks<TcgBf16>(cols);
-    const int c_lo = tcg_chunk_lo(nch), c_hi = tcg_chunk_hi(nch);
-    const int r0 = tcg_rope_row(blockIdx.x, d) + ((threadIdx.x & 31) >> 2);
-    tcg_prefetch<TcgBf16, 1>(wp, r0, rows, c_lo, c_hi, cur);
-    pdl_enter_as(TCG_TRIGGER);
-    gemv_tc_rope_body(wp, cur, GEMV_TC_ROPE_ARGS);
-}
-extern "C" __global__ void __launch_bounds__(32 * TCG_WARPS, TCG_MINB_T8)
-gemv_tc_fp4_t8_rope(const u8* __restrict__ blocks, const u8* __restrict__ scales,
-                    GEMV_TC_ROPE_PARAMS) {
-    const TcgFp4 wp{blocks, scales, cols, d >> 1};
-    TcgFp4::Raw cur[TcgFp4::S];
-    const int nch = tcg_nchunks<TcgFp4>(cols);
-    const int c_lo = tcg_chunk_lo(nch), c_hi = tcg_chunk_hi(nch);
-    const int r0 = tcg_rope_row(blockIdx.x, d) + ((threadIdx.x & 31) >> 2);
-    tcg_prefetch<TcgFp4, 1>(wp, r0, rows, c_lo, c_hi, cur);
-    pdl_enter_as(TCG_TRIGGER);
-    gemv_tc_rope_body(wp, cur, GEMV_TC_ROPE_ARGS);
-}
 
 // ---- MoE decode on tensor cores: each distinct expert of a group of up to 16 tokens is read
 // once, its routed (token, slot) pairs as the n dimension (the grouping: tcg_group in

@@ -6,6 +6,48 @@
 // grid = (ceil((Hq + 2 Hkv) / HB), T), block = (D / 2, HB): thread (i, j) of block x rotates the
 // pair (i, i + D/2) of head x HB + j. HB = 1 for decode; a prefill chunk takes several heads a
 // block (ops::rope_kv), so that 2048 tokens do not launch 160k blocks of one warp.
+// Loads that stay before griddepcontrol.wait (volatile asm: an ld.global.nc may be scheduled
+// below it, common.cuh). Only for what no kernel of the step writes.
+__device__ __forceinline__ unsigned ld_early_u32(const unsigned* p) {
+    unsigned v;
+    asm volatile("ld.global.u32 %0, [%1];" : "=r"(v) : "l"(p));
+    return v;
+}
+__device__ __forceinline__ unsigned long long ld_early_u64(const unsigned long long* p) {
+    unsigned long long v;
+    asm volatile("ld.global.u64 %0, [%1];" : "=l"(v) : "l"(p));
+    return v;
+}
+__device__ __forceinline__ float ld_early_f32(const float* p) {
+    float v;
+    asm volatile("ld.global.f32 %0, [%1];" : "=f"(v) : "l"(p));
+    return v;
+}
+
+// What rope_kv_write reads before its wait on the projection: the row's position and cache
+// offset (the step's inputs, copied in before its first kernel; no kernel writes them) and its
+// rotation from the constant frequencies. c = s = 0 for v heads (no rotation).
+struct RopeEarly {
+    unsigned p;
+    unsigned long long off;
+    float c, s;
+};
+__device__ __forceinline__ RopeEarly rope_early(const float* __restrict__ inv_freq,
+                                                const unsigned* __restrict__ pos,
+                                                const unsigned long long* __restrict__ kv_off,
+                                                int h, int t, int i, int hq, int hkv, float mscale) {
+    RopeEarly e{0u, 0ull, 0.0f, 0.0f};
+    if (h >= hq + 2 * hkv) return e;
+    e.p = ld_early_u32(pos + t);
+    e.off = ld_early_u64(kv_off + t);
+    if (h < hq + hkv) {
+        const float theta = (float)e.p * ld_early_f32(inv_freq + i);
+        e.c = cosf(theta) * mscale;
+        e.s = sinf(theta) * mscale;
+    }
+    return e;
+}
+
 extern "C" __global__ void rope_kv_write(const float* __restrict__ qkv, float* __restrict__ q_out,
                                          void* __restrict__ k_cache, void* __restrict__ v_cache,
                                          int kv,
@@ -19,7 +61,26 @@ extern "C" __global__ void rope_kv_write(const float* __restrict__ qkv, float* _
     const RopeEarly e = rope_early(inv_freq, pos, kv_off, h, t, i, hq, hkv, mscale);
     pdl_enter_as(ROPE_TRIGGER);
     if (h >= hq + 2 * hkv) return;
+    const unsigned p = e.p;
+    const unsigned long long off = e.off;
+    const float c = e.c, s = e.s;
     const size_t width = (size_t)(hq + 2 * hkv) * d;
     const float* src = qkv + (size_t)t * width + (size_t)h * d;
-    rope_store_pair(src[i], src[i + half], e, h, i, t, q_out, k_cache, v_cache, kv, hq, hkv, d);
+    const float a = src[i], b = src[i + half];
+    if (h >= hq + hkv) {
+        const size_t o = off + ((size_t)p * hkv + (h - hq - hkv)) * d;
+        kv_store(v_cache, kv, o + i, a);
+        kv_store(v_cache, kv, o + i + half, b);
+        return;
+    }
+    const float o1 = a * c - b * s, o2 = b * c + a * s;
+    if (h < hq) {
+        float* dst = q_out + ((size_t)t * hq + h) * d;
+        dst[i] = o1;
+        dst[i + half] = o2;
+    } else {
+        const size_t o = off + ((size_t)p * hkv + (h - hq)) * d;
+        kv_store(k_cache, kv, o + i, o1);
+        kv_store(k_cache, kv, o + i + half, o2);
+    }
 }

@@ -63,8 +63,6 @@ pub const KERNEL_FILES: &[KernelFile] = &[
             "gemv_tc_fp4_t8",
             "gemv_tc_fp4_t8_r32",
             "gemv_tc_fp4_t16",
-            "gemv_tc_bf16_t8_rope",
-            "gemv_tc_fp4_t8_rope",
             "moe_gate_up_tc_t8",
             "moe_gate_up_tc_t16",
             "moe_down_tc_t8",
@@ -528,13 +526,18 @@ mod tests {
         }
     }
 
-    /// What `rope_kv_write` reads before its wait (`rope_early`, common.cuh): the row's
-    /// position and cache offset, which the host copies in before the step's first kernel and
-    /// no kernel writes, and the constant frequencies, by loads that stay above the wait
-    /// (`ld_early_*`) — never the projection it rotates.
+    /// What `rope_kv_write` reads before its wait (`rope_early`): the row's position and cache
+    /// offset, which the host copies in before the step's first kernel and no kernel writes,
+    /// and the constant frequencies, by loads that stay above the wait (`ld_early_*`) — never
+    /// the projection it rotates.
     #[test]
     fn rope_reads_only_step_inputs_before_its_wait() {
-        let early = fn_body(super::COMMON, "RopeEarly rope_early(");
+        let src = KERNEL_FILES
+            .iter()
+            .find(|f| f.name == "rope_kv.cu")
+            .expect("rope_kv.cu")
+            .source;
+        let early = fn_body(src, "RopeEarly rope_early(");
         assert!(!early.contains("qkv"), "rope_early reads the projection");
         for load in [
             "ld_early_u32(pos",

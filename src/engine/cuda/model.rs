@@ -646,21 +646,6 @@ impl Decoder {
         )
     }
 
-    /// Where the decode qkv projection's RoPE epilogue writes (`ops::qkv_rope`): the same
-    /// buffers and caches as [`Self::rope_kv`].
-    fn rope_out(&self, g: &Gpu, sh: &PassShape, l: &LayerPtrs, r: &RowBufs) -> ops::RopeOut {
-        ops::RopeOut {
-            q: g.ptr(&r.q),
-            k_cache: l.k_cache,
-            v_cache: l.v_cache,
-            kv: sh.kv,
-            inv_freq: g.ptr(&self.inv_freq),
-            pos: g.ptr(&r.pos),
-            kv_off: g.ptr(&r.kv_off),
-            mscale: self.mscale,
-        }
-    }
-
     /// Where the fused router of layer `li` writes each row's experts and weights.
     fn topk(&self, g: &Gpu, r: &RowBufs, li: usize) -> ops::TopK {
         ops::TopK {
@@ -712,27 +697,7 @@ impl Decoder {
                 out: 0,
             };
             let qkv_w = lw.qkv_w.dev(g);
-            // RoPE and the cache write folded into the projection where it can take them: one
-            // kernel boundary fewer a layer (ops::qkv_rope); both groups' marks stay, RoPE's
-            // then timing nothing.
-            let fused = self.runs(StepGroup::Qkv)
-                && self.runs(StepGroup::RopeKv)
-                && self.opts.gemv.dense_on_tensor_cores()
-                && ops::rope_fuse_on()?
-                && ops::qkv_rope_fits(g, qkv_w, sh.attn, hid, n, true)?;
-            if fused {
-                ops::qkv_rope(
-                    g,
-                    qkv_w,
-                    Some(g.ptr(&lw.qkv_b)),
-                    p(&r.x),
-                    sh.attn,
-                    hid,
-                    n,
-                    Some(attn_norm),
-                    &self.rope_out(g, &sh, &l, r),
-                )?;
-            } else if self.runs(StepGroup::Qkv) {
+            if self.runs(StepGroup::Qkv) {
                 ops::dense_gemv(
                     g,
                     self.opts.gemv,
@@ -748,7 +713,7 @@ impl Decoder {
                 )?;
             }
             mark(StepGroup::Qkv.label(qkv_w.is_mxfp4()))?;
-            if self.runs(StepGroup::RopeKv) && !fused {
+            if self.runs(StepGroup::RopeKv) {
                 self.rope_kv(g, &sh, &l, r, n, 1)?;
             }
             mark(StepGroup::RopeKv.label(false))?;
