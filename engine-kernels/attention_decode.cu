@@ -416,14 +416,14 @@ __device__ __forceinline__ void gqa_merge(GqaSmem& sm, const float (&m)[ATTN_GQA
     }
 }
 
-// The keys [lo, hi) of a GQA block's split (split_keys_range); false for an empty split, whose
-// max and sum it writes for the group's G heads, as attn_split does (uniform over the block,
-// so the caller returns before any barrier).
-__device__ __forceinline__ bool gqa_split_range(const unsigned* __restrict__ pos, int window,
-                                                int min_split, int hq, int G, int kvh, int split,
-                                                int nsplit, int t, float* __restrict__ part_m,
+// The keys [lo, hi) of a GQA block's split (split_keys_range) for a row at position p; false
+// for an empty split, whose max and sum it writes for the group's G heads, as attn_split does
+// (uniform over the block, so the caller returns before any barrier).
+__device__ __forceinline__ bool gqa_split_range(int p, int window, int min_split, int hq, int G,
+                                                int kvh, int split, int nsplit, int t,
+                                                float* __restrict__ part_m,
                                                 float* __restrict__ part_l, int& lo, int& hi) {
-    split_keys_range((int)pos[t], window, min_split, split, nsplit, lo, hi);
+    split_keys_range(p, window, min_split, split, nsplit, lo, hi);
     if (lo < hi) return true;
     for (int h = threadIdx.x; h < G; h += blockDim.x) {
         const size_t pi = ((size_t)t * hq + (size_t)kvh * G + h) * nsplit + split;
@@ -448,7 +448,8 @@ __device__ __forceinline__ void gqa_split(const float* __restrict__ q, const voi
     const int warp = threadIdx.x >> 5;
     const int G = hq / hkv, dpl = d >> 5;
     int lo, hi;
-    if (!gqa_split_range(pos, window, min_split, hq, G, kvh, split, nsplit, t, part_m, part_l, lo, hi))
+    if (!gqa_split_range((int)pos[t], window, min_split, hq, G, kvh, split, nsplit, t, part_m,
+                         part_l, lo, hi))
         return;
     const size_t row0 = kv_off[t] + (size_t)kvh * d;
     const size_t stride = (size_t)hkv * d;
@@ -545,9 +546,8 @@ __device__ __forceinline__ void atc_mma(float (&c)[4], const unsigned (&a)[4], u
 
 template <bool FP8>
 __device__ __forceinline__ void gqa_tc_split(const float* __restrict__ q, const u8* __restrict__ k_cache,
-                                             const u8* __restrict__ v_cache,
-                                             const unsigned* __restrict__ pos,
-                                             const unsigned long long* __restrict__ kv_off,
+                                             const u8* __restrict__ v_cache, int p,
+                                             unsigned long long off,
                                              float* __restrict__ part_m, float* __restrict__ part_l,
                                              float* __restrict__ part_acc, int hq, int hkv, int d,
                                              int window, int min_split, float scale,
@@ -559,9 +559,9 @@ __device__ __forceinline__ void gqa_tc_split(const float* __restrict__ q, const 
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, qd = lane & 3;
     const int G = hq / hkv;
     int lo, hi;
-    if (!gqa_split_range(pos, window, min_split, hq, G, kvh, split, nsplit, t, part_m, part_l, lo, hi))
+    if (!gqa_split_range(p, window, min_split, hq, G, kvh, split, nsplit, t, part_m, part_l, lo, hi))
         return;
-    const size_t row0 = kv_off[t] + (size_t)kvh * d, stride = (size_t)hkv * d;
+    const size_t row0 = off + (size_t)kvh * d, stride = (size_t)hkv * d;
     const int rb = d * ES + 16, chunks = d * ES / 16, ns = d >> 4, cq = qd * (d >> 2);
     // The warp's region: two buffers of K and V rows, then (fp8) its fp16 copy of a V tile.
     const int vh = d + 8;  // fp16 elements per row of that copy
@@ -749,15 +749,19 @@ attn_split_gqa_tc(const float* __restrict__ q, const void* __restrict__ k_cache,
                   float* __restrict__ out_final) {
     __shared__ float sink_s[16];
     attn_sinks_early(sinks, out_final, blockIdx.x * (hq / hkv), hq / hkv, sink_s);
+    // The row's position and cache offset (step inputs) before the wait: after it, the key
+    // range and the first K/V copies wait on no load.
+    const int p_early = (int)ld_early_u32(pos + blockIdx.z);
+    const unsigned long long off_early = ld_early_u64(kv_off + blockIdx.z);
     pdl_enter_as(attn_trigger_mode(out_final));
     const u8* kc = static_cast<const u8*>(k_cache);
     const u8* vc = static_cast<const u8*>(v_cache);
     if (kv == KV_FP8)
-        gqa_tc_split<true>(q, kc, vc, pos, kv_off, part_m, part_l, part_acc, hq, hkv, d, window,
-                           min_split, scale, sink_s, out_final);
+        gqa_tc_split<true>(q, kc, vc, p_early, off_early, part_m, part_l, part_acc, hq, hkv, d,
+                           window, min_split, scale, sink_s, out_final);
     else
-        gqa_tc_split<false>(q, kc, vc, pos, kv_off, part_m, part_l, part_acc, hq, hkv, d, window,
-                            min_split, scale, sink_s, out_final);
+        gqa_tc_split<false>(q, kc, vc, p_early, off_early, part_m, part_l, part_acc, hq, hkv, d,
+                            window, min_split, scale, sink_s, out_final);
 }
 
 // grid = (Hq, T), block = ATTN_COMBINE_THREADS; nsplit <= ATTN_MAX_SPLITS. Each split's

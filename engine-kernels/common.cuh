@@ -245,6 +245,26 @@ __device__ __forceinline__ void kv_store(void* __restrict__ cache, int kv, size_
     else static_cast<bf16_t*>(cache)[i] = f2bf(v);
 }
 
+// Loads that stay before griddepcontrol.wait (volatile asm: an ld.global.nc may be scheduled
+// below it, see pdl_wait). Only for what no kernel of the step writes: the step's inputs
+// (positions, cache offsets: copied in before its first kernel) and constants (rope_kv.cu,
+// attention_decode.cu).
+__device__ __forceinline__ unsigned ld_early_u32(const unsigned* p) {
+    unsigned v;
+    asm volatile("ld.global.u32 %0, [%1];" : "=r"(v) : "l"(p));
+    return v;
+}
+__device__ __forceinline__ unsigned long long ld_early_u64(const unsigned long long* p) {
+    unsigned long long v;
+    asm volatile("ld.global.u64 %0, [%1];" : "=l"(v) : "l"(p));
+    return v;
+}
+__device__ __forceinline__ float ld_early_f32(const float* p) {
+    float v;
+    asm volatile("ld.global.f32 %0, [%1];" : "=f"(v) : "l"(p));
+    return v;
+}
+
 // Sum over the warp (float, double or 64-bit integer); every lane gets the result.
 template <class T>
 __device__ __forceinline__ T warp_sum(T v) {

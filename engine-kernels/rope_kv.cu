@@ -6,24 +6,6 @@
 // grid = (ceil((Hq + 2 Hkv) / HB), T), block = (D / 2, HB): thread (i, j) of block x rotates the
 // pair (i, i + D/2) of head x HB + j. HB = 1 for decode; a prefill chunk takes several heads a
 // block (ops::rope_kv), so that 2048 tokens do not launch 160k blocks of one warp.
-// Loads that stay before griddepcontrol.wait (volatile asm: an ld.global.nc may be scheduled
-// below it, common.cuh). Only for what no kernel of the step writes.
-__device__ __forceinline__ unsigned ld_early_u32(const unsigned* p) {
-    unsigned v;
-    asm volatile("ld.global.u32 %0, [%1];" : "=r"(v) : "l"(p));
-    return v;
-}
-__device__ __forceinline__ unsigned long long ld_early_u64(const unsigned long long* p) {
-    unsigned long long v;
-    asm volatile("ld.global.u64 %0, [%1];" : "=l"(v) : "l"(p));
-    return v;
-}
-__device__ __forceinline__ float ld_early_f32(const float* p) {
-    float v;
-    asm volatile("ld.global.f32 %0, [%1];" : "=f"(v) : "l"(p));
-    return v;
-}
-
 // What rope_kv_write reads before its wait on the projection: the row's position and cache
 // offset (the step's inputs, copied in before its first kernel; no kernel writes them) and its
 // rotation from the constant frequencies. c = s = 0 for v heads (no rotation).

@@ -507,6 +507,10 @@ mod tests {
                             || t.contains("prefetch_l2(")
                             // attention_decode.cu: the (immutable) sink logits.
                             || t.starts_with("attn_sinks_early(")
+                            // attention_decode.cu's GQA tensor-core split: the row's position
+                            // and cache offset, step inputs, by loads that stay above the wait.
+                            || t.contains("= (int)ld_early_u32(pos + ")
+                            || t.contains("= ld_early_u64(kv_off + ")
                             // rope_kv.cu: the step's inputs and the constant frequencies
                             // (rope_early, checked below).
                             || t.starts_with("const RopeEarly e = rope_early(")
