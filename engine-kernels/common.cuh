@@ -176,27 +176,6 @@ __device__ __forceinline__ bool count_block_last(unsigned* c, unsigned total) {
     return last;
 }
 
-// Thread-block clusters (sm_90+; the launch sets the cluster's shape, device.rs): every thread
-// of every block of the cluster arrives, then waits for all (release / acquire: shared-memory
-// writes before it are visible to the cluster's blocks after it).
-__device__ __forceinline__ void cluster_sync() {
-#if __CUDA_ARCH__ >= 900
-    asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
-#endif
-}
-// The float at p in the shared memory of the cluster's block `rank` (p: this block's copy of
-// the same variable).
-__device__ __forceinline__ float ld_cluster_f32(const float* p, unsigned rank) {
-    float v = 0.0f;
-#if __CUDA_ARCH__ >= 900
-    const unsigned a = (unsigned)__cvta_generic_to_shared(p);
-    unsigned r;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(rank));
-    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(r) : "memory");
-#endif
-    return v;
-}
-
 __device__ __forceinline__ float bf2f(bf16_t v) { return __uint_as_float(((unsigned)v) << 16); }
 
 // Round to nearest even, NaN stays NaN (quiet bit set).

@@ -538,13 +538,7 @@ __device__ __forceinline__ void moe_combine_rows(const float* __restrict__ part,
 // slot) keeps the staged activations small (I floats). The first weights are loaded before
 // the staging. Dynamic shared memory: the policy's staged activations of one slot (ActF32:
 // inter / 32 * STAGE_PAD floats; 8-bit: inter / 32 * (ACT8_PAD + 4) bytes). units <= 32.
-// CL (the `_cl` entries, `_slots` loop only; ops::moe_down): the k slot blocks of a (token, row
-// range) are one thread-block cluster (x: the slot), so each keeps its rows in its shared
-// memory and, past a cluster barrier, block s adds every slot's rows (slot order, from the
-// cluster's shared memory) for its share of the range: no part write, count or L2 read-back;
-// the same sums as the counted combine.
-#define MOE_CL_MAX_ROWS 512
-template <class A, bool SLOTS, bool CL = false>
+template <class A, bool SLOTS>
 __device__ __forceinline__ void moe_down_body(const u8* __restrict__ blocks,
                                               const u8* __restrict__ scales,
                                               const bf16_t* __restrict__ bias,
@@ -554,8 +548,6 @@ __device__ __forceinline__ void moe_down_body(const u8* __restrict__ blocks,
                                               float* __restrict__ part, int hidden, int inter,
                                               int k, int units, float* __restrict__ y,
                                               int accumulate, unsigned* __restrict__ ctr) {
-    static_assert(!CL || SLOTS, "the cluster combine: the _slots loop only");
-    __shared__ float rows_cl[CL ? MOE_CL_MAX_ROWS : 1];  // this slot's rows of the range
     u8* as = reinterpret_cast<u8*>(moe_smem);
     const int lane = threadIdx.x & 31;
     const int rw = (blockIdx.y * 8 + (threadIdx.x >> 5)) * 2 * units;  // the warp's first row
@@ -595,8 +587,7 @@ __device__ __forceinline__ void moe_down_body(const u8* __restrict__ blocks,
             const float bb0 = __shfl_sync(0xffffffffu, b0v, uu);
             const float bb1 = __shfl_sync(0xffffffffu, b1v, uu);
             if (lane == 0) {
-                float* pp = CL ? rows_cl + (rw - blockIdx.y * 16 * units) + 2 * uu
-                               : part + ((size_t)t * k + s) * hidden + rw + 2 * uu;
+                float* pp = part + ((size_t)t * k + s) * hidden + rw + 2 * uu;
                 pp[0] = wt * (t0 + bb0);
                 pp[1] = wt * (t1 + bb1);
             }
@@ -660,20 +651,6 @@ __device__ __forceinline__ void moe_down_body(const u8* __restrict__ blocks,
         }
     }
     }
-    if constexpr (CL) {
-        // Every slot's rows in its block's shared memory; block s (its cluster rank) sums the
-        // range's rows [s n / k, (s + 1) n / k) over the slots in order, as moe_combine_rows.
-        cluster_sync();
-        const int r0 = blockIdx.y * 16 * units, n = min(hidden, r0 + 16 * units) - r0;
-        for (int j = s * n / k + threadIdx.x; j < (s + 1) * n / k; j += blockDim.x) {
-            float sum = 0.0f;
-            for (int q = 0; q < k; ++q) sum += ld_cluster_f32(rows_cl + j, q);
-            float* o = y + (size_t)t * hidden + r0 + j;
-            *o = accumulate ? *o + sum : sum;
-        }
-        cluster_sync();  // no block leaves while another may still read its rows
-        return;
-    }
     // Publish this block's rows, then count it; the last slot block combines.
     __shared__ unsigned last_s;
     __syncthreads();
@@ -684,28 +661,24 @@ __device__ __forceinline__ void moe_down_body(const u8* __restrict__ blocks,
                      min(hidden, (int)(blockIdx.y + 1) * 16 * units), accumulate);
 }
 
-#define MOE_DOWN_KERNEL(name, policy, slots, minb, cl)                                      \
+#define MOE_DOWN_KERNEL(name, policy, slots, minb)                                              \
     extern "C" __global__ void __launch_bounds__(256, minb)                                     \
     name(const u8* __restrict__ blocks, const u8* __restrict__ scales,                          \
          const bf16_t* __restrict__ bias, const float* __restrict__ act,                        \
          const int* __restrict__ idx, const float* __restrict__ wts, float* __restrict__ part,  \
          int hidden, int inter, int k, int units, float* __restrict__ y, int accumulate,        \
          unsigned* __restrict__ ctr) {                                                          \
-        moe_down_body<policy, slots, cl>(blocks, scales, bias, act, idx, wts, part, hidden,    \
-                                         inter, k, units, y, accumulate, ctr);                  \
+        moe_down_body<policy, slots>(blocks, scales, bias, act, idx, wts, part, hidden, inter,  \
+                                     k, units, y, accumulate, ctr);                             \
     }
-MOE_DOWN_KERNEL(moe_down, ActF32, false, MOE_DECODE_MINB, false)
-MOE_DOWN_KERNEL(moe_down_q8, ActQ8, false, MOE_DECODE_MINB, false)
-MOE_DOWN_KERNEL(moe_down_fp8, ActFp8, false, MOE_DECODE_MINB, false)
-MOE_DOWN_KERNEL(moe_down_slots, ActF32, true, MOE_SLOTS_MINB, false)
-MOE_DOWN_KERNEL(moe_down_q8_slots, ActQ8, true, MOE_SLOTS_MINB, false)
-MOE_DOWN_KERNEL(moe_down_fp8_slots, ActFp8, true, MOE_SLOTS_MINB, false)
-MOE_DOWN_KERNEL(moe_down_h2, ActF16, false, MOE_DECODE_MINB, false)
-MOE_DOWN_KERNEL(moe_down_h2_slots, ActF16, true, MOE_SLOTS_MINB, false)
-MOE_DOWN_KERNEL(moe_down_slots_cl, ActF32, true, MOE_SLOTS_MINB, true)
-MOE_DOWN_KERNEL(moe_down_q8_slots_cl, ActQ8, true, MOE_SLOTS_MINB, true)
-MOE_DOWN_KERNEL(moe_down_fp8_slots_cl, ActFp8, true, MOE_SLOTS_MINB, true)
-MOE_DOWN_KERNEL(moe_down_h2_slots_cl, ActF16, true, MOE_SLOTS_MINB, true)
+MOE_DOWN_KERNEL(moe_down, ActF32, false, MOE_DECODE_MINB)
+MOE_DOWN_KERNEL(moe_down_q8, ActQ8, false, MOE_DECODE_MINB)
+MOE_DOWN_KERNEL(moe_down_fp8, ActFp8, false, MOE_DECODE_MINB)
+MOE_DOWN_KERNEL(moe_down_slots, ActF32, true, MOE_SLOTS_MINB)
+MOE_DOWN_KERNEL(moe_down_q8_slots, ActQ8, true, MOE_SLOTS_MINB)
+MOE_DOWN_KERNEL(moe_down_fp8_slots, ActFp8, true, MOE_SLOTS_MINB)
+MOE_DOWN_KERNEL(moe_down_h2, ActF16, false, MOE_DECODE_MINB)
+MOE_DOWN_KERNEL(moe_down_h2_slots, ActF16, true, MOE_SLOTS_MINB)
 
 // ---- The grouped decode MoE (`MXTUNE_MOE_LOOP=grouped`, the fp16 dot): one block per (row
 // range, distinct expert of a group of up to TCG_TOKENS tokens; tcg_group), so an expert that

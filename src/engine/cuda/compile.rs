@@ -109,10 +109,6 @@ pub const KERNEL_FILES: &[KernelFile] = &[
             "moe_down_h2",
             "moe_gate_up_swiglu_h2_slots",
             "moe_down_h2_slots",
-            "moe_down_slots_cl",
-            "moe_down_q8_slots_cl",
-            "moe_down_fp8_slots_cl",
-            "moe_down_h2_slots_cl",
             "moe_gate_up_swiglu_h2_grp",
             "moe_down_h2_grp"
         ]

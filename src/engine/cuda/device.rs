@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use anyhow::{Result, bail, ensure};
+use anyhow::{Result, bail};
 use cudarc::driver::{
     CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DeviceRepr, ValidAsZeroBits,
 };
@@ -442,39 +442,6 @@ impl Gpu {
         shared_mem_bytes: u32,
         args: &[Arg],
     ) -> Result<()> {
-        self.launch_ex(kernel, grid, block, shared_mem_bytes, args, None)
-    }
-
-    /// [`Gpu::launch`] with the grid's blocks in thread-block clusters of `cluster_x`
-    /// consecutive blocks along x (`gridDim.x` a multiple of it, at most 8: the portable
-    /// size); the kernel's cluster barriers and shared-memory reads span them.
-    pub fn launch_cluster(
-        &self,
-        kernel: &str,
-        grid: (u32, u32, u32),
-        block: (u32, u32, u32),
-        shared_mem_bytes: u32,
-        args: &[Arg],
-        cluster_x: u32,
-    ) -> Result<()> {
-        ensure!(
-            (1..=8).contains(&cluster_x) && grid.0.is_multiple_of(cluster_x),
-            "{kernel}: clusters of {cluster_x} blocks do not tile a grid of {} along x (1 to 8 \
-             blocks, dividing it)",
-            grid.0
-        );
-        self.launch_ex(kernel, grid, block, shared_mem_bytes, args, Some(cluster_x))
-    }
-
-    fn launch_ex(
-        &self,
-        kernel: &str,
-        grid: (u32, u32, u32),
-        block: (u32, u32, u32),
-        shared_mem_bytes: u32,
-        args: &[Arg],
-        cluster_x: Option<u32>,
-    ) -> Result<()> {
         let Some((&name, f)) = self.funcs.get_key_value(kernel) else {
             bail!("kernel {kernel} is not in the dispatch table");
         };
@@ -506,24 +473,11 @@ impl Gpu {
                 Arg::F32(v) => v as *const f32 as *mut std::ffi::c_void,
             })
             .collect();
-        use cudarc::driver::sys::{CUlaunchAttribute, CUlaunchAttributeID};
         // SAFETY: a zeroed attribute is a valid C struct (id 0, value all zero bytes); the
-        // ids and the union members set below are the ones the driver reads for them.
-        let mut attrs: Vec<CUlaunchAttribute> = Vec::with_capacity(2);
-        if self.pdl {
-            let mut a: CUlaunchAttribute = unsafe { std::mem::zeroed() };
-            a.id = CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
-            a.value.programmaticStreamSerializationAllowed = 1;
-            attrs.push(a);
-        }
-        if let Some(x) = cluster_x {
-            let mut a: CUlaunchAttribute = unsafe { std::mem::zeroed() };
-            a.id = CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
-            a.value.clusterDim.x = x;
-            a.value.clusterDim.y = 1;
-            a.value.clusterDim.z = 1;
-            attrs.push(a);
-        }
+        // id and the union member set below are the ones the driver reads for it.
+        let mut attr: cudarc::driver::sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+        attr.id = cudarc::driver::sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+        attr.value.programmaticStreamSerializationAllowed = 1;
         let cfg = cudarc::driver::sys::CUlaunchConfig {
             gridDimX: grid.0,
             gridDimY: grid.1,
@@ -533,14 +487,14 @@ impl Gpu {
             blockDimZ: block.2,
             sharedMemBytes: shared_mem_bytes,
             hStream: self.stream.cu_stream(),
-            attrs: attrs.as_mut_ptr(),
-            numAttrs: attrs.len() as u32,
+            attrs: &mut attr,
+            numAttrs: u32::from(self.pdl),
         };
         self.ctx
             .bind_to_thread()
             .drv(|| "binding the CUDA context".into())?;
         // SAFETY: argument lists match the kernels' signatures (one wrapper per kernel in
-        // ops.rs); `params`, `attrs` and `cfg` outlive the call, and buffers outlive the launch
+        // ops.rs); `params`, `attr` and `cfg` outlive the call, and buffers outlive the launch
         // because callers hold them until a sync.
         unsafe {
             cudarc::driver::sys::cuLaunchKernelEx(

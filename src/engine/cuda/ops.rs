@@ -2431,38 +2431,7 @@ pub fn moe_down(
     if let Some((cap, stride)) = grp {
         args.extend([i(cap)?, i(stride)?]);
     }
-    // The `_slots` loop combines its k slot blocks in a cluster where k fits one.
-    match moe_down_cluster_kernel(kernel) {
-        Some(cl) if s.k <= 8 && moe_cluster_on()? => {
-            g.launch_cluster(cl, grid, (256, 1, 1), u(smem)?, &args, u(s.k)?)
-        }
-        _ => g.launch(kernel, grid, (256, 1, 1), u(smem)?, &args),
-    }
-}
-
-/// Environment knob for A/B runs: `MXTUNE_MOE_CLUSTER=0` keeps the `_slots` decode MoE's down
-/// combine on its completion counter ([`moe_down`]).
-pub const MOE_CLUSTER_ENV: &str = "MXTUNE_MOE_CLUSTER";
-
-/// Whether the `_slots` down kernels combine their slots in a cluster ([`MOE_CLUSTER_ENV`];
-/// on unless 0).
-fn moe_cluster_on() -> Result<bool> {
-    static ON: std::sync::OnceLock<Result<bool, String>> = std::sync::OnceLock::new();
-    env_switch(&ON, MOE_CLUSTER_ENV)
-}
-
-/// The cluster entry of a `_slots` down kernel (`moe_gemv.cu`'s `_cl`): the k slot blocks of a
-/// (token, row range) one cluster, each slot's rows kept in its shared memory and summed in
-/// slot order from there past a cluster barrier — no part write, completion count or L2
-/// read-back; the same sums, so the same bits, as the counted combine.
-fn moe_down_cluster_kernel(kernel: &str) -> Option<&'static str> {
-    Some(match kernel {
-        "moe_down_slots" => "moe_down_slots_cl",
-        "moe_down_q8_slots" => "moe_down_q8_slots_cl",
-        "moe_down_fp8_slots" => "moe_down_fp8_slots_cl",
-        "moe_down_h2_slots" => "moe_down_h2_slots_cl",
-        _ => return None,
-    })
+    g.launch(kernel, grid, (256, 1, 1), u(smem)?, &args)
 }
 
 /// The decode MoE kernel gate_up (or `down`) runs for `t` rows: its name, dynamic shared
