@@ -158,13 +158,9 @@ fn read_bandwidth(g: &Gpu) -> Result<f64> {
     let sink = g.alloc::<u32>(ops::PROBE_THREADS)?;
     let mut times = Vec::new();
     for rep in 0..12 {
-        let (a, b) = (ev(g)?, ev(g)?);
-        record(g, &a)?;
-        ops::read_probe(g, g.ptr(&buf), bytes, g.ptr(&sink))?;
-        record(g, &b)?;
-        g.sync()?;
+        let ms = gpu_ms(g, || ops::read_probe(g, g.ptr(&buf), bytes, g.ptr(&sink)))?;
         if rep >= 2 {
-            times.push(elapsed(&a, &b)?);
+            times.push(ms);
         }
     }
     Ok(bytes as f64 / (median(times) * 1e-3) / 1e9)
@@ -420,18 +416,38 @@ fn time_steps(
     for rep in 0..3 + args.steps {
         let p: Vec<u32> = vec![(args.depth + rep) as u32; b];
         let t0 = Instant::now();
-        dec.set_inputs(g, toks, &p, slots)?;
-        let (a, e) = (ev(g)?, ev(g)?);
-        record(g, &a)?;
-        dec.run(g, b, args.depth + rep + 1, graphs)?;
-        record(g, &e)?;
-        g.sync()?;
+        let ms = timed_step(g, dec, toks, &p, slots, args.depth + rep + 1, graphs)?;
         if rep >= 3 {
-            times.push(elapsed(&a, &e)?);
+            times.push(ms);
             walls.push(t0.elapsed().as_secs_f64() * 1e3);
         }
     }
     Ok((times, walls))
+}
+
+/// One decode step of `toks` at positions `pos` in `slots` (keys up to `keys`), with or
+/// without the captured graph: its GPU time ([`gpu_ms`]).
+fn timed_step(
+    g: &Gpu,
+    dec: &mut Decoder,
+    toks: &[u32],
+    pos: &[u32],
+    slots: &[u32],
+    keys: usize,
+    graphs: bool,
+) -> Result<f64> {
+    dec.set_inputs(g, toks, pos, slots)?;
+    gpu_ms(g, || dec.run(g, toks.len(), keys, graphs))
+}
+
+/// The GPU time of what `work` enqueues, run to completion: events recorded around it, in ms.
+fn gpu_ms(g: &Gpu, work: impl FnOnce() -> Result<()>) -> Result<f64> {
+    let (a, e) = (ev(g)?, ev(g)?);
+    record(g, &a)?;
+    work()?;
+    record(g, &e)?;
+    g.sync()?;
+    elapsed(&a, &e)
 }
 
 /// `--timeline`: the graph captured afresh so its launches are logged, replayed once to warm
@@ -452,13 +468,7 @@ fn step_timeline(
     dec.set_inputs(g, toks, &vec![pos as u32; b], slots)?;
     dec.run(g, b, pos + 1, true)?;
     g.timeline_reset(false)?;
-    dec.set_inputs(g, toks, &vec![pos as u32 + 1; b], slots)?;
-    let (a, e) = (ev(g)?, ev(g)?);
-    record(g, &a)?;
-    dec.run(g, b, pos + 2, true)?;
-    record(g, &e)?;
-    g.sync()?;
-    let step_ms = elapsed(&a, &e)?;
+    let step_ms = timed_step(g, dec, toks, &vec![pos as u32 + 1; b], slots, pos + 2, true)?;
     let (records, launches, dropped) = g.timeline_read()?;
     ensure!(
         !dropped,
@@ -708,13 +718,9 @@ fn profile_prefill(
     let total = seqs * n;
     let mut times = Vec::new();
     for rep in 0..4 {
-        let (a, e) = (ev(g)?, ev(g)?);
-        record(g, &a)?;
-        dec.prefill(g, &toks, &pos, &slots, &outs)?;
-        record(g, &e)?;
-        g.sync()?;
+        let ms = gpu_ms(g, || dec.prefill(g, &toks, &pos, &slots, &outs))?;
         if rep >= 1 {
-            times.push(elapsed(&a, &e)?);
+            times.push(ms);
         }
     }
     let mut prof = Profile::default();
