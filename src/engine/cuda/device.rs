@@ -94,6 +94,8 @@ pub struct Gpu {
 struct TimelineBuf {
     buf: CudaSlice<u64>,
     log: Mutex<Vec<Launch>>,
+    /// Each entry's module (its index in `KERNEL_FILES`), as the kernels record it.
+    module_of: HashMap<&'static str, u32>,
 }
 
 /// Floats of [`Gpu::split_scratch`]'s partial sums: two halves of 16 tokens × 16 384 rows.
@@ -150,13 +152,14 @@ impl Gpu {
                     .alloc_zeros::<u64>(1 + 4 * timeline::CAPACITY)
                     .drv(|| "allocating the timeline records".into())?,
                 log: Mutex::new(Vec::new()),
+                module_of: HashMap::new(),
             });
         }
         let t0 = Instant::now();
         let (mut compiled, mut cached) = (0, 0);
         let mut funcs = HashMap::new();
         let mut dynamic_shared = HashMap::new();
-        for (fi, file) in KERNEL_FILES.iter().enumerate() {
+        for (fi, file) in (0u32..).zip(KERNEL_FILES) {
             let (cubin, origin) = cache.cubin(file, &arch)?;
             match origin {
                 CubinOrigin::Compiled => compiled += 1,
@@ -184,9 +187,12 @@ impl Gpu {
                 };
                 set("mx_timeline", buf, 8)?;
                 set("mx_timeline_cap", timeline::CAPACITY as u64, 8)?;
-                set("mx_timeline_module", fi as u64, 4)?;
+                set("mx_timeline_module", u64::from(fi), 4)?;
             }
             for entry in file.entries {
+                if let Some(tl) = timeline.as_mut() {
+                    tl.module_of.insert(entry, fi);
+                }
                 let f = module
                     .load_function(entry)
                     .drv(|| format!("kernel {entry} in {}", file.name))?;
@@ -449,16 +455,13 @@ impl Gpu {
             return Ok(());
         }
         if let Some(tl) = &self.timeline {
-            let module = KERNEL_FILES
-                .iter()
-                .position(|file| file.entries.contains(&name))
-                .unwrap_or(usize::MAX);
+            let module = tl.module_of.get(name).copied().unwrap_or(u32::MAX);
             tl.log
                 .lock()
                 .map_err(|_| anyhow::anyhow!("timeline log poisoned"))?
                 .push(Launch {
                     kernel: name,
-                    module: module as u32,
+                    module,
                     blocks: grid.0 * grid.1 * grid.2,
                     threads: block.0 * block.1 * block.2,
                 });
