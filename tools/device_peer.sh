@@ -7,9 +7,7 @@
 set -u
 export MXTUNE_KERNEL_CACHE=/tmp/kc
 M=.devcarry/mxtune
-# The rows file is named for the lent GPU's model, as tools/device_rows.sh names it.
-GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | grep -oiE 'h100|h200|b200|gb10' | head -1 | tr 'A-Z' 'a-z')
-GPU=${GPU:-gpu}
+source tools/device_gpu.sh  # GPU: the lent GPU's model, its rows file's name
 nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem --format=csv,noheader | tee $OUT/peer.txt
 mkdir -p /tmp/peer && tar xzf .devcarry/llama-src.tgz -C /tmp/peer
 ( cmake -S /tmp/peer/llama.cpp -B /tmp/peer/b -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \

@@ -5,8 +5,7 @@
 # <gpu> the lent GPU's model (h100, h200; docs/perf/ keeps one file per model).
 export MXTUNE_KERNEL_CACHE=/tmp/kc
 M=.devcarry/mxtune
-GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | grep -oiE 'h100|h200|b200|gb10' | head -1 | tr 'A-Z' 'a-z')
-GPU=${GPU:-gpu}
+source tools/device_gpu.sh  # GPU: the lent GPU's model, its rows file's name
 echo "== rows for $GPU"
 J="--json-out $OUT/$GPU.json"
 echo "== selftest"; $M engine selftest --device cuda > $OUT/selftest.txt 2>&1; grep -E "FAIL|checks, " $OUT/selftest.txt | tail -5
