@@ -375,6 +375,154 @@ pub(crate) fn dense_gemv_tc(
     )
 }
 
+/// Environment switch of the router folded into the o projection at batch 1
+/// (`gemv_tc_*_t8_route`, [`o_proj_routed`]): `on` (the default) or `off` (the o projection,
+/// then the router's own launch; for A/B timing).
+pub const ROUTER_FOLD_ENV: &str = "MXTUNE_ROUTER_FOLD";
+
+/// Whether batch 1 folds the router into the o projection ([`ROUTER_FOLD_ENV`]); a bad value
+/// is an error naming it.
+pub fn router_fold_enabled() -> Result<bool> {
+    env_choice(ROUTER_FOLD_ENV, &[("on", true), ("off", false)])
+}
+
+/// Most experts the folded router takes (kernel constant `TCG_ROUTE_MAX_E`).
+pub const ROUTE_FOLD_MAX_EXPERTS: usize = 256;
+
+/// The router's half of a folded o projection ([`o_proj_routed`]): its weights [experts,
+/// hidden] and bias, the MoE's norm (`norm.out`: where the MoE's input is written), the
+/// routing outputs (`topk.counter`: a zeroed counter the kernel leaves zeroed) and the
+/// units' partial sums, `part`: [`route_fold_part_len`] floats.
+#[derive(Debug, Clone, Copy)]
+pub struct RouteFold {
+    /// Router weights, bf16 [experts, hidden].
+    pub w: u64,
+    /// Router bias, bf16 [experts].
+    pub b: u64,
+    /// Experts.
+    pub experts: usize,
+    /// The MoE's input norm; `out` must be set.
+    pub norm: Norm,
+    /// Logits out, fp32 [experts].
+    pub logits: u64,
+    /// Top-k outputs and the count.
+    pub topk: TopK,
+    /// Partial sums, fp32, [`route_fold_part_len`] of (experts, hidden).
+    pub part: u64,
+}
+
+/// Row stride of a folded router's partial sums: one float a unit of 16 hidden rows, rounded
+/// up to whole 16-byte words.
+fn route_fold_stride(hidden: usize) -> usize {
+    hidden.div_ceil(16).next_multiple_of(4)
+}
+
+/// Floats of a folded router's partial sums for `experts` and `hidden`.
+pub fn route_fold_part_len(experts: usize, hidden: usize) -> usize {
+    (experts + 1) * route_fold_stride(hidden)
+}
+
+/// Whether the o projection of `rows` (the hidden size) × `cols` can take the router folded
+/// in at batch 1 on this device: the tensor-core GEMV's one-tile 8-token kernel is what the
+/// plan picks, the hidden size a multiple of 8 (16-byte router loads), at most
+/// [`ROUTE_FOLD_MAX_EXPERTS`] experts and a top-k the routing takes.
+pub fn route_fold_fits(
+    g: &Gpu,
+    path: DecodeGemv,
+    w: DenseW,
+    rows: usize,
+    cols: usize,
+    experts: usize,
+    k: usize,
+) -> Result<bool> {
+    if !path.dense_on_tensor_cores() || !tc_gemv_fits(g, w, cols, 1) {
+        return Ok(false);
+    }
+    let format = if w.is_mxfp4() { "fp4" } else { "bf16" };
+    let plan = tc_gemv_launch_plan(g, format, rows, cols, 1, false, None)?;
+    Ok(plan.per_pass == 8
+        && plan.tiles_per_block == 1
+        && rows.is_multiple_of(8)
+        && (1..=ROUTE_FOLD_MAX_EXPERTS).contains(&experts)
+        && check_topk(k, experts).is_ok())
+}
+
+/// The o projection of one token with the router folded in (`gemv_tc_{bf16,fp4}_t8_route`):
+/// y += W x + b as [`dense_gemv_tc`] does (the same sums), then the router over the new y —
+/// logits, top-k, weights and the MoE's normalised input — in the same launch
+/// ([`RouteFold`]). The caller checks [`route_fold_fits`].
+#[allow(clippy::too_many_arguments)]
+pub fn o_proj_routed(
+    g: &Gpu,
+    w: DenseW,
+    bias: Option<u64>,
+    x: u64,
+    y: u64,
+    rows: usize,
+    cols: usize,
+    route: &RouteFold,
+) -> Result<()> {
+    let (format, kernel, weights) = match w {
+        DenseW::Bf16(p) => ("bf16", "gemv_tc_bf16_t8_route", vec![Arg::Ptr(p)]),
+        DenseW::Mxfp4 { blocks, scales } => (
+            "fp4",
+            "gemv_tc_fp4_t8_route",
+            vec![Arg::Ptr(blocks), Arg::Ptr(scales)],
+        ),
+    };
+    ensure!(
+        rows.is_multiple_of(8) && route.experts <= ROUTE_FOLD_MAX_EXPERTS && route.norm.out != 0,
+        "the folded router takes a hidden size that is a multiple of 8 ({rows}), at most \
+         {ROUTE_FOLD_MAX_EXPERTS} experts ({}) and a normalised-input buffer",
+        route.experts
+    );
+    check_topk(route.topk.k, route.experts)?;
+    let plan = tc_gemv_launch_plan(g, format, rows, cols, 1, false, None)?;
+    ensure!(
+        plan.per_pass == 8 && plan.tiles_per_block == 1,
+        "the folded router runs on the one-tile 8-token GEMV; the plan picked {} tokens and {} \
+         tiles a block",
+        plan.per_pass,
+        plan.tiles_per_block
+    );
+    let (part, cnt) = g.split_scratch();
+    let mut args = weights;
+    args.extend([
+        opt(bias),
+        Arg::Ptr(x),
+        Arg::Ptr(y),
+        i(rows)?,
+        i(cols)?,
+        i(1)?,
+        Arg::I32(1),
+        Arg::Ptr(0),
+        Arg::F32(0.0),
+        Arg::Ptr(0),
+        Arg::Ptr(part),
+        Arg::Ptr(cnt),
+        Arg::Ptr(route.w),
+        Arg::Ptr(route.b),
+        Arg::Ptr(route.norm.w),
+        Arg::F32(route.norm.eps),
+        i(route.experts)?,
+        i(route.topk.k)?,
+        Arg::Ptr(route.part),
+        i(route_fold_stride(rows))?,
+        Arg::Ptr(route.topk.counter),
+        Arg::Ptr(route.logits),
+        Arg::Ptr(route.norm.out),
+        Arg::Ptr(route.topk.idx),
+        Arg::Ptr(route.topk.w),
+    ]);
+    g.launch(
+        kernel,
+        (u(plan.grid_x)?, 1, u(plan.ksplit)?),
+        (TCG_THREADS, 1, 1),
+        u(tc_gemv_smem(cols, 1))?,
+        &args,
+    )
+}
+
 /// The tensor-core GEMV entry point of `format` ("bf16" or "fp4") taking `per_pass` tokens and
 /// `tiles` row tiles a block (more than one: 8 tokens a pass only).
 fn tc_gemv_kernel(format: &str, per_pass: usize, tiles: usize) -> &'static str {

@@ -865,6 +865,145 @@ fn check_router(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
         }
     }
     res.extend(check_router_t1(g, s)?);
+    res.extend(check_router_fold(g, s)?);
+    Ok(res)
+}
+
+/// The o projection with the router folded in (`ops::o_proj_routed`, batch 1) against the o
+/// projection (`ops::dense_gemv_tc`) then the one-row router on its output, bf16 and MXFP4
+/// weights: the new residual bit for bit (the same sums), the same experts, and the logits,
+/// expert weights and the MoE's normalised input within fp32 rounding (the router's sums are
+/// added in another order). Shapes: gpt-oss-120b's and 20b's (the o projection's K split over
+/// two blocks), a hidden size ending in half a unit of 16 rows, and more experts than one pass
+/// of the block's threads; each launched twice, so the second sees the count left at zero.
+fn check_router_fold(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
+    let mut res = Vec::new();
+    for (experts, hidden, ocols, k) in [
+        (128, 2880, 4096, 4),
+        (32, 2880, 4096, 4),
+        (60, 200, 256, 2),
+        (200, 1000, 512, 8),
+    ] {
+        for fp4 in [false, true] {
+            let mut c = DenseCase::new(g, s, hidden, ocols, 1, true, true)?;
+            let fp4_w = if fp4 {
+                Some(c.quantize_weights(g)?)
+            } else {
+                None
+            };
+            let w = match &fp4_w {
+                Some((db, ds)) => ops::DenseW::Mxfp4 {
+                    blocks: g.ptr(db),
+                    scales: g.ptr(ds),
+                },
+                None => ops::DenseW::Bf16(g.ptr(&c.dw)),
+            };
+            let format = if fp4 { "fp4" } else { "bf16" };
+            let label =
+                format!("router folded into o, {format} {hidden}x{ocols}, top {k} of {experts}");
+            anyhow::ensure!(
+                ops::route_fold_fits(
+                    g,
+                    crate::engine::cuda::gates::DecodeGemv::TensorCore,
+                    w,
+                    hidden,
+                    ocols,
+                    experts,
+                    k
+                )?,
+                "{label}: the fold does not fit"
+            );
+            let rw = bf16_vec(s.next(), experts * hidden, 0.05, 0.0);
+            let rb = bf16_vec(s.next(), experts, 1.0, 0.0);
+            let nw = bf16_vec(s.next(), hidden, 0.2, 1.0);
+            let (drw, drb, dnw) = (g.upload(&rw)?, g.upload(&rb)?, g.upload(&nw)?);
+            let counters = g.alloc::<u32>(ops::topk_counters(1))?;
+            let dpart = g.alloc::<f32>(ops::route_fold_part_len(experts, hidden))?;
+            // [residual, logits, experts, weights, normalised input] of each path.
+            let mut outs: Vec<[Vec<f32>; 5]> = Vec::new();
+            for folded in [false, true] {
+                let runs = if folded { 2 } else { 1 };
+                let mut last = None;
+                for _ in 0..runs {
+                    let dy = c.out(g)?;
+                    let (dl, dh) = (nan_f32(g, experts)?, nan_f32(g, hidden)?);
+                    let (di, dwt) = (g.upload(&vec![-1i32; k])?, nan_f32(g, k)?);
+                    let norm = ops::Norm {
+                        w: g.ptr(&dnw),
+                        eps: 1e-5,
+                        out: g.ptr(&dh),
+                    };
+                    let topk = ops::TopK {
+                        idx: g.ptr(&di),
+                        w: g.ptr(&dwt),
+                        k,
+                        counter: g.ptr(&counters),
+                    };
+                    let (b, x, y) = (c.bias_ptr(g), g.ptr(&c.dx), g.ptr(&dy));
+                    if folded {
+                        let route = ops::RouteFold {
+                            w: g.ptr(&drw),
+                            b: g.ptr(&drb),
+                            experts,
+                            norm,
+                            logits: g.ptr(&dl),
+                            topk,
+                            part: g.ptr(&dpart),
+                        };
+                        ops::o_proj_routed(g, w, b, x, y, hidden, ocols, &route)?;
+                    } else {
+                        ops::dense_gemv_tc(g, w, b, x, y, hidden, ocols, 1, true, None, None)?;
+                        ops::router(
+                            g,
+                            g.ptr(&drw),
+                            Some(g.ptr(&drb)),
+                            y,
+                            g.ptr(&dl),
+                            experts,
+                            hidden,
+                            1,
+                            Some(norm),
+                            topk,
+                            true,
+                        )?;
+                    }
+                    let idx: Vec<f32> = g.download(&di)?.iter().map(|&i| i as f32).collect();
+                    last = Some([
+                        g.download(&dy)?,
+                        g.download(&dl)?,
+                        idx,
+                        g.download(&dwt)?,
+                        g.download(&dh)?,
+                    ]);
+                }
+                outs.extend(last);
+            }
+            let left = g.download(&counters)?.iter().filter(|&&v| v != 0).count();
+            let (want, got) = (&outs[0], &outs[1]);
+            let f64s = |v: &[f32]| -> Vec<f64> { v.iter().map(|&x| f64::from(x)).collect() };
+            res.push(check(
+                format!("{label}: residual bits apart, counters left"),
+                bits_apart(&got[0], &want[0]) + left as f64,
+                0.0,
+            ));
+            res.push(check(
+                format!("{label}: experts apart"),
+                bits_apart(&got[2], &want[2]),
+                0.0,
+            ));
+            for (i, what) in [
+                (1, "logits"),
+                (3, "expert weights"),
+                (4, "normalised input"),
+            ] {
+                res.push(check(
+                    format!("{label}: {what}"),
+                    rel_err(&got[i], &f64s(&want[i])),
+                    1e-5,
+                ));
+            }
+        }
+    }
     Ok(res)
 }
 
