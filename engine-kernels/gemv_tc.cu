@@ -361,7 +361,7 @@ __device__ __forceinline__ void tcg_route_load(const TcgRoute& rt, int rows, int
 // added in order in shared memory: the same sums whichever block is last.
 __device__ __noinline__ void tcg_route_finish(const TcgRoute rt, int rows, int nunits,
                                               const float* __restrict__ x) {
-    __shared__ __align__(16) float red[TCG_ROUTE_MAX_E + 4 + 4 * (32 * TCG_WARPS)];
+    __shared__ float red[TCG_ROUTE_MAX_E + 4 + 4 * (32 * TCG_WARPS)];
     float* vals = red;                       // [pstride]: the sums, then the logits
     float* cols4 = red + TCG_ROUTE_MAX_E + 4;  // [G][pstride]
     const int f4 = rt.pstride >> 2, groups = blockDim.x / f4;
