@@ -313,12 +313,12 @@ __device__ __forceinline__ float tcg_sum(float (*red)[16][8 * TN], int row, int 
 // logits are W_r · RMSNorm(x) · norm_w + b_r over the new residual x this kernel writes, and
 // since the norm's 1 / rms is one factor of the whole row, each unit's block can add its own
 // 16 rows of x into the dot products before anyone knows the rms (the router GEMV folds the
-// norm the same way, gemv_partial): part[unit][e] = sum over the unit's rows j of
-// (W_r[e, j] norm_w[j]) x[j], and part[unit][E] = sum of x[j]^2. The last unit's block to
-// finish (counted in cnt, reset by it) adds the units' rows in a fixed order, scales by the
-// rms, adds the bias, writes the logits, routes (topk_softmax_vals) and writes the MoE's
-// input h = x · rs · norm_w: the router costs no launch of its own and x is not read again
-// for it. Batch 1 only (one token a launch): the host checks.
+// norm the same way, gemv_partial): part[e][unit] = sum over the unit's rows j of
+// (W_r[e, j] norm_w[j]) x[j], and part[E][unit] = sum of x[j]^2. The last unit's block to
+// finish (counted in cnt, reset by it) adds each row of part over the units in a fixed order,
+// scales by the rms, adds the bias, writes the logits, routes (topk_softmax_vals) and writes
+// the MoE's input h = x · rs · norm_w: the router costs no launch, no reading of x again and no
+// second count. Batch 1 only (one token a launch): the host checks.
 struct TcgRoute {
     const bf16_t* __restrict__ w;   // [E][rows]
     const bf16_t* __restrict__ b;   // [E]
@@ -326,18 +326,16 @@ struct TcgRoute {
     float eps;
     int e;                          // experts
     int k;                          // top-k
-    float* __restrict__ part;       // [units][pstride]
-    int pstride;                    // a multiple of 4, > E
+    float* __restrict__ part;       // [E + 1][pstride]
+    int pstride;                    // a multiple of 4, >= the units
     unsigned* __restrict__ cnt;
     float* __restrict__ logits;     // [E]
     float* __restrict__ h;          // [rows]
     int* __restrict__ idx;          // [k]
     float* __restrict__ wts;        // [k]
 };
-// Most experts the folded router takes (its shared sums; the host checks).
+// Most experts the folded router takes (its shared logits).
 #define TCG_ROUTE_MAX_E 256
-// Units a thread of the last block adds per round, their loads in flight together.
-#define TCG_ROUTE_UNROLL 16
 
 // Thread (e = tid / 2, half = tid % 2) of a unit's router partial: the 8 weights of expert e at
 // the unit's rows 8 half … 8 half + 7 and their norm weights (zero past the rows).
@@ -355,66 +353,15 @@ __device__ __forceinline__ void tcg_route_load(const TcgRoute& rt, int rows, int
     }
 }
 
-// The last unit's block: the units' sums, the rms, logits, top-k and the MoE's input.
-// Thread t adds float4 column c = t % F4 of the rows of units t / F4, t / F4 + G, … (G = the
-// block's threads / F4), TCG_ROUTE_UNROLL loads in flight, then the G partial columns are
-// added in order in shared memory: the same sums whichever block is last.
-__device__ __noinline__ void tcg_route_finish(const TcgRoute rt, int rows, int nunits,
-                                              const float* __restrict__ x) {
-    __shared__ float red[TCG_ROUTE_MAX_E + 4 + 4 * (32 * TCG_WARPS)];
-    float* vals = red;                       // [pstride]: the sums, then the logits
-    float* cols4 = red + TCG_ROUTE_MAX_E + 4;  // [G][pstride]
-    const int f4 = rt.pstride >> 2, groups = blockDim.x / f4;
-    const int c = threadIdx.x % f4, gi = threadIdx.x / f4;
-    const float bias = threadIdx.x < rt.e ? bf2f(rt.b[threadIdx.x]) : 0.0f;
-    if (gi < groups) {
-        const float4* p4 = reinterpret_cast<const float4*>(rt.part) + c;
-        float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-        for (int u0 = gi; u0 < nunits; u0 += TCG_ROUTE_UNROLL * groups) {
-            float4 v[TCG_ROUTE_UNROLL];
-#pragma unroll
-            for (int i = 0; i < TCG_ROUTE_UNROLL; ++i) {
-                const int u = u0 + i * groups;
-                v[i] = u < nunits ? __ldcg(p4 + (size_t)u * f4) : make_float4(0.f, 0.f, 0.f, 0.f);
-            }
-#pragma unroll
-            for (int i = 0; i < TCG_ROUTE_UNROLL; ++i) {
-                acc.x += v[i].x; acc.y += v[i].y; acc.z += v[i].z; acc.w += v[i].w;
-            }
-        }
-        reinterpret_cast<float4*>(cols4)[gi * f4 + c] = acc;
-    }
-    __syncthreads();
-    for (int e = threadIdx.x; e <= rt.e; e += blockDim.x) {
-        float t = 0.0f;
-        for (int g = 0; g < groups; ++g) t += cols4[g * rt.pstride + e];
-        vals[e] = t;
-    }
-    __syncthreads();
-    const float rs = rsqrtf(vals[rt.e] / (float)rows + rt.eps);
-    for (int e = threadIdx.x; e < rt.e; e += blockDim.x) {
-        const float l = vals[e] * rs + (e == (int)threadIdx.x ? bias : bf2f(rt.b[e]));
-        vals[e] = l;
-        rt.logits[e] = l;
-    }
-    __syncthreads();
-    if (threadIdx.x < 32) {
-        topk_softmax_vals(rt.e, rt.k, rt.idx, rt.wts, vals);
-    } else {
-        for (int j = threadIdx.x - 32; j < rows; j += blockDim.x - 32)
-            rt.h[j] = __ldcg(x + j) * rs * bf2f(rt.nw[j]);
-    }
-}
-
-// A unit's share of the router (rx: its 16 new x values, shared; `pre`: the first experts'
-// weights, loaded before the wait when the unit is the block's first), then the count; the
-// last unit's block finishes the routing. Whole block must call it.
-__device__ __forceinline__ void tcg_route_unit(const TcgRoute& rt, int rows, int unit, int nunits,
-                                               const float* __restrict__ x, const float* rx,
-                                               const TcgRouteRaw& pre, bool have_pre) {
+// A unit's share of the router (rx: its 16 new x values, shared; `pre`: the first 128
+// experts' weights, loaded before the wait when the unit is the block's first), then the count;
+// the last unit's block finishes the routing. Whole block must call it.
+__device__ __noinline__ void tcg_route_unit(const TcgRoute& rt, int rows, int unit, int nunits,
+                                            const float* __restrict__ x, const float* rx,
+                                            const TcgRouteRaw& pre, bool have_pre) {
     __shared__ unsigned last_r;
+    __shared__ float vals[TCG_ROUTE_MAX_E + 1];
     const int half = threadIdx.x & 1, per = blockDim.x >> 1;
-    float* pu = rt.part + (size_t)unit * rt.pstride;
     for (int e0 = 0; e0 < rt.e; e0 += per) {
         TcgRouteRaw f = pre;
         if (!(have_pre && e0 == 0)) tcg_route_load(rt, rows, unit, e0, f);
@@ -426,17 +373,60 @@ __device__ __forceinline__ void tcg_route_unit(const TcgRoute& rt, int rows, int
         for (int i = 0; i < 8; ++i) p = fmaf(wf[i], rx[8 * half + i], p);
         p += __shfl_xor_sync(0xffffffffu, p, 1);
         const int e = e0 + (threadIdx.x >> 1);
-        if (!half && e < rt.e) pu[e] = p;
+        if (!half && e < rt.e) rt.part[(size_t)e * rt.pstride + unit] = p;
     }
-    if (threadIdx.x == blockDim.x - 1) {
+    if (threadIdx.x == 0) {
         float q = 0.0f;
         for (int i = 0; i < 16; ++i) q = fmaf(rx[i], rx[i], q);
-        pu[rt.e] = q;
+        rt.part[(size_t)rt.e * rt.pstride + unit] = q;
     }
     __syncthreads();
     if (threadIdx.x == 0) last_r = count_block_last(rt.cnt, nunits);
     __syncthreads();
-    if (last_r) tcg_route_finish(rt, rows, nunits, x);
+    if (!last_r) return;
+    // The last unit: row r of part (r < E: expert r's sum; r = E: the squares) by warp r % 8,
+    // its lanes each a float4 of units, then a warp sum: the same order whichever block is last.
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    const int n4 = rt.pstride >> 2;
+    float bias = threadIdx.x < rt.e ? bf2f(rt.b[threadIdx.x]) : 0.0f;
+    for (int r0 = warp; r0 <= rt.e; r0 += 4 * nw) {
+        float s[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const int r = r0 + j * nw;
+            if (r > rt.e) break;
+            const float4* pr = reinterpret_cast<const float4*>(rt.part + (size_t)r * rt.pstride);
+            for (int q = lane; q < n4; q += 32) {
+                const float4 v = __ldcg(pr + q);
+                const int u = 4 * q;
+                s[j] += (u < nunits ? v.x : 0.0f) + (u + 1 < nunits ? v.y : 0.0f) +
+                        (u + 2 < nunits ? v.z : 0.0f) + (u + 3 < nunits ? v.w : 0.0f);
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const int r = r0 + j * nw;
+            if (r > rt.e) break;
+            const float t = warp_sum(s[j]);
+            if (lane == 0) vals[r] = t;
+        }
+    }
+    __syncthreads();
+    const float rs = rsqrtf(vals[rt.e] / (float)rows + rt.eps);
+    __syncthreads();  // every thread has read the squares before vals[E] may be overwritten
+    for (int e = threadIdx.x; e < rt.e; e += blockDim.x) {
+        if (e >= (int)blockDim.x) bias = bf2f(rt.b[e]);
+        const float l = vals[e] * rs + bias;
+        vals[e] = l;
+        rt.logits[e] = l;
+    }
+    __syncthreads();
+    if (warp == 0) {
+        topk_softmax_vals(rt.e, rt.k, rt.idx, rt.wts, vals);
+    } else {
+        for (int c = threadIdx.x - 32; c < rows; c += blockDim.x - 32)
+            rt.h[c] = __ldcg(x + c) * rs * bf2f(rt.nw[c]);
+    }
 }
 
 // Dense projections. grid = (row-tile blocks, ceil(tokens / (8 TN)), K splits), block = 32 *

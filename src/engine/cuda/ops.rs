@@ -411,15 +411,15 @@ pub struct RouteFold {
     pub part: u64,
 }
 
-/// Row stride of a folded router's partial sums: one row a unit of 16 hidden rows, of the
-/// experts' sums and the squares, rounded up to whole 16-byte words.
-fn route_fold_stride(experts: usize) -> usize {
-    (experts + 1).next_multiple_of(4)
+/// Row stride of a folded router's partial sums: one float a unit of 16 hidden rows, rounded
+/// up to whole 16-byte words.
+fn route_fold_stride(hidden: usize) -> usize {
+    hidden.div_ceil(16).next_multiple_of(4)
 }
 
 /// Floats of a folded router's partial sums for `experts` and `hidden`.
 pub fn route_fold_part_len(experts: usize, hidden: usize) -> usize {
-    hidden.div_ceil(16) * route_fold_stride(experts)
+    (experts + 1) * route_fold_stride(hidden)
 }
 
 /// Whether the o projection of `rows` (the hidden size) × `cols` can take the router folded
@@ -507,7 +507,7 @@ pub fn o_proj_routed(
         i(route.experts)?,
         i(route.topk.k)?,
         Arg::Ptr(route.part),
-        i(route_fold_stride(route.experts))?,
+        i(route_fold_stride(rows))?,
         Arg::Ptr(route.topk.counter),
         Arg::Ptr(route.logits),
         Arg::Ptr(route.norm.out),
