@@ -333,56 +333,6 @@ __device__ __forceinline__ void bf16x8_to_f32(uint4 w, float* o) {
     o[6] = __uint_as_float(w.w << 16); o[7] = __uint_as_float(w.w & 0xffff0000u);
 }
 
-// wf *= the eight norm weights nv (bf16): the folded norm's scaling of a chunk's weights.
-__device__ __forceinline__ void scale8_by_norm(float (&wf)[8], uint4 nv) {
-    float nf[8];
-    bf16x8_to_f32(nv, nf);
-#pragma unroll
-    for (int e = 0; e < 8; ++e) wf[e] *= nf[e];
-}
-
-// Router top-k: the k largest logits of a token (ties: lower expert index first) and the
-// softmax over those k only, by one warp. topk_softmax_vals takes the logits already in `vals`
-// (shared scratch of n_experts floats, which it overwrites); topk_softmax_warp first loads them
-// past L1 (other blocks wrote them). The router GEMV (gemv_bf16_wide) runs this in its last
-// block to finish, and the o projection with the router folded in (gemv_tc_*_route) in its
-// last unit's block, so routing costs no launch of its own.
-__device__ void topk_softmax_vals(int n_experts, int k, int* __restrict__ idx,
-                                  float* __restrict__ weights, float* vals) {
-    const int lane = threadIdx.x & 31;
-    float top_v[32];
-    int top_i[32];
-    for (int s = 0; s < k; ++s) {
-        float bv = -INFINITY;
-        int bi = 0x7fffffff;
-        for (int e = lane; e < n_experts; e += 32) take_better(bv, bi, vals[e], e);
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1)
-            take_better(bv, bi, __shfl_xor_sync(0xffffffffu, bv, o), __shfl_xor_sync(0xffffffffu, bi, o));
-        if (bi >= n_experts) bi = 0;  // only NaN/-inf left: stay in bounds, NaN shows downstream
-        top_v[s] = bv;
-        top_i[s] = bi;
-        __syncwarp();
-        if (lane == 0) vals[bi] = -INFINITY;
-        __syncwarp();
-    }
-    if (lane != 0) return;
-    float sum = 0.0f;
-    for (int s = 0; s < k; ++s) sum += expf(top_v[s] - top_v[0]);
-    for (int s = 0; s < k; ++s) {
-        idx[s] = top_i[s];
-        weights[s] = expf(top_v[s] - top_v[0]) / sum;
-    }
-}
-
-__device__ void topk_softmax_warp(const float* logits, int n_experts, int k, int* __restrict__ idx,
-                                  float* __restrict__ weights, float* vals) {
-    const int lane = threadIdx.x & 31;
-    for (int e = lane; e < n_experts; e += 32) vals[e] = __ldcg(logits + e);
-    __syncwarp();
-    topk_softmax_vals(n_experts, k, idx, weights, vals);
-}
-
 // Eight MXFP4 elements (one 32-bit word: element i in bits 4i..4i+3) to four bf16 pairs
 // (element 2j in the low half of p[j]), with byte permutes instead of a table in memory: the
 // magnitude's two bf16 bytes are looked up for four elements per PRMT and the sign bits moved

@@ -22,6 +22,14 @@ __device__ __forceinline__ void dot8_add(const float (&wf)[8], float4 a, float4 
               b.x * b.x + b.y * b.y + b.z * b.z + b.w * b.w;
 }
 
+// wf *= the eight norm weights nv (bf16): the folded norm's scaling of a chunk's weights.
+__device__ __forceinline__ void scale8_by_norm(float (&wf)[8], uint4 nv) {
+    float nf[8];
+    bf16x8_to_f32(nv, nf);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) wf[e] *= nf[e];
+}
+
 // acc[t] += wf · x[t, 8c … 8c + 7] for tokens t < nt (token t at x + t * cols), and with SQ
 // ss[t] += the squares of those x: the 8-element step both partial-sum loops take.
 // NT: the most tokens a block takes (GEMV_MAX_TOKENS; 1 for the one-token router, whose code
@@ -200,6 +208,40 @@ __device__ __forceinline__ void write_normed_slice(const float* __restrict__ x, 
     int c0, c1;
     normed_slice(cols, c0, c1);
     write_normed<NT>(x, nw, x_out, cols, nt, rs, c0 + lane, c1, nlanes);
+}
+
+// Router top-k: the k largest logits of a token (ties: lower expert index first) and the
+// softmax over those k only, by one warp; `vals` is shared scratch of n_experts floats. The
+// router GEMV (gemv_bf16_wide) runs this in its last block to finish, so routing costs no
+// launch of its own. Logits are read past L1 (other blocks wrote them).
+__device__ void topk_softmax_warp(const float* logits, int n_experts, int k, int* __restrict__ idx,
+                                  float* __restrict__ weights, float* vals) {
+    const int lane = threadIdx.x & 31;
+    for (int e = lane; e < n_experts; e += 32) vals[e] = __ldcg(logits + e);
+    __syncwarp();
+    float top_v[32];
+    int top_i[32];
+    for (int s = 0; s < k; ++s) {
+        float bv = -INFINITY;
+        int bi = 0x7fffffff;
+        for (int e = lane; e < n_experts; e += 32) take_better(bv, bi, vals[e], e);
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1)
+            take_better(bv, bi, __shfl_xor_sync(0xffffffffu, bv, o), __shfl_xor_sync(0xffffffffu, bi, o));
+        if (bi >= n_experts) bi = 0;  // only NaN/-inf left: stay in bounds, NaN shows downstream
+        top_v[s] = bv;
+        top_i[s] = bi;
+        __syncwarp();
+        if (lane == 0) vals[bi] = -INFINITY;
+        __syncwarp();
+    }
+    if (lane != 0) return;
+    float sum = 0.0f;
+    for (int s = 0; s < k; ++s) sum += expf(top_v[s] - top_v[0]);
+    for (int s = 0; s < k; ++s) {
+        idx[s] = top_i[s];
+        weights[s] = expf(top_v[s] - top_v[0]) / sum;
+    }
 }
 
 // One warp per row. NORM is a template parameter so each entry point is compiled for its own

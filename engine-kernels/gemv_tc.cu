@@ -309,126 +309,6 @@ __device__ __forceinline__ float tcg_sum(float (*red)[16][8 * TN], int row, int 
     return s;
 }
 
-// The router folded into the o projection at batch 1 (gemv_tc_*_t8_route): the router's
-// logits are W_r · RMSNorm(x) · norm_w + b_r over the new residual x this kernel writes, and
-// since the norm's 1 / rms is one factor of the whole row, each unit's block can add its own
-// 16 rows of x into the dot products before anyone knows the rms (the router GEMV folds the
-// norm the same way, gemv_partial): part[e][unit] = sum over the unit's rows j of
-// (W_r[e, j] norm_w[j]) x[j], and part[E][unit] = sum of x[j]^2. The last unit's block to
-// finish (counted in cnt, reset by it) adds each row of part over the units in a fixed order,
-// scales by the rms, adds the bias, writes the logits, routes (topk_softmax_vals) and writes
-// the MoE's input h = x · rs · norm_w: the router costs no launch, no reading of x again and no
-// second count. Batch 1 only (one token a launch): the host checks.
-struct TcgRoute {
-    const bf16_t* __restrict__ w;   // [E][rows]
-    const bf16_t* __restrict__ b;   // [E]
-    const bf16_t* __restrict__ nw;  // [rows], the MoE's norm weights
-    float eps;
-    int e;                          // experts
-    int k;                          // top-k
-    float* __restrict__ part;       // [E + 1][pstride]
-    int pstride;                    // a multiple of 4, >= the units
-    unsigned* __restrict__ cnt;
-    float* __restrict__ logits;     // [E]
-    float* __restrict__ h;          // [rows]
-    int* __restrict__ idx;          // [k]
-    float* __restrict__ wts;        // [k]
-};
-// Most experts the folded router takes (its shared logits).
-#define TCG_ROUTE_MAX_E 256
-
-// Thread (e = tid / 2, half = tid % 2) of a unit's router partial: the 8 weights of expert e at
-// the unit's rows 8 half … 8 half + 7 and their norm weights (zero past the rows).
-struct TcgRouteRaw {
-    uint4 w, n;
-};
-__device__ __forceinline__ void tcg_route_load(const TcgRoute& rt, int rows, int unit, int e0,
-                                               TcgRouteRaw& f) {
-    const int e = e0 + (threadIdx.x >> 1), c = unit * 16 + 8 * (threadIdx.x & 1);
-    if (e < rt.e && c + 8 <= rows) {
-        f.w = __ldg(reinterpret_cast<const uint4*>(rt.w + (size_t)e * rows + c));
-        f.n = __ldg(reinterpret_cast<const uint4*>(rt.nw + c));
-    } else {
-        f.w = f.n = make_uint4(0u, 0u, 0u, 0u);
-    }
-}
-
-// A unit's share of the router (rx: its 16 new x values, shared; `pre`: the first 128
-// experts' weights, loaded before the wait when the unit is the block's first), then the count;
-// the last unit's block finishes the routing. Whole block must call it.
-__device__ __noinline__ void tcg_route_unit(const TcgRoute& rt, int rows, int unit, int nunits,
-                                            const float* __restrict__ x, const float* rx,
-                                            const TcgRouteRaw& pre, bool have_pre) {
-    __shared__ unsigned last_r;
-    __shared__ float vals[TCG_ROUTE_MAX_E + 1];
-    const int half = threadIdx.x & 1, per = blockDim.x >> 1;
-    for (int e0 = 0; e0 < rt.e; e0 += per) {
-        TcgRouteRaw f = pre;
-        if (!(have_pre && e0 == 0)) tcg_route_load(rt, rows, unit, e0, f);
-        float wf[8];
-        bf16x8_to_f32(f.w, wf);
-        scale8_by_norm(wf, f.n);
-        float p = 0.0f;
-#pragma unroll
-        for (int i = 0; i < 8; ++i) p = fmaf(wf[i], rx[8 * half + i], p);
-        p += __shfl_xor_sync(0xffffffffu, p, 1);
-        const int e = e0 + (threadIdx.x >> 1);
-        if (!half && e < rt.e) rt.part[(size_t)e * rt.pstride + unit] = p;
-    }
-    if (threadIdx.x == 0) {
-        float q = 0.0f;
-        for (int i = 0; i < 16; ++i) q = fmaf(rx[i], rx[i], q);
-        rt.part[(size_t)rt.e * rt.pstride + unit] = q;
-    }
-    __syncthreads();
-    if (threadIdx.x == 0) last_r = count_block_last(rt.cnt, nunits);
-    __syncthreads();
-    if (!last_r) return;
-    // The last unit: row r of part (r < E: expert r's sum; r = E: the squares) by warp r % 8,
-    // its lanes each a float4 of units, then a warp sum: the same order whichever block is last.
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    const int n4 = rt.pstride >> 2;
-    float bias = threadIdx.x < rt.e ? bf2f(rt.b[threadIdx.x]) : 0.0f;
-    for (int r0 = warp; r0 <= rt.e; r0 += 4 * nw) {
-        float s[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-            const int r = r0 + j * nw;
-            if (r > rt.e) break;
-            const float4* pr = reinterpret_cast<const float4*>(rt.part + (size_t)r * rt.pstride);
-            for (int q = lane; q < n4; q += 32) {
-                const float4 v = __ldcg(pr + q);
-                const int u = 4 * q;
-                s[j] += (u < nunits ? v.x : 0.0f) + (u + 1 < nunits ? v.y : 0.0f) +
-                        (u + 2 < nunits ? v.z : 0.0f) + (u + 3 < nunits ? v.w : 0.0f);
-            }
-        }
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-            const int r = r0 + j * nw;
-            if (r > rt.e) break;
-            const float t = warp_sum(s[j]);
-            if (lane == 0) vals[r] = t;
-        }
-    }
-    __syncthreads();
-    const float rs = rsqrtf(vals[rt.e] / (float)rows + rt.eps);
-    __syncthreads();  // every thread has read the squares before vals[E] may be overwritten
-    for (int e = threadIdx.x; e < rt.e; e += blockDim.x) {
-        if (e >= (int)blockDim.x) bias = bf2f(rt.b[e]);
-        const float l = vals[e] * rs + bias;
-        vals[e] = l;
-        rt.logits[e] = l;
-    }
-    __syncthreads();
-    if (warp == 0) {
-        topk_softmax_vals(rt.e, rt.k, rt.idx, rt.wts, vals);
-    } else {
-        for (int c = threadIdx.x - 32; c < rows; c += blockDim.x - 32)
-            rt.h[c] = __ldcg(x + c) * rs * bf2f(rt.nw[c]);
-    }
-}
-
 // Dense projections. grid = (row-tile blocks, ceil(tokens / (8 TN)), K splits), block = 32 *
 // TCG_WARPS; dynamic shared memory = tc_gemv_smem (ops.rs): min(tokens, 8 TN) staged rows of
 // (cols + TCG_XPAD) bf16, then the staging's squares. cols a multiple of E (16 bf16, 32 MXFP4).
@@ -447,17 +327,14 @@ __device__ __noinline__ void tcg_route_unit(const TcgRoute& rt, int rows, int un
 // reset by it) adds part[0] + part[1] in that order: deterministic whichever finishes first.
 // The entry points load the first chunks (tcg_prefetch: immutable weights only) before
 // pdl_enter(), then run the body.
-template <class W, int TN, int TT, bool ROUTE = false>
+template <class W, int TN, int TT>
 __device__ __forceinline__ void gemv_tc_body(const W wp, typename W::Raw (&cur)[W::S],
                                              const bf16_t* __restrict__ bias,
                                              const float* __restrict__ x, float* __restrict__ y,
                                              int rows, int cols, int tokens, int accumulate,
                                              const bf16_t* __restrict__ norm_w, float eps,
                                              float* __restrict__ x_out, float* __restrict__ part,
-                                             unsigned* __restrict__ cnt,
-                                             const TcgRoute* rt = nullptr,
-                                             const TcgRouteRaw* rpre = nullptr) {
-    __shared__ float rx[ROUTE ? 16 : 1];
+                                             unsigned* __restrict__ cnt) {
     extern __shared__ __align__(16) unsigned char tcg_smem[];
     __shared__ float red[TCG_WARPS][16][8 * TN];
     __shared__ float rs_s[TCG_TOKENS];
@@ -523,15 +400,7 @@ __device__ __forceinline__ void gemv_tc_body(const W wp, typename W::Raw (&cur)[
                 if (accumulate) e_y = y[(size_t)(t0 + e_tok) * rows + e_r];
             }
             const float s = sum * rs_s[e_tok] + e_bias;
-            const float v = accumulate ? e_y + s : s;
-            y[(size_t)(t0 + e_tok) * rows + e_r] = v;
-            if (ROUTE && e_tok == 0) rx[e_row] = v;
-        } else if (ROUTE && e_tok == 0 && threadIdx.x < UR * 8 * TN) {
-            rx[e_row] = 0.0f;  // past the rows
-        }
-        if (ROUTE) {
-            __syncthreads();
-            tcg_route_unit(*rt, rows, unit, nunits, y, rx, *rpre, unit == (int)blockIdx.x);
+            y[(size_t)(t0 + e_tok) * rows + e_r] = accumulate ? e_y + s : s;
         }
         if (next < nunits) __syncthreads();  // red is written again by the next unit
     }
@@ -564,36 +433,6 @@ __device__ __forceinline__ void gemv_tc_body(const W wp, typename W::Raw (&cur)[
                                       norm_w, eps, x_out, part, cnt);                          \
     }
 GEMV_TC_BF16(gemv_tc_bf16_t8, 1, 1, TCG_MINB_T8)
-// The one-token o projection with the router folded in (TcgRoute): the plain entries' arguments,
-// then the router's. The first unit's router weights are loaded before the wait too.
-#define TCG_ROUTE_PARAMS                                                                       \
-    const bf16_t *__restrict__ r_w, const bf16_t *__restrict__ r_b,                            \
-        const bf16_t *__restrict__ r_nw, float r_eps, int r_e, int r_k,                        \
-        float *__restrict__ r_part, int r_pstride, unsigned *__restrict__ r_cnt,               \
-        float *__restrict__ r_logits, float *__restrict__ r_h, int *__restrict__ r_idx,        \
-        float *__restrict__ r_wts
-#define TCG_ROUTE_PRE                                                                          \
-    const TcgRoute rt{r_w, r_b, r_nw, r_eps, r_e, r_k, r_part, r_pstride, r_cnt, r_logits,     \
-                      r_h, r_idx, r_wts};                                                      \
-    TcgRouteRaw rpre;                                                                          \
-    tcg_route_load(rt, rows, blockIdx.x, 0, rpre);
-extern "C" __global__ void __launch_bounds__(32 * TCG_WARPS, TCG_MINB_T8)
-gemv_tc_bf16_t8_route(const bf16_t* __restrict__ w, const bf16_t* __restrict__ bias,
-                      const float* __restrict__ x, float* __restrict__ y, int rows, int cols,
-                      int tokens, int accumulate, const bf16_t* __restrict__ norm_w, float eps,
-                      float* __restrict__ x_out, float* __restrict__ part,
-                      unsigned* __restrict__ cnt, TCG_ROUTE_PARAMS) {
-    const TcgBf16 wp{w, cols};
-    TcgBf16::Raw cur[TcgBf16::S];
-    const int nch = tcg_nchunks<TcgBf16>(cols);
-    const int c_lo = tcg_chunk_lo(nch), c_hi = tcg_chunk_hi(nch);
-    tcg_prefetch<TcgBf16, 1>(wp, TCG_FIRST_ROW(1), rows, c_lo, c_hi, cur);
-    TCG_ROUTE_PRE
-    pdl_enter_as(TCG_TRIGGER);
-    gemv_tc_body<TcgBf16, 1, 1, true>(wp, cur, bias, x, y, rows, cols, tokens, accumulate, norm_w,
-                                      eps, x_out, part, cnt, &rt, &rpre);
-}
-
 GEMV_TC_BF16(gemv_tc_bf16_t8_r32, 1, 2, TCG_MINB_T8)
 GEMV_TC_BF16(gemv_tc_bf16_t16, 2, 1, TCG_MINB)
 
@@ -616,22 +455,6 @@ GEMV_TC_BF16(gemv_tc_bf16_t16, 2, 1, TCG_MINB)
 GEMV_TC_FP4(gemv_tc_fp4_t8, 1, 1, TCG_MINB_T8)
 GEMV_TC_FP4(gemv_tc_fp4_t8_r32, 1, 2, TCG_MINB_T8)
 GEMV_TC_FP4(gemv_tc_fp4_t16, 2, 1, TCG_MINB)
-extern "C" __global__ void __launch_bounds__(32 * TCG_WARPS, TCG_MINB_T8)
-gemv_tc_fp4_t8_route(const u8* __restrict__ blocks, const u8* __restrict__ scales,
-                     const bf16_t* __restrict__ bias, const float* __restrict__ x,
-                     float* __restrict__ y, int rows, int cols, int tokens, int accumulate,
-                     const bf16_t* __restrict__ norm_w, float eps, float* __restrict__ x_out,
-                     float* __restrict__ part, unsigned* __restrict__ cnt, TCG_ROUTE_PARAMS) {
-    const TcgFp4 wp{blocks, scales, cols};
-    TcgFp4::Raw cur[TcgFp4::S];
-    const int nch = tcg_nchunks<TcgFp4>(cols);
-    const int c_lo = tcg_chunk_lo(nch), c_hi = tcg_chunk_hi(nch);
-    tcg_prefetch<TcgFp4, 1>(wp, TCG_FIRST_ROW(1), rows, c_lo, c_hi, cur);
-    TCG_ROUTE_PRE
-    pdl_enter_as(TCG_TRIGGER);
-    gemv_tc_body<TcgFp4, 1, 1, true>(wp, cur, bias, x, y, rows, cols, tokens, accumulate, norm_w,
-                                     eps, x_out, part, cnt, &rt, &rpre);
-}
 
 // ---- MoE decode on tensor cores: each distinct expert of a group of up to 16 tokens is read
 // once, its routed (token, slot) pairs as the n dimension (the grouping: tcg_group in

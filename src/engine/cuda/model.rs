@@ -62,9 +62,6 @@ struct RowBufs {
     topk_ctr: CudaSlice<u32>,
     /// The decode MoE's per-(row range, token) slot counters (kept zeroed by the kernel).
     moe_ctr: CudaSlice<u32>,
-    /// The router folded into the o projection at batch 1: its units' partial sums
-    /// ([`ops::route_fold_part_len`]).
-    route_part: CudaSlice<f32>,
 }
 
 impl RowBufs {
@@ -93,7 +90,6 @@ impl RowBufs {
             part: g.alloc(rows * k * hid)?,
             topk_ctr: g.alloc(ops::topk_counters(rows))?,
             moe_ctr: g.alloc(ops::moe_counters(hid, rows))?,
-            route_part: g.alloc(ops::route_fold_part_len(e, hid))?,
         })
     }
 
@@ -300,8 +296,6 @@ pub struct Decoder {
     grouped: ops::GroupedKernels,
     /// Whether batch 1 routes through `gemv_router_t1` ([`ops::ROUTER_T1_ENV`]).
     router_t1: bool,
-    /// Whether batch 1 folds the router into the o projection ([`ops::ROUTER_FOLD_ENV`]).
-    router_fold: bool,
 }
 
 /// The MoE's sizes and SwiGLU constants from the config.
@@ -398,7 +392,6 @@ impl Decoder {
         let prefill_gemm_cp = ops::prefill_gemm_cp_from_env()?;
         let grouped = ops::GroupedKernels::from_env()?;
         let router_t1 = ops::router_t1_enabled()?;
-        let router_fold = ops::router_fold_enabled()?;
         Ok(Self {
             cfg: cfg.clone(),
             w,
@@ -434,7 +427,6 @@ impl Decoder {
             prefill_gemm_cp,
             grouped,
             router_t1,
-            router_fold,
             attn,
         })
     }
@@ -757,46 +749,7 @@ impl Decoder {
             }
             mark(StepGroup::Attention.label(false))?;
             let o_w = lw.o_w.dev(g);
-            let mlp_norm = Norm {
-                w: g.ptr(&lw.mlp_norm),
-                eps: sh.eps,
-                out: p(&r.h),
-            };
-            // Batch 1: the router folded into the o projection (one launch fewer a layer).
-            let fold = n == 1
-                && self.router_fold
-                && self.runs(StepGroup::O)
-                && self.runs(StepGroup::Router)
-                && ops::route_fold_fits(
-                    g,
-                    self.opts.gemv,
-                    o_w,
-                    hid,
-                    hq * d,
-                    c.num_local_experts,
-                    c.num_experts_per_tok,
-                )?;
-            if fold {
-                let route = ops::RouteFold {
-                    w: g.ptr(&lw.router_w),
-                    b: g.ptr(&lw.router_b),
-                    experts: c.num_local_experts,
-                    norm: mlp_norm,
-                    logits: p(&r.r_logits),
-                    topk: self.topk(g, r, li),
-                    part: p(&r.route_part),
-                };
-                ops::o_proj_routed(
-                    g,
-                    o_w,
-                    Some(g.ptr(&lw.o_b)),
-                    p(&r.attn),
-                    p(&r.x),
-                    hid,
-                    hq * d,
-                    &route,
-                )?;
-            } else if self.runs(StepGroup::O) {
+            if self.runs(StepGroup::O) {
                 ops::dense_gemv(
                     g,
                     self.opts.gemv,
@@ -812,7 +765,12 @@ impl Decoder {
                 )?;
             }
             mark(StepGroup::O.label(o_w.is_mxfp4()))?;
-            if self.runs(StepGroup::Router) && !fold {
+            let mlp_norm = Norm {
+                w: g.ptr(&lw.mlp_norm),
+                eps: sh.eps,
+                out: p(&r.h),
+            };
+            if self.runs(StepGroup::Router) {
                 ops::router(
                     g,
                     g.ptr(&lw.router_w),
