@@ -737,6 +737,10 @@ __device__ __forceinline__ void gqa_tc_split(const float* __restrict__ q, const 
     }
 }
 
+// Experiment knob (MXTUNE_KERNEL_DEFINES=ATTN_TC_KV=0): compile one cache kind's path only.
+#ifndef ATTN_TC_KV
+#define ATTN_TC_KV -1
+#endif
 // grid = (Hkv, nsplit, T), block = ATC_WARPS warps; kv is KV_BF16 or KV_FP8 (the host checks).
 // Dynamic shared memory: ATC_WARPS * (4 * ATC_KT * (d * element bytes + 16) + (fp8:
 // ATC_KT * (d + 8) * 2)) bytes (ops.rs gqa_tc_smem).
@@ -756,7 +760,7 @@ attn_split_gqa_tc(const float* __restrict__ q, const void* __restrict__ k_cache,
     pdl_enter_as(attn_trigger_mode(out_final));
     const u8* kc = static_cast<const u8*>(k_cache);
     const u8* vc = static_cast<const u8*>(v_cache);
-    if (kv == KV_FP8)
+    if (ATTN_TC_KV == KV_FP8 || (ATTN_TC_KV < 0 && kv == KV_FP8))
         gqa_tc_split<true>(q, kc, vc, p_early, off_early, part_m, part_l, part_acc, hq, hkv, d,
                            window, min_split, scale, sink_s, out_final);
     else
