@@ -78,6 +78,7 @@ pub const KERNEL_FILES: &[KernelFile] = &[
             "attn_split",
             "attn_split_gqa",
             "attn_split_gqa_tc",
+            "attn_split_gqa_tc_fp8",
             "attn_combine"
         ]
     ),

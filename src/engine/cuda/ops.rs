@@ -866,10 +866,10 @@ pub enum AttnKernel {
     PerHead,
     /// `attn_split_gqa`: one block per (KV head, split) for all the query heads sharing it.
     Gqa,
-    /// `attn_split_gqa_tc`: the same blocks on tensor cores (bf16 or fp8 cache, head dims 32
-    /// or 64, up to 16 query heads per KV head), each warp's next tile of K and V rows copied
-    /// into shared memory (cp.async) while it works on the current one. Needs
-    /// [`gqa_tc_smem`] bytes of dynamic shared memory.
+    /// `attn_split_gqa_tc` (`attn_split_gqa_tc_fp8` for an fp8 cache): the same blocks on
+    /// tensor cores (bf16 or fp8 cache, head dims 32 or 64, up to 16 query heads per KV head),
+    /// each warp's next tile of K and V rows copied into shared memory (cp.async) while it
+    /// works on the current one. Needs [`gqa_tc_smem`] bytes of dynamic shared memory.
     GqaTc,
 }
 
@@ -895,7 +895,16 @@ pub fn gqa_tc_fits(g: &Gpu, s: AttnShape, kv: KvDtype) -> Result<bool> {
     Ok(matches!(kv, KvDtype::Bf16 | KvDtype::Fp8)
         && (s.d == 32 || s.d == 64)
         && s.hq / s.hkv <= ATTN_TC_MAX_G
-        && gqa_tc_smem(s, kv) <= g.dynamic_shared_limit("attn_split_gqa_tc")?)
+        && gqa_tc_smem(s, kv) <= g.dynamic_shared_limit(gqa_tc_kernel(kv))?)
+}
+
+/// The `attn_split_gqa_tc` entry of cache kind `kv`: each kind's path is its own kernel.
+fn gqa_tc_kernel(kv: KvDtype) -> &'static str {
+    if kv == KvDtype::Fp8 {
+        "attn_split_gqa_tc_fp8"
+    } else {
+        "attn_split_gqa_tc"
+    }
 }
 
 impl AttnKernel {
@@ -1073,12 +1082,7 @@ pub fn attention(
                 s.d,
                 s.hq / s.hkv
             );
-            (
-                "attn_split_gqa_tc",
-                s.hkv,
-                ATTN_GQA_WARPS,
-                gqa_tc_smem(s, kv),
-            )
+            (gqa_tc_kernel(kv), s.hkv, ATTN_GQA_WARPS, gqa_tc_smem(s, kv))
         }
         AttnKernel::PerHead => ("attn_split", s.hq, ATTN_WARPS, 0),
     };
