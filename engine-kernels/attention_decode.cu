@@ -740,7 +740,7 @@ __device__ __forceinline__ void gqa_tc_split(const float* __restrict__ q, const 
 // grid = (Hkv, nsplit, T), block = ATC_WARPS warps. One entry per cache kind, each holding
 // only its own path (kv, KV_BF16 or KV_FP8, is the entry's own: the host checks): the kernel
 // of both kinds was 4096 instructions, the bf16 one alone 2736, and the smaller code ran
-// 0.4-0.6 % faster steps (docs/perf.md run 228) — a kernel's code is fetched on the critical
+// steps 0.2-0.6 % faster (docs/perf.md runs 227-228) — a kernel's code is fetched on the critical
 // path as its blocks start. Before the wait: the (immutable) sinks, and the row's position and
 // cache offset (step inputs), so that after it the key range and the first K/V copies wait on
 // no load.
