@@ -327,18 +327,14 @@ __device__ __forceinline__ float tcg_sum(float (*red)[16][8 * TN], int row, int 
 // reset by it) adds part[0] + part[1] in that order: deterministic whichever finishes first.
 // The entry points load the first chunks (tcg_prefetch: immutable weights only) before
 // pdl_enter(), then run the body.
-// NORMC: whether a norm is folded in, known at compile time (1 yes, 0 no) or read from norm_w
-// (-1); a norm's GEMV never splits its K (the host checks), so NORMC = 1 compiles no split.
-template <class W, int TN, int TT, int NORMC = -1>
+template <class W, int TN, int TT>
 __device__ __forceinline__ void gemv_tc_body(const W wp, typename W::Raw (&cur)[W::S],
                                              const bf16_t* __restrict__ bias,
                                              const float* __restrict__ x, float* __restrict__ y,
                                              int rows, int cols, int tokens, int accumulate,
-                                             const bf16_t* __restrict__ norm_arg, float eps,
+                                             const bf16_t* __restrict__ norm_w, float eps,
                                              float* __restrict__ x_out, float* __restrict__ part,
                                              unsigned* __restrict__ cnt) {
-    const bf16_t* __restrict__ norm_w = NORMC == 0 ? nullptr : norm_arg;
-    if (NORMC == 1) __builtin_assume(norm_arg != nullptr);
     extern __shared__ __align__(16) unsigned char tcg_smem[];
     __shared__ float red[TCG_WARPS][16][8 * TN];
     __shared__ float rs_s[TCG_TOKENS];
@@ -348,7 +344,7 @@ __device__ __forceinline__ void gemv_tc_body(const W wp, typename W::Raw (&cur)[
     const int t0 = blockIdx.y * 8 * TN, nt = min(8 * TN, tokens - t0);
     const int c_lo = tcg_chunk_lo(tcg_nchunks<W>(cols)), c_hi = tcg_chunk_hi(tcg_nchunks<W>(cols));
     const int nunits = (rows + UR - 1) / UR;
-    const bool split = NORMC != 1 && gridDim.z > 1;
+    const bool split = gridDim.z > 1;
 
     const int stride = cols + TCG_XPAD;
     bf16_t* xs = reinterpret_cast<bf16_t*>(tcg_smem);
@@ -421,7 +417,7 @@ __device__ __forceinline__ void gemv_tc_body(const W wp, typename W::Raw (&cur)[
 #define TCG_FIRST_ROW(TT) \
     (blockIdx.x * 16 * (TT) + ((threadIdx.x >> 5) / (TCG_WARPS / (TT))) * 16 + ((threadIdx.x & 31) >> 2))
 
-#define GEMV_TC_BF16(name, TN, TT, MINB, NORMC)                                                      \
+#define GEMV_TC_BF16(name, TN, TT, MINB)                                                        \
     extern "C" __global__ void __launch_bounds__(32 * TCG_WARPS, MINB)                         \
     name(const bf16_t* __restrict__ w, const bf16_t* __restrict__ bias,                        \
          const float* __restrict__ x, float* __restrict__ y, int rows, int cols, int tokens,   \
@@ -433,18 +429,14 @@ __device__ __forceinline__ void gemv_tc_body(const W wp, typename W::Raw (&cur)[
         const int c_lo = tcg_chunk_lo(nch), c_hi = tcg_chunk_hi(nch);                          \
         tcg_prefetch<TcgBf16, TT>(wp, TCG_FIRST_ROW(TT), rows, c_lo, c_hi, cur);               \
         pdl_enter_as(TCG_TRIGGER);                                                             \
-        gemv_tc_body<TcgBf16, TN, TT, NORMC>(wp, cur, bias, x, y, rows, cols, tokens, accumulate, \
+        gemv_tc_body<TcgBf16, TN, TT>(wp, cur, bias, x, y, rows, cols, tokens, accumulate,     \
                                       norm_w, eps, x_out, part, cnt);                          \
     }
-// The one-tile 8-token kernels (batch 1-8: qkv and the lm_head with the norm, o without) come
-// as one entry with the norm and one without, each compiled for its case only: a kernel's code
-// is fetched on the critical path as its blocks start (docs/perf.md runs 225-229).
-GEMV_TC_BF16(gemv_tc_bf16_t8_norm, 1, 1, TCG_MINB_T8, 1)
-GEMV_TC_BF16(gemv_tc_bf16_t8, 1, 1, TCG_MINB_T8, 0)
-GEMV_TC_BF16(gemv_tc_bf16_t8_r32, 1, 2, TCG_MINB_T8, -1)
-GEMV_TC_BF16(gemv_tc_bf16_t16, 2, 1, TCG_MINB, -1)
+GEMV_TC_BF16(gemv_tc_bf16_t8, 1, 1, TCG_MINB_T8)
+GEMV_TC_BF16(gemv_tc_bf16_t8_r32, 1, 2, TCG_MINB_T8)
+GEMV_TC_BF16(gemv_tc_bf16_t16, 2, 1, TCG_MINB)
 
-#define GEMV_TC_FP4(name, TN, TT, MINB, NORMC)                                                       \
+#define GEMV_TC_FP4(name, TN, TT, MINB)                                                         \
     extern "C" __global__ void __launch_bounds__(32 * TCG_WARPS, MINB)                         \
     name(const u8* __restrict__ blocks, const u8* __restrict__ scales,                         \
          const bf16_t* __restrict__ bias, const float* __restrict__ x, float* __restrict__ y,  \
@@ -457,13 +449,12 @@ GEMV_TC_BF16(gemv_tc_bf16_t16, 2, 1, TCG_MINB, -1)
         const int c_lo = tcg_chunk_lo(nch), c_hi = tcg_chunk_hi(nch);                          \
         tcg_prefetch<TcgFp4, TT>(wp, TCG_FIRST_ROW(TT), rows, c_lo, c_hi, cur);                \
         pdl_enter_as(TCG_TRIGGER);                                                             \
-        gemv_tc_body<TcgFp4, TN, TT, NORMC>(wp, cur, bias, x, y, rows, cols, tokens, accumulate, \
+        gemv_tc_body<TcgFp4, TN, TT>(wp, cur, bias, x, y, rows, cols, tokens, accumulate,      \
                                      norm_w, eps, x_out, part, cnt);                           \
     }
-GEMV_TC_FP4(gemv_tc_fp4_t8_norm, 1, 1, TCG_MINB_T8, 1)
-GEMV_TC_FP4(gemv_tc_fp4_t8, 1, 1, TCG_MINB_T8, 0)
-GEMV_TC_FP4(gemv_tc_fp4_t8_r32, 1, 2, TCG_MINB_T8, -1)
-GEMV_TC_FP4(gemv_tc_fp4_t16, 2, 1, TCG_MINB, -1)
+GEMV_TC_FP4(gemv_tc_fp4_t8, 1, 1, TCG_MINB_T8)
+GEMV_TC_FP4(gemv_tc_fp4_t8_r32, 1, 2, TCG_MINB_T8)
+GEMV_TC_FP4(gemv_tc_fp4_t16, 2, 1, TCG_MINB)
 
 // ---- MoE decode on tensor cores: each distinct expert of a group of up to 16 tokens is read
 // once, its routed (token, slot) pairs as the n dimension (the grouping: tcg_group in

@@ -58,11 +58,9 @@ pub const KERNEL_FILES: &[KernelFile] = &[
         "gemv_tc.cu",
         [
             "gemv_tc_bf16_t8",
-            "gemv_tc_bf16_t8_norm",
             "gemv_tc_bf16_t8_r32",
             "gemv_tc_bf16_t16",
             "gemv_tc_fp4_t8",
-            "gemv_tc_fp4_t8_norm",
             "gemv_tc_fp4_t8_r32",
             "gemv_tc_fp4_t16",
             "moe_gate_up_tc_t8",

@@ -363,7 +363,7 @@ pub(crate) fn dense_gemv_tc(
         Arg::Ptr(cnt),
     ]);
     g.launch(
-        tc_gemv_kernel(format, plan.per_pass, plan.tiles_per_block, norm.is_some()),
+        tc_gemv_kernel(format, plan.per_pass, plan.tiles_per_block),
         (
             u(plan.grid_x)?,
             u(t.div_ceil(plan.per_pass))?,
@@ -376,19 +376,15 @@ pub(crate) fn dense_gemv_tc(
 }
 
 /// The tensor-core GEMV entry point of `format` ("bf16" or "fp4") taking `per_pass` tokens and
-/// `tiles` row tiles a block (more than one: 8 tokens a pass only), with a norm folded in or
-/// not: the one-tile 8-token kernel comes compiled for each case (`_t8_norm`, `_t8`: a third
-/// less code than one kernel for both, docs/perf.md run 229).
-fn tc_gemv_kernel(format: &str, per_pass: usize, tiles: usize, norm: bool) -> &'static str {
-    match (format == "bf16", per_pass == 8, tiles == 2, norm) {
-        (true, true, true, _) => "gemv_tc_bf16_t8_r32",
-        (true, true, false, true) => "gemv_tc_bf16_t8_norm",
-        (true, true, false, false) => "gemv_tc_bf16_t8",
-        (true, false, _, _) => "gemv_tc_bf16_t16",
-        (false, true, true, _) => "gemv_tc_fp4_t8_r32",
-        (false, true, false, true) => "gemv_tc_fp4_t8_norm",
-        (false, true, false, false) => "gemv_tc_fp4_t8",
-        (false, false, _, _) => "gemv_tc_fp4_t16",
+/// `tiles` row tiles a block (more than one: 8 tokens a pass only).
+fn tc_gemv_kernel(format: &str, per_pass: usize, tiles: usize) -> &'static str {
+    match (format == "bf16", per_pass == 8, tiles == 2) {
+        (true, true, true) => "gemv_tc_bf16_t8_r32",
+        (true, true, false) => "gemv_tc_bf16_t8",
+        (true, false, _) => "gemv_tc_bf16_t16",
+        (false, true, true) => "gemv_tc_fp4_t8_r32",
+        (false, true, false) => "gemv_tc_fp4_t8",
+        (false, false, _) => "gemv_tc_fp4_t16",
     }
 }
 
@@ -410,7 +406,7 @@ pub fn tc_gemv_launch_plan(
         None => tc_gemv_tiles_pref()?,
     };
     let slots = |per_pass: usize| -> Result<usize> {
-        let kernel = tc_gemv_kernel(format, per_pass, 1, norm);
+        let kernel = tc_gemv_kernel(format, per_pass, 1);
         let smem = tc_gemv_smem(cols, t.min(per_pass));
         Ok(g.resident_blocks(kernel, TCG_THREADS, smem)? * g.sms())
     };
@@ -3614,22 +3610,11 @@ mod tests {
         assert_eq!(fixed(4, 2), p(160, 1, 2));
         assert_eq!(
             [("bf16", 1), ("bf16", 2), ("fp4", 1), ("fp4", 2)]
-                .map(|(f, n)| tc_gemv_kernel(f, 8, n, false)),
+                .map(|(f, n)| tc_gemv_kernel(f, 8, n)),
             [
                 "gemv_tc_bf16_t8",
                 "gemv_tc_bf16_t8_r32",
                 "gemv_tc_fp4_t8",
-                "gemv_tc_fp4_t8_r32"
-            ]
-        );
-        // The one-tile kernel with the norm folded in is its own entry.
-        assert_eq!(
-            [("bf16", 1), ("bf16", 2), ("fp4", 1), ("fp4", 2)]
-                .map(|(f, n)| tc_gemv_kernel(f, 8, n, true)),
-            [
-                "gemv_tc_bf16_t8_norm",
-                "gemv_tc_bf16_t8_r32",
-                "gemv_tc_fp4_t8_norm",
                 "gemv_tc_fp4_t8_r32"
             ]
         );
