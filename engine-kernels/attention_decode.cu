@@ -739,11 +739,10 @@ __device__ __forceinline__ void gqa_tc_split(const float* __restrict__ q, const 
 
 // grid = (Hkv, nsplit, T), block = ATC_WARPS warps. One entry per cache kind, each holding
 // only its own path (kv, KV_BF16 or KV_FP8, is the entry's own: the host checks): the kernel
-// of both kinds was 4096 instructions, the bf16 one alone 2736, and the smaller code ran
-// steps 0.2-0.6 % faster (docs/perf.md runs 227-228) — a kernel's code is fetched on the critical
-// path as its blocks start. Before the wait: the (immutable) sinks, and the row's position and
-// cache offset (step inputs), so that after it the key range and the first K/V copies wait on
-// no load.
+// of both kinds was 4096 instructions and 1088 bytes of static shared memory, the bf16 one
+// alone is 2736 and 576, and steps ran 0.2-0.6 % faster with it (docs/perf.md runs 227-228).
+// Before the wait: the (immutable) sinks, and the row's position and cache offset (step
+// inputs), so that after it the key range and the first K/V copies wait on no load.
 // Dynamic shared memory: ATC_WARPS * (4 * ATC_KT * (d * element bytes + 16) + (fp8:
 // ATC_KT * (d + 8) * 2)) bytes (ops.rs gqa_tc_smem).
 #define ATTN_SPLIT_GQA_TC(name, FP8)                                                           \
