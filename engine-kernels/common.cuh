@@ -176,6 +176,30 @@ __device__ __forceinline__ bool count_block_last(unsigned* c, unsigned total) {
     return last;
 }
 
+// The decode MoE's expert announcements (`ready`, one u32 a (token, slot) pair, 0 = none):
+// the router's routing warp stores expert + 1 for each slot as soon as its top-k round picks
+// it, and each gate_up block of the pair polls its word before its wait, so it can issue its
+// first weight loads while the router's grid is still ending (the wait then only guards the
+// staged activations). The down kernel clears the words past its own wait, when no gate_up
+// block reads them any more. The word carries its own value: relaxed, gpu scope, no fence.
+// No deadlock: gate_up launches only once every router block has passed its wait (their
+// trigger), so the routing block is resident and runs to its end.
+__device__ __forceinline__ void moe_ready_set(unsigned* r, int e) {
+    asm volatile("st.relaxed.gpu.global.u32 [%0], %1;" ::"l"(r), "r"((unsigned)e + 1u) : "memory");
+}
+__device__ __forceinline__ int moe_ready_wait(const unsigned* r) {
+    __shared__ int ready_e;
+    if (threadIdx.x == 0) {
+        unsigned v;
+        do {
+            asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(r) : "memory");
+        } while (v == 0u);
+        ready_e = (int)v - 1;
+    }
+    __syncthreads();
+    return ready_e;
+}
+
 __device__ __forceinline__ float bf2f(bf16_t v) { return __uint_as_float(((unsigned)v) << 16); }
 
 // Round to nearest even, NaN stays NaN (quiet bit set).

@@ -215,7 +215,8 @@ __device__ __forceinline__ void write_normed_slice(const float* __restrict__ x, 
 // router GEMV (gemv_bf16_wide) runs this in its last block to finish, so routing costs no
 // launch of its own. Logits are read past L1 (other blocks wrote them).
 __device__ void topk_softmax_warp(const float* logits, int n_experts, int k, int* __restrict__ idx,
-                                  float* __restrict__ weights, float* vals) {
+                                  float* __restrict__ weights, float* vals,
+                                  unsigned* __restrict__ ready) {
     const int lane = threadIdx.x & 31;
     for (int e = lane; e < n_experts; e += 32) vals[e] = __ldcg(logits + e);
     __syncwarp();
@@ -231,6 +232,8 @@ __device__ void topk_softmax_warp(const float* logits, int n_experts, int k, int
         if (bi >= n_experts) bi = 0;  // only NaN/-inf left: stay in bounds, NaN shows downstream
         top_v[s] = bv;
         top_i[s] = bi;
+        // Announce slot s's expert to its gate_up blocks as soon as it is known.
+        if (ready && lane == 0) moe_ready_set(ready + s, bi);
         __syncwarp();
         if (lane == 0) vals[bi] = -INFINITY;
         __syncwarp();
@@ -327,7 +330,8 @@ __device__ __forceinline__ void gemv_wide_body(const bf16_t* __restrict__ w, con
                                                const bf16_t* __restrict__ norm_w, float eps,
                                                float* __restrict__ x_out, int* __restrict__ topk_idx,
                                                float* __restrict__ topk_w, int k,
-                                               unsigned* __restrict__ counter, int row0, int nr) {
+                                               unsigned* __restrict__ counter,
+                                               unsigned* __restrict__ ready, int row0, int nr) {
     extern __shared__ float vals[];
     __shared__ float part[R + 1][NT][8];
     __shared__ float rs_s[NT];
@@ -425,7 +429,8 @@ __device__ __forceinline__ void gemv_wide_body(const bf16_t* __restrict__ w, con
     if (!last_s) return;
     if (warp < nt)
         topk_softmax_warp(y + (size_t)(t0 + warp) * rows, rows, k, topk_idx + (size_t)(t0 + warp) * k,
-                          topk_w + (size_t)(t0 + warp) * k, vals + warp * rows);
+                          topk_w + (size_t)(t0 + warp) * k, vals + warp * rows,
+                          ready ? ready + (size_t)(t0 + warp) * k : nullptr);
 }
 
 #undef WIDE_NORM
@@ -438,14 +443,14 @@ __device__ __forceinline__ void gemv_wide_body(const bf16_t* __restrict__ w, con
          const float* __restrict__ x, float* __restrict__ y, int rows, int cols, int tokens,    \
          int accumulate, const bf16_t* __restrict__ norm_w, float eps,                          \
          float* __restrict__ x_out, int* __restrict__ topk_idx, float* __restrict__ topk_w,     \
-         int k, unsigned* __restrict__ counter, int rpb) {                                      \
+         int k, unsigned* __restrict__ counter, int rpb, unsigned* __restrict__ ready) {        \
         const int rpb_ = max(1, min(rpb, R));                                                   \
         const int row0 = blockIdx.x * rpb_, nr = min(rpb_, rows - row0);                        \
         if (GEMV_PREFETCH && blockIdx.y == 0) prefetch_l2(w + (size_t)row0 * cols, (size_t)nr * cols * 2, threadIdx.x, blockDim.x); \
         pdl_enter_as(MODE);                                                                     \
         gemv_wide_body<R, NT, NORMC, ANY_COLS>(w, bias, x, y, rows, cols, tokens, accumulate,  \
                                                norm_w, eps, x_out, topk_idx, topk_w, k, counter, \
-                                               row0, nr);                                       \
+                                               ready, row0, nr);                                \
     }
 GEMV_WIDE_ENTRY(gemv_bf16_wide, 1, GEMV_MAX_TOKENS, -1, true, ROUTER_TRIGGER)
 // The router of one token (batch 1), cols a multiple of 8: the same sums as gemv_bf16_wide,
@@ -549,6 +554,6 @@ router_rows(const bf16_t* __restrict__ w, const bf16_t* __restrict__ bias,
         const int t = t0 + r;
         if (t >= tokens) break;  // warp-uniform
         topk_softmax_warp(logits + (size_t)t * experts, experts, k, topk_idx + (size_t)t * k,
-                          topk_w + (size_t)t * k, vals + ty * experts);
+                          topk_w + (size_t)t * k, vals + ty * experts, nullptr);
     }
 }

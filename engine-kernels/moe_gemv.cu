@@ -409,12 +409,21 @@ __device__ __forceinline__ void moe_gate_up_body(const u8* __restrict__ blocks,
                                                  const float* __restrict__ x,
                                                  const int* __restrict__ idx,
                                                  float* __restrict__ act, int inter, int hidden,
-                                                 int k, float limit, float alpha, int units) {
+                                                 int k, float limit, float alpha, int units,
+                                                 const unsigned* __restrict__ ready) {
     u8* xs = reinterpret_cast<u8*>(moe_smem);
     const int lane = threadIdx.x & 31;
     const int j0 = (blockIdx.y * 8 + (threadIdx.x >> 5)) * units;
     const int s = blockIdx.x % k, t = blockIdx.x / k;
-    const int e = idx[t * k + s];
+    // With `ready` the router announces each pair's expert (moe_ready_wait): the block takes it
+    // and issues its first weight loads before its wait, which then only guards the staged x.
+    int e;
+    if (ready) {
+        e = moe_ready_wait(ready + t * k + s);
+    } else {
+        pdl_enter_as(GATE_UP_TRIGGER);
+        e = idx[t * k + s];
+    }
     const int nb = hidden >> 5, ni = (nb + 31) >> 5;
     const size_t rows = 2 * (size_t)inter;
     const uint4* be = reinterpret_cast<const uint4*>(blocks) + (size_t)e * rows * nb;
@@ -430,6 +439,7 @@ __device__ __forceinline__ void moe_gate_up_body(const u8* __restrict__ blocks,
         const int nu = min(units, inter - j0);  // this warp's units (none for a tail warp)
         MoeSlots w{be + 2 * (size_t)j0 * nb + lane, se + 2 * (size_t)j0 * nb + lane, nb, ni, lane};
         if (nu > 0) w.load_unit(0);
+        if (ready) pdl_enter_as(GATE_UP_TRIGGER);
         A::stage(x + (size_t)t * hidden, xs, hidden);
         __syncthreads();
         for (int uu = 0; uu < nu; ++uu) {
@@ -463,6 +473,7 @@ __device__ __forceinline__ void moe_gate_up_body(const u8* __restrict__ blocks,
     };
     fetch(0);
     fetch(1);
+    if (ready) pdl_enter_as(GATE_UP_TRIGGER);
     A::stage(x + (size_t)t * hidden, xs, hidden);
     __syncthreads();
     const int total = units * ni;
@@ -500,10 +511,9 @@ __device__ __forceinline__ void moe_gate_up_body(const u8* __restrict__ blocks,
     name(const u8* __restrict__ blocks, const u8* __restrict__ scales,                          \
          const bf16_t* __restrict__ bias, const float* __restrict__ x,                          \
          const int* __restrict__ idx, float* __restrict__ act, int inter, int hidden, int k,    \
-         float limit, float alpha, int units) {                                                 \
-        pdl_enter_as(GATE_UP_TRIGGER);                                                          \
+         float limit, float alpha, int units, const unsigned* __restrict__ ready) {             \
         moe_gate_up_body<policy, slots>(blocks, scales, bias, x, idx, act, inter, hidden, k,    \
-                                        limit, alpha, units);                                   \
+                                        limit, alpha, units, ready);                            \
     }
 MOE_GATE_UP_KERNEL(moe_gate_up_swiglu, ActF32, false, MOE_DECODE_MINB)
 MOE_GATE_UP_KERNEL(moe_gate_up_swiglu_q8, ActQ8, false, MOE_DECODE_MINB)
@@ -547,7 +557,8 @@ __device__ __forceinline__ void moe_down_body(const u8* __restrict__ blocks,
                                               const float* __restrict__ wts,
                                               float* __restrict__ part, int hidden, int inter,
                                               int k, int units, float* __restrict__ y,
-                                              int accumulate, unsigned* __restrict__ ctr) {
+                                              int accumulate, unsigned* __restrict__ ctr,
+                                              unsigned* __restrict__ ready) {
     u8* as = reinterpret_cast<u8*>(moe_smem);
     const int lane = threadIdx.x & 31;
     const int rw = (blockIdx.y * 8 + (threadIdx.x >> 5)) * 2 * units;  // the warp's first row
@@ -651,6 +662,9 @@ __device__ __forceinline__ void moe_down_body(const u8* __restrict__ blocks,
         }
     }
     }
+    // Past the wait gate_up has ended, so no block reads the pair's announcement any more:
+    // clear it for the next layer's router (moe_ready_wait).
+    if (ready && blockIdx.y == 0 && threadIdx.x == 0) ready[blockIdx.x] = 0u;
     // Publish this block's rows, then count it; the last slot block combines.
     __shared__ unsigned last_s;
     __syncthreads();
@@ -667,9 +681,9 @@ __device__ __forceinline__ void moe_down_body(const u8* __restrict__ blocks,
          const bf16_t* __restrict__ bias, const float* __restrict__ act,                        \
          const int* __restrict__ idx, const float* __restrict__ wts, float* __restrict__ part,  \
          int hidden, int inter, int k, int units, float* __restrict__ y, int accumulate,        \
-         unsigned* __restrict__ ctr) {                                                          \
+         unsigned* __restrict__ ctr, unsigned* __restrict__ ready) {                            \
         moe_down_body<policy, slots>(blocks, scales, bias, act, idx, wts, part, hidden, inter,  \
-                                     k, units, y, accumulate, ctr);                             \
+                                     k, units, y, accumulate, ctr, ready);                      \
     }
 MOE_DOWN_KERNEL(moe_down, ActF32, false, MOE_DECODE_MINB)
 MOE_DOWN_KERNEL(moe_down_q8, ActQ8, false, MOE_DECODE_MINB)

@@ -486,6 +486,12 @@ mod tests {
                     down_body_waits_after_immutable_reads(file.source);
                     continue;
                 }
+                if body.contains("moe_gate_up_body<") && !waits(body) {
+                    // The decode MoE's gate_up kernels wait inside their body: first, or,
+                    // with the router's expert announcements, after their first weights.
+                    gate_up_body_waits_before_its_input(file.source);
+                    continue;
+                }
                 if body.contains("moe_down_grp_body(") && !waits(body) {
                     // The grouped down kernel too, after grouping the expert ids.
                     grp_down_body_waits_after_immutable_reads(file.source);
@@ -583,6 +589,35 @@ mod tests {
         );
     }
 
+    /// `moe_gate_up_body`: without announcements it waits before reading the expert id; with
+    /// them the id comes from `moe_ready_wait` and each loop waits right before staging x, the
+    /// only earlier kernel's output it reads.
+    fn gate_up_body_waits_before_its_input(src: &str) {
+        let body = fn_body(src, "void moe_gate_up_body(");
+        assert!(
+            body.contains("} else {\n        pdl_enter_as(GATE_UP_TRIGGER);\n        e = idx["),
+            "moe_gate_up_body: no wait before the expert id without announcements"
+        );
+        let late = "if (ready) pdl_enter_as(GATE_UP_TRIGGER);";
+        let parts: Vec<&str> = body.split(late).collect();
+        assert_eq!(
+            parts.len(),
+            3,
+            "moe_gate_up_body: one late wait per loop kind"
+        );
+        assert!(
+            parts[0].contains("e = moe_ready_wait(ready") && !parts[0].contains("A::stage"),
+            "moe_gate_up_body: the announcement first, no staging before the late wait"
+        );
+        for after in &parts[1..] {
+            assert!(
+                after.trim_start().starts_with("A::stage(x"),
+                "moe_gate_up_body: the late wait must come right before the staging"
+            );
+        }
+        reads_no_earlier_output("moe_gate_up_body", parts[0]);
+    }
+
     /// `moe_down_grp_body` likewise: before its early wait only the grouping of the expert
     /// ids (`tcg_group`, which reads them by `__ldcg`), biases and weights.
     fn grp_down_body_waits_after_immutable_reads(src: &str) {
@@ -625,7 +660,9 @@ mod tests {
                 !written
                     || t.starts_with("A::stage")
                     || t.contains("#if")
-                    || t.contains("__ldcg(wts"),
+                    || t.contains("__ldcg(wts")
+                    // The router's expert announcement, which is what gate_up waits on there.
+                    || t.starts_with("e = moe_ready_wait(ready"),
                 "{name}: `{t}` reads an earlier kernel's output before its wait"
             );
         }

@@ -62,6 +62,9 @@ struct RowBufs {
     topk_ctr: CudaSlice<u32>,
     /// The decode MoE's per-(row range, token) slot counters (kept zeroed by the kernel).
     moe_ctr: CudaSlice<u32>,
+    /// The router's expert announcements to gate_up, [rows, k] ([`ops::TopK::ready`]; kept
+    /// zeroed between layers by the down kernel).
+    moe_ready: CudaSlice<u32>,
 }
 
 impl RowBufs {
@@ -90,6 +93,7 @@ impl RowBufs {
             part: g.alloc(rows * k * hid)?,
             topk_ctr: g.alloc(ops::topk_counters(rows))?,
             moe_ctr: g.alloc(ops::moe_counters(hid, rows))?,
+            moe_ready: g.alloc(rows * k)?,
         })
     }
 
@@ -296,6 +300,9 @@ pub struct Decoder {
     grouped: ops::GroupedKernels,
     /// Whether batch 1 routes through `gemv_router_t1` ([`ops::ROUTER_T1_ENV`]).
     router_t1: bool,
+    /// Whether the decode MoE takes the router's expert announcements
+    /// ([`ops::MOE_READY_ENV`]).
+    moe_ready: bool,
 }
 
 /// The MoE's sizes and SwiGLU constants from the config.
@@ -392,6 +399,7 @@ impl Decoder {
         let prefill_gemm_cp = ops::prefill_gemm_cp_from_env()?;
         let grouped = ops::GroupedKernels::from_env()?;
         let router_t1 = ops::router_t1_enabled()?;
+        let moe_ready = ops::moe_ready_enabled()?;
         Ok(Self {
             cfg: cfg.clone(),
             w,
@@ -427,6 +435,7 @@ impl Decoder {
             prefill_gemm_cp,
             grouped,
             router_t1,
+            moe_ready,
             attn,
         })
     }
@@ -647,12 +656,14 @@ impl Decoder {
     }
 
     /// Where the fused router of layer `li` writes each row's experts and weights.
-    fn topk(&self, g: &Gpu, r: &RowBufs, li: usize) -> ops::TopK {
+    /// `ready`: the decode MoE's announcements, or none.
+    fn topk(&self, g: &Gpu, r: &RowBufs, li: usize, ready: Option<u64>) -> ops::TopK {
         ops::TopK {
             idx: r.idx_ptr(g, li),
             w: g.ptr(&r.r_w),
             k: self.cfg.num_experts_per_tok,
             counter: g.ptr(&r.topk_ctr),
+            ready,
         }
     }
 
@@ -687,6 +698,16 @@ impl Decoder {
         let split = self.moe_f16_split.unwrap_or_else(|| {
             ops::MoeF16Split::for_batch(g.sms(), sh.moe, c.num_local_experts, n)
         });
+        // The router announces each pair's expert to gate_up, and down clears it: only when
+        // all three run (an ablated router would leave gate_up waiting) on the per-pair kernels.
+        let ready = (self.moe_ready
+            && !self.moe_f16
+            && !self.moe_tc
+            && [StepGroup::Router, StepGroup::MoeGateUp, StepGroup::MoeDown]
+                .iter()
+                .all(|&s| self.runs(s))
+            && ops::moe_ready_fits(self.moe_codes, sh.moe, units, n))
+        .then(|| g.ptr(&r.moe_ready));
         for (li, lw) in self.w.layers.iter().enumerate() {
             let l = self.layer_ptrs(g, li, lw);
             // Nothing in the step reads the attention norm's output (the router writes the
@@ -781,7 +802,7 @@ impl Decoder {
                     hid,
                     n,
                     Some(mlp_norm),
-                    self.topk(g, r, li),
+                    self.topk(g, r, li, ready),
                     self.router_t1,
                 )?;
             }
@@ -817,6 +838,7 @@ impl Decoder {
                         n,
                         units.gate_up,
                         units.gate_up_loop(),
+                        ready,
                     )?;
                 }
             }
@@ -857,6 +879,7 @@ impl Decoder {
                         units.down,
                         units.lp,
                         g.ptr(&r.moe_ctr),
+                        ready,
                     )?;
                 }
             }
@@ -1175,7 +1198,7 @@ impl Decoder {
                     c.num_local_experts,
                     hid,
                     n,
-                    self.topk(g, r, li),
+                    self.topk(g, r, li, None),
                 )?;
                 mark("router rows+topk (fp32)")?;
             } else {
@@ -1189,7 +1212,7 @@ impl Decoder {
                     hid,
                     n,
                     None,
-                    self.topk(g, r, li),
+                    self.topk(g, r, li, None),
                     self.router_t1,
                 )?;
                 mark("gemv router+topk (fp32)")?;

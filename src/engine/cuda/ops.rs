@@ -443,6 +443,11 @@ pub struct TopK {
     pub k: usize,
     /// Zeroed u32 counters, one per group of 4 tokens (`topk_counters(t)`); left zeroed.
     pub counter: u64,
+    /// The decode MoE's expert announcements ([`moe_ready_fits`]): zeroed u32s [t, k] the
+    /// routing warp sets to expert + 1 as it picks each slot, for [`moe_gate_up`] of the same
+    /// `ready` to wait on; [`moe_down`] of the same `ready` clears them. Every router launch
+    /// given `ready` must be followed by those two, or the next gate_up reads stale experts.
+    pub ready: Option<u64>,
 }
 
 /// Counters a [`TopK`] needs for `t` tokens.
@@ -749,6 +754,7 @@ fn gemv_launch(
             i(topk.map_or(0, |k| k.k))?,
             opt(topk.map(|k| k.counter)),
             i(rpb)?,
+            opt(topk.and_then(|k| k.ready)),
         ]);
     }
     g.launch(
@@ -1809,9 +1815,10 @@ pub fn moe(
         t,
         units.gate_up,
         units.gate_up_loop(),
+        None,
     )?;
     moe_down(
-        g, w, s, codes, idx, wts, act, part, y, t, accumulate, units.down, units.lp, ctr,
+        g, w, s, codes, idx, wts, act, part, y, t, accumulate, units.down, units.lp, ctr, None,
     )
 }
 
@@ -2011,12 +2018,17 @@ pub fn moe_gate_up(
     t: usize,
     units: usize,
     lp: MoeLoop,
+    ready: Option<u64>,
 ) -> Result<()> {
     w.layout.expect(
         ExpertLayout::for_codes(codes),
         "the decode MoE kernels of these codes",
     )?;
     let (kernel, smem, grid, grp) = moe_decode_launch(g, false, codes, lp, s, units, t)?;
+    ensure!(
+        grp.is_none() || ready.is_none(),
+        "the grouped decode MoE takes no expert announcements (moe_ready_fits)"
+    );
     let mut args = vec![
         Arg::Ptr(w.gu_blocks),
         Arg::Ptr(w.gu_scales),
@@ -2032,8 +2044,9 @@ pub fn moe_gate_up(
         args.push(i(t)?);
     }
     args.extend([Arg::F32(s.limit), Arg::F32(s.alpha), i(units)?]);
-    if let Some((cap, stride)) = grp {
-        args.extend([i(cap)?, i(stride)?]);
+    match grp {
+        Some((cap, stride)) => args.extend([i(cap)?, i(stride)?]),
+        None => args.push(opt(ready)),
     }
     g.launch(kernel, grid, (256, 1, 1), u(smem)?, &args)
 }
@@ -2405,12 +2418,17 @@ pub fn moe_down(
     units: usize,
     lp: MoeLoop,
     ctr: u64,
+    ready: Option<u64>,
 ) -> Result<()> {
     w.layout.expect(
         ExpertLayout::for_codes(codes),
         "the decode MoE kernels of these codes",
     )?;
     let (kernel, smem, grid, grp) = moe_decode_launch(g, true, codes, lp, s, units, t)?;
+    ensure!(
+        grp.is_none() || ready.is_none(),
+        "the grouped decode MoE takes no expert announcements (moe_ready_fits)"
+    );
     let mut args = vec![
         Arg::Ptr(w.dn_blocks),
         Arg::Ptr(w.dn_scales),
@@ -2432,10 +2450,29 @@ pub fn moe_down(
         Arg::I32(accumulate as i32),
         Arg::Ptr(ctr),
     ]);
-    if let Some((cap, stride)) = grp {
-        args.extend([i(cap)?, i(stride)?]);
+    match grp {
+        Some((cap, stride)) => args.extend([i(cap)?, i(stride)?]),
+        None => args.push(opt(ready)),
     }
     g.launch(kernel, grid, (256, 1, 1), u(smem)?, &args)
+}
+
+/// Environment switch of the decode MoE's expert announcements ([`TopK::ready`]): `on` (the
+/// default) or `off` (gate_up reads the experts after its wait; for A/B timing).
+pub const MOE_READY_ENV: &str = "MXTUNE_MOE_READY";
+
+/// Whether the decode MoE waits on the router's announcements ([`MOE_READY_ENV`]); a bad
+/// value is an error naming it.
+pub fn moe_ready_enabled() -> Result<bool> {
+    env_choice(MOE_READY_ENV, &[("on", true), ("off", false)])
+}
+
+/// Whether [`moe_gate_up`] and [`moe_down`] of `t` rows take expert announcements with these
+/// units: both run the per-pair kernels (not the grouped ones, whose blocks serve several
+/// pairs).
+pub fn moe_ready_fits(codes: MoeCodes, s: MoeShape, units: MoeUnits, t: usize) -> bool {
+    moe_grp_kernel(false, codes, units.gate_up_loop(), s, s.hidden, t).is_none()
+        && moe_grp_kernel(true, codes, units.lp, s, s.inter, t).is_none()
 }
 
 /// The decode MoE kernel gate_up (or `down`) runs for `t` rows: its name, dynamic shared

@@ -836,6 +836,7 @@ fn check_router(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
                 w: g.ptr(&dw),
                 k,
                 counter: g.ptr(&counters),
+                ready: None,
             };
             let (wp, xp, lp) = (g.ptr(&dw_eye), g.ptr(&dx), g.ptr(&dl));
             if rows {
@@ -894,6 +895,7 @@ fn check_router_t1(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
                 w: g.ptr(&dwt),
                 k,
                 counter: g.ptr(&counters),
+                ready: None,
             };
             ops::router(
                 g,
@@ -1057,6 +1059,139 @@ fn check_moe(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
     for codes in [MoeCodes::Q8, MoeCodes::Fp8, MoeCodes::F16] {
         for units in MOE_UNIT_CASES {
             res.extend(check_moe_codes(g, &c, codes, units)?);
+        }
+    }
+    res.extend(check_moe_ready(g, s)?);
+    Ok(res)
+}
+
+/// The decode MoE taking its experts from the router's announcements (`TopK::ready`, the
+/// decode step's path) against the same kernels reading them after their wait: the router
+/// (the one-row entry at one token, the general one at three) routes, then gate_up and down
+/// run with the announcements and again without, on the router's experts and normalised
+/// input. gate_up's outputs and the step's bit for bit, both written, and the announcements
+/// cleared afterwards (the next layer's router starts from zero). The kernels run in turn
+/// here; in the step gate_up's blocks poll while the router ends.
+fn check_moe_ready(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
+    let mut res = Vec::new();
+    let (e, hidden, inter, k) = (32usize, 2880usize, 2880usize, 4usize);
+    let sh = MoeShape {
+        hidden,
+        inter,
+        k,
+        limit: 7.0,
+        alpha: 1.702,
+    };
+    for t in [1usize, 3] {
+        // Routing comes from the router below; the case's own is not used.
+        let c = MoeCase::new(g, s, e, sh, t, |_| (vec![0; t * k], vec![0.0; t * k]))?;
+        let rw = bf16_vec(s.next(), e * hidden, 0.05, 0.0);
+        let nw = bf16_vec(s.next(), hidden, 0.2, 1.0);
+        let (drw, dnw) = (g.upload(&rw)?, g.upload(&nw)?);
+        let (dl, dh) = (nan_f32(g, t * e)?, nan_f32(g, t * hidden)?);
+        let (di, dwt) = (g.upload(&vec![-1i32; t * k])?, nan_f32(g, t * k)?);
+        let counters = g.alloc::<u32>(ops::topk_counters(t))?;
+        let dready = g.alloc::<u32>(t * k)?;
+        for (codes, units) in [
+            (MoeCodes::F16, MoeUnits::new(6, 3, MoeLoop::Slots)),
+            (MoeCodes::F16, MoeUnits::new(3, 5, MoeLoop::Items)),
+            (MoeCodes::F32, MoeUnits::new(1, 1, MoeLoop::Slots)),
+        ] {
+            let w = c.weights_in(g, ExpertLayout::for_codes(codes));
+            let mut outs = Vec::new();
+            for ready in [true, false] {
+                let ready = ready.then(|| g.ptr(&dready));
+                let norm = ops::Norm {
+                    w: g.ptr(&dnw),
+                    eps: 1e-5,
+                    out: g.ptr(&dh),
+                };
+                let topk = ops::TopK {
+                    idx: g.ptr(&di),
+                    w: g.ptr(&dwt),
+                    k,
+                    counter: g.ptr(&counters),
+                    ready,
+                };
+                let (x, lg) = (g.ptr(&c.dx), g.ptr(&dl));
+                ops::router(
+                    g,
+                    g.ptr(&drw),
+                    None,
+                    x,
+                    lg,
+                    e,
+                    hidden,
+                    t,
+                    Some(norm),
+                    topk,
+                    true,
+                )?;
+                if ready.is_some() {
+                    // Each pair's word holds its expert + 1 until down clears it.
+                    let said = g.download(&dready)?;
+                    let off = g
+                        .download(&di)?
+                        .iter()
+                        .zip(&said)
+                        .filter(|&(&i, &r)| i64::from(i) + 1 != i64::from(r))
+                        .count();
+                    res.push(check(
+                        format!("router t={t} announces its {} experts", t * k),
+                        off as f64,
+                        0.0,
+                    ));
+                }
+                let dact = nan_f32(g, t * k * inter)?;
+                let dpart = nan_f32(g, t * k * hidden)?;
+                let dy = g.upload(&c.y0)?;
+                let dctr = g.alloc::<u32>(ops::moe_counters(hidden, t))?;
+                let (h, idx, act) = (g.ptr(&dh), g.ptr(&di), g.ptr(&dact));
+                let lp = units.gate_up_loop();
+                ops::moe_gate_up(g, &w, sh, codes, h, idx, act, t, units.gate_up, lp, ready)?;
+                ops::moe_down(
+                    g,
+                    &w,
+                    sh,
+                    codes,
+                    idx,
+                    g.ptr(&dwt),
+                    act,
+                    g.ptr(&dpart),
+                    g.ptr(&dy),
+                    t,
+                    true,
+                    units.down,
+                    units.lp,
+                    g.ptr(&dctr),
+                    ready,
+                )?;
+                outs.push((g.download(&dact)?, g.download(&dy)?));
+            }
+            let unwritten = outs
+                .iter()
+                .flat_map(|(a, y)| a.iter().chain(y))
+                .filter(|v| !v.is_finite())
+                .count();
+            let apart = bits_apart(&outs[0].0, &outs[1].0) + bits_apart(&outs[0].1, &outs[1].1);
+            let label = format!(
+                "moe {} units {}/{} loop {} t={t}",
+                codes_name(codes),
+                units.gate_up,
+                units.down,
+                units.lp.name()
+            );
+            res.push(check(
+                format!("{label}: with the router's announcements bits apart from without"),
+                apart + unwritten as f64,
+                0.0,
+            ));
+            let left = g.download(&dready)?.iter().filter(|&&v| v != 0).count();
+            res.push(check(
+                format!("{label}: announcements cleared by down"),
+                left as f64,
+                0.0,
+            ));
         }
     }
     Ok(res)
