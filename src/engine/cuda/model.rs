@@ -699,8 +699,11 @@ impl Decoder {
             ops::MoeF16Split::for_batch(g.sms(), sh.moe, c.num_local_experts, n)
         });
         // The router announces each pair's expert to gate_up, and down clears it: only when
-        // all three run (an ablated router would leave gate_up waiting) on the per-pair kernels.
+        // all three run (an ablated router would leave gate_up waiting) on the per-pair kernels,
+        // and where the router lets gate_up launch before its grid ends (below
+        // `ops::ROUTER_LATE_FROM` rows; docs/perf.md run 232: batch 1 −2.9 %, batch 8 +0.5 %).
         let ready = (self.moe_ready
+            && n < ops::ROUTER_LATE_FROM
             && !self.moe_f16
             && !self.moe_tc
             && [StepGroup::Router, StepGroup::MoeGateUp, StepGroup::MoeDown]
