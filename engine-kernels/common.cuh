@@ -187,12 +187,35 @@ __device__ __forceinline__ bool count_block_last(unsigned* c, unsigned total) {
 __device__ __forceinline__ void moe_ready_set(unsigned* r, int e) {
     asm volatile("st.relaxed.gpu.global.u32 [%0], %1;" ::"l"(r), "r"((unsigned)e + 1u) : "memory");
 }
+// gate_up's completion count per pair (the words' second half, [t k, 2 t k)): the router's
+// routing warp zeroes a pair's count with its announcement, each gate_up block of the pair adds
+// one once its outputs are written (moe_count_done: release), and the down kernel's blocks of
+// the pair stage its outputs once the count is full (moe_await_done: acquire) instead of after
+// the wait on gate_up's whole grid, which they pass later, before their own writes.
+__device__ __forceinline__ void moe_count_done(unsigned* c) {
+    __syncthreads();
+    if (threadIdx.x == 0) asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(c) : "memory");
+}
+// Polls give up after MOE_POLL_LIMIT reads (seconds): a count that never fills is a bug, and
+// a trapped kernel is an error the host reports where an endless one would hang the engine.
+#define MOE_POLL_LIMIT (1u << 24)
+__device__ __forceinline__ void moe_await_done(const unsigned* c, unsigned n) {
+    if (threadIdx.x == 0) {
+        unsigned v, polls = 0;
+        do {
+            asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(c) : "memory");
+            if (++polls == MOE_POLL_LIMIT) __trap();
+        } while (v < n);
+    }
+    __syncthreads();
+}
 __device__ __forceinline__ int moe_ready_wait(const unsigned* r) {
     __shared__ int ready_e;
     if (threadIdx.x == 0) {
-        unsigned v;
+        unsigned v, polls = 0;
         do {
             asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(r) : "memory");
+            if (++polls == MOE_POLL_LIMIT) __trap();
         } while (v == 0u);
         ready_e = (int)v - 1;
     }
@@ -819,7 +842,7 @@ __device__ __forceinline__ void stage_padded(const float* __restrict__ src, floa
         float4 v[4];
 #pragma unroll
         for (int u = 0; u < 4; ++u)
-            if (i0 + u * (int)blockDim.x < n4) v[u] = s4[i0 + u * blockDim.x];
+            if (i0 + u * (int)blockDim.x < n4) v[u] = __ldcg(s4 + i0 + u * blockDim.x);
 #pragma unroll
         for (int u = 0; u < 4; ++u) {
             const int e = 4 * (i0 + u * (int)blockDim.x);

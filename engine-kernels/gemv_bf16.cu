@@ -216,7 +216,7 @@ __device__ __forceinline__ void write_normed_slice(const float* __restrict__ x, 
 // launch of its own. Logits are read past L1 (other blocks wrote them).
 __device__ void topk_softmax_warp(const float* logits, int n_experts, int k, int* __restrict__ idx,
                                   float* __restrict__ weights, float* vals,
-                                  unsigned* __restrict__ ready) {
+                                  unsigned* __restrict__ ready, unsigned* __restrict__ done) {
     const int lane = threadIdx.x & 31;
     for (int e = lane; e < n_experts; e += 32) vals[e] = __ldcg(logits + e);
     __syncwarp();
@@ -233,7 +233,12 @@ __device__ void topk_softmax_warp(const float* logits, int n_experts, int k, int
         top_v[s] = bv;
         top_i[s] = bi;
         // Announce slot s's expert to its gate_up blocks as soon as it is known.
-        if (ready && lane == 0) moe_ready_set(ready + s, bi);
+        // And zero its gate_up count (moe_count_done), which gate_up adds to only past its
+        // wait on this grid.
+        if (ready && lane == 0) {
+            done[s] = 0u;
+            moe_ready_set(ready + s, bi);
+        }
         __syncwarp();
         if (lane == 0) vals[bi] = -INFINITY;
         __syncwarp();
@@ -430,7 +435,8 @@ __device__ __forceinline__ void gemv_wide_body(const bf16_t* __restrict__ w, con
     if (warp < nt)
         topk_softmax_warp(y + (size_t)(t0 + warp) * rows, rows, k, topk_idx + (size_t)(t0 + warp) * k,
                           topk_w + (size_t)(t0 + warp) * k, vals + warp * rows,
-                          ready ? ready + (size_t)(t0 + warp) * k : nullptr);
+                          ready ? ready + (size_t)(t0 + warp) * k : nullptr,
+                          ready ? ready + (size_t)(tokens + t0 + warp) * k : nullptr);
 }
 
 #undef WIDE_NORM
@@ -554,6 +560,6 @@ router_rows(const bf16_t* __restrict__ w, const bf16_t* __restrict__ bias,
         const int t = t0 + r;
         if (t >= tokens) break;  // warp-uniform
         topk_softmax_warp(logits + (size_t)t * experts, experts, k, topk_idx + (size_t)t * k,
-                          topk_w + (size_t)t * k, vals + ty * experts, nullptr);
+                          topk_w + (size_t)t * k, vals + ty * experts, nullptr, nullptr);
     }
 }

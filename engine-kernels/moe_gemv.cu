@@ -152,7 +152,7 @@ __device__ __forceinline__ void stage_groups(const float* __restrict__ src, u8* 
 #pragma unroll
         for (int u = 0; u < ACT8_STEPS; ++u) {
             const int gi = g0 + u * stride + (lane >> 3);
-            v[u] = gi < ng ? reinterpret_cast<const float4*>(src)[gi * 8 + sub]
+            v[u] = gi < ng ? __ldcg(reinterpret_cast<const float4*>(src) + gi * 8 + sub)
                            : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         }
 #pragma unroll
@@ -410,7 +410,7 @@ __device__ __forceinline__ void moe_gate_up_body(const u8* __restrict__ blocks,
                                                  const int* __restrict__ idx,
                                                  float* __restrict__ act, int inter, int hidden,
                                                  int k, float limit, float alpha, int units,
-                                                 const unsigned* __restrict__ ready) {
+                                                 unsigned* __restrict__ ready) {
     u8* xs = reinterpret_cast<u8*>(moe_smem);
     const int lane = threadIdx.x & 31;
     const int j0 = (blockIdx.y * 8 + (threadIdx.x >> 5)) * units;
@@ -452,6 +452,7 @@ __device__ __forceinline__ void moe_gate_up_body(const u8* __restrict__ blocks,
             if (lane == 0)
                 act[((size_t)t * k + s) * inter + j0 + uu] = swiglu_clamped(g + bg, l + bli, limit, alpha);
         }
+        if (ready) moe_count_done(ready + gridDim.x + blockIdx.x);
         return;
     }
     uint4 ng[2], nl[2];
@@ -504,6 +505,7 @@ __device__ __forceinline__ void moe_gate_up_body(const u8* __restrict__ blocks,
             }
         }
     }
+    if (ready) moe_count_done(ready + gridDim.x + blockIdx.x);
 }
 
 #define MOE_GATE_UP_KERNEL(name, policy, slots, minb)                                           \
@@ -511,7 +513,7 @@ __device__ __forceinline__ void moe_gate_up_body(const u8* __restrict__ blocks,
     name(const u8* __restrict__ blocks, const u8* __restrict__ scales,                          \
          const bf16_t* __restrict__ bias, const float* __restrict__ x,                          \
          const int* __restrict__ idx, float* __restrict__ act, int inter, int hidden, int k,    \
-         float limit, float alpha, int units, const unsigned* __restrict__ ready) {             \
+         float limit, float alpha, int units, unsigned* __restrict__ ready) {                   \
         moe_gate_up_body<policy, slots>(blocks, scales, bias, x, idx, act, inter, hidden, k,    \
                                         limit, alpha, units, ready);                            \
     }
@@ -548,6 +550,14 @@ __device__ __forceinline__ void moe_combine_rows(const float* __restrict__ part,
 // slot) keeps the staged activations small (I floats). The first weights are loaded before
 // the staging. Dynamic shared memory: the policy's staged activations of one slot (ActF32:
 // inter / 32 * STAGE_PAD floats; 8-bit: inter / 32 * (ACT8_PAD + 4) bytes). units <= 32.
+// The down kernel's start on its pair's gate_up count (gu_blocks blocks; moe_await_done), in
+// place of the wait on gate_up's grid: then the trigger the wait would have given.
+#define MOE_DOWN_AWAIT()                                                      \
+    do {                                                                      \
+        moe_await_done(ready + gridDim.x + blockIdx.x, (unsigned)gu_blocks);  \
+        if (DOWN_TRIGGER == 0 && !PDL_NO_TRIGGER) pdl_trigger();              \
+    } while (0)
+
 template <class A, bool SLOTS>
 __device__ __forceinline__ void moe_down_body(const u8* __restrict__ blocks,
                                               const u8* __restrict__ scales,
@@ -558,7 +568,7 @@ __device__ __forceinline__ void moe_down_body(const u8* __restrict__ blocks,
                                               float* __restrict__ part, int hidden, int inter,
                                               int k, int units, float* __restrict__ y,
                                               int accumulate, unsigned* __restrict__ ctr,
-                                              unsigned* __restrict__ ready) {
+                                              unsigned* __restrict__ ready, int gu_blocks) {
     u8* as = reinterpret_cast<u8*>(moe_smem);
     const int lane = threadIdx.x & 31;
     const int rw = (blockIdx.y * 8 + (threadIdx.x >> 5)) * 2 * units;  // the warp's first row
@@ -586,7 +596,8 @@ __device__ __forceinline__ void moe_down_body(const u8* __restrict__ blocks,
         MoeSlots w{be + (size_t)rw * nb + lane, se + (size_t)rw * nb + lane, nb, ni, lane};
         if (nu > 0) w.load_unit(0);
 #if MOE_DOWN_EARLY
-        pdl_enter_as(DOWN_TRIGGER);
+        if (gu_blocks) MOE_DOWN_AWAIT();
+        else pdl_enter_as(DOWN_TRIGGER);
 #endif
         A::stage(act + ((size_t)t * k + s) * inter, as, inter);
         __syncthreads();
@@ -626,7 +637,8 @@ __device__ __forceinline__ void moe_down_body(const u8* __restrict__ blocks,
     fetch(0);
     fetch(1);
 #if MOE_DOWN_EARLY
-    pdl_enter_as(DOWN_TRIGGER);
+    if (gu_blocks) MOE_DOWN_AWAIT();
+    else pdl_enter_as(DOWN_TRIGGER);
 #endif
     A::stage(act + ((size_t)t * k + s) * inter, as, inter);
     __syncthreads();
@@ -662,6 +674,9 @@ __device__ __forceinline__ void moe_down_body(const u8* __restrict__ blocks,
         }
     }
     }
+    // Staged on the pair's count: the wait on gate_up's grid (long ended by now) before any
+    // write, which also records the block for the timeline (no trigger: given above).
+    if (gu_blocks) pdl_enter_as(2);
     // Past the wait gate_up has ended, so no block reads the pair's announcement any more:
     // clear it for the next layer's router (moe_ready_wait).
     if (ready && blockIdx.y == 0 && threadIdx.x == 0) ready[blockIdx.x] = 0u;
@@ -681,9 +696,9 @@ __device__ __forceinline__ void moe_down_body(const u8* __restrict__ blocks,
          const bf16_t* __restrict__ bias, const float* __restrict__ act,                        \
          const int* __restrict__ idx, const float* __restrict__ wts, float* __restrict__ part,  \
          int hidden, int inter, int k, int units, float* __restrict__ y, int accumulate,        \
-         unsigned* __restrict__ ctr, unsigned* __restrict__ ready) {                            \
+         unsigned* __restrict__ ctr, unsigned* __restrict__ ready, int gu_blocks) {             \
         moe_down_body<policy, slots>(blocks, scales, bias, act, idx, wts, part, hidden, inter,  \
-                                     k, units, y, accumulate, ctr, ready);                      \
+                                     k, units, y, accumulate, ctr, ready, gu_blocks);           \
     }
 MOE_DOWN_KERNEL(moe_down, ActF32, false, MOE_DECODE_MINB)
 MOE_DOWN_KERNEL(moe_down_q8, ActQ8, false, MOE_DECODE_MINB)

@@ -587,6 +587,29 @@ mod tests {
             arms[0].contains("__ldcg(idx"),
             "moe_down_body: the expert ids must be read past L1 before the wait"
         );
+        // On gate_up's per-pair count (the router's announcements), each loop's early wait is
+        // the count, and the grid's wait comes before the count and combine, which read the
+        // residual (the slots' rows before it go to `part`, which only this kernel touches).
+        for arm in &arms[1..] {
+            assert!(
+                arm.trim_start().starts_with(
+                    "if (gu_blocks) MOE_DOWN_AWAIT();\n        else pdl_enter_as(DOWN_TRIGGER);"
+                ) || arm.trim_start().starts_with(
+                    "if (gu_blocks) MOE_DOWN_AWAIT();\n    else pdl_enter_as(DOWN_TRIGGER);"
+                ),
+                "moe_down_body: the early wait is the pair's count or the grid"
+            );
+        }
+        let late = body
+            .find("if (gu_blocks) pdl_enter_as(2);")
+            .expect("moe_down_body: no grid wait after the count");
+        let publish = body
+            .find("// Publish this block's rows")
+            .expect("the publish");
+        assert!(
+            late < publish,
+            "moe_down_body: the grid wait must come before the publish"
+        );
     }
 
     /// `moe_gate_up_body`: without announcements it waits before reading the expert id; with

@@ -62,8 +62,8 @@ struct RowBufs {
     topk_ctr: CudaSlice<u32>,
     /// The decode MoE's per-(row range, token) slot counters (kept zeroed by the kernel).
     moe_ctr: CudaSlice<u32>,
-    /// The router's expert announcements to gate_up, [rows, k] ([`ops::TopK::ready`]; kept
-    /// zeroed between layers by the down kernel).
+    /// The router's expert announcements to gate_up and gate_up's counts to down, [2, rows, k]
+    /// ([`ops::TopK::ready`]; the announcements kept zeroed between layers by the down kernel).
     moe_ready: CudaSlice<u32>,
 }
 
@@ -93,7 +93,7 @@ impl RowBufs {
             part: g.alloc(rows * k * hid)?,
             topk_ctr: g.alloc(ops::topk_counters(rows))?,
             moe_ctr: g.alloc(ops::moe_counters(hid, rows))?,
-            moe_ready: g.alloc(rows * k)?,
+            moe_ready: g.alloc(2 * rows * k)?,
         })
     }
 
@@ -300,9 +300,8 @@ pub struct Decoder {
     grouped: ops::GroupedKernels,
     /// Whether batch 1 routes through `gemv_router_t1` ([`ops::ROUTER_T1_ENV`]).
     router_t1: bool,
-    /// Whether the decode MoE takes the router's expert announcements
-    /// ([`ops::MOE_READY_ENV`]).
-    moe_ready: bool,
+    /// What the decode MoE waits on ([`ops::MOE_READY_ENV`]).
+    moe_ready: ops::MoeReady,
 }
 
 /// The MoE's sizes and SwiGLU constants from the config.
@@ -399,7 +398,7 @@ impl Decoder {
         let prefill_gemm_cp = ops::prefill_gemm_cp_from_env()?;
         let grouped = ops::GroupedKernels::from_env()?;
         let router_t1 = ops::router_t1_enabled()?;
-        let moe_ready = ops::moe_ready_enabled()?;
+        let moe_ready = ops::MoeReady::from_env()?;
         Ok(Self {
             cfg: cfg.clone(),
             w,
@@ -702,7 +701,7 @@ impl Decoder {
         // all three run (an ablated router would leave gate_up waiting) on the per-pair kernels,
         // and where the router lets gate_up launch before its grid ends (below
         // `ops::ROUTER_LATE_FROM` rows; docs/perf.md run 232: batch 1 −2.9 %, batch 8 +0.5 %).
-        let ready = (self.moe_ready
+        let ready = (self.moe_ready != ops::MoeReady::Off
             && n < ops::ROUTER_LATE_FROM
             && !self.moe_f16
             && !self.moe_tc
@@ -711,6 +710,11 @@ impl Decoder {
                 .all(|&s| self.runs(s))
             && ops::moe_ready_fits(self.moe_codes, sh.moe, units, n))
         .then(|| g.ptr(&r.moe_ready));
+        // down waits on its pair's gate_up count rather than on gate_up's grid.
+        let await_units = match (ready, self.moe_ready) {
+            (Some(_), ops::MoeReady::On) => units.gate_up,
+            _ => 0,
+        };
         for (li, lw) in self.w.layers.iter().enumerate() {
             let l = self.layer_ptrs(g, li, lw);
             // Nothing in the step reads the attention norm's output (the router writes the
@@ -883,6 +887,7 @@ impl Decoder {
                         units.lp,
                         g.ptr(&r.moe_ctr),
                         ready,
+                        await_units,
                     )?;
                 }
             }

@@ -443,10 +443,12 @@ pub struct TopK {
     pub k: usize,
     /// Zeroed u32 counters, one per group of 4 tokens (`topk_counters(t)`); left zeroed.
     pub counter: u64,
-    /// The decode MoE's expert announcements ([`moe_ready_fits`]): zeroed u32s [t, k] the
-    /// routing warp sets to expert + 1 as it picks each slot, for [`moe_gate_up`] of the same
-    /// `ready` to wait on; [`moe_down`] of the same `ready` clears them. Every router launch
-    /// given `ready` must be followed by those two, or the next gate_up reads stale experts.
+    /// The decode MoE's expert announcements ([`moe_ready_fits`]): zeroed u32s [2, t, k]; the
+    /// routing warp sets the first half's word of a pair to expert + 1 as it picks the slot
+    /// (and zeroes the pair's gate_up count in the second half), for [`moe_gate_up`] of the
+    /// same `ready` to wait on; [`moe_down`] of the same `ready` clears them. Every router
+    /// launch given `ready` must be followed by those two, or the next gate_up reads stale
+    /// experts.
     pub ready: Option<u64>,
 }
 
@@ -1818,7 +1820,7 @@ pub fn moe(
         None,
     )?;
     moe_down(
-        g, w, s, codes, idx, wts, act, part, y, t, accumulate, units.down, units.lp, ctr, None,
+        g, w, s, codes, idx, wts, act, part, y, t, accumulate, units.down, units.lp, ctr, None, 0,
     )
 }
 
@@ -2419,6 +2421,7 @@ pub fn moe_down(
     lp: MoeLoop,
     ctr: u64,
     ready: Option<u64>,
+    await_units: usize,
 ) -> Result<()> {
     w.layout.expect(
         ExpertLayout::for_codes(codes),
@@ -2428,6 +2431,10 @@ pub fn moe_down(
     ensure!(
         grp.is_none() || ready.is_none(),
         "the grouped decode MoE takes no expert announcements (moe_ready_fits)"
+    );
+    ensure!(
+        await_units == 0 || ready.is_some(),
+        "down waits on gate_up's counts only with the router's announcements"
     );
     let mut args = vec![
         Arg::Ptr(w.dn_blocks),
@@ -2452,19 +2459,40 @@ pub fn moe_down(
     ]);
     match grp {
         Some((cap, stride)) => args.extend([i(cap)?, i(stride)?]),
-        None => args.push(opt(ready)),
+        None => {
+            // gate_up's blocks a pair (its row ranges) when down waits on their count.
+            let gu_blocks = match await_units {
+                0 => 0,
+                u => s.inter.div_ceil(8 * u),
+            };
+            args.extend([opt(ready), i(gu_blocks)?]);
+        }
     }
     g.launch(kernel, grid, (256, 1, 1), u(smem)?, &args)
 }
 
-/// Environment switch of the decode MoE's expert announcements ([`TopK::ready`]): `on` (the
-/// default) or `off` (gate_up reads the experts after its wait; for A/B timing).
+/// Environment switch of the decode MoE's expert announcements ([`TopK::ready`], for A/B
+/// timing): `on` (the default: gate_up waits on the announcements, down on each pair's
+/// gate_up count), `ids` (gate_up on the announcements, down on gate_up's grid) or `off`
+/// (both on the previous grid).
 pub const MOE_READY_ENV: &str = "MXTUNE_MOE_READY";
 
-/// Whether the decode MoE waits on the router's announcements ([`MOE_READY_ENV`]); a bad
-/// value is an error naming it.
-pub fn moe_ready_enabled() -> Result<bool> {
-    env_choice(MOE_READY_ENV, &[("on", true), ("off", false)])
+/// What the decode MoE waits on ([`MOE_READY_ENV`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MoeReady {
+    On,
+    Ids,
+    Off,
+}
+
+impl MoeReady {
+    /// From [`MOE_READY_ENV`]; a bad value is an error naming it.
+    pub fn from_env() -> Result<Self> {
+        env_choice(
+            MOE_READY_ENV,
+            &[("on", Self::On), ("ids", Self::Ids), ("off", Self::Off)],
+        )
+    }
 }
 
 /// Whether [`moe_gate_up`] and [`moe_down`] of `t` rows take expert announcements with these

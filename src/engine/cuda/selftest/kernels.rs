@@ -1099,7 +1099,8 @@ fn check_moe_ready(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
         ] {
             let w = c.weights_in(g, ExpertLayout::for_codes(codes));
             let mut outs = Vec::new();
-            for ready in [true, false] {
+            // On: down waits on its pair's gate_up count; ids: on gate_up's grid; then neither.
+            for (ready, await_units) in [(true, units.gate_up), (true, 0), (false, 0)] {
                 let ready = ready.then(|| g.ptr(&dready));
                 let norm = ops::Norm {
                     w: g.ptr(&dnw),
@@ -1165,6 +1166,7 @@ fn check_moe_ready(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
                     units.lp,
                     g.ptr(&dctr),
                     ready,
+                    await_units,
                 )?;
                 outs.push((g.download(&dact)?, g.download(&dy)?));
             }
@@ -1173,7 +1175,10 @@ fn check_moe_ready(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
                 .flat_map(|(a, y)| a.iter().chain(y))
                 .filter(|v| !v.is_finite())
                 .count();
-            let apart = bits_apart(&outs[0].0, &outs[1].0) + bits_apart(&outs[0].1, &outs[1].1);
+            let apart: f64 = outs[..2]
+                .iter()
+                .map(|(a, y)| bits_apart(a, &outs[2].0) + bits_apart(y, &outs[2].1))
+                .sum();
             let label = format!(
                 "moe {} units {}/{} loop {} t={t}",
                 codes_name(codes),
@@ -1182,7 +1187,10 @@ fn check_moe_ready(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
                 units.lp.name()
             );
             res.push(check(
-                format!("{label}: with the router's announcements bits apart from without"),
+                format!(
+                    "{label}: with the router's announcements (down on the grid or on gate_up's \
+                     count) bits apart from without"
+                ),
                 apart + unwritten as f64,
                 0.0,
             ));
