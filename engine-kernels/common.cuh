@@ -187,7 +187,9 @@ __device__ __forceinline__ bool count_block_last(unsigned* c, unsigned total) {
 __device__ __forceinline__ void moe_ready_set(unsigned* r, int e) {
     asm volatile("st.relaxed.gpu.global.u32 [%0], %1;" ::"l"(r), "r"((unsigned)e + 1u) : "memory");
 }
-// gate_up's completion count per pair (the words' second half, [t k, 2 t k)): the router's
+// gate_up's completion count per pair (`done`, one u32 a pair, apart from the announcements:
+// a count stays non-zero after its layer, and where the batch changes between steps an
+// announcement word of one batch must not be another's count): the router's
 // routing warp zeroes a pair's count with its announcement, each gate_up block of the pair adds
 // one once its outputs are written (moe_count_done: release), and the down kernel's blocks of
 // the pair stage its outputs once the count is full (moe_await_done: acquire) instead of after

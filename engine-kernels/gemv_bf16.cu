@@ -336,7 +336,8 @@ __device__ __forceinline__ void gemv_wide_body(const bf16_t* __restrict__ w, con
                                                float* __restrict__ x_out, int* __restrict__ topk_idx,
                                                float* __restrict__ topk_w, int k,
                                                unsigned* __restrict__ counter,
-                                               unsigned* __restrict__ ready, int row0, int nr) {
+                                               unsigned* __restrict__ ready,
+                                               unsigned* __restrict__ done, int row0, int nr) {
     extern __shared__ float vals[];
     __shared__ float part[R + 1][NT][8];
     __shared__ float rs_s[NT];
@@ -436,7 +437,7 @@ __device__ __forceinline__ void gemv_wide_body(const bf16_t* __restrict__ w, con
         topk_softmax_warp(y + (size_t)(t0 + warp) * rows, rows, k, topk_idx + (size_t)(t0 + warp) * k,
                           topk_w + (size_t)(t0 + warp) * k, vals + warp * rows,
                           ready ? ready + (size_t)(t0 + warp) * k : nullptr,
-                          ready ? ready + (size_t)(tokens + t0 + warp) * k : nullptr);
+                          ready ? done + (size_t)(t0 + warp) * k : nullptr);
 }
 
 #undef WIDE_NORM
@@ -449,14 +450,15 @@ __device__ __forceinline__ void gemv_wide_body(const bf16_t* __restrict__ w, con
          const float* __restrict__ x, float* __restrict__ y, int rows, int cols, int tokens,    \
          int accumulate, const bf16_t* __restrict__ norm_w, float eps,                          \
          float* __restrict__ x_out, int* __restrict__ topk_idx, float* __restrict__ topk_w,     \
-         int k, unsigned* __restrict__ counter, int rpb, unsigned* __restrict__ ready) {        \
+         int k, unsigned* __restrict__ counter, int rpb, unsigned* __restrict__ ready,          \
+         unsigned* __restrict__ done) {                                                         \
         const int rpb_ = max(1, min(rpb, R));                                                   \
         const int row0 = blockIdx.x * rpb_, nr = min(rpb_, rows - row0);                        \
         if (GEMV_PREFETCH && blockIdx.y == 0) prefetch_l2(w + (size_t)row0 * cols, (size_t)nr * cols * 2, threadIdx.x, blockDim.x); \
         pdl_enter_as(MODE);                                                                     \
         gemv_wide_body<R, NT, NORMC, ANY_COLS>(w, bias, x, y, rows, cols, tokens, accumulate,  \
                                                norm_w, eps, x_out, topk_idx, topk_w, k, counter, \
-                                               ready, row0, nr);                                \
+                                               ready, done, row0, nr);                          \
     }
 GEMV_WIDE_ENTRY(gemv_bf16_wide, 1, GEMV_MAX_TOKENS, -1, true, ROUTER_TRIGGER)
 // The router of one token (batch 1), cols a multiple of 8: the same sums as gemv_bf16_wide,

@@ -410,7 +410,8 @@ __device__ __forceinline__ void moe_gate_up_body(const u8* __restrict__ blocks,
                                                  const int* __restrict__ idx,
                                                  float* __restrict__ act, int inter, int hidden,
                                                  int k, float limit, float alpha, int units,
-                                                 unsigned* __restrict__ ready) {
+                                                 const unsigned* __restrict__ ready,
+                                                 unsigned* __restrict__ done) {
     u8* xs = reinterpret_cast<u8*>(moe_smem);
     const int lane = threadIdx.x & 31;
     const int j0 = (blockIdx.y * 8 + (threadIdx.x >> 5)) * units;
@@ -452,7 +453,7 @@ __device__ __forceinline__ void moe_gate_up_body(const u8* __restrict__ blocks,
             if (lane == 0)
                 act[((size_t)t * k + s) * inter + j0 + uu] = swiglu_clamped(g + bg, l + bli, limit, alpha);
         }
-        if (ready) moe_count_done(ready + gridDim.x + blockIdx.x);
+        if (done) moe_count_done(done + blockIdx.x);
         return;
     }
     uint4 ng[2], nl[2];
@@ -505,7 +506,7 @@ __device__ __forceinline__ void moe_gate_up_body(const u8* __restrict__ blocks,
             }
         }
     }
-    if (ready) moe_count_done(ready + gridDim.x + blockIdx.x);
+    if (done) moe_count_done(done + blockIdx.x);
 }
 
 #define MOE_GATE_UP_KERNEL(name, policy, slots, minb)                                           \
@@ -513,9 +514,10 @@ __device__ __forceinline__ void moe_gate_up_body(const u8* __restrict__ blocks,
     name(const u8* __restrict__ blocks, const u8* __restrict__ scales,                          \
          const bf16_t* __restrict__ bias, const float* __restrict__ x,                          \
          const int* __restrict__ idx, float* __restrict__ act, int inter, int hidden, int k,    \
-         float limit, float alpha, int units, unsigned* __restrict__ ready) {                   \
+         float limit, float alpha, int units, const unsigned* __restrict__ ready,               \
+         unsigned* __restrict__ done) {                                                         \
         moe_gate_up_body<policy, slots>(blocks, scales, bias, x, idx, act, inter, hidden, k,    \
-                                        limit, alpha, units, ready);                            \
+                                        limit, alpha, units, ready, done);                      \
     }
 MOE_GATE_UP_KERNEL(moe_gate_up_swiglu, ActF32, false, MOE_DECODE_MINB)
 MOE_GATE_UP_KERNEL(moe_gate_up_swiglu_q8, ActQ8, false, MOE_DECODE_MINB)
@@ -554,7 +556,7 @@ __device__ __forceinline__ void moe_combine_rows(const float* __restrict__ part,
 // place of the wait on gate_up's grid: then the trigger the wait would have given.
 #define MOE_DOWN_AWAIT()                                                      \
     do {                                                                      \
-        moe_await_done(ready + gridDim.x + blockIdx.x, (unsigned)gu_blocks);  \
+        moe_await_done(done + blockIdx.x, (unsigned)gu_blocks);               \
         if (DOWN_TRIGGER == 0 && !PDL_NO_TRIGGER) pdl_trigger();              \
     } while (0)
 
@@ -568,7 +570,8 @@ __device__ __forceinline__ void moe_down_body(const u8* __restrict__ blocks,
                                               float* __restrict__ part, int hidden, int inter,
                                               int k, int units, float* __restrict__ y,
                                               int accumulate, unsigned* __restrict__ ctr,
-                                              unsigned* __restrict__ ready, int gu_blocks) {
+                                              unsigned* __restrict__ ready,
+                                              const unsigned* __restrict__ done, int gu_blocks) {
     u8* as = reinterpret_cast<u8*>(moe_smem);
     const int lane = threadIdx.x & 31;
     const int rw = (blockIdx.y * 8 + (threadIdx.x >> 5)) * 2 * units;  // the warp's first row
@@ -696,9 +699,10 @@ __device__ __forceinline__ void moe_down_body(const u8* __restrict__ blocks,
          const bf16_t* __restrict__ bias, const float* __restrict__ act,                        \
          const int* __restrict__ idx, const float* __restrict__ wts, float* __restrict__ part,  \
          int hidden, int inter, int k, int units, float* __restrict__ y, int accumulate,        \
-         unsigned* __restrict__ ctr, unsigned* __restrict__ ready, int gu_blocks) {             \
+         unsigned* __restrict__ ctr, unsigned* __restrict__ ready,                              \
+         const unsigned* __restrict__ done, int gu_blocks) {                                    \
         moe_down_body<policy, slots>(blocks, scales, bias, act, idx, wts, part, hidden, inter,  \
-                                     k, units, y, accumulate, ctr, ready, gu_blocks);           \
+                                     k, units, y, accumulate, ctr, ready, done, gu_blocks);     \
     }
 MOE_DOWN_KERNEL(moe_down, ActF32, false, MOE_DECODE_MINB)
 MOE_DOWN_KERNEL(moe_down_q8, ActQ8, false, MOE_DECODE_MINB)

@@ -62,9 +62,10 @@ struct RowBufs {
     topk_ctr: CudaSlice<u32>,
     /// The decode MoE's per-(row range, token) slot counters (kept zeroed by the kernel).
     moe_ctr: CudaSlice<u32>,
-    /// The router's expert announcements to gate_up and gate_up's counts to down, [2, rows, k]
-    /// ([`ops::TopK::ready`]; the announcements kept zeroed between layers by the down kernel).
+    /// The router's expert announcements to gate_up and gate_up's counts to down, [rows, k]
+    /// each ([`ops::MoeWords`]; the announcements kept zeroed between layers by down).
     moe_ready: CudaSlice<u32>,
+    moe_done: CudaSlice<u32>,
 }
 
 impl RowBufs {
@@ -93,7 +94,8 @@ impl RowBufs {
             part: g.alloc(rows * k * hid)?,
             topk_ctr: g.alloc(ops::topk_counters(rows))?,
             moe_ctr: g.alloc(ops::moe_counters(hid, rows))?,
-            moe_ready: g.alloc(2 * rows * k)?,
+            moe_ready: g.alloc(rows * k)?,
+            moe_done: g.alloc(rows * k)?,
         })
     }
 
@@ -656,7 +658,7 @@ impl Decoder {
 
     /// Where the fused router of layer `li` writes each row's experts and weights.
     /// `ready`: the decode MoE's announcements, or none.
-    fn topk(&self, g: &Gpu, r: &RowBufs, li: usize, ready: Option<u64>) -> ops::TopK {
+    fn topk(&self, g: &Gpu, r: &RowBufs, li: usize, ready: Option<ops::MoeWords>) -> ops::TopK {
         ops::TopK {
             idx: r.idx_ptr(g, li),
             w: g.ptr(&r.r_w),
@@ -709,7 +711,10 @@ impl Decoder {
                 .iter()
                 .all(|&s| self.runs(s))
             && ops::moe_ready_fits(self.moe_codes, sh.moe, units, n))
-        .then(|| g.ptr(&r.moe_ready));
+        .then(|| ops::MoeWords {
+            ready: g.ptr(&r.moe_ready),
+            done: g.ptr(&r.moe_done),
+        });
         // down waits on its pair's gate_up count rather than on gate_up's grid.
         let await_units = match (ready, self.moe_ready) {
             (Some(_), ops::MoeReady::On) => units.gate_up,

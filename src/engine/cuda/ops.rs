@@ -443,13 +443,23 @@ pub struct TopK {
     pub k: usize,
     /// Zeroed u32 counters, one per group of 4 tokens (`topk_counters(t)`); left zeroed.
     pub counter: u64,
-    /// The decode MoE's expert announcements ([`moe_ready_fits`]): zeroed u32s [2, t, k]; the
-    /// routing warp sets the first half's word of a pair to expert + 1 as it picks the slot
-    /// (and zeroes the pair's gate_up count in the second half), for [`moe_gate_up`] of the
-    /// same `ready` to wait on; [`moe_down`] of the same `ready` clears them. Every router
-    /// launch given `ready` must be followed by those two, or the next gate_up reads stale
-    /// experts.
-    pub ready: Option<u64>,
+    /// The decode MoE's expert announcements ([`moe_ready_fits`], [`MoeWords`]). Every router
+    /// launch given them must be followed by [`moe_gate_up`] and [`moe_down`] of the same
+    /// words, or the next gate_up reads stale experts.
+    pub ready: Option<MoeWords>,
+}
+
+/// The decode MoE's words, zeroed u32s one per (token, slot) pair, in two buffers of at least
+/// t k each: `ready`, which the routing warp sets to expert + 1 as it picks each slot, for
+/// [`moe_gate_up`]'s blocks to wait on before their wait, and [`moe_down`] clears past its
+/// wait; `done`, the pair's gate_up count, which the router zeroes with its announcement and
+/// each gate_up block adds to once its outputs are written, for [`moe_down`] to stage on.
+/// Apart, because a count stays non-zero after its layer and, where the batch changes between
+/// steps, one batch's announcement word must not be another's count.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MoeWords {
+    pub ready: u64,
+    pub done: u64,
 }
 
 /// Counters a [`TopK`] needs for `t` tokens.
@@ -756,7 +766,8 @@ fn gemv_launch(
             i(topk.map_or(0, |k| k.k))?,
             opt(topk.map(|k| k.counter)),
             i(rpb)?,
-            opt(topk.and_then(|k| k.ready)),
+            opt(topk.and_then(|k| k.ready).map(|r| r.ready)),
+            opt(topk.and_then(|k| k.ready).map(|r| r.done)),
         ]);
     }
     g.launch(
@@ -2020,7 +2031,7 @@ pub fn moe_gate_up(
     t: usize,
     units: usize,
     lp: MoeLoop,
-    ready: Option<u64>,
+    ready: Option<MoeWords>,
 ) -> Result<()> {
     w.layout.expect(
         ExpertLayout::for_codes(codes),
@@ -2048,7 +2059,7 @@ pub fn moe_gate_up(
     args.extend([Arg::F32(s.limit), Arg::F32(s.alpha), i(units)?]);
     match grp {
         Some((cap, stride)) => args.extend([i(cap)?, i(stride)?]),
-        None => args.push(opt(ready)),
+        None => args.extend([opt(ready.map(|r| r.ready)), opt(ready.map(|r| r.done))]),
     }
     g.launch(kernel, grid, (256, 1, 1), u(smem)?, &args)
 }
@@ -2420,7 +2431,7 @@ pub fn moe_down(
     units: usize,
     lp: MoeLoop,
     ctr: u64,
-    ready: Option<u64>,
+    ready: Option<MoeWords>,
     await_units: usize,
 ) -> Result<()> {
     w.layout.expect(
@@ -2465,7 +2476,11 @@ pub fn moe_down(
                 0 => 0,
                 u => s.inter.div_ceil(8 * u),
             };
-            args.extend([opt(ready), i(gu_blocks)?]);
+            args.extend([
+                opt(ready.map(|r| r.ready)),
+                opt(ready.map(|r| r.done)),
+                i(gu_blocks)?,
+            ]);
         }
     }
     g.launch(kernel, grid, (256, 1, 1), u(smem)?, &args)

@@ -1082,6 +1082,9 @@ fn check_moe_ready(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
         limit: 7.0,
         alpha: 1.702,
     };
+    // One pair of word buffers for both batches, sized for the larger, as the step keeps them:
+    // the batch of 3 runs on words the batch of 1 has used.
+    let (dready, ddone) = (g.alloc::<u32>(3 * k)?, g.alloc::<u32>(3 * k)?);
     for t in [1usize, 3] {
         // Routing comes from the router below; the case's own is not used.
         let c = MoeCase::new(g, s, e, sh, t, |_| (vec![0; t * k], vec![0.0; t * k]))?;
@@ -1091,7 +1094,6 @@ fn check_moe_ready(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
         let (dl, dh) = (nan_f32(g, t * e)?, nan_f32(g, t * hidden)?);
         let (di, dwt) = (g.upload(&vec![-1i32; t * k])?, nan_f32(g, t * k)?);
         let counters = g.alloc::<u32>(ops::topk_counters(t))?;
-        let dready = g.alloc::<u32>(t * k)?;
         for (codes, units) in [
             (MoeCodes::F16, MoeUnits::new(6, 3, MoeLoop::Slots)),
             (MoeCodes::F16, MoeUnits::new(3, 5, MoeLoop::Items)),
@@ -1101,7 +1103,10 @@ fn check_moe_ready(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
             let mut outs = Vec::new();
             // On: down waits on its pair's gate_up count; ids: on gate_up's grid; then neither.
             for (ready, await_units) in [(true, units.gate_up), (true, 0), (false, 0)] {
-                let ready = ready.then(|| g.ptr(&dready));
+                let ready = ready.then(|| ops::MoeWords {
+                    ready: g.ptr(&dready),
+                    done: g.ptr(&ddone),
+                });
                 let norm = ops::Norm {
                     w: g.ptr(&dnw),
                     eps: 1e-5,
@@ -1168,6 +1173,17 @@ fn check_moe_ready(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
                     ready,
                     await_units,
                 )?;
+                if ready.is_some() {
+                    // Each pair's count holds its gate_up blocks.
+                    let want = inter.div_ceil(8 * units.gate_up) as u32;
+                    let done: Vec<u32> = g.download(&ddone)?;
+                    let off = done[..t * k].iter().filter(|&&v| v != want).count();
+                    res.push(check(
+                        format!("moe t={t} gate_up units {}: counts per pair", units.gate_up),
+                        off as f64,
+                        0.0,
+                    ));
+                }
                 outs.push((g.download(&dact)?, g.download(&dy)?));
             }
             let unwritten = outs
