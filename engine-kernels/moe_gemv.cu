@@ -713,6 +713,92 @@ MOE_DOWN_KERNEL(moe_down_fp8_slots, ActFp8, true, MOE_SLOTS_MINB)
 MOE_DOWN_KERNEL(moe_down_h2, ActF16, false, MOE_DECODE_MINB)
 MOE_DOWN_KERNEL(moe_down_h2_slots, ActF16, true, MOE_SLOTS_MINB)
 
+// ---- moe_down_h2_smem: the `_slots` down kernel (fp16 dot) with all of its block's weights
+// copied into shared memory before its wait, where `moe_down_h2_slots` holds only each warp's
+// first unit in registers and streams the rest after it: its blocks are resident long before
+// gate_up ends (docs/perf.md run 216: ~11 µs at batch 1), so after the wait only the staging,
+// the sums from shared memory and the writes remain. Each warp's 2 nu rows are contiguous
+// (units of two adjacent rows), so the warp copies them as one run of 16-byte words
+// (cp.async, coalesced: a warp's copy covers whole sectors) and their scales by byte loads.
+// Same sums in the same order as the slots loop (bit for bit: the selftest). units <=
+// MOE_SMEM_MAXU. Dynamic shared memory: stage_bytes (the staged act, a multiple of 16), then
+// 8 warps x units x 2 rows x nb x 16 bytes of weights, then 8 x units x 2 x nb scale bytes.
+#define MOE_SMEM_MAXU 4
+extern "C" __global__ void __launch_bounds__(256, MOE_SLOTS_MINB)
+moe_down_h2_smem(const u8* __restrict__ blocks, const u8* __restrict__ scales,
+                 const bf16_t* __restrict__ bias, const float* __restrict__ act,
+                 const int* __restrict__ idx, const float* __restrict__ wts,
+                 float* __restrict__ part, int hidden, int inter, int k, int units,
+                 float* __restrict__ y, int accumulate, unsigned* __restrict__ ctr,
+                 unsigned* __restrict__ ready, const unsigned* __restrict__ done, int gu_blocks,
+                 int stage_bytes) {
+    u8* as = reinterpret_cast<u8*>(moe_smem);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int rw = (blockIdx.y * 8 + warp) * 2 * units;  // the warp's first row
+    const int s = blockIdx.x % k, t = blockIdx.x / k;
+    // The expert and weight from the router, two kernels back (as moe_down_body).
+    const int e = __ldcg(idx + t * k + s);
+    const float wt = __ldcg(wts + t * k + s);
+    const int nb = inter >> 5, ni = (nb + 31) >> 5;
+    const uint4* be = reinterpret_cast<const uint4*>(blocks) + (size_t)e * hidden * nb;
+    const u8* se = scales + (size_t)e * hidden * nb;
+    const int rb = rw + 2 * lane;
+    const bool bl = lane < units;
+    const float b0v = bl && rb < hidden ? bf2f(bias[(size_t)e * hidden + rb]) : 0.0f;
+    const float b1v = bl && rb + 1 < hidden ? bf2f(bias[(size_t)e * hidden + rb + 1]) : 0.0f;
+    const int nu = min(units, (hidden - rw + 1) / 2);
+    const int words = 2 * max(nu, 0) * nb;  // the warp's rows' 16-byte words (and scales)
+    uint4* wsm = reinterpret_cast<uint4*>(as + stage_bytes) + (size_t)warp * units * 2 * nb;
+    u8* ssm = as + stage_bytes + (size_t)8 * units * 2 * nb * 16 + (size_t)warp * units * 2 * nb;
+    const uint4* wsrc = be + (size_t)rw * nb;
+    for (int i = lane; i < words; i += 32) cp_async16(wsm + i, wsrc + i, true);
+    cp_async_commit();
+    const u8* ssrc = se + (size_t)rw * nb;
+    for (int i0 = lane; i0 < words; i0 += 32 * 8) {
+        u8 v[8];
+#pragma unroll
+        for (int j = 0; j < 8; ++j) v[j] = i0 + 32 * j < words ? __ldg(ssrc + i0 + 32 * j) : (u8)0;
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+            if (i0 + 32 * j < words) ssm[i0 + 32 * j] = v[j];
+    }
+    if (gu_blocks) MOE_DOWN_AWAIT();
+    else pdl_enter_as(DOWN_TRIGGER);
+    ActF16::stage(act + ((size_t)t * k + s) * inter, as, inter);
+    cp_async_wait<0>();
+    __syncthreads();
+    for (int uu = 0; uu < nu; ++uu) {
+        float t0 = 0.0f, t1 = 0.0f;
+#pragma unroll
+        for (int i = 0; i < MOE_SLOTS_NI; ++i) {
+            const int b = lane + 32 * i;
+            if (i < ni && b < nb) {
+                const int w0 = 2 * uu * nb + b, w1 = w0 + nb;
+                t0 += ActF16::dot(wsm[w0], as, b, nb) * e8m0_value(ssm[w0]);
+                t1 += ActF16::dot(wsm[w1], as, b, nb) * e8m0_value(ssm[w1]);
+            }
+        }
+        t0 = warp_sum(t0);
+        t1 = warp_sum(t1);
+        const float bb0 = __shfl_sync(0xffffffffu, b0v, uu);
+        const float bb1 = __shfl_sync(0xffffffffu, b1v, uu);
+        if (lane == 0) {
+            float* pp = part + ((size_t)t * k + s) * hidden + rw + 2 * uu;
+            pp[0] = wt * (t0 + bb0);
+            pp[1] = wt * (t1 + bb1);
+        }
+    }
+    if (gu_blocks) pdl_enter_as(2);
+    if (ready && blockIdx.y == 0 && threadIdx.x == 0) ready[blockIdx.x] = 0u;
+    __shared__ unsigned last_s;
+    __syncthreads();
+    if (threadIdx.x == 0) last_s = count_block_last(ctr + (size_t)t * gridDim.y + blockIdx.y, k);
+    __syncthreads();
+    if (!last_s) return;
+    moe_combine_rows(part, y, t, k, hidden, blockIdx.y * 16 * units,
+                     min(hidden, (int)(blockIdx.y + 1) * 16 * units), accumulate);
+}
+
 // ---- The grouped decode MoE (`MXTUNE_MOE_LOOP=grouped`, the fp16 dot): one block per (row
 // range, distinct expert of a group of up to TCG_TOKENS tokens; tcg_group), so an expert that
 // several tokens route to is read and decoded once per step, and each 32-weight block is
