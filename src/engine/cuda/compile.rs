@@ -110,7 +110,6 @@ pub const KERNEL_FILES: &[KernelFile] = &[
             "moe_down_h2",
             "moe_gate_up_swiglu_h2_slots",
             "moe_down_h2_slots",
-            "moe_down_h2_smem",
             "moe_gate_up_swiglu_h2_grp",
             "moe_down_h2_grp"
         ]
@@ -491,22 +490,6 @@ mod tests {
                     // The decode MoE's gate_up kernels wait inside their body: first, or,
                     // with the router's expert announcements, after their first weights.
                     gate_up_body_waits_before_its_input(file.source);
-                    continue;
-                }
-                if *entry == "moe_down_h2_smem" {
-                    // Its weights and scales copied before the wait, after the expert id.
-                    let early = &body[..body
-                        .find("if (gu_blocks) MOE_DOWN_AWAIT();\n    else pdl_enter_as(DOWN_TRIGGER);")
-                        .expect("moe_down_h2_smem: no early wait")];
-                    reads_no_earlier_output("moe_down_h2_smem", early);
-                    assert!(
-                        early.contains("__ldcg(idx") && !early.contains("stage("),
-                        "moe_down_h2_smem: ids past L1 and no staging before the wait"
-                    );
-                    assert!(
-                        body.contains("if (gu_blocks) pdl_enter_as(2);"),
-                        "moe_down_h2_smem: no grid wait after the count"
-                    );
                     continue;
                 }
                 if body.contains("moe_down_grp_body(") && !waits(body) {

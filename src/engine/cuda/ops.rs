@@ -2438,7 +2438,7 @@ pub fn moe_down(
         ExpertLayout::for_codes(codes),
         "the decode MoE kernels of these codes",
     )?;
-    let (mut kernel, mut smem, grid, grp) = moe_decode_launch(g, true, codes, lp, s, units, t)?;
+    let (kernel, smem, grid, grp) = moe_decode_launch(g, true, codes, lp, s, units, t)?;
     ensure!(
         grp.is_none() || ready.is_none(),
         "the grouped decode MoE takes no expert announcements (moe_ready_fits)"
@@ -2447,19 +2447,6 @@ pub fn moe_down(
         await_units == 0 || ready.is_some(),
         "down waits on gate_up's counts only with the router's announcements"
     );
-    // The fp16-dot slots kernel with its weights in shared memory, where they fit one wave.
-    let stage = smem.next_multiple_of(16);
-    let staged = stage + 8 * units * 2 * (s.inter / 32) * 17;
-    let smem_down = kernel == "moe_down_h2_slots"
-        && units <= MOE_SMEM_MAXU
-        && down_smem_enabled()?
-        && staged <= g.max_shared()
-        && g.resident_blocks("moe_down_h2_smem", 256, staged)? * g.sms()
-            >= (grid.0 * grid.1) as usize;
-    if smem_down {
-        kernel = "moe_down_h2_smem";
-        smem = staged;
-    }
     let mut args = vec![
         Arg::Ptr(w.dn_blocks),
         Arg::Ptr(w.dn_scales),
@@ -2494,23 +2481,9 @@ pub fn moe_down(
                 opt(ready.map(|r| r.done)),
                 i(gu_blocks)?,
             ]);
-            if smem_down {
-                args.push(i(stage)?);
-            }
         }
     }
     g.launch(kernel, grid, (256, 1, 1), u(smem)?, &args)
-}
-
-/// Most units a warp of `moe_down_h2_smem` takes (kernel constant `MOE_SMEM_MAXU`).
-const MOE_SMEM_MAXU: usize = 4;
-
-/// Environment switch of the down kernel with its weights in shared memory
-/// (`moe_down_h2_smem`): `on` (the default, where it fits one wave) or `off` (for A/B timing).
-pub const MOE_DOWN_SMEM_ENV: &str = "MXTUNE_MOE_DOWN_SMEM";
-
-fn down_smem_enabled() -> Result<bool> {
-    env_choice(MOE_DOWN_SMEM_ENV, &[("on", true), ("off", false)])
 }
 
 /// Environment switch of the decode MoE's expert announcements ([`TopK::ready`], for A/B
