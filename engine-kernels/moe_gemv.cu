@@ -677,8 +677,10 @@ __device__ __forceinline__ void moe_down_body(const u8* __restrict__ blocks,
         }
     }
     }
-    // Staged on the pair's count: the wait on gate_up's grid (long ended by now) before any
-    // write, which also records the block for the timeline (no trigger: given above).
+    // Staged on the pair's count: the wait on gate_up's grid (long ended by now) before the
+    // count and combine, which read the residual (the rows above went to `part`, which only
+    // this kernel touches); it also records the block for the timeline (no trigger: given
+    // above).
     if (gu_blocks) pdl_enter_as(2);
     // Past the wait gate_up has ended, so no block reads the pair's announcement any more:
     // clear it for the next layer's router (moe_ready_wait).

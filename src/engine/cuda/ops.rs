@@ -2501,12 +2501,13 @@ pub enum MoeReady {
 }
 
 impl MoeReady {
+    /// The words of [`MOE_READY_ENV`], the default first.
+    const WORDS: [(&'static str, Self); 3] =
+        [("on", Self::On), ("ids", Self::Ids), ("off", Self::Off)];
+
     /// From [`MOE_READY_ENV`]; a bad value is an error naming it.
     pub fn from_env() -> Result<Self> {
-        env_choice(
-            MOE_READY_ENV,
-            &[("on", Self::On), ("ids", Self::Ids), ("off", Self::Off)],
-        )
+        env_choice(MOE_READY_ENV, &Self::WORDS)
     }
 }
 
@@ -3940,6 +3941,39 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert_eq!(e, "MXTUNE_MOE_LOOP=slot: expected auto, items, slots");
+    }
+
+    #[test]
+    fn moe_ready_takes_the_per_pair_kernels_only() {
+        let s = MoeShape {
+            hidden: 2880,
+            inter: 2880,
+            k: 4,
+            limit: 7.0,
+            alpha: 1.702,
+        };
+        assert!(moe_ready_fits(
+            MoeCodes::F16,
+            s,
+            MoeUnits::new(6, 3, MoeLoop::Auto),
+            1
+        ));
+        assert!(moe_ready_fits(
+            MoeCodes::F32,
+            s,
+            MoeUnits::new(1, 1, MoeLoop::Items),
+            3
+        ));
+        let grouped = MoeUnits::new(16, 16, MoeLoop::Grouped);
+        assert!(!moe_ready_fits(MoeCodes::F16, s, grouped, 16));
+        assert_eq!(
+            choice(MOE_READY_ENV, "", &MoeReady::WORDS).unwrap(),
+            MoeReady::On
+        );
+        let e = choice(MOE_READY_ENV, "yes", &MoeReady::WORDS)
+            .unwrap_err()
+            .to_string();
+        assert_eq!(e, "MXTUNE_MOE_READY=yes: expected on, ids, off");
     }
 
     #[test]
