@@ -3460,6 +3460,15 @@ pub fn moe_grouped(
 mod tests {
     use super::*;
 
+    /// gpt-oss's expert shape (both sizes), the tests' usual MoE.
+    const GPT_OSS_MOE: MoeShape = MoeShape {
+        hidden: 2880,
+        inter: 2880,
+        k: 4,
+        limit: 7.0,
+        alpha: 1.702,
+    };
+
     #[test]
     fn fp16_layout_decodes_every_word_to_its_elements_times_2_pow_minus_14() {
         let masks = f16_layout_masks().unwrap();
@@ -3776,13 +3785,7 @@ mod tests {
 
     #[test]
     fn moe_f16_split_per_batch_and_from_its_variable() {
-        let s = MoeShape {
-            hidden: 2880,
-            inter: 2880,
-            k: 4,
-            limit: 7.0,
-            alpha: 1.702,
-        };
+        let s = GPT_OSS_MOE;
         // 120b on the H100 (132 SMs, 3 blocks each): at batch 1, 4 experts, gate_up's 5760
         // rows need 32-row blocks (720 of them) and down's 2880 rows 16-row blocks; at batch
         // 16 the 64 experts a group can route to fill the GPU with 128-row blocks.
@@ -3817,13 +3820,7 @@ mod tests {
 
     #[test]
     fn moe_units_per_batch_on_the_h100() {
-        let s = MoeShape {
-            hidden: 2880,
-            inter: 2880,
-            k: 4,
-            limit: 7.0,
-            alpha: 1.702,
-        };
+        let s = GPT_OSS_MOE;
         let pick = |t, lp| {
             let u = MoeUnits::for_batch(132, s, t, None, lp);
             (
@@ -3872,13 +3869,7 @@ mod tests {
         assert!((share(128, 16) - 1.2554).abs() < 1e-3, "{}", share(128, 16));
         assert!((share(32, 16) - 2.268).abs() < 1e-3, "{}", share(32, 16));
         assert_eq!(moe_tokens_per_expert(0, 4, 16), 0.0);
-        let s = MoeShape {
-            hidden: 2880,
-            inter: 2880,
-            k: 4,
-            limit: 7.0,
-            alpha: 1.702,
-        };
+        let s = GPT_OSS_MOE;
         let grouped = |e, t, lp| {
             MoeUnits::for_batch(132, s, t, None, lp)
                 .grouping(e, 4, t)
@@ -3907,13 +3898,7 @@ mod tests {
             .iter()
             .flat_map(|f| f.entries.iter().copied())
             .collect();
-        let s = MoeShape {
-            hidden: 2880,
-            inter: 2880,
-            k: 4,
-            limit: 7.0,
-            alpha: 1.702,
-        };
+        let s = GPT_OSS_MOE;
         for down in [false, true] {
             let (name, cap, stride, smem) =
                 moe_grp_kernel(down, MoeCodes::F16, MoeLoop::Grouped, s, 2880, 16).unwrap();
@@ -3945,13 +3930,7 @@ mod tests {
 
     #[test]
     fn moe_ready_takes_the_per_pair_kernels_only() {
-        let s = MoeShape {
-            hidden: 2880,
-            inter: 2880,
-            k: 4,
-            limit: 7.0,
-            alpha: 1.702,
-        };
+        let s = GPT_OSS_MOE;
         assert!(moe_ready_fits(
             MoeCodes::F16,
             s,

@@ -869,6 +869,34 @@ fn check_router(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
     Ok(res)
 }
 
+/// The router's norm (weights `nw`, normalised input into `h`, eps 1e-5) and routing outputs
+/// (experts `idx`, weights `w`, completion counters, top `k`, the MoE's words if any).
+#[allow(clippy::too_many_arguments)]
+fn router_args(
+    g: &Gpu,
+    nw: &cudarc::driver::CudaSlice<u16>,
+    h: &cudarc::driver::CudaSlice<f32>,
+    idx: &cudarc::driver::CudaSlice<i32>,
+    w: &cudarc::driver::CudaSlice<f32>,
+    counters: &cudarc::driver::CudaSlice<u32>,
+    k: usize,
+    ready: Option<ops::MoeWords>,
+) -> (ops::Norm, ops::TopK) {
+    let norm = ops::Norm {
+        w: g.ptr(nw),
+        eps: 1e-5,
+        out: g.ptr(h),
+    };
+    let topk = ops::TopK {
+        idx: g.ptr(idx),
+        w: g.ptr(w),
+        k,
+        counter: g.ptr(counters),
+        ready,
+    };
+    (norm, topk)
+}
+
 /// The one-row router entry (`gemv_router_t1`, batch 1 with the norm folded in) against the
 /// general `gemv_bf16_wide` on the same inputs: logits, experts, their weights and the
 /// normalised input, bit for bit, and all of them written.
@@ -885,18 +913,7 @@ fn check_router_t1(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
         for one_row in [true, false] {
             let (dl, dh) = (nan_f32(g, experts)?, nan_f32(g, cols)?);
             let (di, dwt) = (g.upload(&vec![-1i32; k])?, nan_f32(g, k)?);
-            let norm = ops::Norm {
-                w: g.ptr(&dnw),
-                eps: 1e-5,
-                out: g.ptr(&dh),
-            };
-            let topk = ops::TopK {
-                idx: g.ptr(&di),
-                w: g.ptr(&dwt),
-                k,
-                counter: g.ptr(&counters),
-                ready: None,
-            };
+            let (norm, topk) = router_args(g, &dnw, &dh, &di, &dwt, &counters, k, None);
             ops::router(
                 g,
                 g.ptr(&dw),
@@ -1107,18 +1124,7 @@ fn check_moe_ready(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
                     ready: g.ptr(&dready),
                     done: g.ptr(&ddone),
                 });
-                let norm = ops::Norm {
-                    w: g.ptr(&dnw),
-                    eps: 1e-5,
-                    out: g.ptr(&dh),
-                };
-                let topk = ops::TopK {
-                    idx: g.ptr(&di),
-                    w: g.ptr(&dwt),
-                    k,
-                    counter: g.ptr(&counters),
-                    ready,
-                };
+                let (norm, topk) = router_args(g, &dnw, &dh, &di, &dwt, &counters, k, ready);
                 let (x, lg) = (g.ptr(&c.dx), g.ptr(&dl));
                 ops::router(
                     g,
