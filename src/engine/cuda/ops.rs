@@ -2474,7 +2474,7 @@ pub fn moe_down(
             // gate_up's blocks a pair (its row ranges) when down waits on their count.
             let gu_blocks = match await_units {
                 0 => 0,
-                u => s.inter.div_ceil(8 * u),
+                u => gate_up_ranges(s, u),
             };
             args.extend([
                 opt(ready.map(|r| r.ready)),
@@ -2540,7 +2540,7 @@ fn moe_decode_launch(
     let (width, ranges, what) = if down {
         (s.inter, s.hidden.div_ceil(16 * units), "intermediate")
     } else {
-        (s.hidden, s.inter.div_ceil(8 * units), "hidden")
+        (s.hidden, gate_up_ranges(s, units), "hidden")
     };
     let launch = match moe_grp_kernel(down, codes, lp, s, width, t) {
         Some((kernel, cap, stride, smem)) => (
@@ -2566,6 +2566,12 @@ fn moe_decode_launch(
         g.max_shared()
     );
     Ok(launch)
+}
+
+/// Row ranges of the decode gate_up kernel with `units` units a warp (8 warps a block, a unit
+/// a gate/linear row pair): its blocks a routed pair.
+fn gate_up_ranges(s: MoeShape, units: usize) -> usize {
+    s.inter.div_ceil(8 * units)
 }
 
 /// Counters [`moe_down`] needs for `t` rows (zeroed once; the kernel leaves them zero).
