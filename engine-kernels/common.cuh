@@ -187,53 +187,29 @@ __device__ __forceinline__ bool count_block_last(unsigned* c, unsigned total) {
 __device__ __forceinline__ void moe_ready_set(unsigned* r, int e) {
     asm volatile("st.relaxed.gpu.global.u32 [%0], %1;" ::"l"(r), "r"((unsigned)e + 1u) : "memory");
 }
-// Counts a consumer starts on instead of its producer's grid end (the step's "counts"). A
-// producer's blocks add one to a word once their outputs are written (count_release: a
-// barrier, then one red.release from thread 0, which the barrier makes cover the block's
-// writes); a consumer's thread 0 polls the word until it reaches the count it needs
-// (await_count: ld.acquire, then a barrier), so the consumer reads the producer's outputs as
-// soon as the last of them is written, not after the producer's grid has ended, its memory
-// been flushed and the wait released. The consumer still passes the grid's wait
-// (pdl_enter_as) before its own first write, by which time that grid has long ended: the
-// chain of grid completions every later kernel relies on stays whole.
-// The decode MoE's gate_up count per pair (`done`, one u32 a pair, apart from the
-// announcements: a count stays non-zero after its layer, and where the batch changes between
-// steps an announcement word of one batch must not be another's count): the router's routing
-// warp zeroes a pair's count with its announcement, each gate_up block of the pair adds one
-// once its outputs are written, and the down kernel's blocks of the pair stage its outputs
-// once the count is full instead of after the wait on gate_up's whole grid, which they pass
-// later, before their own writes. The step's words (ops::StepCounts: down's combines for the
-// next layer's qkv and the lm_head, the o projection's units for the router) only grow within
-// a step, each consumer waiting for the running total up to its layer; embed_gather zeroes
-// them at the step's start.
-__device__ __forceinline__ void count_release(unsigned* c) {
+// gate_up's completion count per pair (`done`, one u32 a pair, apart from the announcements:
+// a count stays non-zero after its layer, and where the batch changes between steps an
+// announcement word of one batch must not be another's count): the router's
+// routing warp zeroes a pair's count with its announcement, each gate_up block of the pair adds
+// one once its outputs are written (moe_count_done: release), and the down kernel's blocks of
+// the pair stage its outputs once the count is full (moe_await_done: acquire) instead of after
+// the wait on gate_up's whole grid, which they pass later, before their own writes.
+__device__ __forceinline__ void moe_count_done(unsigned* c) {
     __syncthreads();
     if (threadIdx.x == 0) asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(c) : "memory");
 }
-// Polls give up after POLL_LIMIT reads (seconds): a count that never fills is a bug, and a
-// trapped kernel is an error the host reports where an endless one would hang the engine.
-#define POLL_LIMIT (1u << 24)
-__device__ __forceinline__ void await_count(const unsigned* c, unsigned n) {
+// Polls give up after MOE_POLL_LIMIT reads (seconds): a count that never fills is a bug, and
+// a trapped kernel is an error the host reports where an endless one would hang the engine.
+#define MOE_POLL_LIMIT (1u << 24)
+__device__ __forceinline__ void moe_await_done(const unsigned* c, unsigned n) {
     if (threadIdx.x == 0) {
         unsigned v, polls = 0;
         do {
             asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(c) : "memory");
-            if (++polls == POLL_LIMIT) __trap();
+            if (++polls == MOE_POLL_LIMIT) __trap();
         } while (v < n);
     }
     __syncthreads();
-}
-// A kernel's start: on the count `after` reaching n where the host gave one (then mode 0 lets
-// the next kernel launch here, as pdl_enter_as would past the wait), else on the previous
-// grid (pdl_enter_as(mode)). A kernel started on a count must pass pdl_enter_as(2) before its
-// first global write.
-__device__ __forceinline__ void enter_after(const unsigned* after, unsigned n, int mode) {
-    if (after) {
-        await_count(after, n);
-        if (mode == 0 && !PDL_NO_TRIGGER) pdl_trigger();
-    } else {
-        pdl_enter_as(mode);
-    }
 }
 __device__ __forceinline__ int moe_ready_wait(const unsigned* r) {
     __shared__ int ready_e;
@@ -241,7 +217,7 @@ __device__ __forceinline__ int moe_ready_wait(const unsigned* r) {
         unsigned v, polls = 0;
         do {
             asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(r) : "memory");
-            if (++polls == POLL_LIMIT) __trap();
+            if (++polls == MOE_POLL_LIMIT) __trap();
         } while (v == 0u);
         ready_e = (int)v - 1;
     }

@@ -1,13 +1,9 @@
 // Embedding gather: out[t, :] = table[tokens[t], :] as fp32. Token ids are read on the device
-// so the same launch can sit inside a captured graph. The step's first kernel: it also zeroes
-// the step's counts (`zero`, nzero words, at most a block's threads; common.cuh count_release),
-// past its wait on whatever ran before.
+// so the same launch can sit inside a captured graph.
 extern "C" __global__ void embed_gather(const bf16_t* __restrict__ table,
                                         const unsigned* __restrict__ tokens,
-                                        float* __restrict__ out, int hidden,
-                                        unsigned* __restrict__ zero, int nzero) {
+                                        float* __restrict__ out, int hidden) {
     pdl_enter();
-    if (zero && blockIdx.x == 0 && blockIdx.y == 0 && (int)threadIdx.x < nzero) zero[threadIdx.x] = 0u;
     const int t = blockIdx.y;
     const bf16_t* row = table + (size_t)tokens[t] * hidden;
     float* o = out + (size_t)t * hidden;

@@ -233,7 +233,7 @@ __device__ void topk_softmax_warp(const float* logits, int n_experts, int k, int
         top_v[s] = bv;
         top_i[s] = bi;
         // Announce slot s's expert to its gate_up blocks as soon as it is known.
-        // And zero its gate_up count (count_release), which gate_up adds to only past its
+        // And zero its gate_up count (moe_count_done), which gate_up adds to only past its
         // wait on this grid.
         if (ready && lane == 0) {
             done[s] = 0u;
@@ -337,8 +337,7 @@ __device__ __forceinline__ void gemv_wide_body(const bf16_t* __restrict__ w, con
                                                float* __restrict__ topk_w, int k,
                                                unsigned* __restrict__ counter,
                                                unsigned* __restrict__ ready,
-                                               unsigned* __restrict__ done, int row0, int nr,
-                                               bool gated) {
+                                               unsigned* __restrict__ done, int row0, int nr) {
     extern __shared__ float vals[];
     __shared__ float part[R + 1][NT][8];
     __shared__ float rs_s[NT];
@@ -395,8 +394,6 @@ __device__ __forceinline__ void gemv_wide_body(const bf16_t* __restrict__ w, con
         const float q = WIDE_NORM ? warp_sum(ss[t]) : 0.0f;
         if (lane == 0) part[R][t][warp] = q;
     }
-    // Started on a count (enter_after): the previous grid's wait before the first write.
-    if (gated) pdl_enter_as(2);
     __syncthreads();
     if (warp == 0) {
 #pragma unroll
@@ -454,14 +451,14 @@ __device__ __forceinline__ void gemv_wide_body(const bf16_t* __restrict__ w, con
          int accumulate, const bf16_t* __restrict__ norm_w, float eps,                          \
          float* __restrict__ x_out, int* __restrict__ topk_idx, float* __restrict__ topk_w,     \
          int k, unsigned* __restrict__ counter, int rpb, unsigned* __restrict__ ready,          \
-         unsigned* __restrict__ done, const unsigned* __restrict__ after, unsigned after_n) {   \
+         unsigned* __restrict__ done) {                                                         \
         const int rpb_ = max(1, min(rpb, R));                                                   \
         const int row0 = blockIdx.x * rpb_, nr = min(rpb_, rows - row0);                        \
         if (GEMV_PREFETCH && blockIdx.y == 0) prefetch_l2(w + (size_t)row0 * cols, (size_t)nr * cols * 2, threadIdx.x, blockDim.x); \
-        enter_after(after, after_n, MODE);                                                      \
+        pdl_enter_as(MODE);                                                                     \
         gemv_wide_body<R, NT, NORMC, ANY_COLS>(w, bias, x, y, rows, cols, tokens, accumulate,  \
                                                norm_w, eps, x_out, topk_idx, topk_w, k, counter, \
-                                               ready, done, row0, nr, after);                   \
+                                               ready, done, row0, nr);                          \
     }
 GEMV_WIDE_ENTRY(gemv_bf16_wide, 1, GEMV_MAX_TOKENS, -1, true, ROUTER_TRIGGER)
 // The router of one token (batch 1), cols a multiple of 8: the same sums as gemv_bf16_wide,

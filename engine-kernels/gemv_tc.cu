@@ -334,8 +334,7 @@ __device__ __forceinline__ void gemv_tc_body(const W wp, typename W::Raw (&cur)[
                                              int rows, int cols, int tokens, int accumulate,
                                              const bf16_t* __restrict__ norm_w, float eps,
                                              float* __restrict__ x_out, float* __restrict__ part,
-                                             unsigned* __restrict__ cnt, bool gated,
-                                             unsigned* __restrict__ count) {
+                                             unsigned* __restrict__ cnt) {
     extern __shared__ __align__(16) unsigned char tcg_smem[];
     __shared__ float red[TCG_WARPS][16][8 * TN];
     __shared__ float rs_s[TCG_TOKENS];
@@ -375,11 +374,6 @@ __device__ __forceinline__ void gemv_tc_body(const W wp, typename W::Raw (&cur)[
         const int next = unit + gridDim.x;
         if (next < nunits) tcg_prefetch<W, TT>(wp, next * UR + sub * 16 + g, rows, c_lo, c_hi, cur);
         __syncthreads();
-        // Started on a count (enter_after): the previous grid's wait before the first write.
-        if (gated) {
-            pdl_enter_as(2);
-            gated = false;
-        }
         if (split) {
             // This half's partial sums, then the pair's count; the second adds both halves.
             for (int i = threadIdx.x; i < UR * 8 * TN; i += blockDim.x) {
@@ -408,9 +402,6 @@ __device__ __forceinline__ void gemv_tc_body(const W wp, typename W::Raw (&cur)[
             const float s = sum * rs_s[e_tok] + e_bias;
             y[(size_t)(t0 + e_tok) * rows + e_r] = accumulate ? e_y + s : s;
         }
-        // The step's count of finished units (ops::StepCounts: the o projection's, for the
-        // router), by the block that wrote the unit's outputs.
-        if (count) count_release(count);
         if (next < nunits) __syncthreads();  // red is written again by the next unit
     }
     if (norm_w && x_out) {
@@ -431,16 +422,15 @@ __device__ __forceinline__ void gemv_tc_body(const W wp, typename W::Raw (&cur)[
     name(const bf16_t* __restrict__ w, const bf16_t* __restrict__ bias,                        \
          const float* __restrict__ x, float* __restrict__ y, int rows, int cols, int tokens,   \
          int accumulate, const bf16_t* __restrict__ norm_w, float eps,                         \
-         float* __restrict__ x_out, float* __restrict__ part, unsigned* __restrict__ cnt,      \
-         const unsigned* __restrict__ after, unsigned after_n, unsigned* __restrict__ count) { \
+         float* __restrict__ x_out, float* __restrict__ part, unsigned* __restrict__ cnt) {    \
         const TcgBf16 wp{w, cols};                                                             \
         TcgBf16::Raw cur[TcgBf16::S];                                                          \
         const int nch = tcg_nchunks<TcgBf16>(cols);                                            \
         const int c_lo = tcg_chunk_lo(nch), c_hi = tcg_chunk_hi(nch);                          \
         tcg_prefetch<TcgBf16, TT>(wp, TCG_FIRST_ROW(TT), rows, c_lo, c_hi, cur);               \
-        enter_after(after, after_n, TCG_TRIGGER);                                              \
+        pdl_enter_as(TCG_TRIGGER);                                                             \
         gemv_tc_body<TcgBf16, TN, TT>(wp, cur, bias, x, y, rows, cols, tokens, accumulate,     \
-                                      norm_w, eps, x_out, part, cnt, after, count);            \
+                                      norm_w, eps, x_out, part, cnt);                          \
     }
 GEMV_TC_BF16(gemv_tc_bf16_t8, 1, 1, TCG_MINB_T8)
 GEMV_TC_BF16(gemv_tc_bf16_t8_r32, 1, 2, TCG_MINB_T8)
@@ -452,16 +442,15 @@ GEMV_TC_BF16(gemv_tc_bf16_t16, 2, 1, TCG_MINB)
          const bf16_t* __restrict__ bias, const float* __restrict__ x, float* __restrict__ y,  \
          int rows, int cols, int tokens, int accumulate, const bf16_t* __restrict__ norm_w,    \
          float eps, float* __restrict__ x_out, float* __restrict__ part,                       \
-         unsigned* __restrict__ cnt, const unsigned* __restrict__ after, unsigned after_n,     \
-         unsigned* __restrict__ count) {                                                       \
+         unsigned* __restrict__ cnt) {                                                         \
         const TcgFp4 wp{blocks, scales, cols};                                                 \
         TcgFp4::Raw cur[TcgFp4::S];                                                            \
         const int nch = tcg_nchunks<TcgFp4>(cols);                                             \
         const int c_lo = tcg_chunk_lo(nch), c_hi = tcg_chunk_hi(nch);                          \
         tcg_prefetch<TcgFp4, TT>(wp, TCG_FIRST_ROW(TT), rows, c_lo, c_hi, cur);                \
-        enter_after(after, after_n, TCG_TRIGGER);                                              \
+        pdl_enter_as(TCG_TRIGGER);                                                             \
         gemv_tc_body<TcgFp4, TN, TT>(wp, cur, bias, x, y, rows, cols, tokens, accumulate,      \
-                                     norm_w, eps, x_out, part, cnt, after, count);             \
+                                     norm_w, eps, x_out, part, cnt);                           \
     }
 GEMV_TC_FP4(gemv_tc_fp4_t8, 1, 1, TCG_MINB_T8)
 GEMV_TC_FP4(gemv_tc_fp4_t8_r32, 1, 2, TCG_MINB_T8)

@@ -453,7 +453,7 @@ __device__ __forceinline__ void moe_gate_up_body(const u8* __restrict__ blocks,
             if (lane == 0)
                 act[((size_t)t * k + s) * inter + j0 + uu] = swiglu_clamped(g + bg, l + bli, limit, alpha);
         }
-        if (done) count_release(done + blockIdx.x);
+        if (done) moe_count_done(done + blockIdx.x);
         return;
     }
     uint4 ng[2], nl[2];
@@ -506,7 +506,7 @@ __device__ __forceinline__ void moe_gate_up_body(const u8* __restrict__ blocks,
             }
         }
     }
-    if (done) count_release(done + blockIdx.x);
+    if (done) moe_count_done(done + blockIdx.x);
 }
 
 #define MOE_GATE_UP_KERNEL(name, policy, slots, minb)                                           \
@@ -552,11 +552,11 @@ __device__ __forceinline__ void moe_combine_rows(const float* __restrict__ part,
 // slot) keeps the staged activations small (I floats). The first weights are loaded before
 // the staging. Dynamic shared memory: the policy's staged activations of one slot (ActF32:
 // inter / 32 * STAGE_PAD floats; 8-bit: inter / 32 * (ACT8_PAD + 4) bytes). units <= 32.
-// The down kernel's start on its pair's gate_up count (gu_blocks blocks; await_count), in
+// The down kernel's start on its pair's gate_up count (gu_blocks blocks; moe_await_done), in
 // place of the wait on gate_up's grid: then the trigger the wait would have given.
 #define MOE_DOWN_AWAIT()                                                      \
     do {                                                                      \
-        await_count(done + blockIdx.x, (unsigned)gu_blocks);                  \
+        moe_await_done(done + blockIdx.x, (unsigned)gu_blocks);               \
         if (DOWN_TRIGGER == 0 && !PDL_NO_TRIGGER) pdl_trigger();              \
     } while (0)
 
@@ -571,8 +571,7 @@ __device__ __forceinline__ void moe_down_body(const u8* __restrict__ blocks,
                                               int k, int units, float* __restrict__ y,
                                               int accumulate, unsigned* __restrict__ ctr,
                                               unsigned* __restrict__ ready,
-                                              const unsigned* __restrict__ done, int gu_blocks,
-                                              unsigned* __restrict__ combined) {
+                                              const unsigned* __restrict__ done, int gu_blocks) {
     u8* as = reinterpret_cast<u8*>(moe_smem);
     const int lane = threadIdx.x & 31;
     const int rw = (blockIdx.y * 8 + (threadIdx.x >> 5)) * 2 * units;  // the warp's first row
@@ -694,8 +693,6 @@ __device__ __forceinline__ void moe_down_body(const u8* __restrict__ blocks,
     if (!last_s) return;
     moe_combine_rows(part, y, t, k, hidden, blockIdx.y * 16 * units,
                      min(hidden, (int)(blockIdx.y + 1) * 16 * units), accumulate);
-    // The step's count of finished row ranges (ops::StepCounts), for the next layer's qkv.
-    if (combined) count_release(combined);
 }
 
 #define MOE_DOWN_KERNEL(name, policy, slots, minb)                                              \
@@ -705,10 +702,9 @@ __device__ __forceinline__ void moe_down_body(const u8* __restrict__ blocks,
          const int* __restrict__ idx, const float* __restrict__ wts, float* __restrict__ part,  \
          int hidden, int inter, int k, int units, float* __restrict__ y, int accumulate,        \
          unsigned* __restrict__ ctr, unsigned* __restrict__ ready,                              \
-         const unsigned* __restrict__ done, int gu_blocks, unsigned* __restrict__ combined) {   \
+         const unsigned* __restrict__ done, int gu_blocks) {                                    \
         moe_down_body<policy, slots>(blocks, scales, bias, act, idx, wts, part, hidden, inter,  \
-                                     k, units, y, accumulate, ctr, ready, done, gu_blocks,      \
-                                     combined);                                                 \
+                                     k, units, y, accumulate, ctr, ready, done, gu_blocks);     \
     }
 MOE_DOWN_KERNEL(moe_down, ActF32, false, MOE_DECODE_MINB)
 MOE_DOWN_KERNEL(moe_down_q8, ActQ8, false, MOE_DECODE_MINB)

@@ -497,26 +497,6 @@ mod tests {
                     grp_down_body_waits_after_immutable_reads(file.source);
                     continue;
                 }
-                if let Some(start) = body.find("enter_after(") {
-                    // Started on a count where the host gives one (common.cuh enter_after):
-                    // nothing but the first weights before it, and the body's wait on the
-                    // previous grid before its first write.
-                    for before in body[..start].lines().skip(1) {
-                        let t = before.trim();
-                        assert!(
-                            t.is_empty()
-                                || t.starts_with("const ")
-                                || t.starts_with("TcgBf16::Raw")
-                                || t.starts_with("TcgFp4::Raw")
-                                || t.starts_with("tcg_prefetch")
-                                || t.starts_with("if (GEMV_PREFETCH"),
-                            "{entry} ({}): `{t}` runs before enter_after()",
-                            file.name
-                        );
-                    }
-                    counted_body_waits_before_writes(file.source, body);
-                    continue;
-                }
                 let wait = body
                     .find("pdl_enter();")
                     .or_else(|| body.find("pdl_wait();"))
@@ -554,37 +534,6 @@ mod tests {
                     );
                 }
             }
-        }
-    }
-
-    /// A kernel started on a count (`enter_after`) passes its wait on the previous grid
-    /// (`if (gated) ... pdl_enter_as(2)`) before any of its global writes: the body it calls
-    /// (`gemv_tc_body`, `gemv_wide_body`), checked up to its first write of each output. (An
-    /// accumulating GEMV reads its output before that wait; `ops::dense_gemv_tc` refuses one
-    /// started on a count.)
-    fn counted_body_waits_before_writes(src: &str, entry: &str) {
-        let (name, writes): (&str, &[&str]) = if entry.contains("gemv_tc_body<") {
-            (
-                "void gemv_tc_body(",
-                &["part[((size_t)", "] = accumulate ? e_y + s : s;", "x_out[(size_t)"],
-            )
-        } else if entry.contains("gemv_wide_body<") {
-            ("void gemv_wide_body(", &["*yp =", "xo[xo_c] =", "write_normed"])
-        } else {
-            panic!("a kernel on enter_after() calls neither body the test knows");
-        };
-        let body = fn_body(src, name);
-        let gated = body
-            .find("if (gated)")
-            .unwrap_or_else(|| panic!("{name}: no gated wait"));
-        assert!(
-            body[gated..].trim_start_matches("if (gated)").trim_start().starts_with("{\n            pdl_enter_as(2);")
-                || body[gated..].starts_with("if (gated) pdl_enter_as(2);"),
-            "{name}: the gated branch does not wait on the previous grid first"
-        );
-        for w in writes {
-            let at = body.find(w).unwrap_or_else(|| panic!("{name}: no `{w}`"));
-            assert!(at > gated, "{name}: `{w}` comes before the gated wait");
         }
     }
 

@@ -66,8 +66,6 @@ struct RowBufs {
     /// each ([`ops::MoeWords`]; the announcements kept zeroed between layers by down).
     moe_ready: CudaSlice<u32>,
     moe_done: CudaSlice<u32>,
-    /// The decode step's counts ([`ops::StepCounts`]; zeroed by the step's embed).
-    step_counts: CudaSlice<u32>,
 }
 
 impl RowBufs {
@@ -98,7 +96,6 @@ impl RowBufs {
             moe_ctr: g.alloc(ops::moe_counters(hid, rows))?,
             moe_ready: g.alloc(rows * k)?,
             moe_done: g.alloc(rows * k)?,
-            step_counts: g.alloc(ops::StepCounts::WORDS)?,
         })
     }
 
@@ -307,8 +304,6 @@ pub struct Decoder {
     router_t1: bool,
     /// What the decode MoE waits on ([`ops::MOE_READY_ENV`]).
     moe_ready: ops::MoeReady,
-    /// Whether the decode step's kernels start on counts ([`ops::STEP_COUNTS_ENV`]).
-    step_counts: bool,
 }
 
 /// The MoE's sizes and SwiGLU constants from the config.
@@ -406,7 +401,6 @@ impl Decoder {
         let grouped = ops::GroupedKernels::from_env()?;
         let router_t1 = ops::router_t1_enabled()?;
         let moe_ready = ops::MoeReady::from_env()?;
-        let step_counts = ops::step_counts_from_env()?;
         Ok(Self {
             cfg: cfg.clone(),
             w,
@@ -443,7 +437,6 @@ impl Decoder {
             grouped,
             router_t1,
             moe_ready,
-            step_counts,
             attn,
         })
     }
@@ -664,22 +657,14 @@ impl Decoder {
     }
 
     /// Where the fused router of layer `li` writes each row's experts and weights.
-    /// `ready`: the decode MoE's announcements, or none; `after`: the count it starts on.
-    fn topk(
-        &self,
-        g: &Gpu,
-        r: &RowBufs,
-        li: usize,
-        ready: Option<ops::MoeWords>,
-        after: Option<ops::Gate>,
-    ) -> ops::TopK {
+    /// `ready`: the decode MoE's announcements, or none.
+    fn topk(&self, g: &Gpu, r: &RowBufs, li: usize, ready: Option<ops::MoeWords>) -> ops::TopK {
         ops::TopK {
             idx: r.idx_ptr(g, li),
             w: g.ptr(&r.r_w),
             k: self.cfg.num_experts_per_tok,
             counter: g.ptr(&r.topk_ctr),
             ready,
-            after,
         }
     }
 
@@ -699,12 +684,8 @@ impl Decoder {
         let hid = c.hidden_size;
         let p = |s: &CudaSlice<f32>| g.ptr(s);
         let mut mark = |label: &'static str| mark_event(g, marks.as_deref_mut(), label);
-        // The step's counts (ops::StepCounts), zeroed by the embed; `off` for A/B.
-        let counts = self.step_counts.then(|| ops::StepCounts {
-            words: g.ptr(&r.step_counts),
-        });
         mark("start")?;
-        ops::embed(g, g.ptr(&self.w.embed), g.ptr(&r.tokens), p(&r.x), hid, n, counts)?;
+        ops::embed(g, g.ptr(&self.w.embed), g.ptr(&r.tokens), p(&r.x), hid, n)?;
         mark(StepGroup::Embed.label(false))?;
         let scratch = AttnScratch {
             m: p(&self.sc_m),
@@ -739,15 +720,6 @@ impl Decoder {
             (Some(_), ops::MoeReady::On) => units.gate_up,
             _ => 0,
         };
-        // The per-pair down kernels count their combined row ranges for the next layer's qkv
-        // and the lm_head (the grouped ones combine elsewhere: no count).
-        let down_counts = counts.filter(|_| {
-            !self.moe_f16 && !self.moe_tc && ops::moe_ready_fits(self.moe_codes, sh.moe, units, n)
-        });
-        // Running totals of each count, and the gate the next consumer starts on (none where
-        // its producer did not count: an ablated kernel, the SIMT GEMV).
-        let (mut down_total, mut o_total) = (0u32, 0u32);
-        let mut after_down: Option<ops::Gate> = None;
         for (li, lw) in self.w.layers.iter().enumerate() {
             let l = self.layer_ptrs(g, li, lw);
             // Nothing in the step reads the attention norm's output (the router writes the
@@ -759,7 +731,7 @@ impl Decoder {
             };
             let qkv_w = lw.qkv_w.dev(g);
             if self.runs(StepGroup::Qkv) {
-                ops::dense_gemv_counted(
+                ops::dense_gemv(
                     g,
                     self.opts.gemv,
                     qkv_w,
@@ -771,10 +743,6 @@ impl Decoder {
                     n,
                     false,
                     Some(attn_norm),
-                    ops::Flow {
-                        after: after_down.take(),
-                        count: None,
-                    },
                 )?;
             }
             mark(StepGroup::Qkv.label(qkv_w.is_mxfp4()))?;
@@ -814,9 +782,8 @@ impl Decoder {
             }
             mark(StepGroup::Attention.label(false))?;
             let o_w = lw.o_w.dev(g);
-            let mut after_o = None;
             if self.runs(StepGroup::O) {
-                let added = ops::dense_gemv_counted(
+                ops::dense_gemv(
                     g,
                     self.opts.gemv,
                     o_w,
@@ -828,18 +795,7 @@ impl Decoder {
                     n,
                     true,
                     None,
-                    ops::Flow {
-                        after: None,
-                        count: counts.map(|c| c.word(ops::StepCounts::O)),
-                    },
                 )?;
-                if added > 0 {
-                    o_total += added;
-                    after_o = counts.map(|c| ops::Gate {
-                        word: c.word(ops::StepCounts::O),
-                        n: o_total,
-                    });
-                }
             }
             mark(StepGroup::O.label(o_w.is_mxfp4()))?;
             let mlp_norm = Norm {
@@ -858,7 +814,7 @@ impl Decoder {
                     hid,
                     n,
                     Some(mlp_norm),
-                    self.topk(g, r, li, ready, after_o),
+                    self.topk(g, r, li, ready),
                     self.router_t1,
                 )?;
             }
@@ -920,7 +876,7 @@ impl Decoder {
                 } else if self.moe_tc {
                     ops::moe_down_tc(g, &l.moe, sh.moe, experts, idx, wts, act, part, x, n, true)?;
                 } else {
-                    let added = ops::moe_down(
+                    ops::moe_down(
                         g,
                         &l.moe,
                         sh.moe,
@@ -937,29 +893,20 @@ impl Decoder {
                         g.ptr(&r.moe_ctr),
                         ready,
                         await_units,
-                        down_counts.map(|c| c.word(ops::StepCounts::DOWN)),
                     )?;
-                    if added > 0 {
-                        down_total += added;
-                        after_down = down_counts.map(|c| ops::Gate {
-                            word: c.word(ops::StepCounts::DOWN),
-                            n: down_total,
-                        });
-                    }
                 }
             }
             mark(StepGroup::MoeDown.label(false))?;
         }
         if self.runs(StepGroup::Head) {
-            self.head(g, n, after_down)?;
+            self.head(g, n)?;
         }
         mark(StepGroup::Head.label(self.w.lm_head.is_mxfp4()))?;
         Ok(())
     }
 
-    /// Final norm, lm_head and argmax over the first `n` rows of `x` into `logits`/`next`;
-    /// the lm_head starts on `after` (the last layer's down count) where given.
-    fn head(&self, g: &Gpu, n: usize, after: Option<ops::Gate>) -> Result<()> {
+    /// Final norm, lm_head and argmax over the first `n` rows of `x` into `logits`/`next`.
+    fn head(&self, g: &Gpu, n: usize) -> Result<()> {
         let c = &self.cfg;
         let p = |s: &CudaSlice<f32>| g.ptr(s);
         let final_norm = Norm {
@@ -967,7 +914,7 @@ impl Decoder {
             eps: c.rms_norm_eps as f32,
             out: p(&self.rows.h),
         };
-        ops::dense_gemv_counted(
+        ops::dense_gemv(
             g,
             self.opts.gemv,
             self.w.lm_head.dev(g),
@@ -979,7 +926,6 @@ impl Decoder {
             n,
             false,
             Some(final_norm),
-            ops::Flow { after, count: None },
         )?;
         ops::argmax(
             g,
@@ -1108,7 +1054,7 @@ impl Decoder {
             }
         }
         self.pre = Some(b);
-        self.head(g, outputs.len(), None)
+        self.head(g, outputs.len())
     }
 
     /// Queue the layers of one prefill chunk of `n` rows seeing up to `keys` keys (inputs
@@ -1145,7 +1091,7 @@ impl Decoder {
             floats: s.len(),
         });
         mark("start")?;
-        ops::embed(g, g.ptr(&self.w.embed), g.ptr(&r.tokens), p(&r.x), hid, n, None)?;
+        ops::embed(g, g.ptr(&self.w.embed), g.ptr(&r.tokens), p(&r.x), hid, n)?;
         mark("embed_gather")?;
         for (li, lw) in self.w.layers.iter().enumerate() {
             let l = self.layer_ptrs(g, li, lw);
@@ -1265,7 +1211,7 @@ impl Decoder {
                     c.num_local_experts,
                     hid,
                     n,
-                    self.topk(g, r, li, None, None),
+                    self.topk(g, r, li, None),
                 )?;
                 mark("router rows+topk (fp32)")?;
             } else {
@@ -1279,7 +1225,7 @@ impl Decoder {
                     hid,
                     n,
                     None,
-                    self.topk(g, r, li, None, None),
+                    self.topk(g, r, li, None),
                     self.router_t1,
                 )?;
                 mark("gemv router+topk (fp32)")?;

@@ -55,82 +55,16 @@ const ATTN_COMBINE_THREADS: u32 = 256;
 pub const ATTN_MAX_SPLITS: usize = 64;
 
 /// out[t] = table[tokens[t]] (fp32), `tokens` device `u32`.
-///
-/// `zero`: the step's counts ([`StepCounts`]), zeroed past the kernel's wait, or none.
-pub fn embed(
-    g: &Gpu,
-    table: u64,
-    tokens: u64,
-    out: u64,
-    hidden: usize,
-    t: usize,
-    zero: Option<StepCounts>,
-) -> Result<()> {
+pub fn embed(g: &Gpu, table: u64, tokens: u64, out: u64, hidden: usize, t: usize) -> Result<()> {
     let blocks = u(hidden.div_ceil(256))?;
     g.launch(
         "embed_gather",
         (blocks, u(t)?, 1),
         (256, 1, 1),
         0,
-        &[
-            Arg::Ptr(table),
-            Arg::Ptr(tokens),
-            Arg::Ptr(out),
-            i(hidden)?,
-            opt(zero.map(|z| z.words)),
-            i(zero.map_or(0, |_| StepCounts::WORDS))?,
-        ],
+        &[Arg::Ptr(table), Arg::Ptr(tokens), Arg::Ptr(out), i(hidden)?],
     )
 }
-
-/// The decode step's counts (docs/perf.md session 32): a consumer kernel starts on its
-/// producer's count of finished outputs ([`Gate`]) instead of on the producer's grid end, which
-/// costs the grid's end, a memory flush and the wait's release before the consumer's first
-/// read. [`StepCounts::WORDS`] u32 words at `words`, zeroed by [`embed`] at the step's start
-/// and only growing within the step: word [`StepCounts::DOWN`] counts the MoE down kernel's
-/// combined row ranges (the next layer's qkv and the lm_head start on it), word
-/// [`StepCounts::O`] the o projection's finished units (the router starts on it). Each
-/// consumer waits for the running total up to its own layer, which the host adds up as it
-/// queues the producers ([`dense_gemv_counted`], [`moe_down`]'s count).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct StepCounts {
-    /// Device address of the words.
-    pub words: u64,
-}
-
-impl StepCounts {
-    /// Words the step's counts take.
-    pub const WORDS: usize = 2;
-    /// Index of the down kernel's combined row ranges.
-    pub const DOWN: usize = 0;
-    /// Index of the o projection's finished units.
-    pub const O: usize = 1;
-
-    /// Device address of word `which`.
-    pub fn word(&self, which: usize) -> u64 {
-        self.words + (which * std::mem::size_of::<u32>()) as u64
-    }
-}
-
-/// A count a kernel starts on ([`StepCounts`]): the word at `word` reaching `n`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Gate {
-    pub word: u64,
-    pub n: u32,
-}
-
-/// Environment switch of the step's counts ([`StepCounts`], for A/B timing): `on` (the
-/// default) or `off` (every kernel starts on the previous grid's end).
-pub const STEP_COUNTS_ENV: &str = "MXTUNE_STEP_COUNTS";
-
-/// Whether the decode step uses its counts ([`STEP_COUNTS_ENV`]); a bad value is an error
-/// naming it.
-pub fn step_counts_from_env() -> Result<bool> {
-    env_choice(STEP_COUNTS_ENV, &STEP_COUNTS_WORDS)
-}
-
-/// The words of [`STEP_COUNTS_ENV`], the default first.
-const STEP_COUNTS_WORDS: [(&str, bool); 2] = [("on", true), ("off", false)];
 
 /// y = rmsnorm(x (+= delta)) * w over `t` rows of `n`.
 pub fn rmsnorm(
@@ -400,12 +334,7 @@ pub(crate) fn dense_gemv_tc(
     accumulate: bool,
     norm: Option<Norm>,
     tiles: Option<usize>,
-    flow: Flow,
-) -> Result<u32> {
-    ensure!(
-        flow.after.is_none() || !accumulate,
-        "a GEMV started on a count may not add to its output (it reads it before its wait)"
-    );
+) -> Result<()> {
     let (format, weights) = match w {
         DenseW::Bf16(p) => ("bf16", vec![Arg::Ptr(p)]),
         DenseW::Mxfp4 { blocks, scales } => ("fp4", vec![Arg::Ptr(blocks), Arg::Ptr(scales)]),
@@ -432,9 +361,6 @@ pub(crate) fn dense_gemv_tc(
         opt(norm.map(|n| n.out)),
         Arg::Ptr(part),
         Arg::Ptr(cnt),
-        opt(flow.after.map(|a| a.word)),
-        i(flow.after.map_or(0, |a| a.n as usize))?,
-        opt(flow.count),
     ]);
     g.launch(
         tc_gemv_kernel(format, plan.per_pass, plan.tiles_per_block),
@@ -446,19 +372,7 @@ pub(crate) fn dense_gemv_tc(
         (TCG_THREADS, 1, 1),
         u(tc_gemv_smem(cols, t.min(plan.per_pass)))?,
         &args,
-    )?;
-    // One count per finished unit (16 rows a tile, `tiles_per_block` tiles) and token pass.
-    let units = rows.div_ceil(TCG_ROWS * plan.tiles_per_block) * t.div_ceil(plan.per_pass);
-    Ok(if flow.count.is_some() { u(units)? } else { 0 })
-}
-
-/// What a decode kernel starts on and counts ([`StepCounts`]).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Flow {
-    /// Start once this count is reached instead of on the previous grid's end.
-    pub after: Option<Gate>,
-    /// Add one to this word per finished unit of output.
-    pub count: Option<u64>,
+    )
 }
 
 /// The tensor-core GEMV entry point of `format` ("bf16" or "fp4") taking `per_pass` tokens and
@@ -533,8 +447,6 @@ pub struct TopK {
     /// launch given them must be followed by [`moe_gate_up`] and [`moe_down`] of the same
     /// words, or the next gate_up reads stale experts.
     pub ready: Option<MoeWords>,
-    /// Start on this count (the o projection's, [`StepCounts`]) instead of the previous grid.
-    pub after: Option<Gate>,
 }
 
 /// The decode MoE's words, zeroed u32s one per (token, slot) pair, in two buffers of at least
@@ -856,8 +768,6 @@ fn gemv_launch(
             i(rpb)?,
             opt(topk.and_then(|k| k.ready).map(|r| r.ready)),
             opt(topk.and_then(|k| k.ready).map(|r| r.done)),
-            opt(topk.and_then(|k| k.after).map(|a| a.word)),
-            i(topk.and_then(|k| k.after).map_or(0, |a| a.n as usize))?,
         ]);
     }
     g.launch(
@@ -1922,9 +1832,7 @@ pub fn moe(
     )?;
     moe_down(
         g, w, s, codes, idx, wts, act, part, y, t, accumulate, units.down, units.lp, ctr, None, 0,
-        None,
     )
-    .map(|_| ())
 }
 
 /// Environment variable fixing the decode MoE's units per warp ([`MoeUnits`]) for tuning
@@ -2525,16 +2433,15 @@ pub fn moe_down(
     ctr: u64,
     ready: Option<MoeWords>,
     await_units: usize,
-    combined: Option<u64>,
-) -> Result<u32> {
+) -> Result<()> {
     w.layout.expect(
         ExpertLayout::for_codes(codes),
         "the decode MoE kernels of these codes",
     )?;
     let (kernel, smem, grid, grp) = moe_decode_launch(g, true, codes, lp, s, units, t)?;
     ensure!(
-        grp.is_none() || (ready.is_none() && combined.is_none()),
-        "the grouped decode MoE takes no expert announcements and no step count (moe_ready_fits)"
+        grp.is_none() || ready.is_none(),
+        "the grouped decode MoE takes no expert announcements (moe_ready_fits)"
     );
     ensure!(
         await_units == 0 || ready.is_some(),
@@ -2573,17 +2480,10 @@ pub fn moe_down(
                 opt(ready.map(|r| r.ready)),
                 opt(ready.map(|r| r.done)),
                 i(gu_blocks)?,
-                opt(combined),
             ]);
         }
     }
-    g.launch(kernel, grid, (256, 1, 1), u(smem)?, &args)?;
-    // One count per combined (token, row range): the grid's y times the tokens.
-    Ok(if combined.is_some() {
-        grid.1 * u(t)?
-    } else {
-        0
-    })
+    g.launch(kernel, grid, (256, 1, 1), u(smem)?, &args)
 }
 
 /// Environment switch of the decode MoE's expert announcements ([`TopK::ready`], for A/B
@@ -3210,43 +3110,8 @@ pub fn dense_gemv(
     accumulate: bool,
     norm: Option<Norm>,
 ) -> Result<()> {
-    dense_gemv_counted(
-        g,
-        path,
-        w,
-        bias,
-        x,
-        y,
-        rows,
-        cols,
-        t,
-        accumulate,
-        norm,
-        Flow::default(),
-    )
-    .map(|_| ())
-}
-
-/// [`dense_gemv`] in the step's counts ([`StepCounts`]): on the tensor-core path it starts on
-/// `flow.after` and adds to `flow.count`, and returns how many counts it adds (its units times
-/// its token passes); the SIMT path starts on the previous grid and counts nothing (0).
-#[allow(clippy::too_many_arguments)]
-pub fn dense_gemv_counted(
-    g: &Gpu,
-    path: DecodeGemv,
-    w: DenseW,
-    bias: Option<u64>,
-    x: u64,
-    y: u64,
-    rows: usize,
-    cols: usize,
-    t: usize,
-    accumulate: bool,
-    norm: Option<Norm>,
-    flow: Flow,
-) -> Result<u32> {
     if path.dense_on_tensor_cores() && tc_gemv_fits(g, w, cols, t) {
-        return dense_gemv_tc(g, w, bias, x, y, rows, cols, t, accumulate, norm, None, flow);
+        return dense_gemv_tc(g, w, bias, x, y, rows, cols, t, accumulate, norm, None);
     }
     match w {
         DenseW::Bf16(p) => gemv(g, p, bias, x, y, rows, cols, t, accumulate, norm),
@@ -3254,7 +3119,6 @@ pub fn dense_gemv_counted(
             g, blocks, scales, bias, x, y, rows, cols, t, accumulate, norm,
         ),
     }
-    .map(|_| 0)
 }
 
 /// Block rows of `gemm_bf16_cp`.
@@ -4095,20 +3959,6 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert_eq!(e, "MXTUNE_MOE_READY=yes: expected on, ids, off");
-    }
-
-    #[test]
-    fn step_counts_are_on_by_default_and_their_words_apart() {
-        assert!(choice(STEP_COUNTS_ENV, "", &STEP_COUNTS_WORDS).unwrap());
-        assert!(!choice(STEP_COUNTS_ENV, "off", &STEP_COUNTS_WORDS).unwrap());
-        let e = choice(STEP_COUNTS_ENV, "1", &STEP_COUNTS_WORDS)
-            .unwrap_err()
-            .to_string();
-        assert_eq!(e, "MXTUNE_STEP_COUNTS=1: expected on, off");
-        let c = StepCounts { words: 0x1000 };
-        assert_eq!(c.word(StepCounts::DOWN), 0x1000);
-        assert_eq!(c.word(StepCounts::O), 0x1004);
-        assert!(StepCounts::DOWN.max(StepCounts::O) < StepCounts::WORDS);
     }
 
     #[test]

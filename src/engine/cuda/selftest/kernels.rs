@@ -36,7 +36,6 @@ pub fn run_kernel_checks(g: &Gpu, seed: u64) -> Result<Vec<Check>> {
     out.extend(check_mxfp4_quantize(g, &mut s)?);
     out.extend(check_gemv_mxfp4(g, &mut s)?);
     out.extend(check_gemv_tc(g, &mut s)?);
-    out.extend(check_gemv_counts(g, &mut s)?);
     out.extend(check_moe_tc(g, &mut s)?);
     out.extend(check_moe_f16(g, &mut s)?);
     out.extend(check_gemm_mxfp4(g, &mut s)?);
@@ -58,36 +57,14 @@ fn check_embed(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
         g.ptr(&dout),
         hidden,
         tokens.len(),
-        None,
     )?;
     let got = g.download(&dout)?;
     let want = r::embed(&table, &tokens, hidden);
-    let mut res = vec![check(
+    Ok(vec![check(
         "embed_gather 4 tokens",
         rel_err(&got, &want),
         0.0,
-    )];
-    // With the step's counts: the same rows, and every count word zeroed.
-    let words = g.upload(&vec![7u32; ops::StepCounts::WORDS])?;
-    let dout2 = nan_f32(g, tokens.len() * hidden)?;
-    ops::embed(
-        g,
-        g.ptr(&dt),
-        g.ptr(&dtok),
-        g.ptr(&dout2),
-        hidden,
-        tokens.len(),
-        Some(ops::StepCounts {
-            words: g.ptr(&words),
-        }),
-    )?;
-    let left = g.download(&words)?.iter().filter(|&&v| v != 0).count();
-    res.push(check(
-        "embed_gather 4 tokens zeroing the step's counts: rows bits apart, words left",
-        bits_apart(&g.download(&dout2)?, &got) + left as f64,
-        0.0,
-    ));
-    Ok(res)
+    )])
 }
 
 fn check_rmsnorm(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
@@ -860,7 +837,6 @@ fn check_router(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
                 k,
                 counter: g.ptr(&counters),
                 ready: None,
-                after: None,
             };
             let (wp, xp, lp) = (g.ptr(&dw_eye), g.ptr(&dx), g.ptr(&dl));
             if rows {
@@ -905,7 +881,6 @@ fn router_args(
     counters: &cudarc::driver::CudaSlice<u32>,
     k: usize,
     ready: Option<ops::MoeWords>,
-    after: Option<ops::Gate>,
 ) -> (ops::Norm, ops::TopK) {
     let norm = ops::Norm {
         w: g.ptr(nw),
@@ -918,7 +893,6 @@ fn router_args(
         k,
         counter: g.ptr(counters),
         ready,
-        after,
     };
     (norm, topk)
 }
@@ -939,7 +913,7 @@ fn check_router_t1(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
         for one_row in [true, false] {
             let (dl, dh) = (nan_f32(g, experts)?, nan_f32(g, cols)?);
             let (di, dwt) = (g.upload(&vec![-1i32; k])?, nan_f32(g, k)?);
-            let (norm, topk) = router_args(g, &dnw, &dh, &di, &dwt, &counters, k, None, None);
+            let (norm, topk) = router_args(g, &dnw, &dh, &di, &dwt, &counters, k, None);
             ops::router(
                 g,
                 g.ptr(&dw),
@@ -1114,9 +1088,7 @@ fn check_moe(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
 /// run with the announcements and again without, on the router's experts and normalised
 /// input. gate_up's outputs and the step's bit for bit, both written, and the announcements
 /// cleared afterwards (the next layer's router starts from zero). The kernels run in turn
-/// here; in the step gate_up's blocks poll while the router ends. In the step's arm the router
-/// also starts on a count (`TopK::after`) and down counts its combined row ranges
-/// (`ops::StepCounts`): the same bits, and the count the host expects.
+/// here; in the step gate_up's blocks poll while the router ends.
 fn check_moe_ready(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
     let mut res = Vec::new();
     let (e, hidden, inter, k) = (32usize, 2880usize, 2880usize, 4usize);
@@ -1152,16 +1124,7 @@ fn check_moe_ready(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
                     ready: g.ptr(&dready),
                     done: g.ptr(&ddone),
                 });
-                // In the step's arm the router also starts on a count (ops::StepCounts; here
-                // one already reached) and down counts its combined row ranges.
-                let counted = await_units > 0;
-                let (gate, combined) = (g.upload(&[3u32])?, g.alloc::<u32>(1)?);
-                let after = counted.then(|| ops::Gate {
-                    word: g.ptr(&gate),
-                    n: 3,
-                });
-                let (norm, topk) =
-                    router_args(g, &dnw, &dh, &di, &dwt, &counters, k, ready, after);
+                let (norm, topk) = router_args(g, &dnw, &dh, &di, &dwt, &counters, k, ready);
                 let (x, lg) = (g.ptr(&c.dx), g.ptr(&dl));
                 ops::router(
                     g,
@@ -1198,7 +1161,7 @@ fn check_moe_ready(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
                 let (h, idx, act) = (g.ptr(&dh), g.ptr(&di), g.ptr(&dact));
                 let lp = units.gate_up_loop();
                 ops::moe_gate_up(g, &w, sh, codes, h, idx, act, t, units.gate_up, lp, ready)?;
-                let added = ops::moe_down(
+                ops::moe_down(
                     g,
                     &w,
                     sh,
@@ -1215,23 +1178,7 @@ fn check_moe_ready(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
                     g.ptr(&dctr),
                     ready,
                     await_units,
-                    counted.then(|| g.ptr(&combined)),
                 )?;
-                if counted {
-                    // One count per (token, row range of 16 units' rows), as the host says.
-                    let ranges = hidden.div_ceil(16 * units.down);
-                    let got = g.download(&combined)?[0];
-                    res.push(check(
-                        format!(
-                            "moe t={t} down units {}: {got} combined row ranges counted, \
-                             {ranges} a token",
-                            units.down
-                        ),
-                        (f64::from(got) - (t * ranges) as f64).abs()
-                            + (f64::from(added) - (t * ranges) as f64).abs(),
-                        0.0,
-                    ));
-                }
                 if ready.is_some() {
                     // Each pair's count holds its gate_up blocks.
                     let want = inter.div_ceil(8 * units.gate_up) as u32;
@@ -2432,110 +2379,6 @@ fn fp32_input_checks(
     ])
 }
 
-/// The tensor-core decode GEMV in the step's counts (`ops::StepCounts`): started on a count
-/// (one already reached here) and counting its finished units, against the same launch
-/// without either, bit for bit; the count word holds what the host says it adds (units times
-/// token passes, by whichever block of a K-split pair finishes). Shapes: qkv's (norm), o's at
-/// one and five tokens (accumulating, so counting only; at five K is split over two blocks),
-/// and a long matrix whose blocks stream several units (the lm_head's case), bf16 and MXFP4.
-/// And a gated GEMV that would add to its output is refused.
-fn check_gemv_counts(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
-    let mut res = Vec::new();
-    let long = 16 * 4 * 8 * g.sms() + 7;
-    for (rows, cols, t, acc, norm) in [
-        (5120, 2880, 1, false, true),
-        (2880, 4096, 1, true, false),
-        (2880, 4096, 5, true, false),
-        (long, 256, 1, false, true),
-    ] {
-        for fp4 in [false, true] {
-            let mut c = DenseCase::new(g, s, rows, cols, t, true, acc)?;
-            let fp4_w = if fp4 {
-                Some(c.quantize_weights(g)?)
-            } else {
-                None
-            };
-            let w = match &fp4_w {
-                Some((db, ds)) => ops::DenseW::Mxfp4 {
-                    blocks: g.ptr(db),
-                    scales: g.ptr(ds),
-                },
-                None => ops::DenseW::Bf16(g.ptr(&c.dw)),
-            };
-            let nw = bf16_vec(s.next(), cols, 0.2, 1.0);
-            let dnw = g.upload(&nw)?;
-            let nrm = norm.then(|| ops::Norm {
-                w: g.ptr(&dnw),
-                eps: 1e-5,
-                out: 0,
-            });
-            let (gate, count) = (g.upload(&[9u32])?, g.alloc::<u32>(1)?);
-            let flow = ops::Flow {
-                after: (!acc).then(|| ops::Gate {
-                    word: g.ptr(&gate),
-                    n: 9,
-                }),
-                count: Some(g.ptr(&count)),
-            };
-            let (plain, counted) = (c.out(g)?, c.out(g)?);
-            let (b, x) = (c.bias_ptr(g), g.ptr(&c.dx));
-            let launch = |y: u64, flow: ops::Flow| {
-                ops::dense_gemv_tc(g, w, b, x, y, rows, cols, t, acc, nrm, None, flow)
-            };
-            launch(g.ptr(&plain), ops::Flow::default())?;
-            let added = launch(g.ptr(&counted), flow)?;
-            let format = if fp4 { "fp4" } else { "bf16" };
-            let plan = ops::tc_gemv_launch_plan(g, format, rows, cols, t, norm, None)?;
-            let units = rows.div_ceil(16 * plan.tiles_per_block) * t.div_ceil(plan.per_pass);
-            let got = g.download(&count)?[0];
-            let (a, b) = (g.download(&plain)?, g.download(&counted)?);
-            let unwritten = b.iter().filter(|v| !v.is_finite()).count();
-            res.push(check(
-                format!(
-                    "gemv_tc_{format} {rows}x{cols} t={t} {}: bits apart from plain, unwritten, \
-                     count {got} against {units} units",
-                    if acc { "counting" } else { "on a count, counting" }
-                ),
-                bits_apart(&a, &b)
-                    + unwritten as f64
-                    + (f64::from(got) - units as f64).abs()
-                    + (f64::from(added) - units as f64).abs(),
-                0.0,
-            ));
-        }
-    }
-    // Started on a count, a GEMV may not read its output before its wait: refused.
-    let c = DenseCase::new(g, s, 64, 256, 1, false, true)?;
-    let y = c.out(g)?;
-    let gate = g.upload(&[1u32])?;
-    let refused = ops::dense_gemv_tc(
-        g,
-        ops::DenseW::Bf16(g.ptr(&c.dw)),
-        None,
-        g.ptr(&c.dx),
-        g.ptr(&y),
-        64,
-        256,
-        1,
-        true,
-        None,
-        None,
-        ops::Flow {
-            after: Some(ops::Gate {
-                word: g.ptr(&gate),
-                n: 1,
-            }),
-            count: None,
-        },
-    );
-    res.push(check(
-        "gemv_tc accumulating on a count: refused",
-        f64::from(u8::from(refused.is_ok())),
-        0.0,
-    ));
-    Ok(res)
-}
-
 /// The tensor-core decode GEMV (bf16 and MXFP4 weights) against the f64 reference on what
 /// its MMAs multiply: bf16(x · norm_w) (or bf16(x)) and the weights (MXFP4 dequantized,
 /// exact in bf16), the norm's 1/rms (from the fp32 x) applied to the sums. Only the fp32
@@ -2617,11 +2460,7 @@ fn check_gemv_tc(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
                         acc,
                         nrm,
                     ),
-                    Some(_) => {
-                        let flow = ops::Flow::default();
-                        ops::dense_gemv_tc(g, w, b, x, y, rows, cols, t, acc, nrm, tiles, flow)
-                            .map(|_| ())
-                    }
+                    Some(_) => ops::dense_gemv_tc(g, w, b, x, y, rows, cols, t, acc, nrm, tiles),
                 }
             };
             if plan.ksplit > 1 {
