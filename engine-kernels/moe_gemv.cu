@@ -492,13 +492,10 @@ __device__ __forceinline__ void moe_gate_up_body(const u8* __restrict__ blocks,
         MoeRing w{be + 2 * (size_t)j0 * nb, se + 2 * (size_t)j0 * nb,
                   reinterpret_cast<u8*>(moe_smem) + (size_t)(threadIdx.x >> 5) * MOE_RING * MoeRing::unit_bytes(nb),
                   nb, ni, lane, nu, 0};
-        // The first unit before the wait, the others once x is staged: issued ahead of the
-        // staging, their copies delayed it (docs/perf.md session 32).
-        w.issue();
+#pragma unroll
+        for (int r = 0; r < MOE_RING; ++r) w.issue();
         if (ready) pdl_enter_as(GATE_UP_TRIGGER);
         A::stage(x + (size_t)t * hidden, xs, hidden);
-#pragma unroll
-        for (int r = 1; r < MOE_RING; ++r) w.issue();
         __syncthreads();
         for (int uu = 0; uu < nu; ++uu) {
             float g, l;
@@ -690,9 +687,9 @@ __device__ __forceinline__ void moe_down_body(const u8* __restrict__ blocks,
         if (gu_blocks) MOE_DOWN_AWAIT();
         else pdl_enter_as(DOWN_TRIGGER);
 #endif
-        A::stage(act + ((size_t)t * k + s) * inter, as, inter);
         if constexpr (RING)
             for (int r = 1; r < MOE_RING; ++r) wr.issue();
+        A::stage(act + ((size_t)t * k + s) * inter, as, inter);
         __syncthreads();
         for (int uu = 0; uu < nu; ++uu) {
             float t0, t1;
