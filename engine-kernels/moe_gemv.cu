@@ -387,58 +387,6 @@ struct MoeSlots {
     }
 };
 
-// The `_ring` kernels' weights (the fp16 dot): each warp keeps MOE_RING units in flight in its
-// own shared-memory slots, copied by cp.async (a unit's two rows of blocks, 2 nb 16-byte words
-// contiguous in memory, then their 2 nb scale bytes as 4-byte words: nb even), where
-// MoeSlots holds one unit in registers — which at 2 blocks an SM left the decode MoE at
-// about half of the DRAM bandwidth with every warp waiting on its next unit (docs/perf.md
-// session 32). One commit group per unit, empty past the warp's last, so the wait before
-// unit uu's sums is always for all but the MOE_RING - 1 newest groups. The sums are
-// MoeSlots::sums' in the same order: the same bits.
-#define MOE_RING 3
-struct MoeRing {
-    const uint4* bw;  // the warp's first unit's row 0 (unit uu at 2 uu nb)
-    const u8* sw;
-    u8* ring;  // the warp's MOE_RING slots of unit_bytes(nb)
-    int nb, ni, lane, nu, issued;
-
-    static __device__ __forceinline__ int unit_bytes(int nb) { return 32 * nb + ((2 * nb + 15) & ~15); }
-    // Copy the next unit into its slot (nothing past nu), as one commit group.
-    __device__ __forceinline__ void issue() {
-        if (issued < nu) {
-            u8* slot = ring + (size_t)(issued % MOE_RING) * unit_bytes(nb);
-            const uint4* src = bw + 2 * (size_t)issued * nb;
-            for (int b = lane; b < 2 * nb; b += 32) cp_async16(slot + 16 * b, src + b, true);
-            const unsigned* ss = reinterpret_cast<const unsigned*>(sw + 2 * (size_t)issued * nb);
-            unsigned* sd = reinterpret_cast<unsigned*>(slot + 32 * nb);
-            for (int w = lane; w < (nb >> 1); w += 32) cp_async4(sd + w, ss + w);
-        }
-        cp_async_commit();
-        ++issued;
-    }
-    // Unit uu's partial sums (it must be the oldest unit not yet summed), then its slot refilled
-    // with the unit MOE_RING further on.
-    template <class A>
-    __device__ __forceinline__ void sums(const u8* xs, int uu, float& t0, float& t1) {
-        cp_async_wait<MOE_RING - 1>();
-        __syncwarp();
-        const u8* slot = ring + (size_t)(uu % MOE_RING) * unit_bytes(nb);
-        const uint4* w = reinterpret_cast<const uint4*>(slot);
-        const u8* sc = slot + 32 * nb;
-        t0 = t1 = 0.0f;
-#pragma unroll
-        for (int i = 0; i < MOE_SLOTS_NI; ++i) {
-            const int b = lane + 32 * i;
-            if (i < ni && b < nb) {
-                t0 += A::dot(w[b], xs, b, nb) * e8m0_value(sc[b]);
-                t1 += A::dot(w[nb + b], xs, b, nb) * e8m0_value(sc[nb + b]);
-            }
-        }
-        __syncwarp();
-        issue();
-    }
-};
-
 // Grid order of both kernels: the (token, slot) pairs p = t * k + s are blockIdx.x, the row
 // ranges blockIdx.y, so the blocks launched together are every pair's blocks of one row range:
 // pairs routed to the same expert (at batch 16, 64 pairs name ~50 distinct experts) read the
@@ -454,7 +402,7 @@ struct MoeRing {
 // finishes, so the pipeline does not drain between units. The first loads are issued before
 // the staging. Dynamic shared memory: the policy's staged x (ActF32: hidden / 32 * STAGE_PAD
 // floats; 8-bit: hidden / 32 * (ACT8_PAD + 4) bytes). units <= 32 (a lane holds one unit's bias).
-template <class A, bool SLOTS, bool RING = false>
+template <class A, bool SLOTS>
 __device__ __forceinline__ void moe_gate_up_body(const u8* __restrict__ blocks,
                                                  const u8* __restrict__ scales,
                                                  const bf16_t* __restrict__ bias,
@@ -464,9 +412,7 @@ __device__ __forceinline__ void moe_gate_up_body(const u8* __restrict__ blocks,
                                                  int k, float limit, float alpha, int units,
                                                  const unsigned* __restrict__ ready,
                                                  unsigned* __restrict__ done) {
-    const int nb = hidden >> 5, ni = (nb + 31) >> 5;
-    // The ring kernels' slots first (8 warps), then the staged x.
-    u8* xs = reinterpret_cast<u8*>(moe_smem) + (RING ? 8 * MOE_RING * MoeRing::unit_bytes(nb) : 0);
+    u8* xs = reinterpret_cast<u8*>(moe_smem);
     const int lane = threadIdx.x & 31;
     const int j0 = (blockIdx.y * 8 + (threadIdx.x >> 5)) * units;
     const int s = blockIdx.x % k, t = blockIdx.x / k;
@@ -479,6 +425,7 @@ __device__ __forceinline__ void moe_gate_up_body(const u8* __restrict__ blocks,
         pdl_enter_as(GATE_UP_TRIGGER);
         e = idx[t * k + s];
     }
+    const int nb = hidden >> 5, ni = (nb + 31) >> 5;
     const size_t rows = 2 * (size_t)inter;
     const uint4* be = reinterpret_cast<const uint4*>(blocks) + (size_t)e * rows * nb;
     const u8* se = scales + (size_t)e * rows * nb;
@@ -487,30 +434,6 @@ __device__ __forceinline__ void moe_gate_up_body(const u8* __restrict__ blocks,
     const bool bl = lane < units && jb < inter;
     const float bgate = bl ? bf2f(bias[(size_t)e * rows + 2 * jb]) : 0.0f;
     const float blin = bl ? bf2f(bias[(size_t)e * rows + 2 * jb + 1]) : 0.0f;
-    if constexpr (RING) {
-        const int nu = max(0, min(units, inter - j0));
-        MoeRing w{be + 2 * (size_t)j0 * nb, se + 2 * (size_t)j0 * nb,
-                  reinterpret_cast<u8*>(moe_smem) + (size_t)(threadIdx.x >> 5) * MOE_RING * MoeRing::unit_bytes(nb),
-                  nb, ni, lane, nu, 0};
-#pragma unroll
-        for (int r = 0; r < MOE_RING; ++r) w.issue();
-        if (ready) pdl_enter_as(GATE_UP_TRIGGER);
-        A::stage(x + (size_t)t * hidden, xs, hidden);
-        __syncthreads();
-        for (int uu = 0; uu < nu; ++uu) {
-            float g, l;
-            w.sums<A>(xs, uu, g, l);
-            g = warp_sum(g);
-            l = warp_sum(l);
-            const float bg = __shfl_sync(0xffffffffu, bgate, uu);
-            const float bli = __shfl_sync(0xffffffffu, blin, uu);
-            if (lane == 0)
-                act[((size_t)t * k + s) * inter + j0 + uu] = swiglu_clamped(g + bg, l + bli, limit, alpha);
-        }
-        cp_async_wait<0>();
-        if (done) moe_count_done(done + blockIdx.x);
-        return;
-    }
     if constexpr (SLOTS) {
         // All of a unit's items in flight at once (MoeSlots); the same sums in the same order
         // as the item sequence below.
@@ -586,25 +509,24 @@ __device__ __forceinline__ void moe_gate_up_body(const u8* __restrict__ blocks,
     if (done) moe_count_done(done + blockIdx.x);
 }
 
-#define MOE_GATE_UP_KERNEL(name, policy, slots, ring, minb)                                     \
+#define MOE_GATE_UP_KERNEL(name, policy, slots, minb)                                           \
     extern "C" __global__ void __launch_bounds__(256, minb)                                     \
     name(const u8* __restrict__ blocks, const u8* __restrict__ scales,                          \
          const bf16_t* __restrict__ bias, const float* __restrict__ x,                          \
          const int* __restrict__ idx, float* __restrict__ act, int inter, int hidden, int k,    \
          float limit, float alpha, int units, const unsigned* __restrict__ ready,               \
          unsigned* __restrict__ done) {                                                         \
-        moe_gate_up_body<policy, slots, ring>(blocks, scales, bias, x, idx, act, inter,         \
-                                              hidden, k, limit, alpha, units, ready, done);    \
+        moe_gate_up_body<policy, slots>(blocks, scales, bias, x, idx, act, inter, hidden, k,    \
+                                        limit, alpha, units, ready, done);                      \
     }
-MOE_GATE_UP_KERNEL(moe_gate_up_swiglu, ActF32, false, false, MOE_DECODE_MINB)
-MOE_GATE_UP_KERNEL(moe_gate_up_swiglu_q8, ActQ8, false, false, MOE_DECODE_MINB)
-MOE_GATE_UP_KERNEL(moe_gate_up_swiglu_fp8, ActFp8, false, false, MOE_DECODE_MINB)
-MOE_GATE_UP_KERNEL(moe_gate_up_swiglu_slots, ActF32, true, false, MOE_SLOTS_MINB)
-MOE_GATE_UP_KERNEL(moe_gate_up_swiglu_q8_slots, ActQ8, true, false, MOE_SLOTS_MINB)
-MOE_GATE_UP_KERNEL(moe_gate_up_swiglu_fp8_slots, ActFp8, true, false, MOE_SLOTS_MINB)
-MOE_GATE_UP_KERNEL(moe_gate_up_swiglu_h2, ActF16, false, false, MOE_DECODE_MINB)
-MOE_GATE_UP_KERNEL(moe_gate_up_swiglu_h2_slots, ActF16, true, false, MOE_SLOTS_MINB)
-MOE_GATE_UP_KERNEL(moe_gate_up_swiglu_h2_ring, ActF16, true, true, MOE_SLOTS_MINB)
+MOE_GATE_UP_KERNEL(moe_gate_up_swiglu, ActF32, false, MOE_DECODE_MINB)
+MOE_GATE_UP_KERNEL(moe_gate_up_swiglu_q8, ActQ8, false, MOE_DECODE_MINB)
+MOE_GATE_UP_KERNEL(moe_gate_up_swiglu_fp8, ActFp8, false, MOE_DECODE_MINB)
+MOE_GATE_UP_KERNEL(moe_gate_up_swiglu_slots, ActF32, true, MOE_SLOTS_MINB)
+MOE_GATE_UP_KERNEL(moe_gate_up_swiglu_q8_slots, ActQ8, true, MOE_SLOTS_MINB)
+MOE_GATE_UP_KERNEL(moe_gate_up_swiglu_fp8_slots, ActFp8, true, MOE_SLOTS_MINB)
+MOE_GATE_UP_KERNEL(moe_gate_up_swiglu_h2, ActF16, false, MOE_DECODE_MINB)
+MOE_GATE_UP_KERNEL(moe_gate_up_swiglu_h2_slots, ActF16, true, MOE_SLOTS_MINB)
 
 // y[t, r] (+)= the k slots' rows part[t, s, r] summed in slot order, for rows r0 <= r < r1
 // (the whole block strides over them): the down kernels' combine, by the last slot block of a
@@ -638,7 +560,7 @@ __device__ __forceinline__ void moe_combine_rows(const float* __restrict__ part,
         if (DOWN_TRIGGER == 0 && !PDL_NO_TRIGGER) pdl_trigger();              \
     } while (0)
 
-template <class A, bool SLOTS, bool RING = false>
+template <class A, bool SLOTS>
 __device__ __forceinline__ void moe_down_body(const u8* __restrict__ blocks,
                                               const u8* __restrict__ scales,
                                               const bf16_t* __restrict__ bias,
@@ -650,9 +572,7 @@ __device__ __forceinline__ void moe_down_body(const u8* __restrict__ blocks,
                                               int accumulate, unsigned* __restrict__ ctr,
                                               unsigned* __restrict__ ready,
                                               const unsigned* __restrict__ done, int gu_blocks) {
-    const int nb = inter >> 5, ni = (nb + 31) >> 5;
-    // The ring kernels' slots first (8 warps), then the staged activations.
-    u8* as = reinterpret_cast<u8*>(moe_smem) + (RING ? 8 * MOE_RING * MoeRing::unit_bytes(nb) : 0);
+    u8* as = reinterpret_cast<u8*>(moe_smem);
     const int lane = threadIdx.x & 31;
     const int rw = (blockIdx.y * 8 + (threadIdx.x >> 5)) * 2 * units;  // the warp's first row
     const int s = blockIdx.x % k, t = blockIdx.x / k;
@@ -664,6 +584,7 @@ __device__ __forceinline__ void moe_down_body(const u8* __restrict__ blocks,
     // Read from L2 (an SM's L1 may hold an older step's line).
     const int e = __ldcg(idx + t * k + s);
     const float wt = __ldcg(wts + t * k + s);  // the slot's weight, from the router too
+    const int nb = inter >> 5, ni = (nb + 31) >> 5;
     const uint4* be = reinterpret_cast<const uint4*>(blocks) + (size_t)e * hidden * nb;
     const u8* se = scales + (size_t)e * hidden * nb;
     // Lane u holds unit u's two biases.
@@ -676,25 +597,16 @@ __device__ __forceinline__ void moe_down_body(const u8* __restrict__ blocks,
         // a unit's second row exists whenever its first does.
         const int nu = min(units, (hidden - rw + 1) / 2);
         MoeSlots w{be + (size_t)rw * nb + lane, se + (size_t)rw * nb + lane, nb, ni, lane};
-        // The ring's first unit before the wait, as the slots' (its others after it: all of
-        // them early lost, docs/perf.md run 235).
-        MoeRing wr{be + (size_t)rw * nb, se + (size_t)rw * nb,
-                   reinterpret_cast<u8*>(moe_smem) + (size_t)(threadIdx.x >> 5) * MOE_RING * MoeRing::unit_bytes(nb),
-                   nb, ni, lane, max(0, nu), 0};
-        if constexpr (RING) wr.issue();
-        else if (nu > 0) w.load_unit(0);
+        if (nu > 0) w.load_unit(0);
 #if MOE_DOWN_EARLY
         if (gu_blocks) MOE_DOWN_AWAIT();
         else pdl_enter_as(DOWN_TRIGGER);
 #endif
-        if constexpr (RING)
-            for (int r = 1; r < MOE_RING; ++r) wr.issue();
         A::stage(act + ((size_t)t * k + s) * inter, as, inter);
         __syncthreads();
         for (int uu = 0; uu < nu; ++uu) {
             float t0, t1;
-            if constexpr (RING) wr.sums<A>(as, uu, t0, t1);
-            else w.sums<A>(as, uu, nu, t0, t1);
+            w.sums<A>(as, uu, nu, t0, t1);
             t0 = warp_sum(t0);
             t1 = warp_sum(t1);
             const float bb0 = __shfl_sync(0xffffffffu, b0v, uu);
@@ -783,7 +695,7 @@ __device__ __forceinline__ void moe_down_body(const u8* __restrict__ blocks,
                      min(hidden, (int)(blockIdx.y + 1) * 16 * units), accumulate);
 }
 
-#define MOE_DOWN_KERNEL(name, policy, slots, ring, minb)                                        \
+#define MOE_DOWN_KERNEL(name, policy, slots, minb)                                              \
     extern "C" __global__ void __launch_bounds__(256, minb)                                     \
     name(const u8* __restrict__ blocks, const u8* __restrict__ scales,                          \
          const bf16_t* __restrict__ bias, const float* __restrict__ act,                        \
@@ -791,19 +703,17 @@ __device__ __forceinline__ void moe_down_body(const u8* __restrict__ blocks,
          int hidden, int inter, int k, int units, float* __restrict__ y, int accumulate,        \
          unsigned* __restrict__ ctr, unsigned* __restrict__ ready,                              \
          const unsigned* __restrict__ done, int gu_blocks) {                                    \
-        moe_down_body<policy, slots, ring>(blocks, scales, bias, act, idx, wts, part, hidden,   \
-                                           inter, k, units, y, accumulate, ctr, ready, done,    \
-                                           gu_blocks);                                          \
+        moe_down_body<policy, slots>(blocks, scales, bias, act, idx, wts, part, hidden, inter,  \
+                                     k, units, y, accumulate, ctr, ready, done, gu_blocks);     \
     }
-MOE_DOWN_KERNEL(moe_down, ActF32, false, false, MOE_DECODE_MINB)
-MOE_DOWN_KERNEL(moe_down_q8, ActQ8, false, false, MOE_DECODE_MINB)
-MOE_DOWN_KERNEL(moe_down_fp8, ActFp8, false, false, MOE_DECODE_MINB)
-MOE_DOWN_KERNEL(moe_down_slots, ActF32, true, false, MOE_SLOTS_MINB)
-MOE_DOWN_KERNEL(moe_down_q8_slots, ActQ8, true, false, MOE_SLOTS_MINB)
-MOE_DOWN_KERNEL(moe_down_fp8_slots, ActFp8, true, false, MOE_SLOTS_MINB)
-MOE_DOWN_KERNEL(moe_down_h2, ActF16, false, false, MOE_DECODE_MINB)
-MOE_DOWN_KERNEL(moe_down_h2_slots, ActF16, true, false, MOE_SLOTS_MINB)
-MOE_DOWN_KERNEL(moe_down_h2_ring, ActF16, true, true, MOE_SLOTS_MINB)
+MOE_DOWN_KERNEL(moe_down, ActF32, false, MOE_DECODE_MINB)
+MOE_DOWN_KERNEL(moe_down_q8, ActQ8, false, MOE_DECODE_MINB)
+MOE_DOWN_KERNEL(moe_down_fp8, ActFp8, false, MOE_DECODE_MINB)
+MOE_DOWN_KERNEL(moe_down_slots, ActF32, true, MOE_SLOTS_MINB)
+MOE_DOWN_KERNEL(moe_down_q8_slots, ActQ8, true, MOE_SLOTS_MINB)
+MOE_DOWN_KERNEL(moe_down_fp8_slots, ActFp8, true, MOE_SLOTS_MINB)
+MOE_DOWN_KERNEL(moe_down_h2, ActF16, false, MOE_DECODE_MINB)
+MOE_DOWN_KERNEL(moe_down_h2_slots, ActF16, true, MOE_SLOTS_MINB)
 
 // ---- The grouped decode MoE (`MXTUNE_MOE_LOOP=grouped`, the fp16 dot): one block per (row
 // range, distinct expert of a group of up to TCG_TOKENS tokens; tcg_group), so an expert that

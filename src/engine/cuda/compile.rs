@@ -110,8 +110,6 @@ pub const KERNEL_FILES: &[KernelFile] = &[
             "moe_down_h2",
             "moe_gate_up_swiglu_h2_slots",
             "moe_down_h2_slots",
-            "moe_gate_up_swiglu_h2_ring",
-            "moe_down_h2_ring",
             "moe_gate_up_swiglu_h2_grp",
             "moe_down_h2_grp"
         ]
@@ -625,10 +623,9 @@ mod tests {
         );
         let late = "if (ready) pdl_enter_as(GATE_UP_TRIGGER);";
         let parts: Vec<&str> = body.split(late).collect();
-        // The ring, the slots and the item loop.
         assert_eq!(
             parts.len(),
-            4,
+            3,
             "moe_gate_up_body: one late wait per loop kind"
         );
         assert!(

@@ -1648,24 +1648,7 @@ impl MoeDot {
 /// Which decode MoE kernel (gate_up + SwiGLU, or down) runs for activation codes `codes` and
 /// loop (`slots`: the `_slots` kernels), and its dynamic shared memory for `n` staged
 /// activations.
-fn moe_gemv_kernel(
-    down: bool,
-    codes: MoeCodes,
-    n: usize,
-    slots: bool,
-    ring: bool,
-) -> (&'static str, usize) {
-    if ring && codes == MoeCodes::F16 && slots {
-        let name = if down {
-            "moe_down_h2_ring"
-        } else {
-            "moe_gate_up_swiglu_h2_ring"
-        };
-        return (
-            name,
-            moe_ring_smem(n) + moe_gemv_kernel(down, codes, n, true, false).1,
-        );
-    }
+fn moe_gemv_kernel(down: bool, codes: MoeCodes, n: usize, slots: bool) -> (&'static str, usize) {
     let name = match (down, codes, slots) {
         (false, MoeCodes::F32, false) => "moe_gate_up_swiglu",
         (false, MoeCodes::F16, false) => "moe_gate_up_swiglu_h2",
@@ -1695,41 +1678,6 @@ fn moe_gemv_kernel(
 /// Most 32-block items of a row each lane of the `_slots` decode MoE kernels holds (kernel
 /// constant `MOE_SLOTS_NI`): rows of up to 32 · 3 blocks of 32 (3072 inputs) take them.
 const MOE_SLOTS_NI: usize = 3;
-
-/// Units each warp of the `_ring` decode MoE kernels keeps in flight (kernel constant
-/// `MOE_RING`).
-const MOE_RING: usize = 3;
-
-/// Shared memory of the `_ring` kernels' weight slots for rows of `n` inputs: 8 warps ×
-/// [`MOE_RING`] units, each two rows of n/32 16-byte blocks and their scale bytes (padded to
-/// 16).
-fn moe_ring_smem(n: usize) -> usize {
-    let nb = n / 32;
-    8 * MOE_RING * (32 * nb + (2 * nb).next_multiple_of(16))
-}
-
-/// Whether the `_ring` kernels take rows of `n` inputs: their scales copy as 4-byte words, so
-/// an even number of 32-input blocks a row.
-fn moe_ring_fits(n: usize) -> bool {
-    n.is_multiple_of(64)
-}
-
-/// Environment switch of the decode MoE's weight ring (the fp16 dot's `_slots` kernels with
-/// [`MOE_RING`] units a warp in flight through shared memory, where the `_slots` kernels hold
-/// one in registers): `on` (the default) or `off`. Where 2 blocks an SM of the ring do not fit
-/// the device's shared memory (or the rows' blocks are odd), the `_slots` kernels run.
-pub const MOE_RING_ENV: &str = "MXTUNE_MOE_RING";
-
-/// [`MOE_RING_ENV`], read once; a bad value is an error naming it.
-fn moe_ring_on() -> Result<bool> {
-    static ON: std::sync::OnceLock<Result<bool, String>> = std::sync::OnceLock::new();
-    ON.get_or_init(|| env_choice(MOE_RING_ENV, &MOE_RING_WORDS).map_err(|e| e.to_string()))
-        .clone()
-        .map_err(|e| anyhow::anyhow!(e))
-}
-
-/// The words of [`MOE_RING_ENV`], the default first.
-const MOE_RING_WORDS: [(&str, bool); 2] = [("on", true), ("off", false)];
 
 /// Expected tokens per distinct expert from which gate_up runs grouped ([`MoeUnits::grouping`]).
 pub const MOE_GRP_FROM_SHARE: f64 = 1.25;
@@ -1773,7 +1721,7 @@ fn moe_grp_kernel(
         "moe_gate_up_swiglu_h2_grp"
     };
     let cap = MOE_GRP_NT.min(t);
-    let stride = moe_gemv_kernel(down, codes, width, true, false)
+    let stride = moe_gemv_kernel(down, codes, width, true)
         .1
         .next_multiple_of(16);
     Some((name, cap, stride, cap * stride))
@@ -2606,19 +2554,8 @@ fn moe_decode_launch(
             Some((cap, stride)),
         ),
         None => {
-            let slots = lp.slots(units, width);
-            let mut pick = moe_gemv_kernel(down, codes, width, slots, false);
-            if slots && moe_ring_fits(width) && moe_ring_on()? {
-                // The ring where two of its blocks fit an SM's shared memory.
-                let ring = moe_gemv_kernel(down, codes, width, slots, true);
-                if ring.0 != pick.0
-                    && ring.1 <= g.max_shared()
-                    && g.resident_blocks(ring.0, 256, ring.1)? >= MOE_SLOTS_BLOCKS_PER_SM
-                {
-                    pick = ring;
-                }
-            }
-            (pick.0, pick.1, (u(s.k * t)?, u(ranges)?, 1), None)
+            let (kernel, smem) = moe_gemv_kernel(down, codes, width, lp.slots(units, width));
+            (kernel, smem, (u(s.k * t)?, u(ranges)?, 1), None)
         }
     };
     ensure!(
@@ -3827,7 +3764,7 @@ mod tests {
             .collect();
         for codes in [MoeCodes::F32, MoeCodes::F16, MoeCodes::Q8, MoeCodes::Fp8] {
             for (down, slots) in [(false, false), (true, false), (false, true), (true, true)] {
-                let (name, smem) = moe_gemv_kernel(down, codes, 2880, slots, false);
+                let (name, smem) = moe_gemv_kernel(down, codes, 2880, slots);
                 assert!(entries.contains(&name), "{name} not in KERNEL_FILES");
                 assert_eq!(name.ends_with("_slots"), slots, "{name}");
                 let want = match codes {
@@ -3839,27 +3776,15 @@ mod tests {
             }
         }
         assert_eq!(
-            moe_gemv_kernel(false, ActFormat::Bf16.into(), 96, false, false).0,
+            moe_gemv_kernel(false, ActFormat::Bf16.into(), 96, false).0,
             "moe_gate_up_swiglu"
         );
-        // The ring: the fp16 dot's slots kernels only, its slots ahead of the staging: at
-        // gpt-oss's 2880, 8 warps × 3 units × (2 × 90 blocks × 16 + 192 scale bytes).
-        for down in [false, true] {
-            let (name, smem) = moe_gemv_kernel(down, MoeCodes::F16, 2880, true, true);
-            assert!(entries.contains(&name) && name.ends_with("_h2_ring"), "{name}");
-            assert_eq!(smem, 8 * 3 * (2880 + 192) + 90 * 84, "{name}");
-            let plain = moe_gemv_kernel(down, MoeCodes::Q8, 2880, true, true).0;
-            assert!(plain.ends_with("_q8_slots"), "{plain}");
-        }
-        assert!(moe_ring_fits(2880) && !moe_ring_fits(2848));
-        assert!(choice(MOE_RING_ENV, "", &MOE_RING_WORDS).unwrap());
-        assert!(!choice(MOE_RING_ENV, "off", &MOE_RING_WORDS).unwrap());
         assert_eq!(
-            moe_gemv_kernel(false, MoeCodes::of(ActFormat::Bf16, MoeDot::F16), 96, true, false).0,
+            moe_gemv_kernel(false, MoeCodes::of(ActFormat::Bf16, MoeDot::F16), 96, true).0,
             "moe_gate_up_swiglu_h2_slots"
         );
         assert_eq!(
-            moe_gemv_kernel(true, MoeCodes::of(ActFormat::Q8, MoeDot::F16), 96, false, false).0,
+            moe_gemv_kernel(true, MoeCodes::of(ActFormat::Q8, MoeDot::F16), 96, false).0,
             "moe_down_q8"
         );
     }
