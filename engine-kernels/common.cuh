@@ -526,11 +526,12 @@ __device__ __forceinline__ float swiglu_clamped(float gate, float lin, float lim
     return gate / (1.0f + expf(-alpha * gate)) * (lin + 1.0f);
 }
 
-// UE8M0 scale byte s -> 2^(s-127); s = 0 is the subnormal 2^-127, s = 255 is NaN.
+// UE8M0 scale byte s -> 2^(s-127); s = 0 is the subnormal 2^-127, s = 255 is NaN. Without
+// branches (a max and a select: the two early returns compiled to branches around each of the
+// decode MoE's scales, docs/perf.md session 32).
 __device__ __forceinline__ float e8m0_value(unsigned s) {
-    if (s == 0u) return __uint_as_float(0x00400000u);
-    if (s == 255u) return __uint_as_float(0x7fc00000u);
-    return __uint_as_float(s << 23);
+    const unsigned v = max(s << 23, 0x00400000u);
+    return __uint_as_float(s == 255u ? 0x7fc00000u : v);
 }
 
 // The same scale as a bf16 pair (both halves), exact: 2^-127 is the bf16 subnormal 0x0040.
