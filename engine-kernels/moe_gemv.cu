@@ -325,49 +325,27 @@ extern __shared__ float moe_smem[];
 // The `_slots` kernels' weights: a unit's two rows (row 0 at bw, row 1 nb blocks further; unit
 // uu at 2 uu nb) as MOE_SLOTS_NI fixed slots of 32-block items per lane, item i at block
 // lane + 32 i (the host launches these kernels only for ni <= MOE_SLOTS_NI).
-// Two sets of slots: sums and sums_n consume and refill set 0; the one-token kernels' unit
-// loop (slots_units) takes the sets in turn, summing one while the next unit lands in the
-// other, where refilling the consumed set made ptxas load into fresh registers and copy them
-// back at each unit's end (30 moves a unit of 527 instructions in gate_up's loop).
 struct MoeSlots {
     const uint4* bw;
     const u8* sw;
     int nb, ni, lane;
-    uint4 w0[2][MOE_SLOTS_NI], w1[2][MOE_SLOTS_NI];
-    unsigned s0[2][MOE_SLOTS_NI], s1[2][MOE_SLOTS_NI];
+    uint4 w0[MOE_SLOTS_NI], w1[MOE_SLOTS_NI];
+    unsigned s0[MOE_SLOTS_NI], s1[MOE_SLOTS_NI];
 
     // Unconditional loads: a block past the row's end (b >= nb: item i's lanes beyond the row,
     // or an item past ni) loads the row's last block instead, which the sums skip. A predicated
     // load would have to keep the slot's old words in its destination, so the compiler copied
     // every slot before reloading it (~10 moves an item).
-    template <int S = 0>
     __device__ __forceinline__ void load(int uu, int i) {
         const size_t o = 2 * (size_t)uu * nb + min(32 * i, nb - 1 - lane);
-        w0[S][i] = __ldg(bw + o);
-        w1[S][i] = __ldg(bw + o + nb);
-        s0[S][i] = sw[o];
-        s1[S][i] = sw[o + nb];
+        w0[i] = __ldg(bw + o);
+        w1[i] = __ldg(bw + o + nb);
+        s0[i] = sw[o];
+        s1[i] = sw[o + nb];
     }
     __device__ __forceinline__ void load_unit(int uu) {
 #pragma unroll
         for (int i = 0; i < MOE_SLOTS_NI; ++i) load(uu, i);
-    }
-    // sums of unit uu from set S, unit uu + 1 loaded into the other set as each item is
-    // consumed (the same sums in the same order).
-    template <class A, int S>
-    __device__ __forceinline__ void sums_pp(const u8* xs, int uu, int nu, float& t0, float& t1) {
-        t0 = t1 = 0.0f;
-#pragma unroll
-        for (int i = 0; i < MOE_SLOTS_NI; ++i) {
-            const uint4 c0 = w0[S][i], c1 = w1[S][i];
-            const unsigned cs0 = s0[S][i], cs1 = s1[S][i];
-            load<S ^ 1>(min(uu + 1, nu - 1), i);
-            const int b = lane + 32 * i;
-            if (i < ni && b < nb) {
-                t0 += A::dot(c0, xs, b, nb) * e8m0_value(cs0);
-                t1 += A::dot(c1, xs, b, nb) * e8m0_value(cs1);
-            }
-        }
     }
     // The lane's partial sums of unit uu's two rows against the staged activations xs, in item
     // order as the item sequence sums them; item i of unit uu + 1 is loaded into slot i as soon
@@ -378,8 +356,8 @@ struct MoeSlots {
         t0 = t1 = 0.0f;
 #pragma unroll
         for (int i = 0; i < MOE_SLOTS_NI; ++i) {
-            const uint4 c0 = w0[0][i], c1 = w1[0][i];
-            const unsigned cs0 = s0[0][i], cs1 = s1[0][i];
+            const uint4 c0 = w0[i], c1 = w1[i];
+            const unsigned cs0 = s0[i], cs1 = s1[i];
             load(min(uu + 1, nu - 1), i);
             const int b = lane + 32 * i;
             if (i < ni && b < nb) {
@@ -397,8 +375,8 @@ struct MoeSlots {
         for (int j = 0; j < NT; ++j) t0[j] = t1[j] = 0.0f;
 #pragma unroll
         for (int i = 0; i < MOE_SLOTS_NI; ++i) {
-            const uint4 c0 = w0[0][i], c1 = w1[0][i];
-            const unsigned cs0 = s0[0][i], cs1 = s1[0][i];
+            const uint4 c0 = w0[i], c1 = w1[i];
+            const unsigned cs0 = s0[i], cs1 = s1[i];
             load(min(uu + 1, nu - 1), i);
             const int b = lane + 32 * i;
             if (i < ni && b < nb) {
@@ -408,20 +386,6 @@ struct MoeSlots {
         }
     }
 };
-
-// The one-token slots kernels' unit loop: unit uu's two rows' sums (finish(uu, t0, t1) takes
-// them), the sets of MoeSlots in turn.
-template <class A, class F>
-__device__ __forceinline__ void slots_units(MoeSlots& w, const u8* xs, int nu, F&& finish) {
-    for (int uu = 0; uu < nu; uu += 2) {
-        float t0, t1;
-        w.sums_pp<A, 0>(xs, uu, nu, t0, t1);
-        finish(uu, t0, t1);
-        if (uu + 1 == nu) break;
-        w.sums_pp<A, 1>(xs, uu + 1, nu, t0, t1);
-        finish(uu + 1, t0, t1);
-    }
-}
 
 // Grid order of both kernels: the (token, slot) pairs p = t * k + s are blockIdx.x, the row
 // ranges blockIdx.y, so the blocks launched together are every pair's blocks of one row range:
@@ -479,14 +443,16 @@ __device__ __forceinline__ void moe_gate_up_body(const u8* __restrict__ blocks,
         if (ready) pdl_enter_as(GATE_UP_TRIGGER);
         A::stage(x + (size_t)t * hidden, xs, hidden);
         __syncthreads();
-        slots_units<A>(w, xs, nu, [&](int uu, float g, float l) {
+        for (int uu = 0; uu < nu; ++uu) {
+            float g, l;
+            w.sums<A>(xs, uu, nu, g, l);
             g = warp_sum(g);
             l = warp_sum(l);
             const float bg = __shfl_sync(0xffffffffu, bgate, uu);
             const float bli = __shfl_sync(0xffffffffu, blin, uu);
             if (lane == 0)
                 act[((size_t)t * k + s) * inter + j0 + uu] = swiglu_clamped(g + bg, l + bli, limit, alpha);
-        });
+        }
         if (done) moe_count_done(done + blockIdx.x);
         return;
     }
@@ -638,7 +604,9 @@ __device__ __forceinline__ void moe_down_body(const u8* __restrict__ blocks,
 #endif
         A::stage(act + ((size_t)t * k + s) * inter, as, inter);
         __syncthreads();
-        slots_units<A>(w, as, nu, [&](int uu, float t0, float t1) {
+        for (int uu = 0; uu < nu; ++uu) {
+            float t0, t1;
+            w.sums<A>(as, uu, nu, t0, t1);
             t0 = warp_sum(t0);
             t1 = warp_sum(t1);
             const float bb0 = __shfl_sync(0xffffffffu, b0v, uu);
@@ -648,7 +616,7 @@ __device__ __forceinline__ void moe_down_body(const u8* __restrict__ blocks,
                 pp[0] = wt * (t0 + bb0);
                 pp[1] = wt * (t1 + bb1);
             }
-        });
+        }
     } else {
     uint4 n0[2], n1[2];
     unsigned ns0[2], ns1[2];
