@@ -2037,11 +2037,7 @@ pub fn moe_gate_up(
         ExpertLayout::for_codes(codes),
         "the decode MoE kernels of these codes",
     )?;
-    let (kernel, smem, grid, grp) = moe_decode_launch(g, false, codes, lp, s, units, t)?;
-    ensure!(
-        grp.is_none() || ready.is_none(),
-        "the grouped decode MoE takes no expert announcements (moe_ready_fits)"
-    );
+    let (kernel, smem, grid, grp) = moe_decode_launch(g, false, codes, lp, s, units, t, ready)?;
     let mut args = vec![
         Arg::Ptr(w.gu_blocks),
         Arg::Ptr(w.gu_scales),
@@ -2438,11 +2434,7 @@ pub fn moe_down(
         ExpertLayout::for_codes(codes),
         "the decode MoE kernels of these codes",
     )?;
-    let (kernel, smem, grid, grp) = moe_decode_launch(g, true, codes, lp, s, units, t)?;
-    ensure!(
-        grp.is_none() || ready.is_none(),
-        "the grouped decode MoE takes no expert announcements (moe_ready_fits)"
-    );
+    let (kernel, smem, grid, grp) = moe_decode_launch(g, true, codes, lp, s, units, t, ready)?;
     ensure!(
         await_units == 0 || ready.is_some(),
         "down waits on gate_up's counts only with the router's announcements"
@@ -2524,8 +2516,9 @@ pub fn moe_ready_fits(codes: MoeCodes, s: MoeShape, units: MoeUnits, t: usize) -
 /// Row ranges of 8 warps × `units` units: gate_up's units are gate/linear row pairs (8 u
 /// intermediate units a block), down's two output rows (16 u rows). One block per (routed
 /// pair, row range), or for the grouped kernels (row range, leader — up to one per pair of a
-/// group of TCG_TOKENS tokens —, token group).
-#[allow(clippy::type_complexity)]
+/// group of TCG_TOKENS tokens —, token group). `ready`: the router's announcements, which
+/// only the per-pair kernels take (an error for the grouped ones).
+#[allow(clippy::type_complexity, clippy::too_many_arguments)]
 fn moe_decode_launch(
     g: &Gpu,
     down: bool,
@@ -2534,6 +2527,7 @@ fn moe_decode_launch(
     s: MoeShape,
     units: usize,
     t: usize,
+    ready: Option<MoeWords>,
 ) -> Result<(&'static str, usize, (u32, u32, u32), Option<(usize, usize)>)> {
     s.check()?;
     check_units(units)?;
@@ -2558,6 +2552,10 @@ fn moe_decode_launch(
             (kernel, smem, (u(s.k * t)?, u(ranges)?, 1), None)
         }
     };
+    ensure!(
+        launch.3.is_none() || ready.is_none(),
+        "the grouped decode MoE takes no expert announcements (moe_ready_fits)"
+    );
     ensure!(
         launch.1 <= g.max_shared(),
         "{what} size {width} too large for the decode MoE's staged inputs ({} bytes, the device \
