@@ -757,7 +757,8 @@ impl Decoder {
             };
             let kernel = self.attn.kernel(g, sh.attn, sh.kv, keys)?;
             let min_split = self.attn.min_split(kernel);
-            let nsplit = attn_splits(keys, min_split, self.max_splits);
+            let cap = self.attn.split_cap(kernel, sh.attn, g.sms());
+            let nsplit = attn_splits(keys, min_split, self.max_splits.min(cap));
             if self.runs(StepGroup::Attention) {
                 ops::attention(
                     g,

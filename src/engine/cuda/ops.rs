@@ -967,6 +967,16 @@ const ATTN_KERNEL_CHOICES: &[(&str, Option<AttnKernel>)] = &[
 /// (default [`AttnKernel::min_split`] of `Gqa`).
 pub const ATTN_GQA_MIN_SPLIT_ENV: &str = "MXTUNE_ATTN_GQA_MIN_SPLIT";
 
+/// Blocks per SM a decode row's attention splits may fill by default ([`AttnTuning::split_cap`]):
+/// on the H200 at depth 32768 the tensor-core GQA kernel's 64 splits a KV head (512 blocks of
+/// 74 KB, 1.3 waves of 3 an SM) took 2.720 ms a 120b step, 32 (two blocks an SM) 2.552
+/// (docs/perf.md, run 247).
+pub const ATTN_SPLIT_BLOCKS_PER_SM: usize = 2;
+
+/// Environment variable that sets [`AttnTuning::split_blocks_per_sm`] (0: no bound, the
+/// splits by context length alone).
+pub const ATTN_SPLIT_BLOCKS_ENV: &str = "MXTUNE_ATTN_SPLIT_BLOCKS";
+
 /// Environment variable that turns off the split kernels' own finish of a single split
 /// (`off`: every launch ends in `attn_combine`, as before; default `on`, [`attention`]).
 pub const ATTN_FINISH_ENV: &str = "MXTUNE_ATTN_FINISH";
@@ -982,6 +992,9 @@ pub struct AttnTuning {
     pub gqa_min_split: usize,
     /// A launch of one split finishes its heads in the split kernel, no `attn_combine`.
     pub finish_single: bool,
+    /// Blocks per SM one row's splits may fill (its heads times its splits), 0 for no bound
+    /// ([`ATTN_SPLIT_BLOCKS_ENV`]).
+    pub split_blocks_per_sm: usize,
 }
 
 impl Default for AttnTuning {
@@ -990,6 +1003,7 @@ impl Default for AttnTuning {
             force: None,
             gqa_min_split: AttnKernel::Gqa.min_split(),
             finish_single: true,
+            split_blocks_per_sm: ATTN_SPLIT_BLOCKS_PER_SM,
         }
     }
 }
@@ -1002,6 +1016,16 @@ impl AttnTuning {
             finish_single: env_choice(ATTN_FINISH_ENV, &[("on", true), ("off", false)])?,
             ..Self::default()
         };
+        match std::env::var(ATTN_SPLIT_BLOCKS_ENV).as_deref() {
+            Err(_) | Ok("") => {}
+            Ok(v) => match v.parse::<usize>() {
+                Ok(n) if n <= 64 => t.split_blocks_per_sm = n,
+                _ => anyhow::bail!(
+                    "{ATTN_SPLIT_BLOCKS_ENV}={v}: expected a whole number of blocks per SM from \
+                     0 (no bound) to 64"
+                ),
+            },
+        }
         match std::env::var(ATTN_GQA_MIN_SPLIT_ENV).as_deref() {
             Err(_) | Ok("") => {}
             Ok(v) => match v.parse::<usize>() {
@@ -1031,6 +1055,21 @@ impl AttnTuning {
             None if gqa_tc_fits(g, s, kv)? => AttnKernel::GqaTc,
             None => AttnKernel::for_keys(s, keys),
         })
+    }
+
+    /// Most splits a row of shape `s` takes with `kernel` on `sms` SMs: its blocks (one per
+    /// head of the kernel's grid and split) at most [`Self::split_blocks_per_sm`] an SM. The
+    /// bound depends on the device and the model only, never on the batch, so a row's split
+    /// boundaries (and its sums) do not change with the rows beside it.
+    pub fn split_cap(&self, kernel: AttnKernel, s: AttnShape, sms: usize) -> usize {
+        if self.split_blocks_per_sm == 0 {
+            return usize::MAX;
+        }
+        let heads = match kernel {
+            AttnKernel::PerHead => s.hq,
+            AttnKernel::Gqa | AttnKernel::GqaTc => s.hkv,
+        };
+        (self.split_blocks_per_sm * sms / heads.max(1)).max(1)
     }
 
     /// Fewest keys per split of `kernel`.
