@@ -757,8 +757,9 @@ impl Decoder {
             };
             let kernel = self.attn.kernel(g, sh.attn, sh.kv, keys)?;
             let min_split = self.attn.min_split(kernel);
-            let cap = self.attn.split_cap(kernel, sh.attn, g.sms());
-            let nsplit = attn_splits(keys, min_split, self.max_splits.min(cap));
+            let nsplit = self
+                .attn
+                .splits(kernel, sh.attn, g.sms(), keys, self.max_splits);
             if self.runs(StepGroup::Attention) {
                 ops::attention(
                     g,

@@ -1072,6 +1072,30 @@ impl AttnTuning {
         (self.split_blocks_per_sm * sms / heads.max(1)).max(1)
     }
 
+    /// Splits of a decode launch whose longest row has `keys` keys, on a scratch of
+    /// `max_splits`. With a bound on the blocks ([`Self::split_blocks_per_sm`] > 0): one split
+    /// per `4 √keys` keys (at least [`Self::min_split`]; 8 at 1024 keys, 16 at 4096, 45 at
+    /// 32768) up to [`Self::split_cap`]; without one, one per `min_split` keys (the rule before
+    /// run 248: 32 splits at 4096 keys, 64 from 8192). Like the cap, a function of the context
+    /// and the device only.
+    pub fn splits(
+        &self,
+        kernel: AttnKernel,
+        s: AttnShape,
+        sms: usize,
+        keys: usize,
+        max_splits: usize,
+    ) -> usize {
+        let by_len = keys.div_ceil(self.min_split(kernel).max(1));
+        let n = if self.split_blocks_per_sm == 0 {
+            by_len
+        } else {
+            let root = ((keys as f64).sqrt() / 4.0) as usize;
+            by_len.min(root).min(self.split_cap(kernel, s, sms))
+        };
+        n.clamp(1, max_splits.max(1))
+    }
+
     /// Fewest keys per split of `kernel`.
     pub fn min_split(&self, kernel: AttnKernel) -> usize {
         match kernel {
@@ -3773,6 +3797,38 @@ mod tests {
             4 * (4 * 32 * 80 + 32 * 72 * 2)
         );
         assert_eq!(AttnKernel::GqaTc.min_split(), AttnKernel::Gqa.min_split());
+    }
+
+    #[test]
+    fn decode_attention_splits_grow_with_the_root_of_the_context_up_to_the_cap() {
+        let s = AttnShape {
+            hq: 64,
+            hkv: 8,
+            d: 64,
+        };
+        let t = AttnTuning::default();
+        let n = |keys| t.splits(AttnKernel::GqaTc, s, 132, keys, ATTN_MAX_SPLITS);
+        // One per min_split keys while that is fewer, then one per 4 √keys, then the cap:
+        // 2 blocks an SM of 132 over 8 KV heads = 33.
+        assert_eq!(t.split_cap(AttnKernel::GqaTc, s, 132), 33);
+        assert_eq!((n(1), n(128), n(129), n(300)), (1, 1, 2, 3));
+        assert_eq!((n(1024), n(4096), n(16384), n(32768)), (8, 16, 32, 33));
+        // The per-head kernel's grid has a block per query head: its cap counts those.
+        assert_eq!(t.split_cap(AttnKernel::PerHead, s, 48), 1);
+        assert_eq!(
+            t.splits(AttnKernel::PerHead, s, 48, 32768, ATTN_MAX_SPLITS),
+            1
+        );
+        // The scratch bounds every rule.
+        assert_eq!(t.splits(AttnKernel::GqaTc, s, 132, 32768, 4), 4);
+        // No bound: the rule by context length alone.
+        let plain = AttnTuning {
+            split_blocks_per_sm: 0,
+            ..AttnTuning::default()
+        };
+        let m = |keys| plain.splits(AttnKernel::GqaTc, s, 132, keys, ATTN_MAX_SPLITS);
+        assert_eq!((m(1024), m(4096), m(32768)), (8, 32, ATTN_MAX_SPLITS));
+        assert_eq!(plain.split_cap(AttnKernel::GqaTc, s, 132), usize::MAX);
     }
 
     #[test]
