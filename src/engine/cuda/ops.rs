@@ -1076,7 +1076,7 @@ impl AttnTuning {
     /// `max_splits`. With a bound on the blocks ([`Self::split_blocks_per_sm`] > 0): one split
     /// per `4 √keys` keys (at least [`Self::min_split`]; 8 at 1024 keys, 16 at 4096, 45 at
     /// 32768) up to [`Self::split_cap`]; without one, one per `min_split` keys (the rule before
-    /// run 248: 32 splits at 4096 keys, 64 from 8192). Like the cap, a function of the context
+    /// run 249: 32 splits at 4096 keys, 64 from 8192). Like the cap, a function of the context
     /// and the device only.
     pub fn splits(
         &self,
