@@ -551,8 +551,7 @@ __device__ __forceinline__ void gqa_tc_split(const float* __restrict__ q, const 
                                              float* __restrict__ part_m, float* __restrict__ part_l,
                                              float* __restrict__ part_acc, int hq, int hkv, int d,
                                              int window, int min_split, float scale,
-                                             const float* sink_s, float* __restrict__ out_final,
-                                             int stages) {
+                                             const float* sink_s, float* __restrict__ out_final) {
     extern __shared__ __align__(16) unsigned char atc_smem[];
     __shared__ float sm_m[ATC_WARPS][16], sm_l[ATC_WARPS][16];
     constexpr int ES = FP8 ? 1 : 2;
@@ -564,10 +563,9 @@ __device__ __forceinline__ void gqa_tc_split(const float* __restrict__ q, const 
         return;
     const size_t row0 = off + (size_t)kvh * d, stride = (size_t)hkv * d;
     const int rb = d * ES + 16, chunks = d * ES / 16, ns = d >> 4, cq = qd * (d >> 2);
-    // The warp's region: `stages` buffers (2 or 3) of K and V rows, then (fp8) its fp16 copy
-    // of a V tile.
+    // The warp's region: two buffers of K and V rows, then (fp8) its fp16 copy of a V tile.
     const int vh = d + 8;  // fp16 elements per row of that copy
-    u8* mine = atc_smem + (size_t)warp * (2 * stages * ATC_KT * rb + (FP8 ? ATC_KT * vh * 2 : 0));
+    u8* mine = atc_smem + (size_t)warp * (4 * ATC_KT * rb + (FP8 ? ATC_KT * vh * 2 : 0));
     // Copy the 32-key tile at `base` into buffer `buf` (rows past hi zero-filled), one commit
     // group per call (empty where the warp has no tile there).
     auto issue = [&](int base, int buf) {
@@ -582,8 +580,7 @@ __device__ __forceinline__ void gqa_tc_split(const float* __restrict__ q, const 
         }
         cp_async_commit();
     };
-    // The first stages - 1 tiles in flight before the queries are read.
-    for (int st = 0; st + 1 < stages; ++st) issue(lo + (warp + st * ATC_WARPS) * ATC_KT, st);
+    issue(lo + warp * ATC_KT, 0);
     // The queries of heads g and g + 8 as A fragments in the permuted dim order.
     const float qs = scale * ATTN_LOG2E;
     const float* qt = q + ((size_t)t * hq + (size_t)kvh * G) * d;
@@ -604,14 +601,8 @@ __device__ __forceinline__ void gqa_tc_split(const float* __restrict__ q, const 
     for (int n = 0; n < ATC_MAX_D / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
     int buf = 0;
     for (int base = lo + warp * ATC_KT; base < hi; base += ATC_WARPS * ATC_KT) {
-        // The tile stages - 1 ahead into the buffer the previous iteration freed; then wait for
-        // this tile's group (the groups after it may stay in flight).
-        const int ahead = buf + stages - 1;
-        issue(base + (stages - 1) * ATC_WARPS * ATC_KT, ahead >= stages ? ahead - stages : ahead);
-        if (stages == 3)
-            cp_async_wait<2>();
-        else
-            cp_async_wait<1>();
+        issue(base + ATC_WARPS * ATC_KT, buf ^ 1);
+        cp_async_wait<1>();
         __syncwarp();
         const u8* ks = mine + (size_t)buf * 2 * ATC_KT * rb;
         const u8* vs = ks + ATC_KT * rb;
@@ -619,7 +610,7 @@ __device__ __forceinline__ void gqa_tc_split(const float* __restrict__ q, const 
         int vr;
         if (FP8) {
             // Lane r widens V row r to fp16 in the warp's copy.
-            bf16_t* v16 = reinterpret_cast<bf16_t*>(mine + 2 * stages * ATC_KT * rb);
+            bf16_t* v16 = reinterpret_cast<bf16_t*>(mine + 4 * ATC_KT * rb);
             for (int c = 0; c < d; c += 16) {
                 const uint4 w = *reinterpret_cast<const uint4*>(vs + lane * rb + c);
                 const unsigned x[4] = {w.x, w.y, w.z, w.w};
@@ -689,7 +680,7 @@ __device__ __forceinline__ void gqa_tc_split(const float* __restrict__ q, const 
             }
         }
         __syncwarp();  // the buffers are refilled by the next iteration
-        buf = buf + 1 == stages ? 0 : buf + 1;
+        buf ^= 1;
     }
     cp_async_wait<0>();
     attn_trigger_late(out_final);
@@ -752,9 +743,8 @@ __device__ __forceinline__ void gqa_tc_split(const float* __restrict__ q, const 
 // alone is 2736 and 576, and steps ran 0.2-0.6 % faster with it (docs/perf.md runs 227-228).
 // Before the wait: the (immutable) sinks, and the row's position and cache offset (step
 // inputs), so that after it the key range and the first K/V copies wait on no load.
-// Dynamic shared memory: ATC_WARPS * (2 * stages * ATC_KT * (d * element bytes + 16) + (fp8:
-// ATC_KT * (d + 8) * 2)) bytes (ops.rs gqa_tc_smem); stages (2 or 3) K/V tiles a warp in
-// flight or in use.
+// Dynamic shared memory: ATC_WARPS * (4 * ATC_KT * (d * element bytes + 16) + (fp8:
+// ATC_KT * (d + 8) * 2)) bytes (ops.rs gqa_tc_smem).
 #define ATTN_SPLIT_GQA_TC(name, FP8)                                                           \
     extern "C" __global__ void __launch_bounds__(ATC_WARPS * 32)                               \
     name(const float* __restrict__ q, const void* __restrict__ k_cache,                        \
@@ -762,7 +752,7 @@ __device__ __forceinline__ void gqa_tc_split(const float* __restrict__ q, const 
          const unsigned long long* __restrict__ kv_off, float* __restrict__ part_m,            \
          float* __restrict__ part_l, float* __restrict__ part_acc, int hq, int hkv, int d,     \
          int window, int min_split, float scale, const bf16_t* __restrict__ sinks,             \
-         float* __restrict__ out_final, int stages) {                                          \
+         float* __restrict__ out_final) {                                                      \
         __shared__ float sink_s[16];                                                           \
         attn_sinks_early(sinks, out_final, blockIdx.x * (hq / hkv), hq / hkv, sink_s);         \
         const int p_early = (int)ld_early_u32(pos + blockIdx.z);                               \
@@ -770,7 +760,7 @@ __device__ __forceinline__ void gqa_tc_split(const float* __restrict__ q, const 
         pdl_enter_as(attn_trigger_mode(out_final));                                            \
         gqa_tc_split<FP8>(q, static_cast<const u8*>(k_cache), static_cast<const u8*>(v_cache), \
                           p_early, off_early, part_m, part_l, part_acc, hq, hkv, d, window,    \
-                          min_split, scale, sink_s, out_final, stages);                        \
+                          min_split, scale, sink_s, out_final);                                \
     }
 ATTN_SPLIT_GQA_TC(attn_split_gqa_tc, false)
 ATTN_SPLIT_GQA_TC(attn_split_gqa_tc_fp8, true)

@@ -895,49 +895,16 @@ pub enum AttnKernel {
 /// Most query heads per KV head `attn_split_gqa_tc` takes (the 16 rows of its MMA tile).
 const ATTN_TC_MAX_G: usize = 16;
 
-/// Dynamic shared memory of an `attn_split_gqa_tc` block with `stages` K/V tiles a warp: per
-/// warp `stages` buffers of 32 K and 32 V rows, each row padded by 16 bytes, and for an fp8
-/// cache a 32-row fp16 copy of a V tile (rows of d + 8 halves) (kernel constants `ATC_WARPS`,
-/// `ATC_KT`).
-pub fn gqa_tc_smem(s: AttnShape, kv: KvDtype, stages: usize) -> usize {
+/// Dynamic shared memory of an `attn_split_gqa_tc` block: per warp two buffers of 32 K and 32
+/// V rows, each row padded by 16 bytes, and for an fp8 cache a 32-row fp16 copy of a V tile
+/// (rows of d + 8 halves) (kernel constants `ATC_WARPS`, `ATC_KT`).
+pub fn gqa_tc_smem(s: AttnShape, kv: KvDtype) -> usize {
     let widened = if kv == KvDtype::Fp8 {
         32 * (s.d + 8) * 2
     } else {
         0
     };
-    ATTN_GQA_WARPS as usize * (2 * stages * 32 * (s.d * kv.size() + 16) + widened)
-}
-
-/// K/V tiles a warp of `attn_split_gqa_tc` keeps in flight or in use by default: the one it
-/// works on and two being copied (docs/perf.md, session 33).
-pub const ATTN_TC_STAGES: usize = 3;
-
-/// Environment knob for A/B runs: `MXTUNE_ATTN_STAGES=2|3` sets the tiles a warp of
-/// `attn_split_gqa_tc` holds (default [`ATTN_TC_STAGES`]).
-pub const ATTN_TC_STAGES_ENV: &str = "MXTUNE_ATTN_STAGES";
-
-fn gqa_tc_stages_pref() -> Result<usize> {
-    static PREF: std::sync::OnceLock<Result<usize, String>> = std::sync::OnceLock::new();
-    PREF.get_or_init(|| match std::env::var(ATTN_TC_STAGES_ENV).as_deref() {
-        Err(_) | Ok("") => Ok(ATTN_TC_STAGES),
-        Ok("2") => Ok(2),
-        Ok("3") => Ok(3),
-        Ok(v) => Err(format!("{ATTN_TC_STAGES_ENV}={v}: expected 2 or 3")),
-    })
-    .clone()
-    .map_err(anyhow::Error::msg)
-}
-
-/// The tiles a warp of `attn_split_gqa_tc` takes for shape `s` on a cache of `kv` here: the
-/// preferred count, or 2 where its shared memory would not fit a block (a GPU of less shared
-/// memory an SM).
-pub fn gqa_tc_stages(g: &Gpu, s: AttnShape, kv: KvDtype) -> Result<usize> {
-    let want = gqa_tc_stages_pref()?;
-    let limit = g.dynamic_shared_limit(gqa_tc_kernel(kv))?;
-    Ok((2..=want)
-        .rev()
-        .find(|&n| gqa_tc_smem(s, kv, n) <= limit)
-        .unwrap_or(2))
+    ATTN_GQA_WARPS as usize * (4 * 32 * (s.d * kv.size() + 16) + widened)
 }
 
 /// Whether `attn_split_gqa_tc` can run shape `s` on a cache of `kv` on this device: a bf16 or
@@ -947,7 +914,7 @@ pub fn gqa_tc_fits(g: &Gpu, s: AttnShape, kv: KvDtype) -> Result<bool> {
     Ok(matches!(kv, KvDtype::Bf16 | KvDtype::Fp8)
         && (s.d == 32 || s.d == 64)
         && s.hq / s.hkv <= ATTN_TC_MAX_G
-        && gqa_tc_smem(s, kv, 2) <= g.dynamic_shared_limit(gqa_tc_kernel(kv))?)
+        && gqa_tc_smem(s, kv) <= g.dynamic_shared_limit(gqa_tc_kernel(kv))?)
 }
 
 /// The `attn_split_gqa_tc` entry of cache kind `kv`: each kind's path is its own kernel.
@@ -1178,7 +1145,6 @@ pub fn attention(
         t * s.hq * nsplit
     );
     // The GQA kernels read each key once for the query heads sharing it.
-    let mut stages = None;
     let (name, heads, warps, smem) = match kernel {
         AttnKernel::Gqa => {
             ensure!(
@@ -1198,45 +1164,34 @@ pub fn attention(
                 s.d,
                 s.hq / s.hkv
             );
-            let n = gqa_tc_stages(g, s, kv)?;
-            stages = Some(n);
-            (
-                gqa_tc_kernel(kv),
-                s.hkv,
-                ATTN_GQA_WARPS,
-                gqa_tc_smem(s, kv, n),
-            )
+            (gqa_tc_kernel(kv), s.hkv, ATTN_GQA_WARPS, gqa_tc_smem(s, kv))
         }
         AttnKernel::PerHead => ("attn_split", s.hq, ATTN_WARPS, 0),
     };
-    let mut args = vec![
-        Arg::Ptr(q),
-        Arg::Ptr(k_cache),
-        Arg::Ptr(v_cache),
-        Arg::I32(kv.kernel_kind()),
-        Arg::Ptr(pos),
-        Arg::Ptr(kv_off),
-        Arg::Ptr(scratch.m),
-        Arg::Ptr(scratch.l),
-        Arg::Ptr(scratch.acc),
-        i(s.hq)?,
-        i(s.hkv)?,
-        i(s.d)?,
-        i(window)?,
-        i(min_split.max(1))?,
-        Arg::F32(scale),
-        opt(sinks.filter(|_| finish)),
-        Arg::Ptr(if finish { out } else { 0 }),
-    ];
-    if let Some(n) = stages {
-        args.push(i(n)?);
-    }
     g.launch(
         name,
         (u(heads)?, u(nsplit)?, u(t)?),
         (warps * 32, 1, 1),
         u(smem)?,
-        &args,
+        &[
+            Arg::Ptr(q),
+            Arg::Ptr(k_cache),
+            Arg::Ptr(v_cache),
+            Arg::I32(kv.kernel_kind()),
+            Arg::Ptr(pos),
+            Arg::Ptr(kv_off),
+            Arg::Ptr(scratch.m),
+            Arg::Ptr(scratch.l),
+            Arg::Ptr(scratch.acc),
+            i(s.hq)?,
+            i(s.hkv)?,
+            i(s.d)?,
+            i(window)?,
+            i(min_split.max(1))?,
+            Arg::F32(scale),
+            opt(sinks.filter(|_| finish)),
+            Arg::Ptr(if finish { out } else { 0 }),
+        ],
     )?;
     if finish {
         return Ok(());
@@ -3832,15 +3787,14 @@ mod tests {
         assert_eq!(pick("gqa").unwrap(), Some(AttnKernel::Gqa));
         let e = pick("tc").unwrap_err().to_string();
         assert!(e.contains("MXTUNE_ATTN=tc") && e.contains("gqa-tc"), "{e}");
-        // `stages` buffers of 32 K and 32 V rows per warp, rows padded by 16 bytes; fp8 adds
-        // a 32-row fp16 copy of a V tile (rows of d + 8 halves).
+        // Two buffers of 32 K and 32 V rows per warp, rows padded by 16 bytes; fp8 adds a
+        // 32-row fp16 copy of a V tile (rows of d + 8 halves).
         let sh = |d| AttnShape { hq: 64, hkv: 8, d };
-        assert_eq!(gqa_tc_smem(sh(64), KvDtype::Bf16, 2), 4 * 4 * 32 * 144);
-        assert_eq!(gqa_tc_smem(sh(64), KvDtype::Bf16, 3), 4 * 6 * 32 * 144);
-        assert_eq!(gqa_tc_smem(sh(32), KvDtype::Bf16, 2), 4 * 4 * 32 * 80);
+        assert_eq!(gqa_tc_smem(sh(64), KvDtype::Bf16), 4 * 4 * 32 * 144);
+        assert_eq!(gqa_tc_smem(sh(32), KvDtype::Bf16), 4 * 4 * 32 * 80);
         assert_eq!(
-            gqa_tc_smem(sh(64), KvDtype::Fp8, 3),
-            4 * (6 * 32 * 80 + 32 * 72 * 2)
+            gqa_tc_smem(sh(64), KvDtype::Fp8),
+            4 * (4 * 32 * 80 + 32 * 72 * 2)
         );
         assert_eq!(AttnKernel::GqaTc.min_split(), AttnKernel::Gqa.min_split());
     }
