@@ -631,8 +631,21 @@ __device__ __forceinline__ void mma_softmax_step(float (&sc)[NB][4], float (&m)[
 }
 
 // Two fp32 to a bf16 pair (lower address first).
+// Two floats to a bf16 pair (lo in the low half), rounded to nearest even. BF16_PACK_CVT 1
+// (the default): one cvt.rn.bf16x2.f32, the same bits as f2bf for every number (overflow to
+// infinity included), a NaN of the canonical payload where f2bf keeps the input's; 0: two
+// f2bf, about 10 integer operations (MXTUNE_KERNEL_DEFINES, for A/B timing).
+#ifndef BF16_PACK_CVT
+#define BF16_PACK_CVT 1
+#endif
 __device__ __forceinline__ unsigned pack_bf16x2(float lo, float hi) {
+#if BF16_PACK_CVT
+    unsigned r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+#else
     return (unsigned)f2bf(lo) | ((unsigned)f2bf(hi) << 16);
+#endif
 }
 
 // Four 8x8 bf16 matrices from shared memory; lane i gives the address of row i % 8 of
