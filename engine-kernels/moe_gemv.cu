@@ -129,7 +129,12 @@ struct F16Codes {
         d = fmaxf(d, 0x1p-100f);
         if (m != m) d = m;
         stored = d * (F16_W_INV / F16_CODE_SCALE);
-        inv = F16_CODE_SCALE / d;  // exact: powers of two (0 for an infinite D)
+        // F16_CODE_SCALE / d by the exponent (d = 2^(E - 127), E in [27, 254]: 2^(142 - E + 127)),
+        // the same value as the division without its ~10 instructions and slow-path call: 0
+        // for an infinite D, NaN for a NaN one.
+        static_assert(F16_CODE_SCALE == 32768.0f, "the exponent below is 2^15's");
+        const unsigned e = __float_as_uint(d) >> 23;  // d > 0: no sign bit
+        inv = e < 255u ? __uint_as_float((269u - e) << 23) : (d != d ? d : 0.0f);
     }
     static __device__ __forceinline__ void store(u8* p, float4 x, float id) {
         *reinterpret_cast<uint2*>(p) = make_uint2(f16x2_rn(x.x * id, x.y * id), f16x2_rn(x.z * id, x.w * id));
