@@ -630,7 +630,6 @@ __device__ __forceinline__ void mma_softmax_step(float (&sc)[NB][4], float (&m)[
     }
 }
 
-// Two fp32 to a bf16 pair (lower address first).
 // Two floats to a bf16 pair (lo in the low half), rounded to nearest even. BF16_PACK_CVT 1
 // (the default): one cvt.rn.bf16x2.f32, the same bits as f2bf for every number (overflow to
 // infinity included), a NaN of the canonical payload where f2bf keeps the input's; 0: two

@@ -1057,27 +1057,25 @@ impl AttnTuning {
         })
     }
 
-    /// Most splits a row of shape `s` takes with `kernel` on `sms` SMs: its blocks (one per
-    /// head of the kernel's grid and split) at most [`Self::split_blocks_per_sm`] an SM. The
-    /// bound depends on the device and the model only, never on the batch, so a row's split
-    /// boundaries (and its sums) do not change with the rows beside it.
+    /// Most splits a row of shape `s` takes with `kernel` on `sms` SMs: for the tensor-core
+    /// GQA kernel (the one measured: 74 KB blocks, 3 an SM) its blocks, one per KV head and
+    /// split, at most [`Self::split_blocks_per_sm`] an SM; no bound for the others (small
+    /// blocks, many an SM) or with the knob at 0. The bound depends on the device and the model
+    /// only, never on the batch, so a row's split boundaries (and its sums) do not change with
+    /// the rows beside it.
     pub fn split_cap(&self, kernel: AttnKernel, s: AttnShape, sms: usize) -> usize {
-        if self.split_blocks_per_sm == 0 {
+        if self.split_blocks_per_sm == 0 || kernel != AttnKernel::GqaTc {
             return usize::MAX;
         }
-        let heads = match kernel {
-            AttnKernel::PerHead => s.hq,
-            AttnKernel::Gqa | AttnKernel::GqaTc => s.hkv,
-        };
-        (self.split_blocks_per_sm * sms / heads.max(1)).max(1)
+        (self.split_blocks_per_sm * sms / s.hkv.max(1)).max(1)
     }
 
     /// Splits of a decode launch whose longest row has `keys` keys, on a scratch of
-    /// `max_splits`. With a bound on the blocks ([`Self::split_blocks_per_sm`] > 0): one split
-    /// per `4 √keys` keys (at least [`Self::min_split`]; 8 at 1024 keys, 16 at 4096, 45 at
-    /// 32768) up to [`Self::split_cap`]; without one, one per `min_split` keys (the rule before
-    /// run 249: 32 splits at 4096 keys, 64 from 8192). Like the cap, a function of the context
-    /// and the device only.
+    /// `max_splits`. With a bound on the blocks ([`Self::split_cap`] finite): one split per
+    /// `4 √keys` keys (at least [`Self::min_split`]; 8 at 1024 keys, 16 at 4096, 45 at 32768)
+    /// up to the cap; without one, one per `min_split` keys (the rule before run 249: 32
+    /// splits at 4096 keys, 64 from 8192). Like the cap, a function of the context and the
+    /// device only.
     pub fn splits(
         &self,
         kernel: AttnKernel,
@@ -1087,11 +1085,12 @@ impl AttnTuning {
         max_splits: usize,
     ) -> usize {
         let by_len = keys.div_ceil(self.min_split(kernel).max(1));
-        let n = if self.split_blocks_per_sm == 0 {
+        let cap = self.split_cap(kernel, s, sms);
+        let n = if cap == usize::MAX {
             by_len
         } else {
             let root = ((keys as f64).sqrt() / 4.0) as usize;
-            by_len.min(root).min(self.split_cap(kernel, s, sms))
+            by_len.min(root).min(cap)
         };
         n.clamp(1, max_splits.max(1))
     }
@@ -3813,12 +3812,12 @@ mod tests {
         assert_eq!(t.split_cap(AttnKernel::GqaTc, s, 132), 33);
         assert_eq!((n(1), n(128), n(129), n(300)), (1, 1, 2, 3));
         assert_eq!((n(1024), n(4096), n(16384), n(32768)), (8, 16, 32, 33));
-        // The per-head kernel's grid has a block per query head: its cap counts those.
-        assert_eq!(t.split_cap(AttnKernel::PerHead, s, 48), 1);
-        assert_eq!(
-            t.splits(AttnKernel::PerHead, s, 48, 32768, ATTN_MAX_SPLITS),
-            1
-        );
+        // The CUDA-core kernels (small blocks, many an SM) keep the rule by length.
+        for k in [AttnKernel::PerHead, AttnKernel::Gqa] {
+            assert_eq!(t.split_cap(k, s, 48), usize::MAX);
+            let by_len = (4096 / t.min_split(k)).min(ATTN_MAX_SPLITS);
+            assert_eq!(t.splits(k, s, 48, 4096, ATTN_MAX_SPLITS), by_len);
+        }
         // The scratch bounds every rule.
         assert_eq!(t.splits(AttnKernel::GqaTc, s, 132, 32768, 4), 4);
         // No bound: the rule by context length alone.
