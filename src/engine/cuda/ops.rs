@@ -569,6 +569,22 @@ fn env_choice<T: Copy>(name: &str, choices: &[(&str, T)]) -> Result<T> {
     choice(name, &std::env::var(name).unwrap_or_default(), choices)
 }
 
+/// A whole number in `range` from the environment variable `name` (None: unset or empty); any
+/// other value is an error naming the variable and what it takes (`what`).
+fn env_whole(
+    name: &str,
+    range: std::ops::RangeInclusive<usize>,
+    what: &str,
+) -> Result<Option<usize>> {
+    match std::env::var(name).as_deref() {
+        Err(_) | Ok("") => Ok(None),
+        Ok(v) => match v.parse::<usize>() {
+            Ok(n) if range.contains(&n) => Ok(Some(n)),
+            _ => anyhow::bail!("{name}={v}: expected a whole number of {what}"),
+        },
+    }
+}
+
 /// [`env_choice`] of the value `v`.
 fn choice<T: Copy>(name: &str, v: &str, choices: &[(&str, T)]) -> Result<T> {
     let word = if v.is_empty() { choices[0].0 } else { v };
@@ -1016,24 +1032,15 @@ impl AttnTuning {
             finish_single: env_choice(ATTN_FINISH_ENV, &[("on", true), ("off", false)])?,
             ..Self::default()
         };
-        match std::env::var(ATTN_SPLIT_BLOCKS_ENV).as_deref() {
-            Err(_) | Ok("") => {}
-            Ok(v) => match v.parse::<usize>() {
-                Ok(n) if n <= 64 => t.split_blocks_per_sm = n,
-                _ => anyhow::bail!(
-                    "{ATTN_SPLIT_BLOCKS_ENV}={v}: expected a whole number of blocks per SM from \
-                     0 (no bound) to 64"
-                ),
-            },
+        if let Some(n) = env_whole(
+            ATTN_SPLIT_BLOCKS_ENV,
+            0..=64,
+            "blocks per SM from 0 (no bound) to 64",
+        )? {
+            t.split_blocks_per_sm = n;
         }
-        match std::env::var(ATTN_GQA_MIN_SPLIT_ENV).as_deref() {
-            Err(_) | Ok("") => {}
-            Ok(v) => match v.parse::<usize>() {
-                Ok(n) if (1..=65536).contains(&n) => t.gqa_min_split = n,
-                _ => anyhow::bail!(
-                    "{ATTN_GQA_MIN_SPLIT_ENV}={v}: expected a whole number of keys from 1 to 65536"
-                ),
-            },
+        if let Some(n) = env_whole(ATTN_GQA_MIN_SPLIT_ENV, 1..=65536, "keys from 1 to 65536")? {
+            t.gqa_min_split = n;
         }
         Ok(t)
     }
@@ -1059,19 +1066,17 @@ impl AttnTuning {
 
     /// Most splits a row of shape `s` takes with `kernel` on `sms` SMs: for the tensor-core
     /// GQA kernel (the one measured: 74 KB blocks, 3 an SM) its blocks, one per KV head and
-    /// split, at most [`Self::split_blocks_per_sm`] an SM; no bound for the others (small
+    /// split, at most [`Self::split_blocks_per_sm`] an SM; None (no bound) for the others (small
     /// blocks, many an SM) or with the knob at 0. The bound depends on the device and the model
     /// only, never on the batch, so a row's split boundaries (and its sums) do not change with
     /// the rows beside it.
-    pub fn split_cap(&self, kernel: AttnKernel, s: AttnShape, sms: usize) -> usize {
-        if self.split_blocks_per_sm == 0 || kernel != AttnKernel::GqaTc {
-            return usize::MAX;
-        }
-        (self.split_blocks_per_sm * sms / s.hkv.max(1)).max(1)
+    pub fn split_cap(&self, kernel: AttnKernel, s: AttnShape, sms: usize) -> Option<usize> {
+        (self.split_blocks_per_sm > 0 && kernel == AttnKernel::GqaTc)
+            .then(|| (self.split_blocks_per_sm * sms / s.hkv.max(1)).max(1))
     }
 
     /// Splits of a decode launch whose longest row has `keys` keys, on a scratch of
-    /// `max_splits`. With a bound on the blocks ([`Self::split_cap`] finite): one split per
+    /// `max_splits`. With a bound on the blocks ([`Self::split_cap`]): one split per
     /// `4 √keys` keys (at least [`Self::min_split`]; 8 at 1024 keys, 16 at 4096, 45 at 32768)
     /// up to the cap; without one, one per `min_split` keys (the rule before run 249: 32
     /// splits at 4096 keys, 64 from 8192). Like the cap, a function of the context and the
@@ -1085,12 +1090,9 @@ impl AttnTuning {
         max_splits: usize,
     ) -> usize {
         let by_len = keys.div_ceil(self.min_split(kernel).max(1));
-        let cap = self.split_cap(kernel, s, sms);
-        let n = if cap == usize::MAX {
-            by_len
-        } else {
-            let root = ((keys as f64).sqrt() / 4.0) as usize;
-            by_len.min(root).min(cap)
+        let n = match self.split_cap(kernel, s, sms) {
+            None => by_len,
+            Some(cap) => by_len.min(((keys as f64).sqrt() / 4.0) as usize).min(cap),
         };
         n.clamp(1, max_splits.max(1))
     }
@@ -3809,12 +3811,12 @@ mod tests {
         let n = |keys| t.splits(AttnKernel::GqaTc, s, 132, keys, ATTN_MAX_SPLITS);
         // One per min_split keys while that is fewer, then one per 4 √keys, then the cap:
         // 2 blocks an SM of 132 over 8 KV heads = 33.
-        assert_eq!(t.split_cap(AttnKernel::GqaTc, s, 132), 33);
+        assert_eq!(t.split_cap(AttnKernel::GqaTc, s, 132), Some(33));
         assert_eq!((n(1), n(128), n(129), n(300)), (1, 1, 2, 3));
         assert_eq!((n(1024), n(4096), n(16384), n(32768)), (8, 16, 32, 33));
         // The CUDA-core kernels (small blocks, many an SM) keep the rule by length.
         for k in [AttnKernel::PerHead, AttnKernel::Gqa] {
-            assert_eq!(t.split_cap(k, s, 48), usize::MAX);
+            assert_eq!(t.split_cap(k, s, 48), None);
             let by_len = (4096 / t.min_split(k)).min(ATTN_MAX_SPLITS);
             assert_eq!(t.splits(k, s, 48, 4096, ATTN_MAX_SPLITS), by_len);
         }
@@ -3827,7 +3829,7 @@ mod tests {
         };
         let m = |keys| plain.splits(AttnKernel::GqaTc, s, 132, keys, ATTN_MAX_SPLITS);
         assert_eq!((m(1024), m(4096), m(32768)), (8, 32, ATTN_MAX_SPLITS));
-        assert_eq!(plain.split_cap(AttnKernel::GqaTc, s, 132), usize::MAX);
+        assert_eq!(plain.split_cap(AttnKernel::GqaTc, s, 132), None);
     }
 
     #[test]
