@@ -35,22 +35,6 @@
 #ifndef TCG_FP4_STEP
 #define TCG_FP4_STEP 1
 #endif
-// The K loop's weights as a ring (1): a warp keeps 2 S chunks in registers, each reloaded with
-// the chunk 2 S further as soon as its mma is issued, so 2 S chunks are in flight where the
-// double buffer (0: S chunks summed while the next S load, then copied over) had S: the copy
-// waited on the loads just issued, so each step of S chunks paid a whole memory round trip.
-// The same registers, the same chunks in the same order: the same sums.
-#ifndef TCG_RING
-#define TCG_RING 1
-#endif
-// The ring's slots for bf16 and MXFP4 weights (at least S: the first S are loaded before the
-// wait).
-#ifndef TCG_BF16_SLOTS
-#define TCG_BF16_SLOTS 3
-#endif
-#ifndef TCG_FP4_SLOTS
-#define TCG_FP4_SLOTS 2
-#endif
 // Minimum resident blocks per SM the kernels are compiled for (caps their registers).
 // Defaults as measured best on the H100 (docs/perf.md, runs 34-35).
 #ifndef TCG_MINB
@@ -71,7 +55,6 @@
 struct TcgBf16 {
     static constexpr int E = 16;
     static constexpr int S = TCG_BF16_STEP;  // chunks per step of the K loop (and loaded ahead)
-    static constexpr int SL = TCG_RING ? TCG_BF16_SLOTS : S;  // chunks a warp holds (tcg_tile)
     struct Raw {
         uint4 w[2][2];  // [row g, g + 8][word]
     };
@@ -104,7 +87,6 @@ template <int NB>
 struct TcgFp4T {
     static constexpr int E = 32 * NB;
     static constexpr int S = TCG_FP4_STEP;
-    static constexpr int SL = TCG_RING ? TCG_FP4_SLOTS : S;
     struct Raw {
         uint4 q[2][NB];
         unsigned s[2][NB];
@@ -236,18 +218,16 @@ __device__ __forceinline__ int tcg_nchunks(int cols) {
     return (cols + 4 * W::E - 1) / (4 * W::E);
 }
 
-// Load this warp's first chunks s0 … s1 - 1 of its tile's rows (r0 = the tile's first row + g)
-// among chunks c_lo … c_hi - 1 (the first S before the wait and the staging: the whole ring
-// held through the staging spilled at the 8-token kernel's register cap; tcg_tile loads the
-// rest).
+// Load this warp's first S chunks of its tile's rows (r0 = the tile's first row + g) among
+// chunks c_lo … c_hi - 1.
 // With TT tiles a block, the warps of a tile are TCG_WARPS / TT consecutive ones.
-template <class W, int TT, int s0 = 0, int s1 = W::S>
+template <class W, int TT>
 __device__ __forceinline__ void tcg_prefetch(const W& wp, int r0, int rows, int c_lo, int c_hi,
-                                             typename W::Raw (&cur)[W::SL]) {
+                                             typename W::Raw (&cur)[W::S]) {
     constexpr int CW = 4 * W::E, WG = TCG_WARPS / TT;
     const int wk = (threadIdx.x >> 5) % WG, q = threadIdx.x & 3;
 #pragma unroll
-    for (int s = s0; s < s1; ++s) {
+    for (int s = 0; s < W::S; ++s) {
         const int c = c_lo + wk + s * WG;
         if (c < c_hi) wp.load(cur[s], r0, rows, c * CW + q * W::E);
     }
@@ -291,36 +271,19 @@ __device__ __forceinline__ void tcg_mma_chunk(const W& wp, const typename W::Raw
 }
 
 // This warp's share of its tile: chunks c_lo + wk, c_lo + wk + WG, … below nchunks (wk: the
-// warp's index among the WG = TCG_WARPS / TT warps of its tile; the first SL already in cur),
-// times the nt staged rows at xs. With TCG_RING the SL chunks are a ring: slot s is summed,
-// then reloaded with the chunk SL further; else S per iteration with the next S loaded
-// meanwhile. Then the warp's partial sums go to red[warp][row][token] (shared).
+// warp's index among the WG = TCG_WARPS / TT warps of its tile; the first S already in cur),
+// S per iteration with the next S loaded meanwhile, times the nt staged rows at xs. Then the
+// warp's partial sums go to red[warp][row][token] (shared).
 template <class W, int TN, int TT>
 __device__ __forceinline__ void tcg_tile(const W& wp, int r0, int rows, int cols, int c_lo, int nchunks,
-                                         typename W::Raw (&cur)[W::SL], const bf16_t* xs, int stride,
+                                         typename W::Raw (&cur)[W::S], const bf16_t* xs, int stride,
                                          int nt, float (*red)[16][8 * TN]) {
-    constexpr int E = W::E, CW = 4 * E, S = W::S, SL = W::SL, WG = TCG_WARPS / TT;
+    constexpr int E = W::E, CW = 4 * E, S = W::S, WG = TCG_WARPS / TT;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, q = lane & 3;
+    typename W::Raw nxt[S];
     float acc[TN][4];
 #pragma unroll
     for (int n = 0; n < TN; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
-#if TCG_RING
-    tcg_prefetch<W, TT, S, SL>(wp, r0, rows, c_lo, nchunks, cur);
-    for (int c = c_lo + warp % WG; c < nchunks; c += SL * WG) {
-#pragma unroll
-        for (int s = 0; s < SL; ++s) {
-            const int cc = c + s * WG;
-            if (cc >= nchunks) break;  // warp-uniform
-            // A lane whose span is past the row (last chunk) loaded zero weights and feeds
-            // zeros: the mma is warp-wide, every lane takes part.
-            tcg_mma_chunk<W, TN>(wp, cur[s], cc * CW + q * E, cols, xs, stride, nt, acc);
-            // Unconditional: past the row the load writes zeros (W::load), where a load under
-            // a condition would keep the slot's old words.
-            wp.load(cur[s], r0, rows, (cc + SL * WG) * CW + q * E);
-        }
-    }
-#else
-    typename W::Raw nxt[S];
     for (int c = c_lo + warp % WG; c < nchunks; c += S * WG) {
 #pragma unroll
         for (int s = 0; s < S; ++s) {
@@ -339,7 +302,6 @@ __device__ __forceinline__ void tcg_tile(const W& wp, int r0, int rows, int cols
 #pragma unroll
         for (int s = 0; s < S; ++s) cur[s] = nxt[s];
     }
-#endif
     // acc[n]: rows g (0, 1) and g + 8 (2, 3), tokens n * 8 + 2q (+1).
 #pragma unroll
     for (int n = 0; n < TN; ++n) {
@@ -381,7 +343,7 @@ __device__ __forceinline__ float tcg_sum(float (*red)[16][8 * TN], int row, int 
 // The entry points load the first chunks (tcg_prefetch: immutable weights only) before
 // pdl_enter(), then run the body.
 template <class W, int TN, int TT>
-__device__ __forceinline__ void gemv_tc_body(const W wp, typename W::Raw (&cur)[W::SL],
+__device__ __forceinline__ void gemv_tc_body(const W wp, typename W::Raw (&cur)[W::S],
                                              const bf16_t* __restrict__ bias,
                                              const float* __restrict__ x, float* __restrict__ y,
                                              int rows, int cols, int tokens, int accumulate,
@@ -477,7 +439,7 @@ __device__ __forceinline__ void gemv_tc_body(const W wp, typename W::Raw (&cur)[
          int accumulate, const bf16_t* __restrict__ norm_w, float eps,                         \
          float* __restrict__ x_out, float* __restrict__ part, unsigned* __restrict__ cnt) {    \
         const TcgBf16 wp{w, cols};                                                             \
-        TcgBf16::Raw cur[TcgBf16::SL];                                                         \
+        TcgBf16::Raw cur[TcgBf16::S];                                                          \
         const int nch = tcg_nchunks<TcgBf16>(cols);                                            \
         const int c_lo = tcg_chunk_lo(nch), c_hi = tcg_chunk_hi(nch);                          \
         tcg_prefetch<TcgBf16, TT>(wp, TCG_FIRST_ROW(TT), rows, c_lo, c_hi, cur);               \
@@ -497,7 +459,7 @@ GEMV_TC_BF16(gemv_tc_bf16_t16, 2, 1, TCG_MINB)
          float eps, float* __restrict__ x_out, float* __restrict__ part,                       \
          unsigned* __restrict__ cnt) {                                                         \
         const TcgFp4 wp{blocks, scales, cols};                                                 \
-        TcgFp4::Raw cur[TcgFp4::SL];                                                           \
+        TcgFp4::Raw cur[TcgFp4::S];                                                            \
         const int nch = tcg_nchunks<TcgFp4>(cols);                                             \
         const int c_lo = tcg_chunk_lo(nch), c_hi = tcg_chunk_hi(nch);                          \
         tcg_prefetch<TcgFp4, TT>(wp, TCG_FIRST_ROW(TT), rows, c_lo, c_hi, cur);                \
