@@ -392,6 +392,23 @@ struct MoeSlots {
     }
 };
 
+// The `_slots` kernels' share of n units (gate_up's row pairs, down's pairs of output rows)
+// for the block's warp: units u0 … u1 - 1, the n spread evenly over the grid's 8 gridDim.y
+// warps of a pair, so a grid of one whole wave of the slots (more blocks than n / (8 units))
+// gives every warp its share rather than leaving the last blocks short; where 8 gridDim.y
+// units divides n (the host's default grids) it is units u0 = w units, the same as before.
+// A row's sums do not depend on the warp that makes them.
+// 32-bit products: the host keeps 8 gridDim.y within n + 7 (at most a unit a warp) and n below
+// 2^16 (MoeShape::check).
+__device__ __forceinline__ unsigned slots_at(unsigned w, unsigned n) {
+    return w * n / (gridDim.y * 8u);
+}
+__device__ __forceinline__ void slots_share(int n, int& u0, int& u1) {
+    const unsigned w = blockIdx.y * 8 + (threadIdx.x >> 5);
+    u0 = (int)slots_at(w, n);
+    u1 = (int)slots_at(w + 1, n);
+}
+
 // Grid order of both kernels: the (token, slot) pairs p = t * k + s are blockIdx.x, the row
 // ranges blockIdx.y, so the blocks launched together are every pair's blocks of one row range:
 // pairs routed to the same expert (at batch 16, 64 pairs name ~50 distinct experts) read the
@@ -419,7 +436,8 @@ __device__ __forceinline__ void moe_gate_up_body(const u8* __restrict__ blocks,
                                                  unsigned* __restrict__ done) {
     u8* xs = reinterpret_cast<u8*>(moe_smem);
     const int lane = threadIdx.x & 31;
-    const int j0 = (blockIdx.y * 8 + (threadIdx.x >> 5)) * units;
+    int j0 = (blockIdx.y * 8 + (threadIdx.x >> 5)) * units, ju = min(inter, j0 + units);
+    if constexpr (SLOTS) slots_share(inter, j0, ju);
     const int s = blockIdx.x % k, t = blockIdx.x / k;
     // With `ready` the router announces each pair's expert (moe_ready_wait): the block takes it
     // and issues its first weight loads before its wait, which then only guards the staged x.
@@ -436,13 +454,13 @@ __device__ __forceinline__ void moe_gate_up_body(const u8* __restrict__ blocks,
     const u8* se = scales + (size_t)e * rows * nb;
     // Lane u holds unit u's biases (read with the first weights, used at the unit's end).
     const int jb = j0 + lane;
-    const bool bl = lane < units && jb < inter;
+    const bool bl = lane < ju - j0;
     const float bgate = bl ? bf2f(bias[(size_t)e * rows + 2 * jb]) : 0.0f;
     const float blin = bl ? bf2f(bias[(size_t)e * rows + 2 * jb + 1]) : 0.0f;
     if constexpr (SLOTS) {
         // All of a unit's items in flight at once (MoeSlots); the same sums in the same order
         // as the item sequence below.
-        const int nu = min(units, inter - j0);  // this warp's units (none for a tail warp)
+        const int nu = ju - j0;  // this warp's units (none for a tail warp)
         MoeSlots w{be + 2 * (size_t)j0 * nb + lane, se + 2 * (size_t)j0 * nb + lane, nb, ni, lane};
         if (nu > 0) w.load_unit(0);
         if (ready) pdl_enter_as(GATE_UP_TRIGGER);
@@ -579,7 +597,10 @@ __device__ __forceinline__ void moe_down_body(const u8* __restrict__ blocks,
                                               const unsigned* __restrict__ done, int gu_blocks) {
     u8* as = reinterpret_cast<u8*>(moe_smem);
     const int lane = threadIdx.x & 31;
-    const int rw = (blockIdx.y * 8 + (threadIdx.x >> 5)) * 2 * units;  // the warp's first row
+    // The warp's first row and its units (row pairs): the `_slots` kernels by slots_share.
+    int p0 = (blockIdx.y * 8 + (threadIdx.x >> 5)) * units, p1 = min((hidden + 1) / 2, p0 + units);
+    if constexpr (SLOTS) slots_share(hidden / 2, p0, p1);
+    const int rw = 2 * p0;
     const int s = blockIdx.x % k, t = blockIdx.x / k;
 #if !MOE_DOWN_EARLY
     pdl_enter_as(DOWN_TRIGGER);
@@ -594,13 +615,13 @@ __device__ __forceinline__ void moe_down_body(const u8* __restrict__ blocks,
     const u8* se = scales + (size_t)e * hidden * nb;
     // Lane u holds unit u's two biases.
     const int rb = rw + 2 * lane;
-    const bool bl = lane < units;
+    const bool bl = lane < p1 - p0;
     const float b0v = bl && rb < hidden ? bf2f(bias[(size_t)e * hidden + rb]) : 0.0f;
     const float b1v = bl && rb + 1 < hidden ? bf2f(bias[(size_t)e * hidden + rb + 1]) : 0.0f;
     if constexpr (SLOTS) {
         // As moe_gate_up_body's slots (same sums, same order). hidden is a multiple of 32, so
         // a unit's second row exists whenever its first does.
-        const int nu = min(units, (hidden - rw + 1) / 2);
+        const int nu = p1 - p0;
         MoeSlots w{be + (size_t)rw * nb + lane, se + (size_t)rw * nb + lane, nb, ni, lane};
         if (nu > 0) w.load_unit(0);
 #if MOE_DOWN_EARLY
@@ -696,8 +717,13 @@ __device__ __forceinline__ void moe_down_body(const u8* __restrict__ blocks,
     if (threadIdx.x == 0) last_s = count_block_last(ctr + (size_t)t * gridDim.y + blockIdx.y, k);
     __syncthreads();
     if (!last_s) return;
-    moe_combine_rows(part, y, t, k, hidden, blockIdx.y * 16 * units,
-                     min(hidden, (int)(blockIdx.y + 1) * 16 * units), accumulate);
+    // The block's rows: its warps' (slots_share of the pairs for the `_slots` kernels).
+    int r0 = blockIdx.y * 16 * units, r1 = min(hidden, (int)(blockIdx.y + 1) * 16 * units);
+    if constexpr (SLOTS) {
+        r0 = 2 * (int)slots_at(blockIdx.y * 8, hidden / 2);
+        r1 = 2 * (int)slots_at(blockIdx.y * 8 + 8, hidden / 2);
+    }
+    moe_combine_rows(part, y, t, k, hidden, r0, r1, accumulate);
 }
 
 #define MOE_DOWN_KERNEL(name, policy, slots, minb)                                              \

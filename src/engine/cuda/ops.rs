@@ -1858,6 +1858,13 @@ impl MoeShape {
             self.hidden,
             self.inter
         );
+        // The `_slots` kernels share rows among warps with 32-bit products (moe_gemv.cu).
+        ensure!(
+            self.hidden < 1 << 16 && self.inter < 1 << 16,
+            "the decode MoE takes hidden and intermediate sizes below 65536, not {} and {}",
+            self.hidden,
+            self.inter
+        );
         Ok(())
     }
 }
@@ -2530,7 +2537,7 @@ pub fn moe_down(
             // gate_up's blocks a pair (its row ranges) when down waits on their count.
             let gu_blocks = match await_units {
                 0 => 0,
-                u => gate_up_ranges(s, u),
+                u => moe_ranges(s, u, false, lp.slots(u, s.hidden))?,
             };
             args.extend([
                 opt(ready.map(|r| r.ready)),
@@ -2612,7 +2619,9 @@ fn moe_decode_launch(
             Some((cap, stride)),
         ),
         None => {
-            let (kernel, smem) = moe_gemv_kernel(down, codes, width, lp.slots(units, width));
+            let slots = lp.slots(units, width);
+            let (kernel, smem) = moe_gemv_kernel(down, codes, width, slots);
+            let ranges = moe_ranges(s, units, down, slots)?;
             (kernel, smem, (u(s.k * t)?, u(ranges)?, 1), None)
         }
     };
@@ -2634,6 +2643,53 @@ fn moe_decode_launch(
 /// a gate/linear row pair): its blocks a routed pair.
 fn gate_up_ranges(s: MoeShape, units: usize) -> usize {
     s.inter.div_ceil(8 * units)
+}
+
+/// Environment knob for A/B runs: `MXTUNE_MOE_RANGES=G/D` fixes the row ranges (blocks a
+/// routed pair) of the decode MoE's `_slots` gate_up and down kernels, at least as many as
+/// their units need; their warps then share the rows evenly (`slots_share`, moe_gemv.cu).
+pub const MOE_RANGES_ENV: &str = "MXTUNE_MOE_RANGES";
+
+fn moe_ranges_env() -> Result<Option<(usize, usize)>> {
+    static R: std::sync::OnceLock<Result<Option<(usize, usize)>, String>> =
+        std::sync::OnceLock::new();
+    R.get_or_init(|| {
+        let v = std::env::var(MOE_RANGES_ENV).unwrap_or_default();
+        if v.is_empty() {
+            return Ok(None);
+        }
+        let bad = || format!("{MOE_RANGES_ENV}={v}: expected GATE_UP/DOWN, two whole numbers");
+        let (g, d) = v.split_once('/').ok_or_else(bad)?;
+        match (g.trim().parse::<usize>(), d.trim().parse::<usize>()) {
+            (Ok(g), Ok(d)) if g > 0 && d > 0 => Ok(Some((g, d))),
+            _ => Err(bad()),
+        }
+    })
+    .clone()
+    .map_err(anyhow::Error::msg)
+}
+
+/// Row ranges of the decode MoE's per-pair kernel (`down` or gate_up) with `units` units a
+/// warp; `slots`: it runs the `_slots` loop, whose ranges [`MOE_RANGES_ENV`] may set.
+fn moe_ranges(s: MoeShape, units: usize, down: bool, slots: bool) -> Result<usize> {
+    let (base, most) = if down {
+        (s.hidden.div_ceil(16 * units), s.hidden.div_ceil(16))
+    } else {
+        (gate_up_ranges(s, units), s.inter.div_ceil(8))
+    };
+    match moe_ranges_env()? {
+        Some((g, d)) if slots => {
+            let r = if down { d } else { g };
+            ensure!(
+                (base..=most).contains(&r),
+                "{MOE_RANGES_ENV}: {r} {} ranges with {units} units a warp: expected {base} to \
+                 {most}",
+                if down { "down" } else { "gate_up" }
+            );
+            Ok(r)
+        }
+        _ => Ok(base),
+    }
 }
 
 /// Counters [`moe_down`] needs for `t` rows (zeroed once; the kernel leaves them zero).
