@@ -1840,7 +1840,7 @@ impl MoeLoop {
     }
 
     /// Whether a kernel with `units` per warp over rows of `width` inputs runs `_slots`.
-    fn slots(self, units: usize, width: usize) -> bool {
+    pub(crate) fn slots(self, units: usize, width: usize) -> bool {
         let fits = (width / 32).div_ceil(32) <= MOE_SLOTS_NI;
         match self {
             Self::Items => false,
@@ -2537,7 +2537,7 @@ pub fn moe_down(
             // gate_up's blocks a pair (its row ranges) when down waits on their count.
             let gu_blocks = match await_units {
                 0 => 0,
-                u => moe_ranges(s, u, false, lp.slots(u, s.hidden))?,
+                u => moe_ranges(g.sms(), s, u, t, false, lp.slots(u, s.hidden))?,
             };
             args.extend([
                 opt(ready.map(|r| r.ready)),
@@ -2621,7 +2621,7 @@ fn moe_decode_launch(
         None => {
             let slots = lp.slots(units, width);
             let (kernel, smem) = moe_gemv_kernel(down, codes, width, slots);
-            let ranges = moe_ranges(s, units, down, slots)?;
+            let ranges = moe_ranges(g.sms(), s, units, t, down, slots)?;
             (kernel, smem, (u(s.k * t)?, u(ranges)?, 1), None)
         }
     };
@@ -2669,16 +2669,32 @@ fn moe_ranges_env() -> Result<Option<(usize, usize)>> {
     .map_err(anyhow::Error::msg)
 }
 
-/// Row ranges of the decode MoE's per-pair kernel (`down` or gate_up) with `units` units a
-/// warp; `slots`: it runs the `_slots` loop, whose ranges [`MOE_RANGES_ENV`] may set.
-fn moe_ranges(s: MoeShape, units: usize, down: bool, slots: bool) -> Result<usize> {
+/// Row ranges (blocks a routed pair) of the decode MoE's per-pair kernel, `down` or gate_up,
+/// with `units` units a warp for `t` rows on `sms` multiprocessors; `slots`: it runs the
+/// `_slots` loop. The units' ranges, except for gate_up's `_slots` kernel where those leave
+/// part of one wave of the slots empty (gpt-oss-120b at batch 1: 60 ranges × 4 pairs in the
+/// H100's and H200's 264 slots): there the wave's share of a pair (66), its warps sharing
+/// the rows evenly (5 or 6 units each; docs/perf.md runs 258–259: batch 1 −0.35 %,
+/// all-MXFP4 −0.8 %, 20b −0.2 %; down's own wave of 66 lost, +0.3 %). At most one unit a warp.
+/// [`MOE_RANGES_ENV`] sets the `_slots` kernels' ranges (within those bounds).
+pub fn moe_ranges(
+    sms: usize,
+    s: MoeShape,
+    units: usize,
+    t: usize,
+    down: bool,
+    slots: bool,
+) -> Result<usize> {
     let (base, most) = if down {
         (s.hidden.div_ceil(16 * units), s.hidden.div_ceil(16))
     } else {
         (gate_up_ranges(s, units), s.inter.div_ceil(8))
     };
+    if !slots {
+        return Ok(base);
+    }
     match moe_ranges_env()? {
-        Some((g, d)) if slots => {
+        Some((g, d)) => {
             let r = if down { d } else { g };
             ensure!(
                 (base..=most).contains(&r),
@@ -2688,7 +2704,11 @@ fn moe_ranges(s: MoeShape, units: usize, down: bool, slots: bool) -> Result<usiz
             );
             Ok(r)
         }
-        _ => Ok(base),
+        None if down => Ok(base),
+        None => {
+            let share = MOE_SLOTS_BLOCKS_PER_SM * sms / (s.k * t).max(1);
+            Ok(base.max(share.min(most)))
+        }
     }
 }
 
@@ -3975,6 +3995,30 @@ mod tests {
     }
 
     #[test]
+    fn moe_ranges_fill_gate_ups_wave_at_one_token() {
+        let s = GPT_OSS_MOE;
+        let r = |sms, units, t, down, slots| moe_ranges(sms, s, units, t, down, slots).unwrap();
+        // gpt-oss-120b at batch 1 (units 6/3) on 132 SMs: gate_up takes the wave's 264 / 4
+        // pairs = 66 ranges (its 2880 units 5 or 6 a warp), down keeps its units' 60.
+        assert_eq!(r(132, 6, 1, false, true), 66);
+        assert_eq!(r(132, 3, 1, true, true), 60);
+        // The items loop, and batches whose units' ranges already fill the wave, keep theirs.
+        assert_eq!(r(132, 6, 1, false, false), 60);
+        assert_eq!(r(132, 6, 2, false, true), 60);
+        assert_eq!(r(132, 12, 4, false, true), 30);
+        // A GB10's 48 SMs: 15 units fill its wave of 96 exactly (24 a pair).
+        assert_eq!(r(48, 15, 1, false, true), 24);
+        // Never more than a unit a warp: a small shape on a large device.
+        let small = MoeShape {
+            hidden: 160,
+            inter: 96,
+            k: 2,
+            ..s
+        };
+        assert_eq!(moe_ranges(132, small, 1, 1, false, true).unwrap(), 12);
+    }
+
+    #[test]
     fn moe_units_per_batch_on_the_h100() {
         let s = GPT_OSS_MOE;
         let pick = |t, lp| {
@@ -3986,7 +4030,8 @@ mod tests {
                 lp.slots(u.down, s.inter),
             )
         };
-        // Batch 1: one wave of the slots kernels (240 gate_up and 240 down blocks of 264).
+        // Batch 1: one wave of the slots kernels (240 gate_up and 240 down blocks of 264; gate_up
+        // then runs on 264, moe_ranges).
         assert_eq!(pick(1, MoeLoop::Auto), (6, 3, true, true));
         assert_eq!(pick(1, MoeLoop::Items), (1, 1, false, false));
         // gate_up below batch 4: batch 1's wave; down: one wave of the batch (240, 240 and

@@ -1111,12 +1111,23 @@ fn check_moe_ready(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
         let (dl, dh) = (nan_f32(g, t * e)?, nan_f32(g, t * hidden)?);
         let (di, dwt) = (g.upload(&vec![-1i32; t * k])?, nan_f32(g, t * k)?);
         let counters = g.alloc::<u32>(ops::topk_counters(t))?;
+        // The fp16 dot's last outputs (act, y) of each loop, compared below.
+        let mut f16_outs: Vec<(String, Vec<f32>, Vec<f32>)> = Vec::new();
         for (codes, units) in [
             (MoeCodes::F16, MoeUnits::new(6, 3, MoeLoop::Slots)),
             (MoeCodes::F16, MoeUnits::new(3, 5, MoeLoop::Items)),
             (MoeCodes::F32, MoeUnits::new(1, 1, MoeLoop::Slots)),
         ] {
             let w = c.weights_in(g, ExpertLayout::for_codes(codes));
+            let lp = units.gate_up_loop();
+            let gate_up_ranges = ops::moe_ranges(
+                g.sms(),
+                sh,
+                units.gate_up,
+                t,
+                false,
+                lp.slots(units.gate_up, hidden),
+            )?;
             let mut outs = Vec::new();
             // On: down waits on its pair's gate_up count; ids: on gate_up's grid; then neither.
             for (ready, await_units) in [(true, units.gate_up), (true, 0), (false, 0)] {
@@ -1159,7 +1170,6 @@ fn check_moe_ready(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
                 let dy = g.upload(&c.y0)?;
                 let dctr = g.alloc::<u32>(ops::moe_counters(hidden, t))?;
                 let (h, idx, act) = (g.ptr(&dh), g.ptr(&di), g.ptr(&dact));
-                let lp = units.gate_up_loop();
                 ops::moe_gate_up(g, &w, sh, codes, h, idx, act, t, units.gate_up, lp, ready)?;
                 ops::moe_down(
                     g,
@@ -1181,7 +1191,7 @@ fn check_moe_ready(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
                 )?;
                 if ready.is_some() {
                     // Each pair's count holds its gate_up blocks.
-                    let want = inter.div_ceil(8 * units.gate_up) as u32;
+                    let want = gate_up_ranges as u32;
                     let done: Vec<u32> = g.download(&ddone)?;
                     let off = done[..t * k].iter().filter(|&&v| v != want).count();
                     res.push(check(
@@ -1208,6 +1218,11 @@ fn check_moe_ready(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
                 units.down,
                 units.lp.name()
             );
+            if codes == MoeCodes::F16 {
+                let name = format!("{} on {gate_up_ranges} gate_up ranges", units.lp.name());
+                let (a, y) = outs[2].clone();
+                f16_outs.push((name, a, y));
+            }
             res.push(check(
                 format!(
                     "{label}: with the router's announcements (down on the grid or on gate_up's \
@@ -1220,6 +1235,16 @@ fn check_moe_ready(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
             res.push(check(
                 format!("{label}: announcements cleared by down"),
                 left as f64,
+                0.0,
+            ));
+        }
+        // A row's sums do not depend on the warp that makes them: the `_slots` kernels on
+        // their ranges (at one token on 132 SMs 66 a pair, the rows shared 5 or 6 units a warp)
+        // against the items loop's fixed units.
+        if let [(na, aa, ya), (nb, ab, yb)] = &f16_outs[..] {
+            res.push(check(
+                format!("moe bf16-f16dot t={t}: loop {na} bits apart from loop {nb}"),
+                bits_apart(aa, ab) + bits_apart(ya, yb),
                 0.0,
             ));
         }
