@@ -684,14 +684,18 @@ fn wide_rows_env() -> Result<Option<usize>> {
 /// `gemv_bf16_wide`, more: `gemv_bf16_wide_rows`). A block reads its tokens' activations
 /// (fp32, 4 tokens a block row) once for all its rows, so more rows a block divide those
 /// reads: at 16 tokens a block of one router row reads 30 times as many activation bytes as
-/// weight bytes. More rows a block also mean fewer blocks, so rows are added only while the
-/// grid keeps at least half a block per SM.
+/// weight bytes. More rows a block also mean fewer blocks, each a longer chain: the fewest
+/// rows a block whose grid fits two blocks an SM. H200, gpt-oss-120b (docs/perf.md run 262,
+/// against the previous rule, which added rows while the grid kept half a block an SM:
+/// 3 or 4 rows from batch 5): batch 6 / 8 one row −2.2 / −2.2 %, batch 10 / 12 / 14 / 16 two
+/// rows −1.8 / −1.5 / −1.8 / −1.6 %, all-MXFP4 batch 8 / 16 −2.0 / −1.3 %; gpt-oss-20b's 32
+/// experts keep one row.
 pub fn wide_rows_per_block(rows: usize, t: usize, sms: usize, forced: Option<usize>) -> usize {
     if let Some(n) = forced {
         return n.clamp(1, GEMV_WIDE_R);
     }
     let blocks = rows * t.div_ceil(GEMV_TOKENS);
-    (blocks / (sms / 2).max(1)).clamp(1, GEMV_WIDE_R)
+    blocks.div_ceil(2 * sms.max(1)).clamp(1, GEMV_WIDE_R)
 }
 
 /// Rows per block a wide GEMV launch (the SIMT GEMV of fewer than
@@ -2674,8 +2678,9 @@ fn moe_ranges_env() -> Result<Option<(usize, usize)>> {
 /// `_slots` loop. The units' ranges, except for gate_up's `_slots` kernel where those leave
 /// part of one wave of the slots empty (gpt-oss-120b at batch 1: 60 ranges × 4 pairs in the
 /// H100's and H200's 264 slots): there the wave's share of a pair (66), its warps sharing
-/// the rows evenly (5 or 6 units each; docs/perf.md runs 258–259: batch 1 −0.35 %,
-/// all-MXFP4 −0.8 %, 20b −0.2 %; down's own wave of 66 lost, +0.3 %). At most one unit a warp.
+/// the rows evenly (5 or 6 units each; docs/perf.md runs 258–260: batch 1 −0.2 to −0.35 %,
+/// all-MXFP4 −0.6 to −0.8 %, 20b 0 to −0.2 %; down's own wave of 66 lost, +0.3 %). At most one
+/// unit a warp.
 /// [`MOE_RANGES_ENV`] sets the `_slots` kernels' ranges (within those bounds).
 pub fn moe_ranges(
     sms: usize,
@@ -3734,10 +3739,17 @@ mod tests {
     #[test]
     fn wide_rows_per_block_grows_with_the_token_groups() {
         let rpb = |rows, t| wide_rows_per_block(rows, t, 132, None);
-        // gpt-oss-120b's router (128 experts) on an H100.
+        // gpt-oss-120b's router (128 experts) on an H100 or H200: one row a block up to
+        // batch 8 (256 blocks for 264 slots of two), two from 9 (384 and 512 blocks).
         assert_eq!(
-            [1, 4, 5, 8, 12, 16].map(|t| rpb(128, t)),
-            [1, 1, 3, 3, 4, 4]
+            [1, 4, 5, 8, 9, 12, 16].map(|t| rpb(128, t)),
+            [1, 1, 1, 1, 2, 2, 2]
+        );
+        // A GB10's 48 SMs (96 slots of two): two rows a block from batch 1 (the previous rule
+        // took 4 at every batch there; neither measured).
+        assert_eq!(
+            [1, 4, 8, 16].map(|t| wide_rows_per_block(128, t, 48, None)),
+            [2, 2, 3, 4]
         );
         // gpt-oss-20b's (32 experts): the grid is small already.
         assert_eq!([1, 8, 16].map(|t| rpb(32, t)), [1, 1, 1]);
