@@ -694,8 +694,11 @@ impl Decoder {
             entries: self.max_batch * hq * self.max_splits,
         };
         // The MoE's units per warp depend on the batch only: once per step.
-        let units = ops::MoeUnits::for_batch(g.sms(), sh.moe, n, self.moe_units, self.moe_loop)
+        let mut units = ops::MoeUnits::for_batch(g.sms(), sh.moe, n, self.moe_units, self.moe_loop)
             .grouping(c.num_local_experts, sh.moe.k, n);
+        if self.moe_units.is_none() {
+            units = units.whole_waves(g.sms(), sh.moe, n);
+        }
         let split = self.moe_f16_split.unwrap_or_else(|| {
             ops::MoeF16Split::for_batch(g.sms(), sh.moe, c.num_local_experts, n)
         });

@@ -1995,6 +1995,31 @@ impl MoeUnits {
         self
     }
 
+    /// gate_up's units where it runs the `_slots` loop (`grouping` left it there): the fewest
+    /// that let its grid fill whole waves of the slots — as few waves as any count up to
+    /// [`MOE_MAX_UNITS`] allows — so that [`moe_ranges`] spreads its rows over exactly those
+    /// waves' blocks. gpt-oss-120b on 132 SMs: 6 units at batch 1 (one wave, as
+    /// [`MoeUnits::for_batch`]), 11 / 17 / 23 / 28 at 2 / 3 / 4 / 5 (one wave), 17 / 20 / 23 at
+    /// 6 / 7 / 8 (two), 23 at 12 (three). H200 (docs/perf.md runs 264–266, against
+    /// `for_batch`'s 6 below batch 4 and up to 16 from it): batch 2 / 3 / 4 / 5 / 6 / 8 / 12
+    /// −5.0 / −6.3 / −3.9 / −4.2 / −6.5 / −2.7 / −2.5 %, 7 and 10 −0.4 / −0.8 %, all-MXFP4
+    /// batch 3 −7.2 %, gpt-oss-20b batch 2 / 4 −4.7 / −3.6 %. Called by the decoder unless
+    /// [`MOE_UNITS_ENV`] fixes the units.
+    pub fn whole_waves(mut self, sms: usize, s: MoeShape, t: usize) -> Self {
+        let lp = self.gate_up_loop();
+        if lp == MoeLoop::Grouped || !lp.slots(MOE_MAX_UNITS, s.hidden) {
+            return self;
+        }
+        let wave = MOE_SLOTS_BLOCKS_PER_SM * sms.max(1);
+        let pairs = (s.k * t).max(1);
+        let blocks = |u: usize| s.inter.div_ceil(8 * u) * pairs;
+        let waves = blocks(MOE_MAX_UNITS).div_ceil(wave).max(1);
+        if let Some(u) = (1..=MOE_MAX_UNITS).find(|&u| blocks(u) <= waves * wave) {
+            self.gate_up = u;
+        }
+        self
+    }
+
     /// `fixed` (from [`MOE_UNITS_ENV`]: gate_up, down), or, where the `_slots` loop can run
     /// (`lp` not `Items`, rows short enough):
     /// * down: the fewest units (at most 16) whose grid for the whole batch fits one wave of
@@ -2676,11 +2701,11 @@ fn moe_ranges_env() -> Result<Option<(usize, usize)>> {
 /// Row ranges (blocks a routed pair) of the decode MoE's per-pair kernel, `down` or gate_up,
 /// with `units` units a warp for `t` rows on `sms` multiprocessors; `slots`: it runs the
 /// `_slots` loop. The units' ranges, except for gate_up's `_slots` kernel where those leave
-/// part of one wave of the slots empty (gpt-oss-120b at batch 1: 60 ranges × 4 pairs in the
-/// H100's and H200's 264 slots): there the wave's share of a pair (66), its warps sharing
-/// the rows evenly (5 or 6 units each; docs/perf.md runs 258–260: batch 1 −0.2 to −0.35 %,
-/// all-MXFP4 −0.6 to −0.8 %, 20b 0 to −0.2 %; down's own wave of 66 lost, +0.3 %). At most one
-/// unit a warp.
+/// part of their last wave of the slots empty (gpt-oss-120b at batch 1: 60 ranges × 4 pairs
+/// in the H100's and H200's 264 slots): there the waves' share of a pair (66), its warps
+/// sharing the rows evenly (5 or 6 units each; docs/perf.md runs 258–260: batch 1 −0.2 to
+/// −0.35 %, all-MXFP4 −0.6 to −0.8 %, 20b 0 to −0.2 %; down's own wave of 66 lost, +0.3 %).
+/// At most one unit a warp. [`MoeUnits::whole_waves`] picks gate_up's units for this.
 /// [`MOE_RANGES_ENV`] sets the `_slots` kernels' ranges (within those bounds).
 pub fn moe_ranges(
     sms: usize,
@@ -2711,8 +2736,9 @@ pub fn moe_ranges(
         }
         None if down => Ok(base),
         None => {
-            let share = MOE_SLOTS_BLOCKS_PER_SM * sms / (s.k * t).max(1);
-            Ok(base.max(share.min(most)))
+            let (wave, pairs) = (MOE_SLOTS_BLOCKS_PER_SM * sms.max(1), (s.k * t).max(1));
+            let waves = (base * pairs).div_ceil(wave);
+            Ok(base.max((waves * wave / pairs).min(most)))
         }
     }
 }
@@ -4014,10 +4040,13 @@ mod tests {
         // pairs = 66 ranges (its 2880 units 5 or 6 a warp), down keeps its units' 60.
         assert_eq!(r(132, 6, 1, false, true), 66);
         assert_eq!(r(132, 3, 1, true, true), 60);
-        // The items loop, and batches whose units' ranges already fill the wave, keep theirs.
+        // The items loop keeps its units' ranges; the slots widen theirs to whole waves (two
+        // at batch 2 with 6 units: 480 blocks → 528) and keep those that fill them.
         assert_eq!(r(132, 6, 1, false, false), 60);
-        assert_eq!(r(132, 6, 2, false, true), 60);
-        assert_eq!(r(132, 12, 4, false, true), 30);
+        assert_eq!(r(132, 6, 2, false, true), 66);
+        assert_eq!(r(132, 11, 2, false, true), 33);
+        assert_eq!(r(132, 17, 6, false, true), 22);
+        assert_eq!(r(132, 23, 12, false, true), 16);
         // A GB10's 48 SMs: 15 units fill its wave of 96 exactly (24 a pair).
         assert_eq!(r(48, 15, 1, false, true), 24);
         // Never more than a unit a warp: a small shape on a large device.
@@ -4028,6 +4057,43 @@ mod tests {
             ..s
         };
         assert_eq!(moe_ranges(132, small, 1, 1, false, true).unwrap(), 12);
+    }
+
+    #[test]
+    fn gate_up_units_fill_whole_waves() {
+        let s = GPT_OSS_MOE;
+        let wu = |sms, t| {
+            MoeUnits::for_batch(sms, s, t, None, MoeLoop::Auto)
+                .grouping(128, 4, t)
+                .whole_waves(sms, s, t)
+        };
+        // 132 SMs: one wave of 264 up to batch 5, two at 6-8 (and 10), three at 12.
+        let picks = [1, 2, 3, 4, 5, 6, 7, 8, 10, 12].map(|t| wu(132, t).gate_up);
+        assert_eq!(picks, [6, 11, 17, 23, 28, 17, 20, 23, 28, 23]);
+        for t in [1, 2, 3, 4, 5, 6, 7, 8, 10, 12] {
+            let u = wu(132, t);
+            // The grid fills its waves: no further range a pair fits them.
+            let pairs = s.k * t;
+            let blocks = moe_ranges(132, s, u.gate_up, t, false, true).unwrap() * pairs;
+            let waves = blocks.div_ceil(264);
+            assert!(blocks + pairs > waves * 264, "batch {t}: {blocks} blocks");
+        }
+        // Down keeps for_batch's units; gate_up grouped (batch 16) keeps its units too.
+        assert_eq!(wu(132, 2).down, 6);
+        let g16 = wu(132, 16);
+        assert!(g16.gate_up_grouped);
+        assert_eq!(
+            g16.gate_up,
+            MoeUnits::for_batch(132, s, 16, None, MoeLoop::Auto).gate_up
+        );
+        // The items loop keeps for_batch's pick; a GB10's 48 SMs (a wave of 96).
+        assert_eq!(
+            MoeUnits::for_batch(132, s, 2, None, MoeLoop::Items)
+                .whole_waves(132, s, 2)
+                .gate_up,
+            MoeUnits::for_batch(132, s, 2, None, MoeLoop::Items).gate_up
+        );
+        assert_eq!([1, 2, 3].map(|t| wu(48, t).gate_up), [15, 30, 23]);
     }
 
     #[test]
