@@ -2000,10 +2000,11 @@ impl MoeUnits {
     /// [`MOE_MAX_UNITS`] allows — so that [`moe_ranges`] spreads its rows over exactly those
     /// waves' blocks. gpt-oss-120b on 132 SMs: 6 units at batch 1 (one wave, as
     /// [`MoeUnits::for_batch`]), 11 / 17 / 23 / 28 at 2 / 3 / 4 / 5 (one wave), 17 / 20 / 23 at
-    /// 6 / 7 / 8 (two), 23 at 12 (three). H200 (docs/perf.md runs 264–266, against
+    /// 6 / 7 / 8 (two), 23 at 12 (three). H200 (docs/perf.md runs 264–267, against
     /// `for_batch`'s 6 below batch 4 and up to 16 from it): batch 2 / 3 / 4 / 5 / 6 / 8 / 12
-    /// −5.0 / −6.3 / −3.9 / −4.2 / −6.5 / −2.7 / −2.5 %, 7 and 10 −0.4 / −0.8 %, all-MXFP4
-    /// batch 3 −7.2 %, gpt-oss-20b batch 2 / 4 −4.7 / −3.6 %. Called by the decoder unless
+    /// −5.0 / −6.3 / −3.9 / −4.2 / −6.5 / −2.7 / −2.5 %, 9 / 11 / 14 / 15 −3.0 / −1.9 / −1.9 /
+    /// −1.5 %, 7 and 10 −0.4 / −0.8 %, all-MXFP4 batch 3 / 8 −7.2 / −2.1 %, gpt-oss-20b batch
+    /// 2 / 3 / 4 −4.7 / −6.5 / −3.6 %. Called by the decoder unless
     /// [`MOE_UNITS_ENV`] fixes the units.
     pub fn whole_waves(mut self, sms: usize, s: MoeShape, t: usize) -> Self {
         let lp = self.gate_up_loop();
@@ -4033,7 +4034,7 @@ mod tests {
     }
 
     #[test]
-    fn moe_ranges_fill_gate_ups_wave_at_one_token() {
+    fn moe_ranges_fill_gate_ups_waves() {
         let s = GPT_OSS_MOE;
         let r = |sms, units, t, down, slots| moe_ranges(sms, s, units, t, down, slots).unwrap();
         // gpt-oss-120b at batch 1 (units 6/3) on 132 SMs: gate_up takes the wave's 264 / 4
