@@ -394,9 +394,9 @@ struct MoeSlots {
 
 // The `_slots` kernels' share of n units (gate_up's row pairs, down's pairs of output rows)
 // for the block's warp: units u0 … u1 - 1, the n spread evenly over the grid's 8 gridDim.y
-// warps of a pair, so a grid of one whole wave of the slots (more blocks than n / (8 units))
-// gives every warp its share rather than leaving the last blocks short; where 8 gridDim.y
-// units divides n (the host's default grids) it is units u0 = w units, the same as before.
+// warps of a pair, so a grid sized to whole waves of the slots (ops::moe_ranges: more blocks
+// than n / (8 units)) gives every warp its share rather than leaving the last blocks short;
+// where 8 gridDim.y units is n (down's grids) it is units w units … w units + units - 1.
 // A row's sums do not depend on the warp that makes them.
 // 32-bit products: the host keeps 8 gridDim.y within n + 7 (at most a unit a warp) and n below
 // 2^16 (MoeShape::check).
