@@ -1928,6 +1928,11 @@ const MOE_WIDE_FROM_BATCH: usize = 4;
 /// `MOE_SLOTS_MINB`).
 const MOE_SLOTS_BLOCKS_PER_SM: usize = 2;
 
+/// Blocks of the `_slots` kernels the whole device holds at once (one wave).
+fn slots_wave(sms: usize) -> usize {
+    MOE_SLOTS_BLOCKS_PER_SM * sms.max(1)
+}
+
 /// Largest units per warp [`MoeUnits::for_batch`] picks, below [`MOE_WIDE_FROM_BATCH`] rows
 /// and from it.
 const MOE_AUTO_MAX_UNITS: [usize; 2] = [8, 16];
@@ -2011,9 +2016,9 @@ impl MoeUnits {
         if lp == MoeLoop::Grouped || !lp.slots(MOE_MAX_UNITS, s.hidden) {
             return self;
         }
-        let wave = MOE_SLOTS_BLOCKS_PER_SM * sms.max(1);
+        let wave = slots_wave(sms);
         let pairs = (s.k * t).max(1);
-        let blocks = |u: usize| s.inter.div_ceil(8 * u) * pairs;
+        let blocks = |u: usize| gate_up_ranges(s, u) * pairs;
         let waves = blocks(MOE_MAX_UNITS).div_ceil(wave).max(1);
         if let Some(u) = (1..=MOE_MAX_UNITS).find(|&u| blocks(u) <= waves * wave) {
             self.gate_up = u;
@@ -2051,7 +2056,7 @@ impl MoeUnits {
         let wide = usize::from(t >= MOE_WIDE_FROM_BATCH);
         let (min_half_blocks, max_units) =
             (MOE_MIN_HALF_BLOCKS_PER_SM[wide], MOE_AUTO_MAX_UNITS[wide]);
-        let wave = MOE_SLOTS_BLOCKS_PER_SM * sms;
+        let wave = slots_wave(sms);
         // The fewest units up to `cap` whose grid for `rows` rows fits one wave of the slots.
         let fits_one_wave = |units_total: usize, rows: usize, cap: usize| {
             (1..=cap).find(|&u| units_total.div_ceil(8 * u) * s.k * rows <= wave)
@@ -2632,11 +2637,13 @@ fn moe_decode_launch(
 ) -> Result<(&'static str, usize, (u32, u32, u32), Option<(usize, usize)>)> {
     s.check()?;
     check_units(units)?;
-    let (width, ranges, what) = if down {
-        (s.inter, s.hidden.div_ceil(16 * units), "intermediate")
+    let (width, what) = if down {
+        (s.inter, "intermediate")
     } else {
-        (s.hidden, gate_up_ranges(s, units), "hidden")
+        (s.hidden, "hidden")
     };
+    // The units' ranges (the grouped kernels'); the `_slots` kernels' may be wider.
+    let ranges = moe_ranges(g.sms(), s, units, t, down, false)?;
     let launch = match moe_grp_kernel(down, codes, lp, s, width, t) {
         Some((kernel, cap, stride, smem)) => (
             kernel,
@@ -2737,7 +2744,7 @@ pub fn moe_ranges(
         }
         None if down => Ok(base),
         None => {
-            let (wave, pairs) = (MOE_SLOTS_BLOCKS_PER_SM * sms.max(1), (s.k * t).max(1));
+            let (wave, pairs) = (slots_wave(sms), (s.k * t).max(1));
             let waves = (base * pairs).div_ceil(wave);
             Ok(base.max((waves * wave / pairs).min(most)))
         }
