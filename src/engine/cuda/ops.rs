@@ -1748,7 +1748,7 @@ fn moe_gemv_kernel(down: bool, codes: MoeCodes, n: usize, slots: bool) -> (&'sta
 const MOE_SLOTS_NI: usize = 3;
 
 /// Expected tokens per distinct expert from which gate_up runs grouped ([`MoeUnits::grouping`]).
-pub const MOE_GRP_FROM_SHARE: f64 = 1.25;
+pub const MOE_GRP_FROM_SHARE: f64 = 1.4;
 
 /// Tokens a distinct expert gets on average when `t` rows each route to `k` of `experts`
 /// experts uniformly: t k over the expected number of distinct experts, E (1 − (1 − k/E)^t).
@@ -1990,10 +1990,14 @@ impl MoeUnits {
     /// With `lp` `Auto`, gate_up takes the grouped loop where `t` rows routed to `k` of
     /// `experts` experts (uniformly) are expected to send at least [`MOE_GRP_FROM_SHARE`]
     /// tokens to each distinct expert they name: below that, decoding a weight block once
-    /// for its tokens saves less than the grouping costs (docs/perf.md, session 17:
-    /// gpt-oss-120b at batch 4 / 8 / 16, 1.03 / 1.12 / 1.25 tokens an expert, gate_up +4 /
-    /// −0.5 / −6.5 %; gpt-oss-20b at batch 16, 2.27 tokens an expert, −21 %). The down
-    /// kernel keeps the `_slots` loop: grouped it was never faster (same runs).
+    /// for its tokens saves less than the grouping costs. Since the `_slots` grid fills whole
+    /// waves ([`MoeUnits::whole_waves`]) the crossover sits between 1.36 and 1.52 tokens an
+    /// expert (docs/perf.md runs 268–269, H200, whole steps, `MXTUNE_MOE_LOOP=slots` against
+    /// the grouped loop: gpt-oss-120b batch 12 / 15 / 16, 1.17 / 1.23 / 1.25 tokens, −4.4 /
+    /// −4.0 / −1.9 % (all-MXFP4 batch 16 +0.8 %, batch 16 at depth 4096 the same);
+    /// gpt-oss-20b batch 5 / 6, 1.28 / 1.36, −7.6 / −5.1 %; batch 8 / 12 / 16, 1.52 / 1.88 /
+    /// 2.27, +0.5 / +2.3 / +5.8 %). The down kernel keeps the `_slots` loop: grouped it was
+    /// never faster (session 17).
     pub fn grouping(mut self, experts: usize, k: usize, t: usize) -> Self {
         self.gate_up_grouped =
             self.lp == MoeLoop::Auto && moe_tokens_per_expert(experts, k, t) >= MOE_GRP_FROM_SHARE;
@@ -4086,13 +4090,13 @@ mod tests {
             let waves = blocks.div_ceil(264);
             assert!(blocks + pairs > waves * 264, "batch {t}: {blocks} blocks");
         }
-        // Down keeps for_batch's units; gate_up grouped (batch 16) keeps its units too.
+        // Down keeps for_batch's units; gate_up grouped (batch 32) keeps its units too.
         assert_eq!(wu(132, 2).down, 6);
-        let g16 = wu(132, 16);
-        assert!(g16.gate_up_grouped);
+        let g32 = wu(132, 32);
+        assert!(g32.gate_up_grouped);
         assert_eq!(
-            g16.gate_up,
-            MoeUnits::for_batch(132, s, 16, None, MoeLoop::Auto).gate_up
+            g32.gate_up,
+            MoeUnits::for_batch(132, s, 32, None, MoeLoop::Auto).gate_up
         );
         // The items loop keeps for_batch's pick; a GB10's 48 SMs (a wave of 96).
         assert_eq!(
@@ -4147,7 +4151,7 @@ mod tests {
     }
 
     /// gate_up groups by expert where the batch sends enough tokens to each expert it names:
-    /// gpt-oss-120b (128 experts, top 4) from batch 16, gpt-oss-20b (32) from batch 5; only
+    /// gpt-oss-120b (128 experts, top 4) from batch 24, gpt-oss-20b (32) from batch 7; only
     /// under `Auto`, and the down kernel never.
     #[test]
     fn gate_up_groups_by_expert_where_experts_are_shared() {
@@ -4163,13 +4167,13 @@ mod tests {
                 .gate_up_loop()
                 == MoeLoop::Grouped
         };
-        for t in [1, 2, 4, 8, 12] {
+        for t in [1, 2, 4, 8, 12, 16, 23] {
             assert!(!grouped(128, t, MoeLoop::Auto), "120b batch {t}");
         }
-        assert!(grouped(128, 16, MoeLoop::Auto));
+        assert!(grouped(128, 24, MoeLoop::Auto));
         assert!(grouped(128, 64, MoeLoop::Auto));
-        assert!(!grouped(32, 4, MoeLoop::Auto));
-        assert!(grouped(32, 5, MoeLoop::Auto) && grouped(32, 16, MoeLoop::Auto));
+        assert!(!grouped(32, 4, MoeLoop::Auto) && !grouped(32, 6, MoeLoop::Auto));
+        assert!(grouped(32, 7, MoeLoop::Auto) && grouped(32, 16, MoeLoop::Auto));
         // An explicit loop stays what it is; `grouped` groups both kernels at any batch.
         assert!(!grouped(32, 16, MoeLoop::Slots));
         assert!(grouped(128, 1, MoeLoop::Grouped));
