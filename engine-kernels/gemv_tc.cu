@@ -336,10 +336,13 @@ __device__ __forceinline__ float tcg_sum(float (*red)[16][8 * TN], int row, int 
 // slots for a long matrix such as the lm_head) stages its tokens once and streams unit after
 // unit, the next unit's first chunks loaded while the current one is summed. Each unit's sums
 // are the same in either case.
-// With gridDim.z = 2 (a matrix of few tiles, no norm: the o projection; one unit a block)
-// each block takes half of K's chunks and stages only those columns; each writes its unit's
-// partial sums to part[z][token][row] and the second of the pair to finish (cnt[unit, pass],
-// reset by it) adds part[0] + part[1] in that order: deterministic whichever finishes first.
+// With gridDim.z > 1 (a K split, one unit a block: the o projection at 4-8 tokens, and every
+// short matrix of the 16-token, four-tile kernel `_t16_r64` at 9-16 tokens) each block takes
+// its share of K's chunks and stages only those columns; each writes its unit's partial sums
+// to part[z][token][row] (with a norm also its columns' squares of each token, after them)
+// and the last of the unit's blocks to finish (cnt[unit, pass], reset by it) adds part[0] +
+// part[1] + … in that order, and the squares likewise: deterministic whichever finishes
+// first. A split never writes x_out (each block has only its columns' squares).
 // The entry points load the first chunks (tcg_prefetch: immutable weights only) before
 // pdl_enter(), then run the body.
 template <class W, int TN, int TT>
@@ -361,22 +364,34 @@ __device__ __forceinline__ void gemv_tc_body(const W wp, typename W::Raw (&cur)[
     const int nunits = (rows + UR - 1) / UR;
     const bool split = gridDim.z > 1;
 
-    const int stride = cols + TCG_XPAD;
+    // A K split stages its own columns only, k0 … k0 + kn - 1, as rows of the split's width
+    // (the host sizes the shared memory for it, tc_gemv_smem_split); the MMAs index the
+    // staging by absolute column, from xa = xs - k0. With a norm, each block's squares are
+    // those of its columns: the pair's last block adds every split's (sqp, below).
+    // (The 8-token kernels' split, o's at 4-8 tokens, stages into full-width rows at column
+    // k0 and has no norm: their code stays as it was before the wide kernel, WIDE false.)
+    constexpr bool WIDE = TT == 4;
+    const int k0 = c_lo * 4 * W::E, kn = min(cols, c_hi * 4 * W::E) - k0;
+    const int kw = WIDE && split ? min(cols, (int)((tcg_nchunks<W>(cols) + gridDim.z - 1) / gridDim.z) * 4 * W::E) : cols;
+    const int stride = kw + TCG_XPAD;
     bf16_t* xs = reinterpret_cast<bf16_t*>(tcg_smem);
+    const bf16_t* xa = WIDE ? xs - k0 : xs;
     float* sq = reinterpret_cast<float*>(tcg_smem + (size_t)nt * stride * 2);
     float* ss = sq + nt * (((cols >> 2) + 31) >> 5);
     const float* xt = x + (size_t)t0 * cols;
-    // A K split stages its own columns only (no norm there: the host splits plain GEMVs).
-    const int k0 = c_lo * 4 * W::E, kn = min(cols, c_hi * 4 * W::E) - k0;
-    tcg_stage([&](int n) { return xt + (size_t)n * cols + k0; }, norm_w, kn, nt, stride, xs + k0, sq, ss);
+    tcg_stage([&](int n) { return xt + (size_t)n * cols + k0; }, WIDE && norm_w ? norm_w + k0 : norm_w,
+              kn, nt, stride, WIDE ? xs : xs + k0, sq, ss);
     if (threadIdx.x < nt) rs_s[threadIdx.x] = norm_w ? rsqrtf(ss[threadIdx.x] / (float)cols + eps) : 1.0f;
-    static_assert(16 * TT * 8 * TN <= 32 * TCG_WARPS, "one (row, token) of a unit a thread");
+    // A split's squares of each token: after the partial sums (gridDim.z floats a token).
+    float* sqp = part + (size_t)gridDim.z * tokens * rows;
     // Whether the epilogue's loads are issued before the unit's sums: in the one-tile 8-token
     // kernel (batch 1-8). In the others the two registers they hold through the K loop cost
     // more (spills; batch 8-16 0.4-0.7 % slower, docs/perf.md run 204) than the loads save.
     constexpr bool EARLY = TT == 1 && TN == 1;
+    static_assert(!EARLY || 16 * TT * 8 * TN <= 32 * TCG_WARPS, "one (row, token) of a unit a thread");
     for (int unit = blockIdx.x; unit < nunits; unit += gridDim.x) {
-        // The thread's (row, token) of the unit's sums: its bias and the output it adds to.
+        // The thread's (row, token) of the unit's sums where it has one (EARLY): its bias and
+        // the output it adds to.
         const int e_row = threadIdx.x / (8 * TN), e_tok = threadIdx.x % (8 * TN), e_r = unit * UR + e_row;
         const bool e_on = threadIdx.x < UR * 8 * TN && e_tok < nt && e_r < rows;
         float e_bias = 0.0f, e_y = 0.0f;
@@ -384,7 +399,7 @@ __device__ __forceinline__ void gemv_tc_body(const W wp, typename W::Raw (&cur)[
             if (bias) e_bias = bf2f(bias[e_r]);
             if (accumulate) e_y = y[(size_t)(t0 + e_tok) * rows + e_r];
         }
-        tcg_tile<W, TN, TT>(wp, unit * UR + sub * 16 + g, rows, cols, c_lo, c_hi, cur, xs, stride,
+        tcg_tile<W, TN, TT>(wp, unit * UR + sub * 16 + g, rows, cols, c_lo, c_hi, cur, xa, stride,
                             nt, red);
         const int next = unit + gridDim.x;
         if (next < nunits) tcg_prefetch<W, TT>(wp, next * UR + sub * 16 + g, rows, c_lo, c_hi, cur);
@@ -396,26 +411,46 @@ __device__ __forceinline__ void gemv_tc_body(const W wp, typename W::Raw (&cur)[
                 if (tok >= nt || r >= rows) continue;
                 part[((size_t)blockIdx.z * tokens + t0 + tok) * rows + r] = tcg_sum<TN, TT>(red, row, tok);
             }
+            if (WIDE && norm_w && threadIdx.x < nt) sqp[(size_t)blockIdx.z * tokens + t0 + threadIdx.x] = ss[threadIdx.x];
             __syncthreads();
             if (threadIdx.x == 0) last_s = count_block_last(cnt + (size_t)blockIdx.y * nunits + unit, gridDim.z);
             __syncthreads();
             if (!last_s) continue;
+            if (WIDE && norm_w) {
+                // The whole row's squares: the splits' in order (each block of a split stored
+                // the same ones).
+                if (threadIdx.x < nt) {
+                    float s2 = 0.0f;
+                    for (int z = 0; z < (int)gridDim.z; ++z) s2 += __ldcg(sqp + (size_t)z * tokens + t0 + threadIdx.x);
+                    rs_s[threadIdx.x] = rsqrtf(s2 / (float)cols + eps);
+                }
+                __syncthreads();
+            }
         }
-        if (e_on) {
+        // Row `row`, token `tok` of the unit: its sum, scaled, biased, stored (eb, ey: its bias
+        // and output when loaded early).
+        auto finish = [&](int row, int tok, bool early, float eb, float ey) {
+            const int r = unit * UR + row;
+            if (tok >= nt || r >= rows) return;
             float sum;
             if (split) {
                 sum = 0.0f;
                 for (int z = 0; z < (int)gridDim.z; ++z)
-                    sum += __ldcg(part + ((size_t)z * tokens + t0 + e_tok) * rows + e_r);
+                    sum += __ldcg(part + ((size_t)z * tokens + t0 + tok) * rows + r);
             } else {
-                sum = tcg_sum<TN, TT>(red, e_row, e_tok);
+                sum = tcg_sum<TN, TT>(red, row, tok);
             }
-            if (!EARLY) {
-                if (bias) e_bias = bf2f(bias[e_r]);
-                if (accumulate) e_y = y[(size_t)(t0 + e_tok) * rows + e_r];
+            if (!early) {
+                if (bias) eb = bf2f(bias[r]);
+                if (accumulate) ey = y[(size_t)(t0 + tok) * rows + r];
             }
-            const float s = sum * rs_s[e_tok] + e_bias;
-            y[(size_t)(t0 + e_tok) * rows + e_r] = accumulate ? e_y + s : s;
+            const float s = sum * rs_s[tok] + eb;
+            y[(size_t)(t0 + tok) * rows + r] = accumulate ? ey + s : s;
+        };
+        if (EARLY) {
+            if (e_on) finish(e_row, e_tok, true, e_bias, e_y);
+        } else {
+            for (int i = threadIdx.x; i < UR * 8 * TN; i += 32 * TCG_WARPS) finish(i / (8 * TN), i % (8 * TN), false, 0.0f, 0.0f);
         }
         if (next < nunits) __syncthreads();  // red is written again by the next unit
     }
@@ -450,6 +485,7 @@ __device__ __forceinline__ void gemv_tc_body(const W wp, typename W::Raw (&cur)[
 GEMV_TC_BF16(gemv_tc_bf16_t8, 1, 1, TCG_MINB_T8)
 GEMV_TC_BF16(gemv_tc_bf16_t8_r32, 1, 2, TCG_MINB_T8)
 GEMV_TC_BF16(gemv_tc_bf16_t16, 2, 1, TCG_MINB)
+GEMV_TC_BF16(gemv_tc_bf16_t16_r64, 2, 4, TCG_MINB)
 
 #define GEMV_TC_FP4(name, TN, TT, MINB)                                                         \
     extern "C" __global__ void __launch_bounds__(32 * TCG_WARPS, MINB)                         \
@@ -470,6 +506,7 @@ GEMV_TC_BF16(gemv_tc_bf16_t16, 2, 1, TCG_MINB)
 GEMV_TC_FP4(gemv_tc_fp4_t8, 1, 1, TCG_MINB_T8)
 GEMV_TC_FP4(gemv_tc_fp4_t8_r32, 1, 2, TCG_MINB_T8)
 GEMV_TC_FP4(gemv_tc_fp4_t16, 2, 1, TCG_MINB)
+GEMV_TC_FP4(gemv_tc_fp4_t16_r64, 2, 4, TCG_MINB)
 
 // ---- MoE decode on tensor cores: each distinct expert of a group of up to 16 tokens is read
 // once, its routed (token, slot) pairs as the n dimension (the grouping: tcg_group in

@@ -40,6 +40,13 @@ const TCM_ROWS: usize = 128;
 const TCG_XPAD: usize = 8;
 /// Static shared memory of the tensor-core GEMV (the cross-warp sums and 1/rms per token).
 const TCG_STATIC_SMEM: usize = 8 * 16 * TCG_TOKENS * 4 + TCG_TOKENS * 4;
+/// Blocks of 32 a lane and row of the MXFP4 tensor-core GEMV takes a chunk (kernel constant
+/// `TCG_FP4_NB`).
+const TCG_FP4_NB: usize = 2;
+/// Row tiles a block of the wide 16-token tensor-core GEMV (`_t16_r64`) takes (its TT).
+const TCG_WIDE_TILES: usize = 4;
+/// Most blocks the wide kernel splits a unit's K over.
+const TCG_WIDE_MAX_SPLIT: usize = 8;
 
 /// Warps per attention split block (kernel constant `ATTN_WARPS`).
 const ATTN_WARPS: u32 = 4;
@@ -130,9 +137,35 @@ pub fn gemv(
 /// Dynamic shared memory of one tensor-core GEMV block: its staged token rows (bf16, padded)
 /// and the staging's per-segment squares and per-token sums.
 pub fn tc_gemv_smem(cols: usize, t: usize) -> usize {
+    tc_gemv_smem_width(cols, cols, t)
+}
+
+/// [`tc_gemv_smem`] with rows staged `width` columns wide (the wide kernel's K split stages
+/// only its share of the columns).
+fn tc_gemv_smem_width(cols: usize, width: usize, t: usize) -> usize {
     let nt = t.min(TCG_TOKENS);
     let segs = cols.div_ceil(4).div_ceil(32);
-    nt * (cols + TCG_XPAD) * 2 + (nt * segs + nt) * 4
+    nt * (width + TCG_XPAD) * 2 + (nt * segs + nt) * 4
+}
+
+/// Columns of one K chunk of the tensor-core GEMV (4 lanes' spans): 64 bf16, or
+/// 4 · 32 · `TCG_FP4_NB` MXFP4.
+fn tc_chunk_cols(format: &str) -> usize {
+    if format == "bf16" {
+        64
+    } else {
+        4 * 32 * TCG_FP4_NB
+    }
+}
+
+/// Columns one block of `plan` stages for a row of `cols` (`chunk` columns a K chunk): all of
+/// them, but for the wide kernel's K split, its share of the chunks.
+fn tc_plan_width(plan: &TcgPlan, cols: usize, chunk: usize) -> usize {
+    if plan.tiles_per_block == TCG_WIDE_TILES && plan.ksplit > 1 {
+        (cols.div_ceil(chunk).div_ceil(plan.ksplit) * chunk).min(cols)
+    } else {
+        cols
+    }
 }
 
 /// Whether the tensor-core GEMV takes weights `w` of `cols` columns at `t` tokens: each lane's
@@ -315,6 +348,84 @@ pub fn tc_gemv_plan(
     }
 }
 
+/// Environment knob for A/B runs: `MXTUNE_TCG_WIDE=0` keeps 9–16 tokens on two passes of the
+/// 8-token kernel ([`tc_gemv_wide_plan`] off); `MXTUNE_TCG_WIDE=N` (1–8) fixes the wide
+/// kernel's K split where it fits; unset, empty or `auto`: the planner's choice.
+pub const TCG_WIDE_ENV: &str = "MXTUNE_TCG_WIDE";
+
+/// [`TCG_WIDE_ENV`]: `Some(None)` auto, `Some(Some(n))` the split fixed, `None` off.
+fn tc_gemv_wide_pref() -> Result<Option<Option<usize>>> {
+    static PREF: std::sync::OnceLock<Result<Option<Option<usize>>, String>> =
+        std::sync::OnceLock::new();
+    PREF.get_or_init(|| {
+        let v = std::env::var(TCG_WIDE_ENV).unwrap_or_default();
+        match v.as_str() {
+            "" | "auto" => Ok(Some(None)),
+            "0" => Ok(None),
+            _ => match v.parse::<usize>() {
+                Ok(n) if (1..=TCG_WIDE_MAX_SPLIT).contains(&n) => Ok(Some(Some(n))),
+                _ => Err(format!(
+                    "{TCG_WIDE_ENV}={v}: expected auto, 0 (off) or a K split from 1 to \
+                     {TCG_WIDE_MAX_SPLIT}"
+                )),
+            },
+        }
+    })
+    .clone()
+    .map_err(anyhow::Error::msg)
+}
+
+/// The wide plan of a tensor-core GEMV at 9–16 tokens: one pass of all of them through
+/// `_t16_r64`, whose blocks take four row tiles (64 rows: one staging of the 16 tokens serves
+/// them) and split each unit's K over `ksplit` blocks, each staging and streaming only its
+/// share of the chunks; the last of a unit's blocks adds their partial sums (and, with a
+/// norm, their squares) in order. Two passes of the 8-token kernel read every weight twice
+/// and each of their blocks stages its 8 tokens over all of K before its first sums (H200,
+/// gpt-oss-120b batch 16: qkv 23 µs a layer, 23 % of the bandwidth; o 18 µs). The split: the
+/// largest up to [`TCG_WIDE_MAX_SPLIT`] whose `units · ksplit` blocks fit one wave of the
+/// resident slots (`slots(ks)`: blocks the device holds with that split's staging), whose
+/// last block has chunks (`nchunks` a row), and whose partial sums fit the scratch (`rows`
+/// × `t` × ks floats); no split where the norm's output is written (`norm_out`: a block sees
+/// only its columns' squares). `fixed` tries that split alone. None where no split fits a
+/// wave (the caller keeps the two-pass plan): gpt-oss qkv (320 tiles) on 132 SMs of 2 blocks
+/// takes 80 units × 3, o (180 tiles) 45 × 5.
+pub fn tc_gemv_wide_plan(
+    tiles: usize,
+    nchunks: usize,
+    rows: usize,
+    t: usize,
+    norm_out: bool,
+    fixed: Option<usize>,
+    slots: impl Fn(usize) -> Result<usize>,
+) -> Result<Option<TcgPlan>> {
+    if !(9..=TCG_TOKENS).contains(&t) || tiles == 0 {
+        return Ok(None);
+    }
+    let units = tiles.div_ceil(TCG_WIDE_TILES);
+    if units > super::device::SPLIT_CNT_LEN {
+        return Ok(None);
+    }
+    let candidates: Vec<usize> = match fixed {
+        Some(n) => vec![n],
+        None => (1..=TCG_WIDE_MAX_SPLIT).rev().collect(),
+    };
+    for ks in candidates {
+        let fits = ks == 1
+            || (!norm_out
+                && (ks - 1) * nchunks.div_ceil(ks) < nchunks
+                && ks * t * (rows + 1) <= super::device::SPLIT_PART_LEN);
+        if fits && units * ks <= slots(ks)? {
+            return Ok(Some(TcgPlan {
+                per_pass: TCG_TOKENS,
+                grid_x: units,
+                ksplit: ks,
+                tiles_per_block: TCG_WIDE_TILES,
+            }));
+        }
+    }
+    Ok(None)
+}
+
 /// [`dense_gemv`] on tensor cores (`gemv_tc.cu`): the activations (times the norm weight)
 /// rounded to bf16, bf16 weights or MXFP4 blocks dequantized to bf16 in registers (exact),
 /// each weight read once per 8 tokens (16 with `MXTUNE_TCG_PASS=16`, [`TCG_PASS_ENV`]).
@@ -345,7 +456,12 @@ pub(crate) fn dense_gemv_tc(
          tokens exceed the device's shared memory",
         w.tc_span()
     );
-    let plan = tc_gemv_launch_plan(g, format, rows, cols, t, norm.is_some(), tiles)?;
+    let plan = tc_gemv_launch_plan(g, format, rows, cols, t, norm, tiles)?;
+    let width = tc_plan_width(&plan, cols, tc_chunk_cols(format));
+    ensure!(
+        width == cols || norm.is_none_or(|n| n.out == 0),
+        "a K-split tensor-core GEMV cannot write the normalised input"
+    );
     let (part, cnt) = g.split_scratch();
     let mut args = weights;
     args.extend([
@@ -370,7 +486,7 @@ pub(crate) fn dense_gemv_tc(
             u(plan.ksplit)?,
         ),
         (TCG_THREADS, 1, 1),
-        u(tc_gemv_smem(cols, t.min(plan.per_pass)))?,
+        u(tc_gemv_smem_width(cols, width, t.min(plan.per_pass)))?,
         &args,
     )
 }
@@ -378,27 +494,32 @@ pub(crate) fn dense_gemv_tc(
 /// The tensor-core GEMV entry point of `format` ("bf16" or "fp4") taking `per_pass` tokens and
 /// `tiles` row tiles a block (more than one: 8 tokens a pass only).
 fn tc_gemv_kernel(format: &str, per_pass: usize, tiles: usize) -> &'static str {
-    match (format == "bf16", per_pass == 8, tiles == 2) {
-        (true, true, true) => "gemv_tc_bf16_t8_r32",
-        (true, true, false) => "gemv_tc_bf16_t8",
+    match (format == "bf16", per_pass == 8, tiles) {
+        (true, true, 2) => "gemv_tc_bf16_t8_r32",
+        (true, true, _) => "gemv_tc_bf16_t8",
+        (true, false, TCG_WIDE_TILES) => "gemv_tc_bf16_t16_r64",
         (true, false, _) => "gemv_tc_bf16_t16",
-        (false, true, true) => "gemv_tc_fp4_t8_r32",
-        (false, true, false) => "gemv_tc_fp4_t8",
+        (false, true, 2) => "gemv_tc_fp4_t8_r32",
+        (false, true, _) => "gemv_tc_fp4_t8",
+        (false, false, TCG_WIDE_TILES) => "gemv_tc_fp4_t16_r64",
         (false, false, _) => "gemv_tc_fp4_t16",
     }
 }
 
 /// The [`TcgPlan`] a tensor-core GEMV of `format` ("bf16" or "fp4") weights, `rows` × `cols`,
 /// runs with for `t` tokens on this device (its kernels' resident blocks per SM, as the
-/// driver counts them, times the SMs); `tiles` fixes the row tiles a block (`None`:
-/// [`TCG_TILES_ENV`], else the planner's choice).
+/// driver counts them, times the SMs) with `norm` folded in; `tiles` fixes the row tiles a
+/// block (`None`: [`TCG_TILES_ENV`], else the planner's choice; 4: the wide plan at 9–16
+/// tokens, [`tc_gemv_wide_plan`], where it fits). At 9–16 tokens the wide plan replaces
+/// [`tc_gemv_plan`]'s two passes of 8 unless [`TCG_WIDE_ENV`] is 0, 1 or 2 row tiles are
+/// asked for, 16-token passes are asked for ([`TCG_PASS_ENV`]), or the matrix is streamed.
 pub fn tc_gemv_launch_plan(
     g: &Gpu,
     format: &str,
     rows: usize,
     cols: usize,
     t: usize,
-    norm: bool,
+    norm: Option<Norm>,
     tiles: Option<usize>,
 ) -> Result<TcgPlan> {
     let tiles_pref = match tiles {
@@ -410,25 +531,52 @@ pub fn tc_gemv_launch_plan(
         let smem = tc_gemv_smem(cols, t.min(per_pass));
         Ok(g.resident_blocks(kernel, TCG_THREADS, smem)? * g.sms())
     };
-    // A K split: plain GEMVs only (a folded norm needs the whole row's squares), each half
-    // at least one chunk (64 bf16 or 128 MXFP4 columns) per warp, and room in the scratch.
-    let chunk = if format == "bf16" { 64 } else { 128 };
+    // The 8-token kernels' K split: plain GEMVs only (their blocks do not combine a norm's
+    // squares), each half at least one chunk per warp, and room in the scratch.
+    let chunk = tc_chunk_cols(format);
     let tiles = rows.div_ceil(TCG_ROWS);
     let split = tc_gemv_split_on()?
-        && !norm
+        && norm.is_none()
         && cols.div_ceil(chunk) >= 2 * TCG_THREADS as usize / 32
         && 2 * t * rows <= super::device::SPLIT_PART_LEN
         && tiles * t.div_ceil(8) <= super::device::SPLIT_CNT_LEN;
-    Ok(tc_gemv_plan(
+    let pass = tc_gemv_pass()?;
+    let plan = tc_gemv_plan(
         tiles,
         t,
         if format == "bf16" { 64 } else { 17 },
-        tc_gemv_pass()?,
+        pass,
         tc_gemv_persist()?,
         [slots(8)?, slots(TCG_TOKENS)?],
         split,
-        tiles_pref,
-    ))
+        tiles_pref.filter(|&n| n != TCG_WIDE_TILES),
+    );
+    let wide = match tiles_pref {
+        Some(TCG_WIDE_TILES) => Some(tc_gemv_wide_pref()?.flatten()),
+        Some(_) => None,
+        None if pass == 8 => tc_gemv_wide_pref()?,
+        None => None,
+    };
+    let streamed = plan.grid_x * plan.tiles_per_block < tiles;
+    if let Some(fixed) = wide.filter(|_| plan.per_pass == 8 && !streamed) {
+        let kernel = tc_gemv_kernel(format, TCG_TOKENS, TCG_WIDE_TILES);
+        let slots = |ks: usize| -> Result<usize> {
+            let p = TcgPlan {
+                per_pass: TCG_TOKENS,
+                grid_x: 1,
+                ksplit: ks,
+                tiles_per_block: TCG_WIDE_TILES,
+            };
+            let smem = tc_gemv_smem_width(cols, tc_plan_width(&p, cols, chunk), t);
+            Ok(g.resident_blocks(kernel, TCG_THREADS, smem)? * g.sms())
+        };
+        let norm_out = norm.is_some_and(|n| n.out != 0);
+        let nchunks = cols.div_ceil(chunk);
+        if let Some(p) = tc_gemv_wide_plan(tiles, nchunks, rows, t, norm_out, fixed, slots)? {
+            return Ok(p);
+        }
+    }
+    Ok(plan)
 }
 
 /// Routing fused into the router GEMV: the top-k experts of each token and their softmax
@@ -3860,6 +4008,58 @@ mod tests {
         assert_eq!(split(320, 4, true), 1);
         assert_eq!(split(12_568, 4, true), 1);
         assert_eq!(split(180, 8, false), 1);
+    }
+
+    #[test]
+    fn tc_gemv_wide_plan_fills_one_wave_with_its_k_split() {
+        // 132 SMs of 2 blocks; the scratch and the chunks bound the split.
+        let slots = |_ks: usize| -> Result<usize> { Ok(264) };
+        let plan = |tiles, nchunks, rows, t, norm_out, fixed| {
+            tc_gemv_wide_plan(tiles, nchunks, rows, t, norm_out, fixed, slots)
+                .unwrap()
+                .map(|p| (p.grid_x, p.ksplit))
+        };
+        // gpt-oss: qkv (5120 x 2880, 45 bf16 chunks) 80 units x 3, o (2880 x 4096) 45 x 5;
+        // all-MXFP4 chunks of 256 columns: 12 and 16.
+        assert_eq!(plan(320, 45, 5120, 16, false, None), Some((80, 3)));
+        assert_eq!(plan(180, 64, 2880, 16, false, None), Some((45, 5)));
+        assert_eq!(plan(320, 12, 5120, 9, false, None), Some((80, 3)));
+        // Only at 9-16 tokens.
+        for t in [1, 8, 17, 32] {
+            assert_eq!(plan(320, 45, 5120, t, false, None), None, "t={t}");
+        }
+        // The norm's output written: no split.
+        assert_eq!(plan(320, 45, 5120, 16, true, None), Some((80, 1)));
+        // Every split's last block has chunks: 2 chunks split at most 2 ways, 12 at most 6.
+        assert_eq!(plan(3, 2, 37, 9, false, None), Some((1, 2)));
+        assert_eq!(plan(63, 12, 1001, 12, false, None), Some((16, 6)));
+        // The scratch bounds it: 16 tokens of 16 000 rows split at most 2 ways, of 16 384 not
+        // at all (the squares take a float a token and split past the partial sums).
+        assert_eq!(plan(8, 45, 16_000, 16, false, None), Some((2, 2)));
+        assert_eq!(plan(8, 45, 16_384, 16, false, None), Some((2, 1)));
+        // Fixed: that split alone, where it fits; none when no split fits one wave.
+        assert_eq!(plan(320, 45, 5120, 16, false, Some(2)), Some((80, 2)));
+        assert_eq!(plan(320, 45, 5120, 16, false, Some(4)), None);
+        assert_eq!(plan(4 * 265, 45, 16_960, 16, false, None), None);
+        // No slot reported (a device that fits none): no wide plan.
+        let none = tc_gemv_wide_plan(320, 45, 5120, 16, false, None, |_| Ok(0)).unwrap();
+        assert_eq!(none, None);
+        assert_eq!(
+            [("bf16", 16, 4), ("fp4", 16, 4)].map(|(f, p, n)| tc_gemv_kernel(f, p, n)),
+            ["gemv_tc_bf16_t16_r64", "gemv_tc_fp4_t16_r64"]
+        );
+        // The split's staging width: its share of the chunks, never past the row.
+        let p = |ks| TcgPlan {
+            per_pass: 16,
+            grid_x: 80,
+            ksplit: ks,
+            tiles_per_block: TCG_WIDE_TILES,
+        };
+        assert_eq!(tc_plan_width(&p(3), 2880, 64), 960);
+        assert_eq!(tc_plan_width(&p(1), 2880, 64), 2880);
+        assert_eq!(tc_plan_width(&p(3), 2880, 256), 1024);
+        assert_eq!(tc_plan_width(&p(2), 96, 64), 64);
+        assert_eq!(tc_plan_width(&p(8), 100, 64), 64);
     }
 
     #[test]

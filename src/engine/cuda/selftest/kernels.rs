@@ -2412,8 +2412,11 @@ fn fp32_input_checks(
 /// matrix long enough (rows from the device's SM count) that a grid of the resident slots
 /// streams several row tiles a block (`ops::tc_gemv_plan`), at 1, 8 and 12 tokens, and short
 /// plain ones whose K is split over two blocks (the o projection's shape among them), each
-/// launched twice to see the split's counters left at zero; and blocks of one and of two row
-/// tiles (`ops::dense_gemv_tc`) in one, two and three passes, alone and with the split.
+/// launched twice to see the split's counters left at zero; blocks of one and of two row
+/// tiles (`ops::dense_gemv_tc`) in one, two and three passes, alone and with the split; and
+/// the wide kernel of four row tiles and 16 tokens a pass (`ops::tc_gemv_wide_plan`, the
+/// planner's pick at 9–16 tokens), with and without its K split, a norm's squares split too
+/// where its normalised input is not written.
 fn check_gemv_tc(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
     let mut res = Vec::new();
     // Four waves of up to 8 blocks an SM, and a partial last tile.
@@ -2438,6 +2441,12 @@ fn check_gemv_tc(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
         (2051, 2880, 9, false, true, true, Some(1)),
         (37, 96, 3, false, false, true, Some(2)),
         (1001, 2880, 5, true, false, false, Some(2)),
+        // The wide kernel (four row tiles a block, 16 tokens a pass, K split by the
+        // planner); with a norm whose input is not written, its split too.
+        (5120, 2880, 16, true, false, true, Some(4)),
+        (2880, 4096, 16, true, true, false, Some(4)),
+        (1001, 2880, 12, true, true, true, Some(4)),
+        (37, 96, 9, false, false, true, Some(4)),
     ] {
         for fp4 in [false, true] {
             let mut c = DenseCase::new(g, s, rows, cols, t, bias, acc)?;
@@ -2450,13 +2459,20 @@ fn check_gemv_tc(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
             let nw = bf16_vec(s.next(), cols, 0.2, 1.0);
             let dnw = g.upload(&nw)?;
             let dh = nan_f32(g, cols * t)?;
+            // The wide cases leave the normalised input unwritten, as the decode's qkv does,
+            // so that the norm's squares are split too.
+            let wide = tiles == Some(4);
             let nrm = norm.then(|| ops::Norm {
                 w: g.ptr(&dnw),
                 eps: 1e-5,
-                out: g.ptr(&dh),
+                out: if wide { 0 } else { g.ptr(&dh) },
             });
             let format = if fp4 { "fp4" } else { "bf16" };
-            let plan = ops::tc_gemv_launch_plan(g, format, rows, cols, t, norm, tiles)?;
+            let plan = ops::tc_gemv_launch_plan(g, format, rows, cols, t, nrm, tiles)?;
+            anyhow::ensure!(
+                !wide || plan.tiles_per_block == 4,
+                "{format} {rows}x{cols} at {t} tokens: no wide plan fits ({plan:?})"
+            );
             let w = match &fp4_w {
                 Some((db, ds)) => ops::DenseW::Mxfp4 {
                     blocks: g.ptr(db),
@@ -2554,7 +2570,7 @@ fn check_gemv_tc(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
                 rel_err(&g.download(&dy)?, &want),
                 1e-5,
             ));
-            if norm {
+            if norm && !wide {
                 let (_, want_h) = r::rmsnorm(&c.x, None, &nw, 1e-5);
                 res.push(check(
                     format!("{label} normed input"),
