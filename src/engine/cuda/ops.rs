@@ -349,8 +349,9 @@ pub fn tc_gemv_plan(
 }
 
 /// Environment knob for A/B runs: `MXTUNE_TCG_WIDE=0` keeps 9–16 tokens on two passes of the
-/// 8-token kernel ([`tc_gemv_wide_plan`] off); `MXTUNE_TCG_WIDE=N` (1–8) fixes the wide
-/// kernel's K split where it fits; unset, empty or `auto`: the planner's choice.
+/// 8-token kernel ([`tc_gemv_wide_plan`] off); `MXTUNE_TCG_WIDE=N` (1–8) runs the wide kernel
+/// with that K split for every matrix it fits in one wave (also those whose two passes split
+/// K); unset, empty or `auto`: the planner's choice.
 pub const TCG_WIDE_ENV: &str = "MXTUNE_TCG_WIDE";
 
 /// [`TCG_WIDE_ENV`]: `Some(None)` auto, `Some(Some(n))` the split fixed, `None` off.
@@ -512,7 +513,8 @@ fn tc_gemv_kernel(format: &str, per_pass: usize, tiles: usize) -> &'static str {
 /// block (`None`: [`TCG_TILES_ENV`], else the planner's choice; 4: the wide plan at 9–16
 /// tokens, [`tc_gemv_wide_plan`], where it fits). At 9–16 tokens the wide plan replaces
 /// [`tc_gemv_plan`]'s two passes of 8 unless [`TCG_WIDE_ENV`] is 0, 1 or 2 row tiles are
-/// asked for, 16-token passes are asked for ([`TCG_PASS_ENV`]), or the matrix is streamed.
+/// asked for, 16-token passes are asked for ([`TCG_PASS_ENV`]), the matrix is streamed, or
+/// the two passes split K themselves (unless [`TCG_WIDE_ENV`] fixes the wide kernel's split).
 pub fn tc_gemv_launch_plan(
     g: &Gpu,
     format: &str,
@@ -557,8 +559,14 @@ pub fn tc_gemv_launch_plan(
         None if pass == 8 => tc_gemv_wide_pref()?,
         None => None,
     };
+    // Where the two passes already split K (o: 360 blocks of 3 an SM) they keep it: the wide
+    // kernel's 2 blocks an SM lost there (docs/perf.md run 270: o 18.1 -> 19.3 µs a layer at
+    // batch 16, qkv 23.1 -> 20.1).
     let streamed = plan.grid_x * plan.tiles_per_block < tiles;
-    if let Some(fixed) = wide.filter(|_| plan.per_pass == 8 && !streamed) {
+    let forced = tiles_pref == Some(TCG_WIDE_TILES);
+    if let Some(fixed) = wide.filter(|fixed| {
+        plan.per_pass == 8 && !streamed && (plan.ksplit == 1 || forced || fixed.is_some())
+    }) {
         let kernel = tc_gemv_kernel(format, TCG_TOKENS, TCG_WIDE_TILES);
         let slots = |ks: usize| -> Result<usize> {
             let p = TcgPlan {
@@ -1896,7 +1904,7 @@ fn moe_gemv_kernel(down: bool, codes: MoeCodes, n: usize, slots: bool) -> (&'sta
 const MOE_SLOTS_NI: usize = 3;
 
 /// Expected tokens per distinct expert from which gate_up runs grouped ([`MoeUnits::grouping`]).
-pub const MOE_GRP_FROM_SHARE: f64 = 1.4;
+pub const MOE_GRP_FROM_SHARE: f64 = 1.5;
 
 /// Tokens a distinct expert gets on average when `t` rows each route to `k` of `experts`
 /// experts uniformly: t k over the expected number of distinct experts, E (1 − (1 − k/E)^t).
@@ -2139,13 +2147,13 @@ impl MoeUnits {
     /// `experts` experts (uniformly) are expected to send at least [`MOE_GRP_FROM_SHARE`]
     /// tokens to each distinct expert they name: below that, decoding a weight block once
     /// for its tokens saves less than the grouping costs. Since the `_slots` grid fills whole
-    /// waves ([`MoeUnits::whole_waves`]) the crossover sits between 1.36 and 1.52 tokens an
-    /// expert (docs/perf.md runs 268–269, H200, whole steps, `MXTUNE_MOE_LOOP=slots` against
+    /// waves ([`MoeUnits::whole_waves`]) the crossover sits between 1.44 and 1.52 tokens an
+    /// expert (docs/perf.md runs 268–270, H200, whole steps, `MXTUNE_MOE_LOOP=slots` against
     /// the grouped loop: gpt-oss-120b batch 12 / 15 / 16, 1.17 / 1.23 / 1.25 tokens, −4.4 /
     /// −4.0 / −1.9 % (all-MXFP4 batch 16 +0.8 %, batch 16 at depth 4096 the same);
-    /// gpt-oss-20b batch 5 / 6, 1.28 / 1.36, −7.6 / −5.1 %; batch 8 / 12 / 16, 1.52 / 1.88 /
-    /// 2.27, +0.5 / +2.3 / +5.8 %). The down kernel keeps the `_slots` loop: grouped it was
-    /// never faster (session 17).
+    /// gpt-oss-20b batch 5 / 6 / 7, 1.28 / 1.36 / 1.44, −7.6 / −5.1 / −1.8 %; batch 8 / 12 /
+    /// 16, 1.52 / 1.88 / 2.27, +0.5 / +2.3 / +5.8 %). The down kernel keeps the `_slots` loop:
+    /// grouped it was never faster (session 17).
     pub fn grouping(mut self, experts: usize, k: usize, t: usize) -> Self {
         self.gate_up_grouped =
             self.lp == MoeLoop::Auto && moe_tokens_per_expert(experts, k, t) >= MOE_GRP_FROM_SHARE;
@@ -4351,7 +4359,7 @@ mod tests {
     }
 
     /// gate_up groups by expert where the batch sends enough tokens to each expert it names:
-    /// gpt-oss-120b (128 experts, top 4) from batch 24, gpt-oss-20b (32) from batch 7; only
+    /// gpt-oss-120b (128 experts, top 4) from batch 29, gpt-oss-20b (32) from batch 8; only
     /// under `Auto`, and the down kernel never.
     #[test]
     fn gate_up_groups_by_expert_where_experts_are_shared() {
@@ -4367,13 +4375,13 @@ mod tests {
                 .gate_up_loop()
                 == MoeLoop::Grouped
         };
-        for t in [1, 2, 4, 8, 12, 16, 23] {
+        for t in [1, 2, 4, 8, 12, 16, 28] {
             assert!(!grouped(128, t, MoeLoop::Auto), "120b batch {t}");
         }
-        assert!(grouped(128, 24, MoeLoop::Auto));
+        assert!(grouped(128, 29, MoeLoop::Auto));
         assert!(grouped(128, 64, MoeLoop::Auto));
-        assert!(!grouped(32, 4, MoeLoop::Auto) && !grouped(32, 6, MoeLoop::Auto));
-        assert!(grouped(32, 7, MoeLoop::Auto) && grouped(32, 16, MoeLoop::Auto));
+        assert!(!grouped(32, 4, MoeLoop::Auto) && !grouped(32, 7, MoeLoop::Auto));
+        assert!(grouped(32, 8, MoeLoop::Auto) && grouped(32, 16, MoeLoop::Auto));
         // An explicit loop stays what it is; `grouped` groups both kernels at any batch.
         assert!(!grouped(32, 16, MoeLoop::Slots));
         assert!(grouped(128, 1, MoeLoop::Grouped));
