@@ -40,9 +40,13 @@ pub fn server_binary() -> PathBuf {
         if bin.exists() {
             return bin;
         }
-        std::fs::create_dir_all(&dir).unwrap();
+        // Each process compiles in a directory of its own: rustc names its intermediate
+        // object files after the crate, not the output, so two test processes building side
+        // by side in one directory deleted each other's objects before the link.
+        let work = dir.join(format!("build.{}", std::process::id()));
+        std::fs::create_dir_all(&work).unwrap();
         let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/docker/test_server.rs");
-        let tmp = dir.join(format!("test-server.{}.tmp", std::process::id()));
+        let tmp = work.join("test-server");
         let rustc = std::env::var("RUSTC").unwrap_or_else(|_| "rustc".into());
         let out = std::process::Command::new(rustc)
             .args([
@@ -63,6 +67,7 @@ pub fn server_binary() -> PathBuf {
             String::from_utf8_lossy(&out.stderr)
         );
         std::fs::rename(&tmp, &bin).unwrap();
+        let _ = std::fs::remove_dir_all(&work);
         bin
     })
     .clone()
