@@ -51,10 +51,12 @@
 // Bytes of padding after each staged token row.
 #define TCG_XPAD 8
 
-// bf16 weights: E = 16 elements per lane and row in a chunk (two 16-byte words).
-struct TcgBf16 {
+// bf16 weights: E = 16 elements per lane and row in a chunk (two 16-byte words); S_ chunks
+// per step of the K loop (and loaded ahead).
+template <int S_>
+struct TcgBf16T {
     static constexpr int E = 16;
-    static constexpr int S = TCG_BF16_STEP;  // chunks per step of the K loop (and loaded ahead)
+    static constexpr int S = S_;
     struct Raw {
         uint4 w[2][2];  // [row g, g + 8][word]
     };
@@ -80,6 +82,18 @@ struct TcgBf16 {
         b[0] = y.x; b[1] = y.y; b[2] = y.z; b[3] = y.w;
     }
 };
+
+using TcgBf16 = TcgBf16T<TCG_BF16_STEP>;
+
+// The wide 16-token kernels (`_t16_r64`): the blocks per SM they are compiled for, and the
+// bf16 chunks a step (tuning knobs; at 3 blocks an SM the bf16 kernel fits 80 registers with
+// one chunk a step, 4 bytes of spill, where two spill 48).
+#ifndef TCG_WIDE_MINB
+#define TCG_WIDE_MINB TCG_MINB
+#endif
+#ifndef TCG_WIDE_BF16_STEP
+#define TCG_WIDE_BF16_STEP TCG_BF16_STEP
+#endif
 
 // MXFP4 weights (layout of mxfp4_dense.cu): E = 32 NB, NB consecutive blocks of 32 (and their
 // scales) per lane and row, so the 4 lanes of a row read 64 NB contiguous bytes per chunk.
@@ -467,25 +481,26 @@ __device__ __forceinline__ void gemv_tc_body(const W wp, typename W::Raw (&cur)[
 #define TCG_FIRST_ROW(TT) \
     (blockIdx.x * 16 * (TT) + ((threadIdx.x >> 5) / (TCG_WARPS / (TT))) * 16 + ((threadIdx.x & 31) >> 2))
 
-#define GEMV_TC_BF16(name, TN, TT, MINB)                                                        \
+#define GEMV_TC_BF16(name, TN, TT, MINB, STEP)                                                  \
     extern "C" __global__ void __launch_bounds__(32 * TCG_WARPS, MINB)                         \
     name(const bf16_t* __restrict__ w, const bf16_t* __restrict__ bias,                        \
          const float* __restrict__ x, float* __restrict__ y, int rows, int cols, int tokens,   \
          int accumulate, const bf16_t* __restrict__ norm_w, float eps,                         \
          float* __restrict__ x_out, float* __restrict__ part, unsigned* __restrict__ cnt) {    \
-        const TcgBf16 wp{w, cols};                                                             \
-        TcgBf16::Raw cur[TcgBf16::S];                                                          \
-        const int nch = tcg_nchunks<TcgBf16>(cols);                                            \
+        using W = TcgBf16T<STEP>;                                                              \
+        const W wp{w, cols};                                                                   \
+        typename W::Raw cur[W::S];                                                             \
+        const int nch = tcg_nchunks<W>(cols);                                                  \
         const int c_lo = tcg_chunk_lo(nch), c_hi = tcg_chunk_hi(nch);                          \
-        tcg_prefetch<TcgBf16, TT>(wp, TCG_FIRST_ROW(TT), rows, c_lo, c_hi, cur);               \
+        tcg_prefetch<W, TT>(wp, TCG_FIRST_ROW(TT), rows, c_lo, c_hi, cur);                     \
         pdl_enter_as(TCG_TRIGGER);                                                             \
-        gemv_tc_body<TcgBf16, TN, TT>(wp, cur, bias, x, y, rows, cols, tokens, accumulate,     \
-                                      norm_w, eps, x_out, part, cnt);                          \
+        gemv_tc_body<W, TN, TT>(wp, cur, bias, x, y, rows, cols, tokens, accumulate, norm_w,   \
+                                eps, x_out, part, cnt);                                        \
     }
-GEMV_TC_BF16(gemv_tc_bf16_t8, 1, 1, TCG_MINB_T8)
-GEMV_TC_BF16(gemv_tc_bf16_t8_r32, 1, 2, TCG_MINB_T8)
-GEMV_TC_BF16(gemv_tc_bf16_t16, 2, 1, TCG_MINB)
-GEMV_TC_BF16(gemv_tc_bf16_t16_r64, 2, 4, TCG_MINB)
+GEMV_TC_BF16(gemv_tc_bf16_t8, 1, 1, TCG_MINB_T8, TCG_BF16_STEP)
+GEMV_TC_BF16(gemv_tc_bf16_t8_r32, 1, 2, TCG_MINB_T8, TCG_BF16_STEP)
+GEMV_TC_BF16(gemv_tc_bf16_t16, 2, 1, TCG_MINB, TCG_BF16_STEP)
+GEMV_TC_BF16(gemv_tc_bf16_t16_r64, 2, 4, TCG_WIDE_MINB, TCG_WIDE_BF16_STEP)
 
 #define GEMV_TC_FP4(name, TN, TT, MINB)                                                         \
     extern "C" __global__ void __launch_bounds__(32 * TCG_WARPS, MINB)                         \
@@ -506,7 +521,7 @@ GEMV_TC_BF16(gemv_tc_bf16_t16_r64, 2, 4, TCG_MINB)
 GEMV_TC_FP4(gemv_tc_fp4_t8, 1, 1, TCG_MINB_T8)
 GEMV_TC_FP4(gemv_tc_fp4_t8_r32, 1, 2, TCG_MINB_T8)
 GEMV_TC_FP4(gemv_tc_fp4_t16, 2, 1, TCG_MINB)
-GEMV_TC_FP4(gemv_tc_fp4_t16_r64, 2, 4, TCG_MINB)
+GEMV_TC_FP4(gemv_tc_fp4_t16_r64, 2, 4, TCG_WIDE_MINB)
 
 // ---- MoE decode on tensor cores: each distinct expert of a group of up to 16 tokens is read
 // once, its routed (token, slot) pairs as the n dimension (the grouping: tcg_group in
