@@ -379,9 +379,9 @@ __device__ __forceinline__ void gemv_tc_body(const W wp, typename W::Raw (&cur)[
     const bool split = gridDim.z > 1;
 
     // A K split stages its own columns only, k0 … k0 + kn - 1, as rows of the split's width
-    // (the host sizes the shared memory for it, tc_gemv_smem_split); the MMAs index the
+    // (the host sizes the shared memory for it, tc_gemv_smem_width); the MMAs index the
     // staging by absolute column, from xa = xs - k0. With a norm, each block's squares are
-    // those of its columns: the pair's last block adds every split's (sqp, below).
+    // those of its columns: the unit's last block adds every split's (sqp, below).
     // (The 8-token kernels' split, o's at 4-8 tokens, stages into full-width rows at column
     // k0 and has no norm: their code stays as it was before the wide kernel, WIDE false.)
     constexpr bool WIDE = TT == 4;
