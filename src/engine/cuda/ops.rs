@@ -159,13 +159,19 @@ fn tc_chunk_cols(format: &str) -> usize {
 }
 
 /// Columns one block of `plan` stages for a row of `cols` (`chunk` columns a K chunk): all of
-/// them, but for the wide kernel's K split, its share of the chunks.
+/// them, but for the wide kernel's K split, its share of the chunks ([`tc_split_width`]).
 fn tc_plan_width(plan: &TcgPlan, cols: usize, chunk: usize) -> usize {
-    if plan.tiles_per_block == TCG_WIDE_TILES && plan.ksplit > 1 {
-        (cols.div_ceil(chunk).div_ceil(plan.ksplit) * chunk).min(cols)
+    if plan.tiles_per_block == TCG_WIDE_TILES {
+        tc_split_width(cols, chunk, plan.ksplit)
     } else {
         cols
     }
+}
+
+/// One block's share of a row of `cols` split `ks` ways in chunks of `chunk` columns (the wide
+/// kernel's `kw`): all of it for one.
+fn tc_split_width(cols: usize, chunk: usize, ks: usize) -> usize {
+    (cols.div_ceil(chunk).div_ceil(ks.max(1)) * chunk).min(cols)
 }
 
 /// Whether the tensor-core GEMV takes weights `w` of `cols` columns at `t` tokens: each lane's
@@ -359,17 +365,16 @@ fn tc_gemv_wide_pref() -> Result<Option<Option<usize>>> {
     static PREF: std::sync::OnceLock<Result<Option<Option<usize>>, String>> =
         std::sync::OnceLock::new();
     PREF.get_or_init(|| {
-        let v = std::env::var(TCG_WIDE_ENV).unwrap_or_default();
-        match v.as_str() {
-            "" | "auto" => Ok(Some(None)),
-            "0" => Ok(None),
-            _ => match v.parse::<usize>() {
-                Ok(n) if (1..=TCG_WIDE_MAX_SPLIT).contains(&n) => Ok(Some(Some(n))),
-                _ => Err(format!(
-                    "{TCG_WIDE_ENV}={v}: expected auto, 0 (off) or a K split from 1 to \
-                     {TCG_WIDE_MAX_SPLIT}"
-                )),
-            },
+        if std::env::var(TCG_WIDE_ENV).as_deref() == Ok("auto") {
+            return Ok(Some(None));
+        }
+        let what =
+            format!("blocks a unit's K is split over, 1 to {TCG_WIDE_MAX_SPLIT} (0: off), or auto");
+        match env_whole(TCG_WIDE_ENV, 0..=TCG_WIDE_MAX_SPLIT, &what) {
+            Ok(None) => Ok(Some(None)),
+            Ok(Some(0)) => Ok(None),
+            Ok(Some(n)) => Ok(Some(Some(n))),
+            Err(e) => Err(e.to_string()),
         }
     })
     .clone()
@@ -569,13 +574,7 @@ pub fn tc_gemv_launch_plan(
     }) {
         let kernel = tc_gemv_kernel(format, TCG_TOKENS, TCG_WIDE_TILES);
         let slots = |ks: usize| -> Result<usize> {
-            let p = TcgPlan {
-                per_pass: TCG_TOKENS,
-                grid_x: 1,
-                ksplit: ks,
-                tiles_per_block: TCG_WIDE_TILES,
-            };
-            let smem = tc_gemv_smem_width(cols, tc_plan_width(&p, cols, chunk), t);
+            let smem = tc_gemv_smem_width(cols, tc_split_width(cols, chunk, ks), t);
             Ok(g.resident_blocks(kernel, TCG_THREADS, smem)? * g.sms())
         };
         let norm_out = norm.is_some_and(|n| n.out != 0);
