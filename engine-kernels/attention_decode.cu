@@ -544,14 +544,20 @@ __device__ __forceinline__ void atc_mma(float (&c)[4], const unsigned (&a)[4], u
         mma_bf16_16816(c, a, b0, b1);
 }
 
-template <bool FP8>
+// DC: the head dim when the entry is compiled for one (`_d64`), 0 for the entry that takes it
+// at run time (32 or 64). With it fixed, the tile loop's trip counts, strides and divisions
+// are constants: the copy loop unrolled without a division per 16 bytes, and no MMA under a
+// run-time predicate (each such MMA compiled with a WARPSYNC of its own).
+template <bool FP8, int DC>
 __device__ __forceinline__ void gqa_tc_split(const float* __restrict__ q, const u8* __restrict__ k_cache,
                                              const u8* __restrict__ v_cache, int p,
                                              unsigned long long off,
                                              float* __restrict__ part_m, float* __restrict__ part_l,
-                                             float* __restrict__ part_acc, int hq, int hkv, int d,
+                                             float* __restrict__ part_acc, int hq, int hkv, int d_arg,
                                              int window, int min_split, float scale,
                                              const float* sink_s, float* __restrict__ out_final) {
+    static_assert(DC == 0 || DC == 32 || DC == 64, "head dims 32 or 64");
+    const int d = DC ? DC : d_arg;
     extern __shared__ __align__(16) unsigned char atc_smem[];
     __shared__ float sm_m[ATC_WARPS][16], sm_l[ATC_WARPS][16];
     constexpr int ES = FP8 ? 1 : 2;
@@ -571,6 +577,7 @@ __device__ __forceinline__ void gqa_tc_split(const float* __restrict__ q, const 
     auto issue = [&](int base, int buf) {
         if (base < hi) {
             u8* dk = mine + (size_t)buf * 2 * ATC_KT * rb;
+#pragma unroll
             for (int i = lane; i < ATC_KT * chunks; i += 32) {
                 const int r = i / chunks, c = (i - r * chunks) * 16;
                 const size_t e = (row0 + (size_t)min(base + r, hi - 1) * stride) * ES + c;
@@ -653,12 +660,15 @@ __device__ __forceinline__ void gqa_tc_split(const float* __restrict__ q, const 
                 if (s < ns)
                     atc_mma<FP8>(sc[nb], qa[s], atc_word<FP8>(kc, 2 * s), atc_word<FP8>(kc, 2 * s + 1));
         }
-        // Keys past hi out, then the online softmax of heads g and g + 8.
+        // Keys past hi out (a partial tile only: the row's last), then the online softmax of
+        // heads g and g + 8.
+        if (base + ATC_KT > hi) {
 #pragma unroll
-        for (int nb = 0; nb < ATC_KT / 8; ++nb) {
+            for (int nb = 0; nb < ATC_KT / 8; ++nb) {
 #pragma unroll
-            for (int j = 0; j < 4; ++j)
-                if (base + nb * 8 + 2 * qd + (j & 1) >= hi) sc[nb][j] = -INFINITY;
+                for (int j = 0; j < 4; ++j)
+                    if (base + nb * 8 + 2 * qd + (j & 1) >= hi) sc[nb][j] = -INFINITY;
+            }
         }
         mma_softmax_step(sc, m, l, o);
         // O += P V, 16 keys at a time: P's accumulators of key blocks 2j, 2j + 1 are its A
@@ -745,7 +755,7 @@ __device__ __forceinline__ void gqa_tc_split(const float* __restrict__ q, const 
 // inputs), so that after it the key range and the first K/V copies wait on no load.
 // Dynamic shared memory: ATC_WARPS * (4 * ATC_KT * (d * element bytes + 16) + (fp8:
 // ATC_KT * (d + 8) * 2)) bytes (ops.rs gqa_tc_smem).
-#define ATTN_SPLIT_GQA_TC(name, FP8)                                                           \
+#define ATTN_SPLIT_GQA_TC(name, FP8, DC)                                                       \
     extern "C" __global__ void __launch_bounds__(ATC_WARPS * 32)                               \
     name(const float* __restrict__ q, const void* __restrict__ k_cache,                        \
          const void* __restrict__ v_cache, int kv, const unsigned* __restrict__ pos,           \
@@ -758,12 +768,15 @@ __device__ __forceinline__ void gqa_tc_split(const float* __restrict__ q, const 
         const int p_early = (int)ld_early_u32(pos + blockIdx.z);                               \
         const unsigned long long off_early = ld_early_u64(kv_off + blockIdx.z);                \
         pdl_enter_as(attn_trigger_mode(out_final));                                            \
-        gqa_tc_split<FP8>(q, static_cast<const u8*>(k_cache), static_cast<const u8*>(v_cache), \
+        gqa_tc_split<FP8, DC>(q, static_cast<const u8*>(k_cache), static_cast<const u8*>(v_cache), \
                           p_early, off_early, part_m, part_l, part_acc, hq, hkv, d, window,    \
                           min_split, scale, sink_s, out_final);                                \
     }
-ATTN_SPLIT_GQA_TC(attn_split_gqa_tc, false)
-ATTN_SPLIT_GQA_TC(attn_split_gqa_tc_fp8, true)
+ATTN_SPLIT_GQA_TC(attn_split_gqa_tc, false, 0)
+ATTN_SPLIT_GQA_TC(attn_split_gqa_tc_fp8, true, 0)
+// Head dim 64 (gpt-oss), the host's pick wherever d is 64: the same sums as the entries above.
+ATTN_SPLIT_GQA_TC(attn_split_gqa_tc_d64, false, 64)
+ATTN_SPLIT_GQA_TC(attn_split_gqa_tc_fp8_d64, true, 64)
 
 // grid = (Hq, T), block = ATTN_COMBINE_THREADS; nsplit <= ATTN_MAX_SPLITS. Each split's
 // weight exp(m_s - max) is computed once, by one thread, into shared memory; then thread

@@ -619,11 +619,15 @@ __device__ __forceinline__ void mma_softmax_step(float (&sc)[NB][4], float (&m)[
         o[n][2] *= corr[1];
         o[n][3] *= corr[1];
     }
+    // A score of -inf gives exp2(-inf) = 0 against a finite max; against a max of -inf (every
+    // score so far -inf) the max taken as 0 gives the same 0, where -inf - -inf would be NaN:
+    // no select per score.
+    const float mz[2] = {mn[0] == -INFINITY ? 0.0f : mn[0], mn[1] == -INFINITY ? 0.0f : mn[1]};
 #pragma unroll
     for (int nb = 0; nb < NB; ++nb) {
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
-            const float p = sc[nb][j] == -INFINITY ? 0.0f : exp2f(sc[nb][j] - mn[j >> 1]);
+            const float p = exp2f(sc[nb][j] - mz[j >> 1]);
             sc[nb][j] = p;
             l[j >> 1] += p;
         }

@@ -81,6 +81,8 @@ pub const KERNEL_FILES: &[KernelFile] = &[
             "attn_split_gqa",
             "attn_split_gqa_tc",
             "attn_split_gqa_tc_fp8",
+            "attn_split_gqa_tc_d64",
+            "attn_split_gqa_tc_fp8_d64",
             "attn_combine"
         ]
     ),

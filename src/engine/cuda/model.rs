@@ -783,6 +783,7 @@ impl Decoder {
                     min_split,
                     sh.scale,
                     self.attn.finish_single,
+                    self.attn.fixed_dim,
                 )?;
             }
             mark(StepGroup::Attention.label(false))?;

@@ -1094,10 +1094,20 @@ pub fn gqa_tc_fits(g: &Gpu, s: AttnShape, kv: KvDtype) -> Result<bool> {
 
 /// The `attn_split_gqa_tc` entry of cache kind `kv`: each kind's path is its own kernel.
 fn gqa_tc_kernel(kv: KvDtype) -> &'static str {
-    if kv == KvDtype::Fp8 {
-        "attn_split_gqa_tc_fp8"
-    } else {
-        "attn_split_gqa_tc"
+    gqa_tc_entry(kv, 0, false)
+}
+
+/// The `attn_split_gqa_tc` entry for cache kind `kv` and head dim `d`: with `fixed_dim` and
+/// `d` 64, the entry compiled for that head dim (`_d64`: its tile loop's counts and strides
+/// constants, about half the instructions a tile of the entry that takes `d` at run time;
+/// docs/perf.md session 36), else the one that takes any supported `d`. Both give the same
+/// bits.
+fn gqa_tc_entry(kv: KvDtype, d: usize, fixed_dim: bool) -> &'static str {
+    match (kv == KvDtype::Fp8, fixed_dim && d == 64) {
+        (true, true) => "attn_split_gqa_tc_fp8_d64",
+        (true, false) => "attn_split_gqa_tc_fp8",
+        (false, true) => "attn_split_gqa_tc_d64",
+        (false, false) => "attn_split_gqa_tc",
     }
 }
 
@@ -1156,6 +1166,11 @@ pub const ATTN_SPLIT_BLOCKS_ENV: &str = "MXTUNE_ATTN_SPLIT_BLOCKS";
 /// (`off`: every launch ends in `attn_combine`, as before; default `on`, [`attention`]).
 pub const ATTN_FINISH_ENV: &str = "MXTUNE_ATTN_FINISH";
 
+/// Environment variable that turns off the tensor-core GQA kernel's entries compiled for one
+/// head dim (`off`: the entry taking the head dim at run time, as before session 36; default
+/// `on`, [`AttnTuning::fixed_dim`]).
+pub const ATTN_FIXED_DIM_ENV: &str = "MXTUNE_ATTN_FIXED_DIM";
+
 /// The decode step's choice of attention kernel and split size: the defaults, or what
 /// [`ATTN_KERNEL_ENV`] and [`ATTN_GQA_MIN_SPLIT_ENV`] set (tuning switches for `engine
 /// profile`; the split boundaries depend on the context length only, never on the batch).
@@ -1170,6 +1185,9 @@ pub struct AttnTuning {
     /// Blocks per SM one row's splits may fill (its heads times its splits), 0 for no bound
     /// ([`ATTN_SPLIT_BLOCKS_ENV`]).
     pub split_blocks_per_sm: usize,
+    /// The tensor-core GQA kernel's entry compiled for the head dim where there is one (64)
+    /// ([`ATTN_FIXED_DIM_ENV`]).
+    pub fixed_dim: bool,
 }
 
 impl Default for AttnTuning {
@@ -1179,6 +1197,7 @@ impl Default for AttnTuning {
             gqa_min_split: AttnKernel::Gqa.min_split(),
             finish_single: true,
             split_blocks_per_sm: ATTN_SPLIT_BLOCKS_PER_SM,
+            fixed_dim: true,
         }
     }
 }
@@ -1189,6 +1208,7 @@ impl AttnTuning {
         let mut t = Self {
             force: env_choice(ATTN_KERNEL_ENV, ATTN_KERNEL_CHOICES)?,
             finish_single: env_choice(ATTN_FINISH_ENV, &[("on", true), ("off", false)])?,
+            fixed_dim: env_choice(ATTN_FIXED_DIM_ENV, &[("on", true), ("off", false)])?,
             ..Self::default()
         };
         if let Some(n) = env_whole(
@@ -1271,7 +1291,8 @@ impl AttnTuning {
 /// picks the per-head or the GQA split kernel (same partials). `sinks = None` turns the sink
 /// off. One split with `finish` set: the split kernel writes `out` itself (the sink counted
 /// as `attn_combine` counts it, the same bits) and no combine is launched — a kernel fewer
-/// and its launch gap (docs/perf.md, session 25).
+/// and its launch gap (docs/perf.md, session 25). `fixed_dim`: the tensor-core kernel's entry
+/// compiled for the head dim where it has one ([`AttnTuning::fixed_dim`]; the same bits).
 pub fn attention(
     g: &Gpu,
     s: AttnShape,
@@ -1291,6 +1312,7 @@ pub fn attention(
     min_split: usize,
     scale: f32,
     finish: bool,
+    fixed_dim: bool,
 ) -> Result<()> {
     s.check()?;
     let finish = finish && nsplit == 1;
@@ -1324,7 +1346,12 @@ pub fn attention(
                 s.d,
                 s.hq / s.hkv
             );
-            (gqa_tc_kernel(kv), s.hkv, ATTN_GQA_WARPS, gqa_tc_smem(s, kv))
+            (
+                gqa_tc_entry(kv, s.d, fixed_dim),
+                s.hkv,
+                ATTN_GQA_WARPS,
+                gqa_tc_smem(s, kv),
+            )
         }
         AttnKernel::PerHead => ("attn_split", s.hq, ATTN_WARPS, 0),
     };
