@@ -524,7 +524,9 @@ __device__ __forceinline__ unsigned atc_word(const uint4 (&c)[ATC_MAX_D / 32], i
         const uint4 v = c[0];
         const int k = w >> 1;
         const unsigned x = k == 0 ? v.x : k == 1 ? v.y : k == 2 ? v.z : v.w;
-        return e4m3x2_to_f16x2((unsigned short)((w & 1) ? x >> 16 : x & 0xffffu));
+        unsigned lo, hi;
+        e4m3x4_to_f16x2(x, lo, hi);
+        return (w & 1) ? hi : lo;
     }
     const uint4 v = c[w >> 2];
     const int k = w & 3;
@@ -574,8 +576,22 @@ __device__ __forceinline__ void gqa_tc_split(const float* __restrict__ q, const 
     u8* mine = atc_smem + (size_t)warp * (4 * ATC_KT * rb + (FP8 ? ATC_KT * vh * 2 : 0));
     // Copy the 32-key tile at `base` into buffer `buf` (rows past hi zero-filled), one commit
     // group per call (empty where the warp has no tile there).
+    // With the head dim fixed (DC), a whole tile's copies are lane-invariant offsets from one
+    // address: the lane's row (lane / CH) and 16 bytes (lane % CH) of it, then rows RS apart.
+    constexpr int CH = DC * ES / 16, RS = CH ? 32 / CH : 1;
+    static_assert(DC == 0 || (CH <= 32 && 32 % CH == 0 && ATC_KT % RS == 0), "copy shape");
     auto issue = [&](int base, int buf) {
-        if (base < hi) {
+        if (DC && base + ATC_KT <= hi) {
+            const size_t sb = stride * ES;
+            const u8* kp = k_cache + (row0 + (size_t)(base + lane / CH) * stride) * ES + (lane % CH) * 16;
+            const u8* vp = v_cache + (kp - k_cache);
+            u8* dk = mine + (size_t)buf * 2 * ATC_KT * rb + (lane / CH) * rb + (lane % CH) * 16;
+#pragma unroll
+            for (int j = 0; j < ATC_KT / RS; ++j) {
+                cp_async16(dk + j * RS * rb, kp + j * RS * sb, true);
+                cp_async16(dk + (ATC_KT + j * RS) * rb, vp + j * RS * sb, true);
+            }
+        } else if (base < hi) {
             u8* dk = mine + (size_t)buf * 2 * ATC_KT * rb;
 #pragma unroll
             for (int i = lane; i < ATC_KT * chunks; i += 32) {
@@ -622,14 +638,10 @@ __device__ __forceinline__ void gqa_tc_split(const float* __restrict__ q, const 
                 const uint4 w = *reinterpret_cast<const uint4*>(vs + lane * rb + c);
                 const unsigned x[4] = {w.x, w.y, w.z, w.w};
                 uint4 lo4, hi4;
-                lo4.x = e4m3x2_to_f16x2((unsigned short)(x[0] & 0xffffu));
-                lo4.y = e4m3x2_to_f16x2((unsigned short)(x[0] >> 16));
-                lo4.z = e4m3x2_to_f16x2((unsigned short)(x[1] & 0xffffu));
-                lo4.w = e4m3x2_to_f16x2((unsigned short)(x[1] >> 16));
-                hi4.x = e4m3x2_to_f16x2((unsigned short)(x[2] & 0xffffu));
-                hi4.y = e4m3x2_to_f16x2((unsigned short)(x[2] >> 16));
-                hi4.z = e4m3x2_to_f16x2((unsigned short)(x[3] & 0xffffu));
-                hi4.w = e4m3x2_to_f16x2((unsigned short)(x[3] >> 16));
+                e4m3x4_to_f16x2(x[0], lo4.x, lo4.y);
+                e4m3x4_to_f16x2(x[1], lo4.z, lo4.w);
+                e4m3x4_to_f16x2(x[2], hi4.x, hi4.y);
+                e4m3x4_to_f16x2(x[3], hi4.z, hi4.w);
                 *reinterpret_cast<uint4*>(v16 + lane * vh + c) = lo4;
                 *reinterpret_cast<uint4*>(v16 + lane * vh + c + 8) = hi4;
             }

@@ -588,6 +588,29 @@ __device__ __forceinline__ unsigned e4m3x2_to_f16x2(unsigned short v) {
 #endif
 }
 
+// The four E4M3 bytes of x as two fp16 pairs: bytes 0, 1 to lo and 2, 3 to hi (the same values
+// as e4m3x2_to_f16x2 on each half). The halves are split in PTX, so the conversion reads the
+// high one in place (F2FP ... .H1) where a shift of x by 16 took an instruction first.
+__device__ __forceinline__ void e4m3x4_to_f16x2(unsigned x, unsigned& lo, unsigned& hi) {
+#if __CUDA_ARCH__ >= 890
+    asm("{\n .reg .b16 l, h;\n mov.b32 {l, h}, %2;\n cvt.rn.f16x2.e4m3x2 %0, l;\n"
+        " cvt.rn.f16x2.e4m3x2 %1, h;\n}"
+        : "=r"(lo), "=r"(hi)
+        : "r"(x));
+#else
+    lo = hi = 0x7e007e00u;  // NaN pairs: the host refuses an fp8 cache below sm_89
+#endif
+}
+
+// 2^x by the hardware's approximation with subnormal results flushed to 0 (ex2.approx.ftz):
+// exp2f is the same instruction wrapped in a test and two multiplies that keep results below
+// 2^-126 — for a softmax, probabilities of that size next to the row's maximum's 1.
+__device__ __forceinline__ float exp2_ftz(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
 // One online-softmax step of a flash-attention tile held in mma.sync m16n8 accumulators: the
 // scores sc (log2 units; masked entries -inf) of rows g (entries 0, 1) and g + 8 (2, 3) of the
 // lane's quad, their running maxima m and this lane's part of their sums l (the caller adds a
@@ -608,7 +631,7 @@ __device__ __forceinline__ void mma_softmax_step(float (&sc)[NB][4], float (&m)[
         mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
         mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
         mn[r] = fmaxf(m[r], mx[r]);
-        corr[r] = mn[r] == -INFINITY ? 1.0f : exp2f(m[r] - mn[r]);
+        corr[r] = mn[r] == -INFINITY ? 1.0f : exp2_ftz(m[r] - mn[r]);
         l[r] *= corr[r];
         m[r] = mn[r];
     }
@@ -627,7 +650,7 @@ __device__ __forceinline__ void mma_softmax_step(float (&sc)[NB][4], float (&m)[
     for (int nb = 0; nb < NB; ++nb) {
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
-            const float p = exp2f(sc[nb][j] - mz[j >> 1]);
+            const float p = exp2_ftz(sc[nb][j] - mz[j >> 1]);
             sc[nb][j] = p;
             l[j >> 1] += p;
         }
