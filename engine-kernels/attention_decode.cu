@@ -792,11 +792,16 @@ ATTN_SPLIT_GQA_TC(attn_split_gqa_tc_fp8_d64, true, 64)
 
 // grid = (Hq, T), block = ATTN_COMBINE_THREADS; nsplit <= ATTN_MAX_SPLITS. Each split's
 // weight exp(m_s - max) is computed once, by one thread, into shared memory; then thread
-// (dim i, slice p) sums the outputs of splits p, p + slices, … with loads that do not wait on
-// each other, and the slices are added in a fixed order. sinks == nullptr turns the sink off
-// (diagnostic only).
+// (dim i, slice p) sums the outputs of splits p, p + slices, … and the slices are added in a
+// fixed order. sinks == nullptr turns the sink off (diagnostic only).
+// Every load is issued right after the wait, before any reduction: the thread's split's max
+// and sum, and the first ATTN_COMBINE_AHEAD of its slice's outputs (those of empty splits
+// too, never used: such a split wrote none). The chain is then one L2 round trip where it
+// was three (max, then sums, then outputs; docs/perf.md session 36); the same sums.
 #define ATTN_COMBINE_THREADS 256
 #define ATTN_MAX_SPLITS 64
+#define ATTN_COMBINE_AHEAD 16
+static_assert(ATTN_MAX_SPLITS <= ATTN_COMBINE_THREADS, "one split a thread");
 extern "C" __global__ void __launch_bounds__(ATTN_COMBINE_THREADS)
 attn_combine(const float* __restrict__ part_m, const float* __restrict__ part_l,
              const float* __restrict__ part_acc, const bf16_t* __restrict__ sinks,
@@ -807,30 +812,39 @@ attn_combine(const float* __restrict__ part_m, const float* __restrict__ part_l,
     __shared__ float slice[ATTN_COMBINE_THREADS];
     const int h = blockIdx.x, t = blockIdx.y, tid = threadIdx.x;
     const size_t base = ((size_t)t * hq + h) * nsplit;
+    const bool has = tid < nsplit;
+    const float ms = has ? part_m[base + tid] : -INFINITY;
+    const float ls = has ? part_l[base + tid] : 0.0f;
     const float sink = sinks ? bf2f(sinks[h]) : -INFINITY;
-    float mm = sink;
-    for (int s = tid; s < nsplit; s += blockDim.x) mm = fmaxf(mm, part_m[base + s]);
-    mm = block_max(mm, red);
+    const int slices = blockDim.x / d, i = tid % d, p = tid / d;
+    const int np = p < slices ? (nsplit - p + slices - 1) / slices : 0;  // this slice's splits
+    float a[ATTN_COMBINE_AHEAD];
+#pragma unroll
+    for (int j = 0; j < ATTN_COMBINE_AHEAD; ++j)
+        a[j] = j < np ? part_acc[(base + p + (size_t)j * slices) * d + i] : 0.0f;
+    const float mm = block_max(fmaxf(sink, ms), red);
     float ll = 0.0f;
-    for (int s = tid; s < nsplit; s += blockDim.x) {
-        const float ms = part_m[base + s];
+    if (has) {
         const float f = ms == -INFINITY ? 0.0f : expf(ms - mm);
-        w[s] = f;
-        ll += part_l[base + s] * f;
+        w[tid] = f;
+        ll += ls * f;
     }
     ll = block_sum(ll, red);  // its barriers also publish w
     if (sinks) ll += expf(sink - mm);
-    const int slices = blockDim.x / d, i = tid % d, p = tid / d;
     float acc = 0.0f;
-    // A split of weight 0 adds nothing; an empty one wrote no outputs, so it is not read.
-    if (p < slices)
-        for (int s = p; s < nsplit; s += slices)
-            if (w[s] != 0.0f) acc += part_acc[(base + s) * d + i] * w[s];
+    // A split of weight 0 adds nothing; an empty one wrote no outputs (its loaded value unused).
+#pragma unroll
+    for (int j = 0; j < ATTN_COMBINE_AHEAD; ++j)
+        if (j < np && w[p + j * slices] != 0.0f) acc += a[j] * w[p + j * slices];
+    for (int j = ATTN_COMBINE_AHEAD; j < np; ++j) {
+        const int s = p + j * slices;
+        if (w[s] != 0.0f) acc += part_acc[(base + s) * d + i] * w[s];
+    }
     slice[tid] = acc;
     __syncthreads();
     if (tid < d) {
-        float a = 0.0f;
-        for (int q = 0; q < slices; ++q) a += slice[q * d + tid];
-        out[((size_t)t * hq + h) * d + tid] = a / ll;
+        float a2 = 0.0f;
+        for (int q = 0; q < slices; ++q) a2 += slice[q * d + tid];
+        out[((size_t)t * hq + h) * d + tid] = a2 / ll;
     }
 }
