@@ -142,8 +142,7 @@ __device__ __forceinline__ void attn_finish(float m, float l, float sink, float&
 // before the wait — a weight, immutable — by loads that stay on that side of it (volatile
 // asm; an ld.global.nc may be moved below it, common.cuh), so no finish waits on a load from
 // DRAM. It did not measure faster by itself (docs/perf.md run 182: the finish's loss came
-// from where the next kernel launched). Only where the kernel finishes heads: out_final (one
-// split), or out_comb (its last block combines the splits).
+// from where the next kernel launched). Only where the kernel finishes (out_final).
 __device__ __forceinline__ void attn_sinks_early(const bf16_t* sinks, const float* out_final,
                                                  int h0, int n, float* sink_s) {
     if (!out_final) return;
@@ -547,76 +546,6 @@ __device__ __forceinline__ void atc_mma(float (&c)[4], const unsigned (&a)[4], u
         mma_bf16_16816(c, a, b0, b1);
 }
 
-// The fold of attn_combine into the tensor-core split kernel (cnt non-null): the last of a
-// (KV head, row)'s nsplit blocks to finish — counted in cnt[t * hkv + kvh], which it resets for
-// the next launch or replay — combines the group's G heads from every split's partials (read
-// past L1) into out, as attn_combine would, and no combine kernel runs: one kernel boundary a
-// layer fewer at depth (docs/perf.md session 36). The splits' maxima, weights and sums one warp
-// a head (up to 64 splits: two a lane), then four output dims a thread, each summing the splits
-// in order: deterministic whichever block is last. ws: shared scratch of G * nsplit + G floats
-// (the stage, free once the block's partials are written). sink_s: natural units, -inf off.
-// Every thread of the block calls it (after its own partials, or at once for an empty split).
-__device__ __noinline__ void gqa_combine_last(const float* __restrict__ part_m,
-                                              const float* __restrict__ part_l,
-                                              const float* __restrict__ part_acc,
-                                              const float* sink_s, float* __restrict__ out,
-                                              unsigned* __restrict__ cnt, int hq, int hkv, int G,
-                                              int d, int kvh, int t, int nsplit, float* ws) {
-    __shared__ unsigned last_s;
-    __syncthreads();
-    if (threadIdx.x == 0) last_s = count_block_last(cnt + (size_t)t * hkv + kvh, nsplit);
-    __syncthreads();
-    if (!last_s) return;
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    const size_t hb = (size_t)t * hq + (size_t)kvh * G;  // the group's first (row, head)
-    float* inv = ws + G * nsplit;                         // 1 / the sum, a head
-    for (int h = warp; h < G; h += nw) {
-        const size_t pb = (hb + h) * nsplit;
-        const bool a0 = lane < nsplit, a1 = lane + 32 < nsplit;
-        const float m0 = a0 ? __ldcg(part_m + pb + lane) : -INFINITY;
-        const float m1 = a1 ? __ldcg(part_m + pb + lane + 32) : -INFINITY;
-        const float l0 = a0 ? __ldcg(part_l + pb + lane) : 0.0f;
-        const float l1 = a1 ? __ldcg(part_l + pb + lane + 32) : 0.0f;
-        const float sink = sink_s[h];
-        const float mm = warp_max(fmaxf(sink, fmaxf(m0, m1)));
-        const float f0 = m0 == -INFINITY ? 0.0f : expf(m0 - mm);
-        const float f1 = m1 == -INFINITY ? 0.0f : expf(m1 - mm);
-        if (a0) ws[h * nsplit + lane] = f0;
-        if (a1) ws[h * nsplit + lane + 32] = f1;
-        float ll = warp_sum(l0 * f0 + l1 * f1);
-        if (sink != -INFINITY) ll += expf(sink - mm);
-        if (lane == 0) inv[h] = ll;
-    }
-    __syncthreads();
-    const int d4 = d >> 2;
-    for (int i = threadIdx.x; i < G * d4; i += blockDim.x) {
-        const int h = i / d4, c = (i - h * d4) * 4;
-        const size_t pb = (hb + h) * nsplit;
-        const float* w = ws + h * nsplit;
-        float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        for (int s0 = 0; s0 < nsplit; s0 += 16) {
-            float4 v[16];
-#pragma unroll
-            for (int j = 0; j < 16; ++j)
-                if (s0 + j < nsplit) v[j] = __ldcg(reinterpret_cast<const float4*>(part_acc + (pb + s0 + j) * d + c));
-#pragma unroll
-            for (int j = 0; j < 16; ++j) {
-                // A split of weight 0 adds nothing; an empty one wrote no outputs.
-                const int s = s0 + j;
-                if (s < nsplit && w[s] != 0.0f) {
-                    acc.x += v[j].x * w[s];
-                    acc.y += v[j].y * w[s];
-                    acc.z += v[j].z * w[s];
-                    acc.w += v[j].w * w[s];
-                }
-            }
-        }
-        const float r = inv[h];
-        *reinterpret_cast<float4*>(out + (hb + h) * d + c) =
-            make_float4(acc.x / r, acc.y / r, acc.z / r, acc.w / r);
-    }
-}
-
 // DC: the head dim when the entry is compiled for one (`_d64`), 0 for the entry that takes it
 // at run time (32 or 64). With it fixed, the tile loop's trip counts, strides and divisions
 // are constants: the copy loop unrolled without a division per 16 bytes, and no MMA under a
@@ -628,9 +557,7 @@ __device__ __forceinline__ void gqa_tc_split(const float* __restrict__ q, const 
                                              float* __restrict__ part_m, float* __restrict__ part_l,
                                              float* __restrict__ part_acc, int hq, int hkv, int d_arg,
                                              int window, int min_split, float scale,
-                                             const float* sink_s, float* __restrict__ out_final,
-                                             float* __restrict__ out_comb,
-                                             unsigned* __restrict__ cnt) {
+                                             const float* sink_s, float* __restrict__ out_final) {
     static_assert(DC == 0 || DC == 32 || DC == 64, "head dims 32 or 64");
     const int d = DC ? DC : d_arg;
     extern __shared__ __align__(16) unsigned char atc_smem[];
@@ -640,12 +567,8 @@ __device__ __forceinline__ void gqa_tc_split(const float* __restrict__ q, const 
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, qd = lane & 3;
     const int G = hq / hkv;
     int lo, hi;
-    if (!gqa_split_range(p, window, min_split, hq, G, kvh, split, nsplit, t, part_m, part_l, lo, hi)) {
-        if (cnt)  // an empty split counts too (uniform over the block)
-            gqa_combine_last(part_m, part_l, part_acc, sink_s, out_comb, cnt, hq, hkv, G, d, kvh, t,
-                             nsplit, reinterpret_cast<float*>(atc_smem));
+    if (!gqa_split_range(p, window, min_split, hq, G, kvh, split, nsplit, t, part_m, part_l, lo, hi))
         return;
-    }
     const size_t row0 = off + (size_t)kvh * d, stride = (size_t)hkv * d;
     const int rb = d * ES + 16, chunks = d * ES / 16, ns = d >> 4, cq = qd * (d >> 2);
     // The warp's region: two buffers of K and V rows, then (fp8) its fp16 copy of a V tile.
@@ -834,9 +757,6 @@ __device__ __forceinline__ void gqa_tc_split(const float* __restrict__ q, const 
         }
         part_acc[pi * d + c] = out;
     }
-    if (cnt && !out_final)
-        gqa_combine_last(part_m, part_l, part_acc, sink_s, out_comb, cnt, hq, hkv, G, d, kvh, t,
-                         nsplit, reinterpret_cast<float*>(atc_smem));
 }
 
 // grid = (Hkv, nsplit, T), block = ATC_WARPS warps. One entry per cache kind, each holding
@@ -854,16 +774,15 @@ __device__ __forceinline__ void gqa_tc_split(const float* __restrict__ q, const 
          const unsigned long long* __restrict__ kv_off, float* __restrict__ part_m,            \
          float* __restrict__ part_l, float* __restrict__ part_acc, int hq, int hkv, int d,     \
          int window, int min_split, float scale, const bf16_t* __restrict__ sinks,             \
-         float* __restrict__ out_final, float* __restrict__ out_comb,                          \
-         unsigned* __restrict__ cnt) {                                                         \
+         float* __restrict__ out_final) {                                                      \
         __shared__ float sink_s[16];                                                           \
-        attn_sinks_early(sinks, out_final ? out_final : out_comb, blockIdx.x * (hq / hkv), hq / hkv, sink_s); \
+        attn_sinks_early(sinks, out_final, blockIdx.x * (hq / hkv), hq / hkv, sink_s);         \
         const int p_early = (int)ld_early_u32(pos + blockIdx.z);                               \
         const unsigned long long off_early = ld_early_u64(kv_off + blockIdx.z);                \
         pdl_enter_as(attn_trigger_mode(out_final));                                            \
         gqa_tc_split<FP8, DC>(q, static_cast<const u8*>(k_cache), static_cast<const u8*>(v_cache), \
                           p_early, off_early, part_m, part_l, part_acc, hq, hkv, d, window,    \
-                          min_split, scale, sink_s, out_final, out_comb, cnt);                 \
+                          min_split, scale, sink_s, out_final);                                \
     }
 ATTN_SPLIT_GQA_TC(attn_split_gqa_tc, false, 0)
 ATTN_SPLIT_GQA_TC(attn_split_gqa_tc_fp8, true, 0)

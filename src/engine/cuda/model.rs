@@ -263,8 +263,6 @@ pub struct Decoder {
     sc_m: CudaSlice<f32>,
     sc_l: CudaSlice<f32>,
     sc_acc: CudaSlice<f32>,
-    /// The folded combine's counters, one per (row, KV head) ([`AttnScratch::cnt`]).
-    sc_cnt: CudaSlice<u32>,
     max_splits: usize,
     /// Captured steps, two per batch size n: `2n` short contexts, `2n + 1` long ones.
     graphs: Vec<Option<StepGraph>>,
@@ -422,7 +420,6 @@ impl Decoder {
             sc_m: g.alloc(b * hq * max_splits)?,
             sc_l: g.alloc(b * hq * max_splits)?,
             sc_acc: g.alloc(b * hq * max_splits * d)?,
-            sc_cnt: g.alloc(b * hkv)?,
             max_splits,
             graphs: (0..2 * (max_batch + 1)).map(|_| None).collect(),
             ablated: Vec::new(),
@@ -695,8 +692,6 @@ impl Decoder {
             l: p(&self.sc_l),
             acc: p(&self.sc_acc),
             entries: self.max_batch * hq * self.max_splits,
-            cnt: g.ptr(&self.sc_cnt),
-            cnt_entries: self.max_batch * hkv,
         };
         // The MoE's units per warp depend on the batch only: once per step.
         let mut units = ops::MoeUnits::for_batch(g.sms(), sh.moe, n, self.moe_units, self.moe_loop)
@@ -789,7 +784,6 @@ impl Decoder {
                     sh.scale,
                     self.attn.finish_single,
                     self.attn.fixed_dim,
-                    self.attn.fold_combine,
                 )?;
             }
             mark(StepGroup::Attention.label(false))?;

@@ -1041,12 +1041,6 @@ pub struct AttnScratch {
     pub acc: u64,
     /// Capacity in (token, head, split) entries.
     pub entries: usize,
-    /// Per (token, KV head) counters of the tensor-core split kernel's folded combine
-    /// ([`AttnTuning::fold_combine`]): zeroed once, each launch's last block resets its own;
-    /// 0 for none (every launch of several splits then ends in `attn_combine`).
-    pub cnt: u64,
-    /// Capacity of `cnt` in (token, KV head) entries.
-    pub cnt_entries: usize,
 }
 
 /// Contexts longer than this many keys run decode attention on `attn_split_gqa` (where the
@@ -1172,11 +1166,6 @@ pub const ATTN_SPLIT_BLOCKS_ENV: &str = "MXTUNE_ATTN_SPLIT_BLOCKS";
 /// (`off`: every launch ends in `attn_combine`, as before; default `on`, [`attention`]).
 pub const ATTN_FINISH_ENV: &str = "MXTUNE_ATTN_FINISH";
 
-/// Environment variable that turns off the tensor-core GQA kernel's folded combine (`off`: a
-/// launch of several splits ends in `attn_combine`, as before session 36; default `on`,
-/// [`AttnTuning::fold_combine`]).
-pub const ATTN_FOLD_ENV: &str = "MXTUNE_ATTN_FOLD";
-
 /// Environment variable that turns off the tensor-core GQA kernel's entries compiled for one
 /// head dim (`off`: the entry taking the head dim at run time, as before session 36; default
 /// `on`, [`AttnTuning::fixed_dim`]).
@@ -1199,10 +1188,6 @@ pub struct AttnTuning {
     /// The tensor-core GQA kernel's entry compiled for the head dim where there is one (64)
     /// ([`ATTN_FIXED_DIM_ENV`]).
     pub fixed_dim: bool,
-    /// A tensor-core GQA launch of several splits combines them in its own last block of each
-    /// (row, KV head) instead of in `attn_combine` ([`ATTN_FOLD_ENV`]; needs
-    /// [`AttnScratch::cnt`]).
-    pub fold_combine: bool,
 }
 
 impl Default for AttnTuning {
@@ -1213,7 +1198,6 @@ impl Default for AttnTuning {
             finish_single: true,
             split_blocks_per_sm: ATTN_SPLIT_BLOCKS_PER_SM,
             fixed_dim: true,
-            fold_combine: true,
         }
     }
 }
@@ -1225,7 +1209,6 @@ impl AttnTuning {
             force: env_choice(ATTN_KERNEL_ENV, ATTN_KERNEL_CHOICES)?,
             finish_single: env_choice(ATTN_FINISH_ENV, &[("on", true), ("off", false)])?,
             fixed_dim: env_choice(ATTN_FIXED_DIM_ENV, &[("on", true), ("off", false)])?,
-            fold_combine: env_choice(ATTN_FOLD_ENV, &[("on", true), ("off", false)])?,
             ..Self::default()
         };
         if let Some(n) = env_whole(
@@ -1310,9 +1293,6 @@ impl AttnTuning {
 /// as `attn_combine` counts it, the same bits) and no combine is launched — a kernel fewer
 /// and its launch gap (docs/perf.md, session 25). `fixed_dim`: the tensor-core kernel's entry
 /// compiled for the head dim where it has one ([`AttnTuning::fixed_dim`]; the same bits).
-/// `fold`: several splits of the tensor-core kernel combined by its own last block of each
-/// (row, KV head) where `scratch` has the counters ([`AttnTuning::fold_combine`]), no
-/// `attn_combine`.
 pub fn attention(
     g: &Gpu,
     s: AttnShape,
@@ -1333,17 +1313,9 @@ pub fn attention(
     scale: f32,
     finish: bool,
     fixed_dim: bool,
-    fold: bool,
 ) -> Result<()> {
     s.check()?;
     let finish = finish && nsplit == 1;
-    let fold = fold && !finish && kernel == AttnKernel::GqaTc && scratch.cnt != 0;
-    ensure!(
-        !fold || t * s.hkv <= scratch.cnt_entries,
-        "attention counters hold {} entries, {} needed",
-        scratch.cnt_entries,
-        t * s.hkv
-    );
     ensure!(
         (1..=ATTN_MAX_SPLITS).contains(&nsplit),
         "{nsplit} attention splits: the combine takes 1 to {ATTN_MAX_SPLITS}"
@@ -1383,38 +1355,32 @@ pub fn attention(
         }
         AttnKernel::PerHead => ("attn_split", s.hq, ATTN_WARPS, 0),
     };
-    let mut args = vec![
-        Arg::Ptr(q),
-        Arg::Ptr(k_cache),
-        Arg::Ptr(v_cache),
-        Arg::I32(kv.kernel_kind()),
-        Arg::Ptr(pos),
-        Arg::Ptr(kv_off),
-        Arg::Ptr(scratch.m),
-        Arg::Ptr(scratch.l),
-        Arg::Ptr(scratch.acc),
-        i(s.hq)?,
-        i(s.hkv)?,
-        i(s.d)?,
-        i(window)?,
-        i(min_split.max(1))?,
-        Arg::F32(scale),
-        opt(sinks.filter(|_| finish || fold)),
-        Arg::Ptr(if finish { out } else { 0 }),
-    ];
-    if kernel == AttnKernel::GqaTc {
-        // The folded combine's output and counters (0, 0: none).
-        args.push(Arg::Ptr(if fold { out } else { 0 }));
-        args.push(Arg::Ptr(if fold { scratch.cnt } else { 0 }));
-    }
     g.launch(
         name,
         (u(heads)?, u(nsplit)?, u(t)?),
         (warps * 32, 1, 1),
         u(smem)?,
-        &args,
+        &[
+            Arg::Ptr(q),
+            Arg::Ptr(k_cache),
+            Arg::Ptr(v_cache),
+            Arg::I32(kv.kernel_kind()),
+            Arg::Ptr(pos),
+            Arg::Ptr(kv_off),
+            Arg::Ptr(scratch.m),
+            Arg::Ptr(scratch.l),
+            Arg::Ptr(scratch.acc),
+            i(s.hq)?,
+            i(s.hkv)?,
+            i(s.d)?,
+            i(window)?,
+            i(min_split.max(1))?,
+            Arg::F32(scale),
+            opt(sinks.filter(|_| finish)),
+            Arg::Ptr(if finish { out } else { 0 }),
+        ],
     )?;
-    if finish || fold {
+    if finish {
         return Ok(());
     }
     g.launch(
