@@ -1086,22 +1086,19 @@ pub fn gqa_tc_smem(s: AttnShape, kv: KvDtype) -> usize {
 /// fp8 cache, head dims 32 or 64, at most 16 query heads per KV head, and its stage within the
 /// shared memory a block may have.
 pub fn gqa_tc_fits(g: &Gpu, s: AttnShape, kv: KvDtype) -> Result<bool> {
+    // Either entry may be launched for the shape (`fixed_dim`): within both limits.
+    let limit = |fixed| g.dynamic_shared_limit(gqa_tc_entry(kv, s.d, fixed));
     Ok(matches!(kv, KvDtype::Bf16 | KvDtype::Fp8)
         && (s.d == 32 || s.d == 64)
         && s.hq / s.hkv <= ATTN_TC_MAX_G
-        && gqa_tc_smem(s, kv) <= g.dynamic_shared_limit(gqa_tc_kernel(kv))?)
-}
-
-/// The `attn_split_gqa_tc` entry of cache kind `kv`: each kind's path is its own kernel.
-fn gqa_tc_kernel(kv: KvDtype) -> &'static str {
-    gqa_tc_entry(kv, 0, false)
+        && gqa_tc_smem(s, kv) <= limit(true)?.min(limit(false)?))
 }
 
 /// The `attn_split_gqa_tc` entry for cache kind `kv` and head dim `d`: with `fixed_dim` and
 /// `d` 64, the entry compiled for that head dim (`_d64`: its tile loop's counts and strides
 /// constants, about half the instructions a tile of the entry that takes `d` at run time;
 /// docs/perf.md session 36), else the one that takes any supported `d`. Both give the same
-/// bits.
+/// bits; [`gqa_tc_fits`] asks each one's shared-memory limit.
 fn gqa_tc_entry(kv: KvDtype, d: usize, fixed_dim: bool) -> &'static str {
     match (kv == KvDtype::Fp8, fixed_dim && d == 64) {
         (true, true) => "attn_split_gqa_tc_fp8_d64",
