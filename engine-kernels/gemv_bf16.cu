@@ -179,6 +179,81 @@ __device__ __forceinline__ void gemv_partial_rows(const bf16_t* __restrict__ wr,
     }
 }
 
+// The several-token wide GEMV's partial sums (NT > 1, cols a multiple of 8): the sums of
+// gemv_partial (R = 1) and gemv_partial_rows, in their order, but every load of a pass's chunks
+// (the nr rows' weights, the norm weights, the nt tokens' x) issued before any of its sums.
+// Written as those loops, each token's x was loaded under its `t < nt` branch right before its
+// products, so a chunk cost a round trip for the norm weights and one per token (the SASS: two
+// LDG.128 then their FFMAs, four times a chunk), ~10 L2 round trips a thread at 2880 columns
+// where the one-token router (gemv_partial, NT = 1) pays one. A slot past the row, a row past
+// nr or a token past nt loads valid memory (the last chunk, row or token) that no sum reads.
+// Passes of ROUTER_AHEAD_U chunks: 2 where the rows are few, 1 for more (registers).
+#ifndef ROUTER_AHEAD
+#define ROUTER_AHEAD 1
+#endif
+// Whether the several-token router counts its block before writing its slice of the
+// normalised input (gemv_wide_body).
+#ifndef ROUTER_XO_AFTER
+#define ROUTER_XO_AFTER 1
+#endif
+template <bool NORM, int NT, int R>
+__device__ __forceinline__ void gemv_partial_ahead(const bf16_t* __restrict__ wr, int nr,
+                                                   const float* __restrict__ x, const bf16_t* __restrict__ nw,
+                                                   int cols, int nt, int start, int stride,
+                                                   float (&acc)[GEMV_WIDE_R][NT], float (&ss)[NT]) {
+    constexpr int U = R <= 2 ? 2 : 1;
+    const uint4* w4 = reinterpret_cast<const uint4*>(wr);
+    const uint4* n4 = reinterpret_cast<const uint4*>(nw);
+    const int n8 = cols >> 3;
+    for (int c0 = start; c0 < n8; c0 += U * stride) {
+        uint4 wv[U][R], nv[U];
+        float4 xa[U][NT], xb[U][NT];
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const int c = min(c0 + u * stride, n8 - 1);
+#pragma unroll
+            for (int j = 0; j < R; ++j) wv[u][j] = __ldg(w4 + (size_t)min(j, nr - 1) * n8 + c);
+            if (NORM) nv[u] = __ldg(n4 + c);
+#pragma unroll
+            for (int t = 0; t < NT; ++t) {
+                const float4* xp = reinterpret_cast<const float4*>(x + (size_t)min(t, nt - 1) * cols) + 2 * c;
+                xa[u][t] = xp[0];
+                xb[u][t] = xp[1];
+            }
+        }
+        // Every loaded value is used whatever nr, nt and the slot's place (a slot past the row
+        // adds zeros: x zeroed, so its products and squares are 0), so that ptxas keeps the
+        // loads above the sums: where a token's or row's sums sat under its branch, it sank
+        // that token's loads into it, after the first sums, a round trip again. Rows past nr and
+        // tokens past nt sum what was loaded for them into acc entries nothing reads.
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const bool in = c0 + u * stride < n8;
+            float nf[8];
+            if (NORM) bf16x8_to_f32(nv[u], nf);
+#pragma unroll
+            for (int j = 0; j < R; ++j) {
+                float wf[8];
+                bf16x8_to_f32(wv[u][j], wf);
+                if (NORM) {
+#pragma unroll
+                    for (int e = 0; e < 8; ++e) wf[e] *= nf[e];
+                }
+#pragma unroll
+                for (int t = 0; t < NT; ++t) {
+                    const float4 z = make_float4(0.f, 0.f, 0.f, 0.f);
+                    const float4 a = in ? xa[u][t] : z, b = in ? xb[u][t] : z;
+                    // The squares once per chunk: with the first row.
+                    if (NORM && j == 0)
+                        dot8_add<true>(wf, a, b, acc[j][t], ss[t]);
+                    else
+                        dot8_add<false>(wf, a, b, acc[j][t], ss[t]);
+                }
+            }
+        }
+    }
+}
+
 // x_out[t, c] = x[t, c] · rs[t] · nw[c] for tokens t < nt and columns c = c_start, c_start +
 // step, … below c_end.
 template <int NT>
@@ -369,7 +444,12 @@ __device__ __forceinline__ void gemv_wide_body(const bf16_t* __restrict__ w, con
         xo_x = xt[xo_c];
         xo_n = bf2f(norm_w[xo_c]);
     }
-    if (R == 1) {
+    if (ROUTER_AHEAD && NT > 1 && (cols & 7) == 0) {
+        if (WIDE_NORM)
+            gemv_partial_ahead<true, NT, R>(wr, nr, xt, norm_w, cols, nt, threadIdx.x, blockDim.x, acc, ss);
+        else
+            gemv_partial_ahead<false, NT, R>(wr, nr, xt, norm_w, cols, nt, threadIdx.x, blockDim.x, acc, ss);
+    } else if (R == 1) {
         float (&a0)[NT] = acc[0];
         if (WIDE_NORM)
             gemv_partial<true, NT, ANY_COLS>(wr, xt, norm_w, cols, nt, threadIdx.x, blockDim.x, a0, ss);
@@ -415,6 +495,36 @@ __device__ __forceinline__ void gemv_wide_body(const bf16_t* __restrict__ w, con
         }
     }
     __syncthreads();
+    // With several tokens and a top-k, the block counts itself before it writes its slice of
+    // the normalised input, so the group's last block starts routing one L2 round trip sooner;
+    // there the routing warps (one a token) leave the slice to the others.
+    constexpr bool XO_AFTER = ROUTER_XO_AFTER && NT > 1;
+    if (XO_AFTER && topk_idx) {
+        __shared__ unsigned last_a;
+        if (threadIdx.x == 0) last_a = count_block_last(&counter[blockIdx.y], gridDim.x);
+        __syncthreads();
+        const bool route = last_a != 0u;
+        if (route && warp < nt) {
+            topk_softmax_warp(y + (size_t)(t0 + warp) * rows, rows, k, topk_idx + (size_t)(t0 + warp) * k,
+                              topk_w + (size_t)(t0 + warp) * k, vals + warp * rows,
+                              ready ? ready + (size_t)(t0 + warp) * k : nullptr,
+                              ready ? done + (size_t)(t0 + warp) * k : nullptr);
+            return;
+        }
+        if (WIDE_NORM && x_out) {
+            // (token, column) pairs of the slice flattened over the writing threads: one round
+            // trip for the whole slice (a loop per token made one a token).
+            const int first = route ? nt * 32 : 0;
+            int c0, c1;
+            normed_slice(cols, c0, c1);
+            const int wd = max(0, c1 - c0);
+            for (int i = (int)threadIdx.x - first; i < nt * wd; i += (int)blockDim.x - first) {
+                const int t = i / wd, c = c0 + i % wd;
+                x_out[(size_t)(t0 + t) * cols + c] = xt[(size_t)t * cols + c] * rs_s[t] * bf2f(norm_w[c]);
+            }
+        }
+        return;
+    }
 #pragma unroll
     for (int t = 0; t < NT; ++t) rs[t] = t < nt ? rs_s[t] : 1.0f;
     if (WIDE_NORM && x_out) {
