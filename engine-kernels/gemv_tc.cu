@@ -95,6 +95,18 @@ using TcgBf16 = TcgBf16T<TCG_BF16_STEP>;
 #define TCG_WIDE_BF16_STEP TCG_BF16_STEP
 #endif
 
+// The wide kernel's K split: the unit's last block takes every load of its sums before any of
+// them (1; 0: the loop by entry, for A/B) where the unit's K is split over at most
+// TCG_MAX_KSPLIT blocks (qkv of gpt-oss on an H100 / H200: 3); a larger split (the wide plan
+// makes up to ops.rs TCG_WIDE_MAX_SPLIT, 8) takes the loop by entry. 4: at 8 the registers for
+// the loads took the kernel from 112 to 128 with spills in its K loop (sm_90a).
+#ifndef TCG_FINISH_AHEAD
+#define TCG_FINISH_AHEAD 1
+#endif
+#ifndef TCG_MAX_KSPLIT
+#define TCG_MAX_KSPLIT 4
+#endif
+
 // MXFP4 weights (layout of mxfp4_dense.cu): E = 32 NB, NB consecutive blocks of 32 (and their
 // scales) per lane and row, so the 4 lanes of a row read 64 NB contiguous bytes per chunk.
 template <int NB>
@@ -430,6 +442,60 @@ __device__ __forceinline__ void gemv_tc_body(const W wp, typename W::Raw (&cur)[
             if (threadIdx.x == 0) last_s = count_block_last(cnt + (size_t)blockIdx.y * nunits + unit, gridDim.z);
             __syncthreads();
             if (!last_s) continue;
+            // The wide kernel only: in the 8-token ones (o's two-block split) the same code
+            // took their spills in the K loop from 12 to 32 bytes (sm_90a).
+            constexpr int ZM = TCG_MAX_KSPLIT;
+            if (TCG_FINISH_AHEAD && WIDE && (int)gridDim.z <= ZM) {
+                // The unit's sums with every load first: each of the thread's (row, token)
+                // entries' split partials, bias and output, and the splits' squares, then the
+                // sums in split order as below. Written as the loop below, each entry's bias
+                // and output were loaded after its partials' sums and each entry after the
+                // previous one's store: at the wide kernel's four entries a thread, 8 L2 round
+                // trips (and the squares' one) in the unit's last block.
+                constexpr int NI = UR * 8 * TN, IT = (NI + 32 * TCG_WARPS - 1) / (32 * TCG_WARPS);
+                const int gz = gridDim.z;
+                float pv[IT][ZM], eb[IT], ey[IT];
+#pragma unroll
+                for (int it = 0; it < IT; ++it) {
+                    const int i = threadIdx.x + it * 32 * TCG_WARPS, tok = i % (8 * TN);
+                    const int r = unit * UR + i / (8 * TN);
+                    const bool ok = i < NI && tok < nt && r < rows;
+#pragma unroll
+                    for (int z = 0; z < ZM; ++z)
+                        pv[it][z] = ok && z < gz ? __ldcg(part + ((size_t)z * tokens + t0 + tok) * rows + r) : 0.0f;
+                    eb[it] = ok && bias ? bf2f(bias[r]) : 0.0f;
+                    ey[it] = ok && accumulate ? y[(size_t)(t0 + tok) * rows + r] : 0.0f;
+                }
+                if (WIDE && norm_w) {
+                    const bool on = threadIdx.x < nt;
+                    float qv[TCG_MAX_KSPLIT];
+#pragma unroll
+                    for (int z = 0; z < TCG_MAX_KSPLIT; ++z)
+                        qv[z] = on && z < gz ? __ldcg(sqp + (size_t)z * tokens + t0 + threadIdx.x) : 0.0f;
+                    if (on) {
+                        float s2 = 0.0f;
+#pragma unroll
+                        for (int z = 0; z < TCG_MAX_KSPLIT; ++z)
+                            if (z < gz) s2 += qv[z];
+                        rs_s[threadIdx.x] = rsqrtf(s2 / (float)cols + eps);
+                    }
+                    __syncthreads();
+                }
+#pragma unroll
+                for (int it = 0; it < IT; ++it) {
+                    const int i = threadIdx.x + it * 32 * TCG_WARPS, tok = i % (8 * TN);
+                    const int r = unit * UR + i / (8 * TN);
+                    if (i >= NI || tok >= nt || r >= rows) continue;
+                    float sum = 0.0f;
+#pragma unroll
+                    for (int z = 0; z < ZM; ++z)
+                        if (z < gz) sum += pv[it][z];
+                    const float sv = sum * rs_s[tok] + eb[it];
+                    y[(size_t)(t0 + tok) * rows + r] = accumulate ? ey[it] + sv : sv;
+                }
+                if (next < nunits) __syncthreads();  // red is written again by the next unit
+                continue;
+            }
             if (WIDE && norm_w) {
                 // The whole row's squares: the splits' in order (each block of a split stored
                 // the same ones).
