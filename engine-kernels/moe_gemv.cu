@@ -554,14 +554,20 @@ MOE_GATE_UP_KERNEL(moe_gate_up_swiglu_h2_slots, ActF16, true, MOE_SLOTS_MINB)
 // y[t, r] (+)= the k slots' rows part[t, s, r] summed in slot order, for rows r0 <= r < r1
 // (the whole block strides over them): the down kernels' combine, by the last slot block of a
 // (row range, token) once every slot's rows are visible (read past L1).
+#ifndef MOE_COMBINE_Y_FIRST
+#define MOE_COMBINE_Y_FIRST 1
+#endif
 __device__ __forceinline__ void moe_combine_rows(const float* __restrict__ part,
                                                  float* __restrict__ y, int t, int k, int hidden,
                                                  int r0, int r1, int accumulate) {
     for (int r = r0 + threadIdx.x; r < r1; r += blockDim.x) {
+        float* o = y + (size_t)t * hidden + r;
+        // The output it adds to is loaded with the slots' rows: ptxas had issued it after their
+        // sums, one L2 round trip more at the end of every down (MOE_COMBINE_Y_FIRST 0: so).
+        const float prev = MOE_COMBINE_Y_FIRST && accumulate ? *o : 0.0f;
         float sum = 0.0f;
         for (int j = 0; j < k; ++j) sum += __ldcg(part + ((size_t)t * k + j) * hidden + r);
-        float* o = y + (size_t)t * hidden + r;
-        *o = accumulate ? *o + sum : sum;
+        *o = accumulate ? (MOE_COMBINE_Y_FIRST ? prev : *o) + sum : sum;
     }
 }
 
