@@ -554,8 +554,8 @@ __device__ __forceinline__ void gemv_wide_body(const bf16_t* __restrict__ w, con
 
 // The _late entries (the router from ROUTER_LATE_FROM rows, ops.rs) let the next kernel (the
 // MoE's gate_up) launch only when this grid ends (pdl_enter_as(2)); the others at its start.
-#define GEMV_WIDE_ENTRY(name, R, NT, NORMC, ANY_COLS, MODE)                                     \
-    extern "C" __global__ void __launch_bounds__(256, GEMV_MINB)                                \
+#define GEMV_WIDE_ENTRY(name, R, NT, NORMC, ANY_COLS, MODE, MINB)                               \
+    extern "C" __global__ void __launch_bounds__(256, MINB)                                     \
     name(const bf16_t* __restrict__ w, const bf16_t* __restrict__ bias,                         \
          const float* __restrict__ x, float* __restrict__ y, int rows, int cols, int tokens,    \
          int accumulate, const bf16_t* __restrict__ norm_w, float eps,                          \
@@ -570,13 +570,20 @@ __device__ __forceinline__ void gemv_wide_body(const bf16_t* __restrict__ w, con
                                                norm_w, eps, x_out, topk_idx, topk_w, k, counter, \
                                                ready, done, row0, nr);                          \
     }
-GEMV_WIDE_ENTRY(gemv_bf16_wide, 1, GEMV_MAX_TOKENS, -1, true, ROUTER_TRIGGER)
+GEMV_WIDE_ENTRY(gemv_bf16_wide, 1, GEMV_MAX_TOKENS, -1, true, ROUTER_TRIGGER, GEMV_MINB)
 // The router of one token (batch 1), cols a multiple of 8: the same sums as gemv_bf16_wide,
 // from a third of its code (docs/perf.md run 195: code the hot path jumps over costs time).
-GEMV_WIDE_ENTRY(gemv_router_t1, 1, 1, 1, false, ROUTER_TRIGGER)
-GEMV_WIDE_ENTRY(gemv_bf16_wide_rows, GEMV_WIDE_R, GEMV_MAX_TOKENS, -1, true, ROUTER_TRIGGER)
-GEMV_WIDE_ENTRY(gemv_bf16_wide_late, 1, GEMV_MAX_TOKENS, -1, true, 2)
-GEMV_WIDE_ENTRY(gemv_bf16_wide_rows_late, GEMV_WIDE_R, GEMV_MAX_TOKENS, -1, true, 2)
+GEMV_WIDE_ENTRY(gemv_router_t1, 1, 1, 1, false, ROUTER_TRIGGER, GEMV_MINB)
+GEMV_WIDE_ENTRY(gemv_bf16_wide_rows, GEMV_WIDE_R, GEMV_MAX_TOKENS, -1, true, ROUTER_TRIGGER, GEMV_MINB)
+GEMV_WIDE_ENTRY(gemv_bf16_wide_late, 1, GEMV_MAX_TOKENS, -1, true, 2, GEMV_MINB)
+GEMV_WIDE_ENTRY(gemv_bf16_wide_rows_late, GEMV_WIDE_R, GEMV_MAX_TOKENS, -1, true, 2, GEMV_MINB)
+// Two rows a block (the router's rule at 9-16 tokens on an H100 / H200, ops.rs
+// wide_rows_per_block): compiled for two, so gemv_partial_ahead takes a pass of two chunks
+// (one round trip a thread at 2880 columns) and no sums of rows the block does not have;
+// two blocks an SM (the rule's grid: 256 blocks on 132 SMs), where unbounded it took 146
+// registers, one block an SM.
+GEMV_WIDE_ENTRY(gemv_bf16_wide_r2, 2, GEMV_MAX_TOKENS, -1, true, ROUTER_TRIGGER, 2)
+GEMV_WIDE_ENTRY(gemv_bf16_wide_r2_late, 2, GEMV_MAX_TOKENS, -1, true, 2, 2)
 
 // The router of a prefill chunk: logits[t, e] = W[e, :] . x[t, :] + b[e] for many tokens, then
 // each token's top-k and softmax (topk_softmax_warp), in one launch. A block takes RR_TM tokens

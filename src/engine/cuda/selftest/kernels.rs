@@ -878,6 +878,79 @@ fn check_router(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
         }
     }
     res.extend(check_router_t1(g, s)?);
+    res.extend(check_router_batch(g, s)?);
+    Ok(res)
+}
+
+/// A token's routing does not depend on the tokens routed beside it: the router of t tokens
+/// with the norm folded in (the decode step's: token groups of 4, one or several rows a
+/// block, the last group partial at t = 3, 6, 9) against the one-row entry on each token
+/// alone; logits, experts, their weights and the normalised input, bit for bit, and all of
+/// them written.
+fn check_router_batch(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
+    let mut res = Vec::new();
+    for (experts, cols, k, t) in [
+        (128, 2880, 4, 3),
+        (128, 2880, 4, 8),
+        (128, 2880, 4, 9),
+        (128, 2880, 4, 16),
+        (32, 2880, 4, 6),
+        (60, 64, 2, 16),
+    ] {
+        let w = bf16_vec(s.next(), experts * cols, 0.05, 0.0);
+        let b = bf16_vec(s.next(), experts, 1.0, 0.0);
+        let nw = bf16_vec(s.next(), cols, 0.2, 1.0);
+        let x = f32_vec(s.next(), cols * t, 20.0, 1.0);
+        let (dw, db, dnw, dx) = (g.upload(&w)?, g.upload(&b)?, g.upload(&nw)?, g.upload(&x)?);
+        let counters = g.alloc::<u32>(ops::topk_counters(t))?;
+        // Outputs of one launch over `n` tokens from token `t0`: logits, experts, weights,
+        // normalised input.
+        let launch = |t0: usize, n: usize| -> Result<[Vec<f32>; 4]> {
+            let (dl, dh) = (nan_f32(g, experts * n)?, nan_f32(g, cols * n)?);
+            let (di, dwt) = (g.upload(&vec![-1i32; k * n])?, nan_f32(g, k * n)?);
+            let (norm, topk) = router_args(g, &dnw, &dh, &di, &dwt, &counters, k, None);
+            ops::router(
+                g,
+                g.ptr(&dw),
+                Some(g.ptr(&db)),
+                g.ptr(&dx) + (t0 * cols * 4) as u64,
+                g.ptr(&dl),
+                experts,
+                cols,
+                n,
+                Some(norm),
+                topk,
+                true,
+            )?;
+            let idx: Vec<f32> = g.download(&di)?.iter().map(|&i| i as f32).collect();
+            Ok([g.download(&dl)?, idx, g.download(&dwt)?, g.download(&dh)?])
+        };
+        let batch = launch(0, t)?;
+        let mut alone: [Vec<f32>; 4] = Default::default();
+        for ti in 0..t {
+            for (all, one) in alone.iter_mut().zip(launch(ti, 1)?) {
+                all.extend(one);
+            }
+        }
+        let unwritten = batch
+            .iter()
+            .chain(alone.iter())
+            .flatten()
+            .filter(|v| !v.is_finite())
+            .count();
+        let apart: f64 = (0..4)
+            .map(|i| bits_apart(&batch[i], &alone[i]))
+            .sum::<f64>()
+            + unwritten as f64;
+        res.push(check(
+            format!(
+                "router t={t} {experts}x{cols} top {k}{}: bits apart from each token routed alone",
+                wide_label(g, experts, t)?
+            ),
+            apart,
+            0.0,
+        ));
+    }
     Ok(res)
 }
 
