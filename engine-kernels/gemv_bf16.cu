@@ -187,7 +187,10 @@ __device__ __forceinline__ void gemv_partial_rows(const bf16_t* __restrict__ wr,
 // LDG.128 then their FFMAs, four times a chunk), ~10 L2 round trips a thread at 2880 columns
 // where the one-token router (gemv_partial, NT = 1) pays one. A slot past the row, a row past
 // nr or a token past nt loads valid memory (the last chunk, row or token) that no sum reads.
-// Passes of ROUTER_AHEAD_U chunks: 2 where the rows are few, 1 for more (registers).
+// A pass takes U chunks: 2 for up to two rows a block, 1 for more (registers: at four rows
+// two chunks' loads would not fit the two blocks an SM the router's grid is sized for). An
+// entry compiled for two rows (two chunks a pass where the four-row entry takes one) measured
+// the same at 9-16 tokens (docs/perf.md run 286) and was not kept.
 #ifndef ROUTER_AHEAD
 #define ROUTER_AHEAD 1
 #endif
@@ -554,8 +557,8 @@ __device__ __forceinline__ void gemv_wide_body(const bf16_t* __restrict__ w, con
 
 // The _late entries (the router from ROUTER_LATE_FROM rows, ops.rs) let the next kernel (the
 // MoE's gate_up) launch only when this grid ends (pdl_enter_as(2)); the others at its start.
-#define GEMV_WIDE_ENTRY(name, R, NT, NORMC, ANY_COLS, MODE, MINB)                               \
-    extern "C" __global__ void __launch_bounds__(256, MINB)                                     \
+#define GEMV_WIDE_ENTRY(name, R, NT, NORMC, ANY_COLS, MODE)                                     \
+    extern "C" __global__ void __launch_bounds__(256, GEMV_MINB)                                \
     name(const bf16_t* __restrict__ w, const bf16_t* __restrict__ bias,                         \
          const float* __restrict__ x, float* __restrict__ y, int rows, int cols, int tokens,    \
          int accumulate, const bf16_t* __restrict__ norm_w, float eps,                          \
@@ -570,20 +573,13 @@ __device__ __forceinline__ void gemv_wide_body(const bf16_t* __restrict__ w, con
                                                norm_w, eps, x_out, topk_idx, topk_w, k, counter, \
                                                ready, done, row0, nr);                          \
     }
-GEMV_WIDE_ENTRY(gemv_bf16_wide, 1, GEMV_MAX_TOKENS, -1, true, ROUTER_TRIGGER, GEMV_MINB)
+GEMV_WIDE_ENTRY(gemv_bf16_wide, 1, GEMV_MAX_TOKENS, -1, true, ROUTER_TRIGGER)
 // The router of one token (batch 1), cols a multiple of 8: the same sums as gemv_bf16_wide,
 // from a third of its code (docs/perf.md run 195: code the hot path jumps over costs time).
-GEMV_WIDE_ENTRY(gemv_router_t1, 1, 1, 1, false, ROUTER_TRIGGER, GEMV_MINB)
-GEMV_WIDE_ENTRY(gemv_bf16_wide_rows, GEMV_WIDE_R, GEMV_MAX_TOKENS, -1, true, ROUTER_TRIGGER, GEMV_MINB)
-GEMV_WIDE_ENTRY(gemv_bf16_wide_late, 1, GEMV_MAX_TOKENS, -1, true, 2, GEMV_MINB)
-GEMV_WIDE_ENTRY(gemv_bf16_wide_rows_late, GEMV_WIDE_R, GEMV_MAX_TOKENS, -1, true, 2, GEMV_MINB)
-// Two rows a block (the router's rule at 9-16 tokens on an H100 / H200, ops.rs
-// wide_rows_per_block): compiled for two, so gemv_partial_ahead takes a pass of two chunks
-// (one round trip a thread at 2880 columns) and no sums of rows the block does not have;
-// two blocks an SM (the rule's grid: 256 blocks on 132 SMs), where unbounded it took 146
-// registers, one block an SM.
-GEMV_WIDE_ENTRY(gemv_bf16_wide_r2, 2, GEMV_MAX_TOKENS, -1, true, ROUTER_TRIGGER, 2)
-GEMV_WIDE_ENTRY(gemv_bf16_wide_r2_late, 2, GEMV_MAX_TOKENS, -1, true, 2, 2)
+GEMV_WIDE_ENTRY(gemv_router_t1, 1, 1, 1, false, ROUTER_TRIGGER)
+GEMV_WIDE_ENTRY(gemv_bf16_wide_rows, GEMV_WIDE_R, GEMV_MAX_TOKENS, -1, true, ROUTER_TRIGGER)
+GEMV_WIDE_ENTRY(gemv_bf16_wide_late, 1, GEMV_MAX_TOKENS, -1, true, 2)
+GEMV_WIDE_ENTRY(gemv_bf16_wide_rows_late, GEMV_WIDE_R, GEMV_MAX_TOKENS, -1, true, 2)
 
 // The router of a prefill chunk: logits[t, e] = W[e, :] . x[t, :] + b[e] for many tokens, then
 // each token's top-k and softmax (topk_softmax_warp), in one launch. A block takes RR_TM tokens

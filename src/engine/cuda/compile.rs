@@ -51,8 +51,6 @@ pub const KERNEL_FILES: &[KernelFile] = &[
             "gemv_bf16_wide_late",
             "gemv_router_t1",
             "gemv_bf16_wide_rows_late",
-            "gemv_bf16_wide_r2",
-            "gemv_bf16_wide_r2_late",
             "router_rows"
         ]
     ),

@@ -877,17 +877,6 @@ pub fn router_t1_enabled() -> Result<bool> {
     env_choice(ROUTER_T1_ENV, &[("on", true), ("off", false)])
 }
 
-/// Environment switch of the two-row wide GEMV entries (`gemv_bf16_wide_r2`, `_r2_late`):
-/// 1 (the default) or 0 (two rows a block on the general `gemv_bf16_wide_rows`; the same
-/// sums, for A/B timing).
-pub const WIDE_R2_ENV: &str = "MXTUNE_WIDE_R2";
-
-/// Whether two rows a block run the entries compiled for two ([`WIDE_R2_ENV`]).
-fn wide_r2_on() -> Result<bool> {
-    static ON: std::sync::OnceLock<Result<bool, String>> = std::sync::OnceLock::new();
-    env_switch(&ON, WIDE_R2_ENV)
-}
-
 fn gemv_launch(
     g: &Gpu,
     w: u64,
@@ -915,11 +904,6 @@ fn gemv_launch(
         && one_row_entry;
     let (kernel, blocks) = match (wide, norm.is_some()) {
         (true, _) if t1 => ("gemv_router_t1", rows),
-        // Two rows a block: an entry compiled for two (the same sums as the general one).
-        (true, _) if rpb == 2 && late && wide_r2_on()? => {
-            ("gemv_bf16_wide_r2_late", rows.div_ceil(2))
-        }
-        (true, _) if rpb == 2 && wide_r2_on()? => ("gemv_bf16_wide_r2", rows.div_ceil(2)),
         (true, _) if rpb > 1 && late => ("gemv_bf16_wide_rows_late", rows.div_ceil(rpb)),
         (true, _) if rpb > 1 => ("gemv_bf16_wide_rows", rows.div_ceil(rpb)),
         (true, _) if late => ("gemv_bf16_wide_late", rows),
