@@ -882,6 +882,78 @@ fn check_router(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
     Ok(res)
 }
 
+/// A router case with the norm folded in: `t` tokens of `cols` inputs, `experts` rows, top
+/// `k`, random weights, bias, norm weights and inputs on the device.
+struct RouterCase {
+    experts: usize,
+    cols: usize,
+    k: usize,
+    dw: cudarc::driver::CudaSlice<u16>,
+    db: cudarc::driver::CudaSlice<u16>,
+    dnw: cudarc::driver::CudaSlice<u16>,
+    dx: cudarc::driver::CudaSlice<f32>,
+    counters: cudarc::driver::CudaSlice<u32>,
+}
+
+impl RouterCase {
+    fn new(
+        g: &Gpu,
+        s: &mut Seeds,
+        experts: usize,
+        cols: usize,
+        k: usize,
+        t: usize,
+    ) -> Result<Self> {
+        Ok(Self {
+            experts,
+            cols,
+            k,
+            dw: g.upload(&bf16_vec(s.next(), experts * cols, 0.05, 0.0))?,
+            db: g.upload(&bf16_vec(s.next(), experts, 1.0, 0.0))?,
+            dnw: g.upload(&bf16_vec(s.next(), cols, 0.2, 1.0))?,
+            dx: g.upload(&f32_vec(s.next(), cols * t, 20.0, 1.0))?,
+            counters: g.alloc::<u32>(ops::topk_counters(t))?,
+        })
+    }
+
+    /// One router launch over `n` tokens from token `t0` (`one_row`: the one-row entry where
+    /// it applies): logits, experts, their weights and the normalised input, each output
+    /// NaN-filled first.
+    fn run(&self, g: &Gpu, t0: usize, n: usize, one_row: bool) -> Result<[Vec<f32>; 4]> {
+        let (experts, cols, k) = (self.experts, self.cols, self.k);
+        let (dl, dh) = (nan_f32(g, experts * n)?, nan_f32(g, cols * n)?);
+        let (di, dwt) = (g.upload(&vec![-1i32; k * n])?, nan_f32(g, k * n)?);
+        let (norm, topk) = router_args(g, &self.dnw, &dh, &di, &dwt, &self.counters, k, None);
+        ops::router(
+            g,
+            g.ptr(&self.dw),
+            Some(g.ptr(&self.db)),
+            g.ptr(&self.dx) + (t0 * cols * 4) as u64,
+            g.ptr(&dl),
+            experts,
+            cols,
+            n,
+            Some(norm),
+            topk,
+            one_row,
+        )?;
+        let idx: Vec<f32> = g.download(&di)?.iter().map(|&i| i as f32).collect();
+        Ok([g.download(&dl)?, idx, g.download(&dwt)?, g.download(&dh)?])
+    }
+}
+
+/// Elements of two router runs' outputs whose bits differ, plus every output left unwritten
+/// (NaN) in either: an entry that writes nothing cannot pass.
+fn router_outputs_apart(a: &[Vec<f32>; 4], b: &[Vec<f32>; 4]) -> f64 {
+    let unwritten = a
+        .iter()
+        .chain(b.iter())
+        .flatten()
+        .filter(|v| !v.is_finite())
+        .count();
+    (0..4).map(|i| bits_apart(&a[i], &b[i])).sum::<f64>() + unwritten as f64
+}
+
 /// A token's routing does not depend on the tokens routed beside it: the router of t tokens
 /// with the norm folded in (the decode step's: token groups of 4, one or several rows a
 /// block, the last group partial at t = 3, 6, 9) against the one-row entry on each token
@@ -897,57 +969,20 @@ fn check_router_batch(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
         (32, 2880, 4, 6),
         (60, 64, 2, 16),
     ] {
-        let w = bf16_vec(s.next(), experts * cols, 0.05, 0.0);
-        let b = bf16_vec(s.next(), experts, 1.0, 0.0);
-        let nw = bf16_vec(s.next(), cols, 0.2, 1.0);
-        let x = f32_vec(s.next(), cols * t, 20.0, 1.0);
-        let (dw, db, dnw, dx) = (g.upload(&w)?, g.upload(&b)?, g.upload(&nw)?, g.upload(&x)?);
-        let counters = g.alloc::<u32>(ops::topk_counters(t))?;
-        // Outputs of one launch over `n` tokens from token `t0`: logits, experts, weights,
-        // normalised input.
-        let launch = |t0: usize, n: usize| -> Result<[Vec<f32>; 4]> {
-            let (dl, dh) = (nan_f32(g, experts * n)?, nan_f32(g, cols * n)?);
-            let (di, dwt) = (g.upload(&vec![-1i32; k * n])?, nan_f32(g, k * n)?);
-            let (norm, topk) = router_args(g, &dnw, &dh, &di, &dwt, &counters, k, None);
-            ops::router(
-                g,
-                g.ptr(&dw),
-                Some(g.ptr(&db)),
-                g.ptr(&dx) + (t0 * cols * 4) as u64,
-                g.ptr(&dl),
-                experts,
-                cols,
-                n,
-                Some(norm),
-                topk,
-                true,
-            )?;
-            let idx: Vec<f32> = g.download(&di)?.iter().map(|&i| i as f32).collect();
-            Ok([g.download(&dl)?, idx, g.download(&dwt)?, g.download(&dh)?])
-        };
-        let batch = launch(0, t)?;
+        let c = RouterCase::new(g, s, experts, cols, k, t)?;
+        let batch = c.run(g, 0, t, true)?;
         let mut alone: [Vec<f32>; 4] = Default::default();
         for ti in 0..t {
-            for (all, one) in alone.iter_mut().zip(launch(ti, 1)?) {
+            for (all, one) in alone.iter_mut().zip(c.run(g, ti, 1, true)?) {
                 all.extend(one);
             }
         }
-        let unwritten = batch
-            .iter()
-            .chain(alone.iter())
-            .flatten()
-            .filter(|v| !v.is_finite())
-            .count();
-        let apart: f64 = (0..4)
-            .map(|i| bits_apart(&batch[i], &alone[i]))
-            .sum::<f64>()
-            + unwritten as f64;
         res.push(check(
             format!(
                 "router t={t} {experts}x{cols} top {k}{}: bits apart from each token routed alone",
                 wide_label(g, experts, t)?
             ),
-            apart,
+            router_outputs_apart(&batch, &alone),
             0.0,
         ));
     }
@@ -988,50 +1023,13 @@ fn router_args(
 fn check_router_t1(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
     let mut res = Vec::new();
     for (experts, cols, k) in [(128, 2880, 4), (32, 2880, 4), (60, 64, 2)] {
-        let w = bf16_vec(s.next(), experts * cols, 0.05, 0.0);
-        let b = bf16_vec(s.next(), experts, 1.0, 0.0);
-        let nw = bf16_vec(s.next(), cols, 0.2, 1.0);
-        let x = f32_vec(s.next(), cols, 20.0, 1.0);
-        let (dw, db, dnw, dx) = (g.upload(&w)?, g.upload(&b)?, g.upload(&nw)?, g.upload(&x)?);
-        let counters = g.alloc::<u32>(ops::topk_counters(1))?;
-        let mut outs = Vec::new();
-        for one_row in [true, false] {
-            let (dl, dh) = (nan_f32(g, experts)?, nan_f32(g, cols)?);
-            let (di, dwt) = (g.upload(&vec![-1i32; k])?, nan_f32(g, k)?);
-            let (norm, topk) = router_args(g, &dnw, &dh, &di, &dwt, &counters, k, None);
-            ops::router(
-                g,
-                g.ptr(&dw),
-                Some(g.ptr(&db)),
-                g.ptr(&dx),
-                g.ptr(&dl),
-                experts,
-                cols,
-                1,
-                Some(norm),
-                topk,
-                one_row,
-            )?;
-            let idx: Vec<f32> = g.download(&di)?.iter().map(|&i| i as f32).collect();
-            outs.push([g.download(&dl)?, idx, g.download(&dwt)?, g.download(&dh)?]);
-        }
-        // Unwritten outputs stay NaN in both: count them too, so an entry that writes
-        // nothing cannot pass.
-        let unwritten = outs
-            .iter()
-            .flatten()
-            .flatten()
-            .filter(|v| !v.is_finite())
-            .count();
-        let apart: f64 = (0..4)
-            .map(|i| bits_apart(&outs[0][i], &outs[1][i]))
-            .sum::<f64>()
-            + unwritten as f64;
+        let c = RouterCase::new(g, s, experts, cols, k, 1)?;
+        let (one_row, general) = (c.run(g, 0, 1, true)?, c.run(g, 0, 1, false)?);
         res.push(check(
             format!(
                 "router t=1 one-row entry {experts}x{cols} top {k}: bits apart from the general"
             ),
-            apart,
+            router_outputs_apart(&one_row, &general),
             0.0,
         ));
     }
