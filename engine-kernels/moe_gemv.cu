@@ -330,6 +330,45 @@ extern __shared__ float moe_smem[];
 // The `_slots` kernels' weights: a unit's two rows (row 0 at bw, row 1 nb blocks further; unit
 // uu at 2 uu nb) as MOE_SLOTS_NI fixed slots of 32-block items per lane, item i at block
 // lane + 32 i (the host launches these kernels only for ni <= MOE_SLOTS_NI).
+//
+// Two knobs for the loop's instruction count (the same sums in the same order either way):
+// MOE_SLOTS_PTR 1: where a row has exactly MOE_SLOTS_NI items (ni, as 120b's and 20b's 90
+// blocks), items 0 … ni − 2 lie inside the row for every lane, so their loads are the unit's
+// pointer plus a constant, and only the last item's offset is clamped (once per warp);
+// otherwise (and with 0) each load's offset is computed and clamped, ~45 instructions of 64-bit
+// arithmetic a unit. MOE_SCALE_LUT 1: the UE8M0 scales through a 256-entry table in shared
+// memory (an index and a load) instead of e8m0_value's shift, two compares and two selects;
+// the table holds e8m0_value's values, so the sums are the same bits.
+#ifndef MOE_SLOTS_PTR
+#define MOE_SLOTS_PTR 1
+#endif
+#ifndef MOE_SCALE_LUT
+#define MOE_SCALE_LUT 1
+#endif
+#if MOE_SCALE_LUT
+__shared__ float moe_e8m0_lut[256];
+#endif
+// Fills the scale table: every kernel using MoeSlots, before the __syncthreads that follows its
+// staging (blocks of 256 threads).
+__device__ __forceinline__ void moe_scales_fill() {
+#if MOE_SCALE_LUT
+    moe_e8m0_lut[threadIdx.x & 255] = e8m0_value(threadIdx.x & 255);
+#endif
+}
+__device__ __forceinline__ float moe_scale(unsigned s) {
+#if MOE_SCALE_LUT
+    return moe_e8m0_lut[s];
+#else
+    return e8m0_value(s);
+#endif
+}
+
+// Whether a loop's rows have exactly MOE_SLOTS_NI items (MOE_SLOTS_PTR's constant offsets).
+template <bool F>
+struct SlotsFull {
+    static constexpr bool value = F;
+};
+
 struct MoeSlots {
     const uint4* bw;
     const u8* sw;
@@ -341,39 +380,59 @@ struct MoeSlots {
     // or an item past ni) loads the row's last block instead, which the sums skip. A predicated
     // load would have to keep the slot's old words in its destination, so the compiler copied
     // every slot before reloading it (~10 moves an item).
+    template <bool FULL>
     __device__ __forceinline__ void load(int uu, int i) {
-        const size_t o = 2 * (size_t)uu * nb + min(32 * i, nb - 1 - lane);
-        w0[i] = __ldg(bw + o);
-        w1[i] = __ldg(bw + o + nb);
-        s0[i] = sw[o];
-        s1[i] = sw[o + nb];
+        if (FULL) {
+            // The unit's rows as pointers, the items' blocks as constant offsets from them
+            // (the last item's clamped: off_last).
+            const int o = 2 * uu * nb;
+            const uint4* p0 = bw + o;
+            const uint4* p1 = p0 + nb;
+            const u8* q0 = sw + o;
+            const u8* q1 = q0 + nb;
+            const int d = i < MOE_SLOTS_NI - 1 ? 32 * i : off_last();
+            w0[i] = __ldg(p0 + d);
+            w1[i] = __ldg(p1 + d);
+            s0[i] = q0[d];
+            s1[i] = q1[d];
+        } else {
+            const size_t o = 2 * (size_t)uu * nb + min(32 * i, nb - 1 - lane);
+            w0[i] = __ldg(bw + o);
+            w1[i] = __ldg(bw + o + nb);
+            s0[i] = sw[o];
+            s1[i] = sw[o + nb];
+        }
     }
     __device__ __forceinline__ void load_unit(int uu) {
 #pragma unroll
-        for (int i = 0; i < MOE_SLOTS_NI; ++i) load(uu, i);
+        for (int i = 0; i < MOE_SLOTS_NI; ++i) load<false>(uu, i);
+    }
+    // The last item's block from the lane's, clamped to the row's last block.
+    __device__ __forceinline__ int off_last() const {
+        return min(32 * (MOE_SLOTS_NI - 1), nb - 1 - lane);
     }
     // The lane's partial sums of unit uu's two rows against the staged activations xs, in item
     // order as the item sequence sums them; item i of unit uu + 1 is loaded into slot i as soon
     // as the slot is consumed, so the warp streams its units (the last unit reloads itself, from
     // L1, rather than branch around the loads).
-    template <class A>
+    template <class A, bool FULL>
     __device__ __forceinline__ void sums(const u8* xs, int uu, int nu, float& t0, float& t1) {
         t0 = t1 = 0.0f;
 #pragma unroll
         for (int i = 0; i < MOE_SLOTS_NI; ++i) {
             const uint4 c0 = w0[i], c1 = w1[i];
             const unsigned cs0 = s0[i], cs1 = s1[i];
-            load(min(uu + 1, nu - 1), i);
+            load<FULL>(min(uu + 1, nu - 1), i);
             const int b = lane + 32 * i;
             if (i < ni && b < nb) {
-                t0 += A::dot(c0, xs, b, nb) * e8m0_value(cs0);
-                t1 += A::dot(c1, xs, b, nb) * e8m0_value(cs1);
+                t0 += A::dot(c0, xs, b, nb) * moe_scale(cs0);
+                t1 += A::dot(c1, xs, b, nb) * moe_scale(cs1);
             }
         }
     }
     // sums for NT tokens of fp16 codes staged stride bytes apart (f16_dot_n): each block
     // decoded once for all of them; per token the same sums in the same order as sums<ActF16>.
-    template <int NT>
+    template <int NT, bool FULL>
     __device__ __forceinline__ void sums_n(const u8* xs, int stride, int uu, int nu,
                                            float (&t0)[NT], float (&t1)[NT]) {
 #pragma unroll
@@ -382,15 +441,31 @@ struct MoeSlots {
         for (int i = 0; i < MOE_SLOTS_NI; ++i) {
             const uint4 c0 = w0[i], c1 = w1[i];
             const unsigned cs0 = s0[i], cs1 = s1[i];
-            load(min(uu + 1, nu - 1), i);
+            load<FULL>(min(uu + 1, nu - 1), i);
             const int b = lane + 32 * i;
             if (i < ni && b < nb) {
-                f16_dot_n<NT>(c0, xs, stride, b, nb, e8m0_value(cs0), t0);
-                f16_dot_n<NT>(c1, xs, stride, b, nb, e8m0_value(cs1), t1);
+                f16_dot_n<NT>(c0, xs, stride, b, nb, moe_scale(cs0), t0);
+                f16_dot_n<NT>(c1, xs, stride, b, nb, moe_scale(cs1), t1);
             }
         }
     }
 };
+
+// f(uu, SlotsFull<…>()) for the warp's units uu = 0 … nu − 1, in a loop compiled for rows of
+// exactly MOE_SLOTS_NI items where w's rows have them (MOE_SLOTS_PTR), else the general one.
+template <bool FULL_LOOP = true, class F>
+__device__ __forceinline__ void slots_each(const MoeSlots& w, int nu, const F& f) {
+#if MOE_SLOTS_PTR
+    if (FULL_LOOP && w.ni == MOE_SLOTS_NI) {
+        // Unrolled by two: with one unit a trip the next unit's loads (hoisted above the sums)
+        // took fresh registers, and ~30 moves a unit brought them back to the slots.
+#pragma unroll 2
+        for (int uu = 0; uu < nu; ++uu) f(uu, SlotsFull<true>());
+        return;
+    }
+#endif
+    for (int uu = 0; uu < nu; ++uu) f(uu, SlotsFull<false>());
+}
 
 // The `_slots` kernels' share of n units (gate_up's row pairs, down's pairs of output rows)
 // for the block's warp: units u0 … u1 - 1, the n spread evenly over the grid's 8 gridDim.y
@@ -463,19 +538,20 @@ __device__ __forceinline__ void moe_gate_up_body(const u8* __restrict__ blocks,
         const int nu = ju - j0;  // this warp's units (none for a tail warp)
         MoeSlots w{be + 2 * (size_t)j0 * nb + lane, se + 2 * (size_t)j0 * nb + lane, nb, ni, lane};
         if (nu > 0) w.load_unit(0);
+        moe_scales_fill();
         if (ready) pdl_enter_as(GATE_UP_TRIGGER);
         A::stage(x + (size_t)t * hidden, xs, hidden);
         __syncthreads();
-        for (int uu = 0; uu < nu; ++uu) {
+        slots_each(w, nu, [&](int uu, auto full) {
             float g, l;
-            w.sums<A>(xs, uu, nu, g, l);
+            w.sums<A, decltype(full)::value>(xs, uu, nu, g, l);
             g = warp_sum(g);
             l = warp_sum(l);
             const float bg = __shfl_sync(0xffffffffu, bgate, uu);
             const float bli = __shfl_sync(0xffffffffu, blin, uu);
             if (lane == 0)
                 act[((size_t)t * k + s) * inter + j0 + uu] = swiglu_clamped(g + bg, l + bli, limit, alpha);
-        }
+        });
         if (done) moe_count_done(done + blockIdx.x);
         return;
     }
@@ -630,15 +706,16 @@ __device__ __forceinline__ void moe_down_body(const u8* __restrict__ blocks,
         const int nu = p1 - p0;
         MoeSlots w{be + (size_t)rw * nb + lane, se + (size_t)rw * nb + lane, nb, ni, lane};
         if (nu > 0) w.load_unit(0);
+        moe_scales_fill();
 #if MOE_DOWN_EARLY
         if (gu_blocks) MOE_DOWN_AWAIT();
         else pdl_enter_as(DOWN_TRIGGER);
 #endif
         A::stage(act + ((size_t)t * k + s) * inter, as, inter);
         __syncthreads();
-        for (int uu = 0; uu < nu; ++uu) {
+        slots_each(w, nu, [&](int uu, auto full) {
             float t0, t1;
-            w.sums<A>(as, uu, nu, t0, t1);
+            w.sums<A, decltype(full)::value>(as, uu, nu, t0, t1);
             t0 = warp_sum(t0);
             t1 = warp_sum(t1);
             const float bb0 = __shfl_sync(0xffffffffu, b0v, uu);
@@ -648,7 +725,7 @@ __device__ __forceinline__ void moe_down_body(const u8* __restrict__ blocks,
                 pp[0] = wt * (t0 + bb0);
                 pp[1] = wt * (t1 + bb1);
             }
-        }
+        });
     } else {
     uint4 n0[2], n1[2];
     unsigned ns0[2], ns1[2];
@@ -784,9 +861,9 @@ MOE_DOWN_KERNEL(moe_down_h2_slots, ActF16, true, MOE_SLOTS_MINB)
 template <int NT, class Put>
 __device__ __forceinline__ void grp_units(MoeSlots& w, const u8* xs, int stride, int nu, float b0v,
                                           float b1v, const Put& put) {
-    for (int uu = 0; uu < nu; ++uu) {
+    slots_each<false>(w, nu, [&](int uu, auto full) {
         float t0[NT], t1[NT];
-        w.sums_n<NT>(xs, stride, uu, nu, t0, t1);
+        w.template sums_n<NT, decltype(full)::value>(xs, stride, uu, nu, t0, t1);
         const float bb0 = __shfl_sync(0xffffffffu, b0v, uu);
         const float bb1 = __shfl_sync(0xffffffffu, b1v, uu);
 #pragma unroll
@@ -794,7 +871,7 @@ __device__ __forceinline__ void grp_units(MoeSlots& w, const u8* xs, int stride,
             const float s0 = warp_sum(t0[i]), s1 = warp_sum(t1[i]);
             if (w.lane == 0) put(i, uu, s0 + bb0, s1 + bb1);
         }
-    }
+    });
 }
 
 // act[p, j] = swiglu(gate_j, lin_j) for the pairs p routed to the block's expert; units, rows
@@ -810,6 +887,7 @@ __device__ __forceinline__ void moe_gate_up_grp_body(const u8* __restrict__ bloc
     __shared__ TcgGroup grp;
     if (!tcg_group(idx, tokens, k, grp)) return;
     u8* xs = reinterpret_cast<u8*>(moe_smem);
+    moe_scales_fill();  // visible past the first member loop's __syncthreads
     const int lane = threadIdx.x & 31;
     const int j0 = (blockIdx.x * 8 + (threadIdx.x >> 5)) * units;
     const int e = grp.e, n = grp.n;
@@ -874,6 +952,7 @@ __device__ __forceinline__ void moe_down_grp_body(const u8* __restrict__ blocks,
 #endif
     if (!tcg_group(idx, tokens, k, grp)) return;
     u8* as = reinterpret_cast<u8*>(moe_smem);
+    moe_scales_fill();  // visible past the first member loop's __syncthreads
     const int lane = threadIdx.x & 31;
     const int rw = (blockIdx.x * 8 + (threadIdx.x >> 5)) * 2 * units;
     const int e = grp.e, n = grp.n;
