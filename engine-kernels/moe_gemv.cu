@@ -363,12 +363,6 @@ __device__ __forceinline__ float moe_scale(unsigned s) {
 #endif
 }
 
-// Whether a loop's rows have exactly MOE_SLOTS_NI items (MOE_SLOTS_PTR's constant offsets).
-template <bool F>
-struct SlotsFull {
-    static constexpr bool value = F;
-};
-
 struct MoeSlots {
     const uint4* bw;
     const u8* sw;
@@ -451,8 +445,9 @@ struct MoeSlots {
     }
 };
 
-// f(uu, SlotsFull<…>()) for the warp's units uu = 0 … nu − 1, in a loop compiled for rows of
-// exactly MOE_SLOTS_NI items where w's rows have them (MOE_SLOTS_PTR), else the general one.
+// f(uu, full) for the warp's units uu = 0 … nu − 1: full true (a constant in that loop, which
+// f passes on as the template argument of sums) in a loop for rows of exactly MOE_SLOTS_NI
+// items where w's rows have them (MOE_SLOTS_PTR, FULL_LOOP), else false.
 template <bool FULL_LOOP = true, class F>
 __device__ __forceinline__ void slots_each(const MoeSlots& w, int nu, const F& f) {
 #if MOE_SLOTS_PTR
@@ -460,11 +455,11 @@ __device__ __forceinline__ void slots_each(const MoeSlots& w, int nu, const F& f
         // Unrolled by two: with one unit a trip the next unit's loads (hoisted above the sums)
         // took fresh registers, and ~30 moves a unit brought them back to the slots.
 #pragma unroll 2
-        for (int uu = 0; uu < nu; ++uu) f(uu, SlotsFull<true>());
+        for (int uu = 0; uu < nu; ++uu) f(uu, true);
         return;
     }
 #endif
-    for (int uu = 0; uu < nu; ++uu) f(uu, SlotsFull<false>());
+    for (int uu = 0; uu < nu; ++uu) f(uu, false);
 }
 
 // The `_slots` kernels' share of n units (gate_up's row pairs, down's pairs of output rows)
@@ -542,9 +537,10 @@ __device__ __forceinline__ void moe_gate_up_body(const u8* __restrict__ blocks,
         if (ready) pdl_enter_as(GATE_UP_TRIGGER);
         A::stage(x + (size_t)t * hidden, xs, hidden);
         __syncthreads();
-        slots_each(w, nu, [&](int uu, auto full) {
+        slots_each(w, nu, [&](int uu, bool full) {
             float g, l;
-            w.sums<A, decltype(full)::value>(xs, uu, nu, g, l);
+            if (full) w.sums<A, true>(xs, uu, nu, g, l);
+            else w.sums<A, false>(xs, uu, nu, g, l);
             g = warp_sum(g);
             l = warp_sum(l);
             const float bg = __shfl_sync(0xffffffffu, bgate, uu);
@@ -713,9 +709,10 @@ __device__ __forceinline__ void moe_down_body(const u8* __restrict__ blocks,
 #endif
         A::stage(act + ((size_t)t * k + s) * inter, as, inter);
         __syncthreads();
-        slots_each(w, nu, [&](int uu, auto full) {
+        slots_each(w, nu, [&](int uu, bool full) {
             float t0, t1;
-            w.sums<A, decltype(full)::value>(as, uu, nu, t0, t1);
+            if (full) w.sums<A, true>(as, uu, nu, t0, t1);
+            else w.sums<A, false>(as, uu, nu, t0, t1);
             t0 = warp_sum(t0);
             t1 = warp_sum(t1);
             const float bb0 = __shfl_sync(0xffffffffu, b0v, uu);
@@ -861,9 +858,9 @@ MOE_DOWN_KERNEL(moe_down_h2_slots, ActF16, true, MOE_SLOTS_MINB)
 template <int NT, class Put>
 __device__ __forceinline__ void grp_units(MoeSlots& w, const u8* xs, int stride, int nu, float b0v,
                                           float b1v, const Put& put) {
-    slots_each<false>(w, nu, [&](int uu, auto full) {
+    slots_each<false>(w, nu, [&](int uu, bool) {
         float t0[NT], t1[NT];
-        w.template sums_n<NT, decltype(full)::value>(xs, stride, uu, nu, t0, t1);
+        w.template sums_n<NT, false>(xs, stride, uu, nu, t0, t1);
         const float bb0 = __shfl_sync(0xffffffffu, b0v, uu);
         const float bb1 = __shfl_sync(0xffffffffu, b1v, uu);
 #pragma unroll
