@@ -340,8 +340,13 @@ extern __shared__ float moe_smem[];
 // memory (an index and a load) instead of e8m0_value's shift, two compares and two selects;
 // the table holds e8m0_value's values, so the sums are the same bits.
 #ifndef MOE_SLOTS_PTR
-#define MOE_SLOTS_PTR 1
+#define MOE_SLOTS_PTR 0
 #endif
+// MOE_SLOTS_PTR's loop unrolled by two (no slot moves between units) or not.
+#ifndef MOE_SLOTS_UNROLL
+#define MOE_SLOTS_UNROLL 2
+#endif
+constexpr int moe_slots_unroll = MOE_SLOTS_UNROLL;
 #ifndef MOE_SCALE_LUT
 #define MOE_SCALE_LUT 1
 #endif
@@ -448,13 +453,39 @@ struct MoeSlots {
 // f(uu, full) for the warp's units uu = 0 … nu − 1: full true (a constant in that loop, which
 // f passes on as the template argument of sums) in a loop for rows of exactly MOE_SLOTS_NI
 // items where w's rows have them (MOE_SLOTS_PTR, FULL_LOOP), else false.
+// MOE_PAIR_SUM 1: a unit's two row sums reduced over the warp together (warp_sum2) rather than
+// by two warp_sums: 6 shuffles and 5 adds where two butterflies take 10 and 10.
+#ifndef MOE_PAIR_SUM
+#define MOE_PAIR_SUM 0
+#endif
+// a and b summed over the warp, the results in lane 0 (other lanes: partial sums): the lower
+// half-warp reduces a, the upper b, each by the butterfly warp_sum runs from its second level
+// on, after a first level that pairs the same lanes as warp_sum's (lane L with L ^ 16, sums in
+// either order are the same bits) — so lane 0's a and b are warp_sum's, bit for bit; then lane
+// 16's b is brought to lane 0.
+__device__ __forceinline__ void warp_sum2(float& a, float& b, int lane) {
+#if MOE_PAIR_SUM
+    const bool hi = lane & 16;
+    float v = hi ? b : a;
+    v += __shfl_xor_sync(0xffffffffu, hi ? a : b, 16);
+#pragma unroll
+    for (int o = 8; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    a = v;
+    b = __shfl_xor_sync(0xffffffffu, v, 16);
+#else
+    (void)lane;
+    a = warp_sum(a);
+    b = warp_sum(b);
+#endif
+}
+
 template <bool FULL_LOOP = true, class F>
 __device__ __forceinline__ void slots_each(const MoeSlots& w, int nu, const F& f) {
 #if MOE_SLOTS_PTR
     if (FULL_LOOP && w.ni == MOE_SLOTS_NI) {
         // Unrolled by two: with one unit a trip the next unit's loads (hoisted above the sums)
         // took fresh registers, and ~30 moves a unit brought them back to the slots.
-#pragma unroll 2
+#pragma unroll moe_slots_unroll
         for (int uu = 0; uu < nu; ++uu) f(uu, true);
         return;
     }
@@ -541,8 +572,7 @@ __device__ __forceinline__ void moe_gate_up_body(const u8* __restrict__ blocks,
             float g, l;
             if (full) w.sums<A, true>(xs, uu, nu, g, l);
             else w.sums<A, false>(xs, uu, nu, g, l);
-            g = warp_sum(g);
-            l = warp_sum(l);
+            warp_sum2(g, l, lane);
             const float bg = __shfl_sync(0xffffffffu, bgate, uu);
             const float bli = __shfl_sync(0xffffffffu, blin, uu);
             if (lane == 0)
@@ -713,8 +743,7 @@ __device__ __forceinline__ void moe_down_body(const u8* __restrict__ blocks,
             float t0, t1;
             if (full) w.sums<A, true>(as, uu, nu, t0, t1);
             else w.sums<A, false>(as, uu, nu, t0, t1);
-            t0 = warp_sum(t0);
-            t1 = warp_sum(t1);
+            warp_sum2(t0, t1, lane);
             const float bb0 = __shfl_sync(0xffffffffu, b0v, uu);
             const float bb1 = __shfl_sync(0xffffffffu, b1v, uu);
             if (lane == 0) {
@@ -865,7 +894,8 @@ __device__ __forceinline__ void grp_units(MoeSlots& w, const u8* xs, int stride,
         const float bb1 = __shfl_sync(0xffffffffu, b1v, uu);
 #pragma unroll
         for (int i = 0; i < NT; ++i) {
-            const float s0 = warp_sum(t0[i]), s1 = warp_sum(t1[i]);
+            float s0 = t0[i], s1 = t1[i];
+            warp_sum2(s0, s1, w.lane);
             if (w.lane == 0) put(i, uu, s0 + bb0, s1 + bb1);
         }
     });
