@@ -331,22 +331,24 @@ extern __shared__ float moe_smem[];
 // uu at 2 uu nb) as MOE_SLOTS_NI fixed slots of 32-block items per lane, item i at block
 // lane + 32 i (the host launches these kernels only for ni <= MOE_SLOTS_NI).
 //
-// Two knobs for the loop's instruction count (the same sums in the same order either way):
-// MOE_SLOTS_PTR 1: where a row has exactly MOE_SLOTS_NI items (ni, as 120b's and 20b's 90
-// blocks), items 0 … ni − 2 lie inside the row for every lane, so their loads are the unit's
-// pointer plus a constant, and only the last item's offset is clamped (once per warp);
+// Knobs for the loop's instruction count (the same sums in the same order whichever is set;
+// docs/perf.md session 38). MOE_SLOTS_PTR 1: where a row has exactly MOE_SLOTS_NI items (ni, as
+// 120b's and 20b's 90 blocks), items 0 … ni − 2 lie inside the row for every lane, so their
+// loads are the unit's pointer plus a constant and only the last item's offset is clamped;
 // otherwise (and with 0) each load's offset is computed and clamped, ~45 instructions of 64-bit
-// arithmetic a unit. MOE_SCALE_LUT 1: the UE8M0 scales through a 256-entry table in shared
-// memory (an index and a load) instead of e8m0_value's shift, two compares and two selects;
-// the table holds e8m0_value's values, so the sums are the same bits.
+// arithmetic a unit (the grouped kernels keep that loop: the second one made them spill).
+// MOE_SCALE_LUT 1: the UE8M0 scales through a 256-entry table in shared memory (an index and a
+// load) instead of e8m0_value's shift, two compares and two selects; the table holds
+// e8m0_value's values. Unrolling the unit loop by two (no slot moves between units, 9 % fewer
+// instructions) was slower (run 290).
 #ifndef MOE_SLOTS_PTR
-#define MOE_SLOTS_PTR 0
+#define MOE_SLOTS_PTR 1
 #endif
-// MOE_SLOTS_PTR's loop unrolled by two (no slot moves between units) or not.
-#ifndef MOE_SLOTS_UNROLL
-#define MOE_SLOTS_UNROLL 2
+// MOE_SLOTS_LATE 1: item i of the next unit loaded after item i's sums, into the slot itself,
+// instead of into fresh registers before them (which ~30 moves a unit then copy back).
+#ifndef MOE_SLOTS_LATE
+#define MOE_SLOTS_LATE 0
 #endif
-constexpr int moe_slots_unroll = MOE_SLOTS_UNROLL;
 #ifndef MOE_SCALE_LUT
 #define MOE_SCALE_LUT 1
 #endif
@@ -419,6 +421,14 @@ struct MoeSlots {
         t0 = t1 = 0.0f;
 #pragma unroll
         for (int i = 0; i < MOE_SLOTS_NI; ++i) {
+#if MOE_SLOTS_LATE
+            const int b = lane + 32 * i;
+            if (i < ni && b < nb) {
+                t0 += A::dot(w0[i], xs, b, nb) * moe_scale(s0[i]);
+                t1 += A::dot(w1[i], xs, b, nb) * moe_scale(s1[i]);
+            }
+            load<FULL>(min(uu + 1, nu - 1), i);
+#else
             const uint4 c0 = w0[i], c1 = w1[i];
             const unsigned cs0 = s0[i], cs1 = s1[i];
             load<FULL>(min(uu + 1, nu - 1), i);
@@ -427,6 +437,7 @@ struct MoeSlots {
                 t0 += A::dot(c0, xs, b, nb) * moe_scale(cs0);
                 t1 += A::dot(c1, xs, b, nb) * moe_scale(cs1);
             }
+#endif
         }
     }
     // sums for NT tokens of fp16 codes staged stride bytes apart (f16_dot_n): each block
@@ -453,39 +464,10 @@ struct MoeSlots {
 // f(uu, full) for the warp's units uu = 0 … nu − 1: full true (a constant in that loop, which
 // f passes on as the template argument of sums) in a loop for rows of exactly MOE_SLOTS_NI
 // items where w's rows have them (MOE_SLOTS_PTR, FULL_LOOP), else false.
-// MOE_PAIR_SUM 1: a unit's two row sums reduced over the warp together (warp_sum2) rather than
-// by two warp_sums: 6 shuffles and 5 adds where two butterflies take 10 and 10.
-#ifndef MOE_PAIR_SUM
-#define MOE_PAIR_SUM 0
-#endif
-// a and b summed over the warp, the results in lane 0 (other lanes: partial sums): the lower
-// half-warp reduces a, the upper b, each by the butterfly warp_sum runs from its second level
-// on, after a first level that pairs the same lanes as warp_sum's (lane L with L ^ 16, sums in
-// either order are the same bits) — so lane 0's a and b are warp_sum's, bit for bit; then lane
-// 16's b is brought to lane 0.
-__device__ __forceinline__ void warp_sum2(float& a, float& b, int lane) {
-#if MOE_PAIR_SUM
-    const bool hi = lane & 16;
-    float v = hi ? b : a;
-    v += __shfl_xor_sync(0xffffffffu, hi ? a : b, 16);
-#pragma unroll
-    for (int o = 8; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    a = v;
-    b = __shfl_xor_sync(0xffffffffu, v, 16);
-#else
-    (void)lane;
-    a = warp_sum(a);
-    b = warp_sum(b);
-#endif
-}
-
 template <bool FULL_LOOP = true, class F>
 __device__ __forceinline__ void slots_each(const MoeSlots& w, int nu, const F& f) {
 #if MOE_SLOTS_PTR
     if (FULL_LOOP && w.ni == MOE_SLOTS_NI) {
-        // Unrolled by two: with one unit a trip the next unit's loads (hoisted above the sums)
-        // took fresh registers, and ~30 moves a unit brought them back to the slots.
-#pragma unroll moe_slots_unroll
         for (int uu = 0; uu < nu; ++uu) f(uu, true);
         return;
     }
@@ -572,7 +554,8 @@ __device__ __forceinline__ void moe_gate_up_body(const u8* __restrict__ blocks,
             float g, l;
             if (full) w.sums<A, true>(xs, uu, nu, g, l);
             else w.sums<A, false>(xs, uu, nu, g, l);
-            warp_sum2(g, l, lane);
+            g = warp_sum(g);
+            l = warp_sum(l);
             const float bg = __shfl_sync(0xffffffffu, bgate, uu);
             const float bli = __shfl_sync(0xffffffffu, blin, uu);
             if (lane == 0)
@@ -743,7 +726,8 @@ __device__ __forceinline__ void moe_down_body(const u8* __restrict__ blocks,
             float t0, t1;
             if (full) w.sums<A, true>(as, uu, nu, t0, t1);
             else w.sums<A, false>(as, uu, nu, t0, t1);
-            warp_sum2(t0, t1, lane);
+            t0 = warp_sum(t0);
+            t1 = warp_sum(t1);
             const float bb0 = __shfl_sync(0xffffffffu, b0v, uu);
             const float bb1 = __shfl_sync(0xffffffffu, b1v, uu);
             if (lane == 0) {
@@ -894,8 +878,7 @@ __device__ __forceinline__ void grp_units(MoeSlots& w, const u8* xs, int stride,
         const float bb1 = __shfl_sync(0xffffffffu, b1v, uu);
 #pragma unroll
         for (int i = 0; i < NT; ++i) {
-            float s0 = t0[i], s1 = t1[i];
-            warp_sum2(s0, s1, w.lane);
+            const float s0 = warp_sum(t0[i]), s1 = warp_sum(t1[i]);
             if (w.lane == 0) put(i, uu, s0 + bb0, s1 + bb1);
         }
     });
