@@ -339,15 +339,12 @@ extern __shared__ float moe_smem[];
 // arithmetic a unit (the grouped kernels keep that loop: the second one made them spill).
 // MOE_SCALE_LUT 1: the UE8M0 scales through a 256-entry table in shared memory (an index and a
 // load) instead of e8m0_value's shift, two compares and two selects; the table holds
-// e8m0_value's values. Unrolling the unit loop by two (no slot moves between units, 9 % fewer
-// instructions) was slower (run 290).
+// e8m0_value's values. Two ways of removing the ~30 moves a unit that copy the next unit's
+// slots back (its loads, hoisted above the sums, take fresh registers) were slower: the unit
+// loop unrolled by two with two banks of slots, and each slot loaded after its sums (runs
+// 290, 292).
 #ifndef MOE_SLOTS_PTR
 #define MOE_SLOTS_PTR 1
-#endif
-// MOE_SLOTS_LATE 1: item i of the next unit loaded after item i's sums, into the slot itself,
-// instead of into fresh registers before them (which ~30 moves a unit then copy back).
-#ifndef MOE_SLOTS_LATE
-#define MOE_SLOTS_LATE 0
 #endif
 #ifndef MOE_SCALE_LUT
 #define MOE_SCALE_LUT 1
@@ -421,14 +418,6 @@ struct MoeSlots {
         t0 = t1 = 0.0f;
 #pragma unroll
         for (int i = 0; i < MOE_SLOTS_NI; ++i) {
-#if MOE_SLOTS_LATE
-            const int b = lane + 32 * i;
-            if (i < ni && b < nb) {
-                t0 += A::dot(w0[i], xs, b, nb) * moe_scale(s0[i]);
-                t1 += A::dot(w1[i], xs, b, nb) * moe_scale(s1[i]);
-            }
-            load<FULL>(min(uu + 1, nu - 1), i);
-#else
             const uint4 c0 = w0[i], c1 = w1[i];
             const unsigned cs0 = s0[i], cs1 = s1[i];
             load<FULL>(min(uu + 1, nu - 1), i);
@@ -437,7 +426,6 @@ struct MoeSlots {
                 t0 += A::dot(c0, xs, b, nb) * moe_scale(cs0);
                 t1 += A::dot(c1, xs, b, nb) * moe_scale(cs1);
             }
-#endif
         }
     }
     // sums for NT tokens of fp16 codes staged stride bytes apart (f16_dot_n): each block
