@@ -349,6 +349,11 @@ extern __shared__ float moe_smem[];
 #ifndef MOE_SCALE_LUT
 #define MOE_SCALE_LUT 1
 #endif
+// MOE_SLOTS_FULL_IN 1: in MOE_SLOTS_PTR's loop the sums of items 0 … ni − 2 run without the
+// in-row test (they are in the row for every lane), only the last item's under it.
+#ifndef MOE_SLOTS_FULL_IN
+#define MOE_SLOTS_FULL_IN 1
+#endif
 #if MOE_SCALE_LUT
 __shared__ float moe_e8m0_lut[256];
 #endif
@@ -405,6 +410,13 @@ struct MoeSlots {
 #pragma unroll
         for (int i = 0; i < MOE_SLOTS_NI; ++i) load<false>(uu, i);
     }
+    // Whether item i's block b (lane + 32 i) is in the row: with FULL (MOE_SLOTS_FULL_IN) every
+    // item but the last is, for every lane, with no test or branch.
+    template <bool FULL>
+    __device__ __forceinline__ bool in_row(int i, int b) const {
+        if (MOE_SLOTS_FULL_IN && FULL && i < MOE_SLOTS_NI - 1) return true;
+        return i < ni && b < nb;
+    }
     // The last item's block from the lane's, clamped to the row's last block.
     __device__ __forceinline__ int off_last() const {
         return min(32 * (MOE_SLOTS_NI - 1), nb - 1 - lane);
@@ -422,7 +434,7 @@ struct MoeSlots {
             const unsigned cs0 = s0[i], cs1 = s1[i];
             load<FULL>(min(uu + 1, nu - 1), i);
             const int b = lane + 32 * i;
-            if (i < ni && b < nb) {
+            if (in_row<FULL>(i, b)) {
                 t0 += A::dot(c0, xs, b, nb) * moe_scale(cs0);
                 t1 += A::dot(c1, xs, b, nb) * moe_scale(cs1);
             }
