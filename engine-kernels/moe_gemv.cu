@@ -385,7 +385,7 @@ struct MoeSlots {
     // every slot before reloading it (~10 moves an item).
     template <bool FULL>
     __device__ __forceinline__ void load(int uu, int i) {
-        if (FULL) {
+        if constexpr (FULL) {
             // The unit's rows as pointers, the items' blocks as constant offsets from them
             // (the last item's clamped: off_last).
             const int o = 2 * uu * nb;
@@ -463,11 +463,12 @@ struct MoeSlots {
 
 // f(uu, full) for the warp's units uu = 0 … nu − 1: full true (a constant in that loop, which
 // f passes on as the template argument of sums) in a loop for rows of exactly MOE_SLOTS_NI
-// items where w's rows have them (MOE_SLOTS_PTR, FULL_LOOP), else false.
-template <bool FULL_LOOP = true, class F>
+// items where w's rows have them (MOE_SLOTS_PTR), else false. (The grouped kernels loop over
+// their units directly, on the general loop: a second one made them spill.)
+template <class F>
 __device__ __forceinline__ void slots_each(const MoeSlots& w, int nu, const F& f) {
 #if MOE_SLOTS_PTR
-    if (FULL_LOOP && w.ni == MOE_SLOTS_NI) {
+    if (w.ni == MOE_SLOTS_NI) {
         for (int uu = 0; uu < nu; ++uu) f(uu, true);
         return;
     }
@@ -871,7 +872,7 @@ MOE_DOWN_KERNEL(moe_down_h2_slots, ActF16, true, MOE_SLOTS_MINB)
 template <int NT, class Put>
 __device__ __forceinline__ void grp_units(MoeSlots& w, const u8* xs, int stride, int nu, float b0v,
                                           float b1v, const Put& put) {
-    slots_each<false>(w, nu, [&](int uu, bool) {
+    for (int uu = 0; uu < nu; ++uu) {
         float t0[NT], t1[NT];
         w.template sums_n<NT, false>(xs, stride, uu, nu, t0, t1);
         const float bb0 = __shfl_sync(0xffffffffu, b0v, uu);
@@ -881,7 +882,7 @@ __device__ __forceinline__ void grp_units(MoeSlots& w, const u8* xs, int stride,
             const float s0 = warp_sum(t0[i]), s1 = warp_sum(t1[i]);
             if (w.lane == 0) put(i, uu, s0 + bb0, s1 + bb1);
         }
-    });
+    }
 }
 
 // act[p, j] = swiglu(gate_j, lin_j) for the pairs p routed to the block's expert; units, rows
