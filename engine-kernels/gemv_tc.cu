@@ -109,10 +109,10 @@ using TcgBf16 = TcgBf16T<TCG_BF16_STEP>;
 
 // MXFP4 weights (layout of mxfp4_dense.cu): E = 32 NB, NB consecutive blocks of 32 (and their
 // scales) per lane and row, so the 4 lanes of a row read 64 NB contiguous bytes per chunk.
-template <int NB>
+template <int NB, int S_ = TCG_FP4_STEP>
 struct TcgFp4T {
     static constexpr int E = 32 * NB;
-    static constexpr int S = TCG_FP4_STEP;
+    static constexpr int S = S_;
     struct Raw {
         uint4 q[2][NB];
         unsigned s[2][NB];
@@ -567,27 +567,50 @@ GEMV_TC_BF16(gemv_tc_bf16_t8, 1, 1, TCG_MINB_T8, TCG_BF16_STEP)
 GEMV_TC_BF16(gemv_tc_bf16_t8_r32, 1, 2, TCG_MINB_T8, TCG_BF16_STEP)
 GEMV_TC_BF16(gemv_tc_bf16_t16, 2, 1, TCG_MINB, TCG_BF16_STEP)
 GEMV_TC_BF16(gemv_tc_bf16_t16_r64, 2, 4, TCG_WIDE_MINB, TCG_WIDE_BF16_STEP)
+// A streamed matrix (the lm_head: a grid of the resident slots, each block taking unit after
+// unit) on units of TCG_WARPS row tiles, one a warp over all of K: a warp streams its tile's
+// chunks S at a time with the next S in flight and needs no other warp's partial sums, and the
+// block's two barriers and its finish come once per 128 rows. With one tile a unit (the
+// `_t8` / `_t16` entries) the 8 warps of a 16-row tile share its K: an MXFP4 row of 2880 is
+// 12 chunks, so each warp held 1 or 2 chunks of a unit, the second one a round trip after the
+// first, and the whole block waited on it at the unit's barrier (H200, gpt-oss-120b
+// all-MXFP4 lm_head 164 µs for 308 MB: 39 % of the bandwidth).
+#ifndef TCG_STREAM_MINB
+#define TCG_STREAM_MINB TCG_MINB_T8
+#endif
+#ifndef TCG_STREAM_BF16_STEP
+#define TCG_STREAM_BF16_STEP TCG_BF16_STEP
+#endif
+#ifndef TCG_STREAM_FP4_STEP
+#define TCG_STREAM_FP4_STEP TCG_FP4_STEP
+#endif
+GEMV_TC_BF16(gemv_tc_bf16_t8_r128, 1, TCG_WARPS, TCG_STREAM_MINB, TCG_STREAM_BF16_STEP)
+GEMV_TC_BF16(gemv_tc_bf16_t16_r128, 2, TCG_WARPS, TCG_STREAM_MINB, TCG_STREAM_BF16_STEP)
 
-#define GEMV_TC_FP4(name, TN, TT, MINB)                                                         \
+#define GEMV_TC_FP4(name, TN, TT, MINB, STEP)                                                   \
     extern "C" __global__ void __launch_bounds__(32 * TCG_WARPS, MINB)                         \
     name(const u8* __restrict__ blocks, const u8* __restrict__ scales,                         \
          const bf16_t* __restrict__ bias, const float* __restrict__ x, float* __restrict__ y,  \
          int rows, int cols, int tokens, int accumulate, const bf16_t* __restrict__ norm_w,    \
          float eps, float* __restrict__ x_out, float* __restrict__ part,                       \
          unsigned* __restrict__ cnt) {                                                         \
-        const TcgFp4 wp{blocks, scales, cols};                                                 \
-        TcgFp4::Raw cur[TcgFp4::S];                                                            \
-        const int nch = tcg_nchunks<TcgFp4>(cols);                                             \
+        using W = TcgFp4T<TCG_FP4_NB, STEP>;                                                   \
+        const W wp{blocks, scales, cols};                                                      \
+        typename W::Raw cur[W::S];                                                             \
+        const int nch = tcg_nchunks<W>(cols);                                                  \
         const int c_lo = tcg_chunk_lo(nch), c_hi = tcg_chunk_hi(nch);                          \
-        tcg_prefetch<TcgFp4, TT>(wp, TCG_FIRST_ROW(TT), rows, c_lo, c_hi, cur);                \
+        tcg_prefetch<W, TT>(wp, TCG_FIRST_ROW(TT), rows, c_lo, c_hi, cur);                     \
         pdl_enter_as(TCG_TRIGGER);                                                             \
-        gemv_tc_body<TcgFp4, TN, TT>(wp, cur, bias, x, y, rows, cols, tokens, accumulate,      \
-                                     norm_w, eps, x_out, part, cnt);                           \
+        gemv_tc_body<W, TN, TT>(wp, cur, bias, x, y, rows, cols, tokens, accumulate, norm_w,   \
+                                eps, x_out, part, cnt);                                        \
     }
-GEMV_TC_FP4(gemv_tc_fp4_t8, 1, 1, TCG_MINB_T8)
-GEMV_TC_FP4(gemv_tc_fp4_t8_r32, 1, 2, TCG_MINB_T8)
-GEMV_TC_FP4(gemv_tc_fp4_t16, 2, 1, TCG_MINB)
-GEMV_TC_FP4(gemv_tc_fp4_t16_r64, 2, 4, TCG_WIDE_MINB)
+GEMV_TC_FP4(gemv_tc_fp4_t8, 1, 1, TCG_MINB_T8, TCG_FP4_STEP)
+GEMV_TC_FP4(gemv_tc_fp4_t8_r32, 1, 2, TCG_MINB_T8, TCG_FP4_STEP)
+GEMV_TC_FP4(gemv_tc_fp4_t16, 2, 1, TCG_MINB, TCG_FP4_STEP)
+GEMV_TC_FP4(gemv_tc_fp4_t16_r64, 2, 4, TCG_WIDE_MINB, TCG_FP4_STEP)
+// The streamed matrix's entries (units of TCG_WARPS row tiles, as `_t8_r128` above).
+GEMV_TC_FP4(gemv_tc_fp4_t8_r128, 1, TCG_WARPS, TCG_STREAM_MINB, TCG_STREAM_FP4_STEP)
+GEMV_TC_FP4(gemv_tc_fp4_t16_r128, 2, TCG_WARPS, TCG_STREAM_MINB, TCG_STREAM_FP4_STEP)
 
 // ---- MoE decode on tensor cores: each distinct expert of a group of up to 16 tokens is read
 // once, its routed (token, slot) pairs as the n dimension (the grouping: tcg_group in

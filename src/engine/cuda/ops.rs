@@ -251,6 +251,51 @@ pub struct TcgPlan {
     pub tiles_per_block: usize,
 }
 
+/// Row tiles of a streamed matrix's unit ([`TcgStream::Units`]): the `_r128` kernels, one
+/// warp a tile over all of K.
+pub const TCG_STREAM_TILES: usize = 8;
+
+/// Fewest units of [`TCG_STREAM_TILES`] tiles a block of a streamed matrix must get, on
+/// average, for it to run on them: fewer leave the last round of units on part of the grid.
+const TCG_STREAM_ROUNDS: usize = 3;
+
+/// How a long matrix runs on a grid of the resident slots ([`TCG_STREAM_ENV`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TcgStream {
+    /// Units of one row tile, the tile's K shared by the block's warps (`_t8`, `_t16`).
+    Tiles,
+    /// Units of [`TCG_STREAM_TILES`] tiles where each block gets at least
+    /// [`TCG_STREAM_ROUNDS`] of them (`_t8_r128`, `_t16_r128`), else as `Tiles`.
+    Units,
+    /// As `Units`, and bf16 weights streamed at one token too (where `Tiles` keeps a block
+    /// per tile).
+    UnitsAll,
+}
+
+/// Environment knob for A/B runs: `MXTUNE_TCG_STREAM=tiles|units|units-all` ([`TcgStream`];
+/// unset or empty: `units`).
+pub const TCG_STREAM_ENV: &str = "MXTUNE_TCG_STREAM";
+
+/// [`TCG_STREAM_ENV`], read once; a bad value is an error naming it.
+fn tc_gemv_stream() -> Result<TcgStream> {
+    static S: std::sync::OnceLock<Result<TcgStream, String>> = std::sync::OnceLock::new();
+    S.get_or_init(|| {
+        let v = std::env::var(TCG_STREAM_ENV).unwrap_or_default();
+        choice(
+            TCG_STREAM_ENV,
+            &v,
+            &[
+                ("units", TcgStream::Units),
+                ("tiles", TcgStream::Tiles),
+                ("units-all", TcgStream::UnitsAll),
+            ],
+        )
+        .map_err(|e| e.to_string())
+    })
+    .clone()
+    .map_err(anyhow::Error::msg)
+}
+
 /// Environment knob for A/B runs: `MXTUNE_TCG_TILES=1|2` fixes the row tiles a block of the
 /// 8-token tensor-core GEMV takes at once where it may take several ([`tc_gemv_plan`]).
 pub const TCG_TILES_ENV: &str = "MXTUNE_TCG_TILES";
@@ -314,11 +359,12 @@ pub fn tc_gemv_plan(
     bytes32: usize,
     pass: usize,
     persist: bool,
+    stream: TcgStream,
     slots: [usize; 2],
     split: bool,
     tiles_pref: Option<usize>,
 ) -> TcgPlan {
-    let persist = persist && 32 * t >= bytes32;
+    let persist = persist && (32 * t >= bytes32 || stream == TcgStream::UnitsAll);
     let slots = |per_pass: usize| slots[usize::from(per_pass != 8)].max(1);
     let per_pass = if t <= 8 {
         8
@@ -335,6 +381,18 @@ pub fn tc_gemv_plan(
     };
     let tiles_per_block = if per_pass == 8 && grid_x == tiles {
         tiles_pref.unwrap_or(if passes >= 2 { 2 } else { 1 })
+    } else if grid_x < tiles {
+        // Streamed: units of TCG_STREAM_TILES tiles where the grid gets enough of them
+        // (`tiles_pref` 1 or TCG_STREAM_TILES fixes it).
+        let units = tiles.div_ceil(TCG_STREAM_TILES);
+        match tiles_pref {
+            Some(TCG_STREAM_TILES) => TCG_STREAM_TILES,
+            Some(_) => 1,
+            None if stream != TcgStream::Tiles && units >= TCG_STREAM_ROUNDS * grid_x => {
+                TCG_STREAM_TILES
+            }
+            None => 1,
+        }
     } else {
         1
     };
@@ -502,12 +560,16 @@ pub(crate) fn dense_gemv_tc(
 fn tc_gemv_kernel(format: &str, per_pass: usize, tiles: usize) -> &'static str {
     match (format == "bf16", per_pass == 8, tiles) {
         (true, true, 2) => "gemv_tc_bf16_t8_r32",
+        (true, true, TCG_STREAM_TILES) => "gemv_tc_bf16_t8_r128",
         (true, true, _) => "gemv_tc_bf16_t8",
         (true, false, TCG_WIDE_TILES) => "gemv_tc_bf16_t16_r64",
+        (true, false, TCG_STREAM_TILES) => "gemv_tc_bf16_t16_r128",
         (true, false, _) => "gemv_tc_bf16_t16",
         (false, true, 2) => "gemv_tc_fp4_t8_r32",
+        (false, true, TCG_STREAM_TILES) => "gemv_tc_fp4_t8_r128",
         (false, true, _) => "gemv_tc_fp4_t8",
         (false, false, TCG_WIDE_TILES) => "gemv_tc_fp4_t16_r64",
+        (false, false, TCG_STREAM_TILES) => "gemv_tc_fp4_t16_r128",
         (false, false, _) => "gemv_tc_fp4_t16",
     }
 }
@@ -554,6 +616,7 @@ pub fn tc_gemv_launch_plan(
         if format == "bf16" { 64 } else { 17 },
         pass,
         tc_gemv_persist()?,
+        tc_gemv_stream()?,
         [slots(8)?, slots(TCG_TOKENS)?],
         split,
         tiles_pref.filter(|&n| n != TCG_WIDE_TILES),
@@ -3826,6 +3889,9 @@ pub fn moe_grouped(
 mod tests {
     use super::*;
 
+    /// The streamed matrices' units of one tile, as the plans below were written for.
+    const TS: TcgStream = TcgStream::Tiles;
+
     /// gpt-oss's expert shape (both sizes), the tests' usual MoE.
     const GPT_OSS_MOE: MoeShape = MoeShape {
         hidden: 2880,
@@ -3981,7 +4047,7 @@ mod tests {
         // An H100's slots at K = 2880: 3 blocks per SM of the 8-token kernel, 2 of the 16-token.
         let slots = [3 * 132, 2 * 132];
         let plan = |tiles, t, pass, persist| {
-            tc_gemv_plan(tiles, t, 64, pass, persist, slots, false, Some(1))
+            tc_gemv_plan(tiles, t, 64, pass, persist, TS, slots, false, Some(1))
         };
         let tp = |per_pass, grid_x| TcgPlan {
             per_pass,
@@ -4001,7 +4067,7 @@ mod tests {
         assert_eq!(plan(12_568, 8, 8, true), tp(8, 396));
         // MXFP4 (17 bytes per 32 weights) from one token.
         assert_eq!(
-            tc_gemv_plan(12_568, 1, 17, 8, true, slots, false, None),
+            tc_gemv_plan(12_568, 1, 17, 8, true, TS, slots, false, None),
             tp(8, 396)
         );
         assert_eq!(plan(12_568, 9, 8, true), tp(16, 264));
@@ -4014,20 +4080,20 @@ mod tests {
         assert_eq!(plan(4 * 396, 2, 8, true), tp(8, 396));
         assert_eq!(plan(4 * 396 - 1, 2, 8, true), tp(8, 4 * 396 - 1));
         // A long matrix in two passes (asked for 8): half the slots each.
-        let two = tc_gemv_plan(4000, 16, 64, 8, true, [3 * 132, 4000], false, None);
+        let two = tc_gemv_plan(4000, 16, 64, 8, true, TS, [3 * 132, 4000], false, None);
         assert_eq!(two, tp(8, 198));
         // No slot reported (a device that fits none): one block, never zero.
         assert_eq!(
-            tc_gemv_plan(100, 2, 64, 8, true, [0, 0], false, None),
+            tc_gemv_plan(100, 2, 64, 8, true, TS, [0, 0], false, None),
             tp(8, 1)
         );
         assert_eq!(
-            tc_gemv_plan(0, 2, 64, 8, true, slots, false, None),
+            tc_gemv_plan(0, 2, 64, 8, true, TS, slots, false, None),
             tp(8, 0)
         );
         // The K split: o (180 tiles) up to 8 tokens, not in two passes (720 blocks > 396), not
         // qkv (640 > 396), not a streamed matrix, never where the caller rules it out.
-        let split = |tiles, t, ok| tc_gemv_plan(tiles, t, 64, 8, true, slots, ok, None).ksplit;
+        let split = |tiles, t, ok| tc_gemv_plan(tiles, t, 64, 8, true, TS, slots, ok, None).ksplit;
         // From 4 tokens (at one, the combine cost more than it gained).
         // In two passes o takes 2 row tiles a block: 90 units, 360 blocks split.
         assert_eq!(
@@ -4039,6 +4105,62 @@ mod tests {
         assert_eq!(split(320, 4, true), 1);
         assert_eq!(split(12_568, 4, true), 1);
         assert_eq!(split(180, 8, false), 1);
+    }
+
+    #[test]
+    fn tc_gemv_plan_streams_units_of_eight_tiles_where_each_block_gets_three() {
+        let slots = [3 * 132, 2 * 132];
+        let plan = |tiles, t, bytes32, stream, pref| {
+            let p = tc_gemv_plan(tiles, t, bytes32, 8, true, stream, slots, false, pref);
+            (p.per_pass, p.grid_x, p.tiles_per_block)
+        };
+        // gpt-oss's lm_head (12 568 tiles: 1571 units of 8) on 396 slots: ~4 units a block.
+        assert_eq!(
+            plan(12_568, 1, 17, TcgStream::Units, None),
+            (8, 396, TCG_STREAM_TILES)
+        );
+        assert_eq!(
+            plan(12_568, 8, 64, TcgStream::Units, None),
+            (8, 396, TCG_STREAM_TILES)
+        );
+        // 16 tokens: one pass on the 16-token kernel's 264 slots.
+        assert_eq!(
+            plan(12_568, 16, 64, TcgStream::Units, None),
+            (16, 264, TCG_STREAM_TILES)
+        );
+        // bf16 at one token: a block per tile unless every long matrix is streamed.
+        assert_eq!(plan(12_568, 1, 64, TcgStream::Units, None), (8, 12_568, 1));
+        assert_eq!(
+            plan(12_568, 1, 64, TcgStream::UnitsAll, None),
+            (8, 396, TCG_STREAM_TILES)
+        );
+        // Fewer than three units a block: units of one tile (4 waves of tiles is 198 units).
+        assert_eq!(plan(4 * 396, 2, 64, TcgStream::Units, None), (8, 396, 1));
+        assert_eq!(
+            plan(8 * 3 * 396, 2, 64, TcgStream::Units, None),
+            (8, 396, TCG_STREAM_TILES)
+        );
+        assert_eq!(
+            plan(8 * 3 * 396 - 8, 2, 64, TcgStream::Units, None),
+            (8, 396, 1)
+        );
+        // Fixed by the caller (the selftest), whatever the rule says; off: one tile.
+        assert_eq!(
+            plan(4 * 396, 2, 64, TcgStream::Tiles, Some(TCG_STREAM_TILES)),
+            (8, 396, TCG_STREAM_TILES)
+        );
+        assert_eq!(plan(12_568, 8, 64, TcgStream::Units, Some(1)), (8, 396, 1));
+        assert_eq!(plan(12_568, 8, 64, TcgStream::Tiles, None), (8, 396, 1));
+        // Not streamed (qkv): the rule does not apply.
+        assert_eq!(plan(320, 1, 17, TcgStream::UnitsAll, None), (8, 320, 1));
+        assert_eq!(
+            tc_gemv_kernel("fp4", 8, TCG_STREAM_TILES),
+            "gemv_tc_fp4_t8_r128"
+        );
+        assert_eq!(
+            tc_gemv_kernel("bf16", 16, TCG_STREAM_TILES),
+            "gemv_tc_bf16_t16_r128"
+        );
     }
 
     #[test]
@@ -4096,7 +4218,7 @@ mod tests {
     #[test]
     fn tc_gemv_plan_takes_two_row_tiles_a_block_in_two_passes() {
         let slots = [3 * 132, 2 * 132];
-        let plan = |tiles, t, split| tc_gemv_plan(tiles, t, 64, 8, true, slots, split, None);
+        let plan = |tiles, t, split| tc_gemv_plan(tiles, t, 64, 8, true, TS, slots, split, None);
         let p = |grid_x, ksplit, tiles_per_block| TcgPlan {
             per_pass: 8,
             grid_x,
@@ -4117,10 +4239,10 @@ mod tests {
         assert_eq!(plan(320, 16, true), p(160, 1, 2));
         // A streamed matrix and the 16-token kernel keep a tile a block.
         assert_eq!(plan(12_568, 16, false).tiles_per_block, 1);
-        let sixteen = tc_gemv_plan(320, 16, 64, 16, true, slots, false, None);
+        let sixteen = tc_gemv_plan(320, 16, 64, 16, true, TS, slots, false, None);
         assert_eq!((sixteen.per_pass, sixteen.tiles_per_block), (16, 1));
         // Asked for: one tile a block in two passes, two in one.
-        let fixed = |t, n| tc_gemv_plan(320, t, 64, 8, true, slots, false, Some(n));
+        let fixed = |t, n| tc_gemv_plan(320, t, 64, 8, true, TS, slots, false, Some(n));
         assert_eq!(fixed(16, 1), p(320, 1, 1));
         assert_eq!(fixed(4, 2), p(160, 1, 2));
         assert_eq!(

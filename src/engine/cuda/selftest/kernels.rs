@@ -2499,7 +2499,8 @@ fn fp32_input_checks(
 /// tiles (`ops::dense_gemv_tc`) in one, two and three passes, alone and with the split; and
 /// the wide kernel of four row tiles and 16 tokens a pass (`ops::tc_gemv_wide_plan`, the
 /// planner's pick at 9–16 tokens), with and without its K split, a norm's squares split too
-/// where its normalised input is not written.
+/// where its normalised input is not written; and units of eight row tiles a block, one warp
+/// a tile (`_r128`: a streamed matrix's, `ops::TcgStream`), streamed and not.
 fn check_gemv_tc(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
     let mut res = Vec::new();
     // Four waves of up to 8 blocks an SM, and a partial last tile.
@@ -2530,6 +2531,12 @@ fn check_gemv_tc(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
         (2880, 4096, 16, true, true, false, Some(4)),
         (1001, 2880, 12, true, true, true, Some(4)),
         (37, 96, 9, false, false, true, Some(4)),
+        // Units of eight row tiles, one warp a tile over all of K (`_r128`): streamed on the
+        // slots (from 2 tokens for bf16, 1 for MXFP4), and a block a unit at one bf16 token.
+        (long, 256, 1, true, false, true, Some(8)),
+        (long, 1024, 3, false, true, true, Some(8)),
+        (long, 256, 12, true, true, false, Some(8)),
+        (1001, 2880, 5, true, false, false, Some(8)),
     ] {
         for fp4 in [false, true] {
             let mut c = DenseCase::new(g, s, rows, cols, t, bias, acc)?;
