@@ -532,10 +532,9 @@ mod tests {
                             // gemv_tc.cu: the first chunks of the (immutable) weights, the
                             // arguments on the lines after the call.
                             || t.starts_with("using W = TcgBf16T<")
+                            || t.starts_with("using W = TcgFp4T<")
                             || t.starts_with("typename W::Raw")
                             || t.starts_with("const W wp{")
-                            || t.starts_with("TcgFp4::Raw")
-                            || t.starts_with("const TcgFp4")
                             || t.starts_with("tcg_prefetch")
                             || t.starts_with("cur);"),
                         "{entry} ({}): `{t}` runs before pdl_enter()",

@@ -262,18 +262,18 @@ const TCG_STREAM_ROUNDS: usize = 3;
 /// How a long matrix runs on a grid of the resident slots ([`TCG_STREAM_ENV`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TcgStream {
-    /// Units of one row tile, the tile's K shared by the block's warps (`_t8`, `_t16`).
+    /// Units of one row tile, the tile's K shared by the block's warps (`_t8`, `_t16`); bf16
+    /// weights at one token keep a block per tile.
     Tiles,
-    /// Units of [`TCG_STREAM_TILES`] tiles where each block gets at least
-    /// [`TCG_STREAM_ROUNDS`] of them (`_t8_r128`, `_t16_r128`), else as `Tiles`.
+    /// A matrix of at least [`TCG_STREAM_ROUNDS`] units of [`TCG_STREAM_TILES`] tiles a slot
+    /// of the 8-token kernel runs on such units (`_t8_r128`, `_t16_r128`) at every token
+    /// count, streamed on the slots, so a row's sums are the same bits at every batch; a
+    /// shorter one as `Tiles`.
     Units,
-    /// As `Units`, and bf16 weights streamed at one token too (where `Tiles` keeps a block
-    /// per tile).
-    UnitsAll,
 }
 
-/// Environment knob for A/B runs: `MXTUNE_TCG_STREAM=tiles|units|units-all` ([`TcgStream`];
-/// unset or empty: `units`).
+/// Environment knob for A/B runs: `MXTUNE_TCG_STREAM=units|tiles` ([`TcgStream`]; unset or
+/// empty: `units`).
 pub const TCG_STREAM_ENV: &str = "MXTUNE_TCG_STREAM";
 
 /// [`TCG_STREAM_ENV`], read once; a bad value is an error naming it.
@@ -284,11 +284,7 @@ fn tc_gemv_stream() -> Result<TcgStream> {
         choice(
             TCG_STREAM_ENV,
             &v,
-            &[
-                ("units", TcgStream::Units),
-                ("tiles", TcgStream::Tiles),
-                ("units-all", TcgStream::UnitsAll),
-            ],
+            &[("units", TcgStream::Units), ("tiles", TcgStream::Tiles)],
         )
         .map_err(|e| e.to_string())
     })
@@ -364,8 +360,13 @@ pub fn tc_gemv_plan(
     split: bool,
     tiles_pref: Option<usize>,
 ) -> TcgPlan {
-    let persist = persist && (32 * t >= bytes32 || stream == TcgStream::UnitsAll);
     let slots = |per_pass: usize| slots[usize::from(per_pass != 8)].max(1);
+    // Units of TCG_STREAM_TILES by the matrix alone (the 8-token slots), never by t: a row's
+    // sums then take the same order at every batch.
+    let units8 = persist
+        && stream == TcgStream::Units
+        && tiles.div_ceil(TCG_STREAM_TILES) >= TCG_STREAM_ROUNDS * slots(8);
+    let persist = persist && (32 * t >= bytes32 || units8);
     let per_pass = if t <= 8 {
         8
     } else if pass == TCG_TOKENS || (persist && tiles >= TCG_PERSIST_WAVES * slots(TCG_TOKENS)) {
@@ -382,15 +383,12 @@ pub fn tc_gemv_plan(
     let tiles_per_block = if per_pass == 8 && grid_x == tiles {
         tiles_pref.unwrap_or(if passes >= 2 { 2 } else { 1 })
     } else if grid_x < tiles {
-        // Streamed: units of TCG_STREAM_TILES tiles where the grid gets enough of them
-        // (`tiles_pref` 1 or TCG_STREAM_TILES fixes it).
-        let units = tiles.div_ceil(TCG_STREAM_TILES);
+        // Streamed: units of TCG_STREAM_TILES tiles by the rule above (`tiles_pref` 1 or
+        // TCG_STREAM_TILES fixes it).
         match tiles_pref {
             Some(TCG_STREAM_TILES) => TCG_STREAM_TILES,
             Some(_) => 1,
-            None if stream != TcgStream::Tiles && units >= TCG_STREAM_ROUNDS * grid_x => {
-                TCG_STREAM_TILES
-            }
+            None if units8 => TCG_STREAM_TILES,
             None => 1,
         }
     } else {
@@ -4114,45 +4112,44 @@ mod tests {
             let p = tc_gemv_plan(tiles, t, bytes32, 8, true, stream, slots, false, pref);
             (p.per_pass, p.grid_x, p.tiles_per_block)
         };
-        // gpt-oss's lm_head (12 568 tiles: 1571 units of 8) on 396 slots: ~4 units a block.
-        assert_eq!(
-            plan(12_568, 1, 17, TcgStream::Units, None),
-            (8, 396, TCG_STREAM_TILES)
-        );
-        assert_eq!(
-            plan(12_568, 8, 64, TcgStream::Units, None),
-            (8, 396, TCG_STREAM_TILES)
-        );
-        // 16 tokens: one pass on the 16-token kernel's 264 slots.
-        assert_eq!(
-            plan(12_568, 16, 64, TcgStream::Units, None),
-            (16, 264, TCG_STREAM_TILES)
-        );
-        // bf16 at one token: a block per tile unless every long matrix is streamed.
-        assert_eq!(plan(12_568, 1, 64, TcgStream::Units, None), (8, 12_568, 1));
-        assert_eq!(
-            plan(12_568, 1, 64, TcgStream::UnitsAll, None),
-            (8, 396, TCG_STREAM_TILES)
-        );
-        // Fewer than three units a block: units of one tile (4 waves of tiles is 198 units).
-        assert_eq!(plan(4 * 396, 2, 64, TcgStream::Units, None), (8, 396, 1));
-        assert_eq!(
-            plan(8 * 3 * 396, 2, 64, TcgStream::Units, None),
-            (8, 396, TCG_STREAM_TILES)
-        );
-        assert_eq!(
-            plan(8 * 3 * 396 - 8, 2, 64, TcgStream::Units, None),
-            (8, 396, 1)
-        );
-        // Fixed by the caller (the selftest), whatever the rule says; off: one tile.
+        let u = TcgStream::Units;
+        // gpt-oss's lm_head (12 568 tiles: 1571 units of 8) on 396 slots: ~4 units a block,
+        // bf16 or MXFP4, at every token count (bf16 at one token streamed too).
+        for bytes32 in [17, 64] {
+            for t in [1, 2, 8] {
+                assert_eq!(
+                    plan(12_568, t, bytes32, u, None),
+                    (8, 396, TCG_STREAM_TILES),
+                    "t={t}"
+                );
+            }
+            // 9-16 tokens: one pass on the 16-token kernel's 264 slots; more: passes of 16.
+            assert_eq!(
+                plan(12_568, 16, bytes32, u, None),
+                (16, 264, TCG_STREAM_TILES)
+            );
+            assert_eq!(
+                plan(12_568, 40, bytes32, u, None),
+                (16, 88, TCG_STREAM_TILES)
+            );
+        }
+        // Fewer than three units a slot: units of one tile, and bf16 at one token a block a
+        // tile, as `Tiles` has them.
+        let short = 8 * 3 * 396 - 8;
+        assert_eq!(plan(short, 2, 64, u, None), (8, 396, 1));
+        assert_eq!(plan(short, 1, 64, u, None), (8, short, 1));
+        assert_eq!(plan(short + 8, 1, 64, u, None), (8, 396, TCG_STREAM_TILES));
+        // Tiles: as before.
+        assert_eq!(plan(12_568, 8, 64, TcgStream::Tiles, None), (8, 396, 1));
+        assert_eq!(plan(12_568, 1, 64, TcgStream::Tiles, None), (8, 12_568, 1));
+        // Fixed by the caller (the selftest), whatever the rule says.
         assert_eq!(
             plan(4 * 396, 2, 64, TcgStream::Tiles, Some(TCG_STREAM_TILES)),
             (8, 396, TCG_STREAM_TILES)
         );
-        assert_eq!(plan(12_568, 8, 64, TcgStream::Units, Some(1)), (8, 396, 1));
-        assert_eq!(plan(12_568, 8, 64, TcgStream::Tiles, None), (8, 396, 1));
-        // Not streamed (qkv): the rule does not apply.
-        assert_eq!(plan(320, 1, 17, TcgStream::UnitsAll, None), (8, 320, 1));
+        assert_eq!(plan(12_568, 8, 64, u, Some(1)), (8, 396, 1));
+        // Not long (qkv): the rule does not apply.
+        assert_eq!(plan(320, 1, 17, u, None), (8, 320, 1));
         assert_eq!(
             tc_gemv_kernel("fp4", 8, TCG_STREAM_TILES),
             "gemv_tc_fp4_t8_r128"
