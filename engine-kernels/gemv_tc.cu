@@ -75,15 +75,6 @@ struct TcgBf16T {
             }
         }
     }
-    // Ask L2 for the lane's bytes of chunk column col (rows r0, r0 + 8): no registers, no
-    // wait (tcg_tile's prefetch ahead).
-    __device__ __forceinline__ void l2(int r0, int rows, int col) const {
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            const int r = r0 + 8 * h;
-            if (r < rows && col < cols) asm volatile("prefetch.global.L2 [%0];" ::"l"(w + (size_t)r * cols + col));
-        }
-    }
     // The bf16 pairs of group v (elements 8v … 8v + 7) of row g (lo) and g + 8 (hi).
     __device__ __forceinline__ void group(const Raw& f, int v, unsigned (&a)[4], unsigned (&b)[4]) const {
         const uint4 x = f.w[0][v], y = f.w[1][v];
@@ -145,19 +136,6 @@ struct TcgFp4T {
                     f.q[h][i] = make_uint4(0u, 0u, 0u, 0u);
                     f.s[h][i] = 127u;
                 }
-            }
-        }
-    }
-    // Ask L2 for the lane's blocks and scales of chunk column col (rows r0, r0 + 8).
-    __device__ __forceinline__ void l2(int r0, int rows, int col) const {
-        const int nb = cols >> 5;
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            const int r = r0 + 8 * h;
-            if (r < rows && col < cols) {
-                const size_t b = (size_t)r * nb + (col >> 5);
-                asm volatile("prefetch.global.L2 [%0];" ::"l"(blocks + 16 * b));
-                asm volatile("prefetch.global.L2 [%0];" ::"l"(scales + b));
             }
         }
     }
@@ -322,10 +300,7 @@ __device__ __forceinline__ void tcg_mma_chunk(const W& wp, const typename W::Raw
 // warp's index among the WG = TCG_WARPS / TT warps of its tile; the first S already in cur),
 // S per iteration with the next S loaded meanwhile, times the nt staged rows at xs. Then the
 // warp's partial sums go to red[warp][row][token] (shared).
-// PD > 0: each step also asks L2 for the chunks PD steps past the ones it loads (and the
-// tile's first such chunks at its start), so a warp has more of its bytes in flight than its
-// registers hold (the streamed entries; PD = 0 elsewhere).
-template <class W, int TN, int TT, int PD = 0>
+template <class W, int TN, int TT>
 __device__ __forceinline__ void tcg_tile(const W& wp, int r0, int rows, int cols, int c_lo, int nchunks,
                                          typename W::Raw (&cur)[W::S], const bf16_t* xs, int stride,
                                          int nt, float (*red)[16][8 * TN]) {
@@ -335,25 +310,11 @@ __device__ __forceinline__ void tcg_tile(const W& wp, int r0, int rows, int cols
     float acc[TN][4];
 #pragma unroll
     for (int n = 0; n < TN; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
-    if (PD > 0) {
-#pragma unroll
-        for (int s = 0; s < S * PD; ++s) {
-            const int cn = c_lo + warp % WG + (S + s) * WG;
-            if (cn < nchunks) wp.l2(r0, rows, cn * CW + q * E);
-        }
-    }
     for (int c = c_lo + warp % WG; c < nchunks; c += S * WG) {
 #pragma unroll
         for (int s = 0; s < S; ++s) {
             const int cn = c + (S + s) * WG;
             if (cn < nchunks) wp.load(nxt[s], r0, rows, cn * CW + q * E);
-        }
-        if (PD > 0) {
-#pragma unroll
-            for (int s = 0; s < S; ++s) {
-                const int cn = c + (S * (PD + 1) + s) * WG;
-                if (cn < nchunks) wp.l2(r0, rows, cn * CW + q * E);
-            }
         }
 #pragma unroll
         for (int s = 0; s < S; ++s) {
@@ -410,7 +371,7 @@ __device__ __forceinline__ float tcg_sum(float (*red)[16][8 * TN], int row, int 
 // first. A split never writes x_out (each block has only its columns' squares).
 // The entry points load the first chunks (tcg_prefetch: immutable weights only) before
 // pdl_enter(), then run the body.
-template <class W, int TN, int TT, int PD = 0>
+template <class W, int TN, int TT>
 __device__ __forceinline__ void gemv_tc_body(const W wp, typename W::Raw (&cur)[W::S],
                                              const bf16_t* __restrict__ bias,
                                              const float* __restrict__ x, float* __restrict__ y,
@@ -464,8 +425,8 @@ __device__ __forceinline__ void gemv_tc_body(const W wp, typename W::Raw (&cur)[
             if (bias) e_bias = bf2f(bias[e_r]);
             if (accumulate) e_y = y[(size_t)(t0 + e_tok) * rows + e_r];
         }
-        tcg_tile<W, TN, TT, PD>(wp, unit * UR + sub * 16 + g, rows, cols, c_lo, c_hi, cur, xa, stride,
-                                nt, red);
+        tcg_tile<W, TN, TT>(wp, unit * UR + sub * 16 + g, rows, cols, c_lo, c_hi, cur, xa, stride,
+                            nt, red);
         const int next = unit + gridDim.x;
         if (next < nunits) tcg_prefetch<W, TT>(wp, next * UR + sub * 16 + g, rows, c_lo, c_hi, cur);
         __syncthreads();
@@ -586,7 +547,7 @@ __device__ __forceinline__ void gemv_tc_body(const W wp, typename W::Raw (&cur)[
 #define TCG_FIRST_ROW(TT) \
     (blockIdx.x * 16 * (TT) + ((threadIdx.x >> 5) / (TCG_WARPS / (TT))) * 16 + ((threadIdx.x & 31) >> 2))
 
-#define GEMV_TC_BF16(name, TN, TT, MINB, STEP, PD)                                                \
+#define GEMV_TC_BF16(name, TN, TT, MINB, STEP)                                                  \
     extern "C" __global__ void __launch_bounds__(32 * TCG_WARPS, MINB)                         \
     name(const bf16_t* __restrict__ w, const bf16_t* __restrict__ bias,                        \
          const float* __restrict__ x, float* __restrict__ y, int rows, int cols, int tokens,   \
@@ -599,13 +560,13 @@ __device__ __forceinline__ void gemv_tc_body(const W wp, typename W::Raw (&cur)[
         const int c_lo = tcg_chunk_lo(nch), c_hi = tcg_chunk_hi(nch);                          \
         tcg_prefetch<W, TT>(wp, TCG_FIRST_ROW(TT), rows, c_lo, c_hi, cur);                     \
         pdl_enter_as(TCG_TRIGGER);                                                             \
-        gemv_tc_body<W, TN, TT, PD>(wp, cur, bias, x, y, rows, cols, tokens, accumulate,       \
-                                    norm_w, eps, x_out, part, cnt);                            \
+        gemv_tc_body<W, TN, TT>(wp, cur, bias, x, y, rows, cols, tokens, accumulate, norm_w,   \
+                                eps, x_out, part, cnt);                                        \
     }
-GEMV_TC_BF16(gemv_tc_bf16_t8, 1, 1, TCG_MINB_T8, TCG_BF16_STEP, 0)
-GEMV_TC_BF16(gemv_tc_bf16_t8_r32, 1, 2, TCG_MINB_T8, TCG_BF16_STEP, 0)
-GEMV_TC_BF16(gemv_tc_bf16_t16, 2, 1, TCG_MINB, TCG_BF16_STEP, 0)
-GEMV_TC_BF16(gemv_tc_bf16_t16_r64, 2, 4, TCG_WIDE_MINB, TCG_WIDE_BF16_STEP, 0)
+GEMV_TC_BF16(gemv_tc_bf16_t8, 1, 1, TCG_MINB_T8, TCG_BF16_STEP)
+GEMV_TC_BF16(gemv_tc_bf16_t8_r32, 1, 2, TCG_MINB_T8, TCG_BF16_STEP)
+GEMV_TC_BF16(gemv_tc_bf16_t16, 2, 1, TCG_MINB, TCG_BF16_STEP)
+GEMV_TC_BF16(gemv_tc_bf16_t16_r64, 2, 4, TCG_WIDE_MINB, TCG_WIDE_BF16_STEP)
 // A streamed matrix (the lm_head: a grid of the resident slots, each block taking unit after
 // unit) on units of TCG_WARPS row tiles, one a warp over all of K: a warp streams its tile's
 // chunks S at a time with the next S in flight and needs no other warp's partial sums, and the
@@ -614,8 +575,9 @@ GEMV_TC_BF16(gemv_tc_bf16_t16_r64, 2, 4, TCG_WIDE_MINB, TCG_WIDE_BF16_STEP, 0)
 // 12 chunks, so each warp held 1 or 2 chunks of a unit, the second one a round trip after the
 // first, and the whole block waited on it at the unit's barrier (H200, gpt-oss-120b
 // all-MXFP4 lm_head 164 µs for 308 MB: 39 % of the bandwidth).
-// Their blocks an SM (8 and 16 tokens, as `_t8` and `_t16`), chunks a step, and how many
-// steps ahead each warp asks L2 for its chunks (0: not at all).
+// Their blocks an SM (8 and 16 tokens, as `_t8` and `_t16`), chunks a step, and MXFP4
+// blocks of 32 a lane and row. (Asking L2 for each warp's chunks 2, 4 or 8 steps ahead by
+// `prefetch.global.L2` was slower at every distance: docs/perf.md run 300.)
 #ifndef TCG_STREAM_MINB
 #define TCG_STREAM_MINB TCG_MINB_T8
 #endif
@@ -628,39 +590,36 @@ GEMV_TC_BF16(gemv_tc_bf16_t16_r64, 2, 4, TCG_WIDE_MINB, TCG_WIDE_BF16_STEP, 0)
 #ifndef TCG_STREAM_FP4_STEP
 #define TCG_STREAM_FP4_STEP TCG_FP4_STEP
 #endif
-#ifndef TCG_STREAM_BF16_L2
-#define TCG_STREAM_BF16_L2 0
+#ifndef TCG_STREAM_FP4_NB
+#define TCG_STREAM_FP4_NB TCG_FP4_NB
 #endif
-#ifndef TCG_STREAM_FP4_L2
-#define TCG_STREAM_FP4_L2 4
-#endif
-GEMV_TC_BF16(gemv_tc_bf16_t8_r128, 1, TCG_WARPS, TCG_STREAM_MINB, TCG_STREAM_BF16_STEP, TCG_STREAM_BF16_L2)
-GEMV_TC_BF16(gemv_tc_bf16_t16_r128, 2, TCG_WARPS, TCG_STREAM_MINB_T16, TCG_STREAM_BF16_STEP, TCG_STREAM_BF16_L2)
+GEMV_TC_BF16(gemv_tc_bf16_t8_r128, 1, TCG_WARPS, TCG_STREAM_MINB, TCG_STREAM_BF16_STEP)
+GEMV_TC_BF16(gemv_tc_bf16_t16_r128, 2, TCG_WARPS, TCG_STREAM_MINB_T16, TCG_STREAM_BF16_STEP)
 
-#define GEMV_TC_FP4(name, TN, TT, MINB, STEP, PD)                                                 \
+#define GEMV_TC_FP4(name, TN, TT, MINB, STEP, NB)                                               \
     extern "C" __global__ void __launch_bounds__(32 * TCG_WARPS, MINB)                         \
     name(const u8* __restrict__ blocks, const u8* __restrict__ scales,                         \
          const bf16_t* __restrict__ bias, const float* __restrict__ x, float* __restrict__ y,  \
          int rows, int cols, int tokens, int accumulate, const bf16_t* __restrict__ norm_w,    \
          float eps, float* __restrict__ x_out, float* __restrict__ part,                       \
          unsigned* __restrict__ cnt) {                                                         \
-        using W = TcgFp4T<TCG_FP4_NB, STEP>;                                                   \
+        using W = TcgFp4T<NB, STEP>;                                                           \
         const W wp{blocks, scales, cols};                                                      \
         typename W::Raw cur[W::S];                                                             \
         const int nch = tcg_nchunks<W>(cols);                                                  \
         const int c_lo = tcg_chunk_lo(nch), c_hi = tcg_chunk_hi(nch);                          \
         tcg_prefetch<W, TT>(wp, TCG_FIRST_ROW(TT), rows, c_lo, c_hi, cur);                     \
         pdl_enter_as(TCG_TRIGGER);                                                             \
-        gemv_tc_body<W, TN, TT, PD>(wp, cur, bias, x, y, rows, cols, tokens, accumulate,       \
-                                    norm_w, eps, x_out, part, cnt);                            \
+        gemv_tc_body<W, TN, TT>(wp, cur, bias, x, y, rows, cols, tokens, accumulate, norm_w,   \
+                                eps, x_out, part, cnt);                                        \
     }
-GEMV_TC_FP4(gemv_tc_fp4_t8, 1, 1, TCG_MINB_T8, TCG_FP4_STEP, 0)
-GEMV_TC_FP4(gemv_tc_fp4_t8_r32, 1, 2, TCG_MINB_T8, TCG_FP4_STEP, 0)
-GEMV_TC_FP4(gemv_tc_fp4_t16, 2, 1, TCG_MINB, TCG_FP4_STEP, 0)
-GEMV_TC_FP4(gemv_tc_fp4_t16_r64, 2, 4, TCG_WIDE_MINB, TCG_FP4_STEP, 0)
+GEMV_TC_FP4(gemv_tc_fp4_t8, 1, 1, TCG_MINB_T8, TCG_FP4_STEP, TCG_FP4_NB)
+GEMV_TC_FP4(gemv_tc_fp4_t8_r32, 1, 2, TCG_MINB_T8, TCG_FP4_STEP, TCG_FP4_NB)
+GEMV_TC_FP4(gemv_tc_fp4_t16, 2, 1, TCG_MINB, TCG_FP4_STEP, TCG_FP4_NB)
+GEMV_TC_FP4(gemv_tc_fp4_t16_r64, 2, 4, TCG_WIDE_MINB, TCG_FP4_STEP, TCG_FP4_NB)
 // The streamed matrix's entries (units of TCG_WARPS row tiles, as `_t8_r128` above).
-GEMV_TC_FP4(gemv_tc_fp4_t8_r128, 1, TCG_WARPS, TCG_STREAM_MINB, TCG_STREAM_FP4_STEP, TCG_STREAM_FP4_L2)
-GEMV_TC_FP4(gemv_tc_fp4_t16_r128, 2, TCG_WARPS, TCG_STREAM_MINB_T16, TCG_STREAM_FP4_STEP, TCG_STREAM_FP4_L2)
+GEMV_TC_FP4(gemv_tc_fp4_t8_r128, 1, TCG_WARPS, TCG_STREAM_MINB, TCG_STREAM_FP4_STEP, TCG_STREAM_FP4_NB)
+GEMV_TC_FP4(gemv_tc_fp4_t16_r128, 2, TCG_WARPS, TCG_STREAM_MINB_T16, TCG_STREAM_FP4_STEP, TCG_STREAM_FP4_NB)
 
 // ---- MoE decode on tensor cores: each distinct expert of a group of up to 16 tokens is read
 // once, its routed (token, slot) pairs as the n dimension (the grouping: tcg_group in

@@ -319,6 +319,19 @@ fn tc_gemv_split_on() -> Result<bool> {
     env_switch(&ON, TCG_SPLIT_ENV)
 }
 
+/// Environment knob for A/B runs: `MXTUNE_TCG_SPLIT_FROM=N` (1–64) splits a short plain
+/// matrix's K from N tokens instead of [`TCG_SPLIT_FROM`].
+pub const TCG_SPLIT_FROM_ENV: &str = "MXTUNE_TCG_SPLIT_FROM";
+
+/// [`TCG_SPLIT_FROM_ENV`], else [`TCG_SPLIT_FROM`]; a bad value is an error naming it.
+fn tc_gemv_split_from() -> Result<usize> {
+    static N: std::sync::OnceLock<Result<Option<usize>, String>> = std::sync::OnceLock::new();
+    N.get_or_init(|| env_whole(TCG_SPLIT_FROM_ENV, 1..=64, "tokens").map_err(|e| e.to_string()))
+        .clone()
+        .map_err(anyhow::Error::msg)
+        .map(|n| n.unwrap_or(TCG_SPLIT_FROM))
+}
+
 /// The plan for `tiles` row tiles of 16 and `t` tokens of weights of `bytes32` bytes per 32
 /// (64 bf16, 17 MXFP4). `slots` is how many blocks of the 8-token and of the 16-token kernel
 /// the whole device holds at once; `pass` the most tokens a pass takes unless the matrix is
@@ -346,8 +359,8 @@ fn tc_gemv_split_on() -> Result<bool> {
 /// gpt-oss: 180 tiles against 396 slots of an H100 up to 8 tokens, so 48 SMs hold two blocks
 /// and 84 one: the step waits on the SMs with two; 90 units in each of two passes) splits
 /// each unit's K over two blocks when `split` allows it (no norm folded in, at least one chunk
-/// per warp in each half, the scratch large enough) and it has at least [`TCG_SPLIT_FROM`]
-/// tokens: twice the blocks, each half the weights and half the staging, and the second of a
+/// per warp in each half, the scratch large enough: `split_from` is then `Some`) and it has
+/// at least `split_from` tokens ([`TCG_SPLIT_FROM`] unless [`TCG_SPLIT_FROM_ENV`] says): twice the blocks, each half the weights and half the staging, and the second of a
 /// pair adds the two partial sums in a fixed order.
 pub fn tc_gemv_plan(
     tiles: usize,
@@ -357,7 +370,7 @@ pub fn tc_gemv_plan(
     persist: bool,
     stream: TcgStream,
     slots: [usize; 2],
-    split: bool,
+    split_from: Option<usize>,
     tiles_pref: Option<usize>,
 ) -> TcgPlan {
     let slots = |per_pass: usize| slots[usize::from(per_pass != 8)].max(1);
@@ -395,13 +408,14 @@ pub fn tc_gemv_plan(
         1
     };
     let units = tiles.div_ceil(tiles_per_block);
-    let ksplit =
-        if split && t >= TCG_SPLIT_FROM && grid_x == tiles && 2 * units * passes <= slots(per_pass)
-        {
-            2
-        } else {
-            1
-        };
+    let ksplit = if split_from.is_some_and(|n| t >= n)
+        && grid_x == tiles
+        && 2 * units * passes <= slots(per_pass)
+    {
+        2
+    } else {
+        1
+    };
     TcgPlan {
         per_pass,
         grid_x: if grid_x == tiles { units } else { grid_x },
@@ -616,7 +630,11 @@ pub fn tc_gemv_launch_plan(
         tc_gemv_persist()?,
         tc_gemv_stream()?,
         [slots(8)?, slots(TCG_TOKENS)?],
-        split,
+        if split {
+            Some(tc_gemv_split_from()?)
+        } else {
+            None
+        },
         tiles_pref.filter(|&n| n != TCG_WIDE_TILES),
     );
     let wide = match tiles_pref {
@@ -4045,7 +4063,7 @@ mod tests {
         // An H100's slots at K = 2880: 3 blocks per SM of the 8-token kernel, 2 of the 16-token.
         let slots = [3 * 132, 2 * 132];
         let plan = |tiles, t, pass, persist| {
-            tc_gemv_plan(tiles, t, 64, pass, persist, TS, slots, false, Some(1))
+            tc_gemv_plan(tiles, t, 64, pass, persist, TS, slots, None, Some(1))
         };
         let tp = |per_pass, grid_x| TcgPlan {
             per_pass,
@@ -4065,7 +4083,7 @@ mod tests {
         assert_eq!(plan(12_568, 8, 8, true), tp(8, 396));
         // MXFP4 (17 bytes per 32 weights) from one token.
         assert_eq!(
-            tc_gemv_plan(12_568, 1, 17, 8, true, TS, slots, false, None),
+            tc_gemv_plan(12_568, 1, 17, 8, true, TS, slots, None, None),
             tp(8, 396)
         );
         assert_eq!(plan(12_568, 9, 8, true), tp(16, 264));
@@ -4078,20 +4096,33 @@ mod tests {
         assert_eq!(plan(4 * 396, 2, 8, true), tp(8, 396));
         assert_eq!(plan(4 * 396 - 1, 2, 8, true), tp(8, 4 * 396 - 1));
         // A long matrix in two passes (asked for 8): half the slots each.
-        let two = tc_gemv_plan(4000, 16, 64, 8, true, TS, [3 * 132, 4000], false, None);
+        let two = tc_gemv_plan(4000, 16, 64, 8, true, TS, [3 * 132, 4000], None, None);
         assert_eq!(two, tp(8, 198));
         // No slot reported (a device that fits none): one block, never zero.
         assert_eq!(
-            tc_gemv_plan(100, 2, 64, 8, true, TS, [0, 0], false, None),
+            tc_gemv_plan(100, 2, 64, 8, true, TS, [0, 0], None, None),
             tp(8, 1)
         );
         assert_eq!(
-            tc_gemv_plan(0, 2, 64, 8, true, TS, slots, false, None),
+            tc_gemv_plan(0, 2, 64, 8, true, TS, slots, None, None),
             tp(8, 0)
         );
         // The K split: o (180 tiles) up to 8 tokens, not in two passes (720 blocks > 396), not
         // qkv (640 > 396), not a streamed matrix, never where the caller rules it out.
-        let split = |tiles, t, ok| tc_gemv_plan(tiles, t, 64, 8, true, TS, slots, ok, None).ksplit;
+        let split = |tiles, t, ok: bool| {
+            tc_gemv_plan(
+                tiles,
+                t,
+                64,
+                8,
+                true,
+                TS,
+                slots,
+                ok.then_some(TCG_SPLIT_FROM),
+                None,
+            )
+            .ksplit
+        };
         // From 4 tokens (at one, the combine cost more than it gained).
         // In two passes o takes 2 row tiles a block: 90 units, 360 blocks split.
         assert_eq!(
@@ -4109,7 +4140,7 @@ mod tests {
     fn tc_gemv_plan_streams_units_of_eight_tiles_where_each_block_gets_three() {
         let slots = [3 * 132, 2 * 132];
         let plan = |tiles, t, bytes32, stream, pref| {
-            let p = tc_gemv_plan(tiles, t, bytes32, 8, true, stream, slots, false, pref);
+            let p = tc_gemv_plan(tiles, t, bytes32, 8, true, stream, slots, None, pref);
             (p.per_pass, p.grid_x, p.tiles_per_block)
         };
         let u = TcgStream::Units;
@@ -4215,7 +4246,19 @@ mod tests {
     #[test]
     fn tc_gemv_plan_takes_two_row_tiles_a_block_in_two_passes() {
         let slots = [3 * 132, 2 * 132];
-        let plan = |tiles, t, split| tc_gemv_plan(tiles, t, 64, 8, true, TS, slots, split, None);
+        let plan = |tiles, t, split: bool| {
+            tc_gemv_plan(
+                tiles,
+                t,
+                64,
+                8,
+                true,
+                TS,
+                slots,
+                split.then_some(TCG_SPLIT_FROM),
+                None,
+            )
+        };
         let p = |grid_x, ksplit, tiles_per_block| TcgPlan {
             per_pass: 8,
             grid_x,
@@ -4236,10 +4279,10 @@ mod tests {
         assert_eq!(plan(320, 16, true), p(160, 1, 2));
         // A streamed matrix and the 16-token kernel keep a tile a block.
         assert_eq!(plan(12_568, 16, false).tiles_per_block, 1);
-        let sixteen = tc_gemv_plan(320, 16, 64, 16, true, TS, slots, false, None);
+        let sixteen = tc_gemv_plan(320, 16, 64, 16, true, TS, slots, None, None);
         assert_eq!((sixteen.per_pass, sixteen.tiles_per_block), (16, 1));
         // Asked for: one tile a block in two passes, two in one.
-        let fixed = |t, n| tc_gemv_plan(320, t, 64, 8, true, TS, slots, false, Some(n));
+        let fixed = |t, n| tc_gemv_plan(320, t, 64, 8, true, TS, slots, None, Some(n));
         assert_eq!(fixed(16, 1), p(320, 1, 1));
         assert_eq!(fixed(4, 2), p(160, 1, 2));
         assert_eq!(
