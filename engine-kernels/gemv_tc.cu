@@ -4,9 +4,10 @@
 // (gemv_tc_fp4_*, dequantized in registers, exact as bf16); fp32 out, fp32 accumulation.
 //
 // One block = TCG_WARPS warps = TT m16 tiles of weight rows (TT = 1: `_t8`, `_t16`; 2:
-// `_t8_r32`); a tile's TCG_WARPS / TT warps split K in chunks (chunk c to the tile's warp
-// c % (TCG_WARPS / TT)) and their partial tiles are summed in shared memory. The tokens are
-// the mma's n dimension: n8 tiles, TN of them (1: up to 8 tokens, 2: up to 16).
+// `_t8_r32`; 4: `_t16_r64`; 8: `_r128`, a warp a tile); a tile's TCG_WARPS / TT warps split K
+// in chunks (chunk c to the tile's warp c % (TCG_WARPS / TT)) and their partial tiles are
+// summed in shared memory. The tokens are the mma's n dimension: n8 tiles, TN of them (1: up
+// to 8 tokens, 2: up to 16).
 //
 // Operand order. A dot product does not care in which order it walks K, so each lane loads its
 // weights as whole 16-byte words and the activations are fed in the same permuted order: in
