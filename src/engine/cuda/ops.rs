@@ -3908,6 +3908,13 @@ mod tests {
     /// The streamed matrices' units of one tile, as the plans below were written for.
     const TS: TcgStream = TcgStream::Tiles;
 
+    /// The plan of a bf16 matrix in passes of 8 on `slots`, the K split from
+    /// [`TCG_SPLIT_FROM`] tokens where `split`.
+    fn bf16_plan(tiles: usize, t: usize, slots: [usize; 2], split: bool) -> TcgPlan {
+        let from = split.then_some(TCG_SPLIT_FROM);
+        tc_gemv_plan(tiles, t, 64, 8, true, TS, slots, from, None)
+    }
+
     /// gpt-oss's expert shape (both sizes), the tests' usual MoE.
     const GPT_OSS_MOE: MoeShape = MoeShape {
         hidden: 2880,
@@ -4109,20 +4116,7 @@ mod tests {
         );
         // The K split: o (180 tiles) up to 8 tokens, not in two passes (720 blocks > 396), not
         // qkv (640 > 396), not a streamed matrix, never where the caller rules it out.
-        let split = |tiles, t, ok: bool| {
-            tc_gemv_plan(
-                tiles,
-                t,
-                64,
-                8,
-                true,
-                TS,
-                slots,
-                ok.then_some(TCG_SPLIT_FROM),
-                None,
-            )
-            .ksplit
-        };
+        let split = |tiles, t, ok| bf16_plan(tiles, t, slots, ok).ksplit;
         // From 4 tokens (at one, the combine cost more than it gained).
         // In two passes o takes 2 row tiles a block: 90 units, 360 blocks split.
         assert_eq!(
@@ -4246,19 +4240,7 @@ mod tests {
     #[test]
     fn tc_gemv_plan_takes_two_row_tiles_a_block_in_two_passes() {
         let slots = [3 * 132, 2 * 132];
-        let plan = |tiles, t, split: bool| {
-            tc_gemv_plan(
-                tiles,
-                t,
-                64,
-                8,
-                true,
-                TS,
-                slots,
-                split.then_some(TCG_SPLIT_FROM),
-                None,
-            )
-        };
+        let plan = |tiles, t, split| bf16_plan(tiles, t, slots, split);
         let p = |grid_x, ksplit, tiles_per_block| TcgPlan {
             per_pass: 8,
             grid_x,
