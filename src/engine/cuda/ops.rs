@@ -360,8 +360,14 @@ fn tc_gemv_split_from() -> Result<usize> {
 /// and 84 one: the step waits on the SMs with two; 90 units in each of two passes) splits
 /// each unit's K over two blocks when `split` allows it (no norm folded in, at least one chunk
 /// per warp in each half, the scratch large enough: `split_from` is then `Some`) and it has
-/// at least `split_from` tokens ([`TCG_SPLIT_FROM`] unless [`TCG_SPLIT_FROM_ENV`] says): twice the blocks, each half the weights and half the staging, and the second of a
-/// pair adds the two partial sums in a fixed order.
+/// at least `split_from` tokens ([`TCG_SPLIT_FROM`] unless [`TCG_SPLIT_FROM_ENV`] says):
+/// twice the blocks, each half the weights and half the staging, and the second of a pair
+/// adds the two partial sums in a fixed order.
+///
+/// `stream` ([`TcgStream`]): with `Units`, a matrix of at least [`TCG_STREAM_ROUNDS`] units
+/// of [`TCG_STREAM_TILES`] tiles a slot of the 8-token kernel is streamed at every token
+/// count (bf16 at one token too) on such units (`tiles_per_block` 8; `tiles_pref` 1 or 8
+/// fixes the unit where the matrix is streamed).
 pub fn tc_gemv_plan(
     tiles: usize,
     t: usize,
