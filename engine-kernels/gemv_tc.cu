@@ -166,7 +166,6 @@ struct TcgFp4T {
 #ifndef TCM_NB
 #define TCM_NB 2
 #endif
-using TcgFp4 = TcgFp4T<TCG_FP4_NB>;
 using TcmFp4 = TcgFp4T<TCM_NB>;
 
 // Stage nt activation rows (row(n): fp32, cols) as bf16 rows of `stride` elements at xs. With

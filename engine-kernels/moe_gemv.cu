@@ -440,9 +440,15 @@ struct MoeSlots {
             }
         }
     }
+    // sums with FULL from a flag (slots_each's `full`, a constant in each of its loops).
+    template <class A>
+    __device__ __forceinline__ void sums_at(bool full, const u8* xs, int uu, int nu, float& t0, float& t1) {
+        if (full) sums<A, true>(xs, uu, nu, t0, t1);
+        else sums<A, false>(xs, uu, nu, t0, t1);
+    }
     // sums for NT tokens of fp16 codes staged stride bytes apart (f16_dot_n): each block
     // decoded once for all of them; per token the same sums in the same order as sums<ActF16>.
-    template <int NT, bool FULL>
+    template <int NT>
     __device__ __forceinline__ void sums_n(const u8* xs, int stride, int uu, int nu,
                                            float (&t0)[NT], float (&t1)[NT]) {
 #pragma unroll
@@ -451,7 +457,7 @@ struct MoeSlots {
         for (int i = 0; i < MOE_SLOTS_NI; ++i) {
             const uint4 c0 = w0[i], c1 = w1[i];
             const unsigned cs0 = s0[i], cs1 = s1[i];
-            load<FULL>(min(uu + 1, nu - 1), i);
+            load<false>(min(uu + 1, nu - 1), i);
             const int b = lane + 32 * i;
             if (i < ni && b < nb) {
                 f16_dot_n<NT>(c0, xs, stride, b, nb, moe_scale(cs0), t0);
@@ -462,9 +468,9 @@ struct MoeSlots {
 };
 
 // f(uu, full) for the warp's units uu = 0 … nu − 1: full true (a constant in that loop, which
-// f passes on as the template argument of sums) in a loop for rows of exactly MOE_SLOTS_NI
-// items where w's rows have them (MOE_SLOTS_PTR), else false. (The grouped kernels loop over
-// their units directly, on the general loop: a second one made them spill.)
+// f passes on to sums_at) in a loop for rows of exactly MOE_SLOTS_NI items where w's rows have
+// them (MOE_SLOTS_PTR), else false. (The grouped kernels loop over their units directly, on
+// the general loop: a second one made them spill.)
 template <class F>
 __device__ __forceinline__ void slots_each(const MoeSlots& w, int nu, const F& f) {
 #if MOE_SLOTS_PTR
@@ -553,8 +559,7 @@ __device__ __forceinline__ void moe_gate_up_body(const u8* __restrict__ blocks,
         __syncthreads();
         slots_each(w, nu, [&](int uu, bool full) {
             float g, l;
-            if (full) w.sums<A, true>(xs, uu, nu, g, l);
-            else w.sums<A, false>(xs, uu, nu, g, l);
+            w.sums_at<A>(full, xs, uu, nu, g, l);
             g = warp_sum(g);
             l = warp_sum(l);
             const float bg = __shfl_sync(0xffffffffu, bgate, uu);
@@ -725,8 +730,7 @@ __device__ __forceinline__ void moe_down_body(const u8* __restrict__ blocks,
         __syncthreads();
         slots_each(w, nu, [&](int uu, bool full) {
             float t0, t1;
-            if (full) w.sums<A, true>(as, uu, nu, t0, t1);
-            else w.sums<A, false>(as, uu, nu, t0, t1);
+            w.sums_at<A>(full, as, uu, nu, t0, t1);
             t0 = warp_sum(t0);
             t1 = warp_sum(t1);
             const float bb0 = __shfl_sync(0xffffffffu, b0v, uu);
@@ -874,7 +878,7 @@ __device__ __forceinline__ void grp_units(MoeSlots& w, const u8* xs, int stride,
                                           float b1v, const Put& put) {
     for (int uu = 0; uu < nu; ++uu) {
         float t0[NT], t1[NT];
-        w.template sums_n<NT, false>(xs, stride, uu, nu, t0, t1);
+        w.sums_n<NT>(xs, stride, uu, nu, t0, t1);
         const float bb0 = __shfl_sync(0xffffffffu, b0v, uu);
         const float bb1 = __shfl_sync(0xffffffffu, b1v, uu);
 #pragma unroll
