@@ -280,13 +280,8 @@ pub const TCG_STREAM_ENV: &str = "MXTUNE_TCG_STREAM";
 fn tc_gemv_stream() -> Result<TcgStream> {
     static S: std::sync::OnceLock<Result<TcgStream, String>> = std::sync::OnceLock::new();
     S.get_or_init(|| {
-        let v = std::env::var(TCG_STREAM_ENV).unwrap_or_default();
-        choice(
-            TCG_STREAM_ENV,
-            &v,
-            &[("units", TcgStream::Units), ("tiles", TcgStream::Tiles)],
-        )
-        .map_err(|e| e.to_string())
+        let choices = [("units", TcgStream::Units), ("tiles", TcgStream::Tiles)];
+        env_choice(TCG_STREAM_ENV, &choices).map_err(|e| e.to_string())
     })
     .clone()
     .map_err(anyhow::Error::msg)
