@@ -436,6 +436,31 @@ __device__ __forceinline__ void fp4l_to_f16x2(unsigned w, unsigned (&p)[4]) {
     p[3] = (r4 ^ r14) & F16L_MASK;
 }
 
+// ---- The dense MXFP4 matrices' bf16 layout (`DenseLayout::Bf16` in ops.rs). Each 32-bit word
+// of blocks is rearranged once at load so that it decodes to its four bf16 pairs in 8 integer
+// operations: E2M1's bits s e1 e0 m placed at bf16 bits 15, 8, 7, 6 are exactly the value times
+// 2^-126 (e = 0 lands on bf16's subnormals, as it is E2M1's own), so each pair is a function of
+// the stored word under the mask 0x81C081C0: pair 0 the word itself, pairs 1-3 the XOR of two of
+// its rotations (by 2 and 6, 8, 12). The block's scale 2^(s - 127) then comes in as 2^(s - 1)
+// (bf16_scale_b), which bf16 holds for s <= 128 only: a matrix with a larger scale stays in the
+// standard layout (ops.rs).
+#define BF16L_MASK 0x81C081C0u
+__device__ __forceinline__ void fp4b_to_bf16x2(unsigned w, unsigned (&p)[4]) {
+    const unsigned r2 = __funnelshift_l(w, w, 2), r6 = __funnelshift_l(w, w, 6);
+    const unsigned r8 = __funnelshift_l(w, w, 8), r12 = __funnelshift_l(w, w, 12);
+    p[0] = w & BF16L_MASK;
+    p[1] = (r2 ^ r6) & BF16L_MASK;
+    p[2] = (r2 ^ r8) & BF16L_MASK;
+    p[3] = (r2 ^ r12) & BF16L_MASK;
+}
+
+// The bf16 pair (both halves) 2^(s - 1): the multiplier of a block's pairs from
+// fp4b_to_bf16x2 for its scale byte s <= 128 (an integer multiply-add: (s + 126) is the
+// exponent field, in both halves).
+__device__ __forceinline__ unsigned bf16_scale_b(unsigned s) {
+    return (s + 126u) * 0x00800080u;
+}
+
 // An fp16 pair of exact small values (E2M1 times a power of two) as the bf16 pair of the same
 // values: widened to fp32 exactly and narrowed to bf16 exactly.
 __device__ __forceinline__ unsigned f16x2_to_bf16x2_exact(unsigned v) {
@@ -459,17 +484,6 @@ __device__ __forceinline__ void fp4l_to_bf16x2(unsigned w, unsigned (&p)[4]) {
         // times 2^14 (0x7400), plus -0 so that a -0 stays -0 as fp4x8_to_bf16x2 gives it
         asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(e) : "r"(h[j]), "r"(0x74007400u), "r"(0x80008000u));
         p[j] = f16x2_to_bf16x2_exact(e);
-    }
-}
-
-// Eight MXFP4 elements as bf16 pairs from a word in the standard layout (LAYOUT_F16 false)
-// or the fp16 layout (true).
-template <bool LAYOUT_F16>
-__device__ __forceinline__ void fp4x8_to_bf16x2_l(unsigned w, unsigned (&p)[4]) {
-    if constexpr (LAYOUT_F16) {
-        fp4l_to_bf16x2(w, p);
-    } else {
-        fp4x8_to_bf16x2(w, p);
     }
 }
 
@@ -545,6 +559,37 @@ __device__ __forceinline__ unsigned bf16x2_mul(unsigned a, unsigned b) {
     unsigned d;
     asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(0x80008000u));
     return d;
+}
+
+// The layouts of MXFP4 words on the device (ops.rs `WordLayout`): as in the checkpoint
+// (FP4_STD), the experts' fp16 layout (FP4_F16L) and the dense matrices' bf16 layout
+// (FP4_BF16L).
+#define FP4_STD 0
+#define FP4_F16L 1
+#define FP4_BF16L 2
+
+// Eight MXFP4 elements of a word in layout L as bf16 pairs (element 2j in the low half of
+// p[j]) that fp4_scale_bf16x2<L> of the block's scale byte turns into the weights with one
+// bf16x2_mul: the values themselves (FP4_STD, FP4_F16L) or the values times 2^-126
+// (FP4_BF16L).
+template <int L>
+__device__ __forceinline__ void fp4_bf16x2(unsigned w, unsigned (&p)[4]) {
+    if constexpr (L == FP4_F16L) {
+        fp4l_to_bf16x2(w, p);
+    } else if constexpr (L == FP4_BF16L) {
+        fp4b_to_bf16x2(w, p);
+    } else {
+        fp4x8_to_bf16x2(w, p);
+    }
+}
+
+template <int L>
+__device__ __forceinline__ unsigned fp4_scale_bf16x2(unsigned s) {
+    if constexpr (L == FP4_BF16L) {
+        return bf16_scale_b(s);
+    } else {
+        return e8m0_bf16x2(s);
+    }
 }
 
 // ---- Tensor-core tiles for the prefill GEMMs (mma.sync m16n8k16, bf16 in, fp32 accumulate;
@@ -849,17 +894,17 @@ __device__ __forceinline__ void fp4_stage_load(const uint2* __restrict__ wq, con
 
 // One TC_BK stage of MXFP4 weight rows into shared bf16, the B tile of every MXFP4 tensor-core
 // GEMM (grouped MoE, dense prefill projections): thread part `half` (0/1) of row `row`
-// converts 16 elements (8 bytes of the block) times the block's scale, as bf16 pairs
-// throughout. Exact: every MXFP4 value times a power of two is a bf16 number (outside the
-// extreme exponents).
-template <bool LAYOUT_F16 = false>
+// converts 16 elements (8 bytes of the block, in word layout L) times the block's scale, as
+// bf16 pairs throughout. Exact: every MXFP4 value times a power of two is a bf16 number
+// (outside the extreme exponents).
+template <int L>
 __device__ __forceinline__ void fp4_stage_store(bf16_t* Bs, int row, int half, uint2 q, unsigned sc) {
-    const unsigned s2 = e8m0_bf16x2(sc);
+    const unsigned s2 = fp4_scale_bf16x2<L>(sc);
     unsigned o[8], p[4];
-    fp4x8_to_bf16x2_l<LAYOUT_F16>(q.x, p);
+    fp4_bf16x2<L>(q.x, p);
 #pragma unroll
     for (int j = 0; j < 4; ++j) o[j] = bf16x2_mul(p[j], s2);
-    fp4x8_to_bf16x2_l<LAYOUT_F16>(q.y, p);
+    fp4_bf16x2<L>(q.y, p);
 #pragma unroll
     for (int j = 0; j < 4; ++j) o[4 + j] = bf16x2_mul(p[j], s2);
     uint4* d = reinterpret_cast<uint4*>(Bs + row * TC_LD + 16 * half);

@@ -108,9 +108,11 @@ using TcgBf16 = TcgBf16T<TCG_BF16_STEP>;
 #define TCG_MAX_KSPLIT 4
 #endif
 
-// MXFP4 weights (layout of mxfp4_dense.cu): E = 32 NB, NB consecutive blocks of 32 (and their
-// scales) per lane and row, so the 4 lanes of a row read 64 NB contiguous bytes per chunk.
-template <int NB, int S_ = TCG_FP4_STEP>
+// MXFP4 weights (blocks and scales as in mxfp4_dense.cu, the blocks' words in layout L: the
+// dense matrices' bf16 layout, the experts' standard one): E = 32 NB, NB consecutive blocks of
+// 32 (and their scales) per lane and row, so the 4 lanes of a row read 64 NB contiguous bytes
+// per chunk.
+template <int NB, int S_, int L>
 struct TcgFp4T {
     static constexpr int E = 32 * NB;
     static constexpr int S = S_;
@@ -145,9 +147,9 @@ struct TcgFp4T {
         const int i = v >> 2, wi = v & 3;
         const unsigned wa[4] = {f.q[0][i].x, f.q[0][i].y, f.q[0][i].z, f.q[0][i].w};
         const unsigned wb[4] = {f.q[1][i].x, f.q[1][i].y, f.q[1][i].z, f.q[1][i].w};
-        fp4x8_to_bf16x2(wa[wi], a);
-        fp4x8_to_bf16x2(wb[wi], b);
-        const unsigned sa = e8m0_bf16x2(f.s[0][i]), sb = e8m0_bf16x2(f.s[1][i]);
+        fp4_bf16x2<L>(wa[wi], a);
+        fp4_bf16x2<L>(wb[wi], b);
+        const unsigned sa = fp4_scale_bf16x2<L>(f.s[0][i]), sb = fp4_scale_bf16x2<L>(f.s[1][i]);
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
             a[j] = bf16x2_mul(a[j], sa);
@@ -166,7 +168,7 @@ struct TcgFp4T {
 #ifndef TCM_NB
 #define TCM_NB 2
 #endif
-using TcmFp4 = TcgFp4T<TCM_NB>;
+using TcmFp4 = TcgFp4T<TCM_NB, TCG_FP4_STEP, FP4_STD>;
 
 // Stage nt activation rows (row(n): fp32, cols) as bf16 rows of `stride` elements at xs. With
 // a norm weight nw, the rows are multiplied by it and each row's sum of squares of the fp32
@@ -603,7 +605,7 @@ GEMV_TC_BF16(gemv_tc_bf16_t16_r128, 2, TCG_WARPS, TCG_STREAM_MINB_T16, TCG_STREA
          int rows, int cols, int tokens, int accumulate, const bf16_t* __restrict__ norm_w,    \
          float eps, float* __restrict__ x_out, float* __restrict__ part,                       \
          unsigned* __restrict__ cnt) {                                                         \
-        using W = TcgFp4T<NB, STEP>;                                                           \
+        using W = TcgFp4T<NB, STEP, FP4_BF16L>;                                                \
         const W wp{blocks, scales, cols};                                                      \
         typename W::Raw cur[W::S];                                                             \
         const int nch = tcg_nchunks<W>(cols);                                                  \

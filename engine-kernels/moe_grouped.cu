@@ -83,7 +83,7 @@ __device__ __forceinline__ bool moe_tile_mma(const u8* __restrict__ blocks,
     auto store = [&](int s, int set) {
 #pragma unroll
         for (int j = 0; j < RA; ++j) tc_store_act(As[s], arow + 64 * j, aq, ar[set][j]);
-        fp4_stage_store<LF>(Bs[s], brow, bh, bq[set], bs[set]);
+        fp4_stage_store<LF ? FP4_F16L : FP4_STD>(Bs[s], brow, bh, bq[set], bs[set]);
     };
     tc_mainloop(nb, load, store, As, Bs, acc);
     return true;
@@ -234,7 +234,7 @@ __device__ __forceinline__ void rb_stage(const bf16_t* As, const u8* Bq, int wm,
 #pragma unroll
         for (int ni = 0; ni < NI; ++ni) {
             unsigned p[4];
-            fp4x8_to_bf16x2_l<LF>(h ? q[ni].y : q[ni].x, p);
+            fp4_bf16x2<LF ? FP4_F16L : FP4_STD>(h ? q[ni].y : q[ni].x, p);
 #pragma unroll
             for (int j = 0; j < 4; ++j) b[ni][j] = bf16x2_mul(p[j], s2[ni]);
         }
@@ -448,25 +448,6 @@ TILE_ENTRY(moe_gate_up_grouped, TC_MINB, moe_gate_up_tile, TC_BM, MOE_GATE_UP_PA
 TILE_ENTRY(moe_gate_up_grouped_m128, TC128_MINB, moe_gate_up_tile, 128, MOE_GATE_UP_PARAMS, MOE_GATE_UP_ARGS)
 TILE_ENTRY(moe_down_grouped, TC_MINB, moe_down_tile, TC_BM, MOE_DOWN_PARAMS, MOE_DOWN_ARGS)
 TILE_ENTRY(moe_down_grouped_m128, TC128_MINB, moe_down_tile, 128, MOE_DOWN_PARAMS, MOE_DOWN_ARGS)
-
-// The experts' fp16 layout (fp4l_to_f16x2 in common.cuh), made in place once at load: stored
-// bit k of each 32-bit word is the parity of masks[k] & (the word in the standard layout).
-// masks: 32 words (ops.rs builds them as the inverse of the decode's map). Grid-stride.
-extern "C" __global__ void mxfp4_f16_layout(unsigned* __restrict__ w, unsigned long long n,
-                                            const unsigned* __restrict__ masks) {
-    pdl_enter();
-    __shared__ unsigned m[32];
-    if (threadIdx.x < 32) m[threadIdx.x] = masks[threadIdx.x];
-    __syncthreads();
-    for (unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x; i < n;
-         i += (unsigned long long)gridDim.x * blockDim.x) {
-        const unsigned v = w[i];
-        unsigned o = 0u;
-#pragma unroll
-        for (int k = 0; k < 32; ++k) o |= (__popc(m[k] & v) & 1u) << k;
-        w[i] = o;
-    }
-}
 
 // y[t, c] (+)= sum_s part[t * k + s, c], slots summed in order. grid = (ceil(H / 256), T).
 extern "C" __global__ void moe_combine(const float* __restrict__ part, float* __restrict__ y,

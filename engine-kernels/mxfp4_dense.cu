@@ -1,12 +1,16 @@
 // Dense projections in MXFP4 (`--mxfp4-layers moe,qkv,o[,lm_head]`): attention qkv and o (and
 // the lm_head) quantized from bf16 at load, on the device, then multiplied in that format.
-// Layout as the experts (moe_gemv.cu): blocks [rows, cols/32, 16] u8, byte j of a block
-// holding element 2j in the low nibble and 2j+1 in the high one; scales [rows, cols/32] UE8M0.
+// Blocks [rows, cols/32, 16] u8 and scales [rows, cols/32] UE8M0, as the experts; the blocks'
+// 32-bit words in the bf16 layout (common.cuh `fp4b_to_bf16x2`, made at load by
+// `mxfp4_word_layout`): every kernel here and the tensor-core GEMVs of gemv_tc.cu read that
+// layout, which holds scales up to 2^1 (a matrix with a larger one is refused at load).
 //
-// mxfp4_quantize_bf16: the quantizer, bit-identical to the host's (src/engine/mxfp4.rs, which
-//   documents the definition once): per block of 32, the scale exponent is the smallest e with
-//   amax <= 6 * 2^e (from amax's float bits), each value the nearest E2M1 code of v / 2^e, ties
-//   to the even code, saturating at 6.
+// mxfp4_quantize_bf16: the quantizer (in the checkpoint's layout, before the bf16 one),
+//   bit-identical to the host's (src/engine/mxfp4.rs, which documents the definition once):
+//   per block of 32, the scale exponent is the smallest e with amax <= 6 * 2^e (from amax's
+//   float bits), each value the nearest E2M1 code of v / 2^e, ties to the even code,
+//   saturating at 6.
+// mxfp4_word_layout: the blocks' words into a layout (the bf16 one here; the experts' fp16 one).
 // gemv_mxfp4: decode GEMV, the features of gemv_bf16 (bias, accumulate, fused RMSNorm, up to
 //   FP4_GEMV_TOKENS tokens per weight pass) with the activations staged in padded shared memory.
 // gemm_mxfp4_tc: prefill GEMM on tensor cores, the weights dequantized to bf16 in shared memory
@@ -81,6 +85,26 @@ extern "C" __global__ void mxfp4_quantize_bf16(const bf16_t* __restrict__ src, u
     }
 }
 
+// A word layout of MXFP4 blocks (the experts' fp16 one, fp4l_to_f16x2 in common.cuh; the dense
+// matrices' bf16 one, fp4b_to_bf16x2), made in place once at load: stored bit k of each 32-bit
+// word is the parity of masks[k] & (the word in the standard layout). masks: 32 words (ops.rs
+// builds them as the inverse of the layout's decode map). Grid-stride.
+extern "C" __global__ void mxfp4_word_layout(unsigned* __restrict__ w, unsigned long long n,
+                                             const unsigned* __restrict__ masks) {
+    pdl_enter();
+    __shared__ unsigned m[32];
+    if (threadIdx.x < 32) m[threadIdx.x] = masks[threadIdx.x];
+    __syncthreads();
+    for (unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x; i < n;
+         i += (unsigned long long)gridDim.x * blockDim.x) {
+        const unsigned v = w[i];
+        unsigned o = 0u;
+#pragma unroll
+        for (int k = 0; k < 32; ++k) o |= (__popc(m[k] & v) & 1u) << k;
+        w[i] = o;
+    }
+}
+
 // ---- Decode GEMV ------------------------------------------------------------------------
 
 // Stage tokens t0 .. t0 + nt of x (or their RMSNorm · norm_w, also written to x_out by block
@@ -117,18 +141,27 @@ __device__ __forceinline__ void fp4_stage_input(const float* __restrict__ x,
     __syncthreads();
 }
 
-// acc[t] += scale * (the 32-element block q . the staged activations of token t at xb +
-// t * tstride), for t < nt; the nibbles are decoded once for all tokens.
-__device__ __forceinline__ void fp4_block_dot_tokens(uint4 q, float scale, const float* xb, int tstride,
+// acc[t] += the 32-element block q (scale byte sc) . the staged activations of token t at
+// xb + t * tstride, for t < nt; the nibbles are decoded (and scaled, exactly) once for all
+// tokens.
+__device__ __forceinline__ void fp4_block_dot_tokens(uint4 q, unsigned sc, const float* xb, int tstride,
                                                      int nt, float (&acc)[FP4_GEMV_TOKENS]) {
     const unsigned wq[4] = {q.x, q.y, q.z, q.w};
+    const unsigned s2 = fp4_scale_bf16x2<FP4_BF16L>(sc);
     float part[FP4_GEMV_TOKENS];
 #pragma unroll
     for (int t = 0; t < FP4_GEMV_TOKENS; ++t) part[t] = 0.0f;
 #pragma unroll
     for (int wi = 0; wi < 4; ++wi) {
+        unsigned p[4];
+        fp4_bf16x2<FP4_BF16L>(wq[wi], p);
         float f[8];
-        fp4x8_to_f32(wq[wi], f);
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const unsigned v = bf16x2_mul(p[j], s2);
+            f[2 * j] = __uint_as_float(v << 16);
+            f[2 * j + 1] = __uint_as_float(v & 0xffff0000u);
+        }
 #pragma unroll
         for (int t = 0; t < FP4_GEMV_TOKENS; ++t) {
             if (t < nt) {
@@ -140,7 +173,7 @@ __device__ __forceinline__ void fp4_block_dot_tokens(uint4 q, float scale, const
         }
     }
 #pragma unroll
-    for (int t = 0; t < FP4_GEMV_TOKENS; ++t) acc[t] += part[t] * scale;
+    for (int t = 0; t < FP4_GEMV_TOKENS; ++t) acc[t] += part[t];
 }
 
 // y[t, r] (+)= W[r, :] . in[t, :] + b[r], in = x or RMSNorm(x) · norm_w (then also written to
@@ -190,7 +223,7 @@ gemv_mxfp4(const u8* __restrict__ blocks, const u8* __restrict__ scales,
                 const uint4 q = nq[slot];
                 const unsigned sc = ns[slot];
                 fetch(slot, b + 64);
-                fp4_block_dot_tokens(q, e8m0_value(sc), xs + b * STAGE_PAD, tstride, nt, acc);
+                fp4_block_dot_tokens(q, sc, xs + b * STAGE_PAD, tstride, nt, acc);
             }
         }
     }
@@ -239,7 +272,7 @@ gemm_mxfp4_tc(const float* __restrict__ x, const u8* __restrict__ blocks,
     };
     auto store = [&](int s, int set) {
         tc_store_act(As[s], arow, aq, ar[set]);
-        fp4_stage_store(Bs[s], brow, bh, bq[set], bs[set]);
+        fp4_stage_store<FP4_BF16L>(Bs[s], brow, bh, bq[set], bs[set]);
     };
     tc_mainloop(nb, load, store, As, Bs, acc);
     tc_epilogue(acc, [&](int r, int c, float v0, float v1) {

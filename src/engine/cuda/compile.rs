@@ -133,13 +133,17 @@ pub const KERNEL_FILES: &[KernelFile] = &[
     ),
     kernel_file!(
         "mxfp4_dense.cu",
-        ["mxfp4_quantize_bf16", "gemv_mxfp4", "gemm_mxfp4_tc"]
+        [
+            "mxfp4_quantize_bf16",
+            "mxfp4_word_layout",
+            "gemv_mxfp4",
+            "gemm_mxfp4_tc"
+        ]
     ),
     kernel_file!(
         "moe_grouped.cu",
         [
             "moe_group",
-            "mxfp4_f16_layout",
             "moe_gate_up_grouped",
             "moe_gate_up_grouped_m128",
             "moe_down_grouped",

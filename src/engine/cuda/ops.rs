@@ -1744,7 +1744,7 @@ pub struct MoeWeights {
 
 /// The layout of the experts' MXFP4 blocks on the device.
 /// * `Standard`: as in the checkpoint (element i of a 32-bit word in bits 4i..4i+3).
-/// * `F16`: each 32-bit word rearranged once at load ([`expert_f16_layout`]) so that the
+/// * `F16`: each 32-bit word rearranged once at load ([`F16_WORDS`]) so that the
 ///   decode MoE's fp16 dot decodes it into its four fp16 pairs (the values times 2^-14) in 8
 ///   integer operations instead of 13 (`fp4l_to_f16x2` in common.cuh; docs/engine.md). The
 ///   layout of the model whenever its decode MoE runs the fp16 dot ([`MoeCodes::F16`]): those
@@ -1777,103 +1777,152 @@ impl ExpertLayout {
     }
 }
 
-/// Bits of each fp16 pair of the fp16 layout that hold an element: sign at 15 and e1 e0 m at
-/// 11..9 of each half (kernel constant `F16L_MASK`).
-const F16L_MASK: u32 = 0x8E00_8E00;
-
-/// Rotations whose XOR (with the mask) gives pairs 1-3 of a word in the fp16 layout; pair 0 is
-/// the word itself (`fp4l_to_f16x2`).
-const F16L_ROTATIONS: [(u32, u32); 3] = [(4, 7), (4, 11), (4, 14)];
-
-/// The four fp16 pairs a word in the fp16 layout decodes to (the kernels' `fp4l_to_f16x2`).
-pub fn f16_layout_decode(w: u32) -> [u32; 4] {
-    let mut p = [w & F16L_MASK; 4];
-    for (j, &(a, b)) in F16L_ROTATIONS.iter().enumerate() {
-        p[j + 1] = (w.rotate_left(a) ^ w.rotate_left(b)) & F16L_MASK;
-    }
-    p
+/// A layout of MXFP4 blocks' 32-bit words on the device in which a word decodes to its four
+/// 16-bit pairs (element 2j in the low half of pair j, 2j + 1 in the high one) in 8 integer
+/// operations: E2M1's bits s e1 e0 m sit at `sign_bit` and the three bits from `low_bit` up
+/// of each half (`mask`), so each pair is exact (the value times a power of two, e = 0
+/// landing on the format's subnormals, as it is E2M1's own). Pair 0 is the stored word under
+/// the mask, pairs 1-3 the XOR of two of its rotations ([`WordLayout::decode`], the kernels'
+/// `fp4l_to_f16x2` and `fp4b_to_bf16x2`); the load-time transform ([`word_layout`], the kernel
+/// `mxfp4_word_layout`) is the inverse of that map over GF(2), built by
+/// [`WordLayout::masks`] from the same definition.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WordLayout {
+    /// Name in errors and checks.
+    pub name: &'static str,
+    /// Bits of a pair that hold an element (kernel constants `F16L_MASK`, `BF16L_MASK`).
+    pub mask: u32,
+    /// Bit of each half holding the sign.
+    pub sign_bit: u32,
+    /// Lowest bit of each half holding e1 e0 m.
+    pub low_bit: u32,
+    /// Rotations whose XOR (with the mask) gives pairs 1-3.
+    pub rotations: [(u32, u32); 3],
 }
 
-/// The fp16 pairs of a standard-layout word: element 2j in the low half of pair j, 2j + 1 in
-/// the high half, each E2M1 s e1 e0 m at fp16 bits 15, 11, 10, 9 (the value times 2^-14).
-pub fn f16_pairs_of_standard(w: u32) -> [u32; 4] {
-    let half = |nib: u32| ((nib & 8) << 12) | ((nib & 7) << 9);
-    std::array::from_fn(|j| {
-        let lo = (w >> (8 * j)) & 15;
-        let hi = (w >> (8 * j + 4)) & 15;
-        half(lo) | (half(hi) << 16)
-    })
-}
+/// The experts' fp16 layout ([`ExpertLayout::F16`]): fp16 pairs of the values times 2^-14.
+pub const F16_WORDS: WordLayout = WordLayout {
+    name: "fp16",
+    mask: 0x8E00_8E00,
+    sign_bit: 15,
+    low_bit: 9,
+    rotations: [(4, 7), (4, 11), (4, 14)],
+};
 
-/// The transform to the fp16 layout as 32 masks over a standard word: stored bit k is the
-/// parity of `masks[k] & w` (the kernel `mxfp4_f16_layout`). It inverts, over GF(2), the map
-/// from stored bits to the pairs' element bits that [`f16_layout_decode`] computes, read off
-/// that function itself; an error if the map were singular.
-pub fn f16_layout_masks() -> Result<[u32; 32]> {
-    // Row r (one per element bit: pair j, half, bit of the mask) of the decode's matrix, as
-    // stored bits (decode of each unit word), and the standard bit it must equal.
-    let mask_bits: Vec<u32> = (0..32).filter(|b| F16L_MASK >> b & 1 == 1).collect();
-    let units: [[u32; 4]; 32] = std::array::from_fn(|k| f16_layout_decode(1u32 << k));
-    let std_of = |j: usize, b: u32| -> u32 {
-        // The standard bit whose value f16_pairs_of_standard puts at bit b of pair j.
-        (0..32u32)
-            .find(|&i| f16_pairs_of_standard(1u32 << i)[j] >> b & 1 == 1)
-            .unwrap_or(u32::MAX)
-    };
-    // Augmented rows [a | e]: a = stored bits feeding the element bit, e = its standard bit.
-    let mut rows: Vec<(u32, u32)> = Vec::with_capacity(32);
-    for j in 0..4 {
-        for &b in &mask_bits {
-            let a = units
-                .iter()
-                .enumerate()
-                .fold(0u32, |acc, (k, u)| acc | ((u[j] >> b & 1) << k));
-            let si = std_of(j, b);
-            ensure!(
-                si < 32,
-                "fp16 layout: no standard bit lands on pair {j} bit {b}"
-            );
-            rows.push((a, 1u32 << si));
+/// The dense MXFP4 matrices' bf16 layout ([`DenseW::Mxfp4`]): bf16 pairs of the values times
+/// 2^-126, which the kernels multiply by a block's scale 2^(s - 127) as the bf16 2^(s - 1), so
+/// scales up to [`DENSE_MAX_SCALE`].
+pub const BF16_WORDS: WordLayout = WordLayout {
+    name: "bf16",
+    mask: 0x81C0_81C0,
+    sign_bit: 15,
+    low_bit: 6,
+    rotations: [(2, 6), (2, 8), (2, 12)],
+};
+
+/// The largest scale byte a dense MXFP4 matrix may hold (2^1: weights up to 12 in magnitude):
+/// bf16 holds the multiplier 2^(s - 1) of [`BF16_WORDS`] up to 2^127.
+pub const DENSE_MAX_SCALE: u8 = 128;
+
+impl WordLayout {
+    /// The four pairs a stored word decodes to (the kernels' decode).
+    pub fn decode(&self, w: u32) -> [u32; 4] {
+        let mut p = [w & self.mask; 4];
+        for (j, &(a, b)) in self.rotations.iter().enumerate() {
+            p[j + 1] = (w.rotate_left(a) ^ w.rotate_left(b)) & self.mask;
         }
+        p
     }
-    // Gauss-Jordan over GF(2): a · stored = e for every row, solved for stored bit k.
-    for k in 0..32usize {
-        let piv = (k..32)
-            .find(|&r| rows[r].0 >> k & 1 == 1)
-            .ok_or_else(|| anyhow::anyhow!("fp16 layout: the decode's map is singular"))?;
-        rows.swap(k, piv);
-        let (pa, pe) = rows[k];
-        for (r, row) in rows.iter_mut().enumerate() {
-            if r != k && row.0 >> k & 1 == 1 {
-                row.0 ^= pa;
-                row.1 ^= pe;
+
+    /// The pairs of a standard-layout word: element 2j in the low half of pair j, 2j + 1 in
+    /// the high half, each E2M1 s e1 e0 m at `sign_bit` and `low_bit + 2 … low_bit`.
+    pub fn pairs_of_standard(&self, w: u32) -> [u32; 4] {
+        let half = |nib: u32| ((nib >> 3) << self.sign_bit) | ((nib & 7) << self.low_bit);
+        std::array::from_fn(|j| {
+            let lo = (w >> (8 * j)) & 15;
+            let hi = (w >> (8 * j + 4)) & 15;
+            half(lo) | (half(hi) << 16)
+        })
+    }
+
+    /// The transform to this layout as 32 masks over a standard word: stored bit k is the
+    /// parity of `masks[k] & w` (the kernel `mxfp4_word_layout`). It inverts, over GF(2), the
+    /// map from stored bits to the pairs' element bits that [`Self::decode`] computes, read off
+    /// that function itself; an error if the map were singular.
+    pub fn masks(&self) -> Result<[u32; 32]> {
+        let name = self.name;
+        // Row r (one per element bit: pair j, half, bit of the mask) of the decode's matrix,
+        // as stored bits (decode of each unit word), and the standard bit it must equal.
+        let mask_bits: Vec<u32> = (0..32).filter(|b| self.mask >> b & 1 == 1).collect();
+        let units: [[u32; 4]; 32] = std::array::from_fn(|k| self.decode(1u32 << k));
+        let std_of = |j: usize, b: u32| -> u32 {
+            // The standard bit whose value pairs_of_standard puts at bit b of pair j.
+            (0..32u32)
+                .find(|&i| self.pairs_of_standard(1u32 << i)[j] >> b & 1 == 1)
+                .unwrap_or(u32::MAX)
+        };
+        // Augmented rows [a | e]: a = stored bits feeding the element bit, e = its standard
+        // bit.
+        let mut rows: Vec<(u32, u32)> = Vec::with_capacity(32);
+        for j in 0..4 {
+            for &b in &mask_bits {
+                let a = units
+                    .iter()
+                    .enumerate()
+                    .fold(0u32, |acc, (k, u)| acc | ((u[j] >> b & 1) << k));
+                let si = std_of(j, b);
+                ensure!(
+                    si < 32,
+                    "{name} layout: no standard bit lands on pair {j} bit {b}"
+                );
+                rows.push((a, 1u32 << si));
             }
         }
+        ensure!(
+            rows.len() == 32,
+            "{name} layout: {} element bits in the four pairs, not 32",
+            rows.len()
+        );
+        // Gauss-Jordan over GF(2): a · stored = e for every row, solved for stored bit k.
+        for k in 0..32usize {
+            let piv = (k..32)
+                .find(|&r| rows[r].0 >> k & 1 == 1)
+                .ok_or_else(|| anyhow::anyhow!("{name} layout: the decode's map is singular"))?;
+            rows.swap(k, piv);
+            let (pa, pe) = rows[k];
+            for (r, row) in rows.iter_mut().enumerate() {
+                if r != k && row.0 >> k & 1 == 1 {
+                    row.0 ^= pa;
+                    row.1 ^= pe;
+                }
+            }
+        }
+        Ok(std::array::from_fn(|k| rows[k].1))
     }
-    Ok(std::array::from_fn(|k| rows[k].1))
 }
 
-/// A standard-layout word in the fp16 layout (what `mxfp4_f16_layout` does on the device).
-pub fn f16_layout_encode(masks: &[u32; 32], w: u32) -> u32 {
+/// A standard-layout word in the layout of `masks` ([`WordLayout::masks`]; what
+/// `mxfp4_word_layout` does on the device).
+pub fn word_layout_encode(masks: &[u32; 32], w: u32) -> u32 {
     (0..32).fold(0u32, |o, k| o | (((masks[k] & w).count_ones() & 1) << k))
 }
 
-/// Rearrange MXFP4 blocks into the fp16 layout, in place on the device: each region is
-/// (device address, bytes), the bytes a multiple of 4. The masks are built and uploaded once
-/// for all the regions.
-pub fn expert_f16_layout(g: &Gpu, regions: &[(u64, usize)]) -> Result<()> {
+/// Rearrange MXFP4 blocks into `layout`, in place on the device: each region is (device
+/// address, bytes), the bytes a multiple of 4. The masks are built and uploaded once for all
+/// the regions.
+pub fn word_layout(g: &Gpu, layout: &WordLayout, regions: &[(u64, usize)]) -> Result<()> {
     for &(_, bytes) in regions {
         ensure!(
             bytes.is_multiple_of(4),
             "MXFP4 blocks of {bytes} bytes: not whole 32-bit words"
         );
     }
-    let masks = g.upload(&f16_layout_masks()?)?;
+    let masks = g.upload(&layout.masks()?)?;
     for &(blocks, bytes) in regions.iter().filter(|r| r.1 > 0) {
         let words = bytes / 4;
         let blocks_n = words.div_ceil(256).min(g.sms() * 8).max(1);
         g.launch(
-            "mxfp4_f16_layout",
+            "mxfp4_word_layout",
             (u(blocks_n)?, 1, 1),
             (256, 1, 1),
             0,
@@ -3393,7 +3442,8 @@ fn tc_gemm_launch(
 }
 
 /// A dense projection's weights on the device: bf16 `[rows, cols]` as in the checkpoint, or
-/// MXFP4 quantized at load (blocks `[rows, cols/32, 16]`, scales `[rows, cols/32]`).
+/// MXFP4 quantized at load (blocks `[rows, cols/32, 16]` with their words in [`BF16_WORDS`],
+/// scales `[rows, cols/32]` up to [`DENSE_MAX_SCALE`]).
 #[derive(Debug, Clone, Copy)]
 pub enum DenseW {
     /// bf16 weights.
@@ -3926,8 +3976,7 @@ mod tests {
     };
 
     #[test]
-    fn fp16_layout_decodes_every_word_to_its_elements_times_2_pow_minus_14() {
-        let masks = f16_layout_masks().unwrap();
+    fn word_layouts_decode_every_word_to_its_elements_times_a_power_of_two() {
         // Each stored bit is a function of the standard word's bits: a bijection on words
         // (distinct masks of full rank), checked on a spread of words and the corners.
         let mut x = 0x9e37_79b9u32;
@@ -3938,31 +3987,62 @@ mod tests {
             x ^= x << 5;
             words.push(x);
         }
-        for &w in &words {
-            let stored = f16_layout_encode(&masks, w);
-            let pairs = f16_layout_decode(stored);
-            assert_eq!(pairs, f16_pairs_of_standard(w), "{w:#010x}");
-            for (j, p) in pairs.iter().enumerate() {
-                for h in 0..2 {
-                    let nib = (w >> (8 * j + 4 * h)) & 15;
-                    let v = half::f16::from_bits((p >> (16 * h)) as u16).to_f64();
-                    let want = crate::engine::cuda::reference::FP4[nib as usize] / 16384.0;
-                    assert_eq!(v, want, "element {} of {w:#010x}", 2 * j + h);
-                    assert_eq!(v.is_sign_negative(), nib & 8 != 0);
+        // Each half's value as f64: fp16 pairs hold the values times 2^-14, bf16 times 2^-126.
+        let f16 = |h: u16| half::f16::from_bits(h).to_f64() * 16384.0;
+        let bf16 = |h: u16| half::bf16::from_bits(h).to_f64() * 2f64.powi(126);
+        for (layout, value) in [
+            (F16_WORDS, &f16 as &dyn Fn(u16) -> f64),
+            (BF16_WORDS, &bf16),
+        ] {
+            let masks = layout.masks().unwrap();
+            for &w in &words {
+                let stored = word_layout_encode(&masks, w);
+                let pairs = layout.decode(stored);
+                assert_eq!(
+                    pairs,
+                    layout.pairs_of_standard(w),
+                    "{} {w:#010x}",
+                    layout.name
+                );
+                for (j, p) in pairs.iter().enumerate() {
+                    for h in 0..2 {
+                        let nib = (w >> (8 * j + 4 * h)) & 15;
+                        let v = value((p >> (16 * h)) as u16);
+                        let want = crate::engine::cuda::reference::FP4[nib as usize];
+                        assert_eq!(
+                            v,
+                            want,
+                            "{} element {} of {w:#010x}",
+                            layout.name,
+                            2 * j + h
+                        );
+                        assert_eq!(v.is_sign_negative(), nib & 8 != 0);
+                    }
                 }
             }
+            // Distinct words stay distinct (the transform loses nothing).
+            let mut enc: Vec<u32> = words
+                .iter()
+                .map(|&w| word_layout_encode(&masks, w))
+                .collect();
+            let mut src = words.clone();
+            enc.sort_unstable();
+            enc.dedup();
+            src.sort_unstable();
+            src.dedup();
+            assert_eq!(enc.len(), src.len(), "{}", layout.name);
         }
-        // Distinct words stay distinct (the transform loses nothing).
-        let mut enc: Vec<u32> = words
-            .iter()
-            .map(|&w| f16_layout_encode(&masks, w))
-            .collect();
-        let mut src = words.clone();
-        enc.sort_unstable();
-        enc.dedup();
-        src.sort_unstable();
-        src.dedup();
-        assert_eq!(enc.len(), src.len());
+    }
+
+    #[test]
+    fn a_layout_whose_pairs_miss_an_element_bit_is_refused() {
+        // Rotations that send two element bits to the same place: the map is singular.
+        let bad = WordLayout {
+            rotations: [(2, 6), (2, 6), (2, 12)],
+            ..BF16_WORDS
+        };
+        let e = bad.masks().unwrap_err().to_string();
+        assert!(e.contains("bf16 layout") && e.contains("singular"), "{e}");
     }
 
     #[test]

@@ -71,7 +71,8 @@ pub struct DeviceWeights {
 pub enum DenseWeight {
     /// bf16 bits, row-major [rows, cols].
     Bf16(CudaSlice<u16>),
-    /// MXFP4: blocks [rows, cols/32, 16] and E8M0 scales [rows, cols/32].
+    /// MXFP4: blocks [rows, cols/32, 16] (their words in [`ops::BF16_WORDS`]) and E8M0
+    /// scales [rows, cols/32].
     Mxfp4 {
         /// Packed E2M1 nibbles.
         blocks: CudaSlice<u8>,
@@ -98,9 +99,11 @@ impl DenseWeight {
     }
 
     /// Replace bf16 weights of `cols` input columns by their MXFP4 quantization, computed on
-    /// the device (the bf16 buffer is freed); MXFP4 weights stay as they are. `what` names the
-    /// tensor in errors: `cols` not a multiple of 32, or non-finite values (counted by the
-    /// kernel; the tensor is then left in bf16).
+    /// the device, its words then brought to the bf16 layout the dense MXFP4 kernels read
+    /// (the bf16 buffer is freed); MXFP4 weights stay as they are. `what` names the tensor in
+    /// errors: `cols` not a multiple of 32, non-finite values (counted by the kernel), or a
+    /// block scale above [`ops::DENSE_MAX_SCALE`] (weights above 12); the tensor is then
+    /// left in bf16.
     pub fn quantize(&mut self, g: &Gpu, what: &str, cols: usize) -> Result<()> {
         let DenseWeight::Bf16(w) = self else {
             return Ok(());
@@ -121,6 +124,18 @@ impl DenseWeight {
             "{what}: {bad} non-finite values (NaN or inf) cannot be quantized to MXFP4; the \
              checkpoint is broken, or keep the layer in bf16 (--mxfp4-layers moe)"
         );
+        let top = g.download(&scales)?.into_iter().max().unwrap_or(0);
+        ensure!(
+            top <= ops::DENSE_MAX_SCALE,
+            "{what}: a block needs the MXFP4 scale 2^{} (weights of magnitude up to {}), above \
+             the 2^{} the dense MXFP4 kernels hold (weights up to {}); keep the layer in bf16 \
+             (--mxfp4-layers moe, or moe,qkv,o for the lm_head)",
+            i32::from(top) - 127,
+            6.0 * 2f64.powi(i32::from(top) - 127),
+            i32::from(ops::DENSE_MAX_SCALE) - 127,
+            6.0 * 2f64.powi(i32::from(ops::DENSE_MAX_SCALE) - 127)
+        );
+        ops::word_layout(g, &ops::BF16_WORDS, &[(g.ptr(&blocks), blocks.len())])?;
         *self = DenseWeight::Mxfp4 { blocks, scales };
         Ok(())
     }
@@ -146,7 +161,7 @@ impl DeviceWeights {
             .flat_map(|lw| [&lw.gu_blocks, &lw.dn_blocks])
             .map(|b| (g.ptr(b), b.len()))
             .collect();
-        ops::expert_f16_layout(g, &regions)?;
+        ops::word_layout(g, &ops::F16_WORDS, &regions)?;
         self.expert_layout = layout;
         Ok(())
     }

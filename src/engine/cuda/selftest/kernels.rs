@@ -39,7 +39,7 @@ pub fn run_kernel_checks(g: &Gpu, seed: u64) -> Result<Vec<Check>> {
     out.extend(check_moe_tc(g, &mut s)?);
     out.extend(check_moe_f16(g, &mut s)?);
     out.extend(check_gemm_mxfp4(g, &mut s)?);
-    out.extend(check_f16_layout(g, &mut s)?);
+    out.extend(check_word_layouts(g, &mut s)?);
     Ok(out)
 }
 
@@ -1705,11 +1705,18 @@ impl DenseCase {
     ) -> Result<(cudarc::driver::CudaSlice<u8>, cudarc::driver::CudaSlice<u8>)> {
         let w: Vec<half::bf16> = self.w.iter().map(|&b| half::bf16::from_bits(b)).collect();
         let (blocks, scales) = mxfp4::quantize_matrix("selftest weights", &w, self.cols)?;
+        anyhow::ensure!(
+            scales.iter().all(|&s| s <= ops::DENSE_MAX_SCALE),
+            "selftest weights: a block scale above the dense MXFP4 kernels' 2^1"
+        );
         self.w = mxfp4::fake_quantize("selftest weights", &w, self.cols)?
             .iter()
             .map(|v| v.to_bits())
             .collect();
-        Ok((g.upload(&blocks)?, g.upload(&scales)?))
+        // In the layout the dense MXFP4 kernels read, as the loader leaves them.
+        let db = g.upload(&blocks)?;
+        ops::word_layout(g, &ops::BF16_WORDS, &[(g.ptr(&db), db.len())])?;
+        Ok((db, g.upload(&scales)?))
     }
 
     /// The reference for input `x` (the case's x, or it as the kernel sees it).
@@ -1799,7 +1806,7 @@ impl MoeCase {
         }
         let dev_f16 = vec![g.upload(&gu_blocks)?, g.upload(&dn_blocks)?];
         let regions: Vec<(u64, usize)> = dev_f16.iter().map(|d| (g.ptr(d), d.len())).collect();
-        ops::expert_f16_layout(g, &regions)?;
+        ops::word_layout(g, &ops::F16_WORDS, &regions)?;
         Ok(Self {
             dev_f16,
             dev_bias: vec![g.upload(&gu_bias)?, g.upload(&dn_bias)?],
@@ -2036,50 +2043,57 @@ fn check_moe_grouped(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
     Ok(res)
 }
 
-/// The experts' fp16 layout: the device's transform of random words equals the host's
-/// (`ops::f16_layout_encode`), and the host's decode of the result gives every element's fp16
-/// pair (`ops::f16_pairs_of_standard`), so the kernels' `fp4l_to_f16x2` (the same rotations)
-/// reads back what the checkpoint holds.
-fn check_f16_layout(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
+/// The word layouts (the experts' fp16 one, the dense matrices' bf16 one): the device's
+/// transform of random words equals the host's (`ops::word_layout_encode`), and the host's
+/// decode of the result gives every element's pair (`WordLayout::pairs_of_standard`), so the
+/// kernels' `fp4l_to_f16x2` and `fp4b_to_bf16x2` (the same rotations) read back what the
+/// checkpoint or the quantizer holds.
+fn check_word_layouts(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
     let words: Vec<u32> = u8_vec(s.next(), 4 * 4099, 0, 255)
         .chunks(4)
         .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
         .chain([0, u32::MAX, 0x8888_8888, 0x7777_7777])
         .collect();
     let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
-    let d = g.upload(&bytes)?;
-    ops::expert_f16_layout(g, &[(g.ptr(&d), d.len())])?;
-    let got: Vec<u32> = g
-        .download(&d)?
-        .chunks(4)
-        .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-        .collect();
-    let masks = ops::f16_layout_masks()?;
-    let host_apart = got
-        .iter()
-        .zip(&words)
-        .filter(|(gw, w)| **gw != ops::f16_layout_encode(&masks, **w))
-        .count();
-    let decode_apart = got
-        .iter()
-        .zip(&words)
-        .filter(|(gw, w)| ops::f16_layout_decode(**gw) != ops::f16_pairs_of_standard(**w))
-        .count();
-    Ok(vec![
-        check(
+    let mut out = Vec::new();
+    for layout in [ops::F16_WORDS, ops::BF16_WORDS] {
+        let d = g.upload(&bytes)?;
+        ops::word_layout(g, &layout, &[(g.ptr(&d), d.len())])?;
+        let got: Vec<u32> = g
+            .download(&d)?
+            .chunks(4)
+            .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect();
+        let masks = layout.masks()?;
+        let host_apart = got
+            .iter()
+            .zip(&words)
+            .filter(|(gw, w)| **gw != ops::word_layout_encode(&masks, **w))
+            .count();
+        let decode_apart = got
+            .iter()
+            .zip(&words)
+            .filter(|(gw, w)| layout.decode(**gw) != layout.pairs_of_standard(**w))
+            .count();
+        out.push(check(
             format!(
-                "fp16 expert layout: device transform = host, {} words",
+                "{} word layout: device transform = host, {} words",
+                layout.name,
                 words.len()
             ),
             host_apart as f64,
             0.0,
-        ),
-        check(
-            "fp16 expert layout: decodes to every element's fp16 pair",
+        ));
+        out.push(check(
+            format!(
+                "{} word layout: decodes to every element's pair",
+                layout.name
+            ),
             decode_apart as f64,
             0.0,
-        ),
-    ])
+        ));
+    }
+    Ok(out)
 }
 
 fn check_argmax(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
@@ -2399,7 +2413,61 @@ fn check_mxfp4_quantize(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
             0.0,
         ));
     }
+    res.extend(check_dense_load(g)?);
     Ok(res)
+}
+
+/// The loader's quantization of a dense matrix (`DenseWeight::quantize`): blocks in the bf16
+/// word layout, equal to the host's quantizer then `ops::word_layout_encode`, scales as the
+/// host's; a matrix with a weight beyond the layout's scales (20: scale 2^2) refused by name.
+fn check_dense_load(g: &Gpu) -> Result<Vec<Check>> {
+    use crate::engine::cuda::weights::DenseWeight;
+    let (rows, cols) = (3usize, 96usize);
+    let w: Vec<half::bf16> = (0..rows * cols)
+        .map(|i| half::bf16::from_f32(((i * 37 % 101) as f32 - 50.0) * 0.24))
+        .collect();
+    let (want_b, want_s) = mxfp4::quantize_matrix("selftest", &w, cols)?;
+    let masks = ops::BF16_WORDS.masks()?;
+    let want_b: Vec<u8> = want_b
+        .chunks(4)
+        .flat_map(|b| {
+            ops::word_layout_encode(&masks, u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                .to_le_bytes()
+        })
+        .collect();
+    let bits: Vec<u16> = w.iter().map(|v| v.to_bits()).collect();
+    let mut dw = DenseWeight::Bf16(g.upload(&bits)?);
+    dw.quantize(g, "selftest dense", cols)?;
+    let mism = match &dw {
+        DenseWeight::Mxfp4 { blocks, scales } => {
+            let (gb, gs) = (g.download(blocks)?, g.download(scales)?);
+            gb.iter().zip(&want_b).filter(|(a, b)| a != b).count()
+                + gs.iter().zip(&want_s).filter(|(a, b)| a != b).count()
+        }
+        DenseWeight::Bf16(_) => rows * cols,
+    };
+    let mut big = bits.clone();
+    big[cols + 5] = half::bf16::from_f32(20.0).to_bits();
+    let mut dbig = DenseWeight::Bf16(g.upload(&big)?);
+    let refused = match dbig.quantize(g, "selftest dense", cols) {
+        Err(e) => {
+            let e = e.to_string();
+            e.contains("selftest dense") && e.contains("2^2") && !dbig.is_mxfp4()
+        }
+        Ok(()) => false,
+    };
+    Ok(vec![
+        check(
+            format!("dense MXFP4 load {rows}x{cols}: bf16-layout blocks and scales vs host"),
+            mism as f64,
+            0.0,
+        ),
+        check(
+            "dense MXFP4 load: a weight of 20 (scale 2^2) refused by name",
+            if refused { 0.0 } else { 1.0 },
+            0.0,
+        ),
+    ])
 }
 
 /// The MXFP4 decode GEMV against the f64 reference on dequant(quant(w)) (the host quantizer):
