@@ -436,14 +436,14 @@ __device__ __forceinline__ void fp4l_to_f16x2(unsigned w, unsigned (&p)[4]) {
     p[3] = (r4 ^ r14) & F16L_MASK;
 }
 
-// ---- The dense MXFP4 matrices' bf16 layout (`DenseLayout::Bf16` in ops.rs). Each 32-bit word
-// of blocks is rearranged once at load so that it decodes to its four bf16 pairs in 8 integer
+// ---- The dense MXFP4 matrices' bf16 layout (`ops::BF16_WORDS`). Each 32-bit word of blocks
+// is rearranged once at load so that it decodes to its four bf16 pairs in 8 integer
 // operations: E2M1's bits s e1 e0 m placed at bf16 bits 15, 8, 7, 6 are exactly the value times
 // 2^-126 (e = 0 lands on bf16's subnormals, as it is E2M1's own), so each pair is a function of
 // the stored word under the mask 0x81C081C0: pair 0 the word itself, pairs 1-3 the XOR of two of
 // its rotations (by 2 and 6, 8, 12). The block's scale 2^(s - 127) then comes in as 2^(s - 1)
-// (bf16_scale_b), which bf16 holds for s <= 128 only: a matrix with a larger scale stays in the
-// standard layout (ops.rs).
+// (bf16_scale_b), which bf16 holds for s <= 128 only: the loader refuses a dense matrix with a
+// larger scale (`ops::DENSE_MAX_SCALE`).
 #define BF16L_MASK 0x81C081C0u
 __device__ __forceinline__ void fp4b_to_bf16x2(unsigned w, unsigned (&p)[4]) {
     const unsigned r2 = __funnelshift_l(w, w, 2), r6 = __funnelshift_l(w, w, 6);

@@ -1780,7 +1780,7 @@ impl ExpertLayout {
 /// A layout of MXFP4 blocks' 32-bit words on the device in which a word decodes to its four
 /// 16-bit pairs (element 2j in the low half of pair j, 2j + 1 in the high one) in 8 integer
 /// operations: E2M1's bits s e1 e0 m sit at `sign_bit` and the three bits from `low_bit` up
-/// of each half (`mask`), so each pair is exact (the value times a power of two, e = 0
+/// of each half ([`WordLayout::mask`]), so each pair is exact (the value times a power of two, e = 0
 /// landing on the format's subnormals, as it is E2M1's own). Pair 0 is the stored word under
 /// the mask, pairs 1-3 the XOR of two of its rotations ([`WordLayout::decode`], the kernels'
 /// `fp4l_to_f16x2` and `fp4b_to_bf16x2`); the load-time transform ([`word_layout`], the kernel
@@ -1790,8 +1790,6 @@ impl ExpertLayout {
 pub struct WordLayout {
     /// Name in errors and checks.
     pub name: &'static str,
-    /// Bits of a pair that hold an element (kernel constants `F16L_MASK`, `BF16L_MASK`).
-    pub mask: u32,
     /// Bit of each half holding the sign.
     pub sign_bit: u32,
     /// Lowest bit of each half holding e1 e0 m.
@@ -1803,7 +1801,6 @@ pub struct WordLayout {
 /// The experts' fp16 layout ([`ExpertLayout::F16`]): fp16 pairs of the values times 2^-14.
 pub const F16_WORDS: WordLayout = WordLayout {
     name: "fp16",
-    mask: 0x8E00_8E00,
     sign_bit: 15,
     low_bit: 9,
     rotations: [(4, 7), (4, 11), (4, 14)],
@@ -1814,7 +1811,6 @@ pub const F16_WORDS: WordLayout = WordLayout {
 /// scales up to [`DENSE_MAX_SCALE`].
 pub const BF16_WORDS: WordLayout = WordLayout {
     name: "bf16",
-    mask: 0x81C0_81C0,
     sign_bit: 15,
     low_bit: 6,
     rotations: [(2, 6), (2, 8), (2, 12)],
@@ -1825,11 +1821,18 @@ pub const BF16_WORDS: WordLayout = WordLayout {
 pub const DENSE_MAX_SCALE: u8 = 128;
 
 impl WordLayout {
+    /// Bits of a pair that hold an element (kernel constants `F16L_MASK`, `BF16L_MASK`).
+    pub fn mask(&self) -> u32 {
+        let half = (1u32 << self.sign_bit) | (7u32 << self.low_bit);
+        half | half << 16
+    }
+
     /// The four pairs a stored word decodes to (the kernels' decode).
     pub fn decode(&self, w: u32) -> [u32; 4] {
-        let mut p = [w & self.mask; 4];
+        let mask = self.mask();
+        let mut p = [w & mask; 4];
         for (j, &(a, b)) in self.rotations.iter().enumerate() {
-            p[j + 1] = (w.rotate_left(a) ^ w.rotate_left(b)) & self.mask;
+            p[j + 1] = (w.rotate_left(a) ^ w.rotate_left(b)) & mask;
         }
         p
     }
@@ -1853,7 +1856,8 @@ impl WordLayout {
         let name = self.name;
         // Row r (one per element bit: pair j, half, bit of the mask) of the decode's matrix,
         // as stored bits (decode of each unit word), and the standard bit it must equal.
-        let mask_bits: Vec<u32> = (0..32).filter(|b| self.mask >> b & 1 == 1).collect();
+        let mask = self.mask();
+        let mask_bits: Vec<u32> = (0..32).filter(|b| mask >> b & 1 == 1).collect();
         let units: [[u32; 4]; 32] = std::array::from_fn(|k| self.decode(1u32 << k));
         let std_of = |j: usize, b: u32| -> u32 {
             // The standard bit whose value pairs_of_standard puts at bit b of pair j.
@@ -1878,11 +1882,6 @@ impl WordLayout {
                 rows.push((a, 1u32 << si));
             }
         }
-        ensure!(
-            rows.len() == 32,
-            "{name} layout: {} element bits in the four pairs, not 32",
-            rows.len()
-        );
         // Gauss-Jordan over GF(2): a · stored = e for every row, solved for stored bit k.
         for k in 0..32usize {
             let piv = (k..32)
@@ -4032,6 +4031,15 @@ mod tests {
             src.dedup();
             assert_eq!(enc.len(), src.len(), "{}", layout.name);
         }
+    }
+
+    #[test]
+    fn word_layout_masks_are_the_kernels_constants() {
+        assert_eq!(F16_WORDS.mask(), 0x8E00_8E00);
+        assert_eq!(BF16_WORDS.mask(), 0x81C0_81C0);
+        let common = include_str!("../../../engine-kernels/common.cuh");
+        assert!(common.contains("#define F16L_MASK 0x8E008E00u"));
+        assert!(common.contains("#define BF16L_MASK 0x81C081C0u"));
     }
 
     #[test]
