@@ -417,8 +417,20 @@ __device__ __forceinline__ void fp4x8_to_f16x2(unsigned w, unsigned (&p)[4]) {
     p[3] = __byte_perm(hi, 0u, 0x3424);
 }
 
+// The four 16-bit pairs of a word in a word layout (ops.rs `WordLayout`): pair 0 the word
+// under MASK, pair j the XOR of its rotations by A and Bj under MASK; 8 integer operations.
+template <unsigned MASK, int A, int B1, int B2, int B3>
+__device__ __forceinline__ void fp4_rot_pairs(unsigned w, unsigned (&p)[4]) {
+    const unsigned ra = __funnelshift_l(w, w, A), r1 = __funnelshift_l(w, w, B1);
+    const unsigned r2 = __funnelshift_l(w, w, B2), r3 = __funnelshift_l(w, w, B3);
+    p[0] = w & MASK;
+    p[1] = (ra ^ r1) & MASK;
+    p[2] = (ra ^ r2) & MASK;
+    p[3] = (ra ^ r3) & MASK;
+}
+
 // ---- The experts' fp16 layout (`ExpertLayout::F16` in ops.rs). Where the decode MoE runs its
-// fp16 dot, the experts' 32-bit words are rearranged once at load (`mxfp4_f16_layout`) so that
+// fp16 dot, the experts' 32-bit words are rearranged once at load (`mxfp4_word_layout`) so that
 // a word decodes to its four fp16 pairs in 8 operations instead of fp4x8_to_f16x2's 13. The
 // pairs are the same as fp4x8_to_f16x2's (p[j]: elements 2j low, 2j + 1 high) but scaled by
 // 2^-14: E2M1's bits s e1 e0 m placed at fp16 bits 15, 11, 10, 9 are exactly the value times
@@ -428,12 +440,7 @@ __device__ __forceinline__ void fp4x8_to_f16x2(unsigned w, unsigned (&p)[4]) {
 // map over GF(2) (ops.rs builds it from the same definition and checks it is one).
 #define F16L_MASK 0x8E008E00u
 __device__ __forceinline__ void fp4l_to_f16x2(unsigned w, unsigned (&p)[4]) {
-    const unsigned r4 = __funnelshift_l(w, w, 4), r7 = __funnelshift_l(w, w, 7);
-    const unsigned r11 = __funnelshift_l(w, w, 11), r14 = __funnelshift_l(w, w, 14);
-    p[0] = w & F16L_MASK;
-    p[1] = (r4 ^ r7) & F16L_MASK;
-    p[2] = (r4 ^ r11) & F16L_MASK;
-    p[3] = (r4 ^ r14) & F16L_MASK;
+    fp4_rot_pairs<F16L_MASK, 4, 7, 11, 14>(w, p);
 }
 
 // ---- The dense MXFP4 matrices' bf16 layout (`ops::BF16_WORDS`). Each 32-bit word of blocks
@@ -446,12 +453,7 @@ __device__ __forceinline__ void fp4l_to_f16x2(unsigned w, unsigned (&p)[4]) {
 // larger scale (`ops::DENSE_MAX_SCALE`).
 #define BF16L_MASK 0x81C081C0u
 __device__ __forceinline__ void fp4b_to_bf16x2(unsigned w, unsigned (&p)[4]) {
-    const unsigned r2 = __funnelshift_l(w, w, 2), r6 = __funnelshift_l(w, w, 6);
-    const unsigned r8 = __funnelshift_l(w, w, 8), r12 = __funnelshift_l(w, w, 12);
-    p[0] = w & BF16L_MASK;
-    p[1] = (r2 ^ r6) & BF16L_MASK;
-    p[2] = (r2 ^ r8) & BF16L_MASK;
-    p[3] = (r2 ^ r12) & BF16L_MASK;
+    fp4_rot_pairs<BF16L_MASK, 2, 6, 8, 12>(w, p);
 }
 
 // The bf16 pair (both halves) 2^(s - 1): the multiplier of a block's pairs from

@@ -4034,12 +4034,20 @@ mod tests {
     }
 
     #[test]
-    fn word_layout_masks_are_the_kernels_constants() {
+    fn word_layouts_are_the_kernels_constants() {
+        // The masks and rotations the kernels' decodes (`fp4l_to_f16x2`, `fp4b_to_bf16x2`) are
+        // written with, as common.cuh spells them.
+        let common = include_str!("../../../engine-kernels/common.cuh");
+        for (layout, name) in [(F16_WORDS, "F16L_MASK"), (BF16_WORDS, "BF16L_MASK")] {
+            let define = format!("#define {name} {:#010X}u", layout.mask()).replace("0X", "0x");
+            assert!(common.contains(&define), "{define}");
+            let [(a, b1), (a2, b2), (a3, b3)] = layout.rotations;
+            assert!(a == a2 && a == a3, "{}: one shared rotation", layout.name);
+            let call = format!("fp4_rot_pairs<{name}, {a}, {b1}, {b2}, {b3}>(w, p)");
+            assert!(common.contains(&call), "{call}");
+        }
         assert_eq!(F16_WORDS.mask(), 0x8E00_8E00);
         assert_eq!(BF16_WORDS.mask(), 0x81C0_81C0);
-        let common = include_str!("../../../engine-kernels/common.cuh");
-        assert!(common.contains("#define F16L_MASK 0x8E008E00u"));
-        assert!(common.contains("#define BF16L_MASK 0x81C081C0u"));
     }
 
     #[test]
