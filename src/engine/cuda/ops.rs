@@ -194,13 +194,11 @@ pub const TCG_PASS_ENV: &str = "MXTUNE_TCG_PASS";
 /// Most tokens one pass of the tensor-core GEMV takes ([`TCG_PASS_ENV`]; 8 unless set to 16).
 fn tc_gemv_pass() -> Result<usize> {
     static PASS: std::sync::OnceLock<Result<usize, String>> = std::sync::OnceLock::new();
-    PASS.get_or_init(|| match std::env::var(TCG_PASS_ENV).as_deref() {
+    env_once(&PASS, || match std::env::var(TCG_PASS_ENV).as_deref() {
         Err(_) | Ok("") | Ok("8") => Ok(8),
         Ok("16") => Ok(TCG_TOKENS),
-        Ok(v) => Err(format!("{TCG_PASS_ENV}={v}: expected 8 or 16")),
+        Ok(v) => anyhow::bail!("{TCG_PASS_ENV}={v}: expected 8 or 16"),
     })
-    .clone()
-    .map_err(anyhow::Error::msg)
 }
 
 /// Environment knob for A/B runs: `MXTUNE_TCG_PERSIST=0` gives every row tile of the
@@ -214,19 +212,28 @@ fn tc_gemv_persist() -> Result<bool> {
     env_switch(&ON, TCG_PERSIST_ENV)
 }
 
+/// An environment setting read once into `cell` by `read`: every later call gives the same
+/// value, or the same error (which `read` words, naming the variable).
+fn env_once<T: Clone>(
+    cell: &'static std::sync::OnceLock<Result<T, String>>,
+    read: impl FnOnce() -> Result<T>,
+) -> Result<T> {
+    cell.get_or_init(|| read().map_err(|e| e.to_string()))
+        .clone()
+        .map_err(anyhow::Error::msg)
+}
+
 /// An on/off tuning switch: environment variable `name` set to 1 (or unset, or empty: on) or
 /// 0, read once into `cell`; any other value is an error naming the variable.
 fn env_switch(
     cell: &'static std::sync::OnceLock<Result<bool, String>>,
     name: &str,
 ) -> Result<bool> {
-    cell.get_or_init(|| match std::env::var(name).as_deref() {
+    env_once(cell, || match std::env::var(name).as_deref() {
         Err(_) | Ok("") | Ok("1") => Ok(true),
         Ok("0") => Ok(false),
-        Ok(v) => Err(format!("{name}={v}: expected 0 or 1")),
+        Ok(v) => anyhow::bail!("{name}={v}: expected 0 or 1"),
     })
-    .clone()
-    .map_err(anyhow::Error::msg)
 }
 
 /// Fewest tokens at which a short plain matrix splits K ([`tc_gemv_plan`]): at one token the
@@ -279,12 +286,10 @@ pub const TCG_STREAM_ENV: &str = "MXTUNE_TCG_STREAM";
 /// [`TCG_STREAM_ENV`], read once; a bad value is an error naming it.
 fn tc_gemv_stream() -> Result<TcgStream> {
     static S: std::sync::OnceLock<Result<TcgStream, String>> = std::sync::OnceLock::new();
-    S.get_or_init(|| {
+    env_once(&S, || {
         let choices = [("units", TcgStream::Units), ("tiles", TcgStream::Tiles)];
-        env_choice(TCG_STREAM_ENV, &choices).map_err(|e| e.to_string())
+        env_choice(TCG_STREAM_ENV, &choices)
     })
-    .clone()
-    .map_err(anyhow::Error::msg)
 }
 
 /// Environment knob for A/B runs: `MXTUNE_TCG_TILES=1|2` fixes the row tiles a block of the
@@ -294,14 +299,12 @@ pub const TCG_TILES_ENV: &str = "MXTUNE_TCG_TILES";
 /// [`TCG_TILES_ENV`]: `None` (unset or empty) for the planner's own choice.
 fn tc_gemv_tiles_pref() -> Result<Option<usize>> {
     static PREF: std::sync::OnceLock<Result<Option<usize>, String>> = std::sync::OnceLock::new();
-    PREF.get_or_init(|| match std::env::var(TCG_TILES_ENV).as_deref() {
+    env_once(&PREF, || match std::env::var(TCG_TILES_ENV).as_deref() {
         Err(_) | Ok("") => Ok(None),
         Ok("1") => Ok(Some(1)),
         Ok("2") => Ok(Some(2)),
-        Ok(v) => Err(format!("{TCG_TILES_ENV}={v}: expected 1 or 2")),
+        Ok(v) => anyhow::bail!("{TCG_TILES_ENV}={v}: expected 1 or 2"),
     })
-    .clone()
-    .map_err(anyhow::Error::msg)
 }
 
 /// Environment knob for A/B runs: `MXTUNE_TCG_SPLIT=0` keeps K whole in every block of the
@@ -321,9 +324,7 @@ pub const TCG_SPLIT_FROM_ENV: &str = "MXTUNE_TCG_SPLIT_FROM";
 /// [`TCG_SPLIT_FROM_ENV`], else [`TCG_SPLIT_FROM`]; a bad value is an error naming it.
 fn tc_gemv_split_from() -> Result<usize> {
     static N: std::sync::OnceLock<Result<Option<usize>, String>> = std::sync::OnceLock::new();
-    N.get_or_init(|| env_whole(TCG_SPLIT_FROM_ENV, 1..=64, "tokens").map_err(|e| e.to_string()))
-        .clone()
-        .map_err(anyhow::Error::msg)
+    env_once(&N, || env_whole(TCG_SPLIT_FROM_ENV, 1..=64, "tokens"))
         .map(|n| n.unwrap_or(TCG_SPLIT_FROM))
 }
 
@@ -435,21 +436,20 @@ pub const TCG_WIDE_ENV: &str = "MXTUNE_TCG_WIDE";
 fn tc_gemv_wide_pref() -> Result<Option<Option<usize>>> {
     static PREF: std::sync::OnceLock<Result<Option<Option<usize>>, String>> =
         std::sync::OnceLock::new();
-    PREF.get_or_init(|| {
+    env_once(&PREF, || {
         if std::env::var(TCG_WIDE_ENV).as_deref() == Ok("auto") {
             return Ok(Some(None));
         }
         let what =
             format!("blocks a unit's K is split over, 1 to {TCG_WIDE_MAX_SPLIT} (0: off), or auto");
-        match env_whole(TCG_WIDE_ENV, 0..=TCG_WIDE_MAX_SPLIT, &what) {
-            Ok(None) => Ok(Some(None)),
-            Ok(Some(0)) => Ok(None),
-            Ok(Some(n)) => Ok(Some(Some(n))),
-            Err(e) => Err(e.to_string()),
-        }
+        Ok(
+            match env_whole(TCG_WIDE_ENV, 0..=TCG_WIDE_MAX_SPLIT, &what)? {
+                None => Some(None),
+                Some(0) => None,
+                Some(n) => Some(Some(n)),
+            },
+        )
     })
-    .clone()
-    .map_err(anyhow::Error::msg)
 }
 
 /// The wide plan of a tensor-core GEMV at 9–16 tokens: one pass of all of them through
@@ -902,17 +902,15 @@ pub const WIDE_ROWS_ENV: &str = "MXTUNE_ROUTER_ROWS";
 /// [`WIDE_ROWS_ENV`]'s value: None unset (or `auto`).
 fn wide_rows_env() -> Result<Option<usize>> {
     static ROWS: std::sync::OnceLock<Result<Option<usize>, String>> = std::sync::OnceLock::new();
-    ROWS.get_or_init(|| match std::env::var(WIDE_ROWS_ENV).as_deref() {
+    env_once(&ROWS, || match std::env::var(WIDE_ROWS_ENV).as_deref() {
         Err(_) | Ok("") | Ok("auto") => Ok(None),
         Ok(v) => match v.parse::<usize>() {
             Ok(n) if (1..=GEMV_WIDE_R).contains(&n) => Ok(Some(n)),
-            _ => Err(format!(
+            _ => anyhow::bail!(
                 "{WIDE_ROWS_ENV}={v}: expected auto or a row count from 1 to {GEMV_WIDE_R}"
-            )),
+            ),
         },
     })
-    .clone()
-    .map_err(anyhow::Error::msg)
 }
 
 /// Rows per block of the wide GEMV for `rows` rows and `t` tokens on `sms` SMs (1:
@@ -3001,20 +2999,19 @@ pub const MOE_RANGES_ENV: &str = "MXTUNE_MOE_RANGES";
 fn moe_ranges_env() -> Result<Option<(usize, usize)>> {
     static R: std::sync::OnceLock<Result<Option<(usize, usize)>, String>> =
         std::sync::OnceLock::new();
-    R.get_or_init(|| {
+    env_once(&R, || {
         let v = std::env::var(MOE_RANGES_ENV).unwrap_or_default();
         if v.is_empty() {
             return Ok(None);
         }
-        let bad = || format!("{MOE_RANGES_ENV}={v}: expected GATE_UP/DOWN, two whole numbers");
+        let bad =
+            || anyhow::anyhow!("{MOE_RANGES_ENV}={v}: expected GATE_UP/DOWN, two whole numbers");
         let (g, d) = v.split_once('/').ok_or_else(bad)?;
         match (g.trim().parse::<usize>(), d.trim().parse::<usize>()) {
             (Ok(g), Ok(d)) if g > 0 && d > 0 => Ok(Some((g, d))),
             _ => Err(bad()),
         }
     })
-    .clone()
-    .map_err(anyhow::Error::msg)
 }
 
 /// Row ranges (blocks a routed pair) of the decode MoE's per-pair kernel, `down` or gate_up,
