@@ -156,12 +156,9 @@ __device__ __forceinline__ void fp4_block_dot_tokens(uint4 q, unsigned sc, const
         unsigned p[4];
         fp4_bf16x2<FP4_BF16L>(wq[wi], p);
         float f[8];
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-            const unsigned v = bf16x2_mul(p[j], s2);
-            f[2 * j] = __uint_as_float(v << 16);
-            f[2 * j + 1] = __uint_as_float(v & 0xffff0000u);
-        }
+        bf16x8_to_f32(make_uint4(bf16x2_mul(p[0], s2), bf16x2_mul(p[1], s2), bf16x2_mul(p[2], s2),
+                                 bf16x2_mul(p[3], s2)),
+                      f);
 #pragma unroll
         for (int t = 0; t < FP4_GEMV_TOKENS; ++t) {
             if (t < nt) {
