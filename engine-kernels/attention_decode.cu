@@ -510,9 +510,9 @@ attn_split_gqa(const float* __restrict__ q, const void* __restrict__ k_cache,
 // consecutive dims in one or two 16-byte words. P·V: the scores' accumulators are the A
 // fragments of P, V's B fragments come transposed from its staged rows (ldmatrix .trans).
 // bf16 cache: bf16 queries (× scale × log2 e), keys, probabilities and values (as
-// attn_prefill_tc). fp8 cache: the same on fp16 MMAs, E4M3 widened to fp16 exactly (the keys
-// as they are read, each V tile into a per-warp fp16 copy before its ldmatrix), fp16 queries
-// and probabilities. fp32 sums.
+// attn_prefill_tc). fp8 cache: the same on fp16 MMAs, E4M3 widened to fp16 exactly as the
+// keys and values are read (V's fragments by ldmatrix .trans of the E4M3 rows as 16-bit pairs
+// and a byte permutation), fp16 queries and probabilities. fp32 sums.
 #define ATC_WARPS 4
 #define ATC_KT 32
 #define ATC_MAX_D 64
@@ -571,9 +571,8 @@ __device__ __forceinline__ void gqa_tc_split(const float* __restrict__ q, const 
         return;
     const size_t row0 = off + (size_t)kvh * d, stride = (size_t)hkv * d;
     const int rb = d * ES + 16, chunks = d * ES / 16, ns = d >> 4, cq = qd * (d >> 2);
-    // The warp's region: two buffers of K and V rows, then (fp8) its fp16 copy of a V tile.
-    const int vh = d + 8;  // fp16 elements per row of that copy
-    u8* mine = atc_smem + (size_t)warp * (4 * ATC_KT * rb + (FP8 ? ATC_KT * vh * 2 : 0));
+    // The warp's region: two buffers of K and V rows.
+    u8* mine = atc_smem + (size_t)warp * (4 * ATC_KT * rb);
     // Copy the 32-key tile at `base` into buffer `buf` (rows past hi zero-filled), one commit
     // group per call (empty where the warp has no tile there).
     // With the head dim fixed (DC), a whole tile's copies are lane-invariant offsets from one
@@ -629,29 +628,6 @@ __device__ __forceinline__ void gqa_tc_split(const float* __restrict__ q, const 
         __syncwarp();
         const u8* ks = mine + (size_t)buf * 2 * ATC_KT * rb;
         const u8* vs = ks + ATC_KT * rb;
-        const bf16_t* vt;  // the V tile as 16-bit pairs, rows of vr elements
-        int vr;
-        if (FP8) {
-            // Lane r widens V row r to fp16 in the warp's copy.
-            bf16_t* v16 = reinterpret_cast<bf16_t*>(mine + 4 * ATC_KT * rb);
-            for (int c = 0; c < d; c += 16) {
-                const uint4 w = *reinterpret_cast<const uint4*>(vs + lane * rb + c);
-                const unsigned x[4] = {w.x, w.y, w.z, w.w};
-                uint4 lo4, hi4;
-                e4m3x4_to_f16x2(x[0], lo4.x, lo4.y);
-                e4m3x4_to_f16x2(x[1], lo4.z, lo4.w);
-                e4m3x4_to_f16x2(x[2], hi4.x, hi4.y);
-                e4m3x4_to_f16x2(x[3], hi4.z, hi4.w);
-                *reinterpret_cast<uint4*>(v16 + lane * vh + c) = lo4;
-                *reinterpret_cast<uint4*>(v16 + lane * vh + c + 8) = hi4;
-            }
-            __syncwarp();
-            vt = v16;
-            vr = vh;
-        } else {
-            vt = reinterpret_cast<const bf16_t*>(vs);
-            vr = rb / 2;
-        }
         float sc[ATC_KT / 8][4];
 #pragma unroll
         for (int nb = 0; nb < ATC_KT / 8; ++nb) {
@@ -684,21 +660,48 @@ __device__ __forceinline__ void gqa_tc_split(const float* __restrict__ q, const 
         }
         mma_softmax_step(sc, m, l, o);
         // O += P V, 16 keys at a time: P's accumulators of key blocks 2j, 2j + 1 are its A
-        // fragment; V's B fragments for 16 dims (two n8 blocks) per ldmatrix.
+        // fragment; V's B fragments come from its staged rows by ldmatrix .trans, the lane's
+        // row address being key 16 j + (lane & 7) + 8 ((lane >> 3) & 1).
 #pragma unroll
         for (int j = 0; j < ATC_KT / 16; ++j) {
             const unsigned pa[4] = {atc_pack<FP8>(sc[2 * j][0], sc[2 * j][1]),
                                     atc_pack<FP8>(sc[2 * j][2], sc[2 * j][3]),
                                     atc_pack<FP8>(sc[2 * j + 1][0], sc[2 * j + 1][1]),
                                     atc_pack<FP8>(sc[2 * j + 1][2], sc[2 * j + 1][3])};
+            const int vk = 16 * j + (lane & 7) + 8 * ((lane >> 3) & 1);
+            if (FP8) {
+                // The staged E4M3 rows read as 16-bit elements (two dims each): one ldmatrix
+                // .trans gives lane (g, q) dims 2p, 2p + 1 of keys 2q, 2q + 1 (p = 16 t + g, +8
+                // in registers 2, 3), keys 8 on in registers 1, 3. One byte permutation splits a
+                // register into its even dim's key pair and its odd dim's, each widened to fp16
+                // exactly: the B fragments of n8 blocks whose columns are every other dim. So
+                // o[2 pg + s] (pg = 2 t + u) holds dims 16 pg + 2 c + s for its columns c, in
+                // place of 8 n … 8 n + 7 (the outputs are stored by that map below). No fp16
+                // copy of V in shared memory.
 #pragma unroll
-            for (int n2 = 0; n2 < ATC_MAX_D / 16; ++n2) {
-                if (n2 >= ns) break;
-                unsigned bv[4];
-                ldmatrix_x4_trans(bv, vt + (16 * j + (lane & 7) + 8 * ((lane >> 3) & 1)) * vr + 16 * n2 +
-                                          8 * (lane >> 4));
-                atc_mma<FP8>(o[2 * n2], pa, bv[0], bv[1]);
-                atc_mma<FP8>(o[2 * n2 + 1], pa, bv[2], bv[3]);
+                for (int t4 = 0; t4 < ATC_MAX_D / 32; ++t4) {
+                    if (32 * t4 >= d) break;
+                    unsigned bv[4];
+                    ldmatrix_x4_trans(bv, reinterpret_cast<const bf16_t*>(vs + vk * rb + 32 * t4 + 16 * (lane >> 4)));
+#pragma unroll
+                    for (int u = 0; u < 2; ++u) {
+                        unsigned e0, o0, e1, o1;
+                        e4m3x4_to_f16x2(__byte_perm(bv[2 * u], 0u, 0x3120), e0, o0);
+                        e4m3x4_to_f16x2(__byte_perm(bv[2 * u + 1], 0u, 0x3120), e1, o1);
+                        atc_mma<FP8>(o[4 * t4 + 2 * u], pa, e0, e1);
+                        atc_mma<FP8>(o[4 * t4 + 2 * u + 1], pa, o0, o1);
+                    }
+                }
+            } else {
+                // bf16 rows: 16 dims (two n8 blocks) per ldmatrix.
+#pragma unroll
+                for (int n2 = 0; n2 < ATC_MAX_D / 16; ++n2) {
+                    if (n2 >= ns) break;
+                    unsigned bv[4];
+                    ldmatrix_x4_trans(bv, reinterpret_cast<const bf16_t*>(vs) + vk * (rb / 2) + 16 * n2 + 8 * (lane >> 4));
+                    atc_mma<FP8>(o[2 * n2], pa, bv[0], bv[1]);
+                    atc_mma<FP8>(o[2 * n2 + 1], pa, bv[2], bv[3]);
+                }
             }
         }
         __syncwarp();  // the buffers are refilled by the next iteration
@@ -722,11 +725,21 @@ __device__ __forceinline__ void gqa_tc_split(const float* __restrict__ q, const 
             sm_m[warp][h] = m[r];
             sm_l[warp][h] = l[r];
         }
+        if (FP8) {  // o[2 pg + s] column c: dim 16 pg + 2 c + s (the P V loop's map)
 #pragma unroll
-        for (int n = 0; n < ATC_MAX_D / 8; ++n) {
-            if (n >= 2 * ns) break;
-            *reinterpret_cast<float2*>(so + ((size_t)warp * 16 + h) * d + 8 * n + 2 * qd) =
-                make_float2(o[n][2 * r], o[n][2 * r + 1]);
+            for (int pg = 0; pg < ATC_MAX_D / 16; ++pg) {
+                if (pg >= ns) break;
+                *reinterpret_cast<float4*>(so + ((size_t)warp * 16 + h) * d + 16 * pg + 4 * qd) =
+                    make_float4(o[2 * pg][2 * r], o[2 * pg + 1][2 * r], o[2 * pg][2 * r + 1],
+                                o[2 * pg + 1][2 * r + 1]);
+            }
+        } else {
+#pragma unroll
+            for (int n = 0; n < ATC_MAX_D / 8; ++n) {
+                if (n >= 2 * ns) break;
+                *reinterpret_cast<float2*>(so + ((size_t)warp * 16 + h) * d + 8 * n + 2 * qd) =
+                    make_float2(o[n][2 * r], o[n][2 * r + 1]);
+            }
         }
     }
     __syncthreads();
@@ -765,8 +778,8 @@ __device__ __forceinline__ void gqa_tc_split(const float* __restrict__ q, const 
 // alone is 2736 and 576, and steps ran 0.2-0.6 % faster with it (docs/perf.md runs 227-228).
 // Before the wait: the (immutable) sinks, and the row's position and cache offset (step
 // inputs), so that after it the key range and the first K/V copies wait on no load.
-// Dynamic shared memory: ATC_WARPS * (4 * ATC_KT * (d * element bytes + 16) + (fp8:
-// ATC_KT * (d + 8) * 2)) bytes (ops.rs gqa_tc_smem).
+// Dynamic shared memory: ATC_WARPS * 4 * ATC_KT * (d * element bytes + 16) bytes (ops.rs
+// gqa_tc_smem).
 #define ATTN_SPLIT_GQA_TC(name, FP8, DC)                                                       \
     extern "C" __global__ void __launch_bounds__(ATC_WARPS * 32)                               \
     name(const float* __restrict__ q, const void* __restrict__ k_cache,                        \

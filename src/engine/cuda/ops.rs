@@ -1149,15 +1149,10 @@ pub enum AttnKernel {
 const ATTN_TC_MAX_G: usize = 16;
 
 /// Dynamic shared memory of an `attn_split_gqa_tc` block: per warp two buffers of 32 K and 32
-/// V rows, each row padded by 16 bytes, and for an fp8 cache a 32-row fp16 copy of a V tile
-/// (rows of d + 8 halves) (kernel constants `ATC_WARPS`, `ATC_KT`).
+/// V rows, each row padded by 16 bytes (kernel constants `ATC_WARPS`, `ATC_KT`). An fp8
+/// cache's values are widened as their fragments are loaded, with no fp16 copy.
 pub fn gqa_tc_smem(s: AttnShape, kv: KvDtype) -> usize {
-    let widened = if kv == KvDtype::Fp8 {
-        32 * (s.d + 8) * 2
-    } else {
-        0
-    };
-    ATTN_GQA_WARPS as usize * (4 * 32 * (s.d * kv.size() + 16) + widened)
+    ATTN_GQA_WARPS as usize * 4 * 32 * (s.d * kv.size() + 16)
 }
 
 /// Whether `attn_split_gqa_tc` can run shape `s` on a cache of `kv` on this device: a bf16 or
@@ -4383,15 +4378,11 @@ mod tests {
         assert_eq!(pick("gqa").unwrap(), Some(AttnKernel::Gqa));
         let e = pick("tc").unwrap_err().to_string();
         assert!(e.contains("MXTUNE_ATTN=tc") && e.contains("gqa-tc"), "{e}");
-        // Two buffers of 32 K and 32 V rows per warp, rows padded by 16 bytes; fp8 adds a
-        // 32-row fp16 copy of a V tile (rows of d + 8 halves).
+        // Two buffers of 32 K and 32 V rows per warp, rows padded by 16 bytes.
         let sh = |d| AttnShape { hq: 64, hkv: 8, d };
         assert_eq!(gqa_tc_smem(sh(64), KvDtype::Bf16), 4 * 4 * 32 * 144);
         assert_eq!(gqa_tc_smem(sh(32), KvDtype::Bf16), 4 * 4 * 32 * 80);
-        assert_eq!(
-            gqa_tc_smem(sh(64), KvDtype::Fp8),
-            4 * (4 * 32 * 80 + 32 * 72 * 2)
-        );
+        assert_eq!(gqa_tc_smem(sh(64), KvDtype::Fp8), 4 * 4 * 32 * 80);
         assert_eq!(AttnKernel::GqaTc.min_split(), AttnKernel::Gqa.min_split());
     }
 
