@@ -571,8 +571,10 @@ __device__ __forceinline__ void gqa_tc_split(const float* __restrict__ q, const 
         return;
     const size_t row0 = off + (size_t)kvh * d, stride = (size_t)hkv * d;
     const int rb = d * ES + 16, chunks = d * ES / 16, ns = d >> 4, cq = qd * (d >> 2);
-    // The warp's region: two buffers of K and V rows.
-    u8* mine = atc_smem + (size_t)warp * (4 * ATC_KT * rb);
+    // The warp's region: two buffers of K and V rows (fp8: of V rows only, the keys going to
+    // registers).
+    constexpr int NR = FP8 ? 1 : 2;  // row sets a buffer holds
+    u8* mine = atc_smem + (size_t)warp * (2 * NR * ATC_KT * rb);
     // Copy the 32-key tile at `base` into buffer `buf` (rows past hi zero-filled), one commit
     // group per call (empty where the warp has no tile there).
     // With the head dim fixed (DC), a whole tile's copies are lane-invariant offsets from one
@@ -584,25 +586,50 @@ __device__ __forceinline__ void gqa_tc_split(const float* __restrict__ q, const 
             const size_t sb = stride * ES;
             const u8* kp = k_cache + (row0 + (size_t)(base + lane / CH) * stride) * ES + (lane % CH) * 16;
             const u8* vp = v_cache + (kp - k_cache);
-            u8* dk = mine + (size_t)buf * 2 * ATC_KT * rb + (lane / CH) * rb + (lane % CH) * 16;
+            u8* dk = mine + (size_t)buf * NR * ATC_KT * rb + (lane / CH) * rb + (lane % CH) * 16;
 #pragma unroll
             for (int j = 0; j < ATC_KT / RS; ++j) {
-                cp_async16(dk + j * RS * rb, kp + j * RS * sb, true);
-                cp_async16(dk + (ATC_KT + j * RS) * rb, vp + j * RS * sb, true);
+                if (!FP8) cp_async16(dk + j * RS * rb, kp + j * RS * sb, true);
+                cp_async16(dk + ((NR - 1) * ATC_KT + j * RS) * rb, vp + j * RS * sb, true);
             }
         } else if (base < hi) {
-            u8* dk = mine + (size_t)buf * 2 * ATC_KT * rb;
+            u8* dk = mine + (size_t)buf * NR * ATC_KT * rb;
 #pragma unroll
             for (int i = lane; i < ATC_KT * chunks; i += 32) {
                 const int r = i / chunks, c = (i - r * chunks) * 16;
                 const size_t e = (row0 + (size_t)min(base + r, hi - 1) * stride) * ES + c;
-                cp_async16(dk + r * rb + c, k_cache + e, base + r < hi);
-                cp_async16(dk + (ATC_KT + r) * rb + c, v_cache + e, base + r < hi);
+                if (!FP8) cp_async16(dk + r * rb + c, k_cache + e, base + r < hi);
+                cp_async16(dk + ((NR - 1) * ATC_KT + r) * rb + c, v_cache + e, base + r < hi);
             }
         }
         cp_async_commit();
     };
+    // fp8: the lane's d/4 bytes of key rows nb * 8 + g of the tile at `base` (rows past hi
+    // clamped to its last: their scores are masked), straight from the cache into registers a
+    // tile ahead, as the V rows' copies are: no shared-memory round trip before the scores.
+    uint4 kcur[ATC_KT / 8], knxt[ATC_KT / 8];
+    auto kload = [&](int base, uint4 (&kr)[ATC_KT / 8]) {
+        if constexpr (FP8) {
+            if (base >= hi) return;
+#pragma unroll
+            for (int nb = 0; nb < ATC_KT / 8; ++nb) {
+                const int r = min(base + nb * 8 + g, hi - 1);
+                const u8* kp = k_cache + (row0 + (size_t)r * stride) * ES + cq * ES;
+                if (d < 64) {
+                    const uint2 h = __ldg(reinterpret_cast<const uint2*>(kp));
+                    kr[nb] = make_uint4(h.x, h.y, 0u, 0u);
+                } else {
+                    kr[nb] = __ldg(reinterpret_cast<const uint4*>(kp));
+                }
+            }
+        }
+    };
+    if constexpr (FP8) {
+#pragma unroll
+        for (int nb = 0; nb < ATC_KT / 8; ++nb) kcur[nb] = knxt[nb] = make_uint4(0u, 0u, 0u, 0u);
+    }
     issue(lo + warp * ATC_KT, 0);
+    kload(lo + warp * ATC_KT, kcur);
     // The queries of heads g and g + 8 as A fragments in the permuted dim order.
     const float qs = scale * ATTN_LOG2E;
     const float* qt = q + ((size_t)t * hq + (size_t)kvh * G) * d;
@@ -624,10 +651,11 @@ __device__ __forceinline__ void gqa_tc_split(const float* __restrict__ q, const 
     int buf = 0;
     for (int base = lo + warp * ATC_KT; base < hi; base += ATC_WARPS * ATC_KT) {
         issue(base + ATC_WARPS * ATC_KT, buf ^ 1);
+        kload(base + ATC_WARPS * ATC_KT, knxt);
         cp_async_wait<1>();
         __syncwarp();
-        const u8* ks = mine + (size_t)buf * 2 * ATC_KT * rb;
-        const u8* vs = ks + ATC_KT * rb;
+        const u8* ks = mine + (size_t)buf * NR * ATC_KT * rb;
+        const u8* vs = ks + (NR - 1) * ATC_KT * rb;
         float sc[ATC_KT / 8][4];
 #pragma unroll
         for (int nb = 0; nb < ATC_KT / 8; ++nb) {
@@ -635,9 +663,8 @@ __device__ __forceinline__ void gqa_tc_split(const float* __restrict__ q, const 
             // The lane's d/4 dims of key row nb * 8 + g: d/4 * ES bytes at byte cq * ES.
             uint4 kc[ATC_MAX_D / 32];
             const u8* kr = ks + (nb * 8 + g) * rb + cq * ES;
-            if (FP8 && d < 64) {
-                const uint2 h = *reinterpret_cast<const uint2*>(kr);
-                kc[0] = make_uint4(h.x, h.y, 0u, 0u);
+            if (FP8) {
+                kc[0] = kcur[nb];
             } else {
 #pragma unroll
                 for (int c = 0; c < ATC_MAX_D / 32; ++c)
@@ -706,6 +733,10 @@ __device__ __forceinline__ void gqa_tc_split(const float* __restrict__ q, const 
         }
         __syncwarp();  // the buffers are refilled by the next iteration
         buf ^= 1;
+        if constexpr (FP8) {
+#pragma unroll
+            for (int nb = 0; nb < ATC_KT / 8; ++nb) kcur[nb] = knxt[nb];
+        }
     }
     cp_async_wait<0>();
     attn_trigger_late(out_final);
@@ -778,8 +809,8 @@ __device__ __forceinline__ void gqa_tc_split(const float* __restrict__ q, const 
 // alone is 2736 and 576, and steps ran 0.2-0.6 % faster with it (docs/perf.md runs 227-228).
 // Before the wait: the (immutable) sinks, and the row's position and cache offset (step
 // inputs), so that after it the key range and the first K/V copies wait on no load.
-// Dynamic shared memory: ATC_WARPS * 4 * ATC_KT * (d * element bytes + 16) bytes (ops.rs
-// gqa_tc_smem).
+// Dynamic shared memory: ATC_WARPS * 4 * ATC_KT * (d * 2 + 16) bytes for a bf16 cache,
+// ATC_WARPS * 2 * ATC_KT * (d + 16) for fp8 (V rows only) (ops.rs gqa_tc_smem).
 #define ATTN_SPLIT_GQA_TC(name, FP8, DC)                                                       \
     extern "C" __global__ void __launch_bounds__(ATC_WARPS * 32)                               \
     name(const float* __restrict__ q, const void* __restrict__ k_cache,                        \

@@ -1149,10 +1149,12 @@ pub enum AttnKernel {
 const ATTN_TC_MAX_G: usize = 16;
 
 /// Dynamic shared memory of an `attn_split_gqa_tc` block: per warp two buffers of 32 K and 32
-/// V rows, each row padded by 16 bytes (kernel constants `ATC_WARPS`, `ATC_KT`). An fp8
-/// cache's values are widened as their fragments are loaded, with no fp16 copy.
+/// V rows, each row padded by 16 bytes (kernel constants `ATC_WARPS`, `ATC_KT`); for an fp8
+/// cache of 32 V rows only (its keys go to registers, its values are widened as their
+/// fragments are loaded).
 pub fn gqa_tc_smem(s: AttnShape, kv: KvDtype) -> usize {
-    ATTN_GQA_WARPS as usize * 4 * 32 * (s.d * kv.size() + 16)
+    let row_sets = if kv == KvDtype::Fp8 { 1 } else { 2 };
+    ATTN_GQA_WARPS as usize * 2 * row_sets * 32 * (s.d * kv.size() + 16)
 }
 
 /// Whether `attn_split_gqa_tc` can run shape `s` on a cache of `kv` on this device: a bf16 or
@@ -4378,11 +4380,11 @@ mod tests {
         assert_eq!(pick("gqa").unwrap(), Some(AttnKernel::Gqa));
         let e = pick("tc").unwrap_err().to_string();
         assert!(e.contains("MXTUNE_ATTN=tc") && e.contains("gqa-tc"), "{e}");
-        // Two buffers of 32 K and 32 V rows per warp, rows padded by 16 bytes.
+        // Two buffers of 32 K and 32 V rows per warp (fp8: V only), rows padded by 16 bytes.
         let sh = |d| AttnShape { hq: 64, hkv: 8, d };
         assert_eq!(gqa_tc_smem(sh(64), KvDtype::Bf16), 4 * 4 * 32 * 144);
         assert_eq!(gqa_tc_smem(sh(32), KvDtype::Bf16), 4 * 4 * 32 * 80);
-        assert_eq!(gqa_tc_smem(sh(64), KvDtype::Fp8), 4 * 4 * 32 * 80);
+        assert_eq!(gqa_tc_smem(sh(64), KvDtype::Fp8), 4 * 2 * 32 * 80);
         assert_eq!(AttnKernel::GqaTc.min_split(), AttnKernel::Gqa.min_split());
     }
 
