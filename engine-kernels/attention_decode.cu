@@ -503,7 +503,8 @@ attn_split_gqa(const float* __restrict__ q, const void* __restrict__ k_cache,
 // m16n8k16 (rows past G zero), keys the N (scores) and then the K dimension (P·V). Each warp
 // walks 32-key tiles (lo + 32 warp, + 128, …) with online softmax per head, its next tile's K
 // and V rows copied by cp.async into its half of a double buffer in shared memory
-// ([warp][buffer][K, V][32 rows][d · element bytes + 16]) while it works on the current one;
+// ([warp][buffer][K, V][32 rows][d · element bytes + 16]; fp8: V rows only, the keys loaded
+// into registers a tile ahead) while it works on the current one;
 // the warps merge at the end as in attn_split_gqa. Scores: the order in which a dot product
 // walks the head dims is free, so lane (g, q) feeds the MMA dims q d/4 + 4 s + {0, 1} (and
 // + {2, 3}) at slice s, for the queries and the keys alike: each lane reads its key row's d/4
@@ -575,8 +576,8 @@ __device__ __forceinline__ void gqa_tc_split(const float* __restrict__ q, const 
     // registers).
     constexpr int NR = FP8 ? 1 : 2;  // row sets a buffer holds
     u8* mine = atc_smem + (size_t)warp * (2 * NR * ATC_KT * rb);
-    // Copy the 32-key tile at `base` into buffer `buf` (rows past hi zero-filled), one commit
-    // group per call (empty where the warp has no tile there).
+    // Copy the 32-key tile at `base` (its K and V rows; fp8: V rows) into buffer `buf` (rows
+    // past hi zero-filled), one commit group per call (empty where the warp has no tile there).
     // With the head dim fixed (DC), a whole tile's copies are lane-invariant offsets from one
     // address: the lane's row (lane / CH) and 16 bytes (lane % CH) of it, then rows RS apart.
     constexpr int CH = DC * ES / 16, RS = CH ? 32 / CH : 1;
@@ -662,10 +663,10 @@ __device__ __forceinline__ void gqa_tc_split(const float* __restrict__ q, const 
             sc[nb][0] = sc[nb][1] = sc[nb][2] = sc[nb][3] = 0.0f;
             // The lane's d/4 dims of key row nb * 8 + g: d/4 * ES bytes at byte cq * ES.
             uint4 kc[ATC_MAX_D / 32];
-            const u8* kr = ks + (nb * 8 + g) * rb + cq * ES;
             if (FP8) {
                 kc[0] = kcur[nb];
             } else {
+                const u8* kr = ks + (nb * 8 + g) * rb + cq * ES;
 #pragma unroll
                 for (int c = 0; c < ATC_MAX_D / 32; ++c)
                     if (16 * c < (d >> 2) * ES) kc[c] = *reinterpret_cast<const uint4*>(kr + 16 * c);
@@ -698,11 +699,11 @@ __device__ __forceinline__ void gqa_tc_split(const float* __restrict__ q, const 
             const int vk = 16 * j + (lane & 7) + 8 * ((lane >> 3) & 1);
             if (FP8) {
                 // The staged E4M3 rows read as 16-bit elements (two dims each): one ldmatrix
-                // .trans gives lane (g, q) dims 2p, 2p + 1 of keys 2q, 2q + 1 (p = 16 t + g, +8
+                // .trans gives lane (g, q) dims 2p, 2p + 1 of keys 2q, 2q + 1 (p = 16 t4 + g, +8
                 // in registers 2, 3), keys 8 on in registers 1, 3. One byte permutation splits a
                 // register into its even dim's key pair and its odd dim's, each widened to fp16
                 // exactly: the B fragments of n8 blocks whose columns are every other dim. So
-                // o[2 pg + s] (pg = 2 t + u) holds dims 16 pg + 2 c + s for its columns c, in
+                // o[2 pg + s] (pg = 2 t4 + u) holds dims 16 pg + 2 c + s for its columns c, in
                 // place of 8 n … 8 n + 7 (the outputs are stored by that map below). No fp16
                 // copy of V in shared memory.
 #pragma unroll
