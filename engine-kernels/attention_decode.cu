@@ -551,7 +551,7 @@ __device__ __forceinline__ void atc_mma(float (&c)[4], const unsigned (&a)[4], u
 // at run time (32 or 64). With it fixed, the tile loop's trip counts, strides and divisions
 // are constants: the copy loop unrolled without a division per 16 bytes, and no MMA under a
 // run-time predicate (each such MMA compiled with a WARPSYNC of its own).
-template <bool FP8, int DC>
+template <bool FP8, int DC, int W>
 __device__ __forceinline__ void gqa_tc_split(const float* __restrict__ q, const u8* __restrict__ k_cache,
                                              const u8* __restrict__ v_cache, int p,
                                              unsigned long long off,
@@ -562,7 +562,7 @@ __device__ __forceinline__ void gqa_tc_split(const float* __restrict__ q, const 
     static_assert(DC == 0 || DC == 32 || DC == 64, "head dims 32 or 64");
     const int d = DC ? DC : d_arg;
     extern __shared__ __align__(16) unsigned char atc_smem[];
-    __shared__ float sm_m[ATC_WARPS][16], sm_l[ATC_WARPS][16];
+    __shared__ float sm_m[W][16], sm_l[W][16];
     constexpr int ES = FP8 ? 1 : 2;
     const int kvh = blockIdx.x, split = blockIdx.y, nsplit = gridDim.y, t = blockIdx.z;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, qd = lane & 3;
@@ -650,9 +650,9 @@ __device__ __forceinline__ void gqa_tc_split(const float* __restrict__ q, const 
 #pragma unroll
     for (int n = 0; n < ATC_MAX_D / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
     int buf = 0;
-    for (int base = lo + warp * ATC_KT; base < hi; base += ATC_WARPS * ATC_KT) {
-        issue(base + ATC_WARPS * ATC_KT, buf ^ 1);
-        kload(base + ATC_WARPS * ATC_KT, knxt);
+    for (int base = lo + warp * ATC_KT; base < hi; base += W * ATC_KT) {
+        issue(base + W * ATC_KT, buf ^ 1);
+        kload(base + W * ATC_KT, knxt);
         cp_async_wait<1>();
         __syncwarp();
         const u8* ks = mine + (size_t)buf * NR * ATC_KT * rb;
@@ -779,11 +779,11 @@ __device__ __forceinline__ void gqa_tc_split(const float* __restrict__ q, const 
         const int h = i / d, c = i - h * d;
         float mm = -INFINITY;
 #pragma unroll
-        for (int w = 0; w < ATC_WARPS; ++w) mm = fmaxf(mm, sm_m[w][h]);
+        for (int w = 0; w < W; ++w) mm = fmaxf(mm, sm_m[w][h]);
         float ll = 0.0f, out = 0.0f;
         if (mm != -INFINITY) {
 #pragma unroll
-            for (int w = 0; w < ATC_WARPS; ++w) {
+            for (int w = 0; w < W; ++w) {
                 const float f = sm_m[w][h] == -INFINITY ? 0.0f : exp2f(sm_m[w][h] - mm);
                 ll += sm_l[w][h] * f;
                 out += so[((size_t)w * 16 + h) * d + c] * f;
@@ -804,16 +804,19 @@ __device__ __forceinline__ void gqa_tc_split(const float* __restrict__ q, const 
     }
 }
 
-// grid = (Hkv, nsplit, T), block = ATC_WARPS warps. One entry per cache kind, each holding
-// only its own path (kv, KV_BF16 or KV_FP8, is the entry's own: the host checks): the kernel
-// of both kinds was 4096 instructions and 1088 bytes of static shared memory, the bf16 one
-// alone is 2736 and 576, and steps ran 0.2-0.6 % faster with it (docs/perf.md runs 227-228).
+// grid = (Hkv, nsplit, T), block = W warps (ATC_WARPS, or 8 for the `_w8` entries). One entry
+// per cache kind, each holding only its own path (kv, KV_BF16 or KV_FP8, is the entry's own:
+// the host checks): the kernel of both kinds was 4096 instructions and 1088 bytes of static
+// shared memory, the bf16 one alone is 2736 and 576, and steps ran 0.2-0.6 % faster with it
+// (docs/perf.md runs 227-228).
 // Before the wait: the (immutable) sinks, and the row's position and cache offset (step
 // inputs), so that after it the key range and the first K/V copies wait on no load.
-// Dynamic shared memory: ATC_WARPS * 4 * ATC_KT * (d * 2 + 16) bytes for a bf16 cache,
-// ATC_WARPS * 2 * ATC_KT * (d + 16) for fp8 (V rows only) (ops.rs gqa_tc_smem).
-#define ATTN_SPLIT_GQA_TC(name, FP8, DC)                                                       \
-    extern "C" __global__ void __launch_bounds__(ATC_WARPS * 32)                               \
+// Dynamic shared memory: W * 4 * ATC_KT * (d * 2 + 16) bytes for a bf16 cache,
+// W * 2 * ATC_KT * (d + 16) for fp8 (V rows only) (ops.rs gqa_tc_smem).
+// The `_w8` entries (fp8 only): eight warps walk a split's tiles, so a block of the same keys
+// has twice the warps in flight; bounded to 128 registers so that two blocks fit an SM.
+#define ATTN_SPLIT_GQA_TC(name, FP8, DC, W, BOUNDS)                                            \
+    extern "C" __global__ void __launch_bounds__ BOUNDS                                        \
     name(const float* __restrict__ q, const void* __restrict__ k_cache,                        \
          const void* __restrict__ v_cache, int kv, const unsigned* __restrict__ pos,           \
          const unsigned long long* __restrict__ kv_off, float* __restrict__ part_m,            \
@@ -825,15 +828,18 @@ __device__ __forceinline__ void gqa_tc_split(const float* __restrict__ q, const 
         const int p_early = (int)ld_early_u32(pos + blockIdx.z);                               \
         const unsigned long long off_early = ld_early_u64(kv_off + blockIdx.z);                \
         pdl_enter_as(attn_trigger_mode(out_final));                                            \
-        gqa_tc_split<FP8, DC>(q, static_cast<const u8*>(k_cache), static_cast<const u8*>(v_cache), \
-                          p_early, off_early, part_m, part_l, part_acc, hq, hkv, d, window,    \
-                          min_split, scale, sink_s, out_final);                                \
+        gqa_tc_split<FP8, DC, W>(q, static_cast<const u8*>(k_cache),                           \
+                                 static_cast<const u8*>(v_cache), p_early, off_early, part_m,  \
+                                 part_l, part_acc, hq, hkv, d, window, min_split, scale,       \
+                                 sink_s, out_final);                                           \
     }
-ATTN_SPLIT_GQA_TC(attn_split_gqa_tc, false, 0)
-ATTN_SPLIT_GQA_TC(attn_split_gqa_tc_fp8, true, 0)
+ATTN_SPLIT_GQA_TC(attn_split_gqa_tc, false, 0, ATC_WARPS, (ATC_WARPS * 32))
+ATTN_SPLIT_GQA_TC(attn_split_gqa_tc_fp8, true, 0, ATC_WARPS, (ATC_WARPS * 32))
 // Head dim 64 (gpt-oss), the host's pick wherever d is 64: the same sums as the entries above.
-ATTN_SPLIT_GQA_TC(attn_split_gqa_tc_d64, false, 64)
-ATTN_SPLIT_GQA_TC(attn_split_gqa_tc_fp8_d64, true, 64)
+ATTN_SPLIT_GQA_TC(attn_split_gqa_tc_d64, false, 64, ATC_WARPS, (ATC_WARPS * 32))
+ATTN_SPLIT_GQA_TC(attn_split_gqa_tc_fp8_d64, true, 64, ATC_WARPS, (ATC_WARPS * 32))
+ATTN_SPLIT_GQA_TC(attn_split_gqa_tc_fp8_w8, true, 0, 8, (256, 2))
+ATTN_SPLIT_GQA_TC(attn_split_gqa_tc_fp8_d64_w8, true, 64, 8, (256, 2))
 
 // grid = (Hq, T), block = ATTN_COMBINE_THREADS; nsplit <= ATTN_MAX_SPLITS. Each split's
 // weight exp(m_s - max) is computed once, by one thread, into shared memory; then thread

@@ -783,7 +783,7 @@ impl Decoder {
                     min_split,
                     sh.scale,
                     self.attn.finish_single,
-                    self.attn.fixed_dim,
+                    self.attn.tc_variant(sh.kv, keys, nsplit),
                 )?;
             }
             mark(StepGroup::Attention.label(false))?;

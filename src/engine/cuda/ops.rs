@@ -1148,38 +1148,76 @@ pub enum AttnKernel {
 /// Most query heads per KV head `attn_split_gqa_tc` takes (the 16 rows of its MMA tile).
 const ATTN_TC_MAX_G: usize = 16;
 
-/// Dynamic shared memory of an `attn_split_gqa_tc` block: per warp two buffers of 32 K and 32
-/// V rows, each row padded by 16 bytes (kernel constants `ATC_WARPS`, `ATC_KT`); for an fp8
+/// Warps of an `attn_split_gqa_tc` block of the `_w8` entries (fp8 cache only).
+const ATC_WIDE_WARPS: u32 = 8;
+
+/// The compiled `attn_split_gqa_tc` entry a launch takes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TcVariant {
+    /// The entry compiled for the head dim where it has one (64): [`AttnTuning::fixed_dim`].
+    pub fixed_dim: bool,
+    /// Eight warps a block in place of four (fp8 cache only; the `_w8` entries): a split's
+    /// tiles shared by twice the warps, two blocks an SM.
+    pub wide: bool,
+}
+
+impl TcVariant {
+    /// Warps a block of this variant.
+    pub fn warps(self) -> u32 {
+        if self.wide {
+            ATC_WIDE_WARPS
+        } else {
+            ATTN_GQA_WARPS
+        }
+    }
+}
+
+/// Dynamic shared memory of an `attn_split_gqa_tc` block of `warps` warps: per warp two buffers
+/// of 32 K and 32 V rows, each row padded by 16 bytes (kernel constant `ATC_KT`); for an fp8
 /// cache of 32 V rows only (its keys go to registers, its values are widened as their
 /// fragments are loaded).
-pub fn gqa_tc_smem(s: AttnShape, kv: KvDtype) -> usize {
+pub fn gqa_tc_smem(s: AttnShape, kv: KvDtype, warps: u32) -> usize {
     let row_sets = if kv == KvDtype::Fp8 { 1 } else { 2 };
-    ATTN_GQA_WARPS as usize * 2 * row_sets * 32 * (s.d * kv.size() + 16)
+    warps as usize * 2 * row_sets * 32 * (s.d * kv.size() + 16)
 }
 
 /// Whether `attn_split_gqa_tc` can run shape `s` on a cache of `kv` on this device: a bf16 or
 /// fp8 cache, head dims 32 or 64, at most 16 query heads per KV head, and its stage within the
 /// shared memory a block may have.
 pub fn gqa_tc_fits(g: &Gpu, s: AttnShape, kv: KvDtype) -> Result<bool> {
-    // Either entry may be launched for the shape (`fixed_dim`): within both limits.
-    let limit = |fixed| g.dynamic_shared_limit(gqa_tc_entry(kv, s.d, fixed));
-    Ok(matches!(kv, KvDtype::Bf16 | KvDtype::Fp8)
+    // Any entry may be launched for the shape (`fixed_dim`, `wide` for an fp8 cache): each
+    // within its limit.
+    if !(matches!(kv, KvDtype::Bf16 | KvDtype::Fp8)
         && (s.d == 32 || s.d == 64)
-        && s.hq / s.hkv <= ATTN_TC_MAX_G
-        && gqa_tc_smem(s, kv) <= limit(true)?.min(limit(false)?))
+        && s.hq / s.hkv <= ATTN_TC_MAX_G)
+    {
+        return Ok(false);
+    }
+    for fixed_dim in [true, false] {
+        for wide in [false, kv == KvDtype::Fp8] {
+            let v = TcVariant { fixed_dim, wide };
+            if gqa_tc_smem(s, kv, v.warps()) > g.dynamic_shared_limit(gqa_tc_entry(kv, s.d, v))? {
+                return Ok(false);
+            }
+        }
+    }
+    Ok(true)
 }
 
-/// The `attn_split_gqa_tc` entry for cache kind `kv` and head dim `d`: with `fixed_dim` and
-/// `d` 64, the entry compiled for that head dim (`_d64`: its tile loop's counts and strides
-/// constants, about half the instructions a tile of the entry that takes `d` at run time;
-/// docs/perf.md session 36), else the one that takes any supported `d`. Both give the same
-/// bits; [`gqa_tc_fits`] asks each one's shared-memory limit.
-fn gqa_tc_entry(kv: KvDtype, d: usize, fixed_dim: bool) -> &'static str {
-    match (kv == KvDtype::Fp8, fixed_dim && d == 64) {
-        (true, true) => "attn_split_gqa_tc_fp8_d64",
-        (true, false) => "attn_split_gqa_tc_fp8",
-        (false, true) => "attn_split_gqa_tc_d64",
-        (false, false) => "attn_split_gqa_tc",
+/// The `attn_split_gqa_tc` entry for cache kind `kv`, head dim `d` and variant `v`: with
+/// `fixed_dim` and `d` 64, the entry compiled for that head dim (`_d64`: its tile loop's counts
+/// and strides constants, about half the instructions a tile of the entry that takes `d` at
+/// run time; docs/perf.md session 36), else the one that takes any supported `d` (both give
+/// the same bits); `wide` on an fp8 cache the eight-warp entry (`_w8`: other sums, the keys
+/// walked by other warps); [`gqa_tc_fits`] asks each one's shared-memory limit.
+fn gqa_tc_entry(kv: KvDtype, d: usize, v: TcVariant) -> &'static str {
+    match (kv == KvDtype::Fp8, v.fixed_dim && d == 64, v.wide) {
+        (true, true, true) => "attn_split_gqa_tc_fp8_d64_w8",
+        (true, false, true) => "attn_split_gqa_tc_fp8_w8",
+        (true, true, false) => "attn_split_gqa_tc_fp8_d64",
+        (true, false, false) => "attn_split_gqa_tc_fp8",
+        (false, true, _) => "attn_split_gqa_tc_d64",
+        (false, false, _) => "attn_split_gqa_tc",
     }
 }
 
@@ -1224,6 +1262,17 @@ const ATTN_KERNEL_CHOICES: &[(&str, Option<AttnKernel>)] = &[
 /// (default [`AttnKernel::min_split`] of `Gqa`).
 pub const ATTN_GQA_MIN_SPLIT_ENV: &str = "MXTUNE_ATTN_GQA_MIN_SPLIT";
 
+/// Fewest keys a split of an fp8 cache's tensor-core launch has for the eight-warp entry by
+/// default: on the H200 at depth 32768 (33 splits of ~993 keys) the eight-warp blocks took a
+/// full layer's split kernel 15.24 -> 13.96 us and the 120b step 2.275 -> 2.251 ms; at depth
+/// 4096 (256 keys a split, a tile a warp) they lost (2.114 -> 2.123, batch 16 10.79 -> 11.01;
+/// docs/perf.md run 326). From two tiles a warp.
+pub const ATTN_WIDE_FROM: usize = 2 * ATC_WIDE_WARPS as usize * 32;
+
+/// Environment variable that sets [`AttnTuning::wide_from`]: the fewest keys a split of an
+/// fp8 cache's tensor-core launch has for the eight-warp entry (0: never).
+pub const ATTN_WIDE_FROM_ENV: &str = "MXTUNE_ATTN_WIDE_FROM";
+
 /// Blocks per SM a decode row's attention splits may fill by default ([`AttnTuning::split_cap`]):
 /// on the H200 at depth 32768 the tensor-core GQA kernel's 64 splits a KV head (512 blocks of
 /// 74 KB, 1.3 waves of 3 an SM) took 2.720 ms a 120b step, 32 (two blocks an SM) 2.552
@@ -1260,6 +1309,9 @@ pub struct AttnTuning {
     /// The tensor-core GQA kernel's entry compiled for the head dim where there is one (64)
     /// ([`ATTN_FIXED_DIM_ENV`]).
     pub fixed_dim: bool,
+    /// Fewest keys a split of an fp8 cache's tensor-core launch has for the eight-warp entry
+    /// ([`TcVariant::wide`]; 0: never; [`ATTN_WIDE_FROM_ENV`]).
+    pub wide_from: usize,
 }
 
 impl Default for AttnTuning {
@@ -1270,6 +1322,7 @@ impl Default for AttnTuning {
             finish_single: true,
             split_blocks_per_sm: ATTN_SPLIT_BLOCKS_PER_SM,
             fixed_dim: true,
+            wide_from: ATTN_WIDE_FROM,
         }
     }
 }
@@ -1293,7 +1346,26 @@ impl AttnTuning {
         if let Some(n) = env_whole(ATTN_GQA_MIN_SPLIT_ENV, 1..=65536, "keys from 1 to 65536")? {
             t.gqa_min_split = n;
         }
+        if let Some(n) = env_whole(
+            ATTN_WIDE_FROM_ENV,
+            0..=1 << 20,
+            "keys a split from 0 (never) to 1048576",
+        )? {
+            t.wide_from = n;
+        }
         Ok(t)
+    }
+
+    /// The tensor-core entry of a launch on a cache of `kv` whose longest row has `keys` keys
+    /// in `nsplit` splits: the eight-warp one for an fp8 cache's splits of at least
+    /// [`Self::wide_from`] keys. Like the splits, a function of the context only.
+    pub fn tc_variant(&self, kv: KvDtype, keys: usize, nsplit: usize) -> TcVariant {
+        TcVariant {
+            fixed_dim: self.fixed_dim,
+            wide: kv == KvDtype::Fp8
+                && self.wide_from > 0
+                && keys.div_ceil(nsplit.max(1)) >= self.wide_from,
+        }
     }
 
     /// The kernel for rows of up to `keys` keys of shape `s` on a cache of `kv` (a forced GQA
@@ -1363,8 +1435,8 @@ impl AttnTuning {
 /// picks the per-head or the GQA split kernel (same partials). `sinks = None` turns the sink
 /// off. One split with `finish` set: the split kernel writes `out` itself (the sink counted
 /// as `attn_combine` counts it, the same bits) and no combine is launched — a kernel fewer
-/// and its launch gap (docs/perf.md, session 25). `fixed_dim`: the tensor-core kernel's entry
-/// compiled for the head dim where it has one ([`AttnTuning::fixed_dim`]; the same bits).
+/// and its launch gap (docs/perf.md, session 25). `tc`: the tensor-core kernel's entry
+/// ([`AttnTuning::tc_variant`]).
 pub fn attention(
     g: &Gpu,
     s: AttnShape,
@@ -1384,7 +1456,7 @@ pub fn attention(
     min_split: usize,
     scale: f32,
     finish: bool,
-    fixed_dim: bool,
+    tc: TcVariant,
 ) -> Result<()> {
     s.check()?;
     let finish = finish && nsplit == 1;
@@ -1419,10 +1491,10 @@ pub fn attention(
                 s.hq / s.hkv
             );
             (
-                gqa_tc_entry(kv, s.d, fixed_dim),
+                gqa_tc_entry(kv, s.d, tc),
                 s.hkv,
-                ATTN_GQA_WARPS,
-                gqa_tc_smem(s, kv),
+                tc.warps(),
+                gqa_tc_smem(s, kv, tc.warps()),
             )
         }
         AttnKernel::PerHead => ("attn_split", s.hq, ATTN_WARPS, 0),
@@ -4382,9 +4454,10 @@ mod tests {
         assert!(e.contains("MXTUNE_ATTN=tc") && e.contains("gqa-tc"), "{e}");
         // Two buffers of 32 K and 32 V rows per warp (fp8: V only), rows padded by 16 bytes.
         let sh = |d| AttnShape { hq: 64, hkv: 8, d };
-        assert_eq!(gqa_tc_smem(sh(64), KvDtype::Bf16), 4 * 4 * 32 * 144);
-        assert_eq!(gqa_tc_smem(sh(32), KvDtype::Bf16), 4 * 4 * 32 * 80);
-        assert_eq!(gqa_tc_smem(sh(64), KvDtype::Fp8), 4 * 2 * 32 * 80);
+        assert_eq!(gqa_tc_smem(sh(64), KvDtype::Bf16, 4), 4 * 4 * 32 * 144);
+        assert_eq!(gqa_tc_smem(sh(32), KvDtype::Bf16, 4), 4 * 4 * 32 * 80);
+        assert_eq!(gqa_tc_smem(sh(64), KvDtype::Fp8, 4), 4 * 2 * 32 * 80);
+        assert_eq!(gqa_tc_smem(sh(64), KvDtype::Fp8, 8), 8 * 2 * 32 * 80);
         assert_eq!(AttnKernel::GqaTc.min_split(), AttnKernel::Gqa.min_split());
     }
 
@@ -4418,6 +4491,26 @@ mod tests {
         let m = |keys| plain.splits(AttnKernel::GqaTc, s, 132, keys, ATTN_MAX_SPLITS);
         assert_eq!((m(1024), m(4096), m(32768)), (8, 32, ATTN_MAX_SPLITS));
         assert_eq!(plain.split_cap(AttnKernel::GqaTc, s, 132), None);
+    }
+
+    #[test]
+    fn eight_warp_attention_only_for_an_fp8_cache_from_its_split_length() {
+        let t = AttnTuning::default();
+        assert_eq!(t.wide_from, 512);
+        let wide = |kv, keys, nsplit| t.tc_variant(kv, keys, nsplit).wide;
+        // 32768 keys in 33 splits (993 a split): wide; 4096 in 16 (256): not.
+        assert!(wide(KvDtype::Fp8, 32768, 33));
+        assert!(!wide(KvDtype::Fp8, 4096, 16));
+        assert!(wide(KvDtype::Fp8, 512, 1) && !wide(KvDtype::Fp8, 1022, 2));
+        // A bf16 cache has no eight-warp entry; 0 turns it off.
+        assert!(!wide(KvDtype::Bf16, 32768, 33));
+        let off = AttnTuning {
+            wide_from: 0,
+            ..AttnTuning::default()
+        };
+        assert!(!off.tc_variant(KvDtype::Fp8, 32768, 33).wide);
+        assert_eq!(t.tc_variant(KvDtype::Fp8, 32768, 33).warps(), 8);
+        assert_eq!(off.tc_variant(KvDtype::Fp8, 32768, 33).warps(), 4);
     }
 
     #[test]

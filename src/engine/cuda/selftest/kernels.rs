@@ -444,7 +444,8 @@ impl AttnRows {
     /// `nsplit` blocks per head share each row's keys, at least `min_split` each. Both against
     /// the f64 reference on the values the cache holds (1e-5: summation order). With one
     /// split the split kernel finishes the heads itself; then also the same launch ending in
-    /// `attn_combine`, which must give the same bits.
+    /// `attn_combine`, which must give the same bits. The tensor-core kernel on an fp8 cache
+    /// also with its eight-warp entries ([`ops::TcVariant::wide`]).
     #[allow(clippy::too_many_arguments)]
     fn check(
         &self,
@@ -460,7 +461,7 @@ impl AttnRows {
         let (sh, t) = (self.sh, self.pos.len());
         let scale = 1.0 / (sh.d as f64).sqrt();
         let sinks = sink_on.then(|| g.ptr(&self.ds));
-        let decode = |finish: bool, fixed_dim: bool| -> Result<Vec<f32>> {
+        let decode = |finish: bool, tc: ops::TcVariant| -> Result<Vec<f32>> {
             let dout = nan_f32(g, t * sh.hq * sh.d)?;
             ops::attention(
                 g,
@@ -481,33 +482,10 @@ impl AttnRows {
                 min_split,
                 scale as f32,
                 finish,
-                fixed_dim,
+                tc,
             )?;
             g.download(&dout)
         };
-        let got = decode(true, true)?;
-        let mut res = Vec::new();
-        if kernel == ops::AttnKernel::GqaTc && sh.d == 64 {
-            res.push(check(
-                format!(
-                    "attention {label}{kernel:?} window={window} sinks={sink_on} splits={nsplit} \
-                     kv={}: the head-dim-64 entry = the run-time head dim entry, elements apart",
-                    c.kv.name()
-                ),
-                bits_apart(&got, &decode(true, false)?),
-                0.0,
-            ));
-        }
-        if nsplit == 1 {
-            res.push(check(
-                format!(
-                    "attention {label}{kernel:?} window={window} sinks={sink_on} one split                      finished in the split kernel = with attn_combine, elements apart, kv={}",
-                    c.kv.name()
-                ),
-                bits_apart(&got, &decode(false, true)?),
-                0.0,
-            ));
-        }
         let mut want = Vec::new();
         for ti in 0..t {
             let off = self.kv_off[ti] as usize;
@@ -525,19 +503,50 @@ impl AttnRows {
             ));
         }
         let kv = c.kv.name();
-        let decode = check(
-            format!(
-                "attention {label}{kernel:?} window={window} sinks={sink_on} splits={nsplit} \
-                 min_split={min_split} kv={kv}"
-            ),
-            rel_err(&got, &want),
-            // bf16 queries, probabilities and values on the tensor cores (as attn_prefill_tc).
-            if kernel == ops::AttnKernel::GqaTc {
-                1e-2
-            } else {
-                1e-5
-            },
-        );
+        let tensor_cores = kernel == ops::AttnKernel::GqaTc;
+        let wides: &[bool] = if tensor_cores && c.kv == KvDtype::Fp8 {
+            &[false, true]
+        } else {
+            &[false]
+        };
+        let mut res = Vec::new();
+        for &wide in wides {
+            let tc = |fixed_dim| ops::TcVariant { fixed_dim, wide };
+            let entry = if wide { "eight-warp " } else { "" };
+            let got = decode(true, tc(true))?;
+            if tensor_cores && sh.d == 64 {
+                res.push(check(
+                    format!(
+                        "attention {label}{kernel:?} window={window} sinks={sink_on} \
+                         splits={nsplit} kv={kv}: the {entry}head-dim-64 entry = the {entry}\
+                         run-time head dim entry, elements apart"
+                    ),
+                    bits_apart(&got, &decode(true, tc(false))?),
+                    0.0,
+                ));
+            }
+            if nsplit == 1 {
+                res.push(check(
+                    format!(
+                        "attention {label}{entry}{kernel:?} window={window} sinks={sink_on} one \
+                         split finished in the split kernel = with attn_combine, elements apart, \
+                         kv={kv}"
+                    ),
+                    bits_apart(&got, &decode(false, tc(true))?),
+                    0.0,
+                ));
+            }
+            res.push(check(
+                format!(
+                    "attention {label}{entry}{kernel:?} window={window} sinks={sink_on} \
+                     splits={nsplit} min_split={min_split} kv={kv}"
+                ),
+                rel_err(&got, &want),
+                // bf16 queries, probabilities and values on the tensor cores (as
+                // attn_prefill_tc).
+                if tensor_cores { 1e-2 } else { 1e-5 },
+            ));
+        }
         // The prefill kernel on the same rows (one query row each, GQA group per block).
         let dout = nan_f32(g, t * sh.hq * sh.d)?;
         ops::attention_rows(
@@ -560,7 +569,7 @@ impl AttnRows {
             rel_err(&g.download(&dout)?, &want),
             1e-5,
         );
-        res.extend([decode, prefill]);
+        res.push(prefill);
         Ok(res)
     }
 }
