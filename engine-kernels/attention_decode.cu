@@ -548,10 +548,11 @@ __device__ __forceinline__ void atc_mma(float (&c)[4], const unsigned (&a)[4], u
 }
 
 // DC: the head dim when the entry is compiled for one (`_d64`), 0 for the entry that takes it
-// at run time (32 or 64). With it fixed, the tile loop's trip counts, strides and divisions
+// at run time (32 or 64). R = 1 (the `_g8` entries, at most 8 query heads a KV head): the MMA
+// tile's rows g + 8 are padding, left out of the softmax (mma_softmax_step), the same sums. With it fixed, the tile loop's trip counts, strides and divisions
 // are constants: the copy loop unrolled without a division per 16 bytes, and no MMA under a
 // run-time predicate (each such MMA compiled with a WARPSYNC of its own).
-template <bool FP8, int DC, int W>
+template <bool FP8, int DC, int W, int R>
 __device__ __forceinline__ void gqa_tc_split(const float* __restrict__ q, const u8* __restrict__ k_cache,
                                              const u8* __restrict__ v_cache, int p,
                                              unsigned long long off,
@@ -560,6 +561,7 @@ __device__ __forceinline__ void gqa_tc_split(const float* __restrict__ q, const 
                                              int window, int min_split, float scale,
                                              const float* sink_s, float* __restrict__ out_final) {
     static_assert(DC == 0 || DC == 32 || DC == 64, "head dims 32 or 64");
+    static_assert(R == 2 || DC != 0, "the run-time entries take up to 16 heads");
     const int d = DC ? DC : d_arg;
     extern __shared__ __align__(16) unsigned char atc_smem[];
     __shared__ float sm_m[W][16], sm_l[W][16];
@@ -686,7 +688,7 @@ __device__ __forceinline__ void gqa_tc_split(const float* __restrict__ q, const 
                     if (base + nb * 8 + 2 * qd + (j & 1) >= hi) sc[nb][j] = -INFINITY;
             }
         }
-        mma_softmax_step(sc, m, l, o);
+        mma_softmax_step<ATC_KT / 8, ATC_MAX_D / 8, R>(sc, m, l, o);
         // O += P V, 16 keys at a time: P's accumulators of key blocks 2j, 2j + 1 are its A
         // fragment; V's B fragments come from its staged rows by ldmatrix .trans, the lane's
         // row address being key 16 j + (lane & 7) + 8 ((lane >> 3) & 1).
@@ -815,7 +817,7 @@ __device__ __forceinline__ void gqa_tc_split(const float* __restrict__ q, const 
 // W * 2 * ATC_KT * (d + 16) for fp8 (V rows only) (ops.rs gqa_tc_smem).
 // The `_w8` entries (fp8 only): eight warps walk a split's tiles, so a block of the same keys
 // has twice the warps in flight; bounded to 128 registers so that two blocks fit an SM.
-#define ATTN_SPLIT_GQA_TC(name, FP8, DC, W, BOUNDS)                                            \
+#define ATTN_SPLIT_GQA_TC(name, FP8, DC, W, R, BOUNDS)                                            \
     extern "C" __global__ void __launch_bounds__ BOUNDS                                        \
     name(const float* __restrict__ q, const void* __restrict__ k_cache,                        \
          const void* __restrict__ v_cache, int kv, const unsigned* __restrict__ pos,           \
@@ -828,18 +830,22 @@ __device__ __forceinline__ void gqa_tc_split(const float* __restrict__ q, const 
         const int p_early = (int)ld_early_u32(pos + blockIdx.z);                               \
         const unsigned long long off_early = ld_early_u64(kv_off + blockIdx.z);                \
         pdl_enter_as(attn_trigger_mode(out_final));                                            \
-        gqa_tc_split<FP8, DC, W>(q, static_cast<const u8*>(k_cache),                           \
+        gqa_tc_split<FP8, DC, W, R>(q, static_cast<const u8*>(k_cache),                           \
                                  static_cast<const u8*>(v_cache), p_early, off_early, part_m,  \
                                  part_l, part_acc, hq, hkv, d, window, min_split, scale,       \
                                  sink_s, out_final);                                           \
     }
-ATTN_SPLIT_GQA_TC(attn_split_gqa_tc, false, 0, ATC_WARPS, (ATC_WARPS * 32))
-ATTN_SPLIT_GQA_TC(attn_split_gqa_tc_fp8, true, 0, ATC_WARPS, (ATC_WARPS * 32))
-// Head dim 64 (gpt-oss), the host's pick wherever d is 64: the same sums as the entries above.
-ATTN_SPLIT_GQA_TC(attn_split_gqa_tc_d64, false, 64, ATC_WARPS, (ATC_WARPS * 32))
-ATTN_SPLIT_GQA_TC(attn_split_gqa_tc_fp8_d64, true, 64, ATC_WARPS, (ATC_WARPS * 32))
-ATTN_SPLIT_GQA_TC(attn_split_gqa_tc_fp8_w8, true, 0, 8, (256, 2))
-ATTN_SPLIT_GQA_TC(attn_split_gqa_tc_fp8_d64_w8, true, 64, 8, (256, 2))
+ATTN_SPLIT_GQA_TC(attn_split_gqa_tc, false, 0, ATC_WARPS, 2, (ATC_WARPS * 32))
+ATTN_SPLIT_GQA_TC(attn_split_gqa_tc_fp8, true, 0, ATC_WARPS, 2, (ATC_WARPS * 32))
+// Head dim 64, the host's pick wherever d is 64: the same sums as the entries above; `_g8`
+// (gpt-oss) where also at most 8 query heads share a KV head.
+ATTN_SPLIT_GQA_TC(attn_split_gqa_tc_d64, false, 64, ATC_WARPS, 2, (ATC_WARPS * 32))
+ATTN_SPLIT_GQA_TC(attn_split_gqa_tc_fp8_d64, true, 64, ATC_WARPS, 2, (ATC_WARPS * 32))
+ATTN_SPLIT_GQA_TC(attn_split_gqa_tc_d64_g8, false, 64, ATC_WARPS, 1, (ATC_WARPS * 32))
+ATTN_SPLIT_GQA_TC(attn_split_gqa_tc_fp8_d64_g8, true, 64, ATC_WARPS, 1, (ATC_WARPS * 32))
+ATTN_SPLIT_GQA_TC(attn_split_gqa_tc_fp8_w8, true, 0, 8, 2, (256, 2))
+ATTN_SPLIT_GQA_TC(attn_split_gqa_tc_fp8_d64_w8, true, 64, 8, 2, (256, 2))
+ATTN_SPLIT_GQA_TC(attn_split_gqa_tc_fp8_d64_w8_g8, true, 64, 8, 1, (256, 2))
 
 // grid = (Hq, T), block = ATTN_COMBINE_THREADS; nsplit <= ATTN_MAX_SPLITS. Each split's
 // weight exp(m_s - max) is computed once, by one thread, into shared memory; then thread

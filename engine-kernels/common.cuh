@@ -662,19 +662,22 @@ __device__ __forceinline__ float exp2_ftz(float x) {
 // scores sc (log2 units; masked entries -inf) of rows g (entries 0, 1) and g + 8 (2, 3) of the
 // lane's quad, their running maxima m and this lane's part of their sums l (the caller adds a
 // quad's four at the end). The tile's row maxima over the quad, the rescale of l and of the
-// output fragments o, then sc replaced by the probabilities, added to l.
-template <int NB, int NO>
+// output fragments o, then sc replaced by the probabilities, added to l. R = 1: rows g + 8
+// are padding (at most 8 live rows): left out, their probabilities 0, so the P V products add
+// nothing to their outputs and rows g see the same operations as with R = 2.
+template <int NB, int NO, int R = 2>
 __device__ __forceinline__ void mma_softmax_step(float (&sc)[NB][4], float (&m)[2], float (&l)[2],
                                                  float (&o)[NO][4]) {
+    static_assert(R == 1 || R == 2, "one or two row halves");
     float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
     for (int nb = 0; nb < NB; ++nb) {
 #pragma unroll
-        for (int j = 0; j < 4; ++j) mx[j >> 1] = fmaxf(mx[j >> 1], sc[nb][j]);
+        for (int j = 0; j < 2 * R; ++j) mx[j >> 1] = fmaxf(mx[j >> 1], sc[nb][j]);
     }
     float mn[2], corr[2];
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
+    for (int r = 0; r < R; ++r) {
         mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
         mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
         mn[r] = fmaxf(m[r], mx[r]);
@@ -684,19 +687,23 @@ __device__ __forceinline__ void mma_softmax_step(float (&sc)[NB][4], float (&m)[
     }
 #pragma unroll
     for (int n = 0; n < NO; ++n) {
-        o[n][0] *= corr[0];
-        o[n][1] *= corr[0];
-        o[n][2] *= corr[1];
-        o[n][3] *= corr[1];
+#pragma unroll
+        for (int j = 0; j < 2 * R; ++j) o[n][j] *= corr[j >> 1];
     }
     // A score of -inf gives exp2(-inf) = 0 against a finite max; against a max of -inf (every
     // score so far -inf) the max taken as 0 gives the same 0, where -inf - -inf would be NaN:
     // no select per score.
-    const float mz[2] = {mn[0] == -INFINITY ? 0.0f : mn[0], mn[1] == -INFINITY ? 0.0f : mn[1]};
+    float mz[2];
+#pragma unroll
+    for (int r = 0; r < R; ++r) mz[r] = mn[r] == -INFINITY ? 0.0f : mn[r];
 #pragma unroll
     for (int nb = 0; nb < NB; ++nb) {
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
+            if (j >= 2 * R) {
+                sc[nb][j] = 0.0f;
+                continue;
+            }
             const float p = exp2_ftz(sc[nb][j] - mz[j >> 1]);
             sc[nb][j] = p;
             l[j >> 1] += p;

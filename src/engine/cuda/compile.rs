@@ -89,6 +89,9 @@ pub const KERNEL_FILES: &[KernelFile] = &[
             "attn_split_gqa_tc_fp8_d64",
             "attn_split_gqa_tc_fp8_w8",
             "attn_split_gqa_tc_fp8_d64_w8",
+            "attn_split_gqa_tc_d64_g8",
+            "attn_split_gqa_tc_fp8_d64_g8",
+            "attn_split_gqa_tc_fp8_d64_w8_g8",
             "attn_combine"
         ]
     ),

@@ -1196,7 +1196,7 @@ pub fn gqa_tc_fits(g: &Gpu, s: AttnShape, kv: KvDtype) -> Result<bool> {
     for fixed_dim in [true, false] {
         for wide in [false, kv == KvDtype::Fp8] {
             let v = TcVariant { fixed_dim, wide };
-            if gqa_tc_smem(s, kv, v.warps()) > g.dynamic_shared_limit(gqa_tc_entry(kv, s.d, v))? {
+            if gqa_tc_smem(s, kv, v.warps()) > g.dynamic_shared_limit(gqa_tc_entry(kv, s, v))? {
                 return Ok(false);
             }
         }
@@ -1204,20 +1204,27 @@ pub fn gqa_tc_fits(g: &Gpu, s: AttnShape, kv: KvDtype) -> Result<bool> {
     Ok(true)
 }
 
-/// The `attn_split_gqa_tc` entry for cache kind `kv`, head dim `d` and variant `v`: with
-/// `fixed_dim` and `d` 64, the entry compiled for that head dim (`_d64`: its tile loop's counts
-/// and strides constants, about half the instructions a tile of the entry that takes `d` at
-/// run time; docs/perf.md session 36), else the one that takes any supported `d` (both give
-/// the same bits); `wide` on an fp8 cache the eight-warp entry (`_w8`: other sums, the keys
-/// walked by other warps); [`gqa_tc_fits`] asks each one's shared-memory limit.
-fn gqa_tc_entry(kv: KvDtype, d: usize, v: TcVariant) -> &'static str {
-    match (kv == KvDtype::Fp8, v.fixed_dim && d == 64, v.wide) {
-        (true, true, true) => "attn_split_gqa_tc_fp8_d64_w8",
-        (true, false, true) => "attn_split_gqa_tc_fp8_w8",
-        (true, true, false) => "attn_split_gqa_tc_fp8_d64",
-        (true, false, false) => "attn_split_gqa_tc_fp8",
-        (false, true, _) => "attn_split_gqa_tc_d64",
-        (false, false, _) => "attn_split_gqa_tc",
+/// The `attn_split_gqa_tc` entry for cache kind `kv`, shape `s` and variant `v`: with
+/// `fixed_dim` and head dim 64, the entry compiled for that head dim (`_d64`: its tile loop's
+/// counts and strides constants, about half the instructions a tile of the entry that takes
+/// the head dim at run time; docs/perf.md session 36), and `_g8` where also at most 8 query
+/// heads share a KV head (the MMA tile's padding rows left out of the softmax); else the one
+/// that takes any supported head dim. All give the same bits. `wide` on an fp8 cache: the
+/// eight-warp entry (`_w8`: other sums, the keys walked by other warps). [`gqa_tc_fits`] asks
+/// each one's shared-memory limit.
+fn gqa_tc_entry(kv: KvDtype, s: AttnShape, v: TcVariant) -> &'static str {
+    let fixed = v.fixed_dim && s.d == 64;
+    let g8 = fixed && s.hq / s.hkv.max(1) <= 8;
+    match (kv == KvDtype::Fp8, fixed, g8, v.wide) {
+        (true, true, true, true) => "attn_split_gqa_tc_fp8_d64_w8_g8",
+        (true, true, false, true) => "attn_split_gqa_tc_fp8_d64_w8",
+        (true, false, _, true) => "attn_split_gqa_tc_fp8_w8",
+        (true, true, true, false) => "attn_split_gqa_tc_fp8_d64_g8",
+        (true, true, false, false) => "attn_split_gqa_tc_fp8_d64",
+        (true, false, _, false) => "attn_split_gqa_tc_fp8",
+        (false, true, true, _) => "attn_split_gqa_tc_d64_g8",
+        (false, true, false, _) => "attn_split_gqa_tc_d64",
+        (false, false, _, _) => "attn_split_gqa_tc",
     }
 }
 
@@ -1491,7 +1498,7 @@ pub fn attention(
                 s.hq / s.hkv
             );
             (
-                gqa_tc_entry(kv, s.d, tc),
+                gqa_tc_entry(kv, s, tc),
                 s.hkv,
                 tc.warps(),
                 gqa_tc_smem(s, kv, tc.warps()),
@@ -4511,6 +4518,58 @@ mod tests {
         assert!(!off.tc_variant(KvDtype::Fp8, 32768, 33).wide);
         assert_eq!(t.tc_variant(KvDtype::Fp8, 32768, 33).warps(), 8);
         assert_eq!(off.tc_variant(KvDtype::Fp8, 32768, 33).warps(), 4);
+    }
+
+    #[test]
+    fn tensor_core_attention_entries_by_shape_are_in_the_dispatch_table() {
+        let sh = |hq, hkv, d| AttnShape { hq, hkv, d };
+        let v = |fixed_dim, wide| TcVariant { fixed_dim, wide };
+        let e = gqa_tc_entry;
+        // gpt-oss (8 query heads a KV head, head dim 64): the `_g8` entries.
+        assert_eq!(
+            e(KvDtype::Fp8, sh(64, 8, 64), v(true, true)),
+            "attn_split_gqa_tc_fp8_d64_w8_g8"
+        );
+        assert_eq!(
+            e(KvDtype::Fp8, sh(64, 8, 64), v(true, false)),
+            "attn_split_gqa_tc_fp8_d64_g8"
+        );
+        assert_eq!(
+            e(KvDtype::Bf16, sh(64, 8, 64), v(true, true)),
+            "attn_split_gqa_tc_d64_g8"
+        );
+        // 16 heads a KV head: the tile's every row live.
+        assert_eq!(
+            e(KvDtype::Fp8, sh(32, 2, 64), v(true, false)),
+            "attn_split_gqa_tc_fp8_d64"
+        );
+        assert_eq!(
+            e(KvDtype::Bf16, sh(32, 2, 64), v(true, false)),
+            "attn_split_gqa_tc_d64"
+        );
+        // Head dim 32, or the fixed entries off: the run-time entries.
+        assert_eq!(
+            e(KvDtype::Fp8, sh(8, 2, 32), v(true, true)),
+            "attn_split_gqa_tc_fp8_w8"
+        );
+        assert_eq!(
+            e(KvDtype::Bf16, sh(64, 8, 64), v(false, false)),
+            "attn_split_gqa_tc"
+        );
+        let table: Vec<&str> = crate::engine::cuda::compile::KERNEL_FILES
+            .iter()
+            .flat_map(|f| f.entries.iter().copied())
+            .collect();
+        for kv in [KvDtype::Bf16, KvDtype::Fp8] {
+            for s in [sh(64, 8, 64), sh(32, 2, 64), sh(8, 2, 32)] {
+                for (fixed_dim, wide) in
+                    [(true, true), (true, false), (false, true), (false, false)]
+                {
+                    let name = e(kv, s, v(fixed_dim, wide));
+                    assert!(table.contains(&name), "{name} is not in the dispatch table");
+                }
+            }
+        }
     }
 
     #[test]
