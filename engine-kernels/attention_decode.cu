@@ -548,10 +548,11 @@ __device__ __forceinline__ void atc_mma(float (&c)[4], const unsigned (&a)[4], u
 }
 
 // DC: the head dim when the entry is compiled for one (`_d64`), 0 for the entry that takes it
-// at run time (32 or 64). R = 1 (the `_g8` entries, at most 8 query heads a KV head): the MMA
-// tile's rows g + 8 are padding, left out of the softmax (mma_softmax_step), the same sums. With it fixed, the tile loop's trip counts, strides and divisions
+// at run time (32 or 64). With it fixed, the tile loop's trip counts, strides and divisions
 // are constants: the copy loop unrolled without a division per 16 bytes, and no MMA under a
-// run-time predicate (each such MMA compiled with a WARPSYNC of its own).
+// run-time predicate (each such MMA compiled with a WARPSYNC of its own). W: warps a block.
+// R = 1 (the `_g8` entries, at most 8 query heads a KV head): the MMA tile's rows g + 8 are
+// padding, left out of the softmax (mma_softmax_step), the same sums for rows g.
 template <bool FP8, int DC, int W, int R>
 __device__ __forceinline__ void gqa_tc_split(const float* __restrict__ q, const u8* __restrict__ k_cache,
                                              const u8* __restrict__ v_cache, int p,
@@ -817,7 +818,7 @@ __device__ __forceinline__ void gqa_tc_split(const float* __restrict__ q, const 
 // W * 2 * ATC_KT * (d + 16) for fp8 (V rows only) (ops.rs gqa_tc_smem).
 // The `_w8` entries (fp8 only): eight warps walk a split's tiles, so a block of the same keys
 // has twice the warps in flight; bounded to 128 registers so that two blocks fit an SM.
-#define ATTN_SPLIT_GQA_TC(name, FP8, DC, W, R, BOUNDS)                                            \
+#define ATTN_SPLIT_GQA_TC(name, FP8, DC, W, R, BOUNDS)                                         \
     extern "C" __global__ void __launch_bounds__ BOUNDS                                        \
     name(const float* __restrict__ q, const void* __restrict__ k_cache,                        \
          const void* __restrict__ v_cache, int kv, const unsigned* __restrict__ pos,           \
@@ -830,7 +831,7 @@ __device__ __forceinline__ void gqa_tc_split(const float* __restrict__ q, const 
         const int p_early = (int)ld_early_u32(pos + blockIdx.z);                               \
         const unsigned long long off_early = ld_early_u64(kv_off + blockIdx.z);                \
         pdl_enter_as(attn_trigger_mode(out_final));                                            \
-        gqa_tc_split<FP8, DC, W, R>(q, static_cast<const u8*>(k_cache),                           \
+        gqa_tc_split<FP8, DC, W, R>(q, static_cast<const u8*>(k_cache),                        \
                                  static_cast<const u8*>(v_cache), p_early, off_early, part_m,  \
                                  part_l, part_acc, hq, hkv, d, window, min_split, scale,       \
                                  sink_s, out_final);                                           \

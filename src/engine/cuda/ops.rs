@@ -1489,6 +1489,11 @@ pub fn attention(
         }
         AttnKernel::GqaTc => {
             ensure!(
+                !tc.wide || kv == KvDtype::Fp8,
+                "the eight-warp attn_split_gqa_tc entries take an fp8 cache, not {}",
+                kv.name()
+            );
+            ensure!(
                 gqa_tc_fits(g, s, kv)?,
                 "attn_split_gqa_tc takes a bf16 or fp8 cache, head dims 32 or 64 and at most \
                  {ATTN_TC_MAX_G} query heads per KV head within the device's shared memory \
