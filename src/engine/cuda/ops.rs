@@ -1269,15 +1269,14 @@ const ATTN_KERNEL_CHOICES: &[(&str, Option<AttnKernel>)] = &[
 /// (default [`AttnKernel::min_split`] of `Gqa`).
 pub const ATTN_GQA_MIN_SPLIT_ENV: &str = "MXTUNE_ATTN_GQA_MIN_SPLIT";
 
-/// Fewest keys a split of an fp8 cache's tensor-core launch has for the eight-warp entry by
-/// default: on the H200 at depth 32768 (33 splits of ~993 keys) the eight-warp blocks took a
-/// full layer's split kernel 15.24 -> 13.96 us and the 120b step 2.275 -> 2.251 ms; at depth
-/// 4096 (256 keys a split, a tile a warp) they lost (2.114 -> 2.123, batch 16 10.79 -> 11.01;
-/// docs/perf.md run 326). From two tiles a warp.
-pub const ATTN_WIDE_FROM: usize = 2 * ATC_WIDE_WARPS as usize * 32;
-
 /// Environment variable that sets [`AttnTuning::wide_from`]: the fewest keys a split of an
-/// fp8 cache's tensor-core launch has for the eight-warp entry (0: never).
+/// fp8 cache's tensor-core launch has for the eight-warp entry (0, the default: never). On
+/// the H200 (docs/perf.md runs 326, 329-330) 512 (two tiles a warp) took batch 1 at depth
+/// 32768 2.275 -> 2.251 ms (a full layer's split kernel 15.24 -> 13.96 us: a row's 264 blocks
+/// of four warps fill half an SM's warp slots), but every batch from 2 lost (+0.9 % at depth
+/// 32768 batch 2 and 4, +2.1 / +2.6 % at depth 16384 batch 4 / 8: their grids fill the SMs
+/// with four-warp blocks already), and the entry cannot follow the batch without a row's sums
+/// changing with the rows beside it (other warps walk its keys); 256 lost at depth 4096.
 pub const ATTN_WIDE_FROM_ENV: &str = "MXTUNE_ATTN_WIDE_FROM";
 
 /// Blocks per SM a decode row's attention splits may fill by default ([`AttnTuning::split_cap`]):
@@ -1329,7 +1328,7 @@ impl Default for AttnTuning {
             finish_single: true,
             split_blocks_per_sm: ATTN_SPLIT_BLOCKS_PER_SM,
             fixed_dim: true,
-            wide_from: ATTN_WIDE_FROM,
+            wide_from: 0,
         }
     }
 }
@@ -4507,8 +4506,12 @@ mod tests {
 
     #[test]
     fn eight_warp_attention_only_for_an_fp8_cache_from_its_split_length() {
-        let t = AttnTuning::default();
-        assert_eq!(t.wide_from, 512);
+        // Off by default; from 512 keys a split where set.
+        assert_eq!(AttnTuning::default().wide_from, 0);
+        let t = AttnTuning {
+            wide_from: 512,
+            ..AttnTuning::default()
+        };
         let wide = |kv, keys, nsplit| t.tc_variant(kv, keys, nsplit).wide;
         // 32768 keys in 33 splits (993 a split): wide; 4096 in 16 (256): not.
         assert!(wide(KvDtype::Fp8, 32768, 33));
@@ -4516,10 +4519,7 @@ mod tests {
         assert!(wide(KvDtype::Fp8, 512, 1) && !wide(KvDtype::Fp8, 1022, 2));
         // A bf16 cache has no eight-warp entry; 0 turns it off.
         assert!(!wide(KvDtype::Bf16, 32768, 33));
-        let off = AttnTuning {
-            wide_from: 0,
-            ..AttnTuning::default()
-        };
+        let off = AttnTuning::default();
         assert!(!off.tc_variant(KvDtype::Fp8, 32768, 33).wide);
         assert_eq!(t.tc_variant(KvDtype::Fp8, 32768, 33).warps(), 8);
         assert_eq!(off.tc_variant(KvDtype::Fp8, 32768, 33).warps(), 4);
