@@ -783,7 +783,8 @@ impl Decoder {
                     min_split,
                     sh.scale,
                     self.attn.finish_single,
-                    self.attn.tc_variant(sh.kv, keys, nsplit),
+                    self.attn
+                        .tc_variant(sh.kv, sh.attn, g.sms(), keys, nsplit, self.max_batch),
                 )?;
             }
             mark(StepGroup::Attention.label(false))?;

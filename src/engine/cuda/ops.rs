@@ -1269,14 +1269,18 @@ const ATTN_KERNEL_CHOICES: &[(&str, Option<AttnKernel>)] = &[
 /// (default [`AttnKernel::min_split`] of `Gqa`).
 pub const ATTN_GQA_MIN_SPLIT_ENV: &str = "MXTUNE_ATTN_GQA_MIN_SPLIT";
 
-/// Environment variable that sets [`AttnTuning::wide_from`]: the fewest keys a split of an
-/// fp8 cache's tensor-core launch has for the eight-warp entry (0, the default: never). On
-/// the H200 (docs/perf.md runs 326, 329-330) 512 (two tiles a warp) took batch 1 at depth
-/// 32768 2.275 -> 2.251 ms (a full layer's split kernel 15.24 -> 13.96 us: a row's 264 blocks
-/// of four warps fill half an SM's warp slots), but every batch from 2 lost (+0.9 % at depth
-/// 32768 batch 2 and 4, +2.1 / +2.6 % at depth 16384 batch 4 / 8: their grids fill the SMs
-/// with four-warp blocks already), and the entry cannot follow the batch without a row's sums
-/// changing with the rows beside it (other warps walk its keys); 256 lost at depth 4096.
+/// Fewest keys a split of an fp8 cache's tensor-core launch has for the eight-warp entry by
+/// default ([`AttnTuning::tc_variant`], which also asks that a launch of the engine's most
+/// rows stay within the split cap's blocks). On the H200 (docs/perf.md runs 326, 329-330) it
+/// took batch 1 at depth 32768 2.275 -> 2.251 ms (a full layer's split kernel 15.24 -> 13.96
+/// us: one row's 264 blocks of four warps fill half an SM's warp slots); but where more rows
+/// share a launch every batch from 2 lost (+0.9 % at depth 32768 batch 2 and 4, +2.1 / +2.6 %
+/// at depth 16384 batch 4 / 8: their grids fill the SMs with four-warp blocks already), and
+/// the entry cannot follow the rows of a step without a row's sums changing with the rows
+/// beside it (other warps walk its keys). From two tiles a warp: 256 lost at depth 4096.
+pub const ATTN_WIDE_FROM: usize = 2 * ATC_WIDE_WARPS as usize * 32;
+
+/// Environment variable that sets [`AttnTuning::wide_from`] (0: never).
 pub const ATTN_WIDE_FROM_ENV: &str = "MXTUNE_ATTN_WIDE_FROM";
 
 /// Blocks per SM a decode row's attention splits may fill by default ([`AttnTuning::split_cap`]):
@@ -1328,7 +1332,7 @@ impl Default for AttnTuning {
             finish_single: true,
             split_blocks_per_sm: ATTN_SPLIT_BLOCKS_PER_SM,
             fixed_dim: true,
-            wide_from: 0,
+            wide_from: ATTN_WIDE_FROM,
         }
     }
 }
@@ -1362,15 +1366,30 @@ impl AttnTuning {
         Ok(t)
     }
 
-    /// The tensor-core entry of a launch on a cache of `kv` whose longest row has `keys` keys
-    /// in `nsplit` splits: the eight-warp one for an fp8 cache's splits of at least
-    /// [`Self::wide_from`] keys. Like the splits, a function of the context only.
-    pub fn tc_variant(&self, kv: KvDtype, keys: usize, nsplit: usize) -> TcVariant {
+    /// The tensor-core entry of a launch of shape `s` on a cache of `kv` whose longest row has
+    /// `keys` keys in `nsplit` splits, on `sms` SMs, for an engine of at most `max_rows` rows a
+    /// step: the eight-warp one for an fp8 cache's splits of at least [`Self::wide_from`] keys
+    /// where a launch of `max_rows` rows holds no more blocks than the split cap's
+    /// ([`Self::split_blocks_per_sm`] an SM; with it 0, never): there four-warp blocks would
+    /// leave half an SM's warp slots idle. A function of the context and the engine's
+    /// capacity, never of the rows a step holds, so a row's sums do not change with its
+    /// batch-mates.
+    pub fn tc_variant(
+        &self,
+        kv: KvDtype,
+        s: AttnShape,
+        sms: usize,
+        keys: usize,
+        nsplit: usize,
+        max_rows: usize,
+    ) -> TcVariant {
+        let nsplit = nsplit.max(1);
         TcVariant {
             fixed_dim: self.fixed_dim,
             wide: kv == KvDtype::Fp8
                 && self.wide_from > 0
-                && keys.div_ceil(nsplit.max(1)) >= self.wide_from,
+                && keys.div_ceil(nsplit) >= self.wide_from
+                && max_rows * s.hkv * nsplit <= self.split_blocks_per_sm * sms,
         }
     }
 
@@ -4505,24 +4524,40 @@ mod tests {
     }
 
     #[test]
-    fn eight_warp_attention_only_for_an_fp8_cache_from_its_split_length() {
-        // Off by default; from 512 keys a split where set.
-        assert_eq!(AttnTuning::default().wide_from, 0);
-        let t = AttnTuning {
-            wide_from: 512,
-            ..AttnTuning::default()
+    fn eight_warp_attention_for_one_row_of_an_fp8_cache_from_its_split_length() {
+        let s = AttnShape {
+            hq: 64,
+            hkv: 8,
+            d: 64,
         };
-        let wide = |kv, keys, nsplit| t.tc_variant(kv, keys, nsplit).wide;
-        // 32768 keys in 33 splits (993 a split): wide; 4096 in 16 (256): not.
+        let t = AttnTuning::default();
+        assert_eq!(t.wide_from, 512);
+        let v = |kv, keys, nsplit, rows| t.tc_variant(kv, s, 132, keys, nsplit, rows);
+        let wide = |kv, keys, nsplit| v(kv, keys, nsplit, 1).wide;
+        // One row: 32768 keys in 33 splits (993 a split, 264 blocks: the cap) wide; 4096 in 16
+        // (256 a split) not.
         assert!(wide(KvDtype::Fp8, 32768, 33));
         assert!(!wide(KvDtype::Fp8, 4096, 16));
         assert!(wide(KvDtype::Fp8, 512, 1) && !wide(KvDtype::Fp8, 1022, 2));
-        // A bf16 cache has no eight-warp entry; 0 turns it off.
+        // An engine of two rows a step: 528 blocks at 33 splits, past the cap.
+        assert!(!v(KvDtype::Fp8, 32768, 33, 2).wide);
+        assert!(v(KvDtype::Fp8, 16384, 16, 2).wide);
+        // A bf16 cache has no eight-warp entry; 0 or no cap turns it off.
         assert!(!wide(KvDtype::Bf16, 32768, 33));
-        let off = AttnTuning::default();
-        assert!(!off.tc_variant(KvDtype::Fp8, 32768, 33).wide);
-        assert_eq!(t.tc_variant(KvDtype::Fp8, 32768, 33).warps(), 8);
-        assert_eq!(off.tc_variant(KvDtype::Fp8, 32768, 33).warps(), 4);
+        for off in [
+            AttnTuning {
+                wide_from: 0,
+                ..AttnTuning::default()
+            },
+            AttnTuning {
+                split_blocks_per_sm: 0,
+                ..AttnTuning::default()
+            },
+        ] {
+            assert!(!off.tc_variant(KvDtype::Fp8, s, 132, 32768, 33, 1).wide);
+        }
+        assert_eq!(v(KvDtype::Fp8, 32768, 33, 1).warps(), 8);
+        assert_eq!(v(KvDtype::Fp8, 32768, 33, 2).warps(), 4);
     }
 
     #[test]
