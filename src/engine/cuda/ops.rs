@@ -4051,6 +4051,13 @@ pub fn moe_grouped(
 mod tests {
     use super::*;
 
+    /// gpt-oss's attention geometry (both sizes): 64 query heads, 8 KV heads of 64 dims.
+    const GPT_OSS_ATTN: AttnShape = AttnShape {
+        hq: 64,
+        hkv: 8,
+        d: 64,
+    };
+
     /// The streamed matrices' units of one tile, as the plans below were written for.
     const TS: TcgStream = TcgStream::Tiles;
 
@@ -4194,11 +4201,7 @@ mod tests {
         assert_eq!(split_count(1, 0, 132, 1, big), 1);
         assert_eq!(split_count(0, 90, 0, 0, 0), 1);
         // Attention: 3 tiles of 8 KV heads over 4 173 keys (66 key tiles).
-        let s = AttnShape {
-            hq: 64,
-            hkv: 8,
-            d: 64,
-        };
+        let s = GPT_OSS_ATTN;
         let sp = SplitScratch {
             ptr: 0,
             floats: big,
@@ -4493,11 +4496,7 @@ mod tests {
 
     #[test]
     fn decode_attention_splits_grow_with_the_root_of_the_context_up_to_the_cap() {
-        let s = AttnShape {
-            hq: 64,
-            hkv: 8,
-            d: 64,
-        };
+        let s = GPT_OSS_ATTN;
         let t = AttnTuning::default();
         let n = |keys| t.splits(AttnKernel::GqaTc, s, 132, keys, ATTN_MAX_SPLITS);
         // One per min_split keys while that is fewer, then one per 4 √keys, then the cap:
@@ -4525,11 +4524,7 @@ mod tests {
 
     #[test]
     fn eight_warp_attention_for_one_row_of_an_fp8_cache_from_its_split_length() {
-        let s = AttnShape {
-            hq: 64,
-            hkv: 8,
-            d: 64,
-        };
+        let s = GPT_OSS_ATTN;
         let t = AttnTuning::default();
         assert_eq!(t.wide_from, 512);
         let v = |kv, keys, nsplit, rows| t.tc_variant(kv, s, 132, keys, nsplit, rows);
@@ -4565,37 +4560,27 @@ mod tests {
         let sh = |hq, hkv, d| AttnShape { hq, hkv, d };
         let v = |fixed_dim, wide| TcVariant { fixed_dim, wide };
         let e = gqa_tc_entry;
-        // gpt-oss (8 query heads a KV head, head dim 64): the `_g8` entries.
-        assert_eq!(
-            e(KvDtype::Fp8, sh(64, 8, 64), v(true, true)),
-            "attn_split_gqa_tc_fp8_d64_w8_g8"
-        );
-        assert_eq!(
-            e(KvDtype::Fp8, sh(64, 8, 64), v(true, false)),
-            "attn_split_gqa_tc_fp8_d64_g8"
-        );
-        assert_eq!(
-            e(KvDtype::Bf16, sh(64, 8, 64), v(true, true)),
-            "attn_split_gqa_tc_d64_g8"
-        );
-        // 16 heads a KV head: the tile's every row live.
-        assert_eq!(
-            e(KvDtype::Fp8, sh(32, 2, 64), v(true, false)),
-            "attn_split_gqa_tc_fp8_d64"
-        );
-        assert_eq!(
-            e(KvDtype::Bf16, sh(32, 2, 64), v(true, false)),
-            "attn_split_gqa_tc_d64"
-        );
-        // Head dim 32, or the fixed entries off: the run-time entries.
-        assert_eq!(
-            e(KvDtype::Fp8, sh(8, 2, 32), v(true, true)),
-            "attn_split_gqa_tc_fp8_w8"
-        );
-        assert_eq!(
-            e(KvDtype::Bf16, sh(64, 8, 64), v(false, false)),
-            "attn_split_gqa_tc"
-        );
+        let (f8, b16) = (KvDtype::Fp8, KvDtype::Bf16);
+        // Each entry's name after `attn_split_gqa_tc`.
+        for (kv, s, variant, want) in [
+            // gpt-oss (8 query heads a KV head, head dim 64): the `_g8` entries.
+            (f8, sh(64, 8, 64), v(true, true), "_fp8_d64_w8_g8"),
+            (f8, sh(64, 8, 64), v(true, false), "_fp8_d64_g8"),
+            (b16, sh(64, 8, 64), v(true, true), "_d64_g8"),
+            // 16 heads a KV head: the tile's every row live.
+            (f8, sh(32, 2, 64), v(true, false), "_fp8_d64"),
+            (b16, sh(32, 2, 64), v(true, false), "_d64"),
+            // Head dim 32, or the fixed entries off: the run-time entries.
+            (f8, sh(8, 2, 32), v(true, true), "_fp8_w8"),
+            (b16, sh(64, 8, 64), v(false, false), ""),
+        ] {
+            let got = e(kv, s, variant);
+            assert_eq!(
+                got,
+                format!("attn_split_gqa_tc{want}"),
+                "{kv:?} {s:?} {variant:?}"
+            );
+        }
         let table: Vec<&str> = crate::engine::cuda::compile::KERNEL_FILES
             .iter()
             .flat_map(|f| f.entries.iter().copied())
