@@ -22,8 +22,10 @@
 // norm's 1 / rms is applied to the sums at the end, from the squares of the fp32 x summed
 // while staging (per warp and 32-float4 segment, then in a fixed order: deterministic). With
 // norm_w and x_out, every block also writes its slice of the normalised input.
-// The first chunks' weights are loaded before the wait on the previous kernel (PDL: weights
-// are immutable), so they stream in while it finishes and while the activations are staged.
+// The first chunk of weights a warp is loaded before the wait on the previous kernel (PDL:
+// weights are immutable), so it streams in while that kernel finishes and while the
+// activations are staged; the rest of the warp's first step once the staging's loads are done
+// (TCG_EARLY_CHUNKS).
 #define TCG_WARPS 8
 // Tuning knobs (MXTUNE_KERNEL_DEFINES): activation loads in flight per warp while staging,
 // and weight chunks per K-loop step (and loaded ahead) for bf16 and MXFP4 weights.
@@ -35,6 +37,16 @@
 #endif
 #ifndef TCG_FP4_STEP
 #define TCG_FP4_STEP 1
+#endif
+// Chunks of its first step (W::S) a warp loads before the wait; the others once its staging
+// loads are done (a define for A/B; 8: the whole step). Every block's early loads are in the
+// memory system while the previous kernel ends, and that kernel's last loads and stores (the
+// attention's, the MoE combine's, the embedding's) queue behind them: with the whole step
+// early (2 bf16 chunks, ~10 MB for qkv's 320 blocks) the step before it ended later by more
+// than the GEMV gained (docs/perf.md runs 339-340: one chunk early, 120b batch 1 / 4 / 8
+// -0.9 / -1.2 / -1.3 %; none early lost, +3.8 % at batch 1).
+#ifndef TCG_EARLY_CHUNKS
+#define TCG_EARLY_CHUNKS 1
 #endif
 // Minimum resident blocks per SM the kernels are compiled for (caps their registers).
 // Defaults as measured best on the H100 (docs/perf.md, runs 34-35).
@@ -175,10 +187,15 @@ using TcmFp4 = TcgFp4T<TCM_NB, TCG_FP4_STEP, FP4_STD>;
 // values goes to ss (nt entries, shared; sq: scratch of nt * ceil(cols / 128) floats); without
 // one, sq and ss are untouched. Work unit = (row, segment of 32 float4); warps take units
 // round-robin, TCG_STAGE_UNROLL in flight.
-// Whole block must call it.
-template <class RowOf>
+// Whole block must call it. hook() runs in each thread once its loads and stores are issued,
+// before the barrier.
+struct TcgNoHook {
+    __device__ __forceinline__ void operator()() const {}
+};
+template <class RowOf, class Hook = TcgNoHook>
 __device__ __forceinline__ void tcg_stage(RowOf row, const bf16_t* __restrict__ nw, int cols, int nt,
-                                          int stride, bf16_t* xs, float* sq, float* ss) {
+                                          int stride, bf16_t* xs, float* sq, float* ss,
+                                          Hook hook = Hook()) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int c4 = cols >> 2, segs = (c4 + 31) >> 5, units = nt * segs;
     // Unit u is (token u / segs, segment u % segs); the warp's units step by TCG_WARPS, so
@@ -231,6 +248,7 @@ __device__ __forceinline__ void tcg_stage(RowOf row, const bf16_t* __restrict__ 
             }
         }
     }
+    hook();
     __syncthreads();
     if (nw && threadIdx.x < nt) {
         float s = 0.0f;
@@ -249,17 +267,28 @@ __device__ __forceinline__ int tcg_nchunks(int cols) {
 // Load this warp's first S chunks of its tile's rows (r0 = the tile's first row + g) among
 // chunks c_lo … c_hi - 1.
 // With TT tiles a block, the warps of a tile are TCG_WARPS / TT consecutive ones.
-template <class W, int TT>
+// Chunks S0 … S1 - 1 of those S (the entries' split at TCG_EARLY_CHUNKS: tcg_early_chunks).
+template <class W, int TT, int S0 = 0, int S1 = W::S>
 __device__ __forceinline__ void tcg_prefetch(const W& wp, int r0, int rows, int c_lo, int c_hi,
                                              typename W::Raw (&cur)[W::S]) {
     constexpr int CW = 4 * W::E, WG = TCG_WARPS / TT;
     const int wk = (threadIdx.x >> 5) % WG, q = threadIdx.x & 3;
 #pragma unroll
-    for (int s = 0; s < W::S; ++s) {
+    for (int s = S0; s < S1; ++s) {
         const int c = c_lo + wk + s * WG;
         if (c < c_hi) wp.load(cur[s], r0, rows, c * CW + q * W::E);
     }
 }
+
+// How many of a warp's first S chunks its entry loads before the wait.
+template <class W>
+__host__ __device__ constexpr int tcg_early_chunks() {
+    return TCG_EARLY_CHUNKS < W::S ? TCG_EARLY_CHUNKS : W::S;
+}
+
+// The first row this thread's warp loads in the block's first unit (TT tiles a unit).
+#define TCG_FIRST_ROW(TT) \
+    (blockIdx.x * 16 * (TT) + ((threadIdx.x >> 5) / (TCG_WARPS / (TT))) * 16 + ((threadIdx.x & 31) >> 2))
 
 // The chunks of this block's K split (blockIdx.z of gridDim.z): tcg_chunk_lo … tcg_chunk_hi - 1
 // of the row's nchunks.
@@ -371,8 +400,9 @@ __device__ __forceinline__ float tcg_sum(float (*red)[16][8 * TN], int row, int 
 // and the last of the unit's blocks to finish (cnt[unit, pass], reset by it) adds part[0] +
 // part[1] + … in that order, and the squares likewise: deterministic whichever finishes
 // first. A split never writes x_out (each block has only its columns' squares).
-// The entry points load the first chunks (tcg_prefetch: immutable weights only) before
-// pdl_enter(), then run the body.
+// The entry points load the first chunks (tcg_prefetch: immutable weights only;
+// tcg_early_chunks of the first step) before pdl_enter(), then run the body, which loads the
+// rest of the step once its staging loads are done.
 template <class W, int TN, int TT>
 __device__ __forceinline__ void gemv_tc_body(const W wp, typename W::Raw (&cur)[W::S],
                                              const bf16_t* __restrict__ bias,
@@ -407,8 +437,14 @@ __device__ __forceinline__ void gemv_tc_body(const W wp, typename W::Raw (&cur)[
     float* sq = reinterpret_cast<float*>(tcg_smem + (size_t)nt * stride * 2);
     float* ss = sq + nt * (((cols >> 2) + 31) >> 5);
     const float* xt = x + (size_t)t0 * cols;
+    // The rest of the warp's first step (the entry loaded tcg_early_chunks of it before the
+    // wait), once the staging's loads of x are issued and used: they do not queue behind these.
+    auto late = [&]() {
+        constexpr int E0 = tcg_early_chunks<W>();
+        if (E0 < W::S) tcg_prefetch<W, TT, E0>(wp, TCG_FIRST_ROW(TT), rows, c_lo, c_hi, cur);
+    };
     tcg_stage([&](int n) { return xt + (size_t)n * cols + k0; }, WIDE && norm_w ? norm_w + k0 : norm_w,
-              kn, nt, stride, WIDE ? xs : xs + k0, sq, ss);
+              kn, nt, stride, WIDE ? xs : xs + k0, sq, ss, late);
     if (threadIdx.x < nt) rs_s[threadIdx.x] = norm_w ? rsqrtf(ss[threadIdx.x] / (float)cols + eps) : 1.0f;
     // A split's squares of each token: after the partial sums (gridDim.z floats a token).
     float* sqp = part + (size_t)gridDim.z * tokens * rows;
@@ -545,10 +581,6 @@ __device__ __forceinline__ void gemv_tc_body(const W wp, typename W::Raw (&cur)[
     }
 }
 
-// The first row this thread's warp loads in the block's first unit (TT tiles a unit).
-#define TCG_FIRST_ROW(TT) \
-    (blockIdx.x * 16 * (TT) + ((threadIdx.x >> 5) / (TCG_WARPS / (TT))) * 16 + ((threadIdx.x & 31) >> 2))
-
 #define GEMV_TC_BF16(name, TN, TT, MINB, STEP)                                                  \
     extern "C" __global__ void __launch_bounds__(32 * TCG_WARPS, MINB)                         \
     name(const bf16_t* __restrict__ w, const bf16_t* __restrict__ bias,                        \
@@ -560,7 +592,7 @@ __device__ __forceinline__ void gemv_tc_body(const W wp, typename W::Raw (&cur)[
         typename W::Raw cur[W::S];                                                             \
         const int nch = tcg_nchunks<W>(cols);                                                  \
         const int c_lo = tcg_chunk_lo(nch), c_hi = tcg_chunk_hi(nch);                          \
-        tcg_prefetch<W, TT>(wp, TCG_FIRST_ROW(TT), rows, c_lo, c_hi, cur);                     \
+        tcg_prefetch<W, TT, 0, tcg_early_chunks<W>()>(wp, TCG_FIRST_ROW(TT), rows, c_lo, c_hi, cur); \
         pdl_enter_as(TCG_TRIGGER);                                                             \
         gemv_tc_body<W, TN, TT>(wp, cur, bias, x, y, rows, cols, tokens, accumulate, norm_w,   \
                                 eps, x_out, part, cnt);                                        \
@@ -610,7 +642,7 @@ GEMV_TC_BF16(gemv_tc_bf16_t16_r128, 2, TCG_WARPS, TCG_STREAM_MINB_T16, TCG_STREA
         typename W::Raw cur[W::S];                                                             \
         const int nch = tcg_nchunks<W>(cols);                                                  \
         const int c_lo = tcg_chunk_lo(nch), c_hi = tcg_chunk_hi(nch);                          \
-        tcg_prefetch<W, TT>(wp, TCG_FIRST_ROW(TT), rows, c_lo, c_hi, cur);                     \
+        tcg_prefetch<W, TT, 0, tcg_early_chunks<W>()>(wp, TCG_FIRST_ROW(TT), rows, c_lo, c_hi, cur); \
         pdl_enter_as(TCG_TRIGGER);                                                             \
         gemv_tc_body<W, TN, TT>(wp, cur, bias, x, y, rows, cols, tokens, accumulate, norm_w,   \
                                 eps, x_out, part, cnt);                                        \
