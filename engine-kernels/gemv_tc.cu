@@ -22,7 +22,7 @@
 // norm's 1 / rms is applied to the sums at the end, from the squares of the fp32 x summed
 // while staging (per warp and 32-float4 segment, then in a fixed order: deterministic). With
 // norm_w and x_out, every block also writes its slice of the normalised input.
-// The first chunk of weights a warp is loaded before the wait on the previous kernel (PDL:
+// A warp's first chunk of weights is loaded before the wait on the previous kernel (PDL:
 // weights are immutable), so it streams in while that kernel finishes and while the
 // activations are staged; the rest of the warp's first step once the staging's loads are done
 // (TCG_EARLY_CHUNKS).
@@ -592,7 +592,8 @@ __device__ __forceinline__ void gemv_tc_body(const W wp, typename W::Raw (&cur)[
         typename W::Raw cur[W::S];                                                             \
         const int nch = tcg_nchunks<W>(cols);                                                  \
         const int c_lo = tcg_chunk_lo(nch), c_hi = tcg_chunk_hi(nch);                          \
-        tcg_prefetch<W, TT, 0, tcg_early_chunks<W>()>(wp, TCG_FIRST_ROW(TT), rows, c_lo, c_hi, cur); \
+        tcg_prefetch<W, TT, 0, tcg_early_chunks<W>()>(wp, TCG_FIRST_ROW(TT), rows, c_lo, c_hi,  \
+                                                      cur);                                    \
         pdl_enter_as(TCG_TRIGGER);                                                             \
         gemv_tc_body<W, TN, TT>(wp, cur, bias, x, y, rows, cols, tokens, accumulate, norm_w,   \
                                 eps, x_out, part, cnt);                                        \
@@ -642,7 +643,8 @@ GEMV_TC_BF16(gemv_tc_bf16_t16_r128, 2, TCG_WARPS, TCG_STREAM_MINB_T16, TCG_STREA
         typename W::Raw cur[W::S];                                                             \
         const int nch = tcg_nchunks<W>(cols);                                                  \
         const int c_lo = tcg_chunk_lo(nch), c_hi = tcg_chunk_hi(nch);                          \
-        tcg_prefetch<W, TT, 0, tcg_early_chunks<W>()>(wp, TCG_FIRST_ROW(TT), rows, c_lo, c_hi, cur); \
+        tcg_prefetch<W, TT, 0, tcg_early_chunks<W>()>(wp, TCG_FIRST_ROW(TT), rows, c_lo, c_hi,  \
+                                                      cur);                                    \
         pdl_enter_as(TCG_TRIGGER);                                                             \
         gemv_tc_body<W, TN, TT>(wp, cur, bias, x, y, rows, cols, tokens, accumulate, norm_w,   \
                                 eps, x_out, part, cnt);                                        \
