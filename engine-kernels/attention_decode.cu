@@ -515,6 +515,8 @@ attn_split_gqa(const float* __restrict__ q, const void* __restrict__ k_cache,
 // keys and values are read (V's fragments by ldmatrix .trans of the E4M3 rows as 16-bit pairs
 // and a byte permutation), fp16 queries and probabilities. fp32 sums.
 #define ATC_WARPS 4
+// Warps of a block of the `_w8` entries (ops.rs ATC_WIDE_WARPS).
+#define ATC_WIDE_WARPS 8
 #define ATC_KT 32
 #define ATC_MAX_D 64
 
@@ -807,11 +809,11 @@ __device__ __forceinline__ void gqa_tc_split(const float* __restrict__ q, const 
     }
 }
 
-// grid = (Hkv, nsplit, T), block = W warps (ATC_WARPS, or 8 for the `_w8` entries). One entry
-// per cache kind, each holding only its own path (kv, KV_BF16 or KV_FP8, is the entry's own:
-// the host checks): the kernel of both kinds was 4096 instructions and 1088 bytes of static
-// shared memory, the bf16 one alone is 2736 and 576, and steps ran 0.2-0.6 % faster with it
-// (docs/perf.md runs 227-228).
+// grid = (Hkv, nsplit, T), block = W warps (ATC_WARPS, or ATC_WIDE_WARPS for the `_w8`
+// entries). One entry per cache kind, each holding only its own path (kv, KV_BF16 or KV_FP8,
+// is the entry's own: the host checks): the kernel of both kinds was 4096 instructions and
+// 1088 bytes of static shared memory, the bf16 one alone is 2736 and 576, and steps ran
+// 0.2-0.6 % faster with it (docs/perf.md runs 227-228).
 // Before the wait: the (immutable) sinks, and the row's position and cache offset (step
 // inputs), so that after it the key range and the first K/V copies wait on no load.
 // Dynamic shared memory: W * 4 * ATC_KT * (d * 2 + 16) bytes for a bf16 cache,
@@ -844,9 +846,9 @@ ATTN_SPLIT_GQA_TC(attn_split_gqa_tc_d64, false, 64, ATC_WARPS, 2, (ATC_WARPS * 3
 ATTN_SPLIT_GQA_TC(attn_split_gqa_tc_fp8_d64, true, 64, ATC_WARPS, 2, (ATC_WARPS * 32))
 ATTN_SPLIT_GQA_TC(attn_split_gqa_tc_d64_g8, false, 64, ATC_WARPS, 1, (ATC_WARPS * 32))
 ATTN_SPLIT_GQA_TC(attn_split_gqa_tc_fp8_d64_g8, true, 64, ATC_WARPS, 1, (ATC_WARPS * 32))
-ATTN_SPLIT_GQA_TC(attn_split_gqa_tc_fp8_w8, true, 0, 8, 2, (256, 2))
-ATTN_SPLIT_GQA_TC(attn_split_gqa_tc_fp8_d64_w8, true, 64, 8, 2, (256, 2))
-ATTN_SPLIT_GQA_TC(attn_split_gqa_tc_fp8_d64_w8_g8, true, 64, 8, 1, (256, 2))
+ATTN_SPLIT_GQA_TC(attn_split_gqa_tc_fp8_w8, true, 0, ATC_WIDE_WARPS, 2, (ATC_WIDE_WARPS * 32, 2))
+ATTN_SPLIT_GQA_TC(attn_split_gqa_tc_fp8_d64_w8, true, 64, ATC_WIDE_WARPS, 2, (ATC_WIDE_WARPS * 32, 2))
+ATTN_SPLIT_GQA_TC(attn_split_gqa_tc_fp8_d64_w8_g8, true, 64, ATC_WIDE_WARPS, 1, (ATC_WIDE_WARPS * 32, 2))
 
 // grid = (Hq, T), block = ATTN_COMBINE_THREADS; nsplit <= ATTN_MAX_SPLITS. Each split's
 // weight exp(m_s - max) is computed once, by one thread, into shared memory; then thread

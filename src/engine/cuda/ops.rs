@@ -1148,7 +1148,8 @@ pub enum AttnKernel {
 /// Most query heads per KV head `attn_split_gqa_tc` takes (the 16 rows of its MMA tile).
 const ATTN_TC_MAX_G: usize = 16;
 
-/// Warps of an `attn_split_gqa_tc` block of the `_w8` entries (fp8 cache only).
+/// Warps of an `attn_split_gqa_tc` block of the `_w8` entries (fp8 cache only; kernel constant
+/// `ATC_WIDE_WARPS`).
 const ATC_WIDE_WARPS: u32 = 8;
 
 /// The compiled `attn_split_gqa_tc` entry a launch takes.
