@@ -75,11 +75,13 @@ struct TcgBf16T {
     };
     const bf16_t* __restrict__ w;
     int cols;
+    // FULL: rows r0 and r0 + 8 and the span at col are inside the matrix (no tests).
+    template <bool FULL = false>
     __device__ __forceinline__ void load(Raw& f, int r0, int rows, int col) const {
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             const int r = r0 + 8 * h;
-            if (r < rows && col < cols) {
+            if (FULL || (r < rows && col < cols)) {
                 const uint4* p = reinterpret_cast<const uint4*>(w + (size_t)r * cols + col);
                 f.w[h][0] = __ldg(p);
                 f.w[h][1] = __ldg(p + 1);
@@ -135,6 +137,7 @@ struct TcgFp4T {
     const u8* __restrict__ blocks;
     const u8* __restrict__ scales;
     int cols;
+    template <bool FULL = false>
     __device__ __forceinline__ void load(Raw& f, int r0, int rows, int col) const {
         const int nb = cols >> 5;
 #pragma unroll
@@ -143,7 +146,7 @@ struct TcgFp4T {
 #pragma unroll
             for (int i = 0; i < NB; ++i) {
                 const int c = col + 32 * i;
-                if (r < rows && c < cols) {
+                if (FULL || (r < rows && c < cols)) {
                     const size_t b = (size_t)r * nb + (c >> 5);
                     f.q[h][i] = __ldg(reinterpret_cast<const uint4*>(blocks) + b);
                     f.s[h][i] = scales[b];
@@ -258,6 +261,10 @@ __device__ __forceinline__ void tcg_stage(RowOf row, const bf16_t* __restrict__ 
     __syncthreads();
 }
 
+// TCG_FULL_TILES 1: tcg_tile's loop without tests on tiles inside the matrix (0: always tested).
+#ifndef TCG_FULL_TILES
+#define TCG_FULL_TILES 1
+#endif
 // Chunks of a row of cols elements (4 lanes × W::E per chunk).
 template <class W>
 __device__ __forceinline__ int tcg_nchunks(int cols) {
@@ -303,7 +310,7 @@ __device__ __forceinline__ int tcg_chunk_hi(int nchunks) {
 // g + 8 at columns col … col + E - 1 (loaded in f) against the same columns of tokens n * 8 + g,
 // accumulated into acc[n] (mma_bf16_16816's C layout). Staged columns past cols are fed as
 // zeros (their weights were loaded as zeros too).
-template <class W, int TN>
+template <class W, int TN, bool FULL = false>
 __device__ __forceinline__ void tcg_mma_chunk(const W& wp, const typename W::Raw& f, int col,
                                               int cols, const bf16_t* xs, int stride, int nt,
                                               float (&acc)[TN][4]) {
@@ -319,11 +326,40 @@ __device__ __forceinline__ void tcg_mma_chunk(const W& wp, const typename W::Raw
         for (int n = 0; n < TN; ++n) {
             const int tok = n * 8 + g;
             uint4 xv = make_uint4(0u, 0u, 0u, 0u);
-            if (tok < nt && col + 8 * v < cols)
+            if (tok < nt && (FULL || col + 8 * v < cols))
                 xv = *reinterpret_cast<const uint4*>(xs + tok * stride + col + 8 * v);
             mma_bf16_16816(acc[n], frag0, xv.x, xv.y);
             mma_bf16_16816(acc[n], frag1, xv.z, xv.w);
         }
+    }
+}
+
+// tcg_tile's K loop; FULL: every row and column it loads or stages is inside the matrix (the
+// tile's 16 rows below rows, cols a multiple of the chunk), so the loads and the staged columns
+// go untested.
+template <class W, int TN, int TT, bool FULL>
+__device__ __forceinline__ void tcg_steps(const W& wp, int r0, int rows, int cols, int c_lo, int nchunks,
+                                          typename W::Raw (&cur)[W::S], typename W::Raw (&nxt)[W::S],
+                                          const bf16_t* xs, int stride, int nt, float (&acc)[TN][4]) {
+    constexpr int E = W::E, CW = 4 * E, S = W::S, WG = TCG_WARPS / TT;
+    const int warp = threadIdx.x >> 5, q = threadIdx.x & 3;
+    for (int c = c_lo + warp % WG; c < nchunks; c += S * WG) {
+#pragma unroll
+        for (int s = 0; s < S; ++s) {
+            const int cn = c + (S + s) * WG;
+            if (cn < nchunks) wp.template load<FULL>(nxt[s], r0, rows, cn * CW + q * E);
+        }
+#pragma unroll
+        for (int s = 0; s < S; ++s) {
+            const int cc = c + s * WG;
+            if (cc >= nchunks) break;  // warp-uniform
+            // A lane whose span is past the row (last chunk) loaded zero weights and feeds
+            // zeros: the mma is warp-wide, every lane takes part.
+            const int col = cc * CW + q * E;
+            tcg_mma_chunk<W, TN, FULL>(wp, cur[s], col, cols, xs, stride, nt, acc);
+        }
+#pragma unroll
+        for (int s = 0; s < S; ++s) cur[s] = nxt[s];
     }
 }
 
@@ -335,30 +371,18 @@ template <class W, int TN, int TT>
 __device__ __forceinline__ void tcg_tile(const W& wp, int r0, int rows, int cols, int c_lo, int nchunks,
                                          typename W::Raw (&cur)[W::S], const bf16_t* xs, int stride,
                                          int nt, float (*red)[16][8 * TN]) {
-    constexpr int E = W::E, CW = 4 * E, S = W::S, WG = TCG_WARPS / TT;
+    constexpr int CW = 4 * W::E;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, q = lane & 3;
-    typename W::Raw nxt[S];
+    typename W::Raw nxt[W::S];
     float acc[TN][4];
 #pragma unroll
     for (int n = 0; n < TN; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
-    for (int c = c_lo + warp % WG; c < nchunks; c += S * WG) {
-#pragma unroll
-        for (int s = 0; s < S; ++s) {
-            const int cn = c + (S + s) * WG;
-            if (cn < nchunks) wp.load(nxt[s], r0, rows, cn * CW + q * E);
-        }
-#pragma unroll
-        for (int s = 0; s < S; ++s) {
-            const int cc = c + s * WG;
-            if (cc >= nchunks) break;  // warp-uniform
-            // A lane whose span is past the row (last chunk) loaded zero weights and feeds
-            // zeros: the mma is warp-wide, every lane takes part.
-            const int col = cc * CW + q * E;
-            tcg_mma_chunk<W, TN>(wp, cur[s], col, cols, xs, stride, nt, acc);
-        }
-#pragma unroll
-        for (int s = 0; s < S; ++s) cur[s] = nxt[s];
-    }
+    // The loop without the row and column tests where the tile's 16 rows are in the matrix
+    // and its rows are whole chunks (TCG_FULL_TILES; warp-uniform).
+    if (TCG_FULL_TILES && r0 - g + 16 <= rows && cols % CW == 0)
+        tcg_steps<W, TN, TT, true>(wp, r0, rows, cols, c_lo, nchunks, cur, nxt, xs, stride, nt, acc);
+    else
+        tcg_steps<W, TN, TT, false>(wp, r0, rows, cols, c_lo, nchunks, cur, nxt, xs, stride, nt, acc);
     // acc[n]: rows g (0, 1) and g + 8 (2, 3), tokens n * 8 + 2q (+1).
 #pragma unroll
     for (int n = 0; n < TN; ++n) {
