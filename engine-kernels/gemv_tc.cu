@@ -70,6 +70,9 @@ template <int S_>
 struct TcgBf16T {
     static constexpr int E = 16;
     static constexpr int S = S_;
+    // TCG_FULL_TILES 2's untested token loads: not for bf16, whose 8-token loops then spilled
+    // (24 -> 64-176 bytes of stack at 80 registers, sm_90a).
+    static constexpr bool TOKENS_UNTESTED = false;
     struct Raw {
         uint4 w[2][2];  // [row g, g + 8][word]
     };
@@ -130,6 +133,7 @@ template <int NB, int S_, int L>
 struct TcgFp4T {
     static constexpr int E = 32 * NB;
     static constexpr int S = S_;
+    static constexpr bool TOKENS_UNTESTED = true;
     struct Raw {
         uint4 q[2][NB];
         unsigned s[2][NB];
@@ -261,9 +265,11 @@ __device__ __forceinline__ void tcg_stage(RowOf row, const bf16_t* __restrict__ 
     __syncthreads();
 }
 
-// TCG_FULL_TILES 1: tcg_tile's loop without tests on tiles inside the matrix (0: always tested).
+// TCG_FULL_TILES 1: tcg_tile's loop without tests on tiles inside the matrix (0: always tested);
+// 2: and there, for MXFP4 weights, each token past the staged ones reads the last staged row
+// instead of a tested load into zeroed registers.
 #ifndef TCG_FULL_TILES
-#define TCG_FULL_TILES 1
+#define TCG_FULL_TILES 2
 #endif
 // Chunks of a row of cols elements (4 lanes × W::E per chunk).
 template <class W>
@@ -326,8 +332,13 @@ __device__ __forceinline__ void tcg_mma_chunk(const W& wp, const typename W::Raw
         for (int n = 0; n < TN; ++n) {
             const int tok = n * 8 + g;
             uint4 xv = make_uint4(0u, 0u, 0u, 0u);
-            if (tok < nt && (FULL || col + 8 * v < cols))
+            if (FULL && TCG_FULL_TILES >= 2 && W::TOKENS_UNTESTED) {
+                // A token past nt reads token nt - 1's row: its column of the sums is never
+                // stored, and the load needs no test and no zeroed registers.
+                xv = *reinterpret_cast<const uint4*>(xs + min(tok, nt - 1) * stride + col + 8 * v);
+            } else if (tok < nt && (FULL || col + 8 * v < cols)) {
                 xv = *reinterpret_cast<const uint4*>(xs + tok * stride + col + 8 * v);
+            }
             mma_bf16_16816(acc[n], frag0, xv.x, xv.y);
             mma_bf16_16816(acc[n], frag1, xv.z, xv.w);
         }
