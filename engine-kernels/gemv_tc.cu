@@ -64,6 +64,18 @@
 // Bytes of padding after each staged token row.
 #define TCG_XPAD 8
 
+// TCG_FULL_TILES 1: tcg_tile's loop without tests on tiles inside the matrix (0: always tested);
+// 2: and there, for MXFP4 weights, each token past the staged ones reads the last staged row
+// instead of a tested load into zeroed registers.
+#ifndef TCG_FULL_TILES
+#define TCG_FULL_TILES 2
+#endif
+// TCG_FULL_PTR 1: there an MXFP4 chunk's loads from one block offset, row g + 8's a constant
+// further (0: an offset a row and block; for bf16 the same made the 8-token loops spill).
+#ifndef TCG_FULL_PTR
+#define TCG_FULL_PTR 1
+#endif
+
 // bf16 weights: E = 16 elements per lane and row in a chunk (two 16-byte words); S_ chunks
 // per step of the K loop (and loaded ahead).
 template <int S_>
@@ -72,7 +84,7 @@ struct TcgBf16T {
     static constexpr int S = S_;
     // TCG_FULL_TILES 2's untested token loads: not for bf16, whose 8-token loops then spilled
     // (24 -> 64-176 bytes of stack at 80 registers, sm_90a).
-    static constexpr bool TOKENS_UNTESTED = false;
+    static __device__ constexpr bool tokens_untested() { return false; }
     struct Raw {
         uint4 w[2][2];  // [row g, g + 8][word]
     };
@@ -133,7 +145,7 @@ template <int NB, int S_, int L>
 struct TcgFp4T {
     static constexpr int E = 32 * NB;
     static constexpr int S = S_;
-    static constexpr bool TOKENS_UNTESTED = true;
+    static __device__ constexpr bool tokens_untested() { return true; }
     struct Raw {
         uint4 q[2][NB];
         unsigned s[2][NB];
@@ -144,19 +156,35 @@ struct TcgFp4T {
     template <bool FULL = false>
     __device__ __forceinline__ void load(Raw& f, int r0, int rows, int col) const {
         const int nb = cols >> 5;
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            const int r = r0 + 8 * h;
+        if constexpr (FULL && TCG_FULL_PTR) {
+            // Row g's blocks from one offset, row g + 8's 8 nb blocks further (a constant of
+            // the loop), the NB blocks consecutive.
+            const size_t b = (size_t)r0 * nb + (col >> 5);
+            const uint4* p = reinterpret_cast<const uint4*>(blocks) + b;
+            const u8* sp = scales + b;
+            const size_t d = (size_t)8 * nb;
 #pragma unroll
             for (int i = 0; i < NB; ++i) {
-                const int c = col + 32 * i;
-                if (FULL || (r < rows && c < cols)) {
-                    const size_t b = (size_t)r * nb + (c >> 5);
-                    f.q[h][i] = __ldg(reinterpret_cast<const uint4*>(blocks) + b);
-                    f.s[h][i] = scales[b];
-                } else {
-                    f.q[h][i] = make_uint4(0u, 0u, 0u, 0u);
-                    f.s[h][i] = 127u;
+                f.q[0][i] = __ldg(p + i);
+                f.q[1][i] = __ldg(p + d + i);
+                f.s[0][i] = sp[i];
+                f.s[1][i] = sp[d + i];
+            }
+        } else {
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int r = r0 + 8 * h;
+#pragma unroll
+                for (int i = 0; i < NB; ++i) {
+                    const int c = col + 32 * i;
+                    if (FULL || (r < rows && c < cols)) {
+                        const size_t b = (size_t)r * nb + (c >> 5);
+                        f.q[h][i] = __ldg(reinterpret_cast<const uint4*>(blocks) + b);
+                        f.s[h][i] = scales[b];
+                    } else {
+                        f.q[h][i] = make_uint4(0u, 0u, 0u, 0u);
+                        f.s[h][i] = 127u;
+                    }
                 }
             }
         }
@@ -265,12 +293,6 @@ __device__ __forceinline__ void tcg_stage(RowOf row, const bf16_t* __restrict__ 
     __syncthreads();
 }
 
-// TCG_FULL_TILES 1: tcg_tile's loop without tests on tiles inside the matrix (0: always tested);
-// 2: and there, for MXFP4 weights, each token past the staged ones reads the last staged row
-// instead of a tested load into zeroed registers.
-#ifndef TCG_FULL_TILES
-#define TCG_FULL_TILES 2
-#endif
 // Chunks of a row of cols elements (4 lanes × W::E per chunk).
 template <class W>
 __device__ __forceinline__ int tcg_nchunks(int cols) {
@@ -332,7 +354,7 @@ __device__ __forceinline__ void tcg_mma_chunk(const W& wp, const typename W::Raw
         for (int n = 0; n < TN; ++n) {
             const int tok = n * 8 + g;
             uint4 xv = make_uint4(0u, 0u, 0u, 0u);
-            if (FULL && TCG_FULL_TILES >= 2 && W::TOKENS_UNTESTED) {
+            if (FULL && TCG_FULL_TILES >= 2 && W::tokens_untested()) {
                 // A token past nt reads token nt - 1's row: its column of the sums is never
                 // stored, and the load needs no test and no zeroed registers.
                 xv = *reinterpret_cast<const uint4*>(xs + min(tok, nt - 1) * stride + col + 8 * v);
