@@ -64,39 +64,22 @@
 // Bytes of padding after each staged token row.
 #define TCG_XPAD 8
 
-// TCG_FULL_TILES 1: tcg_tile's loop without tests on tiles inside the matrix (0: always tested);
-// 2: and there, for MXFP4 weights, each token past the staged ones reads the last staged row
-// instead of a tested load into zeroed registers.
-#ifndef TCG_FULL_TILES
-#define TCG_FULL_TILES 2
-#endif
-// TCG_FULL_PTR 1: there an MXFP4 chunk's loads from one block offset, row g + 8's a constant
-// further (0: an offset a row and block; for bf16 the same made the 8-token loops spill).
-#ifndef TCG_FULL_PTR
-#define TCG_FULL_PTR 1
-#endif
-
 // bf16 weights: E = 16 elements per lane and row in a chunk (two 16-byte words); S_ chunks
 // per step of the K loop (and loaded ahead).
 template <int S_>
 struct TcgBf16T {
     static constexpr int E = 16;
     static constexpr int S = S_;
-    // TCG_FULL_TILES 2's untested token loads: not for bf16, whose 8-token loops then spilled
-    // (24 -> 64-176 bytes of stack at 80 registers, sm_90a).
-    static __device__ constexpr bool tokens_untested() { return false; }
     struct Raw {
         uint4 w[2][2];  // [row g, g + 8][word]
     };
     const bf16_t* __restrict__ w;
     int cols;
-    // FULL: rows r0 and r0 + 8 and the span at col are inside the matrix (no tests).
-    template <bool FULL = false>
     __device__ __forceinline__ void load(Raw& f, int r0, int rows, int col) const {
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             const int r = r0 + 8 * h;
-            if (FULL || (r < rows && col < cols)) {
+            if (r < rows && col < cols) {
                 const uint4* p = reinterpret_cast<const uint4*>(w + (size_t)r * cols + col);
                 f.w[h][0] = __ldg(p);
                 f.w[h][1] = __ldg(p + 1);
@@ -145,7 +128,6 @@ template <int NB, int S_, int L>
 struct TcgFp4T {
     static constexpr int E = 32 * NB;
     static constexpr int S = S_;
-    static __device__ constexpr bool tokens_untested() { return true; }
     struct Raw {
         uint4 q[2][NB];
         unsigned s[2][NB];
@@ -153,38 +135,21 @@ struct TcgFp4T {
     const u8* __restrict__ blocks;
     const u8* __restrict__ scales;
     int cols;
-    template <bool FULL = false>
     __device__ __forceinline__ void load(Raw& f, int r0, int rows, int col) const {
         const int nb = cols >> 5;
-        if constexpr (FULL && TCG_FULL_PTR) {
-            // Row g's blocks from one offset, row g + 8's 8 nb blocks further (a constant of
-            // the loop), the NB blocks consecutive.
-            const size_t b = (size_t)r0 * nb + (col >> 5);
-            const uint4* p = reinterpret_cast<const uint4*>(blocks) + b;
-            const u8* sp = scales + b;
-            const size_t d = (size_t)8 * nb;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int r = r0 + 8 * h;
 #pragma unroll
             for (int i = 0; i < NB; ++i) {
-                f.q[0][i] = __ldg(p + i);
-                f.q[1][i] = __ldg(p + d + i);
-                f.s[0][i] = sp[i];
-                f.s[1][i] = sp[d + i];
-            }
-        } else {
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                const int r = r0 + 8 * h;
-#pragma unroll
-                for (int i = 0; i < NB; ++i) {
-                    const int c = col + 32 * i;
-                    if (FULL || (r < rows && c < cols)) {
-                        const size_t b = (size_t)r * nb + (c >> 5);
-                        f.q[h][i] = __ldg(reinterpret_cast<const uint4*>(blocks) + b);
-                        f.s[h][i] = scales[b];
-                    } else {
-                        f.q[h][i] = make_uint4(0u, 0u, 0u, 0u);
-                        f.s[h][i] = 127u;
-                    }
+                const int c = col + 32 * i;
+                if (r < rows && c < cols) {
+                    const size_t b = (size_t)r * nb + (c >> 5);
+                    f.q[h][i] = __ldg(reinterpret_cast<const uint4*>(blocks) + b);
+                    f.s[h][i] = scales[b];
+                } else {
+                    f.q[h][i] = make_uint4(0u, 0u, 0u, 0u);
+                    f.s[h][i] = 127u;
                 }
             }
         }
@@ -338,7 +303,7 @@ __device__ __forceinline__ int tcg_chunk_hi(int nchunks) {
 // g + 8 at columns col … col + E - 1 (loaded in f) against the same columns of tokens n * 8 + g,
 // accumulated into acc[n] (mma_bf16_16816's C layout). Staged columns past cols are fed as
 // zeros (their weights were loaded as zeros too).
-template <class W, int TN, bool FULL = false>
+template <class W, int TN>
 __device__ __forceinline__ void tcg_mma_chunk(const W& wp, const typename W::Raw& f, int col,
                                               int cols, const bf16_t* xs, int stride, int nt,
                                               float (&acc)[TN][4]) {
@@ -354,45 +319,11 @@ __device__ __forceinline__ void tcg_mma_chunk(const W& wp, const typename W::Raw
         for (int n = 0; n < TN; ++n) {
             const int tok = n * 8 + g;
             uint4 xv = make_uint4(0u, 0u, 0u, 0u);
-            if (FULL && TCG_FULL_TILES >= 2 && W::tokens_untested()) {
-                // A token past nt reads token nt - 1's row: its column of the sums is never
-                // stored, and the load needs no test and no zeroed registers.
-                xv = *reinterpret_cast<const uint4*>(xs + min(tok, nt - 1) * stride + col + 8 * v);
-            } else if (tok < nt && (FULL || col + 8 * v < cols)) {
+            if (tok < nt && col + 8 * v < cols)
                 xv = *reinterpret_cast<const uint4*>(xs + tok * stride + col + 8 * v);
-            }
             mma_bf16_16816(acc[n], frag0, xv.x, xv.y);
             mma_bf16_16816(acc[n], frag1, xv.z, xv.w);
         }
-    }
-}
-
-// tcg_tile's K loop; FULL: every row and column it loads or stages is inside the matrix (the
-// tile's 16 rows below rows, cols a multiple of the chunk), so the loads and the staged columns
-// go untested.
-template <class W, int TN, int TT, bool FULL>
-__device__ __forceinline__ void tcg_steps(const W& wp, int r0, int rows, int cols, int c_lo, int nchunks,
-                                          typename W::Raw (&cur)[W::S], typename W::Raw (&nxt)[W::S],
-                                          const bf16_t* xs, int stride, int nt, float (&acc)[TN][4]) {
-    constexpr int E = W::E, CW = 4 * E, S = W::S, WG = TCG_WARPS / TT;
-    const int warp = threadIdx.x >> 5, q = threadIdx.x & 3;
-    for (int c = c_lo + warp % WG; c < nchunks; c += S * WG) {
-#pragma unroll
-        for (int s = 0; s < S; ++s) {
-            const int cn = c + (S + s) * WG;
-            if (cn < nchunks) wp.template load<FULL>(nxt[s], r0, rows, cn * CW + q * E);
-        }
-#pragma unroll
-        for (int s = 0; s < S; ++s) {
-            const int cc = c + s * WG;
-            if (cc >= nchunks) break;  // warp-uniform
-            // A lane whose span is past the row (last chunk) loaded zero weights and feeds
-            // zeros: the mma is warp-wide, every lane takes part.
-            const int col = cc * CW + q * E;
-            tcg_mma_chunk<W, TN, FULL>(wp, cur[s], col, cols, xs, stride, nt, acc);
-        }
-#pragma unroll
-        for (int s = 0; s < S; ++s) cur[s] = nxt[s];
     }
 }
 
@@ -404,18 +335,30 @@ template <class W, int TN, int TT>
 __device__ __forceinline__ void tcg_tile(const W& wp, int r0, int rows, int cols, int c_lo, int nchunks,
                                          typename W::Raw (&cur)[W::S], const bf16_t* xs, int stride,
                                          int nt, float (*red)[16][8 * TN]) {
-    constexpr int CW = 4 * W::E;
+    constexpr int E = W::E, CW = 4 * E, S = W::S, WG = TCG_WARPS / TT;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, q = lane & 3;
-    typename W::Raw nxt[W::S];
+    typename W::Raw nxt[S];
     float acc[TN][4];
 #pragma unroll
     for (int n = 0; n < TN; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
-    // The loop without the row and column tests where the tile's 16 rows are in the matrix
-    // and its rows are whole chunks (TCG_FULL_TILES; warp-uniform).
-    if (TCG_FULL_TILES && r0 - g + 16 <= rows && cols % CW == 0)
-        tcg_steps<W, TN, TT, true>(wp, r0, rows, cols, c_lo, nchunks, cur, nxt, xs, stride, nt, acc);
-    else
-        tcg_steps<W, TN, TT, false>(wp, r0, rows, cols, c_lo, nchunks, cur, nxt, xs, stride, nt, acc);
+    for (int c = c_lo + warp % WG; c < nchunks; c += S * WG) {
+#pragma unroll
+        for (int s = 0; s < S; ++s) {
+            const int cn = c + (S + s) * WG;
+            if (cn < nchunks) wp.load(nxt[s], r0, rows, cn * CW + q * E);
+        }
+#pragma unroll
+        for (int s = 0; s < S; ++s) {
+            const int cc = c + s * WG;
+            if (cc >= nchunks) break;  // warp-uniform
+            // A lane whose span is past the row (last chunk) loaded zero weights and feeds
+            // zeros: the mma is warp-wide, every lane takes part.
+            const int col = cc * CW + q * E;
+            tcg_mma_chunk<W, TN>(wp, cur[s], col, cols, xs, stride, nt, acc);
+        }
+#pragma unroll
+        for (int s = 0; s < S; ++s) cur[s] = nxt[s];
+    }
     // acc[n]: rows g (0, 1) and g + 8 (2, 3), tokens n * 8 + 2q (+1).
 #pragma unroll
     for (int n = 0; n < TN; ++n) {
