@@ -354,9 +354,6 @@ extern __shared__ float moe_smem[];
 #ifndef MOE_SLOTS_FULL_IN
 #define MOE_SLOTS_FULL_IN 1
 #endif
-#ifndef MOE_L2_AHEAD
-#define MOE_L2_AHEAD 0
-#endif
 #if MOE_SCALE_LUT
 __shared__ float moe_e8m0_lut[256];
 #endif
@@ -424,31 +421,12 @@ struct MoeSlots {
     __device__ __forceinline__ int off_last() const {
         return min(32 * (MOE_SLOTS_NI - 1), nb - 1 - lane);
     }
-    // MOE_L2_AHEAD = D > 0: at unit uu the warp asks L2 for unit uu + D's two rows of blocks
-    // and their scales (one prefetch a lane and line), so that the loads of unit uu + 1 … find
-    // them there; 0: none.
-    __device__ __forceinline__ void ahead(int uu, int nu) const {
-        if constexpr (MOE_L2_AHEAD > 0) {
-            const int ua = uu + MOE_L2_AHEAD;
-            // Lane l < lb: line l of the blocks (32 nb bytes from an unaligned start: up to
-            // 32 nb / 128 + 1 lines), then the scales' lines (rows of up to 96 blocks: at most
-            // 25 + 3 lanes).
-            const int lb = ((32 * nb) >> 7) + 1;
-            if (ua < nu && lane < lb + ((2 * nb) >> 7) + 1) {
-                const size_t o = 2 * (size_t)ua * nb;
-                const char* a = lane < lb ? reinterpret_cast<const char*>(bw - lane + o) + 128 * lane
-                                          : reinterpret_cast<const char*>(sw - lane + o) + 128 * (lane - lb);
-                asm volatile("prefetch.global.L2 [%0];" ::"l"(a));
-            }
-        }
-    }
     // The lane's partial sums of unit uu's two rows against the staged activations xs, in item
     // order as the item sequence sums them; item i of unit uu + 1 is loaded into slot i as soon
     // as the slot is consumed, so the warp streams its units (the last unit reloads itself, from
     // L1, rather than branch around the loads).
     template <class A, bool FULL>
     __device__ __forceinline__ void sums(const u8* xs, int uu, int nu, float& t0, float& t1) {
-        ahead(uu, nu);
         t0 = t1 = 0.0f;
 #pragma unroll
         for (int i = 0; i < MOE_SLOTS_NI; ++i) {
