@@ -419,10 +419,22 @@ __device__ __forceinline__ void fp4x8_to_f16x2(unsigned w, unsigned (&p)[4]) {
 
 // The four 16-bit pairs of a word in a word layout (ops.rs `WordLayout`): pair 0 the word
 // under MASK, pair j the XOR of its rotations by A and Bj under MASK; 8 integer operations.
+// FP4_ROT_SHL 1: a rotation by R no larger than MASK's lowest bit is taken as the left shift by
+// R, the same bits under MASK (the rotation's wrapped bits land below R), which ptxas can issue
+// as IMAD.SHL on the FMA pipe rather than a funnel shift on the integer pipe (0: every
+// rotation a funnel shift).
+#ifndef FP4_ROT_SHL
+#define FP4_ROT_SHL 1
+#endif
+template <unsigned MASK, int R>
+__device__ __forceinline__ unsigned fp4_rot(unsigned w) {
+    if constexpr (FP4_ROT_SHL && (MASK & ((1u << R) - 1u)) == 0u) return w << R;
+    return __funnelshift_l(w, w, R);
+}
 template <unsigned MASK, int A, int B1, int B2, int B3>
 __device__ __forceinline__ void fp4_rot_pairs(unsigned w, unsigned (&p)[4]) {
-    const unsigned ra = __funnelshift_l(w, w, A), r1 = __funnelshift_l(w, w, B1);
-    const unsigned r2 = __funnelshift_l(w, w, B2), r3 = __funnelshift_l(w, w, B3);
+    const unsigned ra = fp4_rot<MASK, A>(w), r1 = fp4_rot<MASK, B1>(w);
+    const unsigned r2 = fp4_rot<MASK, B2>(w), r3 = fp4_rot<MASK, B3>(w);
     p[0] = w & MASK;
     p[1] = (ra ^ r1) & MASK;
     p[2] = (ra ^ r2) & MASK;
