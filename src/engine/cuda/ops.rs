@@ -2153,7 +2153,7 @@ fn moe_gemv_kernel(down: bool, codes: MoeCodes, n: usize, slots: bool) -> (&'sta
 const MOE_SLOTS_NI: usize = 3;
 
 /// Expected tokens per distinct expert from which gate_up runs grouped ([`MoeUnits::grouping`]).
-pub const MOE_GRP_FROM_SHARE: f64 = 1.5;
+pub const MOE_GRP_FROM_SHARE: f64 = 2.2;
 
 /// Tokens a distinct expert gets on average when `t` rows each route to `k` of `experts`
 /// experts uniformly: t k over the expected number of distinct experts, E (1 − (1 − k/E)^t).
@@ -2395,14 +2395,15 @@ impl MoeUnits {
     /// With `lp` `Auto`, gate_up takes the grouped loop where `t` rows routed to `k` of
     /// `experts` experts (uniformly) are expected to send at least [`MOE_GRP_FROM_SHARE`]
     /// tokens to each distinct expert they name: below that, decoding a weight block once
-    /// for its tokens saves less than the grouping costs. Since the `_slots` grid fills whole
-    /// waves ([`MoeUnits::whole_waves`]) the crossover sits between 1.44 and 1.52 tokens an
-    /// expert (docs/perf.md runs 268–270, H200, whole steps, `MXTUNE_MOE_LOOP=slots` against
-    /// the grouped loop: gpt-oss-120b batch 12 / 15 / 16, 1.17 / 1.23 / 1.25 tokens, −4.4 /
-    /// −4.0 / −1.9 % (all-MXFP4 batch 16 +0.8 %, batch 16 at depth 4096 the same);
-    /// gpt-oss-20b batch 5 / 6 / 7, 1.28 / 1.36 / 1.44, −7.6 / −5.1 / −1.8 %; batch 8 / 12 /
-    /// 16, 1.52 / 1.88 / 2.27, +0.5 / +2.3 / +5.8 %). The down kernel keeps the `_slots` loop:
-    /// grouped it was never faster (session 17).
+    /// for its tokens saves less than the grouping costs. Since the word decode's small
+    /// rotations became left shifts (`FP4_ROT_SHL`), which made the per-pair `_slots` loop
+    /// cheaper where it decodes a shared expert once per pair, the crossover sits at about 2.2
+    /// tokens an expert (docs/perf.md run 352, H200, whole steps, `MXTUNE_MOE_LOOP=slots`
+    /// against `auto`'s grouped gate_up: gpt-oss-20b batch 8 / 10 / 12 / 14, 1.52 / 1.70 /
+    /// 1.88 / 2.07 tokens, −4.0 / −4.7 / −2.2 / −2.2 % on `_slots`; batch 16, 2.27 tokens,
+    /// +0.4 % (all-MXFP4 −0.5 %); gpt-oss-120b batch 12 / 16 grouped +9 %). It was 1.5 from
+    /// session 35 (runs 268–270: 20b batch 8 / 12 / 16 then 0.5 / 2.3 / 5.8 % faster grouped).
+    /// The down kernel keeps the `_slots` loop: grouped it was never faster (session 17).
     pub fn grouping(mut self, experts: usize, k: usize, t: usize) -> Self {
         self.gate_up_grouped =
             self.lp == MoeLoop::Auto && moe_tokens_per_expert(experts, k, t) >= MOE_GRP_FROM_SHARE;
@@ -4730,13 +4731,13 @@ mod tests {
             let waves = blocks.div_ceil(264);
             assert!(blocks + pairs > waves * 264, "batch {t}: {blocks} blocks");
         }
-        // Down keeps for_batch's units; gate_up grouped (batch 32) keeps its units too.
+        // Down keeps for_batch's units; gate_up grouped (batch 64) keeps its units too.
         assert_eq!(wu(132, 2).down, 6);
-        let g32 = wu(132, 32);
-        assert!(g32.gate_up_grouped);
+        let g64 = wu(132, 64);
+        assert!(g64.gate_up_grouped);
         assert_eq!(
-            g32.gate_up,
-            MoeUnits::for_batch(132, s, 32, None, MoeLoop::Auto).gate_up
+            g64.gate_up,
+            MoeUnits::for_batch(132, s, 64, None, MoeLoop::Auto).gate_up
         );
         // The items loop keeps for_batch's pick; a GB10's 48 SMs (a wave of 96).
         assert_eq!(
@@ -4791,7 +4792,7 @@ mod tests {
     }
 
     /// gate_up groups by expert where the batch sends enough tokens to each expert it names:
-    /// gpt-oss-120b (128 experts, top 4) from batch 29, gpt-oss-20b (32) from batch 8; only
+    /// gpt-oss-120b (128 experts, top 4) from batch 60, gpt-oss-20b (32) from batch 16; only
     /// under `Auto`, and the down kernel never.
     #[test]
     fn gate_up_groups_by_expert_where_experts_are_shared() {
@@ -4807,13 +4808,15 @@ mod tests {
                 .gate_up_loop()
                 == MoeLoop::Grouped
         };
-        for t in [1, 2, 4, 8, 12, 16, 28] {
+        for t in [1, 2, 4, 8, 12, 16, 29, 59] {
             assert!(!grouped(128, t, MoeLoop::Auto), "120b batch {t}");
         }
-        assert!(grouped(128, 29, MoeLoop::Auto));
+        assert!(grouped(128, 60, MoeLoop::Auto));
         assert!(grouped(128, 64, MoeLoop::Auto));
-        assert!(!grouped(32, 4, MoeLoop::Auto) && !grouped(32, 7, MoeLoop::Auto));
-        assert!(grouped(32, 8, MoeLoop::Auto) && grouped(32, 16, MoeLoop::Auto));
+        for t in [4, 7, 8, 12, 15] {
+            assert!(!grouped(32, t, MoeLoop::Auto), "20b batch {t}");
+        }
+        assert!(grouped(32, 16, MoeLoop::Auto) && grouped(32, 32, MoeLoop::Auto));
         // An explicit loop stays what it is; `grouped` groups both kernels at any batch.
         assert!(!grouped(32, 16, MoeLoop::Slots));
         assert!(grouped(128, 1, MoeLoop::Grouped));
