@@ -2396,14 +2396,16 @@ impl MoeUnits {
     /// `experts` experts (uniformly) are expected to send at least [`MOE_GRP_FROM_SHARE`]
     /// tokens to each distinct expert they name: below that, decoding a weight block once
     /// for its tokens saves less than the grouping costs. Since the word decode's small
-    /// rotations became left shifts (`FP4_ROT_SHL`), which made the per-pair `_slots` loop
-    /// cheaper where it decodes a shared expert once per pair, the crossover sits at about 2.2
-    /// tokens an expert (docs/perf.md run 352, H200, whole steps, `MXTUNE_MOE_LOOP=slots`
-    /// against `auto`'s grouped gate_up: gpt-oss-20b batch 8 / 10 / 12 / 14, 1.52 / 1.70 /
-    /// 1.88 / 2.07 tokens, −4.0 / −4.7 / −2.2 / −2.2 % on `_slots`; batch 16, 2.27 tokens,
-    /// +0.4 % (all-MXFP4 −0.5 %); gpt-oss-120b batch 12 / 16 grouped +9 %). It was 1.5 from
-    /// session 35 (runs 268–270: 20b batch 8 / 12 / 16 then 0.5 / 2.3 / 5.8 % faster grouped).
-    /// The down kernel keeps the `_slots` loop: grouped it was never faster (session 17).
+    /// rotations became left shifts (`FP4_ROT_SHL`), a cheaper decode that serves the per-pair
+    /// `_slots` loop (which decodes a shared expert once for each of its pairs) more than the
+    /// grouped one, the crossover sits at about 2.2 tokens an expert (docs/perf.md run 352,
+    /// H200, whole steps, `MXTUNE_MOE_LOOP=slots` against `auto`'s grouped gate_up:
+    /// gpt-oss-20b batch 8 / 10 / 12 / 14, 1.52 / 1.70 / 1.88 / 2.07 tokens, −4.0 / −4.7 /
+    /// −2.2 / −2.2 % on `_slots`; batch 16, 2.27 tokens, +0.4 % (all-MXFP4 −0.5 %);
+    /// gpt-oss-120b batch 12 / 16 grouped +9 %). Measured on gpt-oss-20b: gpt-oss-120b reaches
+    /// those shares only from batch 29, which no run has timed since. It was 1.5 from session
+    /// 35 (runs 268–270: 20b batch 8 / 12 / 16 then 0.5 / 2.3 / 5.8 % faster grouped). The
+    /// down kernel keeps the `_slots` loop: grouped it was never faster (session 17).
     pub fn grouping(mut self, experts: usize, k: usize, t: usize) -> Self {
         self.gate_up_grouped =
             self.lp == MoeLoop::Auto && moe_tokens_per_expert(experts, k, t) >= MOE_GRP_FROM_SHARE;
