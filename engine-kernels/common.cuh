@@ -198,13 +198,6 @@ __device__ __forceinline__ void moe_count_done(unsigned* c) {
     __syncthreads();
     if (threadIdx.x == 0) asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(c) : "memory");
 }
-// moe_count_done for each of the n pairs mem[0 … n) (n <= the block's threads): the `_dedup`
-// kernels' blocks write the rows of every pair routed to their expert.
-__device__ __forceinline__ void moe_count_done_n(unsigned* c, const int* mem, int n) {
-    __syncthreads();
-    if ((int)threadIdx.x < n)
-        asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(c + mem[threadIdx.x]) : "memory");
-}
 // Polls give up after MOE_POLL_LIMIT reads (seconds): a count that never fills is a bug, and
 // a trapped kernel is an error the host reports where an endless one would hang the engine.
 #define MOE_POLL_LIMIT (1u << 24)

@@ -499,113 +499,6 @@ __device__ __forceinline__ void slots_share(int n, int& u0, int& u1) {
     u1 = (int)slots_at(w + 1, n);
 }
 
-// Tokens of one expert the grouped and `_dedup` kernels below stage at a time (their
-// activations side by side, stride bytes apart; the host sizes shared memory for this many).
-#ifndef MOE_GRP_NT
-#define MOE_GRP_NT 3
-#endif
-
-// CALL(NT) for NT = nm in 1..MOE_GRP_NT (at most 4): the loops compiled for each exact count.
-#if MOE_GRP_NT > 4
-#error "MOE_GRP_NT is at most 4"
-#endif
-#define GRP_DISPATCH(nm, CALL)                      \
-    switch (nm) {                                   \
-    case 1: CALL(1); break;                         \
-    case 2: if (MOE_GRP_NT >= 2) CALL(2); break;    \
-    case 3: if (MOE_GRP_NT >= 3) CALL(3); break;    \
-    case 4: if (MOE_GRP_NT >= 4) CALL(4); break;    \
-    default: break;                                 \
-    }
-
-// A warp's units for NT members staged stride bytes apart at xs: each unit's two row sums per
-// member (sums_n), reduced over the warp, plus the unit's two biases (lane u holds unit u's:
-// b0v, b1v); lane 0 hands them to put(member, unit, sum0, sum1).
-template <int NT, class Put>
-__device__ __forceinline__ void grp_units(MoeSlots& w, const u8* xs, int stride, int nu, float b0v,
-                                          float b1v, const Put& put) {
-    for (int uu = 0; uu < nu; ++uu) {
-        float t0[NT], t1[NT];
-        w.sums_n<NT>(xs, stride, uu, nu, t0, t1);
-        const float bb0 = __shfl_sync(0xffffffffu, b0v, uu);
-        const float bb1 = __shfl_sync(0xffffffffu, b1v, uu);
-#pragma unroll
-        for (int i = 0; i < NT; ++i) {
-            const float s0 = warp_sum(t0[i]), s1 = warp_sum(t1[i]);
-            if (w.lane == 0) put(i, uu, s0 + bb0, s1 + bb1);
-        }
-    }
-}
-
-// The pairs' experts a `_dedup` block groups by (moe_dedup_members): lane l of warp 0 holds
-// idx[l] and idx[l + 32] (-1 past np pairs; the host takes these kernels for np <= 64), read
-// past L1 after the wait on the router (gate_up) or at any time (down: the router's, complete
-// once gate_up has passed its wait), by volatile loads so their round trip overlaps the
-// staging's rather than following it.
-__device__ __forceinline__ int2 moe_dedup_ids(const int* __restrict__ idx, int np) {
-    int2 v = make_int2(-1, -1);
-    const int l = threadIdx.x;
-    if (l < np) asm volatile("ld.global.cg.s32 %0, [%1];" : "=r"(v.x) : "l"(idx + l));
-    if (l + 32 < np) asm volatile("ld.global.cg.s32 %0, [%1];" : "=r"(v.y) : "l"(idx + l + 32));
-    return v;
-}
-
-// The `_dedup` kernels (the `_slots` kernels for the fp16 dot where a step's pairs share
-// experts): the block of pair p, routed to expert e, computes the rows of every pair routed to
-// e when p is the first of them (their indices, p first, in mem; returns their count), and
-// nothing when an earlier pair has e (returns 0: that pair's block computes p's rows). Each
-// 32-weight block is then decoded once for all of them (f16_dot_n), where the `_slots`
-// kernels decode it once a pair; per pair the same sums in the same order. Whole block (a
-// __syncthreads); ids from moe_dedup_ids.
-__device__ __forceinline__ int moe_dedup_members(int2 ids, int p, int e, int* mem) {
-    __shared__ int dedup_n;
-    if (threadIdx.x < 32) {
-        const unsigned lo = __ballot_sync(0xffffffffu, ids.x == e);
-        const unsigned hi = __ballot_sync(0xffffffffu, ids.y == e);
-        // The block's own pair is a member whatever its word says (a corrupt routing then
-        // shows in the outputs, never as a pair nobody computes).
-        const unsigned long long m = ((unsigned long long)hi << 32 | lo) | 1ull << p;
-        if (threadIdx.x == 0) {
-            const unsigned long long before = m & ((1ull << p) - 1ull);
-            int n = 0;
-            if (before == 0ull) {
-                for (unsigned long long r = m; r; r &= r - 1ull) mem[n++] = __ffsll((long long)r) - 1;
-            }
-            dedup_n = n;
-        }
-    }
-    __syncthreads();
-    return dedup_n;
-}
-
-// Bytes between two fp16 stagings of n inputs (ActF16's, rounded up to 16: the host's
-// stride for the grouped and `_dedup` kernels).
-__device__ __forceinline__ int moe_f16_stride(int n) {
-    return ((n >> 5) * (F16_PAD + 4) + 15) & ~15;
-}
-
-// The `_dedup` kernels' sums for n >= 2 members (moe_dedup_members): MOE_GRP_NT members at a
-// time, member 0's activations already staged at xs (the block's own pair, before the
-// grouping's barrier), the others staged by stage_m(member, destination) for each chunk, the
-// unit's weights reloaded for every chunk after the first; put(member, unit, sum0, sum1).
-template <class Stage, class Put>
-__device__ __forceinline__ void dedup_units(MoeSlots& w, u8* xs, int stride, int nu, float b0v,
-                                            float b1v, int n, const Stage& stage_m, const Put& put) {
-    for (int m0 = 0; m0 < n; m0 += MOE_GRP_NT) {
-        const int nm = min(MOE_GRP_NT, n - m0);
-        if (m0 > 0) {
-            __syncthreads();  // every warp done with the previous members' stagings
-            if (nu > 0) w.load_unit(0);
-        }
-        for (int i = m0 == 0 ? 1 : 0; i < nm; ++i) stage_m(m0 + i, xs + i * stride);
-        __syncthreads();
-        auto put_m = [&](int i, int uu, float a, float b) { put(m0 + i, uu, a, b); };
-#define DEDUP_UNITS(NT) grp_units<NT>(w, xs, stride, nu, b0v, b1v, put_m)
-        GRP_DISPATCH(nm, DEDUP_UNITS)
-#undef DEDUP_UNITS
-    }
-}
-
 // Grid order of both kernels: the (token, slot) pairs p = t * k + s are blockIdx.x, the row
 // ranges blockIdx.y, so the blocks launched together are every pair's blocks of one row range:
 // pairs routed to the same expert (at batch 16, 64 pairs name ~50 distinct experts) read the
@@ -621,7 +514,7 @@ __device__ __forceinline__ void dedup_units(MoeSlots& w, u8* xs, int stride, int
 // finishes, so the pipeline does not drain between units. The first loads are issued before
 // the staging. Dynamic shared memory: the policy's staged x (ActF32: hidden / 32 * STAGE_PAD
 // floats; 8-bit: hidden / 32 * (ACT8_PAD + 4) bytes). units <= 32 (a lane holds one unit's bias).
-template <class A, bool SLOTS, bool DEDUP = false>
+template <class A, bool SLOTS>
 __device__ __forceinline__ void moe_gate_up_body(const u8* __restrict__ blocks,
                                                  const u8* __restrict__ scales,
                                                  const bf16_t* __restrict__ bias,
@@ -662,25 +555,8 @@ __device__ __forceinline__ void moe_gate_up_body(const u8* __restrict__ blocks,
         if (nu > 0) w.load_unit(0);
         moe_scales_fill();
         if (ready) pdl_enter_as(GATE_UP_TRIGGER);
-        const int2 ids = DEDUP ? moe_dedup_ids(idx, gridDim.x) : make_int2(-1, -1);
         A::stage(x + (size_t)t * hidden, xs, hidden);
-        if constexpr (DEDUP) {
-            __shared__ int mem[64];
-            const int n = moe_dedup_members(ids, blockIdx.x, e, mem);  // its barrier: the staging's
-            if (n == 0) return;  // an earlier pair's block computes this pair's rows
-            if (n > 1) {
-                dedup_units(
-                    w, xs, moe_f16_stride(hidden), nu, bgate, blin, n,
-                    [&](int m, u8* dst) { A::stage(x + (size_t)(mem[m] / k) * hidden, dst, hidden); },
-                    [&](int m, int uu, float g, float l) {
-                        act[(size_t)mem[m] * inter + j0 + uu] = swiglu_clamped(g, l, limit, alpha);
-                    });
-                if (done) moe_count_done_n(done, mem, n);
-                return;
-            }
-        } else {
-            __syncthreads();
-        }
+        __syncthreads();
         slots_each(w, nu, [&](int uu, bool full) {
             float g, l;
             w.sums_at<A>(full, xs, uu, nu, g, l);
@@ -747,25 +623,24 @@ __device__ __forceinline__ void moe_gate_up_body(const u8* __restrict__ blocks,
     if (done) moe_count_done(done + blockIdx.x);
 }
 
-#define MOE_GATE_UP_KERNEL(name, policy, slots, minb, dedup)                                    \
+#define MOE_GATE_UP_KERNEL(name, policy, slots, minb)                                           \
     extern "C" __global__ void __launch_bounds__(256, minb)                                     \
     name(const u8* __restrict__ blocks, const u8* __restrict__ scales,                          \
          const bf16_t* __restrict__ bias, const float* __restrict__ x,                          \
          const int* __restrict__ idx, float* __restrict__ act, int inter, int hidden, int k,    \
          float limit, float alpha, int units, const unsigned* __restrict__ ready,               \
          unsigned* __restrict__ done) {                                                         \
-        moe_gate_up_body<policy, slots, dedup>(blocks, scales, bias, x, idx, act, inter, hidden, \
-                                               k, limit, alpha, units, ready, done);             \
+        moe_gate_up_body<policy, slots>(blocks, scales, bias, x, idx, act, inter, hidden, k,    \
+                                        limit, alpha, units, ready, done);                      \
     }
-MOE_GATE_UP_KERNEL(moe_gate_up_swiglu, ActF32, false, MOE_DECODE_MINB, false)
-MOE_GATE_UP_KERNEL(moe_gate_up_swiglu_q8, ActQ8, false, MOE_DECODE_MINB, false)
-MOE_GATE_UP_KERNEL(moe_gate_up_swiglu_fp8, ActFp8, false, MOE_DECODE_MINB, false)
-MOE_GATE_UP_KERNEL(moe_gate_up_swiglu_slots, ActF32, true, MOE_SLOTS_MINB, false)
-MOE_GATE_UP_KERNEL(moe_gate_up_swiglu_q8_slots, ActQ8, true, MOE_SLOTS_MINB, false)
-MOE_GATE_UP_KERNEL(moe_gate_up_swiglu_fp8_slots, ActFp8, true, MOE_SLOTS_MINB, false)
-MOE_GATE_UP_KERNEL(moe_gate_up_swiglu_h2, ActF16, false, MOE_DECODE_MINB, false)
-MOE_GATE_UP_KERNEL(moe_gate_up_swiglu_h2_slots, ActF16, true, MOE_SLOTS_MINB, false)
-MOE_GATE_UP_KERNEL(moe_gate_up_swiglu_h2_dedup, ActF16, true, MOE_SLOTS_MINB, true)
+MOE_GATE_UP_KERNEL(moe_gate_up_swiglu, ActF32, false, MOE_DECODE_MINB)
+MOE_GATE_UP_KERNEL(moe_gate_up_swiglu_q8, ActQ8, false, MOE_DECODE_MINB)
+MOE_GATE_UP_KERNEL(moe_gate_up_swiglu_fp8, ActFp8, false, MOE_DECODE_MINB)
+MOE_GATE_UP_KERNEL(moe_gate_up_swiglu_slots, ActF32, true, MOE_SLOTS_MINB)
+MOE_GATE_UP_KERNEL(moe_gate_up_swiglu_q8_slots, ActQ8, true, MOE_SLOTS_MINB)
+MOE_GATE_UP_KERNEL(moe_gate_up_swiglu_fp8_slots, ActFp8, true, MOE_SLOTS_MINB)
+MOE_GATE_UP_KERNEL(moe_gate_up_swiglu_h2, ActF16, false, MOE_DECODE_MINB)
+MOE_GATE_UP_KERNEL(moe_gate_up_swiglu_h2_slots, ActF16, true, MOE_SLOTS_MINB)
 
 // y[t, r] (+)= the k slots' rows part[t, s, r] summed in slot order, for rows r0 <= r < r1
 // (the whole block strides over them): the down kernels' combine, by the last slot block of a
@@ -805,7 +680,7 @@ __device__ __forceinline__ void moe_combine_rows(const float* __restrict__ part,
         if (DOWN_TRIGGER == 0 && !PDL_NO_TRIGGER) pdl_trigger();              \
     } while (0)
 
-template <class A, bool SLOTS, bool DEDUP = false>
+template <class A, bool SLOTS>
 __device__ __forceinline__ void moe_down_body(const u8* __restrict__ blocks,
                                               const u8* __restrict__ scales,
                                               const bf16_t* __restrict__ bias,
@@ -840,10 +715,6 @@ __device__ __forceinline__ void moe_down_body(const u8* __restrict__ blocks,
     const bool bl = lane < p1 - p0;
     const float b0v = bl && rb < hidden ? bf2f(bias[(size_t)e * hidden + rb]) : 0.0f;
     const float b1v = bl && rb + 1 < hidden ? bf2f(bias[(size_t)e * hidden + rb + 1]) : 0.0f;
-    // The pairs whose rows the block computes: its own, or with DEDUP (the `_dedup` kernel)
-    // those moe_dedup_members gives, in dedup_mem (none: an earlier pair's block has them).
-    int n = 1;
-    __shared__ int dedup_mem[DEDUP ? 64 : 1];
     if constexpr (SLOTS) {
         // As moe_gate_up_body's slots (same sums, same order). hidden is a multiple of 32, so
         // a unit's second row exists whenever its first does.
@@ -851,34 +722,13 @@ __device__ __forceinline__ void moe_down_body(const u8* __restrict__ blocks,
         MoeSlots w{be + (size_t)rw * nb + lane, se + (size_t)rw * nb + lane, nb, ni, lane};
         if (nu > 0) w.load_unit(0);
         moe_scales_fill();
-        const int2 ids = DEDUP ? moe_dedup_ids(idx, gridDim.x) : make_int2(-1, -1);
 #if MOE_DOWN_EARLY
         if (gu_blocks) MOE_DOWN_AWAIT();
         else pdl_enter_as(DOWN_TRIGGER);
 #endif
         A::stage(act + ((size_t)t * k + s) * inter, as, inter);
-        if constexpr (DEDUP) {
-            n = moe_dedup_members(ids, blockIdx.x, e, dedup_mem);  // its barrier: the staging's
-        } else {
-            __syncthreads();
-        }
-        if (n > 1) {
-            // The members' slot weights, visible past the first chunk's barrier.
-            __shared__ float mem_wt[64];
-            if ((int)threadIdx.x < n) mem_wt[threadIdx.x] = __ldcg(wts + dedup_mem[threadIdx.x]);
-            dedup_units(
-                w, as, moe_f16_stride(inter), nu, b0v, b1v, n,
-                [&](int m, u8* dst) {
-                    // A member's activations once its gate_up count is full.
-                    if (gu_blocks) moe_await_done(done + dedup_mem[m], (unsigned)gu_blocks);
-                    A::stage(act + (size_t)dedup_mem[m] * inter, dst, inter);
-                },
-                [&](int m, int uu, float s0, float s1) {
-                    float* pp = part + (size_t)dedup_mem[m] * hidden + rw + 2 * uu;
-                    pp[0] = mem_wt[m] * s0;
-                    pp[1] = mem_wt[m] * s1;
-                });
-        } else if (n == 1) slots_each(w, nu, [&](int uu, bool full) {
+        __syncthreads();
+        slots_each(w, nu, [&](int uu, bool full) {
             float t0, t1;
             w.sums_at<A>(full, as, uu, nu, t0, t1);
             t0 = warp_sum(t0);
@@ -959,41 +809,22 @@ __device__ __forceinline__ void moe_down_body(const u8* __restrict__ blocks,
     // Past the wait gate_up has ended, so no block reads the pair's announcement any more:
     // clear it for the next layer's router (moe_ready_wait).
     if (ready && blockIdx.y == 0 && threadIdx.x == 0) ready[blockIdx.x] = 0u;
-    if (n == 0) return;  // DEDUP: the pair's rows and count are its expert's first pair's
-    // Publish this block's rows, then count it (with DEDUP each of its pairs, lane i pair i:
-    // distinct tokens, so distinct counters); the last slot block of a token combines it.
+    // Publish this block's rows, then count it; the last slot block combines.
     __shared__ unsigned last_s;
     __syncthreads();
-    if constexpr (DEDUP) {
-        if (threadIdx.x < 32) {
-            const bool mine = lane < n && count_block_last(ctr + (size_t)(dedup_mem[lane] / k) * gridDim.y + blockIdx.y, k);
-            const unsigned m = __ballot_sync(0xffffffffu, mine);
-            if (lane == 0) last_s = m;
-        }
-    } else {
-        if (threadIdx.x == 0) last_s = count_block_last(ctr + (size_t)t * gridDim.y + blockIdx.y, k);
-    }
+    if (threadIdx.x == 0) last_s = count_block_last(ctr + (size_t)t * gridDim.y + blockIdx.y, k);
     __syncthreads();
-    unsigned last = last_s;
-    if (!last) return;
+    if (!last_s) return;
     // The block's rows: its warps' (slots_share of the pairs for the `_slots` kernels).
     int r0 = blockIdx.y * 16 * units, r1 = min(hidden, (int)(blockIdx.y + 1) * 16 * units);
     if constexpr (SLOTS) {
         r0 = 2 * (int)slots_at(blockIdx.y * 8, hidden / 2);
         r1 = 2 * (int)slots_at(blockIdx.y * 8 + 8, hidden / 2);
     }
-    if constexpr (DEDUP) {
-        while (last) {
-            const int tt = dedup_mem[__ffs(last) - 1] / k;
-            last &= last - 1u;
-            moe_combine_rows(part, y, tt, k, hidden, r0, r1, accumulate);
-        }
-    } else {
-        moe_combine_rows(part, y, t, k, hidden, r0, r1, accumulate);
-    }
+    moe_combine_rows(part, y, t, k, hidden, r0, r1, accumulate);
 }
 
-#define MOE_DOWN_KERNEL(name, policy, slots, minb, dedup)                                       \
+#define MOE_DOWN_KERNEL(name, policy, slots, minb)                                              \
     extern "C" __global__ void __launch_bounds__(256, minb)                                     \
     name(const u8* __restrict__ blocks, const u8* __restrict__ scales,                          \
          const bf16_t* __restrict__ bias, const float* __restrict__ act,                        \
@@ -1001,19 +832,17 @@ __device__ __forceinline__ void moe_down_body(const u8* __restrict__ blocks,
          int hidden, int inter, int k, int units, float* __restrict__ y, int accumulate,        \
          unsigned* __restrict__ ctr, unsigned* __restrict__ ready,                              \
          const unsigned* __restrict__ done, int gu_blocks) {                                    \
-        moe_down_body<policy, slots, dedup>(blocks, scales, bias, act, idx, wts, part, hidden,  \
-                                            inter, k, units, y, accumulate, ctr, ready, done,   \
-                                            gu_blocks);                                         \
+        moe_down_body<policy, slots>(blocks, scales, bias, act, idx, wts, part, hidden, inter,  \
+                                     k, units, y, accumulate, ctr, ready, done, gu_blocks);     \
     }
-MOE_DOWN_KERNEL(moe_down, ActF32, false, MOE_DECODE_MINB, false)
-MOE_DOWN_KERNEL(moe_down_q8, ActQ8, false, MOE_DECODE_MINB, false)
-MOE_DOWN_KERNEL(moe_down_fp8, ActFp8, false, MOE_DECODE_MINB, false)
-MOE_DOWN_KERNEL(moe_down_slots, ActF32, true, MOE_SLOTS_MINB, false)
-MOE_DOWN_KERNEL(moe_down_q8_slots, ActQ8, true, MOE_SLOTS_MINB, false)
-MOE_DOWN_KERNEL(moe_down_fp8_slots, ActFp8, true, MOE_SLOTS_MINB, false)
-MOE_DOWN_KERNEL(moe_down_h2, ActF16, false, MOE_DECODE_MINB, false)
-MOE_DOWN_KERNEL(moe_down_h2_slots, ActF16, true, MOE_SLOTS_MINB, false)
-MOE_DOWN_KERNEL(moe_down_h2_dedup, ActF16, true, MOE_SLOTS_MINB, true)
+MOE_DOWN_KERNEL(moe_down, ActF32, false, MOE_DECODE_MINB)
+MOE_DOWN_KERNEL(moe_down_q8, ActQ8, false, MOE_DECODE_MINB)
+MOE_DOWN_KERNEL(moe_down_fp8, ActFp8, false, MOE_DECODE_MINB)
+MOE_DOWN_KERNEL(moe_down_slots, ActF32, true, MOE_SLOTS_MINB)
+MOE_DOWN_KERNEL(moe_down_q8_slots, ActQ8, true, MOE_SLOTS_MINB)
+MOE_DOWN_KERNEL(moe_down_fp8_slots, ActFp8, true, MOE_SLOTS_MINB)
+MOE_DOWN_KERNEL(moe_down_h2, ActF16, false, MOE_DECODE_MINB)
+MOE_DOWN_KERNEL(moe_down_h2_slots, ActF16, true, MOE_SLOTS_MINB)
 
 // ---- The grouped decode MoE (`MXTUNE_MOE_LOOP=grouped`, the fp16 dot): one block per (row
 // range, distinct expert of a group of up to TCG_TOKENS tokens; tcg_group), so an expert that
@@ -1024,6 +853,42 @@ MOE_DOWN_KERNEL(moe_down_h2_dedup, ActF16, true, MOE_SLOTS_MINB, true)
 // L2 for a further chunk). Per pair the sums are those of the `_slots` kernels, in the same
 // order. grid = (row ranges, min(T, TCG_TOKENS) * k, ceil(T / TCG_TOKENS)); blocks past the
 // group's distinct experts return.
+#ifndef MOE_GRP_NT
+#define MOE_GRP_NT 3
+#endif
+
+// CALL(NT) for NT = nm in 1..MOE_GRP_NT (at most 4): the loops compiled for each exact count.
+#if MOE_GRP_NT > 4
+#error "MOE_GRP_NT is at most 4"
+#endif
+#define GRP_DISPATCH(nm, CALL)                      \
+    switch (nm) {                                   \
+    case 1: CALL(1); break;                         \
+    case 2: if (MOE_GRP_NT >= 2) CALL(2); break;    \
+    case 3: if (MOE_GRP_NT >= 3) CALL(3); break;    \
+    case 4: if (MOE_GRP_NT >= 4) CALL(4); break;    \
+    default: break;                                 \
+    }
+
+// A warp's units for NT members staged stride bytes apart at xs: each unit's two row sums per
+// member (sums_n), reduced over the warp, plus the unit's two biases (lane u holds unit u's:
+// b0v, b1v); lane 0 hands them to put(member, unit, sum0, sum1).
+template <int NT, class Put>
+__device__ __forceinline__ void grp_units(MoeSlots& w, const u8* xs, int stride, int nu, float b0v,
+                                          float b1v, const Put& put) {
+    for (int uu = 0; uu < nu; ++uu) {
+        float t0[NT], t1[NT];
+        w.sums_n<NT>(xs, stride, uu, nu, t0, t1);
+        const float bb0 = __shfl_sync(0xffffffffu, b0v, uu);
+        const float bb1 = __shfl_sync(0xffffffffu, b1v, uu);
+#pragma unroll
+        for (int i = 0; i < NT; ++i) {
+            const float s0 = warp_sum(t0[i]), s1 = warp_sum(t1[i]);
+            if (w.lane == 0) put(i, uu, s0 + bb0, s1 + bb1);
+        }
+    }
+}
+
 // act[p, j] = swiglu(gate_j, lin_j) for the pairs p routed to the block's expert; units, rows
 // and biases as moe_gate_up_body's slots.
 __device__ __forceinline__ void moe_gate_up_grp_body(const u8* __restrict__ blocks,

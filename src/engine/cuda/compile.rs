@@ -124,9 +124,7 @@ pub const KERNEL_FILES: &[KernelFile] = &[
             "moe_gate_up_swiglu_h2_slots",
             "moe_down_h2_slots",
             "moe_gate_up_swiglu_h2_grp",
-            "moe_down_h2_grp",
-            "moe_gate_up_swiglu_h2_dedup",
-            "moe_down_h2_dedup"
+            "moe_down_h2_grp"
         ]
     ),
     kernel_file!(
@@ -652,14 +650,6 @@ mod tests {
             "moe_gate_up_body: the announcement first, no staging before the late wait"
         );
         for after in &parts[1..] {
-            // The `_dedup` kernels' expert ids (the router's, complete past the wait) are
-            // loaded first, so their round trip overlaps the staging's.
-            let after = after.trim_start();
-            let after = after
-                .strip_prefix(
-                    "const int2 ids = DEDUP ? moe_dedup_ids(idx, gridDim.x) : make_int2(-1, -1);",
-                )
-                .unwrap_or(after);
             assert!(
                 after.trim_start().starts_with("A::stage(x"),
                 "moe_gate_up_body: the late wait must come right before the staging"
