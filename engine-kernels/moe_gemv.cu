@@ -558,11 +558,12 @@ __device__ __forceinline__ int2 moe_dedup_ids(const int* __restrict__ idx, int n
     if (l + 32 < np) asm volatile("ld.global.cg.s32 %0, [%1];" : "=r"(v.y) : "l"(idx + l + 32));
     return v;
 }
-// The same from the router's announcements (gate_up's blocks poll every pair's word before
-// their wait, as moe_ready_wait their own): the ids before the wait, so a block knows its
-// rows, and issues their first loads, while the router's grid ends.
-__device__ __forceinline__ int2 moe_ready_ids(const unsigned* r, int np) {
-    int2 v = make_int2(-1, -1);
+// The same from the router's announcements, with pair p's expert (returned): gate_up's
+// blocks poll every pair's word before their wait, in place of moe_ready_wait's one, so a
+// block knows its rows, and issues their first loads, while the router's grid ends.
+__device__ __forceinline__ int moe_ready_ids(const unsigned* r, int np, int p, int2& ids) {
+    __shared__ int ready_e;
+    ids = make_int2(-1, -1);
     if (threadIdx.x < 32) {
         const int l = threadIdx.x;
         unsigned a = l < np ? 0u : 1u, b = l + 32 < np ? 0u : 1u;  // non-zero: nothing to wait for
@@ -572,10 +573,12 @@ __device__ __forceinline__ int2 moe_ready_ids(const unsigned* r, int np) {
             if (b == 0u) asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(b) : "l"(r + l + 32) : "memory");
             if (++polls == MOE_POLL_LIMIT) __trap();
         }
-        v.x = l < np ? (int)a - 1 : -1;
-        v.y = l + 32 < np ? (int)b - 1 : -1;
+        ids.x = l < np ? (int)a - 1 : -1;
+        ids.y = l + 32 < np ? (int)b - 1 : -1;
+        if (l == (p & 31)) ready_e = p < 32 ? ids.x : ids.y;
     }
-    return v;
+    __syncthreads();
+    return ready_e;
 }
 
 // The group of pair p (routed to e): its pairs in order in mem; returns (n, p's index in it).
@@ -674,7 +677,8 @@ __device__ __forceinline__ void moe_gate_up_body(const u8* __restrict__ blocks,
     int2 ids = make_int2(-1, -1), grp = make_int2(1, 0);
     __shared__ int mem[DEDUP ? 64 : 1];
     if (ready) {
-        e = moe_ready_wait(ready + t * k + s);
+        if constexpr (DEDUP) e = moe_ready_ids(ready, gridDim.x, blockIdx.x, ids);
+        else e = moe_ready_wait(ready + t * k + s);
     } else {
         pdl_enter_as(GATE_UP_TRIGGER);
         e = idx[t * k + s];
@@ -699,7 +703,6 @@ __device__ __forceinline__ void moe_gate_up_body(const u8* __restrict__ blocks,
         if constexpr (DEDUP) {
             // The group, once the first loads are out: a group's first pair keeps them (its
             // share starts where the whole range does), the others load their share's.
-            if (ready) ids = moe_ready_ids(ready, gridDim.x);
             grp = moe_dedup_members(ids, blockIdx.x, e, mem);
             if (grp.x > 1) {
                 const int j00 = j0;
