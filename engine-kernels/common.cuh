@@ -176,16 +176,6 @@ __device__ __forceinline__ bool count_block_last(unsigned* c, unsigned total) {
     return last;
 }
 
-// count_block_last for contributions of n each (the `_dedup` decode MoE's blocks count the
-// units they wrote): true for the one that brings *c to total (n > 0).
-__device__ __forceinline__ bool count_units_last(unsigned* c, unsigned n, unsigned total) {
-    unsigned v;
-    asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], %2;" : "=r"(v) : "l"(c), "r"(n) : "memory");
-    const bool last = v + n == total;
-    if (last) *c = 0u;
-    return last;
-}
-
 // The decode MoE's expert announcements (`ready`, one u32 a (token, slot) pair, 0 = none):
 // the router's routing warp stores expert + 1 for each slot as soon as its top-k round picks
 // it, and each gate_up block of the pair polls its word before its wait, so it can issue its
@@ -207,13 +197,6 @@ __device__ __forceinline__ void moe_ready_set(unsigned* r, int e) {
 __device__ __forceinline__ void moe_count_done(unsigned* c) {
     __syncthreads();
     if (threadIdx.x == 0) asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(c) : "memory");
-}
-// moe_count_done for each of the n pairs mem[0 … n) (n <= the block's threads): the `_dedup`
-// kernels' blocks write the rows of every pair routed to their expert.
-__device__ __forceinline__ void moe_count_done_n(unsigned* c, const int* mem, int n) {
-    __syncthreads();
-    if ((int)threadIdx.x < n)
-        asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(c + mem[threadIdx.x]) : "memory");
 }
 // Polls give up after MOE_POLL_LIMIT reads (seconds): a count that never fills is a bug, and
 // a trapped kernel is an error the host reports where an endless one would hang the engine.

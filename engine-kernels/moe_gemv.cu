@@ -499,146 +499,6 @@ __device__ __forceinline__ void slots_share(int n, int& u0, int& u1) {
     u1 = (int)slots_at(w + 1, n);
 }
 
-// Tokens of one expert the grouped and `_dedup` kernels below stage at a time (their
-// activations side by side, stride bytes apart; the host sizes shared memory for this many).
-#ifndef MOE_GRP_NT
-#define MOE_GRP_NT 3
-#endif
-
-// CALL(NT) for NT = nm in 1..MOE_GRP_NT (at most 4): the loops compiled for each exact count.
-#if MOE_GRP_NT > 4
-#error "MOE_GRP_NT is at most 4"
-#endif
-#define GRP_DISPATCH(nm, CALL)                      \
-    switch (nm) {                                   \
-    case 1: CALL(1); break;                         \
-    case 2: if (MOE_GRP_NT >= 2) CALL(2); break;    \
-    case 3: if (MOE_GRP_NT >= 3) CALL(3); break;    \
-    case 4: if (MOE_GRP_NT >= 4) CALL(4); break;    \
-    default: break;                                 \
-    }
-
-// A warp's units for NT members staged stride bytes apart at xs: each unit's two row sums per
-// member (sums_n), reduced over the warp, plus the unit's two biases (lane u holds unit u's:
-// b0v, b1v); lane 0 hands them to put(member, unit, sum0, sum1).
-template <int NT, class Put>
-__device__ __forceinline__ void grp_units(MoeSlots& w, const u8* xs, int stride, int nu, float b0v,
-                                          float b1v, const Put& put) {
-    for (int uu = 0; uu < nu; ++uu) {
-        float t0[NT], t1[NT];
-        w.sums_n<NT>(xs, stride, uu, nu, t0, t1);
-        const float bb0 = __shfl_sync(0xffffffffu, b0v, uu);
-        const float bb1 = __shfl_sync(0xffffffffu, b1v, uu);
-#pragma unroll
-        for (int i = 0; i < NT; ++i) {
-            const float s0 = warp_sum(t0[i]), s1 = warp_sum(t1[i]);
-            if (w.lane == 0) put(i, uu, s0 + bb0, s1 + bb1);
-        }
-    }
-}
-
-// The `_dedup` kernels (the fp16 `_slots` kernels where a step's pairs share experts): the n
-// pairs routed to one expert (its group) share out the rows of each row range — the block of
-// the group's i-th pair takes the i-th n-th of every warp's units — and each block computes
-// its rows for all n pairs' tokens, each 32-weight block decoded once for them (f16_dot_n),
-// where the `_slots` kernels decode every row once a pair. A block then carries about the same
-// work as a `_slots` block (its rows divided by n, its tokens times n), so the grid stays
-// balanced; per pair the same sums in the same order. gate_up counts each of the group's pairs
-// once a block (a pair's count fills at n blocks a range), down's combine counts each token
-// once a block of each of its pairs' groups.
-//
-// The step's expert ids, lane l of warp 0 holding pairs l and l + 32 (-1 past np; the host
-// takes these kernels for np <= 64): from idx past L1 (down: the router's, complete once
-// gate_up has passed its wait; gate_up without announcements: past its wait), by volatile
-// loads issued before the staging's.
-__device__ __forceinline__ int2 moe_dedup_ids(const int* __restrict__ idx, int np) {
-    int2 v = make_int2(-1, -1);
-    const int l = threadIdx.x;
-    if (l < np) asm volatile("ld.global.cg.s32 %0, [%1];" : "=r"(v.x) : "l"(idx + l));
-    if (l + 32 < np) asm volatile("ld.global.cg.s32 %0, [%1];" : "=r"(v.y) : "l"(idx + l + 32));
-    return v;
-}
-// The same from the router's announcements, with pair p's expert (returned): gate_up's
-// blocks poll every pair's word before their wait, in place of moe_ready_wait's one, so a
-// block knows its rows, and issues their first loads, while the router's grid ends.
-__device__ __forceinline__ int moe_ready_ids(const unsigned* r, int np, int p, int2& ids) {
-    __shared__ int ready_e;
-    ids = make_int2(-1, -1);
-    if (threadIdx.x < 32) {
-        const int l = threadIdx.x;
-        unsigned a = l < np ? 0u : 1u, b = l + 32 < np ? 0u : 1u;  // non-zero: nothing to wait for
-        unsigned polls = 0;
-        while (!__all_sync(0xffffffffu, a != 0u && b != 0u)) {
-            if (a == 0u) asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(a) : "l"(r + l) : "memory");
-            if (b == 0u) asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(b) : "l"(r + l + 32) : "memory");
-            if (++polls == MOE_POLL_LIMIT) __trap();
-        }
-        ids.x = l < np ? (int)a - 1 : -1;
-        ids.y = l + 32 < np ? (int)b - 1 : -1;
-        if (l == (p & 31)) ready_e = p < 32 ? ids.x : ids.y;
-    }
-    __syncthreads();
-    return ready_e;
-}
-
-// The group of pair p (routed to e): its pairs in order in mem; returns (n, p's index in it).
-// The block's own pair is a member whatever its id says (a corrupt routing then shows in the
-// outputs, never as rows nobody computes). Whole block (a __syncthreads).
-__device__ __forceinline__ int2 moe_dedup_members(int2 ids, int p, int e, int* mem) {
-    __shared__ int dedup_n, dedup_i;
-    if (threadIdx.x < 32) {
-        const unsigned lo = __ballot_sync(0xffffffffu, ids.x == e);
-        const unsigned hi = __ballot_sync(0xffffffffu, ids.y == e);
-        const unsigned long long m = ((unsigned long long)hi << 32 | lo) | 1ull << p;
-        if (threadIdx.x == 0) {
-            int n = 0, i = 0;
-            for (unsigned long long r = m; r; r &= r - 1ull) {
-                const int q = __ffsll((long long)r) - 1;
-                if (q == p) i = n;
-                mem[n++] = q;
-            }
-            dedup_n = n;
-            dedup_i = i;
-        }
-    }
-    __syncthreads();
-    return make_int2(dedup_n, dedup_i);
-}
-// The i-th of n shares of the units [u0, u1): moves u0 and u1 to it.
-__device__ __forceinline__ void dedup_share(int n, int i, int& u0, int& u1) {
-    const int w = u1 - u0, a = u0 + w * i / n;
-    u1 = u0 + w * (i + 1) / n;
-    u0 = a;
-}
-
-// Bytes between two fp16 stagings of n inputs (ActF16's, rounded up to 16: the host's
-// stride for the grouped and `_dedup` kernels).
-__device__ __forceinline__ int moe_f16_stride(int n) {
-    return ((n >> 5) * (F16_PAD + 4) + 15) & ~15;
-}
-
-// The `_dedup` kernels' sums for a group of n >= 2 pairs (moe_dedup_members): MOE_GRP_NT
-// members at a time, member 0's activations already staged at xs, the others staged by
-// stage_m(member, destination) for each chunk, the unit's weights reloaded for every chunk
-// after the first; put(member, unit, sum0, sum1).
-template <class Stage, class Put>
-__device__ __forceinline__ void dedup_units(MoeSlots& w, u8* xs, int stride, int nu, float b0v,
-                                            float b1v, int n, const Stage& stage_m, const Put& put) {
-    for (int m0 = 0; m0 < n; m0 += MOE_GRP_NT) {
-        const int nm = min(MOE_GRP_NT, n - m0);
-        if (m0 > 0) {
-            __syncthreads();  // every warp done with the previous members' stagings
-            if (nu > 0) w.load_unit(0);
-        }
-        for (int i = m0 == 0 ? 1 : 0; i < nm; ++i) stage_m(m0 + i, xs + i * stride);
-        __syncthreads();
-        auto put_m = [&](int i, int uu, float a, float b) { put(m0 + i, uu, a, b); };
-#define DEDUP_UNITS(NT) grp_units<NT>(w, xs, stride, nu, b0v, b1v, put_m)
-        GRP_DISPATCH(nm, DEDUP_UNITS)
-#undef DEDUP_UNITS
-    }
-}
-
 // Grid order of both kernels: the (token, slot) pairs p = t * k + s are blockIdx.x, the row
 // ranges blockIdx.y, so the blocks launched together are every pair's blocks of one row range:
 // pairs routed to the same expert (at batch 16, 64 pairs name ~50 distinct experts) read the
@@ -654,7 +514,7 @@ __device__ __forceinline__ void dedup_units(MoeSlots& w, u8* xs, int stride, int
 // finishes, so the pipeline does not drain between units. The first loads are issued before
 // the staging. Dynamic shared memory: the policy's staged x (ActF32: hidden / 32 * STAGE_PAD
 // floats; 8-bit: hidden / 32 * (ACT8_PAD + 4) bytes). units <= 32 (a lane holds one unit's bias).
-template <class A, bool SLOTS, bool DEDUP = false>
+template <class A, bool SLOTS>
 __device__ __forceinline__ void moe_gate_up_body(const u8* __restrict__ blocks,
                                                  const u8* __restrict__ scales,
                                                  const bf16_t* __restrict__ bias,
@@ -671,64 +531,32 @@ __device__ __forceinline__ void moe_gate_up_body(const u8* __restrict__ blocks,
     const int s = blockIdx.x % k, t = blockIdx.x / k;
     // With `ready` the router announces each pair's expert (moe_ready_wait): the block takes it
     // and issues its first weight loads before its wait, which then only guards the staged x.
-    // DEDUP: the step's expert ids too (below), and the block's share of the units in its
-    // pair's group (all of them for a pair of its own).
     int e;
-    int2 ids = make_int2(-1, -1), grp = make_int2(1, 0);
-    __shared__ int mem[DEDUP ? 64 : 1];
     if (ready) {
-        if constexpr (DEDUP) e = moe_ready_ids(ready, gridDim.x, blockIdx.x, ids);
-        else e = moe_ready_wait(ready + t * k + s);
+        e = moe_ready_wait(ready + t * k + s);
     } else {
         pdl_enter_as(GATE_UP_TRIGGER);
         e = idx[t * k + s];
-        if constexpr (DEDUP) ids = moe_dedup_ids(idx, gridDim.x);
     }
     const int nb = hidden >> 5, ni = (nb + 31) >> 5;
     const size_t rows = 2 * (size_t)inter;
     const uint4* be = reinterpret_cast<const uint4*>(blocks) + (size_t)e * rows * nb;
     const u8* se = scales + (size_t)e * rows * nb;
     // Lane u holds unit u's biases (read with the first weights, used at the unit's end).
-    auto bias_of = [&](int jj, int o) {
-        return lane < ju - j0 ? bf2f(bias[(size_t)e * rows + 2 * (jj + lane) + o]) : 0.0f;
-    };
-    float bgate = bias_of(j0, 0), blin = bias_of(j0, 1);
+    const int jb = j0 + lane;
+    const bool bl = lane < ju - j0;
+    const float bgate = bl ? bf2f(bias[(size_t)e * rows + 2 * jb]) : 0.0f;
+    const float blin = bl ? bf2f(bias[(size_t)e * rows + 2 * jb + 1]) : 0.0f;
     if constexpr (SLOTS) {
         // All of a unit's items in flight at once (MoeSlots); the same sums in the same order
         // as the item sequence below.
-        int nu = ju - j0;  // this warp's units (none for a tail warp)
+        const int nu = ju - j0;  // this warp's units (none for a tail warp)
         MoeSlots w{be + 2 * (size_t)j0 * nb + lane, se + 2 * (size_t)j0 * nb + lane, nb, ni, lane};
         if (nu > 0) w.load_unit(0);
         moe_scales_fill();
-        if constexpr (DEDUP) {
-            // The group, once the first loads are out: a group's first pair keeps them (its
-            // share starts where the whole range does), the others load their share's.
-            grp = moe_dedup_members(ids, blockIdx.x, e, mem);
-            if (grp.x > 1) {
-                const int j00 = j0;
-                dedup_share(grp.x, grp.y, j0, ju);
-                nu = ju - j0;
-                if (j0 != j00) {
-                    w = MoeSlots{be + 2 * (size_t)j0 * nb + lane, se + 2 * (size_t)j0 * nb + lane, nb, ni, lane};
-                    if (nu > 0) w.load_unit(0);
-                    bgate = bias_of(j0, 0);
-                    blin = bias_of(j0, 1);
-                }
-            }
-        }
         if (ready) pdl_enter_as(GATE_UP_TRIGGER);
-        A::stage(x + (size_t)(DEDUP ? mem[0] / k : t) * hidden, xs, hidden);
+        A::stage(x + (size_t)t * hidden, xs, hidden);
         __syncthreads();
-        if (DEDUP && grp.x > 1) {
-            dedup_units(
-                w, xs, moe_f16_stride(hidden), nu, bgate, blin, grp.x,
-                [&](int m, u8* dst) { A::stage(x + (size_t)(mem[m] / k) * hidden, dst, hidden); },
-                [&](int m, int uu, float ga, float li) {
-                    act[(size_t)mem[m] * inter + j0 + uu] = swiglu_clamped(ga, li, limit, alpha);
-                });
-            if (done) moe_count_done_n(done, mem, grp.x);
-            return;
-        }
         slots_each(w, nu, [&](int uu, bool full) {
             float g, l;
             w.sums_at<A>(full, xs, uu, nu, g, l);
@@ -795,25 +623,24 @@ __device__ __forceinline__ void moe_gate_up_body(const u8* __restrict__ blocks,
     if (done) moe_count_done(done + blockIdx.x);
 }
 
-#define MOE_GATE_UP_KERNEL(name, policy, slots, minb, dedup)                                    \
+#define MOE_GATE_UP_KERNEL(name, policy, slots, minb)                                           \
     extern "C" __global__ void __launch_bounds__(256, minb)                                     \
     name(const u8* __restrict__ blocks, const u8* __restrict__ scales,                          \
          const bf16_t* __restrict__ bias, const float* __restrict__ x,                          \
          const int* __restrict__ idx, float* __restrict__ act, int inter, int hidden, int k,    \
          float limit, float alpha, int units, const unsigned* __restrict__ ready,               \
          unsigned* __restrict__ done) {                                                         \
-        moe_gate_up_body<policy, slots, dedup>(blocks, scales, bias, x, idx, act, inter, hidden, \
-                                               k, limit, alpha, units, ready, done);             \
+        moe_gate_up_body<policy, slots>(blocks, scales, bias, x, idx, act, inter, hidden, k,    \
+                                        limit, alpha, units, ready, done);                      \
     }
-MOE_GATE_UP_KERNEL(moe_gate_up_swiglu, ActF32, false, MOE_DECODE_MINB, false)
-MOE_GATE_UP_KERNEL(moe_gate_up_swiglu_q8, ActQ8, false, MOE_DECODE_MINB, false)
-MOE_GATE_UP_KERNEL(moe_gate_up_swiglu_fp8, ActFp8, false, MOE_DECODE_MINB, false)
-MOE_GATE_UP_KERNEL(moe_gate_up_swiglu_slots, ActF32, true, MOE_SLOTS_MINB, false)
-MOE_GATE_UP_KERNEL(moe_gate_up_swiglu_q8_slots, ActQ8, true, MOE_SLOTS_MINB, false)
-MOE_GATE_UP_KERNEL(moe_gate_up_swiglu_fp8_slots, ActFp8, true, MOE_SLOTS_MINB, false)
-MOE_GATE_UP_KERNEL(moe_gate_up_swiglu_h2, ActF16, false, MOE_DECODE_MINB, false)
-MOE_GATE_UP_KERNEL(moe_gate_up_swiglu_h2_slots, ActF16, true, MOE_SLOTS_MINB, false)
-MOE_GATE_UP_KERNEL(moe_gate_up_swiglu_h2_dedup, ActF16, true, MOE_SLOTS_MINB, true)
+MOE_GATE_UP_KERNEL(moe_gate_up_swiglu, ActF32, false, MOE_DECODE_MINB)
+MOE_GATE_UP_KERNEL(moe_gate_up_swiglu_q8, ActQ8, false, MOE_DECODE_MINB)
+MOE_GATE_UP_KERNEL(moe_gate_up_swiglu_fp8, ActFp8, false, MOE_DECODE_MINB)
+MOE_GATE_UP_KERNEL(moe_gate_up_swiglu_slots, ActF32, true, MOE_SLOTS_MINB)
+MOE_GATE_UP_KERNEL(moe_gate_up_swiglu_q8_slots, ActQ8, true, MOE_SLOTS_MINB)
+MOE_GATE_UP_KERNEL(moe_gate_up_swiglu_fp8_slots, ActFp8, true, MOE_SLOTS_MINB)
+MOE_GATE_UP_KERNEL(moe_gate_up_swiglu_h2, ActF16, false, MOE_DECODE_MINB)
+MOE_GATE_UP_KERNEL(moe_gate_up_swiglu_h2_slots, ActF16, true, MOE_SLOTS_MINB)
 
 // y[t, r] (+)= the k slots' rows part[t, s, r] summed in slot order, for rows r0 <= r < r1
 // (the whole block strides over them): the down kernels' combine, by the last slot block of a
@@ -845,16 +672,15 @@ __device__ __forceinline__ void moe_combine_rows(const float* __restrict__ part,
 // slot) keeps the staged activations small (I floats). The first weights are loaded before
 // the staging. Dynamic shared memory: the policy's staged activations of one slot (ActF32:
 // inter / 32 * STAGE_PAD floats; 8-bit: inter / 32 * (ACT8_PAD + 4) bytes). units <= 32.
-// The down kernel's start on its pair's gate_up count (gu_blocks blocks, times its group's
-// pairs with DEDUP; moe_await_done), in place of the wait on gate_up's grid: then the trigger
-// the wait would have given.
+// The down kernel's start on its pair's gate_up count (gu_blocks blocks; moe_await_done), in
+// place of the wait on gate_up's grid: then the trigger the wait would have given.
 #define MOE_DOWN_AWAIT()                                                      \
     do {                                                                      \
-        moe_await_done(done + blockIdx.x, (unsigned)(gu_blocks * grp.x));       \
+        moe_await_done(done + blockIdx.x, (unsigned)gu_blocks);               \
         if (DOWN_TRIGGER == 0 && !PDL_NO_TRIGGER) pdl_trigger();              \
     } while (0)
 
-template <class A, bool SLOTS, bool DEDUP = false>
+template <class A, bool SLOTS>
 __device__ __forceinline__ void moe_down_body(const u8* __restrict__ blocks,
                                               const u8* __restrict__ scales,
                                               const bf16_t* __restrict__ bias,
@@ -871,6 +697,7 @@ __device__ __forceinline__ void moe_down_body(const u8* __restrict__ blocks,
     // The warp's first row and its units (row pairs): the `_slots` kernels by slots_share.
     int p0 = (blockIdx.y * 8 + (threadIdx.x >> 5)) * units, p1 = min((hidden + 1) / 2, p0 + units);
     if constexpr (SLOTS) slots_share(hidden / 2, p0, p1);
+    const int rw = 2 * p0;
     const int s = blockIdx.x % k, t = blockIdx.x / k;
 #if !MOE_DOWN_EARLY
     pdl_enter_as(DOWN_TRIGGER);
@@ -880,68 +707,28 @@ __device__ __forceinline__ void moe_down_body(const u8* __restrict__ blocks,
     // Read from L2 (an SM's L1 may hold an older step's line).
     const int e = __ldcg(idx + t * k + s);
     const float wt = __ldcg(wts + t * k + s);  // the slot's weight, from the router too
-    // DEDUP: the step's expert ids (loads issued here, used once the first weights are out),
-    // the block's group (its pairs in dedup_mem) and its share of the units.
-    int2 grp = make_int2(1, 0);
-    __shared__ int dedup_mem[DEDUP ? 64 : 1];
-    const int2 ids = DEDUP ? moe_dedup_ids(idx, gridDim.x) : make_int2(-1, -1);
-    int rw = 2 * p0;
     const int nb = inter >> 5, ni = (nb + 31) >> 5;
     const uint4* be = reinterpret_cast<const uint4*>(blocks) + (size_t)e * hidden * nb;
     const u8* se = scales + (size_t)e * hidden * nb;
     // Lane u holds unit u's two biases.
-    auto bias_of = [&](int o) {
-        const int rb = rw + 2 * lane + o;
-        return lane < p1 - p0 && rb < hidden ? bf2f(bias[(size_t)e * hidden + rb]) : 0.0f;
-    };
-    float b0v = bias_of(0), b1v = bias_of(1);
+    const int rb = rw + 2 * lane;
+    const bool bl = lane < p1 - p0;
+    const float b0v = bl && rb < hidden ? bf2f(bias[(size_t)e * hidden + rb]) : 0.0f;
+    const float b1v = bl && rb + 1 < hidden ? bf2f(bias[(size_t)e * hidden + rb + 1]) : 0.0f;
     if constexpr (SLOTS) {
         // As moe_gate_up_body's slots (same sums, same order). hidden is a multiple of 32, so
         // a unit's second row exists whenever its first does.
-        int nu = p1 - p0;
+        const int nu = p1 - p0;
         MoeSlots w{be + (size_t)rw * nb + lane, se + (size_t)rw * nb + lane, nb, ni, lane};
         if (nu > 0) w.load_unit(0);
         moe_scales_fill();
-        if constexpr (DEDUP) {
-            // As gate_up's: the group once the first loads are out, which its first pair keeps.
-            grp = moe_dedup_members(ids, blockIdx.x, e, dedup_mem);
-            if (grp.x > 1) {
-                const int p00 = p0;
-                dedup_share(grp.x, grp.y, p0, p1);
-                nu = p1 - p0;
-                if (p0 != p00) {
-                    rw = 2 * p0;
-                    w = MoeSlots{be + (size_t)rw * nb + lane, se + (size_t)rw * nb + lane, nb, ni, lane};
-                    if (nu > 0) w.load_unit(0);
-                    b0v = bias_of(0);
-                    b1v = bias_of(1);
-                }
-            }
-        }
 #if MOE_DOWN_EARLY
         if (gu_blocks) MOE_DOWN_AWAIT();
         else pdl_enter_as(DOWN_TRIGGER);
 #endif
-        // DEDUP: the group's other pairs' gate_up counts too (each fills at the same count).
-        if (DEDUP && gu_blocks)
-            for (int i = 0; i < grp.x; ++i)
-                if (dedup_mem[i] != (int)blockIdx.x)
-                    moe_await_done(done + dedup_mem[i], (unsigned)(gu_blocks * grp.x));
-        A::stage(act + (size_t)(DEDUP ? dedup_mem[0] : (int)blockIdx.x) * inter, as, inter);
+        A::stage(act + ((size_t)t * k + s) * inter, as, inter);
         __syncthreads();
-        if (DEDUP && grp.x > 1) {
-            // The members' slot weights, visible past the first chunk's barrier.
-            __shared__ float mem_wt[DEDUP ? 64 : 1];
-            if ((int)threadIdx.x < grp.x) mem_wt[threadIdx.x] = __ldcg(wts + dedup_mem[threadIdx.x]);
-            dedup_units(
-                w, as, moe_f16_stride(inter), nu, b0v, b1v, grp.x,
-                [&](int m, u8* dst) { A::stage(act + (size_t)dedup_mem[m] * inter, dst, inter); },
-                [&](int m, int uu, float s0, float s1) {
-                    float* pp = part + (size_t)dedup_mem[m] * hidden + rw + 2 * uu;
-                    pp[0] = mem_wt[m] * s0;
-                    pp[1] = mem_wt[m] * s1;
-                });
-        } else slots_each(w, nu, [&](int uu, bool full) {
+        slots_each(w, nu, [&](int uu, bool full) {
             float t0, t1;
             w.sums_at<A>(full, as, uu, nu, t0, t1);
             t0 = warp_sum(t0);
@@ -1022,53 +809,22 @@ __device__ __forceinline__ void moe_down_body(const u8* __restrict__ blocks,
     // Past the wait gate_up has ended, so no block reads the pair's announcement any more:
     // clear it for the next layer's router (moe_ready_wait).
     if (ready && blockIdx.y == 0 && threadIdx.x == 0) ready[blockIdx.x] = 0u;
-    // Publish this block's rows, then count it; the last slot block of a token combines it.
-    // DEDUP: the block counts each of its group's tokens (lane i pair i: distinct tokens, so
-    // distinct counters) by the units it wrote for it; a token's rows of this range are
-    // complete at its k pairs' whole ranges of units, however their groups shared them out.
+    // Publish this block's rows, then count it; the last slot block combines.
     __shared__ unsigned last_s;
     __syncthreads();
-    if constexpr (DEDUP) {
-        if (threadIdx.x < 32) {
-            unsigned mine_u = 0, range_u = 0;
-            for (int wq = 0; wq < 8; ++wq) {
-                int a0 = (int)slots_at(blockIdx.y * 8 + wq, hidden / 2);
-                int a1 = (int)slots_at(blockIdx.y * 8 + wq + 1, hidden / 2);
-                range_u += (unsigned)(a1 - a0);
-                dedup_share(grp.x, grp.y, a0, a1);
-                mine_u += (unsigned)(a1 - a0);
-            }
-            // A block with no units of its own writes nothing and does not count.
-            const bool mine = lane < grp.x && mine_u > 0u &&
-                              count_units_last(ctr + (size_t)(dedup_mem[lane] / k) * gridDim.y + blockIdx.y,
-                                               mine_u, (unsigned)k * range_u);
-            const unsigned m = __ballot_sync(0xffffffffu, mine);
-            if (lane == 0) last_s = m;
-        }
-    } else {
-        if (threadIdx.x == 0) last_s = count_block_last(ctr + (size_t)t * gridDim.y + blockIdx.y, k);
-    }
+    if (threadIdx.x == 0) last_s = count_block_last(ctr + (size_t)t * gridDim.y + blockIdx.y, k);
     __syncthreads();
-    unsigned last = last_s;
-    if (!last) return;
+    if (!last_s) return;
     // The block's rows: its warps' (slots_share of the pairs for the `_slots` kernels).
     int r0 = blockIdx.y * 16 * units, r1 = min(hidden, (int)(blockIdx.y + 1) * 16 * units);
     if constexpr (SLOTS) {
         r0 = 2 * (int)slots_at(blockIdx.y * 8, hidden / 2);
         r1 = 2 * (int)slots_at(blockIdx.y * 8 + 8, hidden / 2);
     }
-    if constexpr (DEDUP) {
-        while (last) {
-            const int tt = dedup_mem[__ffs(last) - 1] / k;
-            last &= last - 1u;
-            moe_combine_rows(part, y, tt, k, hidden, r0, r1, accumulate);
-        }
-    } else {
-        moe_combine_rows(part, y, t, k, hidden, r0, r1, accumulate);
-    }
+    moe_combine_rows(part, y, t, k, hidden, r0, r1, accumulate);
 }
 
-#define MOE_DOWN_KERNEL(name, policy, slots, minb, dedup)                                       \
+#define MOE_DOWN_KERNEL(name, policy, slots, minb)                                              \
     extern "C" __global__ void __launch_bounds__(256, minb)                                     \
     name(const u8* __restrict__ blocks, const u8* __restrict__ scales,                          \
          const bf16_t* __restrict__ bias, const float* __restrict__ act,                        \
@@ -1076,19 +832,17 @@ __device__ __forceinline__ void moe_down_body(const u8* __restrict__ blocks,
          int hidden, int inter, int k, int units, float* __restrict__ y, int accumulate,        \
          unsigned* __restrict__ ctr, unsigned* __restrict__ ready,                              \
          const unsigned* __restrict__ done, int gu_blocks) {                                    \
-        moe_down_body<policy, slots, dedup>(blocks, scales, bias, act, idx, wts, part, hidden,  \
-                                            inter, k, units, y, accumulate, ctr, ready, done,   \
-                                            gu_blocks);                                         \
+        moe_down_body<policy, slots>(blocks, scales, bias, act, idx, wts, part, hidden, inter,  \
+                                     k, units, y, accumulate, ctr, ready, done, gu_blocks);     \
     }
-MOE_DOWN_KERNEL(moe_down, ActF32, false, MOE_DECODE_MINB, false)
-MOE_DOWN_KERNEL(moe_down_q8, ActQ8, false, MOE_DECODE_MINB, false)
-MOE_DOWN_KERNEL(moe_down_fp8, ActFp8, false, MOE_DECODE_MINB, false)
-MOE_DOWN_KERNEL(moe_down_slots, ActF32, true, MOE_SLOTS_MINB, false)
-MOE_DOWN_KERNEL(moe_down_q8_slots, ActQ8, true, MOE_SLOTS_MINB, false)
-MOE_DOWN_KERNEL(moe_down_fp8_slots, ActFp8, true, MOE_SLOTS_MINB, false)
-MOE_DOWN_KERNEL(moe_down_h2, ActF16, false, MOE_DECODE_MINB, false)
-MOE_DOWN_KERNEL(moe_down_h2_slots, ActF16, true, MOE_SLOTS_MINB, false)
-MOE_DOWN_KERNEL(moe_down_h2_dedup, ActF16, true, MOE_SLOTS_MINB, true)
+MOE_DOWN_KERNEL(moe_down, ActF32, false, MOE_DECODE_MINB)
+MOE_DOWN_KERNEL(moe_down_q8, ActQ8, false, MOE_DECODE_MINB)
+MOE_DOWN_KERNEL(moe_down_fp8, ActFp8, false, MOE_DECODE_MINB)
+MOE_DOWN_KERNEL(moe_down_slots, ActF32, true, MOE_SLOTS_MINB)
+MOE_DOWN_KERNEL(moe_down_q8_slots, ActQ8, true, MOE_SLOTS_MINB)
+MOE_DOWN_KERNEL(moe_down_fp8_slots, ActFp8, true, MOE_SLOTS_MINB)
+MOE_DOWN_KERNEL(moe_down_h2, ActF16, false, MOE_DECODE_MINB)
+MOE_DOWN_KERNEL(moe_down_h2_slots, ActF16, true, MOE_SLOTS_MINB)
 
 // ---- The grouped decode MoE (`MXTUNE_MOE_LOOP=grouped`, the fp16 dot): one block per (row
 // range, distinct expert of a group of up to TCG_TOKENS tokens; tcg_group), so an expert that
@@ -1099,6 +853,42 @@ MOE_DOWN_KERNEL(moe_down_h2_dedup, ActF16, true, MOE_SLOTS_MINB, true)
 // L2 for a further chunk). Per pair the sums are those of the `_slots` kernels, in the same
 // order. grid = (row ranges, min(T, TCG_TOKENS) * k, ceil(T / TCG_TOKENS)); blocks past the
 // group's distinct experts return.
+#ifndef MOE_GRP_NT
+#define MOE_GRP_NT 3
+#endif
+
+// CALL(NT) for NT = nm in 1..MOE_GRP_NT (at most 4): the loops compiled for each exact count.
+#if MOE_GRP_NT > 4
+#error "MOE_GRP_NT is at most 4"
+#endif
+#define GRP_DISPATCH(nm, CALL)                      \
+    switch (nm) {                                   \
+    case 1: CALL(1); break;                         \
+    case 2: if (MOE_GRP_NT >= 2) CALL(2); break;    \
+    case 3: if (MOE_GRP_NT >= 3) CALL(3); break;    \
+    case 4: if (MOE_GRP_NT >= 4) CALL(4); break;    \
+    default: break;                                 \
+    }
+
+// A warp's units for NT members staged stride bytes apart at xs: each unit's two row sums per
+// member (sums_n), reduced over the warp, plus the unit's two biases (lane u holds unit u's:
+// b0v, b1v); lane 0 hands them to put(member, unit, sum0, sum1).
+template <int NT, class Put>
+__device__ __forceinline__ void grp_units(MoeSlots& w, const u8* xs, int stride, int nu, float b0v,
+                                          float b1v, const Put& put) {
+    for (int uu = 0; uu < nu; ++uu) {
+        float t0[NT], t1[NT];
+        w.sums_n<NT>(xs, stride, uu, nu, t0, t1);
+        const float bb0 = __shfl_sync(0xffffffffu, b0v, uu);
+        const float bb1 = __shfl_sync(0xffffffffu, b1v, uu);
+#pragma unroll
+        for (int i = 0; i < NT; ++i) {
+            const float s0 = warp_sum(t0[i]), s1 = warp_sum(t1[i]);
+            if (w.lane == 0) put(i, uu, s0 + bb0, s1 + bb1);
+        }
+    }
+}
+
 // act[p, j] = swiglu(gate_j, lin_j) for the pairs p routed to the block's expert; units, rows
 // and biases as moe_gate_up_body's slots.
 __device__ __forceinline__ void moe_gate_up_grp_body(const u8* __restrict__ blocks,

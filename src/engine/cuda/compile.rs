@@ -124,9 +124,7 @@ pub const KERNEL_FILES: &[KernelFile] = &[
             "moe_gate_up_swiglu_h2_slots",
             "moe_down_h2_slots",
             "moe_gate_up_swiglu_h2_grp",
-            "moe_down_h2_grp",
-            "moe_gate_up_swiglu_h2_dedup",
-            "moe_down_h2_dedup"
+            "moe_down_h2_grp"
         ]
     ),
     kernel_file!(

@@ -2166,13 +2166,6 @@ pub fn moe_tokens_per_expert(experts: usize, k: usize, t: usize) -> f64 {
     (t * k) as f64 / distinct
 }
 
-/// Whether the `_dedup` decode MoE kernels ([`MoeLoop::Dedup`]) take `t` rows of `k` experts:
-/// tokens can share an expert (`t` ≥ 2), each pair's expert id is held by warp 0's lanes (at
-/// most 64 pairs) and a block's pairs, distinct tokens, are counted by them (at most 32).
-pub fn moe_dedup_takes(k: usize, t: usize) -> bool {
-    (2..=32).contains(&t) && t * k <= 64
-}
-
 /// Tokens of one expert the grouped decode MoE kernels take at a time (kernel constant
 /// `MOE_GRP_NT`): their activations staged together, each weight block decoded once for them.
 pub const MOE_GRP_NT: usize = 3;
@@ -2220,11 +2213,6 @@ pub const MOE_LOOP_ENV: &str = "MXTUNE_MOE_LOOP";
 ///   row range and distinct expert of up to 16 tokens, each 32-weight block decoded once for
 ///   all the tokens routed to that expert ([`MOE_GRP_NT`] at a time), where `Slots` decode it
 ///   once per (token, slot) pair. Same rows of registers as `Slots`, same sums per pair.
-/// * `Dedup`: the `_slots` kernels' grid and announcements, in the `_dedup` kernels (fp16 dot,
-///   2 to 32 tokens and at most 64 pairs: [`moe_dedup_takes`]; elsewhere `Slots`): the pairs
-///   routed to one expert share out its rows, each block computing its share for all their
-///   tokens, each 32-weight block decoded once for them ([`MOE_GRP_NT`] at a time). Same sums
-///   per pair.
 /// * `Auto` (the default): `Slots` where a warp has several units, `Items` for one unit a
 ///   warp (where 3 blocks per SM win: docs/perf.md, run 84). [`MoeUnits::for_batch`] gives
 ///   the slots several units at batch 1 too, so for gpt-oss every batch runs `Slots`.
@@ -2234,7 +2222,6 @@ pub enum MoeLoop {
     Items,
     Slots,
     Grouped,
-    Dedup,
 }
 
 impl MoeLoop {
@@ -2247,7 +2234,6 @@ impl MoeLoop {
                 ("items", Self::Items),
                 ("slots", Self::Slots),
                 ("grouped", Self::Grouped),
-                ("dedup", Self::Dedup),
             ],
         )
     }
@@ -2259,7 +2245,6 @@ impl MoeLoop {
             Self::Items => "items",
             Self::Slots => "slots",
             Self::Grouped => "grouped",
-            Self::Dedup => "dedup",
         }
     }
 
@@ -2268,7 +2253,7 @@ impl MoeLoop {
         let fits = (width / 32).div_ceil(32) <= MOE_SLOTS_NI;
         match self {
             Self::Items => false,
-            Self::Slots | Self::Grouped | Self::Dedup => fits,
+            Self::Slots | Self::Grouped => fits,
             Self::Auto => fits && units > 1,
         }
     }
@@ -3084,23 +3069,7 @@ fn moe_decode_launch(
         ),
         None => {
             let slots = lp.slots(units, width);
-            let (kernel, smem) = if slots
-                && lp == MoeLoop::Dedup
-                && codes == MoeCodes::F16
-                && moe_dedup_takes(s.k, t)
-            {
-                let stride = moe_gemv_kernel(down, codes, width, true)
-                    .1
-                    .next_multiple_of(16);
-                let name = if down {
-                    "moe_down_h2_dedup"
-                } else {
-                    "moe_gate_up_swiglu_h2_dedup"
-                };
-                (name, MOE_GRP_NT.min(t) * stride)
-            } else {
-                moe_gemv_kernel(down, codes, width, slots)
-            };
+            let (kernel, smem) = moe_gemv_kernel(down, codes, width, slots);
             let ranges = moe_ranges(g.sms(), s, units, t, down, slots)?;
             (kernel, smem, (u(s.k * t)?, u(ranges)?, 1), None)
         }

@@ -1193,10 +1193,8 @@ fn check_moe_ready(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
     };
     // One pair of word buffers for both batches, sized for the larger, as the step keeps them:
     // the batch of 3 runs on words the batch of 1 has used.
-    let (dready, ddone) = (g.alloc::<u32>(8 * k)?, g.alloc::<u32>(8 * k)?);
-    // At 8 tokens (32 pairs over 32 experts) pairs share experts, which the `_dedup` kernels
-    // group.
-    for t in [1usize, 3, 8] {
+    let (dready, ddone) = (g.alloc::<u32>(3 * k)?, g.alloc::<u32>(3 * k)?);
+    for t in [1usize, 3] {
         // Routing comes from the router below; the case's own is not used.
         let c = MoeCase::new(g, s, e, sh, t, |_| (vec![0; t * k], vec![0.0; t * k]))?;
         let rw = bf16_vec(s.next(), e * hidden, 0.05, 0.0);
@@ -1210,7 +1208,6 @@ fn check_moe_ready(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
         for (codes, units) in [
             (MoeCodes::F16, MoeUnits::new(6, 3, MoeLoop::Slots)),
             (MoeCodes::F16, MoeUnits::new(3, 5, MoeLoop::Items)),
-            (MoeCodes::F16, MoeUnits::new(6, 3, MoeLoop::Dedup)),
             (MoeCodes::F32, MoeUnits::new(1, 1, MoeLoop::Slots)),
         ] {
             let w = c.weights_in(g, ExpertLayout::for_codes(codes));
@@ -1285,21 +1282,10 @@ fn check_moe_ready(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
                     await_units,
                 )?;
                 if ready.is_some() {
-                    // Each pair's count holds its gate_up blocks (the `_dedup` kernels: every
-                    // block of the pairs routed to its expert counts it).
-                    let ids: Vec<i32> = g.download(&di)?;
-                    let dedup = lp == MoeLoop::Dedup && ops::moe_dedup_takes(k, t);
+                    // Each pair's count holds its gate_up blocks.
+                    let want = gate_up_ranges as u32;
                     let done: Vec<u32> = g.download(&ddone)?;
-                    let off = (0..t * k)
-                        .filter(|&p| {
-                            let group = if dedup {
-                                ids[..t * k].iter().filter(|&&i| i == ids[p]).count()
-                            } else {
-                                1
-                            };
-                            done[p] != (gate_up_ranges * group) as u32
-                        })
-                        .count();
+                    let off = done[..t * k].iter().filter(|&&v| v != want).count();
                     res.push(check(
                         format!("moe t={t} gate_up units {}: counts per pair", units.gate_up),
                         off as f64,
@@ -1347,10 +1333,7 @@ fn check_moe_ready(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
         // A row's sums do not depend on the warp that makes them: the `_slots` kernels on
         // their ranges (at one token on 132 SMs 66 a pair, the rows shared 5 or 6 units a warp)
         // against the items loop's fixed units.
-        // And the `_dedup` kernels (one block for every pair of an expert) sum each pair as
-        // the `_slots` kernels do.
-        let (na, aa, ya) = &f16_outs[0];
-        for (nb, ab, yb) in &f16_outs[1..] {
+        if let [(na, aa, ya), (nb, ab, yb)] = &f16_outs[..] {
             res.push(check(
                 format!("moe bf16-f16dot t={t}: loop {na} bits apart from loop {nb}"),
                 bits_apart(aa, ab) + bits_apart(ya, yb),
@@ -1519,11 +1502,8 @@ fn moe_codes_run(
 
 /// The grouped decode MoE (`MoeLoop::Grouped`, fp16 dot) where tokens share experts: against
 /// the reference as [`check_moe_codes`], and bit-identical to the `_slots` kernels (the same
-/// sums per pair) in act and output; the `_dedup` kernels (`MoeLoop::Dedup`) bit-identical to
-/// the `_slots` kernels too. Cases: 20 tokens over 8 experts (two token groups of the
-/// grouping, 10 members an expert: more than one staging of MOE_GRP_NT; past the `_dedup`
-/// kernels' 64 pairs), 16 tokens over 8 (8 members an expert, the `_dedup` kernels' three
-/// chunks), and a small shape.
+/// sums per pair) in act and output. Cases: 20 tokens over 8 experts (two token groups of the
+/// grouping, 10 members an expert: more than one staging of MOE_GRP_NT), and a small shape.
 fn check_moe_by_expert(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
     let mut res = Vec::new();
     let gpt = MoeShape {
@@ -1541,7 +1521,7 @@ fn check_moe_by_expert(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
         alpha: 1.702,
     };
     let mut s2 = Seeds(s.0 ^ 0x0ac7_0009);
-    for (sh, e, t) in [(gpt, 8usize, 20usize), (gpt, 8, 16), (small, 4, 7)] {
+    for (sh, e, t) in [(gpt, 8usize, 20usize), (small, 4, 7)] {
         let k = sh.k;
         let c = MoeCase::new(g, &mut s2, e, sh, t, |_| {
             // Token ti takes experts ti, ti + 2, ... (mod e): distinct per token, shared
@@ -1572,20 +1552,6 @@ fn check_moe_by_expert(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
                     sh.hidden, sh.inter
                 ),
                 bits_apart(&act, &act_s) + bits_apart(&y, &y_s),
-                0.0,
-            ));
-            // The `_dedup` kernels (taken at 16 and 7 tokens; 20 tokens' 80 pairs run
-            // `_slots`): each expert's first pair's blocks compute its pairs, MOE_GRP_NT at a
-            // time (8 members an expert at 16 tokens: three chunks).
-            let (act_d, y_d, left) =
-                moe_run(g, &c, MoeCodes::F16, MoeUnits::new(gu, dn, MoeLoop::Dedup))?;
-            res.push(check(
-                format!(
-                    "moe dedup and slots bit-identical (act, output), slot counters zero after \
-                     H={} I={} k={k} t={t} E={e} units {gu}/{dn}",
-                    sh.hidden, sh.inter
-                ),
-                bits_apart(&act_d, &act_s) + bits_apart(&y_d, &y_s) + left as f64,
                 0.0,
             ));
             // What `Auto` runs where experts are shared: gate_up grouped, down on the slots.
