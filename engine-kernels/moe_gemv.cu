@@ -499,6 +499,124 @@ __device__ __forceinline__ void slots_share(int n, int& u0, int& u1) {
     u1 = (int)slots_at(w + 1, n);
 }
 
+// ---- gate_up's units on tensor cores (MOE_MMA, fp16 dot only). A warp takes tiles of 8
+// units: mma.sync m16n8k16 with the tile's gate rows as A's rows 0-7 and its linear rows as
+// rows 8-15, so lane 4 g + tq ends with both sums of unit g. Lane tq of a quad holds block
+// 4 c + tq of chunk c (a 16-byte load of each row; all 32 lanes read 8 rows × 64 bytes), and
+// its k slots of an MMA are four elements of that block, so a block's weight scale cannot
+// be applied after the MMA as one number: B's column n instead holds the activations of
+// block 4 c + n only (lane n of quad n loads them; every other lane reads a zeroed line), so
+// C's column n is the dot with one block, scaled on its own (columns 4-7 stay zero). The
+// weights are decoded as ActF16 does (fp4l_to_f16x2); one MMA replaces eight fma.f16x2 a
+// lane, and the products are summed in fp32 (not bit for bit the `_slots` sums).
+#ifndef MOE_MMA
+#define MOE_MMA 0
+#endif
+#ifndef MOE_MMA_D
+#define MOE_MMA_D 4
+#endif
+#ifndef MOE_MMA_EARLY
+#define MOE_MMA_EARLY 0
+#endif
+#ifndef MOE_MMA_ACC
+#define MOE_MMA_ACC 2
+#endif
+template <class A> struct IsActF16 { static constexpr bool v = false; };
+template <> struct IsActF16<ActF16> { static constexpr bool v = true; };
+__shared__ uint4 moe_mma_zero[4];
+
+__device__ __forceinline__ void mma_f16_nv(float (&c)[4], unsigned a0, unsigned a1, unsigned a2,
+                                           unsigned a3, unsigned b0, unsigned b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// The warp's tiles q0 … q1 − 1 (units 8 q … 8 q + 7 below inter) of one expert's gate_up
+// (blocks bw, scales sw: row r at r nb), D chunks in flight; fetch before the staging, run
+// after it.
+// Rows of an even number of blocks only (the host's check: a lane's act-scale pair is one
+// aligned 8-byte load).
+struct MoeMmaGateUp {
+    const uint4* bw;
+    const u8* sw;
+    int nb, nc, inter, g, tq, q1;
+    int fq, fc;        // the next chunk to load
+    const uint4* pg;   // the lane's gate row at its block of chunk 0 (block tq)
+    // The lane's scale pair: blocks 2 (tq & 1), + 1 of the gate row (tq < 2) or the linear
+    // row (tq >= 2), one aligned 16-bit load a chunk (the quad's four loads cover both rows'
+    // scales of the chunk's blocks; lanes tq < 2 take the linear row's from lane tq + 2).
+    const unsigned short* qs;
+    int lw, ls;        // on the last chunk: the lane's block, its scale pair's offset
+    uint4 wg[MOE_MMA_D], wl[MOE_MMA_D];
+    unsigned sc[MOE_MMA_D];
+
+    __device__ __forceinline__ void init(int q0) {
+        const int cl = 4 * (nc - 1), b0 = cl + 2 * (tq & 1);
+        lw = min(cl + tq, nb - 1);
+        ls = (min(b0, nb - 2) - 2 * (tq & 1)) >> 1;
+        tile(q0);
+    }
+    __device__ __forceinline__ void tile(int q) {
+        fq = q;
+        fc = 0;
+        const size_t r = 2 * (size_t)min(8 * q + g, inter - 1) * nb;
+        pg = bw + r + tq;
+        qs = reinterpret_cast<const unsigned short*>(sw + r + (tq >> 1) * nb + 2 * (tq & 1));
+    }
+    // Loads past the warp's last chunk repeat that chunk (from L1), not a branch.
+    __device__ __forceinline__ void fetch(int i) {
+        if (fc < nc - 1) {  // warp-uniform
+            const int o = 4 * fc;
+            wg[i] = __ldg(pg + o);
+            wl[i] = __ldg(pg + nb + o);
+            sc[i] = __ldg(qs + 2 * fc);
+            ++fc;
+            return;
+        }
+        wg[i] = __ldg(pg - tq + lw);
+        wl[i] = __ldg(pg - tq + nb + lw);
+        sc[i] = __ldg(qs + ls);
+        if (fq < q1 - 1) tile(fq + 1);
+    }
+
+    // Slot i's chunk against B source xa (lane tq of quad tq: its block's codes; every other
+    // lane, and a block past the row, the zeroed line) and xm (the act scales of the lane's
+    // columns' blocks, clamped into the row): adds the lane's scaled column sums. Columns past
+    // the row or past 3 are zero (B zero) and their scales finite, so they add nothing.
+    __device__ __forceinline__ void chunk(uint4 wgc, uint4 wlc, unsigned scv, const uint4* xa,
+                                          float2 xm, float& accg, float& accl) const {
+        const unsigned gq[4] = {wgc.x, wgc.y, wgc.z, wgc.w};
+        const unsigned lq[4] = {wlc.x, wlc.y, wlc.z, wlc.w};
+        // MOE_MMA_ACC independent accumulators (shorter chains of dependent MMAs).
+        float ca[MOE_MMA_ACC][4];
+#pragma unroll
+        for (int a = 0; a < MOE_MMA_ACC; ++a) ca[a][0] = ca[a][1] = ca[a][2] = ca[a][3] = 0.0f;
+#pragma unroll
+        for (int w = 0; w < 4; ++w) {
+            unsigned hg[4], hl[4];
+            fp4l_to_f16x2(gq[w], hg);
+            fp4l_to_f16x2(lq[w], hl);
+            const uint4 xv = xa[w];
+            mma_f16_nv(ca[(2 * w) % MOE_MMA_ACC], hg[0], hl[0], hg[1], hl[1], xv.x, xv.y);
+            mma_f16_nv(ca[(2 * w + 1) % MOE_MMA_ACC], hg[2], hl[2], hg[3], hl[3], xv.z, xv.w);
+        }
+        float cc[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            cc[j] = ca[0][j];
+#pragma unroll
+            for (int a = 1; a < MOE_MMA_ACC; ++a) cc[j] += ca[a][j];
+        }
+        const unsigned sgt = scv, slt = __shfl_down_sync(0xffffffffu, scv, 2);
+        accg = fmaf(cc[0], moe_scale(sgt & 255u) * xm.x, accg);
+        accg = fmaf(cc[1], moe_scale(sgt >> 8) * xm.y, accg);
+        accl = fmaf(cc[2], moe_scale(slt & 255u) * xm.x, accl);
+        accl = fmaf(cc[3], moe_scale(slt >> 8) * xm.y, accl);
+    }
+};
+
 // Grid order of both kernels: the (token, slot) pairs p = t * k + s are blockIdx.x, the row
 // ranges blockIdx.y, so the blocks launched together are every pair's blocks of one row range:
 // pairs routed to the same expert (at batch 16, 64 pairs name ~50 distinct experts) read the
@@ -547,6 +665,68 @@ __device__ __forceinline__ void moe_gate_up_body(const u8* __restrict__ blocks,
     const bool bl = lane < ju - j0;
     const float bgate = bl ? bf2f(bias[(size_t)e * rows + 2 * jb]) : 0.0f;
     const float blin = bl ? bf2f(bias[(size_t)e * rows + 2 * jb + 1]) : 0.0f;
+#if MOE_MMA
+    if constexpr (SLOTS && IsActF16<A>::v) {
+        // Tiles of 8 units on tensor cores (MoeMmaGateUp): the warp's tiles by slots_share.
+        int q0, q1;
+        slots_share((inter + 7) >> 3, q0, q1);
+        const int nc = (nb + 3) >> 2, nf = (q1 - q0) * nc;
+        MoeMmaGateUp m{be, se, nb, nc, inter, lane >> 2, lane & 3, q1};
+        m.init(q0);
+        if (nf > 0) {
+#pragma unroll
+            for (int i = 0; i < MOE_MMA_D; ++i) m.fetch(i);
+        }
+        moe_scales_fill();
+        if (threadIdx.x < 4) moe_mma_zero[threadIdx.x] = make_uint4(0u, 0u, 0u, 0u);
+        if (ready) pdl_enter_as(GATE_UP_TRIGGER);
+        A::stage(x + (size_t)t * hidden, xs, hidden);
+        __syncthreads();
+        int cq = q0, c = 0;
+        float accg = 0.0f, accl = 0.0f;
+        // This lane's B source (lane tq of quad tq: its block's codes, 4 groups further a
+        // chunk, while in the row; every other lane the zeroed line) and act scales' pairs.
+        const bool owner = m.g == m.tq;
+        const u8* xz = reinterpret_cast<const u8*>(moe_mma_zero);
+        const u8* xo = owner ? xs + m.tq * F16_PAD : xz;
+        const int xstep = owner ? 4 * F16_PAD : 0;
+        const int cown = (nb - m.tq + 3) >> 2;  // chunks whose block tq is in the row
+        const float2* xsc = reinterpret_cast<const float2*>(xs + nb * F16_PAD) + (m.tq & 1);
+        const int xlast = (nb >> 1) - 1 - (m.tq & 1);
+        for (int f = 0; f < nf; f += MOE_MMA_D) {
+#pragma unroll
+            for (int slot = 0; slot < MOE_MMA_D; ++slot) {
+                if (f + slot >= nf) break;  // warp-uniform
+                const float2 xm = xsc[min(2 * c, xlast)];
+                const uint4* xa = reinterpret_cast<const uint4*>(c < cown ? xo + c * xstep : xz);
+#if MOE_MMA_EARLY
+                // The slot's next chunk requested before this one's sums (its words copied).
+                const uint4 cg = m.wg[slot], cl = m.wl[slot];
+                const unsigned cs = m.sc[slot];
+                m.fetch(slot);
+                m.chunk(cg, cl, cs, xa, xm, accg, accl);
+#else
+                m.chunk(m.wg[slot], m.wl[slot], m.sc[slot], xa, xm, accg, accl);
+                m.fetch(slot);
+#endif
+                if (++c == nc) {  // the tile's last chunk (warp-uniform)
+                    const int u = 8 * cq + m.g;
+                    const size_t bu = (size_t)e * rows + 2 * (size_t)min(u, inter - 1);
+                    const float bg = bf2f(bias[bu]), bli = bf2f(bias[bu + 1]);
+                    accg += __shfl_xor_sync(0xffffffffu, accg, 1);
+                    accl += __shfl_xor_sync(0xffffffffu, accl, 1);
+                    if (m.tq == 0 && u < inter)
+                        act[((size_t)t * k + s) * inter + u] = swiglu_clamped(accg + bg, accl + bli, limit, alpha);
+                    accg = accl = 0.0f;
+                    c = 0;
+                    ++cq;
+                }
+            }
+        }
+        if (done) moe_count_done(done + blockIdx.x);
+        return;
+    }
+#endif
     if constexpr (SLOTS) {
         // All of a unit's items in flight at once (MoeSlots); the same sums in the same order
         // as the item sequence below.

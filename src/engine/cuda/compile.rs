@@ -642,8 +642,9 @@ mod tests {
         let parts: Vec<&str> = body.split(late).collect();
         assert_eq!(
             parts.len(),
-            3,
-            "moe_gate_up_body: one late wait per loop kind"
+            4,
+            "moe_gate_up_body: one late wait per loop kind (the tensor-core tiles, the slots, \
+             the items)"
         );
         assert!(
             parts[0].contains("e = moe_ready_wait(ready") && !parts[0].contains("A::stage"),
