@@ -642,9 +642,8 @@ mod tests {
         let parts: Vec<&str> = body.split(late).collect();
         assert_eq!(
             parts.len(),
-            4,
-            "moe_gate_up_body: one late wait per loop kind (the tensor-core tiles, the slots, \
-             the items)"
+            3,
+            "moe_gate_up_body: one late wait per loop kind"
         );
         assert!(
             parts[0].contains("e = moe_ready_wait(ready") && !parts[0].contains("A::stage"),
