@@ -471,10 +471,20 @@ struct MoeSlots {
 // f passes on to sums_at) in a loop for rows of exactly MOE_SLOTS_NI items where w's rows have
 // them (MOE_SLOTS_PTR), else false. (The grouped kernels loop over their units directly, on
 // the general loop: a second one made them spill.)
-template <class F>
+//
+// Which of the two loops a kernel holds (LOOPS): SLOTS_BOTH, the one its rows take at run
+// time; SLOTS_FULL, only the full-row loop (the host launches such a kernel only for rows of
+// exactly MOE_SLOTS_NI items); SLOTS_GENERAL, only the other. A loop a kernel holds but does
+// not run still costs its launches time (the branch jumps over its ~500 instructions: ~0.6 %
+// of a batch-1 step, docs/perf.md run 366), so the fp16 dot's kernels come one per loop.
+#define SLOTS_BOTH 0
+#define SLOTS_FULL 1
+#define SLOTS_GENERAL 2
+template <int LOOPS, class F>
 __device__ __forceinline__ void slots_each(const MoeSlots& w, int nu, const F& f) {
+    if (LOOPS == SLOTS_FULL && w.ni != MOE_SLOTS_NI) __trap();  // the host's mistake: loudly
 #if MOE_SLOTS_PTR
-    if (w.ni == MOE_SLOTS_NI) {
+    if (LOOPS == SLOTS_FULL || (LOOPS == SLOTS_BOTH && w.ni == MOE_SLOTS_NI)) {
         for (int uu = 0; uu < nu; ++uu) f(uu, true);
         return;
     }
@@ -514,7 +524,7 @@ __device__ __forceinline__ void slots_share(int n, int& u0, int& u1) {
 // finishes, so the pipeline does not drain between units. The first loads are issued before
 // the staging. Dynamic shared memory: the policy's staged x (ActF32: hidden / 32 * STAGE_PAD
 // floats; 8-bit: hidden / 32 * (ACT8_PAD + 4) bytes). units <= 32 (a lane holds one unit's bias).
-template <class A, bool SLOTS>
+template <class A, bool SLOTS, int LOOPS>
 __device__ __forceinline__ void moe_gate_up_body(const u8* __restrict__ blocks,
                                                  const u8* __restrict__ scales,
                                                  const bf16_t* __restrict__ bias,
@@ -557,7 +567,7 @@ __device__ __forceinline__ void moe_gate_up_body(const u8* __restrict__ blocks,
         if (ready) pdl_enter_as(GATE_UP_TRIGGER);
         A::stage(x + (size_t)t * hidden, xs, hidden);
         __syncthreads();
-        slots_each(w, nu, [&](int uu, bool full) {
+        slots_each<LOOPS>(w, nu, [&](int uu, bool full) {
             float g, l;
             w.sums_at<A>(full, xs, uu, nu, g, l);
             g = warp_sum(g);
@@ -623,24 +633,25 @@ __device__ __forceinline__ void moe_gate_up_body(const u8* __restrict__ blocks,
     if (done) moe_count_done(done + blockIdx.x);
 }
 
-#define MOE_GATE_UP_KERNEL(name, policy, slots, minb)                                           \
+#define MOE_GATE_UP_KERNEL(name, policy, slots, loops, minb)                                   \
     extern "C" __global__ void __launch_bounds__(256, minb)                                     \
     name(const u8* __restrict__ blocks, const u8* __restrict__ scales,                          \
          const bf16_t* __restrict__ bias, const float* __restrict__ x,                          \
          const int* __restrict__ idx, float* __restrict__ act, int inter, int hidden, int k,    \
          float limit, float alpha, int units, const unsigned* __restrict__ ready,               \
          unsigned* __restrict__ done) {                                                         \
-        moe_gate_up_body<policy, slots>(blocks, scales, bias, x, idx, act, inter, hidden, k,    \
-                                        limit, alpha, units, ready, done);                      \
+        moe_gate_up_body<policy, slots, loops>(blocks, scales, bias, x, idx, act, inter, hidden,\
+                                               k, limit, alpha, units, ready, done);            \
     }
-MOE_GATE_UP_KERNEL(moe_gate_up_swiglu, ActF32, false, MOE_DECODE_MINB)
-MOE_GATE_UP_KERNEL(moe_gate_up_swiglu_q8, ActQ8, false, MOE_DECODE_MINB)
-MOE_GATE_UP_KERNEL(moe_gate_up_swiglu_fp8, ActFp8, false, MOE_DECODE_MINB)
-MOE_GATE_UP_KERNEL(moe_gate_up_swiglu_slots, ActF32, true, MOE_SLOTS_MINB)
-MOE_GATE_UP_KERNEL(moe_gate_up_swiglu_q8_slots, ActQ8, true, MOE_SLOTS_MINB)
-MOE_GATE_UP_KERNEL(moe_gate_up_swiglu_fp8_slots, ActFp8, true, MOE_SLOTS_MINB)
-MOE_GATE_UP_KERNEL(moe_gate_up_swiglu_h2, ActF16, false, MOE_DECODE_MINB)
-MOE_GATE_UP_KERNEL(moe_gate_up_swiglu_h2_slots, ActF16, true, MOE_SLOTS_MINB)
+MOE_GATE_UP_KERNEL(moe_gate_up_swiglu, ActF32, false, SLOTS_BOTH, MOE_DECODE_MINB)
+MOE_GATE_UP_KERNEL(moe_gate_up_swiglu_q8, ActQ8, false, SLOTS_BOTH, MOE_DECODE_MINB)
+MOE_GATE_UP_KERNEL(moe_gate_up_swiglu_fp8, ActFp8, false, SLOTS_BOTH, MOE_DECODE_MINB)
+MOE_GATE_UP_KERNEL(moe_gate_up_swiglu_slots, ActF32, true, SLOTS_BOTH, MOE_SLOTS_MINB)
+MOE_GATE_UP_KERNEL(moe_gate_up_swiglu_q8_slots, ActQ8, true, SLOTS_BOTH, MOE_SLOTS_MINB)
+MOE_GATE_UP_KERNEL(moe_gate_up_swiglu_fp8_slots, ActFp8, true, SLOTS_BOTH, MOE_SLOTS_MINB)
+MOE_GATE_UP_KERNEL(moe_gate_up_swiglu_h2, ActF16, false, SLOTS_BOTH, MOE_DECODE_MINB)
+MOE_GATE_UP_KERNEL(moe_gate_up_swiglu_h2_slots, ActF16, true, SLOTS_GENERAL, MOE_SLOTS_MINB)
+MOE_GATE_UP_KERNEL(moe_gate_up_swiglu_h2_slots_full, ActF16, true, SLOTS_FULL, MOE_SLOTS_MINB)
 
 // y[t, r] (+)= the k slots' rows part[t, s, r] summed in slot order, for rows r0 <= r < r1
 // (the whole block strides over them): the down kernels' combine, by the last slot block of a
@@ -680,7 +691,7 @@ __device__ __forceinline__ void moe_combine_rows(const float* __restrict__ part,
         if (DOWN_TRIGGER == 0 && !PDL_NO_TRIGGER) pdl_trigger();              \
     } while (0)
 
-template <class A, bool SLOTS>
+template <class A, bool SLOTS, int LOOPS>
 __device__ __forceinline__ void moe_down_body(const u8* __restrict__ blocks,
                                               const u8* __restrict__ scales,
                                               const bf16_t* __restrict__ bias,
@@ -728,7 +739,7 @@ __device__ __forceinline__ void moe_down_body(const u8* __restrict__ blocks,
 #endif
         A::stage(act + ((size_t)t * k + s) * inter, as, inter);
         __syncthreads();
-        slots_each(w, nu, [&](int uu, bool full) {
+        slots_each<LOOPS>(w, nu, [&](int uu, bool full) {
             float t0, t1;
             w.sums_at<A>(full, as, uu, nu, t0, t1);
             t0 = warp_sum(t0);
@@ -824,7 +835,7 @@ __device__ __forceinline__ void moe_down_body(const u8* __restrict__ blocks,
     moe_combine_rows(part, y, t, k, hidden, r0, r1, accumulate);
 }
 
-#define MOE_DOWN_KERNEL(name, policy, slots, minb)                                              \
+#define MOE_DOWN_KERNEL(name, policy, slots, loops, minb)                                      \
     extern "C" __global__ void __launch_bounds__(256, minb)                                     \
     name(const u8* __restrict__ blocks, const u8* __restrict__ scales,                          \
          const bf16_t* __restrict__ bias, const float* __restrict__ act,                        \
@@ -832,17 +843,19 @@ __device__ __forceinline__ void moe_down_body(const u8* __restrict__ blocks,
          int hidden, int inter, int k, int units, float* __restrict__ y, int accumulate,        \
          unsigned* __restrict__ ctr, unsigned* __restrict__ ready,                              \
          const unsigned* __restrict__ done, int gu_blocks) {                                    \
-        moe_down_body<policy, slots>(blocks, scales, bias, act, idx, wts, part, hidden, inter,  \
-                                     k, units, y, accumulate, ctr, ready, done, gu_blocks);     \
+        moe_down_body<policy, slots, loops>(blocks, scales, bias, act, idx, wts, part, hidden,  \
+                                            inter, k, units, y, accumulate, ctr, ready, done,  \
+                                            gu_blocks);                                         \
     }
-MOE_DOWN_KERNEL(moe_down, ActF32, false, MOE_DECODE_MINB)
-MOE_DOWN_KERNEL(moe_down_q8, ActQ8, false, MOE_DECODE_MINB)
-MOE_DOWN_KERNEL(moe_down_fp8, ActFp8, false, MOE_DECODE_MINB)
-MOE_DOWN_KERNEL(moe_down_slots, ActF32, true, MOE_SLOTS_MINB)
-MOE_DOWN_KERNEL(moe_down_q8_slots, ActQ8, true, MOE_SLOTS_MINB)
-MOE_DOWN_KERNEL(moe_down_fp8_slots, ActFp8, true, MOE_SLOTS_MINB)
-MOE_DOWN_KERNEL(moe_down_h2, ActF16, false, MOE_DECODE_MINB)
-MOE_DOWN_KERNEL(moe_down_h2_slots, ActF16, true, MOE_SLOTS_MINB)
+MOE_DOWN_KERNEL(moe_down, ActF32, false, SLOTS_BOTH, MOE_DECODE_MINB)
+MOE_DOWN_KERNEL(moe_down_q8, ActQ8, false, SLOTS_BOTH, MOE_DECODE_MINB)
+MOE_DOWN_KERNEL(moe_down_fp8, ActFp8, false, SLOTS_BOTH, MOE_DECODE_MINB)
+MOE_DOWN_KERNEL(moe_down_slots, ActF32, true, SLOTS_BOTH, MOE_SLOTS_MINB)
+MOE_DOWN_KERNEL(moe_down_q8_slots, ActQ8, true, SLOTS_BOTH, MOE_SLOTS_MINB)
+MOE_DOWN_KERNEL(moe_down_fp8_slots, ActFp8, true, SLOTS_BOTH, MOE_SLOTS_MINB)
+MOE_DOWN_KERNEL(moe_down_h2, ActF16, false, SLOTS_BOTH, MOE_DECODE_MINB)
+MOE_DOWN_KERNEL(moe_down_h2_slots, ActF16, true, SLOTS_GENERAL, MOE_SLOTS_MINB)
+MOE_DOWN_KERNEL(moe_down_h2_slots_full, ActF16, true, SLOTS_FULL, MOE_SLOTS_MINB)
 
 // ---- The grouped decode MoE (`MXTUNE_MOE_LOOP=grouped`, the fp16 dot): one block per (row
 // range, distinct expert of a group of up to TCG_TOKENS tokens; tcg_group), so an expert that

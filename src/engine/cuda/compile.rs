@@ -123,6 +123,8 @@ pub const KERNEL_FILES: &[KernelFile] = &[
             "moe_down_h2",
             "moe_gate_up_swiglu_h2_slots",
             "moe_down_h2_slots",
+            "moe_gate_up_swiglu_h2_slots_full",
+            "moe_down_h2_slots_full",
             "moe_gate_up_swiglu_h2_grp",
             "moe_down_h2_grp"
         ]

@@ -2120,9 +2120,15 @@ impl MoeDot {
 
 /// Which decode MoE kernel (gate_up + SwiGLU, or down) runs for activation codes `codes` and
 /// loop (`slots`: the `_slots` kernels), and its dynamic shared memory for `n` staged
-/// activations.
+/// activations. The fp16 dot's `_slots` kernels come in two entries, one per unit loop: `_full`
+/// for rows of exactly [`MOE_SLOTS_NI`] items of 32 blocks (gpt-oss's 2880), the plain one for
+/// any other width (a loop a kernel holds but jumps over costs its launches time:
+/// docs/perf.md run 366).
 fn moe_gemv_kernel(down: bool, codes: MoeCodes, n: usize, slots: bool) -> (&'static str, usize) {
+    let full = slots && (n / 32).div_ceil(32) == MOE_SLOTS_NI;
     let name = match (down, codes, slots) {
+        (false, MoeCodes::F16, true) if full => "moe_gate_up_swiglu_h2_slots_full",
+        (true, MoeCodes::F16, true) if full => "moe_down_h2_slots_full",
         (false, MoeCodes::F32, false) => "moe_gate_up_swiglu",
         (false, MoeCodes::F16, false) => "moe_gate_up_swiglu_h2",
         (false, MoeCodes::Q8, false) => "moe_gate_up_swiglu_q8",
@@ -4629,7 +4635,9 @@ mod tests {
             for (down, slots) in [(false, false), (true, false), (false, true), (true, true)] {
                 let (name, smem) = moe_gemv_kernel(down, codes, 2880, slots);
                 assert!(entries.contains(&name), "{name} not in KERNEL_FILES");
-                assert_eq!(name.ends_with("_slots"), slots, "{name}");
+                let full = codes == MoeCodes::F16 && slots;
+                assert_eq!(name.ends_with("_slots_full"), full, "{name}");
+                assert_eq!(name.ends_with("_slots"), slots && !full, "{name}");
                 let want = match codes {
                     MoeCodes::F32 => 90 * 144,
                     MoeCodes::F16 => 90 * 84,
@@ -4650,6 +4658,16 @@ mod tests {
             moe_gemv_kernel(true, MoeCodes::of(ActFormat::Q8, MoeDot::F16), 96, false).0,
             "moe_down_q8"
         );
+        // The full-row entries take rows of exactly 3 items of 32 blocks (2049-3072 inputs).
+        let f16 = MoeCodes::of(ActFormat::Bf16, MoeDot::F16);
+        for (n, name) in [
+            (2048, "moe_down_h2_slots"),
+            (2080, "moe_down_h2_slots_full"),
+            (3072, "moe_down_h2_slots_full"),
+            (3104, "moe_down_h2_slots"),
+        ] {
+            assert_eq!(moe_gemv_kernel(true, f16, n, true).0, name, "{n}");
+        }
     }
 
     #[test]
