@@ -292,34 +292,105 @@ __device__ __forceinline__ void write_normed_slice(const float* __restrict__ x, 
 // softmax over those k only, by one warp; `vals` is shared scratch of n_experts floats. The
 // router GEMV (gemv_bf16_wide) runs this in its last block to finish, so routing costs no
 // launch of its own. Logits are read past L1 (other blocks wrote them).
+//
+// Up to TOPK_LANE_MAX logits a lane (gpt-oss's 128 and 32 experts; TOPK_REDUX 1) the rounds
+// run on registers and two `redux.sync` a round: the round's largest key (topk_key: the order
+// take_better uses, as an unsigned), then the lowest expert holding it, and the owner's value
+// by a shuffle; the rounds of the warp-wide butterfly took ten dependent shuffles each. The
+// same picks in the same order, with the same removal (the winner's logit becomes -inf).
+#ifndef TOPK_REDUX
+#define TOPK_REDUX 1
+#endif
+#define TOPK_LANE_MAX 4
+// take_better's order as an unsigned key: a larger value a larger key, -0 as +0 (they tie
+// there), NaN (never taken) and absent entries 0, below -inf's key.
+__device__ __forceinline__ unsigned topk_key(float v) {
+    if (v != v) return 0u;
+    const unsigned b = __float_as_uint(v + 0.0f);
+    return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+}
+__device__ __forceinline__ unsigned redux_max_u32(unsigned v) {
+    unsigned r;
+    asm volatile("redux.sync.max.u32 %0, %1, 0xffffffff;" : "=r"(r) : "r"(v));
+    return r;
+}
+__device__ __forceinline__ unsigned redux_min_u32(unsigned v) {
+    unsigned r;
+    asm volatile("redux.sync.min.u32 %0, %1, 0xffffffff;" : "=r"(r) : "r"(v));
+    return r;
+}
+
 __device__ void topk_softmax_warp(const float* logits, int n_experts, int k, int* __restrict__ idx,
                                   float* __restrict__ weights, float* vals,
                                   unsigned* __restrict__ ready, unsigned* __restrict__ done) {
     const int lane = threadIdx.x & 31;
-    for (int e = lane; e < n_experts; e += 32) vals[e] = __ldcg(logits + e);
-    __syncwarp();
     float top_v[32];
     int top_i[32];
-    for (int s = 0; s < k; ++s) {
-        float bv = -INFINITY;
-        int bi = 0x7fffffff;
-        for (int e = lane; e < n_experts; e += 32) take_better(bv, bi, vals[e], e);
+    if (TOPK_REDUX && n_experts <= 32 * TOPK_LANE_MAX) {
+        float v[TOPK_LANE_MAX];
+        unsigned kk[TOPK_LANE_MAX];
 #pragma unroll
-        for (int o = 16; o > 0; o >>= 1)
-            take_better(bv, bi, __shfl_xor_sync(0xffffffffu, bv, o), __shfl_xor_sync(0xffffffffu, bi, o));
-        if (bi >= n_experts) bi = 0;  // only NaN/-inf left: stay in bounds, NaN shows downstream
-        top_v[s] = bv;
-        top_i[s] = bi;
-        // Announce slot s's expert to its gate_up blocks as soon as it is known.
-        // And zero its gate_up count (moe_count_done), which gate_up adds to only past its
-        // wait on this grid.
-        if (ready && lane == 0) {
-            done[s] = 0u;
-            moe_ready_set(ready + s, bi);
+        for (int j = 0; j < TOPK_LANE_MAX; ++j) {
+            const int e = lane + 32 * j;
+            v[j] = e < n_experts ? __ldcg(logits + e) : -INFINITY;
+            kk[j] = e < n_experts ? topk_key(v[j]) : 0u;
         }
+        for (int s = 0; s < k; ++s) {
+            // The lane's best: the largest key, its lowest expert on ties (j ascending).
+            unsigned bk = 0u;
+            int be = 0;
+            float bvl = -INFINITY;
+#pragma unroll
+            for (int j = 0; j < TOPK_LANE_MAX; ++j)
+                if (kk[j] > bk) {
+                    bk = kk[j];
+                    be = lane + 32 * j;
+                    bvl = v[j];
+                }
+            const unsigned mk = redux_max_u32(bk);
+            int bi = 0;  // only NaN left: stay in bounds, NaN shows downstream (as below)
+            float bv = -INFINITY;
+            if (mk != 0u) {  // warp-uniform
+                bi = (int)redux_min_u32(bk == mk ? (unsigned)be : 0xffffffffu);
+                bv = __shfl_sync(0xffffffffu, bvl, bi & 31);
+            }
+            top_v[s] = bv;
+            top_i[s] = bi;
+            if (ready && lane == 0) {
+                done[s] = 0u;
+                moe_ready_set(ready + s, bi);
+            }
+#pragma unroll
+            for (int j = 0; j < TOPK_LANE_MAX; ++j)
+                if (lane + 32 * j == bi) {
+                    v[j] = -INFINITY;
+                    kk[j] = topk_key(-INFINITY);
+                }
+        }
+    } else {
+        for (int e = lane; e < n_experts; e += 32) vals[e] = __ldcg(logits + e);
         __syncwarp();
-        if (lane == 0) vals[bi] = -INFINITY;
-        __syncwarp();
+        for (int s = 0; s < k; ++s) {
+            float bv = -INFINITY;
+            int bi = 0x7fffffff;
+            for (int e = lane; e < n_experts; e += 32) take_better(bv, bi, vals[e], e);
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1)
+                take_better(bv, bi, __shfl_xor_sync(0xffffffffu, bv, o), __shfl_xor_sync(0xffffffffu, bi, o));
+            if (bi >= n_experts) bi = 0;  // only NaN/-inf left: stay in bounds, NaN shows downstream
+            top_v[s] = bv;
+            top_i[s] = bi;
+            // Announce slot s's expert to its gate_up blocks as soon as it is known.
+            // And zero its gate_up count (moe_count_done), which gate_up adds to only past its
+            // wait on this grid.
+            if (ready && lane == 0) {
+                done[s] = 0u;
+                moe_ready_set(ready + s, bi);
+            }
+            __syncwarp();
+            if (lane == 0) vals[bi] = -INFINITY;
+            __syncwarp();
+        }
     }
     if (lane != 0) return;
     float sum = 0.0f;
