@@ -296,8 +296,8 @@ __device__ __forceinline__ void write_normed_slice(const float* __restrict__ x, 
 // Up to TOPK_LANE_MAX logits a lane (gpt-oss's 128 and 32 experts; TOPK_REDUX 1) the rounds
 // run on registers and two `redux.sync` a round: the round's largest key (topk_key: the order
 // take_better uses, as an unsigned), then the lowest expert holding it, and the owner's value
-// by a shuffle; the rounds of the warp-wide butterfly took ten dependent shuffles each. The
-// same picks in the same order, with the same removal (the winner's logit becomes -inf).
+// by a shuffle; a round of the warp-wide butterfly took five dependent steps of two shuffles.
+// The same picks in the same order, with the same removal (the winner's logit becomes -inf).
 #ifndef TOPK_REDUX
 #define TOPK_REDUX 1
 #endif
