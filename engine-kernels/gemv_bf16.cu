@@ -326,6 +326,17 @@ __device__ void topk_softmax_warp(const float* logits, int n_experts, int k, int
     const int lane = threadIdx.x & 31;
     float top_v[32];
     int top_i[32];
+    // Slot s's pick, by either loop: recorded, and announced to its gate_up blocks as soon as
+    // it is known, with its gate_up count zeroed (moe_count_done), which gate_up adds to only
+    // past its wait on this grid.
+    auto pick = [&](int s, int bi, float bv) {
+        top_v[s] = bv;
+        top_i[s] = bi;
+        if (ready && lane == 0) {
+            done[s] = 0u;
+            moe_ready_set(ready + s, bi);
+        }
+    };
     if (TOPK_REDUX && n_experts <= 32 * TOPK_LANE_MAX) {
         float v[TOPK_LANE_MAX];
         unsigned kk[TOPK_LANE_MAX];
@@ -354,12 +365,7 @@ __device__ void topk_softmax_warp(const float* logits, int n_experts, int k, int
                 bi = (int)redux_min_u32(bk == mk ? (unsigned)be : 0xffffffffu);
                 bv = __shfl_sync(0xffffffffu, bvl, bi & 31);
             }
-            top_v[s] = bv;
-            top_i[s] = bi;
-            if (ready && lane == 0) {
-                done[s] = 0u;
-                moe_ready_set(ready + s, bi);
-            }
+            pick(s, bi, bv);
 #pragma unroll
             for (int j = 0; j < TOPK_LANE_MAX; ++j)
                 if (lane + 32 * j == bi) {
@@ -378,15 +384,7 @@ __device__ void topk_softmax_warp(const float* logits, int n_experts, int k, int
             for (int o = 16; o > 0; o >>= 1)
                 take_better(bv, bi, __shfl_xor_sync(0xffffffffu, bv, o), __shfl_xor_sync(0xffffffffu, bi, o));
             if (bi >= n_experts) bi = 0;  // only NaN/-inf left: stay in bounds, NaN shows downstream
-            top_v[s] = bv;
-            top_i[s] = bi;
-            // Announce slot s's expert to its gate_up blocks as soon as it is known.
-            // And zero its gate_up count (moe_count_done), which gate_up adds to only past its
-            // wait on this grid.
-            if (ready && lane == 0) {
-                done[s] = 0u;
-                moe_ready_set(ready + s, bi);
-            }
+            pick(s, bi, bv);
             __syncwarp();
             if (lane == 0) vals[bi] = -INFINITY;
             __syncwarp();
