@@ -940,10 +940,48 @@ __device__ __forceinline__ void fp4_stage_store(bf16_t* Bs, int row, int half, u
 #define STAGE_PAD 36
 
 
-// Copy n fp32 (n a multiple of 32, src 16-byte aligned) into padded shared memory. Whole
-// block must call it. 16-byte loads, four issued before the first store, so the copy costs
-// about one L2 round trip rather than one per element a thread moves.
-__device__ __forceinline__ void stage_padded(const float* __restrict__ src, float* dst, int n) {
+// RMSNorm folded into a staging: elements e … e + 3 of x times rs (1 / rms) times the norm
+// weights nw (bf16), in the order the router writes its normalised copy (x · rs · w); nw null:
+// x as it is (the stagings below then compile without it).
+// norm4w: the same with the four weights w already loaded.
+__device__ __forceinline__ float4 norm4w(float4 v, uint2 w, float rs) {
+    v.x = v.x * rs * __uint_as_float(w.x << 16);
+    v.y = v.y * rs * __uint_as_float(w.x & 0xffff0000u);
+    v.z = v.z * rs * __uint_as_float(w.y << 16);
+    v.w = v.w * rs * __uint_as_float(w.y & 0xffff0000u);
+    return v;
+}
+__device__ __forceinline__ float4 norm4(float4 v, const bf16_t* __restrict__ nw, float rs, int e) {
+    return nw ? norm4w(v, *reinterpret_cast<const uint2*>(nw + e), rs) : v;
+}
+
+// 1 / rms of the n fp32 at x (n a multiple of 4, x 16-byte aligned): rsqrt(Σ x² / n + eps),
+// the same value in every thread of the block. Whole block must call it, once (its partials'
+// shared memory is not reused); loads past L1, four in flight a thread.
+__device__ __forceinline__ float block_rms_inv(const float* __restrict__ x, int n, float eps) {
+    __shared__ float rms_part[32];
+    const float4* x4 = reinterpret_cast<const float4*>(x);
+    const int n4 = n >> 2;
+    float ss = 0.0f;
+    for (int i0 = threadIdx.x; i0 < n4; i0 += 4 * blockDim.x) {
+        float4 v[4];
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+            const int i = i0 + u * (int)blockDim.x;
+            v[u] = i < n4 ? __ldcg(x4 + i) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        }
+#pragma unroll
+        for (int u = 0; u < 4; ++u) ss += v[u].x * v[u].x + v[u].y * v[u].y + v[u].z * v[u].z + v[u].w * v[u].w;
+    }
+    return rsqrtf(block_sum(ss, rms_part) / (float)n + eps);
+}
+
+// Copy n fp32 (n a multiple of 32, src 16-byte aligned) into padded shared memory, with nw
+// (norm4) normalised on the way. Whole block must call it. 16-byte loads, four issued before
+// the first store, so the copy costs about one L2 round trip rather than one per element a
+// thread moves.
+__device__ __forceinline__ void stage_padded(const float* __restrict__ src, float* dst, int n,
+                                             const bf16_t* __restrict__ nw = nullptr, float rs = 1.0f) {
     const float4* s4 = reinterpret_cast<const float4*>(src);
     const int n4 = n >> 2;
     for (int i0 = threadIdx.x; i0 < n4; i0 += 4 * blockDim.x) {
@@ -954,7 +992,7 @@ __device__ __forceinline__ void stage_padded(const float* __restrict__ src, floa
 #pragma unroll
         for (int u = 0; u < 4; ++u) {
             const int e = 4 * (i0 + u * (int)blockDim.x);
-            if (e < n) *reinterpret_cast<float4*>(dst + (e >> 5) * STAGE_PAD + (e & 31)) = v[u];
+            if (e < n) *reinterpret_cast<float4*>(dst + (e >> 5) * STAGE_PAD + (e & 31)) = norm4(v[u], nw, rs, e);
         }
     }
 }

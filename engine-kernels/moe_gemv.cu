@@ -146,6 +146,21 @@ struct F16Codes {
 // groups per step, 8 lanes per group, 4 consecutive values per lane, and issues the loads of
 // up to ACT8_STEPS steps before quantizing any (gpt-oss: 3 steps).
 #define ACT8_STEPS 4
+// One lane's four values x of group gi (lanes 8 apart share a group): the group's scale from
+// their largest magnitude, then the codes.
+template <class Q>
+__device__ __forceinline__ void stage_quad(u8* sm, float* scale, int gi, int ng, int sub, float4 x) {
+    float m = fmax_nan(fmax_nan(fabsf(x.x), fabsf(x.y)), fmax_nan(fabsf(x.z), fabsf(x.w)));
+    m = fmax_nan(m, __shfl_xor_sync(0xffffffffu, m, 1));
+    m = fmax_nan(m, __shfl_xor_sync(0xffffffffu, m, 2));
+    m = fmax_nan(m, __shfl_xor_sync(0xffffffffu, m, 4));
+    float stored, id;
+    Q::scale(m, stored, id);
+    if (gi < ng) {
+        Q::store(sm + gi * Q::PAD + Q::LANE_BYTES * sub, x, id);
+        if (sub == 0) scale[gi] = stored;
+    }
+}
 template <class Q>
 __device__ __forceinline__ void stage_groups(const float* __restrict__ src, u8* sm, int n) {
     const int lane = threadIdx.x & 31, sub = lane & 7;
@@ -163,19 +178,55 @@ __device__ __forceinline__ void stage_groups(const float* __restrict__ src, u8* 
 #pragma unroll
         for (int u = 0; u < ACT8_STEPS; ++u) {
             if (g0 + u * stride >= ng) break;  // warp-uniform
-            const int gi = g0 + u * stride + (lane >> 3);
-            const float4 x = v[u];
-            float m = fmax_nan(fmax_nan(fabsf(x.x), fabsf(x.y)), fmax_nan(fabsf(x.z), fabsf(x.w)));
-            m = fmax_nan(m, __shfl_xor_sync(0xffffffffu, m, 1));
-            m = fmax_nan(m, __shfl_xor_sync(0xffffffffu, m, 2));
-            m = fmax_nan(m, __shfl_xor_sync(0xffffffffu, m, 4));
-            float stored, id;
-            Q::scale(m, stored, id);
-            if (gi < ng) {
-                Q::store(sm + gi * Q::PAD + Q::LANE_BYTES * sub, x, id);
-                if (sub == 0) scale[gi] = stored;
-            }
+            stage_quad<Q>(sm, scale, g0 + u * stride + (lane >> 3), ng, sub, v[u]);
         }
+    }
+}
+
+// stage_groups of RMSNorm(src) · nw (nw bf16; x · rs · w, the order the router writes its
+// normalised copy in, rs = 1 / rms): where one step of loads covers the row (n up to 4096 at
+// 256 threads) the values and their norm weights are loaded once, the sum of squares taken
+// from the registers; longer rows are read twice.
+template <class Q>
+__device__ __forceinline__ void stage_groups_norm(const float* __restrict__ src, u8* sm, int n,
+                                                  const bf16_t* __restrict__ nw, float eps) {
+    const int lane = threadIdx.x & 31, sub = lane & 7;
+    const int stride = (blockDim.x >> 5) * 4;
+    const int ng = n >> 5;
+    float* scale = reinterpret_cast<float*>(sm + ng * Q::PAD);
+    const int g0 = (threadIdx.x >> 5) * 4;
+    if (ng > stride * ACT8_STEPS) {
+        const float rs = block_rms_inv(src, n, eps);
+        for (int g = g0; g < ng; g += stride) {
+            const int gi = g + (lane >> 3);
+            float4 x = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            if (gi < ng) x = norm4(__ldcg(reinterpret_cast<const float4*>(src) + gi * 8 + sub), nw, rs, 32 * gi + 4 * sub);
+            stage_quad<Q>(sm, scale, gi, ng, sub, x);
+        }
+        return;
+    }
+    __shared__ float norm_part[32];
+    float4 v[ACT8_STEPS];
+    uint2 w[ACT8_STEPS];
+    float ss = 0.0f;
+#pragma unroll
+    for (int u = 0; u < ACT8_STEPS; ++u) {
+        const int gi = g0 + u * stride + (lane >> 3);
+        v[u] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        w[u] = make_uint2(0u, 0u);
+        if (gi < ng) {
+            v[u] = __ldcg(reinterpret_cast<const float4*>(src) + gi * 8 + sub);
+            w[u] = *reinterpret_cast<const uint2*>(nw + 32 * gi + 4 * sub);
+        }
+    }
+#pragma unroll
+    for (int u = 0; u < ACT8_STEPS; ++u)
+        ss += v[u].x * v[u].x + v[u].y * v[u].y + v[u].z * v[u].z + v[u].w * v[u].w;
+    const float rs = rsqrtf(block_sum(ss, norm_part) / (float)n + eps);
+#pragma unroll
+    for (int u = 0; u < ACT8_STEPS; ++u) {
+        if (g0 + u * stride >= ng) break;  // warp-uniform
+        stage_quad<Q>(sm, scale, g0 + u * stride + (lane >> 3), ng, sub, norm4w(v[u], w[u], rs));
     }
 }
 
@@ -211,6 +262,11 @@ struct ActF32 {
     static __device__ __forceinline__ void stage(const float* __restrict__ src, u8* sm, int n) {
         stage_padded(src, reinterpret_cast<float*>(sm), n);
     }
+    // RMSNorm(src) · nw: the row read twice, for its sum of squares and for the copy.
+    static __device__ __forceinline__ void stage_norm(const float* __restrict__ src, u8* sm, int n,
+                                                      const bf16_t* __restrict__ nw, float eps) {
+        stage_padded(src, reinterpret_cast<float*>(sm), n, nw, block_rms_inv(src, n, eps));
+    }
     static __device__ __forceinline__ float dot(uint4 q, const u8* sm, int b, int) {
         return fp4_block_dot(q, reinterpret_cast<const float*>(sm) + b * STAGE_PAD);
     }
@@ -219,6 +275,10 @@ struct ActF32 {
 struct ActQ8 {
     static __device__ __forceinline__ void stage(const float* __restrict__ src, u8* sm, int n) {
         stage_groups<Q8Codes>(src, sm, n);
+    }
+    static __device__ __forceinline__ void stage_norm(const float* __restrict__ src, u8* sm, int n,
+                                                      const bf16_t* __restrict__ nw, float eps) {
+        stage_groups_norm<Q8Codes>(src, sm, n, nw, eps);
     }
     // nb: groups staged (where the scales start).
     static __device__ __forceinline__ float dot(uint4 q, const u8* sm, int b, int nb) {
@@ -242,6 +302,10 @@ struct ActQ8 {
 struct ActFp8 {
     static __device__ __forceinline__ void stage(const float* __restrict__ src, u8* sm, int n) {
         stage_groups<E4M3Codes>(src, sm, n);
+    }
+    static __device__ __forceinline__ void stage_norm(const float* __restrict__ src, u8* sm, int n,
+                                                      const bf16_t* __restrict__ nw, float eps) {
+        stage_groups_norm<E4M3Codes>(src, sm, n, nw, eps);
     }
     static __device__ __forceinline__ float dot(uint4 q, const u8* sm, int b, int nb) {
         const uint4* a = reinterpret_cast<const uint4*>(sm + b * ACT8_PAD);
@@ -271,6 +335,10 @@ struct ActFp8 {
 struct ActF16 {
     static __device__ __forceinline__ void stage(const float* __restrict__ src, u8* sm, int n) {
         stage_groups<F16Codes>(src, sm, n);
+    }
+    static __device__ __forceinline__ void stage_norm(const float* __restrict__ src, u8* sm, int n,
+                                                      const bf16_t* __restrict__ nw, float eps) {
+        stage_groups_norm<F16Codes>(src, sm, n, nw, eps);
     }
     static __device__ __forceinline__ float dot(uint4 q, const u8* sm, int b, int nb) {
         const uint4* a = reinterpret_cast<const uint4*>(sm + b * F16_PAD);
@@ -524,6 +592,8 @@ __device__ __forceinline__ void slots_share(int n, int& u0, int& u1) {
 // finishes, so the pipeline does not drain between units. The first loads are issued before
 // the staging. Dynamic shared memory: the policy's staged x (ActF32: hidden / 32 * STAGE_PAD
 // floats; 8-bit: hidden / 32 * (ACT8_PAD + 4) bytes). units <= 32 (a lane holds one unit's bias).
+// norm_w null: x is the router's normalised copy; non-null (the decode step, with the router's
+// announcements): x is the residual, which each block normalises itself before its wait.
 template <class A, bool SLOTS, int LOOPS>
 __device__ __forceinline__ void moe_gate_up_body(const u8* __restrict__ blocks,
                                                  const u8* __restrict__ scales,
@@ -533,12 +603,20 @@ __device__ __forceinline__ void moe_gate_up_body(const u8* __restrict__ blocks,
                                                  float* __restrict__ act, int inter, int hidden,
                                                  int k, float limit, float alpha, int units,
                                                  const unsigned* __restrict__ ready,
-                                                 unsigned* __restrict__ done) {
+                                                 unsigned* __restrict__ done,
+                                                 const bf16_t* __restrict__ norm_w, float eps) {
     u8* xs = reinterpret_cast<u8*>(moe_smem);
     const int lane = threadIdx.x & 31;
     int j0 = (blockIdx.y * 8 + (threadIdx.x >> 5)) * units, ju = min(inter, j0 + units);
     if constexpr (SLOTS) slots_share(inter, j0, ju);
     const int s = blockIdx.x % k, t = blockIdx.x / k;
+    // With norm_w, x is the residual stream itself, which the kernel before the router (o's
+    // projection, its residual add) wrote: complete before the router passed its wait, and so
+    // before this grid launched. The block normalises it (RMSNorm · norm_w, as the router's
+    // normalised copy) and stages it first, before the announcement and the wait, which then
+    // guards nothing the sums read; without norm_w, x is the router's normalised copy, staged
+    // after the wait.
+    if (norm_w) A::stage_norm(x + (size_t)t * hidden, xs, hidden, norm_w, eps);
     // With `ready` the router announces each pair's expert (moe_ready_wait): the block takes it
     // and issues its first weight loads before its wait, which then only guards the staged x.
     int e;
@@ -565,7 +643,7 @@ __device__ __forceinline__ void moe_gate_up_body(const u8* __restrict__ blocks,
         if (nu > 0) w.load_unit(0);
         moe_scales_fill();
         if (ready) pdl_enter_as(GATE_UP_TRIGGER);
-        A::stage(x + (size_t)t * hidden, xs, hidden);
+        if (!norm_w) A::stage(x + (size_t)t * hidden, xs, hidden);
         __syncthreads();
         slots_each<LOOPS>(w, nu, [&](int uu, bool full) {
             float g, l;
@@ -600,7 +678,7 @@ __device__ __forceinline__ void moe_gate_up_body(const u8* __restrict__ blocks,
     fetch(0);
     fetch(1);
     if (ready) pdl_enter_as(GATE_UP_TRIGGER);
-    A::stage(x + (size_t)t * hidden, xs, hidden);
+    if (!norm_w) A::stage(x + (size_t)t * hidden, xs, hidden);
     __syncthreads();
     const int total = units * ni;
     int cu = 0, ci = 0;  // the item consumed: unit cu, item ci
@@ -639,9 +717,10 @@ __device__ __forceinline__ void moe_gate_up_body(const u8* __restrict__ blocks,
          const bf16_t* __restrict__ bias, const float* __restrict__ x,                          \
          const int* __restrict__ idx, float* __restrict__ act, int inter, int hidden, int k,    \
          float limit, float alpha, int units, const unsigned* __restrict__ ready,               \
-         unsigned* __restrict__ done) {                                                         \
+         unsigned* __restrict__ done, const bf16_t* __restrict__ norm_w, float eps) {          \
         moe_gate_up_body<policy, slots, loops>(blocks, scales, bias, x, idx, act, inter, hidden,\
-                                               k, limit, alpha, units, ready, done);            \
+                                               k, limit, alpha, units, ready, done, norm_w,     \
+                                               eps);                                            \
     }
 MOE_GATE_UP_KERNEL(moe_gate_up_swiglu, ActF32, false, SLOTS_BOTH, MOE_DECODE_MINB)
 MOE_GATE_UP_KERNEL(moe_gate_up_swiglu_q8, ActQ8, false, SLOTS_BOTH, MOE_DECODE_MINB)

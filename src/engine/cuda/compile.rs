@@ -632,8 +632,10 @@ mod tests {
     }
 
     /// `moe_gate_up_body`: without announcements it waits before reading the expert id; with
-    /// them the id comes from `moe_ready_wait` and each loop waits right before staging x, the
-    /// only earlier kernel's output it reads.
+    /// them the id comes from `moe_ready_wait` and each loop waits right before staging the
+    /// router's normalised copy, the only output of the kernel before it that it reads (with
+    /// norm_w it stages the residual instead, before the announcement: an output of the kernel
+    /// before the router).
     fn gate_up_body_waits_before_its_input(src: &str) {
         let body = fn_body(src, "void moe_gate_up_body(");
         assert!(
@@ -647,13 +649,19 @@ mod tests {
             3,
             "moe_gate_up_body: one late wait per loop kind"
         );
+        // Before the late waits the only staging is the residual's, normalised by the block
+        // itself (norm_w: the router's input, complete before the router passed its wait).
+        let early = "if (norm_w) A::stage_norm(x + (size_t)t * hidden, xs, hidden, norm_w, eps);";
         assert!(
-            parts[0].contains("e = moe_ready_wait(ready") && !parts[0].contains("A::stage"),
-            "moe_gate_up_body: the announcement first, no staging before the late wait"
+            parts[0].contains("e = moe_ready_wait(ready")
+                && parts[0].matches("A::stage").count() == 1
+                && parts[0].contains(early),
+            "moe_gate_up_body: the announcement first, no staging before the late wait but the \
+             self-normalised residual's"
         );
         for after in &parts[1..] {
             assert!(
-                after.trim_start().starts_with("A::stage(x"),
+                after.trim_start().starts_with("if (!norm_w) A::stage(x"),
                 "moe_gate_up_body: the late wait must come right before the staging"
             );
         }

@@ -304,6 +304,8 @@ pub struct Decoder {
     router_t1: bool,
     /// What the decode MoE waits on ([`ops::MOE_READY_ENV`]).
     moe_ready: ops::MoeReady,
+    /// Whether the decode gate_up normalises the residual itself ([`ops::MOE_SELF_NORM_ENV`]).
+    moe_self_norm: bool,
 }
 
 /// The MoE's sizes and SwiGLU constants from the config.
@@ -401,6 +403,7 @@ impl Decoder {
         let grouped = ops::GroupedKernels::from_env()?;
         let router_t1 = ops::router_t1_enabled()?;
         let moe_ready = ops::MoeReady::from_env()?;
+        let moe_self_norm = ops::moe_self_norm_enabled()?;
         Ok(Self {
             cfg: cfg.clone(),
             w,
@@ -437,6 +440,7 @@ impl Decoder {
             grouped,
             router_t1,
             moe_ready,
+            moe_self_norm,
             attn,
         })
     }
@@ -723,6 +727,9 @@ impl Decoder {
             (Some(_), ops::MoeReady::On) => units.gate_up,
             _ => 0,
         };
+        // With the announcements gate_up normalises the residual itself, before its wait on
+        // the router (ops::moe_gate_up), and the router writes no normalised copy.
+        let self_norm = self.moe_self_norm && ready.is_some();
         for (li, lw) in self.w.layers.iter().enumerate() {
             let l = self.layer_ptrs(g, li, lw);
             // Nothing in the step reads the attention norm's output (the router writes the
@@ -808,7 +815,7 @@ impl Decoder {
             let mlp_norm = Norm {
                 w: g.ptr(&lw.mlp_norm),
                 eps: sh.eps,
-                out: p(&r.h),
+                out: if self_norm { 0 } else { p(&r.h) },
             };
             if self.runs(StepGroup::Router) {
                 ops::router(
@@ -846,18 +853,28 @@ impl Decoder {
                 } else if self.moe_tc {
                     ops::moe_gate_up_tc(g, &l.moe, sh.moe, experts, p(&r.h), idx, act, n)?;
                 } else {
+                    let (x, norm) = if self_norm {
+                        let n = ops::InputNorm {
+                            w: mlp_norm.w,
+                            eps: mlp_norm.eps,
+                        };
+                        (p(&r.x), Some(n))
+                    } else {
+                        (p(&r.h), None)
+                    };
                     ops::moe_gate_up(
                         g,
                         &l.moe,
                         sh.moe,
                         codes,
-                        p(&r.h),
+                        x,
                         idx,
                         act,
                         n,
                         units.gate_up,
                         units.gate_up_loop(),
                         ready,
+                        norm,
                     )?;
                 }
             }

@@ -115,6 +115,15 @@ pub struct Norm {
     pub out: u64,
 }
 
+/// An RMSNorm a kernel applies to its input itself (no normalised copy): weights and ε.
+#[derive(Debug, Clone, Copy)]
+pub struct InputNorm {
+    /// Norm weight (bf16, the input's width).
+    pub w: u64,
+    /// ε.
+    pub eps: f32,
+}
+
 /// y[t] (+)= W x[t] + b, W bf16 [rows, cols]; with `norm` the input is rmsnorm(x), folded into
 /// the GEMV (and written to `norm.out`).
 pub fn gemv(
@@ -944,6 +953,18 @@ pub fn wide_rows(g: &Gpu, rows: usize, t: usize) -> Result<usize> {
 /// router's. H200, same call (docs/perf.md run 186): 120b batch 8 / 12 / 16 −2.1 / −0.8 /
 /// −2.2 %, 20b batch 8 / 16 −3.1 / −2.5 %, but batch 2–7 +0.2 to +0.9 %.
 pub const ROUTER_LATE_FROM: usize = 8;
+
+/// Environment switch of the decode gate_up's own norm ([`moe_gate_up`]'s `norm`, with the
+/// router's announcements): `on` (the default: gate_up normalises the residual itself and
+/// stages it before its wait on the router, which writes no normalised copy) or `off` (gate_up
+/// stages the router's normalised copy after that wait; for A/B timing).
+pub const MOE_SELF_NORM_ENV: &str = "MXTUNE_MOE_SELF_NORM";
+
+/// Whether the decode gate_up normalises its input itself ([`MOE_SELF_NORM_ENV`]); a bad
+/// value is an error naming it.
+pub fn moe_self_norm_enabled() -> Result<bool> {
+    env_choice(MOE_SELF_NORM_ENV, &[("on", true), ("off", false)])
+}
 
 /// Environment switch of the one-row router entry (`gemv_router_t1`): `on` (the default) or
 /// `off` (the general `gemv_bf16_wide` at every batch; the same sums, for A/B timing).
@@ -2315,6 +2336,7 @@ pub fn moe(
         units.gate_up,
         units.gate_up_loop(),
         None,
+        None,
     )?;
     moe_down(
         g, w, s, codes, idx, wts, act, part, y, t, accumulate, units.down, units.lp, ctr, None, 0,
@@ -2544,6 +2566,12 @@ impl MoeUnits {
 
 /// act[t, s] = swiglu(W1_e x[t] + b1_e) for the routed experts e = idx[t, s] (x coded as
 /// `codes` per block of 32 in the kernel).
+///
+/// `norm` ([`InputNorm`]): x is the residual stream, which the kernel normalises itself
+/// (RMSNorm times the norm's weights) and stages before its wait on the router. Only with the
+/// router's announcements (`ready`), and only where x was complete before the router passed
+/// its own wait (the decode step: o's projection wrote it); not with the grouped loop.
+#[allow(clippy::too_many_arguments)]
 pub fn moe_gate_up(
     g: &Gpu,
     w: &MoeWeights,
@@ -2556,12 +2584,17 @@ pub fn moe_gate_up(
     units: usize,
     lp: MoeLoop,
     ready: Option<MoeWords>,
+    norm: Option<InputNorm>,
 ) -> Result<()> {
     w.layout.expect(
         ExpertLayout::for_codes(codes),
         "the decode MoE kernels of these codes",
     )?;
     let (kernel, smem, grid, grp) = moe_decode_launch(g, false, codes, lp, s, units, t, ready)?;
+    ensure!(
+        norm.is_none() || (ready.is_some() && grp.is_none()),
+        "gate_up normalises its input only with the router's announcements and not grouped"
+    );
     let mut args = vec![
         Arg::Ptr(w.gu_blocks),
         Arg::Ptr(w.gu_scales),
@@ -2579,7 +2612,12 @@ pub fn moe_gate_up(
     args.extend([Arg::F32(s.limit), Arg::F32(s.alpha), i(units)?]);
     match grp {
         Some((cap, stride)) => args.extend([i(cap)?, i(stride)?]),
-        None => args.extend([opt(ready.map(|r| r.ready)), opt(ready.map(|r| r.done))]),
+        None => args.extend([
+            opt(ready.map(|r| r.ready)),
+            opt(ready.map(|r| r.done)),
+            opt(norm.map(|n| n.w)),
+            Arg::F32(norm.map_or(0.0, |n| n.eps)),
+        ]),
     }
     g.launch(kernel, grid, (256, 1, 1), u(smem)?, &args)
 }

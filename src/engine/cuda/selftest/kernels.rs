@@ -1179,22 +1179,27 @@ fn check_moe(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
 /// (the one-row entry at one token, the general one at three) routes, then gate_up and down
 /// run with the announcements and again without, on the router's experts and normalised
 /// input. gate_up's outputs and the step's bit for bit, both written, and the announcements
-/// cleared afterwards (the next layer's router starts from zero). The kernels run in turn
+/// cleared afterwards (the next layer's router starts from zero). Then once more with gate_up
+/// normalising the residual itself (`moe_gate_up`'s norm) and the router writing no
+/// normalised copy: within 1e-4 of the others (its own sum of squares may round the scale
+/// apart from the router's by an ulp, which can move an fp16 code). The kernels run in turn
 /// here; in the step gate_up's blocks poll while the router ends.
 fn check_moe_ready(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
     let mut res = Vec::new();
-    let (e, hidden, inter, k) = (32usize, 2880usize, 2880usize, 4usize);
-    let sh = MoeShape {
-        hidden,
-        inter,
-        k,
-        limit: 7.0,
-        alpha: 1.702,
-    };
-    // One pair of word buffers for both batches, sized for the larger, as the step keeps them:
+    let (e, inter, k) = (32usize, 2880usize, 4usize);
+    // One pair of word buffers for every batch, sized for the largest, as the step keeps them:
     // the batch of 3 runs on words the batch of 1 has used.
     let (dready, ddone) = (g.alloc::<u32>(3 * k)?, g.alloc::<u32>(3 * k)?);
-    for t in [1usize, 3] {
+    // gpt-oss's width, then one past a single step of gate_up's normalising loads (4096 at
+    // 256 threads), which reads the residual twice.
+    for (t, hidden) in [(1usize, 2880usize), (3, 2880), (1, 4160)] {
+        let sh = MoeShape {
+            hidden,
+            inter,
+            k,
+            limit: 7.0,
+            alpha: 1.702,
+        };
         // Routing comes from the router below; the case's own is not used.
         let c = MoeCase::new(g, s, e, sh, t, |_| (vec![0; t * k], vec![0.0; t * k]))?;
         let rw = bf16_vec(s.next(), e * hidden, 0.05, 0.0);
@@ -1221,13 +1226,26 @@ fn check_moe_ready(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
                 lp.slots(units.gate_up, hidden),
             )?;
             let mut outs = Vec::new();
-            // On: down waits on its pair's gate_up count; ids: on gate_up's grid; then neither.
-            for (ready, await_units) in [(true, units.gate_up), (true, 0), (false, 0)] {
+            // On: down waits on its pair's gate_up count; ids: on gate_up's grid; then neither;
+            // then on, gate_up normalising the residual.
+            for (ready, await_units, self_norm) in [
+                (true, units.gate_up, false),
+                (true, 0, false),
+                (false, 0, false),
+                (true, units.gate_up, true),
+            ] {
                 let ready = ready.then(|| ops::MoeWords {
                     ready: g.ptr(&dready),
                     done: g.ptr(&ddone),
                 });
-                let (norm, topk) = router_args(g, &dnw, &dh, &di, &dwt, &counters, k, ready);
+                let (mut norm, topk) = router_args(g, &dnw, &dh, &di, &dwt, &counters, k, ready);
+                let gu_norm = self_norm.then_some(ops::InputNorm {
+                    w: norm.w,
+                    eps: norm.eps,
+                });
+                if self_norm {
+                    norm.out = 0;
+                }
                 let (x, lg) = (g.ptr(&c.dx), g.ptr(&dl));
                 ops::router(
                     g,
@@ -1252,7 +1270,10 @@ fn check_moe_ready(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
                         .filter(|&(&i, &r)| i64::from(i) + 1 != i64::from(r))
                         .count();
                     res.push(check(
-                        format!("router t={t} announces its {} experts", t * k),
+                        format!(
+                            "router t={t} hidden {hidden} announces its {} experts",
+                            t * k
+                        ),
                         off as f64,
                         0.0,
                     ));
@@ -1261,8 +1282,22 @@ fn check_moe_ready(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
                 let dpart = nan_f32(g, t * k * hidden)?;
                 let dy = g.upload(&c.y0)?;
                 let dctr = g.alloc::<u32>(ops::moe_counters(hidden, t))?;
-                let (h, idx, act) = (g.ptr(&dh), g.ptr(&di), g.ptr(&dact));
-                ops::moe_gate_up(g, &w, sh, codes, h, idx, act, t, units.gate_up, lp, ready)?;
+                let h = if self_norm { x } else { g.ptr(&dh) };
+                let (idx, act) = (g.ptr(&di), g.ptr(&dact));
+                ops::moe_gate_up(
+                    g,
+                    &w,
+                    sh,
+                    codes,
+                    h,
+                    idx,
+                    act,
+                    t,
+                    units.gate_up,
+                    lp,
+                    ready,
+                    gu_norm,
+                )?;
                 ops::moe_down(
                     g,
                     &w,
@@ -1287,7 +1322,10 @@ fn check_moe_ready(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
                     let done: Vec<u32> = g.download(&ddone)?;
                     let off = done[..t * k].iter().filter(|&&v| v != want).count();
                     res.push(check(
-                        format!("moe t={t} gate_up units {}: counts per pair", units.gate_up),
+                        format!(
+                            "moe t={t} hidden {hidden} gate_up units {}: counts per pair",
+                            units.gate_up
+                        ),
                         off as f64,
                         0.0,
                     ));
@@ -1303,8 +1341,11 @@ fn check_moe_ready(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
                 .iter()
                 .map(|(a, y)| bits_apart(a, &outs[2].0) + bits_apart(y, &outs[2].1))
                 .sum();
+            let wide = |v: &[f32]| v.iter().map(|&x| f64::from(x)).collect::<Vec<f64>>();
+            let self_norm_err =
+                rel_err(&outs[3].0, &wide(&outs[2].0)).max(rel_err(&outs[3].1, &wide(&outs[2].1)));
             let label = format!(
-                "moe {} units {}/{} loop {} t={t}",
+                "moe {} units {}/{} loop {} t={t} hidden {hidden}",
                 codes_name(codes),
                 units.gate_up,
                 units.down,
@@ -1323,6 +1364,13 @@ fn check_moe_ready(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
                 apart + unwritten as f64,
                 0.0,
             ));
+            res.push(check(
+                format!(
+                    "{label}: gate_up normalising the residual itself, apart from the router's copy"
+                ),
+                self_norm_err,
+                1e-4,
+            ));
             let left = g.download(&dready)?.iter().filter(|&&v| v != 0).count();
             res.push(check(
                 format!("{label}: announcements cleared by down"),
@@ -1335,7 +1383,9 @@ fn check_moe_ready(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
         // against the items loop's fixed units.
         if let [(na, aa, ya), (nb, ab, yb)] = &f16_outs[..] {
             res.push(check(
-                format!("moe bf16-f16dot t={t}: loop {na} bits apart from loop {nb}"),
+                format!(
+                    "moe bf16-f16dot t={t} hidden {hidden}: loop {na} bits apart from loop {nb}"
+                ),
                 bits_apart(aa, ab) + bits_apart(ya, yb),
                 0.0,
             ));
