@@ -320,9 +320,66 @@ __device__ __forceinline__ unsigned redux_min_u32(unsigned v) {
     return r;
 }
 
+// The one-token router's logits by mailbox (ROUTER_POLL): each block stores its row's logit
+// with a flag, {bits, 1}, as one relaxed 64-bit word (it carries its own value: no fence, no
+// count), and the routing warp polls each expert's word until its flag is set, then zeroes it
+// for the next launch; a word that never fills traps after MOE_POLL_LIMIT reads.
+#ifndef ROUTER_POLL
+#define ROUTER_POLL 1
+#endif
+__device__ __forceinline__ void logit_post(unsigned* mb, int e, float v) {
+    asm volatile("st.relaxed.gpu.global.v2.u32 [%0], {%1, %2};" ::"l"(mb + 2 * e), "r"(__float_as_uint(v)), "r"(1u)
+                 : "memory");
+}
+__device__ __forceinline__ float logit_take(unsigned* mb, int e) {
+    unsigned lo, hi, polls = 0;
+    do {
+        asm volatile("ld.relaxed.gpu.global.v2.u32 {%0, %1}, [%2];" : "=r"(lo), "=r"(hi) : "l"(mb + 2 * e) : "memory");
+        if (++polls == MOE_POLL_LIMIT) __trap();
+    } while (hi == 0u);
+    asm volatile("st.relaxed.gpu.global.v2.u32 [%0], {%1, %1};" ::"l"(mb + 2 * e), "r"(0u) : "memory");
+    return __uint_as_float(lo);
+}
+
+// The lane's TOPK_LANE_MAX logits (experts lane, lane + 32, …; -inf past n) from the mailbox:
+// each poll reads every word still empty at once, so the last logit to come costs one round
+// trip, not one a word the lane still has to read.
+__device__ __forceinline__ void logits_take_lane(unsigned* mb, int lane, int n, float (&v)[TOPK_LANE_MAX]) {
+    unsigned need = 0u, polls = 0;
+#pragma unroll
+    for (int j = 0; j < TOPK_LANE_MAX; ++j) {
+        v[j] = -INFINITY;
+        if (lane + 32 * j < n) need |= 1u << j;
+    }
+    while (need) {
+        unsigned lo[TOPK_LANE_MAX], hi[TOPK_LANE_MAX];
+#pragma unroll
+        for (int j = 0; j < TOPK_LANE_MAX; ++j) {
+            hi[j] = 0u;
+            if (need >> j & 1u)
+                asm volatile("ld.relaxed.gpu.global.v2.u32 {%0, %1}, [%2];"
+                             : "=r"(lo[j]), "=r"(hi[j]) : "l"(mb + 2 * (lane + 32 * j)) : "memory");
+        }
+#pragma unroll
+        for (int j = 0; j < TOPK_LANE_MAX; ++j)
+            if ((need >> j & 1u) && hi[j]) {
+                v[j] = __uint_as_float(lo[j]);
+                need &= ~(1u << j);
+            }
+        if (++polls == MOE_POLL_LIMIT) __trap();
+    }
+#pragma unroll
+    for (int j = 0; j < TOPK_LANE_MAX; ++j)
+        if (lane + 32 * j < n)
+            asm volatile("st.relaxed.gpu.global.v2.u32 [%0], {%1, %1};" ::"l"(mb + 2 * (lane + 32 * j)), "r"(0u) : "memory");
+}
+
+// mb non-null: the logits come from the mailbox words mb (logit_take), else from `logits`
+// (global memory written by other blocks, read past L1).
 __device__ void topk_softmax_warp(const float* logits, int n_experts, int k, int* __restrict__ idx,
                                   float* __restrict__ weights, float* vals,
-                                  unsigned* __restrict__ ready, unsigned* __restrict__ done) {
+                                  unsigned* __restrict__ ready, unsigned* __restrict__ done,
+                                  unsigned* __restrict__ mb = nullptr) {
     const int lane = threadIdx.x & 31;
     float top_v[32];
     int top_i[32];
@@ -340,12 +397,17 @@ __device__ void topk_softmax_warp(const float* logits, int n_experts, int k, int
     if (TOPK_REDUX && n_experts <= 32 * TOPK_LANE_MAX) {
         float v[TOPK_LANE_MAX];
         unsigned kk[TOPK_LANE_MAX];
+        if (mb) {
+            logits_take_lane(mb, lane, n_experts, v);
+        } else {
 #pragma unroll
-        for (int j = 0; j < TOPK_LANE_MAX; ++j) {
-            const int e = lane + 32 * j;
-            v[j] = e < n_experts ? __ldcg(logits + e) : -INFINITY;
-            kk[j] = e < n_experts ? topk_key(v[j]) : 0u;
+            for (int j = 0; j < TOPK_LANE_MAX; ++j) {
+                const int e = lane + 32 * j;
+                v[j] = e < n_experts ? __ldcg(logits + e) : -INFINITY;
+            }
         }
+#pragma unroll
+        for (int j = 0; j < TOPK_LANE_MAX; ++j) kk[j] = lane + 32 * j < n_experts ? topk_key(v[j]) : 0u;
         for (int s = 0; s < k; ++s) {
             // The lane's best: the largest key, its lowest expert on ties (j ascending).
             unsigned bk = 0u;
@@ -374,7 +436,7 @@ __device__ void topk_softmax_warp(const float* logits, int n_experts, int k, int
                 }
         }
     } else {
-        for (int e = lane; e < n_experts; e += 32) vals[e] = __ldcg(logits + e);
+        for (int e = lane; e < n_experts; e += 32) vals[e] = (mb ? logit_take(mb, e) : __ldcg(logits + e));
         __syncwarp();
         for (int s = 0; s < k; ++s) {
             float bv = -INFINITY;
@@ -561,7 +623,9 @@ __device__ __forceinline__ void gemv_wide_body(const bf16_t* __restrict__ w, con
                 const float b = NT == 1 ? bpre[j] : bias ? bf2f(bias[row0 + j]) : 0.0f;
                 if (lane == 0) {
                     float* yp = y + (size_t)(t0 + t) * rows + row0 + j;
-                    *yp = accumulate ? *yp + s * r + b : s * r + b;
+                    const float v = accumulate ? *yp + s * r + b : s * r + b;
+                    *yp = v;
+                    if (NT == 1 && ROUTER_POLL && topk_idx) logit_post(counter, row0 + j, v);
                 }
             }
         }
@@ -610,16 +674,18 @@ __device__ __forceinline__ void gemv_wide_body(const bf16_t* __restrict__ w, con
     }
     if (!topk_idx) return;
     // Publish this block's logits, then count it; the last block of the group routes, one
-    // warp per token (in parallel: a token's top-k is a serial chain of warp reductions).
+    // warp per token (in parallel: a token's top-k is a serial chain of warp reductions). One
+    // token (ROUTER_POLL): no count; block 0's warp routes from the mailbox as the logits come.
+    constexpr bool POLL = NT == 1 && ROUTER_POLL;
     __shared__ unsigned last_s;
-    if (threadIdx.x == 0) last_s = count_block_last(&counter[blockIdx.y], gridDim.x);
+    if (threadIdx.x == 0) last_s = POLL ? blockIdx.x == 0 : count_block_last(&counter[blockIdx.y], gridDim.x);
     __syncthreads();
     if (!last_s) return;
     if (warp < nt)
         topk_softmax_warp(y + (size_t)(t0 + warp) * rows, rows, k, topk_idx + (size_t)(t0 + warp) * k,
                           topk_w + (size_t)(t0 + warp) * k, vals + warp * rows,
                           ready ? ready + (size_t)(t0 + warp) * k : nullptr,
-                          ready ? done + (size_t)(t0 + warp) * k : nullptr);
+                          ready ? done + (size_t)(t0 + warp) * k : nullptr, POLL ? counter : nullptr);
 }
 
 #undef WIDE_NORM

@@ -92,7 +92,7 @@ impl RowBufs {
             r_w: g.alloc(rows * k)?,
             act: g.alloc(rows * k * c.intermediate_size)?,
             part: g.alloc(rows * k * hid)?,
-            topk_ctr: g.alloc(ops::topk_counters(rows))?,
+            topk_ctr: g.alloc(ops::topk_counters(rows, e))?,
             moe_ctr: g.alloc(ops::moe_counters(hid, rows))?,
             moe_ready: g.alloc(rows * k)?,
             moe_done: g.alloc(rows * k)?,

@@ -685,7 +685,9 @@ pub struct TopK {
     pub w: u64,
     /// Experts per token.
     pub k: usize,
-    /// Zeroed u32 counters, one per group of 4 tokens (`topk_counters(t)`); left zeroed.
+    /// Zeroed u32s, left zeroed ([`topk_counters`]): a counter per group of 4 tokens, and for
+    /// one token (`gemv_router_t1`) a mailbox of two per expert, in which each block posts its
+    /// logit with a flag and the routing warp takes them as they come (no count).
     pub counter: u64,
     /// The decode MoE's expert announcements ([`moe_ready_fits`], [`MoeWords`]). Every router
     /// launch given them must be followed by [`moe_gate_up`] and [`moe_down`] of the same
@@ -706,9 +708,10 @@ pub struct MoeWords {
     pub done: u64,
 }
 
-/// Counters a [`TopK`] needs for `t` tokens.
-pub fn topk_counters(t: usize) -> usize {
-    t.div_ceil(GEMV_TOKENS)
+/// Counters a [`TopK`] needs for up to `t` tokens of `experts` experts: the groups' counters,
+/// or one token's mailbox, whichever is longer (they share the words, both zero at rest).
+pub fn topk_counters(t: usize, experts: usize) -> usize {
+    t.div_ceil(GEMV_TOKENS).max(2 * experts)
 }
 
 /// The top-k both routers take: 1 ≤ k ≤ 32 and no more than the experts.

@@ -848,7 +848,7 @@ fn check_router(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
             .collect();
         let (dw_eye, dx) = (g.upload(&eye)?, g.upload(&logits)?);
         let dl = nan_f32(g, experts * t)?;
-        let counters = g.alloc::<u32>(ops::topk_counters(t))?;
+        let counters = g.alloc::<u32>(ops::topk_counters(t, experts))?;
         for launch in 0..2 {
             let di = g.upload(&vec![-1i32; k * t])?;
             let dw = nan_f32(g, k * t)?;
@@ -921,7 +921,7 @@ impl RouterCase {
             db: g.upload(&bf16_vec(s.next(), experts, 1.0, 0.0))?,
             dnw: g.upload(&bf16_vec(s.next(), cols, 0.2, 1.0))?,
             dx: g.upload(&f32_vec(s.next(), cols * t, 20.0, 1.0))?,
-            counters: g.alloc::<u32>(ops::topk_counters(t))?,
+            counters: g.alloc::<u32>(ops::topk_counters(t, experts))?,
         })
     }
 
@@ -1207,7 +1207,7 @@ fn check_moe_ready(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
         let (drw, dnw) = (g.upload(&rw)?, g.upload(&nw)?);
         let (dl, dh) = (nan_f32(g, t * e)?, nan_f32(g, t * hidden)?);
         let (di, dwt) = (g.upload(&vec![-1i32; t * k])?, nan_f32(g, t * k)?);
-        let counters = g.alloc::<u32>(ops::topk_counters(t))?;
+        let counters = g.alloc::<u32>(ops::topk_counters(t, e))?;
         // The fp16 dot's last outputs (act, y) of each loop, compared below.
         let mut f16_outs: Vec<(String, Vec<f32>, Vec<f32>)> = Vec::new();
         for (codes, units) in [
