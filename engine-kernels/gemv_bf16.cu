@@ -323,7 +323,9 @@ __device__ __forceinline__ unsigned redux_min_u32(unsigned v) {
 // The one-token router's logits by mailbox (ROUTER_POLL): each block stores its row's logit
 // with a flag, {bits, 1}, as one relaxed 64-bit word (it carries its own value: no fence, no
 // count), and the routing warp polls each expert's word until its flag is set, then zeroes it
-// for the next launch; a word that never fills traps after MOE_POLL_LIMIT reads.
+// for the next launch; a word that never fills traps after MOE_POLL_LIMIT reads. Up to 128
+// experts a lane polls its words together (logits_take_lane); past that, the butterfly's loop
+// takes them one at a time (logit_take).
 #ifndef ROUTER_POLL
 #define ROUTER_POLL 1
 #endif

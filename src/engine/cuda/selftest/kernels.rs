@@ -1028,10 +1028,12 @@ fn router_args(
 
 /// The one-row router entry (`gemv_router_t1`, batch 1 with the norm folded in) against the
 /// general `gemv_bf16_wide` on the same inputs: logits, experts, their weights and the
-/// normalised input, bit for bit, and all of them written.
+/// normalised input, bit for bit, and all of them written. The one-row entry takes its logits
+/// from the mailbox: four words a lane at 128 experts, one at 32, and past 128 (160) one word
+/// at a time in the butterfly's loop.
 fn check_router_t1(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
     let mut res = Vec::new();
-    for (experts, cols, k) in [(128, 2880, 4), (32, 2880, 4), (60, 64, 2)] {
+    for (experts, cols, k) in [(128, 2880, 4), (32, 2880, 4), (60, 64, 2), (160, 64, 4)] {
         let c = RouterCase::new(g, s, experts, cols, k, 1)?;
         let (one_row, general) = (c.run(g, 0, 1, true)?, c.run(g, 0, 1, false)?);
         res.push(check(
