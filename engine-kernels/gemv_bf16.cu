@@ -333,13 +333,20 @@ __device__ __forceinline__ void logit_post(unsigned* mb, int e, float v) {
     asm volatile("st.relaxed.gpu.global.v2.u32 [%0], {%1, %2};" ::"l"(mb + 2 * e), "r"(__float_as_uint(v)), "r"(1u)
                  : "memory");
 }
+// One read of expert e's word (hi: its flag), and its clearing.
+__device__ __forceinline__ void logit_peek(const unsigned* mb, int e, unsigned& lo, unsigned& hi) {
+    asm volatile("ld.relaxed.gpu.global.v2.u32 {%0, %1}, [%2];" : "=r"(lo), "=r"(hi) : "l"(mb + 2 * e) : "memory");
+}
+__device__ __forceinline__ void logit_clear(unsigned* mb, int e) {
+    asm volatile("st.relaxed.gpu.global.v2.u32 [%0], {%1, %1};" ::"l"(mb + 2 * e), "r"(0u) : "memory");
+}
 __device__ __forceinline__ float logit_take(unsigned* mb, int e) {
     unsigned lo, hi, polls = 0;
     do {
-        asm volatile("ld.relaxed.gpu.global.v2.u32 {%0, %1}, [%2];" : "=r"(lo), "=r"(hi) : "l"(mb + 2 * e) : "memory");
+        logit_peek(mb, e, lo, hi);
         if (++polls == MOE_POLL_LIMIT) __trap();
     } while (hi == 0u);
-    asm volatile("st.relaxed.gpu.global.v2.u32 [%0], {%1, %1};" ::"l"(mb + 2 * e), "r"(0u) : "memory");
+    logit_clear(mb, e);
     return __uint_as_float(lo);
 }
 
@@ -358,9 +365,7 @@ __device__ __forceinline__ void logits_take_lane(unsigned* mb, int lane, int n, 
 #pragma unroll
         for (int j = 0; j < TOPK_LANE_MAX; ++j) {
             hi[j] = 0u;
-            if (need >> j & 1u)
-                asm volatile("ld.relaxed.gpu.global.v2.u32 {%0, %1}, [%2];"
-                             : "=r"(lo[j]), "=r"(hi[j]) : "l"(mb + 2 * (lane + 32 * j)) : "memory");
+            if (need >> j & 1u) logit_peek(mb, lane + 32 * j, lo[j], hi[j]);
         }
 #pragma unroll
         for (int j = 0; j < TOPK_LANE_MAX; ++j)
@@ -372,8 +377,7 @@ __device__ __forceinline__ void logits_take_lane(unsigned* mb, int lane, int n, 
     }
 #pragma unroll
     for (int j = 0; j < TOPK_LANE_MAX; ++j)
-        if (lane + 32 * j < n)
-            asm volatile("st.relaxed.gpu.global.v2.u32 [%0], {%1, %1};" ::"l"(mb + 2 * (lane + 32 * j)), "r"(0u) : "memory");
+        if (lane + 32 * j < n) logit_clear(mb, lane + 32 * j);
 }
 
 // mb non-null: the logits come from the mailbox words mb (logit_take), else from `logits`
