@@ -752,6 +752,100 @@ __device__ __forceinline__ void moe_combine_rows(const float* __restrict__ part,
     }
 }
 
+// The `_slots` down kernels' combine without a count (`mail` non-null): each slot block posts
+// its weighted rows into a mailbox of 64-bit words, {value bits, 1}, word (t k + s) H + r, by
+// relaxed stores that carry their own flag, and returns; the last slot's block (s = k − 1) of
+// a (row range, token) polls every slot's word of each of its rows in one round of loads,
+// sums them in slot order and adds the output as moe_combine_rows does (the same bits), then
+// zeroes the words for the next launch. No count and no reload of the rows: the combine
+// begins one round trip after the last slot's rows land, not two (the count's atomic, then
+// the reload). No deadlock: the slot blocks of a (row range, token) are consecutive in the
+// grid's order, the combining one last, so the blocks it polls for were dispatched before
+// it. A word that never fills traps after MOE_POLL_LIMIT polls.
+#define MOE_MAIL_SLOTS 8
+#ifndef MOE_MAIL_STAGGER
+#define MOE_MAIL_STAGGER 0
+#endif
+__device__ __forceinline__ void moe_mail_put2(unsigned* mail, size_t word, float a, float b) {
+    asm volatile("st.relaxed.gpu.global.v4.u32 [%0], {%1, %2, %3, %2};" ::"l"(mail + 2 * word),
+                 "r"(__float_as_uint(a)), "r"(1u), "r"(__float_as_uint(b))
+                 : "memory");
+}
+__device__ __forceinline__ void moe_combine_mail(unsigned* __restrict__ mail, float* __restrict__ y,
+                                                 int t, int k, int hidden, int r0, int r1,
+                                                 int accumulate) {
+    for (int r = r0 + threadIdx.x; r < r1; r += blockDim.x) {
+        float* o = y + (size_t)t * hidden + r;
+        const float prev = accumulate ? *o : 0.0f;
+        float sum = 0.0f;
+        for (int j0 = 0; j0 < k; j0 += MOE_MAIL_SLOTS) {
+            const int n = min(MOE_MAIL_SLOTS, k - j0);
+            unsigned* w0 = mail + 2 * (((size_t)t * k + j0) * hidden + r);
+            const size_t ws = 2 * (size_t)hidden;  // u32s from one slot's word to the next's
+            unsigned lo[MOE_MAIL_SLOTS], need = (1u << n) - 1u, polls = 0;
+#if MOE_MAIL_STAGGER
+            // Two rounds of loads in flight, the second issued MOE_MAIL_STAGGER ns after the
+            // first: a word that lands is seen sooner than by one round at a time.
+            unsigned va[MOE_MAIL_SLOTS], fa[MOE_MAIL_SLOTS], vb[MOE_MAIL_SLOTS], fb[MOE_MAIL_SLOTS];
+            auto issue = [&](unsigned (&v)[MOE_MAIL_SLOTS], unsigned (&f)[MOE_MAIL_SLOTS]) {
+#pragma unroll
+                for (int j = 0; j < MOE_MAIL_SLOTS; ++j) {
+                    f[j] = 0u;
+                    if (need >> j & 1u)
+                        asm volatile("ld.relaxed.gpu.global.v2.u32 {%0, %1}, [%2];"
+                                     : "=r"(v[j]), "=r"(f[j]) : "l"(w0 + j * ws) : "memory");
+                }
+            };
+            auto take = [&](const unsigned (&v)[MOE_MAIL_SLOTS], const unsigned (&f)[MOE_MAIL_SLOTS]) {
+#pragma unroll
+                for (int j = 0; j < MOE_MAIL_SLOTS; ++j)
+                    if ((need >> j & 1u) && f[j]) {
+                        lo[j] = v[j];
+                        need &= ~(1u << j);
+                    }
+                if (++polls == MOE_POLL_LIMIT) __trap();
+            };
+            issue(va, fa);
+            __nanosleep(MOE_MAIL_STAGGER);
+            issue(vb, fb);
+            while (true) {
+                take(va, fa);
+                if (!need) break;
+                issue(va, fa);
+                take(vb, fb);
+                if (!need) break;
+                issue(vb, fb);
+            }
+#else
+            while (need) {
+                unsigned v[MOE_MAIL_SLOTS], f[MOE_MAIL_SLOTS];
+#pragma unroll
+                for (int j = 0; j < MOE_MAIL_SLOTS; ++j) {
+                    f[j] = 0u;
+                    if (need >> j & 1u)
+                        asm volatile("ld.relaxed.gpu.global.v2.u32 {%0, %1}, [%2];"
+                                     : "=r"(v[j]), "=r"(f[j]) : "l"(w0 + j * ws) : "memory");
+                }
+#pragma unroll
+                for (int j = 0; j < MOE_MAIL_SLOTS; ++j)
+                    if ((need >> j & 1u) && f[j]) {
+                        lo[j] = v[j];
+                        need &= ~(1u << j);
+                    }
+                if (++polls == MOE_POLL_LIMIT) __trap();
+            }
+#endif
+#pragma unroll
+            for (int j = 0; j < MOE_MAIL_SLOTS; ++j)
+                if (j < n) {
+                    sum += __uint_as_float(lo[j]);
+                    asm volatile("st.relaxed.gpu.global.v2.u32 [%0], {%1, %1};" ::"l"(w0 + j * ws), "r"(0u) : "memory");
+                }
+        }
+        *o = accumulate ? prev + sum : sum;
+    }
+}
+
 // part[t, s, r] = w[t, s] * (W2_e[r, :] . act[t, s, :] + b2_e[r]) for e = idx[t, s] (the down
 // bias inside the weighted sum), then y[t, r] (+)= the k slots' rows summed in slot order
 // (deterministic, as moe_combine): the last of the k slot blocks of a (row range, token) to
@@ -781,7 +875,8 @@ __device__ __forceinline__ void moe_down_body(const u8* __restrict__ blocks,
                                               int k, int units, float* __restrict__ y,
                                               int accumulate, unsigned* __restrict__ ctr,
                                               unsigned* __restrict__ ready,
-                                              const unsigned* __restrict__ done, int gu_blocks) {
+                                              const unsigned* __restrict__ done, int gu_blocks,
+                                              unsigned* __restrict__ mail) {
     u8* as = reinterpret_cast<u8*>(moe_smem);
     const int lane = threadIdx.x & 31;
     // The warp's first row and its units (row pairs): the `_slots` kernels by slots_share.
@@ -826,9 +921,14 @@ __device__ __forceinline__ void moe_down_body(const u8* __restrict__ blocks,
             const float bb0 = __shfl_sync(0xffffffffu, b0v, uu);
             const float bb1 = __shfl_sync(0xffffffffu, b1v, uu);
             if (lane == 0) {
-                float* pp = part + ((size_t)t * k + s) * hidden + rw + 2 * uu;
-                pp[0] = wt * (t0 + bb0);
-                pp[1] = wt * (t1 + bb1);
+                if (mail) {
+                    moe_mail_put2(mail, ((size_t)t * k + s) * hidden + rw + 2 * uu, wt * (t0 + bb0),
+                                  wt * (t1 + bb1));
+                } else {
+                    float* pp = part + ((size_t)t * k + s) * hidden + rw + 2 * uu;
+                    pp[0] = wt * (t0 + bb0);
+                    pp[1] = wt * (t1 + bb1);
+                }
             }
         });
     } else {
@@ -899,18 +999,23 @@ __device__ __forceinline__ void moe_down_body(const u8* __restrict__ blocks,
     // Past the wait gate_up has ended, so no block reads the pair's announcement any more:
     // clear it for the next layer's router (moe_ready_wait).
     if (ready && blockIdx.y == 0 && threadIdx.x == 0) ready[blockIdx.x] = 0u;
+    // The block's rows: its warps' (slots_share of the pairs for the `_slots` kernels).
+    int r0 = blockIdx.y * 16 * units, r1 = min(hidden, (int)(blockIdx.y + 1) * 16 * units);
+    if constexpr (SLOTS) {
+        r0 = 2 * (int)slots_at(blockIdx.y * 8, hidden / 2);
+        r1 = 2 * (int)slots_at(blockIdx.y * 8 + 8, hidden / 2);
+        // The rows went to the mailbox: the last slot's block combines them (moe_combine_mail).
+        if (mail) {
+            if (s == k - 1) moe_combine_mail(mail, y, t, k, hidden, r0, r1, accumulate);
+            return;
+        }
+    }
     // Publish this block's rows, then count it; the last slot block combines.
     __shared__ unsigned last_s;
     __syncthreads();
     if (threadIdx.x == 0) last_s = count_block_last(ctr + (size_t)t * gridDim.y + blockIdx.y, k);
     __syncthreads();
     if (!last_s) return;
-    // The block's rows: its warps' (slots_share of the pairs for the `_slots` kernels).
-    int r0 = blockIdx.y * 16 * units, r1 = min(hidden, (int)(blockIdx.y + 1) * 16 * units);
-    if constexpr (SLOTS) {
-        r0 = 2 * (int)slots_at(blockIdx.y * 8, hidden / 2);
-        r1 = 2 * (int)slots_at(blockIdx.y * 8 + 8, hidden / 2);
-    }
     moe_combine_rows(part, y, t, k, hidden, r0, r1, accumulate);
 }
 
@@ -921,10 +1026,10 @@ __device__ __forceinline__ void moe_down_body(const u8* __restrict__ blocks,
          const int* __restrict__ idx, const float* __restrict__ wts, float* __restrict__ part,  \
          int hidden, int inter, int k, int units, float* __restrict__ y, int accumulate,        \
          unsigned* __restrict__ ctr, unsigned* __restrict__ ready,                              \
-         const unsigned* __restrict__ done, int gu_blocks) {                                    \
+         const unsigned* __restrict__ done, int gu_blocks, unsigned* __restrict__ mail) {       \
         moe_down_body<policy, slots, loops>(blocks, scales, bias, act, idx, wts, part, hidden,  \
                                             inter, k, units, y, accumulate, ctr, ready, done,  \
-                                            gu_blocks);                                         \
+                                            gu_blocks, mail);                                   \
     }
 MOE_DOWN_KERNEL(moe_down, ActF32, false, SLOTS_BOTH, MOE_DECODE_MINB)
 MOE_DOWN_KERNEL(moe_down_q8, ActQ8, false, SLOTS_BOTH, MOE_DECODE_MINB)

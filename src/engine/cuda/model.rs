@@ -66,10 +66,13 @@ struct RowBufs {
     /// each ([`ops::MoeWords`]; the announcements kept zeroed between layers by down).
     moe_ready: CudaSlice<u32>,
     moe_done: CudaSlice<u32>,
+    /// The decode down's mailbox ([`ops::moe_mail_words`], kept zeroed by the kernel); one
+    /// word where the rows never run the decode MoE (a prefill pass) or it is switched off.
+    moe_mail: CudaSlice<u32>,
 }
 
 impl RowBufs {
-    fn new(g: &Gpu, c: &ModelConfig, rows: usize) -> Result<Self> {
+    fn new(g: &Gpu, c: &ModelConfig, rows: usize, mail: bool) -> Result<Self> {
         let (hq, hkv, d, hid) = (
             c.num_attention_heads,
             c.num_key_value_heads,
@@ -96,6 +99,11 @@ impl RowBufs {
             moe_ctr: g.alloc(ops::moe_counters(hid, rows))?,
             moe_ready: g.alloc(rows * k)?,
             moe_done: g.alloc(rows * k)?,
+            moe_mail: g.alloc(if mail {
+                ops::moe_mail_words(moe_shape(c), rows)
+            } else {
+                1
+            })?,
         })
     }
 
@@ -165,7 +173,7 @@ impl PrefillBufs {
         let (e, k) = (c.num_local_experts, c.num_experts_per_tok);
         Ok(Self {
             cap,
-            rows: RowBufs::new(g, c, cap)?,
+            rows: RowBufs::new(g, c, cap, false)?,
             perm: g.alloc(cap * k)?,
             tiles: g.alloc(3 * ops::moe_max_tiles(cap * k, e, tile))?,
             ntiles: g.alloc(1)?,
@@ -306,6 +314,8 @@ pub struct Decoder {
     moe_ready: ops::MoeReady,
     /// Whether the decode gate_up normalises the residual itself ([`ops::MOE_SELF_NORM_ENV`]).
     moe_self_norm: bool,
+    /// Whether the decode down combines through its mailbox ([`ops::MOE_MAIL_ENV`]).
+    moe_mail: bool,
 }
 
 /// The MoE's sizes and SwiGLU constants from the config.
@@ -404,6 +414,7 @@ impl Decoder {
         let router_t1 = ops::router_t1_enabled()?;
         let moe_ready = ops::MoeReady::from_env()?;
         let moe_self_norm = ops::moe_self_norm_enabled()?;
+        let moe_mail = ops::moe_mail_enabled()?;
         Ok(Self {
             cfg: cfg.clone(),
             w,
@@ -415,7 +426,7 @@ impl Decoder {
             slots,
             max_pos,
             max_batch,
-            rows: RowBufs::new(g, cfg, b)?,
+            rows: RowBufs::new(g, cfg, b, moe_mail)?,
             logits: g.alloc(b * v)?,
             am_v: g.alloc(b * chunks)?,
             am_i: g.alloc(b * chunks)?,
@@ -441,6 +452,7 @@ impl Decoder {
             router_t1,
             moe_ready,
             moe_self_norm,
+            moe_mail,
             attn,
         })
     }
@@ -727,6 +739,8 @@ impl Decoder {
             (Some(_), ops::MoeReady::On) => units.gate_up,
             _ => 0,
         };
+        // down combines its slots through its mailbox below ops::MOE_MAIL_BELOW rows.
+        let mail = (self.moe_mail && n < ops::MOE_MAIL_BELOW).then(|| g.ptr(&r.moe_mail));
         // With the announcements gate_up normalises the residual itself, before its wait on
         // the router (ops::moe_gate_up), and the router writes no normalised copy.
         let self_norm = self.moe_self_norm && ready.is_some();
@@ -917,6 +931,7 @@ impl Decoder {
                         g.ptr(&r.moe_ctr),
                         ready,
                         await_units,
+                        mail,
                     )?;
                 }
             }

@@ -969,6 +969,31 @@ pub fn moe_self_norm_enabled() -> Result<bool> {
     env_choice(MOE_SELF_NORM_ENV, &[("on", true), ("off", false)])
 }
 
+/// Environment switch of the decode down's combine ([`moe_down`]'s `mail`): `on` (the
+/// default: below [`MOE_MAIL_BELOW`] rows each slot block posts its rows into a mailbox of
+/// flagged words and the last slot's block of a row range sums them, no count) or `off` (the
+/// slot blocks' count and the last one's reload of the rows at every batch; the same sums,
+/// for A/B timing).
+pub const MOE_MAIL_ENV: &str = "MXTUNE_MOE_MAIL";
+
+/// Whether the decode down combines through its mailbox ([`MOE_MAIL_ENV`]); a bad value is an
+/// error naming it.
+pub fn moe_mail_enabled() -> Result<bool> {
+    env_choice(MOE_MAIL_ENV, &[("on", true), ("off", false)])
+}
+
+/// Rows below which the decode step's down combines through its mailbox ([`MOE_MAIL_ENV`]).
+/// H200, docs/perf.md run 384 (on against off, twice): 120b batch 1 / 2 / 4 −0.3 / −0.3 /
+/// −0.2 %, all-MXFP4 batch 1 −0.5 %, depth 4096 −0.5 %, 20b batch 1 −0.3 %; batch 8 and 16
+/// unchanged for 120b, 20b batch 16 +0.5 %.
+pub const MOE_MAIL_BELOW: usize = 8;
+
+/// u32s of the decode down's mailbox for up to `t` rows ([`moe_down`]'s `mail`): a 64-bit word
+/// per (row, slot, output row), zero at rest (the combining block clears what it read).
+pub fn moe_mail_words(s: MoeShape, t: usize) -> usize {
+    2 * t * s.k * s.hidden
+}
+
 /// Environment switch of the one-row router entry (`gemv_router_t1`): `on` (the default) or
 /// `off` (the general `gemv_bf16_wide` at every batch; the same sums, for A/B timing).
 pub const ROUTER_T1_ENV: &str = "MXTUNE_ROUTER_T1";
@@ -2343,6 +2368,7 @@ pub fn moe(
     )?;
     moe_down(
         g, w, s, codes, idx, wts, act, part, y, t, accumulate, units.down, units.lp, ctr, None, 0,
+        None,
     )
 }
 
@@ -2974,7 +3000,10 @@ pub fn moe_down_f16(
 /// y[t] (+)= Σ_s w[t,s] (W2_e act[t, s] + b2_e): one block per (16 × units rows, slot) writes
 /// the slot's weighted rows to `part` [t, k, H]; the last slot block of each row range sums
 /// the slots into y in order (act coded as `codes` per block of 32 in the kernel). `ctr`:
-/// [`moe_counters`] zeroed u32s. The kernel reads `idx` and issues its first weight loads
+/// [`moe_counters`] zeroed u32s. `mail` ([`moe_mail_words`] zeroed u32s, left zeroed): the
+/// `_slots` kernels post the slots' rows there instead, flagged, and the last slot's block of
+/// each row range sums them, with no count and no reload (the same bits; the other kernels
+/// ignore it). The kernel reads `idx` and issues its first weight loads
 /// before its wait on the previous kernel (`MOE_DOWN_EARLY`), so `idx` must be complete
 /// before that kernel's own wait: launch it right after [`moe_gate_up`] of the same `idx`.
 pub fn moe_down(
@@ -2994,6 +3023,7 @@ pub fn moe_down(
     ctr: u64,
     ready: Option<MoeWords>,
     await_units: usize,
+    mail: Option<u64>,
 ) -> Result<()> {
     w.layout.expect(
         ExpertLayout::for_codes(codes),
@@ -3037,6 +3067,7 @@ pub fn moe_down(
                 opt(ready.map(|r| r.ready)),
                 opt(ready.map(|r| r.done)),
                 i(gu_blocks)?,
+                opt(mail),
             ]);
         }
     }

@@ -1192,6 +1192,15 @@ fn check_moe_ready(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
     // One pair of word buffers for every batch, sized for the largest, as the step keeps them:
     // the batch of 3 runs on words the batch of 1 has used.
     let (dready, ddone) = (g.alloc::<u32>(3 * k)?, g.alloc::<u32>(3 * k)?);
+    // down's mailbox likewise, for the widest case.
+    let mail_shape = MoeShape {
+        hidden: 4160,
+        inter,
+        k,
+        limit: 7.0,
+        alpha: 1.702,
+    };
+    let dmail = g.alloc::<u32>(ops::moe_mail_words(mail_shape, 3))?;
     // gpt-oss's width, then one past a single step of gate_up's normalising loads (4096 at
     // 256 threads), which reads the residual twice.
     for (t, hidden) in [(1usize, 2880usize), (3, 2880), (1, 4160)] {
@@ -1229,12 +1238,15 @@ fn check_moe_ready(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
             )?;
             let mut outs = Vec::new();
             // On: down waits on its pair's gate_up count; ids: on gate_up's grid; then neither;
-            // then on, gate_up normalising the residual.
-            for (ready, await_units, self_norm) in [
-                (true, units.gate_up, false),
-                (true, 0, false),
-                (false, 0, false),
-                (true, units.gate_up, true),
+            // then on, gate_up normalising the residual; then down combining through its
+            // mailbox, as the step does (on with the residual normalised by gate_up, and off).
+            for (ready, await_units, self_norm, mail) in [
+                (true, units.gate_up, false, false),
+                (true, 0, false, false),
+                (false, 0, false, false),
+                (true, units.gate_up, true, false),
+                (true, units.gate_up, true, true),
+                (false, 0, false, true),
             ] {
                 let ready = ready.then(|| ops::MoeWords {
                     ready: g.ptr(&dready),
@@ -1317,6 +1329,7 @@ fn check_moe_ready(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
                     g.ptr(&dctr),
                     ready,
                     await_units,
+                    mail.then(|| g.ptr(&dmail)),
                 )?;
                 if ready.is_some() {
                     // Each pair's count holds its gate_up blocks.
@@ -1343,6 +1356,12 @@ fn check_moe_ready(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
                 .iter()
                 .map(|(a, y)| bits_apart(a, &outs[2].0) + bits_apart(y, &outs[2].1))
                 .sum();
+            // The mailbox's combine against the count's, on the same inputs.
+            let mail_apart = bits_apart(&outs[4].0, &outs[3].0)
+                + bits_apart(&outs[4].1, &outs[3].1)
+                + bits_apart(&outs[5].0, &outs[2].0)
+                + bits_apart(&outs[5].1, &outs[2].1);
+            let mail_left = g.download(&dmail)?.iter().filter(|&&v| v != 0).count();
             let wide = |v: &[f32]| v.iter().map(|&x| f64::from(x)).collect::<Vec<f64>>();
             let self_norm_err =
                 rel_err(&outs[3].0, &wide(&outs[2].0)).max(rel_err(&outs[3].1, &wide(&outs[2].1)));
@@ -1372,6 +1391,19 @@ fn check_moe_ready(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
                 ),
                 self_norm_err,
                 1e-4,
+            ));
+            res.push(check(
+                format!(
+                    "{label}: down combining through its mailbox (with and without the \
+                     announcements) bits apart from its count's combine"
+                ),
+                mail_apart,
+                0.0,
+            ));
+            res.push(check(
+                format!("{label}: down's mailbox words cleared"),
+                mail_left as f64,
+                0.0,
             ));
             let left = g.download(&dready)?.iter().filter(|&&v| v != 0).count();
             res.push(check(
