@@ -763,9 +763,6 @@ __device__ __forceinline__ void moe_combine_rows(const float* __restrict__ part,
 // grid's order, the combining one last, so the blocks it polls for were dispatched before
 // it. A word that never fills traps after MOE_POLL_LIMIT polls.
 #define MOE_MAIL_SLOTS 8
-#ifndef MOE_MAIL_STAGGER
-#define MOE_MAIL_STAGGER 0
-#endif
 __device__ __forceinline__ void moe_mail_put2(unsigned* mail, size_t word, float a, float b) {
     asm volatile("st.relaxed.gpu.global.v4.u32 [%0], {%1, %2, %3, %2};" ::"l"(mail + 2 * word),
                  "r"(__float_as_uint(a)), "r"(1u), "r"(__float_as_uint(b))
@@ -783,40 +780,6 @@ __device__ __forceinline__ void moe_combine_mail(unsigned* __restrict__ mail, fl
             unsigned* w0 = mail + 2 * (((size_t)t * k + j0) * hidden + r);
             const size_t ws = 2 * (size_t)hidden;  // u32s from one slot's word to the next's
             unsigned lo[MOE_MAIL_SLOTS], need = (1u << n) - 1u, polls = 0;
-#if MOE_MAIL_STAGGER
-            // Two rounds of loads in flight, the second issued MOE_MAIL_STAGGER ns after the
-            // first: a word that lands is seen sooner than by one round at a time.
-            unsigned va[MOE_MAIL_SLOTS], fa[MOE_MAIL_SLOTS], vb[MOE_MAIL_SLOTS], fb[MOE_MAIL_SLOTS];
-            auto issue = [&](unsigned (&v)[MOE_MAIL_SLOTS], unsigned (&f)[MOE_MAIL_SLOTS]) {
-#pragma unroll
-                for (int j = 0; j < MOE_MAIL_SLOTS; ++j) {
-                    f[j] = 0u;
-                    if (need >> j & 1u)
-                        asm volatile("ld.relaxed.gpu.global.v2.u32 {%0, %1}, [%2];"
-                                     : "=r"(v[j]), "=r"(f[j]) : "l"(w0 + j * ws) : "memory");
-                }
-            };
-            auto take = [&](const unsigned (&v)[MOE_MAIL_SLOTS], const unsigned (&f)[MOE_MAIL_SLOTS]) {
-#pragma unroll
-                for (int j = 0; j < MOE_MAIL_SLOTS; ++j)
-                    if ((need >> j & 1u) && f[j]) {
-                        lo[j] = v[j];
-                        need &= ~(1u << j);
-                    }
-                if (++polls == MOE_POLL_LIMIT) __trap();
-            };
-            issue(va, fa);
-            __nanosleep(MOE_MAIL_STAGGER);
-            issue(vb, fb);
-            while (true) {
-                take(va, fa);
-                if (!need) break;
-                issue(va, fa);
-                take(vb, fb);
-                if (!need) break;
-                issue(vb, fb);
-            }
-#else
             while (need) {
                 unsigned v[MOE_MAIL_SLOTS], f[MOE_MAIL_SLOTS];
 #pragma unroll
@@ -834,7 +797,6 @@ __device__ __forceinline__ void moe_combine_mail(unsigned* __restrict__ mail, fl
                     }
                 if (++polls == MOE_POLL_LIMIT) __trap();
             }
-#endif
 #pragma unroll
             for (int j = 0; j < MOE_MAIL_SLOTS; ++j)
                 if (j < n) {
