@@ -329,6 +329,13 @@ __device__ __forceinline__ unsigned redux_min_u32(unsigned v) {
 #ifndef ROUTER_POLL
 #define ROUTER_POLL 1
 #endif
+// ROUTER_POLL_N 1: the several-token router entries take the same mailbox, one per token
+// (token t's words from 2 t rows on): block 0 of each token group routes, one warp a token,
+// from its tokens' words, and no block counts itself (0: the group's last block routes from
+// the logits, by the count).
+#ifndef ROUTER_POLL_N
+#define ROUTER_POLL_N 1
+#endif
 __device__ __forceinline__ void logit_post(unsigned* mb, int e, float v) {
     asm volatile("st.relaxed.gpu.global.v2.u32 [%0], {%1, %2};" ::"l"(mb + 2 * e), "r"(__float_as_uint(v)), "r"(1u)
                  : "memory");
@@ -632,6 +639,8 @@ __device__ __forceinline__ void gemv_wide_body(const bf16_t* __restrict__ w, con
                     const float v = accumulate ? *yp + s * r + b : s * r + b;
                     *yp = v;
                     if (NT == 1 && ROUTER_POLL && topk_idx) logit_post(counter, row0 + j, v);
+                    if (NT > 1 && ROUTER_POLL_N && topk_idx)
+                        logit_post(counter + 2 * (size_t)(t0 + t) * rows, row0 + j, v);
                 }
             }
         }
@@ -642,15 +651,17 @@ __device__ __forceinline__ void gemv_wide_body(const bf16_t* __restrict__ w, con
     // there the routing warps (one a token) leave the slice to the others.
     constexpr bool XO_AFTER = ROUTER_XO_AFTER && NT > 1;
     if (XO_AFTER && topk_idx) {
+        // ROUTER_POLL_N: block 0 routes from the mailbox (no count).
         __shared__ unsigned last_a;
-        if (threadIdx.x == 0) last_a = count_block_last(&counter[blockIdx.y], gridDim.x);
+        if (!ROUTER_POLL_N && threadIdx.x == 0) last_a = count_block_last(&counter[blockIdx.y], gridDim.x);
         __syncthreads();
-        const bool route = last_a != 0u;
+        const bool route = ROUTER_POLL_N ? blockIdx.x == 0 : last_a != 0u;
         if (route && warp < nt) {
             topk_softmax_warp(y + (size_t)(t0 + warp) * rows, rows, k, topk_idx + (size_t)(t0 + warp) * k,
                               topk_w + (size_t)(t0 + warp) * k, vals + warp * rows,
                               ready ? ready + (size_t)(t0 + warp) * k : nullptr,
-                              ready ? done + (size_t)(t0 + warp) * k : nullptr);
+                              ready ? done + (size_t)(t0 + warp) * k : nullptr,
+                              ROUTER_POLL_N ? counter + 2 * (size_t)(t0 + warp) * rows : nullptr);
             return;
         }
         if (WIDE_NORM && x_out) {
@@ -682,7 +693,7 @@ __device__ __forceinline__ void gemv_wide_body(const bf16_t* __restrict__ w, con
     // Publish this block's logits, then count it; the last block of the group routes, one
     // warp per token (in parallel: a token's top-k is a serial chain of warp reductions). One
     // token (ROUTER_POLL): no count; block 0's warp routes from the mailbox as the logits come.
-    constexpr bool POLL = NT == 1 && ROUTER_POLL;
+    constexpr bool POLL = NT == 1 ? ROUTER_POLL : ROUTER_POLL_N;
     __shared__ unsigned last_s;
     if (threadIdx.x == 0) last_s = POLL ? blockIdx.x == 0 : count_block_last(&counter[blockIdx.y], gridDim.x);
     __syncthreads();
@@ -691,7 +702,8 @@ __device__ __forceinline__ void gemv_wide_body(const bf16_t* __restrict__ w, con
         topk_softmax_warp(y + (size_t)(t0 + warp) * rows, rows, k, topk_idx + (size_t)(t0 + warp) * k,
                           topk_w + (size_t)(t0 + warp) * k, vals + warp * rows,
                           ready ? ready + (size_t)(t0 + warp) * k : nullptr,
-                          ready ? done + (size_t)(t0 + warp) * k : nullptr, POLL ? counter : nullptr);
+                          ready ? done + (size_t)(t0 + warp) * k : nullptr,
+                          !POLL ? nullptr : NT == 1 ? counter : counter + 2 * (size_t)(t0 + warp) * rows);
 }
 
 #undef WIDE_NORM

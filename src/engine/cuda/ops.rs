@@ -685,9 +685,10 @@ pub struct TopK {
     pub w: u64,
     /// Experts per token.
     pub k: usize,
-    /// Zeroed u32s, left zeroed ([`topk_counters`]): a counter per group of 4 tokens, and for
-    /// one token (`gemv_router_t1`) a mailbox of two per expert, in which each block posts its
-    /// logit with a flag and the routing warp takes them as they come (no count).
+    /// Zeroed u32s, left zeroed ([`topk_counters`]): a mailbox of two per expert for each
+    /// token, in which each block posts its logits with a flag and each token's routing warp
+    /// (block 0's of its group) takes them as they come (no count); the groups' counters, one
+    /// per group of 4 tokens, where the kernels count instead (`ROUTER_POLL_N` 0).
     pub counter: u64,
     /// The decode MoE's expert announcements ([`moe_ready_fits`], [`MoeWords`]). Every router
     /// launch given them must be followed by [`moe_gate_up`] and [`moe_down`] of the same
@@ -709,9 +710,9 @@ pub struct MoeWords {
 }
 
 /// Counters a [`TopK`] needs for up to `t` tokens of `experts` experts: the groups' counters,
-/// or one token's mailbox, whichever is longer (they share the words, both zero at rest).
+/// or the tokens' mailboxes, whichever is longer (they share the words, both zero at rest).
 pub fn topk_counters(t: usize, experts: usize) -> usize {
-    t.div_ceil(GEMV_TOKENS).max(2 * experts)
+    t.div_ceil(GEMV_TOKENS).max(2 * t.max(1) * experts)
 }
 
 /// The top-k both routers take: 1 ≤ k ≤ 32 and no more than the experts.

@@ -885,6 +885,15 @@ fn check_router(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
                 1e-6,
             ));
         }
+        // The groups' counters and the tokens' mailbox words are zero again for the next
+        // launch (the second launch above reads the same logits, so stale words would pass it).
+        let left = g.download(&counters)?.iter().filter(|&&v| v != 0).count();
+        let kernel = if rows { "router_rows" } else { "router" };
+        res.push(check(
+            format!("{kernel}+topk {k} of {experts}, t={t}: counters and mailbox words zero after"),
+            left as f64,
+            0.0,
+        ));
     }
     res.extend(check_router_t1(g, s)?);
     res.extend(check_router_batch(g, s)?);
@@ -992,6 +1001,12 @@ fn check_router_batch(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
                 wide_label(g, experts, t)?
             ),
             router_outputs_apart(&batch, &alone),
+            0.0,
+        ));
+        let left = g.download(&c.counters)?.iter().filter(|&&v| v != 0).count();
+        res.push(check(
+            format!("router t={t} {experts}x{cols}: counters and mailbox words zero after"),
+            left as f64,
             0.0,
         ));
     }
