@@ -211,6 +211,29 @@ __device__ __forceinline__ void moe_await_done(const unsigned* c, unsigned n) {
     }
     __syncthreads();
 }
+// Mailbox words (the router's logits, the decode down's slot rows): 64-bit {value bits, 1},
+// posted by relaxed stores that carry their own flag (no fence, no count), polled by relaxed
+// loads and zeroed by their one reader for the next launch, so zero at rest. The two readers
+// (logits_take_lane, moe_combine_mail) poll all of a thread's still-empty words in one round
+// each; one template for both loops changed the down kernels' register allocation (sm_90a),
+// so each keeps its loop and the SASS stays as measured.
+__device__ __forceinline__ void mail_post(unsigned* w, float v) {
+    asm volatile("st.relaxed.gpu.global.v2.u32 [%0], {%1, %2};" ::"l"(w), "r"(__float_as_uint(v)), "r"(1u)
+                 : "memory");
+}
+// Two adjacent words (w 16-byte aligned) in one store.
+__device__ __forceinline__ void mail_post2(unsigned* w, float a, float b) {
+    asm volatile("st.relaxed.gpu.global.v4.u32 [%0], {%1, %2, %3, %2};" ::"l"(w),
+                 "r"(__float_as_uint(a)), "r"(1u), "r"(__float_as_uint(b))
+                 : "memory");
+}
+// One read of a word (hi: its flag).
+__device__ __forceinline__ void mail_peek(const unsigned* w, unsigned& lo, unsigned& hi) {
+    asm volatile("ld.relaxed.gpu.global.v2.u32 {%0, %1}, [%2];" : "=r"(lo), "=r"(hi) : "l"(w) : "memory");
+}
+__device__ __forceinline__ void mail_clear(unsigned* w) {
+    asm volatile("st.relaxed.gpu.global.v2.u32 [%0], {%1, %1};" ::"l"(w), "r"(0u) : "memory");
+}
 __device__ __forceinline__ int moe_ready_wait(const unsigned* r) {
     __shared__ int ready_e;
     if (threadIdx.x == 0) {

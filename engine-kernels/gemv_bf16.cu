@@ -336,30 +336,22 @@ __device__ __forceinline__ unsigned redux_min_u32(unsigned v) {
 #ifndef ROUTER_POLL_N
 #define ROUTER_POLL_N 1
 #endif
-__device__ __forceinline__ void logit_post(unsigned* mb, int e, float v) {
-    asm volatile("st.relaxed.gpu.global.v2.u32 [%0], {%1, %2};" ::"l"(mb + 2 * e), "r"(__float_as_uint(v)), "r"(1u)
-                 : "memory");
-}
-// One read of expert e's word (hi: its flag), and its clearing.
-__device__ __forceinline__ void logit_peek(const unsigned* mb, int e, unsigned& lo, unsigned& hi) {
-    asm volatile("ld.relaxed.gpu.global.v2.u32 {%0, %1}, [%2];" : "=r"(lo), "=r"(hi) : "l"(mb + 2 * e) : "memory");
-}
-__device__ __forceinline__ void logit_clear(unsigned* mb, int e) {
-    asm volatile("st.relaxed.gpu.global.v2.u32 [%0], {%1, %1};" ::"l"(mb + 2 * e), "r"(0u) : "memory");
-}
+// Expert e's word of the mailbox mb (common.cuh's mail_ words): post it, and take it
+// (polled until its flag is set, then zeroed).
+__device__ __forceinline__ void logit_post(unsigned* mb, int e, float v) { mail_post(mb + 2 * e, v); }
 __device__ __forceinline__ float logit_take(unsigned* mb, int e) {
     unsigned lo, hi, polls = 0;
     do {
-        logit_peek(mb, e, lo, hi);
+        mail_peek(mb + 2 * e, lo, hi);
         if (++polls == MOE_POLL_LIMIT) __trap();
     } while (hi == 0u);
-    logit_clear(mb, e);
+    mail_clear(mb + 2 * e);
     return __uint_as_float(lo);
 }
 
 // The lane's TOPK_LANE_MAX logits (experts lane, lane + 32, …; -inf past n) from the mailbox:
-// each poll reads every word still empty at once, so the last logit to come costs one round
-// trip, not one a word the lane still has to read.
+// each poll reads every word still empty at once, so the last logit to come
+// costs one round trip, not one a word the lane still has to read.
 __device__ __forceinline__ void logits_take_lane(unsigned* mb, int lane, int n, float (&v)[TOPK_LANE_MAX]) {
     unsigned need = 0u, polls = 0;
 #pragma unroll
@@ -372,7 +364,7 @@ __device__ __forceinline__ void logits_take_lane(unsigned* mb, int lane, int n, 
 #pragma unroll
         for (int j = 0; j < TOPK_LANE_MAX; ++j) {
             hi[j] = 0u;
-            if (need >> j & 1u) logit_peek(mb, lane + 32 * j, lo[j], hi[j]);
+            if (need >> j & 1u) mail_peek(mb + 2 * (lane + 32 * j), lo[j], hi[j]);
         }
 #pragma unroll
         for (int j = 0; j < TOPK_LANE_MAX; ++j)
@@ -384,7 +376,7 @@ __device__ __forceinline__ void logits_take_lane(unsigned* mb, int lane, int n, 
     }
 #pragma unroll
     for (int j = 0; j < TOPK_LANE_MAX; ++j)
-        if (lane + 32 * j < n) logit_clear(mb, lane + 32 * j);
+        if (lane + 32 * j < n) mail_clear(mb + 2 * (lane + 32 * j));
 }
 
 // mb non-null: the logits come from the mailbox words mb (logit_take), else from `logits`

@@ -753,8 +753,8 @@ __device__ __forceinline__ void moe_combine_rows(const float* __restrict__ part,
 }
 
 // The `_slots` down kernels' combine without a count (`mail` non-null): each slot block posts
-// its weighted rows into a mailbox of 64-bit words, {value bits, 1}, word (t k + s) H + r, by
-// relaxed stores that carry their own flag, and returns; the last slot's block (s = k − 1) of
+// its weighted rows into a mailbox of 64-bit words, {value bits, 1}, word (t k + s) H + r
+// (common.cuh's mail_ words), and returns; the last slot's block (s = k − 1) of
 // a (row range, token) polls every slot's word of each of its rows in one round of loads,
 // sums them in slot order and adds the output as moe_combine_rows does (the same bits), then
 // zeroes the words for the next launch. No count and no reload of the rows: the combine
@@ -763,11 +763,6 @@ __device__ __forceinline__ void moe_combine_rows(const float* __restrict__ part,
 // grid's order, the combining one last, so the blocks it polls for were dispatched before
 // it. A word that never fills traps after MOE_POLL_LIMIT polls.
 #define MOE_MAIL_SLOTS 8
-__device__ __forceinline__ void moe_mail_put2(unsigned* mail, size_t word, float a, float b) {
-    asm volatile("st.relaxed.gpu.global.v4.u32 [%0], {%1, %2, %3, %2};" ::"l"(mail + 2 * word),
-                 "r"(__float_as_uint(a)), "r"(1u), "r"(__float_as_uint(b))
-                 : "memory");
-}
 __device__ __forceinline__ void moe_combine_mail(unsigned* __restrict__ mail, float* __restrict__ y,
                                                  int t, int k, int hidden, int r0, int r1,
                                                  int accumulate) {
@@ -785,9 +780,7 @@ __device__ __forceinline__ void moe_combine_mail(unsigned* __restrict__ mail, fl
 #pragma unroll
                 for (int j = 0; j < MOE_MAIL_SLOTS; ++j) {
                     f[j] = 0u;
-                    if (need >> j & 1u)
-                        asm volatile("ld.relaxed.gpu.global.v2.u32 {%0, %1}, [%2];"
-                                     : "=r"(v[j]), "=r"(f[j]) : "l"(w0 + j * ws) : "memory");
+                    if (need >> j & 1u) mail_peek(w0 + j * ws, v[j], f[j]);
                 }
 #pragma unroll
                 for (int j = 0; j < MOE_MAIL_SLOTS; ++j)
@@ -801,7 +794,7 @@ __device__ __forceinline__ void moe_combine_mail(unsigned* __restrict__ mail, fl
             for (int j = 0; j < MOE_MAIL_SLOTS; ++j)
                 if (j < n) {
                     sum += __uint_as_float(lo[j]);
-                    asm volatile("st.relaxed.gpu.global.v2.u32 [%0], {%1, %1};" ::"l"(w0 + j * ws), "r"(0u) : "memory");
+                    mail_clear(w0 + j * ws);
                 }
         }
         *o = accumulate ? prev + sum : sum;
@@ -884,8 +877,8 @@ __device__ __forceinline__ void moe_down_body(const u8* __restrict__ blocks,
             const float bb1 = __shfl_sync(0xffffffffu, b1v, uu);
             if (lane == 0) {
                 if (mail) {
-                    moe_mail_put2(mail, ((size_t)t * k + s) * hidden + rw + 2 * uu, wt * (t0 + bb0),
-                                  wt * (t1 + bb1));
+                    mail_post2(mail + 2 * (((size_t)t * k + s) * hidden + rw + 2 * uu),
+                               wt * (t0 + bb0), wt * (t1 + bb1));
                 } else {
                     float* pp = part + ((size_t)t * k + s) * hidden + rw + 2 * uu;
                     pp[0] = wt * (t0 + bb0);
