@@ -643,10 +643,13 @@ __device__ __forceinline__ void gemv_wide_body(const bf16_t* __restrict__ w, con
     // there the routing warps (one a token) leave the slice to the others.
     constexpr bool XO_AFTER = ROUTER_XO_AFTER && NT > 1;
     if (XO_AFTER && topk_idx) {
-        // ROUTER_POLL_N: block 0 routes from the mailbox (no count).
+        // ROUTER_POLL_N: block 0 routes from the mailbox (no count, so no barrier to publish
+        // one: the one above already ordered rs_s).
         __shared__ unsigned last_a;
-        if (!ROUTER_POLL_N && threadIdx.x == 0) last_a = count_block_last(&counter[blockIdx.y], gridDim.x);
-        __syncthreads();
+        if (!ROUTER_POLL_N) {
+            if (threadIdx.x == 0) last_a = count_block_last(&counter[blockIdx.y], gridDim.x);
+            __syncthreads();
+        }
         const bool route = ROUTER_POLL_N ? blockIdx.x == 0 : last_a != 0u;
         if (route && warp < nt) {
             topk_softmax_warp(y + (size_t)(t0 + warp) * rows, rows, k, topk_idx + (size_t)(t0 + warp) * k,

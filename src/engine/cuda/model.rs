@@ -66,8 +66,9 @@ struct RowBufs {
     /// each ([`ops::MoeWords`]; the announcements kept zeroed between layers by down).
     moe_ready: CudaSlice<u32>,
     moe_done: CudaSlice<u32>,
-    /// The decode down's mailbox ([`ops::moe_mail_words`], kept zeroed by the kernel); one
-    /// word where the rows never run the decode MoE (a prefill pass) or it is switched off.
+    /// The decode down's mailbox ([`ops::moe_mail_words`], kept zeroed by the kernel), for the
+    /// rows that use it (fewer than [`ops::MOE_MAIL_BELOW`]); one word where the rows never run
+    /// the decode MoE (a prefill pass) or it is switched off.
     moe_mail: CudaSlice<u32>,
 }
 
@@ -100,7 +101,7 @@ impl RowBufs {
             moe_ready: g.alloc(rows * k)?,
             moe_done: g.alloc(rows * k)?,
             moe_mail: g.alloc(if mail {
-                ops::moe_mail_words(moe_shape(c), rows)
+                ops::moe_mail_words(moe_shape(c), rows.min(ops::MOE_MAIL_BELOW - 1))
             } else {
                 1
             })?,
