@@ -581,7 +581,9 @@ __device__ __forceinline__ void gemv_tc_body(const W wp, typename W::Raw (&cur)[
     }
 }
 
-#define GEMV_TC_BF16(name, TN, TT, MINB, STEP)                                                  \
+// NORM false: an entry for GEMVs without a norm (norm_w and x_out must be null), the norm's
+// code compiled out.
+#define GEMV_TC_BF16_AS(name, TN, TT, MINB, STEP, NORM)                                        \
     extern "C" __global__ void __launch_bounds__(32 * TCG_WARPS, MINB)                         \
     name(const bf16_t* __restrict__ w, const bf16_t* __restrict__ bias,                        \
          const float* __restrict__ x, float* __restrict__ y, int rows, int cols, int tokens,   \
@@ -595,11 +597,20 @@ __device__ __forceinline__ void gemv_tc_body(const W wp, typename W::Raw (&cur)[
         tcg_prefetch<W, TT, 0, tcg_early_chunks<W>()>(wp, TCG_FIRST_ROW(TT), rows, c_lo, c_hi,  \
                                                       cur);                                    \
         pdl_enter_as(TCG_TRIGGER);                                                             \
-        gemv_tc_body<W, TN, TT>(wp, cur, bias, x, y, rows, cols, tokens, accumulate, norm_w,   \
-                                eps, x_out, part, cnt);                                        \
+        gemv_tc_body<W, TN, TT>(wp, cur, bias, x, y, rows, cols, tokens, accumulate,           \
+                                NORM ? norm_w : nullptr, eps, NORM ? x_out : nullptr, part,    \
+                                cnt);                                                          \
     }
+#define GEMV_TC_BF16(name, TN, TT, MINB, STEP) GEMV_TC_BF16_AS(name, TN, TT, MINB, STEP, true)
 GEMV_TC_BF16(gemv_tc_bf16_t8, 1, 1, TCG_MINB_T8, TCG_BF16_STEP)
 GEMV_TC_BF16(gemv_tc_bf16_t8_r32, 1, 2, TCG_MINB_T8, TCG_BF16_STEP)
+// The 8-token kernel for a GEMV without a norm whose grid fits two blocks an SM (the o
+// projection at 1-3 tokens: 180 blocks, no K split; ops::tc_gemv_entry): with its registers
+// capped for two blocks instead of three it does not spill (99 registers; `gemv_tc_bf16_t8`
+// spills 28 bytes at its 80). H200 (docs/perf.md run 395): 120b batch 1 / 2 / 3 -0.1 / -0.7 /
+// -0.4 %, depth 4096 -0.7 %, 20b -0.4 %. Compiled for three blocks as well it spilled more
+// than the shared entry and lost (+2.3 % at batch 1, run 394).
+GEMV_TC_BF16_AS(gemv_tc_bf16_t8_plain, 1, 1, TCG_MINB, TCG_BF16_STEP, false)
 GEMV_TC_BF16(gemv_tc_bf16_t16, 2, 1, TCG_MINB, TCG_BF16_STEP)
 GEMV_TC_BF16(gemv_tc_bf16_t16_r64, 2, 4, TCG_WIDE_MINB, TCG_WIDE_BF16_STEP)
 // A streamed matrix (the lm_head: a grid of the resident slots, each block taking unit after

@@ -565,7 +565,7 @@ pub(crate) fn dense_gemv_tc(
         Arg::Ptr(cnt),
     ]);
     g.launch(
-        tc_gemv_kernel(format, plan.per_pass, plan.tiles_per_block),
+        tc_gemv_entry(g, format, &plan, cols, t, norm)?,
         (
             u(plan.grid_x)?,
             u(t.div_ceil(plan.per_pass))?,
@@ -575,6 +575,48 @@ pub(crate) fn dense_gemv_tc(
         u(tc_gemv_smem_width(cols, width, t.min(plan.per_pass)))?,
         &args,
     )
+}
+
+/// Environment switch of the 8-token bf16 GEMV's entry without a norm
+/// (`gemv_tc_bf16_t8_plain`: the norm compiled out, registers for two blocks an SM):
+/// `on` (the default: [`tc_gemv_entry`] takes it where it fits) or `off` (the shared entry,
+/// which tests for the norm at run time; the same sums, for A/B timing).
+pub const TCG_PLAIN_ENV: &str = "MXTUNE_TCG_PLAIN";
+
+fn tc_gemv_plain_on() -> Result<bool> {
+    static V: std::sync::OnceLock<Result<bool, String>> = std::sync::OnceLock::new();
+    env_once(&V, || {
+        env_choice(TCG_PLAIN_ENV, &[("on", true), ("off", false)])
+    })
+}
+
+/// The entry a tensor-core GEMV launch of `plan` runs: [`tc_gemv_kernel`]'s, or for a bf16
+/// GEMV of up to 8 tokens without a norm and without a K split (the o projection at 1-3
+/// tokens) whose grid fits the resident blocks of `gemv_tc_bf16_t8_plain` (two an SM: it
+/// does not spill where the shared entry, capped for three, does) that one
+/// ([`TCG_PLAIN_ENV`]). H200, docs/perf.md run 395: 120b batch 1 / 2 / 3 −0.1 / −0.7 /
+/// −0.4 %, depth 4096 −0.7 %, 20b batch 1 −0.4 %; at batch 4, where o's K split makes 360
+/// blocks, +3.2 % (hence the fit).
+pub fn tc_gemv_entry(
+    g: &Gpu,
+    format: &str,
+    plan: &TcgPlan,
+    cols: usize,
+    t: usize,
+    norm: Option<Norm>,
+) -> Result<&'static str> {
+    let kernel = tc_gemv_kernel(format, plan.per_pass, plan.tiles_per_block);
+    if kernel != "gemv_tc_bf16_t8" || norm.is_some() || plan.ksplit > 1 || !tc_gemv_plain_on()? {
+        return Ok(kernel);
+    }
+    const PLAIN: &str = "gemv_tc_bf16_t8_plain";
+    let smem = tc_gemv_smem(cols, t.min(plan.per_pass));
+    let slots = g.resident_blocks(PLAIN, TCG_THREADS, smem)? * g.sms();
+    Ok(if plan.grid_x * t.div_ceil(plan.per_pass) <= slots {
+        PLAIN
+    } else {
+        kernel
+    })
 }
 
 /// The tensor-core GEMV entry point of `format` ("bf16" or "fp4") taking `per_pass` tokens and

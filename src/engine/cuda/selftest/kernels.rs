@@ -2672,7 +2672,8 @@ fn fp32_input_checks(
 /// streams several row tiles a block (`ops::tc_gemv_plan`), at 1, 8 and 12 tokens, and short
 /// plain ones whose K is split over two blocks (the o projection's shape among them), each
 /// launched twice to see the split's counters left at zero; blocks of one and of two row
-/// tiles (`ops::dense_gemv_tc`) in one, two and three passes, alone and with the split; and
+/// tiles (`ops::dense_gemv_tc`) in one, two and three passes, alone and with the split (the
+/// o projection's shape at 1 and 3 tokens on the entry without a norm, `_plain`); and
 /// the wide kernel of four row tiles and 16 tokens a pass (`ops::tc_gemv_wide_plan`, the
 /// planner's pick at 9–16 tokens), with and without its K split, a norm's squares split too
 /// where its normalised input is not written; and units of eight row tiles a block, one warp
@@ -2689,6 +2690,7 @@ fn check_gemv_tc(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
         (long, 256, 12, true, false, true, None),
         (5120, 2880, 1, true, false, true, None),
         (2880, 4096, 1, true, true, false, None),
+        (2880, 4096, 3, true, true, false, None),
         (2880, 4096, 8, true, true, false, None),
         (1001, 2880, 5, true, false, false, None),
         (37, 96, 3, false, false, true, None),
@@ -2789,6 +2791,11 @@ fn check_gemv_tc(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
             }
             if plan.tiles_per_block > 1 {
                 grid.push(format!("{} row tiles a block", plan.tiles_per_block));
+            }
+            // The entry without a norm (ops::tc_gemv_entry), where the launch takes it.
+            let entry = ops::tc_gemv_entry(g, format, &plan, cols, t, nrm)?;
+            if entry.ends_with("_plain") {
+                grid.push(entry.to_string());
             }
             let grid = if grid.is_empty() {
                 String::new()
