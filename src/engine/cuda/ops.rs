@@ -590,6 +590,9 @@ fn tc_gemv_plain_on() -> Result<bool> {
     })
 }
 
+/// The 8-token bf16 entry without a norm ([`tc_gemv_entry`]).
+const TCG_PLAIN_ENTRY: &str = "gemv_tc_bf16_t8_plain";
+
 /// The entry a tensor-core GEMV launch of `plan` runs: [`tc_gemv_kernel`]'s, or for a bf16
 /// GEMV of up to 8 tokens without a norm and without a K split (the o projection at 1-3
 /// tokens) whose grid fits the resident blocks of `gemv_tc_bf16_t8_plain` (two an SM: it
@@ -609,11 +612,10 @@ pub fn tc_gemv_entry(
     if kernel != "gemv_tc_bf16_t8" || norm.is_some() || plan.ksplit > 1 || !tc_gemv_plain_on()? {
         return Ok(kernel);
     }
-    const PLAIN: &str = "gemv_tc_bf16_t8_plain";
     let smem = tc_gemv_smem(cols, t.min(plan.per_pass));
-    let slots = g.resident_blocks(PLAIN, TCG_THREADS, smem)? * g.sms();
+    let slots = g.resident_blocks(TCG_PLAIN_ENTRY, TCG_THREADS, smem)? * g.sms();
     Ok(if plan.grid_x * t.div_ceil(plan.per_pass) <= slots {
-        PLAIN
+        TCG_PLAIN_ENTRY
     } else {
         kernel
     })
@@ -4597,6 +4599,14 @@ mod tests {
                 "gemv_tc_fp4_t8",
                 "gemv_tc_fp4_t8_r32"
             ]
+        );
+        let table: Vec<&str> = crate::engine::cuda::compile::KERNEL_FILES
+            .iter()
+            .flat_map(|f| f.entries.iter().copied())
+            .collect();
+        assert!(
+            table.contains(&TCG_PLAIN_ENTRY),
+            "{TCG_PLAIN_ENTRY} not compiled"
         );
     }
 
