@@ -605,7 +605,7 @@ __device__ __forceinline__ void gemv_tc_body(const W wp, typename W::Raw (&cur)[
 GEMV_TC_BF16(gemv_tc_bf16_t8, 1, 1, TCG_MINB_T8, TCG_BF16_STEP)
 GEMV_TC_BF16(gemv_tc_bf16_t8_r32, 1, 2, TCG_MINB_T8, TCG_BF16_STEP)
 // The 8-token kernel for a GEMV without a norm whose grid fits two blocks an SM (the o
-// projection at 1-3 tokens: 180 blocks, no K split; ops::tc_gemv_entry): with its registers
+// projection up to 8 tokens: 180 blocks, no K split; ops::tc_gemv_entry): with its registers
 // capped for two blocks instead of three it does not spill (99 registers; `gemv_tc_bf16_t8`
 // spills 28 bytes at its 80). H200 (docs/perf.md run 395): 120b batch 1 / 2 / 3 -0.1 / -0.7 /
 // -0.4 %, depth 4096 -0.7 %, 20b -0.4 %. Compiled for three blocks as well it spilled more
