@@ -250,10 +250,12 @@ fn env_switch(
 /// 1; 0.65 -> 0.63 at 4, 0.85 -> 0.82 at 8: docs/perf.md run 127).
 const TCG_SPLIT_FROM: usize = 4;
 
-/// The same for bf16 weights, whose unsplit grid up to 8 tokens runs the entry without a norm
-/// where it fits ([`tc_gemv_entry`]): H200, o at 4–8 tokens unsplit on it against split on the
-/// shared entry (docs/perf.md runs 397–398): 120b batch 4 / 5 / 7 / 8 −0.2 / −0.5 / −0.1 /
-/// −0.7 %, 20b batch 8 −0.3 %, batch 6 +0.1 %; MXFP4 keeps 4 (all-MXFP4 batch 8 +0.3 % unsplit).
+/// The same for a bf16 matrix whose unsplit grid fits the resident blocks of the entry without
+/// a norm ([`tc_gemv_entry`]), which then runs it: H200, o at 4–8 tokens unsplit on it against
+/// split on the shared entry (docs/perf.md runs 397–398): 120b batch 4 / 5 / 7 / 8 −0.2 /
+/// −0.5 / −0.1 / −0.7 %, 20b batch 8 −0.3 %, batch 6 +0.1 %. MXFP4 keeps 4 (all-MXFP4 batch 8
+/// +0.3 % unsplit), and so does a grid the entry does not fit (unsplit on the shared entry
+/// lost: batch 8 +0.8 %).
 const TCG_SPLIT_FROM_BF16: usize = 9;
 
 /// A matrix of at least this many waves of the resident slots runs on a grid of the slots.
@@ -333,20 +335,19 @@ fn tc_gemv_split_on() -> Result<bool> {
 }
 
 /// Environment knob for A/B runs: `MXTUNE_TCG_SPLIT_FROM=N` (1–64) splits a short plain
-/// matrix's K from N tokens instead of [`TCG_SPLIT_FROM`] (MXFP4) or [`TCG_SPLIT_FROM_BF16`].
+/// matrix's K from N tokens instead of [`TCG_SPLIT_FROM`] or [`TCG_SPLIT_FROM_BF16`].
 pub const TCG_SPLIT_FROM_ENV: &str = "MXTUNE_TCG_SPLIT_FROM";
 
-/// [`TCG_SPLIT_FROM_ENV`], else the default of `format` ("bf16" or "fp4"); a bad value is an
+/// [`TCG_SPLIT_FROM_ENV`], else [`TCG_SPLIT_FROM_BF16`] where `plain_fits` says the matrix's
+/// unsplit grid runs on the entry without a norm, else [`TCG_SPLIT_FROM`]; a bad value is an
 /// error naming it.
-fn tc_gemv_split_from(format: &str) -> Result<usize> {
+fn tc_gemv_split_from(plain_fits: impl FnOnce() -> Result<bool>) -> Result<usize> {
     static N: std::sync::OnceLock<Result<Option<usize>, String>> = std::sync::OnceLock::new();
-    env_once(&N, || env_whole(TCG_SPLIT_FROM_ENV, 1..=64, "tokens")).map(|n| {
-        n.unwrap_or(if format == "bf16" {
-            TCG_SPLIT_FROM_BF16
-        } else {
-            TCG_SPLIT_FROM
-        })
-    })
+    match env_once(&N, || env_whole(TCG_SPLIT_FROM_ENV, 1..=64, "tokens"))? {
+        Some(n) => Ok(n),
+        None if plain_fits()? => Ok(TCG_SPLIT_FROM_BF16),
+        None => Ok(TCG_SPLIT_FROM),
+    }
 }
 
 /// The plan for `tiles` row tiles of 16 and `t` tokens of weights of `bytes32` bytes per 32
@@ -377,8 +378,8 @@ fn tc_gemv_split_from(format: &str) -> Result<usize> {
 /// and 84 one: the step waits on the SMs with two; 90 units in each of two passes) splits
 /// each unit's K over two blocks when `split` allows it (no norm folded in, at least one chunk
 /// per warp in each half, the scratch large enough: `split_from` is then `Some`) and it has
-/// at least `split_from` tokens ([`TCG_SPLIT_FROM`], [`TCG_SPLIT_FROM_BF16`] for bf16, unless
-/// [`TCG_SPLIT_FROM_ENV`] says):
+/// at least `split_from` tokens ([`TCG_SPLIT_FROM`], or [`TCG_SPLIT_FROM_BF16`] for a bf16 one
+/// the entry without a norm takes unsplit, unless [`TCG_SPLIT_FROM_ENV`] says):
 /// twice the blocks, each half the weights and half the staging, and the second of a pair
 /// adds the two partial sums in a fixed order.
 ///
@@ -698,7 +699,14 @@ pub fn tc_gemv_launch_plan(
         tc_gemv_stream()?,
         [slots(8)?, slots(TCG_TOKENS)?],
         if split {
-            Some(tc_gemv_split_from(format)?)
+            // bf16 from 9 tokens where the unsplit grid fits the entry without a norm.
+            let plain_fits = || -> Result<bool> {
+                let smem = tc_gemv_smem(cols, t.min(8));
+                Ok(format == "bf16"
+                    && tc_gemv_plain_on()?
+                    && tiles <= g.resident_blocks(TCG_PLAIN_ENTRY, TCG_THREADS, smem)? * g.sms())
+            };
+            Some(tc_gemv_split_from(plain_fits)?)
         } else {
             None
         },
