@@ -623,16 +623,26 @@ pub fn tc_gemv_entry(
     norm: Option<Norm>,
 ) -> Result<&'static str> {
     let kernel = tc_gemv_kernel(format, plan.per_pass, plan.tiles_per_block);
-    if kernel != "gemv_tc_bf16_t8" || norm.is_some() || plan.ksplit > 1 || !tc_gemv_plain_on()? {
+    if kernel != "gemv_tc_bf16_t8" || norm.is_some() || plan.ksplit > 1 {
         return Ok(kernel);
     }
-    let smem = tc_gemv_smem(cols, t.min(plan.per_pass));
-    let slots = g.resident_blocks(TCG_PLAIN_ENTRY, TCG_THREADS, smem)? * g.sms();
-    Ok(if plan.grid_x * t.div_ceil(plan.per_pass) <= slots {
-        TCG_PLAIN_ENTRY
-    } else {
-        kernel
+    let blocks = plan.grid_x * t.div_ceil(plan.per_pass);
+    Ok(match tc_plain_slots(g, cols, t.min(plan.per_pass))? {
+        Some(n) if blocks <= n => TCG_PLAIN_ENTRY,
+        _ => kernel,
     })
+}
+
+/// Blocks of [`TCG_PLAIN_ENTRY`] resident on the device at once for `cols` columns and `t`
+/// staged tokens, or None where [`TCG_PLAIN_ENV`] switches the entry off.
+fn tc_plain_slots(g: &Gpu, cols: usize, t: usize) -> Result<Option<usize>> {
+    if !tc_gemv_plain_on()? {
+        return Ok(None);
+    }
+    let smem = tc_gemv_smem(cols, t);
+    Ok(Some(
+        g.resident_blocks(TCG_PLAIN_ENTRY, TCG_THREADS, smem)? * g.sms(),
+    ))
 }
 
 /// The tensor-core GEMV entry point of `format` ("bf16" or "fp4") taking `per_pass` tokens and
@@ -701,10 +711,8 @@ pub fn tc_gemv_launch_plan(
         if split {
             // bf16 from 9 tokens where the unsplit grid fits the entry without a norm.
             let plain_fits = || -> Result<bool> {
-                let smem = tc_gemv_smem(cols, t.min(8));
                 Ok(format == "bf16"
-                    && tc_gemv_plain_on()?
-                    && tiles <= g.resident_blocks(TCG_PLAIN_ENTRY, TCG_THREADS, smem)? * g.sms())
+                    && tc_plain_slots(g, cols, t.min(8))?.is_some_and(|n| tiles <= n))
             };
             Some(tc_gemv_split_from(plain_fits)?)
         } else {

@@ -2670,10 +2670,11 @@ fn fp32_input_checks(
 /// tokens, two token passes (t > 16), a last chunk of columns only partly inside the row, a
 /// matrix long enough (rows from the device's SM count) that a grid of the resident slots
 /// streams several row tiles a block (`ops::tc_gemv_plan`), at 1, 8 and 12 tokens, and short
-/// plain ones whose K is split over two blocks (the o projection's shape among them), each
+/// plain ones whose K is split over two blocks (the o projection's MXFP4 shape among them), each
 /// launched twice to see the split's counters left at zero; blocks of one and of two row
-/// tiles (`ops::dense_gemv_tc`) in one, two and three passes, alone and with the split (the
-/// o projection's shape at 1 and 3 tokens on the entry without a norm, `_plain`); and
+/// tiles (`ops::dense_gemv_tc`) in one, two and three passes, alone and with the split (bf16
+/// up to 8 tokens unsplit on the entry without a norm, `_plain`: the o projection's shape at
+/// 1, 3 and 8 tokens, 1001 rows at 5); and
 /// the wide kernel of four row tiles and 16 tokens a pass (`ops::tc_gemv_wide_plan`, the
 /// planner's pick at 9–16 tokens), with and without its K split, a norm's squares split too
 /// where its normalised input is not written; and units of eight row tiles a block, one warp
