@@ -192,6 +192,37 @@ using TcmFp4 = TcgFp4T<TCM_NB, TCG_FP4_STEP, FP4_STD>;
 struct TcgNoHook {
     __device__ __forceinline__ void operator()() const {}
 };
+// The squares of a staging round's four units (v[k]: this lane's float4 of unit u0 + 8 k; zeros
+// past the last unit), each summed over the warp as warp_sum does — the same butterfly, so
+// the same bits — but the four at once: at each level of xor 16 and 8 a lane sends the
+// partials it no longer keeps and adds its partner's to the ones it does, so a round takes 6
+// shuffles instead of 20. Unit k's sum ends in lanes 8k … 8k + 7; lane 8k stores it. With
+// TCG_STAGE_UNROLL 4 only (TCG_SQ_XPOSE=0: a warp_sum a unit, for A/B). H200 (docs/perf.md run
+// 402): 120b batch 8 -0.3 / -0.7 %, gpt-oss-20b batch 8 -0.6 / -0.9 %, batch 1 -0.1 to -0.3 %.
+#ifndef TCG_SQ_XPOSE
+#define TCG_SQ_XPOSE 1
+#endif
+__device__ __forceinline__ void tcg_squares4(const float4 (&v)[4], int lane, int u0, int units, float* sq) {
+    float p[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) p[k] = v[k].x * v[k].x + v[k].y * v[k].y + v[k].z * v[k].z + v[k].w * v[k].w;
+    const bool hi16 = lane & 16, hi8 = lane & 8;
+    const float s0 = __shfl_xor_sync(0xffffffffu, hi16 ? p[0] : p[2], 16);
+    const float s1 = __shfl_xor_sync(0xffffffffu, hi16 ? p[1] : p[3], 16);
+    const float a0 = (hi16 ? p[2] : p[0]) + s0, a1 = (hi16 ? p[3] : p[1]) + s1;
+    float b = (hi8 ? a1 : a0) + __shfl_xor_sync(0xffffffffu, hi8 ? a0 : a1, 8);
+    b += __shfl_xor_sync(0xffffffffu, b, 4);
+    b += __shfl_xor_sync(0xffffffffu, b, 2);
+    b += __shfl_xor_sync(0xffffffffu, b, 1);
+    const int u = u0 + (lane >> 3) * TCG_WARPS;
+    if ((lane & 7) == 0 && u < units) sq[u] = b;
+}
+// The final sum of each token's squares over its segments: a warp a token, lane k adding
+// segments k, k + 32, … then warp_sum (1), or one thread a token adding them in order (0, the
+// default). An experiment's knob (docs/perf.md run 402): the bits differ between the two.
+#ifndef TCG_SS_TREE
+#define TCG_SS_TREE 0
+#endif
 template <class RowOf, class Hook = TcgNoHook>
 __device__ __forceinline__ void tcg_stage(RowOf row, const bf16_t* __restrict__ nw, int cols, int nt,
                                           int stride, bf16_t* xs, float* sq, float* ss,
@@ -225,13 +256,15 @@ __device__ __forceinline__ void tcg_stage(RowOf row, const bf16_t* __restrict__ 
             v[k] = in ? reinterpret_cast<const float4*>(row(t))[i] : make_float4(0.f, 0.f, 0.f, 0.f);
             nv[k] = in && nw ? __ldg(reinterpret_cast<const uint2*>(nw) + i) : make_uint2(0u, 0u);
         }
+        constexpr bool XP = TCG_SQ_XPOSE && TCG_STAGE_UNROLL == 4;
+        if (XP && nw) tcg_squares4(v, lane, u0, units, sq);
 #pragma unroll
         for (int k = 0; k < TCG_STAGE_UNROLL; ++k) {
             const int u = u0 + k * TCG_WARPS;
             if (u >= units) break;  // warp-uniform
             const int t = tk[k], i = ik[k];
             float4 a = v[k];
-            if (nw) {
+            if (!XP && nw) {
                 const float s = warp_sum(a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w);
                 if (lane == 0) sq[u] = s;
             }
@@ -250,7 +283,14 @@ __device__ __forceinline__ void tcg_stage(RowOf row, const bf16_t* __restrict__ 
     }
     hook();
     __syncthreads();
-    if (nw && threadIdx.x < nt) {
+    if (TCG_SS_TREE && nw) {
+        for (int t = warp; t < nt; t += TCG_WARPS) {
+            float s = 0.0f;
+            for (int k = lane; k < segs; k += 32) s += sq[t * segs + k];
+            s = warp_sum(s);
+            if (lane == 0) ss[t] = s;
+        }
+    } else if (nw && threadIdx.x < nt) {
         float s = 0.0f;
         for (int k = 0; k < segs; ++k) s += sq[threadIdx.x * segs + k];
         ss[threadIdx.x] = s;
