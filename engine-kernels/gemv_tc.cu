@@ -217,12 +217,6 @@ __device__ __forceinline__ void tcg_squares4(const float4 (&v)[4], int lane, int
     const int u = u0 + (lane >> 3) * TCG_WARPS;
     if ((lane & 7) == 0 && u < units) sq[u] = b;
 }
-// The final sum of each token's squares over its segments: a warp a token, lane k adding
-// segments k, k + 32, … then warp_sum (1), or one thread a token adding them in order (0, the
-// default). An experiment's knob (docs/perf.md run 402): the bits differ between the two.
-#ifndef TCG_SS_TREE
-#define TCG_SS_TREE 0
-#endif
 template <class RowOf, class Hook = TcgNoHook>
 __device__ __forceinline__ void tcg_stage(RowOf row, const bf16_t* __restrict__ nw, int cols, int nt,
                                           int stride, bf16_t* xs, float* sq, float* ss,
@@ -283,14 +277,7 @@ __device__ __forceinline__ void tcg_stage(RowOf row, const bf16_t* __restrict__ 
     }
     hook();
     __syncthreads();
-    if (TCG_SS_TREE && nw) {
-        for (int t = warp; t < nt; t += TCG_WARPS) {
-            float s = 0.0f;
-            for (int k = lane; k < segs; k += 32) s += sq[t * segs + k];
-            s = warp_sum(s);
-            if (lane == 0) ss[t] = s;
-        }
-    } else if (nw && threadIdx.x < nt) {
+    if (nw && threadIdx.x < nt) {
         float s = 0.0f;
         for (int k = 0; k < segs; ++k) s += sq[threadIdx.x * segs + k];
         ss[threadIdx.x] = s;
