@@ -36,8 +36,8 @@ median() {
   IFS='|' read -ra kv <<< "$setting"
   local steps="--steps 24"
   case " $workload " in *" --steps "*) steps="" ;; esac
-  # shellcheck disable=SC2086 # the workload is a list of arguments
   local out
+  # shellcheck disable=SC2086 # the workload is a list of arguments
   out=$(env "${kv[@]}" $M engine profile --synthetic $workload $steps 2>&1)
   printf '== [%s] %s\n%s\n' "$setting" "$workload" "$out" >> "$OUT/ab-full.txt"
   local m
