@@ -591,6 +591,132 @@ pub(crate) fn dense_gemv_tc(
     )
 }
 
+/// Environment knob of [`dense_gemv_prenorm`]: `MXTUNE_TCG_PRENORM=N` normalises a bf16
+/// tensor-core GEMV's input once from N tokens (0: never) instead of from
+/// [`TCG_PRENORM_FROM`]; a bad value is an error naming it.
+pub const TCG_PRENORM_ENV: &str = "MXTUNE_TCG_PRENORM";
+
+/// Fewest tokens from which [`dense_gemv_prenorm`] runs by default (0: never).
+pub const TCG_PRENORM_FROM: usize = 0;
+
+fn tc_prenorm_from() -> Result<usize> {
+    static N: std::sync::OnceLock<Result<Option<usize>, String>> = std::sync::OnceLock::new();
+    Ok(
+        env_once(&N, || env_whole(TCG_PRENORM_ENV, 0..=64, "tokens (0: off)"))?
+            .unwrap_or(TCG_PRENORM_FROM),
+    )
+}
+
+/// Device scratch of [`dense_gemv_prenorm`] for its tokens: `xb` the normalised rows (bf16,
+/// t × cols), `rs` each row's norm factor (fp32).
+#[derive(Debug, Clone, Copy)]
+pub struct PrenormScratch {
+    /// bf16 rows.
+    pub xb: u64,
+    /// One float a row.
+    pub rs: u64,
+}
+
+/// A bf16 tensor-core GEMV with `norm` whose input is normalised once, by `tcg_prenorm`
+/// (bf16(x · w) and each row's norm factor into `s`), so that its blocks only copy it instead
+/// of each staging all of it with the norm's products and squares (`gemv_tc_*_pre`). Up to 8
+/// tokens the sums are the same bits as [`dense_gemv_tc`]'s; in the wide kernel's K split each
+/// row's squares are the whole row's instead of the splits' added. Nothing is launched and
+/// false returned where it does not apply: below [`TCG_PRENORM_ENV`]'s tokens, MXFP4
+/// weights, a norm that writes its output, a width not a multiple of 8, or a plan whose
+/// kernel has no such entry.
+#[allow(clippy::too_many_arguments)]
+pub fn dense_gemv_prenorm(
+    g: &Gpu,
+    path: DecodeGemv,
+    w: DenseW,
+    bias: Option<u64>,
+    x: u64,
+    y: u64,
+    rows: usize,
+    cols: usize,
+    t: usize,
+    accumulate: bool,
+    norm: Norm,
+    s: PrenormScratch,
+) -> Result<bool> {
+    let from = tc_prenorm_from()?;
+    if from == 0 || t < from || !path.dense_on_tensor_cores() {
+        return Ok(false);
+    }
+    tc_gemv_prenorm(g, w, bias, x, y, rows, cols, t, accumulate, norm, s)
+}
+
+/// [`dense_gemv_prenorm`] whatever [`TCG_PRENORM_ENV`] says (the selftest's entry).
+#[allow(clippy::too_many_arguments)]
+pub fn tc_gemv_prenorm(
+    g: &Gpu,
+    w: DenseW,
+    bias: Option<u64>,
+    x: u64,
+    y: u64,
+    rows: usize,
+    cols: usize,
+    t: usize,
+    accumulate: bool,
+    norm: Norm,
+    s: PrenormScratch,
+) -> Result<bool> {
+    let DenseW::Bf16(wp) = w else {
+        return Ok(false);
+    };
+    if norm.out != 0 || !cols.is_multiple_of(8) || !tc_gemv_fits(g, w, cols, t) {
+        return Ok(false);
+    }
+    let plan = tc_gemv_launch_plan(g, "bf16", rows, cols, t, Some(norm), None)?;
+    let entry = match tc_gemv_entry(g, "bf16", &plan, cols, t, Some(norm))? {
+        "gemv_tc_bf16_t8" if plan.ksplit == 1 => "gemv_tc_bf16_t8_pre",
+        "gemv_tc_bf16_t16_r64" => "gemv_tc_bf16_t16_r64_pre",
+        _ => return Ok(false),
+    };
+    let segs = cols.div_ceil(4).div_ceil(32);
+    g.launch(
+        "tcg_prenorm",
+        (u(t)?, 1, 1),
+        (TCG_THREADS, 1, 1),
+        u(segs * 4)?,
+        &[
+            Arg::Ptr(x),
+            Arg::Ptr(norm.w),
+            Arg::F32(norm.eps),
+            Arg::Ptr(s.xb),
+            Arg::Ptr(s.rs),
+            i(cols)?,
+        ],
+    )?;
+    let width = tc_plan_width(&plan, cols, tc_chunk_cols("bf16"));
+    let (part, cnt) = g.split_scratch();
+    g.launch(
+        entry,
+        (
+            u(plan.grid_x)?,
+            u(t.div_ceil(plan.per_pass))?,
+            u(plan.ksplit)?,
+        ),
+        (TCG_THREADS, 1, 1),
+        u(tc_gemv_smem_width(cols, width, t.min(plan.per_pass)))?,
+        &[
+            Arg::Ptr(wp),
+            opt(bias),
+            Arg::Ptr(s.xb),
+            Arg::Ptr(y),
+            i(rows)?,
+            i(cols)?,
+            i(t)?,
+            Arg::I32(accumulate as i32),
+            Arg::Ptr(s.rs),
+            Arg::Ptr(part),
+            Arg::Ptr(cnt),
+        ],
+    )?;
+    Ok(true)
+}
+
 /// Environment switch of the 8-token bf16 GEMV's entry without a norm
 /// (`gemv_tc_bf16_t8_plain`: the norm compiled out, registers for two blocks an SM):
 /// `on` (the default: [`tc_gemv_entry`] takes it where it fits) or `off` (the shared entry,
