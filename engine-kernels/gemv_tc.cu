@@ -430,17 +430,14 @@ __device__ __forceinline__ float tcg_sum(float (*red)[16][8 * TN], int row, int 
 // The entry points load the first chunks (tcg_prefetch: immutable weights only;
 // tcg_early_chunks of the first step) before pdl_enter(), then run the body, which loads the
 // rest of the step once its staging loads are done.
-// PRE: x is already normalised and bf16 (tcg_prenorm's rows; the entries' `_pre`), pre_rs each
-// token's norm factor; the staging only copies (cp.async) and norm_w must be null.
-template <class W, int TN, int TT, bool PRE = false>
+template <class W, int TN, int TT>
 __device__ __forceinline__ void gemv_tc_body(const W wp, typename W::Raw (&cur)[W::S],
                                              const bf16_t* __restrict__ bias,
                                              const float* __restrict__ x, float* __restrict__ y,
                                              int rows, int cols, int tokens, int accumulate,
                                              const bf16_t* __restrict__ norm_w, float eps,
                                              float* __restrict__ x_out, float* __restrict__ part,
-                                             unsigned* __restrict__ cnt,
-                                             const float* __restrict__ pre_rs = nullptr) {
+                                             unsigned* __restrict__ cnt) {
     extern __shared__ __align__(16) unsigned char tcg_smem[];
     __shared__ float red[TCG_WARPS][16][8 * TN];
     __shared__ float rs_s[TCG_TOKENS];
@@ -473,24 +470,9 @@ __device__ __forceinline__ void gemv_tc_body(const W wp, typename W::Raw (&cur)[
         constexpr int E0 = tcg_early_chunks<W>();
         if (E0 < W::S) tcg_prefetch<W, TT, E0>(wp, TCG_FIRST_ROW(TT), rows, c_lo, c_hi, cur);
     };
-    if constexpr (PRE) {
-        // Token by token, 16 bytes a thread a copy: no division, nothing held in registers.
-        const bf16_t* xb = reinterpret_cast<const bf16_t*>(x) + (size_t)t0 * cols + k0;
-        bf16_t* dst = WIDE ? xs : xs + k0;
-        const int c8 = kn >> 3;
-        for (int t = 0; t < nt; ++t)
-            for (int j = threadIdx.x; j < c8; j += 32 * TCG_WARPS)
-                cp_async16(dst + t * stride + 8 * j, xb + (size_t)t * cols + 8 * j, true);
-        cp_async_commit();
-        late();
-        cp_async_wait<0>();
-        __syncthreads();
-        if (threadIdx.x < nt) rs_s[threadIdx.x] = pre_rs[t0 + threadIdx.x];
-    } else {
-        tcg_stage([&](int n) { return xt + (size_t)n * cols + k0; }, WIDE && norm_w ? norm_w + k0 : norm_w,
-                  kn, nt, stride, WIDE ? xs : xs + k0, sq, ss, late);
-        if (threadIdx.x < nt) rs_s[threadIdx.x] = norm_w ? rsqrtf(ss[threadIdx.x] / (float)cols + eps) : 1.0f;
-    }
+    tcg_stage([&](int n) { return xt + (size_t)n * cols + k0; }, WIDE && norm_w ? norm_w + k0 : norm_w,
+              kn, nt, stride, WIDE ? xs : xs + k0, sq, ss, late);
+    if (threadIdx.x < nt) rs_s[threadIdx.x] = norm_w ? rsqrtf(ss[threadIdx.x] / (float)cols + eps) : 1.0f;
     // A split's squares of each token: after the partial sums (gridDim.z floats a token).
     float* sqp = part + (size_t)gridDim.z * tokens * rows;
     // Whether the epilogue's loads are issued before the unit's sums: in the one-tile 8-token
@@ -626,45 +608,6 @@ __device__ __forceinline__ void gemv_tc_body(const W wp, typename W::Raw (&cur)[
     }
 }
 
-// The `_pre` entries' input (below): row blockIdx.x of x times the norm weight nw, rounded to
-// bf16 into xb, and rsqrt(mean square + eps) into rs[blockIdx.x]. The squares as tcg_stage
-// sums them (each 128-column segment by a warp_sum, the segments in order), so a GEMV of at
-// most 8 tokens (one K range) gets the same bits as from its own staging. Dynamic shared
-// memory: a float per segment. It lets the next kernel launch before its wait, so that
-// kernel's weight loads still start under the one before this.
-extern "C" __global__ void __launch_bounds__(32 * TCG_WARPS)
-tcg_prenorm(const float* __restrict__ x, const bf16_t* __restrict__ nw, float eps,
-            bf16_t* __restrict__ xb, float* __restrict__ rs, int cols) {
-    extern __shared__ float pn_sq[];
-    if (!PDL_NO_TRIGGER) pdl_trigger();
-    pdl_enter_as(1);
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int c4 = cols >> 2, segs = (c4 + 31) >> 5;
-    const float4* xr = reinterpret_cast<const float4*>(x + (size_t)blockIdx.x * cols);
-    uint2* out = reinterpret_cast<uint2*>(xb + (size_t)blockIdx.x * cols);
-    for (int sg = warp; sg < segs; sg += TCG_WARPS) {
-        const int i = sg * 32 + lane;
-        const bool in = i < c4;
-        float4 a = in ? xr[i] : make_float4(0.f, 0.f, 0.f, 0.f);
-        const uint2 n = in ? __ldg(reinterpret_cast<const uint2*>(nw) + i) : make_uint2(0u, 0u);
-        const float q = warp_sum(a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w);
-        if (lane == 0) pn_sq[sg] = q;
-        if (in) {
-            a.x *= __uint_as_float(n.x << 16);
-            a.y *= __uint_as_float(n.x & 0xffff0000u);
-            a.z *= __uint_as_float(n.y << 16);
-            a.w *= __uint_as_float(n.y & 0xffff0000u);
-            out[i] = make_uint2(pack_bf16x2(a.x, a.y), pack_bf16x2(a.z, a.w));
-        }
-    }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        float s = 0.0f;
-        for (int k = 0; k < segs; ++k) s += pn_sq[k];
-        rs[blockIdx.x] = rsqrtf(s / (float)cols + eps);
-    }
-}
-
 // NORM false: an entry for GEMVs without a norm (norm_w and x_out must be null), the norm's
 // code compiled out.
 #define GEMV_TC_BF16_AS(name, TN, TT, MINB, STEP, NORM)                                        \
@@ -688,30 +631,6 @@ tcg_prenorm(const float* __restrict__ x, const bf16_t* __restrict__ nw, float ep
 #define GEMV_TC_BF16(name, TN, TT, MINB, STEP) GEMV_TC_BF16_AS(name, TN, TT, MINB, STEP, true)
 GEMV_TC_BF16(gemv_tc_bf16_t8, 1, 1, TCG_MINB_T8, TCG_BF16_STEP)
 GEMV_TC_BF16(gemv_tc_bf16_t8_r32, 1, 2, TCG_MINB_T8, TCG_BF16_STEP)
-// The same GEMVs on an input tcg_prenorm normalised (xb: bf16 rows of cols, rs: each token's
-// norm factor): ops::MXTUNE_TCG_PRENORM, qkv from 4 tokens. Every block of the entries
-// above stages all its tokens over K, the norm's products and squares included, the same work
-// in each of qkv's 320 blocks (~3 us a layer at 8 tokens, docs/perf.md run 401); here it is
-// done once and a block copies.
-#define GEMV_TC_BF16_PRE(name, TN, TT, MINB, STEP)                                              \
-    extern "C" __global__ void __launch_bounds__(32 * TCG_WARPS, MINB)                         \
-    name(const bf16_t* __restrict__ w, const bf16_t* __restrict__ bias,                        \
-         const bf16_t* __restrict__ xb, float* __restrict__ y, int rows, int cols, int tokens,  \
-         int accumulate, const float* __restrict__ rs, float* __restrict__ part,               \
-         unsigned* __restrict__ cnt) {                                                         \
-        using W = TcgBf16T<STEP>;                                                              \
-        const W wp{w, cols};                                                                   \
-        typename W::Raw cur[W::S];                                                             \
-        const int nch = tcg_nchunks<W>(cols);                                                  \
-        const int c_lo = tcg_chunk_lo(nch), c_hi = tcg_chunk_hi(nch);                          \
-        tcg_prefetch<W, TT, 0, tcg_early_chunks<W>()>(wp, TCG_FIRST_ROW(TT), rows, c_lo, c_hi,  \
-                                                      cur);                                    \
-        pdl_enter_as(TCG_TRIGGER);                                                             \
-        gemv_tc_body<W, TN, TT, true>(wp, cur, bias, reinterpret_cast<const float*>(xb), y,    \
-                                      rows, cols, tokens, accumulate, nullptr, 0.0f, nullptr,  \
-                                      part, cnt, rs);                                          \
-    }
-GEMV_TC_BF16_PRE(gemv_tc_bf16_t8_pre, 1, 1, TCG_MINB_T8, TCG_BF16_STEP)
 // The 8-token kernel for a GEMV without a norm whose grid fits two blocks an SM (the o
 // projection up to 8 tokens: 180 blocks, no K split; ops::tc_gemv_entry): with its registers
 // capped for two blocks instead of three it does not spill (99 registers; `gemv_tc_bf16_t8`
@@ -721,7 +640,6 @@ GEMV_TC_BF16_PRE(gemv_tc_bf16_t8_pre, 1, 1, TCG_MINB_T8, TCG_BF16_STEP)
 GEMV_TC_BF16_AS(gemv_tc_bf16_t8_plain, 1, 1, TCG_MINB, TCG_BF16_STEP, false)
 GEMV_TC_BF16(gemv_tc_bf16_t16, 2, 1, TCG_MINB, TCG_BF16_STEP)
 GEMV_TC_BF16(gemv_tc_bf16_t16_r64, 2, 4, TCG_WIDE_MINB, TCG_WIDE_BF16_STEP)
-GEMV_TC_BF16_PRE(gemv_tc_bf16_t16_r64_pre, 2, 4, TCG_WIDE_MINB, TCG_WIDE_BF16_STEP)
 // A streamed matrix (the lm_head: a grid of the resident slots, each block taking unit after
 // unit) on units of TCG_WARPS row tiles, one a warp over all of K: a warp streams its tile's
 // chunks S at a time with the next S in flight and needs no other warp's partial sums, and the

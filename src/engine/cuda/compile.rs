@@ -60,9 +60,6 @@ pub const KERNEL_FILES: &[KernelFile] = &[
             "gemv_tc_bf16_t8",
             "gemv_tc_bf16_t8_r32",
             "gemv_tc_bf16_t8_plain",
-            "gemv_tc_bf16_t8_pre",
-            "gemv_tc_bf16_t16_r64_pre",
-            "tcg_prenorm",
             "gemv_tc_bf16_t16",
             "gemv_tc_bf16_t16_r64",
             "gemv_tc_bf16_t8_r128",
@@ -551,11 +548,7 @@ mod tests {
                             || t.starts_with("typename W::Raw")
                             || t.starts_with("const W wp{")
                             || t.starts_with("tcg_prefetch")
-                            || t.starts_with("cur);")
-                            // gemv_tc.cu's tcg_prenorm lets the next kernel launch first
-                            // (that touches no memory), so qkv's weight loads still start
-                            // under the kernel before it.
-                            || t == "if (!PDL_NO_TRIGGER) pdl_trigger();",
+                            || t.starts_with("cur);"),
                         "{entry} ({}): `{t}` runs before pdl_enter()",
                         file.name
                     );

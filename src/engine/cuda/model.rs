@@ -48,10 +48,6 @@ struct RowBufs {
     qkv: CudaSlice<f32>,
     q: CudaSlice<f32>,
     attn: CudaSlice<f32>,
-    /// qkv's input normalised once (bf16 rows) and each row's norm factor, where
-    /// [`ops::dense_gemv_prenorm`] runs.
-    xb: CudaSlice<u16>,
-    rs: CudaSlice<f32>,
     r_logits: CudaSlice<f32>,
     /// Routed expert indices, one [rows, k] slice per layer: each layer keeps its own, so a
     /// step's routing can be read back after it (the profile counts the distinct experts).
@@ -94,8 +90,6 @@ impl RowBufs {
             qkv: g.alloc(rows * (hq + 2 * hkv) * d)?,
             q: g.alloc(rows * hq * d)?,
             attn: g.alloc(rows * hq * d)?,
-            xb: g.alloc(rows * hid)?,
-            rs: g.alloc(rows)?,
             r_logits: g.alloc(rows * e)?,
             r_idx: g.alloc(c.num_hidden_layers * rows * k)?,
             idx_stride: rows * k,
@@ -762,30 +756,19 @@ impl Decoder {
             };
             let qkv_w = lw.qkv_w.dev(g);
             if self.runs(StepGroup::Qkv) {
-                let pre = ops::PrenormScratch {
-                    xb: g.ptr(&r.xb),
-                    rs: p(&r.rs),
-                };
-                let (gemv, bias, x, y) =
-                    (self.opts.gemv, Some(g.ptr(&lw.qkv_b)), p(&r.x), p(&r.qkv));
-                let rows = (hq + 2 * hkv) * d;
-                if !ops::dense_gemv_prenorm(
-                    g, gemv, qkv_w, bias, x, y, rows, hid, n, false, attn_norm, pre,
-                )? {
-                    ops::dense_gemv(
-                        g,
-                        gemv,
-                        qkv_w,
-                        bias,
-                        x,
-                        y,
-                        rows,
-                        hid,
-                        n,
-                        false,
-                        Some(attn_norm),
-                    )?;
-                }
+                ops::dense_gemv(
+                    g,
+                    self.opts.gemv,
+                    qkv_w,
+                    Some(g.ptr(&lw.qkv_b)),
+                    p(&r.x),
+                    p(&r.qkv),
+                    (hq + 2 * hkv) * d,
+                    hid,
+                    n,
+                    false,
+                    Some(attn_norm),
+                )?;
             }
             mark(StepGroup::Qkv.label(qkv_w.is_mxfp4()))?;
             if self.runs(StepGroup::RopeKv) {
