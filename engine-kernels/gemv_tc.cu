@@ -202,53 +202,7 @@ struct TcgNoHook {
 #ifndef TCG_SQ_XPOSE
 #define TCG_SQ_XPOSE 1
 #endif
-// Thread-block clusters (sm_90 and later; the `_cl` entries, launched with a cluster
-// dimension by ops::dense_gemv_tc): this block's rank and the cluster's size, a shared
-// address of this block mapped into block `rank`'s shared memory, stores there, and the
-// cluster-wide barrier (release / acquire: the stores before it are seen after it).
-__device__ __forceinline__ int cl_rank() {
-    unsigned r = 0;
-#if __CUDA_ARCH__ >= 900
-    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
-#endif
-    return (int)r;
-}
-__device__ __forceinline__ int cl_size() {
-    unsigned r = 1;
-#if __CUDA_ARCH__ >= 900
-    asm volatile("mov.u32 %0, %%cluster_nctarank;" : "=r"(r));
-#endif
-    return (int)r;
-}
-__device__ __forceinline__ unsigned cl_map(const void* p, int rank) {
-    unsigned a = (unsigned)__cvta_generic_to_shared(p), d = a;
-#if __CUDA_ARCH__ >= 900
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(rank));
-#endif
-    return d;
-}
-__device__ __forceinline__ void cl_st2(unsigned a, unsigned x, unsigned y) {
-#if __CUDA_ARCH__ >= 900
-    asm volatile("st.shared::cluster.v2.u32 [%0], {%1, %2};" ::"r"(a), "r"(x), "r"(y) : "memory");
-#endif
-}
-__device__ __forceinline__ void cl_stf(unsigned a, float v) {
-#if __CUDA_ARCH__ >= 900
-    asm volatile("st.shared::cluster.f32 [%0], %1;" ::"r"(a), "f"(v) : "memory");
-#endif
-}
-__device__ __forceinline__ void cl_sync() {
-#if __CUDA_ARCH__ >= 900
-    asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
-#else
-    __syncthreads();
-#endif
-}
-// Unit u0 + k * nvw is v[k]'s; CL: each sum is stored into the shared memory of all csize
-// blocks of the cluster.
-template <bool CL = false>
-__device__ __forceinline__ void tcg_squares4(const float4 (&v)[4], int lane, int u0, int units, float* sq,
-                                             int nvw = TCG_WARPS, int csize = 1) {
+__device__ __forceinline__ void tcg_squares4(const float4 (&v)[4], int lane, int u0, int units, float* sq) {
     float p[4];
 #pragma unroll
     for (int k = 0; k < 4; ++k) p[k] = v[k].x * v[k].x + v[k].y * v[k].y + v[k].z * v[k].z + v[k].w * v[k].w;
@@ -260,38 +214,20 @@ __device__ __forceinline__ void tcg_squares4(const float4 (&v)[4], int lane, int
     b += __shfl_xor_sync(0xffffffffu, b, 4);
     b += __shfl_xor_sync(0xffffffffu, b, 2);
     b += __shfl_xor_sync(0xffffffffu, b, 1);
-    const int u = u0 + (lane >> 3) * nvw;
-    if ((lane & 7) == 0 && u < units) {
-        if constexpr (CL) {
-            for (int d = 0; d < csize; ++d) cl_stf(cl_map(sq + u, d), b);
-        } else {
-            sq[u] = b;
-        }
-    }
+    const int u = u0 + (lane >> 3) * TCG_WARPS;
+    if ((lane & 7) == 0 && u < units) sq[u] = b;
 }
-// CL (the `_cl` entries: a cluster of blocks sharing their tokens and K range): the
-// cluster's blocks split the units between them, each unit staged by one block into the
-// shared memory of all (its rows and its squares), so each block loads and converts
-// 1 / cluster of the activations instead of all of them; the same values in the same places,
-// so the same bits.
-template <bool CL = false, class RowOf, class Hook = TcgNoHook>
+template <class RowOf, class Hook = TcgNoHook>
 __device__ __forceinline__ void tcg_stage(RowOf row, const bf16_t* __restrict__ nw, int cols, int nt,
                                           int stride, bf16_t* xs, float* sq, float* ss,
                                           Hook hook = Hook()) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    int csize = 1, vw = warp;  // the cluster's blocks, this warp among all theirs
-    if constexpr (CL) {
-        csize = cl_size();
-        vw = cl_rank() * TCG_WARPS + warp;
-        cl_sync();  // every block of the cluster running before any store into its memory
-    }
-    const int nvw = csize * TCG_WARPS;
     const int c4 = cols >> 2, segs = (c4 + 31) >> 5, units = nt * segs;
-    // Unit u is (token u / segs, segment u % segs); the warp's units step by nvw, so
+    // Unit u is (token u / segs, segment u % segs); the warp's units step by TCG_WARPS, so
     // their (token, segment) are stepped too: a division per unit, twice, was most of the
     // loop's instructions (585 a round of 4 units on sm_90a; at 8 tokens a warp stages 23).
-    int bt = vw / segs, bs = vw % segs;  // unit u0's
-    for (int u0 = vw; u0 < units; u0 += TCG_STAGE_UNROLL * nvw) {
+    int bt = warp / segs, bs = warp % segs;  // unit u0's
+    for (int u0 = warp; u0 < units; u0 += TCG_STAGE_UNROLL * TCG_WARPS) {
         float4 v[TCG_STAGE_UNROLL];
         // The norm weights are loaded with x: after the squares' shuffles (where they were
         // first written) ptxas issued them only once x had arrived, a second round trip.
@@ -301,36 +237,30 @@ __device__ __forceinline__ void tcg_stage(RowOf row, const bf16_t* __restrict__ 
         for (int k = 0; k < TCG_STAGE_UNROLL; ++k) {
             tk[k] = bt;
             ik[k] = bs * 32 + lane;
-            bs += nvw;
-            while (bs >= segs) {  // warp-uniform; once at most where segs >= nvw
+            bs += TCG_WARPS;
+            while (bs >= segs) {  // warp-uniform; once at most where segs >= TCG_WARPS
                 bs -= segs;
                 ++bt;
             }
         }
 #pragma unroll
         for (int k = 0; k < TCG_STAGE_UNROLL; ++k) {
-            const int u = u0 + k * nvw, t = tk[k], i = ik[k];
+            const int u = u0 + k * TCG_WARPS, t = tk[k], i = ik[k];
             const bool in = u < units && i < c4;
             v[k] = in ? reinterpret_cast<const float4*>(row(t))[i] : make_float4(0.f, 0.f, 0.f, 0.f);
             nv[k] = in && nw ? __ldg(reinterpret_cast<const uint2*>(nw) + i) : make_uint2(0u, 0u);
         }
         constexpr bool XP = TCG_SQ_XPOSE && TCG_STAGE_UNROLL == 4;
-        if (XP && nw) tcg_squares4<CL>(v, lane, u0, units, sq, nvw, csize);
+        if (XP && nw) tcg_squares4(v, lane, u0, units, sq);
 #pragma unroll
         for (int k = 0; k < TCG_STAGE_UNROLL; ++k) {
-            const int u = u0 + k * nvw;
+            const int u = u0 + k * TCG_WARPS;
             if (u >= units) break;  // warp-uniform
             const int t = tk[k], i = ik[k];
             float4 a = v[k];
             if (!XP && nw) {
                 const float s = warp_sum(a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w);
-                if (lane == 0) {
-                    if constexpr (CL) {
-                        for (int d = 0; d < csize; ++d) cl_stf(cl_map(sq + u, d), s);
-                    } else {
-                        sq[u] = s;
-                    }
-                }
+                if (lane == 0) sq[u] = s;
             }
             if (i < c4) {
                 if (nw) {
@@ -340,22 +270,13 @@ __device__ __forceinline__ void tcg_stage(RowOf row, const bf16_t* __restrict__ 
                     a.z *= __uint_as_float(n.y << 16);
                     a.w *= __uint_as_float(n.y & 0xffff0000u);
                 }
-                if constexpr (CL) {
-                    const unsigned lo = pack_bf16x2(a.x, a.y), hi = pack_bf16x2(a.z, a.w);
-                    for (int d = 0; d < csize; ++d) cl_st2(cl_map(xs + t * stride + 4 * i, d), lo, hi);
-                } else {
-                    *reinterpret_cast<uint2*>(xs + t * stride + 4 * i) =
-                        make_uint2(pack_bf16x2(a.x, a.y), pack_bf16x2(a.z, a.w));
-                }
+                *reinterpret_cast<uint2*>(xs + t * stride + 4 * i) =
+                    make_uint2(pack_bf16x2(a.x, a.y), pack_bf16x2(a.z, a.w));
             }
         }
     }
     hook();
-    if constexpr (CL) {
-        cl_sync();
-    } else {
-        __syncthreads();
-    }
+    __syncthreads();
     if (nw && threadIdx.x < nt) {
         float s = 0.0f;
         for (int k = 0; k < segs; ++k) s += sq[threadIdx.x * segs + k];
@@ -509,7 +430,7 @@ __device__ __forceinline__ float tcg_sum(float (*red)[16][8 * TN], int row, int 
 // The entry points load the first chunks (tcg_prefetch: immutable weights only;
 // tcg_early_chunks of the first step) before pdl_enter(), then run the body, which loads the
 // rest of the step once its staging loads are done.
-template <class W, int TN, int TT, bool CL = false>
+template <class W, int TN, int TT>
 __device__ __forceinline__ void gemv_tc_body(const W wp, typename W::Raw (&cur)[W::S],
                                              const bf16_t* __restrict__ bias,
                                              const float* __restrict__ x, float* __restrict__ y,
@@ -549,7 +470,7 @@ __device__ __forceinline__ void gemv_tc_body(const W wp, typename W::Raw (&cur)[
         constexpr int E0 = tcg_early_chunks<W>();
         if (E0 < W::S) tcg_prefetch<W, TT, E0>(wp, TCG_FIRST_ROW(TT), rows, c_lo, c_hi, cur);
     };
-    tcg_stage<CL>([&](int n) { return xt + (size_t)n * cols + k0; }, WIDE && norm_w ? norm_w + k0 : norm_w,
+    tcg_stage([&](int n) { return xt + (size_t)n * cols + k0; }, WIDE && norm_w ? norm_w + k0 : norm_w,
               kn, nt, stride, WIDE ? xs : xs + k0, sq, ss, late);
     if (threadIdx.x < nt) rs_s[threadIdx.x] = norm_w ? rsqrtf(ss[threadIdx.x] / (float)cols + eps) : 1.0f;
     // A split's squares of each token: after the partial sums (gridDim.z floats a token).
@@ -689,9 +610,7 @@ __device__ __forceinline__ void gemv_tc_body(const W wp, typename W::Raw (&cur)[
 
 // NORM false: an entry for GEMVs without a norm (norm_w and x_out must be null), the norm's
 // code compiled out.
-#define GEMV_TC_BF16_AS(name, TN, TT, MINB, STEP, NORM) GEMV_TC_BF16_CL(name, TN, TT, MINB, STEP, NORM, false)
-// CL: the entry for a cluster launch (tcg_stage's CL).
-#define GEMV_TC_BF16_CL(name, TN, TT, MINB, STEP, NORM, CL)                                    \
+#define GEMV_TC_BF16_AS(name, TN, TT, MINB, STEP, NORM)                                        \
     extern "C" __global__ void __launch_bounds__(32 * TCG_WARPS, MINB)                         \
     name(const bf16_t* __restrict__ w, const bf16_t* __restrict__ bias,                        \
          const float* __restrict__ x, float* __restrict__ y, int rows, int cols, int tokens,   \
@@ -705,9 +624,9 @@ __device__ __forceinline__ void gemv_tc_body(const W wp, typename W::Raw (&cur)[
         tcg_prefetch<W, TT, 0, tcg_early_chunks<W>()>(wp, TCG_FIRST_ROW(TT), rows, c_lo, c_hi,  \
                                                       cur);                                    \
         pdl_enter_as(TCG_TRIGGER);                                                             \
-        gemv_tc_body<W, TN, TT, CL>(wp, cur, bias, x, y, rows, cols, tokens, accumulate,       \
-                                    NORM ? norm_w : nullptr, eps, NORM ? x_out : nullptr,      \
-                                    part, cnt);                                                \
+        gemv_tc_body<W, TN, TT>(wp, cur, bias, x, y, rows, cols, tokens, accumulate,           \
+                                NORM ? norm_w : nullptr, eps, NORM ? x_out : nullptr, part,    \
+                                cnt);                                                          \
     }
 #define GEMV_TC_BF16(name, TN, TT, MINB, STEP) GEMV_TC_BF16_AS(name, TN, TT, MINB, STEP, true)
 GEMV_TC_BF16(gemv_tc_bf16_t8, 1, 1, TCG_MINB_T8, TCG_BF16_STEP)
@@ -721,11 +640,6 @@ GEMV_TC_BF16(gemv_tc_bf16_t8_r32, 1, 2, TCG_MINB_T8, TCG_BF16_STEP)
 GEMV_TC_BF16_AS(gemv_tc_bf16_t8_plain, 1, 1, TCG_MINB, TCG_BF16_STEP, false)
 GEMV_TC_BF16(gemv_tc_bf16_t16, 2, 1, TCG_MINB, TCG_BF16_STEP)
 GEMV_TC_BF16(gemv_tc_bf16_t16_r64, 2, 4, TCG_WIDE_MINB, TCG_WIDE_BF16_STEP)
-// The cluster entries of the four above (ops::TCG_CLUSTER_ENV): the same sums.
-GEMV_TC_BF16_CL(gemv_tc_bf16_t8_cl, 1, 1, TCG_MINB_T8, TCG_BF16_STEP, true, true)
-GEMV_TC_BF16_CL(gemv_tc_bf16_t8_r32_cl, 1, 2, TCG_MINB_T8, TCG_BF16_STEP, true, true)
-GEMV_TC_BF16_CL(gemv_tc_bf16_t8_plain_cl, 1, 1, TCG_MINB, TCG_BF16_STEP, false, true)
-GEMV_TC_BF16_CL(gemv_tc_bf16_t16_r64_cl, 2, 4, TCG_WIDE_MINB, TCG_WIDE_BF16_STEP, true, true)
 // A streamed matrix (the lm_head: a grid of the resident slots, each block taking unit after
 // unit) on units of TCG_WARPS row tiles, one a warp over all of K: a warp streams its tile's
 // chunks S at a time with the next S in flight and needs no other warp's partial sums, and the

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use anyhow::{Result, bail, ensure};
+use anyhow::{Result, bail};
 use cudarc::driver::{
     CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DeviceRepr, ValidAsZeroBits,
 };
@@ -294,14 +294,6 @@ impl Gpu {
         &self.arch
     }
 
-    /// Whether the device runs thread-block clusters (compute capability 9.0 and later).
-    pub fn clusters(&self) -> bool {
-        self.arch
-            .strip_prefix("sm_")
-            .and_then(|v| v.parse::<u32>().ok())
-            .is_some_and(|v| v >= 90)
-    }
-
     /// The device's marketing name.
     pub fn name(&self) -> &str {
         &self.name
@@ -456,25 +448,6 @@ impl Gpu {
         shared_mem_bytes: u32,
         args: &[Arg],
     ) -> Result<()> {
-        self.launch_cluster(kernel, grid, block, shared_mem_bytes, args, 1)
-    }
-
-    /// [`Gpu::launch`] in thread-block clusters of `cluster` blocks along x (1: none; sm_90 and
-    /// later, a grid x a multiple of it).
-    pub fn launch_cluster(
-        &self,
-        kernel: &str,
-        grid: (u32, u32, u32),
-        block: (u32, u32, u32),
-        shared_mem_bytes: u32,
-        args: &[Arg],
-        cluster: u32,
-    ) -> Result<()> {
-        ensure!(
-            cluster >= 1 && grid.0.is_multiple_of(cluster),
-            "{kernel}: a grid of {} blocks along x in clusters of {cluster}",
-            grid.0
-        );
         let Some((&name, f)) = self.funcs.get_key_value(kernel) else {
             bail!("kernel {kernel} is not in the dispatch table");
         };
@@ -503,25 +476,11 @@ impl Gpu {
                 Arg::F32(v) => v as *const f32 as *mut std::ffi::c_void,
             })
             .collect();
-        let mut attrs: Vec<cudarc::driver::sys::CUlaunchAttribute> = Vec::with_capacity(2);
-        if self.pdl {
-            // SAFETY: a zeroed attribute is a valid C struct (id 0, value all zero bytes); the
-            // id and the union member set below are the ones the driver reads for it.
-            let mut attr: cudarc::driver::sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
-            attr.id = cudarc::driver::sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
-            attr.value.programmaticStreamSerializationAllowed = 1;
-            attrs.push(attr);
-        }
-        if cluster > 1 {
-            // SAFETY: as above; clusterDim is the member the driver reads for this id.
-            let mut attr: cudarc::driver::sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
-            attr.id =
-                cudarc::driver::sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
-            attr.value.clusterDim.x = cluster;
-            attr.value.clusterDim.y = 1;
-            attr.value.clusterDim.z = 1;
-            attrs.push(attr);
-        }
+        // SAFETY: a zeroed attribute is a valid C struct (id 0, value all zero bytes); the
+        // id and the union member set below are the ones the driver reads for it.
+        let mut attr: cudarc::driver::sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+        attr.id = cudarc::driver::sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+        attr.value.programmaticStreamSerializationAllowed = 1;
         let cfg = cudarc::driver::sys::CUlaunchConfig {
             gridDimX: grid.0,
             gridDimY: grid.1,
@@ -531,8 +490,8 @@ impl Gpu {
             blockDimZ: block.2,
             sharedMemBytes: shared_mem_bytes,
             hStream: self.stream.cu_stream(),
-            attrs: attrs.as_mut_ptr(),
-            numAttrs: attrs.len() as u32,
+            attrs: &mut attr,
+            numAttrs: u32::from(self.pdl),
         };
         self.ctx
             .bind_to_thread()

@@ -546,78 +546,6 @@ pub(crate) fn dense_gemv_tc(
     norm: Option<Norm>,
     tiles: Option<usize>,
 ) -> Result<()> {
-    let cluster = tc_gemv_cluster(g, t)?;
-    tc_gemv_in_clusters(
-        g, w, bias, x, y, rows, cols, t, accumulate, norm, tiles, cluster,
-    )
-}
-
-/// Environment knob of the dense tensor-core GEMV's clusters: `MXTUNE_TCG_CLUSTER=C` (1, 2, 4
-/// or 8) launches its bf16 kernels that have a `_cl` entry ([`tc_cluster_entry`]) in clusters
-/// of C blocks from [`TCG_CLUSTER_FROM_ENV`]'s tokens on; 1 launches none. Default
-/// [`TCG_CLUSTER`].
-pub const TCG_CLUSTER_ENV: &str = "MXTUNE_TCG_CLUSTER";
-
-/// Environment knob: the fewest tokens from which [`TCG_CLUSTER_ENV`] applies (default
-/// [`TCG_CLUSTER_FROM`]).
-pub const TCG_CLUSTER_FROM_ENV: &str = "MXTUNE_TCG_CLUSTER_FROM";
-
-/// Blocks a cluster of the dense tensor-core GEMV by default (1: no clusters).
-pub const TCG_CLUSTER: usize = 1;
-
-/// Fewest tokens from which the dense tensor-core GEMV runs in clusters by default.
-pub const TCG_CLUSTER_FROM: usize = 1;
-
-/// The cluster size a dense tensor-core GEMV of `t` tokens launches with on this device
-/// ([`TCG_CLUSTER_ENV`], [`TCG_CLUSTER_FROM_ENV`]; 1 where the device has no clusters); a bad
-/// value is an error naming it.
-fn tc_gemv_cluster(g: &Gpu, t: usize) -> Result<usize> {
-    type Knob = std::sync::OnceLock<Result<Option<usize>, String>>;
-    static C: Knob = Knob::new();
-    static F: Knob = Knob::new();
-    let c = env_once(&C, || {
-        env_whole(TCG_CLUSTER_ENV, 1..=8, "blocks (1, 2, 4 or 8)")
-    })?
-    .unwrap_or(TCG_CLUSTER);
-    ensure!(
-        c.is_power_of_two(),
-        "{TCG_CLUSTER_ENV}={c}: expected 1, 2, 4 or 8 blocks"
-    );
-    let from = env_once(&F, || env_whole(TCG_CLUSTER_FROM_ENV, 1..=64, "tokens"))?
-        .unwrap_or(TCG_CLUSTER_FROM);
-    Ok(if g.clusters() && t >= from { c } else { 1 })
-}
-
-/// The entry of `kernel` for a cluster launch (`_cl`: the cluster's blocks stage their tokens
-/// together, gemv_tc.cu's `tcg_stage`), where it has one.
-pub fn tc_cluster_entry(kernel: &str) -> Option<&'static str> {
-    Some(match kernel {
-        "gemv_tc_bf16_t8" => "gemv_tc_bf16_t8_cl",
-        "gemv_tc_bf16_t8_r32" => "gemv_tc_bf16_t8_r32_cl",
-        "gemv_tc_bf16_t8_plain" => "gemv_tc_bf16_t8_plain_cl",
-        "gemv_tc_bf16_t16_r64" => "gemv_tc_bf16_t16_r64_cl",
-        _ => return None,
-    })
-}
-
-/// [`dense_gemv_tc`] in clusters of `cluster` blocks (1: none) where the plan's kernel has a
-/// cluster entry ([`tc_cluster_entry`]; else as 1); the grid's x is rounded up to whole
-/// clusters, the blocks past the last row unit only staging. The same sums bit for bit.
-#[allow(clippy::too_many_arguments)]
-pub fn tc_gemv_in_clusters(
-    g: &Gpu,
-    w: DenseW,
-    bias: Option<u64>,
-    x: u64,
-    y: u64,
-    rows: usize,
-    cols: usize,
-    t: usize,
-    accumulate: bool,
-    norm: Option<Norm>,
-    tiles: Option<usize>,
-    cluster: usize,
-) -> Result<()> {
     let (format, weights) = match w {
         DenseW::Bf16(p) => ("bf16", vec![Arg::Ptr(p)]),
         DenseW::Mxfp4 { blocks, scales } => ("fp4", vec![Arg::Ptr(blocks), Arg::Ptr(scales)]),
@@ -650,22 +578,16 @@ pub fn tc_gemv_in_clusters(
         Arg::Ptr(part),
         Arg::Ptr(cnt),
     ]);
-    let entry = tc_gemv_entry(g, format, &plan, cols, t, norm)?;
-    let (entry, cluster) = match tc_cluster_entry(entry) {
-        Some(e) if cluster > 1 => (e, cluster),
-        _ => (entry, 1),
-    };
-    g.launch_cluster(
-        entry,
+    g.launch(
+        tc_gemv_entry(g, format, &plan, cols, t, norm)?,
         (
-            u(plan.grid_x.next_multiple_of(cluster))?,
+            u(plan.grid_x)?,
             u(t.div_ceil(plan.per_pass))?,
             u(plan.ksplit)?,
         ),
         (TCG_THREADS, 1, 1),
         u(tc_gemv_smem_width(cols, width, t.min(plan.per_pass)))?,
         &args,
-        u(cluster)?,
     )
 }
 

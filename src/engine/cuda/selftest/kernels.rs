@@ -36,7 +36,6 @@ pub fn run_kernel_checks(g: &Gpu, seed: u64) -> Result<Vec<Check>> {
     out.extend(check_mxfp4_quantize(g, &mut s)?);
     out.extend(check_gemv_mxfp4(g, &mut s)?);
     out.extend(check_gemv_tc(g, &mut s)?);
-    out.extend(check_gemv_tc_clusters(g, &mut s)?);
     out.extend(check_moe_tc(g, &mut s)?);
     out.extend(check_moe_f16(g, &mut s)?);
     out.extend(check_gemm_mxfp4(g, &mut s)?);
@@ -2853,101 +2852,6 @@ fn check_gemv_tc(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
                     1e-5,
                 ));
             }
-        }
-    }
-    Ok(res)
-}
-
-/// The dense tensor-core GEMV launched in clusters of 2, 4 and 8 blocks that stage their
-/// tokens together (`ops::tc_gemv_in_clusters`, the `_cl` entries) against the same launch
-/// without clusters, bit for bit, outputs and the normalised input where it is written: the
-/// qkv shape at 1, 8 and 16 tokens (the wide kernel's K split), o's at 4 (its 8-token K
-/// split), 8 (the entry without a norm) and 16 (two row tiles a block, two passes), grids of
-/// a partial cluster (1001 rows) and a row of 96 (one segment, fewer units than warps).
-/// Devices without clusters: none.
-fn check_gemv_tc_clusters(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
-    let mut res = Vec::new();
-    if !g.clusters() {
-        return Ok(res);
-    }
-    for (rows, cols, t, acc, norm) in [
-        (5120, 2880, 1, false, true),
-        (5120, 2880, 8, false, true),
-        (5120, 2880, 16, false, true),
-        (2880, 4096, 4, true, false),
-        (2880, 4096, 8, true, false),
-        (2880, 4096, 16, true, false),
-        (1001, 2880, 5, true, true),
-        (1001, 2880, 12, true, true),
-        (37, 96, 3, false, true),
-    ] {
-        let c = DenseCase::new(g, s, rows, cols, t, true, acc)?;
-        let nw = bf16_vec(s.next(), cols, 0.2, 1.0);
-        let dnw = g.upload(&nw)?;
-        let w = ops::DenseW::Bf16(g.ptr(&c.dw));
-        let (b, x) = (c.bias_ptr(g), g.ptr(&c.dx));
-        // The model's qkv leaves its normalised input unwritten (the wide kernel's K split
-        // needs that); a norm at up to 8 tokens writes it here, to compare it too.
-        let writes = norm && t <= 8;
-        let run = |cluster: usize| -> Result<(Vec<f32>, Vec<f32>)> {
-            let y = c.out(g)?;
-            let h = nan_f32(g, t * cols)?;
-            let nrm = norm.then(|| ops::Norm {
-                w: g.ptr(&dnw),
-                eps: 1e-5,
-                out: if writes { g.ptr(&h) } else { 0 },
-            });
-            ops::tc_gemv_in_clusters(
-                g,
-                w,
-                b,
-                x,
-                g.ptr(&y),
-                rows,
-                cols,
-                t,
-                acc,
-                nrm,
-                None,
-                cluster,
-            )?;
-            Ok((g.download(&y)?, g.download(&h)?))
-        };
-        let (y1, h1) = run(1)?;
-        let plan = ops::tc_gemv_launch_plan(
-            g,
-            "bf16",
-            rows,
-            cols,
-            t,
-            norm.then_some(ops::Norm {
-                w: 0,
-                eps: 1e-5,
-                out: 0,
-            }),
-            None,
-        )?;
-        for cluster in [2, 4, 8] {
-            let (yc, hc) = run(cluster)?;
-            let unwritten = yc.iter().filter(|v| !v.is_finite()).count()
-                + if writes {
-                    hc.iter().filter(|v| !v.is_finite()).count()
-                } else {
-                    0
-                };
-            let apart = bits_apart(&yc, &y1) + if writes { bits_apart(&hc, &h1) } else { 0.0 };
-            res.push(check(
-                format!(
-                    "gemv_tc_bf16 in clusters of {cluster} {rows}x{cols} t={t} acc={acc} \
-                     norm={norm} ({} row tiles a block, grid {}x{}x{}) vs none, bits apart + unwritten",
-                    plan.tiles_per_block,
-                    plan.grid_x,
-                    t.div_ceil(plan.per_pass),
-                    plan.ksplit
-                ),
-                apart + unwritten as f64,
-                0.0,
-            ));
         }
     }
     Ok(res)
