@@ -7,8 +7,8 @@
 # given) runs under each setting (-s: environment assignments, several separated by `|`, so a
 # value may hold spaces: 'MXTUNE_KERNEL_DEFINES=A=1 B=2|MXTUNE_TCG_PLAIN=off'), each in its own
 # process, the settings in turn, all of it -n times (default 2); one line per workload and
-# round with the graph step's median ms under each setting, in -s order, and the last
-# setting's change against the first. Whole outputs go to $OUT/ab-full.txt, the table to
+# round with the graph step's median ms under each setting, in -s order, each after the
+# first with its change against the first. Whole outputs go to $OUT/ab-full.txt, the table to
 # $OUT/ab.txt. Every setting's first process compiles the kernels for its defines (~30 s for
 # a new MXTUNE_KERNEL_DEFINES); the cache stays in /tmp/kc for the call.
 set -u
@@ -49,16 +49,16 @@ median() {
   for ((r = 1; r <= n; r++)); do
     for w in "${workloads[@]}"; do
       line="round $r, $w:"
-      first="" last=""
+      first=""
       for s in "${settings[@]}"; do
         m=$(median "$s" "$w")
         line="$line $m"
-        [ -z "$first" ] && first=$m
-        last=$m
+        if [ -z "$first" ]; then
+          first=$m
+        elif [ "$first" != "-" ] && [ "$m" != "-" ]; then
+          line="$line ($(awk -v a="$first" -v b="$m" 'BEGIN { printf "%+.1f %%", (b / a - 1) * 100 }'))"
+        fi
       done
-      if [ ${#settings[@]} -gt 1 ] && [ "$first" != "-" ] && [ "$last" != "-" ]; then
-        line="$line ($(awk -v a="$first" -v b="$last" 'BEGIN { printf "%+.1f %%", (b / a - 1) * 100 }'))"
-      fi
       echo "$line"
     done
   done
