@@ -608,6 +608,178 @@ __device__ __forceinline__ void gemv_tc_body(const W wp, typename W::Raw (&cur)[
     }
 }
 
+// The 8-token, one-tile GEMV with its tokens staged phase by phase (the `_ph` entries,
+// ops::TCG_PHASED_ENV; one unit a block, no K split): a phase is the columns one step of
+// every warp covers (S chunks a warp, TCG_WARPS warps: 1024 bf16 columns), its fp32 rows
+// copied by cp.async into a buffer of one phase, then rounded (and normalised, squared) into
+// one of two bf16 phase slots that the MMAs read; the next phase's copy is in flight while the
+// warps sum this one, so the weight stream never waits for the whole row. The same values in
+// the same places, the squares by the same butterfly per 128-column segment and added in
+// segment order, the same chunks to the same warps: the same bits as gemv_tc_body's `_t8`.
+// Dynamic shared memory (ops::tc_phased_smem): the fp32 phase (nt × PW), the two bf16 slots
+// (nt × (PW + TCG_XPAD) each), the squares (nt × PW / 128) and the running sums (nt).
+template <class W, bool NORM>
+__device__ __forceinline__ void gemv_tc_phased(const W wp, typename W::Raw (&cur)[W::S],
+                                               const bf16_t* __restrict__ bias,
+                                               const float* __restrict__ x, float* __restrict__ y,
+                                               int rows, int cols, int tokens, int accumulate,
+                                               const bf16_t* __restrict__ norm_w, float eps) {
+    constexpr int E = W::E, CW = 4 * E, S = W::S, PW = S * TCG_WARPS * CW, SEGP = PW / 128;
+    static_assert(PW % 128 == 0, "a phase is whole segments");
+    extern __shared__ __align__(16) unsigned char tph_smem[];
+    __shared__ float red[TCG_WARPS][16][8];
+    __shared__ float rs_s[8];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, q = lane & 3;
+    const int t0 = blockIdx.y * 8, nt = min(8, tokens - t0);
+    const int nchunks = tcg_nchunks<W>(cols), nph = (cols + PW - 1) / PW;
+    const int unit = blockIdx.x, r0 = unit * 16 + g;
+    constexpr int STRIDE = PW + TCG_XPAD;
+    float* fx = reinterpret_cast<float*>(tph_smem);                       // [8][PW]
+    bf16_t* xb = reinterpret_cast<bf16_t*>(fx + 8 * PW);                  // [2][8][STRIDE]
+    float* sq = reinterpret_cast<float*>(xb + 2 * 8 * STRIDE);            // [8][SEGP]
+    float* ss = sq + 8 * SEGP;                                            // [8]
+    const float* xt = x + (size_t)t0 * cols;
+    // Phase p's fp32 rows into fx: 16 bytes a copy, tokens × PW / 4 copies over the block.
+    auto fetch = [&](int p) {
+        const int c0 = p * PW, n4 = (min(cols, c0 + PW) - c0) >> 2;
+        for (int i = threadIdx.x; i < nt * (PW / 4); i += 32 * TCG_WARPS) {
+            const int t = i / (PW / 4), j = i % (PW / 4);
+            if (j < n4) cp_async16(fx + t * PW + 4 * j, xt + (size_t)t * cols + c0 + 4 * j, true);
+        }
+        cp_async_commit();
+    };
+    // Phase p from fx into slot p & 1: tcg_stage's loop over its (token, segment) units, the
+    // squares into sq, then each token's running sum over the segments in order. Ends with a
+    // barrier.
+    auto convert = [&](int p) {
+        const int c0 = p * PW, kn = min(cols, c0 + PW) - c0;
+        bf16_t* dst = xb + (p & 1) * 8 * STRIDE;
+        const int c4 = kn >> 2, segs = (c4 + 31) >> 5, units = nt * segs;
+        const bf16_t* nw = NORM ? norm_w + c0 : nullptr;
+        int bt = warp / segs, bs = warp % segs;
+        for (int u0 = warp; u0 < units; u0 += TCG_STAGE_UNROLL * TCG_WARPS) {
+            float4 v[TCG_STAGE_UNROLL];
+            uint2 nv[TCG_STAGE_UNROLL];
+            int tk[TCG_STAGE_UNROLL], ik[TCG_STAGE_UNROLL];
+#pragma unroll
+            for (int k = 0; k < TCG_STAGE_UNROLL; ++k) {
+                tk[k] = bt;
+                ik[k] = bs * 32 + lane;
+                bs += TCG_WARPS;
+                while (bs >= segs) {
+                    bs -= segs;
+                    ++bt;
+                }
+            }
+#pragma unroll
+            for (int k = 0; k < TCG_STAGE_UNROLL; ++k) {
+                const int u = u0 + k * TCG_WARPS, i = ik[k];
+                const bool in = u < units && i < c4;
+                v[k] = in ? reinterpret_cast<const float4*>(fx + tk[k] * PW)[i] : make_float4(0.f, 0.f, 0.f, 0.f);
+                nv[k] = in && NORM ? __ldg(reinterpret_cast<const uint2*>(nw) + i) : make_uint2(0u, 0u);
+            }
+            // sq is indexed by the phase's own units (token u / segs, segment u % segs).
+            if (NORM) tcg_squares4(v, lane, u0, units, sq);
+#pragma unroll
+            for (int k = 0; k < TCG_STAGE_UNROLL; ++k) {
+                const int u = u0 + k * TCG_WARPS;
+                if (u >= units) break;
+                const int i = ik[k];
+                float4 a = v[k];
+                if (i < c4) {
+                    if (NORM) {
+                        const uint2 n = nv[k];
+                        a.x *= __uint_as_float(n.x << 16);
+                        a.y *= __uint_as_float(n.x & 0xffff0000u);
+                        a.z *= __uint_as_float(n.y << 16);
+                        a.w *= __uint_as_float(n.y & 0xffff0000u);
+                    }
+                    *reinterpret_cast<uint2*>(dst + tk[k] * STRIDE + 4 * i) =
+                        make_uint2(pack_bf16x2(a.x, a.y), pack_bf16x2(a.z, a.w));
+                }
+            }
+        }
+        __syncthreads();
+        if (NORM && threadIdx.x < nt) {
+            float r = ss[threadIdx.x];
+            for (int k = 0; k < segs; ++k) r += sq[threadIdx.x * segs + k];
+            ss[threadIdx.x] = r;
+        }
+        __syncthreads();
+    };
+    // The thread's (row, token) of the sums: its bias and the output it adds to, early.
+    const int e_row = threadIdx.x / 8, e_tok = threadIdx.x % 8, e_r = unit * 16 + e_row;
+    const bool e_on = threadIdx.x < 16 * 8 && e_tok < nt && e_r < rows;
+    float e_bias = 0.0f, e_y = 0.0f;
+    fetch(0);
+    {
+        constexpr int E0 = tcg_early_chunks<W>();
+        if (E0 < S) tcg_prefetch<W, 1, E0>(wp, r0, rows, 0, nchunks, cur);
+    }
+    if (e_on) {
+        if (bias) e_bias = bf2f(bias[e_r]);
+        if (accumulate) e_y = y[(size_t)(t0 + e_tok) * rows + e_r];
+    }
+    if (threadIdx.x < 8) ss[threadIdx.x] = 0.0f;
+    cp_async_wait<0>();
+    __syncthreads();
+    convert(0);
+    if (nph > 1) fetch(1);
+    typename W::Raw nxt[S];
+    float acc[1][4] = {{0.0f, 0.0f, 0.0f, 0.0f}};
+    for (int p = 0; p < nph; ++p) {
+        const int c = p * S * TCG_WARPS + warp;
+#pragma unroll
+        for (int s2 = 0; s2 < S; ++s2) {
+            const int cn = c + (S + s2) * TCG_WARPS;
+            if (cn < nchunks) wp.load(nxt[s2], r0, rows, cn * CW + q * E);
+        }
+        // Slot p & 1, indexed by absolute column.
+        const bf16_t* xs = xb + (p & 1) * 8 * STRIDE - p * PW;
+#pragma unroll
+        for (int s2 = 0; s2 < S; ++s2) {
+            const int cc = c + s2 * TCG_WARPS;
+            if (cc >= nchunks) break;
+            tcg_mma_chunk<W, 1>(wp, cur[s2], cc * CW + q * E, cols, xs, STRIDE, nt, acc);
+        }
+#pragma unroll
+        for (int s2 = 0; s2 < S; ++s2) cur[s2] = nxt[s2];
+        if (p + 1 < nph) {
+            cp_async_wait<0>();
+            __syncthreads();  // phase p + 1 copied; every warp past its sums of phase p - 1
+            convert(p + 1);
+            if (p + 2 < nph) fetch(p + 2);
+        }
+    }
+    red[warp][g][2 * q] = acc[0][0];
+    red[warp][g][2 * q + 1] = acc[0][1];
+    red[warp][g + 8][2 * q] = acc[0][2];
+    red[warp][g + 8][2 * q + 1] = acc[0][3];
+    if (threadIdx.x < nt) rs_s[threadIdx.x] = NORM ? rsqrtf(ss[threadIdx.x] / (float)cols + eps) : 1.0f;
+    __syncthreads();
+    if (e_on) {
+        const float v = tcg_sum<1, 1>(red, e_row, e_tok) * rs_s[e_tok] + e_bias;
+        y[(size_t)(t0 + e_tok) * rows + e_r] = accumulate ? e_y + v : v;
+    }
+}
+#define GEMV_TC_BF16_PH(name, MINB, NORM)                                                      \
+    extern "C" __global__ void __launch_bounds__(32 * TCG_WARPS, MINB)                         \
+    name(const bf16_t* __restrict__ w, const bf16_t* __restrict__ bias,                        \
+         const float* __restrict__ x, float* __restrict__ y, int rows, int cols, int tokens,   \
+         int accumulate, const bf16_t* __restrict__ norm_w, float eps,                         \
+         float* __restrict__ x_out, float* __restrict__ part, unsigned* __restrict__ cnt) {    \
+        using W = TcgBf16T<TCG_BF16_STEP>;                                                     \
+        const W wp{w, cols};                                                                   \
+        typename W::Raw cur[W::S];                                                             \
+        const int nch = tcg_nchunks<W>(cols);                                                  \
+        tcg_prefetch<W, 1, 0, tcg_early_chunks<W>()>(wp, TCG_FIRST_ROW(1), rows, 0, nch, cur); \
+        pdl_enter_as(TCG_TRIGGER);                                                             \
+        gemv_tc_phased<W, NORM>(wp, cur, bias, x, y, rows, cols, tokens, accumulate, norm_w,   \
+                                eps);                                                          \
+    }
+GEMV_TC_BF16_PH(gemv_tc_bf16_t8_ph, TCG_MINB_T8, true)
+GEMV_TC_BF16_PH(gemv_tc_bf16_t8_plain_ph, TCG_MINB, false)
+
 // NORM false: an entry for GEMVs without a norm (norm_w and x_out must be null), the norm's
 // code compiled out.
 #define GEMV_TC_BF16_AS(name, TN, TT, MINB, STEP, NORM)                                        \
