@@ -60,8 +60,6 @@ pub const KERNEL_FILES: &[KernelFile] = &[
             "gemv_tc_bf16_t8",
             "gemv_tc_bf16_t8_r32",
             "gemv_tc_bf16_t8_plain",
-            "gemv_tc_bf16_t8_ph",
-            "gemv_tc_bf16_t8_plain_ph",
             "gemv_tc_bf16_t16",
             "gemv_tc_bf16_t16_r64",
             "gemv_tc_bf16_t8_r128",

@@ -546,28 +546,6 @@ pub(crate) fn dense_gemv_tc(
     norm: Option<Norm>,
     tiles: Option<usize>,
 ) -> Result<()> {
-    dense_gemv_tc_with(
-        g, w, bias, x, y, rows, cols, t, accumulate, norm, tiles, None,
-    )
-}
-
-/// [`dense_gemv_tc`] with the phased staging chosen: `Some(true)` wherever it fits
-/// ([`tc_phased_fit`]), `Some(false)` never, `None` as [`TCG_PHASED_ENV`] says.
-#[allow(clippy::too_many_arguments)]
-pub fn dense_gemv_tc_with(
-    g: &Gpu,
-    w: DenseW,
-    bias: Option<u64>,
-    x: u64,
-    y: u64,
-    rows: usize,
-    cols: usize,
-    t: usize,
-    accumulate: bool,
-    norm: Option<Norm>,
-    tiles: Option<usize>,
-    phased: Option<bool>,
-) -> Result<()> {
     let (format, weights) = match w {
         DenseW::Bf16(p) => ("bf16", vec![Arg::Ptr(p)]),
         DenseW::Mxfp4 { blocks, scales } => ("fp4", vec![Arg::Ptr(blocks), Arg::Ptr(scales)]),
@@ -585,11 +563,6 @@ pub fn dense_gemv_tc_with(
         "a K-split tensor-core GEMV cannot write the normalised input"
     );
     let (part, cnt) = g.split_scratch();
-    let phased = match (w, phased) {
-        (DenseW::Mxfp4 { .. }, _) | (_, Some(false)) => None,
-        (DenseW::Bf16(_), Some(true)) => tc_phased_fit(g, &plan, rows, cols, t, norm)?,
-        (DenseW::Bf16(_), None) => tc_phased_entry(g, &plan, rows, cols, t, norm)?,
-    };
     let mut args = weights;
     args.extend([
         opt(bias),
@@ -605,96 +578,17 @@ pub fn dense_gemv_tc_with(
         Arg::Ptr(part),
         Arg::Ptr(cnt),
     ]);
-    let (entry, smem) = match phased {
-        Some(e) => (e, TCG_PHASED_SMEM),
-        None => (
-            tc_gemv_entry(g, format, &plan, cols, t, norm)?,
-            tc_gemv_smem_width(cols, width, t.min(plan.per_pass)),
-        ),
-    };
     g.launch(
-        entry,
+        tc_gemv_entry(g, format, &plan, cols, t, norm)?,
         (
             u(plan.grid_x)?,
             u(t.div_ceil(plan.per_pass))?,
             u(plan.ksplit)?,
         ),
         (TCG_THREADS, 1, 1),
-        u(smem)?,
+        u(tc_gemv_smem_width(cols, width, t.min(plan.per_pass)))?,
         &args,
     )
-}
-
-/// Environment knob of the phased staging (`gemv_tc_bf16_t8_ph`, `_t8_plain_ph`):
-/// `MXTUNE_TCG_PHASED=N` runs it from N tokens (0: never) instead of from
-/// [`TCG_PHASED_FROM`]; a bad value is an error naming it.
-pub const TCG_PHASED_ENV: &str = "MXTUNE_TCG_PHASED";
-
-/// Fewest tokens from which the phased staging runs by default (0: never).
-pub const TCG_PHASED_FROM: usize = 0;
-
-/// Columns of one phase of the phased entries (gemv_tc.cu's PW: `TCG_BF16_STEP` (2) chunks of
-/// 64 a warp, 8 warps).
-const TCG_PHASE_COLS: usize = 1024;
-
-/// Dynamic shared memory of the phased entries: one fp32 phase and two bf16 phase slots of 8
-/// tokens, a phase's squares and each token's running sum.
-const TCG_PHASED_SMEM: usize = 8 * TCG_PHASE_COLS * 4
-    + 2 * 8 * (TCG_PHASE_COLS + TCG_XPAD) * 2
-    + 8 * (TCG_PHASE_COLS / 128) * 4
-    + 8 * 4;
-
-fn tc_phased_from() -> Result<usize> {
-    static N: std::sync::OnceLock<Result<Option<usize>, String>> = std::sync::OnceLock::new();
-    Ok(
-        env_once(&N, || env_whole(TCG_PHASED_ENV, 0..=64, "tokens (0: off)"))?
-            .unwrap_or(TCG_PHASED_FROM),
-    )
-}
-
-/// The phased entry a bf16 launch of `plan` runs instead of its own, where it may: from
-/// [`TCG_PHASED_ENV`]'s tokens, the one-tile 8-token kernel or the entry without a norm
-/// ([`tc_gemv_entry`]), no K split, one row unit a block, no normalised input written, and a
-/// grid that stays resident at the phased entry's shared memory.
-pub fn tc_phased_entry(
-    g: &Gpu,
-    plan: &TcgPlan,
-    rows: usize,
-    cols: usize,
-    t: usize,
-    norm: Option<Norm>,
-) -> Result<Option<&'static str>> {
-    let from = tc_phased_from()?;
-    if from == 0 || t < from {
-        return Ok(None);
-    }
-    tc_phased_fit(g, plan, rows, cols, t, norm)
-}
-
-/// [`tc_phased_entry`] whatever [`TCG_PHASED_ENV`] says (the selftest's).
-pub fn tc_phased_fit(
-    g: &Gpu,
-    plan: &TcgPlan,
-    rows: usize,
-    cols: usize,
-    t: usize,
-    norm: Option<Norm>,
-) -> Result<Option<&'static str>> {
-    let entry = match tc_gemv_entry(g, "bf16", plan, cols, t, norm)? {
-        "gemv_tc_bf16_t8" => "gemv_tc_bf16_t8_ph",
-        TCG_PLAIN_ENTRY => "gemv_tc_bf16_t8_plain_ph",
-        _ => return Ok(None),
-    };
-    let blocks = plan.grid_x * t.div_ceil(plan.per_pass);
-    if plan.ksplit > 1
-        || plan.tiles_per_block != 1
-        || plan.grid_x < rows.div_ceil(16)
-        || norm.is_some_and(|n| n.out != 0)
-        || blocks > g.resident_blocks(entry, TCG_THREADS, TCG_PHASED_SMEM)? * g.sms()
-    {
-        return Ok(None);
-    }
-    Ok(Some(entry))
 }
 
 /// Environment switch of the 8-token bf16 GEMV's entry without a norm
