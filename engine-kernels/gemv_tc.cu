@@ -430,7 +430,10 @@ __device__ __forceinline__ float tcg_sum(float (*red)[16][8 * TN], int row, int 
 // The entry points load the first chunks (tcg_prefetch: immutable weights only;
 // tcg_early_chunks of the first step) before pdl_enter(), then run the body, which loads the
 // rest of the step once its staging loads are done.
-template <class W, int TN, int TT>
+// DEFER (the `_defer` entry, a K split only): each block writes its partial sums and
+// squares and returns; no count, no finish — the next kernel (rope_kv_write's `nz`) adds them
+// as the unit's last block would have.
+template <class W, int TN, int TT, bool DEFER = false>
 __device__ __forceinline__ void gemv_tc_body(const W wp, typename W::Raw (&cur)[W::S],
                                              const bf16_t* __restrict__ bias,
                                              const float* __restrict__ x, float* __restrict__ y,
@@ -504,6 +507,7 @@ __device__ __forceinline__ void gemv_tc_body(const W wp, typename W::Raw (&cur)[
             }
             if (WIDE && norm_w && threadIdx.x < nt) sqp[(size_t)blockIdx.z * tokens + t0 + threadIdx.x] = ss[threadIdx.x];
             __syncthreads();
+            if constexpr (DEFER) continue;
             if (threadIdx.x == 0) last_s = count_block_last(cnt + (size_t)blockIdx.y * nunits + unit, gridDim.z);
             __syncthreads();
             if (!last_s) continue;
@@ -640,6 +644,25 @@ GEMV_TC_BF16(gemv_tc_bf16_t8_r32, 1, 2, TCG_MINB_T8, TCG_BF16_STEP)
 GEMV_TC_BF16_AS(gemv_tc_bf16_t8_plain, 1, 1, TCG_MINB, TCG_BF16_STEP, false)
 GEMV_TC_BF16(gemv_tc_bf16_t16, 2, 1, TCG_MINB, TCG_BF16_STEP)
 GEMV_TC_BF16(gemv_tc_bf16_t16_r64, 2, 4, TCG_WIDE_MINB, TCG_WIDE_BF16_STEP)
+// The wide kernel leaving its K split's finish to the next kernel (ops::TCG_DEFER_ENV: qkv at
+// 9-16 tokens, whose only reader is rope_kv_write).
+extern "C" __global__ void __launch_bounds__(32 * TCG_WARPS, TCG_WIDE_MINB)
+gemv_tc_bf16_t16_r64_defer(const bf16_t* __restrict__ w, const bf16_t* __restrict__ bias,
+                           const float* __restrict__ x, float* __restrict__ y, int rows, int cols,
+                           int tokens, int accumulate, const bf16_t* __restrict__ norm_w, float eps,
+                           float* __restrict__ x_out, float* __restrict__ part,
+                           unsigned* __restrict__ cnt) {
+    using W = TcgBf16T<TCG_WIDE_BF16_STEP>;
+    const W wp{w, cols};
+    typename W::Raw cur[W::S];
+    const int nch = tcg_nchunks<W>(cols);
+    const int c_lo = tcg_chunk_lo(nch), c_hi = tcg_chunk_hi(nch);
+    tcg_prefetch<W, 4, 0, tcg_early_chunks<W>()>(wp, TCG_FIRST_ROW(4), rows, c_lo, c_hi,
+                                                 cur);
+    pdl_enter_as(TCG_TRIGGER);
+    gemv_tc_body<W, 2, 4, true>(wp, cur, bias, x, y, rows, cols, tokens, accumulate, norm_w, eps,
+                                nullptr, part, cnt);
+}
 // A streamed matrix (the lm_head: a grid of the resident slots, each block taking unit after
 // unit) on units of TCG_WARPS row tiles, one a warp over all of K: a warp streams its tile's
 // chunks S at a time with the next S in flight and needs no other warp's partial sums, and the

@@ -30,13 +30,18 @@ __device__ __forceinline__ RopeEarly rope_early(const float* __restrict__ inv_fr
     return e;
 }
 
+// The most K splits whose partial sums rope_kv_write adds (ops::rope_kv's `deferred`).
+#define ROPE_MAX_SPLIT 4
 extern "C" __global__ void rope_kv_write(const float* __restrict__ qkv, float* __restrict__ q_out,
                                          void* __restrict__ k_cache, void* __restrict__ v_cache,
                                          int kv,
                                          const float* __restrict__ inv_freq,
                                          const unsigned* __restrict__ pos,
                                          const unsigned long long* __restrict__ kv_off,
-                                         int hq, int hkv, int d, float mscale) {
+                                         int hq, int hkv, int d, float mscale,
+                                         const float* __restrict__ part, int nz,
+                                         const bf16_t* __restrict__ bias, int cols, float eps,
+                                         int tokens) {
     const int h = blockIdx.x * blockDim.y + threadIdx.y, t = blockIdx.y, i = threadIdx.x;
     const int half = d >> 1;
     // Before the wait, so after it only the projection's two values are waited on.
@@ -48,7 +53,37 @@ extern "C" __global__ void rope_kv_write(const float* __restrict__ qkv, float* _
     const float c = e.c, s = e.s;
     const size_t width = (size_t)(hq + 2 * hkv) * d;
     const float* src = qkv + (size_t)t * width + (size_t)h * d;
-    const float a = src[i], b = src[i + half];
+    float a, b;
+    if (nz > 0) {
+        // The qkv GEMV's K split left its nz partial sums of each row (part[z][t][row]) and
+        // its squares of each token (after them, [z][t]): its finish, here — the same
+        // operations in the same order (gemv_tc_body's last block), so the same bits.
+        const int ra = h * d + i, rb = ra + half;
+        const float* sqp = part + (size_t)nz * tokens * width;
+        float pa[ROPE_MAX_SPLIT], pb[ROPE_MAX_SPLIT], qz[ROPE_MAX_SPLIT];
+#pragma unroll
+        for (int z = 0; z < ROPE_MAX_SPLIT; ++z) {
+            const size_t o = ((size_t)z * tokens + t) * width;
+            pa[z] = z < nz ? __ldcg(part + o + ra) : 0.0f;
+            pb[z] = z < nz ? __ldcg(part + o + rb) : 0.0f;
+            qz[z] = z < nz ? __ldcg(sqp + (size_t)z * tokens + t) : 0.0f;
+        }
+        const float ba = bias ? bf2f(bias[ra]) : 0.0f, bb = bias ? bf2f(bias[rb]) : 0.0f;
+        float sa = 0.0f, sb = 0.0f, s2 = 0.0f;
+#pragma unroll
+        for (int z = 0; z < ROPE_MAX_SPLIT; ++z)
+            if (z < nz) {
+                sa += pa[z];
+                sb += pb[z];
+                s2 += qz[z];
+            }
+        const float rs = rsqrtf(s2 / (float)cols + eps);
+        a = sa * rs + ba;
+        b = sb * rs + bb;
+    } else {
+        a = src[i];
+        b = src[i + half];
+    }
     if (h >= hq + hkv) {
         const size_t o = off + ((size_t)p * hkv + (h - hq - hkv)) * d;
         kv_store(v_cache, kv, o + i, a);

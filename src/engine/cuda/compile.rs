@@ -62,6 +62,7 @@ pub const KERNEL_FILES: &[KernelFile] = &[
             "gemv_tc_bf16_t8_plain",
             "gemv_tc_bf16_t16",
             "gemv_tc_bf16_t16_r64",
+            "gemv_tc_bf16_t16_r64_defer",
             "gemv_tc_bf16_t8_r128",
             "gemv_tc_bf16_t16_r128",
             "gemv_tc_fp4_t8",

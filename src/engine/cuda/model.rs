@@ -647,6 +647,7 @@ impl Decoder {
     }
 
     /// RoPE on q and k of `n` rows of `r.qkv`, K/V into the cache (the same on both paths).
+    #[allow(clippy::too_many_arguments)]
     fn rope_kv(
         &self,
         g: &Gpu,
@@ -655,6 +656,7 @@ impl Decoder {
         r: &RowBufs,
         n: usize,
         heads_per_block: usize,
+        deferred: Option<ops::QkvDeferred>,
     ) -> Result<()> {
         ops::rope_kv(
             g,
@@ -670,6 +672,7 @@ impl Decoder {
             n,
             self.mscale,
             heads_per_block,
+            deferred,
         )
     }
 
@@ -755,24 +758,45 @@ impl Decoder {
                 out: 0,
             };
             let qkv_w = lw.qkv_w.dev(g);
+            // With the qkv's K split's finish left to RoPE (ops::TCG_DEFER_ENV), what RoPE
+            // adds; only where both run.
+            let mut deferred = None;
             if self.runs(StepGroup::Qkv) {
-                ops::dense_gemv(
-                    g,
-                    self.opts.gemv,
-                    qkv_w,
-                    Some(g.ptr(&lw.qkv_b)),
-                    p(&r.x),
-                    p(&r.qkv),
-                    (hq + 2 * hkv) * d,
-                    hid,
-                    n,
-                    false,
-                    Some(attn_norm),
-                )?;
+                let rows = (hq + 2 * hkv) * d;
+                if self.runs(StepGroup::RopeKv) {
+                    deferred = ops::dense_gemv_qkv_deferred(
+                        g,
+                        self.opts.gemv,
+                        qkv_w,
+                        g.ptr(&lw.qkv_b),
+                        p(&r.x),
+                        p(&r.qkv),
+                        rows,
+                        hid,
+                        n,
+                        attn_norm,
+                        false,
+                    )?;
+                }
+                if deferred.is_none() {
+                    ops::dense_gemv(
+                        g,
+                        self.opts.gemv,
+                        qkv_w,
+                        Some(g.ptr(&lw.qkv_b)),
+                        p(&r.x),
+                        p(&r.qkv),
+                        rows,
+                        hid,
+                        n,
+                        false,
+                        Some(attn_norm),
+                    )?;
+                }
             }
             mark(StepGroup::Qkv.label(qkv_w.is_mxfp4()))?;
             if self.runs(StepGroup::RopeKv) {
-                self.rope_kv(g, &sh, &l, r, n, 1)?;
+                self.rope_kv(g, &sh, &l, r, n, 1, deferred)?;
             }
             mark(StepGroup::RopeKv.label(false))?;
             let keys = if l.window > 0 {
@@ -1165,7 +1189,7 @@ impl Decoder {
             } else {
                 "gemm qkv"
             })?;
-            self.rope_kv(g, &sh, &l, r, n, ops::ROPE_PREFILL_HEADS)?;
+            self.rope_kv(g, &sh, &l, r, n, ops::ROPE_PREFILL_HEADS, None)?;
             mark("rope_kv_write")?;
             if tc_attn {
                 // A sliding layer's rows see at most their window (and the tile's spread).

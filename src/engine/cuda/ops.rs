@@ -1206,8 +1206,20 @@ pub fn rope_kv(
     t: usize,
     mscale: f32,
     heads_per_block: usize,
+    deferred: Option<QkvDeferred>,
 ) -> Result<()> {
     s.check()?;
+    let (part, nz, bias, cols, eps) = match deferred {
+        Some(q) => {
+            ensure!(
+                (1..=ROPE_MAX_SPLIT).contains(&q.nz),
+                "rope_kv: a deferred qkv of {} K splits (at most {ROPE_MAX_SPLIT})",
+                q.nz
+            );
+            (q.part, q.nz, q.bias, q.cols, q.eps)
+        }
+        None => (0, 0, 0, 0, 0.0),
+    };
     // Up to 1024 threads a block.
     let hb = heads_per_block.clamp(1, (2048 / s.d).max(1));
     g.launch(
@@ -1228,8 +1240,113 @@ pub fn rope_kv(
             i(s.hkv)?,
             i(s.d)?,
             Arg::F32(mscale),
+            Arg::Ptr(part),
+            i(nz)?,
+            Arg::Ptr(bias),
+            i(cols)?,
+            Arg::F32(eps),
+            i(t)?,
         ],
     )
+}
+
+/// The most K splits whose partial sums `rope_kv_write` adds (its `ROPE_MAX_SPLIT`).
+const ROPE_MAX_SPLIT: usize = 4;
+
+/// A qkv projection whose K split's finish [`dense_gemv_qkv_deferred`] left to
+/// [`rope_kv`]: its partial sums and squares (the split scratch), splits, bias, width and ε.
+#[derive(Debug, Clone, Copy)]
+pub struct QkvDeferred {
+    /// The split scratch: `nz` × tokens × rows partial sums, then `nz` × tokens squares.
+    pub part: u64,
+    /// K splits.
+    pub nz: usize,
+    /// Bias (bf16, one a row; 0: none).
+    pub bias: u64,
+    /// Input width (the norm's mean).
+    pub cols: usize,
+    /// The norm's ε.
+    pub eps: f32,
+}
+
+/// Environment switch of [`dense_gemv_qkv_deferred`]: `on` or `off` (the default until
+/// measured: qkv finishes its K split itself).
+pub const TCG_DEFER_ENV: &str = "MXTUNE_TCG_DEFER";
+
+fn tc_defer_on() -> Result<bool> {
+    static V: std::sync::OnceLock<Result<bool, String>> = std::sync::OnceLock::new();
+    env_once(&V, || {
+        env_choice(TCG_DEFER_ENV, &[("off", false), ("on", true)])
+    })
+}
+
+/// The qkv projection on the wide kernel with its K split's finish left to [`rope_kv`]
+/// (`gemv_tc_bf16_t16_r64_defer`: each block writes its partial sums and squares and
+/// returns; no count, no last block): where [`TCG_DEFER_ENV`] is on (or `force`), the weights
+/// bf16 on tensor cores, the planner's plan the wide one in one pass with 2 to 4 K splits, and
+/// the norm's input not written. Returns what [`rope_kv`] needs, or None with nothing
+/// launched (the caller then runs [`dense_gemv`]). `y` is not written.
+#[allow(clippy::too_many_arguments)]
+pub fn dense_gemv_qkv_deferred(
+    g: &Gpu,
+    path: DecodeGemv,
+    w: DenseW,
+    bias: u64,
+    x: u64,
+    y: u64,
+    rows: usize,
+    cols: usize,
+    t: usize,
+    norm: Norm,
+    force: bool,
+) -> Result<Option<QkvDeferred>> {
+    let DenseW::Bf16(wp) = w else {
+        return Ok(None);
+    };
+    if !(force || tc_defer_on()?)
+        || !path.dense_on_tensor_cores()
+        || norm.out != 0
+        || !tc_gemv_fits(g, w, cols, t)
+    {
+        return Ok(None);
+    }
+    let plan = tc_gemv_launch_plan(g, "bf16", rows, cols, t, Some(norm), None)?;
+    if plan.tiles_per_block != TCG_WIDE_TILES
+        || !(2..=ROPE_MAX_SPLIT).contains(&plan.ksplit)
+        || t > plan.per_pass
+    {
+        return Ok(None);
+    }
+    let width = tc_plan_width(&plan, cols, tc_chunk_cols("bf16"));
+    let (part, cnt) = g.split_scratch();
+    g.launch(
+        "gemv_tc_bf16_t16_r64_defer",
+        (u(plan.grid_x)?, 1, u(plan.ksplit)?),
+        (TCG_THREADS, 1, 1),
+        u(tc_gemv_smem_width(cols, width, t))?,
+        &[
+            Arg::Ptr(wp),
+            Arg::Ptr(bias),
+            Arg::Ptr(x),
+            Arg::Ptr(y),
+            i(rows)?,
+            i(cols)?,
+            i(t)?,
+            Arg::I32(0),
+            Arg::Ptr(norm.w),
+            Arg::F32(norm.eps),
+            Arg::Ptr(0),
+            Arg::Ptr(part),
+            Arg::Ptr(cnt),
+        ],
+    )?;
+    Ok(Some(QkvDeferred {
+        part,
+        nz: plan.ksplit,
+        bias,
+        cols,
+        eps: norm.eps,
+    }))
 }
 
 /// Scratch of split-K attention: per (token, head, split) max, sum and partial output.

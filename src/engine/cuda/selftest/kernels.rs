@@ -36,6 +36,7 @@ pub fn run_kernel_checks(g: &Gpu, seed: u64) -> Result<Vec<Check>> {
     out.extend(check_mxfp4_quantize(g, &mut s)?);
     out.extend(check_gemv_mxfp4(g, &mut s)?);
     out.extend(check_gemv_tc(g, &mut s)?);
+    out.extend(check_qkv_deferred(g, &mut s)?);
     out.extend(check_moe_tc(g, &mut s)?);
     out.extend(check_moe_f16(g, &mut s)?);
     out.extend(check_gemm_mxfp4(g, &mut s)?);
@@ -205,6 +206,129 @@ fn gpt_oss_rope() -> Result<(Vec<f32>, f32)> {
     Ok((rope.inv_freq, rope.attention_scaling))
 }
 
+/// The qkv projection at 9–16 tokens with its K split's finish left to RoPE
+/// (`ops::dense_gemv_qkv_deferred`, `gemv_tc_bf16_t16_r64_defer`, `rope_kv_write`'s `nz`)
+/// against the wide kernel finishing it itself and RoPE reading its output: q and the K/V
+/// cache bit for bit (gpt-oss's shape, bf16 cache) at 9, 12 and 16 tokens. Each case must
+/// take the deferred path.
+fn check_qkv_deferred(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
+    let sh = AttnShape {
+        hq: 64,
+        hkv: 8,
+        d: 64,
+    };
+    let (rows, cols) = ((sh.hq + 2 * sh.hkv) * sh.d, 2880);
+    let (inv, mscale) = gpt_oss_rope()?;
+    let dinv = g.upload(&inv)?;
+    let mut res = Vec::new();
+    for t in [9usize, 12, 16] {
+        let pos: Vec<u32> = (0..t as u32).map(|i| 37 * i + 5).collect();
+        let max_pos = 37 * t + 6;
+        let region = max_pos * sh.hkv * sh.d;
+        let kv_off = vec![0u64; t];
+        let (dpos, doff) = (g.upload(&pos)?, g.upload(&kv_off)?);
+        let c = DenseCase::new(g, s, rows, cols, t, true, false)?;
+        let nw = bf16_vec(s.next(), cols, 0.2, 1.0);
+        let dnw = g.upload(&nw)?;
+        let norm = ops::Norm {
+            w: g.ptr(&dnw),
+            eps: 1e-5,
+            out: 0,
+        };
+        let w = ops::DenseW::Bf16(g.ptr(&c.dw));
+        let bias = c.bias_ptr(g).unwrap_or(0);
+        // q, the K and V caches' bytes, and whether the deferred path ran.
+        type Out = (Vec<f32>, Vec<u8>, Vec<u8>, bool);
+        let run = |defer: bool| -> Result<Out> {
+            let y = nan_f32(g, t * rows)?;
+            let dq = nan_f32(g, t * sh.hq * sh.d)?;
+            let bytes = 2 * region;
+            let (dk, dv) = (
+                g.upload(&vec![0xffu8; bytes])?,
+                g.upload(&vec![0xffu8; bytes])?,
+            );
+            let (x, yp) = (g.ptr(&c.dx), g.ptr(&y));
+            let deferred = if defer {
+                ops::dense_gemv_qkv_deferred(
+                    g,
+                    crate::engine::cuda::gates::DecodeGemv::TensorCore,
+                    w,
+                    bias,
+                    x,
+                    yp,
+                    rows,
+                    cols,
+                    t,
+                    norm,
+                    true,
+                )?
+            } else {
+                ops::dense_gemv_tc(
+                    g,
+                    w,
+                    Some(bias),
+                    x,
+                    yp,
+                    rows,
+                    cols,
+                    t,
+                    false,
+                    Some(norm),
+                    None,
+                )?;
+                None
+            };
+            ops::rope_kv(
+                g,
+                sh,
+                yp,
+                g.ptr(&dq),
+                g.ptr(&dk),
+                g.ptr(&dv),
+                KvDtype::Bf16,
+                g.ptr(&dinv),
+                g.ptr(&dpos),
+                g.ptr(&doff),
+                t,
+                mscale,
+                1,
+                deferred,
+            )?;
+            Ok((
+                g.download(&dq)?,
+                g.download(&dk)?,
+                g.download(&dv)?,
+                deferred.is_some(),
+            ))
+        };
+        let (qa, ka, va, _) = run(false)?;
+        let (qb, kb, vb, took) = run(true)?;
+        let bytes_apart = |a: &[u8], b: &[u8]| a.iter().zip(b).filter(|(x, y)| x != y).count();
+        // Every cache element a token writes must be written (0xffff, the poison, is a NaN).
+        let unwritten = qb.iter().filter(|v| !v.is_finite()).count()
+            + pos
+                .iter()
+                .map(|&p| {
+                    let o = 2 * p as usize * sh.hkv * sh.d;
+                    let span = o..o + 2 * sh.hkv * sh.d;
+                    let nan = |c: &[u8]| c.chunks(2).filter(|e| e == &[0xff, 0xff]).count();
+                    nan(&kb[span.clone()]) + nan(&vb[span])
+                })
+                .sum::<usize>();
+        res.push(check(
+            format!(
+                "qkv {rows}x{cols} t={t} K split finished by rope_kv_write vs by the GEMV: q, k, v \
+                 bits apart + unwritten + not deferred"
+            ),
+            bits_apart(&qb, &qa)
+                + (bytes_apart(&kb, &ka) + bytes_apart(&vb, &va) + unwritten) as f64
+                + if took { 0.0 } else { 1.0 },
+            0.0,
+        ));
+    }
+    Ok(res)
+}
+
 fn check_rope_kv(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
     let sh = AttnShape {
         hq: 64,
@@ -255,6 +379,7 @@ fn check_rope_kv(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
             t,
             mscale,
             hb,
+            None,
         )?;
         let (gq, gk, gv) = (g.download(&dq)?, g.download(&dk)?, g.download(&dv)?);
         let elem = |c: &[u8], i: usize| -> f32 {
