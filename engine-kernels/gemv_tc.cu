@@ -692,7 +692,9 @@ gemv_tc_bf16_t16_r64_defer(const bf16_t* __restrict__ w, const bf16_t* __restric
 GEMV_TC_BF16(gemv_tc_bf16_t8_r128, 1, TCG_WARPS, TCG_STREAM_MINB, TCG_STREAM_BF16_STEP)
 GEMV_TC_BF16(gemv_tc_bf16_t16_r128, 2, TCG_WARPS, TCG_STREAM_MINB_T16, TCG_STREAM_BF16_STEP)
 
-#define GEMV_TC_FP4(name, TN, TT, MINB, STEP, NB)                                               \
+#define GEMV_TC_FP4(name, TN, TT, MINB, STEP, NB) GEMV_TC_FP4_AS(name, TN, TT, MINB, STEP, NB, false)
+// DEFER: gemv_tc_body's (the `_defer` entry).
+#define GEMV_TC_FP4_AS(name, TN, TT, MINB, STEP, NB, DEFER)                                     \
     extern "C" __global__ void __launch_bounds__(32 * TCG_WARPS, MINB)                         \
     name(const u8* __restrict__ blocks, const u8* __restrict__ scales,                         \
          const bf16_t* __restrict__ bias, const float* __restrict__ x, float* __restrict__ y,  \
@@ -707,13 +709,14 @@ GEMV_TC_BF16(gemv_tc_bf16_t16_r128, 2, TCG_WARPS, TCG_STREAM_MINB_T16, TCG_STREA
         tcg_prefetch<W, TT, 0, tcg_early_chunks<W>()>(wp, TCG_FIRST_ROW(TT), rows, c_lo, c_hi,  \
                                                       cur);                                    \
         pdl_enter_as(TCG_TRIGGER);                                                             \
-        gemv_tc_body<W, TN, TT>(wp, cur, bias, x, y, rows, cols, tokens, accumulate, norm_w,   \
-                                eps, x_out, part, cnt);                                        \
+        gemv_tc_body<W, TN, TT, DEFER>(wp, cur, bias, x, y, rows, cols, tokens, accumulate,    \
+                                       norm_w, eps, x_out, part, cnt);                         \
     }
 GEMV_TC_FP4(gemv_tc_fp4_t8, 1, 1, TCG_MINB_T8, TCG_FP4_STEP, TCG_FP4_NB)
 GEMV_TC_FP4(gemv_tc_fp4_t8_r32, 1, 2, TCG_MINB_T8, TCG_FP4_STEP, TCG_FP4_NB)
 GEMV_TC_FP4(gemv_tc_fp4_t16, 2, 1, TCG_MINB, TCG_FP4_STEP, TCG_FP4_NB)
 GEMV_TC_FP4(gemv_tc_fp4_t16_r64, 2, 4, TCG_WIDE_MINB, TCG_FP4_STEP, TCG_FP4_NB)
+GEMV_TC_FP4_AS(gemv_tc_fp4_t16_r64_defer, 2, 4, TCG_WIDE_MINB, TCG_FP4_STEP, TCG_FP4_NB, true)
 // The streamed matrix's entries (units of TCG_WARPS row tiles, as `_t8_r128` above).
 GEMV_TC_FP4(gemv_tc_fp4_t8_r128, 1, TCG_WARPS, TCG_STREAM_MINB, TCG_STREAM_FP4_STEP, TCG_STREAM_FP4_NB)
 GEMV_TC_FP4(gemv_tc_fp4_t16_r128, 2, TCG_WARPS, TCG_STREAM_MINB_T16, TCG_STREAM_FP4_STEP, TCG_STREAM_FP4_NB)

@@ -69,6 +69,7 @@ pub const KERNEL_FILES: &[KernelFile] = &[
             "gemv_tc_fp4_t8_r32",
             "gemv_tc_fp4_t16",
             "gemv_tc_fp4_t16_r64",
+            "gemv_tc_fp4_t16_r64_defer",
             "gemv_tc_fp4_t8_r128",
             "gemv_tc_fp4_t16_r128",
             "moe_gate_up_tc_t8",

@@ -1269,22 +1269,24 @@ pub struct QkvDeferred {
     pub eps: f32,
 }
 
-/// Environment switch of [`dense_gemv_qkv_deferred`]: `on` or `off` (the default until
-/// measured: qkv finishes its K split itself).
+/// Environment switch of [`dense_gemv_qkv_deferred`]: `on` (the default) or `off` (qkv
+/// finishes its K split itself, the last block of each unit adding the splits: the same bits,
+/// for A/B). H200 (docs/perf.md run 409): 120b batch 9 / 12 / 16 −1.2 to −2.0 %, 20b batch
+/// 16 −1.9 / −2.0 %; qkv at 16 tokens 19.0 → 14.2 µs a layer, RoPE unchanged (4.1 µs).
 pub const TCG_DEFER_ENV: &str = "MXTUNE_TCG_DEFER";
 
 fn tc_defer_on() -> Result<bool> {
     static V: std::sync::OnceLock<Result<bool, String>> = std::sync::OnceLock::new();
     env_once(&V, || {
-        env_choice(TCG_DEFER_ENV, &[("off", false), ("on", true)])
+        env_choice(TCG_DEFER_ENV, &[("on", true), ("off", false)])
     })
 }
 
 /// The qkv projection on the wide kernel with its K split's finish left to [`rope_kv`]
-/// (`gemv_tc_bf16_t16_r64_defer`: each block writes its partial sums and squares and
-/// returns; no count, no last block): where [`TCG_DEFER_ENV`] is on (or `force`), the weights
-/// bf16 on tensor cores, the planner's plan the wide one in one pass with 2 to 4 K splits, and
-/// the norm's input not written. Returns what [`rope_kv`] needs, or None with nothing
+/// (`gemv_tc_{bf16,fp4}_t16_r64_defer`: each block writes its partial sums and squares and
+/// returns; no count, no last block, whose atomics and reloads were ~5 µs of qkv's 19 at 16
+/// tokens): where [`TCG_DEFER_ENV`] is on (or `force`), on tensor cores, the planner's plan
+/// the wide one in one pass with 2 to 4 K splits, and the norm's input not written. Returns what [`rope_kv`] needs, or None with nothing
 /// launched (the caller then runs [`dense_gemv`]). `y` is not written.
 #[allow(clippy::too_many_arguments)]
 pub fn dense_gemv_qkv_deferred(
@@ -1300,8 +1302,13 @@ pub fn dense_gemv_qkv_deferred(
     norm: Norm,
     force: bool,
 ) -> Result<Option<QkvDeferred>> {
-    let DenseW::Bf16(wp) = w else {
-        return Ok(None);
+    let (format, entry, mut args) = match w {
+        DenseW::Bf16(p) => ("bf16", "gemv_tc_bf16_t16_r64_defer", vec![Arg::Ptr(p)]),
+        DenseW::Mxfp4 { blocks, scales } => (
+            "fp4",
+            "gemv_tc_fp4_t16_r64_defer",
+            vec![Arg::Ptr(blocks), Arg::Ptr(scales)],
+        ),
     };
     if !(force || tc_defer_on()?)
         || !path.dense_on_tensor_cores()
@@ -1310,35 +1317,35 @@ pub fn dense_gemv_qkv_deferred(
     {
         return Ok(None);
     }
-    let plan = tc_gemv_launch_plan(g, "bf16", rows, cols, t, Some(norm), None)?;
+    let plan = tc_gemv_launch_plan(g, format, rows, cols, t, Some(norm), None)?;
     if plan.tiles_per_block != TCG_WIDE_TILES
         || !(2..=ROPE_MAX_SPLIT).contains(&plan.ksplit)
         || t > plan.per_pass
     {
         return Ok(None);
     }
-    let width = tc_plan_width(&plan, cols, tc_chunk_cols("bf16"));
+    let width = tc_plan_width(&plan, cols, tc_chunk_cols(format));
     let (part, cnt) = g.split_scratch();
+    args.extend([
+        Arg::Ptr(bias),
+        Arg::Ptr(x),
+        Arg::Ptr(y),
+        i(rows)?,
+        i(cols)?,
+        i(t)?,
+        Arg::I32(0),
+        Arg::Ptr(norm.w),
+        Arg::F32(norm.eps),
+        Arg::Ptr(0),
+        Arg::Ptr(part),
+        Arg::Ptr(cnt),
+    ]);
     g.launch(
-        "gemv_tc_bf16_t16_r64_defer",
+        entry,
         (u(plan.grid_x)?, 1, u(plan.ksplit)?),
         (TCG_THREADS, 1, 1),
         u(tc_gemv_smem_width(cols, width, t))?,
-        &[
-            Arg::Ptr(wp),
-            Arg::Ptr(bias),
-            Arg::Ptr(x),
-            Arg::Ptr(y),
-            i(rows)?,
-            i(cols)?,
-            i(t)?,
-            Arg::I32(0),
-            Arg::Ptr(norm.w),
-            Arg::F32(norm.eps),
-            Arg::Ptr(0),
-            Arg::Ptr(part),
-            Arg::Ptr(cnt),
-        ],
+        &args,
     )?;
     Ok(Some(QkvDeferred {
         part,

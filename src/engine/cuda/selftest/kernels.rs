@@ -227,7 +227,7 @@ fn check_qkv_deferred(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
         let region = max_pos * sh.hkv * sh.d;
         let kv_off = vec![0u64; t];
         let (dpos, doff) = (g.upload(&pos)?, g.upload(&kv_off)?);
-        let c = DenseCase::new(g, s, rows, cols, t, true, false)?;
+        let mut c = DenseCase::new(g, s, rows, cols, t, true, false)?;
         let nw = bf16_vec(s.next(), cols, 0.2, 1.0);
         let dnw = g.upload(&nw)?;
         let norm = ops::Norm {
@@ -235,96 +235,110 @@ fn check_qkv_deferred(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
             eps: 1e-5,
             out: 0,
         };
-        let w = ops::DenseW::Bf16(g.ptr(&c.dw));
-        let bias = c.bias_ptr(g).unwrap_or(0);
-        // q, the K and V caches' bytes, and whether the deferred path ran.
-        type Out = (Vec<f32>, Vec<u8>, Vec<u8>, bool);
-        let run = |defer: bool| -> Result<Out> {
-            let y = nan_f32(g, t * rows)?;
-            let dq = nan_f32(g, t * sh.hq * sh.d)?;
-            let bytes = 2 * region;
-            let (dk, dv) = (
-                g.upload(&vec![0xffu8; bytes])?,
-                g.upload(&vec![0xffu8; bytes])?,
-            );
-            let (x, yp) = (g.ptr(&c.dx), g.ptr(&y));
-            let deferred = if defer {
-                ops::dense_gemv_qkv_deferred(
-                    g,
-                    crate::engine::cuda::gates::DecodeGemv::TensorCore,
-                    w,
-                    bias,
-                    x,
-                    yp,
-                    rows,
-                    cols,
-                    t,
-                    norm,
-                    true,
-                )?
+        for fp4 in [false, true] {
+            let fp4_w = if fp4 {
+                Some(c.quantize_weights(g)?)
             } else {
-                ops::dense_gemv_tc(
-                    g,
-                    w,
-                    Some(bias),
-                    x,
-                    yp,
-                    rows,
-                    cols,
-                    t,
-                    false,
-                    Some(norm),
-                    None,
-                )?;
                 None
             };
-            ops::rope_kv(
-                g,
-                sh,
-                yp,
-                g.ptr(&dq),
-                g.ptr(&dk),
-                g.ptr(&dv),
-                KvDtype::Bf16,
-                g.ptr(&dinv),
-                g.ptr(&dpos),
-                g.ptr(&doff),
-                t,
-                mscale,
-                1,
-                deferred,
-            )?;
-            Ok((
-                g.download(&dq)?,
-                g.download(&dk)?,
-                g.download(&dv)?,
-                deferred.is_some(),
-            ))
-        };
-        let (qa, ka, va, _) = run(false)?;
-        let (qb, kb, vb, took) = run(true)?;
-        let bytes_apart = |a: &[u8], b: &[u8]| a.iter().zip(b).filter(|(x, y)| x != y).count();
-        // Every cache element a token writes must be written (0xffff, the poison, is a NaN).
-        let unwritten = qb.iter().filter(|v| !v.is_finite()).count()
-            + pos
-                .iter()
-                .map(|&p| {
-                    let o = 2 * p as usize * sh.hkv * sh.d;
-                    let span = o..o + 2 * sh.hkv * sh.d;
-                    let nan = |c: &[u8]| c.chunks(2).filter(|e| e == &[0xff, 0xff]).count();
-                    nan(&kb[span.clone()]) + nan(&vb[span])
-                })
-                .sum::<usize>();
-        res.push(check(
+            let w = match &fp4_w {
+                Some((db, ds)) => ops::DenseW::Mxfp4 {
+                    blocks: g.ptr(db),
+                    scales: g.ptr(ds),
+                },
+                None => ops::DenseW::Bf16(g.ptr(&c.dw)),
+            };
+            let bias = c.bias_ptr(g).unwrap_or(0);
+            // q, the K and V caches' bytes, and whether the deferred path ran.
+            type Out = (Vec<f32>, Vec<u8>, Vec<u8>, bool);
+            let run = |defer: bool| -> Result<Out> {
+                let y = nan_f32(g, t * rows)?;
+                let dq = nan_f32(g, t * sh.hq * sh.d)?;
+                let bytes = 2 * region;
+                let (dk, dv) = (
+                    g.upload(&vec![0xffu8; bytes])?,
+                    g.upload(&vec![0xffu8; bytes])?,
+                );
+                let (x, yp) = (g.ptr(&c.dx), g.ptr(&y));
+                let deferred = if defer {
+                    ops::dense_gemv_qkv_deferred(
+                        g,
+                        crate::engine::cuda::gates::DecodeGemv::TensorCore,
+                        w,
+                        bias,
+                        x,
+                        yp,
+                        rows,
+                        cols,
+                        t,
+                        norm,
+                        true,
+                    )?
+                } else {
+                    ops::dense_gemv_tc(
+                        g,
+                        w,
+                        Some(bias),
+                        x,
+                        yp,
+                        rows,
+                        cols,
+                        t,
+                        false,
+                        Some(norm),
+                        None,
+                    )?;
+                    None
+                };
+                ops::rope_kv(
+                    g,
+                    sh,
+                    yp,
+                    g.ptr(&dq),
+                    g.ptr(&dk),
+                    g.ptr(&dv),
+                    KvDtype::Bf16,
+                    g.ptr(&dinv),
+                    g.ptr(&dpos),
+                    g.ptr(&doff),
+                    t,
+                    mscale,
+                    1,
+                    deferred,
+                )?;
+                Ok((
+                    g.download(&dq)?,
+                    g.download(&dk)?,
+                    g.download(&dv)?,
+                    deferred.is_some(),
+                ))
+            };
+            let (qa, ka, va, _) = run(false)?;
+            let (qb, kb, vb, took) = run(true)?;
+            let bytes_apart = |a: &[u8], b: &[u8]| a.iter().zip(b).filter(|(x, y)| x != y).count();
+            // Every cache element a token writes must be written (0xffff, the poison, is a NaN).
+            let unwritten = qb.iter().filter(|v| !v.is_finite()).count()
+                + pos
+                    .iter()
+                    .map(|&p| {
+                        let o = 2 * p as usize * sh.hkv * sh.d;
+                        let span = o..o + 2 * sh.hkv * sh.d;
+                        let nan = |c: &[u8]| c.chunks(2).filter(|e| e == &[0xff, 0xff]).count();
+                        nan(&kb[span.clone()]) + nan(&vb[span])
+                    })
+                    .sum::<usize>();
+            res.push(check(
             format!(
-                "qkv {rows}x{cols} t={t} K split finished by rope_kv_write vs by the GEMV: q, k, v \
-                 bits apart + unwritten + not deferred"
+                "qkv {} {rows}x{cols} t={t} K split finished by rope_kv_write vs by the GEMV: q, \
+                 k, v bits apart + unwritten + not deferred",
+                if fp4 { "mxfp4" } else { "bf16" }
             ),
             bits_apart(&qb, &qa)
                 + (bytes_apart(&kb, &ka) + bytes_apart(&vb, &va) + unwritten) as f64
                 + if took { 0.0 } else { 1.0 },
             0.0,
         ));
+        }
     }
     Ok(res)
 }
