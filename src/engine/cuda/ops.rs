@@ -1286,8 +1286,9 @@ fn tc_defer_on() -> Result<bool> {
 /// (`gemv_tc_{bf16,fp4}_t16_r64_defer`: each block writes its partial sums and squares and
 /// returns; no count, no last block, whose atomics and reloads were ~5 µs of qkv's 19 at 16
 /// tokens): where [`TCG_DEFER_ENV`] is on (or `force`), on tensor cores, the planner's plan
-/// the wide one in one pass with 2 to 4 K splits, and the norm's input not written. Returns what [`rope_kv`] needs, or None with nothing
-/// launched (the caller then runs [`dense_gemv`]). `y` is not written.
+/// the wide one in one pass with 2 to 4 K splits, and the norm's input not written. Returns
+/// what [`rope_kv`] needs, or None with nothing launched (the caller then runs
+/// [`dense_gemv`]). `y` is not written.
 #[allow(clippy::too_many_arguments)]
 pub fn dense_gemv_qkv_deferred(
     g: &Gpu,
