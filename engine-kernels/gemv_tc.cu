@@ -614,7 +614,9 @@ __device__ __forceinline__ void gemv_tc_body(const W wp, typename W::Raw (&cur)[
 
 // NORM false: an entry for GEMVs without a norm (norm_w and x_out must be null), the norm's
 // code compiled out.
-#define GEMV_TC_BF16_AS(name, TN, TT, MINB, STEP, NORM)                                        \
+#define GEMV_TC_BF16_AS(name, TN, TT, MINB, STEP, NORM) GEMV_TC_BF16_X(name, TN, TT, MINB, STEP, NORM, false)
+// DEFER: gemv_tc_body's (the `_defer` entry; it never writes the normalised input).
+#define GEMV_TC_BF16_X(name, TN, TT, MINB, STEP, NORM, DEFER)                                  \
     extern "C" __global__ void __launch_bounds__(32 * TCG_WARPS, MINB)                         \
     name(const bf16_t* __restrict__ w, const bf16_t* __restrict__ bias,                        \
          const float* __restrict__ x, float* __restrict__ y, int rows, int cols, int tokens,   \
@@ -628,9 +630,9 @@ __device__ __forceinline__ void gemv_tc_body(const W wp, typename W::Raw (&cur)[
         tcg_prefetch<W, TT, 0, tcg_early_chunks<W>()>(wp, TCG_FIRST_ROW(TT), rows, c_lo, c_hi,  \
                                                       cur);                                    \
         pdl_enter_as(TCG_TRIGGER);                                                             \
-        gemv_tc_body<W, TN, TT>(wp, cur, bias, x, y, rows, cols, tokens, accumulate,           \
-                                NORM ? norm_w : nullptr, eps, NORM ? x_out : nullptr, part,    \
-                                cnt);                                                          \
+        gemv_tc_body<W, TN, TT, DEFER>(wp, cur, bias, x, y, rows, cols, tokens, accumulate,    \
+                                       NORM ? norm_w : nullptr, eps,                           \
+                                       NORM && !DEFER ? x_out : nullptr, part, cnt);           \
     }
 #define GEMV_TC_BF16(name, TN, TT, MINB, STEP) GEMV_TC_BF16_AS(name, TN, TT, MINB, STEP, true)
 GEMV_TC_BF16(gemv_tc_bf16_t8, 1, 1, TCG_MINB_T8, TCG_BF16_STEP)
@@ -646,23 +648,7 @@ GEMV_TC_BF16(gemv_tc_bf16_t16, 2, 1, TCG_MINB, TCG_BF16_STEP)
 GEMV_TC_BF16(gemv_tc_bf16_t16_r64, 2, 4, TCG_WIDE_MINB, TCG_WIDE_BF16_STEP)
 // The wide kernel leaving its K split's finish to the next kernel (ops::TCG_DEFER_ENV: qkv at
 // 9-16 tokens, whose only reader is rope_kv_write).
-extern "C" __global__ void __launch_bounds__(32 * TCG_WARPS, TCG_WIDE_MINB)
-gemv_tc_bf16_t16_r64_defer(const bf16_t* __restrict__ w, const bf16_t* __restrict__ bias,
-                           const float* __restrict__ x, float* __restrict__ y, int rows, int cols,
-                           int tokens, int accumulate, const bf16_t* __restrict__ norm_w, float eps,
-                           float* __restrict__ x_out, float* __restrict__ part,
-                           unsigned* __restrict__ cnt) {
-    using W = TcgBf16T<TCG_WIDE_BF16_STEP>;
-    const W wp{w, cols};
-    typename W::Raw cur[W::S];
-    const int nch = tcg_nchunks<W>(cols);
-    const int c_lo = tcg_chunk_lo(nch), c_hi = tcg_chunk_hi(nch);
-    tcg_prefetch<W, 4, 0, tcg_early_chunks<W>()>(wp, TCG_FIRST_ROW(4), rows, c_lo, c_hi,
-                                                 cur);
-    pdl_enter_as(TCG_TRIGGER);
-    gemv_tc_body<W, 2, 4, true>(wp, cur, bias, x, y, rows, cols, tokens, accumulate, norm_w, eps,
-                                nullptr, part, cnt);
-}
+GEMV_TC_BF16_X(gemv_tc_bf16_t16_r64_defer, 2, 4, TCG_WIDE_MINB, TCG_WIDE_BF16_STEP, true, true)
 // A streamed matrix (the lm_head: a grid of the resident slots, each block taking unit after
 // unit) on units of TCG_WARPS row tiles, one a warp over all of K: a warp streams its tile's
 // chunks S at a time with the next S in flight and needs no other warp's partial sums, and the

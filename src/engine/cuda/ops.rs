@@ -557,7 +557,32 @@ pub(crate) fn dense_gemv_tc(
         w.tc_span()
     );
     let plan = tc_gemv_launch_plan(g, format, rows, cols, t, norm, tiles)?;
-    let width = tc_plan_width(&plan, cols, tc_chunk_cols(format));
+    let entry = tc_gemv_entry(g, format, &plan, cols, t, norm)?;
+    tc_gemv_launch(
+        g, format, entry, &plan, weights, bias, x, y, rows, cols, t, accumulate, norm,
+    )
+}
+
+/// Launch tensor-core GEMV `entry` (a `gemv_tc_*` entry point of `format`, "bf16" or "fp4":
+/// they share one argument list) with `plan`, `weights` its weight arguments (bf16: the
+/// matrix; MXFP4: blocks, scales).
+#[allow(clippy::too_many_arguments)]
+fn tc_gemv_launch(
+    g: &Gpu,
+    format: &str,
+    entry: &str,
+    plan: &TcgPlan,
+    weights: Vec<Arg>,
+    bias: Option<u64>,
+    x: u64,
+    y: u64,
+    rows: usize,
+    cols: usize,
+    t: usize,
+    accumulate: bool,
+    norm: Option<Norm>,
+) -> Result<()> {
+    let width = tc_plan_width(plan, cols, tc_chunk_cols(format));
     ensure!(
         width == cols || norm.is_none_or(|n| n.out == 0),
         "a K-split tensor-core GEMV cannot write the normalised input"
@@ -579,7 +604,7 @@ pub(crate) fn dense_gemv_tc(
         Arg::Ptr(cnt),
     ]);
     g.launch(
-        tc_gemv_entry(g, format, &plan, cols, t, norm)?,
+        entry,
         (
             u(plan.grid_x)?,
             u(t.div_ceil(plan.per_pass))?,
@@ -1303,7 +1328,7 @@ pub fn dense_gemv_qkv_deferred(
     norm: Norm,
     force: bool,
 ) -> Result<Option<QkvDeferred>> {
-    let (format, entry, mut args) = match w {
+    let (format, entry, weights) = match w {
         DenseW::Bf16(p) => ("bf16", "gemv_tc_bf16_t16_r64_defer", vec![Arg::Ptr(p)]),
         DenseW::Mxfp4 { blocks, scales } => (
             "fp4",
@@ -1325,31 +1350,23 @@ pub fn dense_gemv_qkv_deferred(
     {
         return Ok(None);
     }
-    let width = tc_plan_width(&plan, cols, tc_chunk_cols(format));
-    let (part, cnt) = g.split_scratch();
-    args.extend([
-        Arg::Ptr(bias),
-        Arg::Ptr(x),
-        Arg::Ptr(y),
-        i(rows)?,
-        i(cols)?,
-        i(t)?,
-        Arg::I32(0),
-        Arg::Ptr(norm.w),
-        Arg::F32(norm.eps),
-        Arg::Ptr(0),
-        Arg::Ptr(part),
-        Arg::Ptr(cnt),
-    ]);
-    g.launch(
+    tc_gemv_launch(
+        g,
+        format,
         entry,
-        (u(plan.grid_x)?, 1, u(plan.ksplit)?),
-        (TCG_THREADS, 1, 1),
-        u(tc_gemv_smem_width(cols, width, t))?,
-        &args,
+        &plan,
+        weights,
+        Some(bias),
+        x,
+        y,
+        rows,
+        cols,
+        t,
+        false,
+        Some(norm),
     )?;
     Ok(Some(QkvDeferred {
-        part,
+        part: g.split_scratch().0,
         nz: plan.ksplit,
         bias,
         cols,

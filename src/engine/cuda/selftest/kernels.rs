@@ -327,17 +327,17 @@ fn check_qkv_deferred(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
                         nan(&kb[span.clone()]) + nan(&vb[span])
                     })
                     .sum::<usize>();
+            let format = if fp4 { "mxfp4" } else { "bf16" };
+            let apart = bits_apart(&qb, &qa)
+                + (bytes_apart(&kb, &ka) + bytes_apart(&vb, &va) + unwritten) as f64;
             res.push(check(
-            format!(
-                "qkv {} {rows}x{cols} t={t} K split finished by rope_kv_write vs by the GEMV: q, \
-                 k, v bits apart + unwritten + not deferred",
-                if fp4 { "mxfp4" } else { "bf16" }
-            ),
-            bits_apart(&qb, &qa)
-                + (bytes_apart(&kb, &ka) + bytes_apart(&vb, &va) + unwritten) as f64
-                + if took { 0.0 } else { 1.0 },
-            0.0,
-        ));
+                format!(
+                    "qkv {format} {rows}x{cols} t={t} K split finished by rope_kv_write vs by \
+                     the GEMV: q, k, v bits apart + unwritten + not deferred"
+                ),
+                apart + if took { 0.0 } else { 1.0 },
+                0.0,
+            ));
         }
     }
     Ok(res)
