@@ -560,6 +560,59 @@ __device__ __forceinline__ void slots_each(const MoeSlots& w, int nu, const F& f
     for (int uu = 0; uu < nu; ++uu) f(uu, false);
 }
 
+// The `_slots` kernels' unit epilogue. Each unit ends with its two rows' sums over the warp;
+// MOE_LANE_EPI 1 and 2 keep them in the registers of the unit's lane (unit u of the warp in
+// lane u: at most 32 units a warp, MOE_MAX_UNITS) and every lane finishes its own unit once
+// the warp's units are done (gate_up's SwiGLU and act store, down's weighting and part or mail
+// store), all lanes at once, where 0 finished each unit on lane 0 as it ended (the other 31
+// lanes idle through its SwiGLU, the bias shuffles and the store: ~30 warp instructions a
+// unit). 2 also sums the two rows in one butterfly: at the first level (xor 16) the lower half
+// keeps row 0 and the upper half row 1, each sending the other, and the four levels after that
+// sum each half's row alone, 5 shuffles and adds a unit instead of 10. Every row's sum is the
+// same tree of the same additions as warp_sum's (xor 16, 8, 4, 2, 1; an addition of two floats
+// does not depend on their order), so the same bits whichever is set.
+#ifndef MOE_LANE_EPI
+#define MOE_LANE_EPI 2
+#endif
+struct LaneUnits {
+    float m0 = 0.0f, m1 = 0.0f;
+    // Unit uu's two row partials a and b of this lane.
+    __device__ __forceinline__ void put(float a, float b, int uu, int lane) {
+#if MOE_LANE_EPI == 2
+        const bool lo = lane < 16;
+        float v = lo ? a : b;
+        v += __shfl_xor_sync(0xffffffffu, lo ? b : a, 16);
+#pragma unroll
+        for (int o = 8; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+        // Lane i of the lower half holds row 0 of units i and 16 + i, lane 16 + i row 1.
+        if ((lane & 15) == (uu & 15)) {
+            if (uu & 16) m1 = v;
+            else m0 = v;
+        }
+#else
+        a = warp_sum(a);
+        b = warp_sum(b);
+        if (lane == uu) {
+            m0 = a;
+            m1 = b;
+        }
+#endif
+    }
+    // The two row sums of unit `lane` (every lane takes part).
+    __device__ __forceinline__ void get(int lane, float& a, float& b) const {
+#if MOE_LANE_EPI == 2
+        const float x0 = __shfl_xor_sync(0xffffffffu, m0, 16);
+        const float x1 = __shfl_xor_sync(0xffffffffu, m1, 16);
+        const bool lo = lane < 16;
+        a = lo ? m0 : x1;
+        b = lo ? x0 : m1;
+#else
+        a = m0;
+        b = m1;
+#endif
+    }
+};
+
 // The `_slots` kernels' share of n units (gate_up's row pairs, down's pairs of output rows)
 // for the block's warp: units u0 … u1 - 1, the n spread evenly over the grid's 8 gridDim.y
 // warps of a pair, so a grid sized to whole waves of the slots (ops::moe_ranges: more blocks
@@ -645,6 +698,17 @@ __device__ __forceinline__ void moe_gate_up_body(const u8* __restrict__ blocks,
         if (ready) pdl_enter_as(GATE_UP_TRIGGER);
         if (!norm_w) A::stage(x + (size_t)t * hidden, xs, hidden);
         __syncthreads();
+#if MOE_LANE_EPI
+        LaneUnits lu;
+        slots_each<LOOPS>(w, nu, [&](int uu, bool full) {
+            float g, l;
+            w.sums_at<A>(full, xs, uu, nu, g, l);
+            lu.put(g, l, uu, lane);
+        });
+        float g, l;
+        lu.get(lane, g, l);
+        if (bl) act[((size_t)t * k + s) * inter + jb] = swiglu_clamped(g + bgate, l + blin, limit, alpha);
+#else
         slots_each<LOOPS>(w, nu, [&](int uu, bool full) {
             float g, l;
             w.sums_at<A>(full, xs, uu, nu, g, l);
@@ -655,6 +719,7 @@ __device__ __forceinline__ void moe_gate_up_body(const u8* __restrict__ blocks,
             if (lane == 0)
                 act[((size_t)t * k + s) * inter + j0 + uu] = swiglu_clamped(g + bg, l + bli, limit, alpha);
         });
+#endif
         if (done) moe_count_done(done + blockIdx.x);
         return;
     }
@@ -868,6 +933,25 @@ __device__ __forceinline__ void moe_down_body(const u8* __restrict__ blocks,
 #endif
         A::stage(act + ((size_t)t * k + s) * inter, as, inter);
         __syncthreads();
+#if MOE_LANE_EPI
+        LaneUnits lu;
+        slots_each<LOOPS>(w, nu, [&](int uu, bool full) {
+            float t0, t1;
+            w.sums_at<A>(full, as, uu, nu, t0, t1);
+            lu.put(t0, t1, uu, lane);
+        });
+        float t0, t1;
+        lu.get(lane, t0, t1);
+        if (bl) {
+            const size_t o = ((size_t)t * k + s) * hidden + rb;
+            if (mail) {
+                mail_post2(mail + 2 * o, wt * (t0 + b0v), wt * (t1 + b1v));
+            } else {
+                part[o] = wt * (t0 + b0v);
+                part[o + 1] = wt * (t1 + b1v);
+            }
+        }
+#else
         slots_each<LOOPS>(w, nu, [&](int uu, bool full) {
             float t0, t1;
             w.sums_at<A>(full, as, uu, nu, t0, t1);
@@ -886,6 +970,7 @@ __device__ __forceinline__ void moe_down_body(const u8* __restrict__ blocks,
                 }
             }
         });
+#endif
     } else {
     uint4 n0[2], n1[2];
     unsigned ns0[2], ns1[2];
