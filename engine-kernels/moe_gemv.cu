@@ -572,7 +572,7 @@ __device__ __forceinline__ void slots_each(const MoeSlots& w, int nu, const F& f
 // same tree of the same additions as warp_sum's (xor 16, 8, 4, 2, 1; an addition of two floats
 // does not depend on their order), so the same bits whichever is set.
 #ifndef MOE_LANE_EPI
-#define MOE_LANE_EPI 2
+#define MOE_LANE_EPI 1
 #endif
 struct LaneUnits {
     float m0 = 0.0f, m1 = 0.0f;
@@ -1109,10 +1109,27 @@ MOE_DOWN_KERNEL(moe_down_h2_slots_full, ActF16, true, SLOTS_FULL, MOE_SLOTS_MINB
 
 // A warp's units for NT members staged stride bytes apart at xs: each unit's two row sums per
 // member (sums_n), reduced over the warp, plus the unit's two biases (lane u holds unit u's:
-// b0v, b1v); lane 0 hands them to put(member, unit, sum0, sum1).
+// b0v, b1v); lane 0 hands them to put(member, unit, sum0, sum1) as each unit ends, or with
+// MOE_LANE_EPI each unit's lane once the warp's units are done (LaneUnits: the same bits).
 template <int NT, class Put>
 __device__ __forceinline__ void grp_units(MoeSlots& w, const u8* xs, int stride, int nu, float b0v,
                                           float b1v, const Put& put) {
+#if MOE_LANE_EPI
+    LaneUnits lu[NT];
+    for (int uu = 0; uu < nu; ++uu) {
+        float t0[NT], t1[NT];
+        w.sums_n<NT>(xs, stride, uu, nu, t0, t1);
+#pragma unroll
+        for (int i = 0; i < NT; ++i) lu[i].put(t0[i], t1[i], uu, w.lane);
+    }
+#pragma unroll
+    for (int i = 0; i < NT; ++i) {
+        float s0, s1;
+        lu[i].get(w.lane, s0, s1);
+        if (w.lane < nu) put(i, w.lane, s0 + b0v, s1 + b1v);
+    }
+    return;
+#endif
     for (int uu = 0; uu < nu; ++uu) {
         float t0[NT], t1[NT];
         w.sums_n<NT>(xs, stride, uu, nu, t0, t1);
