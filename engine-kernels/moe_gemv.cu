@@ -560,56 +560,30 @@ __device__ __forceinline__ void slots_each(const MoeSlots& w, int nu, const F& f
     for (int uu = 0; uu < nu; ++uu) f(uu, false);
 }
 
-// The `_slots` kernels' unit epilogue. Each unit ends with its two rows' sums over the warp;
-// MOE_LANE_EPI 1 and 2 keep them in the registers of the unit's lane (unit u of the warp in
-// lane u: at most 32 units a warp, MOE_MAX_UNITS) and every lane finishes its own unit once
-// the warp's units are done (gate_up's SwiGLU and act store, down's weighting and part or mail
-// store), all lanes at once, where 0 finished each unit on lane 0 as it ended (the other 31
-// lanes idle through its SwiGLU, the bias shuffles and the store: ~30 warp instructions a
-// unit). 2 also sums the two rows in one butterfly: at the first level (xor 16) the lower half
-// keeps row 0 and the upper half row 1, each sending the other, and the four levels after that
-// sum each half's row alone, 5 shuffles and adds a unit instead of 10. Every row's sum is the
-// same tree of the same additions as warp_sum's (xor 16, 8, 4, 2, 1; an addition of two floats
-// does not depend on their order), so the same bits whichever is set.
+// The per-pair kernels' unit epilogue (`_slots` and grouped). Each unit ends with its two
+// rows' sums over the warp; with MOE_LANE_EPI 1 (the default) the lane of the unit's index
+// in the warp (at most 32 units a warp, MOE_MAX_UNITS) keeps them in two registers, and once
+// the warp's units are done every lane finishes its own unit, all at once: gate_up's bias,
+// SwiGLU and act store, down's bias, weighting and part or mailbox store. With 0 lane 0
+// finished each unit as it ended, the other 31 lanes idle through its SwiGLU, the bias
+// shuffles and the store: ~40 of the 499 SASS instructions of gate_up's unit loop (sm_90a:
+// 499 -> 462, down 480 -> 461). The same operations on the same values, so the same bits.
+// (Summing the two rows in one butterfly, each half of the warp keeping one row from the
+// first level on, took 5 more instructions off a unit, measured no faster and spilled in
+// the grouped gate_up: docs/perf.md run 412.)
 #ifndef MOE_LANE_EPI
 #define MOE_LANE_EPI 1
 #endif
 struct LaneUnits {
     float m0 = 0.0f, m1 = 0.0f;
-    // Unit uu's two row partials a and b of this lane.
+    // Unit uu's two row partials a and b of this lane (every lane takes part).
     __device__ __forceinline__ void put(float a, float b, int uu, int lane) {
-#if MOE_LANE_EPI == 2
-        const bool lo = lane < 16;
-        float v = lo ? a : b;
-        v += __shfl_xor_sync(0xffffffffu, lo ? b : a, 16);
-#pragma unroll
-        for (int o = 8; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-        // Lane i of the lower half holds row 0 of units i and 16 + i, lane 16 + i row 1.
-        if ((lane & 15) == (uu & 15)) {
-            if (uu & 16) m1 = v;
-            else m0 = v;
-        }
-#else
         a = warp_sum(a);
         b = warp_sum(b);
         if (lane == uu) {
             m0 = a;
             m1 = b;
         }
-#endif
-    }
-    // The two row sums of unit `lane` (every lane takes part).
-    __device__ __forceinline__ void get(int lane, float& a, float& b) const {
-#if MOE_LANE_EPI == 2
-        const float x0 = __shfl_xor_sync(0xffffffffu, m0, 16);
-        const float x1 = __shfl_xor_sync(0xffffffffu, m1, 16);
-        const bool lo = lane < 16;
-        a = lo ? m0 : x1;
-        b = lo ? x0 : m1;
-#else
-        a = m0;
-        b = m1;
-#endif
     }
 };
 
@@ -705,9 +679,7 @@ __device__ __forceinline__ void moe_gate_up_body(const u8* __restrict__ blocks,
             w.sums_at<A>(full, xs, uu, nu, g, l);
             lu.put(g, l, uu, lane);
         });
-        float g, l;
-        lu.get(lane, g, l);
-        if (bl) act[((size_t)t * k + s) * inter + jb] = swiglu_clamped(g + bgate, l + blin, limit, alpha);
+        if (bl) act[((size_t)t * k + s) * inter + jb] = swiglu_clamped(lu.m0 + bgate, lu.m1 + blin, limit, alpha);
 #else
         slots_each<LOOPS>(w, nu, [&](int uu, bool full) {
             float g, l;
@@ -940,15 +912,13 @@ __device__ __forceinline__ void moe_down_body(const u8* __restrict__ blocks,
             w.sums_at<A>(full, as, uu, nu, t0, t1);
             lu.put(t0, t1, uu, lane);
         });
-        float t0, t1;
-        lu.get(lane, t0, t1);
         if (bl) {
             const size_t o = ((size_t)t * k + s) * hidden + rb;
             if (mail) {
-                mail_post2(mail + 2 * o, wt * (t0 + b0v), wt * (t1 + b1v));
+                mail_post2(mail + 2 * o, wt * (lu.m0 + b0v), wt * (lu.m1 + b1v));
             } else {
-                part[o] = wt * (t0 + b0v);
-                part[o + 1] = wt * (t1 + b1v);
+                part[o] = wt * (lu.m0 + b0v);
+                part[o + 1] = wt * (lu.m1 + b1v);
             }
         }
 #else
@@ -1123,11 +1093,8 @@ __device__ __forceinline__ void grp_units(MoeSlots& w, const u8* xs, int stride,
         for (int i = 0; i < NT; ++i) lu[i].put(t0[i], t1[i], uu, w.lane);
     }
 #pragma unroll
-    for (int i = 0; i < NT; ++i) {
-        float s0, s1;
-        lu[i].get(w.lane, s0, s1);
-        if (w.lane < nu) put(i, w.lane, s0 + b0v, s1 + b1v);
-    }
+    for (int i = 0; i < NT; ++i)
+        if (w.lane < nu) put(i, w.lane, lu[i].m0 + b0v, lu[i].m1 + b1v);
     return;
 #endif
     for (int uu = 0; uu < nu; ++uu) {

@@ -1337,9 +1337,13 @@ fn check_moe(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
 /// input. gate_up's outputs and the step's bit for bit, both written, and the announcements
 /// cleared afterwards (the next layer's router starts from zero). Then once more with gate_up
 /// normalising the residual itself (`moe_gate_up`'s norm) and the router writing no
-/// normalised copy: within 1e-4 of the others (its own sum of squares may round the scale
-/// apart from the router's by an ulp, which can move an fp16 code). The kernels run in turn
-/// here; in the step gate_up's blocks poll while the router ends.
+/// normalised copy: within 1e-3 of the others. Its own sum of squares may round the scale
+/// apart from the router's by an ulp, which moves any fp16 code that sat at a rounding edge
+/// (one fp16 ulp, 2^-11 of the value): 0 to 4e-5 on most seeds, 1.1e-4 on one (docs/perf.md
+/// run 412), so 1e-4 failed by the seed; 1e-3 is a quarter of the fp16 dot's own bound against
+/// the f64 reference (4e-3), where a wrong norm (weights, eps, row) is orders of magnitude
+/// larger. The kernels run in turn here; in the step gate_up's blocks poll while the router
+/// ends.
 fn check_moe_ready(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
     let mut res = Vec::new();
     let (e, inter, k) = (32usize, 2880usize, 4usize);
@@ -1544,7 +1548,7 @@ fn check_moe_ready(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
                     "{label}: gate_up normalising the residual itself, apart from the router's copy"
                 ),
                 self_norm_err,
-                1e-4,
+                1e-3,
             ));
             res.push(check(
                 format!(
