@@ -294,6 +294,9 @@ pub struct Decoder {
     moe_units: Option<(usize, usize)>,
     /// The decode MoE kernels' loop (`$MXTUNE_MOE_LOOP`, [`ops::MoeLoop`]).
     moe_loop: ops::MoeLoop,
+    /// Tokens per distinct expert from which gate_up runs grouped (`$MXTUNE_MOE_GRP_FROM`,
+    /// [`ops::moe_grp_from_env`]).
+    moe_grp_from: f64,
     /// How the SIMT decode MoE codes its activations: the activation format, with the dot of
     /// `$MXTUNE_MOE_DOT` for bf16 ([`ops::MoeDot`]; always fp32 under the SIMT dense GEMV,
     /// the exact configuration).
@@ -395,6 +398,7 @@ impl Decoder {
         let moe_f16_split = ops::MoeF16Split::from_env()?;
         let moe_units = ops::MoeUnits::from_env()?;
         let moe_loop = ops::MoeLoop::from_env()?;
+        let moe_grp_from = ops::moe_grp_from_env()?;
         let moe_dot = match opts.gemv {
             DecodeGemv::Simt => ops::MoeDot::F32,
             _ => ops::MoeDot::from_env()?,
@@ -445,6 +449,7 @@ impl Decoder {
             moe_f16_split,
             moe_units,
             moe_loop,
+            moe_grp_from,
             moe_codes,
             prefill_router,
             prefill_split,
@@ -715,7 +720,7 @@ impl Decoder {
         };
         // The MoE's units per warp depend on the batch only: once per step.
         let mut units = ops::MoeUnits::for_batch(g.sms(), sh.moe, n, self.moe_units, self.moe_loop)
-            .grouping(c.num_local_experts, sh.moe.k, n);
+            .grouping_from(c.num_local_experts, sh.moe.k, n, self.moe_grp_from);
         if self.moe_units.is_none() {
             units = units.whole_waves(g.sms(), sh.moe, n);
         }

@@ -2426,6 +2426,30 @@ const MOE_SLOTS_NI: usize = 3;
 /// Expected tokens per distinct expert from which gate_up runs grouped ([`MoeUnits::grouping`]).
 pub const MOE_GRP_FROM_SHARE: f64 = 2.2;
 
+/// Environment knob for A/B runs: `MXTUNE_MOE_GRP_FROM=X` (a positive number) moves
+/// [`MOE_GRP_FROM_SHARE`], the expected tokens per distinct expert from which gate_up runs
+/// grouped under `MoeLoop::Auto`.
+pub const MOE_GRP_FROM_ENV: &str = "MXTUNE_MOE_GRP_FROM";
+
+/// [`MOE_GRP_FROM_ENV`]'s threshold, or [`MOE_GRP_FROM_SHARE`] where it is unset or empty; any
+/// other value than a positive number is an error naming the variable.
+pub fn moe_grp_from_env() -> Result<f64> {
+    static R: std::sync::OnceLock<Result<f64, String>> = std::sync::OnceLock::new();
+    env_once(&R, || {
+        let v = std::env::var(MOE_GRP_FROM_ENV).unwrap_or_default();
+        if v.trim().is_empty() {
+            return Ok(MOE_GRP_FROM_SHARE);
+        }
+        match v.trim().parse::<f64>() {
+            Ok(x) if x.is_finite() && x > 0.0 => Ok(x),
+            _ => Err(anyhow::anyhow!(
+                "{MOE_GRP_FROM_ENV}={v}: expected a positive number of tokens per expert \
+                 (default {MOE_GRP_FROM_SHARE})"
+            )),
+        }
+    })
+}
+
 /// Tokens a distinct expert gets on average when `t` rows each route to `k` of `experts`
 /// experts uniformly: t k over the expected number of distinct experts, E (1 − (1 − k/E)^t).
 pub fn moe_tokens_per_expert(experts: usize, k: usize, t: usize) -> f64 {
@@ -2679,9 +2703,15 @@ impl MoeUnits {
     /// those shares only from batch 29, which no run has timed since. It was 1.5 from session
     /// 35 (runs 268–270: 20b batch 8 / 12 / 16 then 0.5 / 2.3 / 5.8 % faster grouped). The
     /// down kernel keeps the `_slots` loop: grouped it was never faster (session 17).
-    pub fn grouping(mut self, experts: usize, k: usize, t: usize) -> Self {
+    pub fn grouping(self, experts: usize, k: usize, t: usize) -> Self {
+        self.grouping_from(experts, k, t, MOE_GRP_FROM_SHARE)
+    }
+
+    /// [`MoeUnits::grouping`] from `from` tokens per distinct expert (the decoder passes
+    /// [`moe_grp_from_env`]'s).
+    pub fn grouping_from(mut self, experts: usize, k: usize, t: usize, from: f64) -> Self {
         self.gate_up_grouped =
-            self.lp == MoeLoop::Auto && moe_tokens_per_expert(experts, k, t) >= MOE_GRP_FROM_SHARE;
+            self.lp == MoeLoop::Auto && moe_tokens_per_expert(experts, k, t) >= from;
         self
     }
 
