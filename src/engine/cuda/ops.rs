@@ -2424,7 +2424,7 @@ fn moe_gemv_kernel(down: bool, codes: MoeCodes, n: usize, slots: bool) -> (&'sta
 const MOE_SLOTS_NI: usize = 3;
 
 /// Expected tokens per distinct expert from which gate_up runs grouped ([`MoeUnits::grouping`]).
-pub const MOE_GRP_FROM_SHARE: f64 = 2.2;
+pub const MOE_GRP_FROM_SHARE: f64 = 2.0;
 
 /// Environment knob for A/B runs: `MXTUNE_MOE_GRP_FROM=X` (a positive number) moves
 /// [`MOE_GRP_FROM_SHARE`], the expected tokens per distinct expert from which gate_up runs
@@ -2695,13 +2695,19 @@ impl MoeUnits {
     /// for its tokens saves less than the grouping costs. Since the word decode's small
     /// rotations became left shifts (`FP4_ROT_SHL`), a cheaper decode that serves the per-pair
     /// `_slots` loop (which decodes a shared expert once for each of its pairs) more than the
-    /// grouped one, the crossover sits at about 2.2 tokens an expert (docs/perf.md run 352,
+    /// grouped one, the crossover sat at about 2.2 tokens an expert (docs/perf.md run 352,
     /// H200, whole steps, `MXTUNE_MOE_LOOP=slots` against `auto`'s grouped gate_up:
     /// gpt-oss-20b batch 8 / 10 / 12 / 14, 1.52 / 1.70 / 1.88 / 2.07 tokens, −4.0 / −4.7 /
     /// −2.2 / −2.2 % on `_slots`; batch 16, 2.27 tokens, +0.4 % (all-MXFP4 −0.5 %);
     /// gpt-oss-120b batch 12 / 16 grouped +9 %). Measured on gpt-oss-20b: gpt-oss-120b reaches
     /// those shares only from batch 29, which no run has timed since. It was 1.5 from session
-    /// 35 (runs 268–270: 20b batch 8 / 12 / 16 then 0.5 / 2.3 / 5.8 % faster grouped). The
+    /// 35 (runs 268–270: 20b batch 8 / 12 / 16 then 0.5 / 2.3 / 5.8 % faster grouped). Since
+    /// the units finish on their own lanes (`MOE_LANE_EPI`), which took more off the grouped
+    /// gate_up (one SwiGLU a member and unit on lane 0 before) than off `_slots`, it is 2.0
+    /// (run 414, H200, `MXTUNE_MOE_GRP_FROM` 2.2 / 1.1 / 100: gpt-oss-20b batch 14, 2.07
+    /// tokens, grouped −0.9 / −1.2 %; batch 12, 1.88, +0.6 / +0.6 %; batch 8 +2.0 %; batch 16
+    /// on `_slots` +3.6 %; gpt-oss-120b batch 12 / 16 grouped +5.4 / +2.2 %): gpt-oss-120b
+    /// from batch 52, gpt-oss-20b from 14. The
     /// down kernel keeps the `_slots` loop: grouped it was never faster (session 17).
     pub fn grouping(self, experts: usize, k: usize, t: usize) -> Self {
         self.grouping_from(experts, k, t, MOE_GRP_FROM_SHARE)
@@ -5138,7 +5144,7 @@ mod tests {
     }
 
     /// gate_up groups by expert where the batch sends enough tokens to each expert it names:
-    /// gpt-oss-120b (128 experts, top 4) from batch 60, gpt-oss-20b (32) from batch 16; only
+    /// gpt-oss-120b (128 experts, top 4) from batch 52, gpt-oss-20b (32) from batch 14; only
     /// under `Auto`, and the down kernel never.
     #[test]
     fn gate_up_groups_by_expert_where_experts_are_shared() {
@@ -5154,15 +5160,15 @@ mod tests {
                 .gate_up_loop()
                 == MoeLoop::Grouped
         };
-        for t in [1, 2, 4, 8, 12, 16, 29, 59] {
+        for t in [1, 2, 4, 8, 12, 16, 29, 51] {
             assert!(!grouped(128, t, MoeLoop::Auto), "120b batch {t}");
         }
-        assert!(grouped(128, 60, MoeLoop::Auto));
+        assert!(grouped(128, 52, MoeLoop::Auto));
         assert!(grouped(128, 64, MoeLoop::Auto));
-        for t in [4, 7, 8, 12, 15] {
+        for t in [4, 7, 8, 12, 13] {
             assert!(!grouped(32, t, MoeLoop::Auto), "20b batch {t}");
         }
-        assert!(grouped(32, 16, MoeLoop::Auto) && grouped(32, 32, MoeLoop::Auto));
+        assert!(grouped(32, 14, MoeLoop::Auto) && grouped(32, 32, MoeLoop::Auto));
         // An explicit loop stays what it is; `grouped` groups both kernels at any batch.
         assert!(!grouped(32, 16, MoeLoop::Slots));
         assert!(grouped(128, 1, MoeLoop::Grouped));
