@@ -310,7 +310,9 @@ fn tc_gemv_stream() -> Result<TcgStream> {
 }
 
 /// Environment knob for A/B runs: `MXTUNE_TCG_TILES=1|2` fixes the row tiles a block of the
-/// 8-token tensor-core GEMV takes at once where it may take several ([`tc_gemv_plan`]).
+/// 8-token tensor-core GEMV takes at once where it may take several ([`tc_gemv_plan`]); 4
+/// puts every matrix that is not streamed on the wide plan at 9–16 tokens
+/// ([`tc_gemv_wide_plan`], its split picked as usual), o's K-split passes included.
 pub const TCG_TILES_ENV: &str = "MXTUNE_TCG_TILES";
 
 /// [`TCG_TILES_ENV`]: `None` (unset or empty) for the planner's own choice.
@@ -320,7 +322,8 @@ fn tc_gemv_tiles_pref() -> Result<Option<usize>> {
         Err(_) | Ok("") => Ok(None),
         Ok("1") => Ok(Some(1)),
         Ok("2") => Ok(Some(2)),
-        Ok(v) => anyhow::bail!("{TCG_TILES_ENV}={v}: expected 1 or 2"),
+        Ok("4") => Ok(Some(TCG_WIDE_TILES)),
+        Ok(v) => anyhow::bail!("{TCG_TILES_ENV}={v}: expected 1, 2 or 4"),
     })
 }
 
