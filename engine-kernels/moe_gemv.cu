@@ -1095,8 +1095,7 @@ __device__ __forceinline__ void grp_units(MoeSlots& w, const u8* xs, int stride,
 #pragma unroll
     for (int i = 0; i < NT; ++i)
         if (w.lane < nu) put(i, w.lane, lu[i].m0 + b0v, lu[i].m1 + b1v);
-    return;
-#endif
+#else
     for (int uu = 0; uu < nu; ++uu) {
         float t0[NT], t1[NT];
         w.sums_n<NT>(xs, stride, uu, nu, t0, t1);
@@ -1108,6 +1107,7 @@ __device__ __forceinline__ void grp_units(MoeSlots& w, const u8* xs, int stride,
             if (w.lane == 0) put(i, uu, s0 + bb0, s1 + bb1);
         }
     }
+#endif
 }
 
 // act[p, j] = swiglu(gate_j, lin_j) for the pairs p routed to the block's expert; units, rows

@@ -2710,8 +2710,8 @@ impl MoeUnits {
     /// (run 414, H200, `MXTUNE_MOE_GRP_FROM` 2.2 / 1.1 / 100: gpt-oss-20b batch 14, 2.07
     /// tokens, grouped −0.9 / −1.2 %; batch 12, 1.88, +0.6 / +0.6 %; batch 8 +2.0 %; batch 16
     /// on `_slots` +3.6 %; gpt-oss-120b batch 12 / 16 grouped +5.4 / +2.2 %): gpt-oss-120b
-    /// from batch 52, gpt-oss-20b from 14. The
-    /// down kernel keeps the `_slots` loop: grouped it was never faster (session 17).
+    /// from batch 52, gpt-oss-20b from 14. The down kernel keeps the `_slots` loop: grouped
+    /// it was never faster (session 17; again run 415: 20b batch 14 / 16 +6.5 / +8.7 %).
     pub fn grouping(self, experts: usize, k: usize, t: usize) -> Self {
         self.grouping_from(experts, k, t, MOE_GRP_FROM_SHARE)
     }

@@ -1341,8 +1341,8 @@ fn check_moe(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
 /// apart from the router's by an ulp, which moves any fp16 code that sat at a rounding edge
 /// (one fp16 ulp, 2^-11 of the value): 0 to 4e-5 on most seeds, 1.1e-4 on one (docs/perf.md
 /// run 412), so 1e-4 failed by the seed; 1e-3 is a quarter of the fp16 dot's own bound against
-/// the f64 reference (4e-3), where a wrong norm (weights, eps, row) is orders of magnitude
-/// larger. The kernels run in turn here; in the step gate_up's blocks poll while the router
+/// the f64 reference (4e-3), where a wrong norm weight or a wrong row is orders of
+/// magnitude larger. The kernels run in turn here; in the step gate_up's blocks poll while the router
 /// ends.
 fn check_moe_ready(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
     let mut res = Vec::new();
