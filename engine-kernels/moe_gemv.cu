@@ -587,6 +587,18 @@ struct LaneUnits {
     }
 };
 
+// The warp's nu units summed against the staged xs, each unit's sums kept by its lane.
+template <class A, int LOOPS>
+__device__ __forceinline__ LaneUnits lane_units(MoeSlots& w, const u8* xs, int nu, int lane) {
+    LaneUnits lu;
+    slots_each<LOOPS>(w, nu, [&](int uu, bool full) {
+        float a, b;
+        w.sums_at<A>(full, xs, uu, nu, a, b);
+        lu.put(a, b, uu, lane);
+    });
+    return lu;
+}
+
 // The `_slots` kernels' share of n units (gate_up's row pairs, down's pairs of output rows)
 // for the block's warp: units u0 … u1 - 1, the n spread evenly over the grid's 8 gridDim.y
 // warps of a pair, so a grid sized to whole waves of the slots (ops::moe_ranges: more blocks
@@ -673,12 +685,7 @@ __device__ __forceinline__ void moe_gate_up_body(const u8* __restrict__ blocks,
         if (!norm_w) A::stage(x + (size_t)t * hidden, xs, hidden);
         __syncthreads();
 #if MOE_LANE_EPI
-        LaneUnits lu;
-        slots_each<LOOPS>(w, nu, [&](int uu, bool full) {
-            float g, l;
-            w.sums_at<A>(full, xs, uu, nu, g, l);
-            lu.put(g, l, uu, lane);
-        });
+        const LaneUnits lu = lane_units<A, LOOPS>(w, xs, nu, lane);
         if (bl) act[((size_t)t * k + s) * inter + jb] = swiglu_clamped(lu.m0 + bgate, lu.m1 + blin, limit, alpha);
 #else
         slots_each<LOOPS>(w, nu, [&](int uu, bool full) {
@@ -906,12 +913,7 @@ __device__ __forceinline__ void moe_down_body(const u8* __restrict__ blocks,
         A::stage(act + ((size_t)t * k + s) * inter, as, inter);
         __syncthreads();
 #if MOE_LANE_EPI
-        LaneUnits lu;
-        slots_each<LOOPS>(w, nu, [&](int uu, bool full) {
-            float t0, t1;
-            w.sums_at<A>(full, as, uu, nu, t0, t1);
-            lu.put(t0, t1, uu, lane);
-        });
+        const LaneUnits lu = lane_units<A, LOOPS>(w, as, nu, lane);
         if (bl) {
             const size_t o = ((size_t)t * k + s) * hidden + rb;
             if (mail) {
