@@ -720,7 +720,7 @@ impl Decoder {
         };
         // The MoE's units per warp depend on the batch only: once per step.
         let mut units = ops::MoeUnits::for_batch(g.sms(), sh.moe, n, self.moe_units, self.moe_loop)
-            .grouping_from(c.num_local_experts, sh.moe.k, n, self.moe_grp_from);
+            .grouping(c.num_local_experts, sh.moe.k, n, self.moe_grp_from);
         if self.moe_units.is_none() {
             units = units.whole_waves(g.sms(), sh.moe, n);
         }

@@ -2712,13 +2712,8 @@ impl MoeUnits {
     /// on `_slots` +3.6 %; gpt-oss-120b batch 12 / 16 grouped +5.4 / +2.2 %): gpt-oss-120b
     /// from batch 52, gpt-oss-20b from 14. The down kernel keeps the `_slots` loop: grouped
     /// it was never faster (session 17; again run 415: 20b batch 14 / 16 +6.5 / +8.7 %).
-    pub fn grouping(self, experts: usize, k: usize, t: usize) -> Self {
-        self.grouping_from(experts, k, t, MOE_GRP_FROM_SHARE)
-    }
-
-    /// [`MoeUnits::grouping`] from `from` tokens per distinct expert (the decoder passes
-    /// [`moe_grp_from_env`]'s).
-    pub fn grouping_from(mut self, experts: usize, k: usize, t: usize, from: f64) -> Self {
+    /// `from` is that threshold: the decoder passes [`moe_grp_from_env`]'s.
+    pub fn grouping(mut self, experts: usize, k: usize, t: usize, from: f64) -> Self {
         self.gate_up_grouped =
             self.lp == MoeLoop::Auto && moe_tokens_per_expert(experts, k, t) >= from;
         self
@@ -5072,7 +5067,7 @@ mod tests {
         let s = GPT_OSS_MOE;
         let wu = |sms, t| {
             MoeUnits::for_batch(sms, s, t, None, MoeLoop::Auto)
-                .grouping(128, 4, t)
+                .grouping(128, 4, t, MOE_GRP_FROM_SHARE)
                 .whole_waves(sms, s, t)
         };
         // 132 SMs: one wave of 264 up to batch 5, two at 6-8 (and 10), three at 12.
@@ -5159,7 +5154,7 @@ mod tests {
         let s = GPT_OSS_MOE;
         let grouped = |e, t, lp| {
             MoeUnits::for_batch(132, s, t, None, lp)
-                .grouping(e, 4, t)
+                .grouping(e, 4, t, MOE_GRP_FROM_SHARE)
                 .gate_up_loop()
                 == MoeLoop::Grouped
         };
@@ -5175,7 +5170,12 @@ mod tests {
         // An explicit loop stays what it is; `grouped` groups both kernels at any batch.
         assert!(!grouped(32, 16, MoeLoop::Slots));
         assert!(grouped(128, 1, MoeLoop::Grouped));
-        let u = MoeUnits::for_batch(132, s, 16, None, MoeLoop::Auto).grouping(128, 4, 16);
+        let u = MoeUnits::for_batch(132, s, 16, None, MoeLoop::Auto).grouping(
+            128,
+            4,
+            16,
+            MOE_GRP_FROM_SHARE,
+        );
         assert_eq!(u.lp, MoeLoop::Auto, "the down kernel's loop");
     }
 
