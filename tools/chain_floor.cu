@@ -11,28 +11,11 @@
 // Prints the measured read bandwidth, then for each launch mode the graph's median step,
 // its share of the step's bytes at that bandwidth, and the time per layer.
 #include <cuda_runtime.h>
+#include "floor_common.cuh"
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <vector>
-
-#define CK(x)                                                                  \
-    do {                                                                       \
-        cudaError_t e_ = (x);                                                  \
-        if (e_ != cudaSuccess) {                                               \
-            fprintf(stderr, "%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e_)); \
-            exit(1);                                                           \
-        }                                                                      \
-    } while (0)
-
-// A weak 16-byte load: volatile asm keeps it on its side of griddepcontrol.wait.
-__device__ __forceinline__ uint4 ld16(const uint4* p) {
-    uint4 v;
-    asm volatile("ld.global.cs.v4.u32 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "l"(p));
-    return v;
-}
 
 // mode 0: plain; 1: wait then trigger, then read; 2: the first EARLY loads of each thread
 // issued before the wait (the engine's early weight loads).
@@ -60,16 +43,7 @@ __global__ void __launch_bounds__(256) stream_k(const uint4* __restrict__ w, uns
     for (int j = 0; j < (EARLY > 0 ? EARLY : 1); ++j)
         if (j < ne) acc ^= e[j].x ^ e[j].y ^ e[j].z ^ e[j].w;
     i += ne * stride;
-    for (; i + 3 * stride < n16; i += 4 * stride) {
-        const uint4 a = ld16(w + i), b = ld16(w + i + stride);
-        const uint4 c = ld16(w + i + 2 * stride), d = ld16(w + i + 3 * stride);
-        acc ^= a.x ^ a.y ^ a.z ^ a.w ^ b.x ^ b.y ^ b.z ^ b.w ^ c.x ^ c.y ^ c.z ^ c.w ^ d.x ^ d.y ^
-               d.z ^ d.w;
-    }
-    for (; i < n16; i += stride) {
-        const uint4 a = ld16(w + i);
-        acc ^= a.x ^ a.y ^ a.z ^ a.w;
-    }
+    acc = stream_rest(w, i, stride, n16, acc);
     if (acc == 0x9e3779b9u) sink[0] = acc;  // keeps the loads; practically never written
 }
 

@@ -28,21 +28,13 @@
 // its share of the step's bytes at that bandwidth, and the time per layer.
 #include <cooperative_groups.h>
 #include <cuda_runtime.h>
+#include "floor_common.cuh"
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
-
-#define CK(x)                                                                  \
-    do {                                                                       \
-        cudaError_t e_ = (x);                                                  \
-        if (e_ != cudaSuccess) {                                               \
-            fprintf(stderr, "%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e_)); \
-            exit(1);                                                           \
-        }                                                                      \
-    } while (0)
 
 constexpr int THREADS = 256;
 constexpr int CHAIN_BLOCKS = 8;  // the decode attention's blocks at batch 1 (one a KV head)
@@ -57,14 +49,6 @@ struct Op {
     int kind;
     int rounds;
 };
-
-__device__ __forceinline__ uint4 ld16(const uint4* p) {
-    uint4 v;
-    asm volatile("ld.global.cs.v4.u32 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "l"(p));
-    return v;
-}
 
 // A dependent load past L1 (each link's address is the previous link's value).
 __device__ __forceinline__ unsigned ld_link(const unsigned* p) {
@@ -106,16 +90,7 @@ __global__ void __launch_bounds__(THREADS) stream_k(const uint4* __restrict__ w,
     for (int j = 0; j < EARLY; ++j)
         if (j < ne) acc ^= e[j].x ^ e[j].y ^ e[j].z ^ e[j].w;
     i += ne * stride;
-    for (; i + 3 * stride < n16; i += 4 * stride) {
-        const uint4 a = ld16(w + i), b = ld16(w + i + stride);
-        const uint4 c = ld16(w + i + 2 * stride), d = ld16(w + i + 3 * stride);
-        acc ^= a.x ^ a.y ^ a.z ^ a.w ^ b.x ^ b.y ^ b.z ^ b.w ^ c.x ^ c.y ^ c.z ^ c.w ^ d.x ^ d.y ^
-               d.z ^ d.w;
-    }
-    for (; i < n16; i += stride) {
-        const uint4 a = ld16(w + i);
-        acc ^= a.x ^ a.y ^ a.z ^ a.w;
-    }
+    acc = stream_rest(w, i, stride, n16, acc);
     if (acc == 0x9e3779b9u) sink[0] = acc;  // keeps the loads; practically never written
 }
 
@@ -184,16 +159,7 @@ __global__ void __launch_bounds__(THREADS) persist_k(const Op* __restrict__ ops,
             i += ne * stride;
             const uint4* w = op.p;
             const unsigned long long n16 = op.n16;
-            for (; i + 3 * stride < n16; i += 4 * stride) {
-                const uint4 a = ld16(w + i), b = ld16(w + i + stride);
-                const uint4 c = ld16(w + i + 2 * stride), d = ld16(w + i + 3 * stride);
-                acc ^= a.x ^ a.y ^ a.z ^ a.w ^ b.x ^ b.y ^ b.z ^ b.w ^ c.x ^ c.y ^ c.z ^ c.w ^
-                       d.x ^ d.y ^ d.z ^ d.w;
-            }
-            for (; i < n16; i += stride) {
-                const uint4 a = ld16(w + i);
-                acc ^= a.x ^ a.y ^ a.z ^ a.w;
-            }
+            acc = stream_rest(w, i, stride, n16, acc);
         }
         ne = 0;
         if (o + 1 == nops) break;
@@ -289,18 +255,28 @@ int main(int argc, char** argv) {
     CK(cudaEventCreate(&a));
     CK(cudaEventCreate(&b));
 
+    // The median of `runs` timings of what `work` enqueues, the first `skip` left out; `prep`
+    // is enqueued before each, outside the timing.
+    auto timed = [&](int runs, int skip, auto&& prep, auto&& work) {
+        std::vector<float> t;
+        for (int r = 0; r < runs; ++r) {
+            prep();
+            CK(cudaEventRecord(a, s));
+            work();
+            CK(cudaEventRecord(b, s));
+            CK(cudaEventSynchronize(b));
+            float ms;
+            CK(cudaEventElapsedTime(&ms, a, b));
+            if (r >= skip) t.push_back(ms);
+        }
+        return median(t);
+    };
+    auto nothing = [] {};
+
     auto launch_stream = [&](const Op& op, int early, int blocks) {
-        cudaLaunchConfig_t cfg = {};
         const unsigned long long want = (op.n16 + THREADS - 1) / THREADS;
-        cfg.gridDim = dim3((unsigned)std::max<unsigned long long>(1, std::min<unsigned long long>(want, blocks)));
-        cfg.blockDim = dim3(THREADS);
-        cfg.stream = s;
-        cudaLaunchAttribute at[1];
-        at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-        at[0].val.programmaticStreamSerializationAllowed = 1;
-        cfg.attrs = at;
-        cfg.numAttrs = 1;
-        CK(cudaLaunchKernelEx(&cfg, stream_k, op.p, op.n16, sink, early));
+        const unsigned grid = (unsigned)std::max<unsigned long long>(1, std::min<unsigned long long>(want, blocks));
+        pdl_launch(stream_k, grid, THREADS, s, op.p, op.n16, sink, early);
     };
 
     // Read bandwidth: one 4 GiB read, median of 10 (one kernel, no PDL wait to speak of).
@@ -310,33 +286,14 @@ int main(int argc, char** argv) {
         uint4* p;
         CK(cudaMalloc(&p, bytes));
         CK(cudaMemset(p, 1, bytes));
-        std::vector<float> t;
-        for (int r = 0; r < 11; ++r) {
-            CK(cudaEventRecord(a, s));
-            launch_stream({p, bytes / 16, STREAM, 0}, 0, sms * 8);
-            CK(cudaEventRecord(b, s));
-            CK(cudaEventSynchronize(b));
-            float ms;
-            CK(cudaEventElapsedTime(&ms, a, b));
-            if (r) t.push_back(ms);
-        }
+        const double ms = timed(11, 1, nothing, [&] { launch_stream({p, bytes / 16, STREAM, 0}, 0, sms * 8); });
         CK(cudaFree(p));
-        bw = bytes / (median(t) * 1e-3) / 1e9;
+        bw = bytes / (ms * 1e-3) / 1e9;
     }
     // One dependent L2 load: a chain of 4096 links, minus one of 64, on one thread.
     {
         auto one = [&](int rounds) {
-            std::vector<float> t;
-            for (int r = 0; r < 11; ++r) {
-                CK(cudaEventRecord(a, s));
-                chain_k<<<1, THREADS, 0, s>>>(links, 1, rounds, sink);
-                CK(cudaEventRecord(b, s));
-                CK(cudaEventSynchronize(b));
-                float ms;
-                CK(cudaEventElapsedTime(&ms, a, b));
-                if (r) t.push_back(ms);
-            }
-            return median(t);
+            return timed(11, 1, nothing, [&] { chain_k<<<1, THREADS, 0, s>>>(links, 1, rounds, sink); });
         };
         one(64);
         const double per = (one(4096) - one(64)) / 4032 * 1e6;
@@ -362,37 +319,19 @@ int main(int argc, char** argv) {
             unsigned start = 1;
             for (const Op& op : ops) {
                 if (op.kind == CHAIN) {
-                    cudaLaunchConfig_t cfg = {};
-                    cfg.gridDim = dim3(CHAIN_BLOCKS);
-                    cfg.blockDim = dim3(THREADS);
-                    cfg.stream = s;
-                    cudaLaunchAttribute at[1];
-                    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-                    at[0].val.programmaticStreamSerializationAllowed = 1;
-                    cfg.attrs = at;
-                    cfg.numAttrs = 1;
                     start = (start * 7919u) % CHASE_WORDS;
-                    CK(cudaLaunchKernelEx(&cfg, chain_k, (const unsigned*)links, start, op.rounds, sink));
+                    pdl_launch(chain_k, CHAIN_BLOCKS, THREADS, s, (const unsigned*)links, start, op.rounds, sink);
                 } else {
                     launch_stream(op, early && op.kind == STREAM, sms * blocks_per_sm);
                 }
             }
             CK(cudaStreamEndCapture(s, &gr));
             CK(cudaGraphInstantiate(&ge, gr, 0));
-            std::vector<float> tt;
-            for (int r = 0; r < 23; ++r) {
-                CK(cudaEventRecord(a, s));
-                CK(cudaGraphLaunch(ge, s));
-                CK(cudaEventRecord(b, s));
-                CK(cudaEventSynchronize(b));
-                float ms;
-                CK(cudaEventElapsedTime(&ms, a, b));
-                if (r >= 3) tt.push_back(ms);
-            }
+            const double ms = timed(23, 3, nothing, [&] { CK(cudaGraphLaunch(ge, s)); });
             char what[96];
             snprintf(what, sizeof what, "kernel per op, PDL, %d blocks/SM, %s", blocks_per_sm,
                      early ? "4 loads a thread early" : "nothing early");
-            report(what, median(tt));
+            report(what, ms);
             CK(cudaGraphExecDestroy(ge));
             CK(cudaGraphDestroy(gr));
         }
@@ -422,17 +361,9 @@ int main(int argc, char** argv) {
         int early = m.early, depth = m.depth, cg = m.cg;
         void* args[] = {(void*)&d_ops, (void*)&nops, (void*)&links, (void*)&bar, (void*)&sink,
                         (void*)&early, (void*)&depth, (void*)&cg};
-        std::vector<float> tt;
-        for (int r = 0; r < 23; ++r) {
-            CK(cudaMemsetAsync(bar, 0, 4, s));
-            CK(cudaEventRecord(a, s));
-            CK(cudaLaunchCooperativeKernel((void*)persist_k, dim3(blocks), dim3(THREADS), args, smem, s));
-            CK(cudaEventRecord(b, s));
-            CK(cudaEventSynchronize(b));
-            float ms;
-            CK(cudaEventElapsedTime(&ms, a, b));
-            if (r >= 3) tt.push_back(ms);
-        }
+        const double ms = timed(
+            23, 3, [&] { CK(cudaMemsetAsync(bar, 0, 4, s)); },
+            [&] { CK(cudaLaunchCooperativeKernel((void*)persist_k, dim3(blocks), dim3(THREADS), args, smem, s)); });
         const char* sync = m.cg ? "cg sync" : "counter";
         if (m.early == 0)
             snprintf(what, sizeof what, "persistent, %s, %d blocks/SM, nothing early", sync,
@@ -443,7 +374,7 @@ int main(int argc, char** argv) {
         else
             snprintf(what, sizeof what, "persistent, %s, %d blocks/SM, %d KB a block early (smem)",
                      sync, m.blocks_per_sm, m.depth * THREADS * 16 / 1024);
-        report(what, median(tt));
+        report(what, ms);
     }
     return 0;
 }
