@@ -362,6 +362,16 @@ pub fn run(args: &ProfileArgs) -> Result<()> {
             ));
         }
     }
+    if let Some(&(_, med, ..)) = timed.iter().find(|t| t.0) {
+        let b2b = back_to_back(&g, dec, &toks, &slots, args)?;
+        println!(
+            "  graphs enqueued back to back ({BACK_TO_BACK} steps between two events, the same \
+             inputs): {b2b:.3} ms a step; the single step's median is {:.3} ms above it (the \
+             launch's start on the device and the boundary between graphs)",
+            med - b2b
+        );
+    }
+    host_side(&g, dec, &toks, &slots, args)?;
     let sampled = dec.sampled(&g, b)?;
     println!("last sampled ids: {sampled:?}");
     if args.ablate {
@@ -423,6 +433,70 @@ fn time_steps(
         }
     }
     Ok((times, walls))
+}
+
+/// Where the host's share of a step goes, by wall clock (medians of 20): the inputs' upload
+/// (`set_inputs`) and a sync; an empty sync; the graph's launch and sync beyond the step's GPU
+/// time (events around the launch).
+fn host_side(
+    g: &Gpu,
+    dec: &mut Decoder,
+    toks: &[u32],
+    slots: &[u32],
+    args: &ProfileArgs,
+) -> Result<()> {
+    let b = toks.len();
+    let at = args.depth + 3 + args.steps;
+    let pos = vec![at as u32; b];
+    let (mut up, mut empty, mut over) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..20 {
+        g.sync()?;
+        let t = Instant::now();
+        dec.set_inputs(g, toks, &pos, slots)?;
+        g.sync()?;
+        up.push(t.elapsed().as_secs_f64() * 1e6);
+        let t = Instant::now();
+        g.sync()?;
+        empty.push(t.elapsed().as_secs_f64() * 1e6);
+        let t = Instant::now();
+        let ms = gpu_ms(g, || dec.run(g, b, at + 1, true))?;
+        over.push(t.elapsed().as_secs_f64() * 1e6 - ms * 1e3);
+    }
+    println!(
+        "  host side of a step (wall clock, medians of 20): inputs uploaded and synced {:.1} µs, \
+         an empty sync {:.1} µs, the graph's launch and sync beyond its GPU time {:.1} µs",
+        median(up),
+        median(empty),
+        median(over)
+    );
+    Ok(())
+}
+
+/// Steps enqueued at once by [`back_to_back`].
+const BACK_TO_BACK: usize = 8;
+
+/// The graph step launched [`BACK_TO_BACK`] times in a row between two events, its inputs set
+/// once (each launch recomputes the same step at the position after the timed ones): the GPU
+/// time a step when the host never leaves the device idle between steps, in ms (the median of
+/// five such runs).
+fn back_to_back(
+    g: &Gpu,
+    dec: &mut Decoder,
+    toks: &[u32],
+    slots: &[u32],
+    args: &ProfileArgs,
+) -> Result<f64> {
+    let b = toks.len();
+    let at = args.depth + 3 + args.steps;
+    dec.set_inputs(g, toks, &vec![at as u32; b], slots)?;
+    let mut runs = Vec::new();
+    for _ in 0..5 {
+        let ms = gpu_ms(g, || {
+            (0..BACK_TO_BACK).try_for_each(|_| dec.run(g, b, at + 1, true))
+        })?;
+        runs.push(ms / BACK_TO_BACK as f64);
+    }
+    Ok(median(runs))
 }
 
 /// One decode step of `toks` at positions `pos` in `slots` (keys up to `keys`), with or
