@@ -595,9 +595,12 @@ fn logprob_count(param: &str, n: Option<i64>) -> Result<Option<usize>, ApiError>
 }
 
 impl CompletionRequest {
-    /// Validate and tokenize. Text prompts may contain harmony special tokens (as with the
-    /// HF tokenizer), so clients can send a pre-rendered conversation.
-    pub fn prepare(&self, tok: &Tokenizer, lim: &Limits<'_>) -> Result<Prepared, ApiError> {
+    /// Validate and tokenize: one prepared prompt, or one per element of a list of prompts
+    /// (each a string or a list of token ids), whose choices follow each other in the answer
+    /// as vLLM numbers them (prompt i's choice j at index `i * n + j`). Text prompts may
+    /// contain harmony special tokens (as with the HF tokenizer), so clients can send a
+    /// pre-rendered conversation.
+    pub fn prepare(&self, tok: &Tokenizer, lim: &Limits<'_>) -> Result<Vec<Prepared>, ApiError> {
         check_model(&self.common, lim)?;
         if self.best_of.is_some_and(|b| b != 1) {
             return Err(ApiError::unsupported("best_of", "best_of other than 1"));
@@ -605,18 +608,82 @@ impl CompletionRequest {
         if self.suffix.is_some() {
             return Err(ApiError::unsupported("suffix", "suffix"));
         }
-        let prompt = match &self.prompt {
-            PromptInput::Text(s) => tok
-                .encode_with_specials(s)
-                .map_err(|e| ApiError::invalid("prompt", format!("{e:#}")))?,
-            PromptInput::Tokens(t) => t.clone(),
-            PromptInput::Many(_) => {
-                return Err(ApiError::unsupported(
-                    "prompt",
-                    "a list of prompts (send one string or one list of token ids)",
-                ));
-            }
+        let encode = |s: &str, param: &str| {
+            tok.encode_with_specials(s)
+                .map_err(|e| ApiError::invalid(param, format!("{e:#}")))
         };
+        match &self.prompt {
+            PromptInput::Text(s) => Ok(vec![self.prepare_one(
+                tok,
+                lim,
+                encode(s, "prompt")?,
+                Some(s),
+            )?]),
+            PromptInput::Tokens(t) => Ok(vec![self.prepare_one(tok, lim, t.clone(), None)?]),
+            PromptInput::Many(list) => {
+                if list.is_empty() {
+                    return Err(ApiError::invalid(
+                        "prompt",
+                        "the list of prompts is empty: send at least one prompt",
+                    ));
+                }
+                list.iter()
+                    .enumerate()
+                    .map(|(i, v)| {
+                        let param = format!("prompt[{i}]");
+                        let prepared = match v {
+                            Value::String(s) => {
+                                self.prepare_one(tok, lim, encode(s, &param)?, Some(s))
+                            }
+                            Value::Array(_) => {
+                                let ids = serde_json::from_value::<Vec<u32>>(v.clone()).map_err(
+                                    |_| {
+                                        ApiError::invalid(
+                                            &param,
+                                            format!(
+                                                "{param} must be a string or a list of token \
+                                                 ids (whole numbers from 0 to {}), got {v}",
+                                                u32::MAX
+                                            ),
+                                        )
+                                    },
+                                )?;
+                                self.prepare_one(tok, lim, ids, None)
+                            }
+                            Value::Number(_) => Err(ApiError::invalid(
+                                "prompt",
+                                format!(
+                                    "token ids must be whole numbers from 0 to {}, got {v}",
+                                    u32::MAX
+                                ),
+                            )),
+                            _ => Err(ApiError::invalid(
+                                &param,
+                                format!("{param} must be a string or a list of token ids, got {v}"),
+                            )),
+                        };
+                        // A fault in one prompt names it.
+                        prepared.map_err(|mut e| {
+                            if e.param.as_deref() == Some("prompt") && !v.is_number() {
+                                e.param = Some(param.clone());
+                                e.message = format!("{param}: {}", e.message);
+                            }
+                            e
+                        })
+                    })
+                    .collect()
+            }
+        }
+    }
+
+    /// One prompt of the request (`text`: as the client wrote it, for `echo`).
+    fn prepare_one(
+        &self,
+        tok: &Tokenizer,
+        lim: &Limits<'_>,
+        prompt: Vec<u32>,
+        text: Option<&String>,
+    ) -> Result<Prepared, ApiError> {
         let logprobs = logprob_count("logprobs", self.logprobs)?;
         if self.echo && logprobs.is_some() {
             // vLLM answers this with the prompt tokens' logprobs; the backend computes
@@ -627,10 +694,10 @@ impl CompletionRequest {
                  this engine does not compute; send echo or logprobs, not both)",
             ));
         }
-        let echo = self.echo.then(|| match &self.prompt {
-            PromptInput::Text(s) => s.clone(),
+        let echo = self.echo.then(|| match text {
+            Some(s) => s.clone(),
             // Control tokens included: the echo shows the prompt as the model read it.
-            _ => tok.decode(&prompt, false),
+            None => tok.decode(&prompt, false),
         });
         // OpenAI's default for completions is 16 tokens.
         prepare_common(

@@ -377,26 +377,60 @@ async fn collect_choice(
     })
 }
 
-/// One output state per choice, or the error that keeps the response from starting.
+/// One output state per choice (`n` choices of each of `prompts`, in order), or the error
+/// that keeps the response from starting.
 fn outputs(
-    n: usize,
     tok: Tokenizer,
     endpoint: Endpoint,
-    p: &Prepared,
+    prompts: &[Prepared],
 ) -> Result<Vec<Output>, ApiError> {
-    (0..n).map(|_| Output::new(tok, endpoint, p)).collect()
+    prompts
+        .iter()
+        .flat_map(|p| (0..p.n).map(move |_| Output::new(tok, endpoint, p)))
+        .collect()
+}
+
+/// The prompt each choice answers: prompt after prompt, `n` choices each.
+fn choice_prompts(prompts: &[Prepared]) -> Vec<&Prepared> {
+    prompts
+        .iter()
+        .flat_map(|p| std::iter::repeat_n(p, p.n))
+        .collect()
+}
+
+/// The prompts' tokens together (`usage.prompt_tokens` of a request with several prompts).
+fn prompt_tokens(prompts: &[Prepared]) -> usize {
+    prompts.iter().map(|p| p.prompt.len()).sum()
+}
+
+/// Whether choice `index` is the first of its prompt: the one whose prefix-cache hit counts
+/// for the prompt (each choice is a sequence of its own).
+fn first_of_prompt(prompts: &[Prepared], index: usize) -> bool {
+    let mut at = 0;
+    for p in prompts {
+        if index == at {
+            return true;
+        }
+        at += p.n;
+    }
+    false
 }
 
 /// Collect every choice's generation into one JSON response. `rxs` holds one receiver per
-/// choice, in choice order.
+/// choice, in choice order: the `n` choices of each of `prompts` (one prompt, or a
+/// completions request's list), prompt after prompt.
 pub async fn respond_full(
     rxs: Vec<UnboundedReceiver<GenEvent>>,
     tok: Tokenizer,
     endpoint: Endpoint,
-    prepared: &Prepared,
+    prompts: &[Prepared],
     meta: ResponseMeta,
 ) -> Response {
-    let outs = match outputs(rxs.len(), tok, endpoint, prepared) {
+    let Some(prepared) = prompts.first() else {
+        return ApiError::internal("a request with no prompt reached the responder")
+            .into_response();
+    };
+    let outs = match outputs(tok, endpoint, prompts) {
         Ok(o) => o,
         Err(e) => return e.into_response(),
     };
@@ -405,8 +439,9 @@ pub async fn respond_full(
     let done = futures::future::try_join_all(
         rxs.into_iter()
             .zip(outs)
+            .zip(choice_prompts(prompts))
             .enumerate()
-            .map(|(i, (rx, out))| collect_choice(rx, i, out, endpoint, prepared)),
+            .map(|(i, ((rx, out), p))| collect_choice(rx, i, out, endpoint, p)),
     )
     .await;
     let done = match done {
@@ -414,8 +449,13 @@ pub async fn respond_full(
         Err(e) => return e.into_response(),
     };
     let completion_tokens = done.iter().map(|d| d.completion_tokens).sum();
-    // One prompt, one count: the first choice's (each choice is a sequence of its own).
-    let cached_tokens = done.first().map_or(0, |d| d.cached_tokens);
+    // One count a prompt: its first choice's.
+    let cached_tokens = done
+        .iter()
+        .enumerate()
+        .filter(|&(i, _)| first_of_prompt(prompts, i))
+        .map(|(_, d)| d.cached_tokens)
+        .sum();
     let choices: Vec<Value> = done.into_iter().map(|d| d.choice).collect();
     let mut body = json!({
         "id": meta.id,
@@ -426,7 +466,7 @@ pub async fn respond_full(
         "created": meta.created,
         "model": meta.model,
         "choices": choices,
-        "usage": usage(prepared.prompt.len(), completion_tokens, cached_tokens),
+        "usage": usage(prompt_tokens(prompts), completion_tokens, cached_tokens),
     });
     if prepared.return_token_ids && endpoint == Endpoint::Chat {
         body["prompt_token_ids"] = json!(prepared.prompt);
@@ -667,20 +707,30 @@ pub fn respond_stream(
     rxs: Vec<UnboundedReceiver<GenEvent>>,
     tok: Tokenizer,
     endpoint: Endpoint,
-    prepared: &Prepared,
+    prompts: &[Prepared],
     meta: ResponseMeta,
 ) -> Response {
-    let outs = match outputs(rxs.len(), tok, endpoint, prepared) {
+    let Some(prepared) = prompts.first() else {
+        return ApiError::internal("a request with no prompt reached the responder")
+            .into_response();
+    };
+    let outs = match outputs(tok, endpoint, prompts) {
         Ok(o) => o,
         Err(e) => return e.into_response(),
     };
     let n = rxs.len();
     let want_logprobs = prepared.sampling.logprobs.is_some();
     let include_usage = prepared.include_usage;
-    let prompt_tokens = prepared.prompt.len();
+    let prompt_tokens = prompt_tokens(prompts);
+    let firsts: Vec<bool> = (0..n).map(|i| first_of_prompt(prompts, i)).collect();
     let mut choices = futures::stream::SelectAll::new();
-    for (i, (rx, out)) in rxs.into_iter().zip(outs).enumerate() {
-        let chunks = ChoiceChunks::new(i, endpoint, prepared);
+    for (i, ((rx, out), p)) in rxs
+        .into_iter()
+        .zip(outs)
+        .zip(choice_prompts(prompts))
+        .enumerate()
+    {
+        let chunks = ChoiceChunks::new(i, endpoint, p);
         choices.push(Box::pin(choice_stream(
             rx,
             out,
@@ -706,9 +756,12 @@ pub fn respond_stream(
                     finished += 1;
                     completion_tokens += t;
                 }
-                // One prompt, one count: the first choice's, as for a whole response.
-                Piece::Cached { index: 0, tokens } => cached_tokens = tokens,
-                Piece::Cached { .. } => {}
+                // One count a prompt: its first choice's, as for a whole response.
+                Piece::Cached { index, tokens } => {
+                    if firsts.get(index).copied().unwrap_or(false) {
+                        cached_tokens += tokens;
+                    }
+                }
             }
         }
         // Ends the other choices too when one failed.

@@ -369,36 +369,59 @@ fn nothing_to_generate() -> UnboundedReceiver<GenEvent> {
     rx
 }
 
-async fn run(st: &AppState, prepared: api::Prepared, endpoint: Endpoint, prefix: &str) -> Response {
-    // Each choice is its own sequence: the backend cannot share the prompt's KV between
-    // running sequences (prefix caching reuses free slots only), so each prefills the prompt. With a seed, choice i samples with
-    // seed + i, as vLLM seeds its n child requests.
-    let rxs = if prepared.sampling.max_tokens == 0 {
-        (0..prepared.n).map(|_| nothing_to_generate()).collect()
-    } else {
-        let samplings = (0..prepared.n)
-            .map(|i| {
-                let mut sampling = prepared.sampling.clone();
-                sampling.seed = sampling.seed.map(|s| s.wrapping_add(i as u64));
-                sampling
-            })
-            .collect();
-        // The choices take their places under --max-waiting-queue-length together: all
-        // queued, or the request is refused with nothing queued.
-        match st.scheduler.submit_all(&prepared.prompt, samplings) {
-            Ok(rxs) => rxs,
-            Err(e @ SubmitError::QueueFull { .. }) => {
-                return ApiError::queue_full(e.to_string()).into_response();
-            }
-            Err(e) => return ApiError::internal(e.to_string()).into_response(),
+/// Generate the choices of every prompt of a request (`prompts`: one, or a completions
+/// request's list) and answer them together, prompt after prompt, each prompt's `n` choices
+/// in order.
+async fn run(
+    st: &AppState,
+    prompts: Vec<api::Prepared>,
+    endpoint: Endpoint,
+    prefix: &str,
+) -> Response {
+    let mut rxs = Vec::with_capacity(prompts.iter().map(|p| p.n).sum());
+    for prepared in &prompts {
+        match submit(st, prepared) {
+            Ok(mut r) => rxs.append(&mut r),
+            // Dropping the receivers of the prompts queued before cancels them in the
+            // scheduler: a request is queued whole or not at all.
+            Err(e) => return e.into_response(),
         }
-    };
-    let meta = st.meta(prefix);
-    if prepared.stream {
-        generate::respond_stream(rxs, st.tok, endpoint, &prepared, meta)
-    } else {
-        generate::respond_full(rxs, st.tok, endpoint, &prepared, meta).await
     }
+    let meta = st.meta(prefix);
+    let stream = prompts.first().is_some_and(|p| p.stream);
+    if stream {
+        generate::respond_stream(rxs, st.tok, endpoint, &prompts, meta)
+    } else {
+        generate::respond_full(rxs, st.tok, endpoint, &prompts, meta).await
+    }
+}
+
+/// Queue one prompt's choices. Each choice is its own sequence: the backend cannot share the
+/// prompt's KV between running sequences (prefix caching reuses free slots only), so each
+/// prefills the prompt. With a seed, choice i samples with seed + i, as vLLM seeds its n
+/// child requests.
+fn submit(
+    st: &AppState,
+    prepared: &api::Prepared,
+) -> Result<Vec<UnboundedReceiver<GenEvent>>, ApiError> {
+    if prepared.sampling.max_tokens == 0 {
+        return Ok((0..prepared.n).map(|_| nothing_to_generate()).collect());
+    }
+    let samplings = (0..prepared.n)
+        .map(|i| {
+            let mut sampling = prepared.sampling.clone();
+            sampling.seed = sampling.seed.map(|s| s.wrapping_add(i as u64));
+            sampling
+        })
+        .collect();
+    // The choices take their places under --max-waiting-queue-length together: all queued,
+    // or the request is refused with nothing queued.
+    st.scheduler
+        .submit_all(&prepared.prompt, samplings)
+        .map_err(|e| match e {
+            e @ SubmitError::QueueFull { .. } => ApiError::queue_full(e.to_string()),
+            e => ApiError::internal(e.to_string()),
+        })
 }
 
 /// Most distinct unknown field names remembered for the warning; past it, new names are
@@ -492,5 +515,5 @@ async fn chat_completions(
             }
         }
     }
-    run(&st, prepared, Endpoint::Chat, "chatcmpl").await
+    run(&st, vec![prepared], Endpoint::Chat, "chatcmpl").await
 }
