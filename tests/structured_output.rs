@@ -586,8 +586,8 @@ async fn vllm_structured_outputs_and_guided_json_constrain_alike() {
     );
     let bad = [
         (
-            json!({"structured_outputs": {"regex": "a+"}}),
-            "structured_outputs.regex",
+            json!({"structured_outputs": {"grammar": "root ::= \"a\""}}),
+            "structured_outputs.grammar",
         ),
         (
             json!({"structured_outputs": {"json_object": "yes"}}),
@@ -612,6 +612,95 @@ async fn vllm_structured_outputs_and_guided_json_constrain_alike() {
     ];
     for (extra, param) in bad {
         let (status, v) = chat(&s, plain(extra.clone())).await;
+        assert_eq!(status, 400, "{extra}: {v}");
+        assert_eq!(v["error"]["param"], param, "{extra}: {v}");
+    }
+}
+
+/// `structured_outputs.choice` / `guided_choice` make the answer exactly one of the strings,
+/// `structured_outputs.regex` / `guided_regex` a whole match of the pattern, whatever the
+/// random weights prefer, greedy and sampled.
+#[tokio::test(flavor = "multi_thread")]
+async fn choice_and_regex_constrain_the_whole_answer() {
+    let s = tiny_server().await;
+    let body = |extra: Value, temperature: f64, seed: u64| {
+        let mut body = request(&json!({"type": "text"}), temperature, seed, 40);
+        body.as_object_mut().unwrap().remove("response_format");
+        for (k, v) in extra.as_object().unwrap() {
+            body[k] = v.clone();
+        }
+        body
+    };
+    let colors = ["red", "green", "blue (dark)", "a|b"];
+    let pattern = "[0-9]{3}-[a-z]{2,4}";
+    let whole = regex::Regex::new(&format!("^(?:{pattern})$")).unwrap();
+    for (temperature, seed) in [(0.0, 0), (1.0, 1), (1.0, 2), (1.5, 3)] {
+        for extra in [
+            json!({"structured_outputs": {"choice": colors}}),
+            json!({"guided_choice": colors}),
+        ] {
+            let (status, v) = chat(&s, body(extra.clone(), temperature, seed)).await;
+            assert_eq!(status, 200, "{extra}: {v}");
+            let c = &v["choices"][0];
+            let content = c["message"]["content"].as_str().unwrap();
+            assert!(
+                colors.contains(&content),
+                "{extra}: {content:?} is not a choice"
+            );
+            assert_eq!(c["finish_reason"], "stop", "{v}");
+        }
+        for extra in [
+            json!({"structured_outputs": {"regex": pattern}}),
+            json!({"guided_regex": pattern}),
+        ] {
+            let (status, v) = chat(&s, body(extra.clone(), temperature, seed)).await;
+            assert_eq!(status, 200, "{extra}: {v}");
+            let content = v["choices"][0]["message"]["content"].as_str().unwrap();
+            assert!(
+                whole.is_match(content),
+                "{extra}: {content:?} does not match"
+            );
+        }
+    }
+    let bad = [
+        (
+            json!({"structured_outputs": {"choice": []}}),
+            "structured_outputs.choice",
+        ),
+        (
+            json!({"structured_outputs": {"choice": ["a", 1]}}),
+            "structured_outputs.choice",
+        ),
+        (json!({"guided_choice": "red"}), "guided_choice"),
+        (
+            json!({"structured_outputs": {"regex": 5}}),
+            "structured_outputs.regex",
+        ),
+        (json!({"guided_regex": ["a"]}), "guided_regex"),
+        (
+            json!({"structured_outputs": {"regex": "(unclosed"}}),
+            "structured_outputs",
+        ),
+        (json!({"guided_regex": "a{2,1}"}), "guided_regex"),
+        (
+            json!({"structured_outputs": {"regex": "a", "choice": ["a"]}}),
+            "structured_outputs",
+        ),
+        (
+            json!({"guided_json": list(), "guided_choice": ["a"]}),
+            "guided_choice",
+        ),
+        (
+            json!({"structured_outputs": {"choice": ["a"]}, "guided_regex": "a"}),
+            "guided_regex",
+        ),
+        (
+            json!({"guided_choice": ["a"], "response_format": {"type": "json_object"}}),
+            "response_format",
+        ),
+    ];
+    for (extra, param) in bad {
+        let (status, v) = chat(&s, body(extra.clone(), 0.0, 0)).await;
         assert_eq!(status, 400, "{extra}: {v}");
         assert_eq!(v["error"]["param"], param, "{extra}: {v}");
     }

@@ -146,6 +146,13 @@ impl StructuredOutput {
         )
     }
 
+    /// The grammar of a final answer that matches the regular expression `rx` as a whole
+    /// (`structured_outputs.regex`, or `choice` as an alternation of literals), then ends as
+    /// a structured answer does.
+    pub fn compile_regex(&self, rx: &str) -> Result<Grammar, String> {
+        self.grammar(TopLevelGrammar::from_regex(rx), self.answer_ends.clone())
+    }
+
     /// The grammar of a tool call's arguments, after a header that names the function:
     /// JSON following `parameters` (compact, as in [`Self::compile`]), ended by `<|call|>`.
     pub fn compile_arguments(&self, parameters: &Value) -> Result<Grammar, String> {

@@ -155,10 +155,15 @@ pub struct ChatRequest {
     pub tool_choice: Option<Value>,
     pub parallel_tool_calls: Option<Value>,
     pub response_format: Option<Value>,
-    /// vLLM's structured outputs: `{"json": SCHEMA}` or `{"json_object": true}`.
+    /// vLLM's structured outputs: `{"json": SCHEMA}`, `{"json_object": true}`,
+    /// `{"regex": PATTERN}` or `{"choice": [STRING, …]}`.
     pub structured_outputs: Option<Value>,
     /// vLLM's older name for `structured_outputs.json`.
     pub guided_json: Option<Value>,
+    /// vLLM's older name for `structured_outputs.regex`.
+    pub guided_regex: Option<Value>,
+    /// vLLM's older name for `structured_outputs.choice`.
+    pub guided_choice: Option<Value>,
     /// Every field the server does not know (accepted, as vLLM accepts them, and logged).
     #[serde(flatten)]
     pub unknown: serde_json::Map<String, Value>,
@@ -205,9 +210,13 @@ pub struct Prepared {
 /// A constraint on the answer, before the server compiles it (see docs/api.md).
 #[derive(Debug, Clone, PartialEq)]
 pub enum Constrained {
-    /// Structured output: the final answer follows `schema`; `param` is the field that asked
-    /// for it (`response_format`, `structured_outputs` or `guided_json`).
-    Answer { param: &'static str, schema: Value },
+    /// Structured output: the final answer takes `shape`; `param` is the field that asked
+    /// for it (`response_format`, `structured_outputs`, `guided_json`, `guided_regex` or
+    /// `guided_choice`).
+    Answer {
+        param: &'static str,
+        shape: AnswerShape,
+    },
     /// `tool_choice` names a function: its arguments follow `schema`, the `parameters` of
     /// `tools[tool]`.
     Arguments { tool: usize, schema: Value },
@@ -218,6 +227,45 @@ pub enum Constrained {
     /// call of one of them has arguments that follow its schema. Each with its index in
     /// `tools`.
     StrictCalls(Vec<(usize, CallSchema)>),
+}
+
+/// What a structured answer must be.
+#[derive(Debug, Clone, PartialEq)]
+pub enum AnswerShape {
+    /// JSON following a schema (`response_format`, `structured_outputs.json` or
+    /// `.json_object`, `guided_json`).
+    Schema(Value),
+    /// Text matching a regular expression as a whole (`structured_outputs.regex`,
+    /// `guided_regex`; `structured_outputs.choice` and `guided_choice` as the alternation of
+    /// their strings, each matched literally).
+    Regex(String),
+}
+
+/// The regular expression of a `choice` field: exactly one of its strings. `param` names the
+/// field for a 400.
+fn choice_regex(param: &str, v: &Value) -> Result<String, ApiError> {
+    let bad = || {
+        ApiError::invalid(
+            param,
+            format!("{param} must be a non-empty list of strings, got {v}"),
+        )
+    };
+    let list = v.as_array().filter(|l| !l.is_empty()).ok_or_else(bad)?;
+    let words = list
+        .iter()
+        .map(|w| w.as_str().map(regex::escape).ok_or_else(bad))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(format!("(?:{})", words.join("|")))
+}
+
+/// The pattern of a `regex` field; `param` names the field for a 400.
+fn regex_field(param: &str, v: &Value) -> Result<String, ApiError> {
+    v.as_str().map(str::to_string).ok_or_else(|| {
+        ApiError::invalid(
+            param,
+            format!("{param} must be a regular expression as a string, got {v}"),
+        )
+    })
 }
 
 /// A number field of the body that may be absent or null; anything else is a 400 naming it.
@@ -1051,12 +1099,12 @@ fn response_format(v: Option<&Value>) -> Result<Option<Value>, ApiError> {
 
 /// vLLM's own fields for structured output, as an alternative to `response_format`:
 /// `structured_outputs.json` (a schema, as an object or as JSON text), `structured_outputs.
-/// json_object: true`, and the older `guided_json`. vLLM's other kinds (regex, choice,
-/// grammar, structural tags) are refused.
+/// json_object: true`, `structured_outputs.regex`, `structured_outputs.choice`, and the older
+/// `guided_json`, `guided_regex` and `guided_choice`. vLLM's other kinds (grammar, structural
+/// tags) are refused. At most one of them may be set.
 fn vllm_structured_outputs(
-    structured: Option<&Value>,
-    guided_json: Option<&Value>,
-) -> Result<Option<(&'static str, Value)>, ApiError> {
+    r: &ChatRequest,
+) -> Result<Option<(&'static str, AnswerShape)>, ApiError> {
     // A schema sent as JSON text, as vLLM accepts it.
     let schema = |param: &str, v: &Value| match v {
         Value::Object(_) => Ok(v.clone()),
@@ -1072,7 +1120,7 @@ fn vllm_structured_outputs(
             format!("{param} must be a JSON schema object (or its JSON text), got {other}"),
         )),
     };
-    let from_structured = match structured {
+    let from_structured = match &r.structured_outputs {
         None | Some(Value::Null) => None,
         Some(Value::Object(o)) => {
             let mut found = None;
@@ -1080,20 +1128,24 @@ fn vllm_structured_outputs(
                 let param = format!("structured_outputs.{k}");
                 let this = match (k.as_str(), v) {
                     (_, Value::Null) | ("json_object", Value::Bool(false)) => continue,
-                    ("json", v) => schema(&param, v)?,
-                    ("json_object", Value::Bool(true)) => serde_json::json!({"type": "object"}),
+                    ("json", v) => AnswerShape::Schema(schema(&param, v)?),
+                    ("json_object", Value::Bool(true)) => {
+                        AnswerShape::Schema(serde_json::json!({"type": "object"}))
+                    }
                     ("json_object", other) => {
                         return Err(ApiError::invalid(
                             &param,
                             format!("{param} must be true or false, got {other}"),
                         ));
                     }
+                    ("regex", v) => AnswerShape::Regex(regex_field(&param, v)?),
+                    ("choice", v) => AnswerShape::Regex(choice_regex(&param, v)?),
                     (other, _) => {
                         return Err(ApiError::unsupported(
                             &param,
                             &format!(
-                                "structured output of kind `{other}` (only `json` and \
-                                 `json_object` are)"
+                                "structured output of kind `{other}` (only `json`, \
+                                 `json_object`, `regex` and `choice` are)"
                             ),
                         ));
                     }
@@ -1101,11 +1153,12 @@ fn vllm_structured_outputs(
                 if found.replace(this).is_some() {
                     return Err(ApiError::invalid(
                         "structured_outputs",
-                        "structured_outputs may set one of `json` and `json_object`, not both",
+                        "structured_outputs may set one of `json`, `json_object`, `regex` and \
+                         `choice`, not several",
                     ));
                 }
             }
-            found
+            found.map(|f| ("structured_outputs", f))
         }
         Some(other) => {
             return Err(ApiError::invalid(
@@ -1116,18 +1169,32 @@ fn vllm_structured_outputs(
             ));
         }
     };
-    let from_guided = match guided_json {
-        None | Some(Value::Null) => None,
-        Some(v) => Some(schema("guided_json", v)?),
-    };
-    match (from_structured, from_guided) {
-        (Some(_), Some(_)) => Err(ApiError::invalid(
-            "guided_json",
-            "guided_json and structured_outputs both ask for a schema: send one",
-        )),
-        (Some(s), None) => Ok(Some(("structured_outputs", s))),
-        (None, g) => Ok(g.map(|g| ("guided_json", g))),
+    let set = |v: &Option<Value>| v.as_ref().filter(|v| !v.is_null()).cloned();
+    let legacy = [
+        set(&r.guided_json)
+            .map(|v| schema("guided_json", &v).map(|s| ("guided_json", AnswerShape::Schema(s)))),
+        set(&r.guided_regex).map(|v| {
+            regex_field("guided_regex", &v).map(|x| ("guided_regex", AnswerShape::Regex(x)))
+        }),
+        set(&r.guided_choice).map(|v| {
+            choice_regex("guided_choice", &v).map(|x| ("guided_choice", AnswerShape::Regex(x)))
+        }),
+    ];
+    let mut found = from_structured;
+    for l in legacy.into_iter().flatten() {
+        let (param, shape) = l?;
+        if found.is_some() {
+            return Err(ApiError::invalid(
+                param,
+                format!(
+                    "{param} and {} both ask for a structured answer: send one",
+                    found.map_or("", |f| f.0)
+                ),
+            ));
+        }
+        found = Some((param, shape));
     }
+    Ok(found)
 }
 
 impl ChatRequest {
@@ -1136,7 +1203,7 @@ impl ChatRequest {
         check_model(&self.common, lim)?;
         let schema = match (
             response_format(self.response_format.as_ref())?,
-            vllm_structured_outputs(self.structured_outputs.as_ref(), self.guided_json.as_ref())?,
+            vllm_structured_outputs(self)?,
         ) {
             (Some(_), Some(_)) => {
                 return Err(ApiError::invalid(
@@ -1145,7 +1212,7 @@ impl ChatRequest {
                      for a schema: send one",
                 ));
             }
-            (Some(s), None) => Some(("response_format", s)),
+            (Some(s), None) => Some(("response_format", AnswerShape::Schema(s))),
             (None, b) => b,
         };
         if self.messages.is_empty() {
@@ -1241,7 +1308,7 @@ impl ChatRequest {
                 Some(Constrained::StrictCalls(strict))
             }
             ToolChoice::None | ToolChoice::Auto => {
-                schema.map(|(param, schema)| Constrained::Answer { param, schema })
+                schema.map(|(param, shape)| Constrained::Answer { param, shape })
             }
         };
         Ok(p)

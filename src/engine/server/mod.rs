@@ -13,7 +13,7 @@ use crate::engine::scheduler::{
 };
 use crate::engine::structured::{CallTokens, Grammar, StructuredOutput};
 use crate::engine::tokenizer::Tokenizer;
-use api::{ChatRequest, CompletionRequest, Constrained, Limits, parse_body};
+use api::{AnswerShape, ChatRequest, CompletionRequest, Constrained, Limits, parse_body};
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
@@ -325,7 +325,16 @@ impl AppState {
             )
         };
         match constrained {
-            Constrained::Answer { param, schema } => structured.compile(schema).map_err(|e| {
+            Constrained::Answer {
+                param,
+                shape: AnswerShape::Regex(rx),
+            } => structured.compile_regex(rx).map_err(|e| {
+                ApiError::invalid(param, format!("{param}'s pattern cannot be enforced: {e}"))
+            }),
+            Constrained::Answer {
+                param,
+                shape: AnswerShape::Schema(schema),
+            } => structured.compile(schema).map_err(|e| {
                 ApiError::invalid(param, format!("{param}'s schema cannot be enforced: {e}"))
             }),
             Constrained::Arguments { tool, schema } => structured
