@@ -706,6 +706,58 @@ async fn choice_and_regex_constrain_the_whole_answer() {
     }
 }
 
+/// `/v1/completions` reads the same fields: the completion takes the shape from its first
+/// token, for every prompt of a list.
+#[tokio::test(flavor = "multi_thread")]
+async fn completions_take_the_same_structured_fields() {
+    let s = tiny_server().await;
+    let post = |body: Value| {
+        let base = s.base.clone();
+        async move {
+            let r = reqwest::Client::new()
+                .post(format!("{base}/v1/completions"))
+                .json(&body)
+                .send()
+                .await
+                .unwrap();
+            let status = r.status().as_u16();
+            (status, r.json::<Value>().await.unwrap())
+        }
+    };
+    let colors = ["red", "green", "blue"];
+    let prompts = json!(["The sky is", "Grass is", [3000, 3001, 3002]]);
+    for (temperature, seed) in [(0.0, 0), (1.0, 4)] {
+        let body = json!({"prompt": prompts, "max_tokens": 20, "temperature": temperature,
+                          "seed": seed, "guided_choice": colors});
+        let (status, v) = post(body.clone()).await;
+        assert_eq!(status, 200, "{body}: {v}");
+        let choices = v["choices"].as_array().unwrap();
+        assert_eq!(choices.len(), 3, "{v}");
+        for c in choices {
+            assert!(colors.contains(&c["text"].as_str().unwrap()), "{c}");
+            assert_eq!(c["finish_reason"], "stop", "{c}");
+        }
+    }
+    let whole = regex::Regex::new("^(?:[A-Z][a-z]{1,5}!)$").unwrap();
+    let body = json!({"prompt": "Say", "max_tokens": 20, "temperature": 1.0, "seed": 9,
+                      "structured_outputs": {"regex": "[A-Z][a-z]{1,5}!"}});
+    let (status, v) = post(body).await;
+    assert_eq!(status, 200, "{v}");
+    let text = v["choices"][0]["text"].as_str().unwrap();
+    assert!(whole.is_match(text), "{text:?}");
+    let body = json!({"prompt": "A person:", "max_tokens": 120, "temperature": 0,
+                      "response_format": {"type": "json_schema",
+                                          "json_schema": {"name": "l", "schema": list()}}});
+    let (status, v) = post(body).await;
+    assert_eq!(status, 200, "{v}");
+    let text = v["choices"][0]["text"].as_str().unwrap();
+    let value: Value = serde_json::from_str(text).unwrap_or_else(|e| panic!("{text}: {e}"));
+    assert_eq!(validate(&list(), &value, "$"), Ok(()));
+    let (status, v) = post(json!({"prompt": "x", "guided_choice": []})).await;
+    assert_eq!(status, 400, "{v}");
+    assert_eq!(v["error"]["param"], "guided_choice");
+}
+
 /// The official `openai` client's structured-output helper: a pydantic model as
 /// `response_format`, the answer read back as that model (`message.parsed`).
 #[tokio::test(flavor = "multi_thread")]

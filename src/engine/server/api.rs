@@ -74,6 +74,17 @@ pub struct Common {
     /// OpenAI's end-user id: accepted and not used (as in vLLM), so it is not reported as
     /// an unknown field.
     pub user: Option<Value>,
+    /// Structured output, OpenAI's way (`json_object`, `json_schema`).
+    pub response_format: Option<Value>,
+    /// vLLM's structured outputs: `{"json": SCHEMA}`, `{"json_object": true}`,
+    /// `{"regex": PATTERN}` or `{"choice": [STRING, …]}`.
+    pub structured_outputs: Option<Value>,
+    /// vLLM's older name for `structured_outputs.json`.
+    pub guided_json: Option<Value>,
+    /// vLLM's older name for `structured_outputs.regex`.
+    pub guided_regex: Option<Value>,
+    /// vLLM's older name for `structured_outputs.choice`.
+    pub guided_choice: Option<Value>,
 }
 
 /// `POST /v1/completions`.
@@ -154,16 +165,6 @@ pub struct ChatRequest {
     pub tools: Option<Vec<Json>>,
     pub tool_choice: Option<Value>,
     pub parallel_tool_calls: Option<Value>,
-    pub response_format: Option<Value>,
-    /// vLLM's structured outputs: `{"json": SCHEMA}`, `{"json_object": true}`,
-    /// `{"regex": PATTERN}` or `{"choice": [STRING, …]}`.
-    pub structured_outputs: Option<Value>,
-    /// vLLM's older name for `structured_outputs.json`.
-    pub guided_json: Option<Value>,
-    /// vLLM's older name for `structured_outputs.regex`.
-    pub guided_regex: Option<Value>,
-    /// vLLM's older name for `structured_outputs.choice`.
-    pub guided_choice: Option<Value>,
     /// Every field the server does not know (accepted, as vLLM accepts them, and logged).
     #[serde(flatten)]
     pub unknown: serde_json::Map<String, Value>,
@@ -748,7 +749,7 @@ impl CompletionRequest {
             None => tok.decode(&prompt, false),
         });
         // OpenAI's default for completions is 16 tokens.
-        prepare_common(
+        let mut p = prepare_common(
             &self.common,
             prompt,
             self.common.max_tokens,
@@ -756,7 +757,12 @@ impl CompletionRequest {
             logprobs,
             echo,
             lim,
-        )
+        )?;
+        // Structured output: the completion takes the shape from its first token (no
+        // channel to open, as a chat answer needs).
+        p.constrained =
+            answer_shape(&self.common)?.map(|(param, shape)| Constrained::Answer { param, shape });
+        Ok(p)
     }
 }
 
@@ -1102,9 +1108,7 @@ fn response_format(v: Option<&Value>) -> Result<Option<Value>, ApiError> {
 /// json_object: true`, `structured_outputs.regex`, `structured_outputs.choice`, and the older
 /// `guided_json`, `guided_regex` and `guided_choice`. vLLM's other kinds (grammar, structural
 /// tags) are refused. At most one of them may be set.
-fn vllm_structured_outputs(
-    r: &ChatRequest,
-) -> Result<Option<(&'static str, AnswerShape)>, ApiError> {
+fn vllm_structured_outputs(r: &Common) -> Result<Option<(&'static str, AnswerShape)>, ApiError> {
     // A schema sent as JSON text, as vLLM accepts it.
     let schema = |param: &str, v: &Value| match v {
         Value::Object(_) => Ok(v.clone()),
@@ -1197,24 +1201,28 @@ fn vllm_structured_outputs(
     Ok(found)
 }
 
+/// The shape a request's answer must take, from `response_format` or vLLM's fields (at most
+/// one of them), with the field that asked for it.
+fn answer_shape(c: &Common) -> Result<Option<(&'static str, AnswerShape)>, ApiError> {
+    match (
+        response_format(c.response_format.as_ref())?,
+        vllm_structured_outputs(c)?,
+    ) {
+        (Some(_), Some(_)) => Err(ApiError::invalid(
+            "response_format",
+            "response_format and vLLM's structured_outputs (or guided_json) both ask for a \
+             schema: send one",
+        )),
+        (Some(s), None) => Ok(Some(("response_format", AnswerShape::Schema(s)))),
+        (None, b) => Ok(b),
+    }
+}
+
 impl ChatRequest {
     /// Validate and render the conversation in harmony.
     pub fn prepare(&self, renderer: &Renderer, lim: &Limits<'_>) -> Result<Prepared, ApiError> {
         check_model(&self.common, lim)?;
-        let schema = match (
-            response_format(self.response_format.as_ref())?,
-            vllm_structured_outputs(self)?,
-        ) {
-            (Some(_), Some(_)) => {
-                return Err(ApiError::invalid(
-                    "response_format",
-                    "response_format and vLLM's structured_outputs (or guided_json) both ask \
-                     for a schema: send one",
-                ));
-            }
-            (Some(s), None) => Some(("response_format", AnswerShape::Schema(s))),
-            (None, b) => b,
-        };
+        let schema = answer_shape(&self.common)?;
         if self.messages.is_empty() {
             return Err(ApiError::invalid("messages", "messages must not be empty"));
         }

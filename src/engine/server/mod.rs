@@ -488,7 +488,7 @@ async fn completions(
     State(st): State<Arc<AppState>>,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    let prepared = match read_body(&st, body)
+    let mut prepared = match read_body(&st, body)
         .and_then(|b| parse_body::<CompletionRequest>(&b))
         .and_then(|r| {
             st.warn_unknown_fields(r.unknown_fields());
@@ -497,14 +497,40 @@ async fn completions(
         Ok(p) => p,
         Err(e) => return e.into_response(),
     };
+    if let Err(e) = constrain(&st, &mut prepared).await {
+        return e.into_response();
+    }
     run(&st, prepared, Endpoint::Completions, "cmpl").await
+}
+
+/// Compile the constraint the prompts' answers share (a request's prompts all carry the
+/// same one), on a blocking thread, and hand each prompt the grammar.
+async fn constrain(st: &Arc<AppState>, prompts: &mut [api::Prepared]) -> Result<(), ApiError> {
+    let Some(constrained) = prompts.first().and_then(|p| p.constrained.clone()) else {
+        return Ok(());
+    };
+    let state = st.clone();
+    let grammar =
+        match tokio::task::spawn_blocking(move || state.compile_constraint(&constrained)).await {
+            Ok(Ok(g)) => Arc::new(g),
+            Ok(Err(e)) => return Err(e),
+            Err(e) => {
+                return Err(ApiError::internal(format!(
+                    "compiling the schema failed: {e}"
+                )));
+            }
+        };
+    for p in prompts {
+        p.sampling.grammar = Some(grammar.clone());
+    }
+    Ok(())
 }
 
 async fn chat_completions(
     State(st): State<Arc<AppState>>,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    let mut prepared = match read_body(&st, body)
+    let prepared = match read_body(&st, body)
         .and_then(|b| parse_body::<ChatRequest>(&b))
         .and_then(|r| {
             st.warn_unknown_fields(r.unknown_fields());
@@ -513,16 +539,9 @@ async fn chat_completions(
         Ok(p) => p,
         Err(e) => return e.into_response(),
     };
-    if let Some(constrained) = prepared.constrained.clone() {
-        let state = st.clone();
-        match tokio::task::spawn_blocking(move || state.compile_constraint(&constrained)).await {
-            Ok(Ok(g)) => prepared.sampling.grammar = Some(Arc::new(g)),
-            Ok(Err(e)) => return e.into_response(),
-            Err(e) => {
-                return ApiError::internal(format!("compiling the schema failed: {e}"))
-                    .into_response();
-            }
-        }
+    let mut prompts = vec![prepared];
+    if let Err(e) = constrain(&st, &mut prompts).await {
+        return e.into_response();
     }
-    run(&st, vec![prepared], Endpoint::Chat, "chatcmpl").await
+    run(&st, prompts, Endpoint::Chat, "chatcmpl").await
 }
