@@ -1910,6 +1910,76 @@ async fn bad_requests_get_openai_errors_and_server_keeps_serving() {
     assert_eq!(v["usage"]["completion_tokens"], 2);
 }
 
+async fn get_json(s: &TestServer, path: &str) -> (u16, Value) {
+    let r = client()
+        .get(format!("{}{path}", s.base))
+        .send()
+        .await
+        .unwrap();
+    let status = r.status().as_u16();
+    (status, r.json().await.unwrap())
+}
+
+/// vLLM's utility routes: `/tokenize` (a prompt with control tokens read as such, or a chat
+/// rendered exactly as the chat endpoint renders it) and `/detokenize` round-trip, `/version`
+/// answers, and `GET /v1/models/{id}` gives the served model's card or a 404.
+#[tokio::test(flavor = "multi_thread")]
+async fn tokenize_detokenize_version_and_model_retrieve() {
+    let s = start(options(), 8, 0).await;
+    let text = "Hello world<|end|>";
+    let (st, v) = post(&s, "/tokenize", json!({"prompt": text})).await;
+    assert_eq!(st, 200, "{v}");
+    let ids = ids_of(&v["tokens"]);
+    assert_eq!(v["count"], ids.len());
+    assert_eq!(v["max_model_len"], 2048);
+    assert_eq!(
+        ids.last(),
+        Some(&200007),
+        "<|end|> is one control token: {v}"
+    );
+    let (st, d) = post(&s, "/detokenize", json!({"tokens": ids})).await;
+    assert_eq!(st, 200, "{d}");
+    assert_eq!(d["prompt"], text);
+    // A chat: the ids the chat endpoint feeds the engine.
+    let chat = json!({"messages": [{"role": "user", "content": "Hi there"}]});
+    let (st, t) = post(&s, "/tokenize", chat.clone()).await;
+    assert_eq!(st, 200, "{t}");
+    let mut c = chat.clone();
+    c["max_tokens"] = json!(1);
+    c["return_token_ids"] = json!(true);
+    let (st, r) = post(&s, "/v1/chat/completions", c).await;
+    assert_eq!(st, 200, "{r}");
+    assert_eq!(t["tokens"], r["prompt_token_ids"], "{t} against {r}");
+    for (path, body, status, param) in [
+        ("/tokenize", json!({}), 400, "prompt"),
+        ("/tokenize", json!({"prompt": 5}), 400, "prompt"),
+        (
+            "/tokenize",
+            json!({"prompt": "x", "model": "other"}),
+            404,
+            "model",
+        ),
+        ("/tokenize", json!({"messages": []}), 400, "messages"),
+        ("/detokenize", json!({"tokens": [999999999]}), 400, "tokens"),
+        ("/detokenize", json!({"tokens": "x"}), 400, "tokens"),
+        ("/detokenize", json!({}), 400, "tokens"),
+    ] {
+        let (st, v) = post(&s, path, body.clone()).await;
+        assert_eq!(st, status, "{path} {body}: {v}");
+        assert_eq!(v["error"]["param"], param, "{path} {body}: {v}");
+    }
+    let (st, v) = get_json(&s, "/version").await;
+    assert_eq!(st, 200);
+    assert!(!v["version"].as_str().unwrap().is_empty(), "{v}");
+    let (st, v) = get_json(&s, "/v1/models/double").await;
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["id"], "double");
+    assert_eq!(v["object"], "model");
+    let (st, v) = get_json(&s, "/v1/models/gpt-4").await;
+    assert_eq!(st, 404, "{v}");
+    assert_eq!(v["error"]["code"], "model_not_found");
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn api_key_guards_v1_only() {
     let opts = ServerOptions {
@@ -3031,8 +3101,8 @@ print(r2.choices[0].finish_reason is not None)
 }
 
 /// The `openai` client reads `n=2` choices (whole and streamed), an echoed completion,
-/// per-chunk usage (`continuous_usage_stats`, sent through `extra_body` as for vLLM) and a
-/// completion of a list of prompts.
+/// per-chunk usage (`continuous_usage_stats`, sent through `extra_body` as for vLLM), a
+/// completion of a list of prompts and the model's card (`models.retrieve`).
 #[tokio::test(flavor = "multi_thread")]
 async fn openai_python_client_reads_n_choices_echo_and_continuous_usage() {
     if !has_python_openai("openai_python_client_reads_n_choices_echo_and_continuous_usage") {
@@ -3064,6 +3134,7 @@ b = c.completions.create(model="double", prompt=["Once upon", [1, 2, 3]], max_to
                          temperature=0.5, echo=True)
 print([ch.index for ch in b.choices], b.choices[1].text.startswith("Once upon"),
       b.usage.prompt_tokens == e.usage.prompt_tokens + 3, b.usage.completion_tokens)
+print(c.models.retrieve("double").id)
 "#;
     let out = python(script, &[&s.base]).await;
     let lines: Vec<&str> = out.lines().collect();
@@ -3073,6 +3144,7 @@ print([ch.index for ch in b.choices], b.choices[1].text.startswith("Once upon"),
     assert_eq!(lines[3], "True 3", "{out}");
     assert_eq!(lines[4], "3 True", "{out}");
     assert_eq!(lines[5], "[0, 1, 2, 3] True True 12", "{out}");
+    assert_eq!(lines[6], "double", "{out}");
 }
 
 /// The `openai` client reads logprobs (chat whole and streamed, completions) and sends vLLM's

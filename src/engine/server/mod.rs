@@ -191,13 +191,21 @@ impl Server {
     pub fn router(&self) -> Router {
         let v1 = Router::new()
             .route("/v1/models", get(models))
+            .route("/v1/models/{model}", get(model))
             .route("/v1/completions", post(completions))
             .route("/v1/chat/completions", post(chat_completions))
             .route_layer(middleware::from_fn_with_state(self.state.clone(), auth))
             .layer(DefaultBodyLimit::max(self.state.opts.max_request_bytes));
+        // vLLM's utility routes, outside /v1 and so, as there, without the API key.
+        let util = Router::new()
+            .route("/tokenize", post(tokenize))
+            .route("/detokenize", post(detokenize))
+            .layer(DefaultBodyLimit::max(self.state.opts.max_request_bytes));
         Router::new()
             .route("/health", get(health))
             .route("/metrics", get(metrics_text))
+            .route("/version", get(version))
+            .merge(util)
             .merge(v1)
             .fallback(no_route)
             .with_state(self.state.clone())
@@ -259,22 +267,123 @@ async fn no_route(method: Method, uri: Uri) -> ApiError {
     ApiError::no_route(method.as_str(), uri.path())
 }
 
-async fn models(State(st): State<Arc<AppState>>) -> Response {
+/// The one model this server serves, as `/v1/models` lists it.
+fn model_card(st: &AppState) -> serde_json::Value {
     let name = &st.opts.served_model_name;
-    axum::Json(json!({
-        "object": "list",
-        "data": [{
-            "id": name,
-            "object": "model",
-            "created": st.created,
-            "owned_by": "mxtune",
-            "root": name,
+    json!({
+        "id": name,
+        "object": "model",
+        "created": st.created,
+        "owned_by": "mxtune",
+        "root": name,
+        "max_model_len": st.opts.max_model_len,
+        "backend": st.backend_name,
+        "weights": st.opts.weights.as_str(),
+    })
+}
+
+async fn models(State(st): State<Arc<AppState>>) -> Response {
+    axum::Json(json!({"object": "list", "data": [model_card(&st)]})).into_response()
+}
+
+/// `GET /v1/models/{model}` (the OpenAI client's `models.retrieve`): the model's card, or a
+/// 404 naming the one this server serves.
+async fn model(
+    State(st): State<Arc<AppState>>,
+    axum::extract::Path(name): axum::extract::Path<String>,
+) -> Response {
+    if name == st.opts.served_model_name {
+        axum::Json(model_card(&st)).into_response()
+    } else {
+        ApiError::unknown_model(&name, &st.opts.served_model_name).into_response()
+    }
+}
+
+/// `GET /version`, as vLLM answers it.
+async fn version() -> Response {
+    axum::Json(json!({"version": env!("CARGO_PKG_VERSION")})).into_response()
+}
+
+/// `POST /tokenize` (vLLM's): a completions prompt (`prompt`, text with harmony control
+/// tokens read as such) or a chat (`messages` and the chat fields, rendered as
+/// `/v1/chat/completions` renders them, the assistant's start included) to token ids.
+async fn tokenize(
+    State(st): State<Arc<AppState>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let tokens = read_body(&st, body).and_then(|b| {
+        let v: serde_json::Value = parse_body(&b)?;
+        if v.get("messages").is_some() {
+            // Its own fields (add_generation_prompt, return_token_strs, …) are not the
+            // chat's: no unknown-field warning here.
+            let r = parse_body::<ChatRequest>(&b)?;
+            Ok(r.prepare(&st.renderer, &st.limits())?.prompt)
+        } else {
+            if let Some(asked) = v.get("model").and_then(|m| m.as_str())
+                && asked != st.opts.served_model_name
+            {
+                return Err(ApiError::unknown_model(asked, &st.opts.served_model_name));
+            }
+            match v.get("prompt") {
+                Some(serde_json::Value::String(text)) => st
+                    .tok
+                    .encode_with_specials(text)
+                    .map_err(|e| ApiError::invalid("prompt", format!("{e:#}"))),
+                Some(other) => Err(ApiError::invalid(
+                    "prompt",
+                    format!("prompt must be a string, got {other}"),
+                )),
+                None => Err(ApiError::invalid(
+                    "prompt",
+                    "send `prompt` (a string) or `messages` (a chat)",
+                )),
+            }
+        }
+    });
+    match tokens {
+        Ok(tokens) => axum::Json(json!({
+            "count": tokens.len(),
             "max_model_len": st.opts.max_model_len,
-            "backend": st.backend_name,
-            "weights": st.opts.weights.as_str(),
-        }],
-    }))
-    .into_response()
+            "tokens": tokens,
+            "token_strs": null,
+        }))
+        .into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+/// `POST /detokenize` (vLLM's): `tokens` back to text, control tokens written out.
+async fn detokenize(
+    State(st): State<Arc<AppState>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let text = read_body(&st, body).and_then(|b| {
+        let v: serde_json::Value = parse_body(&b)?;
+        let bad = |got: &serde_json::Value| {
+            ApiError::invalid(
+                "tokens",
+                format!(
+                    "tokens must be a list of token ids below the vocabulary size ({}), got {got}",
+                    st.vocab_size
+                ),
+            )
+        };
+        let Some(list) = v.get("tokens") else {
+            return Err(ApiError::invalid(
+                "tokens",
+                "send `tokens`: a list of token ids",
+            ));
+        };
+        let ids: Vec<u32> = serde_json::from_value(list.clone()).map_err(|_| bad(list))?;
+        if let Some(t) = ids.iter().find(|&&t| t as usize >= st.vocab_size) {
+            return Err(bad(&json!(t)));
+        }
+        Ok(st.tok.decode(&ids, false))
+    });
+    match text {
+        Ok(prompt) => axum::Json(json!({"prompt": prompt})).into_response(),
+        Err(e) => e.into_response(),
+    }
 }
 
 impl AppState {
