@@ -28,8 +28,12 @@ async fn tiny_server() -> TestServer {
 }
 
 async fn chat(s: &TestServer, body: Value) -> (u16, Value) {
+    post(s, "/v1/chat/completions", body).await
+}
+
+async fn post(s: &TestServer, path: &str, body: Value) -> (u16, Value) {
     let r = reqwest::Client::new()
-        .post(format!("{}/v1/chat/completions", s.base))
+        .post(format!("{}{path}", s.base))
         .json(&body)
         .send()
         .await
@@ -711,19 +715,7 @@ async fn choice_and_regex_constrain_the_whole_answer() {
 #[tokio::test(flavor = "multi_thread")]
 async fn completions_take_the_same_structured_fields() {
     let s = tiny_server().await;
-    let post = |body: Value| {
-        let base = s.base.clone();
-        async move {
-            let r = reqwest::Client::new()
-                .post(format!("{base}/v1/completions"))
-                .json(&body)
-                .send()
-                .await
-                .unwrap();
-            let status = r.status().as_u16();
-            (status, r.json::<Value>().await.unwrap())
-        }
-    };
+    let post = |body: Value| post(&s, "/v1/completions", body);
     let colors = ["red", "green", "blue"];
     let prompts = json!(["The sky is", "Grass is", [3000, 3001, 3002]]);
     for (temperature, seed) in [(0.0, 0), (1.0, 4)] {
