@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Device check of the API paths the selftest cannot reach (run against `mxtune serve --device cuda`,
 URL as the argument): forced and strict tool calls, json_schema output, n choices sharing the
-prefill (prefix-cache hits), stop_token_ids. Prints one line per check and a summary."""
+prefill (prefix-cache hits), stop_token_ids, choice and regex answers, a list of prompts,
+/tokenize against usage. Prints one line per check and a summary."""
 import json, sys, urllib.request
 URL = sys.argv[1]
 def post(path, body):
@@ -66,4 +67,33 @@ k = ids.index(ids[5])
 good = s2 == 200 and c2["finish_reason"] == "stop" and c2["token_ids"] == ids[:k + 1]
 fails += not good
 print(f"stop_token_ids: finish {c2['finish_reason']}, {len(c2['token_ids'])} ids (want {k + 1}), ok {good}", c2["token_ids"])
+import re
+colors = ["red", "green", "blue"]
+for seed, t in [(0, 0.0), (1, 1.0)]:
+    s, j = post("/v1/chat/completions", {"model": MODEL, "messages": msgs, "max_tokens": 40, "seed": seed, "temperature": t, "guided_choice": colors})
+    c = j["choices"][0]
+    good = s == 200 and c["message"]["content"] in colors and c["finish_reason"] == "stop"
+    fails += not good
+    print(f"guided_choice chat (T={t}): status {s}, {c['message']['content']!r}, ok {good}")
+s, j = post("/v1/chat/completions", {"model": MODEL, "messages": msgs, "max_tokens": 40, "seed": 2, "temperature": 1.0, "structured_outputs": {"regex": "[0-9]{2}-[a-z]{3}"}})
+c = j["choices"][0]
+good = s == 200 and re.fullmatch("[0-9]{2}-[a-z]{3}", c["message"]["content"]) is not None
+fails += not good
+print(f"regex chat: status {s}, {c['message']['content']!r}, ok {good}")
+prompts = ["The sky is", "Grass is", "Snow is"]
+s, j = post("/v1/completions", {"model": MODEL, "prompt": prompts, "max_tokens": 8, "n": 2, "temperature": 0.8, "seed": 5, "guided_choice": colors})
+texts = [c["text"] for c in j.get("choices", [])]
+good = s == 200 and [c["index"] for c in j["choices"]] == list(range(6)) and all(t in colors for t in texts)
+# Each lone request twice, the second finding its prompt cached as the list's will (see the
+# stop_token_ids reference above).
+lone = [[post("/v1/completions", {"model": MODEL, "prompt": p, "max_tokens": 8, "temperature": 0})[1]["choices"][0]["text"] for _ in range(2)][1] for p in prompts]
+s3, j3 = post("/v1/completions", {"model": MODEL, "prompt": prompts, "max_tokens": 8, "temperature": 0})
+good = good and s3 == 200 and [c["text"] for c in j3["choices"]] == lone
+fails += not good
+print(f"list of prompts: status {s}/{s3}, choice texts {texts}, greedy = lone requests {good}")
+s, t = post("/tokenize", {"model": MODEL, "messages": msgs})
+s2, j = post("/v1/chat/completions", {"model": MODEL, "messages": msgs, "max_tokens": 1})
+good = s == 200 and s2 == 200 and t["count"] == j["usage"]["prompt_tokens"]
+fails += not good
+print(f"/tokenize of the chat: {t.get('count')} tokens, usage says {j['usage']['prompt_tokens']}, ok {good}")
 print("API CUDA CHECKS:", "all passed" if fails == 0 else f"{fails} failed")
