@@ -1113,20 +1113,128 @@ async fn echo_writes_the_prompt_before_each_choice() {
     assert_eq!(text, rendered);
     assert_eq!(finishes(&mine), [json!("length")]);
     assert_eq!(chunks.last().unwrap()["usage"]["completion_tokens"], 0);
-    // Prompt logprobs are what vLLM adds with echo; this engine has none, and says so.
-    let (st, v) = post(
+    // The prompt's logprobs (echo with logprobs) come in a whole response only, for one
+    // choice: a stream or n above 1 is refused, naming echo.
+    for extra in [json!({"stream": true}), json!({"n": 2, "temperature": 1.0})] {
+        let mut b = json!({"prompt": "Hi", "echo": true, "logprobs": 2});
+        for (k, v) in extra.as_object().unwrap() {
+            b[k] = v.clone();
+        }
+        let (st, v) = post(&s, "/v1/completions", b).await;
+        assert_eq!(st, 400, "{extra}: {v}");
+        assert_eq!(v["error"]["param"], "echo");
+        assert_eq!(v["error"]["code"], "unsupported");
+    }
+}
+
+/// `echo` with `logprobs` scores the prompt, as vLLM does and log-likelihood evaluations
+/// (lm-eval's `local-completions`) need: each prompt token after the first gets its logprob
+/// under the model — checked against the tiny model run token by token here — and its top
+/// alternatives, the first token none; `max_tokens: 0` generates nothing, more generates as
+/// without scoring, the generated tokens' offsets counting the echoed text.
+#[tokio::test(flavor = "multi_thread")]
+async fn echo_with_logprobs_scores_the_prompt() {
+    use mxtune::engine::backend::{ModelBackend, SeqStep};
+    let tiny = || {
+        mxtune::engine::cpu::CpuBackend::new(
+            mxtune::engine::synthetic::build("tiny", 0).unwrap(),
+            4 * 256,
+        )
+    };
+    let prompt: Vec<u32> = (0..9).map(|k| 3000 + 31 * k).collect();
+    // The reference: the prompt fed one token at a time to a backend of its own.
+    let mut reference = tiny();
+    let seq = reference.alloc_seq(64).unwrap();
+    let mut want = Vec::new();
+    for k in 0..prompt.len() - 1 {
+        let logits = reference
+            .forward(&[SeqStep {
+                seq,
+                tokens: &prompt[k..k + 1],
+            }])
+            .unwrap()
+            .remove(0);
+        let lse = mxtune::engine::sampling::log_sum_exp(&logits);
+        let best = (0..logits.len())
+            .max_by(|&a, &b| logits[a].total_cmp(&logits[b]))
+            .unwrap();
+        want.push((logits[prompt[k + 1] as usize] - lse, logits[best] - lse));
+    }
+    let opts = ServerOptions {
+        served_model_name: "tiny".into(),
+        max_model_len: 256,
+        max_num_seqs: 4,
+        max_num_batched_tokens: 256,
+        kv_cache_tokens: 4 * 256,
+        enable_prefix_caching: true,
+        ..options()
+    };
+    let s = start_gated(Box::new(tiny()), opts, Arc::new(Probe::default())).await;
+    // Cached first: scoring must not take the prompt from the cache.
+    let (st, _) = post(
         &s,
         "/v1/completions",
-        json!({"prompt": "Hi", "echo": true, "logprobs": 2}),
+        json!({"prompt": prompt, "max_tokens": 1}),
     )
     .await;
-    assert_eq!(st, 400, "{v}");
-    assert_eq!(v["error"]["param"], "echo");
-    assert_eq!(v["error"]["code"], "unsupported");
-    assert!(
-        v["error"]["message"].as_str().unwrap().contains("logprobs"),
-        "{v}"
+    assert_eq!(st, 200);
+    let body = json!({"prompt": prompt, "echo": true, "logprobs": 2, "max_tokens": 0});
+    let (st, v) = post(&s, "/v1/completions", body).await;
+    assert_eq!(st, 200, "{v}");
+    let c = &v["choices"][0];
+    let lp = &c["logprobs"];
+    assert_eq!(lp["tokens"].as_array().unwrap().len(), prompt.len(), "{v}");
+    assert!(lp["token_logprobs"][0].is_null(), "{v}");
+    assert!(lp["top_logprobs"][0].is_null(), "{v}");
+    assert_eq!(lp["text_offset"][0], 0);
+    for (k, &(got_lp, best_lp)) in want.iter().enumerate() {
+        let got = lp["token_logprobs"][k + 1].as_f64().unwrap() as f32;
+        assert!(
+            (got - got_lp).abs() < 1e-4,
+            "token {}: {got} against {got_lp}",
+            k + 1
+        );
+        let top = lp["top_logprobs"][k + 1].as_object().unwrap();
+        assert_eq!(top.len(), 2, "{v}");
+        let top_best = top
+            .values()
+            .map(|x| x.as_f64().unwrap() as f32)
+            .fold(f32::MIN, f32::max);
+        assert!(
+            (top_best - best_lp).abs() < 1e-4,
+            "token {}: {top:?}",
+            k + 1
+        );
+    }
+    assert_eq!(c["finish_reason"], "length");
+    assert_eq!(v["usage"]["completion_tokens"], 0);
+    assert_eq!(v["usage"]["prompt_tokens"], prompt.len());
+    // Generating after the scored prompt: the same tokens as without scoring.
+    let plain = json!({"prompt": prompt, "max_tokens": 3, "temperature": 0, "echo": true,
+                       "return_token_ids": true});
+    let (_, without) = post(&s, "/v1/completions", plain.clone()).await;
+    let mut b = plain.clone();
+    b["logprobs"] = json!(1);
+    let (st, with) = post(&s, "/v1/completions", b).await;
+    assert_eq!(st, 200, "{with}");
+    let wc = &with["choices"][0];
+    assert_eq!(
+        wc["token_ids"], without["choices"][0]["token_ids"],
+        "{with}"
     );
+    assert_eq!(wc["text"], without["choices"][0]["text"]);
+    let lp = &wc["logprobs"];
+    assert_eq!(
+        lp["tokens"].as_array().unwrap().len(),
+        prompt.len() + 3,
+        "{with}"
+    );
+    // The first generated token starts where the echoed prompt ends.
+    let echo_len = without["choices"][0]["text"].as_str().unwrap().len()
+        - (0..3)
+            .map(|i| lp["tokens"][prompt.len() + i].as_str().unwrap().len())
+            .sum::<usize>();
+    assert_eq!(lp["text_offset"][prompt.len()], echo_len, "{with}");
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -1803,7 +1911,7 @@ async fn bad_requests_get_openai_errors_and_server_keeps_serving() {
         ),
         (
             "/v1/completions",
-            json!({"prompt": [1], "echo": true, "logprobs": 1}),
+            json!({"prompt": [1], "echo": true, "logprobs": 1, "stream": true}),
             400,
             Some("echo"),
         ),

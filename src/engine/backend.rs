@@ -21,6 +21,9 @@ pub struct SeqStep<'a> {
 pub struct RowSample<'a> {
     pub sampler: Option<&'a mut Sampler>,
     pub banned: &'a [u32],
+    /// A token to score instead of choosing one ([`Sampler::score`]: the prompt's next token
+    /// where the request scores its prompt); `None` chooses.
+    pub forced: Option<u32>,
 }
 
 /// A compute backend. It owns the weights and the KV cache of every live sequence.
@@ -121,7 +124,13 @@ pub trait ModelBackend: Send {
         Ok(logits
             .iter()
             .zip(rows.iter_mut())
-            .map(|(l, r)| r.sampler.as_deref_mut().map(|s| s.sample(l, r.banned)))
+            .map(|(l, r)| {
+                let forced = r.forced;
+                r.sampler.as_deref_mut().map(|s| match forced {
+                    Some(t) => s.score(l, t),
+                    None => s.sample(l, r.banned),
+                })
+            })
             .collect())
     }
 }

@@ -45,6 +45,9 @@ pub struct SamplingParams {
     /// Structured output: only tokens that keep the answer inside this grammar may be
     /// chosen (`response_format`); `None` leaves the choice free.
     pub grammar: Option<Arc<Grammar>>,
+    /// Score the prompt: every prompt token after the first gets its raw logprob and the
+    /// `logprobs` most likely alternatives (completions with `echo` and `logprobs`).
+    pub prompt_logprobs: bool,
 }
 
 impl Default for SamplingParams {
@@ -65,6 +68,7 @@ impl Default for SamplingParams {
             repetition_penalty: 1.0,
             logit_bias: Vec::new(),
             grammar: None,
+            prompt_logprobs: false,
         }
     }
 }
@@ -197,6 +201,25 @@ impl Sampler {
         Sampled {
             token: token as u32,
             logprob: Some(logits[token] - lse),
+            top,
+        }
+    }
+}
+
+impl Sampler {
+    /// `token` scored instead of chosen (a prompt token: [`SamplingParams::prompt_logprobs`]):
+    /// its raw logprob under `logits` and the `logprobs` most likely tokens, as [`Self::sample`]
+    /// reports a chosen one. The random stream, the grammar and the penalties' history are
+    /// left as they were.
+    pub fn score(&self, logits: &[f32], token: u32) -> Sampled {
+        let lse = log_sum_exp(logits);
+        let top = top_n(logits, self.params.logprobs.unwrap_or(0))
+            .into_iter()
+            .map(|i| (i as u32, logits[i] - lse))
+            .collect();
+        Sampled {
+            token,
+            logprob: logits.get(token as usize).map(|&l| l - lse),
             top,
         }
     }

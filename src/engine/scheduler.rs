@@ -56,6 +56,10 @@ pub enum GenEvent {
     /// With prefix caching, when the request is admitted: how many leading prompt tokens
     /// were found in the cache (sent only when some were).
     Cached(usize),
+    /// A prompt token's raw logprob and alternatives, for a request that scores its prompt
+    /// (`SamplingParams::prompt_logprobs`): one per prompt token after the first, in order,
+    /// all before the first generated token.
+    Prompt(Sampled),
     Token(Sampled),
     Done(FinishReason),
     Error(String),
@@ -275,6 +279,10 @@ struct Running {
     /// count them again).
     counted: usize,
     generated: Vec<u32>,
+    /// Prompt tokens whose logprob is known (sent as `GenEvent::Prompt`), the first counted
+    /// (it has none): a request that scores its prompt feeds it one token a step until this
+    /// reaches the prompt's length.
+    scored: usize,
     /// The tokens banned until `min_tokens` exist: the model's stop set (unless
     /// `ignore_eos`) and the request's `stop_token_ids`.
     early_stops: Vec<u32>,
@@ -294,6 +302,12 @@ impl Running {
             metrics.add_prompt_tokens(upto - self.counted);
             self.counted = upto;
         }
+    }
+
+    /// Whether the next step must score a prompt token: feed one token, whose logits give the
+    /// next prompt token's logprob.
+    fn scoring(&self) -> bool {
+        self.req.sampling.prompt_logprobs && self.scored < self.req.prompt.len()
     }
 
     /// Generated tokens that `input` holds after the prompt (0 until a pre-emption).
@@ -562,7 +576,9 @@ impl Engine {
             if !self.room_for(need) {
                 return;
             }
-            let slot = if self.cfg.enable_prefix_caching {
+            // A request that scores its prompt needs the logits after every prompt token:
+            // nothing of it may come from a cache or a copy.
+            let slot = if self.cfg.enable_prefix_caching && !front.sampling.prompt_logprobs {
                 match self.first_choice(front) {
                     FirstChoice::Prefilling => return,
                     FirstChoice::Prefilled(src) => {
@@ -627,6 +643,7 @@ impl Engine {
                         prefilled: cached,
                         counted: cached,
                         generated: Vec::new(),
+                        scored: 1,
                         early_stops,
                         admitted_at: Instant::now(),
                         first_token_at: None,
@@ -677,7 +694,7 @@ impl Engine {
         if !self.room_for(need) {
             return false;
         }
-        let slot = if self.cfg.enable_prefix_caching {
+        let slot = if self.cfg.enable_prefix_caching && !front.scoring() {
             self.backend.alloc_cached(&front.input, need)
         } else {
             self.backend.alloc_seq(need).map(|seq| (seq, 0))
@@ -816,7 +833,11 @@ impl Engine {
         for (i, r) in self.running.iter().enumerate() {
             let left = r.input.len() - r.prefilled;
             if left > 0 && budget > 0 {
-                let n = left.min(budget).min(cap);
+                let n = if r.scoring() {
+                    1
+                } else {
+                    left.min(budget).min(cap)
+                };
                 plan.push((i, Some(r.prefilled..r.prefilled + n)));
                 budget -= n;
             }
@@ -835,19 +856,22 @@ impl Engine {
             .running
             .iter_mut()
             .map(|r| {
+                let score = r.scoring().then_some(r.scored);
                 (
                     r.seq,
                     r.input.as_slice(),
                     r.generated.as_slice(),
                     r.early_stops.as_slice(),
                     Some(&mut r.sampler),
+                    // The prompt token this request scores next, if it scores its prompt.
+                    score,
                 )
             })
             .collect();
         let mut batch: Vec<SeqStep<'_>> = Vec::with_capacity(plan.len());
         let mut rows: Vec<RowSample<'_>> = Vec::with_capacity(plan.len());
         for (i, range) in &plan {
-            let (seq, prompt, generated, early_stops, sampler) = &mut parts[*i];
+            let (seq, prompt, generated, early_stops, sampler, score) = &mut parts[*i];
             let tokens = match range {
                 Some(range) => &prompt[range.clone()],
                 // Decoding starts only after prefill sampled a token, so `generated` is
@@ -858,18 +882,28 @@ impl Engine {
                 },
             };
             let ends_prompt = range.as_ref().is_none_or(|r| r.end == prompt.len());
+            // A chunk that ends just before the prompt token scored next gives its logprob.
+            let forced = match (range, *score) {
+                (Some(r), Some(k)) if r.end == k && k < prompt.len() => Some(prompt[k]),
+                _ => None,
+            };
             let (sampler, banned) = match sampler.take() {
                 Some(sm) if ends_prompt => {
                     let banned = banned_tokens(early_stops, sm.params(), generated.len());
                     (Some(sm), banned)
                 }
+                Some(sm) if forced.is_some() => (Some(sm), &[][..]),
                 other => {
                     *sampler = other;
                     (None, &[][..])
                 }
             };
             batch.push(SeqStep { seq: *seq, tokens });
-            rows.push(RowSample { sampler, banned });
+            rows.push(RowSample {
+                sampler,
+                banned,
+                forced,
+            });
         }
         self.metrics
             .observe_iteration_tokens(batch.iter().map(|b| b.tokens.len()).sum());
@@ -905,6 +939,23 @@ impl Engine {
                 r.prefilled = range.end;
                 r.count_prompt(&self.metrics, range.end);
                 if r.prefilled < r.input.len() {
+                    if r.scoring() && range.end == r.scored {
+                        match row {
+                            Some(s) => {
+                                let _ = r.req.events.send(GenEvent::Prompt(s));
+                                r.scored += 1;
+                            }
+                            None => {
+                                let msg = format!(
+                                    "backend {} scored no prompt token where it was asked to",
+                                    self.backend.name()
+                                );
+                                self.fail_all(&msg);
+                                times.emit = t_emit.elapsed();
+                                return times;
+                            }
+                        }
+                    }
                     continue;
                 }
             }
@@ -917,7 +968,13 @@ impl Engine {
                 times.emit = t_emit.elapsed();
                 return times;
             };
-            if let Some(reason) = Self::emit_token(&self.cfg, &self.metrics, r, token) {
+            // A request that only scores its prompt (`max_tokens` 0) ends with it.
+            let reason = if r.req.sampling.max_tokens == 0 {
+                Some(FinishReason::Length)
+            } else {
+                Self::emit_token(&self.cfg, &self.metrics, r, token)
+            };
+            if let Some(reason) = reason {
                 r.req.in_flight.release();
                 let _ = r.req.events.send(GenEvent::Done(reason));
                 let why = match reason {
@@ -1223,7 +1280,7 @@ mod tests {
         let mut done = false;
         while let Ok(ev) = rx.try_recv() {
             match ev {
-                GenEvent::Cached(_) => {}
+                GenEvent::Cached(_) | GenEvent::Prompt(_) => {}
                 GenEvent::Token(s) => got.push(s.token),
                 GenEvent::Done(_) => done = true,
                 GenEvent::Error(e) => panic!("request failed: {e}"),
@@ -1480,6 +1537,7 @@ mod tests {
                 while let Ok(ev) = rx.try_recv() {
                     match ev {
                         GenEvent::Cached(n) => o.cached = n,
+                        GenEvent::Prompt(_) => {}
                         GenEvent::Token(s) => o.tokens.push(s.token),
                         GenEvent::Done(_) => *d = true,
                         GenEvent::Error(e) => panic!("request failed: {e}"),

@@ -374,8 +374,10 @@ impl ModelBackend for CudaBackend {
         let mut dev: Vec<Option<SampleRow>> = Vec::with_capacity(rows.len());
         for r in rows.iter_mut() {
             let req = match r.sampler.as_deref_mut() {
+                // A scored prompt token needs the logits on the host.
                 Some(s)
-                    if s.params().logprobs.is_none_or(|n| n == 0)
+                    if r.forced.is_none()
+                        && s.params().logprobs.is_none_or(|n| n == 0)
                         && !s.params().needs_host_logits()
                         && r.banned.len() <= ops::SAMPLE_MAX_BANNED =>
                 {
@@ -450,7 +452,10 @@ impl ModelBackend for CudaBackend {
                 continue;
             };
             if let Some(l) = &host_logits[b] {
-                res.push(Some(s.sample(l, r.banned)));
+                res.push(Some(match r.forced {
+                    Some(t) => s.score(l, t),
+                    None => s.sample(l, r.banned),
+                }));
                 continue;
             }
             let (token, lp) = match out.get(2 * b..2 * b + 2) {

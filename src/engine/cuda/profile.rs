@@ -666,6 +666,7 @@ fn profile_served(be: &mut CudaBackend, steps: usize, batch: usize) -> Result<()
                 .map(|s| RowSample {
                     sampler: Some(s),
                     banned: &[],
+                    forced: None,
                 })
                 .collect();
             let out = be.forward_sampled(&step, &mut rows)?;

@@ -616,6 +616,7 @@ fn prepare_common(
             repetition_penalty,
             logit_bias,
             grammar: None,
+            prompt_logprobs: false,
         },
         n,
         stop,
@@ -734,13 +735,14 @@ impl CompletionRequest {
         text: Option<&String>,
     ) -> Result<Prepared, ApiError> {
         let logprobs = logprob_count("logprobs", self.logprobs)?;
-        if self.echo && logprobs.is_some() {
-            // vLLM answers this with the prompt tokens' logprobs; the backend computes
-            // logits for the last position of a prompt only.
+        // With both, the prompt's tokens get their logprobs too (as in vLLM; what
+        // log-likelihood evaluations send): the scheduler scores the prompt one token a step.
+        let score = self.echo && logprobs.is_some();
+        if score && self.common.stream {
             return Err(ApiError::unsupported(
                 "echo",
-                "echo together with logprobs (it needs logprobs of the prompt's tokens, which \
-                 this engine does not compute; send echo or logprobs, not both)",
+                "echo together with logprobs on a stream (the prompt's logprobs come in a whole \
+                 response; send stream: false)",
             ));
         }
         let echo = self.echo.then(|| match text {
@@ -758,6 +760,14 @@ impl CompletionRequest {
             echo,
             lim,
         )?;
+        if score && p.n > 1 {
+            return Err(ApiError::unsupported(
+                "echo",
+                "echo together with logprobs and n above 1 (the prompt is scored once per \
+                 request; send n: 1)",
+            ));
+        }
+        p.sampling.prompt_logprobs = score;
         // Structured output: the completion takes the shape from its first token (no
         // channel to open, as a chat answer needs).
         p.constrained =
@@ -1365,14 +1375,14 @@ mod tests {
     fn unknown_fields_are_the_ones_no_struct_reads() {
         let r: CompletionRequest = parse_body(
             br#"{"prompt": "x", "n": 2, "user": "u", "min_p": 0.1, "echo": true, "seed": 1,
-                 "guided_choice": ["a"],
+                 "guided_choice": ["a"], "guided_grammar": "root ::= x",
                  "stream": true, "stream_options": {"include_usage": true, "extra": 1},
                  "logit_bias": {}, "bad_words": ["a"]}"#,
         )
         .unwrap();
         let mut got = r.unknown_fields();
         got.sort();
-        assert_eq!(got, ["bad_words", "guided_choice", "stream_options.extra"]);
+        assert_eq!(got, ["bad_words", "guided_grammar", "stream_options.extra"]);
         assert!(r.echo && r.common.stream && r.common.seed == Some(1));
         let r: ChatRequest = parse_body(
             br#"{"messages": [], "tools": [], "max_completion_tokens": 3, "store": true,

@@ -207,21 +207,38 @@ impl Output {
 struct CompletionLogprobs {
     tokens: Vec<String>,
     token_logprobs: Vec<f32>,
-    top_logprobs: Vec<serde_json::Map<String, Value>>,
+    top_logprobs: Vec<Value>,
     text_offset: Vec<usize>,
 }
 
 impl CompletionLogprobs {
-    fn push(&mut self, out: &Output, s: &Sampled, offset: usize) {
-        self.tokens.push(out.token_name(s.token));
+    /// Add a token at `offset` of the text; returns the length of its name (where the next
+    /// token of a scored prompt starts).
+    fn push(&mut self, out: &Output, s: &Sampled, offset: usize) -> usize {
+        let name = out.token_name(s.token);
+        let len = name.len();
+        self.tokens.push(name);
         self.token_logprobs.push(s.logprob.unwrap_or(f32::NAN));
-        self.top_logprobs.push(
+        self.top_logprobs.push(Value::Object(
             s.top
                 .iter()
                 .map(|&(id, lp)| (out.token_name(id), json!(lp)))
                 .collect(),
-        );
+        ));
         self.text_offset.push(offset);
+        len
+    }
+
+    /// A scored prompt's first token, which has nothing before it to be scored by: null
+    /// logprob and alternatives, as vLLM reports it. Returns its name's length.
+    fn push_first(&mut self, out: &Output, token: u32) -> usize {
+        let name = out.token_name(token);
+        let len = name.len();
+        self.tokens.push(name);
+        self.token_logprobs.push(f32::NAN);
+        self.top_logprobs.push(Value::Null);
+        self.text_offset.push(0);
+        len
     }
 
     fn to_json(&self) -> Value {
@@ -301,14 +318,32 @@ async fn collect_choice(
             }
         }
     };
+    // `echo` with `logprobs` scores the prompt: its tokens lead the logprobs, the first with
+    // none, and the generated tokens' offsets count the echoed text before them.
+    let echo_len = prepared.echo.as_deref().map_or(0, str::len);
+    let mut prompt_off = 0usize;
+    if want_logprobs
+        && endpoint == Endpoint::Completions
+        && prepared.sampling.prompt_logprobs
+        && let Some(&first) = prepared.prompt.first()
+    {
+        prompt_off = cmpl_lp.push_first(&out, first);
+    }
     while let Some(ev) = rx.recv().await {
         match ev {
             GenEvent::Cached(n) => cached_tokens = n,
+            GenEvent::Prompt(s) => {
+                if want_logprobs && endpoint == Endpoint::Completions {
+                    prompt_off += cmpl_lp.push(&out, &s, prompt_off);
+                }
+            }
             GenEvent::Token(s) => {
                 token_ids.push(s.token);
                 if want_logprobs {
                     match endpoint {
-                        Endpoint::Completions => cmpl_lp.push(&out, &s, content.len()),
+                        Endpoint::Completions => {
+                            cmpl_lp.push(&out, &s, echo_len + content.len());
+                        }
                         Endpoint::Chat => chat_lp.push(out.chat_logprob(&s)),
                     }
                 }
@@ -680,7 +715,9 @@ fn choice_stream(
                     failed = true;
                     break;
                 }
-                GenEvent::Cached(_) => {}
+                // A stream never scores its prompt (the server refuses `echo` with
+                // `logprobs` there).
+                GenEvent::Cached(_) | GenEvent::Prompt(_) => {}
             }
         }
         drop(rx);

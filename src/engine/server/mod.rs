@@ -522,7 +522,8 @@ fn submit(
     st: &AppState,
     prepared: &api::Prepared,
 ) -> Result<Vec<UnboundedReceiver<GenEvent>>, ApiError> {
-    if prepared.sampling.max_tokens == 0 {
+    // Nothing to generate and no prompt to score: no sequence at all.
+    if prepared.sampling.max_tokens == 0 && !prepared.sampling.prompt_logprobs {
         return Ok((0..prepared.n).map(|_| nothing_to_generate()).collect());
     }
     let samplings = (0..prepared.n)

@@ -376,6 +376,7 @@ fn check_forward_sampled(
             .map(|(d, ban)| RowSample {
                 sampler: Some(d),
                 banned: ban,
+                forced: None,
             })
             .collect();
         let got = be.forward_sampled(&steps(&b), &mut rows)?;
