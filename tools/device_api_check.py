@@ -2,7 +2,8 @@
 """Device check of the API paths the selftest cannot reach (run against `mxtune serve --device cuda`,
 URL as the argument): forced and strict tool calls, json_schema output, n choices sharing the
 prefill (prefix-cache hits), stop_token_ids, choice and regex answers, a list of prompts,
-/tokenize against usage. Prints one line per check and a summary."""
+/tokenize against usage, echo with logprobs (the prompt scored). Prints one line per check and a
+summary."""
 import json, sys, urllib.request
 URL = sys.argv[1]
 def post(path, body):
@@ -96,4 +97,15 @@ s2, j = post("/v1/chat/completions", {"model": MODEL, "messages": msgs, "max_tok
 good = s == 200 and s2 == 200 and t["count"] == j["usage"]["prompt_tokens"]
 fails += not good
 print(f"/tokenize of the chat: {t.get('count')} tokens, usage says {j['usage']['prompt_tokens']}, ok {good}")
+# echo with logprobs scores the prompt (on CUDA each scored row takes the host-logits path).
+# A one-token prompt's greedy continuation runs the decode step only, as scoring does, so
+# scored as a prompt each of its tokens must be the top choice at its position (gap 0).
+s2, g = post("/v1/completions", {"model": MODEL, "prompt": [1000], "max_tokens": 8, "temperature": 0, "return_token_ids": True, "ignore_eos": True})
+full = [1000] + g["choices"][0]["token_ids"]
+s3, sc = post("/v1/completions", {"model": MODEL, "prompt": full, "max_tokens": 0, "echo": True, "logprobs": 2})
+lp = sc["choices"][0]["logprobs"] if s3 == 200 else {"tokens": [], "token_logprobs": [None], "top_logprobs": []}
+gaps = [max(lp["top_logprobs"][k].values()) - lp["token_logprobs"][k] for k in range(1, len(full))] if len(lp["tokens"]) == len(full) else [99]
+good = s3 == 200 and lp["token_logprobs"][0] is None and all(x <= 0 for x in lp["token_logprobs"][1:]) and max(gaps) < 1e-3
+fails += not good
+print(f"echo + logprobs: status {s3}, {len(lp['tokens'])} scored of {len(full)}, each greedy token's gap to the top {[round(x, 4) for x in gaps]}, ok {good}")
 print("API CUDA CHECKS:", "all passed" if fails == 0 else f"{fails} failed")
