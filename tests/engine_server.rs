@@ -6,7 +6,7 @@ mod engine_server_support;
 use engine_server_support::{
     Probe, SCRIPT, ServerOptions, TOOL_SCRIPT, TestServer, candidates, has_python_openai,
     logits_after, metric, options, python, sse_data, start, start_gated, start_with_probe,
-    start_with_script,
+    start_with_script, tiny_cpu_server,
 };
 use serde_json::{Value, json};
 use std::sync::Arc;
@@ -964,21 +964,7 @@ async fn n_choices_prefill_the_prompt_once() {
 /// choice's own prompt, and usage sums the prompts; streamed the same.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_list_of_prompts_answers_each_prompt_in_turn() {
-    let tiny = || {
-        Box::new(mxtune::engine::cpu::CpuBackend::new(
-            mxtune::engine::synthetic::build("tiny", 0).unwrap(),
-            8 * 128,
-        ))
-    };
-    let opts = ServerOptions {
-        served_model_name: "tiny".into(),
-        max_model_len: 128,
-        max_num_seqs: 8,
-        max_num_batched_tokens: 128,
-        kv_cache_tokens: 8 * 128,
-        ..options()
-    };
-    let s = start_gated(tiny(), opts, Arc::new(Probe::default())).await;
+    let s = tiny_cpu_server(8, 128, 128, false).await;
     let ids: Vec<u32> = (0..12).map(|k| 2000 + 7 * k).collect();
     let body = |prompt: Value, n: usize| {
         json!({"prompt": prompt, "max_tokens": 5, "temperature": 1.0, "top_k": 1, "n": n,
@@ -1160,16 +1146,7 @@ async fn echo_with_logprobs_scores_the_prompt() {
             .unwrap();
         want.push((logits[prompt[k + 1] as usize] - lse, logits[best] - lse));
     }
-    let opts = ServerOptions {
-        served_model_name: "tiny".into(),
-        max_model_len: 256,
-        max_num_seqs: 4,
-        max_num_batched_tokens: 256,
-        kv_cache_tokens: 4 * 256,
-        enable_prefix_caching: true,
-        ..options()
-    };
-    let s = start_gated(Box::new(tiny()), opts, Arc::new(Probe::default())).await;
+    let s = tiny_cpu_server(4, 256, 256, true).await;
     // Cached first: scoring must not take the prompt from the cache.
     let (st, _) = post(
         &s,

@@ -5,26 +5,11 @@
 #[allow(dead_code)]
 mod engine_server_support;
 
-use engine_server_support::{
-    Probe, ServerOptions, TestServer, has_python_openai, options, python, sse_data, start_gated,
-};
+use engine_server_support::{TestServer, has_python_openai, python, sse_data, tiny_cpu_server};
 use serde_json::{Value, json};
-use std::sync::Arc;
 
 async fn tiny_server() -> TestServer {
-    let backend = Box::new(mxtune::engine::cpu::CpuBackend::new(
-        mxtune::engine::synthetic::build("tiny", 0).unwrap(),
-        8 * 512,
-    ));
-    let opts = ServerOptions {
-        served_model_name: "tiny".into(),
-        max_model_len: 512,
-        max_num_seqs: 8,
-        max_num_batched_tokens: 1024,
-        kv_cache_tokens: 8 * 512,
-        ..options()
-    };
-    start_gated(backend, opts, Arc::new(Probe::default())).await
+    tiny_cpu_server(8, 512, 1024, false).await
 }
 
 async fn chat(s: &TestServer, body: Value) -> (u16, Value) {

@@ -390,3 +390,23 @@ pub async fn python(script: &'static str, args: &[&str]) -> String {
     );
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
+
+/// A server over the synthetic tiny model on the CPU backend (random weights, the real
+/// vocabulary), served as `tiny`: `seqs` sequences of up to `len` positions, `batched`
+/// tokens a step, prefix caching as `caching` says.
+pub async fn tiny_cpu_server(seqs: usize, len: usize, batched: usize, caching: bool) -> TestServer {
+    let backend = Box::new(mxtune::engine::cpu::CpuBackend::new(
+        mxtune::engine::synthetic::build("tiny", 0).unwrap(),
+        seqs * len,
+    ));
+    let opts = ServerOptions {
+        served_model_name: "tiny".into(),
+        max_model_len: len,
+        max_num_seqs: seqs,
+        max_num_batched_tokens: batched,
+        kv_cache_tokens: seqs * len,
+        enable_prefix_caching: caching,
+        ..options()
+    };
+    start_gated(backend, opts, Arc::new(Probe::default())).await
+}
