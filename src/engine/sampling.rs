@@ -186,31 +186,22 @@ impl Sampler {
         if let Some(h) = &mut self.history {
             *h.output.entry(token as u32).or_insert(0) += 1;
         }
-        let Some(n) = self.params.logprobs else {
+        if self.params.logprobs.is_none() {
             return Sampled {
                 token: token as u32,
                 logprob: None,
                 top: Vec::new(),
             };
-        };
-        let lse = log_sum_exp(logits);
-        let top = top_n(logits, n)
-            .into_iter()
-            .map(|i| (i as u32, logits[i] - lse))
-            .collect();
-        Sampled {
-            token: token as u32,
-            logprob: Some(logits[token] - lse),
-            top,
         }
+        self.score(logits, token as u32)
     }
 }
 
 impl Sampler {
     /// `token` scored instead of chosen (a prompt token: [`SamplingParams::prompt_logprobs`]):
-    /// its raw logprob under `logits` and the `logprobs` most likely tokens, as [`Self::sample`]
-    /// reports a chosen one. The random stream, the grammar and the penalties' history are
-    /// left as they were.
+    /// its raw logprob under `logits` and the `logprobs` most likely tokens (what
+    /// [`Self::sample`] reports for the token it chose). The random stream, the grammar and the
+    /// penalties' history are left as they were.
     pub fn score(&self, logits: &[f32], token: u32) -> Sampled {
         let lse = log_sum_exp(logits);
         let top = top_n(logits, self.params.logprobs.unwrap_or(0))

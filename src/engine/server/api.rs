@@ -476,7 +476,12 @@ fn choices(v: Option<&Value>, temperature: f32) -> Result<usize, ApiError> {
 }
 
 fn check_model(c: &Common, lim: &Limits<'_>) -> Result<(), ApiError> {
-    match &c.model {
+    check_model_name(c.model.as_deref(), lim)
+}
+
+/// A request's `model` (absent: any) against the served name: a 404 naming both otherwise.
+pub fn check_model_name(asked: Option<&str>, lim: &Limits<'_>) -> Result<(), ApiError> {
+    match asked {
         Some(m) if m != lim.served_model_name => {
             Err(ApiError::unknown_model(m, lim.served_model_name))
         }
@@ -658,6 +663,8 @@ impl CompletionRequest {
         if self.suffix.is_some() {
             return Err(ApiError::unsupported("suffix", "suffix"));
         }
+        // One structured-output shape for every prompt of the request.
+        let shape = answer_shape(&self.common)?;
         let encode = |s: &str, param: &str| {
             tok.encode_with_specials(s)
                 .map_err(|e| ApiError::invalid(param, format!("{e:#}")))
@@ -666,10 +673,13 @@ impl CompletionRequest {
             PromptInput::Text(s) => Ok(vec![self.prepare_one(
                 tok,
                 lim,
+                &shape,
                 encode(s, "prompt")?,
                 Some(s),
             )?]),
-            PromptInput::Tokens(t) => Ok(vec![self.prepare_one(tok, lim, t.clone(), None)?]),
+            PromptInput::Tokens(t) => {
+                Ok(vec![self.prepare_one(tok, lim, &shape, t.clone(), None)?])
+            }
             PromptInput::Many(list) => {
                 if list.is_empty() {
                     return Err(ApiError::invalid(
@@ -683,7 +693,7 @@ impl CompletionRequest {
                         let param = format!("prompt[{i}]");
                         let prepared = match v {
                             Value::String(s) => {
-                                self.prepare_one(tok, lim, encode(s, &param)?, Some(s))
+                                self.prepare_one(tok, lim, &shape, encode(s, &param)?, Some(s))
                             }
                             Value::Array(_) => {
                                 let ids = serde_json::from_value::<Vec<u32>>(v.clone()).map_err(
@@ -698,7 +708,7 @@ impl CompletionRequest {
                                         )
                                     },
                                 )?;
-                                self.prepare_one(tok, lim, ids, None)
+                                self.prepare_one(tok, lim, &shape, ids, None)
                             }
                             Value::Number(_) => Err(ApiError::invalid(
                                 "prompt",
@@ -731,6 +741,7 @@ impl CompletionRequest {
         &self,
         tok: &Tokenizer,
         lim: &Limits<'_>,
+        shape: &Option<(&'static str, AnswerShape)>,
         prompt: Vec<u32>,
         text: Option<&String>,
     ) -> Result<Prepared, ApiError> {
@@ -770,8 +781,9 @@ impl CompletionRequest {
         p.sampling.prompt_logprobs = score;
         // Structured output: the completion takes the shape from its first token (no
         // channel to open, as a chat answer needs).
-        p.constrained =
-            answer_shape(&self.common)?.map(|(param, shape)| Constrained::Answer { param, shape });
+        p.constrained = shape
+            .clone()
+            .map(|(param, shape)| Constrained::Answer { param, shape });
         Ok(p)
     }
 }

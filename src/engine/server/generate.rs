@@ -412,43 +412,32 @@ async fn collect_choice(
     })
 }
 
-/// One output state per choice (`n` choices of each of `prompts`, in order), or the error
-/// that keeps the response from starting.
-fn outputs(
-    tok: Tokenizer,
-    endpoint: Endpoint,
-    prompts: &[Prepared],
-) -> Result<Vec<Output>, ApiError> {
+/// The prompt each choice answers, prompt after prompt, `n` choices each, and whether the
+/// choice is its prompt's first: the one whose prefix-cache hit counts for the prompt (each
+/// choice is a sequence of its own).
+fn choice_prompts(prompts: &[Prepared]) -> Vec<(&Prepared, bool)> {
     prompts
         .iter()
-        .flat_map(|p| (0..p.n).map(move |_| Output::new(tok, endpoint, p)))
+        .flat_map(|p| (0..p.n).map(move |j| (p, j == 0)))
         .collect()
 }
 
-/// The prompt each choice answers: prompt after prompt, `n` choices each.
-fn choice_prompts(prompts: &[Prepared]) -> Vec<&Prepared> {
-    prompts
+/// One output state per choice of `choices` ([`choice_prompts`]), or the error that keeps
+/// the response from starting.
+fn outputs(
+    tok: Tokenizer,
+    endpoint: Endpoint,
+    choices: &[(&Prepared, bool)],
+) -> Result<Vec<Output>, ApiError> {
+    choices
         .iter()
-        .flat_map(|p| std::iter::repeat_n(p, p.n))
+        .map(|&(p, _)| Output::new(tok, endpoint, p))
         .collect()
 }
 
 /// The prompts' tokens together (`usage.prompt_tokens` of a request with several prompts).
 fn prompt_tokens(prompts: &[Prepared]) -> usize {
     prompts.iter().map(|p| p.prompt.len()).sum()
-}
-
-/// Whether choice `index` is the first of its prompt: the one whose prefix-cache hit counts
-/// for the prompt (each choice is a sequence of its own).
-fn first_of_prompt(prompts: &[Prepared], index: usize) -> bool {
-    let mut at = 0;
-    for p in prompts {
-        if index == at {
-            return true;
-        }
-        at += p.n;
-    }
-    false
 }
 
 /// Collect every choice's generation into one JSON response. `rxs` holds one receiver per
@@ -465,7 +454,8 @@ pub async fn respond_full(
         return ApiError::internal("a request with no prompt reached the responder")
             .into_response();
     };
-    let outs = match outputs(tok, endpoint, prompts) {
+    let per_choice = choice_prompts(prompts);
+    let outs = match outputs(tok, endpoint, &per_choice) {
         Ok(o) => o,
         Err(e) => return e.into_response(),
     };
@@ -474,9 +464,9 @@ pub async fn respond_full(
     let done = futures::future::try_join_all(
         rxs.into_iter()
             .zip(outs)
-            .zip(choice_prompts(prompts))
+            .zip(&per_choice)
             .enumerate()
-            .map(|(i, ((rx, out), p))| collect_choice(rx, i, out, endpoint, p)),
+            .map(|(i, ((rx, out), &(p, _)))| collect_choice(rx, i, out, endpoint, p)),
     )
     .await;
     let done = match done {
@@ -487,9 +477,9 @@ pub async fn respond_full(
     // One count a prompt: its first choice's.
     let cached_tokens = done
         .iter()
-        .enumerate()
-        .filter(|&(i, _)| first_of_prompt(prompts, i))
-        .map(|(_, d)| d.cached_tokens)
+        .zip(&per_choice)
+        .filter(|&(_, &(_, first))| first)
+        .map(|(d, _)| d.cached_tokens)
         .sum();
     let choices: Vec<Value> = done.into_iter().map(|d| d.choice).collect();
     let mut body = json!({
@@ -751,7 +741,8 @@ pub fn respond_stream(
         return ApiError::internal("a request with no prompt reached the responder")
             .into_response();
     };
-    let outs = match outputs(tok, endpoint, prompts) {
+    let per_choice = choice_prompts(prompts);
+    let outs = match outputs(tok, endpoint, &per_choice) {
         Ok(o) => o,
         Err(e) => return e.into_response(),
     };
@@ -759,14 +750,9 @@ pub fn respond_stream(
     let want_logprobs = prepared.sampling.logprobs.is_some();
     let include_usage = prepared.include_usage;
     let prompt_tokens = prompt_tokens(prompts);
-    let firsts: Vec<bool> = (0..n).map(|i| first_of_prompt(prompts, i)).collect();
+    let firsts: Vec<bool> = per_choice.iter().map(|&(_, first)| first).collect();
     let mut choices = futures::stream::SelectAll::new();
-    for (i, ((rx, out), p)) in rxs
-        .into_iter()
-        .zip(outs)
-        .zip(choice_prompts(prompts))
-        .enumerate()
-    {
+    for (i, ((rx, out), &(p, _))) in rxs.into_iter().zip(outs).zip(&per_choice).enumerate() {
         let chunks = ChoiceChunks::new(i, endpoint, p);
         choices.push(Box::pin(choice_stream(
             rx,

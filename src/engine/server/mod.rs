@@ -319,11 +319,7 @@ async fn tokenize(
             let r = parse_body::<ChatRequest>(&b)?;
             Ok(r.prepare(&st.renderer, &st.limits())?.prompt)
         } else {
-            if let Some(asked) = v.get("model").and_then(|m| m.as_str())
-                && asked != st.opts.served_model_name
-            {
-                return Err(ApiError::unknown_model(asked, &st.opts.served_model_name));
-            }
+            api::check_model_name(v.get("model").and_then(|m| m.as_str()), &st.limits())?;
             match v.get("prompt") {
                 Some(serde_json::Value::String(text)) => st
                     .tok
@@ -500,8 +496,8 @@ async fn run(
     for prepared in &prompts {
         match submit(st, prepared) {
             Ok(mut r) => rxs.append(&mut r),
-            // Dropping the receivers of the prompts queued before cancels them in the
-            // scheduler: a request is queued whole or not at all.
+            // Dropping the receivers of the prompts queued before withdraws them from the
+            // scheduler: a request is answered whole or not at all.
             Err(e) => return e.into_response(),
         }
     }
