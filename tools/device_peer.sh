@@ -3,7 +3,8 @@
 #   run(command="bash tools/device_peer.sh", carry=[".devcarry"])
 # Builds llama-bench (CUDA, sm_90) from .devcarry/llama-src.tgz, writes a gpt-oss-20b-shaped
 # GGUF (experts MXFP4, attention Q8_0) and measures llama.cpp and mxtune's 20b decode and
-# prefill side by side in this one call. Every output goes to $OUT (peer.txt, the build log).
+# prefill side by side in this one call, then their ratios (tools/peer_ratio.awk). Every output
+# goes to $OUT (peer.txt, the build log).
 set -u
 export MXTUNE_KERNEL_CACHE=/tmp/kc
 M=.devcarry/mxtune
@@ -21,3 +22,6 @@ echo "== llama.cpp" | tee -a $OUT/peer.txt
 echo "== mxtune" | tee -a $OUT/peer.txt
 $M engine profile --synthetic gpt-oss-20b --steps 64 --batch 1 --json-out $OUT/$GPU.json 2>&1 | tee -a $OUT/peer.txt | grep -E "graphs on|bandwidth"
 $M engine profile --synthetic gpt-oss-20b --steps 16 --prefill 2048 --json-out $OUT/$GPU.json 2>&1 | tee -a $OUT/peer.txt | grep -E "prefill of"
+# The ratios, computed from the lines above (tools/peer_ratio.awk), so none is worked out by hand.
+echo "== ratio" | tee -a $OUT/peer.txt
+awk -f tools/peer_ratio.awk $OUT/peer.txt | tee -a $OUT/peer.txt
