@@ -642,8 +642,15 @@ GEMV_TC_BF16(gemv_tc_bf16_t8_r32, 1, 2, TCG_MINB_T8, TCG_BF16_STEP)
 // capped for two blocks instead of three it does not spill (99 registers; `gemv_tc_bf16_t8`
 // spills 28 bytes at its 80). H200 (docs/perf.md run 395): 120b batch 1 / 2 / 3 -0.1 / -0.7 /
 // -0.4 %, depth 4096 -0.7 %, 20b -0.4 %. Compiled for three blocks as well it spilled more
-// than the shared entry and lost (+2.3 % at batch 1, run 394).
-GEMV_TC_BF16_AS(gemv_tc_bf16_t8_plain, 1, 1, TCG_MINB, TCG_BF16_STEP, false)
+// than the shared entry and lost (+2.3 % at batch 1, run 394). Its 180 blocks fill 180 of the
+// 264 slots, so its bytes in flight are what its blocks hold: three chunks a step (a warp's 8
+// chunks of o at one token in three rounds) where the other entries take two (docs/perf.md
+// runs 431-432: o 9.17 -> 8.77 µs a layer at one token, 120b batch 1 -0.1 to -0.6 %, batch 8
+// -0.2 / -0.5 %; four chunks +5 %).
+#ifndef TCG_PLAIN_STEP
+#define TCG_PLAIN_STEP 3
+#endif
+GEMV_TC_BF16_AS(gemv_tc_bf16_t8_plain, 1, 1, TCG_MINB, TCG_PLAIN_STEP, false)
 GEMV_TC_BF16(gemv_tc_bf16_t16, 2, 1, TCG_MINB, TCG_BF16_STEP)
 GEMV_TC_BF16(gemv_tc_bf16_t16_r64, 2, 4, TCG_WIDE_MINB, TCG_WIDE_BF16_STEP)
 // The wide kernel leaving its K split's finish to the next kernel (ops::TCG_DEFER_ENV: qkv at
