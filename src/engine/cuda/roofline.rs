@@ -241,10 +241,58 @@ pub fn distinct_experts(routed: &[Vec<u32>]) -> Vec<usize> {
         .collect()
 }
 
+/// A GB10's (the DGX Spark's) memory bandwidth in GB/s, the machine #17's projections are for
+/// (BENCHMARKING.md).
+pub const GB10_BANDWIDTH_GBS: f64 = 273.0;
+
+/// Two projections of a measured decode step to a machine of `target_gbs` read bandwidth —
+/// projections, not measurements. `share`: #17's method, the same share of the target's read
+/// roofline (`pct` % of `target_gbs` over the step's `bytes`). `latency`: the step's bytes at
+/// the target's bandwidth plus twice the time this machine spent beyond its own bytes
+/// (`step_ms` against `bytes` at `bw_gbs`), the time that does not shrink with bandwidth and
+/// is assumed twice as long on a GB10's fewer, slower SMs (docs/perf.md, session 28). Both in
+/// tok/s for a step of `batch` tokens.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Projection {
+    pub share: f64,
+    pub latency: f64,
+}
+
+pub fn project_step(
+    batch: usize,
+    bytes: f64,
+    step_ms: f64,
+    bw_gbs: f64,
+    pct: f64,
+    target_gbs: f64,
+) -> Projection {
+    let share = batch as f64 * (pct / 100.0) * target_gbs * 1e9 / bytes;
+    let beyond = (step_ms * 1e-3 - bytes / (bw_gbs * 1e9)).max(0.0);
+    let latency = batch as f64 / (bytes / (target_gbs * 1e9) + 2.0 * beyond);
+    Projection { share, latency }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::engine::synthetic;
+
+    /// Run 413's 120b batch-1 row (1.937 ms, 5.005 GB, 4470 GB/s: 57.6 %) projects as
+    /// docs/perf.md worked it out by hand: 31.4 tok/s by the share, ~50 by the latency.
+    #[test]
+    fn projections_of_a_step_to_a_gb10() {
+        let (bytes, ms, bw) = (5.005e9, 1.937, 4470.0);
+        let pct = 100.0 * bytes / (ms * 1e-3) / 1e9 / bw;
+        let p = project_step(1, bytes, ms, bw, pct, GB10_BANDWIDTH_GBS);
+        assert!((pct - 57.8).abs() < 0.1, "{pct}");
+        assert!((p.share - 31.5).abs() < 0.1, "{p:?}");
+        assert!((p.latency - 50.1).abs() < 0.2, "{p:?}");
+        // A step at its bytes projects to the target's roofline both ways; a batch scales it.
+        let at_roofline = project_step(4, bytes, 1e3 * bytes / (bw * 1e9), bw, 100.0, 273.0);
+        let roofline = 4.0 * 273e9 / bytes;
+        assert!((at_roofline.share - roofline).abs() < 1e-9);
+        assert!((at_roofline.latency - roofline).abs() < 1e-6);
+    }
 
     /// An independent count of one token's bytes, weight by weight as BENCHMARKING.md lists
     /// them (MXFP4 at 17 bytes per 32 weights, biases bf16): the oracle the per-group count
