@@ -352,7 +352,9 @@ pub fn run(args: &ProfileArgs) -> Result<()> {
         if graphs {
             let p = roofline::project_step(b, bytes, med, bw, pct, roofline::GB10_BANDWIDTH_GBS);
             println!(
-                "  GB10 projection (not a measurement; docs/perf.md): the same {pct:.1}% of {}                  GB/s gives {:.1} tok/s; these bytes at {} GB/s plus twice this step's {:.3} ms                  beyond its bytes give {:.1} tok/s",
+                "  GB10 projection (not a measurement; docs/perf.md): the same {pct:.1}% of {} \
+                 GB/s gives {:.1} tok/s; these bytes at {} GB/s plus twice this step's {:.3} ms \
+                 beyond its bytes give {:.1} tok/s",
                 roofline::GB10_BANDWIDTH_GBS,
                 p.share,
                 roofline::GB10_BANDWIDTH_GBS,

@@ -277,8 +277,9 @@ mod tests {
     use super::*;
     use crate::engine::synthetic;
 
-    /// Run 413's 120b batch-1 row (1.937 ms, 5.005 GB, 4470 GB/s: 57.6 %) projects as
-    /// docs/perf.md worked it out by hand: 31.4 tok/s by the share, ~50 by the latency.
+    /// Run 413's 120b batch-1 row (1.937 ms, 5.005 GB, ~4470 GB/s) projects as docs/perf.md
+    /// worked it out by hand from its rounded 57.6 %: 31.4 tok/s by the share, ~50 by the
+    /// latency.
     #[test]
     fn projections_of_a_step_to_a_gb10() {
         let (bytes, ms, bw) = (5.005e9, 1.937, 4470.0);
