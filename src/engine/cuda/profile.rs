@@ -350,7 +350,7 @@ pub fn run(args: &ProfileArgs) -> Result<()> {
         );
         println!("  host wall per step (inputs, launch, sync): median {wall:.3} ms");
         if graphs {
-            let p = roofline::project_step(b, bytes, med, bw, pct, roofline::GB10_BANDWIDTH_GBS);
+            let p = roofline::project_step(b, bytes, med, bw, roofline::GB10_BANDWIDTH_GBS);
             println!(
                 "  GB10 projection (not a measurement; docs/perf.md): the same {pct:.1}% of {} \
                  GB/s gives {:.1} tok/s; these bytes at {} GB/s plus twice this step's {:.3} ms \
@@ -358,7 +358,7 @@ pub fn run(args: &ProfileArgs) -> Result<()> {
                 roofline::GB10_BANDWIDTH_GBS,
                 p.share,
                 roofline::GB10_BANDWIDTH_GBS,
-                (med - bytes / (bw * 1e9) * 1e3).max(0.0),
+                p.beyond_ms,
                 p.latency
             );
             decode_row = Some(PerfRow::now(

@@ -245,17 +245,18 @@ pub fn distinct_experts(routed: &[Vec<u32>]) -> Vec<usize> {
 /// (BENCHMARKING.md).
 pub const GB10_BANDWIDTH_GBS: f64 = 273.0;
 
-/// Two projections of a measured decode step to a machine of `target_gbs` read bandwidth —
-/// projections, not measurements. `share`: #17's method, the same share of the target's read
-/// roofline (`pct` % of `target_gbs` over the step's `bytes`). `latency`: the step's bytes at
-/// the target's bandwidth plus twice the time this machine spent beyond its own bytes
-/// (`step_ms` against `bytes` at `bw_gbs`), the time that does not shrink with bandwidth and
-/// is assumed twice as long on a GB10's fewer, slower SMs (docs/perf.md, session 28). Both in
-/// tok/s for a step of `batch` tokens.
+/// Two projections of a measured decode step (`batch` tokens reading `bytes` in `step_ms` on a
+/// machine reading `bw_gbs`) to a machine of `target_gbs` read bandwidth — projections, not
+/// measurements. `share`: #17's method, the step's share of its read roofline applied to the
+/// target's. `latency`: the step's bytes at the target's bandwidth plus twice `beyond_ms`, the
+/// time this machine spent beyond its own bytes, which does not shrink with bandwidth and is
+/// assumed twice as long on a GB10's fewer, slower SMs (docs/perf.md, session 28). Both in
+/// tok/s.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Projection {
     pub share: f64,
     pub latency: f64,
+    pub beyond_ms: f64,
 }
 
 pub fn project_step(
@@ -263,13 +264,17 @@ pub fn project_step(
     bytes: f64,
     step_ms: f64,
     bw_gbs: f64,
-    pct: f64,
     target_gbs: f64,
 ) -> Projection {
-    let share = batch as f64 * (pct / 100.0) * target_gbs * 1e9 / bytes;
-    let beyond = (step_ms * 1e-3 - bytes / (bw_gbs * 1e9)).max(0.0);
-    let latency = batch as f64 / (bytes / (target_gbs * 1e9) + 2.0 * beyond);
-    Projection { share, latency }
+    let at_bytes_ms = bytes / (bw_gbs * 1e9) * 1e3;
+    let share = batch as f64 * (at_bytes_ms / step_ms) * target_gbs * 1e9 / bytes;
+    let beyond_ms = (step_ms - at_bytes_ms).max(0.0);
+    let latency = batch as f64 / (bytes / (target_gbs * 1e9) + 2.0 * beyond_ms * 1e-3);
+    Projection {
+        share,
+        latency,
+        beyond_ms,
+    }
 }
 
 #[cfg(test)]
@@ -284,12 +289,12 @@ mod tests {
     fn projections_of_a_step_to_a_gb10() {
         let (bytes, ms, bw) = (5.005e9, 1.937, 4470.0);
         let pct = 100.0 * bytes / (ms * 1e-3) / 1e9 / bw;
-        let p = project_step(1, bytes, ms, bw, pct, GB10_BANDWIDTH_GBS);
+        let p = project_step(1, bytes, ms, bw, GB10_BANDWIDTH_GBS);
         assert!((pct - 57.8).abs() < 0.1, "{pct}");
         assert!((p.share - 31.5).abs() < 0.1, "{p:?}");
         assert!((p.latency - 50.1).abs() < 0.2, "{p:?}");
         // A step at its bytes projects to the target's roofline both ways; a batch scales it.
-        let at_roofline = project_step(4, bytes, 1e3 * bytes / (bw * 1e9), bw, 100.0, 273.0);
+        let at_roofline = project_step(4, bytes, 1e3 * bytes / (bw * 1e9), bw, 273.0);
         let roofline = 4.0 * 273e9 / bytes;
         assert!((at_roofline.share - roofline).abs() < 1e-9);
         assert!((at_roofline.latency - roofline).abs() < 1e-6);
