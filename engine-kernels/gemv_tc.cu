@@ -64,18 +64,58 @@
 // Bytes of padding after each staged token row.
 #define TCG_XPAD 8
 
+// How the weight structs below load a lane's words, by weight format. 1: every lane loads, at
+// an index clamped into the matrix — a row past its last one reloads the last row (its sums
+// are never stored), a span past a row's end reloads the row's last words (the activations
+// there are fed as zeros, and finite weights times zero add nothing) — from 32-bit element
+// indices (the host keeps a matrix below 2^32 elements: ops::tc_gemv_fits), so no predicate,
+// no zero fill of the registers and no 64-bit index arithmetic a load; 0: the loads predicated
+// on the row and the column, zeros past them. The SASS of the batch-1 MXFP4 stream's K loop
+// spent 24 of its 376 instructions a chunk zeroing registers and ~60 on addresses (sm_90a:
+// 376 -> 348 with the clamp); MXFP4 1. bf16 0: the bf16 entries' loops took 176 -> 147
+// instructions a chunk with it, but the released 120b ran 0.2-0.6 % slower at batch 1 and 4
+// (H200, docs/perf.md run 435).
+#ifndef TCG_LOAD_CLAMP_FP4
+#define TCG_LOAD_CLAMP_FP4 1
+#endif
+#ifndef TCG_LOAD_CLAMP_BF16
+#define TCG_LOAD_CLAMP_BF16 0
+#endif
+// The K loop's two buffers of weight chunks swap roles step by step instead of the next
+// chunks being copied into the current ones (tcg_tile, the 8-token kernels), by weight format:
+// MXFP4 1 (the batch-1 stream's loop 348 -> 308 instructions a chunk, sm_90a), bf16 0 (its
+// entries at their register caps spilled 88-128 bytes with it).
+#ifndef TCG_PINGPONG_FP4
+#define TCG_PINGPONG_FP4 1
+#endif
+#ifndef TCG_PINGPONG_BF16
+#define TCG_PINGPONG_BF16 0
+#endif
+
 // bf16 weights: E = 16 elements per lane and row in a chunk (two 16-byte words); S_ chunks
 // per step of the K loop (and loaded ahead).
 template <int S_>
 struct TcgBf16T {
     static constexpr int E = 16;
     static constexpr int S = S_;
+    static constexpr bool PINGPONG = TCG_PINGPONG_BF16;
     struct Raw {
         uint4 w[2][2];  // [row g, g + 8][word]
     };
     const bf16_t* __restrict__ w;
     int cols;
     __device__ __forceinline__ void load(Raw& f, int r0, int rows, int col) const {
+        if (TCG_LOAD_CLAMP_BF16) {
+            const unsigned c = min((unsigned)col, (unsigned)(cols - E));
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const unsigned r = min((unsigned)(r0 + 8 * h), (unsigned)(rows - 1));
+                const uint4* p = reinterpret_cast<const uint4*>(w + (r * (unsigned)cols + c));
+                f.w[h][0] = __ldg(p);
+                f.w[h][1] = __ldg(p + 1);
+            }
+            return;
+        }
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             const int r = r0 + 8 * h;
@@ -128,6 +168,7 @@ template <int NB, int S_, int L>
 struct TcgFp4T {
     static constexpr int E = 32 * NB;
     static constexpr int S = S_;
+    static constexpr bool PINGPONG = TCG_PINGPONG_FP4;
     struct Raw {
         uint4 q[2][NB];
         unsigned s[2][NB];
@@ -137,6 +178,19 @@ struct TcgFp4T {
     int cols;
     __device__ __forceinline__ void load(Raw& f, int r0, int rows, int col) const {
         const int nb = cols >> 5;
+        if (TCG_LOAD_CLAMP_FP4) {
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const unsigned rb = min((unsigned)(r0 + 8 * h), (unsigned)(rows - 1)) * (unsigned)nb;
+#pragma unroll
+                for (int i = 0; i < NB; ++i) {
+                    const unsigned b = rb + min(((unsigned)col >> 5) + i, (unsigned)(nb - 1));
+                    f.q[h][i] = __ldg(reinterpret_cast<const uint4*>(blocks) + b);
+                    f.s[h][i] = __ldg(scales + b);
+                }
+            }
+            return;
+        }
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             const int r = r0 + 8 * h;
@@ -368,23 +422,51 @@ __device__ __forceinline__ void tcg_tile(const W& wp, int r0, int rows, int cols
     float acc[TN][4];
 #pragma unroll
     for (int n = 0; n < TN; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
-    for (int c = c_lo + warp % WG; c < nchunks; c += S * WG) {
+    // One step: the S chunks from c in `in` summed while the next S load into `out`.
+    auto step = [&](int c, typename W::Raw (&in)[S], typename W::Raw (&out)[S]) {
 #pragma unroll
         for (int s = 0; s < S; ++s) {
             const int cn = c + (S + s) * WG;
-            if (cn < nchunks) wp.load(nxt[s], r0, rows, cn * CW + q * E);
+            if (cn < nchunks) wp.load(out[s], r0, rows, cn * CW + q * E);
         }
 #pragma unroll
         for (int s = 0; s < S; ++s) {
             const int cc = c + s * WG;
             if (cc >= nchunks) break;  // warp-uniform
-            // A lane whose span is past the row (last chunk) loaded zero weights and feeds
-            // zeros: the mma is warp-wide, every lane takes part.
+            // A lane whose span is past the row (last chunk) feeds zero activations: the mma
+            // is warp-wide, every lane takes part.
             const int col = cc * CW + q * E;
-            tcg_mma_chunk<W, TN>(wp, cur[s], col, cols, xs, stride, nt, acc);
+            tcg_mma_chunk<W, TN>(wp, in[s], col, cols, xs, stride, nt, acc);
         }
+    };
+    // Two steps an iteration, the buffers swapping roles (W::PINGPONG: TCG_PINGPONG_FP4 /
+    // _BF16; the 8-token kernels only), where a copy of nxt into cur after each step took a
+    // move a register (the batch-1 MXFP4 stream: ~20 of its K loop's instructions a chunk);
+    // else the copy. (The 16-token MXFP4 stream, at 100 -> 112 registers with it, read the
+    // lm_head at batch 16 in 264 µs against 254: docs/perf.md run 436.)
+    if constexpr (W::PINGPONG && TN == 1) {
+        for (int c = c_lo + warp % WG; c < nchunks; c += 2 * S * WG) {
+            step(c, cur, nxt);
+            if (c + S * WG >= nchunks) break;  // warp-uniform
+            step(c + S * WG, nxt, cur);
+        }
+    } else {
+        for (int c = c_lo + warp % WG; c < nchunks; c += S * WG) {
 #pragma unroll
-        for (int s = 0; s < S; ++s) cur[s] = nxt[s];
+            for (int s = 0; s < S; ++s) {
+                const int cn = c + (S + s) * WG;
+                if (cn < nchunks) wp.load(nxt[s], r0, rows, cn * CW + q * E);
+            }
+#pragma unroll
+            for (int s = 0; s < S; ++s) {
+                const int cc = c + s * WG;
+                if (cc >= nchunks) break;  // warp-uniform
+                const int col = cc * CW + q * E;
+                tcg_mma_chunk<W, TN>(wp, cur[s], col, cols, xs, stride, nt, acc);
+            }
+#pragma unroll
+            for (int s = 0; s < S; ++s) cur[s] = nxt[s];
+        }
     }
     // acc[n]: rows g (0, 1) and g + 8 (2, 3), tokens n * 8 + 2q (+1).
 #pragma unroll

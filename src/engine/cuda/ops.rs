@@ -183,10 +183,17 @@ fn tc_split_width(cols: usize, chunk: usize, ks: usize) -> usize {
     (cols.div_ceil(chunk).div_ceil(ks.max(1)) * chunk).min(cols)
 }
 
-/// Whether the tensor-core GEMV takes weights `w` of `cols` columns at `t` tokens: each lane's
-/// span ([`DenseW::tc_span`]) whole, and the staged tokens within the device's shared memory.
-pub(crate) fn tc_gemv_fits(g: &Gpu, w: DenseW, cols: usize, t: usize) -> bool {
-    cols.is_multiple_of(w.tc_span())
+/// Whether the tensor-core GEMV takes weights `w` of `rows` × `cols` at `t` tokens: each
+/// lane's span ([`DenseW::tc_span`]) whole, the staged tokens within the device's shared
+/// memory, and an MXFP4 matrix's blocks indexable in 32 bits (its kernels' clamped loads,
+/// `TCG_LOAD_CLAMP_FP4` in gemv_tc.cu; a larger one runs on the SIMT GEMV).
+pub(crate) fn tc_gemv_fits(g: &Gpu, w: DenseW, rows: usize, cols: usize, t: usize) -> bool {
+    let indexable = match w {
+        DenseW::Bf16(_) => true,
+        DenseW::Mxfp4 { .. } => rows.saturating_mul(cols / 32) <= u32::MAX as usize,
+    };
+    indexable
+        && cols.is_multiple_of(w.tc_span())
         && tc_gemv_smem(cols, t.min(TCG_TOKENS)) + TCG_STATIC_SMEM <= g.max_shared()
 }
 
@@ -554,9 +561,9 @@ pub(crate) fn dense_gemv_tc(
         DenseW::Mxfp4 { blocks, scales } => ("fp4", vec![Arg::Ptr(blocks), Arg::Ptr(scales)]),
     };
     ensure!(
-        tc_gemv_fits(g, w, cols, t),
-        "tensor-core {format} GEMV input width {cols}: not a multiple of {}, or its staged \
-         tokens exceed the device's shared memory",
+        tc_gemv_fits(g, w, rows, cols, t),
+        "tensor-core {format} GEMV {rows}x{cols}: the width not a multiple of {}, its staged \
+         tokens beyond the device's shared memory, or an MXFP4 matrix of 2^32 blocks or more",
         w.tc_span()
     );
     let plan = tc_gemv_launch_plan(g, format, rows, cols, t, norm, tiles)?;
@@ -1342,7 +1349,7 @@ pub fn dense_gemv_qkv_deferred(
     if !(force || tc_defer_on()?)
         || !path.dense_on_tensor_cores()
         || norm.out != 0
-        || !tc_gemv_fits(g, w, cols, t)
+        || !tc_gemv_fits(g, w, rows, cols, t)
     {
         return Ok(None);
     }
@@ -4027,7 +4034,7 @@ pub fn dense_gemv(
     accumulate: bool,
     norm: Option<Norm>,
 ) -> Result<()> {
-    if path.dense_on_tensor_cores() && tc_gemv_fits(g, w, cols, t) {
+    if path.dense_on_tensor_cores() && tc_gemv_fits(g, w, rows, cols, t) {
         return dense_gemv_tc(g, w, bias, x, y, rows, cols, t, accumulate, norm, None);
     }
     match w {

@@ -2894,7 +2894,7 @@ fn check_gemv_tc(g: &Gpu, s: &mut Seeds) -> Result<Vec<Check>> {
             };
             // The model's dispatch, which takes the tensor-core kernel wherever it fits.
             anyhow::ensure!(
-                ops::tc_gemv_fits(g, w, cols, t),
+                ops::tc_gemv_fits(g, w, rows, cols, t),
                 "{format} {rows}x{cols} at {t} tokens does not fit the tensor-core GEMV"
             );
             let launch = |y: u64| -> Result<()> {
