@@ -91,6 +91,21 @@
 #ifndef TCG_PINGPONG_BF16
 #define TCG_PINGPONG_BF16 0
 #endif
+// A chunk inside the row takes the activations' loads without their column test (tcg_tile's
+// branch a chunk, the 8-token kernels only; the row's last, partial chunk keeps it), by
+// weight format: MXFP4 1 (the batch-1 stream's K loop 308 -> 296 instructions a chunk, sm_90a;
+// H200, docs/perf.md runs 441-443: all-MXFP4 batch 1 0.0 to -0.8 %, batch 4 -0.2 to -0.4 %,
+// 20b all-MXFP4 +0.1 to -0.6 %; in the 16-token kernels too, batch 16 went +0.1 to +1.1 %),
+// bf16 0 (not measured alone: its loops are bound by their bytes, not their instructions).
+// Feeding the token columns past the staged rows from the last row instead of zeros, so that
+// no load was predicated, had every lane read the staged rows where at one token 4 of 32
+// carry one: all-MXFP4 batch 1 +7 % (runs 440-441).
+#ifndef TCG_FULL_CHUNK_FP4
+#define TCG_FULL_CHUNK_FP4 1
+#endif
+#ifndef TCG_FULL_CHUNK_BF16
+#define TCG_FULL_CHUNK_BF16 0
+#endif
 
 // bf16 weights: E = 16 elements per lane and row in a chunk (two 16-byte words); S_ chunks
 // per step of the K loop (and loaded ahead).
@@ -99,6 +114,7 @@ struct TcgBf16T {
     static constexpr int E = 16;
     static constexpr int S = S_;
     static constexpr bool PINGPONG = TCG_PINGPONG_BF16;
+    static constexpr bool FULL_CHUNK = TCG_FULL_CHUNK_BF16;
     struct Raw {
         uint4 w[2][2];  // [row g, g + 8][word]
     };
@@ -169,6 +185,7 @@ struct TcgFp4T {
     static constexpr int E = 32 * NB;
     static constexpr int S = S_;
     static constexpr bool PINGPONG = TCG_PINGPONG_FP4;
+    static constexpr bool FULL_CHUNK = TCG_FULL_CHUNK_FP4;
     struct Raw {
         uint4 q[2][NB];
         unsigned s[2][NB];
@@ -384,7 +401,9 @@ __device__ __forceinline__ int tcg_chunk_hi(int nchunks) {
 // g + 8 at columns col … col + E - 1 (loaded in f) against the same columns of tokens n * 8 + g,
 // accumulated into acc[n] (mma_bf16_16816's C layout). Staged columns past cols are fed as
 // zeros (their weights were loaded as zeros too).
-template <class W, int TN>
+// FULL: the chunk lies inside the row (the caller checks it once a chunk), so the activations'
+// loads skip the column test.
+template <class W, int TN, bool FULL = false>
 __device__ __forceinline__ void tcg_mma_chunk(const W& wp, const typename W::Raw& f, int col,
                                               int cols, const bf16_t* xs, int stride, int nt,
                                               float (&acc)[TN][4]) {
@@ -400,7 +419,7 @@ __device__ __forceinline__ void tcg_mma_chunk(const W& wp, const typename W::Raw
         for (int n = 0; n < TN; ++n) {
             const int tok = n * 8 + g;
             uint4 xv = make_uint4(0u, 0u, 0u, 0u);
-            if (tok < nt && col + 8 * v < cols)
+            if (tok < nt && (FULL || col + 8 * v < cols))
                 xv = *reinterpret_cast<const uint4*>(xs + tok * stride + col + 8 * v);
             mma_bf16_16816(acc[n], frag0, xv.x, xv.y);
             mma_bf16_16816(acc[n], frag1, xv.z, xv.w);
@@ -422,6 +441,19 @@ __device__ __forceinline__ void tcg_tile(const W& wp, int r0, int rows, int cols
     float acc[TN][4];
 #pragma unroll
     for (int n = 0; n < TN; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
+    // Chunk cc of f times the tokens (W::FULL_CHUNK and one token pass: a chunk inside the row
+    // without the column tests, a warp-uniform branch; the row's last, partial chunk with them).
+    auto mma = [&](const typename W::Raw& f, int cc) {
+        const int col = cc * CW + q * E;
+        if constexpr (W::FULL_CHUNK && TN == 1) {
+            if ((cc + 1) * CW <= cols)
+                tcg_mma_chunk<W, TN, true>(wp, f, col, cols, xs, stride, nt, acc);
+            else
+                tcg_mma_chunk<W, TN>(wp, f, col, cols, xs, stride, nt, acc);
+        } else {
+            tcg_mma_chunk<W, TN>(wp, f, col, cols, xs, stride, nt, acc);
+        }
+    };
     // One step: the S chunks from c in `in` summed while the next S load into `out`.
     auto step = [&](int c, typename W::Raw (&in)[S], typename W::Raw (&out)[S]) {
 #pragma unroll
@@ -435,8 +467,7 @@ __device__ __forceinline__ void tcg_tile(const W& wp, int r0, int rows, int cols
             if (cc >= nchunks) break;  // warp-uniform
             // A lane whose span is past the row (last chunk) feeds zero activations: the mma
             // is warp-wide, every lane takes part.
-            const int col = cc * CW + q * E;
-            tcg_mma_chunk<W, TN>(wp, in[s], col, cols, xs, stride, nt, acc);
+            mma(in[s], cc);
         }
     };
     // Two steps an iteration, the buffers swapping roles (W::PINGPONG: TCG_PINGPONG_FP4 /
@@ -461,8 +492,7 @@ __device__ __forceinline__ void tcg_tile(const W& wp, int r0, int rows, int cols
             for (int s = 0; s < S; ++s) {
                 const int cc = c + s * WG;
                 if (cc >= nchunks) break;  // warp-uniform
-                const int col = cc * CW + q * E;
-                tcg_mma_chunk<W, TN>(wp, cur[s], col, cols, xs, stride, nt, acc);
+                mma(cur[s], cc);
             }
 #pragma unroll
             for (int s = 0; s < S; ++s) cur[s] = nxt[s];
