@@ -400,7 +400,7 @@ __device__ __forceinline__ int tcg_chunk_hi(int nchunks) {
 // One chunk of a warp's tile times the nt staged rows: the lane's E weights of rows g and
 // g + 8 at columns col … col + E - 1 (loaded in f) against the same columns of tokens n * 8 + g,
 // accumulated into acc[n] (mma_bf16_16816's C layout). Staged columns past cols are fed as
-// zeros (their weights were loaded as zeros too).
+// zeros (their weights are zeros, or with the clamped loads the row's last words: finite).
 // FULL: the chunk lies inside the row (the caller checks it once a chunk), so the activations'
 // loads skip the column test.
 template <class W, int TN, bool FULL = false>
