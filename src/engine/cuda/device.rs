@@ -299,6 +299,23 @@ impl Gpu {
         &self.name
     }
 
+    /// The device's PCI bus id as NVML takes it (`domain:bus:device.0`, hex), so NVML reads
+    /// the GPU this context runs on whatever the two number their devices.
+    pub fn pci_bus_id(&self) -> Result<String> {
+        use cudarc::driver::sys::CUdevice_attribute as A;
+        let attr = |a: A, what: &str| -> Result<i32> {
+            self.ctx
+                .attribute(a)
+                .drv(|| format!("reading the device's PCI {what}"))
+        };
+        Ok(format!(
+            "{:08X}:{:02X}:{:02X}.0",
+            attr(A::CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID, "domain")?,
+            attr(A::CU_DEVICE_ATTRIBUTE_PCI_BUS_ID, "bus")?,
+            attr(A::CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID, "device")?
+        ))
+    }
+
     /// The device's memory in bytes (0 if the driver does not say).
     pub fn total_mem(&self) -> usize {
         self.ctx.total_mem().unwrap_or(0)

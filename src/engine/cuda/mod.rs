@@ -4,6 +4,7 @@
 
 pub mod backend;
 pub mod cli;
+pub mod clocks;
 pub mod compile;
 pub mod device;
 pub mod gates;

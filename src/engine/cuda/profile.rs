@@ -10,6 +10,7 @@ use std::time::Instant;
 use anyhow::{Context, Result, bail, ensure};
 
 use super::backend::CudaBackend;
+use super::clocks;
 use super::device::Gpu;
 use super::gates::{DecodeGemv, DecodeOptions, KvDtype};
 use super::model::{ATTN_MIN_SPLIT, Decoder, Profile};
@@ -307,8 +308,15 @@ pub fn run(args: &ProfileArgs) -> Result<()> {
     );
     // (graphs, median ms, mean ms, std ms, median host wall ms) of the timed steps.
     let mut timed = Vec::new();
+    let mut clock_line = None;
     for graphs in [false, true] {
+        // NVML's SM clock while the graph steps run (clocks.rs: what an instruction-bound
+        // kernel's time moves with).
+        let watch = graphs.then(|| clocks::ClockWatch::start(g.pci_bus_id().ok()));
         let (times, walls) = time_steps(&g, dec, &toks, &slots, args, graphs)?;
+        if let Some(w) = watch {
+            clock_line = Some(w.finish().line("during the timed graph steps"));
+        }
         let mean = times.iter().sum::<f64>() / times.len() as f64;
         let sd =
             (times.iter().map(|t| (t - mean).powi(2)).sum::<f64>() / times.len() as f64).sqrt();
@@ -372,6 +380,9 @@ pub fn run(args: &ProfileArgs) -> Result<()> {
                 bw,
             ));
         }
+    }
+    if let Some(line) = &clock_line {
+        println!("  {line}");
     }
     if let Some(&(_, med, ..)) = timed.iter().find(|t| t.0) {
         let b2b = back_to_back(&g, dec, &toks, &slots, args)?;
