@@ -60,6 +60,11 @@ pub struct PerfRow {
     pub tpot_p99_ms: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ttft_p50_ms: Option<f64>,
+    /// Decode rows of `engine profile`: the median SM clock NVML read during the timed graph
+    /// steps, MHz (absent where NVML could not be read, and in rows written before it was
+    /// recorded).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sm_clock_mhz: Option<f64>,
     /// The commit the binary was built from ([`BUILD_COMMIT`]).
     pub commit: String,
     /// The command line that measured it, shell-quoted.
@@ -97,6 +102,7 @@ impl PerfRow {
             tpot_p50_ms: None,
             tpot_p99_ms: None,
             ttft_p50_ms: None,
+            sm_clock_mhz: None,
             commit: BUILD_COMMIT.to_string(),
             command: command_line(),
             date: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
@@ -239,6 +245,7 @@ mod tests {
             tpot_p50_ms: None,
             tpot_p99_ms: None,
             ttft_p50_ms: None,
+            sm_clock_mhz: None,
             commit: "abc".into(),
             command: "mxtune engine profile --batch 4".into(),
             date: "2026-11-22T10:00:00Z".into(),
@@ -339,6 +346,23 @@ mod tests {
         let v = serde_json::to_value(prefill).unwrap();
         assert_eq!(v["kind"], "prefill");
         assert!(v["pct_roofline"].is_null());
+    }
+
+    #[test]
+    fn a_decode_row_carries_its_clock_and_older_rows_read_without_it() {
+        let r = PerfRow {
+            sm_clock_mhz: Some(1830.0),
+            ..row(1739.2)
+        };
+        let v = serde_json::to_value(&r).unwrap();
+        assert_eq!(v["sm_clock_mhz"], 1830.0);
+        let back: PerfRow = serde_json::from_value(v).unwrap();
+        assert_eq!(back, r);
+        // A row written before the field has no key and reads back as None.
+        let old = serde_json::to_value(row(517.0)).unwrap();
+        assert!(old.get("sm_clock_mhz").is_none());
+        let back: PerfRow = serde_json::from_value(old).unwrap();
+        assert_eq!(back.sm_clock_mhz, None);
     }
 
     #[test]

@@ -40,6 +40,21 @@ pub struct ClockSamples {
 }
 
 impl ClockReport {
+    /// The median SM clock of the samples, MHz (None without any).
+    pub fn median_mhz(&self) -> Option<f64> {
+        let ClockReport::Seen(s) = self else {
+            return None;
+        };
+        let mut v = s.sm_mhz.clone();
+        v.sort_unstable();
+        let n = v.len();
+        match n {
+            0 => None,
+            _ if n % 2 == 1 => Some(f64::from(v[n / 2])),
+            _ => Some((f64::from(v[n / 2 - 1]) + f64::from(v[n / 2])) / 2.0),
+        }
+    }
+
     /// One line for `engine profile`'s output: the median, lowest and highest SM clock
     /// against the device's maximum, and the throttle reasons seen (with how often).
     pub fn line(&self, during: &str) -> String {
@@ -47,17 +62,11 @@ impl ClockReport {
             ClockReport::Unavailable(why) => return format!("SM clock {during}: {why}"),
             ClockReport::Seen(s) => s,
         };
-        if s.sm_mhz.is_empty() {
+        let Some(median) = self.median_mhz() else {
             return format!("SM clock {during}: no sample was taken (the steps ended first)");
-        }
-        let mut v = s.sm_mhz.clone();
-        v.sort_unstable();
-        let n = v.len();
-        let median = if n % 2 == 1 {
-            f64::from(v[n / 2])
-        } else {
-            (f64::from(v[n / 2 - 1]) + f64::from(v[n / 2])) / 2.0
         };
+        let n = s.sm_mhz.len();
+        let (lo, hi) = (s.sm_mhz.iter().min(), s.sm_mhz.iter().max());
         let max = s
             .max_sm_mhz
             .map_or(String::new(), |m| format!(" (the device's maximum {m})"));
@@ -79,8 +88,8 @@ impl ClockReport {
             "SM clock {during} (NVML every {} ms, n={n}): median {median:.0} MHz, lowest {}, \
              highest {}{max}; throttle reasons: {reasons}{unread}",
             SAMPLE_PERIOD.as_millis(),
-            v[0],
-            v[n - 1],
+            lo.copied().unwrap_or_default(),
+            hi.copied().unwrap_or_default(),
         )
     }
 }
@@ -195,6 +204,9 @@ mod tests {
             l.contains("median 1980 MHz, lowest 1965") && l.ends_with("none"),
             "{l}"
         );
+        assert_eq!(seen(&[1830, 1815], &[]).median_mhz(), Some(1822.5));
+        assert_eq!(seen(&[], &[]).median_mhz(), None);
+        assert_eq!(ClockReport::Unavailable("x".into()).median_mhz(), None);
     }
 
     #[test]

@@ -308,14 +308,14 @@ pub fn run(args: &ProfileArgs) -> Result<()> {
     );
     // (graphs, median ms, mean ms, std ms, median host wall ms) of the timed steps.
     let mut timed = Vec::new();
-    let mut clock_line = None;
+    let mut clock = None;
     for graphs in [false, true] {
         // NVML's SM clock while the graph steps run (clocks.rs: what an instruction-bound
         // kernel's time moves with).
         let watch = graphs.then(|| clocks::ClockWatch::start(g.pci_bus_id().ok()));
         let (times, walls) = time_steps(&g, dec, &toks, &slots, args, graphs)?;
         if let Some(w) = watch {
-            clock_line = Some(w.finish().line("during the timed graph steps"));
+            clock = Some(w.finish());
         }
         let mean = times.iter().sum::<f64>() / times.len() as f64;
         let sd =
@@ -369,20 +369,23 @@ pub fn run(args: &ProfileArgs) -> Result<()> {
                 p.beyond_ms,
                 p.latency
             );
-            decode_row = Some(PerfRow::now(
-                &args.synthetic,
-                fp4_layers.layout_name(),
-                PerfKind::Decode,
-                b,
-                args.depth,
-                tps,
-                Some(pct),
-                bw,
-            ));
+            decode_row = Some(PerfRow {
+                sm_clock_mhz: clock.as_ref().and_then(clocks::ClockReport::median_mhz),
+                ..PerfRow::now(
+                    &args.synthetic,
+                    fp4_layers.layout_name(),
+                    PerfKind::Decode,
+                    b,
+                    args.depth,
+                    tps,
+                    Some(pct),
+                    bw,
+                )
+            });
         }
     }
-    if let Some(line) = &clock_line {
-        println!("  {line}");
+    if let Some(c) = &clock {
+        println!("  {}", c.line("during the timed graph steps"));
     }
     if let Some(&(_, med, ..)) = timed.iter().find(|t| t.0) {
         let b2b = back_to_back(&g, dec, &toks, &slots, args)?;
