@@ -94,10 +94,11 @@ impl ClockReport {
     }
 }
 
-/// A sampling thread; [`ClockWatch::finish`] stops it and returns what it saw.
+/// A sampling thread; [`ClockWatch::finish`] stops it and returns what it saw (dropped
+/// unfinished, on an error of the timed steps, it is told to stop).
 pub struct ClockWatch {
     stop: Arc<AtomicBool>,
-    handle: JoinHandle<ClockReport>,
+    handle: Option<JoinHandle<ClockReport>>,
 }
 
 impl ClockWatch {
@@ -107,15 +108,26 @@ impl ClockWatch {
         let stop = Arc::new(AtomicBool::new(false));
         let flag = stop.clone();
         let handle = std::thread::spawn(move || sample(pci, &flag));
-        ClockWatch { stop, handle }
+        ClockWatch {
+            stop,
+            handle: Some(handle),
+        }
     }
 
     /// Stops the thread and returns its report.
-    pub fn finish(self) -> ClockReport {
+    pub fn finish(mut self) -> ClockReport {
         self.stop.store(true, Ordering::Relaxed);
-        self.handle.join().unwrap_or_else(|_| {
-            ClockReport::Unavailable("the clock sampling thread panicked".to_string())
-        })
+        let joined = self.handle.take().map(JoinHandle::join);
+        match joined {
+            Some(Ok(report)) => report,
+            _ => ClockReport::Unavailable("the clock sampling thread panicked".to_string()),
+        }
+    }
+}
+
+impl Drop for ClockWatch {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
     }
 }
 
@@ -214,6 +226,14 @@ mod tests {
         assert!(seen(&[], &[]).line("d").contains("no sample was taken"));
         let l = ClockReport::Unavailable("NVML not available: x".into()).line("d");
         assert_eq!(l, "SM clock d: NVML not available: x");
+    }
+
+    #[test]
+    fn a_watch_dropped_unfinished_is_told_to_stop() {
+        let w = ClockWatch::start(None);
+        let flag = w.stop.clone();
+        drop(w);
+        assert!(flag.load(Ordering::Relaxed));
     }
 
     #[test]
