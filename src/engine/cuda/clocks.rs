@@ -8,6 +8,7 @@
 //! a figure carries its clock with it. A thread of its own samples NVML (its calls are driver
 //! round trips), so the timed thread only launches and waits.
 
+use crate::record::stats::percentile_sorted;
 use nvml_wrapper::Nvml;
 use nvml_wrapper::enum_wrappers::device::Clock;
 use std::collections::BTreeMap;
@@ -45,14 +46,12 @@ impl ClockReport {
         let ClockReport::Seen(s) = self else {
             return None;
         };
-        let mut v = s.sm_mhz.clone();
-        v.sort_unstable();
-        let n = v.len();
-        match n {
-            0 => None,
-            _ if n % 2 == 1 => Some(f64::from(v[n / 2])),
-            _ => Some((f64::from(v[n / 2 - 1]) + f64::from(v[n / 2])) / 2.0),
+        if s.sm_mhz.is_empty() {
+            return None;
         }
+        let mut v: Vec<f64> = s.sm_mhz.iter().copied().map(f64::from).collect();
+        v.sort_by(f64::total_cmp);
+        Some(percentile_sorted(&v, 50.0))
     }
 
     /// One line for `engine profile`'s output: the median, lowest and highest SM clock
