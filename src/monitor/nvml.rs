@@ -10,6 +10,7 @@ use super::reading::Reading;
 use super::sample::{Clocks, GpuMemory, GpuProcess, GpuSample, GpuStatus, MemorySource};
 use nvml_wrapper::Device;
 use nvml_wrapper::Nvml;
+use nvml_wrapper::bitmasks::device::ThrottleReasons;
 use nvml_wrapper::enum_wrappers::device::{Clock, PerformanceState, TemperatureSensor};
 use nvml_wrapper::enums::device::UsedGpuMemory;
 use nvml_wrapper::error::NvmlError;
@@ -200,12 +201,16 @@ fn read_slow(d: &Device<'_>, s: &mut GpuSample) {
     s.energy_j = reading(d.total_energy_consumption()).map(|mj| mj as f64 / 1000.0);
     s.temperature_c = reading(d.temperature(TemperatureSensor::Gpu));
     s.pstate = reading(d.performance_state()).map(pstate_name);
-    s.throttle_reasons = reading(d.current_throttle_reasons()).map(|r| {
-        r.iter_names()
-            .map(|(name, _)| name.to_ascii_lowercase())
-            .filter(|n| n != "none")
-            .collect()
-    });
+    s.throttle_reasons = reading(d.current_throttle_reasons()).map(throttle_reason_names);
+}
+
+/// The throttle reasons NVML reports active, by their lower-case names (`sw_power_cap`,
+/// `gpu_idle`, …), `none` left out.
+pub fn throttle_reason_names(r: ThrottleReasons) -> Vec<String> {
+    r.iter_names()
+        .map(|(name, _)| name.to_ascii_lowercase())
+        .filter(|n| n != "none")
+        .collect()
 }
 
 /// Every `STATIC_REFRESH`.

@@ -161,9 +161,8 @@ fn sample(pci: Option<String>, stop: &AtomicBool) -> ClockReport {
                 s.sm_mhz.push(mhz);
                 match device.current_throttle_reasons() {
                     Ok(r) => {
-                        for (name, _) in r.iter_names() {
-                            let name = name.to_ascii_lowercase();
-                            if name != "none" && name != "gpu_idle" {
+                        for name in crate::monitor::nvml::throttle_reason_names(r) {
+                            if name != "gpu_idle" {
                                 *s.reasons.entry(name).or_default() += 1;
                             }
                         }
