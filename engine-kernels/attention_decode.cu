@@ -519,6 +519,12 @@ attn_split_gqa(const float* __restrict__ q, const void* __restrict__ k_cache,
 #define ATC_WIDE_WARPS 8
 #define ATC_KT 32
 #define ATC_MAX_D 64
+// ATC_FINISH_HEADS 1: the merge's per-head scalars (the warps' weights, the sum, the sink's
+// finish) computed once a head before the output elements take them; 0: by every element's
+// thread, d times a head (docs/perf.md session 60). The same bits either way.
+#ifndef ATC_FINISH_HEADS
+#define ATC_FINISH_HEADS 1
+#endif
 
 // Word w (two dims) of the lane's d/4 dims of a key row, as a bf16 or fp16 pair.
 template <bool FP8>
@@ -780,6 +786,55 @@ __device__ __forceinline__ void gqa_tc_split(const float* __restrict__ q, const 
         }
     }
     __syncthreads();
+#if ATC_FINISH_HEADS
+    // Each head's scalars once, by one thread a head: the warps' weights exp2(m_w - max), the
+    // sum, and the finish's factor and denominator (or the split's max and sum); then every
+    // output element takes them from shared memory. The same operations on the same values
+    // as ATC_FINISH_HEADS 0, which computed them again for each of a head's d elements.
+    __shared__ float sm_f[W][16], sm_fin[16], sm_den[16];
+    __shared__ int sm_live[16];
+    if (threadIdx.x < G) {
+        const int h = threadIdx.x;
+        float mm = -INFINITY;
+#pragma unroll
+        for (int w = 0; w < W; ++w) mm = fmaxf(mm, sm_m[w][h]);
+        float ll = 0.0f;
+        sm_live[h] = mm != -INFINITY;
+        if (mm != -INFINITY) {
+#pragma unroll
+            for (int w = 0; w < W; ++w) {
+                const float f = sm_m[w][h] == -INFINITY ? 0.0f : exp2f(sm_m[w][h] - mm);
+                ll += sm_l[w][h] * f;
+                sm_f[w][h] = f;
+            }
+        }
+        if (out_final) {
+            float f, den;
+            attn_finish(mm * ATTN_LN2, ll, sink_s[h], f, den);
+            sm_fin[h] = f;
+            sm_den[h] = den;
+        } else {
+            const size_t pi = ((size_t)t * hq + (size_t)kvh * G + h) * nsplit + split;
+            part_m[pi] = mm * ATTN_LN2;
+            part_l[pi] = ll;
+        }
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < G * d; i += blockDim.x) {
+        const int h = i / d, c = i - h * d;
+        float out = 0.0f;
+        if (sm_live[h]) {
+#pragma unroll
+            for (int w = 0; w < W; ++w) out += so[((size_t)w * 16 + h) * d + c] * sm_f[w][h];
+        }
+        if (out_final) {
+            out_final[((size_t)t * hq + (size_t)kvh * G + h) * d + c] = out * sm_fin[h] / sm_den[h];
+            continue;
+        }
+        const size_t pi = ((size_t)t * hq + (size_t)kvh * G + h) * nsplit + split;
+        part_acc[pi * d + c] = out;
+    }
+#else
     for (int i = threadIdx.x; i < G * d; i += blockDim.x) {
         const int h = i / d, c = i - h * d;
         float mm = -INFINITY;
@@ -807,6 +862,7 @@ __device__ __forceinline__ void gqa_tc_split(const float* __restrict__ q, const 
         }
         part_acc[pi * d + c] = out;
     }
+#endif
 }
 
 // grid = (Hkv, nsplit, T), block = W warps (ATC_WARPS, or ATC_WIDE_WARPS for the `_w8`
