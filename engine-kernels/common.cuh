@@ -64,6 +64,31 @@ __device__ __forceinline__ void pdl_wait() {
     asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
 }
+// PARAM_TOUCH (default 1; 0 for A/B timing, docs/perf.md session 61): a decode entry reads,
+// before its wait, one parameter of each constant-cache line whose parameters it would
+// otherwise first read after it (param_touch(...) at the entry), so the SM fetches the launch's
+// parameter lines while the previous grid still runs instead of on the chain after the wait.
+// One never-taken predicated instruction consumes the values: an asm with inputs and no
+// instructions is dropped by ptxas, and the load with it. Which lines an entry reads first
+// after its wait is checked in its SASS (the LDC / ULDC offsets below and above ACQBULK).
+#ifndef PARAM_TOUCH
+#define PARAM_TOUCH 1
+#endif
+__device__ __forceinline__ unsigned param_bits(const void* p) {
+    return (unsigned)reinterpret_cast<unsigned long long>(p);
+}
+__device__ __forceinline__ unsigned param_bits(int v) { return (unsigned)v; }
+__device__ __forceinline__ unsigned param_bits(unsigned v) { return v; }
+__device__ __forceinline__ unsigned param_bits(float v) { return __float_as_uint(v); }
+template <typename... T>
+__device__ __forceinline__ void param_touch(const T&... v) {
+#if PARAM_TOUCH
+    // One instruction uses them all: a sleep of 1 ns under a predicate that holds only if
+    // the values' xor happens to equal an arbitrary constant (harmless when it does).
+    const unsigned u = (param_bits(v) ^ ...);
+    asm volatile("{\n\t.reg .pred p;\n\tsetp.eq.u32 p, %0, 0x2d5a0f1e;\n\t@p nanosleep.u32 1;\n\t}" ::"r"(u));
+#endif
+}
 __device__ __forceinline__ void pdl_trigger() {
 #if __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.launch_dependents;" :::);

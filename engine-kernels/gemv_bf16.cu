@@ -716,6 +716,7 @@ __device__ __forceinline__ void gemv_wide_body(const bf16_t* __restrict__ w, con
         const int rpb_ = max(1, min(rpb, R));                                                   \
         const int row0 = blockIdx.x * rpb_, nr = min(rpb_, rows - row0);                        \
         if (GEMV_PREFETCH && blockIdx.y == 0) prefetch_l2(w + (size_t)row0 * cols, (size_t)nr * cols * 2, threadIdx.x, blockDim.x); \
+        param_touch(blockDim.x, norm_w, topk_w, ready);                                         \
         pdl_enter_as(MODE);                                                                     \
         gemv_wide_body<R, NT, NORMC, ANY_COLS>(w, bias, x, y, rows, cols, tokens, accumulate,  \
                                                norm_w, eps, x_out, topk_idx, topk_w, k, counter, \

@@ -46,6 +46,7 @@ extern "C" __global__ void rope_kv_write(const float* __restrict__ qkv, float* _
     const int half = d >> 1;
     // Before the wait, so after it only the projection's two values are waited on.
     const RopeEarly e = rope_early(inv_freq, pos, kv_off, h, t, i, hq, hkv, mscale);
+    param_touch(blockDim.x, qkv, part, tokens);
     pdl_enter_as(ROPE_TRIGGER);
     if (h >= hq + 2 * hkv) return;
     const unsigned p = e.p;

@@ -534,6 +534,8 @@ mod tests {
                             || t.starts_with("__shared__")
                             || t.starts_with("const int")
                             || t.contains("prefetch_l2(")
+                            // common.cuh: parameter values into registers (no memory read).
+                            || touches_only_parameters(t)
                             // attention_decode.cu: the (immutable) sink logits.
                             || t.starts_with("attn_sinks_early(")
                             // attention_decode.cu's GQA tensor-core split: the row's position
@@ -557,6 +559,36 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// Whether `line` is a `param_touch(...)` call of plain names (the entry's parameters, or
+    /// `blockDim.x`): it reads no memory, so it may come before the wait.
+    fn touches_only_parameters(line: &str) -> bool {
+        let Some(args) = line
+            .strip_prefix("param_touch(")
+            .and_then(|r| r.split_once(");"))
+            .map(|(args, _)| args)
+        else {
+            return false;
+        };
+        args.split(',').map(str::trim).all(|a| {
+            a == "blockDim.x"
+                || (!a.is_empty() && a.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'))
+        })
+    }
+
+    #[test]
+    fn a_parameter_touch_reads_no_memory() {
+        assert!(touches_only_parameters(
+            "param_touch(blockDim.x, norm_w, cnt);"
+        ));
+        assert!(touches_only_parameters(
+            "param_touch(blocks, wts, y, stride);    \\"
+        ));
+        assert!(!touches_only_parameters("param_touch(x[0]);"));
+        assert!(!touches_only_parameters("param_touch(*idx, blocks);"));
+        assert!(!touches_only_parameters("param_touch(pos + 1);"));
+        assert!(!touches_only_parameters("pdl_enter();"));
     }
 
     /// What `rope_kv_write` reads before its wait (`rope_early`): the row's position and cache
