@@ -4,7 +4,6 @@
 // grid = (nchunks, T), block = 256 (a multiple of 32).
 extern "C" __global__ void argmax_partial(const float* __restrict__ logits, int vocab, int chunk,
                                           float* __restrict__ part_v, int* __restrict__ part_i) {
-    param_touch(blockDim.x, logits);
     pdl_enter();
     const int c = blockIdx.x, t = blockIdx.y;
     const int lo = c * chunk, hi = min(vocab, lo + chunk);
@@ -25,7 +24,6 @@ extern "C" __global__ void argmax_partial(const float* __restrict__ logits, int 
 extern "C" __global__ void argmax_final(const float* __restrict__ part_v,
                                         const int* __restrict__ part_i, int nchunks,
                                         unsigned* __restrict__ out) {
-    param_touch(blockDim.x, part_v);
     pdl_enter();
     const int t = blockIdx.x;
     float bv = -INFINITY;

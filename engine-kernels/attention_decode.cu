@@ -888,7 +888,6 @@ __device__ __forceinline__ void gqa_tc_split(const float* __restrict__ q, const 
         attn_sinks_early(sinks, out_final, blockIdx.x * (hq / hkv), hq / hkv, sink_s);         \
         const int p_early = (int)ld_early_u32(pos + blockIdx.z);                               \
         const unsigned long long off_early = ld_early_u64(kv_off + blockIdx.z);                \
-        param_touch(blockDim.x, q, k_cache);                                                   \
         pdl_enter_as(attn_trigger_mode(out_final));                                            \
         gqa_tc_split<FP8, DC, W, R>(q, static_cast<const u8*>(k_cache),                        \
                                  static_cast<const u8*>(v_cache), p_early, off_early, part_m,  \
@@ -923,7 +922,6 @@ extern "C" __global__ void __launch_bounds__(ATTN_COMBINE_THREADS)
 attn_combine(const float* __restrict__ part_m, const float* __restrict__ part_l,
              const float* __restrict__ part_acc, const bf16_t* __restrict__ sinks,
              float* __restrict__ out, int hq, int d, int nsplit) {
-    param_touch(blockDim.x, part_m, nsplit);
     pdl_enter();
     __shared__ float w[ATTN_MAX_SPLITS];
     __shared__ float red[32];

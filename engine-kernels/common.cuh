@@ -64,10 +64,11 @@ __device__ __forceinline__ void pdl_wait() {
     asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
 }
-// PARAM_TOUCH (default 1; 0 for A/B timing, docs/perf.md session 61): a decode entry reads,
-// before its wait, one parameter of each constant-cache line whose parameters it would
-// otherwise first read after it (param_touch(...) at the entry), so the SM fetches the launch's
-// parameter lines while the previous grid still runs instead of on the chain after the wait.
+// PARAM_TOUCH (default 1; 0 for A/B timing, docs/perf.md session 61): an entry whose first
+// instructions after its wait read a parameter from a constant-cache line it has not read yet
+// (the MXFP4 dense GEMV, the router, RoPE) reads one parameter of each such line before the
+// wait (param_touch(...) at the entry), so the SM fetches the launch's parameter lines while
+// the previous grid still runs instead of on the chain after the wait.
 // One never-taken predicated instruction consumes the values: an asm with inputs and no
 // instructions is dropped by ptxas, and the load with it. Which lines an entry reads first
 // after its wait is checked in its SASS (the LDC / ULDC offsets below and above ACQBULK).

@@ -741,7 +741,6 @@ __device__ __forceinline__ void gemv_tc_body(const W wp, typename W::Raw (&cur)[
         const int c_lo = tcg_chunk_lo(nch), c_hi = tcg_chunk_hi(nch);                          \
         tcg_prefetch<W, TT, 0, tcg_early_chunks<W>()>(wp, TCG_FIRST_ROW(TT), rows, c_lo, c_hi,  \
                                                       cur);                                    \
-        param_touch(blockDim.x, norm_w, cnt);                                                  \
         pdl_enter_as(TCG_TRIGGER);                                                             \
         gemv_tc_body<W, TN, TT, DEFER>(wp, cur, bias, x, y, rows, cols, tokens, accumulate,    \
                                        NORM ? norm_w : nullptr, eps,                           \
@@ -996,7 +995,6 @@ __device__ __forceinline__ void moe_down_tc_body(const u8* __restrict__ blocks,
          const bf16_t* __restrict__ bias, const float* __restrict__ x,                         \
          const int* __restrict__ idx, float* __restrict__ act, int inter, int hidden, int k,   \
          int tokens, float limit, float alpha) {                                               \
-        param_touch(blockDim.x, blocks, idx, alpha);                                           \
         pdl_enter();                                                                           \
         moe_gate_up_tc_body<TN>(blocks, scales, bias, x, idx, act, inter, hidden, k, tokens,   \
                                 limit, alpha);                                                 \
@@ -1012,7 +1010,6 @@ MOE_GATE_UP_TC(moe_gate_up_tc_t16, 2)
          const bf16_t* __restrict__ bias, const float* __restrict__ act,                       \
          const int* __restrict__ idx, const float* __restrict__ wts, float* __restrict__ part, \
          int hidden, int inter, int k, int tokens) {                                           \
-        param_touch(blockDim.x, blocks, wts, tokens);                                          \
         pdl_enter();                                                                           \
         moe_down_tc_body<TN>(blocks, scales, bias, act, idx, wts, part, hidden, inter, k,      \
                              tokens);                                                          \
@@ -1219,7 +1216,6 @@ moe_gate_up_f16(const u8* __restrict__ blocks, const u8* __restrict__ scales,
     extern __shared__ __align__(16) unsigned char tcg_smem[];
     __shared__ TcgGroup grp;
     __shared__ float dm[MOE16_MAXM];
-    param_touch(blockDim.x, blocks, idx, ks);
     pdl_enter();
     if (!tcg_group(idx, tokens, k, grp)) return;
     const int rows = 2 * inter, nb = hidden >> 5;
@@ -1253,7 +1249,6 @@ moe_down_f16(const u8* __restrict__ blocks, const u8* __restrict__ scales,
     __shared__ TcgGroup grp;
     __shared__ float dm[MOE16_MAXM];
     __shared__ unsigned last16;
-    param_touch(blockDim.x, blocks, wts, ctr);
     pdl_enter();
     if (!tcg_group(idx, tokens, k, grp)) return;
     const int nb = inter >> 5;

@@ -762,7 +762,6 @@ __device__ __forceinline__ void moe_gate_up_body(const u8* __restrict__ blocks,
          const int* __restrict__ idx, float* __restrict__ act, int inter, int hidden, int k,    \
          float limit, float alpha, int units, const unsigned* __restrict__ ready,               \
          unsigned* __restrict__ done, const bf16_t* __restrict__ norm_w, float eps) {          \
-        param_touch(blockDim.x, blocks, scales);                                                \
         moe_gate_up_body<policy, slots, loops>(blocks, scales, bias, x, idx, act, inter, hidden,\
                                                k, limit, alpha, units, ready, done, norm_w,     \
                                                eps);                                            \
@@ -1040,7 +1039,6 @@ __device__ __forceinline__ void moe_down_body(const u8* __restrict__ blocks,
          int hidden, int inter, int k, int units, float* __restrict__ y, int accumulate,        \
          unsigned* __restrict__ ctr, unsigned* __restrict__ ready,                              \
          const unsigned* __restrict__ done, int gu_blocks, unsigned* __restrict__ mail) {       \
-        param_touch(blockDim.x, blocks, scales);                                                \
         moe_down_body<policy, slots, loops>(blocks, scales, bias, act, idx, wts, part, hidden,  \
                                             inter, k, units, y, accumulate, ctr, ready, done,  \
                                             gu_blocks, mail);                                   \
@@ -1165,7 +1163,6 @@ moe_gate_up_swiglu_h2_grp(const u8* __restrict__ blocks, const u8* __restrict__ 
                           const int* __restrict__ idx, float* __restrict__ act, int inter,
                           int hidden, int k, int tokens, float limit, float alpha, int units,
                           int cap, int stride) {
-    param_touch(blockDim.x, blocks, idx, alpha, stride);
     pdl_enter_as(GATE_UP_TRIGGER);
     moe_gate_up_grp_body(blocks, scales, bias, x, idx, act, inter, hidden, k, tokens, limit, alpha,
                          units, cap, stride);
@@ -1260,7 +1257,6 @@ moe_down_h2_grp(const u8* __restrict__ blocks, const u8* __restrict__ scales,
                 float* __restrict__ part, int hidden, int inter, int k, int tokens, int units,
                 float* __restrict__ y, int accumulate, unsigned* __restrict__ ctr, int cap,
                 int stride) {
-    param_touch(blockDim.x, blocks, wts, y, stride);
     moe_down_grp_body(blocks, scales, bias, act, idx, wts, part, hidden, inter, k, tokens, units,
                       y, accumulate, ctr, cap, stride);
 }
