@@ -525,6 +525,17 @@ attn_split_gqa(const float* __restrict__ q, const void* __restrict__ k_cache,
 #ifndef ATC_FINISH_HEADS
 #define ATC_FINISH_HEADS 1
 #endif
+// How the block merges its warps (docs/perf.md session 62; the same operations on the same
+// values, so the same bits, in every mode). 2 (the default): each warp writes its outputs over
+// its own stage (no barrier before), one barrier, then each thread makes four consecutive dims
+// of one head (d is a multiple of 4), taking that head's scalars itself: a block of 128
+// threads makes a group of 8 heads of 64 dims in one pass whose four chains of loads, sums and
+// divisions overlap. 1: four dims a thread behind ATC_FINISH_HEADS's head threads and their
+// two barriers. 0: one element a thread a pass, four passes one after another (for A/B).
+// 1 and 2 also write no (m, l, outputs) of the `_g8` entries' padding rows g + 8.
+#ifndef ATC_MERGE_VEC
+#define ATC_MERGE_VEC 2
+#endif
 
 // Word w (two dims) of the lane's d/4 dims of a key row, as a bf16 or fp16 pair.
 template <bool FP8>
@@ -754,16 +765,32 @@ __device__ __forceinline__ void gqa_tc_split(const float* __restrict__ q, const 
     attn_trigger_late(out_final);
     // Merge the warps per head: (m, l) and the outputs through shared memory (the outputs
     // over the stage, free now), then the split's partials.
+    // Rows g + 8 are padding in the `_g8` entries (R = 1): no head reads them.
+    constexpr int RW = ATC_MERGE_VEC ? R : 2;
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
+    for (int r = 0; r < RW; ++r) {
         l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
         l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
     }
+    // Warp w's outputs, [16 heads][d] floats, at so + w sow. ATC_MERGE_VEC 2: over the warp's
+    // own stage, free once its lanes are past their last tile (its copies done, cp_async_wait
+    // above), so no barrier before the writes; else over the block's stage from its start,
+    // which the other warps may still be reading until the barrier.
+#if ATC_MERGE_VEC >= 2
+    static_assert(16 * 64 * 4 <= 2 * NR * ATC_KT * (64 * ES + 16) &&
+                      16 * 32 * 4 <= 2 * NR * ATC_KT * (32 * ES + 16),
+                  "a warp's outputs fit its stage");
+    __syncwarp();
+    const size_t sow = (size_t)(2 * NR * ATC_KT * rb) / 4;
+#else
     __syncthreads();
-    float* so = reinterpret_cast<float*>(atc_smem);  // [warp][16 heads][d]
+    const size_t sow = (size_t)16 * d;
+#endif
+    float* so = reinterpret_cast<float*>(atc_smem);
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
+    for (int r = 0; r < RW; ++r) {
         const int h = g + 8 * r;
+        float* sw = so + warp * sow + (size_t)h * d;
         if (qd == 0) {
             sm_m[warp][h] = m[r];
             sm_l[warp][h] = l[r];
@@ -772,7 +799,7 @@ __device__ __forceinline__ void gqa_tc_split(const float* __restrict__ q, const 
 #pragma unroll
             for (int pg = 0; pg < ATC_MAX_D / 16; ++pg) {
                 if (pg >= ns) break;
-                *reinterpret_cast<float4*>(so + ((size_t)warp * 16 + h) * d + 16 * pg + 4 * qd) =
+                *reinterpret_cast<float4*>(sw + 16 * pg + 4 * qd) =
                     make_float4(o[2 * pg][2 * r], o[2 * pg + 1][2 * r], o[2 * pg][2 * r + 1],
                                 o[2 * pg + 1][2 * r + 1]);
             }
@@ -780,79 +807,152 @@ __device__ __forceinline__ void gqa_tc_split(const float* __restrict__ q, const 
 #pragma unroll
             for (int n = 0; n < ATC_MAX_D / 8; ++n) {
                 if (n >= 2 * ns) break;
-                *reinterpret_cast<float2*>(so + ((size_t)warp * 16 + h) * d + 8 * n + 2 * qd) =
-                    make_float2(o[n][2 * r], o[n][2 * r + 1]);
+                *reinterpret_cast<float2*>(sw + 8 * n + 2 * qd) = make_float2(o[n][2 * r], o[n][2 * r + 1]);
             }
         }
     }
     __syncthreads();
-#if ATC_FINISH_HEADS
-    // Each head's scalars once, by one thread a head: the warps' weights exp2(m_w - max), the
-    // sum, and the finish's factor and denominator (or the split's max and sum); then every
-    // output element takes them from shared memory. The same operations on the same values
-    // as ATC_FINISH_HEADS 0, which computed them again for each of a head's d elements.
-    __shared__ float sm_f[W][16], sm_fin[16], sm_den[16];
-    __shared__ int sm_live[16];
-    if (threadIdx.x < G) {
-        const int h = threadIdx.x;
-        float mm = -INFINITY;
+    // Head h's scalars: the max over the warps, each warp's weight exp2(m_w - max) and the sum
+    // (every way of merging below takes them by these operations, in this order).
+    auto head = [&](int h, float& mm, float (&f)[W], float& ll) {
+        mm = -INFINITY;
 #pragma unroll
         for (int w = 0; w < W; ++w) mm = fmaxf(mm, sm_m[w][h]);
-        float ll = 0.0f;
-        sm_live[h] = mm != -INFINITY;
+        ll = 0.0f;
+#pragma unroll
+        for (int w = 0; w < W; ++w) f[w] = 0.0f;
         if (mm != -INFINITY) {
 #pragma unroll
             for (int w = 0; w < W; ++w) {
-                const float f = sm_m[w][h] == -INFINITY ? 0.0f : exp2f(sm_m[w][h] - mm);
-                ll += sm_l[w][h] * f;
-                sm_f[w][h] = f;
+                f[w] = sm_m[w][h] == -INFINITY ? 0.0f : exp2f(sm_m[w][h] - mm);
+                ll += sm_l[w][h] * f[w];
             }
         }
-        if (out_final) {
-            float f, den;
-            attn_finish(mm * ATTN_LN2, ll, sink_s[h], f, den);
-            sm_fin[h] = f;
-            sm_den[h] = den;
-        } else {
+    };
+    const bool vec4 = ((reinterpret_cast<size_t>(out_final) | reinterpret_cast<size_t>(part_acc)) & 15) == 0;
+#if ATC_MERGE_VEC >= 2
+    // Each thread four consecutive dims of one head (d is a multiple of 4; 16-byte stores where
+    // the outputs' bases allow them: aligned allocations, checked, uniform over the launch),
+    // taking its head's scalars itself: one barrier in all, no round trip of the scalars
+    // through shared memory.
+    if (vec4) {
+        for (int i = 4 * threadIdx.x; i < G * d; i += 4 * blockDim.x) {
+            const int h = i / d, c = i - h * d;
+            float mm, f[W], ll;
+            head(h, mm, f, ll);
+            float4 out = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            if (mm != -INFINITY) {
+#pragma unroll
+                for (int w = 0; w < W; ++w) {
+                    const float4 v = *reinterpret_cast<const float4*>(so + w * sow + (size_t)h * d + c);
+                    out.x += v.x * f[w];
+                    out.y += v.y * f[w];
+                    out.z += v.z * f[w];
+                    out.w += v.w * f[w];
+                }
+            }
+            if (out_final) {
+                float fin, den;
+                attn_finish(mm * ATTN_LN2, ll, sink_s[h], fin, den);
+                *reinterpret_cast<float4*>(out_final + ((size_t)t * hq + (size_t)kvh * G + h) * d + c) =
+                    make_float4(out.x * fin / den, out.y * fin / den, out.z * fin / den, out.w * fin / den);
+                continue;
+            }
             const size_t pi = ((size_t)t * hq + (size_t)kvh * G + h) * nsplit + split;
-            part_m[pi] = mm * ATTN_LN2;
-            part_l[pi] = ll;
+            if (c == 0) {
+                part_m[pi] = mm * ATTN_LN2;
+                part_l[pi] = ll;
+            }
+            *reinterpret_cast<float4*>(part_acc + pi * d + c) = out;
         }
+        return;
     }
-    __syncthreads();
-    for (int i = threadIdx.x; i < G * d; i += blockDim.x) {
-        const int h = i / d, c = i - h * d;
-        float out = 0.0f;
-        if (sm_live[h]) {
+#endif
+#if ATC_FINISH_HEADS
+    if (ATC_MERGE_VEC < 2) {
+        // Each head's scalars once, by one thread a head; then every output element takes them
+        // from shared memory. The same operations on the same values as computing them for
+        // each element (ATC_FINISH_HEADS 0).
+        __shared__ float sm_f[W][16], sm_fin[16], sm_den[16];
+        __shared__ int sm_live[16];
+        if (threadIdx.x < G) {
+            const int h = threadIdx.x;
+            float mm, f[W], ll;
+            head(h, mm, f, ll);
+            sm_live[h] = mm != -INFINITY;
 #pragma unroll
-            for (int w = 0; w < W; ++w) out += so[((size_t)w * 16 + h) * d + c] * sm_f[w][h];
-        }
-        if (out_final) {
-            out_final[((size_t)t * hq + (size_t)kvh * G + h) * d + c] = out * sm_fin[h] / sm_den[h];
-            continue;
-        }
-        const size_t pi = ((size_t)t * hq + (size_t)kvh * G + h) * nsplit + split;
-        part_acc[pi * d + c] = out;
-    }
-#else
-    for (int i = threadIdx.x; i < G * d; i += blockDim.x) {
-        const int h = i / d, c = i - h * d;
-        float mm = -INFINITY;
-#pragma unroll
-        for (int w = 0; w < W; ++w) mm = fmaxf(mm, sm_m[w][h]);
-        float ll = 0.0f, out = 0.0f;
-        if (mm != -INFINITY) {
-#pragma unroll
-            for (int w = 0; w < W; ++w) {
-                const float f = sm_m[w][h] == -INFINITY ? 0.0f : exp2f(sm_m[w][h] - mm);
-                ll += sm_l[w][h] * f;
-                out += so[((size_t)w * 16 + h) * d + c] * f;
+            for (int w = 0; w < W; ++w) sm_f[w][h] = f[w];
+            if (out_final) {
+                float fin, den;
+                attn_finish(mm * ATTN_LN2, ll, sink_s[h], fin, den);
+                sm_fin[h] = fin;
+                sm_den[h] = den;
+            } else {
+                const size_t pi = ((size_t)t * hq + (size_t)kvh * G + h) * nsplit + split;
+                part_m[pi] = mm * ATTN_LN2;
+                part_l[pi] = ll;
             }
         }
+        __syncthreads();
+        if (ATC_MERGE_VEC == 1 && vec4) {
+            // Four elements a thread, the scalars from shared memory.
+            for (int i = 4 * threadIdx.x; i < G * d; i += 4 * blockDim.x) {
+                const int h = i / d, c = i - h * d;
+                float4 out = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                if (sm_live[h]) {
+#pragma unroll
+                    for (int w = 0; w < W; ++w) {
+                        const float4 v = *reinterpret_cast<const float4*>(so + w * sow + (size_t)h * d + c);
+                        const float f = sm_f[w][h];
+                        out.x += v.x * f;
+                        out.y += v.y * f;
+                        out.z += v.z * f;
+                        out.w += v.w * f;
+                    }
+                }
+                if (out_final) {
+                    const float fin = sm_fin[h], den = sm_den[h];
+                    *reinterpret_cast<float4*>(out_final + ((size_t)t * hq + (size_t)kvh * G + h) * d + c) =
+                        make_float4(out.x * fin / den, out.y * fin / den, out.z * fin / den, out.w * fin / den);
+                    continue;
+                }
+                const size_t pi = ((size_t)t * hq + (size_t)kvh * G + h) * nsplit + split;
+                *reinterpret_cast<float4*>(part_acc + pi * d + c) = out;
+            }
+            return;
+        }
+        for (int i = threadIdx.x; i < G * d; i += blockDim.x) {
+            const int h = i / d, c = i - h * d;
+            float out = 0.0f;
+            if (sm_live[h]) {
+#pragma unroll
+                for (int w = 0; w < W; ++w) out += so[w * sow + (size_t)h * d + c] * sm_f[w][h];
+            }
+            if (out_final) {
+                out_final[((size_t)t * hq + (size_t)kvh * G + h) * d + c] = out * sm_fin[h] / sm_den[h];
+                continue;
+            }
+            const size_t pi = ((size_t)t * hq + (size_t)kvh * G + h) * nsplit + split;
+            part_acc[pi * d + c] = out;
+        }
+        return;
+    }
+#endif
+    // One element a thread, its head's scalars computed by the thread (ATC_FINISH_HEADS 0, and
+    // ATC_MERGE_VEC 2 where the outputs' bases are not 16-byte aligned).
+    for (int i = threadIdx.x; i < G * d; i += blockDim.x) {
+        const int h = i / d, c = i - h * d;
+        float mm, f[W], ll;
+        head(h, mm, f, ll);
+        float out = 0.0f;
+        if (mm != -INFINITY) {
+#pragma unroll
+            for (int w = 0; w < W; ++w) out += so[w * sow + (size_t)h * d + c] * f[w];
+        }
         if (out_final) {
-            float f, den;
-            attn_finish(mm * ATTN_LN2, ll, sink_s[h], f, den);
-            out_final[((size_t)t * hq + (size_t)kvh * G + h) * d + c] = out * f / den;
+            float fin, den;
+            attn_finish(mm * ATTN_LN2, ll, sink_s[h], fin, den);
+            out_final[((size_t)t * hq + (size_t)kvh * G + h) * d + c] = out * fin / den;
             continue;
         }
         const size_t pi = ((size_t)t * hq + (size_t)kvh * G + h) * nsplit + split;
@@ -862,7 +962,6 @@ __device__ __forceinline__ void gqa_tc_split(const float* __restrict__ q, const 
         }
         part_acc[pi * d + c] = out;
     }
-#endif
 }
 
 // grid = (Hkv, nsplit, T), block = W warps (ATC_WARPS, or ATC_WIDE_WARPS for the `_w8`
