@@ -526,15 +526,18 @@ attn_split_gqa(const float* __restrict__ q, const void* __restrict__ k_cache,
 #define ATC_FINISH_HEADS 1
 #endif
 // How the block merges its warps (docs/perf.md session 62; the same operations on the same
-// values, so the same bits, in every mode). 2 (the default): each warp writes its outputs over
+// values, so the same bits, either way). 2 (the default): each warp writes its outputs over
 // its own stage (no barrier before), one barrier, then each thread makes four consecutive dims
 // of one head (d is a multiple of 4), taking that head's scalars itself: a block of 128
 // threads makes a group of 8 heads of 64 dims in one pass whose four chains of loads, sums and
-// divisions overlap. 1: four dims a thread behind ATC_FINISH_HEADS's head threads and their
-// two barriers. 0: one element a thread a pass, four passes one after another (for A/B).
-// 1 and 2 also write no (m, l, outputs) of the `_g8` entries' padding rows g + 8.
+// divisions overlap; the `_g8` entries' padding rows g + 8 are not written. 0: the merge
+// before (three barriers, ATC_FINISH_HEADS's head threads, one element a thread a pass), for
+// A/B. (Run 465's mode 1, four dims a thread behind the head threads, lost to 2 and is gone.)
 #ifndef ATC_MERGE_VEC
 #define ATC_MERGE_VEC 2
+#endif
+#if ATC_MERGE_VEC != 0 && ATC_MERGE_VEC != 2
+#error "ATC_MERGE_VEC is 2 (the default) or 0"
 #endif
 
 // Word w (two dims) of the lane's d/4 dims of a key row, as a bf16 or fp16 pair.
@@ -776,7 +779,7 @@ __device__ __forceinline__ void gqa_tc_split(const float* __restrict__ q, const 
     // own stage, free once its lanes are past their last tile (its copies done, cp_async_wait
     // above), so no barrier before the writes; else over the block's stage from its start,
     // which the other warps may still be reading until the barrier.
-#if ATC_MERGE_VEC >= 2
+#if ATC_MERGE_VEC
     static_assert(16 * 64 * 4 <= 2 * NR * ATC_KT * (64 * ES + 16) &&
                       16 * 32 * 4 <= 2 * NR * ATC_KT * (32 * ES + 16),
                   "a warp's outputs fit its stage");
@@ -829,13 +832,12 @@ __device__ __forceinline__ void gqa_tc_split(const float* __restrict__ q, const 
             }
         }
     };
-    const bool vec4 = ((reinterpret_cast<size_t>(out_final) | reinterpret_cast<size_t>(part_acc)) & 15) == 0;
-#if ATC_MERGE_VEC >= 2
+#if ATC_MERGE_VEC
     // Each thread four consecutive dims of one head (d is a multiple of 4; 16-byte stores where
     // the outputs' bases allow them: aligned allocations, checked, uniform over the launch),
     // taking its head's scalars itself: one barrier in all, no round trip of the scalars
     // through shared memory.
-    if (vec4) {
+    if (((reinterpret_cast<size_t>(out_final) | reinterpret_cast<size_t>(part_acc)) & 15) == 0) {
         for (int i = 4 * threadIdx.x; i < G * d; i += 4 * blockDim.x) {
             const int h = i / d, c = i - h * d;
             float mm, f[W], ll;
@@ -868,78 +870,49 @@ __device__ __forceinline__ void gqa_tc_split(const float* __restrict__ q, const 
         return;
     }
 #endif
-#if ATC_FINISH_HEADS
-    if (ATC_MERGE_VEC < 2) {
-        // Each head's scalars once, by one thread a head; then every output element takes them
-        // from shared memory. The same operations on the same values as computing them for
-        // each element (ATC_FINISH_HEADS 0).
-        __shared__ float sm_f[W][16], sm_fin[16], sm_den[16];
-        __shared__ int sm_live[16];
-        if (threadIdx.x < G) {
-            const int h = threadIdx.x;
-            float mm, f[W], ll;
-            head(h, mm, f, ll);
-            sm_live[h] = mm != -INFINITY;
+#if ATC_FINISH_HEADS && !ATC_MERGE_VEC
+    // Each head's scalars once, by one thread a head; then every output element takes them
+    // from shared memory. The same operations on the same values as computing them for
+    // each element (ATC_FINISH_HEADS 0).
+    __shared__ float sm_f[W][16], sm_fin[16], sm_den[16];
+    __shared__ int sm_live[16];
+    if (threadIdx.x < G) {
+        const int h = threadIdx.x;
+        float mm, f[W], ll;
+        head(h, mm, f, ll);
+        sm_live[h] = mm != -INFINITY;
 #pragma unroll
-            for (int w = 0; w < W; ++w) sm_f[w][h] = f[w];
-            if (out_final) {
-                float fin, den;
-                attn_finish(mm * ATTN_LN2, ll, sink_s[h], fin, den);
-                sm_fin[h] = fin;
-                sm_den[h] = den;
-            } else {
-                const size_t pi = ((size_t)t * hq + (size_t)kvh * G + h) * nsplit + split;
-                part_m[pi] = mm * ATTN_LN2;
-                part_l[pi] = ll;
-            }
-        }
-        __syncthreads();
-        if (ATC_MERGE_VEC == 1 && vec4) {
-            // Four elements a thread, the scalars from shared memory.
-            for (int i = 4 * threadIdx.x; i < G * d; i += 4 * blockDim.x) {
-                const int h = i / d, c = i - h * d;
-                float4 out = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-                if (sm_live[h]) {
-#pragma unroll
-                    for (int w = 0; w < W; ++w) {
-                        const float4 v = *reinterpret_cast<const float4*>(so + w * sow + (size_t)h * d + c);
-                        const float f = sm_f[w][h];
-                        out.x += v.x * f;
-                        out.y += v.y * f;
-                        out.z += v.z * f;
-                        out.w += v.w * f;
-                    }
-                }
-                if (out_final) {
-                    const float fin = sm_fin[h], den = sm_den[h];
-                    *reinterpret_cast<float4*>(out_final + ((size_t)t * hq + (size_t)kvh * G + h) * d + c) =
-                        make_float4(out.x * fin / den, out.y * fin / den, out.z * fin / den, out.w * fin / den);
-                    continue;
-                }
-                const size_t pi = ((size_t)t * hq + (size_t)kvh * G + h) * nsplit + split;
-                *reinterpret_cast<float4*>(part_acc + pi * d + c) = out;
-            }
-            return;
-        }
-        for (int i = threadIdx.x; i < G * d; i += blockDim.x) {
-            const int h = i / d, c = i - h * d;
-            float out = 0.0f;
-            if (sm_live[h]) {
-#pragma unroll
-                for (int w = 0; w < W; ++w) out += so[w * sow + (size_t)h * d + c] * sm_f[w][h];
-            }
-            if (out_final) {
-                out_final[((size_t)t * hq + (size_t)kvh * G + h) * d + c] = out * sm_fin[h] / sm_den[h];
-                continue;
-            }
+        for (int w = 0; w < W; ++w) sm_f[w][h] = f[w];
+        if (out_final) {
+            float fin, den;
+            attn_finish(mm * ATTN_LN2, ll, sink_s[h], fin, den);
+            sm_fin[h] = fin;
+            sm_den[h] = den;
+        } else {
             const size_t pi = ((size_t)t * hq + (size_t)kvh * G + h) * nsplit + split;
-            part_acc[pi * d + c] = out;
+            part_m[pi] = mm * ATTN_LN2;
+            part_l[pi] = ll;
         }
-        return;
     }
+    __syncthreads();
+    for (int i = threadIdx.x; i < G * d; i += blockDim.x) {
+        const int h = i / d, c = i - h * d;
+        float out = 0.0f;
+        if (sm_live[h]) {
+#pragma unroll
+            for (int w = 0; w < W; ++w) out += so[w * sow + (size_t)h * d + c] * sm_f[w][h];
+        }
+        if (out_final) {
+            out_final[((size_t)t * hq + (size_t)kvh * G + h) * d + c] = out * sm_fin[h] / sm_den[h];
+            continue;
+        }
+        const size_t pi = ((size_t)t * hq + (size_t)kvh * G + h) * nsplit + split;
+        part_acc[pi * d + c] = out;
+    }
+    return;
 #endif
-    // One element a thread, its head's scalars computed by the thread (ATC_FINISH_HEADS 0, and
-    // ATC_MERGE_VEC 2 where the outputs' bases are not 16-byte aligned).
+    // One element a thread, its head's scalars computed by the thread (ATC_FINISH_HEADS 0 under
+    // ATC_MERGE_VEC 0, and ATC_MERGE_VEC 2 where the outputs' bases are not 16-byte aligned).
     for (int i = threadIdx.x; i < G * d; i += blockDim.x) {
         const int h = i / d, c = i - h * d;
         float mm, f[W], ll;
