@@ -937,6 +937,43 @@ __device__ __forceinline__ void gqa_tc_split(const float* __restrict__ q, const 
     }
 }
 
+// ATC_L2PF N (experiment, docs/perf.md session 63; 0: off): before its wait, a block of a
+// split of at least N keys asks L2 for its share (1 / hkv, by KV head) of the split's
+// contiguous K and V bytes (every KV head's rows of the split's keys) by bulk prefetches of
+// 16 KiB, so the DRAM streams the layer's keys from the start instead of one tile a warp
+// ahead; skipped where the grid's K and V would exceed ATC_L2PF_MB MiB (L2 holds them until
+// their tiles are read). A prefetch only fills L2, which is coherent with the writes of the
+// kernel before (the new key's row), so it may run before the wait. No sums change.
+#ifndef ATC_L2PF
+#define ATC_L2PF 0
+#endif
+#ifndef ATC_L2PF_MB
+#define ATC_L2PF_MB 40
+#endif
+template <int ES>
+__device__ __forceinline__ void atc_l2_prefetch(const u8* k_cache, const u8* v_cache, int p,
+                                                unsigned long long off, int hkv, int d,
+                                                int window, int min_split) {
+#if ATC_L2PF
+    int lo, hi;
+    split_keys_range(p, window, min_split, blockIdx.y, gridDim.y, lo, hi);
+    if (hi - lo < ATC_L2PF) return;
+    const size_t rowb = (size_t)hkv * d * ES, len = (size_t)(hi - lo) * rowb;
+    if (len * gridDim.y * gridDim.z * 2 > ((size_t)ATC_L2PF_MB << 20)) return;
+    const size_t b0 = (off + (size_t)lo * hkv * d) * ES;
+    const size_t share = (len / hkv + 15) & ~(size_t)15, s0 = blockIdx.x * share;
+    if (((b0 | len) & 15) != 0 || s0 >= len) return;
+    const size_t n = min(share, len - s0);
+    for (size_t o = (size_t)threadIdx.x * 16384; o < n; o += (size_t)blockDim.x * 16384) {
+        const unsigned sz = (unsigned)min((size_t)16384, n - o);
+        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(k_cache + b0 + s0 + o), "r"(sz)
+                     : "memory");
+        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(v_cache + b0 + s0 + o), "r"(sz)
+                     : "memory");
+    }
+#endif
+}
+
 // grid = (Hkv, nsplit, T), block = W warps (ATC_WARPS, or ATC_WIDE_WARPS for the `_w8`
 // entries). One entry per cache kind, each holding only its own path (kv, KV_BF16 or KV_FP8,
 // is the entry's own: the host checks): the kernel of both kinds was 4096 instructions and
@@ -960,6 +997,9 @@ __device__ __forceinline__ void gqa_tc_split(const float* __restrict__ q, const 
         attn_sinks_early(sinks, out_final, blockIdx.x * (hq / hkv), hq / hkv, sink_s);         \
         const int p_early = (int)ld_early_u32(pos + blockIdx.z);                               \
         const unsigned long long off_early = ld_early_u64(kv_off + blockIdx.z);                \
+        atc_l2_prefetch<FP8 ? 1 : 2>(static_cast<const u8*>(k_cache),                          \
+                                     static_cast<const u8*>(v_cache), p_early, off_early, hkv, \
+                                     d, window, min_split);                                    \
         pdl_enter_as(attn_trigger_mode(out_final));                                            \
         gqa_tc_split<FP8, DC, W, R>(q, static_cast<const u8*>(k_cache),                        \
                                  static_cast<const u8*>(v_cache), p_early, off_early, part_m,  \
@@ -990,10 +1030,100 @@ ATTN_SPLIT_GQA_TC(attn_split_gqa_tc_fp8_d64_w8_g8, true, 64, ATC_WIDE_WARPS, 1, 
 #define ATTN_MAX_SPLITS 64
 #define ATTN_COMBINE_AHEAD 16
 static_assert(ATTN_MAX_SPLITS <= ATTN_COMBINE_THREADS, "one split a thread");
+// ATTN_COMBINE_VEC 1 (the default; docs/perf.md session 63): where d is a multiple of 4, every
+// warp takes the maximum, the splits' weights and the sum itself with shuffles (lane j holds
+// splits j and j + 32), thread (four dims, slice p) sums its slice's splits' outputs as float4
+// (weights by shuffle from the lane holding the split), and one barrier precedes the slices'
+// fixed-order sum, where the block-wide max and sum took four; the sink's weight and the index
+// arithmetic come before the wait (16-byte aligned partials and outputs; others take the path below). The splits are
+// summed in another order than 0's (other bits when more than one
+// split has weight; one split gives the same bits as the split kernel's own finish). 0: the
+// path above for every d, for A/B. d not a multiple of 4 always takes it.
+#ifndef ATTN_COMBINE_VEC
+#define ATTN_COMBINE_VEC 1
+#endif
+#define ATTN_COMBINE_AHEAD4 8
+static_assert(ATTN_MAX_SPLITS <= 64, "two splits a lane");
 extern "C" __global__ void __launch_bounds__(ATTN_COMBINE_THREADS)
 attn_combine(const float* __restrict__ part_m, const float* __restrict__ part_l,
              const float* __restrict__ part_acc, const bf16_t* __restrict__ sinks,
              float* __restrict__ out, int hq, int d, int nsplit) {
+#if ATTN_COMBINE_VEC
+    if ((d & 3) == 0 && d <= 4 * ATTN_COMBINE_THREADS &&
+        ((reinterpret_cast<size_t>(part_acc) | reinterpret_cast<size_t>(out)) & 15) == 0) {
+        __shared__ float4 sl[ATTN_COMBINE_THREADS];
+        const int h = blockIdx.x, t = blockIdx.y, tid = threadIdx.x, lane = tid & 31;
+        // Before the wait: the sink (a weight; a weak load, which ptxas keeps above it) and
+        // the index arithmetic (its divisions), pinned there by the empty volatile asm.
+        float sink = -INFINITY;
+        if (sinks) {
+            unsigned short b;
+            asm volatile("ld.global.u16 %0, [%1];" : "=h"(b) : "l"(sinks + h));
+            sink = bf2f(b);
+        }
+        int tps = d >> 2, slices = blockDim.x / tps, i4 = tid % tps, p = tid / tps;
+        int np = p < slices ? (nsplit - p + slices - 1) / slices : 0;
+        size_t base = ((size_t)t * hq + h) * nsplit;
+        // The thread's first split's outputs (in float4s), and the step to its slice's next.
+        size_t first = (base + p) * tps + i4, step = (size_t)slices * tps;
+        asm volatile("" : "+r"(slices), "+r"(np), "+l"(base), "+l"(first), "+l"(step));
+        pdl_enter();
+        const float4* pa = reinterpret_cast<const float4*>(part_acc) + first;
+        const float m0 = lane < nsplit ? part_m[base + lane] : -INFINITY;
+        const float l0 = lane < nsplit ? part_l[base + lane] : 0.0f;
+        const float m1 = lane + 32 < nsplit ? part_m[base + lane + 32] : -INFINITY;
+        const float l1 = lane + 32 < nsplit ? part_l[base + lane + 32] : 0.0f;
+        float4 a[ATTN_COMBINE_AHEAD4];
+#pragma unroll
+        for (int j = 0; j < ATTN_COMBINE_AHEAD4; ++j)
+            a[j] = j < np ? pa[j * step] : make_float4(0.f, 0.f, 0.f, 0.f);
+        const float mm = warp_max(fmaxf(sink, fmaxf(m0, m1)));
+        const float f0 = m0 == -INFINITY ? 0.0f : expf(m0 - mm);
+        const float f1 = m1 == -INFINITY ? 0.0f : expf(m1 - mm);
+        float ll = warp_sum(l0 * f0 + l1 * f1);
+        if (sinks) ll += expf(sink - mm);
+        float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+        // A split of weight 0 adds nothing; an empty one wrote no outputs (its loaded value
+        // unused). The first ATTN_COMBINE_AHEAD4 splits' weights come by shuffle from the lane
+        // holding them (every lane shuffles: the slices' counts differ within a warp); any
+        // further split's (d > 128 only) is recomputed from its max, the same operation.
+        auto add = [&](const float4 v, float ws) {
+            if (ws != 0.0f) {
+                acc.x += v.x * ws;
+                acc.y += v.y * ws;
+                acc.z += v.z * ws;
+                acc.w += v.w * ws;
+            }
+        };
+#pragma unroll
+        for (int j = 0; j < ATTN_COMBINE_AHEAD4; ++j) {
+            const int s = p + j * slices;
+            const float wa = __shfl_sync(0xffffffffu, f0, s & 31);
+            const float wb = __shfl_sync(0xffffffffu, f1, s & 31);
+            if (j < np) add(a[j], s < 32 ? wa : wb);
+        }
+        for (int j = ATTN_COMBINE_AHEAD4; j < np; ++j) {
+            const int s = p + j * slices;
+            const float ms = part_m[base + s];
+            add(pa[j * step], ms == -INFINITY ? 0.0f : expf(ms - mm));
+        }
+        sl[tid] = acc;
+        __syncthreads();
+        if (tid < tps) {
+            float4 r = make_float4(0.f, 0.f, 0.f, 0.f);
+            for (int q = 0; q < slices; ++q) {
+                const float4 v = sl[q * tps + tid];
+                r.x += v.x;
+                r.y += v.y;
+                r.z += v.z;
+                r.w += v.w;
+            }
+            reinterpret_cast<float4*>(out)[((size_t)t * hq + h) * tps + tid] =
+                make_float4(r.x / ll, r.y / ll, r.z / ll, r.w / ll);
+        }
+        return;
+    }
+#endif
     pdl_enter();
     __shared__ float w[ATTN_MAX_SPLITS];
     __shared__ float red[32];
