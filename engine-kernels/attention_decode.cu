@@ -937,43 +937,6 @@ __device__ __forceinline__ void gqa_tc_split(const float* __restrict__ q, const 
     }
 }
 
-// ATC_L2PF N (experiment, docs/perf.md session 63; 0: off): before its wait, a block of a
-// split of at least N keys asks L2 for its share (1 / hkv, by KV head) of the split's
-// contiguous K and V bytes (every KV head's rows of the split's keys) by bulk prefetches of
-// 16 KiB, so the DRAM streams the layer's keys from the start instead of one tile a warp
-// ahead; skipped where the grid's K and V would exceed ATC_L2PF_MB MiB (L2 holds them until
-// their tiles are read). A prefetch only fills L2, which is coherent with the writes of the
-// kernel before (the new key's row), so it may run before the wait. No sums change.
-#ifndef ATC_L2PF
-#define ATC_L2PF 0
-#endif
-#ifndef ATC_L2PF_MB
-#define ATC_L2PF_MB 40
-#endif
-template <int ES>
-__device__ __forceinline__ void atc_l2_prefetch(const u8* k_cache, const u8* v_cache, int p,
-                                                unsigned long long off, int hkv, int d,
-                                                int window, int min_split) {
-#if ATC_L2PF
-    int lo, hi;
-    split_keys_range(p, window, min_split, blockIdx.y, gridDim.y, lo, hi);
-    if (hi - lo < ATC_L2PF) return;
-    const size_t rowb = (size_t)hkv * d * ES, len = (size_t)(hi - lo) * rowb;
-    if (len * gridDim.y * gridDim.z * 2 > ((size_t)ATC_L2PF_MB << 20)) return;
-    const size_t b0 = (off + (size_t)lo * hkv * d) * ES;
-    const size_t share = (len / hkv + 15) & ~(size_t)15, s0 = blockIdx.x * share;
-    if (((b0 | len) & 15) != 0 || s0 >= len) return;
-    const size_t n = min(share, len - s0);
-    for (size_t o = (size_t)threadIdx.x * 16384; o < n; o += (size_t)blockDim.x * 16384) {
-        const unsigned sz = (unsigned)min((size_t)16384, n - o);
-        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(k_cache + b0 + s0 + o), "r"(sz)
-                     : "memory");
-        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(v_cache + b0 + s0 + o), "r"(sz)
-                     : "memory");
-    }
-#endif
-}
-
 // grid = (Hkv, nsplit, T), block = W warps (ATC_WARPS, or ATC_WIDE_WARPS for the `_w8`
 // entries). One entry per cache kind, each holding only its own path (kv, KV_BF16 or KV_FP8,
 // is the entry's own: the host checks): the kernel of both kinds was 4096 instructions and
@@ -997,9 +960,6 @@ __device__ __forceinline__ void atc_l2_prefetch(const u8* k_cache, const u8* v_c
         attn_sinks_early(sinks, out_final, blockIdx.x * (hq / hkv), hq / hkv, sink_s);         \
         const int p_early = (int)ld_early_u32(pos + blockIdx.z);                               \
         const unsigned long long off_early = ld_early_u64(kv_off + blockIdx.z);                \
-        atc_l2_prefetch<FP8 ? 1 : 2>(static_cast<const u8*>(k_cache),                          \
-                                     static_cast<const u8*>(v_cache), p_early, off_early, hkv, \
-                                     d, window, min_split);                                    \
         pdl_enter_as(attn_trigger_mode(out_final));                                            \
         gqa_tc_split<FP8, DC, W, R>(q, static_cast<const u8*>(k_cache),                        \
                                  static_cast<const u8*>(v_cache), p_early, off_early, part_m,  \
@@ -1030,15 +990,14 @@ ATTN_SPLIT_GQA_TC(attn_split_gqa_tc_fp8_d64_w8_g8, true, 64, ATC_WIDE_WARPS, 1, 
 #define ATTN_MAX_SPLITS 64
 #define ATTN_COMBINE_AHEAD 16
 static_assert(ATTN_MAX_SPLITS <= ATTN_COMBINE_THREADS, "one split a thread");
-// ATTN_COMBINE_VEC 1 (the default; docs/perf.md session 63): where d is a multiple of 4, every
-// warp takes the maximum, the splits' weights and the sum itself with shuffles (lane j holds
-// splits j and j + 32), thread (four dims, slice p) sums its slice's splits' outputs as float4
-// (weights by shuffle from the lane holding the split), and one barrier precedes the slices'
-// fixed-order sum, where the block-wide max and sum took four; the sink's weight and the index
-// arithmetic come before the wait (16-byte aligned partials and outputs; others take the path below). The splits are
-// summed in another order than 0's (other bits when more than one
-// split has weight; one split gives the same bits as the split kernel's own finish). 0: the
-// path above for every d, for A/B. d not a multiple of 4 always takes it.
+// ATTN_COMBINE_VEC 1 (the default; docs/perf.md run 470): where d is a multiple of 4 (and the
+// partials and outputs are 16-byte aligned), every warp takes the maximum, the splits' weights
+// and the sum itself by shuffles (lane j holds splits j and j + 32); thread (four dims, slice
+// p) sums its slice's splits' outputs as float4, the weights shuffled from the lanes holding
+// them; one barrier precedes the slices' fixed-order sum, where the block-wide max and sum of
+// the path below take four more. The sink logit and the index arithmetic come before the wait.
+// Another order of sums than the path below where more than one split has weight; one split
+// gives the same bits (the split kernel's own finish). 0: the path below for every d, for A/B.
 #ifndef ATTN_COMBINE_VEC
 #define ATTN_COMBINE_VEC 1
 #endif
