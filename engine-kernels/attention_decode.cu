@@ -539,16 +539,6 @@ attn_split_gqa(const float* __restrict__ q, const void* __restrict__ k_cache,
 #if ATC_MERGE_VEC != 0 && ATC_MERGE_VEC != 2
 #error "ATC_MERGE_VEC is 2 (the default) or 0"
 #endif
-// Stages of V rows a warp of the eight-warp (fp8) entries rings through (docs/perf.md session
-// 63): 2, the current tile and the next, the keys in registers one tile ahead; 3 (experiment),
-// two tiles ahead for both (a third register set of keys). The host gives those entries three
-// stages of shared memory either way (ops.rs gqa_tc_smem); the other entries take two.
-#ifndef ATC_WIDE_NS
-#define ATC_WIDE_NS 2
-#endif
-#if ATC_WIDE_NS != 2 && ATC_WIDE_NS != 3
-#error "ATC_WIDE_NS is 2 or 3"
-#endif
 
 // Word w (two dims) of the lane's d/4 dims of a key row, as a bf16 or fp16 pair.
 template <bool FP8>
@@ -610,11 +600,7 @@ __device__ __forceinline__ void gqa_tc_split(const float* __restrict__ q, const 
     // The warp's region: two buffers of K and V rows (fp8: of V rows only, the keys going to
     // registers).
     constexpr int NR = FP8 ? 1 : 2;  // row sets a buffer holds
-    // Buffers a warp's region holds (NSA) and uses (NS): three and ATC_WIDE_NS in the
-    // eight-warp fp8 entries, two elsewhere.
-    constexpr bool WIDE = FP8 && W == ATC_WIDE_WARPS;
-    constexpr int NSA = WIDE ? 3 : 2, NS = WIDE ? ATC_WIDE_NS : 2;
-    u8* mine = atc_smem + (size_t)warp * (NSA * NR * ATC_KT * rb);
+    u8* mine = atc_smem + (size_t)warp * (2 * NR * ATC_KT * rb);
     // Copy the 32-key tile at `base` (its K and V rows; fp8: V rows) into buffer `buf` (rows
     // past hi zero-filled), one commit group per call (empty where the warp has no tile there).
     // With the head dim fixed (DC), a whole tile's copies are lane-invariant offsets from one
@@ -647,7 +633,7 @@ __device__ __forceinline__ void gqa_tc_split(const float* __restrict__ q, const 
     // fp8: the lane's d/4 bytes of key rows nb * 8 + g of the tile at `base` (rows past hi
     // clamped to its last: their scores are masked), straight from the cache into registers a
     // tile ahead, as the V rows' copies are: no shared-memory round trip before the scores.
-    uint4 kcur[ATC_KT / 8], knxt[ATC_KT / 8], knx2[ATC_KT / 8];
+    uint4 kcur[ATC_KT / 8], knxt[ATC_KT / 8];
     auto kload = [&](int base, uint4 (&kr)[ATC_KT / 8]) {
         if constexpr (FP8) {
             if (base >= hi) return;
@@ -666,15 +652,10 @@ __device__ __forceinline__ void gqa_tc_split(const float* __restrict__ q, const 
     };
     if constexpr (FP8) {
 #pragma unroll
-        for (int nb = 0; nb < ATC_KT / 8; ++nb)
-            kcur[nb] = knxt[nb] = knx2[nb] = make_uint4(0u, 0u, 0u, 0u);
+        for (int nb = 0; nb < ATC_KT / 8; ++nb) kcur[nb] = knxt[nb] = make_uint4(0u, 0u, 0u, 0u);
     }
     issue(lo + warp * ATC_KT, 0);
     kload(lo + warp * ATC_KT, kcur);
-    if constexpr (NS == 3) {
-        issue(lo + warp * ATC_KT + W * ATC_KT, 1);
-        kload(lo + warp * ATC_KT + W * ATC_KT, knxt);
-    }
     // The queries of heads g and g + 8 as A fragments in the permuted dim order.
     const float qs = scale * ATTN_LOG2E;
     const float* qt = q + ((size_t)t * hq + (size_t)kvh * G) * d;
@@ -695,15 +676,9 @@ __device__ __forceinline__ void gqa_tc_split(const float* __restrict__ q, const 
     for (int n = 0; n < ATC_MAX_D / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
     int buf = 0;
     for (int base = lo + warp * ATC_KT; base < hi; base += W * ATC_KT) {
-        if constexpr (NS == 3) {
-            issue(base + 2 * W * ATC_KT, buf == 0 ? 2 : buf - 1);
-            kload(base + 2 * W * ATC_KT, knx2);
-            cp_async_wait<2>();
-        } else {
-            issue(base + W * ATC_KT, buf ^ 1);
-            kload(base + W * ATC_KT, knxt);
-            cp_async_wait<1>();
-        }
+        issue(base + W * ATC_KT, buf ^ 1);
+        kload(base + W * ATC_KT, knxt);
+        cp_async_wait<1>();
         __syncwarp();
         const u8* ks = mine + (size_t)buf * NR * ATC_KT * rb;
         const u8* vs = ks + (NR - 1) * ATC_KT * rb;
@@ -783,19 +758,10 @@ __device__ __forceinline__ void gqa_tc_split(const float* __restrict__ q, const 
             }
         }
         __syncwarp();  // the buffers are refilled by the next iteration
-        if constexpr (NS == 3) {
-            buf = buf == 2 ? 0 : buf + 1;
+        buf ^= 1;
+        if constexpr (FP8) {
 #pragma unroll
-            for (int nb = 0; nb < ATC_KT / 8; ++nb) {
-                kcur[nb] = knxt[nb];
-                knxt[nb] = knx2[nb];
-            }
-        } else {
-            buf ^= 1;
-            if constexpr (FP8) {
-#pragma unroll
-                for (int nb = 0; nb < ATC_KT / 8; ++nb) kcur[nb] = knxt[nb];
-            }
+            for (int nb = 0; nb < ATC_KT / 8; ++nb) kcur[nb] = knxt[nb];
         }
     }
     cp_async_wait<0>();
@@ -818,7 +784,7 @@ __device__ __forceinline__ void gqa_tc_split(const float* __restrict__ q, const 
                       16 * 32 * 4 <= 2 * NR * ATC_KT * (32 * ES + 16),
                   "a warp's outputs fit its stage");
     __syncwarp();
-    const size_t sow = (size_t)(NSA * NR * ATC_KT * rb) / 4;
+    const size_t sow = (size_t)(2 * NR * ATC_KT * rb) / 4;
 #else
     __syncthreads();
     const size_t sow = (size_t)16 * d;
@@ -979,7 +945,7 @@ __device__ __forceinline__ void gqa_tc_split(const float* __restrict__ q, const 
 // Before the wait: the (immutable) sinks, and the row's position and cache offset (step
 // inputs), so that after it the key range and the first K/V copies wait on no load.
 // Dynamic shared memory: W * 4 * ATC_KT * (d * 2 + 16) bytes for a bf16 cache,
-// W * 2 * ATC_KT * (d + 16) for fp8 (V rows only), W * 3 * … for the eight-warp entries (ATC_WIDE_NS; ops.rs gqa_tc_smem).
+// W * 2 * ATC_KT * (d + 16) for fp8 (V rows only) (ops.rs gqa_tc_smem).
 // The `_w8` entries (fp8 only): eight warps walk a split's tiles, so a block of the same keys
 // has twice the warps in flight; bounded to 128 registers so that two blocks fit an SM.
 #define ATTN_SPLIT_GQA_TC(name, FP8, DC, W, R, BOUNDS)                                         \

@@ -1451,16 +1451,10 @@ impl TcVariant {
 /// Dynamic shared memory of an `attn_split_gqa_tc` block of `warps` warps: per warp two buffers
 /// of 32 K and 32 V rows, each row padded by 16 bytes (kernel constant `ATC_KT`); for an fp8
 /// cache of 32 V rows only (its keys go to registers, its values are widened as their
-/// fragments are loaded), and three such buffers in the eight-warp entries (kernel constant
-/// `ATC_WIDE_NS`: 2 uses two of them, 3 all three).
+/// fragments are loaded).
 pub fn gqa_tc_smem(s: AttnShape, kv: KvDtype, warps: u32) -> usize {
     let row_sets = if kv == KvDtype::Fp8 { 1 } else { 2 };
-    let buffers = if kv == KvDtype::Fp8 && warps == ATC_WIDE_WARPS {
-        3
-    } else {
-        2
-    };
-    warps as usize * buffers * row_sets * 32 * (s.d * kv.size() + 16)
+    warps as usize * 2 * row_sets * 32 * (s.d * kv.size() + 16)
 }
 
 /// Whether `attn_split_gqa_tc` can run shape `s` on a cache of `kv` on this device: a bf16 or
@@ -4843,7 +4837,7 @@ mod tests {
         assert_eq!(gqa_tc_smem(sh(64), KvDtype::Bf16, 4), 4 * 4 * 32 * 144);
         assert_eq!(gqa_tc_smem(sh(32), KvDtype::Bf16, 4), 4 * 4 * 32 * 80);
         assert_eq!(gqa_tc_smem(sh(64), KvDtype::Fp8, 4), 4 * 2 * 32 * 80);
-        assert_eq!(gqa_tc_smem(sh(64), KvDtype::Fp8, 8), 8 * 3 * 32 * 80);
+        assert_eq!(gqa_tc_smem(sh(64), KvDtype::Fp8, 8), 8 * 2 * 32 * 80);
         assert_eq!(AttnKernel::GqaTc.min_split(), AttnKernel::Gqa.min_split());
     }
 
