@@ -1003,83 +1003,98 @@ static_assert(ATTN_MAX_SPLITS <= ATTN_COMBINE_THREADS, "one split a thread");
 #endif
 #define ATTN_COMBINE_AHEAD4 8
 static_assert(ATTN_MAX_SPLITS <= 64, "two splits a lane");
+// attn_combine's path of ATTN_COMBINE_VEC (attn_combine_vec_takes: d a multiple of 4 up to
+// 4 × ATTN_COMBINE_THREADS, the partials and outputs 16-byte aligned). It waits itself, after
+// reading the sink logit (a weight) and doing the index arithmetic; attn_combine returns
+// after it (compile.rs checks what comes before its wait).
+__device__ __forceinline__ bool attn_combine_vec_takes(const float* part_acc, const float* out, int d) {
+    return (d & 3) == 0 && d <= 4 * ATTN_COMBINE_THREADS &&
+           ((reinterpret_cast<size_t>(part_acc) | reinterpret_cast<size_t>(out)) & 15) == 0;
+}
+__device__ __forceinline__ void attn_combine_vec(const float* __restrict__ part_m,
+                                                 const float* __restrict__ part_l,
+                                                 const float* __restrict__ part_acc,
+                                                 const bf16_t* __restrict__ sinks,
+                                                 float* __restrict__ out, int hq, int d,
+                                                 int nsplit) {
+    __shared__ float4 sl[ATTN_COMBINE_THREADS];
+    const int h = blockIdx.x, t = blockIdx.y, tid = threadIdx.x, lane = tid & 31;
+    // Before the wait: the sink (a weight; a weak load, which ptxas keeps above it) and
+    // the index arithmetic (its divisions), pinned there by the empty volatile asm.
+    float sink = -INFINITY;
+    if (sinks) {
+        unsigned short b;
+        asm volatile("ld.global.u16 %0, [%1];" : "=h"(b) : "l"(sinks + h));
+        sink = bf2f(b);
+    }
+    int tps = d >> 2, slices = blockDim.x / tps, i4 = tid % tps, p = tid / tps;
+    int np = p < slices ? (nsplit - p + slices - 1) / slices : 0;
+    size_t base = ((size_t)t * hq + h) * nsplit;
+    // The thread's first split's outputs (in float4s), and the step to its slice's next.
+    size_t first = (base + p) * tps + i4, step = (size_t)slices * tps;
+    asm volatile("" : "+r"(slices), "+r"(np), "+l"(base), "+l"(first), "+l"(step));
+    pdl_enter();
+    const float4* pa = reinterpret_cast<const float4*>(part_acc) + first;
+    const float m0 = lane < nsplit ? part_m[base + lane] : -INFINITY;
+    const float l0 = lane < nsplit ? part_l[base + lane] : 0.0f;
+    const float m1 = lane + 32 < nsplit ? part_m[base + lane + 32] : -INFINITY;
+    const float l1 = lane + 32 < nsplit ? part_l[base + lane + 32] : 0.0f;
+    float4 a[ATTN_COMBINE_AHEAD4];
+#pragma unroll
+    for (int j = 0; j < ATTN_COMBINE_AHEAD4; ++j)
+        a[j] = j < np ? pa[j * step] : make_float4(0.f, 0.f, 0.f, 0.f);
+    const float mm = warp_max(fmaxf(sink, fmaxf(m0, m1)));
+    const float f0 = m0 == -INFINITY ? 0.0f : expf(m0 - mm);
+    const float f1 = m1 == -INFINITY ? 0.0f : expf(m1 - mm);
+    float ll = warp_sum(l0 * f0 + l1 * f1);
+    if (sinks) ll += expf(sink - mm);
+    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+    // A split of weight 0 adds nothing; an empty one wrote no outputs (its loaded value
+    // unused). The first ATTN_COMBINE_AHEAD4 splits' weights come by shuffle from the lane
+    // holding them (every lane shuffles: the slices' counts differ within a warp); any
+    // further split's (d > 128 only) is recomputed from its max, the same operation.
+    auto add = [&](const float4 v, float ws) {
+        if (ws != 0.0f) {
+            acc.x += v.x * ws;
+            acc.y += v.y * ws;
+            acc.z += v.z * ws;
+            acc.w += v.w * ws;
+        }
+    };
+#pragma unroll
+    for (int j = 0; j < ATTN_COMBINE_AHEAD4; ++j) {
+        const int s = p + j * slices;
+        const float wa = __shfl_sync(0xffffffffu, f0, s & 31);
+        const float wb = __shfl_sync(0xffffffffu, f1, s & 31);
+        if (j < np) add(a[j], s < 32 ? wa : wb);
+    }
+    for (int j = ATTN_COMBINE_AHEAD4; j < np; ++j) {
+        const int s = p + j * slices;
+        const float ms = part_m[base + s];
+        add(pa[j * step], ms == -INFINITY ? 0.0f : expf(ms - mm));
+    }
+    sl[tid] = acc;
+    __syncthreads();
+    if (tid < tps) {
+        float4 r = make_float4(0.f, 0.f, 0.f, 0.f);
+        for (int q = 0; q < slices; ++q) {
+            const float4 v = sl[q * tps + tid];
+            r.x += v.x;
+            r.y += v.y;
+            r.z += v.z;
+            r.w += v.w;
+        }
+        reinterpret_cast<float4*>(out)[((size_t)t * hq + h) * tps + tid] =
+            make_float4(r.x / ll, r.y / ll, r.z / ll, r.w / ll);
+    }
+}
 extern "C" __global__ void __launch_bounds__(ATTN_COMBINE_THREADS)
 attn_combine(const float* __restrict__ part_m, const float* __restrict__ part_l,
              const float* __restrict__ part_acc, const bf16_t* __restrict__ sinks,
              float* __restrict__ out, int hq, int d, int nsplit) {
 #if ATTN_COMBINE_VEC
-    if ((d & 3) == 0 && d <= 4 * ATTN_COMBINE_THREADS &&
-        ((reinterpret_cast<size_t>(part_acc) | reinterpret_cast<size_t>(out)) & 15) == 0) {
-        __shared__ float4 sl[ATTN_COMBINE_THREADS];
-        const int h = blockIdx.x, t = blockIdx.y, tid = threadIdx.x, lane = tid & 31;
-        // Before the wait: the sink (a weight; a weak load, which ptxas keeps above it) and
-        // the index arithmetic (its divisions), pinned there by the empty volatile asm.
-        float sink = -INFINITY;
-        if (sinks) {
-            unsigned short b;
-            asm volatile("ld.global.u16 %0, [%1];" : "=h"(b) : "l"(sinks + h));
-            sink = bf2f(b);
-        }
-        int tps = d >> 2, slices = blockDim.x / tps, i4 = tid % tps, p = tid / tps;
-        int np = p < slices ? (nsplit - p + slices - 1) / slices : 0;
-        size_t base = ((size_t)t * hq + h) * nsplit;
-        // The thread's first split's outputs (in float4s), and the step to its slice's next.
-        size_t first = (base + p) * tps + i4, step = (size_t)slices * tps;
-        asm volatile("" : "+r"(slices), "+r"(np), "+l"(base), "+l"(first), "+l"(step));
-        pdl_enter();
-        const float4* pa = reinterpret_cast<const float4*>(part_acc) + first;
-        const float m0 = lane < nsplit ? part_m[base + lane] : -INFINITY;
-        const float l0 = lane < nsplit ? part_l[base + lane] : 0.0f;
-        const float m1 = lane + 32 < nsplit ? part_m[base + lane + 32] : -INFINITY;
-        const float l1 = lane + 32 < nsplit ? part_l[base + lane + 32] : 0.0f;
-        float4 a[ATTN_COMBINE_AHEAD4];
-#pragma unroll
-        for (int j = 0; j < ATTN_COMBINE_AHEAD4; ++j)
-            a[j] = j < np ? pa[j * step] : make_float4(0.f, 0.f, 0.f, 0.f);
-        const float mm = warp_max(fmaxf(sink, fmaxf(m0, m1)));
-        const float f0 = m0 == -INFINITY ? 0.0f : expf(m0 - mm);
-        const float f1 = m1 == -INFINITY ? 0.0f : expf(m1 - mm);
-        float ll = warp_sum(l0 * f0 + l1 * f1);
-        if (sinks) ll += expf(sink - mm);
-        float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-        // A split of weight 0 adds nothing; an empty one wrote no outputs (its loaded value
-        // unused). The first ATTN_COMBINE_AHEAD4 splits' weights come by shuffle from the lane
-        // holding them (every lane shuffles: the slices' counts differ within a warp); any
-        // further split's (d > 128 only) is recomputed from its max, the same operation.
-        auto add = [&](const float4 v, float ws) {
-            if (ws != 0.0f) {
-                acc.x += v.x * ws;
-                acc.y += v.y * ws;
-                acc.z += v.z * ws;
-                acc.w += v.w * ws;
-            }
-        };
-#pragma unroll
-        for (int j = 0; j < ATTN_COMBINE_AHEAD4; ++j) {
-            const int s = p + j * slices;
-            const float wa = __shfl_sync(0xffffffffu, f0, s & 31);
-            const float wb = __shfl_sync(0xffffffffu, f1, s & 31);
-            if (j < np) add(a[j], s < 32 ? wa : wb);
-        }
-        for (int j = ATTN_COMBINE_AHEAD4; j < np; ++j) {
-            const int s = p + j * slices;
-            const float ms = part_m[base + s];
-            add(pa[j * step], ms == -INFINITY ? 0.0f : expf(ms - mm));
-        }
-        sl[tid] = acc;
-        __syncthreads();
-        if (tid < tps) {
-            float4 r = make_float4(0.f, 0.f, 0.f, 0.f);
-            for (int q = 0; q < slices; ++q) {
-                const float4 v = sl[q * tps + tid];
-                r.x += v.x;
-                r.y += v.y;
-                r.z += v.z;
-                r.w += v.w;
-            }
-            reinterpret_cast<float4*>(out)[((size_t)t * hq + h) * tps + tid] =
-                make_float4(r.x / ll, r.y / ll, r.z / ll, r.w / ll);
-        }
+    if (attn_combine_vec_takes(part_acc, out, d)) {
+        attn_combine_vec(part_m, part_l, part_acc, sinks, out, hq, d, nsplit);
         return;
     }
 #endif

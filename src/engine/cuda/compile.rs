@@ -538,6 +538,13 @@ mod tests {
                             || touches_only_parameters(t)
                             // attention_decode.cu: the (immutable) sink logits.
                             || t.starts_with("attn_sinks_early(")
+                            // attention_decode.cu's attn_combine: its path of
+                            // ATTN_COMBINE_VEC, chosen by the parameters alone, waits itself
+                            // (checked by combine_vec_reads_only_the_sink_before_its_wait).
+                            || t.starts_with("if (attn_combine_vec_takes(part_acc, out, d)) {")
+                            || t.starts_with("attn_combine_vec(")
+                            || t == "return;"
+                            || t == "}"
                             // attention_decode.cu's GQA tensor-core split: the row's position
                             // and cache offset, step inputs, by loads that stay above the wait.
                             || t.contains("= (int)ld_early_u32(pos + ")
@@ -559,6 +566,38 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// `attn_combine_vec` (attn_combine's path of ATTN_COMBINE_VEC) reads before its wait only
+    /// the sink logit, a weight, by a weak load that stays above the wait — never the split
+    /// kernel's partials — and waits before it returns.
+    #[test]
+    fn combine_vec_reads_only_the_sink_before_its_wait() {
+        let src = KERNEL_FILES
+            .iter()
+            .find(|f| f.name == "attention_decode.cu")
+            .expect("attention_decode.cu")
+            .source;
+        let body = fn_body(src, "void attn_combine_vec(");
+        let (before, after) = body
+            .split_once("pdl_enter();")
+            .expect("attn_combine_vec waits");
+        for part in ["part_m", "part_l", "part_acc", "out["] {
+            let reads = before
+                .lines()
+                .filter(|l| !l.trim_start().starts_with("//"))
+                .any(|l| l.contains(part));
+            assert!(!reads, "attn_combine_vec: `{part}` read before the wait");
+        }
+        assert!(
+            before.contains("asm volatile(\"ld.global.u16 %0, [%1];\"")
+                && !before.contains("sinks["),
+            "attn_combine_vec: the sink logit by a weak load only"
+        );
+        assert!(
+            after.contains("part_m[base + lane]") && after.contains("part_acc"),
+            "attn_combine_vec: the partials read after the wait"
+        );
     }
 
     /// Whether `line` is a `param_touch(...)` call of plain names (the entry's parameters, or
