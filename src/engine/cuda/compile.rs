@@ -568,16 +568,21 @@ mod tests {
         }
     }
 
+    /// The source of the kernel file `name`.
+    fn kernel_source(name: &str) -> &'static str {
+        KERNEL_FILES
+            .iter()
+            .find(|f| f.name == name)
+            .unwrap_or_else(|| panic!("{name} is not a kernel file"))
+            .source
+    }
+
     /// `attn_combine_vec` (attn_combine's path of ATTN_COMBINE_VEC) reads before its wait only
     /// the sink logit, a weight, by a weak load that stays above the wait — never the split
     /// kernel's partials — and waits before it returns.
     #[test]
     fn combine_vec_reads_only_the_sink_before_its_wait() {
-        let src = KERNEL_FILES
-            .iter()
-            .find(|f| f.name == "attention_decode.cu")
-            .expect("attention_decode.cu")
-            .source;
+        let src = kernel_source("attention_decode.cu");
         let body = fn_body(src, "void attn_combine_vec(");
         let (before, after) = body
             .split_once("pdl_enter();")
@@ -636,11 +641,7 @@ mod tests {
     /// the projection it rotates.
     #[test]
     fn rope_reads_only_step_inputs_before_its_wait() {
-        let src = KERNEL_FILES
-            .iter()
-            .find(|f| f.name == "rope_kv.cu")
-            .expect("rope_kv.cu")
-            .source;
+        let src = kernel_source("rope_kv.cu");
         let early = fn_body(src, "RopeEarly rope_early(");
         assert!(!early.contains("qkv"), "rope_early reads the projection");
         for load in [
