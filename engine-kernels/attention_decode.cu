@@ -147,13 +147,7 @@ __device__ __forceinline__ void attn_sinks_early(const bf16_t* sinks, const floa
                                                  int h0, int n, float* sink_s) {
     if (!out_final) return;
     for (int i = threadIdx.x; i < n; i += blockDim.x) {
-        float v = -INFINITY;
-        if (sinks) {
-            unsigned short b;
-            asm volatile("ld.global.u16 %0, [%1];" : "=h"(b) : "l"(sinks + h0 + i));
-            v = bf2f(b);
-        }
-        sink_s[i] = v;
+        sink_s[i] = sinks ? ld_early_bf16(sinks + h0 + i) : -INFINITY;
     }
 }
 
@@ -1021,12 +1015,7 @@ __device__ __forceinline__ void attn_combine_vec(const float* __restrict__ part_
     const int h = blockIdx.x, t = blockIdx.y, tid = threadIdx.x, lane = tid & 31;
     // Before the wait: the sink (a weight; a weak load, which ptxas keeps above it) and
     // the index arithmetic (its divisions), pinned there by the empty volatile asm.
-    float sink = -INFINITY;
-    if (sinks) {
-        unsigned short b;
-        asm volatile("ld.global.u16 %0, [%1];" : "=h"(b) : "l"(sinks + h));
-        sink = bf2f(b);
-    }
+    const float sink = sinks ? ld_early_bf16(sinks + h) : -INFINITY;
     int tps = d >> 2, slices = blockDim.x / tps, i4 = tid % tps, p = tid / tps;
     int np = p < slices ? (nsplit - p + slices - 1) / slices : 0;
     size_t base = ((size_t)t * hq + h) * nsplit;

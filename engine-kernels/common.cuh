@@ -362,6 +362,12 @@ __device__ __forceinline__ float ld_early_f32(const float* p) {
     asm volatile("ld.global.f32 %0, [%1];" : "=f"(v) : "l"(p));
     return v;
 }
+// A bf16 weight (the sink logits), widened to float.
+__device__ __forceinline__ float ld_early_bf16(const bf16_t* p) {
+    unsigned short v;
+    asm volatile("ld.global.u16 %0, [%1];" : "=h"(v) : "l"(p));
+    return bf2f(v);
+}
 
 // Sum over the warp (float, double or 64-bit integer); every lane gets the result.
 template <class T>

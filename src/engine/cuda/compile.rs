@@ -595,8 +595,7 @@ mod tests {
             assert!(!reads, "attn_combine_vec: `{part}` read before the wait");
         }
         assert!(
-            before.contains("asm volatile(\"ld.global.u16 %0, [%1];\"")
-                && !before.contains("sinks["),
+            before.contains("ld_early_bf16(sinks + h)") && !before.contains("sinks["),
             "attn_combine_vec: the sink logit by a weak load only"
         );
         assert!(
